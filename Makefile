@@ -1,0 +1,44 @@
+# contivbpf: Contiv-compatible container networking with an eBPF dataplane.
+# `make demo` runs the walkthrough end to end; `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+DATAPLANE ?= ebpf
+GOTEST_FLAGS ?= -count=1 -p 2 -timeout 25m
+export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
+
+.PHONY: all deps build generate test unit bench demo demo-docker clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build:
+	@mkdir -p bin
+	$(GO) build -o bin/ ./cmd/...
+
+# Regenerates the bpf2go output (Go bindings + BPF objects are committed, so plain
+# `go build` needs no clang).
+generate: deps
+	$(GO) generate ./pkg/dataplane/ebpf/...
+
+# Every test: unit, BPF Program.Run, namespaces, etcd, OVS, dockerd. Needs root for the
+# kernel-facing tests (they say so and skip when not root).
+test: deps build
+	$(GO) vet ./...
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+unit:
+	$(GO) test -count=1 -short ./...
+
+bench: deps build
+	$(GO) run ./tools/bench --dataplane=$(DATAPLANE)
+
+demo: deps build
+	$(GO) run ./tools/demo --dataplane=$(DATAPLANE)
+
+demo-docker: deps build
+	$(GO) run ./tools/demo --docker
+
+clean:
+	rm -rf bin

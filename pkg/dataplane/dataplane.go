@@ -1,0 +1,242 @@
+// Package dataplane declares the contract between the netplugin agent and a forwarding
+// backend (eBPF or OVS): the desired-state objects, the Driver interface, and (in
+// conformance/) the scenario suite every backend must pass.
+//
+// The agent computes desired state from etcd and hands it to a Driver; the driver
+// converges the kernel (or OVS) to it. Every call is idempotent, applies fully or leaves
+// the previous state, and reports why it failed. Sync replaces the whole state: entries
+// not in it are swept, and nothing that is in it is ever removed, so a restarted agent
+// can resync without disturbing live traffic.
+//
+// This package must not know about etcd, REST or Contiv's JSON.
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Encap is how a network's packets are carried between hosts.
+type Encap string
+
+// Encapsulations.
+const (
+	EncapVLAN  Encap = "vlan"
+	EncapVXLAN Encap = "vxlan"
+)
+
+// FwdMode is Contiv's forwarding mode.
+type FwdMode string
+
+// Forwarding modes.
+const (
+	FwdBridge  FwdMode = "bridge"
+	FwdRouting FwdMode = "routing"
+)
+
+// RouterMAC is the MAC Contiv's routing mode answers ARP with for the gateway and remote IPs.
+var RouterMAC = net.HardwareAddr{0x00, 0x00, 0x11, 0x11, 0x11, 0x11}
+
+// Network is one tenant network as the dataplane needs it.
+type Network struct {
+	ID      string // "<net>.<tenant>"
+	Encap   Encap
+	Tag     uint32 // VLAN id for vlan networks, VNI for vxlan networks
+	Subnet  netip.Prefix
+	Gateway netip.Addr // may be invalid (no gateway)
+	MTU     int        // container MTU (1450 on VXLAN over a 1500 underlay, 1500 on VLAN)
+}
+
+// Endpoint is a container interface on this host.
+type Endpoint struct {
+	ID        string // Contiv endpoint id "<net>.<tenant>-<container>"
+	NetworkID string
+	IP        netip.Addr
+	IPv6      netip.Addr // optional
+	MAC       net.HardwareAddr
+	EPGID     uint16 // endpoint group id, 0 = none
+
+	// HostIfName is the host-side veth name (at most 15 bytes), chosen by the agent.
+	HostIfName string
+	// NetNS is the path of the container's network namespace (e.g. /var/run/netns/x or
+	// /proc/PID/ns/net). When set, the driver moves the container end there, names it
+	// IfName and configures address, MAC, MTU and routes. When empty (Docker), the container
+	// end stays in the host namespace named IfName for the runtime to move; the driver sets
+	// its MAC and MTU only.
+	NetNS  string
+	IfName string
+}
+
+// RemoteEndpoint is a container on another host.
+type RemoteEndpoint struct {
+	ID        string
+	NetworkID string
+	IP        netip.Addr
+	MAC       net.HardwareAddr
+	EPGID     uint16
+	VTEP      netip.Addr // underlay address of the owning host (VXLAN)
+	Host      string
+}
+
+// Peer is another host's VXLAN tunnel endpoint.
+type Peer struct {
+	Host string
+	VTEP netip.Addr
+}
+
+// PolicyAction is what a rule does with matching traffic.
+type PolicyAction string
+
+// Policy actions.
+const (
+	ActionAllow PolicyAction = "allow"
+	ActionDeny  PolicyAction = "deny"
+)
+
+// PolicyRule is one compiled rule, already expanded to a direction relative to EPGID.
+type PolicyRule struct {
+	ID        string
+	Priority  int          // 1..100, higher wins
+	Ingress   bool         // true: traffic into EPGID; false: traffic out of it
+	RemoteEPG uint16       // 0 = any group
+	Remote    netip.Prefix // invalid = any address
+	Proto     uint8        // 0 = any
+	Port      uint16       // destination port, 0 = any
+	SynOnly   bool         // TCP with port 0 matches connection setup only (syn,!ack)
+	Action    PolicyAction
+}
+
+// PolicySet is the complete rule set of one endpoint group.
+type PolicySet struct {
+	EPGID uint16
+	Rules []PolicyRule
+}
+
+// ServicePort maps a service port to the port on the providers.
+type ServicePort struct {
+	Proto      uint8 // 6 or 17
+	Port       uint16
+	TargetPort uint16
+}
+
+// Service is a load-balanced VIP and its providers.
+type Service struct {
+	ID       string // "<svc>:<tenant>"
+	VIP      netip.Addr
+	Ports    []ServicePort
+	Backends []netip.Addr
+}
+
+// State is the complete desired state of one host, as handed to Sync.
+type State struct {
+	Networks        []Network
+	Endpoints       []Endpoint
+	RemoteEndpoints []RemoteEndpoint
+	Peers           []Peer
+	Policies        []PolicySet
+	Services        []Service
+}
+
+// HostConfig is what a driver needs to know about its host at start-up.
+type HostConfig struct {
+	Host       string     // host label
+	VTEP       netip.Addr // this host's underlay address (VXLAN source)
+	VXLANPort  int        // UDP port, default 4789
+	VLANIf     string     // uplink for VLAN networks ("" = none)
+	FwdMode    FwdMode
+	PinRoot    string // eBPF: bpffs directory for this host's pins
+	MapEntries int    // eBPF: capacity of the endpoint/neighbour maps, 0 = default
+}
+
+// Driver converges one host's datapath to the desired state.
+type Driver interface {
+	// Name is "ebpf" or "ovs".
+	Name() string
+	// Sync makes the datapath equal to s: upserts everything in it, then sweeps what is
+	// not in it. Live entries that are in s are never interrupted.
+	Sync(ctx context.Context, s State) error
+
+	UpsertNetwork(ctx context.Context, n Network) error
+	DeleteNetwork(ctx context.Context, id string) error
+	UpsertEndpoint(ctx context.Context, ep Endpoint) error
+	DeleteEndpoint(ctx context.Context, id string) error
+	UpsertRemoteEndpoint(ctx context.Context, ep RemoteEndpoint) error
+	DeleteRemoteEndpoint(ctx context.Context, id string) error
+	UpsertPeer(ctx context.Context, p Peer) error
+	DeletePeer(ctx context.Context, host string) error
+	UpsertPolicy(ctx context.Context, p PolicySet) error
+	DeletePolicy(ctx context.Context, epgID uint16) error
+	UpsertService(ctx context.Context, s Service) error
+	DeleteService(ctx context.Context, id string) error
+
+	// Status reports what is programmed, for the inspect API.
+	Status(ctx context.Context) (Status, error)
+	// Close releases the driver's handles but leaves the datapath forwarding.
+	Close() error
+	// Teardown removes everything the driver created on this host.
+	Teardown(ctx context.Context) error
+}
+
+// Status is a driver's self-report for the inspect API and metrics.
+type Status struct {
+	Dataplane   string         `json:"dataplane"`
+	Attachments []Attachment   `json:"attachments"`
+	Tables      map[string]any `json:"tables,omitempty"` // map or flow-table contents, by name
+	Counters    map[string]any `json:"counters,omitempty"`
+}
+
+// Attachment is one program or port the driver owns.
+type Attachment struct {
+	Interface string `json:"interface"`
+	Hook      string `json:"hook"` // e.g. "tcx-ingress", "ovs-port"
+	Program   string `json:"program,omitempty"`
+	ID        uint32 `json:"id,omitempty"`
+}
+
+// ContivMAC returns Contiv's endpoint MAC for an IPv4 address: 02:02:<ip bytes>.
+func ContivMAC(ip netip.Addr) net.HardwareAddr {
+	b := ip.As4()
+	return net.HardwareAddr{0x02, 0x02, b[0], b[1], b[2], b[3]}
+}
+
+// Validate checks the fields every backend relies on.
+func (ep Endpoint) Validate() error {
+	switch {
+	case ep.ID == "":
+		return fmt.Errorf("endpoint: id is empty")
+	case ep.NetworkID == "":
+		return fmt.Errorf("endpoint %s: networkID is empty", ep.ID)
+	case !ep.IP.Is4():
+		return fmt.Errorf("endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
+	case len(ep.MAC) != 6:
+		return fmt.Errorf("endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
+	case ep.HostIfName == "" || len(ep.HostIfName) > 15:
+		return fmt.Errorf("endpoint %s: hostIfName %q must be 1-15 bytes", ep.ID, ep.HostIfName)
+	case ep.IfName == "" || len(ep.IfName) > 15:
+		return fmt.Errorf("endpoint %s: ifName %q must be 1-15 bytes", ep.ID, ep.IfName)
+	}
+	return nil
+}
+
+// Validate checks a network definition.
+func (n Network) Validate() error {
+	switch {
+	case n.ID == "":
+		return fmt.Errorf("network: id is empty")
+	case n.Encap != EncapVLAN && n.Encap != EncapVXLAN:
+		return fmt.Errorf("network %s: encap %q must be vlan or vxlan", n.ID, n.Encap)
+	case n.Encap == EncapVLAN && (n.Tag == 0 || n.Tag > 4094):
+		return fmt.Errorf("network %s: vlan tag %d out of 1-4094", n.ID, n.Tag)
+	case n.Encap == EncapVXLAN && (n.Tag == 0 || n.Tag > 1<<24-1):
+		return fmt.Errorf("network %s: vni %d out of 1-16777215", n.ID, n.Tag)
+	case !n.Subnet.IsValid():
+		return fmt.Errorf("network %s: subnet is invalid", n.ID)
+	case n.Gateway.IsValid() && !n.Subnet.Contains(n.Gateway):
+		return fmt.Errorf("network %s: gateway %v outside subnet %v", n.ID, n.Gateway, n.Subnet)
+	case n.MTU != 0 && (n.MTU < 576 || n.MTU > 9000):
+		return fmt.Errorf("network %s: mtu %d out of 576-9000", n.ID, n.MTU)
+	}
+	return nil
+}

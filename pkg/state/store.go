@@ -1,0 +1,170 @@
+// Package state owns the etcd-backed store shared by netmaster and netplugin: Contiv's
+// /contiv.io/ key layout, typed JSON get/put/delete/list, optimistic compare-and-swap
+// transactions and prefix watches that resume after a disconnect.
+//
+// It knows nothing about REST, netlink or dataplanes; callers bring their own value types.
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Contiv's key prefixes (see shared/reference/contiv.md section 1).
+const (
+	BasePath        = "/contiv.io/"
+	ModelPrefix     = "/contiv.io/obj/modeldb/"
+	StatePrefix     = "/contiv.io/state/"
+	OperPrefix      = "/contiv.io/oper/"
+	ServicePrefix   = "/contiv.io/service/"
+	LockPrefix      = "/contiv.io/lock/"
+	GlobalConfigKey = "/contiv.io/master/config/global"
+	LeaderLockKey   = "/contiv.io/lock/netmaster/leader"
+)
+
+// ModelKey is the key of a model object: /contiv.io/obj/modeldb/<objType>/<objKey>.
+func ModelKey(objType, objKey string) string {
+	return ModelPrefix + objType + "/" + objKey
+}
+
+// ErrNotFound is returned by typed reads of a missing key.
+var ErrNotFound = errors.New("key not found")
+
+// Store is a thin typed layer over an etcd v3 client.
+type Store struct {
+	cli *clientv3.Client
+}
+
+// New wraps an existing client. The caller keeps ownership of cli.
+func New(cli *clientv3.Client) *Store { return &Store{cli: cli} }
+
+// Open dials the given endpoints ("http://host:port"; "etcd://" is accepted as http).
+func Open(ctx context.Context, endpoints []string) (*Store, error) {
+	eps := make([]string, 0, len(endpoints))
+	for _, e := range endpoints {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		eps = append(eps, strings.Replace(e, "etcd://", "http://", 1))
+	}
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("open etcd: no endpoints given")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            eps,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		Context:              ctx,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open etcd %v: %w", eps, err)
+	}
+	return &Store{cli: cli}, nil
+}
+
+// Client exposes the raw client for leases, elections and other etcd features.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Close closes the underlying client.
+func (s *Store) Close() error { return s.cli.Close() }
+
+// KV is one stored record.
+type KV struct {
+	Key    string
+	Value  []byte
+	ModRev int64
+}
+
+// Decode unmarshals the record's JSON value into v.
+func (kv KV) Decode(v any) error {
+	if err := json.Unmarshal(kv.Value, v); err != nil {
+		return fmt.Errorf("decode %s: %w", kv.Key, err)
+	}
+	return nil
+}
+
+// Get reads key and decodes its JSON into v. It returns ErrNotFound when the key is absent.
+func (s *Store) Get(ctx context.Context, key string, v any) error {
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, v); err != nil {
+		return fmt.Errorf("decode %s: %w", key, err)
+	}
+	return nil
+}
+
+// Put encodes v as JSON and writes it at key.
+func (s *Store) Put(ctx context.Context, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	if _, err := s.cli.Put(ctx, key, string(b)); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// PutLease writes v at key attached to an existing lease.
+func (s *Store) PutLease(ctx context.Context, key string, v any, lease clientv3.LeaseID) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	if _, err := s.cli.Put(ctx, key, string(b), clientv3.WithLease(lease)); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// Delete removes key; it reports whether the key existed.
+func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
+	resp, err := s.cli.Delete(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", key, err)
+	}
+	return resp.Deleted > 0, nil
+}
+
+// List returns every record under prefix, sorted by key, and the store revision it was read at.
+func (s *Store) List(ctx context.Context, prefix string) ([]KV, int64, error) {
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	out := make([]KV, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out = append(out, KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision})
+	}
+	return out, resp.Header.Revision, nil
+}
+
+// ListJSON lists prefix and decodes every value as T, keyed by the full key.
+func ListJSON[T any](ctx context.Context, s *Store, prefix string) (map[string]T, error) {
+	kvs, _, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]T, len(kvs))
+	for _, kv := range kvs {
+		var v T
+		if err := kv.Decode(&v); err != nil {
+			return nil, err
+		}
+		out[kv.Key] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,153 @@
+package state_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+)
+
+type counter struct {
+	N int `json:"n"`
+}
+
+func TestTypedCRUD(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	key := state.ModelKey("tenant", "blue")
+	if key != "/contiv.io/obj/modeldb/tenant/blue" {
+		t.Fatalf("model key = %s", key)
+	}
+	if err := s.Put(ctx, key, counter{N: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var c counter
+	if err := s.Get(ctx, key, &c); err != nil || c.N != 3 {
+		t.Fatalf("get = %+v, %v", c, err)
+	}
+	kvs, _, err := s.List(ctx, state.ModelPrefix)
+	if err != nil || len(kvs) != 1 {
+		t.Fatalf("list = %v, %v", kvs, err)
+	}
+	if ok, err := s.Delete(ctx, key); !ok || err != nil {
+		t.Fatalf("delete = %v, %v", ok, err)
+	}
+	if err := s.Get(ctx, key, &c); err == nil {
+		t.Fatal("get after delete succeeded")
+	}
+}
+
+// Concurrent read-modify-write transactions must never lose an increment.
+func TestUpdateSerializes(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	const workers, each = 8, 25
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				err := s.Update(ctx, func(tx *state.Tx) error {
+					var c counter
+					if _, err := tx.Get("/t/counter", &c); err != nil {
+						return err
+					}
+					c.N++
+					return tx.Put("/t/counter", c)
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var c counter
+	if err := s.Get(ctx, "/t/counter", &c); err != nil || c.N != workers*each {
+		t.Fatalf("counter = %d (%v), want %d", c.N, err, workers*each)
+	}
+}
+
+// A transaction that listed a prefix must retry when another writer adds a key under it.
+func TestUpdatePrefixConflict(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	attempts := 0
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		attempts++
+		kvs, err := tx.List("/t/set/")
+		if err != nil {
+			return err
+		}
+		if attempts == 1 {
+			if err := s.Put(ctx, "/t/set/other", counter{}); err != nil {
+				return err
+			}
+		}
+		return tx.Put("/t/count", counter{N: len(kvs)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c counter
+	_ = s.Get(ctx, "/t/count", &c)
+	if attempts != 2 || c.N != 1 {
+		t.Fatalf("attempts=%d count=%d, want 2 and 1", attempts, c.N)
+	}
+}
+
+func TestUpdateErrorWritesNothing(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		_ = tx.Put("/t/a", counter{N: 1})
+		return fmt.Errorf("refused")
+	})
+	if err == nil {
+		t.Fatal("expected error")
+	}
+	kvs, _, _ := s.List(ctx, "/t/")
+	if len(kvs) != 0 {
+		t.Fatalf("failed update wrote %v", kvs)
+	}
+}
+
+func TestListWatch(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_ = s.Put(ctx, "/w/a", counter{N: 1})
+	snap := make(chan int, 4)
+	evs := make(chan state.Event, 16)
+	go s.ListWatch(ctx, "/w/", state.WatchHandler{
+		Snapshot: func(kvs []state.KV, _ int64) { snap <- len(kvs) },
+		Event:    func(ev state.Event) { evs <- ev },
+	})
+	if n := <-snap; n != 1 {
+		t.Fatalf("snapshot has %d keys", n)
+	}
+	_ = s.Put(ctx, "/w/b", counter{N: 2})
+	_, _ = s.Delete(ctx, "/w/a")
+	for _, want := range []struct {
+		typ state.EventType
+		key string
+	}{{state.EventPut, "/w/b"}, {state.EventDelete, "/w/a"}} {
+		select {
+		case ev := <-evs:
+			if ev.Type != want.typ || ev.Key != want.key {
+				t.Fatalf("event %v %s, want %v %s", ev.Type, ev.Key, want.typ, want.key)
+			}
+			if ev.Type == state.EventDelete && len(ev.PrevValue) == 0 {
+				t.Fatal("delete event without previous value")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no watch event")
+		}
+	}
+}

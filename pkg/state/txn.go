@@ -1,0 +1,177 @@
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrConflict is returned by Update when the transaction lost every retry to concurrent writers.
+var ErrConflict = errors.New("transaction conflict: too many concurrent writers")
+
+// Tx is an optimistic, serializable transaction. All reads see one snapshot revision;
+// writes are buffered and become visible to later reads of the same Tx. At commit every
+// key and prefix that was read must be unchanged since the snapshot, else Update retries.
+type Tx struct {
+	ctx    context.Context
+	cli    *clientv3.Client
+	rev    int64
+	cmps   []clientv3.Cmp
+	seen   map[string]bool
+	writes map[string]*string // nil value = delete
+}
+
+func (t *Tx) snapshotOpts() []clientv3.OpOption {
+	if t.rev == 0 {
+		return nil
+	}
+	return []clientv3.OpOption{clientv3.WithRev(t.rev)}
+}
+
+func (t *Tx) noteRev(rev int64) {
+	if t.rev == 0 {
+		t.rev = rev
+	}
+}
+
+// GetRaw returns the raw value of key, or found=false.
+func (t *Tx) GetRaw(key string) ([]byte, bool, error) {
+	if w, ok := t.writes[key]; ok {
+		if w == nil {
+			return nil, false, nil
+		}
+		return []byte(*w), true, nil
+	}
+	resp, err := t.cli.Get(t.ctx, key, t.snapshotOpts()...)
+	if err != nil {
+		return nil, false, fmt.Errorf("get %s: %w", key, err)
+	}
+	t.noteRev(resp.Header.Revision)
+	if !t.seen[key] {
+		t.seen[key] = true
+		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(key), "<", t.rev+1))
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, false, nil
+	}
+	return resp.Kvs[0].Value, true, nil
+}
+
+// Get decodes key into v; found reports whether the key exists.
+func (t *Tx) Get(key string, v any) (bool, error) {
+	b, ok, err := t.GetRaw(key)
+	if err != nil || !ok {
+		return ok, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return true, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return true, nil
+}
+
+// List returns the records under prefix as seen by this transaction (own writes included),
+// sorted by key. Any later change under prefix makes the commit retry.
+func (t *Tx) List(prefix string) ([]KV, error) {
+	resp, err := t.cli.Get(t.ctx, prefix, append(t.snapshotOpts(), clientv3.WithPrefix())...)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	t.noteRev(resp.Header.Revision)
+	if !t.seen["prefix:"+prefix] {
+		t.seen["prefix:"+prefix] = true
+		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(prefix), "<", t.rev+1).WithPrefix())
+	}
+	m := make(map[string]KV, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		m[string(kv.Key)] = KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision}
+	}
+	for k, w := range t.writes {
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		if w == nil {
+			delete(m, k)
+		} else {
+			m[k] = KV{Key: k, Value: []byte(*w)}
+		}
+	}
+	out := make([]KV, 0, len(m))
+	for _, kv := range m {
+		out = append(out, kv)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Put buffers a JSON write of v at key.
+func (t *Tx) Put(key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	s := string(b)
+	t.writes[key] = &s
+	return nil
+}
+
+// Delete buffers a delete of key.
+func (t *Tx) Delete(key string) { t.writes[key] = nil }
+
+func (t *Tx) commit() (bool, error) {
+	if len(t.writes) == 0 {
+		return true, nil
+	}
+	ops := make([]clientv3.Op, 0, len(t.writes))
+	keys := make([]string, 0, len(t.writes))
+	for k := range t.writes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if w := t.writes[k]; w == nil {
+			ops = append(ops, clientv3.OpDelete(k))
+		} else {
+			ops = append(ops, clientv3.OpPut(k, *w))
+		}
+	}
+	resp, err := t.cli.Txn(t.ctx).If(t.cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("commit transaction: %w", err)
+	}
+	return resp.Succeeded, nil
+}
+
+// Update runs fn in a transaction and commits its writes atomically. If a key or prefix
+// fn read changed before the commit, fn runs again on a fresh snapshot. An error from fn
+// aborts with nothing written.
+func (s *Store) Update(ctx context.Context, fn func(tx *Tx) error) error {
+	const maxAttempts = 200
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		tx := &Tx{ctx: ctx, cli: s.cli, seen: map[string]bool{}, writes: map[string]*string{}}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		ok, err := tx.commit()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		// Back off a little, with jitter, so competing writers spread out.
+		d := time.Duration(rand.IntN(1+min(attempt, 20))) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+	}
+	return ErrConflict
+}
