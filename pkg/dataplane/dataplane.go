@@ -141,7 +141,11 @@ type State struct {
 
 // HostConfig is what a driver needs to know about its host at start-up.
 type HostConfig struct {
-	Host       string     // host label
+	Host string // host label
+	// NetNS is the path of the network namespace the driver programs ("" = the caller's).
+	// Tests and the simulator run several hosts in one process this way; the driver must
+	// do every netlink and attach call on a thread inside it.
+	NetNS      string
 	VTEP       netip.Addr // this host's underlay address (VXLAN source)
 	VXLANPort  int        // UDP port, default 4789
 	VLANIf     string     // uplink for VLAN networks ("" = none)
