@@ -38,7 +38,7 @@ demo: deps build
 	$(GO) run ./tools/demo --dataplane=$(DATAPLANE)
 
 demo-docker: deps build
-	$(GO) run ./tools/demo --docker
+	$(GO) run ./tools/demodocker
 
 clean:
 	rm -rf bin
