@@ -1,0 +1,53 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// NetworkID is the state id of a network: "<net>.<tenant>".
+func NetworkID(network, tenant string) string { return network + "." + tenant }
+
+// EndpointStateID is the state id of an endpoint: "<net>.<tenant>-<endpointID>".
+func EndpointStateID(network, tenant, endpointID string) string {
+	return NetworkID(network, tenant) + "-" + endpointID
+}
+
+// EPGStateID is the state id of an EPG: "<group>:<tenant>" (group first).
+func EPGStateID(group, tenant string) string { return group + ":" + tenant }
+
+// ServiceID is the state id of a serviceLB: "<service>:<tenant>".
+func ServiceID(service, tenant string) string { return service + ":" + tenant }
+
+// ScopedKey is the model key of a tenant-scoped object: "<tenant>:<name>".
+func ScopedKey(tenant, name string) string { return tenant + ":" + name }
+
+// RuleKey is the model key of a rule: "<tenant>:<policy>:<ruleId>".
+func RuleKey(tenant, policy, ruleID string) string { return tenant + ":" + policy + ":" + ruleID }
+
+// EpgPolicyID is the state/policy id: "<epgModelKey>:<policyModelKey>".
+func EpgPolicyID(epgKey, policyKey string) string { return epgKey + ":" + policyKey }
+
+// ModelKey is the etcd key of a model object: /contiv.io/obj/modeldb/<objType>/<key>.
+func ModelKey(objType, key string) string { return ModelDBPrefix + objType + "/" + key }
+
+// NetStateKey, EpStateKey, ... are the etcd keys of the derived state records.
+func NetStateKey(netID string) string       { return NetStatePrefix + netID }
+func EpStateKey(epStateID string) string    { return EpStatePrefix + epStateID }
+func EpOperKey(epStateID string) string     { return EpOperPrefix + epStateID }
+func EPGStateKey(epgID string) string       { return EPGStatePrefix + epgID }
+func PolicyStateKey(id string) string       { return PolicyStatePrefix + id }
+func RuleStateKey(ruleID string) string     { return RuleStatePrefix + ruleID }
+func SvcLBStateKey(serviceID string) string { return SvcLBStatePrefix + serviceID }
+func ProviderKey(serviceID string) string   { return ProviderPrefix + serviceID }
+func BgpStateKey(host string) string        { return BgpStatePrefix + host }
+
+// MACFromIPv4 is Contiv's endpoint MAC: 02:02 followed by the four address bytes.
+func MACFromIPv4(ip string) (string, error) {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || !a.Is4() {
+		return "", fmt.Errorf("mac from ip: %q is not an IPv4 address", ip)
+	}
+	b := a.As4()
+	return fmt.Sprintf("02:02:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3]), nil
+}

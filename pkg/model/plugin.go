@@ -1,0 +1,86 @@
+package model
+
+// Bodies of netmaster's /plugin/* endpoints and /version. Like Contiv they carry no json
+// tags: the JSON keys are the Go field names.
+
+// AllocAddressRequest is POST /plugin/allocAddress.
+type AllocAddressRequest struct {
+	AddressPool          string
+	NetworkID            string
+	PreferredIPv4Address string
+}
+
+// AllocAddressResponse answers allocAddress; IPv4Address is "a.b.c.d/len".
+type AllocAddressResponse struct {
+	NetworkID   string
+	IPv4Address string
+}
+
+// ReleaseAddressRequest is POST /plugin/releaseAddress.
+type ReleaseAddressRequest struct {
+	AddressPool string
+	NetworkID   string
+	IPv4Address string
+}
+
+// ConfigEP is the endpoint part of CreateEndpointRequest.
+type ConfigEP struct {
+	Container   string
+	Host        string
+	IPAddress   string
+	IPv6Address string
+	ServiceName string
+}
+
+// CreateEndpointRequest is POST /plugin/createEndpoint.
+type CreateEndpointRequest struct {
+	TenantName   string
+	NetworkName  string
+	ServiceName  string
+	EndpointID   string
+	EPCommonName string
+	ConfigEP     ConfigEP
+}
+
+// CreateEndpointResponse answers createEndpoint.
+type CreateEndpointResponse struct {
+	EndpointConfig CfgEndpointState
+}
+
+// DeleteEndpointRequest is POST /plugin/deleteEndpoint.
+type DeleteEndpointRequest struct {
+	TenantName  string
+	NetworkName string
+	ServiceName string
+	EndpointID  string
+	IPv4Address string
+}
+
+// DeleteEndpointResponse answers deleteEndpoint with the removed endpoint.
+type DeleteEndpointResponse struct {
+	EndpointConfig CfgEndpointState
+}
+
+// UpdateEndpointRequest is POST /plugin/updateEndpoint (container start/die → service providers).
+type UpdateEndpointRequest struct {
+	IPAddress    string
+	ContainerID  string
+	Labels       map[string]string
+	Tenant       string
+	Network      string
+	Event        string
+	EndpointID   string
+	EPCommonName string
+}
+
+// UpdateEndpointResponse answers updateEndpoint.
+type UpdateEndpointResponse struct {
+	IPAddress string
+}
+
+// VersionInfo is GET /version.
+type VersionInfo struct {
+	GitCommit string
+	Version   string
+	BuildTime string
+}
