@@ -1,0 +1,449 @@
+// Package agent is netplugin's host agent: it watches Contiv's state in etcd, computes
+// the desired datapath state of its host (networks, local and remote endpoints, peers,
+// policies, services), converges a dataplane.Driver to it (a full Sync at start, then
+// incremental upserts/deletes, failed calls retried with backoff), and attaches and
+// detaches local endpoints for the runtime front-ends (CNI socket, Docker plugin).
+//
+// It knows etcd keys and Contiv's state JSON (pkg/model) and talks to netmaster through
+// a MasterClient; it never touches the kernel except through the Driver.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+// MasterClient is the part of netmaster the agent calls (pkg/masterclient implements it).
+type MasterClient interface {
+	CreateEndpoint(ctx context.Context, req model.CreateEndpointRequest) (model.CfgEndpointState, error)
+	DeleteEndpoint(ctx context.Context, req model.DeleteEndpointRequest) error
+}
+
+// Config is what an agent needs.
+type Config struct {
+	Store  *state.Store
+	Master MasterClient
+	Driver dataplane.Driver
+	Host   string // host label (homingHost of local endpoints)
+	VTEP   netip.Addr
+	// FwdMode must equal the global fwd-mode netmaster publishes.
+	FwdMode dataplane.FwdMode
+	// UplinkMTU is the host's underlay MTU; containers get UplinkMTU-50 on VXLAN networks
+	// and UplinkMTU on VLAN networks. 0 = 1500.
+	UplinkMTU int
+	// GlobalPoll is how often the agent re-reads the global config while waiting for it
+	// (default 1s, as Contiv).
+	GlobalPoll time.Duration
+	Logger     *slog.Logger
+}
+
+// watched prefixes and what they feed.
+var watchPrefixes = []string{
+	model.NetStatePrefix,
+	model.EpStatePrefix,
+	model.EPGStatePrefix,
+	model.RuleStatePrefix,
+	model.SvcLBStatePrefix,
+	"/contiv.io/master/config/",
+	state.ServicePrefix + vxlan.VTEPService + "/",
+}
+
+// Agent is one host's netplugin core.
+type Agent struct {
+	cfg     Config
+	store   *state.Store
+	driver  dataplane.Driver
+	log     *slog.Logger
+	metrics *metrics
+
+	mu       sync.Mutex // guards rec, errs, ready, lastSync
+	rec      *records
+	errs     map[string]error
+	ready    chan struct{}
+	lastSync time.Time
+
+	applyMu sync.Mutex // serialises driver calls; guards applied, synced
+	applied applied
+	synced  bool
+
+	attachMu sync.Mutex // one attach/detach at a time
+	kick     chan struct{}
+}
+
+// New validates cfg and returns an agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("agent config: Store is nil")
+	case cfg.Driver == nil:
+		return nil, errors.New("agent config: Driver is nil")
+	case cfg.Master == nil:
+		return nil, errors.New("agent config: Master is nil")
+	case cfg.Host == "":
+		return nil, errors.New("agent config: Host is empty")
+	case cfg.FwdMode != dataplane.FwdBridge && cfg.FwdMode != dataplane.FwdRouting:
+		return nil, fmt.Errorf("agent config: FwdMode %q must be bridge or routing", cfg.FwdMode)
+	}
+	if cfg.UplinkMTU == 0 {
+		cfg.UplinkMTU = 1500
+	}
+	if cfg.UplinkMTU < 626 || cfg.UplinkMTU > 9050 {
+		return nil, fmt.Errorf("agent config: UplinkMTU %d out of 626-9050", cfg.UplinkMTU)
+	}
+	if cfg.GlobalPoll == 0 {
+		cfg.GlobalPoll = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Agent{
+		cfg: cfg, store: cfg.Store, driver: cfg.Driver,
+		log:     cfg.Logger.With("host", cfg.Host),
+		metrics: newMetrics(),
+		rec:     newRecords(),
+		errs:    map[string]error{},
+		ready:   make(chan struct{}),
+		applied: appliedFrom(dataplane.State{}),
+		kick:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Ready is closed once the first full Sync has been attempted after every watch delivered
+// its snapshot.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// WaitGlobal blocks until netmaster published the global config with fwd-mode and
+// pvt-subnet (polling, as Contiv) and checks fwd-mode against the agent's.
+func (a *Agent) WaitGlobal(ctx context.Context) (model.GlobConfig, error) {
+	logged := false
+	for {
+		var g model.GlobConfig
+		err := a.store.Get(ctx, state.GlobalConfigKey, &g)
+		switch {
+		case err == nil && g.FwdMode != "" && g.PvtSubnet != "":
+			if g.FwdMode != string(a.cfg.FwdMode) {
+				return g, fmt.Errorf("fwd-mode mismatch: netmaster's global config says %q, netplugin runs with --fwdmode %s", g.FwdMode, a.cfg.FwdMode)
+			}
+			return g, nil
+		case err != nil && !errors.Is(err, state.ErrNotFound):
+			a.log.Warn("read global config", "err", err)
+		}
+		if !logged {
+			a.log.Info("waiting for netmaster's global config (fwd-mode, pvt-subnet)", "key", state.GlobalConfigKey)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return g, fmt.Errorf("wait for global config: %w", ctx.Err())
+		case <-time.After(a.cfg.GlobalPoll):
+		}
+	}
+}
+
+// Run waits for the global config, restores this host's endpoint records, watches the
+// state, syncs the driver and keeps it converged until ctx ends. It does not close the
+// driver.
+func (a *Agent) Run(ctx context.Context) error {
+	g, err := a.WaitGlobal(ctx)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.rec.glob = g
+	a.mu.Unlock()
+	locals, err := state.ListJSON[LocalEndpoint](ctx, a.store, model.EpOperPrefix)
+	if err != nil {
+		return fmt.Errorf("restore local endpoints: %w", err)
+	}
+	a.mu.Lock()
+	for _, l := range locals {
+		if l.HomingHost == a.cfg.Host && l.ID != "" {
+			a.rec.local[l.ID] = l
+		}
+	}
+	n := len(a.rec.local)
+	a.mu.Unlock()
+	a.log.Info("restored local endpoint records", "count", n)
+
+	var wg sync.WaitGroup
+	snapshots := make(chan string, len(watchPrefixes))
+	wctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); wg.Wait() }()
+	for _, p := range watchPrefixes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			first := true
+			_ = a.store.ListWatch(wctx, p, state.WatchHandler{
+				Snapshot: func(kvs []state.KV, _ int64) {
+					a.applySnapshot(p, kvs)
+					if first {
+						first = false
+						snapshots <- p
+					}
+					a.trigger()
+				},
+				Event: func(ev state.Event) {
+					a.applyEvent(p, ev)
+					a.trigger()
+				},
+			})
+		}()
+	}
+	for range watchPrefixes {
+		select {
+		case <-snapshots:
+		case <-ctx.Done():
+			return fmt.Errorf("initial watch snapshots: %w", ctx.Err())
+		}
+	}
+	a.loop(ctx)
+	return nil
+}
+
+func (a *Agent) trigger() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loop reconciles on every change and retries failed driver calls with backoff.
+func (a *Agent) loop(ctx context.Context) {
+	const minBackoff, maxBackoff = 200 * time.Millisecond, 30 * time.Second
+	backoff := minBackoff
+	var retry <-chan time.Time
+	first := true
+	for {
+		errs := a.reconcile(ctx)
+		if first {
+			first = false
+			close(a.ready)
+		}
+		if len(errs) > 0 {
+			retry = time.After(backoff)
+			backoff = min(backoff*2, maxBackoff)
+		} else {
+			retry = nil
+			backoff = minBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		case <-retry:
+		}
+	}
+}
+
+func (a *Agent) desired() (dataplane.State, map[string]error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU}, a.rec)
+}
+
+func (a *Agent) setErrors(errs map[string]error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = errs
+	if len(errs) == 0 {
+		a.lastSync = time.Now()
+	}
+}
+
+// Errors returns the current per-object errors (driver calls that are being retried and
+// records that cannot be used), as "object: message" strings sorted by object.
+func (a *Agent) Errors() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]string, len(a.errs))
+	for k, e := range a.errs {
+		out[k] = e.Error()
+	}
+	return out
+}
+
+// applySnapshot replaces the records of one prefix.
+func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch prefix {
+	case model.NetStatePrefix:
+		clear(a.rec.nets)
+	case model.EpStatePrefix:
+		clear(a.rec.eps)
+	case model.EPGStatePrefix:
+		clear(a.rec.epgs)
+	case model.RuleStatePrefix:
+		clear(a.rec.rules)
+	case model.SvcLBStatePrefix:
+		clear(a.rec.svcs)
+	default:
+		if strings.HasPrefix(prefix, state.ServicePrefix) {
+			clear(a.rec.vteps)
+		}
+	}
+	for _, kv := range kvs {
+		a.put(prefix, kv.Key, kv.Value)
+	}
+}
+
+func (a *Agent) applyEvent(prefix string, ev state.Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ev.Type == state.EventPut {
+		a.put(prefix, ev.Key, ev.Value)
+		return
+	}
+	id := strings.TrimPrefix(ev.Key, prefix)
+	switch prefix {
+	case model.NetStatePrefix:
+		delete(a.rec.nets, id)
+	case model.EpStatePrefix:
+		delete(a.rec.eps, id)
+	case model.EPGStatePrefix:
+		delete(a.rec.epgs, id)
+	case model.RuleStatePrefix:
+		delete(a.rec.rules, id)
+	case model.SvcLBStatePrefix:
+		delete(a.rec.svcs, id)
+	default:
+		if strings.HasPrefix(prefix, state.ServicePrefix) {
+			delete(a.rec.vteps, ev.Key)
+		}
+	}
+}
+
+// put decodes one record; a record that does not decode is logged and dropped (the
+// previous version, if any, is forgotten too: it no longer describes the store).
+func (a *Agent) put(prefix, key string, val []byte) {
+	id := strings.TrimPrefix(key, prefix)
+	kv := state.KV{Key: key, Value: val}
+	var err error
+	switch prefix {
+	case model.NetStatePrefix:
+		var v model.CfgNetworkState
+		if err = kv.Decode(&v); err == nil {
+			a.rec.nets[id] = v
+		} else {
+			delete(a.rec.nets, id)
+		}
+	case model.EpStatePrefix:
+		var v model.CfgEndpointState
+		if err = kv.Decode(&v); err == nil {
+			a.rec.eps[id] = v
+		} else {
+			delete(a.rec.eps, id)
+		}
+	case model.EPGStatePrefix:
+		var v model.EndpointGroupState
+		if err = kv.Decode(&v); err == nil {
+			a.rec.epgs[id] = v
+		}
+	case model.RuleStatePrefix:
+		var v model.CfgPolicyRule
+		if err = kv.Decode(&v); err == nil {
+			a.rec.rules[id] = v
+		} else {
+			delete(a.rec.rules, id)
+		}
+	case model.SvcLBStatePrefix:
+		var v model.CfgServiceLBState
+		if err = kv.Decode(&v); err == nil {
+			a.rec.svcs[id] = v
+		} else {
+			delete(a.rec.svcs, id)
+		}
+	case "/contiv.io/master/config/":
+		if key != state.GlobalConfigKey {
+			return
+		}
+		var g model.GlobConfig
+		if err = kv.Decode(&g); err == nil {
+			a.rec.glob = g
+			if g.FwdMode != "" && g.FwdMode != string(a.cfg.FwdMode) {
+				a.log.Error("global fwd-mode changed; restart netplugin with the matching --fwdmode", "global", g.FwdMode, "netplugin", a.cfg.FwdMode)
+			}
+		}
+	default:
+		var r vxlan.Registration
+		if r, err = vxlan.Decode(val); err == nil {
+			a.rec.vteps[key] = r
+		} else {
+			delete(a.rec.vteps, key)
+		}
+	}
+	if err != nil {
+		a.log.Warn("ignoring undecodable record", "key", key, "err", err)
+	}
+}
+
+// Snapshot is the agent's view for the inspect API.
+type Snapshot struct {
+	Host            string                     `json:"host"`
+	Synced          bool                       `json:"synced"`
+	LastSync        time.Time                  `json:"lastSync"`
+	Global          model.GlobConfig           `json:"global"`
+	Networks        []dataplane.Network        `json:"networks"`
+	Endpoints       []dataplane.Endpoint       `json:"endpoints"`
+	RemoteEndpoints []dataplane.RemoteEndpoint `json:"remoteEndpoints"`
+	Peers           []dataplane.Peer           `json:"peers"`
+	Policies        []dataplane.PolicySet      `json:"policies"`
+	Services        []dataplane.Service        `json:"services"`
+	Errors          map[string]string          `json:"errors"`
+}
+
+// Inspect returns what is applied to the driver right now (not what is merely desired)
+// and the current errors.
+func (a *Agent) Inspect() Snapshot {
+	a.applyMu.Lock()
+	s := Snapshot{Host: a.cfg.Host, Synced: a.synced}
+	for _, v := range a.applied.nets {
+		s.Networks = append(s.Networks, v)
+	}
+	for _, v := range a.applied.eps {
+		s.Endpoints = append(s.Endpoints, v)
+	}
+	for _, v := range a.applied.reps {
+		s.RemoteEndpoints = append(s.RemoteEndpoints, v)
+	}
+	for _, v := range a.applied.peers {
+		s.Peers = append(s.Peers, v)
+	}
+	for _, v := range a.applied.pols {
+		s.Policies = append(s.Policies, v)
+	}
+	for _, v := range a.applied.svcs {
+		s.Services = append(s.Services, v)
+	}
+	a.applyMu.Unlock()
+	st := dataplane.State{Networks: s.Networks, Endpoints: s.Endpoints, RemoteEndpoints: s.RemoteEndpoints, Policies: s.Policies, Services: s.Services}
+	sortState(&st)
+	s.Networks, s.Endpoints, s.RemoteEndpoints, s.Policies, s.Services = st.Networks, st.Endpoints, st.RemoteEndpoints, st.Policies, st.Services
+	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Host < s.Peers[j].Host })
+	a.mu.Lock()
+	s.LastSync = a.lastSync
+	s.Global = a.rec.glob
+	a.mu.Unlock()
+	s.Errors = a.Errors()
+	return s
+}
+
+// DriverStatus asks the driver what it has programmed.
+func (a *Agent) DriverStatus(ctx context.Context) (dataplane.Status, error) {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	return a.driver.Status(ctx)
+}

@@ -1,0 +1,302 @@
+package agent
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+// LocalEndpoint is this agent's record of an endpoint it attached, stored at
+// /contiv.io/oper/eps/<id>. Contiv's OperEndpointState fields keep their meaning
+// (intfName = container interface, portName = host-side veth); the rest is this
+// project's extension so a restarted agent can find the container again.
+type LocalEndpoint struct {
+	model.OperEndpointState
+	NetNS   string `json:"netNS,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Network string `json:"network,omitempty"`
+	Group   string `json:"group,omitempty"`
+}
+
+// records is everything the agent watches, decoded, keyed by record id.
+type records struct {
+	nets  map[string]model.CfgNetworkState
+	eps   map[string]model.CfgEndpointState
+	epgs  map[string]model.EndpointGroupState
+	rules map[string]model.CfgPolicyRule
+	svcs  map[string]model.CfgServiceLBState
+	vteps vxlan.Table
+	local map[string]LocalEndpoint
+	glob  model.GlobConfig
+}
+
+func newRecords() *records {
+	return &records{
+		nets:  map[string]model.CfgNetworkState{},
+		eps:   map[string]model.CfgEndpointState{},
+		epgs:  map[string]model.EndpointGroupState{},
+		rules: map[string]model.CfgPolicyRule{},
+		svcs:  map[string]model.CfgServiceLBState{},
+		vteps: vxlan.Table{},
+		local: map[string]LocalEndpoint{},
+	}
+}
+
+// hostView is what the computation needs to know about this host.
+type hostView struct {
+	host      string
+	vtep      netip.Addr
+	uplinkMTU int
+}
+
+// networkOf converts a network state record.
+func networkOf(n model.CfgNetworkState, uplinkMTU int) (dataplane.Network, error) {
+	out := dataplane.Network{ID: n.ID, Encap: dataplane.Encap(n.PktTagType)}
+	switch out.Encap {
+	case dataplane.EncapVXLAN:
+		out.Tag = uint32(n.ExtPktTag)
+		out.MTU = uplinkMTU - 50
+	case dataplane.EncapVLAN:
+		out.Tag = uint32(n.PktTag)
+		out.MTU = uplinkMTU
+	}
+	ip, err := netip.ParseAddr(n.SubnetIP)
+	if err != nil {
+		return out, fmt.Errorf("network %s: subnetIP %q: %w", n.ID, n.SubnetIP, err)
+	}
+	pfx, err := ip.Prefix(int(n.SubnetLen))
+	if err != nil {
+		return out, fmt.Errorf("network %s: subnetLen %d: %w", n.ID, n.SubnetLen, err)
+	}
+	out.Subnet = pfx
+	if n.Gateway != "" {
+		gw, err := netip.ParseAddr(n.Gateway)
+		if err != nil {
+			return out, fmt.Errorf("network %s: gateway %q: %w", n.ID, n.Gateway, err)
+		}
+		out.Gateway = gw
+	}
+	return out, out.Validate()
+}
+
+func epAddrs(e model.CfgEndpointState) (netip.Addr, netip.Addr, net.HardwareAddr, error) {
+	ip, err := netip.ParseAddr(e.IPAddress)
+	if err != nil || !ip.Is4() {
+		return ip, netip.Addr{}, nil, fmt.Errorf("endpoint %s: ipAddress %q is not IPv4", e.ID, e.IPAddress)
+	}
+	var ip6 netip.Addr
+	if e.IPv6Address != "" {
+		if ip6, err = netip.ParseAddr(e.IPv6Address); err != nil {
+			return ip, ip6, nil, fmt.Errorf("endpoint %s: ipv6Address %q: %w", e.ID, e.IPv6Address, err)
+		}
+	}
+	mac := dataplane.ContivMAC(ip)
+	if e.MacAddress != "" {
+		if mac, err = net.ParseMAC(e.MacAddress); err != nil || len(mac) != 6 {
+			return ip, ip6, nil, fmt.Errorf("endpoint %s: macAddress %q is not a 6-byte MAC", e.ID, e.MacAddress)
+		}
+	}
+	return ip, ip6, mac, nil
+}
+
+func epgID(e model.CfgEndpointState) uint16 {
+	if e.EndpointGroupID <= 0 || e.EndpointGroupID > 0xffff {
+		return 0
+	}
+	return uint16(e.EndpointGroupID)
+}
+
+// compute builds the desired state of this host. Records that cannot be used are left
+// out and reported, keyed like the reconciler keys objects ("endpoint/<id>").
+func compute(h hostView, r *records) (dataplane.State, map[string]error) {
+	var s dataplane.State
+	bad := map[string]error{}
+	nets := map[string]dataplane.Network{}
+	for id, n := range r.nets {
+		dn, err := networkOf(n, h.uplinkMTU)
+		if err != nil {
+			bad["network/"+id] = err
+			continue
+		}
+		nets[id] = dn
+		s.Networks = append(s.Networks, dn)
+	}
+	for id, e := range r.eps {
+		n, ok := nets[e.NetID]
+		if !ok {
+			continue // network not (yet) known: the endpoint follows when it is
+		}
+		ip, ip6, mac, err := epAddrs(e)
+		if err != nil {
+			bad["endpoint/"+id] = err
+			continue
+		}
+		if e.HomingHost == h.host {
+			l, ok := r.local[id]
+			if !ok {
+				continue // attached elsewhere or not yet recorded by AttachEndpoint
+			}
+			s.Endpoints = append(s.Endpoints, dataplane.Endpoint{
+				ID: id, NetworkID: e.NetID, IP: ip, IPv6: ip6, MAC: mac, EPGID: epgID(e),
+				HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName,
+			})
+			continue
+		}
+		re := dataplane.RemoteEndpoint{ID: id, NetworkID: e.NetID, IP: ip, MAC: mac, EPGID: epgID(e), Host: e.HomingHost}
+		if e.VtepIP != "" {
+			v, err := netip.ParseAddr(e.VtepIP)
+			if err != nil {
+				bad["remote-endpoint/"+id] = fmt.Errorf("endpoint %s: vtepIP %q: %w", id, e.VtepIP, err)
+				continue
+			}
+			re.VTEP = v
+		} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
+			re.VTEP = v
+		} else if n.Encap == dataplane.EncapVXLAN {
+			continue // the owning host has not registered its VTEP yet
+		}
+		s.RemoteEndpoints = append(s.RemoteEndpoints, re)
+	}
+	s.Peers = r.vteps.Peers(h.host, h.vtep)
+	s.Policies = compilePolicies(r.rules, bad)
+	for id, svc := range r.svcs {
+		ds, err := serviceOf(svc)
+		if err != nil {
+			bad["service/"+id] = err
+			continue
+		}
+		s.Services = append(s.Services, ds)
+	}
+	sortState(&s)
+	return s, bad
+}
+
+// compilePolicies turns Contiv's directional ofnet rules into one rule set per EPG.
+// inRx rules (traffic into DstEndpointGroup) become ingress rules and outTx rules
+// (traffic out of SrcEndpointGroup) egress rules. The reply rules Contiv adds (inTx,
+// outRx) are not needed: the datapath is stateful and passes replies of allowed flows.
+func compilePolicies(rules map[string]model.CfgPolicyRule, bad map[string]error) []dataplane.PolicySet {
+	sets := map[uint16]*dataplane.PolicySet{}
+	for id, r := range rules {
+		rid := r.RuleId
+		if rid == "" {
+			rid = id
+		}
+		dir := rid[strings.LastIndex(rid, ":")+1:]
+		var pr dataplane.PolicyRule
+		var epg int
+		var remote string
+		switch dir {
+		case "inRx":
+			epg, pr.Ingress, pr.RemoteEPG, remote = r.DstEndpointGroup, true, clampEPG(r.SrcEndpointGroup), r.SrcIpAddr
+		case "outTx":
+			epg, pr.Ingress, pr.RemoteEPG, remote = r.SrcEndpointGroup, false, clampEPG(r.DstEndpointGroup), r.DstIpAddr
+		case "inTx", "outRx":
+			continue
+		default:
+			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: unknown direction %q", id, dir)
+			continue
+		}
+		if epg <= 0 || epg > 0xffff {
+			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: endpoint group id %d out of 1-65535", id, epg)
+			continue
+		}
+		if remote != "" {
+			if !strings.Contains(remote, "/") {
+				remote += "/32"
+			}
+			p, err := netip.ParsePrefix(remote)
+			if err != nil {
+				bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: address %q: %w", id, remote, err)
+				continue
+			}
+			pr.Remote = p.Masked()
+		}
+		pr.ID = rid
+		pr.Priority = min(max(r.Priority, 1), 100)
+		pr.Proto = r.IpProtocol
+		pr.Port = r.DstPort
+		pr.SynOnly = r.TcpFlags == "syn,!ack"
+		pr.Action = dataplane.PolicyAction(strings.ToLower(r.Action))
+		if pr.Action != dataplane.ActionAllow && pr.Action != dataplane.ActionDeny {
+			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: action %q must be allow or deny", id, r.Action)
+			continue
+		}
+		ps := sets[uint16(epg)]
+		if ps == nil {
+			ps = &dataplane.PolicySet{EPGID: uint16(epg)}
+			sets[uint16(epg)] = ps
+		}
+		ps.Rules = append(ps.Rules, pr)
+	}
+	out := make([]dataplane.PolicySet, 0, len(sets))
+	for _, ps := range sets {
+		sort.Slice(ps.Rules, func(i, j int) bool { return ps.Rules[i].ID < ps.Rules[j].ID })
+		out = append(out, *ps)
+	}
+	return out
+}
+
+func clampEPG(v int) uint16 {
+	if v <= 0 || v > 0xffff {
+		return 0
+	}
+	return uint16(v)
+}
+
+func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {
+	out := dataplane.Service{ID: s.ID}
+	vip, err := netip.ParseAddr(s.IPAddress)
+	if err != nil {
+		return out, fmt.Errorf("service %s: ipaddress %q: %w", s.ID, s.IPAddress, err)
+	}
+	out.VIP = vip
+	for _, p := range s.Ports {
+		f := strings.Split(p, ":")
+		if len(f) != 3 {
+			return out, fmt.Errorf("service %s: port %q must be svcPort:provPort:proto", s.ID, p)
+		}
+		sp, err1 := strconv.ParseUint(f[0], 10, 16)
+		tp, err2 := strconv.ParseUint(f[1], 10, 16)
+		if err1 != nil || err2 != nil {
+			return out, fmt.Errorf("service %s: port %q: ports must be 0-65535", s.ID, p)
+		}
+		var proto uint8
+		switch strings.ToLower(f[2]) {
+		case "tcp":
+			proto = 6
+		case "udp":
+			proto = 17
+		default:
+			return out, fmt.Errorf("service %s: port %q: protocol must be TCP or UDP", s.ID, p)
+		}
+		out.Ports = append(out.Ports, dataplane.ServicePort{Proto: proto, Port: uint16(sp), TargetPort: uint16(tp)})
+	}
+	for _, p := range s.Providers {
+		if p == nil {
+			continue
+		}
+		a, err := netip.ParseAddr(p.IPAddress)
+		if err != nil {
+			return out, fmt.Errorf("service %s: provider address %q: %w", s.ID, p.IPAddress, err)
+		}
+		out.Backends = append(out.Backends, a)
+	}
+	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].Less(out.Backends[j]) })
+	return out, nil
+}
+
+func sortState(s *dataplane.State) {
+	sort.Slice(s.Networks, func(i, j int) bool { return s.Networks[i].ID < s.Networks[j].ID })
+	sort.Slice(s.Endpoints, func(i, j int) bool { return s.Endpoints[i].ID < s.Endpoints[j].ID })
+	sort.Slice(s.RemoteEndpoints, func(i, j int) bool { return s.RemoteEndpoints[i].ID < s.RemoteEndpoints[j].ID })
+	sort.Slice(s.Policies, func(i, j int) bool { return s.Policies[i].EPGID < s.Policies[j].EPGID })
+	sort.Slice(s.Services, func(i, j int) bool { return s.Services[i].ID < s.Services[j].ID })
+}

@@ -1,0 +1,311 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// AttachRequest asks for a container interface on a Contiv network.
+type AttachRequest struct {
+	Tenant  string // required
+	Network string // required
+	Group   string // endpoint group ("" = none)
+	// EndpointID is the runtime's id for the interface: the Docker endpoint id or the k8s
+	// infra container id. The Contiv endpoint id is "<network>.<tenant>-<EndpointID>".
+	EndpointID string
+	Name       string // container/pod name (epCommonName)
+	// NetNS is the container's network namespace path. Empty: the container end of the
+	// veth stays in the host namespace, named IfName, for the runtime to move (Docker).
+	NetNS  string
+	IfName string // container-side interface name, default eth0
+}
+
+// AttachResult describes the attached interface.
+type AttachResult struct {
+	ID         string       `json:"id"` // Contiv endpoint id
+	IP         netip.Prefix `json:"ip"` // address/subnet length
+	IPv6       netip.Addr   `json:"ipv6,omitzero"`
+	MAC        string       `json:"mac"`
+	Gateway    netip.Addr   `json:"gateway,omitzero"`
+	MTU        int          `json:"mtu"`
+	HostIfName string       `json:"hostIfName"`
+	IfName     string       `json:"ifName"`
+}
+
+// HostIfName is the host-side veth name of an endpoint: "cbv" + 12 hex digits of a hash
+// of its id, unique per host and within the kernel's 15-byte limit.
+func HostIfName(endpointID string) string {
+	h := sha256.Sum256([]byte(endpointID))
+	return "cbv" + hex.EncodeToString(h[:6])
+}
+
+func (r AttachRequest) validate() error {
+	switch {
+	case r.Tenant == "":
+		return errors.New("attach: tenant is empty")
+	case r.Network == "":
+		return errors.New("attach: network is empty")
+	case r.EndpointID == "":
+		return errors.New("attach: endpoint id is empty")
+	case len(r.IfName) > 15:
+		return fmt.Errorf("attach: ifName %q longer than 15 bytes", r.IfName)
+	}
+	return nil
+}
+
+// AttachEndpoint creates the endpoint on netmaster (which allocates its address), records
+// it in /contiv.io/oper/eps/<id> and programs it into the driver. If any step fails,
+// everything done so far is undone (driver endpoint and veth, oper record, netmaster
+// endpoint) and the error says which step failed. Attaching an endpoint that is already
+// attached with the same namespace returns it again.
+func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachResult, error) {
+	if req.IfName == "" {
+		req.IfName = "eth0"
+	}
+	if err := req.validate(); err != nil {
+		return AttachResult{}, err
+	}
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return AttachResult{}, fmt.Errorf("attach: agent not synced yet: %w", ctx.Err())
+	}
+	a.attachMu.Lock()
+	defer a.attachMu.Unlock()
+
+	id := model.EndpointStateID(req.Network, req.Tenant, req.EndpointID)
+	cfg, err := a.cfg.Master.CreateEndpoint(ctx, model.CreateEndpointRequest{
+		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
+		EndpointID: req.EndpointID, EPCommonName: req.Name,
+		ConfigEP: model.ConfigEP{Container: req.EndpointID, Host: a.cfg.Host, ServiceName: req.Group},
+	})
+	if err != nil {
+		return AttachResult{}, fmt.Errorf("attach %s: create endpoint on netmaster: %w", id, err)
+	}
+	if cfg.ID != "" && cfg.ID != id {
+		id = cfg.ID
+	}
+	cfg.ID = id
+	l := LocalEndpoint{
+		OperEndpointState: model.OperEndpointState{
+			ID: id, NetID: cfg.NetID, EndpointID: req.EndpointID, ServiceName: req.Group,
+			ContUUID: req.EndpointID, IPAddress: cfg.IPAddress, IPv6Address: cfg.IPv6Address,
+			MacAddress: cfg.MacAddress, HomingHost: a.cfg.Host, IntfName: req.IfName,
+			PortName: HostIfName(id),
+		},
+		NetNS: req.NetNS, Tenant: req.Tenant, Network: req.Network, Group: req.Group,
+	}
+	res, err := a.attach(ctx, cfg, l)
+	if err != nil {
+		a.rollback(id, req, cfg)
+		return AttachResult{}, fmt.Errorf("attach %s: %w", id, err)
+	}
+	a.log.Info("endpoint attached", "id", id, "ip", res.IP, "hostIf", res.HostIfName, "netns", req.NetNS)
+	return res, nil
+}
+
+func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalEndpoint) (AttachResult, error) {
+	if cfg.HomingHost != "" && cfg.HomingHost != a.cfg.Host {
+		return AttachResult{}, fmt.Errorf("endpoint is homed on host %q, not %q", cfg.HomingHost, a.cfg.Host)
+	}
+	cfg.HomingHost = a.cfg.Host
+	netRec, err := a.network(ctx, cfg.NetID)
+	if err != nil {
+		return AttachResult{}, err
+	}
+	n, err := networkOf(netRec, a.cfg.UplinkMTU)
+	if err != nil {
+		return AttachResult{}, err
+	}
+	ip, ip6, mac, err := epAddrs(cfg)
+	if err != nil {
+		return AttachResult{}, err
+	}
+	l.MacAddress = mac.String()
+	if err := a.store.Put(ctx, model.EpOperKey(l.ID), l); err != nil {
+		return AttachResult{}, fmt.Errorf("record local endpoint: %w", err)
+	}
+	a.mu.Lock()
+	a.rec.eps[l.ID] = cfg
+	if _, ok := a.rec.nets[cfg.NetID]; !ok {
+		a.rec.nets[cfg.NetID] = netRec
+	}
+	a.rec.local[l.ID] = l
+	a.mu.Unlock()
+	errs := a.reconcile(ctx)
+	if err := errs["endpoint/"+l.ID]; err != nil {
+		return AttachResult{}, fmt.Errorf("program endpoint into %s driver: %w", a.driver.Name(), err)
+	}
+	if err := errs["network/"+cfg.NetID]; err != nil {
+		return AttachResult{}, fmt.Errorf("program network %s: %w", cfg.NetID, err)
+	}
+	if err := errs["sync"]; err != nil {
+		return AttachResult{}, err
+	}
+	a.applyMu.Lock()
+	_, ok := a.applied.eps[l.ID]
+	a.applyMu.Unlock()
+	if !ok {
+		return AttachResult{}, errors.New("endpoint not programmed (network or endpoint record unusable)")
+	}
+	return AttachResult{
+		ID: l.ID, IP: netip.PrefixFrom(ip, n.Subnet.Bits()), IPv6: ip6, MAC: net.HardwareAddr(mac).String(),
+		Gateway: n.Gateway, MTU: n.MTU, HostIfName: l.PortName, IfName: l.IntfName,
+	}, nil
+}
+
+// network returns the network record from the watch cache, or from the store when the
+// watch has not delivered it yet.
+func (a *Agent) network(ctx context.Context, netID string) (model.CfgNetworkState, error) {
+	a.mu.Lock()
+	n, ok := a.rec.nets[netID]
+	a.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	if err := a.store.Get(ctx, model.NetStateKey(netID), &n); err != nil {
+		return n, fmt.Errorf("network %s: %w", netID, err)
+	}
+	return n, nil
+}
+
+// rollback undoes a failed attach; it runs on a fresh context so a cancelled request
+// still cleans up.
+func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointState) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a.log.Warn("rolling back failed attach", "id", id)
+	a.forget(ctx, id)
+	if err := a.cfg.Master.DeleteEndpoint(ctx, model.DeleteEndpointRequest{
+		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
+		EndpointID: req.EndpointID, IPv4Address: cfg.IPAddress,
+	}); err != nil {
+		a.log.Error("rollback: delete endpoint on netmaster", "id", id, "err", err)
+	}
+}
+
+// forget removes a local endpoint from the agent, the driver and the oper record.
+func (a *Agent) forget(ctx context.Context, id string) error {
+	a.mu.Lock()
+	delete(a.rec.local, id)
+	a.mu.Unlock()
+	var errs []error
+	a.applyMu.Lock()
+	if err := a.driver.DeleteEndpoint(ctx, id); err != nil {
+		errs = append(errs, fmt.Errorf("delete endpoint from driver: %w", err))
+	} else {
+		delete(a.applied.eps, id)
+	}
+	a.applyMu.Unlock()
+	if _, err := a.store.Delete(ctx, model.EpOperKey(id)); err != nil {
+		errs = append(errs, fmt.Errorf("delete local endpoint record: %w", err))
+	}
+	a.trigger()
+	return errors.Join(errs...)
+}
+
+// DetachRequest names an endpoint to remove. With Tenant and Network set the endpoint
+// is "<Network>.<Tenant>-<EndpointID>"; otherwise every local endpoint whose runtime id
+// is EndpointID is removed (a CNI DEL carries only the container id).
+type DetachRequest struct {
+	Tenant     string
+	Network    string
+	Group      string
+	EndpointID string
+}
+
+// DetachEndpoint removes the endpoint from the driver (deleting its veth), from the oper
+// records and from netmaster. It is idempotent: detaching an unknown endpoint succeeds.
+func (a *Agent) DetachEndpoint(ctx context.Context, req DetachRequest) error {
+	if req.EndpointID == "" {
+		return errors.New("detach: endpoint id is empty")
+	}
+	a.attachMu.Lock()
+	defer a.attachMu.Unlock()
+	type target struct {
+		id, tenant, network, group string
+	}
+	var targets []target
+	a.mu.Lock()
+	if req.Tenant != "" && req.Network != "" {
+		targets = append(targets, target{model.EndpointStateID(req.Network, req.Tenant, req.EndpointID), req.Tenant, req.Network, req.Group})
+	} else {
+		for id, l := range a.rec.local {
+			if l.EndpointID == req.EndpointID {
+				targets = append(targets, target{id, l.Tenant, l.Network, l.Group})
+			}
+		}
+	}
+	a.mu.Unlock()
+	if len(targets) == 0 && (req.Tenant == "" || req.Network == "") {
+		// Not attached here (or already detached): look for records of this host that a
+		// crash may have left behind.
+		locals, err := state.ListJSON[LocalEndpoint](ctx, a.store, model.EpOperPrefix)
+		if err != nil {
+			return fmt.Errorf("detach %s: %w", req.EndpointID, err)
+		}
+		for _, l := range locals {
+			if l.HomingHost == a.cfg.Host && l.EndpointID == req.EndpointID {
+				targets = append(targets, target{l.ID, l.Tenant, l.Network, l.Group})
+			}
+		}
+	}
+	var errs []error
+	for _, t := range targets {
+		if err := a.forget(ctx, t.id); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", t.id, err))
+			continue
+		}
+		var cfg model.CfgEndpointState
+		err := a.store.Get(ctx, model.EpStateKey(t.id), &cfg)
+		if errors.Is(err, state.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", t.id, err))
+			continue
+		}
+		if t.tenant == "" || t.network == "" {
+			errs = append(errs, fmt.Errorf("detach %s: tenant/network unknown; pass them explicitly", t.id))
+			continue
+		}
+		if err := a.cfg.Master.DeleteEndpoint(ctx, model.DeleteEndpointRequest{
+			TenantName: t.tenant, NetworkName: t.network, ServiceName: t.group,
+			EndpointID: req.EndpointID, IPv4Address: cfg.IPAddress,
+		}); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: delete endpoint on netmaster: %w", t.id, err))
+			continue
+		}
+		a.log.Info("endpoint detached", "id", t.id)
+	}
+	return errors.Join(errs...)
+}
+
+// LocalEndpoints returns this host's endpoint records.
+func (a *Agent) LocalEndpoints() []LocalEndpoint {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]LocalEndpoint, 0, len(a.rec.local))
+	for _, l := range a.rec.local {
+		out = append(out, l)
+	}
+	return out
+}
+
+// EndpointFor is a helper for front-ends: the dataplane endpoint currently applied.
+func (a *Agent) EndpointFor(id string) (dataplane.Endpoint, bool) {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	e, ok := a.applied.eps[id]
+	return e, ok
+}

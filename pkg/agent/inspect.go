@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Handler serves netplugin's local REST API (Contiv's :9090) and /metrics:
+//
+//	GET /inspect/networks   networks programmed in the driver
+//	GET /inspect/endpoints  {"local": [...], "remote": [...], "records": [oper records]}
+//	GET /inspect/peers      VXLAN peers
+//	GET /inspect/driver     the driver's Status (attachments, map/flow contents, counters)
+//	GET /inspect/agent      everything above from the agent plus errors and sync state
+//	GET /svcstats           services and the driver's counters
+//	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise
+//	GET /metrics            Prometheus
+//	DELETE /debug/reclaimEndpoint/{id}  detach a local endpoint by Contiv endpoint id
+//
+// reg receives the agent's collector; pass a fresh registry per agent.
+func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
+	reg.MustRegister(a.Collector())
+	r := mux.NewRouter()
+	r.HandleFunc("/inspect/networks", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.Inspect().Networks)
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/endpoints", func(w http.ResponseWriter, _ *http.Request) {
+		s := a.Inspect()
+		writeJSON(w, http.StatusOK, map[string]any{"local": s.Endpoints, "remote": s.RemoteEndpoints, "records": a.LocalEndpoints()})
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/peers", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.Inspect().Peers)
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/agent", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.Inspect())
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/driver", func(w http.ResponseWriter, req *http.Request) {
+		st, err := a.DriverStatus(req.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/svcstats", func(w http.ResponseWriter, req *http.Request) {
+		out := map[string]any{"services": a.Inspect().Services}
+		if st, err := a.DriverStatus(req.Context()); err == nil {
+			out["counters"] = st.Counters
+		}
+		writeJSON(w, http.StatusOK, out)
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		s := a.Inspect()
+		if !s.Synced || len(s.Errors) > 0 {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"synced": s.Synced, "errors": s.Errors})
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/debug/reclaimEndpoint/{id}", func(w http.ResponseWriter, req *http.Request) {
+		id := mux.Vars(req)["id"]
+		for _, l := range a.LocalEndpoints() {
+			if l.ID == id {
+				if err := a.DetachEndpoint(req.Context(), DetachRequest{Tenant: l.Tenant, Network: l.Network, Group: l.Group, EndpointID: l.EndpointID}); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+			}
+		}
+		writeJSON(w, http.StatusOK, "success")
+	}).Methods(http.MethodDelete)
+	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return r
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the agent's own counters; the gauges are read from the agent on scrape.
+type metrics struct {
+	syncs      prometheus.Counter
+	syncErrors prometheus.Counter
+	opErrors   prometheus.Counter
+	syncTime   prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		syncs: prometheus.NewCounter(prometheus.CounterOpts{Name: "contiv_netplugin_syncs_total",
+			Help: "Reconcile passes that called the driver."}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "contiv_netplugin_sync_errors_total",
+			Help: "Reconcile passes that ended with at least one driver error."}),
+		opErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "contiv_netplugin_driver_call_errors_total",
+			Help: "Failed incremental driver calls (each is retried with backoff)."}),
+		syncTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "contiv_netplugin_full_sync_seconds",
+			Help: "Duration of full driver Syncs.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 8)}),
+	}
+}
+
+func (m *metrics) observeSync(err error, full time.Duration) {
+	m.syncs.Inc()
+	if err != nil {
+		m.syncErrors.Inc()
+	}
+	if full > 0 {
+		m.syncTime.Observe(full.Seconds())
+	}
+}
+
+// Collector exposes the agent's metrics (and the driver's numeric counters, if its Status
+// reports any) for a prometheus.Registry.
+func (a *Agent) Collector() prometheus.Collector { return &collector{a: a} }
+
+type collector struct{ a *Agent }
+
+var (
+	descEndpoints = prometheus.NewDesc("contiv_netplugin_endpoints", "Endpoints programmed in the driver.", []string{"kind"}, nil)
+	descPeers     = prometheus.NewDesc("contiv_netplugin_peers", "VXLAN peers programmed in the driver.", nil, nil)
+	descNetworks  = prometheus.NewDesc("contiv_netplugin_networks", "Networks programmed in the driver.", nil, nil)
+	descErrors    = prometheus.NewDesc("contiv_netplugin_failing_objects", "Objects whose last driver call or record decode failed.", nil, nil)
+	descLastSync  = prometheus.NewDesc("contiv_netplugin_last_sync_timestamp_seconds", "Unix time of the last reconcile pass without errors.", nil, nil)
+	descSynced    = prometheus.NewDesc("contiv_netplugin_synced", "1 once the first full Sync succeeded.", nil, nil)
+	descDriver    = prometheus.NewDesc("contiv_netplugin_driver_counter", "Numeric counters reported by the driver's Status.", []string{"dataplane", "name"}, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	m := c.a.metrics
+	m.syncs.Describe(ch)
+	m.syncErrors.Describe(ch)
+	m.opErrors.Describe(ch)
+	m.syncTime.Describe(ch)
+	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descLastSync, descSynced, descDriver} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.a.metrics
+	m.syncs.Collect(ch)
+	m.syncErrors.Collect(ch)
+	m.opErrors.Collect(ch)
+	m.syncTime.Collect(ch)
+	s := c.a.Inspect()
+	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(len(s.Endpoints)), "local")
+	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(len(s.RemoteEndpoints)), "remote")
+	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(len(s.Peers)))
+	ch <- prometheus.MustNewConstMetric(descNetworks, prometheus.GaugeValue, float64(len(s.Networks)))
+	ch <- prometheus.MustNewConstMetric(descErrors, prometheus.GaugeValue, float64(len(s.Errors)))
+	var last float64
+	if !s.LastSync.IsZero() {
+		last = float64(s.LastSync.UnixNano()) / 1e9
+	}
+	ch <- prometheus.MustNewConstMetric(descLastSync, prometheus.GaugeValue, last)
+	synced := 0.0
+	if s.Synced {
+		synced = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := c.a.DriverStatus(ctx)
+	if err != nil {
+		return
+	}
+	for name, v := range st.Counters {
+		if f, ok := toFloat(v); ok {
+			ch <- prometheus.MustNewConstMetric(descDriver, prometheus.CounterValue, f, st.Dataplane, name)
+		}
+	}
+}
+
+func toFloat(v any) (float64, bool) {
+	switch x := v.(type) {
+	case int:
+		return float64(x), true
+	case int64:
+		return float64(x), true
+	case uint64:
+		return float64(x), true
+	case uint32:
+		return float64(x), true
+	case float64:
+		return x, true
+	case fmt.Stringer:
+		return 0, false
+	}
+	return 0, false
+}
