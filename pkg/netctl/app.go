@@ -1,0 +1,182 @@
+// Package netctl is the operator CLI (Contiv's netctl, same commands, flags, messages, exit
+// codes and table layouts) built on urfave/cli/v2 and the REST client in pkg/netctl/client.
+// It owns argument handling and output formatting; it knows nothing about how netmaster
+// stores or computes anything.
+package netctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/contivbpf/contivbpf/pkg/netctl/client"
+)
+
+// DefaultNetmaster is used when neither --netmaster nor CONTIV_NETMASTER/NETMASTER is set.
+const DefaultNetmaster = "http://netmaster:9999"
+
+// Exit codes, as Contiv's netctl.
+const (
+	ExitOK      = 0
+	ExitUsage   = 1 // wrong argument count, missing or invalid flag
+	ExitRequest = 2 // raw HTTP request failed (version)
+	ExitAPI     = 3 // API answered an error, or netmaster unreachable
+	ExitIO      = 4 // local I/O or encoding failure
+)
+
+// BuildInfo is the client's own version, printed by `netctl version`.
+type BuildInfo struct {
+	Version   string
+	GitCommit string
+	BuildTime string
+}
+
+// exitError carries the exit code and the one-line message to print.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func usageErr(c *cli.Context, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	if c != nil && c.Command != nil {
+		msg += fmt.Sprintf(" (see '%s --help')", c.Command.HelpName)
+	}
+	return &exitError{code: ExitUsage, msg: msg}
+}
+
+// apiErr turns a client error into exit code 3 (or 2 for the raw version request).
+func apiErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &exitError{code: ExitAPI, msg: oneLine(err.Error())}
+}
+
+func ioErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &exitError{code: ExitIO, msg: oneLine(err.Error())}
+}
+
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}
+
+// Run executes one netctl invocation (args[0] is the program name) and returns the exit code.
+// Everything is written to stdout/stderr; nothing calls os.Exit.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, build BuildInfo) int {
+	app := NewApp(stdout, stderr, build)
+	notFound := false
+	app.CommandNotFound = func(c *cli.Context, name string) {
+		notFound = true
+		help := "netctl"
+		if c.Command != nil && c.Command.HelpName != "" {
+			help = c.Command.HelpName
+		}
+		fmt.Fprintf(stderr, "Error: no such command %q (see '%s --help')\n", name, help)
+	}
+	err := app.RunContext(ctx, ReorderArgs(app, args))
+	if err == nil {
+		if notFound {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	code := ExitUsage
+	msg := oneLine(err.Error())
+	var ee *exitError
+	var ec cli.ExitCoder
+	switch {
+	case errors.As(err, &ee):
+		code, msg = ee.code, ee.msg
+	case errors.As(err, &ec):
+		code = ec.ExitCode()
+	}
+	if msg != "" {
+		fmt.Fprintf(stderr, "Error: %s\n", msg)
+	}
+	return code
+}
+
+// NewApp builds the command tree. Exported for help generation and tests.
+func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
+	app := &cli.App{
+		Name:  "netctl",
+		Usage: "A command line client for Contiv netplugin",
+		Version: fmt.Sprintf("\nVersion: %s\nGitCommit: %s\nBuildTime: %s",
+			build.Version, build.GitCommit, build.BuildTime),
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{
+				Name:  "netmaster",
+				Value: DefaultNetmaster,
+				Usage: "The URL of netmaster (http:// or https://); else $CONTIV_NETMASTER, else $NETMASTER",
+			},
+			&cli.BoolFlag{
+				Name:    "insecure",
+				Usage:   "skip TLS certificate verification",
+				EnvVars: []string{"INSECURE"},
+			},
+		},
+		Commands:       commands(build),
+		ExitErrHandler: func(*cli.Context, error) {}, // Run maps errors to exit codes
+		OnUsageError:   onUsageError,
+	}
+	// Contiv sorts commands by name in help.
+	sortCommands(app.Commands)
+	var walk func([]*cli.Command)
+	walk = func(cmds []*cli.Command) {
+		for _, c := range cmds {
+			c.OnUsageError = onUsageError
+			if len(c.Subcommands) == 0 {
+				c.HideHelpCommand = true
+			}
+			walk(c.Subcommands)
+		}
+	}
+	walk(app.Commands)
+	return app
+}
+
+// onUsageError turns flag parsing errors into one line and exit code 1.
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	return usageErr(c, "%v", err)
+}
+
+// netmasterURL: the flag if given, else the first non-empty of CONTIV_NETMASTER and
+// NETMASTER, else the default.
+func netmasterURL(c *cli.Context) string {
+	if c.IsSet("netmaster") {
+		return c.String("netmaster")
+	}
+	for _, env := range []string{"CONTIV_NETMASTER", "NETMASTER"} {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+	}
+	return DefaultNetmaster
+}
+
+// newClient builds the REST client from the global flags.
+func newClient(c *cli.Context) (*client.Client, error) {
+	var opts []client.Option
+	if c.Bool("insecure") {
+		opts = append(opts, client.WithInsecureTLS())
+	}
+	cl, err := client.New(netmasterURL(c), opts...)
+	if err != nil {
+		return nil, &exitError{code: ExitUsage, msg: err.Error()}
+	}
+	return cl, nil
+}
