@@ -28,6 +28,10 @@ type AttachRequest struct {
 	// veth stays in the host namespace, named IfName, for the runtime to move (Docker).
 	NetNS  string
 	IfName string // container-side interface name, default eth0
+	// IPAddress is an address already allocated for the endpoint (Docker's IPAM driver
+	// got it from /plugin/allocAddress); netmaster records it instead of allocating one.
+	// Empty: netmaster allocates.
+	IPAddress string
 }
 
 // AttachResult describes the attached interface.
@@ -87,7 +91,7 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	cfg, err := a.cfg.Master.CreateEndpoint(ctx, model.CreateEndpointRequest{
 		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
 		EndpointID: req.EndpointID, EPCommonName: req.Name,
-		ConfigEP: model.ConfigEP{Container: req.EndpointID, Host: a.cfg.Host, ServiceName: req.Group},
+		ConfigEP: model.ConfigEP{Container: req.EndpointID, Host: a.cfg.Host, ServiceName: req.Group, IPAddress: req.IPAddress},
 	})
 	if err != nil {
 		return AttachResult{}, fmt.Errorf("attach %s: create endpoint on netmaster: %w", id, err)
