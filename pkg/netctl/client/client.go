@@ -17,6 +17,8 @@ import (
 	"net/url"
 	"strings"
 	"syscall"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // Client talks to one netmaster (or anything serving its API).
@@ -209,16 +211,9 @@ func (c *Client) Delete(ctx context.Context, collection, key string) error {
 	return c.Do(ctx, http.MethodDelete, ObjectPath(collection, key), nil, nil)
 }
 
-// VersionInfo is GET /version.
-type VersionInfo struct {
-	GitCommit string
-	Version   string
-	BuildTime string
-}
-
 // Version fetches netmaster's build information.
-func (c *Client) Version(ctx context.Context) (*VersionInfo, error) {
-	var v VersionInfo
+func (c *Client) Version(ctx context.Context) (*model.VersionInfo, error) {
+	var v model.VersionInfo
 	if err := c.Do(ctx, http.MethodGet, "/version", nil, &v); err != nil {
 		return nil, err
 	}
