@@ -18,6 +18,8 @@ check ethtool ethtool
 check iperf3 iperf3
 check tcpdump tcpdump
 check ip iproute2
+check ping iputils-ping
+check bridge iproute2
 check nsenter util-linux
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then echo "deps: missing ${need[*]} and not root; install them with apt-get" >&2; exit 1; fi

@@ -1,0 +1,81 @@
+package netbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+)
+
+func needRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces; skipping")
+	}
+}
+
+func prefix() string { return fmt.Sprintf("cbb%d", os.Getpid()%100000) }
+
+// The probes must measure a real path: echo round trips, connections and bulk data.
+func TestProbesOverVethPair(t *testing.T) {
+	needRoot(t)
+	topo, err := VethPair(prefix()+"v", 1500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topo.Close()
+	a, b := topo.Namespaces[0], topo.Namespaces[1]
+	srv, err := StartServer(NSPath(b), "10.199.0.2:5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	d := NewDialer(NSPath(a))
+	c, err := d.Dial("10.199.0.2:5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples, err := RR(c, 200, 64)
+	c.Close()
+	if err != nil || len(samples) != 200 {
+		t.Fatalf("rr: %d samples, %v", len(samples), err)
+	}
+	if p50 := Percentile(samples, 50); p50 <= 0 || p50 > time.Second {
+		t.Fatalf("p50 = %v", p50)
+	}
+	rate, err := CRR(context.Background(), d, "10.199.0.2:5201", 300*time.Millisecond)
+	if err != nil || rate <= 0 {
+		t.Fatalf("crr = %v, %v", rate, err)
+	}
+	gbps, err := Iperf3(context.Background(), b, a, "10.199.0.2", 5299, 1)
+	if err != nil || gbps <= 0 {
+		t.Fatalf("iperf3 = %v, %v", gbps, err)
+	}
+	t.Logf("veth pair: rr p50 %v, crr %.0f/s, iperf3 %.2f Gbit/s", Percentile(samples, 50), rate, gbps)
+}
+
+// A dial to an address nobody serves must fail rather than report a rate.
+func TestCRRFailsWithoutServer(t *testing.T) {
+	needRoot(t)
+	topo, err := VethPair(prefix()+"f", 1500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topo.Close()
+	if _, err := CRR(context.Background(), NewDialer(NSPath(topo.Namespaces[0])), "10.199.0.2:1", 100*time.Millisecond); err == nil {
+		t.Fatal("crr against a closed port succeeded")
+	}
+}
+
+func TestBridgeVXLANBaseline(t *testing.T) {
+	needRoot(t)
+	topo, err := BridgeVXLAN(prefix() + "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topo.Close()
+	out, err := Run(topo.Namespaces[2], "ping", "-c", "2", "-W", "2", "10.197.0.2")
+	if err != nil {
+		t.Fatalf("ping across kernel vxlan: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,117 @@
+package netbench
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// Topology is a set of namespaces and links made with iproute2, removed by Close.
+type Topology struct {
+	Namespaces []string
+}
+
+func ip(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func nsip(ns string, args ...string) error { return ip(append([]string{"-n", ns}, args...)...) }
+
+func (t *Topology) addNS(name string) error {
+	if err := ip("netns", "add", name); err != nil {
+		return err
+	}
+	t.Namespaces = append(t.Namespaces, name)
+	return nsip(name, "link", "set", "lo", "up")
+}
+
+// Close deletes every namespace of the topology (and with them their links).
+func (t *Topology) Close() {
+	for i := len(t.Namespaces) - 1; i >= 0; i-- {
+		_ = ip("netns", "del", t.Namespaces[i])
+	}
+	t.Namespaces = nil
+}
+
+// VethPair builds the same-host baseline: two namespaces joined directly by one veth
+// pair with a.IP=10.199.0.1/24 and b.IP=10.199.0.2/24 at the given MTU.
+func VethPair(prefix string, mtu int) (*Topology, error) {
+	t := &Topology{}
+	a, b := prefix+"a", prefix+"b"
+	steps := []func() error{
+		func() error { return t.addNS(a) },
+		func() error { return t.addNS(b) },
+		func() error {
+			return nsip(a, "link", "add", "eth0", "mtu", fmt.Sprint(mtu), "type", "veth", "peer", "name", "eth0", "netns", b)
+		},
+		func() error { return nsip(b, "link", "set", "eth0", "mtu", fmt.Sprint(mtu)) },
+		func() error { return nsip(a, "addr", "add", "10.199.0.1/24", "dev", "eth0") },
+		func() error { return nsip(b, "addr", "add", "10.199.0.2/24", "dev", "eth0") },
+		func() error { return nsip(a, "link", "set", "eth0", "up") },
+		func() error { return nsip(b, "link", "set", "eth0", "up") },
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("build veth baseline: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// BridgeVXLAN builds the cross-host baseline: two host namespaces joined by a veth wire
+// (underlay 10.198.0.1/.2), each with a Linux bridge, a kernel vxlan device (VNI 42,
+// unicast to the peer) and one container namespace on the bridge. Containers are
+// <prefix>c1 (10.197.0.1) and <prefix>c2 (10.197.0.2) with MTU 1450.
+func BridgeVXLAN(prefix string) (*Topology, error) {
+	t := &Topology{}
+	h1, h2, c1, c2 := prefix+"h1", prefix+"h2", prefix+"c1", prefix+"c2"
+	var steps []func() error
+	add := func(f func() error) { steps = append(steps, f) }
+	for _, n := range []string{h1, h2, c1, c2} {
+		add(func() error { return t.addNS(n) })
+	}
+	add(func() error { return nsip(h1, "link", "add", "wire", "type", "veth", "peer", "name", "wire", "netns", h2) })
+	hosts := []struct{ h, c, under, peer, cip string }{
+		{h1, c1, "10.198.0.1", "10.198.0.2", "10.197.0.1"},
+		{h2, c2, "10.198.0.2", "10.198.0.1", "10.197.0.2"},
+	}
+	for _, x := range hosts {
+		add(func() error { return nsip(x.h, "addr", "add", x.under+"/24", "dev", "wire") })
+		add(func() error { return nsip(x.h, "link", "set", "wire", "up") })
+		add(func() error { return nsip(x.h, "link", "add", "br0", "type", "bridge") })
+		add(func() error { return nsip(x.h, "link", "set", "br0", "up") })
+		add(func() error {
+			return nsip(x.h, "link", "add", "vx0", "type", "vxlan", "id", "42", "remote", x.peer, "local", x.under, "dstport", "4789", "nolearning")
+		})
+		add(func() error { return nsip(x.h, "link", "set", "vx0", "master", "br0", "up") })
+		add(func() error {
+			return nsip(x.h, "link", "add", "hv", "mtu", "1450", "type", "veth", "peer", "name", "eth0", "netns", x.c)
+		})
+		add(func() error { return nsip(x.h, "link", "set", "hv", "master", "br0", "up") })
+		add(func() error { return nsip(x.c, "link", "set", "eth0", "mtu", "1450") })
+		add(func() error { return nsip(x.c, "addr", "add", x.cip+"/24", "dev", "eth0") })
+		add(func() error { return nsip(x.c, "link", "set", "eth0", "up") })
+	}
+	// Static FDB: flood to the peer so the first ARP finds its way (no multicast here).
+	for _, x := range hosts {
+		add(func() error {
+			out, err := exec.Command("bridge", "-n", x.h, "fdb", "append", "00:00:00:00:00:00", "dev", "vx0", "dst", x.peer).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("bridge fdb: %w: %s", err, out)
+			}
+			return nil
+		})
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("build bridge+vxlan baseline: %w", err)
+		}
+	}
+	return t, nil
+}
