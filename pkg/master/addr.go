@@ -1,0 +1,171 @@
+package master
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// allocIPv4 reserves preferred (if given) or allocates the lowest free address, from the
+// EPG's pool when epg has one. It updates ns (and epg) in memory; callers write them.
+func allocIPv4(ns *model.CfgNetworkState, epg *model.EndpointGroupState, preferred string) (string, error) {
+	sn, err := subnetOfState(ns)
+	if err != nil {
+		return "", err
+	}
+	if preferred != "" {
+		a, err := parseIP4("IPv4Address", strings.SplitN(preferred, "/", 2)[0])
+		if err != nil {
+			return "", err
+		}
+		if !sn.contains(a) {
+			return "", unproc("address %s is not inside subnet %s/%d of network %s", addr4(a), ns.SubnetIP, ns.SubnetLen, ns.ID)
+		}
+		off := uint(a - sn.base)
+		if off == 0 || off == uint(sn.size()-1) {
+			return "", unproc("address %s is the network or broadcast address of %s/%d", addr4(a), ns.SubnetIP, ns.SubnetLen)
+		}
+		ns.IPAllocMap.Set(off)
+		if epg != nil && epg.IPPool != "" {
+			if first, last, err := parsePool(epg.IPPool); err == nil && a >= first && a <= last {
+				epg.EPGIPAllocMap.Set(off)
+			}
+		}
+		return addr4(a).String(), nil
+	}
+	if epg != nil && epg.IPPool != "" {
+		off, ok := allocLowest(&epg.EPGIPAllocMap)
+		if !ok {
+			return "", conflict("auto allocation failed - address exhaustion in pool %s of endpoint group %s", epg.IPPool, epg.ID)
+		}
+		ns.IPAllocMap.Set(off)
+		ns.EpAddrCount++
+		return addr4(sn.base + uint32(off)).String(), nil
+	}
+	off, ok := allocLowest(&ns.IPAllocMap)
+	if !ok {
+		return "", conflict("auto allocation failed - address exhaustion in subnet %s/%d", ns.SubnetIP, ns.SubnetLen)
+	}
+	ns.EpAddrCount++
+	return addr4(sn.base + uint32(off)).String(), nil
+}
+
+// releaseIPv4 frees ip in ns, or in the pool of the EPG (among epgs) that contains it. The
+// network/broadcast/gateway addresses and addresses outside the range are never freed.
+// It returns the EPG state it changed, if any.
+func releaseIPv4(ns *model.CfgNetworkState, epgs []*model.EndpointGroupState, ip string) (*model.EndpointGroupState, error) {
+	sn, err := subnetOfState(ns)
+	if err != nil {
+		return nil, err
+	}
+	a, err := parseIP4("IPv4Address", strings.SplitN(ip, "/", 2)[0])
+	if err != nil {
+		return nil, err
+	}
+	if !sn.contains(a) {
+		return nil, unproc("address %s is not inside subnet %s/%d of network %s", addr4(a), ns.SubnetIP, ns.SubnetLen, ns.ID)
+	}
+	off := uint(a - sn.base)
+	for _, g := range epgs {
+		if g.IPPool == "" || g.NetworkName != ns.NetworkName || g.TenantName != ns.Tenant {
+			continue
+		}
+		first, last, err := parsePool(g.IPPool)
+		if err != nil || a < first || a > last {
+			continue
+		}
+		if g.EPGIPAllocMap.Test(off) {
+			g.EPGIPAllocMap.Clear(off)
+			if ns.EpAddrCount > 0 {
+				ns.EpAddrCount--
+			}
+		}
+		return g, nil
+	}
+	if off == 0 || off == uint(sn.size()-1) || ns.Gateway == addr4(a).String() {
+		return nil, nil
+	}
+	if first, last, ok := strings.Cut(ns.IPAddrRange, "-"); ok {
+		f, _ := parseIP4("", first)
+		l, _ := parseIP4("", last)
+		if a < f || a > l {
+			return nil, nil
+		}
+	}
+	if ns.IPAllocMap.Test(off) {
+		ns.IPAllocMap.Clear(off)
+		if ns.EpAddrCount > 0 {
+			ns.EpAddrCount--
+		}
+	}
+	return nil, nil
+}
+
+// networkEPGs lists the EPG states of one network.
+func networkEPGs(tx *state.Tx, ns *model.CfgNetworkState) ([]*model.EndpointGroupState, error) {
+	all, err := listT[model.EndpointGroupState](tx, model.EPGStatePrefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []*model.EndpointGroupState
+	for _, g := range all {
+		if g.NetworkName == ns.NetworkName && g.TenantName == ns.Tenant {
+			out = append(out, g)
+		}
+	}
+	return out, nil
+}
+
+// resolveNetworkID maps a plugin NetworkID ("net.tenant", "net:epg.tenant", optionally with
+// a docker "|pool" suffix) to the network state and the EPG state (nil if none).
+func resolveNetworkID(tx *state.Tx, id string) (*model.CfgNetworkState, *model.EndpointGroupState, error) {
+	id, _, _ = strings.Cut(id, "|")
+	if netName, rest, ok := strings.Cut(id, ":"); ok {
+		for i := 0; i < len(rest); i++ {
+			if rest[i] != '.' {
+				continue
+			}
+			group, tenant := rest[:i], rest[i+1:]
+			ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(netName, tenant)))
+			if err != nil {
+				return nil, nil, err
+			}
+			if !found {
+				continue
+			}
+			g, found, err := getT[model.EndpointGroupState](tx, model.EPGStateKey(model.EPGStateID(group, tenant)))
+			if err != nil {
+				return nil, nil, err
+			}
+			if found {
+				return ns, g, nil
+			}
+		}
+		return nil, nil, unproc("NetworkID: no network/endpoint group matches %q", id)
+	}
+	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(id))
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, unproc("NetworkID: network %q does not exist", id)
+	}
+	return ns, nil, nil
+}
+
+// networkByPool finds the network whose subnet is pool ("10.1.1.0/24" or "10.1.1.0/24:tenant").
+func networkByPool(tx *state.Tx, pool string) (*model.CfgNetworkState, error) {
+	p, tenant, _ := strings.Cut(pool, ":")
+	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nets {
+		if fmt.Sprintf("%s/%d", n.SubnetIP, n.SubnetLen) == p && (tenant == "" || n.Tenant == tenant) {
+			return n, nil
+		}
+	}
+	return nil, unproc("AddressPool: no network has subnet %q", pool)
+}

@@ -1,0 +1,303 @@
+package master
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+
+	"github.com/gorilla/mux"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+const maxBody = 1 << 20
+
+// Handler returns the HTTP API: /api/v1/..., /version, /services, /service/<id>, /plugin/*.
+// Trailing slashes are mandatory on /api/v1 paths, as in Contiv.
+func (m *Master) Handler() http.Handler {
+	r := mux.NewRouter()
+	registerObject(r, m, tenantOps())
+	registerObject(r, m, networkOps())
+	registerObject(r, m, epgOps())
+	registerObject(r, m, policyOps())
+	registerObject(r, m, ruleOps())
+	registerObject(r, m, appProfileOps())
+	registerObject(r, m, serviceLBOps())
+	registerObject(r, m, globalOps())
+	registerObject(r, m, netprofileOps())
+	registerObject(r, m, bgpOps())
+	registerObject(r, m, extContractsOps())
+	registerObject(r, m, aciGwOps())
+	r.HandleFunc("/api/v1/inspect/endpoints/{key}/", m.inspectEndpoint).Methods(http.MethodGet)
+
+	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
+	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)
+	r.HandleFunc("/service/{id}", m.getService).Methods(http.MethodGet)
+
+	plugin := []struct {
+		path string
+		h    http.HandlerFunc
+	}{
+		{"/plugin/allocAddress", m.allocAddress},
+		{"/plugin/releaseAddress", m.releaseAddress},
+		{"/plugin/createEndpoint", m.createEndpoint},
+		{"/plugin/deleteEndpoint", m.deleteEndpoint},
+		{"/plugin/updateEndpoint", m.updateEndpoint},
+	}
+	for _, p := range plugin {
+		r.HandleFunc(p.path, p.h).Methods(http.MethodPost).HeadersRegexp("Content-Type", "^application/json")
+		r.HandleFunc(p.path, func(w http.ResponseWriter, _ *http.Request) {
+			writeErr(w, errf(http.StatusUnsupportedMediaType, "%s needs POST with Content-Type: application/json", p.path))
+		})
+	}
+	return recoverer(m, r)
+}
+
+func recoverer(m *Master, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				m.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				writeErr(w, errf(http.StatusInternalServerError, "internal error: %v", v))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(statusOf(err))
+	fmt.Fprintln(w, err.Error())
+}
+
+// decodeStrict decodes one JSON value into v, refusing unknown fields, wrong types and
+// trailing data; the error names the offending field.
+func decodeStrict(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return badReq("read request body: %v", err)
+	}
+	if len(body) > maxBody {
+		return errf(http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxBody)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badReq("empty request body: a JSON object is required")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return badReq("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return badReq("malformed JSON: %v", err)
+	}
+	if dec.More() {
+		return badReq("malformed JSON: trailing data after the object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badReq("malformed JSON: trailing data after the object")
+	}
+	return nil
+}
+
+// objOps describes one model collection.
+type objOps[T any] struct {
+	coll, objType string
+	// key is the key formula from the object's fields.
+	key    func(*T) string
+	setKey func(*T, string)
+	// prepare fills defaults and checks fields (no store access); old is nil on create.
+	validate func(*T) error
+	// save writes the object and everything derived from it; old is nil on create. It
+	// must copy server-owned links from old (if any).
+	save func(m *Master, tx *state.Tx, obj, old *T) error
+	// remove deletes the object and its derived state.
+	remove func(m *Master, tx *state.Tx, old *T) error
+	// inspect returns the inspect body; nil means {"Config": obj}.
+	inspect func(m *Master, tx *state.Tx, obj *T) (any, error)
+}
+
+func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
+	base := "/api/v1/" + ops.coll + "/"
+	r.HandleFunc(base, func(w http.ResponseWriter, req *http.Request) {
+		kvs, _, err := m.store.List(req.Context(), model.ModelKey(ops.objType, ""))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		out := make([]json.RawMessage, 0, len(kvs))
+		for _, kv := range kvs {
+			out = append(out, kv.Value)
+		}
+		writeJSON(w, out)
+	}).Methods(http.MethodGet)
+
+	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
+		key := mux.Vars(req)["key"]
+		var obj T
+		if err := m.store.Get(req.Context(), model.ModelKey(ops.objType, key), &obj); err != nil {
+			if errors.Is(err, state.ErrNotFound) {
+				writeErr(w, notFound("%s %q not found", ops.objType, key))
+				return
+			}
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, &obj)
+	}).Methods(http.MethodGet)
+
+	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
+		key := mux.Vars(req)["key"]
+		var obj T
+		if err := decodeStrict(req, &obj); err != nil {
+			writeErr(w, err)
+			return
+		}
+		ops.setKey(&obj, key)
+		if want := ops.key(&obj); want != key {
+			writeErr(w, badReq("Invalid Key: %s key %q does not match its fields (expected %q)", ops.objType, key, want))
+			return
+		}
+		if err := ops.validate(&obj); err != nil {
+			writeErr(w, err)
+			return
+		}
+		var saved T
+		err := m.update(req.Context(), func(tx *state.Tx) error {
+			cur := obj // fresh copy per attempt: save may modify it
+			var old T
+			found, err := tx.Get(model.ModelKey(ops.objType, key), &old)
+			if err != nil {
+				return err
+			}
+			var oldp *T
+			if found {
+				oldp = &old
+			}
+			if err := ops.save(m, tx, &cur, oldp); err != nil {
+				return err
+			}
+			saved = cur
+			return nil
+		})
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, &saved)
+	}).Methods(http.MethodPost, http.MethodPut)
+
+	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
+		key := mux.Vars(req)["key"]
+		err := m.update(req.Context(), func(tx *state.Tx) error {
+			var old T
+			found, err := tx.Get(model.ModelKey(ops.objType, key), &old)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return notFound("%s %q not found", ops.objType, key)
+			}
+			return ops.remove(m, tx, &old)
+		})
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, key)
+	}).Methods(http.MethodDelete)
+
+	r.HandleFunc("/api/v1/inspect/"+ops.coll+"/{key}/", func(w http.ResponseWriter, req *http.Request) {
+		key := mux.Vars(req)["key"]
+		var out any
+		err := m.read(req.Context(), func(tx *state.Tx) error {
+			var obj T
+			found, err := tx.Get(model.ModelKey(ops.objType, key), &obj)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return notFound("%s %q not found", ops.objType, key)
+			}
+			if ops.inspect == nil {
+				out = struct{ Config *T }{&obj}
+				return nil
+			}
+			out, err = ops.inspect(m, tx, &obj)
+			return err
+		})
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, out)
+	}).Methods(http.MethodGet)
+}
+
+// getT reads key into a new T; found=false if absent.
+func getT[T any](tx *state.Tx, key string) (*T, bool, error) {
+	var v T
+	found, err := tx.Get(key, &v)
+	if err != nil || !found {
+		return nil, found, err
+	}
+	return &v, true, nil
+}
+
+// listT decodes every record under prefix.
+func listT[T any](tx *state.Tx, prefix string) ([]*T, error) {
+	kvs, err := tx.List(prefix)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*T, 0, len(kvs))
+	for _, kv := range kvs {
+		var v T
+		if err := kv.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, &v)
+	}
+	return out, nil
+}
+
+// mutate applies f to the stored object at key (if it exists) and writes it back.
+func mutate[T any](tx *state.Tx, key string, f func(*T)) error {
+	v, found, err := getT[T](tx, key)
+	if err != nil || !found {
+		return err
+	}
+	f(v)
+	return tx.Put(key, v)
+}
+
+func addLink(m *map[string]model.Link, objType, key string) {
+	if *m == nil {
+		*m = map[string]model.Link{}
+	}
+	(*m)[key] = model.Link{ObjType: objType, ObjKey: key}
+}
+
+func delLink(m *map[string]model.Link, key string) {
+	delete(*m, key)
+	if len(*m) == 0 {
+		*m = nil
+	}
+}

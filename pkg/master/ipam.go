@@ -1,0 +1,257 @@
+package master
+
+import (
+	"fmt"
+	"math/big"
+	"net/netip"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// Smallest prefix length whose allocation bitmap (2^(32-len) bits, base64 in one etcd
+// value) stays well under etcd's 1.5 MiB request limit.
+const minSubnetLen = 10
+
+// subnet4 is a parsed IPv4 network subnet, optionally restricted to a range.
+type subnet4 struct {
+	base       uint32 // network address
+	plen       int
+	first, end uint32 // usable range [first, end] (whole subnet when no range was given)
+}
+
+func (s subnet4) size() uint32           { return 1 << (32 - s.plen) }
+func (s subnet4) contains(a uint32) bool { return a&s.mask() == s.base }
+func (s subnet4) mask() uint32           { return ^uint32(0) << (32 - s.plen) }
+
+func u32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+func addr4(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func parseIP4(field, s string) (uint32, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() {
+		return 0, badReq("%s: %q is not an IPv4 address", field, s)
+	}
+	return u32(a), nil
+}
+
+// parseSubnet4 parses "a.b.c.d/len" or "a.b.c.d-e.f.g.h/len".
+func parseSubnet4(field, s string) (subnet4, error) {
+	if !reSubnet.MatchString(s) {
+		return subnet4{}, badReq("%s: %q is not an IPv4 subnet like 10.1.1.0/24 or 10.1.1.10-10.1.1.100/24", field, s)
+	}
+	addrs, lenStr, _ := strings.Cut(s, "/")
+	var plen int
+	fmt.Sscanf(lenStr, "%d", &plen)
+	if plen < minSubnetLen || plen > 30 {
+		return subnet4{}, badReq("%s: prefix length /%d not supported (must be /%d../30)", field, plen, minSubnetLen)
+	}
+	startS, endS, isRange := strings.Cut(addrs, "-")
+	start, err := parseIP4(field, startS)
+	if err != nil {
+		return subnet4{}, err
+	}
+	sn := subnet4{plen: plen}
+	sn.base = start & sn.mask()
+	sn.first, sn.end = sn.base, sn.base+sn.size()-1
+	if isRange {
+		end, err := parseIP4(field, endS)
+		if err != nil {
+			return subnet4{}, err
+		}
+		if end&sn.mask() != sn.base || end < start {
+			return subnet4{}, badReq("%s: range %s is not an ascending range inside one /%d", field, addrs, plen)
+		}
+		sn.first, sn.end = start, end
+	}
+	return sn, nil
+}
+
+// subnetOfState rebuilds the subnet of a network state record.
+func subnetOfState(ns *model.CfgNetworkState) (subnet4, error) {
+	a, err := netip.ParseAddr(ns.SubnetIP)
+	if err != nil || !a.Is4() {
+		return subnet4{}, fmt.Errorf("network %s: bad subnetIP %q in state", ns.ID, ns.SubnetIP)
+	}
+	sn := subnet4{base: u32(a), plen: int(ns.SubnetLen)}
+	sn.first, sn.end = sn.base, sn.base+sn.size()-1
+	return sn, nil
+}
+
+// newIPMap marks network, broadcast, gateway and everything outside the range as used.
+func newIPMap(sn subnet4, gw uint32, hasGW bool) model.Bitset {
+	n := sn.size()
+	b := model.NewBitset(uint(n))
+	b.Set(0)
+	b.Set(uint(n - 1))
+	if hasGW {
+		b.Set(uint(gw - sn.base))
+	}
+	for off := uint32(0); off < n; off++ {
+		if a := sn.base + off; a < sn.first || a > sn.end {
+			b.Set(uint(off))
+		}
+	}
+	return b
+}
+
+// allocLowest sets and returns the lowest clear bit.
+func allocLowest(b *model.Bitset) (uint, bool) {
+	off, ok := b.NextClear(0)
+	if !ok {
+		return 0, false
+	}
+	b.Set(off)
+	return off, true
+}
+
+// formatRanges renders the offsets for which want(bit) holds as "a-b, c" address ranges.
+func formatRanges(sn subnet4, b model.Bitset, want bool, skip func(off uint) bool) string {
+	var parts []string
+	n := b.Len()
+	for i := uint(0); i < n; {
+		if b.Test(i) != want || (skip != nil && skip(i)) {
+			i++
+			continue
+		}
+		j := i
+		for j+1 < n && b.Test(j+1) == want && (skip == nil || !skip(j+1)) {
+			j++
+		}
+		if i == j {
+			parts = append(parts, addr4(sn.base+uint32(i)).String())
+		} else {
+			parts = append(parts, addr4(sn.base+uint32(i)).String()+"-"+addr4(sn.base+uint32(j)).String())
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+// --- IPv6 (contiv.md 3.6) ---
+
+type subnet6 struct {
+	prefix netip.Prefix
+}
+
+func parseSubnet6(field, s string) (subnet6, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() {
+		return subnet6{}, badReq("%s: %q is not an IPv6 subnet like 2001:db8::/64", field, s)
+	}
+	if p.Bits() < 16 || p.Bits() > 127 {
+		return subnet6{}, badReq("%s: prefix length /%d not supported (must be /16../127)", field, p.Bits())
+	}
+	return subnet6{prefix: p.Masked()}, nil
+}
+
+func (s subnet6) hostBits() int { return 128 - s.prefix.Bits() }
+
+// hostID returns the host part of a as an address string like "::5".
+func (s subnet6) hostID(a netip.Addr) string {
+	ab := a.As16()
+	pb := s.prefix.Addr().As16()
+	var h [16]byte
+	for i := range h {
+		h[i] = ab[i] &^ pb[i]
+	}
+	// Clear prefix bits that a might differ in (callers check containment first).
+	return netip.AddrFrom16(h).String()
+}
+
+func (s subnet6) addr(hostID *big.Int) netip.Addr {
+	pb := s.prefix.Addr().As16()
+	var hb [16]byte
+	hostID.FillBytes(hb[:])
+	var out [16]byte
+	for i := range out {
+		out[i] = pb[i] | hb[i]
+	}
+	return netip.AddrFrom16(out)
+}
+
+// allocIPv6 allocates the next host id after the last one, skipping used ids and wrapping.
+func allocIPv6(ns *model.CfgNetworkState) (string, error) {
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return "", err
+	}
+	hb := sn.hostBits()
+	total := new(big.Int).Lsh(big.NewInt(1), uint(hb)) // ids 1..total-1
+	maxIDs := new(big.Int).Sub(total, big.NewInt(1))
+	if big.NewInt(int64(len(ns.IPv6AllocMap))).Cmp(maxIDs) >= 0 {
+		return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
+	}
+	cur := big.NewInt(0)
+	if ns.IPv6LastHost != "" {
+		if a, err := netip.ParseAddr(ns.IPv6LastHost); err == nil {
+			b := a.As16()
+			cur.SetBytes(b[:])
+		}
+	}
+	one := big.NewInt(1)
+	for i := 0; i <= len(ns.IPv6AllocMap)+1; i++ {
+		cur.Add(cur, one)
+		if cur.Cmp(total) >= 0 {
+			cur.SetInt64(1)
+		}
+		var hbuf [16]byte
+		cur.FillBytes(hbuf[:])
+		id := netip.AddrFrom16(hbuf).String()
+		if ns.IPv6AllocMap[id] {
+			continue
+		}
+		if ns.IPv6AllocMap == nil {
+			ns.IPv6AllocMap = map[string]bool{}
+		}
+		ns.IPv6AllocMap[id] = true
+		ns.IPv6LastHost = id
+		return sn.addr(cur).String(), nil
+	}
+	return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
+}
+
+// reserveIPv6 marks a given address as used; it must be inside the network's v6 subnet.
+func reserveIPv6(ns *model.CfgNetworkState, addr string) error {
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return err
+	}
+	a, err := netip.ParseAddr(addr)
+	if err != nil || !a.Is6() || !sn.prefix.Contains(a) {
+		return unproc("IPv6Address: %q is not inside %s", addr, sn.prefix)
+	}
+	if ns.IPv6AllocMap == nil {
+		ns.IPv6AllocMap = map[string]bool{}
+	}
+	ns.IPv6AllocMap[sn.hostID(a)] = true
+	return nil
+}
+
+// releaseIPv6 frees addr's host id (computed against the IPv6 subnet, unlike Contiv).
+func releaseIPv6(ns *model.CfgNetworkState, addr string) {
+	if ns.IPv6Subnet == "" || addr == "" {
+		return
+	}
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return
+	}
+	a, err := netip.ParseAddr(strings.SplitN(addr, "/", 2)[0])
+	if err != nil || !sn.prefix.Contains(a) {
+		return
+	}
+	if gw, err := netip.ParseAddr(ns.IPv6Gateway); err == nil && gw == a {
+		return
+	}
+	delete(ns.IPv6AllocMap, sn.hostID(a))
+	if len(ns.IPv6AllocMap) == 0 {
+		ns.IPv6AllocMap = nil
+	}
+}

@@ -1,0 +1,281 @@
+package master
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+func validateNetwork(n *model.Network) error {
+	if err := checkName("tenantName", n.TenantName, 64); err != nil {
+		return err
+	}
+	if err := checkName("networkName", n.NetworkName, 64); err != nil {
+		return err
+	}
+	if n.NwType == "" {
+		n.NwType = "data"
+	}
+	if err := checkOneOf("nwType", n.NwType, "infra", "data"); err != nil {
+		return err
+	}
+	if err := checkOneOf("encap", n.Encap, "vlan", "vxlan"); err != nil {
+		return err
+	}
+	if err := checkIntRange("pktTag", n.PktTag, 0, 16777216); err != nil {
+		return err
+	}
+	if n.Encap == "vlan" && n.PktTag > 4094 {
+		return badReq("pktTag: VLAN %d is out of range 1..4094", n.PktTag)
+	}
+	if n.Subnet == "" {
+		return badReq("subnet: required")
+	}
+	sn, err := parseSubnet4("subnet", n.Subnet)
+	if err != nil {
+		return err
+	}
+	if n.Gateway != "" {
+		if err := checkRegex("gateway", n.Gateway, reIP4, "an IPv4 address", 0); err != nil {
+			return err
+		}
+		gw, _ := parseIP4("gateway", n.Gateway)
+		if !sn.contains(gw) {
+			return badReq("gateway: %s is outside subnet %s", n.Gateway, n.Subnet)
+		}
+		if gw == sn.base || gw == sn.base+sn.size()-1 {
+			return badReq("gateway: %s is the network or broadcast address of %s", n.Gateway, n.Subnet)
+		}
+	}
+	if n.Ipv6Subnet != "" {
+		s6, err := parseSubnet6("ipv6Subnet", n.Ipv6Subnet)
+		if err != nil {
+			return err
+		}
+		if n.Ipv6Gateway != "" {
+			a, err := netip.ParseAddr(n.Ipv6Gateway)
+			if err != nil || !a.Is6() {
+				return badReq("ipv6Gateway: %q is not an IPv6 address", n.Ipv6Gateway)
+			}
+			if !s6.prefix.Contains(a) {
+				return badReq("ipv6Gateway: %s is outside ipv6Subnet %s", n.Ipv6Gateway, n.Ipv6Subnet)
+			}
+		}
+	} else if n.Ipv6Gateway != "" {
+		return badReq("ipv6Gateway: given without ipv6Subnet")
+	}
+	return checkOptName("cfgdTag", n.CfgdTag, 128)
+}
+
+func networkOps() objOps[model.Network] {
+	return objOps[model.Network]{
+		coll: model.CollNetworks, objType: model.TypeNetwork,
+		key:      func(n *model.Network) string { return model.ScopedKey(n.TenantName, n.NetworkName) },
+		setKey:   func(n *model.Network, k string) { n.Key = k },
+		validate: validateNetwork,
+		save:     saveNetwork,
+		remove:   removeNetwork,
+		inspect: func(m *Master, tx *state.Tx, n *model.Network) (any, error) {
+			ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(n.NetworkName, n.TenantName)))
+			if err != nil {
+				return nil, err
+			}
+			out := model.NetworkInspect{Config: *n}
+			if found {
+				eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+ns.ID+"-")
+				if err != nil {
+					return nil, err
+				}
+				out.Oper = networkOper(ns, eps)
+			}
+			return out, nil
+		},
+	}
+}
+
+func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
+	if old != nil {
+		return conflict("network %s already exists: can't change network parameters after it is created", n.Key)
+	}
+	var g model.Global
+	if _, err := tx.Get(model.ModelKey(model.TypeGlobal, "global"), &g); err != nil {
+		return err
+	}
+	if g.FwdMode == "" {
+		return conflict("global forwarding mode is not set: run `netctl global set --fwd-mode bridge|routing` first")
+	}
+	if err := requireTenant(tx, n.TenantName); err != nil {
+		return err
+	}
+	if ok, err := tx.Get(model.ModelKey(model.TypeEndpointGroup, n.Key), &model.EndpointGroup{}); err != nil {
+		return err
+	} else if ok {
+		return conflict("networkName: %q clashes with endpoint group %s", n.NetworkName, n.Key)
+	}
+	sn, _ := parseSubnet4("subnet", n.Subnet)
+	var s6 subnet6
+	if n.Ipv6Subnet != "" {
+		s6, _ = parseSubnet6("ipv6Subnet", n.Ipv6Subnet)
+	}
+	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
+	if err != nil {
+		return err
+	}
+	for _, o := range nets {
+		if o.Tenant != n.TenantName {
+			continue
+		}
+		osn, err := subnetOfState(o)
+		if err != nil {
+			return err
+		}
+		if osn.contains(sn.base) || sn.contains(osn.base) {
+			return conflict("subnet: %s overlaps network %s (%s/%d)", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
+		}
+		if n.Ipv6Subnet != "" && o.IPv6Subnet != "" {
+			op, err := netip.ParsePrefix(fmt.Sprintf("%s/%d", o.IPv6Subnet, o.IPv6SubnetLen))
+			if err == nil && op.Overlaps(s6.prefix) {
+				return conflict("ipv6Subnet: %s overlaps network %s (%s)", n.Ipv6Subnet, o.ID, op)
+			}
+		}
+	}
+	id := model.NetworkID(n.NetworkName, n.TenantName)
+	ns := model.CfgNetworkState{ID: id, Tenant: n.TenantName, NetworkName: n.NetworkName, NwType: n.NwType,
+		PktTagType: n.Encap, SubnetIP: addr4(sn.base).String(), SubnetLen: uint(sn.plen), Gateway: n.Gateway,
+		IPAddrRange: addr4(sn.first).String() + "-" + addr4(sn.end).String(), NetworkTag: n.CfgdTag}
+	if ns.NetworkTag == "" {
+		ns.NetworkTag = id
+	}
+	var gw uint32
+	if n.Gateway != "" {
+		gw, _ = parseIP4("gateway", n.Gateway)
+	}
+	ns.IPAllocMap = newIPMap(sn, gw, n.Gateway != "")
+	if n.Ipv6Subnet != "" {
+		ns.IPv6Subnet = s6.prefix.Addr().String()
+		ns.IPv6SubnetLen = uint(s6.prefix.Bits())
+		ns.IPv6Gateway = n.Ipv6Gateway
+		if n.Ipv6Gateway != "" {
+			if err := reserveIPv6(&ns, n.Ipv6Gateway); err != nil {
+				return err
+			}
+		}
+	}
+	switch n.Encap {
+	case "vlan":
+		v, err := allocVLAN(tx, n.PktTag)
+		if err != nil {
+			return err
+		}
+		ns.PktTag = v
+	case "vxlan":
+		vni, local, err := allocVXLAN(tx, n.PktTag)
+		if err != nil {
+			return err
+		}
+		ns.PktTag, ns.ExtPktTag = local, vni
+	}
+	if err := tx.Put(model.NetStateKey(id), &ns); err != nil {
+		return err
+	}
+	n.LinkSets = model.NetworkLinkSets{}
+	n.Links = model.NetworkLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: n.TenantName}}
+	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
+		return err
+	}
+	return tx.Put(model.ModelKey(model.TypeNetwork, n.Key), n)
+}
+
+func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
+	id := model.NetworkID(n.NetworkName, n.TenantName)
+	epgs, err := listT[model.EndpointGroup](tx, model.ModelKey(model.TypeEndpointGroup, n.TenantName+":"))
+	if err != nil {
+		return err
+	}
+	for _, e := range epgs {
+		if e.NetworkName == n.NetworkName {
+			return conflict("network %s has endpoint group %s: delete it first", n.Key, e.Key)
+		}
+	}
+	svcs, err := listT[model.ServiceLB](tx, model.ModelKey(model.TypeServiceLB, n.TenantName+":"))
+	if err != nil {
+		return err
+	}
+	for _, s := range svcs {
+		if s.NetworkName == n.NetworkName {
+			return conflict("network %s has service %s: delete it first", n.Key, s.Key)
+		}
+	}
+	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(id))
+	if err != nil {
+		return err
+	}
+	if found {
+		if ns.EpCount > 0 {
+			return conflict("network %s still has %d endpoint(s)", n.Key, ns.EpCount)
+		}
+		eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+id+"-")
+		if err != nil {
+			return err
+		}
+		for _, ep := range eps {
+			if ep.NetID == id {
+				return conflict("network %s still has endpoint %s", n.Key, ep.ID)
+			}
+		}
+		switch ns.PktTagType {
+		case "vlan":
+			err = releaseVLAN(tx, ns.PktTag)
+		case "vxlan":
+			err = releaseVXLAN(tx, ns.ExtPktTag, ns.PktTag)
+		}
+		if err != nil {
+			return err
+		}
+		tx.Delete(model.NetStateKey(id))
+	}
+	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
+		return err
+	}
+	tx.Delete(model.ModelKey(model.TypeNetwork, n.Key))
+	return nil
+}
+
+func endpointOper(ep *model.CfgEndpointState, portName string) model.EndpointOper {
+	o := model.EndpointOper{Key: ep.ID, ContainerID: ep.ContainerID, ContainerName: ep.EPCommonName,
+		EndpointGroupId: ep.EndpointGroupID, EndpointGroupKey: ep.EndpointGroupKey, EndpointID: ep.EndpointID,
+		HomingHost: ep.HomingHost, IntfName: ep.IntfName, MacAddress: ep.MacAddress, Network: ep.NetID,
+		ServiceName: ep.ServiceName, VtepIP: ep.VtepIP, IpAddress: []string{ep.IPAddress, ep.IPv6Address}}
+	if len(ep.Labels) > 0 {
+		o.Labels = fmt.Sprintf("%s", ep.Labels)
+	}
+	if portName != "" {
+		o.VirtualPort = "v" + portName
+	}
+	return o
+}
+
+func networkOper(ns *model.CfgNetworkState, eps []*model.CfgEndpointState) model.NetworkOper {
+	o := model.NetworkOper{AllocatedAddressesCount: ns.EpAddrCount, ExternalPktTag: ns.ExtPktTag,
+		NetworkTag: ns.NetworkTag, NumEndpoints: ns.EpCount, PktTag: ns.PktTag}
+	if sn, err := subnetOfState(ns); err == nil {
+		first, last, _ := strings.Cut(ns.IPAddrRange, "-")
+		fa, _ := parseIP4("", first)
+		la, _ := parseIP4("", last)
+		outside := func(off uint) bool {
+			a := sn.base + uint32(off)
+			return off == 0 || off == uint(sn.size()-1) || a < fa || a > la
+		}
+		o.AllocatedIPAddresses = formatRanges(sn, ns.IPAllocMap, true, outside)
+		o.AvailableIPAddresses = formatRanges(sn, ns.IPAllocMap, false, outside)
+	}
+	for _, ep := range eps {
+		if ep.NetID == ns.ID {
+			o.Endpoints = append(o.Endpoints, endpointOper(ep, ""))
+		}
+	}
+	return o
+}

@@ -1,0 +1,291 @@
+package master
+
+import (
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+func appProfileOps() objOps[model.AppProfile] {
+	return objOps[model.AppProfile]{
+		coll: model.CollAppProfiles, objType: model.TypeAppProfile,
+		key:    func(a *model.AppProfile) string { return model.ScopedKey(a.TenantName, a.AppProfileName) },
+		setKey: func(a *model.AppProfile, k string) { a.Key = k },
+		validate: func(a *model.AppProfile) error {
+			if err := checkName("tenantName", a.TenantName, 64); err != nil {
+				return err
+			}
+			if err := checkName("appProfileName", a.AppProfileName, 64); err != nil {
+				return err
+			}
+			for _, g := range a.EndpointGroups {
+				if err := checkName("endpointGroups", g, 64); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		save: func(m *Master, tx *state.Tx, a, old *model.AppProfile) error {
+			if err := requireTenant(tx, a.TenantName); err != nil {
+				return err
+			}
+			if old != nil {
+				if err := setAppProfileLinks(tx, old, false); err != nil {
+					return err
+				}
+			} else if err := linkTenant(tx, a.TenantName, model.TypeAppProfile, a.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.AppProfiles }); err != nil {
+				return err
+			}
+			a.LinkSets = model.AppProfileLinkSets{}
+			a.Links = model.AppProfileLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: a.TenantName}}
+			for _, g := range a.EndpointGroups {
+				k := model.ScopedKey(a.TenantName, g)
+				if ok, err := tx.Get(model.ModelKey(model.TypeEndpointGroup, k), &model.EndpointGroup{}); err != nil {
+					return err
+				} else if !ok {
+					return unproc("endpointGroups: endpoint group %q does not exist in tenant %q", g, a.TenantName)
+				}
+				addLink(&a.LinkSets.EndpointGroups, model.TypeEndpointGroup, k)
+			}
+			if err := setAppProfileLinks(tx, a, true); err != nil {
+				return err
+			}
+			return tx.Put(model.ModelKey(model.TypeAppProfile, a.Key), a)
+		},
+		remove: func(m *Master, tx *state.Tx, a *model.AppProfile) error {
+			if err := setAppProfileLinks(tx, a, false); err != nil {
+				return err
+			}
+			if err := linkTenant(tx, a.TenantName, model.TypeAppProfile, a.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.AppProfiles }); err != nil {
+				return err
+			}
+			tx.Delete(model.ModelKey(model.TypeAppProfile, a.Key))
+			return nil
+		},
+	}
+}
+
+func setAppProfileLinks(tx *state.Tx, a *model.AppProfile, add bool) error {
+	for _, g := range a.EndpointGroups {
+		if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, model.ScopedKey(a.TenantName, g)), func(e *model.EndpointGroup) {
+			if add {
+				e.Links.AppProfile = model.Link{ObjType: model.TypeAppProfile, ObjKey: a.Key}
+			} else if e.Links.AppProfile.ObjKey == a.Key {
+				e.Links.AppProfile = model.Link{}
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func netprofileOps() objOps[model.Netprofile] {
+	return objOps[model.Netprofile]{
+		coll: model.CollNetprofiles, objType: model.TypeNetprofile,
+		key:    func(p *model.Netprofile) string { return model.ScopedKey(p.TenantName, p.ProfileName) },
+		setKey: func(p *model.Netprofile, k string) { p.Key = k },
+		validate: func(p *model.Netprofile) error {
+			if err := checkName("tenantName", p.TenantName, 64); err != nil {
+				return err
+			}
+			if err := checkName("profileName", p.ProfileName, 64); err != nil {
+				return err
+			}
+			if p.Bandwidth != "" {
+				if err := checkRegex("bandwidth", p.Bandwidth, reBandwidth, "a bandwidth like 10mbps, 1g or 500kb", 64); err != nil {
+					return err
+				}
+			}
+			if err := checkIntRange("DSCP", p.DSCP, 0, 63); err != nil {
+				return err
+			}
+			if err := checkIntRange("burst", p.Burst, 0, 10486); err != nil {
+				return err
+			}
+			if p.Burst == 1 {
+				return badReq("burst: 1 is too small (use 0 for none or at least 2)")
+			}
+			return nil
+		},
+		save: func(m *Master, tx *state.Tx, p, old *model.Netprofile) error {
+			if err := requireTenant(tx, p.TenantName); err != nil {
+				return err
+			}
+			if old != nil {
+				p.LinkSets, p.Links = old.LinkSets, old.Links
+				// Push the new limits into every EPG using the profile.
+				for k := range p.LinkSets.EndpointGroups {
+					t, g, _ := strings.Cut(k, ":")
+					if err := mutate(tx, model.EPGStateKey(model.EPGStateID(g, t)), func(s *model.EndpointGroupState) {
+						s.DSCP, s.Bandwidth, s.Burst = p.DSCP, p.Bandwidth, p.Burst
+					}); err != nil {
+						return err
+					}
+				}
+			} else {
+				p.LinkSets = model.NetprofileLinkSets{}
+				p.Links = model.NetprofileLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: p.TenantName}}
+				if err := linkTenant(tx, p.TenantName, model.TypeNetprofile, p.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.NetProfiles }); err != nil {
+					return err
+				}
+			}
+			return tx.Put(model.ModelKey(model.TypeNetprofile, p.Key), p)
+		},
+		remove: func(m *Master, tx *state.Tx, p *model.Netprofile) error {
+			epgs, err := listT[model.EndpointGroup](tx, model.ModelKey(model.TypeEndpointGroup, p.TenantName+":"))
+			if err != nil {
+				return err
+			}
+			for _, e := range epgs {
+				if e.NetProfile == p.ProfileName {
+					return conflict("netprofile %s is used by endpoint group %s", p.Key, e.Key)
+				}
+			}
+			if err := linkTenant(tx, p.TenantName, model.TypeNetprofile, p.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.NetProfiles }); err != nil {
+				return err
+			}
+			tx.Delete(model.ModelKey(model.TypeNetprofile, p.Key))
+			return nil
+		},
+	}
+}
+
+func bgpOps() objOps[model.Bgp] {
+	return objOps[model.Bgp]{
+		coll: model.CollBgps, objType: model.TypeBgp,
+		key:    func(b *model.Bgp) string { return b.Hostname },
+		setKey: func(b *model.Bgp, k string) { b.Key = k },
+		validate: func(b *model.Bgp) error {
+			if err := checkName("hostname", b.Hostname, 256); err != nil {
+				return err
+			}
+			if err := checkRegex("routerip", b.Routerip, reRouterIP, "an IPv4 address with prefix length like 50.1.1.1/24", 0); err != nil {
+				return err
+			}
+			if len(b.As) > 64 || len(b.NeighborAs) > 64 {
+				return badReq("as/neighbor-as: longer than 64 characters")
+			}
+			if b.Neighbor != "" {
+				return checkRegex("neighbor", b.Neighbor, reIP4, "an IPv4 address", 15)
+			}
+			return nil
+		},
+		save: func(m *Master, tx *state.Tx, b, old *model.Bgp) error {
+			if err := tx.Put(model.BgpStateKey(b.Hostname), model.CfgBgpState{ID: b.Hostname, Hostname: b.Hostname,
+				RouterIP: b.Routerip, As: b.As, NeighborAs: b.NeighborAs, Neighbor: b.Neighbor}); err != nil {
+				return err
+			}
+			return tx.Put(model.ModelKey(model.TypeBgp, b.Key), b)
+		},
+		remove: func(m *Master, tx *state.Tx, b *model.Bgp) error {
+			tx.Delete(model.BgpStateKey(b.Hostname))
+			tx.Delete(model.ModelKey(model.TypeBgp, b.Key))
+			return nil
+		},
+		inspect: func(m *Master, tx *state.Tx, b *model.Bgp) (any, error) {
+			return model.BgpInspect{Config: *b}, nil
+		},
+	}
+}
+
+func extContractsOps() objOps[model.ExtContractsGroup] {
+	return objOps[model.ExtContractsGroup]{
+		coll: model.CollExtContractsGroups, objType: model.TypeExtContractsGroup,
+		key:    func(c *model.ExtContractsGroup) string { return model.ScopedKey(c.TenantName, c.ContractsGroupName) },
+		setKey: func(c *model.ExtContractsGroup, k string) { c.Key = k },
+		validate: func(c *model.ExtContractsGroup) error {
+			if err := checkName("tenantName", c.TenantName, 64); err != nil {
+				return err
+			}
+			if err := checkName("contractsGroupName", c.ContractsGroupName, 64); err != nil {
+				return err
+			}
+			return checkOneOf("contractsType", c.ContractsType, "provided", "consumed")
+		},
+		save: func(m *Master, tx *state.Tx, c, old *model.ExtContractsGroup) error {
+			if err := requireTenant(tx, c.TenantName); err != nil {
+				return err
+			}
+			if old != nil {
+				c.LinkSets, c.Links = old.LinkSets, old.Links
+			} else {
+				c.LinkSets = model.ExtContractsGroupLinkSets{}
+				c.Links = model.ExtContractsGroupLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: c.TenantName}}
+			}
+			return tx.Put(model.ModelKey(model.TypeExtContractsGroup, c.Key), c)
+		},
+		remove: func(m *Master, tx *state.Tx, c *model.ExtContractsGroup) error {
+			epgs, err := listT[model.EndpointGroup](tx, model.ModelKey(model.TypeEndpointGroup, c.TenantName+":"))
+			if err != nil {
+				return err
+			}
+			for _, e := range epgs {
+				for _, g := range e.ExtContractsGrps {
+					if g == c.ContractsGroupName {
+						return conflict("external contracts group %s is used by endpoint group %s", c.Key, e.Key)
+					}
+				}
+			}
+			tx.Delete(model.ModelKey(model.TypeExtContractsGroup, c.Key))
+			return nil
+		},
+	}
+}
+
+func aciGwOps() objOps[model.AciGw] {
+	return objOps[model.AciGw]{
+		coll: model.CollAciGws, objType: model.TypeAciGw,
+		key:    func(a *model.AciGw) string { return a.Name },
+		setKey: func(a *model.AciGw, k string) { a.Key = k },
+		validate: func(a *model.AciGw) error {
+			if a.Name != "aciGw" {
+				return badReq("name: %q must be \"aciGw\"", a.Name)
+			}
+			for _, f := range []struct {
+				name, v string
+				re      func(string) bool
+			}{{"pathBindings", a.PathBindings, rePath.MatchString}, {"nodeBindings", a.NodeBindings, reNode.MatchString}} {
+				if len(f.v) > 2048 {
+					return badReq("%s: longer than 2048 characters", f.name)
+				}
+				if f.v == "" {
+					continue
+				}
+				for _, p := range strings.Split(f.v, ",") {
+					if !f.re(p) {
+						return badReq("%s: %q is not a valid binding", f.name, p)
+					}
+				}
+			}
+			if err := checkOptName("physicalDomain", a.PhysicalDomain, 128); err != nil {
+				return err
+			}
+			if a.EnforcePolicies == "" {
+				a.EnforcePolicies = "yes"
+			}
+			if a.IncludeCommonTenant == "" {
+				a.IncludeCommonTenant = "no"
+			}
+			if err := checkOneOf("enforcePolicies", a.EnforcePolicies, "yes", "no"); err != nil {
+				return err
+			}
+			return checkOneOf("includeCommonTenant", a.IncludeCommonTenant, "yes", "no")
+		},
+		save: func(m *Master, tx *state.Tx, a, old *model.AciGw) error {
+			return tx.Put(model.ModelKey(model.TypeAciGw, a.Key), a)
+		},
+		remove: func(m *Master, tx *state.Tx, a *model.AciGw) error {
+			tx.Delete(model.ModelKey(model.TypeAciGw, a.Key))
+			return nil
+		},
+		inspect: func(m *Master, tx *state.Tx, a *model.AciGw) (any, error) {
+			kvs, err := tx.List(model.ModelKey(model.TypeAppProfile, ""))
+			if err != nil {
+				return nil, err
+			}
+			return model.AciGwInspect{Config: *a, Oper: model.AciGwOper{NumAppProfiles: len(kvs)}}, nil
+		},
+	}
+}

@@ -1,0 +1,359 @@
+package master
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/gorilla/mux"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
+	var req model.AllocAddressRequest
+	if err := decodeStrict(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.NetworkID == "" && req.AddressPool == "" {
+		writeErr(w, badReq("NetworkID or AddressPool: one is required"))
+		return
+	}
+	var resp model.AllocAddressResponse
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		var ns *model.CfgNetworkState
+		var epg *model.EndpointGroupState
+		var err error
+		if req.NetworkID != "" {
+			ns, epg, err = resolveNetworkID(tx, req.NetworkID)
+		} else {
+			ns, err = networkByPool(tx, req.AddressPool)
+		}
+		if err != nil {
+			return err
+		}
+		ip, err := allocIPv4(ns, epg, req.PreferredIPv4Address)
+		if err != nil {
+			return err
+		}
+		if err := tx.Put(model.NetStateKey(ns.ID), ns); err != nil {
+			return err
+		}
+		if epg != nil {
+			if err := tx.Put(model.EPGStateKey(epg.ID), epg); err != nil {
+				return err
+			}
+		}
+		resp = model.AllocAddressResponse{NetworkID: req.NetworkID, IPv4Address: ip + "/" + itoa(int(ns.SubnetLen))}
+		return nil
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, resp)
+}
+
+func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
+	var req model.ReleaseAddressRequest
+	if err := decodeStrict(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.IPv4Address == "" {
+		writeErr(w, badReq("IPv4Address: required"))
+		return
+	}
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		var ns *model.CfgNetworkState
+		var err error
+		if req.NetworkID != "" {
+			ns, _, err = resolveNetworkID(tx, req.NetworkID)
+		} else {
+			ns, err = networkByPool(tx, req.AddressPool)
+		}
+		if err != nil {
+			return err
+		}
+		ip := strings.SplitN(req.IPv4Address, "/", 2)[0]
+		eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+ns.ID+"-")
+		if err != nil {
+			return err
+		}
+		for _, ep := range eps {
+			if ep.NetID == ns.ID && ep.IPAddress == ip {
+				return conflict("IPv4Address: %s is still used by endpoint %s", ip, ep.ID)
+			}
+		}
+		epgs, err := networkEPGs(tx, ns)
+		if err != nil {
+			return err
+		}
+		g, err := releaseIPv4(ns, epgs, ip)
+		if err != nil {
+			return err
+		}
+		if g != nil {
+			if err := tx.Put(model.EPGStateKey(g.ID), g); err != nil {
+				return err
+			}
+		}
+		return tx.Put(model.NetStateKey(ns.ID), ns)
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, "success")
+}
+
+// endpointStateID is Contiv's endpoint id rule: "<net>.<tenant>-<container>", or
+// "<host>-native-intf" when no container is given.
+func endpointStateID(netID, container, host string) string {
+	if container == "" {
+		return host + "-native-intf"
+	}
+	return netID + "-" + container
+}
+
+func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
+	var req model.CreateEndpointRequest
+	if err := decodeStrict(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.TenantName == "" {
+		req.TenantName = "default"
+	}
+	if req.NetworkName == "" {
+		writeErr(w, badReq("NetworkName: required"))
+		return
+	}
+	if req.ConfigEP.Container == "" && req.ConfigEP.Host == "" {
+		writeErr(w, badReq("ConfigEP.Container or ConfigEP.Host: one is required"))
+		return
+	}
+	group := req.ServiceName
+	if group == "" {
+		group = req.ConfigEP.ServiceName
+	}
+	netID := model.NetworkID(req.NetworkName, req.TenantName)
+	id := endpointStateID(netID, req.ConfigEP.Container, req.ConfigEP.Host)
+	var resp model.CreateEndpointResponse
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		if old, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id)); err != nil {
+			return err
+		} else if found {
+			resp.EndpointConfig = *old
+			return nil
+		}
+		ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
+		if err != nil {
+			return err
+		}
+		if !found {
+			return unproc("NetworkName: network %q does not exist in tenant %q", req.NetworkName, req.TenantName)
+		}
+		ep := model.CfgEndpointState{ID: id, NetID: netID, EndpointID: req.EndpointID, ServiceName: group,
+			HomingHost: req.ConfigEP.Host, ContainerID: req.ConfigEP.Container, EPCommonName: req.EPCommonName}
+		if ep.EndpointID == "" {
+			ep.EndpointID = req.ConfigEP.Container
+		}
+		var epg *model.EndpointGroupState
+		if group != "" {
+			g, found, err := getT[model.EndpointGroupState](tx, model.EPGStateKey(model.EPGStateID(group, req.TenantName)))
+			if err != nil {
+				return err
+			}
+			if !found {
+				return unproc("ServiceName: endpoint group %q does not exist in tenant %q", group, req.TenantName)
+			}
+			if g.NetworkName != req.NetworkName {
+				return unproc("ServiceName: endpoint group %q belongs to network %q, not %q", group, g.NetworkName, req.NetworkName)
+			}
+			epg = g
+			ep.EndpointGroupID = g.EndpointGroupID
+			ep.EndpointGroupKey = g.ID
+		}
+		if ep.IPAddress, err = allocIPv4(ns, epg, req.ConfigEP.IPAddress); err != nil {
+			return err
+		}
+		if ep.MacAddress, err = model.MACFromIPv4(ep.IPAddress); err != nil {
+			return err
+		}
+		if ns.IPv6Subnet != "" {
+			if req.ConfigEP.IPv6Address != "" {
+				v6 := strings.SplitN(req.ConfigEP.IPv6Address, "/", 2)[0]
+				if err := reserveIPv6(ns, v6); err != nil {
+					return err
+				}
+				ep.IPv6Address = v6
+			} else if ep.IPv6Address, err = allocIPv6(ns); err != nil {
+				return err
+			}
+		}
+		ns.EpCount++
+		if epg != nil {
+			epg.EpCount++
+			if err := tx.Put(model.EPGStateKey(epg.ID), epg); err != nil {
+				return err
+			}
+		}
+		if err := tx.Put(model.NetStateKey(netID), ns); err != nil {
+			return err
+		}
+		resp.EndpointConfig = ep
+		return tx.Put(model.EpStateKey(id), &ep)
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, resp)
+}
+
+func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
+	var req model.DeleteEndpointRequest
+	if err := decodeStrict(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.TenantName == "" {
+		req.TenantName = "default"
+	}
+	if req.NetworkName == "" || req.EndpointID == "" {
+		writeErr(w, badReq("NetworkName and EndpointID: required"))
+		return
+	}
+	netID := model.NetworkID(req.NetworkName, req.TenantName)
+	id := endpointStateID(netID, req.EndpointID, "")
+	var resp model.DeleteEndpointResponse
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		ep, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id))
+		if err != nil {
+			return err
+		}
+		if !found {
+			return notFound("endpoint %s not found", id)
+		}
+		if err := m.removeEndpoint(tx, ep); err != nil {
+			return err
+		}
+		resp.EndpointConfig = *ep
+		return nil
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, resp)
+}
+
+// removeEndpoint releases an endpoint's addresses, counts and provider entries and deletes it.
+func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error {
+	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(ep.NetID))
+	if err != nil {
+		return err
+	}
+	if found {
+		epgs, err := networkEPGs(tx, ns)
+		if err != nil {
+			return err
+		}
+		if ep.IPAddress != "" {
+			g, err := releaseIPv4(ns, epgs, ep.IPAddress)
+			if err != nil {
+				return err
+			}
+			if g != nil && g.ID != ep.EndpointGroupKey {
+				if err := tx.Put(model.EPGStateKey(g.ID), g); err != nil {
+					return err
+				}
+			}
+		}
+		releaseIPv6(ns, ep.IPv6Address)
+		if ns.EpCount > 0 {
+			ns.EpCount--
+		}
+		for _, g := range epgs {
+			if g.ID == ep.EndpointGroupKey {
+				if g.EpCount > 0 {
+					g.EpCount--
+				}
+				if err := tx.Put(model.EPGStateKey(g.ID), g); err != nil {
+					return err
+				}
+			}
+		}
+		if err := tx.Put(model.NetStateKey(ns.ID), ns); err != nil {
+			return err
+		}
+	}
+	tenant := ""
+	if ns != nil {
+		tenant = ns.Tenant
+	}
+	if ep.IPAddress != "" && tenant != "" {
+		if err := removeProvider(tx, ep.IPAddress, tenant); err != nil {
+			return err
+		}
+	}
+	tx.Delete(model.EpStateKey(ep.ID))
+	return nil
+}
+
+func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
+	var req model.UpdateEndpointRequest
+	if err := decodeStrict(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.Tenant == "" {
+		req.Tenant = "default"
+	}
+	if req.IPAddress == "" {
+		writeErr(w, badReq("IPAddress: required"))
+		return
+	}
+	ip := strings.SplitN(req.IPAddress, "/", 2)[0]
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		switch req.Event {
+		case "start":
+			return addProvider(tx, ip, &req)
+		case "die":
+			return removeProvider(tx, ip, req.Tenant)
+		default:
+			return badReq("Event: %q must be \"start\" or \"die\"", req.Event)
+		}
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, model.UpdateEndpointResponse{IPAddress: req.IPAddress})
+}
+
+func (m *Master) inspectEndpoint(w http.ResponseWriter, r *http.Request) {
+	key := mux.Vars(r)["key"]
+	eps, err := state.ListJSON[model.CfgEndpointState](r.Context(), m.store, model.EpStatePrefix)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	keys := make([]string, 0, len(eps))
+	for k := range eps {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	for _, k := range keys {
+		ep := eps[k]
+		if strings.Contains(ep.EndpointID, key) || strings.Contains(ep.ContainerID, key) || strings.Contains(ep.EPCommonName, key) {
+			var oper model.OperEndpointState
+			_ = m.store.Get(r.Context(), model.EpOperKey(ep.ID), &oper)
+			writeJSON(w, model.EndpointInspect{Config: model.Endpoint{Key: ep.ID}, Oper: endpointOper(&ep, oper.PortName)})
+			return
+		}
+	}
+	writeErr(w, notFound("endpoint %q not found", key))
+}

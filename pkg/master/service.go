@@ -1,0 +1,344 @@
+package master
+
+import (
+	"errors"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gorilla/mux"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+func itoa(i int) string      { return strconv.Itoa(i) }
+func sortStrings(s []string) { sort.Strings(s) }
+
+func validateServiceLB(s *model.ServiceLB) error {
+	if err := checkName("tenantName", s.TenantName, 64); err != nil {
+		return err
+	}
+	if err := checkName("networkName", s.NetworkName, 64); err != nil {
+		return err
+	}
+	if err := checkName("serviceName", s.ServiceName, 256); err != nil {
+		return err
+	}
+	if s.IpAddress != "" {
+		if err := checkRegex("ipAddress", s.IpAddress, reIP4, "an IPv4 address", 15); err != nil {
+			return err
+		}
+	}
+	if len(s.Selectors) == 0 {
+		return badReq("selectors: at least one key=value selector is required")
+	}
+	for _, sel := range s.Selectors {
+		if strings.Count(sel, "=") != 1 || strings.HasPrefix(sel, "=") {
+			return badReq("selectors: %q must be key=value", sel)
+		}
+	}
+	if len(s.Ports) == 0 {
+		return badReq("ports: at least one svcPort:provPort:protocol entry is required")
+	}
+	for _, p := range s.Ports {
+		parts := strings.Split(p, ":")
+		if len(parts) != 3 {
+			return badReq("ports: %q must be svcPort:provPort:protocol", p)
+		}
+		for _, n := range parts[:2] {
+			v, err := strconv.Atoi(n)
+			if err != nil || v < 1 || v > 65535 {
+				return badReq("ports: %q has port %q outside 1..65535", p, n)
+			}
+		}
+		if pr := strings.ToUpper(parts[2]); pr != "TCP" && pr != "UDP" {
+			return badReq("ports: %q protocol must be TCP or UDP", p)
+		}
+	}
+	return nil
+}
+
+func selectorMap(sel []string) map[string]string {
+	out := map[string]string{}
+	for _, s := range sel {
+		k, v, _ := strings.Cut(s, "=")
+		out[k] = v
+	}
+	return out
+}
+
+func serviceLBOps() objOps[model.ServiceLB] {
+	return objOps[model.ServiceLB]{
+		coll: model.CollServiceLBs, objType: model.TypeServiceLB,
+		key:      func(s *model.ServiceLB) string { return model.ScopedKey(s.TenantName, s.ServiceName) },
+		setKey:   func(s *model.ServiceLB, k string) { s.Key = k },
+		validate: validateServiceLB,
+		save:     saveServiceLB,
+		remove: func(m *Master, tx *state.Tx, s *model.ServiceLB) error {
+			if err := releaseVIP(tx, s); err != nil {
+				return err
+			}
+			id := model.ServiceID(s.ServiceName, s.TenantName)
+			tx.Delete(model.SvcLBStateKey(id))
+			tx.Delete(model.ProviderKey(id))
+			if err := linkServiceLB(tx, s, false); err != nil {
+				return err
+			}
+			tx.Delete(model.ModelKey(model.TypeServiceLB, s.Key))
+			return nil
+		},
+		inspect: func(m *Master, tx *state.Tx, s *model.ServiceLB) (any, error) {
+			out := model.ServiceLBInspect{Config: *s}
+			st, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(model.ServiceID(s.ServiceName, s.TenantName)))
+			if err != nil || !found {
+				return out, err
+			}
+			out.Oper.ServiceVip = st.IPAddress
+			keys := make([]string, 0, len(st.Providers))
+			for k := range st.Providers {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				p := st.Providers[k]
+				eo := model.EndpointOper{IpAddress: []string{p.IPAddress, ""}, ContainerID: p.ContainerID, Network: p.Network}
+				if p.EpIDKey != "" {
+					if ep, ok, err := getT[model.CfgEndpointState](tx, model.EpStateKey(p.EpIDKey)); err == nil && ok {
+						eo = endpointOper(ep, "")
+					}
+				}
+				out.Oper.Providers = append(out.Oper.Providers, eo)
+			}
+			out.Oper.NumProviders = len(out.Oper.Providers)
+			return out, nil
+		},
+	}
+}
+
+func linkServiceLB(tx *state.Tx, s *model.ServiceLB, add bool) error {
+	if err := linkTenant(tx, s.TenantName, model.TypeServiceLB, s.Key, add, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Servicelbs }); err != nil {
+		return err
+	}
+	return mutate(tx, model.ModelKey(model.TypeNetwork, model.ScopedKey(s.TenantName, s.NetworkName)), func(n *model.Network) {
+		if add {
+			addLink(&n.LinkSets.Servicelbs, model.TypeServiceLB, s.Key)
+		} else {
+			delLink(&n.LinkSets.Servicelbs, s.Key)
+		}
+	})
+}
+
+func releaseVIP(tx *state.Tx, s *model.ServiceLB) error {
+	st, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(model.ServiceID(s.ServiceName, s.TenantName)))
+	if err != nil || !found || st.IPAddress == "" {
+		return err
+	}
+	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(st.Network, st.Tenant)))
+	if err != nil || !found {
+		return err
+	}
+	epgs, err := networkEPGs(tx, ns)
+	if err != nil {
+		return err
+	}
+	g, err := releaseIPv4(ns, epgs, st.IPAddress)
+	if err != nil {
+		return err
+	}
+	if g != nil {
+		if err := tx.Put(model.EPGStateKey(g.ID), g); err != nil {
+			return err
+		}
+	}
+	return tx.Put(model.NetStateKey(ns.ID), ns)
+}
+
+func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
+	if err := requireTenant(tx, s.TenantName); err != nil {
+		return err
+	}
+	netID := model.NetworkID(s.NetworkName, s.TenantName)
+	if ok, err := tx.Get(model.NetStateKey(netID), &model.CfgNetworkState{}); err != nil {
+		return err
+	} else if !ok {
+		return unproc("networkName: network %q does not exist in tenant %q", s.NetworkName, s.TenantName)
+	}
+	id := model.ServiceID(s.ServiceName, s.TenantName)
+	keepVIP := ""
+	if old != nil {
+		if old.NetworkName == s.NetworkName && slices.Equal(old.Ports, s.Ports) && slices.Equal(old.Selectors, s.Selectors) &&
+			(s.IpAddress == "" || s.IpAddress == old.IpAddress) {
+			return nil // identical re-post: no-op
+		}
+		st, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(id))
+		if err != nil {
+			return err
+		}
+		if found && old.NetworkName == s.NetworkName && (s.IpAddress == "" || s.IpAddress == st.IPAddress) {
+			keepVIP = st.IPAddress
+		} else if err := releaseVIP(tx, old); err != nil {
+			return err
+		}
+		if err := linkServiceLB(tx, old, false); err != nil {
+			return err
+		}
+	}
+	ns, _, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
+	if err != nil {
+		return err
+	}
+	vip := keepVIP
+	if vip == "" {
+		if vip, err = allocIPv4(ns, nil, s.IpAddress); err != nil {
+			return err
+		}
+		if err := tx.Put(model.NetStateKey(netID), ns); err != nil {
+			return err
+		}
+	}
+	s.IpAddress = vip
+	st := model.CfgServiceLBState{ID: id, ServiceName: s.ServiceName, Tenant: s.TenantName, Network: s.NetworkName,
+		Ports: s.Ports, Selectors: selectorMap(s.Selectors), IPAddress: vip, Providers: map[string]*model.Provider{}}
+	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	if err != nil {
+		return err
+	}
+	for _, ep := range eps {
+		if len(ep.Labels) == 0 || !strings.HasSuffix(ep.NetID, "."+s.TenantName) || !labelsMatch(st.Selectors, ep.Labels) {
+			continue
+		}
+		st.Providers[ep.IPAddress+":"+s.TenantName] = &model.Provider{IPAddress: ep.IPAddress, ContainerID: ep.ContainerID,
+			Labels: ep.Labels, Tenant: s.TenantName, Network: ep.NetID, Services: []string{id}, Container: ep.EndpointID, EpIDKey: ep.ID}
+	}
+	if err := putServiceState(tx, &st); err != nil {
+		return err
+	}
+	s.Links = model.ServiceLBLinks{
+		Network: model.Link{ObjType: model.TypeNetwork, ObjKey: model.ScopedKey(s.TenantName, s.NetworkName)},
+		Tenant:  model.Link{ObjType: model.TypeTenant, ObjKey: s.TenantName},
+	}
+	if err := linkServiceLB(tx, s, true); err != nil {
+		return err
+	}
+	return tx.Put(model.ModelKey(model.TypeServiceLB, s.Key), s)
+}
+
+func labelsMatch(sel, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if lv, ok := labels[k]; !ok || lv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// putServiceState writes the service record and its provider IP list.
+func putServiceState(tx *state.Tx, st *model.CfgServiceLBState) error {
+	if err := tx.Put(model.SvcLBStateKey(st.ID), st); err != nil {
+		return err
+	}
+	ips := make([]string, 0, len(st.Providers))
+	for _, p := range st.Providers {
+		ips = append(ips, p.IPAddress)
+	}
+	sort.Strings(ips)
+	return tx.Put(model.ProviderKey(st.ID), model.SvcProvider{ID: st.ID, ServiceName: st.ID, Providers: ips})
+}
+
+func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) error {
+	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	if err != nil {
+		return err
+	}
+	var ep *model.CfgEndpointState
+	for _, e := range eps {
+		if e.IPAddress == ip && strings.HasSuffix(e.NetID, "."+req.Tenant) {
+			ep = e
+			break
+		}
+	}
+	p := &model.Provider{IPAddress: ip, ContainerID: req.ContainerID, Labels: req.Labels, Tenant: req.Tenant,
+		Network: req.Network, Container: req.EndpointID}
+	if ep != nil {
+		ep.Labels = req.Labels
+		if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {
+			return err
+		}
+		p.EpIDKey = ep.ID
+	}
+	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
+	if err != nil {
+		return err
+	}
+	for _, st := range svcs {
+		if st.Tenant != req.Tenant || !labelsMatch(st.Selectors, req.Labels) {
+			continue
+		}
+		pc := *p
+		pc.Services = []string{st.ID}
+		if st.Providers == nil {
+			st.Providers = map[string]*model.Provider{}
+		}
+		st.Providers[ip+":"+req.Tenant] = &pc
+		if err := putServiceState(tx, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func removeProvider(tx *state.Tx, ip, tenant string) error {
+	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
+	if err != nil {
+		return err
+	}
+	for _, st := range svcs {
+		k := ip + ":" + tenant
+		if _, ok := st.Providers[k]; !ok {
+			continue
+		}
+		delete(st.Providers, k)
+		if err := putServiceState(tx, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Master) listServices(w http.ResponseWriter, r *http.Request) {
+	svcs, err := state.ListJSON[model.CfgServiceLBState](r.Context(), m.store, model.SvcLBStatePrefix)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	keys := make([]string, 0, len(svcs))
+	for k := range svcs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]model.CfgServiceLBState, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, svcs[k])
+	}
+	writeJSON(w, out)
+}
+
+func (m *Master) getService(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	var st model.CfgServiceLBState
+	if err := m.store.Get(r.Context(), model.SvcLBStateKey(id), &st); err != nil {
+		if errors.Is(err, state.ErrNotFound) {
+			writeErr(w, notFound("service %q not found", id))
+			return
+		}
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, st)
+}

@@ -1,0 +1,99 @@
+package master
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+const (
+	octet    = `(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)`
+	ip4      = octet + `\.` + octet + `\.` + octet + `\.` + octet
+	nameBody = `(([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]*[a-zA-Z0-9])\.)*([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9\-]*[A-Za-z0-9])`
+)
+
+var (
+	reName      = regexp.MustCompile(`^` + nameBody + `$`)
+	reIP4       = regexp.MustCompile(`^` + ip4 + `$`)
+	reSubnet    = regexp.MustCompile(`^` + ip4 + `(-` + ip4 + `)?/([1-9]|[12][0-9]|3[01])$`)
+	reIPPool    = regexp.MustCompile(`^` + ip4 + `(-` + ip4 + `)?$`)
+	reRuleIP    = regexp.MustCompile(`^` + ip4 + `(-` + octet + `)?(/([1-9]|[12][0-9]|3[01]))?$`)
+	reProtocol  = regexp.MustCompile(`^(tcp|udp|icmp||[0-9]{1,3}?)$`)
+	reVlanRange = regexp.MustCompile(`^([0-9]{1,4}?-[0-9]{1,4}?)$`)
+	reVxlanRng  = regexp.MustCompile(`^([0-9]{1,8}?-[0-9]{1,8}?)$`)
+	rePvtSubnet = regexp.MustCompile(`^` + ip4 + `/16$`)
+	reRouterIP  = regexp.MustCompile(`^` + ip4 + `/([0-9]|[12][0-9]|3[0-2])$`)
+	reBandwidth = regexp.MustCompile(`^([1-9][0-9]*)\s*([kKmMgG])([bB]([pP][sS])?|[pP][sS]|[bB][iI][tT][sS]?)?$`)
+	rePath      = regexp.MustCompile(`^topology/pod-[0-9]{1,4}/paths-[0-9]{1,4}/pathep-\[eth[0-9]{1,2}/[0-9]{1,2}\]$`)
+	reNode      = regexp.MustCompile(`^topology/pod-[0-9]{1,4}/node-[0-9]{1,4}$`)
+)
+
+// field checks: each returns a 400 naming the field.
+
+func checkName(field, v string, max int) error {
+	if len(v) > max {
+		return badReq("%s: %q is longer than %d characters", field, v, max)
+	}
+	if !reName.MatchString(v) {
+		return badReq("%s: %q is not a valid name (letters, digits, '-' and '.', starting and ending with a letter or digit)", field, v)
+	}
+	return nil
+}
+
+func checkOptName(field, v string, max int) error {
+	if v == "" {
+		return nil
+	}
+	return checkName(field, v, max)
+}
+
+func checkRegex(field, v string, re *regexp.Regexp, what string, max int) error {
+	if max > 0 && len(v) > max {
+		return badReq("%s: %q is longer than %d characters", field, v, max)
+	}
+	if !re.MatchString(v) {
+		return badReq("%s: %q is not %s", field, v, what)
+	}
+	return nil
+}
+
+func checkOneOf(field, v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return badReq("%s: %q must be one of %s", field, v, strings.Join(quoteAll(allowed), ", "))
+}
+
+func quoteAll(s []string) []string {
+	out := make([]string, len(s))
+	for i, v := range s {
+		out[i] = strconv.Quote(v)
+	}
+	return out
+}
+
+func checkIntRange(field string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return badReq("%s: %d is out of range %d..%d", field, v, lo, hi)
+	}
+	return nil
+}
+
+// parseRange parses "a-b" with a ≤ b.
+func parseRange(field, s string) (int, int, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	a, err1 := strconv.Atoi(lo)
+	b, err2 := strconv.Atoi(hi)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, badReq("%s: %q is not a range like 1-4094", field, s)
+	}
+	if a > b {
+		return 0, 0, badReq("%s: %q has its start after its end", field, s)
+	}
+	return a, b, nil
+}
+
+func fmtRange(a, b int) string { return fmt.Sprintf("%d-%d", a, b) }
