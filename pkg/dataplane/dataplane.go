@@ -152,6 +152,8 @@ type HostConfig struct {
 	FwdMode    FwdMode
 	PinRoot    string // eBPF: bpffs directory for this host's pins
 	MapEntries int    // eBPF: capacity of the endpoint/neighbour maps, 0 = default
+	// VXLANIf names the host's VXLAN device (eBPF: one collect_md device; "" = driver default).
+	VXLANIf string
 }
 
 // Driver converges one host's datapath to the desired state.

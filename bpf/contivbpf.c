@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* contivbpf.c: the entry programs.
+ *
+ *   cb_from_container  tcx ingress on every local endpoint's host-side veth
+ *   cb_from_overlay    tcx ingress on the collect_md vxlan device
+ *   cb_test_overlay    never attached: cb_from_overlay's pipeline with the tunnel key taken
+ *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
+ *
+ * Stage order (design.md section 6):
+ *   parse → ARP responder → [VLAN pop: hook] → [service LB: hook] → [policy: hook]
+ *         → forward (local redirect_peer | VXLAN | [VLAN uplink: hook]) → counters
+ */
+#include "lib/common.h"
+#include "lib/drop.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/arp.h"
+#include "lib/encap.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* bpf2go -type needs every exported type to be reachable from a symbol. */
+const enum cb_reason cb_reason_unused __attribute__((unused));
+const enum cb_encap cb_encap_unused __attribute__((unused));
+const enum cb_ep_flags cb_ep_flags_unused __attribute__((unused));
+
+/* cb_deliver_local rewrites the destination MAC and hands the frame to the endpoint's
+ * container end directly (no host stack, ip_forward stays 0). */
+CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
+			       const struct cb_endpoint *ep)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	cb_mac_copy(eth->h_dest, ep->mac);
+	cb_ep_rx(skb, dkey);
+	cb_count(skb, CB_FWD_LOCAL);
+	return bpf_redirect_peer(ep->ifindex, 0);
+}
+
+CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	struct cb_pkt p = {};
+	struct cb_network *net;
+	struct cb_endpoint *ep;
+	struct cb_ep_key skey = {}, dkey = {};
+	struct ethhdr *eth;
+	void *data_end;
+	__be32 daddr;
+	int r;
+
+	r = cb_parse_ipv4(skb, &p);
+	if (r)
+		return cb_drop(skb, r);
+	if (p.ip->saddr != ifc->ip)
+		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
+	daddr = p.ip->daddr;
+
+	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
+	if (!net)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+
+	/* HOOK(service LB): VIP:port lookup + DNAT with conntrack goes here, before the
+	 * destination lookup. Non-first fragments (p.frag == CB_FRAG_LATER) carry no ports
+	 * and must be matched through conntrack, never by parsing p.l4_off. */
+
+	dkey.net = ifc->net;
+	dkey.ip = daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep) {
+		if ((net->gateway && daddr == net->gateway) ||
+		    (daddr & net->mask) != net->subnet)
+			return cb_drop(skb, CB_DROP_TO_GATEWAY); /* HOOK(routing mode) */
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	}
+
+	/* HOOK(policy): egress rules of ifc->epg and ingress rules of ep->epg, stateful. */
+
+	data_end = (void *)(long)skb->data_end;
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	cb_mac_copy(eth->h_source, ifc->mac);
+
+	skey.net = ifc->net;
+	skey.ip = ifc->ip;
+	if (ep->flags & CB_EP_LOCAL) {
+		cb_ep_tx(skb, &skey);
+		return cb_deliver_local(skb, &dkey, ep);
+	}
+	if (net->encap != CB_ENCAP_VXLAN)
+		return cb_drop(skb, CB_DROP_NO_UPLINK); /* HOOK(VLAN push + uplink redirect) */
+	cb_mac_copy(eth->h_dest, ep->mac);
+	r = cb_encap_vxlan(skb, net, ep);
+	if (r != TC_ACT_SHOT)
+		cb_ep_tx(skb, &skey);
+	return r;
+}
+
+SEC("tc")
+int cb_from_container(struct __sk_buff *skb)
+{
+	struct cb_pkt p = {};
+	struct cb_iface *ifc;
+	__u32 ifindex = skb->ifindex;
+	int r;
+
+	r = cb_parse_eth(skb, &p);
+	if (r)
+		return cb_drop(skb, r);
+	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+
+	switch (p.eth->h_proto) {
+	case bpf_htons(ETH_P_ARP):
+		return cb_arp_respond(skb, ifc);
+	case bpf_htons(ETH_P_IP):
+		return cb_ipv4_from_container(skb, ifc);
+	default:
+		return cb_drop(skb, CB_DROP_NOT_IPV4);
+	}
+}
+
+/* cb_overlay_rx delivers a decapsulated frame from peer VTEP remote (network order) in
+ * VNI vni to the local endpoint it is addressed to. */
+CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
+{
+	struct cb_pkt p = {};
+	struct cb_network *net;
+	struct cb_endpoint *ep, *src;
+	struct cb_ep_key skey = {}, dkey = {};
+	int r;
+
+	if (!bpf_map_lookup_elem(&cb_peers, &remote))
+		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
+	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	net = bpf_map_lookup_elem(&cb_networks, &vni);
+	if (!net || net->encap != CB_ENCAP_VXLAN)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+
+	r = cb_parse_eth(skb, &p);
+	if (r)
+		return cb_drop(skb, r);
+	if (p.eth->h_proto == bpf_htons(ETH_P_ARP))
+		return cb_drop(skb, CB_DROP_ARP_FROM_OVERLAY);
+	if (p.eth->h_proto != bpf_htons(ETH_P_IP))
+		return cb_drop(skb, CB_DROP_NOT_IPV4);
+	r = cb_parse_ipv4(skb, &p);
+	if (r)
+		return cb_drop(skb, r);
+
+	skey.net = vni;
+	skey.ip = p.ip->saddr;
+	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
+	if (src && (src->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_REMOTE_SRC);
+
+	dkey.net = vni;
+	dkey.ip = p.ip->daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+
+	/* HOOK(policy): ingress rules of ep->epg; the source EPG comes from src->epg. */
+
+	return cb_deliver_local(skb, &dkey, ep);
+}
+
+SEC("tc")
+int cb_from_overlay(struct __sk_buff *skb)
+{
+	struct bpf_tunnel_key tk = {};
+
+	if (bpf_skb_get_tunnel_key(skb, &tk, sizeof(tk), 0) < 0)
+		return cb_drop(skb, CB_DROP_NO_TUNNEL_KEY);
+	return cb_overlay_rx(skb, bpf_htonl(tk.remote_ipv4), tk.tunnel_id);
+}
+
+SEC("tc")
+int cb_test_overlay(struct __sk_buff *skb)
+{
+	return cb_overlay_rx(skb, skb->cb[0], skb->cb[1]);
+}

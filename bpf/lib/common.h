@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* common.h: includes, return codes and small helpers shared by every stage. */
+#pragma once
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+
+#define CB_INLINE static __always_inline
+
+/* tcx: TC_ACT_OK ends the chain; CB_TCX_NEXT lets later programs run. */
+#define CB_TCX_NEXT (-1)
+
+#define CB_ETH_ALEN 6
+
+CB_INLINE void cb_mac_copy(__u8 *dst, const __u8 *src)
+{
+	__builtin_memcpy(dst, src, CB_ETH_ALEN);
+}

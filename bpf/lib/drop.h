@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* drop.h: the ONE verdict/drop reason enum (a stable ABI shared with Go, metrics and
+ * netctl through bpf2go -type cb_reason) and the per-CPU per-reason counters.
+ * Never renumber: append new reasons before CB_REASON_MAX. */
+#pragma once
+
+#include "common.h"
+
+enum cb_reason {
+	CB_REASON_UNSPEC = 0,
+	/* verdicts 1..31: the packet went somewhere */
+	CB_FWD_LOCAL = 1,          /* redirected to a local endpoint (redirect_peer) */
+	CB_FWD_TUNNEL = 2,         /* VXLAN-encapsulated towards a peer VTEP */
+	CB_FWD_UPLINK = 3,         /* VLAN-tagged out of the uplink (reserved) */
+	CB_ARP_REPLY = 4,          /* ARP request answered in place */
+	/* drops 32..: the packet was discarded */
+	CB_DROP_MIN = 32,
+	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */
+	CB_DROP_UNKNOWN_IFACE = 33, /* ingress interface not in the iface map */
+	CB_DROP_NOT_IPV4 = 34,      /* ethertype other than IPv4/ARP (IPv6, LLDP, ...) */
+	CB_DROP_MALFORMED_ARP = 35, /* truncated ARP or not Ethernet/IPv4 ARP */
+	CB_DROP_ARP_NOT_REQUEST = 36, /* ARP reply/other opcode from a container */
+	CB_DROP_ARP_UNKNOWN_TARGET = 37, /* ARP request for an IP nobody owns */
+	CB_DROP_ARP_SELF = 38,      /* gratuitous ARP / duplicate address probe */
+	CB_DROP_MALFORMED_IP = 39,  /* truncated IPv4, version != 4, bad IHL or length */
+	CB_DROP_SPOOFED_SRC = 40,   /* IPv4 source is not the endpoint's address */
+	CB_DROP_UNKNOWN_DST = 41,   /* destination not a known endpoint of the network */
+	CB_DROP_UNKNOWN_NETWORK = 42, /* network / VNI not in the network map */
+	CB_DROP_UNKNOWN_PEER = 43,  /* VTEP not a known peer (either direction) */
+	CB_DROP_NO_TUNNEL_KEY = 44, /* from-overlay without tunnel metadata */
+	CB_DROP_TUNNEL_ERR = 45,    /* bpf_skb_set_tunnel_key failed */
+	CB_DROP_NO_VXLAN = 46,      /* remote destination but no vxlan device configured */
+	CB_DROP_NO_UPLINK = 47,     /* remote VLAN destination, no uplink (not yet supported) */
+	CB_DROP_TO_GATEWAY = 48,    /* IPv4 to the gateway or outside the subnet (no routing yet) */
+	CB_DROP_POLICY = 49,        /* denied by policy (reserved) */
+	CB_DROP_NO_BACKEND = 50,    /* service without backends (reserved) */
+	CB_DROP_ARP_FROM_OVERLAY = 51, /* ARP must never cross the overlay */
+	CB_DROP_REMOTE_SRC = 52,    /* overlay packet from an IP that is local here */
+	CB_REASON_MAX = 64,
+};
+
+struct cb_counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CB_REASON_MAX);
+	__type(key, __u32);
+	__type(value, struct cb_counter);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_reasons SEC(".maps");
+
+CB_INLINE void cb_count(struct __sk_buff *skb, enum cb_reason r)
+{
+	__u32 key = r;
+	struct cb_counter *c = bpf_map_lookup_elem(&cb_reasons, &key);
+
+	if (c) {
+		c->packets++;
+		c->bytes += skb->len;
+	}
+}
+
+CB_INLINE int cb_drop(struct __sk_buff *skb, enum cb_reason r)
+{
+	cb_count(skb, r);
+	return TC_ACT_SHOT;
+}

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* maps.h: the state maps the agent programs (pinned by name under the host's pin root,
+ * BTF-typed so `bpftool map dump pinned` shows field names). Every agent-written value
+ * carries the generation it was written in, so a resync sweeps only stale entries.
+ * The datapath never inserts into these maps: it only reads and bumps counters. */
+#pragma once
+
+#include "common.h"
+
+#define CB_DEFAULT_ENTRIES 65536
+
+/* Network key: the VNI for VXLAN networks, (1 << 24) | vlan for VLAN networks. */
+#define CB_NET_VLAN_BIT (1u << 24)
+
+enum cb_encap {
+	CB_ENCAP_VXLAN = 1,
+	CB_ENCAP_VLAN = 2,
+};
+
+enum cb_ep_flags {
+	CB_EP_LOCAL = 1,
+	CB_EP_REMOTE = 2,
+};
+
+struct cb_ep_key {
+	__u32 net;   /* network key */
+	__be32 ip;   /* IPv4, network byte order */
+};
+
+struct cb_endpoint {
+	__u32 ifindex;    /* host-side veth (local endpoints) */
+	__be32 vtep;      /* owning host's VTEP (remote endpoints), network order */
+	__u8 mac[6];
+	__u16 epg;
+	__u32 flags;      /* enum cb_ep_flags */
+	__u32 generation;
+};
+
+struct cb_iface {
+	__u32 net;        /* network key of the endpoint behind this veth */
+	__be32 ip;        /* the endpoint's IPv4 (anti-spoofing) */
+	__u8 mac[6];
+	__u16 epg;
+	__u32 generation;
+};
+
+struct cb_network {
+	__be32 subnet;
+	__be32 mask;
+	__be32 gateway;   /* 0 = none */
+	__u32 tag;        /* VNI or VLAN id */
+	__u16 mtu;
+	__u8 encap;       /* enum cb_encap */
+	__u8 pad;
+	__u32 generation;
+};
+
+struct cb_peer {
+	__u32 generation;
+	__u32 flags;
+};
+
+struct cb_config {
+	__u32 vxlan_ifindex;  /* collect_md vxlan device, 0 = none */
+	__u32 uplink_ifindex; /* VLAN uplink, 0 = none (reserved) */
+	__be32 vtep;          /* tunnel source address */
+	__u8 gw_mac[6];       /* MAC answered for gateways */
+	__u16 pad;
+	__u32 generation;     /* current agent generation (agent-only bookkeeping) */
+};
+
+struct cb_ep_stats {
+	__u64 rx_packets; /* delivered to the endpoint */
+	__u64 rx_bytes;
+	__u64 tx_packets; /* sent by the endpoint and forwarded */
+	__u64 tx_bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, struct cb_ep_key);
+	__type(value, struct cb_endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, __u32); /* ifindex of the host-side veth */
+	__type(value, struct cb_iface);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ifaces SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* network key */
+	__type(value, struct cb_network);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_networks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32); /* VTEP IPv4, network order */
+	__type(value, struct cb_peer);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, struct cb_ep_key);
+	__type(value, struct cb_ep_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ep_metrics SEC(".maps");
+
+CB_INLINE struct cb_config *cb_get_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&cb_cfg, &zero);
+}
+
+CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k)
+{
+	struct cb_ep_stats *s = bpf_map_lookup_elem(&cb_ep_metrics, k);
+
+	if (s) {
+		s->tx_packets++;
+		s->tx_bytes += skb->len;
+	}
+}
+
+CB_INLINE void cb_ep_rx(struct __sk_buff *skb, struct cb_ep_key *k)
+{
+	struct cb_ep_stats *s = bpf_map_lookup_elem(&cb_ep_metrics, k);
+
+	if (s) {
+		s->rx_packets++;
+		s->rx_bytes += skb->len;
+	}
+}

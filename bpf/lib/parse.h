@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* parse.h: Ethernet and IPv4 header parsing with bounds checks. Every rejection names a
+ * drop reason; nothing here forwards or counts. */
+#pragma once
+
+#include "common.h"
+#include "drop.h"
+
+enum cb_frag {
+	CB_FRAG_NONE = 0,
+	CB_FRAG_FIRST = 1, /* MF set, offset 0: carries the L4 header */
+	CB_FRAG_LATER = 2, /* offset != 0: no L4 header, never parse one */
+};
+
+struct cb_pkt {
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__u32 l3_len;  /* IPv4 header length in bytes (20..60) */
+	__u32 l4_off;  /* offset of the L4 header from skb->data, 0 if none */
+	__u8 frag;     /* enum cb_frag */
+	__u8 proto;    /* IPv4 protocol */
+};
+
+/* cb_pull makes the first len bytes directly accessible when the skb is non-linear. */
+CB_INLINE void cb_pull(struct __sk_buff *skb, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + len > data_end && skb->len >= len)
+		bpf_skb_pull_data(skb, len);
+}
+
+/* cb_parse_eth returns 0 or a drop reason. */
+CB_INLINE int cb_parse_eth(struct __sk_buff *skb, struct cb_pkt *p)
+{
+	void *data, *data_end;
+
+	cb_pull(skb, ETH_HLEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN > data_end)
+		return CB_DROP_MALFORMED_ETH;
+	p->eth = data;
+	return 0;
+}
+
+/* cb_parse_ipv4 validates the IPv4 header after the Ethernet header. IP options are
+ * accepted (and skipped); fragments are classified so later stages never read an L4
+ * header out of a non-first fragment. Returns 0 or a drop reason. Invalidates p->eth
+ * (re-read it from the returned pointers). */
+CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	__u32 hlen, tot, frag;
+
+	cb_pull(skb, ETH_HLEN + sizeof(struct iphdr));
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	p->eth = data;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > data_end)
+		return CB_DROP_MALFORMED_IP;
+	if (ip->version != 4 || ip->ihl < 5)
+		return CB_DROP_MALFORMED_IP;
+	hlen = ip->ihl * 4;
+	if (hlen > sizeof(struct iphdr)) {
+		cb_pull(skb, ETH_HLEN + hlen);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		p->eth = data;
+		ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return CB_DROP_MALFORMED_IP;
+		if (data + ETH_HLEN + hlen > data_end)
+			return CB_DROP_MALFORMED_IP;
+	}
+	tot = bpf_ntohs(ip->tot_len);
+	/* tot_len 0 is legal only for a GSO super-packet (BIG TCP). */
+	if (tot == 0 && skb->gso_size == 0)
+		return CB_DROP_MALFORMED_IP;
+	if (tot != 0 && (tot < hlen || tot > skb->len - ETH_HLEN))
+		return CB_DROP_MALFORMED_IP;
+
+	frag = bpf_ntohs(ip->frag_off);
+	p->frag = CB_FRAG_NONE;
+	p->l4_off = ETH_HLEN + hlen;
+	if (frag & 0x1fff) {
+		p->frag = CB_FRAG_LATER;
+		p->l4_off = 0;
+	} else if (frag & 0x2000) {
+		p->frag = CB_FRAG_FIRST;
+	}
+	p->ip = ip;
+	p->l3_len = hlen;
+	p->proto = ip->protocol;
+	return 0;
+}

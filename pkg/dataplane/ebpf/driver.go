@@ -1,0 +1,453 @@
+package ebpf
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Defaults applied to an unset HostConfig field.
+const (
+	DefaultPinBase    = "/sys/fs/bpf/contivbpf"
+	DefaultVXLANIf    = "cbvx0"
+	DefaultVXLANPort  = 4789
+	DefaultMapEntries = 65536
+	linksDir          = "links"
+	aliasPrefix       = "contivbpf:"
+)
+
+// ErrMapFull is wrapped by every error caused by a full BPF map.
+var ErrMapFull = errors.New("bpf map full")
+
+// Driver is the eBPF dataplane of one host. Methods are safe for concurrent use.
+type Driver struct {
+	cfg    dataplane.HostConfig
+	log    *slog.Logger
+	hostNS netns.NsHandle // -1: the caller's namespace
+
+	mu      sync.Mutex
+	objs    contivbpfObjects
+	nl      *netlink.Handle
+	vxIndex int
+	links   map[string]*attachment // by interface name
+	gen     uint32
+	closed  bool
+
+	networks  map[string]netRec
+	endpoints map[string]epRec // by indexKey(endpoint id)
+	remotes   map[string]remoteRec
+	peers     map[string]netip.Addr // host → VTEP
+	mapFull   map[string]uint64     // map name → failed inserts
+}
+
+type attachment struct {
+	ifname  string
+	ifindex int
+	program string
+	link    link.Link
+}
+
+type netRec struct {
+	net dataplane.Network
+	key uint32
+}
+
+type epRec struct {
+	id      string
+	hostIf  string
+	ifindex int
+	key     contivbpfCbEpKey
+}
+
+type remoteRec struct {
+	ep  dataplane.RemoteEndpoint
+	key contivbpfCbEpKey
+}
+
+// Option adjusts a Driver.
+type Option func(*Driver)
+
+// WithLogger sets the driver's logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(d *Driver) { d.log = l } }
+
+// New loads the programs against the maps pinned under cfg.PinRoot (creating them on first
+// start), creates or reuses the VXLAN device and swaps the programs of every pinned tcx link
+// to the freshly loaded ones. Endpoints found from a previous run keep forwarding; call
+// Sync next to converge to the desired state.
+func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver, error) {
+	if cfg.Host == "" {
+		cfg.Host = "default"
+	}
+	if cfg.PinRoot == "" {
+		cfg.PinRoot = filepath.Join(DefaultPinBase, cfg.Host)
+	}
+	if cfg.VXLANIf == "" {
+		cfg.VXLANIf = DefaultVXLANIf
+	}
+	if cfg.VXLANPort == 0 {
+		cfg.VXLANPort = DefaultVXLANPort
+	}
+	if cfg.MapEntries == 0 {
+		cfg.MapEntries = DefaultMapEntries
+	}
+	switch {
+	case cfg.MapEntries < 0:
+		return nil, fmt.Errorf("ebpf: mapEntries %d must be positive", cfg.MapEntries)
+	case cfg.VXLANPort < 0 || cfg.VXLANPort > 65535:
+		return nil, fmt.Errorf("ebpf: vxlanPort %d out of range", cfg.VXLANPort)
+	case cfg.VTEP.IsValid() && !cfg.VTEP.Is4():
+		return nil, fmt.Errorf("ebpf: vtep %v is not IPv4", cfg.VTEP)
+	case len(cfg.VXLANIf) > 15:
+		return nil, fmt.Errorf("ebpf: vxlanIf %q longer than 15 bytes", cfg.VXLANIf)
+	}
+	d := &Driver{
+		cfg:       cfg,
+		log:       slog.Default(),
+		hostNS:    -1,
+		links:     map[string]*attachment{},
+		networks:  map[string]netRec{},
+		endpoints: map[string]epRec{},
+		remotes:   map[string]remoteRec{},
+		peers:     map[string]netip.Addr{},
+		mapFull:   map[string]uint64{},
+	}
+	for _, o := range opts {
+		o(d)
+	}
+	d.log = d.log.With("dataplane", "ebpf", "host", cfg.Host)
+	if err := d.open(ctx); err != nil {
+		d.release()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Driver) open(ctx context.Context) error {
+	var err error
+	if d.cfg.NetNS != "" {
+		if d.hostNS, err = netns.GetFromPath(d.cfg.NetNS); err != nil {
+			return fmt.Errorf("ebpf: open host netns %s: %w", d.cfg.NetNS, err)
+		}
+		d.nl, err = netlink.NewHandleAt(d.hostNS)
+	} else {
+		d.nl, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return fmt.Errorf("ebpf: netlink handle: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(d.cfg.PinRoot, linksDir), 0o700); err != nil {
+		return fmt.Errorf("ebpf: create pin root: %w", err)
+	}
+	spec, err := loadContivbpf()
+	if err != nil {
+		return fmt.Errorf("ebpf: load spec: %w", err)
+	}
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics} {
+		spec.Maps[m].MaxEntries = uint32(d.cfg.MapEntries)
+	}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}})
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("ebpf: pinned maps under %s do not match this build or MapEntries=%d (Teardown the host or remove the pins): %w", d.cfg.PinRoot, d.cfg.MapEntries, err)
+	}
+	if err != nil {
+		return fmt.Errorf("ebpf: load programs and maps: %w", err)
+	}
+
+	var c contivbpfCbConfig
+	if err := d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("ebpf: read config map: %w", err)
+	}
+	d.gen = c.Generation
+	if d.gen == 0 {
+		d.gen = 1
+	}
+	if err := d.ensureVXLAN(); err != nil {
+		return err
+	}
+	if err := d.writeConfig(); err != nil {
+		return err
+	}
+	if err := d.ensureTCX(d.cfg.VXLANIf, d.vxIndex, d.objs.CbFromOverlay, contivbpfProgCbFromOverlay); err != nil {
+		return err
+	}
+	return d.adoptEndpoints(ctx)
+}
+
+// release closes handles without touching the datapath.
+func (d *Driver) release() {
+	for _, a := range d.links {
+		a.link.Close()
+	}
+	d.links = map[string]*attachment{}
+	d.objs.Close()
+	if d.nl != nil {
+		d.nl.Close()
+		d.nl = nil
+	}
+	if d.hostNS >= 0 {
+		d.hostNS.Close()
+		d.hostNS = -1
+	}
+}
+
+func (d *Driver) writeConfig() error {
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), Generation: d.gen}
+	if d.cfg.VTEP.IsValid() {
+		c.Vtep = ip4(d.cfg.VTEP)
+	}
+	copy(c.GwMac[:], dataplane.RouterMAC)
+	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("ebpf: write config map: %w", err)
+	}
+	return nil
+}
+
+// ensureVXLAN creates (or adopts) the collect_md VXLAN device.
+func (d *Driver) ensureVXLAN() error {
+	name := d.cfg.VXLANIf
+	l, err := d.nl.LinkByName(name)
+	if err == nil {
+		vx, ok := l.(*netlink.Vxlan)
+		if !ok || !vx.FlowBased {
+			return fmt.Errorf("ebpf: interface %s exists and is not a collect_md vxlan device", name)
+		}
+		if vx.Port != d.cfg.VXLANPort {
+			return fmt.Errorf("ebpf: vxlan device %s uses port %d, want %d", name, vx.Port, d.cfg.VXLANPort)
+		}
+	} else {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return fmt.Errorf("ebpf: look up %s: %w", name, err)
+		}
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, FlowBased: true, Learning: false, Port: d.cfg.VXLANPort}
+		if err := d.nl.LinkAdd(vx); err != nil {
+			return fmt.Errorf("ebpf: create vxlan device %s: %w", name, err)
+		}
+		if l, err = d.nl.LinkByName(name); err != nil {
+			return fmt.Errorf("ebpf: look up %s: %w", name, err)
+		}
+	}
+	if err := d.nl.LinkSetUp(l); err != nil {
+		return fmt.Errorf("ebpf: set %s up: %w", name, err)
+	}
+	d.vxIndex = l.Attrs().Index
+	return nil
+}
+
+// ensureTCX makes prog the tcx ingress program of ifname through a link pinned under
+// PinRoot/links: an existing pinned link for the same device is updated in place (atomic
+// program swap, no packet sees an empty hook); a stale one is replaced.
+func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progName string) error {
+	if a, ok := d.links[ifname]; ok && a.ifindex == ifindex {
+		if a.program == progName {
+			return nil
+		}
+		if err := a.link.Update(prog); err != nil {
+			return fmt.Errorf("ebpf: update tcx program on %s: %w", ifname, err)
+		}
+		a.program = progName
+		return nil
+	}
+	path := filepath.Join(d.cfg.PinRoot, linksDir, ifname)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+			if err := l.Update(prog); err != nil {
+				l.Close()
+				return fmt.Errorf("ebpf: update pinned tcx link on %s: %w", ifname, err)
+			}
+			d.links[ifname] = &attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l}
+			return nil
+		}
+		// Pinned for a device that is gone or was recreated: drop it.
+		_ = l.Unpin()
+		l.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
+	}
+	var l link.Link
+	err := inNetNS(d.cfg.NetNS, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ebpf: attach tcx ingress to %s: %w", ifname, err)
+	}
+	if err := l.Pin(path); err != nil {
+		l.Close()
+		return fmt.Errorf("ebpf: pin tcx link of %s: %w", ifname, err)
+	}
+	d.links[ifname] = &attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l}
+	return nil
+}
+
+// detachTCX unpins and closes ifname's link (detaching the program).
+func (d *Driver) detachTCX(ifname string) {
+	if a, ok := d.links[ifname]; ok {
+		_ = a.link.Unpin()
+		a.link.Close()
+		delete(d.links, ifname)
+		return
+	}
+	path := filepath.Join(d.cfg.PinRoot, linksDir, ifname)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		_ = l.Unpin()
+		l.Close()
+	}
+}
+
+// adoptEndpoints rebuilds the local endpoint index from the veths a previous run created
+// (their alias carries the endpoint id) and swaps in the new program on each.
+func (d *Driver) adoptEndpoints(ctx context.Context) error {
+	links, err := d.nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("ebpf: list links: %w", err)
+	}
+	for _, l := range links {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		id, ok := strings.CutPrefix(l.Attrs().Alias, aliasPrefix)
+		if !ok {
+			continue
+		}
+		var ifc contivbpfCbIface
+		if err := d.objs.CbIfaces.Lookup(uint32(l.Attrs().Index), &ifc); err != nil {
+			d.log.Warn("endpoint veth without iface entry; left for Sync to sweep", "ifname", l.Attrs().Name, "err", err)
+			d.endpoints[id] = epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index}
+			continue
+		}
+		d.endpoints[id] = epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index,
+			key: contivbpfCbEpKey{Net: ifc.Net, Ip: ifc.Ip}}
+		if err := d.ensureTCX(l.Attrs().Name, l.Attrs().Index, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Name implements dataplane.Driver.
+func (d *Driver) Name() string { return "ebpf" }
+
+// Close releases the driver's handles; programs, links and maps stay pinned and forwarding.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	d.release()
+	return nil
+}
+
+// Teardown removes every link, veth, device and pin the driver created on this host.
+func (d *Driver) Teardown(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("ebpf: teardown: driver is closed")
+	}
+	var errs []error
+	for name := range d.links {
+		d.detachTCX(name)
+	}
+	if ents, err := os.ReadDir(filepath.Join(d.cfg.PinRoot, linksDir)); err == nil {
+		for _, e := range ents {
+			d.detachTCX(e.Name())
+		}
+	}
+	if links, err := d.nl.LinkList(); err == nil {
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
+				if err := d.nl.LinkDel(l); err != nil {
+					errs = append(errs, fmt.Errorf("delete %s: %w", l.Attrs().Name, err))
+				}
+			}
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("list links: %w", err))
+	}
+	for _, m := range d.allMaps() {
+		if err := m.m.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", m.name, err))
+		}
+	}
+	if err := os.RemoveAll(d.cfg.PinRoot); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", d.cfg.PinRoot, err))
+	}
+	d.closed = true
+	d.release()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ebpf: teardown: %w", err)
+	}
+	return nil
+}
+
+type namedMap struct {
+	name string
+	m    *ebpf.Map
+}
+
+func (d *Driver) allMaps() []namedMap {
+	return []namedMap{
+		{contivbpfMapCbCfg, d.objs.CbCfg}, {contivbpfMapCbEndpoints, d.objs.CbEndpoints},
+		{contivbpfMapCbEpMetrics, d.objs.CbEpMetrics}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
+		{contivbpfMapCbNetworks, d.objs.CbNetworks}, {contivbpfMapCbPeers, d.objs.CbPeers},
+		{contivbpfMapCbReasons, d.objs.CbReasons},
+	}
+}
+
+func (d *Driver) check() error {
+	if d.closed {
+		return errors.New("ebpf: driver is closed")
+	}
+	return nil
+}
+
+// ip4 returns an IPv4 address as the uint32 whose memory holds the address in network order.
+func ip4(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addrFrom(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func macOf(b [6]uint8) string { return net.HardwareAddr(b[:]).String() }
+
+func netKey(n dataplane.Network) uint32 {
+	if n.Encap == dataplane.EncapVLAN {
+		return 1<<24 | n.Tag
+	}
+	return n.Tag
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

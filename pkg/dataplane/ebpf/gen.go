@@ -1,0 +1,10 @@
+// Package ebpf is the eBPF backend of dataplane.Driver: it loads the programs from bpf/
+// (compiled by bpf2go; the generated Go and object are committed, so building needs no
+// clang), pins their maps and tcx links under HostConfig.PinRoot, creates the endpoint
+// veths and the collect_md VXLAN device, and converges the maps to the desired state.
+//
+// It owns the kernel objects of one host (netlink, bpffs pins, tcx links) and must not
+// know about etcd, REST or Contiv's JSON.
+package ebpf
+
+//go:generate go tool bpf2go -cc clang-14 -target bpfel -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -type cb_ep_key -type cb_endpoint -type cb_iface -type cb_network -type cb_peer -type cb_config -type cb_ep_stats -type cb_counter contivbpf ../../../bpf/contivbpf.c -- -I../../../bpf

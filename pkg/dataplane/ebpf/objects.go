@@ -1,0 +1,548 @@
+package ebpf
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// mapPut writes one entry; a full map becomes an ErrMapFull error and is counted.
+func (d *Driver) mapPut(name string, m *ebpf.Map, key, val any) error {
+	err := m.Update(key, val, ebpf.UpdateAny)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC) {
+		d.mapFull[name]++
+		d.log.Error("bpf map full", "map", name, "max_entries", m.MaxEntries())
+		return fmt.Errorf("ebpf: map %s is full (%d entries; raise MapEntries): %w", name, m.MaxEntries(), ErrMapFull)
+	}
+	return fmt.Errorf("ebpf: update map %s: %w", name, err)
+}
+
+func mapDel(m *ebpf.Map, key any) error {
+	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// ---- networks ----
+
+// UpsertNetwork implements dataplane.Driver.
+func (d *Driver) UpsertNetwork(ctx context.Context, n dataplane.Network) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.upsertNetwork(n)
+}
+
+func (d *Driver) upsertNetwork(n dataplane.Network) error {
+	if err := n.Validate(); err != nil {
+		return err
+	}
+	if !n.Subnet.Addr().Is4() {
+		return fmt.Errorf("network %s: subnet %v is not IPv4", n.ID, n.Subnet)
+	}
+	if n.MTU == 0 {
+		n.MTU = 1500
+		if n.Encap == dataplane.EncapVXLAN {
+			n.MTU = 1450
+		}
+	}
+	key := netKey(n)
+	for id, r := range d.networks {
+		if id != n.ID && r.key == key {
+			return fmt.Errorf("network %s: %s tag %d already used by network %s", n.ID, n.Encap, n.Tag, id)
+		}
+	}
+	old, had := d.networks[n.ID]
+	if had && old.key != key && d.networkInUse(n.ID) {
+		return fmt.Errorf("network %s: cannot change encap/tag while endpoints use it", n.ID)
+	}
+	m := n.Subnet.Masked()
+	bits := m.Bits()
+	mask := net.CIDRMask(bits, 32)
+	v := contivbpfCbNetwork{
+		Subnet:     ip4(m.Addr()),
+		Mask:       binaryNative(mask),
+		Tag:        n.Tag,
+		Mtu:        uint16(n.MTU),
+		Encap:      uint8(contivbpfCbEncapCB_ENCAP_VXLAN),
+		Generation: d.gen,
+	}
+	if n.Encap == dataplane.EncapVLAN {
+		v.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
+	}
+	if n.Gateway.IsValid() {
+		v.Gateway = ip4(n.Gateway)
+	}
+	if err := d.mapPut(contivbpfMapCbNetworks, d.objs.CbNetworks, key, &v); err != nil {
+		return fmt.Errorf("network %s: %w", n.ID, err)
+	}
+	if had && old.key != key {
+		if err := mapDel(d.objs.CbNetworks, old.key); err != nil {
+			return fmt.Errorf("network %s: delete old entry: %w", n.ID, err)
+		}
+	}
+	d.networks[n.ID] = netRec{net: n, key: key}
+	return nil
+}
+
+func binaryNative(mask net.IPMask) uint32 {
+	var b [4]byte
+	copy(b[:], mask)
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func (d *Driver) networkInUse(id string) bool {
+	for _, r := range d.endpoints {
+		if nr, ok := d.networks[id]; ok && r.key.Net == nr.key {
+			return true
+		}
+	}
+	for _, r := range d.remotes {
+		if r.ep.NetworkID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteNetwork implements dataplane.Driver. A network still used by endpoints is refused.
+func (d *Driver) DeleteNetwork(ctx context.Context, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.deleteNetwork(id)
+}
+
+func (d *Driver) deleteNetwork(id string) error {
+	r, ok := d.networks[id]
+	if !ok {
+		return nil
+	}
+	if d.networkInUse(id) {
+		return fmt.Errorf("network %s: still has endpoints", id)
+	}
+	if err := mapDel(d.objs.CbNetworks, r.key); err != nil {
+		return fmt.Errorf("network %s: delete map entry: %w", id, err)
+	}
+	delete(d.networks, id)
+	return nil
+}
+
+// ---- peers ----
+
+// UpsertPeer implements dataplane.Driver.
+func (d *Driver) UpsertPeer(ctx context.Context, p dataplane.Peer) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.upsertPeer(p)
+}
+
+func (d *Driver) upsertPeer(p dataplane.Peer) error {
+	if p.Host == "" {
+		return fmt.Errorf("peer: host is empty")
+	}
+	if !p.VTEP.Is4() {
+		return fmt.Errorf("peer %s: vtep %v is not IPv4", p.Host, p.VTEP)
+	}
+	if err := d.mapPut(contivbpfMapCbPeers, d.objs.CbPeers, ip4(p.VTEP), &contivbpfCbPeer{Generation: d.gen}); err != nil {
+		return fmt.Errorf("peer %s: %w", p.Host, err)
+	}
+	if old, ok := d.peers[p.Host]; ok && old != p.VTEP {
+		if err := d.dropPeerKey(p.Host); err != nil {
+			d.peers[p.Host] = old
+			return err
+		}
+	}
+	d.peers[p.Host] = p.VTEP
+	return nil
+}
+
+// dropPeerKey deletes a VTEP entry unless another host still uses that address.
+func (d *Driver) dropPeerKey(host string) error {
+	a := d.peers[host]
+	for h, v := range d.peers {
+		if h != host && v == a {
+			return nil
+		}
+	}
+	if err := mapDel(d.objs.CbPeers, ip4(a)); err != nil {
+		return fmt.Errorf("peer %s: delete map entry: %w", host, err)
+	}
+	return nil
+}
+
+// DeletePeer implements dataplane.Driver.
+func (d *Driver) DeletePeer(ctx context.Context, host string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.deletePeer(host)
+}
+
+func (d *Driver) deletePeer(host string) error {
+	if _, ok := d.peers[host]; !ok {
+		return nil
+	}
+	if err := d.dropPeerKey(host); err != nil {
+		return err
+	}
+	delete(d.peers, host)
+	return nil
+}
+
+// ---- remote endpoints ----
+
+// UpsertRemoteEndpoint implements dataplane.Driver.
+func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.upsertRemote(ep)
+}
+
+func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
+	switch {
+	case ep.ID == "":
+		return fmt.Errorf("remote endpoint: id is empty")
+	case !ep.IP.Is4():
+		return fmt.Errorf("remote endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
+	case len(ep.MAC) != 6:
+		return fmt.Errorf("remote endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
+	case !ep.VTEP.Is4():
+		return fmt.Errorf("remote endpoint %s: vtep %v is not IPv4", ep.ID, ep.VTEP)
+	}
+	nr, ok := d.networks[ep.NetworkID]
+	if !ok {
+		return fmt.Errorf("remote endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
+	}
+	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
+	var cur contivbpfCbEndpoint
+	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
+		return fmt.Errorf("remote endpoint %s: ip %v is a local endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
+	}
+	v := contivbpfCbEndpoint{Vtep: ip4(ep.VTEP), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
+	copy(v.Mac[:], ep.MAC)
+	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
+		return fmt.Errorf("remote endpoint %s: %w", ep.ID, err)
+	}
+	if old, ok := d.remotes[ep.ID]; ok && old.key != key {
+		if err := mapDel(d.objs.CbEndpoints, &old.key); err != nil {
+			return fmt.Errorf("remote endpoint %s: delete old entry: %w", ep.ID, err)
+		}
+	}
+	d.remotes[ep.ID] = remoteRec{ep: ep, key: key}
+	return nil
+}
+
+// DeleteRemoteEndpoint implements dataplane.Driver.
+func (d *Driver) DeleteRemoteEndpoint(ctx context.Context, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.deleteRemote(id)
+}
+
+func (d *Driver) deleteRemote(id string) error {
+	r, ok := d.remotes[id]
+	if !ok {
+		return nil
+	}
+	var cur contivbpfCbEndpoint
+	if err := d.objs.CbEndpoints.Lookup(&r.key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
+		if err := mapDel(d.objs.CbEndpoints, &r.key); err != nil {
+			return fmt.Errorf("remote endpoint %s: delete map entry: %w", id, err)
+		}
+	}
+	delete(d.remotes, id)
+	return nil
+}
+
+// ---- local endpoints ----
+
+// indexKey is the endpoint's id as stored in the veth alias (IFLA_IFALIAS holds at most
+// 128 bytes; longer ids are hashed).
+func indexKey(id string) string {
+	if len(aliasPrefix)+len(id) <= 120 {
+		return id
+	}
+	h := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(h[:16])
+}
+
+// UpsertEndpoint implements dataplane.Driver: veth pair, container-side configuration,
+// map entries and the tcx attachment. On failure everything this call created is removed.
+func (d *Driver) UpsertEndpoint(ctx context.Context, ep dataplane.Endpoint) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.upsertEndpoint(ep)
+}
+
+func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
+	if err := ep.Validate(); err != nil {
+		return err
+	}
+	nr, ok := d.networks[ep.NetworkID]
+	if !ok {
+		return fmt.Errorf("endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
+	}
+	if !nr.net.Subnet.Contains(ep.IP) {
+		return fmt.Errorf("endpoint %s: ip %v outside subnet %v", ep.ID, ep.IP, nr.net.Subnet)
+	}
+	ik := indexKey(ep.ID)
+	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
+	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
+		if err := d.deleteEndpoint(ik); err != nil {
+			return fmt.Errorf("endpoint %s: replace: %w", ep.ID, err)
+		}
+	}
+	var cur contivbpfCbEndpoint
+	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil {
+		if cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
+			return fmt.Errorf("endpoint %s: ip %v is a remote endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
+		}
+		if r, ok := d.endpoints[ik]; !ok || int(cur.Ifindex) != r.ifindex {
+			return fmt.Errorf("endpoint %s: ip %v already used by another local endpoint", ep.ID, ep.IP)
+		}
+	}
+
+	alias := aliasPrefix + ik
+	created := false
+	host, err := d.nl.LinkByName(ep.HostIfName)
+	if err == nil {
+		if host.Type() != "veth" || host.Attrs().Alias != alias {
+			return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
+		}
+	} else {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return fmt.Errorf("endpoint %s: look up %s: %w", ep.ID, ep.HostIfName, err)
+		}
+		if host, err = d.createVeth(ep, nr.net.MTU, alias); err != nil {
+			return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+		}
+		created = true
+	}
+	ifindex := host.Attrs().Index
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if created {
+			d.detachTCX(ep.HostIfName)
+			_ = d.nl.LinkDel(host)
+			_ = mapDel(d.objs.CbIfaces, uint32(ifindex))
+			_ = mapDel(d.objs.CbEndpoints, &key)
+			_ = mapDel(d.objs.CbEpMetrics, &key)
+		}
+	}()
+	if err := d.configureContainerEnd(ep, nr.net); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	if host.Attrs().MTU != nr.net.MTU {
+		if err := d.nl.LinkSetMTU(host, nr.net.MTU); err != nil {
+			return fmt.Errorf("endpoint %s: set mtu of %s: %w", ep.ID, ep.HostIfName, err)
+		}
+	}
+	if err := d.nl.LinkSetUp(host); err != nil {
+		return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
+	}
+
+	// Counters first (never reset an existing entry), then the lookups the datapath uses.
+	var zero []contivbpfCbEpStats = make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())
+	if err := d.objs.CbEpMetrics.Update(&key, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		if errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC) {
+			d.mapFull[contivbpfMapCbEpMetrics]++
+			return fmt.Errorf("endpoint %s: ebpf: map %s is full (%d entries; raise MapEntries): %w", ep.ID, contivbpfMapCbEpMetrics, d.objs.CbEpMetrics.MaxEntries(), ErrMapFull)
+		}
+		return fmt.Errorf("endpoint %s: init counters: %w", ep.ID, err)
+	}
+	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen}
+	copy(v.Mac[:], ep.MAC)
+	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen}
+	copy(ifc.Mac[:], ep.MAC)
+	if err := d.mapPut(contivbpfMapCbIfaces, d.objs.CbIfaces, uint32(ifindex), &ifc); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key}
+	return nil
+}
+
+// createVeth creates the pair with the container end already in the endpoint's namespace
+// (or in the host namespace when ep.NetNS is empty).
+func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netlink.Link, error) {
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu},
+		PeerName:         ep.IfName,
+		PeerHardwareAddr: ep.MAC,
+		PeerMTU:          uint32(mtu),
+	}
+	if ep.NetNS != "" {
+		cns, err := netns.GetFromPath(ep.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("open container netns %s: %w", ep.NetNS, err)
+		}
+		defer cns.Close()
+		veth.PeerNamespace = netlink.NsFd(int(cns))
+	}
+	if err := d.nl.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("create veth %s/%s: %w", ep.HostIfName, ep.IfName, err)
+	}
+	host, err := d.nl.LinkByName(ep.HostIfName)
+	if err != nil {
+		return nil, fmt.Errorf("look up new veth %s: %w", ep.HostIfName, err)
+	}
+	if err := d.nl.LinkSetAlias(host, alias); err != nil {
+		_ = d.nl.LinkDel(host)
+		return nil, fmt.Errorf("set alias of %s: %w", ep.HostIfName, err)
+	}
+	return host, nil
+}
+
+// configureContainerEnd sets MAC and MTU, and inside a container namespace also the
+// address, link state and default route.
+func (d *Driver) configureContainerEnd(ep dataplane.Endpoint, n dataplane.Network) error {
+	h := d.nl
+	if ep.NetNS != "" {
+		cns, err := netns.GetFromPath(ep.NetNS)
+		if err != nil {
+			return fmt.Errorf("open container netns %s: %w", ep.NetNS, err)
+		}
+		defer cns.Close()
+		if h, err = netlink.NewHandleAt(cns); err != nil {
+			return fmt.Errorf("netlink in %s: %w", ep.NetNS, err)
+		}
+		defer h.Close()
+	}
+	l, err := h.LinkByName(ep.IfName)
+	if err != nil {
+		return fmt.Errorf("look up container end %s: %w", ep.IfName, err)
+	}
+	if l.Attrs().HardwareAddr.String() != ep.MAC.String() {
+		if err := h.LinkSetHardwareAddr(l, ep.MAC); err != nil {
+			return fmt.Errorf("set mac of %s: %w", ep.IfName, err)
+		}
+	}
+	if l.Attrs().MTU != n.MTU {
+		if err := h.LinkSetMTU(l, n.MTU); err != nil {
+			return fmt.Errorf("set mtu of %s: %w", ep.IfName, err)
+		}
+	}
+	if ep.NetNS == "" {
+		return nil // the runtime moves and addresses it
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ep.IP.AsSlice(), Mask: net.CIDRMask(n.Subnet.Bits(), 32)}}
+	if err := h.AddrReplace(l, addr); err != nil {
+		return fmt.Errorf("set address %v on %s: %w", addr, ep.IfName, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("set %s up: %w", ep.IfName, err)
+	}
+	if n.Gateway.IsValid() {
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: n.Gateway.AsSlice(), Dst: nil}
+		if err := h.RouteReplace(r); err != nil {
+			return fmt.Errorf("default route via %v on %s: %w", n.Gateway, ep.IfName, err)
+		}
+	}
+	return nil
+}
+
+// DeleteEndpoint implements dataplane.Driver: map entries, tcx link and veth pair.
+func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.deleteEndpoint(indexKey(id))
+}
+
+func (d *Driver) deleteEndpoint(ik string) error {
+	r, ok := d.endpoints[ik]
+	if !ok {
+		return nil
+	}
+	var errs []error
+	var cur contivbpfCbEndpoint
+	if err := d.objs.CbEndpoints.Lookup(&r.key, &cur); err == nil && int(cur.Ifindex) == r.ifindex {
+		if err := mapDel(d.objs.CbEndpoints, &r.key); err != nil {
+			errs = append(errs, fmt.Errorf("delete endpoint entry: %w", err))
+		}
+		if err := mapDel(d.objs.CbEpMetrics, &r.key); err != nil {
+			errs = append(errs, fmt.Errorf("delete counters: %w", err))
+		}
+	}
+	if err := mapDel(d.objs.CbIfaces, uint32(r.ifindex)); err != nil {
+		errs = append(errs, fmt.Errorf("delete iface entry: %w", err))
+	}
+	d.detachTCX(r.hostIf)
+	if l, err := d.nl.LinkByName(r.hostIf); err == nil && l.Attrs().Alias == aliasPrefix+ik {
+		if err := d.nl.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete veth %s: %w", r.hostIf, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("endpoint %s: %w", r.id, err)
+	}
+	delete(d.endpoints, ik)
+	return nil
+}
+
+// ---- policy and services (later stages) ----
+
+// ErrUnsupported is wrapped by calls for features this datapath does not implement yet.
+var ErrUnsupported = errors.ErrUnsupported
+
+// UpsertPolicy implements dataplane.Driver. Policy enforcement is not implemented yet in
+// the eBPF datapath (bpf/contivbpf.c marks the hook); the call fails so callers know.
+func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error {
+	return fmt.Errorf("ebpf: policy for epg %d: %w", p.EPGID, ErrUnsupported)
+}
+
+// DeletePolicy implements dataplane.Driver (nothing is ever installed).
+func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error { return nil }
+
+// UpsertService implements dataplane.Driver. Service load balancing is not implemented
+// yet; the call fails so callers know.
+func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
+	return fmt.Errorf("ebpf: service %s: %w", s.ID, ErrUnsupported)
+}
+
+// DeleteService implements dataplane.Driver (nothing is ever installed).
+func (d *Driver) DeleteService(ctx context.Context, id string) error { return nil }

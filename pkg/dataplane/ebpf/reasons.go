@@ -1,0 +1,90 @@
+package ebpf
+
+import "fmt"
+
+// Reason is a verdict or drop reason: the cb_reason enum of bpf/lib/drop.h, shared by the
+// datapath, metrics and netctl. Values are a stable ABI.
+type Reason uint32
+
+// Verdicts and drop reasons (generated from bpf/lib/drop.h by bpf2go).
+const (
+	ReasonUnspec         = Reason(contivbpfCbReasonCB_REASON_UNSPEC)
+	FwdLocal             = Reason(contivbpfCbReasonCB_FWD_LOCAL)
+	FwdTunnel            = Reason(contivbpfCbReasonCB_FWD_TUNNEL)
+	FwdUplink            = Reason(contivbpfCbReasonCB_FWD_UPLINK)
+	ARPReply             = Reason(contivbpfCbReasonCB_ARP_REPLY)
+	DropMalformedEth     = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
+	DropUnknownIface     = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
+	DropNotIPv4          = Reason(contivbpfCbReasonCB_DROP_NOT_IPV4)
+	DropMalformedARP     = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ARP)
+	DropARPNotRequest    = Reason(contivbpfCbReasonCB_DROP_ARP_NOT_REQUEST)
+	DropARPUnknownTarget = Reason(contivbpfCbReasonCB_DROP_ARP_UNKNOWN_TARGET)
+	DropARPSelf          = Reason(contivbpfCbReasonCB_DROP_ARP_SELF)
+	DropMalformedIP      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_IP)
+	DropSpoofedSrc       = Reason(contivbpfCbReasonCB_DROP_SPOOFED_SRC)
+	DropUnknownDst       = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_DST)
+	DropUnknownNetwork   = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_NETWORK)
+	DropUnknownPeer      = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_PEER)
+	DropNoTunnelKey      = Reason(contivbpfCbReasonCB_DROP_NO_TUNNEL_KEY)
+	DropTunnelErr        = Reason(contivbpfCbReasonCB_DROP_TUNNEL_ERR)
+	DropNoVXLAN          = Reason(contivbpfCbReasonCB_DROP_NO_VXLAN)
+	DropNoUplink         = Reason(contivbpfCbReasonCB_DROP_NO_UPLINK)
+	DropToGateway        = Reason(contivbpfCbReasonCB_DROP_TO_GATEWAY)
+	DropPolicy           = Reason(contivbpfCbReasonCB_DROP_POLICY)
+	DropNoBackend        = Reason(contivbpfCbReasonCB_DROP_NO_BACKEND)
+	DropARPFromOverlay   = Reason(contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY)
+	DropRemoteSrc        = Reason(contivbpfCbReasonCB_DROP_REMOTE_SRC)
+	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
+	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
+)
+
+var reasonNames = map[Reason]string{
+	ReasonUnspec:         "unspec",
+	FwdLocal:             "fwd_local",
+	FwdTunnel:            "fwd_tunnel",
+	FwdUplink:            "fwd_uplink",
+	ARPReply:             "arp_reply",
+	DropMalformedEth:     "drop_malformed_eth",
+	DropUnknownIface:     "drop_unknown_iface",
+	DropNotIPv4:          "drop_not_ipv4",
+	DropMalformedARP:     "drop_malformed_arp",
+	DropARPNotRequest:    "drop_arp_not_request",
+	DropARPUnknownTarget: "drop_arp_unknown_target",
+	DropARPSelf:          "drop_arp_self",
+	DropMalformedIP:      "drop_malformed_ip",
+	DropSpoofedSrc:       "drop_spoofed_src",
+	DropUnknownDst:       "drop_unknown_dst",
+	DropUnknownNetwork:   "drop_unknown_network",
+	DropUnknownPeer:      "drop_unknown_peer",
+	DropNoTunnelKey:      "drop_no_tunnel_key",
+	DropTunnelErr:        "drop_tunnel_err",
+	DropNoVXLAN:          "drop_no_vxlan",
+	DropNoUplink:         "drop_no_uplink",
+	DropToGateway:        "drop_to_gateway",
+	DropPolicy:           "drop_policy",
+	DropNoBackend:        "drop_no_backend",
+	DropARPFromOverlay:   "drop_arp_from_overlay",
+	DropRemoteSrc:        "drop_remote_src",
+}
+
+// String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
+func (r Reason) String() string {
+	if n, ok := reasonNames[r]; ok {
+		return n
+	}
+	return fmt.Sprintf("reason_%d", uint32(r))
+}
+
+// IsDrop reports whether the reason discards the packet.
+func (r Reason) IsDrop() bool { return r >= firstDrop }
+
+// Reasons lists every defined reason in numeric order.
+func Reasons() []Reason {
+	var out []Reason
+	for r := Reason(0); r < reasonMax; r++ {
+		if _, ok := reasonNames[r]; ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -1,0 +1,236 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Sync implements dataplane.Driver: everything in s is written with a new generation,
+// then entries, veths and links from older generations are swept. If any upsert fails
+// nothing is swept (a failed entry still carries its old generation and must not be
+// removed while it is desired); the error lists every failure.
+func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	d.gen++
+	if d.gen == 0 {
+		d.gen = 1
+	}
+	if err := d.writeConfig(); err != nil {
+		return err
+	}
+	var errs []error
+	wantNets := map[string]bool{}
+	for _, n := range s.Networks {
+		wantNets[n.ID] = true
+		if err := d.upsertNetwork(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	wantPeers := map[string]bool{}
+	for _, p := range s.Peers {
+		wantPeers[p.Host] = true
+		if err := d.upsertPeer(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	wantEPs := map[string]bool{}
+	wantIfs := map[string]bool{d.cfg.VXLANIf: true}
+	for _, ep := range s.Endpoints {
+		wantEPs[indexKey(ep.ID)] = true
+		wantIfs[ep.HostIfName] = true
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("ebpf: sync: %w", err)
+		}
+		if err := d.upsertEndpoint(ep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	wantRemotes := map[string]bool{}
+	for _, ep := range s.RemoteEndpoints {
+		wantRemotes[ep.ID] = true
+		if err := d.upsertRemote(ep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ebpf: sync (nothing swept): %w", err)
+	}
+
+	// Sweep: objects the index knows, then anything left in the maps from older generations.
+	for _, ik := range sortedKeys(d.endpoints) {
+		if !wantEPs[ik] {
+			if err := d.deleteEndpoint(ik); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, id := range sortedKeys(d.remotes) {
+		if !wantRemotes[id] {
+			if err := d.deleteRemote(id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, h := range sortedKeys(d.peers) {
+		if !wantPeers[h] {
+			if err := d.deletePeer(h); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, id := range sortedKeys(d.networks) {
+		if !wantNets[id] {
+			if err := d.deleteNetwork(id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, d.sweepMaps()...)
+	errs = append(errs, d.sweepLinks(wantIfs)...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ebpf: sync sweep: %w", err)
+	}
+	if len(s.Policies) > 0 || len(s.Services) > 0 {
+		return fmt.Errorf("ebpf: sync applied networks, endpoints and peers; %d policies and %d services not applied: %w",
+			len(s.Policies), len(s.Services), ErrUnsupported)
+	}
+	return nil
+}
+
+// sweepMaps deletes every entry written by an older generation.
+func (d *Driver) sweepMaps() []error {
+	var errs []error
+	var (
+		ek contivbpfCbEpKey
+		ev contivbpfCbEndpoint
+	)
+	var staleEP []contivbpfCbEpKey
+	it := d.objs.CbEndpoints.Iterate()
+	for it.Next(&ek, &ev) {
+		if ev.Generation != d.gen {
+			staleEP = append(staleEP, ek)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbEndpoints, err))
+	}
+	for _, k := range staleEP {
+		errs = appendErr(errs, mapDel(d.objs.CbEndpoints, &k))
+	}
+
+	var (
+		ik uint32
+		iv contivbpfCbIface
+	)
+	var staleIf []uint32
+	it = d.objs.CbIfaces.Iterate()
+	for it.Next(&ik, &iv) {
+		if iv.Generation != d.gen {
+			staleIf = append(staleIf, ik)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbIfaces, err))
+	}
+	for _, k := range staleIf {
+		errs = appendErr(errs, mapDel(d.objs.CbIfaces, k))
+	}
+
+	var (
+		nk uint32
+		nv contivbpfCbNetwork
+	)
+	var staleNet []uint32
+	it = d.objs.CbNetworks.Iterate()
+	for it.Next(&nk, &nv) {
+		if nv.Generation != d.gen {
+			staleNet = append(staleNet, nk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbNetworks, err))
+	}
+	for _, k := range staleNet {
+		errs = appendErr(errs, mapDel(d.objs.CbNetworks, k))
+	}
+
+	var (
+		pk uint32
+		pv contivbpfCbPeer
+	)
+	var stalePeer []uint32
+	it = d.objs.CbPeers.Iterate()
+	for it.Next(&pk, &pv) {
+		if pv.Generation != d.gen {
+			stalePeer = append(stalePeer, pk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbPeers, err))
+	}
+	for _, k := range stalePeer {
+		errs = appendErr(errs, mapDel(d.objs.CbPeers, k))
+	}
+
+	// Counters live exactly as long as their local endpoint entry.
+	var mk contivbpfCbEpKey
+	var staleM []contivbpfCbEpKey
+	it = d.objs.CbEpMetrics.Iterate()
+	var stats []contivbpfCbEpStats
+	for it.Next(&mk, &stats) {
+		var cur contivbpfCbEndpoint
+		if err := d.objs.CbEndpoints.Lookup(&mk, &cur); err != nil || cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) == 0 {
+			staleM = append(staleM, mk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbEpMetrics, err))
+	}
+	for _, k := range staleM {
+		errs = appendErr(errs, mapDel(d.objs.CbEpMetrics, &k))
+	}
+	return errs
+}
+
+// sweepLinks removes pinned links and endpoint veths that are not wanted.
+func (d *Driver) sweepLinks(want map[string]bool) []error {
+	var errs []error
+	ents, err := os.ReadDir(filepath.Join(d.cfg.PinRoot, linksDir))
+	if err != nil {
+		return []error{fmt.Errorf("read pinned links: %w", err)}
+	}
+	for _, e := range ents {
+		if !want[e.Name()] {
+			d.detachTCX(e.Name())
+		}
+	}
+	links, err := d.nl.LinkList()
+	if err != nil {
+		return append(errs, fmt.Errorf("list links: %w", err))
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) && !want[l.Attrs().Name] {
+			if err := d.nl.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("delete stale veth %s: %w", l.Attrs().Name, err))
+			}
+		}
+	}
+	return errs
+}
+
+func appendErr(errs []error, err error) []error {
+	if err != nil {
+		return append(errs, err)
+	}
+	return errs
+}
