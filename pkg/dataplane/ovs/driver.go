@@ -1,0 +1,792 @@
+// Package ovs is the Open vSwitch backend of dataplane.Driver: it runs (or connects to) an
+// ovs-vswitchd with the userspace datapath, manages bridges and ports through OVSDB
+// (libovsdb), and programs a pipeline of named OpenFlow 1.3 tables (with Nicira
+// extensions: conntrack, NAT, register moves) over its own synchronous connection to the
+// bridge's management socket. Every change is one atomic OpenFlow bundle; flows carry a
+// cookie with a generation so a resync sweeps only stale flows, and a vswitchd restart
+// (connection loss) is repaired by reinstalling everything.
+//
+// This package must not know about etcd, REST or Contiv's JSON.
+package ovs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	of "github.com/contiv/libOpenflow/openflow13"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Cookie layout: the top 16 bits mark our flows, the next 16 bits are the generation.
+const (
+	cookieOwner     uint64 = 0xcb0b << 48
+	cookieOwnerMask uint64 = 0xffff << 48
+	cookieGenMask   uint64 = 0xffff << 32
+)
+
+func cookieFor(gen uint16) uint64 { return cookieOwner | uint64(gen)<<32 }
+
+// Port numbers requested for the fixed ports; endpoints get numbers from 100 up.
+const (
+	ofportTunnel   = 1
+	ofportUplink   = 2
+	ofportWire     = 1
+	ofportFirstEP  = 100
+	tunnelPortName = "contivvxlan"
+)
+
+// Options chooses the OVS instance and bridge names.
+type Options struct {
+	// Dir: run a private ovsdb-server + ovs-vswitchd with every file in Dir (started if
+	// not running, reused if it is). Ignored when DBSocket is set.
+	Dir string
+	// DBSocket connects to an existing OVSDB (e.g. "unix:/var/run/openvswitch/db.sock");
+	// RunDir is then where that vswitchd keeps <bridge>.mgmt (default /var/run/openvswitch).
+	DBSocket string
+	RunDir   string
+	// Bridge is the integration bridge (default "contivbr"), UnderlayBridge the bridge whose
+	// LOCAL port carries the VTEP address (default "contivul"). At most 15 bytes each.
+	Bridge         string
+	UnderlayBridge string
+	Logger         *slog.Logger
+}
+
+// Driver programs one host's OVS.
+type Driver struct {
+	host dataplane.HostConfig
+	opts Options
+	log  *slog.Logger
+	priv *Private
+	db   *ovsDB
+
+	mu        sync.Mutex
+	state     *desired
+	ports     ports
+	groupIDs  map[string]uint32
+	installed map[string]*flow
+	groups    map[uint32]*group
+	gen       uint16
+	conn      *ofConn
+	wire      *underlay
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ dataplane.Driver = (*Driver)(nil)
+
+// New starts (or connects to) OVS, creates the bridges and ports the host needs, and
+// connects to the integration bridge. Flows already installed by a previous agent stay
+// until the first Sync replaces them atomically.
+func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver, error) {
+	if opts.Bridge == "" {
+		opts.Bridge = "contivbr"
+	}
+	if opts.UnderlayBridge == "" {
+		opts.UnderlayBridge = "contivul"
+	}
+	if len(opts.Bridge) > 15 || len(opts.UnderlayBridge) > 15 {
+		return nil, fmt.Errorf("ovs: bridge names %q/%q must be at most 15 bytes", opts.Bridge, opts.UnderlayBridge)
+	}
+	if host.VXLANPort == 0 {
+		host.VXLANPort = 4789
+	}
+	if host.FwdMode == "" {
+		host.FwdMode = dataplane.FwdBridge
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	d := &Driver{host: host, opts: opts, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
+		state: newDesired(), groupIDs: map[string]uint32{}, installed: map[string]*flow{}, groups: map[uint32]*group{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	endpoint := opts.DBSocket
+	if endpoint == "" {
+		if opts.Dir == "" {
+			return nil, errors.New("ovs: options need Dir (private instance) or DBSocket")
+		}
+		d.priv = &Private{Dir: opts.Dir, NetNS: host.NetNS}
+		if err := d.priv.Start(ctx); err != nil {
+			return nil, err
+		}
+		endpoint = d.priv.DBSocket()
+		d.opts.RunDir = opts.Dir
+	} else if d.opts.RunDir == "" {
+		d.opts.RunDir = "/var/run/openvswitch"
+	}
+	db, err := connectOVSDB(ctx, endpoint)
+	if err != nil {
+		return nil, err
+	}
+	d.db = db
+	if err := d.setupBridges(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := d.connect(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	// Continue the generation of the flows already there, so the first Sync sweeps them.
+	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
+	if err != nil {
+		d.conn.Close()
+		db.Close()
+		return nil, err
+	}
+	for _, s := range stats {
+		if g := uint16((s.Cookie & cookieGenMask) >> 32); g > d.gen {
+			d.gen = g
+		}
+	}
+	d.gen++
+	go d.watch()
+	return d, nil
+}
+
+// Name implements dataplane.Driver.
+func (d *Driver) Name() string { return "ovs" }
+
+func (d *Driver) mgmtSocket() string { return filepath.Join(d.opts.RunDir, d.opts.Bridge+".mgmt") }
+
+func (d *Driver) connect(ctx context.Context) error {
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var c *ofConn
+		if c, err = dialOF(ctx, d.mgmtSocket()); err == nil {
+			d.conn = c
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("ovs: connect to bridge %s: %w", d.opts.Bridge, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// setupBridges creates the integration bridge, the VLAN uplink port, and (with a VTEP)
+// the underlay bridge holding the wire plus the VXLAN tunnel port. Idempotent; also run
+// after a vswitchd restart (its taps, and the VTEP address on them, are recreated).
+func (d *Driver) setupBridges(ctx context.Context) error {
+	if err := d.db.ensureBridge(ctx, d.opts.Bridge, true, nil); err != nil {
+		return err
+	}
+	d.ports = ports{endpoints: map[string]uint32{}}
+	if d.host.VLANIf != "" {
+		if err := txOff(ctx, d.host.NetNS, d.host.VLANIf); err != nil {
+			return fmt.Errorf("ovs: vlan uplink: %w", err)
+		}
+		if err := linkUp(d.host.NetNS, d.host.VLANIf); err != nil {
+			return fmt.Errorf("ovs: vlan uplink: %w", err)
+		}
+		if err := d.db.ensurePort(ctx, d.opts.Bridge, portSpec{Name: d.host.VLANIf, OfportRequest: ofportUplink}); err != nil {
+			return err
+		}
+		n, err := d.db.ofport(ctx, d.host.VLANIf)
+		if err != nil {
+			return err
+		}
+		d.ports.uplink = n
+	}
+	if d.host.VTEP.IsValid() {
+		if err := d.setupUnderlay(ctx); err != nil {
+			return err
+		}
+		if err := d.db.ensurePort(ctx, d.opts.Bridge, portSpec{Name: tunnelPortName, Type: "vxlan", OfportRequest: ofportTunnel,
+			Options: map[string]string{"remote_ip": "flow", "key": "flow", "local_ip": d.host.VTEP.String(),
+				"dst_port": strconv.Itoa(d.host.VXLANPort)}}); err != nil {
+			return err
+		}
+		n, err := d.db.ofport(ctx, tunnelPortName)
+		if err != nil {
+			return err
+		}
+		d.ports.tunnel = n
+	}
+	return nil
+}
+
+func (d *Driver) setupUnderlay(ctx context.Context) error {
+	ul, onBridge, err := findUnderlay(d.host.NetNS, d.host.VTEP, d.opts.UnderlayBridge)
+	if err != nil {
+		return fmt.Errorf("ovs: underlay: %w", err)
+	}
+	br := d.db.bridge(d.opts.UnderlayBridge)
+	switch {
+	case ul == nil && br != nil && br.ExternalIDs["contivbpf-wire"] != "":
+		// vswitchd restarted: its tap (and the address on it) is new.
+		pfx, err := netip.ParsePrefix(br.ExternalIDs["contivbpf-addr"])
+		if err != nil {
+			return fmt.Errorf("ovs: underlay: bad recorded address: %w", err)
+		}
+		d.wire = &underlay{wire: br.ExternalIDs["contivbpf-wire"]}
+		d.wire.addr.IPNet = prefixIPNet(pfx)
+	case ul == nil:
+		return fmt.Errorf("ovs: VTEP %v is not an address of any interface in the host namespace", d.host.VTEP)
+	case onBridge:
+		if br == nil || br.ExternalIDs["contivbpf-wire"] == "" {
+			return fmt.Errorf("ovs: VTEP %v is on %s but the bridge has no wire recorded", d.host.VTEP, d.opts.UnderlayBridge)
+		}
+		ul.wire = br.ExternalIDs["contivbpf-wire"]
+		d.wire = ul
+	default:
+		d.wire = ul
+	}
+	ones, _ := d.wire.addr.IPNet.Mask.Size()
+	pfx := netip.PrefixFrom(d.host.VTEP, ones)
+	if err := d.db.ensureBridge(ctx, d.opts.UnderlayBridge, false,
+		map[string]string{"contivbpf-wire": d.wire.wire, "contivbpf-addr": pfx.String()}); err != nil {
+		return err
+	}
+	if err := txOff(ctx, d.host.NetNS, d.wire.wire); err != nil {
+		return fmt.Errorf("ovs: underlay: %w", err)
+	}
+	if err := d.db.ensurePort(ctx, d.opts.UnderlayBridge, portSpec{Name: d.wire.wire, OfportRequest: ofportWire}); err != nil {
+		return err
+	}
+	if _, err := d.db.ofport(ctx, d.wire.wire); err != nil {
+		return err
+	}
+	from := d.wire.wire
+	if onBridge {
+		from = ""
+	}
+	if err := moveAddr(ctx, d.host.NetNS, d.wire.addr, from, d.opts.UnderlayBridge); err != nil {
+		return err
+	}
+	return txOff(ctx, d.host.NetNS, d.opts.UnderlayBridge)
+}
+
+// watch reconnects after a lost OpenFlow connection (vswitchd restart) and reinstalls
+// bridges, ports, groups and flows.
+func (d *Driver) watch() {
+	defer close(d.done)
+	for {
+		d.mu.Lock()
+		c := d.conn
+		d.mu.Unlock()
+		select {
+		case <-d.stop:
+			return
+		case <-c.Done():
+		}
+		d.log.Warn("openflow connection lost; reinstalling when vswitchd is back")
+		for {
+			select {
+			case <-d.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := d.repair(ctx)
+			cancel()
+			if err == nil {
+				d.log.Info("flows reinstalled after reconnect")
+				break
+			}
+			d.log.Debug("repair failed, retrying", "err", err)
+		}
+	}
+}
+
+func (d *Driver) repair(ctx context.Context) error {
+	c, err := dialOF(ctx, d.mgmtSocket())
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.conn
+	d.conn = c
+	_ = old.Close()
+	if err := d.setupBridges(ctx); err != nil {
+		return err
+	}
+	for id, ep := range d.state.endpoints {
+		n, err := d.db.ofport(ctx, ep.HostIfName)
+		if err != nil {
+			return err
+		}
+		d.ports.endpoints[id] = n
+	}
+	return d.resync(ctx, d.state, false)
+}
+
+// resync installs the full pipeline for st atomically: groups are replaced, every flow is
+// (re)added with the current generation's cookie, and flows of other generations are
+// deleted in the same bundle. bumpGen starts a new generation first.
+func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
+	gen := d.gen
+	if bumpGen {
+		gen++
+		if gen == 0 {
+			gen = 1
+		}
+	}
+	comp, err := compile(st, d.host, d.ports, d.groupIDs)
+	if err != nil {
+		return err
+	}
+	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
+	if err != nil {
+		return err
+	}
+	var msgs [][]byte
+	del := of.NewGroupMod()
+	del.Command = of.OFPGC_DELETE
+	del.GroupId = of.OFPG_ALL
+	m, err := d.conn.marshal(del)
+	if err != nil {
+		return err
+	}
+	msgs = append(msgs, m)
+	for _, g := range comp.groups {
+		if m, err = d.conn.marshal(g.groupMod(of.OFPGC_ADD)); err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	for _, f := range comp.flows {
+		if m, err = d.conn.marshal(f.flowMod(of.FC_ADD, cookieFor(gen))); err != nil {
+			return fmt.Errorf("encode %s: %w", f, err)
+		}
+		msgs = append(msgs, m)
+	}
+	stale := map[uint64]bool{}
+	for _, s := range stats {
+		if s.Cookie != cookieFor(gen) {
+			stale[s.Cookie] = true
+		}
+	}
+	for ck := range stale {
+		fm := of.NewFlowMod()
+		fm.Command = of.FC_DELETE
+		fm.TableId = of.OFPTT_ALL
+		fm.Cookie, fm.CookieMask = ck, ^uint64(0)
+		if m, err = d.conn.marshal(fm); err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	if err := d.conn.bundle(ctx, msgs); err != nil {
+		return fmt.Errorf("ovs: install pipeline: %w", err)
+	}
+	d.gen = gen
+	d.installed = map[string]*flow{}
+	for _, f := range comp.flows {
+		d.installed[f.key()] = f
+	}
+	d.groups = map[uint32]*group{}
+	for _, g := range comp.groups {
+		d.groups[g.id] = g
+	}
+	return nil
+}
+
+// program installs the difference between the installed pipeline and the one compiled
+// from st, in one bundle.
+func (d *Driver) program(ctx context.Context, st *desired, groupIDs map[string]uint32) error {
+	comp, err := compile(st, d.host, d.ports, groupIDs)
+	if err != nil {
+		return err
+	}
+	var msgs [][]byte
+	changedGroups := map[uint32]bool{}
+	newGroups := map[uint32]*group{}
+	for _, g := range comp.groups {
+		newGroups[g.id] = g
+		if old, ok := d.groups[g.id]; !ok || old.text != g.text {
+			changedGroups[g.id] = true
+		}
+	}
+	cookie := cookieFor(d.gen)
+	want := map[string]*flow{}
+	for _, f := range comp.flows {
+		want[f.key()] = f
+	}
+	// Delete flows that are gone (before their groups go).
+	for k, f := range d.installed {
+		if _, ok := want[k]; !ok {
+			m, err := d.conn.marshal(f.flowMod(of.FC_DELETE_STRICT, 0))
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+	}
+	for id, g := range d.groups {
+		if _, ok := newGroups[id]; !ok || changedGroups[id] {
+			m, err := d.conn.marshal(g.groupMod(of.OFPGC_DELETE))
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+	}
+	for id := range changedGroups {
+		m, err := d.conn.marshal(newGroups[id].groupMod(of.OFPGC_ADD))
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	for k, f := range want {
+		old, ok := d.installed[k]
+		// Deleting a group removes the flows pointing at it: add those again.
+		if ok && old.actionsText() == f.actionsText() && !(f.group != 0 && changedGroups[f.group]) {
+			continue
+		}
+		m, err := d.conn.marshal(f.flowMod(of.FC_ADD, cookie))
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", f, err)
+		}
+		msgs = append(msgs, m)
+	}
+	if err := d.conn.bundle(ctx, msgs); err != nil {
+		return fmt.Errorf("ovs: program flows: %w", err)
+	}
+	d.installed = want
+	d.groups = newGroups
+	return nil
+}
+
+// apply converges to st: plumbs new endpoints, programs flows, then unplumbs removed
+// endpoints. On error, what was created for st is removed and the old state stays.
+func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
+	for _, n := range st.networks {
+		if err := n.Validate(); err != nil {
+			return err
+		}
+	}
+	var created []dataplane.Endpoint
+	newPorts := maps.Clone(d.ports.endpoints)
+	rollback := func() {
+		for _, ep := range created {
+			_ = d.db.deletePort(context.Background(), d.opts.Bridge, ep.HostIfName)
+			_ = unplumbEndpoint(d.host.NetNS, ep)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(st.endpoints)) {
+		ep := st.endpoints[id]
+		if err := ep.Validate(); err != nil {
+			rollback()
+			return err
+		}
+		n, ok := st.networks[ep.NetworkID]
+		if !ok {
+			rollback()
+			return fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
+		}
+		old, had := d.state.endpoints[id]
+		if had && reflect.DeepEqual(old, ep) && reflect.DeepEqual(d.state.networks[ep.NetworkID], n) && newPorts[id] != 0 {
+			continue
+		}
+		if had && old.HostIfName != ep.HostIfName {
+			rollback()
+			return fmt.Errorf("endpoint %s: hostIfName changed from %s to %s (delete it first)", id, old.HostIfName, ep.HostIfName)
+		}
+		if err := plumbEndpoint(ctx, d.host.NetNS, ep, n); err != nil {
+			rollback()
+			return err
+		}
+		if !had {
+			created = append(created, ep)
+		}
+		spec := portSpec{Name: ep.HostIfName, ExternalIDs: map[string]string{"endpoint-id": ep.ID},
+			OfportRequest: d.db.freeOfport(d.opts.Bridge, ofportFirstEP)}
+		if p := d.db.iface(ep.HostIfName); p != nil {
+			spec.OfportRequest = 0
+		}
+		if err := d.db.ensurePort(ctx, d.opts.Bridge, spec); err != nil {
+			rollback()
+			return err
+		}
+		port, err := d.db.ofport(ctx, ep.HostIfName)
+		if err != nil {
+			rollback()
+			return err
+		}
+		newPorts[id] = port
+	}
+	oldPorts := d.ports.endpoints
+	d.ports.endpoints = newPorts
+	groupIDs := maps.Clone(d.groupIDs)
+	var err error
+	if full {
+		d.groupIDs = groupIDs
+		err = d.resync(ctx, st, true)
+	} else {
+		err = d.program(ctx, st, groupIDs)
+	}
+	if err != nil {
+		d.ports.endpoints = oldPorts
+		rollback()
+		return err
+	}
+	// Drop group ids of services that are gone.
+	for k := range groupIDs {
+		found := false
+		for _, g := range d.groups {
+			if g.key == k {
+				found = true
+			}
+		}
+		if !found {
+			delete(groupIDs, k)
+		}
+	}
+	d.groupIDs = groupIDs
+	var errs []error
+	for id, ep := range d.state.endpoints {
+		if _, ok := st.endpoints[id]; ok {
+			continue
+		}
+		delete(d.ports.endpoints, id)
+		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep))
+	}
+	d.state = st
+	return errors.Join(errs...)
+}
+
+func (d *Driver) update(ctx context.Context, mutate func(st *desired) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.state.clone()
+	if err := mutate(st); err != nil {
+		return err
+	}
+	return d.apply(ctx, st, false)
+}
+
+// Sync implements dataplane.Driver: full atomic resync with a new cookie generation.
+func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
+	st := newDesired()
+	for _, n := range s.Networks {
+		st.networks[n.ID] = n
+	}
+	for _, e := range s.Endpoints {
+		st.endpoints[e.ID] = e
+	}
+	for _, r := range s.RemoteEndpoints {
+		st.remotes[r.ID] = r
+	}
+	for _, p := range s.Peers {
+		st.peers[p.Host] = p
+	}
+	for _, p := range s.Policies {
+		st.policies[p.EPGID] = p
+	}
+	for _, sv := range s.Services {
+		st.services[sv.ID] = sv
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.apply(ctx, st, true)
+}
+
+// UpsertNetwork implements dataplane.Driver.
+func (d *Driver) UpsertNetwork(ctx context.Context, n dataplane.Network) error {
+	if err := n.Validate(); err != nil {
+		return err
+	}
+	return d.update(ctx, func(st *desired) error { st.networks[n.ID] = n; return nil })
+}
+
+// DeleteNetwork implements dataplane.Driver.
+func (d *Driver) DeleteNetwork(ctx context.Context, id string) error {
+	return d.update(ctx, func(st *desired) error {
+		for _, e := range st.endpoints {
+			if e.NetworkID == id {
+				return fmt.Errorf("network %s: endpoint %s still uses it", id, e.ID)
+			}
+		}
+		for _, e := range st.remotes {
+			if e.NetworkID == id {
+				return fmt.Errorf("network %s: remote endpoint %s still uses it", id, e.ID)
+			}
+		}
+		delete(st.networks, id)
+		return nil
+	})
+}
+
+// UpsertEndpoint implements dataplane.Driver.
+func (d *Driver) UpsertEndpoint(ctx context.Context, ep dataplane.Endpoint) error {
+	if err := ep.Validate(); err != nil {
+		return err
+	}
+	return d.update(ctx, func(st *desired) error { st.endpoints[ep.ID] = ep; return nil })
+}
+
+// DeleteEndpoint implements dataplane.Driver.
+func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
+	return d.update(ctx, func(st *desired) error { delete(st.endpoints, id); return nil })
+}
+
+// UpsertRemoteEndpoint implements dataplane.Driver.
+func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
+	switch {
+	case ep.ID == "":
+		return errors.New("remote endpoint: id is empty")
+	case !ep.IP.Is4():
+		return fmt.Errorf("remote endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
+	case len(ep.MAC) != 6:
+		return fmt.Errorf("remote endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
+	}
+	return d.update(ctx, func(st *desired) error { st.remotes[ep.ID] = ep; return nil })
+}
+
+// DeleteRemoteEndpoint implements dataplane.Driver.
+func (d *Driver) DeleteRemoteEndpoint(ctx context.Context, id string) error {
+	return d.update(ctx, func(st *desired) error { delete(st.remotes, id); return nil })
+}
+
+// UpsertPeer implements dataplane.Driver.
+func (d *Driver) UpsertPeer(ctx context.Context, p dataplane.Peer) error {
+	if p.Host == "" || !p.VTEP.Is4() {
+		return fmt.Errorf("peer %q: host must be set and vtep %v IPv4", p.Host, p.VTEP)
+	}
+	return d.update(ctx, func(st *desired) error { st.peers[p.Host] = p; return nil })
+}
+
+// DeletePeer implements dataplane.Driver.
+func (d *Driver) DeletePeer(ctx context.Context, host string) error {
+	return d.update(ctx, func(st *desired) error { delete(st.peers, host); return nil })
+}
+
+// UpsertPolicy implements dataplane.Driver.
+func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error {
+	if p.EPGID == 0 {
+		return errors.New("policy: epgID is 0")
+	}
+	return d.update(ctx, func(st *desired) error { st.policies[p.EPGID] = p; return nil })
+}
+
+// DeletePolicy implements dataplane.Driver.
+func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
+	return d.update(ctx, func(st *desired) error { delete(st.policies, epgID); return nil })
+}
+
+// UpsertService implements dataplane.Driver.
+func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
+	if s.ID == "" {
+		return errors.New("service: id is empty")
+	}
+	return d.update(ctx, func(st *desired) error { st.services[s.ID] = s; return nil })
+}
+
+// DeleteService implements dataplane.Driver.
+func (d *Driver) DeleteService(ctx context.Context, id string) error {
+	return d.update(ctx, func(st *desired) error { delete(st.services, id); return nil })
+}
+
+// Status implements dataplane.Driver: bridges with their ports, and per-table flow and
+// packet counts of this driver's flows.
+func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := dataplane.Status{Dataplane: "ovs", Tables: map[string]any{}, Counters: map[string]any{}}
+	bridges := map[string]any{}
+	for _, br := range []string{d.opts.Bridge, d.opts.UnderlayBridge} {
+		ports := d.db.bridgePorts(br)
+		if ports == nil {
+			continue
+		}
+		bridges[br] = ports
+		for _, name := range slices.Sorted(maps.Keys(ports)) {
+			n := ports[name]
+			id := uint32(0)
+			if n > 0 {
+				id = uint32(n)
+			}
+			st.Attachments = append(st.Attachments, dataplane.Attachment{Interface: name, Hook: "ovs-port", Program: br, ID: id})
+		}
+	}
+	st.Tables["bridges"] = bridges
+	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
+	if err != nil {
+		return st, err
+	}
+	flows := map[string]int{}
+	packets := map[string]uint64{}
+	for _, s := range stats {
+		name := tableID(s.Table).String()
+		flows[name]++
+		packets[name] += s.Packets
+	}
+	st.Tables["flows"] = flows
+	st.Counters["packets"] = packets
+	st.Counters["generation"] = d.gen
+	st.Counters["groups"] = len(d.groups)
+	var text []string
+	for _, k := range slices.Sorted(maps.Keys(d.installed)) {
+		text = append(text, d.installed[k].String())
+	}
+	st.Tables["pipeline"] = text
+	return st, nil
+}
+
+// Close stops watching the connection and releases handles; OVS keeps forwarding.
+func (d *Driver) Close() error {
+	select {
+	case <-d.stop:
+		return nil
+	default:
+	}
+	close(d.stop)
+	<-d.done
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn != nil {
+		_ = d.conn.Close()
+	}
+	d.db.Close()
+	return nil
+}
+
+// Teardown removes flows, ports, bridges and endpoint veths, gives the VTEP address back
+// to the wire, and stops the private OVS if this driver runs one.
+func (d *Driver) Teardown(ctx context.Context) error {
+	d.mu.Lock()
+	var errs []error
+	if d.conn != nil {
+		fm := of.NewFlowMod()
+		fm.Command = of.FC_DELETE
+		fm.TableId = of.OFPTT_ALL
+		fm.Cookie, fm.CookieMask = cookieOwner, cookieOwnerMask
+		if m, err := d.conn.marshal(fm); err == nil {
+			if err := d.conn.bundle(ctx, [][]byte{m}); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, ep := range d.state.endpoints {
+		errs = append(errs, unplumbEndpoint(d.host.NetNS, ep))
+	}
+	errs = append(errs, d.db.deleteBridge(ctx, d.opts.Bridge))
+	if d.wire != nil {
+		errs = append(errs, d.db.deleteBridge(ctx, d.opts.UnderlayBridge))
+	}
+	d.state = newDesired()
+	d.mu.Unlock()
+	_ = d.Close()
+	if d.priv != nil {
+		errs = append(errs, d.priv.Stop(ctx))
+	}
+	if d.wire != nil && d.wire.wire != "" {
+		errs = append(errs, restoreAddr(d.host.NetNS, d.wire))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,255 @@
+package ovs
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	of "github.com/contiv/libOpenflow/openflow13"
+)
+
+// flow is one OpenFlow entry built alongside its ovs-ofctl-like text, which serves as
+// the identity for diffing (match part) and for Status and docs.
+type flow struct {
+	table     tableID
+	prio      uint16
+	match     []of.MatchField
+	matchText []string
+	actions   []of.Action
+	actText   []string
+	gotoTable int // -1: none
+	group     uint32
+}
+
+func newFlow(t tableID, prio int) *flow {
+	return &flow{table: t, prio: uint16(prio), gotoTable: -1}
+}
+
+// key identifies the flow in its table (what a strict delete matches on).
+func (f *flow) key() string {
+	return fmt.Sprintf("table=%s,priority=%d,%s", f.table, f.prio, strings.Join(f.matchText, ","))
+}
+
+func (f *flow) actionsText() string {
+	a := append([]string(nil), f.actText...)
+	if f.gotoTable >= 0 {
+		a = append(a, "goto_table:"+tableID(f.gotoTable).String())
+	}
+	if len(a) == 0 {
+		return "drop"
+	}
+	return strings.Join(a, ",")
+}
+
+func (f *flow) String() string { return f.key() + " actions=" + f.actionsText() }
+
+func (f *flow) m(field *of.MatchField, text string) *flow {
+	f.match = append(f.match, *field)
+	f.matchText = append(f.matchText, text)
+	return f
+}
+
+func (f *flow) a(act of.Action, text string) *flow {
+	f.actions = append(f.actions, act)
+	f.actText = append(f.actText, text)
+	return f
+}
+
+func nxHeader(name string) *of.MatchField {
+	h, err := of.FindFieldHeaderByName(name, false)
+	if err != nil {
+		panic(fmt.Sprintf("libOpenflow lacks field %s: %v", name, err)) // programming error, fixed names only
+	}
+	return h
+}
+
+func ip4(a netip.Addr) net.IP { b := a.As4(); return net.IP(b[:]) }
+
+func prefixMask(p netip.Prefix) *net.IP {
+	m := net.IP(net.CIDRMask(p.Bits(), 32))
+	return &m
+}
+
+// --- matches ---
+
+func (f *flow) inPort(p uint32) *flow { return f.m(of.NewInPortField(p), fmt.Sprintf("in_port=%d", p)) }
+func (f *flow) ethType(t uint16) *flow {
+	return f.m(of.NewEthTypeField(t), fmt.Sprintf("dl_type=0x%04x", t))
+}
+func (f *flow) ethDst(mac net.HardwareAddr) *flow {
+	return f.m(of.NewEthDstField(mac, nil), "dl_dst="+mac.String())
+}
+func (f *flow) reg(i int, v uint32) *flow {
+	return f.m(of.NewRegMatchField(i, v, nil), fmt.Sprintf("reg%d=%d", i, v))
+}
+func (f *flow) regBits(i int, start, end int, v uint32) *flow {
+	// NXRange.ToUint32Mask treats end 0 as 31: compute the mask here.
+	field := of.NewRegMatchField(i, v<<start, of.NewNXRange(start, end))
+	field.Mask = &of.Uint32Message{Data: (^uint32(0) >> (31 - (end - start))) << start}
+	return f.m(field, fmt.Sprintf("reg%d[%d..%d]=%d", i, start, end, v))
+}
+func (f *flow) arpOp(op uint16) *flow {
+	return f.ethType(0x0806).m(of.NewArpOperField(op), fmt.Sprintf("arp_op=%d", op))
+}
+func (f *flow) arpTPA(a netip.Addr) *flow {
+	return f.m(of.NewArpTpaField(ip4(a)), "arp_tpa="+a.String())
+}
+func (f *flow) ip() *flow { return f.ethType(0x0800) }
+func (f *flow) ipDst(p netip.Prefix) *flow {
+	if p.Bits() == 32 {
+		return f.m(of.NewIpv4DstField(ip4(p.Addr()), nil), "nw_dst="+p.Addr().String())
+	}
+	return f.m(of.NewIpv4DstField(ip4(p.Masked().Addr()), prefixMask(p)), "nw_dst="+p.Masked().String())
+}
+func (f *flow) ipSrc(p netip.Prefix) *flow {
+	if p.Bits() == 32 {
+		return f.m(of.NewIpv4SrcField(ip4(p.Addr()), nil), "nw_src="+p.Addr().String())
+	}
+	return f.m(of.NewIpv4SrcField(ip4(p.Masked().Addr()), prefixMask(p)), "nw_src="+p.Masked().String())
+}
+func (f *flow) proto(p uint8) *flow { return f.m(of.NewIpProtoField(p), fmt.Sprintf("nw_proto=%d", p)) }
+func (f *flow) tpDst(proto uint8, port uint16) *flow {
+	if proto == 17 {
+		return f.m(of.NewUdpDstField(port), fmt.Sprintf("tp_dst=%d", port))
+	}
+	return f.m(of.NewTcpDstField(port), fmt.Sprintf("tp_dst=%d", port))
+}
+func (f *flow) tcpFlags(v, mask uint16, text string) *flow {
+	h, err := of.FindFieldHeaderByName("NXM_NX_TCP_FLAGS", true)
+	if err != nil {
+		panic(err)
+	}
+	h.Value = &of.Uint16Message{Data: v}
+	h.Mask = &of.Uint16Message{Data: mask}
+	return f.m(h, "tcp_flags="+text)
+}
+
+// ctState matches conntrack state flags: set and unset are NX_CT_STATE bit offsets.
+func (f *flow) ctState(text string, set, unset []int) *flow {
+	s := of.NewCTStates()
+	for _, b := range set {
+		ctSet(s, b, true)
+	}
+	for _, b := range unset {
+		ctSet(s, b, false)
+	}
+	return f.m(of.NewCTStateMatchField(s), "ct_state="+text)
+}
+
+func ctSet(s *of.CTStates, bit int, on bool) {
+	switch bit {
+	case of.NX_CT_STATE_NEW_OFS:
+		if on {
+			s.SetNew()
+		} else {
+			s.UnsetNew()
+		}
+	case of.NX_CT_STATE_EST_OFS:
+		if on {
+			s.SetEst()
+		} else {
+			s.UnsetEst()
+		}
+	case of.NX_CT_STATE_REL_OFS:
+		if on {
+			s.SetRel()
+		} else {
+			s.UnsetRel()
+		}
+	case of.NX_CT_STATE_INV_OFS:
+		if on {
+			s.SetInv()
+		} else {
+			s.UnsetInv()
+		}
+	case of.NX_CT_STATE_TRK_OFS:
+		if on {
+			s.SetTrk()
+		} else {
+			s.UnsetTrk()
+		}
+	}
+}
+
+func (f *flow) tunID(vni uint32) *flow {
+	return f.m(of.NewTunnelIdField(uint64(vni)), fmt.Sprintf("tun_id=%d", vni))
+}
+func (f *flow) vlanVID(vid uint16) *flow {
+	return f.m(of.NewVlanIdField(vid, nil), fmt.Sprintf("dl_vlan=%d", vid))
+}
+
+// --- actions ---
+
+func (f *flow) load(i int, v uint32) *flow {
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, 31).ToOfsBits(), nxHeader(fmt.Sprintf("NXM_NX_REG%d", i)), uint64(v)),
+		fmt.Sprintf("load:%d->reg%d", v, i))
+}
+func (f *flow) loadBits(i int, start, end int, v uint32) *flow {
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(start, end).ToOfsBits(), nxHeader(fmt.Sprintf("NXM_NX_REG%d", i)), uint64(v)),
+		fmt.Sprintf("load:%d->reg%d[%d..%d]", v, i, start, end))
+}
+func (f *flow) loadField(name string, bits int, v uint64, text string) *flow {
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, bits-1).ToOfsBits(), nxHeader(name), v), text)
+}
+func (f *flow) move(src, dst string, bits int) *flow {
+	return f.a(of.NewNXActionRegMove(uint16(bits), 0, 0, nxHeader(src), nxHeader(dst)),
+		fmt.Sprintf("move:%s[]->%s[]", src, dst))
+}
+func (f *flow) setEthSrc(mac net.HardwareAddr) *flow {
+	return f.a(of.NewActionSetField(*of.NewEthSrcField(mac, nil)), "mod_dl_src:"+mac.String())
+}
+func (f *flow) setEthDst(mac net.HardwareAddr) *flow {
+	return f.a(of.NewActionSetField(*of.NewEthDstField(mac, nil)), "mod_dl_dst:"+mac.String())
+}
+func (f *flow) output(p uint32) *flow {
+	if p == of.P_IN_PORT {
+		return f.a(of.NewActionOutput(p), "IN_PORT")
+	}
+	return f.a(of.NewActionOutput(p), fmt.Sprintf("output:%d", p))
+}
+func (f *flow) groupAct(id uint32) *flow {
+	f.group = id
+	return f.a(of.NewActionGroup(id), fmt.Sprintf("group:%d", id))
+}
+func (f *flow) resubmit(t tableID) *flow {
+	return f.a(of.NewNXActionResubmitTableAction(of.OFPP_IN_PORT, uint8(t)), "resubmit(,"+t.String()+")")
+}
+func (f *flow) decTTL() *flow { return f.a(of.NewActionDecNwTtl(), "dec_ttl") }
+func (f *flow) pushVLAN(vid uint16) *flow {
+	f.a(of.NewActionPushVlan(0x8100), "push_vlan:0x8100")
+	return f.a(of.NewActionSetField(*of.NewVlanIdField(vid, nil)), fmt.Sprintf("set_field:%d->vlan_vid", vid))
+}
+func (f *flow) popVLAN() *flow { return f.a(of.NewActionPopVlan(), "pop_vlan") }
+func (f *flow) setTunnel(vni uint32, dst netip.Addr) *flow {
+	f.a(of.NewActionSetField(*of.NewTunnelIdField(uint64(vni))), fmt.Sprintf("set_field:%d->tun_id", vni))
+	return f.a(of.NewActionSetField(*of.NewTunnelIpv4DstField(ip4(dst), nil)), "set_field:"+dst.String()+"->tun_dst")
+}
+
+func (f *flow) goTo(t tableID) *flow { f.gotoTable = int(t); return f }
+
+// flowMod encodes the flow as an OFPFC_ADD (or a strict delete) with cookie.
+func (f *flow) flowMod(command uint8, cookie uint64) *of.FlowMod {
+	fm := of.NewFlowMod()
+	fm.TableId = uint8(f.table)
+	fm.Priority = f.prio
+	fm.Command = command
+	fm.Cookie = cookie
+	for i := range f.match {
+		fm.Match.AddField(f.match[i])
+	}
+	if command == of.FC_DELETE_STRICT {
+		return fm
+	}
+	if len(f.actions) > 0 {
+		in := of.NewInstrApplyActions()
+		for _, act := range f.actions {
+			_ = in.AddAction(act, false)
+		}
+		fm.AddInstruction(in)
+	}
+	if f.gotoTable >= 0 {
+		fm.AddInstruction(of.NewInstrGotoTable(uint8(f.gotoTable)))
+	}
+	return fm
+}

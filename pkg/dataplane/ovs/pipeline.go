@@ -1,0 +1,511 @@
+package ovs
+
+import (
+	"cmp"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	of "github.com/contiv/libOpenflow/openflow13"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// tableID names a stage of the pipeline. Table numbers leave gaps so stages can be added.
+type tableID uint8
+
+// Pipeline stages, in packet order.
+const (
+	tClassifier  tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
+	tARP         tableID = 10 // proxy ARP: every request answered here or dropped
+	tConntrack   tableID = 20 // ct(nat) lookup in the VRF's zone
+	tServiceLB   tableID = 30 // new connections to a VIP:port → select group of backends
+	tServiceDNAT tableID = 31 // commit DNAT to the chosen backend
+	tSrcEPG      tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
+	tDstEPG      tableID = 40 // destination EPG by (VRF, destination IP)
+	tPolicy      tableID = 50 // rules; established/related bypass; miss = allow
+	tCommit      tableID = 55 // commit new allowed connections
+	tL3          tableID = 60 // same-network bridging or routed MAC rewrite + TTL
+	tOutput      tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
+)
+
+var allTables = []tableID{tClassifier, tARP, tConntrack, tServiceLB, tServiceDNAT, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
+
+func (t tableID) String() string {
+	switch t {
+	case tClassifier:
+		return "classifier"
+	case tARP:
+		return "arp"
+	case tConntrack:
+		return "conntrack"
+	case tServiceLB:
+		return "service_lb"
+	case tServiceDNAT:
+		return "service_dnat"
+	case tSrcEPG:
+		return "src_epg"
+	case tDstEPG:
+		return "dst_epg"
+	case tPolicy:
+		return "policy"
+	case tCommit:
+		return "commit"
+	case tL3:
+		return "l3_rewrite"
+	case tOutput:
+		return "output"
+	}
+	return fmt.Sprintf("%d", uint8(t))
+}
+
+// Registers.
+const (
+	regNet     = 0 // network key: tag, plus 1<<24 for VLAN networks
+	regSrcEPG  = 1
+	regDstEPG  = 2
+	regVRF     = 3 // VRF (tenant) id, also the conntrack zone
+	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed
+	regSvcIP   = 5 // chosen backend IP
+	regSvcPort = 6 // chosen backend port
+)
+
+// ports is what the OVSDB side resolved: OpenFlow port numbers.
+type ports struct {
+	endpoints map[string]uint32 // endpoint id → ofport
+	tunnel    uint32            // 0 = none
+	uplink    uint32            // 0 = none
+}
+
+// desired is the complete desired state the pipeline is compiled from.
+type desired struct {
+	networks  map[string]dataplane.Network
+	endpoints map[string]dataplane.Endpoint
+	remotes   map[string]dataplane.RemoteEndpoint
+	peers     map[string]dataplane.Peer
+	policies  map[uint16]dataplane.PolicySet
+	services  map[string]dataplane.Service
+}
+
+func newDesired() *desired {
+	return &desired{
+		networks:  map[string]dataplane.Network{},
+		endpoints: map[string]dataplane.Endpoint{},
+		remotes:   map[string]dataplane.RemoteEndpoint{},
+		peers:     map[string]dataplane.Peer{},
+		policies:  map[uint16]dataplane.PolicySet{},
+		services:  map[string]dataplane.Service{},
+	}
+}
+
+func (d *desired) clone() *desired {
+	c := newDesired()
+	for k, v := range d.networks {
+		c.networks[k] = v
+	}
+	for k, v := range d.endpoints {
+		c.endpoints[k] = v
+	}
+	for k, v := range d.remotes {
+		c.remotes[k] = v
+	}
+	for k, v := range d.peers {
+		c.peers[k] = v
+	}
+	for k, v := range d.policies {
+		c.policies[k] = v
+	}
+	for k, v := range d.services {
+		c.services[k] = v
+	}
+	return c
+}
+
+func netKey(n dataplane.Network) uint32 {
+	if n.Encap == dataplane.EncapVLAN {
+		return n.Tag | 1<<24
+	}
+	return n.Tag
+}
+
+// tenantOf returns the tenant part of a Contiv network id "<net>.<tenant>".
+func tenantOf(netID string) string {
+	if i := strings.LastIndexByte(netID, '.'); i >= 0 {
+		return netID[i+1:]
+	}
+	return netID
+}
+
+// group is one OpenFlow select group (a service port's backends).
+type group struct {
+	id      uint32
+	key     string
+	buckets [][]of.Action
+	text    string
+}
+
+func (g *group) groupMod(cmd uint16) *of.GroupMod {
+	gm := of.NewGroupMod()
+	gm.Command = cmd
+	gm.GroupId = g.id
+	gm.Type = of.OFPGT_SELECT
+	if cmd == of.OFPGC_DELETE {
+		return gm
+	}
+	for _, acts := range g.buckets {
+		b := of.NewBucket()
+		b.Weight = 1
+		for _, a := range acts {
+			b.AddAction(a)
+		}
+		gm.AddBucket(*b)
+	}
+	return gm
+}
+
+type compiled struct {
+	flows  []*flow
+	groups []*group
+}
+
+// compile turns the desired state into the pipeline's flows and groups. groupIDs maps
+// "service/proto/port" to a stable group id and is extended for new keys.
+func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string]uint32) (*compiled, error) {
+	c := &compiled{}
+	add := func(f *flow) { c.flows = append(c.flows, f) }
+
+	// VRF ids: sorted tenant names.
+	tenants := map[string]bool{}
+	for id := range d.networks {
+		tenants[tenantOf(id)] = true
+	}
+	tenantList := make([]string, 0, len(tenants))
+	for t := range tenants {
+		tenantList = append(tenantList, t)
+	}
+	slices.Sort(tenantList)
+	vrf := map[string]uint32{}
+	for i, t := range tenantList {
+		vrf[t] = uint32(i + 1)
+	}
+	netVRF := func(n dataplane.Network) uint32 { return vrf[tenantOf(n.ID)] }
+
+	nets := sortedValues(d.networks, func(n dataplane.Network) string { return n.ID })
+	eps := sortedValues(d.endpoints, func(e dataplane.Endpoint) string { return e.ID })
+	rems := sortedValues(d.remotes, func(e dataplane.RemoteEndpoint) string { return e.ID })
+	peerVTEP := map[string]netip.Addr{}
+	for _, p := range d.peers {
+		peerVTEP[p.Host] = p.VTEP
+	}
+
+	// Defaults: each table drops what no flow claims, except the pass-through stages.
+	add(newFlow(tClassifier, 0))
+	add(newFlow(tARP, 0))
+	add(newFlow(tARP, 5).ip().goTo(tConntrack))
+	add(newFlow(tARP, 10).ethType(0x0806))                             // unknown ARP target: drop
+	add(newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1)) // never answer other hosts
+	add(newFlow(tConntrack, 0))
+	add(newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""))
+	add(newFlow(tServiceLB, 0).goTo(tSrcEPG))
+	add(newFlow(tServiceDNAT, 0).goTo(tSrcEPG))
+	add(newFlow(tSrcEPG, 0).goTo(tDstEPG))
+	add(newFlow(tDstEPG, 0).goTo(tPolicy))
+	add(newFlow(tPolicy, 0).goTo(tCommit))
+	add(newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
+	add(newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
+	add(newFlow(tCommit, 0).goTo(tL3))
+	add(newFlow(tCommit, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+		regBits(regFlags, 1, 1, 0).ctZoneFromVRF(-1, true, nil, "").goTo(tL3))
+	add(newFlow(tL3, 0))
+	add(newFlow(tOutput, 0))
+
+	netByID := map[string]dataplane.Network{}
+	for _, n := range nets {
+		netByID[n.ID] = n
+		// Classifier: traffic from other hosts.
+		if n.Encap == dataplane.EncapVXLAN && p.tunnel != 0 {
+			add(newFlow(tClassifier, 100).inPort(p.tunnel).tunID(n.Tag).
+				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
+		}
+		if n.Encap == dataplane.EncapVLAN && p.uplink != 0 {
+			add(newFlow(tClassifier, 100).inPort(p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
+				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
+		}
+		if n.Gateway.IsValid() {
+			add(arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
+		}
+	}
+
+	// endpoint is the common view of a local or remote endpoint for the forwarding tables.
+	type endpoint struct {
+		id    string
+		net   dataplane.Network
+		ip    netip.Addr
+		mac   net.HardwareAddr
+		epg   uint16
+		local bool
+		port  uint32
+		vtep  netip.Addr
+	}
+	var all []endpoint
+	for _, ep := range eps {
+		n, ok := netByID[ep.NetworkID]
+		if !ok {
+			return nil, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
+		}
+		port, ok := p.endpoints[ep.ID]
+		if !ok {
+			return nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
+		}
+		all = append(all, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
+		add(newFlow(tClassifier, 100).inPort(port).
+			load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, netVRF(n)).goTo(tARP))
+	}
+	for _, r := range rems {
+		n, ok := netByID[r.NetworkID]
+		if !ok {
+			return nil, fmt.Errorf("remote endpoint %s: network %s is not known", r.ID, r.NetworkID)
+		}
+		vtep := r.VTEP
+		if !vtep.IsValid() {
+			vtep = peerVTEP[r.Host]
+		}
+		if n.Encap == dataplane.EncapVXLAN && !vtep.IsValid() {
+			return nil, fmt.Errorf("remote endpoint %s: no VTEP (neither vtep nor a peer for host %q)", r.ID, r.Host)
+		}
+		all = append(all, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: vtep})
+		if r.EPGID != 0 {
+			add(newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, netVRF(n)).ip().
+				ipSrc(netip.PrefixFrom(r.IP, 32)).load(regSrcEPG, uint32(r.EPGID)).goTo(tDstEPG))
+		}
+	}
+	for _, e := range all {
+		mac := e.mac
+		if host.FwdMode == dataplane.FwdRouting {
+			mac = dataplane.RouterMAC
+		}
+		add(arpResponder(netKey(e.net), e.ip, mac))
+		if e.epg != 0 {
+			add(newFlow(tDstEPG, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
+				load(regDstEPG, uint32(e.epg)).goTo(tPolicy))
+		}
+		add(newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
+		add(newFlow(tL3, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
+			setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
+		out := newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
+		switch {
+		case e.local:
+			out.output(e.port)
+		case e.net.Encap == dataplane.EncapVXLAN:
+			if p.tunnel == 0 {
+				return nil, fmt.Errorf("remote endpoint %s: no VXLAN tunnel port (host VTEP not configured)", e.id)
+			}
+			out.setTunnel(e.net.Tag, e.vtep).output(p.tunnel)
+		default:
+			if p.uplink == 0 {
+				return nil, fmt.Errorf("remote endpoint %s: VLAN network %s but no VLAN uplink configured", e.id, e.net.ID)
+			}
+			out.pushVLAN(uint16(e.net.Tag)).output(p.uplink)
+		}
+		add(out)
+	}
+
+	// Policy.
+	for _, ps := range sortedValues(d.policies, func(p dataplane.PolicySet) string { return fmt.Sprintf("%05d", p.EPGID) }) {
+		for _, r := range ps.Rules {
+			if r.Priority < 0 || r.Priority > 1000 {
+				return nil, fmt.Errorf("policy %d rule %s: priority %d out of range", ps.EPGID, r.ID, r.Priority)
+			}
+			prio := 100 + 2*r.Priority
+			if r.Action == dataplane.ActionDeny {
+				prio++
+			}
+			f := newFlow(tPolicy, prio).ip()
+			if r.Ingress {
+				f.reg(regDstEPG, uint32(ps.EPGID))
+				if r.RemoteEPG != 0 {
+					f.reg(regSrcEPG, uint32(r.RemoteEPG))
+				}
+				if r.Remote.IsValid() {
+					f.ipSrc(r.Remote)
+				}
+			} else {
+				f.reg(regSrcEPG, uint32(ps.EPGID))
+				if r.RemoteEPG != 0 {
+					f.reg(regDstEPG, uint32(r.RemoteEPG))
+				}
+				if r.Remote.IsValid() {
+					f.ipDst(r.Remote)
+				}
+			}
+			if r.Proto != 0 {
+				f.proto(r.Proto)
+				if r.Port != 0 && (r.Proto == 6 || r.Proto == 17) {
+					f.tpDst(r.Proto, r.Port)
+				}
+				if r.SynOnly && r.Proto == 6 && r.Port == 0 {
+					f.tcpFlags(0x002, 0x012, "+syn-ack")
+				}
+			}
+			switch r.Action {
+			case dataplane.ActionAllow:
+				f.goTo(tCommit)
+			case dataplane.ActionDeny:
+			default:
+				return nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", ps.EPGID, r.ID, r.Action)
+			}
+			add(f)
+		}
+	}
+
+	// Services.
+	for _, s := range sortedValues(d.services, func(s dataplane.Service) string { return s.ID }) {
+		if !s.VIP.Is4() {
+			return nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
+		}
+		add(arpResponderAnyNet(s.VIP, dataplane.ContivMAC(s.VIP)))
+		for _, sp := range s.Ports {
+			if sp.Proto != 6 && sp.Proto != 17 {
+				return nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
+			}
+			target := sp.TargetPort
+			if target == 0 {
+				target = sp.Port
+			}
+			f := newFlow(tServiceLB, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+				ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
+			if len(s.Backends) == 0 {
+				add(f) // no provider: drop
+				continue
+			}
+			key := fmt.Sprintf("%s/%d/%d", s.ID, sp.Proto, sp.Port)
+			gid, ok := groupIDs[key]
+			if !ok {
+				gid = nextGroupID(groupIDs)
+				groupIDs[key] = gid
+			}
+			g := &group{id: gid, key: key}
+			var texts []string
+			for _, b := range s.Backends {
+				if !b.Is4() {
+					return nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
+				}
+				bf := newFlow(tServiceLB, 0).load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT)
+				g.buckets = append(g.buckets, bf.actions)
+				texts = append(texts, "bucket="+strings.Join(bf.actText, ","))
+			}
+			g.text = fmt.Sprintf("group_id=%d,type=select,%s", gid, strings.Join(texts, ","))
+			c.groups = append(c.groups, g)
+			add(f.groupAct(gid))
+			for _, b := range s.Backends {
+				nat := of.NewNXActionCTNAT()
+				_ = nat.SetDNAT()
+				nat.SetRangeIPv4Min(ip4(b))
+				nat.SetRangeIPv4Max(ip4(b))
+				pt := target
+				nat.SetRangeProtoMin(&pt)
+				nat.SetRangeProtoMax(&pt)
+				add(newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
+					loadBits(regFlags, 1, 1, 1).
+					ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+			}
+		}
+	}
+	return dedupe(c), nil
+}
+
+// dedupe drops flows whose key repeats (e.g. a DNAT flow shared by two services).
+func dedupe(c *compiled) *compiled {
+	seen := map[string]bool{}
+	out := c.flows[:0]
+	for _, f := range c.flows {
+		if k := f.key(); !seen[k] {
+			seen[k] = true
+			out = append(out, f)
+		}
+	}
+	c.flows = out
+	return c
+}
+
+func nextGroupID(used map[string]uint32) uint32 {
+	taken := map[uint32]bool{}
+	for _, id := range used {
+		taken[id] = true
+	}
+	for id := uint32(1); ; id++ {
+		if !taken[id] {
+			return id
+		}
+	}
+}
+
+func ipU32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+func macU64(m net.HardwareAddr) uint64 {
+	var v uint64
+	for _, b := range m {
+		v = v<<8 | uint64(b)
+	}
+	return v
+}
+
+// arpResponder answers ARP requests for ip inside network key with mac, in place.
+func arpResponder(key uint32, ip netip.Addr, mac net.HardwareAddr) *flow {
+	return arpReply(newFlow(tARP, 100).reg(regNet, key).arpOp(1).arpTPA(ip), ip, mac)
+}
+
+// arpResponderAnyNet answers for ip whatever the requester's network (service VIPs).
+func arpResponderAnyNet(ip netip.Addr, mac net.HardwareAddr) *flow {
+	return arpReply(newFlow(tARP, 90).arpOp(1).arpTPA(ip), ip, mac)
+}
+
+func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
+	return f.move("NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", 48).
+		setEthSrc(mac).
+		loadField("NXM_OF_ARP_OP", 16, 2, "load:2->NXM_OF_ARP_OP[]").
+		move("NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", 48).
+		move("NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", 32).
+		loadField("NXM_NX_ARP_SHA", 48, macU64(mac), "load:"+mac.String()+"->NXM_NX_ARP_SHA[]").
+		loadField("NXM_OF_ARP_SPA", 32, uint64(ipU32(ip)), "load:"+ip.String()+"->NXM_OF_ARP_SPA[]").
+		output(of.P_IN_PORT)
+}
+
+// ctZoneFromVRF adds ct() with the zone taken from the VRF register.
+func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
+	a := of.NewNXActionConnTrack().ZoneRange(nxHeader(fmt.Sprintf("NXM_NX_REG%d", regVRF)), of.NewNXRange(0, 15))
+	parts := []string{}
+	if commit {
+		a.Commit()
+		parts = append(parts, "commit")
+	}
+	if table >= 0 {
+		a.Table(uint8(table))
+		parts = append(parts, "table="+tableID(table).String())
+	}
+	parts = append(parts, fmt.Sprintf("zone=reg%d[0..15]", regVRF))
+	if nat == nil && table == int(tServiceLB) {
+		// Lookup with "nat": established connections get their translation applied.
+		nat = of.NewNXActionCTNAT()
+		natText = "nat"
+	}
+	if nat != nil {
+		a.AddAction(nat)
+		parts = append(parts, natText)
+	}
+	return f.a(a, "ct("+strings.Join(parts, ",")+")")
+}
+
+func sortedValues[K comparable, V any](m map[K]V, key func(V) string) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b V) int { return cmp.Compare(key(a), key(b)) })
+	return out
+}

@@ -1,0 +1,311 @@
+package ovs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// nsHandle opens a netlink handle in the namespace at path ("" = the caller's).
+func nsHandle(path string) (*netlink.Handle, error) {
+	if path == "" {
+		return netlink.NewHandle()
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// txOff disables TX checksum offload on ifname inside netns path: the userspace datapath
+// forwards packets with partial checksums unchanged, which breaks TCP.
+func txOff(ctx context.Context, path, ifname string) error {
+	args := []string{"-K", ifname, "tx", "off"}
+	name := "ethtool"
+	if path != "" {
+		args = append([]string{"--net=" + path, "ethtool"}, args...)
+		name = "nsenter"
+	}
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ethtool -K %s tx off: %w: %s", ifname, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func randName(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// plumbEndpoint creates (or re-configures) the endpoint's veth pair: host end HostIfName
+// in the host namespace, container end IfName in ep.NetNS (or left in the host namespace
+// when NetNS is empty, with MAC and MTU only).
+func plumbEndpoint(ctx context.Context, hostNS string, ep dataplane.Endpoint, n dataplane.Network) error {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	mtu := n.MTU
+	if mtu == 0 {
+		mtu = 1500
+		if n.Encap == dataplane.EncapVXLAN {
+			mtu = 1450
+		}
+	}
+	hostLink, err := h.LinkByName(ep.HostIfName)
+	created := false
+	if err != nil {
+		peer := ep.IfName
+		if ep.NetNS != "" {
+			peer = randName("cbt")
+		}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu}, PeerName: peer, PeerHardwareAddr: ep.MAC}
+		if err := h.LinkAdd(veth); err != nil {
+			return fmt.Errorf("endpoint %s: create veth %s: %w", ep.ID, ep.HostIfName, err)
+		}
+		created = true
+		fail := func(e error) error {
+			_ = h.LinkDel(veth)
+			return e
+		}
+		pl, err := h.LinkByName(peer)
+		if err != nil {
+			return fail(fmt.Errorf("endpoint %s: find veth peer %s: %w", ep.ID, peer, err))
+		}
+		if err := txOff(ctx, hostNS, peer); err != nil {
+			return fail(fmt.Errorf("endpoint %s: %w", ep.ID, err))
+		}
+		if ep.NetNS != "" {
+			cns, err := netns.GetFromPath(ep.NetNS)
+			if err != nil {
+				return fail(fmt.Errorf("endpoint %s: open netns %s: %w", ep.ID, ep.NetNS, err))
+			}
+			err = h.LinkSetNsFd(pl, int(cns))
+			cns.Close()
+			if err != nil {
+				return fail(fmt.Errorf("endpoint %s: move %s to %s: %w", ep.ID, peer, ep.NetNS, err))
+			}
+			ch, err := nsHandle(ep.NetNS)
+			if err != nil {
+				return fail(err)
+			}
+			defer ch.Close()
+			if err := ch.LinkSetName(pl, ep.IfName); err != nil {
+				return fail(fmt.Errorf("endpoint %s: rename %s to %s: %w", ep.ID, peer, ep.IfName, err))
+			}
+		}
+		if hostLink, err = h.LinkByName(ep.HostIfName); err != nil {
+			return fail(err)
+		}
+		if err := txOff(ctx, hostNS, ep.HostIfName); err != nil {
+			return fail(fmt.Errorf("endpoint %s: %w", ep.ID, err))
+		}
+	}
+	if err := h.LinkSetMTU(hostLink, mtu); err != nil {
+		return fmt.Errorf("endpoint %s: mtu on %s: %w", ep.ID, ep.HostIfName, err)
+	}
+	if err := h.LinkSetUp(hostLink); err != nil {
+		return fmt.Errorf("endpoint %s: up %s: %w", ep.ID, ep.HostIfName, err)
+	}
+	if err := configureContainer(ep, n, mtu, hostNS); err != nil {
+		if created {
+			_ = h.LinkDel(hostLink)
+		}
+		return err
+	}
+	return nil
+}
+
+func configureContainer(ep dataplane.Endpoint, n dataplane.Network, mtu int, hostNS string) error {
+	path := ep.NetNS
+	if path == "" {
+		path = hostNS
+	}
+	ch, err := nsHandle(path)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	l, err := ch.LinkByName(ep.IfName)
+	if err != nil {
+		return fmt.Errorf("endpoint %s: container link %s: %w", ep.ID, ep.IfName, err)
+	}
+	if err := ch.LinkSetHardwareAddr(l, ep.MAC); err != nil {
+		return fmt.Errorf("endpoint %s: mac on %s: %w", ep.ID, ep.IfName, err)
+	}
+	if err := ch.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("endpoint %s: mtu on %s: %w", ep.ID, ep.IfName, err)
+	}
+	if ep.NetNS == "" {
+		return nil
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip4(ep.IP), Mask: net.CIDRMask(n.Subnet.Bits(), 32)}}
+	if err := ch.AddrReplace(l, addr); err != nil {
+		return fmt.Errorf("endpoint %s: address %v on %s: %w", ep.ID, ep.IP, ep.IfName, err)
+	}
+	if ep.IPv6.IsValid() {
+		a6 := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(ep.IPv6.AsSlice()), Mask: net.CIDRMask(64, 128)}, Flags: 0x80 /* nodad */}
+		_ = ch.AddrReplace(l, a6)
+	}
+	if err := ch.LinkSetUp(l); err != nil {
+		return fmt.Errorf("endpoint %s: up %s: %w", ep.ID, ep.IfName, err)
+	}
+	if lo, err := ch.LinkByName("lo"); err == nil {
+		_ = ch.LinkSetUp(lo)
+	}
+	if n.Gateway.IsValid() {
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: ip4(n.Gateway)}
+		if err := ch.RouteReplace(r); err != nil {
+			return fmt.Errorf("endpoint %s: default route via %v: %w", ep.ID, n.Gateway, err)
+		}
+	}
+	return nil
+}
+
+// unplumbEndpoint deletes the host end of the veth (the pair goes with it).
+func unplumbEndpoint(hostNS string, ep dataplane.Endpoint) error {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(ep.HostIfName)
+	if err != nil {
+		return nil
+	}
+	if err := h.LinkDel(l); err != nil {
+		return fmt.Errorf("endpoint %s: delete %s: %w", ep.ID, ep.HostIfName, err)
+	}
+	return nil
+}
+
+// underlay describes where the VTEP address lives.
+type underlay struct {
+	wire string       // physical (veth) interface carrying VXLAN packets
+	addr netlink.Addr // the VTEP address with its prefix
+}
+
+// findUnderlay finds the interface holding vtep in the host namespace. If the address is
+// already on the underlay bridge's LOCAL port, the wire comes from the bridge's record.
+func findUnderlay(hostNS string, vtep netip.Addr, bridge string) (*underlay, bool, error) {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return nil, false, err
+	}
+	defer h.Close()
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, false, fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(ip4(vtep)) {
+			l, err := h.LinkByIndex(a.LinkIndex)
+			if err != nil {
+				return nil, false, err
+			}
+			return &underlay{wire: l.Attrs().Name, addr: a}, l.Attrs().Name == bridge, nil
+		}
+	}
+	return nil, false, nil
+}
+
+// moveAddr moves addr from link "from" to link "to" (waiting for "to" to appear: the
+// netdev datapath creates the bridge's tap asynchronously) and brings "to" up.
+func moveAddr(ctx context.Context, hostNS string, addr netlink.Addr, from, to string) error {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	var tl netlink.Link
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if tl, err = h.LinkByName(to); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("underlay: %s did not appear: %w", to, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if from != "" {
+		if fl, err := h.LinkByName(from); err == nil {
+			if tl.Attrs().MTU != fl.Attrs().MTU {
+				_ = h.LinkSetMTU(tl, fl.Attrs().MTU)
+			}
+			a := addr
+			if err := h.AddrDel(fl, &a); err != nil && !errors.Is(err, netlink.ErrNotImplemented) {
+				// Already gone is fine.
+				_ = err
+			}
+		}
+	}
+	a := netlink.Addr{IPNet: addr.IPNet}
+	if err := h.AddrReplace(tl, &a); err != nil {
+		return fmt.Errorf("underlay: address %v on %s: %w", addr.IPNet, to, err)
+	}
+	if err := h.LinkSetUp(tl); err != nil {
+		return fmt.Errorf("underlay: up %s: %w", to, err)
+	}
+	return nil
+}
+
+func linkUp(hostNS, name string) error {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	return h.LinkSetUp(l)
+}
+
+func prefixIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: ip4(p.Addr()), Mask: net.CIDRMask(p.Bits(), 32)}
+}
+
+// restoreAddr puts the VTEP address back on the wire after the underlay bridge is gone.
+func restoreAddr(hostNS string, ul *underlay) error {
+	h, err := nsHandle(hostNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(ul.wire)
+	if err != nil {
+		return nil
+	}
+	a := netlink.Addr{IPNet: ul.addr.IPNet}
+	if err := h.AddrReplace(l, &a); err != nil {
+		return fmt.Errorf("restore %v on %s: %w", ul.addr.IPNet, ul.wire, err)
+	}
+	return nil
+}
