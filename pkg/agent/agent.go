@@ -381,6 +381,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		var r vxlan.Registration
 		if r, err = vxlan.Decode(val); err == nil {
 			a.rec.vteps[key] = r
+			if v, perr := netip.ParseAddr(r.HostAddr); perr == nil && r.Hostname != "" {
+				a.rec.lastVTEP[r.Hostname] = v
+			}
 		} else {
 			delete(a.rec.vteps, key)
 		}

@@ -33,7 +33,10 @@ type records struct {
 	rules map[string]model.CfgPolicyRule
 	svcs  map[string]model.CfgServiceLBState
 	vteps vxlan.Table
-	local map[string]LocalEndpoint
+	// lastVTEP remembers each host's VTEP after its registration expired (a restarting
+	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
+	lastVTEP map[string]netip.Addr
+	local    map[string]LocalEndpoint
 	glob  model.GlobConfig
 }
 
@@ -44,8 +47,9 @@ func newRecords() *records {
 		epgs:  map[string]model.EndpointGroupState{},
 		rules: map[string]model.CfgPolicyRule{},
 		svcs:  map[string]model.CfgServiceLBState{},
-		vteps: vxlan.Table{},
-		local: map[string]LocalEndpoint{},
+		vteps:    vxlan.Table{},
+		lastVTEP: map[string]netip.Addr{},
+		local:    map[string]LocalEndpoint{},
 	}
 }
 
@@ -158,6 +162,8 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 			}
 			re.VTEP = v
 		} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
+			re.VTEP = v
+		} else if v, ok := r.lastVTEP[e.HomingHost]; ok {
 			re.VTEP = v
 		} else if n.Encap == dataplane.EncapVXLAN {
 			continue // the owning host has not registered its VTEP yet

@@ -69,6 +69,13 @@ func TestCompute(t *testing.T) {
 	if len(s.RemoteEndpoints) != 3 || len(s.Peers) != 2 || s.Networks[0].MTU != 8950 {
 		t.Fatalf("after h3 registered: remote=%+v peers=%+v", s.RemoteEndpoints, s.Peers)
 	}
+	// h2's registration expires (netplugin restarting): its endpoint keeps the last VTEP.
+	delete(r.vteps, "k2")
+	r.lastVTEP["h2"] = netip.MustParseAddr("192.168.1.2")
+	s, _ = compute(hostView{host: "h1", uplinkMTU: 1500}, r)
+	if len(s.RemoteEndpoints) != 3 || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.2" || len(s.Peers) != 1 {
+		t.Fatalf("after h2 expired: remote=%+v peers=%+v", s.RemoteEndpoints, s.Peers)
+	}
 }
 
 func TestPlanOrder(t *testing.T) {

@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
+	"github.com/contivbpf/contivbpf/pkg/master"
+	"github.com/contivbpf/contivbpf/pkg/masterclient"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+func sh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func netnsAdd(t *testing.T, name string) string {
+	t.Helper()
+	sh(t, "ip", "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	sh(t, "ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
+	return "/run/netns/" + name
+}
+
+type testHost struct {
+	name  string
+	ip    netip.Addr
+	agent *Agent
+	drv   *ebpf.Driver
+}
+
+// TestAgentsEndToEnd runs two agents with real eBPF drivers in two host namespaces joined
+// by a veth wire, against netmaster's real API and a private etcd: attach, cross-host
+// ping, failed attach rolled back, detach.
+func TestAgentsEndToEnd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, bpffs); skipping as non-root")
+	}
+	store, _ := statetest.Store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := master.New(ctx, master.Config{Store: store, FwdMode: "bridge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: m.Handler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	if _, err := store.Client().Put(ctx, state.LeaderLockKey, ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+
+	prefix := fmt.Sprintf("cbat%d", os.Getpid()%10000)
+	pinBase := "/sys/fs/bpf/" + prefix
+	if out, _ := exec.Command("stat", "-f", "-c", "%T", "/sys/fs/bpf").Output(); strings.TrimSpace(string(out)) != "bpf_fs" {
+		sh(t, "mount", "-t", "bpf", "bpf", "/sys/fs/bpf") // what netplugin does at start
+	}
+	if err := os.MkdirAll(pinBase, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pinBase) })
+	hosts := []*testHost{{name: prefix + "-h1", ip: netip.MustParseAddr("192.168.77.1")}, {name: prefix + "-h2", ip: netip.MustParseAddr("192.168.77.2")}}
+	for _, h := range hosts {
+		netnsAdd(t, h.name)
+	}
+	sh(t, "ip", "link", "add", "uplink", "netns", hosts[0].name, "type", "veth", "peer", "name", "uplink", "netns", hosts[1].name)
+	for _, h := range hosts {
+		sh(t, "ip", "netns", "exec", h.name, "ip", "addr", "add", h.ip.String()+"/24", "dev", "uplink")
+		sh(t, "ip", "netns", "exec", h.name, "ip", "link", "set", "uplink", "up")
+		drv, err := ebpf.New(ctx, dataplane.HostConfig{Host: h.name, NetNS: "/run/netns/" + h.name, VTEP: h.ip, FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, h.name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.drv = drv
+		t.Cleanup(func() { drv.Teardown(context.Background()); drv.Close() })
+		a, err := New(Config{Store: store, Master: masterclient.New(store), Driver: drv, Host: h.name, VTEP: h.ip, FwdMode: dataplane.FwdBridge})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.agent = a
+		actx, acancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- a.Run(actx) }()
+		t.Cleanup(func() { acancel(); <-done })
+		if err := store.Put(ctx, state.ServicePrefix+vxlan.VTEPService+"/"+h.ip.String()+":4789",
+			vxlan.Registration{ServiceName: vxlan.VTEPService, HostAddr: h.ip.String(), Port: 4789, Hostname: h.name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, h := range hosts {
+		select {
+		case <-h.agent.Ready():
+		case <-ctx.Done():
+			t.Fatal("agent not ready")
+		}
+	}
+	body := `{"tenantName":"default","networkName":"net1","encap":"vxlan","subnet":"10.77.1.0/24","gateway":"10.77.1.1"}`
+	resp, err := http.Post("http://"+ln.Addr().String()+"/api/v1/networks/default:net1/", "application/json", strings.NewReader(body))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("create network: %v %v", err, resp)
+	}
+	resp.Body.Close()
+
+	var cts []string
+	var ips []netip.Prefix
+	for i, h := range hosts {
+		ns := fmt.Sprintf("%s-c%d", prefix, i+1)
+		netnsAdd(t, ns)
+		res, err := h.agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: ns, Name: ns, NetNS: "/run/netns/" + ns})
+		if err != nil {
+			t.Fatalf("attach on %s: %v", h.name, err)
+		}
+		if res.MTU != 1450 || res.Gateway.String() != "10.77.1.1" || len(res.HostIfName) > 15 {
+			t.Errorf("attach result = %+v", res)
+		}
+		var oper LocalEndpoint
+		if err := store.Get(ctx, model.EpOperKey(res.ID), &oper); err != nil || oper.NetNS != "/run/netns/"+ns || oper.PortName != res.HostIfName {
+			t.Errorf("oper record of %s = %+v, %v", res.ID, oper, err)
+		}
+		cts = append(cts, ns)
+		ips = append(ips, res.IP)
+	}
+	// Remote endpoints arrive through the watch.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(hosts[0].agent.Inspect().RemoteEndpoints) != 1 || len(hosts[1].agent.Inspect().RemoteEndpoints) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("remote endpoints not programmed: %+v / %+v", hosts[0].agent.Inspect(), hosts[1].agent.Inspect())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out, err := exec.Command("ip", "netns", "exec", cts[0], "ping", "-c", "2", "-i", "0.2", "-W", "2", ips[1].Addr().String()).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), " 0% packet loss") {
+		t.Fatalf("cross-host ping: %v\n%s", err, out)
+	}
+
+	// A failed attach (namespace does not exist) leaves nothing behind.
+	before := epCount(t, store)
+	_, err = hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: "ghost", NetNS: "/run/netns/" + prefix + "-nope"})
+	if err == nil {
+		t.Fatal("attach into a missing namespace succeeded")
+	}
+	if n := epCount(t, store); n != before {
+		t.Errorf("failed attach leaked a netmaster endpoint: %d -> %d", before, n)
+	}
+	if kvs, _, _ := store.List(ctx, model.EpOperKey("net1.default-ghost")); len(kvs) != 0 {
+		t.Errorf("failed attach leaked its oper record")
+	}
+	if err := exec.Command("ip", "netns", "exec", hosts[0].name, "ip", "link", "show", HostIfName("net1.default-ghost")).Run(); err == nil {
+		t.Errorf("failed attach leaked its veth")
+	}
+	if _, ok := hosts[0].agent.Errors()["endpoint/net1.default-ghost"]; ok {
+		t.Errorf("rolled-back endpoint still reported as failing")
+	}
+	// Attach to a network that does not exist: netmaster refuses, nothing created.
+	if _, err := hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "nonet", EndpointID: "x"}); err == nil {
+		t.Fatal("attach to a missing network succeeded")
+	}
+
+	// Detach (twice: idempotent).
+	for i := 0; i < 2; i++ {
+		if err := hosts[0].agent.DetachEndpoint(ctx, DetachRequest{EndpointID: cts[0]}); err != nil {
+			t.Fatalf("detach #%d: %v", i+1, err)
+		}
+	}
+	if len(hosts[0].agent.Inspect().Endpoints) != 0 {
+		t.Errorf("endpoint still programmed after detach")
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for len(hosts[1].agent.Inspect().RemoteEndpoints) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("h2 kept the remote endpoint: %+v", hosts[1].agent.Inspect().RemoteEndpoints)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func epCount(t *testing.T, store *state.Store) int {
+	kvs, _, err := store.List(context.Background(), model.EpStatePrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(kvs)
+}
