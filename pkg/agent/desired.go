@@ -37,16 +37,16 @@ type records struct {
 	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
 	lastVTEP map[string]netip.Addr
 	local    map[string]LocalEndpoint
-	glob  model.GlobConfig
+	glob     model.GlobConfig
 }
 
 func newRecords() *records {
 	return &records{
-		nets:  map[string]model.CfgNetworkState{},
-		eps:   map[string]model.CfgEndpointState{},
-		epgs:  map[string]model.EndpointGroupState{},
-		rules: map[string]model.CfgPolicyRule{},
-		svcs:  map[string]model.CfgServiceLBState{},
+		nets:     map[string]model.CfgNetworkState{},
+		eps:      map[string]model.CfgEndpointState{},
+		epgs:     map[string]model.EndpointGroupState{},
+		rules:    map[string]model.CfgPolicyRule{},
+		svcs:     map[string]model.CfgServiceLBState{},
 		vteps:    vxlan.Table{},
 		lastVTEP: map[string]netip.Addr{},
 		local:    map[string]LocalEndpoint{},
