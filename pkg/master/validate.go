@@ -18,7 +18,7 @@ var (
 	reIP4       = regexp.MustCompile(`^` + ip4 + `$`)
 	reSubnet    = regexp.MustCompile(`^` + ip4 + `(-` + ip4 + `)?/([1-9]|[12][0-9]|3[01])$`)
 	reIPPool    = regexp.MustCompile(`^` + ip4 + `(-` + ip4 + `)?$`)
-	reRuleIP    = regexp.MustCompile(`^` + ip4 + `(-` + octet + `)?(/([1-9]|[12][0-9]|3[01]))?$`)
+	reRuleIP    = regexp.MustCompile(`^` + ip4 + `(-` + octet + `)?(/([1-9]|[12][0-9]|3[0-2]))?$`)
 	reProtocol  = regexp.MustCompile(`^(tcp|udp|icmp||[0-9]{1,3}?)$`)
 	reVlanRange = regexp.MustCompile(`^([0-9]{1,4}?-[0-9]{1,4}?)$`)
 	reVxlanRng  = regexp.MustCompile(`^([0-9]{1,8}?-[0-9]{1,8}?)$`)

@@ -1,0 +1,226 @@
+package master
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// TestCRUDEveryObject drives every collection with the bodies Contiv's clients send: no
+// key in the body, empty link-sets/links as the contivmodel client marshals them.
+func TestCRUDEveryObject(t *testing.T) {
+	e := newEnv(t, "bridge")
+	type step struct {
+		coll, key, body string
+	}
+	creates := []step{
+		{"tenants", "blue", `{"tenantName":"blue","link-sets":{}}`},
+		{"networks", "blue:net1", `{"encap":"vlan","networkName":"net1","nwType":"data","pktTag":100,"subnet":"20.1.1.0/24","gateway":"20.1.1.254","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
+		{"netprofiles", "blue:gold", `{"DSCP":10,"bandwidth":"10mbps","burst":100,"profileName":"gold","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
+		{"policys", "blue:web-pol", `{"policyName":"web-pol","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
+		{"extContractsGroups", "blue:ext1", `{"contracts":["uni/tn-common/brc-default"],"contractsGroupName":"ext1","contractsType":"provided","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
+		{"endpointGroups", "blue:db", `{"groupName":"db","networkName":"net1","tenantName":"blue","link-sets":{},"links":{"AppProfile":{},"NetProfile":{},"Network":{},"Tenant":{}}}`},
+		{"endpointGroups", "blue:web", `{"groupName":"web","networkName":"net1","policies":["web-pol"],"netProfile":"gold","extContractsGrps":["ext1"],"ipPool":"20.1.1.10-20.1.1.20","tenantName":"blue"}`},
+		{"rules", "blue:web-pol:1", `{"action":"deny","direction":"in","policyName":"web-pol","priority":1,"protocol":"tcp","ruleId":"1","tenantName":"blue","link-sets":{},"links":{"MatchEndpointGroup":{}}}`},
+		{"rules", "blue:web-pol:2", `{"action":"allow","direction":"in","fromEndpointGroup":"db","policyName":"web-pol","port":80,"priority":10,"protocol":"tcp","ruleId":"2","tenantName":"blue"}`},
+		{"appProfiles", "blue:app1", `{"appProfileName":"app1","endpointGroups":["web","db"],"tenantName":"blue"}`},
+		{"serviceLBs", "blue:svc1", `{"networkName":"net1","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"svc1","tenantName":"blue"}`},
+		{"Bgps", "host1", `{"as":"65002","hostname":"host1","neighbor":"50.1.1.2","neighbor-as":"500","routerip":"50.1.1.1/24"}`},
+		{"aciGws", "aciGw", `{"name":"aciGw","enforcePolicies":"yes","includeCommonTenant":"no","nodeBindings":"topology/pod-1/node-101","pathBindings":"topology/pod-1/paths-101/pathep-[eth1/14]","physicalDomain":"dom1"}`},
+	}
+	for _, s := range creates {
+		code, out := e.do("POST", "/api/v1/"+s.coll+"/"+s.key+"/", s.body)
+		if code != http.StatusOK {
+			t.Fatalf("create %s %s: %d %s", s.coll, s.key, code, out)
+		}
+		var echo map[string]any
+		if err := json.Unmarshal([]byte(out), &echo); err != nil || echo["key"] != s.key {
+			t.Fatalf("create %s echo %s", s.coll, out)
+		}
+		var one map[string]any
+		e.ok("GET", "/api/v1/"+s.coll+"/"+s.key+"/", nil, &one)
+		if one["key"] != s.key {
+			t.Fatalf("get %s: %v", s.key, one)
+		}
+		var list []map[string]any
+		e.ok("GET", "/api/v1/"+s.coll+"/", nil, &list)
+		found := false
+		for _, o := range list {
+			found = found || o["key"] == s.key
+		}
+		if !found {
+			t.Fatalf("list %s lacks %s", s.coll, s.key)
+		}
+		var insp map[string]json.RawMessage
+		e.ok("GET", "/api/v1/inspect/"+s.coll+"/"+s.key+"/", nil, &insp)
+		if _, ok := insp["Config"]; !ok {
+			t.Fatalf("inspect %s: %v", s.key, insp)
+		}
+	}
+	// Link sets maintained by the server.
+	var tn model.Tenant
+	e.ok("GET", "/api/v1/tenants/blue/", nil, &tn)
+	if len(tn.LinkSets.Networks) != 1 || len(tn.LinkSets.EndpointGroups) != 2 || len(tn.LinkSets.Policies) != 1 ||
+		len(tn.LinkSets.AppProfiles) != 1 || len(tn.LinkSets.NetProfiles) != 1 || len(tn.LinkSets.Servicelbs) != 1 {
+		t.Fatalf("tenant link sets %+v", tn.LinkSets)
+	}
+	var pol model.Policy
+	e.ok("GET", "/api/v1/policys/blue:web-pol/", nil, &pol)
+	if pol.LinkSets.EndpointGroups["blue:web"].ObjType != "endpointGroup" || len(pol.LinkSets.Rules) != 2 {
+		t.Fatalf("policy link sets %+v", pol.LinkSets)
+	}
+	// Derived state.
+	var epgState model.EndpointGroupState
+	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/endpointGroups/web:blue")), &epgState); err != nil {
+		t.Fatal(err)
+	}
+	if epgState.EndpointGroupID != 2 || epgState.PktTag != 100 || epgState.PktTagType != "vlan" || epgState.DSCP != 10 ||
+		epgState.Bandwidth != "10mbps" || epgState.Burst != 100 || epgState.IPPool != "20.1.1.10-20.1.1.20" || epgState.GroupTag != "web.blue" {
+		t.Fatalf("epg state %+v", epgState)
+	}
+	if got := e.rawGet("/contiv.io/state/bgp/host1"); got != `{"id":"host1","hostname":"host1","router-ip":"50.1.1.1/24","as":"65002","neighbor-as":"500","neighbor":"50.1.1.2"}` {
+		t.Fatalf("bgp state %s", got)
+	}
+	var svc model.CfgServiceLBState
+	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/serviceLB/svc1:blue")), &svc); err != nil {
+		t.Fatal(err)
+	}
+	if svc.IPAddress != "20.1.1.1" || svc.Network != "net1" || svc.Selectors["app"] != "web" {
+		t.Fatalf("service state %+v", svc)
+	}
+	var svcs []model.CfgServiceLBState
+	e.ok("GET", "/services", nil, &svcs)
+	if len(svcs) != 1 || svcs[0].ID != "svc1:blue" {
+		t.Fatalf("/services %+v", svcs)
+	}
+	// Netprofile update propagates to the EPG state.
+	e.ok("POST", "/api/v1/netprofiles/blue:gold/", `{"DSCP":20,"bandwidth":"1g","profileName":"gold","tenantName":"blue"}`, nil)
+	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/endpointGroups/web:blue")), &epgState); err != nil || epgState.DSCP != 20 || epgState.Bandwidth != "1g" {
+		t.Fatalf("netprofile update not propagated: %+v", epgState)
+	}
+	// Global update through the netctl pattern (GET, overlay, POST).
+	var g model.Global
+	e.ok("GET", "/api/v1/globals/global/", nil, &g)
+	g.ArpMode = "flood"
+	e.ok("POST", "/api/v1/globals/global/", g, nil)
+	if got := e.rawGet(model.GlobConfigKey); !strings.Contains(got, `"arp-mode":"flood"`) {
+		t.Fatalf("glob config %s", got)
+	}
+	var gi model.GlobalInspect
+	e.ok("GET", "/api/v1/inspect/globals/global/", nil, &gi)
+	if gi.Oper.NumNetworks != 1 || gi.Oper.VlansInUse != "100" || gi.Oper.ClusterMode != "docker" {
+		t.Fatalf("global oper %+v", gi.Oper)
+	}
+	// Refusals while in use.
+	for _, c := range []struct{ path string }{
+		{"/api/v1/tenants/blue/"}, {"/api/v1/networks/blue:net1/"}, {"/api/v1/policys/blue:web-pol/"},
+		{"/api/v1/endpointGroups/blue:web/"}, {"/api/v1/netprofiles/blue:gold/"}, {"/api/v1/extContractsGroups/blue:ext1/"},
+	} {
+		if code, out := e.do("DELETE", c.path, nil); code != http.StatusConflict {
+			t.Fatalf("DELETE %s while in use: %d %s", c.path, code, out)
+		}
+	}
+	// Delete everything in dependency order; DELETE answers the key as a JSON string.
+	deletes := []string{"serviceLBs/blue:svc1", "appProfiles/blue:app1", "rules/blue:web-pol:2", "endpointGroups/blue:web",
+		"endpointGroups/blue:db", "rules/blue:web-pol:1", "policys/blue:web-pol", "netprofiles/blue:gold",
+		"extContractsGroups/blue:ext1", "networks/blue:net1", "tenants/blue", "Bgps/host1", "aciGws/aciGw"}
+	for _, d := range deletes {
+		var k string
+		e.ok("DELETE", "/api/v1/"+d+"/", nil, &k)
+		if !strings.HasSuffix(d, "/"+k) {
+			t.Fatalf("delete %s answered %q", d, k)
+		}
+		if code, _ := e.do("GET", "/api/v1/"+d+"/", nil); code != http.StatusNotFound {
+			t.Fatalf("%s still there", d)
+		}
+	}
+	// Everything derived is gone; tags and addresses are back.
+	for _, p := range []string{model.NetStatePrefix, model.EPGStatePrefix, model.PolicyStatePrefix, model.RuleStatePrefix,
+		model.SvcLBStatePrefix, model.ProviderPrefix, model.BgpStatePrefix, model.EpStatePrefix} {
+		if kvs, _, _ := e.store.List(t.Context(), p); len(kvs) != 0 {
+			t.Fatalf("%s left behind: %v", p, kvs[0].Key)
+		}
+	}
+	var vo model.VlanResourceOper
+	if err := json.Unmarshal([]byte(e.rawGet(model.VlanResOperKey)), &vo); err != nil || !vo.FreeVLANs.Test(100) || vo.FreeVLANs.Count() != 4094 {
+		t.Fatalf("vlan 100 not released: %d free", vo.FreeVLANs.Count())
+	}
+}
+
+func TestPolicyExpansion(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "n1", "vxlan", "10.1.0.0/16", "10.1.0.1", 0)
+	e.ok("POST", "/api/v1/policys/default:p/", `{"policyName":"p","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/endpointGroups/default:db/", `{"groupName":"db","networkName":"n1","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n1","policies":["p"],"tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/rules/default:p:1/", `{"action":"deny","direction":"in","policyName":"p","priority":1,"protocol":"tcp","ruleId":"1","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/rules/default:p:2/", `{"action":"allow","direction":"in","fromEndpointGroup":"db","policyName":"p","port":80,"priority":10,"protocol":"tcp","ruleId":"2","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/rules/default:p:3/", `{"action":"allow","direction":"out","toIpAddress":"8.8.8.8/32","policyName":"p","port":53,"priority":5,"protocol":"udp","ruleId":"3","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/rules/default:p:4/", `{"action":"deny","direction":"out","toNetwork":"n1","policyName":"p","protocol":"icmp","ruleId":"4","tenantName":"default"}`, nil)
+	pfx := "default:web:default:p:default:p:"
+	get := func(id string) model.CfgPolicyRule {
+		t.Helper()
+		raw := e.rawGet(model.RuleStateKey(id))
+		if raw == "" {
+			t.Fatalf("policyRule %s missing", id)
+		}
+		var r model.CfgPolicyRule
+		if err := json.Unmarshal([]byte(raw), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := get(pfx + "1:inRx")
+	if r.DstEndpointGroup != 2 || r.IpProtocol != 6 || r.TcpFlags != "syn,!ack" || r.Action != "deny" || r.Priority != 1 {
+		t.Fatalf("rule 1 inRx %+v", r)
+	}
+	if e.rawGet(model.RuleStateKey(pfx+"1:inTx")) != "" {
+		t.Fatal("rule 1 must not have inTx")
+	}
+	r = get(pfx + "2:inRx")
+	if r.SrcEndpointGroup != 1 || r.DstEndpointGroup != 2 || r.DstPort != 80 || r.TcpFlags != "" {
+		t.Fatalf("rule 2 inRx %+v", r)
+	}
+	r = get(pfx + "2:inTx")
+	if r.SrcEndpointGroup != 2 || r.DstEndpointGroup != 1 || r.SrcPort != 80 {
+		t.Fatalf("rule 2 inTx %+v", r)
+	}
+	r = get(pfx + "3:outTx")
+	if r.SrcEndpointGroup != 2 || r.DstIpAddr != "8.8.8.8/32" || r.DstPort != 53 || r.IpProtocol != 17 {
+		t.Fatalf("rule 3 outTx %+v", r)
+	}
+	r = get(pfx + "3:outRx")
+	if r.DstEndpointGroup != 2 || r.SrcIpAddr != "8.8.8.8/32" || r.SrcPort != 53 {
+		t.Fatalf("rule 3 outRx %+v", r)
+	}
+	r = get(pfx + "4:outTx")
+	if r.DstIpAddr != "10.1.0.0/16" || r.IpProtocol != 1 {
+		t.Fatalf("rule 4 outTx %+v", r)
+	}
+	// Raw JSON uses Go field names.
+	if raw := e.rawGet(model.RuleStateKey(pfx + "2:inRx")); !strings.HasPrefix(raw, `{"id":"`+pfx+`2:inRx","RuleId":"`) {
+		t.Fatalf("policyRule JSON %s", raw)
+	}
+	var ep model.EpgPolicy
+	if err := json.Unmarshal([]byte(e.rawGet(model.PolicyStateKey("default:web:default:p"))), &ep); err != nil {
+		t.Fatal(err)
+	}
+	if ep.EndpointGroupID != 2 || len(ep.RuleMaps) != 4 || len(ep.RuleMaps["default:p:2"].OfnetRules) != 2 {
+		t.Fatalf("epg policy %+v", ep)
+	}
+	// Rule removal and detaching the policy remove the records.
+	e.ok("DELETE", "/api/v1/rules/default:p:2/", nil, nil)
+	if e.rawGet(model.RuleStateKey(pfx+"2:inRx")) != "" {
+		t.Fatal("deleted rule still expanded")
+	}
+	e.ok("POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n1","tenantName":"default"}`, nil)
+	if kvs, _, _ := e.store.List(t.Context(), model.RuleStatePrefix); len(kvs) != 0 {
+		t.Fatalf("detach left %d policyRule records", len(kvs))
+	}
+	if e.rawGet(model.PolicyStateKey("default:web:default:p")) != "" {
+		t.Fatal("detach left the EpgPolicy record")
+	}
+}
