@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -377,7 +378,8 @@ func (d *Driver) Teardown(ctx context.Context) error {
 	if links, err := d.nl.LinkList(); err == nil {
 		for _, l := range links {
 			if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
-				if err := d.nl.LinkDel(l); err != nil {
+				// A veth may vanish with its peer (or its container) meanwhile.
+				if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
 					errs = append(errs, fmt.Errorf("delete %s: %w", l.Attrs().Name, err))
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -220,7 +221,7 @@ func (d *Driver) sweepLinks(want map[string]bool) []error {
 	}
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) && !want[l.Attrs().Name] {
-			if err := d.nl.LinkDel(l); err != nil {
+			if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
 				errs = append(errs, fmt.Errorf("delete stale veth %s: %w", l.Attrs().Name, err))
 			}
 		}

@@ -1,0 +1,140 @@
+// Package conformance is the scenario suite every dataplane.Driver must pass: it builds
+// hosts as network namespaces joined by a veth wire, container namespaces behind them, and
+// checks forwarding (same host, cross-host VXLAN), ARP handling, deletes, peers, resync
+// and restart with real traffic. Backend-specific checks (map or flow contents) belong in
+// the backend's own tests; everything here is observable from the containers and the wire.
+//
+// The helpers (NewNetNS, InNetNS, Ping, ...) are exported for backend tests that need the
+// same building blocks.
+package conformance
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// RequireRoot skips the test when not running as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, veths, BPF/OVS); skipping")
+	}
+}
+
+// Prefix returns a short unique prefix starting with "cbe" for names a test creates.
+func Prefix() string {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return "cbe" + hex.EncodeToString(b)
+}
+
+// NewNetNS creates the named network namespace (under /run/netns) and removes it when the
+// test ends. It returns the namespace's path. Loopback is brought up.
+func NewNetNS(t testing.TB, name string) string {
+	t.Helper()
+	err := onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name)
+		if err != nil {
+			_ = netns.Set(orig)
+			return fmt.Errorf("create netns %s: %w", name, err)
+		}
+		ns.Close()
+		return netns.Set(orig)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.DeleteNamed(name) })
+	path := filepath.Join("/run/netns", name)
+	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up in %s: %v: %s", name, err, out)
+	}
+	return path
+}
+
+// onLockedThread runs fn on a locked OS thread; if fn leaves the thread in another
+// namespace (error), the thread is not reused.
+func onLockedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := fn()
+		if err == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// InNetNS runs fn on a locked OS thread inside the namespace at path. Sockets created by fn
+// stay in that namespace after it returns.
+func InNetNS(path string, fn func() error) error {
+	return onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			return err
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			return err
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			return fmt.Errorf("return from %s: %w", path, err) // thread stays locked and dies
+		}
+		return ferr
+	})
+}
+
+// Ping sends one ICMP echo from the namespace at path and waits up to wait for the reply.
+func Ping(path, ip string, wait time.Duration) error {
+	secs := int(wait / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	out, err := exec.Command("nsenter", "--net="+path, "busybox", "ping", "-c", "1", "-W", fmt.Sprint(secs), ip).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %s from %s: %v: %s", ip, filepath.Base(path), err, out)
+	}
+	return nil
+}
+
+// PingOK pings until a reply arrives (at most tries attempts of one second).
+func PingOK(t testing.TB, path, ip string, tries int) {
+	t.Helper()
+	var err error
+	for i := 0; i < tries; i++ {
+		if err = Ping(path, ip, time.Second); err == nil {
+			return
+		}
+	}
+	t.Errorf("no reply after %d tries: %v", tries, err)
+}
+
+// PingFails asserts that one echo (one second) gets no reply.
+func PingFails(t testing.TB, path, ip string) {
+	t.Helper()
+	if err := Ping(path, ip, time.Second); err == nil {
+		t.Errorf("ping %s from %s: got a reply, want none", ip, filepath.Base(path))
+	}
+}

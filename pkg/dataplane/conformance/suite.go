@@ -1,0 +1,434 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Factory starts a driver for one simulated host. It is called again with the same
+// config to restart a host; the suite calls Close or Teardown on what it returns.
+type Factory func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver
+
+const (
+	wireIf    = "wire0"
+	vxlanPort = 4789
+	transfer  = 256 << 10 // bytes per TCP check: many full-size segments
+)
+
+// Host is one simulated host of the suite.
+type Host struct {
+	Name   string
+	NS     string // namespace path
+	Cfg    dataplane.HostConfig
+	Driver dataplane.Driver
+	State  dataplane.State // what the suite last synced
+}
+
+// Container is one container namespace with its endpoint.
+type Container struct {
+	NS string
+	EP dataplane.Endpoint
+}
+
+// Env is the two-host topology the scenarios run on.
+type Env struct {
+	Prefix  string
+	Net     dataplane.Network
+	H1, H2  *Host
+	factory Factory
+}
+
+// NewEnv builds two hosts joined by a veth wire (10.254.0.1/24 and 10.254.0.2/24) and
+// starts a driver on each.
+func NewEnv(t *testing.T, factory Factory) *Env {
+	t.Helper()
+	RequireRoot(t)
+	p := Prefix()
+	e := &Env{Prefix: p, factory: factory, Net: dataplane.Network{
+		ID: "blue.default", Encap: dataplane.EncapVXLAN, Tag: 5001,
+		Subnet: netip.MustParsePrefix("10.36.1.0/24"), Gateway: netip.MustParseAddr("10.36.1.254"), MTU: 1450,
+	}}
+	pinBase := filepath.Join("/sys/fs/bpf", p)
+	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
+	mk := func(name, addr string) *Host {
+		ns := NewNetNS(t, p+"-"+name)
+		return &Host{Name: name, NS: ns, Cfg: dataplane.HostConfig{
+			Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addr), VXLANPort: vxlanPort,
+			FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0",
+		}}
+	}
+	e.H1, e.H2 = mk("h1", "10.254.0.1"), mk("h2", "10.254.0.2")
+	if err := wire(e.H1.NS, e.H2.NS); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*Host{e.H1, e.H2} {
+		h.Driver = factory(t, h.Cfg)
+		h.State = dataplane.State{Networks: []dataplane.Network{e.Net}}
+	}
+	t.Cleanup(func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if h.Driver != nil {
+				if err := h.Driver.Teardown(context.Background()); err != nil {
+					t.Logf("teardown %s: %v", h.Name, err)
+				}
+			}
+		}
+	})
+	return e
+}
+
+func wire(ns1, ns2 string) error {
+	h1, err := netns.GetFromPath(ns1)
+	if err != nil {
+		return err
+	}
+	defer h1.Close()
+	h2, err := netns.GetFromPath(ns2)
+	if err != nil {
+		return err
+	}
+	defer h2.Close()
+	nl1, err := netlink.NewHandleAt(h1)
+	if err != nil {
+		return err
+	}
+	defer nl1.Close()
+	nl2, err := netlink.NewHandleAt(h2)
+	if err != nil {
+		return err
+	}
+	defer nl2.Close()
+	if err := nl1.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: wireIf}, PeerName: wireIf, PeerNamespace: netlink.NsFd(int(h2))}); err != nil {
+		return fmt.Errorf("create wire: %w", err)
+	}
+	for i, nl := range []*netlink.Handle{nl1, nl2} {
+		l, err := nl.LinkByName(wireIf)
+		if err != nil {
+			return err
+		}
+		a, _ := netlink.ParseAddr(fmt.Sprintf("10.254.0.%d/24", i+1))
+		if err := nl.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("address on wire: %w", err)
+		}
+		if err := nl.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AddContainer creates a container namespace and the endpoint description for it (the
+// caller programs it through the driver).
+func (e *Env) AddContainer(t *testing.T, name string, ip string) *Container {
+	t.Helper()
+	ns := NewNetNS(t, e.Prefix+"-"+name)
+	a := netip.MustParseAddr(ip)
+	return &Container{NS: ns, EP: dataplane.Endpoint{
+		ID: e.Net.ID + "-" + name, NetworkID: e.Net.ID, IP: a, MAC: dataplane.ContivMAC(a),
+		HostIfName: e.Prefix + name, NetNS: ns, IfName: "eth0",
+	}}
+}
+
+// Remote describes c as seen from another host.
+func (e *Env) Remote(c *Container, owner *Host) dataplane.RemoteEndpoint {
+	return dataplane.RemoteEndpoint{ID: c.EP.ID, NetworkID: c.EP.NetworkID, IP: c.EP.IP, MAC: c.EP.MAC,
+		VTEP: owner.Cfg.VTEP, Host: owner.Name}
+}
+
+// Peer describes h as a peer.
+func (h *Host) Peer() dataplane.Peer { return dataplane.Peer{Host: h.Name, VTEP: h.Cfg.VTEP} }
+
+// Sync hands the host's State to its driver.
+func (h *Host) Sync(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.Driver.Sync(ctx, h.State); err != nil {
+		t.Fatalf("sync %s: %v", h.Name, err)
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func linkExists(ns, name string) bool {
+	found := false
+	_ = InNetNS(ns, func() error {
+		_, err := net.InterfaceByName(name)
+		found = err == nil
+		return nil
+	})
+	return found
+}
+
+// Run drives a Driver through every backend-neutral scenario.
+func Run(t *testing.T, factory Factory) {
+	e := NewEnv(t, factory)
+	a1 := e.AddContainer(t, "a1", "10.36.1.1")
+	a2 := e.AddContainer(t, "a2", "10.36.1.2")
+	b1 := e.AddContainer(t, "b1", "10.36.1.3")
+	e.H1.State.Peers = []dataplane.Peer{e.H2.Peer()}
+	e.H2.State.Peers = []dataplane.Peer{e.H1.Peer()}
+	e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
+	e.H1.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(b1, e.H2)}
+	e.H2.State.Endpoints = []dataplane.Endpoint{b1.EP}
+	e.H2.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(a1, e.H1), e.Remote(a2, e.H1)}
+	e.H1.Sync(t)
+	e.H2.Sync(t)
+	ip := func(c *Container) string { return c.EP.IP.String() }
+
+	t.Run("container-config", func(t *testing.T) {
+		err := InNetNS(a1.NS, func() error {
+			ifi, err := net.InterfaceByName("eth0")
+			if err != nil {
+				return err
+			}
+			if ifi.MTU != e.Net.MTU {
+				return fmt.Errorf("mtu %d, want %d", ifi.MTU, e.Net.MTU)
+			}
+			if ifi.HardwareAddr.String() != a1.EP.MAC.String() {
+				return fmt.Errorf("mac %v, want %v", ifi.HardwareAddr, a1.EP.MAC)
+			}
+			addrs, _ := ifi.Addrs()
+			if len(addrs) == 0 || addrs[0].String() != "10.36.1.1/24" {
+				return fmt.Errorf("addresses %v, want 10.36.1.1/24", addrs)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("same-host", func(t *testing.T) {
+		PingOK(t, a1.NS, ip(a2), 3)
+		if err := TCPCheck(a2.NS, ip(a2), a1.NS, transfer); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("cross-host", func(t *testing.T) {
+		PingOK(t, a1.NS, ip(b1), 3)
+		PingOK(t, b1.NS, ip(a2), 3)
+		if err := TCPCheck(b1.NS, ip(b1), a1.NS, transfer); err != nil {
+			t.Error("a1→b1:", err)
+		}
+		if err := TCPCheck(a2.NS, ip(a2), b1.NS, transfer); err != nil {
+			t.Error("b1→a2:", err)
+		}
+	})
+	t.Run("arp", func(t *testing.T) {
+		for _, c := range []*Container{a1, b1} {
+			if err := flushNeigh(c.NS); err != nil {
+				t.Fatal(err)
+			}
+		}
+		capt, err := StartCapture(e.H1.NS, wireIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		PingOK(t, a1.NS, ip(b1), 3)
+		PingOK(t, a1.NS, ip(a2), 3)
+		PingOK(t, b1.NS, ip(a1), 3)
+		if err := TCPCheck(b1.NS, ip(b1), a1.NS, 4096); err != nil {
+			t.Error(err)
+		}
+		st := capt.Stop(e.Net.Subnet, vxlanPort)
+		t.Logf("wire: %+v", st)
+		if st.VXLAN == 0 {
+			t.Error("capture saw no VXLAN frames: the capture is not working")
+		}
+		if st.ARPForSubnet != 0 || st.ARPInOverlay != 0 {
+			t.Errorf("container ARP on the underlay: %d plain, %d encapsulated", st.ARPForSubnet, st.ARPInOverlay)
+		}
+		for _, want := range []*Container{b1, a2} {
+			mac, err := neighMAC(a1.NS, want.EP.IP)
+			if err != nil {
+				t.Error(err)
+			} else if mac != want.EP.MAC.String() {
+				t.Errorf("a1 resolved %v to %s, want %v", want.EP.IP, mac, want.EP.MAC)
+			}
+		}
+	})
+	t.Run("idempotent", func(t *testing.T) {
+		c := ctx(t)
+		for i := 0; i < 2; i++ {
+			if err := e.H1.Driver.UpsertNetwork(c, e.Net); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.H1.Driver.UpsertEndpoint(c, a1.EP); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.H1.Driver.UpsertRemoteEndpoint(c, e.Remote(b1, e.H2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.H1.Driver.UpsertPeer(c, e.H2.Peer()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		PingOK(t, a1.NS, ip(b1), 3)
+	})
+	t.Run("bad-input", func(t *testing.T) {
+		c := ctx(t)
+		bad := a1.EP
+		bad.ID, bad.HostIfName, bad.NetworkID = "x-bad", e.Prefix+"bad", "nope.default"
+		if err := e.H1.Driver.UpsertEndpoint(c, bad); err == nil {
+			t.Error("endpoint in an unknown network accepted")
+		}
+		bad.NetworkID, bad.MAC = e.Net.ID, nil
+		if err := e.H1.Driver.UpsertEndpoint(c, bad); err == nil {
+			t.Error("endpoint without MAC accepted")
+		}
+		if linkExists(e.H1.NS, e.Prefix+"bad") {
+			t.Error("rejected endpoint left a link behind")
+		}
+	})
+	t.Run("endpoint-delete", func(t *testing.T) {
+		c := ctx(t)
+		a3 := e.AddContainer(t, "a3", "10.36.1.4")
+		if err := e.H1.Driver.UpsertEndpoint(c, a3.EP); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.H2.Driver.UpsertRemoteEndpoint(c, e.Remote(a3, e.H1)); err != nil {
+			t.Fatal(err)
+		}
+		PingOK(t, b1.NS, ip(a3), 3)
+		PingOK(t, a1.NS, ip(a3), 3)
+		for i := 0; i < 2; i++ {
+			if err := e.H1.Driver.DeleteEndpoint(c, a3.EP.ID); err != nil {
+				t.Fatalf("delete (%d): %v", i, err)
+			}
+			if err := e.H2.Driver.DeleteRemoteEndpoint(c, a3.EP.ID); err != nil {
+				t.Fatalf("delete remote (%d): %v", i, err)
+			}
+		}
+		if linkExists(e.H1.NS, a3.EP.HostIfName) {
+			t.Errorf("host-side %s still exists", a3.EP.HostIfName)
+		}
+		if linkExists(a3.NS, "eth0") {
+			t.Error("container end still exists")
+		}
+		PingFails(t, a1.NS, ip(a3))
+		PingOK(t, a1.NS, ip(a2), 3)
+	})
+	t.Run("peer-remove", func(t *testing.T) {
+		c := ctx(t)
+		if err := e.H1.Driver.DeletePeer(c, e.H2.Name); err != nil {
+			t.Fatal(err)
+		}
+		PingFails(t, a1.NS, ip(b1))
+		PingOK(t, a1.NS, ip(a2), 3) // local traffic unaffected
+		if err := e.H1.Driver.UpsertPeer(c, e.H2.Peer()); err != nil {
+			t.Fatal(err)
+		}
+		PingOK(t, a1.NS, ip(b1), 3)
+	})
+	t.Run("restart", func(t *testing.T) {
+		// A connection opened before the restart must keep working through it.
+		srv, err := StartTCPEcho(b1.NS, ip(b1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		conn, err := DialTCP(a1.NS, srv.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := EchoRoundTrip(conn, 4096); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.H1.Driver.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e.H1.Driver = nil
+		// No agent: the datapath keeps forwarding.
+		PingOK(t, a1.NS, ip(a2), 1)
+		PingOK(t, a1.NS, ip(b1), 1)
+		if err := EchoRoundTrip(conn, 4096); err != nil {
+			t.Errorf("connection while the driver is down: %v", err)
+		}
+		e.H1.Driver = e.factory(t, e.H1.Cfg)
+		if err := EchoRoundTrip(conn, 4096); err != nil {
+			t.Errorf("connection after New: %v", err)
+		}
+		e.H1.Sync(t)
+		if err := EchoRoundTrip(conn, transfer); err != nil {
+			t.Errorf("connection after Sync: %v", err)
+		}
+		PingOK(t, a1.NS, ip(a2), 3)
+		PingOK(t, b1.NS, ip(a1), 3)
+	})
+	t.Run("sync-sweeps", func(t *testing.T) {
+		e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP}
+		e.H1.Sync(t)
+		if linkExists(e.H1.NS, a2.EP.HostIfName) {
+			t.Errorf("endpoint a2 not swept: %s exists", a2.EP.HostIfName)
+		}
+		PingFails(t, a1.NS, ip(a2))
+		PingOK(t, a1.NS, ip(b1), 3)
+		e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
+		e.H1.Sync(t)
+		PingOK(t, a1.NS, ip(a2), 3)
+	})
+}
+
+func flushNeigh(ns string) error {
+	h, err := netns.GetFromPath(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	neighs, err := nl.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	for _, n := range neighs {
+		_ = nl.NeighDel(&n)
+	}
+	return nil
+}
+
+func neighMAC(ns string, ip netip.Addr) (string, error) {
+	h, err := netns.GetFromPath(ns)
+	if err != nil {
+		return "", err
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return "", err
+	}
+	defer nl.Close()
+	neighs, err := nl.NeighList(0, netlink.FAMILY_V4)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range neighs {
+		if n.IP.Equal(ip.AsSlice()) {
+			return n.HardwareAddr.String(), nil
+		}
+	}
+	return "", fmt.Errorf("no neighbour entry for %v in %s", ip, filepath.Base(ns))
+}

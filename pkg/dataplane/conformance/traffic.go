@@ -1,0 +1,240 @@
+package conformance
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TCPServer is an echo server listening inside a namespace.
+type TCPServer struct {
+	ln   net.Listener
+	Addr string
+}
+
+// StartTCPEcho listens on ip:0 inside the namespace at path and echoes every connection.
+func StartTCPEcho(path, ip string) (*TCPServer, error) {
+	var ln net.Listener
+	err := InNetNS(path, func() error {
+		var err error
+		ln, err = net.Listen("tcp4", net.JoinHostPort(ip, "0"))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", ip, err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return &TCPServer{ln: ln, Addr: ln.Addr().String()}, nil
+}
+
+// Close stops the server.
+func (s *TCPServer) Close() { s.ln.Close() }
+
+// DialTCP connects from inside the namespace at path.
+func DialTCP(path, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := InNetNS(path, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// EchoRoundTrip sends n random bytes over c and checks they come back unchanged.
+func EchoRoundTrip(c net.Conn, n int) error {
+	buf := make([]byte, n)
+	_, _ = rand.Read(buf)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(buf)
+		errc <- err
+	}()
+	got := make([]byte, n)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read echo: %w", err)
+	}
+	if err := <-errc; err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !bytes.Equal(got, buf) {
+		return fmt.Errorf("echo differs")
+	}
+	return nil
+}
+
+// TCPCheck opens a connection from client to a fresh echo server in server, moves n bytes
+// both ways and closes everything.
+func TCPCheck(serverNS, serverIP, clientNS string, n int) error {
+	s, err := StartTCPEcho(serverNS, serverIP)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	c, err := DialTCP(clientNS, s.Addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return EchoRoundTrip(c, n)
+}
+
+// WireStats summarises a capture on an underlay wire.
+type WireStats struct {
+	Frames        int
+	VXLAN         int // UDP frames to the VXLAN port
+	ARPForSubnet  int // plain ARP frames whose sender or target is in the container subnet
+	ARPInOverlay  int // VXLAN frames carrying ARP
+	OtherARPFrame int // underlay ARP (host addresses), allowed
+}
+
+// Capture records every frame seen on one interface.
+type Capture struct {
+	fd     int
+	mu     sync.Mutex
+	frames [][]byte
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// StartCapture opens an AF_PACKET socket on ifname inside the namespace at path.
+func StartCapture(path, ifname string) (*Capture, error) {
+	c := &Capture{fd: -1, stop: make(chan struct{}), done: make(chan struct{})}
+	err := InNetNS(path, func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		c.fd = fd
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("capture on %s: %w", ifname, err)
+	}
+	go c.loop()
+	return c, nil
+}
+
+func (c *Capture) loop() {
+	defer close(c.done)
+	buf := make([]byte, 65536)
+	for {
+		select {
+		case <-c.stop:
+			return
+		default:
+		}
+		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err != nil || n <= 0 {
+			continue
+		}
+		c.mu.Lock()
+		c.frames = append(c.frames, append([]byte(nil), buf[:n]...))
+		c.mu.Unlock()
+	}
+}
+
+// Stop ends the capture and classifies what was seen.
+func (c *Capture) Stop(subnet netip.Prefix, vxlanPort int) WireStats {
+	close(c.stop)
+	<-c.done
+	unix.Close(c.fd)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var s WireStats
+	for _, f := range c.frames {
+		s.Frames++
+		if isARP, sip, tip := arpAddrs(f); isARP {
+			if subnet.Contains(sip) || subnet.Contains(tip) {
+				s.ARPForSubnet++
+			} else {
+				s.OtherARPFrame++
+			}
+			continue
+		}
+		if inner, ok := vxlanInner(f, vxlanPort); ok {
+			s.VXLAN++
+			if isARP, _, _ := arpAddrs(inner); isARP {
+				s.ARPInOverlay++
+			}
+		}
+	}
+	return s
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// arpAddrs reports whether f is an (optionally 802.1Q-tagged) ARP frame and its addresses.
+func arpAddrs(f []byte) (bool, netip.Addr, netip.Addr) {
+	if len(f) < 14 {
+		return false, netip.Addr{}, netip.Addr{}
+	}
+	off := 12
+	typ := binary.BigEndian.Uint16(f[off:])
+	if typ == 0x8100 && len(f) >= 18 {
+		off += 4
+		typ = binary.BigEndian.Uint16(f[off:])
+	}
+	if typ != 0x0806 {
+		return false, netip.Addr{}, netip.Addr{}
+	}
+	a := f[off+2:]
+	if len(a) < 28 {
+		return true, netip.Addr{}, netip.Addr{}
+	}
+	return true, netip.AddrFrom4([4]byte(a[14:18])), netip.AddrFrom4([4]byte(a[24:28]))
+}
+
+// vxlanInner returns the inner Ethernet frame of an IPv4/UDP VXLAN packet.
+func vxlanInner(f []byte, port int) ([]byte, bool) {
+	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != 0x0800 {
+		return nil, false
+	}
+	ip := f[14:]
+	ihl := int(ip[0]&0xf) * 4
+	if ip[9] != 17 || len(ip) < ihl+8+8 {
+		return nil, false
+	}
+	udp := ip[ihl:]
+	if int(binary.BigEndian.Uint16(udp[2:])) != port {
+		return nil, false
+	}
+	return udp[8+8:], true
+}

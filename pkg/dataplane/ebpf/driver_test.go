@@ -1,0 +1,292 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+)
+
+type oneHost struct {
+	prefix string
+	cfg    dataplane.HostConfig
+	net    dataplane.Network
+	d      *Driver
+}
+
+func newOneHost(t *testing.T) *oneHost {
+	t.Helper()
+	conformance.RequireRoot(t)
+	p := conformance.Prefix()
+	ns := conformance.NewNetNS(t, p+"-h")
+	pinBase := filepath.Join("/sys/fs/bpf", p)
+	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
+	h := &oneHost{prefix: p,
+		cfg: dataplane.HostConfig{Host: "h", NetNS: ns, VTEP: netip.MustParseAddr("10.254.0.1"),
+			PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024},
+		net: dataplane.Network{ID: "red.t", Encap: dataplane.EncapVXLAN, Tag: 77,
+			Subnet: netip.MustParsePrefix("10.50.0.0/24"), Gateway: netip.MustParseAddr("10.50.0.1")},
+	}
+	h.d = h.start(t)
+	t.Cleanup(func() {
+		if h.d != nil && !h.d.closed {
+			_ = h.d.Teardown(context.Background())
+		}
+	})
+	return h
+}
+
+func (h *oneHost) start(t *testing.T) *Driver {
+	t.Helper()
+	d, err := New(context.Background(), h.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (h *oneHost) endpoint(t *testing.T, name, ip string, withNS bool) dataplane.Endpoint {
+	a := netip.MustParseAddr(ip)
+	ep := dataplane.Endpoint{ID: "red.t-" + name, NetworkID: h.net.ID, IP: a, MAC: dataplane.ContivMAC(a),
+		HostIfName: h.prefix + name, IfName: "eth0"}
+	if withNS {
+		ep.NetNS = conformance.NewNetNS(t, h.prefix+"-"+name)
+	} else {
+		ep.IfName = h.prefix + name + "c"
+	}
+	return ep
+}
+
+func mapID(t *testing.T, d *Driver) uint32 {
+	info, err := d.objs.CbEndpoints.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return uint32(id)
+}
+
+func TestDriverMapsAndLifecycle(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	remote := dataplane.RemoteEndpoint{ID: "red.t-r", NetworkID: h.net.ID, IP: netip.MustParseAddr("10.50.0.9"),
+		MAC: dataplane.ContivMAC(netip.MustParseAddr("10.50.0.9")), VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+
+	tabs, err := h.d.DumpTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tabs.Endpoints) != 3 || len(tabs.Ifaces) != 2 || len(tabs.Networks) != 1 || len(tabs.Peers) != 1 {
+		t.Fatalf("tables after sync: %+v", tabs)
+	}
+	if n := tabs.Networks[0]; n.Subnet != "10.50.0.0/24" || n.Gateway != "10.50.0.1" || n.MTU != 1450 || n.Tag != 77 {
+		t.Errorf("network entry %+v", n)
+	}
+	gen1 := h.d.gen
+	for _, e := range tabs.Endpoints {
+		if e.Generation != gen1 {
+			t.Errorf("endpoint %s generation %d, want %d", e.IP, e.Generation, gen1)
+		}
+	}
+
+	// Traffic moves the counters.
+	conformance.PingOK(t, a.NetNS, "10.50.0.3", 3)
+	ca, err := h.d.EndpointCounters(a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, _ := h.d.EndpointCounters(b.ID)
+	if ca.TxPackets == 0 || ca.RxPackets == 0 || cb.RxPackets == 0 || cb.TxPackets == 0 {
+		t.Errorf("endpoint counters a %+v b %+v", ca, cb)
+	}
+	rc, err := h.d.ReasonCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc[FwdLocal].Packets < 2 || rc[ARPReply].Packets < 1 {
+		t.Errorf("reason counters %v", rc)
+	}
+
+	// Status reports the driver's own tcx attachments.
+	st, err := h.d.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, at := range st.Attachments {
+		got[at.Interface] = at.Program
+		if at.ID == 0 || at.Hook != "tcx-ingress" {
+			t.Errorf("attachment %+v", at)
+		}
+	}
+	if got["cbevx0"] != "cb_from_overlay" || got[a.HostIfName] != "cb_from_container" || got[b.HostIfName] != "cb_from_container" {
+		t.Errorf("attachments %v", got)
+	}
+
+	// bpftool shows BTF field names of the pinned maps.
+	out, err := exec.Command("bpftool", "map", "dump", "pinned", filepath.Join(h.cfg.PinRoot, "cb_endpoints")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bpftool: %v: %s", err, out)
+	}
+	for _, f := range []string{`"ifindex"`, `"vtep"`, `"generation"`, `"net"`} {
+		if !strings.Contains(string(out), f) {
+			t.Errorf("bpftool dump lacks %s:\n%s", f, out)
+		}
+	}
+
+	// Restart: same maps, same links, new programs.
+	oldMap := mapID(t, h.d)
+	oldLink := h.d.links[a.HostIfName]
+	oldInfo, _ := oldLink.link.Info()
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	conformance.PingOK(t, a.NetNS, "10.50.0.3", 2)
+	h.d = h.start(t)
+	if id := mapID(t, h.d); id != oldMap {
+		t.Errorf("map id %d after restart, want reused %d", id, oldMap)
+	}
+	newInfo, err := h.d.links[a.HostIfName].link.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newInfo.ID != oldInfo.ID || newInfo.Program == oldInfo.Program {
+		t.Errorf("link %d prog %d → link %d prog %d; want same link, new program", oldInfo.ID, oldInfo.Program, newInfo.ID, newInfo.Program)
+	}
+	if _, err := h.d.EndpointCounters(a.ID); err != nil {
+		t.Errorf("adopted endpoint: %v", err)
+	}
+
+	// Resync without the remote endpoint and peer: swept by generation, rest untouched.
+	state.RemoteEndpoints, state.Peers = nil, nil
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	tabs, _ = h.d.DumpTables()
+	if len(tabs.Endpoints) != 2 || len(tabs.Peers) != 0 {
+		t.Errorf("after sweep: %+v", tabs)
+	}
+	for _, e := range tabs.Endpoints {
+		if e.Generation != h.d.gen || h.d.gen <= gen1 {
+			t.Errorf("generation %d (driver %d, before %d)", e.Generation, h.d.gen, gen1)
+		}
+	}
+	conformance.PingOK(t, a.NetNS, "10.50.0.3", 3)
+
+	// Delete removes every map entry, the pinned link and the veth.
+	bIfindex := h.d.endpoints[b.ID].ifindex
+	if err := h.d.DeleteEndpoint(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	tabs, _ = h.d.DumpTables()
+	for _, e := range tabs.Endpoints {
+		if e.IP == "10.50.0.3" {
+			t.Errorf("endpoint entry left: %+v", e)
+		}
+	}
+	for _, i := range tabs.Ifaces {
+		if i.Ifindex == uint32(bIfindex) {
+			t.Errorf("iface entry left: %+v", i)
+		}
+	}
+	var stats []contivbpfCbEpStats
+	if err := h.d.objs.CbEpMetrics.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(b.IP)}, &stats); err == nil {
+		t.Error("counters entry left")
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.PinRoot, linksDir, b.HostIfName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pinned link left: %v", err)
+	}
+	if _, err := h.d.nl.LinkByName(b.HostIfName); err == nil {
+		t.Error("veth left")
+	}
+
+	// Network in use cannot be deleted.
+	if err := h.d.DeleteNetwork(ctx, h.net.ID); err == nil {
+		t.Error("deleted a network that still has endpoints")
+	}
+
+	// Changing MapEntries against existing pins is a clear error.
+	h2 := h.cfg
+	h2.MapEntries = 2048
+	if _, err := New(ctx, h2); err == nil || !strings.Contains(err.Error(), "MapEntries") {
+		t.Errorf("incompatible pins: %v", err)
+	}
+
+	// Teardown removes pins, links, devices.
+	if err := h.d.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(h.cfg.PinRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin root left: %v", err)
+	}
+	err = conformance.InNetNS(h.cfg.NetNS, func() error {
+		for _, n := range []string{"cbevx0", a.HostIfName} {
+			if _, err := net.InterfaceByName(n); err == nil {
+				t.Errorf("%s left after teardown", n)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDockerModeEndpoint: without NetNS the container end stays in the host namespace
+// for the runtime, with MAC and MTU set and no address.
+func TestDockerModeEndpoint(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.endpoint(t, "d", "10.50.0.7", false)
+	if err := h.d.UpsertEndpoint(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	err := conformance.InNetNS(h.cfg.NetNS, func() error {
+		ifi, err := net.InterfaceByName(ep.IfName)
+		if err != nil {
+			return err
+		}
+		if ifi.MTU != 1450 || ifi.HardwareAddr.String() != ep.MAC.String() {
+			t.Errorf("container end mtu %d mac %v", ifi.MTU, ifi.HardwareAddr)
+		}
+		if addrs, _ := ifi.Addrs(); len(addrs) != 0 {
+			t.Errorf("container end has addresses %v", addrs)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A foreign interface with the endpoint's host name is never adopted.
+	other := h.endpoint(t, "d", "10.50.0.8", false)
+	other.ID = "red.t-other"
+	if err := h.d.UpsertEndpoint(ctx, other); err == nil {
+		t.Error("adopted another endpoint's veth")
+	}
+	// Same IP twice in one network is refused.
+	dup := h.endpoint(t, "e", "10.50.0.7", false)
+	if err := h.d.UpsertEndpoint(ctx, dup); err == nil {
+		t.Error("duplicate IP accepted")
+	}
+	if _, err := h.d.nl.LinkByName(dup.HostIfName); err == nil {
+		t.Error("refused endpoint left its veth")
+	}
+}
