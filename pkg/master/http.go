@@ -103,6 +103,9 @@ func decodeStrict(r *http.Request, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "" {
+			return badReq("malformed JSON: expected a JSON object, got JSON %s", te.Value)
+		}
 		if errors.As(err, &te) {
 			return badReq("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
 		}

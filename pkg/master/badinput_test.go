@@ -1,0 +1,131 @@
+package master
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestBadInputLeavesEtcdUntouched: every refused request answers the right 4xx naming the
+// problem, and etcd (every key, value and the revision) is exactly as before.
+func TestBadInputLeavesEtcdUntouched(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "n1", "vxlan", "10.1.1.0/24", "10.1.1.1", 0)
+	e.createEP("default", "n1", "", "ep1", "")
+	e.ok("POST", "/api/v1/policys/default:p/", `{"policyName":"p","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n1","policies":["p"],"tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/rules/default:p:r1/", `{"action":"allow","direction":"in","policyName":"p","ruleId":"r1","tenantName":"default"}`, nil)
+
+	net := func(extra string) string {
+		return `{"tenantName":"default","networkName":"n2","encap":"vxlan","subnet":"10.2.2.0/24"` + extra + `}`
+	}
+	cases := []struct {
+		name, method, path, body string
+		code                     int
+		msg                      string
+	}{
+		{"malformed json", "POST", "/api/v1/tenants/t1/", `{"tenantName":`, 400, "malformed JSON"},
+		{"empty body", "POST", "/api/v1/tenants/t1/", ``, 400, "empty request body"},
+		{"trailing data", "POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"} {}`, 400, "trailing"},
+		{"unknown field", "POST", "/api/v1/networks/default:n2/", net(`,"colour":"red"`), 400, `unknown field "colour"`},
+		{"mistyped field", "POST", "/api/v1/networks/default:n2/", net(`,"pktTag":"ten"`), 400, `"pktTag"`},
+		{"array instead of object", "POST", "/api/v1/networks/default:n2/", `[1,2]`, 400, "malformed JSON"},
+		{"key mismatch", "POST", "/api/v1/networks/default:other/", net(``), 400, "Invalid Key"},
+		{"missing subnet", "POST", "/api/v1/networks/default:n2/", `{"tenantName":"default","networkName":"n2","encap":"vxlan"}`, 400, "subnet"},
+		{"bad subnet", "POST", "/api/v1/networks/default:n2/", `{"tenantName":"default","networkName":"n2","encap":"vxlan","subnet":"10.2.2.0/33"}`, 400, "subnet"},
+		{"huge subnet", "POST", "/api/v1/networks/default:n2/", `{"tenantName":"default","networkName":"n2","encap":"vxlan","subnet":"10.0.0.0/8"}`, 400, "subnet"},
+		{"gateway outside", "POST", "/api/v1/networks/default:n2/", net(`,"gateway":"10.9.9.1"`), 400, "gateway"},
+		{"bad encap", "POST", "/api/v1/networks/default:n2/", `{"tenantName":"default","networkName":"n2","encap":"gre","subnet":"10.2.2.0/24"}`, 400, "encap"},
+		{"bad name", "POST", "/api/v1/networks/default:n_2/", `{"tenantName":"default","networkName":"n_2","encap":"vxlan","subnet":"10.2.2.0/24"}`, 400, "networkName"},
+		{"pktTag too big", "POST", "/api/v1/networks/default:n2/", net(`,"pktTag":16777217`), 400, "pktTag"},
+		{"bad ipv6 subnet", "POST", "/api/v1/networks/default:n2/", net(`,"ipv6Subnet":"zz::/64"`), 400, "ipv6Subnet"},
+		{"missing tenant", "POST", "/api/v1/networks/nope:n2/", `{"tenantName":"nope","networkName":"n2","encap":"vxlan","subnet":"10.2.2.0/24"}`, 422, "tenant"},
+		{"overlapping subnet", "POST", "/api/v1/networks/default:n2/", `{"tenantName":"default","networkName":"n2","encap":"vxlan","subnet":"10.1.0.0/16"}`, 409, "overlaps"},
+		{"network update", "POST", "/api/v1/networks/default:n1/", `{"tenantName":"default","networkName":"n1","encap":"vxlan","subnet":"10.1.1.0/24","gateway":"10.1.1.1"}`, 409, "can't change"},
+		{"network name clashes with epg", "POST", "/api/v1/networks/default:web/", `{"tenantName":"default","networkName":"web","encap":"vxlan","subnet":"10.7.1.0/24"}`, 409, "endpoint group"},
+		{"tenant update", "POST", "/api/v1/tenants/default/", `{"tenantName":"default"}`, 409, "can't be updated"},
+		{"delete network with epg", "DELETE", "/api/v1/networks/default:n1/", ``, 409, "endpoint group"},
+		{"delete tenant with objects", "DELETE", "/api/v1/tenants/default/", ``, 409, "still has"},
+		{"delete missing", "DELETE", "/api/v1/networks/default:zzz/", ``, 404, "not found"},
+		{"get missing", "GET", "/api/v1/networks/default:zzz/", ``, 404, "not found"},
+		{"inspect missing", "GET", "/api/v1/inspect/networks/default:zzz/", ``, 404, "not found"},
+		{"epg missing network", "POST", "/api/v1/endpointGroups/default:g2/", `{"groupName":"g2","networkName":"nonet","tenantName":"default"}`, 422, "networkName"},
+		{"epg missing policy", "POST", "/api/v1/endpointGroups/default:g2/", `{"groupName":"g2","networkName":"n1","policies":["nop"],"tenantName":"default"}`, 422, "policies"},
+		{"epg pool outside", "POST", "/api/v1/endpointGroups/default:g2/", `{"groupName":"g2","networkName":"n1","ipPool":"10.5.5.1-10.5.5.9","tenantName":"default"}`, 422, "ipPool"},
+		{"epg pool allocated", "POST", "/api/v1/endpointGroups/default:g2/", `{"groupName":"g2","networkName":"n1","ipPool":"10.1.1.1-10.1.1.9","tenantName":"default"}`, 409, "already allocated"},
+		{"epg bad pool", "POST", "/api/v1/endpointGroups/default:g2/", `{"groupName":"g2","networkName":"n1","ipPool":"10.1.1.x","tenantName":"default"}`, 400, "ipPool"},
+		{"epg network change", "POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n9","tenantName":"default"}`, 409, "networkName"},
+		{"epg name clashes with network", "POST", "/api/v1/endpointGroups/default:n1/", `{"groupName":"n1","networkName":"n1","tenantName":"default"}`, 409, "clashes"},
+		{"rule in with to-group", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"in","toEndpointGroup":"web","policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "toEndpointGroup"},
+		{"rule out with from-network", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"out","fromNetwork":"n1","policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "fromNetwork"},
+		{"rule from-network and from-ip", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"in","fromNetwork":"n1","fromIpAddress":"1.2.3.4","policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "fromNetwork"},
+		{"rule priority", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"in","priority":101,"policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "priority"},
+		{"rule protocol", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"in","protocol":"999","policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "protocol"},
+		{"rule no direction", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","policyName":"p","ruleId":"r2","tenantName":"default"}`, 400, "direction"},
+		{"rule missing policy", "POST", "/api/v1/rules/default:q:r2/", `{"action":"allow","direction":"in","policyName":"q","ruleId":"r2","tenantName":"default"}`, 422, "policyName"},
+		{"rule missing group", "POST", "/api/v1/rules/default:p:r2/", `{"action":"allow","direction":"in","fromEndpointGroup":"ghost","policyName":"p","ruleId":"r2","tenantName":"default"}`, 422, "fromEndpointGroup"},
+		{"rule update", "POST", "/api/v1/rules/default:p:r1/", `{"action":"deny","direction":"in","policyName":"p","ruleId":"r1","tenantName":"default"}`, 409, "can't be updated"},
+		{"delete attached policy", "DELETE", "/api/v1/policys/default:p/", ``, 409, "attached"},
+		{"service no selector", "POST", "/api/v1/serviceLBs/default:s/", `{"networkName":"n1","ports":["80:8080:TCP"],"serviceName":"s","tenantName":"default"}`, 400, "selectors"},
+		{"service bad selector", "POST", "/api/v1/serviceLBs/default:s/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":["a=b=c"],"serviceName":"s","tenantName":"default"}`, 400, "selectors"},
+		{"service bad port", "POST", "/api/v1/serviceLBs/default:s/", `{"networkName":"n1","ports":["80:99999:TCP"],"selectors":["a=b"],"serviceName":"s","tenantName":"default"}`, 400, "ports"},
+		{"service missing network", "POST", "/api/v1/serviceLBs/default:s/", `{"networkName":"zz","ports":["80:80:TCP"],"selectors":["a=b"],"serviceName":"s","tenantName":"default"}`, 422, "networkName"},
+		{"netprofile dscp", "POST", "/api/v1/netprofiles/default:np/", `{"DSCP":64,"profileName":"np","tenantName":"default"}`, 400, "DSCP"},
+		{"netprofile burst 1", "POST", "/api/v1/netprofiles/default:np/", `{"burst":1,"profileName":"np","tenantName":"default"}`, 400, "burst"},
+		{"netprofile bandwidth", "POST", "/api/v1/netprofiles/default:np/", `{"bandwidth":"fast","profileName":"np","tenantName":"default"}`, 400, "bandwidth"},
+		{"global bad vlans", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"0-5000","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"bridge"}`, 400, "vlans"},
+		{"global bad pvt subnet", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/24","fwdMode":"bridge"}`, 400, "pvtSubnet"},
+		{"global fwd change", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"routing"}`, 409, "fwdMode"},
+		{"global wrong key", "POST", "/api/v1/globals/other/", `{"name":"other","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16"}`, 400, "name"},
+		{"global delete", "DELETE", "/api/v1/globals/global/", ``, 409, "global"},
+		{"bgp bad router ip", "POST", "/api/v1/Bgps/h1/", `{"hostname":"h1","routerip":"1.2.3.4"}`, 400, "routerip"},
+		{"aciGw bad binding", "POST", "/api/v1/aciGws/aciGw/", `{"name":"aciGw","pathBindings":"bogus"}`, 400, "pathBindings"},
+		{"extcontracts bad type", "POST", "/api/v1/extContractsGroups/default:x/", `{"contractsGroupName":"x","contractsType":"both","tenantName":"default"}`, 400, "contractsType"},
+		{"alloc unknown network", "POST", "/plugin/allocAddress", `{"NetworkID":"zz.default"}`, 422, "NetworkID"},
+		{"alloc unknown field", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","Pool":"x"}`, 400, "unknown field"},
+		{"alloc nothing", "POST", "/plugin/allocAddress", `{}`, 400, "NetworkID"},
+		{"alloc preferred outside", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","PreferredIPv4Address":"10.9.9.9"}`, 422, "not inside"},
+		{"alloc unknown pool", "POST", "/plugin/allocAddress", `{"AddressPool":"10.99.0.0/24"}`, 422, "AddressPool"},
+		{"create ep unknown network", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"zz","ConfigEP":{"Container":"c","Host":"h"}}`, 422, "NetworkName"},
+		{"create ep unknown group", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ServiceName":"gg","ConfigEP":{"Container":"c","Host":"h"}}`, 422, "ServiceName"},
+		{"create ep bad ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c","Host":"h","IPAddress":"300.1.1.1"}}`, 400, "IPv4Address"},
+		{"create ep no id", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1"}`, 400, "ConfigEP"},
+		{"delete ep missing", "POST", "/plugin/deleteEndpoint", `{"TenantName":"default","NetworkName":"n1","EndpointID":"nope"}`, 404, "not found"},
+		{"update ep bad event", "POST", "/plugin/updateEndpoint", `{"IPAddress":"10.1.1.2","Event":"boom"}`, 400, "Event"},
+		{"release in use", "POST", "/plugin/releaseAddress", `{"NetworkID":"n1.default","IPv4Address":"10.1.1.2"}`, 409, "still used"},
+		{"inspect endpoint missing", "GET", "/api/v1/inspect/endpoints/nothing-like-this/", ``, 404, "not found"},
+	}
+	for _, c := range cases {
+		before, rev := e.snapshot()
+		var body any
+		if c.body != "" || c.method == "POST" {
+			body = c.body
+		}
+		code, out := e.do(c.method, c.path, body)
+		if code != c.code || !strings.Contains(out, c.msg) {
+			t.Errorf("%s: got %d %q, want %d containing %q", c.name, code, out, c.code, c.msg)
+		}
+		if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+			t.Errorf("%s: etcd changed (revision %d → %d)", c.name, rev, rev2)
+		}
+	}
+	// Plugin routes need Content-Type: application/json.
+	resp, err := http.Post(e.srv.URL+"/plugin/allocAddress", "text/plain", bytes.NewReader([]byte(`{"NetworkID":"n1.default"}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnsupportedMediaType {
+		t.Fatalf("plugin without JSON content type: %d", resp.StatusCode)
+	}
+	// Errors are text/plain.
+	resp, err = http.Get(e.srv.URL + "/api/v1/networks/default:zzz/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Fatalf("error content type %q", ct)
+	}
+}

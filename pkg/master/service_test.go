@@ -1,0 +1,76 @@
+package master
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+func TestServiceProviders(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "svcnet", "vxlan", "10.10.0.0/24", "10.10.0.1", 0)
+	e.net("default", "app", "vxlan", "10.20.0.0/24", "10.20.0.1", 0)
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", `{"networkName":"svcnet","ipAddress":"10.10.0.100","ports":["80:8080:TCP"],"selectors":["app=web","tier=fe"],"serviceName":"web","tenantName":"default"}`, nil)
+	ep := e.createEP("default", "app", "", "p1", "")
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, ContainerID: "p1", Tenant: "default",
+		Network: "app", Event: "start", Labels: map[string]string{"app": "web", "tier": "fe", "x": "y"}}, nil)
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: "10.20.0.99", Tenant: "default", Event: "start",
+		Labels: map[string]string{"app": "db"}}, nil)
+	if got := e.rawGet("/contiv.io/state/provider/web:default"); got != `{"id":"web:default","ServiceName":"web:default","Providers":["10.20.0.2"]}` {
+		t.Fatalf("provider record %s", got)
+	}
+	var st model.CfgServiceLBState
+	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/serviceLB/web:default")), &st); err != nil {
+		t.Fatal(err)
+	}
+	p := st.Providers["10.20.0.2:default"]
+	if st.IPAddress != "10.10.0.100" || p == nil || p.EpIDKey != "app.default-p1" || p.Services[0] != "web:default" {
+		t.Fatalf("service state %+v", st)
+	}
+	var si model.ServiceLBInspect
+	e.ok("GET", "/api/v1/inspect/serviceLBs/default:web/", nil, &si)
+	if si.Oper.NumProviders != 1 || si.Oper.ServiceVip != "10.10.0.100" || si.Oper.Providers[0].Labels == "" {
+		t.Fatalf("service inspect %+v", si.Oper)
+	}
+	// Identical re-post is a no-op; a changed one keeps the VIP.
+	before, rev := e.snapshot()
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", `{"networkName":"svcnet","ipAddress":"10.10.0.100","ports":["80:8080:TCP"],"selectors":["app=web","tier=fe"],"serviceName":"web","tenantName":"default"}`, nil)
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Fatal("identical service re-post wrote state")
+	}
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", `{"networkName":"svcnet","ports":["80:8080:TCP","443:8443:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"default"}`, nil)
+	var svc model.ServiceLB
+	e.ok("GET", "/api/v1/serviceLBs/default:web/", nil, &svc)
+	if svc.IpAddress != "10.10.0.100" || len(svc.Ports) != 2 {
+		t.Fatalf("updated service %+v", svc)
+	}
+	// Provider that dies is removed; deleting the endpoint removes its provider too.
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, Tenant: "default", Event: "die"}, nil)
+	if got := e.rawGet("/contiv.io/state/provider/web:default"); !strings.Contains(got, `"Providers":[]`) {
+		t.Fatalf("provider after die %s", got)
+	}
+	e.ok("DELETE", "/api/v1/serviceLBs/default:web/", nil, nil)
+	if ns := netState(t, e, "svcnet.default"); ns.IPAllocMap.Test(100) {
+		t.Fatal("VIP not released")
+	}
+}
+
+func TestNoForwardingMode(t *testing.T) {
+	e := newEnv(t, "")
+	if got := e.rawGet(model.GlobConfigKey); !strings.Contains(got, `"fwd-mode":""`) {
+		t.Fatalf("glob config %s", got)
+	}
+	code, out := e.do("POST", "/api/v1/networks/default:n/", model.Network{TenantName: "default", NetworkName: "n", Encap: "vxlan", Subnet: "10.1.1.0/24"})
+	if code != http.StatusConflict || !strings.Contains(out, "forwarding mode") {
+		t.Fatalf("network without fwd mode: %d %s", code, out)
+	}
+	// Setting it through the API unblocks network creation.
+	var g model.Global
+	e.ok("GET", "/api/v1/globals/global/", nil, &g)
+	g.FwdMode = "routing"
+	e.ok("POST", "/api/v1/globals/global/", g, nil)
+	e.net("default", "n", "vxlan", "10.1.1.0/24", "", 0)
+}
