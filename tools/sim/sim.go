@@ -1,0 +1,600 @@
+// Package sim builds a simulated cluster on one machine: N hosts as network namespaces
+// joined by an underlay (one veth wire for two hosts; a Linux bridge in an "underlay"
+// namespace for more), netmaster with its embedded etcd inside the first host, one
+// netplugin per host (started with nsenter so bpffs stays visible), and containers as
+// network namespaces attached through each host's CNI socket. Close removes everything it
+// created: processes, namespaces, bpffs pins and its work directory.
+//
+// It drives the real binaries (bin/netmaster, bin/netplugin, bin/netctl) and knows nothing
+// about their internals beyond flags and documented APIs.
+package sim
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
+)
+
+// Config describes a simulated cluster.
+type Config struct {
+	// Prefix names every namespace, pin directory and work directory ("" = "cbs" + 4
+	// random hex digits, unique per run). At most 8 bytes.
+	Prefix string
+	// Hosts is the number of hosts (at least 1).
+	Hosts int
+	// BinDir holds netmaster, netplugin and netctl.
+	BinDir string
+	// Dataplane is passed to netplugin --dataplane (default ebpf).
+	Dataplane string
+	// Underlay is the subnet host addresses come from (default 192.168.100.0/24; host i
+	// gets the i-th address).
+	Underlay netip.Prefix
+	// WorkDir is where logs, sockets and etcd data go ("" = a new temp dir, removed on
+	// Close; a given dir is kept).
+	WorkDir string
+	// NetmasterArgs, if set, replaces the netmaster command line (after the binary).
+	NetmasterArgs func(c *Cluster) []string
+	// Logger receives progress lines (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Host is one simulated host.
+type Host struct {
+	Name      string // host label and namespace name
+	IP        netip.Addr
+	CNISocket string
+	Inspect   string // inspect API address inside the host namespace
+	Plugin    *Process
+	c         *Cluster
+}
+
+// Container is a network namespace attached to a host through its CNI socket.
+type Container struct {
+	Name       string // namespace name
+	Host       *Host
+	ID         string // infra container id sent to the agent
+	EndpointID string // Contiv endpoint id
+	IP         netip.Prefix
+	MAC        string
+	Network    string
+	Tenant     string
+}
+
+// Cluster is a running simulation.
+type Cluster struct {
+	cfg      Config
+	Prefix   string
+	WorkDir  string
+	PinRoot  string
+	Hosts    []*Host
+	Master   *Process
+	MasterIP netip.Addr
+	log      *slog.Logger
+
+	mu         sync.Mutex
+	namespaces []string // created, in creation order
+	containers []*Container
+	ownWorkDir bool
+}
+
+// Ports inside host namespaces.
+const (
+	MasterPort  = 9999
+	EtcdPort    = 2379
+	InspectPort = 9090
+)
+
+// EtcdURL is the embedded etcd's client URL, reachable from every host over the underlay.
+func (c *Cluster) EtcdURL() string { return fmt.Sprintf("http://%s:%d", c.MasterIP, EtcdPort) }
+
+// MasterURL is netmaster's REST URL.
+func (c *Cluster) MasterURL() string { return fmt.Sprintf("http://%s:%d", c.MasterIP, MasterPort) }
+
+// Start builds the cluster. On error everything created so far is removed.
+func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("sim: needs root (network namespaces, bpffs)")
+	}
+	if cfg.Hosts < 1 {
+		return nil, fmt.Errorf("sim: hosts %d must be at least 1", cfg.Hosts)
+	}
+	if cfg.Prefix == "" {
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		cfg.Prefix = "cbs" + hex.EncodeToString(b)
+	}
+	if len(cfg.Prefix) > 8 || strings.ContainsAny(cfg.Prefix, "/ .") {
+		return nil, fmt.Errorf("sim: prefix %q must be at most 8 bytes without '/', ' ' or '.'", cfg.Prefix)
+	}
+	if cfg.Dataplane == "" {
+		cfg.Dataplane = "ebpf"
+	}
+	if !cfg.Underlay.IsValid() {
+		cfg.Underlay = netip.MustParsePrefix("192.168.100.0/24")
+	}
+	if cfg.Hosts > (1<<(32-cfg.Underlay.Bits()))-3 {
+		return nil, fmt.Errorf("sim: underlay %v too small for %d hosts", cfg.Underlay, cfg.Hosts)
+	}
+	for _, b := range []string{"netmaster", "netplugin"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("sim: binary %s: %w (run make build)", b, err)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Cluster{cfg: cfg, Prefix: cfg.Prefix, log: cfg.Logger, PinRoot: "/sys/fs/bpf/" + cfg.Prefix}
+	defer func() {
+		if err != nil {
+			c.dumpLogs()
+			c.Close()
+		}
+	}()
+	if cfg.WorkDir == "" {
+		if c.WorkDir, err = os.MkdirTemp("", cfg.Prefix+"-"); err != nil {
+			return nil, fmt.Errorf("sim: work dir: %w", err)
+		}
+		c.ownWorkDir = true
+	} else {
+		c.WorkDir = cfg.WorkDir
+		if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
+			return nil, fmt.Errorf("sim: work dir: %w", err)
+		}
+	}
+	if err := c.buildUnderlay(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startMaster(ctx); err != nil {
+		return nil, err
+	}
+	for _, h := range c.Hosts {
+		if err := c.StartPlugin(ctx, h); err != nil {
+			return nil, err
+		}
+	}
+	for _, h := range c.Hosts {
+		if err := h.WaitReady(ctx, 60*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	c.log.Info("sim: cluster up", "prefix", c.Prefix, "hosts", len(c.Hosts), "master", c.MasterURL())
+	return c, nil
+}
+
+func (c *Cluster) addNS(ctx context.Context, name string) error {
+	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.namespaces = append(c.namespaces, name)
+	c.mu.Unlock()
+	_, err := Exec(ctx, name, "ip", "link", "set", "lo", "up")
+	return err
+}
+
+func (c *Cluster) buildUnderlay(ctx context.Context) error {
+	n := c.cfg.Hosts
+	bits := c.cfg.Underlay.Bits()
+	addr := c.cfg.Underlay.Masked().Addr()
+	for i := 1; i <= n; i++ {
+		addr = addr.Next()
+		h := &Host{Name: fmt.Sprintf("%s-h%d", c.Prefix, i), IP: addr, c: c}
+		h.CNISocket = filepath.Join(c.WorkDir, h.Name, "contiv-cni.sock")
+		h.Inspect = fmt.Sprintf("127.0.0.1:%d", InspectPort)
+		if err := os.MkdirAll(filepath.Dir(h.CNISocket), 0o755); err != nil {
+			return fmt.Errorf("sim: host dir: %w", err)
+		}
+		if err := c.addNS(ctx, h.Name); err != nil {
+			return err
+		}
+		c.Hosts = append(c.Hosts, h)
+	}
+	c.MasterIP = c.Hosts[0].IP
+	switch {
+	case n == 2:
+		a, b := c.Hosts[0], c.Hosts[1]
+		if _, err := run(ctx, "ip", "link", "add", "uplink", "netns", a.Name, "type", "veth", "peer", "name", "uplink", "netns", b.Name); err != nil {
+			return err
+		}
+	case n > 2:
+		ul := c.Prefix + "-ul"
+		if err := c.addNS(ctx, ul); err != nil {
+			return err
+		}
+		if _, err := Exec(ctx, ul, "ip", "link", "add", "br0", "type", "bridge"); err != nil {
+			return err
+		}
+		if _, err := Exec(ctx, ul, "ip", "link", "set", "br0", "up"); err != nil {
+			return err
+		}
+		for i, h := range c.Hosts {
+			port := fmt.Sprintf("h%d", i+1)
+			if _, err := run(ctx, "ip", "link", "add", "uplink", "netns", h.Name, "type", "veth", "peer", "name", port, "netns", ul); err != nil {
+				return err
+			}
+			if _, err := Exec(ctx, ul, "ip", "link", "set", port, "master", "br0", "up"); err != nil {
+				return err
+			}
+		}
+	}
+	for _, h := range c.Hosts {
+		if n == 1 {
+			// A lone host still needs an underlay address: use a veth whose peer stays
+			// in the same namespace.
+			if _, err := Exec(ctx, h.Name, "ip", "link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"); err != nil {
+				return err
+			}
+			if _, err := Exec(ctx, h.Name, "ip", "link", "set", "uplink-peer", "up"); err != nil {
+				return err
+			}
+		}
+		if _, err := Exec(ctx, h.Name, "ip", "addr", "add", fmt.Sprintf("%s/%d", h.IP, bits), "dev", "uplink"); err != nil {
+			return err
+		}
+		if _, err := Exec(ctx, h.Name, "ip", "link", "set", "uplink", "up"); err != nil {
+			return err
+		}
+	}
+	c.log.Info("sim: underlay built", "hosts", n, "subnet", c.cfg.Underlay)
+	return nil
+}
+
+func (c *Cluster) defaultMasterArgs() []string {
+	return []string{
+		"--etcd-data-dir", filepath.Join(c.WorkDir, "etcd"),
+		"--etcd-listen", c.EtcdURL(),
+		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
+		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
+		"--fwdmode", "bridge", "--netmode", "vxlan", "--mode", "kubernetes",
+	}
+}
+
+func (c *Cluster) startMaster(ctx context.Context) error {
+	args := c.defaultMasterArgs()
+	if c.cfg.NetmasterArgs != nil {
+		args = c.cfg.NetmasterArgs(c)
+	}
+	p, err := startProcess("netmaster", c.Hosts[0].Name, filepath.Join(c.WorkDir, "netmaster.log"),
+		append([]string{filepath.Join(c.cfg.BinDir, "netmaster")}, args...))
+	if err != nil {
+		return err
+	}
+	c.Master = p
+	// Ready when the REST API answers.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var out []any
+		err := c.MasterDo(ctx, http.MethodGet, "/api/v1/tenants/", nil, &out)
+		if err == nil {
+			break
+		}
+		if ok, perr := p.Exited(); ok {
+			return fmt.Errorf("sim: netmaster exited: %v\n%s", perr, p.LogTail(20))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sim: netmaster not ready after 60s: %w\n%s", err, p.LogTail(20))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	c.log.Info("sim: netmaster up", "url", c.MasterURL(), "etcd", c.EtcdURL(), "pid", p.PID())
+	return nil
+}
+
+// PluginArgs is the netplugin command line of h.
+func (c *Cluster) PluginArgs(h *Host) []string {
+	return []string{
+		"--mode", "kubernetes", "--netmode", "vxlan", "--fwdmode", "bridge",
+		"--etcd-endpoints", c.EtcdURL(),
+		"--host", h.Name, "--vtep-ip", h.IP.String(), "--ctrl-ip", h.IP.String(),
+		"--dataplane", c.cfg.Dataplane,
+		"--bpffs-root", c.PinRoot,
+		"--cni-socket", h.CNISocket,
+		"--inspect-listen", h.Inspect,
+	}
+}
+
+// StartPlugin starts h's netplugin (again, after StopPlugin or KillPlugin).
+func (c *Cluster) StartPlugin(ctx context.Context, h *Host) error {
+	if h.Plugin != nil {
+		if ok, _ := h.Plugin.Exited(); !ok {
+			return fmt.Errorf("sim: netplugin of %s already running", h.Name)
+		}
+	}
+	p, err := startProcess("netplugin-"+h.Name, h.Name, filepath.Join(c.WorkDir, h.Name, "netplugin.log"),
+		append([]string{filepath.Join(c.cfg.BinDir, "netplugin")}, c.PluginArgs(h)...))
+	if err != nil {
+		return err
+	}
+	h.Plugin = p
+	c.log.Info("sim: netplugin started", "host", h.Name, "pid", p.PID())
+	return nil
+}
+
+// StopPlugin stops h's netplugin with SIGTERM (the datapath keeps forwarding).
+func (c *Cluster) StopPlugin(h *Host) error {
+	if h.Plugin == nil {
+		return nil
+	}
+	return h.Plugin.Stop(10 * time.Second)
+}
+
+// KillPlugin SIGKILLs h's netplugin, like a crash.
+func (c *Cluster) KillPlugin(h *Host) {
+	if h.Plugin != nil {
+		h.Plugin.Kill()
+	}
+}
+
+// WaitReady waits until h's agent reports healthy and its CNI socket exists.
+func (h *Host) WaitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if ok, err := h.Plugin.Exited(); ok {
+			return fmt.Errorf("sim: netplugin of %s exited: %v\n%s", h.Name, err, h.Plugin.LogTail(20))
+		}
+		last = h.InspectGet(ctx, "/healthz", nil)
+		if last == nil {
+			if _, err := os.Stat(h.CNISocket); err == nil {
+				return nil
+			}
+			last = fmt.Errorf("cni socket %s not there yet", h.CNISocket)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("sim: netplugin of %s not ready after %s: %v\n%s", h.Name, timeout, last, h.Plugin.LogTail(20))
+}
+
+func (c *Cluster) httpClient(ns string) *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return DialContext(ctx, ns, network, addr)
+		},
+	}}
+}
+
+func (c *Cluster) do(ctx context.Context, ns, method, url string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.httpClient(ns).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: HTTP %d: %s", method, url, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%s %s: decode: %w", method, url, err)
+		}
+	}
+	return nil
+}
+
+// MasterDo calls netmaster's REST API (from inside the first host).
+func (c *Cluster) MasterDo(ctx context.Context, method, path string, body, out any) error {
+	return c.do(ctx, c.Hosts[0].Name, method, c.MasterURL()+path, body, out)
+}
+
+// CreateNetwork creates a network through netmaster's REST API (like `netctl net create`).
+func (c *Cluster) CreateNetwork(ctx context.Context, tenant, name, encap, subnet, gateway string) error {
+	body := map[string]any{"tenantName": tenant, "networkName": name, "nwType": "data", "encap": encap, "subnet": subnet, "gateway": gateway}
+	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), body, nil)
+}
+
+// DeleteNetwork deletes a network through the REST API.
+func (c *Cluster) DeleteNetwork(ctx context.Context, tenant, name string) error {
+	return c.MasterDo(ctx, http.MethodDelete, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), nil, nil)
+}
+
+// InspectGet reads h's netplugin inspect API.
+func (h *Host) InspectGet(ctx context.Context, path string, out any) error {
+	return h.c.do(ctx, h.Name, http.MethodGet, "http://"+h.Inspect+path, nil, out)
+}
+
+// Netctl runs bin/netctl inside the first host against netmaster.
+func (c *Cluster) Netctl(ctx context.Context, args ...string) (string, error) {
+	argv := append([]string{filepath.Join(c.cfg.BinDir, "netctl"), "--netmaster", c.MasterURL()}, args...)
+	return Exec(ctx, c.Hosts[0].Name, argv...)
+}
+
+// AddContainer creates a namespace "<host>-<name>" and attaches it to tenant/network
+// through the host's CNI socket (ContivCNI.AddPod).
+func (c *Cluster) AddContainer(ctx context.Context, h *Host, name, tenant, network string) (*Container, error) {
+	ns := h.Name + "-" + name
+	if err := c.addNS(ctx, ns); err != nil {
+		return nil, err
+	}
+	ct := &Container{Name: ns, Host: h, ID: ns, Network: network, Tenant: tenant}
+	resp, err := cniapi.NewClient(h.CNISocket).AddPod(ctx, cniapi.PodRequest{
+		Name: name, Namespace: "default", InfraContainerID: ct.ID, NetNS: NetNSPath(ns), IfName: "eth0",
+		Tenant: tenant, Network: network,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sim: attach %s on %s: %w", name, h.Name, err)
+	}
+	if ct.IP, err = netip.ParsePrefix(resp.IPAddress); err != nil {
+		return nil, fmt.Errorf("sim: attach %s: agent returned address %q: %w", name, resp.IPAddress, err)
+	}
+	ct.EndpointID, ct.MAC = resp.EndpointID, resp.MAC
+	c.mu.Lock()
+	c.containers = append(c.containers, ct)
+	c.mu.Unlock()
+	c.log.Info("sim: container attached", "container", ns, "ip", ct.IP, "endpoint", ct.EndpointID)
+	return ct, nil
+}
+
+// RemoveContainer detaches the container (ContivCNI.DelPod) and deletes its namespace.
+func (c *Cluster) RemoveContainer(ctx context.Context, ct *Container) error {
+	_, err := cniapi.NewClient(ct.Host.CNISocket).DelPod(ctx, cniapi.PodRequest{
+		Name: ct.Name, InfraContainerID: ct.ID, Tenant: ct.Tenant, Network: ct.Network,
+	})
+	if err != nil {
+		return fmt.Errorf("sim: detach %s: %w", ct.Name, err)
+	}
+	c.mu.Lock()
+	for i, x := range c.containers {
+		if x == ct {
+			c.containers = append(c.containers[:i], c.containers[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	return c.delNS(ctx, ct.Name)
+}
+
+func (c *Cluster) delNS(ctx context.Context, name string) error {
+	_, err := run(ctx, "ip", "netns", "del", name)
+	c.mu.Lock()
+	for i, n := range c.namespaces {
+		if n == name {
+			c.namespaces = append(c.namespaces[:i], c.namespaces[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	return err
+}
+
+// Exec runs a command inside the container's namespace.
+func (ct *Container) Exec(ctx context.Context, argv ...string) (string, error) {
+	return Exec(ctx, ct.Name, argv...)
+}
+
+// Ping pings ip count times from the container and returns ping's output.
+func (ct *Container) Ping(ctx context.Context, ip netip.Addr, count int) (string, error) {
+	return ct.Exec(ctx, "ping", "-c", fmt.Sprint(count), "-i", "0.2", "-W", "2", ip.String())
+}
+
+// TCPCheck listens on port in dst, connects from ct, sends a payload and checks the echo.
+func (ct *Container) TCPCheck(ctx context.Context, dst *Container, port int) error {
+	l, err := Listen(dst.Name, "tcp", fmt.Sprintf("%s:%d", dst.IP.Addr(), port))
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.Copy(conn, conn)
+	}()
+	conn, err := DialContext(ctx, ct.Name, "tcp", fmt.Sprintf("%s:%d", dst.IP.Addr(), port))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := bytes.Repeat([]byte("contivbpf-"), 2000) // 20 kB: several full-size segments
+	go func() { _, _ = conn.Write(msg) }()
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(conn, got); err != nil {
+		return fmt.Errorf("tcp %s -> %s:%d: read echo: %w", ct.Name, dst.IP.Addr(), port, err)
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("tcp %s -> %s:%d: echo differs", ct.Name, dst.IP.Addr(), port)
+	}
+	return nil
+}
+
+func (c *Cluster) dumpLogs() {
+	if c.Master != nil {
+		c.log.Error("sim: netmaster log tail", "log", c.Master.LogTail(15))
+	}
+	for _, h := range c.Hosts {
+		if h.Plugin != nil {
+			c.log.Error("sim: netplugin log tail", "host", h.Name, "log", h.Plugin.LogTail(15))
+		}
+	}
+}
+
+// Close stops every process the simulator started and removes its namespaces, bpffs
+// pins and (if it created it) its work directory. It is safe to call more than once.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, h := range c.Hosts {
+		if h.Plugin != nil {
+			if err := h.Plugin.Stop(10 * time.Second); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if c.Master != nil {
+		if err := c.Master.Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c.mu.Lock()
+	nss := append([]string(nil), c.namespaces...)
+	c.mu.Unlock()
+	// Containers first (their veths go with them), then hosts, then the underlay.
+	for i := len(nss) - 1; i >= 0; i-- {
+		if err := c.delNS(ctx, nss[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.PinRoot != "" && strings.HasPrefix(c.PinRoot, "/sys/fs/bpf/"+c.Prefix) {
+		if err := os.RemoveAll(c.PinRoot); err != nil {
+			errs = append(errs, fmt.Errorf("remove pins %s: %w", c.PinRoot, err))
+		}
+	}
+	if c.ownWorkDir && c.WorkDir != "" {
+		if err := os.RemoveAll(c.WorkDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove work dir: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FirstHost returns the first host address of a subnet ("10.1.1.0/24" → "10.1.1.1").
+func FirstHost(subnet string) (string, error) {
+	p, err := netip.ParsePrefix(subnet)
+	if err != nil {
+		return "", fmt.Errorf("subnet %q: %w", subnet, err)
+	}
+	return p.Masked().Addr().Next().String(), nil
+}
