@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -177,6 +178,7 @@ func newDriver(t *testing.T, h testHost) *Driver {
 	if err != nil {
 		t.Fatalf("new driver for %s: %v", h.cfg.Host, err)
 	}
+	t.Cleanup(func() { _ = d.Close() })
 	return d
 }
 
@@ -259,6 +261,23 @@ func TestSameHostAndVXLAN(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
+	want := len(d1.installed)
+	eventually(t, 2*time.Second, func() error {
+		c, err := dialOF(ctx, filepath.Join(h1.dir, "contivbr.mgmt"))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		stats, err := c.flowStats(ctx, cookieOwner, cookieOwnerMask)
+		if err != nil {
+			return err
+		}
+		if len(stats) < want {
+			return fmt.Errorf("%d of %d flows back after vswitchd restart", len(stats), want)
+		}
+		return nil
+	})
+	t.Logf("all %d flows reinstalled %v after vswitchd restart", want, time.Since(restarted))
 	eventually(t, 5*time.Second, func() error { return ping(c1, "10.1.0.3") })
 	t.Logf("cross-host ping back %v after vswitchd restart", time.Since(restarted))
 	if err := tcpEcho(t, c3, c1, "10.1.0.3"); err != nil {
