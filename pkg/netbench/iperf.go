@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -18,21 +19,7 @@ func Iperf3(ctx context.Context, serverNS, clientNS, serverIP string, port, seco
 		return 0, fmt.Errorf("start iperf3 server in %s: %w", serverNS, err)
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	var out []byte
-	var err error
-	for i := 0; i < 50; i++ { // the server needs a moment to listen
-		cli := exec.CommandContext(ctx, "nsenter", "--net="+NSPath(clientNS), "--",
-			"iperf3", "-c", serverIP, "-p", strconv.Itoa(port), "-t", strconv.Itoa(seconds), "-J")
-		out, err = cli.Output()
-		if err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("iperf3 client %s -> %s: %w: %s", clientNS, serverIP, err, out)
-	}
-	var res struct {
+	type result struct {
 		End struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
@@ -40,11 +27,31 @@ func Iperf3(ctx context.Context, serverNS, clientNS, serverIP string, port, seco
 		} `json:"end"`
 		Error string `json:"error"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		return 0, fmt.Errorf("parse iperf3 output: %w", err)
+	var res result
+	var lastErr error
+	for i := 0; i < 50; i++ { // the server needs a moment to listen
+		cli := exec.CommandContext(ctx, "nsenter", "--net="+NSPath(clientNS), "--",
+			"iperf3", "-c", serverIP, "-p", strconv.Itoa(port), "-t", strconv.Itoa(seconds), "-J")
+		out, err := cli.Output()
+		res = result{}
+		if jerr := json.Unmarshal(out, &res); jerr != nil && err == nil {
+			err = fmt.Errorf("parse iperf3 output: %w", jerr)
+		}
+		switch {
+		case res.Error != "":
+			lastErr = fmt.Errorf("iperf3 %s -> %s: %s", clientNS, serverIP, res.Error)
+		case err != nil:
+			lastErr = fmt.Errorf("iperf3 client %s -> %s: %w", clientNS, serverIP, err)
+		default:
+			lastErr = nil
+		}
+		if lastErr == nil || !strings.Contains(res.Error, "unable to connect") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if res.Error != "" {
-		return 0, fmt.Errorf("iperf3: %s", res.Error)
+	if lastErr != nil {
+		return 0, lastErr
 	}
 	return res.End.SumReceived.BitsPerSecond / 1e9, nil
 }

@@ -75,7 +75,9 @@ func BridgeVXLAN(prefix string) (*Topology, error) {
 	for _, n := range []string{h1, h2, c1, c2} {
 		add(func() error { return t.addNS(n) })
 	}
-	add(func() error { return nsip(h1, "link", "add", "wire", "type", "veth", "peer", "name", "wire", "netns", h2) })
+	add(func() error {
+		return nsip(h1, "link", "add", "wire", "type", "veth", "peer", "name", "wire", "netns", h2)
+	})
 	hosts := []struct{ h, c, under, peer, cip string }{
 		{h1, c1, "10.198.0.1", "10.198.0.2", "10.197.0.1"},
 		{h2, c2, "10.198.0.2", "10.198.0.1", "10.197.0.2"},
