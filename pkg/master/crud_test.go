@@ -28,7 +28,7 @@ func TestCRUDEveryObject(t *testing.T) {
 		{"rules", "blue:web-pol:2", `{"action":"allow","direction":"in","fromEndpointGroup":"db","policyName":"web-pol","port":80,"priority":10,"protocol":"tcp","ruleId":"2","tenantName":"blue"}`},
 		{"appProfiles", "blue:app1", `{"appProfileName":"app1","endpointGroups":["web","db"],"tenantName":"blue"}`},
 		{"serviceLBs", "blue:svc1", `{"networkName":"net1","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"svc1","tenantName":"blue"}`},
-		{"Bgps", "host1", `{"as":"65002","hostname":"host1","neighbor":"50.1.1.2","neighbor-as":"500","routerip":"50.1.1.1/24"}`},
+		{"Bgps", "host1", `{"link-sets":{},"as":"65002","hostname":"host1","neighbor":"50.1.1.2","neighbor-as":"500","routerip":"50.1.1.1/24"}`},
 		{"aciGws", "aciGw", `{"name":"aciGw","enforcePolicies":"yes","includeCommonTenant":"no","nodeBindings":"topology/pod-1/node-101","pathBindings":"topology/pod-1/paths-101/pathep-[eth1/14]","physicalDomain":"dom1"}`},
 	}
 	for _, s := range creates {

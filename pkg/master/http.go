@@ -87,8 +87,9 @@ func writeErr(w http.ResponseWriter, err error) {
 }
 
 // decodeStrict decodes one JSON value into v, refusing unknown fields, wrong types and
-// trailing data; the error names the offending field.
-func decodeStrict(r *http.Request, v any) error {
+// trailing data; the error names the offending field. Top-level keys listed in ignore are
+// dropped first (server-owned link-sets/links that clients echo back on any object).
+func decodeStrict(r *http.Request, v any, ignore ...string) error {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
 		return badReq("read request body: %v", err)
@@ -98,6 +99,23 @@ func decodeStrict(r *http.Request, v any) error {
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badReq("empty request body: a JSON object is required")
+	}
+	if len(ignore) > 0 {
+		var top map[string]json.RawMessage
+		if json.Unmarshal(body, &top) == nil && top != nil {
+			dropped := false
+			for _, k := range ignore {
+				if _, ok := top[k]; ok {
+					delete(top, k)
+					dropped = true
+				}
+			}
+			if dropped {
+				if b, err := json.Marshal(top); err == nil {
+					body = b
+				}
+			}
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -169,7 +187,7 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
 		key := mux.Vars(req)["key"]
 		var obj T
-		if err := decodeStrict(req, &obj); err != nil {
+		if err := decodeStrict(req, &obj, "link-sets", "links"); err != nil {
 			writeErr(w, err)
 			return
 		}
