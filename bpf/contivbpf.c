@@ -3,12 +3,13 @@
  *
  *   cb_from_container  tcx ingress on every local endpoint's host-side veth
  *   cb_from_overlay    tcx ingress on the collect_md vxlan device
+ *   cb_from_wire       tcx ingress on the VLAN uplink (HostConfig.VLANIf)
  *   cb_test_overlay    never attached: cb_from_overlay's pipeline with the tunnel key taken
  *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
  *
  * Stage order (design.md section 6):
- *   parse → ARP responder → [VLAN pop: hook] → [service LB: hook] → [policy: hook]
- *         → forward (local redirect_peer | VXLAN | [VLAN uplink: hook]) → counters
+ *   [VLAN pop on the uplink] → parse → ARP responder → [service LB: hook]
+ *         → [policy: hook] → forward (local redirect_peer | VXLAN | VLAN uplink) → counters
  */
 #include "lib/common.h"
 #include "lib/drop.h"
@@ -16,6 +17,7 @@
 #include "lib/parse.h"
 #include "lib/arp.h"
 #include "lib/encap.h"
+#include "lib/vlan.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -91,10 +93,11 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		cb_ep_tx(skb, &skey);
 		return cb_deliver_local(skb, &dkey, ep);
 	}
-	if (net->encap != CB_ENCAP_VXLAN)
-		return cb_drop(skb, CB_DROP_NO_UPLINK); /* HOOK(VLAN push + uplink redirect) */
 	cb_mac_copy(eth->h_dest, ep->mac);
-	r = cb_encap_vxlan(skb, net, ep);
+	if (net->encap == CB_ENCAP_VLAN)
+		r = cb_encap_vlan(skb, net);
+	else
+		r = cb_encap_vxlan(skb, net, ep);
 	if (r != TC_ACT_SHOT)
 		cb_ep_tx(skb, &skey);
 	return r;
@@ -125,23 +128,14 @@ int cb_from_container(struct __sk_buff *skb)
 	}
 }
 
-/* cb_overlay_rx delivers a decapsulated frame from peer VTEP remote (network order) in
- * VNI vni to the local endpoint it is addressed to. */
-CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
+/* cb_remote_rx delivers a frame that arrived from another host in network net_key (already
+ * validated) to the local endpoint it is addressed to. */
+CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 {
 	struct cb_pkt p = {};
-	struct cb_network *net;
 	struct cb_endpoint *ep, *src;
 	struct cb_ep_key skey = {}, dkey = {};
 	int r;
-
-	if (!bpf_map_lookup_elem(&cb_peers, &remote))
-		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
-	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
-		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-	net = bpf_map_lookup_elem(&cb_networks, &vni);
-	if (!net || net->encap != CB_ENCAP_VXLAN)
-		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 
 	r = cb_parse_eth(skb, &p);
 	if (r)
@@ -154,13 +148,13 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 	if (r)
 		return cb_drop(skb, r);
 
-	skey.net = vni;
+	skey.net = net_key;
 	skey.ip = p.ip->saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
 	if (src && (src->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_REMOTE_SRC);
 
-	dkey.net = vni;
+	dkey.net = net_key;
 	dkey.ip = p.ip->daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
@@ -171,6 +165,22 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 	return cb_deliver_local(skb, &dkey, ep);
 }
 
+/* cb_overlay_rx handles a decapsulated frame from peer VTEP remote (network order) in VNI
+ * vni. */
+CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
+{
+	struct cb_network *net;
+
+	if (!bpf_map_lookup_elem(&cb_peers, &remote))
+		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
+	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	net = bpf_map_lookup_elem(&cb_networks, &vni);
+	if (!net || net->encap != CB_ENCAP_VXLAN)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	return cb_remote_rx(skb, vni);
+}
+
 SEC("tc")
 int cb_from_overlay(struct __sk_buff *skb)
 {
@@ -179,6 +189,27 @@ int cb_from_overlay(struct __sk_buff *skb)
 	if (bpf_skb_get_tunnel_key(skb, &tk, sizeof(tk), 0) < 0)
 		return cb_drop(skb, CB_DROP_NO_TUNNEL_KEY);
 	return cb_overlay_rx(skb, bpf_htonl(tk.remote_ipv4), tk.tunnel_id);
+}
+
+/* cb_from_wire takes tagged frames of known VLAN networks off the uplink; everything else
+ * (underlay IP, VXLAN, other VLANs) continues to later programs and the host stack. */
+SEC("tc")
+int cb_from_wire(struct __sk_buff *skb)
+{
+	struct cb_network *net;
+	__u32 key;
+	int vid;
+
+	vid = cb_vlan_id(skb);
+	if (vid <= 0)
+		return CB_TCX_NEXT;
+	key = CB_NET_VLAN_BIT | (__u32)vid;
+	net = bpf_map_lookup_elem(&cb_networks, &key);
+	if (!net || net->encap != CB_ENCAP_VLAN)
+		return CB_TCX_NEXT;
+	if (bpf_skb_vlan_pop(skb) < 0)
+		return cb_drop(skb, CB_DROP_VLAN_ERR);
+	return cb_remote_rx(skb, key);
 }
 
 SEC("tc")

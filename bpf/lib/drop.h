@@ -11,7 +11,7 @@ enum cb_reason {
 	/* verdicts 1..31: the packet went somewhere */
 	CB_FWD_LOCAL = 1,          /* redirected to a local endpoint (redirect_peer) */
 	CB_FWD_TUNNEL = 2,         /* VXLAN-encapsulated towards a peer VTEP */
-	CB_FWD_UPLINK = 3,         /* VLAN-tagged out of the uplink (reserved) */
+	CB_FWD_UPLINK = 3,         /* VLAN-tagged out of the uplink */
 	CB_ARP_REPLY = 4,          /* ARP request answered in place */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
@@ -30,12 +30,13 @@ enum cb_reason {
 	CB_DROP_NO_TUNNEL_KEY = 44, /* from-overlay without tunnel metadata */
 	CB_DROP_TUNNEL_ERR = 45,    /* bpf_skb_set_tunnel_key failed */
 	CB_DROP_NO_VXLAN = 46,      /* remote destination but no vxlan device configured */
-	CB_DROP_NO_UPLINK = 47,     /* remote VLAN destination, no uplink (not yet supported) */
+	CB_DROP_NO_UPLINK = 47,     /* remote VLAN destination but no uplink configured */
 	CB_DROP_TO_GATEWAY = 48,    /* IPv4 to the gateway or outside the subnet (no routing yet) */
 	CB_DROP_POLICY = 49,        /* denied by policy (reserved) */
 	CB_DROP_NO_BACKEND = 50,    /* service without backends (reserved) */
-	CB_DROP_ARP_FROM_OVERLAY = 51, /* ARP must never cross the overlay */
-	CB_DROP_REMOTE_SRC = 52,    /* overlay packet from an IP that is local here */
+	CB_DROP_ARP_FROM_OVERLAY = 51, /* ARP must never cross the overlay or uplink */
+	CB_DROP_REMOTE_SRC = 52,    /* overlay/uplink packet from an IP that is local here */
+	CB_DROP_VLAN_ERR = 53,      /* bpf_skb_vlan_push/pop failed */
 	CB_REASON_MAX = 64,
 };
 

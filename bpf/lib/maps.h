@@ -62,7 +62,7 @@ struct cb_peer {
 
 struct cb_config {
 	__u32 vxlan_ifindex;  /* collect_md vxlan device, 0 = none */
-	__u32 uplink_ifindex; /* VLAN uplink, 0 = none (reserved) */
+	__u32 uplink_ifindex; /* VLAN uplink, 0 = none */
 	__be32 vtep;          /* tunnel source address */
 	__u8 gw_mac[6];       /* MAC answered for gateways */
 	__u16 pad;

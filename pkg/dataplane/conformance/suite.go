@@ -44,7 +44,8 @@ type Container struct {
 // Env is the two-host topology the scenarios run on.
 type Env struct {
 	Prefix  string
-	Net     dataplane.Network
+	Net     dataplane.Network // VXLAN network
+	VLANNet dataplane.Network // VLAN network over the wire (HostConfig.VLANIf)
 	H1, H2  *Host
 	factory Factory
 }
@@ -59,6 +60,8 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		ID: "blue.default", Encap: dataplane.EncapVXLAN, Tag: 5001,
 		Subnet: netip.MustParsePrefix("10.36.1.0/24"), Gateway: netip.MustParseAddr("10.36.1.254"), MTU: 1450,
 	}}
+	e.VLANNet = dataplane.Network{ID: "green.default", Encap: dataplane.EncapVLAN, Tag: 100,
+		Subnet: netip.MustParsePrefix("10.36.2.0/24"), Gateway: netip.MustParseAddr("10.36.2.254"), MTU: 1500}
 	pinBase := filepath.Join("/sys/fs/bpf", p)
 	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
 	mk := func(name, addr string) *Host {
@@ -66,6 +69,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		return &Host{Name: name, NS: ns, Cfg: dataplane.HostConfig{
 			Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addr), VXLANPort: vxlanPort,
 			FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0",
+			VLANIf: wireIf,
 		}}
 	}
 	e.H1, e.H2 = mk("h1", "10.254.0.1"), mk("h2", "10.254.0.2")
@@ -128,14 +132,19 @@ func wire(ns1, ns2 string) error {
 	return nil
 }
 
-// AddContainer creates a container namespace and the endpoint description for it (the
-// caller programs it through the driver).
+// AddContainer creates a container namespace and the endpoint description for it in the
+// VXLAN network (the caller programs it through the driver).
 func (e *Env) AddContainer(t *testing.T, name string, ip string) *Container {
+	return e.AddContainerIn(t, e.Net, name, ip)
+}
+
+// AddContainerIn is AddContainer for any network.
+func (e *Env) AddContainerIn(t *testing.T, n dataplane.Network, name string, ip string) *Container {
 	t.Helper()
 	ns := NewNetNS(t, e.Prefix+"-"+name)
 	a := netip.MustParseAddr(ip)
 	return &Container{NS: ns, EP: dataplane.Endpoint{
-		ID: e.Net.ID + "-" + name, NetworkID: e.Net.ID, IP: a, MAC: dataplane.ContivMAC(a),
+		ID: n.ID + "-" + name, NetworkID: n.ID, IP: a, MAC: dataplane.ContivMAC(a),
 		HostIfName: e.Prefix + name, NetNS: ns, IfName: "eth0",
 	}}
 }
@@ -262,6 +271,39 @@ func Run(t *testing.T, factory Factory) {
 			}
 		}
 	})
+	// Created on the parent test so the namespaces outlive the subtest.
+	c1 := e.AddContainerIn(t, e.VLANNet, "c1", "10.36.2.1")
+	c2 := e.AddContainerIn(t, e.VLANNet, "c2", "10.36.2.2")
+	t.Run("vlan", func(t *testing.T) {
+		e.H1.State.Networks = append(e.H1.State.Networks, e.VLANNet)
+		e.H2.State.Networks = append(e.H2.State.Networks, e.VLANNet)
+		e.H1.State.Endpoints = append(e.H1.State.Endpoints, c1.EP)
+		e.H2.State.Endpoints = append(e.H2.State.Endpoints, c2.EP)
+		e.H1.State.RemoteEndpoints = append(e.H1.State.RemoteEndpoints, e.Remote(c2, e.H2))
+		e.H2.State.RemoteEndpoints = append(e.H2.State.RemoteEndpoints, e.Remote(c1, e.H1))
+		e.H1.Sync(t)
+		e.H2.Sync(t)
+		capt, err := StartCapture(e.H1.NS, wireIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		PingOK(t, c1.NS, ip(c2), 3)
+		if err := TCPCheck(c2.NS, ip(c2), c1.NS, transfer); err != nil {
+			t.Error("c1→c2:", err)
+		}
+		if err := TCPCheck(c1.NS, ip(c1), c2.NS, transfer); err != nil {
+			t.Error("c2→c1:", err)
+		}
+		PingFails(t, c1.NS, ip(a1)) // networks are isolated
+		st := capt.Stop(e.VLANNet.Subnet, vxlanPort)
+		t.Logf("wire: frames %d, vlan %v, arp for subnet %d", st.Frames, st.VLAN, st.ARPForSubnet)
+		if st.VLAN[int(e.VLANNet.Tag)] == 0 {
+			t.Errorf("no frames tagged %d on the wire", e.VLANNet.Tag)
+		}
+		if st.ARPForSubnet != 0 {
+			t.Errorf("%d container ARP frames on the wire", st.ARPForSubnet)
+		}
+	})
 	t.Run("idempotent", func(t *testing.T) {
 		c := ctx(t)
 		for i := 0; i < 2; i++ {
@@ -370,8 +412,10 @@ func Run(t *testing.T, factory Factory) {
 		}
 		PingOK(t, a1.NS, ip(a2), 3)
 		PingOK(t, b1.NS, ip(a1), 3)
+		PingOK(t, c1.NS, ip(c2), 3)
 	})
 	t.Run("sync-sweeps", func(t *testing.T) {
+		saved := e.H1.State.Endpoints
 		e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP}
 		e.H1.Sync(t)
 		if linkExists(e.H1.NS, a2.EP.HostIfName) {
@@ -379,7 +423,7 @@ func Run(t *testing.T, factory Factory) {
 		}
 		PingFails(t, a1.NS, ip(a2))
 		PingOK(t, a1.NS, ip(b1), 3)
-		e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
+		e.H1.State.Endpoints = saved
 		e.H1.Sync(t)
 		PingOK(t, a1.NS, ip(a2), 3)
 	})

@@ -105,10 +105,11 @@ func TCPCheck(serverNS, serverIP, clientNS string, n int) error {
 // WireStats summarises a capture on an underlay wire.
 type WireStats struct {
 	Frames        int
-	VXLAN         int // UDP frames to the VXLAN port
-	ARPForSubnet  int // plain ARP frames whose sender or target is in the container subnet
-	ARPInOverlay  int // VXLAN frames carrying ARP
-	OtherARPFrame int // underlay ARP (host addresses), allowed
+	VXLAN         int         // UDP frames to the VXLAN port
+	ARPForSubnet  int         // plain ARP frames whose sender or target is in the container subnet
+	ARPInOverlay  int         // VXLAN frames carrying ARP
+	OtherARPFrame int         // underlay ARP (host addresses), allowed
+	VLAN          map[int]int // 802.1Q frames by VLAN id
 }
 
 // Capture records every frame seen on one interface.
@@ -137,6 +138,11 @@ func StartCapture(path, ifname string) (*Capture, error) {
 			unix.Close(fd)
 			return err
 		}
+		// Offloaded VLAN tags are not in the frame bytes: ask for them as auxdata.
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_AUXDATA, 1); err != nil {
+			unix.Close(fd)
+			return err
+		}
 		tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			unix.Close(fd)
@@ -155,20 +161,46 @@ func StartCapture(path, ifname string) (*Capture, error) {
 func (c *Capture) loop() {
 	defer close(c.done)
 	buf := make([]byte, 65536)
+	oob := make([]byte, 256)
 	for {
 		select {
 		case <-c.stop:
 			return
 		default:
 		}
-		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		n, oobn, _, _, err := unix.Recvmsg(c.fd, buf, oob, 0)
 		if err != nil || n <= 0 {
 			continue
 		}
+		f := append([]byte(nil), buf[:n]...)
+		if tci, ok := auxVLAN(oob[:oobn]); ok && n >= 12 {
+			// Re-insert the offloaded tag so the frame reads as it was on the wire.
+			tag := []byte{0x81, 0x00, byte(tci >> 8), byte(tci)}
+			f = append(append(append([]byte(nil), f[:12]...), tag...), f[12:]...)
+		}
 		c.mu.Lock()
-		c.frames = append(c.frames, append([]byte(nil), buf[:n]...))
+		c.frames = append(c.frames, f)
 		c.mu.Unlock()
 	}
+}
+
+// auxVLAN extracts an offloaded VLAN tag from PACKET_AUXDATA.
+func auxVLAN(oob []byte) (uint16, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_PACKET || m.Header.Type != unix.PACKET_AUXDATA || len(m.Data) < 20 {
+			continue
+		}
+		status := binary.NativeEndian.Uint32(m.Data[0:4])
+		tci := binary.NativeEndian.Uint16(m.Data[16:18])
+		if status&unix.TP_STATUS_VLAN_VALID != 0 || tci != 0 {
+			return tci, true
+		}
+	}
+	return 0, false
 }
 
 // Stop ends the capture and classifies what was seen.
@@ -178,9 +210,12 @@ func (c *Capture) Stop(subnet netip.Prefix, vxlanPort int) WireStats {
 	unix.Close(c.fd)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var s WireStats
+	s := WireStats{VLAN: map[int]int{}}
 	for _, f := range c.frames {
 		s.Frames++
+		if len(f) >= 18 && binary.BigEndian.Uint16(f[12:]) == 0x8100 {
+			s.VLAN[int(binary.BigEndian.Uint16(f[14:])&0x0fff)]++
+		}
 		if isARP, sip, tip := arpAddrs(f); isARP {
 			if subnet.Contains(sip) || subnet.Contains(tip) {
 				s.ARPForSubnet++

@@ -124,6 +124,7 @@ const (
 	contivbpfCbReasonCB_DROP_NO_BACKEND         contivbpfCbReason = 50
 	contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY   contivbpfCbReason = 51
 	contivbpfCbReasonCB_DROP_REMOTE_SRC         contivbpfCbReason = 52
+	contivbpfCbReasonCB_DROP_VLAN_ERR           contivbpfCbReason = 53
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
 )
 
@@ -140,6 +141,7 @@ const (
 	contivbpfMapCbReasons        = "cb_reasons"
 	contivbpfProgCbFromContainer = "cb_from_container"
 	contivbpfProgCbFromOverlay   = "cb_from_overlay"
+	contivbpfProgCbFromWire      = "cb_from_wire"
 	contivbpfProgCbTestOverlay   = "cb_test_overlay"
 	contivbpfVarCbEncapUnused    = "cb_encap_unused"
 	contivbpfVarCbEpFlagsUnused  = "cb_ep_flags_unused"
@@ -190,6 +192,7 @@ type contivbpfSpecs struct {
 type contivbpfProgramSpecs struct {
 	CbFromContainer *ebpf.ProgramSpec `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
@@ -271,6 +274,7 @@ type contivbpfVariables struct {
 type contivbpfPrograms struct {
 	CbFromContainer *ebpf.Program `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
@@ -278,6 +282,7 @@ func (p *contivbpfPrograms) Close() error {
 	return _ContivbpfClose(
 		p.CbFromContainer,
 		p.CbFromOverlay,
+		p.CbFromWire,
 		p.CbTestOverlay,
 	)
 }

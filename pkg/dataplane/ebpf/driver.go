@@ -46,6 +46,7 @@ type Driver struct {
 	objs    contivbpfObjects
 	nl      *netlink.Handle
 	vxIndex int
+	upIndex int                    // VLAN uplink, 0 = none
 	links   map[string]*attachment // by interface name
 	gen     uint32
 	closed  bool
@@ -181,11 +182,23 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.ensureVXLAN(); err != nil {
 		return err
 	}
+	if d.cfg.VLANIf != "" {
+		up, err := d.nl.LinkByName(d.cfg.VLANIf)
+		if err != nil {
+			return fmt.Errorf("ebpf: vlan uplink %s: %w", d.cfg.VLANIf, err)
+		}
+		d.upIndex = up.Attrs().Index
+	}
 	if err := d.writeConfig(); err != nil {
 		return err
 	}
 	if err := d.ensureTCX(d.cfg.VXLANIf, d.vxIndex, d.objs.CbFromOverlay, contivbpfProgCbFromOverlay); err != nil {
 		return err
+	}
+	if d.upIndex != 0 {
+		if err := d.ensureTCX(d.cfg.VLANIf, d.upIndex, d.objs.CbFromWire, contivbpfProgCbFromWire); err != nil {
+			return err
+		}
 	}
 	return d.adoptEndpoints(ctx)
 }
@@ -208,7 +221,7 @@ func (d *Driver) release() {
 }
 
 func (d *Driver) writeConfig() error {
-	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), Generation: d.gen}
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
 	}

@@ -331,9 +331,10 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		if cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
 			return fmt.Errorf("endpoint %s: ip %v is a remote endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 		}
-		if r, ok := d.endpoints[ik]; !ok || int(cur.Ifindex) != r.ifindex {
-			return fmt.Errorf("endpoint %s: ip %v already used by another local endpoint", ep.ID, ep.IP)
+		if owner, ok := d.endpointByIfindex(int(cur.Ifindex)); ok && owner != ik {
+			return fmt.Errorf("endpoint %s: ip %v already used by local endpoint %s", ep.ID, ep.IP, d.endpoints[owner].id)
 		}
+		// Otherwise the entry is ours or stale (its veth vanished with its container).
 	}
 
 	alias := aliasPrefix + ik
@@ -402,6 +403,15 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key}
 	return nil
+}
+
+func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
+	for ik, r := range d.endpoints {
+		if r.ifindex == ifindex {
+			return ik, true
+		}
+	}
+	return "", false
 }
 
 // createVeth creates the pair with the container end already in the endpoint's namespace

@@ -502,8 +502,8 @@ func TestReasonNames(t *testing.T) {
 			t.Errorf("%s: IsDrop %v", n, r.IsDrop())
 		}
 	}
-	if len(seen) != 26 {
-		t.Errorf("%d named reasons, want 26 (update reasons.go with drop.h)", len(seen))
+	if len(seen) != 27 {
+		t.Errorf("%d named reasons, want 27 (update reasons.go with drop.h)", len(seen))
 	}
 }
 
@@ -569,4 +569,78 @@ func TestProgramBenchmark(t *testing.T) {
 		total += d
 	}
 	t.Logf("Program.Run single   %-18s %6.1f ns/packet", "arp-reply", float64(total.Nanoseconds())/n)
+}
+
+func vlanTag(frame []byte, vid uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	out = binary.BigEndian.AppendUint16(out, 0x8100)
+	out = binary.BigEndian.AppendUint16(out, vid)
+	return append(out, frame[12:]...)
+}
+
+func TestVLAN(t *testing.T) {
+	objs := loadTestObjects(t)
+	const vnet = 1<<24 | 10
+	vsrc, vloc, vrem := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.9")
+	put := func(ip netip.Addr, v contivbpfCbEndpoint) {
+		copy(v.Mac[:], dataplane.ContivMAC(ip))
+		k := contivbpfCbEpKey{Net: vnet, Ip: ip4(ip)}
+		if err := objs.CbEndpoints.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(vloc, contivbpfCbEndpoint{Ifindex: peerIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)})
+	put(vrem, contivbpfCbEndpoint{Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)})
+	ifc := contivbpfCbIface{Net: vnet, Ip: ip4(vsrc)}
+	copy(ifc.Mac[:], dataplane.ContivMAC(vsrc))
+	if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+		t.Fatal(err)
+	}
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.UplinkIfindex = 5
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("to-remote-tagged-uplink", func(t *testing.T) {
+		r := run(t, objs, objs.CbFromContainer, ipFrame(vsrc, vrem, ipOpts{}), nil)
+		r.expect(t, tcActRedirect, FwdUplink)
+		if !bytes.Equal(r.out[0:6], dataplane.ContivMAC(vrem)) {
+			t.Errorf("dst mac %x", r.out[0:6])
+		}
+	})
+	t.Run("to-local-same-vlan", func(t *testing.T) {
+		run(t, objs, objs.CbFromContainer, ipFrame(vsrc, vloc, ipOpts{}), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("wire/tagged-to-local", func(t *testing.T) {
+		r := run(t, objs, objs.CbFromWire, vlanTag(ipFrame(vrem, vloc, ipOpts{}), 10), nil)
+		r.expect(t, tcActRedirect, FwdLocal)
+		if binary.BigEndian.Uint16(r.out[12:]) != 0x0800 || !bytes.Equal(r.out[0:6], dataplane.ContivMAC(vloc)) {
+			t.Errorf("tag not popped or mac not rewritten: %x", r.out[:18])
+		}
+	})
+	t.Run("wire/tagged-to-unknown", func(t *testing.T) {
+		run(t, objs, objs.CbFromWire, vlanTag(ipFrame(vrem, netip.MustParseAddr("10.2.0.77"), ipOpts{}), 10), nil).expect(t, tcActShot, DropUnknownDst)
+	})
+	t.Run("wire/tagged-arp", func(t *testing.T) {
+		run(t, objs, objs.CbFromWire, vlanTag(arpFrame(1, dataplane.ContivMAC(vrem), vrem, vloc), 10), nil).expect(t, tcActShot, DropARPFromOverlay)
+	})
+	t.Run("wire/tagged-local-src", func(t *testing.T) {
+		run(t, objs, objs.CbFromWire, vlanTag(ipFrame(vloc, vloc, ipOpts{}), 10), nil).expect(t, tcActShot, DropRemoteSrc)
+	})
+	for name, pkt := range map[string][]byte{
+		"untagged":     ipFrame(vrem, vloc, ipOpts{}),
+		"unknown-vlan": vlanTag(ipFrame(vrem, vloc, ipOpts{}), 11),
+		"vni-not-vlan": vlanTag(ipFrame(vrem, vloc, ipOpts{}), 100), // VNI 100 exists, VLAN 100 does not
+	} {
+		t.Run("wire/pass-"+name, func(t *testing.T) {
+			r := run(t, objs, objs.CbFromWire, pkt, nil)
+			if int32(r.ret) != -1 || len(r.diff) != 0 {
+				t.Errorf("verdict %d reasons %v, want TCX_NEXT and no counters", int32(r.ret), r.diff)
+			}
+		})
+	}
 }

@@ -34,6 +34,7 @@ const (
 	DropNoBackend        = Reason(contivbpfCbReasonCB_DROP_NO_BACKEND)
 	DropARPFromOverlay   = Reason(contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY)
 	DropRemoteSrc        = Reason(contivbpfCbReasonCB_DROP_REMOTE_SRC)
+	DropVLANErr          = Reason(contivbpfCbReasonCB_DROP_VLAN_ERR)
 	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -65,6 +66,7 @@ var reasonNames = map[Reason]string{
 	DropNoBackend:        "drop_no_backend",
 	DropARPFromOverlay:   "drop_arp_from_overlay",
 	DropRemoteSrc:        "drop_remote_src",
+	DropVLANErr:          "drop_vlan_err",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -46,6 +46,9 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 	wantEPs := map[string]bool{}
 	wantIfs := map[string]bool{d.cfg.VXLANIf: true}
+	if d.cfg.VLANIf != "" {
+		wantIfs[d.cfg.VLANIf] = true
+	}
 	for _, ep := range s.Endpoints {
 		wantEPs[indexKey(ep.ID)] = true
 		wantIfs[ep.HostIfName] = true
