@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 )
 
 // Config describes a simulated cluster.
@@ -302,7 +303,7 @@ func (c *Cluster) startMaster(ctx context.Context) error {
 
 // PluginArgs is the netplugin command line of h.
 func (c *Cluster) PluginArgs(h *Host) []string {
-	return []string{
+	args := []string{
 		"--mode", "kubernetes", "--netmode", "vxlan", "--fwdmode", "bridge",
 		"--etcd-endpoints", c.EtcdURL(),
 		"--host", h.Name, "--vtep-ip", h.IP.String(), "--ctrl-ip", h.IP.String(),
@@ -311,6 +312,11 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		"--cni-socket", h.CNISocket,
 		"--inspect-listen", h.Inspect,
 	}
+	if c.cfg.Dataplane == "ovs" {
+		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
+		args = append(args, "--ovs-dir", filepath.Join(c.WorkDir, h.Name, "ovs"))
+	}
+	return args
 }
 
 // StartPlugin starts h's netplugin (again, after StopPlugin or KillPlugin).
@@ -568,6 +574,15 @@ func (c *Cluster) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if c.cfg.Dataplane == "ovs" {
+		// netplugin leaves its private OVS running on exit (the datapath keeps forwarding);
+		// the simulation started those daemons, so it stops them.
+		for _, h := range c.Hosts {
+			if err := (ovs.Private{Dir: filepath.Join(c.WorkDir, h.Name, "ovs")}).Stop(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	c.mu.Lock()
 	nss := append([]string(nil), c.namespaces...)
 	c.mu.Unlock()
