@@ -45,6 +45,8 @@ const (
 	ofportWire     = 1
 	ofportFirstEP  = 100
 	tunnelPortName = "contivvxlan"
+	patchInt       = "contivpatch-i" // integration bridge end of the uplink patch
+	patchUL        = "contivpatch-u" // underlay bridge end
 )
 
 // Options chooses the OVS instance and bridge names.
@@ -185,22 +187,6 @@ func (d *Driver) setupBridges(ctx context.Context) error {
 		return err
 	}
 	d.ports = ports{endpoints: map[string]uint32{}}
-	if d.host.VLANIf != "" {
-		if err := txOff(ctx, d.host.NetNS, d.host.VLANIf); err != nil {
-			return fmt.Errorf("ovs: vlan uplink: %w", err)
-		}
-		if err := linkUp(d.host.NetNS, d.host.VLANIf); err != nil {
-			return fmt.Errorf("ovs: vlan uplink: %w", err)
-		}
-		if err := d.db.ensurePort(ctx, d.opts.Bridge, portSpec{Name: d.host.VLANIf, OfportRequest: ofportUplink}); err != nil {
-			return err
-		}
-		n, err := d.db.ofport(ctx, d.host.VLANIf)
-		if err != nil {
-			return err
-		}
-		d.ports.uplink = n
-	}
 	if d.host.VTEP.IsValid() {
 		if err := d.setupUnderlay(ctx); err != nil {
 			return err
@@ -216,6 +202,39 @@ func (d *Driver) setupBridges(ctx context.Context) error {
 		}
 		d.ports.tunnel = n
 	}
+	if d.host.VLANIf == "" {
+		return nil
+	}
+	uplink := d.host.VLANIf
+	if d.wire != nil && d.wire.wire == d.host.VLANIf {
+		// The VLAN uplink is also the VXLAN wire, which sits on the underlay bridge: reach it
+		// through a patch pair; the underlay bridge (standalone, NORMAL) switches tagged
+		// frames between the patch and the wire.
+		uplink = patchInt
+		if err := d.db.ensurePort(ctx, d.opts.UnderlayBridge, portSpec{Name: patchUL, Type: "patch",
+			Options: map[string]string{"peer": patchInt}}); err != nil {
+			return err
+		}
+		if err := d.db.ensurePort(ctx, d.opts.Bridge, portSpec{Name: patchInt, Type: "patch", OfportRequest: ofportUplink,
+			Options: map[string]string{"peer": patchUL}}); err != nil {
+			return err
+		}
+	} else {
+		if err := txOff(ctx, d.host.NetNS, uplink); err != nil {
+			return fmt.Errorf("ovs: vlan uplink: %w", err)
+		}
+		if err := linkUp(d.host.NetNS, uplink); err != nil {
+			return fmt.Errorf("ovs: vlan uplink: %w", err)
+		}
+		if err := d.db.ensurePort(ctx, d.opts.Bridge, portSpec{Name: uplink, OfportRequest: ofportUplink}); err != nil {
+			return err
+		}
+	}
+	n, err := d.db.ofport(ctx, uplink)
+	if err != nil {
+		return err
+	}
+	d.ports.uplink = n
 	return nil
 }
 

@@ -196,8 +196,12 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 	eps := sortedValues(d.endpoints, func(e dataplane.Endpoint) string { return e.ID })
 	rems := sortedValues(d.remotes, func(e dataplane.RemoteEndpoint) string { return e.ID })
 	peerVTEP := map[string]netip.Addr{}
+	peerHost := map[string]bool{}
+	peerAddr := map[netip.Addr]bool{}
 	for _, p := range d.peers {
 		peerVTEP[p.Host] = p.VTEP
+		peerHost[p.Host] = true
+		peerAddr[p.VTEP] = true
 	}
 
 	// Defaults: each table drops what no flow claims, except the pass-through stages.
@@ -272,8 +276,10 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 		if !vtep.IsValid() {
 			vtep = peerVTEP[r.Host]
 		}
-		if n.Encap == dataplane.EncapVXLAN && !vtep.IsValid() {
-			return nil, fmt.Errorf("remote endpoint %s: no VTEP (neither vtep nor a peer for host %q)", r.ID, r.Host)
+		if n.Encap == dataplane.EncapVXLAN && (!vtep.IsValid() || !peerHost[r.Host] && !peerAddr[vtep]) {
+			// Reachable only through a known peer: wait for it (the agent may send the
+			// endpoint first), forwarding nothing meanwhile.
+			continue
 		}
 		all = append(all, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: vtep})
 		if r.EPGID != 0 {
@@ -292,8 +298,21 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 				load(regDstEPG, uint32(e.epg)).goTo(tPolicy))
 		}
 		add(newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
-		add(newFlow(tL3, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
+		// Routed (to the gateway/router MAC or a VIP's MAC): within the network in bridge
+		// mode, within the tenant (VRF) in routing mode; DNATed service traffic may cross
+		// networks of the tenant in both.
+		routed := newFlow(tL3, 100).ip()
+		if host.FwdMode == dataplane.FwdRouting {
+			routed.reg(regVRF, netVRF(e.net))
+		} else {
+			routed.reg(regNet, netKey(e.net))
+		}
+		add(routed.ipDst(netip.PrefixFrom(e.ip, 32)).
 			setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
+		if host.FwdMode != dataplane.FwdRouting {
+			add(newFlow(tL3, 90).ip().reg(regVRF, netVRF(e.net)).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
+				setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
+		}
 		out := newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
 		switch {
 		case e.local:

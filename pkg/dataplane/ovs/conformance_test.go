@@ -1,0 +1,48 @@
+package ovs
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+)
+
+// TestConformance runs the backend-neutral suite with one private OVS per simulated
+// host. A restarted host (the factory called again for the same host) reuses its OVS, as
+// a restarted netplugin would.
+func TestConformance(t *testing.T) {
+	needRoot(t)
+	var mu sync.Mutex
+	dirs := map[string]string{}
+	factory := func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
+		t.Helper()
+		mu.Lock()
+		dir, ok := dirs[cfg.Host]
+		if !ok {
+			var err error
+			if dir, err = os.MkdirTemp("", "cbo-ovs-"); err != nil {
+				t.Fatal(err)
+			}
+			dirs[cfg.Host] = dir
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				defer cancel()
+				_ = Private{Dir: dir}.Stop(ctx)
+				os.RemoveAll(dir)
+			})
+		}
+		mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		d, err := New(ctx, cfg, Options{Dir: dir})
+		if err != nil {
+			t.Fatalf("new ovs driver for %s: %v", cfg.Host, err)
+		}
+		return d
+	}
+	conformance.Run(t, factory)
+}
