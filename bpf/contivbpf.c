@@ -61,10 +61,6 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 	daddr = p.ip->daddr;
 
-	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
-	if (!net)
-		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-
 	/* HOOK(service LB): VIP:port lookup + DNAT with conntrack goes here, before the
 	 * destination lookup. Non-first fragments (p.frag == CB_FRAG_LATER) carry no ports
 	 * and must be matched through conntrack, never by parsing p.l4_off. */
@@ -73,6 +69,9 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	dkey.ip = daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep) {
+		net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
+		if (!net)
+			return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 		if ((net->gateway && daddr == net->gateway) ||
 		    (daddr & net->mask) != net->subnet)
 			return cb_drop(skb, CB_DROP_TO_GATEWAY); /* HOOK(routing mode) */
@@ -93,6 +92,10 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		cb_ep_tx(skb, &skey);
 		return cb_deliver_local(skb, &dkey, ep);
 	}
+	/* The network is looked up only off the local fast path. */
+	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
+	if (!net)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	cb_mac_copy(eth->h_dest, ep->mac);
 	if (net->encap == CB_ENCAP_VLAN)
 		r = cb_encap_vlan(skb, net);

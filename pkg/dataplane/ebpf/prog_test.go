@@ -509,7 +509,6 @@ func TestReasonNames(t *testing.T) {
 
 func BenchmarkPaths(b *testing.B) {
 	objs := loadTestObjects(b)
-	srcMAC := dataplane.ContivMAC(srcIP)
 	peer := ip4(netip.MustParseAddr(testVTEP))
 	cases := []struct {
 		name string
@@ -517,7 +516,6 @@ func BenchmarkPaths(b *testing.B) {
 		pkt  []byte
 		ctx  any
 	}{
-		{"arp-reply", objs.CbFromContainer, arpFrame(1, srcMAC, srcIP, localIP), nil},
 		{"local", objs.CbFromContainer, ipFrame(srcIP, localIP, ipOpts{}), nil},
 		{"tunnel", objs.CbFromContainer, ipFrame(srcIP, remoteIP, ipOpts{}), nil},
 		{"overlay-rx", objs.CbTestOverlay, ipFrame(remoteIP, localIP, ipOpts{}), &skbCtx{CB: [5]uint32{peer, testNet}}},
