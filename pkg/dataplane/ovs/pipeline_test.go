@@ -1,0 +1,140 @@
+package ovs
+
+import (
+	"encoding/hex"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	of "github.com/contiv/libOpenflow/openflow13"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+func testState() *desired {
+	d := newDesired()
+	d.networks[vxNet.ID] = vxNet
+	a := netip.MustParseAddr("10.1.0.1")
+	d.endpoints["e1"] = dataplane.Endpoint{ID: "e1", NetworkID: vxNet.ID, IP: a, MAC: dataplane.ContivMAC(a), EPGID: 7, HostIfName: "v1", IfName: "eth0"}
+	b := netip.MustParseAddr("10.1.0.9")
+	d.remotes["r1"] = dataplane.RemoteEndpoint{ID: "r1", NetworkID: vxNet.ID, IP: b, MAC: dataplane.ContivMAC(b), EPGID: 8, Host: "h2"}
+	d.peers["h2"] = dataplane.Peer{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}
+	d.policies[7] = dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "d", Priority: 1, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "a", Priority: 3, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
+	}}
+	d.services["s"] = dataplane.Service{ID: "s", VIP: netip.MustParseAddr("10.9.0.1"),
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{a, b}}
+	return d
+}
+
+var testPorts = ports{endpoints: map[string]uint32{"e1": 100}, tunnel: 1}
+
+func texts(c *compiled) string {
+	var s []string
+	for _, f := range c.flows {
+		s = append(s, f.String())
+	}
+	return strings.Join(s, "\n")
+}
+
+func TestCompile(t *testing.T) {
+	c, err := compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := texts(c)
+	for _, want := range []string{
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],goto_table:arp",
+		"table=arp,priority=100,reg0=5000,dl_type=0x0806,arp_op=1,arp_tpa=10.1.0.254 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11",
+		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:09 actions=set_field:5000->tun_id,set_field:192.168.1.2->tun_dst,output:1",
+		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:01 actions=output:100",
+		"table=policy,priority=103,dl_type=0x0800,reg1=7,nw_proto=6,tcp_flags=+syn-ack actions=drop",
+		"table=policy,priority=106,dl_type=0x0800,reg1=7,reg2=8,nw_proto=6,tp_dst=80 actions=goto_table:commit",
+		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],ct(commit,table=src_epg,zone=reg3[0..15],nat(dst=10.1.0.9:8080))",
+		"table=src_epg,priority=100,reg4[0..0]=1,reg3=1,dl_type=0x0800,nw_src=10.1.0.9 actions=load:8->reg1,goto_table:dst_epg",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
+		}
+	}
+	if len(c.groups) != 1 || len(c.groups[0].buckets) != 2 {
+		t.Errorf("groups = %+v, want one select group with 2 buckets", c.groups)
+	}
+	// Routing mode answers ARP for endpoints with the router MAC.
+	c, _ = compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, map[string]uint32{})
+	if !strings.Contains(texts(c), "arp_tpa=10.1.0.9 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11") {
+		t.Error("routing mode: remote endpoint not answered with the router MAC")
+	}
+}
+
+func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
+	st := testState()
+	delete(st.peers, "h2")
+	c, err := compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(texts(c), "dl_dst=02:02:0a:01:00:09") {
+		t.Error("remote endpoint of an unknown peer has forwarding flows")
+	}
+}
+
+func TestCompileRejects(t *testing.T) {
+	for name, mutate := range map[string]func(*desired){
+		"unknown network": func(d *desired) {
+			e := d.endpoints["e1"]
+			e.NetworkID = "nope.x"
+			d.endpoints["e1"] = e
+		},
+		"no port": func(d *desired) {
+			e := d.endpoints["e1"]
+			e.ID = "e2"
+			d.endpoints["e2"] = e
+		},
+		"bad action": func(d *desired) {
+			d.policies[9] = dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "x", Action: "maybe"}}}
+		},
+		"bad service proto": func(d *desired) {
+			s := d.services["s"]
+			s.Ports = []dataplane.ServicePort{{Proto: 1, Port: 1}}
+			d.services["s"] = s
+		},
+	} {
+		st := testState()
+		mutate(st)
+		if _, err := compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestEncodingDecodes checks every flow and group encodes into messages that OVS's own
+// decoder (ovs-ofctl ofp-print) accepts.
+func TestEncodingDecodes(t *testing.T) {
+	if _, err := exec.LookPath("ovs-ofctl"); err != nil {
+		t.Skip("ovs-ofctl not installed; skipping")
+	}
+	c, err := compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []interface{ MarshalBinary() ([]byte, error) }
+	for _, f := range c.flows {
+		msgs = append(msgs, f.flowMod(of.FC_ADD, cookieFor(1)), f.flowMod(of.FC_DELETE_STRICT, 0))
+	}
+	for _, g := range c.groups {
+		msgs = append(msgs, g.groupMod(of.OFPGC_ADD))
+	}
+	for i, m := range msgs {
+		b, err := m.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("ovs-ofctl", "ofp-print", hex.EncodeToString(b)).CombinedOutput()
+		if err != nil || strings.Contains(string(out), "decode error") || strings.Contains(string(out), "WARN") {
+			t.Errorf("message %d does not decode: %v\n%s", i, err, out)
+		}
+	}
+}
