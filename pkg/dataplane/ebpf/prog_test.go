@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -640,5 +642,22 @@ func TestVLAN(t *testing.T) {
 				t.Errorf("verdict %d reasons %v, want TCX_NEXT and no counters", int32(r.ret), r.diff)
 			}
 		})
+	}
+}
+
+// TestDropReasonsDoc keeps docs/drop-reasons.md in step with the enum.
+func TestDropReasonsDoc(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/drop-reasons.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range Reasons() {
+		if r == ReasonUnspec {
+			continue
+		}
+		row := "| " + strconv.Itoa(int(r)) + " | " + r.String() + " |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/drop-reasons.md lacks the row %q", row)
+		}
 	}
 }
