@@ -53,6 +53,12 @@ type Config struct {
 	NetmasterArgs func(c *Cluster) []string
 	// Logger receives progress lines (default slog.Default()).
 	Logger *slog.Logger
+	// PluginArgs, if set, returns extra netplugin arguments for h, appended to the
+	// default command line (a repeated flag overrides, e.g. "--mode docker").
+	PluginArgs func(c *Cluster, h *Host) []string
+	// ReadySocket, if set, is the socket whose existence tells WaitReady that h's runtime
+	// front-end is up (default: h.CNISocket; docker mode serves the Docker plugin socket).
+	ReadySocket func(h *Host) string
 }
 
 // Host is one simulated host.
@@ -316,6 +322,9 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
 		args = append(args, "--ovs-dir", filepath.Join(c.WorkDir, h.Name, "ovs"))
 	}
+	if c.cfg.PluginArgs != nil {
+		args = append(args, c.cfg.PluginArgs(c, h)...)
+	}
 	return args
 }
 
@@ -361,10 +370,14 @@ func (h *Host) WaitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		last = h.InspectGet(ctx, "/healthz", nil)
 		if last == nil {
-			if _, err := os.Stat(h.CNISocket); err == nil {
+			sock := h.CNISocket
+			if h.c.cfg.ReadySocket != nil {
+				sock = h.c.cfg.ReadySocket(h)
+			}
+			if _, err := os.Stat(sock); err == nil {
 				return nil
 			}
-			last = fmt.Errorf("cni socket %s not there yet", h.CNISocket)
+			last = fmt.Errorf("socket %s not there yet", sock)
 		}
 		select {
 		case <-ctx.Done():
