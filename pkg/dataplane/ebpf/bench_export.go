@@ -1,0 +1,274 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// PathCost is the kernel-measured cost of one datapath program path
+// (BPF_PROG_TEST_RUN through Program.Benchmark), for `make bench`.
+type PathCost struct {
+	Name    string  // e.g. "local", "arp-reply", "tunnel-encap"
+	Program string  // the BPF program's name
+	Reason  Reason  // the verdict/drop reason the path ends with (checked before timing)
+	NsPerPk float64 // nanoseconds per packet
+	// Single is true when the path rewrites its packet (ARP reply, VLAN push/pop): the
+	// kernel re-runs a repeated test on the rewritten skb, so such paths are timed as
+	// single runs, averaged; those include the test harness' per-run timer cost, which
+	// the "noop-single" row shows.
+	Single bool
+}
+
+// MeasurePaths loads the committed datapath programs with private, unpinned maps, fills
+// them with a small fixture (one VXLAN and one VLAN network, local and remote endpoints,
+// one peer), checks that each crafted packet takes the intended path, and times it with
+// Program.Benchmark over repeat runs. A no-op tc program is timed the same way as the
+// floor (the test harness' own cost). Needs root (map and program creation).
+func MeasurePaths(repeat int) ([]PathCost, error) {
+	if repeat <= 0 {
+		repeat = 200000
+	}
+	spec, err := loadContivbpf()
+	if err != nil {
+		return nil, fmt.Errorf("bench: load spec: %w", err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	var objs contivbpfObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, fmt.Errorf("bench: load programs: %w", err)
+	}
+	defer objs.Close()
+	noop, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "cb_bench_noop", Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bench: load no-op program: %w", err)
+	}
+	defer noop.Close()
+
+	const (
+		loIf, peerIf, vxIf, uplinkIf = 1, 7, 9, 5 // test runs happen on lo (ifindex 1)
+		vxNet                        = 100
+		vlanNet                      = 1<<24 | 10
+	)
+	a := netip.MustParseAddr
+	src, local, remote, gw, vtep := a("10.1.0.2"), a("10.1.0.3"), a("10.1.0.4"), a("10.1.0.1"), a("192.168.0.2")
+	vsrc, vloc, vrem := a("10.2.0.2"), a("10.2.0.3"), a("10.2.0.9")
+
+	var errs []error
+	put := func(m *ebpf.Map, k, v any) { errs = append(errs, m.Put(k, v)) }
+	cfg := contivbpfCbConfig{VxlanIfindex: vxIf, UplinkIfindex: uplinkIf, Vtep: ip4(a("192.168.0.1"))}
+	copy(cfg.GwMac[:], dataplane.RouterMAC)
+	put(objs.CbCfg, uint32(0), &cfg)
+	put(objs.CbNetworks, uint32(vxNet), &contivbpfCbNetwork{Subnet: ip4(a("10.1.0.0")), Mask: ip4(a("255.255.255.0")),
+		Gateway: ip4(gw), Tag: vxNet, Mtu: 1450, Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN)})
+	put(objs.CbNetworks, uint32(vlanNet), &contivbpfCbNetwork{Subnet: ip4(a("10.2.0.0")), Mask: ip4(a("255.255.255.0")),
+		Gateway: ip4(a("10.2.0.1")), Tag: 10, Mtu: 1500, Encap: uint8(contivbpfCbEncapCB_ENCAP_VLAN)})
+	ep := func(nw uint32, ip netip.Addr, v contivbpfCbEndpoint) {
+		copy(v.Mac[:], dataplane.ContivMAC(ip))
+		k := contivbpfCbEpKey{Net: nw, Ip: ip4(ip)}
+		put(objs.CbEndpoints, &k, &v)
+		if v.Flags == uint32(contivbpfCbEpFlagsCB_EP_LOCAL) {
+			put(objs.CbEpMetrics, &k, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU()))
+		}
+	}
+	localFlag, remoteFlag := uint32(contivbpfCbEpFlagsCB_EP_LOCAL), uint32(contivbpfCbEpFlagsCB_EP_REMOTE)
+	ep(vxNet, src, contivbpfCbEndpoint{Ifindex: loIf, Flags: localFlag})
+	ep(vxNet, local, contivbpfCbEndpoint{Ifindex: peerIf, Flags: localFlag})
+	ep(vxNet, remote, contivbpfCbEndpoint{Vtep: ip4(vtep), Flags: remoteFlag})
+	ep(vlanNet, vsrc, contivbpfCbEndpoint{Ifindex: loIf, Flags: localFlag})
+	ep(vlanNet, vloc, contivbpfCbEndpoint{Ifindex: peerIf, Flags: localFlag})
+	ep(vlanNet, vrem, contivbpfCbEndpoint{Flags: remoteFlag})
+	put(objs.CbPeers, ip4(vtep), &contivbpfCbPeer{})
+	setIface := func(nw uint32, ip netip.Addr) {
+		ifc := contivbpfCbIface{Net: nw, Ip: ip4(ip)}
+		copy(ifc.Mac[:], dataplane.ContivMAC(ip))
+		put(objs.CbIfaces, uint32(loIf), &ifc)
+	}
+	setIface(vxNet, src)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("bench: fill maps: %w", err)
+	}
+
+	type benchCase struct {
+		name   string
+		prog   *ebpf.Program
+		pname  string
+		pkt    []byte
+		ctx    any
+		reason Reason
+		single bool
+		vlan   bool // the sending interface belongs to the VLAN network
+		noIf   bool // the sending interface is unknown
+	}
+	overlayCtx := &benchSkb{CB: [5]uint32{ip4(vtep), vxNet}}
+	cases := []benchCase{
+		{name: "local", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal},
+		{name: "arp-reply", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchARPRequest(src, local), reason: ARPReply, single: true},
+		{name: "tunnel-encap", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, remote), reason: FwdTunnel},
+		{name: "tunnel-decap", prog: objs.CbTestOverlay, pname: "cb_test_overlay", pkt: benchIPFrame(remote, local), ctx: overlayCtx, reason: FwdLocal},
+		{name: "drop-unknown-dst", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, a("10.1.0.99")), reason: DropUnknownDst},
+		{name: "vlan-push", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(vsrc, vrem), reason: FwdUplink, single: true, vlan: true},
+		{name: "vlan-pop", prog: objs.CbFromWire, pname: "cb_from_wire", pkt: benchVLANTag(benchIPFrame(vrem, vloc), 10), reason: FwdLocal, single: true, vlan: true},
+		// Stage ladder for profiling the local path: each row adds work to the one above.
+		{name: "stage-unknown-iface", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: DropUnknownIface, noIf: true},
+		{name: "stage-not-ipv4", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchEtherType(benchIPFrame(src, local), 0x86dd), reason: DropNotIPv4},
+		{name: "local-single", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal, single: true},
+	}
+	var out []PathCost
+	floor := func(name string, single bool) error {
+		d, err := benchTime(noop, benchIPFrame(src, local), nil, repeat, single)
+		if err != nil {
+			return fmt.Errorf("bench: %s: %w", name, err)
+		}
+		out = append(out, PathCost{Name: name, Program: "cb_bench_noop", NsPerPk: d, Single: single})
+		return nil
+	}
+	if err := floor("noop", false); err != nil {
+		return nil, err
+	}
+	if err := floor("noop-single", true); err != nil {
+		return nil, err
+	}
+	for _, c := range cases {
+		switch {
+		case c.noIf:
+			errs = append(errs, objs.CbIfaces.Delete(uint32(loIf)))
+		case c.vlan:
+			setIface(vlanNet, vsrc)
+		default:
+			setIface(vxNet, src)
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, fmt.Errorf("bench: set sending interface: %w", err)
+		}
+		// Check the path first: one run must move exactly the expected reason counter.
+		before, err := readReasons(objs.CbReasons)
+		if err != nil {
+			return nil, err
+		}
+		ropts := &ebpf.RunOptions{Data: append([]byte(nil), c.pkt...), Repeat: 1, Context: c.ctx}
+		if _, err := c.prog.Run(ropts); err != nil {
+			return nil, fmt.Errorf("bench: %s: run: %w", c.name, err)
+		}
+		after, err := readReasons(objs.CbReasons)
+		if err != nil {
+			return nil, err
+		}
+		if after[c.reason].Packets != before[c.reason].Packets+1 {
+			return nil, fmt.Errorf("bench: %s: packet did not take the %v path (reasons before %v after %v)", c.name, c.reason, before, after)
+		}
+		d, err := benchTime(c.prog, c.pkt, c.ctx, repeat, c.single)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", c.name, err)
+		}
+		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single})
+	}
+	return out, nil
+}
+
+// benchTime returns ns per packet: the kernel-measured time of one Benchmark call of
+// repeat runs, or (single) the average of repeat/100 single runs on a fresh copy of the
+// packet. Program.Benchmark cannot pass a context (cb[] for cb_test_overlay): such
+// repeated runs are timed by the wall clock around one run of repeat iterations (the one
+// syscall is negligible against repeat runs), best of three.
+func benchTime(p *ebpf.Program, pkt []byte, ctx any, repeat int, single bool) (float64, error) {
+	if single {
+		n := repeat / 100
+		if n < 100 {
+			n = 100
+		}
+		var total time.Duration
+		for i := 0; i < n; i++ {
+			_, d, err := p.Benchmark(append([]byte(nil), pkt...), 1, nil)
+			if err != nil {
+				return 0, err
+			}
+			total += d
+		}
+		return float64(total.Nanoseconds()) / float64(n), nil
+	}
+	if ctx == nil {
+		_, d, err := p.Benchmark(pkt, repeat, nil)
+		if err != nil {
+			return 0, err
+		}
+		return float64(d.Nanoseconds()), nil
+	}
+	best := time.Duration(0)
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		if _, err := p.Run(&ebpf.RunOptions{Data: pkt, Repeat: uint32(repeat), Context: ctx}); err != nil {
+			return 0, err
+		}
+		if el := time.Since(start); best == 0 || el < best {
+			best = el
+		}
+	}
+	return float64(best.Nanoseconds()) / float64(repeat), nil
+}
+
+// benchSkb is the settable prefix of struct __sk_buff (cb[] carries the tunnel source and
+// VNI for cb_test_overlay).
+type benchSkb struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
+	Priority, IngressIfindex, Ifindex, TCIndex                                  uint32
+	CB                                                                          [5]uint32
+}
+
+func benchEth(dst, src net.HardwareAddr, typ uint16) []byte {
+	b := append(append([]byte{}, dst...), src...)
+	return binary.BigEndian.AppendUint16(b, typ)
+}
+
+// benchIPFrame is an Ethernet + IPv4 + 40-byte payload frame (protocol TCP).
+func benchIPFrame(src, dst netip.Addr) []byte {
+	h := make([]byte, 20)
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], 60)
+	h[8], h[9] = 64, 6
+	s, d := src.As4(), dst.As4()
+	copy(h[12:], s[:])
+	copy(h[16:], d[:])
+	p := append(benchEth(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), h...)
+	return append(p, make([]byte, 40)...)
+}
+
+func benchARPRequest(sip, tip netip.Addr) []byte {
+	sha := dataplane.ContivMAC(sip)
+	b := benchEth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, sha, 0x0806)
+	b = binary.BigEndian.AppendUint16(b, 1)
+	b = binary.BigEndian.AppendUint16(b, 0x0800)
+	b = append(b, 6, 4)
+	b = binary.BigEndian.AppendUint16(b, 1)
+	s, t := sip.As4(), tip.As4()
+	b = append(b, sha...)
+	b = append(b, s[:]...)
+	b = append(b, 0, 0, 0, 0, 0, 0)
+	return append(b, t[:]...)
+}
+
+func benchEtherType(frame []byte, typ uint16) []byte {
+	out := append([]byte(nil), frame...)
+	binary.BigEndian.PutUint16(out[12:], typ)
+	return out
+}
+
+func benchVLANTag(frame []byte, vid uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	out = binary.BigEndian.AppendUint16(out, 0x8100)
+	out = binary.BigEndian.AppendUint16(out, vid)
+	return append(out, frame[12:]...)
+}

@@ -1,0 +1,25 @@
+package ebpf
+
+import "testing"
+
+// MeasurePaths must time every path it names, each after checking the packet took it.
+func TestMeasurePaths(t *testing.T) {
+	requireRoot(t)
+	costs, err := MeasurePaths(20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"noop": true, "noop-single": true, "local": true, "arp-reply": true, "tunnel-encap": true,
+		"tunnel-decap": true, "drop-unknown-dst": true, "vlan-push": true, "vlan-pop": true, "local-single": true,
+		"stage-unknown-iface": true, "stage-not-ipv4": true}
+	for _, c := range costs {
+		if c.NsPerPk <= 0 {
+			t.Errorf("%s: %.1f ns", c.Name, c.NsPerPk)
+		}
+		delete(want, c.Name)
+		t.Logf("%-18s %-18s %7.1f ns/packet single=%v", c.Name, c.Program, c.NsPerPk, c.Single)
+	}
+	if len(want) != 0 {
+		t.Errorf("paths not measured: %v", want)
+	}
+}
