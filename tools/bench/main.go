@@ -1,0 +1,150 @@
+// Command bench is `make bench`: it measures contivbpf on the simulator (tools/sim) against
+// kernel baselines built in the same run (pkg/netbench), and prints human tables plus one
+// machine-readable line per figure, `BENCH <name> <value> <unit>` (names in docs/bench.md).
+//
+// Stages: eBPF program paths (Program.Benchmark), same-host and cross-host TCP
+// throughput/connection rate/latency per dataplane, a netplugin SIGKILL restart under
+// load, CNI ADD latency, and the control plane (REST, allocations, failover) through
+// pkg/cpbench. Every stage is independent: a failure prints `BENCH_ERROR <name> <reason>`
+// and the next stage runs; the exit status is non-zero only if no figure was measured.
+// Everything started is removed at the end, also on Ctrl-C.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/contivbpf/contivbpf/tools/sim"
+)
+
+// config holds the flags.
+type config struct {
+	dataplanes  []string
+	bin         string
+	prefix      string
+	stages      map[string]bool
+	verbose     bool
+	tputRounds  int
+	tputSeconds int
+	crrRounds   int
+	crrTime     time.Duration
+	rrRounds    int
+	rrPerRound  int
+	pods        int
+	downTime    time.Duration
+}
+
+func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
+
+var allStages = []string{"prog", "samehost", "crosshost", "restart", "cni", "cp"}
+
+func main() {
+	var cfg config
+	dp := flag.String("dataplane", "ebpf", "ebpf | ovs | all (ebpf and ovs side by side)")
+	stages := flag.String("stages", "", "comma-separated subset of "+strings.Join(allStages, ","))
+	flag.StringVar(&cfg.bin, "bin", "", "directory with netmaster, netplugin, netctl, contivk8s (default <repo>/bin)")
+	flag.BoolVar(&cfg.verbose, "v", false, "log the simulator's progress")
+	flag.IntVar(&cfg.tputRounds, "tput-rounds", 3, "alternating iperf3 rounds per path")
+	flag.IntVar(&cfg.tputSeconds, "tput-seconds", 2, "seconds per iperf3 run")
+	flag.IntVar(&cfg.crrRounds, "crr-rounds", 6, "alternating connection-rate rounds per path")
+	flag.DurationVar(&cfg.crrTime, "crr-time", 500*time.Millisecond, "duration of one connection-rate round")
+	flag.IntVar(&cfg.rrRounds, "rr-rounds", 12, "alternating request/response rounds per path")
+	flag.IntVar(&cfg.rrPerRound, "rr-per-round", 1000, "round trips per request/response round")
+	flag.IntVar(&cfg.pods, "pods", 100, "pods attached by the CNI stage")
+	flag.DurationVar(&cfg.downTime, "down", time.Second, "how long netplugin stays dead in the restart stage")
+	flag.Parse()
+	switch *dp {
+	case "ebpf", "ovs":
+		cfg.dataplanes = []string{*dp}
+	case "all":
+		cfg.dataplanes = []string{"ebpf", "ovs"}
+	default:
+		fmt.Fprintf(os.Stderr, "bench: --dataplane %q: want ebpf, ovs or all\n", *dp)
+		os.Exit(2)
+	}
+	if *stages != "" {
+		cfg.stages = map[string]bool{}
+		for _, s := range strings.Split(*stages, ",") {
+			s = strings.TrimSpace(s)
+			ok := false
+			for _, a := range allStages {
+				ok = ok || a == s
+			}
+			if !ok {
+				fmt.Fprintf(os.Stderr, "bench: --stages: unknown stage %q (have %s)\n", s, strings.Join(allStages, ","))
+				os.Exit(2)
+			}
+			cfg.stages[s] = true
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, w io.Writer) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces, bpffs, BPF_PROG_TEST_RUN)")
+	}
+	if cfg.bin == "" {
+		root, err := sim.RepoRoot()
+		if err != nil {
+			return err
+		}
+		cfg.bin = filepath.Join(root, "bin")
+	}
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	cfg.prefix = "cbk" + hex.EncodeToString(b) // + one letter per dataplane: 8 bytes at most
+	start := time.Now()
+	r := newReport(w)
+	fmt.Fprintf(w, "contivbpf bench: dataplane(s) %s, %s\n", strings.Join(cfg.dataplanes, "+"), time.Now().UTC().Format(time.RFC3339))
+
+	if cfg.want("prog") {
+		if err := progStage(ctx, w, r); err != nil {
+			r.fail("prog", err)
+		}
+	}
+	wantCluster := false
+	for _, s := range []string{"samehost", "crosshost", "restart", "cni"} {
+		wantCluster = wantCluster || cfg.want(s)
+	}
+	for _, dp := range cfg.dataplanes {
+		if !wantCluster || ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		runDataplane(ctx, cfg, dp, w, r)
+		fmt.Fprintf(w, "(dataplane %s: %.1fs)\n", dp, time.Since(t0).Seconds())
+	}
+	if cfg.want("cp") && ctx.Err() == nil {
+		t0 := time.Now()
+		if err := cpStage(ctx, cfg, w, r); err != nil {
+			r.fail("cp", err)
+		}
+		fmt.Fprintf(w, "(control plane: %.1fs)\n", time.Since(t0).Seconds())
+	}
+	r.summary(w, cfg.dataplanes)
+	fmt.Fprintf(w, "\nbench finished in %.1fs with %d figures\n", time.Since(start).Seconds(), r.count())
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+	if r.count() == 0 {
+		return errors.New("no figure was measured")
+	}
+	return nil
+}

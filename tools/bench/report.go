@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+)
+
+// figure is one measured number.
+type figure struct {
+	Name  string
+	Value float64
+	Unit  string
+}
+
+// report collects figures and errors and prints them as they arrive: a `BENCH name value
+// unit` line per figure, `BENCH_ERROR name reason` per failed stage or figure.
+type report struct {
+	mu      sync.Mutex
+	w       io.Writer
+	figures []figure
+	errors  map[string]string
+}
+
+func newReport(w io.Writer) *report { return &report{w: w, errors: map[string]string{}} }
+
+func (r *report) add(name string, value float64, unit string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.figures = append(r.figures, figure{name, value, unit})
+	fmt.Fprintf(r.w, "BENCH %s %s %s\n", name, formatValue(value), unit)
+}
+
+func (r *report) fail(name string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reason := strings.Join(strings.Fields(err.Error()), " ")
+	if len(reason) > 300 {
+		reason = reason[:300] + "..."
+	}
+	r.errors[name] = reason
+	fmt.Fprintf(r.w, "BENCH_ERROR %s %s\n", name, reason)
+}
+
+func (r *report) get(name string) (figure, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.figures {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return figure{}, false
+}
+
+func (r *report) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.figures)
+}
+
+func formatValue(v float64) string {
+	switch {
+	case v == float64(int64(v)) && v < 1e15 && v > -1e15:
+		return fmt.Sprintf("%d", int64(v))
+	case v >= 100 || v <= -100:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3f", v)
+	}
+}
+
+// table prints rows under a title with aligned columns.
+func table(w io.Writer, title string, header []string, rows [][]string) {
+	fmt.Fprintf(w, "\n== %s\n", title)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+}
+
+// goal says what a figure should reach; figures without a goal are reported only.
+type goal struct {
+	text string
+	ok   func(v float64) bool
+}
+
+func atLeast(x float64) goal {
+	return goal{fmt.Sprintf(">= %s", formatValue(x)), func(v float64) bool { return v >= x }}
+}
+
+func atMost(x float64) goal {
+	return goal{fmt.Sprintf("<= %s", formatValue(x)), func(v float64) bool { return v <= x }}
+}
+
+// goals by figure name without the dataplane prefix ("samehost.tput_ratio").
+var goals = map[string]goal{
+	"samehost.tput_ratio":        atLeast(0.98),
+	"samehost.crr_ratio":         atLeast(0.95),
+	"crosshost.tput_ratio":       atLeast(1.05),
+	"prog.local":                 atMost(40),
+	"restart.rr_failed":          atMost(0),
+	"restart.resets":             atMost(0),
+	"restart.ping_lost":          atMost(0),
+	"cni.add_p50":                atMost(30),
+	"cni.add_p99":                atMost(100),
+	"cni.attach_100":             atMost(5),
+	"cp.failover_s":              atMost(5),
+	"docker.endpoint_create_p50": goal{},
+}
+
+// summary prints every figure once, the dataplane-specific ones side by side, with goals.
+func (r *report) summary(w io.Writer, dataplanes []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	type row struct {
+		unit string
+		vals map[string]float64
+	}
+	rows := map[string]*row{}
+	var order []string
+	isDP := func(name string) (string, string, bool) {
+		for _, dp := range dataplanes {
+			if rest, ok := strings.CutPrefix(name, dp+"."); ok {
+				return dp, rest, true
+			}
+		}
+		return "", name, false
+	}
+	for _, f := range r.figures {
+		dp, key, ok := isDP(f.Name)
+		if !ok {
+			dp = "-"
+		}
+		x, seen := rows[key]
+		if !seen {
+			x = &row{unit: f.Unit, vals: map[string]float64{}}
+			rows[key] = x
+			order = append(order, key)
+		}
+		x.vals[dp] = f.Value
+	}
+	sort.SliceStable(order, func(i, j int) bool { return order[i] < order[j] })
+	header := []string{"figure"}
+	for _, dp := range dataplanes {
+		header = append(header, dp)
+	}
+	header = append(header, "unit", "goal", "met")
+	var out [][]string
+	for _, k := range order {
+		x := rows[k]
+		line := []string{k}
+		for _, dp := range dataplanes {
+			v, ok := x.vals[dp]
+			if !ok {
+				v, ok = x.vals["-"]
+			}
+			if ok {
+				line = append(line, formatValue(v))
+			} else {
+				line = append(line, "")
+			}
+		}
+		g := goals[k]
+		met := ""
+		if g.ok != nil {
+			var res []string
+			for _, dp := range dataplanes {
+				v, ok := x.vals[dp]
+				if !ok {
+					v, ok = x.vals["-"]
+				}
+				if !ok {
+					continue
+				}
+				if g.ok(v) {
+					res = append(res, "yes")
+				} else {
+					res = append(res, "NO")
+				}
+			}
+			met = strings.Join(res, "/")
+		}
+		out = append(out, append(line, x.unit, g.text, met))
+	}
+	table(w, "summary (figure names in BENCH lines carry the dataplane prefix, e.g. ebpf.samehost.tput_ratio)", header, out)
+	if len(r.errors) > 0 {
+		var names []string
+		for n := range r.errors {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		var erows [][]string
+		for _, n := range names {
+			erows = append(erows, []string{n, r.errors[n]})
+		}
+		table(w, "stages that failed", []string{"name", "reason"}, erows)
+	}
+}
