@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -165,7 +166,7 @@ func configureContainer(ep dataplane.Endpoint, n dataplane.Network, mtu int, hos
 		return fmt.Errorf("endpoint %s: address %v on %s: %w", ep.ID, ep.IP, ep.IfName, err)
 	}
 	if ep.IPv6.IsValid() {
-		a6 := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(ep.IPv6.AsSlice()), Mask: net.CIDRMask(64, 128)}, Flags: 0x80 /* nodad */}
+		a6 := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(ep.IPv6.AsSlice()), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
 		_ = ch.AddrReplace(l, a6)
 	}
 	if err := ch.LinkSetUp(l); err != nil {
