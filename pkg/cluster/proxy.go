@@ -1,0 +1,94 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+)
+
+// ProxiedHeader marks a request forwarded by a follower, so that two followers with
+// different views of the lock never bounce a request between them.
+const ProxiedHeader = "X-Contiv-Proxied-By"
+
+// LeaderView is what the front needs from an election.
+type LeaderView interface {
+	IsLeader() bool
+	CurrentLeader() string
+	ID() string
+}
+
+// Front serves requests with Local while this node leads and reverse-proxies them to
+// http://<lock value> otherwise (Contiv's follower behaviour), streaming bodies both ways
+// and preserving status codes. When no leader is known it answers 503 with Retry-After.
+type Front struct {
+	view  LeaderView
+	local http.Handler
+	proxy *httputil.ReverseProxy
+	log   *slog.Logger
+}
+
+// NewFront builds the leader-or-proxy handler. transport may be nil (a default with short
+// dial timeouts is used).
+func NewFront(view LeaderView, local http.Handler, transport http.RoundTripper) *Front {
+	if transport == nil {
+		transport = &http.Transport{
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     30 * time.Second,
+		}
+	}
+	f := &Front{view: view, local: local, log: slog.With("component", "leader-proxy")}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			leader := pr.In.Context().Value(leaderCtxKey{}).(string)
+			pr.SetURL(&url.URL{Scheme: "http", Host: leader})
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			pr.Out.Header.Set(ProxiedHeader, view.ID())
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			leader, _ := r.Context().Value(leaderCtxKey{}).(string)
+			f.log.Warn("proxy to leader failed", "leader", leader, "path", r.URL.Path, "err", err)
+			unavailable(w, fmt.Sprintf("netmaster leader %s unreachable: %v", leader, err))
+		},
+	}
+	return f
+}
+
+type leaderCtxKey struct{}
+
+func unavailable(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, msg, http.StatusServiceUnavailable)
+}
+
+// ServeHTTP implements http.Handler.
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.view.IsLeader() {
+		f.local.ServeHTTP(w, r)
+		return
+	}
+	leader := f.view.CurrentLeader()
+	switch {
+	case leader == "":
+		unavailable(w, "no netmaster leader elected yet")
+		return
+	case leader == f.view.ID():
+		// Our own stale lock (previous incarnation) or a transition in progress.
+		unavailable(w, "netmaster leadership is changing")
+		return
+	case r.Header.Get(ProxiedHeader) != "":
+		unavailable(w, fmt.Sprintf("request already proxied by %s; this node is not the leader", r.Header.Get(ProxiedHeader)))
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), leaderCtxKey{}, leader))
+	f.proxy.ServeHTTP(w, r)
+}
