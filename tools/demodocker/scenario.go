@@ -197,6 +197,41 @@ func extraChecks(ctx context.Context, c *sim.Cluster, daemons []*dockertest.Daem
 	}
 	say("   docker rm c1 released its endpoint and address; c3 reuses %s", ip)
 
+	// A restarted netplugin rebuilds its Docker driver state (Docker replays nothing).
+	h1 := c.Hosts[0]
+	if err := c.StopPlugin(h1); err != nil {
+		return err
+	}
+	if err := c.StartPlugin(ctx, h1); err != nil {
+		return err
+	}
+	if err := h1.WaitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	c2ip, _, err := containerAddr(ctx, daemons[1], "c2", "test-net")
+	if err != nil {
+		return err
+	}
+	if out, err := daemons[0].Docker(ctx, "exec", "c3", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
+		return fmt.Errorf("c3 -> c2 after netplugin restart: %v\n%s", err, out)
+	}
+	if _, err := daemons[0].Docker(ctx, "rm", "-f", "c3"); err != nil {
+		return fmt.Errorf("remove c3 after netplugin restart: %w", err)
+	}
+	if _, err := daemons[0].Docker(ctx, "run", "-d", "--name", "c4", "--net", "test-net", dockertest.BusyboxImage, "sleep", "3600"); err != nil {
+		return fmt.Errorf("run c4 after netplugin restart: %w", err)
+	}
+	if out, err := daemons[0].Docker(ctx, "exec", "c4", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
+		return fmt.Errorf("c4 -> c2 after netplugin restart: %v\n%s", err, out)
+	}
+	if _, err := daemons[0].Docker(ctx, "rm", "-f", "c4"); err != nil {
+		return err
+	}
+	if o, err := netOper(ctx, c, "test-net"); err != nil || o.NumEndpoints != 1 {
+		return fmt.Errorf("after removing c3/c4 across a netplugin restart: endpoints %d (want 1), err %v", o.NumEndpoints, err)
+	}
+	say("   netplugin restart on %s: c3 kept pinging, was removed cleanly, c4 attached", h1.Name)
+
 	say("== docker network create -d netplugin --ipam-driver netplugin --subnet 10.2.2.0/24 dnet (host 1)")
 	if _, err := daemons[0].Docker(ctx, "network", "create", "-d", "netplugin", "--ipam-driver", "netplugin", "--subnet", "10.2.2.0/24", "--gateway", "10.2.2.1", "dnet"); err != nil {
 		return err

@@ -462,6 +462,10 @@ func (d *Driver) configureContainerEnd(ep dataplane.Endpoint, n dataplane.Networ
 	}
 	l, err := h.LinkByName(ep.IfName)
 	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if ep.NetNS == "" && errors.As(err, &nf) {
+			return nil // the runtime (Docker) already moved it into the container
+		}
 		return fmt.Errorf("look up container end %s: %w", ep.IfName, err)
 	}
 	if l.Attrs().HardwareAddr.String() != ep.MAC.String() {

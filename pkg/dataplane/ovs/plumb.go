@@ -150,6 +150,10 @@ func configureContainer(ep dataplane.Endpoint, n dataplane.Network, mtu int, hos
 	defer ch.Close()
 	l, err := ch.LinkByName(ep.IfName)
 	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if ep.NetNS == "" && errors.As(err, &nf) {
+			return nil // the runtime (Docker) already moved it into the container
+		}
 		return fmt.Errorf("endpoint %s: container link %s: %w", ep.ID, ep.IfName, err)
 	}
 	if err := ch.LinkSetHardwareAddr(l, ep.MAC); err != nil {
