@@ -132,6 +132,13 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 		return fmt.Errorf("first container got %s, want 10.1.1.2 (gateway .1)", ips[0])
 	}
 
+	// The first packet may be lost while a datapath (OVS) sets up; wait until reachable.
+	if err := waitFor(ctx, 15*time.Second, func() error {
+		_, err := daemons[0].Docker(ctx, "exec", "c1", "ping", "-c", "1", "-W", "1", ips[1])
+		return err
+	}); err != nil {
+		return fmt.Errorf("c1 cannot reach c2 (%s): %w", ips[1], err)
+	}
 	say("== docker exec c1 ping -c 3 %s (c2 on the other host)", ips[1])
 	out, err := daemons[0].Docker(ctx, "exec", "c1", "ping", "-c", "3", "-W", "2", ips[1])
 	if err != nil {
