@@ -1,0 +1,160 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+const envPrefix = "CONTIV_NETPLUGIN_"
+
+func env(name string) []string { return []string{envPrefix + name} }
+
+func flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, EnvVars: env("MODE"), Value: "kubernetes", Usage: "docker | kubernetes (which runtime front-end to serve)"},
+		&cli.StringFlag{Name: "netmode", Aliases: []string{"network-mode"}, EnvVars: env("NET_MODE"), Value: "vxlan", Usage: "vlan | vxlan"},
+		&cli.StringFlag{Name: "fwdmode", Aliases: []string{"forward-mode"}, EnvVars: env("FORWARD_MODE"), Value: "bridge", Usage: "bridge | routing; must equal netmaster's global fwd-mode"},
+		&cli.StringFlag{Name: "etcd-endpoints", Aliases: []string{"etcd"}, EnvVars: env("ETCD_ENDPOINTS"), Value: "http://127.0.0.1:2379", Usage: "comma-separated etcd client URLs"},
+		&cli.StringFlag{Name: "host", Aliases: []string{"host-label"}, EnvVars: env("HOST"), Usage: "host label (default: hostname)"},
+		&cli.StringFlag{Name: "vtep-ip", EnvVars: env("VTEP_IP"), Usage: "underlay address for VXLAN (default: first IPv4 address of a non-loopback link)"},
+		&cli.StringFlag{Name: "ctrl-ip", EnvVars: env("CONTROL_IP"), Usage: "control address registered as service netplugin (default: vtep-ip)"},
+		&cli.StringFlag{Name: "vlan-if", Aliases: []string{"vlan-uplinks"}, EnvVars: env("VLAN_UPLINKS"), Usage: "uplink interface for VLAN networks (required with --netmode vlan)"},
+		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
+		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
+		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
+		&cli.StringFlag{Name: "ovs-dir", EnvVars: env("OVS_DIR"), Usage: "ovs: directory of a private ovsdb-server/ovs-vswitchd (default /run/contivbpf/ovs/<host>)"},
+		&cli.StringFlag{Name: "ovs-db", EnvVars: env("OVS_DB"), Usage: "ovs: use an existing OVSDB socket instead of a private instance (e.g. unix:/var/run/openvswitch/db.sock)"},
+		&cli.StringFlag{Name: "cni-socket", EnvVars: env("CNI_SOCKET"), Value: cniapi.DefaultSocket, Usage: "unix socket for the contivk8s CNI binary (kubernetes mode)"},
+		&cli.StringFlag{Name: "docker-plugin-dir", EnvVars: env("DOCKER_PLUGIN_DIR"), Value: "/run/docker/plugins", Usage: "where the Docker plugin socket goes (docker mode)"},
+		&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, EnvVars: env("PLUGIN_NAME"), Value: "netplugin", Usage: "Docker network/IPAM driver name (docker mode)"},
+		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
+		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: ":9090", Usage: "address of the inspect API and /metrics"},
+		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
+		&cli.StringFlag{Name: "log-level", EnvVars: env("LOG_LEVEL"), Value: "info", Usage: "debug | info | warn | error"},
+		&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log as JSON"},
+	}
+}
+
+// config is the validated command line.
+type config struct {
+	mode          string
+	netMode       string
+	fwdMode       dataplane.FwdMode
+	etcd          []string
+	host          string
+	vtep          netip.Addr
+	ctrl          netip.Addr
+	vlanIf        string
+	vxlanPort     int
+	dataplane     string
+	bpffsRoot     string
+	cniSocket     string
+	inspectListen string
+	uplinkMTU     int
+
+	ovsDir          string
+	ovsDB           string
+	dockerPluginDir string
+	pluginName      string
+	dockerHost      string
+}
+
+func configFrom(c *cli.Context) (config, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return config{}, fmt.Errorf("--log-level %q: %w", c.String("log-level"), err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Bool("use-json-log") {
+		slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, opts)))
+	} else {
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, opts)))
+	}
+	cfg := config{
+		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
+		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"),
+		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
+		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
+		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
+		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
+	}
+	for _, e := range strings.Split(c.String("etcd-endpoints"), ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			cfg.etcd = append(cfg.etcd, e)
+		}
+	}
+	switch {
+	case cfg.mode != "docker" && cfg.mode != "kubernetes":
+		return cfg, fmt.Errorf("--mode %q must be docker or kubernetes", cfg.mode)
+	case cfg.netMode != "vlan" && cfg.netMode != "vxlan":
+		return cfg, fmt.Errorf("--netmode %q must be vlan or vxlan", cfg.netMode)
+	case cfg.fwdMode != dataplane.FwdBridge && cfg.fwdMode != dataplane.FwdRouting:
+		return cfg, fmt.Errorf("--fwdmode %q must be bridge or routing", cfg.fwdMode)
+	case cfg.netMode == "vlan" && cfg.vlanIf == "":
+		return cfg, errors.New("--vlan-if is required with --netmode vlan")
+	case len(cfg.etcd) == 0:
+		return cfg, errors.New("--etcd-endpoints is empty")
+	case cfg.vxlanPort <= 0 || cfg.vxlanPort > 65535:
+		return cfg, fmt.Errorf("--vxlan-port %d out of 1-65535", cfg.vxlanPort)
+	case cfg.dataplane != "ebpf" && cfg.dataplane != "ovs":
+		return cfg, fmt.Errorf("--dataplane %q must be ebpf or ovs", cfg.dataplane)
+	case cfg.uplinkMTU < 0:
+		return cfg, fmt.Errorf("--uplink-mtu %d must not be negative", cfg.uplinkMTU)
+	case strings.Contains(cfg.vlanIf, ","):
+		return cfg, fmt.Errorf("--vlan-if %q: only one uplink is supported", cfg.vlanIf)
+	}
+	if cfg.host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return cfg, fmt.Errorf("--host not given and hostname unknown: %w", err)
+		}
+		cfg.host = h
+	}
+	var err error
+	if s := c.String("vtep-ip"); s != "" {
+		if cfg.vtep, err = netip.ParseAddr(s); err != nil || !cfg.vtep.Is4() {
+			return cfg, fmt.Errorf("--vtep-ip %q is not an IPv4 address", s)
+		}
+	} else if cfg.vtep, err = firstHostIPv4(); err != nil {
+		return cfg, fmt.Errorf("--vtep-ip not given: %w", err)
+	}
+	cfg.ctrl = cfg.vtep
+	if s := c.String("ctrl-ip"); s != "" {
+		if cfg.ctrl, err = netip.ParseAddr(s); err != nil {
+			return cfg, fmt.Errorf("--ctrl-ip %q is not an IP address", s)
+		}
+	}
+	return cfg, nil
+}
+
+// firstHostIPv4 is the first global IPv4 address on a non-loopback interface.
+func firstHostIPv4() (netip.Addr, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("list interfaces: %w", err)
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagLoopback != 0 || ifc.Flags&net.FlagUp == 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() && ip.IsGlobalUnicast() {
+					return ip.Unmap(), nil
+				}
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("no IPv4 address on any up, non-loopback interface")
+}

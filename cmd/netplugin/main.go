@@ -1,0 +1,31 @@
+// Command netplugin is the per-host agent: it watches Contiv's state in etcd, programs the
+// chosen dataplane (eBPF by default), serves the CNI socket and the :9090 inspect API, and
+// registers the host's control and VTEP addresses. Flags follow Contiv 1.2's netplugin.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	app := &cli.App{
+		Name:  "netplugin",
+		Usage: "Contiv-compatible host agent with an eBPF dataplane",
+		Flags: flags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := configFrom(c)
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("netplugin: %v", err), 22) // Contiv: invalid config exits 22
+			}
+			return run(c.Context, cfg)
+		},
+	}
+	if err := app.Run(os.Args); err != nil {
+		slog.Error("netplugin failed", "err", err)
+		os.Exit(1)
+	}
+}

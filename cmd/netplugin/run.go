@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/vishvananda/netlink"
+
+	"github.com/contivbpf/contivbpf/pkg/agent"
+	"github.com/contivbpf/contivbpf/pkg/cluster"
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
+	"github.com/contivbpf/contivbpf/pkg/dockerplugin"
+	"github.com/contivbpf/contivbpf/pkg/masterclient"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+func run(parent context.Context, cfg config) error {
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := slog.With("host", cfg.host)
+
+	if cfg.uplinkMTU == 0 {
+		cfg.uplinkMTU = uplinkMTU(log)
+	}
+	store, err := state.Open(ctx, cfg.etcd)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	drv, err := newDriver(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	// SIGTERM leaves the datapath forwarding: Close, never Teardown.
+	defer func() {
+		if err := drv.Close(); err != nil {
+			log.Warn("close driver", "err", err)
+		}
+	}()
+
+	mc := masterclient.New(store)
+	ag, err := agent.New(agent.Config{
+		Store: store, Master: mc, Driver: drv, Host: cfg.host,
+		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU,
+	})
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := &http.Server{Addr: cfg.inspectListen, Handler: ag.Handler(reg), ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", cfg.inspectListen)
+	if err != nil {
+		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("inspect API stopped", "err", err)
+		}
+	}()
+	defer srv.Close()
+	log.Info("inspect API listening", "addr", ln.Addr().String())
+
+	// Registrations are not revoked on exit: peers keep this host's VTEP until the TTL
+	// runs out, and a restarted netplugin takes the keys over with a new lease.
+	regCtx, cancelReg := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelReg()
+	regs := []cluster.ServiceInfo{
+		{ServiceName: "netplugin", HostAddr: cfg.ctrl.String(), Port: 9002, Hostname: cfg.host},
+		{ServiceName: "netplugin", HostAddr: cfg.ctrl.String(), Port: 9003, Hostname: cfg.host},
+		{ServiceName: vxlan.VTEPService, HostAddr: cfg.vtep.String(), Port: cfg.vxlanPort, Hostname: cfg.host},
+	}
+	for _, si := range regs {
+		if _, err := cluster.Register(regCtx, store, si, cluster.DefaultServiceTTL); err != nil {
+			return err
+		}
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- ag.Run(ctx) }()
+	go func() {
+		select {
+		case <-ag.Ready():
+		case <-ctx.Done():
+			return
+		}
+		var err error
+		if cfg.mode == "kubernetes" {
+			err = cniapi.Serve(ctx, cfg.cniSocket, ag.CNIBackend())
+		} else {
+			err = dockerplugin.FrontEnd{
+				Store: store, Agent: ag, Master: mc, PluginDir: cfg.dockerPluginDir,
+				PluginName: cfg.pluginName, DockerHost: cfg.dockerHost,
+			}.Run(ctx)
+		}
+		if err != nil {
+			errc <- err
+		}
+	}()
+	log.Info("netplugin started", "dataplane", cfg.dataplane, "netmode", cfg.netMode, "fwdmode", cfg.fwdMode,
+		"vtep", cfg.vtep, "uplink-mtu", cfg.uplinkMTU, "etcd", cfg.etcd)
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		err = nil
+	}
+	stop()
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.Info("netplugin stopping; datapath left forwarding")
+	return nil
+}
+
+func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {
+	hc := dataplane.HostConfig{
+		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
+		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
+	}
+	switch cfg.dataplane {
+	case "ebpf":
+		if err := ensureBPFFS(cfg.bpffsRoot); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(cfg.bpffsRoot, 0o700); err != nil {
+			return nil, fmt.Errorf("create --bpffs-root %s: %w", cfg.bpffsRoot, err)
+		}
+		d, err := ebpf.New(ctx, hc)
+		if err != nil {
+			return nil, fmt.Errorf("start ebpf dataplane: %w", err)
+		}
+		return d, nil
+	case "ovs":
+		dir := cfg.ovsDir
+		if dir == "" && cfg.ovsDB == "" {
+			dir = filepath.Join("/run/contivbpf/ovs", cfg.host)
+		}
+		d, err := ovs.New(ctx, hc, ovs.Options{Dir: dir, DBSocket: cfg.ovsDB})
+		if err != nil {
+			return nil, fmt.Errorf("start ovs dataplane: %w", err)
+		}
+		return d, nil
+	default:
+		return nil, fmt.Errorf("--dataplane %q: not available", cfg.dataplane)
+	}
+}
+
+// uplinkMTU is Contiv's rule: the lowest MTU among the host's links, ignoring loopback,
+// container veths and virtual devices; 1500 if there is none.
+func uplinkMTU(log *slog.Logger) int {
+	links, err := netlink.LinkList()
+	if err != nil {
+		log.Warn("list links for uplink MTU, assuming 1500", "err", err)
+		return 1500
+	}
+	best := 0
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagLoopback != 0 || a.MTU == 0 {
+			continue
+		}
+		skip := false
+		for _, p := range []string{"docker", "veth", "vport", "cbv", "lo"} {
+			if strings.HasPrefix(a.Name, p) {
+				skip = true
+			}
+		}
+		switch l.Type() {
+		case "vxlan", "bridge", "tun", "dummy", "openvswitch":
+			skip = true
+		}
+		if skip {
+			continue
+		}
+		if best == 0 || a.MTU < best {
+			best = a.MTU
+		}
+	}
+	if best == 0 {
+		return 1500
+	}
+	return best
+}
