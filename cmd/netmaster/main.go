@@ -1,0 +1,243 @@
+// Command netmaster is the Contiv-compatible control plane: the REST API on :9999, IPAM and
+// tag allocation (pkg/master), leader election and service registration on etcd
+// (pkg/cluster). Without --etcd-endpoints it runs an embedded single-node etcd.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/contivbpf/contivbpf/pkg/cluster"
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
+	"github.com/contivbpf/contivbpf/pkg/master"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// Set at build time with -ldflags "-X main.version=... -X main.gitCommit=... -X main.buildTime=...".
+var (
+	version   = "1.2.1-contivbpf"
+	gitCommit = "unknown"
+	buildTime = "unknown"
+)
+
+func env(names ...string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = "CONTIV_NETMASTER_" + n
+	}
+	return out
+}
+
+func main() {
+	app := &cli.App{
+		Name:    "netmaster",
+		Usage:   "Contiv-compatible network control plane (REST API, IPAM, leader election)",
+		Version: version,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen-url", Aliases: []string{"external-address"}, Value: "0.0.0.0:9999", EnvVars: env("LISTEN_URL", "EXTERNAL_ADDRESS"), Usage: "`ADDR` to serve the REST API on"},
+			&cli.StringFlag{Name: "control-url", Aliases: []string{"internal-address"}, EnvVars: env("CONTROL_URL", "INTERNAL_ADDRESS"), Usage: "`IP:PORT` other nodes reach this netmaster at (leader lock value, registration); default <host IP>:<listen port>"},
+			&cli.StringFlag{Name: "etcd-endpoints", Aliases: []string{"etcd"}, EnvVars: env("ETCD_ENDPOINTS"), Usage: "comma-separated etcd client URLs; empty runs an embedded etcd"},
+			&cli.StringFlag{Name: "etcd-data-dir", Value: "/var/lib/contiv/etcd", EnvVars: env("ETCD_DATA_DIR"), Usage: "embedded etcd data `DIR`"},
+			&cli.StringFlag{Name: "etcd-listen-client-url", Value: "http://127.0.0.1:2379", EnvVars: env("ETCD_LISTEN_CLIENT_URL"), Usage: "embedded etcd client `URL`"},
+			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
+			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
+			&cli.StringFlag{Name: "netmode", Aliases: []string{"network-mode"}, Value: "vxlan", EnvVars: env("NET_MODE"), Usage: "vlan | vxlan"},
+			&cli.StringFlag{Name: "fwdmode", Aliases: []string{"forward-mode"}, Value: "routing", EnvVars: env("FORWARD_MODE"), Usage: "bridge | routing (vxlan needs routing)"},
+			&cli.StringFlag{Name: "infra", Aliases: []string{"infra-type"}, Value: "default", EnvVars: env("INFRA"), Usage: "default | aci | aci-opflex"},
+			&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, Value: "netplugin", EnvVars: env("PLUGIN_NAME"), Usage: "docker network/IPAM driver name"},
+			&cli.DurationFlag{Name: "leader-ttl", Value: cluster.DefaultLeaderTTL, EnvVars: env("LEADER_TTL"), Usage: "lease TTL of the leader lock: a dead leader is replaced within this time"},
+			&cli.DurationFlag{Name: "service-ttl", Value: cluster.DefaultServiceTTL, EnvVars: env("SERVICE_TTL"), Usage: "lease TTL of service registrations"},
+			&cli.IntFlag{Name: "rpc-port", Value: 9001, EnvVars: env("RPC_PORT"), Usage: "port registered as netmaster.rpc (0: do not register)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
+			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := configFrom(c)
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("netmaster: %v", err), 22)
+			}
+			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, cfg)
+		},
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	listen, control        string
+	etcdEndpoints          []string
+	etcdDir, etcdClient    string
+	etcdPeer               string
+	mode, netMode, fwdMode string
+	infra, pluginName      string
+	leaderTTL, serviceTTL  time.Duration
+	rpcPort                int
+}
+
+func configFrom(c *cli.Context) (config, error) {
+	cfg := config{
+		listen: c.String("listen-url"), control: c.String("control-url"),
+		etcdDir: c.String("etcd-data-dir"), etcdClient: c.String("etcd-listen-client-url"), etcdPeer: c.String("etcd-listen-peer-url"),
+		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: c.String("fwdmode"),
+		infra: c.String("infra"), pluginName: c.String("plugin-name"),
+		leaderTTL: c.Duration("leader-ttl"), serviceTTL: c.Duration("service-ttl"), rpcPort: c.Int("rpc-port"),
+	}
+	level := new(slog.LevelVar)
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return cfg, fmt.Errorf("--log-level %q: %w", c.String("log-level"), err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Bool("use-json-log") {
+		slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, opts)))
+	} else {
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, opts)))
+	}
+	for _, e := range strings.Split(c.String("etcd-endpoints"), ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			cfg.etcdEndpoints = append(cfg.etcdEndpoints, e)
+		}
+	}
+	cfg.listen = strings.TrimPrefix(cfg.listen, "http://")
+	lh, lp, err := net.SplitHostPort(cfg.listen)
+	if err != nil {
+		return cfg, fmt.Errorf("--listen-url %q: want HOST:PORT: %w", cfg.listen, err)
+	}
+	if cfg.control == "" {
+		host := lh
+		if ip := net.ParseIP(lh); lh == "" || (ip != nil && ip.IsUnspecified()) {
+			host = hostIP()
+		}
+		cfg.control = net.JoinHostPort(host, lp)
+	}
+	cfg.control = strings.TrimPrefix(cfg.control, "http://")
+	if h, p, err := net.SplitHostPort(cfg.control); err != nil || h == "" {
+		return cfg, fmt.Errorf("--control-url %q: want IP:PORT", cfg.control)
+	} else if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
+		return cfg, fmt.Errorf("--control-url %q: bad port", cfg.control)
+	}
+	switch cfg.mode {
+	case "docker", "kubernetes", "swarm-mode", "test":
+	default:
+		return cfg, fmt.Errorf("--mode %q: want docker, kubernetes or swarm-mode", cfg.mode)
+	}
+	switch {
+	case cfg.netMode != "vlan" && cfg.netMode != "vxlan":
+		return cfg, fmt.Errorf("--netmode %q: want vlan or vxlan", cfg.netMode)
+	case cfg.fwdMode != "bridge" && cfg.fwdMode != "routing":
+		return cfg, fmt.Errorf("--fwdmode %q: want bridge or routing", cfg.fwdMode)
+	case cfg.netMode == "vxlan" && cfg.fwdMode == "bridge":
+		return cfg, errors.New("--netmode vxlan needs --fwdmode routing")
+	}
+	switch cfg.infra {
+	case "default", "aci", "aci-opflex":
+	default:
+		return cfg, fmt.Errorf("--infra %q: want default, aci or aci-opflex", cfg.infra)
+	}
+	if cfg.leaderTTL < 2*time.Second {
+		return cfg, fmt.Errorf("--leader-ttl %s: at least 2s", cfg.leaderTTL)
+	}
+	if cfg.serviceTTL < 2*time.Second {
+		return cfg, fmt.Errorf("--service-ttl %s: at least 2s", cfg.serviceTTL)
+	}
+	if len(cfg.etcdEndpoints) == 0 {
+		if u, err := url.Parse(cfg.etcdClient); err != nil || u.Host == "" {
+			return cfg, fmt.Errorf("--etcd-listen-client-url %q: want http://IP:PORT", cfg.etcdClient)
+		}
+	}
+	return cfg, nil
+}
+
+// hostIP is the first global-unicast IPv4 address of an up interface, else 127.0.0.1.
+func hostIP() string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "127.0.0.1"
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+func run(ctx context.Context, cfg config) error {
+	endpoints := cfg.etcdEndpoints
+	if len(endpoints) == 0 {
+		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		endpoints = []string{srv.ClientURL()}
+	}
+	store, err := state.Open(ctx, endpoints)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	m, err := newMaster(ctx, store, cfg)
+	if err != nil {
+		return err
+	}
+	hostname, _ := os.Hostname()
+	return cluster.Serve(ctx, cluster.NodeConfig{
+		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
+		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
+		Version: version, Hostname: hostname,
+	})
+}
+
+// newMaster bootstraps the API, retrying for a minute while etcd is unreachable (e.g. a
+// cluster still forming).
+func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Master, error) {
+	mc := master.Config{
+		Store: store, FwdMode: cfg.fwdMode, Infra: cfg.infra, NetMode: cfg.netMode,
+		ClusterMode: cfg.mode, PluginName: cfg.pluginName,
+		Version: model.VersionInfo{GitCommit: gitCommit, Version: version, BuildTime: buildTime},
+	}
+	deadline := time.Now().Add(time.Minute)
+	backoff := 250 * time.Millisecond
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := master.New(tctx, mc)
+		cancel()
+		if err == nil {
+			return m, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, fmt.Errorf("start master API: %w", err)
+		}
+		slog.Warn("master bootstrap failed, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}

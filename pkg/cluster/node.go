@@ -1,0 +1,231 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// Service names netmaster registers and reads (Contiv's names).
+const (
+	ServiceNetmaster    = "netmaster"
+	ServiceNetmasterRPC = "netmaster.rpc"
+	ServiceNetplugin    = "netplugin"
+	ServiceVTEP         = "netplugin.vtep"
+)
+
+// NodeConfig configures one netmaster node of an HA group.
+type NodeConfig struct {
+	Store *state.Store
+	// ListenAddr is where the API is served ("0.0.0.0:9999").
+	ListenAddr string
+	// ControlAddr is "<controlIP>:<port>": the leader lock value, the address followers
+	// proxy to and the "netmaster" registration. Required.
+	ControlAddr string
+	// RPCPort is registered as "netmaster.rpc" (Contiv: 9001). 0 skips that registration.
+	RPCPort int
+	// API serves everything but /info while this node leads (master.Handler()).
+	API http.Handler
+	// LeaderTTL and ServiceTTL default to DefaultLeaderTTL and DefaultServiceTTL.
+	LeaderTTL  time.Duration
+	ServiceTTL time.Duration
+	// Version goes into the registrations' Version field.
+	Version string
+	// Hostname goes into the registrations' Hostname field.
+	Hostname string
+	// Ready, if set, is called once the listener is bound (with its actual address).
+	Ready  func(addr net.Addr)
+	Logger *slog.Logger
+}
+
+// Info is GET /info, Contiv's shape.
+type Info struct {
+	LocalIP        string   `json:"local-ip"`
+	LeaderIP       string   `json:"leader-ip"`
+	CurrentState   string   `json:"current-state"`
+	NetpluginNodes []string `json:"netplugin-nodes"`
+	NetmasterNodes []string `json:"netmaster-nodes"`
+}
+
+// Serve runs a netmaster node until ctx ends: it campaigns for leadership, registers the
+// "netmaster" and "netmaster.rpc" services, serves /info locally and everything else through
+// a Front (API when leading, proxy to the leader otherwise). On ctx end it resigns first
+// (so a follower takes over at once), unregisters, then drains HTTP for up to 5 s.
+func Serve(ctx context.Context, cfg NodeConfig) error {
+	if cfg.Store == nil || cfg.API == nil {
+		return errors.New("netmaster node: Store and API are required")
+	}
+	host, portStr, err := net.SplitHostPort(cfg.ControlAddr)
+	if err != nil {
+		return fmt.Errorf("control address %q: %w", cfg.ControlAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 || host == "" || net.ParseIP(host).IsUnspecified() {
+		return fmt.Errorf("control address %q: want <reachable IP>:<port>", cfg.ControlAddr)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
+	}
+
+	var regMu sync.Mutex
+	var nmReg *Registration
+	el, err := NewElection(cfg.Store, ElectionConfig{
+		ID: cfg.ControlAddr, TTL: cfg.LeaderTTL, Logger: log,
+		OnChange: func(leader bool) {
+			regMu.Lock()
+			r := nmReg
+			regMu.Unlock()
+			if r != nil {
+				sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				_ = r.SetRole(sctx, roleName(leader))
+				c()
+			}
+		},
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	elCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
+	elDone := make(chan struct{})
+	go func() { _ = el.Run(elCtx); close(elDone) }()
+
+	regCtx, stopRegs := context.WithCancel(context.WithoutCancel(ctx))
+	var regs []*Registration
+	var regsWG sync.WaitGroup
+	register := func(si ServiceInfo) {
+		regsWG.Add(1)
+		go func() {
+			defer regsWG.Done()
+			backoff := 200 * time.Millisecond
+			for {
+				r, err := Register(regCtx, cfg.Store, si, cfg.ServiceTTL)
+				if err == nil {
+					regMu.Lock()
+					regs = append(regs, r)
+					if si.ServiceName == ServiceNetmaster {
+						nmReg = r
+					}
+					regMu.Unlock()
+					if si.ServiceName == ServiceNetmaster && el.IsLeader() {
+						_ = r.SetRole(regCtx, roleName(true))
+					}
+					return
+				}
+				log.Warn("service registration failed, retrying", "service", si.ServiceName, "err", err)
+				if !sleep(regCtx, backoff) {
+					return
+				}
+				backoff = min(backoff*2, 5*time.Second)
+			}
+		}()
+	}
+	base := ServiceInfo{Role: roleName(false), Version: cfg.Version, HostAddr: host, Hostname: cfg.Hostname}
+	nm := base
+	nm.ServiceName, nm.Port = ServiceNetmaster, port
+	register(nm)
+	if cfg.RPCPort > 0 {
+		rpc := base
+		rpc.ServiceName, rpc.Port = ServiceNetmasterRPC, cfg.RPCPort
+		register(rpc)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /info", func(w http.ResponseWriter, r *http.Request) {
+		info, err := nodeInfo(r.Context(), cfg.Store, host, el)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(info)
+	})
+	mux.Handle("/", NewFront(el, cfg.API, nil))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Serve(ln) }()
+	log.Info("netmaster node serving", "listen", ln.Addr().String(), "control", cfg.ControlAddr)
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr())
+	}
+
+	var result error
+	select {
+	case <-ctx.Done():
+	case err := <-srvErr:
+		result = fmt.Errorf("serve %s: %w", cfg.ListenAddr, err)
+	}
+	log.Info("shutting down: resigning leadership")
+	stopElection()
+	<-elDone
+	stopRegs()
+	regsWG.Wait()
+	regMu.Lock()
+	for _, r := range regs {
+		cctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := r.Close(cctx); err != nil {
+			log.Warn("unregister", "err", err)
+		}
+		c()
+	}
+	regMu.Unlock()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "err", err)
+	}
+	return result
+}
+
+func roleName(leader bool) string {
+	if leader {
+		return "leader"
+	}
+	return "follower"
+}
+
+func nodeInfo(ctx context.Context, store *state.Store, localIP string, el *Election) (Info, error) {
+	info := Info{LocalIP: localIP, CurrentState: roleName(el.IsLeader()), NetpluginNodes: []string{}, NetmasterNodes: []string{}}
+	leader, err := el.Leader(ctx)
+	if err != nil {
+		return info, err
+	}
+	if h, _, err := net.SplitHostPort(leader); err == nil {
+		info.LeaderIP = h
+	} else {
+		info.LeaderIP = leader
+	}
+	plugins, err := ListServices(ctx, store, ServiceNetplugin)
+	if err != nil {
+		return info, err
+	}
+	seen := map[string]bool{}
+	for _, p := range plugins { // two registrations per host (ports 9002, 9003)
+		if !seen[p.HostAddr] {
+			seen[p.HostAddr] = true
+			info.NetpluginNodes = append(info.NetpluginNodes, p.HostAddr)
+		}
+	}
+	masters, err := ListServices(ctx, store, ServiceNetmaster)
+	if err != nil {
+		return info, err
+	}
+	for _, m := range masters {
+		info.NetmasterNodes = append(info.NetmasterNodes, m.HostAddr)
+	}
+	return info, nil
+}
