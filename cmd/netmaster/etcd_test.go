@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+)
+
+const debianEtcd = "/usr/bin/etcd"
+
+// TestExternalEtcdCluster runs a 3-member etcd cluster (Debian's etcd 3.4 binary) on
+// loopback, two netmasters with --etcd-endpoints of all three, kills the etcd leader member
+// and checks the API keeps creating and listing objects.
+func TestExternalEtcdCluster(t *testing.T) {
+	if _, err := os.Stat(debianEtcd); err != nil {
+		t.Fatalf("%s missing (Debian package etcd-server; `make deps` installs it): %v", debianEtcd, err)
+	}
+	type member struct {
+		name, client, peer string
+		p                  *proc
+	}
+	var ms []*member
+	var initial []string
+	for i := 0; i < 3; i++ {
+		m := &member{
+			name:   fmt.Sprintf("cbh-etcd%d", i),
+			client: fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t)),
+			peer:   fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t)),
+		}
+		ms = append(ms, m)
+		initial = append(initial, m.name+"="+m.peer)
+	}
+	dataRoot := t.TempDir()
+	var clients []string
+	for _, m := range ms {
+		m.p = startProc(t, m.name, debianEtcd,
+			"--name", m.name, "--data-dir", filepath.Join(dataRoot, m.name),
+			"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
+			"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--initial-cluster-token", "cbh-test", "--log-level", "warn",
+			"--heartbeat-interval", "100", "--election-timeout", "1000")
+		clients = append(clients, m.client)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	eventually(t, 20*time.Second, "etcd cluster healthy", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := cli.Put(ctx, "/cbh-health", "ok")
+		return err
+	})
+
+	endpoints := strings.Join(clients, ",")
+	nm := []*proc{startNetmaster(t, "nm-a", endpoints), startNetmaster(t, "nm-b", endpoints)}
+	leaderOf(t, nm, 20*time.Second)
+	mustCall(t, "POST", nm[1].url+"/api/v1/networks/default:e1/", netJSON("e1", "10.40.0.0/24", "10.40.0.1"), 200)
+
+	// Find and kill the etcd raft leader (the hardest member to lose).
+	var victim *member
+	for _, m := range ms {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := cli.Status(ctx, m.client)
+		cancel()
+		if err == nil && st.Leader == st.Header.MemberId {
+			victim = m
+		}
+	}
+	if victim == nil {
+		t.Fatal("no etcd member reports itself leader")
+	}
+	start := time.Now()
+	if err := victim.p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.p.done
+	t.Logf("killed etcd leader member %s", victim.name)
+
+	// Create + list keep working through both netmasters (followers proxy to the leader).
+	for i, p := range nm {
+		name := fmt.Sprintf("e%d", i+2)
+		eventually(t, 15*time.Second, "create via "+p.name, func() error {
+			st, body, err := call("POST", p.url+"/api/v1/networks/default:"+name+"/", netJSON(name, fmt.Sprintf("10.4%d.0.0/24", i+1), fmt.Sprintf("10.4%d.0.1", i+1)))
+			if err != nil || st != 200 {
+				return fmt.Errorf("%d %v %s", st, err, body)
+			}
+			return nil
+		})
+		if i == 0 {
+			t.Logf("first create after losing the etcd leader succeeded after %s", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	for _, p := range nm {
+		got := networkNames(t, p.url)
+		for _, want := range []string{"e1", "e2", "e3"} {
+			if !hasString(got, want) {
+				t.Fatalf("%s lists %v, want %s", p.name, got, want)
+			}
+		}
+	}
+	st, _, err := call("POST", nm[0].url+"/plugin/allocAddress", `{"NetworkID":"e1.default"}`)
+	if err != nil || st != 200 {
+		t.Fatalf("allocAddress with one etcd member down: %d %v", st, err)
+	}
+	// Exactly one netmaster still leads.
+	leaderOf(t, nm, 10*time.Second)
+}
+
+// TestEmbeddedEtcd runs netmaster without --etcd-endpoints: it starts its own etcd in
+// --etcd-data-dir, serves the API and writes Contiv's /contiv.io/ keys there; SIGTERM
+// stops it cleanly and the data survives a restart.
+func TestEmbeddedEtcd(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	clientURL := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	etcdFlags := []string{"--etcd-data-dir", dataDir, "--etcd-listen-client-url", clientURL, "--etcd-listen-peer-url", peerURL}
+	p := startNetmaster(t, "nm-embedded", "", etcdFlags...)
+	eventually(t, 30*time.Second, "embedded netmaster leads", func() error {
+		i, err := getInfo(p)
+		if err != nil {
+			return err
+		}
+		if i.CurrentState != "leader" {
+			return fmt.Errorf("state %q", i.CurrentState)
+		}
+		return nil
+	})
+	mustCall(t, "POST", p.url+"/api/v1/networks/default:emb/", netJSON("emb", "10.50.0.0/24", "10.50.0.1"), 200)
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s := state.New(cli)
+	ctx := ctxT(t, 10*time.Second)
+	var nw model.Network
+	if err := s.Get(ctx, model.ModelKey(model.TypeNetwork, "default:emb"), &nw); err != nil {
+		t.Fatalf("model key of the network: %v", err)
+	}
+	if nw.Subnet != "10.50.0.0/24" {
+		t.Fatalf("stored network %+v", nw)
+	}
+	resp, err := cli.Get(ctx, state.LeaderLockKey)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != p.addr {
+		t.Fatalf("leader lock: %+v %v; want %s", resp, err, p.addr)
+	}
+	resp, err = cli.Get(ctx, "/contiv.io/service/netmaster/"+p.addr)
+	if err != nil || len(resp.Kvs) != 1 || !strings.Contains(string(resp.Kvs[0].Value), `"ServiceName":"netmaster"`) {
+		t.Fatalf("netmaster registration: %+v %v", resp, err)
+	}
+	cli.Close()
+
+	// SIGTERM: clean exit, lock released.
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no exit within 15s of SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	// Restart on the same data dir: the network is still there.
+	p2 := startNetmaster(t, "nm-embedded-2", "", etcdFlags...)
+	eventually(t, 30*time.Second, "restarted netmaster lists the network", func() error {
+		st, body, err := call("GET", p2.url+"/api/v1/networks/default:emb/", "")
+		if err != nil || st != 200 {
+			return fmt.Errorf("%d %v %s", st, err, body)
+		}
+		return nil
+	})
+}
