@@ -42,12 +42,13 @@ type config struct {
 	rrRounds    int
 	rrPerRound  int
 	pods        int
+	dockerRuns  int
 	downTime    time.Duration
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "crosshost", "restart", "cni", "cp"}
+var allStages = []string{"prog", "samehost", "crosshost", "restart", "cni", "docker", "cp"}
 
 func main() {
 	var cfg config
@@ -55,13 +56,14 @@ func main() {
 	stages := flag.String("stages", "", "comma-separated subset of "+strings.Join(allStages, ","))
 	flag.StringVar(&cfg.bin, "bin", "", "directory with netmaster, netplugin, netctl, contivk8s (default <repo>/bin)")
 	flag.BoolVar(&cfg.verbose, "v", false, "log the simulator's progress")
-	flag.IntVar(&cfg.tputRounds, "tput-rounds", 3, "alternating iperf3 rounds per path")
+	flag.IntVar(&cfg.tputRounds, "tput-rounds", 4, "alternating iperf3 rounds per path")
 	flag.IntVar(&cfg.tputSeconds, "tput-seconds", 2, "seconds per iperf3 run")
-	flag.IntVar(&cfg.crrRounds, "crr-rounds", 6, "alternating connection-rate rounds per path")
+	flag.IntVar(&cfg.crrRounds, "crr-rounds", 8, "alternating connection-rate rounds per path")
 	flag.DurationVar(&cfg.crrTime, "crr-time", 500*time.Millisecond, "duration of one connection-rate round")
 	flag.IntVar(&cfg.rrRounds, "rr-rounds", 12, "alternating request/response rounds per path")
 	flag.IntVar(&cfg.rrPerRound, "rr-per-round", 1000, "round trips per request/response round")
 	flag.IntVar(&cfg.pods, "pods", 100, "pods attached by the CNI stage")
+	flag.IntVar(&cfg.dockerRuns, "docker-runs", 6, "docker run pairs (with and without network) in the docker stage")
 	flag.DurationVar(&cfg.downTime, "down", time.Second, "how long netplugin stays dead in the restart stage")
 	flag.Parse()
 	switch *dp {
@@ -130,6 +132,18 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		t0 := time.Now()
 		runDataplane(ctx, cfg, dp, w, r)
 		fmt.Fprintf(w, "(dataplane %s: %.1fs)\n", dp, time.Since(t0).Seconds())
+	}
+	for _, dp := range cfg.dataplanes {
+		if !cfg.want("docker") || ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		if err := dockerStage(sctx, cfg, dp, w, r); err != nil {
+			r.fail(dp+".docker", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(docker on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
 	}
 	if cfg.want("cp") && ctx.Err() == nil {
 		t0 := time.Now()

@@ -69,20 +69,31 @@ func tcpCounters(ctx context.Context, ns string) (map[string]int64, error) {
 
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) (?:packets )?received`)
 
-// restart runs TCP request/response, a TCP stream and a 10 ms ping from container a (host
-// 1) to c (host 2), SIGKILLs host 1's netplugin, restarts it, then does the same on host 2,
-// and counts what the traffic noticed.
-func (d *dpRun) restart(ctx context.Context) error {
-	rrAddr := fmt.Sprintf("%s:%d", d.x.IP.Addr(), echoPort+1)
+// loadResult is what one load phase saw.
+type loadResult struct {
+	rrOK, rrFailed, resets, streamErrs int64
+	streamMB                           float64
+	maxRR                              time.Duration
+	retrans                            int64
+	pingSent, pingLost                 int
+	firstErr                           error
+	seconds                            float64
+}
+
+// underLoad runs TCP request/response, a paced TCP stream (~130 Mbit/s) and a 10 ms ping
+// from container a (host 1) to c (host 2) around action, and returns what they noticed.
+func (d *dpRun) underLoad(ctx context.Context, port int, action func() error) (loadResult, error) {
+	var res loadResult
+	rrAddr := fmt.Sprintf("%s:%d", d.x.IP.Addr(), port)
 	srv, err := netbench.StartServer(netbench.NSPath(d.x.Name), rrAddr)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer srv.Close()
-	sinkAddr := fmt.Sprintf("%s:%d", d.x.IP.Addr(), echoPort+2)
+	sinkAddr := fmt.Sprintf("%s:%d", d.x.IP.Addr(), port+1)
 	sink, err := sim.Listen(d.x.Name, "tcp", sinkAddr)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer sink.Close()
 	go func() {
@@ -97,18 +108,17 @@ func (d *dpRun) restart(ctx context.Context) error {
 	before := map[string]map[string]int64{}
 	for _, ns := range []string{d.a.Name, d.x.Name} {
 		if before[ns], err = tcpCounters(ctx, ns); err != nil {
-			return err
+			return res, err
 		}
 	}
-
 	rrConn, err := sim.DialContext(ctx, d.a.Name, "tcp", rrAddr)
 	if err != nil {
-		return err
+		return res, err
 	}
-	defer rrConn.Close()
+	defer func() { rrConn.Close() }()
 	stConn, err := sim.DialContext(ctx, d.a.Name, "tcp", sinkAddr)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer stConn.Close()
 
@@ -146,9 +156,9 @@ func (d *dpRun) restart(ctx context.Context) error {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	go func() { // bulk stream, paced to leave CPU for the rest
+	go func() { // bulk stream, 16 KiB per millisecond
 		defer wg.Done()
-		buf := make([]byte, 64*1024)
+		buf := make([]byte, 16*1024)
 		for lctx.Err() == nil {
 			_ = stConn.SetWriteDeadline(time.Now().Add(2 * time.Second))
 			n, err := stConn.Write(buf)
@@ -161,14 +171,14 @@ func (d *dpRun) restart(ctx context.Context) error {
 				st.noteErr(err)
 				return
 			}
-			time.Sleep(200 * time.Microsecond)
+			time.Sleep(time.Millisecond)
 		}
 	}()
 	ping := exec.Command("nsenter", "--net="+sim.NetNSPath(d.a.Name), "--", "ping", "-i", "0.01", "-W", "1", d.x.IP.Addr().String())
 	var pingOut strings.Builder
 	ping.Stdout, ping.Stderr = &pingOut, &pingOut
 	if err := ping.Start(); err != nil {
-		return fmt.Errorf("start ping: %w", err)
+		return res, fmt.Errorf("start ping: %w", err)
 	}
 	pingDone := false
 	defer func() {
@@ -177,87 +187,126 @@ func (d *dpRun) restart(ctx context.Context) error {
 			_ = ping.Wait()
 		}
 	}()
-
-	sleep := func(t time.Duration) error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(t):
-			return nil
-		}
+	t0 := time.Now()
+	aerr := sleepCtx(ctx, time.Second)
+	if aerr == nil {
+		aerr = action()
 	}
-	var timeline [][]string
-	if err := sleep(time.Second); err != nil {
-		return err
-	}
-	for _, h := range d.c.Hosts {
-		t0 := time.Now()
-		pid := h.Plugin.PID()
-		d.c.KillPlugin(h)
-		if err := sleep(d.cfg.downTime); err != nil {
-			return err
-		}
-		if err := d.c.StartPlugin(ctx, h); err != nil {
-			return err
-		}
-		if err := h.WaitReady(ctx, 60*time.Second); err != nil {
-			return err
-		}
-		ready := time.Since(t0)
-		timeline = append(timeline, []string{h.Name, strconv.Itoa(pid), d.cfg.downTime.String(), fmt.Sprintf("%.2f", ready.Seconds())})
-		if err := sleep(1500 * time.Millisecond); err != nil {
-			return err
-		}
+	if aerr == nil {
+		aerr = sleepCtx(ctx, time.Second)
 	}
 	stopLoad()
 	_ = rrConn.SetDeadline(time.Now())
 	_ = stConn.SetDeadline(time.Now())
 	wg.Wait()
+	res.seconds = time.Since(t0).Seconds()
 	_ = ping.Process.Signal(os.Interrupt)
 	_ = ping.Wait()
 	pingDone = true
+	if aerr != nil {
+		return res, aerr
+	}
 	m := pingSummary.FindStringSubmatch(pingOut.String())
 	if m == nil {
-		return fmt.Errorf("no ping summary in %q", pingOut.String())
+		return res, fmt.Errorf("no ping summary in %q", pingOut.String())
 	}
 	sent, _ := strconv.Atoi(m[1])
 	recv, _ := strconv.Atoi(m[2])
-	// ping's last probe may still be in flight when it is interrupted.
-	lost := sent - recv
-	if lost == 1 {
-		lost = 0
+	res.pingSent, res.pingLost = sent, sent-recv
+	if res.pingLost == 1 { // the last probe may still be in flight when ping is interrupted
+		res.pingLost = 0
 	}
-	var retrans, estabResets int64
+	var estabResets int64
 	for _, ns := range []string{d.a.Name, d.x.Name} {
 		after, err := tcpCounters(ctx, ns)
 		if err != nil {
-			return err
+			return res, err
 		}
-		retrans += after["RetransSegs"] - before[ns]["RetransSegs"]
+		res.retrans += after["RetransSegs"] - before[ns]["RetransSegs"]
 		estabResets += after["EstabResets"] - before[ns]["EstabResets"]
+	}
+	res.rrOK, res.rrFailed = st.rrOK.Load(), st.rrFailed.Load()
+	res.resets = st.resets.Load() + estabResets
+	res.streamErrs = st.streamErrs.Load()
+	res.streamMB = float64(st.streamBytes.Load()) / 1e6
+	res.maxRR = time.Duration(st.maxRR.Load())
+	res.firstErr = st.firstErr
+	return res, nil
+}
+
+func sleepCtx(ctx context.Context, t time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(t):
+		return nil
+	}
+}
+
+// restart measures the load once undisturbed (control) and once while each host's
+// netplugin in turn is SIGKILLed, kept down, and started again; the goal is that the
+// restart phase loses and resets nothing more than the control phase (ideally nothing).
+func (d *dpRun) restart(ctx context.Context) error {
+	var timeline [][]string
+	ctl, err := d.underLoad(ctx, echoPort+10, func() error { return sleepCtx(ctx, 3*time.Second) })
+	if err != nil {
+		return fmt.Errorf("control phase: %w", err)
+	}
+	rst, err := d.underLoad(ctx, echoPort+20, func() error {
+		for _, h := range d.c.Hosts {
+			t0 := time.Now()
+			pid := h.Plugin.PID()
+			d.c.KillPlugin(h)
+			if err := sleepCtx(ctx, d.cfg.downTime); err != nil {
+				return err
+			}
+			if err := d.c.StartPlugin(ctx, h); err != nil {
+				return err
+			}
+			if err := h.WaitReady(ctx, 60*time.Second); err != nil {
+				return err
+			}
+			timeline = append(timeline, []string{h.Name, strconv.Itoa(pid), d.cfg.downTime.String(), fmt.Sprintf("%.2f", time.Since(t0).Seconds())})
+			if err := sleepCtx(ctx, time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("restart phase: %w", err)
 	}
 	table(d.w, fmt.Sprintf("%s netplugin SIGKILL + restart under load (container a on host 1 -> c on host 2)", d.dp),
 		[]string{"host", "killed pid", "down for", "killed->ready s"}, timeline)
-	resets := st.resets.Load() + estabResets
+	row := func(name string, f func(r loadResult) string) []string { return []string{name, f(ctl), f(rst)} }
 	rows := [][]string{
-		{"TCP RR ok / failed", fmt.Sprintf("%d / %d", st.rrOK.Load(), st.rrFailed.Load())},
-		{"max RR latency ms", fmt.Sprintf("%.1f", float64(st.maxRR.Load())/1e6)},
-		{"TCP stream MB sent / errors", fmt.Sprintf("%.1f / %d", float64(st.streamBytes.Load())/1e6, st.streamErrs.Load())},
-		{"connection resets (app errors + kernel EstabResets)", strconv.FormatInt(resets, 10)},
-		{"TCP retransmitted segments (both ends)", strconv.FormatInt(retrans, 10)},
-		{"ping 10 ms sent / lost", fmt.Sprintf("%d / %d", sent, lost)},
+		row("phase length s", func(r loadResult) string { return fmt.Sprintf("%.1f", r.seconds) }),
+		row("TCP RR ok / failed", func(r loadResult) string { return fmt.Sprintf("%d / %d", r.rrOK, r.rrFailed) }),
+		row("max RR latency ms", func(r loadResult) string { return fmt.Sprintf("%.1f", float64(r.maxRR)/1e6) }),
+		row("TCP stream MB sent / errors", func(r loadResult) string { return fmt.Sprintf("%.1f / %d", r.streamMB, r.streamErrs) }),
+		row("connection resets (app errors + kernel EstabResets)", func(r loadResult) string { return strconv.FormatInt(r.resets, 10) }),
+		row("TCP retransmitted segments (both ends)", func(r loadResult) string { return strconv.FormatInt(r.retrans, 10) }),
+		row("ping every 10 ms: sent / lost", func(r loadResult) string { return fmt.Sprintf("%d / %d", r.pingSent, r.pingLost) }),
 	}
-	if st.firstErr != nil {
-		rows = append(rows, []string{"first error", st.firstErr.Error()})
+	for _, x := range []struct {
+		n string
+		r loadResult
+	}{{"control", ctl}, {"restart", rst}} {
+		if x.r.firstErr != nil {
+			rows = append(rows, []string{"first error (" + x.n + ")", x.r.firstErr.Error(), ""})
+		}
 	}
-	table(d.w, d.dp+" traffic during the restarts", []string{"figure", "value"}, rows)
+	table(d.w, d.dp+" traffic: control phase (no restart) vs restart phase", []string{"figure", "control", "restarts"}, rows)
 	p := d.dp + ".restart."
-	d.r.add(p+"rr_ok", float64(st.rrOK.Load()), "count")
-	d.r.add(p+"rr_failed", float64(st.rrFailed.Load()), "count")
-	d.r.add(p+"resets", float64(resets), "count")
-	d.r.add(p+"ping_sent", float64(sent), "count")
-	d.r.add(p+"ping_lost", float64(lost), "count")
-	d.r.add(p+"tcp_retrans", float64(retrans), "count")
-	d.r.add(p+"max_rr_ms", round1(float64(st.maxRR.Load())/1e6), "ms")
+	d.r.add(p+"rr_ok", float64(rst.rrOK), "count")
+	d.r.add(p+"rr_failed", float64(rst.rrFailed), "count")
+	d.r.add(p+"resets", float64(rst.resets), "count")
+	d.r.add(p+"ping_sent", float64(rst.pingSent), "count")
+	d.r.add(p+"ping_lost", float64(rst.pingLost), "count")
+	d.r.add(p+"tcp_retrans", float64(rst.retrans), "count")
+	d.r.add(p+"max_rr_ms", round1(float64(rst.maxRR)/1e6), "ms")
+	d.r.add(p+"control_ping_lost", float64(ctl.pingLost), "count")
+	d.r.add(p+"control_tcp_retrans", float64(ctl.retrans), "count")
+	d.r.add(p+"control_max_rr_ms", round1(float64(ctl.maxRR)/1e6), "ms")
 	return nil
 }
