@@ -31,7 +31,7 @@ type Verdict struct {
 // Allowed reports whether the packet passes.
 func (v Verdict) Allowed() bool { return v.Action != dataplane.ActionDeny }
 
-// DefaultVerdict is what a packet no rule matches gets.
+// defaultVerdict is what a packet no rule matches gets.
 var defaultVerdict = Verdict{Action: dataplane.ActionAllow}
 
 // Decide evaluates a packet that does not belong to an already allowed connection, the

@@ -277,3 +277,49 @@ func TestDiff(t *testing.T) {
 		t.Fatal("diff from nil")
 	}
 }
+
+// bigPolicy is 20 groups of 50 rules each, half of them with /24 remote prefixes.
+func bigPolicy() []dataplane.PolicySet {
+	var sets []dataplane.PolicySet
+	for g := uint16(1); g <= 20; g++ {
+		s := dataplane.PolicySet{EPGID: g}
+		for i := 0; i < 50; i++ {
+			r := dataplane.PolicyRule{ID: fmt.Sprintf("g%d-r%d", g, i), Priority: 1 + i%100, Ingress: i%2 == 0, RemoteEPG: uint16(i % 5),
+				Proto: 6, Port: uint16(1000 + i), Action: []dataplane.PolicyAction{"allow", "deny"}[i%2]}
+			if i%2 == 1 {
+				r.Remote = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(g), byte(i), 0}), 24)
+			}
+			s.Rules = append(s.Rules, r)
+		}
+		sets = append(sets, s)
+	}
+	return sets
+}
+
+func BenchmarkEncode1000Rules(b *testing.B) {
+	sets := bigPolicy()
+	for b.Loop() {
+		if _, err := Encode(sets, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecide1000Rules(b *testing.B) {
+	sets := bigPolicy()
+	p := syn(3, 4, netip.MustParseAddr("10.3.7.1"), netip.MustParseAddr("10.4.9.9"), 1007)
+	for b.Loop() {
+		Decide(sets, p)
+	}
+}
+
+func BenchmarkLookup1000Rules(b *testing.B) {
+	m, err := Encode(bigPolicy(), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := syn(3, 4, netip.MustParseAddr("10.3.7.1"), netip.MustParseAddr("10.4.9.9"), 1007)
+	for b.Loop() {
+		m.Lookup(p)
+	}
+}
