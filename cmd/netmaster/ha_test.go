@@ -157,6 +157,16 @@ func TestHACluster(t *testing.T) {
 		if code := old.cmd.ProcessState.ExitCode(); code != 0 {
 			t.Errorf("exit code after SIGTERM %d, want 0", code)
 		}
+		// Its registrations (10 s TTL) were revoked on the way out, not left to expire.
+		nms, err := cluster.ListServices(ctxT(t, 5*time.Second), store, cluster.ServiceNetmaster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range nms {
+			if s.Addr() == old.addr {
+				t.Errorf("registration of the stopped netmaster %s still present", old.addr)
+			}
+		}
 		t.Logf("graceful failover (SIGTERM) to %s: %s", newLeader.name, took.Round(time.Millisecond))
 		if took > cluster.DefaultLeaderTTL {
 			t.Errorf("graceful failover took %s: resign should not wait for the %s TTL", took, cluster.DefaultLeaderTTL)
