@@ -50,8 +50,11 @@ type Options struct {
 	Dir string
 	// NetNS is the name of an existing network namespace (/run/netns/NAME) the daemon runs in.
 	NetNS string
-	// Log receives the daemon's output (nil: discarded).
+	// Log receives the daemon's output (nil: DIR/dockerd.log).
 	Log io.Writer
+	// LiveRestore keeps containers running while dockerd restarts (daemon.json
+	// "live-restore"), see Daemon.Restart.
+	LiveRestore bool
 }
 
 // Daemon is one running private dockerd.
@@ -65,6 +68,8 @@ type Daemon struct {
 	cmd    *exec.Cmd
 	done   chan error
 	logf   *os.File
+	logw   io.Writer
+	args   []string // nsenter arguments that start dockerd
 	nsDirs []string // bind mounts to undo, innermost last
 }
 
@@ -121,6 +126,7 @@ func Start(ctx context.Context, o Options) (*Daemon, error) {
 		"deprecated-key-path": filepath.Join(dir, "key.json"),
 		"shutdown-timeout":    1,
 		"log-level":           "warn",
+		"live-restore":        o.LiveRestore,
 	}
 	b, _ := json.Marshal(cfg)
 	cfgPath := filepath.Join(dir, "daemon.json")
@@ -135,29 +141,60 @@ func Start(ctx context.Context, o Options) (*Daemon, error) {
 		"-H", d.Host(),
 		"--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
 	)
-	cmd := exec.Command("nsenter", args...)
-	if o.Log != nil {
-		cmd.Stdout, cmd.Stderr = o.Log, o.Log
-	} else {
+	d.args = args
+	d.logw = o.Log
+	if d.logw == nil {
 		f, err := os.Create(filepath.Join(dir, "dockerd.log"))
 		if err != nil {
 			return nil, fmt.Errorf("dockertest: log file: %w", err)
 		}
 		d.logf = f
-		cmd.Stdout, cmd.Stderr = f, f
+		d.logw = f
 	}
+	if err := d.start(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return d, nil
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	cmd := exec.Command("nsenter", d.args...)
+	cmd.Stdout, cmd.Stderr = d.logw, d.logw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("dockertest: start dockerd: %w", err)
+		return fmt.Errorf("dockertest: start dockerd: %w", err)
 	}
 	d.cmd = cmd
 	d.done = make(chan error, 1)
 	go func() { d.done <- cmd.Wait() }()
 	if err := d.waitReady(ctx, 60*time.Second); err != nil {
-		return nil, fmt.Errorf("dockertest: dockerd in %s: %w (log: %s)", o.NetNS, err, d.logTail())
+		return fmt.Errorf("dockertest: dockerd in %s: %w (log: %s)", d.NetNS, err, d.logTail())
 	}
-	ok = true
-	return d, nil
+	return nil
+}
+
+// stopDaemon ends dockerd: SIGTERM, then SIGKILL of its process group after 15 s.
+func (d *Daemon) stopDaemon() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(15 * time.Second):
+		slog.Warn("dockertest: dockerd did not stop, killing", "dir", d.Dir)
+		_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+		<-d.done
+	}
+	d.cmd = nil
+}
+
+// Restart stops dockerd and starts it again with the same files. With
+// Options.LiveRestore the containers keep running meanwhile.
+func (d *Daemon) Restart(ctx context.Context) error {
+	d.stopDaemon()
+	return d.start(ctx)
 }
 
 // makeMountNS pins a private mount namespace to ns/mnt in which PluginDir is mounted over
@@ -284,17 +321,10 @@ func BusyboxTar() ([]byte, error) {
 // mounts and removes Dir. Safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
-	if d.cmd != nil && d.cmd.Process != nil {
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.done:
-		case <-time.After(15 * time.Second):
-			slog.Warn("dockertest: dockerd did not stop, killing", "dir", d.Dir)
-			_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-			<-d.done
-		}
-		d.cmd = nil
+	if d.cmd != nil {
+		d.removeContainers()
 	}
+	d.stopDaemon()
 	// containerd started by this dockerd (exits by itself on a clean dockerd stop).
 	d.killByPidfile(filepath.Join(d.Dir, "exec", "containerd", "containerd.pid"), "containerd")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -395,4 +425,18 @@ func runOut(ctx context.Context, argv ...string) (string, error) {
 		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// removeContainers force-removes every container (best effort), so none outlives the
+// daemon (with live-restore they would).
+func (d *Daemon) removeContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := d.Docker(ctx, "ps", "-aq")
+	if err != nil {
+		return
+	}
+	if ids := strings.Fields(out); len(ids) > 0 {
+		_, _ = d.Docker(ctx, append([]string{"rm", "-f"}, ids...)...)
+	}
 }

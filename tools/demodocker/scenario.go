@@ -72,7 +72,7 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 		}
 	}()
 	for _, h := range c.Hosts {
-		d, err := dockertest.Start(ctx, dockertest.Options{Dir: dockerDir(h), NetNS: h.Name})
+		d, err := dockertest.Start(ctx, dockertest.Options{Dir: dockerDir(h), NetNS: h.Name, LiveRestore: true})
 		if err != nil {
 			return err
 		}
@@ -231,6 +231,17 @@ func extraChecks(ctx context.Context, c *sim.Cluster, daemons []*dockertest.Daem
 	if out, err := daemons[0].Docker(ctx, "exec", "c4", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
 		return fmt.Errorf("c4 -> c2 after netplugin restart: %v\n%s", err, out)
 	}
+	// A restarted dockerd (live-restore) keeps its containers connected.
+	if err := daemons[1].Restart(ctx); err != nil {
+		return err
+	}
+	if out, err := daemons[0].Docker(ctx, "exec", "c4", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
+		return fmt.Errorf("c4 -> c2 after dockerd restart on %s: %v\n%s", c.Hosts[1].Name, err, out)
+	}
+	if out, err := daemons[1].Docker(ctx, "exec", "c2", "ping", "-c", "1", "-W", "2", "10.1.1.1"); err == nil && !strings.Contains(out, "packets transmitted") {
+		return fmt.Errorf("c2 exec after dockerd restart: %s", out)
+	}
+	say("   dockerd restart on %s (live-restore): c2 still reachable", c.Hosts[1].Name)
 	if _, err := daemons[0].Docker(ctx, "rm", "-f", "c4"); err != nil {
 		return err
 	}

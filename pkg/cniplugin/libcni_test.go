@@ -1,0 +1,233 @@
+package cniplugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/contivbpf/contivbpf/pkg/cniplugin"
+	"github.com/contivbpf/contivbpf/pkg/dockertest"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/tools/sim"
+)
+
+// buildAll compiles netmaster, netplugin, netctl and contivk8s into a temp dir.
+func buildAll(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	if dir := os.Getenv("CONTIVBPF_TEST_BIN"); dir != "" {
+		return dir // prebuilt netmaster, netplugin, netctl, contivk8s
+	}
+	root, err := sim.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if err := sim.Build(ctx, root, bin); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "contivk8s"), "./cmd/contivk8s")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build contivk8s: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func confList(t *testing.T, version, socket, network string) *libcni.NetworkConfigList {
+	t.Helper()
+	b := fmt.Sprintf(`{"cniVersion":%q,"name":"contiv","plugins":[{"type":"contivk8s","socket":%q,"network":%q,"dns":{"nameservers":["10.96.0.10"]}}]}`, version, socket, network)
+	l, err := libcni.ConfListFromBytes([]byte(b))
+	if err != nil {
+		t.Fatalf("conf list: %v", err)
+	}
+	return l
+}
+
+func cniCode(err error) uint {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
+
+// linkIn returns the named link inside namespace path, or nil.
+func linkIn(t *testing.T, path, name string) (netlink.Link, []netlink.Addr) {
+	t.Helper()
+	var l netlink.Link
+	var addrs []netlink.Addr
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		var err error
+		l, err = netlink.LinkByName(name)
+		if err != nil {
+			l = nil
+			return nil
+		}
+		addrs, err = netlink.AddrList(l, netlink.FAMILY_V4)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("look in %s: %v", path, err)
+	}
+	return l, addrs
+}
+
+func numEndpoints(t *testing.T, ctx context.Context, c *sim.Cluster, network string) int {
+	t.Helper()
+	var insp struct {
+		Oper model.NetworkOper `json:"Oper"`
+	}
+	if err := c.MasterDo(ctx, "GET", "/api/v1/inspect/networks/default:"+network+"/", nil, &insp); err != nil {
+		t.Fatalf("inspect network: %v", err)
+	}
+	return insp.Oper.NumEndpoints
+}
+
+// TestLibcniSpecVersions drives the contivk8s binary through libcni (what container
+// runtimes use) against a real netmaster + netplugin on a simulated host, for every
+// supported spec version, plus bad input.
+func TestLibcniSpecVersions(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: simulated hosts are network namespaces and the agent loads eBPF")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bin := buildAll(t, ctx)
+	c, err := sim.Start(ctx, sim.Config{Prefix: "cbr" + dockertest.RandHex(2), Hosts: 1, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.CreateNetwork(ctx, "default", "cni-net", "vxlan", "10.77.0.0/24", "10.77.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	h := c.Hosts[0]
+	cni := libcni.NewCNIConfigWithCacheDir([]string{bin}, t.TempDir(), nil)
+
+	for _, v := range cniplugin.Versions.SupportedVersions() {
+		t.Run(v, func(t *testing.T) {
+			nsName := "cbr-p" + dockertest.RandHex(3)
+			dockertest.NetNS(t, nsName)
+			nsPath := "/run/netns/" + nsName
+			list := confList(t, v, h.CNISocket, "cni-net")
+			rt := &libcni.RuntimeConf{ContainerID: "cid-" + nsName, NetNS: nsPath, IfName: "eth0",
+				Args: [][2]string{{"K8S_POD_NAME", "pod-" + v}, {"K8S_POD_NAMESPACE", "default"}, {"IgnoreUnknown", "1"}}}
+			res, err := cni.AddNetworkList(ctx, list, rt)
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if res.Version() != v {
+				t.Fatalf("result version %s, want %s", res.Version(), v)
+			}
+			r, err := current.NewResultFromResult(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.77.0.2/24" || r.IPs[0].Gateway.String() != "10.77.0.1" {
+				t.Fatalf("ips = %v", r.IPs)
+			}
+			if len(r.Interfaces) != 1 || r.Interfaces[0].Mac != "02:02:0a:4d:00:02" || r.Interfaces[0].Sandbox != nsPath {
+				t.Fatalf("interfaces = %+v", r.Interfaces[0])
+			}
+			if len(r.DNS.Nameservers) != 1 || len(r.Routes) != 1 {
+				t.Fatalf("dns %v routes %v", r.DNS, r.Routes)
+			}
+			l, addrs := linkIn(t, nsPath, "eth0")
+			if l == nil || len(addrs) != 1 || addrs[0].IPNet.String() != "10.77.0.2/24" || l.Attrs().MTU != 1450 {
+				t.Fatalf("eth0 in pod: link %v addrs %v", l, addrs)
+			}
+			if v != "0.3.1" { // CHECK exists from 0.4.0 on
+				if err := cni.CheckNetworkList(ctx, list, rt); err != nil {
+					t.Fatalf("CHECK: %v", err)
+				}
+			}
+			if v == "1.0.0" {
+				// CHECK notices an interface that lost its address.
+				err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+					l, err := netlink.LinkByName("eth0")
+					if err != nil {
+						return err
+					}
+					return netlink.AddrDel(l, &addrs[0])
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cni.CheckNetworkList(ctx, list, rt); err == nil || !strings.Contains(err.Error(), "lacks address") {
+					t.Fatalf("CHECK after address removal: %v", err)
+				}
+			}
+			if v == "1.1.0" {
+				if err := cni.GetStatusNetworkList(ctx, list); err != nil {
+					t.Fatalf("STATUS: %v", err)
+				}
+			}
+			if err := cni.DelNetworkList(ctx, list, rt); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if err := cni.DelNetworkList(ctx, list, rt); err != nil {
+				t.Fatalf("second DEL: %v", err)
+			}
+			if l, _ := linkIn(t, nsPath, "eth0"); l != nil {
+				t.Fatalf("eth0 still in pod after DEL")
+			}
+			if n := numEndpoints(t, ctx, c, "cni-net"); n != 0 {
+				t.Fatalf("%d endpoints left after DEL", n)
+			}
+		})
+	}
+
+	t.Run("bad-input", func(t *testing.T) {
+		nsName := "cbr-p" + dockertest.RandHex(3)
+		dockertest.NetNS(t, nsName)
+		rt := &libcni.RuntimeConf{ContainerID: "cid-bad", NetNS: "/run/netns/" + nsName, IfName: "eth0"}
+
+		// Unknown network: netplugin refuses, nothing is left behind.
+		_, err := cni.AddNetworkList(ctx, confList(t, "1.0.0", h.CNISocket, "no-such-net"), rt)
+		if cniCode(err) != cniplugin.ErrAgent || !strings.Contains(err.Error(), "Contiv:") {
+			t.Fatalf("ADD on unknown network: %v (code %d)", err, cniCode(err))
+		}
+		if l, _ := linkIn(t, rt.NetNS, "eth0"); l != nil {
+			t.Fatal("failed ADD left eth0 in the pod")
+		}
+		if n := numEndpoints(t, ctx, c, "cni-net"); n != 0 {
+			t.Fatalf("failed ADD left %d endpoints", n)
+		}
+		// netplugin not listening.
+		_, err = cni.AddNetworkList(ctx, confList(t, "1.0.0", "/nonexistent/cni.sock", "cni-net"), rt)
+		if cniCode(err) != types.ErrTryAgainLater {
+			t.Fatalf("ADD with no netplugin: %v (code %d)", err, cniCode(err))
+		}
+		if err := cni.GetStatusNetworkList(ctx, confList(t, "1.1.0", "/nonexistent/cni.sock", "cni-net")); cniCode(err) != types.ErrPluginNotAvailable {
+			t.Fatalf("STATUS with no netplugin: %v", err)
+		}
+		// Unknown CNI_ARGS key without IgnoreUnknown.
+		rt2 := *rt
+		rt2.Args = [][2]string{{"BOGUS", "1"}}
+		_, err = cni.AddNetworkList(ctx, confList(t, "1.0.0", h.CNISocket, "cni-net"), &rt2)
+		if cniCode(err) != types.ErrInvalidEnvironmentVariables || !strings.Contains(err.Error(), "BOGUS") {
+			t.Fatalf("ADD with bad CNI_ARGS: %v", err)
+		}
+		// Malformed config: relative socket path.
+		_, err = cni.AddNetworkList(ctx, confList(t, "1.0.0", "relative.sock", "cni-net"), rt)
+		if cniCode(err) != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), "socket") {
+			t.Fatalf("ADD with bad config: %v", err)
+		}
+		// DEL of something never added succeeds.
+		if err := cni.DelNetworkList(ctx, confList(t, "1.0.0", h.CNISocket, "cni-net"), rt); err != nil {
+			t.Fatalf("DEL of unknown pod: %v", err)
+		}
+	})
+}
