@@ -49,6 +49,9 @@ type Config struct {
 	// WorkDir is where logs, sockets and etcd data go ("" = a new temp dir, removed on
 	// Close; a given dir is kept).
 	WorkDir string
+	// FwdMode is Contiv's forwarding mode for netmaster and every netplugin (default
+	// routing: Contiv's netmaster refuses vxlan with bridge).
+	FwdMode string
 	// NetmasterArgs, if set, replaces the netmaster command line (after the binary).
 	NetmasterArgs func(c *Cluster) []string
 	// Logger receives progress lines (default slog.Default()).
@@ -131,6 +134,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if cfg.Dataplane == "" {
 		cfg.Dataplane = "ebpf"
+	}
+	if cfg.FwdMode == "" {
+		cfg.FwdMode = "routing"
 	}
 	if !cfg.Underlay.IsValid() {
 		cfg.Underlay = netip.MustParsePrefix("192.168.100.0/24")
@@ -265,10 +271,10 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 func (c *Cluster) defaultMasterArgs() []string {
 	return []string{
 		"--etcd-data-dir", filepath.Join(c.WorkDir, "etcd"),
-		"--etcd-listen", c.EtcdURL(),
+		"--etcd-listen-client-url", c.EtcdURL(),
 		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
-		"--fwdmode", "bridge", "--netmode", "vxlan", "--mode", "kubernetes",
+		"--fwdmode", c.cfg.FwdMode, "--netmode", "vxlan", "--mode", "kubernetes",
 	}
 }
 
@@ -310,7 +316,7 @@ func (c *Cluster) startMaster(ctx context.Context) error {
 // PluginArgs is the netplugin command line of h.
 func (c *Cluster) PluginArgs(h *Host) []string {
 	args := []string{
-		"--mode", "kubernetes", "--netmode", "vxlan", "--fwdmode", "bridge",
+		"--mode", "kubernetes", "--netmode", "vxlan", "--fwdmode", c.cfg.FwdMode,
 		"--etcd-endpoints", c.EtcdURL(),
 		"--host", h.Name, "--vtep-ip", h.IP.String(), "--ctrl-ip", h.IP.String(),
 		"--dataplane", c.cfg.Dataplane,

@@ -1,0 +1,265 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/agent"
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sim tests need root (network namespaces, bpffs); skipping as non-root")
+	}
+}
+
+// buildBins compiles the binaries under test into a temp dir (CONTIVBPF_BIN_DIR, if set,
+// names prebuilt ones instead).
+func buildBins(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("CONTIVBPF_BIN_DIR"); d != "" {
+		return d
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := Build(ctx, root, dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+type endpoints struct {
+	Local  []struct{ ID, HostIfName string }
+	Remote []struct{ ID, VTEP string }
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestTwoHosts runs one two-host cluster through the scenarios: cross-host and same-host
+// traffic, agent crash and restart with traffic kept and state restored, endpoint delete.
+func TestTwoHosts(t *testing.T) {
+	needRoot(t)
+	bin := buildBins(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Config{Hosts: 2, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		if !closed {
+			c.Close()
+		}
+	})
+	h1, h2 := c.Hosts[0], c.Hosts[1]
+	if err := c.CreateNetwork(ctx, "default", "test-net", "vxlan", "10.103.1.0/24", "10.103.1.1"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.AddContainer(ctx, h1, "a", "default", "test-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.AddContainer(ctx, h2, "b", "default", "test-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := c.AddContainer(ctx, h1, "a2", "default", "test-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.IP.String() != "10.103.1.2/24" || a.MAC != "02:02:0a:67:01:02" {
+		t.Errorf("first container got %v %s, want 10.103.1.2/24 02:02:0a:67:01:02 (Contiv IPAM/MAC)", a.IP, a.MAC)
+	}
+	if out, err := a.Exec(ctx, "ip", "-o", "link", "show", "eth0"); err != nil || !strings.Contains(out, "mtu 1450") {
+		t.Errorf("container eth0 should have MTU 1450 on vxlan: %s %v", out, err)
+	}
+
+	pingOK := func(from *Container, to *Container) {
+		t.Helper()
+		out, err := from.Ping(ctx, to.IP.Addr(), 3)
+		if err != nil || !strings.Contains(out, " 0% packet loss") {
+			t.Fatalf("ping %s -> %s: %v\n%s", from.Name, to.IP.Addr(), err, out)
+		}
+	}
+	// Cross-host (VXLAN) and same-host.
+	eventually(t, "cross-host ping", 10*time.Second, func() error {
+		out, err := a.Ping(ctx, b.IP.Addr(), 1)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	pingOK(a, b)
+	pingOK(b, a)
+	if err := a.TCPCheck(ctx, b, 5001); err != nil {
+		t.Fatal(err)
+	}
+	pingOK(a, a2)
+	if err := a2.TCPCheck(ctx, a, 5002); err != nil {
+		t.Fatal(err)
+	}
+	var eps endpoints
+	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
+		t.Fatal(err)
+	}
+	if len(eps.Local) != 2 || len(eps.Remote) != 1 || eps.Remote[0].VTEP != h2.IP.String() {
+		t.Fatalf("h1 endpoints = %+v", eps)
+	}
+
+	// Crash h1's agent: traffic keeps flowing without it; a restarted agent restores.
+	c.KillPlugin(h1)
+	pingOK(a, b)
+	if err := c.StartPlugin(ctx, h1); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eps = endpoints{}
+	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
+		t.Fatal(err)
+	}
+	if len(eps.Local) != 2 || len(eps.Remote) != 1 {
+		t.Fatalf("h1 endpoints after restart = %+v", eps)
+	}
+	pingOK(a, b)
+	pingOK(b, a2)
+	if err := b.TCPCheck(ctx, a, 5003); err != nil {
+		t.Fatal(err)
+	}
+	// A graceful stop/start as well.
+	if err := c.StopPlugin(h2); err != nil {
+		t.Fatal(err)
+	}
+	pingOK(b, a)
+	if err := c.StartPlugin(ctx, h2); err != nil {
+		t.Fatal(err)
+	}
+	if err := h2.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pingOK(b, a)
+
+	// Delete: the veth, the oper record and the remote copy on h2 go away.
+	hostIf := agent.HostIfName(a2.EndpointID)
+	if out, err := Exec(ctx, h1.Name, "ip", "link", "show", hostIf); err != nil {
+		t.Fatalf("host veth %s missing before delete: %v %s", hostIf, err, out)
+	}
+	if err := c.RemoveContainer(ctx, a2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Exec(ctx, h1.Name, "ip", "link", "show", hostIf); err == nil {
+		t.Errorf("host veth %s still there after delete", hostIf)
+	}
+	eventually(t, "h2 forgets the deleted endpoint", 10*time.Second, func() error {
+		var e endpoints
+		if err := h2.InspectGet(ctx, "/inspect/endpoints", &e); err != nil {
+			return err
+		}
+		if len(e.Remote) != 1 {
+			return fmt.Errorf("h2 remote endpoints = %+v", e.Remote)
+		}
+		return nil
+	})
+	// Detach is idempotent.
+	if _, err := cniapi.NewClient(h1.CNISocket).DelPod(ctx, cniapi.PodRequest{InfraContainerID: a2.ID, Tenant: "default", Network: "test-net"}); err != nil {
+		t.Errorf("second DelPod: %v", err)
+	}
+	pingOK(a, b)
+
+	// Close removes everything.
+	closed = true
+	if err := c.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	out, _ := run(ctx, "ip", "netns", "list")
+	if strings.Contains(out, c.Prefix) {
+		t.Errorf("namespaces left after Close: %s", out)
+	}
+	if _, err := os.Stat(c.PinRoot); !os.IsNotExist(err) {
+		t.Errorf("pins left after Close: %v", err)
+	}
+}
+
+// TestThreeHostsBridgeUnderlay checks the switch-style underlay (a bridge in its own
+// namespace) and that every agent exports its state as metrics.
+func TestThreeHostsBridgeUnderlay(t *testing.T) {
+	needRoot(t)
+	bin := buildBins(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Config{Hosts: 3, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		c.Close()
+	})
+	if err := c.CreateNetwork(ctx, "default", "n3", "vxlan", "10.104.0.0/24", "10.104.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	var cts []*Container
+	for _, h := range c.Hosts {
+		ct, err := c.AddContainer(ctx, h, "c", "default", "n3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cts = append(cts, ct)
+	}
+	for i, from := range cts {
+		to := cts[(i+1)%len(cts)]
+		eventually(t, fmt.Sprintf("ping %s -> %s", from.Name, to.IP.Addr()), 10*time.Second, func() error {
+			out, err := from.Ping(ctx, to.IP.Addr(), 2)
+			if err != nil || !strings.Contains(out, " 0% packet loss") {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+	}
+	resp, err := c.httpClient(c.Hosts[0].Name).Get("http://" + c.Hosts[0].Inspect + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b := new(strings.Builder)
+	if _, err := io.Copy(b, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`contiv_netplugin_endpoints{kind="local"} 1`, `contiv_netplugin_endpoints{kind="remote"} 2`, "contiv_netplugin_peers 2", "contiv_netplugin_synced 1"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
