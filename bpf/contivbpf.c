@@ -8,8 +8,9 @@
  *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
  *
  * Stage order (design.md section 6):
- *   [VLAN pop on the uplink] → parse → ARP responder → [service LB: hook]
- *         → [policy: hook] → forward (local redirect_peer | VXLAN | VLAN uplink) → counters
+ *   [VLAN pop on the uplink] → parse → ARP responder → service LB (DNAT / reply match,
+ *   conntrack) → destination lookup → policy (EPG + L4, stateful) → [undo DNAT on replies]
+ *   → forward (local redirect_peer | VXLAN | VLAN uplink) → counters
  */
 #include "lib/common.h"
 #include "lib/drop.h"
@@ -18,6 +19,9 @@
 #include "lib/arp.h"
 #include "lib/encap.h"
 #include "lib/vlan.h"
+#include "lib/conntrack.h"
+#include "lib/policy.h"
+#include "lib/lb.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -25,6 +29,10 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 const enum cb_reason cb_reason_unused __attribute__((unused));
 const enum cb_encap cb_encap_unused __attribute__((unused));
 const enum cb_ep_flags cb_ep_flags_unused __attribute__((unused));
+const enum cb_features cb_features_unused __attribute__((unused));
+const enum cb_ct_flags cb_ct_flags_unused __attribute__((unused));
+const enum cb_pol_dir cb_pol_dir_unused __attribute__((unused));
+const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 
 /* cb_deliver_local rewrites the destination MAC and hands the frame to the endpoint's
  * container end directly (no host stack, ip_forward stays 0). */
@@ -46,12 +54,17 @@ CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
 CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	struct cb_pkt p = {};
+	struct cb_flow f = {};
 	struct cb_network *net;
 	struct cb_endpoint *ep;
+	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
+	struct cb_config *cfg;
 	struct ethhdr *eth;
 	void *data_end;
-	__be32 daddr;
+	__u32 features = 0, dnet = ifc->net;
+	__be32 vip = 0;
+	__be16 vport = 0;
 	int r;
 
 	r = cb_parse_ipv4(skb, &p);
@@ -59,26 +72,56 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		return cb_drop(skb, r);
 	if (p.ip->saddr != ifc->ip)
 		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
-	daddr = p.ip->daddr;
+	f.saddr = p.ip->saddr;
+	f.daddr = p.ip->daddr;
 
-	/* HOOK(service LB): VIP:port lookup + DNAT with conntrack goes here, before the
-	 * destination lookup. Non-first fragments (p.frag == CB_FRAG_LATER) carry no ports
-	 * and must be matched through conntrack, never by parsing p.l4_off. */
+	cfg = cb_get_config();
+	if (cfg)
+		features = cfg->features;
+	if (features) {
+		r = cb_parse_l4(skb, &p, &f);
+		if (r)
+			return cb_drop(skb, r);
+	}
+	if (features & CB_FEAT_LB) {
+		/* A reply from a local backend: restore the VIP after policy. */
+		rev = cb_lb_reply(&f);
+		if (rev) {
+			vip = rev->nat_ip;
+			vport = rev->nat_port;
+			dnet = rev->nat_net;
+		} else {
+			/* Service LB: DNAT before the destination lookup. Non-first fragments
+			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
+			r = cb_lb_forward(skb, &p, &f, &dnet);
+			if (r)
+				return cb_drop(skb, r);
+		}
+	}
 
-	dkey.net = ifc->net;
-	dkey.ip = daddr;
+	dkey.net = dnet;
+	dkey.ip = f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep) {
 		net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
 		if (!net)
 			return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-		if ((net->gateway && daddr == net->gateway) ||
-		    (daddr & net->mask) != net->subnet)
+		if ((net->gateway && f.daddr == net->gateway) ||
+		    (f.daddr & net->mask) != net->subnet)
 			return cb_drop(skb, CB_DROP_TO_GATEWAY); /* HOOK(routing mode) */
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	}
 
-	/* HOOK(policy): egress rules of ifc->epg and ingress rules of ep->epg, stateful. */
+	if (features & CB_FEAT_POLICY) {
+		r = cb_policy_check(&f, ifc->epg, ep->epg);
+		if (r)
+			return cb_drop(skb, r);
+	}
+	if (rev) {
+		r = cb_nat(skb, &p, &f, 0, vip, vport);
+		if (r)
+			return cb_drop(skb, r);
+	}
 
 	data_end = (void *)(long)skb->data_end;
 	eth = (void *)(long)skb->data;
@@ -93,7 +136,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		return cb_deliver_local(skb, &dkey, ep);
 	}
 	/* The network is looked up only off the local fast path. */
-	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
+	net = bpf_map_lookup_elem(&cb_networks, &dnet);
 	if (!net)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	cb_mac_copy(eth->h_dest, ep->mac);
@@ -136,8 +179,14 @@ int cb_from_container(struct __sk_buff *skb)
 CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 {
 	struct cb_pkt p = {};
+	struct cb_flow f = {};
 	struct cb_endpoint *ep, *src;
+	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
+	struct cb_config *cfg;
+	__u32 features = 0;
+	__be32 vip = 0;
+	__be16 vport = 0;
 	int r;
 
 	r = cb_parse_eth(skb, &p);
@@ -150,21 +199,49 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	r = cb_parse_ipv4(skb, &p);
 	if (r)
 		return cb_drop(skb, r);
+	f.saddr = p.ip->saddr;
+	f.daddr = p.ip->daddr;
 
 	skey.net = net_key;
-	skey.ip = p.ip->saddr;
+	skey.ip = f.saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
 	if (src && (src->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_REMOTE_SRC);
 
+	cfg = cb_get_config();
+	if (cfg)
+		features = cfg->features;
+	if (features) {
+		r = cb_parse_l4(skb, &p, &f);
+		if (r)
+			return cb_drop(skb, r);
+	}
 	dkey.net = net_key;
-	dkey.ip = p.ip->daddr;
+	if (features & CB_FEAT_LB) {
+		/* A reply from a remote backend to a local client. */
+		rev = cb_lb_reply(&f);
+		if (rev) {
+			vip = rev->nat_ip;
+			vport = rev->nat_port;
+			dkey.net = rev->nat_net;
+		}
+	}
+	dkey.ip = f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 
-	/* HOOK(policy): ingress rules of ep->epg; the source EPG comes from src->epg. */
-
+	/* Policy is enforced on every host a packet enters (both hold the same rules). */
+	if (features & CB_FEAT_POLICY) {
+		r = cb_policy_check(&f, src ? src->epg : 0, ep->epg);
+		if (r)
+			return cb_drop(skb, r);
+	}
+	if (rev) {
+		r = cb_nat(skb, &p, &f, 0, vip, vport);
+		if (r)
+			return cb_drop(skb, r);
+	}
 	return cb_deliver_local(skb, &dkey, ep);
 }
 

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "drop.h"
 #include "maps.h"
+#include "lb.h"
 
 #define CB_ARPHRD_ETHER 1
 #define CB_ARPOP_REQUEST 1
@@ -35,6 +36,7 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 	struct cb_endpoint *ep;
 	struct cb_ep_key key = {};
 	const __u8 *mac;
+	__u8 vip_mac[6];
 	__be32 sip, tip;
 
 	cb_pull(skb, ETH_HLEN + sizeof(struct cb_arp));
@@ -69,9 +71,17 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 		key.net = ifc->net;
 		key.ip = tip;
 		ep = bpf_map_lookup_elem(&cb_endpoints, &key);
-		if (!ep)
+		if (ep) {
+			mac = ep->mac;
+		} else if (bpf_map_lookup_elem(&cb_vips, &tip)) {
+			/* Service VIPs answer with Contiv's 02:02:<vip> */
+			vip_mac[0] = 0x02;
+			vip_mac[1] = 0x02;
+			__builtin_memcpy(&vip_mac[2], &tip, 4);
+			mac = vip_mac;
+		} else {
 			return cb_drop(skb, CB_DROP_ARP_UNKNOWN_TARGET);
-		mac = ep->mac;
+		}
 	}
 
 	/* Request → reply, in place. */

@@ -21,6 +21,10 @@
 
 #define CB_ETH_ALEN 6
 
+/* cb_barrier_var stops the compiler from combining a pointer test with another one
+ * (e.g. `!a && !b` into `(a | b) == 0`, which the verifier rejects). */
+#define cb_barrier_var(x) asm volatile("" : "+r"(x))
+
 CB_INLINE void cb_mac_copy(__u8 *dst, const __u8 *src)
 {
 	__builtin_memcpy(dst, src, CB_ETH_ALEN);

@@ -67,6 +67,12 @@ struct cb_config {
 	__u8 gw_mac[6];       /* MAC answered for gateways */
 	__u16 pad;
 	__u32 generation;     /* current agent generation (agent-only bookkeeping) */
+	__u32 features;       /* enum cb_features: stages with state to consult */
+};
+
+enum cb_features {
+	CB_FEAT_POLICY = 1,   /* some endpoint group has rules */
+	CB_FEAT_LB = 2,       /* some service exists */
 };
 
 struct cb_ep_stats {

@@ -97,3 +97,88 @@ CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
 	p->proto = ip->protocol;
 	return 0;
 }
+
+#define CB_PROTO_ICMP 1
+#define CB_PROTO_TCP 6
+#define CB_PROTO_UDP 17
+
+#define CB_TCP_SYN 0x02
+#define CB_TCP_ACK 0x10
+
+/* cb_flow is the L3/L4 identity of a packet as policy, conntrack and LB see it. Ports are
+ * in network order; ICMP echo request/reply use the echo id as both ports so a reply's
+ * reversed tuple matches its request. */
+struct cb_flow {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 has_ports; /* sport/dport are real L4 ports (TCP/UDP) */
+	__u8 pad;
+};
+
+struct cb_l4_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
+/* cb_parse_l4 fills f from the IPv4 header p->ip and, unless the packet is a non-first
+ * fragment, the L4 header. Returns 0 or CB_DROP_MALFORMED_L4. Must run right after
+ * cb_parse_ipv4 (packet pointers unchanged). */
+CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 off = p->l4_off;
+	__u8 *l4;
+
+	f->saddr = p->ip->saddr;
+	f->daddr = p->ip->daddr;
+	f->proto = p->proto;
+	f->sport = 0;
+	f->dport = 0;
+	f->tcp_flags = 0;
+	f->has_ports = 0;
+	if (p->frag == CB_FRAG_LATER || off == 0 || off > ETH_HLEN + 60)
+		return 0;
+	switch (p->proto) {
+	case CB_PROTO_TCP:
+		cb_pull(skb, off + 20);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		l4 = data + off;
+		if ((void *)(l4 + 20) > data_end)
+			return CB_DROP_MALFORMED_L4;
+		f->sport = ((struct cb_l4_ports *)l4)->sport;
+		f->dport = ((struct cb_l4_ports *)l4)->dport;
+		f->tcp_flags = l4[13];
+		f->has_ports = 1;
+		break;
+	case CB_PROTO_UDP:
+		cb_pull(skb, off + 8);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		l4 = data + off;
+		if ((void *)(l4 + 8) > data_end)
+			return CB_DROP_MALFORMED_L4;
+		f->sport = ((struct cb_l4_ports *)l4)->sport;
+		f->dport = ((struct cb_l4_ports *)l4)->dport;
+		f->has_ports = 1;
+		break;
+	case CB_PROTO_ICMP:
+		cb_pull(skb, off + 8);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		l4 = data + off;
+		if ((void *)(l4 + 8) > data_end)
+			return CB_DROP_MALFORMED_L4;
+		if (l4[0] == 8 || l4[0] == 0) { /* echo request / reply */
+			f->sport = *(__be16 *)(l4 + 4);
+			f->dport = f->sport;
+		}
+		break;
+	}
+	return 0;
+}

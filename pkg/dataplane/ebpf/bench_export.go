@@ -202,7 +202,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 // repeat runs, or (single) the average of repeat/100 single runs on a fresh copy of the
 // packet. Program.Benchmark cannot pass a context (cb[] for cb_test_overlay): such
 // repeated runs are timed by the wall clock around one run of repeat iterations (the one
-// syscall is negligible against repeat runs), best of three.
+// syscall is negligible against repeat runs), best of five.
 func benchTime(p *ebpf.Program, pkt []byte, ctx any, repeat int, single bool) (float64, error) {
 	if single {
 		n := repeat / 100
@@ -227,7 +227,7 @@ func benchTime(p *ebpf.Program, pkt []byte, ctx any, repeat int, single bool) (f
 		return float64(d.Nanoseconds()), nil
 	}
 	best := time.Duration(0)
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 5; i++ {
 		start := time.Now()
 		if _, err := p.Run(&ebpf.RunOptions{Data: pkt, Repeat: uint32(repeat), Context: ctx}); err != nil {
 			return 0, err

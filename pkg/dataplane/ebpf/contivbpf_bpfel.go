@@ -13,6 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type contivbpfCbBackend struct {
+	_          structs.HostLayout
+	Ip         uint32
+	Net        uint32
+	Generation uint32
+}
+
+type contivbpfCbBackendKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Index uint32
+}
+
 type contivbpfCbConfig struct {
 	_             structs.HostLayout
 	VxlanIfindex  uint32
@@ -21,12 +34,42 @@ type contivbpfCbConfig struct {
 	GwMac         [6]uint8
 	Pad           uint16
 	Generation    uint32
+	Features      uint32
 }
 
 type contivbpfCbCounter struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type contivbpfCbCtEntry struct {
+	_       structs.HostLayout
+	Expires uint64
+	NatIp   uint32
+	NatPort uint16
+	Flags   uint8
+	Pad     uint8
+	NatNet  uint32
+	Pad2    uint32
+}
+
+type contivbpfCbCtFlags uint32
+
+const (
+	contivbpfCbCtFlagsCB_CT_ALLOWED contivbpfCbCtFlags = 1
+	contivbpfCbCtFlagsCB_CT_SVC     contivbpfCbCtFlags = 2
+	contivbpfCbCtFlagsCB_CT_DNAT    contivbpfCbCtFlags = 4
+)
+
+type contivbpfCbCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type contivbpfCbEncap uint32
@@ -67,6 +110,13 @@ type contivbpfCbEpStats struct {
 	TxBytes   uint64
 }
 
+type contivbpfCbFeatures uint32
+
+const (
+	contivbpfCbFeaturesCB_FEAT_POLICY contivbpfCbFeatures = 1
+	contivbpfCbFeaturesCB_FEAT_LB     contivbpfCbFeatures = 2
+)
+
 type contivbpfCbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -92,6 +142,27 @@ type contivbpfCbPeer struct {
 	_          structs.HostLayout
 	Generation uint32
 	Flags      uint32
+}
+
+type contivbpfCbPolDir uint32
+
+const (
+	contivbpfCbPolDirCB_DIR_EGRESS  contivbpfCbPolDir = 0
+	contivbpfCbPolDirCB_DIR_INGRESS contivbpfCbPolDir = 1
+)
+
+type contivbpfCbPolKey struct {
+	_   structs.HostLayout
+	Epg uint16
+	Dir uint8
+	Pad uint8
+}
+
+type contivbpfCbPolicy struct {
+	_          structs.HostLayout
+	Count      uint32
+	Generation uint32
+	Rules      [64]contivbpfCbRule
 }
 
 type contivbpfCbReason uint32
@@ -125,27 +196,83 @@ const (
 	contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY   contivbpfCbReason = 51
 	contivbpfCbReasonCB_DROP_REMOTE_SRC         contivbpfCbReason = 52
 	contivbpfCbReasonCB_DROP_VLAN_ERR           contivbpfCbReason = 53
+	contivbpfCbReasonCB_DROP_MALFORMED_L4       contivbpfCbReason = 54
+	contivbpfCbReasonCB_DROP_NAT_ERR            contivbpfCbReason = 55
+	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfCbReason = 56
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
 )
+
+type contivbpfCbRule struct {
+	_          structs.HostLayout
+	RemoteIp   uint32
+	RemoteMask uint32
+	RemoteEpg  uint16
+	Port       uint16
+	Proto      uint8
+	Flags      uint8
+	Action     uint8
+	Pad        uint8
+	Prio       uint16
+	Pad2       uint16
+}
+
+type contivbpfCbRuleAction uint32
+
+const (
+	contivbpfCbRuleActionCB_ACT_NONE  contivbpfCbRuleAction = 0
+	contivbpfCbRuleActionCB_ACT_ALLOW contivbpfCbRuleAction = 1
+	contivbpfCbRuleActionCB_ACT_DENY  contivbpfCbRuleAction = 2
+)
+
+type contivbpfCbSvc struct {
+	_          structs.HostLayout
+	Id         uint32
+	Count      uint32
+	TargetPort uint16
+	Pad        uint16
+	Generation uint32
+}
+
+type contivbpfCbSvcKey struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type contivbpfCbVip struct {
+	_          structs.HostLayout
+	Generation uint32
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	contivbpfMapCbCfg            = "cb_cfg"
-	contivbpfMapCbEndpoints      = "cb_endpoints"
-	contivbpfMapCbEpMetrics      = "cb_ep_metrics"
-	contivbpfMapCbIfaces         = "cb_ifaces"
-	contivbpfMapCbNetworks       = "cb_networks"
-	contivbpfMapCbPeers          = "cb_peers"
-	contivbpfMapCbReasons        = "cb_reasons"
-	contivbpfProgCbFromContainer = "cb_from_container"
-	contivbpfProgCbFromOverlay   = "cb_from_overlay"
-	contivbpfProgCbFromWire      = "cb_from_wire"
-	contivbpfProgCbTestOverlay   = "cb_test_overlay"
-	contivbpfVarCbEncapUnused    = "cb_encap_unused"
-	contivbpfVarCbEpFlagsUnused  = "cb_ep_flags_unused"
-	contivbpfVarCbReasonUnused   = "cb_reason_unused"
+	contivbpfMapCbBackends         = "cb_backends"
+	contivbpfMapCbCfg              = "cb_cfg"
+	contivbpfMapCbCt               = "cb_ct"
+	contivbpfMapCbEndpoints        = "cb_endpoints"
+	contivbpfMapCbEpMetrics        = "cb_ep_metrics"
+	contivbpfMapCbIfaces           = "cb_ifaces"
+	contivbpfMapCbNetworks         = "cb_networks"
+	contivbpfMapCbPeers            = "cb_peers"
+	contivbpfMapCbPolicies         = "cb_policies"
+	contivbpfMapCbReasons          = "cb_reasons"
+	contivbpfMapCbServices         = "cb_services"
+	contivbpfMapCbVips             = "cb_vips"
+	contivbpfProgCbFromContainer   = "cb_from_container"
+	contivbpfProgCbFromOverlay     = "cb_from_overlay"
+	contivbpfProgCbFromWire        = "cb_from_wire"
+	contivbpfProgCbTestOverlay     = "cb_test_overlay"
+	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
+	contivbpfVarCbEncapUnused      = "cb_encap_unused"
+	contivbpfVarCbEpFlagsUnused    = "cb_ep_flags_unused"
+	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
+	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
+	contivbpfVarCbReasonUnused     = "cb_reason_unused"
+	contivbpfVarCbRuleActionUnused = "cb_rule_action_unused"
 )
 
 // loadContivbpf returns the embedded CollectionSpec for contivbpf.
@@ -200,22 +327,31 @@ type contivbpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
+	CbBackends  *ebpf.MapSpec `ebpf:"cb_backends"`
 	CbCfg       *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt        *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
 	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons   *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbServices  *ebpf.MapSpec `ebpf:"cb_services"`
+	CbVips      *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfVariableSpecs struct {
-	CbEncapUnused   *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
-	CbEpFlagsUnused *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
-	CbReasonUnused  *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
+	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
+	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
+	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
+	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
+	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
+	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
 }
 
 // contivbpfObjects contains all objects after they have been loaded into the kernel.
@@ -238,24 +374,34 @@ func (o *contivbpfObjects) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
+	CbBackends  *ebpf.Map `ebpf:"cb_backends"`
 	CbCfg       *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt        *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
 	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons   *ebpf.Map `ebpf:"cb_reasons"`
+	CbServices  *ebpf.Map `ebpf:"cb_services"`
+	CbVips      *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfMaps) Close() error {
 	return _ContivbpfClose(
+		m.CbBackends,
 		m.CbCfg,
+		m.CbCt,
 		m.CbEndpoints,
 		m.CbEpMetrics,
 		m.CbIfaces,
 		m.CbNetworks,
 		m.CbPeers,
+		m.CbPolicies,
 		m.CbReasons,
+		m.CbServices,
+		m.CbVips,
 	)
 }
 
@@ -263,9 +409,13 @@ func (m *contivbpfMaps) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfVariables struct {
-	CbEncapUnused   *ebpf.Variable `ebpf:"cb_encap_unused"`
-	CbEpFlagsUnused *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
-	CbReasonUnused  *ebpf.Variable `ebpf:"cb_reason_unused"`
+	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
+	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
+	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
+	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
+	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
+	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
 }
 
 // contivbpfPrograms contains all programs after they have been loaded into the kernel.

@@ -55,7 +55,10 @@ type Driver struct {
 	endpoints map[string]epRec // by indexKey(endpoint id)
 	remotes   map[string]remoteRec
 	peers     map[string]netip.Addr // host → VTEP
-	mapFull   map[string]uint64     // map name → failed inserts
+	policies  map[uint16]dataplane.PolicySet
+	services  map[string]svcRec
+	nextSvcID uint32
+	mapFull   map[string]uint64 // map name → failed inserts
 }
 
 type attachment struct {
@@ -127,6 +130,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		endpoints: map[string]epRec{},
 		remotes:   map[string]remoteRec{},
 		peers:     map[string]netip.Addr{},
+		policies:  map[uint16]dataplane.PolicySet{},
+		services:  map[string]svcRec{},
 		mapFull:   map[string]uint64{},
 	}
 	for _, o := range opts {
@@ -160,9 +165,10 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics, contivbpfMapCbBackends} {
 		spec.Maps[m].MaxEntries = uint32(d.cfg.MapEntries)
 	}
+	spec.Maps[contivbpfMapCbCt].MaxEntries = uint32(4 * d.cfg.MapEntries)
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("ebpf: pinned maps under %s do not match this build or MapEntries=%d (Teardown the host or remove the pins): %w", d.cfg.PinRoot, d.cfg.MapEntries, err)
@@ -222,6 +228,12 @@ func (d *Driver) release() {
 
 func (d *Driver) writeConfig() error {
 	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen}
+	if len(d.policies) > 0 {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
+	}
+	if len(d.services) > 0 {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
+	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
 	}
@@ -426,7 +438,9 @@ func (d *Driver) allMaps() []namedMap {
 		{contivbpfMapCbCfg, d.objs.CbCfg}, {contivbpfMapCbEndpoints, d.objs.CbEndpoints},
 		{contivbpfMapCbEpMetrics, d.objs.CbEpMetrics}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
 		{contivbpfMapCbNetworks, d.objs.CbNetworks}, {contivbpfMapCbPeers, d.objs.CbPeers},
-		{contivbpfMapCbReasons, d.objs.CbReasons},
+		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
+		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
+		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
 	}
 }
 
@@ -457,6 +471,15 @@ func netKey(n dataplane.Network) uint32 {
 	}
 	return n.Tag
 }
+
+// nport returns a port as the uint16 whose memory holds it in network order.
+func nport(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func hport(v uint16) uint16 { return nport(v) }
 
 func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))

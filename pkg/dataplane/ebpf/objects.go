@@ -537,26 +537,3 @@ func (d *Driver) deleteEndpoint(ik string) error {
 	delete(d.endpoints, ik)
 	return nil
 }
-
-// ---- policy and services (later stages) ----
-
-// ErrUnsupported is wrapped by calls for features this datapath does not implement yet.
-var ErrUnsupported = errors.ErrUnsupported
-
-// UpsertPolicy implements dataplane.Driver. Policy enforcement is not implemented yet in
-// the eBPF datapath (bpf/contivbpf.c marks the hook); the call fails so callers know.
-func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error {
-	return fmt.Errorf("ebpf: policy for epg %d: %w", p.EPGID, ErrUnsupported)
-}
-
-// DeletePolicy implements dataplane.Driver (nothing is ever installed).
-func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error { return nil }
-
-// UpsertService implements dataplane.Driver. Service load balancing is not implemented
-// yet; the call fails so callers know.
-func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
-	return fmt.Errorf("ebpf: service %s: %w", s.ID, ErrUnsupported)
-}
-
-// DeleteService implements dataplane.Driver (nothing is ever installed).
-func (d *Driver) DeleteService(ctx context.Context, id string) error { return nil }

@@ -35,6 +35,9 @@ const (
 	DropARPFromOverlay   = Reason(contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY)
 	DropRemoteSrc        = Reason(contivbpfCbReasonCB_DROP_REMOTE_SRC)
 	DropVLANErr          = Reason(contivbpfCbReasonCB_DROP_VLAN_ERR)
+	DropMalformedL4      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_L4)
+	DropNATErr           = Reason(contivbpfCbReasonCB_DROP_NAT_ERR)
+	DropFragToService    = Reason(contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE)
 	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -67,6 +70,9 @@ var reasonNames = map[Reason]string{
 	DropARPFromOverlay:   "drop_arp_from_overlay",
 	DropRemoteSrc:        "drop_remote_src",
 	DropVLANErr:          "drop_vlan_err",
+	DropMalformedL4:      "drop_malformed_l4",
+	DropNATErr:           "drop_nat_err",
+	DropFragToService:    "drop_frag_to_service",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
@@ -66,11 +68,39 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			errs = append(errs, err)
 		}
 	}
+	wantPols := map[uint16]bool{}
+	for _, p := range s.Policies {
+		wantPols[p.EPGID] = true
+		if err := d.upsertPolicy(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	wantSvcs := map[string]bool{}
+	for _, sv := range s.Services {
+		wantSvcs[sv.ID] = true
+		if err := d.upsertService(sv); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ebpf: sync (nothing swept): %w", err)
 	}
 
 	// Sweep: objects the index knows, then anything left in the maps from older generations.
+	for _, id := range sortedKeys(d.services) {
+		if !wantSvcs[id] {
+			if err := d.deleteService(id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for epg := range d.policies {
+		if !wantPols[epg] {
+			if err := d.deletePolicy(epg); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	for _, ik := range sortedKeys(d.endpoints) {
 		if !wantEPs[ik] {
 			if err := d.deleteEndpoint(ik); err != nil {
@@ -103,10 +133,6 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	errs = append(errs, d.sweepLinks(wantIfs)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ebpf: sync sweep: %w", err)
-	}
-	if len(s.Policies) > 0 || len(s.Services) > 0 {
-		return fmt.Errorf("ebpf: sync applied networks, endpoints and peers; %d policies and %d services not applied: %w",
-			len(s.Policies), len(s.Services), ErrUnsupported)
 	}
 	return nil
 }
@@ -186,6 +212,15 @@ func (d *Driver) sweepMaps() []error {
 		errs = appendErr(errs, mapDel(d.objs.CbPeers, k))
 	}
 
+	errs = append(errs, sweepGen(d.objs.CbPolicies, contivbpfMapCbPolicies, d.gen,
+		func(k *contivbpfCbPolKey, v *contivbpfCbPolicy) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbServices, contivbpfMapCbServices, d.gen,
+		func(k *contivbpfCbSvcKey, v *contivbpfCbSvc) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbBackends, contivbpfMapCbBackends, d.gen,
+		func(k *contivbpfCbBackendKey, v *contivbpfCbBackend) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbVips, contivbpfMapCbVips, d.gen,
+		func(k *uint32, v *contivbpfCbVip) uint32 { return v.Generation })...)
+
 	// Counters live exactly as long as their local endpoint entry.
 	var mk contivbpfCbEpKey
 	var staleM []contivbpfCbEpKey
@@ -235,6 +270,29 @@ func (d *Driver) sweepLinks(want map[string]bool) []error {
 func appendErr(errs []error, err error) []error {
 	if err != nil {
 		return append(errs, err)
+	}
+	return errs
+}
+
+// sweepGen deletes every entry of m whose generation (read by gen) differs from cur.
+func sweepGen[K, V any](m *ebpf.Map, name string, cur uint32, gen func(*K, *V) uint32) []error {
+	var (
+		k     K
+		v     V
+		stale []K
+		errs  []error
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if gen(&k, &v) != cur {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", name, err))
+	}
+	for i := range stale {
+		errs = appendErr(errs, mapDel(m, &stale[i]))
 	}
 	return errs
 }

@@ -1,0 +1,303 @@
+package ebpf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+const (
+	tcpSYN = 0x02
+	tcpACK = 0x10
+)
+
+func csum(b []byte, seed uint32) uint16 {
+	s := seed
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}
+
+func pseudo(src, dst netip.Addr, proto uint8, n int) uint32 {
+	s, d := src.As4(), dst.As4()
+	var sum uint32
+	for _, b := range [][]byte{s[:], d[:]} {
+		sum += uint32(binary.BigEndian.Uint16(b[0:])) + uint32(binary.BigEndian.Uint16(b[2:]))
+	}
+	return sum + uint32(proto) + uint32(n)
+}
+
+// l4Frame builds an Ethernet/IPv4/TCP or UDP frame with valid checksums.
+func l4Frame(proto uint8, src, dst netip.Addr, sport, dport uint16, flags uint8, fragOff uint16) []byte {
+	var l4 []byte
+	payload := []byte("contivbpf-payload")
+	if proto == 6 {
+		l4 = make([]byte, 20)
+		l4[12] = 5 << 4
+		l4[13] = flags
+		binary.BigEndian.PutUint16(l4[14:], 65535)
+	} else {
+		l4 = make([]byte, 8)
+		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(payload)))
+	}
+	binary.BigEndian.PutUint16(l4[0:], sport)
+	binary.BigEndian.PutUint16(l4[2:], dport)
+	l4 = append(l4, payload...)
+	off := 16
+	if proto == 17 {
+		off = 6
+	}
+	binary.BigEndian.PutUint16(l4[off:], csum(l4, pseudo(src, dst, proto, len(l4))))
+	ip := ipv4Pkt(src, dst, l4, ipOpts{fragOff: fragOff})
+	ip[9] = proto
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
+	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
+}
+
+// checkSums verifies the IP and L4 checksums of an output frame and returns its addresses
+// and ports.
+func checkSums(t *testing.T, f []byte) (src, dst netip.Addr, sport, dport uint16) {
+	t.Helper()
+	ip := f[14:]
+	n := int(binary.BigEndian.Uint16(ip[2:]))
+	if csum(ip[:20], 0) != 0 {
+		t.Errorf("bad IP checksum")
+	}
+	src, dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	l4 := ip[20:n]
+	if csum(l4, pseudo(src, dst, ip[9], len(l4))) != 0 {
+		t.Errorf("bad L4 checksum")
+	}
+	return src, dst, binary.BigEndian.Uint16(l4[0:]), binary.BigEndian.Uint16(l4[2:])
+}
+
+// icmpEcho builds an ICMP echo request (typ 8) or reply (0) with the given id.
+func icmpEcho(src, dst netip.Addr, typ uint8, id uint16) []byte {
+	icmp := make([]byte, 16)
+	icmp[0] = typ
+	binary.BigEndian.PutUint16(icmp[4:], id)
+	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
+	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
+	ip[9] = 1
+	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
+}
+
+func setFeatures(t *testing.T, objs *contivbpfObjects, f uint32) {
+	t.Helper()
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Features = f
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setEPG(t *testing.T, objs *contivbpfObjects, ip netip.Addr, epg uint16) {
+	t.Helper()
+	k := contivbpfCbEpKey{Net: testNet, Ip: ip4(ip)}
+	var v contivbpfCbEndpoint
+	if err := objs.CbEndpoints.Lookup(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	v.Epg = epg
+	if err := objs.CbEndpoints.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	if ip == srcIP {
+		var ifc contivbpfCbIface
+		if err := objs.CbIfaces.Lookup(uint32(loIfindex), &ifc); err != nil {
+			t.Fatal(err)
+		}
+		ifc.Epg = epg
+		if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func putPolicy(t *testing.T, objs *contivbpfObjects, p dataplane.PolicySet) {
+	t.Helper()
+	eg, in, err := compileRules(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, rules := range [][]contivbpfCbRule{eg, in} {
+		k := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
+		if len(rules) == 0 {
+			_ = objs.CbPolicies.Delete(&k)
+			continue
+		}
+		v := contivbpfCbPolicy{Count: uint32(len(rules))}
+		copy(v.Rules[:], rules)
+		if err := objs.CbPolicies.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPolicy(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	// lo = 10.1.0.2 in EPG 10; local 10.1.0.3 in EPG 20; remote 10.1.0.4 in EPG 30.
+	setEPG(t, objs, srcIP, 10)
+	setEPG(t, objs, localIP, 20)
+	setEPG(t, objs, remoteIP, 30)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "deny-syn", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-80", Priority: 5, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
+		{ID: "tie-allow", Priority: 7, Ingress: true, Proto: 17, Port: 53, Action: dataplane.ActionAllow},
+		{ID: "tie-deny", Priority: 7, Ingress: true, Proto: 17, Port: 53, Action: dataplane.ActionDeny},
+	}})
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-out", Priority: 3, Ingress: false, Remote: netip.MustParsePrefix("10.1.0.4/32"), Proto: 17, Action: dataplane.ActionDeny},
+		{ID: "no-30-in", Priority: 9, Ingress: true, RemoteEPG: 30, Action: dataplane.ActionDeny},
+	}})
+	fc := objs.CbFromContainer
+	peer := ip4(netip.MustParseAddr(testVTEP))
+	ovl := &skbCtx{CB: [5]uint32{peer, testNet}}
+
+	t.Run("syn-allowed-port", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40000, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("syn-denied-port", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40001, 22, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("ack-not-syn-only", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40002, 22, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("icmp-unmatched-allowed", func(t *testing.T) {
+		run(t, objs, fc, icmpEcho(srcIP, localIP, 8, 7), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("deny-wins-tie", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(17, srcIP, localIP, 40003, 53, 0, 0), nil).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("egress-prefix", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 40004, 9999, 0, 0), nil).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("non-first-fragment-passes", func(t *testing.T) {
+		p := append(ethHdr(dataplane.ContivMAC(remoteIP), dataplane.ContivMAC(srcIP), 0x0800), ipv4Pkt(srcIP, remoteIP, []byte{1, 2, 3}, ipOpts{fragOff: 100})...)
+		p[14+9] = 17
+		run(t, objs, fc, p, nil).expect(t, tcActRedirect, FwdTunnel)
+	})
+	t.Run("truncated-tcp", func(t *testing.T) {
+		p := l4Frame(6, srcIP, localIP, 40005, 80, tcpSYN, 0)
+		p = p[:14+20+10]
+		binary.BigEndian.PutUint16(p[16:], 30)
+		run(t, objs, fc, p, nil).expect(t, tcActShot, DropMalformedL4)
+	})
+	t.Run("stateful-reply", func(t *testing.T) {
+		// New flows from EPG 30 into EPG 10 are denied ...
+		run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, srcIP, 5555, 22, tcpSYN, 0), ovl).expect(t, tcActShot, DropPolicy)
+		// ... but replies of a flow EPG 10 opened pass.
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, srcIP, 443, 41000, tcpSYN|tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, objs.CbTestOverlay, icmpEcho(remoteIP, srcIP, 8, 9), ovl).expect(t, tcActShot, DropPolicy)
+		// An echo request from EPG 10 opens the way for its reply only.
+		run(t, objs, fc, icmpEcho(srcIP, remoteIP, 8, 10), nil).expect(t, tcActRedirect, FwdTunnel)
+		run(t, objs, objs.CbTestOverlay, icmpEcho(remoteIP, srcIP, 0, 10), ovl).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, objs.CbTestOverlay, icmpEcho(remoteIP, srcIP, 0, 11), ovl).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("no-rules-no-conntrack", func(t *testing.T) {
+		setEPG(t, objs, localIP, 99)
+		defer setEPG(t, objs, localIP, 20)
+		setEPG(t, objs, srcIP, 98)
+		defer setEPG(t, objs, srcIP, 10)
+		n := 0
+		var k contivbpfCbCtKey
+		var v contivbpfCbCtEntry
+		it := objs.CbCt.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 42000, 22, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+		m := 0
+		it = objs.CbCt.Iterate()
+		for it.Next(&k, &v) {
+			m++
+		}
+		if m != n {
+			t.Errorf("conntrack grew %d → %d for a flow between groups without rules", n, m)
+		}
+	})
+}
+
+func TestServiceLB(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	vip, vip2, vip3 := netip.MustParseAddr("10.1.0.100"), netip.MustParseAddr("10.1.0.101"), netip.MustParseAddr("10.1.0.102")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// vip:80/tcp → local 10.1.0.3:8080; vip2:53/udp → remote 10.1.0.4:5353; vip3:80 → none.
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
+	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(localIP), Net: testNet}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip2), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
+	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip3), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 3}))
+	for _, v := range []netip.Addr{vip, vip2, vip3} {
+		must(objs.CbVips.Put(ip4(v), &contivbpfCbVip{}))
+	}
+	fc := objs.CbFromContainer
+	peer := ip4(netip.MustParseAddr(testVTEP))
+	ovl := &skbCtx{CB: [5]uint32{peer, testNet}}
+
+	t.Run("tcp-to-local-backend", func(t *testing.T) {
+		r := run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0), nil)
+		r.expect(t, tcActRedirect, FwdLocal)
+		s, d, sp, dp := checkSums(t, r.out)
+		if s != srcIP || d != localIP || sp != 43000 || dp != 8080 {
+			t.Errorf("after DNAT %v:%d → %v:%d", s, sp, d, dp)
+		}
+		if !bytes.Equal(r.out[0:6], dataplane.ContivMAC(localIP)) {
+			t.Errorf("dst mac %x", r.out[0:6])
+		}
+		// Second packet of the flow follows conntrack.
+		run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("udp-to-remote-backend-and-reply", func(t *testing.T) {
+		r := run(t, objs, fc, l4Frame(17, srcIP, vip2, 43001, 53, 0, 0), nil)
+		r.expect(t, tcActRedirect, FwdTunnel)
+		s, d, sp, dp := checkSums(t, r.out)
+		if s != srcIP || d != remoteIP || sp != 43001 || dp != 5353 {
+			t.Errorf("after DNAT %v:%d → %v:%d", s, sp, d, dp)
+		}
+		r = run(t, objs, objs.CbTestOverlay, l4Frame(17, remoteIP, srcIP, 5353, 43001, 0, 0), ovl)
+		r.expect(t, tcActRedirect, FwdLocal)
+		s, d, sp, dp = checkSums(t, r.out)
+		if s != vip2 || d != srcIP || sp != 53 || dp != 43001 {
+			t.Errorf("reply after un-DNAT %v:%d → %v:%d", s, sp, d, dp)
+		}
+	})
+	t.Run("no-backend", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, vip3, 43002, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropNoBackend)
+	})
+	t.Run("other-port-not-balanced", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, vip, 43003, 81, tcpSYN, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	})
+	t.Run("fragment-to-vip", func(t *testing.T) {
+		p := append(ethHdr(dataplane.ContivMAC(vip), dataplane.ContivMAC(srcIP), 0x0800), ipv4Pkt(srcIP, vip, []byte{1, 2, 3}, ipOpts{fragOff: 100})...)
+		run(t, objs, fc, p, nil).expect(t, tcActShot, DropFragToService)
+	})
+	t.Run("arp-for-vip", func(t *testing.T) {
+		r := run(t, objs, fc, arpFrame(1, dataplane.ContivMAC(srcIP), srcIP, vip), nil)
+		r.expect(t, tcActRedirect, ARPReply)
+		if !bytes.Equal(r.out[22:28], dataplane.ContivMAC(vip)) {
+			t.Errorf("vip answered with %x", r.out[22:28])
+		}
+	})
+}

@@ -1,0 +1,220 @@
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+type svcRec struct {
+	svc       dataplane.Service
+	id        uint32
+	keys      []contivbpfCbSvcKey
+	nBackends int
+}
+
+// UpsertService implements dataplane.Driver: VIP:port/proto entries, the backend list and
+// the VIP for the ARP responder. Every backend must be a known (local or remote) endpoint:
+// otherwise nothing changes and the error names it.
+func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.upsertService(s)
+}
+
+func tenantOf(networkID string) string {
+	if i := strings.LastIndex(networkID, "."); i >= 0 {
+		return networkID[i+1:]
+	}
+	return ""
+}
+
+// resolveBackend finds the network key of an endpoint address, preferring the service's
+// tenant when several networks hold it.
+func (d *Driver) resolveBackend(tenant string, ip netip.Addr) (uint32, bool) {
+	var cands []struct {
+		key    uint32
+		tenant string
+	}
+	netByKey := map[uint32]string{}
+	for id, r := range d.networks {
+		netByKey[r.key] = id
+	}
+	for _, e := range d.endpoints {
+		if e.key.Ip == ip4(ip) {
+			cands = append(cands, struct {
+				key    uint32
+				tenant string
+			}{e.key.Net, tenantOf(netByKey[e.key.Net])})
+		}
+	}
+	for _, r := range d.remotes {
+		if r.ep.IP == ip {
+			cands = append(cands, struct {
+				key    uint32
+				tenant string
+			}{r.key.Net, tenantOf(r.ep.NetworkID)})
+		}
+	}
+	for _, c := range cands {
+		if c.tenant == tenant {
+			return c.key, true
+		}
+	}
+	if len(cands) > 0 {
+		return cands[0].key, true
+	}
+	return 0, false
+}
+
+func (d *Driver) upsertService(s dataplane.Service) error {
+	switch {
+	case s.ID == "":
+		return fmt.Errorf("service: id is empty")
+	case !s.VIP.Is4():
+		return fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
+	case len(s.Ports) == 0:
+		return fmt.Errorf("service %s: no ports", s.ID)
+	case len(s.Backends) > d.cfg.MapEntries:
+		return fmt.Errorf("service %s: %d backends exceed MapEntries", s.ID, len(s.Backends))
+	}
+	tenant := ""
+	if i := strings.LastIndex(s.ID, ":"); i >= 0 {
+		tenant = s.ID[i+1:]
+	}
+	var keys []contivbpfCbSvcKey
+	targets := map[contivbpfCbSvcKey]uint16{}
+	for _, p := range s.Ports {
+		if p.Proto != 6 && p.Proto != 17 {
+			return fmt.Errorf("service %s: port %d proto %d must be 6 (tcp) or 17 (udp)", s.ID, p.Port, p.Proto)
+		}
+		if p.Port == 0 {
+			return fmt.Errorf("service %s: port is 0", s.ID)
+		}
+		tp := p.TargetPort
+		if tp == 0 {
+			tp = p.Port
+		}
+		k := contivbpfCbSvcKey{Vip: ip4(s.VIP), Port: nport(p.Port), Proto: p.Proto}
+		keys = append(keys, k)
+		targets[k] = tp
+	}
+	for id, r := range d.services {
+		if id == s.ID {
+			continue
+		}
+		for _, k := range r.keys {
+			if _, dup := targets[k]; dup {
+				return fmt.Errorf("service %s: %v port %d/%d already used by service %s", s.ID, s.VIP, hport(k.Port), k.Proto, id)
+			}
+		}
+	}
+	backends := make([]contivbpfCbBackend, 0, len(s.Backends))
+	for _, b := range s.Backends {
+		if !b.Is4() {
+			return fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
+		}
+		net, ok := d.resolveBackend(tenant, b)
+		if !ok {
+			return fmt.Errorf("service %s: backend %v is not a known endpoint", s.ID, b)
+		}
+		backends = append(backends, contivbpfCbBackend{Ip: ip4(b), Net: net, Generation: d.gen})
+	}
+
+	old, had := d.services[s.ID]
+	id := old.id
+	if !had {
+		d.nextSvcID++
+		id = d.nextSvcID
+	}
+	// Backends first (grown list), then the service entries (new count), then shrink.
+	for i := range backends {
+		if err := d.mapPut(contivbpfMapCbBackends, d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &backends[i]); err != nil {
+			return fmt.Errorf("service %s: %w", s.ID, err)
+		}
+	}
+	for _, k := range keys {
+		v := contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(targets[k]), Generation: d.gen}
+		if err := d.mapPut(contivbpfMapCbServices, d.objs.CbServices, &k, &v); err != nil {
+			return fmt.Errorf("service %s: %w", s.ID, err)
+		}
+	}
+	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, ip4(s.VIP), &contivbpfCbVip{Generation: d.gen}); err != nil {
+		return fmt.Errorf("service %s: %w", s.ID, err)
+	}
+	rec := svcRec{svc: s, id: id, keys: keys, nBackends: len(backends)}
+	d.services[s.ID] = rec
+	if had {
+		if err := d.dropServiceRest(old, rec); err != nil {
+			return err
+		}
+	} else if err := d.writeConfig(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// dropServiceRest removes what old had and cur does not (keys, backend slots, VIP).
+func (d *Driver) dropServiceRest(old, cur svcRec) error {
+	keep := map[contivbpfCbSvcKey]bool{}
+	for _, k := range cur.keys {
+		keep[k] = true
+	}
+	for _, k := range old.keys {
+		if !keep[k] {
+			if err := mapDel(d.objs.CbServices, &k); err != nil {
+				return fmt.Errorf("service %s: delete port entry: %w", old.svc.ID, err)
+			}
+		}
+	}
+	for i := cur.nBackends; i < old.nBackends; i++ {
+		if err := mapDel(d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: old.id, Index: uint32(i)}); err != nil {
+			return fmt.Errorf("service %s: delete backend slot: %w", old.svc.ID, err)
+		}
+	}
+	if old.svc.VIP != cur.svc.VIP && !d.vipInUse(old.svc.VIP) {
+		if err := mapDel(d.objs.CbVips, ip4(old.svc.VIP)); err != nil {
+			return fmt.Errorf("service %s: delete vip: %w", old.svc.ID, err)
+		}
+	}
+	return nil
+}
+
+func (d *Driver) vipInUse(vip netip.Addr) bool {
+	for _, r := range d.services {
+		if r.svc.VIP == vip {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteService implements dataplane.Driver. Connections already balanced keep their
+// backend until their conntrack entries expire.
+func (d *Driver) DeleteService(ctx context.Context, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.deleteService(id)
+}
+
+func (d *Driver) deleteService(id string) error {
+	old, ok := d.services[id]
+	if !ok {
+		return nil
+	}
+	delete(d.services, id)
+	if err := d.dropServiceRest(old, svcRec{svc: dataplane.Service{ID: id}}); err != nil {
+		d.services[id] = old
+		return err
+	}
+	return d.writeConfig()
+}
