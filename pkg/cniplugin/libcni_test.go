@@ -2,6 +2,7 @@ package cniplugin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -37,10 +38,12 @@ func buildAll(t *testing.T, ctx context.Context) string {
 	if err := sim.Build(ctx, root, bin); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "contivk8s"), "./cmd/contivk8s")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build contivk8s: %v\n%s", err, out)
+	for name, pkg := range map[string]string{"contivk8s": "./cmd/contivk8s", "cnitool": "github.com/containernetworking/cni/cnitool"} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", name, err, out)
+		}
 	}
 	return bin
 }
@@ -188,6 +191,44 @@ func TestLibcniSpecVersions(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("cnitool", func(t *testing.T) {
+		nsName := "cbr-p" + dockertest.RandHex(3)
+		dockertest.NetNS(t, nsName)
+		nsPath := "/run/netns/" + nsName
+		confDir := t.TempDir()
+		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"contiv","plugins":[{"type":"contivk8s","socket":%q,"network":"cni-net"}]}`, h.CNISocket)
+		if err := os.WriteFile(filepath.Join(confDir, "10-contiv.conflist"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tool := func(args ...string) string {
+			t.Helper()
+			cmd := exec.CommandContext(ctx, filepath.Join(bin, "cnitool"), args...)
+			cmd.Env = append(os.Environ(), "CNI_PATH="+bin, "NETCONFPATH="+confDir, "CNI_ARGS=K8S_POD_NAME=tool;K8S_POD_NAMESPACE=default")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("cnitool %v: %v\n%s", args, err, out)
+			}
+			return string(out)
+		}
+		t.Cleanup(func() { // detach even when a step below fails
+			cmd := exec.Command(filepath.Join(bin, "cnitool"), "del", "contiv", nsPath)
+			cmd.Env = append(os.Environ(), "CNI_PATH="+bin, "NETCONFPATH="+confDir)
+			_ = cmd.Run()
+		})
+		out := tool("add", "contiv", nsPath)
+		var r current.Result
+		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.77.0.2/24" {
+			t.Fatalf("cnitool add output %s (%v)", out, err)
+		}
+		tool("check", "contiv", nsPath)
+		tool("status", "contiv", nsPath)
+		tool("del", "contiv", nsPath)
+		tool("del", "contiv", nsPath)
+		if l, _ := linkIn(t, nsPath, "eth0"); l != nil {
+			t.Fatal("eth0 still in pod after cnitool del")
+		}
+	})
 
 	t.Run("bad-input", func(t *testing.T) {
 		nsName := "cbr-p" + dockertest.RandHex(3)
