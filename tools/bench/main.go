@@ -43,6 +43,8 @@ type config struct {
 	rrPerRound  int
 	pods        int
 	dockerRuns  int
+	cpCreates   int
+	cpAllocs    int
 	downTime    time.Duration
 }
 
@@ -56,14 +58,16 @@ func main() {
 	stages := flag.String("stages", "", "comma-separated subset of "+strings.Join(allStages, ","))
 	flag.StringVar(&cfg.bin, "bin", "", "directory with netmaster, netplugin, netctl, contivk8s (default <repo>/bin)")
 	flag.BoolVar(&cfg.verbose, "v", false, "log the simulator's progress")
-	flag.IntVar(&cfg.tputRounds, "tput-rounds", 4, "alternating iperf3 rounds per path")
-	flag.IntVar(&cfg.tputSeconds, "tput-seconds", 2, "seconds per iperf3 run")
+	flag.IntVar(&cfg.tputRounds, "tput-rounds", 6, "alternating iperf3 rounds per path")
+	flag.IntVar(&cfg.tputSeconds, "tput-seconds", 1, "seconds per iperf3 run")
 	flag.IntVar(&cfg.crrRounds, "crr-rounds", 8, "alternating connection-rate rounds per path")
 	flag.DurationVar(&cfg.crrTime, "crr-time", 500*time.Millisecond, "duration of one connection-rate round")
 	flag.IntVar(&cfg.rrRounds, "rr-rounds", 12, "alternating request/response rounds per path")
 	flag.IntVar(&cfg.rrPerRound, "rr-per-round", 1000, "round trips per request/response round")
 	flag.IntVar(&cfg.pods, "pods", 100, "pods attached by the CNI stage")
 	flag.IntVar(&cfg.dockerRuns, "docker-runs", 6, "docker run pairs (with and without network) in the docker stage")
+	flag.IntVar(&cfg.cpCreates, "cp-creates", 200, "networks created (and lists done) per control-plane run")
+	flag.IntVar(&cfg.cpAllocs, "cp-allocs", 1000, "allocAddress calls per control-plane run")
 	flag.DurationVar(&cfg.downTime, "down", time.Second, "how long netplugin stays dead in the restart stage")
 	flag.Parse()
 	switch *dp {

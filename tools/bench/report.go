@@ -146,10 +146,10 @@ func (r *report) summary(w io.Writer, dataplanes []string) {
 	for _, k := range order {
 		x := rows[k]
 		line := []string{k}
-		for _, dp := range dataplanes {
+		for i, dp := range dataplanes {
 			v, ok := x.vals[dp]
-			if !ok {
-				v, ok = x.vals["-"]
+			if !ok && i == 0 {
+				v, ok = x.vals["-"] // figures that do not depend on the dataplane
 			}
 			if ok {
 				line = append(line, formatValue(v))
@@ -161,9 +161,9 @@ func (r *report) summary(w io.Writer, dataplanes []string) {
 		met := ""
 		if g.ok != nil {
 			var res []string
-			for _, dp := range dataplanes {
+			for i, dp := range dataplanes {
 				v, ok := x.vals[dp]
-				if !ok {
+				if !ok && i == 0 {
 					v, ok = x.vals["-"]
 				}
 				if !ok {
