@@ -28,3 +28,8 @@ if ((${#need[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# The eBPF dataplane pins maps and links in bpffs; some machines boot without it mounted.
+if [[ $(id -u) -eq 0 ]] && ! mountpoint -q /sys/fs/bpf; then
+  echo "deps: mounting bpffs at /sys/fs/bpf"
+  mount -t bpf bpf /sys/fs/bpf
+fi
