@@ -197,7 +197,16 @@ func TestLibcniSpecVersions(t *testing.T) {
 		dockertest.NetNS(t, nsName)
 		nsPath := "/run/netns/" + nsName
 		confDir := t.TempDir()
-		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"contiv","plugins":[{"type":"contivk8s","socket":%q,"network":"cni-net"}]}`, h.CNISocket)
+		// cnitool caches results under /var/lib/cni: a unique network name lets the
+		// clean-up remove exactly ours.
+		netName := "cbr-contiv-" + dockertest.RandHex(3)
+		t.Cleanup(func() {
+			m, _ := filepath.Glob("/var/lib/cni/results/" + netName + "-*")
+			for _, f := range m {
+				os.Remove(f)
+			}
+		})
+		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"contivk8s","socket":%q,"network":"cni-net"}]}`, netName, h.CNISocket)
 		if err := os.WriteFile(filepath.Join(confDir, "10-contiv.conflist"), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -212,19 +221,19 @@ func TestLibcniSpecVersions(t *testing.T) {
 			return string(out)
 		}
 		t.Cleanup(func() { // detach even when a step below fails
-			cmd := exec.Command(filepath.Join(bin, "cnitool"), "del", "contiv", nsPath)
+			cmd := exec.Command(filepath.Join(bin, "cnitool"), "del", netName, nsPath)
 			cmd.Env = append(os.Environ(), "CNI_PATH="+bin, "NETCONFPATH="+confDir)
 			_ = cmd.Run()
 		})
-		out := tool("add", "contiv", nsPath)
+		out := tool("add", netName, nsPath)
 		var r current.Result
 		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.77.0.2/24" {
 			t.Fatalf("cnitool add output %s (%v)", out, err)
 		}
-		tool("check", "contiv", nsPath)
-		tool("status", "contiv", nsPath)
-		tool("del", "contiv", nsPath)
-		tool("del", "contiv", nsPath)
+		tool("check", netName, nsPath)
+		tool("status", netName, nsPath)
+		tool("del", netName, nsPath)
+		tool("del", netName, nsPath)
 		if l, _ := linkIn(t, nsPath, "eth0"); l != nil {
 			t.Fatal("eth0 still in pod after cnitool del")
 		}
