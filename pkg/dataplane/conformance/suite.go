@@ -152,7 +152,7 @@ func (e *Env) AddContainerIn(t *testing.T, n dataplane.Network, name string, ip 
 // Remote describes c as seen from another host.
 func (e *Env) Remote(c *Container, owner *Host) dataplane.RemoteEndpoint {
 	return dataplane.RemoteEndpoint{ID: c.EP.ID, NetworkID: c.EP.NetworkID, IP: c.EP.IP, MAC: c.EP.MAC,
-		VTEP: owner.Cfg.VTEP, Host: owner.Name}
+		EPGID: c.EP.EPGID, VTEP: owner.Cfg.VTEP, Host: owner.Name}
 }
 
 // Peer describes h as a peer.
@@ -190,6 +190,7 @@ func Run(t *testing.T, factory Factory) {
 	a1 := e.AddContainer(t, "a1", "10.36.1.1")
 	a2 := e.AddContainer(t, "a2", "10.36.1.2")
 	b1 := e.AddContainer(t, "b1", "10.36.1.3")
+	a1.EP.EPGID, a2.EP.EPGID, b1.EP.EPGID = 1, 1, 2
 	e.H1.State.Peers = []dataplane.Peer{e.H2.Peer()}
 	e.H2.State.Peers = []dataplane.Peer{e.H1.Peer()}
 	e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
@@ -376,6 +377,107 @@ func Run(t *testing.T, factory Factory) {
 			t.Fatal(err)
 		}
 		PingOK(t, a1.NS, ip(b1), 3)
+	})
+	t.Run("policy", func(t *testing.T) {
+		c := ctx(t)
+		const allowed, other = 8080, 8081
+		for _, port := range []int{allowed, other} {
+			srv, err := StartTCPEchoPort(b1.NS, ip(b1), port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+		}
+		pols := []dataplane.PolicySet{
+			{EPGID: 2, Rules: []dataplane.PolicyRule{
+				{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+				{ID: "allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: allowed, Action: dataplane.ActionAllow},
+			}},
+			{EPGID: 1, Rules: []dataplane.PolicyRule{
+				{ID: "deny-from-2", Priority: 10, Ingress: true, RemoteEPG: 2, Action: dataplane.ActionDeny},
+			}},
+		}
+		for _, h := range []*Host{e.H1, e.H2} {
+			for _, p := range pols {
+				if err := h.Driver.UpsertPolicy(c, p); err != nil {
+					t.Fatalf("%s: %v", h.Name, err)
+				}
+			}
+		}
+		addr := func(port int) string { return net.JoinHostPort(ip(b1), fmt.Sprint(port)) }
+		if conn, err := DialTCP(a1.NS, addr(allowed)); err != nil {
+			t.Errorf("allowed port: %v", err)
+		} else {
+			if err := EchoRoundTrip(conn, transfer); err != nil {
+				t.Errorf("allowed port: %v", err)
+			}
+			conn.Close()
+		}
+		if conn, err := DialTCPTimeout(a1.NS, addr(other), time.Second); err == nil {
+			conn.Close()
+			t.Error("connection to a denied port succeeded")
+		}
+		PingOK(t, a1.NS, ip(b1), 3) // ICMP unmatched by group 2; the reply passes group 1 (stateful)
+		PingFails(t, b1.NS, ip(a1)) // new flows from group 2 into group 1 are denied
+		PingOK(t, a2.NS, ip(a1), 3) // within group 1, same host
+		for _, h := range []*Host{e.H1, e.H2} {
+			for _, p := range pols {
+				if err := h.Driver.DeletePolicy(c, p.EPGID); err != nil {
+					t.Fatalf("%s: %v", h.Name, err)
+				}
+			}
+		}
+		PingOK(t, b1.NS, ip(a1), 3)
+		if conn, err := DialTCPTimeout(a1.NS, addr(other), 3*time.Second); err != nil {
+			t.Errorf("after delete: %v", err)
+		} else {
+			conn.Close()
+		}
+	})
+	t.Run("service", func(t *testing.T) {
+		c := ctx(t)
+		const target = 8090
+		var srvs []*TCPServer
+		for _, be := range []*Container{a2, b1} {
+			srv, err := StartTCPEchoPort(be.NS, ip(be), target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			srvs = append(srvs, srv)
+		}
+		svc := dataplane.Service{ID: "web:default", VIP: netip.MustParseAddr("10.36.1.200"),
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.UpsertService(c, svc); err != nil {
+				t.Fatalf("%s: %v", h.Name, err)
+			}
+		}
+		for i := 0; i < 16; i++ {
+			conn, err := DialTCP(a1.NS, "10.36.1.200:80")
+			if err != nil {
+				t.Fatalf("connection %d to the VIP: %v", i, err)
+			}
+			if err := EchoRoundTrip(conn, 8192); err != nil {
+				t.Errorf("connection %d to the VIP: %v", i, err)
+			}
+			if la := conn.RemoteAddr().String(); la != "10.36.1.200:80" {
+				t.Errorf("client sees peer %s, want the VIP", la)
+			}
+			conn.Close()
+		}
+		if srvs[0].Accepted.Load() == 0 || srvs[1].Accepted.Load() == 0 {
+			t.Errorf("connections per backend: local %d, remote %d; want both used", srvs[0].Accepted.Load(), srvs[1].Accepted.Load())
+		}
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeleteService(c, svc.ID); err != nil {
+				t.Fatalf("%s: %v", h.Name, err)
+			}
+		}
+		if conn, err := DialTCPTimeout(a1.NS, "10.36.1.200:80", time.Second); err == nil {
+			conn.Close()
+			t.Error("VIP still answers after the service was deleted")
+		}
 	})
 	t.Run("restart", func(t *testing.T) {
 		// A connection opened before the restart must keep working through it.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,34 +17,42 @@ import (
 
 // TCPServer is an echo server listening inside a namespace.
 type TCPServer struct {
-	ln   net.Listener
-	Addr string
+	ln       net.Listener
+	Addr     string
+	Accepted atomic.Int64 // connections accepted so far
 }
 
 // StartTCPEcho listens on ip:0 inside the namespace at path and echoes every connection.
 func StartTCPEcho(path, ip string) (*TCPServer, error) {
+	return StartTCPEchoPort(path, ip, 0)
+}
+
+// StartTCPEchoPort is StartTCPEcho on a given port.
+func StartTCPEchoPort(path, ip string, port int) (*TCPServer, error) {
 	var ln net.Listener
 	err := InNetNS(path, func() error {
 		var err error
-		ln, err = net.Listen("tcp4", net.JoinHostPort(ip, "0"))
+		ln, err = net.Listen("tcp4", net.JoinHostPort(ip, fmt.Sprint(port)))
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", ip, err)
 	}
+	s := &TCPServer{ln: ln, Addr: ln.Addr().String()}
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			s.Accepted.Add(1)
 			go func() {
 				defer c.Close()
 				_, _ = io.Copy(c, c)
 			}()
 		}
 	}()
-	return &TCPServer{ln: ln, Addr: ln.Addr().String()}, nil
+	return s, nil
 }
 
 // Close stops the server.
@@ -51,10 +60,15 @@ func (s *TCPServer) Close() { s.ln.Close() }
 
 // DialTCP connects from inside the namespace at path.
 func DialTCP(path, addr string) (net.Conn, error) {
+	return DialTCPTimeout(path, addr, 3*time.Second)
+}
+
+// DialTCPTimeout is DialTCP with a connect timeout.
+func DialTCPTimeout(path, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	err := InNetNS(path, func() error {
 		var err error
-		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
+		c, err = net.DialTimeout("tcp4", addr, timeout)
 		return err
 	})
 	if err != nil {
