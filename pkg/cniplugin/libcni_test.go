@@ -205,6 +205,9 @@ func TestLibcniSpecVersions(t *testing.T) {
 			for _, f := range m {
 				os.Remove(f)
 			}
+			// Only succeeds when empty, so nobody else's results go.
+			os.Remove("/var/lib/cni/results")
+			os.Remove("/var/lib/cni")
 		})
 		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"contivk8s","socket":%q,"network":"cni-net"}]}`, netName, h.CNISocket)
 		if err := os.WriteFile(filepath.Join(confDir, "10-contiv.conflist"), []byte(conf), 0o644); err != nil {
