@@ -83,12 +83,25 @@ CB_INLINE struct cb_ct_entry *cb_ct_find(const struct cb_flow *f, int reverse, _
 	return e;
 }
 
+/* cb_ct_add records flags for the tuple, merging with an existing entry (a DNATed flow's
+ * client→backend entry is also the one policy marks allowed). */
 CB_INLINE void cb_ct_add(const struct cb_flow *f, __u8 flags, __be32 nat_ip, __be16 nat_port, __u32 nat_net)
 {
 	struct cb_ct_key k = {};
-	struct cb_ct_entry e = {};
+	struct cb_ct_entry e = {}, *cur;
 
 	cb_ct_key_of(&k, f, 0);
+	cur = bpf_map_lookup_elem(&cb_ct, &k);
+	if (cur && cur->expires >= bpf_ktime_get_ns()) {
+		if (flags & (CB_CT_SVC | CB_CT_DNAT)) {
+			cur->nat_ip = nat_ip;
+			cur->nat_port = nat_port;
+			cur->nat_net = nat_net;
+		}
+		cur->flags |= flags;
+		cur->expires = bpf_ktime_get_ns() + cb_ct_timeout(f->proto);
+		return;
+	}
 	e.expires = bpf_ktime_get_ns() + cb_ct_timeout(f->proto);
 	e.flags = flags;
 	e.nat_ip = nat_ip;

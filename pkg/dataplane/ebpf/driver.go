@@ -58,7 +58,10 @@ type Driver struct {
 	policies  map[uint16]dataplane.PolicySet
 	services  map[string]svcRec
 	nextSvcID uint32
-	mapFull   map[string]uint64 // map name → failed inserts
+	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
+	// on for live traffic until the first Sync rebuilds the indexes they derive from.
+	carried uint32
+	mapFull map[string]uint64 // map name → failed inserts
 }
 
 type attachment struct {
@@ -185,6 +188,16 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.gen == 0 {
 		d.gen = 1
 	}
+	d.carried = c.Features
+	var sk contivbpfCbSvcKey
+	var sv contivbpfCbSvc
+	it := d.objs.CbServices.Iterate()
+	for it.Next(&sk, &sv) {
+		d.nextSvcID = max(d.nextSvcID, sv.Id)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("ebpf: read services map: %w", err)
+	}
 	if err := d.ensureVXLAN(); err != nil {
 		return err
 	}
@@ -227,7 +240,7 @@ func (d *Driver) release() {
 }
 
 func (d *Driver) writeConfig() error {
-	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen}
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried}
 	if len(d.policies) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
 	}

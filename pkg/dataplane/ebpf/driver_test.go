@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -288,5 +292,160 @@ func TestDockerModeEndpoint(t *testing.T) {
 	}
 	if _, err := h.d.nl.LinkByName(dup.HostIfName); err == nil {
 		t.Error("refused endpoint left its veth")
+	}
+}
+
+func countEntries(t *testing.T, m interface {
+	Iterate() *ebpf.MapIterator
+}) int {
+	t.Helper()
+	n := 0
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (h *oneHost) features(t *testing.T) uint32 {
+	t.Helper()
+	var c contivbpfCbConfig
+	if err := h.d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Features
+}
+
+// TestDriverPolicyAndService: validation, map contents, enforcement that survives a restart
+// before the first Sync, and sweeping.
+func TestDriverPolicyAndService(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if h.features(t) != 0 {
+		t.Fatalf("features %d without policies/services", h.features(t))
+	}
+
+	// Bad input changes nothing.
+	bad := []dataplane.PolicySet{
+		{EPGID: 0},
+		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "p0", Priority: 0, Action: dataplane.ActionDeny}}},
+		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "x", Priority: 1, Action: "drop"}}},
+		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "v6", Priority: 1, Remote: netip.MustParsePrefix("fd00::/64"), Action: dataplane.ActionDeny}}},
+	}
+	many := dataplane.PolicySet{EPGID: 2}
+	for i := 0; i < maxRules+1; i++ {
+		many.Rules = append(many.Rules, dataplane.PolicyRule{ID: fmt.Sprint(i), Priority: 1, Ingress: true, Port: uint16(i + 1), Proto: 6, Action: dataplane.ActionDeny})
+	}
+	bad = append(bad, many)
+	for _, p := range bad {
+		if err := h.d.UpsertPolicy(ctx, p); err == nil {
+			t.Errorf("accepted bad policy %+v", p.Rules)
+		}
+	}
+	if n := countEntries(t, h.d.objs.CbPolicies); n != 0 {
+		t.Errorf("%d policy entries after rejected input", n)
+	}
+	unknown := dataplane.Service{ID: "s:t", VIP: netip.MustParseAddr("10.50.0.100"),
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{netip.MustParseAddr("10.50.0.77")}}
+	if err := h.d.UpsertService(ctx, unknown); err == nil || !strings.Contains(err.Error(), "10.50.0.77") {
+		t.Errorf("service with unknown backend: %v", err)
+	}
+	if n := countEntries(t, h.d.objs.CbServices) + countEntries(t, h.d.objs.CbBackends) + countEntries(t, h.d.objs.CbVips); n != 0 {
+		t.Errorf("%d service entries after rejected input", n)
+	}
+
+	pol := dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+	}}
+	svc := unknown
+	svc.Backends = []netip.Addr{b.IP}
+	svc.VIP = netip.MustParseAddr("10.50.0.100")
+	if err := h.d.UpsertPolicy(ctx, pol); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.UpsertService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if f := h.features(t); f != 3 {
+		t.Errorf("features %d, want policy|lb", f)
+	}
+	if countEntries(t, h.d.objs.CbPolicies) != 1 || countEntries(t, h.d.objs.CbServices) != 1 ||
+		countEntries(t, h.d.objs.CbBackends) != 1 || countEntries(t, h.d.objs.CbVips) != 1 {
+		t.Error("unexpected policy/service map contents")
+	}
+	for _, port := range []int{8080, 8081} {
+		srv, err := conformance.StartTCPEchoPort(b.NetNS, b.IP.String(), port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+	}
+	check := func(when string) {
+		t.Helper()
+		if c, err := conformance.DialTCP(a.NetNS, "10.50.0.100:80"); err != nil {
+			t.Errorf("%s: VIP: %v", when, err)
+		} else {
+			if err := conformance.EchoRoundTrip(c, 4096); err != nil {
+				t.Errorf("%s: VIP: %v", when, err)
+			}
+			c.Close()
+		}
+		if c, err := conformance.DialTCPTimeout(a.NetNS, "10.50.0.3:8081", 500*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("%s: denied port reachable", when)
+		}
+	}
+	check("before restart")
+
+	// Restart: enforcement and balancing continue before the first Sync.
+	var sk contivbpfCbSvcKey
+	var sv contivbpfCbSvc
+	it := h.d.objs.CbServices.Iterate()
+	it.Next(&sk, &sv)
+	slot := sv.Id
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.d = h.start(t)
+	if f := h.features(t); f != 3 {
+		t.Errorf("features %d after restart, want carried policy|lb", f)
+	}
+	check("after restart, before sync")
+	state.Policies, state.Services = []dataplane.PolicySet{pol}, []dataplane.Service{svc}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.d.services[svc.ID]; r.id != slot {
+		t.Errorf("service slot %d after resync, want reused %d", r.id, slot)
+	}
+	check("after sync")
+
+	// Sync without them sweeps everything and turns the stages off.
+	state.Policies, state.Services = nil, nil
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if n := countEntries(t, h.d.objs.CbPolicies) + countEntries(t, h.d.objs.CbServices) + countEntries(t, h.d.objs.CbBackends) + countEntries(t, h.d.objs.CbVips); n != 0 {
+		t.Errorf("%d policy/service entries left after sync", n)
+	}
+	if f := h.features(t); f != 0 {
+		t.Errorf("features %d after sweeping", f)
+	}
+	if c, err := conformance.DialTCPTimeout(a.NetNS, "10.50.0.3:8081", 3*time.Second); err != nil {
+		t.Errorf("port reachable after policy removal: %v", err)
+	} else {
+		c.Close()
 	}
 }

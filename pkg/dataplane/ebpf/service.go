@@ -130,8 +130,15 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	old, had := d.services[s.ID]
 	id := old.id
 	if !had {
-		d.nextSvcID++
-		id = d.nextSvcID
+		// After a restart the pinned entries keep their id: reuse it so live flows see
+		// consistent backends while Sync rewrites them.
+		var cur contivbpfCbSvc
+		if err := d.objs.CbServices.Lookup(&keys[0], &cur); err == nil && !d.svcIDUsed(cur.Id) {
+			id = cur.Id
+		} else {
+			d.nextSvcID++
+			id = d.nextSvcID
+		}
 	}
 	// Backends first (grown list), then the service entries (new count), then shrink.
 	for i := range backends {
@@ -184,6 +191,15 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 		}
 	}
 	return nil
+}
+
+func (d *Driver) svcIDUsed(id uint32) bool {
+	for _, r := range d.services {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *Driver) vipInUse(vip netip.Addr) bool {

@@ -248,6 +248,16 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Tables["ifaces"] = t.Ifaces
 	st.Tables["networks"] = t.Networks
 	st.Tables["peers"] = t.Peers
+	pols := map[string]int{}
+	for epg, p := range d.policies {
+		pols[fmt.Sprint(epg)] = len(p.Rules)
+	}
+	st.Tables["policies"] = pols // rules per endpoint group
+	svcs := map[string]any{}
+	for id, r := range d.services {
+		svcs[id] = map[string]any{"vip": r.svc.VIP.String(), "ports": r.svc.Ports, "backends": r.svc.Backends, "slot": r.id}
+	}
+	st.Tables["services"] = svcs
 	st.Tables["pinRoot"] = d.cfg.PinRoot
 	st.Tables["generation"] = d.gen
 	reasons, err := readReasons(d.objs.CbReasons)

@@ -131,6 +131,8 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 	errs = append(errs, d.sweepMaps()...)
 	errs = append(errs, d.sweepLinks(wantIfs)...)
+	d.carried = 0 // the indexes are complete now
+	errs = appendErr(errs, d.writeConfig())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ebpf: sync sweep: %w", err)
 	}
