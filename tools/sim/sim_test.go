@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,24 +21,52 @@ func needRoot(t *testing.T) {
 	}
 }
 
-// buildBins compiles the binaries under test into a temp dir (CONTIVBPF_BIN_DIR, if set,
-// names prebuilt ones instead).
+// TestMain builds the binaries under test once per package run into a temp dir
+// (CONTIVBPF_BIN_DIR, if set, names prebuilt ones instead).
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+// testBins is set by TestMain: the directory holding netmaster, netplugin and netctl, or
+// the error building them.
+var testBins struct {
+	dir string
+	err error
+}
+
+func runTests(m *testing.M) int {
+	flag.Parse()
+	if d := os.Getenv("CONTIVBPF_BIN_DIR"); d != "" || os.Geteuid() != 0 || testing.Short() {
+		testBins.dir = d
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "cbs-bin-")
+	if err != nil {
+		testBins.err = err
+		return m.Run()
+	}
+	defer os.RemoveAll(dir)
+	testBins.dir = dir
+	if root, err := RepoRoot(); err != nil {
+		testBins.err = err
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		testBins.err = Build(ctx, root, dir)
+		cancel()
+	}
+	return m.Run()
+}
+
+// buildBins returns the directory of the binaries TestMain built.
 func buildBins(t *testing.T) string {
 	t.Helper()
-	if d := os.Getenv("CONTIVBPF_BIN_DIR"); d != "" {
-		return d
+	if testBins.err != nil {
+		t.Fatalf("build binaries: %v", testBins.err)
 	}
-	root, err := RepoRoot()
-	if err != nil {
-		t.Fatal(err)
+	if testBins.dir == "" {
+		t.Fatal("binaries were not built (TestMain skipped the build)")
 	}
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := Build(ctx, root, dir); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return testBins.dir
 }
 
 type endpoints struct {

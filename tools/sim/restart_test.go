@@ -1,0 +1,301 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/netbench"
+)
+
+// rrLoad keeps request/response round trips going on long-lived TCP connections and
+// counts what happened to them.
+type rrLoad struct {
+	name  string
+	conns []net.Conn
+	ok    []atomic.Int64 // per connection
+	fails atomic.Int64
+	reset atomic.Int64
+	mu    sync.Mutex
+	errs  []error
+	wg    sync.WaitGroup
+}
+
+// startRR opens n connections from container from to srv and runs 64-byte round trips in
+// a loop on each (every one must answer within 3 s) until ctx ends.
+func startRR(ctx context.Context, t *testing.T, name string, from *Container, srvAddr string, n int) *rrLoad {
+	t.Helper()
+	l := &rrLoad{name: name, ok: make([]atomic.Int64, n)}
+	d := netbench.NewDialer(NetNSPath(from.Name))
+	for i := 0; i < n; i++ {
+		c, err := d.Dial(srvAddr)
+		if err != nil {
+			t.Fatalf("%s: dial %s: %v", name, srvAddr, err)
+		}
+		l.conns = append(l.conns, c)
+	}
+	for i, c := range l.conns {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for ctx.Err() == nil {
+				_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+				if _, err := netbench.RR(c, 1, 64); err != nil {
+					l.fails.Add(1)
+					if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+						l.reset.Add(1)
+					}
+					l.mu.Lock()
+					l.errs = append(l.errs, fmt.Errorf("conn %d: %w", i, err))
+					l.mu.Unlock()
+					return
+				}
+				l.ok[i].Add(1)
+			}
+		}()
+	}
+	return l
+}
+
+// counts returns the successful round trips per connection so far.
+func (l *rrLoad) counts() []int64 {
+	out := make([]int64, len(l.ok))
+	for i := range l.ok {
+		out[i] = l.ok[i].Load()
+	}
+	return out
+}
+
+func (l *rrLoad) stop() {
+	l.wg.Wait()
+	for _, c := range l.conns {
+		c.Close()
+	}
+}
+
+// pinger runs `ping -i 0.01` in a container until stopped and reports the loss.
+type pinger struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+func startPing(t *testing.T, from *Container, to *Container) *pinger {
+	t.Helper()
+	p := &pinger{}
+	// nsenter without --fork execs ping itself, so a signal reaches ping.
+	p.cmd = exec.Command("nsenter", "--net="+NetNSPath(from.Name), "--", "ping", "-n", "-i", "0.01", "-W", "2", to.IP.Addr().String())
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start ping: %v", err)
+	}
+	return p
+}
+
+var (
+	pingTxRe  = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
+	pingSeqRe = regexp.MustCompile(`icmp_seq=(\d+) `)
+)
+
+// stop interrupts ping and returns sent, the sequence numbers with no reply (the last
+// one sent may legitimately still be in flight when ping is interrupted and is not
+// counted) and the summary line.
+func (p *pinger) stop() (sent int, lost []int, summary string, err error) {
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	_ = p.cmd.Wait()
+	out := p.out.String()
+	m := pingTxRe.FindStringSubmatch(out)
+	if m == nil {
+		return 0, nil, "", fmt.Errorf("no ping summary in output:\n%s", out)
+	}
+	sent, _ = strconv.Atoi(m[1])
+	got := map[int]bool{}
+	for _, s := range pingSeqRe.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.Atoi(s[1])
+		got[n] = true
+	}
+	for seq := 1; seq < sent; seq++ {
+		if !got[seq] {
+			lost = append(lost, seq)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "packets transmitted") {
+			summary = line
+		}
+	}
+	return sent, lost, summary, nil
+}
+
+// tcpRetrans reads TcpRetransSegs of a container's namespace (nstat -az, absolute).
+func tcpRetrans(ctx context.Context, ct *Container) int64 {
+	out, err := ct.Exec(ctx, "cat", "/proc/net/snmp")
+	if err != nil {
+		return -1
+	}
+	var hdr []string
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "Tcp: ") {
+			continue
+		}
+		f := strings.Fields(line)
+		if hdr == nil {
+			hdr = f
+			continue
+		}
+		for i, h := range hdr {
+			if h == "RetransSegs" && i < len(f) {
+				v, _ := strconv.ParseInt(f[i], 10, 64)
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+func sub(a, b []int64) []int64 {
+	out := make([]int64, len(a))
+	for i := range a {
+		out[i] = a[i] - b[i]
+	}
+	return out
+}
+
+// TestRestartUnderLoad SIGKILLs a host's netplugin while long-lived TCP connections do
+// request/response in a loop and a 100/s ping runs, cross-host (VXLAN) and same-host,
+// keeps the host without an agent for a while, starts the agent again and waits for its
+// resync. Not one round trip may fail, no connection may be reset and no ping may be lost;
+// every connection must keep going while no agent runs.
+func TestRestartUnderLoad(t *testing.T) {
+	needRoot(t)
+	bin := buildBins(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Config{Hosts: 2, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		c.Close()
+	})
+	h1, h2 := c.Hosts[0], c.Hosts[1]
+	if err := c.CreateNetwork(ctx, "default", "rl-net", "vxlan", "10.105.1.0/24", "10.105.1.1"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.AddContainer(ctx, h1, "a", "default", "rl-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := c.AddContainer(ctx, h1, "a2", "default", "rl-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.AddContainer(ctx, h2, "b", "default", "rl-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "cross-host ping", 10*time.Second, func() error {
+		out, err := a.Ping(ctx, b.IP.Addr(), 1)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	srvB, err := netbench.StartServer(NetNSPath(b.Name), net.JoinHostPort(b.IP.Addr().String(), "7100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvB.Close()
+	srvA, err := netbench.StartServer(NetNSPath(a.Name), net.JoinHostPort(a.IP.Addr().String(), "7101"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvA.Close()
+
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	cross := startRR(lctx, t, "cross-host a->b", a, net.JoinHostPort(b.IP.Addr().String(), "7100"), 3)
+	local := startRR(lctx, t, "same-host a2->a", a2, net.JoinHostPort(a.IP.Addr().String(), "7101"), 2)
+	retrans0 := tcpRetrans(ctx, a) + tcpRetrans(ctx, a2)
+	pingX := startPing(t, a, b)
+	pingL := startPing(t, a2, a)
+
+	time.Sleep(time.Second)
+	killAt := time.Now()
+	c.KillPlugin(h1)
+	killed := time.Since(killAt)
+	crossDown, localDown := cross.counts(), local.counts()
+	const agentless = 3 * time.Second
+	time.Sleep(agentless)
+	crossUp, localUp := cross.counts(), local.counts()
+	startAt := time.Now()
+	if err := c.StartPlugin(ctx, h1); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	resync := time.Since(startAt)
+	time.Sleep(time.Second) // traffic after the sweep
+	lcancel()
+	cross.stop()
+	local.stop()
+	retrans := tcpRetrans(ctx, a) + tcpRetrans(ctx, a2) - retrans0
+	sentX, lostX, sumX, errX := pingX.stop()
+	sentL, lostL, sumL, errL := pingL.stop()
+
+	t.Logf("SIGKILL took %s; no agent for %s; restart to healthy (resync) %s", killed.Round(time.Millisecond), agentless, resync.Round(time.Millisecond))
+	t.Logf("cross-host RR per conn: total %v, while no agent %v; fails %d resets %d", cross.counts(), sub(crossUp, crossDown), cross.fails.Load(), cross.reset.Load())
+	t.Logf("same-host RR per conn: total %v, while no agent %v; fails %d resets %d", local.counts(), sub(localUp, localDown), local.fails.Load(), local.reset.Load())
+	t.Logf("ping cross-host: %s (lost seqs %v); same-host: %s (lost seqs %v)", sumX, lostX, sumL, lostL)
+	t.Logf("TCP retransmitted segments in the client namespaces: %d", retrans)
+
+	for _, l := range []*rrLoad{cross, local} {
+		if n := l.fails.Load(); n > 0 {
+			t.Errorf("%s: %d round trips failed (%d resets): %v", l.name, n, l.reset.Load(), l.errs)
+		}
+	}
+	for i, n := range sub(crossUp, crossDown) {
+		if n == 0 {
+			t.Errorf("cross-host conn %d made no round trip while no agent ran", i)
+		}
+	}
+	for i, n := range sub(localUp, localDown) {
+		if n == 0 {
+			t.Errorf("same-host conn %d made no round trip while no agent ran", i)
+		}
+	}
+	for _, e := range []error{errX, errL} {
+		if e != nil {
+			t.Error(e)
+		}
+	}
+	if len(lostX) > 0 || sentX < 200 {
+		t.Errorf("cross-host ping: %d sent, lost %v", sentX, lostX)
+	}
+	if len(lostL) > 0 || sentL < 200 {
+		t.Errorf("same-host ping: %d sent, lost %v", sentL, lostL)
+	}
+	// The restarted agent knows everything again.
+	var eps endpoints
+	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
+		t.Fatal(err)
+	}
+	if len(eps.Local) != 2 || len(eps.Remote) != 1 {
+		t.Errorf("h1 endpoints after restart = %+v", eps)
+	}
+	_ = h2
+}
