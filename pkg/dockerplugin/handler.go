@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/docker/go-plugins-helpers/ipam"
 	"github.com/docker/go-plugins-helpers/network"
@@ -80,14 +81,16 @@ func route[Req any](p *Plugin, mux *http.ServeMux, name string, fn func(context.
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
 		defer cancel()
+		start := time.Now()
 		resp, err := fn(ctx, req)
+		took := time.Since(start)
 		if err != nil {
-			p.log.Warn("request failed", "call", name, "err", err)
+			p.log.Warn("request failed", "call", name, "took", took, "err", err)
 			w.WriteHeader(http.StatusInternalServerError)
 			_ = json.NewEncoder(w).Encode(network.ErrorResponse{Err: err.Error()})
 			return
 		}
-		p.log.Debug("request", "call", name, "req", req, "resp", resp)
+		p.log.Debug("request", "call", name, "took", took, "req", req, "resp", resp)
 		_ = json.NewEncoder(w).Encode(resp)
 	})
 }

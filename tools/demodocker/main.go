@@ -20,7 +20,9 @@ import (
 func main() {
 	bin := flag.String("bin", "", "directory with netmaster, netplugin and netctl (default: <repo>/bin)")
 	dp := flag.String("dataplane", "ebpf", "netplugin dataplane: ebpf | ovs")
-	extra := flag.Bool("extra", false, "also check address release, docker-created networks and removal")
+	extra := flag.Bool("extra", false, "also check address release, restarts, docker-created networks and removal")
+	workdir := flag.String("workdir", "", "keep netmaster/netplugin logs in this directory")
+	bench := flag.Int("bench", 0, "time this many docker run/rm on test-net (0 = off)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "demodocker: needs root (network namespaces, dockerd)")
@@ -38,7 +40,7 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	if err := Walkthrough(ctx, Options{BinDir: *bin, Dataplane: *dp, Out: os.Stdout, Extra: *extra}); err != nil {
+	if err := Walkthrough(ctx, Options{BinDir: *bin, Dataplane: *dp, Out: os.Stdout, Extra: *extra, Bench: *bench, WorkDir: *workdir}); err != nil {
 		fmt.Fprintln(os.Stderr, "demodocker: FAILED:", err)
 		os.Exit(1)
 	}

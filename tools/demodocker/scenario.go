@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -26,6 +27,11 @@ type Options struct {
 	// Extra runs the checks beyond the seed walkthrough (docker-created network adoption,
 	// address release and reuse, network removal).
 	Extra bool
+	// Bench, when > 0, times that many `docker run -d --net test-net` on host 1 (endpoint
+	// create through the plugin, plus container start) and prints p50/p99.
+	Bench int
+	// WorkDir keeps the simulator's logs (netmaster, netplugins) there ("" = temporary).
+	WorkDir string
 }
 
 // Walkthrough is the seed scenario with Docker on two simulated hosts: netctl creates
@@ -46,7 +52,7 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 
 	say("== starting netmaster + 2 netplugins (--mode docker, --dataplane %s) on simulated hosts", orDefault(o.Dataplane, "ebpf"))
 	c, err := sim.Start(ctx, sim.Config{
-		Prefix: prefix, Hosts: 2, BinDir: o.BinDir, Dataplane: o.Dataplane,
+		Prefix: prefix, Hosts: 2, BinDir: o.BinDir, Dataplane: o.Dataplane, WorkDir: o.WorkDir,
 		PluginArgs: func(_ *sim.Cluster, h *sim.Host) []string {
 			d := dockerDir(h)
 			return []string{"--mode", "docker", "--docker-plugin-dir", filepath.Join(d, "plugins"), "--docker-host", "unix://" + filepath.Join(d, "docker.sock")}
@@ -152,6 +158,11 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 
 	if o.Extra {
 		if err := extraChecks(ctx, c, daemons, say); err != nil {
+			return err
+		}
+	}
+	if o.Bench > 0 {
+		if err := benchRuns(ctx, daemons[0], o.Bench, say); err != nil {
 			return err
 		}
 	}
@@ -393,4 +404,41 @@ func orDefault(s, d string) string {
 		return d
 	}
 	return s
+}
+
+// benchRuns times n `docker run -d` on test-net and, as a baseline, n with --net none
+// (container start without any network driver); the difference is what the plugin adds.
+func benchRuns(ctx context.Context, d *dockertest.Daemon, n int, say func(string, ...any)) error {
+	pct := func(l []time.Duration, p int) time.Duration {
+		s := append([]time.Duration(nil), l...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[(len(s)*p+99)/100-1]
+	}
+	measure := func(netw string) (run, rm []time.Duration, err error) {
+		for i := 0; i < n; i++ {
+			t0 := time.Now()
+			if _, err := d.Docker(ctx, "run", "-d", "--name", fmt.Sprintf("b%d", i), "--net", netw, dockertest.BusyboxImage, "sleep", "3600"); err != nil {
+				return nil, nil, err
+			}
+			run = append(run, time.Since(t0))
+		}
+		for i := 0; i < n; i++ {
+			t0 := time.Now()
+			if _, err := d.Docker(ctx, "rm", "-f", fmt.Sprintf("b%d", i)); err != nil {
+				return nil, nil, err
+			}
+			rm = append(rm, time.Since(t0))
+		}
+		return run, rm, nil
+	}
+	for _, netw := range []string{"none", "test-net"} {
+		run, rm, err := measure(netw)
+		if err != nil {
+			return err
+		}
+		say("== docker run -d --net %s x%d: p50 %v p99 %v; docker rm -f: p50 %v p99 %v", netw, n,
+			pct(run, 50).Round(time.Millisecond), pct(run, 99).Round(time.Millisecond),
+			pct(rm, 50).Round(time.Millisecond), pct(rm, 99).Round(time.Millisecond))
+	}
+	return nil
 }
