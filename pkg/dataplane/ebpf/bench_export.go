@@ -199,7 +199,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 }
 
 // benchTime returns ns per packet: the kernel-measured time of one Benchmark call of
-// repeat runs, or (single) the average of repeat/100 single runs on a fresh copy of the
+// repeat runs, or (single) the median of repeat/100 single runs on a fresh copy of the
 // packet. Program.Benchmark cannot pass a context (cb[] for cb_test_overlay): such
 // repeated runs are timed by the wall clock around one run of repeat iterations (the one
 // syscall is negligible against repeat runs), best of five.
