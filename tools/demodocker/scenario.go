@@ -261,6 +261,38 @@ func extraChecks(ctx context.Context, c *sim.Cluster, daemons []*dockertest.Daem
 	}
 	say("   netplugin restart on %s: c3 kept pinging, was removed cleanly, c4 attached", h1.Name)
 
+	// An endpoint group becomes a Docker network named after it on every host.
+	if out, err := c.Netctl(ctx, "group", "create", "test-net", "web"); err != nil {
+		return fmt.Errorf("netctl group create: %w\n%s", err, out)
+	}
+	for _, d := range daemons {
+		if err := waitNetwork(ctx, d, "web", true); err != nil {
+			return err
+		}
+	}
+	if _, err := daemons[0].Docker(ctx, "run", "-d", "--name", "w1", "--net", "web", dockertest.BusyboxImage, "sleep", "3600"); err != nil {
+		return err
+	}
+	wip, _, err := containerAddr(ctx, daemons[0], "w1", "web")
+	if err != nil {
+		return err
+	}
+	if out, err := daemons[0].Docker(ctx, "exec", "w1", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
+		return fmt.Errorf("w1 (group web) -> c2: %v\n%s", err, out)
+	}
+	if _, err := daemons[0].Docker(ctx, "rm", "-f", "w1"); err != nil {
+		return err
+	}
+	if out, err := c.Netctl(ctx, "group", "rm", "web"); err != nil {
+		return fmt.Errorf("netctl group rm: %w\n%s", err, out)
+	}
+	for _, d := range daemons {
+		if err := waitNetwork(ctx, d, "web", false); err != nil {
+			return err
+		}
+	}
+	say("   group web: docker network web on both hosts, w1 got %s and reached c2; removed with the group", wip)
+
 	say("== docker network create -d netplugin --ipam-driver netplugin --subnet 10.2.2.0/24 dnet (host 1)")
 	if _, err := daemons[0].Docker(ctx, "network", "create", "-d", "netplugin", "--ipam-driver", "netplugin", "--subnet", "10.2.2.0/24", "--gateway", "10.2.2.1", "dnet"); err != nil {
 		return err
