@@ -51,6 +51,29 @@ CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
+/* cb_route_rewrite turns a frame into a routed one: TTL decremented (checksum fixed),
+ * source MAC = router MAC. Returns 0 or a drop reason. */
+CB_INLINE int cb_route_rewrite(struct __sk_buff *skb, const struct cb_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	__u8 ttl;
+
+	if ((void *)(ip + 1) > data_end || !cfg)
+		return CB_DROP_MALFORMED_IP;
+	ttl = ip->ttl;
+	if (ttl <= 1)
+		return CB_DROP_TTL_EXCEEDED;
+	ip->ttl = ttl - 1;
+	cb_mac_copy(eth->h_source, cfg->gw_mac);
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), bpf_htons(ttl << 8),
+				bpf_htons((ttl - 1) << 8), 2) < 0)
+		return CB_DROP_NAT_ERR;
+	return 0;
+}
+
 CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	struct cb_pkt p = {};
@@ -78,7 +101,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	cfg = cb_get_config();
 	if (cfg)
 		features = cfg->features;
-	if (features) {
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		r = cb_parse_l4(skb, &p, &f);
 		if (r)
 			return cb_drop(skb, r);
@@ -102,13 +125,18 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	dkey.net = dnet;
 	dkey.ip = f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep && (features & CB_FEAT_ROUTING)) {
+		/* Routing mode: any network of the tenant. */
+		ep = cb_route_lookup(ifc->net, f.daddr, &dnet);
+		dkey.net = dnet;
+	}
 	if (!ep) {
 		net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
 		if (!net)
 			return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 		if ((net->gateway && f.daddr == net->gateway) ||
 		    (f.daddr & net->mask) != net->subnet)
-			return cb_drop(skb, CB_DROP_TO_GATEWAY); /* HOOK(routing mode) */
+			return cb_drop(skb, CB_DROP_TO_GATEWAY);
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	}
 
@@ -123,11 +151,18 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 			return cb_drop(skb, r);
 	}
 
+	if (features & CB_FEAT_ROUTING) {
+		r = cb_route_rewrite(skb, cfg);
+		if (r)
+			return cb_drop(skb, r);
+	}
+
 	data_end = (void *)(long)skb->data_end;
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
-	cb_mac_copy(eth->h_source, ifc->mac);
+	if (!(features & CB_FEAT_ROUTING))
+		cb_mac_copy(eth->h_source, ifc->mac);
 
 	skey.net = ifc->net;
 	skey.ip = ifc->ip;
@@ -184,7 +219,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
 	struct cb_config *cfg;
-	__u32 features = 0;
+	__u32 features = 0, src_net = 0;
 	__be32 vip = 0;
 	__be16 vport = 0;
 	int r;
@@ -202,16 +237,17 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
 
-	skey.net = net_key;
-	skey.ip = f.saddr;
-	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
-	if (src && (src->flags & CB_EP_LOCAL))
-		return cb_drop(skb, CB_DROP_REMOTE_SRC);
-
 	cfg = cb_get_config();
 	if (cfg)
 		features = cfg->features;
-	if (features) {
+	skey.net = net_key;
+	skey.ip = f.saddr;
+	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
+	if (!src && (features & CB_FEAT_ROUTING))
+		src = cb_route_lookup(net_key, f.saddr, &src_net); /* routed from another network */
+	if (src && (src->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_REMOTE_SRC);
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		r = cb_parse_l4(skb, &p, &f);
 		if (r)
 			return cb_drop(skb, r);

@@ -37,6 +37,7 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 	struct cb_ep_key key = {};
 	const __u8 *mac;
 	__u8 vip_mac[6];
+	__u32 routing, rnet = 0;
 	__be32 sip, tip;
 
 	cb_pull(skb, ETH_HLEN + sizeof(struct cb_arp));
@@ -62,26 +63,27 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
 	if (!net)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	cfg = cb_get_config();
+	if (!cfg)
+		return cb_drop(skb, CB_DROP_ARP_UNKNOWN_TARGET);
+	routing = cfg->features & CB_FEAT_ROUTING;
+	key.net = ifc->net;
+	key.ip = tip;
 	if (net->gateway && tip == net->gateway) {
-		cfg = cb_get_config();
-		if (!cfg)
-			return cb_drop(skb, CB_DROP_ARP_UNKNOWN_TARGET);
 		mac = cfg->gw_mac;
+	} else if ((ep = bpf_map_lookup_elem(&cb_endpoints, &key))) {
+		/* Routing mode answers every known address with the router MAC. */
+		mac = routing ? cfg->gw_mac : ep->mac;
+	} else if (routing && cb_route_lookup(ifc->net, tip, &rnet)) {
+		mac = cfg->gw_mac;
+	} else if (bpf_map_lookup_elem(&cb_vips, &tip)) {
+		/* Service VIPs answer with Contiv's 02:02:<vip> */
+		vip_mac[0] = 0x02;
+		vip_mac[1] = 0x02;
+		__builtin_memcpy(&vip_mac[2], &tip, 4);
+		mac = vip_mac;
 	} else {
-		key.net = ifc->net;
-		key.ip = tip;
-		ep = bpf_map_lookup_elem(&cb_endpoints, &key);
-		if (ep) {
-			mac = ep->mac;
-		} else if (bpf_map_lookup_elem(&cb_vips, &tip)) {
-			/* Service VIPs answer with Contiv's 02:02:<vip> */
-			vip_mac[0] = 0x02;
-			vip_mac[1] = 0x02;
-			__builtin_memcpy(&vip_mac[2], &tip, 4);
-			mac = vip_mac;
-		} else {
-			return cb_drop(skb, CB_DROP_ARP_UNKNOWN_TARGET);
-		}
+		return cb_drop(skb, CB_DROP_ARP_UNKNOWN_TARGET);
 	}
 
 	/* Request → reply, in place. */

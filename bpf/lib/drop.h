@@ -31,7 +31,7 @@ enum cb_reason {
 	CB_DROP_TUNNEL_ERR = 45,    /* bpf_skb_set_tunnel_key failed */
 	CB_DROP_NO_VXLAN = 46,      /* remote destination but no vxlan device configured */
 	CB_DROP_NO_UPLINK = 47,     /* remote VLAN destination but no uplink configured */
-	CB_DROP_TO_GATEWAY = 48,    /* IPv4 to the gateway or outside the subnet (no routing yet) */
+	CB_DROP_TO_GATEWAY = 48,    /* IPv4 to the gateway, or outside the subnet and not routable */
 	CB_DROP_POLICY = 49,        /* denied by policy */
 	CB_DROP_NO_BACKEND = 50,    /* service VIP:port without backends */
 	CB_DROP_ARP_FROM_OVERLAY = 51, /* ARP must never cross the overlay or uplink */
@@ -40,6 +40,7 @@ enum cb_reason {
 	CB_DROP_MALFORMED_L4 = 54,  /* TCP/UDP/ICMP header truncated where policy or LB needs it */
 	CB_DROP_NAT_ERR = 55,       /* rewriting addresses/ports/checksums failed */
 	CB_DROP_FRAG_TO_SERVICE = 56, /* non-first fragment to a service VIP (no ports to balance on) */
+	CB_DROP_TTL_EXCEEDED = 57,  /* routing mode: TTL would reach 0 */
 	CB_REASON_MAX = 64,
 };
 

@@ -53,6 +53,18 @@ struct cb_network {
 	__u8 encap;       /* enum cb_encap */
 	__u8 pad;
 	__u32 generation;
+	__u32 vrf;        /* routing domain (tenant) */
+};
+
+/* Routing mode: which network of a tenant holds an address. */
+struct cb_route_key {
+	__u32 vrf;
+	__be32 ip;
+};
+
+struct cb_route {
+	__u32 net;
+	__u32 generation;
 };
 
 struct cb_peer {
@@ -73,6 +85,7 @@ struct cb_config {
 enum cb_features {
 	CB_FEAT_POLICY = 1,   /* some endpoint group has rules */
 	CB_FEAT_LB = 2,       /* some service exists */
+	CB_FEAT_ROUTING = 4,  /* Contiv routing mode: route between networks of a tenant */
 };
 
 struct cb_ep_stats {
@@ -130,6 +143,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ep_metrics SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, struct cb_route_key);
+	__type(value, struct cb_route);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_routes SEC(".maps");
+
+/* cb_route_lookup finds ip among the endpoints of the tenant that network net_key belongs
+ * to; *out_net receives the endpoint's network key. */
+CB_INLINE struct cb_endpoint *cb_route_lookup(__u32 net_key, __be32 ip, __u32 *out_net);
+
 CB_INLINE struct cb_config *cb_get_config(void)
 {
 	__u32 zero = 0;
@@ -155,4 +180,25 @@ CB_INLINE void cb_ep_rx(struct __sk_buff *skb, struct cb_ep_key *k)
 		s->rx_packets++;
 		s->rx_bytes += skb->len;
 	}
+}
+
+CB_INLINE struct cb_endpoint *cb_route_lookup(__u32 net_key, __be32 ip, __u32 *out_net)
+{
+	struct cb_route_key rk = {};
+	struct cb_ep_key ek = {};
+	struct cb_network *n;
+	struct cb_route *r;
+
+	n = bpf_map_lookup_elem(&cb_networks, &net_key);
+	if (!n)
+		return 0;
+	rk.vrf = n->vrf;
+	rk.ip = ip;
+	r = bpf_map_lookup_elem(&cb_routes, &rk);
+	if (!r)
+		return 0;
+	ek.net = r->net;
+	ek.ip = ip;
+	*out_net = r->net;
+	return bpf_map_lookup_elem(&cb_endpoints, &ek);
 }

@@ -113,8 +113,9 @@ type contivbpfCbEpStats struct {
 type contivbpfCbFeatures uint32
 
 const (
-	contivbpfCbFeaturesCB_FEAT_POLICY contivbpfCbFeatures = 1
-	contivbpfCbFeaturesCB_FEAT_LB     contivbpfCbFeatures = 2
+	contivbpfCbFeaturesCB_FEAT_POLICY  contivbpfCbFeatures = 1
+	contivbpfCbFeaturesCB_FEAT_LB      contivbpfCbFeatures = 2
+	contivbpfCbFeaturesCB_FEAT_ROUTING contivbpfCbFeatures = 4
 )
 
 type contivbpfCbIface struct {
@@ -136,6 +137,7 @@ type contivbpfCbNetwork struct {
 	Encap      uint8
 	Pad        uint8
 	Generation uint32
+	Vrf        uint32
 }
 
 type contivbpfCbPeer struct {
@@ -199,8 +201,21 @@ const (
 	contivbpfCbReasonCB_DROP_MALFORMED_L4       contivbpfCbReason = 54
 	contivbpfCbReasonCB_DROP_NAT_ERR            contivbpfCbReason = 55
 	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfCbReason = 56
+	contivbpfCbReasonCB_DROP_TTL_EXCEEDED       contivbpfCbReason = 57
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
 )
+
+type contivbpfCbRoute struct {
+	_          structs.HostLayout
+	Net        uint32
+	Generation uint32
+}
+
+type contivbpfCbRouteKey struct {
+	_   structs.HostLayout
+	Vrf uint32
+	Ip  uint32
+}
 
 type contivbpfCbRule struct {
 	_          structs.HostLayout
@@ -260,6 +275,7 @@ const (
 	contivbpfMapCbPeers            = "cb_peers"
 	contivbpfMapCbPolicies         = "cb_policies"
 	contivbpfMapCbReasons          = "cb_reasons"
+	contivbpfMapCbRoutes           = "cb_routes"
 	contivbpfMapCbServices         = "cb_services"
 	contivbpfMapCbVips             = "cb_vips"
 	contivbpfProgCbFromContainer   = "cb_from_container"
@@ -337,6 +353,7 @@ type contivbpfMapSpecs struct {
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons   *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes    *ebpf.MapSpec `ebpf:"cb_routes"`
 	CbServices  *ebpf.MapSpec `ebpf:"cb_services"`
 	CbVips      *ebpf.MapSpec `ebpf:"cb_vips"`
 }
@@ -384,6 +401,7 @@ type contivbpfMaps struct {
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons   *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes    *ebpf.Map `ebpf:"cb_routes"`
 	CbServices  *ebpf.Map `ebpf:"cb_services"`
 	CbVips      *ebpf.Map `ebpf:"cb_vips"`
 }
@@ -400,6 +418,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbPeers,
 		m.CbPolicies,
 		m.CbReasons,
+		m.CbRoutes,
 		m.CbServices,
 		m.CbVips,
 	)

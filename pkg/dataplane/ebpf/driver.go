@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -74,6 +75,7 @@ type attachment struct {
 type netRec struct {
 	net dataplane.Network
 	key uint32
+	vrf uint32
 }
 
 type epRec struct {
@@ -123,6 +125,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		return nil, fmt.Errorf("ebpf: vtep %v is not IPv4", cfg.VTEP)
 	case len(cfg.VXLANIf) > 15:
 		return nil, fmt.Errorf("ebpf: vxlanIf %q longer than 15 bytes", cfg.VXLANIf)
+	case cfg.FwdMode != "" && cfg.FwdMode != dataplane.FwdBridge && cfg.FwdMode != dataplane.FwdRouting:
+		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
 	d := &Driver{
 		cfg:       cfg,
@@ -168,7 +172,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics, contivbpfMapCbBackends} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
 		spec.Maps[m].MaxEntries = uint32(d.cfg.MapEntries)
 	}
 	spec.Maps[contivbpfMapCbCt].MaxEntries = uint32(4 * d.cfg.MapEntries)
@@ -246,6 +250,9 @@ func (d *Driver) writeConfig() error {
 	}
 	if len(d.services) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
+	}
+	if d.routing() {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
 	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
@@ -454,6 +461,7 @@ func (d *Driver) allMaps() []namedMap {
 		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
 		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
+		{contivbpfMapCbRoutes, d.objs.CbRoutes},
 	}
 }
 
@@ -477,6 +485,16 @@ func addrFrom(v uint32) netip.Addr {
 }
 
 func macOf(b [6]uint8) string { return net.HardwareAddr(b[:]).String() }
+
+func (d *Driver) routing() bool { return d.cfg.FwdMode == dataplane.FwdRouting }
+
+// vrfOf is the routing domain id of a network: a hash of its tenant (the part of the id
+// after the last "."), stable across restarts.
+func vrfOf(networkID string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(tenantOf(networkID)))
+	return h.Sum32()
+}
 
 func netKey(n dataplane.Network) uint32 {
 	if n.Encap == dataplane.EncapVLAN {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -64,9 +65,13 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 		}
 	}
 	key := netKey(n)
+	vrf := vrfOf(n.ID)
 	for id, r := range d.networks {
 		if id != n.ID && r.key == key {
 			return fmt.Errorf("network %s: %s tag %d already used by network %s", n.ID, n.Encap, n.Tag, id)
+		}
+		if r.vrf == vrf && tenantOf(id) != tenantOf(n.ID) {
+			return fmt.Errorf("network %s: tenant %q hashes to the routing domain of tenant %q", n.ID, tenantOf(n.ID), tenantOf(id))
 		}
 	}
 	old, had := d.networks[n.ID]
@@ -83,6 +88,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 		Mtu:        uint16(n.MTU),
 		Encap:      uint8(contivbpfCbEncapCB_ENCAP_VXLAN),
 		Generation: d.gen,
+		Vrf:        vrf,
 	}
 	if n.Encap == dataplane.EncapVLAN {
 		v.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
@@ -98,7 +104,38 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 			return fmt.Errorf("network %s: delete old entry: %w", n.ID, err)
 		}
 	}
-	d.networks[n.ID] = netRec{net: n, key: key}
+	d.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
+	return nil
+}
+
+// putRoute records (routing mode) which network of the tenant holds ip.
+func (d *Driver) putRoute(nr netRec, ip netip.Addr) error {
+	if !d.routing() {
+		return nil
+	}
+	k := contivbpfCbRouteKey{Vrf: nr.vrf, Ip: ip4(ip)}
+	var cur contivbpfCbRoute
+	if err := d.objs.CbRoutes.Lookup(&k, &cur); err == nil && cur.Net != nr.key && cur.Generation == d.gen {
+		return fmt.Errorf("ip %v is already routed to another network of tenant %q", ip, tenantOf(nr.net.ID))
+	}
+	return d.mapPut(contivbpfMapCbRoutes, d.objs.CbRoutes, &k, &contivbpfCbRoute{Net: nr.key, Generation: d.gen})
+}
+
+// dropRoute removes ip's route if it points at network key net.
+func (d *Driver) dropRoute(net uint32, ip uint32) error {
+	if !d.routing() {
+		return nil
+	}
+	for _, nr := range d.networks {
+		if nr.key != net {
+			continue
+		}
+		k := contivbpfCbRouteKey{Vrf: nr.vrf, Ip: ip}
+		var cur contivbpfCbRoute
+		if err := d.objs.CbRoutes.Lookup(&k, &cur); err == nil && cur.Net == net {
+			return mapDel(d.objs.CbRoutes, &k)
+		}
+	}
 	return nil
 }
 
@@ -248,6 +285,9 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 	}
 	v := contivbpfCbEndpoint{Vtep: ip4(ep.VTEP), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
 	copy(v.Mac[:], ep.MAC)
+	if err := d.putRoute(nr, ep.IP); err != nil {
+		return fmt.Errorf("remote endpoint %s: %w", ep.ID, err)
+	}
 	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
 		return fmt.Errorf("remote endpoint %s: %w", ep.ID, err)
 	}
@@ -279,6 +319,9 @@ func (d *Driver) deleteRemote(id string) error {
 	if err := d.objs.CbEndpoints.Lookup(&r.key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
 		if err := mapDel(d.objs.CbEndpoints, &r.key); err != nil {
 			return fmt.Errorf("remote endpoint %s: delete map entry: %w", id, err)
+		}
+		if err := d.dropRoute(r.key.Net, r.key.Ip); err != nil {
+			return fmt.Errorf("remote endpoint %s: delete route: %w", id, err)
 		}
 	}
 	delete(d.remotes, id)
@@ -365,6 +408,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 			_ = mapDel(d.objs.CbIfaces, uint32(ifindex))
 			_ = mapDel(d.objs.CbEndpoints, &key)
 			_ = mapDel(d.objs.CbEpMetrics, &key)
+			_ = d.dropRoute(key.Net, key.Ip)
 		}
 	}()
 	if err := d.configureContainerEnd(ep, nr.net); err != nil {
@@ -392,6 +436,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	copy(v.Mac[:], ep.MAC)
 	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen}
 	copy(ifc.Mac[:], ep.MAC)
+	if err := d.putRoute(nr, ep.IP); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
 	if err := d.mapPut(contivbpfMapCbIfaces, d.objs.CbIfaces, uint32(ifindex), &ifc); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
@@ -520,6 +567,9 @@ func (d *Driver) deleteEndpoint(ik string) error {
 		}
 		if err := mapDel(d.objs.CbEpMetrics, &r.key); err != nil {
 			errs = append(errs, fmt.Errorf("delete counters: %w", err))
+		}
+		if err := d.dropRoute(r.key.Net, r.key.Ip); err != nil {
+			errs = append(errs, fmt.Errorf("delete route: %w", err))
 		}
 	}
 	if err := mapDel(d.objs.CbIfaces, uint32(r.ifindex)); err != nil {

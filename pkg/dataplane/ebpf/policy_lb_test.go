@@ -301,3 +301,70 @@ func TestServiceLB(t *testing.T) {
 		}
 	})
 }
+
+func TestRoutingMode(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_ROUTING))
+	const vrf, otherNet = 7, 101
+	other := netip.MustParseAddr("10.3.0.5")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n contivbpfCbNetwork
+	must(objs.CbNetworks.Lookup(uint32(testNet), &n))
+	n.Vrf = vrf
+	must(objs.CbNetworks.Put(uint32(testNet), &n))
+	must(objs.CbNetworks.Put(uint32(otherNet), &contivbpfCbNetwork{Subnet: ip4(netip.MustParseAddr("10.3.0.0")),
+		Mask: ip4(netip.MustParseAddr("255.255.255.0")), Tag: otherNet, Mtu: 1450, Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN), Vrf: vrf}))
+	ep := contivbpfCbEndpoint{Ifindex: peerIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)}
+	copy(ep.Mac[:], dataplane.ContivMAC(other))
+	must(objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: otherNet, Ip: ip4(other)}, &ep))
+	for ip, net := range map[netip.Addr]uint32{other: otherNet, localIP: testNet, srcIP: testNet, remoteIP: testNet} {
+		must(objs.CbRoutes.Put(&contivbpfCbRouteKey{Vrf: vrf, Ip: ip4(ip)}, &contivbpfCbRoute{Net: net}))
+	}
+	fc := objs.CbFromContainer
+	routed := func(t *testing.T, r runResult, dstMAC []byte) {
+		t.Helper()
+		r.expect(t, tcActRedirect, FwdLocal)
+		if !bytes.Equal(r.out[6:12], dataplane.RouterMAC) || !bytes.Equal(r.out[0:6], dstMAC) {
+			t.Errorf("macs dst %x src %x", r.out[0:6], r.out[6:12])
+		}
+		if r.out[14+8] != 63 {
+			t.Errorf("ttl %d, want 63", r.out[22])
+		}
+		checkSums(t, r.out)
+	}
+	t.Run("other-network", func(t *testing.T) {
+		routed(t, run(t, objs, fc, l4Frame(6, srcIP, other, 1000, 80, tcpSYN, 0), nil), dataplane.ContivMAC(other))
+	})
+	t.Run("same-network", func(t *testing.T) {
+		routed(t, run(t, objs, fc, l4Frame(17, srcIP, localIP, 1000, 53, 0, 0), nil), dataplane.ContivMAC(localIP))
+	})
+	t.Run("ttl-1", func(t *testing.T) {
+		p := l4Frame(6, srcIP, other, 1000, 80, tcpSYN, 0)
+		p[14+8] = 1
+		run(t, objs, fc, p, nil).expect(t, tcActShot, DropTTLExceeded)
+	})
+	t.Run("not-in-tenant", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, netip.MustParseAddr("10.4.0.1"), 1000, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropToGateway)
+	})
+	for name, target := range map[string]netip.Addr{"arp-same-network": localIP, "arp-other-network": other, "arp-gateway": gwIP} {
+		t.Run(name, func(t *testing.T) {
+			r := run(t, objs, fc, arpFrame(1, dataplane.ContivMAC(srcIP), srcIP, target), nil)
+			r.expect(t, tcActRedirect, ARPReply)
+			if !bytes.Equal(r.out[22:28], dataplane.RouterMAC) {
+				t.Errorf("answered %x, want the router MAC", r.out[22:28])
+			}
+		})
+	}
+	t.Run("overlay-src-from-other-network", func(t *testing.T) {
+		// A packet routed at the sender arrives in the destination's VNI; its source is
+		// found through the tenant's routes (here: a local address, so it is spoofed).
+		peer := ip4(netip.MustParseAddr(testVTEP))
+		run(t, objs, objs.CbTestOverlay, l4Frame(6, srcIP, other, 1, 2, tcpSYN, 0), &skbCtx{CB: [5]uint32{peer, otherNet}}).expect(t, tcActShot, DropRemoteSrc)
+		run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, other, 1, 2, tcpSYN, 0), &skbCtx{CB: [5]uint32{peer, otherNet}}).expect(t, tcActRedirect, FwdLocal)
+	})
+}

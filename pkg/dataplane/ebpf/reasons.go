@@ -38,6 +38,7 @@ const (
 	DropMalformedL4      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_L4)
 	DropNATErr           = Reason(contivbpfCbReasonCB_DROP_NAT_ERR)
 	DropFragToService    = Reason(contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE)
+	DropTTLExceeded      = Reason(contivbpfCbReasonCB_DROP_TTL_EXCEEDED)
 	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -73,6 +74,7 @@ var reasonNames = map[Reason]string{
 	DropMalformedL4:      "drop_malformed_l4",
 	DropNATErr:           "drop_nat_err",
 	DropFragToService:    "drop_frag_to_service",
+	DropTTLExceeded:      "drop_ttl_exceeded",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

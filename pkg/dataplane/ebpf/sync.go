@@ -222,6 +222,8 @@ func (d *Driver) sweepMaps() []error {
 		func(k *contivbpfCbBackendKey, v *contivbpfCbBackend) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbVips, contivbpfMapCbVips, d.gen,
 		func(k *uint32, v *contivbpfCbVip) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbRoutes, contivbpfMapCbRoutes, d.gen,
+		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
 
 	// Counters live exactly as long as their local endpoint entry.
 	var mk contivbpfCbEpKey
