@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,8 +53,14 @@ type Env struct {
 }
 
 // NewEnv builds two hosts joined by a veth wire (10.254.0.1/24 and 10.254.0.2/24) and
-// starts a driver on each.
+// starts a driver on each, in bridge mode.
 func NewEnv(t *testing.T, factory Factory) *Env {
+	t.Helper()
+	return NewEnvMode(t, factory, dataplane.FwdBridge)
+}
+
+// NewEnvMode is NewEnv with a forwarding mode.
+func NewEnvMode(t *testing.T, factory Factory, mode dataplane.FwdMode) *Env {
 	t.Helper()
 	RequireRoot(t)
 	p := Prefix()
@@ -68,7 +76,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		ns := NewNetNS(t, p+"-"+name)
 		return &Host{Name: name, NS: ns, Cfg: dataplane.HostConfig{
 			Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addr), VXLANPort: vxlanPort,
-			FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0",
+			FwdMode: mode, PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0",
 			VLANIf: wireIf,
 		}}
 	}
@@ -528,6 +536,71 @@ func Run(t *testing.T, factory Factory) {
 		e.H1.State.Endpoints = saved
 		e.H1.Sync(t)
 		PingOK(t, a1.NS, ip(a2), 3)
+	})
+}
+
+// RunRouting checks Contiv's routing mode on a fresh two-host environment: containers of
+// two networks of one tenant reach each other on one host and across hosts, routed (the
+// router MAC answers ARP, TTL is decremented), and a network of another tenant stays apart.
+func RunRouting(t *testing.T, factory Factory) {
+	e := NewEnvMode(t, factory, dataplane.FwdRouting)
+	red := dataplane.Network{ID: "red.default", Encap: dataplane.EncapVXLAN, Tag: 6001,
+		Subnet: netip.MustParsePrefix("10.37.1.0/24"), Gateway: netip.MustParseAddr("10.37.1.254"), MTU: 1450}
+	green := dataplane.Network{ID: "green.default", Encap: dataplane.EncapVXLAN, Tag: 6002,
+		Subnet: netip.MustParsePrefix("10.37.2.0/24"), Gateway: netip.MustParseAddr("10.37.2.254"), MTU: 1450}
+	blue := dataplane.Network{ID: "blue.other", Encap: dataplane.EncapVXLAN, Tag: 6003,
+		Subnet: netip.MustParsePrefix("10.37.3.0/24"), Gateway: netip.MustParseAddr("10.37.3.254"), MTU: 1450}
+	r1 := e.AddContainerIn(t, red, "r1", "10.37.1.1")
+	g1 := e.AddContainerIn(t, green, "g1", "10.37.2.1")
+	g2 := e.AddContainerIn(t, green, "g2", "10.37.2.2")
+	x1 := e.AddContainerIn(t, blue, "x1", "10.37.3.1")
+	nets := []dataplane.Network{red, green, blue}
+	e.H1.State = dataplane.State{Networks: nets, Peers: []dataplane.Peer{e.H2.Peer()},
+		Endpoints: []dataplane.Endpoint{r1.EP, g1.EP, x1.EP}, RemoteEndpoints: []dataplane.RemoteEndpoint{e.Remote(g2, e.H2)}}
+	e.H2.State = dataplane.State{Networks: nets, Peers: []dataplane.Peer{e.H1.Peer()},
+		Endpoints:       []dataplane.Endpoint{g2.EP},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{e.Remote(r1, e.H1), e.Remote(g1, e.H1), e.Remote(x1, e.H1)}}
+	e.H1.Sync(t)
+	e.H2.Sync(t)
+	ip := func(c *Container) string { return c.EP.IP.String() }
+	routedPing := func(t *testing.T, from *Container, to string) {
+		t.Helper()
+		var out []byte
+		var err error
+		for i := 0; i < 3; i++ {
+			out, err = exec.Command("nsenter", "--net="+from.NS, "busybox", "ping", "-c", "1", "-W", "1", to).CombinedOutput()
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Errorf("ping %s from %s: %v: %s", to, from.EP.IfName, err, out)
+			return
+		}
+		if strings.Contains(string(out), "ttl=64") {
+			t.Errorf("ping %s: reply not routed (ttl unchanged): %s", to, out)
+		}
+	}
+	t.Run("same-host", func(t *testing.T) { routedPing(t, r1, ip(g1)) })
+	t.Run("cross-host", func(t *testing.T) {
+		routedPing(t, r1, ip(g2))
+		routedPing(t, g2, ip(r1))
+		if err := TCPCheck(g2.NS, ip(g2), r1.NS, transfer); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("router-mac", func(t *testing.T) {
+		mac, err := neighMAC(r1.NS, red.Gateway)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mac != dataplane.RouterMAC.String() {
+			t.Errorf("gateway resolved to %s, want %v", mac, dataplane.RouterMAC)
+		}
+	})
+	t.Run("other-tenant-isolated", func(t *testing.T) {
+		PingFails(t, x1.NS, ip(r1))
+		PingFails(t, r1.NS, ip(x1))
 	})
 }
 

@@ -20,3 +20,7 @@ func factory(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
 func TestConformance(t *testing.T) {
 	conformance.Run(t, factory)
 }
+
+func TestConformanceRouting(t *testing.T) {
+	conformance.RunRouting(t, factory)
+}
