@@ -230,6 +230,22 @@ func Run(t *testing.T, factory Factory) {
 		if err != nil {
 			t.Error(err)
 		}
+		// The dataplane forwards, not the host stack.
+		for _, h := range []*Host{e.H1, e.H2} {
+			err := InNetNS(h.NS, func() error {
+				b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+				if err != nil {
+					return err
+				}
+				if strings.TrimSpace(string(b)) != "0" {
+					return fmt.Errorf("%s: net.ipv4.ip_forward = %s, want 0", h.Name, strings.TrimSpace(string(b)))
+				}
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}
 	})
 	t.Run("same-host", func(t *testing.T) {
 		PingOK(t, a1.NS, ip(a2), 3)
