@@ -33,6 +33,7 @@ const enum cb_features cb_features_unused __attribute__((unused));
 const enum cb_ct_flags cb_ct_flags_unused __attribute__((unused));
 const enum cb_pol_dir cb_pol_dir_unused __attribute__((unused));
 const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
+const struct cb_event cb_event_unused __attribute__((unused));
 
 /* cb_deliver_local rewrites the destination MAC and hands the frame to the endpoint's
  * container end directly (no host stack, ip_forward stays 0). */

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common.h"
+#include "maps.h"
 
 enum cb_reason {
 	CB_REASON_UNSPEC = 0,
@@ -68,8 +69,58 @@ CB_INLINE void cb_count(struct __sk_buff *skb, enum cb_reason r)
 	}
 }
 
+/* A drop event, emitted only while the agent listens (CB_FEAT_EVENTS). */
+struct cb_event {
+	__u64 ts;          /* bpf_ktime_get_ns() */
+	__u32 reason;      /* enum cb_reason */
+	__u32 ifindex;     /* device the packet was received on */
+	__u32 len;
+	__be32 saddr;      /* IPv4 packets only */
+	__be32 daddr;
+	__u16 ethertype;   /* host order */
+	__u8 proto;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_events SEC(".maps");
+
+static __noinline void cb_emit_drop(struct __sk_buff *skb, __u32 r)
+{
+	struct cb_event *e;
+	struct iphdr ip;
+
+	e = bpf_ringbuf_reserve(&cb_events, sizeof(*e), 0);
+	if (!e)
+		return;
+	e->ts = bpf_ktime_get_ns();
+	e->reason = r;
+	e->ifindex = skb->ifindex;
+	e->len = skb->len;
+	e->ethertype = bpf_ntohs(skb->protocol);
+	e->saddr = 0;
+	e->daddr = 0;
+	e->proto = 0;
+	e->pad = 0;
+	if (skb->protocol == bpf_htons(ETH_P_IP) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) == 0) {
+		e->saddr = ip.saddr;
+		e->daddr = ip.daddr;
+		e->proto = ip.protocol;
+	}
+	bpf_ringbuf_submit(e, 0);
+}
+
 CB_INLINE int cb_drop(struct __sk_buff *skb, enum cb_reason r)
 {
+	struct cb_config *cfg;
+
 	cb_count(skb, r);
+	cfg = cb_get_config();
+	if (cfg && (cfg->features & CB_FEAT_EVENTS))
+		cb_emit_drop(skb, r);
 	return TC_ACT_SHOT;
 }

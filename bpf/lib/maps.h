@@ -86,6 +86,7 @@ enum cb_features {
 	CB_FEAT_POLICY = 1,   /* some endpoint group has rules */
 	CB_FEAT_LB = 2,       /* some service exists */
 	CB_FEAT_ROUTING = 4,  /* Contiv routing mode: route between networks of a tenant */
+	CB_FEAT_EVENTS = 8,   /* someone reads cb_events: emit drop events */
 };
 
 struct cb_ep_stats {

@@ -110,12 +110,26 @@ type contivbpfCbEpStats struct {
 	TxBytes   uint64
 }
 
+type contivbpfCbEvent struct {
+	_         structs.HostLayout
+	Ts        uint64
+	Reason    uint32
+	Ifindex   uint32
+	Len       uint32
+	Saddr     uint32
+	Daddr     uint32
+	Ethertype uint16
+	Proto     uint8
+	Pad       uint8
+}
+
 type contivbpfCbFeatures uint32
 
 const (
 	contivbpfCbFeaturesCB_FEAT_POLICY  contivbpfCbFeatures = 1
 	contivbpfCbFeaturesCB_FEAT_LB      contivbpfCbFeatures = 2
 	contivbpfCbFeaturesCB_FEAT_ROUTING contivbpfCbFeatures = 4
+	contivbpfCbFeaturesCB_FEAT_EVENTS  contivbpfCbFeatures = 8
 )
 
 type contivbpfCbIface struct {
@@ -270,6 +284,7 @@ const (
 	contivbpfMapCbCt               = "cb_ct"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpMetrics        = "cb_ep_metrics"
+	contivbpfMapCbEvents           = "cb_events"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbNetworks         = "cb_networks"
 	contivbpfMapCbPeers            = "cb_peers"
@@ -285,6 +300,7 @@ const (
 	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
 	contivbpfVarCbEncapUnused      = "cb_encap_unused"
 	contivbpfVarCbEpFlagsUnused    = "cb_ep_flags_unused"
+	contivbpfVarCbEventUnused      = "cb_event_unused"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
@@ -348,6 +364,7 @@ type contivbpfMapSpecs struct {
 	CbCt        *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
+	CbEvents    *ebpf.MapSpec `ebpf:"cb_events"`
 	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
@@ -365,6 +382,7 @@ type contivbpfVariableSpecs struct {
 	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
+	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
@@ -396,6 +414,7 @@ type contivbpfMaps struct {
 	CbCt        *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
+	CbEvents    *ebpf.Map `ebpf:"cb_events"`
 	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
@@ -413,6 +432,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbCt,
 		m.CbEndpoints,
 		m.CbEpMetrics,
+		m.CbEvents,
 		m.CbIfaces,
 		m.CbNetworks,
 		m.CbPeers,
@@ -431,6 +451,7 @@ type contivbpfVariables struct {
 	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
+	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`

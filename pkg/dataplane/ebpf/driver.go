@@ -61,8 +61,9 @@ type Driver struct {
 	nextSvcID uint32
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
-	carried uint32
-	mapFull map[string]uint64 // map name → failed inserts
+	carried  uint32
+	eventsOn bool              // a DropEvents stream is open
+	mapFull  map[string]uint64 // map name → failed inserts
 }
 
 type attachment struct {
@@ -192,7 +193,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.gen == 0 {
 		d.gen = 1
 	}
-	d.carried = c.Features
+	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
 	var sk contivbpfCbSvcKey
 	var sv contivbpfCbSvc
 	it := d.objs.CbServices.Iterate()
@@ -253,6 +254,9 @@ func (d *Driver) writeConfig() error {
 	}
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
+	}
+	if d.eventsOn {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
 	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
@@ -461,7 +465,7 @@ func (d *Driver) allMaps() []namedMap {
 		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
 		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
-		{contivbpfMapCbRoutes, d.objs.CbRoutes},
+		{contivbpfMapCbRoutes, d.objs.CbRoutes}, {contivbpfMapCbEvents, d.objs.CbEvents},
 	}
 }
 

@@ -449,3 +449,7 @@ func TestDriverPolicyAndService(t *testing.T) {
 		c.Close()
 	}
 }
+
+func pingOnce(ns, ip string) error {
+	return conformance.Ping(ns, ip, time.Second)
+}
