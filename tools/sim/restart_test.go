@@ -171,55 +171,19 @@ func sub(a, b []int64) []int64 {
 	return out
 }
 
-// TestRestartUnderLoad SIGKILLs a host's netplugin while long-lived TCP connections do
-// request/response in a loop and a 100/s ping runs, cross-host (VXLAN) and same-host,
-// keeps the host without an agent for a while, starts the agent again and waits for its
-// resync. Not one round trip may fail, no connection may be reset and no ping may be lost;
-// every connection must keep going while no agent runs.
-func TestRestartUnderLoad(t *testing.T) {
-	needRoot(t)
-	bin := buildBins(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := Start(ctx, Config{Hosts: 2, BinDir: bin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		c.Close()
-	})
-	h1, h2 := c.Hosts[0], c.Hosts[1]
-	if err := c.CreateNetwork(ctx, "default", "rl-net", "vxlan", "10.105.1.0/24", "10.105.1.1"); err != nil {
-		t.Fatal(err)
-	}
-	a, err := c.AddContainer(ctx, h1, "a", "default", "rl-net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a2, err := c.AddContainer(ctx, h1, "a2", "default", "rl-net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := c.AddContainer(ctx, h2, "b", "default", "rl-net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "cross-host ping", 10*time.Second, func() error {
-		out, err := a.Ping(ctx, b.IP.Addr(), 1)
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	})
-	srvB, err := netbench.StartServer(NetNSPath(b.Name), net.JoinHostPort(b.IP.Addr().String(), "7100"))
+// restartUnderLoad SIGKILLs host 1's netplugin while long-lived TCP connections do
+// request/response in a loop and a 100/s ping runs, cross-host and same-host on the
+// network, keeps the host without an agent for a while, starts the agent again and waits
+// for its resync. Not one round trip may fail, no connection may be reset and no ping may
+// be lost; every connection must keep going while no agent runs.
+func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network string, a, a2, b *Container, port int) {
+	h1 := c.Hosts[0]
+	srvB, err := netbench.StartServer(NetNSPath(b.Name), net.JoinHostPort(b.IP.Addr().String(), strconv.Itoa(port)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srvB.Close()
-	srvA, err := netbench.StartServer(NetNSPath(a.Name), net.JoinHostPort(a.IP.Addr().String(), "7101"))
+	srvA, err := netbench.StartServer(NetNSPath(a.Name), net.JoinHostPort(a.IP.Addr().String(), strconv.Itoa(port+1)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,8 +191,8 @@ func TestRestartUnderLoad(t *testing.T) {
 
 	lctx, lcancel := context.WithCancel(ctx)
 	defer lcancel()
-	cross := startRR(lctx, t, "cross-host a->b", a, net.JoinHostPort(b.IP.Addr().String(), "7100"), 3)
-	local := startRR(lctx, t, "same-host a2->a", a2, net.JoinHostPort(a.IP.Addr().String(), "7101"), 2)
+	cross := startRR(lctx, t, network+" cross-host a->b", a, net.JoinHostPort(b.IP.Addr().String(), strconv.Itoa(port)), 3)
+	local := startRR(lctx, t, network+" same-host a2->a", a2, net.JoinHostPort(a.IP.Addr().String(), strconv.Itoa(port+1)), 2)
 	retrans0 := tcpRetrans(ctx, a) + tcpRetrans(ctx, a2)
 	pingX := startPing(t, a, b)
 	pingL := startPing(t, a2, a)
@@ -294,8 +258,23 @@ func TestRestartUnderLoad(t *testing.T) {
 	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
 		t.Fatal(err)
 	}
-	if len(eps.Local) != 2 || len(eps.Remote) != 1 {
-		t.Errorf("h1 endpoints after restart = %+v", eps)
+	if n := countNet(eps, network); n != [2]int{2, 1} {
+		t.Errorf("h1 endpoints of %s after restart: %d local, %d remote, want 2 and 1: %+v", network, n[0], n[1], eps)
 	}
-	_ = h2
+}
+
+// countNet counts local and remote endpoints of a network ("<net>.<tenant>-..." ids).
+func countNet(eps endpoints, network string) [2]int {
+	var n [2]int
+	for _, e := range eps.Local {
+		if strings.HasPrefix(e.ID, network+".") {
+			n[0]++
+		}
+	}
+	for _, e := range eps.Remote {
+		if strings.HasPrefix(e.ID, network+".") {
+			n[1]++
+		}
+	}
+	return n
 }

@@ -59,6 +59,9 @@ type Config struct {
 	// PluginArgs, if set, returns extra netplugin arguments for h, appended to the
 	// default command line (a repeated flag overrides, e.g. "--mode docker").
 	PluginArgs func(c *Cluster, h *Host) []string
+	// VLANUplink passes `--vlan-if uplink` to every netplugin: the underlay wire is also
+	// the 802.1Q uplink of VLAN networks (eBPF dataplane; OVS would take the wire over).
+	VLANUplink bool
 	// ReadySocket, if set, is the socket whose existence tells WaitReady that h's runtime
 	// front-end is up (default: h.CNISocket; docker mode serves the Docker plugin socket).
 	ReadySocket func(h *Host) string
@@ -324,6 +327,9 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		"--cni-socket", h.CNISocket,
 		"--inspect-listen", h.Inspect,
 	}
+	if c.cfg.VLANUplink {
+		args = append(args, "--vlan-if", "uplink")
+	}
 	if c.cfg.Dataplane == "ovs" {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
 		args = append(args, "--ovs-dir", filepath.Join(c.WorkDir, h.Name, "ovs"))
@@ -443,7 +449,16 @@ func (c *Cluster) MasterDo(ctx context.Context, method, path string, body, out a
 
 // CreateNetwork creates a network through netmaster's REST API (like `netctl net create`).
 func (c *Cluster) CreateNetwork(ctx context.Context, tenant, name, encap, subnet, gateway string) error {
+	return c.CreateTaggedNetwork(ctx, tenant, name, encap, 0, subnet, gateway)
+}
+
+// CreateTaggedNetwork creates a network with a requested packet tag (`netctl net create
+// --pkt-tag`: the VLAN id of a vlan network, the VNI of a vxlan one; 0 = netmaster picks).
+func (c *Cluster) CreateTaggedNetwork(ctx context.Context, tenant, name, encap string, tag int, subnet, gateway string) error {
 	body := map[string]any{"tenantName": tenant, "networkName": name, "nwType": "data", "encap": encap, "subnet": subnet, "gateway": gateway}
+	if tag != 0 {
+		body["pktTag"] = tag
+	}
 	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), body, nil)
 }
 
