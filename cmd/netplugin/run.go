@@ -58,7 +58,7 @@ func run(parent context.Context, cfg config) error {
 	mc := masterclient.New(store)
 	ag, err := agent.New(agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
-		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU,
+		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
 	})
 	if err != nil {
 		return err

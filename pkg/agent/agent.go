@@ -40,6 +40,9 @@ type Config struct {
 	VTEP   netip.Addr
 	// FwdMode must equal the global fwd-mode netmaster publishes.
 	FwdMode dataplane.FwdMode
+	// VLANIf is the uplink of VLAN networks (netplugin --vlan-if); without one, VLAN
+	// networks are refused and reported (nothing could carry their traffic off the host).
+	VLANIf string
 	// UplinkMTU is the host's underlay MTU; containers get UplinkMTU-50 on VXLAN networks
 	// and UplinkMTU on VLAN networks. 0 = 1500.
 	UplinkMTU int
@@ -251,7 +254,7 @@ func (a *Agent) loop(ctx context.Context) {
 func (a *Agent) desired() (dataplane.State, map[string]error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU}, a.rec)
+	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}, a.rec)
 }
 
 func (a *Agent) setErrors(errs map[string]error) {

@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -12,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
@@ -176,6 +180,53 @@ func TestAgentsEndToEnd(t *testing.T) {
 	// Attach to a network that does not exist: netmaster refuses, nothing created.
 	if _, err := hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "nonet", EndpointID: "x"}); err == nil {
 		t.Fatal("attach to a missing network succeeded")
+	}
+
+	// A policy rule pkg/policy refuses is visible in Errors, /healthz and the metrics, and
+	// goes away with the record.
+	badRule := "default:g:default:p:default:p:r1:inRx"
+	if err := store.Put(ctx, model.RuleStatePrefix+badRule, model.CfgPolicyRule{ID: badRule, OfnetPolicyRule: model.OfnetPolicyRule{
+		RuleId: badRule, Priority: 0, DstEndpointGroup: 4, Action: "deny"}}); err != nil {
+		t.Fatal(err)
+	}
+	hsrv := httptest.NewServer(hosts[0].agent.Handler(prometheus.NewRegistry()))
+	defer hsrv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(hsrv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for hosts[0].agent.Errors()["policy-rule/"+badRule] == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("bad policy rule not reported: %v", hosts[0].agent.Errors())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "policy-rule/"+badRule) || !strings.Contains(body, "Priority") {
+		t.Errorf("/healthz with a bad rule = %d %s", code, body)
+	}
+	if _, body := get("/metrics"); !strings.Contains(body, "contiv_netplugin_policy_rule_errors 1") {
+		t.Errorf("metrics lack contiv_netplugin_policy_rule_errors 1")
+	}
+	if _, err := store.Delete(ctx, model.RuleStatePrefix+badRule); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		code, body := get("/healthz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz after the bad rule was deleted = %d %s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	// Detach (twice: idempotent).

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/policy"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
@@ -58,6 +60,7 @@ type hostView struct {
 	host      string
 	vtep      netip.Addr
 	uplinkMTU int
+	vlanIf    string
 }
 
 // networkOf converts a network state record.
@@ -125,6 +128,9 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	nets := map[string]dataplane.Network{}
 	for id, n := range r.nets {
 		dn, err := networkOf(n, h.uplinkMTU)
+		if err == nil && dn.Encap == dataplane.EncapVLAN && h.vlanIf == "" {
+			err = fmt.Errorf("network %s: vlan network (tag %d) needs a VLAN uplink: start netplugin with --vlan-if", id, dn.Tag)
+		}
 		if err != nil {
 			bad["network/"+id] = err
 			continue
@@ -184,77 +190,35 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	return s, bad
 }
 
-// compilePolicies turns Contiv's directional ofnet rules into one rule set per EPG.
-// inRx rules (traffic into DstEndpointGroup) become ingress rules and outTx rules
-// (traffic out of SrcEndpointGroup) egress rules. The reply rules Contiv adds (inTx,
-// outRx) are not needed: the datapath is stateful and passes replies of allowed flows.
+// compilePolicies compiles the state/policyRule records with pkg/policy (range addresses,
+// evaluation order, field validation; see docs/policy.md). Every record it refuses is
+// reported under "policy-rule/<rule id>"; the valid rules are still installed, as Compile
+// allows.
 func compilePolicies(rules map[string]model.CfgPolicyRule, bad map[string]error) []dataplane.PolicySet {
-	sets := map[uint16]*dataplane.PolicySet{}
+	st := policy.State{Rules: make([]model.CfgPolicyRule, 0, len(rules))}
 	for id, r := range rules {
-		rid := r.RuleId
-		if rid == "" {
-			rid = id
+		if r.ID == "" {
+			r.ID = id // the key names the record when its body does not
 		}
-		dir := rid[strings.LastIndex(rid, ":")+1:]
-		var pr dataplane.PolicyRule
-		var epg int
-		var remote string
-		switch dir {
-		case "inRx":
-			epg, pr.Ingress, pr.RemoteEPG, remote = r.DstEndpointGroup, true, clampEPG(r.SrcEndpointGroup), r.SrcIpAddr
-		case "outTx":
-			epg, pr.Ingress, pr.RemoteEPG, remote = r.SrcEndpointGroup, false, clampEPG(r.DstEndpointGroup), r.DstIpAddr
-		case "inTx", "outRx":
-			continue
-		default:
-			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: unknown direction %q", id, dir)
-			continue
-		}
-		if epg <= 0 || epg > 0xffff {
-			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: endpoint group id %d out of 1-65535", id, epg)
-			continue
-		}
-		if remote != "" {
-			if !strings.Contains(remote, "/") {
-				remote += "/32"
-			}
-			p, err := netip.ParsePrefix(remote)
-			if err != nil {
-				bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: address %q: %w", id, remote, err)
-				continue
-			}
-			pr.Remote = p.Masked()
-		}
-		pr.ID = rid
-		pr.Priority = min(max(r.Priority, 1), 100)
-		pr.Proto = r.IpProtocol
-		pr.Port = r.DstPort
-		pr.SynOnly = r.TcpFlags == "syn,!ack"
-		pr.Action = dataplane.PolicyAction(strings.ToLower(r.Action))
-		if pr.Action != dataplane.ActionAllow && pr.Action != dataplane.ActionDeny {
-			bad["policy-rule/"+id] = fmt.Errorf("policy rule %s: action %q must be allow or deny", id, r.Action)
-			continue
-		}
-		ps := sets[uint16(epg)]
-		if ps == nil {
-			ps = &dataplane.PolicySet{EPGID: uint16(epg)}
-			sets[uint16(epg)] = ps
-		}
-		ps.Rules = append(ps.Rules, pr)
+		st.Rules = append(st.Rules, r)
 	}
-	out := make([]dataplane.PolicySet, 0, len(sets))
-	for _, ps := range sets {
-		sort.Slice(ps.Rules, func(i, j int) bool { return ps.Rules[i].ID < ps.Rules[j].ID })
-		out = append(out, *ps)
+	sets, err := policy.Compile(st)
+	if err == nil {
+		return sets
 	}
-	return out
-}
-
-func clampEPG(v int) uint16 {
-	if v <= 0 || v > 0xffff {
-		return 0
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
 	}
-	return uint16(v)
+	for _, e := range errs {
+		var re *policy.RuleError
+		if errors.As(e, &re) {
+			bad["policy-rule/"+re.RuleID] = e
+		} else {
+			bad["policy"] = e
+		}
+	}
+	return sets
 }
 
 func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {

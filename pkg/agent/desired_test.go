@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -29,7 +30,7 @@ func TestCompute(t *testing.T) {
 	r.svcs["web:default"] = model.CfgServiceLBState{ID: "web:default", IPAddress: "10.1.1.100", Ports: []string{"80:8080:TCP"},
 		Providers: map[string]*model.Provider{"10.1.1.3:default": {IPAddress: "10.1.1.3"}, "10.1.1.2:default": {IPAddress: "10.1.1.2"}}}
 
-	s, bad := compute(hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500}, r)
+	s, bad := compute(hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500, vlanIf: "eth1"}, r)
 	if len(s.Networks) != 2 || s.Networks[0].ID != "n1.default" || s.Networks[0].MTU != 1450 || s.Networks[0].Tag != 7 ||
 		s.Networks[1].MTU != 1500 || s.Networks[1].Tag != 100 || s.Networks[0].Gateway.String() != "10.1.1.1" {
 		t.Fatalf("networks = %+v", s.Networks)
@@ -51,7 +52,8 @@ func TestCompute(t *testing.T) {
 	if len(s.Policies) != 1 || s.Policies[0].EPGID != 3 || len(s.Policies[0].Rules) != 2 {
 		t.Fatalf("policies = %+v", s.Policies)
 	}
-	in, out := s.Policies[0].Rules[0], s.Policies[0].Rules[1]
+	// Evaluation order (pkg/policy): priority descending, so the egress allow (5) first.
+	out, in := s.Policies[0].Rules[0], s.Policies[0].Rules[1]
 	if !in.Ingress || !in.SynOnly || in.Action != dataplane.ActionDeny || in.Proto != 6 {
 		t.Fatalf("ingress rule = %+v", in)
 	}
@@ -65,16 +67,70 @@ func TestCompute(t *testing.T) {
 
 	// h3 registers its VTEP: its vxlan endpoint appears.
 	r.vteps["k3"] = vxlan.Registration{HostAddr: "192.168.1.3", Hostname: "h3"}
-	s, _ = compute(hostView{host: "h1", uplinkMTU: 9000}, r)
+	s, _ = compute(hostView{host: "h1", uplinkMTU: 9000, vlanIf: "eth1"}, r)
 	if len(s.RemoteEndpoints) != 3 || len(s.Peers) != 2 || s.Networks[0].MTU != 8950 {
 		t.Fatalf("after h3 registered: remote=%+v peers=%+v", s.RemoteEndpoints, s.Peers)
 	}
 	// h2's registration expires (netplugin restarting): its endpoint keeps the last VTEP.
 	delete(r.vteps, "k2")
 	r.lastVTEP["h2"] = netip.MustParseAddr("192.168.1.2")
-	s, _ = compute(hostView{host: "h1", uplinkMTU: 1500}, r)
+	s, _ = compute(hostView{host: "h1", uplinkMTU: 1500, vlanIf: "eth1"}, r)
 	if len(s.RemoteEndpoints) != 3 || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.2" || len(s.Peers) != 1 {
 		t.Fatalf("after h2 expired: remote=%+v peers=%+v", s.RemoteEndpoints, s.Peers)
+	}
+	// Without a VLAN uplink the vlan network (and its endpoints) is refused, visibly.
+	s, bad = compute(hostView{host: "h1", uplinkMTU: 1500}, r)
+	if len(s.Networks) != 1 || s.Networks[0].ID != "n1.default" || len(s.RemoteEndpoints) != 2 ||
+		bad["network/v1.default"] == nil || !strings.Contains(bad["network/v1.default"].Error(), "--vlan-if") {
+		t.Fatalf("without --vlan-if: networks=%+v remote=%+v errors=%v", s.Networks, s.RemoteEndpoints, bad)
+	}
+}
+
+// TestComputePolicies checks the agent compiles rules with pkg/policy: address ranges
+// become exact prefix covers, rules come in evaluation order, and refused records are
+// reported per rule while the valid ones are still installed.
+func TestComputePolicies(t *testing.T) {
+	r := newRecords()
+	rule := func(id string, o model.OfnetPolicyRule) {
+		o.RuleId = id
+		r.rules[id] = model.CfgPolicyRule{ID: id, OfnetPolicyRule: o}
+	}
+	rule("t:g:t:p:t:p:a:inRx", model.OfnetPolicyRule{Priority: 10, DstEndpointGroup: 5, SrcIpAddr: "10.1.1.1-10", IpProtocol: 6, DstPort: 80, Action: "allow"})
+	rule("t:g:t:p:t:p:b:inRx", model.OfnetPolicyRule{Priority: 1, DstEndpointGroup: 5, IpProtocol: 6, TcpFlags: "syn,!ack", Action: "deny"})
+	rule("t:g:t:p:t:p:c:inRx", model.OfnetPolicyRule{Priority: 0, DstEndpointGroup: 5, Action: "deny"})                            // priority out of range
+	rule("t:g:t:p:t:p:d:sideways", model.OfnetPolicyRule{Priority: 3, DstEndpointGroup: 5, Action: "allow"})                       // unknown direction
+	rule("t:g:t:p:t:p:e:outTx", model.OfnetPolicyRule{Priority: 3, SrcEndpointGroup: 5, Action: "permit"})                         // bad action
+	rule("t:g:t:p:t:p:f:outTx", model.OfnetPolicyRule{Priority: 3, SrcEndpointGroup: 5, DstIpAddr: "10.2.0.0/33", Action: "deny"}) // bad prefix
+	// A record whose body has no id is named by its key.
+	r.rules["t:g:t:p:t:p:g:outTx"] = model.CfgPolicyRule{OfnetPolicyRule: model.OfnetPolicyRule{Priority: 50, SrcEndpointGroup: 5, IpProtocol: 17, DstPort: 53, Action: "allow"}}
+
+	s, bad := compute(hostView{host: "h1", uplinkMTU: 1500}, r)
+	if len(s.Policies) != 1 || s.Policies[0].EPGID != 5 {
+		t.Fatalf("policies = %+v", s.Policies)
+	}
+	var got []string
+	for _, pr := range s.Policies[0].Rules {
+		got = append(got, fmt.Sprintf("%s %d %s %v", pr.ID[strings.LastIndex(pr.ID[:strings.LastIndex(pr.ID, ":")], ":")+1:], pr.Priority, pr.Action, pr.Remote))
+	}
+	want := []string{
+		"g:outTx 50 allow invalid Prefix",
+		"a:inRx 10 allow 10.1.1.1/32", "a:inRx 10 allow 10.1.1.2/31", "a:inRx 10 allow 10.1.1.4/30", "a:inRx 10 allow 10.1.1.8/31", "a:inRx 10 allow 10.1.1.10/32",
+		"b:inRx 1 deny invalid Prefix",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("compiled rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, k := range []string{"c:inRx", "d:sideways", "e:outTx", "f:outTx"} {
+		key := "policy-rule/t:g:t:p:t:p:" + k
+		if bad[key] == nil {
+			t.Errorf("%s not reported; errors: %v", key, bad)
+		}
+	}
+	if len(bad) != 4 {
+		t.Errorf("want 4 errors, got %v", bad)
+	}
+	if e := bad["policy-rule/t:g:t:p:t:p:c:inRx"]; e != nil && !strings.Contains(e.Error(), "Priority") {
+		t.Errorf("priority error should name the field: %v", e)
 	}
 }
 

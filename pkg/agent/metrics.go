@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +53,7 @@ var (
 	descErrors    = prometheus.NewDesc("contiv_netplugin_failing_objects", "Objects whose last driver call or record decode failed.", nil, nil)
 	descLastSync  = prometheus.NewDesc("contiv_netplugin_last_sync_timestamp_seconds", "Unix time of the last reconcile pass without errors.", nil, nil)
 	descSynced    = prometheus.NewDesc("contiv_netplugin_synced", "1 once the first full Sync succeeded.", nil, nil)
+	descPolicyErr = prometheus.NewDesc("contiv_netplugin_policy_rule_errors", "state/policyRule records pkg/policy refused to compile (listed under errors as policy-rule/<id>).", nil, nil)
 	descDriver    = prometheus.NewDesc("contiv_netplugin_driver_counter", "Numeric counters reported by the driver's Status.", []string{"dataplane", "name"}, nil)
 )
 
@@ -61,7 +63,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	m.syncErrors.Describe(ch)
 	m.opErrors.Describe(ch)
 	m.syncTime.Describe(ch)
-	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descLastSync, descSynced, descDriver} {
+	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descDriver} {
 		ch <- d
 	}
 }
@@ -78,6 +80,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(len(s.Peers)))
 	ch <- prometheus.MustNewConstMetric(descNetworks, prometheus.GaugeValue, float64(len(s.Networks)))
 	ch <- prometheus.MustNewConstMetric(descErrors, prometheus.GaugeValue, float64(len(s.Errors)))
+	polErrs := 0
+	for k := range s.Errors {
+		if strings.HasPrefix(k, "policy-rule/") || k == "policy" {
+			polErrs++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descPolicyErr, prometheus.GaugeValue, float64(polErrs))
 	var last float64
 	if !s.LastSync.IsZero() {
 		last = float64(s.LastSync.UnixNano()) / 1e9
