@@ -13,6 +13,7 @@ package dataplane
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -41,49 +42,49 @@ var RouterMAC = net.HardwareAddr{0x00, 0x00, 0x11, 0x11, 0x11, 0x11}
 
 // Network is one tenant network as the dataplane needs it.
 type Network struct {
-	ID      string // "<net>.<tenant>"
-	Encap   Encap
-	Tag     uint32 // VLAN id for vlan networks, VNI for vxlan networks
-	Subnet  netip.Prefix
-	Gateway netip.Addr // may be invalid (no gateway)
-	MTU     int        // container MTU (1450 on VXLAN over a 1500 underlay, 1500 on VLAN)
+	ID      string       `json:"id"` // "<net>.<tenant>"
+	Encap   Encap        `json:"encap"`
+	Tag     uint32       `json:"tag"` // VLAN id for vlan networks, VNI for vxlan networks
+	Subnet  netip.Prefix `json:"subnet"`
+	Gateway netip.Addr   `json:"gateway,omitzero"` // may be invalid (no gateway)
+	MTU     int          `json:"mtu"`              // container MTU (1450 on VXLAN over a 1500 underlay, 1500 on VLAN)
 }
 
 // Endpoint is a container interface on this host.
 type Endpoint struct {
-	ID        string // Contiv endpoint id "<net>.<tenant>-<container>"
-	NetworkID string
-	IP        netip.Addr
-	IPv6      netip.Addr // optional
-	MAC       net.HardwareAddr
-	EPGID     uint16 // endpoint group id, 0 = none
+	ID        string           `json:"id"` // Contiv endpoint id "<net>.<tenant>-<container>"
+	NetworkID string           `json:"networkID"`
+	IP        netip.Addr       `json:"ip"`
+	IPv6      netip.Addr       `json:"ipv6,omitzero"` // optional
+	MAC       net.HardwareAddr `json:"mac"`
+	EPGID     uint16           `json:"epgID,omitempty"` // endpoint group id, 0 = none
 
 	// HostIfName is the host-side veth name (at most 15 bytes), chosen by the agent.
-	HostIfName string
+	HostIfName string `json:"hostIfName"`
 	// NetNS is the path of the container's network namespace (e.g. /var/run/netns/x or
 	// /proc/PID/ns/net). When set, the driver moves the container end there, names it
 	// IfName and configures address, MAC, MTU and routes. When empty (Docker), the container
 	// end stays in the host namespace named IfName for the runtime to move; the driver sets
 	// its MAC and MTU only.
-	NetNS  string
-	IfName string
+	NetNS  string `json:"netNS,omitempty"`
+	IfName string `json:"ifName"`
 }
 
 // RemoteEndpoint is a container on another host.
 type RemoteEndpoint struct {
-	ID        string
-	NetworkID string
-	IP        netip.Addr
-	MAC       net.HardwareAddr
-	EPGID     uint16
-	VTEP      netip.Addr // underlay address of the owning host (VXLAN)
-	Host      string
+	ID        string           `json:"id"`
+	NetworkID string           `json:"networkID"`
+	IP        netip.Addr       `json:"ip"`
+	MAC       net.HardwareAddr `json:"mac"`
+	EPGID     uint16           `json:"epgID,omitempty"`
+	VTEP      netip.Addr       `json:"vtep,omitzero"` // underlay address of the owning host (VXLAN)
+	Host      string           `json:"host"`
 }
 
 // Peer is another host's VXLAN tunnel endpoint.
 type Peer struct {
-	Host string
-	VTEP netip.Addr
+	Host string     `json:"host"`
+	VTEP netip.Addr `json:"vtep"`
 }
 
 // PolicyAction is what a rule does with matching traffic.
@@ -97,36 +98,36 @@ const (
 
 // PolicyRule is one compiled rule, already expanded to a direction relative to EPGID.
 type PolicyRule struct {
-	ID        string
-	Priority  int          // 1..100, higher wins
-	Ingress   bool         // true: traffic into EPGID; false: traffic out of it
-	RemoteEPG uint16       // 0 = any group
-	Remote    netip.Prefix // invalid = any address
-	Proto     uint8        // 0 = any
-	Port      uint16       // destination port, 0 = any
-	SynOnly   bool         // TCP with port 0 matches connection setup only (syn,!ack)
-	Action    PolicyAction
+	ID        string       `json:"id"`
+	Priority  int          `json:"priority"`            // 1..100, higher wins
+	Ingress   bool         `json:"ingress"`             // true: traffic into EPGID; false: traffic out of it
+	RemoteEPG uint16       `json:"remoteEPG,omitempty"` // 0 = any group
+	Remote    netip.Prefix `json:"remote,omitzero"`     // invalid = any address
+	Proto     uint8        `json:"proto,omitempty"`     // 0 = any
+	Port      uint16       `json:"port,omitempty"`      // destination port, 0 = any
+	SynOnly   bool         `json:"synOnly,omitempty"`   // TCP with port 0 matches connection setup only (syn,!ack)
+	Action    PolicyAction `json:"action"`
 }
 
 // PolicySet is the complete rule set of one endpoint group.
 type PolicySet struct {
-	EPGID uint16
-	Rules []PolicyRule
+	EPGID uint16       `json:"epgID"`
+	Rules []PolicyRule `json:"rules"`
 }
 
 // ServicePort maps a service port to the port on the providers.
 type ServicePort struct {
-	Proto      uint8 // 6 or 17
-	Port       uint16
-	TargetPort uint16
+	Proto      uint8  `json:"proto"` // 6 or 17
+	Port       uint16 `json:"port"`
+	TargetPort uint16 `json:"targetPort"`
 }
 
 // Service is a load-balanced VIP and its providers.
 type Service struct {
-	ID       string // "<svc>:<tenant>"
-	VIP      netip.Addr
-	Ports    []ServicePort
-	Backends []netip.Addr
+	ID       string        `json:"id"` // "<svc>:<tenant>"
+	VIP      netip.Addr    `json:"vip"`
+	Ports    []ServicePort `json:"ports"`
+	Backends []netip.Addr  `json:"backends"`
 }
 
 // State is the complete desired state of one host, as handed to Sync.
@@ -244,5 +245,79 @@ func (n Network) Validate() error {
 	case n.MTU != 0 && (n.MTU < 576 || n.MTU > 9000):
 		return fmt.Errorf("network %s: mtu %d out of 576-9000", n.ID, n.MTU)
 	}
+	return nil
+}
+
+// macJSON is a MAC in JSON: "02:02:0a:01:01:02" (net.HardwareAddr alone would be base64),
+// "" for none.
+type macJSON string
+
+func (m macJSON) hw() (net.HardwareAddr, error) {
+	if m == "" {
+		return nil, nil
+	}
+	return net.ParseMAC(string(m))
+}
+
+func macText(hw net.HardwareAddr) macJSON {
+	if len(hw) == 0 {
+		return ""
+	}
+	return macJSON(hw.String())
+}
+
+// MarshalJSON writes the endpoint with lowerCamel names and its MAC as text.
+func (ep Endpoint) MarshalJSON() ([]byte, error) {
+	type plain Endpoint
+	return json.Marshal(struct {
+		plain
+		MAC macJSON `json:"mac"`
+	}{plain(ep), macText(ep.MAC)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (ep *Endpoint) UnmarshalJSON(b []byte) error {
+	type plain Endpoint
+	var v struct {
+		plain
+		MAC macJSON `json:"mac"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	mac, err := v.MAC.hw()
+	if err != nil {
+		return fmt.Errorf("endpoint %s: mac: %w", v.ID, err)
+	}
+	*ep = Endpoint(v.plain)
+	ep.MAC = mac
+	return nil
+}
+
+// MarshalJSON writes the remote endpoint with lowerCamel names and its MAC as text.
+func (ep RemoteEndpoint) MarshalJSON() ([]byte, error) {
+	type plain RemoteEndpoint
+	return json.Marshal(struct {
+		plain
+		MAC macJSON `json:"mac"`
+	}{plain(ep), macText(ep.MAC)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (ep *RemoteEndpoint) UnmarshalJSON(b []byte) error {
+	type plain RemoteEndpoint
+	var v struct {
+		plain
+		MAC macJSON `json:"mac"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	mac, err := v.MAC.hw()
+	if err != nil {
+		return fmt.Errorf("remote endpoint %s: mac: %w", v.ID, err)
+	}
+	*ep = RemoteEndpoint(v.plain)
+	ep.MAC = mac
 	return nil
 }

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -145,6 +146,10 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	if err := h1.InspectGet(ctx, "/inspect/peers", &peers); err != nil {
 		return err
 	}
-	fmt.Printf("    %v\n", peers)
+	pj, err := json.MarshalIndent(peers, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Print(indent(string(pj) + "\n"))
 	return nil
 }

@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// TestInspectJSON checks the inspect API's shape: lowerCamel names, MACs and addresses as
+// text, optional fields left out, and a lossless round trip.
+func TestInspectJSON(t *testing.T) {
+	ip := netip.MustParseAddr("10.1.1.2")
+	s := Snapshot{
+		Host:      "h1",
+		Networks:  []dataplane.Network{{ID: "n.default", Encap: dataplane.EncapVXLAN, Tag: 7, Subnet: netip.MustParsePrefix("10.1.1.0/24"), MTU: 1450}},
+		Endpoints: []dataplane.Endpoint{{ID: "n.default-a", NetworkID: "n.default", IP: ip, MAC: dataplane.ContivMAC(ip), HostIfName: "cbv0123456789ab", IfName: "eth0", NetNS: "/run/netns/a"}},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{{ID: "n.default-b", NetworkID: "n.default", IP: netip.MustParseAddr("10.1.1.3"),
+			MAC: dataplane.ContivMAC(netip.MustParseAddr("10.1.1.3")), EPGID: 4, VTEP: netip.MustParseAddr("192.168.1.2"), Host: "h2"}},
+		Peers:    []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}},
+		Policies: []dataplane.PolicySet{{EPGID: 4, Rules: []dataplane.PolicyRule{{ID: "r:inRx", Priority: 5, Ingress: true, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}}},
+		Services: []dataplane.Service{{ID: "web:default", VIP: netip.MustParseAddr("10.1.1.100"), Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}},
+			Backends: []netip.Addr{ip}}},
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(b)
+	for _, want := range []string{
+		`"networks":[{"id":"n.default","encap":"vxlan","tag":7,"subnet":"10.1.1.0/24","mtu":1450}]`,
+		`"endpoints":[{"id":"n.default-a","networkID":"n.default","ip":"10.1.1.2","hostIfName":"cbv0123456789ab","netNS":"/run/netns/a","ifName":"eth0","mac":"02:02:0a:01:01:02"}]`,
+		`"remoteEndpoints":[{"id":"n.default-b","networkID":"n.default","ip":"10.1.1.3","epgID":4,"vtep":"192.168.1.2","host":"h2","mac":"02:02:0a:01:01:03"}]`,
+		`"peers":[{"host":"h2","vtep":"192.168.1.2"}]`,
+		`"policies":[{"epgID":4,"rules":[{"id":"r:inRx","priority":5,"ingress":true,"proto":6,"port":80,"action":"allow"}]}]`,
+		`"services":[{"id":"web:default","vip":"10.1.1.100","ports":[{"proto":6,"port":80,"targetPort":8080}],"backends":["10.1.1.2"]}]`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inspect JSON lacks %s\nin %s", want, out)
+		}
+	}
+	var back Snapshot
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Endpoints, s.Endpoints) || !reflect.DeepEqual(back.RemoteEndpoints, s.RemoteEndpoints) || !reflect.DeepEqual(back.Peers, s.Peers) {
+		t.Errorf("round trip changed endpoints/peers:\n%+v\n%+v", back, s)
+	}
+	var bad dataplane.Endpoint
+	if err := json.Unmarshal([]byte(`{"id":"x","mac":"zz"}`), &bad); err == nil || !strings.Contains(err.Error(), "mac") {
+		t.Errorf("bad mac accepted: %v", err)
+	}
+}
