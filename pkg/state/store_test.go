@@ -151,3 +151,86 @@ func TestListWatch(t *testing.T) {
 		}
 	}
 }
+
+// A key read inside a transaction and deleted by someone else before the commit must
+// make the transaction retry (etcd compares a missing key's ModRevision as 0, so a
+// "not newer than the snapshot" guard alone would let the stale write through).
+func TestUpdateRetriesWhenReadKeyDeleted(t *testing.T) {
+	for _, viaList := range []bool{false, true} {
+		t.Run(fmt.Sprintf("list=%v", viaList), func(t *testing.T) {
+			s, _ := statetest.Store(t)
+			ctx := context.Background()
+			if err := s.Put(ctx, "/d/net", counter{N: 1}); err != nil {
+				t.Fatal(err)
+			}
+			attempts := 0
+			err := s.Update(ctx, func(tx *state.Tx) error {
+				attempts++
+				exists := false
+				if viaList {
+					kvs, err := tx.List("/d/")
+					if err != nil {
+						return err
+					}
+					exists = len(kvs) == 1
+				} else {
+					var c counter
+					found, err := tx.Get("/d/net", &c)
+					if err != nil {
+						return err
+					}
+					exists = found
+				}
+				if attempts == 1 {
+					if _, err := s.Delete(ctx, "/d/net"); err != nil {
+						return err
+					}
+				}
+				if !exists {
+					return nil // the network is gone: nothing to write
+				}
+				return tx.Put("/e/ep-on-net", counter{N: 1})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if attempts != 2 {
+				t.Fatalf("attempts = %d, want 2 (the delete must abort the first commit)", attempts)
+			}
+			if kvs, _, _ := s.List(ctx, "/e/"); len(kvs) != 0 {
+				t.Fatalf("stale write committed: %v", kvs)
+			}
+		})
+	}
+}
+
+// A key that was absent when read must abort the commit if someone creates it meanwhile.
+func TestUpdateRetriesWhenAbsentKeyCreated(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	attempts := 0
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		attempts++
+		var c counter
+		found, err := tx.Get("/a/tag-100", &c)
+		if err != nil {
+			return err
+		}
+		if attempts == 1 {
+			if err := s.Put(ctx, "/a/tag-100", counter{N: 7}); err != nil {
+				return err
+			}
+		}
+		if found {
+			return nil
+		}
+		return tx.Put("/a/tag-100", counter{N: 1})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c counter
+	if err := s.Get(ctx, "/a/tag-100", &c); err != nil || c.N != 7 || attempts != 2 {
+		t.Fatalf("tag = %d (%v) after %d attempts; the other writer's claim must win", c.N, err, attempts)
+	}
+}

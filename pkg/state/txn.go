@@ -10,15 +10,23 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// maxCompares keeps a transaction under etcd's default --max-txn-ops (128 compares).
+const maxCompares = 120
 
 // ErrConflict is returned by Update when the transaction lost every retry to concurrent writers.
 var ErrConflict = errors.New("transaction conflict: too many concurrent writers")
 
 // Tx is an optimistic, serializable transaction. All reads see one snapshot revision;
 // writes are buffered and become visible to later reads of the same Tx. At commit every
-// key and prefix that was read must be unchanged since the snapshot, else Update retries.
+// key that was read must be exactly as it was in the snapshot (same revision, or still
+// absent), and no key under a listed prefix may have been created or changed, else Update
+// retries. Keys deleted under a listed prefix also force a retry while the transaction
+// stays within etcd's compare limit; beyond it (very long listings) a deletion under a
+// listed prefix alone does not, which can only make a list-based check more permissive.
 type Tx struct {
 	ctx    context.Context
 	cli    *clientv3.Client
@@ -56,7 +64,7 @@ func (t *Tx) GetRaw(key string) ([]byte, bool, error) {
 	t.noteRev(resp.Header.Revision)
 	if !t.seen[key] {
 		t.seen[key] = true
-		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(key), "<", t.rev+1))
+		t.cmps = append(t.cmps, unchanged(key, resp.Kvs))
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, false, nil
@@ -86,7 +94,18 @@ func (t *Tx) List(prefix string) ([]KV, error) {
 	t.noteRev(resp.Header.Revision)
 	if !t.seen["prefix:"+prefix] {
 		t.seen["prefix:"+prefix] = true
+		// Created or modified keys under prefix show up as a newer ModRevision.
 		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(prefix), "<", t.rev+1).WithPrefix())
+		// Deleted keys do not: guard each listed key individually while there is room.
+		if len(t.cmps)+len(resp.Kvs) <= maxCompares {
+			for _, kv := range resp.Kvs {
+				k := string(kv.Key)
+				if !t.seen[k] {
+					t.seen[k] = true
+					t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision))
+				}
+			}
+		}
 	}
 	m := make(map[string]KV, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -108,6 +127,16 @@ func (t *Tx) List(prefix string) ([]KV, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// unchanged is the commit guard for a key read at the snapshot: same ModRevision if it
+// existed, never created if it did not. (A plain "ModRevision < snapshot+1" guard would let
+// a key deleted after the read pass, since etcd compares a missing key as revision 0.)
+func unchanged(key string, kvs []*mvccpb.KeyValue) clientv3.Cmp {
+	if len(kvs) == 0 {
+		return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	return clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
 }
 
 // Put buffers a JSON write of v at key.
