@@ -86,7 +86,7 @@ func TestTwoHostDatapath(t *testing.T) {
 			}
 		})
 		t.Run("restart-under-load", func(t *testing.T) {
-			restartUnderLoad(ctx, t, c, "vx-net", a, a2, b, 7100)
+			restartUnderLoad(ctx, t, c, "vx-net", "x", a, a2, b, 7100)
 		})
 	})
 	t.Run("vlan", func(t *testing.T) {
@@ -135,7 +135,7 @@ func TestTwoHostDatapath(t *testing.T) {
 		}
 		// The uplink's own program (802.1Q pop) is replaced on restart too.
 		t.Run("restart-under-load", func(t *testing.T) {
-			restartUnderLoad(ctx, t, c, "vl-net", a, a2, b, 7200)
+			restartUnderLoad(ctx, t, c, "vl-net", "v", a, a2, b, 7200)
 		})
 	})
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -176,8 +178,26 @@ func sub(a, b []int64) []int64 {
 // network, keeps the host without an agent for a while, starts the agent again and waits
 // for its resync. Not one round trip may fail, no connection may be reset and no ping may
 // be lost; every connection must keep going while no agent runs.
-func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network string, a, a2, b *Container, port int) {
-	h1 := c.Hosts[0]
+//
+// Around the restart it also checks that the agent replaces programs on the pinned links
+// (same tcx link ids) and sweeps only stale entries: a remote container deleted while no
+// agent ran disappears from h1's maps, one added meanwhile appears, and live entries are
+// rewritten in the new generation.
+func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network, p string, a, a2, b *Container, port int) {
+	h1, h2 := c.Hosts[0], c.Hosts[1]
+	gone, err := c.AddContainer(ctx, h2, p+"gone", "default", network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "h1 programs "+gone.Name, 10*time.Second, func() error {
+		_, err := driverEntry(ctx, h1, gone.IP.Addr())
+		return err
+	})
+	linksBefore := driverLinks(ctx, t, h1)
+	genBefore, err := driverEntry(ctx, h1, a.IP.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
 	srvB, err := netbench.StartServer(NetNSPath(b.Name), net.JoinHostPort(b.IP.Addr().String(), strconv.Itoa(port)))
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +223,16 @@ func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network str
 	killed := time.Since(killAt)
 	crossDown, localDown := cross.counts(), local.counts()
 	const agentless = 3 * time.Second
-	time.Sleep(agentless)
+	// Meanwhile the cluster changes: one remote container comes, another goes (in this
+	// order, so netmaster does not hand the freed address to the new one).
+	added, err := c.AddContainer(ctx, h2, p+"new", "default", network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveContainer(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(agentless - time.Since(killAt))
 	crossUp, localUp := cross.counts(), local.counts()
 	startAt := time.Now()
 	if err := c.StartPlugin(ctx, h1); err != nil {
@@ -253,6 +282,28 @@ func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network str
 	if len(lostL) > 0 || sentL < 200 {
 		t.Errorf("same-host ping: %d sent, lost %v", sentL, lostL)
 	}
+	// Programs were replaced on the same links; stale entries swept, new ones written.
+	linksAfter := driverLinks(ctx, t, h1)
+	if !reflect.DeepEqual(linksBefore, linksAfter) {
+		t.Errorf("tcx links of h1 changed across the restart (want the programs replaced on the pinned links):\nbefore %v\nafter  %v", linksBefore, linksAfter)
+	}
+	if _, err := driverEntry(ctx, h1, gone.IP.Addr()); err == nil {
+		t.Errorf("h1 still has the entry of %s (%s), deleted while its agent was down", gone.Name, gone.IP.Addr())
+	}
+	if _, err := driverEntry(ctx, h1, added.IP.Addr()); err != nil {
+		t.Errorf("h1 lacks %s (added while its agent was down): %v", added.Name, err)
+	}
+	if genAfter, err := driverEntry(ctx, h1, a.IP.Addr()); err != nil || genAfter <= genBefore {
+		t.Errorf("live entry of %s: generation %d -> %d (%v); want it rewritten in a newer generation", a.Name, genBefore, genAfter, err)
+	}
+	if out, err := a.Ping(ctx, added.IP.Addr(), 2); err != nil {
+		t.Errorf("ping %s -> %s after restart: %v\n%s", a.Name, added.Name, err, out)
+	}
+	t.Logf("links kept: %d tcx links, same ids; %s swept, %s added", len(linksAfter), gone.IP.Addr(), added.IP.Addr())
+	if err := c.RemoveContainer(ctx, added); err != nil {
+		t.Error(err)
+	}
+
 	// The restarted agent knows everything again.
 	var eps endpoints
 	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
@@ -261,6 +312,49 @@ func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network str
 	if n := countNet(eps, network); n != [2]int{2, 1} {
 		t.Errorf("h1 endpoints of %s after restart: %d local, %d remote, want 2 and 1: %+v", network, n[0], n[1], eps)
 	}
+}
+
+// driverStatus is the part of /inspect/driver (eBPF) the restart checks read.
+type driverStatus struct {
+	Attachments []struct {
+		Interface string
+		ID        uint32
+	}
+	Tables struct {
+		Endpoints []struct {
+			IP         string
+			Generation uint32
+		}
+	}
+}
+
+// driverLinks returns h's tcx attachments, interface → link id.
+func driverLinks(ctx context.Context, t *testing.T, h *Host) map[string]uint32 {
+	t.Helper()
+	var st driverStatus
+	if err := h.InspectGet(ctx, "/inspect/driver", &st); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint32{}
+	for _, a := range st.Attachments {
+		out[a.Interface] = a.ID
+	}
+	return out
+}
+
+// driverEntry returns the generation of ip's cb_endpoints entry on h, or an error if h's
+// maps have no entry for it.
+func driverEntry(ctx context.Context, h *Host, ip netip.Addr) (uint32, error) {
+	var st driverStatus
+	if err := h.InspectGet(ctx, "/inspect/driver", &st); err != nil {
+		return 0, err
+	}
+	for _, e := range st.Tables.Endpoints {
+		if e.IP == ip.String() {
+			return e.Generation, nil
+		}
+	}
+	return 0, fmt.Errorf("%s has no cb_endpoints entry for %s", h.Name, ip)
 }
 
 // countNet counts local and remote endpoints of a network ("<net>.<tenant>-..." ids).
