@@ -542,10 +542,14 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 		if !had {
 			created = append(created, ep)
 		}
-		spec := portSpec{Name: ep.HostIfName, ExternalIDs: map[string]string{"endpoint-id": ep.ID},
-			OfportRequest: d.db.freeOfport(d.opts.Bridge, ofportFirstEP)}
-		if p := d.db.iface(ep.HostIfName); p != nil {
-			spec.OfportRequest = 0
+		spec := portSpec{Name: ep.HostIfName, ExternalIDs: map[string]string{"endpoint-id": ep.ID}}
+		if p := d.db.iface(ep.HostIfName); p == nil {
+			n, err := d.db.freeOfport(ctx, ofportFirstEP)
+			if err != nil {
+				rollback()
+				return fmt.Errorf("endpoint %s: %w", id, err)
+			}
+			spec.OfportRequest = n
 		}
 		if err := d.db.ensurePort(ctx, d.opts.Bridge, spec); err != nil {
 			rollback()

@@ -283,11 +283,15 @@ func (o *ovsDB) bridgePorts(name string) map[string]int {
 	return out
 }
 
-// freeOfport picks the lowest ofport_request >= min not used on bridge.
-func (o *ovsDB) freeOfport(bridge string, min int) int {
+// freeOfport picks the lowest ofport_request >= min not used by any interface (on any
+// bridge of the instance). It fails when the interfaces cannot be listed: guessing
+// would hand out an ofport that is already taken.
+func (o *ovsDB) freeOfport(ctx context.Context, min int) (int, error) {
 	used := map[int]bool{}
 	var ifaces []ovsmodel.Interface
-	_ = o.c.List(context.Background(), &ifaces)
+	if err := o.c.List(ctx, &ifaces); err != nil {
+		return 0, fmt.Errorf("ovsdb list Interface (to pick a free ofport): %w", err)
+	}
 	for _, i := range ifaces {
 		if i.OfportRequest != nil {
 			used[*i.OfportRequest] = true
@@ -298,7 +302,7 @@ func (o *ovsDB) freeOfport(bridge string, min int) int {
 	}
 	for n := min; ; n++ {
 		if !used[n] {
-			return n
+			return n, nil
 		}
 	}
 }
