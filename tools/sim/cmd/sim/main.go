@@ -24,17 +24,27 @@ func main() {
 	dp := flag.String("dataplane", "ebpf", "ebpf | ovs")
 	subnet := flag.String("network", "", "create network test-net with this subnet (gateway .1), e.g. 10.1.1.0/24")
 	per := flag.Int("containers", 0, "containers per host on test-net (needs --network)")
+	encap := flag.String("encap", "vxlan", "encap of test-net: vxlan | vlan (vlan needs --vlan-uplink)")
+	tag := flag.Int("pkt-tag", 0, "packet tag of test-net (VLAN id or VNI; 0 = netmaster picks)")
+	vlanUplink := flag.Bool("vlan-uplink", false, "run every netplugin with --vlan-if uplink (eBPF: the underlay wire carries VLAN networks)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *hosts, *bin, *prefix, *dp, *subnet, *per); err != nil {
+	cfg := sim.Config{Hosts: *hosts, BinDir: *bin, Prefix: *prefix, Dataplane: *dp, VLANUplink: *vlanUplink, Logger: slog.Default()}
+	if err := run(ctx, cfg, *subnet, *encap, *tag, *per); err != nil {
 		fmt.Fprintln(os.Stderr, "sim:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, hosts int, bin, prefix, dp, subnet string, per int) error {
-	c, err := sim.Start(ctx, sim.Config{Hosts: hosts, BinDir: bin, Prefix: prefix, Dataplane: dp, Logger: slog.Default()})
+func run(ctx context.Context, cfg sim.Config, subnet, encap string, tag, per int) error {
+	if encap != "vxlan" && encap != "vlan" {
+		return fmt.Errorf("--encap %q must be vxlan or vlan", encap)
+	}
+	if encap == "vlan" && !cfg.VLANUplink {
+		return fmt.Errorf("--encap vlan needs --vlan-uplink (netplugin refuses vlan networks without --vlan-if)")
+	}
+	c, err := sim.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -48,7 +58,7 @@ func run(ctx context.Context, hosts int, bin, prefix, dp, subnet string, per int
 		if err != nil {
 			return err
 		}
-		if err := c.CreateNetwork(ctx, "default", "test-net", "vxlan", subnet, gw); err != nil {
+		if err := c.CreateTaggedNetwork(ctx, "default", "test-net", encap, tag, subnet, gw); err != nil {
 			return err
 		}
 		for _, h := range c.Hosts {
