@@ -72,6 +72,7 @@ type Driver struct {
 	log  *slog.Logger
 	priv *Private
 	db   *ovsDB
+	pl   *pipeline
 
 	mu        sync.Mutex
 	state     *desired
@@ -111,7 +112,11 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &Driver{host: host, opts: opts, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
+	pl, err := newPipeline()
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{host: host, opts: opts, pl: pl, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
 		state: newDesired(), groupIDs: map[string]uint32{}, installed: map[string]*flow{}, groups: map[uint32]*group{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	endpoint := opts.DBSocket
@@ -355,7 +360,7 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 			gen = 1
 		}
 	}
-	comp, err := compile(st, d.host, d.ports, d.groupIDs)
+	comp, err := d.pl.compile(st, d.host, d.ports, d.groupIDs)
 	if err != nil {
 		return err
 	}
@@ -419,7 +424,7 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 // program installs the difference between the installed pipeline and the one compiled
 // from st, in one bundle.
 func (d *Driver) program(ctx context.Context, st *desired, groupIDs map[string]uint32) error {
-	comp, err := compile(st, d.host, d.ports, groupIDs)
+	comp, err := d.pl.compile(st, d.host, d.ports, groupIDs)
 	if err != nil {
 		return err
 	}

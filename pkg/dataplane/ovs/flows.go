@@ -20,10 +20,69 @@ type flow struct {
 	actText   []string
 	gotoTable int // -1: none
 	group     uint32
+
+	fields *nxFields // headers for load/move/ct zone and masked matches
+	err    error     // first build error (a field the pipeline did not resolve)
 }
 
-func newFlow(t tableID, prio int) *flow {
-	return &flow{table: t, prio: uint16(prio), gotoTable: -1}
+func newFlow(fields *nxFields, t tableID, prio int) *flow {
+	return &flow{table: t, prio: uint16(prio), gotoTable: -1, fields: fields}
+}
+
+// nxFields holds the NXM field headers the pipeline loads, moves and matches with a
+// mask, resolved from libOpenflow once when the pipeline is built (newPipeline).
+type nxFields struct {
+	byName map[string]of.MatchField // masked variants under name+"/mask"
+}
+
+// pipelineFields are the NXM fields flows refer to by name.
+func pipelineFields() (plain, masked []string) {
+	for i := range 8 {
+		plain = append(plain, fmt.Sprintf("NXM_NX_REG%d", i))
+	}
+	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
+		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA")
+	return plain, []string{"NXM_NX_TCP_FLAGS"}
+}
+
+// resolveFields looks the named fields up in libOpenflow.
+func resolveFields(plain, masked []string) (*nxFields, error) {
+	x := &nxFields{byName: map[string]of.MatchField{}}
+	for _, name := range plain {
+		h, err := of.FindFieldHeaderByName(name, false)
+		if err != nil {
+			return nil, fmt.Errorf("openflow field %s: %w", name, err)
+		}
+		x.byName[name] = *h
+	}
+	for _, name := range masked {
+		h, err := of.FindFieldHeaderByName(name, true)
+		if err != nil {
+			return nil, fmt.Errorf("openflow field %s (masked): %w", name, err)
+		}
+		x.byName[name+"/mask"] = *h
+	}
+	return x, nil
+}
+
+// header returns a fresh copy of a resolved field header.
+func (x *nxFields) header(name string) (*of.MatchField, error) {
+	if x != nil {
+		if h, ok := x.byName[name]; ok {
+			return &h, nil
+		}
+	}
+	return nil, fmt.Errorf("openflow field %s was not resolved by the pipeline", name)
+}
+
+// hdr returns the named header, or records the failure in f.err (the flow is then
+// refused by compile) and returns nil.
+func (f *flow) hdr(name string) *of.MatchField {
+	h, err := f.fields.header(name)
+	if err != nil && f.err == nil {
+		f.err = fmt.Errorf("flow %s: %w", f.key(), err)
+	}
+	return h
 }
 
 // key identifies the flow in its table (what a strict delete matches on).
@@ -54,14 +113,6 @@ func (f *flow) a(act of.Action, text string) *flow {
 	f.actions = append(f.actions, act)
 	f.actText = append(f.actText, text)
 	return f
-}
-
-func nxHeader(name string) *of.MatchField {
-	h, err := of.FindFieldHeaderByName(name, false)
-	if err != nil {
-		panic(fmt.Sprintf("libOpenflow lacks field %s: %v", name, err)) // programming error, fixed names only
-	}
-	return h
 }
 
 func ip4(a netip.Addr) net.IP { b := a.As4(); return net.IP(b[:]) }
@@ -116,9 +167,9 @@ func (f *flow) tpDst(proto uint8, port uint16) *flow {
 	return f.m(of.NewTcpDstField(port), fmt.Sprintf("tp_dst=%d", port))
 }
 func (f *flow) tcpFlags(v, mask uint16, text string) *flow {
-	h, err := of.FindFieldHeaderByName("NXM_NX_TCP_FLAGS", true)
-	if err != nil {
-		panic(err)
+	h := f.hdr("NXM_NX_TCP_FLAGS/mask")
+	if h == nil {
+		return f
 	}
 	h.Value = &of.Uint16Message{Data: v}
 	h.Mask = &of.Uint16Message{Data: mask}
@@ -182,18 +233,34 @@ func (f *flow) vlanVID(vid uint16) *flow {
 // --- actions ---
 
 func (f *flow) load(i int, v uint32) *flow {
-	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, 31).ToOfsBits(), nxHeader(fmt.Sprintf("NXM_NX_REG%d", i)), uint64(v)),
+	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))
+	if h == nil {
+		return f
+	}
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, 31).ToOfsBits(), h, uint64(v)),
 		fmt.Sprintf("load:%d->reg%d", v, i))
 }
 func (f *flow) loadBits(i int, start, end int, v uint32) *flow {
-	return f.a(of.NewNXActionRegLoad(of.NewNXRange(start, end).ToOfsBits(), nxHeader(fmt.Sprintf("NXM_NX_REG%d", i)), uint64(v)),
+	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))
+	if h == nil {
+		return f
+	}
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(start, end).ToOfsBits(), h, uint64(v)),
 		fmt.Sprintf("load:%d->reg%d[%d..%d]", v, i, start, end))
 }
 func (f *flow) loadField(name string, bits int, v uint64, text string) *flow {
-	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, bits-1).ToOfsBits(), nxHeader(name), v), text)
+	h := f.hdr(name)
+	if h == nil {
+		return f
+	}
+	return f.a(of.NewNXActionRegLoad(of.NewNXRange(0, bits-1).ToOfsBits(), h, v), text)
 }
 func (f *flow) move(src, dst string, bits int) *flow {
-	return f.a(of.NewNXActionRegMove(uint16(bits), 0, 0, nxHeader(src), nxHeader(dst)),
+	hs, hd := f.hdr(src), f.hdr(dst)
+	if hs == nil || hd == nil {
+		return f
+	}
+	return f.a(of.NewNXActionRegMove(uint16(bits), 0, 0, hs, hd),
 		fmt.Sprintf("move:%s[]->%s[]", src, dst))
 }
 func (f *flow) setEthSrc(mac net.HardwareAddr) *flow {

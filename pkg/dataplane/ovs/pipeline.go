@@ -170,9 +170,27 @@ type compiled struct {
 	groups []*group
 }
 
+// pipeline builds flows against the NXM fields it resolved once, at construction.
+type pipeline struct {
+	fields *nxFields
+}
+
+// newPipeline resolves every field the pipeline's flows use; it fails (instead of a
+// flow failing later) when libOpenflow lacks one.
+func newPipeline() (*pipeline, error) {
+	plain, masked := pipelineFields()
+	fields, err := resolveFields(plain, masked)
+	if err != nil {
+		return nil, fmt.Errorf("ovs pipeline: %w", err)
+	}
+	return &pipeline{fields: fields}, nil
+}
+
+func (pl *pipeline) newFlow(t tableID, prio int) *flow { return newFlow(pl.fields, t, prio) }
+
 // compile turns the desired state into the pipeline's flows and groups. groupIDs maps
 // "service/proto/port" to a stable group id and is extended for new keys.
-func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string]uint32) (*compiled, error) {
+func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string]uint32) (*compiled, error) {
 	c := &compiled{}
 	add := func(f *flow) { c.flows = append(c.flows, f) }
 
@@ -205,40 +223,40 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 	}
 
 	// Defaults: each table drops what no flow claims, except the pass-through stages.
-	add(newFlow(tClassifier, 0))
-	add(newFlow(tARP, 0))
-	add(newFlow(tARP, 5).ip().goTo(tConntrack))
-	add(newFlow(tARP, 10).ethType(0x0806))                             // unknown ARP target: drop
-	add(newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1)) // never answer other hosts
-	add(newFlow(tConntrack, 0))
-	add(newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""))
-	add(newFlow(tServiceLB, 0).goTo(tSrcEPG))
-	add(newFlow(tServiceDNAT, 0).goTo(tSrcEPG))
-	add(newFlow(tSrcEPG, 0).goTo(tDstEPG))
-	add(newFlow(tDstEPG, 0).goTo(tPolicy))
-	add(newFlow(tPolicy, 0).goTo(tCommit))
-	add(newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
-	add(newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
-	add(newFlow(tCommit, 0).goTo(tL3))
-	add(newFlow(tCommit, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+	add(pl.newFlow(tClassifier, 0))
+	add(pl.newFlow(tARP, 0))
+	add(pl.newFlow(tARP, 5).ip().goTo(tConntrack))
+	add(pl.newFlow(tARP, 10).ethType(0x0806))                             // unknown ARP target: drop
+	add(pl.newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1)) // never answer other hosts
+	add(pl.newFlow(tConntrack, 0))
+	add(pl.newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""))
+	add(pl.newFlow(tServiceLB, 0).goTo(tSrcEPG))
+	add(pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG))
+	add(pl.newFlow(tSrcEPG, 0).goTo(tDstEPG))
+	add(pl.newFlow(tDstEPG, 0).goTo(tPolicy))
+	add(pl.newFlow(tPolicy, 0).goTo(tCommit))
+	add(pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
+	add(pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
+	add(pl.newFlow(tCommit, 0).goTo(tL3))
+	add(pl.newFlow(tCommit, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 		regBits(regFlags, 1, 1, 0).ctZoneFromVRF(-1, true, nil, "").goTo(tL3))
-	add(newFlow(tL3, 0))
-	add(newFlow(tOutput, 0))
+	add(pl.newFlow(tL3, 0))
+	add(pl.newFlow(tOutput, 0))
 
 	netByID := map[string]dataplane.Network{}
 	for _, n := range nets {
 		netByID[n.ID] = n
 		// Classifier: traffic from other hosts.
 		if n.Encap == dataplane.EncapVXLAN && p.tunnel != 0 {
-			add(newFlow(tClassifier, 100).inPort(p.tunnel).tunID(n.Tag).
+			add(pl.newFlow(tClassifier, 100).inPort(p.tunnel).tunID(n.Tag).
 				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
 		}
 		if n.Encap == dataplane.EncapVLAN && p.uplink != 0 {
-			add(newFlow(tClassifier, 100).inPort(p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
+			add(pl.newFlow(tClassifier, 100).inPort(p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
 				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
 		}
 		if n.Gateway.IsValid() {
-			add(arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
+			add(pl.arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
 		}
 	}
 
@@ -264,7 +282,7 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 			return nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
 		all = append(all, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
-		add(newFlow(tClassifier, 100).inPort(port).
+		add(pl.newFlow(tClassifier, 100).inPort(port).
 			load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, netVRF(n)).goTo(tARP))
 	}
 	for _, r := range rems {
@@ -283,7 +301,7 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 		}
 		all = append(all, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: vtep})
 		if r.EPGID != 0 {
-			add(newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, netVRF(n)).ip().
+			add(pl.newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, netVRF(n)).ip().
 				ipSrc(netip.PrefixFrom(r.IP, 32)).load(regSrcEPG, uint32(r.EPGID)).goTo(tDstEPG))
 		}
 	}
@@ -292,16 +310,16 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 		if host.FwdMode == dataplane.FwdRouting {
 			mac = dataplane.RouterMAC
 		}
-		add(arpResponder(netKey(e.net), e.ip, mac))
+		add(pl.arpResponder(netKey(e.net), e.ip, mac))
 		if e.epg != 0 {
-			add(newFlow(tDstEPG, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
+			add(pl.newFlow(tDstEPG, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
 				load(regDstEPG, uint32(e.epg)).goTo(tPolicy))
 		}
-		add(newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
+		add(pl.newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
 		// Routed (to the gateway/router MAC or a VIP's MAC): within the network in bridge
 		// mode, within the tenant (VRF) in routing mode; DNATed service traffic may cross
 		// networks of the tenant in both.
-		routed := newFlow(tL3, 100).ip()
+		routed := pl.newFlow(tL3, 100).ip()
 		if host.FwdMode == dataplane.FwdRouting {
 			routed.reg(regVRF, netVRF(e.net))
 		} else {
@@ -310,10 +328,10 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 		add(routed.ipDst(netip.PrefixFrom(e.ip, 32)).
 			setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
 		if host.FwdMode != dataplane.FwdRouting {
-			add(newFlow(tL3, 90).ip().reg(regVRF, netVRF(e.net)).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
+			add(pl.newFlow(tL3, 90).ip().reg(regVRF, netVRF(e.net)).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
 				setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
 		}
-		out := newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
+		out := pl.newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
 		switch {
 		case e.local:
 			out.output(e.port)
@@ -341,7 +359,7 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 			if r.Action == dataplane.ActionDeny {
 				prio++
 			}
-			f := newFlow(tPolicy, prio).ip()
+			f := pl.newFlow(tPolicy, prio).ip()
 			if r.Ingress {
 				f.reg(regDstEPG, uint32(ps.EPGID))
 				if r.RemoteEPG != 0 {
@@ -384,7 +402,7 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 		if !s.VIP.Is4() {
 			return nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
 		}
-		add(arpResponderAnyNet(s.VIP, dataplane.ContivMAC(s.VIP)))
+		add(pl.arpResponderAnyNet(s.VIP, dataplane.ContivMAC(s.VIP)))
 		for _, sp := range s.Ports {
 			if sp.Proto != 6 && sp.Proto != 17 {
 				return nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
@@ -393,7 +411,7 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 			if target == 0 {
 				target = sp.Port
 			}
-			f := newFlow(tServiceLB, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+			f := pl.newFlow(tServiceLB, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 				ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
 			if len(s.Backends) == 0 {
 				add(f) // no provider: drop
@@ -411,7 +429,10 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 				if !b.Is4() {
 					return nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
 				}
-				bf := newFlow(tServiceLB, 0).load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT)
+				bf := pl.newFlow(tServiceLB, 0).load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT)
+				if bf.err != nil {
+					return nil, fmt.Errorf("service %s group bucket: %w", s.ID, bf.err)
+				}
 				g.buckets = append(g.buckets, bf.actions)
 				texts = append(texts, "bucket="+strings.Join(bf.actText, ","))
 			}
@@ -426,10 +447,15 @@ func compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string
 				pt := target
 				nat.SetRangeProtoMin(&pt)
 				nat.SetRangeProtoMax(&pt)
-				add(newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
+				add(pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
 					loadBits(regFlags, 1, 1, 1).
 					ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
 			}
+		}
+	}
+	for _, f := range c.flows {
+		if f.err != nil {
+			return nil, f.err
 		}
 	}
 	return dedupe(c), nil
@@ -475,13 +501,13 @@ func macU64(m net.HardwareAddr) uint64 {
 }
 
 // arpResponder answers ARP requests for ip inside network key with mac, in place.
-func arpResponder(key uint32, ip netip.Addr, mac net.HardwareAddr) *flow {
-	return arpReply(newFlow(tARP, 100).reg(regNet, key).arpOp(1).arpTPA(ip), ip, mac)
+func (pl *pipeline) arpResponder(key uint32, ip netip.Addr, mac net.HardwareAddr) *flow {
+	return arpReply(pl.newFlow(tARP, 100).reg(regNet, key).arpOp(1).arpTPA(ip), ip, mac)
 }
 
 // arpResponderAnyNet answers for ip whatever the requester's network (service VIPs).
-func arpResponderAnyNet(ip netip.Addr, mac net.HardwareAddr) *flow {
-	return arpReply(newFlow(tARP, 90).arpOp(1).arpTPA(ip), ip, mac)
+func (pl *pipeline) arpResponderAnyNet(ip netip.Addr, mac net.HardwareAddr) *flow {
+	return arpReply(pl.newFlow(tARP, 90).arpOp(1).arpTPA(ip), ip, mac)
 }
 
 func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
@@ -497,7 +523,11 @@ func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
 
 // ctZoneFromVRF adds ct() with the zone taken from the VRF register.
 func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
-	a := of.NewNXActionConnTrack().ZoneRange(nxHeader(fmt.Sprintf("NXM_NX_REG%d", regVRF)), of.NewNXRange(0, 15))
+	zone := f.hdr(fmt.Sprintf("NXM_NX_REG%d", regVRF))
+	if zone == nil {
+		return f
+	}
+	a := of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15))
 	parts := []string{}
 	if commit {
 		a.Commit()

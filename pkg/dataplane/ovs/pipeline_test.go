@@ -40,7 +40,7 @@ func texts(c *compiled) string {
 }
 
 func TestCompile(t *testing.T) {
-	c, err := compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("groups = %+v, want one select group with 2 buckets", c.groups)
 	}
 	// Routing mode answers ARP for endpoints with the router MAC.
-	c, _ = compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, map[string]uint32{})
+	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, map[string]uint32{})
 	if !strings.Contains(texts(c), "arp_tpa=10.1.0.9 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11") {
 		t.Error("routing mode: remote endpoint not answered with the router MAC")
 	}
@@ -72,7 +72,7 @@ func TestCompile(t *testing.T) {
 func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
 	st := testState()
 	delete(st.peers, "h2")
-	c, err := compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestCompileRejects(t *testing.T) {
 	} {
 		st := testState()
 		mutate(st)
-		if _, err := compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{}); err == nil {
+		if _, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{}); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -116,7 +116,7 @@ func TestEncodingDecodes(t *testing.T) {
 	if _, err := exec.LookPath("ovs-ofctl"); err != nil {
 		t.Skip("ovs-ofctl not installed; skipping")
 	}
-	c, err := compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +135,42 @@ func TestEncodingDecodes(t *testing.T) {
 		out, err := exec.Command("ovs-ofctl", "ofp-print", hex.EncodeToString(b)).CombinedOutput()
 		if err != nil || strings.Contains(string(out), "decode error") || strings.Contains(string(out), "WARN") {
 			t.Errorf("message %d does not decode: %v\n%s", i, err, out)
+		}
+	}
+}
+
+func testPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	pl, err := newPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+// TestFieldLookupFailsCleanly: a field libOpenflow does not know fails pipeline
+// construction, and a flow using a field the pipeline did not resolve fails compile
+// with an error naming it (it used to panic).
+func TestFieldLookupFailsCleanly(t *testing.T) {
+	if _, err := resolveFields([]string{"NXM_NX_REG0", "NXM_NX_NO_SUCH_FIELD"}, nil); err == nil || !strings.Contains(err.Error(), "NXM_NX_NO_SUCH_FIELD") {
+		t.Fatalf("resolveFields with an unknown name: err = %v, want one naming NXM_NX_NO_SUCH_FIELD", err)
+	}
+	plain, masked := pipelineFields()
+	for _, missing := range []string{"NXM_NX_REG0", "NXM_NX_ARP_SHA", "NXM_NX_REG3"} {
+		var keep []string
+		for _, n := range plain {
+			if n != missing {
+				keep = append(keep, n)
+			}
+		}
+		fields, err := resolveFields(keep, masked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl := &pipeline{fields: fields}
+		_, err = pl.compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+		if err == nil || !strings.Contains(err.Error(), missing) {
+			t.Errorf("compile without %s: err = %v, want one naming the field", missing, err)
 		}
 	}
 }
