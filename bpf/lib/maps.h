@@ -27,6 +27,19 @@ struct cb_ep_key {
 	__be32 ip;   /* IPv4, network byte order */
 };
 
+#ifdef CB_LAYOUT_V1
+/* The layout of an earlier build (fields reordered, no generation), compiled only for the
+ * driver's upgrade test (pkg/dataplane/ebpf, contivbpfv1_bpfel_test.go): the migration must
+ * carry pins of this layout to the current one. */
+struct cb_endpoint {
+	__u32 flags;
+	__u32 ifindex;
+	__be32 vtep;
+	__u16 epg;
+	__u8 mac[6];
+};
+#define CB_PEERS_ENTRIES 1024
+#else
 struct cb_endpoint {
 	__u32 ifindex;    /* host-side veth (local endpoints) */
 	__be32 vtep;      /* owning host's VTEP (remote endpoints), network order */
@@ -35,6 +48,8 @@ struct cb_endpoint {
 	__u32 flags;      /* enum cb_ep_flags */
 	__u32 generation;
 };
+#define CB_PEERS_ENTRIES 4096
+#endif
 
 struct cb_iface {
 	__u32 net;        /* network key of the endpoint behind this veth */
@@ -122,7 +137,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, CB_PEERS_ENTRIES);
 	__type(key, __be32); /* VTEP IPv4, network order */
 	__type(value, struct cb_peer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -64,6 +64,12 @@ type Driver struct {
 	carried  uint32
 	eventsOn bool              // a DropEvents stream is open
 	mapFull  map[string]uint64 // map name → failed inserts
+
+	// loadSpec returns the programs and maps to run (the committed build; tests swap in
+	// another build to exercise upgrades); converters convert entries of pinned maps whose
+	// layout changed when field-by-name conversion is not enough (by map name).
+	loadSpec   func() (*ebpf.CollectionSpec, error)
+	converters map[string]entryConverter
 }
 
 type attachment struct {
@@ -96,6 +102,11 @@ type Option func(*Driver)
 
 // WithLogger sets the driver's logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(d *Driver) { d.log = l } }
+
+// withSpec runs another build of the programs (tests: upgrades between layouts).
+func withSpec(load func() (*ebpf.CollectionSpec, error)) Option {
+	return func(d *Driver) { d.loadSpec = load }
+}
 
 // New loads the programs against the maps pinned under cfg.PinRoot (creating them on first
 // start), creates or reuses the VXLAN device and swaps the programs of every pinned tcx link
@@ -141,6 +152,7 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		policies:  map[uint16]dataplane.PolicySet{},
 		services:  map[string]svcRec{},
 		mapFull:   map[string]uint64{},
+		loadSpec:  loadContivbpf,
 	}
 	for _, o := range opts {
 		o(d)
@@ -169,18 +181,30 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(d.cfg.PinRoot, linksDir), 0o700); err != nil {
 		return fmt.Errorf("ebpf: create pin root: %w", err)
 	}
-	spec, err := loadContivbpf()
+	spec, err := d.loadSpec()
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
 	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
-		spec.Maps[m].MaxEntries = uint32(d.cfg.MapEntries)
+		if ms, ok := spec.Maps[m]; ok {
+			ms.MaxEntries = uint32(d.cfg.MapEntries)
+		}
 	}
-	spec.Maps[contivbpfMapCbCt].MaxEntries = uint32(4 * d.cfg.MapEntries)
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}})
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return fmt.Errorf("ebpf: pinned maps under %s do not match this build or MapEntries=%d (Teardown the host or remove the pins): %w", d.cfg.PinRoot, d.cfg.MapEntries, err)
+	if ms, ok := spec.Maps[contivbpfMapCbCt]; ok {
+		ms.MaxEntries = uint32(4 * d.cfg.MapEntries)
 	}
+	// Pinned maps of another layout (an upgrade, or a MapEntries change) are copied into
+	// new maps first; they replace the pins once every link runs the new programs.
+	migrations, err := d.planMigrations(spec)
+	if err != nil {
+		return err
+	}
+	defer closeMigrations(migrations)
+	repl := map[string]*ebpf.Map{}
+	for _, mg := range migrations {
+		repl[mg.name] = mg.new
+	}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
 	if err != nil {
 		return fmt.Errorf("ebpf: load programs and maps: %w", err)
 	}
@@ -224,7 +248,14 @@ func (d *Driver) open(ctx context.Context) error {
 			return err
 		}
 	}
-	return d.adoptEndpoints(ctx)
+	if err := d.adoptEndpoints(ctx); err != nil {
+		return err
+	}
+	if err := d.finishMigrations(migrations); err != nil {
+		return err
+	}
+	d.removeForeignPins(spec)
+	return nil
 }
 
 // release closes handles without touching the datapath.
@@ -455,6 +486,27 @@ func (d *Driver) Teardown(ctx context.Context) error {
 type namedMap struct {
 	name string
 	m    *ebpf.Map
+}
+
+// mapField returns the driver's handle of map name (nil if this build has no such map).
+func (d *Driver) mapField(name string) **ebpf.Map {
+	for _, p := range []struct {
+		name string
+		p    **ebpf.Map
+	}{
+		{contivbpfMapCbCfg, &d.objs.CbCfg}, {contivbpfMapCbEndpoints, &d.objs.CbEndpoints},
+		{contivbpfMapCbEpMetrics, &d.objs.CbEpMetrics}, {contivbpfMapCbIfaces, &d.objs.CbIfaces},
+		{contivbpfMapCbNetworks, &d.objs.CbNetworks}, {contivbpfMapCbPeers, &d.objs.CbPeers},
+		{contivbpfMapCbReasons, &d.objs.CbReasons}, {contivbpfMapCbCt, &d.objs.CbCt},
+		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
+		{contivbpfMapCbBackends, &d.objs.CbBackends}, {contivbpfMapCbVips, &d.objs.CbVips},
+		{contivbpfMapCbRoutes, &d.objs.CbRoutes}, {contivbpfMapCbEvents, &d.objs.CbEvents},
+	} {
+		if p.name == name {
+			return p.p
+		}
+	}
+	return nil
 }
 
 func (d *Driver) allMaps() []namedMap {

@@ -1,0 +1,455 @@
+package ebpf
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+)
+
+// Map layout migration (upgrade to a build whose maps differ from the pinned ones).
+//
+// New compares every pinned map with the build's MapSpec: type, key/value size, max
+// entries, flags, and the BTF layout (member names, offsets, sizes) of struct keys and
+// values. A map that differs is migrated without a traffic gap:
+//
+//  1. a new, unpinned map is created from the spec and every entry of the pinned map is
+//     copied into it, converted field by field by BTF member name (members present in both
+//     layouts with the same size are copied, new members are zero) or by a converter;
+//  2. the programs are loaded against the new maps (and the pinned ones that still match);
+//  3. every pinned tcx link is switched to the new programs with link.Update (atomic);
+//  4. entries the old programs created meanwhile (conntrack) are copied once more, then the
+//     new map is pinned under a temporary name and renamed over the old pin; the old map is
+//     freed with the last program that used it.
+//
+// If anything fails before step 3 nothing pinned has changed. A resize that cannot hold
+// the existing entries is refused.
+
+// entryConverter converts one entry of a pinned map into the layout of the new build.
+// vals holds one value, or one per possible CPU for per-CPU maps. keep=false drops the
+// entry.
+type entryConverter func(key []byte, vals [][]byte) (nkey []byte, nvals [][]byte, keep bool, err error)
+
+// migration is one pinned map being replaced by a map of the new layout.
+type migration struct {
+	name string
+	path string
+	why  string
+	spec *ebpf.MapSpec
+	old  *ebpf.Map
+	new  *ebpf.Map
+}
+
+// migrationTempPrefix names the temporary pin of a migrated map before its rename (bpffs
+// refuses names with a dot).
+const migrationTempPrefix = "migrating_"
+
+// planMigrations creates and fills a new map for every pinned map that does not match spec.
+// On error every map it created is closed and nothing pinned is touched.
+func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, err error) {
+	defer func() {
+		if err != nil {
+			closeMigrations(out)
+			out = nil
+		}
+	}()
+	names := make([]string, 0, len(spec.Maps))
+	for n, ms := range spec.Maps {
+		if ms.Pinning == ebpf.PinByName {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ms := spec.Maps[name]
+		path := filepath.Join(d.cfg.PinRoot, name)
+		_ = os.Remove(filepath.Join(d.cfg.PinRoot, migrationTempPrefix+name)) // left by a crash
+		old, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("ebpf: load pinned map %s: %w", path, err)
+		}
+		why := layoutDiff(ms, old)
+		if why == "" {
+			old.Close()
+			continue
+		}
+		mg := &migration{name: name, path: path, why: why, spec: ms, old: old}
+		out = append(out, mg)
+		ns := ms.Copy()
+		ns.Pinning = ebpf.PinNone
+		if mg.new, err = ebpf.NewMap(ns); err != nil {
+			return out, fmt.Errorf("ebpf: migrate map %s (%s): create new map: %w", name, why, err)
+		}
+		if err := copyEntries(mg, d.converters[name], false); err != nil {
+			return out, fmt.Errorf("ebpf: migrate map %s (%s): %w", name, why, err)
+		}
+		d.log.Info("bpf map layout changed; migrating", "map", name, "change", why, "entries", countMap(mg.new))
+	}
+	return out, nil
+}
+
+// finishMigrations runs after every link uses the new programs: it copies entries the old
+// programs added meanwhile and re-pins the new maps in place of the old ones.
+func (d *Driver) finishMigrations(ms []*migration) error {
+	for _, mg := range ms {
+		if err := copyEntries(mg, d.converters[mg.name], true); err != nil {
+			d.log.Warn("bpf map migration: catch-up copy failed", "map", mg.name, "err", err)
+		}
+		p := d.mapField(mg.name)
+		if p == nil {
+			return fmt.Errorf("ebpf: migrate map %s: not a map of this build", mg.name)
+		}
+		tmp := filepath.Join(filepath.Dir(mg.path), migrationTempPrefix+mg.name)
+		if err := (*p).Pin(tmp); err != nil {
+			return fmt.Errorf("ebpf: migrate map %s: pin %s: %w", mg.name, tmp, err)
+		}
+		if err := os.Rename(tmp, mg.path); err != nil {
+			_ = os.Remove(tmp)
+			return fmt.Errorf("ebpf: migrate map %s: rename %s over %s: %w", mg.name, tmp, mg.path, err)
+		}
+		// Reopen from the final path so Unpin (Teardown) removes the right file.
+		m, err := ebpf.LoadPinnedMap(mg.path, nil)
+		if err != nil {
+			return fmt.Errorf("ebpf: migrate map %s: reopen %s: %w", mg.name, mg.path, err)
+		}
+		(*p).Close()
+		*p = m
+		d.log.Info("bpf map migrated", "map", mg.name, "change", mg.why)
+	}
+	closeMigrations(ms)
+	return nil
+}
+
+func closeMigrations(ms []*migration) {
+	for _, mg := range ms {
+		if mg.old != nil {
+			mg.old.Close()
+			mg.old = nil
+		}
+		if mg.new != nil {
+			mg.new.Close()
+			mg.new = nil
+		}
+	}
+}
+
+// removeForeignPins unpins maps under the pin root that this build does not have (maps of
+// an earlier build, after migration). Links and directories are left alone.
+func (d *Driver) removeForeignPins(spec *ebpf.CollectionSpec) {
+	ents, err := os.ReadDir(d.cfg.PinRoot)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if e.IsDir() || !strings.HasPrefix(n, "cb_") {
+			continue
+		}
+		if _, ok := spec.Maps[n]; ok {
+			continue
+		}
+		if err := os.Remove(filepath.Join(d.cfg.PinRoot, n)); err != nil {
+			d.log.Warn("remove pin of an earlier build", "pin", n, "err", err)
+			continue
+		}
+		d.log.Info("removed pinned map of an earlier build", "map", n)
+	}
+}
+
+// layoutDiff says how a pinned map differs from spec ("" when it matches).
+func layoutDiff(ms *ebpf.MapSpec, m *ebpf.Map) string {
+	if err := ms.Compatible(m); err != nil {
+		return strings.TrimSuffix(err.Error(), ": "+ebpf.ErrMapIncompatible.Error())
+	}
+	ob := mapBTF(m)
+	if ob == nil {
+		return "" // no BTF on the pinned map: sizes match, nothing more to compare
+	}
+	var diffs []string
+	for _, kv := range []struct {
+		what string
+		t    btf.Type
+	}{{"key", ms.Key}, {"value", ms.Value}} {
+		ns, ok := asStruct(kv.t)
+		if !ok {
+			continue
+		}
+		ost, found := findStruct(ob, ns.Name)
+		if !found {
+			diffs = append(diffs, fmt.Sprintf("%s struct %s not in the pinned map's BTF", kv.what, ns.Name))
+			continue
+		}
+		if !sameLayout(ost, ns) {
+			diffs = append(diffs, fmt.Sprintf("%s struct %s layout changed", kv.what, ns.Name))
+		}
+	}
+	return strings.Join(diffs, ", ")
+}
+
+func mapBTF(m *ebpf.Map) *btf.Spec {
+	h, err := m.Handle()
+	if err != nil {
+		return nil
+	}
+	defer h.Close()
+	s, err := h.Spec(nil)
+	if err != nil {
+		return nil
+	}
+	return s
+}
+
+func asStruct(t btf.Type) (*btf.Struct, bool) {
+	if t == nil {
+		return nil, false
+	}
+	s, ok := btf.UnderlyingType(t).(*btf.Struct)
+	return s, ok && s.Name != ""
+}
+
+func findStruct(s *btf.Spec, name string) (*btf.Struct, bool) {
+	ts, err := s.AnyTypesByName(name)
+	if err != nil {
+		return nil, false
+	}
+	for _, t := range ts {
+		if st, ok := t.(*btf.Struct); ok {
+			return st, true
+		}
+	}
+	return nil, false
+}
+
+func sameLayout(a, b *btf.Struct) bool {
+	if a.Size != b.Size || len(a.Members) != len(b.Members) {
+		return false
+	}
+	for i := range a.Members {
+		ma, mb := a.Members[i], b.Members[i]
+		if ma.Name != mb.Name || ma.Offset != mb.Offset || ma.BitfieldSize != mb.BitfieldSize || sizeOf(ma.Type) != sizeOf(mb.Type) {
+			return false
+		}
+	}
+	return true
+}
+
+func sizeOf(t btf.Type) int {
+	n, err := btf.Sizeof(t)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// fieldConverter converts bytes of struct from into struct to by member name: members of
+// to that from has with the same size are copied, the others stay zero. Without struct
+// information on either side, equal sizes are copied verbatim.
+func fieldConverter(from *btf.Spec, fromSize uint32, to btf.Type, toSize uint32) (func([]byte) ([]byte, error), error) {
+	ns, ok := asStruct(to)
+	var ost *btf.Struct
+	if ok && from != nil {
+		ost, ok = findStruct(from, ns.Name)
+	}
+	if !ok || ost == nil || sameLayout(ost, ns) {
+		if fromSize != toSize {
+			return nil, fmt.Errorf("size %d → %d and no BTF struct to convert by field", fromSize, toSize)
+		}
+		return func(b []byte) ([]byte, error) { return bytes.Clone(b), nil }, nil
+	}
+	type move struct{ from, to, n int }
+	var moves []move
+	for _, m := range ns.Members {
+		if m.BitfieldSize != 0 || m.Name == "" {
+			continue
+		}
+		for _, o := range ost.Members {
+			if o.Name == m.Name && o.BitfieldSize == 0 && sizeOf(o.Type) == sizeOf(m.Type) && sizeOf(m.Type) > 0 {
+				moves = append(moves, move{int(o.Offset.Bytes()), int(m.Offset.Bytes()), sizeOf(m.Type)})
+			}
+		}
+	}
+	return func(b []byte) ([]byte, error) {
+		if len(b) < int(fromSize) {
+			return nil, fmt.Errorf("value of %d bytes, want %d", len(b), fromSize)
+		}
+		out := make([]byte, toSize)
+		for _, mv := range moves {
+			copy(out[mv.to:mv.to+mv.n], b[mv.from:mv.from+mv.n])
+		}
+		return out, nil
+	}, nil
+}
+
+func isPerCPU(t ebpf.MapType) bool {
+	switch t {
+	case ebpf.PerCPUHash, ebpf.PerCPUArray, ebpf.LRUCPUHash:
+		return true
+	}
+	return false
+}
+
+func isArray(t ebpf.MapType) bool { return t == ebpf.Array || t == ebpf.PerCPUArray }
+
+// copyEntries copies mg.old into mg.new. With catchUp only keys missing from mg.new are
+// added (entries the old programs created after the first copy).
+func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
+	old, nm, ms := mg.old, mg.new, mg.spec
+	switch old.Type() {
+	case ebpf.RingBuf, ebpf.PerfEventArray:
+		return nil // streams, no entries
+	}
+	if catchUp && isArray(nm.Type()) {
+		return nil
+	}
+	keyT, valT := ms.Key, ms.Value
+	if conv == nil {
+		ob := mapBTF(old)
+		kc, err := fieldConverter(ob, old.KeySize(), keyT, nm.KeySize())
+		if err != nil && !catchUp {
+			return fmt.Errorf("key: %w", err)
+		}
+		vc, verr := fieldConverter(ob, old.ValueSize(), valT, nm.ValueSize())
+		if verr != nil && !catchUp {
+			return fmt.Errorf("value: %w", verr)
+		}
+		if err != nil || verr != nil {
+			return nil // catch-up of a map the first copy converted with a converter
+		}
+		conv = func(k []byte, vs [][]byte) ([]byte, [][]byte, bool, error) {
+			nk, err := kc(k)
+			if err != nil {
+				return nil, nil, false, err
+			}
+			nvs := make([][]byte, len(vs))
+			for i, v := range vs {
+				if nvs[i], err = vc(v); err != nil {
+					return nil, nil, false, err
+				}
+			}
+			return nk, nvs, true, nil
+		}
+	}
+	perCPU := isPerCPU(old.Type())
+	if isPerCPU(nm.Type()) != perCPU {
+		return errors.New("per-CPU and shared maps cannot be converted into each other without a converter")
+	}
+	newVal := func(m *ebpf.Map) any {
+		if perCPU {
+			return reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(int(m.ValueSize()), reflect.TypeOf(byte(0)))), ebpf.MustPossibleCPU(), ebpf.MustPossibleCPU()).Interface()
+		}
+		return make([]byte, m.ValueSize())
+	}
+	split := func(v any) [][]byte {
+		if !perCPU {
+			return [][]byte{v.([]byte)}
+		}
+		rv := reflect.ValueOf(v)
+		out := make([][]byte, rv.Len())
+		for i := range out {
+			b := make([]byte, rv.Index(i).Len())
+			reflect.Copy(reflect.ValueOf(b), rv.Index(i))
+			out[i] = b
+		}
+		return out
+	}
+	join := func(m *ebpf.Map, vs [][]byte) any {
+		if !perCPU {
+			return vs[0]
+		}
+		v := newVal(m)
+		rv := reflect.ValueOf(v)
+		for i := 0; i < rv.Len() && i < len(vs); i++ {
+			reflect.Copy(rv.Index(i), reflect.ValueOf(vs[i]))
+		}
+		return v
+	}
+	if !catchUp && !isArray(old.Type()) && old.Type() != ebpf.LRUHash && old.Type() != ebpf.LRUCPUHash {
+		if n := countMap(old); n > int(nm.MaxEntries()) {
+			return fmt.Errorf("%d entries do not fit in %d (raise MapEntries)", n, nm.MaxEntries())
+		}
+	}
+	k := make([]byte, old.KeySize())
+	v := newVal(old)
+	it := old.Iterate()
+	for it.Next(&k, v) {
+		vs := split(v)
+		if isArray(old.Type()) {
+			idx := uint32(0)
+			if len(k) >= 4 {
+				idx = uint32(k[0]) | uint32(k[1])<<8 | uint32(k[2])<<16 | uint32(k[3])<<24
+			}
+			if idx >= nm.MaxEntries() {
+				if !allZero(vs) {
+					return fmt.Errorf("entry %d does not fit in %d entries", idx, nm.MaxEntries())
+				}
+				continue
+			}
+		}
+		nk, nvs, keep, err := conv(k, vs)
+		if err != nil {
+			return fmt.Errorf("convert entry: %w", err)
+		}
+		if !keep {
+			continue
+		}
+		flag := ebpf.UpdateAny
+		if catchUp {
+			flag = ebpf.UpdateNoExist
+		}
+		err = nm.Update(nk, join(nm, nvs), flag)
+		switch {
+		case err == nil, catchUp && errors.Is(err, ebpf.ErrKeyExist):
+		case errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC):
+			if catchUp {
+				return nil
+			}
+			return fmt.Errorf("entries do not fit in %d (raise MapEntries): %w", nm.MaxEntries(), err)
+		default:
+			return fmt.Errorf("write entry: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate: %w", err)
+	}
+	return nil
+}
+
+func allZero(vs [][]byte) bool {
+	for _, v := range vs {
+		for _, b := range v {
+			if b != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// countMap counts the entries of a hash map (arrays: max entries).
+func countMap(m *ebpf.Map) int {
+	if isArray(m.Type()) {
+		return int(m.MaxEntries())
+	}
+	k := make([]byte, m.KeySize())
+	n := 0
+	it := m.Iterate()
+	var v any = make([]byte, m.ValueSize())
+	if isPerCPU(m.Type()) {
+		v = reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(int(m.ValueSize()), reflect.TypeOf(byte(0)))), ebpf.MustPossibleCPU(), ebpf.MustPossibleCPU()).Interface()
+	}
+	for it.Next(&k, v) {
+		n++
+	}
+	return n
+}
