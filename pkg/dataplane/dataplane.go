@@ -227,6 +227,27 @@ func (ep Endpoint) Validate() error {
 	return nil
 }
 
+// Validate checks a remote endpoint for a network with the given encapsulation. A VXLAN
+// remote needs its owning host's VTEP (an IPv4 unicast address); a VLAN remote may have
+// none (a VTEP it does have must be IPv4).
+func (ep RemoteEndpoint) Validate(encap Encap) error {
+	switch {
+	case ep.ID == "":
+		return fmt.Errorf("remote endpoint: id is empty")
+	case ep.NetworkID == "":
+		return fmt.Errorf("remote endpoint %s: networkID is empty", ep.ID)
+	case !ep.IP.Is4():
+		return fmt.Errorf("remote endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
+	case len(ep.MAC) != 6:
+		return fmt.Errorf("remote endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
+	case encap == EncapVXLAN && !ep.VTEP.IsValid():
+		return fmt.Errorf("remote endpoint %s: vtep is missing (required on vxlan network %s)", ep.ID, ep.NetworkID)
+	case ep.VTEP.IsValid() && (!ep.VTEP.Is4() || ep.VTEP.IsUnspecified() || ep.VTEP.IsMulticast()):
+		return fmt.Errorf("remote endpoint %s: vtep %v is not an IPv4 unicast address", ep.ID, ep.VTEP)
+	}
+	return nil
+}
+
 // Validate checks a network definition.
 func (n Network) Validate() error {
 	switch {

@@ -513,6 +513,11 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 			return err
 		}
 	}
+	for _, id := range slices.Sorted(maps.Keys(st.remotes)) {
+		if err := checkRemote(st, st.remotes[id]); err != nil {
+			return err
+		}
+	}
 	var created []dataplane.Endpoint
 	newPorts := maps.Clone(d.ports.endpoints)
 	rollback := func() {
@@ -626,7 +631,13 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, e := range s.Endpoints {
 		st.endpoints[e.ID] = e
 	}
+	// A bad remote endpoint is reported and left out; everything else is applied.
+	var bad []error
 	for _, r := range s.RemoteEndpoints {
+		if err := checkRemote(st, r); err != nil {
+			bad = append(bad, err)
+			continue
+		}
 		st.remotes[r.ID] = r
 	}
 	for _, p := range s.Peers {
@@ -640,7 +651,19 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.apply(ctx, st, true)
+	return errors.Join(d.apply(ctx, st, true), errors.Join(bad...))
+}
+
+// checkRemote validates a remote endpoint against its network in st.
+func checkRemote(st *desired, r dataplane.RemoteEndpoint) error {
+	n, ok := st.networks[r.NetworkID]
+	if !ok {
+		if r.ID == "" {
+			return r.Validate("")
+		}
+		return fmt.Errorf("remote endpoint %s: network %q is not known", r.ID, r.NetworkID)
+	}
+	return r.Validate(n.Encap)
 }
 
 // UpsertNetwork implements dataplane.Driver.
@@ -684,15 +707,13 @@ func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
 
 // UpsertRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
-	switch {
-	case ep.ID == "":
-		return errors.New("remote endpoint: id is empty")
-	case !ep.IP.Is4():
-		return fmt.Errorf("remote endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
-	case len(ep.MAC) != 6:
-		return fmt.Errorf("remote endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
-	}
-	return d.update(ctx, func(st *desired) error { st.remotes[ep.ID] = ep; return nil })
+	return d.update(ctx, func(st *desired) error {
+		if err := checkRemote(st, ep); err != nil {
+			return err
+		}
+		st.remotes[ep.ID] = ep
+		return nil
+	})
 }
 
 // DeleteRemoteEndpoint implements dataplane.Driver.

@@ -191,8 +191,9 @@ func ep(id, ip, ns, hostIf string) dataplane.Endpoint {
 		HostIfName: hostIf, NetNS: nsPath(ns), IfName: "eth0"}
 }
 
-func remote(e dataplane.Endpoint, host string) dataplane.RemoteEndpoint {
-	return dataplane.RemoteEndpoint{ID: e.ID, NetworkID: e.NetworkID, IP: e.IP, MAC: e.MAC, EPGID: e.EPGID, Host: host}
+func remote(e dataplane.Endpoint, h testHost) dataplane.RemoteEndpoint {
+	return dataplane.RemoteEndpoint{ID: e.ID, NetworkID: e.NetworkID, IP: e.IP, MAC: e.MAC, EPGID: e.EPGID,
+		Host: h.cfg.Host, VTEP: h.cfg.VTEP}
 }
 
 // TestSameHostAndVXLAN: two containers on h1, one on h2; ping and TCP within a host and
@@ -211,12 +212,21 @@ func TestSameHostAndVXLAN(t *testing.T) {
 
 	e1, e2, e3 := ep("e1", "10.1.0.1", c1, "cbo1"+id), ep("e2", "10.1.0.2", c2, "cbo2"+id), ep("e3", "10.1.0.3", c3, "cbo3"+id)
 	s1 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, "h2")}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}}}
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}}}
 	s2 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, "h1"), remote(e2, "h1")}, Peers: []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}}}
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1)}, Peers: []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}}}
+	// A remote endpoint without a VTEP on a VXLAN network is refused by name; the rest
+	// of the state is applied (e3 is reachable below).
+	bad := remote(ep("bad", "10.1.0.66", c3, "cbo6"+id), h2)
+	bad.VTEP = netip.Addr{}
+	withBad := s1
+	withBad.RemoteEndpoints = append([]dataplane.RemoteEndpoint{bad}, s1.RemoteEndpoints...)
 	start = time.Now()
-	if err := d1.Sync(ctx, s1); err != nil {
-		t.Fatalf("sync h1: %v", err)
+	if err := d1.Sync(ctx, withBad); err == nil || !strings.Contains(err.Error(), "remote endpoint bad") {
+		t.Fatalf("sync h1 with a bad remote: err = %v, want one naming remote endpoint bad", err)
+	}
+	if err := d1.UpsertRemoteEndpoint(ctx, bad); err == nil {
+		t.Fatal("upsert of a vxlan remote without vtep accepted")
 	}
 	if err := d2.Sync(ctx, s2); err != nil {
 		t.Fatalf("sync h2: %v", err)

@@ -213,11 +213,9 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 	nets := sortedValues(d.networks, func(n dataplane.Network) string { return n.ID })
 	eps := sortedValues(d.endpoints, func(e dataplane.Endpoint) string { return e.ID })
 	rems := sortedValues(d.remotes, func(e dataplane.RemoteEndpoint) string { return e.ID })
-	peerVTEP := map[string]netip.Addr{}
 	peerHost := map[string]bool{}
 	peerAddr := map[netip.Addr]bool{}
 	for _, p := range d.peers {
-		peerVTEP[p.Host] = p.VTEP
 		peerHost[p.Host] = true
 		peerAddr[p.VTEP] = true
 	}
@@ -290,11 +288,11 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 		if !ok {
 			return nil, fmt.Errorf("remote endpoint %s: network %s is not known", r.ID, r.NetworkID)
 		}
-		vtep := r.VTEP
-		if !vtep.IsValid() {
-			vtep = peerVTEP[r.Host]
+		if err := r.Validate(n.Encap); err != nil {
+			return nil, err
 		}
-		if n.Encap == dataplane.EncapVXLAN && (!vtep.IsValid() || !peerHost[r.Host] && !peerAddr[vtep]) {
+		vtep := r.VTEP
+		if n.Encap == dataplane.EncapVXLAN && !peerHost[r.Host] && !peerAddr[vtep] {
 			// Reachable only through a known peer: wait for it (the agent may send the
 			// endpoint first), forwarding nothing meanwhile.
 			continue

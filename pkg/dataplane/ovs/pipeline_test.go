@@ -18,7 +18,8 @@ func testState() *desired {
 	a := netip.MustParseAddr("10.1.0.1")
 	d.endpoints["e1"] = dataplane.Endpoint{ID: "e1", NetworkID: vxNet.ID, IP: a, MAC: dataplane.ContivMAC(a), EPGID: 7, HostIfName: "v1", IfName: "eth0"}
 	b := netip.MustParseAddr("10.1.0.9")
-	d.remotes["r1"] = dataplane.RemoteEndpoint{ID: "r1", NetworkID: vxNet.ID, IP: b, MAC: dataplane.ContivMAC(b), EPGID: 8, Host: "h2"}
+	d.remotes["r1"] = dataplane.RemoteEndpoint{ID: "r1", NetworkID: vxNet.ID, IP: b, MAC: dataplane.ContivMAC(b), EPGID: 8, Host: "h2",
+		VTEP: netip.MustParseAddr("192.168.1.2")}
 	d.peers["h2"] = dataplane.Peer{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}
 	d.policies[7] = dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
 		{ID: "d", Priority: 1, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
@@ -95,6 +96,11 @@ func TestCompileRejects(t *testing.T) {
 		},
 		"bad action": func(d *desired) {
 			d.policies[9] = dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "x", Action: "maybe"}}}
+		},
+		"vxlan remote without vtep": func(d *desired) {
+			r := d.remotes["r1"]
+			r.VTEP = netip.Addr{}
+			d.remotes["r1"] = r
 		},
 		"bad service proto": func(d *desired) {
 			s := d.services["s"]
