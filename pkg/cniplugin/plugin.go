@@ -67,7 +67,7 @@ func (c *NetConf) ctx() (context.Context, context.CancelFunc) {
 
 // agentError turns a socket failure into a CNI error: unreachable netplugin is "try again
 // later" (11), a refusal is ErrAgent with netplugin's message.
-func agentError(op string, resp cniapi.PodResponse, err error) error {
+func agentError(op string, resp cniapi.PodResponse, err error) *types.Error {
 	if resp.Result != 0 || resp.ErrMsg != "" {
 		return types.NewError(ErrAgent, "Contiv: "+resp.ErrMsg, resp.ErrInfo)
 	}
@@ -97,25 +97,43 @@ func (p Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		// netplugin rolls back its own failures; a cut connection may still have left
 		// an attachment behind, so ask for a detach (idempotent) before failing.
-		undo(ag, req)
-		return agentError("add pod", resp, err)
+		return withUndo(agentError("add pod", resp, err), undo(ag, req))
 	}
 	res, err := result(conf, args, resp)
 	if err != nil {
-		undo(ag, req)
-		return types.NewError(ErrAgent, "build result", err.Error())
+		return withUndo(types.NewError(ErrAgent, "build result", err.Error()), undo(ag, req))
 	}
 	if err := types.PrintResult(res, conf.CNIVersion); err != nil {
-		undo(ag, req)
-		return types.NewError(types.ErrIOFailure, "print result", err.Error())
+		return withUndo(types.NewError(types.ErrIOFailure, "print result", err.Error()), undo(ag, req))
 	}
 	return nil
 }
 
-func undo(ag Agent, req cniapi.PodRequest) {
+// undo detaches the pod after a failed add; its error says why the detach failed.
+func undo(ag Agent, req cniapi.PodRequest) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, _ = ag.DelPod(ctx, req)
+	resp, err := ag.DelPod(ctx, req)
+	if err == nil && (resp.Result != 0 || resp.ErrMsg != "") {
+		err = fmt.Errorf("netplugin refused: %s", resp.ErrMsg)
+	}
+	if err != nil {
+		return fmt.Errorf("rollback: detach pod %s: %w", req.InfraContainerID, err)
+	}
+	return nil
+}
+
+// withUndo adds a failed rollback to the CNI error's details, keeping its code (the
+// runtime must learn both why the add failed and that something may be left behind).
+func withUndo(err *types.Error, undoErr error) *types.Error {
+	if undoErr == nil {
+		return err
+	}
+	if err.Details != "" {
+		err.Details += "; "
+	}
+	err.Details += undoErr.Error()
+	return err
 }
 
 // result builds a CNI 1.x result from netplugin's reply (converted by PrintResult).
