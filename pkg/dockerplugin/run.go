@@ -39,7 +39,7 @@ func (f FrontEnd) Run(ctx context.Context) error {
 		return fmt.Errorf("docker front-end: docker client for %q: %w", f.DockerHost, err)
 	}
 	defer dc.Close()
-	syncer, err := NewSyncer(SyncConfig{Store: f.Store, Docker: dc, Master: MasterREST{Finder: f.Master}, Name: f.PluginName})
+	syncer, err := NewSyncer(SyncConfig{Store: f.Store, Docker: dc, Master: MasterREST{Master: f.Master}, Name: f.PluginName})
 	if err != nil {
 		return err
 	}

@@ -13,20 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
-
-// serviceInfo is Contiv's objdb.ServiceInfo as stored under /contiv.io/service/.
-type serviceInfo struct {
-	ServiceName string
-	HostAddr    string
-	Port        int
-}
 
 // Client posts plugin requests to the current netmaster leader.
 type Client struct {
@@ -72,47 +67,61 @@ func (c *Client) Addresses(ctx context.Context) ([]string, error) {
 			add(string(kv.Value))
 		}
 	}
-	for _, svc := range []string{"netmaster", "netmaster.rpc"} {
-		regs, _, err := c.store.List(ctx, state.ServicePrefix+svc+"/")
+	var listErrs []error
+	for _, svc := range []string{cluster.ServiceNetmaster, cluster.ServiceNetmasterRPC} {
+		regs, err := cluster.ListServices(ctx, c.store, svc)
 		if err != nil {
-			return nil, fmt.Errorf("list %s registrations: %w", svc, err)
+			// A broken registration must not hide the others: report it only if nothing
+			// else is found.
+			listErrs = append(listErrs, err)
+			continue
 		}
-		for _, kv := range regs {
-			var si serviceInfo
-			if err := json.Unmarshal(kv.Value, &si); err != nil || si.HostAddr == "" {
+		for _, si := range regs {
+			if si.HostAddr == "" {
 				continue
 			}
-			if svc == "netmaster.rpc" {
+			if svc == cluster.ServiceNetmasterRPC {
 				// Contiv registers the RPC port (9001) here; the REST port is what we need,
 				// and only its host is useful as a last resort with the default port.
-				add(fmt.Sprintf("%s:9999", si.HostAddr))
+				add(net.JoinHostPort(si.HostAddr, "9999"))
 				continue
 			}
-			add(fmt.Sprintf("%s:%d", si.HostAddr, si.Port))
+			add(si.Addr())
 		}
 	}
 	if len(out) == 0 {
+		if len(listErrs) > 0 {
+			return nil, fmt.Errorf("no netmaster found: leader lock empty and registrations unreadable: %w", errors.Join(listErrs...))
+		}
 		return nil, errors.New("no netmaster found: leader lock empty and no netmaster registered")
 	}
 	return out, nil
 }
 
-// Post sends req as JSON to path on the leader (falling back to other netmasters on
-// connection errors) and decodes the reply into resp. A netmaster that answers with an
-// error status is not retried elsewhere: followers proxy to the leader, so the answer is
-// authoritative.
+// Post sends req as JSON to path on the leader; see Do.
 func (c *Client) Post(ctx context.Context, path string, req, resp any) error {
+	return c.Do(ctx, http.MethodPost, path, req, resp)
+}
+
+// Do sends method path with req as its JSON body (no body when req is nil) to the
+// leader, falling back to the other netmasters in Addresses order on connection errors,
+// and decodes a 2xx reply into resp (unless resp is nil). A netmaster that answers with
+// an error status is not retried elsewhere (followers proxy to the leader, so the answer
+// is authoritative): the error is an *HTTPError.
+func (c *Client) Do(ctx context.Context, method, path string, req, resp any) error {
 	addrs, err := c.Addresses(ctx)
 	if err != nil {
 		return err
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("encode %s request: %w", path, err)
+	var body []byte
+	if req != nil {
+		if body, err = json.Marshal(req); err != nil {
+			return fmt.Errorf("encode %s %s request: %w", method, path, err)
+		}
 	}
 	var errs []error
 	for _, a := range addrs {
-		err := c.post(ctx, a, path, body, resp)
+		err := c.do(ctx, a, method, path, body, resp)
 		if err == nil {
 			return nil
 		}
@@ -122,32 +131,38 @@ func (c *Client) Post(ctx context.Context, path string, req, resp any) error {
 		}
 		errs = append(errs, err)
 	}
-	return fmt.Errorf("post %s: every netmaster failed: %w", path, errors.Join(errs...))
+	return fmt.Errorf("%s %s: every netmaster failed: %w", method, path, errors.Join(errs...))
 }
 
-func (c *Client) post(ctx context.Context, addr, path string, body []byte, resp any) error {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("build request %s%s: %w", addr, path, err)
+func (c *Client) do(ctx context.Context, addr, method, path string, body []byte, resp any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
 	}
-	hr.Header.Set("Content-Type", "application/json")
+	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	if err != nil {
+		return fmt.Errorf("build request %s %s%s: %w", method, addr, path, err)
+	}
+	if body != nil {
+		hr.Header.Set("Content-Type", "application/json")
+	}
 	r, err := c.http.Do(hr)
 	if err != nil {
-		return fmt.Errorf("post %s%s: %w", addr, path, err)
+		return fmt.Errorf("%s %s%s: %w", method, addr, path, err)
 	}
 	defer r.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
 	if err != nil {
-		return fmt.Errorf("read reply of %s%s: %w", addr, path, err)
+		return fmt.Errorf("read reply of %s %s%s: %w", method, addr, path, err)
 	}
-	if r.StatusCode != http.StatusOK {
+	if r.StatusCode/100 != 2 {
 		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: strings.TrimSpace(string(b))}
 	}
 	if resp == nil {
 		return nil
 	}
 	if err := json.Unmarshal(b, resp); err != nil {
-		return fmt.Errorf("decode reply of %s%s: %w", addr, path, err)
+		return fmt.Errorf("decode reply of %s %s%s: %w", method, addr, path, err)
 	}
 	return nil
 }

@@ -89,3 +89,51 @@ func asHTTP(err error, he **HTTPError) bool {
 	}
 	return ok
 }
+
+// TestDoMethodsAndBrokenRegistration: Do sends any method (no body without a request),
+// reports an error status as *HTTPError without trying other netmasters, and a
+// registration that does not decode does not hide a good one.
+func TestDoMethodsAndBrokenRegistration(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx := context.Background()
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/networks/default:n1/":
+			_ = json.NewEncoder(w).Encode(map[string]string{"networkName": "n1"})
+		case r.Method == http.MethodDelete && r.ContentLength <= 0 && r.Header.Get("Content-Type") == "":
+			http.Error(w, "network gone not found", http.StatusNotFound)
+		default:
+			http.Error(w, r.Method+" "+r.URL.Path+" unexpected", http.StatusBadRequest)
+		}
+	}))
+	defer srv.Close()
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	var p int
+	fmt.Sscanf(port, "%d", &p)
+	if err := store.Put(ctx, state.ServicePrefix+"netmaster/"+host+":"+port, map[string]any{
+		"ServiceName": "netmaster", "HostAddr": host, "Port": p, "TTL": 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Client().Put(ctx, state.ServicePrefix+"netmaster.rpc/10.9.9.9:9001", "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store)
+	addrs, err := c.Addresses(ctx)
+	if err != nil || len(addrs) != 1 || addrs[0] != net.JoinHostPort(host, port) {
+		t.Fatalf("Addresses with one broken registration = %v, %v", addrs, err)
+	}
+	var got map[string]string
+	if err := c.Do(ctx, http.MethodGet, "/api/v1/networks/default:n1/", nil, &got); err != nil || got["networkName"] != "n1" {
+		t.Fatalf("GET = %v, %v", got, err)
+	}
+	err = c.Do(ctx, http.MethodDelete, "/api/v1/networks/default:gone/", nil, nil)
+	var he *HTTPError
+	if !asHTTP(err, &he) || he.Status != http.StatusNotFound || !strings.Contains(he.Message, "not found") {
+		t.Fatalf("DELETE of a missing network = %v, want HTTPError 404", err)
+	}
+	if hits != 2 {
+		t.Fatalf("server saw %d requests, want 2", hits)
+	}
+}
