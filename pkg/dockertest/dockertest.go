@@ -322,7 +322,10 @@ func BusyboxTar() ([]byte, error) {
 func (d *Daemon) Stop() error {
 	var errs []error
 	if d.cmd != nil {
-		d.removeContainers()
+		// Best effort: a daemon that already died has nothing to list.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = d.RemoveContainers(ctx)
+		cancel()
 	}
 	d.stopDaemon()
 	// containerd started by this dockerd (exits by itself on a clean dockerd stop).
@@ -427,16 +430,17 @@ func runOut(ctx context.Context, argv ...string) (string, error) {
 	return string(out), nil
 }
 
-// removeContainers force-removes every container (best effort), so none outlives the
-// daemon (with live-restore they would).
-func (d *Daemon) removeContainers() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+// RemoveContainers force-removes every container of the daemon, so none outlives it
+// (with live-restore they would) and a scenario can start clean.
+func (d *Daemon) RemoveContainers(ctx context.Context) error {
 	out, err := d.Docker(ctx, "ps", "-aq")
 	if err != nil {
-		return
+		return fmt.Errorf("list containers: %w", err)
 	}
 	if ids := strings.Fields(out); len(ids) > 0 {
-		_, _ = d.Docker(ctx, append([]string{"rm", "-f"}, ids...)...)
+		if _, err := d.Docker(ctx, append([]string{"rm", "-f"}, ids...)...); err != nil {
+			return fmt.Errorf("remove containers: %w", err)
+		}
 	}
+	return nil
 }

@@ -30,6 +30,15 @@ func TestDaemonBusybox(t *testing.T) {
 	if !strings.Contains(out, "hello-2") {
 		t.Fatalf("container output %q, want hello-2", out)
 	}
+	if _, err := d.Docker(ctx, "run", "-d", "--net", "none", BusyboxImage, "sleep", "300"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RemoveContainers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := d.Docker(ctx, "ps", "-aq"); err != nil || strings.TrimSpace(left) != "" {
+		t.Fatalf("containers after RemoveContainers: %q, %v", left, err)
+	}
 
 	// A file in the daemon's plugin dir shows up at /run/docker/plugins in its mount namespace
 	// and not in ours.

@@ -71,7 +71,6 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 	var daemons []*dockertest.Daemon
 	defer func() {
 		for _, d := range daemons {
-			rmAll(d)
 			if serr := d.Stop(); serr != nil && err == nil {
 				err = serr
 			}
@@ -169,7 +168,9 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 
 	say("== clean-up: containers, test-net")
 	for _, d := range daemons {
-		rmAll(d)
+		if err := d.RemoveContainers(ctx); err != nil {
+			return err
+		}
 	}
 	if out, err := c.Netctl(ctx, "net", "rm", "test-net"); err != nil {
 		return fmt.Errorf("netctl net rm: %w\n%s", err, out)
@@ -344,18 +345,6 @@ func netOper(ctx context.Context, c *sim.Cluster, name string) (model.NetworkOpe
 	}
 	err := c.MasterDo(ctx, http.MethodGet, "/api/v1/inspect/networks/default:"+name+"/", nil, &insp)
 	return insp.Oper, err
-}
-
-func rmAll(d *dockertest.Daemon) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := d.Docker(ctx, "ps", "-aq")
-	if err != nil {
-		return
-	}
-	if ids := strings.Fields(out); len(ids) > 0 {
-		_, _ = d.Docker(ctx, append([]string{"rm", "-f"}, ids...)...)
-	}
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, f func() error) error {
