@@ -101,6 +101,12 @@ func startPing(t *testing.T, from *Container, to *Container) *pinger {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start ping: %v", err)
 	}
+	t.Cleanup(func() { // a test that stopped early must not leave ping running
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			_ = p.cmd.Wait()
+		}
+	})
 	return p
 }
 
