@@ -32,7 +32,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: --docker is not available in this walkthrough; run `make demo-docker`")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// A closed stdout (e.g. `make demo | head`) must not kill the demo before it cleans up:
+	// with SIGPIPE ignored, writes fail instead and the deferred clean-up still runs.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	start := time.Now()
 	if err := run(ctx, *dp, *bin); err != nil {
@@ -42,11 +45,12 @@ func main() {
 	fmt.Printf("\ndemo OK (%.1fs)\n", time.Since(start).Seconds())
 }
 
-var stepN int
+// progress numbers the walkthrough's steps as it prints them.
+type progress struct{ n int }
 
-func step(format string, a ...any) {
-	stepN++
-	fmt.Printf("\n==> [%d] %s\n", stepN, fmt.Sprintf(format, a...))
+func (p *progress) step(format string, a ...any) {
+	p.n++
+	fmt.Printf("\n==> [%d] %s\n", p.n, fmt.Sprintf(format, a...))
 }
 
 func indent(s string) string {
@@ -60,6 +64,7 @@ func indent(s string) string {
 var summary = regexp.MustCompile(`(?m)^\d+ packets transmitted, \d+ (packets )?received.*$`)
 
 func run(ctx context.Context, dp, bin string) (err error) {
+	p := &progress{}
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (network namespaces, bpffs)")
 	}
@@ -70,14 +75,14 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		}
 		bin = filepath.Join(root, "bin")
 	}
-	step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster with embedded etcd, netplugin --dataplane=%s on each", dp)
+	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster with embedded etcd, netplugin --dataplane=%s on each", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		step("cleaning up (processes, namespaces, pins, temp dir)")
+		p.step("cleaning up (processes, namespaces, pins, temp dir)")
 		if cerr := c.Close(); cerr != nil {
 			fmt.Print(indent(cerr.Error()))
 			if err == nil {
@@ -90,20 +95,20 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	h1, h2 := c.Hosts[0], c.Hosts[1]
 	fmt.Printf("    netmaster %s on %s; hosts %s (%s) and %s (%s)\n", c.MasterURL(), h1.Name, h1.Name, h1.IP, h2.Name, h2.IP)
 
-	step("netctl network create --subnet 10.103.1.0/24 -g 10.103.1.1 test-net")
+	p.step("netctl network create --subnet 10.103.1.0/24 -g 10.103.1.1 test-net")
 	out, err := c.Netctl(ctx, "network", "create", "--subnet", "10.103.1.0/24", "-g", "10.103.1.1", "test-net")
 	fmt.Print(indent(out))
 	if err != nil {
 		return err
 	}
-	step("netctl network ls")
+	p.step("netctl network ls")
 	out, err = c.Netctl(ctx, "network", "ls")
 	fmt.Print(indent(out))
 	if err != nil {
 		return err
 	}
 
-	step("one container per host, attached through each host's CNI socket (ContivCNI.AddPod)")
+	p.step("one container per host, attached through each host's CNI socket (ContivCNI.AddPod)")
 	c1, err := c.AddContainer(ctx, h1, "c1", "default", "test-net")
 	if err != nil {
 		return err
@@ -116,7 +121,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		fmt.Printf("    %s on %s: %s mac %s endpoint %s\n", ct.Name, ct.Host.Name, ct.IP, ct.MAC, ct.EndpointID)
 	}
 
-	step("ping %s -> %s across hosts (VXLAN)", c1.Name, c2.IP.Addr())
+	p.step("ping %s -> %s across hosts (VXLAN)", c1.Name, c2.IP.Addr())
 	var pingOut string
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -134,14 +139,14 @@ func run(ctx context.Context, dp, bin string) (err error) {
 
 	if dp == "ebpf" {
 		pin := filepath.Join(c.PinRoot, h1.Name, "cb_endpoints")
-		step("bpftool map dump pinned %s", pin)
+		p.step("bpftool map dump pinned %s", pin)
 		b, err := exec.CommandContext(ctx, "bpftool", "map", "dump", "pinned", pin).CombinedOutput()
 		fmt.Print(indent(string(b)))
 		if err != nil {
 			return fmt.Errorf("bpftool: %w", err)
 		}
 	}
-	step("netplugin inspect on %s: /inspect/peers", h1.Name)
+	p.step("netplugin inspect on %s: /inspect/peers", h1.Name)
 	var peers any
 	if err := h1.InspectGet(ctx, "/inspect/peers", &peers); err != nil {
 		return err
