@@ -25,6 +25,14 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+#ifdef CB_LAYOUT_V1
+#define CB_EP_SLOT(ep) 0
+#define CB_IF_SLOT(ifc) 0
+#else
+#define CB_EP_SLOT(ep) ((ep)->slot)
+#define CB_IF_SLOT(ifc) ((ifc)->slot)
+#endif
+
 /* bpf2go -type needs every exported type to be reachable from a symbol. */
 const enum cb_reason cb_reason_unused __attribute__((unused));
 const enum cb_encap cb_encap_unused __attribute__((unused));
@@ -47,7 +55,7 @@ CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(eth->h_dest, ep->mac);
-	cb_ep_rx(skb, dkey);
+	cb_ep_rx(skb, dkey, CB_EP_SLOT(ep));
 	cb_count(skb, CB_FWD_LOCAL);
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
@@ -168,7 +176,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	skey.net = ifc->net;
 	skey.ip = ifc->ip;
 	if (ep->flags & CB_EP_LOCAL) {
-		cb_ep_tx(skb, &skey);
+		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
 		return cb_deliver_local(skb, &dkey, ep);
 	}
 	/* The network is looked up only off the local fast path. */
@@ -181,7 +189,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	else
 		r = cb_encap_vxlan(skb, net, ep);
 	if (r != TC_ACT_SHOT)
-		cb_ep_tx(skb, &skey);
+		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
 	return r;
 }
 

@@ -47,6 +47,7 @@ struct cb_endpoint {
 	__u16 epg;
 	__u32 flags;      /* enum cb_ep_flags */
 	__u32 generation;
+	__u32 slot;       /* local endpoints: index into cb_ep_counters (0 = none) */
 };
 #define CB_PEERS_ENTRIES 4096
 #endif
@@ -57,6 +58,9 @@ struct cb_iface {
 	__u8 mac[6];
 	__u16 epg;
 	__u32 generation;
+#ifndef CB_LAYOUT_V1
+	__u32 slot;       /* index into cb_ep_counters (0 = none) */
+#endif
 };
 
 struct cb_network {
@@ -151,6 +155,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_cfg SEC(".maps");
 
+#ifdef CB_LAYOUT_V1
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, CB_DEFAULT_ENTRIES);
@@ -158,6 +163,17 @@ struct {
 	__type(value, struct cb_ep_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ep_metrics SEC(".maps");
+#else
+/* Per-endpoint counters by slot (allocated by the agent, stored in cb_ifaces for the
+ * sender and cb_endpoints for the receiver): an array lookup the verifier inlines. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct cb_ep_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ep_counters SEC(".maps");
+#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -178,9 +194,21 @@ CB_INLINE struct cb_config *cb_get_config(void)
 	return bpf_map_lookup_elem(&cb_cfg, &zero);
 }
 
-CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k)
+/* cb_ep_tx / cb_ep_rx count a packet sent by / delivered to a local endpoint, known by its
+ * key {net, ip} and its counter slot. */
+#ifdef CB_LAYOUT_V1
+#define CB_EP_STATS(k, slot) ((struct cb_ep_stats *)bpf_map_lookup_elem(&cb_ep_metrics, (k)))
+#else
+#define CB_EP_STATS(k, slot) cb_ep_slot(slot)
+CB_INLINE struct cb_ep_stats *cb_ep_slot(__u32 slot)
 {
-	struct cb_ep_stats *s = bpf_map_lookup_elem(&cb_ep_metrics, k);
+	return bpf_map_lookup_elem(&cb_ep_counters, &slot);
+}
+#endif
+
+CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k, __u32 slot)
+{
+	struct cb_ep_stats *s = CB_EP_STATS(k, slot);
 
 	if (s) {
 		s->tx_packets++;
@@ -188,9 +216,9 @@ CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k)
 	}
 }
 
-CB_INLINE void cb_ep_rx(struct __sk_buff *skb, struct cb_ep_key *k)
+CB_INLINE void cb_ep_rx(struct __sk_buff *skb, struct cb_ep_key *k, __u32 slot)
 {
-	struct cb_ep_stats *s = bpf_map_lookup_elem(&cb_ep_metrics, k);
+	struct cb_ep_stats *s = CB_EP_STATS(k, slot);
 
 	if (s) {
 		s->rx_packets++;

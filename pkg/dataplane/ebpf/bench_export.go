@@ -72,6 +72,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	src, local, remote, gw, vtep := a("10.1.0.2"), a("10.1.0.3"), a("10.1.0.4"), a("10.1.0.1"), a("192.168.0.2")
 	vsrc, vloc, vrem := a("10.2.0.2"), a("10.2.0.3"), a("10.2.0.9")
 
+	slotOf := func(ip netip.Addr) uint32 { return uint32(ip.As4()[3]) } // counter slot: last octet
 	var errs []error
 	put := func(m *ebpf.Map, k, v any) { errs = append(errs, m.Put(k, v)) }
 	cfg := contivbpfCbConfig{VxlanIfindex: vxIf, UplinkIfindex: uplinkIf, Vtep: ip4(a("192.168.0.1"))}
@@ -84,10 +85,10 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	ep := func(nw uint32, ip netip.Addr, v contivbpfCbEndpoint) {
 		copy(v.Mac[:], dataplane.ContivMAC(ip))
 		k := contivbpfCbEpKey{Net: nw, Ip: ip4(ip)}
-		put(objs.CbEndpoints, &k, &v)
 		if v.Flags == uint32(contivbpfCbEpFlagsCB_EP_LOCAL) {
-			put(objs.CbEpMetrics, &k, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU()))
+			v.Slot = slotOf(ip)
 		}
+		put(objs.CbEndpoints, &k, &v)
 	}
 	localFlag, remoteFlag := uint32(contivbpfCbEpFlagsCB_EP_LOCAL), uint32(contivbpfCbEpFlagsCB_EP_REMOTE)
 	ep(vxNet, src, contivbpfCbEndpoint{Ifindex: loIf, Flags: localFlag})
@@ -98,7 +99,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	ep(vlanNet, vrem, contivbpfCbEndpoint{Flags: remoteFlag})
 	put(objs.CbPeers, ip4(vtep), &contivbpfCbPeer{})
 	setIface := func(nw uint32, ip netip.Addr) {
-		ifc := contivbpfCbIface{Net: nw, Ip: ip4(ip)}
+		ifc := contivbpfCbIface{Net: nw, Ip: ip4(ip), Slot: slotOf(ip)}
 		copy(ifc.Mac[:], dataplane.ContivMAC(ip))
 		put(objs.CbIfaces, uint32(loIf), &ifc)
 	}

@@ -87,6 +87,7 @@ type contivbpfCbEndpoint struct {
 	Epg        uint16
 	Flags      uint32
 	Generation uint32
+	Slot       uint32
 }
 
 type contivbpfCbEpFlags uint32
@@ -139,6 +140,7 @@ type contivbpfCbIface struct {
 	Mac        [6]uint8
 	Epg        uint16
 	Generation uint32
+	Slot       uint32
 }
 
 type contivbpfCbNetwork struct {
@@ -283,7 +285,7 @@ const (
 	contivbpfMapCbCfg              = "cb_cfg"
 	contivbpfMapCbCt               = "cb_ct"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
-	contivbpfMapCbEpMetrics        = "cb_ep_metrics"
+	contivbpfMapCbEpCounters       = "cb_ep_counters"
 	contivbpfMapCbEvents           = "cb_events"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbNetworks         = "cb_networks"
@@ -359,20 +361,20 @@ type contivbpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
-	CbBackends  *ebpf.MapSpec `ebpf:"cb_backends"`
-	CbCfg       *ebpf.MapSpec `ebpf:"cb_cfg"`
-	CbCt        *ebpf.MapSpec `ebpf:"cb_ct"`
-	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
-	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
-	CbEvents    *ebpf.MapSpec `ebpf:"cb_events"`
-	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
-	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
-	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
-	CbReasons   *ebpf.MapSpec `ebpf:"cb_reasons"`
-	CbRoutes    *ebpf.MapSpec `ebpf:"cb_routes"`
-	CbServices  *ebpf.MapSpec `ebpf:"cb_services"`
-	CbVips      *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
+	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
+	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
+	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
+	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
+	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -409,20 +411,20 @@ func (o *contivbpfObjects) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
-	CbBackends  *ebpf.Map `ebpf:"cb_backends"`
-	CbCfg       *ebpf.Map `ebpf:"cb_cfg"`
-	CbCt        *ebpf.Map `ebpf:"cb_ct"`
-	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
-	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
-	CbEvents    *ebpf.Map `ebpf:"cb_events"`
-	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
-	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
-	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
-	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
-	CbReasons   *ebpf.Map `ebpf:"cb_reasons"`
-	CbRoutes    *ebpf.Map `ebpf:"cb_routes"`
-	CbServices  *ebpf.Map `ebpf:"cb_services"`
-	CbVips      *ebpf.Map `ebpf:"cb_vips"`
+	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
+	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt         *ebpf.Map `ebpf:"cb_ct"`
+	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
+	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
+	CbEvents     *ebpf.Map `ebpf:"cb_events"`
+	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
+	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
+	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
+	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
+	CbServices   *ebpf.Map `ebpf:"cb_services"`
+	CbVips       *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfMaps) Close() error {
@@ -431,7 +433,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbCfg,
 		m.CbCt,
 		m.CbEndpoints,
-		m.CbEpMetrics,
+		m.CbEpCounters,
 		m.CbEvents,
 		m.CbIfaces,
 		m.CbNetworks,

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -64,6 +65,10 @@ type Driver struct {
 	carried  uint32
 	eventsOn bool              // a DropEvents stream is open
 	mapFull  map[string]uint64 // map name → failed inserts
+	slots    map[uint32]string // cb_ep_counters slot → endpoint indexKey
+	// legacyMetrics is the per-endpoint counter map of builds before counter slots
+	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
+	legacyMetrics *ebpf.Map
 
 	// loadSpec returns the programs and maps to run (the committed build; tests swap in
 	// another build to exercise upgrades); converters convert entries of pinned maps whose
@@ -90,6 +95,7 @@ type epRec struct {
 	hostIf  string
 	ifindex int
 	key     contivbpfCbEpKey
+	slot    uint32 // cb_ep_counters index, 0 = none
 }
 
 type remoteRec struct {
@@ -152,6 +158,7 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		policies:  map[uint16]dataplane.PolicySet{},
 		services:  map[string]svcRec{},
 		mapFull:   map[string]uint64{},
+		slots:     map[uint32]string{},
 		loadSpec:  loadContivbpf,
 	}
 	for _, o := range opts {
@@ -185,7 +192,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpMetrics, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
 		if ms, ok := spec.Maps[m]; ok {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}
@@ -204,10 +211,11 @@ func (d *Driver) open(ctx context.Context) error {
 	for _, mg := range migrations {
 		repl[mg.name] = mg.new
 	}
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
 	if err != nil {
 		return fmt.Errorf("ebpf: load programs and maps: %w", err)
 	}
+	assignObjects(coll, &d.objs)
 
 	var c contivbpfCbConfig
 	if err := d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
@@ -248,6 +256,10 @@ func (d *Driver) open(ctx context.Context) error {
 			return err
 		}
 	}
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(d.cfg.PinRoot, legacyMetricsMap), nil); err == nil {
+		d.legacyMetrics = m
+		defer func() { m.Close(); d.legacyMetrics = nil }()
+	}
 	if err := d.adoptEndpoints(ctx); err != nil {
 		return err
 	}
@@ -256,6 +268,38 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.removeForeignPins(spec)
 	return nil
+}
+
+// assignObjects moves the collection's maps and programs into the fields of objs (by their
+// `ebpf:"name"` tags) and closes what no field takes. A field the build lacks stays nil:
+// only tests run such builds (an earlier layout, for the upgrade test).
+func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
+	v := reflect.ValueOf(objs).Elem()
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		for i := 0; i < v.NumField(); i++ {
+			f, sf := v.Field(i), v.Type().Field(i)
+			if sf.Anonymous {
+				walk(f)
+				continue
+			}
+			name := sf.Tag.Get("ebpf")
+			switch f.Interface().(type) {
+			case *ebpf.Map:
+				if m, ok := coll.Maps[name]; ok {
+					f.Set(reflect.ValueOf(m))
+					delete(coll.Maps, name)
+				}
+			case *ebpf.Program:
+				if p, ok := coll.Programs[name]; ok {
+					f.Set(reflect.ValueOf(p))
+					delete(coll.Programs, name)
+				}
+			}
+		}
+	}
+	walk(v)
+	coll.Close()
 }
 
 // release closes handles without touching the datapath.
@@ -409,19 +453,40 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		var ifc contivbpfCbIface
-		if err := d.objs.CbIfaces.Lookup(uint32(l.Attrs().Index), &ifc); err != nil {
+		ifc, err := d.readIface(uint32(l.Attrs().Index))
+		if err != nil {
 			d.log.Warn("endpoint veth without iface entry; left for Sync to sweep", "ifname", l.Attrs().Name, "err", err)
 			d.endpoints[id] = epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index}
 			continue
 		}
-		d.endpoints[id] = epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index,
+		r := epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index,
 			key: contivbpfCbEpKey{Net: ifc.Net, Ip: ifc.Ip}}
+		if err := d.adoptSlot(&r, uint32(l.Attrs().Index), ifc); err != nil {
+			return err
+		}
+		d.endpoints[id] = r
 		if err := d.ensureTCX(l.Attrs().Name, l.Attrs().Index, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// readIface reads a cb_ifaces entry. A shorter value (a build whose cb_iface lacks
+// trailing fields, such as the counter slot) decodes with those fields zero.
+func (d *Driver) readIface(ifindex uint32) (contivbpfCbIface, error) {
+	var ifc contivbpfCbIface
+	buf := make([]byte, d.objs.CbIfaces.ValueSize())
+	if err := d.objs.CbIfaces.Lookup(ifindex, &buf); err != nil {
+		return ifc, err
+	}
+	if n := binary.Size(ifc); len(buf) < n {
+		buf = append(buf, make([]byte, n-len(buf))...)
+	}
+	if _, err := binary.Decode(buf, binary.NativeEndian, &ifc); err != nil {
+		return ifc, fmt.Errorf("decode %s value: %w", contivbpfMapCbIfaces, err)
+	}
+	return ifc, nil
 }
 
 // Name implements dataplane.Driver.
@@ -468,6 +533,9 @@ func (d *Driver) Teardown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
 	}
 	for _, m := range d.allMaps() {
+		if m.m == nil {
+			continue
+		}
 		if err := m.m.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", m.name, err))
 		}
@@ -495,7 +563,7 @@ func (d *Driver) mapField(name string) **ebpf.Map {
 		p    **ebpf.Map
 	}{
 		{contivbpfMapCbCfg, &d.objs.CbCfg}, {contivbpfMapCbEndpoints, &d.objs.CbEndpoints},
-		{contivbpfMapCbEpMetrics, &d.objs.CbEpMetrics}, {contivbpfMapCbIfaces, &d.objs.CbIfaces},
+		{contivbpfMapCbEpCounters, &d.objs.CbEpCounters}, {contivbpfMapCbIfaces, &d.objs.CbIfaces},
 		{contivbpfMapCbNetworks, &d.objs.CbNetworks}, {contivbpfMapCbPeers, &d.objs.CbPeers},
 		{contivbpfMapCbReasons, &d.objs.CbReasons}, {contivbpfMapCbCt, &d.objs.CbCt},
 		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
@@ -512,7 +580,7 @@ func (d *Driver) mapField(name string) **ebpf.Map {
 func (d *Driver) allMaps() []namedMap {
 	return []namedMap{
 		{contivbpfMapCbCfg, d.objs.CbCfg}, {contivbpfMapCbEndpoints, d.objs.CbEndpoints},
-		{contivbpfMapCbEpMetrics, d.objs.CbEpMetrics}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
+		{contivbpfMapCbEpCounters, d.objs.CbEpCounters}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
 		{contivbpfMapCbNetworks, d.objs.CbNetworks}, {contivbpfMapCbPeers, d.objs.CbPeers},
 		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},

@@ -407,7 +407,6 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 			_ = d.nl.LinkDel(host)
 			_ = mapDel(d.objs.CbIfaces, uint32(ifindex))
 			_ = mapDel(d.objs.CbEndpoints, &key)
-			_ = mapDel(d.objs.CbEpMetrics, &key)
 			_ = d.dropRoute(key.Net, key.Ip)
 		}
 	}()
@@ -423,18 +422,27 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
 	}
 
-	// Counters first (never reset an existing entry), then the lookups the datapath uses.
-	var zero []contivbpfCbEpStats = make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())
-	if err := d.objs.CbEpMetrics.Update(&key, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-		if errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC) {
-			d.mapFull[contivbpfMapCbEpMetrics]++
-			return fmt.Errorf("endpoint %s: ebpf: map %s is full (%d entries; raise MapEntries): %w", ep.ID, contivbpfMapCbEpMetrics, d.objs.CbEpMetrics.MaxEntries(), ErrMapFull)
-		}
-		return fmt.Errorf("endpoint %s: init counters: %w", ep.ID, err)
+	// Counters first (a kept slot keeps its counts; a new one starts at zero), then the
+	// lookups the datapath uses.
+	slot := uint32(0)
+	if r, ok := d.endpoints[ik]; ok {
+		slot = r.slot
 	}
-	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen}
+	if slot == 0 {
+		s, err := d.allocSlot(ik)
+		if err != nil {
+			return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+		}
+		slot = s
+		defer func() {
+			if retErr != nil {
+				d.freeSlot(slot)
+			}
+		}()
+	}
+	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen, Slot: slot}
 	copy(v.Mac[:], ep.MAC)
-	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen}
+	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot}
 	copy(ifc.Mac[:], ep.MAC)
 	if err := d.putRoute(nr, ep.IP); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
@@ -448,7 +456,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
-	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key}
+	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot}
 	return nil
 }
 
@@ -565,9 +573,6 @@ func (d *Driver) deleteEndpoint(ik string) error {
 		if err := mapDel(d.objs.CbEndpoints, &r.key); err != nil {
 			errs = append(errs, fmt.Errorf("delete endpoint entry: %w", err))
 		}
-		if err := mapDel(d.objs.CbEpMetrics, &r.key); err != nil {
-			errs = append(errs, fmt.Errorf("delete counters: %w", err))
-		}
 		if err := d.dropRoute(r.key.Net, r.key.Ip); err != nil {
 			errs = append(errs, fmt.Errorf("delete route: %w", err))
 		}
@@ -584,6 +589,7 @@ func (d *Driver) deleteEndpoint(ik string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("endpoint %s: %w", r.id, err)
 	}
+	d.freeSlot(r.slot)
 	delete(d.endpoints, ik)
 	return nil
 }

@@ -36,6 +36,9 @@ var (
 	gwIP     = netip.MustParseAddr("10.1.0.1")
 )
 
+// testSlot is the counter slot the fixtures give a local endpoint: its last octet.
+func testSlot(ip netip.Addr) uint32 { return uint32(ip.As4()[3]) }
+
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -77,16 +80,16 @@ func loadTestObjects(t testing.TB) *contivbpfObjects {
 	must(objs.CbNetworks.Put(uint32(1<<24|10), &contivbpfCbNetwork{
 		Subnet: ip4(netip.MustParseAddr("10.2.0.0")), Mask: ip4(netip.MustParseAddr("255.255.255.0")),
 		Tag: 10, Mtu: 1500, Encap: uint8(contivbpfCbEncapCB_ENCAP_VLAN)}))
-	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP)}
+	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
 	copy(ifc.Mac[:], dataplane.ContivMAC(srcIP))
 	must(objs.CbIfaces.Put(uint32(loIfindex), &ifc))
 	put := func(ip netip.Addr, v contivbpfCbEndpoint) {
 		copy(v.Mac[:], dataplane.ContivMAC(ip))
 		k := contivbpfCbEpKey{Net: testNet, Ip: ip4(ip)}
-		must(objs.CbEndpoints.Put(&k, &v))
 		if v.Flags == uint32(contivbpfCbEpFlagsCB_EP_LOCAL) {
-			must(objs.CbEpMetrics.Put(&k, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())))
+			v.Slot = testSlot(ip)
 		}
+		must(objs.CbEndpoints.Put(&k, &v))
 	}
 	put(srcIP, contivbpfCbEndpoint{Ifindex: loIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)})
 	put(localIP, contivbpfCbEndpoint{Ifindex: peerIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)})
@@ -351,7 +354,7 @@ func TestFromContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP)}
+			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
 			copy(ifc.Mac[:], srcMAC)
 			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
 		}()
@@ -368,7 +371,7 @@ func TestFromContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP)}
+			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
 			copy(ifc.Mac[:], srcMAC)
 			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
 		}()
@@ -377,7 +380,7 @@ func TestFromContainer(t *testing.T) {
 	t.Run("endpoint-counters", func(t *testing.T) {
 		read := func(ip netip.Addr) (c EndpointCounters) {
 			var vals []contivbpfCbEpStats
-			if err := objs.CbEpMetrics.Lookup(&contivbpfCbEpKey{Net: testNet, Ip: ip4(ip)}, &vals); err != nil {
+			if err := objs.CbEpCounters.Lookup(testSlot(ip), &vals); err != nil {
 				t.Fatal(err)
 			}
 			for _, v := range vals {

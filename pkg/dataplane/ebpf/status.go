@@ -77,8 +77,11 @@ func (d *Driver) EndpointCounters(id string) (EndpointCounters, error) {
 	if !ok {
 		return EndpointCounters{}, fmt.Errorf("ebpf: endpoint %s is not known", id)
 	}
+	if r.slot == 0 {
+		return EndpointCounters{}, fmt.Errorf("ebpf: endpoint %s has no counter slot (not synced since an upgrade)", id)
+	}
 	var vals []contivbpfCbEpStats
-	if err := d.objs.CbEpMetrics.Lookup(&r.key, &vals); err != nil {
+	if err := d.objs.CbEpCounters.Lookup(r.slot, &vals); err != nil {
 		return EndpointCounters{}, fmt.Errorf("ebpf: read counters of %s: %w", id, err)
 	}
 	var c EndpointCounters

@@ -225,23 +225,6 @@ func (d *Driver) sweepMaps() []error {
 	errs = append(errs, sweepGen(d.objs.CbRoutes, contivbpfMapCbRoutes, d.gen,
 		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
 
-	// Counters live exactly as long as their local endpoint entry.
-	var mk contivbpfCbEpKey
-	var staleM []contivbpfCbEpKey
-	it = d.objs.CbEpMetrics.Iterate()
-	var stats []contivbpfCbEpStats
-	for it.Next(&mk, &stats) {
-		var cur contivbpfCbEndpoint
-		if err := d.objs.CbEndpoints.Lookup(&mk, &cur); err != nil || cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) == 0 {
-			staleM = append(staleM, mk)
-		}
-	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbEpMetrics, err))
-	}
-	for _, k := range staleM {
-		errs = appendErr(errs, mapDel(d.objs.CbEpMetrics, &k))
-	}
 	return errs
 }
 

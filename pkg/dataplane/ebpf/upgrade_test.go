@@ -126,8 +126,9 @@ func pinnedMap(t *testing.T, pinRoot, name string) *ebpf.Map {
 }
 
 // TestUpgradeMapLayout runs the programs of an earlier build with another map layout
-// (contivbpfv1: cb_endpoint fields reordered and without generation, cb_peers with 1024
-// instead of 4096 entries), then starts the current build against its pins while a UDP
+// (contivbpfv1: cb_endpoint fields reordered and without generation or counter slot,
+// cb_iface without slot, per-endpoint counters in the per-CPU hash cb_ep_metrics instead
+// of slots in cb_ep_counters, cb_peers with 1024 instead of 4096 entries), then starts the current build against its pins while a UDP
 // stream flows between two endpoints: the maps are migrated (entries converted by field
 // name), links keep their ids, the old maps are freed, and no datagram is lost.
 func TestUpgradeMapLayout(t *testing.T) {
@@ -183,7 +184,45 @@ func TestUpgradeMapLayout(t *testing.T) {
 	oldIDs := []ebpf.MapID{mapIDOf(t, oldEps), mapIDOf(t, oldPeers)}
 	oldEps.Close()
 	oldPeers.Close()
+	// v1 counts per endpoint in cb_ep_metrics (per-CPU hash by {net, ip}), whose entries
+	// its agent created with each endpoint (this driver runs v1's programs but cannot
+	// Sync v1's layout, so the test writes them); the upgrade carries the counts into the
+	// counter slots.
+	metrics := pinnedMap(t, h.cfg.PinRoot, legacyMetricsMap)
+	for _, ep := range []dataplane.Endpoint{a, b} {
+		if err := metrics.Put(&contivbpfCbEpKey{Net: 77, Ip: ip4(ep.IP)}, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())); err != nil {
+			t.Fatal(err)
+		}
+	}
 	conformance.PingOK(t, a.NetNS, b.IP.String(), 3) // the v1 programs forward
+	burst := uint64(0)                               // datagrams the kernel took (ICMP port unreachable fails some writes)
+	if err := conformance.InNetNS(a.NetNS, func() error {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.IP.AsSlice(), Port: 9})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for i := 0; i < 3000; i++ {
+			if _, err := c.Write(make([]byte, 16)); err == nil {
+				burst++
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var v1Tx uint64
+	var vals []contivbpfCbEpStats
+	if err := metrics.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(a.IP)}, &vals); err != nil {
+		t.Fatalf("v1 counters of a: %v", err)
+	}
+	for _, v := range vals {
+		v1Tx += v.TxPackets
+	}
+	metrics.Close()
+	if burst < 1000 || v1Tx < burst {
+		t.Fatalf("v1 counted %d packets sent by a, want ≥ %d", v1Tx, burst)
+	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +245,10 @@ func TestUpgradeMapLayout(t *testing.T) {
 			continue
 		}
 		w.Generation = 0 // not in v1: defaulted
+		w.Slot = v.Slot  // not in v1: allocated when the endpoint is adopted
+		if v.Slot == 0 {
+			t.Errorf("endpoint %v: no counter slot after upgrade", ip)
+		}
 		if v != w {
 			t.Errorf("endpoint %v after upgrade = %+v, want %+v", ip, v, w)
 		}
@@ -213,6 +256,9 @@ func TestUpgradeMapLayout(t *testing.T) {
 	var peer contivbpfCbPeer
 	if err := d.objs.CbPeers.Lookup(ip4(netip.MustParseAddr("10.254.0.2")), &peer); err != nil {
 		t.Errorf("peer after upgrade: %v", err)
+	}
+	if c, err := d.EndpointCounters(a.ID); err != nil || c.TxPackets < v1Tx {
+		t.Errorf("counters of a after upgrade: %+v, %v; want ≥ %d packets sent (carried from v1)", c, err, v1Tx)
 	}
 	if err := d.Sync(ctx, state); err != nil {
 		t.Fatal(err)
@@ -228,7 +274,7 @@ func TestUpgradeMapLayout(t *testing.T) {
 	}
 	eps := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbEndpoints)
 	peers := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbPeers)
-	if eps.ValueSize() != 24 || peers.MaxEntries() != 4096 {
+	if eps.ValueSize() != 28 || peers.MaxEntries() != 4096 {
 		t.Errorf("pins after upgrade: endpoint value %d bytes, peers %d entries", eps.ValueSize(), peers.MaxEntries())
 	}
 	if mapIDOf(t, eps) != mapIDOf(t, d.objs.CbEndpoints) {
@@ -236,8 +282,8 @@ func TestUpgradeMapLayout(t *testing.T) {
 	}
 	ents, _ := os.ReadDir(h.cfg.PinRoot)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), migrationTempPrefix) {
-			t.Errorf("temporary pin %s left", e.Name())
+		if strings.HasPrefix(e.Name(), migrationTempPrefix) || e.Name() == legacyMetricsMap {
+			t.Errorf("pin %s left", e.Name())
 		}
 	}
 	// The v1 maps are freed once nothing references them.

@@ -1,0 +1,88 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Per-endpoint counters live in the per-CPU array cb_ep_counters, indexed by a slot the
+// driver allocates per local endpoint and stores in both of its entries (cb_ifaces for
+// what it sends, cb_endpoints for what it receives), so the datapath pays two inlined
+// array lookups instead of two hash lookups. Slot 0 is never allocated ("no counters").
+// A slot is zeroed when it is handed out, so a reused slot never shows the counts of the
+// endpoint that had it before; after a restart the slots are read back from cb_ifaces.
+
+// legacyMetricsMap is the counter map of builds before slots (per-CPU hash by {net, ip});
+// New copies its counts into the adopted endpoints' slots, then removes its pin.
+const legacyMetricsMap = "cb_ep_metrics"
+
+// allocSlot hands out the lowest free slot, zeroed.
+func (d *Driver) allocSlot(ik string) (uint32, error) {
+	limit := d.objs.CbEpCounters.MaxEntries()
+	for s := uint32(1); s < limit; s++ {
+		if _, used := d.slots[s]; used {
+			continue
+		}
+		if err := d.objs.CbEpCounters.Put(s, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())); err != nil {
+			return 0, fmt.Errorf("zero counter slot %d: %w", s, err)
+		}
+		d.slots[s] = ik
+		return s, nil
+	}
+	d.mapFull[contivbpfMapCbEpCounters]++
+	return 0, fmt.Errorf("ebpf: map %s is full (%d slots; raise MapEntries): %w", contivbpfMapCbEpCounters, limit-1, ErrMapFull)
+}
+
+func (d *Driver) freeSlot(s uint32) {
+	if s != 0 {
+		delete(d.slots, s)
+	}
+}
+
+// adoptSlot claims the slot an adopted endpoint's iface entry names. An entry without a
+// usable slot (migrated from a build before slots, or a clash) gets a new one, seeded
+// from the legacy counters when they exist, and both map entries are rewritten with it.
+func (d *Driver) adoptSlot(r *epRec, ifindex uint32, ifc contivbpfCbIface) error {
+	if d.objs.CbEpCounters == nil {
+		return nil // a build without counter slots (tests)
+	}
+	if s := ifc.Slot; s != 0 && s < d.objs.CbEpCounters.MaxEntries() {
+		if _, used := d.slots[s]; !used {
+			d.slots[s] = r.id
+			r.slot = s
+			return nil
+		}
+	}
+	s, err := d.allocSlot(r.id)
+	if err != nil {
+		return fmt.Errorf("endpoint %s: %w", r.id, err)
+	}
+	r.slot = s
+	if d.legacyMetrics != nil {
+		var vals []contivbpfCbEpStats
+		if err := d.legacyMetrics.Lookup(&r.key, &vals); err == nil {
+			if err := d.objs.CbEpCounters.Put(s, vals); err != nil {
+				d.log.Warn("copy legacy endpoint counters", "endpoint", r.id, "err", err)
+			}
+		}
+	}
+	ifc.Slot = s
+	if err := d.objs.CbIfaces.Update(ifindex, &ifc, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("endpoint %s: write counter slot to %s: %w", r.id, contivbpfMapCbIfaces, err)
+	}
+	var ep contivbpfCbEndpoint
+	err = d.objs.CbEndpoints.Lookup(&r.key, &ep)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && ep.Ifindex != ifindex) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("endpoint %s: read %s: %w", r.id, contivbpfMapCbEndpoints, err)
+	}
+	ep.Slot = s
+	if err := d.objs.CbEndpoints.Update(&r.key, &ep, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("endpoint %s: write counter slot to %s: %w", r.id, contivbpfMapCbEndpoints, err)
+	}
+	return nil
+}
