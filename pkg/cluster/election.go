@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -49,6 +50,7 @@ type Election struct {
 	log *slog.Logger
 
 	leader   atomic.Bool
+	leadMu   sync.Mutex             // orders leadership transitions and their notifications
 	holder   atomic.Pointer[string] // last seen lock value ("" = nobody)
 	mu       sync.Mutex
 	lease    clientv3.LeaseID // lease of the current campaign (0 = none)
@@ -86,7 +88,8 @@ func NewElection(store *state.Store, cfg ElectionConfig) (*Election, error) {
 func (e *Election) ID() string { return e.cfg.ID }
 
 // IsLeader reports whether this candidate holds the lock right now (as far as it knows:
-// it steps down as soon as its lease cannot be renewed within the TTL).
+// it steps down when no lease renewal has succeeded for TTL/2, before etcd can expire
+// the lease and another candidate can take the lock).
 func (e *Election) IsLeader() bool { return e.leader.Load() }
 
 // CurrentLeader is the lock value last observed by Run ("" when nobody holds the lock or
@@ -126,7 +129,20 @@ func (e *Election) Changes() <-chan bool {
 	return ch
 }
 
-func (e *Election) setLeader(v bool) {
+func (e *Election) setLeader(v bool) { e.setLeaderUnless(v, nil) }
+
+// setLeaderUnless changes leadership unless lost is closed (then it does nothing): a
+// round must not claim leadership after its lease watchdog has given up.
+func (e *Election) setLeaderUnless(v bool, lost <-chan struct{}) {
+	e.leadMu.Lock()
+	defer e.leadMu.Unlock()
+	if lost != nil {
+		select {
+		case <-lost:
+			return
+		default:
+		}
+	}
 	if e.leader.Swap(v) == v {
 		return
 	}
@@ -208,6 +224,7 @@ func (e *Election) campaign(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ttl := int64(math.Ceil(e.cfg.TTL.Seconds()))
+	granted := time.Now() // the lease runs from (at the earliest) here
 	lg, err := e.cli.Grant(rctx, ttl)
 	if err != nil {
 		return fmt.Errorf("grant %ds lease: %w", ttl, err)
@@ -230,16 +247,7 @@ func (e *Election) campaign(ctx context.Context) error {
 			c()
 		}
 	}()
-	ka, err := e.cli.KeepAlive(rctx, lg.ID)
-	if err != nil {
-		return fmt.Errorf("keep lease %x alive: %w", int64(lg.ID), err)
-	}
-	leaseLost := make(chan struct{})
-	go func() {
-		for range ka { //nolint:revive // drain keepalive responses
-		}
-		close(leaseLost)
-	}()
+	leaseLost := e.keepLease(rctx, lg.ID, time.Duration(ttl)*time.Second, granted)
 
 	key := e.cfg.Key
 	for {
@@ -254,7 +262,7 @@ func (e *Election) campaign(ctx context.Context) error {
 		rev := resp.Header.Revision
 		if resp.Succeeded {
 			e.setHolder(e.cfg.ID)
-			e.setLeader(true)
+			e.setLeaderUnless(true, leaseLost)
 		} else {
 			kvs := resp.Responses[0].GetResponseRange().Kvs
 			if len(kvs) == 0 {
@@ -279,6 +287,63 @@ func (e *Election) campaign(ctx context.Context) error {
 	}
 }
 
+// keepLease renews the lease every ttl/6 and returns a channel that is closed when the
+// round must end: the lease is gone, ctx ended, or no renewal has succeeded for ttl/2.
+// In the last case it steps down at once, long before etcd can expire the lease (at
+// least ttl after the last successful renewal) and another candidate can take the
+// lock, so two candidates never both act as leader.
+func (e *Election) keepLease(ctx context.Context, id clientv3.LeaseID, ttl time.Duration, granted time.Time) <-chan struct{} {
+	lost := make(chan struct{})
+	var lastOK atomic.Int64 // send time of the last successful renewal (unix ns)
+	lastOK.Store(granted.UnixNano())
+	every, grace, check := ttl/6, ttl/2, ttl/20
+	renewDone := make(chan struct{})
+	go func() {
+		defer close(renewDone)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			kctx, cancel := context.WithTimeout(ctx, every)
+			sent := time.Now()
+			r, err := e.cli.KeepAliveOnce(kctx, id)
+			cancel()
+			switch {
+			case err == nil && r.TTL > 0:
+				lastOK.Store(sent.UnixNano())
+			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+				e.log.Warn("election lease expired")
+				return
+			case ctx.Err() == nil:
+				e.log.Debug("renew election lease", "err", err)
+			}
+		}
+	}()
+	go func() {
+		t := time.NewTicker(check)
+		defer t.Stop()
+		for {
+			select {
+			case <-renewDone:
+				close(lost)
+				return
+			case <-t.C:
+				if since := time.Since(time.Unix(0, lastOK.Load())); since > grace {
+					e.log.Warn("election lease not renewed, stepping down", "since", since.Round(time.Millisecond), "ttl", ttl)
+					close(lost)
+					e.setLeader(false) // now, even if the round is stuck in an etcd call
+					return
+				}
+			}
+		}
+	}()
+	return lost
+}
+
 // watchKey waits until key is deleted (true) or the lease is lost or the key taken over
 // while leading (false). Value changes update the observed holder. A broken watch (etcd
 // member restart, leader change) is re-established from a fresh read, not treated as loss.
@@ -291,7 +356,14 @@ func (e *Election) watchKey(ctx context.Context, key string, rev int64, leaseLos
 		if !sleep(ctx, 200*time.Millisecond) {
 			return false, ctx.Err()
 		}
-		resp, err := e.cli.Get(ctx, key)
+		select {
+		case <-leaseLost:
+			return false, nil
+		default:
+		}
+		gctx, cancel := context.WithTimeout(ctx, e.cfg.TTL/2)
+		resp, err := e.cli.Get(gctx, key)
+		cancel()
 		if err != nil {
 			e.log.Warn("re-read leader lock after broken watch", "err", err)
 			continue // the lease deadline decides when to give up
