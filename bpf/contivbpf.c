@@ -107,9 +107,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
 
-	cfg = cb_get_config();
-	if (cfg)
-		features = cfg->features;
+	features = cb_features;
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		r = cb_parse_l4(skb, &p, &f);
 		if (r)
@@ -161,6 +159,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	}
 
 	if (features & CB_FEAT_ROUTING) {
+		cfg = cb_get_config();
 		r = cb_route_rewrite(skb, cfg);
 		if (r)
 			return cb_drop(skb, r);
@@ -227,7 +226,6 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	struct cb_endpoint *ep, *src;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
-	struct cb_config *cfg;
 	__u32 features = 0, src_net = 0;
 	__be32 vip = 0;
 	__be16 vport = 0;
@@ -246,9 +244,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
 
-	cfg = cb_get_config();
-	if (cfg)
-		features = cfg->features;
+	features = cb_features;
 	skey.net = net_key;
 	skey.ip = f.saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);

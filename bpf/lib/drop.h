@@ -116,11 +116,8 @@ static __noinline void cb_emit_drop(struct __sk_buff *skb, __u32 r)
 
 CB_INLINE int cb_drop(struct __sk_buff *skb, enum cb_reason r)
 {
-	struct cb_config *cfg;
-
 	cb_count(skb, r);
-	cfg = cb_get_config();
-	if (cfg && (cfg->features & CB_FEAT_EVENTS))
+	if (cb_features & CB_FEAT_EVENTS)
 		cb_emit_drop(skb, r);
 	return TC_ACT_SHOT;
 }

@@ -187,6 +187,11 @@ struct {
  * to; *out_net receives the endpoint's network key. */
 CB_INLINE struct cb_endpoint *cb_route_lookup(__u32 net_key, __be32 ip, __u32 *out_net);
 
+/* cb_features mirrors cb_config.features in the program's own .bss: the agent sets it
+ * (spec.Variables / Collection.Variables) whenever it writes the config, and the hot paths
+ * read it with a plain load instead of a map lookup. */
+volatile __u32 cb_features;
+
 CB_INLINE struct cb_config *cb_get_config(void)
 {
 	__u32 zero = 0;

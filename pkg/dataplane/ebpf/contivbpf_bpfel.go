@@ -303,6 +303,7 @@ const (
 	contivbpfVarCbEncapUnused      = "cb_encap_unused"
 	contivbpfVarCbEpFlagsUnused    = "cb_ep_flags_unused"
 	contivbpfVarCbEventUnused      = "cb_event_unused"
+	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
@@ -385,6 +386,7 @@ type contivbpfVariableSpecs struct {
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
+	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
@@ -454,6 +456,7 @@ type contivbpfVariables struct {
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
+	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`

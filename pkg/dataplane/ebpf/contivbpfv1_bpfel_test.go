@@ -298,6 +298,7 @@ const (
 	contivbpfv1VarCbEncapUnused      = "cb_encap_unused"
 	contivbpfv1VarCbEpFlagsUnused    = "cb_ep_flags_unused"
 	contivbpfv1VarCbEventUnused      = "cb_event_unused"
+	contivbpfv1VarCbFeatures         = "cb_features"
 	contivbpfv1VarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfv1VarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfv1VarCbReasonUnused     = "cb_reason_unused"
@@ -380,6 +381,7 @@ type contivbpfv1VariableSpecs struct {
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
+	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
@@ -449,6 +451,7 @@ type contivbpfv1Variables struct {
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
+	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`

@@ -295,6 +295,10 @@ func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
 					f.Set(reflect.ValueOf(p))
 					delete(coll.Programs, name)
 				}
+			case *ebpf.Variable:
+				if v, ok := coll.Variables[name]; ok {
+					f.Set(reflect.ValueOf(v))
+				}
 			}
 		}
 	}
@@ -339,6 +343,12 @@ func (d *Driver) writeConfig() error {
 	copy(c.GwMac[:], dataplane.RouterMAC)
 	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("ebpf: write config map: %w", err)
+	}
+	// The programs read the feature bits from their own global (no map lookup).
+	if d.objs.CbFeatures != nil {
+		if err := d.objs.CbFeatures.Set(c.Features); err != nil {
+			return fmt.Errorf("ebpf: set feature bits: %w", err)
+		}
 	}
 	return nil
 }

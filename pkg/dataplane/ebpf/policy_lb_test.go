@@ -102,6 +102,9 @@ func setFeatures(t *testing.T, objs *contivbpfObjects, f uint32) {
 	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
+	if err := objs.CbFeatures.Set(f); err != nil { // what the programs read
+		t.Fatal(err)
+	}
 }
 
 func setEPG(t *testing.T, objs *contivbpfObjects, ip netip.Addr, epg uint16) {
