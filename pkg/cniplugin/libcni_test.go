@@ -24,21 +24,30 @@ import (
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 
-// buildAll compiles netmaster, netplugin, netctl and contivk8s into a temp dir.
+// buildAll provides netmaster, netplugin, netctl and contivk8s (prebuilt ones from
+// $CONTIVBPF_TEST_BIN, which `make test` sets, else compiled here) plus cnitool, which is
+// not a project binary and is always compiled from the pinned CNI module, in a temp dir.
 func buildAll(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	if dir := os.Getenv("CONTIVBPF_TEST_BIN"); dir != "" {
-		return dir // prebuilt netmaster, netplugin, netctl, contivk8s
-	}
 	root, err := sim.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	bin := t.TempDir()
-	if err := sim.Build(ctx, root, bin); err != nil {
-		t.Fatal(err)
+	pkgs := map[string]string{"cnitool": "github.com/containernetworking/cni/cnitool"}
+	if pre := os.Getenv("CONTIVBPF_TEST_BIN"); pre != "" {
+		for _, name := range []string{"netmaster", "netplugin", "netctl", "contivk8s"} {
+			if err := os.Symlink(filepath.Join(pre, name), filepath.Join(bin, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	} else {
+		if err := sim.Build(ctx, root, bin); err != nil {
+			t.Fatal(err)
+		}
+		pkgs["contivk8s"] = "./cmd/contivk8s"
 	}
-	for name, pkg := range map[string]string{"contivk8s": "./cmd/contivk8s", "cnitool": "github.com/containernetworking/cni/cnitool"} {
+	for name, pkg := range pkgs {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, name), pkg)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
