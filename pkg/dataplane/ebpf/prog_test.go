@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 const (
@@ -493,6 +495,49 @@ func TestMapFull(t *testing.T) {
 		MAC: dataplane.ContivMAC(ip), VTEP: netip.MustParseAddr("192.168.1.2")}); err != nil {
 		t.Errorf("update on full map: %v", err)
 	}
+
+	// Operators see both the full map and every drop reason on /metrics.
+	run(t, &d.objs, d.objs.CbFromContainer, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, tcActShot, DropUnknownIface)
+	want := `
+# HELP contiv_datapath_map_full_total Map inserts the driver could not make because the map was full, by map.
+# TYPE contiv_datapath_map_full_total counter
+contiv_datapath_map_full_total{map="cb_endpoints"} 1
+`
+	if err := promtest.CollectAndCompare(d.Collector(), strings.NewReader(want), "contiv_datapath_map_full_total"); err != nil {
+		t.Error(err)
+	}
+	got := promtest.ToFloat64(metricWithLabels(t, d.Collector(), "contiv_datapath_packets_total", DropUnknownIface.String()))
+	if got != 1 {
+		t.Errorf("contiv_datapath_packets_total{reason=%q} = %v, want 1", DropUnknownIface, got)
+	}
+	if n := promtest.CollectAndCount(d.Collector(), "contiv_datapath_packets_total"); n != len(Reasons()) {
+		t.Errorf("%d reason series, want one per reason (%d)", n, len(Reasons()))
+	}
+}
+
+// metricWithLabels returns the collector's metric of the given name whose reason label matches.
+func metricWithLabels(t *testing.T, c prometheus.Collector, name, reason string) prometheus.Collector {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name}, func() float64 { return m.GetCounter().GetValue() })
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{reason=%q}", name, reason)
+	return nil
 }
 
 func TestReasonNames(t *testing.T) {
