@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -40,6 +41,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
 		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: ":9090", Usage: "address of the inspect API and /metrics"},
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
+		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("LOG_LEVEL"), Value: "info", Usage: "debug | info | warn | error"},
 		&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log as JSON"},
 	}
@@ -61,6 +63,7 @@ type config struct {
 	cniSocket     string
 	inspectListen string
 	uplinkMTU     int
+	serviceTTL    time.Duration
 
 	ovsDir          string
 	ovsDB           string
@@ -85,7 +88,8 @@ func configFrom(c *cli.Context) (config, error) {
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
-		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
+		serviceTTL: c.Duration("service-ttl"),
+		ovsDir:     c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
 	}
 	for _, e := range strings.Split(c.String("etcd-endpoints"), ",") {
@@ -110,6 +114,8 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, fmt.Errorf("--dataplane %q must be ebpf or ovs", cfg.dataplane)
 	case cfg.uplinkMTU < 0:
 		return cfg, fmt.Errorf("--uplink-mtu %d must not be negative", cfg.uplinkMTU)
+	case cfg.serviceTTL < 2*time.Second:
+		return cfg, fmt.Errorf("--service-ttl %s must be at least 2s (etcd leases)", cfg.serviceTTL)
 	case strings.Contains(cfg.vlanIf, ","):
 		return cfg, fmt.Errorf("--vlan-if %q: only one uplink is supported", cfg.vlanIf)
 	}

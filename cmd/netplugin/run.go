@@ -89,7 +89,7 @@ func run(parent context.Context, cfg config) error {
 		{ServiceName: vxlan.VTEPService, HostAddr: cfg.vtep.String(), Port: cfg.vxlanPort, Hostname: cfg.host},
 	}
 	for _, si := range regs {
-		if _, err := cluster.Register(regCtx, store, si, cluster.DefaultServiceTTL); err != nil {
+		if _, err := cluster.Register(regCtx, store, si, cfg.serviceTTL); err != nil {
 			return err
 		}
 	}

@@ -61,6 +61,17 @@ var watchPrefixes = []string{
 	model.SvcLBStatePrefix,
 	"/contiv.io/master/config/",
 	state.ServicePrefix + vxlan.VTEPService + "/",
+	vxlan.HostVTEPPrefix,
+}
+
+// recordKind names a watched prefix's records in the error map ("network/<id>").
+var recordKind = map[string]string{
+	model.NetStatePrefix:   "network",
+	model.EpStatePrefix:    "endpoint",
+	model.EPGStatePrefix:   "endpoint-group",
+	model.RuleStatePrefix:  "policy-rule",
+	model.SvcLBStatePrefix: "service",
+	vxlan.HostVTEPPrefix:   "host-vtep",
 }
 
 // Agent is one host's netplugin core.
@@ -166,6 +177,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.rec.glob = g
 	a.mu.Unlock()
+	if a.cfg.VTEP.IsValid() {
+		// Durable (no lease): peers keep this host's VTEP while its agent is down, even
+		// if they restart meanwhile.
+		if err := a.store.Put(ctx, vxlan.HostVTEPKey(a.cfg.Host), vxlan.HostVTEP{Host: a.cfg.Host, VTEP: a.cfg.VTEP.String()}); err != nil {
+			return fmt.Errorf("record this host's vtep: %w", err)
+		}
+	}
 	locals, err := state.ListJSON[LocalEndpoint](ctx, a.store, model.EpOperPrefix)
 	if err != nil {
 		return fmt.Errorf("restore local endpoints: %w", err)
@@ -293,9 +311,18 @@ func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 		clear(a.rec.rules)
 	case model.SvcLBStatePrefix:
 		clear(a.rec.svcs)
+	case vxlan.HostVTEPPrefix:
+		clear(a.rec.hostVTEPs)
 	default:
 		if strings.HasPrefix(prefix, state.ServicePrefix) {
 			clear(a.rec.vteps)
+		}
+	}
+	if kind, ok := recordKind[prefix]; ok {
+		for k := range a.rec.undecodable {
+			if strings.HasPrefix(k, kind+"/") {
+				delete(a.rec.undecodable, k)
+			}
 		}
 	}
 	for _, kv := range kvs {
@@ -311,7 +338,12 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		return
 	}
 	id := strings.TrimPrefix(ev.Key, prefix)
+	if kind, ok := recordKind[prefix]; ok {
+		delete(a.rec.undecodable, kind+"/"+id)
+	}
 	switch prefix {
+	case vxlan.HostVTEPPrefix:
+		delete(a.rec.hostVTEPs, id)
 	case model.NetStatePrefix:
 		delete(a.rec.nets, id)
 	case model.EpStatePrefix:
@@ -329,8 +361,9 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 	}
 }
 
-// put decodes one record; a record that does not decode is logged and dropped (the
-// previous version, if any, is forgotten too: it no longer describes the store).
+// put decodes one record; a record that does not decode is logged, reported under
+// errors ("<kind>/<id>") and dropped (the previous version, if any, is forgotten too: it
+// no longer describes the store).
 func (a *Agent) put(prefix, key string, val []byte) {
 	id := strings.TrimPrefix(key, prefix)
 	kv := state.KV{Key: key, Value: val}
@@ -354,6 +387,8 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		var v model.EndpointGroupState
 		if err = kv.Decode(&v); err == nil {
 			a.rec.epgs[id] = v
+		} else {
+			delete(a.rec.epgs, id)
 		}
 	case model.RuleStatePrefix:
 		var v model.CfgPolicyRule
@@ -380,6 +415,13 @@ func (a *Agent) put(prefix, key string, val []byte) {
 				a.log.Error("global fwd-mode changed; restart netplugin with the matching --fwdmode", "global", g.FwdMode, "netplugin", a.cfg.FwdMode)
 			}
 		}
+	case vxlan.HostVTEPPrefix:
+		var v netip.Addr
+		if _, v, err = vxlan.DecodeHostVTEP(val); err == nil {
+			a.rec.hostVTEPs[id] = v
+		} else {
+			delete(a.rec.hostVTEPs, id)
+		}
 	default:
 		var r vxlan.Registration
 		if r, err = vxlan.Decode(val); err == nil {
@@ -391,8 +433,14 @@ func (a *Agent) put(prefix, key string, val []byte) {
 			delete(a.rec.vteps, key)
 		}
 	}
+	kind, tracked := recordKind[prefix]
 	if err != nil {
 		a.log.Warn("ignoring undecodable record", "key", key, "err", err)
+		if tracked {
+			a.rec.undecodable[kind+"/"+id] = fmt.Errorf("record %s does not decode: %w", key, err)
+		}
+	} else if tracked {
+		delete(a.rec.undecodable, kind+"/"+id)
 	}
 }
 

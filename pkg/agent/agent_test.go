@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,15 +81,26 @@ func TestAgentsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	prefix := fmt.Sprintf("cbat%d", os.Getpid()%10000)
+	prefix := testPrefix()
 	pinBase := "/sys/fs/bpf/" + prefix
-	if out, _ := exec.Command("stat", "-f", "-c", "%T", "/sys/fs/bpf").Output(); strings.TrimSpace(string(out)) != "bpf_fs" {
-		sh(t, "mount", "-t", "bpf", "bpf", "/sys/fs/bpf") // what netplugin does at start
-	}
+	mountBPFFS(t)
 	if err := os.MkdirAll(pinBase, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(pinBase) })
+	// The network exists before the agents start, and so does a remote endpoint record
+	// the driver would refuse (an IPv6 VTEP): the first Sync must not fail because of it.
+	body := `{"tenantName":"default","networkName":"net1","encap":"vxlan","subnet":"10.77.1.0/24","gateway":"10.77.1.1"}`
+	resp, err := http.Post("http://"+ln.Addr().String()+"/api/v1/networks/default:net1/", "application/json", strings.NewReader(body))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("create network: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	const badRemote = "net1.default-badvtep"
+	if err := store.Put(ctx, model.EpStateKey(badRemote), model.CfgEndpointState{ID: badRemote, NetID: "net1.default",
+		IPAddress: "10.77.1.200", HomingHost: "elsewhere", VtepIP: "fd00::1"}); err != nil {
+		t.Fatal(err)
+	}
 	hosts := []*testHost{{name: prefix + "-h1", ip: netip.MustParseAddr("192.168.77.1")}, {name: prefix + "-h2", ip: netip.MustParseAddr("192.168.77.2")}}
 	for _, h := range hosts {
 		netnsAdd(t, h.name)
@@ -120,13 +136,12 @@ func TestAgentsEndToEnd(t *testing.T) {
 			t.Fatal("agent not ready")
 		}
 	}
-	body := `{"tenantName":"default","networkName":"net1","encap":"vxlan","subnet":"10.77.1.0/24","gateway":"10.77.1.1"}`
-	resp, err := http.Post("http://"+ln.Addr().String()+"/api/v1/networks/default:net1/", "application/json", strings.NewReader(body))
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("create network: %v %v", err, resp)
-	}
-	resp.Body.Close()
 
+	for _, h := range hosts {
+		if e := h.agent.Errors()["remote-endpoint/"+badRemote]; !strings.Contains(e, "vtep") || !h.agent.Inspect().Synced {
+			t.Fatalf("%s: bad remote not reported on its own (synced=%v): %v", h.name, h.agent.Inspect().Synced, h.agent.Errors())
+		}
+	}
 	var cts []string
 	var ips []netip.Prefix
 	for i, h := range hosts {
@@ -159,6 +174,40 @@ func TestAgentsEndToEnd(t *testing.T) {
 		t.Fatalf("cross-host ping: %v\n%s", err, out)
 	}
 
+	// Attaching a live endpoint again (netmaster's createEndpoint is idempotent) in a way
+	// that fails must not tear the live endpoint down.
+	if _, err := hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: cts[0], NetNS: "/run/netns/" + prefix + "-nope"}); err == nil {
+		t.Fatal("re-attach into a missing namespace succeeded")
+	}
+	var still model.CfgEndpointState
+	if err := store.Get(ctx, model.EpStateKey("net1.default-"+cts[0]), &still); err != nil {
+		t.Fatalf("failed re-attach deleted the live endpoint on netmaster: %v", err)
+	}
+	var oper0 LocalEndpoint
+	if err := store.Get(ctx, model.EpOperKey("net1.default-"+cts[0]), &oper0); err != nil || oper0.NetNS != "/run/netns/"+cts[0] {
+		t.Fatalf("failed re-attach lost the live oper record: %+v %v", oper0, err)
+	}
+	out, err = exec.Command("ip", "netns", "exec", cts[0], "ping", "-c", "2", "-i", "0.2", "-W", "2", ips[1].Addr().String()).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), " 0% packet loss") {
+		t.Fatalf("cross-host ping after a failed re-attach: %v\n%s", err, out)
+	}
+
+	// An endpoint-group record that does not decode is dropped and reported, like the
+	// other prefixes.
+	if _, err := store.Client().Put(ctx, model.EPGStatePrefix+"broken", "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 10*time.Second, "undecodable endpoint group reported", func() bool {
+		return strings.Contains(hosts[0].agent.Errors()["endpoint-group/broken"], "decode")
+	})
+	if _, err := store.Delete(ctx, model.EPGStatePrefix+"broken"); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 10*time.Second, "deleted endpoint group no longer reported", func() bool {
+		_, ok := hosts[0].agent.Errors()["endpoint-group/broken"]
+		return !ok
+	})
+
 	// A failed attach (namespace does not exist) leaves nothing behind.
 	before := epCount(t, store)
 	_, err = hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: "ghost", NetNS: "/run/netns/" + prefix + "-nope"})
@@ -177,6 +226,34 @@ func TestAgentsEndToEnd(t *testing.T) {
 	if _, ok := hosts[0].agent.Errors()["endpoint/net1.default-ghost"]; ok {
 		t.Errorf("rolled-back endpoint still reported as failing")
 	}
+	// A rollback whose clean-up fails logs it and says so in the error: an agent whose
+	// driver dies right after netmaster created the endpoint.
+	h3 := prefix + "-h3"
+	netnsAdd(t, h3)
+	drv3, err := ebpf.New(ctx, dataplane.HostConfig{Host: h3, NetNS: "/run/netns/" + h3, VTEP: netip.MustParseAddr("192.168.77.3"), FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, h3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drv3.Close() })
+	var logBuf lockedBuffer
+	a3, err := New(Config{Store: store, Master: afterCreate{MasterClient: masterclient.New(store), then: func() { drv3.Close() }},
+		Driver: drv3, Host: h3, VTEP: netip.MustParseAddr("192.168.77.3"), FwdMode: dataplane.FwdBridge,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(a3.ready) // it never runs: only its attach path is exercised
+	_, err = a3.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: "rb"})
+	if err == nil || !strings.Contains(err.Error(), "rollback") || !strings.Contains(err.Error(), "delete endpoint from driver") {
+		t.Errorf("attach with a dead driver: err = %v, want the failed rollback step", err)
+	}
+	if !strings.Contains(logBuf.String(), "rollback: forget local endpoint") {
+		t.Errorf("failed forget not logged:\n%s", logBuf.String())
+	}
+	if n := epCount(t, store); n != before {
+		t.Errorf("rolled-back attach left its netmaster endpoint: %d -> %d", before, n)
+	}
+
 	// Attach to a network that does not exist: netmaster refuses, nothing created.
 	if _, err := hosts[0].agent.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "nonet", EndpointID: "x"}); err == nil {
 		t.Fatal("attach to a missing network succeeded")
@@ -208,13 +285,18 @@ func TestAgentsEndToEnd(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "policy-rule/"+badRule) || !strings.Contains(body, "Priority") {
-		t.Errorf("/healthz with a bad rule = %d %s", code, body)
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "policy-rule/"+badRule) || !strings.Contains(body, "Priority") ||
+		!strings.Contains(body, "remote-endpoint/"+badRemote) {
+		t.Errorf("/healthz with a bad rule and a bad remote = %d %s", code, body)
 	}
-	if _, body := get("/metrics"); !strings.Contains(body, "contiv_netplugin_policy_rule_errors 1") {
-		t.Errorf("metrics lack contiv_netplugin_policy_rule_errors 1")
+	if _, body := get("/metrics"); !strings.Contains(body, "contiv_netplugin_policy_rule_errors 1") ||
+		!strings.Contains(body, `contiv_netplugin_object_errors{kind="remote-endpoint"} 1`) {
+		t.Errorf("metrics lack contiv_netplugin_policy_rule_errors 1 or object_errors{kind=remote-endpoint} 1")
 	}
 	if _, err := store.Delete(ctx, model.RuleStatePrefix+badRule); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Delete(ctx, model.EpStateKey(badRemote)); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(10 * time.Second)
@@ -245,6 +327,68 @@ func TestAgentsEndToEnd(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// afterCreate is the real netmaster client with a hook after CreateEndpoint.
+type afterCreate struct {
+	MasterClient
+	then func()
+}
+
+func (m afterCreate) CreateEndpoint(ctx context.Context, req model.CreateEndpointRequest) (model.CfgEndpointState, error) {
+	res, err := m.MasterClient.CreateEndpoint(ctx, req)
+	m.then()
+	return res, err
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func waitCond(t *testing.T, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// testPrefix names this run's namespaces and pins: "cby" + 4 random hex digits.
+func testPrefix() string {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return "cby" + hex.EncodeToString(b)
+}
+
+// mountBPFFS mounts bpffs at /sys/fs/bpf when nothing is mounted there (what netplugin
+// does at start) and unmounts it at the end only if this test mounted it.
+func mountBPFFS(t *testing.T) {
+	t.Helper()
+	if out, _ := exec.Command("stat", "-f", "-c", "%T", "/sys/fs/bpf").Output(); strings.TrimSpace(string(out)) == "bpf_fs" {
+		return
+	}
+	sh(t, "mount", "-t", "bpf", "bpf", "/sys/fs/bpf")
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", "/sys/fs/bpf").CombinedOutput(); err != nil {
+			t.Logf("umount /sys/fs/bpf: %v %s", err, out)
+		}
+	})
 }
 
 func epCount(t *testing.T, store *state.Store) int {

@@ -38,20 +38,28 @@ type records struct {
 	// lastVTEP remembers each host's VTEP after its registration expired (a restarting
 	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
 	lastVTEP map[string]netip.Addr
-	local    map[string]LocalEndpoint
-	glob     model.GlobConfig
+	// hostVTEPs are the durable per-host VTEP records (vxlan.HostVTEPPrefix) each agent
+	// writes for itself: they survive both the owner's and this agent's restarts.
+	hostVTEPs map[string]netip.Addr
+	local     map[string]LocalEndpoint
+	glob      model.GlobConfig
+	// undecodable are watched records that do not decode, keyed like the error map
+	// ("endpoint-group/<id>"); they are reported until fixed or deleted.
+	undecodable map[string]error
 }
 
 func newRecords() *records {
 	return &records{
-		nets:     map[string]model.CfgNetworkState{},
-		eps:      map[string]model.CfgEndpointState{},
-		epgs:     map[string]model.EndpointGroupState{},
-		rules:    map[string]model.CfgPolicyRule{},
-		svcs:     map[string]model.CfgServiceLBState{},
-		vteps:    vxlan.Table{},
-		lastVTEP: map[string]netip.Addr{},
-		local:    map[string]LocalEndpoint{},
+		nets:        map[string]model.CfgNetworkState{},
+		eps:         map[string]model.CfgEndpointState{},
+		epgs:        map[string]model.EndpointGroupState{},
+		rules:       map[string]model.CfgPolicyRule{},
+		svcs:        map[string]model.CfgServiceLBState{},
+		vteps:       vxlan.Table{},
+		lastVTEP:    map[string]netip.Addr{},
+		hostVTEPs:   map[string]netip.Addr{},
+		local:       map[string]LocalEndpoint{},
+		undecodable: map[string]error{},
 	}
 }
 
@@ -125,6 +133,9 @@ func epgID(e model.CfgEndpointState) uint16 {
 func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	var s dataplane.State
 	bad := map[string]error{}
+	for k, err := range r.undecodable {
+		bad[k] = err
+	}
 	nets := map[string]dataplane.Network{}
 	for id, n := range r.nets {
 		dn, err := networkOf(n, h.uplinkMTU)
@@ -153,10 +164,15 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 			if !ok {
 				continue // attached elsewhere or not yet recorded by AttachEndpoint
 			}
-			s.Endpoints = append(s.Endpoints, dataplane.Endpoint{
+			de := dataplane.Endpoint{
 				ID: id, NetworkID: e.NetID, IP: ip, IPv6: ip6, MAC: mac, EPGID: epgID(e),
 				HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName,
-			})
+			}
+			if err := de.Validate(); err != nil {
+				bad["endpoint/"+id] = err
+				continue
+			}
+			s.Endpoints = append(s.Endpoints, de)
 			continue
 		}
 		re := dataplane.RemoteEndpoint{ID: id, NetworkID: e.NetID, IP: ip, MAC: mac, EPGID: epgID(e), Host: e.HomingHost}
@@ -169,14 +185,22 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 			re.VTEP = v
 		} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
 			re.VTEP = v
+		} else if v, ok := r.hostVTEPs[e.HomingHost]; ok {
+			re.VTEP = v
 		} else if v, ok := r.lastVTEP[e.HomingHost]; ok {
 			re.VTEP = v
 		} else if n.Encap == dataplane.EncapVXLAN {
 			continue // the owning host has not registered its VTEP yet
 		}
+		// Checked here so one bad record is reported on its own instead of making the
+		// driver refuse a whole Sync.
+		if err := re.Validate(n.Encap); err != nil {
+			bad["remote-endpoint/"+id] = err
+			continue
+		}
 		s.RemoteEndpoints = append(s.RemoteEndpoints, re)
 	}
-	s.Peers = r.vteps.Peers(h.host, h.vtep)
+	s.Peers = peers(h, r)
 	s.Policies = compilePolicies(r.rules, bad)
 	for id, svc := range r.svcs {
 		ds, err := serviceOf(svc)
@@ -188,6 +212,33 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	}
 	sortState(&s)
 	return s, bad
+}
+
+// peers are the live netplugin.vtep registrations of other hosts plus, for hosts whose
+// registration is gone (agent down or restarting) but which still own endpoints, their
+// durable VTEP record: a peer goes away with its endpoints, not with its agent.
+func peers(h hostView, r *records) []dataplane.Peer {
+	out := r.vteps.Peers(h.host, h.vtep)
+	have := map[string]bool{}
+	for _, p := range out {
+		have[p.Host] = true
+	}
+	owners := map[string]bool{}
+	for _, e := range r.eps {
+		owners[e.HomingHost] = true
+	}
+	added := false
+	for host, v := range r.hostVTEPs {
+		if host == h.host || have[host] || !owners[host] || (h.vtep.IsValid() && v == h.vtep) {
+			continue
+		}
+		out = append(out, dataplane.Peer{Host: host, VTEP: v})
+		added = true
+	}
+	if added {
+		sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	}
+	return out
 }
 
 // compilePolicies compiles the state/policyRule records with pkg/policy (range addresses,

@@ -154,3 +154,66 @@ func TestHostIfName(t *testing.T) {
 		t.Fatalf("HostIfName = %q, %q", a, b)
 	}
 }
+
+// TestComputeDurableVTEPs: a host whose registration is gone (agent down) and which this
+// agent never saw registered (this agent restarted meanwhile) stays a peer, and its
+// endpoints keep their VTEP, from its durable host-vtep record, for as long as it owns
+// endpoints.
+func TestComputeDurableVTEPs(t *testing.T) {
+	r := newRecords()
+	r.nets["n1.default"] = model.CfgNetworkState{ID: "n1.default", PktTagType: "vxlan", ExtPktTag: 7, SubnetIP: "10.1.1.0", SubnetLen: 24}
+	r.eps["n1.default-b"] = model.CfgEndpointState{ID: "n1.default-b", NetID: "n1.default", IPAddress: "10.1.1.3", HomingHost: "h2"}
+	r.hostVTEPs["h1"] = netip.MustParseAddr("192.168.1.1")
+	r.hostVTEPs["h2"] = netip.MustParseAddr("192.168.1.2")
+	r.hostVTEPs["h4"] = netip.MustParseAddr("192.168.1.4") // no endpoints: not a peer
+	h := hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500}
+	s, bad := compute(h, r)
+	if len(bad) != 0 {
+		t.Fatalf("bad = %v", bad)
+	}
+	if len(s.Peers) != 1 || s.Peers[0] != (dataplane.Peer{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}) {
+		t.Fatalf("peers = %+v", s.Peers)
+	}
+	if len(s.RemoteEndpoints) != 1 || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.2" {
+		t.Fatalf("remote endpoints = %+v", s.RemoteEndpoints)
+	}
+	// A live registration wins over the durable record.
+	r.vteps["k2"] = vxlan.Registration{HostAddr: "192.168.1.22", Hostname: "h2"}
+	s, _ = compute(h, r)
+	if len(s.Peers) != 1 || s.Peers[0].VTEP.String() != "192.168.1.22" || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.22" {
+		t.Fatalf("with registration: peers %+v remotes %+v", s.Peers, s.RemoteEndpoints)
+	}
+	// The host's last endpoint goes: so does the peer.
+	delete(r.vteps, "k2")
+	delete(r.eps, "n1.default-b")
+	if s, _ = compute(h, r); len(s.Peers) != 0 {
+		t.Fatalf("peer without endpoints or registration kept: %+v", s.Peers)
+	}
+}
+
+// TestComputeValidates: objects the driver would refuse are left out and reported one by
+// one instead of reaching (and failing) a whole Sync.
+func TestComputeValidates(t *testing.T) {
+	r := newRecords()
+	r.nets["n1.default"] = model.CfgNetworkState{ID: "n1.default", PktTagType: "vxlan", ExtPktTag: 7, SubnetIP: "10.1.1.0", SubnetLen: 24}
+	r.nets["v1.default"] = model.CfgNetworkState{ID: "v1.default", PktTagType: "vlan", PktTag: 100, SubnetIP: "20.1.1.0", SubnetLen: 24}
+	r.eps["n1.default-bad"] = model.CfgEndpointState{ID: "n1.default-bad", NetID: "n1.default", IPAddress: "10.1.1.3", HomingHost: "h2", VtepIP: "0.0.0.0"}
+	r.eps["n1.default-ok"] = model.CfgEndpointState{ID: "n1.default-ok", NetID: "n1.default", IPAddress: "10.1.1.4", HomingHost: "h2", VtepIP: "192.168.1.2"}
+	r.eps["v1.default-novtep"] = model.CfgEndpointState{ID: "v1.default-novtep", NetID: "v1.default", IPAddress: "20.1.1.4", HomingHost: "h3"}
+	r.eps["n1.default-loc"] = model.CfgEndpointState{ID: "n1.default-loc", NetID: "n1.default", IPAddress: "10.1.1.5", HomingHost: "h1"}
+	r.local["n1.default-loc"] = LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: "n1.default-loc", IntfName: "much-too-long-ifname", PortName: HostIfName("n1.default-loc")}}
+	r.undecodable["endpoint-group/g1"] = fmt.Errorf("does not decode")
+	s, bad := compute(hostView{host: "h1", uplinkMTU: 1500, vlanIf: "eth1"}, r)
+	if err := bad["remote-endpoint/n1.default-bad"]; err == nil || !strings.Contains(err.Error(), "vtep") {
+		t.Errorf("bad remote not reported: %v", bad)
+	}
+	if err := bad["endpoint/n1.default-loc"]; err == nil || !strings.Contains(err.Error(), "ifName") {
+		t.Errorf("bad local endpoint not reported: %v", bad)
+	}
+	if bad["endpoint-group/g1"] == nil {
+		t.Errorf("undecodable record not reported: %v", bad)
+	}
+	if len(s.Endpoints) != 0 || len(s.RemoteEndpoints) != 2 || s.RemoteEndpoints[0].ID != "n1.default-ok" || s.RemoteEndpoints[1].ID != "v1.default-novtep" {
+		t.Errorf("remote endpoints = %+v, local = %+v", s.RemoteEndpoints, s.Endpoints)
+	}
+}

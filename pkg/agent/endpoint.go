@@ -88,6 +88,15 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	defer a.attachMu.Unlock()
 
 	id := model.EndpointStateID(req.Network, req.Tenant, req.EndpointID)
+	// What exists before this call is not ours to roll back: netmaster's createEndpoint is
+	// idempotent, so a retried attach of a live endpoint gets the same record back.
+	var prev *LocalEndpoint
+	a.mu.Lock()
+	if l, ok := a.rec.local[id]; ok {
+		prev = &l
+	}
+	_, hadMaster := a.rec.eps[id]
+	a.mu.Unlock()
 	cfg, err := a.cfg.Master.CreateEndpoint(ctx, model.CreateEndpointRequest{
 		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
 		EndpointID: req.EndpointID, EPCommonName: req.Name,
@@ -111,7 +120,9 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	}
 	res, err := a.attach(ctx, cfg, l)
 	if err != nil {
-		a.rollback(id, req, cfg)
+		if rerr := a.rollback(id, req, cfg, prev, hadMaster); rerr != nil {
+			return AttachResult{}, fmt.Errorf("attach %s: %w (rollback: %v)", id, err, rerr)
+		}
 		return AttachResult{}, fmt.Errorf("attach %s: %w", id, err)
 	}
 	a.log.Info("endpoint attached", "id", id, "ip", res.IP, "hostIf", res.HostIfName, "netns", req.NetNS)
@@ -153,13 +164,18 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 	if err := errs["network/"+cfg.NetID]; err != nil {
 		return AttachResult{}, fmt.Errorf("program network %s: %w", cfg.NetID, err)
 	}
-	if err := errs["sync"]; err != nil {
-		return AttachResult{}, err
-	}
 	a.applyMu.Lock()
 	_, ok := a.applied.eps[l.ID]
 	a.applyMu.Unlock()
 	if !ok {
+		// Other objects failing (even a whole Sync the agent is retrying) do not matter
+		// as long as this endpoint is programmed.
+		if err := errs["sync"]; err != nil {
+			return AttachResult{}, fmt.Errorf("endpoint not programmed: %w", err)
+		}
+		if err := a.Errors()["endpoint/"+l.ID]; err != "" {
+			return AttachResult{}, fmt.Errorf("endpoint not programmed: %s", err)
+		}
 		return AttachResult{}, errors.New("endpoint not programmed (network or endpoint record unusable)")
 	}
 	return AttachResult{
@@ -183,19 +199,37 @@ func (a *Agent) network(ctx context.Context, netID string) (model.CfgNetworkStat
 	return n, nil
 }
 
-// rollback undoes a failed attach; it runs on a fresh context so a cancelled request
-// still cleans up.
-func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointState) {
+// rollback undoes what a failed attach created; it runs on a fresh context so a
+// cancelled request still cleans up. An endpoint that was attached before this call
+// (prev) gets its previous record back instead of being removed, and a netmaster record
+// that existed before (hadMaster) is left alone. Failures are logged and returned.
+func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointState, prev *LocalEndpoint, hadMaster bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a.log.Warn("rolling back failed attach", "id", id)
-	a.forget(ctx, id)
-	if err := a.cfg.Master.DeleteEndpoint(ctx, model.DeleteEndpointRequest{
-		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
-		EndpointID: req.EndpointID, IPv4Address: cfg.IPAddress,
-	}); err != nil {
-		a.log.Error("rollback: delete endpoint on netmaster", "id", id, "err", err)
+	a.log.Warn("rolling back failed attach", "id", id, "existedBefore", prev != nil, "netmasterRecordBefore", hadMaster)
+	var errs []error
+	if prev != nil {
+		if err := a.store.Put(ctx, model.EpOperKey(id), *prev); err != nil {
+			errs = append(errs, fmt.Errorf("restore local endpoint record: %w", err))
+		}
+		a.mu.Lock()
+		a.rec.local[id] = *prev
+		a.mu.Unlock()
+		a.trigger()
+	} else if err := a.forget(ctx, id); err != nil {
+		a.log.Error("rollback: forget local endpoint", "id", id, "err", err)
+		errs = append(errs, err)
 	}
+	if !hadMaster {
+		if err := a.cfg.Master.DeleteEndpoint(ctx, model.DeleteEndpointRequest{
+			TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
+			EndpointID: req.EndpointID, IPv4Address: cfg.IPAddress,
+		}); err != nil {
+			a.log.Error("rollback: delete endpoint on netmaster", "id", id, "err", err)
+			errs = append(errs, fmt.Errorf("delete endpoint on netmaster: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // forget removes a local endpoint from the agent, the driver and the oper record.

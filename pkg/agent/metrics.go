@@ -54,6 +54,7 @@ var (
 	descLastSync  = prometheus.NewDesc("contiv_netplugin_last_sync_timestamp_seconds", "Unix time of the last reconcile pass without errors.", nil, nil)
 	descSynced    = prometheus.NewDesc("contiv_netplugin_synced", "1 once the first full Sync succeeded.", nil, nil)
 	descPolicyErr = prometheus.NewDesc("contiv_netplugin_policy_rule_errors", "state/policyRule records pkg/policy refused to compile (listed under errors as policy-rule/<id>).", nil, nil)
+	descObjErrors = prometheus.NewDesc("contiv_netplugin_object_errors", "Failing objects by kind (the part of the error key before '/': endpoint, remote-endpoint, network, endpoint-group, ...).", []string{"kind"}, nil)
 	descDriver    = prometheus.NewDesc("contiv_netplugin_driver_counter", "Numeric counters reported by the driver's Status.", []string{"dataplane", "name"}, nil)
 )
 
@@ -63,7 +64,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	m.syncErrors.Describe(ch)
 	m.opErrors.Describe(ch)
 	m.syncTime.Describe(ch)
-	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descDriver} {
+	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descObjErrors, descDriver} {
 		ch <- d
 	}
 }
@@ -80,6 +81,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(len(s.Peers)))
 	ch <- prometheus.MustNewConstMetric(descNetworks, prometheus.GaugeValue, float64(len(s.Networks)))
 	ch <- prometheus.MustNewConstMetric(descErrors, prometheus.GaugeValue, float64(len(s.Errors)))
+	kinds := map[string]int{}
+	for k := range s.Errors {
+		kind, _, _ := strings.Cut(k, "/")
+		kinds[kind]++
+	}
+	for kind, n := range kinds {
+		ch <- prometheus.MustNewConstMetric(descObjErrors, prometheus.GaugeValue, float64(n), kind)
+	}
 	polErrs := 0
 	for k := range s.Errors {
 		if strings.HasPrefix(k, "policy-rule/") || k == "policy" {

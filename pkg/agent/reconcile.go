@@ -47,6 +47,31 @@ func appliedFrom(s dataplane.State) applied {
 	return a
 }
 
+// state is the applied objects as a driver State.
+func (a *applied) state() dataplane.State {
+	var s dataplane.State
+	for _, v := range a.nets {
+		s.Networks = append(s.Networks, v)
+	}
+	for _, v := range a.eps {
+		s.Endpoints = append(s.Endpoints, v)
+	}
+	for _, v := range a.reps {
+		s.RemoteEndpoints = append(s.RemoteEndpoints, v)
+	}
+	for _, v := range a.peers {
+		s.Peers = append(s.Peers, v)
+	}
+	for _, v := range a.pols {
+		s.Policies = append(s.Policies, v)
+	}
+	for _, v := range a.svcs {
+		s.Services = append(s.Services, v)
+	}
+	sortState(&s)
+	return s
+}
+
 // op is one driver call of a reconcile pass.
 type op struct {
 	key string // "endpoint/<id>", ...
@@ -159,14 +184,37 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		start := time.Now()
 		err := a.driver.Sync(ctx, want)
 		a.metrics.observeSync(err, time.Since(start))
+		if err == nil {
+			a.applied = appliedFrom(want)
+			a.synced = true
+			a.log.Info("driver synced", "networks", len(want.Networks), "endpoints", len(want.Endpoints),
+				"remote-endpoints", len(want.RemoteEndpoints), "peers", len(want.Peers), "took", time.Since(start).Round(time.Millisecond))
+			return errs
+		}
+		// The driver refused something (a failed Sync writes what it can and sweeps
+		// nothing). One bad object must not hold the host hostage: find the refused
+		// objects by applying each on its own, then Sync what the driver accepted so stale
+		// entries are swept. The refused objects stay reported and are retried one by one.
+		a.log.Warn("full driver sync failed; applying objects one by one", "err", err)
+		a.applied = appliedFrom(dataplane.State{})
+		for _, o := range a.applied.plan(a.driver, appliedFrom(want)) {
+			if oerr := o.do(ctx); oerr != nil {
+				errs[o.key] = oerr
+				a.metrics.opErrors.Inc()
+				continue
+			}
+			o.ok()
+		}
+		part := a.applied.state()
+		start = time.Now()
+		err = a.driver.Sync(ctx, part)
+		a.metrics.observeSync(err, time.Since(start))
 		if err != nil {
 			errs["sync"] = fmt.Errorf("driver sync: %w", err)
 			return errs
 		}
-		a.applied = appliedFrom(want)
 		a.synced = true
-		a.log.Info("driver synced", "networks", len(want.Networks), "endpoints", len(want.Endpoints),
-			"remote-endpoints", len(want.RemoteEndpoints), "peers", len(want.Peers), "took", time.Since(start).Round(time.Millisecond))
+		a.log.Warn("driver synced without the objects it refused", "refused", len(errs))
 		return errs
 	}
 	ops := a.applied.plan(a.driver, appliedFrom(want))

@@ -92,3 +92,34 @@ func (t Table) VTEPOf(host string) (netip.Addr, bool) {
 	}
 	return best, best.IsValid()
 }
+
+// HostVTEPPrefix holds every host's last known VTEP, one key per host, written by that
+// host's own agent with no lease. Unlike the netplugin.vtep registration it outlives the
+// agent, so peers keep forwarding to a host whose agent is down (and to which other agents
+// were restarted meanwhile). Deleting a host's key forgets it once it has no endpoints.
+const HostVTEPPrefix = "/contiv.io/oper/vteps/"
+
+// HostVTEP is the record at HostVTEPPrefix + Host.
+type HostVTEP struct {
+	Host string `json:"host"`
+	VTEP string `json:"vtep"`
+}
+
+// HostVTEPKey is the etcd key of host's VTEP record.
+func HostVTEPKey(host string) string { return HostVTEPPrefix + host }
+
+// DecodeHostVTEP parses and checks one HostVTEP record.
+func DecodeHostVTEP(b []byte) (HostVTEP, netip.Addr, error) {
+	var h HostVTEP
+	if err := json.Unmarshal(b, &h); err != nil {
+		return h, netip.Addr{}, fmt.Errorf("decode host vtep: %w", err)
+	}
+	a, err := netip.ParseAddr(strings.TrimSpace(h.VTEP))
+	switch {
+	case h.Host == "":
+		return h, a, fmt.Errorf("host vtep: host is empty")
+	case err != nil || !a.Is4() || a.IsUnspecified() || a.IsMulticast():
+		return h, a, fmt.Errorf("host vtep %s: vtep %q is not an IPv4 unicast address", h.Host, h.VTEP)
+	}
+	return h, a, nil
+}
