@@ -364,11 +364,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	ik := indexKey(ep.ID)
 	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
-	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
-		if err := d.deleteEndpoint(ik); err != nil {
-			return fmt.Errorf("endpoint %s: replace: %w", ep.ID, err)
-		}
-	}
+	alias := aliasPrefix + ik
+	// Every check comes before an existing endpoint is replaced: a refused update leaves
+	// the old endpoint (veth, map entries, link) forwarding.
 	var cur contivbpfCbEndpoint
 	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil {
 		if cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
@@ -379,8 +377,15 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		}
 		// Otherwise the entry is ours or stale (its veth vanished with its container).
 	}
+	if l, err := d.nl.LinkByName(ep.HostIfName); err == nil && (l.Type() != "veth" || l.Attrs().Alias != alias) {
+		return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
+	}
+	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
+		if err := d.deleteEndpoint(ik); err != nil {
+			return fmt.Errorf("endpoint %s: replace: %w", ep.ID, err)
+		}
+	}
 
-	alias := aliasPrefix + ik
 	created := false
 	host, err := d.nl.LinkByName(ep.HostIfName)
 	if err == nil {
