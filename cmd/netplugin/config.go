@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -42,6 +43,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: ":9090", Usage: "address of the inspect API and /metrics"},
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
 		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
+		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server"},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("LOG_LEVEL"), Value: "info", Usage: "debug | info | warn | error"},
 		&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log as JSON"},
 	}
@@ -64,6 +66,8 @@ type config struct {
 	inspectListen string
 	uplinkMTU     int
 	serviceTTL    time.Duration
+	k8sConfig     string
+	k8sConfigSet  bool
 
 	ovsDir          string
 	ovsDB           string
@@ -89,7 +93,8 @@ func configFrom(c *cli.Context) (config, error) {
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
-		ovsDir:     c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
+		k8sConfig:  c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"),
+		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
 	}
 	for _, e := range strings.Split(c.String("etcd-endpoints"), ",") {

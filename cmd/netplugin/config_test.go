@@ -1,8 +1,16 @@
 package main
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 
 	"github.com/urfave/cli/v2"
 )
@@ -44,6 +52,7 @@ func TestConfig(t *testing.T) {
 		{[]string{"--vxlan-port", "70000"}, "--vxlan-port"},
 		{[]string{"--etcd", " , "}, "--etcd-endpoints"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--service-ttl", "1s"}, "--service-ttl"},
 	} {
 		_, err := parse(t, append([]string{"--host", "h", "--vtep-ip", "10.0.0.1"}, tc.args...)...)
 		if tc.args[0] == "--vtep-ip" {
@@ -52,5 +61,43 @@ func TestConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want mention of %s", tc.args, err, tc.want)
 		}
+	}
+}
+
+func TestPodLabeler(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	// Default path missing: not configured, no error.
+	cfg, err := parse(t, "--host", "h", "--vtep-ip", "10.0.0.1", "--k8s-config", filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.k8sConfigSet = false
+	if c, err := podLabeler(cfg, log); c != nil || err != nil {
+		t.Fatalf("missing default config: %v %v", c, err)
+	}
+	// Named explicitly: must exist.
+	cfg.k8sConfigSet = true
+	if _, err := podLabeler(cfg, log); err == nil || !strings.Contains(err.Error(), "--k8s-config") {
+		t.Fatalf("missing explicit config: %v", err)
+	}
+	// Empty API server: not configured.
+	p := filepath.Join(dir, "contiv.json")
+	if err := os.WriteFile(p, []byte(`{"K8S_API_SERVER": ""}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.k8sConfig = p
+	if c, err := podLabeler(cfg, log); c != nil || err != nil {
+		t.Fatalf("empty API server: %v %v", c, err)
+	}
+	// A real API server: a client that reads labels.
+	srv := k8stest.NewAPIServer(t, "", map[string]map[string]string{"ns/p": {k8s.LabelNetwork: "n1"}})
+	cfg.k8sConfig = srv.ConfigPath
+	c, err := podLabeler(cfg, log)
+	if err != nil || c == nil {
+		t.Fatalf("configured API: %v %v", c, err)
+	}
+	if l, err := c.PodLabels(context.Background(), "ns", "p"); err != nil || l[k8s.LabelNetwork] != "n1" {
+		t.Fatalf("labels through netplugin's client: %v %v", l, err)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,10 +58,20 @@ func run(parent context.Context, cfg config) error {
 	}()
 
 	mc := masterclient.New(store)
-	ag, err := agent.New(agent.Config{
+	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
-	})
+	}
+	if cfg.mode == "kubernetes" {
+		pods, err := podLabeler(cfg, log)
+		if err != nil {
+			return err
+		}
+		if pods != nil {
+			acfg.Pods = pods
+		}
+	}
+	ag, err := agent.New(acfg)
 	if err != nil {
 		return err
 	}
@@ -128,6 +140,29 @@ func run(parent context.Context, cfg config) error {
 	}
 	log.Info("netplugin stopping; datapath left forwarding")
 	return nil
+}
+
+// podLabeler returns the Kubernetes API client of --k8s-config, or nil when none is
+// configured: the default file missing, or naming no API server. A file named
+// explicitly must exist; a file that does not parse is an error either way.
+func podLabeler(cfg config, log *slog.Logger) (*k8s.Client, error) {
+	kc, err := k8s.LoadConfig(cfg.k8sConfig)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && !cfg.k8sConfigSet:
+		log.Info("no Kubernetes API configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("--k8s-config: %w", err)
+	case kc.APIServer == "":
+		log.Info("no K8S_API_SERVER configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
+		return nil, nil
+	}
+	c, err := k8s.New(kc)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
+	}
+	log.Info("pod labels from the Kubernetes API", "api", kc.APIServer)
+	return c, nil
 }
 
 func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {

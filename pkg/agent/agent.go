@@ -46,6 +46,9 @@ type Config struct {
 	// UplinkMTU is the host's underlay MTU; containers get UplinkMTU-50 on VXLAN networks
 	// and UplinkMTU on VLAN networks. 0 = 1500.
 	UplinkMTU int
+	// Pods, if set, is the Kubernetes API the CNI backend reads pod labels from (tenant,
+	// network, group); nil = take them from the CNI request.
+	Pods PodLabeler
 	// GlobalPoll is how often the agent re-reads the global config while waiting for it
 	// (default 1s, as Contiv).
 	GlobalPoll time.Duration

@@ -2,19 +2,56 @@ package agent
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
 )
 
+// PodLabeler reads a pod's labels from the Kubernetes API (pkg/k8s.Client implements it).
+type PodLabeler interface {
+	PodLabels(ctx context.Context, namespace, name string) (map[string]string, error)
+}
+
 // CNIBackend adapts the agent to the CNI socket protocol (cniapi.Backend): AddPod attaches
-// the pod's infra container to CONTIV_TENANT/CONTIV_NETWORK/CONTIV_GROUP (defaults
-// default/default-net/none), DelPod detaches it.
+// the pod's infra container, DelPod detaches it. Tenant, network and group come from the
+// pod's labels io.contiv.tenant / io.contiv.network / io.contiv.net-group when a
+// Kubernetes API is configured (Config.Pods), else (or for a label the pod lacks) from
+// the request's CONTIV_TENANT/CONTIV_NETWORK/CONTIV_GROUP, with Contiv's defaults
+// default/default-net/none.
 func (a *Agent) CNIBackend() cniapi.Backend { return cniBackend{a} }
 
 type cniBackend struct{ a *Agent }
 
+// podTarget fills the request's tenant, network and group from the pod's labels. An API
+// error fails the request: attaching to a default network instead would be silently wrong.
+func podTarget(ctx context.Context, pods PodLabeler, req cniapi.PodRequest) (cniapi.PodRequest, error) {
+	if pods != nil {
+		if req.Name == "" {
+			return req, fmt.Errorf("pod labels: K8S_POD_NAME is empty (a Kubernetes API is configured)")
+		}
+		labels, err := pods.PodLabels(ctx, req.Namespace, req.Name)
+		if err != nil {
+			return req, fmt.Errorf("read labels of pod %s/%s: %w", req.Namespace, req.Name, err)
+		}
+		if v := labels[k8s.LabelTenant]; v != "" {
+			req.Tenant = v
+		}
+		if v := labels[k8s.LabelNetwork]; v != "" {
+			req.Network = v
+		}
+		if v := labels[k8s.LabelGroup]; v != "" {
+			req.Group = v
+		}
+	}
+	return req.WithDefaults(), nil
+}
+
 func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.PodResponse, error) {
-	req = req.WithDefaults()
+	req, err := podTarget(ctx, b.a.cfg.Pods, req)
+	if err != nil {
+		return cniapi.PodResponse{}, err
+	}
 	res, err := b.a.AttachEndpoint(ctx, AttachRequest{
 		Tenant: req.Tenant, Network: req.Network, Group: req.Group,
 		EndpointID: req.InfraContainerID, Name: req.Name, NetNS: req.NetNS, IfName: req.IfName,
@@ -32,6 +69,8 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 	return resp, nil
 }
 
+// DelPod detaches by infra container id; it needs no labels (a pod already deleted from
+// the API must still be cleaned up).
 func (b cniBackend) DelPod(ctx context.Context, req cniapi.PodRequest) (cniapi.PodResponse, error) {
 	dr := DetachRequest{Tenant: req.Tenant, Network: req.Network, Group: req.Group, EndpointID: req.InfraContainerID}
 	if err := b.a.DetachEndpoint(ctx, dr); err != nil {
