@@ -553,6 +553,48 @@ func Run(t *testing.T, factory Factory) {
 		e.H1.Sync(t)
 		PingOK(t, a1.NS, ip(a2), 3)
 	})
+	t.Run("sync-bad-remote", func(t *testing.T) {
+		c := ctx(t)
+		// A VLAN network's remote endpoints need no VTEP (an L2 fabric); a VXLAN one does.
+		noVTEP := e.Remote(c2, e.H2)
+		noVTEP.VTEP = netip.Addr{}
+		if err := e.H1.Driver.UpsertRemoteEndpoint(c, noVTEP); err != nil {
+			t.Fatalf("vlan remote endpoint without vtep refused: %v", err)
+		}
+		badIP := netip.MustParseAddr("10.36.1.77")
+		bad := dataplane.RemoteEndpoint{ID: "x-bad-remote", NetworkID: e.Net.ID, IP: badIP,
+			MAC: dataplane.ContivMAC(badIP), Host: e.H2.Name}
+		if err := e.H1.Driver.UpsertRemoteEndpoint(c, bad); err == nil {
+			t.Error("vxlan remote endpoint without vtep accepted")
+		}
+		// One invalid remote in a Sync: everything else is applied (the VTEP-less VLAN
+		// remote forwards, a1 and b1 still talk) and swept (a2, left out, is removed), and
+		// the error names the invalid object.
+		saved := e.H1.State
+		st := saved
+		st.Endpoints = []dataplane.Endpoint{a1.EP, c1.EP}
+		st.RemoteEndpoints = nil
+		for _, r := range saved.RemoteEndpoints {
+			if r.ID == noVTEP.ID {
+				r = noVTEP
+			}
+			st.RemoteEndpoints = append(st.RemoteEndpoints, r)
+		}
+		st.RemoteEndpoints = append(st.RemoteEndpoints, bad)
+		err := e.H1.Driver.Sync(c, st)
+		if err == nil || !strings.Contains(err.Error(), bad.ID) {
+			t.Errorf("sync with an invalid remote endpoint: err = %v, want one naming %s", err, bad.ID)
+		}
+		if linkExists(e.H1.NS, a2.EP.HostIfName) {
+			t.Errorf("sync with an invalid remote swept nothing: %s (left out) still exists", a2.EP.HostIfName)
+		}
+		PingOK(t, c1.NS, ip(c2), 3)
+		PingOK(t, c2.NS, ip(c1), 3)
+		PingOK(t, a1.NS, ip(b1), 3)
+		e.H1.State = saved
+		e.H1.Sync(t)
+		PingOK(t, a1.NS, ip(a2), 3)
+	})
 }
 
 // RunRouting checks Contiv's routing mode on a fresh two-host environment: containers of

@@ -264,26 +264,19 @@ func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEn
 }
 
 func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
-	switch {
-	case ep.ID == "":
-		return fmt.Errorf("remote endpoint: id is empty")
-	case !ep.IP.Is4():
-		return fmt.Errorf("remote endpoint %s: ip %v is not IPv4", ep.ID, ep.IP)
-	case len(ep.MAC) != 6:
-		return fmt.Errorf("remote endpoint %s: mac %v is not 6 bytes", ep.ID, ep.MAC)
-	case !ep.VTEP.Is4():
-		return fmt.Errorf("remote endpoint %s: vtep %v is not IPv4", ep.ID, ep.VTEP)
-	}
-	nr, ok := d.networks[ep.NetworkID]
-	if !ok {
-		return fmt.Errorf("remote endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
+	nr, err := d.checkRemote(ep)
+	if err != nil {
+		return err
 	}
 	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
 	var cur contivbpfCbEndpoint
 	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
 		return fmt.Errorf("remote endpoint %s: ip %v is a local endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 	}
-	v := contivbpfCbEndpoint{Vtep: ip4(ep.VTEP), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
+	v := contivbpfCbEndpoint{Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
+	if ep.VTEP.IsValid() { // VXLAN always; a VLAN remote may have none (unused there)
+		v.Vtep = ip4(ep.VTEP)
+	}
 	copy(v.Mac[:], ep.MAC)
 	if err := d.putRoute(nr, ep.IP); err != nil {
 		return fmt.Errorf("remote endpoint %s: %w", ep.ID, err)
@@ -298,6 +291,22 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 	}
 	d.remotes[ep.ID] = remoteRec{ep: ep, key: key}
 	return nil
+}
+
+// checkRemote validates a remote endpoint against its network's encapsulation
+// (dataplane.RemoteEndpoint.Validate): a VXLAN remote needs a VTEP, a VLAN remote does not.
+func (d *Driver) checkRemote(ep dataplane.RemoteEndpoint) (netRec, error) {
+	nr, ok := d.networks[ep.NetworkID]
+	if !ok {
+		if err := ep.Validate(""); err != nil {
+			return netRec{}, err
+		}
+		return netRec{}, fmt.Errorf("remote endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
+	}
+	if err := ep.Validate(nr.net.Encap); err != nil {
+		return netRec{}, err
+	}
+	return nr, nil
 }
 
 // DeleteRemoteEndpoint implements dataplane.Driver.

@@ -17,7 +17,9 @@ import (
 // Sync implements dataplane.Driver: everything in s is written with a new generation,
 // then entries, veths and links from older generations are swept. If any upsert fails
 // nothing is swept (a failed entry still carries its old generation and must not be
-// removed while it is desired); the error lists every failure.
+// removed while it is desired); the error lists every failure. Invalid remote endpoints
+// are the exception: they are left out (like the OVS backend), everything else is
+// applied and swept, and the error names each of them.
 func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -61,8 +63,27 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			errs = append(errs, err)
 		}
 	}
+	// An invalid remote endpoint (dataplane.RemoteEndpoint.Validate for its network's
+	// encapsulation, or a network that is not in s) is left out of the desired state and
+	// reported; it does not hold back the rest, nor the sweep.
+	var bad []error
 	wantRemotes := map[string]bool{}
 	for _, ep := range s.RemoteEndpoints {
+		if !wantNets[ep.NetworkID] {
+			if err := ep.Validate(""); err != nil {
+				bad = append(bad, err)
+			} else {
+				bad = append(bad, fmt.Errorf("remote endpoint %s: network %q is not known", ep.ID, ep.NetworkID))
+			}
+			continue
+		}
+		if _, err := d.checkRemote(ep); err != nil {
+			if _, known := d.networks[ep.NetworkID]; known {
+				bad = append(bad, err)
+				continue
+			}
+			// Its network failed to program: a real failure, reported below.
+		}
 		wantRemotes[ep.ID] = true
 		if err := d.upsertRemote(ep); err != nil {
 			errs = append(errs, err)
@@ -83,7 +104,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("ebpf: sync (nothing swept): %w", err)
+		return fmt.Errorf("ebpf: sync (nothing swept): %w", errors.Join(append(errs, bad...)...))
 	}
 
 	// Sweep: objects the index knows, then anything left in the maps from older generations.
@@ -134,7 +155,10 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	d.carried = 0 // the indexes are complete now
 	errs = appendErr(errs, d.writeConfig())
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("ebpf: sync sweep: %w", err)
+		return fmt.Errorf("ebpf: sync sweep: %w", errors.Join(append(errs, bad...)...))
+	}
+	if err := errors.Join(bad...); err != nil {
+		return fmt.Errorf("ebpf: sync (applied the rest): %w", err)
 	}
 	return nil
 }
