@@ -148,7 +148,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	}
 
 	if (features & CB_FEAT_POLICY) {
-		r = cb_policy_check(&f, ifc->epg, ep->epg);
+		r = cb_policy_check(&f, p.frag, p.ip_id, ifc->epg, ep->epg);
 		if (r)
 			return cb_drop(skb, r);
 	}
@@ -274,7 +274,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 
 	/* Policy is enforced on every host a packet enters (both hold the same rules). */
 	if (features & CB_FEAT_POLICY) {
-		r = cb_policy_check(&f, src ? src->epg : 0, ep->epg);
+		r = cb_policy_check(&f, p.frag, p.ip_id, src ? src->epg : 0, ep->epg);
 		if (r)
 			return cb_drop(skb, r);
 	}

@@ -42,6 +42,7 @@ enum cb_reason {
 	CB_DROP_NAT_ERR = 55,       /* rewriting addresses/ports/checksums failed */
 	CB_DROP_FRAG_TO_SERVICE = 56, /* non-first fragment to a service VIP (no ports to balance on) */
 	CB_DROP_TTL_EXCEEDED = 57,  /* routing mode: TTL would reach 0 */
+	CB_DROP_FRAG_NO_FIRST = 58, /* policy: non-first fragment whose first fragment was not seen */
 	CB_REASON_MAX = 64,
 };
 

@@ -19,6 +19,7 @@ struct cb_pkt {
 	__u32 l4_off;  /* offset of the L4 header from skb->data, 0 if none */
 	__u8 frag;     /* enum cb_frag */
 	__u8 proto;    /* IPv4 protocol */
+	__be16 ip_id;  /* IPv4 identification (pairs fragments of one datagram) */
 };
 
 /* cb_pull makes the first len bytes directly accessible when the skb is non-linear. */
@@ -95,6 +96,7 @@ CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
 	p->ip = ip;
 	p->l3_len = hlen;
 	p->proto = ip->protocol;
+	p->ip_id = ip->id;
 	return 0;
 }
 

@@ -3,7 +3,9 @@
  * sorted by effective priority (2*priority, +1 for deny so deny wins ties), highest first.
  * A flow is checked against the egress rules of its source EPG and the ingress rules of
  * its destination EPG; the highest-priority match of both decides; no match allows
- * (Contiv's default). Evaluated once per flow: conntrack passes later packets and replies. */
+ * (Contiv's default). Evaluated once per flow: conntrack passes later packets and replies.
+ * Non-first fragments carry no ports: they inherit the verdict of their datagram's first
+ * fragment, recorded in cb_frags by (saddr, daddr, IP id, proto). */
 #pragma once
 
 #include "common.h"
@@ -122,9 +124,57 @@ CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_polic
 	return 1;
 }
 
-/* cb_policy_check runs policy for a flow whose L4 identity is in f. Returns 0 to continue
- * or a drop reason. Flows between groups without rules never touch conntrack. */
-CB_INLINE int cb_policy_check(const struct cb_flow *f, __u16 src_epg, __u16 dst_epg)
+/* Fragment verdicts: the first fragment of a datagram records whether policy allowed it;
+ * later fragments (no L4 header) look it up. Like the kernel's reassembly timeout, a record
+ * is good for CB_FRAG_TIMEOUT; the LRU evicts what is never completed. */
+#define CB_FRAG_TIMEOUT (30ULL * 1000000000ULL)
+
+struct cb_frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct cb_frag_entry {
+	__u64 expires;  /* bpf_ktime_get_ns() deadline */
+	__u32 allowed;  /* 1 allowed, 0 denied */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct cb_frag_key);
+	__type(value, struct cb_frag_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_frags SEC(".maps");
+
+CB_INLINE void cb_frag_record(const struct cb_flow *f, __be16 id, __u32 allowed)
+{
+	struct cb_frag_key k = {.saddr = f->saddr, .daddr = f->daddr, .id = id, .proto = f->proto};
+	struct cb_frag_entry v = {.expires = bpf_ktime_get_ns() + CB_FRAG_TIMEOUT, .allowed = allowed};
+
+	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
+}
+
+/* cb_frag_verdict returns 0 if the first fragment of f's datagram was allowed, else
+ * CB_DROP_POLICY (denied) or CB_DROP_FRAG_NO_FIRST (never seen, or too long ago). */
+CB_INLINE int cb_frag_verdict(const struct cb_flow *f, __be16 id)
+{
+	struct cb_frag_key k = {.saddr = f->saddr, .daddr = f->daddr, .id = id, .proto = f->proto};
+	struct cb_frag_entry *v = bpf_map_lookup_elem(&cb_frags, &k);
+
+	if (!v || v->expires < bpf_ktime_get_ns())
+		return CB_DROP_FRAG_NO_FIRST;
+	return v->allowed ? 0 : CB_DROP_POLICY;
+}
+
+/* cb_policy_check runs policy for a flow whose L4 identity is in f; frag and ip_id come
+ * from the IPv4 header (struct cb_pkt). Returns 0 to continue or a drop reason. Flows
+ * between groups without rules never touch conntrack or the fragment table. */
+CB_INLINE int cb_policy_check(const struct cb_flow *f, __u8 frag, __be16 ip_id, __u16 src_epg, __u16 dst_epg)
 {
 	struct cb_policy *eg = cb_policy_of(src_epg, CB_DIR_EGRESS);
 	struct cb_policy *in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
@@ -135,13 +185,21 @@ CB_INLINE int cb_policy_check(const struct cb_flow *f, __u16 src_epg, __u16 dst_
 		if (!in)
 			return 0;
 	}
-	/* Non-first fragments carry no ports: the first fragment was checked. */
-	if (f->proto != CB_PROTO_ICMP && !f->has_ports && (f->proto == CB_PROTO_TCP || f->proto == CB_PROTO_UDP))
+	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
+	if (frag == CB_FRAG_LATER)
+		return cb_frag_verdict(f, ip_id);
+	if (cb_ct_find(f, 0, CB_CT_ALLOWED) || cb_ct_find(f, 1, CB_CT_ALLOWED)) {
+		if (frag == CB_FRAG_FIRST)
+			cb_frag_record(f, ip_id, 1);
 		return 0;
-	if (cb_ct_find(f, 0, CB_CT_ALLOWED) || cb_ct_find(f, 1, CB_CT_ALLOWED))
-		return 0;
-	if (!cb_policy_allows(eg, in, f, src_epg, dst_epg))
+	}
+	if (!cb_policy_allows(eg, in, f, src_epg, dst_epg)) {
+		if (frag == CB_FRAG_FIRST)
+			cb_frag_record(f, ip_id, 0);
 		return CB_DROP_POLICY;
+	}
 	cb_ct_add(f, CB_CT_ALLOWED, 0, 0, 0);
+	if (frag == CB_FRAG_FIRST)
+		cb_frag_record(f, ip_id, 1);
 	return 0;
 }

@@ -133,6 +133,22 @@ const (
 	contivbpfCbFeaturesCB_FEAT_EVENTS  contivbpfCbFeatures = 8
 )
 
+type contivbpfCbFragEntry struct {
+	_       structs.HostLayout
+	Expires uint64
+	Allowed uint32
+	Pad     uint32
+}
+
+type contivbpfCbFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type contivbpfCbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -218,6 +234,7 @@ const (
 	contivbpfCbReasonCB_DROP_NAT_ERR            contivbpfCbReason = 55
 	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfCbReason = 56
 	contivbpfCbReasonCB_DROP_TTL_EXCEEDED       contivbpfCbReason = 57
+	contivbpfCbReasonCB_DROP_FRAG_NO_FIRST      contivbpfCbReason = 58
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
 )
 
@@ -287,6 +304,7 @@ const (
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
 	contivbpfMapCbEvents           = "cb_events"
+	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbNetworks         = "cb_networks"
 	contivbpfMapCbPeers            = "cb_peers"
@@ -368,6 +386,7 @@ type contivbpfMapSpecs struct {
 	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
 	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
@@ -419,6 +438,7 @@ type contivbpfMaps struct {
 	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
 	CbEvents     *ebpf.Map `ebpf:"cb_events"`
+	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
@@ -437,6 +457,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbEndpoints,
 		m.CbEpCounters,
 		m.CbEvents,
+		m.CbFrags,
 		m.CbIfaces,
 		m.CbNetworks,
 		m.CbPeers,

@@ -131,6 +131,22 @@ const (
 	contivbpfv1CbFeaturesCB_FEAT_EVENTS  contivbpfv1CbFeatures = 8
 )
 
+type contivbpfv1CbFragEntry struct {
+	_       structs.HostLayout
+	Expires uint64
+	Allowed uint32
+	Pad     uint32
+}
+
+type contivbpfv1CbFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type contivbpfv1CbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -227,6 +243,7 @@ const (
 	contivbpfv1CbReasonCB_DROP_NAT_ERR            contivbpfv1CbReason = 55
 	contivbpfv1CbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfv1CbReason = 56
 	contivbpfv1CbReasonCB_DROP_TTL_EXCEEDED       contivbpfv1CbReason = 57
+	contivbpfv1CbReasonCB_DROP_FRAG_NO_FIRST      contivbpfv1CbReason = 58
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 64
 )
 
@@ -282,6 +299,7 @@ const (
 	contivbpfv1MapCbEndpoints        = "cb_endpoints"
 	contivbpfv1MapCbEpMetrics        = "cb_ep_metrics"
 	contivbpfv1MapCbEvents           = "cb_events"
+	contivbpfv1MapCbFrags            = "cb_frags"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
 	contivbpfv1MapCbNetworks         = "cb_networks"
 	contivbpfv1MapCbPeers            = "cb_peers"
@@ -363,6 +381,7 @@ type contivbpfv1MapSpecs struct {
 	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
 	CbEvents    *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFrags     *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
@@ -414,6 +433,7 @@ type contivbpfv1Maps struct {
 	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
 	CbEvents    *ebpf.Map `ebpf:"cb_events"`
+	CbFrags     *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
 	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
@@ -432,6 +452,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbEndpoints,
 		m.CbEpMetrics,
 		m.CbEvents,
+		m.CbFrags,
 		m.CbIfaces,
 		m.CbNetworks,
 		m.CbPeers,

@@ -579,6 +579,7 @@ func (d *Driver) mapField(name string) **ebpf.Map {
 		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
 		{contivbpfMapCbBackends, &d.objs.CbBackends}, {contivbpfMapCbVips, &d.objs.CbVips},
 		{contivbpfMapCbRoutes, &d.objs.CbRoutes}, {contivbpfMapCbEvents, &d.objs.CbEvents},
+		{contivbpfMapCbFrags, &d.objs.CbFrags},
 	} {
 		if p.name == name {
 			return p.p
@@ -596,6 +597,7 @@ func (d *Driver) allMaps() []namedMap {
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
 		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
 		{contivbpfMapCbRoutes, d.objs.CbRoutes}, {contivbpfMapCbEvents, d.objs.CbEvents},
+		{contivbpfMapCbFrags, d.objs.CbFrags},
 	}
 }
 

@@ -189,10 +189,9 @@ func TestPolicy(t *testing.T) {
 	t.Run("egress-prefix", func(t *testing.T) {
 		run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 40004, 9999, 0, 0), nil).expect(t, tcActShot, DropPolicy)
 	})
-	t.Run("non-first-fragment-passes", func(t *testing.T) {
-		p := append(ethHdr(dataplane.ContivMAC(remoteIP), dataplane.ContivMAC(srcIP), 0x0800), ipv4Pkt(srcIP, remoteIP, []byte{1, 2, 3}, ipOpts{fragOff: 100})...)
-		p[14+9] = 17
-		run(t, objs, fc, p, nil).expect(t, tcActRedirect, FwdTunnel)
+	t.Run("orphan-non-first-fragment", func(t *testing.T) {
+		// A later fragment to a UDP-denied destination no longer bypasses policy.
+		run(t, objs, fc, laterFrag(17, srcIP, remoteIP, 0x0101), nil).expect(t, tcActShot, DropFragNoFirst)
 	})
 	t.Run("truncated-tcp", func(t *testing.T) {
 		p := l4Frame(6, srcIP, localIP, 40005, 80, tcpSYN, 0)
@@ -369,5 +368,137 @@ func TestRoutingMode(t *testing.T) {
 		peer := ip4(netip.MustParseAddr(testVTEP))
 		run(t, objs, objs.CbTestOverlay, l4Frame(6, srcIP, other, 1, 2, tcpSYN, 0), &skbCtx{CB: [5]uint32{peer, otherNet}}).expect(t, tcActShot, DropRemoteSrc)
 		run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, other, 1, 2, tcpSYN, 0), &skbCtx{CB: [5]uint32{peer, otherNet}}).expect(t, tcActRedirect, FwdLocal)
+	})
+}
+
+const ipMF = 0x2000 // IPv4 "more fragments"
+
+// firstFrag is l4Frame as the first fragment (MF set, offset 0) of datagram id.
+func firstFrag(proto uint8, src, dst netip.Addr, sport, dport uint16, flags uint8, id uint16) []byte {
+	return setIPID(l4Frame(proto, src, dst, sport, dport, flags, ipMF), id)
+}
+
+// laterFrag is a non-first fragment (offset 3 × 8 bytes, no L4 header) of datagram id.
+func laterFrag(proto uint8, src, dst netip.Addr, id uint16) []byte {
+	ip := ipv4Pkt(src, dst, bytes.Repeat([]byte{0xcd}, 24), ipOpts{fragOff: 3})
+	ip[9] = proto
+	return setIPID(append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...), id)
+}
+
+func setIPID(f []byte, id uint16) []byte {
+	binary.BigEndian.PutUint16(f[14+4:], id)
+	binary.BigEndian.PutUint16(f[14+10:], 0)
+	binary.BigEndian.PutUint16(f[14+10:], csum(f[14:14+20], 0))
+	return f
+}
+
+func countFrags(t *testing.T, objs *contivbpfObjects) int {
+	t.Helper()
+	var (
+		k contivbpfCbFragKey
+		v contivbpfCbFragEntry
+		n int
+	)
+	it := objs.CbFrags.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPolicyFragments: non-first fragments carry no ports, so they inherit the verdict of
+// their datagram's first fragment (cb_frags); without one they are dropped.
+func TestPolicyFragments(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 10)
+	setEPG(t, objs, localIP, 20)
+	setEPG(t, objs, remoteIP, 30)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "no-dns-in", Priority: 7, Ingress: true, Proto: 17, Port: 53, Action: dataplane.ActionDeny},
+	}})
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-out", Priority: 3, Ingress: false, Remote: netip.MustParsePrefix("10.1.0.4/32"), Proto: 17, Action: dataplane.ActionDeny},
+		{ID: "no-30-in", Priority: 9, Ingress: true, RemoteEPG: 30, Action: dataplane.ActionDeny},
+	}})
+	fc := objs.CbFromContainer
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+
+	t.Run("first-allowed-later-allowed", func(t *testing.T) {
+		run(t, objs, fc, firstFrag(17, srcIP, localIP, 40000, 9999, 0, 0x1001), nil).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x1001), nil).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x1001), nil).expect(t, tcActRedirect, FwdLocal)
+		// TCP too, and across the overlay (an allowed reply's fragments).
+		run(t, objs, fc, firstFrag(6, srcIP, localIP, 40001, 80, tcpSYN, 0x1002), nil).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, fc, laterFrag(6, srcIP, localIP, 0x1002), nil).expect(t, tcActRedirect, FwdLocal)
+	})
+	t.Run("first-denied-later-dropped", func(t *testing.T) {
+		// Ingress deny of the destination group.
+		run(t, objs, fc, firstFrag(17, srcIP, localIP, 40002, 53, 0, 0x2001), nil).expect(t, tcActShot, DropPolicy)
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x2001), nil).expect(t, tcActShot, DropPolicy)
+		// Egress deny of the source group.
+		run(t, objs, fc, firstFrag(17, srcIP, remoteIP, 40003, 9999, 0, 0x2002), nil).expect(t, tcActShot, DropPolicy)
+		run(t, objs, fc, laterFrag(17, srcIP, remoteIP, 0x2002), nil).expect(t, tcActShot, DropPolicy)
+		// From another host: EPG 30 may not reach EPG 10.
+		run(t, objs, objs.CbTestOverlay, firstFrag(17, remoteIP, srcIP, 5000, 9999, 0, 0x2003), ovl).expect(t, tcActShot, DropPolicy)
+		run(t, objs, objs.CbTestOverlay, laterFrag(17, remoteIP, srcIP, 0x2003), ovl).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("reply-fragments", func(t *testing.T) {
+		// EPG 10 opens a flow to EPG 30; the fragmented reply passes (conntrack), its
+		// later fragments with it; an unrelated datagram from EPG 30 does not.
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		run(t, objs, objs.CbTestOverlay, firstFrag(6, remoteIP, srcIP, 443, 41000, tcpACK, 0x3001), ovl).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, objs.CbTestOverlay, laterFrag(6, remoteIP, srcIP, 0x3001), ovl).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, objs.CbTestOverlay, laterFrag(6, remoteIP, srcIP, 0x3002), ovl).expect(t, tcActShot, DropFragNoFirst)
+	})
+	t.Run("orphan", func(t *testing.T) {
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x4001), nil).expect(t, tcActShot, DropFragNoFirst)
+		// The record is per (src, dst, id, proto): same id, other protocol or direction.
+		run(t, objs, fc, laterFrag(6, srcIP, localIP, 0x1001), nil).expect(t, tcActShot, DropFragNoFirst)
+		run(t, objs, objs.CbTestOverlay, laterFrag(17, remoteIP, srcIP, 0x1001), ovl).expect(t, tcActShot, DropFragNoFirst)
+		// An expired record counts as none.
+		k := contivbpfCbFragKey{Saddr: ip4(srcIP), Daddr: ip4(localIP), Id: binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, 0x4002)), Proto: 17}
+		if err := objs.CbFrags.Put(&k, &contivbpfCbFragEntry{Expires: 1, Allowed: 1}); err != nil {
+			t.Fatal(err)
+		}
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x4002), nil).expect(t, tcActShot, DropFragNoFirst)
+	})
+	t.Run("malformed", func(t *testing.T) {
+		// A first fragment with a truncated UDP header is dropped and records nothing.
+		p := firstFrag(17, srcIP, localIP, 40004, 9999, 0, 0x5001)
+		p = p[:14+20+4]
+		binary.BigEndian.PutUint16(p[16:], 24)
+		setIPID(p, 0x5001)
+		run(t, objs, fc, p, nil).expect(t, tcActShot, DropMalformedL4)
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x5001), nil).expect(t, tcActShot, DropFragNoFirst)
+		// A later fragment whose total length exceeds the packet never reaches policy.
+		q := laterFrag(17, srcIP, localIP, 0x1001)
+		binary.BigEndian.PutUint16(q[16:], 200)
+		run(t, objs, fc, q, nil).expect(t, tcActShot, DropMalformedIP)
+		// IHL < 5.
+		r := laterFrag(17, srcIP, localIP, 0x1001)
+		r[14] = 0x44
+		run(t, objs, fc, r, nil).expect(t, tcActShot, DropMalformedIP)
+	})
+	t.Run("no-policy-unchanged", func(t *testing.T) {
+		// Groups without rules: fragments pass as before and the table stays untouched.
+		setEPG(t, objs, localIP, 99)
+		defer setEPG(t, objs, localIP, 20)
+		setEPG(t, objs, srcIP, 98)
+		defer setEPG(t, objs, srcIP, 10)
+		n := countFrags(t, objs)
+		run(t, objs, fc, laterFrag(17, srcIP, localIP, 0x6001), nil).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, fc, firstFrag(17, srcIP, localIP, 40005, 53, 0, 0x6002), nil).expect(t, tcActRedirect, FwdLocal)
+		if m := countFrags(t, objs); m != n {
+			t.Errorf("cb_frags grew %d → %d for groups without rules", n, m)
+		}
+		// Policy feature off entirely (no policy on the host): same.
+		setFeatures(t, objs, 0)
+		defer setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+		setEPG(t, objs, srcIP, 10)
+		run(t, objs, fc, laterFrag(17, srcIP, remoteIP, 0x6003), nil).expect(t, tcActRedirect, FwdTunnel)
 	})
 }

@@ -552,8 +552,8 @@ func TestReasonNames(t *testing.T) {
 			t.Errorf("%s: IsDrop %v", n, r.IsDrop())
 		}
 	}
-	if len(seen) != 31 {
-		t.Errorf("%d named reasons, want 31 (update reasons.go with drop.h)", len(seen))
+	if len(seen) != 32 {
+		t.Errorf("%d named reasons, want 32 (update reasons.go with drop.h)", len(seen))
 	}
 }
 

@@ -39,6 +39,7 @@ const (
 	DropNATErr           = Reason(contivbpfCbReasonCB_DROP_NAT_ERR)
 	DropFragToService    = Reason(contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE)
 	DropTTLExceeded      = Reason(contivbpfCbReasonCB_DROP_TTL_EXCEEDED)
+	DropFragNoFirst      = Reason(contivbpfCbReasonCB_DROP_FRAG_NO_FIRST)
 	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -75,6 +76,7 @@ var reasonNames = map[Reason]string{
 	DropNATErr:           "drop_nat_err",
 	DropFragToService:    "drop_frag_to_service",
 	DropTTLExceeded:      "drop_ttl_exceeded",
+	DropFragNoFirst:      "drop_frag_no_first",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
