@@ -68,7 +68,7 @@ func (r AttachRequest) validate() error {
 }
 
 // AttachEndpoint creates the endpoint on netmaster (which allocates its address), records
-// it in /contiv.io/oper/eps/<id> and programs it into the driver. If any step fails,
+// it in /contiv.io/oper/eps/<id> and programs it into the driver (those two concurrently). If any step fails,
 // everything done so far is undone (driver endpoint and veth, oper record, netmaster
 // endpoint) and the error says which step failed. Attaching an endpoint that is already
 // attached with the same namespace returns it again.
@@ -97,6 +97,8 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	}
 	_, hadMaster := a.rec.eps[id]
 	a.mu.Unlock()
+	var steps attachSteps
+	start := time.Now()
 	cfg, err := a.cfg.Master.CreateEndpoint(ctx, model.CreateEndpointRequest{
 		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
 		EndpointID: req.EndpointID, EPCommonName: req.Name,
@@ -105,6 +107,7 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	if err != nil {
 		return AttachResult{}, fmt.Errorf("attach %s: create endpoint on netmaster: %w", id, err)
 	}
+	steps.netmaster = time.Since(start)
 	if cfg.ID != "" && cfg.ID != id {
 		id = cfg.ID
 	}
@@ -118,18 +121,28 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 		},
 		NetNS: req.NetNS, Tenant: req.Tenant, Network: req.Network, Group: req.Group,
 	}
-	res, err := a.attach(ctx, cfg, l)
+	res, err := a.attach(ctx, cfg, l, &steps)
 	if err != nil {
 		if rerr := a.rollback(id, req, cfg, prev, hadMaster); rerr != nil {
 			return AttachResult{}, fmt.Errorf("attach %s: %w (rollback: %v)", id, err, rerr)
 		}
 		return AttachResult{}, fmt.Errorf("attach %s: %w", id, err)
 	}
-	a.log.Info("endpoint attached", "id", id, "ip", res.IP, "hostIf", res.HostIfName, "netns", req.NetNS)
+	a.metrics.attachStep.WithLabelValues("netmaster").Observe(steps.netmaster.Seconds())
+	a.metrics.attachStep.WithLabelValues("record").Observe(steps.record.Seconds())
+	a.metrics.attachStep.WithLabelValues("program").Observe(steps.program.Seconds())
+	a.log.Info("endpoint attached", "id", id, "ip", res.IP, "hostIf", res.HostIfName, "netns", req.NetNS,
+		"took", time.Since(start).Round(time.Microsecond), "netmaster", steps.netmaster.Round(time.Microsecond),
+		"record", steps.record.Round(time.Microsecond), "program", steps.program.Round(time.Microsecond))
 	return res, nil
 }
 
-func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalEndpoint) (AttachResult, error) {
+// attachSteps times an attach (contiv_netplugin_attach_step_seconds).
+type attachSteps struct {
+	netmaster, record, program time.Duration
+}
+
+func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalEndpoint, steps *attachSteps) (AttachResult, error) {
 	if cfg.HomingHost != "" && cfg.HomingHost != a.cfg.Host {
 		return AttachResult{}, fmt.Errorf("endpoint is homed on host %q, not %q", cfg.HomingHost, a.cfg.Host)
 	}
@@ -147,9 +160,20 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 		return AttachResult{}, err
 	}
 	l.MacAddress = mac.String()
-	if err := a.store.Put(ctx, model.EpOperKey(l.ID), l); err != nil {
-		return AttachResult{}, fmt.Errorf("record local endpoint: %w", err)
+	// The oper record is written while the driver programs the endpoint (they do not
+	// depend on each other; ~1.5 ms off every attach). An attach only succeeds with both
+	// done; a crash in between leaves a veth no record names, which the restarted agent's
+	// Sync sweeps (and the runtime retries the ADD).
+	type putResult struct {
+		err  error
+		took time.Duration
 	}
+	recorded := make(chan putResult, 1)
+	t := time.Now()
+	go func() {
+		err := a.store.Put(ctx, model.EpOperKey(l.ID), l)
+		recorded <- putResult{err, time.Since(t)}
+	}()
 	a.mu.Lock()
 	a.rec.eps[l.ID] = cfg
 	if _, ok := a.rec.nets[cfg.NetID]; !ok {
@@ -157,7 +181,14 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 	}
 	a.rec.local[l.ID] = l
 	a.mu.Unlock()
+	t = time.Now()
 	errs := a.reconcile(ctx)
+	steps.program = time.Since(t)
+	rec := <-recorded
+	steps.record = rec.took
+	if rec.err != nil {
+		return AttachResult{}, fmt.Errorf("record local endpoint: %w", rec.err)
+	}
 	if err := errs["endpoint/"+l.ID]; err != nil {
 		return AttachResult{}, fmt.Errorf("program endpoint into %s driver: %w", a.driver.Name(), err)
 	}

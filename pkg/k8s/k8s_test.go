@@ -15,7 +15,7 @@ import (
 
 func TestPodLabels(t *testing.T) {
 	srv := k8stest.NewAPIServer(t, "s3cret", map[string]map[string]string{
-		"prod/web": {k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"},
+		"prod/web":     {k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"},
 		"default/bare": nil,
 	})
 	cfg, err := k8s.LoadConfig(srv.ConfigPath)
