@@ -54,6 +54,7 @@ type testHost struct {
 	ip    netip.Addr
 	agent *Agent
 	drv   *ebpf.Driver
+	stop  func() // stops agent.Run
 }
 
 // TestAgentsEndToEnd runs two agents with real eBPF drivers in two host namespaces joined
@@ -123,7 +124,9 @@ func TestAgentsEndToEnd(t *testing.T) {
 		actx, acancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- a.Run(actx) }()
-		t.Cleanup(func() { acancel(); <-done })
+		var once sync.Once
+		h.stop = func() { once.Do(func() { acancel(); <-done }) }
+		t.Cleanup(h.stop)
 		if err := store.Put(ctx, state.ServicePrefix+vxlan.VTEPService+"/"+h.ip.String()+":4789",
 			vxlan.Registration{ServiceName: vxlan.VTEPService, HostAddr: h.ip.String(), Port: 4789, Hostname: h.name}); err != nil {
 			t.Fatal(err)
@@ -191,6 +194,59 @@ func TestAgentsEndToEnd(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), " 0% packet loss") {
 		t.Fatalf("cross-host ping after a failed re-attach: %v\n%s", err, out)
 	}
+
+	// h1's agent restarts while the store holds a record its driver refuses although it
+	// validates: a remote endpoint (on h2) claiming the address of h1's local endpoint.
+	// The first Sync fails; the agent must still sync the rest, report that object alone
+	// and keep serving attaches.
+	const dup = "net1.default-dup"
+	if err := store.Put(ctx, model.EpStateKey(dup), model.CfgEndpointState{ID: dup, NetID: "net1.default",
+		IPAddress: ips[0].Addr().String(), HomingHost: hosts[1].name}); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 10*time.Second, "running agent reports the conflicting remote", func() bool {
+		return hosts[0].agent.Errors()["remote-endpoint/"+dup] != ""
+	})
+	hosts[0].stop()
+	a2, err := New(Config{Store: store, Master: masterclient.New(store), Driver: hosts[0].drv, Host: hosts[0].name, VTEP: hosts[0].ip, FwdMode: dataplane.FwdBridge})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2ctx, a2cancel := context.WithCancel(ctx)
+	a2done := make(chan error, 1)
+	go func() { a2done <- a2.Run(a2ctx) }()
+	var once2 sync.Once
+	hosts[0].agent, hosts[0].stop = a2, func() { once2.Do(func() { a2cancel(); <-a2done }) }
+	t.Cleanup(hosts[0].stop)
+	select {
+	case <-a2.Ready():
+	case <-ctx.Done():
+		t.Fatal("restarted agent not ready")
+	}
+	if snap := a2.Inspect(); !snap.Synced || len(snap.Endpoints) != 1 || len(snap.RemoteEndpoints) != 1 ||
+		!strings.Contains(snap.Errors["remote-endpoint/"+dup], "local endpoint") {
+		t.Fatalf("restarted agent with a refused remote: synced=%v endpoints=%d remotes=%d errors=%v",
+			snap.Synced, len(snap.Endpoints), len(snap.RemoteEndpoints), snap.Errors)
+	}
+	out, err = exec.Command("ip", "netns", "exec", cts[0], "ping", "-c", "2", "-i", "0.2", "-W", "2", ips[1].Addr().String()).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), " 0% packet loss") {
+		t.Fatalf("cross-host ping after the restart with a refused remote: %v\n%s", err, out)
+	}
+	extra := prefix + "-c3"
+	netnsAdd(t, extra)
+	if _, err := a2.AttachEndpoint(ctx, AttachRequest{Tenant: "default", Network: "net1", EndpointID: extra, NetNS: "/run/netns/" + extra}); err != nil {
+		t.Fatalf("attach while one remote is refused: %v", err)
+	}
+	if err := a2.DetachEndpoint(ctx, DetachRequest{Tenant: "default", Network: "net1", EndpointID: extra}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Delete(ctx, model.EpStateKey(dup)); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 10*time.Second, "refused remote no longer reported once deleted", func() bool {
+		_, ok := a2.Errors()["remote-endpoint/"+dup]
+		return !ok
+	})
 
 	// An endpoint-group record that does not decode is dropped and reported, like the
 	// other prefixes.
