@@ -78,6 +78,11 @@ func run(parent context.Context, cfg config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// A dataplane that exports its own counters (the eBPF driver's per-reason verdicts and
+	// full-map inserts) is scraped on the same /metrics.
+	if c, ok := drv.(interface{ Collector() prometheus.Collector }); ok {
+		reg.MustRegister(c.Collector())
+	}
 	srv := &http.Server{Addr: cfg.inspectListen, Handler: ag.Handler(reg), ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", cfg.inspectListen)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -286,9 +287,17 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 	if _, err := io.Copy(b, resp.Body); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`contiv_netplugin_endpoints{kind="local"} 1`, `contiv_netplugin_endpoints{kind="remote"} 2`, "contiv_netplugin_peers 2", "contiv_netplugin_synced 1"} {
+	for _, want := range []string{`contiv_netplugin_endpoints{kind="local"} 1`, `contiv_netplugin_endpoints{kind="remote"} 2`, "contiv_netplugin_peers 2", "contiv_netplugin_synced 1",
+		"contiv_datapath_scrape_errors 0", `contiv_datapath_packets_total{drop="true",reason="drop_policy"}`} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+	// The pings above went through the datapath: its own counters must show them.
+	for _, reason := range []string{"fwd_tunnel", "fwd_local", "arp_reply"} {
+		m := regexp.MustCompile(`contiv_datapath_packets_total\{drop="false",reason="` + reason + `"\} ([0-9.e+]+)`).FindStringSubmatch(b.String())
+		if m == nil || m[1] == "0" {
+			t.Errorf("datapath counter %s = %v, want > 0", reason, m)
 		}
 	}
 }
