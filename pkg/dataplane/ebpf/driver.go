@@ -75,6 +75,7 @@ type Driver struct {
 	// layout changed when field-by-name conversion is not enough (by map name).
 	loadSpec   func() (*ebpf.CollectionSpec, error)
 	converters map[string]entryConverter
+	steps      StepObserver // nil: UpsertEndpoint steps are not timed
 }
 
 type attachment struct {
@@ -416,6 +417,9 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
 	}
+	// The kernel attaches a device's first tcx program holding RTNL across an RCU grace
+	// period (milliseconds at HZ=250): most of a new endpoint's time, and other rtnetlink
+	// requests wait meanwhile, so nothing else can overlap it.
 	var l link.Link
 	err := inNetNS(d.cfg.NetNS, func() error {
 		var err error

@@ -364,6 +364,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := ep.Validate(); err != nil {
 		return err
 	}
+	clock := d.stepClock()
 	nr, ok := d.networks[ep.NetworkID]
 	if !ok {
 		return fmt.Errorf("endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
@@ -386,17 +387,18 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		}
 		// Otherwise the entry is ours or stale (its veth vanished with its container).
 	}
-	if l, err := d.nl.LinkByName(ep.HostIfName); err == nil && (l.Type() != "veth" || l.Attrs().Alias != alias) {
+	host, err := d.nl.LinkByName(ep.HostIfName)
+	if err == nil && (host.Type() != "veth" || host.Attrs().Alias != alias) {
 		return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
 	}
 	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
 		if err := d.deleteEndpoint(ik); err != nil {
 			return fmt.Errorf("endpoint %s: replace: %w", ep.ID, err)
 		}
+		host, err = d.nl.LinkByName(ep.HostIfName)
 	}
 
 	created := false
-	host, err := d.nl.LinkByName(ep.HostIfName)
 	if err == nil {
 		if host.Type() != "veth" || host.Attrs().Alias != alias {
 			return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
@@ -412,6 +414,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		created = true
 	}
 	ifindex := host.Attrs().Index
+	clock.mark(StepVeth)
 	defer func() {
 		if retErr == nil {
 			return
@@ -427,14 +430,18 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.configureContainerEnd(ep, nr.net); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
+	clock.mark(StepContainer)
 	if host.Attrs().MTU != nr.net.MTU {
 		if err := d.nl.LinkSetMTU(host, nr.net.MTU); err != nil {
 			return fmt.Errorf("endpoint %s: set mtu of %s: %w", ep.ID, ep.HostIfName, err)
 		}
 	}
-	if err := d.nl.LinkSetUp(host); err != nil {
-		return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
+	if !created { // a new host end is created up
+		if err := d.nl.LinkSetUp(host); err != nil {
+			return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
+		}
 	}
+	clock.mark(StepHostLink)
 
 	// Counters first (a kept slot keeps its counts; a new one starts at zero), then the
 	// lookups the datapath uses.
@@ -467,9 +474,11 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
+	clock.mark(StepMaps)
 	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
+	clock.mark(StepTCX)
 	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot}
 	return nil
 }
@@ -486,8 +495,10 @@ func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
 // createVeth creates the pair with the container end already in the endpoint's namespace
 // (or in the host namespace when ep.NetNS is empty).
 func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netlink.Link, error) {
+	// One RTM_NEWLINK: both ends named, sized, placed, the peer's MAC set and the host end
+	// up. The kernel ignores IFLA_IFALIAS on create, so the alias is a second request.
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu},
+		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu, Flags: net.FlagUp},
 		PeerName:         ep.IfName,
 		PeerHardwareAddr: ep.MAC,
 		PeerMTU:          uint32(mtu),
@@ -503,9 +514,12 @@ func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netli
 	if err := d.nl.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("create veth %s/%s: %w", ep.HostIfName, ep.IfName, err)
 	}
-	host, err := d.nl.LinkByName(ep.HostIfName)
-	if err != nil {
-		return nil, fmt.Errorf("look up new veth %s: %w", ep.HostIfName, err)
+	var host netlink.Link = veth // LinkAdd looked the new link up by name for its index
+	if veth.Index == 0 {
+		var err error
+		if host, err = d.nl.LinkByName(ep.HostIfName); err != nil {
+			return nil, fmt.Errorf("look up new veth %s: %w", ep.HostIfName, err)
+		}
 	}
 	if err := d.nl.LinkSetAlias(host, alias); err != nil {
 		_ = d.nl.LinkDel(host)
