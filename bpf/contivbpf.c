@@ -28,7 +28,9 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #ifdef CB_LAYOUT_V1
 #define CB_EP_SLOT(ep) 0
 #define CB_IF_SLOT(ifc) 0
+#define CB_IF_ZONE(ifc) 0
 #else
+#define CB_IF_ZONE(ifc) ((ifc)->vrf)
 #define CB_EP_SLOT(ep) ((ep)->slot)
 #define CB_IF_SLOT(ifc) ((ifc)->slot)
 #endif
@@ -39,6 +41,8 @@ const enum cb_encap cb_encap_unused __attribute__((unused));
 const enum cb_ep_flags cb_ep_flags_unused __attribute__((unused));
 const enum cb_features cb_features_unused __attribute__((unused));
 const enum cb_ct_flags cb_ct_flags_unused __attribute__((unused));
+const enum cb_ct_state cb_ct_state_unused __attribute__((unused));
+const enum cb_epg_flags cb_epg_flags_unused __attribute__((unused));
 const enum cb_pol_dir cb_pol_dir_unused __attribute__((unused));
 const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 const struct cb_event cb_event_unused __attribute__((unused));
@@ -87,6 +91,8 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_lb_choice lc = {};
 	struct cb_network *net;
 	struct cb_endpoint *ep;
 	struct cb_ct_entry *rev = 0;
@@ -95,8 +101,6 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	struct ethhdr *eth;
 	void *data_end;
 	__u32 features = 0, dnet = ifc->net;
-	__be32 vip = 0;
-	__be16 vport = 0;
 	int r;
 
 	r = cb_parse_ipv4(skb, &p);
@@ -106,6 +110,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
+	t.zone = CB_IF_ZONE(ifc);
 
 	features = cb_features;
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
@@ -114,16 +119,15 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 			return cb_drop(skb, r);
 	}
 	if (features & CB_FEAT_LB) {
-		/* A reply from a local backend: restore the VIP after policy. */
-		rev = cb_lb_reply(&f);
+		/* A reply from a local backend: the VIP is restored after policy. */
+		rev = cb_lb_reply(&f, t.zone);
 		if (rev) {
-			vip = rev->nat_ip;
-			vport = rev->nat_port;
 			dnet = rev->nat_net;
+			t.svc_reply = 1;
 		} else {
 			/* Service LB: DNAT before the destination lookup. Non-first fragments
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
-			r = cb_lb_forward(skb, &p, &f, &dnet);
+			r = cb_lb_forward(skb, &p, &f, &dnet, &t, &lc);
 			if (r)
 				return cb_drop(skb, r);
 		}
@@ -147,15 +151,24 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	}
 
-	if (features & CB_FEAT_POLICY) {
-		r = cb_policy_check(&f, p.frag, p.ip_id, ifc->epg, ep->epg);
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
+		t.src_epg = ifc->epg;
+		t.dst_epg = ep->epg;
+		t.frag = p.frag;
+		t.ip_id = p.ip_id;
+		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);
-	}
-	if (rev) {
-		r = cb_nat(skb, &p, &f, 0, vip, vport);
-		if (r)
-			return cb_drop(skb, r);
+		if (t.svc) {
+			r = cb_lb_commit(&lc, &t);
+			if (r)
+				return cb_drop(skb, r);
+		}
+		if (t.rev_nat) {
+			r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+			if (r)
+				return cb_drop(skb, r);
+		}
 	}
 
 	if (features & CB_FEAT_ROUTING) {
@@ -206,6 +219,10 @@ int cb_from_container(struct __sk_buff *skb)
 	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	/* A container never sends VLAN tags (VLAN hopping): offloaded or in the frame. */
+	if (skb->vlan_present || p.eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
+	    p.eth->h_proto == bpf_htons(CB_ETH_P_8021AD))
+		return cb_drop(skb, CB_DROP_VLAN_TAGGED);
 
 	switch (p.eth->h_proto) {
 	case bpf_htons(ETH_P_ARP):
@@ -218,17 +235,18 @@ int cb_from_container(struct __sk_buff *skb)
 }
 
 /* cb_remote_rx delivers a frame that arrived from another host in network net_key (already
- * validated) to the local endpoint it is addressed to. */
-CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
+ * validated; zone is its tenant's routing domain) to the local endpoint it is addressed
+ * to. vtep is the outer source of an overlay packet (0 on the VLAN uplink): the inner
+ * source must be a remote endpoint behind that VTEP. */
+CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
+	struct cb_track t = {};
 	struct cb_endpoint *ep, *src;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
 	__u32 features = 0, src_net = 0;
-	__be32 vip = 0;
-	__be16 vport = 0;
 	int r;
 
 	r = cb_parse_eth(skb, &p);
@@ -243,6 +261,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 		return cb_drop(skb, r);
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
+	t.zone = zone;
 
 	features = cb_features;
 	skey.net = net_key;
@@ -252,6 +271,10 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 		src = cb_route_lookup(net_key, f.saddr, &src_net); /* routed from another network */
 	if (src && (src->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_REMOTE_SRC);
+	/* The overlay proves nothing but the outer source: the inner source must be an
+	 * endpoint that host owns. */
+	if (vtep && (!src || src->vtep != vtep))
+		return cb_drop(skb, CB_DROP_OVERLAY_SPOOF);
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		r = cb_parse_l4(skb, &p, &f);
 		if (r)
@@ -260,11 +283,10 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 	dkey.net = net_key;
 	if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
-		rev = cb_lb_reply(&f);
+		rev = cb_lb_reply(&f, zone);
 		if (rev) {
-			vip = rev->nat_ip;
-			vport = rev->nat_port;
 			dkey.net = rev->nat_net;
+			t.svc_reply = 1;
 		}
 	}
 	dkey.ip = f.daddr;
@@ -273,15 +295,19 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 
 	/* Policy is enforced on every host a packet enters (both hold the same rules). */
-	if (features & CB_FEAT_POLICY) {
-		r = cb_policy_check(&f, p.frag, p.ip_id, src ? src->epg : 0, ep->epg);
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
+		t.src_epg = src ? src->epg : 0;
+		t.dst_epg = ep->epg;
+		t.frag = p.frag;
+		t.ip_id = p.ip_id;
+		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);
-	}
-	if (rev) {
-		r = cb_nat(skb, &p, &f, 0, vip, vport);
-		if (r)
-			return cb_drop(skb, r);
+		if (t.rev_nat) {
+			r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+			if (r)
+				return cb_drop(skb, r);
+		}
 	}
 	return cb_deliver_local(skb, &dkey, ep);
 }
@@ -292,14 +318,14 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 {
 	struct cb_network *net;
 
-	if (!bpf_map_lookup_elem(&cb_peers, &remote))
+	if (!remote || !bpf_map_lookup_elem(&cb_peers, &remote))
 		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
 	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	net = bpf_map_lookup_elem(&cb_networks, &vni);
 	if (!net || net->encap != CB_ENCAP_VXLAN)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-	return cb_remote_rx(skb, vni);
+	return cb_remote_rx(skb, vni, net->vrf, remote);
 }
 
 SEC("tc")
@@ -330,7 +356,7 @@ int cb_from_wire(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	if (bpf_skb_vlan_pop(skb) < 0)
 		return cb_drop(skb, CB_DROP_VLAN_ERR);
-	return cb_remote_rx(skb, key);
+	return cb_remote_rx(skb, key, net->vrf, 0);
 }
 
 SEC("tc")

@@ -76,8 +76,8 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 		mac = routing ? cfg->gw_mac : ep->mac;
 	} else if (routing && cb_route_lookup(ifc->net, tip, &rnet)) {
 		mac = cfg->gw_mac;
-	} else if (bpf_map_lookup_elem(&cb_vips, &tip)) {
-		/* Service VIPs answer with Contiv's 02:02:<vip> */
+	} else if (cb_is_vip(net->vrf, tip)) {
+		/* Service VIPs of the asker's tenant answer with Contiv's 02:02:<vip> */
 		vip_mac[0] = 0x02;
 		vip_mac[1] = 0x02;
 		__builtin_memcpy(&vip_mac[2], &tip, 4);

@@ -1,15 +1,22 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* conntrack.h: a minimal connection table (LRU) so that policy is evaluated once per flow
- * and replies of allowed flows pass, and so that service DNAT is applied consistently to
- * every packet of a connection and undone on its replies. Entries expire after a timeout
- * refreshed by traffic; there is no TCP state machine. */
+/* conntrack.h: the connection table (docs/conntrack.md is the contract; pkg/policy/model.go
+ * is its Go reference model). Keys carry the zone (the tenant's routing domain), so two
+ * tenants with overlapping subnets never share an entry. Entries are created only after
+ * policy allowed the packet that opens the flow; TCP has NEW / ESTABLISHED / CLOSING states
+ * with their own timeouts; a policy epoch in every entry makes a policy change apply to
+ * established flows on their next packet. The table is a plain hash: when it is full, new
+ * flows are refused (drop_ct_full) and established ones keep their entries; the agent's GC
+ * deletes expired entries. */
 #pragma once
 
 #include "common.h"
 #include "parse.h"
 
-#define CB_CT_TIMEOUT_TCP (3600ULL * 1000000000ULL)
-#define CB_CT_TIMEOUT_OTHER (60ULL * 1000000000ULL)
+#define CB_NS 1000000000ULL
+#define CB_CT_TIMEOUT_TCP_NEW (60ULL * CB_NS)
+#define CB_CT_TIMEOUT_TCP_EST (21600ULL * CB_NS)
+#define CB_CT_TIMEOUT_TCP_CLOSE (10ULL * CB_NS)
+#define CB_CT_TIMEOUT_OTHER (60ULL * CB_NS)
 
 enum cb_ct_flags {
 	CB_CT_ALLOWED = 1, /* policy allowed this flow (key = original direction) */
@@ -17,7 +24,14 @@ enum cb_ct_flags {
 	CB_CT_DNAT = 4,    /* key = client→backend tuple; nat_* = VIP:port to restore on replies */
 };
 
+enum cb_ct_state {
+	CB_CTS_NEW = 1,         /* opened, no reply yet */
+	CB_CTS_ESTABLISHED = 2, /* a packet in the reply direction passed */
+	CB_CTS_CLOSING = 3,     /* TCP FIN or RST seen */
+};
+
 struct cb_ct_key {
+	__u32 zone;  /* tenant routing domain */
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;
@@ -31,21 +45,31 @@ struct cb_ct_entry {
 	__be32 nat_ip;
 	__be16 nat_port;
 	__u8 flags;      /* enum cb_ct_flags */
-	__u8 pad;
+	__u8 state;      /* enum cb_ct_state */
 	__u32 nat_net;   /* network key of nat_ip (backend's, or the client's for CB_CT_DNAT) */
-	__u32 pad2;
+	__u32 epoch;     /* cb_policy_epoch of the last verdict */
+	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
+	__u32 pad;
 };
 
+#ifndef CB_CT_ENTRIES
+#define CB_CT_ENTRIES (4 * CB_DEFAULT_ENTRIES)
+#endif
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4 * CB_DEFAULT_ENTRIES);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_CT_ENTRIES);
 	__type(key, struct cb_ct_key);
 	__type(value, struct cb_ct_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ct SEC(".maps");
 
-CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, const struct cb_flow *f, int reverse)
+/* cb_policy_epoch mirrors cb_config.policy_epoch (set by the agent with the config). */
+volatile __u32 cb_policy_epoch;
+
+CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, const struct cb_flow *f, int reverse)
 {
+	k->zone = zone;
 	k->proto = f->proto;
 	if (reverse) {
 		k->saddr = f->daddr;
@@ -60,52 +84,32 @@ CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, const struct cb_flow *f, int re
 	}
 }
 
-CB_INLINE __u64 cb_ct_timeout(__u8 proto)
+CB_INLINE __u64 cb_ct_timeout(__u8 proto, __u8 state)
 {
-	return proto == CB_PROTO_TCP ? CB_CT_TIMEOUT_TCP : CB_CT_TIMEOUT_OTHER;
+	if (proto != CB_PROTO_TCP)
+		return CB_CT_TIMEOUT_OTHER;
+	if (state == CB_CTS_ESTABLISHED)
+		return CB_CT_TIMEOUT_TCP_EST;
+	if (state == CB_CTS_CLOSING)
+		return CB_CT_TIMEOUT_TCP_CLOSE;
+	return CB_CT_TIMEOUT_TCP_NEW;
 }
 
-/* cb_ct_find returns a live entry for the tuple (or its reverse) carrying any of flags. */
-CB_INLINE struct cb_ct_entry *cb_ct_find(const struct cb_flow *f, int reverse, __u8 flags)
+/* cb_ct_live returns the entry under k if it has not expired. */
+CB_INLINE struct cb_ct_entry *cb_ct_live(const struct cb_ct_key *k, __u64 now)
 {
-	struct cb_ct_key k = {};
-	struct cb_ct_entry *e;
-	__u64 now;
+	struct cb_ct_entry *e = bpf_map_lookup_elem(&cb_ct, k);
 
-	cb_ct_key_of(&k, f, reverse);
-	e = bpf_map_lookup_elem(&cb_ct, &k);
-	if (!e || !(e->flags & flags))
+	if (e && e->expires < now)
 		return 0;
-	now = bpf_ktime_get_ns();
-	if (e->expires < now)
-		return 0;
-	e->expires = now + cb_ct_timeout(f->proto);
 	return e;
 }
 
-/* cb_ct_add records flags for the tuple, merging with an existing entry (a DNATed flow's
- * client→backend entry is also the one policy marks allowed). */
-CB_INLINE void cb_ct_add(const struct cb_flow *f, __u8 flags, __be32 nat_ip, __be16 nat_port, __u32 nat_net)
+/* cb_ct_insert writes e under k; returns 0 or CB_DROP_CT_FULL. Overwriting an existing key
+ * never fails (hash maps keep spare elements for in-place replacement). */
+CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e)
 {
-	struct cb_ct_key k = {};
-	struct cb_ct_entry e = {}, *cur;
-
-	cb_ct_key_of(&k, f, 0);
-	cur = bpf_map_lookup_elem(&cb_ct, &k);
-	if (cur && cur->expires >= bpf_ktime_get_ns()) {
-		if (flags & (CB_CT_SVC | CB_CT_DNAT)) {
-			cur->nat_ip = nat_ip;
-			cur->nat_port = nat_port;
-			cur->nat_net = nat_net;
-		}
-		cur->flags |= flags;
-		cur->expires = bpf_ktime_get_ns() + cb_ct_timeout(f->proto);
-		return;
-	}
-	e.expires = bpf_ktime_get_ns() + cb_ct_timeout(f->proto);
-	e.flags = flags;
-	e.nat_ip = nat_ip;
-	e.nat_port = nat_port;
-	e.nat_net = nat_net;
-	bpf_map_update_elem(&cb_ct, &k, &e, BPF_ANY);
+	if (bpf_map_update_elem(&cb_ct, k, e, BPF_ANY) < 0)
+		return CB_DROP_CT_FULL;
+	return 0;
 }

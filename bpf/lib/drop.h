@@ -43,6 +43,9 @@ enum cb_reason {
 	CB_DROP_FRAG_TO_SERVICE = 56, /* non-first fragment to a service VIP (no ports to balance on) */
 	CB_DROP_TTL_EXCEEDED = 57,  /* routing mode: TTL would reach 0 */
 	CB_DROP_FRAG_NO_FIRST = 58, /* policy: non-first fragment whose first fragment was not seen */
+	CB_DROP_CT_FULL = 59,       /* conntrack table full: a new flow was refused */
+	CB_DROP_OVERLAY_SPOOF = 60, /* overlay packet whose inner source is not an endpoint behind its VTEP */
+	CB_DROP_VLAN_TAGGED = 61,   /* 802.1Q/802.1ad-tagged frame from a container */
 	CB_REASON_MAX = 64,
 };
 

@@ -24,7 +24,8 @@ CB_INLINE int cb_encap_vxlan(struct __sk_buff *skb, const struct cb_network *net
 	tk.remote_ipv4 = bpf_ntohl(ep->vtep);
 	tk.local_ipv4 = bpf_ntohl(cfg->vtep);
 	tk.tunnel_ttl = CB_TUNNEL_TTL;
-	if (bpf_skb_set_tunnel_key(skb, &tk, sizeof(tk), 0) < 0)
+	/* DF: containers get MTU underlay-50, so an encapsulated packet never needs fragmenting. */
+	if (bpf_skb_set_tunnel_key(skb, &tk, sizeof(tk), BPF_F_DONT_FRAGMENT) < 0)
 		return cb_drop(skb, CB_DROP_TUNNEL_ERR);
 	cb_count(skb, CB_FWD_TUNNEL);
 	return bpf_redirect(cfg->vxlan_ifindex, 0);

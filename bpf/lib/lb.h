@@ -11,8 +11,10 @@
 #include "maps.h"
 #include "parse.h"
 #include "conntrack.h"
+#include "policy.h"
 
 struct cb_svc_key {
+	__u32 zone;    /* the service's tenant routing domain */
 	__be32 vip;
 	__be16 port;   /* network order */
 	__u8 proto;
@@ -38,6 +40,22 @@ struct cb_backend {
 	__u32 generation;
 };
 
+/* Backend membership (re-validates the backend a conntrack entry chose). */
+struct cb_member_key {
+	__u32 svc_id;
+	__be32 ip;
+};
+
+struct cb_member {
+	__u32 net;
+	__u32 generation;
+};
+
+struct cb_vip_key {
+	__u32 zone;
+	__be32 vip;
+};
+
 struct cb_vip {
 	__u32 generation;
 };
@@ -60,11 +78,26 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, struct cb_member_key);
+	__type(value, struct cb_member);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_members SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
-	__type(key, __be32);
+	__type(key, struct cb_vip_key);
 	__type(value, struct cb_vip);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_vips SEC(".maps");
+
+CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
+{
+	struct cb_vip_key k = {.zone = zone, .vip = ip};
+
+	return bpf_map_lookup_elem(&cb_vips, &k) != 0;
+}
 
 /* cb_nat rewrites the destination (dst=1) or source address and port of an IPv4 packet
  * whose identity is f, fixing the IP and L4 checksums. Updates f. Returns 0 or a reason. */
@@ -108,64 +141,144 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	return 0;
 }
 
-/* cb_lb_forward applies service DNAT to a packet from a local client. *net is the network
- * key to look the (new) destination up in. Returns 0 or a drop reason. */
-CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, __u32 *net)
-{
-	struct cb_svc_key sk = {};
-	struct cb_backend_key bk = {};
-	struct cb_ct_entry *ct;
-	struct cb_backend *be;
-	struct cb_svc *svc;
-	struct cb_flow orig;
+/* cb_lb_choice is a service flow's backend, decided by cb_lb_forward and committed to
+ * conntrack by cb_lb_commit once policy allowed the flow. */
+struct cb_lb_choice {
+	struct cb_ct_entry *svc_ct; /* the client→VIP entry, if it exists */
 	__be32 ip;
 	__be16 port;
-	__u32 bnet;
+	__u8 commit;                /* 1: write (or rewrite) the client→VIP entry */
+	__u8 pad;
+	__u32 net;
+	__u32 svc_id;
+	struct cb_ct_key key;       /* client→VIP */
+};
+
+/* cb_lb_pick chooses a backend of svc for the packet. */
+CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct cb_lb_choice *c)
+{
+	struct cb_backend_key bk = {};
+	struct cb_backend *be;
+
+	if (!svc->count)
+		return CB_DROP_NO_BACKEND;
+	bk.svc_id = svc->id;
+	bk.index = bpf_get_hash_recalc(skb) % svc->count;
+	be = bpf_map_lookup_elem(&cb_backends, &bk);
+	if (!be)
+		return CB_DROP_NO_BACKEND;
+	c->ip = be->ip;
+	c->port = svc->target_port;
+	c->net = be->net;
+	c->svc_id = svc->id;
+	c->commit = 1;
+	return 0;
+}
+
+/* cb_lb_forward applies service DNAT to a packet from a local client of zone t->zone. *net
+ * is the network key to look the (new) destination up in. The backend a live client→VIP
+ * entry remembers is used while it is still a member of the service; otherwise the flow
+ * is re-balanced on this packet. Returns 0 or a drop reason; sets t->svc for service
+ * flows. */
+CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, __u32 *net,
+			    struct cb_track *t, struct cb_lb_choice *c)
+{
+	struct cb_svc_key sk = {};
+	struct cb_member_key mk = {};
+	struct cb_ct_entry *ct;
+	struct cb_svc *svc;
+	int r;
 
 	if (f->proto != CB_PROTO_TCP && f->proto != CB_PROTO_UDP)
 		return 0;
 	if (!f->has_ports) {
-		if (bpf_map_lookup_elem(&cb_vips, &f->daddr))
+		if (cb_is_vip(t->zone, f->daddr))
 			return CB_DROP_FRAG_TO_SERVICE;
 		return 0;
 	}
-	ct = cb_ct_find(f, 0, CB_CT_SVC);
+	sk.zone = t->zone;
+	sk.vip = f->daddr;
+	sk.port = f->dport;
+	sk.proto = f->proto;
+	svc = bpf_map_lookup_elem(&cb_services, &sk);
+	cb_ct_key_of(&c->key, t->zone, f, 0);
+	ct = cb_ct_live(&c->key, bpf_ktime_get_ns());
+	if (ct && !(ct->flags & CB_CT_SVC))
+		ct = 0;
+	c->svc_ct = ct;
 	if (ct) {
-		ip = ct->nat_ip;
-		port = ct->nat_port;
-		bnet = ct->nat_net;
+		mk.svc_id = ct->svc_id;
+		mk.ip = ct->nat_ip;
+		if (bpf_map_lookup_elem(&cb_members, &mk)) {
+			c->ip = ct->nat_ip;
+			c->port = ct->nat_port;
+			c->net = ct->nat_net;
+			c->svc_id = ct->svc_id;
+		} else if (!svc) {
+			/* The service is gone: the flow is no longer a service flow. */
+			bpf_map_delete_elem(&cb_ct, &c->key);
+			c->svc_ct = 0;
+			return 0;
+		} else if ((r = cb_lb_pick(skb, svc, c))) {
+			return r;
+		}
 	} else {
-		sk.vip = f->daddr;
-		sk.port = f->dport;
-		sk.proto = f->proto;
-		svc = bpf_map_lookup_elem(&cb_services, &sk);
 		if (!svc)
 			return 0;
-		if (!svc->count)
-			return CB_DROP_NO_BACKEND;
-		bk.svc_id = svc->id;
-		bk.index = bpf_get_hash_recalc(skb) % svc->count;
-		be = bpf_map_lookup_elem(&cb_backends, &bk);
-		if (!be)
-			return CB_DROP_NO_BACKEND;
-		ip = be->ip;
-		port = svc->target_port;
-		bnet = be->net;
-		cb_ct_add(f, CB_CT_SVC, ip, port, bnet);
-		orig = *f;
-		orig.daddr = ip;
-		orig.dport = port;
-		cb_ct_add(&orig, CB_CT_DNAT, f->daddr, f->dport, *net);
+		if ((r = cb_lb_pick(skb, svc, c)))
+			return r;
 	}
-	*net = bnet;
-	return cb_nat(skb, p, f, 1, ip, port);
+	t->svc = 1;
+	t->vip = f->daddr;
+	t->vport = f->dport;
+	t->client_net = *net;
+	*net = c->net;
+	return cb_nat(skb, p, f, 1, c->ip, c->port);
 }
 
-/* cb_lb_reply finds the service connection a reply belongs to; the caller restores the
- * VIP with cb_lb_unnat after policy (which sees the backend's address). */
-CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_flow *f)
+/* cb_lb_commit records (or refreshes) the client→VIP entry after policy passed the flow;
+ * it lives as long as the flow's entry. Returns 0 or CB_DROP_CT_FULL. */
+CB_INLINE int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_track *t)
 {
+	struct cb_ct_entry e = {};
+	struct cb_ct_entry *cur = c->svc_ct;
+
+	if (!t->entry)
+		return 0;
+	if (cur && !c->commit) {
+		cur->expires = t->entry->expires;
+		return 0;
+	}
+	if (cur) {
+		cur->nat_ip = c->ip;
+		cur->nat_port = c->port;
+		cur->nat_net = c->net;
+		cur->svc_id = c->svc_id;
+		cur->expires = t->entry->expires;
+		return 0;
+	}
+	e.flags = CB_CT_SVC;
+	e.state = CB_CTS_NEW;
+	e.nat_ip = c->ip;
+	e.nat_port = c->port;
+	e.nat_net = c->net;
+	e.svc_id = c->svc_id;
+	e.expires = t->entry->expires;
+	return cb_ct_insert(&c->key, &e);
+}
+
+/* cb_lb_reply finds the service flow a packet is the reply of (before the destination
+ * lookup, which needs the client's network); the VIP is restored after policy. */
+CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_flow *f, __u32 zone)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+
 	if (!f->has_ports)
 		return 0;
-	return cb_ct_find(f, 1, CB_CT_DNAT);
+	cb_ct_key_of(&k, zone, f, 1);
+	e = cb_ct_live(&k, bpf_ktime_get_ns());
+	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
+		return 0;
+	return e;
 }

@@ -60,6 +60,7 @@ struct cb_iface {
 	__u32 generation;
 #ifndef CB_LAYOUT_V1
 	__u32 slot;       /* index into cb_ep_counters (0 = none) */
+	__u32 vrf;        /* routing domain (tenant) of the network: the conntrack zone */
 #endif
 };
 
@@ -99,10 +100,11 @@ struct cb_config {
 	__u16 pad;
 	__u32 generation;     /* current agent generation (agent-only bookkeeping) */
 	__u32 features;       /* enum cb_features: stages with state to consult */
+	__u32 policy_epoch;   /* mirrored in cb_policy_epoch (conntrack.h) */
 };
 
 enum cb_features {
-	CB_FEAT_POLICY = 1,   /* some endpoint group has rules */
+	CB_FEAT_POLICY = 1,   /* some endpoint group has rules (or is failed closed) */
 	CB_FEAT_LB = 2,       /* some service exists */
 	CB_FEAT_ROUTING = 4,  /* Contiv routing mode: route between networks of a tenant */
 	CB_FEAT_EVENTS = 8,   /* someone reads cb_events: emit drop events */

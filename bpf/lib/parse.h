@@ -104,8 +104,15 @@ CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
 #define CB_PROTO_TCP 6
 #define CB_PROTO_UDP 17
 
+#define CB_TCP_FIN 0x01
 #define CB_TCP_SYN 0x02
+#define CB_TCP_RST 0x04
 #define CB_TCP_ACK 0x10
+
+#define CB_ICMP_ECHO_REPLY 0
+#define CB_ICMP_DEST_UNREACH 3
+#define CB_ICMP_ECHO 8
+#define CB_ICMP_TIME_EXCEEDED 11
 
 /* cb_flow is the L3/L4 identity of a packet as policy, conntrack and LB see it. Ports are
  * in network order; ICMP echo request/reply use the echo id as both ports so a reply's
@@ -118,7 +125,7 @@ struct cb_flow {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 has_ports; /* sport/dport are real L4 ports (TCP/UDP) */
-	__u8 pad;
+	__u8 icmp_type; /* ICMP only */
 };
 
 struct cb_l4_ports {
@@ -143,6 +150,7 @@ CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flo
 	f->dport = 0;
 	f->tcp_flags = 0;
 	f->has_ports = 0;
+	f->icmp_type = 0;
 	if (p->frag == CB_FRAG_LATER || off == 0 || off > ETH_HLEN + 60)
 		return 0;
 	switch (p->proto) {
@@ -176,7 +184,8 @@ CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flo
 		l4 = data + off;
 		if ((void *)(l4 + 8) > data_end)
 			return CB_DROP_MALFORMED_L4;
-		if (l4[0] == 8 || l4[0] == 0) { /* echo request / reply */
+		f->icmp_type = l4[0];
+		if (l4[0] == CB_ICMP_ECHO || l4[0] == CB_ICMP_ECHO_REPLY) {
 			f->sport = *(__be16 *)(l4 + 4);
 			f->dport = f->sport;
 		}

@@ -14,7 +14,7 @@
 #include "parse.h"
 #include "conntrack.h"
 
-#define CB_MAX_RULES 64
+#define CB_MAX_RULES 1024
 
 enum cb_pol_dir {
 	CB_DIR_EGRESS = 0,
@@ -72,38 +72,65 @@ CB_INLINE struct cb_policy *cb_policy_of(__u16 epg, __u8 dir)
 	return bpf_map_lookup_elem(&cb_policies, &k);
 }
 
+/* cb_match_ctx carries one rule scan through bpf_loop (the verifier checks the callback
+ * once, whatever CB_MAX_RULES is). */
+struct cb_match_ctx {
+	const struct cb_policy *pol;
+	const struct cb_flow *f;
+	__u32 remote_epg;
+	__be32 remote_ip;
+	int action;
+	__u16 prio;
+	__u16 pad;
+};
+
+static long cb_rule_step(__u32 i, void *data)
+{
+	struct cb_match_ctx *c = data;
+	const struct cb_flow *f = c->f;
+	const struct cb_rule *r;
+
+	if (i >= CB_MAX_RULES)
+		return 1;
+	r = &c->pol->rules[i];
+	if (r->remote_epg && r->remote_epg != c->remote_epg)
+		return 0;
+	if ((c->remote_ip & r->remote_mask) != r->remote_ip)
+		return 0;
+	if (r->proto && r->proto != f->proto)
+		return 0;
+	if (r->port && (!f->has_ports || r->port != f->dport))
+		return 0;
+	if ((r->flags & CB_RULE_SYN_ONLY) &&
+	    !(f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK)))
+		return 0;
+	c->prio = r->prio;
+	c->action = r->action;
+	return 1;
+}
+
 /* cb_rules_match returns the action of the first (= highest priority) matching rule of a
  * non-NULL pol and its priority, or CB_ACT_NONE. remote_* describe the other end of the
- * flow. A global function: the verifier checks its loop once, not at every call site. */
+ * flow. A global function: the verifier checks it once, not at every call site. */
 __noinline int cb_rules_match(const struct cb_policy *pol, const struct cb_flow *f,
 			      __u32 remote_epg, __u32 remote_ip, __u16 *prio)
 {
-	__u32 i, n;
+	struct cb_match_ctx c = {};
+	__u32 n;
 
 	if (!pol || !f || !prio)
 		return CB_ACT_NONE;
 	n = pol->count;
-	for (i = 0; i < CB_MAX_RULES; i++) {
-		const struct cb_rule *r;
-
-		if (i >= n)
-			break;
-		r = &pol->rules[i];
-		if (r->remote_epg && r->remote_epg != remote_epg)
-			continue;
-		if ((remote_ip & r->remote_mask) != r->remote_ip)
-			continue;
-		if (r->proto && r->proto != f->proto)
-			continue;
-		if (r->port && (!f->has_ports || r->port != f->dport))
-			continue;
-		if ((r->flags & CB_RULE_SYN_ONLY) &&
-		    !(f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK)))
-			continue;
-		*prio = r->prio;
-		return r->action;
-	}
-	return CB_ACT_NONE;
+	if (n > CB_MAX_RULES)
+		n = CB_MAX_RULES;
+	c.pol = pol;
+	c.f = f;
+	c.remote_epg = remote_epg;
+	c.remote_ip = remote_ip;
+	c.action = CB_ACT_NONE;
+	bpf_loop(n, cb_rule_step, &c, 0);
+	*prio = c.prio;
+	return c.action;
 }
 
 /* cb_policy_allows decides a new flow from src_epg to dst_epg. */
@@ -124,12 +151,97 @@ CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_polic
 	return 1;
 }
 
-/* Fragment verdicts: the first fragment of a datagram records whether policy allowed it;
- * later fragments (no L4 header) look it up. Like the kernel's reassembly timeout, a record
- * is good for CB_FRAG_TIMEOUT; the LRU evicts what is never completed. */
+/* Per-group state: whether a group has rules (its flows are tracked) and whether its rule
+ * set could not be installed (fail closed: every new flow from or to it is denied). */
+enum cb_epg_flags {
+	CB_EPG_RULES = 1,
+	CB_EPG_DENY_ALL = 2,
+};
+
+struct cb_epg_state {
+	__u32 flags;      /* enum cb_epg_flags */
+	__u32 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* endpoint group id */
+	__type(value, struct cb_epg_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_epgs SEC(".maps");
+
+CB_INLINE __u32 cb_epg_flags_of(__u16 epg)
+{
+	__u32 k = epg;
+	struct cb_epg_state *s;
+
+	if (!epg)
+		return 0;
+	s = bpf_map_lookup_elem(&cb_epgs, &k);
+	return s ? s->flags : 0;
+}
+
+/* cb_track describes the packet being checked to the stateful stage. */
+struct cb_track {
+	__u32 zone;       /* tenant routing domain */
+	__u16 src_epg;
+	__u16 dst_epg;
+	__u32 src_flags;  /* enum cb_epg_flags of src_epg / dst_epg */
+	__u32 dst_flags;
+	__u8 frag;        /* enum cb_frag */
+	__u8 svc;         /* forward packet of a service flow (already DNATed) */
+	__u8 svc_reply;   /* reply of a service flow (to be un-NATed) */
+	__u8 pad;
+	__be32 vip;       /* svc: VIP:port and the client's network, kept for replies */
+	__be16 vport;
+	__be16 ip_id;
+	__u32 client_net;
+	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
+	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
+};
+
+/* cb_judge decides a flow from (src_epg, sflags) to (dst_epg, dflags); as_open evaluates a
+ * TCP packet as the SYN that opens its connection (docs/conntrack.md "Verdicts"). */
+CB_INLINE int cb_judge(const struct cb_flow *f, __u16 src_epg, __u16 dst_epg, __u32 sflags,
+		       __u32 dflags, int as_open)
+{
+	struct cb_policy *eg = 0, *in = 0;
+	struct cb_flow g = *f;
+
+	if ((sflags | dflags) & CB_EPG_DENY_ALL)
+		return 0;
+	if (as_open && g.proto == CB_PROTO_TCP)
+		g.tcp_flags = CB_TCP_SYN;
+	if (sflags & CB_EPG_RULES)
+		eg = cb_policy_of(src_epg, CB_DIR_EGRESS);
+	if (dflags & CB_EPG_RULES)
+		in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
+	return cb_policy_allows(eg, in, &g, src_epg, dst_epg);
+}
+
+/* cb_judge_orig re-judges the flow a packet belongs to in its original orientation
+ * (reply=1: the packet travels the reverse way). */
+CB_INLINE int cb_judge_orig(const struct cb_flow *f, const struct cb_track *t, int reply)
+{
+	struct cb_flow o = *f;
+
+	if (!reply)
+		return cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1);
+	o.saddr = f->daddr;
+	o.daddr = f->saddr;
+	o.sport = f->dport;
+	o.dport = f->sport;
+	return cb_judge(&o, t->dst_epg, t->src_epg, t->dst_flags, t->src_flags, 1);
+}
+
+/* Fragment verdicts: the first fragment of a datagram records whether it passed; later
+ * fragments (no L4 header) look it up. Like the kernel's reassembly timeout, a record is
+ * good for CB_FRAG_TIMEOUT; the LRU evicts what is never completed. */
 #define CB_FRAG_TIMEOUT (30ULL * 1000000000ULL)
 
 struct cb_frag_key {
+	__u32 zone;
 	__be32 saddr;
 	__be32 daddr;
 	__be16 id;
@@ -151,19 +263,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_frags SEC(".maps");
 
-CB_INLINE void cb_frag_record(const struct cb_flow *f, __be16 id, __u32 allowed)
+CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t, __u32 allowed)
 {
-	struct cb_frag_key k = {.saddr = f->saddr, .daddr = f->daddr, .id = id, .proto = f->proto};
+	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
 	struct cb_frag_entry v = {.expires = bpf_ktime_get_ns() + CB_FRAG_TIMEOUT, .allowed = allowed};
 
 	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
 }
 
-/* cb_frag_verdict returns 0 if the first fragment of f's datagram was allowed, else
- * CB_DROP_POLICY (denied) or CB_DROP_FRAG_NO_FIRST (never seen, or too long ago). */
-CB_INLINE int cb_frag_verdict(const struct cb_flow *f, __be16 id)
+/* cb_frag_verdict returns 0 if the first fragment of f's datagram passed, else
+ * CB_DROP_POLICY (it was dropped) or CB_DROP_FRAG_NO_FIRST (never seen, or too long ago). */
+CB_INLINE int cb_frag_verdict(const struct cb_flow *f, const struct cb_track *t)
 {
-	struct cb_frag_key k = {.saddr = f->saddr, .daddr = f->daddr, .id = id, .proto = f->proto};
+	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
 	struct cb_frag_entry *v = bpf_map_lookup_elem(&cb_frags, &k);
 
 	if (!v || v->expires < bpf_ktime_get_ns())
@@ -171,35 +283,118 @@ CB_INLINE int cb_frag_verdict(const struct cb_flow *f, __be16 id)
 	return v->allowed ? 0 : CB_DROP_POLICY;
 }
 
-/* cb_policy_check runs policy for a flow whose L4 identity is in f; frag and ip_id come
- * from the IPv4 header (struct cb_pkt). Returns 0 to continue or a drop reason. Flows
- * between groups without rules never touch conntrack or the fragment table. */
-CB_INLINE int cb_policy_check(const struct cb_flow *f, __u8 frag, __be16 ip_id, __u16 src_epg, __u16 dst_epg)
+/* cb_ct_flow returns the live flow entry (policy-allowed) under k. */
+CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 {
-	struct cb_policy *eg = cb_policy_of(src_epg, CB_DIR_EGRESS);
-	struct cb_policy *in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
+	struct cb_ct_entry *e = cb_ct_live(k, now);
 
-	cb_barrier_var(eg);
-	if (!eg) {
-		cb_barrier_var(in);
-		if (!in)
-			return 0;
+	if (e && !(e->flags & CB_CT_ALLOWED))
+		return 0;
+	return e;
+}
+
+/* cb_ct_open writes a fresh NEW entry for the packet's own direction. */
+CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+{
+	struct cb_ct_entry e = {};
+
+	e.state = CB_CTS_NEW;
+	e.flags = CB_CT_ALLOWED;
+	e.epoch = cb_policy_epoch;
+	e.expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
+	if (t->svc) {
+		e.flags |= CB_CT_DNAT;
+		e.nat_ip = t->vip;
+		e.nat_port = t->vport;
+		e.nat_net = t->client_net;
 	}
-	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
-	if (frag == CB_FRAG_LATER)
-		return cb_frag_verdict(f, ip_id);
-	if (cb_ct_find(f, 0, CB_CT_ALLOWED) || cb_ct_find(f, 1, CB_CT_ALLOWED)) {
-		if (frag == CB_FRAG_FIRST)
-			cb_frag_record(f, ip_id, 1);
+	if (cb_ct_insert(k, &e))
+		return CB_DROP_CT_FULL;
+	t->entry = bpf_map_lookup_elem(&cb_ct, k);
+	return 0;
+}
+
+/* cb_ct_check is the stateful stage for a tracked packet whose first fragment (or only
+ * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
+static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
+{
+	struct cb_ct_key k = {}, rk = {};
+	struct cb_ct_entry *e;
+	__u64 now;
+	__u32 epoch;
+	int syn, closing, opener, reply = 0;
+
+	if (!f || !t)
+		return CB_DROP_POLICY;
+	now = bpf_ktime_get_ns();
+	epoch = cb_policy_epoch;
+	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
+	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
+	cb_ct_key_of(&k, t->zone, f, 0);
+	e = cb_ct_flow(&k, now);
+	if (syn) {
+		if (e && e->state == CB_CTS_NEW && e->epoch == epoch) {
+			e->expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
+			t->entry = e;
+			return 0;
+		}
+		if (!cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1)) {
+			bpf_map_delete_elem(&cb_ct, &k);
+			return CB_DROP_POLICY;
+		}
+		return cb_ct_open(&k, f, t, now);
+	}
+	if (!e) {
+		cb_ct_key_of(&rk, t->zone, f, 1);
+		e = cb_ct_flow(&rk, now);
+		reply = 1;
+	}
+	if (e) {
+		if (e->epoch != epoch) {
+			if (!cb_judge_orig(f, t, reply)) {
+				bpf_map_delete_elem(&cb_ct, reply ? &rk : &k);
+				return CB_DROP_POLICY;
+			}
+			e->epoch = epoch;
+		}
+		if (closing)
+			e->state = CB_CTS_CLOSING;
+		else if (reply && e->state == CB_CTS_NEW)
+			e->state = CB_CTS_ESTABLISHED;
+		e->expires = now + cb_ct_timeout(f->proto, e->state);
+		t->entry = e;
+		if (reply && (e->flags & CB_CT_DNAT))
+			t->rev_nat = e;
 		return 0;
 	}
-	if (!cb_policy_allows(eg, in, f, src_epg, dst_epg)) {
-		if (frag == CB_FRAG_FIRST)
-			cb_frag_record(f, ip_id, 0);
+	/* No entry: judged as an opening. Only packets that may open a flow create one. */
+	if (!cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1))
 		return CB_DROP_POLICY;
-	}
-	cb_ct_add(f, CB_CT_ALLOWED, 0, 0, 0);
-	if (frag == CB_FRAG_FIRST)
-		cb_frag_record(f, ip_id, 1);
-	return 0;
+	if (f->proto == CB_PROTO_TCP)
+		opener = !closing;
+	else
+		opener = f->proto != CB_PROTO_ICMP || f->icmp_type == CB_ICMP_ECHO;
+	if (!opener)
+		return 0;
+	return cb_ct_open(&k, f, t, now);
+}
+
+/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
+ * by the caller). Flows between groups without rules that are not service flows never
+ * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
+CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
+{
+	int r;
+
+	t->src_flags = cb_epg_flags_of(t->src_epg);
+	t->dst_flags = cb_epg_flags_of(t->dst_epg);
+	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply)
+		return 0;
+	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
+	if (t->frag == CB_FRAG_LATER)
+		return cb_frag_verdict(f, t);
+	r = cb_ct_check(f, t);
+	if (t->frag == CB_FRAG_FIRST)
+		cb_frag_record(f, t, r == 0);
+	return r;
 }

@@ -9,6 +9,7 @@
 #include "parse.h"
 
 #define CB_ETH_P_8021Q 0x8100
+#define CB_ETH_P_8021AD 0x88a8
 
 struct cb_vlan_hdr {
 	__be16 tci;

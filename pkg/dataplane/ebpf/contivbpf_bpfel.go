@@ -35,6 +35,7 @@ type contivbpfCbConfig struct {
 	Pad           uint16
 	Generation    uint32
 	Features      uint32
+	PolicyEpoch   uint32
 }
 
 type contivbpfCbCounter struct {
@@ -49,9 +50,11 @@ type contivbpfCbCtEntry struct {
 	NatIp   uint32
 	NatPort uint16
 	Flags   uint8
-	Pad     uint8
+	State   uint8
 	NatNet  uint32
-	Pad2    uint32
+	Epoch   uint32
+	SvcId   uint32
+	Pad     uint32
 }
 
 type contivbpfCbCtFlags uint32
@@ -64,6 +67,7 @@ const (
 
 type contivbpfCbCtKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Saddr uint32
 	Daddr uint32
 	Sport uint16
@@ -71,6 +75,14 @@ type contivbpfCbCtKey struct {
 	Proto uint8
 	Pad   [3]uint8
 }
+
+type contivbpfCbCtState uint32
+
+const (
+	contivbpfCbCtStateCB_CTS_NEW         contivbpfCbCtState = 1
+	contivbpfCbCtStateCB_CTS_ESTABLISHED contivbpfCbCtState = 2
+	contivbpfCbCtStateCB_CTS_CLOSING     contivbpfCbCtState = 3
+)
 
 type contivbpfCbEncap uint32
 
@@ -111,6 +123,19 @@ type contivbpfCbEpStats struct {
 	TxBytes   uint64
 }
 
+type contivbpfCbEpgFlags uint32
+
+const (
+	contivbpfCbEpgFlagsCB_EPG_RULES    contivbpfCbEpgFlags = 1
+	contivbpfCbEpgFlagsCB_EPG_DENY_ALL contivbpfCbEpgFlags = 2
+)
+
+type contivbpfCbEpgState struct {
+	_          structs.HostLayout
+	Flags      uint32
+	Generation uint32
+}
+
 type contivbpfCbEvent struct {
 	_         structs.HostLayout
 	Ts        uint64
@@ -142,6 +167,7 @@ type contivbpfCbFragEntry struct {
 
 type contivbpfCbFragKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Saddr uint32
 	Daddr uint32
 	Id    uint16
@@ -157,6 +183,19 @@ type contivbpfCbIface struct {
 	Epg        uint16
 	Generation uint32
 	Slot       uint32
+	Vrf        uint32
+}
+
+type contivbpfCbMember struct {
+	_          structs.HostLayout
+	Net        uint32
+	Generation uint32
+}
+
+type contivbpfCbMemberKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Ip    uint32
 }
 
 type contivbpfCbNetwork struct {
@@ -196,7 +235,7 @@ type contivbpfCbPolicy struct {
 	_          structs.HostLayout
 	Count      uint32
 	Generation uint32
-	Rules      [64]contivbpfCbRule
+	Rules      [1024]contivbpfCbRule
 }
 
 type contivbpfCbReason uint32
@@ -235,6 +274,9 @@ const (
 	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfCbReason = 56
 	contivbpfCbReasonCB_DROP_TTL_EXCEEDED       contivbpfCbReason = 57
 	contivbpfCbReasonCB_DROP_FRAG_NO_FIRST      contivbpfCbReason = 58
+	contivbpfCbReasonCB_DROP_CT_FULL            contivbpfCbReason = 59
+	contivbpfCbReasonCB_DROP_OVERLAY_SPOOF      contivbpfCbReason = 60
+	contivbpfCbReasonCB_DROP_VLAN_TAGGED        contivbpfCbReason = 61
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
 )
 
@@ -283,6 +325,7 @@ type contivbpfCbSvc struct {
 
 type contivbpfCbSvcKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Vip   uint32
 	Port  uint16
 	Proto uint8
@@ -294,6 +337,12 @@ type contivbpfCbVip struct {
 	Generation uint32
 }
 
+type contivbpfCbVipKey struct {
+	_    structs.HostLayout
+	Zone uint32
+	Vip  uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -303,9 +352,11 @@ const (
 	contivbpfMapCbCt               = "cb_ct"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
+	contivbpfMapCbEpgs             = "cb_epgs"
 	contivbpfMapCbEvents           = "cb_events"
 	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbIfaces           = "cb_ifaces"
+	contivbpfMapCbMembers          = "cb_members"
 	contivbpfMapCbNetworks         = "cb_networks"
 	contivbpfMapCbPeers            = "cb_peers"
 	contivbpfMapCbPolicies         = "cb_policies"
@@ -318,12 +369,15 @@ const (
 	contivbpfProgCbFromWire        = "cb_from_wire"
 	contivbpfProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
+	contivbpfVarCbCtStateUnused    = "cb_ct_state_unused"
 	contivbpfVarCbEncapUnused      = "cb_encap_unused"
 	contivbpfVarCbEpFlagsUnused    = "cb_ep_flags_unused"
+	contivbpfVarCbEpgFlagsUnused   = "cb_epg_flags_unused"
 	contivbpfVarCbEventUnused      = "cb_event_unused"
 	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
+	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
 	contivbpfVarCbRuleActionUnused = "cb_rule_action_unused"
 )
@@ -385,9 +439,11 @@ type contivbpfMapSpecs struct {
 	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
+	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
 	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
 	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
@@ -402,12 +458,15 @@ type contivbpfMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfVariableSpecs struct {
 	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused    *ebpf.VariableSpec `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_epg_flags_unused"`
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
 }
@@ -437,9 +496,11 @@ type contivbpfMaps struct {
 	CbCt         *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
+	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
 	CbEvents     *ebpf.Map `ebpf:"cb_events"`
 	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
+	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
@@ -456,9 +517,11 @@ func (m *contivbpfMaps) Close() error {
 		m.CbCt,
 		m.CbEndpoints,
 		m.CbEpCounters,
+		m.CbEpgs,
 		m.CbEvents,
 		m.CbFrags,
 		m.CbIfaces,
+		m.CbMembers,
 		m.CbNetworks,
 		m.CbPeers,
 		m.CbPolicies,
@@ -474,12 +537,15 @@ func (m *contivbpfMaps) Close() error {
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfVariables struct {
 	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused    *ebpf.Variable `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused   *ebpf.Variable `ebpf:"cb_epg_flags_unused"`
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
 }

@@ -35,6 +35,7 @@ type contivbpfv1CbConfig struct {
 	Pad           uint16
 	Generation    uint32
 	Features      uint32
+	PolicyEpoch   uint32
 }
 
 type contivbpfv1CbCounter struct {
@@ -49,9 +50,11 @@ type contivbpfv1CbCtEntry struct {
 	NatIp   uint32
 	NatPort uint16
 	Flags   uint8
-	Pad     uint8
+	State   uint8
 	NatNet  uint32
-	Pad2    uint32
+	Epoch   uint32
+	SvcId   uint32
+	Pad     uint32
 }
 
 type contivbpfv1CbCtFlags uint32
@@ -64,6 +67,7 @@ const (
 
 type contivbpfv1CbCtKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Saddr uint32
 	Daddr uint32
 	Sport uint16
@@ -71,6 +75,14 @@ type contivbpfv1CbCtKey struct {
 	Proto uint8
 	Pad   [3]uint8
 }
+
+type contivbpfv1CbCtState uint32
+
+const (
+	contivbpfv1CbCtStateCB_CTS_NEW         contivbpfv1CbCtState = 1
+	contivbpfv1CbCtStateCB_CTS_ESTABLISHED contivbpfv1CbCtState = 2
+	contivbpfv1CbCtStateCB_CTS_CLOSING     contivbpfv1CbCtState = 3
+)
 
 type contivbpfv1CbEncap uint32
 
@@ -109,6 +121,19 @@ type contivbpfv1CbEpStats struct {
 	TxBytes   uint64
 }
 
+type contivbpfv1CbEpgFlags uint32
+
+const (
+	contivbpfv1CbEpgFlagsCB_EPG_RULES    contivbpfv1CbEpgFlags = 1
+	contivbpfv1CbEpgFlagsCB_EPG_DENY_ALL contivbpfv1CbEpgFlags = 2
+)
+
+type contivbpfv1CbEpgState struct {
+	_          structs.HostLayout
+	Flags      uint32
+	Generation uint32
+}
+
 type contivbpfv1CbEvent struct {
 	_         structs.HostLayout
 	Ts        uint64
@@ -140,6 +165,7 @@ type contivbpfv1CbFragEntry struct {
 
 type contivbpfv1CbFragKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Saddr uint32
 	Daddr uint32
 	Id    uint16
@@ -154,6 +180,18 @@ type contivbpfv1CbIface struct {
 	Mac        [6]uint8
 	Epg        uint16
 	Generation uint32
+}
+
+type contivbpfv1CbMember struct {
+	_          structs.HostLayout
+	Net        uint32
+	Generation uint32
+}
+
+type contivbpfv1CbMemberKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Ip    uint32
 }
 
 type contivbpfv1CbNetwork struct {
@@ -193,7 +231,7 @@ type contivbpfv1CbPolicy struct {
 	_          structs.HostLayout
 	Count      uint32
 	Generation uint32
-	Rules      [64]struct {
+	Rules      [1024]struct {
 		_          structs.HostLayout
 		RemoteIp   uint32
 		RemoteMask uint32
@@ -244,6 +282,9 @@ const (
 	contivbpfv1CbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfv1CbReason = 56
 	contivbpfv1CbReasonCB_DROP_TTL_EXCEEDED       contivbpfv1CbReason = 57
 	contivbpfv1CbReasonCB_DROP_FRAG_NO_FIRST      contivbpfv1CbReason = 58
+	contivbpfv1CbReasonCB_DROP_CT_FULL            contivbpfv1CbReason = 59
+	contivbpfv1CbReasonCB_DROP_OVERLAY_SPOOF      contivbpfv1CbReason = 60
+	contivbpfv1CbReasonCB_DROP_VLAN_TAGGED        contivbpfv1CbReason = 61
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 64
 )
 
@@ -278,6 +319,7 @@ type contivbpfv1CbSvc struct {
 
 type contivbpfv1CbSvcKey struct {
 	_     structs.HostLayout
+	Zone  uint32
 	Vip   uint32
 	Port  uint16
 	Proto uint8
@@ -289,6 +331,12 @@ type contivbpfv1CbVip struct {
 	Generation uint32
 }
 
+type contivbpfv1CbVipKey struct {
+	_    structs.HostLayout
+	Zone uint32
+	Vip  uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -298,9 +346,11 @@ const (
 	contivbpfv1MapCbCt               = "cb_ct"
 	contivbpfv1MapCbEndpoints        = "cb_endpoints"
 	contivbpfv1MapCbEpMetrics        = "cb_ep_metrics"
+	contivbpfv1MapCbEpgs             = "cb_epgs"
 	contivbpfv1MapCbEvents           = "cb_events"
 	contivbpfv1MapCbFrags            = "cb_frags"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
+	contivbpfv1MapCbMembers          = "cb_members"
 	contivbpfv1MapCbNetworks         = "cb_networks"
 	contivbpfv1MapCbPeers            = "cb_peers"
 	contivbpfv1MapCbPolicies         = "cb_policies"
@@ -313,12 +363,15 @@ const (
 	contivbpfv1ProgCbFromWire        = "cb_from_wire"
 	contivbpfv1ProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfv1VarCbCtFlagsUnused    = "cb_ct_flags_unused"
+	contivbpfv1VarCbCtStateUnused    = "cb_ct_state_unused"
 	contivbpfv1VarCbEncapUnused      = "cb_encap_unused"
 	contivbpfv1VarCbEpFlagsUnused    = "cb_ep_flags_unused"
+	contivbpfv1VarCbEpgFlagsUnused   = "cb_epg_flags_unused"
 	contivbpfv1VarCbEventUnused      = "cb_event_unused"
 	contivbpfv1VarCbFeatures         = "cb_features"
 	contivbpfv1VarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfv1VarCbPolDirUnused     = "cb_pol_dir_unused"
+	contivbpfv1VarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfv1VarCbReasonUnused     = "cb_reason_unused"
 	contivbpfv1VarCbRuleActionUnused = "cb_rule_action_unused"
 )
@@ -380,9 +433,11 @@ type contivbpfv1MapSpecs struct {
 	CbCt        *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
+	CbEpgs      *ebpf.MapSpec `ebpf:"cb_epgs"`
 	CbEvents    *ebpf.MapSpec `ebpf:"cb_events"`
 	CbFrags     *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbMembers   *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
@@ -397,12 +452,15 @@ type contivbpfv1MapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfv1VariableSpecs struct {
 	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused    *ebpf.VariableSpec `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_epg_flags_unused"`
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
 }
@@ -432,9 +490,11 @@ type contivbpfv1Maps struct {
 	CbCt        *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
+	CbEpgs      *ebpf.Map `ebpf:"cb_epgs"`
 	CbEvents    *ebpf.Map `ebpf:"cb_events"`
 	CbFrags     *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
+	CbMembers   *ebpf.Map `ebpf:"cb_members"`
 	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
@@ -451,9 +511,11 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbCt,
 		m.CbEndpoints,
 		m.CbEpMetrics,
+		m.CbEpgs,
 		m.CbEvents,
 		m.CbFrags,
 		m.CbIfaces,
+		m.CbMembers,
 		m.CbNetworks,
 		m.CbPeers,
 		m.CbPolicies,
@@ -469,12 +531,15 @@ func (m *contivbpfv1Maps) Close() error {
 // It can be passed to loadContivbpfv1Objects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfv1Variables struct {
 	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused    *ebpf.Variable `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
 	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused   *ebpf.Variable `ebpf:"cb_epg_flags_unused"`
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
 }

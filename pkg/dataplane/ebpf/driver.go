@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -58,6 +59,10 @@ type Driver struct {
 	remotes   map[string]remoteRec
 	peers     map[string]netip.Addr // host → VTEP
 	policies  map[uint16]dataplane.PolicySet
+	failed    map[uint16]error // groups whose rule set could not be installed: deny-all
+	epoch     uint32           // policy epoch (conntrack entries re-judged when it moves)
+	ctgc      *ctGC
+	ctgcEvery time.Duration
 	services  map[string]svcRec
 	nextSvcID uint32
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
@@ -110,6 +115,10 @@ type Option func(*Driver)
 // WithLogger sets the driver's logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(d *Driver) { d.log = l } }
 
+// WithCTGCInterval sets how often the conntrack collector sweeps (default
+// DefaultCTGCInterval).
+func WithCTGCInterval(every time.Duration) Option { return func(d *Driver) { d.ctgcEvery = every } }
+
 // withSpec runs another build of the programs (tests: upgrades between layouts).
 func withSpec(load func() (*ebpf.CollectionSpec, error)) Option {
 	return func(d *Driver) { d.loadSpec = load }
@@ -157,6 +166,7 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		remotes:   map[string]remoteRec{},
 		peers:     map[string]netip.Addr{},
 		policies:  map[uint16]dataplane.PolicySet{},
+		failed:    map[uint16]error{},
 		services:  map[string]svcRec{},
 		mapFull:   map[string]uint64{},
 		slots:     map[uint32]string{},
@@ -226,6 +236,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.gen == 0 {
 		d.gen = 1
 	}
+	d.epoch = c.PolicyEpoch
 	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
 	var sk contivbpfCbSvcKey
 	var sv contivbpfCbSvc
@@ -268,6 +279,8 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.removeForeignPins(spec)
+	d.ctgc = newCTGC(d.objs.CbCt, d.ctgcEvery)
+	go d.ctgc.run()
 	return nil
 }
 
@@ -309,6 +322,7 @@ func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
 
 // release closes handles without touching the datapath.
 func (d *Driver) release() {
+	d.stopGC()
 	for _, a := range d.links {
 		a.link.Close()
 	}
@@ -325,8 +339,8 @@ func (d *Driver) release() {
 }
 
 func (d *Driver) writeConfig() error {
-	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried}
-	if len(d.policies) > 0 {
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.epoch}
+	if len(d.policies) > 0 || len(d.failed) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
 	}
 	if len(d.services) > 0 {
@@ -349,6 +363,11 @@ func (d *Driver) writeConfig() error {
 	if d.objs.CbFeatures != nil {
 		if err := d.objs.CbFeatures.Set(c.Features); err != nil {
 			return fmt.Errorf("ebpf: set feature bits: %w", err)
+		}
+	}
+	if d.objs.CbPolicyEpoch != nil {
+		if err := d.objs.CbPolicyEpoch.Set(c.PolicyEpoch); err != nil {
+			return fmt.Errorf("ebpf: set policy epoch: %w", err)
 		}
 	}
 	return nil
@@ -516,6 +535,14 @@ func (d *Driver) Close() error {
 	d.closed = true
 	d.release()
 	return nil
+}
+
+// stopGC stops the conntrack collector (before the maps are closed).
+func (d *Driver) stopGC() {
+	if d.ctgc != nil {
+		d.ctgc.close()
+		d.ctgc = nil
+	}
 }
 
 // Teardown removes every link, veth, device and pin the driver created on this host.

@@ -342,7 +342,7 @@ func TestDriverPolicyAndService(t *testing.T) {
 		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "v6", Priority: 1, Remote: netip.MustParsePrefix("fd00::/64"), Action: dataplane.ActionDeny}}},
 	}
 	many := dataplane.PolicySet{EPGID: 2}
-	for i := 0; i < maxRules+1; i++ {
+	for i := 0; i < MaxRules+1; i++ {
 		many.Rules = append(many.Rules, dataplane.PolicyRule{ID: fmt.Sprint(i), Priority: 1, Ingress: true, Port: uint16(i + 1), Proto: 6, Action: dataplane.ActionDeny})
 	}
 	bad = append(bad, many)

@@ -1,6 +1,8 @@
 package ebpf
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -16,6 +18,21 @@ var (
 		[]string{"map"}, nil)
 	descScrapeErr = prometheus.NewDesc("contiv_datapath_scrape_errors",
 		"1 when the datapath counters could not be read on this scrape.", nil, nil)
+	descCTEntries = prometheus.NewDesc("contiv_datapath_ct_entries",
+		"Conntrack entries after the last collector pass.", nil, nil)
+	descCTCapacity = prometheus.NewDesc("contiv_datapath_ct_capacity",
+		"Conntrack table size; new flows are refused (drop_ct_full) when it is full.", nil, nil)
+	descCTGCRuns = prometheus.NewDesc("contiv_datapath_ct_gc_runs_total",
+		"Conntrack collector passes.", nil, nil)
+	descCTGCDeleted = prometheus.NewDesc("contiv_datapath_ct_gc_deleted_total",
+		"Conntrack entries deleted by the collector (expired, or of a deleted endpoint).", nil, nil)
+	descCTGCErrors = prometheus.NewDesc("contiv_datapath_ct_gc_errors_total",
+		"Conntrack collector passes that failed.", nil, nil)
+	descCTGCSeconds = prometheus.NewDesc("contiv_datapath_ct_gc_seconds",
+		"Duration of the last conntrack collector pass.", nil, nil)
+	descPolicyFailed = prometheus.NewDesc("contiv_datapath_policy_failed_closed",
+		"1 for an endpoint group whose rule set could not be installed and that denies all traffic.",
+		[]string{"epg"}, nil)
 )
 
 // Collector exports the datapath's own counters to Prometheus: every verdict and drop
@@ -31,6 +48,13 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descVerdictBytes
 	ch <- descMapFull
 	ch <- descScrapeErr
+	ch <- descCTEntries
+	ch <- descCTCapacity
+	ch <- descCTGCRuns
+	ch <- descCTGCDeleted
+	ch <- descCTGCErrors
+	ch <- descCTGCSeconds
+	ch <- descPolicyFailed
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -53,5 +77,15 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, n := range c.d.MapFullCount() {
 		ch <- prometheus.MustNewConstMetric(descMapFull, prometheus.CounterValue, float64(n), name)
+	}
+	ct := c.d.CTStats()
+	ch <- prometheus.MustNewConstMetric(descCTEntries, prometheus.GaugeValue, float64(ct.Entries))
+	ch <- prometheus.MustNewConstMetric(descCTCapacity, prometheus.GaugeValue, float64(ct.Capacity))
+	ch <- prometheus.MustNewConstMetric(descCTGCRuns, prometheus.CounterValue, float64(ct.Runs))
+	ch <- prometheus.MustNewConstMetric(descCTGCDeleted, prometheus.CounterValue, float64(ct.Deleted))
+	ch <- prometheus.MustNewConstMetric(descCTGCErrors, prometheus.CounterValue, float64(ct.Errors))
+	ch <- prometheus.MustNewConstMetric(descCTGCSeconds, prometheus.GaugeValue, ct.LastPass.Seconds())
+	for g := range c.d.FailedPolicies() {
+		ch <- prometheus.MustNewConstMetric(descPolicyFailed, prometheus.GaugeValue, 1, fmt.Sprint(g))
 	}
 }

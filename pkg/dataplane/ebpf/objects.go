@@ -270,9 +270,11 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 	}
 	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
 	var cur contivbpfCbEndpoint
-	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
+	err = d.objs.CbEndpoints.Lookup(&key, &cur)
+	if err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
 		return fmt.Errorf("remote endpoint %s: ip %v is a local endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 	}
+	epgChanged := err == nil && cur.Epg != ep.EPGID
 	v := contivbpfCbEndpoint{Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
 	if ep.VTEP.IsValid() { // VXLAN always; a VLAN remote may have none (unused there)
 		v.Vtep = ip4(ep.VTEP)
@@ -290,6 +292,9 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 		}
 	}
 	d.remotes[ep.ID] = remoteRec{ep: ep, key: key}
+	if epgChanged { // its flows are judged again with its new group
+		return d.bumpEpoch()
+	}
 	return nil
 }
 
@@ -334,7 +339,18 @@ func (d *Driver) deleteRemote(id string) error {
 		}
 	}
 	delete(d.remotes, id)
+	d.flushCT(r.key)
 	return nil
+}
+
+// flushCT queues the conntrack entries of an endpoint address for deletion.
+func (d *Driver) flushCT(k contivbpfCbEpKey) {
+	if d.ctgc == nil {
+		return
+	}
+	if nr, ok := d.networkByKey(k.Net); ok {
+		d.ctgc.flush(nr.vrf, addrFrom(k.Ip))
+	}
 }
 
 // ---- local endpoints ----
@@ -378,7 +394,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	// Every check comes before an existing endpoint is replaced: a refused update leaves
 	// the old endpoint (veth, map entries, link) forwarding.
 	var cur contivbpfCbEndpoint
+	epgChanged := false
 	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil {
+		epgChanged = cur.Epg != ep.EPGID
 		if cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
 			return fmt.Errorf("endpoint %s: ip %v is a remote endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 		}
@@ -463,7 +481,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen, Slot: slot}
 	copy(v.Mac[:], ep.MAC)
-	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot}
+	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot, Vrf: nr.vrf}
 	copy(ifc.Mac[:], ep.MAC)
 	if err := d.putRoute(nr, ep.IP); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
@@ -480,6 +498,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	clock.mark(StepTCX)
 	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot}
+	if epgChanged { // its flows are judged again with its new group
+		return d.bumpEpoch()
+	}
 	return nil
 }
 
@@ -619,5 +640,6 @@ func (d *Driver) deleteEndpoint(ik string) error {
 	}
 	d.freeSlot(r.slot)
 	delete(d.endpoints, ik)
+	d.flushCT(r.key)
 	return nil
 }

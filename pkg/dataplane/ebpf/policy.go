@@ -2,14 +2,33 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"sort"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-const maxRules = 64 // CB_MAX_RULES in bpf/lib/policy.h
+// MaxRules is how many rules one endpoint group may have per direction (CB_MAX_RULES in
+// bpf/lib/policy.h).
+const MaxRules = 1024
+
+// PolicyError says a group's rule set could not be installed (a rule is invalid, or there
+// are more than MaxRules in one direction). The group is failed closed: every new flow
+// from or to it is denied, and established ones are cut on their next packet, until a
+// valid rule set (or its deletion) replaces it.
+type PolicyError struct {
+	EPGID uint16
+	Err   error
+}
+
+func (e *PolicyError) Error() string {
+	return fmt.Sprintf("policy %d: failed closed (all traffic of the group denied): %v", e.EPGID, e.Err)
+}
+
+func (e *PolicyError) Unwrap() error { return e.Err }
 
 // UpsertPolicy implements dataplane.Driver: the rule set of one endpoint group replaces the
 // previous one (both directions written before the old entries go).
@@ -70,8 +89,8 @@ func compileRules(p dataplane.PolicySet) (egress, ingress []contivbpfCbRule, err
 		}
 	}
 	sorted := func(rs []ranked, dir string) ([]contivbpfCbRule, error) {
-		if len(rs) > maxRules {
-			return nil, fmt.Errorf("policy %d: %d %s rules, at most %d", p.EPGID, len(rs), dir, maxRules)
+		if len(rs) > MaxRules {
+			return nil, fmt.Errorf("policy %d: %d %s rules, at most %d", p.EPGID, len(rs), dir, MaxRules)
 		}
 		sort.SliceStable(rs, func(i, j int) bool {
 			if rs[i].r.Prio != rs[j].r.Prio {
@@ -95,9 +114,12 @@ func compileRules(p dataplane.PolicySet) (egress, ingress []contivbpfCbRule, err
 }
 
 func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
+	if p.EPGID == 0 {
+		return fmt.Errorf("policy: epgID is 0")
+	}
 	eg, in, err := compileRules(p)
 	if err != nil {
-		return err
+		return d.failClosed(p.EPGID, err)
 	}
 	for dir, rules := range [][]contivbpfCbRule{eg, in} {
 		key := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
@@ -110,19 +132,63 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 		v := contivbpfCbPolicy{Count: uint32(len(rules)), Generation: d.gen}
 		copy(v.Rules[:], rules)
 		if err := d.mapPut(contivbpfMapCbPolicies, d.objs.CbPolicies, &key, &v); err != nil {
-			return fmt.Errorf("policy %d: %w", p.EPGID, err)
+			return d.failClosed(p.EPGID, err)
 		}
 	}
-	_, had := d.policies[p.EPGID]
-	d.policies[p.EPGID] = p
-	if !had {
-		return d.writeConfig()
+	var st contivbpfCbEpgState
+	if len(eg)+len(in) > 0 {
+		st.Flags = uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
 	}
-	return nil
+	st.Generation = d.gen
+	if err := d.objs.CbEpgs.Put(uint32(p.EPGID), &st); err != nil {
+		return d.failClosed(p.EPGID, fmt.Errorf("write group state: %w", err))
+	}
+	old, had := d.policies[p.EPGID]
+	_, wasFailed := d.failed[p.EPGID]
+	d.policies[p.EPGID] = p
+	delete(d.failed, p.EPGID)
+	if had && !wasFailed && reflect.DeepEqual(old.Rules, p.Rules) {
+		return nil
+	}
+	return d.bumpEpoch()
 }
 
-// DeletePolicy implements dataplane.Driver. Established flows keep going (conntrack), as
-// with any stateful firewall; new flows are no longer checked against the group's rules.
+// failClosed puts a group whose rule set cannot be installed into deny-all and returns
+// the *PolicyError that says so (joined with any error of doing it).
+func (d *Driver) failClosed(epg uint16, cause error) error {
+	perr := &PolicyError{EPGID: epg, Err: cause}
+	d.log.Error("policy failed closed", "epg", epg, "err", cause)
+	delete(d.policies, epg)
+	d.failed[epg] = cause
+	st := contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), Generation: d.gen}
+	if err := d.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
+		return errors.Join(perr, fmt.Errorf("policy %d: write deny-all state: %w", epg, err))
+	}
+	if err := d.bumpEpoch(); err != nil {
+		return errors.Join(perr, err)
+	}
+	return perr
+}
+
+// bumpEpoch makes every conntrack entry be judged again on its next packet.
+func (d *Driver) bumpEpoch() error {
+	d.epoch++
+	return d.writeConfig()
+}
+
+// FailedPolicies reports the groups that are failed closed, with why.
+func (d *Driver) FailedPolicies() map[uint16]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[uint16]string, len(d.failed))
+	for g, err := range d.failed {
+		out[g] = err.Error()
+	}
+	return out
+}
+
+// DeletePolicy implements dataplane.Driver. The policy epoch moves, so established flows
+// are judged again (without the group's rules) on their next packet.
 func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -138,9 +204,15 @@ func (d *Driver) deletePolicy(epgID uint16) error {
 			return fmt.Errorf("policy %d: delete: %w", epgID, err)
 		}
 	}
-	if _, had := d.policies[epgID]; had {
-		delete(d.policies, epgID)
-		return d.writeConfig()
+	if err := d.objs.CbEpgs.Put(uint32(epgID), &contivbpfCbEpgState{}); err != nil {
+		return fmt.Errorf("policy %d: clear group state: %w", epgID, err)
+	}
+	_, had := d.policies[epgID]
+	_, failed := d.failed[epgID]
+	delete(d.policies, epgID)
+	delete(d.failed, epgID)
+	if had || failed {
+		return d.bumpEpoch()
 	}
 	return nil
 }

@@ -148,6 +148,13 @@ func putPolicy(t *testing.T, objs *contivbpfObjects, p dataplane.PolicySet) {
 			t.Fatal(err)
 		}
 	}
+	st := contivbpfCbEpgState{}
+	if len(eg)+len(in) > 0 {
+		st.Flags = uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
+	}
+	if err := objs.CbEpgs.Put(uint32(p.EPGID), &st); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestPolicy(t *testing.T) {
@@ -177,8 +184,14 @@ func TestPolicy(t *testing.T) {
 	t.Run("syn-denied-port", func(t *testing.T) {
 		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40001, 22, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
 	})
-	t.Run("ack-not-syn-only", func(t *testing.T) {
-		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40002, 22, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	// A bare ACK is judged as the SYN of its connection: no bypass of SynOnly denies, and
+	// no state for the SYN that follows.
+	t.Run("bare-ack-judged-as-syn", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40002, 22, tcpACK, 0), nil).expect(t, tcActShot, DropPolicy)
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40002, 22, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+	})
+	t.Run("mid-stream-ack-picked-up-when-allowed", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40010, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
 	})
 	t.Run("icmp-unmatched-allowed", func(t *testing.T) {
 		run(t, objs, fc, icmpEcho(srcIP, localIP, 8, 7), nil).expect(t, tcActRedirect, FwdLocal)
@@ -246,13 +259,15 @@ func TestServiceLB(t *testing.T) {
 		}
 	}
 	// vip:80/tcp → local 10.1.0.3:8080; vip2:53/udp → remote 10.1.0.4:5353; vip3:80 → none.
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
 	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(localIP), Net: testNet}))
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip2), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
+	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(localIP)}, &contivbpfCbMember{Net: testNet}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip2), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
 	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip3), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 3}))
+	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 2, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip3), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 3}))
 	for _, v := range []netip.Addr{vip, vip2, vip3} {
-		must(objs.CbVips.Put(ip4(v), &contivbpfCbVip{}))
+		must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(v)}, &contivbpfCbVip{}))
 	}
 	fc := objs.CbFromContainer
 	peer := ip4(netip.MustParseAddr(testVTEP))

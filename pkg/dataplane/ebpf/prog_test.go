@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,7 @@ const (
 	tcActShot     = 2
 	tcActRedirect = 7
 	testNet       = 100
+	testZone      = 0x5a5a // routing domain (tenant) of the fixture's networks
 	testVTEP      = "192.168.0.2"
 	loIfindex     = 1 // BPF_PROG_TEST_RUN runs on the loopback device of the caller's netns
 	peerIfindex   = 7
@@ -78,11 +80,11 @@ func loadTestObjects(t testing.TB) *contivbpfObjects {
 	must(objs.CbCfg.Put(uint32(0), &cfg))
 	must(objs.CbNetworks.Put(uint32(testNet), &contivbpfCbNetwork{
 		Subnet: ip4(netip.MustParseAddr("10.1.0.0")), Mask: ip4(netip.MustParseAddr("255.255.255.0")),
-		Gateway: ip4(gwIP), Tag: testNet, Mtu: 1450, Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN)}))
+		Gateway: ip4(gwIP), Tag: testNet, Mtu: 1450, Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN), Vrf: testZone}))
 	must(objs.CbNetworks.Put(uint32(1<<24|10), &contivbpfCbNetwork{
 		Subnet: ip4(netip.MustParseAddr("10.2.0.0")), Mask: ip4(netip.MustParseAddr("255.255.255.0")),
-		Tag: 10, Mtu: 1500, Encap: uint8(contivbpfCbEncapCB_ENCAP_VLAN)}))
-	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
+		Tag: 10, Mtu: 1500, Encap: uint8(contivbpfCbEncapCB_ENCAP_VLAN), Vrf: testZone}))
+	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 	copy(ifc.Mac[:], dataplane.ContivMAC(srcIP))
 	must(objs.CbIfaces.Put(uint32(loIfindex), &ifc))
 	put := func(ip netip.Addr, v contivbpfCbEndpoint) {
@@ -344,11 +346,22 @@ func TestFromContainer(t *testing.T) {
 			}
 		}
 	})
-	for name, typ := range map[string]uint16{"ipv6": 0x86dd, "lldp": 0x88cc, "vlan": 0x8100} {
+	for name, typ := range map[string]uint16{"ipv6": 0x86dd, "lldp": 0x88cc} {
 		t.Run("ethertype/"+name, func(t *testing.T) {
 			p := ipFrame(srcIP, localIP, ipOpts{})
 			binary.BigEndian.PutUint16(p[12:], typ)
 			run(t, objs, prog, p, nil).expect(t, tcActShot, DropNotIPv4)
+		})
+	}
+	// VLAN hopping: a tagged frame (802.1Q or QinQ, to a local or remote endpoint) never
+	// leaves a container.
+	for name, typ := range map[string]uint16{"8021q": 0x8100, "8021ad": 0x88a8} {
+		t.Run("vlan-tagged/"+name, func(t *testing.T) {
+			for _, dst := range []netip.Addr{localIP, remoteIP} {
+				p := ipFrame(srcIP, dst, ipOpts{})
+				p = append(p[:12:12], append([]byte{byte(typ >> 8), byte(typ), 0x00, 0x64}, p[12:]...)...)
+				run(t, objs, prog, p, nil).expect(t, tcActShot, DropVLANTagged)
+			}
 		})
 	}
 	t.Run("unknown-iface", func(t *testing.T) {
@@ -431,7 +444,23 @@ func TestFromOverlay(t *testing.T) {
 		run(t, objs, objs.CbTestOverlay, ipFrame(remoteIP, localIP, ipOpts{}), ctx(peer, 1<<24|10)).expect(t, tcActShot, DropUnknownNetwork)
 	})
 	t.Run("to-remote", func(t *testing.T) {
-		run(t, objs, objs.CbTestOverlay, ipFrame(orphanIP, remoteIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropUnknownDst)
+		run(t, objs, objs.CbTestOverlay, ipFrame(remoteIP, orphanIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropUnknownDst)
+	})
+	// The inner source must be an endpoint the sending VTEP owns.
+	t.Run("inner-src-behind-other-vtep", func(t *testing.T) {
+		run(t, objs, objs.CbTestOverlay, ipFrame(orphanIP, localIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropOverlaySpoof)
+	})
+	t.Run("inner-src-unknown", func(t *testing.T) {
+		run(t, objs, objs.CbTestOverlay, ipFrame(netip.MustParseAddr("10.1.0.77"), localIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropOverlaySpoof)
+	})
+	t.Run("inner-src-outside-subnet", func(t *testing.T) {
+		run(t, objs, objs.CbTestOverlay, ipFrame(netip.MustParseAddr("8.8.8.8"), localIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropOverlaySpoof)
+	})
+	t.Run("short-inner-frame", func(t *testing.T) {
+		// The inner IPv4 header claims more bytes than the frame holds.
+		p := ipFrame(remoteIP, localIP, ipOpts{})[:14+20]
+		binary.BigEndian.PutUint16(p[16:], 60)
+		run(t, objs, objs.CbTestOverlay, p, ctx(peer, testNet)).expect(t, tcActShot, DropMalformedIP)
 	})
 	t.Run("spoofed-local-src", func(t *testing.T) {
 		run(t, objs, objs.CbTestOverlay, ipFrame(srcIP, localIP, ipOpts{}), ctx(peer, testNet)).expect(t, tcActShot, DropRemoteSrc)
@@ -552,8 +581,26 @@ func TestReasonNames(t *testing.T) {
 			t.Errorf("%s: IsDrop %v", n, r.IsDrop())
 		}
 	}
-	if len(seen) != 32 {
-		t.Errorf("%d named reasons, want 32 (update reasons.go with drop.h)", len(seen))
+	// Every value of drop.h's enum (CB_DROP_MIN and CB_REASON_MAX are markers) has a name.
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var enum *btf.Enum
+	if err := spec.Types.TypeByName("cb_reason", &enum); err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for _, v := range enum.Values {
+		if v.Name != "CB_DROP_MIN" && v.Name != "CB_REASON_MAX" {
+			want++
+			if Reason(v.Value).String() != strings.ToLower(strings.TrimPrefix(v.Name, "CB_")) && v.Name != "CB_REASON_UNSPEC" {
+				t.Errorf("%s is named %q", v.Name, Reason(v.Value).String())
+			}
+		}
+	}
+	if len(seen) != want {
+		t.Errorf("%d named reasons, drop.h has %d (update reasons.go with drop.h)", len(seen), want)
 	}
 }
 

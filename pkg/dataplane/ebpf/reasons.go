@@ -40,6 +40,9 @@ const (
 	DropFragToService    = Reason(contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE)
 	DropTTLExceeded      = Reason(contivbpfCbReasonCB_DROP_TTL_EXCEEDED)
 	DropFragNoFirst      = Reason(contivbpfCbReasonCB_DROP_FRAG_NO_FIRST)
+	DropCTFull           = Reason(contivbpfCbReasonCB_DROP_CT_FULL)
+	DropOverlaySpoof     = Reason(contivbpfCbReasonCB_DROP_OVERLAY_SPOOF)
+	DropVLANTagged       = Reason(contivbpfCbReasonCB_DROP_VLAN_TAGGED)
 	reasonMax            = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop            = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -77,6 +80,9 @@ var reasonNames = map[Reason]string{
 	DropFragToService:    "drop_frag_to_service",
 	DropTTLExceeded:      "drop_ttl_exceeded",
 	DropFragNoFirst:      "drop_frag_no_first",
+	DropCTFull:           "drop_ct_full",
+	DropOverlaySpoof:     "drop_overlay_spoof",
+	DropVLANTagged:       "drop_vlan_tagged",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

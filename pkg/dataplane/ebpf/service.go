@@ -12,9 +12,22 @@ import (
 type svcRec struct {
 	svc       dataplane.Service
 	id        uint32
+	zone      uint32 // the tenant's routing domain: only its networks see the VIP
 	keys      []contivbpfCbSvcKey
 	nBackends int
+	members   []contivbpfCbMemberKey
 }
+
+// serviceTenant is the tenant of a service id "<name>:<tenant>".
+func serviceTenant(id string) string {
+	if i := strings.LastIndex(id, ":"); i >= 0 {
+		return id[i+1:]
+	}
+	return ""
+}
+
+// zoneOfTenant is the routing domain of a tenant (the same hash networks use).
+func zoneOfTenant(tenant string) uint32 { return vrfOf("." + tenant) }
 
 // UpsertService implements dataplane.Driver: VIP:port/proto entries, the backend list and
 // the VIP for the ARP responder. Every backend must be a known (local or remote) endpoint:
@@ -84,10 +97,11 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	case len(s.Backends) > d.cfg.MapEntries:
 		return fmt.Errorf("service %s: %d backends exceed MapEntries", s.ID, len(s.Backends))
 	}
-	tenant := ""
-	if i := strings.LastIndex(s.ID, ":"); i >= 0 {
-		tenant = s.ID[i+1:]
+	tenant := serviceTenant(s.ID)
+	if tenant == "" {
+		return fmt.Errorf("service %s: id has no tenant (want <name>:<tenant>)", s.ID)
 	}
+	zone := zoneOfTenant(tenant)
 	var keys []contivbpfCbSvcKey
 	targets := map[contivbpfCbSvcKey]uint16{}
 	for _, p := range s.Ports {
@@ -101,7 +115,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		if tp == 0 {
 			tp = p.Port
 		}
-		k := contivbpfCbSvcKey{Vip: ip4(s.VIP), Port: nport(p.Port), Proto: p.Proto}
+		k := contivbpfCbSvcKey{Zone: zone, Vip: ip4(s.VIP), Port: nport(p.Port), Proto: p.Proto}
 		keys = append(keys, k)
 		targets[k] = tp
 	}
@@ -116,13 +130,21 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		}
 	}
 	backends := make([]contivbpfCbBackend, 0, len(s.Backends))
+	seen := map[netip.Addr]bool{}
 	for _, b := range s.Backends {
 		if !b.Is4() {
 			return fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
 		}
+		if seen[b] {
+			continue
+		}
+		seen[b] = true
 		net, ok := d.resolveBackend(tenant, b)
 		if !ok {
 			return fmt.Errorf("service %s: backend %v is not a known endpoint", s.ID, b)
+		}
+		if nr, ok := d.networkByKey(net); !ok || tenantOf(nr.net.ID) != tenant {
+			return fmt.Errorf("service %s: backend %v is not an endpoint of tenant %q", s.ID, b, tenant)
 		}
 		backends = append(backends, contivbpfCbBackend{Ip: ip4(b), Net: net, Generation: d.gen})
 	}
@@ -140,7 +162,16 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			id = d.nextSvcID
 		}
 	}
-	// Backends first (grown list), then the service entries (new count), then shrink.
+	// Members and backends first (grown list), then the service entries (new count), then
+	// shrink. A flow whose backend is no longer a member is re-balanced by the datapath.
+	var members []contivbpfCbMemberKey
+	for _, b := range backends {
+		mk := contivbpfCbMemberKey{SvcId: id, Ip: b.Ip}
+		members = append(members, mk)
+		if err := d.mapPut(contivbpfMapCbMembers, d.objs.CbMembers, &mk, &contivbpfCbMember{Net: b.Net, Generation: d.gen}); err != nil {
+			return fmt.Errorf("service %s: %w", s.ID, err)
+		}
+	}
 	for i := range backends {
 		if err := d.mapPut(contivbpfMapCbBackends, d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &backends[i]); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
@@ -152,10 +183,10 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
-	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, ip4(s.VIP), &contivbpfCbVip{Generation: d.gen}); err != nil {
+	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, &contivbpfCbVipKey{Zone: zone, Vip: ip4(s.VIP)}, &contivbpfCbVip{Generation: d.gen}); err != nil {
 		return fmt.Errorf("service %s: %w", s.ID, err)
 	}
-	rec := svcRec{svc: s, id: id, keys: keys, nBackends: len(backends)}
+	rec := svcRec{svc: s, id: id, zone: zone, keys: keys, nBackends: len(backends), members: members}
 	d.services[s.ID] = rec
 	if had {
 		if err := d.dropServiceRest(old, rec); err != nil {
@@ -185,12 +216,33 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 			return fmt.Errorf("service %s: delete backend slot: %w", old.svc.ID, err)
 		}
 	}
-	if old.svc.VIP != cur.svc.VIP && !d.vipInUse(old.svc.VIP) {
-		if err := mapDel(d.objs.CbVips, ip4(old.svc.VIP)); err != nil {
+	keepMember := map[contivbpfCbMemberKey]bool{}
+	for _, m := range cur.members {
+		keepMember[m] = true
+	}
+	for _, m := range old.members {
+		if !keepMember[m] {
+			if err := mapDel(d.objs.CbMembers, &m); err != nil {
+				return fmt.Errorf("service %s: delete backend membership: %w", old.svc.ID, err)
+			}
+		}
+	}
+	if (old.svc.VIP != cur.svc.VIP || old.zone != cur.zone) && !d.vipInUse(old.zone, old.svc.VIP) {
+		if err := mapDel(d.objs.CbVips, &contivbpfCbVipKey{Zone: old.zone, Vip: ip4(old.svc.VIP)}); err != nil {
 			return fmt.Errorf("service %s: delete vip: %w", old.svc.ID, err)
 		}
 	}
 	return nil
+}
+
+// networkByKey finds the network of a datapath network key.
+func (d *Driver) networkByKey(key uint32) (netRec, bool) {
+	for _, r := range d.networks {
+		if r.key == key {
+			return r, true
+		}
+	}
+	return netRec{}, false
 }
 
 func (d *Driver) svcIDUsed(id uint32) bool {
@@ -202,9 +254,9 @@ func (d *Driver) svcIDUsed(id uint32) bool {
 	return false
 }
 
-func (d *Driver) vipInUse(vip netip.Addr) bool {
+func (d *Driver) vipInUse(zone uint32, vip netip.Addr) bool {
 	for _, r := range d.services {
-		if r.svc.VIP == vip {
+		if r.zone == zone && r.svc.VIP == vip {
 			return true
 		}
 	}

@@ -93,6 +93,13 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, p := range s.Policies {
 		wantPols[p.EPGID] = true
 		if err := d.upsertPolicy(p); err != nil {
+			// A rule set that cannot be installed is failed closed (deny-all) and
+			// reported; like an invalid remote it does not hold back the sweep.
+			var perr *PolicyError
+			if errors.As(err, &perr) && d.failed[p.EPGID] != nil {
+				bad = append(bad, err)
+				continue
+			}
 			errs = append(errs, err)
 		}
 	}
@@ -111,6 +118,13 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, id := range sortedKeys(d.services) {
 		if !wantSvcs[id] {
 			if err := d.deleteService(id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for epg := range d.failed {
+		if !wantPols[epg] {
+			if err := d.deletePolicy(epg); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -245,10 +259,42 @@ func (d *Driver) sweepMaps() []error {
 	errs = append(errs, sweepGen(d.objs.CbBackends, contivbpfMapCbBackends, d.gen,
 		func(k *contivbpfCbBackendKey, v *contivbpfCbBackend) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbVips, contivbpfMapCbVips, d.gen,
-		func(k *uint32, v *contivbpfCbVip) uint32 { return v.Generation })...)
+		func(k *contivbpfCbVipKey, v *contivbpfCbVip) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbMembers, contivbpfMapCbMembers, d.gen,
+		func(k *contivbpfCbMemberKey, v *contivbpfCbMember) uint32 { return v.Generation })...)
+	errs = append(errs, d.sweepEPGStates()...)
 	errs = append(errs, sweepGen(d.objs.CbRoutes, contivbpfMapCbRoutes, d.gen,
 		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
 
+	return errs
+}
+
+// sweepEPGStates clears the group state of groups no rule set of this generation wrote (an
+// array: entries are zeroed, not deleted).
+func (d *Driver) sweepEPGStates() []error {
+	var (
+		k     uint32
+		v     contivbpfCbEpgState
+		stale []uint32
+	)
+	it := d.objs.CbEpgs.Iterate()
+	for it.Next(&k, &v) {
+		if v.Flags != 0 && v.Generation != d.gen {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return []error{fmt.Errorf("iterate %s: %w", contivbpfMapCbEpgs, err)}
+	}
+	var errs []error
+	for _, g := range stale {
+		if err := d.objs.CbEpgs.Put(g, &contivbpfCbEpgState{}); err != nil {
+			errs = append(errs, fmt.Errorf("clear group %d state: %w", g, err))
+		}
+	}
+	if len(stale) > 0 {
+		errs = appendErr(errs, d.bumpEpoch())
+	}
 	return errs
 }
 
