@@ -52,6 +52,7 @@ type Driver struct {
 	links   map[string]*attachment // by interface name
 	gen     uint32
 	closed  bool
+	pinLock *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	networks  map[string]netRec
 	endpoints map[string]epRec // by indexKey(endpoint id)
@@ -175,6 +176,9 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 
 func (d *Driver) open(ctx context.Context) error {
 	var err error
+	if d.pinLock, err = lockPinRoot(d.cfg.PinRoot); err != nil {
+		return err
+	}
 	if d.cfg.NetNS != "" {
 		if d.hostNS, err = netns.GetFromPath(d.cfg.NetNS); err != nil {
 			return fmt.Errorf("ebpf: open host netns %s: %w", d.cfg.NetNS, err)
@@ -321,6 +325,10 @@ func (d *Driver) release() {
 	if d.hostNS >= 0 {
 		d.hostNS.Close()
 		d.hostNS = -1
+	}
+	if d.pinLock != nil {
+		d.pinLock.Close() // drops the flock
+		d.pinLock = nil
 	}
 }
 
