@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -471,7 +470,7 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		id, ok := strings.CutPrefix(l.Attrs().Alias, aliasPrefix)
+		id, ok := d.ownedEndpointLink(l) // not another agent's veth (owner.go)
 		if !ok {
 			continue
 		}
@@ -534,6 +533,8 @@ func (d *Driver) Teardown(ctx context.Context) error {
 		return errors.New("ebpf: teardown: driver is closed")
 	}
 	var errs []error
+	// Which veths are this agent's is decided before the pinned links go (owner.go).
+	links, lerr := d.nl.LinkList()
 	for name := range d.links {
 		d.detachTCX(name)
 	}
@@ -542,9 +543,9 @@ func (d *Driver) Teardown(ctx context.Context) error {
 			d.detachTCX(e.Name())
 		}
 	}
-	if links, err := d.nl.LinkList(); err == nil {
+	if err := lerr; err == nil {
 		for _, l := range links {
-			if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
+			if _, own := d.ownedEndpointLink(l); own || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
 				// A veth may vanish with its peer (or its container) meanwhile.
 				if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
 					errs = append(errs, fmt.Errorf("delete %s: %w", l.Attrs().Name, err))
