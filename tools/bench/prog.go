@@ -24,16 +24,21 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	// of the local path; their figure is (path − local, both single, medians) + local
 	// (repeated), which removes the harness' per-run cost.
 	local := byName["local"].NsPerPk
+	// Every path is also reported as a ratio of the reference forwarder (package reffwd:
+	// lookup + MAC rewrite + redirect_peer, timed on the local path's packet right after
+	// it): prog.<path>_ratio, machine-independent where the ns figures are not.
+	refNs := byName["ref-forward"].NsPerPk
 	var rows [][]string
+	var ratios []figure
 	names := map[string]string{
-		"noop": "prog.noop", "local": "prog.local", "arp-reply": "prog.arp_reply", "tunnel-encap": "prog.tunnel_encap",
+		"noop": "prog.noop", "local": "prog.local", "ref-forward": "prog.ref_forward", "arp-reply": "prog.arp_reply", "tunnel-encap": "prog.tunnel_encap",
 		"tunnel-decap": "prog.tunnel_decap", "drop-unknown-dst": "prog.drop_unknown_dst", "vlan-push": "prog.vlan_push",
 		"vlan-pop": "prog.vlan_pop", "stage-unknown-iface": "prog.stage_unknown_iface", "stage-not-ipv4": "prog.stage_not_ipv4",
 	}
 	for _, c := range costs {
 		name, ok := names[c.Name]
 		if !ok {
-			rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", c.NsPerPk), "", "harness reference"})
+			rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", c.NsPerPk), "", "", "harness reference"})
 			continue
 		}
 		v := c.NsPerPk
@@ -42,16 +47,32 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 			v = c.NsPerPk - c.SingleRef + local
 			note = fmt.Sprintf("single runs: %.1f - local %.1f + local repeated %.1f", c.NsPerPk, c.SingleRef, local)
 		}
-		rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", v), reasonOf(c), note})
+		x := ""
+		if refNs > 0 {
+			x = fmt.Sprintf("%.2f", v/refNs)
+			if c.Name != "ref-forward" {
+				ratios = append(ratios, figure{Name: name + "_ratio", Value: round2(v / refNs), Unit: "ratio"})
+			}
+		}
+		rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", v), x, reasonOf(c), note})
 		r.add(name, round1(v), "ns")
 	}
-	table(w, "eBPF program paths (Program.Benchmark, ns per packet)", []string{"path", "program", "ns/pkt", "verdict", "how"}, rows)
+	for _, f := range ratios {
+		r.add(f.Name, f.Value, f.Unit)
+	}
+	table(w, "eBPF program paths (Program.Benchmark, ns per packet; x ref = ns / ref_forward ns)", []string{"path", "program", "ns/pkt", "x ref", "verdict", "how"}, rows)
+	if refNs <= 0 {
+		return fmt.Errorf("reference forwarder not measured: no prog.*_ratio figures")
+	}
 	return nil
 }
 
 func reasonOf(c cbebpf.PathCost) string {
 	if c.Name == "noop" || strings.HasPrefix(c.Name, "noop") {
 		return ""
+	}
+	if c.Name == "ref-forward" {
+		return "TC_ACT_REDIRECT (reference)"
 	}
 	return c.Reason.String()
 }

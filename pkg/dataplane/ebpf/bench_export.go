@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf/reffwd"
 )
 
 // PathCost is the kernel-measured cost of one datapath program path
@@ -37,7 +39,9 @@ type PathCost struct {
 // them with a small fixture (one VXLAN and one VLAN network, local and remote endpoints,
 // one peer), checks that each crafted packet takes the intended path, and times it with
 // Program.Benchmark over repeat runs. A no-op tc program is timed the same way as the
-// floor (the test harness' own cost). Needs root (map and program creation).
+// floor (the test harness' own cost), and the reference forwarder (package reffwd: one
+// lookup, MAC rewrite, redirect_peer) on the local path's packet right after the local
+// path, as the yardstick for ratios. Needs root (map and program creation).
 func MeasurePaths(repeat int) ([]PathCost, error) {
 	if repeat <= 0 {
 		repeat = 200000
@@ -62,6 +66,11 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		return nil, fmt.Errorf("bench: load no-op program: %w", err)
 	}
 	defer noop.Close()
+	rf, err := reffwd.Load()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer rf.Close()
 
 	const (
 		loIf, peerIf, vxIf, uplinkIf = 1, 7, 9, 5 // test runs happen on lo (ifindex 1)
@@ -104,6 +113,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		put(objs.CbIfaces, uint32(loIf), &ifc)
 	}
 	setIface(vxNet, src)
+	errs = append(errs, rf.SetDest(local, peerIf, dataplane.ContivMAC(local)))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("bench: fill maps: %w", err)
 	}
@@ -118,10 +128,22 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		single bool
 		vlan   bool // the sending interface belongs to the VLAN network
 		noIf   bool // the sending interface is unknown
+		// check replaces the reason-counter check (programs without cb_reasons): it gets
+		// the return code and the packet out of one run on pkt with its destination MAC
+		// zeroed.
+		check func(ret uint32, out []byte) error
 	}
 	overlayCtx := &benchSkb{CB: [5]uint32{ip4(vtep), vxNet}}
 	cases := []benchCase{
 		{name: "local", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal},
+		{name: "ref-forward", prog: rf.Program(), pname: "rf_forward", pkt: benchIPFrame(src, local),
+			check: func(ret uint32, out []byte) error {
+				if want := dataplane.ContivMAC(local); ret != benchTCActRedirect || !bytes.Equal(out[:6], want) {
+					return fmt.Errorf("returned %d with destination MAC %v, want TC_ACT_REDIRECT (%d) and %v",
+						ret, net.HardwareAddr(out[:6]), benchTCActRedirect, want)
+				}
+				return nil
+			}},
 		{name: "arp-reply", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchARPRequest(src, local), reason: ARPReply, single: true},
 		{name: "tunnel-encap", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, remote), reason: FwdTunnel},
 		{name: "tunnel-decap", prog: objs.CbTestOverlay, pname: "cb_test_overlay", pkt: benchIPFrame(remote, local), ctx: overlayCtx, reason: FwdLocal},
@@ -160,23 +182,38 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		if err := errors.Join(errs...); err != nil {
 			return nil, fmt.Errorf("bench: set sending interface: %w", err)
 		}
-		// Check the path first: one run must move exactly the expected reason counter.
-		before, err := readReasons(objs.CbReasons)
-		if err != nil {
-			return nil, err
-		}
-		ropts := &ebpf.RunOptions{Data: append([]byte(nil), c.pkt...), Repeat: 1, Context: c.ctx}
-		if _, err := c.prog.Run(ropts); err != nil {
-			return nil, fmt.Errorf("bench: %s: run: %w", c.name, err)
-		}
-		after, err := readReasons(objs.CbReasons)
-		if err != nil {
-			return nil, err
-		}
-		if after[c.reason].Packets != before[c.reason].Packets+1 {
-			return nil, fmt.Errorf("bench: %s: packet did not take the %v path (reasons before %v after %v)", c.name, c.reason, before, after)
+		if c.check != nil {
+			// The destination MAC is zeroed for this run so that its rewrite shows.
+			probe := append([]byte(nil), c.pkt...)
+			clear(probe[:6])
+			res := make([]byte, len(probe))
+			ret, err := c.prog.Run(&ebpf.RunOptions{Data: probe, DataOut: res, Repeat: 1})
+			if err == nil {
+				err = c.check(ret, res)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", c.name, err)
+			}
+		} else {
+			// Check the path first: one run must move exactly the expected reason counter.
+			before, err := readReasons(objs.CbReasons)
+			if err != nil {
+				return nil, err
+			}
+			ropts := &ebpf.RunOptions{Data: append([]byte(nil), c.pkt...), Repeat: 1, Context: c.ctx}
+			if _, err := c.prog.Run(ropts); err != nil {
+				return nil, fmt.Errorf("bench: %s: run: %w", c.name, err)
+			}
+			after, err := readReasons(objs.CbReasons)
+			if err != nil {
+				return nil, err
+			}
+			if after[c.reason].Packets != before[c.reason].Packets+1 {
+				return nil, fmt.Errorf("bench: %s: packet did not take the %v path (reasons before %v after %v)", c.name, c.reason, before, after)
+			}
 		}
 		var d, ref float64
+		var err error
 		if c.single && c.name != "local-single" {
 			d, ref, err = benchSingle(c.prog, c.pkt, objs.CbFromContainer, benchIPFrame(src, local), repeat/100, func() {
 				if c.vlan {
@@ -264,6 +301,9 @@ func benchSingle(prog *ebpf.Program, pkt []byte, refProg *ebpf.Program, refPkt [
 	}
 	return benchMedian(path), benchMedian(ref), nil
 }
+
+// benchTCActRedirect is TC_ACT_REDIRECT, what bpf_redirect_peer returns.
+const benchTCActRedirect = 7
 
 func benchMedian(v []float64) float64 {
 	sort.Float64s(v)

@@ -9,7 +9,7 @@ func TestMeasurePaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"noop": true, "noop-single": true, "local": true, "arp-reply": true, "tunnel-encap": true,
+	want := map[string]bool{"noop": true, "noop-single": true, "local": true, "ref-forward": true, "arp-reply": true, "tunnel-encap": true,
 		"tunnel-decap": true, "drop-unknown-dst": true, "vlan-push": true, "vlan-pop": true, "local-single": true,
 		"stage-unknown-iface": true, "stage-not-ipv4": true}
 	for _, c := range costs {

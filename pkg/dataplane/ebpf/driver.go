@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -53,6 +52,7 @@ type Driver struct {
 	links   map[string]*attachment // by interface name
 	gen     uint32
 	closed  bool
+	pinLock *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	networks  map[string]netRec
 	endpoints map[string]epRec // by indexKey(endpoint id)
@@ -185,6 +185,9 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 
 func (d *Driver) open(ctx context.Context) error {
 	var err error
+	if d.pinLock, err = lockPinRoot(d.cfg.PinRoot); err != nil {
+		return err
+	}
 	if d.cfg.NetNS != "" {
 		if d.hostNS, err = netns.GetFromPath(d.cfg.NetNS); err != nil {
 			return fmt.Errorf("ebpf: open host netns %s: %w", d.cfg.NetNS, err)
@@ -336,6 +339,10 @@ func (d *Driver) release() {
 		d.hostNS.Close()
 		d.hostNS = -1
 	}
+	if d.pinLock != nil {
+		d.pinLock.Close() // drops the flock
+		d.pinLock = nil
+	}
 }
 
 func (d *Driver) writeConfig() error {
@@ -482,7 +489,7 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		id, ok := strings.CutPrefix(l.Attrs().Alias, aliasPrefix)
+		id, ok := d.ownedEndpointLink(l) // not another agent's veth (owner.go)
 		if !ok {
 			continue
 		}
@@ -553,6 +560,8 @@ func (d *Driver) Teardown(ctx context.Context) error {
 		return errors.New("ebpf: teardown: driver is closed")
 	}
 	var errs []error
+	// Which veths are this agent's is decided before the pinned links go (owner.go).
+	links, lerr := d.nl.LinkList()
 	for name := range d.links {
 		d.detachTCX(name)
 	}
@@ -561,9 +570,9 @@ func (d *Driver) Teardown(ctx context.Context) error {
 			d.detachTCX(e.Name())
 		}
 	}
-	if links, err := d.nl.LinkList(); err == nil {
+	if err := lerr; err == nil {
 		for _, l := range links {
-			if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
+			if _, own := d.ownedEndpointLink(l); own || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
 				// A veth may vanish with its peer (or its container) meanwhile.
 				if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
 					errs = append(errs, fmt.Errorf("delete %s: %w", l.Attrs().Name, err))

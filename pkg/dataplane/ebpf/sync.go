@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -305,20 +305,26 @@ func (d *Driver) sweepLinks(want map[string]bool) []error {
 	if err != nil {
 		return []error{fmt.Errorf("read pinned links: %w", err)}
 	}
+	// Veths of other agents (other pin roots) in this namespace are left alone (owner.go);
+	// ownership is decided before the unwanted pinned links go.
+	links, lerr := d.nl.LinkList()
+	var stale []netlink.Link
+	for _, l := range links {
+		if _, own := d.ownedEndpointLink(l); own && !want[l.Attrs().Name] {
+			stale = append(stale, l)
+		}
+	}
 	for _, e := range ents {
 		if !want[e.Name()] {
 			d.detachTCX(e.Name())
 		}
 	}
-	links, err := d.nl.LinkList()
-	if err != nil {
-		return append(errs, fmt.Errorf("list links: %w", err))
+	if lerr != nil {
+		return append(errs, fmt.Errorf("list links: %w", lerr))
 	}
-	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Alias, aliasPrefix) && !want[l.Attrs().Name] {
-			if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
-				errs = append(errs, fmt.Errorf("delete stale veth %s: %w", l.Attrs().Name, err))
-			}
+	for _, l := range stale {
+		if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete stale veth %s: %w", l.Attrs().Name, err))
 		}
 	}
 	return errs
