@@ -51,8 +51,8 @@ func TestEndpointUpsertLatency(t *testing.T) {
 	for _, ep := range eps {
 		checkContainerEnd(t, ep, h.d.networks[ep.NetworkID].net)
 		l, err := h.d.nl.LinkByName(ep.HostIfName)
-		if err != nil || l.Attrs().Alias != aliasPrefix+ep.ID || l.Attrs().Flags&net.FlagUp == 0 {
-			t.Errorf("%s: host end %v (%v), want alias %q and up", ep.ID, l, err, aliasPrefix+ep.ID)
+		if err != nil || l.Attrs().Alias != h.d.endpointAlias(indexKey(ep.ID)) || l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("%s: host end %v (%v), want alias %q and up", ep.ID, l, err, h.d.endpointAlias(indexKey(ep.ID)))
 		}
 	}
 	conformance.PingOK(t, eps[0].NetNS, eps[n-1].IP.String(), 3)

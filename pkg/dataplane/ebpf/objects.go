@@ -355,8 +355,8 @@ func (d *Driver) flushCT(k contivbpfCbEpKey) {
 
 // ---- local endpoints ----
 
-// indexKey is the endpoint's id as stored in the veth alias (IFLA_IFALIAS holds at most
-// 128 bytes; longer ids are hashed).
+// indexKey is the endpoint's id as stored in the veth alias after the pin tag
+// (endpointAlias; IFLA_IFALIAS holds 255 bytes; ids over 120 bytes are hashed).
 func indexKey(id string) string {
 	if len(aliasPrefix)+len(id) <= 120 {
 		return id
@@ -390,7 +390,11 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	ik := indexKey(ep.ID)
 	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
-	alias := aliasPrefix + ik
+	alias := d.endpointAlias(ik)
+	legacy := aliasPrefix + ik // veths of builds before pin-scoped aliases
+	ours := func(l netlink.Link) bool {
+		return l.Type() == "veth" && (l.Attrs().Alias == alias || l.Attrs().Alias == legacy)
+	}
 	// Every check comes before an existing endpoint is replaced: a refused update leaves
 	// the old endpoint (veth, map entries, link) forwarding.
 	var cur contivbpfCbEndpoint
@@ -406,7 +410,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		// Otherwise the entry is ours or stale (its veth vanished with its container).
 	}
 	host, err := d.nl.LinkByName(ep.HostIfName)
-	if err == nil && (host.Type() != "veth" || host.Attrs().Alias != alias) {
+	if err == nil && !ours(host) {
 		return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
 	}
 	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
@@ -418,8 +422,13 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 
 	created := false
 	if err == nil {
-		if host.Type() != "veth" || host.Attrs().Alias != alias {
+		if !ours(host) {
 			return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
+		}
+		if host.Attrs().Alias != alias {
+			if err := d.nl.LinkSetAlias(host, alias); err != nil {
+				return fmt.Errorf("endpoint %s: scope alias of %s: %w", ep.ID, ep.HostIfName, err)
+			}
 		}
 	} else {
 		var nf netlink.LinkNotFoundError
@@ -630,7 +639,7 @@ func (d *Driver) deleteEndpoint(ik string) error {
 		errs = append(errs, fmt.Errorf("delete iface entry: %w", err))
 	}
 	d.detachTCX(r.hostIf)
-	if l, err := d.nl.LinkByName(r.hostIf); err == nil && l.Attrs().Alias == aliasPrefix+ik {
+	if l, err := d.nl.LinkByName(r.hostIf); err == nil && (l.Attrs().Alias == d.endpointAlias(ik) || l.Attrs().Alias == aliasPrefix+ik) {
 		if err := d.nl.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", r.hostIf, err))
 		}
