@@ -1,0 +1,355 @@
+package ebpf
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+const (
+	tcpFIN = 0x01
+	tcpRST = 0x04
+)
+
+// ctEntry reads the conntrack entry of a flow (zone testZone unless given).
+func ctEntry(t *testing.T, objs *contivbpfObjects, zone uint32, proto uint8, src, dst netip.Addr, sport, dport uint16) (contivbpfCbCtEntry, bool) {
+	t.Helper()
+	k := contivbpfCbCtKey{Zone: zone, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(sport), Dport: nport(dport), Proto: proto}
+	var v contivbpfCbCtEntry
+	if err := objs.CbCt.Lookup(&k, &v); err != nil {
+		return v, false
+	}
+	return v, true
+}
+
+func setZone(t *testing.T, objs *contivbpfObjects, zone uint32) {
+	t.Helper()
+	var ifc contivbpfCbIface
+	if err := objs.CbIfaces.Lookup(uint32(loIfindex), &ifc); err != nil {
+		t.Fatal(err)
+	}
+	ifc.Vrf = zone
+	if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+		t.Fatal(err)
+	}
+	var n contivbpfCbNetwork
+	if err := objs.CbNetworks.Lookup(uint32(testNet), &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Vrf = zone
+	if err := objs.CbNetworks.Put(uint32(testNet), &n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setEpoch(t *testing.T, objs *contivbpfObjects, epoch uint32) {
+	t.Helper()
+	if err := objs.CbPolicyEpoch.Set(epoch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// remaining is how long an entry has left, from now.
+func remaining(t *testing.T, e contivbpfCbCtEntry) time.Duration {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(int64(e.Expires) - int64(now))
+}
+
+// ctPolicyFixture: lo 10.1.0.2 in EPG 10, local 10.1.0.3 in EPG 20 (Contiv's pattern: deny
+// tcp SYN, allow tcp 80 from 10), remote 10.1.0.4 in EPG 30; EPG 10 refuses new flows from
+// EPG 30 and UDP in.
+func ctPolicyFixture(t *testing.T) *contivbpfObjects {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 10)
+	setEPG(t, objs, localIP, 20)
+	setEPG(t, objs, remoteIP, 30)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-80", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
+	}})
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "no-30-in", Priority: 9, Ingress: true, RemoteEPG: 30, Action: dataplane.ActionDeny},
+		{ID: "no-udp-in", Priority: 5, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
+	}})
+	return objs
+}
+
+func TestConntrackTCPStates(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+
+	// SYN out → NEW (60 s); SYN-ACK back → ESTABLISHED (6 h); FIN → CLOSING (10 s).
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	e, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 41000, 443)
+	if !ok || e.State != uint8(contivbpfCbCtStateCB_CTS_NEW) || remaining(t, e) > 61*time.Second || remaining(t, e) < 55*time.Second {
+		t.Fatalf("after SYN: entry %+v (found %v), want NEW with ~60 s", e, ok)
+	}
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 443, 41000, tcpSYN|tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	e, _ = ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 41000, 443)
+	if e.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) || remaining(t, e) < 5*time.Hour {
+		t.Fatalf("after SYN-ACK: entry %+v, want ESTABLISHED with ~6 h", e)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpACK, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 443, 41000, tcpFIN|tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	e, _ = ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 41000, 443)
+	if e.State != uint8(contivbpfCbCtStateCB_CTS_CLOSING) || remaining(t, e) > 11*time.Second {
+		t.Fatalf("after FIN: entry %+v, want CLOSING with ~10 s", e)
+	}
+	// The last ACK still passes; the entry stays CLOSING.
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpACK, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+
+	t.Run("new-flow-from-denied-side", func(t *testing.T) {
+		// EPG 30 may not open flows into EPG 10, with or without SYN.
+		run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 5555, 22, tcpSYN, 0), ovl).expect(t, tcActShot, DropPolicy)
+		run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 5555, 22, tcpACK, 0), ovl).expect(t, tcActShot, DropPolicy)
+		if _, ok := ctEntry(t, objs, testZone, 6, remoteIP, srcIP, 5555, 22); ok {
+			t.Error("a denied packet created an entry")
+		}
+	})
+	t.Run("rst-without-entry-creates-none", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41001, 443, tcpRST, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		if _, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 41001, 443); ok {
+			t.Error("a RST created an entry")
+		}
+	})
+	t.Run("expired-entry-is-absent", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41002, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(remoteIP), Sport: nport(41002), Dport: nport(443), Proto: 6}
+		var v contivbpfCbCtEntry
+		if err := objs.CbCt.Lookup(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.Expires = 1
+		if err := objs.CbCt.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		// The reply of an expired flow is a new flow from EPG 30: denied.
+		run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 443, 41002, tcpSYN|tcpACK, 0), ovl).expect(t, tcActShot, DropPolicy)
+	})
+}
+
+// The Contiv pattern deny-tcp + allow-80: neither a bare ACK nor a SYN after it reaches
+// port 22; a RST then a policy change then a SYN on the same tuple is judged again.
+func TestConntrackBareACKAndRejudge(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc := objs.CbFromContainer
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40000, 22, tcpACK, 0), nil).expect(t, tcActShot, DropPolicy)
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40000, 22, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+	if _, ok := ctEntry(t, objs, testZone, 6, srcIP, localIP, 40000, 22); ok {
+		t.Fatal("bare ACK or denied SYN left an entry")
+	}
+
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40001, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40001, 80, tcpRST, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	// Port 80 is no longer allowed: the next SYN on the same tuple is judged, not waved through.
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+	}})
+	setEpoch(t, objs, 1)
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40001, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+}
+
+// A policy change reaches established flows: those the new rules deny are cut on their next
+// packet (and their entry removed); those they allow go on.
+func TestConntrackEpoch(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc := objs.CbFromContainer
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40100, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(17, srcIP, localIP, 40101, 53, 0, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-80", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
+		{ID: "deny-udp", Priority: 10, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
+	}})
+	// Without an epoch change established flows are not re-judged.
+	run(t, objs, fc, l4Frame(17, srcIP, localIP, 40101, 53, 0, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	setEpoch(t, objs, 7)
+	run(t, objs, fc, l4Frame(17, srcIP, localIP, 40101, 53, 0, 0), nil).expect(t, tcActShot, DropPolicy)
+	if _, ok := ctEntry(t, objs, testZone, 17, srcIP, localIP, 40101, 53); ok {
+		t.Error("the cut flow kept its entry")
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40100, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	if e, _ := ctEntry(t, objs, testZone, 6, srcIP, localIP, 40100, 80); e.Epoch != 7 {
+		t.Errorf("allowed flow's epoch %d, want 7", e.Epoch)
+	}
+
+	t.Run("deny-all", func(t *testing.T) {
+		// A group whose rule set failed is closed: established flows are cut too.
+		if err := objs.CbEpgs.Put(uint32(20), &contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)}); err != nil {
+			t.Fatal(err)
+		}
+		setEpoch(t, objs, 8)
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40100, 80, tcpACK, 0), nil).expect(t, tcActShot, DropPolicy)
+		run(t, objs, fc, l4Frame(6, srcIP, localIP, 40102, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+		run(t, objs, fc, icmpEcho(srcIP, localIP, 8, 3), nil).expect(t, tcActShot, DropPolicy)
+	})
+}
+
+// Replies are recognised whichever side has the rules: EPG 10 refuses UDP in, yet the
+// answer to its own query from a group without rules passes.
+func TestConntrackReplyWhenOnlyReplySideHasRules(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setEPG(t, objs, remoteIP, 40) // no rules
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	run(t, objs, objs.CbFromContainer, l4Frame(17, srcIP, remoteIP, 40200, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, objs.CbTestOverlay, l4Frame(17, remoteIP, srcIP, 53, 40200, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, objs.CbTestOverlay, l4Frame(17, remoteIP, srcIP, 53, 40201, 0, 0), ovl).expect(t, tcActShot, DropPolicy)
+}
+
+// Two tenants with the same addresses never share an entry.
+func TestConntrackZones(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, remoteIP, 40300, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, srcIP, 443, 40300, tcpSYN|tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	setZone(t, objs, testZone+1)
+	defer setZone(t, objs, testZone)
+	// Same tuple, other tenant: a new flow from EPG 30, denied.
+	run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, srcIP, 443, 40300, tcpSYN|tcpACK, 0), ovl).expect(t, tcActShot, DropPolicy)
+	if _, ok := ctEntry(t, objs, testZone+1, 6, srcIP, remoteIP, 40300, 443); ok {
+		t.Error("an entry appeared in the other zone")
+	}
+}
+
+// A full table refuses new flows, visibly, and keeps the established ones.
+func TestConntrackFull(t *testing.T) {
+	requireRoot(t)
+	objs := ctPolicyFixture(t)
+	small, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: objs.CbCt.KeySize(), ValueSize: objs.CbCt.ValueSize(), MaxEntries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	// Replace the program's table with the small one: reload against it.
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	spec.Maps[contivbpfMapCbCt].MaxEntries = 3
+	repl := map[string]*ebpf.Map{contivbpfMapCbCt: small}
+	for name, m := range map[string]*ebpf.Map{
+		contivbpfMapCbIfaces: objs.CbIfaces, contivbpfMapCbEndpoints: objs.CbEndpoints, contivbpfMapCbNetworks: objs.CbNetworks,
+		contivbpfMapCbCfg: objs.CbCfg, contivbpfMapCbPeers: objs.CbPeers, contivbpfMapCbPolicies: objs.CbPolicies,
+		contivbpfMapCbEpgs: objs.CbEpgs, contivbpfMapCbReasons: objs.CbReasons, contivbpfMapCbEpCounters: objs.CbEpCounters,
+	} {
+		repl[name] = m
+	}
+	var o2 contivbpfObjects
+	if err := spec.LoadAndAssign(&o2, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		t.Fatal(err)
+	}
+	defer o2.Close()
+	if err := o2.CbFeatures.Set(uint32(contivbpfCbFeaturesCB_FEAT_POLICY)); err != nil {
+		t.Fatal(err)
+	}
+	fc := o2.CbFromContainer
+	for i := uint16(0); i < 3; i++ {
+		run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40400+i, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	}
+	run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40410, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropCTFull)
+	run(t, &o2, fc, l4Frame(17, srcIP, localIP, 40411, 80, 0, 0), nil).expect(t, tcActShot, DropCTFull)
+	// Established flows keep passing, a retransmitted SYN too.
+	run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40401, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40402, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+
+	// The collector frees expired entries; then new flows get in again.
+	k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(localIP), Sport: nport(40400), Dport: nport(80), Proto: 6}
+	var v contivbpfCbCtEntry
+	if err := small.Lookup(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	v.Expires = 1
+	if err := small.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	g := newCTGC(small, time.Hour)
+	if n, err := g.pass(); err != nil || n != 1 {
+		t.Fatalf("gc pass deleted %d (%v), want 1", n, err)
+	}
+	if st := g.stats; st.Entries != 2 || st.Runs != 1 || st.Deleted != 1 || st.Capacity != 3 {
+		t.Errorf("gc stats %+v", st)
+	}
+	run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40410, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+
+	// A flush removes every entry of an address in its zone, and only in its zone.
+	g.flush(testZone+1, localIP)
+	if n, _ := g.pass(); n != 0 {
+		t.Errorf("flush of another zone deleted %d entries", n)
+	}
+	g.flush(testZone, localIP)
+	if n, _ := g.pass(); n != 3 {
+		t.Errorf("flush deleted %d entries, want 3", n)
+	}
+}
+
+// Service flows: a VIP belongs to its tenant; a removed backend's flow is re-balanced on its
+// next packet.
+func TestServiceScopeAndBackendRemoval(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.100")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// vip:80/udp → 10.1.0.3:8080 (local) and 10.1.0.4:8080 (remote).
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}, &contivbpfCbSvc{Id: 1, Count: 2, TargetPort: nport(8080)}))
+	for i, b := range []netip.Addr{localIP, remoteIP} {
+		must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: uint32(i)}, &contivbpfCbBackend{Ip: ip4(b), Net: testNet}))
+		must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(b)}, &contivbpfCbMember{Net: testNet}))
+	}
+	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	fc := objs.CbFromContainer
+
+	// Find a source port balanced to the local backend.
+	var sport uint16
+	for p := uint16(45000); p < 45100; p++ {
+		r := run(t, objs, fc, l4Frame(17, srcIP, vip, p, 80, 0, 0), nil)
+		if _, d, _, _ := checkSums(t, r.out); d == localIP {
+			sport = p
+			break
+		}
+	}
+	if sport == 0 {
+		t.Fatal("no flow went to the local backend")
+	}
+	r := run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	// The local backend leaves the service: the same flow moves to the remote one.
+	must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(localIP)}))
+	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
+	must(objs.CbBackends.Delete(&contivbpfCbBackendKey{SvcId: 1, Index: 1}))
+	r = run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if _, d, _, dp := checkSums(t, r.out); d != remoteIP || dp != 8080 {
+		t.Errorf("after backend removal the flow goes to %v:%d, want %v:8080", d, dp, remoteIP)
+	}
+
+	t.Run("other-tenant", func(t *testing.T) {
+		setZone(t, objs, testZone+1)
+		defer setZone(t, objs, testZone)
+		run(t, objs, fc, l4Frame(17, srcIP, vip, 46000, 80, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
+		run(t, objs, fc, arpFrame(1, dataplane.ContivMAC(srcIP), srcIP, vip), nil).expect(t, tcActShot, DropARPUnknownTarget)
+	})
+	t.Run("service-gone", func(t *testing.T) {
+		must(objs.CbServices.Delete(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}))
+		must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(remoteIP)}))
+		run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	})
+}
