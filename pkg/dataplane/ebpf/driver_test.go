@@ -17,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 type oneHost struct {
@@ -450,4 +451,76 @@ func TestDriverPolicyAndService(t *testing.T) {
 
 func pingOnce(ns, ip string) error {
 	return conformance.Ping(ns, ip, time.Second)
+}
+
+// TestPolicyFailClosed: a rule set that cannot be installed denies all traffic of its group
+// (never "nothing installed = allow all"), says so in the error and the metric, survives a
+// Sync that reports it, and a valid set (1,024 rules) lifts it.
+func TestPolicyFailClosed(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if err := pingOnce(a.NetNS, b.IP.String()); err != nil {
+		t.Fatalf("before: %v", err)
+	}
+	tooMany := dataplane.PolicySet{EPGID: 2}
+	for i := 0; i < MaxRules+1; i++ {
+		tooMany.Rules = append(tooMany.Rules, dataplane.PolicyRule{ID: fmt.Sprint(i), Priority: 1, Ingress: true, Proto: 6, Port: uint16(i + 1), Action: dataplane.ActionDeny})
+	}
+	err := h.d.UpsertPolicy(ctx, tooMany)
+	var perr *PolicyError
+	if !errors.As(err, &perr) || perr.EPGID != 2 || !strings.Contains(err.Error(), "failed closed") {
+		t.Fatalf("over-capacity policy: %v, want a PolicyError for group 2", err)
+	}
+	var st contivbpfCbEpgState
+	if err := h.d.objs.CbEpgs.Lookup(uint32(2), &st); err != nil || st.Flags != uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL) {
+		t.Fatalf("group 2 state %+v (%v), want deny-all", st, err)
+	}
+	if got := h.d.FailedPolicies(); len(got) != 1 || got[2] == "" {
+		t.Errorf("FailedPolicies %v", got)
+	}
+	if err := promtest.CollectAndCompare(h.d.Collector(), strings.NewReader(`
+# HELP contiv_datapath_policy_failed_closed 1 for an endpoint group whose rule set could not be installed and that denies all traffic.
+# TYPE contiv_datapath_policy_failed_closed gauge
+contiv_datapath_policy_failed_closed{epg="2"} 1
+`), "contiv_datapath_policy_failed_closed"); err != nil {
+		t.Error(err)
+	}
+	if err := pingOnce(a.NetNS, b.IP.String()); err == nil {
+		t.Error("a failed-closed group still answers")
+	}
+	// Sync reports it and still applies (and sweeps) the rest.
+	invalid := dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "bad", Priority: 0, Action: dataplane.ActionAllow}}}
+	state.Policies = []dataplane.PolicySet{invalid}
+	if err := h.d.Sync(ctx, state); err == nil || !strings.Contains(err.Error(), "priority 0") {
+		t.Errorf("sync with an invalid rule: %v", err)
+	}
+	if err := pingOnce(a.NetNS, b.IP.String()); err == nil {
+		t.Error("an invalid rule set widened access")
+	}
+	// 1,024 rules per direction fit; the group is open again for what they allow.
+	full := dataplane.PolicySet{EPGID: 2}
+	for i := 0; i < MaxRules; i++ {
+		full.Rules = append(full.Rules, dataplane.PolicyRule{ID: fmt.Sprintf("r%04d", i), Priority: 1, Ingress: true, Proto: 6, Port: uint16(i + 1), Action: dataplane.ActionDeny})
+	}
+	state.Policies = []dataplane.PolicySet{full}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.d.FailedPolicies(); len(got) != 0 {
+		t.Errorf("FailedPolicies %v after a valid set", got)
+	}
+	if err := pingOnce(a.NetNS, b.IP.String()); err != nil {
+		t.Errorf("ICMP (not denied by the 1,024 TCP rules): %v", err)
+	}
+	if c, err := conformance.DialTCPTimeout(a.NetNS, "10.50.0.3:1024", 500*time.Millisecond); err == nil {
+		c.Close()
+		t.Error("port 1024 (the last rule) reachable")
+	}
 }
