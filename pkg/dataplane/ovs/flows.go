@@ -296,6 +296,7 @@ func (f *flow) output(p uint32) *flow {
 	}
 	return f.a(of.NewActionOutput(p), fmt.Sprintf("output:%d", p))
 }
+
 // multipath stores a 5-tuple hash choice among nLinks in reg i [start..end].
 func (f *flow) multipath(nLinks int, i, start, end int) *flow {
 	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))

@@ -18,18 +18,18 @@ type tableID uint8
 
 // Pipeline stages, in packet order.
 const (
-	tClassifier  tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
-	tARP         tableID = 10 // proxy ARP: every request answered here or dropped
-	tConntrack   tableID = 20 // ct(nat) lookup in the VRF's zone
+	tClassifier     tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
+	tARP            tableID = 10 // proxy ARP: every request answered here or dropped
+	tConntrack      tableID = 20 // ct(nat) lookup in the VRF's zone
 	tServiceLB      tableID = 30 // new connections to a tenant's VIP:port → 5-tuple hash picks a backend
 	tServiceDNAT    tableID = 31 // commit DNAT to the chosen backend
 	tServiceBackend tableID = 32 // (service, hash choice) → backend address and port
-	tSrcEPG      tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
-	tDstEPG      tableID = 40 // destination EPG by (VRF, destination IP)
-	tPolicy      tableID = 50 // rules; established/related bypass; miss = allow
-	tCommit      tableID = 55 // commit new allowed connections
-	tL3          tableID = 60 // same-network bridging or routed MAC rewrite + TTL
-	tOutput      tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
+	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
+	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
+	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
+	tCommit         tableID = 55 // commit new allowed connections
+	tL3             tableID = 60 // same-network bridging or routed MAC rewrite + TTL
+	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
 var allTables = []tableID{tClassifier, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
