@@ -78,6 +78,7 @@ type Driver struct {
 	state     *desired
 	ports     ports
 	svcIDs    map[string]uint32 // service LB key → stable id (selector register)
+	vrfIDs    map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
 	installed map[string]*flow
 	svcKeys   map[string]bool // service LB keys of the installed pipeline
 	gen       uint16
@@ -139,6 +140,10 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	}
 	d.db = db
 	if err := d.setupBridges(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := d.loadVRFs(); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -346,14 +351,14 @@ func (d *Driver) repair(ctx context.Context) error {
 		}
 		d.ports.endpoints[id] = n
 	}
-	return d.resync(ctx, d.state, false)
+	return d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs})
 }
 
 // resync installs the full pipeline for st atomically: every flow is (re)added with the
 // current generation's cookie, and flows of other generations (and any group, which
 // older versions used for service LB) are deleted in the same bundle. bumpGen starts a
 // new generation first.
-func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
+func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTables) error {
 	gen := d.gen
 	if bumpGen {
 		gen++
@@ -361,8 +366,11 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 			gen = 1
 		}
 	}
-	comp, err := d.pl.compile(st, d.host, d.ports, d.svcIDs)
+	comp, err := d.pl.compile(st, d.host, d.ports, ids)
 	if err != nil {
+		return err
+	}
+	if err := d.saveVRFs(ctx, ids.vrf); err != nil {
 		return err
 	}
 	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
@@ -423,9 +431,12 @@ func keySet(keys []string) map[string]bool {
 
 // program installs the difference between the installed pipeline and the one compiled
 // from st, in one bundle.
-func (d *Driver) program(ctx context.Context, st *desired, svcIDs map[string]uint32) error {
-	comp, err := d.pl.compile(st, d.host, d.ports, svcIDs)
+func (d *Driver) program(ctx context.Context, st *desired, ids idTables) error {
+	comp, err := d.pl.compile(st, d.host, d.ports, ids)
 	if err != nil {
+		return err
+	}
+	if err := d.saveVRFs(ctx, ids.vrf); err != nil {
 		return err
 	}
 	var msgs [][]byte
@@ -549,13 +560,12 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 	}
 	oldPorts := d.ports.endpoints
 	d.ports.endpoints = newPorts
-	svcIDs := maps.Clone(d.svcIDs)
+	ids := idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
 	var err error
 	if full {
-		d.svcIDs = svcIDs
-		err = d.resync(ctx, st, true)
+		err = d.resync(ctx, st, true, ids)
 	} else {
-		err = d.program(ctx, st, svcIDs)
+		err = d.program(ctx, st, ids)
 	}
 	if err != nil {
 		d.ports.endpoints = oldPorts
@@ -563,13 +573,13 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 		return err
 	}
 	// Drop ids of service ports that are gone.
-	for k := range svcIDs {
+	for k := range ids.svc {
 		if !d.svcKeys[k] {
-			delete(svcIDs, k)
+			delete(ids.svc, k)
 		}
 	}
-	d.svcIDs = svcIDs
-	var errs []error
+	d.svcIDs, d.vrfIDs = ids.svc, ids.vrf
+	errs := []error{d.releaseVRFs(ctx, st)}
 	for id, ep := range d.state.endpoints {
 		if _, ok := st.endpoints[id]; ok {
 			continue

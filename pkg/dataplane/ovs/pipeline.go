@@ -165,13 +165,21 @@ func newPipeline() (*pipeline, error) {
 
 func (pl *pipeline) newFlow(t tableID, prio int) *flow { return newFlow(pl.fields, t, prio) }
 
-// compile turns the desired state into the pipeline's flows. svcIDs maps
-// "service/proto/port" to a stable 16-bit id and is extended for new keys.
-func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, svcIDs map[string]uint32) (*compiled, error) {
+// idTables are the stable ids compile allocates from and extends for new keys: service
+// LB keys ("service/proto/port") and tenant VRFs (conntrack zones, see vrf.go).
+type idTables struct {
+	svc map[string]uint32
+	vrf map[string]uint32
+}
+
+func newIDs() idTables { return idTables{svc: map[string]uint32{}, vrf: map[string]uint32{}} }
+
+// compile turns the desired state into the pipeline's flows.
+func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
 	c := &compiled{}
 	add := func(f *flow) { c.flows = append(c.flows, f) }
 
-	// VRF ids: sorted tenant names.
+	// VRF ids: stable per tenant (allocated once, persisted by the driver).
 	tenants := map[string]bool{}
 	for id := range d.networks {
 		tenants[tenantOf(id)] = true
@@ -182,8 +190,12 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, svcI
 	}
 	slices.Sort(tenantList)
 	vrf := map[string]uint32{}
-	for i, t := range tenantList {
-		vrf[t] = uint32(i + 1)
+	for _, t := range tenantList {
+		id, err := assignVRF(ids.vrf, t)
+		if err != nil {
+			return nil, err
+		}
+		vrf[t] = id
 	}
 	netVRF := func(n dataplane.Network) uint32 { return vrf[tenantOf(n.ID)] }
 
@@ -374,7 +386,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, svcI
 		}
 	}
 
-	svcFlows, keys, err := pl.services(d, vrf, svcIDs)
+	svcFlows, keys, err := pl.services(d, vrf, ids.svc)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func texts(c *compiled) string {
 }
 
 func TestCompile(t *testing.T) {
-	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("service keys = %v, want one", c.services)
 	}
 	// Routing mode answers ARP for endpoints with the router MAC.
-	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, map[string]uint32{})
+	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, newIDs())
 	if !strings.Contains(texts(c), "arp_tpa=10.1.0.9 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11") {
 		t.Error("routing mode: remote endpoint not answered with the router MAC")
 	}
@@ -74,7 +74,7 @@ func TestCompile(t *testing.T) {
 func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
 	st := testState()
 	delete(st.peers, "h2")
-	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestCompileRejects(t *testing.T) {
 	} {
 		st := testState()
 		mutate(st)
-		if _, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{}); err == nil {
+		if _, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs()); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -136,7 +136,7 @@ func TestEncodingDecodes(t *testing.T) {
 		}
 		t.Fatal("ovs-ofctl not installed (make test installs openvswitch-switch)")
 	}
-	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestFieldLookupFailsCleanly(t *testing.T) {
 			t.Fatal(err)
 		}
 		pl := &pipeline{fields: fields}
-		_, err = pl.compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+		_, err = pl.compile(testState(), dataplane.HostConfig{}, testPorts, newIDs())
 		if err == nil || !strings.Contains(err.Error(), missing) {
 			t.Errorf("compile without %s: err = %v, want one naming the field", missing, err)
 		}

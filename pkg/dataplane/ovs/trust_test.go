@@ -1,9 +1,13 @@
 package ovs
 
 import (
+	"context"
+	"maps"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -19,7 +23,7 @@ func TestCompileTrust(t *testing.T) {
 	other.ID = "s:t2" // same VIP:port, other tenant
 	other.Ports = append(other.Ports, dataplane.ServicePort{Proto: 17, Port: 53})
 	st.services[other.ID] = other
-	c, err := testPipeline(t).compile(st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +58,87 @@ func TestCompileTrust(t *testing.T) {
 	lone := st.services["s:default"]
 	lone.ID, lone.VIP = "s:nobody", netip.MustParseAddr("10.9.0.2")
 	st.services[lone.ID] = lone
-	c, err = testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err = testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(texts(c), "10.9.0.2") {
 		t.Error("service of a tenant without networks on this host has flows")
+	}
+}
+
+// TestVRFIDsStable: a tenant keeps its VRF id (conntrack zone) when other tenants come
+// and go and across an agent restart; an id is reused only after its zone was flushed
+// (NXT_CT_FLUSH_ZONE, which OVS must accept).
+func TestVRFIDsStable(t *testing.T) {
+	needRoot(t)
+	id := testID()
+	h := testHost{ns: newNS(t, id, "h1")}
+	h.cfg = dataplane.HostConfig{Host: "h1", NetNS: nsPath(h.ns)}
+	dir, err := os.MkdirTemp("", "cbo-ovs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dir = dir
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_ = Private{Dir: dir}.Stop(ctx)
+		os.RemoveAll(dir)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nets := func(tenants ...string) dataplane.State {
+		var s dataplane.State
+		for i, tn := range tenants {
+			s.Networks = append(s.Networks, dataplane.Network{ID: "n." + tn, Encap: dataplane.EncapVXLAN, Tag: uint32(100 + i),
+				Subnet: netip.MustParsePrefix("10.1.0.0/24"), MTU: 1450})
+		}
+		return s
+	}
+	check := func(d *Driver, want map[string]uint32) {
+		t.Helper()
+		if !maps.Equal(d.vrfIDs, want) {
+			t.Errorf("vrf ids = %v, want %v", d.vrfIDs, want)
+		}
+		if got := d.db.bridge(d.opts.Bridge).ExternalIDs[extVRFs]; got != formatVRFs(want) {
+			t.Errorf("persisted vrf ids = %s, want %s", got, formatVRFs(want))
+		}
+	}
+	d := newDriver(t, h)
+	steps := []struct {
+		tenants []string
+		want    map[string]uint32
+	}{
+		{[]string{"zeta", "beta"}, map[string]uint32{"beta": 1, "zeta": 2}},
+		{[]string{"zeta", "beta", "alpha"}, map[string]uint32{"alpha": 3, "beta": 1, "zeta": 2}},
+		{[]string{"zeta", "alpha"}, map[string]uint32{"alpha": 3, "zeta": 2}},
+		{[]string{"zeta", "alpha", "gamma"}, map[string]uint32{"alpha": 3, "gamma": 1, "zeta": 2}},
+	}
+	for i, s := range steps {
+		if err := d.Sync(ctx, nets(s.tenants...)); err != nil {
+			t.Fatalf("step %d: sync: %v", i, err)
+		}
+		check(d, s.want)
+		if i == 1 {
+			_ = d.Close()
+			d = newDriver(t, h) // restarted agent: same numbering
+			check(d, s.want)
+		}
+	}
+	if err := d.Teardown(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestVRFIDsParse(t *testing.T) {
+	m, err := parseVRFs(formatVRFs(map[string]uint32{"a": 1, "b": 7}))
+	if err != nil || m["a"] != 1 || m["b"] != 7 {
+		t.Errorf("round trip: %v %v", m, err)
+	}
+	for _, bad := range []string{"{", `{"a":0}`, `{"a":70000}`} {
+		if _, err := parseVRFs(bad); err == nil {
+			t.Errorf("parseVRFs(%s) accepted", bad)
+		}
 	}
 }
