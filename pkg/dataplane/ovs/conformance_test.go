@@ -16,6 +16,18 @@ import (
 // a restarted netplugin would.
 func TestConformance(t *testing.T) {
 	needRoot(t)
+	conformance.Run(t, privateFactory(t))
+}
+
+// TestConformanceAdversarial runs the trust cases (design §9): spoofed sources, VLAN tags
+// from containers, bare ACKs, cross-tenant VIPs and UDP spreading.
+func TestConformanceAdversarial(t *testing.T) {
+	needRoot(t)
+	conformance.RunAdversarial(t, privateFactory(t))
+}
+
+// privateFactory starts one private OVS per simulated host, stopped when t ends.
+func privateFactory(_ *testing.T) conformance.Factory {
 	var mu sync.Mutex
 	dirs := map[string]string{}
 	factory := func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
@@ -44,5 +56,5 @@ func TestConformance(t *testing.T) {
 		}
 		return d
 	}
-	conformance.Run(t, factory)
+	return factory
 }

@@ -77,9 +77,10 @@ type Driver struct {
 	mu        sync.Mutex
 	state     *desired
 	ports     ports
-	groupIDs  map[string]uint32
+	svcIDs    map[string]uint32 // service LB key → stable id (selector register)
+	vrfIDs    map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
 	installed map[string]*flow
-	groups    map[uint32]*group
+	svcKeys   map[string]bool // service LB keys of the installed pipeline
 	gen       uint16
 	conn      *ofConn
 	wire      *underlay
@@ -117,7 +118,7 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 		return nil, err
 	}
 	d := &Driver{host: host, opts: opts, pl: pl, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
-		state: newDesired(), groupIDs: map[string]uint32{}, installed: map[string]*flow{}, groups: map[uint32]*group{},
+		state: newDesired(), svcIDs: map[string]uint32{}, installed: map[string]*flow{}, svcKeys: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	endpoint := opts.DBSocket
 	if endpoint == "" {
@@ -139,6 +140,10 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	}
 	d.db = db
 	if err := d.setupBridges(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := d.loadVRFs(); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -346,13 +351,14 @@ func (d *Driver) repair(ctx context.Context) error {
 		}
 		d.ports.endpoints[id] = n
 	}
-	return d.resync(ctx, d.state, false)
+	return d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs})
 }
 
-// resync installs the full pipeline for st atomically: groups are replaced, every flow is
-// (re)added with the current generation's cookie, and flows of other generations are
-// deleted in the same bundle. bumpGen starts a new generation first.
-func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
+// resync installs the full pipeline for st atomically: every flow is (re)added with the
+// current generation's cookie, and flows of other generations (and any group, which
+// older versions used for service LB) are deleted in the same bundle. bumpGen starts a
+// new generation first.
+func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTables) error {
 	gen := d.gen
 	if bumpGen {
 		gen++
@@ -360,8 +366,11 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 			gen = 1
 		}
 	}
-	comp, err := d.pl.compile(st, d.host, d.ports, d.groupIDs)
+	comp, err := d.pl.compile(st, d.host, d.ports, ids)
 	if err != nil {
+		return err
+	}
+	if err := d.saveVRFs(ctx, ids.vrf); err != nil {
 		return err
 	}
 	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
@@ -377,12 +386,6 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 		return err
 	}
 	msgs = append(msgs, m)
-	for _, g := range comp.groups {
-		if m, err = d.conn.marshal(g.groupMod(of.OFPGC_ADD)); err != nil {
-			return err
-		}
-		msgs = append(msgs, m)
-	}
 	for _, f := range comp.flows {
 		if m, err = d.conn.marshal(f.flowMod(of.FC_ADD, cookieFor(gen))); err != nil {
 			return fmt.Errorf("encode %s: %w", f, err)
@@ -413,36 +416,36 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool) error {
 	for _, f := range comp.flows {
 		d.installed[f.key()] = f
 	}
-	d.groups = map[uint32]*group{}
-	for _, g := range comp.groups {
-		d.groups[g.id] = g
-	}
+	d.svcKeys = keySet(comp.services)
 	d.waitRevalidate(ctx)
 	return nil
 }
 
+func keySet(keys []string) map[string]bool {
+	m := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		m[k] = true
+	}
+	return m
+}
+
 // program installs the difference between the installed pipeline and the one compiled
 // from st, in one bundle.
-func (d *Driver) program(ctx context.Context, st *desired, groupIDs map[string]uint32) error {
-	comp, err := d.pl.compile(st, d.host, d.ports, groupIDs)
+func (d *Driver) program(ctx context.Context, st *desired, ids idTables) error {
+	comp, err := d.pl.compile(st, d.host, d.ports, ids)
 	if err != nil {
 		return err
 	}
-	var msgs [][]byte
-	changedGroups := map[uint32]bool{}
-	newGroups := map[uint32]*group{}
-	for _, g := range comp.groups {
-		newGroups[g.id] = g
-		if old, ok := d.groups[g.id]; !ok || old.text != g.text {
-			changedGroups[g.id] = true
-		}
+	if err := d.saveVRFs(ctx, ids.vrf); err != nil {
+		return err
 	}
+	var msgs [][]byte
 	cookie := cookieFor(d.gen)
 	want := map[string]*flow{}
 	for _, f := range comp.flows {
 		want[f.key()] = f
 	}
-	// Delete flows that are gone (before their groups go).
+	// Delete flows that are gone.
 	for k, f := range d.installed {
 		if _, ok := want[k]; !ok {
 			m, err := d.conn.marshal(f.flowMod(of.FC_DELETE_STRICT, 0))
@@ -452,26 +455,9 @@ func (d *Driver) program(ctx context.Context, st *desired, groupIDs map[string]u
 			msgs = append(msgs, m)
 		}
 	}
-	for id, g := range d.groups {
-		if _, ok := newGroups[id]; !ok || changedGroups[id] {
-			m, err := d.conn.marshal(g.groupMod(of.OFPGC_DELETE))
-			if err != nil {
-				return err
-			}
-			msgs = append(msgs, m)
-		}
-	}
-	for id := range changedGroups {
-		m, err := d.conn.marshal(newGroups[id].groupMod(of.OFPGC_ADD))
-		if err != nil {
-			return err
-		}
-		msgs = append(msgs, m)
-	}
 	for k, f := range want {
 		old, ok := d.installed[k]
-		// Deleting a group removes the flows pointing at it: add those again.
-		if ok && old.actionsText() == f.actionsText() && !(f.group != 0 && changedGroups[f.group]) {
+		if ok && old.actionsText() == f.actionsText() {
 			continue
 		}
 		m, err := d.conn.marshal(f.flowMod(of.FC_ADD, cookie))
@@ -484,7 +470,7 @@ func (d *Driver) program(ctx context.Context, st *desired, groupIDs map[string]u
 		return fmt.Errorf("ovs: program flows: %w", err)
 	}
 	d.installed = want
-	d.groups = newGroups
+	d.svcKeys = keySet(comp.services)
 	d.waitRevalidate(ctx)
 	return nil
 }
@@ -574,33 +560,26 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 	}
 	oldPorts := d.ports.endpoints
 	d.ports.endpoints = newPorts
-	groupIDs := maps.Clone(d.groupIDs)
+	ids := idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
 	var err error
 	if full {
-		d.groupIDs = groupIDs
-		err = d.resync(ctx, st, true)
+		err = d.resync(ctx, st, true, ids)
 	} else {
-		err = d.program(ctx, st, groupIDs)
+		err = d.program(ctx, st, ids)
 	}
 	if err != nil {
 		d.ports.endpoints = oldPorts
 		rollback()
 		return err
 	}
-	// Drop group ids of services that are gone.
-	for k := range groupIDs {
-		found := false
-		for _, g := range d.groups {
-			if g.key == k {
-				found = true
-			}
-		}
-		if !found {
-			delete(groupIDs, k)
+	// Drop ids of service ports that are gone.
+	for k := range ids.svc {
+		if !d.svcKeys[k] {
+			delete(ids.svc, k)
 		}
 	}
-	d.groupIDs = groupIDs
-	var errs []error
+	d.svcIDs, d.vrfIDs = ids.svc, ids.vrf
+	errs := []error{d.releaseVRFs(ctx, st)}
 	for id, ep := range d.state.endpoints {
 		if _, ok := st.endpoints[id]; ok {
 			continue
@@ -797,7 +776,7 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Tables["flows"] = flows
 	st.Counters["packets"] = packets
 	st.Counters["generation"] = d.gen
-	st.Counters["groups"] = len(d.groups)
+	st.Counters["service_ports"] = len(d.svcKeys)
 	var text []string
 	for _, k := range slices.Sorted(maps.Keys(d.installed)) {
 		text = append(text, d.installed[k].String())

@@ -19,7 +19,6 @@ type flow struct {
 	actions   []of.Action
 	actText   []string
 	gotoTable int // -1: none
-	group     uint32
 
 	fields *nxFields // headers for load/move/ct zone and masked matches
 	err    error     // first build error (a field the pipeline did not resolve)
@@ -128,6 +127,9 @@ func (f *flow) inPort(p uint32) *flow { return f.m(of.NewInPortField(p), fmt.Spr
 func (f *flow) ethType(t uint16) *flow {
 	return f.m(of.NewEthTypeField(t), fmt.Sprintf("dl_type=0x%04x", t))
 }
+func (f *flow) ethSrc(mac net.HardwareAddr) *flow {
+	return f.m(of.NewEthSrcField(mac, nil), "dl_src="+mac.String())
+}
 func (f *flow) ethDst(mac net.HardwareAddr) *flow {
 	return f.m(of.NewEthDstField(mac, nil), "dl_dst="+mac.String())
 }
@@ -145,6 +147,12 @@ func (f *flow) arpOp(op uint16) *flow {
 }
 func (f *flow) arpTPA(a netip.Addr) *flow {
 	return f.m(of.NewArpTpaField(ip4(a)), "arp_tpa="+a.String())
+}
+func (f *flow) arpSPA(a netip.Addr) *flow {
+	return f.m(of.NewArpSpaField(ip4(a)), "arp_spa="+a.String())
+}
+func (f *flow) arpSHA(mac net.HardwareAddr) *flow {
+	return f.m(of.NewArpShaField(mac), "arp_sha="+mac.String())
 }
 func (f *flow) ip() *flow { return f.ethType(0x0800) }
 func (f *flow) ipDst(p netip.Prefix) *flow {
@@ -230,6 +238,19 @@ func (f *flow) vlanVID(vid uint16) *flow {
 	return f.m(of.NewVlanIdField(vid, nil), fmt.Sprintf("dl_vlan=%d", vid))
 }
 
+// noVLAN matches frames without an 802.1Q/802.1ad tag (OXM vlan_vid = OFPVID_NONE).
+func (f *flow) noVLAN() *flow {
+	field := of.NewVlanIdField(0, nil)
+	field.Value = &of.VlanIdField{VlanId: of.OFPVID_NONE}
+	return f.m(field, "vlan_tci=0x0000/0x1fff")
+}
+
+// anyVLAN matches frames with a tag, whatever its id (priority-tagged VID 0 included).
+func (f *flow) anyVLAN() *flow {
+	mask := uint16(of.OFPVID_PRESENT)
+	return f.m(of.NewVlanIdField(0, &mask), "vlan_tci=0x1000/0x1000")
+}
+
 // --- actions ---
 
 func (f *flow) load(i int, v uint32) *flow {
@@ -275,9 +296,21 @@ func (f *flow) output(p uint32) *flow {
 	}
 	return f.a(of.NewActionOutput(p), fmt.Sprintf("output:%d", p))
 }
-func (f *flow) groupAct(id uint32) *flow {
-	f.group = id
-	return f.a(of.NewActionGroup(id), fmt.Sprintf("group:%d", id))
+
+// multipath stores a 5-tuple hash choice among nLinks in reg i [start..end].
+func (f *flow) multipath(nLinks int, i, start, end int) *flow {
+	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))
+	if h == nil {
+		return f
+	}
+	mp, err := newMultipath(nLinks, h, start, end)
+	if err != nil {
+		if f.err == nil {
+			f.err = fmt.Errorf("flow %s: %w", f.key(), err)
+		}
+		return f
+	}
+	return f.a(mp, fmt.Sprintf("multipath(symmetric_l3l4+udp,0,hrw,%d,0,reg%d[%d..%d])", nLinks, i, start, end))
 }
 func (f *flow) resubmit(t tableID) *flow {
 	return f.a(of.NewNXActionResubmitTableAction(of.OFPP_IN_PORT, uint8(t)), "resubmit(,"+t.String()+")")

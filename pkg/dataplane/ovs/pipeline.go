@@ -18,20 +18,21 @@ type tableID uint8
 
 // Pipeline stages, in packet order.
 const (
-	tClassifier  tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
-	tARP         tableID = 10 // proxy ARP: every request answered here or dropped
-	tConntrack   tableID = 20 // ct(nat) lookup in the VRF's zone
-	tServiceLB   tableID = 30 // new connections to a VIP:port → select group of backends
-	tServiceDNAT tableID = 31 // commit DNAT to the chosen backend
-	tSrcEPG      tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
-	tDstEPG      tableID = 40 // destination EPG by (VRF, destination IP)
-	tPolicy      tableID = 50 // rules; established/related bypass; miss = allow
-	tCommit      tableID = 55 // commit new allowed connections
-	tL3          tableID = 60 // same-network bridging or routed MAC rewrite + TTL
-	tOutput      tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
+	tClassifier     tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
+	tARP            tableID = 10 // proxy ARP: every request answered here or dropped
+	tConntrack      tableID = 20 // ct(nat) lookup in the VRF's zone
+	tServiceLB      tableID = 30 // new connections to a tenant's VIP:port → 5-tuple hash picks a backend
+	tServiceDNAT    tableID = 31 // commit DNAT to the chosen backend
+	tServiceBackend tableID = 32 // (service, hash choice) → backend address and port
+	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
+	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
+	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
+	tCommit         tableID = 55 // commit new allowed connections
+	tL3             tableID = 60 // same-network bridging or routed MAC rewrite + TTL
+	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tARP, tConntrack, tServiceLB, tServiceDNAT, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -45,6 +46,8 @@ func (t tableID) String() string {
 		return "service_lb"
 	case tServiceDNAT:
 		return "service_dnat"
+	case tServiceBackend:
+		return "service_backend"
 	case tSrcEPG:
 		return "src_epg"
 	case tDstEPG:
@@ -70,6 +73,7 @@ const (
 	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed
 	regSvcIP   = 5 // chosen backend IP
 	regSvcPort = 6 // chosen backend port
+	regSvcSel  = 7 // service LB choice: service id in bits 16..31, backend index in bits 0..15
 )
 
 // ports is what the OVSDB side resolved: OpenFlow port numbers.
@@ -138,36 +142,9 @@ func tenantOf(netID string) string {
 	return netID
 }
 
-// group is one OpenFlow select group (a service port's backends).
-type group struct {
-	id      uint32
-	key     string
-	buckets [][]of.Action
-	text    string
-}
-
-func (g *group) groupMod(cmd uint16) *of.GroupMod {
-	gm := of.NewGroupMod()
-	gm.Command = cmd
-	gm.GroupId = g.id
-	gm.Type = of.OFPGT_SELECT
-	if cmd == of.OFPGC_DELETE {
-		return gm
-	}
-	for _, acts := range g.buckets {
-		b := of.NewBucket()
-		b.Weight = 1
-		for _, a := range acts {
-			b.AddAction(a)
-		}
-		gm.AddBucket(*b)
-	}
-	return gm
-}
-
 type compiled struct {
-	flows  []*flow
-	groups []*group
+	flows    []*flow
+	services []string // service LB keys ("service/proto/port") in use
 }
 
 // pipeline builds flows against the NXM fields it resolved once, at construction.
@@ -188,13 +165,21 @@ func newPipeline() (*pipeline, error) {
 
 func (pl *pipeline) newFlow(t tableID, prio int) *flow { return newFlow(pl.fields, t, prio) }
 
-// compile turns the desired state into the pipeline's flows and groups. groupIDs maps
-// "service/proto/port" to a stable group id and is extended for new keys.
-func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, groupIDs map[string]uint32) (*compiled, error) {
+// idTables are the stable ids compile allocates from and extends for new keys: service
+// LB keys ("service/proto/port") and tenant VRFs (conntrack zones, see vrf.go).
+type idTables struct {
+	svc map[string]uint32
+	vrf map[string]uint32
+}
+
+func newIDs() idTables { return idTables{svc: map[string]uint32{}, vrf: map[string]uint32{}} }
+
+// compile turns the desired state into the pipeline's flows.
+func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
 	c := &compiled{}
 	add := func(f *flow) { c.flows = append(c.flows, f) }
 
-	// VRF ids: sorted tenant names.
+	// VRF ids: stable per tenant (allocated once, persisted by the driver).
 	tenants := map[string]bool{}
 	for id := range d.networks {
 		tenants[tenantOf(id)] = true
@@ -205,8 +190,12 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 	}
 	slices.Sort(tenantList)
 	vrf := map[string]uint32{}
-	for i, t := range tenantList {
-		vrf[t] = uint32(i + 1)
+	for _, t := range tenantList {
+		id, err := assignVRF(ids.vrf, t)
+		if err != nil {
+			return nil, err
+		}
+		vrf[t] = id
 	}
 	netVRF := func(n dataplane.Network) uint32 { return vrf[tenantOf(n.ID)] }
 
@@ -230,14 +219,15 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 	add(pl.newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""))
 	add(pl.newFlow(tServiceLB, 0).goTo(tSrcEPG))
 	add(pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG))
+	add(pl.newFlow(tServiceBackend, 0))
 	add(pl.newFlow(tSrcEPG, 0).goTo(tDstEPG))
 	add(pl.newFlow(tDstEPG, 0).goTo(tPolicy))
 	add(pl.newFlow(tPolicy, 0).goTo(tCommit))
 	add(pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
 	add(pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
-	add(pl.newFlow(tCommit, 0).goTo(tL3))
-	add(pl.newFlow(tCommit, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
-		regBits(regFlags, 1, 1, 0).ctZoneFromVRF(-1, true, nil, "").goTo(tL3))
+	for _, f := range pl.commitFlows() {
+		add(f)
+	}
 	add(pl.newFlow(tL3, 0))
 	add(pl.newFlow(tOutput, 0))
 
@@ -280,8 +270,9 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 			return nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
 		all = append(all, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
-		add(pl.newFlow(tClassifier, 100).inPort(port).
-			load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, netVRF(n)).goTo(tARP))
+		for _, f := range pl.endpointClassifier(port, ep, n, netVRF(n)) {
+			add(f)
+		}
 	}
 	for _, r := range rems {
 		n, ok := netByID[r.NetworkID]
@@ -380,9 +371,9 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 				if r.Port != 0 && (r.Proto == 6 || r.Proto == 17) {
 					f.tpDst(r.Proto, r.Port)
 				}
-				if r.SynOnly && r.Proto == 6 && r.Port == 0 {
-					f.tcpFlags(0x002, 0x012, "+syn-ack")
-				}
+				// SynOnly (TCP setup): established and related packets bypassed this
+				// table above, so every TCP packet still here would open state: a bare
+				// ACK or FIN is judged as the SYN it pretends to follow.
 			}
 			switch r.Action {
 			case dataplane.ActionAllow:
@@ -395,62 +386,12 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, grou
 		}
 	}
 
-	// Services.
-	for _, s := range sortedValues(d.services, func(s dataplane.Service) string { return s.ID }) {
-		if !s.VIP.Is4() {
-			return nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
-		}
-		add(pl.arpResponderAnyNet(s.VIP, dataplane.ContivMAC(s.VIP)))
-		for _, sp := range s.Ports {
-			if sp.Proto != 6 && sp.Proto != 17 {
-				return nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
-			}
-			target := sp.TargetPort
-			if target == 0 {
-				target = sp.Port
-			}
-			f := pl.newFlow(tServiceLB, 100).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
-				ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
-			if len(s.Backends) == 0 {
-				add(f) // no provider: drop
-				continue
-			}
-			key := fmt.Sprintf("%s/%d/%d", s.ID, sp.Proto, sp.Port)
-			gid, ok := groupIDs[key]
-			if !ok {
-				gid = nextGroupID(groupIDs)
-				groupIDs[key] = gid
-			}
-			g := &group{id: gid, key: key}
-			var texts []string
-			for _, b := range s.Backends {
-				if !b.Is4() {
-					return nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
-				}
-				bf := pl.newFlow(tServiceLB, 0).load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT)
-				if bf.err != nil {
-					return nil, fmt.Errorf("service %s group bucket: %w", s.ID, bf.err)
-				}
-				g.buckets = append(g.buckets, bf.actions)
-				texts = append(texts, "bucket="+strings.Join(bf.actText, ","))
-			}
-			g.text = fmt.Sprintf("group_id=%d,type=select,%s", gid, strings.Join(texts, ","))
-			c.groups = append(c.groups, g)
-			add(f.groupAct(gid))
-			for _, b := range s.Backends {
-				nat := of.NewNXActionCTNAT()
-				_ = nat.SetDNAT()
-				nat.SetRangeIPv4Min(ip4(b))
-				nat.SetRangeIPv4Max(ip4(b))
-				pt := target
-				nat.SetRangeProtoMin(&pt)
-				nat.SetRangeProtoMax(&pt)
-				add(pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
-					loadBits(regFlags, 1, 1, 1).
-					ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
-			}
-		}
+	svcFlows, keys, err := pl.services(d, vrf, ids.svc)
+	if err != nil {
+		return nil, err
 	}
+	c.flows = append(c.flows, svcFlows...)
+	c.services = keys
 	for _, f := range c.flows {
 		if f.err != nil {
 			return nil, f.err
@@ -473,16 +414,149 @@ func dedupe(c *compiled) *compiled {
 	return c
 }
 
-func nextGroupID(used map[string]uint32) uint32 {
-	taken := map[uint32]bool{}
-	for _, id := range used {
-		taken[id] = true
+// commitFlows: only a packet that can open a flow creates conntrack state, after policy
+// allowed it: any new non-TCP packet, and for TCP a SYN without ACK. An allowed new TCP
+// packet without SYN is forwarded but commits nothing. DNATed packets were committed by
+// the service stage.
+func (pl *pipeline) commitFlows() []*flow {
+	newConn := func(prio int) *flow {
+		return pl.newFlow(tCommit, prio).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+			regBits(regFlags, 1, 1, 0)
 	}
-	for id := uint32(1); ; id++ {
-		if !taken[id] {
-			return id
+	return []*flow{
+		pl.newFlow(tCommit, 0).goTo(tL3),
+		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromVRF(-1, true, nil, "").goTo(tL3),
+		newConn(105).proto(6).goTo(tL3),
+		newConn(100).ctZoneFromVRF(-1, true, nil, "").goTo(tL3),
+	}
+}
+
+// endpointClassifier admits from a container's port only untagged IPv4 with the
+// endpoint's source IP and MAC, and ARP whose Ethernet and ARP sender are the endpoint.
+// Everything else from the port (forged addresses, 802.1Q/802.1ad tags, other
+// ethertypes) is dropped here, where it enters.
+func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dataplane.Network, vrf uint32) []*flow {
+	admit := func(f *flow) *flow {
+		return f.load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, vrf).goTo(tARP)
+	}
+	return []*flow{
+		pl.newFlow(tClassifier, 110).inPort(port).anyVLAN(),
+		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32))),
+		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ethType(0x0806).ethSrc(ep.MAC).arpSPA(ep.IP).arpSHA(ep.MAC)),
+		pl.newFlow(tClassifier, 10).inPort(port),
+	}
+}
+
+// serviceTenant returns the tenant of a Contiv service id "<service>:<tenant>".
+func serviceTenant(id string) (string, error) {
+	i := strings.LastIndexByte(id, ':')
+	if i <= 0 || i == len(id)-1 {
+		return "", fmt.Errorf("service %q: id must be <name>:<tenant>", id)
+	}
+	return id[i+1:], nil
+}
+
+// services compiles every service into its tenant's VRF: the VIP is answered (ARP) and
+// translated only for packets from that tenant's networks, so two tenants may use the
+// same VIP:port. A service whose tenant has no network on this host has no flows.
+func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[string]uint32) ([]*flow, []string, error) {
+	var flows []*flow
+	var keys []string
+	owner := map[string]string{} // "vrf/vip/proto/port" → service id
+	for _, s := range sortedValues(d.services, func(s dataplane.Service) string { return s.ID }) {
+		tenant, err := serviceTenant(s.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !s.VIP.Is4() {
+			return nil, nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
+		}
+		for _, b := range s.Backends {
+			if !b.Is4() {
+				return nil, nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
+			}
+		}
+		v, ok := vrf[tenant]
+		if !ok {
+			continue
+		}
+		flows = append(flows, pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP)))
+		for _, sp := range s.Ports {
+			if sp.Proto != 6 && sp.Proto != 17 {
+				return nil, nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
+			}
+			vk := fmt.Sprintf("%d/%v/%d/%d", v, s.VIP, sp.Proto, sp.Port)
+			if other, dup := owner[vk]; dup {
+				return nil, nil, fmt.Errorf("service %s: %v:%d/%d is already service %s of tenant %s", s.ID, s.VIP, sp.Port, sp.Proto, other, tenant)
+			}
+			owner[vk] = s.ID
+			key := fmt.Sprintf("%s/%d/%d", s.ID, sp.Proto, sp.Port)
+			sid, err := serviceID(svcIDs, key)
+			if err != nil {
+				return nil, nil, err
+			}
+			keys = append(keys, key)
+			flows = append(flows, pl.servicePort(s, sp, v, sid)...)
 		}
 	}
+	return flows, keys, nil
+}
+
+// servicePort balances new connections from VRF v to one VIP:port over the backends by
+// a hash of the 5-tuple (UDP ports included). A new TCP packet without SYN opens nothing.
+func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v, sid uint32) []*flow {
+	target := sp.TargetPort
+	if target == 0 {
+		target = sp.Port
+	}
+	match := func(prio int) *flow {
+		return pl.newFlow(tServiceLB, prio).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+			reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
+	}
+	if len(s.Backends) == 0 {
+		return []*flow{match(100)} // no provider: drop
+	}
+	lb := match(100)
+	flows := []*flow{lb}
+	if sp.Proto == 6 {
+		lb.tcpFlags(0x002, 0x012, "+syn-ack")
+		flows = append(flows, match(90)) // new TCP without SYN: drop
+	}
+	lb.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15).resubmit(tServiceBackend)
+	for i, b := range s.Backends {
+		flows = append(flows, pl.newFlow(tServiceBackend, 100).reg(regSvcSel, sid<<16|uint32(i)).
+			load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT))
+		nat := of.NewNXActionCTNAT()
+		_ = nat.SetDNAT()
+		nat.SetRangeIPv4Min(ip4(b))
+		nat.SetRangeIPv4Max(ip4(b))
+		pt := target
+		nat.SetRangeProtoMin(&pt)
+		nat.SetRangeProtoMax(&pt)
+		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
+			loadBits(regFlags, 1, 1, 1).
+			ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+	}
+	return flows
+}
+
+// serviceID returns the stable 16-bit id of a service LB key, allocating the smallest
+// free one for a new key.
+func serviceID(ids map[string]uint32, key string) (uint32, error) {
+	if id, ok := ids[key]; ok {
+		return id, nil
+	}
+	taken := map[uint32]bool{}
+	for _, id := range ids {
+		taken[id] = true
+	}
+	for id := uint32(1); id <= 0xffff; id++ {
+		if !taken[id] {
+			ids[key] = id
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("service %s: more than 65535 service ports", key)
 }
 
 func ipU32(a netip.Addr) uint32 {
@@ -503,9 +577,9 @@ func (pl *pipeline) arpResponder(key uint32, ip netip.Addr, mac net.HardwareAddr
 	return arpReply(pl.newFlow(tARP, 100).reg(regNet, key).arpOp(1).arpTPA(ip), ip, mac)
 }
 
-// arpResponderAnyNet answers for ip whatever the requester's network (service VIPs).
-func (pl *pipeline) arpResponderAnyNet(ip netip.Addr, mac net.HardwareAddr) *flow {
-	return arpReply(pl.newFlow(tARP, 90).arpOp(1).arpTPA(ip), ip, mac)
+// arpResponderVRF answers for ip to requesters of one tenant (service VIPs).
+func (pl *pipeline) arpResponderVRF(vrf uint32, ip netip.Addr, mac net.HardwareAddr) *flow {
+	return arpReply(pl.newFlow(tARP, 90).reg(regVRF, vrf).arpOp(1).arpTPA(ip), ip, mac)
 }
 
 func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {

@@ -26,7 +26,7 @@ func testState() *desired {
 		{ID: "d", Priority: 1, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
 		{ID: "a", Priority: 3, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
 	}}
-	d.services["s"] = dataplane.Service{ID: "s", VIP: netip.MustParseAddr("10.9.0.1"),
+	d.services["s:default"] = dataplane.Service{ID: "s:default", VIP: netip.MustParseAddr("10.9.0.1"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{a, b}}
 	return d
 }
@@ -42,7 +42,7 @@ func texts(c *compiled) string {
 }
 
 func TestCompile(t *testing.T) {
-	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestCompile(t *testing.T) {
 		"table=arp,priority=100,reg0=5000,dl_type=0x0806,arp_op=1,arp_tpa=10.1.0.254 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11",
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:09 actions=set_field:5000->tun_id,set_field:192.168.1.2->tun_dst,output:1",
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:01 actions=output:100",
-		"table=policy,priority=103,dl_type=0x0800,reg1=7,nw_proto=6,tcp_flags=+syn-ack actions=drop",
+		"table=policy,priority=103,dl_type=0x0800,reg1=7,nw_proto=6 actions=drop",
 		"table=policy,priority=106,dl_type=0x0800,reg1=7,reg2=8,nw_proto=6,tp_dst=80 actions=goto_table:commit",
 		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],ct(commit,table=src_epg,zone=reg3[0..15],nat(dst=10.1.0.9:8080))",
 		"table=src_epg,priority=100,reg4[0..0]=1,reg3=1,dl_type=0x0800,nw_src=10.1.0.9 actions=load:8->reg1,goto_table:dst_epg",
@@ -61,11 +61,11 @@ func TestCompile(t *testing.T) {
 			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
 		}
 	}
-	if len(c.groups) != 1 || len(c.groups[0].buckets) != 2 {
-		t.Errorf("groups = %+v, want one select group with 2 buckets", c.groups)
+	if len(c.services) != 1 {
+		t.Errorf("service keys = %v, want one", c.services)
 	}
 	// Routing mode answers ARP for endpoints with the router MAC.
-	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, map[string]uint32{})
+	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, newIDs())
 	if !strings.Contains(texts(c), "arp_tpa=10.1.0.9 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11") {
 		t.Error("routing mode: remote endpoint not answered with the router MAC")
 	}
@@ -74,7 +74,7 @@ func TestCompile(t *testing.T) {
 func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
 	st := testState()
 	delete(st.peers, "h2")
-	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,20 +104,30 @@ func TestCompileRejects(t *testing.T) {
 			d.remotes["r1"] = r
 		},
 		"bad service proto": func(d *desired) {
-			s := d.services["s"]
+			s := d.services["s:default"]
 			s.Ports = []dataplane.ServicePort{{Proto: 1, Port: 1}}
+			d.services["s:default"] = s
+		},
+		"service id without tenant": func(d *desired) {
+			s := d.services["s:default"]
+			s.ID = "s"
 			d.services["s"] = s
+		},
+		"same VIP:port twice in one tenant": func(d *desired) {
+			s := d.services["s:default"]
+			s.ID = "s2:default"
+			d.services["s2:default"] = s
 		},
 	} {
 		st := testState()
 		mutate(st)
-		if _, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, map[string]uint32{}); err == nil {
+		if _, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs()); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
 }
 
-// TestEncodingDecodes checks every flow and group encodes into messages that OVS's own
+// TestEncodingDecodes checks every flow encodes into messages that OVS's own
 // decoder (ovs-ofctl ofp-print) accepts.
 func TestEncodingDecodes(t *testing.T) {
 	if _, err := exec.LookPath("ovs-ofctl"); err != nil {
@@ -126,16 +136,13 @@ func TestEncodingDecodes(t *testing.T) {
 		}
 		t.Fatal("ovs-ofctl not installed (make test installs openvswitch-switch)")
 	}
-	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var msgs []interface{ MarshalBinary() ([]byte, error) }
 	for _, f := range c.flows {
 		msgs = append(msgs, f.flowMod(of.FC_ADD, cookieFor(1)), f.flowMod(of.FC_DELETE_STRICT, 0))
-	}
-	for _, g := range c.groups {
-		msgs = append(msgs, g.groupMod(of.OFPGC_ADD))
 	}
 	for i, m := range msgs {
 		b, err := m.MarshalBinary()
@@ -178,7 +185,7 @@ func TestFieldLookupFailsCleanly(t *testing.T) {
 			t.Fatal(err)
 		}
 		pl := &pipeline{fields: fields}
-		_, err = pl.compile(testState(), dataplane.HostConfig{}, testPorts, map[string]uint32{})
+		_, err = pl.compile(testState(), dataplane.HostConfig{}, testPorts, newIDs())
 		if err == nil || !strings.Contains(err.Error(), missing) {
 			t.Errorf("compile without %s: err = %v, want one naming the field", missing, err)
 		}

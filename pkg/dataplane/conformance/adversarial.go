@@ -1,0 +1,516 @@
+package conformance
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// RunAdversarial drives a Driver through the cases of design §9 ("Trust") with crafted
+// traffic from hostile containers: forged source IP/MAC and ARP sender, VLAN-tagged frames
+// from a container, a bare TCP ACK trying to open state a SYN could not, a VIP of another
+// tenant, and UDP flows that must be spread over a service's backends. Everything is
+// observed from containers and the wire, so every backend runs the same cases.
+func RunAdversarial(t *testing.T, factory Factory) {
+	e := NewEnv(t, factory)
+	a1 := e.AddContainer(t, "a1", "10.36.1.1")
+	a2 := e.AddContainer(t, "a2", "10.36.1.2")
+	b1 := e.AddContainer(t, "b1", "10.36.1.3")
+	a1.EP.EPGID, a2.EP.EPGID, b1.EP.EPGID = 1, 2, 2
+	e.H1.State.Peers = []dataplane.Peer{e.H2.Peer()}
+	e.H2.State.Peers = []dataplane.Peer{e.H1.Peer()}
+	e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
+	e.H1.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(b1, e.H2)}
+	e.H2.State.Endpoints = []dataplane.Endpoint{b1.EP}
+	e.H2.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(a1, e.H1), e.Remote(a2, e.H1)}
+	e.H1.Sync(t)
+	e.H2.Sync(t)
+	PingOK(t, a1.NS, a2.EP.IP.String(), 3)
+	PingOK(t, a1.NS, b1.EP.IP.String(), 3)
+
+	t.Run("spoofed-source", func(t *testing.T) { spoofedSource(t, e, a1, a2, b1) })
+	t.Run("spoofed-arp", func(t *testing.T) { spoofedARP(t, e, a1, a2) })
+	t.Run("vlan-tagged-from-container", func(t *testing.T) { vlanFromContainer(t, e, a1, a2, b1) })
+	t.Run("udp-spread", func(t *testing.T) { udpSpread(t, e, a1, a2, b1) })
+	tenants := newTenantPair(t, e)
+	t.Run("cross-tenant-vip", func(t *testing.T) { crossTenantVIP(t, e, tenants) })
+	t.Run("bare-ack", func(t *testing.T) { bareACK(t, e, a1, a2) })
+}
+
+// marker returns a random payload that identifies one probe in a capture.
+func marker(label string) []byte {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return append([]byte("cbe-"+label+"-"), b...)
+}
+
+// containing matches frames that contain each marker.
+func containing(markers [][]byte) []func([]byte) bool {
+	out := make([]func([]byte) bool, len(markers))
+	for i, m := range markers {
+		out[i] = func(f []byte) bool { return bytes.Contains(f, m) }
+	}
+	return out
+}
+
+// tcpPorts matches untagged IPv4 TCP frames with these ports.
+func tcpPorts(sport, dport uint16) func([]byte) bool {
+	return func(f []byte) bool {
+		if len(f) < 14+20+4 || binary.BigEndian.Uint16(f[12:]) != 0x0800 || f[14+9] != 6 {
+			return false
+		}
+		l4 := f[14+int(f[14]&0xf)*4:]
+		return len(l4) >= 4 && binary.BigEndian.Uint16(l4) == sport && binary.BigEndian.Uint16(l4[2:]) == dport
+	}
+}
+
+// probeSite is where a probe captures: an interface in a namespace.
+type probeSite struct {
+	name, ns, ifname string
+}
+
+// probe captures at each site, runs send, and returns per site how many frames matched
+// each matcher.
+func probe(t *testing.T, sites []probeSite, matchers []func([]byte) bool, send func() error) map[string][]int {
+	t.Helper()
+	caps := make([]*Capture, len(sites))
+	for i, s := range sites {
+		c, err := StartCapture(s.ns, s.ifname)
+		if err != nil {
+			t.Fatalf("capture at %s: %v", s.name, err)
+		}
+		caps[i] = c
+	}
+	err := send()
+	time.Sleep(400 * time.Millisecond)
+	out := map[string][]int{}
+	for i, s := range sites {
+		counts := make([]int, len(matchers))
+		for _, f := range caps[i].Frames() {
+			for j, m := range matchers {
+				if m(f) {
+					counts[j]++
+				}
+			}
+		}
+		out[s.name] = counts
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func spoofedSource(t *testing.T, e *Env, a1, a2, b1 *Container) {
+	const port = 7007
+	forgedIP := netip.MustParseAddr("10.36.1.77") // in the subnet, owned by no endpoint
+	forgedMAC := net.HardwareAddr{0x02, 0x02, 0xde, 0xad, 0xbe, 0xef}
+	type shot struct {
+		name  string
+		smac  net.HardwareAddr
+		sip   netip.Addr
+		legit bool
+	}
+	shots := []shot{
+		{"legit", a1.EP.MAC, a1.EP.IP, true},
+		{"forged-ip", a1.EP.MAC, forgedIP, false},
+		{"forged-ip-of-neighbour", a1.EP.MAC, a2.EP.IP, false},
+		{"forged-mac", forgedMAC, a1.EP.IP, false},
+		{"forged-mac-of-neighbour", a2.EP.MAC, a1.EP.IP, false},
+	}
+	for _, dst := range []*Container{a2, b1} {
+		markers := make([][]byte, len(shots))
+		for i, s := range shots {
+			markers[i] = marker(s.name)
+		}
+		sites := []probeSite{{"dst", dst.NS, dst.EP.IfName}, {"wire", e.H1.NS, wireIf}}
+		got := probe(t, sites, containing(markers), func() error {
+			for i, s := range shots {
+				f := UDPFrame(dst.EP.MAC, s.smac, s.sip, dst.EP.IP, 40000, port, markers[i])
+				if err := SendRawFrame(a1.NS, a1.EP.IfName, f); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for i, s := range shots {
+			at := got["dst"][i]
+			switch {
+			case s.legit && at == 0:
+				t.Errorf("to %s: the legitimate frame was not delivered (the probe does not work)", dst.EP.ID)
+			case !s.legit && at > 0:
+				t.Errorf("to %s: %s frame delivered (%d copies)", dst.EP.ID, s.name, at)
+			case !s.legit && dst == b1 && got["wire"][i] > 0:
+				t.Errorf("to %s: %s frame left the host on the wire", dst.EP.ID, s.name)
+			}
+		}
+	}
+}
+
+// spoofedARP: an ARP request whose sender is another endpoint's IP (or a forged MAC) is
+// not answered; the same request with the container's own sender is.
+func spoofedARP(t *testing.T, e *Env, a1, a2 *Container) {
+	gw := e.Net.Gateway
+	forgedMAC := net.HardwareAddr{0x02, 0x02, 0xde, 0xad, 0xbe, 0xee}
+	cases := []struct {
+		name  string
+		smac  net.HardwareAddr // Ethernet and ARP sender MAC
+		spa   netip.Addr
+		legit bool
+	}{
+		{"legit", a1.EP.MAC, a1.EP.IP, true},
+		{"forged-sender-ip", a1.EP.MAC, a2.EP.IP, false},
+		{"forged-sender-mac", forgedMAC, a1.EP.IP, false},
+	}
+	for _, c := range cases {
+		target := gw
+		capt, err := StartCapture(a1.NS, a1.EP.IfName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := ARPFrame(1, c.smac, c.spa, net.HardwareAddr{0, 0, 0, 0, 0, 0}, target)
+		if err := SendRawFrame(a1.NS, a1.EP.IfName, req); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		replies := 0
+		for _, f := range capt.Frames() {
+			if isARPReply(f, target, c.spa) {
+				replies++
+			}
+		}
+		if c.legit && replies == 0 {
+			t.Errorf("%s: no ARP reply for %v (the probe does not work)", c.name, target)
+		}
+		if !c.legit && replies > 0 {
+			t.Errorf("%s: ARP request with sender %v/%v answered", c.name, c.spa, c.smac)
+		}
+	}
+}
+
+func isARPReply(f []byte, spa, tpa netip.Addr) bool {
+	isARP, s, d := arpAddrs(f)
+	return isARP && len(f) >= 22 && binary.BigEndian.Uint16(f[20:22]) == 2 && s == spa && d == tpa
+}
+
+// vlanFromContainer: 802.1Q and 802.1ad tagged frames written by a container reach
+// neither the other containers nor the wire (where VLAN 100 is a real network's tag).
+func vlanFromContainer(t *testing.T, e *Env, a1, a2, b1 *Container) {
+	type shot struct {
+		name   string
+		dstMAC net.HardwareAddr
+		dstIP  netip.Addr
+		tpid   uint16
+		vid    uint16
+	}
+	var shots []shot
+	for _, tpid := range []uint16{0, 0x8100, 0x88a8} {
+		for _, d := range []*Container{a2, b1} {
+			shots = append(shots, shot{fmt.Sprintf("%04x-to-%s", tpid, d.EP.ID), d.EP.MAC, d.EP.IP, tpid, 100})
+		}
+		shots = append(shots, shot{fmt.Sprintf("%04x-broadcast", tpid), Broadcast, netip.MustParseAddr("10.36.1.255"), tpid, 100})
+	}
+	shots = append(shots, shot{"8100-vid0-to-a2", a2.EP.MAC, a2.EP.IP, 0x8100, 0})
+	markers := make([][]byte, len(shots))
+	for i, s := range shots {
+		markers[i] = marker(s.name)
+	}
+	sites := []probeSite{{"a2", a2.NS, a2.EP.IfName}, {"b1", b1.NS, b1.EP.IfName}, {"wire", e.H1.NS, wireIf}}
+	got := probe(t, sites, containing(markers), func() error {
+		for i, s := range shots {
+			f := UDPFrame(s.dstMAC, a1.EP.MAC, a1.EP.IP, s.dstIP, 40001, 7008, markers[i])
+			if s.tpid != 0 {
+				f = TagFrame(f, s.tpid, s.vid)
+			}
+			if err := SendRawFrame(a1.NS, a1.EP.IfName, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for i, s := range shots {
+		if s.tpid == 0 {
+			if s.dstMAC.String() != Broadcast.String() && got["a2"][i]+got["b1"][i] == 0 {
+				t.Errorf("%s: untagged control frame not delivered (the probe does not work)", s.name)
+			}
+			continue
+		}
+		for _, site := range sites {
+			if n := got[site.name][i]; n > 0 {
+				t.Errorf("%s: tagged frame seen %d times at %s", s.name, n, site.name)
+			}
+		}
+	}
+}
+
+// udpSpread: 32 UDP flows (distinct source ports, same client) to one VIP:port reach
+// both backends, and every reply comes from the VIP.
+func udpSpread(t *testing.T, e *Env, a1, a2, b1 *Container) {
+	c := ctx(t)
+	const target = 5353
+	vip := netip.MustParseAddr("10.36.1.201")
+	var srvs []*UDPServer
+	for _, be := range []*Container{a2, b1} {
+		s, err := StartUDPEcho(be.NS, be.EP.IP.String(), target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		srvs = append(srvs, s)
+	}
+	svc := dataplane.Service{ID: "dns:default", VIP: vip,
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertService(c, svc); err != nil {
+			t.Fatalf("%s: %v", h.Name, err)
+		}
+	}
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeleteService(c, svc.ID); err != nil {
+				t.Errorf("%s: delete service: %v", h.Name, err)
+			}
+		}
+	}()
+	vipAddr := net.JoinHostPort(vip.String(), "53")
+	failed := 0
+	for i := 0; i < 32; i++ {
+		from, err := UDPExchange(a1.NS, vipAddr, marker(fmt.Sprint(i)), time.Second)
+		switch {
+		case err != nil:
+			failed++
+			t.Logf("flow %d: %v", i, err)
+		case from != vipAddr:
+			t.Errorf("flow %d: reply from %s, want the VIP %s", i, from, vipAddr)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of 32 UDP flows got no reply", failed)
+	}
+	local, remote := srvs[0].Flows(), srvs[1].Flows()
+	t.Logf("UDP flows per backend: local %d, remote %d", local, remote)
+	if local == 0 || remote == 0 {
+		t.Errorf("UDP flows per backend: local %d, remote %d; want both used", local, remote)
+	}
+}
+
+// tenantPair is two tenants with overlapping subnets on host 1: clients at .1 in both,
+// the service backend at .2 in t1 and .3 in t2.
+type tenantPair struct {
+	net1, net2     dataplane.Network
+	x1, x2, y1, y2 *Container
+	vip            netip.Addr
+	svc1, svc2     dataplane.Service
+}
+
+func newTenantPair(t *testing.T, e *Env) *tenantPair {
+	p := &tenantPair{vip: netip.MustParseAddr("10.40.1.100")}
+	mk := func(id string, tag uint32) dataplane.Network {
+		return dataplane.Network{ID: id, Encap: dataplane.EncapVXLAN, Tag: tag,
+			Subnet: netip.MustParsePrefix("10.40.1.0/24"), Gateway: netip.MustParseAddr("10.40.1.254"), MTU: 1450}
+	}
+	p.net1, p.net2 = mk("n1.t1", 7001), mk("n2.t2", 7002)
+	p.x1 = e.AddContainerIn(t, p.net1, "x1", "10.40.1.1")
+	p.x2 = e.AddContainerIn(t, p.net1, "x2", "10.40.1.2")
+	p.y1 = e.AddContainerIn(t, p.net2, "y1", "10.40.1.1")
+	p.y2 = e.AddContainerIn(t, p.net2, "y2", "10.40.1.3")
+	port := []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 9000}}
+	p.svc1 = dataplane.Service{ID: "web:t1", VIP: p.vip, Ports: port, Backends: []netip.Addr{p.x2.EP.IP}}
+	p.svc2 = dataplane.Service{ID: "web:t2", VIP: p.vip, Ports: port, Backends: []netip.Addr{p.y2.EP.IP}}
+	return p
+}
+
+func crossTenantVIP(t *testing.T, e *Env, p *tenantPair) {
+	c := ctx(t)
+	h := e.H1
+	h.State.Networks = append(h.State.Networks, p.net1, p.net2)
+	h.State.Endpoints = append(h.State.Endpoints, p.x1.EP, p.x2.EP, p.y1.EP, p.y2.EP)
+	h.State.Services = append(h.State.Services, p.svc1)
+	h.Sync(t)
+	srvX, err := StartTCPEchoPort(p.x2.NS, p.x2.EP.IP.String(), 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvX.Close()
+	vipAddr := net.JoinHostPort(p.vip.String(), "80")
+	PingOK(t, p.y1.NS, p.y2.EP.IP.String(), 3) // t2 works on its own
+
+	t.Run("own-tenant-reaches-vip", func(t *testing.T) { dialEcho(t, p.x1.NS, vipAddr) })
+	vipMAC, err := neighMAC(p.x1.NS, p.vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("other-tenant-no-arp", func(t *testing.T) {
+		if err := flushNeigh(p.y1.NS); err != nil {
+			t.Fatal(err)
+		}
+		PingFails(t, p.y1.NS, p.vip.String())
+		if mac, err := neighMAC(p.y1.NS, p.vip); err == nil && mac != "" {
+			t.Errorf("t2 container resolved t1's VIP %v to %s", p.vip, mac)
+		}
+	})
+	t.Run("other-tenant-no-dnat", func(t *testing.T) {
+		// The attacker skips ARP: a static neighbour entry with the MAC t1 sees.
+		if err := setNeigh(p.y1.NS, p.vip, vipMAC); err != nil {
+			t.Fatal(err)
+		}
+		if conn, err := DialTCPTimeout(p.y1.NS, vipAddr, time.Second); err == nil {
+			conn.Close()
+			t.Errorf("t2 container connected to t1's VIP")
+		}
+		if n := srvX.Accepted.Load(); n != 1 {
+			t.Errorf("t1 backend accepted %d connections, want 1 (only t1's)", n)
+		}
+	})
+	t.Run("same-vip-in-two-tenants", func(t *testing.T) {
+		srvY, err := StartTCPEchoPort(p.y2.NS, p.y2.EP.IP.String(), 9000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srvY.Close()
+		if err := h.Driver.UpsertService(c, p.svc2); err != nil {
+			t.Fatalf("second tenant's service on the same VIP:port refused: %v", err)
+		}
+		if err := flushNeigh(p.y1.NS); err != nil {
+			t.Fatal(err)
+		}
+		beforeX := srvX.Accepted.Load()
+		for i := 0; i < 3; i++ {
+			dialEcho(t, p.y1.NS, vipAddr)
+			dialEcho(t, p.x1.NS, vipAddr)
+		}
+		if got := srvY.Accepted.Load(); got != 3 {
+			t.Errorf("t2 backend accepted %d connections, want 3 (t2's)", got)
+		}
+		if got := srvX.Accepted.Load() - beforeX; got != 3 {
+			t.Errorf("t1 backend accepted %d connections, want 3 (t1's)", got)
+		}
+	})
+	if err := h.Driver.DeleteService(c, p.svc2.ID); err != nil {
+		t.Error(err)
+	}
+	if err := h.Driver.DeleteService(c, p.svc1.ID); err != nil {
+		t.Error(err)
+	}
+}
+
+func dialEcho(t *testing.T, ns, addr string) {
+	t.Helper()
+	conn, err := DialTCP(ns, addr)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer conn.Close()
+	if err := EchoRoundTrip(conn, 2048); err != nil {
+		t.Errorf("%s: %v", addr, err)
+	}
+}
+
+// bareACK: group 2 denies TCP setup except to 8080. A crafted bare ACK from group 1 to
+// port 22 (a listener exists) must not be delivered nor open state: a real connect()
+// from the very same source port then fails, and 8080 still works.
+func bareACK(t *testing.T, e *Env, a1, a2 *Container) {
+	c := ctx(t)
+	pol := dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+	}}
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertPolicy(c, pol); err != nil {
+			t.Fatalf("%s: %v", h.Name, err)
+		}
+	}
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(c, pol.EPGID); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	for _, port := range []int{22, 8080} {
+		srv, err := StartTCPEchoPort(a2.NS, a2.EP.IP.String(), port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+	}
+	var rnd [2]byte
+	_, _ = rand.Read(rnd[:])
+	sport := 41000 + binary.BigEndian.Uint16(rnd[:])%1000
+	frame := func(flags uint8, seq uint32, payload []byte) []byte {
+		seg := TCPSegment(a1.EP.IP, a2.EP.IP, sport, 22, seq, 2000, flags, payload)
+		return EthFrame(a2.EP.MAC, a1.EP.MAC, 0x0800, IPv4Packet(a1.EP.IP, a2.EP.IP, 6, seg))
+	}
+	// A bare ACK, then an ACK carrying data, on the tuple connect() will use below.
+	frames := [][]byte{frame(TCPAck, 1000, nil), frame(TCPAck|TCPPsh, 1000, marker("ack-data"))}
+	got := probe(t, []probeSite{{"a2", a2.NS, a2.EP.IfName}}, []func([]byte) bool{tcpPorts(sport, 22)}, func() error {
+		for _, f := range frames {
+			if err := SendRawFrame(a1.NS, a1.EP.IfName, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if n := got["a2"][0]; n > 0 {
+		t.Errorf("ACK without SYN to denied port 22 delivered (%d frames)", n)
+	}
+	if conn, err := dialFrom(a1.NS, a1.EP.IP, sport, net.JoinHostPort(a2.EP.IP.String(), "22"), 2*time.Second); err == nil {
+		conn.Close()
+		t.Errorf("connect to port 22 from port %d after a bare ACK succeeded", sport)
+	}
+	if conn, err := DialTCPTimeout(a1.NS, net.JoinHostPort(a2.EP.IP.String(), "22"), time.Second); err == nil {
+		conn.Close()
+		t.Error("connect to denied port 22 succeeded")
+	}
+	dialEcho(t, a1.NS, net.JoinHostPort(a2.EP.IP.String(), "8080"))
+}
+
+// dialFrom connects from a fixed local address and port inside the namespace at path.
+func dialFrom(path string, ip netip.Addr, port uint16, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := InNetNS(path, func() error {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip.AsSlice(), Port: int(port)}}
+		var err error
+		c, err = d.Dial("tcp4", addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from port %d: %w", addr, port, err)
+	}
+	return c, nil
+}
+
+// setNeigh installs a permanent neighbour entry for ip on eth0 in the namespace.
+func setNeigh(ns string, ip netip.Addr, mac string) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return fmt.Errorf("neighbour mac %q: %w", mac, err)
+	}
+	h, err := netns.GetFromPath(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	return nl.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw})
+}

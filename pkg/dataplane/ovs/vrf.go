@@ -1,0 +1,158 @@
+package ovs
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// VRF ids are the conntrack zones of tenants. They must stay with their tenant for as
+// long as conntrack entries of that zone can exist: numbering tenants afresh (e.g. by
+// sorted name) would hand one tenant's live entries to another when a tenant is added or
+// removed. So an id is allocated once, persisted in the integration bridge's
+// external_ids (a restarted agent keeps the numbering), and given back only after its
+// zone was flushed.
+
+// extVRFs is the bridge external_ids key holding the tenant → VRF id map as JSON.
+const extVRFs = "contivbpf-vrfs"
+
+// parseVRFs reads the persisted map ("" = none).
+func parseVRFs(s string) (map[string]uint32, error) {
+	m := map[string]uint32{}
+	if s == "" {
+		return m, nil
+	}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("vrf ids %q: %w", s, err)
+	}
+	for t, id := range m {
+		if id == 0 || id > 0xffff {
+			return nil, fmt.Errorf("vrf ids: tenant %q has id %d outside 1-65535", t, id)
+		}
+	}
+	return m, nil
+}
+
+func formatVRFs(m map[string]uint32) string {
+	b, _ := json.Marshal(m) // keys are sorted: the text is stable
+	return string(b)
+}
+
+// assignVRF returns the id of tenant, allocating the smallest one no tenant in ids holds.
+func assignVRF(ids map[string]uint32, tenant string) (uint32, error) {
+	if id, ok := ids[tenant]; ok {
+		return id, nil
+	}
+	taken := map[uint32]bool{}
+	for _, id := range ids {
+		taken[id] = true
+	}
+	for id := uint32(1); id <= 0xffff; id++ {
+		if !taken[id] {
+			ids[tenant] = id
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("tenant %s: all 65535 conntrack zones are in use", tenant)
+}
+
+// staleVRFs returns the tenants of ids that have no network in live, sorted.
+func staleVRFs(ids map[string]uint32, live map[string]bool) []string {
+	var out []string
+	for _, t := range slices.Sorted(maps.Keys(ids)) {
+		if !live[t] {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// nxtCTFlushZone is the Nicira message that deletes every conntrack entry of one zone.
+const nxtCTFlushZone = 29
+
+// ctFlushZone flushes conntrack zone (NXT_CT_FLUSH_ZONE), confirmed by a barrier.
+func (c *ofConn) ctFlushZone(ctx context.Context, zone uint16) error {
+	body := make([]byte, 16)
+	binary.BigEndian.PutUint32(body[0:], 0x00002320) // Nicira
+	binary.BigEndian.PutUint32(body[4:], nxtCTFlushZone)
+	binary.BigEndian.PutUint16(body[14:], zone) // struct nx_zone_id: 6 zero bytes, zone
+	msg := c.newMsg(ofptExperimenter, body)
+	xid := xidOf(msg)
+	ch, err := c.expect(xid)
+	if err != nil {
+		return err
+	}
+	defer c.forget(xid)
+	if err := c.write(msg); err != nil {
+		return fmt.Errorf("flush conntrack zone %d: %w", zone, err)
+	}
+	if _, err := c.call(ctx, c.newMsg(ofptBarrierRequest, nil)); err != nil {
+		return fmt.Errorf("flush conntrack zone %d: barrier: %w", zone, err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("flush conntrack zone %d: %w", zone, r.err)
+		}
+	case <-time.After(10 * time.Millisecond):
+	}
+	return nil
+}
+
+// loadVRFs reads the persisted VRF ids of the integration bridge.
+func (d *Driver) loadVRFs() error {
+	br := d.db.bridge(d.opts.Bridge)
+	if br == nil {
+		return errors.New("ovs: integration bridge missing")
+	}
+	ids, err := parseVRFs(br.ExternalIDs[extVRFs])
+	if err != nil {
+		return fmt.Errorf("ovs: bridge %s: %w", d.opts.Bridge, err)
+	}
+	d.vrfIDs = ids
+	return nil
+}
+
+// saveVRFs persists ids when they differ from what the bridge holds.
+func (d *Driver) saveVRFs(ctx context.Context, ids map[string]uint32) error {
+	if br := d.db.bridge(d.opts.Bridge); br != nil && br.ExternalIDs[extVRFs] == formatVRFs(ids) {
+		return nil
+	}
+	if err := d.db.ensureBridge(ctx, d.opts.Bridge, true, map[string]string{extVRFs: formatVRFs(ids)}); err != nil {
+		return fmt.Errorf("ovs: persist vrf ids: %w", err)
+	}
+	return nil
+}
+
+// releaseVRFs flushes the zones of tenants that no longer have a network (no flow uses
+// them any more) and frees their ids. A failed flush keeps the id reserved.
+func (d *Driver) releaseVRFs(ctx context.Context, st *desired) error {
+	live := map[string]bool{}
+	for id := range st.networks {
+		live[tenantOf(id)] = true
+	}
+	stale := staleVRFs(d.vrfIDs, live)
+	if len(stale) == 0 {
+		return nil
+	}
+	ids := maps.Clone(d.vrfIDs)
+	var errs []error
+	for _, t := range stale {
+		if err := d.conn.ctFlushZone(ctx, uint16(ids[t])); err != nil {
+			errs = append(errs, fmt.Errorf("tenant %s: %w", t, err))
+			continue
+		}
+		d.log.Debug("conntrack zone flushed", "tenant", t, "zone", ids[t])
+		delete(ids, t)
+	}
+	if err := d.saveVRFs(ctx, ids); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	d.vrfIDs = ids
+	return errors.Join(errs...)
+}
