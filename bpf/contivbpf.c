@@ -219,6 +219,10 @@ int cb_from_container(struct __sk_buff *skb)
 	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	/* A container speaks only with its own MAC (its IPv4 source and ARP sender are checked
+	 * by their stages). */
+	if (!cb_mac_eq(p.eth->h_source, ifc->mac))
+		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 	/* A container never sends VLAN tags (VLAN hopping): offloaded or in the frame. */
 	if (skb->vlan_present || p.eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
 	    p.eth->h_proto == bpf_htons(CB_ETH_P_8021AD))

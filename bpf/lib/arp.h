@@ -59,6 +59,9 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 	 * a reply would look like an address conflict. */
 	if (tip == ifc->ip || tip == sip)
 		return cb_drop(skb, CB_DROP_ARP_SELF);
+	/* Only the endpoint's own address and MAC may ask. */
+	if (sip != ifc->ip || !cb_mac_eq(arp->sha, ifc->mac))
+		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 
 	net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
 	if (!net)

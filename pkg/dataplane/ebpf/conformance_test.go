@@ -24,3 +24,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceRouting(t *testing.T) {
 	conformance.RunRouting(t, factory)
 }
+
+func TestConformanceAdversarial(t *testing.T) {
+	conformance.RunAdversarial(t, factory)
+}

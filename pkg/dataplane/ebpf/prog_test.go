@@ -323,6 +323,19 @@ func TestFromContainer(t *testing.T) {
 	t.Run("ipv4/spoofed", func(t *testing.T) {
 		run(t, objs, prog, ipFrame(localIP, remoteIP, ipOpts{}), nil).expect(t, tcActShot, DropSpoofedSrc)
 	})
+	t.Run("ipv4/spoofed-mac", func(t *testing.T) {
+		for _, mac := range []net.HardwareAddr{dataplane.ContivMAC(localIP), {0x02, 0xde, 0xad, 0xbe, 0xef, 0x01}} {
+			p := ipFrame(srcIP, localIP, ipOpts{})
+			copy(p[6:12], mac)
+			run(t, objs, prog, p, nil).expect(t, tcActShot, DropSpoofedSrc)
+		}
+	})
+	t.Run("arp/forged-sender", func(t *testing.T) {
+		run(t, objs, prog, arpFrame(1, srcMAC, remoteIP, localIP), nil).expect(t, tcActShot, DropSpoofedSrc)
+		p := arpFrame(1, srcMAC, srcIP, localIP)
+		copy(p[22:28], dataplane.ContivMAC(remoteIP)) // sender hardware address
+		run(t, objs, prog, p, nil).expect(t, tcActShot, DropSpoofedSrc)
+	})
 	for name, o := range map[string]ipOpts{
 		"ihl-4":             {ihl: 4},
 		"ihl-15-short":      {ihl: 15, truncate: 30},
@@ -369,7 +382,7 @@ func TestFromContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
+			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 			copy(ifc.Mac[:], srcMAC)
 			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
 		}()
@@ -377,7 +390,8 @@ func TestFromContainer(t *testing.T) {
 	})
 	t.Run("vlan-remote-no-uplink", func(t *testing.T) {
 		vsrc, vdst := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.9")
-		ifc := contivbpfCbIface{Net: 1<<24 | 10, Ip: ip4(vsrc)}
+		ifc := contivbpfCbIface{Net: 1<<24 | 10, Ip: ip4(vsrc), Vrf: testZone}
+		copy(ifc.Mac[:], dataplane.ContivMAC(vsrc))
 		if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +400,7 @@ func TestFromContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP)}
+			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 			copy(ifc.Mac[:], srcMAC)
 			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
 		}()
