@@ -41,7 +41,7 @@ struct cb_ct_key {
 };
 
 struct cb_ct_entry {
-	__u64 expires;   /* bpf_ktime_get_ns() deadline */
+	__u64 expires;   /* cb_now() deadline (CLOCK_MONOTONIC, tick resolution) */
 	__be32 nat_ip;
 	__be16 nat_port;
 	__u8 flags;      /* enum cb_ct_flags */
@@ -63,6 +63,21 @@ struct {
 	__type(value, struct cb_ct_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ct SEC(".maps");
+
+/* cb_now is the conntrack clock: CLOCK_MONOTONIC at tick resolution (the coarse read
+ * costs a load, a precise one a clock read), plenty for timeouts of seconds. The agent's
+ * collector reads the same clock. */
+CB_INLINE __u64 cb_now(void)
+{
+	return bpf_ktime_get_coarse_ns();
+}
+
+/* cb_ct_refresh sets an entry's deadline (now + the timeout of its state). */
+CB_INLINE void cb_ct_refresh(struct cb_ct_entry *e, __u64 deadline)
+{
+	if (e->expires != deadline)
+		e->expires = deadline;
+}
 
 /* cb_policy_epoch mirrors cb_config.policy_epoch (set by the agent with the config). */
 volatile __u32 cb_policy_epoch;

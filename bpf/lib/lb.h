@@ -202,7 +202,7 @@ CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struc
 	sk.proto = f->proto;
 	svc = bpf_map_lookup_elem(&cb_services, &sk);
 	cb_ct_key_of(&c->key, t->zone, f, 0);
-	ct = cb_ct_live(&c->key, bpf_ktime_get_ns());
+	ct = cb_ct_live(&c->key, cb_now());
 	if (ct && !(ct->flags & CB_CT_SVC))
 		ct = 0;
 	c->svc_ct = ct;
@@ -277,7 +277,7 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_flow *f, __u32 zone)
 	if (!f->has_ports)
 		return 0;
 	cb_ct_key_of(&k, zone, f, 1);
-	e = cb_ct_live(&k, bpf_ktime_get_ns());
+	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;
 	return e;

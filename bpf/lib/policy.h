@@ -250,7 +250,7 @@ struct cb_frag_key {
 };
 
 struct cb_frag_entry {
-	__u64 expires;  /* bpf_ktime_get_ns() deadline */
+	__u64 expires;  /* cb_now() deadline */
 	__u32 allowed;  /* 1 allowed, 0 denied */
 	__u32 pad;
 };
@@ -266,7 +266,7 @@ struct {
 CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t, __u32 allowed)
 {
 	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
-	struct cb_frag_entry v = {.expires = bpf_ktime_get_ns() + CB_FRAG_TIMEOUT, .allowed = allowed};
+	struct cb_frag_entry v = {.expires = cb_now() + CB_FRAG_TIMEOUT, .allowed = allowed};
 
 	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
 }
@@ -278,7 +278,7 @@ CB_INLINE int cb_frag_verdict(const struct cb_flow *f, const struct cb_track *t)
 	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
 	struct cb_frag_entry *v = bpf_map_lookup_elem(&cb_frags, &k);
 
-	if (!v || v->expires < bpf_ktime_get_ns())
+	if (!v || v->expires < cb_now())
 		return CB_DROP_FRAG_NO_FIRST;
 	return v->allowed ? 0 : CB_DROP_POLICY;
 }
@@ -326,7 +326,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 
 	if (!f || !t)
 		return CB_DROP_POLICY;
-	now = bpf_ktime_get_ns();
+	now = cb_now();
 	epoch = cb_policy_epoch;
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
@@ -334,7 +334,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	e = cb_ct_flow(&k, now);
 	if (syn) {
 		if (e && e->state == CB_CTS_NEW && e->epoch == epoch) {
-			e->expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
+			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
 			t->entry = e;
 			return 0;
 		}
@@ -361,7 +361,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			e->state = CB_CTS_CLOSING;
 		else if (reply && e->state == CB_CTS_NEW)
 			e->state = CB_CTS_ESTABLISHED;
-		e->expires = now + cb_ct_timeout(f->proto, e->state);
+		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		t->entry = e;
 		if (reply && (e->flags & CB_CT_DNAT))
 			t->rev_nat = e;

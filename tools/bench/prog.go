@@ -34,6 +34,8 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		"noop": "prog.noop", "local": "prog.local", "ref-forward": "prog.ref_forward", "arp-reply": "prog.arp_reply", "tunnel-encap": "prog.tunnel_encap",
 		"tunnel-decap": "prog.tunnel_decap", "drop-unknown-dst": "prog.drop_unknown_dst", "vlan-push": "prog.vlan_push",
 		"vlan-pop": "prog.vlan_pop", "stage-unknown-iface": "prog.stage_unknown_iface", "stage-not-ipv4": "prog.stage_not_ipv4",
+		"ct-established": "prog.ct_established", "service": "prog.service", "policy-1024-rules": "prog.policy_1024_rules",
+		"policy-2-rules": "prog.policy_2_rules",
 	}
 	for _, c := range costs {
 		name, ok := names[c.Name]

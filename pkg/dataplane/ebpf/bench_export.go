@@ -128,12 +128,71 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		single bool
 		vlan   bool // the sending interface belongs to the VLAN network
 		noIf   bool // the sending interface is unknown
+		// setup prepares the maps for this case (run before its check and timing).
+		setup func() error
 		// check replaces the reason-counter check (programs without cb_reasons): it gets
 		// the return code and the packet out of one run on pkt with its destination MAC
 		// zeroed.
 		check func(ret uint32, out []byte) error
 	}
 	overlayCtx := &benchSkb{CB: [5]uint32{ip4(vtep), vxNet}}
+	// Stateful paths: src in group 10, local in group 20 (rules on both sides), a service
+	// VIP balanced to local, and group 30 with 1,024 rules none of which matches (a new
+	// flow is judged against all of them).
+	vip := a("10.1.0.100")
+	setPolicy := func(epg uint16, rules []dataplane.PolicyRule) error {
+		eg, in, err := compileRules(dataplane.PolicySet{EPGID: epg, Rules: rules})
+		if err != nil {
+			return err
+		}
+		for dir, rs := range [][]contivbpfCbRule{eg, in} {
+			if len(rs) == 0 {
+				continue
+			}
+			v := contivbpfCbPolicy{Count: uint32(len(rs))}
+			copy(v.Rules[:], rs)
+			if err := objs.CbPolicies.Put(&contivbpfCbPolKey{Epg: epg, Dir: uint8(dir)}, &v); err != nil {
+				return err
+			}
+		}
+		return objs.CbEpgs.Put(uint32(epg), &contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_RULES)})
+	}
+	setGroups := func(srcEPG, dstEPG uint16, features contivbpfCbFeatures) error {
+		var errs []error
+		for ip, g := range map[netip.Addr]uint16{src: srcEPG, local: dstEPG} {
+			k := contivbpfCbEpKey{Net: vxNet, Ip: ip4(ip)}
+			var v contivbpfCbEndpoint
+			errs = append(errs, objs.CbEndpoints.Lookup(&k, &v))
+			v.Epg = g
+			errs = append(errs, objs.CbEndpoints.Put(&k, &v))
+		}
+		var ifc contivbpfCbIface
+		if objs.CbIfaces.Lookup(uint32(loIf), &ifc) == nil { // absent in the unknown-iface case
+			ifc.Epg = srcEPG
+			errs = append(errs, objs.CbIfaces.Put(uint32(loIf), &ifc))
+		}
+		errs = append(errs, objs.CbFeatures.Set(uint32(features)))
+		return errors.Join(errs...)
+	}
+	var many []dataplane.PolicyRule
+	for i := 0; i < MaxRules; i++ {
+		many = append(many, dataplane.PolicyRule{ID: fmt.Sprintf("r%04d", i), Priority: 1, Ingress: true, Proto: 6, Port: uint16(2000 + i), Action: dataplane.ActionDeny})
+	}
+	errs = append(errs,
+		setPolicy(10, []dataplane.PolicyRule{{ID: "out", Priority: 1, Proto: 17, Action: dataplane.ActionDeny}}),
+		setPolicy(20, []dataplane.PolicyRule{
+			{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+			{ID: "allow-80", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}),
+		setPolicy(30, many),
+		objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip), Port: benchPort(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: benchPort(80)}),
+		objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1}, &contivbpfCbBackend{Ip: ip4(local), Net: vxNet}),
+		objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(local)}, &contivbpfCbMember{Net: vxNet}),
+		objs.CbVips.Put(&contivbpfCbVipKey{Vip: ip4(vip)}, &contivbpfCbVip{}))
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("bench: fill stateful maps: %w", err)
+	}
+	plain := func() error { return setGroups(0, 0, 0) }
+	policyFeat := contivbpfCbFeaturesCB_FEAT_POLICY
 	cases := []benchCase{
 		{name: "local", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal},
 		{name: "ref-forward", prog: rf.Program(), pname: "rf_forward", pkt: benchIPFrame(src, local),
@@ -154,6 +213,18 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		{name: "stage-unknown-iface", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: DropUnknownIface, noIf: true},
 		{name: "stage-not-ipv4", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchEtherType(benchIPFrame(src, local), 0x86dd), reason: DropNotIPv4},
 		{name: "local-single", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal, single: true},
+		// An established, allowed flow between two groups with rules: one conntrack hit.
+		{name: "ct-established", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40000, 80, 0x10), reason: FwdLocal,
+			setup: func() error { return setGroups(10, 20, policyFeat) }},
+		// A service flow: client→VIP entry hit, backend re-validated, DNAT, flow entry hit.
+		{name: "service", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, vip, 40001, 80, 0x10), reason: FwdLocal, single: true,
+			setup: func() error { return setGroups(10, 20, policyFeat|contivbpfCbFeaturesCB_FEAT_LB) }},
+		// A new flow judged against 1,024 rules (a RST: judged, never recorded, so every
+		// run scans them all).
+		{name: "policy-1024-rules", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40002, 80, 0x04), reason: FwdLocal,
+			setup: func() error { return setGroups(10, 30, policyFeat) }},
+		{name: "policy-2-rules", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40003, 80, 0x04), reason: FwdLocal,
+			setup: func() error { return setGroups(10, 20, policyFeat) }},
 	}
 	var out []PathCost
 	floor := func(name string, single bool) error {
@@ -181,6 +252,13 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		}
 		if err := errors.Join(errs...); err != nil {
 			return nil, fmt.Errorf("bench: set sending interface: %w", err)
+		}
+		setup := c.setup
+		if setup == nil {
+			setup = plain
+		}
+		if err := setup(); err != nil {
+			return nil, fmt.Errorf("bench: %s: setup: %w", c.name, err)
 		}
 		if c.check != nil {
 			// The destination MAC is zeroed for this run so that its rewrite shows.
@@ -221,7 +299,8 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 				} else {
 					setIface(vxNet, src)
 				}
-			}, func() { setIface(vxNet, src) })
+				errs = append(errs, setup())
+			}, func() { setIface(vxNet, src); errs = append(errs, plain()) })
 		} else {
 			d, err = benchTime(c.prog, c.pkt, c.ctx, repeat, c.single)
 		}
@@ -321,6 +400,20 @@ type benchSkb struct {
 func benchEth(dst, src net.HardwareAddr, typ uint16) []byte {
 	b := append(append([]byte{}, dst...), src...)
 	return binary.BigEndian.AppendUint16(b, typ)
+}
+
+// benchPort is a port as stored in the maps (network order in memory).
+func benchPort(p uint16) uint16 { return nport(p) }
+
+// benchTCPFrame is an Ethernet + IPv4 + TCP frame from sport to dport with flags.
+func benchTCPFrame(src, dst netip.Addr, sport, dport uint16, flags byte) []byte {
+	f := benchIPFrame(src, dst)
+	tcp := f[14+20:]
+	binary.BigEndian.PutUint16(tcp[0:], sport)
+	binary.BigEndian.PutUint16(tcp[2:], dport)
+	tcp[12] = 5 << 4
+	tcp[13] = flags
+	return f
 }
 
 // benchIPFrame is an Ethernet + IPv4 + 40-byte payload frame (protocol TCP).

@@ -94,10 +94,10 @@ func (g *ctGC) flush(zone uint32, ip netip.Addr) {
 	}
 }
 
-// monotonicNow is the clock bpf_ktime_get_ns reads.
+// monotonicNow is the clock the datapath's cb_now (bpf_ktime_get_coarse_ns) reads.
 func monotonicNow() (uint64, error) {
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
 		return 0, fmt.Errorf("read monotonic clock: %w", err)
 	}
 	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec), nil
