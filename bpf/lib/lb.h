@@ -100,7 +100,8 @@ CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
 }
 
 /* cb_nat rewrites the destination (dst=1) or source address and port of an IPv4 packet
- * whose identity is f, fixing the IP and L4 checksums. Updates f. Returns 0 or a reason. */
+ * whose identity is f, fixing the IP and L4 checksums (through the helpers, which know
+ * CHECKSUM_PARTIAL) and writing the fields directly. Updates f. Returns 0 or a reason. */
 CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, int dst,
 		     __be32 ip, __be16 port)
 {
@@ -110,6 +111,7 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	__be16 old_port = dst ? f->dport : f->sport;
 	__u32 csum_off = 0;
 	__u64 mangled = 0;
+	void *data, *data_end;
 
 	if (f->has_ports) {
 		if (f->proto == CB_PROTO_TCP) {
@@ -120,17 +122,22 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 		}
 		if (bpf_l4_csum_replace(skb, csum_off, old_ip, ip, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
 			return CB_DROP_NAT_ERR;
-		if (port != old_port) {
-			if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
-				return CB_DROP_NAT_ERR;
-			if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0) < 0)
-				return CB_DROP_NAT_ERR;
-		}
+		if (port != old_port &&
+		    bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
+			return CB_DROP_NAT_ERR;
 	}
 	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_ip, ip, 4) < 0)
 		return CB_DROP_NAT_ERR;
-	if (bpf_skb_store_bytes(skb, addr_off, &ip, 4, 0) < 0)
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
 		return CB_DROP_NAT_ERR;
+	*(__be32 *)(data + addr_off) = ip;
+	if (f->has_ports && port != old_port) {
+		if (port_off > ETH_HLEN + 60 + 2 || data + port_off + 2 > data_end)
+			return CB_DROP_NAT_ERR;
+		*(__be16 *)(data + port_off) = port;
+	}
 	if (dst) {
 		f->daddr = ip;
 		f->dport = port;
