@@ -120,16 +120,19 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	}
 	if (features & CB_FEAT_LB) {
 		/* A reply from a local backend: the VIP is restored after policy. */
-		rev = cb_lb_reply(&f, t.zone);
+		rev = cb_lb_reply(&p, &f, t.zone);
 		if (rev) {
 			dnet = rev->nat_net;
 			t.svc_reply = 1;
 		} else {
 			/* Service LB: DNAT before the destination lookup. Non-first fragments
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
-			r = cb_lb_forward(skb, &p, &f, &dnet, &t, &lc);
+			t.client_net = dnet;
+			r = cb_lb_forward(skb, &p, &f, &t, &lc);
 			if (r)
 				return cb_drop(skb, r);
+			if (t.svc)
+				dnet = lc.net;
 		}
 	}
 
@@ -156,16 +159,21 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		t.dst_epg = ep->epg;
 		t.frag = p.frag;
 		t.ip_id = p.ip_id;
+		if (p.inner.proto)
+			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.svc) {
-			r = cb_lb_commit(&lc, &t);
+			r = cb_lb_commit(&lc, &f, &t);
 			if (r)
 				return cb_drop(skb, r);
 		}
 		if (t.rev_nat) {
-			r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+			if (t.inner)
+				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
+			else
+				r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
 			if (r)
 				return cb_drop(skb, r);
 		}
@@ -287,7 +295,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	dkey.net = net_key;
 	if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
-		rev = cb_lb_reply(&f, zone);
+		rev = cb_lb_reply(&p, &f, zone);
 		if (rev) {
 			dkey.net = rev->nat_net;
 			t.svc_reply = 1;
@@ -304,11 +312,16 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 		t.dst_epg = ep->epg;
 		t.frag = p.frag;
 		t.ip_id = p.ip_id;
+		if (p.inner.proto)
+			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.rev_nat) {
-			r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+			if (t.inner)
+				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
+			else
+				r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
 			if (r)
 				return cb_drop(skb, r);
 		}

@@ -148,6 +148,46 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	return 0;
 }
 
+/* cb_nat_icmp_error restores the VIP in an ICMP error a backend's side sent about a packet
+ * the client had sent to the VIP: the quoted destination (address, port) becomes VIP:port
+ * again, and the outer source too when the backend itself sent the error. The quoted IPv4
+ * header's checksum is fixed (its 16-bit sum is constant, so the ICMP checksum only moves
+ * with the port); the quoted L4 checksum is left alone (like most NATs, and usually outside
+ * the quote for TCP). Returns 0 or a reason. */
+static __noinline int cb_nat_icmp_error(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+				const struct cb_ct_entry *e)
+{
+	__u32 ioff = p->inner_off, l4off = p->inner_l4_off, csum_off = p->l4_off + 2;
+	__be32 old_ip = p->inner.daddr, vip = e->nat_ip;
+	__be16 old_port = p->inner.dport, vport = e->nat_port;
+	void *data, *data_end;
+	int r;
+
+	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off > ioff + 60)
+		return CB_DROP_NAT_ERR;
+	if (p->inner.has_ports && old_port != vport &&
+	    bpf_l4_csum_replace(skb, csum_off, old_port, vport, 2) < 0)
+		return CB_DROP_NAT_ERR;
+	if (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, vip, 4) < 0)
+		return CB_DROP_NAT_ERR;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + ioff + 20 > data_end)
+		return CB_DROP_NAT_ERR;
+	*(__be32 *)(data + ioff + offsetof(struct iphdr, daddr)) = vip;
+	if (p->inner.has_ports) {
+		if (data + l4off + 4 > data_end)
+			return CB_DROP_NAT_ERR;
+		*(__be16 *)(data + l4off + 2) = vport;
+	}
+	if (f->saddr == old_ip) {
+		r = cb_nat(skb, p, f, 0, vip, f->sport);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
 /* cb_lb_choice is a service flow's backend, decided by cb_lb_forward and committed to
  * conntrack by cb_lb_commit once policy allowed the flow. */
 struct cb_lb_choice {
@@ -158,8 +198,19 @@ struct cb_lb_choice {
 	__u8 pad;
 	__u32 net;
 	__u32 svc_id;
-	struct cb_ct_key key;       /* client→VIP */
 };
+
+/* cb_lb_key is the client→VIP key of a service flow whose packet (already DNATed or not)
+ * is f: the VIP:port come from t. */
+CB_INLINE void cb_lb_key(struct cb_ct_key *k, const struct cb_flow *f, const struct cb_track *t)
+{
+	k->zone = t->zone;
+	k->saddr = f->saddr;
+	k->daddr = t->vip;
+	k->sport = f->sport;
+	k->dport = t->vport;
+	k->proto = f->proto;
+}
 
 /* cb_lb_pick chooses a backend of svc for the packet. */
 CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct cb_lb_choice *c)
@@ -182,16 +233,17 @@ CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct
 	return 0;
 }
 
-/* cb_lb_forward applies service DNAT to a packet from a local client of zone t->zone. *net
- * is the network key to look the (new) destination up in. The backend a live client→VIP
+/* cb_lb_forward applies service DNAT to a packet from a local client of zone t->zone, whose
+ * network key the caller put in t->client_net; c->net is then the backend's network. The backend a live client→VIP
  * entry remembers is used while it is still a member of the service; otherwise the flow
  * is re-balanced on this packet. Returns 0 or a drop reason; sets t->svc for service
  * flows. */
-CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, __u32 *net,
-			    struct cb_track *t, struct cb_lb_choice *c)
+static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+				    struct cb_track *t, struct cb_lb_choice *c)
 {
 	struct cb_svc_key sk = {};
 	struct cb_member_key mk = {};
+	struct cb_ct_key key = {};
 	struct cb_ct_entry *ct;
 	struct cb_svc *svc;
 	int r;
@@ -208,8 +260,8 @@ CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struc
 	sk.port = f->dport;
 	sk.proto = f->proto;
 	svc = bpf_map_lookup_elem(&cb_services, &sk);
-	cb_ct_key_of(&c->key, t->zone, f, 0);
-	ct = cb_ct_live(&c->key, cb_now());
+	cb_ct_key_of(&key, t->zone, f, 0);
+	ct = cb_ct_live(&key, cb_now());
 	if (ct && !(ct->flags & CB_CT_SVC))
 		ct = 0;
 	c->svc_ct = ct;
@@ -223,7 +275,7 @@ CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struc
 			c->svc_id = ct->svc_id;
 		} else if (!svc) {
 			/* The service is gone: the flow is no longer a service flow. */
-			bpf_map_delete_elem(&cb_ct, &c->key);
+			bpf_map_delete_elem(&cb_ct, &key);
 			c->svc_ct = 0;
 			return 0;
 		} else if ((r = cb_lb_pick(skb, svc, c))) {
@@ -238,17 +290,16 @@ CB_INLINE int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *p, struc
 	t->svc = 1;
 	t->vip = f->daddr;
 	t->vport = f->dport;
-	t->client_net = *net;
-	*net = c->net;
 	return cb_nat(skb, p, f, 1, c->ip, c->port);
 }
 
 /* cb_lb_commit records (or refreshes) the client→VIP entry after policy passed the flow;
  * it lives as long as the flow's entry. Returns 0 or CB_DROP_CT_FULL. */
-CB_INLINE int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_track *t)
+CB_INLINE int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_flow *f, const struct cb_track *t)
 {
 	struct cb_ct_entry e = {};
 	struct cb_ct_entry *cur = c->svc_ct;
+	struct cb_ct_key key = {};
 
 	if (!t->entry)
 		return 0;
@@ -271,19 +322,25 @@ CB_INLINE int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_track *
 	e.nat_net = c->net;
 	e.svc_id = c->svc_id;
 	e.expires = t->entry->expires;
-	return cb_ct_insert(&c->key, &e);
+	cb_lb_key(&key, f, t);
+	return cb_ct_insert(&key, &e);
 }
 
 /* cb_lb_reply finds the service flow a packet is the reply of (before the destination
- * lookup, which needs the client's network); the VIP is restored after policy. */
-CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_flow *f, __u32 zone)
+ * lookup, which needs the client's network); the VIP is restored after policy. An ICMP
+ * error about a packet the client sent to a backend (inner = client→backend) belongs to
+ * that flow too. */
+CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct cb_flow *f, __u32 zone)
 {
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
 
-	if (!f->has_ports)
+	if (f->proto == CB_PROTO_ICMP && p->inner.proto)
+		cb_ct_key_of(&k, zone, &p->inner, 0);
+	else if (f->has_ports)
+		cb_ct_key_of(&k, zone, f, 1);
+	else
 		return 0;
-	cb_ct_key_of(&k, zone, f, 1);
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;

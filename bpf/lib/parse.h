@@ -12,6 +12,35 @@ enum cb_frag {
 	CB_FRAG_LATER = 2, /* offset != 0: no L4 header, never parse one */
 };
 
+#define CB_PROTO_ICMP 1
+#define CB_PROTO_TCP 6
+#define CB_PROTO_UDP 17
+
+#define CB_TCP_FIN 0x01
+#define CB_TCP_SYN 0x02
+#define CB_TCP_RST 0x04
+#define CB_TCP_ACK 0x10
+
+#define CB_ICMP_ECHO_REPLY 0
+#define CB_ICMP_DEST_UNREACH 3
+#define CB_ICMP_ECHO 8
+#define CB_ICMP_TIME_EXCEEDED 11
+#define CB_ICMP_PARAM_PROB 12
+
+/* cb_flow is the L3/L4 identity of a packet as policy, conntrack and LB see it. Ports are
+ * in network order; ICMP echo request/reply use the echo id as both ports so a reply's
+ * reversed tuple matches its request. */
+struct cb_flow {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 has_ports; /* sport/dport are real L4 ports (TCP/UDP) */
+	__u8 icmp_type; /* ICMP only */
+};
+
 struct cb_pkt {
 	struct ethhdr *eth;
 	struct iphdr *ip;
@@ -20,6 +49,12 @@ struct cb_pkt {
 	__u8 frag;     /* enum cb_frag */
 	__u8 proto;    /* IPv4 protocol */
 	__be16 ip_id;  /* IPv4 identification (pairs fragments of one datagram) */
+	/* ICMP errors (dest unreachable, time exceeded, parameter problem): the quoted
+	 * packet's identity as its sender saw it (inner.proto 0: not an error) and where its
+	 * IPv4 and L4 headers start. */
+	struct cb_flow inner;
+	__u32 inner_off;
+	__u32 inner_l4_off;
 };
 
 /* cb_pull makes the first len bytes directly accessible when the skb is non-linear. */
@@ -100,38 +135,58 @@ CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
 	return 0;
 }
 
-#define CB_PROTO_ICMP 1
-#define CB_PROTO_TCP 6
-#define CB_PROTO_UDP 17
-
-#define CB_TCP_FIN 0x01
-#define CB_TCP_SYN 0x02
-#define CB_TCP_RST 0x04
-#define CB_TCP_ACK 0x10
-
-#define CB_ICMP_ECHO_REPLY 0
-#define CB_ICMP_DEST_UNREACH 3
-#define CB_ICMP_ECHO 8
-#define CB_ICMP_TIME_EXCEEDED 11
-
-/* cb_flow is the L3/L4 identity of a packet as policy, conntrack and LB see it. Ports are
- * in network order; ICMP echo request/reply use the echo id as both ports so a reply's
- * reversed tuple matches its request. */
-struct cb_flow {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 tcp_flags;
-	__u8 has_ports; /* sport/dport are real L4 ports (TCP/UDP) */
-	__u8 icmp_type; /* ICMP only */
-};
-
 struct cb_l4_ports {
 	__be16 sport;
 	__be16 dport;
 };
+
+/* cb_parse_icmp_inner reads the packet an ICMP error quotes, at off: an IPv4 header and at
+ * least the first 8 bytes of its payload (ports, or an echo id). Returns 0 or
+ * CB_DROP_MALFORMED_L4 (a truncated or bogus quote). */
+CB_INLINE int cb_parse_icmp_inner(struct __sk_buff *skb, struct cb_pkt *p, __u32 off)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	__u8 *l4;
+	__u32 hlen;
+
+	if (off > ETH_HLEN + 60 + 8)
+		return CB_DROP_MALFORMED_L4;
+	cb_pull(skb, off + sizeof(struct iphdr) + 8);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + off;
+	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->ihl < 5)
+		return CB_DROP_MALFORMED_L4;
+	hlen = ip->ihl * 4;
+	p->inner.saddr = ip->saddr;
+	p->inner.daddr = ip->daddr;
+	p->inner.proto = ip->protocol;
+	if (hlen > sizeof(struct iphdr))
+		cb_pull(skb, off + hlen + 8);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	l4 = data + off + hlen;
+	if ((void *)(l4 + 8) > data_end)
+		return CB_DROP_MALFORMED_L4;
+	switch (p->inner.proto) {
+	case CB_PROTO_TCP:
+	case CB_PROTO_UDP:
+		p->inner.sport = ((struct cb_l4_ports *)l4)->sport;
+		p->inner.dport = ((struct cb_l4_ports *)l4)->dport;
+		p->inner.has_ports = 1;
+		break;
+	case CB_PROTO_ICMP:
+		if (l4[0] == CB_ICMP_ECHO || l4[0] == CB_ICMP_ECHO_REPLY) {
+			p->inner.sport = *(__be16 *)(l4 + 4);
+			p->inner.dport = p->inner.sport;
+		}
+		break;
+	}
+	p->inner_off = off;
+	p->inner_l4_off = off + hlen;
+	return 0;
+}
 
 /* cb_parse_l4 fills f from the IPv4 header p->ip and, unless the packet is a non-first
  * fragment, the L4 header. Returns 0 or CB_DROP_MALFORMED_L4. Must run right after
@@ -185,6 +240,9 @@ CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flo
 		if ((void *)(l4 + 8) > data_end)
 			return CB_DROP_MALFORMED_L4;
 		f->icmp_type = l4[0];
+		if (l4[0] == CB_ICMP_DEST_UNREACH || l4[0] == CB_ICMP_TIME_EXCEEDED ||
+		    l4[0] == CB_ICMP_PARAM_PROB)
+			return cb_parse_icmp_inner(skb, p, off + 8);
 		if (l4[0] == CB_ICMP_ECHO || l4[0] == CB_ICMP_ECHO_REPLY) {
 			f->sport = *(__be16 *)(l4 + 4);
 			f->dport = f->sport;

@@ -197,42 +197,40 @@ struct cb_track {
 	__be16 vport;
 	__be16 ip_id;
 	__u32 client_net;
+	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
 
-/* cb_judge decides a flow from (src_epg, sflags) to (dst_epg, dflags); as_open evaluates a
- * TCP packet as the SYN that opens its connection (docs/conntrack.md "Verdicts"). */
-CB_INLINE int cb_judge(const struct cb_flow *f, __u16 src_epg, __u16 dst_epg, __u32 sflags,
-		       __u32 dflags, int as_open)
+/* cb_judge decides the flow of packet f as a connection opening (docs/conntrack.md
+ * "Verdicts": a TCP packet is judged as the SYN of its connection), in the packet's own
+ * orientation or (reverse=1) in the other one, with the groups and group states of t. */
+static __noinline int cb_judge(const struct cb_flow *f, const struct cb_track *t, int reverse)
 {
 	struct cb_policy *eg = 0, *in = 0;
 	struct cb_flow g = *f;
+	__u32 sflags = t->src_flags, dflags = t->dst_flags;
+	__u16 src_epg = t->src_epg, dst_epg = t->dst_epg;
 
+	if (reverse) {
+		g.saddr = f->daddr;
+		g.daddr = f->saddr;
+		g.sport = f->dport;
+		g.dport = f->sport;
+		sflags = t->dst_flags;
+		dflags = t->src_flags;
+		src_epg = t->dst_epg;
+		dst_epg = t->src_epg;
+	}
 	if ((sflags | dflags) & CB_EPG_DENY_ALL)
 		return 0;
-	if (as_open && g.proto == CB_PROTO_TCP)
+	if (g.proto == CB_PROTO_TCP)
 		g.tcp_flags = CB_TCP_SYN;
 	if (sflags & CB_EPG_RULES)
 		eg = cb_policy_of(src_epg, CB_DIR_EGRESS);
 	if (dflags & CB_EPG_RULES)
 		in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
 	return cb_policy_allows(eg, in, &g, src_epg, dst_epg);
-}
-
-/* cb_judge_orig re-judges the flow a packet belongs to in its original orientation
- * (reply=1: the packet travels the reverse way). */
-CB_INLINE int cb_judge_orig(const struct cb_flow *f, const struct cb_track *t, int reply)
-{
-	struct cb_flow o = *f;
-
-	if (!reply)
-		return cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1);
-	o.saddr = f->daddr;
-	o.daddr = f->saddr;
-	o.sport = f->dport;
-	o.dport = f->sport;
-	return cb_judge(&o, t->dst_epg, t->src_epg, t->dst_flags, t->src_flags, 1);
 }
 
 /* Fragment verdicts: the first fragment of a datagram records whether it passed; later
@@ -318,7 +316,7 @@ CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, str
  * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 {
-	struct cb_ct_key k = {}, rk = {};
+	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
 	__u64 now;
 	__u32 epoch;
@@ -328,6 +326,23 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return CB_DROP_POLICY;
 	now = cb_now();
 	epoch = cb_policy_epoch;
+	if (t->inner) {
+		/* An ICMP error is related to the flow of the packet it quotes: it passes (and is
+		 * un-NATed) as part of that flow, without touching its state. */
+		cb_ct_key_of(&k, t->zone, t->inner, 0);
+		e = cb_ct_flow(&k, now);
+		if (!e) {
+			cb_ct_key_of(&k, t->zone, t->inner, 1);
+			e = cb_ct_flow(&k, now);
+			reply = 1;
+		}
+		if (e) {
+			if (!reply && (e->flags & CB_CT_DNAT))
+				t->rev_nat = e;
+			return 0;
+		}
+		reply = 0;
+	}
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	cb_ct_key_of(&k, t->zone, f, 0);
@@ -338,21 +353,21 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			t->entry = e;
 			return 0;
 		}
-		if (!cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1)) {
+		if (!cb_judge(f, t, 0)) {
 			bpf_map_delete_elem(&cb_ct, &k);
 			return CB_DROP_POLICY;
 		}
 		return cb_ct_open(&k, f, t, now);
 	}
 	if (!e) {
-		cb_ct_key_of(&rk, t->zone, f, 1);
-		e = cb_ct_flow(&rk, now);
+		cb_ct_key_of(&k, t->zone, f, 1);
+		e = cb_ct_flow(&k, now);
 		reply = 1;
 	}
 	if (e) {
 		if (e->epoch != epoch) {
-			if (!cb_judge_orig(f, t, reply)) {
-				bpf_map_delete_elem(&cb_ct, reply ? &rk : &k);
+			if (!cb_judge(f, t, reply)) {
+				bpf_map_delete_elem(&cb_ct, &k);
 				return CB_DROP_POLICY;
 			}
 			e->epoch = epoch;
@@ -368,7 +383,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return 0;
 	}
 	/* No entry: judged as an opening. Only packets that may open a flow create one. */
-	if (!cb_judge(f, t->src_epg, t->dst_epg, t->src_flags, t->dst_flags, 1))
+	if (!cb_judge(f, t, 0))
 		return CB_DROP_POLICY;
 	if (f->proto == CB_PROTO_TCP)
 		opener = !closing;
@@ -376,6 +391,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		opener = f->proto != CB_PROTO_ICMP || f->icmp_type == CB_ICMP_ECHO;
 	if (!opener)
 		return 0;
+	cb_ct_key_of(&k, t->zone, f, 0);
 	return cb_ct_open(&k, f, t, now);
 }
 

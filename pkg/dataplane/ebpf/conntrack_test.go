@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
 	"time"
@@ -351,5 +352,90 @@ func TestServiceScopeAndBackendRemoval(t *testing.T) {
 		must(objs.CbServices.Delete(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}))
 		must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(remoteIP)}))
 		run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	})
+}
+
+// icmpError builds an ICMP error (type typ) from src to dst quoting a UDP packet
+// qsrc:qsport → qdst:qdport (its IPv4 header and 8 bytes of UDP).
+func icmpError(src, dst netip.Addr, typ uint8, qsrc, qdst netip.Addr, qsport, qdport uint16) []byte {
+	quote := l4Frame(17, qsrc, qdst, qsport, qdport, 0, 0)[14:]
+	quote = quote[:20+8]
+	icmp := append([]byte{typ, 3, 0, 0, 0, 0, 0, 0}, quote...)
+	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
+	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
+	ip[9] = 1
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
+	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
+}
+
+// checkICMPError verifies the checksums of an ICMP error frame and returns its outer source
+// and the quoted destination.
+func checkICMPError(t *testing.T, f []byte) (src netip.Addr, qdst netip.AddrPort) {
+	t.Helper()
+	ip := f[14:]
+	n := int(binary.BigEndian.Uint16(ip[2:]))
+	if csum(ip[:20], 0) != 0 {
+		t.Error("bad outer IP checksum")
+	}
+	icmp := ip[20:n]
+	if csum(icmp, 0) != 0 {
+		t.Error("bad ICMP checksum")
+	}
+	q := icmp[8:]
+	if csum(q[:20], 0) != 0 {
+		t.Error("bad quoted IP checksum")
+	}
+	return netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[16:20])), binary.BigEndian.Uint16(q[22:]))
+}
+
+// ICMP errors are related to the flow they quote: they pass with it (and only then), and
+// for a service flow the VIP is restored in them.
+func TestConntrackICMPRelated(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	// EPG 10 refuses everything new from EPG 30, ICMP included.
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 40500, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40500, 53), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, ov, icmpError(remoteIP, srcIP, 11, srcIP, remoteIP, 40500, 53), ovl).expect(t, tcActRedirect, FwdLocal)
+	// Quoting a flow that does not exist: judged on its own, denied.
+	run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40501, 53), ovl).expect(t, tcActShot, DropPolicy)
+	// A truncated quote is malformed.
+	p := icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40500, 53)
+	p = p[:len(p)-4]
+	binary.BigEndian.PutUint16(p[16:], uint16(len(p)-14))
+	run(t, objs, ov, p, ovl).expect(t, tcActShot, DropMalformedL4)
+	if _, ok := ctEntry(t, objs, testZone, 1, remoteIP, srcIP, 0, 0); ok {
+		t.Error("an ICMP error created an entry")
+	}
+
+	t.Run("service", func(t *testing.T) {
+		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+		vip := netip.MustParseAddr("10.1.0.101")
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
+		must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
+		must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 2, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}))
+		must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+		run(t, objs, fc, l4Frame(17, srcIP, vip, 40600, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		// The backend answers with port unreachable about client → backend:5353.
+		r := run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40600, 5353), ovl)
+		r.expect(t, tcActRedirect, FwdLocal)
+		src, q := checkICMPError(t, r.out)
+		if src != vip || q != netip.AddrPortFrom(vip, 53) {
+			t.Errorf("error from %v quoting %v, want from and quoting the VIP %v:53", src, q, vip)
+		}
+		// Time exceeded, also about the flow: the quote is fixed the same way.
+		r = run(t, objs, ov, icmpError(remoteIP, srcIP, 11, srcIP, remoteIP, 40600, 5353), ovl)
+		r.expect(t, tcActRedirect, FwdLocal)
+		if _, q := checkICMPError(t, r.out); q != netip.AddrPortFrom(vip, 53) {
+			t.Errorf("time exceeded quotes %v, want the VIP", q)
+		}
 	})
 }
