@@ -1,0 +1,563 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// FragKind says whether a packet is an IPv4 fragment.
+type FragKind uint8
+
+// Fragment kinds.
+const (
+	FragNone  FragKind = iota // not a fragment
+	FragFirst                 // MF set, offset 0
+	FragLater                 // offset > 0
+)
+
+// Conntrack entry states.
+const (
+	CTNew         uint8 = 1
+	CTEstablished uint8 = 2
+	CTClosing     uint8 = 3
+)
+
+// Drop reasons of the model (the datapath's drop reason names).
+const (
+	DropPolicy        = "drop_policy"
+	DropCTFull        = "drop_ct_full"
+	DropFragNoFirst   = "drop_frag_no_first"
+	DropNoBackend     = "drop_no_backend"
+	DropFragToService = "drop_frag_to_service"
+)
+
+// Timeouts of docs/conntrack.md.
+const (
+	timeoutTCPNew     = 60 * time.Second
+	timeoutTCPEst     = 6 * time.Hour
+	timeoutTCPClosing = 10 * time.Second
+	timeoutOther      = 60 * time.Second
+	timeoutFrag       = 30 * time.Second
+)
+
+const (
+	protoICMP uint8 = 1
+	protoTCP  uint8 = 6
+	protoUDP  uint8 = 17
+)
+
+// ModelPacket is one IPv4 packet as the datapath's policy/CT/LB stages see it.
+type ModelPacket struct {
+	Zone               uint32 // tenant routing domain of the packet's network
+	Src, Dst           netip.Addr
+	Proto              uint8  // 1 icmp, 6 tcp, 17 udp, other
+	Sport, Dport       uint16 // TCP/UDP ports; ICMP echo (type 0/8): the echo id in both; else 0
+	ICMPType           uint8
+	SYN, ACK, FIN, RST bool // TCP flags
+	Frag               FragKind
+	IPID               uint16
+	FromLocal          bool // sent by a local container (service LB applies only then)
+}
+
+// ModelResult is what the datapath did with a packet.
+type ModelResult struct {
+	Pass    bool
+	Reason  string         // "" when Pass; else one of the Drop* reasons
+	DNAT    netip.AddrPort // valid when the destination was rewritten to a backend (service forward path)
+	SNAT    netip.AddrPort // valid when the source was rewritten back to VIP:port (reply of a service flow)
+	Tracked bool           // the packet went through conntrack (or the fragment table)
+}
+
+// ModelService is one VIP:port/proto of a service in a zone.
+type ModelService struct {
+	ID         uint32
+	Zone       uint32
+	VIP        netip.Addr
+	Port       uint16
+	Proto      uint8 // 6 or 17
+	TargetPort uint16
+	Backends   []netip.Addr // order matters to nobody; membership does
+}
+
+// FlowKey is a conntrack key.
+type FlowKey struct {
+	Zone         uint32
+	Src, Dst     netip.Addr
+	Sport, Dport uint16
+	Proto        uint8
+}
+
+// Reverse is the key of the opposite direction.
+func (k FlowKey) Reverse() FlowKey {
+	return FlowKey{Zone: k.Zone, Src: k.Dst, Dst: k.Src, Sport: k.Dport, Dport: k.Sport, Proto: k.Proto}
+}
+
+// ModelEntry is one conntrack table entry.
+type ModelEntry struct {
+	State   uint8 // CTNew, CTEstablished, CTClosing; 0 for SVC entries
+	Allowed bool
+	SVC     bool
+	DNAT    bool
+	NAT     netip.AddrPort // SVC: backend:TargetPort; DNAT: VIP:port
+	Epoch   uint32
+	Expires time.Duration // live while now <= Expires
+	SvcID   uint32        // SVC entries: the service id
+}
+
+type epKey struct {
+	zone uint32
+	ip   netip.Addr
+}
+
+type fragKey struct {
+	zone     uint32
+	src, dst netip.Addr
+	id       uint16
+	proto    uint8
+}
+
+type fragRec struct {
+	pass    bool
+	expires time.Duration
+}
+
+// Model is the Go reference model of one host's eBPF conntrack, policy and service
+// load-balancing stages, as specified by docs/conntrack.md. The differential test feeds the
+// same packets to it and to the BPF programs and compares verdicts, rewrites and table
+// contents. It is deterministic: time only moves with Advance, and backend choice is
+// delegated to Model.Choose.
+//
+// Readings chosen where docs/conntrack.md (and the brief that accompanies it) leave room:
+//
+//   - Flow key ports: TCP/UDP use Sport/Dport; ICMP echo request/reply (types 8/0) use
+//     Sport/Dport as given (the echo id); every other packet is keyed with ports 0.
+//     Policy sees DstPort only for TCP/UDP (0 otherwise).
+//   - Group 0 means "no group": it never has RULES, SetDenyAll(0, …) is ignored.
+//     RULES of a group = at least one rule in any PolicySet with that EPGID.
+//   - All TCP verdicts are "as an opening" (SYN, no ACK); non-TCP verdicts use SYN=ACK=false.
+//     Decide cannot see the ICMP type, so "the real packet" for ICMP non-openers equals this.
+//   - One table, one entry per key, for flow entries and SVC entries alike (capacity counts
+//     both). The conntrack algorithm sees only entries without SVC (an SVC entry at its key
+//     counts as absent and is never deleted by it); the service stage sees only entries with
+//     SVC. Whichever stage writes a key overwrites what is there; overwriting an existing key
+//     (live or expired) never fails, inserting a new key into a full table does.
+//   - A TCP SYN that policy denies deletes the forward flow entry, live or expired.
+//   - "Entry used": the forward entry if live, else the live reverse entry, else the entry the
+//     algorithm wrote. A DNATed packet sets DNAT and the VIP on the entry used only if it is
+//     the forward (client→backend) key; the flags of an entry are otherwise kept, except that
+//     a SYN rewrite starts from scratch (ALLOWED, plus DNAT when DNATed).
+//   - Services: the service of a packet is the one at (Zone, Dst, Dport, Proto); if several
+//     IDs share that key the lowest ID wins. An SVC entry's backend is valid only if that
+//     service has the entry's service ID and still lists the backend; a different ID at the
+//     key counts as "backend not a member" (re-balance). The DNAT port is always the current
+//     service's TargetPort. The SVC entry is written or refreshed only when the conntrack
+//     algorithm passed the packet and an entry was used (not for a passing TCP FIN/RST without
+//     entry); its deadline is the used entry's deadline. SVC entries have State 0, Epoch 0,
+//     Allowed false, NAT = backend:TargetPort, SvcID = the service id.
+//   - Reply SNAT: decided by a live DNAT flow entry at the reversed (post-DNAT) key looked up
+//     before the algorithm runs; applied if the packet passes (SNAT = that entry's VIP:port).
+//   - Result.DNAT and Result.SNAT are set only on packets that pass.
+//   - Result.Tracked is true when the packet reached the conntrack algorithm or the fragment
+//     table; drop_frag_to_service and drop_no_backend are decided before that (Tracked false).
+//   - Fragments: the first fragment's final outcome (Pass) is recorded under the addresses it
+//     arrived with (before DNAT/SNAT), only when it was tracked. A later fragment is tracked
+//     when the group of (Zone, Src) or of (Zone, Dst) has RULES or DENY_ALL (no service
+//     classification: it has no ports); it passes if the live record says pass, gets
+//     drop_policy if the record says drop, drop_frag_no_first without a live record. Later
+//     fragments get no NAT and refresh nothing.
+//   - SetEndpoint does not bump the epoch (the agent does, with BumpEpoch/SetPolicy).
+//     DeleteEndpoint also forgets the address's group; fragment records are not flushed.
+//   - GC deletes expired table entries (returned count) and expired fragment records (not
+//     counted). The epoch starts at 0. Clock starts at 0; Expires is a time since then.
+type Model struct {
+	// Choose picks the backend for a new or re-balanced service flow among cands (never
+	// empty). The differential test sets it to return what the real datapath picked.
+	// Default (nil): cands[0].
+	Choose func(cands []netip.Addr) netip.Addr
+
+	capacity int
+	now      time.Duration
+	epoch    uint32
+	sets     []dataplane.PolicySet
+	rules    map[uint16]bool
+	denyAll  map[uint16]bool
+	eps      map[epKey]uint16
+	svcs     map[uint32]ModelService
+	ct       map[FlowKey]ModelEntry
+	frags    map[fragKey]fragRec
+}
+
+// NewModel returns an empty model whose conntrack table holds capacity entries (all kinds).
+func NewModel(capacity int) *Model {
+	return &Model{
+		capacity: capacity,
+		rules:    map[uint16]bool{},
+		denyAll:  map[uint16]bool{},
+		eps:      map[epKey]uint16{},
+		svcs:     map[uint32]ModelService{},
+		ct:       map[FlowKey]ModelEntry{},
+		frags:    map[fragKey]fragRec{},
+	}
+}
+
+// SetEndpoint sets the group of an address in a zone (0 = none).
+func (m *Model) SetEndpoint(zone uint32, ip netip.Addr, epg uint16) {
+	k := epKey{zone, ip.Unmap()}
+	if epg == 0 {
+		delete(m.eps, k)
+		return
+	}
+	m.eps[k] = epg
+}
+
+// DeleteEndpoint forgets the address and deletes every table entry with it on either side
+// of the key in that zone.
+func (m *Model) DeleteEndpoint(zone uint32, ip netip.Addr) {
+	ip = ip.Unmap()
+	delete(m.eps, epKey{zone, ip})
+	for k := range m.ct {
+		if k.Zone == zone && (k.Src == ip || k.Dst == ip) {
+			delete(m.ct, k)
+		}
+	}
+}
+
+// SetPolicy replaces the rule sets and bumps the epoch.
+func (m *Model) SetPolicy(sets []dataplane.PolicySet) {
+	m.sets = slices.Clone(sets)
+	m.rules = map[uint16]bool{}
+	for _, s := range sets {
+		if s.EPGID != 0 && len(s.Rules) > 0 {
+			m.rules[s.EPGID] = true
+		}
+	}
+	m.BumpEpoch()
+}
+
+// SetDenyAll sets the fail-closed state of a group and bumps the epoch.
+func (m *Model) SetDenyAll(epg uint16, on bool) {
+	if epg != 0 {
+		if on {
+			m.denyAll[epg] = true
+		} else {
+			delete(m.denyAll, epg)
+		}
+	}
+	m.BumpEpoch()
+}
+
+// BumpEpoch increments the policy epoch.
+func (m *Model) BumpEpoch() { m.epoch++ }
+
+// Epoch is the current policy epoch (0 at start).
+func (m *Model) Epoch() uint32 { return m.epoch }
+
+// Now is the model's clock (0 at start).
+func (m *Model) Now() time.Duration { return m.now }
+
+// SetService upserts a service by ID.
+func (m *Model) SetService(s ModelService) {
+	s.VIP = s.VIP.Unmap()
+	b := make([]netip.Addr, len(s.Backends))
+	for i, a := range s.Backends {
+		b[i] = a.Unmap()
+	}
+	s.Backends = b
+	m.svcs[s.ID] = s
+}
+
+// DeleteService removes a service; its SVC entries are dropped lazily by the next packet.
+func (m *Model) DeleteService(id uint32) { delete(m.svcs, id) }
+
+// Advance moves the clock.
+func (m *Model) Advance(d time.Duration) { m.now += d }
+
+// GC deletes expired entries and returns how many table entries it deleted.
+func (m *Model) GC() int {
+	n := 0
+	for k, e := range m.ct {
+		if m.now > e.Expires {
+			delete(m.ct, k)
+			n++
+		}
+	}
+	for k, r := range m.frags {
+		if m.now > r.expires {
+			delete(m.frags, k)
+		}
+	}
+	return n
+}
+
+// Entries is the number of table entries, live or expired but not yet collected.
+func (m *Model) Entries() int { return len(m.ct) }
+
+// Lookup returns the table entry at k, live or expired.
+func (m *Model) Lookup(k FlowKey) (ModelEntry, bool) {
+	e, ok := m.ct[k]
+	return e, ok
+}
+
+// Keys returns every key in the table (in no particular order).
+func (m *Model) Keys() []FlowKey {
+	ks := make([]FlowKey, 0, len(m.ct))
+	for k := range m.ct {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func (m *Model) group(zone uint32, ip netip.Addr) uint16 { return m.eps[epKey{zone, ip}] }
+
+func (m *Model) groupTracked(epg uint16) bool { return m.rules[epg] || m.denyAll[epg] }
+
+// put writes e at k; a new key fails when the table is full.
+func (m *Model) put(k FlowKey, e ModelEntry) bool {
+	if _, ok := m.ct[k]; !ok && len(m.ct) >= m.capacity {
+		return false
+	}
+	m.ct[k] = e
+	return true
+}
+
+// flow returns the live flow (non-SVC) entry at k.
+func (m *Model) flow(k FlowKey) (ModelEntry, bool) {
+	e, ok := m.ct[k]
+	if !ok || e.SVC || m.now > e.Expires {
+		return ModelEntry{}, false
+	}
+	return e, true
+}
+
+// svcEntry returns the live SVC entry at k.
+func (m *Model) svcEntry(k FlowKey) (ModelEntry, bool) {
+	e, ok := m.ct[k]
+	if !ok || !e.SVC || m.now > e.Expires {
+		return ModelEntry{}, false
+	}
+	return e, true
+}
+
+// service returns the service at (zone, vip, port, proto), lowest ID first.
+func (m *Model) service(zone uint32, vip netip.Addr, port uint16, proto uint8) (ModelService, bool) {
+	var best ModelService
+	found := false
+	for _, s := range m.svcs {
+		if s.Zone == zone && s.VIP == vip && s.Port == port && s.Proto == proto && (!found || s.ID < best.ID) {
+			best, found = s, true
+		}
+	}
+	return best, found
+}
+
+func (m *Model) isVIP(zone uint32, ip netip.Addr) bool {
+	for _, s := range m.svcs {
+		if s.Zone == zone && s.VIP == ip {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Model) choose(cands []netip.Addr) netip.Addr {
+	if m.Choose == nil {
+		return cands[0]
+	}
+	return m.Choose(slices.Clone(cands)).Unmap()
+}
+
+func timeout(proto, state uint8) time.Duration {
+	if proto != protoTCP {
+		return timeoutOther
+	}
+	switch state {
+	case CTEstablished:
+		return timeoutTCPEst
+	case CTClosing:
+		return timeoutTCPClosing
+	}
+	return timeoutTCPNew
+}
+
+// allows is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
+// connection opening, denied when either group is DENY_ALL.
+func (m *Model) allows(k FlowKey) bool {
+	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
+	if m.denyAll[sg] || m.denyAll[dg] {
+		return false
+	}
+	p := Packet{SrcEPG: sg, DstEPG: dg, SrcIP: k.Src, DstIP: k.Dst, Proto: k.Proto, SYN: k.Proto == protoTCP}
+	if k.Proto == protoTCP || k.Proto == protoUDP {
+		p.DstPort = k.Dport
+	}
+	return Decide(m.sets, p).Allowed()
+}
+
+// Packet runs one packet through the model and updates its state.
+func (m *Model) Packet(p ModelPacket) ModelResult {
+	p.Src, p.Dst = p.Src.Unmap(), p.Dst.Unmap()
+	if p.Frag == FragLater {
+		return m.laterFragment(p)
+	}
+	k := FlowKey{Zone: p.Zone, Src: p.Src, Dst: p.Dst, Proto: p.Proto}
+	switch {
+	case p.Proto == protoTCP || p.Proto == protoUDP,
+		p.Proto == protoICMP && (p.ICMPType == 0 || p.ICMPType == 8):
+		k.Sport, k.Dport = p.Sport, p.Dport
+	}
+
+	// Service forward path.
+	svcKey := k
+	var (
+		isSvc   bool
+		svc     ModelService
+		backend netip.Addr
+		vip     netip.AddrPort
+	)
+	if p.FromLocal && (p.Proto == protoTCP || p.Proto == protoUDP) {
+		s, haveSvc := m.service(p.Zone, p.Dst, p.Dport, p.Proto)
+		e, haveEntry := m.svcEntry(svcKey)
+		switch {
+		case haveEntry && !haveSvc:
+			delete(m.ct, svcKey)
+		case haveEntry && e.SvcID == s.ID && slices.Contains(s.Backends, e.NAT.Addr()):
+			isSvc, svc, backend = true, s, e.NAT.Addr()
+		case !haveSvc:
+		case len(s.Backends) == 0:
+			return ModelResult{Reason: DropNoBackend}
+		default:
+			isSvc, svc, backend = true, s, m.choose(s.Backends)
+		}
+		if isSvc {
+			vip = netip.AddrPortFrom(p.Dst, p.Dport)
+			k.Dst, k.Dport = backend, svc.TargetPort
+		}
+	}
+
+	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
+	rev, replyDNAT := m.flow(k.Reverse())
+	replyDNAT = replyDNAT && rev.DNAT
+	if !isSvc && !replyDNAT && !m.groupTracked(sg) && !m.groupTracked(dg) {
+		return ModelResult{Pass: true}
+	}
+
+	res := ModelResult{Tracked: true}
+	var used FlowKey
+	var haveUsed bool
+	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip)
+	if res.Pass && isSvc && haveUsed {
+		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID}
+		if !m.put(svcKey, e) {
+			res.Pass, res.Reason = false, DropCTFull
+		}
+	}
+	if p.Frag == FragFirst {
+		m.frags[fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}] = fragRec{pass: res.Pass, expires: m.now + timeoutFrag}
+	}
+	if res.Pass {
+		if isSvc {
+			res.DNAT = netip.AddrPortFrom(backend, svc.TargetPort)
+		}
+		if replyDNAT {
+			res.SNAT = rev.NAT
+		}
+	}
+	return res
+}
+
+func (m *Model) laterFragment(p ModelPacket) ModelResult {
+	if p.FromLocal && m.isVIP(p.Zone, p.Dst) {
+		return ModelResult{Reason: DropFragToService}
+	}
+	if !m.groupTracked(m.group(p.Zone, p.Src)) && !m.groupTracked(m.group(p.Zone, p.Dst)) {
+		return ModelResult{Pass: true}
+	}
+	r, ok := m.frags[fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}]
+	switch {
+	case !ok || m.now > r.expires:
+		return ModelResult{Reason: DropFragNoFirst, Tracked: true}
+	case !r.pass:
+		return ModelResult{Reason: DropPolicy, Tracked: true}
+	}
+	return ModelResult{Pass: true, Tracked: true}
+}
+
+// track is the conntrack algorithm of docs/conntrack.md for one tracked packet with flow
+// key k (post-DNAT). dnat says the packet was DNATed from vip. It returns the verdict and
+// the key of the entry the packet used or wrote, if any.
+func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort) (bool, string, FlowKey, bool) {
+	tcp := k.Proto == protoTCP
+	syn := tcp && p.SYN && !p.ACK
+	closing := tcp && (p.FIN || p.RST)
+	mark := func(e *ModelEntry) {
+		if dnat {
+			e.DNAT, e.NAT = true, vip
+		}
+	}
+	fwd, haveFwd := m.flow(k)
+
+	if syn {
+		if haveFwd && fwd.State == CTNew && fwd.Epoch == m.epoch {
+			fwd.Expires = m.now + timeout(k.Proto, fwd.State)
+			mark(&fwd)
+			m.ct[k] = fwd
+			return true, "", k, true
+		}
+		if !m.allows(k) {
+			if e, ok := m.ct[k]; ok && !e.SVC {
+				delete(m.ct, k)
+			}
+			return false, DropPolicy, k, false
+		}
+		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
+		mark(&e)
+		if !m.put(k, e) {
+			return false, DropCTFull, k, false
+		}
+		return true, "", k, true
+	}
+
+	ek, e, found, reply := k, fwd, haveFwd, false
+	if !found {
+		ek = k.Reverse()
+		e, found = m.flow(ek)
+		reply = found
+	}
+	if found {
+		if e.Epoch != m.epoch {
+			if !m.allows(ek) {
+				delete(m.ct, ek)
+				return false, DropPolicy, ek, false
+			}
+			e.Epoch = m.epoch
+		}
+		switch {
+		case closing:
+			e.State = CTClosing
+		case reply && e.State == CTNew:
+			e.State = CTEstablished
+		}
+		e.Expires = m.now + timeout(k.Proto, e.State)
+		if !reply {
+			mark(&e)
+		}
+		m.ct[ek] = e
+		return true, "", ek, true
+	}
+
+	if !m.allows(k) {
+		return false, DropPolicy, k, false
+	}
+	if closing || (k.Proto == protoICMP && p.ICMPType != 8) {
+		return true, "", k, false // passes, no entry
+	}
+	e = ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
+	mark(&e)
+	if !m.put(k, e) {
+		return false, DropCTFull, k, false
+	}
+	return true, "", k, true
+}
