@@ -261,9 +261,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_frags SEC(".maps");
 
+/* cb_frag_record keeps the verdict of a first fragment under the addresses its later
+ * fragments arrive with (before service DNAT). */
 CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t, __u32 allowed)
 {
-	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
+	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = t->svc ? t->vip : f->daddr,
+				.id = t->ip_id, .proto = f->proto};
 	struct cb_frag_entry v = {.expires = cb_now() + CB_FRAG_TIMEOUT, .allowed = allowed};
 
 	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
@@ -289,6 +292,18 @@ CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 	if (e && !(e->flags & CB_CT_ALLOWED))
 		return 0;
 	return e;
+}
+
+/* cb_ct_mark_dnat records in a flow's forward entry that it is a service flow (the VIP to
+ * restore on replies): also when a direct flow on the same tuple made the entry first. */
+CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
+{
+	if (!t->svc)
+		return;
+	e->flags |= CB_CT_DNAT;
+	e->nat_ip = t->vip;
+	e->nat_port = t->vport;
+	e->nat_net = t->client_net;
 }
 
 /* cb_ct_open writes a fresh NEW entry for the packet's own direction. */
@@ -350,6 +365,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (syn) {
 		if (e && e->state == CB_CTS_NEW && e->epoch == epoch) {
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
+			cb_ct_mark_dnat(e, t);
 			t->entry = e;
 			return 0;
 		}
@@ -378,7 +394,9 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			e->state = CB_CTS_ESTABLISHED;
 		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		t->entry = e;
-		if (reply && (e->flags & CB_CT_DNAT))
+		if (!reply)
+			cb_ct_mark_dnat(e, t);
+		else if (e->flags & CB_CT_DNAT)
 			t->rev_nat = e;
 		return 0;
 	}

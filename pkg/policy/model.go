@@ -218,8 +218,9 @@ func (m *Model) SetEndpoint(zone uint32, ip netip.Addr, epg uint16) {
 func (m *Model) DeleteEndpoint(zone uint32, ip netip.Addr) {
 	ip = ip.Unmap()
 	delete(m.eps, epKey{zone, ip})
-	for k := range m.ct {
-		if k.Zone == zone && (k.Src == ip || k.Dst == ip) {
+	for k, e := range m.ct {
+		// Its flows, and the service flows balanced to it (they re-balance).
+		if k.Zone == zone && (k.Src == ip || k.Dst == ip || (e.SVC && e.NAT.Addr() == ip)) {
 			delete(m.ct, k)
 		}
 	}
@@ -461,7 +462,9 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		if isSvc {
 			res.DNAT = netip.AddrPortFrom(backend, svc.TargetPort)
 		}
-		if replyDNAT {
+		// Un-DNAT only when the entry the packet used is the reversed one (a packet whose
+		// key is its own reverse, src == dst, uses its forward entry).
+		if replyDNAT && haveUsed && used == k.Reverse() && used != k {
 			res.SNAT = rev.NAT
 		}
 	}

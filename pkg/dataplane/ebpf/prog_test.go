@@ -55,6 +55,13 @@ func requireRoot(t testing.TB) {
 // (ifindex 7), 10.1.0.4 remote behind peer 192.168.0.2, 10.1.0.5 remote behind a non-peer.
 func loadTestObjects(t testing.TB) *contivbpfObjects {
 	t.Helper()
+	return loadTestObjectsSpec(t, nil)
+}
+
+// loadTestObjectsSpec is loadTestObjects with the spec adjusted by mutate first (e.g. map
+// sizes).
+func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *contivbpfObjects {
+	t.Helper()
 	requireRoot(t)
 	spec, err := loadContivbpf()
 	if err != nil {
@@ -62,6 +69,9 @@ func loadTestObjects(t testing.TB) *contivbpfObjects {
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
+	}
+	if mutate != nil {
+		mutate(spec)
 	}
 	var objs contivbpfObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {

@@ -1,0 +1,759 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/policy"
+)
+
+// The differential test: random sequences of packets and control-plane changes go through
+// the real programs (BPF_PROG_TEST_RUN) and through the Go reference model
+// (policy.Model, docs/conntrack.md), and the first verdict, drop reason, rewrite or
+// conntrack entry that differs fails the test with the shortest sequence that still
+// reproduces it. CONTIVBPF_DIFF_SEQS and CONTIVBPF_DIFF_LEN make the run longer
+// (make test runs the default: 40 sequences of 150 steps).
+
+// diffEP is one endpoint of the differential fixture.
+type diffEP struct {
+	name   string
+	net    uint32 // network key (VNI)
+	zone   uint32
+	ip     netip.Addr
+	local  bool
+	epg    uint16
+	active bool // exists (a deleted endpoint is flushed and re-added later)
+}
+
+// diffStep is one event of a sequence; it is replayed exactly on both sides.
+type diffStep struct {
+	kind string // "pkt", "policy", "denyall", "advance", "gc", "svc", "delep"
+	// packet
+	from, to int   // endpoint indexes; to == -1: the service VIP
+	proto    uint8 // 1, 6, 17, 47
+	sport    uint16
+	dport    uint16
+	flags    uint8 // TCP flags, or ICMP type
+	frag     policy.FragKind
+	ipid     uint16
+	// control plane
+	rules   []dataplane.PolicySet
+	epg     uint16
+	on      bool
+	advance time.Duration
+	backend []int
+}
+
+func (s diffStep) String() string {
+	switch s.kind {
+	case "pkt":
+		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x frag %d id %d", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.frag, s.ipid)
+	case "policy":
+		var b strings.Builder
+		for _, p := range s.rules {
+			fmt.Fprintf(&b, " epg %d:", p.EPGID)
+			for _, r := range p.Rules {
+				fmt.Fprintf(&b, " [%s p%d in=%v repg=%d proto=%d port=%d syn=%v]", r.Action, r.Priority, r.Ingress, r.RemoteEPG, r.Proto, r.Port, r.SynOnly)
+			}
+		}
+		return "policy" + b.String()
+	case "denyall":
+		return fmt.Sprintf("denyall epg %d %v", s.epg, s.on)
+	case "advance":
+		return fmt.Sprintf("advance %v", s.advance)
+	case "svc":
+		return fmt.Sprintf("svc backends %v", s.backend)
+	case "delep":
+		return fmt.Sprintf("delete+readd endpoint %d", s.from)
+	}
+	return s.kind
+}
+
+const (
+	diffZoneA, diffZoneB = 0x1111, 0x2222
+	diffNetA, diffNetB   = 100, 200
+	diffSvcID            = 7
+)
+
+var diffVIP = netip.MustParseAddr("10.1.0.100")
+
+func diffEndpoints() []diffEP {
+	a := netip.MustParseAddr
+	return []diffEP{
+		{name: "a", net: diffNetA, zone: diffZoneA, ip: a("10.1.0.2"), local: true},
+		{name: "b", net: diffNetA, zone: diffZoneA, ip: a("10.1.0.3"), local: true},
+		{name: "c", net: diffNetA, zone: diffZoneA, ip: a("10.1.0.4")},
+		{name: "d", net: diffNetA, zone: diffZoneA, ip: a("10.1.0.5")},
+		// Tenant B reuses tenant A's addresses.
+		{name: "a'", net: diffNetB, zone: diffZoneB, ip: a("10.1.0.2"), local: true},
+		{name: "c'", net: diffNetB, zone: diffZoneB, ip: a("10.1.0.4")},
+	}
+}
+
+// diffGen draws random steps over the fixture. A third of the packets answer a recent one
+// (replies of flows and of service flows, from the backends the service has).
+type diffGen struct {
+	r        *rand.Rand
+	eps      []diffEP
+	recent   []diffStep
+	backends []int
+}
+
+func (g *diffGen) port() uint16 { return []uint16{53, 80, 443, 8080, 40000, 40001}[g.r.IntN(6)] }
+
+func (g *diffGen) rule(id int) dataplane.PolicyRule {
+	r := dataplane.PolicyRule{ID: fmt.Sprintf("r%02d", id), Priority: 1 + g.r.IntN(10), Ingress: g.r.IntN(2) == 0, Action: dataplane.ActionAllow}
+	if g.r.IntN(2) == 0 {
+		r.Action = dataplane.ActionDeny
+	}
+	if g.r.IntN(3) == 0 {
+		r.RemoteEPG = []uint16{10, 20, 30}[g.r.IntN(3)]
+	}
+	switch g.r.IntN(4) {
+	case 0:
+		r.Proto = 6
+		if g.r.IntN(2) == 0 {
+			r.Port = g.port()
+		} else {
+			r.SynOnly = true
+		}
+	case 1:
+		r.Proto = 17
+		if g.r.IntN(2) == 0 {
+			r.Port = g.port()
+		}
+	case 2:
+		r.Proto = 1
+	}
+	return r
+}
+
+// reply answers a recent packet, or returns false.
+func (g *diffGen) reply() (diffStep, bool) {
+	if len(g.recent) == 0 {
+		return diffStep{}, false
+	}
+	r := g.recent[g.r.IntN(len(g.recent))]
+	s := r
+	s.frag, s.ipid = policy.FragNone, uint16(1+g.r.IntN(3))
+	s.from, s.to, s.sport, s.dport = r.to, r.from, r.dport, r.sport
+	if r.to == -1 {
+		if len(g.backends) == 0 {
+			return diffStep{}, false
+		}
+		s.from, s.sport = g.backends[g.r.IntN(len(g.backends))], 8080
+	}
+	if s.from == s.to || (!g.eps[s.from].local && !g.eps[s.to].local) {
+		return diffStep{}, false
+	}
+	switch s.proto {
+	case 6:
+		s.flags = []uint8{0x12, 0x12, 0x10, 0x11, 0x04, 0x18}[g.r.IntN(6)]
+	case 1:
+		s.flags = 0
+	}
+	return s, true
+}
+
+func (g *diffGen) step() diffStep {
+	switch n := g.r.IntN(100); {
+	case n < 6:
+		var sets []dataplane.PolicySet
+		for _, epg := range []uint16{10, 20, 30} {
+			if g.r.IntN(3) == 0 {
+				continue
+			}
+			p := dataplane.PolicySet{EPGID: epg}
+			for i := 0; i < 1+g.r.IntN(4); i++ {
+				p.Rules = append(p.Rules, g.rule(i))
+			}
+			sets = append(sets, p)
+		}
+		return diffStep{kind: "policy", rules: sets}
+	case n < 8:
+		return diffStep{kind: "denyall", epg: []uint16{10, 20, 30}[g.r.IntN(3)], on: g.r.IntN(3) != 0}
+	case n < 12:
+		// Never a multiple of a timeout: the two clocks may differ by a tick.
+		d := []time.Duration{3137 * time.Millisecond, 7411 * time.Millisecond, 31*time.Second + 77*time.Millisecond, 47*time.Second + 313*time.Millisecond, 3*time.Hour + 1*time.Second + 509*time.Millisecond}[g.r.IntN(5)]
+		return diffStep{kind: "advance", advance: d}
+	case n < 13:
+		return diffStep{kind: "gc"}
+	case n < 15:
+		var be []int
+		for i, e := range g.eps {
+			if e.zone == diffZoneA && g.r.IntN(2) == 0 {
+				be = append(be, i)
+			}
+		}
+		g.backends = be
+		return diffStep{kind: "svc", backend: be}
+	case n < 16:
+		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
+	}
+	if g.r.IntN(3) == 0 {
+		if s, ok := g.reply(); ok {
+			return s
+		}
+	}
+	s := g.pkt()
+	if len(g.recent) == 8 {
+		g.recent = g.recent[1:]
+	}
+	g.recent = append(g.recent, s)
+	return s
+}
+
+func (g *diffGen) pkt() diffStep {
+	s := diffStep{kind: "pkt", sport: g.port(), dport: g.port(), ipid: uint16(1 + g.r.IntN(3))}
+	// Senders: a local endpoint (from-container) or a remote one (from-overlay).
+	s.from = g.r.IntN(len(g.eps))
+	for {
+		s.to = g.r.IntN(len(g.eps))
+		if g.eps[s.to].zone == g.eps[s.from].zone && s.to != s.from && (g.eps[s.to].local || g.eps[s.from].local) {
+			break
+		}
+		s.from = g.r.IntN(len(g.eps))
+	}
+	if g.eps[s.from].local && g.eps[s.from].zone == diffZoneA && g.r.IntN(5) == 0 {
+		s.to = -1 // the service
+		s.dport = 80
+	}
+	switch g.r.IntN(10) {
+	case 0, 1, 2, 3:
+		s.proto = 6
+		s.flags = []uint8{0x02, 0x12, 0x10, 0x11, 0x04, 0x14, 0x18}[g.r.IntN(7)]
+	case 4, 5, 6:
+		s.proto = 17
+	case 7, 8:
+		s.proto = 1
+		s.flags = []uint8{8, 0}[g.r.IntN(2)]
+		s.sport = uint16(1 + g.r.IntN(2))
+		s.dport = s.sport
+	default:
+		s.proto = 47
+		s.sport, s.dport = 0, 0
+	}
+	if s.to == -1 && s.proto != 6 && s.proto != 17 {
+		s.proto, s.flags, s.sport, s.dport = 17, 0, g.port(), 80 // a VIP is only a TCP/UDP service
+	}
+	if s.proto != 1 && s.proto != 47 && g.r.IntN(8) == 0 {
+		s.frag = []policy.FragKind{policy.FragFirst, policy.FragLater}[g.r.IntN(2)]
+	}
+	if s.proto == 47 && g.r.IntN(8) == 0 {
+		s.frag = policy.FragLater
+	}
+	return s
+}
+
+// diffWorld holds both sides.
+type diffWorld struct {
+	t     *testing.T
+	objs  *contivbpfObjects
+	model *policy.Model
+	eps   []diffEP
+	gc    *ctGC
+	epoch uint32
+	svc   []int // backend endpoint indexes
+	// tally counts the outcomes both sides agreed on (the log shows what was covered).
+	tally map[string]int
+	// lastClock is the datapath clock when the model's clock was last moved to it.
+	lastClock uint64
+	// hashProg returns the kernel's flow hash of a packet (bpf_get_hash_recalc), which
+	// the service LB uses to pick a backend: the model is told the datapath's choice even
+	// when policy then drops the packet.
+	hashProg *ebpf.Program
+}
+
+// diffCTEntries is the conntrack size of the differential fixture: small, so sequences
+// also fill it (drop_ct_full) and the collector frees it.
+const diffCTEntries = 40
+
+func newDiffWorld(t *testing.T) *diffWorld {
+	objs := loadTestObjectsSpec(t, func(spec *ebpf.CollectionSpec) { spec.Maps[contivbpfMapCbCt].MaxEntries = diffCTEntries })
+	w := &diffWorld{t: t, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints()}
+	w.gc = newCTGC(objs.CbCt, time.Hour)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []struct{ key, zone uint32 }{{diffNetA, diffZoneA}, {diffNetB, diffZoneB}} {
+		must(objs.CbNetworks.Put(n.key, &contivbpfCbNetwork{Subnet: ip4(netip.MustParseAddr("10.1.0.0")), Mask: ip4(netip.MustParseAddr("255.255.255.0")),
+			Tag: n.key, Mtu: 1450, Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN), Vrf: n.zone}))
+	}
+	must(objs.CbEndpoints.Delete(&contivbpfCbEpKey{Net: testNet, Ip: ip4(orphanIP)}))
+	for i := range w.eps {
+		w.eps[i].epg = []uint16{0, 10, 20, 30}[i%4]
+		w.eps[i].active = true
+		w.putEP(i)
+	}
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: diffZoneA, Vip: ip4(diffVIP)}, &contivbpfCbVip{}))
+	w.setService([]int{1, 2})
+	hp, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.FnGetHashRecalc.Call(), asm.Return()}})
+	must(err)
+	w.hashProg = hp
+	w.lastClock = w.clock()
+	return w
+}
+
+// lbChoice is the backend the datapath picks for a new service flow of step s.
+func (w *diffWorld) lbChoice(s diffStep) netip.Addr {
+	if len(w.svc) == 0 {
+		return netip.Addr{}
+	}
+	h, err := w.hashProg.Run(&ebpf.RunOptions{Data: w.frame(s)})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return w.eps[w.svc[h%uint32(len(w.svc))]].ip
+}
+
+func (w *diffWorld) clock() uint64 {
+	now, err := monotonicNow()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return now
+}
+
+// syncClock moves the model's clock by the time that passed for the datapath.
+func (w *diffWorld) syncClock() {
+	now := w.clock()
+	if now > w.lastClock {
+		w.model.Advance(time.Duration(now - w.lastClock))
+	}
+	w.lastClock = now
+}
+
+func (w *diffWorld) putEP(i int) {
+	e := w.eps[i]
+	v := contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Vtep: ip4(netip.MustParseAddr(testVTEP))}
+	if e.local {
+		v = contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Ifindex: uint32(peerIfindex), Slot: uint32(10 + i)}
+	}
+	copy(v.Mac[:], dataplane.ContivMAC(e.ip))
+	if err := w.objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: e.net, Ip: ip4(e.ip)}, &v); err != nil {
+		w.t.Fatal(err)
+	}
+	w.model.SetEndpoint(e.zone, e.ip, e.epg)
+}
+
+func (w *diffWorld) setService(backends []int) {
+	objs := w.objs
+	var ips []netip.Addr
+	// Members and backends of the new list, then the count, then what is gone.
+	for _, i := range w.svc {
+		_ = objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(w.eps[i].ip)})
+	}
+	for n, i := range backends {
+		e := w.eps[i]
+		ips = append(ips, e.ip)
+		if err := objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(e.ip)}, &contivbpfCbMember{Net: e.net}); err != nil {
+			w.t.Fatal(err)
+		}
+		if err := objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: diffSvcID, Index: uint32(n)}, &contivbpfCbBackend{Ip: ip4(e.ip), Net: e.net}); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	for n := len(backends); n < 8; n++ {
+		_ = objs.CbBackends.Delete(&contivbpfCbBackendKey{SvcId: diffSvcID, Index: uint32(n)})
+	}
+	if err := objs.CbServices.Put(&contivbpfCbSvcKey{Zone: diffZoneA, Vip: ip4(diffVIP), Port: nport(80), Proto: 6},
+		&contivbpfCbSvc{Id: diffSvcID, Count: uint32(len(backends)), TargetPort: nport(8080)}); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := objs.CbServices.Put(&contivbpfCbSvcKey{Zone: diffZoneA, Vip: ip4(diffVIP), Port: nport(80), Proto: 17},
+		&contivbpfCbSvc{Id: diffSvcID, Count: uint32(len(backends)), TargetPort: nport(8080)}); err != nil {
+		w.t.Fatal(err)
+	}
+	w.svc = backends
+	for _, proto := range []uint8{6, 17} {
+		w.model.SetService(policy.ModelService{ID: uint32(diffSvcID)*100 + uint32(proto), Zone: diffZoneA, VIP: diffVIP, Port: 80, Proto: proto, TargetPort: 8080, Backends: ips})
+	}
+}
+
+func (w *diffWorld) bump() {
+	w.epoch++
+	if err := w.objs.CbPolicyEpoch.Set(w.epoch); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
+	for epg := uint16(10); epg <= 30; epg += 10 {
+		for dir := uint8(0); dir < 2; dir++ {
+			_ = w.objs.CbPolicies.Delete(&contivbpfCbPolKey{Epg: epg, Dir: dir})
+		}
+		var st contivbpfCbEpgState
+		_ = w.objs.CbEpgs.Lookup(uint32(epg), &st)
+		st.Flags &^= uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
+		_ = w.objs.CbEpgs.Put(uint32(epg), &st)
+	}
+	for _, p := range sets {
+		eg, in, err := compileRules(p)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for dir, rs := range [][]contivbpfCbRule{eg, in} {
+			if len(rs) == 0 {
+				continue
+			}
+			v := contivbpfCbPolicy{Count: uint32(len(rs))}
+			copy(v.Rules[:], rs)
+			if err := w.objs.CbPolicies.Put(&contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}, &v); err != nil {
+				w.t.Fatal(err)
+			}
+		}
+		var st contivbpfCbEpgState
+		_ = w.objs.CbEpgs.Lookup(uint32(p.EPGID), &st)
+		st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
+		_ = w.objs.CbEpgs.Put(uint32(p.EPGID), &st)
+	}
+	w.bump()
+	w.model.SetPolicy(sets)
+}
+
+func (w *diffWorld) setDenyAll(epg uint16, on bool) {
+	var st contivbpfCbEpgState
+	_ = w.objs.CbEpgs.Lookup(uint32(epg), &st)
+	if on {
+		st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+	} else {
+		st.Flags &^= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+	}
+	if err := w.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
+		w.t.Fatal(err)
+	}
+	w.bump()
+	w.model.SetDenyAll(epg, on)
+}
+
+// age moves every deadline of the datapath's tables back by d (its clock cannot be moved).
+func (w *diffWorld) age(d time.Duration) {
+	var (
+		k  contivbpfCbCtKey
+		v  contivbpfCbCtEntry
+		ks []contivbpfCbCtKey
+		vs []contivbpfCbCtEntry
+	)
+	it := w.objs.CbCt.Iterate()
+	for it.Next(&k, &v) {
+		v.Expires = agedBy(v.Expires, d)
+		ks, vs = append(ks, k), append(vs, v)
+	}
+	for i := range ks {
+		if err := w.objs.CbCt.Put(&ks[i], &vs[i]); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	var (
+		fk  contivbpfCbFragKey
+		fv  contivbpfCbFragEntry
+		fks []contivbpfCbFragKey
+		fvs []contivbpfCbFragEntry
+	)
+	fit := w.objs.CbFrags.Iterate()
+	for fit.Next(&fk, &fv) {
+		fv.Expires = agedBy(fv.Expires, d)
+		fks, fvs = append(fks, fk), append(fvs, fv)
+	}
+	for i := range fks {
+		if err := w.objs.CbFrags.Put(&fks[i], &fvs[i]); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	w.syncClock()
+	w.model.Advance(d)
+}
+
+// agedBy moves a deadline back by d, stopping at 1 (long expired; the clock since boot
+// may be shorter than d).
+func agedBy(deadline uint64, d time.Duration) uint64 {
+	if deadline <= uint64(d) {
+		return 1
+	}
+	return deadline - uint64(d)
+}
+
+// frame builds the packet of a step as its sender puts it on the wire.
+func (w *diffWorld) frame(s diffStep) []byte {
+	src := w.eps[s.from].ip
+	dst := diffVIP
+	if s.to >= 0 {
+		dst = w.eps[s.to].ip
+	}
+	var f []byte
+	switch s.proto {
+	case 6, 17:
+		f = l4Frame(s.proto, src, dst, s.sport, s.dport, s.flags, 0)
+	case 1:
+		f = icmpEcho(src, dst, s.flags, s.sport)
+	default:
+		f = ipFrame(src, dst, ipOpts{})
+		f[14+9] = s.proto
+	}
+	ip := f[14:]
+	binary.BigEndian.PutUint16(ip[4:], s.ipid)
+	switch s.frag {
+	case policy.FragFirst:
+		binary.BigEndian.PutUint16(ip[6:], 0x2000)
+	case policy.FragLater:
+		binary.BigEndian.PutUint16(ip[6:], 0x2000|185)
+	}
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
+	return f
+}
+
+// outcome is what one side did with a packet.
+type outcome struct {
+	pass   bool
+	reason string
+	dst    netip.AddrPort // destination after the datapath (DNAT)
+	src    netip.AddrPort // source after the datapath (un-DNAT of replies)
+}
+
+func (o outcome) String() string {
+	if !o.pass {
+		return "drop " + o.reason
+	}
+	return fmt.Sprintf("pass %v→%v", o.src, o.dst)
+}
+
+// sendDatapath runs a packet step through the programs.
+func (w *diffWorld) sendDatapath(s diffStep) outcome {
+	t := w.t
+	from := w.eps[s.from]
+	pkt := w.frame(s)
+	var res runResult
+	if from.local {
+		ifc := contivbpfCbIface{Net: from.net, Ip: ip4(from.ip), Epg: from.epg, Vrf: from.zone, Slot: uint32(10 + s.from)}
+		copy(ifc.Mac[:], dataplane.ContivMAC(from.ip))
+		if err := w.objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+			t.Fatal(err)
+		}
+		res = run(t, w.objs, w.objs.CbFromContainer, pkt, nil)
+	} else {
+		res = run(t, w.objs, w.objs.CbTestOverlay, pkt, &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), from.net}})
+	}
+	var o outcome
+	for r := range res.diff {
+		o.reason = r.String()
+		o.pass = !r.IsDrop()
+	}
+	if len(res.diff) != 1 {
+		t.Fatalf("step %v: reason counters moved %v, want exactly one", s, res.diff)
+	}
+	if o.pass {
+		ip := res.out[14:]
+		o.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), 0)
+		o.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), 0)
+		if (s.proto == 6 || s.proto == 17) && s.frag != policy.FragLater {
+			o.src = netip.AddrPortFrom(o.src.Addr(), binary.BigEndian.Uint16(ip[20:]))
+			o.dst = netip.AddrPortFrom(o.dst.Addr(), binary.BigEndian.Uint16(ip[22:]))
+		}
+		o.reason = ""
+	}
+	return o
+}
+
+// sendModel runs the same packet through the model; chosen is the backend the datapath
+// picks for it if it balances it anew (the model accepts it only if it is a valid choice).
+func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
+	from := w.eps[s.from]
+	dst := diffVIP
+	if s.to >= 0 {
+		dst = w.eps[s.to].ip
+	}
+	w.model.Choose = func(cands []netip.Addr) netip.Addr {
+		for _, c := range cands {
+			if c == chosen {
+				return c
+			}
+		}
+		return netip.Addr{} // not a valid choice: the outcomes will differ
+	}
+	p := policy.ModelPacket{Zone: from.zone, Src: from.ip, Dst: dst, Proto: s.proto, Sport: s.sport, Dport: s.dport,
+		Frag: s.frag, IPID: s.ipid, FromLocal: from.local}
+	switch s.proto {
+	case 6:
+		p.SYN, p.ACK, p.FIN, p.RST = s.flags&0x02 != 0, s.flags&0x10 != 0, s.flags&0x01 != 0, s.flags&0x04 != 0
+	case 1:
+		p.ICMPType = s.flags
+		if s.flags != 0 && s.flags != 8 {
+			p.Sport, p.Dport = 0, 0
+		}
+	case 47:
+		p.Sport, p.Dport = 0, 0
+	}
+	if s.frag == policy.FragLater {
+		p.Sport, p.Dport = 0, 0
+	}
+	r := w.model.Packet(p)
+	o := outcome{pass: r.Pass, reason: r.Reason}
+	if !r.Pass {
+		return o
+	}
+	ports := (s.proto == 6 || s.proto == 17) && s.frag != policy.FragLater
+	sp, dp := s.sport, s.dport
+	if !ports {
+		sp, dp = 0, 0
+	}
+	o.src, o.dst = netip.AddrPortFrom(from.ip, sp), netip.AddrPortFrom(dst, dp)
+	if r.DNAT.IsValid() {
+		o.dst = r.DNAT
+	}
+	if r.SNAT.IsValid() {
+		o.src = r.SNAT
+	}
+	return o
+}
+
+// apply runs one step on both sides and returns a description of the first difference.
+func (w *diffWorld) apply(s diffStep) string {
+	w.syncClock()
+	switch s.kind {
+	case "policy":
+		w.setPolicy(s.rules)
+	case "denyall":
+		w.setDenyAll(s.epg, s.on)
+	case "advance":
+		w.age(s.advance)
+	case "gc":
+		n, err := w.gc.pass()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if m := w.model.GC(); m != n {
+			return fmt.Sprintf("gc deleted %d entries, model %d", n, m)
+		}
+	case "svc":
+		w.setService(s.backend)
+	case "delep":
+		// The endpoint goes (its entries flushed) and comes back with the same address.
+		e := w.eps[s.from]
+		w.gc.flush(e.zone, e.ip)
+		if _, err := w.gc.pass(); err != nil {
+			w.t.Fatal(err)
+		}
+		w.model.DeleteEndpoint(e.zone, e.ip)
+		w.model.SetEndpoint(e.zone, e.ip, e.epg)
+		w.model.GC()
+	case "pkt":
+		chosen := w.lbChoice(s)
+		dp := w.sendDatapath(s)
+		w.syncClock()
+		md := w.sendModel(s, chosen)
+		if dp != md {
+			return fmt.Sprintf("%v: datapath %v, model %v", s, dp, md)
+		}
+		if w.tally != nil {
+			switch {
+			case !dp.pass:
+				w.tally[dp.reason]++
+			case md.dst.Addr() == diffVIP || s.to == -1:
+				w.tally["pass_dnat"]++
+			case dp.src.Addr() == diffVIP:
+				w.tally["pass_snat"]++
+			default:
+				w.tally["pass"]++
+			}
+		}
+	}
+	if n, m := countEntries(w.t, w.objs.CbCt), w.model.Entries(); n != m {
+		return fmt.Sprintf("after %v: %d conntrack entries, model %d", s, n, m)
+	}
+	return ""
+}
+
+// close releases the world's kernel objects (a shrinking run makes hundreds of worlds).
+func (w *diffWorld) close() {
+	w.hashProg.Close()
+	w.objs.Close()
+}
+
+// replay runs steps on a fresh world and returns the index and description of the first
+// difference (-1 if none).
+func replay(t *testing.T, steps []diffStep) (int, string) {
+	return replayTally(t, steps, nil)
+}
+
+func replayTally(t *testing.T, steps []diffStep, tally map[string]int) (int, string) {
+	w := newDiffWorld(t)
+	defer w.close()
+	w.tally = tally
+	for i, s := range steps {
+		if d := w.apply(s); d != "" {
+			return i, d
+		}
+	}
+	return -1, ""
+}
+
+// shrink removes steps while the sequence still fails.
+func shrink(t *testing.T, steps []diffStep) []diffStep {
+	for changed := true; changed; {
+		changed = false
+		for i := 0; i < len(steps)-1; i++ {
+			cand := append(append([]diffStep(nil), steps[:i]...), steps[i+1:]...)
+			if at, _ := replay(t, cand); at >= 0 {
+				steps = cand[:at+1]
+				changed = true
+				i--
+			}
+		}
+	}
+	return steps
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func TestDifferential(t *testing.T) {
+	requireRoot(t)
+	seqs, length := envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150)
+	base := uint64(envInt("CONTIVBPF_DIFF_SEED", 1))
+	packets := 0
+	tally := map[string]int{}
+	for n := 0; n < seqs; n++ {
+		seed := base + uint64(n)
+		g := &diffGen{r: rand.New(rand.NewPCG(seed, 0x5eed)), eps: diffEndpoints(), backends: []int{1, 2}}
+		steps := make([]diffStep, length)
+		for i := range steps {
+			steps[i] = g.step()
+			if steps[i].kind == "pkt" {
+				packets++
+			}
+		}
+		at, diff := replayTally(t, steps, tally)
+		if at < 0 {
+			continue
+		}
+		short := shrink(t, steps[:at+1])
+		var b strings.Builder
+		for i, s := range short {
+			fmt.Fprintf(&b, "\n  %2d %v", i, s)
+		}
+		_, last := replay(t, short)
+		t.Fatalf("seed %d: datapath and model differ at step %d: %s\nshortest sequence (%d steps):%s\nlast: %s", seed, at, diff, len(short), b.String(), last)
+	}
+	t.Logf("%d sequences, %d packets: datapath and model agree; outcomes %v", seqs, packets, tally)
+}
