@@ -20,10 +20,13 @@ import (
 )
 
 // RunAdversarial drives a Driver through the cases of design §9 ("Trust") with crafted
-// traffic from hostile containers: forged source IP/MAC and ARP sender, VLAN-tagged frames
-// from a container, a bare TCP ACK trying to open state a SYN could not, a VIP of another
-// tenant, and UDP flows that must be spread over a service's backends. Everything is
-// observed from containers and the wire, so every backend runs the same cases.
+// traffic from hostile containers and from the underlay: forged source IP/MAC and ARP
+// sender, VLAN-tagged frames from a container, VXLAN injected from a peer's address with
+// inner sources that do not live behind it, a bare TCP ACK trying to open state a SYN
+// could not, a SYN reusing a reset flow's tuple after the policy changed, a VIP of
+// another tenant, UDP flows that must be spread over a service's backends, and a live UDP
+// flow whose backend is removed. Everything is observed from containers and the wire, so
+// every backend runs the same cases.
 func RunAdversarial(t *testing.T, factory Factory) {
 	e := NewEnv(t, factory)
 	a1 := e.AddContainer(t, "a1", "10.36.1.1")
