@@ -2,25 +2,31 @@ package conformance
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // RunAdversarial drives a Driver through the cases of design §9 ("Trust") with crafted
-// traffic from hostile containers: forged source IP/MAC and ARP sender, VLAN-tagged frames
-// from a container, a bare TCP ACK trying to open state a SYN could not, a VIP of another
-// tenant, and UDP flows that must be spread over a service's backends. Everything is
-// observed from containers and the wire, so every backend runs the same cases.
+// traffic from hostile containers and from the underlay: forged source IP/MAC and ARP
+// sender, VLAN-tagged frames from a container, VXLAN injected from a peer's address with
+// inner sources that do not live behind it, a bare TCP ACK trying to open state a SYN
+// could not, a SYN reusing a reset flow's tuple after the policy changed, a VIP of
+// another tenant, UDP flows that must be spread over a service's backends, and a live UDP
+// flow whose backend is removed. Everything is observed from containers and the wire, so
+// every backend runs the same cases.
 func RunAdversarial(t *testing.T, factory Factory) {
 	e := NewEnv(t, factory)
 	a1 := e.AddContainer(t, "a1", "10.36.1.1")
@@ -41,10 +47,13 @@ func RunAdversarial(t *testing.T, factory Factory) {
 	t.Run("spoofed-source", func(t *testing.T) { spoofedSource(t, e, a1, a2, b1) })
 	t.Run("spoofed-arp", func(t *testing.T) { spoofedARP(t, e, a1, a2) })
 	t.Run("vlan-tagged-from-container", func(t *testing.T) { vlanFromContainer(t, e, a1, a2, b1) })
+	t.Run("overlay-injection", func(t *testing.T) { overlayInjection(t, e, a1, a2, b1) })
 	t.Run("udp-spread", func(t *testing.T) { udpSpread(t, e, a1, a2, b1) })
+	t.Run("backend-removal-live-udp", func(t *testing.T) { backendRemovalLiveUDP(t, e, a1, a2, b1) })
 	tenants := newTenantPair(t, e)
 	t.Run("cross-tenant-vip", func(t *testing.T) { crossTenantVIP(t, e, tenants) })
 	t.Run("bare-ack", func(t *testing.T) { bareACK(t, e, a1, a2) })
+	t.Run("rst-policy-change-syn", func(t *testing.T) { rstPolicyChangeSYN(t, e, a1, b1) })
 }
 
 // marker returns a random payload that identifies one probe in a capture.
@@ -476,11 +485,12 @@ func bareACK(t *testing.T, e *Env, a1, a2 *Container) {
 	dialEcho(t, a1.NS, net.JoinHostPort(a2.EP.IP.String(), "8080"))
 }
 
-// dialFrom connects from a fixed local address and port inside the namespace at path.
+// dialFrom connects from a fixed local address and port (SO_REUSEADDR) inside the
+// namespace at path.
 func dialFrom(path string, ip netip.Addr, port uint16, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	err := InNetNS(path, func() error {
-		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip.AsSlice(), Port: int(port)}}
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip.AsSlice(), Port: int(port)}, Control: reuseAddr}
 		var err error
 		c, err = d.Dial("tcp4", addr)
 		return err
@@ -513,4 +523,305 @@ func setNeigh(ns string, ip netip.Addr, mac string) error {
 	}
 	return nl.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4,
 		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw})
+}
+
+// reuseAddr sets SO_REUSEADDR on a socket before it is bound.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// overlayInjection: H2 (the underlay side, owner of VTEP 10.254.0.2) sends hand-made
+// VXLAN packets to H1 in the test network's VNI. Only the one whose inner source is an
+// endpoint behind 10.254.0.2 may be delivered; an inner source that lives on H1, that is
+// no endpoint, or that lives behind another VTEP must not.
+func overlayInjection(t *testing.T, e *Env, a1, a2, b1 *Container) {
+	elsewhere := addFakeHostEndpoint(t, e, netip.MustParseAddr("10.36.1.90"), netip.MustParseAddr("10.254.0.9"))
+	nobody := netip.MustParseAddr("10.36.1.77")
+	shots := []struct {
+		name  string
+		src   netip.Addr
+		legit bool
+	}{
+		{"inner-src-local-endpoint", a1.EP.IP, false},
+		{"inner-src-no-endpoint", nobody, false},
+		{"inner-src-behind-other-vtep", elsewhere, false},
+		{"inner-src-behind-sender", b1.EP.IP, true},
+	}
+	markers := make([][]byte, len(shots))
+	for i, s := range shots {
+		markers[i] = marker(s.name)
+	}
+	dst := net.JoinHostPort(e.H1.Cfg.VTEP.String(), fmt.Sprint(vxlanPort))
+	got := probe(t, []probeSite{{"a2", a2.NS, a2.EP.IfName}}, containing(markers), func() error {
+		for i, s := range shots {
+			inner := UDPFrame(a2.EP.MAC, dataplane.ContivMAC(s.src), s.src, a2.EP.IP, 40002, 7009, markers[i])
+			if err := SendUDP(e.H2.NS, e.H2.Cfg.VTEP.String(), dst, VXLANPayload(e.Net.Tag, inner)); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+		}
+		return nil
+	})
+	for i, s := range shots {
+		switch n := got["a2"][i]; {
+		case s.legit && n == 0:
+			t.Errorf("%s: not delivered (the probe does not work)", s.name)
+		case !s.legit && n > 0:
+			t.Errorf("%s: inner source %v delivered (%d copies)", s.name, s.src, n)
+		}
+	}
+}
+
+// addFakeHostEndpoint programs on H1 a remote endpoint at ip behind a third host's VTEP
+// (which need not exist), and removes it when the test ends.
+func addFakeHostEndpoint(t *testing.T, e *Env, ip, vtep netip.Addr) netip.Addr {
+	c := ctx(t)
+	peer := dataplane.Peer{Host: "h9", VTEP: vtep}
+	rem := dataplane.RemoteEndpoint{ID: e.Net.ID + "-h9x", NetworkID: e.Net.ID, IP: ip,
+		MAC: dataplane.ContivMAC(ip), EPGID: 2, VTEP: vtep, Host: peer.Host}
+	if err := e.H1.Driver.UpsertPeer(c, peer); err != nil {
+		t.Fatalf("peer %s: %v", peer.Host, err)
+	}
+	if err := e.H1.Driver.UpsertRemoteEndpoint(c, rem); err != nil {
+		t.Fatalf("remote endpoint behind %v: %v", vtep, err)
+	}
+	t.Cleanup(func() {
+		c := context.Background()
+		if err := e.H1.Driver.DeleteRemoteEndpoint(c, rem.ID); err != nil {
+			t.Errorf("delete remote endpoint %s: %v", rem.ID, err)
+		}
+		if err := e.H1.Driver.DeletePeer(c, peer.Host); err != nil {
+			t.Errorf("delete peer %s: %v", peer.Host, err)
+		}
+	})
+	return ip
+}
+
+// backendRemovalLiveUDP: one UDP flow (one source port) to a VIP with a backend per
+// host; the backend it is on is removed from the service while the flow runs. Within
+// 1 s the same flow must be answered by the remaining backend, and replies still come
+// from the VIP.
+func backendRemovalLiveUDP(t *testing.T, e *Env, a1, a2, b1 *Container) {
+	const target, port = 5454, 54
+	vip := netip.MustParseAddr("10.36.1.202")
+	for _, be := range []*Container{a2, b1} {
+		s, err := StartUDPIdent(be.NS, be.EP.IP.String(), target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	svc := dataplane.Service{ID: "live:default", VIP: vip,
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: port, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
+	upsertServiceAll(t, e, svc)
+	defer deleteServiceAll(t, e, svc.ID)
+	vipAddr := net.JoinHostPort(vip.String(), fmt.Sprint(port))
+	flow, err := OpenUDPFlow(a1.NS, vipAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flow.Close()
+	first, err := flow.Run(time.Second, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, err := singleBackend(first, vipAddr)
+	if err != nil {
+		t.Fatalf("before the removal: %v", err)
+	}
+	keep := a2.EP.IP
+	if on == a2.EP.IP.String() {
+		keep = b1.EP.IP
+	}
+	type result struct {
+		replies []UDPReply
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := flow.Run(2500*time.Millisecond, 50*time.Millisecond)
+		done <- result{r, err}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	svc.Backends = []netip.Addr{keep}
+	upsertServiceAll(t, e, svc)
+	removed := time.Now()
+	t.Logf("flow on %s (%d replies); removing it took %v", on, len(first), removed.Sub(start))
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, err := range switchErrors(r.replies, vipAddr, on, keep.String(), removed) {
+		t.Error(err)
+	}
+}
+
+// singleBackend checks that every reply came from the VIP and named one backend, and
+// returns that backend.
+func singleBackend(replies []UDPReply, vipAddr string) (string, error) {
+	if len(replies) < 5 {
+		return "", fmt.Errorf("only %d replies in a second", len(replies))
+	}
+	on := replies[0].Body
+	for _, r := range replies {
+		switch {
+		case r.From != vipAddr:
+			return "", fmt.Errorf("reply from %s, want the VIP %s", r.From, vipAddr)
+		case r.Body != on:
+			return "", fmt.Errorf("one flow answered by %s and %s", on, r.Body)
+		}
+	}
+	return on, nil
+}
+
+// switchErrors checks replies of a flow whose backend old was removed at removed: the
+// remaining backend answers within a second, old never again after that, every reply
+// comes from the VIP.
+func switchErrors(replies []UDPReply, vipAddr, old, keep string, removed time.Time) []error {
+	var errs []error
+	var firstNew time.Time
+	notVIP, oldAfterMove, oldLate, newLate := 0, 0, 0, 0
+	for _, r := range replies {
+		if r.From != vipAddr {
+			notVIP++
+		}
+		late := r.At.After(removed.Add(time.Second))
+		switch {
+		case r.Body == keep && firstNew.IsZero():
+			firstNew = r.At
+		case r.Body == old && !firstNew.IsZero():
+			oldAfterMove++
+		case r.Body == old && late:
+			oldLate++
+		}
+		if r.Body == keep && late {
+			newLate++
+		}
+	}
+	if notVIP > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d replies not from the VIP %s", notVIP, len(replies), vipAddr))
+	}
+	if oldAfterMove > 0 {
+		errs = append(errs, fmt.Errorf("removed backend %s answered %d times after the flow had moved", old, oldAfterMove))
+	}
+	if oldLate > 0 {
+		errs = append(errs, fmt.Errorf("removed backend %s answered %d times later than 1 s after the removal", old, oldLate))
+	}
+	switch {
+	case firstNew.IsZero():
+		errs = append(errs, fmt.Errorf("the flow never reached the remaining backend %s (%d replies)", keep, len(replies)))
+	case firstNew.Sub(removed) > time.Second:
+		errs = append(errs, fmt.Errorf("the flow reached %s only %v after the removal", keep, firstNew.Sub(removed)))
+	case newLate < 5:
+		errs = append(errs, fmt.Errorf("only %d replies from %s later than 1 s after the removal", newLate, keep))
+	}
+	return errs
+}
+
+func upsertServiceAll(t *testing.T, e *Env, svc dataplane.Service) {
+	t.Helper()
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertService(ctx(t), svc); err != nil {
+			t.Fatalf("%s: upsert service %s: %v", h.Name, svc.ID, err)
+		}
+	}
+}
+
+func deleteServiceAll(t *testing.T, e *Env, id string) {
+	t.Helper()
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.DeleteService(ctx(t), id); err != nil {
+			t.Errorf("%s: delete service %s: %v", h.Name, id, err)
+		}
+	}
+}
+
+func upsertPolicyAll(t *testing.T, e *Env, p dataplane.PolicySet) {
+	t.Helper()
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertPolicy(ctx(t), p); err != nil {
+			t.Fatalf("%s: upsert policy %d: %v", h.Name, p.EPGID, err)
+		}
+	}
+}
+
+// rstPolicyChangeSYN: group 2 allows tcp 8080 from group 1. A connection opens and the
+// client resets it; the policy then denies 8080, and a SYN from the very same source
+// port must not get through on the old flow's state. Restored, the port works again.
+func rstPolicyChangeSYN(t *testing.T, e *Env, a1, b1 *Container) {
+	const port = 8080
+	rules := func(action dataplane.PolicyAction) dataplane.PolicySet {
+		return dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+			{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+			{ID: "8080-from-1", Priority: 5, Ingress: true, RemoteEPG: 1, Proto: 6, Port: port, Action: action},
+		}}
+	}
+	upsertPolicyAll(t, e, rules(dataplane.ActionAllow))
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	srv, err := StartTCPEchoPort(b1.NS, b1.EP.IP.String(), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var rnd [2]byte
+	_, _ = rand.Read(rnd[:])
+	sport := 42000 + binary.BigEndian.Uint16(rnd[:])%1000
+	addr := net.JoinHostPort(b1.EP.IP.String(), fmt.Sprint(port))
+	if err := openAndReset(a1, sport, addr); err != nil {
+		t.Fatalf("allowed connection: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the RST reaches both hosts
+	upsertPolicyAll(t, e, rules(dataplane.ActionDeny))
+	accepted := srv.Accepted.Load()
+	if conn, err := dialFrom(a1.NS, a1.EP.IP, sport, addr, 2*time.Second); err == nil {
+		conn.Close()
+		t.Errorf("connect from port %d after reset and deny succeeded", sport)
+	}
+	if n := srv.Accepted.Load() - accepted; n > 0 {
+		t.Errorf("server accepted %d connections while 8080 was denied", n)
+	}
+	upsertPolicyAll(t, e, rules(dataplane.ActionAllow))
+	conn, err := dialFrom(a1.NS, a1.EP.IP, sport, addr, 3*time.Second)
+	if err != nil {
+		t.Fatalf("after the policy was restored: %v", err)
+	}
+	defer conn.Close()
+	if err := EchoRoundTrip(conn, 2048); err != nil {
+		t.Errorf("after the policy was restored: %v", err)
+	}
+}
+
+// openAndReset connects from c's address and sport to addr, exchanges data and closes
+// with SO_LINGER 0 (an RST instead of a FIN).
+func openAndReset(c *Container, sport uint16, addr string) error {
+	conn, err := dialFrom(c.NS, c.EP.IP, sport, addr, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	if err := EchoRoundTrip(conn, 2048); err != nil {
+		conn.Close()
+		return err
+	}
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		conn.Close()
+		return fmt.Errorf("connection to %s is a %T", addr, conn)
+	}
+	if err := tc.SetLinger(0); err != nil {
+		conn.Close()
+		return fmt.Errorf("linger 0: %w", err)
+	}
+	return conn.Close()
 }

@@ -170,3 +170,12 @@ func (c *Capture) Frames() [][]byte {
 	defer c.mu.Unlock()
 	return c.frames
 }
+
+// VXLANPayload is the UDP payload of a VXLAN packet (RFC 7348): an 8-byte header with the
+// I flag and vni, then the inner Ethernet frame.
+func VXLANPayload(vni uint32, inner []byte) []byte {
+	h := make([]byte, 8, 8+len(inner))
+	h[0] = 0x08
+	binary.BigEndian.PutUint32(h[4:], vni<<8)
+	return append(h, inner...)
+}

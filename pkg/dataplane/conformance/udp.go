@@ -13,10 +13,21 @@ type UDPServer struct {
 	Addr    string
 	mu      sync.Mutex
 	clients map[string]int
+	ident   []byte // when set, every reply is ident instead of the datagram
 }
 
 // StartUDPEcho listens on ip:port inside the namespace at path.
 func StartUDPEcho(path, ip string, port int) (*UDPServer, error) {
+	return startUDPServer(path, ip, port, nil)
+}
+
+// StartUDPIdent listens on ip:port inside the namespace at path and answers every datagram
+// with ip (as text): the reply tells which backend a balanced flow reached.
+func StartUDPIdent(path, ip string, port int) (*UDPServer, error) {
+	return startUDPServer(path, ip, port, []byte(ip))
+}
+
+func startUDPServer(path, ip string, port int, ident []byte) (*UDPServer, error) {
 	var pc net.PacketConn
 	err := InNetNS(path, func() error {
 		var err error
@@ -26,7 +37,7 @@ func StartUDPEcho(path, ip string, port int) (*UDPServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("udp listen on %s:%d: %w", ip, port, err)
 	}
-	s := &UDPServer{conn: pc, Addr: pc.LocalAddr().String(), clients: map[string]int{}}
+	s := &UDPServer{conn: pc, Addr: pc.LocalAddr().String(), clients: map[string]int{}, ident: ident}
 	go s.loop()
 	return s, nil
 }
@@ -41,7 +52,11 @@ func (s *UDPServer) loop() {
 		s.mu.Lock()
 		s.clients[from.String()]++
 		s.mu.Unlock()
-		_, _ = s.conn.WriteTo(buf[:n], from)
+		reply := buf[:n]
+		if s.ident != nil {
+			reply = s.ident
+		}
+		_, _ = s.conn.WriteTo(reply, from)
 	}
 }
 
@@ -85,4 +100,85 @@ func UDPExchange(path, addr string, msg []byte, wait time.Duration) (string, err
 		}
 	}
 	return "", fmt.Errorf("udp %s from %s: no echo", addr, pc.LocalAddr())
+}
+
+// SendUDP sends one datagram from a plain UDP socket bound to src (an address of the
+// namespace at path, port chosen by the kernel) to dst ("ip:port").
+func SendUDP(path, src, dst string, payload []byte) error {
+	return InNetNS(path, func() error {
+		la, err := net.ResolveUDPAddr("udp4", net.JoinHostPort(src, "0"))
+		if err != nil {
+			return fmt.Errorf("udp from %s: %w", src, err)
+		}
+		ra, err := net.ResolveUDPAddr("udp4", dst)
+		if err != nil {
+			return fmt.Errorf("udp to %s: %w", dst, err)
+		}
+		c, err := net.DialUDP("udp4", la, ra)
+		if err != nil {
+			return fmt.Errorf("udp %s → %s: %w", src, dst, err)
+		}
+		defer c.Close()
+		if _, err := c.Write(payload); err != nil {
+			return fmt.Errorf("udp %s → %s: send: %w", src, dst, err)
+		}
+		return nil
+	})
+}
+
+// UDPReply is one datagram a UDPFlow received.
+type UDPReply struct {
+	At   time.Time
+	From string // source address of the reply
+	Body string
+}
+
+// UDPFlow is one UDP socket (one fixed source port) inside a namespace, sending to one
+// address.
+type UDPFlow struct {
+	pc net.PacketConn
+	to *net.UDPAddr
+}
+
+// OpenUDPFlow opens the flow's socket in the namespace at path.
+func OpenUDPFlow(path, addr string) (*UDPFlow, error) {
+	to, err := net.ResolveUDPAddr("udp4", addr)
+	if err != nil {
+		return nil, fmt.Errorf("udp flow to %s: %w", addr, err)
+	}
+	var pc net.PacketConn
+	err = InNetNS(path, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", ":0")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("udp flow to %s: socket: %w", addr, err)
+	}
+	return &UDPFlow{pc: pc, to: to}, nil
+}
+
+// Close closes the flow's socket.
+func (f *UDPFlow) Close() { f.pc.Close() }
+
+// Run sends one datagram every interval for d and returns every reply received meanwhile.
+func (f *UDPFlow) Run(d, interval time.Duration) ([]UDPReply, error) {
+	var out []UDPReply
+	buf := make([]byte, 2048)
+	end := time.Now().Add(d)
+	for seq := 0; time.Now().Before(end); seq++ {
+		next := time.Now().Add(interval)
+		if _, err := f.pc.WriteTo([]byte(fmt.Sprintf("seq-%d", seq)), f.to); err != nil {
+			return out, fmt.Errorf("udp flow to %s: send: %w", f.to, err)
+		}
+		for {
+			_ = f.pc.SetReadDeadline(next)
+			n, from, err := f.pc.ReadFrom(buf)
+			if err != nil {
+				break // deadline: time for the next datagram
+			}
+			out = append(out, UDPReply{At: time.Now(), From: from.String(), Body: string(buf[:n])})
+		}
+	}
+	return out, nil
 }

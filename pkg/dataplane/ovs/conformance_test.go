@@ -20,7 +20,8 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceAdversarial runs the trust cases (design §9): spoofed sources, VLAN tags
-// from containers, bare ACKs, cross-tenant VIPs and UDP spreading.
+// from containers, overlay injection, bare ACKs, SYNs after reset and policy change,
+// cross-tenant VIPs, UDP spreading and backend removal under a live flow.
 func TestConformanceAdversarial(t *testing.T) {
 	needRoot(t)
 	conformance.RunAdversarial(t, privateFactory(t))

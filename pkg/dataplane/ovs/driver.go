@@ -504,6 +504,7 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 			return err
 		}
 	}
+	natsBefore := serviceNATs(d.state, d.vrfIDs)
 	var created []dataplane.Endpoint
 	newPorts := maps.Clone(d.ports.endpoints)
 	rollback := func() {
@@ -579,7 +580,7 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 		}
 	}
 	d.svcIDs, d.vrfIDs = ids.svc, ids.vrf
-	errs := []error{d.releaseVRFs(ctx, st)}
+	errs := []error{d.flushRemovedNATs(ctx, natsBefore, serviceNATs(st, d.vrfIDs)), d.releaseVRFs(ctx, st)}
 	for id, ep := range d.state.endpoints {
 		if _, ok := st.endpoints[id]; ok {
 			continue

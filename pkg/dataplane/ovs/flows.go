@@ -234,6 +234,9 @@ func ctSet(s *of.CTStates, bit int, on bool) {
 func (f *flow) tunID(vni uint32) *flow {
 	return f.m(of.NewTunnelIdField(uint64(vni)), fmt.Sprintf("tun_id=%d", vni))
 }
+func (f *flow) tunSrc(a netip.Addr) *flow {
+	return f.m(of.NewTunnelIpv4SrcField(ip4(a), nil), "tun_src="+a.String())
+}
 func (f *flow) vlanVID(vid uint16) *flow {
 	return f.m(of.NewVlanIdField(vid, nil), fmt.Sprintf("dl_vlan=%d", vid))
 }

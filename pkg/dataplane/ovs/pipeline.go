@@ -19,6 +19,7 @@ type tableID uint8
 // Pipeline stages, in packet order.
 const (
 	tClassifier     tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
+	tOverlaySrc     tableID = 5  // overlay packets: inner source must live behind the outer source (tun_src)
 	tARP            tableID = 10 // proxy ARP: every request answered here or dropped
 	tConntrack      tableID = 20 // ct(nat) lookup in the VRF's zone
 	tServiceLB      tableID = 30 // new connections to a tenant's VIP:port → 5-tuple hash picks a backend
@@ -32,12 +33,14 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
 	case tClassifier:
 		return "classifier"
+	case tOverlaySrc:
+		return "overlay_src"
 	case tARP:
 		return "arp"
 	case tConntrack:
@@ -211,6 +214,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 
 	// Defaults: each table drops what no flow claims, except the pass-through stages.
 	add(pl.newFlow(tClassifier, 0))
+	add(pl.newFlow(tOverlaySrc, 0)) // inner source not behind the sending VTEP: drop
 	add(pl.newFlow(tARP, 0))
 	add(pl.newFlow(tARP, 5).ip().goTo(tConntrack))
 	add(pl.newFlow(tARP, 10).ethType(0x0806))                             // unknown ARP target: drop
@@ -237,7 +241,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 		// Classifier: traffic from other hosts.
 		if n.Encap == dataplane.EncapVXLAN && p.tunnel != 0 {
 			add(pl.newFlow(tClassifier, 100).inPort(p.tunnel).tunID(n.Tag).
-				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
+				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tOverlaySrc))
 		}
 		if n.Encap == dataplane.EncapVLAN && p.uplink != 0 {
 			add(pl.newFlow(tClassifier, 100).inPort(p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
@@ -289,6 +293,11 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 			continue
 		}
 		all = append(all, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: vtep})
+		if n.Encap == dataplane.EncapVXLAN {
+			for _, f := range pl.overlaySource(r, netVRF(n)) {
+				add(f)
+			}
+		}
 		if r.EPGID != 0 {
 			add(pl.newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, netVRF(n)).ip().
 				ipSrc(netip.PrefixFrom(r.IP, 32)).load(regSrcEPG, uint32(r.EPGID)).goTo(tDstEPG))
@@ -444,6 +453,20 @@ func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dat
 		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32))),
 		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ethType(0x0806).ethSrc(ep.MAC).arpSPA(ep.IP).arpSHA(ep.MAC)),
 		pl.newFlow(tClassifier, 10).inPort(port),
+	}
+}
+
+// overlaySource admits a decapsulated packet whose inner source (IPv4 source or ARP
+// sender) is remote endpoint r only when it came from r's VTEP. The match is on the
+// tenant (VRF), not the network: routed and DNATed traffic arrives with the VNI of the
+// destination's network, which may be another network of the tenant.
+func (pl *pipeline) overlaySource(r dataplane.RemoteEndpoint, vrf uint32) []*flow {
+	match := func() *flow {
+		return pl.newFlow(tOverlaySrc, 100).reg(regVRF, vrf).tunSrc(r.VTEP)
+	}
+	return []*flow{
+		match().ip().ipSrc(netip.PrefixFrom(r.IP, 32)).goTo(tARP),
+		match().ethType(0x0806).arpSPA(r.IP).goTo(tARP),
 	}
 }
 

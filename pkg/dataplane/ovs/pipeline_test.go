@@ -48,7 +48,10 @@ func TestCompile(t *testing.T) {
 	}
 	all := texts(c)
 	for _, want := range []string{
-		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],goto_table:arp",
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],goto_table:overlay_src",
+		"table=overlay_src,priority=0, actions=drop",
+		"table=overlay_src,priority=100,reg3=1,tun_src=192.168.1.2,dl_type=0x0800,nw_src=10.1.0.9 actions=goto_table:arp",
+		"table=overlay_src,priority=100,reg3=1,tun_src=192.168.1.2,dl_type=0x0806,arp_spa=10.1.0.9 actions=goto_table:arp",
 		"table=arp,priority=100,reg0=5000,dl_type=0x0806,arp_op=1,arp_tpa=10.1.0.254 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11",
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:09 actions=set_field:5000->tun_id,set_field:192.168.1.2->tun_dst,output:1",
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:01 actions=output:100",

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 )
 
 // VRF ids are the conntrack zones of tenants. They must stay with their tenant for as
@@ -77,29 +76,10 @@ const nxtCTFlushZone = 29
 
 // ctFlushZone flushes conntrack zone (NXT_CT_FLUSH_ZONE), confirmed by a barrier.
 func (c *ofConn) ctFlushZone(ctx context.Context, zone uint16) error {
-	body := make([]byte, 16)
-	binary.BigEndian.PutUint32(body[0:], 0x00002320) // Nicira
-	binary.BigEndian.PutUint32(body[4:], nxtCTFlushZone)
-	binary.BigEndian.PutUint16(body[14:], zone) // struct nx_zone_id: 6 zero bytes, zone
-	msg := c.newMsg(ofptExperimenter, body)
-	xid := xidOf(msg)
-	ch, err := c.expect(xid)
-	if err != nil {
-		return err
-	}
-	defer c.forget(xid)
-	if err := c.write(msg); err != nil {
+	body := make([]byte, 8)
+	binary.BigEndian.PutUint16(body[6:], zone) // struct nx_zone_id: 6 zero bytes, zone
+	if err := c.nxRequest(ctx, nxtCTFlushZone, body); err != nil {
 		return fmt.Errorf("flush conntrack zone %d: %w", zone, err)
-	}
-	if _, err := c.call(ctx, c.newMsg(ofptBarrierRequest, nil)); err != nil {
-		return fmt.Errorf("flush conntrack zone %d: barrier: %w", zone, err)
-	}
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return fmt.Errorf("flush conntrack zone %d: %w", zone, r.err)
-		}
-	case <-time.After(10 * time.Millisecond):
 	}
 	return nil
 }

@@ -1,0 +1,176 @@
+package ovs
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Flushing chosen conntrack entries (NXT_CT_FLUSH, OVS 3.1+), as `ovs-ofctl ct-flush
+// SWITCH zone=N ORIG-TUPLE REPLY-TUPLE` does: the message carries a partial tuple per
+// direction as nested properties and every entry matching all given fields is deleted.
+
+// Nicira message subtypes and NXT_CT_FLUSH property types.
+const (
+	nxtCTFlush = 32
+
+	ctPropOrig  = 0 // nested tuple, original direction
+	ctPropReply = 1 // nested tuple, reply direction
+	ctPropZone  = 2 // u16
+
+	ctTupleSrc     = 0 // 16 bytes (IPv4-mapped IPv6)
+	ctTupleDst     = 1
+	ctTupleSrcPort = 2 // be16
+	ctTupleDstPort = 3
+)
+
+// ctTuple is part of one direction of a connection; zero fields match anything.
+type ctTuple struct {
+	src, dst     netip.Addr
+	sport, dport uint16
+}
+
+// ctMatch selects the conntrack entries of one zone and protocol by their tuples.
+type ctMatch struct {
+	zone        uint16
+	proto       uint8
+	orig, reply ctTuple
+}
+
+func (m ctMatch) String() string {
+	return fmt.Sprintf("zone=%d proto=%d orig=%+v reply=%+v", m.zone, m.proto, m.orig, m.reply)
+}
+
+// encode returns the NXT_CT_FLUSH payload after the Nicira subtype.
+func (m ctMatch) encode() []byte {
+	b := []byte{m.proto, 0, 0, 0, 0, 0, 0, 0} // struct nx_ct_flush: ip_proto, family 0, zero[6]
+	b = append(b, m.orig.encode(ctPropOrig)...)
+	b = append(b, m.reply.encode(ctPropReply)...)
+	return append(b, ofProp16(ctPropZone, m.zone)...)
+}
+
+// encode returns the tuple as a nested property of type typ, nothing when it is empty.
+func (t ctTuple) encode(typ uint16) []byte {
+	var nested []byte
+	for _, a := range []struct {
+		typ  uint16
+		addr netip.Addr
+	}{{ctTupleSrc, t.src}, {ctTupleDst, t.dst}} {
+		if a.addr.IsValid() {
+			v := a.addr.As16() // IPv4 as IPv4-mapped IPv6
+			nested = append(nested, ofProp(a.typ, v[:])...)
+		}
+	}
+	for _, p := range []struct{ typ, port uint16 }{{ctTupleSrcPort, t.sport}, {ctTupleDstPort, t.dport}} {
+		if p.port != 0 {
+			nested = append(nested, ofProp16(p.typ, p.port)...)
+		}
+	}
+	if len(nested) == 0 {
+		return nil
+	}
+	// A nested property's header is padded to 8 bytes before its properties.
+	h := make([]byte, 8, 8+len(nested))
+	binary.BigEndian.PutUint16(h[0:], typ)
+	binary.BigEndian.PutUint16(h[2:], uint16(8+len(nested)))
+	return append(h, nested...)
+}
+
+// ofProp is an OpenFlow property: type, length (without padding), value, zero padding
+// to a multiple of 8 bytes.
+func ofProp(typ uint16, value []byte) []byte {
+	n := 4 + len(value)
+	b := make([]byte, (n+7)/8*8)
+	binary.BigEndian.PutUint16(b[0:], typ)
+	binary.BigEndian.PutUint16(b[2:], uint16(n))
+	copy(b[4:], value)
+	return b
+}
+
+// ofProp16 is a 16-bit property as OVS writes it (ofpprop_put_u16/be16): the value and
+// two zero bytes, all counted in the length.
+func ofProp16(typ, v uint16) []byte {
+	return ofProp(typ, []byte{byte(v >> 8), byte(v), 0, 0})
+}
+
+// ctFlush deletes the conntrack entries m selects.
+func (c *ofConn) ctFlush(ctx context.Context, m ctMatch) error {
+	if err := c.nxRequest(ctx, nxtCTFlush, m.encode()); err != nil {
+		return fmt.Errorf("flush conntrack %s: %w", m, err)
+	}
+	return nil
+}
+
+// nxRequest sends a Nicira request that has no reply of its own and confirms it with a
+// barrier: an error OVS reports for it arrives before the barrier's reply.
+func (c *ofConn) nxRequest(ctx context.Context, subtype uint32, payload []byte) error {
+	body := make([]byte, 8, 8+len(payload))
+	binary.BigEndian.PutUint32(body[0:], 0x00002320) // Nicira
+	binary.BigEndian.PutUint32(body[4:], subtype)
+	msg := c.newMsg(ofptExperimenter, append(body, payload...))
+	xid := xidOf(msg)
+	ch, err := c.expect(xid)
+	if err != nil {
+		return err
+	}
+	defer c.forget(xid)
+	if err := c.write(msg); err != nil {
+		return err
+	}
+	if _, err := c.call(ctx, c.newMsg(ofptBarrierRequest, nil)); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+	case <-time.After(10 * time.Millisecond):
+	}
+	return nil
+}
+
+// serviceNATs returns, per service port that st compiles to flows, a match for the
+// conntrack entries translating VIP:port to each backend in the service tenant's zone.
+func serviceNATs(st *desired, vrf map[string]uint32) map[ctMatch]bool {
+	out := map[ctMatch]bool{}
+	for _, s := range st.services {
+		tenant, err := serviceTenant(s.ID)
+		if err != nil {
+			continue
+		}
+		zone, ok := vrf[tenant]
+		if !ok {
+			continue
+		}
+		for _, sp := range s.Ports {
+			for _, b := range s.Backends {
+				out[ctMatch{zone: uint16(zone), proto: sp.Proto,
+					orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b}}] = true
+			}
+		}
+	}
+	return out
+}
+
+// flushRemovedNATs deletes the conntrack entries of translations in before that are not
+// in after (a backend left its service, a port or the service went away): the next
+// packet of such a flow is new again and is balanced over the backends left, as the eBPF
+// datapath re-balances a flow whose backend is gone.
+func (d *Driver) flushRemovedNATs(ctx context.Context, before, after map[ctMatch]bool) error {
+	var errs []error
+	for m := range before {
+		if after[m] {
+			continue
+		}
+		if err := d.conn.ctFlush(ctx, m); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.log.Debug("service conntrack entries flushed", "match", m.String())
+	}
+	return errors.Join(errs...)
+}
