@@ -105,6 +105,15 @@ func TestExternalEtcdCluster(t *testing.T) {
 		}
 	}
 	for _, p := range nm {
+		// A netmaster may still be changing leadership (503 + Retry-After, documented):
+		// the list must be complete once it answers.
+		eventually(t, 15*time.Second, "list via "+p.name, func() error {
+			st, body, err := call("GET", p.url+"/api/v1/networks/", "")
+			if err != nil || st != 200 {
+				return fmt.Errorf("%d %v %s", st, err, body)
+			}
+			return nil
+		})
 		got := networkNames(t, p.url)
 		for _, want := range []string{"e1", "e2", "e3"} {
 			if !hasString(got, want) {
@@ -112,10 +121,13 @@ func TestExternalEtcdCluster(t *testing.T) {
 			}
 		}
 	}
-	st, _, err := call("POST", nm[0].url+"/plugin/allocAddress", `{"NetworkID":"e1.default"}`)
-	if err != nil || st != 200 {
-		t.Fatalf("allocAddress with one etcd member down: %d %v", st, err)
-	}
+	eventually(t, 15*time.Second, "allocAddress with one etcd member down", func() error {
+		st, body, err := call("POST", nm[0].url+"/plugin/allocAddress", `{"NetworkID":"e1.default"}`)
+		if err != nil || st != 200 {
+			return fmt.Errorf("%d %v %s", st, err, body)
+		}
+		return nil
+	})
 	// Exactly one netmaster still leads.
 	leaderOf(t, nm, 10*time.Second)
 }

@@ -60,6 +60,10 @@ type ModelPacket struct {
 	Frag               FragKind
 	IPID               uint16
 	FromLocal          bool // sent by a local container (service LB applies only then)
+	// Quoted is the packet an ICMP error (types 3, 11, 12) quotes, as its sender sent it
+	// (HasQuote false: not an error, or nothing quoted).
+	Quoted   FlowKey
+	HasQuote bool
 }
 
 // ModelResult is what the datapath did with a packet.
@@ -68,6 +72,9 @@ type ModelResult struct {
 	Reason  string         // "" when Pass; else one of the Drop* reasons
 	DNAT    netip.AddrPort // valid when the destination was rewritten to a backend (service forward path)
 	SNAT    netip.AddrPort // valid when the source was rewritten back to VIP:port (reply of a service flow)
+	// QuotedDst is valid when the destination quoted in an ICMP error was rewritten back to
+	// the VIP:port (an error from a service backend's side).
+	QuotedDst netip.AddrPort
 	Tracked bool           // the packet went through conntrack (or the fragment table)
 }
 
@@ -383,6 +390,38 @@ func timeout(proto, state uint8) time.Duration {
 	return timeoutTCPNew
 }
 
+// icmpError handles an ICMP error (docs/conntrack.md "Related ICMP errors"): related to
+// the live flow its quote belongs to (either direction), it passes without touching the
+// entry, and an error about a client's packet to a service backend gets the VIP back in its
+// quote (and as its source, when the backend sent it). Otherwise it is judged like any
+// non-opener. It is tracked when a group has rules or it belongs to a service flow.
+func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
+	q := p.Quoted
+	q.Zone = p.Zone
+	q.Src, q.Dst = q.Src.Unmap(), q.Dst.Unmap()
+	fwd, haveFwd := m.flow(q)
+	if !(haveFwd && fwd.DNAT) && !m.groupTracked(m.group(k.Zone, k.Src)) && !m.groupTracked(m.group(k.Zone, k.Dst)) {
+		return ModelResult{Pass: true}
+	}
+	res := ModelResult{Pass: true, Tracked: true}
+	if haveFwd {
+		if fwd.DNAT {
+			res.QuotedDst = fwd.NAT
+			if k.Src == q.Dst {
+				res.SNAT = netip.AddrPortFrom(fwd.NAT.Addr(), 0)
+			}
+		}
+		return res
+	}
+	if _, ok := m.flow(q.Reverse()); ok {
+		return res
+	}
+	if !m.allows(k) {
+		return ModelResult{Reason: DropPolicy, Tracked: true}
+	}
+	return res
+}
+
 // allows is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
 // connection opening, denied when either group is DENY_ALL.
 func (m *Model) allows(k FlowKey) bool {
@@ -408,6 +447,10 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	case p.Proto == protoTCP || p.Proto == protoUDP,
 		p.Proto == protoICMP && (p.ICMPType == 0 || p.ICMPType == 8):
 		k.Sport, k.Dport = p.Sport, p.Dport
+	}
+
+	if p.Proto == protoICMP && p.HasQuote {
+		return m.icmpError(p, k)
 	}
 
 	// Service forward path.

@@ -47,6 +47,7 @@ type diffStep struct {
 	flags    uint8 // TCP flags, or ICMP type
 	frag     policy.FragKind
 	ipid     uint16
+	quote    *diffStep // ICMP error (type in flags): the packet it quotes
 	// control plane
 	rules   []dataplane.PolicySet
 	epg     uint16
@@ -58,7 +59,11 @@ type diffStep struct {
 func (s diffStep) String() string {
 	switch s.kind {
 	case "pkt":
-		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x frag %d id %d", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.frag, s.ipid)
+		q := ""
+		if s.quote != nil {
+			q = fmt.Sprintf(" quoting [%d→%d proto %d %d→%d]", s.quote.from, s.quote.to, s.quote.proto, s.quote.sport, s.quote.dport)
+		}
+		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x frag %d id %d%s", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.frag, s.ipid, q)
 	case "policy":
 		var b strings.Builder
 		for _, p := range s.rules {
@@ -166,6 +171,36 @@ func (g *diffGen) reply() (diffStep, bool) {
 	return s, true
 }
 
+// icmpError is an ICMP error about a recent TCP/UDP packet, sent back to its sender by its
+// receiver (or by a backend, for a packet to the VIP), or quoting a random tuple.
+func (g *diffGen) icmpError() (diffStep, bool) {
+	var cands []diffStep
+	for _, r := range g.recent {
+		if (r.proto == 6 || r.proto == 17) && r.frag != policy.FragLater {
+			cands = append(cands, r)
+		}
+	}
+	if len(cands) == 0 {
+		return diffStep{}, false
+	}
+	r := cands[g.r.IntN(len(cands))]
+	q := r
+	if q.to == -1 {
+		if len(g.backends) == 0 {
+			return diffStep{}, false
+		}
+		q.to, q.dport = g.backends[g.r.IntN(len(g.backends))], 8080
+	}
+	if g.r.IntN(4) == 0 {
+		q.sport = g.port() // probably no flow
+	}
+	s := diffStep{kind: "pkt", from: q.to, to: q.from, proto: 1, flags: []uint8{3, 11, 12}[g.r.IntN(3)], ipid: 1, quote: &q}
+	if s.from == s.to || (!g.eps[s.from].local && !g.eps[s.to].local) {
+		return diffStep{}, false
+	}
+	return s, true
+}
+
 func (g *diffGen) step() diffStep {
 	switch n := g.r.IntN(100); {
 	case n < 6:
@@ -203,6 +238,11 @@ func (g *diffGen) step() diffStep {
 	}
 	if g.r.IntN(3) == 0 {
 		if s, ok := g.reply(); ok {
+			return s
+		}
+	}
+	if g.r.IntN(12) == 0 {
+		if s, ok := g.icmpError(); ok {
 			return s
 		}
 	}
@@ -501,7 +541,11 @@ func (w *diffWorld) frame(s diffStep) []byte {
 	case 6, 17:
 		f = l4Frame(s.proto, src, dst, s.sport, s.dport, s.flags, 0)
 	case 1:
-		f = icmpEcho(src, dst, s.flags, s.sport)
+		if q := s.quote; q != nil {
+			f = icmpErrorOf(src, dst, s.flags, q.proto, w.eps[q.from].ip, w.eps[q.to].ip, q.sport, q.dport)
+		} else {
+			f = icmpEcho(src, dst, s.flags, s.sport)
+		}
 	default:
 		f = ipFrame(src, dst, ipOpts{})
 		f[14+9] = s.proto
@@ -519,17 +563,33 @@ func (w *diffWorld) frame(s diffStep) []byte {
 	return f
 }
 
+// icmpErrorOf builds an ICMP error quoting a TCP or UDP packet (IPv4 header + 8 bytes).
+func icmpErrorOf(src, dst netip.Addr, typ, proto uint8, qsrc, qdst netip.Addr, qsport, qdport uint16) []byte {
+	quote := l4Frame(proto, qsrc, qdst, qsport, qdport, 0x10, 0)[14 : 14+20+8]
+	icmp := append([]byte{typ, 0, 0, 0, 0, 0, 0, 0}, quote...)
+	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
+	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
+	ip[9] = 1
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
+	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
+}
+
 // outcome is what one side did with a packet.
 type outcome struct {
 	pass   bool
 	reason string
 	dst    netip.AddrPort // destination after the datapath (DNAT)
 	src    netip.AddrPort // source after the datapath (un-DNAT of replies)
+	quoted netip.AddrPort // ICMP errors: the quoted destination after the datapath
 }
 
 func (o outcome) String() string {
 	if !o.pass {
 		return "drop " + o.reason
+	}
+	if o.quoted.IsValid() {
+		return fmt.Sprintf("pass %v→%v quoting dst %v", o.src, o.dst, o.quoted)
 	}
 	return fmt.Sprintf("pass %v→%v", o.src, o.dst)
 }
@@ -566,6 +626,11 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 			o.src = netip.AddrPortFrom(o.src.Addr(), binary.BigEndian.Uint16(ip[20:]))
 			o.dst = netip.AddrPortFrom(o.dst.Addr(), binary.BigEndian.Uint16(ip[22:]))
 		}
+		if s.quote != nil {
+			src, q := checkICMPError(t, res.out)
+			o.src = netip.AddrPortFrom(src, 0)
+			o.quoted = q
+		}
 		o.reason = ""
 	}
 	return o
@@ -597,6 +662,10 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		if s.flags != 0 && s.flags != 8 {
 			p.Sport, p.Dport = 0, 0
 		}
+		if q := s.quote; q != nil {
+			p.HasQuote = true
+			p.Quoted = policy.FlowKey{Src: w.eps[q.from].ip, Dst: w.eps[q.to].ip, Sport: q.sport, Dport: q.dport, Proto: q.proto}
+		}
 	case 47:
 		p.Sport, p.Dport = 0, 0
 	}
@@ -619,6 +688,12 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 	}
 	if r.SNAT.IsValid() {
 		o.src = r.SNAT
+	}
+	if s.quote != nil {
+		o.quoted = netip.AddrPortFrom(w.eps[s.quote.to].ip, s.quote.dport)
+		if r.QuotedDst.IsValid() {
+			o.quoted = r.QuotedDst
+		}
 	}
 	return o
 }
@@ -663,6 +738,12 @@ func (w *diffWorld) apply(s diffStep) string {
 		}
 		if w.tally != nil {
 			switch {
+			case s.quote != nil && !dp.pass:
+				w.tally["icmp_error_"+dp.reason]++
+			case s.quote != nil && dp.quoted.Addr() == diffVIP:
+				w.tally["icmp_error_unnat"]++
+			case s.quote != nil:
+				w.tally["icmp_error_pass"]++
 			case !dp.pass:
 				w.tally[dp.reason]++
 			case md.dst.Addr() == diffVIP || s.to == -1:
