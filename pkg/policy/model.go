@@ -68,14 +68,14 @@ type ModelPacket struct {
 
 // ModelResult is what the datapath did with a packet.
 type ModelResult struct {
-	Pass    bool
-	Reason  string         // "" when Pass; else one of the Drop* reasons
-	DNAT    netip.AddrPort // valid when the destination was rewritten to a backend (service forward path)
-	SNAT    netip.AddrPort // valid when the source was rewritten back to VIP:port (reply of a service flow)
+	Pass   bool
+	Reason string         // "" when Pass; else one of the Drop* reasons
+	DNAT   netip.AddrPort // valid when the destination was rewritten to a backend (service forward path)
+	SNAT   netip.AddrPort // valid when the source was rewritten back to VIP:port (reply of a service flow)
 	// QuotedDst is valid when the destination quoted in an ICMP error was rewritten back to
 	// the VIP:port (an error from a service backend's side).
 	QuotedDst netip.AddrPort
-	Tracked bool           // the packet went through conntrack (or the fragment table)
+	Tracked   bool // the packet went through conntrack (or the fragment table)
 }
 
 // ModelService is one VIP:port/proto of a service in a zone.
