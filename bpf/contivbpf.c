@@ -124,6 +124,9 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		if (rev) {
 			dnet = rev->nat_net;
 			t.svc_reply = 1;
+			/* A hairpin reply goes to the VIP: its real destination is its sender. */
+			if (rev->flags & CB_CT_HAIRPIN)
+				t.hairpin = 1;
 		} else {
 			/* Service LB: DNAT before the destination lookup. Non-first fragments
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
@@ -137,7 +140,7 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	}
 
 	dkey.net = dnet;
-	dkey.ip = f.daddr;
+	dkey.ip = t.svc_reply && t.hairpin ? f.saddr : f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep && (features & CB_FEAT_ROUTING)) {
 		/* Routing mode: any network of the tenant. */
@@ -155,8 +158,11 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	}
 
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
-		t.src_epg = ifc->epg;
-		t.dst_epg = ep->epg;
+		/* A client talking to itself through its service is not policy's business. */
+		if (!t.hairpin) {
+			t.src_epg = ifc->epg;
+			t.dst_epg = ep->epg;
+		}
 		t.frag = p.frag;
 		t.ip_id = p.ip_id;
 		if (p.inner.proto)
@@ -172,6 +178,8 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		if (t.rev_nat) {
 			if (t.inner)
 				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
+			else if (t.rev_nat->flags & CB_CT_HAIRPIN)
+				r = cb_nat_hairpin_reply(skb, &p, &f, t.rev_nat);
 			else
 				r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
 			if (r)

@@ -22,6 +22,7 @@ enum cb_ct_flags {
 	CB_CT_ALLOWED = 1, /* policy allowed this flow (key = original direction) */
 	CB_CT_SVC = 2,     /* key = client→VIP tuple; nat_* = the chosen backend */
 	CB_CT_DNAT = 4,    /* key = client→backend tuple; nat_* = VIP:port to restore on replies */
+	CB_CT_HAIRPIN = 8, /* with DNAT: the client is its own backend; key = VIP:cport→client */
 };
 
 enum cb_ct_state {

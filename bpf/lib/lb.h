@@ -188,6 +188,21 @@ static __noinline int cb_nat_icmp_error(struct __sk_buff *skb, const struct cb_p
 	return 0;
 }
 
+/* cb_nat_hairpin_reply turns a hairpin reply (client:target → VIP:cport) back into what
+ * the client expects: VIP:port → client:cport. */
+static __noinline int cb_nat_hairpin_reply(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+					   const struct cb_ct_entry *e)
+{
+	__be32 client = f->saddr, vip = e->nat_ip;
+	__be16 vport = e->nat_port;
+	int r;
+
+	r = cb_nat(skb, p, f, 1, client, f->dport);
+	if (r)
+		return r;
+	return cb_nat(skb, p, f, 0, vip, vport);
+}
+
 /* cb_lb_choice is a service flow's backend, decided by cb_lb_forward and committed to
  * conntrack by cb_lb_commit once policy allowed the flow. */
 struct cb_lb_choice {
@@ -205,7 +220,7 @@ struct cb_lb_choice {
 CB_INLINE void cb_lb_key(struct cb_ct_key *k, const struct cb_flow *f, const struct cb_track *t)
 {
 	k->zone = t->zone;
-	k->saddr = f->saddr;
+	k->saddr = t->hairpin ? f->daddr : f->saddr; /* hairpin: the client is the backend */
 	k->daddr = t->vip;
 	k->sport = f->sport;
 	k->dport = t->vport;
@@ -246,6 +261,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	struct cb_ct_key key = {};
 	struct cb_ct_entry *ct;
 	struct cb_svc *svc;
+	__be32 client;
 	int r;
 
 	if (f->proto != CB_PROTO_TCP && f->proto != CB_PROTO_UDP)
@@ -290,7 +306,15 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	t->svc = 1;
 	t->vip = f->daddr;
 	t->vport = f->dport;
-	return cb_nat(skb, p, f, 1, c->ip, c->port);
+	client = f->saddr;
+	r = cb_nat(skb, p, f, 1, c->ip, c->port);
+	if (r || c->ip != client || c->net != t->client_net)
+		return r;
+	/* Hairpin: the client is its own backend. Its packet would arrive from its own
+	 * address (a martian); it comes from the VIP instead, and replies go back through the
+	 * VIP's entry. */
+	t->hairpin = 1;
+	return cb_nat(skb, p, f, 0, t->vip, f->sport);
 }
 
 /* cb_lb_commit records (or refreshes) the client→VIP entry after policy passed the flow;

@@ -192,7 +192,7 @@ struct cb_track {
 	__u8 frag;        /* enum cb_frag */
 	__u8 svc;         /* forward packet of a service flow (already DNATed) */
 	__u8 svc_reply;   /* reply of a service flow (to be un-NATed) */
-	__u8 pad;
+	__u8 hairpin;     /* svc: the client is its own backend (source NATed to the VIP) */
 	__be32 vip;       /* svc: VIP:port and the client's network, kept for replies */
 	__be16 vport;
 	__be16 ip_id;
@@ -265,8 +265,8 @@ struct {
  * fragments arrive with (before service DNAT). */
 CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t, __u32 allowed)
 {
-	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = t->svc ? t->vip : f->daddr,
-				.id = t->ip_id, .proto = f->proto};
+	struct cb_frag_key k = {.zone = t->zone, .saddr = t->hairpin ? f->daddr : f->saddr,
+				.daddr = t->svc ? t->vip : f->daddr, .id = t->ip_id, .proto = f->proto};
 	struct cb_frag_entry v = {.expires = cb_now() + CB_FRAG_TIMEOUT, .allowed = allowed};
 
 	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
@@ -301,6 +301,8 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
 	if (!t->svc)
 		return;
 	e->flags |= CB_CT_DNAT;
+	if (t->hairpin)
+		e->flags |= CB_CT_HAIRPIN;
 	e->nat_ip = t->vip;
 	e->nat_port = t->vport;
 	e->nat_net = t->client_net;
@@ -317,6 +319,8 @@ CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, str
 	e.expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
 	if (t->svc) {
 		e.flags |= CB_CT_DNAT;
+		if (t->hairpin)
+			e.flags |= CB_CT_HAIRPIN;
 		e.nat_ip = t->vip;
 		e.nat_port = t->vport;
 		e.nat_net = t->client_net;

@@ -32,6 +32,7 @@ const (
 	DropFragNoFirst   = "drop_frag_no_first"
 	DropNoBackend     = "drop_no_backend"
 	DropFragToService = "drop_frag_to_service"
+	DropUnknownDst    = "drop_unknown_dst" // to a VIP address that is neither a service port nor a reply
 )
 
 // Timeouts of docs/conntrack.md.
@@ -112,6 +113,7 @@ type ModelEntry struct {
 	Epoch   uint32
 	Expires time.Duration // live while now <= Expires
 	SvcID   uint32        // SVC entries: the service id
+	Hairpin bool          // DNAT entries: the client is its own backend (key VIP:cport → client)
 }
 
 type epKey struct {
@@ -425,6 +427,10 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 // allows is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
 // connection opening, denied when either group is DENY_ALL.
 func (m *Model) allows(k FlowKey) bool {
+	// A hairpin flow (its key comes from a VIP) is a client talking to itself: not judged.
+	if m.isVIP(k.Zone, k.Src) {
+		return true
+	}
 	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
 	if m.denyAll[sg] || m.denyAll[dg] {
 		return false
@@ -460,8 +466,13 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		svc     ModelService
 		backend netip.Addr
 		vip     netip.AddrPort
+		hairpin bool
 	)
-	if p.FromLocal && (p.Proto == protoTCP || p.Proto == protoUDP) {
+	// A reply of a service flow is never balanced (the datapath matches replies first; a
+	// hairpin reply is addressed to the VIP).
+	revFirst, isReplyFirst := m.flow(k.Reverse())
+	isReplyFirst = isReplyFirst && revFirst.DNAT
+	if p.FromLocal && (p.Proto == protoTCP || p.Proto == protoUDP) && !isReplyFirst {
 		s, haveSvc := m.service(p.Zone, p.Dst, p.Dport, p.Proto)
 		e, haveEntry := m.svcEntry(svcKey)
 		switch {
@@ -478,9 +489,18 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		if isSvc {
 			vip = netip.AddrPortFrom(p.Dst, p.Dport)
 			k.Dst, k.Dport = backend, svc.TargetPort
+			if backend == p.Src {
+				// Hairpin: the client is its own backend; it gets the packet from the VIP.
+				hairpin = true
+				k.Src = p.Dst
+			}
 		}
 	}
 
+	// A VIP is no endpoint: what is neither balanced nor a reply has nowhere to go.
+	if !isSvc && !isReplyFirst && m.isVIP(k.Zone, k.Dst) {
+		return ModelResult{Reason: DropUnknownDst}
+	}
 	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
 	rev, replyDNAT := m.flow(k.Reverse())
 	replyDNAT = replyDNAT && rev.DNAT
@@ -491,7 +511,7 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	res := ModelResult{Tracked: true}
 	var used FlowKey
 	var haveUsed bool
-	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip)
+	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip, hairpin)
 	if res.Pass && isSvc && haveUsed {
 		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID}
 		if !m.put(svcKey, e) {
@@ -504,11 +524,17 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	if res.Pass {
 		if isSvc {
 			res.DNAT = netip.AddrPortFrom(backend, svc.TargetPort)
+			if hairpin {
+				res.SNAT = netip.AddrPortFrom(vip.Addr(), p.Sport)
+			}
 		}
 		// Un-DNAT only when the entry the packet used is the reversed one (a packet whose
 		// key is its own reverse, src == dst, uses its forward entry).
 		if replyDNAT && haveUsed && used == k.Reverse() && used != k {
 			res.SNAT = rev.NAT
+			if m.ct[used].Hairpin {
+				res.DNAT = netip.AddrPortFrom(p.Src, p.Dport) // back to the client itself
+			}
 		}
 	}
 	return res
@@ -534,13 +560,14 @@ func (m *Model) laterFragment(p ModelPacket) ModelResult {
 // track is the conntrack algorithm of docs/conntrack.md for one tracked packet with flow
 // key k (post-DNAT). dnat says the packet was DNATed from vip. It returns the verdict and
 // the key of the entry the packet used or wrote, if any.
-func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort) (bool, string, FlowKey, bool) {
+func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, hairpin bool) (bool, string, FlowKey, bool) {
 	tcp := k.Proto == protoTCP
 	syn := tcp && p.SYN && !p.ACK
 	closing := tcp && (p.FIN || p.RST)
 	mark := func(e *ModelEntry) {
 		if dnat {
 			e.DNAT, e.NAT = true, vip
+			e.Hairpin = e.Hairpin || hairpin
 		}
 	}
 	fwd, haveFwd := m.flow(k)

@@ -393,7 +393,7 @@ func TestModelScenarios(t *testing.T) {
 					want:  ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)},
 					check: wantEntry(svcK, ModelEntry{SVC: true, NAT: ap(mBE1, 8080), Expires: time.Minute + 6*time.Hour, SvcID: 7}),
 				},
-				{name: "not from local: no LB", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "A"), want: passU},
+				{name: "not from local: no LB (a VIP is no endpoint)", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "A"), want: ModelResult{Reason: DropUnknownDst}},
 				{
 					name: "backend removed: re-balance",
 					do: func(m *Model) {
@@ -431,7 +431,7 @@ func TestModelScenarios(t *testing.T) {
 			setup: svcSetup(),
 			steps: []mstep{
 				{pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Reason: DropNoBackend}, check: wantEntries(0)},
-				{name: "other port is no service", pkt: local(tcpPkt(1, mC, 5000, mVIP, 81, "S")), want: passU},
+				{name: "other port is no service (a VIP is no endpoint)", pkt: local(tcpPkt(1, mC, 5000, mVIP, 81, "S")), want: ModelResult{Reason: DropUnknownDst}},
 				{name: "live SVC entry, backends emptied", do: svcSetup(mBE1), pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)}},
 				{do: svcSetup(), pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "A")), want: ModelResult{Reason: DropNoBackend}, check: wantEntries(2)},
 			},
@@ -467,10 +467,10 @@ func TestModelScenarios(t *testing.T) {
 			steps: []mstep{
 				{name: "DNATed flow allowed", pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)}},
 				{
-					name: "non-local ACK to VIP judged, SVC entry untouched", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "A"), want: dropPol,
+					name: "non-local ACK to VIP: no endpoint, SVC entry untouched", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "A"), want: ModelResult{Reason: DropUnknownDst},
 					check: all(wantEntries(2), wantEntry(svcK, ModelEntry{SVC: true, NAT: ap(mBE1, 8080), Expires: time.Minute, SvcID: 7})),
 				},
-				{name: "non-local SYN to VIP denied, SVC entry untouched", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "S"), want: dropPol, check: wantEntries(2)},
+				{name: "non-local SYN to VIP: no endpoint, SVC entry untouched", pkt: tcpPkt(1, mC, 5000, mVIP, 80, "S"), want: ModelResult{Reason: DropUnknownDst}, check: wantEntries(2)},
 			},
 		},
 		{

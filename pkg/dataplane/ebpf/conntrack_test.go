@@ -439,3 +439,39 @@ func TestConntrackICMPRelated(t *testing.T) {
 		}
 	})
 }
+
+// Hairpin: a client balanced to itself gets its packet from the VIP (not from its own
+// address, which its kernel would drop as a martian), and the reply back from VIP:port.
+func TestServiceHairpin(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 10)
+	// Group 10 refuses TCP in: hairpin traffic is the client talking to itself, not judged.
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}})
+	vip := netip.MustParseAddr("10.1.0.100")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
+	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(srcIP), Net: testNet}))
+	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(srcIP)}, &contivbpfCbMember{Net: testNet}))
+	fc := objs.CbFromContainer
+	r := run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, d, sp, dp := checkSums(t, r.out); s != vip || sp != 43000 || d != srcIP || dp != 8080 {
+		t.Errorf("hairpin forward %v:%d → %v:%d, want %v:43000 → %v:8080", s, sp, d, dp, vip, srcIP)
+	}
+	r = run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 43000, tcpSYN|tcpACK, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, d, sp, dp := checkSums(t, r.out); s != vip || sp != 80 || d != srcIP || dp != 43000 {
+		t.Errorf("hairpin reply %v:%d → %v:%d, want %v:80 → %v:43000", s, sp, d, dp, vip, srcIP)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	if e, ok := ctEntry(t, objs, testZone, 6, vip, srcIP, 43000, 8080); !ok || e.Flags&uint8(contivbpfCbCtFlagsCB_CT_HAIRPIN) == 0 || e.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) {
+		t.Errorf("hairpin entry %+v (found %v), want HAIRPIN, ESTABLISHED", e, ok)
+	}
+}

@@ -63,6 +63,7 @@ const (
 	contivbpfCbCtFlagsCB_CT_ALLOWED contivbpfCbCtFlags = 1
 	contivbpfCbCtFlagsCB_CT_SVC     contivbpfCbCtFlags = 2
 	contivbpfCbCtFlagsCB_CT_DNAT    contivbpfCbCtFlags = 4
+	contivbpfCbCtFlagsCB_CT_HAIRPIN contivbpfCbCtFlags = 8
 )
 
 type contivbpfCbCtKey struct {

@@ -63,6 +63,7 @@ const (
 	contivbpfv1CbCtFlagsCB_CT_ALLOWED contivbpfv1CbCtFlags = 1
 	contivbpfv1CbCtFlagsCB_CT_SVC     contivbpfv1CbCtFlags = 2
 	contivbpfv1CbCtFlagsCB_CT_DNAT    contivbpfv1CbCtFlags = 4
+	contivbpfv1CbCtFlagsCB_CT_HAIRPIN contivbpfv1CbCtFlags = 8
 )
 
 type contivbpfv1CbCtKey struct {

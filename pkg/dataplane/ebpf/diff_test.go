@@ -158,8 +158,12 @@ func (g *diffGen) reply() (diffStep, bool) {
 			return diffStep{}, false
 		}
 		s.from, s.sport = g.backends[g.r.IntN(len(g.backends))], 8080
+		if s.from == r.from {
+			// Hairpin: the client, its own backend, answers itself through the VIP.
+			s.to = -1
+		}
 	}
-	if s.from == s.to || (!g.eps[s.from].local && !g.eps[s.to].local) {
+	if s.from == s.to || (s.to >= 0 && !g.eps[s.from].local && !g.eps[s.to].local) {
 		return diffStep{}, false
 	}
 	switch s.proto {
@@ -746,6 +750,8 @@ func (w *diffWorld) apply(s diffStep) string {
 				w.tally["icmp_error_pass"]++
 			case !dp.pass:
 				w.tally[dp.reason]++
+			case dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
+				w.tally["pass_hairpin"]++
 			case md.dst.Addr() == diffVIP || s.to == -1:
 				w.tally["pass_dnat"]++
 			case dp.src.Addr() == diffVIP:
