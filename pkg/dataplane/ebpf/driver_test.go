@@ -524,3 +524,53 @@ contiv_datapath_policy_failed_closed{epg="2"} 1
 		t.Error("port 1024 (the last rule) reachable")
 	}
 }
+
+// TestHairpinTraffic: a container that is its service's only backend reaches itself
+// through the VIP (TCP and UDP), with real sockets in a namespace.
+func TestHairpinTraffic(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	a.EPGID = 1
+	vip := netip.MustParseAddr("10.50.0.100")
+	svc := dataplane.Service{ID: "self:t", VIP: vip, Backends: []netip.Addr{a.IP},
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}, {Proto: 17, Port: 53, TargetPort: 5353}}}
+	// Policy on the group: hairpin traffic is not judged, but every packet is tracked.
+	pol := dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a},
+		Policies: []dataplane.PolicySet{pol}, Services: []dataplane.Service{svc}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := conformance.StartTCPEchoPort(a.NetNS, a.IP.String(), 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for i := 0; i < 3; i++ {
+		c, err := conformance.DialTCPTimeout(a.NetNS, "10.50.0.100:80", 3*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d to its own service: %v", i, err)
+		}
+		if err := conformance.EchoRoundTrip(c, 64<<10); err != nil {
+			t.Errorf("connection %d: %v", i, err)
+		}
+		if got := c.RemoteAddr().String(); got != "10.50.0.100:80" {
+			t.Errorf("client sees peer %s, want the VIP", got)
+		}
+		c.Close()
+	}
+	usrv, err := conformance.StartUDPEcho(a.NetNS, a.IP.String(), 5353)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer usrv.Close()
+	from, err := conformance.UDPExchange(a.NetNS, "10.50.0.100:53", []byte("hello"), 2*time.Second)
+	if err != nil {
+		t.Fatalf("UDP to its own service: %v", err)
+	}
+	if from != "10.50.0.100:53" {
+		t.Errorf("UDP reply from %s, want the VIP", from)
+	}
+}
