@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -26,9 +27,11 @@ import (
 //     layouts with the same size are copied, new members are zero) or by a converter;
 //  2. the programs are loaded against the new maps (and the pinned ones that still match);
 //  3. every pinned tcx link is switched to the new programs with link.Update (atomic);
-//  4. entries the old programs created meanwhile (conntrack) are copied once more, then the
-//     new map is pinned under a temporary name and renamed over the old pin; the old map is
-//     freed with the last program that used it.
+//  4. a catch-up copy carries what the old programs wrote meanwhile: new entries
+//     (conntrack), entries they changed (unless the new programs wrote them since: the
+//     newer state wins), and per-CPU counter increments (added to the new programs'
+//     counts); then the new map is pinned under a temporary name and renamed over the old
+//     pin; the old map is freed with the last program that used it.
 //
 // If anything fails before step 3 nothing pinned has changed. A resize that cannot hold
 // the existing entries is refused.
@@ -46,6 +49,11 @@ type migration struct {
 	spec *ebpf.MapSpec
 	old  *ebpf.Map
 	new  *ebpf.Map
+	// snap holds every entry of the old map as the first copy read it, and snapNew what
+	// that copy wrote into the new map (by new key): the catch-up copy carries what the
+	// old programs changed meanwhile without undoing what the new programs wrote since.
+	snap    map[string][][]byte
+	snapNew map[string][][]byte
 }
 
 // migrationTempPrefix names the temporary pin of a migrated map before its rename (bpffs
@@ -309,9 +317,6 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 	case ebpf.RingBuf, ebpf.PerfEventArray:
 		return nil // streams, no entries
 	}
-	if catchUp && isArray(nm.Type()) {
-		return nil
-	}
 	keyT, valT := ms.Key, ms.Value
 	if conv == nil {
 		ob := mapBTF(old)
@@ -379,6 +384,13 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 			return fmt.Errorf("%d entries do not fit in %d (raise MapEntries)", n, nm.MaxEntries())
 		}
 	}
+	lookupNew := func(k []byte) ([][]byte, error) {
+		v := newVal(nm)
+		if err := nm.Lookup(k, v); err != nil {
+			return nil, err
+		}
+		return split(v), nil
+	}
 	k := make([]byte, old.KeySize())
 	v := newVal(old)
 	it := old.Iterate()
@@ -403,9 +415,27 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 		if !keep {
 			continue
 		}
+		if !catchUp {
+			if mg.snap == nil {
+				mg.snap, mg.snapNew = map[string][][]byte{}, map[string][][]byte{}
+			}
+			mg.snap[string(k)] = cloneVals(vs)
+			mg.snapNew[string(nk)] = cloneVals(nvs)
+		}
 		flag := ebpf.UpdateAny
 		if catchUp {
-			flag = ebpf.UpdateNoExist
+			prev, seen := mg.snap[string(k)]
+			if seen && equalVals(prev, vs) {
+				continue // the old programs did not touch it
+			}
+			if !seen {
+				flag = ebpf.UpdateNoExist // new during the window
+			} else if nvs, keep, err = catchUpValue(lookupNew, nk, prev, vs, nvs, mg.snapNew[string(nk)], perCPU, old.ValueSize() == nm.ValueSize()); err != nil || !keep {
+				if err != nil {
+					return fmt.Errorf("catch up entry: %w", err)
+				}
+				continue
+			}
 		}
 		err = nm.Update(nk, join(nm, nvs), flag)
 		switch {
@@ -423,6 +453,61 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 		return fmt.Errorf("iterate: %w", err)
 	}
 	return nil
+}
+
+// catchUpValue decides what the catch-up copy writes for an entry the old programs changed
+// after the first copy (prev → cur, converted: conv). Per-CPU counters of an unchanged
+// layout get the old programs' increments added to whatever the new programs counted
+// since; any other entry is overwritten only if the new programs have not written it
+// since the first copy (firstNew is what that copy wrote), so a newer state always wins.
+func catchUpValue(lookup func([]byte) ([][]byte, error), nk []byte, prev, cur, conv, firstNew [][]byte, perCPU, sameLayout bool) ([][]byte, bool, error) {
+	now, err := lookup(nk)
+	if err != nil {
+		return conv, true, nil // gone from the new map (deleted since): write it back
+	}
+	if perCPU && sameLayout && isCounterLayout(cur) {
+		out := make([][]byte, len(now))
+		for c := range now {
+			out[c] = append([]byte(nil), now[c]...)
+			if c >= len(cur) || c >= len(prev) {
+				continue
+			}
+			for off := 0; off+8 <= len(out[c]); off += 8 {
+				delta := binary.NativeEndian.Uint64(cur[c][off:]) - binary.NativeEndian.Uint64(prev[c][off:])
+				binary.NativeEndian.PutUint64(out[c][off:], binary.NativeEndian.Uint64(out[c][off:])+delta)
+			}
+		}
+		return out, true, nil
+	}
+	if !equalVals(now, firstNew) {
+		return nil, false, nil // the new programs wrote it: theirs is newer
+	}
+	return conv, true, nil
+}
+
+// isCounterLayout: values made of 64-bit words (the per-CPU counter maps).
+func isCounterLayout(vs [][]byte) bool {
+	return len(vs) > 0 && len(vs[0]) > 0 && len(vs[0])%8 == 0
+}
+
+func cloneVals(vs [][]byte) [][]byte {
+	out := make([][]byte, len(vs))
+	for i, v := range vs {
+		out[i] = append([]byte(nil), v...)
+	}
+	return out
+}
+
+func equalVals(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func allZero(vs [][]byte) bool {
