@@ -118,7 +118,14 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		if (r)
 			return cb_drop(skb, r);
 	}
-	if (features & CB_FEAT_LB) {
+	if ((features & CB_FEAT_LB) && p.frag == CB_FRAG_LATER) {
+		t.client_net = dnet;
+		r = cb_lb_frag(skb, &p, &f, &t, &lc);
+		if (r)
+			return cb_drop(skb, r);
+		if (t.svc || lc.frag_snat)
+			dnet = lc.net;
+	} else if (features & CB_FEAT_LB) {
 		/* A reply from a local backend: the VIP is restored after policy. */
 		rev = cb_lb_reply(&p, &f, t.zone);
 		if (rev) {
@@ -171,10 +178,13 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		if (r)
 			return cb_drop(skb, r);
 		if (t.svc) {
-			r = cb_lb_commit(&lc, &f, &t);
+			r = cb_lb_commit(&lc, &p, &f, &t);
 			if (r)
 				return cb_drop(skb, r);
 		}
+		r = cb_lb_finish(skb, &p, &f, &t, &lc);
+		if (r)
+			return cb_drop(skb, r);
 		if (t.rev_nat) {
 			if (t.inner)
 				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
@@ -263,6 +273,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
 	struct cb_track t = {};
+	struct cb_lb_choice lc = {};
 	struct cb_endpoint *ep, *src;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
@@ -301,7 +312,14 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 			return cb_drop(skb, r);
 	}
 	dkey.net = net_key;
-	if (features & CB_FEAT_LB) {
+	if ((features & CB_FEAT_LB) && p.frag == CB_FRAG_LATER) {
+		/* A later fragment of a remote backend's reply. */
+		r = cb_lb_frag(skb, &p, &f, &t, &lc);
+		if (r)
+			return cb_drop(skb, r);
+		if (lc.frag_snat)
+			dkey.net = lc.net;
+	} else if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
 		rev = cb_lb_reply(&p, &f, zone);
 		if (rev) {
@@ -323,6 +341,9 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 		if (p.inner.proto)
 			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
+		if (r)
+			return cb_drop(skb, r);
+		r = cb_lb_finish(skb, &p, &f, &t, &lc);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.rev_nat) {

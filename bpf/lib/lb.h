@@ -210,10 +210,101 @@ struct cb_lb_choice {
 	__be32 ip;
 	__be16 port;
 	__u8 commit;                /* 1: write (or rewrite) the client→VIP entry */
-	__u8 pad;
+	__u8 frag_snat;             /* a later fragment of a reply: source back to ip */
 	__u32 net;
 	__u32 svc_id;
 };
+
+/* Fragments of service flows. A later fragment carries no ports: the first fragment of a
+ * balanced datagram records where its later fragments go (their destination becomes the
+ * backend), and the first fragment of a reply records the VIP its later fragments come
+ * from; both by (zone, addresses as they arrive, IP id, proto), for CB_FRAG_TIMEOUT. */
+enum cb_natfrag_dir {
+	CB_NATFRAG_DST = 1,
+	CB_NATFRAG_SRC = 2,
+};
+
+struct cb_natfrag {
+	__u64 expires;
+	__be32 addr;  /* backend (DST) or VIP (SRC) */
+	__u32 net;    /* network key of the packet's destination after the rewrite */
+	__u32 dir;    /* enum cb_natfrag_dir */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct cb_frag_key);
+	__type(value, struct cb_natfrag);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_nat_frags SEC(".maps");
+
+/* cb_natfrag_record: later fragments of datagram (k's zone, addresses, id, proto) get their
+ * destination (dir DST) or source (SRC) rewritten to addr. */
+CB_INLINE void cb_natfrag_record(const struct cb_frag_key *k, __u32 dir, __be32 addr, __u32 net)
+{
+	struct cb_natfrag v = {.expires = cb_now() + CB_FRAG_TIMEOUT, .addr = addr, .net = net, .dir = dir};
+
+	bpf_map_update_elem(&cb_nat_frags, k, &v, BPF_ANY);
+}
+
+/* cb_lb_frag handles a later fragment (no ports) while services exist: one of a balanced
+ * datagram is DNATed to its backend now (t->svc, c->net), one of a reply is marked for its
+ * source to go back to the VIP after policy (t->svc_reply, c->frag_snat, c->ip, c->net);
+ * any other to a VIP is dropped. Returns 0 or a reason. fwd: from a local client (a DST
+ * record applies). */
+static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+				 struct cb_track *t, struct cb_lb_choice *c)
+{
+	struct cb_frag_key k = {};
+	struct cb_natfrag *n;
+
+	k.zone = t->zone;
+	k.saddr = f->saddr;
+	k.daddr = f->daddr;
+	k.id = p->ip_id;
+	k.proto = f->proto;
+	n = bpf_map_lookup_elem(&cb_nat_frags, &k);
+	if (n && n->expires >= cb_now()) {
+		if (n->dir == CB_NATFRAG_DST && t->client_net) {
+			t->svc = 1;
+			t->vip = f->daddr;
+			c->net = n->net;
+			return cb_nat(skb, p, f, 1, n->addr, 0);
+		}
+		if (n->dir == CB_NATFRAG_SRC) {
+			t->svc_reply = 1;
+			c->frag_snat = 1;
+			c->ip = n->addr;
+			c->net = n->net;
+			return 0;
+		}
+	}
+	if (t->client_net && cb_is_vip(t->zone, f->daddr))
+		return CB_DROP_FRAG_TO_SERVICE;
+	return 0;
+}
+
+/* cb_lb_finish runs after policy passed a packet: the source of a reply's later fragment
+ * goes back to the VIP, and a reply's first fragment records that for its later ones. */
+static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+				   const struct cb_track *t, const struct cb_lb_choice *c)
+{
+	struct cb_frag_key fk = {};
+
+	if (c->frag_snat)
+		return cb_nat(skb, p, f, 0, c->ip, 0);
+	if (t->rev_nat && p->frag == CB_FRAG_FIRST && !t->inner && !(t->rev_nat->flags & CB_CT_HAIRPIN)) {
+		fk.zone = t->zone;
+		fk.saddr = f->saddr;
+		fk.daddr = f->daddr;
+		fk.id = p->ip_id;
+		fk.proto = f->proto;
+		cb_natfrag_record(&fk, CB_NATFRAG_SRC, t->rev_nat->nat_ip, t->rev_nat->nat_net);
+	}
+	return 0;
+}
 
 /* cb_lb_key is the client→VIP key of a service flow whose packet (already DNATed or not)
  * is f: the VIP:port come from t. */
@@ -266,11 +357,8 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 
 	if (f->proto != CB_PROTO_TCP && f->proto != CB_PROTO_UDP)
 		return 0;
-	if (!f->has_ports) {
-		if (cb_is_vip(t->zone, f->daddr))
-			return CB_DROP_FRAG_TO_SERVICE;
-		return 0;
-	}
+	if (!f->has_ports)
+		return 0; /* later fragments: cb_lb_frag */
 	sk.zone = t->zone;
 	sk.vip = f->daddr;
 	sk.port = f->dport;
@@ -319,35 +407,46 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 
 /* cb_lb_commit records (or refreshes) the client→VIP entry after policy passed the flow;
  * it lives as long as the flow's entry. Returns 0 or CB_DROP_CT_FULL. */
-CB_INLINE int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_flow *f, const struct cb_track *t)
+static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_pkt *p, const struct cb_flow *f,
+				   const struct cb_track *t)
 {
 	struct cb_ct_entry e = {};
 	struct cb_ct_entry *cur = c->svc_ct;
 	struct cb_ct_key key = {};
+	struct cb_frag_key fk = {};
 
-	if (!t->entry)
-		return 0;
-	if (cur && !c->commit) {
+	if (!t->entry) {
+		/* passed without a flow entry (e.g. a RST): nothing to remember */
+	} else if (cur && !c->commit) {
 		cur->expires = t->entry->expires;
-		return 0;
-	}
-	if (cur) {
+	} else if (cur) {
 		cur->nat_ip = c->ip;
 		cur->nat_port = c->port;
 		cur->nat_net = c->net;
 		cur->svc_id = c->svc_id;
 		cur->expires = t->entry->expires;
-		return 0;
+	} else {
+		e.flags = CB_CT_SVC;
+		e.state = CB_CTS_NEW;
+		e.nat_ip = c->ip;
+		e.nat_port = c->port;
+		e.nat_net = c->net;
+		e.svc_id = c->svc_id;
+		e.expires = t->entry->expires;
+		cb_lb_key(&key, f, t);
+		if (cb_ct_insert(&key, &e))
+			return CB_DROP_CT_FULL;
 	}
-	e.flags = CB_CT_SVC;
-	e.state = CB_CTS_NEW;
-	e.nat_ip = c->ip;
-	e.nat_port = c->port;
-	e.nat_net = c->net;
-	e.svc_id = c->svc_id;
-	e.expires = t->entry->expires;
-	cb_lb_key(&key, f, t);
-	return cb_ct_insert(&key, &e);
+	if (p->frag == CB_FRAG_FIRST && !t->hairpin) {
+		/* Later fragments of this datagram go to the same backend. */
+		fk.zone = t->zone;
+		fk.saddr = f->saddr;
+		fk.daddr = t->vip;
+		fk.id = p->ip_id;
+		fk.proto = f->proto;
+		cb_natfrag_record(&fk, CB_NATFRAG_DST, f->daddr, c->net);
+	}
+	return 0;
 }
 
 /* cb_lb_reply finds the service flow a packet is the reply of (before the destination

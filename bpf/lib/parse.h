@@ -44,8 +44,8 @@ struct cb_flow {
 struct cb_pkt {
 	struct ethhdr *eth;
 	struct iphdr *ip;
-	__u32 l3_len;  /* IPv4 header length in bytes (20..60) */
-	__u32 l4_off;  /* offset of the L4 header from skb->data, 0 if none */
+	__u16 l3_len;  /* IPv4 header length in bytes (20..60) */
+	__u16 l4_off;  /* offset of the L4 header from skb->data, 0 if none */
 	__u8 frag;     /* enum cb_frag */
 	__u8 proto;    /* IPv4 protocol */
 	__be16 ip_id;  /* IPv4 identification (pairs fragments of one datagram) */
@@ -53,8 +53,8 @@ struct cb_pkt {
 	 * packet's identity as its sender saw it (inner.proto 0: not an error) and where its
 	 * IPv4 and L4 headers start. */
 	struct cb_flow inner;
-	__u32 inner_off;
-	__u32 inner_l4_off;
+	__u16 inner_off;
+	__u16 inner_l4_off;
 };
 
 /* cb_pull makes the first len bytes directly accessible when the skb is non-linear. */

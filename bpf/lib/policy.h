@@ -261,14 +261,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_frags SEC(".maps");
 
-/* cb_frag_record keeps the verdict of a first fragment under the addresses its later
- * fragments arrive with (before service DNAT). */
+/* cb_frag_key_of is a datagram's key under the addresses its fragments arrive with (before
+ * service DNAT: the VIP; a hairpin's source is the client). */
+CB_INLINE void cb_frag_key_of(struct cb_frag_key *k, const struct cb_flow *f, const struct cb_track *t)
+{
+	k->zone = t->zone;
+	k->saddr = t->hairpin ? f->daddr : f->saddr;
+	k->daddr = t->svc ? t->vip : f->daddr;
+	k->id = t->ip_id;
+	k->proto = f->proto;
+}
+
+/* cb_frag_record keeps the verdict of a first fragment for its later fragments. */
 CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t, __u32 allowed)
 {
-	struct cb_frag_key k = {.zone = t->zone, .saddr = t->hairpin ? f->daddr : f->saddr,
-				.daddr = t->svc ? t->vip : f->daddr, .id = t->ip_id, .proto = f->proto};
+	struct cb_frag_key k = {};
 	struct cb_frag_entry v = {.expires = cb_now() + CB_FRAG_TIMEOUT, .allowed = allowed};
 
+	cb_frag_key_of(&k, f, t);
 	bpf_map_update_elem(&cb_frags, &k, &v, BPF_ANY);
 }
 
@@ -276,8 +286,11 @@ CB_INLINE void cb_frag_record(const struct cb_flow *f, const struct cb_track *t,
  * CB_DROP_POLICY (it was dropped) or CB_DROP_FRAG_NO_FIRST (never seen, or too long ago). */
 CB_INLINE int cb_frag_verdict(const struct cb_flow *f, const struct cb_track *t)
 {
-	struct cb_frag_key k = {.zone = t->zone, .saddr = f->saddr, .daddr = f->daddr, .id = t->ip_id, .proto = f->proto};
-	struct cb_frag_entry *v = bpf_map_lookup_elem(&cb_frags, &k);
+	struct cb_frag_key k = {};
+	struct cb_frag_entry *v;
+
+	cb_frag_key_of(&k, f, t);
+	v = bpf_map_lookup_elem(&cb_frags, &k);
 
 	if (!v || v->expires < cb_now())
 		return CB_DROP_FRAG_NO_FIRST;

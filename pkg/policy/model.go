@@ -197,6 +197,7 @@ type Model struct {
 	svcs     map[uint32]ModelService
 	ct       map[FlowKey]ModelEntry
 	frags    map[fragKey]fragRec
+	natfrags map[fragKey]natFrag
 }
 
 // NewModel returns an empty model whose conntrack table holds capacity entries (all kinds).
@@ -209,6 +210,7 @@ func NewModel(capacity int) *Model {
 		svcs:     map[uint32]ModelService{},
 		ct:       map[FlowKey]ModelEntry{},
 		frags:    map[fragKey]fragRec{},
+		natfrags: map[fragKey]natFrag{},
 	}
 }
 
@@ -512,14 +514,18 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	var used FlowKey
 	var haveUsed bool
 	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip, hairpin)
+	trackPass := res.Pass
 	if res.Pass && isSvc && haveUsed {
 		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID}
 		if !m.put(svcKey, e) {
 			res.Pass, res.Reason = false, DropCTFull
 		}
 	}
+	fk := fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}
 	if p.Frag == FragFirst {
-		m.frags[fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}] = fragRec{pass: res.Pass, expires: m.now + timeoutFrag}
+		// The verdict of conntrack and policy (a full table refusing the service choice
+		// afterwards does not change it).
+		m.frags[fk] = fragRec{pass: trackPass, expires: m.now + timeoutFrag}
 	}
 	if res.Pass {
 		if isSvc {
@@ -534,27 +540,50 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 			res.SNAT = rev.NAT
 			if m.ct[used].Hairpin {
 				res.DNAT = netip.AddrPortFrom(p.Src, p.Dport) // back to the client itself
+			} else if p.Frag == FragFirst {
+				m.natfrags[fk] = natFrag{src: true, addr: rev.NAT.Addr(), expires: m.now + timeoutFrag}
 			}
+		}
+		if isSvc && !hairpin && p.Frag == FragFirst {
+			m.natfrags[fk] = natFrag{addr: backend, expires: m.now + timeoutFrag}
 		}
 	}
 	return res
 }
 
+// natFrag says where the later fragments of a service datagram go: their destination to
+// the backend (src false), or, for a reply, their source back to the VIP (src true).
+type natFrag struct {
+	src     bool
+	addr    netip.Addr
+	expires time.Duration
+}
+
 func (m *Model) laterFragment(p ModelPacket) ModelResult {
-	if p.FromLocal && m.isVIP(p.Zone, p.Dst) {
+	fk := fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}
+	nf, haveNF := m.natfrags[fk]
+	haveNF = haveNF && m.now <= nf.expires && (nf.src || p.FromLocal)
+	if !haveNF && p.FromLocal && m.isVIP(p.Zone, p.Dst) {
 		return ModelResult{Reason: DropFragToService}
 	}
-	if !m.groupTracked(m.group(p.Zone, p.Src)) && !m.groupTracked(m.group(p.Zone, p.Dst)) {
+	if !haveNF && !m.groupTracked(m.group(p.Zone, p.Src)) && !m.groupTracked(m.group(p.Zone, p.Dst)) {
 		return ModelResult{Pass: true}
 	}
-	r, ok := m.frags[fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}]
+	r, ok := m.frags[fk]
 	switch {
 	case !ok || m.now > r.expires:
 		return ModelResult{Reason: DropFragNoFirst, Tracked: true}
 	case !r.pass:
 		return ModelResult{Reason: DropPolicy, Tracked: true}
 	}
-	return ModelResult{Pass: true, Tracked: true}
+	res := ModelResult{Pass: true, Tracked: true}
+	switch {
+	case haveNF && nf.src:
+		res.SNAT = netip.AddrPortFrom(nf.addr, 0)
+	case haveNF:
+		res.DNAT = netip.AddrPortFrom(nf.addr, 0)
+	}
+	return res
 }
 
 // track is the conntrack algorithm of docs/conntrack.md for one tracked packet with flow

@@ -475,3 +475,57 @@ func TestServiceHairpin(t *testing.T) {
 		t.Errorf("hairpin entry %+v (found %v), want HAIRPIN, ESTABLISHED", e, ok)
 	}
 }
+
+// Fragments of service flows: the later fragments of a balanced datagram follow its first
+// fragment to the same backend, and the later fragments of the reply come back from the
+// VIP; a later fragment to a VIP without a first one is still dropped.
+func TestServiceFragments(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.101")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
+	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
+	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 2, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}))
+	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	addrs := func(f []byte) (netip.Addr, netip.Addr) {
+		ip := f[14:]
+		if csum(ip[:20], 0) != 0 {
+			t.Error("bad IP checksum")
+		}
+		return netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	}
+
+	run(t, objs, fc, laterFrag(17, srcIP, vip, 0x77), nil).expect(t, tcActShot, DropFragToService)
+	r := run(t, objs, fc, firstFrag(17, srcIP, vip, 41000, 53, 0, 0x77), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if _, d := addrs(r.out); d != remoteIP {
+		t.Fatalf("first fragment to %v, want the backend %v", d, remoteIP)
+	}
+	r = run(t, objs, fc, laterFrag(17, srcIP, vip, 0x77), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if s, d := addrs(r.out); s != srcIP || d != remoteIP {
+		t.Errorf("later fragment %v → %v, want %v → %v", s, d, srcIP, remoteIP)
+	}
+	// Another datagram's later fragment finds no first fragment.
+	run(t, objs, fc, laterFrag(17, srcIP, vip, 0x78), nil).expect(t, tcActShot, DropFragToService)
+
+	// The reply, fragmented by the backend.
+	r = run(t, objs, ov, firstFrag(17, remoteIP, srcIP, 5353, 41000, 0, 0x99), ovl)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, _ := addrs(r.out); s != vip {
+		t.Fatalf("reply first fragment from %v, want the VIP", s)
+	}
+	r = run(t, objs, ov, laterFrag(17, remoteIP, srcIP, 0x99), ovl)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, d := addrs(r.out); s != vip || d != srcIP {
+		t.Errorf("reply later fragment %v → %v, want %v → %v", s, d, vip, srcIP)
+	}
+}

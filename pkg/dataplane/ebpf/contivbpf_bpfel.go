@@ -199,6 +199,15 @@ type contivbpfCbMemberKey struct {
 	Ip    uint32
 }
 
+type contivbpfCbNatfrag struct {
+	_       structs.HostLayout
+	Expires uint64
+	Addr    uint32
+	Net     uint32
+	Dir     uint32
+	Pad     uint32
+}
+
 type contivbpfCbNetwork struct {
 	_          structs.HostLayout
 	Subnet     uint32
@@ -358,6 +367,7 @@ const (
 	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbMembers          = "cb_members"
+	contivbpfMapCbNatFrags         = "cb_nat_frags"
 	contivbpfMapCbNetworks         = "cb_networks"
 	contivbpfMapCbPeers            = "cb_peers"
 	contivbpfMapCbPolicies         = "cb_policies"
@@ -445,6 +455,7 @@ type contivbpfMapSpecs struct {
 	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
@@ -502,6 +513,7 @@ type contivbpfMaps struct {
 	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
@@ -523,6 +535,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbFrags,
 		m.CbIfaces,
 		m.CbMembers,
+		m.CbNatFrags,
 		m.CbNetworks,
 		m.CbPeers,
 		m.CbPolicies,

@@ -195,6 +195,15 @@ type contivbpfv1CbMemberKey struct {
 	Ip    uint32
 }
 
+type contivbpfv1CbNatfrag struct {
+	_       structs.HostLayout
+	Expires uint64
+	Addr    uint32
+	Net     uint32
+	Dir     uint32
+	Pad     uint32
+}
+
 type contivbpfv1CbNetwork struct {
 	_          structs.HostLayout
 	Subnet     uint32
@@ -352,6 +361,7 @@ const (
 	contivbpfv1MapCbFrags            = "cb_frags"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
 	contivbpfv1MapCbMembers          = "cb_members"
+	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
 	contivbpfv1MapCbNetworks         = "cb_networks"
 	contivbpfv1MapCbPeers            = "cb_peers"
 	contivbpfv1MapCbPolicies         = "cb_policies"
@@ -439,6 +449,7 @@ type contivbpfv1MapSpecs struct {
 	CbFrags     *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbMembers   *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags  *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
@@ -496,6 +507,7 @@ type contivbpfv1Maps struct {
 	CbFrags     *ebpf.Map `ebpf:"cb_frags"`
 	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
 	CbMembers   *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags  *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
 	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
@@ -517,6 +529,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbFrags,
 		m.CbIfaces,
 		m.CbMembers,
+		m.CbNatFrags,
 		m.CbNetworks,
 		m.CbPeers,
 		m.CbPolicies,

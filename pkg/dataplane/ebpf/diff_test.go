@@ -152,6 +152,9 @@ func (g *diffGen) reply() (diffStep, bool) {
 	r := g.recent[g.r.IntN(len(g.recent))]
 	s := r
 	s.frag, s.ipid = policy.FragNone, uint16(1+g.r.IntN(3))
+	if (s.proto == 6 || s.proto == 17) && g.r.IntN(5) == 0 {
+		s.frag = []policy.FragKind{policy.FragFirst, policy.FragLater}[g.r.IntN(2)]
+	}
 	s.from, s.to, s.sport, s.dport = r.to, r.from, r.dport, r.sport
 	if r.to == -1 {
 		if len(g.backends) == 0 {
@@ -524,6 +527,14 @@ func (w *diffWorld) age(d time.Duration) {
 	w.model.Advance(d)
 }
 
+// dstOf is the destination a step's packet is sent to.
+func dstOf(w *diffWorld, s diffStep) netip.Addr {
+	if s.to < 0 {
+		return diffVIP
+	}
+	return w.eps[s.to].ip
+}
+
 // agedBy moves a deadline back by d, stopping at 1 (long expired; the clock since boot
 // may be shorter than d).
 func agedBy(deadline uint64, d time.Duration) uint64 {
@@ -742,6 +753,8 @@ func (w *diffWorld) apply(s diffStep) string {
 		}
 		if w.tally != nil {
 			switch {
+			case s.frag == policy.FragLater && dp.pass && (dp.dst.Addr() != dstOf(w, s) || dp.src.Addr() != w.eps[s.from].ip):
+				w.tally["frag_later_nat"]++
 			case s.quote != nil && !dp.pass:
 				w.tally["icmp_error_"+dp.reason]++
 			case s.quote != nil && dp.quoted.Addr() == diffVIP:
