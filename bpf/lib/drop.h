@@ -40,7 +40,7 @@ enum cb_reason {
 	CB_DROP_VLAN_ERR = 53,      /* bpf_skb_vlan_push/pop failed */
 	CB_DROP_MALFORMED_L4 = 54,  /* TCP/UDP/ICMP header truncated where policy or LB needs it */
 	CB_DROP_NAT_ERR = 55,       /* rewriting addresses/ports/checksums failed */
-	CB_DROP_FRAG_TO_SERVICE = 56, /* non-first fragment to a service VIP (no ports to balance on) */
+	CB_DROP_FRAG_TO_SERVICE = 56, /* non-first fragment to a VIP whose first fragment was not balanced */
 	CB_DROP_TTL_EXCEEDED = 57,  /* routing mode: TTL would reach 0 */
 	CB_DROP_FRAG_NO_FIRST = 58, /* policy: non-first fragment whose first fragment was not seen */
 	CB_DROP_CT_FULL = 59,       /* conntrack table full: a new flow was refused */

@@ -243,8 +243,18 @@ func (g *diffGen) step() diffStep {
 	case n < 16:
 		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
 	}
+	if g.r.IntN(6) == 0 {
+		// The rest of a recent first fragment.
+		for _, r := range g.recent {
+			if r.frag == policy.FragFirst {
+				r.frag = policy.FragLater
+				return r
+			}
+		}
+	}
 	if g.r.IntN(3) == 0 {
 		if s, ok := g.reply(); ok {
+			g.remember(s)
 			return s
 		}
 	}
@@ -254,11 +264,16 @@ func (g *diffGen) step() diffStep {
 		}
 	}
 	s := g.pkt()
+	g.remember(s)
+	return s
+}
+
+// remember keeps the last 8 packets for replies, errors and later fragments.
+func (g *diffGen) remember(s diffStep) {
 	if len(g.recent) == 8 {
 		g.recent = g.recent[1:]
 	}
 	g.recent = append(g.recent, s)
-	return s
 }
 
 func (g *diffGen) pkt() diffStep {
@@ -520,6 +535,22 @@ func (w *diffWorld) age(d time.Duration) {
 	}
 	for i := range fks {
 		if err := w.objs.CbFrags.Put(&fks[i], &fvs[i]); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	var (
+		nk  contivbpfCbFragKey
+		nv  contivbpfCbNatfrag
+		nks []contivbpfCbFragKey
+		nvs []contivbpfCbNatfrag
+	)
+	nit := w.objs.CbNatFrags.Iterate()
+	for nit.Next(&nk, &nv) {
+		nv.Expires = agedBy(nv.Expires, d)
+		nks, nvs = append(nks, nk), append(nvs, nv)
+	}
+	for i := range nks {
+		if err := w.objs.CbNatFrags.Put(&nks[i], &nvs[i]); err != nil {
 			w.t.Fatal(err)
 		}
 	}
