@@ -111,6 +111,8 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
 	t.zone = CB_IF_ZONE(ifc);
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
 
 	features = cb_features;
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
@@ -170,8 +172,6 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 			t.src_epg = ifc->epg;
 			t.dst_epg = ep->epg;
 		}
-		t.frag = p.frag;
-		t.ip_id = p.ip_id;
 		if (p.inner.proto)
 			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
@@ -293,6 +293,8 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
 	t.zone = zone;
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
 
 	features = cb_features;
 	skey.net = net_key;
@@ -336,8 +338,6 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		t.src_epg = src ? src->epg : 0;
 		t.dst_epg = ep->epg;
-		t.frag = p.frag;
-		t.ip_id = p.ip_id;
 		if (p.inner.proto)
 			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);

@@ -260,11 +260,7 @@ static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, 
 	struct cb_frag_key k = {};
 	struct cb_natfrag *n;
 
-	k.zone = t->zone;
-	k.saddr = f->saddr;
-	k.daddr = f->daddr;
-	k.id = p->ip_id;
-	k.proto = f->proto;
+	cb_frag_key_of(&k, f, t);
 	n = bpf_map_lookup_elem(&cb_nat_frags, &k);
 	if (n && n->expires >= cb_now()) {
 		if (n->dir == CB_NATFRAG_DST && t->client_net) {
@@ -296,11 +292,7 @@ static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p
 	if (c->frag_snat)
 		return cb_nat(skb, p, f, 0, c->ip, 0);
 	if (t->rev_nat && p->frag == CB_FRAG_FIRST && !t->inner && !(t->rev_nat->flags & CB_CT_HAIRPIN)) {
-		fk.zone = t->zone;
-		fk.saddr = f->saddr;
-		fk.daddr = f->daddr;
-		fk.id = p->ip_id;
-		fk.proto = f->proto;
+		cb_frag_key_of(&fk, f, t);
 		cb_natfrag_record(&fk, CB_NATFRAG_SRC, t->rev_nat->nat_ip, t->rev_nat->nat_net);
 	}
 	return 0;
@@ -439,11 +431,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 	}
 	if (p->frag == CB_FRAG_FIRST && !t->hairpin) {
 		/* Later fragments of this datagram go to the same backend. */
-		fk.zone = t->zone;
-		fk.saddr = f->saddr;
-		fk.daddr = t->vip;
-		fk.id = p->ip_id;
-		fk.proto = f->proto;
+		cb_frag_key_of(&fk, f, t);
 		cb_natfrag_record(&fk, CB_NATFRAG_DST, f->daddr, c->net);
 	}
 	return 0;

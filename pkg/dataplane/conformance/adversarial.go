@@ -29,18 +29,7 @@ import (
 // every backend runs the same cases.
 func RunAdversarial(t *testing.T, factory Factory) {
 	e := NewEnv(t, factory)
-	a1 := e.AddContainer(t, "a1", "10.36.1.1")
-	a2 := e.AddContainer(t, "a2", "10.36.1.2")
-	b1 := e.AddContainer(t, "b1", "10.36.1.3")
-	a1.EP.EPGID, a2.EP.EPGID, b1.EP.EPGID = 1, 2, 2
-	e.H1.State.Peers = []dataplane.Peer{e.H2.Peer()}
-	e.H2.State.Peers = []dataplane.Peer{e.H1.Peer()}
-	e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
-	e.H1.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(b1, e.H2)}
-	e.H2.State.Endpoints = []dataplane.Endpoint{b1.EP}
-	e.H2.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(a1, e.H1), e.Remote(a2, e.H1)}
-	e.H1.Sync(t)
-	e.H2.Sync(t)
+	a1, a2, b1 := e.threeContainers(t, 1, 2, 2)
 	PingOK(t, a1.NS, a2.EP.IP.String(), 3)
 	PingOK(t, a1.NS, b1.EP.IP.String(), 3)
 

@@ -192,13 +192,14 @@ func linkExists(ns, name string) bool {
 	return found
 }
 
-// Run drives a Driver through every backend-neutral scenario.
-func Run(t *testing.T, factory Factory) {
-	e := NewEnv(t, factory)
-	a1 := e.AddContainer(t, "a1", "10.36.1.1")
-	a2 := e.AddContainer(t, "a2", "10.36.1.2")
-	b1 := e.AddContainer(t, "b1", "10.36.1.3")
-	a1.EP.EPGID, a2.EP.EPGID, b1.EP.EPGID = 1, 1, 2
+// threeContainers attaches a1 and a2 on host 1 and b1 on host 2 (10.36.1.1-3) in the
+// given groups, makes the hosts peers and syncs both.
+func (e *Env) threeContainers(t *testing.T, ga1, ga2, gb1 uint16) (a1, a2, b1 *Container) {
+	t.Helper()
+	a1 = e.AddContainer(t, "a1", "10.36.1.1")
+	a2 = e.AddContainer(t, "a2", "10.36.1.2")
+	b1 = e.AddContainer(t, "b1", "10.36.1.3")
+	a1.EP.EPGID, a2.EP.EPGID, b1.EP.EPGID = ga1, ga2, gb1
 	e.H1.State.Peers = []dataplane.Peer{e.H2.Peer()}
 	e.H2.State.Peers = []dataplane.Peer{e.H1.Peer()}
 	e.H1.State.Endpoints = []dataplane.Endpoint{a1.EP, a2.EP}
@@ -207,6 +208,13 @@ func Run(t *testing.T, factory Factory) {
 	e.H2.State.RemoteEndpoints = []dataplane.RemoteEndpoint{e.Remote(a1, e.H1), e.Remote(a2, e.H1)}
 	e.H1.Sync(t)
 	e.H2.Sync(t)
+	return a1, a2, b1
+}
+
+// Run drives a Driver through every backend-neutral scenario.
+func Run(t *testing.T, factory Factory) {
+	e := NewEnv(t, factory)
+	a1, a2, b1 := e.threeContainers(t, 1, 1, 2)
 	ip := func(c *Container) string { return c.EP.IP.String() }
 
 	t.Run("container-config", func(t *testing.T) {

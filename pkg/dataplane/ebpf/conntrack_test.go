@@ -27,6 +27,25 @@ func ctEntry(t *testing.T, objs *contivbpfObjects, zone uint32, proto uint8, src
 	return v, true
 }
 
+// putTestService writes a service of the fixture's zone: VIP:port/proto → backends (all
+// in the test network) on target, with membership and the VIP.
+func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.Addr, port uint16, proto uint8, target uint16, backends ...netip.Addr) {
+	t.Helper()
+	errs := []error{objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(port), Proto: proto},
+		&contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(target)})}
+	for i, b := range backends {
+		errs = append(errs,
+			objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &contivbpfCbBackend{Ip: ip4(b), Net: testNet}),
+			objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: id, Ip: ip4(b)}, &contivbpfCbMember{Net: testNet}))
+	}
+	errs = append(errs, objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func setZone(t *testing.T, objs *contivbpfObjects, zone uint32) {
 	t.Helper()
 	var ifc contivbpfCbIface
@@ -309,12 +328,7 @@ func TestServiceScopeAndBackendRemoval(t *testing.T) {
 		}
 	}
 	// vip:80/udp → 10.1.0.3:8080 (local) and 10.1.0.4:8080 (remote).
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}, &contivbpfCbSvc{Id: 1, Count: 2, TargetPort: nport(8080)}))
-	for i, b := range []netip.Addr{localIP, remoteIP} {
-		must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: uint32(i)}, &contivbpfCbBackend{Ip: ip4(b), Net: testNet}))
-		must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(b)}, &contivbpfCbMember{Net: testNet}))
-	}
-	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	putTestService(t, objs, 1, vip, 80, 17, 8080, localIP, remoteIP)
 	fc := objs.CbFromContainer
 
 	// Find a source port balanced to the local backend.
@@ -358,15 +372,7 @@ func TestServiceScopeAndBackendRemoval(t *testing.T) {
 // icmpError builds an ICMP error (type typ) from src to dst quoting a UDP packet
 // qsrc:qsport → qdst:qdport (its IPv4 header and 8 bytes of UDP).
 func icmpError(src, dst netip.Addr, typ uint8, qsrc, qdst netip.Addr, qsport, qdport uint16) []byte {
-	quote := l4Frame(17, qsrc, qdst, qsport, qdport, 0, 0)[14:]
-	quote = quote[:20+8]
-	icmp := append([]byte{typ, 3, 0, 0, 0, 0, 0, 0}, quote...)
-	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
-	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
-	ip[9] = 1
-	binary.BigEndian.PutUint16(ip[10:], 0)
-	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
-	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
+	return icmpErrorOf(src, dst, typ, 17, qsrc, qdst, qsport, qdport)
 }
 
 // checkICMPError verifies the checksums of an ICMP error frame and returns its outer source
@@ -413,16 +419,7 @@ func TestConntrackICMPRelated(t *testing.T) {
 	t.Run("service", func(t *testing.T) {
 		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
 		vip := netip.MustParseAddr("10.1.0.101")
-		must := func(err error) {
-			t.Helper()
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
-		must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
-		must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 2, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}))
-		must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+		putTestService(t, objs, 2, vip, 53, 17, 5353, remoteIP)
 		run(t, objs, fc, l4Frame(17, srcIP, vip, 40600, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 		// The backend answers with port unreachable about client → backend:5353.
 		r := run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40600, 5353), ovl)
@@ -450,15 +447,7 @@ func TestServiceHairpin(t *testing.T) {
 	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
 		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}})
 	vip := netip.MustParseAddr("10.1.0.100")
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
-	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(srcIP), Net: testNet}))
-	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(srcIP)}, &contivbpfCbMember{Net: testNet}))
+	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
 	fc := objs.CbFromContainer
 	r := run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0), nil)
 	r.expect(t, tcActRedirect, FwdLocal)
@@ -483,16 +472,7 @@ func TestServiceFragments(t *testing.T) {
 	objs := loadTestObjects(t)
 	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
 	vip := netip.MustParseAddr("10.1.0.101")
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(53), Proto: 17}, &contivbpfCbSvc{Id: 2, Count: 1, TargetPort: nport(5353)}))
-	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 2, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
-	must(objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 2, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}))
-	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	putTestService(t, objs, 2, vip, 53, 17, 5353, remoteIP)
 	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
 	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
 	addrs := func(f []byte) (netip.Addr, netip.Addr) {

@@ -506,56 +506,33 @@ func (w *diffWorld) setDenyAll(epg uint16, on bool) {
 
 // age moves every deadline of the datapath's tables back by d (its clock cannot be moved).
 func (w *diffWorld) age(d time.Duration) {
-	var (
-		k  contivbpfCbCtKey
-		v  contivbpfCbCtEntry
-		ks []contivbpfCbCtKey
-		vs []contivbpfCbCtEntry
-	)
-	it := w.objs.CbCt.Iterate()
-	for it.Next(&k, &v) {
-		v.Expires = agedBy(v.Expires, d)
-		ks, vs = append(ks, k), append(vs, v)
-	}
-	for i := range ks {
-		if err := w.objs.CbCt.Put(&ks[i], &vs[i]); err != nil {
-			w.t.Fatal(err)
-		}
-	}
-	var (
-		fk  contivbpfCbFragKey
-		fv  contivbpfCbFragEntry
-		fks []contivbpfCbFragKey
-		fvs []contivbpfCbFragEntry
-	)
-	fit := w.objs.CbFrags.Iterate()
-	for fit.Next(&fk, &fv) {
-		fv.Expires = agedBy(fv.Expires, d)
-		fks, fvs = append(fks, fk), append(fvs, fv)
-	}
-	for i := range fks {
-		if err := w.objs.CbFrags.Put(&fks[i], &fvs[i]); err != nil {
-			w.t.Fatal(err)
-		}
-	}
-	var (
-		nk  contivbpfCbFragKey
-		nv  contivbpfCbNatfrag
-		nks []contivbpfCbFragKey
-		nvs []contivbpfCbNatfrag
-	)
-	nit := w.objs.CbNatFrags.Iterate()
-	for nit.Next(&nk, &nv) {
-		nv.Expires = agedBy(nv.Expires, d)
-		nks, nvs = append(nks, nk), append(nvs, nv)
-	}
-	for i := range nks {
-		if err := w.objs.CbNatFrags.Put(&nks[i], &nvs[i]); err != nil {
-			w.t.Fatal(err)
-		}
-	}
+	ageMap(w.t, w.objs.CbCt, func(v *contivbpfCbCtEntry) *uint64 { return &v.Expires }, d)
+	ageMap(w.t, w.objs.CbFrags, func(v *contivbpfCbFragEntry) *uint64 { return &v.Expires }, d)
+	ageMap(w.t, w.objs.CbNatFrags, func(v *contivbpfCbNatfrag) *uint64 { return &v.Expires }, d)
 	w.syncClock()
 	w.model.Advance(d)
+}
+
+// ageMap moves the deadline (exp) of every entry of m back by d.
+func ageMap[V any](t *testing.T, m *ebpf.Map, exp func(*V) *uint64, d time.Duration) {
+	t.Helper()
+	k := make([]byte, m.KeySize())
+	var v V
+	var ks [][]byte
+	var vs []V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		*exp(&v) = agedBy(*exp(&v), d)
+		ks, vs = append(ks, append([]byte(nil), k...)), append(vs, v)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range ks {
+		if err := m.Put(ks[i], &vs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // dstOf is the destination a step's packet is sent to.

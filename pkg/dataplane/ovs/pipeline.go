@@ -566,18 +566,8 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 // serviceID returns the stable 16-bit id of a service LB key, allocating the smallest
 // free one for a new key.
 func serviceID(ids map[string]uint32, key string) (uint32, error) {
-	if id, ok := ids[key]; ok {
+	if id, ok := allocID16(ids, key); ok {
 		return id, nil
-	}
-	taken := map[uint32]bool{}
-	for _, id := range ids {
-		taken[id] = true
-	}
-	for id := uint32(1); id <= 0xffff; id++ {
-		if !taken[id] {
-			ids[key] = id
-			return id, nil
-		}
 	}
 	return 0, fmt.Errorf("service %s: more than 65535 service ports", key)
 }

@@ -44,8 +44,17 @@ func formatVRFs(m map[string]uint32) string {
 
 // assignVRF returns the id of tenant, allocating the smallest one no tenant in ids holds.
 func assignVRF(ids map[string]uint32, tenant string) (uint32, error) {
-	if id, ok := ids[tenant]; ok {
+	if id, ok := allocID16(ids, tenant); ok {
 		return id, nil
+	}
+	return 0, fmt.Errorf("tenant %s: all 65535 conntrack zones are in use", tenant)
+}
+
+// allocID16 returns key's id in ids, allocating the smallest free one of 1..65535 for a
+// new key; false when all are taken.
+func allocID16(ids map[string]uint32, key string) (uint32, bool) {
+	if id, ok := ids[key]; ok {
+		return id, true
 	}
 	taken := map[uint32]bool{}
 	for _, id := range ids {
@@ -53,11 +62,11 @@ func assignVRF(ids map[string]uint32, tenant string) (uint32, error) {
 	}
 	for id := uint32(1); id <= 0xffff; id++ {
 		if !taken[id] {
-			ids[tenant] = id
-			return id, nil
+			ids[key] = id
+			return id, true
 		}
 	}
-	return 0, fmt.Errorf("tenant %s: all 65535 conntrack zones are in use", tenant)
+	return 0, false
 }
 
 // staleVRFs returns the tenants of ids that have no network in live, sorted.
