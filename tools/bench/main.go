@@ -5,8 +5,9 @@
 // Stages: eBPF program paths (Program.Benchmark), same-host and cross-host TCP
 // throughput/connection rate/latency per dataplane (also with policy on both endpoint
 // groups), a netplugin SIGKILL restart under load, CNI ADD latency, and the control
-// plane (REST, allocations, failover) through pkg/cpbench. Every stage is independent: a failure prints `BENCH_ERROR <name> <reason>`
-// and the next stage runs; the exit status is non-zero only if no figure was measured.
+// plane (REST, allocations, failover) through pkg/cpbench. Every stage is independent:
+// a failure prints `BENCH_ERROR <name> <reason>` and the next stage runs; the exit status
+// is non-zero only if no figure was measured.
 // Everything started is removed at the end, also on Ctrl-C.
 package main
 
