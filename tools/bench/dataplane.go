@@ -26,14 +26,19 @@ const (
 )
 
 // dpRun is one dataplane's simulated cluster with three containers: a and b on host 1,
-// c on host 2, all on one VXLAN network.
+// c on host 2, all on one VXLAN network. The policy stages add pa (host 1) in a client
+// group and pb (host 1), pc (host 2) in a server group, both groups with policies
+// (policy.go).
 type dpRun struct {
-	dp      string
-	cfg     config
-	w       io.Writer
-	r       *report
-	c       *sim.Cluster
-	a, b, x *sim.Container
+	dp         string
+	cfg        config
+	w          io.Writer
+	r          *report
+	c          *sim.Cluster
+	a, b, x    *sim.Container
+	pa, pb, pc *sim.Container
+	policyErr  error              // policy setup failed (not retried)
+	ratios     map[string]float64 // "<stage>.<figure>" of this run, for the policy stages' comparison rows
 }
 
 // runDataplane starts the cluster for dp and runs every dataplane stage on it; each stage
@@ -54,7 +59,7 @@ func runDataplane(ctx context.Context, cfg config, dp string, w io.Writer, r *re
 			fmt.Fprintf(w, "cleanup of the %s cluster: %v\n", dp, err)
 		}
 	}()
-	d := &dpRun{dp: dp, cfg: cfg, w: w, r: r, c: c}
+	d := &dpRun{dp: dp, cfg: cfg, w: w, r: r, c: c, ratios: map[string]float64{}}
 	if err := d.setup(ctx); err != nil {
 		r.fail(dp+".setup", err)
 		return
@@ -64,7 +69,9 @@ func runDataplane(ctx context.Context, cfg config, dp string, w io.Writer, r *re
 		fn   func(context.Context) error
 	}{
 		{"samehost", d.sameHost},
+		{"samehost_policy", d.sameHostPolicy},
 		{"crosshost", d.crossHost},
+		{"crosshost_policy", d.crossHostPolicy},
 		{"restart", d.restart},
 		{"cni", d.cni},
 	}
@@ -258,7 +265,13 @@ func fmtList(v []float64) string {
 
 // sameHost compares container a -> b on host 1 with a direct veth pair at the same MTU.
 func (d *dpRun) sameHost(ctx context.Context) error {
-	mtu, err := ipMTU(ctx, d.a.Name)
+	return d.sameHostOf(ctx, "samehost", d.a, d.b, "", nil)
+}
+
+// sameHostOf runs the same-host comparison for cli -> srv and reports it as stage; what
+// is appended to the table title, extra rows are appended to the table.
+func (d *dpRun) sameHostOf(ctx context.Context, stage string, cli, srv *sim.Container, what string, extra func(tput, crr float64) [][]string) error {
+	mtu, err := ipMTU(ctx, cli.Name)
 	if err != nil {
 		return fmt.Errorf("read container mtu: %w", err)
 	}
@@ -268,24 +281,29 @@ func (d *dpRun) sameHost(ctx context.Context) error {
 	}
 	defer topo.Close()
 	base := &path{label: "veth pair", clientNS: topo.Namespaces[0], serverNS: topo.Namespaces[1], serverIP: "10.199.0.2"}
-	test := &path{label: d.dp + " same-host", clientNS: d.a.Name, serverNS: d.b.Name, serverIP: d.b.IP.Addr().String()}
+	test := &path{label: d.dp + " " + stage, clientNS: cli.Name, serverNS: srv.Name, serverIP: srv.IP.Addr().String()}
 	if err := d.compare(ctx, base, test, true); err != nil {
 		return err
 	}
-	p := d.dp + ".samehost."
+	p := d.dp + "." + stage + "."
 	bt, tt := median(base.tput), median(test.tput)
 	bc, tc := median(base.crr), median(test.crr)
 	tr, cr := pairedRatio(base.tput, test.tput), pairedRatio(base.crr, test.crr)
 	b50, t50 := netbench.Percentile(base.rr, 50), netbench.Percentile(test.rr, 50)
 	b99, t99 := netbench.Percentile(base.rr, 99), netbench.Percentile(test.rr, 99)
-	table(d.w, fmt.Sprintf("%s same host: container a -> b vs a direct veth pair (MTU %d), %d/%d/%d alternating rounds", d.dp, mtu, d.cfg.tputRounds, d.cfg.crrRounds, d.cfg.rrRounds),
-		[]string{"figure", "veth pair", d.dp, "ratio", "rounds"},
-		[][]string{
-			{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "veth " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
-			{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), "veth " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)},
-			{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), fmt.Sprintf("%d samples each", len(test.rr))},
-			{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
-		})
+	rows := [][]string{
+		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "veth " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
+		{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), "veth " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)},
+		{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), fmt.Sprintf("%d samples each", len(test.rr))},
+		{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
+	}
+	d.ratios[stage+".tput_ratio"], d.ratios[stage+".crr_ratio"] = tr, cr
+	if extra != nil {
+		rows = append(rows, extra(tr, cr)...)
+	}
+	table(d.w, fmt.Sprintf("%s same host%s: container %s -> %s vs a direct veth pair (MTU %d), %d/%d/%d alternating rounds",
+		d.dp, what, shortName(cli), shortName(srv), mtu, d.cfg.tputRounds, d.cfg.crrRounds, d.cfg.rrRounds),
+		[]string{"figure", "veth pair", d.dp, "ratio", "rounds"}, rows)
 	d.r.add(p+"veth_tput", round2(bt), "Gbit/s")
 	d.r.add(p+"tput", round2(tt), "Gbit/s")
 	d.r.add(p+"tput_ratio", tr, "ratio")
@@ -306,6 +324,11 @@ func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 // crossHost compares container a (host 1) -> c (host 2) with a Linux bridge + kernel
 // VXLAN path between two simulated hosts of the same kind (netbench.BridgeVXLAN).
 func (d *dpRun) crossHost(ctx context.Context) error {
+	return d.crossHostOf(ctx, "crosshost", d.a, d.x, "", nil)
+}
+
+// crossHostOf runs the cross-host comparison for cli -> srv and reports it as stage.
+func (d *dpRun) crossHostOf(ctx context.Context, stage string, cli, srv *sim.Container, what string, extra func(tput float64) [][]string) error {
 	topo, err := netbench.BridgeVXLAN(d.c.Prefix + "x")
 	if err != nil {
 		return err
@@ -313,7 +336,7 @@ func (d *dpRun) crossHost(ctx context.Context) error {
 	defer topo.Close()
 	// Namespaces: h1, h2, c1, c2; c2 is 10.197.0.2.
 	base := &path{label: "bridge+vxlan", clientNS: topo.Namespaces[2], serverNS: topo.Namespaces[3], serverIP: "10.197.0.2"}
-	test := &path{label: d.dp + " cross-host", clientNS: d.a.Name, serverNS: d.x.Name, serverIP: d.x.IP.Addr().String()}
+	test := &path{label: d.dp + " " + stage, clientNS: cli.Name, serverNS: srv.Name, serverIP: srv.IP.Addr().String()}
 	// Warm the baseline's ARP/FDB so the first round does not pay for learning.
 	if _, err := netbench.Run(base.clientNS, "ping", "-c", "1", "-W", "2", base.serverIP); err != nil {
 		return fmt.Errorf("bridge+vxlan baseline not connected: %w", err)
@@ -321,18 +344,23 @@ func (d *dpRun) crossHost(ctx context.Context) error {
 	if err := d.compare(ctx, base, test, false); err != nil {
 		return err
 	}
-	p := d.dp + ".crosshost."
+	p := d.dp + "." + stage + "."
 	bt, tt := median(base.tput), median(test.tput)
 	tr := pairedRatio(base.tput, test.tput)
 	b50, t50 := netbench.Percentile(base.rr, 50), netbench.Percentile(test.rr, 50)
 	b99, t99 := netbench.Percentile(base.rr, 99), netbench.Percentile(test.rr, 99)
-	table(d.w, fmt.Sprintf("%s cross host (VXLAN): container a -> c vs Linux bridge + kernel vxlan, %d/%d alternating rounds", d.dp, d.cfg.tputRounds, d.cfg.rrRounds),
-		[]string{"figure", "bridge+vxlan", d.dp, "ratio", "rounds"},
-		[][]string{
-			{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "bridge " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
-			{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), ""},
-			{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
-		})
+	rows := [][]string{
+		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "bridge " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
+		{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), ""},
+		{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
+	}
+	d.ratios[stage+".tput_ratio"] = tr
+	if extra != nil {
+		rows = append(rows, extra(tr)...)
+	}
+	table(d.w, fmt.Sprintf("%s cross host (VXLAN)%s: container %s -> %s vs Linux bridge + kernel vxlan, %d/%d alternating rounds",
+		d.dp, what, shortName(cli), shortName(srv), d.cfg.tputRounds, d.cfg.rrRounds),
+		[]string{"figure", "bridge+vxlan", d.dp, "ratio", "rounds"}, rows)
 	d.r.add(p+"bridge_tput", round2(bt), "Gbit/s")
 	d.r.add(p+"tput", round2(tt), "Gbit/s")
 	d.r.add(p+"tput_ratio", tr, "ratio")
@@ -364,3 +392,6 @@ func (d *dpRun) cni(ctx context.Context) error {
 	d.r.add(p+"delete_"+strconv.Itoa(res.Pods), round2(res.DelTotal.Seconds()), "s")
 	return nil
 }
+
+// shortName is the container's name without its host prefix ("a", "pb").
+func shortName(ct *sim.Container) string { return strings.TrimPrefix(ct.Name, ct.Host.Name+"-") }

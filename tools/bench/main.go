@@ -3,10 +3,11 @@
 // machine-readable line per figure, `BENCH <name> <value> <unit>` (names in docs/bench.md).
 //
 // Stages: eBPF program paths (Program.Benchmark), same-host and cross-host TCP
-// throughput/connection rate/latency per dataplane, a netplugin SIGKILL restart under
-// load, CNI ADD latency, and the control plane (REST, allocations, failover) through
-// pkg/cpbench. Every stage is independent: a failure prints `BENCH_ERROR <name> <reason>`
-// and the next stage runs; the exit status is non-zero only if no figure was measured.
+// throughput/connection rate/latency per dataplane (also with policy on both endpoint
+// groups), a netplugin SIGKILL restart under load, CNI ADD latency, and the control
+// plane (REST, allocations, failover) through pkg/cpbench. Every stage is independent:
+// a failure prints `BENCH_ERROR <name> <reason>` and the next stage runs; the exit status
+// is non-zero only if no figure was measured.
 // Everything started is removed at the end, also on Ctrl-C.
 package main
 
@@ -50,7 +51,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "crosshost", "restart", "cni", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "crosshost", "crosshost_policy", "restart", "cni", "docker", "cp"}
 
 func main() {
 	var cfg config
@@ -126,7 +127,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 	}
 	wantCluster := false
-	for _, s := range []string{"samehost", "crosshost", "restart", "cni"} {
+	for _, s := range []string{"samehost", "samehost_policy", "crosshost", "crosshost_policy", "restart", "cni"} {
 		wantCluster = wantCluster || cfg.want(s)
 	}
 	for _, dp := range cfg.dataplanes {

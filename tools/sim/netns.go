@@ -78,3 +78,17 @@ func Listen(ns, network, addr string) (net.Listener, error) {
 	}
 	return l, nil
 }
+
+// ListenPacket opens a packet socket (e.g. UDP) inside the named namespace.
+func ListenPacket(ns, network, addr string) (net.PacketConn, error) {
+	var l net.PacketConn
+	err := inNS(ns, func() error {
+		var err error
+		l, err = net.ListenPacket(network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s %s in netns %s: %w", network, addr, ns, err)
+	}
+	return l, nil
+}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // Config describes a simulated cluster.
@@ -87,6 +88,7 @@ type Container struct {
 	MAC        string
 	Network    string
 	Tenant     string
+	Group      string // endpoint group ("" = none)
 }
 
 // Cluster is a running simulation.
@@ -467,9 +469,52 @@ func (c *Cluster) DeleteNetwork(ctx context.Context, tenant, name string) error 
 	return c.MasterDo(ctx, http.MethodDelete, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), nil, nil)
 }
 
+// CreatePolicy creates an (empty) policy through the REST API (`netctl policy create`).
+func (c *Cluster) CreatePolicy(ctx context.Context, tenant, name string) error {
+	body := map[string]any{"tenantName": tenant, "policyName": name}
+	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/policys/%s:%s/", tenant, name), body, nil)
+}
+
+// AddRule adds a rule to a policy through the REST API (`netctl policy rule-add`); the
+// rule names its tenant, policy and id.
+func (c *Cluster) AddRule(ctx context.Context, r model.Rule) error {
+	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/rules/%s:%s:%s/", r.TenantName, r.PolicyName, r.RuleID), r, nil)
+}
+
+// CreateEndpointGroup creates (or updates) an endpoint group of network with the given
+// policies attached (`netctl group create -p`).
+func (c *Cluster) CreateEndpointGroup(ctx context.Context, tenant, network, group string, policies ...string) error {
+	body := map[string]any{"tenantName": tenant, "groupName": group, "networkName": network}
+	if len(policies) > 0 {
+		body["policies"] = policies
+	}
+	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/endpointGroups/%s:%s/", tenant, group), body, nil)
+}
+
 // InspectGet reads h's netplugin inspect API.
 func (h *Host) InspectGet(ctx context.Context, path string, out any) error {
 	return h.c.do(ctx, h.Name, http.MethodGet, "http://"+h.Inspect+path, nil, out)
+}
+
+// Metrics returns h's netplugin Prometheus metrics (inspect API /metrics) as text.
+func (h *Host) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Inspect+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := h.c.httpClient(h.Name).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("metrics of %s: HTTP %d", h.Name, resp.StatusCode)
+	}
+	return string(b), nil
 }
 
 // Netctl runs bin/netctl inside the first host against netmaster.
@@ -481,14 +526,22 @@ func (c *Cluster) Netctl(ctx context.Context, args ...string) (string, error) {
 // AddContainer creates a namespace "<host>-<name>" and attaches it to tenant/network
 // through the host's CNI socket (ContivCNI.AddPod).
 func (c *Cluster) AddContainer(ctx context.Context, h *Host, name, tenant, network string) (*Container, error) {
+	return c.AddContainerInGroup(ctx, h, name, tenant, network, "")
+}
+
+// AddContainerInGroup is AddContainer with an endpoint group: the CNI request carries it
+// (CONTIV_GROUP, the io.contiv.net-group label of a pod), the agent registers the endpoint
+// in that group with netmaster, and the group's policies apply to it. The group must exist
+// (CreateEndpointGroup).
+func (c *Cluster) AddContainerInGroup(ctx context.Context, h *Host, name, tenant, network, group string) (*Container, error) {
 	ns := h.Name + "-" + name
 	if err := c.addNS(ctx, ns); err != nil {
 		return nil, err
 	}
-	ct := &Container{Name: ns, Host: h, ID: ns, Network: network, Tenant: tenant}
+	ct := &Container{Name: ns, Host: h, ID: ns, Network: network, Tenant: tenant, Group: group}
 	resp, err := cniapi.NewClient(h.CNISocket).AddPod(ctx, cniapi.PodRequest{
 		Name: name, Namespace: "default", InfraContainerID: ct.ID, NetNS: NetNSPath(ns), IfName: "eth0",
-		Tenant: tenant, Network: network,
+		Tenant: tenant, Network: network, Group: group,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sim: attach %s on %s: %w", name, h.Name, err)
@@ -507,7 +560,7 @@ func (c *Cluster) AddContainer(ctx context.Context, h *Host, name, tenant, netwo
 // RemoveContainer detaches the container (ContivCNI.DelPod) and deletes its namespace.
 func (c *Cluster) RemoveContainer(ctx context.Context, ct *Container) error {
 	_, err := cniapi.NewClient(ct.Host.CNISocket).DelPod(ctx, cniapi.PodRequest{
-		Name: ct.Name, InfraContainerID: ct.ID, Tenant: ct.Tenant, Network: ct.Network,
+		Name: ct.Name, InfraContainerID: ct.ID, Tenant: ct.Tenant, Network: ct.Network, Group: ct.Group,
 	})
 	if err != nil {
 		return fmt.Errorf("sim: detach %s: %w", ct.Name, err)
