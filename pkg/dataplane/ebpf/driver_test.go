@@ -504,6 +504,16 @@ contiv_datapath_policy_failed_closed{epg="2"} 1
 	if err := pingOnce(a.NetNS, b.IP.String()); err == nil {
 		t.Error("an invalid rule set widened access")
 	}
+	// Again (a retry, a new generation): the sweep must not reopen the group.
+	if err := h.d.Sync(ctx, state); err == nil {
+		t.Error("second sync with an invalid rule: no error")
+	}
+	if err := h.d.objs.CbEpgs.Lookup(uint32(2), &st); err != nil || st.Flags != uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL) {
+		t.Fatalf("group 2 state %+v (%v) after a second sync, want deny-all", st, err)
+	}
+	if err := pingOnce(a.NetNS, b.IP.String()); err == nil {
+		t.Error("a second sync of an invalid rule set widened access")
+	}
 	// 1,024 rules per direction fit; the group is open again for what they allow.
 	full := dataplane.PolicySet{EPGID: 2}
 	for i := 0; i < MaxRules; i++ {

@@ -157,12 +157,20 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 // the *PolicyError that says so (joined with any error of doing it).
 func (d *Driver) failClosed(epg uint16, cause error) error {
 	perr := &PolicyError{EPGID: epg, Err: cause}
-	d.log.Error("policy failed closed", "epg", epg, "err", cause)
+	prev, again := d.failed[epg]
+	again = again && prev.Error() == cause.Error() // a retry of the same refusal
+	if !again {
+		d.log.Error("policy failed closed", "epg", epg, "err", cause)
+	}
 	delete(d.policies, epg)
 	d.failed[epg] = cause
+	// Written every time (with this generation), so a Sync's sweep never reopens it.
 	st := contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), Generation: d.gen}
 	if err := d.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
 		return errors.Join(perr, fmt.Errorf("policy %d: write deny-all state: %w", epg, err))
+	}
+	if again {
+		return perr // established flows were cut when it first closed
 	}
 	if err := d.bumpEpoch(); err != nil {
 		return errors.Join(perr, err)
