@@ -446,12 +446,15 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
 
-	if (f->proto == CB_PROTO_ICMP && p->inner.proto)
+	if (f->proto == CB_PROTO_ICMP && p->inner.proto) {
+		if (f->saddr != p->inner.daddr || f->daddr != p->inner.saddr)
+			return 0; /* not from the quoted packet's destination to its sender */
 		cb_ct_key_of(&k, zone, &p->inner, 0);
-	else if (f->has_ports)
+	} else if (f->has_ports) {
 		cb_ct_key_of(&k, zone, f, 1);
-	else
+	} else {
 		return 0;
+	}
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;

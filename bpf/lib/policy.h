@@ -344,6 +344,29 @@ CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, str
 	return 0;
 }
 
+/* cb_ct_related says whether ICMP error f (quoting t->inner) belongs to a live flow: an
+ * error from the quoted packet's destination back to its sender passes (and is un-NATed:
+ * t->rev_nat) as part of that flow, without touching its state. A third party quoting
+ * someone else's flow is judged like any other packet. */
+static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+	__u64 now = cb_now();
+
+	if (!f || !t || !t->inner || f->saddr != t->inner->daddr || f->daddr != t->inner->saddr)
+		return 0;
+	cb_ct_key_of(&k, t->zone, t->inner, 0);
+	e = cb_ct_flow(&k, now);
+	if (e) {
+		if (e->flags & CB_CT_DNAT)
+			t->rev_nat = e;
+		return 1;
+	}
+	cb_ct_key_of(&k, t->zone, t->inner, 1);
+	return cb_ct_flow(&k, now) != 0;
+}
+
 /* cb_ct_check is the stateful stage for a tracked packet whose first fragment (or only
  * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
@@ -358,23 +381,8 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return CB_DROP_POLICY;
 	now = cb_now();
 	epoch = cb_policy_epoch;
-	if (t->inner) {
-		/* An ICMP error is related to the flow of the packet it quotes: it passes (and is
-		 * un-NATed) as part of that flow, without touching its state. */
-		cb_ct_key_of(&k, t->zone, t->inner, 0);
-		e = cb_ct_flow(&k, now);
-		if (!e) {
-			cb_ct_key_of(&k, t->zone, t->inner, 1);
-			e = cb_ct_flow(&k, now);
-			reply = 1;
-		}
-		if (e) {
-			if (!reply && (e->flags & CB_CT_DNAT))
-				t->rev_nat = e;
-			return 0;
-		}
-		reply = 0;
-	}
+	if (t->inner && cb_ct_related(f, t))
+		return 0;
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	cb_ct_key_of(&k, t->zone, f, 0);

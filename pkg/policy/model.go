@@ -403,7 +403,10 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 	q := p.Quoted
 	q.Zone = p.Zone
 	q.Src, q.Dst = q.Src.Unmap(), q.Dst.Unmap()
+	// Only an error from the quoted packet's destination back to its sender is related.
+	fromPeer := k.Src == q.Dst && k.Dst == q.Src
 	fwd, haveFwd := m.flow(q)
+	haveFwd = haveFwd && fromPeer
 	if !(haveFwd && fwd.DNAT) && !m.groupTracked(m.group(k.Zone, k.Src)) && !m.groupTracked(m.group(k.Zone, k.Dst)) {
 		return ModelResult{Pass: true}
 	}
@@ -417,7 +420,7 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 		}
 		return res
 	}
-	if _, ok := m.flow(q.Reverse()); ok {
+	if _, ok := m.flow(q.Reverse()); ok && fromPeer {
 		return res
 	}
 	if !m.allows(k) {

@@ -405,6 +405,10 @@ func TestConntrackICMPRelated(t *testing.T) {
 	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 40500, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 	run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40500, 53), ovl).expect(t, tcActRedirect, FwdLocal)
 	run(t, objs, ov, icmpError(remoteIP, srcIP, 11, srcIP, remoteIP, 40500, 53), ovl).expect(t, tcActRedirect, FwdLocal)
+	// A third party (here the orphan's address would be spoofed, so another remote endpoint
+	// of the same VTEP: the fixture has one, 10.1.0.4 itself is the peer) quoting the flow
+	// to someone else is not related: judged on its own, denied.
+	run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, localIP, 40500, 53), ovl).expect(t, tcActShot, DropPolicy)
 	// Quoting a flow that does not exist: judged on its own, denied.
 	run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40501, 53), ovl).expect(t, tcActShot, DropPolicy)
 	// A truncated quote is malformed.

@@ -202,6 +202,12 @@ func (g *diffGen) icmpError() (diffStep, bool) {
 		q.sport = g.port() // probably no flow
 	}
 	s := diffStep{kind: "pkt", from: q.to, to: q.from, proto: 1, flags: []uint8{3, 11, 12}[g.r.IntN(3)], ipid: 1, quote: &q}
+	if g.r.IntN(4) == 0 {
+		s.from = g.r.IntN(len(g.eps)) // a third party quoting someone else's flow
+		if g.eps[s.from].zone != g.eps[s.to].zone {
+			return diffStep{}, false
+		}
+	}
 	if s.from == s.to || (!g.eps[s.from].local && !g.eps[s.to].local) {
 		return diffStep{}, false
 	}
