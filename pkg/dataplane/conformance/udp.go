@@ -43,7 +43,7 @@ func startUDPServer(path, ip string, port int, ident []byte) (*UDPServer, error)
 }
 
 func (s *UDPServer) loop() {
-	buf := make([]byte, 2048)
+	buf := make([]byte, 65535) // whole datagrams, fragmented ones too
 	for {
 		n, from, err := s.conn.ReadFrom(buf)
 		if err != nil {
@@ -88,7 +88,7 @@ func UDPExchange(path, addr string, msg []byte, wait time.Duration) (string, err
 	if err != nil {
 		return "", err
 	}
-	buf := make([]byte, 2048)
+	buf := make([]byte, 65535)
 	for try := 0; try < 3; try++ {
 		if _, err := pc.WriteTo(msg, to); err != nil {
 			return "", fmt.Errorf("udp send to %s: %w", addr, err)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -582,5 +583,68 @@ func TestHairpinTraffic(t *testing.T) {
 	}
 	if from != "10.50.0.100:53" {
 		t.Errorf("UDP reply from %s, want the VIP", from)
+	}
+}
+
+// TestServiceUDPThroughVIP: with real sockets, a 4,000-byte datagram to a VIP (fragmented
+// by the sender at MTU 1450) comes back whole from the VIP, and a datagram to a backend
+// port nobody listens on comes back as ECONNREFUSED (the backend's port unreachable,
+// related to the flow and un-NATed so the client's connected socket matches it).
+func TestServiceUDPThroughVIP(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	vip := netip.MustParseAddr("10.50.0.100")
+	svc := dataplane.Service{ID: "echo:t", VIP: vip, Backends: []netip.Addr{b.IP},
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}, {Proto: 17, Port: 54, TargetPort: 5454}}}
+	// Policy on both groups: every packet of these flows is tracked.
+	pols := []dataplane.PolicySet{
+		{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}},
+		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}},
+	}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b}, Policies: pols, Services: []dataplane.Service{svc}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := conformance.StartUDPEcho(b.NetNS, b.IP.String(), 5353)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	big := make([]byte, 4000)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	from, err := conformance.UDPExchange(a.NetNS, "10.50.0.100:53", big, 2*time.Second)
+	if err != nil {
+		t.Fatalf("4,000-byte datagram through the VIP: %v", err)
+	}
+	if from != "10.50.0.100:53" {
+		t.Errorf("large reply from %s, want the VIP", from)
+	}
+
+	// Nobody listens on 5454 behind VIP:54.
+	err = conformance.InNetNS(a.NetNS, func() error {
+		c, err := net.DialTimeout("udp4", "10.50.0.100:54", time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for try := 0; try < 3; try++ {
+			if _, err := c.Write([]byte("ping")); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err = c.Read(buf); errors.Is(err, syscall.ECONNREFUSED) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no ECONNREFUSED from the VIP's backend port")
+	})
+	if err != nil {
+		t.Error(err)
 	}
 }
