@@ -43,6 +43,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 	t.Run("cross-tenant-vip", func(t *testing.T) { crossTenantVIP(t, e, tenants) })
 	t.Run("bare-ack", func(t *testing.T) { bareACK(t, e, a1, a2) })
 	t.Run("rst-policy-change-syn", func(t *testing.T) { rstPolicyChangeSYN(t, e, a1, b1) })
+	t.Run("icmp-port-unreachable-through-vip", func(t *testing.T) { portUnreachableThroughVIP(t, e, a1, b1) })
 }
 
 // marker returns a random payload that identifies one probe in a capture.

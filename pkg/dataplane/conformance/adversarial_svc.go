@@ -1,0 +1,69 @@
+package conformance
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// withService installs svc on both hosts for the duration of fn.
+func withService(t *testing.T, e *Env, svc dataplane.Service, fn func()) {
+	t.Helper()
+	c := ctx(t)
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertService(c, svc); err != nil {
+			t.Fatalf("%s: %v", h.Name, err)
+		}
+	}
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeleteService(c, svc.ID); err != nil {
+				t.Errorf("%s: delete service: %v", h.Name, err)
+			}
+		}
+	}()
+	fn()
+}
+
+// portUnreachableThroughVIP: the backend has no listener on the target port; the client's
+// connected UDP socket to the VIP gets ECONNREFUSED (the port unreachable is related to
+// the flow and carries the VIP again).
+func portUnreachableThroughVIP(t *testing.T, e *Env, a1, b1 *Container) {
+	vip := netip.MustParseAddr("10.36.1.204")
+	svc := dataplane.Service{ID: "closed:default", VIP: vip, Backends: []netip.Addr{b1.EP.IP},
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5397}}}
+	withService(t, e, svc, func() {
+		if err := refusedUDP(a1.NS, "10.36.1.204:53"); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// refusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
+// from addr within three tries.
+func refusedUDP(path, addr string) error {
+	return InNetNS(path, func() error {
+		c, err := net.DialTimeout("udp4", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for try := 0; try < 3; try++ {
+			if _, err := c.Write([]byte("ping")); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(buf); errors.Is(err, syscall.ECONNREFUSED) {
+				return nil
+			}
+		}
+		return fmt.Errorf("udp %s: no ECONNREFUSED (port unreachable lost or not matched to the socket)", addr)
+	})
+}
