@@ -255,7 +255,6 @@ func vlanFromContainer(t *testing.T, e *Env, a1, a2, b1 *Container) {
 // udpSpread: 32 UDP flows (distinct source ports, same client) to one VIP:port reach
 // both backends, and every reply comes from the VIP.
 func udpSpread(t *testing.T, e *Env, a1, a2, b1 *Container) {
-	c := ctx(t)
 	const target = 5353
 	vip := netip.MustParseAddr("10.36.1.201")
 	var srvs []*UDPServer
@@ -269,18 +268,12 @@ func udpSpread(t *testing.T, e *Env, a1, a2, b1 *Container) {
 	}
 	svc := dataplane.Service{ID: "dns:default", VIP: vip,
 		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
-	for _, h := range []*Host{e.H1, e.H2} {
-		if err := h.Driver.UpsertService(c, svc); err != nil {
-			t.Fatalf("%s: %v", h.Name, err)
-		}
-	}
-	defer func() {
-		for _, h := range []*Host{e.H1, e.H2} {
-			if err := h.Driver.DeleteService(c, svc.ID); err != nil {
-				t.Errorf("%s: delete service: %v", h.Name, err)
-			}
-		}
-	}()
+	withService(t, e, svc, func() { checkUDPSpread(t, a1, vip, srvs) })
+}
+
+// checkUDPSpread sends 32 UDP flows to vip:53 from a1 and wants replies from the VIP and
+// both servers used.
+func checkUDPSpread(t *testing.T, a1 *Container, vip netip.Addr, srvs []*UDPServer) {
 	vipAddr := net.JoinHostPort(vip.String(), "53")
 	failed := 0
 	for i := 0; i < 32; i++ {

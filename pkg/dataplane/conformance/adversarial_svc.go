@@ -39,15 +39,15 @@ func portUnreachableThroughVIP(t *testing.T, e *Env, a1, b1 *Container) {
 	svc := dataplane.Service{ID: "closed:default", VIP: vip, Backends: []netip.Addr{b1.EP.IP},
 		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5397}}}
 	withService(t, e, svc, func() {
-		if err := refusedUDP(a1.NS, "10.36.1.204:53"); err != nil {
+		if err := RefusedUDP(a1.NS, "10.36.1.204:53"); err != nil {
 			t.Error(err)
 		}
 	})
 }
 
-// refusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
+// RefusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
 // from addr within three tries.
-func refusedUDP(path, addr string) error {
+func RefusedUDP(path, addr string) error {
 	return InNetNS(path, func() error {
 		c, err := net.DialTimeout("udp4", addr, time.Second)
 		if err != nil {
