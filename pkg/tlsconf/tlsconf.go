@@ -1,0 +1,91 @@
+// Package tlsconf owns turning certificate file flags into *tls.Config: one client side
+// (CA to trust, optional client certificate) and one server side (certificate, optional
+// client CA that makes client certificates mandatory). Every binary that speaks TLS
+// (netmaster, netplugin, netctl, the etcd client) builds its config here.
+package tlsconf
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// Files names PEM files; empty fields are unused.
+type Files struct {
+	// CA is the bundle of CAs to trust: the server's issuer on a client, the client
+	// certificates' issuer on a server.
+	CA string
+	// Cert and Key are this side's own certificate and key (both or neither).
+	Cert, Key string
+}
+
+// Empty reports whether no file is set.
+func (f Files) Empty() bool { return f.CA == "" && f.Cert == "" && f.Key == "" }
+
+// Client returns a client config: RootCAs from f.CA (system roots when empty), and the
+// client certificate when f.Cert/f.Key are set. what names the flags in errors
+// ("--etcd-cacert", ...).
+func Client(f Files, what string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CA != "" {
+		pool, err := loadPool(f.CA)
+		if err != nil {
+			return nil, fmt.Errorf("%s CA: %w", what, err)
+		}
+		tc.RootCAs = pool
+	}
+	if err := loadPair(f, tc, what); err != nil {
+		return nil, err
+	}
+	return tc, nil
+}
+
+// Server returns a server config with f.Cert/f.Key (required). When f.CA is set, clients
+// must present a certificate signed by it.
+func Server(f Files, what string) (*tls.Config, error) {
+	if f.Cert == "" || f.Key == "" {
+		return nil, fmt.Errorf("%s: a certificate and a key are both required", what)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if err := loadPair(f, tc, what); err != nil {
+		return nil, err
+	}
+	if f.CA != "" {
+		pool, err := loadPool(f.CA)
+		if err != nil {
+			return nil, fmt.Errorf("%s client CA: %w", what, err)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func loadPair(f Files, tc *tls.Config, what string) error {
+	if (f.Cert == "") != (f.Key == "") {
+		return fmt.Errorf("%s: certificate and key must be given together", what)
+	}
+	if f.Cert == "" {
+		return nil
+	}
+	kp, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return fmt.Errorf("%s: load certificate %s / key %s: %w", what, f.Cert, f.Key, err)
+	}
+	tc.Certificates = []tls.Certificate{kp}
+	return nil
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, errors.New(path + ": no PEM certificate in it")
+	}
+	return pool, nil
+}
