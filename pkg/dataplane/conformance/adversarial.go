@@ -44,6 +44,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 	t.Run("bare-ack", func(t *testing.T) { bareACK(t, e, a1, a2) })
 	t.Run("rst-policy-change-syn", func(t *testing.T) { rstPolicyChangeSYN(t, e, a1, b1) })
 	t.Run("icmp-port-unreachable-through-vip", func(t *testing.T) { portUnreachableThroughVIP(t, e, a1, b1) })
+	t.Run("hairpin", func(t *testing.T) { hairpin(t, e, a1) })
 }
 
 // marker returns a random payload that identifies one probe in a capture.

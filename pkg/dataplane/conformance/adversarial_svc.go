@@ -67,3 +67,53 @@ func RefusedUDP(path, addr string) error {
 		return fmt.Errorf("udp %s: no ECONNREFUSED (port unreachable lost or not matched to the socket)", addr)
 	})
 }
+
+// hairpin: a client balanced to itself through its own service reaches its listener (TCP
+// and UDP) and sees the VIP as its peer both ways; its group's policy (no new TCP in) does
+// not judge this traffic.
+func hairpin(t *testing.T, e *Env, a1 *Container) {
+	vip := netip.MustParseAddr("10.36.1.205")
+	svc := dataplane.Service{ID: "self:default", VIP: vip, Backends: []netip.Addr{a1.EP.IP},
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8398}, {Proto: 17, Port: 53, TargetPort: 5398}}}
+	srv, err := StartTCPEchoPort(a1.NS, a1.EP.IP.String(), 8398)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	usrv, err := StartUDPEcho(a1.NS, a1.EP.IP.String(), 5398)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer usrv.Close()
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: a1.EP.EPGID, Rules: []dataplane.PolicyRule{
+		{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}})
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), a1.EP.EPGID); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	withService(t, e, svc, func() {
+		for i := 0; i < 3; i++ {
+			c, err := DialTCPTimeout(a1.NS, "10.36.1.205:80", 3*time.Second)
+			if err != nil {
+				t.Fatalf("connection %d to its own service: %v", i, err)
+			}
+			if err := EchoRoundTrip(c, 64<<10); err != nil {
+				t.Errorf("connection %d: %v", i, err)
+			}
+			if got := c.RemoteAddr().String(); got != "10.36.1.205:80" {
+				t.Errorf("client sees peer %s, want the VIP", got)
+			}
+			c.Close()
+		}
+		from, err := UDPExchange(a1.NS, "10.36.1.205:53", []byte("hello"), 2*time.Second)
+		if err != nil {
+			t.Fatalf("UDP to its own service: %v", err)
+		}
+		if from != "10.36.1.205:53" {
+			t.Errorf("UDP reply from %s, want the VIP", from)
+		}
+	})
+}

@@ -73,11 +73,29 @@ const (
 	regSrcEPG  = 1
 	regDstEPG  = 2
 	regVRF     = 3 // VRF (tenant) id, also the conntrack zone
-	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed
+	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed; bits 2, 3: hairpin (below)
 	regSvcIP   = 5 // chosen backend IP
 	regSvcPort = 6 // chosen backend port
 	regSvcSel  = 7 // service LB choice: service id in bits 16..31, backend index in bits 0..15
 )
+
+// Hairpin (a client balanced to itself): the packet is DNATed in the tenant's zone as any
+// service packet, then SNATed to the VIP in the tenant's hairpin zone (vrf|hairpinZoneBit)
+// and sent back out the port it came from. Packets to a VIP are first looked up in the
+// hairpin zone (undoing the SNAT of a reply), then in the tenant's zone as usual.
+const (
+	flagHairpinLookup = 2 // regFlags bit: the hairpin-zone lookup of conntrack is done
+	flagHairpinSNAT   = 3 // regFlags bit: the hairpin-zone SNAT of l3_rewrite is done
+)
+
+// hairpinZone is the conntrack zone of vrf's hairpin SNAT entries; false when vrf is an
+// id persisted before ids were capped at maxVRF (no hairpin for that tenant then).
+func hairpinZone(vrf uint32) (uint16, bool) {
+	if vrf == 0 || vrf > maxVRF {
+		return 0, false
+	}
+	return uint16(vrf | hairpinZoneBit), true
+}
 
 // ports is what the OVSDB side resolved: OpenFlow port numbers.
 type ports struct {
@@ -329,6 +347,11 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 			add(pl.newFlow(tL3, 90).ip().reg(regVRF, netVRF(e.net)).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
 				setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
 		}
+		if hz, ok := hairpinZone(netVRF(e.net)); ok && e.local {
+			for _, f := range pl.hairpinEndpoint(e.ip, e.mac, e.port, netKey(e.net), netVRF(e.net), hz) {
+				add(f)
+			}
+		}
 		out := pl.newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
 		switch {
 		case e.local:
@@ -395,7 +418,17 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 		}
 	}
 
-	svcFlows, keys, err := pl.services(d, vrf, ids.svc)
+	local := map[uint32]map[netip.Addr]bool{} // VRF → local endpoint IPs (hairpin candidates)
+	for _, e := range all {
+		if e.local {
+			v := netVRF(e.net)
+			if local[v] == nil {
+				local[v] = map[netip.Addr]bool{}
+			}
+			local[v][e.ip] = true
+		}
+	}
+	svcFlows, keys, err := pl.services(d, vrf, ids.svc, local)
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +515,7 @@ func serviceTenant(id string) (string, error) {
 // services compiles every service into its tenant's VRF: the VIP is answered (ARP) and
 // translated only for packets from that tenant's networks, so two tenants may use the
 // same VIP:port. A service whose tenant has no network on this host has no flows.
-func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[string]uint32) ([]*flow, []string, error) {
+func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[string]uint32, local map[uint32]map[netip.Addr]bool) ([]*flow, []string, error) {
 	var flows []*flow
 	var keys []string
 	owner := map[string]string{} // "vrf/vip/proto/port" → service id
@@ -504,6 +537,12 @@ func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[strin
 			continue
 		}
 		flows = append(flows, pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP)))
+		if hz, ok := hairpinZone(v); ok {
+			// Replies of hairpin connections come back to the VIP: undo the SNAT first.
+			flows = append(flows, pl.newFlow(tConntrack, 20).ip().reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).
+				regBits(regFlags, flagHairpinLookup, flagHairpinLookup, 0).loadBits(regFlags, flagHairpinLookup, flagHairpinLookup, 1).
+				ctZone(hz, int(tConntrack), false, of.NewNXActionCTNAT(), "nat"))
+		}
 		for _, sp := range s.Ports {
 			if sp.Proto != 6 && sp.Proto != 17 {
 				return nil, nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
@@ -519,7 +558,7 @@ func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[strin
 				return nil, nil, err
 			}
 			keys = append(keys, key)
-			flows = append(flows, pl.servicePort(s, sp, v, sid)...)
+			flows = append(flows, pl.servicePort(s, sp, v, sid, local[v])...)
 		}
 	}
 	return flows, keys, nil
@@ -527,7 +566,7 @@ func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[strin
 
 // servicePort balances new connections from VRF v to one VIP:port over the backends by
 // a hash of the 5-tuple (UDP ports included). A new TCP packet without SYN opens nothing.
-func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v, sid uint32) []*flow {
+func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v, sid uint32, local map[netip.Addr]bool) []*flow {
 	target := sp.TargetPort
 	if target == 0 {
 		target = sp.Port
@@ -559,14 +598,42 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
 			loadBits(regFlags, 1, 1, 1).
 			ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+		if hz, ok := hairpinZone(v); ok && local[b] {
+			// The client was balanced to itself: commit the SNAT to the VIP.
+			snat := of.NewNXActionCTNAT()
+			_ = snat.SetSNAT()
+			snat.SetRangeIPv4Min(ip4(s.VIP))
+			snat.SetRangeIPv4Max(ip4(s.VIP))
+			flows = append(flows, pl.newFlow(tL3, 300).ip().reg(regSvcSel, sid<<16|uint32(i)).
+				ipSrc(netip.PrefixFrom(b, 32)).ipDst(netip.PrefixFrom(b, 32)).
+				regBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 0).loadBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 1).
+				ctZone(hz, int(tL3), true, snat, fmt.Sprintf("nat(src=%s)", s.VIP)))
+		}
 	}
 	return flows
+}
+
+// hairpinEndpoint lets local endpoint ip (on port, in network net of VRF vrf) reach
+// itself through a service: such a packet (source = destination = ip, after DNAT) skips
+// policy (a client talking to itself is not policy's business), gets the hairpin zone's
+// SNAT to the VIP applied (committed by the service's flow for a new connection) and
+// leaves through the port it came in on.
+func (pl *pipeline) hairpinEndpoint(ip netip.Addr, mac net.HardwareAddr, port, net, vrf uint32, zone uint16) []*flow {
+	self := func(t tableID, prio int) *flow {
+		return pl.newFlow(t, prio).ip().reg(regVRF, vrf).ipSrc(netip.PrefixFrom(ip, 32)).ipDst(netip.PrefixFrom(ip, 32))
+	}
+	return []*flow{
+		self(tPolicy, 64000).goTo(tL3),
+		self(tL3, 290).regBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 0).loadBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 1).
+			ctZone(zone, int(tL3), false, of.NewNXActionCTNAT(), "nat"),
+		pl.newFlow(tOutput, 110).reg(regNet, net).ethDst(mac).inPort(port).output(of.P_IN_PORT),
+	}
 }
 
 // serviceID returns the stable 16-bit id of a service LB key, allocating the smallest
 // free one for a new key.
 func serviceID(ids map[string]uint32, key string) (uint32, error) {
-	if id, ok := allocID16(ids, key); ok {
+	if id, ok := allocID(ids, key, 0xffff); ok {
 		return id, nil
 	}
 	return 0, fmt.Errorf("service %s: more than 65535 service ports", key)
@@ -612,7 +679,21 @@ func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natT
 	if zone == nil {
 		return f
 	}
-	a := of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15))
+	if nat == nil && table == int(tServiceLB) {
+		// Lookup with "nat": established connections get their translation applied.
+		nat = of.NewNXActionCTNAT()
+		natText = "nat"
+	}
+	return f.ct(of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15)), fmt.Sprintf("zone=reg%d[0..15]", regVRF),
+		table, commit, nat, natText)
+}
+
+// ctZone adds ct() in a fixed zone (a tenant's hairpin zone).
+func (f *flow) ctZone(zone uint16, table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
+	return f.ct(of.NewNXActionConnTrack().ZoneImm(zone), fmt.Sprintf("zone=%d", zone), table, commit, nat, natText)
+}
+
+func (f *flow) ct(a *of.NXActionConnTrack, zoneText string, table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
 	parts := []string{}
 	if commit {
 		a.Commit()
@@ -622,12 +703,7 @@ func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natT
 		a.Table(uint8(table))
 		parts = append(parts, "table="+tableID(table).String())
 	}
-	parts = append(parts, fmt.Sprintf("zone=reg%d[0..15]", regVRF))
-	if nat == nil && table == int(tServiceLB) {
-		// Lookup with "nat": established connections get their translation applied.
-		nat = of.NewNXActionCTNAT()
-		natText = "nat"
-	}
+	parts = append(parts, zoneText)
 	if nat != nil {
 		a.AddAction(nat)
 		parts = append(parts, natText)

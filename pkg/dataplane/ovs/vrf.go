@@ -42,17 +42,24 @@ func formatVRFs(m map[string]uint32) string {
 	return string(b)
 }
 
+// maxVRF is the largest VRF id handed out: zone vrf|hairpinZoneBit is the tenant's
+// hairpin SNAT zone.
+const (
+	maxVRF         = 0x7fff
+	hairpinZoneBit = 0x8000
+)
+
 // assignVRF returns the id of tenant, allocating the smallest one no tenant in ids holds.
 func assignVRF(ids map[string]uint32, tenant string) (uint32, error) {
-	if id, ok := allocID16(ids, tenant); ok {
+	if id, ok := allocID(ids, tenant, maxVRF); ok {
 		return id, nil
 	}
-	return 0, fmt.Errorf("tenant %s: all 65535 conntrack zones are in use", tenant)
+	return 0, fmt.Errorf("tenant %s: all %d conntrack zones are in use", tenant, maxVRF)
 }
 
-// allocID16 returns key's id in ids, allocating the smallest free one of 1..65535 for a
-// new key; false when all are taken.
-func allocID16(ids map[string]uint32, key string) (uint32, bool) {
+// allocID returns key's id in ids, allocating the smallest free one of 1..max for a new
+// key; false when all are taken.
+func allocID(ids map[string]uint32, key string, max uint32) (uint32, bool) {
 	if id, ok := ids[key]; ok {
 		return id, true
 	}
@@ -60,7 +67,7 @@ func allocID16(ids map[string]uint32, key string) (uint32, bool) {
 	for _, id := range ids {
 		taken[id] = true
 	}
-	for id := uint32(1); id <= 0xffff; id++ {
+	for id := uint32(1); id <= max; id++ {
 		if !taken[id] {
 			ids[key] = id
 			return id, true
