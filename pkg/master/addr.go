@@ -169,3 +169,57 @@ func networkByPool(tx *state.Tx, pool string) (*model.CfgNetworkState, error) {
 	}
 	return nil, unproc("AddressPool: no network has subnet %q", pool)
 }
+
+// checkPreferred refuses a requested address ip of network ns that somebody holds: the
+// gateway, an endpoint, a service VIP, or (unless adoptPending) any allocated address.
+// adoptPending is for createEndpoint after Docker's IPAM step: the address was allocated
+// by /plugin/allocAddress and no endpoint holds it yet. field names the request field.
+func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, adoptPending bool) error {
+	ip = strings.SplitN(ip, "/", 2)[0]
+	sn, err := subnetOfState(ns)
+	if err != nil {
+		return err
+	}
+	a, err := parseIP4(field, ip)
+	if err != nil {
+		return err
+	}
+	if !sn.contains(a) {
+		return unproc("%s: address %s is not inside subnet %s/%d of network %s", field, ip, ns.SubnetIP, ns.SubnetLen, ns.ID)
+	}
+	if ns.Gateway == addr4(a).String() {
+		return conflict("%s: %s is the gateway of network %s", field, ip, ns.ID)
+	}
+	if holder, err := addressHolder(tx, ns, addr4(a).String()); err != nil {
+		return err
+	} else if holder != "" {
+		return conflict("%s: %s is already used by %s", field, ip, holder)
+	}
+	if !adoptPending && ns.IPAllocMap.Test(uint(a-sn.base)) {
+		return conflict("%s: %s is already allocated in network %s", field, ip, ns.ID)
+	}
+	return nil
+}
+
+// addressHolder names the endpoint or service of network ns that holds ip, or "".
+func addressHolder(tx *state.Tx, ns *model.CfgNetworkState, ip string) (string, error) {
+	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+ns.ID+"-")
+	if err != nil {
+		return "", err
+	}
+	for _, ep := range eps {
+		if ep.NetID == ns.ID && ep.IPAddress == ip {
+			return "endpoint " + ep.ID, nil
+		}
+	}
+	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range svcs {
+		if s.Tenant == ns.Tenant && s.Network == ns.NetworkName && s.IPAddress == ip {
+			return "the VIP of service " + s.ID, nil
+		}
+	}
+	return "", nil
+}

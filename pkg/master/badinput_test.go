@@ -16,6 +16,16 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 	e.ok("POST", "/api/v1/policys/default:p/", `{"policyName":"p","tenantName":"default"}`, nil)
 	e.ok("POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n1","policies":["p"],"tenantName":"default"}`, nil)
 	e.ok("POST", "/api/v1/rules/default:p:r1/", `{"action":"allow","direction":"in","policyName":"p","ruleId":"r1","tenantName":"default"}`, nil)
+	// Names that spell the same state ids in two tenants: network a1 of tenant b1.c1 owns
+	// state/nets/a1.b1.c1; endpoint "c-d" of network x in tenant y owns eps/x.y-c-d.
+	for _, tn := range []string{"b1.c1", "c1", "y", "y-c"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+	}
+	e.net("b1.c1", "a1", "vxlan", "10.3.3.0/24", "", 0)
+	e.net("y", "x", "vxlan", "10.4.4.0/24", "", 0)
+	e.net("y-c", "x", "vxlan", "10.4.4.0/24", "", 0)
+	e.createEP("y", "x", "", "c-d", "")
+	e.ok("POST", "/api/v1/serviceLBs/default:vip/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":["a=b"],"serviceName":"vip","tenantName":"default","ipAddress":"10.1.1.200"}`, nil)
 
 	net := func(extra string) string {
 		return `{"tenantName":"default","networkName":"n2","encap":"vxlan","subnet":"10.2.2.0/24"` + extra + `}`
@@ -89,7 +99,18 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 		{"alloc unknown pool", "POST", "/plugin/allocAddress", `{"AddressPool":"10.99.0.0/24"}`, 422, "AddressPool"},
 		{"create ep unknown network", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"zz","ConfigEP":{"Container":"c","Host":"h"}}`, 422, "NetworkName"},
 		{"create ep unknown group", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ServiceName":"gg","ConfigEP":{"Container":"c","Host":"h"}}`, 422, "ServiceName"},
-		{"create ep bad ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c","Host":"h","IPAddress":"300.1.1.1"}}`, 400, "IPv4Address"},
+		{"create ep bad ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c","Host":"h","IPAddress":"300.1.1.1"}}`, 400, "ConfigEP.IPAddress"},
+		{"colliding network state key", "POST", "/api/v1/networks/c1:a1.b1/", `{"tenantName":"c1","networkName":"a1.b1","encap":"vxlan","subnet":"10.5.5.0/24"}`, 409, `belongs to network "a1" of tenant "b1.c1"`},
+		{"colliding endpoint id", "POST", "/plugin/createEndpoint", `{"TenantName":"y-c","NetworkName":"x","ConfigEP":{"Container":"d","Host":"h"}}`, 409, "belongs to endpoint"},
+		{"delete colliding endpoint id", "POST", "/plugin/deleteEndpoint", `{"TenantName":"y-c","NetworkName":"x","EndpointID":"d"}`, 404, "not found"},
+		{"alloc preferred held by endpoint", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","PreferredIPv4Address":"10.1.1.2"}`, 409, "endpoint"},
+		{"alloc preferred gateway", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","PreferredIPv4Address":"10.1.1.1"}`, 409, "gateway"},
+		{"alloc preferred vip", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","PreferredIPv4Address":"10.1.1.200"}`, 409, "VIP of service"},
+		{"create ep with endpoint's ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c9","Host":"h","IPAddress":"10.1.1.2"}}`, 409, "already used by endpoint"},
+		{"create ep with gateway ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c9","Host":"h","IPAddress":"10.1.1.1"}}`, 409, "gateway"},
+		{"create ep with vip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c9","Host":"h","IPAddress":"10.1.1.200/24"}}`, 409, "VIP"},
+		{"service with endpoint's ip", "POST", "/api/v1/serviceLBs/default:s2/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":["a=b"],"serviceName":"s2","tenantName":"default","ipAddress":"10.1.1.2"}`, 409, "endpoint"},
+		{"release vip", "POST", "/plugin/releaseAddress", `{"NetworkID":"n1.default","IPv4Address":"10.1.1.200"}`, 409, "VIP"},
 		{"create ep no id", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1"}`, 400, "ConfigEP"},
 		{"delete ep missing", "POST", "/plugin/deleteEndpoint", `{"TenantName":"default","NetworkName":"n1","EndpointID":"nope"}`, 404, "not found"},
 		{"update ep bad event", "POST", "/plugin/updateEndpoint", `{"IPAddress":"10.1.1.2","Event":"boom"}`, 400, "Event"},

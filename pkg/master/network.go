@@ -143,6 +143,14 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 		}
 	}
 	id := model.NetworkID(n.NetworkName, n.TenantName)
+	// Network ids are "<net>.<tenant>" and names may contain dots: network "a1" of tenant
+	// "b1.c1" and network "a1.b1" of tenant "c1" spell the same id. The first keeps it.
+	if other, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(id)); err != nil {
+		return err
+	} else if found && !other.Owns(n.NetworkName, n.TenantName) {
+		return conflict("network %q of tenant %q would use state key %s, which belongs to network %q of tenant %q: choose another name",
+			n.NetworkName, n.TenantName, model.NetStateKey(id), other.NetworkName, other.Tenant)
+	}
 	ns := model.CfgNetworkState{ID: id, Tenant: n.TenantName, NetworkName: n.NetworkName, NwType: n.NwType,
 		PktTagType: n.Encap, SubnetIP: addr4(sn.base).String(), SubnetLen: uint(sn.plen), Gateway: n.Gateway,
 		IPAddrRange: addr4(sn.first).String() + "-" + addr4(sn.end).String(), NetworkTag: n.CfgdTag}
@@ -213,7 +221,7 @@ func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
 	if err != nil {
 		return err
 	}
-	if found {
+	if found && ns.Owns(n.NetworkName, n.TenantName) { // never another network's state
 		if ns.EpCount > 0 {
 			return conflict("network %s still has %d endpoint(s)", n.Key, ns.EpCount)
 		}

@@ -33,6 +33,11 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		if req.PreferredIPv4Address != "" {
+			if err := checkPreferred(tx, ns, "PreferredIPv4Address", req.PreferredIPv4Address, false); err != nil {
+				return err
+			}
+		}
 		ip, err := allocIPv4(ns, epg, req.PreferredIPv4Address)
 		if err != nil {
 			return err
@@ -85,6 +90,11 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 			if ep.NetID == ns.ID && ep.IPAddress == ip {
 				return conflict("IPv4Address: %s is still used by endpoint %s", ip, ep.ID)
 			}
+		}
+		if holder, err := addressHolder(tx, ns, ip); err != nil {
+			return err
+		} else if holder != "" {
+			return conflict("IPv4Address: %s is still used by %s", ip, holder)
 		}
 		epgs, err := networkEPGs(tx, ns)
 		if err != nil {
@@ -145,6 +155,13 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		if old, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id)); err != nil {
 			return err
 		} else if found {
+			// The same request again is answered with the same endpoint; another
+			// network's (or host's) endpoint whose id spells the same is never reused.
+			if old.NetID != netID || old.ContainerID != req.ConfigEP.Container ||
+				(req.ConfigEP.Container == "" && old.HomingHost != req.ConfigEP.Host) {
+				return conflict("endpoint id %q of container %q in network %q of tenant %q belongs to endpoint of container %q in network %s (host %q)",
+					id, req.ConfigEP.Container, req.NetworkName, req.TenantName, old.ContainerID, old.NetID, old.HomingHost)
+			}
 			resp.EndpointConfig = *old
 			return nil
 		}
@@ -152,7 +169,7 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		if !found {
+		if !found || !ns.Owns(req.NetworkName, req.TenantName) {
 			return unproc("NetworkName: network %q does not exist in tenant %q", req.NetworkName, req.TenantName)
 		}
 		ep := model.CfgEndpointState{ID: id, NetID: netID, EndpointID: req.EndpointID, ServiceName: group,
@@ -175,6 +192,11 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			epg = g
 			ep.EndpointGroupID = g.EndpointGroupID
 			ep.EndpointGroupKey = g.ID
+		}
+		if req.ConfigEP.IPAddress != "" {
+			if err := checkPreferred(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, true); err != nil {
+				return err
+			}
 		}
 		if ep.IPAddress, err = allocIPv4(ns, epg, req.ConfigEP.IPAddress); err != nil {
 			return err
@@ -234,8 +256,14 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		if !found {
+		if !found || ep.NetID != netID || ep.ContainerID != req.EndpointID {
+			// An id that spells the same in another network is not this endpoint.
 			return notFound("endpoint %s not found", id)
+		}
+		if ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID)); err != nil {
+			return err
+		} else if found && !ns.Owns(req.NetworkName, req.TenantName) {
+			return notFound("endpoint %s not found: network %q of tenant %q does not exist", id, req.NetworkName, req.TenantName)
 		}
 		if err := m.removeEndpoint(tx, ep); err != nil {
 			return err

@@ -192,6 +192,11 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	}
 	vip := keepVIP
 	if vip == "" {
+		if s.IpAddress != "" {
+			if err := checkPreferred(tx, ns, "ipAddress", s.IpAddress, false); err != nil {
+				return err
+			}
+		}
 		if vip, err = allocIPv4(ns, nil, s.IpAddress); err != nil {
 			return err
 		}

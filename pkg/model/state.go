@@ -101,6 +101,17 @@ type CfgNetworkState struct {
 	NetworkTag    string          `json:"networkTag"`
 }
 
+// Owns reports whether this state record is network name of tenant tenant: ids are
+// "<net>.<tenant>" and names may contain dots, so two networks could spell the same id
+// (netmaster refuses the second; this check guards every lookup by id). Records without
+// names (written by other tools) are taken at their id.
+func (s *CfgNetworkState) Owns(name, tenant string) bool {
+	if s.NetworkName == "" && s.Tenant == "" {
+		return true
+	}
+	return s.NetworkName == name && s.Tenant == tenant
+}
+
 // CfgEndpointState is /contiv.io/state/eps/<net>.<tenant>-<endpointID>.
 type CfgEndpointState struct {
 	ID               string            `json:"id"`
