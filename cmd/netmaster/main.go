@@ -21,6 +21,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
+	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -61,6 +62,7 @@ func main() {
 			&cli.DurationFlag{Name: "leader-ttl", Value: cluster.DefaultLeaderTTL, EnvVars: env("LEADER_TTL"), Usage: "lease TTL of the leader lock: a dead leader is replaced within this time"},
 			&cli.DurationFlag{Name: "service-ttl", Value: cluster.DefaultServiceTTL, EnvVars: env("SERVICE_TTL"), Usage: "lease TTL of service registrations"},
 			&cli.IntFlag{Name: "rpc-port", Value: 9001, EnvVars: env("RPC_PORT"), Usage: "port registered as netmaster.rpc (0: do not register)"},
+			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
 		},
@@ -69,13 +71,26 @@ func main() {
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("netmaster: %v", err), 22)
 			}
+			if n, err := httpserve.RaiseFDLimit(); err != nil {
+				slog.Warn("raise the open-file limit", "err", err)
+			} else {
+				slog.Info("open-file limit", "nofile", n)
+			}
 			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return run(ctx, cfg)
+			if err := run(ctx, cfg); err != nil {
+				// Never exit without saying why.
+				slog.Error("netmaster exiting", "err", err)
+				return cli.Exit("", 1)
+			}
+			slog.Info("netmaster stopped")
+			return nil
 		},
 	}
 	if err := app.Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, msg)
+		}
 		os.Exit(1)
 	}
 }
@@ -89,6 +104,7 @@ type config struct {
 	infra, pluginName      string
 	leaderTTL, serviceTTL  time.Duration
 	rpcPort                int
+	maxConns               int
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -98,6 +114,7 @@ func configFrom(c *cli.Context) (config, error) {
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: c.String("fwdmode"),
 		infra: c.String("infra"), pluginName: c.String("plugin-name"),
 		leaderTTL: c.Duration("leader-ttl"), serviceTTL: c.Duration("service-ttl"), rpcPort: c.Int("rpc-port"),
+		maxConns: c.Int("max-conns"),
 	}
 	level := new(slog.LevelVar)
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
@@ -184,7 +201,7 @@ func hostIP() string {
 	return "127.0.0.1"
 }
 
-func run(ctx context.Context, cfg config) error {
+func run(ctx context.Context, cfg config) (err error) {
 	endpoints := cfg.etcdEndpoints
 	if len(endpoints) == 0 {
 		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer})
@@ -193,6 +210,21 @@ func run(ctx context.Context, cfg config) error {
 		}
 		defer srv.Close()
 		endpoints = []string{srv.ClientURL()}
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		go func() {
+			select {
+			case err := <-srv.Err():
+				cancel(fmt.Errorf("embedded etcd failed: %w", err))
+			case <-ctx.Done():
+			}
+		}()
+		defer func() {
+			if cause := context.Cause(ctx); cause != nil && cause != context.Canceled && err == nil {
+				err = cause
+			}
+		}()
 	}
 	store, err := state.Open(ctx, endpoints)
 	if err != nil {
@@ -208,7 +240,7 @@ func run(ctx context.Context, cfg config) error {
 	return cluster.Serve(ctx, cluster.NodeConfig{
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
-		Version: version, Hostname: hostname,
+		Version: version, Hostname: hostname, MaxConns: cfg.maxConns,
 	})
 }
 

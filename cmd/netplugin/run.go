@@ -106,8 +106,21 @@ func run(parent context.Context, cfg config) error {
 		{ServiceName: vxlan.VTEPService, HostAddr: cfg.vtep.String(), Port: cfg.vxlanPort, Hostname: cfg.host},
 	}
 	for _, si := range regs {
-		if _, err := cluster.Register(regCtx, store, si, cfg.serviceTTL); err != nil {
-			return err
+		// The registration outlives a signal (its context does not end with ctx), but
+		// waiting for an unreachable etcd must not: SIGTERM is honoured here too.
+		done := make(chan error, 1)
+		go func() {
+			_, err := cluster.Register(regCtx, store, si, cfg.serviceTTL)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			log.Info("netplugin stopping during start-up (registration with etcd not done)")
+			return nil
 		}
 	}
 
@@ -139,8 +152,11 @@ func run(parent context.Context, cfg config) error {
 	case <-ctx.Done():
 		err = nil
 	}
+	// Read whether a signal ended the run before stop(): stop cancels ctx too, and an
+	// error checked after it would be swallowed (exit 0 on a fatal configuration error).
+	signaled := ctx.Err() != nil
 	stop()
-	if err != nil && ctx.Err() == nil {
+	if err != nil && !(signaled && errors.Is(err, context.Canceled)) {
 		return err
 	}
 	log.Info("netplugin stopping; datapath left forwarding")

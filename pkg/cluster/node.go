@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -43,8 +44,11 @@ type NodeConfig struct {
 	// Hostname goes into the registrations' Hostname field.
 	Hostname string
 	// Ready, if set, is called once the listener is bound (with its actual address).
-	Ready  func(addr net.Addr)
-	Logger *slog.Logger
+	Ready func(addr net.Addr)
+	// MaxConns caps open client connections (0: derived from RLIMIT_NOFILE); see
+	// pkg/httpserve for how slow clients are shed.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
 // Info is GET /info, Contiv's shape.
@@ -155,7 +159,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		_ = json.NewEncoder(w).Encode(info)
 	})
 	mux.Handle("/", NewFront(el, cfg.API, nil))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(mux, httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log})
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 	log.Info("netmaster node serving", "listen", ln.Addr().String(), "control", cfg.ControlAddr)
@@ -185,7 +189,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 	regMu.Unlock()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := srv.HTTP.Shutdown(sctx); err != nil {
 		log.Warn("http shutdown", "err", err)
 	}
 	return result

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Config says where the embedded etcd keeps data and listens.
@@ -26,6 +28,24 @@ type Config struct {
 type Server struct {
 	etcd      *embed.Etcd
 	clientURL string
+	closing   *atomic.Bool
+}
+
+// quietCore drops every log entry once the server is being closed.
+type quietCore struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (q quietCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if q.closing.Load() {
+		return ce
+	}
+	return q.Core.Check(e, ce)
+}
+
+func (q quietCore) With(f []zapcore.Field) zapcore.Core {
+	return quietCore{Core: q.Core.With(f), closing: q.closing}
 }
 
 // Start starts etcd and waits until it serves clients or ctx ends.
@@ -59,7 +79,16 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	cfg.ListenPeerUrls = []url.URL{*pu}
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = fmt.Sprintf("%s=%s", name, pu.String())
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	// etcd's own errors reach stderr (JSON lines): a failing store must not go unexplained.
+	// Close silences it first: a deliberate stop logs no listener errors.
+	closing := new(atomic.Bool)
+	lg, err := zap.Config{Level: zap.NewAtomicLevelAt(zap.ErrorLevel), Encoding: "json",
+		EncoderConfig: zap.NewProductionEncoderConfig(), OutputPaths: []string{"stderr"}, ErrorOutputPaths: []string{"stderr"}}.Build(
+		zap.WrapCore(func(c zapcore.Core) zapcore.Core { return quietCore{Core: c, closing: closing} }))
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd logger: %w", err)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	cfg.LogLevel = "error"
 	cfg.AutoCompactionMode = "revision"
 	cfg.AutoCompactionRetention = "10000"
@@ -77,11 +106,17 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 		return nil, fmt.Errorf("start embedded etcd: not ready after 60s")
 	}
 	slog.Info("embedded etcd ready", "client-url", c.ClientURL, "data-dir", c.DataDir)
-	return &Server{etcd: e, clientURL: c.ClientURL}, nil
+	return &Server{etcd: e, clientURL: c.ClientURL, closing: closing}, nil
 }
 
 // ClientURL is the URL clients dial.
 func (s *Server) ClientURL() string { return s.clientURL }
 
+// Err delivers a fatal error of the running server (its listeners or storage failed).
+func (s *Server) Err() <-chan error { return s.etcd.Err() }
+
 // Close stops the server.
-func (s *Server) Close() { s.etcd.Close() }
+func (s *Server) Close() {
+	s.closing.Store(true)
+	s.etcd.Close()
+}

@@ -20,6 +20,10 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, badReq("NetworkID or AddressPool: one is required"))
 		return
 	}
+	if err := checkPluginFields(map[string]string{"NetworkID": req.NetworkID}); err != nil {
+		writeErr(w, err)
+		return
+	}
 	var resp model.AllocAddressResponse
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		var ns *model.CfgNetworkState
@@ -68,6 +72,10 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.IPv4Address == "" {
 		writeErr(w, badReq("IPv4Address: required"))
+		return
+	}
+	if err := checkPluginFields(map[string]string{"NetworkID": req.NetworkID}); err != nil {
+		writeErr(w, err)
 		return
 	}
 	err := m.update(r.Context(), func(tx *state.Tx) error {
@@ -142,6 +150,13 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.ConfigEP.Container == "" && req.ConfigEP.Host == "" {
 		writeErr(w, badReq("ConfigEP.Container or ConfigEP.Host: one is required"))
+		return
+	}
+	if err := checkPluginFields(map[string]string{"TenantName": req.TenantName, "NetworkName": req.NetworkName,
+		"ServiceName": req.ServiceName, "EndpointID": req.EndpointID, "EPCommonName": req.EPCommonName,
+		"ConfigEP.Container": req.ConfigEP.Container, "ConfigEP.Host": req.ConfigEP.Host,
+		"ConfigEP.ServiceName": req.ConfigEP.ServiceName}); err != nil {
+		writeErr(w, err)
 		return
 	}
 	group := req.ServiceName
@@ -248,6 +263,11 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, badReq("NetworkName and EndpointID: required"))
 		return
 	}
+	if err := checkPluginFields(map[string]string{"TenantName": req.TenantName, "NetworkName": req.NetworkName,
+		"ServiceName": req.ServiceName, "EndpointID": req.EndpointID}); err != nil {
+		writeErr(w, err)
+		return
+	}
 	netID := model.NetworkID(req.NetworkName, req.TenantName)
 	id := endpointStateID(netID, req.EndpointID, "")
 	var resp model.DeleteEndpointResponse
@@ -345,6 +365,15 @@ func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ip := strings.SplitN(req.IPAddress, "/", 2)[0]
+	if _, err := parseIP4("IPAddress", ip); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := checkPluginFields(map[string]string{"Tenant": req.Tenant, "Network": req.Network,
+		"ContainerID": req.ContainerID, "EndpointID": req.EndpointID}); err != nil {
+		writeErr(w, err)
+		return
+	}
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		switch req.Event {
 		case "start":

@@ -261,22 +261,36 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 	if err != nil {
 		return err
 	}
+	// Only a real endpoint of the tenant (and of the named network or group, when given)
+	// can become a service backend: any other string would reach every agent's datapath.
 	var ep *model.CfgEndpointState
 	for _, e := range eps {
-		if e.IPAddress == ip && strings.HasSuffix(e.NetID, "."+req.Tenant) {
-			ep = e
-			break
+		if e.IPAddress != ip {
+			continue
 		}
+		ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(e.NetID))
+		if err != nil {
+			return err
+		}
+		if !found || ns.Tenant != req.Tenant {
+			continue
+		}
+		if req.Network != "" && req.Network != ns.NetworkName && req.Network != e.ServiceName {
+			continue
+		}
+		ep = e
+		break
+	}
+	if ep == nil {
+		return unproc("IPAddress: %s is not an endpoint of tenant %q (network or group %q)", ip, req.Tenant, req.Network)
 	}
 	p := &model.Provider{IPAddress: ip, ContainerID: req.ContainerID, Labels: req.Labels, Tenant: req.Tenant,
 		Network: req.Network, Container: req.EndpointID}
-	if ep != nil {
-		ep.Labels = req.Labels
-		if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {
-			return err
-		}
-		p.EpIDKey = ep.ID
+	ep.Labels = req.Labels
+	if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {
+		return err
 	}
+	p.EpIDKey = ep.ID
 	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
 	if err != nil {
 		return err

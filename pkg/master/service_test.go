@@ -17,8 +17,11 @@ func TestServiceProviders(t *testing.T) {
 	ep := e.createEP("default", "app", "", "p1", "")
 	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, ContainerID: "p1", Tenant: "default",
 		Network: "app", Event: "start", Labels: map[string]string{"app": "web", "tier": "fe", "x": "y"}}, nil)
-	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: "10.20.0.99", Tenant: "default", Event: "start",
-		Labels: map[string]string{"app": "db"}}, nil)
+	// An address that is no endpoint of the tenant never becomes a backend.
+	if code, out := e.do("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: "10.20.0.99", Tenant: "default", Event: "start",
+		Labels: map[string]string{"app": "web", "tier": "fe"}}); code != 422 || !strings.Contains(out, "not an endpoint") {
+		t.Fatalf("updateEndpoint for a non-endpoint: %d %s", code, out)
+	}
 	if got := e.rawGet("/contiv.io/state/provider/web:default"); got != `{"id":"web:default","ServiceName":"web:default","Providers":["10.20.0.2"]}` {
 		t.Fatalf("provider record %s", got)
 	}

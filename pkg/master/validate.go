@@ -97,3 +97,34 @@ func parseRange(field, s string) (int, int, error) {
 }
 
 func fmtRange(a, b int) string { return fmt.Sprintf("%d-%d", a, b) }
+
+// maxPluginField bounds plugin-route strings that become parts of etcd keys or reach
+// every agent (container ids, host names, endpoint ids, names).
+const maxPluginField = 256
+
+// checkPluginFields refuses plugin-route values (names and ids; addresses are parsed by
+// their own checks) that are too long or could change which
+// key they name: control characters (NUL included), '/', "..", and backslashes. Empty
+// values are left to the route's own required-field checks.
+func checkPluginFields(fields map[string]string) error {
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sortStrings(names)
+	for _, k := range names {
+		v := fields[k]
+		switch {
+		case len(v) > maxPluginField:
+			return badReq("%s: %d bytes, at most %d", k, len(v), maxPluginField)
+		case strings.Contains(v, ".."), strings.ContainsAny(v, "/\\"):
+			return badReq("%s: %q must not contain '/', '\\' or '..'", k, v)
+		}
+		for _, r := range v {
+			if r < 0x20 || r == 0x7f {
+				return badReq("%s: control character %U is not allowed", k, r)
+			}
+		}
+	}
+	return nil
+}

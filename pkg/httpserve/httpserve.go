@@ -1,0 +1,260 @@
+// Package httpserve owns how our HTTP APIs face careless and hostile clients: server
+// timeouts, header limits, and a connection cap that sheds the connections doing nothing
+// useful (no complete request yet, or idle keep-alive) instead of letting a flood of slow
+// clients hold every file descriptor. netmaster's REST API and netplugin's local API
+// both serve through it.
+package httpserve
+
+import (
+	"container/list"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Limits configures a Server. Zero values take the defaults below.
+type Limits struct {
+	// MaxConns caps open connections; at the cap, the oldest connection that has not sent
+	// a complete request (or sits idle between requests) is closed to admit the new one,
+	// and when there is none the new one is closed. Default: DefaultMaxConns(), which
+	// leaves room under RLIMIT_NOFILE for everything else the process opens.
+	MaxConns int
+	// ReadHeaderTimeout bounds the time to send request headers (default 10 s).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included (default 60 s).
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing a response (default 60 s).
+	WriteTimeout time.Duration
+	// IdleTimeout closes idle keep-alive connections (default 120 s).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes defaults to 64 KiB.
+	MaxHeaderBytes int
+	// Logger receives shedding reports (rate-limited); default slog.Default().
+	Logger *slog.Logger
+}
+
+// reserveFDs is what DefaultMaxConns keeps free for etcd clients, files and outgoing
+// connections.
+const reserveFDs = 1024
+
+// DefaultMaxConns is RLIMIT_NOFILE minus a reserve, at least 64.
+func DefaultMaxConns() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 1024
+	}
+	n := int(rl.Cur) - reserveFDs
+	if rl.Cur > 1<<20 {
+		n = 1<<20 - reserveFDs
+	}
+	return max(n, 64)
+}
+
+// RaiseFDLimit sets the soft RLIMIT_NOFILE to the hard limit and returns the new value.
+func RaiseFDLimit() (uint64, error) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, err
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+			return 0, err
+		}
+	}
+	return rl.Cur, nil
+}
+
+// New returns an http.Server for h with the limits applied. Serve it with Serve (not
+// srv.Serve) so the connection cap is enforced.
+func New(h http.Handler, l Limits) *Server {
+	if l.MaxConns <= 0 {
+		l.MaxConns = DefaultMaxConns()
+	}
+	if l.ReadHeaderTimeout <= 0 {
+		l.ReadHeaderTimeout = 10 * time.Second
+	}
+	if l.ReadTimeout <= 0 {
+		l.ReadTimeout = 60 * time.Second
+	}
+	if l.WriteTimeout <= 0 {
+		l.WriteTimeout = 60 * time.Second
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = 120 * time.Second
+	}
+	if l.MaxHeaderBytes <= 0 {
+		l.MaxHeaderBytes = 64 << 10
+	}
+	if l.Logger == nil {
+		l.Logger = slog.Default()
+	}
+	s := &Server{limits: l, conns: map[net.Conn]*list.Element{}, idle: list.New()}
+	s.HTTP = &http.Server{
+		Handler:           CleanPaths(h),
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       l.ReadTimeout,
+		WriteTimeout:      l.WriteTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		ConnState:         s.connState,
+		ErrorLog:          slog.NewLogLogger(l.Logger.Handler(), slog.LevelDebug),
+	}
+	return s
+}
+
+// CleanPaths refuses, with 400, a request path that a router would rewrite or that could
+// name another object: "." or ".." segments, empty segments, and encoded '/', '\\' or
+// NUL. Go's ServeMux would otherwise answer "/a/x/../victim/" with a redirect to
+// "/a/victim/", and a decoded "%2F" would split an object key.
+func CleanPaths(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if msg := uncleanPath(r.URL.EscapedPath()); msg != "" {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, "path "+strconv.Quote(r.URL.EscapedPath())+": "+msg+"\n")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func uncleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		return "must start with /"
+	}
+	lower := strings.ToLower(p)
+	for _, enc := range []string{"%2f", "%5c", "%00"} {
+		if strings.Contains(lower, enc) {
+			return "encoded '/', '\\' or NUL is not allowed"
+		}
+	}
+	segs := strings.Split(p[1:], "/")
+	for i, seg := range segs {
+		switch {
+		case seg == "." || seg == ".." || strings.EqualFold(seg, "%2e") || strings.EqualFold(seg, "%2e%2e") ||
+			strings.EqualFold(seg, ".%2e") || strings.EqualFold(seg, "%2e."):
+			return "'.' and '..' segments are not allowed"
+		case seg == "" && i != len(segs)-1 && len(segs) > 1:
+			return "empty segments are not allowed"
+		}
+	}
+	return ""
+}
+
+// Server is an http.Server with a shedding connection cap.
+type Server struct {
+	HTTP   *http.Server
+	limits Limits
+
+	mu      sync.Mutex
+	conns   map[net.Conn]*list.Element // every open connection; element non-nil while sheddable
+	idle    *list.List                 // sheddable connections (new or idle), oldest first
+	shed    uint64
+	lastLog time.Time
+}
+
+// Serve accepts on ln until Shutdown/Close.
+func (s *Server) Serve(ln net.Listener) error {
+	return s.HTTP.Serve(&capListener{Listener: ln, s: s})
+}
+
+// Shed reports how many connections were closed to stay under the cap.
+func (s *Server) Shed() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shed
+}
+
+// Open reports the number of open connections.
+func (s *Server) Open() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+type capListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.s.admit(c) {
+			return c, nil
+		}
+		c.Close()
+	}
+}
+
+// admit registers c, shedding the oldest sheddable connection at the cap; false when
+// nothing could be shed (c is refused).
+func (s *Server) admit(c net.Conn) bool {
+	s.mu.Lock()
+	var victim net.Conn
+	if len(s.conns) >= s.limits.MaxConns {
+		front := s.idle.Front()
+		if front == nil {
+			s.shed++
+			s.noteShedLocked()
+			s.mu.Unlock()
+			return false
+		}
+		victim = front.Value.(net.Conn)
+		s.idle.Remove(front)
+		delete(s.conns, victim)
+		s.shed++
+		s.noteShedLocked()
+	}
+	s.conns[c] = s.idle.PushBack(c) // new: sheddable until a request arrives
+	s.mu.Unlock()
+	if victim != nil {
+		victim.Close()
+	}
+	return true
+}
+
+func (s *Server) noteShedLocked() {
+	if time.Since(s.lastLog) > 10*time.Second {
+		s.lastLog = time.Now()
+		s.limits.Logger.Warn("connection cap reached: closing connections that sent no request",
+			"max_conns", s.limits.MaxConns, "shed_total", s.shed)
+	}
+}
+
+func (s *Server) connState(c net.Conn, st http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	el, known := s.conns[c]
+	switch st {
+	case http.StateNew:
+		// Registered by admit.
+	case http.StateActive:
+		if known && el != nil {
+			s.idle.Remove(el)
+			s.conns[c] = nil
+		}
+	case http.StateIdle:
+		if known && el == nil {
+			s.conns[c] = s.idle.PushBack(c)
+		}
+	case http.StateHijacked, http.StateClosed:
+		if known {
+			if el != nil {
+				s.idle.Remove(el)
+			}
+			delete(s.conns, c)
+		}
+	}
+}
