@@ -140,6 +140,7 @@ func call(method, url, body string) (int, string, error) {
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	req.Header.Set("Accept", "application/problem+json") // real statuses, as our netctl asks
 	resp, err := httpc.Do(req)
 	if err != nil {
 		return 0, "", err

@@ -273,6 +273,7 @@ func (b *bench) do(ctx context.Context, base, method, path string, in any) (int,
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	req.Header.Set("Accept", "application/problem+json") // real statuses (404 on cleanup)
 	resp, err := b.o.Client.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s %s%s: %w", method, base, path, err)

@@ -2,6 +2,8 @@ package master
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -155,5 +157,58 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 	resp.Body.Close()
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
 		t.Fatalf("error content type %q", ct)
+	}
+}
+
+// TestContivErrorCompat: a client that does not ask for problem+json (Contiv's netctl and
+// contivmodel client) gets Contiv's 500 with the message as text, the only status whose
+// body those clients show; ours gets the real status as RFC 7807. Unknown paths stay 404
+// and plugin routes keep their real status.
+func TestContivErrorCompat(t *testing.T) {
+	e := newEnv(t, "bridge")
+	get := func(method, path, accept string, body string) (*http.Response, string) {
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req, _ := http.NewRequest(method, e.srv.URL+path, rd)
+		req.Header.Set("Content-Type", "application/json")
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	for _, c := range []struct {
+		name, method, path, body string
+		real                     int
+		msg                      string
+	}{
+		{"delete missing", "DELETE", "/api/v1/networks/default:zzz/", "", 404, `network "default:zzz" not found`},
+		{"get missing", "GET", "/api/v1/tenants/nope/", "", 404, "not found"},
+		{"bad input", "POST", "/api/v1/tenants/t1/", `{"tenantName":`, 400, "malformed JSON"},
+		{"conflict", "POST", "/api/v1/tenants/default/", `{"tenantName":"default"}`, 409, "can't be updated"},
+	} {
+		resp, body := get(c.method, c.path, "", c.body)
+		if resp.StatusCode != 500 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") || !strings.Contains(body, c.msg) {
+			t.Errorf("%s as Contiv's client: %d %s %q", c.name, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		resp, body = get(c.method, c.path, "application/json, "+ProblemJSON, c.body)
+		var p Problem
+		if err := json.Unmarshal([]byte(body), &p); err != nil || resp.StatusCode != c.real || p.Status != c.real ||
+			resp.Header.Get("Content-Type") != ProblemJSON || !strings.Contains(p.Detail, c.msg) {
+			t.Errorf("%s as our client: %d %q (%v)", c.name, resp.StatusCode, body, err)
+		}
+	}
+	if resp, _ := get("GET", "/api/v1/nosuchcollection/", "", ""); resp.StatusCode != 404 {
+		t.Errorf("unknown path: %d", resp.StatusCode)
+	}
+	if resp, _ := get("POST", "/plugin/deleteEndpoint", "", `{"TenantName":"default","NetworkName":"n","EndpointID":"x"}`); resp.StatusCode != 404 {
+		t.Errorf("plugin route error: %d, want its real status", resp.StatusCode)
 	}
 }

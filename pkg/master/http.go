@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
+	"strings"
 
 	"github.com/gorilla/mux"
 
@@ -55,7 +56,76 @@ func (m *Master) Handler() http.Handler {
 			writeErr(w, errf(http.StatusUnsupportedMediaType, "%s needs POST with Content-Type: application/json", p.path))
 		})
 	}
-	return recoverer(m, r)
+	return recoverer(m, contivErrors(r))
+}
+
+// hdrAPIError marks an error answer written by writeErr (and not, e.g., the router's 404
+// for an unknown path) until contivErrors has seen it.
+const hdrAPIError = "X-Contivbpf-Api-Error"
+
+// ProblemJSON is the media type of RFC 7807 error bodies.
+const ProblemJSON = "application/problem+json"
+
+// Problem is an RFC 7807 error body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// contivErrors makes /api/v1 errors look as Contiv's netmaster made them: status 500 with
+// the message as text/plain, which is the only status whose body Contiv's clients (its
+// netctl, the contivmodel client) print. A client that asks for application/problem+json
+// (our netctl does) gets the real status (400, 404, 409, 422, ...) with an RFC 7807 body.
+// Other routes (/plugin/*, /version, ...) keep their real status as text.
+func contivErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/api/v1/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ew := &errWriter{ResponseWriter: w, problem: strings.Contains(r.Header.Get("Accept"), ProblemJSON)}
+		next.ServeHTTP(ew, r)
+		ew.finish()
+	})
+}
+
+type errWriter struct {
+	http.ResponseWriter
+	problem   bool
+	intercept bool
+	code      int
+	buf       bytes.Buffer
+}
+
+func (w *errWriter) WriteHeader(code int) {
+	if code >= 400 && w.Header().Get(hdrAPIError) != "" {
+		w.Header().Del(hdrAPIError)
+		w.intercept, w.code = true, code
+		if !w.problem {
+			w.ResponseWriter.WriteHeader(http.StatusInternalServerError)
+		}
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *errWriter) Write(b []byte) (int, error) {
+	if w.intercept && w.problem {
+		return w.buf.Write(b)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *errWriter) finish() {
+	if !w.intercept || !w.problem {
+		return
+	}
+	w.Header().Set("Content-Type", ProblemJSON)
+	w.ResponseWriter.WriteHeader(w.code)
+	_ = json.NewEncoder(w.ResponseWriter).Encode(Problem{Type: "about:blank", Title: http.StatusText(w.code),
+		Status: w.code, Detail: strings.TrimSpace(w.buf.String())})
 }
 
 func recoverer(m *Master, next http.Handler) http.Handler {
@@ -82,6 +152,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 func writeErr(w http.ResponseWriter, err error) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set(hdrAPIError, "1")
 	w.WriteHeader(statusOf(err))
 	fmt.Fprintln(w, err.Error())
 }

@@ -73,12 +73,21 @@ func (e *env) do(method, path string, body any) (int, string) {
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// Real statuses (Contiv's own clients get 500 + text; see TestContivErrorCompat).
+	req.Header.Set("Accept", ProblemJSON)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
+	if resp.Header.Get("Content-Type") == ProblemJSON {
+		var p Problem
+		if err := json.Unmarshal(out, &p); err != nil || p.Status != resp.StatusCode {
+			e.t.Fatalf("%s %s: problem body %q (%v)", method, path, out, err)
+		}
+		return resp.StatusCode, p.Detail
+	}
 	return resp.StatusCode, string(out)
 }
 

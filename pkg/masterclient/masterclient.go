@@ -134,6 +134,8 @@ func (c *Client) Do(ctx context.Context, method, path string, req, resp any) err
 	return fmt.Errorf("%s %s: every netmaster failed: %w", method, path, errors.Join(errs...))
 }
 
+const problemJSON = "application/problem+json"
+
 func (c *Client) do(ctx context.Context, addr, method, path string, body []byte, resp any) error {
 	var rd io.Reader
 	if body != nil {
@@ -146,6 +148,7 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 	if body != nil {
 		hr.Header.Set("Content-Type", "application/json")
 	}
+	hr.Header.Set("Accept", "application/json, "+problemJSON) // real statuses on /api/v1
 	r, err := c.http.Do(hr)
 	if err != nil {
 		return fmt.Errorf("%s %s%s: %w", method, addr, path, err)
@@ -156,7 +159,14 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 		return fmt.Errorf("read reply of %s %s%s: %w", method, addr, path, err)
 	}
 	if r.StatusCode/100 != 2 {
-		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: strings.TrimSpace(string(b))}
+		msg := strings.TrimSpace(string(b))
+		var p struct {
+			Detail string `json:"detail"`
+		}
+		if r.Header.Get("Content-Type") == problemJSON && json.Unmarshal(b, &p) == nil && p.Detail != "" {
+			msg = p.Detail
+		}
+		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: msg}
 	}
 	if resp == nil {
 		return nil

@@ -108,6 +108,8 @@ func (e *ConnError) Error() string {
 
 func (e *ConnError) Unwrap() error { return e.Err }
 
+const problemJSON = "application/problem+json"
+
 // Do sends one request to path (relative to the base URL, e.g. "/api/v1/tenants/"). in, when
 // non-nil, is sent as JSON; out, when non-nil, receives the decoded JSON answer.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
@@ -132,6 +134,9 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// Real statuses with RFC 7807 bodies (without it netmaster answers errors as Contiv
+	// did: 500 + text).
+	req.Header.Set("Accept", "application/json, "+problemJSON)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var ue *url.Error
@@ -147,6 +152,12 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg := strings.TrimSpace(string(data))
+		var p struct {
+			Detail string `json:"detail"`
+		}
+		if resp.Header.Get("Content-Type") == problemJSON && json.Unmarshal(data, &p) == nil && p.Detail != "" {
+			msg = p.Detail
+		}
 		if msg == "" {
 			msg = resp.Status
 		}
