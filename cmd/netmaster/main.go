@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,12 +20,14 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.gitCommit=... -X main.buildTime=...".
@@ -62,6 +65,12 @@ func main() {
 			&cli.DurationFlag{Name: "leader-ttl", Value: cluster.DefaultLeaderTTL, EnvVars: env("LEADER_TTL"), Usage: "lease TTL of the leader lock: a dead leader is replaced within this time"},
 			&cli.DurationFlag{Name: "service-ttl", Value: cluster.DefaultServiceTTL, EnvVars: env("SERVICE_TTL"), Usage: "lease TTL of service registrations"},
 			&cli.IntFlag{Name: "rpc-port", Value: 9001, EnvVars: env("RPC_PORT"), Usage: "port registered as netmaster.rpc (0: do not register)"},
+			&cli.StringFlag{Name: "tls-cert", EnvVars: env("TLS_CERT"), Usage: "serve HTTPS with this certificate `FILE` (with --tls-key)"},
+			&cli.StringFlag{Name: "tls-key", EnvVars: env("TLS_KEY"), Usage: "private key `FILE` of --tls-cert"},
+			&cli.StringFlag{Name: "tls-client-ca", EnvVars: env("TLS_CLIENT_CA"), Usage: "accept client certificates signed by this CA `FILE` (role = certificate O, name = CN)"},
+			&cli.StringFlag{Name: "tls-peer-ca", EnvVars: env("TLS_PEER_CA"), Usage: "CA `FILE` followers trust when proxying to the leader over HTTPS (default: system roots)"},
+			&cli.StringFlag{Name: "auth-tokens", EnvVars: env("AUTH_TOKENS"), Usage: "bearer tokens `FILE`: lines \"<token> <role> [<name>]\" (roles admin, read-only, agent, netmaster, tenant-admin:<tenant>); mode 0600"},
+			&cli.BoolFlag{Name: "insecure", EnvVars: env("INSECURE"), Usage: "serve plain HTTP (without --auth-tokens: no authentication at all); only for a trusted network"},
 			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
@@ -105,6 +114,9 @@ type config struct {
 	leaderTTL, serviceTTL  time.Duration
 	rpcPort                int
 	maxConns               int
+	tlsFiles               tlsconf.Files
+	peerCA, tokensFile     string
+	insecure               bool
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -115,6 +127,8 @@ func configFrom(c *cli.Context) (config, error) {
 		infra: c.String("infra"), pluginName: c.String("plugin-name"),
 		leaderTTL: c.Duration("leader-ttl"), serviceTTL: c.Duration("service-ttl"), rpcPort: c.Int("rpc-port"),
 		maxConns: c.Int("max-conns"),
+		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca")},
+		peerCA:   c.String("tls-peer-ca"), tokensFile: c.String("auth-tokens"), insecure: c.Bool("insecure"),
 	}
 	level := new(slog.LevelVar)
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
@@ -172,6 +186,19 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	if cfg.serviceTTL < 2*time.Second {
 		return cfg, fmt.Errorf("--service-ttl %s: at least 2s", cfg.serviceTTL)
+	}
+	tlsOn := cfg.tlsFiles.Cert != "" || cfg.tlsFiles.Key != ""
+	switch {
+	case (cfg.tlsFiles.Cert == "") != (cfg.tlsFiles.Key == ""):
+		return cfg, errors.New("--tls-cert and --tls-key must be given together")
+	case !tlsOn && !cfg.insecure:
+		return cfg, errors.New("refusing to serve the API as plain HTTP: give --tls-cert/--tls-key (with --auth-tokens and/or --tls-client-ca), or --insecure for a trusted network")
+	case tlsOn && cfg.insecure:
+		return cfg, errors.New("--insecure and --tls-cert/--tls-key: choose one")
+	case tlsOn && cfg.tokensFile == "" && cfg.tlsFiles.CA == "":
+		return cfg, errors.New("--tls-cert without --auth-tokens or --tls-client-ca would let anyone write: give one (or both)")
+	case !tlsOn && cfg.tlsFiles.CA != "":
+		return cfg, errors.New("--tls-client-ca needs --tls-cert/--tls-key")
 	}
 	if len(cfg.etcdEndpoints) == 0 {
 		if u, err := url.Parse(cfg.etcdClient); err != nil || u.Host == "" {
@@ -237,11 +264,51 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	hostname, _ := os.Hostname()
-	return cluster.Serve(ctx, cluster.NodeConfig{
+	nc := cluster.NodeConfig{
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
 		Version: version, Hostname: hostname, MaxConns: cfg.maxConns,
-	})
+	}
+	if err := securityConfig(cfg, &nc); err != nil {
+		return err
+	}
+	return cluster.Serve(ctx, nc)
+}
+
+// securityConfig fills the API's TLS and authentication from the flags.
+func securityConfig(cfg config, nc *cluster.NodeConfig) error {
+	ac := &auth.Config{}
+	if cfg.tokensFile != "" {
+		t, err := auth.LoadTokens(cfg.tokensFile)
+		if err != nil {
+			return err
+		}
+		ac.Tokens = t
+	}
+	if cfg.tlsFiles.Cert != "" || cfg.tlsFiles.Key != "" {
+		tc, err := tlsconf.Server(cfg.tlsFiles, "--tls-cert/--tls-key/--tls-client-ca")
+		if err != nil {
+			return err
+		}
+		if cfg.tlsFiles.CA != "" {
+			ac.Certificates = true
+			if ac.Tokens != nil {
+				tc.ClientAuth = tls.VerifyClientCertIfGiven // token callers need no certificate
+			}
+		}
+		nc.TLS = tc
+		if nc.PeerTLS, err = tlsconf.Client(tlsconf.Files{CA: cfg.peerCA}, "--tls-peer-ca"); err != nil {
+			return err
+		}
+		slog.Info("API serves HTTPS", "client-certificates", ac.Certificates, "tokens", ac.Tokens != nil)
+	} else if ac.Tokens != nil {
+		slog.Warn("--insecure: API serves plain HTTP; bearer tokens cross the network in clear text")
+	} else {
+		ac.Open = true
+		slog.Warn("--insecure without --auth-tokens: API serves plain HTTP with NO authentication; anyone who reaches it may change everything")
+	}
+	nc.Auth = ac
+	return nil
 }
 
 // newMaster bootstraps the API, retrying for a minute while etcd is unreachable (e.g. a

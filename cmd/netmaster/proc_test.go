@@ -109,6 +109,9 @@ func startNetmaster(t *testing.T, name, etcdEndpoints string, extra ...string) *
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"--listen-url", addr, "--control-url", addr, "--rpc-port", fmt.Sprint(statetest.FreePort(t)),
 		"--mode", "docker", "--netmode", "vxlan", "--fwdmode", "routing"}
+	if !hasString(extra, "--tls-cert") {
+		args = append(args, "--insecure")
+	}
 	if etcdEndpoints != "" {
 		args = append(args, "--etcd-endpoints", etcdEndpoints)
 	}

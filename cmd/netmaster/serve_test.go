@@ -24,7 +24,7 @@ func TestSlowClientFlood(t *testing.T) {
 	port := statetest.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	p := startProc(t, "nm-flood", "prlimit", "--nofile=2048", binPath, "--listen-url", addr, "--control-url", addr,
-		"--rpc-port", fmt.Sprint(statetest.FreePort(t)), "--mode", "docker", "--netmode", "vxlan", "--fwdmode", "routing",
+		"--rpc-port", fmt.Sprint(statetest.FreePort(t)), "--mode", "docker", "--netmode", "vxlan", "--fwdmode", "routing", "--insecure",
 		"--etcd-data-dir", dataDir, "--etcd-listen-client-url", clientURL, "--etcd-listen-peer-url", peerURL)
 	p.url, p.addr = "http://"+addr, addr
 	eventually(t, 30*time.Second, "netmaster leads", func() error {

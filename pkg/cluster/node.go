@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -48,7 +50,13 @@ type NodeConfig struct {
 	// MaxConns caps open client connections (0: derived from RLIMIT_NOFILE); see
 	// pkg/httpserve for how slow clients are shed.
 	MaxConns int
-	Logger   *slog.Logger
+	// TLS, when set, makes the listener HTTPS (its ClientCAs, if any, verify client
+	// certificates). PeerTLS is the client side used to proxy to the leader over HTTPS.
+	TLS, PeerTLS *tls.Config
+	// Auth, when set, authenticates and authorizes every request but /info's transport
+	// (see pkg/auth); followers forward the caller to the leader.
+	Auth   *auth.Config
+	Logger *slog.Logger
 }
 
 // Info is GET /info, Contiv's shape.
@@ -158,8 +166,22 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(info)
 	})
-	mux.Handle("/", NewFront(el, cfg.API, nil))
-	srv := httpserve.New(mux, httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log})
+	front := NewFront(el, cfg.API, nil)
+	if cfg.TLS != nil {
+		front.UseTLS(cfg.PeerTLS)
+	}
+	if cfg.Auth != nil {
+		front.forward = forwardIdentity(cfg.Auth.Tokens.PeerToken())
+	}
+	mux.Handle("/", front)
+	var top http.Handler = mux
+	if cfg.Auth != nil {
+		top = auth.Middleware(*cfg.Auth, log, mux)
+	}
+	if cfg.TLS != nil {
+		ln = tls.NewListener(ln, cfg.TLS)
+	}
+	srv := httpserve.New(top, httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log})
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 	log.Info("netmaster node serving", "listen", ln.Addr().String(), "control", cfg.ControlAddr)
@@ -232,4 +254,28 @@ func nodeInfo(ctx context.Context, store *state.Store, localIP string, el *Elect
 		info.NetmasterNodes = append(info.NetmasterNodes, m.HostAddr)
 	}
 	return info, nil
+}
+
+// forwardIdentity returns the proxy hook of an authenticating follower: with a peer token
+// (role netmaster) the leader is called with that token and told who the caller is (so
+// certificate-authenticated callers work through followers too); without one, the
+// caller's own token travels unchanged and the leader checks it again.
+func forwardIdentity(peerToken string) func(in, out *http.Request) {
+	return func(in, out *http.Request) {
+		out.Header.Del(auth.ForwardedIdentityHeader)
+		if peerToken == "" {
+			return
+		}
+		id, ok := auth.FromContext(in.Context())
+		if !ok {
+			return
+		}
+		b, err := json.Marshal(id)
+		if err != nil {
+			return
+		}
+		out.Header.Set(auth.ForwardedIdentityHeader, string(b))
+		out.Header.Del(auth.ContivTokenHeader)
+		out.Header.Set("Authorization", "Bearer "+peerToken)
+	}
 }

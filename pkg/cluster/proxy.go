@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -26,10 +27,23 @@ type LeaderView interface {
 // http://<lock value> otherwise (Contiv's follower behaviour), streaming bodies both ways
 // and preserving status codes. When no leader is known it answers 503 with Retry-After.
 type Front struct {
-	view  LeaderView
-	local http.Handler
-	proxy *httputil.ReverseProxy
-	log   *slog.Logger
+	view   LeaderView
+	local  http.Handler
+	proxy  *httputil.ReverseProxy
+	log    *slog.Logger
+	scheme string
+	// forward, when set, edits the proxied request (caller identity for the leader).
+	forward func(in, out *http.Request)
+}
+
+// UseTLS makes the front proxy to the leader over HTTPS with tc (nil: system roots).
+func (f *Front) UseTLS(tc *tls.Config) {
+	f.scheme = "https"
+	if tr, ok := f.proxy.Transport.(*http.Transport); ok {
+		tr = tr.Clone()
+		tr.TLSClientConfig = tc
+		f.proxy.Transport = tr
+	}
 }
 
 // NewFront builds the leader-or-proxy handler. transport may be nil (a default with short
@@ -43,14 +57,17 @@ func NewFront(view LeaderView, local http.Handler, transport http.RoundTripper) 
 			IdleConnTimeout:     30 * time.Second,
 		}
 	}
-	f := &Front{view: view, local: local, log: slog.With("component", "leader-proxy")}
+	f := &Front{view: view, local: local, log: slog.With("component", "leader-proxy"), scheme: "http"}
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			leader := pr.In.Context().Value(leaderCtxKey{}).(string)
-			pr.SetURL(&url.URL{Scheme: "http", Host: leader})
+			pr.SetURL(&url.URL{Scheme: f.scheme, Host: leader})
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 			pr.Out.Header.Set(ProxiedHeader, view.ID())
+			if f.forward != nil {
+				f.forward(pr.In, pr.Out)
+			}
 		},
 		Transport:     transport,
 		FlushInterval: -1,

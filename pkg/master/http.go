@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -229,13 +230,22 @@ type objOps[T any] struct {
 func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 	base := "/api/v1/" + ops.coll + "/"
 	r.HandleFunc(base, func(w http.ResponseWriter, req *http.Request) {
-		kvs, _, err := m.store.List(req.Context(), model.ModelKey(ops.objType, ""))
+		prefix := model.ModelKey(ops.objType, "")
+		kvs, _, err := m.store.List(req.Context(), prefix)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
+		// A tenant-admin lists only its tenant's objects (and global ones).
+		tenant, scoped := "", false
+		if id, ok := auth.FromContext(req.Context()); ok {
+			tenant, scoped = id.Tenant()
+		}
 		out := make([]json.RawMessage, 0, len(kvs))
 		for _, kv := range kvs {
+			if scoped && !auth.Visible(ops.coll, strings.TrimPrefix(kv.Key, prefix), tenant) {
+				continue
+			}
 			out = append(out, kv.Value)
 		}
 		writeJSON(w, out)

@@ -113,7 +113,7 @@ func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		addr := strings.TrimPrefix(u, "http://")
 		m, err := startDaemon(ns, fmt.Sprintf("netmaster%d", i+1), filepath.Join(dir, fmt.Sprintf("netmaster%d.log", i+1)),
 			filepath.Join(cfg.bin, "netmaster"), "--etcd-endpoints", "http://127.0.0.1:2379",
-			"--listen-url", addr, "--control-url", addr, "--rpc-port", "0", "--mode", "kubernetes", "--log-level", "warn")
+			"--listen-url", addr, "--control-url", addr, "--rpc-port", "0", "--mode", "kubernetes", "--log-level", "warn", "--insecure")
 		if err != nil {
 			return err
 		}

@@ -280,6 +280,7 @@ func (c *Cluster) defaultMasterArgs() []string {
 		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--fwdmode", c.cfg.FwdMode, "--netmode", "vxlan", "--mode", "kubernetes",
+		"--insecure", // the simulated underlay is private to this process
 	}
 }
 

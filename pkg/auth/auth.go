@@ -1,0 +1,223 @@
+// Package auth owns who may call netmaster's API: identities from bearer tokens (a token
+// file) or verified client certificates, and the role rules that decide each request.
+//
+// Roles:
+//
+//	admin                  everything
+//	read-only              GET/HEAD only
+//	tenant-admin:<tenant>  reads and writes of that tenant's objects only (lists are
+//	                       filtered by netmaster); global objects are read-only
+//	agent                  what a netplugin needs: /plugin/*, reads, and the docker
+//	                       driver's network create/delete
+//	netmaster              a peer netmaster forwarding a caller it authenticated
+//
+// A token file has one "<token> <role> [<name>]" per line; '#' starts a comment. It must
+// not be readable by group or others. A client certificate's identity is its subject CN
+// and its role the first subject Organization (O=admin, O=agent, O=tenant-admin:t1, ...).
+package auth
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+)
+
+// Role names.
+const (
+	RoleAdmin       = "admin"
+	RoleReadOnly    = "read-only"
+	RoleAgent       = "agent"
+	RoleNetmaster   = "netmaster"
+	roleTenantAdmin = "tenant-admin:"
+)
+
+// Identity is an authenticated caller.
+type Identity struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+	// Via is how it was authenticated: "token", "certificate", "peer:<name>", "insecure".
+	Via string `json:"via"`
+}
+
+// Tenant returns the tenant a tenant-admin is confined to.
+func (id Identity) Tenant() (string, bool) {
+	t, ok := strings.CutPrefix(id.Role, roleTenantAdmin)
+	return t, ok
+}
+
+// ValidRole reports whether r is a known role.
+func ValidRole(r string) bool {
+	switch r {
+	case RoleAdmin, RoleReadOnly, RoleAgent, RoleNetmaster:
+		return true
+	}
+	t, ok := strings.CutPrefix(r, roleTenantAdmin)
+	return ok && t != "" && !strings.ContainsAny(t, " :/")
+}
+
+// Tokens maps token digests to identities.
+type Tokens struct {
+	byDigest map[[32]byte]Identity
+	peer     string // a token of role netmaster, used to forward callers to the leader
+}
+
+// LoadTokens reads a token file.
+func LoadTokens(path string) (*Tokens, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-tokens: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("--auth-tokens %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-tokens: %w", err)
+	}
+	defer f.Close()
+	t := &Tokens{byDigest: map[[32]byte]Identity{}}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) < 2 || len(fields) > 3 {
+			return nil, fmt.Errorf("--auth-tokens %s line %d: want \"<token> <role> [<name>]\"", path, n)
+		}
+		if len(fields[0]) < 16 {
+			return nil, fmt.Errorf("--auth-tokens %s line %d: token shorter than 16 characters", path, n)
+		}
+		if !ValidRole(fields[1]) {
+			return nil, fmt.Errorf("--auth-tokens %s line %d: unknown role %q (admin, read-only, agent, netmaster, tenant-admin:<tenant>)", path, n, fields[1])
+		}
+		id := Identity{Role: fields[1], Name: fields[1], Via: "token"}
+		if len(fields) == 3 {
+			id.Name = fields[2]
+		}
+		d := sha256.Sum256([]byte(fields[0]))
+		if _, dup := t.byDigest[d]; dup {
+			return nil, fmt.Errorf("--auth-tokens %s line %d: token repeated", path, n)
+		}
+		t.byDigest[d] = id
+		if id.Role == RoleNetmaster && t.peer == "" {
+			t.peer = fields[0]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--auth-tokens %s: %w", path, err)
+	}
+	if len(t.byDigest) == 0 {
+		return nil, fmt.Errorf("--auth-tokens %s: no tokens", path)
+	}
+	return t, nil
+}
+
+func (t *Tokens) lookup(tok string) (Identity, bool) {
+	if t == nil || tok == "" {
+		return Identity{}, false
+	}
+	id, ok := t.byDigest[sha256.Sum256([]byte(tok))]
+	return id, ok
+}
+
+// PeerToken is a token of role netmaster ("" if the file has none).
+func (t *Tokens) PeerToken() string {
+	if t == nil {
+		return ""
+	}
+	return t.peer
+}
+
+// Header names.
+const (
+	// ForwardedIdentityHeader carries the caller a follower authenticated; honoured only
+	// on a request that itself authenticates as role netmaster.
+	ForwardedIdentityHeader = "X-Contivbpf-Identity"
+	// ContivTokenHeader is the header Contiv's netctl sends after `netctl login`.
+	ContivTokenHeader = "X-Auth-Token"
+)
+
+type ctxKey struct{}
+
+// FromContext returns the caller of a request that passed the middleware.
+func FromContext(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(ctxKey{}).(Identity)
+	return id, ok
+}
+
+// WithIdentity returns ctx carrying id.
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, ctxKey{}, id)
+}
+
+// Config says how requests are authenticated.
+type Config struct {
+	// Tokens, when set, accepts bearer tokens (Authorization: Bearer, or X-Auth-Token).
+	Tokens *Tokens
+	// Certificates accepts verified client certificates (the TLS server verifies them).
+	Certificates bool
+	// Open lets every request in as admin ("insecure" mode without tokens).
+	Open bool
+}
+
+// Authenticate returns the caller of r; ok false means no valid credential was given.
+// A bad credential is an error (401), never a fallback to another method.
+func (c Config) Authenticate(r *http.Request) (Identity, error) {
+	var id Identity
+	var found bool
+	tok := ""
+	if h := r.Header.Get("Authorization"); h != "" {
+		v, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok {
+			return Identity{}, fmt.Errorf("authorization header: only Bearer tokens are accepted")
+		}
+		tok = strings.TrimSpace(v)
+	} else if h := r.Header.Get(ContivTokenHeader); h != "" {
+		tok = strings.TrimSpace(h)
+	}
+	switch {
+	case tok != "":
+		if c.Tokens == nil {
+			return Identity{}, fmt.Errorf("token given but this netmaster accepts no tokens")
+		}
+		if id, found = c.Tokens.lookup(tok); !found {
+			return Identity{}, fmt.Errorf("unknown token")
+		}
+	case c.Certificates && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+		cert := r.TLS.VerifiedChains[0][0]
+		role := ""
+		if len(cert.Subject.Organization) > 0 {
+			role = cert.Subject.Organization[0]
+		}
+		if !ValidRole(role) {
+			return Identity{}, fmt.Errorf("client certificate %q: organization %q is not a role", cert.Subject.CommonName, role)
+		}
+		id, found = Identity{Name: cert.Subject.CommonName, Role: role, Via: "certificate"}, true
+	case c.Open:
+		return Identity{Name: "anonymous", Role: RoleAdmin, Via: "insecure"}, nil
+	}
+	if !found {
+		return Identity{}, errNoCredentials
+	}
+	if fwd := r.Header.Get(ForwardedIdentityHeader); fwd != "" {
+		if id.Role != RoleNetmaster {
+			return Identity{}, fmt.Errorf("%s is only accepted from a peer netmaster", ForwardedIdentityHeader)
+		}
+		var inner Identity
+		if err := json.Unmarshal([]byte(fwd), &inner); err != nil || !ValidRole(inner.Role) || inner.Role == RoleNetmaster {
+			return Identity{}, fmt.Errorf("%s: malformed", ForwardedIdentityHeader)
+		}
+		inner.Via = "peer:" + id.Name + "/" + inner.Via
+		return inner, nil
+	}
+	return id, nil
+}
+
+var errNoCredentials = fmt.Errorf("authentication required: send \"Authorization: Bearer <token>\" or a client certificate")

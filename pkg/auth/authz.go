@@ -1,0 +1,146 @@
+package auth
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+)
+
+// globalCollections hold objects of no tenant: tenant-admins may read, not write them.
+var globalCollections = map[string]bool{"globals": true, "Bgps": true, "aciGws": true}
+
+// Authorize decides whether id may send method to path (netmaster's routes).
+func Authorize(id Identity, method, path string) error {
+	read := method == http.MethodGet || method == http.MethodHead
+	deny := func(why string) error {
+		return fmt.Errorf("%s %q (role %s) may not %s %s: %s", viaWord(id), id.Name, id.Role, method, path, why)
+	}
+	if id.Role == RoleAdmin {
+		return nil
+	}
+	switch {
+	case strings.HasPrefix(path, "/plugin/"):
+		if id.Role == RoleAgent {
+			return nil
+		}
+		return deny("plugin routes are for netplugin agents")
+	case strings.HasPrefix(path, "/api/v1/"):
+		coll, key := splitObject(path)
+		if read {
+			if tenant, ok := id.Tenant(); ok && key != "" && !globalCollections[coll] {
+				if coll == "endpoints" || tenantOf(coll, key) != tenant {
+					return deny("the object is not in tenant " + tenant)
+				}
+			}
+			return nil
+		}
+		switch id.Role {
+		case RoleAgent:
+			if coll == "networks" && key != "" {
+				return nil // the Docker driver creates and deletes networks
+			}
+			return deny("agents write only networks and plugin routes")
+		case RoleReadOnly, RoleNetmaster:
+			return deny("read-only")
+		}
+		if tenant, ok := id.Tenant(); ok {
+			switch {
+			case key == "":
+				return deny("no object named")
+			case coll == "tenants" || globalCollections[coll]:
+				return deny("tenants and global objects are for admins")
+			case tenantOf(coll, key) != tenant:
+				return deny("the object is not in tenant " + tenant)
+			}
+			return nil
+		}
+		return deny("unknown role")
+	default:
+		if read {
+			return nil // /version, /info, /services, /service/<id>
+		}
+		return deny("admin only")
+	}
+}
+
+func viaWord(id Identity) string {
+	if strings.HasPrefix(id.Via, "certificate") {
+		return "certificate"
+	}
+	return "caller"
+}
+
+// splitObject returns the collection and key of /api/v1/<coll>/<key>/ (or of
+// /api/v1/inspect/<coll>/<key>/); key is "" for a collection.
+func splitObject(path string) (coll, key string) {
+	rest := strings.Trim(strings.TrimPrefix(path, "/api/v1/"), "/")
+	rest = strings.TrimPrefix(rest, "inspect/")
+	coll, key, _ = strings.Cut(rest, "/")
+	return coll, key
+}
+
+// Visible reports whether object key of collection coll may be shown to a tenant-admin
+// of tenant (list filtering).
+func Visible(coll, key, tenant string) bool {
+	return globalCollections[coll] || tenantOf(coll, key) == tenant
+}
+
+// tenantOf is the tenant an object key belongs to: the key itself for tenants, else the
+// part before the first ':' ("<tenant>:<name>", "<tenant>:<policy>:<rule>").
+func tenantOf(coll, key string) string {
+	if coll == "tenants" {
+		return key
+	}
+	t, _, ok := strings.Cut(key, ":")
+	if !ok {
+		return "" // never equal to a tenant-admin's tenant
+	}
+	return t
+}
+
+// Middleware authenticates and authorizes every request (401 without valid credentials,
+// 403 for the wrong role, both with a message), puts the identity in the request context
+// and writes an audit line for every write.
+func Middleware(c Config, log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := c.Authenticate(r)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="netmaster"`)
+			http.Error(w, "unauthorized: "+err.Error(), http.StatusUnauthorized)
+			if r.Method != http.MethodGet {
+				log.Warn("audit", "who", "?", "method", r.Method, "path", r.URL.Path, "status", http.StatusUnauthorized, "err", err.Error())
+			}
+			return
+		}
+		if err := Authorize(id, r.Method, r.URL.Path); err != nil {
+			http.Error(w, "forbidden: "+err.Error(), http.StatusForbidden)
+			log.Warn("audit", "who", id.Name, "role", id.Role, "via", id.Via, "method", r.Method, "path", r.URL.Path, "status", http.StatusForbidden)
+			return
+		}
+		r = r.WithContext(WithIdentity(r.Context(), id))
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			next.ServeHTTP(w, r)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		log.Info("audit", "who", id.Name, "role", id.Role, "via", id.Via, "method", r.Method, "path", r.URL.Path, "status", sw.code)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
