@@ -9,12 +9,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/contivbpf/contivbpf/pkg/netctl/client"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 // DefaultNetmaster is used when neither --netmaster nor CONTIV_NETMASTER/NETMASTER is set.
@@ -128,6 +131,11 @@ func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
 				Usage:   "skip TLS certificate verification",
 				EnvVars: []string{"INSECURE"},
 			},
+			&cli.StringFlag{Name: "cacert", EnvVars: []string{"CONTIV_CACERT"}, Usage: "CA `FILE` to verify an https:// netmaster with (default: system roots)"},
+			&cli.StringFlag{Name: "cert", EnvVars: []string{"CONTIV_CERT"}, Usage: "client certificate `FILE` (with --key)"},
+			&cli.StringFlag{Name: "key", EnvVars: []string{"CONTIV_KEY"}, Usage: "private key `FILE` of --cert"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"CONTIV_TOKEN"}, Usage: "bearer `TOKEN` for netmaster's --auth-tokens"},
+			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, EnvVars: []string{"CONTIV_TIMEOUT"}, Usage: "give up on a request after this long"},
 		},
 		Commands:       commands(build),
 		ExitErrHandler: func(*cli.Context, error) {}, // Run maps errors to exit codes
@@ -170,9 +178,20 @@ func netmasterURL(c *cli.Context) string {
 
 // newClient builds the REST client from the global flags.
 func newClient(c *cli.Context) (*client.Client, error) {
-	var opts []client.Option
+	if c.Duration("timeout") <= 0 {
+		return nil, &exitError{code: ExitUsage, msg: "--timeout must be positive"}
+	}
+	tc, err := tlsconf.Client(tlsconf.Files{CA: c.String("cacert"), Cert: c.String("cert"), Key: c.String("key")}, "--cacert/--cert/--key")
+	if err != nil {
+		return nil, &exitError{code: ExitUsage, msg: err.Error()}
+	}
 	if c.Bool("insecure") {
-		opts = append(opts, client.WithInsecureTLS())
+		tc.InsecureSkipVerify = true //nolint:gosec // the operator asked for it
+	}
+	opts := []client.Option{client.WithHTTPClient(&http.Client{Timeout: c.Duration("timeout"), Transport: &http.Transport{
+		Proxy: http.ProxyFromEnvironment, TLSClientConfig: tc}})}
+	if tok := strings.TrimSpace(c.String("token")); tok != "" {
+		opts = append(opts, client.WithHeader("Authorization", "Bearer "+tok))
 	}
 	cl, err := client.New(netmasterURL(c), opts...)
 	if err != nil {

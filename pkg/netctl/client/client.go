@@ -7,7 +7,6 @@ package client
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,16 +33,6 @@ type Option func(*Client)
 // WithHTTPClient replaces the default http.Client (timeouts, custom transports).
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) { c.http = hc }
-}
-
-// WithInsecureTLS skips certificate verification (netctl --insecure).
-func WithInsecureTLS() Option {
-	return func(c *Client) {
-		c.http = &http.Client{Transport: &http.Transport{
-			Proxy:           http.ProxyFromEnvironment,
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // operator asked for it
-		}}
-	}
 }
 
 // WithHeader adds a header to every request (for example X-Auth-Token behind auth_proxy).
