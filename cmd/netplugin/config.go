@@ -15,6 +15,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 const envPrefix = "CONTIV_NETPLUGIN_"
@@ -40,7 +41,14 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "docker-plugin-dir", EnvVars: env("DOCKER_PLUGIN_DIR"), Value: "/run/docker/plugins", Usage: "where the Docker plugin socket goes (docker mode)"},
 		&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, EnvVars: env("PLUGIN_NAME"), Value: "netplugin", Usage: "Docker network/IPAM driver name (docker mode)"},
 		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
-		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: ":9090", Usage: "address of the inspect API and /metrics"},
+		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: "127.0.0.1:9090", Usage: "address of the inspect API and /metrics (loopback by default; the API has no authentication)"},
+		&cli.StringFlag{Name: "debug-token-file", EnvVars: env("DEBUG_TOKEN_FILE"), Usage: "enables the mutating /debug routes of the inspect API for callers sending this `FILE`'s token (mode 0600)"},
+		&cli.StringFlag{Name: "socket-group", EnvVars: env("SOCKET_GROUP"), Usage: "`GROUP` that may also use the CNI and Docker plugin sockets (mode 0660; default 0600, root only)"},
+		&cli.BoolFlag{Name: "netmaster-tls", EnvVars: env("NETMASTER_TLS"), Usage: "reach netmaster over HTTPS (implied by --netmaster-cacert/--netmaster-cert)"},
+		&cli.StringFlag{Name: "netmaster-cacert", EnvVars: env("NETMASTER_CACERT"), Usage: "CA `FILE` netmaster's certificate is checked against"},
+		&cli.StringFlag{Name: "netmaster-cert", EnvVars: env("NETMASTER_CERT"), Usage: "client certificate `FILE` for netmaster (O=agent)"},
+		&cli.StringFlag{Name: "netmaster-key", EnvVars: env("NETMASTER_KEY"), Usage: "private key `FILE` of --netmaster-cert"},
+		&cli.StringFlag{Name: "netmaster-token-file", EnvVars: env("NETMASTER_TOKEN_FILE"), Usage: "`FILE` holding this agent's bearer token (role agent) for netmaster"},
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
 		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
 		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server"},
@@ -74,6 +82,12 @@ type config struct {
 	dockerPluginDir string
 	pluginName      string
 	dockerHost      string
+
+	socketGroup    string
+	debugToken     string
+	netmasterTLS   bool
+	netmasterFiles tlsconf.Files
+	netmasterToken string
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -96,6 +110,16 @@ func configFrom(c *cli.Context) (config, error) {
 		k8sConfig:  c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"),
 		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
+		socketGroup:    c.String("socket-group"),
+		netmasterFiles: tlsconf.Files{CA: c.String("netmaster-cacert"), Cert: c.String("netmaster-cert"), Key: c.String("netmaster-key")},
+	}
+	cfg.netmasterTLS = c.Bool("netmaster-tls") || !cfg.netmasterFiles.Empty()
+	var err error
+	if cfg.debugToken, err = readSecret(c.String("debug-token-file"), "--debug-token-file"); err != nil {
+		return cfg, err
+	}
+	if cfg.netmasterToken, err = readSecret(c.String("netmaster-token-file"), "--netmaster-token-file"); err != nil {
+		return cfg, err
 	}
 	for _, e := range strings.Split(c.String("etcd-endpoints"), ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -131,7 +155,6 @@ func configFrom(c *cli.Context) (config, error) {
 		}
 		cfg.host = h
 	}
-	var err error
 	if s := c.String("vtep-ip"); s != "" {
 		if cfg.vtep, err = netip.ParseAddr(s); err != nil || !cfg.vtep.Is4() {
 			return cfg, fmt.Errorf("--vtep-ip %q is not an IPv4 address", s)
@@ -168,4 +191,28 @@ func firstHostIPv4() (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, errors.New("no IPv4 address on any up, non-loopback interface")
+}
+
+// readSecret returns the trimmed content of a token file ("" for no file); the file must
+// not be readable by group or others.
+func readSecret(path, flag string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s %s: mode %o lets group or others read it; chmod 600 it", flag, path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 16 {
+		return "", fmt.Errorf("%s %s: token shorter than 16 characters", flag, path)
+	}
+	return tok, nil
 }

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -27,8 +26,10 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 	"github.com/contivbpf/contivbpf/pkg/dockerplugin"
+	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
 	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
@@ -57,10 +58,22 @@ func run(parent context.Context, cfg config) error {
 		}
 	}()
 
-	mc := masterclient.New(store)
+	var mopts []masterclient.Option
+	if cfg.netmasterTLS {
+		tc, err := tlsconf.Client(cfg.netmasterFiles, "--netmaster-cacert/--netmaster-cert/--netmaster-key")
+		if err != nil {
+			return err
+		}
+		mopts = append(mopts, masterclient.WithTLS(tc))
+	}
+	if cfg.netmasterToken != "" {
+		mopts = append(mopts, masterclient.WithToken(cfg.netmasterToken))
+	}
+	mc := masterclient.New(store, mopts...)
 	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
+		DebugToken: cfg.debugToken,
 	}
 	if cfg.mode == "kubernetes" {
 		pods, err := podLabeler(cfg, log)
@@ -83,7 +96,7 @@ func run(parent context.Context, cfg config) error {
 	if c, ok := drv.(interface{ Collector() prometheus.Collector }); ok {
 		reg.MustRegister(c.Collector())
 	}
-	srv := &http.Server{Addr: cfg.inspectListen, Handler: ag.Handler(reg), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(ag.Handler(reg), httpserve.Limits{MaxConns: 256, Logger: log})
 	ln, err := net.Listen("tcp", cfg.inspectListen)
 	if err != nil {
 		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)
@@ -93,7 +106,7 @@ func run(parent context.Context, cfg config) error {
 			log.Error("inspect API stopped", "err", err)
 		}
 	}()
-	defer srv.Close()
+	defer srv.HTTP.Close()
 	log.Info("inspect API listening", "addr", ln.Addr().String())
 
 	// Registrations are not revoked on exit: peers keep this host's VTEP until the TTL
@@ -134,11 +147,11 @@ func run(parent context.Context, cfg config) error {
 		}
 		var err error
 		if cfg.mode == "kubernetes" {
-			err = cniapi.Serve(ctx, cfg.cniSocket, ag.CNIBackend())
+			err = cniapi.Serve(ctx, cfg.cniSocket, cfg.socketGroup, ag.CNIBackend())
 		} else {
 			err = dockerplugin.FrontEnd{
 				Store: store, Agent: ag, Master: mc, PluginDir: cfg.dockerPluginDir,
-				PluginName: cfg.pluginName, DockerHost: cfg.dockerHost,
+				PluginName: cfg.pluginName, DockerHost: cfg.dockerHost, SocketGroup: cfg.socketGroup,
 			}.Run(ctx)
 		}
 		if err != nil {

@@ -52,6 +52,9 @@ type Config struct {
 	// GlobalPoll is how often the agent re-reads the global config while waiting for it
 	// (default 1s, as Contiv).
 	GlobalPoll time.Duration
+	// DebugToken enables the mutating /debug routes of the local API for callers that
+	// send it as a bearer token; empty keeps them off.
+	DebugToken string
 	Logger     *slog.Logger
 }
 

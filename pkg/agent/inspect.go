@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,20 +64,34 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	}).Methods(http.MethodGet)
-	r.HandleFunc("/debug/reclaimEndpoint/{id}", func(w http.ResponseWriter, req *http.Request) {
-		id := mux.Vars(req)["id"]
-		for _, l := range a.LocalEndpoints() {
-			if l.ID == id {
-				if err := a.DetachEndpoint(req.Context(), DetachRequest{Tenant: l.Tenant, Network: l.Network, Group: l.Group, EndpointID: l.EndpointID}); err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-			}
-		}
-		writeJSON(w, http.StatusOK, "success")
-	}).Methods(http.MethodDelete)
+	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return r
+}
+
+// reclaimEndpoint (DELETE /debug/reclaimEndpoint/{id}) detaches a local endpoint; it
+// needs the --debug-token-file token and is off without one.
+func (a *Agent) reclaimEndpoint(w http.ResponseWriter, req *http.Request) {
+	if a.cfg.DebugToken == "" {
+		http.Error(w, "forbidden: mutating debug routes are off; start netplugin with --debug-token-file to enable them", http.StatusForbidden)
+		return
+	}
+	tok, _ := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.DebugToken)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="netplugin-debug"`)
+		http.Error(w, "unauthorized: send the --debug-token-file token as \"Authorization: Bearer <token>\"", http.StatusUnauthorized)
+		return
+	}
+	id := mux.Vars(req)["id"]
+	for _, l := range a.LocalEndpoints() {
+		if l.ID == id {
+			if err := a.DetachEndpoint(req.Context(), DetachRequest{Tenant: l.Tenant, Network: l.Network, Group: l.Group, EndpointID: l.EndpointID}); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, "success")
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -52,5 +54,30 @@ func TestInspectJSON(t *testing.T) {
 	var bad dataplane.Endpoint
 	if err := json.Unmarshal([]byte(`{"id":"x","mac":"zz"}`), &bad); err == nil || !strings.Contains(err.Error(), "mac") {
 		t.Errorf("bad mac accepted: %v", err)
+	}
+}
+
+// TestDebugRoutesNeedToken: the mutating debug route is off without a token (403) and,
+// when on, refuses callers without the token (401).
+func TestDebugRoutesNeedToken(t *testing.T) {
+	for _, c := range []struct {
+		token, sent string
+		want        int
+	}{
+		{"", "", 403},
+		{"", "anything-at-all-x", 403},
+		{"debug-token-0123456789", "", 401},
+		{"debug-token-0123456789", "wrong-token-0123456789", 401},
+	} {
+		a := &Agent{cfg: Config{DebugToken: c.token}}
+		req := httptest.NewRequest(http.MethodDelete, "/debug/reclaimEndpoint/x", nil)
+		if c.sent != "" {
+			req.Header.Set("Authorization", "Bearer "+c.sent)
+		}
+		rec := httptest.NewRecorder()
+		a.reclaimEndpoint(rec, req)
+		if rec.Code != c.want {
+			t.Errorf("token %q sent %q: %d %s, want %d", c.token, c.sent, rec.Code, rec.Body, c.want)
+		}
 	}
 }

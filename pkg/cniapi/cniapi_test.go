@@ -32,7 +32,7 @@ func TestServeRoundTrip(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &recorder{}
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, sock, b) }()
+	go func() { done <- Serve(ctx, sock, "", b) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

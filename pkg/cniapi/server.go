@@ -8,11 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"mime"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/unixsock"
 )
 
 // Backend does the work behind the socket (the netplugin agent).
@@ -70,21 +70,15 @@ func reply(w http.ResponseWriter, code int, resp PodResponse) {
 	_ = json.NewEncoder(w).Encode(resp)
 }
 
-// Serve listens on the unix socket at path (creating its directory, replacing a stale
-// socket) and serves b until ctx ends; it removes the socket on return.
-func Serve(ctx context.Context, path string, b Backend) error {
+// Serve listens on the unix socket at path (see pkg/unixsock: mode 0600, or 0660 for
+// group) and serves b until ctx ends; it removes the socket on return.
+func Serve(ctx context.Context, path, group string, b Backend) error {
 	if path == "" {
 		path = DefaultSocket
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("create cni socket dir: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale cni socket %s: %w", path, err)
-	}
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(path, group)
 	if err != nil {
-		return fmt.Errorf("listen on cni socket %s: %w", path, err)
+		return fmt.Errorf("cni socket: %w", err)
 	}
 	defer os.Remove(path)
 	srv := &http.Server{Handler: Handler(b), ReadHeaderTimeout: 10 * time.Second}

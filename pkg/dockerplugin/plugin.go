@@ -30,6 +30,8 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
+
+	"github.com/contivbpf/contivbpf/pkg/unixsock"
 )
 
 // Defaults.
@@ -99,6 +101,8 @@ type Config struct {
 	NetworksChanged func()
 	// Timeout bounds each remote call made while serving one Docker request (default 60 s).
 	Timeout time.Duration
+	// SocketGroup may also use the plugin socket (mode 0660); empty: 0600.
+	SocketGroup string
 }
 
 // Plugin serves the remote drivers.
@@ -171,16 +175,9 @@ func (p *Plugin) Serve(ctx context.Context) error {
 
 // Listen creates the plugin socket (replacing a stale one).
 func (p *Plugin) Listen() (net.Listener, error) {
-	if err := os.MkdirAll(p.cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("dockerplugin: create %s: %w", p.cfg.Dir, err)
-	}
-	path := p.SocketPath()
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("dockerplugin: remove stale %s: %w", path, err)
-	}
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(p.SocketPath(), p.cfg.SocketGroup)
 	if err != nil {
-		return nil, fmt.Errorf("dockerplugin: listen %s: %w", path, err)
+		return nil, fmt.Errorf("dockerplugin: %w", err)
 	}
 	return l, nil
 }

@@ -21,6 +21,8 @@ type FrontEnd struct {
 	PluginDir  string // default /run/docker/plugins
 	PluginName string // default netplugin
 	DockerHost string // Docker API, e.g. unix:///var/run/docker.sock (default: DOCKER_HOST or the standard socket)
+	// SocketGroup may also use the plugin socket (mode 0660); empty: 0600.
+	SocketGroup string
 }
 
 // Run serves the Docker network and IPAM drivers and keeps the local dockerd's networks in
@@ -45,7 +47,7 @@ func (f FrontEnd) Run(ctx context.Context) error {
 	}
 	p, err := New(Config{
 		Name: f.PluginName, Dir: f.PluginDir, Store: f.Store, Master: f.Master,
-		Endpoints: AgentEndpoints{Agent: f.Agent}, Docker: dc, NetworksChanged: syncer.Trigger,
+		Endpoints: AgentEndpoints{Agent: f.Agent}, Docker: dc, NetworksChanged: syncer.Trigger, SocketGroup: f.SocketGroup,
 	})
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ package masterclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,13 +26,34 @@ import (
 
 // Client posts plugin requests to the current netmaster leader.
 type Client struct {
-	store *state.Store
-	http  *http.Client
+	store  *state.Store
+	http   *http.Client
+	scheme string
+	token  string
 }
 
+// Option configures a Client.
+type Option func(*Client)
+
+// WithTLS makes the client speak HTTPS to netmaster with tc (CA to trust, optional
+// client certificate).
+func WithTLS(tc *tls.Config) Option {
+	return func(c *Client) {
+		c.scheme = "https"
+		c.http.Transport = &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 16, IdleConnTimeout: 60 * time.Second}
+	}
+}
+
+// WithToken sends a bearer token (role agent) with every request.
+func WithToken(token string) Option { return func(c *Client) { c.token = token } }
+
 // New returns a client that discovers netmaster through store.
-func New(store *state.Store) *Client {
-	return &Client{store: store, http: &http.Client{Timeout: 30 * time.Second}}
+func New(store *state.Store, opts ...Option) *Client {
+	c := &Client{store: store, http: &http.Client{Timeout: 30 * time.Second}, scheme: "http"}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // HTTPError is a non-200 reply from netmaster; Message is its plain-text body.
@@ -52,7 +74,7 @@ func (c *Client) Addresses(ctx context.Context) ([]string, error) {
 	var out []string
 	seen := map[string]bool{}
 	add := func(a string) {
-		a = strings.TrimPrefix(strings.TrimSpace(a), "http://")
+		a = strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(a), "http://"), "https://")
 		if a != "" && !seen[a] {
 			seen[a] = true
 			out = append(out, a)
@@ -141,7 +163,7 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	hr, err := http.NewRequestWithContext(ctx, method, c.scheme+"://"+addr+path, rd)
 	if err != nil {
 		return fmt.Errorf("build request %s %s%s: %w", method, addr, path, err)
 	}
@@ -149,6 +171,9 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 		hr.Header.Set("Content-Type", "application/json")
 	}
 	hr.Header.Set("Accept", "application/json, "+problemJSON) // real statuses on /api/v1
+	if c.token != "" {
+		hr.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	r, err := c.http.Do(hr)
 	if err != nil {
 		return fmt.Errorf("%s %s%s: %w", method, addr, path, err)

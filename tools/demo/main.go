@@ -75,9 +75,9 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		}
 		bin = filepath.Join(root, "bin")
 	}
-	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster with embedded etcd, netplugin --dataplane=%s on each", dp)
+	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd, netplugin --dataplane=%s on each (agent token)", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet})
+	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true})
 	if err != nil {
 		return err
 	}
@@ -94,6 +94,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}()
 	h1, h2 := c.Hosts[0], c.Hosts[1]
 	fmt.Printf("    netmaster %s on %s; hosts %s (%s) and %s (%s)\n", c.MasterURL(), h1.Name, h1.Name, h1.IP, h2.Name, h2.IP)
+	fmt.Printf("    netctl runs as: netctl --netmaster %s --cacert %s --token <admin token> ...\n", c.MasterURL(), c.CACert)
 
 	p.step("netctl network create --subnet 10.103.1.0/24 -g 10.103.1.1 test-net")
 	out, err := c.Netctl(ctx, "network", "create", "--subnet", "10.103.1.0/24", "-g", "10.103.1.1", "test-net")

@@ -31,6 +31,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 // Config describes a simulated cluster.
@@ -57,6 +59,10 @@ type Config struct {
 	NetmasterArgs func(c *Cluster) []string
 	// Logger receives progress lines (default slog.Default()).
 	Logger *slog.Logger
+	// Secure runs netmaster with HTTPS and bearer tokens (certificates made in the work
+	// dir with pkg/pki): netplugins use an agent token, the cluster's own calls and
+	// Netctl an admin token. Default: --insecure (plain HTTP, no authentication).
+	Secure bool
 	// PluginArgs, if set, returns extra netplugin arguments for h, appended to the
 	// default command line (a repeated flag overrides, e.g. "--mode docker").
 	PluginArgs func(c *Cluster, h *Host) []string
@@ -102,6 +108,13 @@ type Cluster struct {
 	MasterIP netip.Addr
 	log      *slog.Logger
 
+	// CACert and AdminToken are set with Config.Secure: what a client needs to talk to
+	// netmaster (CACert verifies its certificate).
+	CACert, AdminToken string
+	agentTokenFile     string
+	tokensFile         string
+	serverCert         [2]string
+
 	mu         sync.Mutex
 	namespaces []string // created, in creation order
 	containers []*Container
@@ -119,7 +132,52 @@ const (
 func (c *Cluster) EtcdURL() string { return fmt.Sprintf("http://%s:%d", c.MasterIP, EtcdPort) }
 
 // MasterURL is netmaster's REST URL.
-func (c *Cluster) MasterURL() string { return fmt.Sprintf("http://%s:%d", c.MasterIP, MasterPort) }
+func (c *Cluster) MasterURL() string {
+	scheme := "http"
+	if c.cfg.Secure {
+		scheme = "https"
+	}
+	return fmt.Sprintf("%s://%s:%d", scheme, c.MasterIP, MasterPort)
+}
+
+// setupPKI writes a CA, netmaster's certificate and the token files into the work dir.
+func (c *Cluster) setupPKI() error {
+	dir := filepath.Join(c.WorkDir, "pki")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("sim: pki dir: %w", err)
+	}
+	ca, err := pki.NewCA(c.Prefix + "-ca")
+	if err != nil {
+		return err
+	}
+	if c.CACert, err = ca.WriteCA(dir, "ca.crt"); err != nil {
+		return err
+	}
+	srv, err := ca.Issue(pki.Options{CommonName: "netmaster", Hosts: []string{c.MasterIP.String()}, Server: true})
+	if err != nil {
+		return err
+	}
+	if c.serverCert[0], c.serverCert[1], err = srv.Write(dir, "netmaster"); err != nil {
+		return err
+	}
+	tok := func() string {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	c.AdminToken = tok()
+	agent := tok()
+	c.tokensFile = filepath.Join(dir, "tokens")
+	c.agentTokenFile = filepath.Join(dir, "agent.token")
+	lines := fmt.Sprintf("%s admin sim-admin\n%s agent sim-agents\n%s netmaster sim-peers\n", c.AdminToken, agent, tok())
+	if err := os.WriteFile(c.tokensFile, []byte(lines), 0o600); err != nil {
+		return fmt.Errorf("sim: tokens: %w", err)
+	}
+	if err := os.WriteFile(c.agentTokenFile, []byte(agent+"\n"), 0o600); err != nil {
+		return fmt.Errorf("sim: agent token: %w", err)
+	}
+	return nil
+}
 
 // Start builds the cluster. On error everything created so far is removed.
 func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
@@ -177,6 +235,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if err := c.buildUnderlay(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.Secure {
+		if err := c.setupPKI(); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.startMaster(ctx); err != nil {
 		return nil, err
@@ -274,14 +337,18 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 }
 
 func (c *Cluster) defaultMasterArgs() []string {
-	return []string{
+	args := []string{
 		"--etcd-data-dir", filepath.Join(c.WorkDir, "etcd"),
 		"--etcd-listen-client-url", c.EtcdURL(),
 		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--fwdmode", c.cfg.FwdMode, "--netmode", "vxlan", "--mode", "kubernetes",
-		"--insecure", // the simulated underlay is private to this process
 	}
+	if c.cfg.Secure {
+		return append(args, "--tls-cert", c.serverCert[0], "--tls-key", c.serverCert[1], "--auth-tokens", c.tokensFile,
+			"--tls-peer-ca", c.CACert)
+	}
+	return append(args, "--insecure") // the simulated underlay is private to this process
 }
 
 func (c *Cluster) startMaster(ctx context.Context) error {
@@ -332,6 +399,9 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 	}
 	if c.cfg.VLANUplink {
 		args = append(args, "--vlan-if", "uplink")
+	}
+	if c.cfg.Secure {
+		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", c.agentTokenFile)
 	}
 	if c.cfg.Dataplane == "ovs" {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
@@ -404,12 +474,18 @@ func (h *Host) WaitReady(ctx context.Context, timeout time.Duration) error {
 }
 
 func (c *Cluster) httpClient(ns string) *http.Client {
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	tr := &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return DialContext(ctx, ns, network, addr)
 		},
-	}}
+	}
+	if c.CACert != "" {
+		if tc, err := tlsconf.Client(tlsconf.Files{CA: c.CACert}, "sim"); err == nil {
+			tr.TLSClientConfig = tc
+		}
+	}
+	return &http.Client{Timeout: 30 * time.Second, Transport: tr}
 }
 
 func (c *Cluster) do(ctx context.Context, ns, method, url string, body, out any) error {
@@ -427,6 +503,9 @@ func (c *Cluster) do(ctx context.Context, ns, method, url string, body, out any)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.AdminToken != "" && strings.HasPrefix(url, c.MasterURL()) {
+		req.Header.Set("Authorization", "Bearer "+c.AdminToken)
 	}
 	resp, err := c.httpClient(ns).Do(req)
 	if err != nil {
@@ -520,7 +599,11 @@ func (h *Host) Metrics(ctx context.Context) (string, error) {
 
 // Netctl runs bin/netctl inside the first host against netmaster.
 func (c *Cluster) Netctl(ctx context.Context, args ...string) (string, error) {
-	argv := append([]string{filepath.Join(c.cfg.BinDir, "netctl"), "--netmaster", c.MasterURL()}, args...)
+	argv := []string{filepath.Join(c.cfg.BinDir, "netctl"), "--netmaster", c.MasterURL()}
+	if c.cfg.Secure {
+		argv = append(argv, "--cacert", c.CACert, "--token", c.AdminToken)
+	}
+	argv = append(argv, args...)
 	return Exec(ctx, c.Hosts[0].Name, argv...)
 }
 
