@@ -37,7 +37,7 @@ func TestConfig(t *testing.T) {
 	}
 	if cfg.host != "h1" || cfg.vtep.String() != "192.168.1.1" || cfg.ctrl != cfg.vtep || len(cfg.etcd) != 2 ||
 		cfg.fwdMode != "routing" || cfg.vlanIf != "eth1" || cfg.mode != "docker" || cfg.vxlanPort != 4789 ||
-		cfg.dataplane != "ebpf" || cfg.bpffsRoot != "/sys/fs/bpf/contivbpf" || cfg.inspectListen != ":9090" {
+		cfg.dataplane != "ebpf" || cfg.bpffsRoot != "/sys/fs/bpf/contivbpf" || cfg.inspectListen != "127.0.0.1:9090" {
 		t.Fatalf("config = %+v", cfg)
 	}
 	for _, tc := range []struct {

@@ -1,0 +1,84 @@
+package auth
+
+import (
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestLoadTokens: the token file's format, roles and permissions are checked with errors
+// that name the line; tokens authenticate via Authorization and X-Auth-Token.
+func TestLoadTokens(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string, mode os.FileMode) string {
+		p := filepath.Join(dir, "tokens")
+		os.Remove(p)
+		if err := os.WriteFile(p, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for body, want := range map[string]string{
+		"short admin\n":                                    "shorter than 16",
+		"0123456789abcdef root\n":                          "unknown role",
+		"0123456789abcdef tenant-admin:\n":                 "unknown role",
+		"0123456789abcdef admin a b\n":                     "line 1",
+		"# only a comment\n":                               "no tokens",
+		"0123456789abcdef admin\n0123456789abcdef agent\n": "repeated",
+	} {
+		if _, err := LoadTokens(write(body, 0o600)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", body, err, want)
+		}
+	}
+	if _, err := LoadTokens(write("0123456789abcdef admin\n", 0o644)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("world-readable file: %v", err)
+	}
+	tk, err := LoadTokens(write("0123456789abcdef admin alice # ops\nfedcba9876543210 tenant-admin:t1 bob\n", 0o600))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Config{Tokens: tk}
+	r := httptest.NewRequest("GET", "/api/v1/networks/", nil)
+	r.Header.Set("X-Auth-Token", "fedcba9876543210")
+	if id, err := c.Authenticate(r); err != nil || id.Name != "bob" || id.Role != "tenant-admin:t1" {
+		t.Errorf("X-Auth-Token: %+v %v", id, err)
+	}
+	r.Header.Set("Authorization", "Basic YTpi")
+	if _, err := c.Authenticate(r); err == nil {
+		t.Error("Basic auth accepted")
+	}
+	r = httptest.NewRequest("GET", "/", nil)
+	if _, err := c.Authenticate(r); err == nil {
+		t.Error("no credentials accepted")
+	}
+}
+
+func TestAuthorize(t *testing.T) {
+	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
+	for _, c := range []struct {
+		id           Identity
+		method, path string
+		ok           bool
+	}{
+		{t1, "POST", "/api/v1/networks/t1:n/", true},
+		{t1, "POST", "/api/v1/networks/t10:n/", false},
+		{t1, "POST", "/api/v1/rules/t1:p:r1/", true},
+		{t1, "GET", "/api/v1/inspect/networks/t2:n/", false},
+		{t1, "GET", "/api/v1/tenants/t1/", true},
+		{t1, "DELETE", "/api/v1/tenants/t1/", false},
+		{t1, "GET", "/api/v1/globals/global/", true},
+		{t1, "POST", "/api/v1/globals/global/", false},
+		{t1, "GET", "/api/v1/inspect/endpoints/abc/", false},
+		{t1, "POST", "/plugin/createEndpoint", false},
+		{Identity{Role: RoleAgent}, "POST", "/plugin/createEndpoint", true},
+		{Identity{Role: RoleAgent}, "POST", "/api/v1/policys/t1:p/", false},
+		{Identity{Role: RoleReadOnly}, "DELETE", "/api/v1/networks/t1:n/", false},
+		{Identity{Role: RoleNetmaster}, "POST", "/api/v1/networks/t1:n/", false},
+	} {
+		if err := Authorize(c.id, c.method, c.path); (err == nil) != c.ok {
+			t.Errorf("%s %s %s: %v, want ok=%v", c.id.Role, c.method, c.path, err, c.ok)
+		}
+	}
+}
