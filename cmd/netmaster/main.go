@@ -71,6 +71,7 @@ func main() {
 			&cli.StringFlag{Name: "tls-peer-ca", EnvVars: env("TLS_PEER_CA"), Usage: "CA `FILE` followers trust when proxying to the leader over HTTPS (default: system roots)"},
 			&cli.StringFlag{Name: "auth-tokens", EnvVars: env("AUTH_TOKENS"), Usage: "bearer tokens `FILE`: lines \"<token> <role> [<name>]\" (roles admin, read-only, agent, netmaster, tenant-admin:<tenant>); mode 0600"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: env("INSECURE"), Usage: "serve plain HTTP (without --auth-tokens: no authentication at all); only for a trusted network"},
+			&cli.Int64Flag{Name: "etcd-quota-bytes", Value: 2 << 30, EnvVars: env("ETCD_QUOTA_BYTES"), Usage: "etcd backend quota: the embedded etcd's, and what /healthz and /metrics measure an external cluster against"},
 			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
@@ -117,6 +118,7 @@ type config struct {
 	tlsFiles               tlsconf.Files
 	peerCA, tokensFile     string
 	insecure               bool
+	etcdQuota              int64
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -129,6 +131,7 @@ func configFrom(c *cli.Context) (config, error) {
 		maxConns: c.Int("max-conns"),
 		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca")},
 		peerCA:   c.String("tls-peer-ca"), tokensFile: c.String("auth-tokens"), insecure: c.Bool("insecure"),
+		etcdQuota: c.Int64("etcd-quota-bytes"),
 	}
 	level := new(slog.LevelVar)
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
@@ -181,6 +184,9 @@ func configFrom(c *cli.Context) (config, error) {
 	default:
 		return cfg, fmt.Errorf("--infra %q: want default, aci or aci-opflex", cfg.infra)
 	}
+	if cfg.etcdQuota < 16<<20 {
+		return cfg, fmt.Errorf("--etcd-quota-bytes %d: at least 16 MiB", cfg.etcdQuota)
+	}
 	if cfg.leaderTTL < 2*time.Second {
 		return cfg, fmt.Errorf("--leader-ttl %s: at least 2s", cfg.leaderTTL)
 	}
@@ -231,7 +237,8 @@ func hostIP() string {
 func run(ctx context.Context, cfg config) (err error) {
 	endpoints := cfg.etcdEndpoints
 	if len(endpoints) == 0 {
-		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer})
+		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer,
+			QuotaBytes: cfg.etcdQuota})
 		if err != nil {
 			return err
 		}
@@ -267,7 +274,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	nc := cluster.NodeConfig{
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
-		Version: version, Hostname: hostname, MaxConns: cfg.maxConns,
+		Version: version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
 	}
 	if err := securityConfig(cfg, &nc); err != nil {
 		return err

@@ -55,8 +55,11 @@ type NodeConfig struct {
 	TLS, PeerTLS *tls.Config
 	// Auth, when set, authenticates and authorizes every request but /info's transport
 	// (see pkg/auth); followers forward the caller to the leader.
-	Auth   *auth.Config
-	Logger *slog.Logger
+	Auth *auth.Config
+	// EtcdQuota is the etcd backend quota /healthz and /metrics measure against (0: no
+	// space check).
+	EtcdQuota int64
+	Logger    *slog.Logger
 }
 
 // Info is GET /info, Contiv's shape.
@@ -166,6 +169,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(info)
 	})
+	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader))
 	front := NewFront(el, cfg.API, nil)
 	if cfg.TLS != nil {
 		front.UseTLS(cfg.PeerTLS)
@@ -178,6 +182,11 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 	if cfg.Auth != nil {
 		top = auth.Middleware(*cfg.Auth, log, mux)
 	}
+	// /healthz answers every prober without credentials (it reveals only etcd's health).
+	outer := http.NewServeMux()
+	outer.HandleFunc("GET /healthz", healthHandler(cfg.Store, cfg.EtcdQuota))
+	outer.Handle("/", top)
+	top = outer
 	if cfg.TLS != nil {
 		ln = tls.NewListener(ln, cfg.TLS)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,9 @@ type Config struct {
 	ClientURL string // e.g. http://127.0.0.1:2379
 	PeerURL   string // default: client port + 1 on the same host
 	Name      string // member name, default "netmaster"
+	// QuotaBytes is the backend quota (0: etcd's default, 2 GiB). Past it etcd raises
+	// NOSPACE and refuses writes.
+	QuotaBytes int64
 }
 
 // Server is a running embedded etcd.
@@ -29,6 +33,7 @@ type Server struct {
 	etcd      *embed.Etcd
 	clientURL string
 	closing   *atomic.Bool
+	closeOnce sync.Once
 }
 
 // quietCore drops every log entry once the server is being closed.
@@ -90,6 +95,7 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	}
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	cfg.LogLevel = "error"
+	cfg.QuotaBackendBytes = c.QuotaBytes
 	cfg.AutoCompactionMode = "revision"
 	cfg.AutoCompactionRetention = "10000"
 	e, err := embed.StartEtcd(cfg)
@@ -115,8 +121,10 @@ func (s *Server) ClientURL() string { return s.clientURL }
 // Err delivers a fatal error of the running server (its listeners or storage failed).
 func (s *Server) Err() <-chan error { return s.etcd.Err() }
 
-// Close stops the server.
+// Close stops the server; calling it again does nothing.
 func (s *Server) Close() {
-	s.closing.Store(true)
-	s.etcd.Close()
+	s.closeOnce.Do(func() {
+		s.closing.Store(true)
+		s.etcd.Close()
+	})
 }

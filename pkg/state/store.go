@@ -168,3 +168,41 @@ func ListJSON[T any](ctx context.Context, s *Store, prefix string) (map[string]T
 	}
 	return out, nil
 }
+
+// Health is what etcd says about itself, as seen through this client.
+type Health struct {
+	// Reachable is true when at least one endpoint answered Status.
+	Reachable bool
+	// Err is the last Status error (when an endpoint did not answer).
+	Err error
+	// DBSize and DBSizeInUse are the largest backend sizes among the members (bytes).
+	DBSize, DBSizeInUse int64
+	// Alarms are the active alarms ("NOSPACE on member 8e9e05c52164694d", ...).
+	Alarms []string
+}
+
+// Health asks every endpoint for its status and the cluster for its alarms.
+func (s *Store) Health(ctx context.Context) Health {
+	var h Health
+	for _, ep := range s.cli.Endpoints() {
+		st, err := s.cli.Status(ctx, ep)
+		if err != nil {
+			h.Err = fmt.Errorf("etcd %s: %w", ep, err)
+			continue
+		}
+		h.Reachable = true
+		h.DBSize = max(h.DBSize, st.DbSize)
+		h.DBSizeInUse = max(h.DBSizeInUse, st.DbSizeInUse)
+	}
+	if !h.Reachable {
+		return h
+	}
+	if resp, err := s.cli.AlarmList(ctx); err != nil {
+		h.Err = fmt.Errorf("etcd alarms: %w", err)
+	} else {
+		for _, a := range resp.Alarms {
+			h.Alarms = append(h.Alarms, fmt.Sprintf("%s on member %x", a.Alarm, a.MemberID))
+		}
+	}
+	return h
+}

@@ -20,20 +20,9 @@ import (
 // and no fragments on the wire, VLAN networks (802.1Q tag on the wire, no ARP, MTU 1500),
 // and a SIGKILL restart under load on each.
 func TestTwoHostDatapath(t *testing.T) {
-	needRoot(t)
-	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := Start(ctx, Config{Hosts: 2, BinDir: bin, VLANUplink: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		c.Close()
-	})
+	c := startCluster(t, ctx, Config{Hosts: 2, VLANUplink: true})
 	h1 := c.Hosts[0]
 
 	t.Run("vxlan", func(t *testing.T) {

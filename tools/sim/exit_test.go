@@ -13,22 +13,11 @@ import (
 // signal context was cancelled), and a netplugin that cannot reach etcd honours SIGTERM
 // during start-up.
 func TestNetpluginExitStatus(t *testing.T) {
-	needRoot(t)
-	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var extra atomic.Value
 	extra.Store([]string(nil))
-	c, err := Start(ctx, Config{Hosts: 1, BinDir: bin, PluginArgs: func(*Cluster, *Host) []string { return extra.Load().([]string) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		c.Close()
-	})
+	c := startCluster(t, ctx, Config{Hosts: 1, PluginArgs: func(*Cluster, *Host) []string { return extra.Load().([]string) }})
 	h := c.Hosts[0]
 	if err := c.StopPlugin(h); err != nil {
 		t.Fatal(err)

@@ -14,22 +14,11 @@ import (
 // durable VTEP record): traffic a→b, still forwarded by host 2's agentless datapath,
 // must not lose a packet.
 func TestRestartWhilePeerDown(t *testing.T) {
-	needRoot(t)
-	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := Start(ctx, Config{Hosts: 2, BinDir: bin, PluginArgs: func(*Cluster, *Host) []string {
+	c := startCluster(t, ctx, Config{Hosts: 2, PluginArgs: func(*Cluster, *Host) []string {
 		return []string{"--service-ttl", "2s"}
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		c.Close()
-	})
 	h1, h2 := c.Hosts[0], c.Hosts[1]
 	if err := c.CreateNetwork(ctx, "default", "pd-net", "vxlan", "10.105.1.0/24", "10.105.1.1"); err != nil {
 		t.Fatal(err)

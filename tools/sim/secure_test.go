@@ -13,20 +13,10 @@ import (
 // attaches containers through it, netctl works with --cacert/--token and is refused
 // without a token, and the agent's token cannot create a tenant.
 func TestSecureCluster(t *testing.T) {
-	needRoot(t)
-	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := Start(ctx, Config{Hosts: 1, BinDir: bin, Secure: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		c.Close()
-	})
+	c := startCluster(t, ctx, Config{Hosts: 1, Secure: true})
+	bin := c.cfg.BinDir
 	h := c.Hosts[0]
 	if err := c.CreateNetwork(ctx, "default", "secnet", "vxlan", "10.104.1.0/24", "10.104.1.1"); err != nil {
 		t.Fatal(err)

@@ -58,6 +58,25 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
+// startCluster starts a cluster for the test (root needed, binaries built by TestMain),
+// dumping its logs if the test failed and removing it at the end.
+func startCluster(t *testing.T, ctx context.Context, cfg Config) *Cluster {
+	t.Helper()
+	needRoot(t)
+	cfg.BinDir = buildBins(t)
+	c, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		c.Close()
+	})
+	return c
+}
+
 // buildBins returns the directory of the binaries TestMain built.
 func buildBins(t *testing.T) string {
 	t.Helper()

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+)
+
+// TestHealthzAndMetrics: /healthz says ok, warns once etcd's database passes 80% of the
+// quota, answers 503 with etcd's NOSPACE alarm and 503 naming etcd when etcd is down;
+// /metrics exports the sizes and alarms.
+func TestHealthzAndMetrics(t *testing.T) {
+	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	const quota = 16 << 20
+	srv, err := etcdembed.Start(context.Background(), etcdembed.Config{DataDir: t.TempDir(), ClientURL: cu, PeerURL: pu, QuotaBytes: quota})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	p := startNetmaster(t, "nm-health", cu, "--etcd-quota-bytes", fmt.Sprint(quota))
+	eventually(t, 30*time.Second, "healthz ok", func() error {
+		st, body, err := call("GET", p.url+"/healthz", "")
+		if err != nil || st != 200 || body != "ok\n" {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+	st, body, err := call("GET", p.url+"/metrics", "")
+	if err != nil || st != 200 || !strings.Contains(body, "contiv_netmaster_etcd_reachable 1") ||
+		!strings.Contains(body, "contiv_netmaster_etcd_quota_bytes 1.6777216e+07") || !strings.Contains(body, "contiv_netmaster_etcd_db_size_bytes") {
+		t.Fatalf("/metrics: %d %v\n%s", st, err, body)
+	}
+
+	// Fill etcd: /healthz warns before the quota is hit, and says so once etcd raised
+	// its NOSPACE alarm (every write fails from then on).
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	big := strings.Repeat("x", 1<<20)
+	warned := false
+	for i := 0; ; i++ {
+		if i > 40 {
+			t.Fatal("etcd never ran out of space")
+		}
+		if _, err := cli.Put(context.Background(), fmt.Sprintf("/fill/%d", i), big); err != nil {
+			if !strings.Contains(err.Error(), "space exceeded") {
+				t.Fatalf("fill %d: %v", i, err)
+			}
+			break
+		}
+		if _, body, _ := call("GET", p.url+"/healthz", ""); strings.HasPrefix(body, "warning: etcd database") {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Error("/healthz never warned before etcd ran out of space")
+	}
+	eventually(t, 10*time.Second, "healthz reports the alarm", func() error {
+		st, body, err := call("GET", p.url+"/healthz", "")
+		if err != nil || st != 503 || !strings.Contains(body, "NOSPACE") {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+	if _, body, _ := call("GET", p.url+"/metrics", ""); !strings.Contains(body, "contiv_netmaster_etcd_alarms 1") {
+		t.Errorf("metrics without the alarm:\n%s", body)
+	}
+
+	srv.Close()
+	eventually(t, 15*time.Second, "healthz 503 while etcd is down", func() error {
+		st, body, err := call("GET", p.url+"/healthz", "")
+		if err != nil || st != 503 || !strings.Contains(body, "etcd unreachable") {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+	if !p.alive() {
+		t.Fatal("netmaster exited while etcd was down")
+	}
+}
