@@ -199,21 +199,34 @@ func saveRule(m *Master, tx *state.Tx, r, old *model.Rule) error {
 			return unproc("%s: endpoint group %q does not exist in tenant %q", g.f, g.v, r.TenantName)
 		}
 	}
-	for _, n := range []struct{ f, v string }{{"fromNetwork", r.FromNetwork}, {"toNetwork", r.ToNetwork}} {
+	// As Contiv: a rule naming a network carries that network's subnet as its address.
+	for _, n := range []struct {
+		f, v string
+		ip   *string
+	}{{"fromNetwork", r.FromNetwork, &r.FromIpAddress}, {"toNetwork", r.ToNetwork, &r.ToIpAddress}} {
 		if n.v == "" {
 			continue
 		}
-		if ok, err := tx.Get(model.ModelKey(model.TypeNetwork, model.ScopedKey(r.TenantName, n.v)), &model.Network{}); err != nil {
+		var nw model.Network
+		if ok, err := tx.Get(model.ModelKey(model.TypeNetwork, model.ScopedKey(r.TenantName, n.v)), &nw); err != nil {
 			return err
 		} else if !ok {
 			return unproc("%s: network %q does not exist in tenant %q", n.f, n.v, r.TenantName)
 		}
+		*n.ip = nw.Subnet
 	}
 	r.LinkSets = model.RuleLinkSets{}
 	addLink(&r.LinkSets.Policies, model.TypePolicy, policyKey)
 	r.Links = model.RuleLinks{}
 	if g := r.FromEndpointGroup + r.ToEndpointGroup; g != "" {
-		r.Links.MatchEndpointGroup = model.Link{ObjType: model.TypeEndpointGroup, ObjKey: model.ScopedKey(r.TenantName, g)}
+		epgKey := model.ScopedKey(r.TenantName, g)
+		r.Links.MatchEndpointGroup = model.Link{ObjType: model.TypeEndpointGroup, ObjKey: epgKey}
+		// The group lists the rules that name it (Contiv's link-sets.MatchRules).
+		if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, epgKey), func(e *model.EndpointGroup) {
+			addLink(&e.LinkSets.MatchRules, model.TypeRule, r.Key)
+		}); err != nil {
+			return err
+		}
 	}
 	if err := mutate(tx, model.ModelKey(model.TypePolicy, policyKey), func(p *model.Policy) {
 		addLink(&p.LinkSets.Rules, model.TypeRule, r.Key)
@@ -260,6 +273,17 @@ func removeRule(m *Master, tx *state.Tx, r *model.Rule) error {
 		delLink(&p.LinkSets.Rules, r.Key)
 	}); err != nil {
 		return err
+	}
+	if k := r.Links.MatchEndpointGroup.ObjKey; k != "" {
+		if ok, err := tx.Get(model.ModelKey(model.TypeEndpointGroup, k), &model.EndpointGroup{}); err != nil {
+			return err
+		} else if ok {
+			if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, k), func(e *model.EndpointGroup) {
+				delLink(&e.LinkSets.MatchRules, r.Key)
+			}); err != nil {
+				return err
+			}
+		}
 	}
 	tx.Delete(model.ModelKey(model.TypeRule, r.Key))
 	return nil

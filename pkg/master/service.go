@@ -204,7 +204,8 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 			return err
 		}
 	}
-	s.IpAddress = vip
+	// As Contiv: the allocated VIP lives in the service state (inspect: Oper.serviceVip);
+	// the object keeps what the user asked for (empty = any).
 	st := model.CfgServiceLBState{ID: id, ServiceName: s.ServiceName, Tenant: s.TenantName, Network: s.NetworkName,
 		Ports: s.Ports, Selectors: selectorMap(s.Selectors), IPAddress: vip, Providers: map[string]*model.Provider{}}
 	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
@@ -212,7 +213,16 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 		return err
 	}
 	for _, ep := range eps {
-		if len(ep.Labels) == 0 || !strings.HasSuffix(ep.NetID, "."+s.TenantName) || !labelsMatch(st.Selectors, ep.Labels) {
+		if len(ep.Labels) == 0 || !labelsMatch(st.Selectors, ep.Labels) {
+			continue
+		}
+		// The endpoint's tenant, exactly: "<net>.<tenant>" suffixes are ambiguous when
+		// names contain dots (tenant "b" must not take endpoints of tenant "a.b").
+		ens, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(ep.NetID))
+		if err != nil {
+			return err
+		}
+		if !found || ens.Tenant != s.TenantName {
 			continue
 		}
 		st.Providers[ep.IPAddress+":"+s.TenantName] = &model.Provider{IPAddress: ep.IPAddress, ContainerID: ep.ContainerID,

@@ -47,8 +47,13 @@ func TestServiceProviders(t *testing.T) {
 	e.ok("POST", "/api/v1/serviceLBs/default:web/", `{"networkName":"svcnet","ports":["80:8080:TCP","443:8443:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"default"}`, nil)
 	var svc model.ServiceLB
 	e.ok("GET", "/api/v1/serviceLBs/default:web/", nil, &svc)
-	if svc.IpAddress != "10.10.0.100" || len(svc.Ports) != 2 {
-		t.Fatalf("updated service %+v", svc)
+	if svc.IpAddress != "" || len(svc.Ports) != 2 {
+		t.Fatalf("updated service %+v: the config keeps what was posted (the VIP lives in Oper)", svc)
+	}
+	var si2 model.ServiceLBInspect
+	e.ok("GET", "/api/v1/inspect/serviceLBs/default:web/", nil, &si2)
+	if si2.Oper.ServiceVip != "10.10.0.100" {
+		t.Fatalf("VIP not kept across the update: %+v", si2.Oper)
 	}
 	// Provider that dies is removed; deleting the endpoint removes its provider too.
 	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, Tenant: "default", Event: "die"}, nil)
