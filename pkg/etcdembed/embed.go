@@ -23,6 +23,9 @@ type Config struct {
 	ClientURL string // e.g. http://127.0.0.1:2379
 	PeerURL   string // default: client port + 1 on the same host
 	Name      string // member name, default "netmaster"
+	// MaxTxnOps is the most operations one transaction may hold (0: 8192; etcd's own
+	// default of 128 is too small for a policy of more than ~60 rules attached at once).
+	MaxTxnOps uint
 	// QuotaBytes is the backend quota (0: etcd's default, 2 GiB). Past it etcd raises
 	// NOSPACE and refuses writes.
 	QuotaBytes int64
@@ -96,6 +99,10 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	cfg.LogLevel = "error"
 	cfg.QuotaBackendBytes = c.QuotaBytes
+	cfg.MaxTxnOps = c.MaxTxnOps
+	if cfg.MaxTxnOps == 0 {
+		cfg.MaxTxnOps = 8192
+	}
 	cfg.AutoCompactionMode = "revision"
 	cfg.AutoCompactionRetention = "10000"
 	e, err := embed.StartEtcd(cfg)

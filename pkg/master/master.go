@@ -187,5 +187,8 @@ func statusOf(err error) int {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusServiceUnavailable
 	}
+	if errors.Is(err, state.ErrTxnTooLarge) {
+		return http.StatusRequestEntityTooLarge // a real limit, never a 500
+	}
 	return http.StatusInternalServerError
 }

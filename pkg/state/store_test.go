@@ -2,11 +2,13 @@ package state_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
@@ -232,5 +234,37 @@ func TestUpdateRetriesWhenAbsentKeyCreated(t *testing.T) {
 	var c counter
 	if err := s.Get(ctx, "/a/tag-100", &c); err != nil || c.N != 7 || attempts != 2 {
 		t.Fatalf("tag = %d (%v) after %d attempts; the other writer's claim must win", c.N, err, attempts)
+	}
+}
+
+// TestTxnTooLarge: a change with more operations than etcd's --max-txn-ops fails with
+// ErrTxnTooLarge (a size limit the API turns into 413, not a 500) and writes nothing.
+func TestTxnTooLarge(t *testing.T) {
+	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	srv, err := etcdembed.Start(context.Background(), etcdembed.Config{DataDir: t.TempDir(), ClientURL: cu, PeerURL: pu, MaxTxnOps: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	s, err := state.Open(context.Background(), []string{cu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Update(context.Background(), func(tx *state.Tx) error {
+		for i := 0; i < 40; i++ {
+			if err := tx.Put(fmt.Sprintf("/big/%d", i), i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, state.ErrTxnTooLarge) {
+		t.Fatalf("40 writes with --max-txn-ops 16: %v", err)
+	}
+	kvs, _, err := s.List(context.Background(), "/big/")
+	if err != nil || len(kvs) != 0 {
+		t.Fatalf("refused change left %d keys (%v)", len(kvs), err)
 	}
 }

@@ -20,6 +20,10 @@ const maxCompares = 120
 // ErrConflict is returned by Update when the transaction lost every retry to concurrent writers.
 var ErrConflict = errors.New("transaction conflict: too many concurrent writers")
 
+// ErrTxnTooLarge is returned when etcd refuses a change for its size (more operations
+// than its --max-txn-ops, or a request above --max-request-bytes): nothing was written.
+var ErrTxnTooLarge = errors.New("change too large for one etcd transaction")
+
 // Tx is an optimistic, serializable transaction. All reads see one snapshot revision;
 // writes are buffered and become visible to later reads of the same Tx. At commit every
 // key that was read must be exactly as it was in the snapshot (same revision, or still
@@ -172,6 +176,9 @@ func (t *Tx) commit() (bool, error) {
 	}
 	resp, err := t.cli.Txn(t.ctx).If(t.cmps...).Then(ops...).Commit()
 	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "too many operations in txn") || strings.Contains(msg, "request is too large") {
+			return false, fmt.Errorf("%w: %d writes and %d checks (%v)", ErrTxnTooLarge, len(ops), len(t.cmps), err)
+		}
 		return false, fmt.Errorf("commit transaction: %w", err)
 	}
 	return resp.Succeeded, nil
