@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,18 +14,49 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/pki"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 const debianEtcd = "/usr/bin/etcd"
 
 // TestExternalEtcdCluster runs a 3-member etcd cluster (Debian's etcd 3.4 binary) on
 // loopback, two netmasters with --etcd-endpoints of all three, kills the etcd leader member
-// and checks the API keeps creating and listing objects.
+// and checks the API keeps creating and listing objects: once in plain HTTP, once with
+// TLS and client-certificate authentication on clients and peers (certificates made with
+// pkg/pki), where a client without a certificate is refused.
 func TestExternalEtcdCluster(t *testing.T) {
 	if _, err := os.Stat(debianEtcd); err != nil {
 		t.Fatalf("%s missing (Debian package etcd-server; `make deps` installs it): %v", debianEtcd, err)
+	}
+	t.Run("plain", func(t *testing.T) { externalEtcdCluster(t, false) })
+	t.Run("tls", func(t *testing.T) { externalEtcdCluster(t, true) })
+}
+
+func externalEtcdCluster(t *testing.T, secure bool) {
+	scheme := "http"
+	var etcdTLS, nmFlags []string
+	var cliTLS *tls.Config
+	if secure {
+		scheme = "https"
+		dir := t.TempDir()
+		ca, err := pki.NewCA("cbh-etcd-ca")
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPath, _ := ca.WriteCA(dir, "ca.crt")
+		member, _ := ca.Issue(pki.Options{CommonName: "etcd", Hosts: []string{"127.0.0.1"}, Server: true, Client: true})
+		mc, mk, _ := member.Write(dir, "member")
+		client, _ := ca.Issue(pki.Options{CommonName: "netmaster", Client: true})
+		cc, ck, _ := client.Write(dir, "client")
+		etcdTLS = []string{"--cert-file", mc, "--key-file", mk, "--client-cert-auth", "--trusted-ca-file", caPath,
+			"--peer-cert-file", mc, "--peer-key-file", mk, "--peer-client-cert-auth", "--peer-trusted-ca-file", caPath}
+		nmFlags = []string{"--etcd-cacert", caPath, "--etcd-cert", cc, "--etcd-key", ck}
+		if cliTLS, err = tlsconf.Client(tlsconf.Files{CA: caPath, Cert: cc, Key: ck}, "test"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	type member struct {
 		name, client, peer string
@@ -35,8 +67,8 @@ func TestExternalEtcdCluster(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		m := &member{
 			name:   fmt.Sprintf("cbh-etcd%d", i),
-			client: fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t)),
-			peer:   fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t)),
+			client: fmt.Sprintf("%s://127.0.0.1:%d", scheme, statetest.FreePort(t)),
+			peer:   fmt.Sprintf("%s://127.0.0.1:%d", scheme, statetest.FreePort(t)),
 		}
 		ms = append(ms, m)
 		initial = append(initial, m.name+"="+m.peer)
@@ -44,16 +76,16 @@ func TestExternalEtcdCluster(t *testing.T) {
 	dataRoot := t.TempDir()
 	var clients []string
 	for _, m := range ms {
-		m.p = startProc(t, m.name, debianEtcd,
+		m.p = startProc(t, m.name, debianEtcd, append([]string{
 			"--name", m.name, "--data-dir", filepath.Join(dataRoot, m.name),
 			"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
 			"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
 			"--initial-cluster-token", "cbh-test", "--log-level", "warn",
-			"--heartbeat-interval", "100", "--election-timeout", "1000")
+			"--heartbeat-interval", "100", "--election-timeout", "1000"}, etcdTLS...)...)
 		clients = append(clients, m.client)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 5 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 5 * time.Second, TLS: cliTLS})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +97,23 @@ func TestExternalEtcdCluster(t *testing.T) {
 		return err
 	})
 
+	if secure {
+		// etcd refuses a client that has no certificate.
+		bare := cliTLS.Clone()
+		bare.Certificates = nil
+		nc, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 2 * time.Second, TLS: bare})
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err = nc.Get(ctx, "/cbh-health")
+			cancel()
+			nc.Close()
+		}
+		if err == nil {
+			t.Fatal("etcd answered a client without a certificate")
+		}
+	}
 	endpoints := strings.Join(clients, ",")
-	nm := []*proc{startNetmaster(t, "nm-a", endpoints), startNetmaster(t, "nm-b", endpoints)}
+	nm := []*proc{startNetmaster(t, "nm-a", endpoints, nmFlags...), startNetmaster(t, "nm-b", endpoints, nmFlags...)}
 	leaderOf(t, nm, 20*time.Second)
 	mustCall(t, "POST", nm[1].url+"/api/v1/networks/default:e1/", netJSON("e1", "10.40.0.0/24", "10.40.0.1"), 200)
 

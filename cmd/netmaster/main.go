@@ -56,6 +56,12 @@ func main() {
 			&cli.StringFlag{Name: "etcd-endpoints", Aliases: []string{"etcd"}, EnvVars: env("ETCD_ENDPOINTS"), Usage: "comma-separated etcd client URLs; empty runs an embedded etcd"},
 			&cli.StringFlag{Name: "etcd-data-dir", Value: "/var/lib/contiv/etcd", EnvVars: env("ETCD_DATA_DIR"), Usage: "embedded etcd data `DIR`"},
 			&cli.StringFlag{Name: "etcd-listen-client-url", Value: "http://127.0.0.1:2379", EnvVars: env("ETCD_LISTEN_CLIENT_URL"), Usage: "embedded etcd client `URL`"},
+			&cli.StringFlag{Name: "etcd-cacert", EnvVars: env("ETCD_CACERT"), Usage: "CA `FILE` etcd's certificate is checked against (etcd over TLS)"},
+			&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key)"},
+			&cli.StringFlag{Name: "etcd-key", EnvVars: env("ETCD_KEY"), Usage: "private key `FILE` of --etcd-cert"},
+			&cli.StringFlag{Name: "etcd-server-cert", EnvVars: env("ETCD_SERVER_CERT"), Usage: "embedded etcd serves TLS with this certificate `FILE` (https:// client URL; with --etcd-server-key)"},
+			&cli.StringFlag{Name: "etcd-server-key", EnvVars: env("ETCD_SERVER_KEY"), Usage: "private key `FILE` of --etcd-server-cert"},
+			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
 			&cli.StringFlag{Name: "netmode", Aliases: []string{"network-mode"}, Value: "vxlan", EnvVars: env("NET_MODE"), Usage: "vlan | vxlan"},
@@ -119,6 +125,8 @@ type config struct {
 	peerCA, tokensFile     string
 	insecure               bool
 	etcdQuota              int64
+	etcdTLS                tlsconf.Files // netmaster's own etcd client
+	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -131,7 +139,9 @@ func configFrom(c *cli.Context) (config, error) {
 		maxConns: c.Int("max-conns"),
 		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca")},
 		peerCA:   c.String("tls-peer-ca"), tokensFile: c.String("auth-tokens"), insecure: c.Bool("insecure"),
-		etcdQuota: c.Int64("etcd-quota-bytes"),
+		etcdQuota:  c.Int64("etcd-quota-bytes"),
+		etcdTLS:    tlsconf.Files{CA: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")},
+		etcdServer: tlsconf.Files{Cert: c.String("etcd-server-cert"), Key: c.String("etcd-server-key"), CA: c.String("etcd-client-ca")},
 	}
 	level := new(slog.LevelVar)
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
@@ -207,9 +217,18 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, errors.New("--tls-client-ca needs --tls-cert/--tls-key")
 	}
 	if len(cfg.etcdEndpoints) == 0 {
-		if u, err := url.Parse(cfg.etcdClient); err != nil || u.Host == "" {
-			return cfg, fmt.Errorf("--etcd-listen-client-url %q: want http://IP:PORT", cfg.etcdClient)
+		u, err := url.Parse(cfg.etcdClient)
+		if err != nil || u.Host == "" {
+			return cfg, fmt.Errorf("--etcd-listen-client-url %q: want http://IP:PORT or https://IP:PORT", cfg.etcdClient)
 		}
+		switch {
+		case (u.Scheme == "https") != (cfg.etcdServer.Cert != ""):
+			return cfg, errors.New("embedded etcd: an https:// --etcd-listen-client-url and --etcd-server-cert/--etcd-server-key go together")
+		case cfg.etcdServer.Cert != "" && cfg.etcdTLS.Empty():
+			return cfg, errors.New("embedded etcd serves TLS: give netmaster's own client --etcd-cacert (and --etcd-cert/--etcd-key when --etcd-client-ca is set)")
+		}
+	} else if !cfg.etcdServer.Empty() {
+		return cfg, errors.New("--etcd-server-cert/--etcd-server-key/--etcd-client-ca configure the embedded etcd: not with --etcd-endpoints")
 	}
 	return cfg, nil
 }
@@ -238,7 +257,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	endpoints := cfg.etcdEndpoints
 	if len(endpoints) == 0 {
 		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer,
-			QuotaBytes: cfg.etcdQuota})
+			QuotaBytes: cfg.etcdQuota, CertFile: cfg.etcdServer.Cert, KeyFile: cfg.etcdServer.Key, ClientCAFile: cfg.etcdServer.CA})
 		if err != nil {
 			return err
 		}
@@ -260,7 +279,15 @@ func run(ctx context.Context, cfg config) (err error) {
 			}
 		}()
 	}
-	store, err := state.Open(ctx, endpoints)
+	var sopts []state.Option
+	if !cfg.etcdTLS.Empty() {
+		tc, err := tlsconf.Client(cfg.etcdTLS, "--etcd-cacert/--etcd-cert/--etcd-key")
+		if err != nil {
+			return err
+		}
+		sopts = append(sopts, state.WithTLS(tc))
+	}
+	store, err := state.Open(ctx, endpoints, sopts...)
 	if err != nil {
 		return err
 	}

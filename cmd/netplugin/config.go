@@ -42,6 +42,9 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, EnvVars: env("PLUGIN_NAME"), Value: "netplugin", Usage: "Docker network/IPAM driver name (docker mode)"},
 		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
 		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: "127.0.0.1:9090", Usage: "address of the inspect API and /metrics (loopback by default; the API has no authentication)"},
+		&cli.StringFlag{Name: "etcd-cacert", EnvVars: env("ETCD_CACERT"), Usage: "CA `FILE` etcd's certificate is checked against (etcd over TLS)"},
+		&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key)"},
+		&cli.StringFlag{Name: "etcd-key", EnvVars: env("ETCD_KEY"), Usage: "private key `FILE` of --etcd-cert"},
 		&cli.StringFlag{Name: "debug-token-file", EnvVars: env("DEBUG_TOKEN_FILE"), Usage: "enables the mutating /debug routes of the inspect API for callers sending this `FILE`'s token (mode 0600)"},
 		&cli.StringFlag{Name: "socket-group", EnvVars: env("SOCKET_GROUP"), Usage: "`GROUP` that may also use the CNI and Docker plugin sockets (mode 0660; default 0600, root only)"},
 		&cli.BoolFlag{Name: "netmaster-tls", EnvVars: env("NETMASTER_TLS"), Usage: "reach netmaster over HTTPS (implied by --netmaster-cacert/--netmaster-cert)"},
@@ -88,6 +91,7 @@ type config struct {
 	netmasterTLS   bool
 	netmasterFiles tlsconf.Files
 	netmasterToken string
+	etcdTLS        tlsconf.Files
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -111,6 +115,7 @@ func configFrom(c *cli.Context) (config, error) {
 		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
 		socketGroup:    c.String("socket-group"),
+		etcdTLS:        tlsconf.Files{CA: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")},
 		netmasterFiles: tlsconf.Files{CA: c.String("netmaster-cacert"), Cert: c.String("netmaster-cert"), Key: c.String("netmaster-key")},
 	}
 	cfg.netmasterTLS = c.Bool("netmaster-tls") || !cfg.netmasterFiles.Empty()

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -23,6 +24,10 @@ type Config struct {
 	ClientURL string // e.g. http://127.0.0.1:2379
 	PeerURL   string // default: client port + 1 on the same host
 	Name      string // member name, default "netmaster"
+	// CertFile and KeyFile make the client (and an https peer) listener serve TLS; the
+	// client URL must then be https://. ClientCAFile turns on client-certificate
+	// authentication: only certificates signed by it may connect.
+	CertFile, KeyFile, ClientCAFile string
 	// MaxTxnOps is the most operations one transaction may hold (0: 8192; etcd's own
 	// default of 128 is too small for a policy of more than ~60 rules attached at once).
 	MaxTxnOps uint
@@ -69,7 +74,11 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 		if _, err := fmt.Sscanf(port, "%d", &p); err != nil || p == 0 {
 			return nil, fmt.Errorf("etcd client url %q: needs an explicit port", c.ClientURL)
 		}
-		peer = fmt.Sprintf("http://%s:%d", cu.Hostname(), p+1)
+		scheme := "http"
+		if c.CertFile != "" {
+			scheme = "https"
+		}
+		peer = fmt.Sprintf("%s://%s:%d", scheme, cu.Hostname(), p+1)
 	}
 	pu, err := url.Parse(peer)
 	if err != nil {
@@ -98,6 +107,21 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	}
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	cfg.LogLevel = "error"
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return nil, fmt.Errorf("embedded etcd: certificate and key must be given together")
+	}
+	if c.CertFile != "" {
+		if cu.Scheme != "https" {
+			return nil, fmt.Errorf("embedded etcd: TLS needs an https:// client URL, not %q", c.ClientURL)
+		}
+		ti := transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.ClientCAFile, ClientCertAuth: c.ClientCAFile != ""}
+		cfg.ClientTLSInfo = ti
+		if pu.Scheme == "https" {
+			cfg.PeerTLSInfo = ti
+		}
+	} else if cu.Scheme == "https" || c.ClientCAFile != "" {
+		return nil, fmt.Errorf("embedded etcd: https:// or a client CA needs a certificate and key")
+	}
 	cfg.QuotaBackendBytes = c.QuotaBytes
 	cfg.MaxTxnOps = c.MaxTxnOps
 	if cfg.MaxTxnOps == 0 {

@@ -7,6 +7,7 @@ package state
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,26 +45,45 @@ type Store struct {
 // New wraps an existing client. The caller keeps ownership of cli.
 func New(cli *clientv3.Client) *Store { return &Store{cli: cli} }
 
-// Open dials the given endpoints ("http://host:port"; "etcd://" is accepted as http).
-func Open(ctx context.Context, endpoints []string) (*Store, error) {
-	eps := make([]string, 0, len(endpoints))
+// Option configures Open.
+type Option func(*clientv3.Config)
+
+// WithTLS dials etcd over TLS with tc (CA to trust, client certificate for etcd's
+// --client-cert-auth); "etcd://" endpoints then mean https.
+func WithTLS(tc *tls.Config) Option { return func(c *clientv3.Config) { c.TLS = tc } }
+
+// Open dials the given endpoints ("http://host:port" or "https://..."; "etcd://" is
+// accepted as http, or https with WithTLS).
+func Open(ctx context.Context, endpoints []string, opts ...Option) (*Store, error) {
+	cfg := clientv3.Config{
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		Context:              ctx,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	scheme := "http://"
+	if cfg.TLS != nil {
+		scheme = "https://"
+	}
 	for _, e := range endpoints {
 		e = strings.TrimSpace(e)
 		if e == "" {
 			continue
 		}
-		eps = append(eps, strings.Replace(e, "etcd://", "http://", 1))
+		e = strings.Replace(e, "etcd://", scheme, 1)
+		if cfg.TLS != nil && strings.HasPrefix(e, "http://") {
+			return nil, fmt.Errorf("open etcd: endpoint %s is plain http but etcd TLS options are set", e)
+		}
+		cfg.Endpoints = append(cfg.Endpoints, e)
 	}
-	if len(eps) == 0 {
+	if len(cfg.Endpoints) == 0 {
 		return nil, fmt.Errorf("open etcd: no endpoints given")
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            eps,
-		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    5 * time.Second,
-		DialKeepAliveTimeout: 3 * time.Second,
-		Context:              ctx,
-	})
+	eps := cfg.Endpoints
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open etcd %v: %w", eps, err)
 	}

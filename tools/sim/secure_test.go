@@ -9,9 +9,11 @@ import (
 	"time"
 )
 
-// TestSecureCluster: netmaster with HTTPS and tokens; the netplugin (agent token, CA)
-// attaches containers through it, netctl works with --cacert/--token and is refused
-// without a token, and the agent's token cannot create a tenant.
+// TestSecureCluster: netmaster with HTTPS and tokens, its embedded etcd with TLS and
+// client certificates; the netplugin (agent token, etcd client certificate) attaches
+// containers through it, netctl works with --cacert/--token and is refused without a
+// token, the agent's token cannot create a tenant, and etcd refuses a client without a
+// certificate.
 func TestSecureCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -39,6 +41,16 @@ func TestSecureCluster(t *testing.T) {
 	out, err := Exec(ctx, h.Name, netctl, "--netmaster", c.MasterURL(), "--cacert", c.CACert, "net", "ls")
 	if err == nil || !strings.Contains(out, "unauthorized") {
 		t.Fatalf("netctl without a token: %v\n%s", err, out)
+	}
+	out, err = Exec(ctx, h.Name, "etcdctl", "--endpoints", c.EtcdURL(), "--cacert", c.CACert, "--dial-timeout", "3s",
+		"--command-timeout", "5s", "get", "--prefix", "--keys-only", "/contiv.io/")
+	if err == nil {
+		t.Fatalf("etcd answered a client without a certificate:\n%s", out)
+	}
+	out, err = Exec(ctx, h.Name, "etcdctl", "--endpoints", c.EtcdURL(), "--cacert", c.CACert, "--cert", c.etcdAgent[0],
+		"--key", c.etcdAgent[1], "get", "--prefix", "--keys-only", "/contiv.io/state/nets/")
+	if err != nil || !strings.Contains(out, "secnet.default") {
+		t.Fatalf("etcd with the agent's certificate: %v\n%s", err, out)
 	}
 	tb, err := os.ReadFile(c.agentTokenFile)
 	if err != nil {

@@ -114,6 +114,9 @@ type Cluster struct {
 	agentTokenFile     string
 	tokensFile         string
 	serverCert         [2]string
+	// etcd over TLS with client certificates (Secure): the embedded etcd's certificate,
+	// netmaster's and the agents' client certificates.
+	etcdServer, etcdMaster, etcdAgent [2]string
 
 	mu         sync.Mutex
 	namespaces []string // created, in creation order
@@ -129,7 +132,13 @@ const (
 )
 
 // EtcdURL is the embedded etcd's client URL, reachable from every host over the underlay.
-func (c *Cluster) EtcdURL() string { return fmt.Sprintf("http://%s:%d", c.MasterIP, EtcdPort) }
+func (c *Cluster) EtcdURL() string {
+	scheme := "http"
+	if c.cfg.Secure {
+		scheme = "https"
+	}
+	return fmt.Sprintf("%s://%s:%d", scheme, c.MasterIP, EtcdPort)
+}
 
 // MasterURL is netmaster's REST URL.
 func (c *Cluster) MasterURL() string {
@@ -159,6 +168,23 @@ func (c *Cluster) setupPKI() error {
 	}
 	if c.serverCert[0], c.serverCert[1], err = srv.Write(dir, "netmaster"); err != nil {
 		return err
+	}
+	for _, x := range []struct {
+		out  *[2]string
+		o    pki.Options
+		base string
+	}{
+		{&c.etcdServer, pki.Options{CommonName: "etcd", Hosts: []string{c.MasterIP.String(), "127.0.0.1"}, Server: true, Client: true}, "etcd-server"},
+		{&c.etcdMaster, pki.Options{CommonName: "netmaster", Client: true}, "etcd-netmaster"},
+		{&c.etcdAgent, pki.Options{CommonName: "netplugin", Client: true}, "etcd-netplugin"},
+	} {
+		p, err := ca.Issue(x.o)
+		if err != nil {
+			return err
+		}
+		if x.out[0], x.out[1], err = p.Write(dir, x.base); err != nil {
+			return err
+		}
 	}
 	tok := func() string {
 		b := make([]byte, 16)
@@ -346,7 +372,9 @@ func (c *Cluster) defaultMasterArgs() []string {
 	}
 	if c.cfg.Secure {
 		return append(args, "--tls-cert", c.serverCert[0], "--tls-key", c.serverCert[1], "--auth-tokens", c.tokensFile,
-			"--tls-peer-ca", c.CACert)
+			"--tls-peer-ca", c.CACert,
+			"--etcd-server-cert", c.etcdServer[0], "--etcd-server-key", c.etcdServer[1], "--etcd-client-ca", c.CACert,
+			"--etcd-cacert", c.CACert, "--etcd-cert", c.etcdMaster[0], "--etcd-key", c.etcdMaster[1])
 	}
 	return append(args, "--insecure") // the simulated underlay is private to this process
 }
@@ -401,7 +429,8 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		args = append(args, "--vlan-if", "uplink")
 	}
 	if c.cfg.Secure {
-		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", c.agentTokenFile)
+		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", c.agentTokenFile,
+			"--etcd-cacert", c.CACert, "--etcd-cert", c.etcdAgent[0], "--etcd-key", c.etcdAgent[1])
 	}
 	if c.cfg.Dataplane == "ovs" {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
