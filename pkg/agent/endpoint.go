@@ -72,6 +72,9 @@ func (r AttachRequest) validate() error {
 // everything done so far is undone (driver endpoint and veth, oper record, netmaster
 // endpoint) and the error says which step failed. Attaching an endpoint that is already
 // attached with the same namespace returns it again.
+// masterTimeout bounds the netmaster call of an attach (CNI ADD, Docker CreateEndpoint).
+const masterTimeout = 5 * time.Second
+
 func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachResult, error) {
 	if req.IfName == "" {
 		req.IfName = "eth0"
@@ -99,12 +102,19 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	a.mu.Unlock()
 	var steps attachSteps
 	start := time.Now()
-	cfg, err := a.cfg.Master.CreateEndpoint(ctx, model.CreateEndpointRequest{
+	// An unreachable netmaster (or etcd, where its address is found) fails the attach
+	// within masterTimeout with a clear message, not at the container runtime's timeout.
+	mctx, cancel := context.WithTimeout(ctx, masterTimeout)
+	cfg, err := a.cfg.Master.CreateEndpoint(mctx, model.CreateEndpointRequest{
 		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
 		EndpointID: req.EndpointID, EPCommonName: req.Name,
 		ConfigEP: model.ConfigEP{Container: req.EndpointID, Host: a.cfg.Host, ServiceName: req.Group, IPAddress: req.IPAddress},
 	})
+	cancel()
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return AttachResult{}, fmt.Errorf("attach %s: netmaster (or etcd) did not answer within %s: %w", id, masterTimeout, err)
+		}
 		return AttachResult{}, fmt.Errorf("attach %s: create endpoint on netmaster: %w", id, err)
 	}
 	steps.netmaster = time.Since(start)

@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +22,8 @@ import (
 //	GET /inspect/driver     the driver's Status (attachments, map/flow contents, counters)
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
 //	GET /svcstats           services and the driver's counters
-//	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise
+//	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise;
+//	                        200 "degraded: ..." while etcd is unreachable (datapath still forwarding)
 //	GET /metrics            Prometheus
 //	DELETE /debug/reclaimEndpoint/{id}  detach a local endpoint by Contiv endpoint id
 //
@@ -55,13 +59,24 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, out)
 	}).Methods(http.MethodGet)
-	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	r.HandleFunc("/healthz", func(w http.ResponseWriter, req *http.Request) {
 		s := a.Inspect()
 		if !s.Synced || len(s.Errors) > 0 {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"synced": s.Synced, "errors": s.Errors})
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain")
+		if a.cfg.Store != nil {
+			ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
+			h := a.cfg.Store.Health(ctx)
+			cancel()
+			if !h.Reachable {
+				// Still 200: the datapath forwards its last state and restarting the
+				// agent cannot bring etcd back; monitoring reads "degraded".
+				_, _ = fmt.Fprintf(w, "degraded: etcd unreachable (%v); the datapath keeps forwarding its last state, new endpoints cannot be attached\n", h.Err)
+				return
+			}
+		}
 		_, _ = w.Write([]byte("ok\n"))
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)

@@ -606,8 +606,13 @@ func (h *Host) InspectGet(ctx context.Context, path string, out any) error {
 }
 
 // Metrics returns h's netplugin Prometheus metrics (inspect API /metrics) as text.
-func (h *Host) Metrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Inspect+"/metrics", nil)
+func (h *Host) Metrics(ctx context.Context) (string, error) { return h.getText(ctx, "/metrics") }
+
+// HealthBody returns the text of h's netplugin /healthz (an error unless it is 200).
+func (h *Host) HealthBody(ctx context.Context) (string, error) { return h.getText(ctx, "/healthz") }
+
+func (h *Host) getText(ctx context.Context, path string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Inspect+path, nil)
 	if err != nil {
 		return "", err
 	}
@@ -621,7 +626,7 @@ func (h *Host) Metrics(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("metrics of %s: HTTP %d", h.Name, resp.StatusCode)
+		return string(b), fmt.Errorf("%s of %s: HTTP %d", path, h.Name, resp.StatusCode)
 	}
 	return string(b), nil
 }
