@@ -279,13 +279,9 @@ func run(ctx context.Context, cfg config) (err error) {
 			}
 		}()
 	}
-	var sopts []state.Option
-	if !cfg.etcdTLS.Empty() {
-		tc, err := tlsconf.Client(cfg.etcdTLS, "--etcd-cacert/--etcd-cert/--etcd-key")
-		if err != nil {
-			return err
-		}
-		sopts = append(sopts, state.WithTLS(tc))
+	sopts, err := state.TLSOptions(cfg.etcdTLS)
+	if err != nil {
+		return err
 	}
 	store, err := state.Open(ctx, endpoints, sopts...)
 	if err != nil {

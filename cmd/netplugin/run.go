@@ -41,13 +41,9 @@ func run(parent context.Context, cfg config) error {
 	if cfg.uplinkMTU == 0 {
 		cfg.uplinkMTU = uplinkMTU(log)
 	}
-	var sopts []state.Option
-	if !cfg.etcdTLS.Empty() {
-		tc, err := tlsconf.Client(cfg.etcdTLS, "--etcd-cacert/--etcd-cert/--etcd-key")
-		if err != nil {
-			return err
-		}
-		sopts = append(sopts, state.WithTLS(tc))
+	sopts, err := state.TLSOptions(cfg.etcdTLS)
+	if err != nil {
+		return err
 	}
 	store, err := state.Open(ctx, cfg.etcd, sopts...)
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 // Contiv's key prefixes (see shared/reference/contiv.md section 1).
@@ -51,6 +53,19 @@ type Option func(*clientv3.Config)
 // WithTLS dials etcd over TLS with tc (CA to trust, client certificate for etcd's
 // --client-cert-auth); "etcd://" endpoints then mean https.
 func WithTLS(tc *tls.Config) Option { return func(c *clientv3.Config) { c.TLS = tc } }
+
+// TLSOptions turns etcd certificate flags (--etcd-cacert/--etcd-cert/--etcd-key) into
+// Open options; none when no file is set.
+func TLSOptions(f tlsconf.Files) ([]Option, error) {
+	if f.Empty() {
+		return nil, nil
+	}
+	tc, err := tlsconf.Client(f, "--etcd-cacert/--etcd-cert/--etcd-key")
+	if err != nil {
+		return nil, err
+	}
+	return []Option{WithTLS(tc)}, nil
+}
 
 // Open dials the given endpoints ("http://host:port" or "https://..."; "etcd://" is
 // accepted as http, or https with WithTLS).
