@@ -75,7 +75,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		}
 		bin = filepath.Join(root, "bin")
 	}
-	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd, netplugin --dataplane=%s on each (agent token)", dp)
+	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd (TLS, client certificates), netplugin --dataplane=%s on each (agent token, etcd certificate)", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true})
 	if err != nil {
