@@ -124,7 +124,7 @@ func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		if i > 0 {
 			want = "follower"
 		}
-		if err := waitState(ctx, ns, u, want, 20*time.Second); err != nil {
+		if err := waitState(ctx, nsHTTPClient(ns), u, want, 20*time.Second); err != nil {
 			return fmt.Errorf("%w (netmaster%d: %s; etcd: %s)", err, i+1, m.tail(), etcd.tail())
 		}
 	}
@@ -182,6 +182,9 @@ func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	fo := time.Since(t0).Seconds()
 	table(w, "control plane failover", []string{"event", "seconds"}, [][]string{{"SIGKILL leader -> first successful create through the other netmaster (--leader-ttl 4s)", fmt.Sprintf("%.2f", fo)}})
 	r.add("cp.failover_s", round2(fo), "s")
+	if err := cpTLSStage(ctx, cfg, ns, dir, w, r); err != nil {
+		r.fail("cp.tls", err)
+	}
 	return nil
 }
 
@@ -195,8 +198,7 @@ func nsHTTPClient(ns string) *http.Client {
 }
 
 // waitState polls GET /info until the netmaster at url reports state want.
-func waitState(ctx context.Context, ns, url, want string, timeout time.Duration) error {
-	c := nsHTTPClient(ns)
+func waitState(ctx context.Context, c *http.Client, url, want string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {

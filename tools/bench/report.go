@@ -97,18 +97,21 @@ var goals = map[string]goal{
 	"crosshost.tput_ratio": atLeast(1.05),
 	// datapath-trust: with policy on both groups, no lower than the ratios without it
 	// had when the issue was written.
-	"samehost_policy.tput_ratio":  atLeast(0.95),
-	"crosshost_policy.tput_ratio": atLeast(1.02),
-	"prog.local":                  atMost(40),
-	"restart.rr_failed":           atMost(0),
-	"restart.resets":              atMost(0),
-	"restart.ping_lost":           atMost(0),
-	"cni.add_p50":                 atMost(30),
-	"cni.add_p99":                 atMost(100),
-	"cni.attach_100":              atMost(5),
-	"cp.failover_s":               atMost(5),
-	"cp.1nm.alloc_duplicates":     atMost(0),
-	"cp.2nm.alloc_duplicates":     atMost(0),
+	"samehost_policy.tput_ratio":   atLeast(0.95),
+	"crosshost_policy.tput_ratio":  atLeast(1.02),
+	"prog.local":                   atMost(40),
+	"restart.rr_failed":            atMost(0),
+	"restart.resets":               atMost(0),
+	"restart.ping_lost":            atMost(0),
+	"cni.add_p50":                  atMost(30),
+	"cni.add_p99":                  atMost(100),
+	"cni.attach_100":               atMost(5),
+	"cp.failover_s":                atMost(5),
+	"cp.1nm.alloc_duplicates":      atMost(0),
+	"cp.2nm.alloc_duplicates":      atMost(0),
+	"cp.tls_vs_plain_create_ratio": atLeast(0.8),
+	"cp.tls_vs_plain_list_ratio":   atLeast(0.8),
+	"cp.tls_vs_plain_alloc_ratio":  atLeast(0.8),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

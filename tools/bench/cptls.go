@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/cpbench"
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
+)
+
+// bearer adds a bearer token to every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
+// cpTLSStage compares the REST API over HTTPS with token authentication against plain
+// HTTP in the same run: two netmasters, each leading its own embedded etcd in netns ns,
+// measured round by round alternately (cp.tls_vs_plain_<op>_ratio; goal >= 0.8).
+func cpTLSStage(ctx context.Context, cfg config, ns, dir string, w io.Writer, r *report) error {
+	ca, err := pki.NewCA("cbk-ca")
+	if err != nil {
+		return err
+	}
+	caPath, err := ca.WriteCA(dir, "ca.crt")
+	if err != nil {
+		return err
+	}
+	srv, err := ca.Issue(pki.Options{CommonName: "netmaster", Hosts: []string{"127.0.0.1"}, Server: true})
+	if err != nil {
+		return err
+	}
+	sc, sk, err := srv.Write(dir, "netmaster")
+	if err != nil {
+		return err
+	}
+	tb := make([]byte, 16)
+	_, _ = rand.Read(tb)
+	token := hex.EncodeToString(tb)
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(token+" admin bench\n"), 0o600); err != nil {
+		return err
+	}
+	type node struct {
+		name, url string
+		client    *http.Client
+		d         *daemon
+	}
+	plainClient := nsHTTPClient(ns)
+	tc, err := tlsconf.Client(tlsconf.Files{CA: caPath}, "bench")
+	if err != nil {
+		return err
+	}
+	tlsTr := plainClient.Transport.(*http.Transport).Clone()
+	tlsTr.TLSClientConfig = tc
+	tlsClient := &http.Client{Timeout: 30 * time.Second, Transport: bearer{token: token, next: tlsTr}}
+	nodes := []*node{
+		{name: "plain", url: "http://127.0.0.1:9995", client: plainClient},
+		{name: "tls", url: "https://127.0.0.1:9996", client: tlsClient},
+	}
+	for i, n := range nodes {
+		addr := fmt.Sprintf("127.0.0.1:%d", 9995+i)
+		args := []string{"--etcd-data-dir", filepath.Join(dir, "etcd-"+n.name),
+			"--etcd-listen-client-url", fmt.Sprintf("http://127.0.0.1:%d", 2391+2*i), "--etcd-listen-peer-url", fmt.Sprintf("http://127.0.0.1:%d", 2392+2*i),
+			"--listen-url", addr, "--control-url", addr, "--rpc-port", "0", "--mode", "kubernetes", "--log-level", "warn"}
+		if n.name == "tls" {
+			args = append(args, "--tls-cert", sc, "--tls-key", sk, "--auth-tokens", tokens)
+		} else {
+			args = append(args, "--insecure")
+		}
+		d, err := startDaemon(ns, "netmaster-"+n.name, filepath.Join(dir, "netmaster-"+n.name+".log"),
+			append([]string{filepath.Join(cfg.bin, "netmaster")}, args...)...)
+		if err != nil {
+			return err
+		}
+		defer d.stop()
+		n.d = d
+		if err := waitState(ctx, n.client, n.url, "leader", 30*time.Second); err != nil {
+			return fmt.Errorf("%s netmaster: %w (%s)", n.name, err, d.tail())
+		}
+	}
+	sum := map[string]map[string]float64{"plain": {}, "tls": {}}
+	const rounds = 3
+	for round := 0; round < rounds; round++ {
+		for _, n := range nodes {
+			res, err := cpbench.Run(ctx, cpbench.Options{NetmasterURLs: []string{n.url}, Creates: cfg.cpCreates / rounds,
+				Lists: cfg.cpCreates / rounds, Allocs: cfg.cpAllocs / rounds, Client: n.client, Tenant: "default"})
+			if err != nil {
+				return fmt.Errorf("%s round %d: %w (%s)", n.name, round, err, n.d.tail())
+			}
+			for op, o := range map[string]cpbench.Op{"create": res.Create, "list": res.List, "alloc": res.Alloc} {
+				if o.Errors > 0 {
+					return fmt.Errorf("%s round %d: %d %s errors, first %s", n.name, round, o.Errors, op, o.FirstErr)
+				}
+				sum[n.name][op] += o.PerSecond / rounds
+			}
+		}
+	}
+	var rows [][]string
+	for _, op := range []string{"create", "list", "alloc"} {
+		ratio := sum["tls"][op] / sum["plain"][op]
+		rows = append(rows, []string{op, fmt.Sprintf("%.0f", sum["plain"][op]), fmt.Sprintf("%.0f", sum["tls"][op]), fmt.Sprintf("%.2f", ratio)})
+		r.add("cp.tls."+op+"_per_s", float64(int64(sum["tls"][op]+0.5)), "ops/s")
+		r.add("cp.tls_vs_plain_"+op+"_ratio", round2(ratio), "ratio")
+	}
+	table(w, fmt.Sprintf("control plane: HTTPS + bearer token vs plain HTTP (one netmaster each on its own embedded etcd, %d alternating rounds)", rounds),
+		[]string{"request", "plain per s", "TLS+token per s", "ratio (goal >= 0.8)"}, rows)
+	return nil
+}
