@@ -88,3 +88,54 @@ func TestHealthzAndMetrics(t *testing.T) {
 		t.Fatal("netmaster exited while etcd was down")
 	}
 }
+
+// TestEmbeddedEtcdDefrag: space freed by compaction stays in etcd's file (and counts
+// against the quota) until defragmentation; netmaster defragments its embedded etcd when
+// enough is wasted.
+func TestEmbeddedEtcdDefrag(t *testing.T) {
+	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	p := startNetmaster(t, "nm-defrag", "", "--etcd-data-dir", t.TempDir(), "--etcd-listen-client-url", cu,
+		"--etcd-listen-peer-url", pu, "--etcd-defrag-interval", "300ms", "--etcd-defrag-min-bytes", fmt.Sprint(2<<20))
+	eventually(t, 30*time.Second, "netmaster up", func() error {
+		st, body, err := call("GET", p.url+"/healthz", "")
+		if err != nil || st != 200 {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	big := strings.Repeat("y", 1<<20)
+	for i := 0; i < 8; i++ {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/waste/%d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := cli.Status(ctx, cu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := st.DbSize
+	del, err := cli.Delete(ctx, "/waste/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, del.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "etcd file shrinks", func() error {
+		st, err := cli.Status(ctx, cu)
+		if err != nil {
+			return err
+		}
+		if st.DbSize > full/2 {
+			return fmt.Errorf("db size %d (was %d with the data, in use %d)", st.DbSize, full, st.DbSizeInUse)
+		}
+		return nil
+	})
+}

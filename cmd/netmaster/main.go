@@ -78,6 +78,8 @@ func main() {
 			&cli.StringFlag{Name: "auth-tokens", EnvVars: env("AUTH_TOKENS"), Usage: "bearer tokens `FILE`: lines \"<token> <role> [<name>]\" (roles admin, read-only, agent, netmaster, tenant-admin:<tenant>); mode 0600"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: env("INSECURE"), Usage: "serve plain HTTP (without --auth-tokens: no authentication at all); only for a trusted network"},
 			&cli.Int64Flag{Name: "etcd-quota-bytes", Value: 2 << 30, EnvVars: env("ETCD_QUOTA_BYTES"), Usage: "etcd backend quota: the embedded etcd's, and what /healthz and /metrics measure an external cluster against"},
+			&cli.DurationFlag{Name: "etcd-defrag-interval", Value: 10 * time.Minute, EnvVars: env("ETCD_DEFRAG_INTERVAL"), Usage: "how often the embedded etcd is checked for wasted space (0: never)"},
+			&cli.Int64Flag{Name: "etcd-defrag-min-bytes", Value: 64 << 20, EnvVars: env("ETCD_DEFRAG_MIN_BYTES"), Usage: "defragment the embedded etcd when at least this many bytes of its file are unused"},
 			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
@@ -125,6 +127,8 @@ type config struct {
 	peerCA, tokensFile     string
 	insecure               bool
 	etcdQuota              int64
+	defragEvery            time.Duration
+	defragMin              int64
 	etcdTLS                tlsconf.Files // netmaster's own etcd client
 	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
 }
@@ -139,7 +143,8 @@ func configFrom(c *cli.Context) (config, error) {
 		maxConns: c.Int("max-conns"),
 		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca")},
 		peerCA:   c.String("tls-peer-ca"), tokensFile: c.String("auth-tokens"), insecure: c.Bool("insecure"),
-		etcdQuota:  c.Int64("etcd-quota-bytes"),
+		etcdQuota:   c.Int64("etcd-quota-bytes"),
+		defragEvery: c.Duration("etcd-defrag-interval"), defragMin: c.Int64("etcd-defrag-min-bytes"),
 		etcdTLS:    tlsconf.Files{CA: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")},
 		etcdServer: tlsconf.Files{Cert: c.String("etcd-server-cert"), Key: c.String("etcd-server-key"), CA: c.String("etcd-client-ca")},
 	}
@@ -288,6 +293,9 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	defer store.Close()
+	if len(cfg.etcdEndpoints) == 0 && cfg.defragEvery > 0 {
+		go defragLoop(ctx, store, cfg.defragEvery, cfg.defragMin)
+	}
 
 	m, err := newMaster(ctx, store, cfg)
 	if err != nil {
@@ -368,5 +376,28 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// defragLoop returns the embedded etcd's freed space to the file system: auto-compaction
+// (by revision) frees pages inside the database file, defragmentation shrinks the file, so
+// the quota measures live data. An external cluster is its operators' to defragment.
+func defragLoop(ctx context.Context, store *state.Store, every time.Duration, minWaste int64) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		done, err := store.DefragIfWasteful(dctx, minWaste)
+		cancel()
+		if err != nil {
+			slog.Warn("embedded etcd defragmentation", "err", err)
+		} else if len(done) > 0 {
+			slog.Info("embedded etcd defragmented", "endpoints", done)
+		}
 	}
 }

@@ -241,3 +241,25 @@ func (s *Store) Health(ctx context.Context) Health {
 	}
 	return h
 }
+
+// DefragIfWasteful defragments every endpoint whose backend holds more than minWaste
+// bytes that are no longer in use (space freed by compaction stays in the file until a
+// defragmentation). It returns the endpoints it defragmented. Defragmenting blocks that
+// member's reads and writes for its duration; callers run it rarely and on one node.
+func (s *Store) DefragIfWasteful(ctx context.Context, minWaste int64) ([]string, error) {
+	var done []string
+	for _, ep := range s.cli.Endpoints() {
+		st, err := s.cli.Status(ctx, ep)
+		if err != nil {
+			return done, fmt.Errorf("etcd %s status: %w", ep, err)
+		}
+		if st.DbSize-st.DbSizeInUse < minWaste {
+			continue
+		}
+		if _, err := s.cli.Defragment(ctx, ep); err != nil {
+			return done, fmt.Errorf("defragment etcd %s: %w", ep, err)
+		}
+		done = append(done, ep)
+	}
+	return done, nil
+}
