@@ -9,11 +9,22 @@ import (
 )
 
 // allocIPv4 reserves preferred (if given) or allocates the lowest free address, from the
-// EPG's pool when epg has one. It updates ns (and epg) in memory; callers write them.
-func allocIPv4(ns *model.CfgNetworkState, epg *model.EndpointGroupState, preferred string) (string, error) {
+// EPG's pool when epg has one. It updates ns (and epg) in memory and buffers chunked map
+// changes in tx; callers write ns and epg.
+func allocIPv4(tx *state.Tx, ns *model.CfgNetworkState, epg *model.EndpointGroupState, preferred string) (string, error) {
 	sn, err := subnetOfState(ns)
 	if err != nil {
 		return "", err
+	}
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return "", err
+	}
+	var pm addrMap
+	if epg != nil && epg.IPPool != "" {
+		if pm, err = epgAllocMap(tx, ns, epg); err != nil {
+			return "", err
+		}
 	}
 	if preferred != "" {
 		a, err := parseIP4("IPv4Address", strings.SplitN(preferred, "/", 2)[0])
@@ -27,24 +38,36 @@ func allocIPv4(ns *model.CfgNetworkState, epg *model.EndpointGroupState, preferr
 		if off == 0 || off == uint(sn.size()-1) {
 			return "", unproc("address %s is the network or broadcast address of %s/%d", addr4(a), ns.SubnetIP, ns.SubnetLen)
 		}
-		ns.IPAllocMap.Set(off)
-		if epg != nil && epg.IPPool != "" {
+		if err := nm.Set(off); err != nil {
+			return "", err
+		}
+		if pm != nil {
 			if first, last, err := parsePool(epg.IPPool); err == nil && a >= first && a <= last {
-				epg.EPGIPAllocMap.Set(off)
+				if err := pm.Set(off); err != nil {
+					return "", err
+				}
 			}
 		}
 		return addr4(a).String(), nil
 	}
-	if epg != nil && epg.IPPool != "" {
-		off, ok := allocLowest(&epg.EPGIPAllocMap)
+	if pm != nil {
+		off, ok, err := allocLowest(pm)
+		if err != nil {
+			return "", err
+		}
 		if !ok {
 			return "", conflict("auto allocation failed - address exhaustion in pool %s of endpoint group %s", epg.IPPool, epg.ID)
 		}
-		ns.IPAllocMap.Set(off)
+		if err := nm.Set(off); err != nil {
+			return "", err
+		}
 		ns.EpAddrCount++
 		return addr4(sn.base + uint32(off)).String(), nil
 	}
-	off, ok := allocLowest(&ns.IPAllocMap)
+	off, ok, err := allocLowest(nm)
+	if err != nil {
+		return "", err
+	}
 	if !ok {
 		return "", conflict("auto allocation failed - address exhaustion in subnet %s/%d", ns.SubnetIP, ns.SubnetLen)
 	}
@@ -55,7 +78,7 @@ func allocIPv4(ns *model.CfgNetworkState, epg *model.EndpointGroupState, preferr
 // releaseIPv4 frees ip in ns, or in the pool of the EPG (among epgs) that contains it. The
 // network/broadcast/gateway addresses and addresses outside the range are never freed.
 // It returns the EPG state it changed, if any.
-func releaseIPv4(ns *model.CfgNetworkState, epgs []*model.EndpointGroupState, ip string) (*model.EndpointGroupState, error) {
+func releaseIPv4(tx *state.Tx, ns *model.CfgNetworkState, epgs []*model.EndpointGroupState, ip string) (*model.EndpointGroupState, error) {
 	sn, err := subnetOfState(ns)
 	if err != nil {
 		return nil, err
@@ -76,8 +99,16 @@ func releaseIPv4(ns *model.CfgNetworkState, epgs []*model.EndpointGroupState, ip
 		if err != nil || a < first || a > last {
 			continue
 		}
-		if g.EPGIPAllocMap.Test(off) {
-			g.EPGIPAllocMap.Clear(off)
+		pm, err := epgAllocMap(tx, ns, g)
+		if err != nil {
+			return nil, err
+		}
+		if used, err := pm.Test(off); err != nil {
+			return nil, err
+		} else if used {
+			if err := pm.Clear(off); err != nil {
+				return nil, err
+			}
 			if ns.EpAddrCount > 0 {
 				ns.EpAddrCount--
 			}
@@ -94,8 +125,16 @@ func releaseIPv4(ns *model.CfgNetworkState, epgs []*model.EndpointGroupState, ip
 			return nil, nil
 		}
 	}
-	if ns.IPAllocMap.Test(off) {
-		ns.IPAllocMap.Clear(off)
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return nil, err
+	}
+	if used, err := nm.Test(off); err != nil {
+		return nil, err
+	} else if used {
+		if err := nm.Clear(off); err != nil {
+			return nil, err
+		}
 		if ns.EpAddrCount > 0 {
 			ns.EpAddrCount--
 		}
@@ -195,7 +234,16 @@ func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, a
 	} else if holder != "" {
 		return conflict("%s: %s is already used by %s", field, ip, holder)
 	}
-	if !adoptPending && ns.IPAllocMap.Test(uint(a-sn.base)) {
+	if adoptPending {
+		return nil
+	}
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return err
+	}
+	if used, err := nm.Test(uint(a - sn.base)); err != nil {
+		return err
+	} else if used {
 		return conflict("%s: %s is already allocated in network %s", field, ip, ns.ID)
 	}
 	return nil

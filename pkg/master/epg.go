@@ -170,21 +170,33 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 			if !sn.contains(first) || !sn.contains(last) {
 				return unproc("ipPool: %s is not inside the subnet %s/%d of network %s", e.IpPool, ns.SubnetIP, ns.SubnetLen, netID)
 			}
-			pm := model.NewBitset(uint(sn.size()))
-			pm.SetRange(0, uint(sn.size()-1))
-			for a := first; a <= last; a++ {
-				off := uint(a - sn.base)
-				if ns.IPAllocMap.Test(off) {
-					return conflict("ipPool: address %s of %s is already allocated in network %s", addr4(a), e.IpPool, netID)
+			nm, err := netAllocMap(tx, ns)
+			if err != nil {
+				return err
+			}
+			if off, used, err := nm.NextSet(uint(first-sn.base), uint(last-sn.base)); err != nil {
+				return err
+			} else if used {
+				return conflict("ipPool: address %s of %s is already allocated in network %s", addr4(sn.base+uint32(off)), e.IpPool, netID)
+			}
+			if err := nm.SetRange(uint(first-sn.base), uint(last-sn.base)); err != nil {
+				return err
+			}
+			if useChunks(sn.size()) {
+				st.EPGIPAllocStore = chunkedStore
+				if err := newChunkMap(tx, epgAllocPrefix(netID, epgID), uint(sn.size()), poolBase(sn, first, last)).init(); err != nil {
+					return err
 				}
-				pm.Clear(off)
+			} else {
+				pm := model.NewBitset(uint(sn.size()))
+				used := poolBase(sn, first, last)
+				for off := uint(0); off < pm.Len(); off++ {
+					if used(off) {
+						pm.Set(off)
+					}
+				}
+				st.EPGIPAllocMap = pm
 			}
-			pm.Set(0)
-			pm.Set(uint(sn.size() - 1))
-			for a := first; a <= last; a++ {
-				ns.IPAllocMap.Set(uint(a - sn.base))
-			}
-			st.EPGIPAllocMap = pm
 			if err := tx.Put(model.NetStateKey(netID), ns); err != nil {
 				return err
 			}
@@ -296,12 +308,17 @@ func removeEPG(m *Master, tx *state.Tx, e *model.EndpointGroup) error {
 				if err != nil {
 					return err
 				}
-				for a := first; a <= last; a++ {
-					ns.IPAllocMap.Clear(uint(a - sn.base))
+				nm, err := netAllocMap(tx, ns)
+				if err != nil {
+					return err
+				}
+				if err := nm.ClearRange(uint(first-sn.base), uint(last-sn.base)); err != nil {
+					return err
 				}
 				if err := tx.Put(model.NetStateKey(netID), ns); err != nil {
 					return err
 				}
+				tx.DeletePrefix(epgAllocPrefix(netID, epgID))
 			}
 		}
 		tx.Delete(model.EPGStateKey(epgID))
@@ -344,8 +361,16 @@ func inspectEPG(m *Master, tx *state.Tx, e *model.EndpointGroup) (any, error) {
 					a := sn.base + uint32(off)
 					return a < first || a > last
 				}
-				out.Oper.AllocatedIPAddresses = formatRanges(sn, st.EPGIPAllocMap, true, outside)
-				out.Oper.AvailableIPAddresses = formatRanges(sn, st.EPGIPAllocMap, false, outside)
+				pm, err := epgAllocMap(tx, ns, st)
+				if err != nil {
+					return nil, err
+				}
+				bits, err := pm.Bits()
+				if err != nil {
+					return nil, err
+				}
+				out.Oper.AllocatedIPAddresses = formatRanges(sn, bits, true, outside)
+				out.Oper.AvailableIPAddresses = formatRanges(sn, bits, false, outside)
 			}
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
-// Smallest prefix length whose allocation bitmap (2^(32-len) bits, base64 in one etcd
-// value) stays well under etcd's 1.5 MiB request limit.
+// Smallest prefix length accepted. Large subnets keep their allocation map in chunks
+// (addrmap.go); the chunk summary of a /10 (16,384 bits) is ~2.7 KB.
 const minSubnetLen = 10
 
 // subnet4 is a parsed IPv4 network subnet, optionally restricted to a range.
@@ -88,27 +88,22 @@ func subnetOfState(ns *model.CfgNetworkState) (subnet4, error) {
 func newIPMap(sn subnet4, gw uint32, hasGW bool) model.Bitset {
 	n := sn.size()
 	b := model.NewBitset(uint(n))
-	b.Set(0)
-	b.Set(uint(n - 1))
-	if hasGW {
-		b.Set(uint(gw - sn.base))
-	}
-	for off := uint32(0); off < n; off++ {
-		if a := sn.base + off; a < sn.first || a > sn.end {
-			b.Set(uint(off))
+	used := netBase(sn, gw, hasGW)
+	for off := uint(0); off < uint(n); off++ {
+		if used(off) {
+			b.Set(off)
 		}
 	}
 	return b
 }
 
 // allocLowest sets and returns the lowest clear bit.
-func allocLowest(b *model.Bitset) (uint, bool) {
-	off, ok := b.NextClear(0)
-	if !ok {
-		return 0, false
+func allocLowest(m addrMap) (uint, bool, error) {
+	off, ok, err := m.NextClear(0)
+	if err != nil || !ok {
+		return 0, false, err
 	}
-	b.Set(off)
-	return off, true
+	return off, true, m.Set(off)
 }
 
 // formatRanges renders the offsets for which want(bit) holds as "a-b, c" address ranges.

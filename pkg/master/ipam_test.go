@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
 func netState(t *testing.T, e *env, id string) model.CfgNetworkState {
@@ -18,6 +20,28 @@ func netState(t *testing.T, e *env, id string) model.CfgNetworkState {
 		t.Fatalf("network state %s: %v", id, err)
 	}
 	return ns
+}
+
+// allocBits reads network id's whole allocation map, inline or chunked.
+func allocBits(t *testing.T, e *env, id string) model.Bitset {
+	t.Helper()
+	var bits model.Bitset
+	err := e.store.Update(context.Background(), func(tx *state.Tx) error {
+		ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(id))
+		if err != nil || !found {
+			return fmt.Errorf("network state %s: found %v, %v", id, found, err)
+		}
+		nm, err := netAllocMap(tx, ns)
+		if err != nil {
+			return err
+		}
+		bits, err = nm.Bits()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bits
 }
 
 func TestIPAMRules(t *testing.T) {
@@ -311,7 +335,7 @@ func TestConcurrentAllocTwoMasters(t *testing.T) {
 		t.Fatalf("%d distinct addresses, want %d", len(got), n)
 	}
 	ns := netState(t, e1, "big.default")
-	if ns.EpAddrCount != n || ns.IPAllocMap.Count() != n+3 {
-		t.Fatalf("state: epAddrCount %d, bits %d", ns.EpAddrCount, ns.IPAllocMap.Count())
+	if bits := allocBits(t, e1, "big.default"); ns.EpAddrCount != n || bits.Count() != n+3 || ns.IPAllocStore != "chunks/256" {
+		t.Fatalf("state: epAddrCount %d, bits %d, store %q", ns.EpAddrCount, bits.Count(), ns.IPAllocStore)
 	}
 }

@@ -89,7 +89,9 @@ func networkOps() objOps[model.Network] {
 				if err != nil {
 					return nil, err
 				}
-				out.Oper = networkOper(ns, eps)
+				if out.Oper, err = networkOper(tx, ns, eps); err != nil {
+					return nil, err
+				}
 			}
 			return out, nil
 		},
@@ -161,7 +163,14 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if n.Gateway != "" {
 		gw, _ = parseIP4("gateway", n.Gateway)
 	}
-	ns.IPAllocMap = newIPMap(sn, gw, n.Gateway != "")
+	if useChunks(sn.size()) {
+		ns.IPAllocStore = chunkedStore
+		if err := newChunkMap(tx, netAllocRoot(id)+"net/", uint(sn.size()), netBase(sn, gw, n.Gateway != "")).init(); err != nil {
+			return err
+		}
+	} else {
+		ns.IPAllocMap = newIPMap(sn, gw, n.Gateway != "")
+	}
 	if n.Ipv6Subnet != "" {
 		ns.IPv6Subnet = s6.prefix.Addr().String()
 		ns.IPv6SubnetLen = uint(s6.prefix.Bits())
@@ -244,6 +253,7 @@ func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
 			return err
 		}
 		tx.Delete(model.NetStateKey(id))
+		tx.DeletePrefix(netAllocRoot(id))
 	}
 	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
 		return err
@@ -266,7 +276,7 @@ func endpointOper(ep *model.CfgEndpointState, portName string) model.EndpointOpe
 	return o
 }
 
-func networkOper(ns *model.CfgNetworkState, eps []*model.CfgEndpointState) model.NetworkOper {
+func networkOper(tx *state.Tx, ns *model.CfgNetworkState, eps []*model.CfgEndpointState) (model.NetworkOper, error) {
 	o := model.NetworkOper{AllocatedAddressesCount: ns.EpAddrCount, ExternalPktTag: ns.ExtPktTag,
 		NetworkTag: ns.NetworkTag, NumEndpoints: ns.EpCount, PktTag: ns.PktTag}
 	if sn, err := subnetOfState(ns); err == nil {
@@ -277,13 +287,21 @@ func networkOper(ns *model.CfgNetworkState, eps []*model.CfgEndpointState) model
 			a := sn.base + uint32(off)
 			return off == 0 || off == uint(sn.size()-1) || a < fa || a > la
 		}
-		o.AllocatedIPAddresses = formatRanges(sn, ns.IPAllocMap, true, outside)
-		o.AvailableIPAddresses = formatRanges(sn, ns.IPAllocMap, false, outside)
+		nm, err := netAllocMap(tx, ns)
+		if err != nil {
+			return o, err
+		}
+		bits, err := nm.Bits()
+		if err != nil {
+			return o, err
+		}
+		o.AllocatedIPAddresses = formatRanges(sn, bits, true, outside)
+		o.AvailableIPAddresses = formatRanges(sn, bits, false, outside)
 	}
 	for _, ep := range eps {
 		if ep.NetID == ns.ID {
 			o.Endpoints = append(o.Endpoints, endpointOper(ep, ""))
 		}
 	}
-	return o
+	return o, nil
 }

@@ -42,7 +42,7 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		}
-		ip, err := allocIPv4(ns, epg, req.PreferredIPv4Address)
+		ip, err := allocIPv4(tx, ns, epg, req.PreferredIPv4Address)
 		if err != nil {
 			return err
 		}
@@ -108,7 +108,7 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		g, err := releaseIPv4(ns, epgs, ip)
+		g, err := releaseIPv4(tx, ns, epgs, ip)
 		if err != nil {
 			return err
 		}
@@ -213,7 +213,7 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		}
-		if ep.IPAddress, err = allocIPv4(ns, epg, req.ConfigEP.IPAddress); err != nil {
+		if ep.IPAddress, err = allocIPv4(tx, ns, epg, req.ConfigEP.IPAddress); err != nil {
 			return err
 		}
 		if ep.MacAddress, err = model.MACFromIPv4(ep.IPAddress); err != nil {
@@ -310,7 +310,7 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 			return err
 		}
 		if ep.IPAddress != "" {
-			g, err := releaseIPv4(ns, epgs, ep.IPAddress)
+			g, err := releaseIPv4(tx, ns, epgs, ep.IPAddress)
 			if err != nil {
 				return err
 			}

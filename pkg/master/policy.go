@@ -245,9 +245,6 @@ func saveRule(m *Master, tx *state.Tx, r, old *model.Rule) error {
 		if err := addRuleToEpgPolicy(tx, ep, r); err != nil {
 			return err
 		}
-		if err := tx.Put(model.PolicyStateKey(ep.ID), ep); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -259,7 +256,10 @@ func removeRule(m *Master, tx *state.Tx, r *model.Rule) error {
 		return err
 	}
 	for _, ep := range eps {
-		if rm := ep.RuleMaps[r.Key]; rm != nil {
+		if err := deleteRuleRecords(tx, ep.ID+":"+r.Key+":"); err != nil {
+			return err
+		}
+		if rm := ep.RuleMaps[r.Key]; rm != nil { // a record written with Contiv's RuleMaps
 			for id := range rm.OfnetRules {
 				tx.Delete(model.RuleStateKey(id))
 			}
@@ -335,7 +335,10 @@ func detachPolicy(tx *state.Tx, e *model.EndpointGroup, policy string) error {
 		return err
 	}
 	if found {
-		for _, rm := range ep.RuleMaps {
+		if err := deleteRuleRecords(tx, id+":"); err != nil {
+			return err
+		}
+		for _, rm := range ep.RuleMaps { // a record written with Contiv's RuleMaps
 			for rid := range rm.OfnetRules {
 				tx.Delete(model.RuleStateKey(rid))
 			}
@@ -351,8 +354,27 @@ func detachPolicy(tx *state.Tx, e *model.EndpointGroup, policy string) error {
 	return nil
 }
 
+// deleteRuleRecords deletes the policyRule records whose ids start with idPrefix: every
+// record of one EPG policy ("<epgPolicyID>:") or of one rule in it ("<epgPolicyID>:<ruleKey>:").
+// Names cannot contain ':', so the prefix matches nothing else.
+func deleteRuleRecords(tx *state.Tx, idPrefix string) error {
+	kvs, err := tx.List(model.RuleStatePrefix + idPrefix)
+	if err != nil {
+		return err
+	}
+	for _, kv := range kvs {
+		tx.Delete(kv.Key)
+	}
+	return nil
+}
+
 // addRuleToEpgPolicy expands r for the EPG of ep (contiv.md 8.3) and writes the policyRule
-// records.
+// records. Unlike Contiv, the EpgPolicy record does not copy the rule and its expansion
+// into RuleMaps: that made every record grow with the policy, so one rule added to a
+// policy on 100 groups rewrote 100 copies of the whole policy (tens of MB with 1,000
+// rules, far past etcd's request limit). Record ids are "<epgPolicyID>:<ruleKey>:<dir>",
+// which is all detach and rule removal need; RuleMaps of records Contiv wrote are still
+// honoured.
 func addRuleToEpgPolicy(tx *state.Tx, ep *model.EpgPolicy, r *model.Rule) error {
 	groupID := func(name string) (int, error) {
 		if name == "" {
@@ -438,11 +460,6 @@ func addRuleToEpgPolicy(tx *state.Tx, ep *model.EpgPolicy, r *model.Rule) error 
 			rules[rx.RuleId] = rx
 		}
 	}
-	if ep.RuleMaps == nil {
-		ep.RuleMaps = map[string]*model.RuleMap{}
-	}
-	rc := *r
-	ep.RuleMaps[r.Key] = &model.RuleMap{Rule: &rc, OfnetRules: rules}
 	for id, or := range rules {
 		if err := tx.Put(model.RuleStateKey(id), model.CfgPolicyRule{ID: id, OfnetPolicyRule: *or}); err != nil {
 			return err

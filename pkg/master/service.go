@@ -144,7 +144,7 @@ func releaseVIP(tx *state.Tx, s *model.ServiceLB) error {
 	if err != nil {
 		return err
 	}
-	g, err := releaseIPv4(ns, epgs, st.IPAddress)
+	g, err := releaseIPv4(tx, ns, epgs, st.IPAddress)
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 				return err
 			}
 		}
-		if vip, err = allocIPv4(ns, nil, s.IpAddress); err != nil {
+		if vip, err = allocIPv4(tx, ns, nil, s.IpAddress); err != nil {
 			return err
 		}
 		if err := tx.Put(model.NetStateKey(netID), ns); err != nil {

@@ -98,7 +98,10 @@ func inspectTenant(m *Master, tx *state.Tx, t *model.Tenant) (any, error) {
 			continue
 		}
 		oper.TotalNetworks++
-		no := networkOper(n, eps)
+		no, err := networkOper(tx, n, eps)
+		if err != nil {
+			return nil, err
+		}
 		oper.Networks = append(oper.Networks, no)
 		oper.Endpoints = append(oper.Endpoints, no.Endpoints...)
 	}

@@ -79,20 +79,23 @@ type VxlanResourceOper struct {
 
 // CfgNetworkState is /contiv.io/state/nets/<net>.<tenant>.
 type CfgNetworkState struct {
-	ID            string          `json:"id"`
-	Tenant        string          `json:"tenant"`
-	NetworkName   string          `json:"networkName"`
-	NwType        string          `json:"nwType"`
-	PktTagType    string          `json:"pktTagType"`
-	PktTag        int             `json:"pktTag"`
-	ExtPktTag     int             `json:"extPktTag"`
-	SubnetIP      string          `json:"subnetIP"`
-	SubnetLen     uint            `json:"subnetLen"`
-	Gateway       string          `json:"gateway"`
-	IPAddrRange   string          `json:"ipAddrRange"`
-	EpAddrCount   int             `json:"epAddrCount"`
-	EpCount       int             `json:"epCount"`
-	IPAllocMap    Bitset          `json:"ipAllocMap"`
+	ID          string `json:"id"`
+	Tenant      string `json:"tenant"`
+	NetworkName string `json:"networkName"`
+	NwType      string `json:"nwType"`
+	PktTagType  string `json:"pktTagType"`
+	PktTag      int    `json:"pktTag"`
+	ExtPktTag   int    `json:"extPktTag"`
+	SubnetIP    string `json:"subnetIP"`
+	SubnetLen   uint   `json:"subnetLen"`
+	Gateway     string `json:"gateway"`
+	IPAddrRange string `json:"ipAddrRange"`
+	EpAddrCount int    `json:"epAddrCount"`
+	EpCount     int    `json:"epCount"`
+	IPAllocMap  Bitset `json:"ipAllocMap"`
+	// IPAllocStore is "" for Contiv's inline ipAllocMap, or "chunks/256" when the map is
+	// kept under /contiv.io/state/ipalloc/<id>/net/ (netmaster's pkg/master/addrmap.go).
+	IPAllocStore  string          `json:"ipAllocStore,omitempty"`
 	IPv6Subnet    string          `json:"ipv6SubnetIP"`
 	IPv6SubnetLen uint            `json:"ipv6SubnetLen"`
 	IPv6Gateway   string          `json:"ipv6Gateway"`
@@ -163,6 +166,9 @@ type EndpointGroupState struct {
 	Burst           int    `json:"Burst"`
 	IPPool          string `json:"IPPool"`
 	EPGIPAllocMap   Bitset `json:"epgIpAllocMap"`
+	// EPGIPAllocStore is "" (inline epgIpAllocMap) or "chunks/256" (kept under
+	// /contiv.io/state/ipalloc/<netID>/epg/<id>/).
+	EPGIPAllocStore string `json:"epgIpAllocStore,omitempty"`
 	GroupTag        string `json:"groupTag"`
 }
 

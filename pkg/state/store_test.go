@@ -268,3 +268,43 @@ func TestTxnTooLarge(t *testing.T) {
 		t.Fatalf("refused change left %d keys (%v)", len(kvs), err)
 	}
 }
+
+// DeletePrefix removes any number of keys in one operation; reads of the same transaction
+// see them gone, and a write under the deleted prefix is refused instead of failing at etcd.
+func TestDeletePrefix(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	for i := 0; i < 300; i++ {
+		if err := s.Put(ctx, fmt.Sprintf("/dp/a/%03d", i), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Put(ctx, "/dp/b", 1); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		if err := tx.Put("/dp/a/new", 1); err != nil {
+			return err
+		}
+		tx.DeletePrefix("/dp/a/")
+		var v int
+		if found, err := tx.Get("/dp/a/007", &v); err != nil || found {
+			return fmt.Errorf("get after DeletePrefix: found %v, %v", found, err)
+		}
+		if kvs, err := tx.List("/dp/"); err != nil || len(kvs) != 1 || kvs[0].Key != "/dp/b" {
+			return fmt.Errorf("list after DeletePrefix: %v, %v", kvs, err)
+		}
+		if err := tx.Put("/dp/a/again", 2); err == nil {
+			return errors.New("put under a deleted prefix accepted")
+		}
+		tx.Delete("/dp/a/001") // already covered: no second operation
+		return tx.Put("/dp/c", 3)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs, _, err := s.List(ctx, "/dp/")
+	if err != nil || len(kvs) != 2 || kvs[0].Key != "/dp/b" || kvs[1].Key != "/dp/c" {
+		t.Fatalf("after commit: %v, %v", kvs, err)
+	}
+}

@@ -38,6 +38,18 @@ type Tx struct {
 	cmps   []clientv3.Cmp
 	seen   map[string]bool
 	writes map[string]*string // nil value = delete
+	// delPrefixes are ranges deleted as a whole (one etcd operation each).
+	delPrefixes []string
+}
+
+// deletedByPrefix reports whether key lies under a prefix this transaction deletes.
+func (t *Tx) deletedByPrefix(key string) bool {
+	for _, p := range t.delPrefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Tx) snapshotOpts() []clientv3.OpOption {
@@ -60,6 +72,9 @@ func (t *Tx) GetRaw(key string) ([]byte, bool, error) {
 			return nil, false, nil
 		}
 		return []byte(*w), true, nil
+	}
+	if t.deletedByPrefix(key) {
+		return nil, false, nil
 	}
 	resp, err := t.cli.Get(t.ctx, key, t.snapshotOpts()...)
 	if err != nil {
@@ -113,7 +128,9 @@ func (t *Tx) List(prefix string) ([]KV, error) {
 	}
 	m := make(map[string]KV, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		m[string(kv.Key)] = KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision}
+		if !t.deletedByPrefix(string(kv.Key)) {
+			m[string(kv.Key)] = KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision}
+		}
 	}
 	for k, w := range t.writes {
 		if !strings.HasPrefix(k, prefix) {
@@ -143,8 +160,12 @@ func unchanged(key string, kvs []*mvccpb.KeyValue) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
 }
 
-// Put buffers a JSON write of v at key.
+// Put buffers a JSON write of v at key. A key under a prefix this transaction deletes
+// cannot be written again (etcd refuses a put inside a deleted range of the same txn).
 func (t *Tx) Put(key string, v any) error {
+	if t.deletedByPrefix(key) {
+		return fmt.Errorf("put %s: its prefix is deleted in the same transaction", key)
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", key, err)
@@ -155,13 +176,36 @@ func (t *Tx) Put(key string, v any) error {
 }
 
 // Delete buffers a delete of key.
-func (t *Tx) Delete(key string) { t.writes[key] = nil }
+func (t *Tx) Delete(key string) {
+	if !t.deletedByPrefix(key) {
+		t.writes[key] = nil
+	}
+}
+
+// DeletePrefix buffers the deletion of every key under prefix, as one operation whatever
+// their number. Buffered writes under prefix are dropped. The deletion is not guarded: keys
+// created under prefix by a concurrent writer are deleted too, so use it for records only
+// this transaction's guarded owner (for example a network state record it read) can create.
+func (t *Tx) DeletePrefix(prefix string) {
+	if prefix == "" {
+		return
+	}
+	for k := range t.writes {
+		if strings.HasPrefix(k, prefix) {
+			delete(t.writes, k)
+		}
+	}
+	t.delPrefixes = append(t.delPrefixes, prefix)
+}
 
 func (t *Tx) commit() (bool, error) {
-	if len(t.writes) == 0 {
+	if len(t.writes) == 0 && len(t.delPrefixes) == 0 {
 		return true, nil
 	}
-	ops := make([]clientv3.Op, 0, len(t.writes))
+	ops := make([]clientv3.Op, 0, len(t.writes)+len(t.delPrefixes))
+	for _, p := range t.delPrefixes {
+		ops = append(ops, clientv3.OpDelete(p, clientv3.WithPrefix()))
+	}
 	keys := make([]string, 0, len(t.writes))
 	for k := range t.writes {
 		keys = append(keys, k)

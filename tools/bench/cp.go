@@ -185,6 +185,12 @@ func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	if err := cpTLSStage(ctx, cfg, ns, dir, w, r); err != nil {
 		r.fail("cp.tls", err)
 	}
+	if err := cpSlowConnsStage(ctx, cfg, ns, dir, w, r); err != nil {
+		r.fail("cp.slow20k", err)
+	}
+	if err := cpAllocBytesStage(ctx, cfg, w, r); err != nil {
+		r.fail("cp.alloc_bytes", err)
+	}
 	return nil
 }
 

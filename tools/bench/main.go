@@ -54,6 +54,9 @@ func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[
 var allStages = []string{"prog", "samehost", "samehost_policy", "crosshost", "crosshost_policy", "restart", "cni", "docker", "cp"}
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
+		os.Exit(slowDialer(os.Args[2:]))
+	}
 	var cfg config
 	dp := flag.String("dataplane", "ebpf", "ebpf | ovs | all (ebpf and ovs side by side)")
 	stages := flag.String("stages", "", "comma-separated subset of "+strings.Join(allStages, ","))

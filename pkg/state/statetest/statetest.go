@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -55,4 +57,32 @@ func Store(t testing.TB) (*state.Store, string) {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s, url
+}
+
+// PutBytes sums the key and value sizes of every put under prefix in revisions (from, to],
+// read back from etcd's watch history: what a change cost in etcd bytes.
+func PutBytes(ctx context.Context, cli *clientv3.Client, prefix string, from, to int64) (int, error) {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	total := 0
+	if to <= from {
+		return 0, nil
+	}
+	for wr := range cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from+1)) {
+		if err := wr.Err(); err != nil {
+			return 0, err
+		}
+		for _, ev := range wr.Events {
+			if ev.Kv.ModRevision > to {
+				return total, nil
+			}
+			if ev.Type == clientv3.EventTypePut {
+				total += len(ev.Kv.Key) + len(ev.Kv.Value)
+			}
+			if ev.Kv.ModRevision == to {
+				return total, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("watch of revisions %d..%d ended early: %w", from, to, wctx.Err())
 }
