@@ -13,9 +13,15 @@ all: build
 deps:
 	@./scripts/deps.sh
 
+# Every binary's --version: `git describe` and the build time (pkg/buildinfo).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BUILDINFO := github.com/contivbpf/contivbpf/pkg/buildinfo
+GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).gitCommit=$(GIT_COMMIT) -X $(BUILDINFO).buildTime=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
 # Regenerates the bpf2go output (Go bindings + BPF objects are committed, so plain
 # `go build` needs no clang).

@@ -5,9 +5,11 @@ package main
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/contivbpf/contivbpf/pkg/buildinfo"
 	"github.com/contivbpf/contivbpf/pkg/cniplugin"
 )
 
 func main() {
-	skel.PluginMainFuncs(cniplugin.Plugin{}.Funcs(), cniplugin.Versions, "contivk8s: Contiv CNI plugin (talks to netplugin over its CNI socket)")
+	skel.PluginMainFuncs(cniplugin.Plugin{}.Funcs(), cniplugin.Versions,
+		"contivk8s "+buildinfo.Get().String()+": Contiv CNI plugin (talks to netplugin over its CNI socket)")
 }

@@ -6,20 +6,15 @@ import (
 	"os"
 	"os/signal"
 
+	"github.com/contivbpf/contivbpf/pkg/buildinfo"
 	"github.com/contivbpf/contivbpf/pkg/netctl"
-)
-
-// Set with -ldflags "-X main.version=... -X main.gitCommit=... -X main.buildTime=...".
-var (
-	version   = "dev"
-	gitCommit = "unknown"
-	buildTime = "unknown"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	b := buildinfo.Get()
 	code := netctl.Run(ctx, os.Args, os.Stdout, os.Stderr,
-		netctl.BuildInfo{Version: version, GitCommit: gitCommit, BuildTime: buildTime})
+		netctl.BuildInfo{Version: b.Version, GitCommit: b.GitCommit, BuildTime: b.BuildTime})
 	stop()
 	os.Exit(code)
 }

@@ -25,16 +25,10 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/master"
+	"github.com/contivbpf/contivbpf/pkg/buildinfo"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
-)
-
-// Set at build time with -ldflags "-X main.version=... -X main.gitCommit=... -X main.buildTime=...".
-var (
-	version   = "1.2.1-contivbpf"
-	gitCommit = "unknown"
-	buildTime = "unknown"
 )
 
 func env(names ...string) []string {
@@ -49,7 +43,7 @@ func main() {
 	app := &cli.App{
 		Name:    "netmaster",
 		Usage:   "Contiv-compatible network control plane (REST API, IPAM, leader election)",
-		Version: version,
+		Version: buildinfo.Get().String(),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen-url", Aliases: []string{"external-address"}, Value: "0.0.0.0:9999", EnvVars: env("LISTEN_URL", "EXTERNAL_ADDRESS"), Usage: "`ADDR` to serve the REST API on"},
 			&cli.StringFlag{Name: "control-url", Aliases: []string{"internal-address"}, EnvVars: env("CONTROL_URL", "INTERNAL_ADDRESS"), Usage: "`IP:PORT` other nodes reach this netmaster at (leader lock value, registration); default <host IP>:<listen port>"},
@@ -305,7 +299,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	nc := cluster.NodeConfig{
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
-		Version: version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
+		Version: buildinfo.Get().Version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
 	}
 	if err := securityConfig(cfg, &nc); err != nil {
 		return err
@@ -349,13 +343,19 @@ func securityConfig(cfg config, nc *cluster.NodeConfig) error {
 	return nil
 }
 
+// versionInfo is this build in /version's form.
+func versionInfo() model.VersionInfo {
+	b := buildinfo.Get()
+	return model.VersionInfo{Version: b.Version, GitCommit: b.GitCommit, BuildTime: b.BuildTime}
+}
+
 // newMaster bootstraps the API, retrying for a minute while etcd is unreachable (e.g. a
 // cluster still forming).
 func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Master, error) {
 	mc := master.Config{
 		Store: store, FwdMode: cfg.fwdMode, Infra: cfg.infra, NetMode: cfg.netMode,
 		ClusterMode: cfg.mode, PluginName: cfg.pluginName,
-		Version: model.VersionInfo{GitCommit: gitCommit, Version: version, BuildTime: buildTime},
+		Version: versionInfo(),
 	}
 	deadline := time.Now().Add(time.Minute)
 	backoff := 250 * time.Millisecond

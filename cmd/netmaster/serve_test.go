@@ -13,9 +13,10 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
-// TestSlowClientFlood: thousands of connections that never send a request (more than its
-// open-file limit, here 2,048 with the default cap of limit - 1,024) neither kill netmaster (with its embedded etcd) nor keep a real client from
-// creating an object; a path that climbs out of its object ("x/../victim") is refused
+// TestSlowClientFlood: thousands of connections that never send a request, stop inside
+// their headers or trickle a body (more than its open-file limit, here 2,048 with the
+// default cap of limit - 1,024) neither kill netmaster (with its embedded etcd) nor keep a
+// real client from creating an object; a path that climbs out of its object ("x/../victim") is refused
 // with 400 instead of being redirected to the other object.
 func TestSlowClientFlood(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "etcd")
@@ -47,11 +48,15 @@ func TestSlowClientFlood(t *testing.T) {
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
-		if i%2 == 0 {
+		switch i % 3 {
+		case 1:
 			fmt.Fprintf(c, "POST /api/v1/tenants/t%d/ HTTP/1.1\r\nHost: x\r\n", i) // headers never finished
+		case 2: // body never finished
+			fmt.Fprintf(c, "POST /api/v1/tenants/t%d/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tenantName\":", i)
 		}
 		stalled = append(stalled, c)
 	}
+	time.Sleep(1500 * time.Millisecond) // past the slow-body grace: trickling bodies are sheddable
 	// Without shedding, the real client waits for the stalled ones' 10 s header timeout
 	// (the file descriptors are gone); with it, it is served at once. 5 s is a hang
 	// detector, not a speed goal.

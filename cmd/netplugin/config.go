@@ -26,7 +26,7 @@ func flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, EnvVars: env("MODE"), Value: "kubernetes", Usage: "docker | kubernetes (which runtime front-end to serve)"},
 		&cli.StringFlag{Name: "netmode", Aliases: []string{"network-mode"}, EnvVars: env("NET_MODE"), Value: "vxlan", Usage: "vlan | vxlan"},
-		&cli.StringFlag{Name: "fwdmode", Aliases: []string{"forward-mode"}, EnvVars: env("FORWARD_MODE"), Value: "bridge", Usage: "bridge | routing; must equal netmaster's global fwd-mode"},
+		&cli.StringFlag{Name: "fwdmode", Aliases: []string{"forward-mode"}, EnvVars: env("FORWARD_MODE"), Value: "routing", Usage: "bridge | routing; must equal netmaster's global fwd-mode (both default to routing)"},
 		&cli.StringFlag{Name: "etcd-endpoints", Aliases: []string{"etcd"}, EnvVars: env("ETCD_ENDPOINTS"), Value: "http://127.0.0.1:2379", Usage: "comma-separated etcd client URLs"},
 		&cli.StringFlag{Name: "host", Aliases: []string{"host-label"}, EnvVars: env("HOST"), Usage: "host label (default: hostname)"},
 		&cli.StringFlag{Name: "vtep-ip", EnvVars: env("VTEP_IP"), Usage: "underlay address for VXLAN (default: first IPv4 address of a non-loopback link)"},

@@ -4,6 +4,8 @@
 package main
 
 import (
+	"github.com/contivbpf/contivbpf/pkg/buildinfo"
+
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,9 +15,10 @@ import (
 
 func main() {
 	app := &cli.App{
-		Name:  "netplugin",
-		Usage: "Contiv-compatible host agent with an eBPF dataplane",
-		Flags: flags(),
+		Name:    "netplugin",
+		Usage:   "Contiv-compatible host agent with an eBPF dataplane",
+		Version: buildinfo.Get().String(),
+		Flags:   flags(),
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {

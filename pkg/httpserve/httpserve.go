@@ -1,12 +1,15 @@
 // Package httpserve owns how our HTTP APIs face careless and hostile clients: server
 // timeouts, header limits, and a connection cap that sheds the connections doing nothing
-// useful (no complete request yet, or idle keep-alive) instead of letting a flood of slow
-// clients hold every file descriptor. netmaster's REST API and netplugin's local API
+// useful (no complete request yet, idle keep-alive, or a request body still trickling in
+// after a grace period) instead of letting a flood of slow clients hold every file
+// descriptor. netmaster's REST API and netplugin's local API
 // both serve through it.
 package httpserve
 
 import (
+	"bytes"
 	"container/list"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -35,6 +38,12 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes defaults to 64 KiB.
 	MaxHeaderBytes int
+	// BodyBytes is how much of a request body is read before the handler runs (default
+	// 1 MiB; the handler reads any rest itself and applies its own limit).
+	BodyBytes int64
+	// SlowBodyGrace is how long a request body may take to arrive before, at the cap, its
+	// connection may be shed like an idle one (default 1 s).
+	SlowBodyGrace time.Duration
 	// Logger receives shedding reports (rate-limited); default slog.Default().
 	Logger *slog.Logger
 }
@@ -95,9 +104,17 @@ func New(h http.Handler, l Limits) *Server {
 	if l.Logger == nil {
 		l.Logger = slog.Default()
 	}
-	s := &Server{limits: l, conns: map[net.Conn]*list.Element{}, idle: list.New()}
+	if l.BodyBytes <= 0 {
+		l.BodyBytes = 1 << 20
+	}
+	if l.SlowBodyGrace <= 0 {
+		l.SlowBodyGrace = time.Second
+	}
+	s := &Server{limits: l, conns: map[net.Conn]*list.Element{}, idle: list.New(),
+		reading: map[net.Conn]*list.Element{}, readingList: list.New()}
 	s.HTTP = &http.Server{
-		Handler:           CleanPaths(h),
+		Handler:           CleanPaths(s.bodyFirst(h)),
+		ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
 		WriteTimeout:      l.WriteTimeout,
@@ -154,11 +171,66 @@ type Server struct {
 	HTTP   *http.Server
 	limits Limits
 
-	mu      sync.Mutex
-	conns   map[net.Conn]*list.Element // every open connection; element non-nil while sheddable
-	idle    *list.List                 // sheddable connections (new or idle), oldest first
-	shed    uint64
-	lastLog time.Time
+	mu    sync.Mutex
+	conns map[net.Conn]*list.Element // every open connection; element non-nil while sheddable
+	idle  *list.List                 // sheddable connections (new or idle), oldest first
+	// reading holds the connections whose request body is being read before the handler
+	// runs, oldest first (values are *bodyRead).
+	reading     map[net.Conn]*list.Element
+	readingList *list.List
+	shed        uint64
+	lastLog     time.Time
+}
+
+// connKey is the context key of a request's connection.
+type connKey struct{}
+
+type bodyRead struct {
+	c     net.Conn
+	since time.Time
+}
+
+// bodyFirst reads up to BodyBytes of the request body before calling h, with the
+// connection marked as reading: a client trickling its body can then be shed at the cap
+// (after SlowBodyGrace) and its handler never runs. h gets the bytes read followed by
+// whatever is left.
+func (s *Server) bodyFirst(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _ := r.Context().Value(connKey{}).(net.Conn)
+		if r.Body == nil || r.Body == http.NoBody || c == nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		s.mu.Lock()
+		if _, open := s.conns[c]; !open {
+			s.mu.Unlock()
+			return // already shed
+		}
+		s.reading[c] = s.readingList.PushBack(&bodyRead{c: c, since: time.Now()})
+		s.mu.Unlock()
+		var buf bytes.Buffer
+		_, err := io.Copy(&buf, io.LimitReader(r.Body, s.limits.BodyBytes+1))
+		s.mu.Lock()
+		el, stillReading := s.reading[c]
+		if stillReading {
+			s.readingList.Remove(el)
+			delete(s.reading, c)
+		}
+		s.mu.Unlock()
+		if err != nil || !stillReading {
+			// Shed, timed out or gone: nobody is listening for an answer.
+			if err == nil {
+				err = net.ErrClosed
+			}
+			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(&buf, r.Body), r.Body}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Serve accepts on ln until Shutdown/Close.
@@ -204,15 +276,19 @@ func (s *Server) admit(c net.Conn) bool {
 	s.mu.Lock()
 	var victim net.Conn
 	if len(s.conns) >= s.limits.MaxConns {
-		front := s.idle.Front()
-		if front == nil {
+		if front := s.idle.Front(); front != nil {
+			victim = front.Value.(net.Conn)
+			s.idle.Remove(front)
+		} else if front := s.readingList.Front(); front != nil && time.Since(front.Value.(*bodyRead).since) > s.limits.SlowBodyGrace {
+			victim = front.Value.(*bodyRead).c
+			s.readingList.Remove(front)
+			delete(s.reading, victim)
+		} else {
 			s.shed++
 			s.noteShedLocked()
 			s.mu.Unlock()
 			return false
 		}
-		victim = front.Value.(net.Conn)
-		s.idle.Remove(front)
 		delete(s.conns, victim)
 		s.shed++
 		s.noteShedLocked()
@@ -228,7 +304,7 @@ func (s *Server) admit(c net.Conn) bool {
 func (s *Server) noteShedLocked() {
 	if time.Since(s.lastLog) > 10*time.Second {
 		s.lastLog = time.Now()
-		s.limits.Logger.Warn("connection cap reached: closing connections that sent no request",
+		s.limits.Logger.Warn("connection cap reached: closing connections that sent no request or trickle a body",
 			"max_conns", s.limits.MaxConns, "shed_total", s.shed)
 	}
 }
@@ -255,6 +331,10 @@ func (s *Server) connState(c net.Conn, st http.ConnState) {
 				s.idle.Remove(el)
 			}
 			delete(s.conns, c)
+		}
+		if el, ok := s.reading[c]; ok {
+			s.readingList.Remove(el)
+			delete(s.reading, c)
 		}
 	}
 }

@@ -1,11 +1,13 @@
 package httpserve
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -132,5 +134,71 @@ func TestCleanPaths(t *testing.T) {
 		if !strings.Contains(line, " "+strconv.Itoa(want)+" ") {
 			t.Errorf("%s: %s, want %d", path, line, want)
 		}
+	}
+}
+
+// TestSlowBodiesAreShed: clients that send complete headers and then trickle their body
+// fill the cap; past SlowBodyGrace they are shed for a new client, their handlers never
+// run, and a body that arrives in time reaches the handler whole.
+func TestSlowBodiesAreShed(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})
+	s := New(h, Limits{MaxConns: 8, SlowBodyGrace: 200 * time.Millisecond, BodyBytes: 16})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.HTTP.Close()
+	addr := ln.Addr().String()
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 8; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+		slow = append(slow, c)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s.mu.Lock()
+		n := s.readingList.Len()
+		s.mu.Unlock()
+		if n == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d slow bodies registered, want 8", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // past the grace
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	long := strings.Repeat("y", 40) // longer than BodyBytes: the rest follows the buffered part
+	resp, err := hc.Post("http://"+addr+"/x", "application/json", strings.NewReader(long))
+	if err != nil {
+		t.Fatalf("client kept out by slow bodies: %v", err)
+	}
+	resp.Body.Close()
+	if s.Shed() == 0 {
+		t.Fatal("no slow-body connection was shed")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 1 || bodies[0] != long {
+		t.Fatalf("handler saw bodies %q, want only the real client's", bodies)
 	}
 }

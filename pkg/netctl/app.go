@@ -88,7 +88,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, build Bui
 		}
 		fmt.Fprintf(stderr, "Error: no such command %q (see '%s --help')\n", name, help)
 	}
-	err := app.RunContext(ctx, ReorderArgs(app, args))
+	if len(args) < 2 || args[1] != "__complete" { // completion sees the words as typed
+		args = ReorderArgs(app, args)
+	}
+	err := app.RunContext(ctx, args)
 	if err == nil {
 		if notFound {
 			return ExitUsage
@@ -137,7 +140,7 @@ func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
 			&cli.StringFlag{Name: "token", EnvVars: []string{"CONTIV_TOKEN"}, Usage: "bearer `TOKEN` for netmaster's --auth-tokens"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, EnvVars: []string{"CONTIV_TIMEOUT"}, Usage: "give up on a request after this long"},
 		},
-		Commands:       commands(build),
+		Commands:       append(commands(build), completionCommand(), completeCommand()),
 		ExitErrHandler: func(*cli.Context, error) {}, // Run maps errors to exit codes
 		OnUsageError:   onUsageError,
 	}

@@ -34,8 +34,8 @@ const (
 const slowDialerArg = "__slow-dialer"
 
 // cpSlowConnsStage measures netmaster's create latency while slowConns connections from
-// child processes stall it (half send nothing, half send part of a request header and
-// stop), beside the same latency without them. netmaster runs on its embedded etcd in netns
+// child processes stall it (a third send nothing, a third stop inside a request header,
+// a third inside a request body), beside the same latency without them. netmaster runs on its embedded etcd in netns
 // ns with this machine's open-file limit, so past its connection cap (limit - 1,024) it
 // sheds the oldest stalled connections. Goal: every create answered within 1 s.
 func cpSlowConnsStage(ctx context.Context, cfg config, ns, dir string, w io.Writer, r *report) error {
@@ -204,7 +204,8 @@ func (k *slowKid) stop() {
 }
 
 // slowDialer is the child's main: args are netns, address and count. It opens count
-// connections inside netns (odd ones send part of a request header), prints
+// connections inside netns (a third send part of a request header, a third headers and
+// part of a body), prints
 // "opened <ok> <failed> <first error>", answers each "check" line on stdin with
 // "held <n>" (connections the server has not closed), and exits when stdin closes.
 func slowDialer(args []string) int {
@@ -235,8 +236,11 @@ func slowDialer(args []string) int {
 					firstErr.CompareAndSwap(nil, err.Error())
 					continue
 				}
-				if i%2 == 1 {
+				switch i % 3 {
+				case 1: // stops inside the headers
 					_, _ = c.Write([]byte("POST /api/v1/networks/default:x/ HTTP/1.1\r\nHost: netmaster\r\nContent-Type: appl"))
+				case 2: // stops inside the body
+					_, _ = c.Write([]byte("POST /api/v1/networks/default:x/ HTTP/1.1\r\nHost: netmaster\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"tenantName\":"))
 				}
 				conns[i] = c
 			}
