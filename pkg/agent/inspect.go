@@ -6,13 +6,48 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
+
+// lister is a dataplane that decodes its tables (the eBPF driver).
+type lister interface {
+	Listing(kind string, limit int) (dataplane.Listing, error)
+}
+
+func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
+	l, ok := a.cfg.Driver.(lister)
+	if !ok {
+		http.Error(w, "decoded listings need the eBPF dataplane; on OVS use ovs-ofctl dump-flows and ovs-appctl dpctl/dump-conntrack (docs/ovs.md)", http.StatusNotImplemented)
+		return
+	}
+	limit := 0
+	if s := req.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 1_000_000 {
+			http.Error(w, fmt.Sprintf("limit: %q is not a number of rows from 1 to 1000000", s), http.StatusBadRequest)
+			return
+		}
+		limit = n
+	}
+	out, err := l.Listing(mux.Vars(req)["kind"], limit)
+	if err != nil {
+		code := http.StatusInternalServerError
+		if strings.HasPrefix(err.Error(), "unknown table") {
+			code = http.StatusNotFound
+		}
+		http.Error(w, err.Error(), code)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
 
 // Handler serves netplugin's local REST API (Contiv's :9090) and /metrics:
 //
@@ -20,6 +55,8 @@ import (
 //	GET /inspect/endpoints  {"local": [...], "remote": [...], "records": [oper records]}
 //	GET /inspect/peers      VXLAN peers
 //	GET /inspect/driver     the driver's Status (attachments, map/flow contents, counters)
+//	GET /inspect/bpf/{kind} one datapath table decoded (endpoints, networks, peers, ct,
+//	                        services, policy, counters; ?limit=N caps ct rows)
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
 //	GET /svcstats           services and the driver's counters
 //	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise;
@@ -52,6 +89,7 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, st)
 	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/bpf/{kind}", a.listing).Methods(http.MethodGet)
 	r.HandleFunc("/svcstats", func(w http.ResponseWriter, req *http.Request) {
 		out := map[string]any{"services": a.Inspect().Services}
 		if st, err := a.DriverStatus(req.Context()); err == nil {

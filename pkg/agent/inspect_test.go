@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 )
 
 // TestInspectJSON checks the inspect API's shape: lowerCamel names, MACs and addresses as
@@ -78,6 +80,25 @@ func TestDebugRoutesNeedToken(t *testing.T) {
 		a.reclaimEndpoint(rec, req)
 		if rec.Code != c.want {
 			t.Errorf("token %q sent %q: %d %s, want %d", c.token, c.sent, rec.Code, rec.Body, c.want)
+		}
+	}
+}
+
+// TestListingNeedsEBPF: decoded tables come from the eBPF driver; on OVS the route says
+// what to use instead (501), and a bad limit is refused before any map is read.
+func TestListingNeedsEBPF(t *testing.T) {
+	a := &Agent{cfg: Config{Driver: &ovs.Driver{}}}
+	rec := httptest.NewRecorder()
+	a.listing(rec, httptest.NewRequest(http.MethodGet, "/inspect/bpf/ct", nil))
+	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "ovs-ofctl dump-flows") {
+		t.Errorf("OVS listing: %d %s", rec.Code, rec.Body)
+	}
+	e := &Agent{cfg: Config{Driver: &ebpf.Driver{}}}
+	for _, q := range []string{"0", "x", "1000001"} {
+		rec := httptest.NewRecorder()
+		e.listing(rec, httptest.NewRequest(http.MethodGet, "/inspect/bpf/ct?limit="+q, nil))
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "limit") {
+			t.Errorf("limit %q: %d %s", q, rec.Code, rec.Body)
 		}
 	}
 }

@@ -194,6 +194,16 @@ type Status struct {
 	Counters    map[string]any `json:"counters,omitempty"`
 }
 
+// Listing is one datapath table decoded for operators (netplugin's /inspect/bpf/<kind>,
+// `netctl bpf <kind>`): addresses, ports, protocols, actions and names instead of raw map
+// bytes. Truncated counts rows left out by a limit.
+type Listing struct {
+	Kind      string     `json:"kind"`
+	Columns   []string   `json:"columns"`
+	Rows      [][]string `json:"rows"`
+	Truncated int        `json:"truncated,omitempty"`
+}
+
 // Attachment is one program or port the driver owns.
 type Attachment struct {
 	Interface string `json:"interface"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -183,6 +184,23 @@ func TestTwoHosts(t *testing.T) {
 	if len(eps.Local) != 2 || len(eps.Remote) != 1 || eps.Remote[0].VTEP != h2.IP.String() {
 		t.Fatalf("h1 endpoints = %+v", eps)
 	}
+	// The operator's view of the same tables: netctl bpf through h1's netplugin.
+	netctl := filepath.Join(bin, "netctl")
+	out, err := Exec(ctx, h1.Name, netctl, "bpf", "endpoints", "--agent", "http://"+h1.Inspect)
+	if err != nil {
+		t.Fatalf("netctl bpf endpoints: %v\n%s", err, out)
+	}
+	for _, want := range []string{"NETWORK", "test-net.default", b.IP.Addr().String(), "vtep " + h2.IP.String() + " (" + h2.Name + ")", "local "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("netctl bpf endpoints lacks %q:\n%s", want, out)
+		}
+	}
+	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "counters", "-j", "--agent", "http://"+h1.Inspect); err != nil || !strings.Contains(out, `"fwd_tunnel"`) {
+		t.Errorf("netctl bpf counters -j: %v\n%s", err, out)
+	}
+	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "peers", "--agent", "http://127.0.0.1:1"); err == nil || !strings.Contains(out, "cannot reach netplugin") {
+		t.Errorf("netctl bpf against no agent: %v\n%s", err, out)
+	}
 
 	// Crash h1's agent: traffic keeps flowing without it; a restarted agent restores.
 	c.KillPlugin(h1)
@@ -250,7 +268,7 @@ func TestTwoHosts(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	out, _ := run(ctx, "ip", "netns", "list")
+	out, _ = run(ctx, "ip", "netns", "list")
 	if strings.Contains(out, c.Prefix) {
 		t.Errorf("namespaces left after Close: %s", out)
 	}

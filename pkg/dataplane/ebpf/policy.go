@@ -43,13 +43,32 @@ func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error 
 
 // compileRules turns a rule set into the two per-direction map values.
 func compileRules(p dataplane.PolicySet) (egress, ingress []contivbpfCbRule, err error) {
+	eg, in, err := compileRuleSet(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	strip := func(rs []rankedRule) []contivbpfCbRule {
+		out := make([]contivbpfCbRule, len(rs))
+		for i := range rs {
+			out[i] = rs[i].r
+		}
+		return out
+	}
+	return strip(eg), strip(in), nil
+}
+
+// rankedRule is a compiled rule with the id of the rule it came from.
+type rankedRule struct {
+	r  contivbpfCbRule
+	id string
+}
+
+// compileRuleSet is compileRules keeping each entry's rule id (in map order).
+func compileRuleSet(p dataplane.PolicySet) (egress, ingress []rankedRule, err error) {
 	if p.EPGID == 0 {
 		return nil, nil, fmt.Errorf("policy: epgID is 0")
 	}
-	type ranked struct {
-		r  contivbpfCbRule
-		id string
-	}
+	type ranked = rankedRule
 	var eg, in []ranked
 	for _, r := range p.Rules {
 		if r.Priority < 1 || r.Priority > 100 {
@@ -88,7 +107,7 @@ func compileRules(p dataplane.PolicySet) (egress, ingress []contivbpfCbRule, err
 			eg = append(eg, ranked{c, r.ID})
 		}
 	}
-	sorted := func(rs []ranked, dir string) ([]contivbpfCbRule, error) {
+	sorted := func(rs []ranked, dir string) ([]ranked, error) {
 		if len(rs) > MaxRules {
 			return nil, fmt.Errorf("policy %d: %d %s rules, at most %d", p.EPGID, len(rs), dir, MaxRules)
 		}
@@ -98,11 +117,7 @@ func compileRules(p dataplane.PolicySet) (egress, ingress []contivbpfCbRule, err
 			}
 			return rs[i].id < rs[j].id
 		})
-		out := make([]contivbpfCbRule, len(rs))
-		for i := range rs {
-			out[i] = rs[i].r
-		}
-		return out, nil
+		return rs, nil
 	}
 	if egress, err = sorted(eg, "egress"); err != nil {
 		return nil, nil, err

@@ -1,0 +1,412 @@
+package ebpf
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// ListingKinds are the tables Listing decodes.
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters"}
+
+// listNames is what the driver knows about the names behind map keys, copied under the
+// driver lock so that reading the maps (which can be large) does not hold it.
+type listNames struct {
+	netByKey map[uint32]string // cb_networks key → network id
+	zoneOf   map[uint32]string // routing domain → tenant
+	epByKey  map[contivbpfCbEpKey]string
+	ifName   map[uint32]string // ifindex → host interface
+	hostOf   map[netip.Addr]string
+	svcByID  map[uint32]string
+	policies map[uint16]dataplane.PolicySet
+	failed   map[uint16]string
+	epoch    uint32
+	mapFull  map[string]uint64
+}
+
+func (d *Driver) names() (listNames, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return listNames{}, err
+	}
+	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
+		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
+		policies: map[uint16]dataplane.PolicySet{}, failed: map[uint16]string{}, epoch: d.epoch, mapFull: map[string]uint64{}}
+	for id, r := range d.networks {
+		n.netByKey[r.key] = id
+		if _, tenant, ok := strings.Cut(id, "."); ok {
+			n.zoneOf[r.vrf] = tenant
+		}
+	}
+	for _, r := range d.endpoints {
+		n.epByKey[r.key] = r.id
+		n.ifName[uint32(r.ifindex)] = r.hostIf
+	}
+	for _, r := range d.remotes {
+		n.epByKey[r.key] = r.ep.ID
+	}
+	for host, vtep := range d.peers {
+		n.hostOf[vtep] = host
+	}
+	for id, r := range d.services {
+		n.svcByID[r.id] = id
+	}
+	for epg, p := range d.policies {
+		n.policies[epg] = p
+	}
+	for epg, err := range d.failed {
+		n.failed[epg] = err.Error()
+	}
+	for k, v := range d.mapFull {
+		n.mapFull[k] = v
+	}
+	return n, nil
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 0:
+		return "any"
+	case 1:
+		return "icmp"
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+func (n listNames) network(key uint32) string {
+	if id, ok := n.netByKey[key]; ok {
+		return id
+	}
+	return fmt.Sprintf("#%d", key)
+}
+
+func (n listNames) zone(z uint32) string {
+	if t, ok := n.zoneOf[z]; ok {
+		return fmt.Sprintf("%d (%s)", z, t)
+	}
+	return strconv.Itoa(int(z))
+}
+
+// Listing decodes one of ListingKinds from the live maps. limit caps the rows of the
+// conntrack listing (0: 1,000); other tables are bounded by the state they mirror.
+func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
+	n, err := d.names()
+	if err != nil {
+		return dataplane.Listing{}, err
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	l := dataplane.Listing{Kind: kind}
+	switch kind {
+	case "endpoints":
+		err = d.listEndpoints(n, &l)
+	case "networks":
+		err = d.listNetworks(n, &l)
+	case "peers":
+		err = d.listPeers(n, &l)
+	case "ct":
+		err = d.listCT(n, &l, limit)
+	case "services":
+		err = d.listServices(n, &l)
+	case "policy":
+		err = d.listPolicy(n, &l)
+	case "counters":
+		err = d.listCounters(n, &l)
+	default:
+		return l, fmt.Errorf("unknown table %q: want one of %s", kind, strings.Join(ListingKinds, ", "))
+	}
+	return l, err
+}
+
+func sortRows(rows [][]string) {
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		for k := range a {
+			if a[k] != b[k] {
+				return a[k] < b[k]
+			}
+		}
+		return false
+	})
+}
+
+func (d *Driver) listEndpoints(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"NETWORK", "IP", "MAC", "EPG", "WHERE", "ENDPOINT"}
+	var k contivbpfCbEpKey
+	var v contivbpfCbEndpoint
+	it := d.objs.CbEndpoints.Iterate()
+	for it.Next(&k, &v) {
+		where := ""
+		if v.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
+			where = "local " + n.ifName[v.Ifindex]
+			if n.ifName[v.Ifindex] == "" {
+				where = fmt.Sprintf("local ifindex %d", v.Ifindex)
+			}
+		} else {
+			vtep := addrFrom(v.Vtep)
+			where = "vtep " + vtep.String()
+			if h := n.hostOf[vtep]; h != "" {
+				where += " (" + h + ")"
+			}
+		}
+		l.Rows = append(l.Rows, []string{n.network(k.Net), addrFrom(k.Ip).String(), macOf(v.Mac), strconv.Itoa(int(v.Epg)), where, n.epByKey[k]})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbEndpoints)
+}
+
+func (d *Driver) listNetworks(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"NETWORK", "KEY", "ZONE", "ENCAP", "TAG", "SUBNET", "GATEWAY", "MTU"}
+	var k uint32
+	var v contivbpfCbNetwork
+	it := d.objs.CbNetworks.Iterate()
+	for it.Next(&k, &v) {
+		encap, gw := "vxlan", ""
+		if v.Encap == uint8(contivbpfCbEncapCB_ENCAP_VLAN) {
+			encap = "vlan"
+		}
+		if v.Gateway != 0 {
+			gw = addrFrom(v.Gateway).String()
+		}
+		l.Rows = append(l.Rows, []string{n.network(k), strconv.Itoa(int(k)), n.zone(v.Vrf), encap, strconv.Itoa(int(v.Tag)),
+			fmt.Sprintf("%v/%d", addrFrom(v.Subnet), maskBits(v.Mask)), gw, strconv.Itoa(int(v.Mtu))})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbNetworks)
+}
+
+func (d *Driver) listPeers(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"VTEP", "HOST"}
+	var k uint32
+	var v contivbpfCbPeer
+	it := d.objs.CbPeers.Iterate()
+	for it.Next(&k, &v) {
+		a := addrFrom(k)
+		l.Rows = append(l.Rows, []string{a.String(), n.hostOf[a]})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbPeers)
+}
+
+func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
+	l.Columns = []string{"ZONE", "PROTO", "SOURCE", "DESTINATION", "STATE", "FLAGS", "NAT", "SERVICE", "EXPIRES"}
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	var k contivbpfCbCtKey
+	var v contivbpfCbCtEntry
+	it := d.objs.CbCt.Iterate()
+	for it.Next(&k, &v) {
+		if len(l.Rows) >= limit {
+			l.Truncated++
+			continue
+		}
+		ep := func(ip uint32, port uint16) string {
+			a := addrFrom(ip).String()
+			if k.Proto == 6 || k.Proto == 17 {
+				return a + ":" + strconv.Itoa(int(hport(port)))
+			}
+			return a
+		}
+		state := map[uint8]string{uint8(contivbpfCbCtStateCB_CTS_NEW): "new", uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED): "established",
+			uint8(contivbpfCbCtStateCB_CTS_CLOSING): "closing"}[v.State]
+		if state == "" {
+			state = strconv.Itoa(int(v.State))
+		}
+		var flags []string
+		for _, f := range []struct {
+			bit  contivbpfCbCtFlags
+			name string
+		}{{contivbpfCbCtFlagsCB_CT_ALLOWED, "allowed"}, {contivbpfCbCtFlagsCB_CT_SVC, "service"}, {contivbpfCbCtFlagsCB_CT_DNAT, "dnat"}, {contivbpfCbCtFlagsCB_CT_HAIRPIN, "hairpin"}} {
+			if v.Flags&uint8(f.bit) != 0 {
+				flags = append(flags, f.name)
+			}
+		}
+		if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED|contivbpfCbCtFlagsCB_CT_SVC) == 0 {
+			flags = append([]string{"denied"}, flags...) // a policy verdict; service entries carry none
+		}
+		if v.Epoch != n.epoch && v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) != 0 {
+			flags = append(flags, "stale-epoch")
+		}
+		nat := ""
+		if v.NatIp != 0 {
+			nat = ep(v.NatIp, v.NatPort)
+			if v.NatNet != 0 {
+				nat += " on " + n.network(v.NatNet)
+			}
+		}
+		svc := ""
+		if v.SvcId != 0 {
+			svc = n.svcByID[v.SvcId]
+			if svc == "" {
+				svc = fmt.Sprintf("#%d", v.SvcId)
+			}
+		}
+		expires := "expired"
+		if v.Expires > now {
+			expires = (time.Duration(v.Expires-now) / time.Second * time.Second).String()
+		}
+		l.Rows = append(l.Rows, []string{n.zone(k.Zone), protoName(k.Proto), ep(k.Saddr, k.Sport), ep(k.Daddr, k.Dport),
+			state, strings.Join(flags, ","), nat, svc, expires})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbCt)
+}
+
+func (d *Driver) listServices(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"SERVICE", "ZONE", "FRONTEND", "TARGET PORT", "BACKENDS"}
+	backends := map[uint32][]string{}
+	var bk contivbpfCbBackendKey
+	var bv contivbpfCbBackend
+	it := d.objs.CbBackends.Iterate()
+	type slot struct {
+		i  uint32
+		ip string
+	}
+	bySvc := map[uint32][]slot{}
+	for it.Next(&bk, &bv) {
+		bySvc[bk.SvcId] = append(bySvc[bk.SvcId], slot{bk.Index, addrFrom(bv.Ip).String()})
+	}
+	if err := iterErr(it.Err(), contivbpfMapCbBackends); err != nil {
+		return err
+	}
+	for id, ss := range bySvc {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].i < ss[j].i })
+		for _, s := range ss {
+			backends[id] = append(backends[id], s.ip)
+		}
+	}
+	var k contivbpfCbSvcKey
+	var v contivbpfCbSvc
+	it = d.objs.CbServices.Iterate()
+	for it.Next(&k, &v) {
+		name := n.svcByID[v.Id]
+		if name == "" {
+			name = fmt.Sprintf("#%d", v.Id)
+		}
+		b := backends[v.Id]
+		if len(b) > int(v.Count) {
+			b = b[:v.Count]
+		}
+		l.Rows = append(l.Rows, []string{name, n.zone(k.Zone), fmt.Sprintf("%v:%d/%s", addrFrom(k.Vip), hport(k.Port), protoName(k.Proto)),
+			strconv.Itoa(int(hport(v.TargetPort))), strings.Join(b, " ")})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbServices)
+}
+
+func (d *Driver) listPolicy(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "FLAGS"}
+	var k contivbpfCbPolKey
+	var v contivbpfCbPolicy
+	it := d.objs.CbPolicies.Iterate()
+	type row struct {
+		epg uint16
+		dir uint8
+		i   int
+		r   []string
+	}
+	var rows []row
+	for it.Next(&k, &v) {
+		var want []rankedRule
+		if p, ok := n.policies[k.Epg]; ok {
+			if eg, in, err := compileRuleSet(p); err == nil {
+				want = eg
+				if k.Dir == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
+					want = in
+				}
+			}
+		}
+		dir := "egress"
+		if k.Dir == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
+			dir = "ingress"
+		}
+		for i := 0; i < int(v.Count) && i < len(v.Rules); i++ {
+			r := v.Rules[i]
+			id := "(not in the agent's state)"
+			if i < len(want) && want[i].r == r {
+				id = want[i].id
+			}
+			action := map[uint8]string{uint8(contivbpfCbRuleActionCB_ACT_ALLOW): "allow", uint8(contivbpfCbRuleActionCB_ACT_DENY): "deny"}[r.Action]
+			port := "any"
+			if r.Port != 0 {
+				port = strconv.Itoa(int(hport(r.Port)))
+			}
+			var remote []string
+			if r.RemoteMask != 0 || r.RemoteIp != 0 {
+				remote = append(remote, fmt.Sprintf("%v/%d", addrFrom(r.RemoteIp), maskBits(r.RemoteMask)))
+			}
+			if r.RemoteEpg != 0 {
+				remote = append(remote, fmt.Sprintf("epg %d", r.RemoteEpg))
+			}
+			if len(remote) == 0 {
+				remote = []string{"any"}
+			}
+			flags := ""
+			if r.Flags&1 != 0 {
+				flags = "syn-only"
+			}
+			rows = append(rows, row{k.Epg, k.Dir, i, []string{strconv.Itoa(int(k.Epg)), dir, strconv.Itoa(i + 1), id,
+				action + " (prio " + strconv.Itoa(int(r.Prio)/2) + ")", protoName(r.Proto), port, strings.Join(remote, " "), flags}})
+		}
+	}
+	if err := iterErr(it.Err(), contivbpfMapCbPolicies); err != nil {
+		return err
+	}
+	for epg, why := range n.failed {
+		rows = append(rows, row{epg, 2, 0, []string{strconv.Itoa(int(epg)), "both", "-", "(failed closed: " + why + ")", "deny", "any", "any", "any", ""}})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if a.epg != b.epg {
+			return a.epg < b.epg
+		}
+		if a.dir != b.dir {
+			return a.dir > b.dir // ingress first
+		}
+		return a.i < b.i
+	})
+	for _, r := range rows {
+		l.Rows = append(l.Rows, r.r)
+	}
+	return nil
+}
+
+func (d *Driver) listCounters(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"COUNTER", "KIND", "PACKETS", "BYTES"}
+	reasons, err := readReasons(d.objs.CbReasons)
+	if err != nil {
+		return err
+	}
+	for r, c := range reasons {
+		kind := "verdict"
+		if r.IsDrop() {
+			kind = "drop"
+		}
+		l.Rows = append(l.Rows, []string{r.String(), kind, strconv.FormatUint(c.Packets, 10), strconv.FormatUint(c.Bytes, 10)})
+	}
+	for m, c := range n.mapFull {
+		l.Rows = append(l.Rows, []string{"map_full " + m, "insert failed", strconv.FormatUint(c, 10), ""})
+	}
+	sortRows(l.Rows)
+	return nil
+}
+
+func iterErr(err error, mapName string) error {
+	if err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", mapName, err)
+	}
+	return nil
+}

@@ -1,0 +1,121 @@
+package netctl
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// DefaultAgent is netplugin's local inspect API (its --inspect-listen default).
+const DefaultAgent = "http://127.0.0.1:9090"
+
+// bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf ListingKinds).
+var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters"}
+
+// listing is netplugin's /inspect/bpf/<kind> answer.
+type listing struct {
+	Kind      string     `json:"kind"`
+	Columns   []string   `json:"columns"`
+	Rows      [][]string `json:"rows"`
+	Truncated int        `json:"truncated,omitempty"`
+}
+
+// bpfCommand is `netctl bpf <table>`: one datapath table of a host, decoded by its
+// netplugin (addresses, ports, protocols, actions, rule ids and names).
+func bpfCommand() *cli.Command {
+	var subs []*cli.Command
+	for _, kind := range bpfKinds {
+		flags := []cli.Flag{
+			&cli.StringFlag{Name: "agent", Aliases: []string{"host"}, Value: DefaultAgent, EnvVars: []string{"CONTIV_AGENT"},
+				Usage: "`URL` of the host's netplugin inspect API (its --inspect-listen)"},
+			jsonFlag(),
+		}
+		if kind == "ct" {
+			flags = append(flags, &cli.IntFlag{Name: "limit", Value: 1000, Usage: "at most this many entries"})
+		}
+		subs = append(subs, &cli.Command{Name: kind, Usage: "Decoded " + kind + " table of a host's datapath", ArgsUsage: " ",
+			Flags: flags, Action: bpfList(kind)})
+	}
+	return &cli.Command{Name: "bpf", Usage: "Decoded eBPF datapath tables of a host (from its netplugin)", Subcommands: subs}
+}
+
+func bpfList(kind string) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.NArg() != 0 {
+			return usageErr(c, "%s", "More arguments than required")
+		}
+		base := strings.TrimSuffix(c.String("agent"), "/")
+		if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
+			return usageErr(c, "--agent %q must start with http:// or https://", base)
+		}
+		u := base + "/inspect/bpf/" + kind
+		if kind == "ct" {
+			if c.Int("limit") < 1 {
+				return usageErr(c, "--limit %d must be at least 1", c.Int("limit"))
+			}
+			u += "?limit=" + url.QueryEscape(strconv.Itoa(c.Int("limit")))
+		}
+		l, err := fetchListing(c.Context, &http.Client{Timeout: c.Duration("timeout")}, u)
+		if err != nil {
+			return err
+		}
+		if c.Bool("json") {
+			e := &env{c: c, ctx: c.Context, out: c.App.Writer}
+			return e.dumpJSON(l)
+		}
+		return writeListing(c.App.Writer, l)
+	}
+}
+
+func fetchListing(ctx context.Context, hc *http.Client, u string) (listing, error) {
+	var l listing
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return l, &exitError{code: ExitUsage, msg: err.Error()}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return l, &exitError{code: ExitAPI, msg: fmt.Sprintf("cannot reach netplugin at %s: %v", u, err)}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return l, &exitError{code: ExitAPI, msg: fmt.Sprintf("read %s: %v", u, err)}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return l, &exitError{code: ExitAPI, msg: fmt.Sprintf("netplugin at %s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))}
+	}
+	if err := json.Unmarshal(body, &l); err != nil {
+		return l, &exitError{code: ExitAPI, msg: fmt.Sprintf("netplugin at %s: bad listing: %v", u, err)}
+	}
+	return l, nil
+}
+
+func writeListing(w io.Writer, l listing) error {
+	tw := newTable(w, 2)
+	fmt.Fprintln(tw, strings.Join(l.Columns, "\t"))
+	seps := make([]string, len(l.Columns))
+	for i, c := range l.Columns {
+		seps[i] = strings.Repeat("-", len(c))
+	}
+	fmt.Fprintln(tw, strings.Join(seps, "\t"))
+	for _, r := range l.Rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return ioErr(err)
+	}
+	if l.Truncated > 0 {
+		if _, err := fmt.Fprintf(w, "(%d more entries not shown: raise --limit)\n", l.Truncated); err != nil {
+			return ioErr(err)
+		}
+	}
+	return nil
+}
