@@ -83,8 +83,31 @@ struct cb_event {
 	__be32 daddr;
 	__u16 ethertype;   /* host order */
 	__u8 proto;
-	__u8 pad;
+	__u8 rule_dir;     /* CB_DROP_POLICY by a rule: enum cb_pol_dir of that rule */
+	__u16 rule_epg;    /* ... the group whose rules held it (0: no rule recorded) */
+	__u16 pad;
+	__u32 rule_index;  /* ... its position in that group's rules of that direction */
+	__be16 sport;      /* TCP/UDP of a first (or only) fragment; 0 otherwise */
+	__be16 dport;
+	__u32 pad2;
 };
+
+/* The rule that denied the packet being processed: written by the policy stage while
+ * events are on, consumed by cb_emit_drop. Per CPU: a program runs to completion on one
+ * CPU, so the record read at the drop is the one of the same packet's judgement. */
+struct cb_verdict {
+	__u16 epg;
+	__u8 dir;
+	__u8 valid;
+	__u32 index;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_verdict);
+} cb_verdicts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -108,12 +131,32 @@ static __noinline void cb_emit_drop(struct __sk_buff *skb, __u32 r)
 	e->saddr = 0;
 	e->daddr = 0;
 	e->proto = 0;
+	e->rule_dir = 0;
+	e->rule_epg = 0;
 	e->pad = 0;
+	e->rule_index = 0;
+	e->sport = 0;
+	e->dport = 0;
+	e->pad2 = 0;
+	if (r == CB_DROP_POLICY) {
+		__u32 z = 0;
+		struct cb_verdict *v = bpf_map_lookup_elem(&cb_verdicts, &z);
+
+		if (v && v->valid) {
+			e->rule_epg = v->epg;
+			e->rule_dir = v->dir;
+			e->rule_index = v->index;
+			v->valid = 0;
+		}
+	}
 	if (skb->protocol == bpf_htons(ETH_P_IP) &&
 	    bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) == 0) {
 		e->saddr = ip.saddr;
 		e->daddr = ip.daddr;
 		e->proto = ip.protocol;
+		if ((ip.protocol == 6 || ip.protocol == 17) &&
+		    !(ip.frag_off & bpf_htons(0x1fff)))
+			bpf_skb_load_bytes(skb, ETH_HLEN + ip.ihl * 4, &e->sport, 4);
 	}
 	bpf_ringbuf_submit(e, 0);
 }

@@ -81,7 +81,7 @@ struct cb_match_ctx {
 	__be32 remote_ip;
 	int action;
 	__u16 prio;
-	__u16 pad;
+	__u16 index;  /* of the matching rule */
 };
 
 static long cb_rule_step(__u32 i, void *data)
@@ -106,19 +106,21 @@ static long cb_rule_step(__u32 i, void *data)
 		return 0;
 	c->prio = r->prio;
 	c->action = r->action;
+	c->index = i;
 	return 1;
 }
 
 /* cb_rules_match returns the action of the first (= highest priority) matching rule of a
- * non-NULL pol and its priority, or CB_ACT_NONE. remote_* describe the other end of the
- * flow. A global function: the verifier checks it once, not at every call site. */
+ * non-NULL pol and, in *prio_index, its priority (low 16 bits) and position (high 16), or
+ * CB_ACT_NONE. remote_* describe the other end of the flow. A global function: the
+ * verifier checks it once, not at every call site (and takes at most five arguments). */
 __noinline int cb_rules_match(const struct cb_policy *pol, const struct cb_flow *f,
-			      __u32 remote_epg, __u32 remote_ip, __u16 *prio)
+			      __u32 remote_epg, __u32 remote_ip, __u32 *prio_index)
 {
 	struct cb_match_ctx c = {};
 	__u32 n;
 
-	if (!pol || !f || !prio)
+	if (!pol || !f || !prio_index)
 		return CB_ACT_NONE;
 	n = pol->count;
 	if (n > CB_MAX_RULES)
@@ -129,25 +131,48 @@ __noinline int cb_rules_match(const struct cb_policy *pol, const struct cb_flow 
 	c.remote_ip = remote_ip;
 	c.action = CB_ACT_NONE;
 	bpf_loop(n, cb_rule_step, &c, 0);
-	*prio = c.prio;
+	*prio_index = (__u32)c.prio | ((__u32)c.index << 16);
 	return c.action;
+}
+
+/* cb_note_deny records, while events are on, which rule denied the packet (cb_verdicts). */
+CB_INLINE void cb_note_deny(__u16 epg, __u8 dir, __u32 prio_index)
+{
+	__u32 z = 0;
+	struct cb_verdict *v;
+
+	if (!(cb_features & CB_FEAT_EVENTS))
+		return;
+	v = bpf_map_lookup_elem(&cb_verdicts, &z);
+	if (v) {
+		v->epg = epg;
+		v->dir = dir;
+		v->index = prio_index >> 16;
+		v->valid = 1;
+	}
 }
 
 /* cb_policy_allows decides a new flow from src_epg to dst_epg. */
 CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_policy *in,
 			       const struct cb_flow *f, __u16 src_epg, __u16 dst_epg)
 {
-	__u16 pe = 0, pi = 0;
+	__u32 pe = 0, pi = 0;
 	int ae = CB_ACT_NONE, ai = CB_ACT_NONE;
 
 	if (eg)
 		ae = cb_rules_match(eg, f, dst_epg, f->daddr, &pe);
 	if (in)
 		ai = cb_rules_match(in, f, src_epg, f->saddr, &pi);
-	if (ae != CB_ACT_NONE && (ai == CB_ACT_NONE || pe >= pi))
+	if (ae != CB_ACT_NONE && (ai == CB_ACT_NONE || (__u16)pe >= (__u16)pi)) {
+		if (ae == CB_ACT_DENY)
+			cb_note_deny(src_epg, CB_DIR_EGRESS, pe);
 		return ae != CB_ACT_DENY;
-	if (ai != CB_ACT_NONE)
+	}
+	if (ai != CB_ACT_NONE) {
+		if (ai == CB_ACT_DENY)
+			cb_note_deny(dst_epg, CB_DIR_INGRESS, pi);
 		return ai != CB_ACT_DENY;
+	}
 	return 1;
 }
 

@@ -147,7 +147,13 @@ type contivbpfCbEvent struct {
 	Daddr     uint32
 	Ethertype uint16
 	Proto     uint8
-	Pad       uint8
+	RuleDir   uint8
+	RuleEpg   uint16
+	Pad       uint16
+	RuleIndex uint32
+	Sport     uint16
+	Dport     uint16
+	Pad2      uint32
 }
 
 type contivbpfCbFeatures uint32
@@ -342,6 +348,14 @@ type contivbpfCbSvcKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbVerdict struct {
+	_     structs.HostLayout
+	Epg   uint16
+	Dir   uint8
+	Valid uint8
+	Index uint32
+}
+
 type contivbpfCbVip struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -374,6 +388,7 @@ const (
 	contivbpfMapCbReasons          = "cb_reasons"
 	contivbpfMapCbRoutes           = "cb_routes"
 	contivbpfMapCbServices         = "cb_services"
+	contivbpfMapCbVerdicts         = "cb_verdicts"
 	contivbpfMapCbVips             = "cb_vips"
 	contivbpfProgCbFromContainer   = "cb_from_container"
 	contivbpfProgCbFromOverlay     = "cb_from_overlay"
@@ -462,6 +477,7 @@ type contivbpfMapSpecs struct {
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
 	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
 	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
+	CbVerdicts   *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
@@ -520,6 +536,7 @@ type contivbpfMaps struct {
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
 	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
 	CbServices   *ebpf.Map `ebpf:"cb_services"`
+	CbVerdicts   *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips       *ebpf.Map `ebpf:"cb_vips"`
 }
 
@@ -542,6 +559,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbReasons,
 		m.CbRoutes,
 		m.CbServices,
+		m.CbVerdicts,
 		m.CbVips,
 	)
 }

@@ -145,7 +145,13 @@ type contivbpfv1CbEvent struct {
 	Daddr     uint32
 	Ethertype uint16
 	Proto     uint8
-	Pad       uint8
+	RuleDir   uint8
+	RuleEpg   uint16
+	Pad       uint16
+	RuleIndex uint32
+	Sport     uint16
+	Dport     uint16
+	Pad2      uint32
 }
 
 type contivbpfv1CbFeatures uint32
@@ -336,6 +342,14 @@ type contivbpfv1CbSvcKey struct {
 	Pad   uint8
 }
 
+type contivbpfv1CbVerdict struct {
+	_     structs.HostLayout
+	Epg   uint16
+	Dir   uint8
+	Valid uint8
+	Index uint32
+}
+
 type contivbpfv1CbVip struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -368,6 +382,7 @@ const (
 	contivbpfv1MapCbReasons          = "cb_reasons"
 	contivbpfv1MapCbRoutes           = "cb_routes"
 	contivbpfv1MapCbServices         = "cb_services"
+	contivbpfv1MapCbVerdicts         = "cb_verdicts"
 	contivbpfv1MapCbVips             = "cb_vips"
 	contivbpfv1ProgCbFromContainer   = "cb_from_container"
 	contivbpfv1ProgCbFromOverlay     = "cb_from_overlay"
@@ -456,6 +471,7 @@ type contivbpfv1MapSpecs struct {
 	CbReasons   *ebpf.MapSpec `ebpf:"cb_reasons"`
 	CbRoutes    *ebpf.MapSpec `ebpf:"cb_routes"`
 	CbServices  *ebpf.MapSpec `ebpf:"cb_services"`
+	CbVerdicts  *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips      *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
@@ -514,6 +530,7 @@ type contivbpfv1Maps struct {
 	CbReasons   *ebpf.Map `ebpf:"cb_reasons"`
 	CbRoutes    *ebpf.Map `ebpf:"cb_routes"`
 	CbServices  *ebpf.Map `ebpf:"cb_services"`
+	CbVerdicts  *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips      *ebpf.Map `ebpf:"cb_vips"`
 }
 
@@ -536,6 +553,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbReasons,
 		m.CbRoutes,
 		m.CbServices,
+		m.CbVerdicts,
 		m.CbVips,
 	)
 }

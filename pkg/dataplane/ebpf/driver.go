@@ -59,7 +59,8 @@ type Driver struct {
 	remotes   map[string]remoteRec
 	peers     map[string]netip.Addr // host → VTEP
 	policies  map[uint16]dataplane.PolicySet
-	failed    map[uint16]error // groups whose rule set could not be installed: deny-all
+	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
+	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
 	epoch     uint32           // policy epoch (conntrack entries re-judged when it moves)
 	ctgc      *ctGC
 	ctgcEvery time.Duration
@@ -166,6 +167,7 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		remotes:   map[string]remoteRec{},
 		peers:     map[string]netip.Addr{},
 		policies:  map[uint16]dataplane.PolicySet{},
+		ruleIDs:   map[uint16]ruleIDs{},
 		failed:    map[uint16]error{},
 		services:  map[string]svcRec{},
 		mapFull:   map[string]uint64{},

@@ -21,11 +21,27 @@ type DropEvent struct {
 	Proto     uint8         `json:"proto,omitempty"`
 	Src       netip.Addr    `json:"src,omitzero"` // IPv4 packets only
 	Dst       netip.Addr    `json:"dst,omitzero"`
+	SrcPort   uint16        `json:"srcPort,omitempty"` // TCP/UDP, first or only fragment
+	DstPort   uint16        `json:"dstPort,omitempty"`
+	// A policy drop decided by a rule: the group whose rules held it, the direction
+	// ("ingress" or "egress"), the rule's position there and its id as the agent
+	// installed it (netmaster's policyRule id). RuleEPG 0: no rule (a group failed closed).
+	RuleEPG   uint16 `json:"ruleEPG,omitempty"`
+	RuleDir   string `json:"ruleDir,omitempty"`
+	RuleIndex uint32 `json:"ruleIndex,omitempty"`
+	Rule      string `json:"rule,omitempty"`
 }
 
 func (e DropEvent) String() string {
 	if e.Src.IsValid() {
-		return fmt.Sprintf("%s if=%d %v > %v proto %d len %d", e.Reason, e.Ifindex, e.Src, e.Dst, e.Proto, e.Len)
+		rule := ""
+		if e.RuleEPG != 0 {
+			rule = fmt.Sprintf(" rule %q (epg %d %s #%d)", e.Rule, e.RuleEPG, e.RuleDir, e.RuleIndex+1)
+		}
+		if e.SrcPort != 0 || e.DstPort != 0 {
+			return fmt.Sprintf("%s if=%d %v:%d > %v:%d proto %d len %d%s", e.Reason, e.Ifindex, e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto, e.Len, rule)
+		}
+		return fmt.Sprintf("%s if=%d %v > %v proto %d len %d%s", e.Reason, e.Ifindex, e.Src, e.Dst, e.Proto, e.Len, rule)
 	}
 	return fmt.Sprintf("%s if=%d ethertype %#04x len %d", e.Reason, e.Ifindex, e.EtherType, e.Len)
 }
@@ -82,6 +98,9 @@ func (d *Driver) DropEvents(ctx context.Context) (<-chan DropEvent, error) {
 			if !ok {
 				continue
 			}
+			if ev.RuleEPG != 0 {
+				ev.Rule = d.ruleID(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
+			}
 			select {
 			case ch <- ev:
 			case <-ctx.Done():
@@ -109,5 +128,58 @@ func decodeEvent(b []byte) (DropEvent, bool) {
 		e.Src = netip.AddrFrom4([4]byte(b[20:24]))
 		e.Dst = netip.AddrFrom4([4]byte(b[24:28]))
 	}
+	if len(b) >= 40 {
+		if e.RuleEPG = ne.Uint16(b[32:]); e.RuleEPG != 0 {
+			e.RuleDir = "egress"
+			if b[31] == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
+				e.RuleDir = "ingress"
+			}
+			e.RuleIndex = ne.Uint32(b[36:])
+		}
+	}
+	if len(b) >= 44 {
+		e.SrcPort = binary.BigEndian.Uint16(b[40:])
+		e.DstPort = binary.BigEndian.Uint16(b[42:])
+	}
 	return e, true
+}
+
+// ruleIDs are one group's rule ids in map order, per direction, as of a policy epoch.
+type ruleIDs struct {
+	epoch           uint32
+	egress, ingress []string
+}
+
+// ruleID names the rule at index of group epg's rules of direction dir, as the agent
+// installed them ("" when the group has no such rule now).
+func (d *Driver) ruleID(epg uint16, dir string, index uint32) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.ruleIDs[epg]
+	if !ok || c.epoch != d.epoch {
+		p, has := d.policies[epg]
+		if !has {
+			return ""
+		}
+		eg, in, err := compileRuleSet(p)
+		if err != nil {
+			return ""
+		}
+		c = ruleIDs{epoch: d.epoch}
+		for _, r := range eg {
+			c.egress = append(c.egress, r.id)
+		}
+		for _, r := range in {
+			c.ingress = append(c.ingress, r.id)
+		}
+		d.ruleIDs[epg] = c
+	}
+	ids := c.egress
+	if dir == "ingress" {
+		ids = c.ingress
+	}
+	if int(index) < len(ids) {
+		return ids[index]
+	}
+	return ""
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 func TestDropEventsProgram(t *testing.T) {
@@ -91,5 +93,92 @@ func TestDropEventsDriver(t *testing.T) {
 			t.Fatal("events feature bit still set after the stream ended")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPolicyDropNamesRule: with events on, a policy drop reports which rule denied it
+// (group, direction, position), for ingress and egress rules and for the deny that wins a
+// priority tie; a policy drop without a rule (a group failed closed) reports none, and a
+// recorded verdict never leaks into a later event.
+func TestPolicyDropNamesRule(t *testing.T) {
+	objs := loadTestObjects(t)
+	rd, err := ringbuf.NewReader(objs.CbEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_EVENTS))
+	setEPG(t, objs, srcIP, 10)
+	setEPG(t, objs, localIP, 20)
+	setEPG(t, objs, remoteIP, 30)
+	in20 := dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "t:p:deny-syn", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "t:p:allow-80", Priority: 5, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
+		{ID: "t:p:tie-allow", Priority: 7, Ingress: true, Proto: 17, Port: 53, Action: dataplane.ActionAllow},
+		{ID: "t:p:tie-deny", Priority: 7, Ingress: true, Proto: 17, Port: 53, Action: dataplane.ActionDeny},
+	}}
+	eg10 := dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "t:q:no-udp-out", Priority: 3, Remote: netip.MustParsePrefix("10.1.0.4/32"), Proto: 17, Action: dataplane.ActionDeny},
+	}}
+	putPolicy(t, objs, in20)
+	putPolicy(t, objs, eg10)
+	next := func() DropEvent {
+		t.Helper()
+		rd.SetDeadline(time.Now().Add(time.Second))
+		rec, err := rd.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, ok := decodeEvent(rec.RawSample)
+		if !ok {
+			t.Fatal("undecodable event")
+		}
+		return ev
+	}
+	idOf := func(p dataplane.PolicySet, dir string, i uint32) string {
+		eg, in, err := compileRuleSet(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := eg
+		if dir == "ingress" {
+			rs = in
+		}
+		return rs[i].id
+	}
+	fc := objs.CbFromContainer
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		epg    uint16
+		dir    string
+		rule   string
+		policy dataplane.PolicySet
+	}{
+		{"ingress-syn", l4Frame(6, srcIP, localIP, 40001, 22, tcpSYN, 0), 20, "ingress", "t:p:deny-syn", in20},
+		{"ingress-tie", l4Frame(17, srcIP, localIP, 40003, 53, 0, 0), 20, "ingress", "t:p:tie-deny", in20},
+		{"egress-prefix", l4Frame(17, srcIP, remoteIP, 40004, 9999, 0, 0), 10, "egress", "t:q:no-udp-out", eg10},
+	} {
+		run(t, objs, fc, c.frame, nil).expect(t, tcActShot, DropPolicy)
+		ev := next()
+		_, _, sport, dport := checkSums(t, c.frame)
+		if ev.Reason != DropPolicy || ev.RuleEPG != c.epg || ev.RuleDir != c.dir || idOf(c.policy, c.dir, ev.RuleIndex) != c.rule ||
+			ev.SrcPort != sport || ev.DstPort != dport {
+			t.Errorf("%s: event %+v, want rule %s of epg %d %s", c.name, ev, c.rule, c.epg, c.dir)
+		}
+	}
+	// An allowed flow records nothing; the next non-policy drop carries no rule.
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40100, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, ipFrame(srcIP, netip.MustParseAddr("10.1.0.99"), ipOpts{}), nil).expect(t, tcActShot, DropUnknownDst)
+	if ev := next(); ev.RuleEPG != 0 || ev.Reason != DropUnknownDst {
+		t.Errorf("unknown-destination drop carries a rule: %+v", ev)
+	}
+	// Fail closed: denied without a rule.
+	if err := objs.CbEpgs.Put(uint32(20), &contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40200, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
+	if ev := next(); ev.Reason != DropPolicy || ev.RuleEPG != 0 {
+		t.Errorf("fail-closed drop names a rule: %+v", ev)
 	}
 }
