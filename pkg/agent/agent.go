@@ -100,6 +100,9 @@ type Agent struct {
 
 	attachMu sync.Mutex // one attach/detach at a time
 	kick     chan struct{}
+
+	monOnce sync.Once
+	mon     *monitorHub // drop event fan-out (monitor.go), made on first /monitor
 }
 
 // New validates cfg and returns an agent; Run starts it.

@@ -58,6 +58,8 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 //	GET /inspect/bpf/{kind} one datapath table decoded (endpoints, networks, peers, ct,
 //	                        services, policy, counters; ?limit=N caps ct rows)
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
+//	GET /monitor            dropped packets as JSON lines while connected (?endpoint=,
+//	                        tenant=, reason=, policy=1), with endpoint names and the rule
 //	GET /svcstats           services and the driver's counters
 //	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise;
 //	                        200 "degraded: ..." while etcd is unreachable (datapath still forwarding)
@@ -90,6 +92,7 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 		writeJSON(w, http.StatusOK, st)
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/bpf/{kind}", a.listing).Methods(http.MethodGet)
+	r.HandleFunc("/monitor", a.serveMonitor).Methods(http.MethodGet)
 	r.HandleFunc("/svcstats", func(w http.ResponseWriter, req *http.Request) {
 		out := map[string]any{"services": a.Inspect().Services}
 		if st, err := a.DriverStatus(req.Context()); err == nil {

@@ -102,3 +102,37 @@ func TestListingNeedsEBPF(t *testing.T) {
 		}
 	}
 }
+
+// TestMonitorFilter: every set field must match; endpoints match by id substring or
+// exact address; tenant is the network's.
+func TestMonitorFilter(t *testing.T) {
+	l := MonitorLine{MonitorEvent: dataplane.MonitorEvent{Reason: "drop_policy", Src: netip.MustParseAddr("10.1.1.2"),
+		Dst: netip.MustParseAddr("10.1.1.3"), Network: "web.blue"}, SrcEndpoint: "web.blue-aaa", DstEndpoint: "web.blue-bbb"}
+	for _, c := range []struct {
+		f    monitorFilter
+		want bool
+	}{
+		{monitorFilter{}, true},
+		{monitorFilter{policy: true}, true},
+		{monitorFilter{reason: "policy", tenant: "blue", endpoint: "bbb"}, true},
+		{monitorFilter{endpoint: "10.1.1.2"}, true},
+		{monitorFilter{endpoint: "10.1.1.20"}, false},
+		{monitorFilter{tenant: "blu"}, false},
+		{monitorFilter{reason: "unknown_dst"}, false},
+	} {
+		if got := c.f.match(l); got != c.want {
+			t.Errorf("%+v: %v, want %v", c.f, got, c.want)
+		}
+	}
+	other := l
+	other.Reason = "drop_unknown_dst"
+	if (monitorFilter{policy: true}).match(other) {
+		t.Error("policy-only filter passed another drop")
+	}
+	a := &Agent{cfg: Config{Driver: &ovs.Driver{}}}
+	rec := httptest.NewRecorder()
+	a.serveMonitor(rec, httptest.NewRequest(http.MethodGet, "/monitor", nil))
+	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "eBPF") {
+		t.Errorf("monitor on OVS: %d %s", rec.Code, rec.Body)
+	}
+}

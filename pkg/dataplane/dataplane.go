@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 )
 
 // Encap is how a network's packets are carried between hosts.
@@ -202,6 +203,28 @@ type Listing struct {
 	Columns   []string   `json:"columns"`
 	Rows      [][]string `json:"rows"`
 	Truncated int        `json:"truncated,omitempty"`
+}
+
+// MonitorEvent is one packet the datapath dropped, as a driver reports it to a monitor
+// (netplugin's /monitor, `netctl monitor`). Rule* are set for a policy drop decided by a
+// rule: the group whose rules held it, the direction and the rule id as installed.
+type MonitorEvent struct {
+	Time      time.Time  `json:"time"`
+	Reason    string     `json:"reason"`
+	Ifindex   uint32     `json:"ifindex"`
+	Len       uint32     `json:"len"`
+	EtherType uint16     `json:"etherType"`
+	Proto     uint8      `json:"proto,omitempty"`
+	Src       netip.Addr `json:"src,omitzero"`
+	Dst       netip.Addr `json:"dst,omitzero"`
+	SrcPort   uint16     `json:"srcPort,omitempty"`
+	DstPort   uint16     `json:"dstPort,omitempty"`
+	RuleEPG   uint16     `json:"ruleEPG,omitempty"`
+	RuleDir   string     `json:"ruleDir,omitempty"`
+	Rule      string     `json:"rule,omitempty"`
+	// Network is the network of the local endpoint whose interface the packet came in
+	// on ("" for the tunnel or an uplink).
+	Network string `json:"network,omitempty"`
 }
 
 // Attachment is one program or port the driver owns.

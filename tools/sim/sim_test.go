@@ -14,6 +14,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/agent"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 func needRoot(t *testing.T) {
@@ -201,6 +202,7 @@ func TestTwoHosts(t *testing.T) {
 	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "peers", "--agent", "http://127.0.0.1:1"); err == nil || !strings.Contains(out, "cannot reach netplugin") {
 		t.Errorf("netctl bpf against no agent: %v\n%s", err, out)
 	}
+	monitorDeniedFlow(ctx, t, c, netctl, a)
 
 	// Crash h1's agent: traffic keeps flowing without it; a restarted agent restores.
 	c.KillPlugin(h1)
@@ -335,6 +337,75 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 		m := regexp.MustCompile(`contiv_datapath_packets_total\{drop="false",reason="` + reason + `"\} ([0-9.e+]+)`).FindStringSubmatch(b.String())
 		if m == nil || m[1] == "0" {
 			t.Errorf("datapath counter %s = %v, want > 0", reason, m)
+		}
+	}
+}
+
+// monitorDeniedFlow: a group whose policy denies TCP 5999 in; `netctl monitor --policy` on
+// the destination's host names the rule (as netmaster names it) and both endpoints for a
+// connection attempt from container from (same network, no group), while an unreachable
+// second agent is reported and does not stop the stream.
+func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl string, from *Container) {
+	t.Helper()
+	h := from.Host
+	if err := c.CreatePolicy(ctx, "default", "mon"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddRule(ctx, model.Rule{TenantName: "default", PolicyName: "mon", RuleID: "1", Direction: "in", Action: "deny", Protocol: "tcp", Port: 5999, Priority: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateEndpointGroup(ctx, "default", from.Network, "mon-web", "mon"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.AddContainerInGroup(ctx, h, "w", "default", from.Network, "mon-web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.RemoveContainer(ctx, w); err != nil {
+			t.Error(err)
+		}
+	}()
+	mctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := Exec(mctx, h.Name, netctl, "monitor", "--policy", "--count", "1",
+			"--agent", "http://"+h.Inspect, "--agent", "http://127.0.0.1:1")
+		done <- result{out, err}
+	}()
+	// Keep trying until the monitor has seen one (the stream may open after the first SYN).
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		conn, err := DialContext(dctx, from.Name, "tcp", fmt.Sprintf("%s:5999", w.IP.Addr()))
+		dcancel()
+		if err == nil {
+			conn.Close()
+			t.Fatal("TCP 5999 into the group is not denied")
+		}
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatalf("netctl monitor: %v\n%s", r.err, r.out)
+			}
+			rule := "default:mon-web:default:mon:default:mon:1:inRx"
+			for _, want := range []string{"drop_policy", from.IP.Addr().String(), w.IP.Addr().String() + ":5999",
+				"(" + from.EndpointID + ")", "(" + w.EndpointID + ")", "tcp", "rule " + rule, "127.0.0.1:1: down"} {
+				if !strings.Contains(r.out, want) {
+					t.Errorf("netctl monitor output lacks %q:\n%s", want, r.out)
+				}
+			}
+			t.Logf("netctl monitor: %s", strings.TrimSpace(r.out))
+			return
+		case <-tick.C:
+		case <-mctx.Done():
+			t.Fatal("netctl monitor saw no policy drop within 60 s")
 		}
 	}
 }

@@ -61,7 +61,7 @@ type Driver struct {
 	policies  map[uint16]dataplane.PolicySet
 	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
-	epoch     uint32           // policy epoch (conntrack entries re-judged when it moves)
+	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
 	ctgc      *ctGC
 	ctgcEvery time.Duration
 	services  map[string]svcRec

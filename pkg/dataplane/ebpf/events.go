@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // DropEvent is one packet the datapath dropped, reported while a stream is open.
@@ -180,6 +183,58 @@ func (d *Driver) ruleID(epg uint16, dir string, index uint32) string {
 	}
 	if int(index) < len(ids) {
 		return ids[index]
+	}
+	return ""
+}
+
+// MonitorEvents is DropEvents in the dataplane's driver-neutral form, with wall-clock times.
+func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error) {
+	in, err := d.DropEvents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan dataplane.MonitorEvent, 256)
+	go func() {
+		defer close(out)
+		for ev := range in {
+			when := time.Now()
+			if now, err := monotonicRaw(); err == nil && now >= uint64(ev.Time) {
+				when = when.Add(-time.Duration(now - uint64(ev.Time)))
+			}
+			m := dataplane.MonitorEvent{Time: when, Reason: ev.Reason.String(), Ifindex: ev.Ifindex, Len: ev.Len,
+				EtherType: ev.EtherType, Proto: ev.Proto, Src: ev.Src, Dst: ev.Dst, SrcPort: ev.SrcPort, DstPort: ev.DstPort,
+				RuleEPG: ev.RuleEPG, RuleDir: ev.RuleDir, Rule: ev.Rule, Network: d.ifaceNetwork(ev.Ifindex)}
+			select {
+			case out <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// monotonicRaw is the clock of bpf_ktime_get_ns (CLOCK_MONOTONIC).
+func monotonicRaw() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, err
+	}
+	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec), nil
+}
+
+// ifaceNetwork is the network of the local endpoint on host interface ifindex, or "".
+func (d *Driver) ifaceNetwork(ifindex uint32) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.endpoints {
+		if uint32(r.ifindex) == ifindex {
+			for id, n := range d.networks {
+				if n.key == r.key.Net {
+					return id
+				}
+			}
+		}
 	}
 	return ""
 }

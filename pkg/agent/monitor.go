@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// eventSource is a dataplane that streams the packets it drops (the eBPF driver). It
+// emits nothing while no stream is open, so the monitor costs nothing unless watched.
+type eventSource interface {
+	MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error)
+}
+
+// MonitorLine is one line of GET /monitor: a drop event with the names of both ends.
+type MonitorLine struct {
+	dataplane.MonitorEvent
+	Host        string `json:"host"`
+	SrcEndpoint string `json:"srcEndpoint,omitempty"`
+	DstEndpoint string `json:"dstEndpoint,omitempty"`
+	// Lost counts events this subscriber missed (slow reader) since its last line; a line
+	// with only Lost set reports them.
+	Lost uint64 `json:"lost,omitempty"`
+}
+
+// monitorFilter selects lines: every set field must match.
+type monitorFilter struct {
+	endpoint string // substring of either endpoint id, or either address
+	tenant   string // tenant of the network the packet belongs to
+	reason   string // substring of the reason
+	policy   bool   // policy drops only
+}
+
+func (f monitorFilter) match(l MonitorLine) bool {
+	if f.reason != "" && !strings.Contains(l.Reason, f.reason) {
+		return false
+	}
+	if f.policy && l.Reason != "drop_policy" {
+		return false
+	}
+	if f.tenant != "" {
+		if _, t, _ := strings.Cut(l.Network, "."); t != f.tenant {
+			return false
+		}
+	}
+	if f.endpoint != "" {
+		ok := strings.Contains(l.SrcEndpoint, f.endpoint) || strings.Contains(l.DstEndpoint, f.endpoint) ||
+			(l.Src.IsValid() && l.Src.String() == f.endpoint) || (l.Dst.IsValid() && l.Dst.String() == f.endpoint)
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// monitorHub fans the driver's single event stream out to every /monitor client. The
+// stream is open only while somebody listens.
+type monitorHub struct {
+	a    *Agent
+	src  eventSource
+	mu   sync.Mutex
+	subs map[*monitorSub]struct{}
+	stop context.CancelFunc
+	// names maps addresses to endpoints, rebuilt at most once a second from what is
+	// applied (taking the apply lock per event would stall attaches).
+	names     map[netip.Addr][]nameEntry
+	namesTime time.Time
+}
+
+type nameEntry struct{ id, network string }
+
+type monitorSub struct {
+	f    monitorFilter
+	ch   chan MonitorLine
+	lost uint64
+}
+
+func (h *monitorHub) subscribe(f monitorFilter) (*monitorSub, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := &monitorSub{f: f, ch: make(chan MonitorLine, 1024)}
+	if len(h.subs) == 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		evs, err := h.src.MonitorEvents(ctx)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		h.stop = cancel
+		go h.run(evs)
+	}
+	h.subs[s] = struct{}{}
+	return s, nil
+}
+
+func (h *monitorHub) unsubscribe(s *monitorSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.subs, s)
+	if len(h.subs) == 0 && h.stop != nil {
+		h.stop() // closes the driver stream: the datapath stops emitting
+		h.stop = nil
+	}
+}
+
+func (h *monitorHub) run(evs <-chan dataplane.MonitorEvent) {
+	for ev := range evs {
+		l := h.describe(ev)
+		h.mu.Lock()
+		for s := range h.subs {
+			if !s.f.match(l) {
+				continue
+			}
+			out := l
+			out.Lost, s.lost = s.lost, 0
+			select {
+			case s.ch <- out:
+			default:
+				s.lost += 1 + out.Lost
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// describe names the endpoints of ev: the network is the one of the interface the packet
+// came from when that is a local endpoint, which settles overlapping subnets.
+func (h *monitorHub) describe(ev dataplane.MonitorEvent) MonitorLine {
+	if time.Since(h.namesTime) > time.Second {
+		s := h.a.Inspect()
+		names := map[netip.Addr][]nameEntry{}
+		for _, ep := range s.Endpoints {
+			names[ep.IP] = append(names[ep.IP], nameEntry{ep.ID, ep.NetworkID})
+		}
+		for _, ep := range s.RemoteEndpoints {
+			names[ep.IP] = append(names[ep.IP], nameEntry{ep.ID, ep.NetworkID})
+		}
+		h.names, h.namesTime = names, time.Now()
+	}
+	l := MonitorLine{MonitorEvent: ev, Host: h.a.cfg.Host}
+	pick := func(a netip.Addr) nameEntry {
+		cands := h.names[a]
+		for _, c := range cands {
+			if l.Network == "" || c.network == l.Network {
+				return c
+			}
+		}
+		if len(cands) == 1 {
+			return cands[0]
+		}
+		return nameEntry{}
+	}
+	if ev.Src.IsValid() {
+		src := pick(ev.Src)
+		l.SrcEndpoint = src.id
+		if l.Network == "" {
+			l.Network = src.network
+		}
+		l.DstEndpoint = pick(ev.Dst).id
+	}
+	return l
+}
+
+// serveMonitor streams matching drop events as JSON lines until the client goes away.
+// Query: endpoint, tenant, reason, policy=1.
+func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
+	h, err := a.monitor()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotImplemented)
+		return
+	}
+	q := req.URL.Query()
+	f := monitorFilter{endpoint: q.Get("endpoint"), tenant: q.Get("tenant"), reason: q.Get("reason")}
+	if p := q.Get("policy"); p != "" {
+		if f.policy, err = strconv.ParseBool(p); err != nil {
+			http.Error(w, fmt.Sprintf("policy: %q is not a boolean", p), http.StatusBadRequest)
+			return
+		}
+	}
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming not supported", http.StatusInternalServerError)
+		return
+	}
+	// A monitor outlives the server's write timeout.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
+	s, err := h.subscribe(f)
+	if err != nil {
+		http.Error(w, "open drop events: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	defer h.unsubscribe(s)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl.Flush()
+	enc := json.NewEncoder(w)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-req.Context().Done():
+			return
+		case l := <-s.ch:
+			if enc.Encode(l) != nil {
+				return
+			}
+			fl.Flush()
+		case <-tick.C:
+			h.mu.Lock()
+			lost := s.lost
+			s.lost = 0
+			h.mu.Unlock()
+			if lost > 0 {
+				if enc.Encode(MonitorLine{Host: a.cfg.Host, Lost: lost}) != nil {
+					return
+				}
+				fl.Flush()
+			}
+		}
+	}
+}
+
+// monitor returns the agent's hub, made on first use.
+func (a *Agent) monitor() (*monitorHub, error) {
+	src, ok := a.cfg.Driver.(eventSource)
+	if !ok {
+		return nil, fmt.Errorf("drop events need the eBPF dataplane; on OVS use ovs-appctl ofproto/trace and the flow counters (docs/ovs.md)")
+	}
+	a.monOnce.Do(func() { a.mon = &monitorHub{a: a, src: src, subs: map[*monitorSub]struct{}{}} })
+	return a.mon, nil
+}
