@@ -55,7 +55,10 @@ type Config struct {
 	// DebugToken enables the mutating /debug routes of the local API for callers that
 	// send it as a bearer token; empty keeps them off.
 	DebugToken string
-	Logger     *slog.Logger
+	// VerifyEvery is how often the agent compares the datapath with its state on its own
+	// (0: DefaultVerifyEvery, negative: never; GET /inspect/verify always works).
+	VerifyEvery time.Duration
+	Logger      *slog.Logger
 }
 
 // watched prefixes and what they feed.
@@ -103,6 +106,9 @@ type Agent struct {
 
 	monOnce sync.Once
 	mon     *monitorHub // drop event fan-out (monitor.go), made on first /monitor
+
+	lastDrift  int       // drift entries found by the last Verify (guarded by mu)
+	lastVerify time.Time // when (zero: never)
 }
 
 // New validates cfg and returns an agent; Run starts it.
@@ -238,6 +244,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("initial watch snapshots: %w", ctx.Err())
 		}
+	}
+	if every := a.cfg.VerifyEvery; every >= 0 {
+		if every == 0 {
+			every = DefaultVerifyEvery
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.verifyLoop(wctx, every) }()
 	}
 	a.loop(ctx)
 	return nil
@@ -473,24 +486,9 @@ type Snapshot struct {
 func (a *Agent) Inspect() Snapshot {
 	a.applyMu.Lock()
 	s := Snapshot{Host: a.cfg.Host, Synced: a.synced}
-	for _, v := range a.applied.nets {
-		s.Networks = append(s.Networks, v)
-	}
-	for _, v := range a.applied.eps {
-		s.Endpoints = append(s.Endpoints, v)
-	}
-	for _, v := range a.applied.reps {
-		s.RemoteEndpoints = append(s.RemoteEndpoints, v)
-	}
-	for _, v := range a.applied.peers {
-		s.Peers = append(s.Peers, v)
-	}
-	for _, v := range a.applied.pols {
-		s.Policies = append(s.Policies, v)
-	}
-	for _, v := range a.applied.svcs {
-		s.Services = append(s.Services, v)
-	}
+	applied := a.appliedState()
+	s.Networks, s.Endpoints, s.RemoteEndpoints, s.Peers, s.Policies, s.Services =
+		applied.Networks, applied.Endpoints, applied.RemoteEndpoints, applied.Peers, applied.Policies, applied.Services
 	a.applyMu.Unlock()
 	st := dataplane.State{Networks: s.Networks, Endpoints: s.Endpoints, RemoteEndpoints: s.RemoteEndpoints, Policies: s.Policies, Services: s.Services}
 	sortState(&st)

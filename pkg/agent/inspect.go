@@ -58,6 +58,7 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 //	GET /inspect/bpf/{kind} one datapath table decoded (endpoints, networks, peers, ct,
 //	                        services, policy, counters; ?limit=N caps ct rows)
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
+//	GET /inspect/verify     drift between the applied state and the live datapath
 //	GET /monitor            dropped packets as JSON lines while connected (?endpoint=,
 //	                        tenant=, reason=, policy=1), with endpoint names and the rule
 //	GET /svcstats           services and the driver's counters
@@ -93,6 +94,7 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/bpf/{kind}", a.listing).Methods(http.MethodGet)
 	r.HandleFunc("/monitor", a.serveMonitor).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/verify", a.serveVerify).Methods(http.MethodGet)
 	r.HandleFunc("/svcstats", func(w http.ResponseWriter, req *http.Request) {
 		out := map[string]any{"services": a.Inspect().Services}
 		if st, err := a.DriverStatus(req.Context()); err == nil {

@@ -60,6 +60,8 @@ var (
 	descPolicyErr = prometheus.NewDesc("contiv_netplugin_policy_rule_errors", "state/policyRule records pkg/policy refused to compile (listed under errors as policy-rule/<id>).", nil, nil)
 	descObjErrors = prometheus.NewDesc("contiv_netplugin_object_errors", "Failing objects by kind (the part of the error key before '/': endpoint, remote-endpoint, network, endpoint-group, ...).", []string{"kind"}, nil)
 	descDriver    = prometheus.NewDesc("contiv_netplugin_driver_counter", "Numeric counters reported by the driver's Status.", []string{"dataplane", "name"}, nil)
+	descDrift     = prometheus.NewDesc("contiv_netplugin_datapath_drift", "Differences found by the last drift check between the applied state and the live datapath, agent errors included (-1: not checked yet).", nil, nil)
+	descVerified  = prometheus.NewDesc("contiv_netplugin_last_verify_timestamp_seconds", "Unix time of the last drift check (0: never).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -69,7 +71,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	m.opErrors.Describe(ch)
 	m.syncTime.Describe(ch)
 	m.attachStep.Describe(ch)
-	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descObjErrors, descDriver} {
+	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descObjErrors, descDriver, descDrift, descVerified} {
 		ch <- d
 	}
 }
@@ -112,6 +114,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		synced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced)
+	c.a.mu.Lock()
+	drift, verified := float64(c.a.lastDrift), 0.0
+	if c.a.lastVerify.IsZero() {
+		drift = -1
+	} else {
+		verified = float64(c.a.lastVerify.UnixNano()) / 1e9
+	}
+	c.a.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descDrift, prometheus.GaugeValue, drift)
+	ch <- prometheus.MustNewConstMetric(descVerified, prometheus.GaugeValue, verified)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	st, err := c.a.DriverStatus(ctx)

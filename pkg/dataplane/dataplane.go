@@ -205,6 +205,16 @@ type Listing struct {
 	Truncated int        `json:"truncated,omitempty"`
 }
 
+// Drift is one difference between what the agent applied and what the datapath holds:
+// Kind is "missing" (should be there, is not), "extra" (is there, nothing implies it) or
+// "different" (both, with other content). Table is the map or flow table.
+type Drift struct {
+	Table  string `json:"table"`
+	Object string `json:"object"`
+	Kind   string `json:"kind"`
+	Detail string `json:"detail,omitempty"`
+}
+
 // MonitorEvent is one packet the datapath dropped, as a driver reports it to a monitor
 // (netplugin's /monitor, `netctl monitor`). Rule* are set for a policy drop decided by a
 // rule: the group whose rules held it, the direction and the rule id as installed.

@@ -70,6 +70,7 @@ func runDataplane(ctx context.Context, cfg config, dp string, w io.Writer, r *re
 	}{
 		{"samehost", d.sameHost},
 		{"samehost_policy", d.sameHostPolicy},
+		{"samehost_monitor", d.sameHostMonitor},
 		{"crosshost", d.crossHost},
 		{"crosshost_policy", d.crossHostPolicy},
 		{"restart", d.restart},

@@ -2,10 +2,12 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -203,6 +205,7 @@ func TestTwoHosts(t *testing.T) {
 		t.Errorf("netctl bpf against no agent: %v\n%s", err, out)
 	}
 	monitorDeniedFlow(ctx, t, c, netctl, a)
+	verifyDrift(ctx, t, c, netctl, h1, h2)
 
 	// Crash h1's agent: traffic keeps flowing without it; a restarted agent restores.
 	c.KillPlugin(h1)
@@ -408,4 +411,65 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 			t.Fatal("netctl monitor saw no policy drop within 60 s")
 		}
 	}
+}
+
+// verifyDrift: netctl verify finds h1 in sync, then names the peer entry deleted behind
+// the agent's back with bpftool (exit 5), reports an unreachable agent (exit 3), and the
+// drift metric follows.
+func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h1, h2 *Host) {
+	t.Helper()
+	agent := "http://" + h1.Inspect
+	if out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent); err != nil || !strings.Contains(out, "in sync") {
+		t.Fatalf("netctl verify on a clean host: %v\n%s", err, out)
+	}
+	vtep := h2.IP.As4()
+	pin := filepath.Join(c.PinRoot, h1.Name, "cb_peers")
+	if out, err := run(ctx, "bpftool", "map", "delete", "pinned", pin, "key",
+		fmt.Sprint(vtep[0]), fmt.Sprint(vtep[1]), fmt.Sprint(vtep[2]), fmt.Sprint(vtep[3])); err != nil {
+		t.Fatalf("bpftool map delete: %v %s", err, out)
+	}
+	out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent)
+	if code := exitCode(err); code != 5 || !strings.Contains(out, "cb_peers") || !strings.Contains(out, "missing") || !strings.Contains(out, h2.IP.String()) {
+		t.Fatalf("netctl verify after deleting the peer entry: exit %d\n%s", code, out)
+	}
+	t.Logf("netctl verify: %s", strings.TrimSpace(out))
+	if m, err := h1.Metrics(ctx); err != nil || !strings.Contains(m, "contiv_netplugin_datapath_drift 1") {
+		t.Errorf("drift metric after verify: %v\n%s", err, grepLines(m, "drift"))
+	}
+	out, err = Exec(ctx, h1.Name, netctl, "--timeout", "2s", "verify", "--agent", agent, "--agent", "http://127.0.0.1:1")
+	if code := exitCode(err); code != 3 || !strings.Contains(out, "down") {
+		t.Errorf("netctl verify with an unreachable agent: exit %d\n%s", code, out)
+	}
+	// Put the peer back the way the agent does: a restart's Sync rewrites everything.
+	c.KillPlugin(h1)
+	if err := c.StartPlugin(ctx, h1); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent); err != nil {
+		t.Errorf("netctl verify after the repairing restart: %v\n%s", err, out)
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -124,3 +124,83 @@ func TestListings(t *testing.T) {
 	}
 	has(list("policy"), map[string]string{"#": "1", "RULE": "(not in the agent's state)", "PORT": "9999"})
 }
+
+// TestVerify: right after Sync the maps hold exactly what the state implies; entries
+// changed, deleted or added behind the driver's back are each named.
+func TestVerify(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	remote := dataplane.RemoteEndpoint{ID: "red.t-far", NetworkID: h.net.ID, IP: netip.MustParseAddr("10.50.0.9"),
+		MAC: dataplane.ContivMAC(netip.MustParseAddr("10.50.0.9")), EPGID: 1, VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}},
+		Policies: []dataplane.PolicySet{{EPGID: 2, Rules: []dataplane.PolicyRule{
+			{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+			{ID: "t:p:deny-22", Priority: 9, Ingress: true, Proto: 6, Port: 22, Action: dataplane.ActionDeny}}}},
+		Services: []dataplane.Service{{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"),
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{b.IP}}}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := h.d.Verify(state); err != nil || len(drift) != 0 {
+		t.Fatalf("drift right after Sync: %v %+v", err, drift)
+	}
+	objs := &h.d.objs
+	// Endpoint a's group changed behind the agent's back.
+	ak := contivbpfCbEpKey{Net: h.d.networks[h.net.ID].key, Ip: ip4(a.IP)}
+	var av contivbpfCbEndpoint
+	if err := objs.CbEndpoints.Lookup(&ak, &av); err != nil {
+		t.Fatal(err)
+	}
+	av.Epg = 7
+	if err := objs.CbEndpoints.Put(&ak, &av); err != nil {
+		t.Fatal(err)
+	}
+	// The peer entry deleted, a stray network added, a policy rule's port rewritten.
+	if err := objs.CbPeers.Delete(ip4(remote.VTEP)); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbNetworks.Put(uint32(4242), &contivbpfCbNetwork{Subnet: ip4(netip.MustParseAddr("10.99.0.0")), Tag: 4242}); err != nil {
+		t.Fatal(err)
+	}
+	pk := contivbpfCbPolKey{Epg: 2, Dir: uint8(contivbpfCbPolDirCB_DIR_INGRESS)}
+	var pv contivbpfCbPolicy
+	if err := objs.CbPolicies.Lookup(&pk, &pv); err != nil {
+		t.Fatal(err)
+	}
+	pv.Rules[0].Port = nport(2222)
+	if err := objs.CbPolicies.Put(&pk, &pv); err != nil {
+		t.Fatal(err)
+	}
+	drift, err := h.d.Verify(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []dataplane.Drift{
+		{Table: "cb_endpoints", Object: "red.t-a", Kind: "different"},
+		{Table: "cb_networks", Object: "key 4242", Kind: "extra"},
+		{Table: "cb_peers", Object: "h2 10.254.0.2", Kind: "missing"},
+		{Table: "cb_policies", Object: "epg 2 ingress #1", Kind: "different"},
+	}
+	if len(drift) != len(want) {
+		t.Fatalf("drift %+v, want %d entries", drift, len(want))
+	}
+	for i, w := range want {
+		if g := drift[i]; g.Table != w.Table || g.Object != w.Object || g.Kind != w.Kind {
+			t.Errorf("drift %d = %+v, want %+v", i, g, w)
+		}
+	}
+	if !strings.Contains(drift[0].Detail, "epg 7") || !strings.Contains(drift[3].Detail, "t:p:deny-22") {
+		t.Errorf("details do not say what differs: %+v", drift)
+	}
+	// A Sync repairs it all.
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := h.d.Verify(state); err != nil || len(drift) != 0 {
+		t.Fatalf("drift after the repairing Sync: %v %+v", err, drift)
+	}
+}

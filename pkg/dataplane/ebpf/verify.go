@@ -1,0 +1,353 @@
+package ebpf
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Verify compares the live maps with state s (what the agent applied from netmaster's
+// records): every entry s implies must be in its map with the same content, and no map
+// may hold an entry s does not imply. Generations and padding are not compared. The
+// driver lock is held while the maps are read, so no change interleaves.
+func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	v := verifier{d: d}
+	v.networks(s.Networks)
+	v.endpoints(s.Endpoints, s.RemoteEndpoints)
+	v.peers(s.Peers)
+	v.policies(s.Policies)
+	v.services(s.Services)
+	sort.Slice(v.out, func(i, j int) bool {
+		a, b := v.out[i], v.out[j]
+		if a.Table != b.Table {
+			return a.Table < b.Table
+		}
+		return a.Object < b.Object
+	})
+	return v.out, v.err
+}
+
+type verifier struct {
+	d   *Driver
+	out []dataplane.Drift
+	err error
+}
+
+func (v *verifier) add(table, object, kind, detail string) {
+	v.out = append(v.out, dataplane.Drift{Table: table, Object: object, Kind: kind, Detail: detail})
+}
+
+func (v *verifier) iterErr(err error, table string) {
+	if err != nil && v.err == nil {
+		v.err = fmt.Errorf("ebpf: verify %s: %w", table, err)
+	}
+}
+
+func (v *verifier) networks(nets []dataplane.Network) {
+	d := v.d
+	want := map[uint32]contivbpfCbNetwork{}
+	name := map[uint32]string{}
+	for _, n := range nets {
+		r, ok := d.networks[n.ID]
+		if !ok {
+			v.add(contivbpfMapCbNetworks, n.ID, "missing", "the driver has no record of this network")
+			continue
+		}
+		n = r.net // with the MTU default the driver applied
+		m := n.Subnet.Masked()
+		e := contivbpfCbNetwork{Subnet: ip4(m.Addr()), Mask: binaryNative(maskOf(m.Bits())), Tag: n.Tag, Mtu: uint16(n.MTU),
+			Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN), Vrf: r.vrf}
+		if n.Encap == dataplane.EncapVLAN {
+			e.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
+		}
+		if n.Gateway.IsValid() {
+			e.Gateway = ip4(n.Gateway)
+		}
+		want[r.key], name[r.key] = e, n.ID
+	}
+	var k uint32
+	var got contivbpfCbNetwork
+	it := d.objs.CbNetworks.Iterate()
+	seen := map[uint32]bool{}
+	for it.Next(&k, &got) {
+		seen[k] = true
+		e, ok := want[k]
+		if !ok {
+			v.add(contivbpfMapCbNetworks, fmt.Sprintf("key %d", k), "extra", fmt.Sprintf("subnet %v/%d tag %d", addrFrom(got.Subnet), maskBits(got.Mask), got.Tag))
+			continue
+		}
+		got.Generation, got.Pad = 0, 0
+		if got != e {
+			v.add(contivbpfMapCbNetworks, name[k], "different", fmt.Sprintf("map: subnet %v/%d gw %v tag %d mtu %d; want subnet %v/%d gw %v tag %d mtu %d",
+				addrFrom(got.Subnet), maskBits(got.Mask), addrFrom(got.Gateway), got.Tag, got.Mtu, addrFrom(e.Subnet), maskBits(e.Mask), addrFrom(e.Gateway), e.Tag, e.Mtu))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbNetworks)
+	for k := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbNetworks, name[k], "missing", "no map entry")
+		}
+	}
+}
+
+func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.RemoteEndpoint) {
+	d := v.d
+	want := map[contivbpfCbEpKey]contivbpfCbEndpoint{}
+	name := map[contivbpfCbEpKey]string{}
+	ifWant := map[uint32]contivbpfCbIface{}
+	ifName := map[uint32]string{}
+	for _, ep := range local {
+		r, ok := d.endpoints[indexKey(ep.ID)]
+		nr, nok := d.networks[ep.NetworkID]
+		if !ok || !nok {
+			v.add(contivbpfMapCbEndpoints, ep.ID, "missing", "the driver has no record of this endpoint")
+			continue
+		}
+		e := contivbpfCbEndpoint{Ifindex: uint32(r.ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Slot: r.slot}
+		copy(e.Mac[:], ep.MAC)
+		want[r.key], name[r.key] = e, ep.ID
+		ifc := contivbpfCbIface{Net: nr.key, Ip: r.key.Ip, Epg: ep.EPGID, Slot: r.slot, Vrf: nr.vrf}
+		copy(ifc.Mac[:], ep.MAC)
+		ifWant[uint32(r.ifindex)], ifName[uint32(r.ifindex)] = ifc, ep.ID
+	}
+	for _, ep := range remote {
+		r, ok := d.remotes[ep.ID]
+		if !ok {
+			v.add(contivbpfMapCbEndpoints, ep.ID, "missing", "the driver has no record of this remote endpoint")
+			continue
+		}
+		e := contivbpfCbEndpoint{Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)}
+		if ep.VTEP.IsValid() {
+			e.Vtep = ip4(ep.VTEP)
+		}
+		copy(e.Mac[:], ep.MAC)
+		want[r.key], name[r.key] = e, ep.ID
+	}
+	var k contivbpfCbEpKey
+	var got contivbpfCbEndpoint
+	seen := map[contivbpfCbEpKey]bool{}
+	it := d.objs.CbEndpoints.Iterate()
+	for it.Next(&k, &got) {
+		seen[k] = true
+		e, ok := want[k]
+		obj := fmt.Sprintf("%v in network key %d", addrFrom(k.Ip), k.Net)
+		if !ok {
+			v.add(contivbpfMapCbEndpoints, obj, "extra", "mac "+macOf(got.Mac))
+			continue
+		}
+		got.Generation = 0
+		if got != e {
+			v.add(contivbpfMapCbEndpoints, name[k], "different", fmt.Sprintf("map: mac %s epg %d ifindex %d vtep %v; want mac %s epg %d ifindex %d vtep %v",
+				macOf(got.Mac), got.Epg, got.Ifindex, addrFrom(got.Vtep), macOf(e.Mac), e.Epg, e.Ifindex, addrFrom(e.Vtep)))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbEndpoints)
+	for k := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbEndpoints, name[k], "missing", "no map entry")
+		}
+	}
+	var ik uint32
+	var ig contivbpfCbIface
+	iseen := map[uint32]bool{}
+	it = d.objs.CbIfaces.Iterate()
+	for it.Next(&ik, &ig) {
+		iseen[ik] = true
+		e, ok := ifWant[ik]
+		if !ok {
+			v.add(contivbpfMapCbIfaces, "ifindex "+strconv.Itoa(int(ik)), "extra", fmt.Sprintf("ip %v", addrFrom(ig.Ip)))
+			continue
+		}
+		ig.Generation = 0
+		if ig != e {
+			v.add(contivbpfMapCbIfaces, ifName[ik], "different", fmt.Sprintf("map: ip %v mac %s epg %d; want ip %v mac %s epg %d",
+				addrFrom(ig.Ip), macOf(ig.Mac), ig.Epg, addrFrom(e.Ip), macOf(e.Mac), e.Epg))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbIfaces)
+	for k := range ifWant {
+		if !iseen[k] {
+			v.add(contivbpfMapCbIfaces, ifName[k], "missing", "no map entry")
+		}
+	}
+}
+
+func (v *verifier) peers(peers []dataplane.Peer) {
+	want := map[uint32]string{}
+	for _, p := range peers {
+		if p.VTEP.Is4() {
+			want[ip4(p.VTEP)] = p.Host
+		}
+	}
+	var k uint32
+	var got contivbpfCbPeer
+	seen := map[uint32]bool{}
+	it := v.d.objs.CbPeers.Iterate()
+	for it.Next(&k, &got) {
+		seen[k] = true
+		if _, ok := want[k]; !ok {
+			v.add(contivbpfMapCbPeers, addrFrom(k).String(), "extra", "no host has this VTEP")
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbPeers)
+	for k, h := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbPeers, h+" "+addrFrom(k).String(), "missing", "no map entry")
+		}
+	}
+}
+
+func (v *verifier) policies(sets []dataplane.PolicySet) {
+	d := v.d
+	want := map[contivbpfCbPolKey][]rankedRule{}
+	for _, p := range sets {
+		if _, failed := d.failed[p.EPGID]; failed {
+			continue // deny-all: no rule entries by design
+		}
+		eg, in, err := compileRuleSet(p)
+		if err != nil {
+			continue
+		}
+		for dir, rs := range [][]rankedRule{eg, in} {
+			if len(rs) > 0 {
+				want[contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}] = rs
+			}
+		}
+	}
+	dirName := func(k contivbpfCbPolKey) string {
+		if k.Dir == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
+			return fmt.Sprintf("epg %d ingress", k.Epg)
+		}
+		return fmt.Sprintf("epg %d egress", k.Epg)
+	}
+	var k contivbpfCbPolKey
+	var got contivbpfCbPolicy
+	seen := map[contivbpfCbPolKey]bool{}
+	it := d.objs.CbPolicies.Iterate()
+	for it.Next(&k, &got) {
+		seen[k] = true
+		rs, ok := want[k]
+		if !ok {
+			v.add(contivbpfMapCbPolicies, dirName(k), "extra", fmt.Sprintf("%d rules", got.Count))
+			continue
+		}
+		if int(got.Count) != len(rs) {
+			v.add(contivbpfMapCbPolicies, dirName(k), "different", fmt.Sprintf("map: %d rules; want %d", got.Count, len(rs)))
+			continue
+		}
+		for i, r := range rs {
+			if got.Rules[i] != r.r {
+				v.add(contivbpfMapCbPolicies, dirName(k)+" #"+strconv.Itoa(i+1), "different", "rule "+r.id+" is not what the map holds at its position")
+			}
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbPolicies)
+	for k := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbPolicies, dirName(k), "missing", "no map entry")
+		}
+	}
+}
+
+func (v *verifier) services(svcs []dataplane.Service) {
+	d := v.d
+	type svcWant struct {
+		id, count uint32
+		name      string
+		target    uint16
+	}
+	want := map[contivbpfCbSvcKey]svcWant{}
+	backends := map[contivbpfCbBackendKey]netip.Addr{}
+	bname := map[contivbpfCbBackendKey]string{}
+	for _, s := range svcs {
+		r, ok := d.services[s.ID]
+		if !ok {
+			v.add(contivbpfMapCbServices, s.ID, "missing", "the driver has no record of this service")
+			continue
+		}
+		for _, k := range r.keys {
+			tp := uint16(0)
+			for _, p := range r.svc.Ports {
+				if nport(p.Port) == k.Port && p.Proto == k.Proto {
+					tp = p.TargetPort
+					if tp == 0 {
+						tp = p.Port
+					}
+				}
+			}
+			want[k] = svcWant{id: r.id, count: uint32(r.nBackends), name: s.ID, target: nport(tp)}
+		}
+		seenB := map[netip.Addr]bool{}
+		i := uint32(0)
+		for _, b := range r.svc.Backends {
+			if seenB[b] {
+				continue
+			}
+			seenB[b] = true
+			bk := contivbpfCbBackendKey{SvcId: r.id, Index: i}
+			backends[bk], bname[bk] = b, s.ID
+			i++
+		}
+	}
+	var k contivbpfCbSvcKey
+	var got contivbpfCbSvc
+	seen := map[contivbpfCbSvcKey]bool{}
+	it := d.objs.CbServices.Iterate()
+	for it.Next(&k, &got) {
+		seen[k] = true
+		obj := fmt.Sprintf("%v:%d/%s", addrFrom(k.Vip), hport(k.Port), protoName(k.Proto))
+		e, ok := want[k]
+		if !ok {
+			v.add(contivbpfMapCbServices, obj, "extra", fmt.Sprintf("service slot %d", got.Id))
+			continue
+		}
+		if got.Id != e.id || got.Count != e.count || got.TargetPort != e.target {
+			v.add(contivbpfMapCbServices, e.name+" "+obj, "different", fmt.Sprintf("map: slot %d, %d backends, target port %d; want slot %d, %d backends, target port %d",
+				got.Id, got.Count, hport(got.TargetPort), e.id, e.count, hport(e.target)))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbServices)
+	for k, e := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbServices, fmt.Sprintf("%s %v:%d/%s", e.name, addrFrom(k.Vip), hport(k.Port), protoName(k.Proto)), "missing", "no map entry")
+		}
+	}
+	var bk contivbpfCbBackendKey
+	var bv contivbpfCbBackend
+	bseen := map[contivbpfCbBackendKey]bool{}
+	it = d.objs.CbBackends.Iterate()
+	for it.Next(&bk, &bv) {
+		bseen[bk] = true
+		b, ok := backends[bk]
+		obj := fmt.Sprintf("slot %d backend %d", bk.SvcId, bk.Index)
+		if !ok {
+			v.add(contivbpfMapCbBackends, obj, "extra", addrFrom(bv.Ip).String())
+			continue
+		}
+		if addrFrom(bv.Ip) != b {
+			v.add(contivbpfMapCbBackends, bname[bk]+" "+obj, "different", fmt.Sprintf("map: %v; want %v", addrFrom(bv.Ip), b))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbBackends)
+	for bk, b := range backends {
+		if !bseen[bk] {
+			v.add(contivbpfMapCbBackends, fmt.Sprintf("%s slot %d backend %d (%v)", bname[bk], bk.SvcId, bk.Index, b), "missing", "no map entry")
+		}
+	}
+}
+
+func maskOf(bits int) []byte {
+	m := make([]byte, 4)
+	for i := 0; i < bits; i++ {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return m
+}
