@@ -22,6 +22,7 @@ check ping iputils-ping
 check bridge iproute2
 check nsenter util-linux
 check systemd-analyze systemd
+check promtool prometheus
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then echo "deps: missing ${need[*]} and not root; install them with apt-get" >&2; exit 1; fi
   echo "deps: installing ${need[*]}"

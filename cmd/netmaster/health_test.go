@@ -38,6 +38,31 @@ func TestHealthzAndMetrics(t *testing.T) {
 		!strings.Contains(body, "contiv_netmaster_etcd_quota_bytes 1.6777216e+07") || !strings.Contains(body, "contiv_netmaster_etcd_db_size_bytes") {
 		t.Fatalf("/metrics: %d %v\n%s", st, err, body)
 	}
+	// API, object and IPAM figures; hostile paths land in the bounded "other" route.
+	mustCall(t, "POST", p.url+"/api/v1/networks/default:mnet/", `{"tenantName":"default","networkName":"mnet","encap":"vxlan","subnet":"10.77.0.0/24","gateway":"10.77.0.1"}`, 200)
+	mustCall(t, "POST", p.url+"/plugin/allocAddress", `{"NetworkID":"mnet.default"}`, 200)
+	mustCall(t, "GET", p.url+"/api/v1/networks/default:nope/", "", 404)
+	for i := 0; i < 5; i++ {
+		_, _, _ = call("GET", p.url+fmt.Sprintf("/api/v1/junk%d/x/", i), "")
+	}
+	_, body, _ = call("GET", p.url+"/metrics", "")
+	for _, want := range []string{
+		`contiv_netmaster_api_requests_total{code="200",method="POST",route="/api/v1/networks/{key}/"} 1`,
+		`contiv_netmaster_api_requests_total{code="404",method="GET",route="/api/v1/networks/{key}/"} 1`,
+		`contiv_netmaster_api_requests_total{code="200",method="POST",route="/plugin/allocAddress"} 1`,
+		`route="other"} 5`,
+		`contiv_netmaster_api_request_seconds_count{method="POST",route="/plugin/allocAddress"} 1`,
+		`contiv_netmaster_objects{kind="network"} 1`,
+		`contiv_netmaster_ipam_addresses{network="mnet.default",state="allocated"} 1`,
+		`contiv_netmaster_ipam_addresses{network="mnet.default",state="capacity"} 253`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, "junk") {
+		t.Error("a request path became a metric label")
+	}
 
 	// Fill etcd: /healthz warns before the quota is hit, and says so once etcd raised
 	// its NOSPACE alarm (every write fails from then on).

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
@@ -124,33 +123,23 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.a.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descDrift, prometheus.GaugeValue, drift)
 	ch <- prometheus.MustNewConstMetric(descVerified, prometheus.GaugeValue, verified)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	st, err := c.a.DriverStatus(ctx)
-	if err != nil {
-		return
-	}
-	for name, v := range st.Counters {
-		if f, ok := toFloat(v); ok {
-			ch <- prometheus.MustNewConstMetric(descDriver, prometheus.CounterValue, f, st.Dataplane, name)
+	// Driver counters without the apply lock and without reading state tables: a scrape
+	// never stalls an attach.
+	if dc, ok := c.a.cfg.Driver.(driverCounters); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		counters, err := dc.Counters(ctx)
+		if err != nil {
+			return
+		}
+		for name, v := range counters {
+			ch <- prometheus.MustNewConstMetric(descDriver, prometheus.CounterValue, v, c.a.cfg.Driver.Name(), name)
 		}
 	}
 }
 
-func toFloat(v any) (float64, bool) {
-	switch x := v.(type) {
-	case int:
-		return float64(x), true
-	case int64:
-		return float64(x), true
-	case uint64:
-		return float64(x), true
-	case uint32:
-		return float64(x), true
-	case float64:
-		return x, true
-	case fmt.Stringer:
-		return 0, false
-	}
-	return 0, false
+// driverCounters is a dataplane with cheap numeric counters (both backends).
+type driverCounters interface {
+	Counters(ctx context.Context) (map[string]float64, error)
 }
+

@@ -89,8 +89,8 @@ func (c *etcdCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // metricsHandler serves GET /metrics from a registry of this node's own.
-func metricsHandler(store *state.Store, quota int64, isLeader func() bool) http.Handler {
+func metricsHandler(store *state.Store, quota int64, isLeader func() bool, api *apiMetrics) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newEtcdCollector(store, quota, isLeader))
+	reg.MustRegister(newEtcdCollector(store, quota, isLeader), newStateCollector(store), api.requests, api.duration)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

@@ -169,7 +169,8 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(info)
 	})
-	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader))
+	api := newAPIMetrics()
+	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader, api))
 	front := NewFront(el, cfg.API, nil)
 	if cfg.TLS != nil {
 		front.UseTLS(cfg.PeerTLS)
@@ -186,7 +187,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 	outer := http.NewServeMux()
 	outer.HandleFunc("GET /healthz", healthHandler(cfg.Store, cfg.EtcdQuota))
 	outer.Handle("/", top)
-	top = outer
+	top = api.wrap(outer)
 	if cfg.TLS != nil {
 		ln = tls.NewListener(ln, cfg.TLS)
 	}

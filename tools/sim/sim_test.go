@@ -433,8 +433,9 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 		t.Fatalf("netctl verify after deleting the peer entry: exit %d\n%s", code, out)
 	}
 	t.Logf("netctl verify: %s", strings.TrimSpace(out))
-	if m, err := h1.Metrics(ctx); err != nil || !strings.Contains(m, "contiv_netplugin_datapath_drift 1") {
-		t.Errorf("drift metric after verify: %v\n%s", err, grepLines(m, "drift"))
+	if m, err := h1.Metrics(ctx); err != nil || !strings.Contains(m, "contiv_netplugin_datapath_drift 1") ||
+		!strings.Contains(m, `contiv_netplugin_driver_counter{dataplane="ebpf",name="fwd_tunnel_packets"}`) {
+		t.Errorf("drift and driver metrics after verify: %v\n%s", err, grepLines(m, "contiv_netplugin_d"))
 	}
 	out, err = Exec(ctx, h1.Name, netctl, "--timeout", "2s", "verify", "--agent", agent, "--agent", "http://127.0.0.1:1")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "down") {

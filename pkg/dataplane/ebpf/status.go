@@ -279,3 +279,29 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Counters["mapFull"] = mf
 	return st, nil
 }
+
+// Counters are the driver's numeric counters for the agent's /metrics: packets and bytes
+// by verdict/drop reason and failed inserts by map. O(1) in the size of the state: no
+// state map is read, and the driver lock is held only to copy the map-full counts.
+func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
+	d.mu.Lock()
+	if err := d.check(); err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	reasonsMap := d.objs.CbReasons
+	out := map[string]float64{}
+	for m, n := range d.mapFull {
+		out["map_full_"+m] = float64(n)
+	}
+	d.mu.Unlock()
+	reasons, err := readReasons(reasonsMap)
+	if err != nil {
+		return nil, err
+	}
+	for r, c := range reasons {
+		out[r.String()+"_packets"] = float64(c.Packets)
+		out[r.String()+"_bytes"] = float64(c.Bytes)
+	}
+	return out, ctx.Err()
+}

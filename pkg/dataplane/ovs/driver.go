@@ -838,3 +838,20 @@ func (d *Driver) Teardown(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Counters are the driver's numeric counters for the agent's /metrics: packets matched
+// per pipeline table (one flow-stats request), the generation and the service ports.
+func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
+	d.mu.Lock()
+	gen, svcPorts := d.gen, len(d.svcKeys)
+	d.mu.Unlock()
+	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts)}
+	for _, s := range stats {
+		out["packets_"+tableID(s.Table).String()] += float64(s.Packets)
+	}
+	return out, nil
+}
