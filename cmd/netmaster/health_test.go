@@ -71,10 +71,11 @@ func TestHealthzAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	big := strings.Repeat("x", 1<<20)
+	// Small steps (256 KiB): the warning band (80-100% of 16 MiB) is several steps wide.
+	big := strings.Repeat("x", 256<<10)
 	warned := false
 	for i := 0; ; i++ {
-		if i > 40 {
+		if i > 200 {
 			t.Fatal("etcd never ran out of space")
 		}
 		if _, err := cli.Put(context.Background(), fmt.Sprintf("/fill/%d", i), big); err != nil {

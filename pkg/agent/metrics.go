@@ -142,4 +142,3 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 type driverCounters interface {
 	Counters(ctx context.Context) (map[string]float64, error)
 }
-

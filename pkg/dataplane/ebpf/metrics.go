@@ -8,7 +8,7 @@ import (
 
 var (
 	descVerdictPackets = prometheus.NewDesc("contiv_datapath_packets_total",
-		"Packets by datapath verdict or drop reason (docs/drop-reasons.md), summed over CPUs.",
+		"Packets by datapath verdict or drop reason (docs/drop-reasons.md), summed over CPUs; drop is true, false, or not_handled (drop_not_ipv4: IPv6 and other non-IPv4 frames, not an error).",
 		[]string{"reason", "drop"}, nil)
 	descVerdictBytes = prometheus.NewDesc("contiv_datapath_bytes_total",
 		"Bytes by datapath verdict or drop reason, summed over CPUs.",
@@ -67,7 +67,13 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if err == nil {
 		for _, r := range Reasons() {
 			drop := "false"
-			if r.IsDrop() {
+			switch {
+			case r == DropNotIPv4:
+				// IPv6 (and other non-IPv4) frames of containers: not handled by this
+				// datapath yet, not an error; alerts on drop="true" must not fire for
+				// a healthy dual-stack container.
+				drop = "not_handled"
+			case r.IsDrop():
 				drop = "true"
 			}
 			v := counts[r]
