@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO ?= go
 DATAPLANE ?= ebpf
 GOTEST_FLAGS ?= -count=1 -p 2 -timeout 25m
-export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
+export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin:$(or $(CONTIVBPF_CACHE),$(HOME)/.cache/contivbpf)/prometheus/usr/bin
 
 .PHONY: all deps build generate test unit bench demo demo-docker clean
 

@@ -22,13 +22,22 @@ check ping iputils-ping
 check bridge iproute2
 check nsenter util-linux
 check systemd-analyze systemd
-check promtool prometheus
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then echo "deps: missing ${need[*]} and not root; install them with apt-get" >&2; exit 1; fi
   echo "deps: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Prometheus 2.42 (Debian) for the alert-rule and scrape tests: its binaries are unpacked
+# into a cache outside the repo (the Makefile puts it on PATH), never installed, because the
+# package would start a system Prometheus on :9090.
+prom_dir=${CONTIVBPF_CACHE:-$HOME/.cache/contivbpf}/prometheus
+if ! command -v promtool >/dev/null 2>&1 && [[ ! -x $prom_dir/usr/bin/promtool ]]; then
+  echo "deps: unpacking Debian's prometheus into $prom_dir"
+  mkdir -p "$prom_dir"
+  (cd "$prom_dir" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } &&
+    dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb)
 fi
 # The eBPF dataplane pins maps and links in bpffs; some machines boot without it mounted.
 if [[ $(id -u) -eq 0 ]] && ! mountpoint -q /sys/fs/bpf; then
