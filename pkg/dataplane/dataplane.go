@@ -205,6 +205,42 @@ type Listing struct {
 	Truncated int        `json:"truncated,omitempty"`
 }
 
+// TraceRequest is a packet a local endpoint would send, for a trace through the live
+// datapath (nothing is sent, no state changes).
+type TraceRequest struct {
+	From    string     `json:"from"`  // local endpoint id
+	Dst     netip.Addr `json:"dst"`   // destination address (an endpoint, a VIP, anything)
+	Proto   uint8      `json:"proto"` // 6, 17 or 1
+	DstPort uint16     `json:"dstPort,omitempty"`
+	SrcPort uint16     `json:"srcPort,omitempty"` // 0: an ephemeral port
+}
+
+// TraceStage is what one part of the datapath decided for a traced packet.
+type TraceStage struct {
+	Name   string `json:"name"` // source, service, policy, conntrack, forward, verdict
+	Detail string `json:"detail"`
+}
+
+// TraceTunnel is where a traced packet would leave encapsulated, with the inner frame the
+// destination host would receive.
+type TraceTunnel struct {
+	VTEP  netip.Addr `json:"vtep"`
+	VNI   uint32     `json:"vni"`
+	Inner []byte     `json:"inner"`
+}
+
+// TraceResult is a trace's outcome: the verdict (dropped with a reason, delivered
+// locally, tunneled), the deciding rule of a policy drop, and the stages in order.
+type TraceResult struct {
+	Host    string       `json:"host"`
+	Packet  string       `json:"packet"`
+	Verdict string       `json:"verdict"`
+	Reason  string       `json:"reason"`
+	Rule    string       `json:"rule,omitempty"`
+	Stages  []TraceStage `json:"stages"`
+	Tunnel  *TraceTunnel `json:"tunnel,omitempty"`
+}
+
 // Drift is one difference between what the agent applied and what the datapath holds:
 // Kind is "missing" (should be there, is not), "extra" (is there, nothing implies it) or
 // "different" (both, with other content). Table is the map or flow table.

@@ -140,7 +140,7 @@ func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
 			&cli.StringFlag{Name: "token", EnvVars: []string{"CONTIV_TOKEN"}, Usage: "bearer `TOKEN` for netmaster's --auth-tokens"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, EnvVars: []string{"CONTIV_TIMEOUT"}, Usage: "give up on a request after this long"},
 		},
-		Commands:       append(commands(build), bpfCommand(), monitorCommand(), verifyCommand(), completionCommand(), completeCommand()),
+		Commands:       append(commands(build), bpfCommand(), monitorCommand(), traceCommand(), verifyCommand(), completionCommand(), completeCommand()),
 		ExitErrHandler: func(*cli.Context, error) {}, // Run maps errors to exit codes
 		OnUsageError:   onUsageError,
 	}

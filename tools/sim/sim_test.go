@@ -204,7 +204,7 @@ func TestTwoHosts(t *testing.T) {
 	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "peers", "--agent", "http://127.0.0.1:1"); err == nil || !strings.Contains(out, "cannot reach netplugin") {
 		t.Errorf("netctl bpf against no agent: %v\n%s", err, out)
 	}
-	monitorDeniedFlow(ctx, t, c, netctl, a)
+	monitorDeniedFlow(ctx, t, c, netctl, a, b)
 	verifyDrift(ctx, t, c, netctl, h1, h2)
 
 	// Crash h1's agent: traffic keeps flowing without it; a restarted agent restores.
@@ -348,7 +348,7 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 // the destination's host names the rule (as netmaster names it) and both endpoints for a
 // connection attempt from container from (same network, no group), while an unreachable
 // second agent is reported and does not stop the stream.
-func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl string, from *Container) {
+func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl string, from, far *Container) {
 	t.Helper()
 	h := from.Host
 	if err := c.CreatePolicy(ctx, "default", "mon"); err != nil {
@@ -405,6 +405,7 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 				}
 			}
 			t.Logf("netctl monitor: %s", strings.TrimSpace(r.out))
+			traceFlows(ctx, t, netctl, from, w, far)
 			return
 		case <-tick.C:
 		case <-mctx.Done():
@@ -473,4 +474,27 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// traceFlows: netctl trace on from's host agrees with the real traffic of this test: the
+// denied port is dropped by the rule netmaster named, a remote endpoint is tunneled to its
+// host's VTEP; an unknown source is refused with a message.
+func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, far *Container) {
+	t.Helper()
+	h := from.Host
+	agent := "http://" + h.Inspect
+	out, err := Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", from.EndpointID, "--to", denied.IP.Addr().String(), "--port", "5999")
+	if err != nil || !strings.Contains(out, "verdict: dropped: drop_policy") ||
+		!strings.Contains(out, "denied by rule default:mon-web:default:mon:default:mon:1:inRx") {
+		t.Errorf("netctl trace of the denied flow: %v\n%s", err, out)
+	}
+	t.Logf("netctl trace: %s", strings.TrimSpace(out))
+	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
+	if err != nil || !strings.Contains(out, "tunneled to VTEP "+far.Host.IP.String()+" ("+far.Host.Name+")") {
+		t.Errorf("netctl trace to a remote endpoint: %v\n%s", err, out)
+	}
+	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", "no-such-endpoint", "--to", "10.1.2.3", "--port", "80")
+	if code := exitCode(err); code != 3 || !strings.Contains(out, "no local endpoint") {
+		t.Errorf("netctl trace from an unknown endpoint: exit %d\n%s", code, out)
+	}
 }

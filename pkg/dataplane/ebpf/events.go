@@ -158,6 +158,11 @@ type ruleIDs struct {
 func (d *Driver) ruleID(epg uint16, dir string, index uint32) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.ruleIDLocked(epg, dir, index)
+}
+
+// ruleIDLocked is ruleID for callers holding d.mu.
+func (d *Driver) ruleIDLocked(epg uint16, dir string, index uint32) string {
 	c, ok := d.ruleIDs[epg]
 	if !ok || c.epoch != d.epoch {
 		p, has := d.policies[epg]

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -15,26 +16,10 @@ import (
 // decoded table names what an operator knows (endpoint ids, interfaces, rule ids, service
 // names, protocols and ports in host order) instead of raw map bytes.
 func TestListings(t *testing.T) {
-	h := newOneHost(t)
-	ctx := context.Background()
-	a := h.endpoint(t, "a", "10.50.0.2", true)
-	b := h.endpoint(t, "b", "10.50.0.3", true)
-	a.EPGID, b.EPGID = 1, 2
-	remote := dataplane.RemoteEndpoint{ID: "red.t-far", NetworkID: h.net.ID, IP: netip.MustParseAddr("10.50.0.9"),
-		MAC: dataplane.ContivMAC(netip.MustParseAddr("10.50.0.9")), EPGID: 1, VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"}
-	pol := dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
-		{ID: "t:p:deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
-		{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
-		{ID: "t:p:from-far", Priority: 3, Ingress: true, Remote: netip.MustParsePrefix("10.50.0.8/30"), Action: dataplane.ActionAllow},
-	}}
-	svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"),
-		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{b.IP}}
-	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}},
-		Policies: []dataplane.PolicySet{pol}, Services: []dataplane.Service{svc}}
-	if err := h.d.Sync(ctx, state); err != nil {
-		t.Fatal(err)
-	}
+	h, a, b, _, _ := opsHost(t,
+		dataplane.PolicyRule{ID: "t:p:deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		dataplane.PolicyRule{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+		dataplane.PolicyRule{ID: "t:p:from-far", Priority: 3, Ingress: true, Remote: netip.MustParsePrefix("10.50.0.8/30"), Action: dataplane.ActionAllow})
 	srv, err := conformance.StartTCPEchoPort(b.NetNS, b.IP.String(), 8080)
 	if err != nil {
 		t.Fatal(err)
@@ -128,23 +113,10 @@ func TestListings(t *testing.T) {
 // TestVerify: right after Sync the maps hold exactly what the state implies; entries
 // changed, deleted or added behind the driver's back are each named.
 func TestVerify(t *testing.T) {
-	h := newOneHost(t)
 	ctx := context.Background()
-	a := h.endpoint(t, "a", "10.50.0.2", true)
-	b := h.endpoint(t, "b", "10.50.0.3", true)
-	a.EPGID, b.EPGID = 1, 2
-	remote := dataplane.RemoteEndpoint{ID: "red.t-far", NetworkID: h.net.ID, IP: netip.MustParseAddr("10.50.0.9"),
-		MAC: dataplane.ContivMAC(netip.MustParseAddr("10.50.0.9")), EPGID: 1, VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"}
-	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}},
-		Policies: []dataplane.PolicySet{{EPGID: 2, Rules: []dataplane.PolicyRule{
-			{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
-			{ID: "t:p:deny-22", Priority: 9, Ingress: true, Proto: 6, Port: 22, Action: dataplane.ActionDeny}}}},
-		Services: []dataplane.Service{{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"),
-			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{b.IP}}}}
-	if err := h.d.Sync(ctx, state); err != nil {
-		t.Fatal(err)
-	}
+	h, a, _, remote, state := opsHost(t,
+		dataplane.PolicyRule{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+		dataplane.PolicyRule{ID: "t:p:deny-22", Priority: 9, Ingress: true, Proto: 6, Port: 22, Action: dataplane.ActionDeny})
 	if drift, err := h.d.Verify(state); err != nil || len(drift) != 0 {
 		t.Fatalf("drift right after Sync: %v %+v", err, drift)
 	}
@@ -203,4 +175,115 @@ func TestVerify(t *testing.T) {
 	if drift, err := h.d.Verify(state); err != nil || len(drift) != 0 {
 		t.Fatalf("drift after the repairing Sync: %v %+v", err, drift)
 	}
+}
+
+// TestTrace: traces through the live maps agree with real traffic (a service VIP is
+// translated and delivered, a denied port is dropped by the named rule, a remote endpoint
+// is tunneled to its host) and change no live state.
+func TestTrace(t *testing.T) {
+	h, a, b, remote, _ := opsHost(t,
+		dataplane.PolicyRule{ID: "t:p:deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		dataplane.PolicyRule{ID: "t:p:allow-8080", Priority: 5, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow})
+	liveState := func() (int, map[Reason]Counter) {
+		n := countEntries(t, h.d.objs.CbCt)
+		r, err := readReasons(h.d.objs.CbReasons)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(r, DropNotIPv4) // the namespaces' own IPv6 chatter
+		return n, r
+	}
+	ct0, reasons0 := liveState()
+	trace := func(dst string, proto uint8, port uint16) dataplane.TraceResult {
+		t.Helper()
+		r, err := h.d.Trace(dataplane.TraceRequest{From: a.ID, Dst: netip.MustParseAddr(dst), Proto: proto, DstPort: port})
+		if err != nil {
+			t.Fatalf("trace to %s:%d: %v", dst, port, err)
+		}
+		t.Logf("trace %s: %s", r.Packet, r.Verdict)
+		for _, s := range r.Stages {
+			t.Logf("  %-9s %s", s.Name, s.Detail)
+		}
+		return r
+	}
+	vip := trace("10.50.0.100", 6, 80)
+	if vip.Reason != "fwd_local" || !strings.Contains(vip.Verdict, "delivered to 10.50.0.3 red.t-b") {
+		t.Errorf("VIP trace: %+v", vip)
+	}
+	stage := func(r dataplane.TraceResult, name, sub string) {
+		t.Helper()
+		for _, s := range r.Stages {
+			if s.Name == name && strings.Contains(s.Detail, sub) {
+				return
+			}
+		}
+		t.Errorf("no %s stage with %q in %+v", name, sub, r.Stages)
+	}
+	stage(vip, "service", "backend 10.50.0.3:8080")
+	stage(vip, "conntrack", "would create tcp 10.50.0.2:")
+	denied := trace("10.50.0.3", 6, 22)
+	if denied.Reason != "drop_policy" || denied.Rule != "t:p:deny-tcp" || !strings.HasPrefix(denied.Verdict, "dropped") {
+		t.Errorf("denied trace: %+v", denied)
+	}
+	stage(denied, "policy", "t:p:deny-tcp (group 2 ingress")
+	far := trace("10.50.0.9", 6, 80)
+	if far.Reason != "fwd_tunnel" || far.Tunnel == nil || far.Tunnel.VTEP != remote.VTEP || far.Tunnel.VNI != 77 {
+		t.Errorf("remote trace: %+v", far)
+	}
+	stage(far, "forward", "VXLAN to 10.254.0.2 (h2), VNI 77 (remote endpoint red.t-far)")
+	if icmp := trace("10.50.0.3", 1, 0); icmp.Reason != "fwd_local" {
+		t.Errorf("icmp trace: %+v", icmp)
+	}
+	// No live state changed.
+	if ct1, reasons1 := liveState(); ct1 != ct0 || !reflect.DeepEqual(reasons1, reasons0) {
+		t.Errorf("trace changed live state: conntrack %d -> %d entries, reasons %v -> %v", ct0, ct1, reasons0, reasons1)
+	}
+	// Real traffic agrees.
+	srv, err := conformance.StartTCPEchoPort(b.NetNS, b.IP.String(), 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if c, err := conformance.DialTCP(a.NetNS, "10.50.0.100:80"); err != nil {
+		t.Errorf("real connection to the VIP: %v", err)
+	} else {
+		c.Close()
+	}
+	if c, err := conformance.DialTCPTimeout(a.NetNS, "10.50.0.3:22", 300*time.Millisecond); err == nil {
+		c.Close()
+		t.Error("real connection to the denied port succeeded")
+	}
+	// Bad requests.
+	for _, req := range []dataplane.TraceRequest{
+		{From: "red.t-nobody", Dst: b.IP, Proto: 6, DstPort: 80},
+		{From: a.ID, Dst: netip.MustParseAddr("fd00::1"), Proto: 6, DstPort: 80},
+		{From: a.ID, Dst: b.IP, Proto: 6},
+		{From: a.ID, Dst: b.IP, Proto: 47},
+	} {
+		if _, err := h.d.Trace(req); err == nil {
+			t.Errorf("trace %+v accepted", req)
+		}
+	}
+}
+
+// opsHost is one host with endpoints a (EPG 1) and b (EPG 2), a remote endpoint "far" on
+// peer h2, service web:t (10.50.0.100:80 -> b:8080) and the given ingress rules on EPG 2,
+// synced.
+func opsHost(t *testing.T, rules ...dataplane.PolicyRule) (*oneHost, dataplane.Endpoint, dataplane.Endpoint, dataplane.RemoteEndpoint, dataplane.State) {
+	t.Helper()
+	h := newOneHost(t)
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	remote := dataplane.RemoteEndpoint{ID: "red.t-far", NetworkID: h.net.ID, IP: netip.MustParseAddr("10.50.0.9"),
+		MAC: dataplane.ContivMAC(netip.MustParseAddr("10.50.0.9")), EPGID: 1, VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}},
+		Policies: []dataplane.PolicySet{{EPGID: 2, Rules: rules}},
+		Services: []dataplane.Service{{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"),
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{b.IP}}}}
+	if err := h.d.Sync(context.Background(), state); err != nil {
+		t.Fatal(err)
+	}
+	return h, a, b, remote, state
 }

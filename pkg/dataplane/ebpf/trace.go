@@ -1,0 +1,369 @@
+package ebpf
+
+import (
+	"encoding/binary"
+
+	"fmt"
+	"net"
+	"net/netip"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Trace runs a packet the local endpoint req.From would send through this host's live
+// datapath without sending it and without changing any state: the programs are loaded a
+// second time with the live state maps (endpoints, networks, peers, policies, services,
+// routes, config) and scratch copies of everything a packet writes (conntrack with the
+// flow's current entries copied in, fragment records, counters, events), and run once
+// with BPF_PROG_TEST_RUN. The result says which stages decided what.
+func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return dataplane.TraceResult{}, err
+	}
+	var res dataplane.TraceResult
+	err := inNetNS(d.cfg.NetNS, func() error {
+		var err error
+		res, err = d.trace(req)
+		return err
+	})
+	return res, err
+}
+
+// traceScratch are the maps a packet writes: a trace gets private copies.
+var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: true, contivbpfMapCbNatFrags: true,
+	contivbpfMapCbReasons: true, contivbpfMapCbEpCounters: true, contivbpfMapCbVerdicts: true, contivbpfMapCbEvents: true,
+	contivbpfMapCbIfaces: true}
+
+// liveMaps names the driver's maps by their ELF names.
+func (d *Driver) liveMaps() map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(&d.objs.contivbpfMaps).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil {
+			out[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	return out
+}
+
+func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error) {
+	res := dataplane.TraceResult{Host: d.cfg.Host}
+	src, ok := d.endpoints[indexKey(req.From)]
+	if !ok {
+		return res, fmt.Errorf("trace: %q is not a local endpoint of this host", req.From)
+	}
+	var srcNet netRec
+	for _, n := range d.networks {
+		if n.key == src.key.Net {
+			srcNet = n
+		}
+	}
+	if !req.Dst.Is4() {
+		return res, fmt.Errorf("trace: destination %v is not an IPv4 address", req.Dst)
+	}
+	switch req.Proto {
+	case 6, 17:
+		if req.DstPort == 0 {
+			return res, fmt.Errorf("trace: %s needs a destination port", protoName(req.Proto))
+		}
+	case 1:
+	default:
+		return res, fmt.Errorf("trace: protocol %d: want tcp (6), udp (17) or icmp (1)", req.Proto)
+	}
+	var ifc contivbpfCbIface
+	if err := d.objs.CbIfaces.Lookup(uint32(src.ifindex), &ifc); err != nil {
+		return res, fmt.Errorf("trace: interface of %s not in cb_ifaces: %w", req.From, err)
+	}
+	srcIP := addrFrom(src.key.Ip)
+	var srcMAC net.HardwareAddr = ifc.Mac[:]
+	dstMAC := dataplane.RouterMAC
+	if srcNet.net.Subnet.Contains(req.Dst) && req.Dst != srcNet.net.Gateway {
+		dstMAC = dataplane.ContivMAC(req.Dst)
+	}
+	sport := req.SrcPort
+	if sport == 0 {
+		sport = 40000 + uint16(time.Now().UnixNano()%20000)
+	}
+	res.Packet = fmt.Sprintf("%s %v:%d > %v:%d (from %s, %s)", protoName(req.Proto), srcIP, sport, req.Dst, req.DstPort, req.From, src.hostIf)
+	if req.Proto == 1 {
+		res.Packet = fmt.Sprintf("icmp echo %v > %v (from %s, %s)", srcIP, req.Dst, req.From, src.hostIf)
+	}
+	pkt := tracePacket(srcMAC, dstMAC, srcIP, req.Dst, req.Proto, sport, req.DstPort)
+
+	spec, err := d.loadSpec()
+	if err != nil {
+		return res, fmt.Errorf("trace: load spec: %w", err)
+	}
+	live := d.liveMaps()
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		ms.Pinning = ebpf.PinNone
+		m, ok := live[name]
+		if !ok || traceScratch[name] {
+			if name == contivbpfMapCbCt {
+				ms.MaxEntries = 4096
+			} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
+				ms.MaxEntries = 64
+			}
+			continue
+		}
+		if info, err := m.Info(); err == nil {
+			ms.MaxEntries = info.MaxEntries
+			ms.Flags = info.Flags
+		}
+		repl[name] = m
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		return res, fmt.Errorf("trace: load programs: %w", err)
+	}
+	defer coll.Close()
+	// Program globals: the live features (events on, to learn the deciding rule) and epoch.
+	var cfg contivbpfCbConfig
+	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		return res, fmt.Errorf("trace: read config: %w", err)
+	}
+	if v := coll.Variables["cb_features"]; v != nil {
+		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)); err != nil {
+			return res, fmt.Errorf("trace: set features: %w", err)
+		}
+	}
+	if v := coll.Variables["cb_policy_epoch"]; v != nil {
+		if err := v.Set(d.epoch); err != nil {
+			return res, fmt.Errorf("trace: set epoch: %w", err)
+		}
+	}
+	// The test run receives on the caller's loopback: the source interface is found there.
+	if err := coll.Maps[contivbpfMapCbIfaces].Put(uint32(loopbackIfindex), &ifc); err != nil {
+		return res, fmt.Errorf("trace: scratch interface: %w", err)
+	}
+	// Conntrack: the flow's live entries, so an established flow traces as established.
+	scratchCT := coll.Maps[contivbpfMapCbCt]
+	before := map[contivbpfCbCtKey]contivbpfCbCtEntry{}
+	var ck contivbpfCbCtKey
+	var cv contivbpfCbCtEntry
+	it := d.objs.CbCt.Iterate()
+	dst := ip4(req.Dst)
+	for it.Next(&ck, &cv) && len(before) < 4000 {
+		if ck.Saddr == src.key.Ip || ck.Daddr == src.key.Ip || ck.Saddr == dst || ck.Daddr == dst {
+			if err := scratchCT.Put(&ck, &cv); err != nil {
+				return res, fmt.Errorf("trace: copy conntrack: %w", err)
+			}
+			before[ck] = cv
+		}
+	}
+	rd, err := ringbuf.NewReader(coll.Maps[contivbpfMapCbEvents])
+	if err != nil {
+		return res, fmt.Errorf("trace: events: %w", err)
+	}
+	defer rd.Close()
+	out := make([]byte, len(pkt)+256)
+	ret, err := coll.Programs[contivbpfProgCbFromContainer].Run(&ebpf.RunOptions{Data: pkt, DataOut: out, Repeat: 1})
+	if err != nil {
+		return res, fmt.Errorf("trace: run: %w", err)
+	}
+	reasons, err := readReasons(coll.Maps[contivbpfMapCbReasons])
+	if err != nil {
+		return res, err
+	}
+	for r := range reasons {
+		res.Reason = r.String()
+	}
+	if ev, ok := readTraceEvent(rd); ok && ev.RuleEPG != 0 {
+		res.Rule = d.ruleIDLocked(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("denied by rule %s (group %d %s, #%d)", res.Rule, ev.RuleEPG, ev.RuleDir, ev.RuleIndex+1)})
+	}
+	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "source", Detail: fmt.Sprintf("%s on %s, network %s, group %d", req.From, src.hostIf, srcNet.net.ID, ifc.Epg)})
+	d.traceConntrack(&res, scratchCT, before)
+	d.traceOutput(&res, ret, out)
+	sort.SliceStable(res.Stages, func(i, j int) bool { return stageOrder(res.Stages[i].Name) < stageOrder(res.Stages[j].Name) })
+	return res, nil
+}
+
+// loopbackIfindex is where BPF_PROG_TEST_RUN delivers a packet: the caller's lo.
+const loopbackIfindex = 1
+
+func stageOrder(name string) int {
+	for i, n := range []string{"source", "service", "policy", "conntrack", "forward", "verdict"} {
+		if n == name {
+			return i
+		}
+	}
+	return 99
+}
+
+func readTraceEvent(rd *ringbuf.Reader) (DropEvent, bool) {
+	rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
+	rec, err := rd.Read()
+	if err != nil {
+		return DropEvent{}, false
+	}
+	return decodeEvent(rec.RawSample)
+}
+
+// traceConntrack reports the entries the run created or changed.
+func (d *Driver) traceConntrack(res *dataplane.TraceResult, ct *ebpf.Map, before map[contivbpfCbCtKey]contivbpfCbCtEntry) {
+	var k contivbpfCbCtKey
+	var v contivbpfCbCtEntry
+	it := ct.Iterate()
+	state := map[uint8]string{1: "new", 2: "established", 3: "closing"}
+	for it.Next(&k, &v) {
+		old, had := before[k]
+		if had && old.State == v.State && old.Flags == v.Flags {
+			continue
+		}
+		what := "would create"
+		if had {
+			what = "would update"
+		}
+		detail := fmt.Sprintf("%s %s %v:%d > %v:%d %s", what, protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[v.State])
+		if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 {
+			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "service", Detail: fmt.Sprintf("%v:%d is a service VIP: backend %v:%d chosen", addrFrom(k.Daddr), hport(k.Dport), addrFrom(v.NatIp), hport(v.NatPort))})
+			continue
+		}
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: detail})
+	}
+	if len(before) > 0 {
+		for k, v := range before {
+			if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) != 0 && k.Proto != 0 {
+				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: fmt.Sprintf("live entry %s %v:%d > %v:%d %s", protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[v.State])})
+				break
+			}
+		}
+	}
+}
+
+// traceOutput decodes the verdict and the packet as the program left it.
+func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte) {
+	const (
+		tcActOK       = 0
+		tcActShot     = 2
+		tcActRedirect = 7
+	)
+	switch ret {
+	case tcActShot:
+		res.Verdict = "dropped: " + res.Reason
+	case tcActRedirect:
+		res.Verdict = "forwarded"
+	case tcActOK:
+		res.Verdict = "passed to the host stack"
+	default:
+		res.Verdict = fmt.Sprintf("tc action %d", ret)
+	}
+	if ret != tcActRedirect || len(out) < 34 || binary.BigEndian.Uint16(out[12:]) != 0x0800 {
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "verdict", Detail: res.Verdict})
+		return
+	}
+	ipDst := netip.AddrFrom4([4]byte(out[30:34]))
+	if res.Reason == FwdTunnel.String() {
+		// The program sets the tunnel key and redirects to the collect_md VXLAN device,
+		// which encapsulates: the frame out is the inner one; the VTEP and VNI are those
+		// of the remote endpoint it is addressed to.
+		var vtep netip.Addr
+		var vni uint32
+		target := ""
+		for _, r := range d.remotes {
+			if r.ep.IP == ipDst {
+				vtep, target = r.ep.VTEP, r.ep.ID
+				if n, ok := d.networks[r.ep.NetworkID]; ok {
+					vni = n.net.Tag
+				}
+			}
+		}
+		host := ""
+		for h, v := range d.peers {
+			if v == vtep {
+				host = " (" + h + ")"
+			}
+		}
+		res.Tunnel = &dataplane.TraceTunnel{VTEP: vtep, VNI: vni, Inner: append([]byte(nil), out...)}
+		res.Verdict = fmt.Sprintf("tunneled to VTEP %v%s, VNI %d, for %v %s", vtep, host, vni, ipDst, target)
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: fmt.Sprintf("encapsulated in VXLAN to %v%s, VNI %d (remote endpoint %s)", vtep, host, vni, target)})
+	} else {
+		target := ""
+		for _, r := range d.endpoints {
+			if addrFrom(r.key.Ip) == ipDst {
+				target = " " + r.id + " (" + r.hostIf + ")"
+			}
+		}
+		res.Verdict = fmt.Sprintf("delivered to %v%s", ipDst, target)
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: "local: " + strings.TrimSpace(fmt.Sprintf("%v%s", ipDst, target))})
+	}
+	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "verdict", Detail: res.Verdict + " (" + res.Reason + ")"})
+}
+
+
+// tracePacket builds the frame a container would send: Ethernet, IPv4 (DF, TTL 64) and a
+// TCP SYN, a UDP datagram or an ICMP echo request, with valid checksums.
+func tracePacket(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16) []byte {
+	var l4 []byte
+	switch proto {
+	case 6:
+		l4 = make([]byte, 20)
+		binary.BigEndian.PutUint16(l4[0:], sport)
+		binary.BigEndian.PutUint16(l4[2:], dport)
+		binary.BigEndian.PutUint32(l4[4:], 1)
+		l4[12] = 5 << 4
+		l4[13] = 0x02 // SYN
+		binary.BigEndian.PutUint16(l4[14:], 64240)
+	case 17:
+		l4 = make([]byte, 8+16)
+		binary.BigEndian.PutUint16(l4[0:], sport)
+		binary.BigEndian.PutUint16(l4[2:], dport)
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	default:
+		l4 = make([]byte, 8+16)
+		l4[0] = 8 // echo request
+		binary.BigEndian.PutUint16(l4[4:], sport)
+		binary.BigEndian.PutUint16(l4[6:], 1)
+	}
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+	binary.BigEndian.PutUint16(ip[4:], 0x1234)
+	binary.BigEndian.PutUint16(ip[6:], 0x4000)
+	ip[8], ip[9] = 64, proto
+	s, t := src.As4(), dst.As4()
+	copy(ip[12:], s[:])
+	copy(ip[16:], t[:])
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
+	switch proto {
+	case 6:
+		binary.BigEndian.PutUint16(l4[16:], checksum(l4, pseudoSum(s, t, proto, len(l4))))
+	case 17:
+		binary.BigEndian.PutUint16(l4[6:], checksum(l4, pseudoSum(s, t, proto, len(l4))))
+	default:
+		binary.BigEndian.PutUint16(l4[2:], checksum(l4, 0))
+	}
+	frame := append(append(append([]byte{}, dstMAC...), srcMAC...), 0x08, 0x00)
+	return append(append(frame, ip...), l4...)
+}
+
+func pseudoSum(s, t [4]byte, proto uint8, n int) uint32 {
+	sum := uint32(binary.BigEndian.Uint16(s[0:])) + uint32(binary.BigEndian.Uint16(s[2:])) +
+		uint32(binary.BigEndian.Uint16(t[0:])) + uint32(binary.BigEndian.Uint16(t[2:]))
+	return sum + uint32(proto) + uint32(n)
+}
+
+func checksum(b []byte, seed uint32) uint16 {
+	sum := seed
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
