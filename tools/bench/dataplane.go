@@ -75,6 +75,7 @@ func runDataplane(ctx context.Context, cfg config, dp string, w io.Writer, r *re
 		{"crosshost_policy", d.crossHostPolicy},
 		{"restart", d.restart},
 		{"cni", d.cni},
+		{"operate", d.operate},
 	}
 	for _, s := range stages {
 		if !cfg.want(s.name) {

@@ -51,7 +51,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "docker", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -130,7 +130,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 	}
 	wantCluster := false
-	for _, s := range []string{"samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni"} {
+	for _, s := range []string{"samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate"} {
 		wantCluster = wantCluster || cfg.want(s)
 	}
 	for _, dp := range cfg.dataplanes {

@@ -99,6 +99,7 @@ var goals = map[string]goal{
 	// had when the issue was written.
 	"samehost_policy.tput_ratio":    atLeast(0.95),
 	"samehost_monitor.tput_ratio":   atLeast(0.97),
+	"operate.trace_p50_ms":          atMost(100),
 	"crosshost_policy.tput_ratio":   atLeast(1.02),
 	"prog.local":                    atMost(40),
 	"restart.rr_failed":             atMost(0),

@@ -60,6 +60,7 @@ type Driver struct {
 	peers     map[string]netip.Addr // host → VTEP
 	policies  map[uint16]dataplane.PolicySet
 	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
+	traceColl *ebpf.Collection   // trace programs and scratch maps (trace.go), loaded on first use
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
 	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
 	ctgc      *ctGC
@@ -328,6 +329,10 @@ func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
 // release closes handles without touching the datapath.
 func (d *Driver) release() {
 	d.stopGC()
+	if d.traceColl != nil {
+		d.traceColl.Close()
+		d.traceColl = nil
+	}
 	for _, a := range d.links {
 		a.link.Close()
 	}

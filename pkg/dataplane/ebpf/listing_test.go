@@ -234,6 +234,10 @@ func TestTrace(t *testing.T) {
 	if icmp := trace("10.50.0.3", 1, 0); icmp.Reason != "fwd_local" {
 		t.Errorf("icmp trace: %+v", icmp)
 	}
+	// The reused trace programs start each run from the live state, not the last trace's.
+	again := trace("10.50.0.100", 6, 80)
+	stage(again, "service", "backend 10.50.0.3:8080")
+	stage(again, "conntrack", "would create tcp 10.50.0.2:")
 	// No live state changed.
 	if ct1, reasons1 := liveState(); ct1 != ct0 || !reflect.DeepEqual(reasons1, reasons0) {
 		t.Errorf("trace changed live state: conntrack %d -> %d entries, reasons %v -> %v", ct0, ct1, reasons0, reasons1)

@@ -99,34 +99,10 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	}
 	pkt := tracePacket(srcMAC, dstMAC, srcIP, req.Dst, req.Proto, sport, req.DstPort)
 
-	spec, err := d.loadSpec()
+	coll, err := d.traceCollection()
 	if err != nil {
-		return res, fmt.Errorf("trace: load spec: %w", err)
+		return res, err
 	}
-	live := d.liveMaps()
-	repl := map[string]*ebpf.Map{}
-	for name, ms := range spec.Maps {
-		ms.Pinning = ebpf.PinNone
-		m, ok := live[name]
-		if !ok || traceScratch[name] {
-			if name == contivbpfMapCbCt {
-				ms.MaxEntries = 4096
-			} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
-				ms.MaxEntries = 64
-			}
-			continue
-		}
-		if info, err := m.Info(); err == nil {
-			ms.MaxEntries = info.MaxEntries
-			ms.Flags = info.Flags
-		}
-		repl[name] = m
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
-	if err != nil {
-		return res, fmt.Errorf("trace: load programs: %w", err)
-	}
-	defer coll.Close()
 	// Program globals: the live features (events on, to learn the deciding rule) and epoch.
 	var cfg contivbpfCbConfig
 	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
@@ -166,6 +142,11 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 		return res, fmt.Errorf("trace: events: %w", err)
 	}
 	defer rd.Close()
+	for { // events a previous run left unread
+		if _, ok := readTraceEvent(rd); !ok {
+			break
+		}
+	}
 	out := make([]byte, len(pkt)+256)
 	ret, err := coll.Programs[contivbpfProgCbFromContainer].Run(&ebpf.RunOptions{Data: pkt, DataOut: out, Repeat: 1})
 	if err != nil {
@@ -189,6 +170,76 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	return res, nil
 }
 
+// traceCollection returns the trace programs, loaded on first use and kept (a load costs
+// a verifier run, ~200 ms) with their scratch maps emptied for the next run.
+func (d *Driver) traceCollection() (*ebpf.Collection, error) {
+	if d.traceColl == nil {
+		spec, err := d.loadSpec()
+		if err != nil {
+			return nil, fmt.Errorf("trace: load spec: %w", err)
+		}
+		// Only the container program is run: loading (and verifying) the others would
+		// triple the cost.
+		for name := range spec.Programs {
+			if name != contivbpfProgCbFromContainer {
+				delete(spec.Programs, name)
+			}
+		}
+		live := d.liveMaps()
+		repl := map[string]*ebpf.Map{}
+		for name, ms := range spec.Maps {
+			ms.Pinning = ebpf.PinNone
+			m, ok := live[name]
+			if !ok || traceScratch[name] {
+				if name == contivbpfMapCbCt {
+					ms.MaxEntries = 4096
+				} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
+					ms.MaxEntries = 64
+				}
+				continue
+			}
+			if info, err := m.Info(); err == nil {
+				ms.MaxEntries = info.MaxEntries
+				ms.Flags = info.Flags
+			}
+			repl[name] = m
+		}
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
+		if err != nil {
+			return nil, fmt.Errorf("trace: load programs: %w", err)
+		}
+		d.traceColl = coll
+		return coll, nil
+	}
+	// Empty the scratch maps a previous run wrote.
+	for _, name := range []string{contivbpfMapCbCt, contivbpfMapCbFrags, contivbpfMapCbNatFrags, contivbpfMapCbIfaces} {
+		m := d.traceColl.Maps[name]
+		var keys [][]byte
+		k := make([]byte, m.KeySize())
+		v := make([]byte, m.ValueSize())
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			keys = append(keys, append([]byte(nil), k...))
+		}
+		for _, k := range keys {
+			_ = m.Delete(k)
+		}
+	}
+	for _, name := range []string{contivbpfMapCbReasons, contivbpfMapCbEpCounters, contivbpfMapCbVerdicts} {
+		m := d.traceColl.Maps[name]
+		zero := make([][]byte, ebpf.MustPossibleCPU())
+		for i := range zero {
+			zero[i] = make([]byte, m.ValueSize())
+		}
+		for k := uint32(0); k < m.MaxEntries(); k++ {
+			if err := m.Put(k, zero); err != nil {
+				return nil, fmt.Errorf("trace: reset %s: %w", name, err)
+			}
+		}
+	}
+	return d.traceColl, nil
+}
+
 // loopbackIfindex is where BPF_PROG_TEST_RUN delivers a packet: the caller's lo.
 const loopbackIfindex = 1
 
@@ -202,12 +253,13 @@ func stageOrder(name string) int {
 }
 
 func readTraceEvent(rd *ringbuf.Reader) (DropEvent, bool) {
-	rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
+	rd.SetDeadline(time.Now().Add(time.Millisecond))
 	rec, err := rd.Read()
 	if err != nil {
 		return DropEvent{}, false
 	}
-	return decodeEvent(rec.RawSample)
+	ev, ok := decodeEvent(rec.RawSample)
+	return ev, ok || len(rec.RawSample) > 0
 }
 
 // traceConntrack reports the entries the run created or changed.
@@ -300,7 +352,6 @@ func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte)
 	}
 	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "verdict", Detail: res.Verdict + " (" + res.Reason + ")"})
 }
-
 
 // tracePacket builds the frame a container would send: Ethernet, IPv4 (DF, TTL 64) and a
 // TCP SYN, a UDP datagram or an ICMP echo request, with valid checksums.
