@@ -72,7 +72,8 @@ func commands(build BuildInfo) []*cli.Command {
 		{
 			Name: "endpoint", Aliases: []string{"ep"}, Usage: "Endpoint Inspection",
 			Subcommands: []*cli.Command{
-				{Name: "inspect", Usage: "Inspect an Endpoint", ArgsUsage: "[epid]", Action: action(inspectEndpoint)},
+				{Name: "inspect", Usage: "Inspect an Endpoint (by endpoint id, container id or container name, or a part of one)", ArgsUsage: "[epid]", Action: action(inspectEndpoint)},
+				endpointListCommand(),
 			},
 		},
 		{

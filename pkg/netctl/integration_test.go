@@ -3,6 +3,9 @@ package netctl
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -112,4 +115,48 @@ func TestEndToEndAgainstMaster(t *testing.T) {
 	ok("Deleting tenant blue\n", "tenant", "rm", "blue")
 	ok("default\n", "tenant", "ls", "-q")
 	ok("[]\n", "net", "ls", "-j", "-a")
+}
+
+// TestEndpointList: `endpoint ls` lists endpoints with container names, addresses, groups
+// and hosts, per tenant, network and host; `endpoint inspect` finds one by container name.
+func TestEndpointList(t *testing.T) {
+	url := startMaster(t)
+	post := func(path, body string) {
+		t.Helper()
+		resp, err := http.Post(url+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
+		}
+	}
+	post("/api/v1/tenants/blue/", `{"tenantName":"blue"}`)
+	post("/api/v1/networks/default:n1/", `{"tenantName":"default","networkName":"n1","encap":"vxlan","subnet":"10.31.0.0/24","gateway":"10.31.0.1"}`)
+	post("/api/v1/networks/blue:n2/", `{"tenantName":"blue","networkName":"n2","encap":"vxlan","subnet":"10.32.0.0/24"}`)
+	post("/api/v1/endpointGroups/default:web/", `{"tenantName":"default","groupName":"web","networkName":"n1"}`)
+	for _, ep := range []struct{ tenant, net, group, id, host string }{
+		{"default", "n1", "web", "c1", "hostA"}, {"default", "n1", "", "c2", "hostB"}, {"blue", "n2", "", "c3", "hostA"},
+	} {
+		post("/plugin/createEndpoint", fmt.Sprintf(`{"TenantName":%q,"NetworkName":%q,"ServiceName":%q,"EndpointID":%q,"EPCommonName":"name-%s","ConfigEP":{"Container":%q,"Host":%q,"ServiceName":%q}}`,
+			ep.tenant, ep.net, ep.group, ep.id, ep.id, ep.id, ep.host, ep.group))
+	}
+	r := runNetctl(t, url, "endpoint", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "n1.default-c1") || !strings.Contains(r.stdout, "name-c1") ||
+		!strings.Contains(r.stdout, "10.31.0.2") || !strings.Contains(r.stdout, "web:default") || !strings.Contains(r.stdout, "hostB") ||
+		strings.Contains(r.stdout, "c3") {
+		t.Fatalf("ep ls: %d %q\n%s", r.code, r.stderr, r.stdout)
+	}
+	if r := runNetctl(t, url, "ep", "ls", "--host", "hostA", "-a"); r.code != 0 || !strings.Contains(r.stdout, "n2.blue-c3") ||
+		!strings.Contains(r.stdout, "n1.default-c1") || strings.Contains(r.stdout, "c2") {
+		t.Fatalf("ep ls --host hostA -a: %d %q\n%s", r.code, r.stderr, r.stdout)
+	}
+	if r := runNetctl(t, url, "ep", "ls", "-t", "nobody"); r.code == 0 {
+		t.Fatalf("ep ls of a missing tenant: %+v", r)
+	}
+	if r := runNetctl(t, url, "ep", "inspect", "name-c2"); r.code != 0 || !strings.Contains(r.stdout, `"n1.default-c2"`) {
+		t.Fatalf("ep inspect by container name: %d %q\n%s", r.code, r.stderr, r.stdout)
+	}
 }
