@@ -60,6 +60,7 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
 //	GET /inspect/verify     drift between the applied state and the live datapath
 //	POST /inspect/trace     a packet run through the live datapath, nothing sent or changed
+//	POST /inspect/trace-receive  a traced VXLAN frame run through this host's receive path
 //	GET /monitor            dropped packets as JSON lines while connected (?endpoint=,
 //	                        tenant=, reason=, policy=1), with endpoint names and the rule
 //	GET /svcstats           services and the driver's counters
@@ -97,6 +98,7 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 	r.HandleFunc("/monitor", a.serveMonitor).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/verify", a.serveVerify).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/trace", a.serveTrace).Methods(http.MethodPost)
+	r.HandleFunc("/inspect/trace-receive", a.serveTraceReceive).Methods(http.MethodPost)
 	r.HandleFunc("/svcstats", func(w http.ResponseWriter, req *http.Request) {
 		out := map[string]any{"services": a.Inspect().Services}
 		if st, err := a.DriverStatus(req.Context()); err == nil {

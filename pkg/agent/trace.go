@@ -15,6 +15,7 @@ import (
 // (the eBPF driver).
 type tracer interface {
 	Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error)
+	TraceReceive(t dataplane.TraceTunnel) (dataplane.TraceResult, error)
 }
 
 // TraceQuery is POST /inspect/trace: from is a local endpoint (id or a unique part of it),
@@ -107,4 +108,27 @@ func (a *Agent) traceRequest(q TraceQuery) (dataplane.TraceRequest, error) {
 		}
 	}
 	return r, fmt.Errorf("to: %q is neither an address nor an endpoint id this host knows", q.To)
+}
+
+// serveTraceReceive is POST /inspect/trace-receive: a TraceTunnel (another host's trace
+// result) run through this host's VXLAN receive path.
+func (a *Agent) serveTraceReceive(w http.ResponseWriter, req *http.Request) {
+	tr, ok := a.cfg.Driver.(tracer)
+	if !ok {
+		http.Error(w, "trace needs the eBPF dataplane", http.StatusNotImplemented)
+		return
+	}
+	var t dataplane.TraceTunnel
+	dec := json.NewDecoder(io.LimitReader(req.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		http.Error(w, "trace-receive request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	res, err := tr.TraceReceive(t)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
 }

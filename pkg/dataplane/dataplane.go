@@ -224,9 +224,10 @@ type TraceStage struct {
 // TraceTunnel is where a traced packet would leave encapsulated, with the inner frame the
 // destination host would receive.
 type TraceTunnel struct {
-	VTEP  netip.Addr `json:"vtep"`
-	VNI   uint32     `json:"vni"`
-	Inner []byte     `json:"inner"`
+	Source netip.Addr `json:"source"` // the sending host's VTEP
+	VTEP   netip.Addr `json:"vtep"`   // the receiving host's
+	VNI    uint32     `json:"vni"`
+	Inner  []byte     `json:"inner"`
 }
 
 // TraceResult is a trace's outcome: the verdict (dropped with a reason, delivered

@@ -2,10 +2,12 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -492,6 +494,21 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
 	if err != nil || !strings.Contains(out, "tunneled to VTEP "+far.Host.IP.String()+" ("+far.Host.Name+")") {
 		t.Errorf("netctl trace to a remote endpoint: %v\n%s", err, out)
+	}
+	// The destination host's receive path, with the tunnel the source trace produced.
+	out, err = Exec(ctx, h.Name, netctl, "trace", "-j", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
+	var src struct {
+		Tunnel json.RawMessage `json:"tunnel"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &src) != nil || len(src.Tunnel) == 0 {
+		t.Fatalf("netctl trace -j to a remote endpoint: %v\n%s", err, out)
+	}
+	var rx struct {
+		Host, Verdict, Reason string
+	}
+	if err := far.Host.c.do(ctx, far.Host.Name, http.MethodPost, "http://"+far.Host.Inspect+"/inspect/trace-receive", src.Tunnel, &rx); err != nil ||
+		rx.Reason != "fwd_local" || !strings.Contains(rx.Verdict, far.EndpointID) {
+		t.Errorf("trace-receive on %s: %v %+v", far.Host.Name, err, rx)
 	}
 	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", "no-such-endpoint", "--to", "10.1.2.3", "--port", "80")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "no local endpoint") {

@@ -227,12 +227,30 @@ func TestTrace(t *testing.T) {
 	}
 	stage(denied, "policy", "t:p:deny-tcp (group 2 ingress")
 	far := trace("10.50.0.9", 6, 80)
-	if far.Reason != "fwd_tunnel" || far.Tunnel == nil || far.Tunnel.VTEP != remote.VTEP || far.Tunnel.VNI != 77 {
+	if far.Reason != "fwd_tunnel" || far.Tunnel == nil || far.Tunnel.VTEP != remote.VTEP || far.Tunnel.VNI != 77 || far.Tunnel.Source != h.cfg.VTEP {
 		t.Errorf("remote trace: %+v", far)
 	}
 	stage(far, "forward", "VXLAN to 10.254.0.2 (h2), VNI 77 (remote endpoint red.t-far)")
 	if icmp := trace("10.50.0.3", 1, 0); icmp.Reason != "fwd_local" {
 		t.Errorf("icmp trace: %+v", icmp)
+	}
+	// The receive side: the frame a remote endpoint's host would tunnel here.
+	inner := tracePacket(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 8080)
+	rx, err := h.d.TraceReceive(dataplane.TraceTunnel{Source: remote.VTEP, VNI: 77, Inner: inner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("receive %s: %s %+v", rx.Packet, rx.Verdict, rx.Stages)
+	if rx.Reason != "fwd_local" || !strings.Contains(rx.Verdict, "delivered to 10.50.0.3 red.t-b") {
+		t.Errorf("receive trace: %+v", rx)
+	}
+	rx, err = h.d.TraceReceive(dataplane.TraceTunnel{Source: remote.VTEP, VNI: 77, Inner: tracePacket(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 22)})
+	if err != nil || rx.Reason != "drop_policy" || rx.Rule != "t:p:deny-tcp" {
+		t.Errorf("receive trace of a denied port: %+v %v", rx, err)
+	}
+	// A peer claiming an endpoint that lives behind another VTEP is refused.
+	if rx, err := h.d.TraceReceive(dataplane.TraceTunnel{Source: netip.MustParseAddr("10.254.0.99"), VNI: 77, Inner: inner}); err != nil || !strings.HasPrefix(rx.Verdict, "dropped") {
+		t.Errorf("receive trace from a foreign VTEP: %+v %v", rx, err)
 	}
 	// The reused trace programs start each run from the live state, not the last trace's.
 	again := trace("10.50.0.100", 6, 80)

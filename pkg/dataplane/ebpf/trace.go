@@ -99,73 +99,14 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	}
 	pkt := tracePacket(srcMAC, dstMAC, srcIP, req.Dst, req.Proto, sport, req.DstPort)
 
-	coll, err := d.traceCollection()
+	run, err := d.traceRun(contivbpfProgCbFromContainer, pkt, nil, &ifc, []uint32{src.key.Ip, ip4(req.Dst)})
 	if err != nil {
 		return res, err
 	}
-	// Program globals: the live features (events on, to learn the deciding rule) and epoch.
-	var cfg contivbpfCbConfig
-	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
-		return res, fmt.Errorf("trace: read config: %w", err)
-	}
-	if v := coll.Variables["cb_features"]; v != nil {
-		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)); err != nil {
-			return res, fmt.Errorf("trace: set features: %w", err)
-		}
-	}
-	if v := coll.Variables["cb_policy_epoch"]; v != nil {
-		if err := v.Set(d.epoch); err != nil {
-			return res, fmt.Errorf("trace: set epoch: %w", err)
-		}
-	}
-	// The test run receives on the caller's loopback: the source interface is found there.
-	if err := coll.Maps[contivbpfMapCbIfaces].Put(uint32(loopbackIfindex), &ifc); err != nil {
-		return res, fmt.Errorf("trace: scratch interface: %w", err)
-	}
-	// Conntrack: the flow's live entries, so an established flow traces as established.
-	scratchCT := coll.Maps[contivbpfMapCbCt]
-	before := map[contivbpfCbCtKey]contivbpfCbCtEntry{}
-	var ck contivbpfCbCtKey
-	var cv contivbpfCbCtEntry
-	it := d.objs.CbCt.Iterate()
-	dst := ip4(req.Dst)
-	for it.Next(&ck, &cv) && len(before) < 4000 {
-		if ck.Saddr == src.key.Ip || ck.Daddr == src.key.Ip || ck.Saddr == dst || ck.Daddr == dst {
-			if err := scratchCT.Put(&ck, &cv); err != nil {
-				return res, fmt.Errorf("trace: copy conntrack: %w", err)
-			}
-			before[ck] = cv
-		}
-	}
-	rd, err := ringbuf.NewReader(coll.Maps[contivbpfMapCbEvents])
-	if err != nil {
-		return res, fmt.Errorf("trace: events: %w", err)
-	}
-	defer rd.Close()
-	for { // events a previous run left unread
-		if _, ok := readTraceEvent(rd); !ok {
-			break
-		}
-	}
-	out := make([]byte, len(pkt)+256)
-	ret, err := coll.Programs[contivbpfProgCbFromContainer].Run(&ebpf.RunOptions{Data: pkt, DataOut: out, Repeat: 1})
-	if err != nil {
-		return res, fmt.Errorf("trace: run: %w", err)
-	}
-	reasons, err := readReasons(coll.Maps[contivbpfMapCbReasons])
-	if err != nil {
-		return res, err
-	}
-	for r := range reasons {
-		res.Reason = r.String()
-	}
-	if ev, ok := readTraceEvent(rd); ok && ev.RuleEPG != 0 {
-		res.Rule = d.ruleIDLocked(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
-		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("denied by rule %s (group %d %s, #%d)", res.Rule, ev.RuleEPG, ev.RuleDir, ev.RuleIndex+1)})
-	}
+	d.traceVerdict(&res, run)
 	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "source", Detail: fmt.Sprintf("%s on %s, network %s, group %d", req.From, src.hostIf, srcNet.net.ID, ifc.Epg)})
-	d.traceConntrack(&res, scratchCT, before)
-	d.traceOutput(&res, ret, out)
+	d.traceConntrack(&res, run.ct, run.before)
+	d.traceOutput(&res, run.ret, run.out)
 	sort.SliceStable(res.Stages, func(i, j int) bool { return stageOrder(res.Stages[i].Name) < stageOrder(res.Stages[j].Name) })
 	return res, nil
 }
@@ -178,10 +119,10 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trace: load spec: %w", err)
 		}
-		// Only the container program is run: loading (and verifying) the others would
-		// triple the cost.
+		// Only the container program and the overlay receive path with the tunnel key
+		// taken from the context are run: loading (and verifying) the others costs time.
 		for name := range spec.Programs {
-			if name != contivbpfProgCbFromContainer {
+			if name != contivbpfProgCbFromContainer && name != contivbpfProgCbTestOverlay {
 				delete(spec.Programs, name)
 			}
 		}
@@ -238,6 +179,144 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 		}
 	}
 	return d.traceColl, nil
+}
+
+// traceRunResult is what one run left: the tc verdict, the packet, the scratch conntrack
+// (and the entries copied in before), the reasons counted and a drop event, if any.
+type traceRunResult struct {
+	ret    uint32
+	out    []byte
+	ct     *ebpf.Map
+	before map[contivbpfCbCtKey]contivbpfCbCtEntry
+	reason string
+	event  DropEvent
+}
+
+// traceRun runs prog of the trace collection once on pkt (with ctx, an skb context, if
+// not nil). ifc, if not nil, is the interface the packet arrives on; conntrack entries
+// involving any of addrs are copied in from the live table first.
+func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIface, addrs []uint32) (traceRunResult, error) {
+	var r traceRunResult
+	coll, err := d.traceCollection()
+	if err != nil {
+		return r, err
+	}
+	// Program globals: the live features (events on, to learn the deciding rule) and epoch.
+	var cfg contivbpfCbConfig
+	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		return r, fmt.Errorf("trace: read config: %w", err)
+	}
+	if v := coll.Variables["cb_features"]; v != nil {
+		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)); err != nil {
+			return r, fmt.Errorf("trace: set features: %w", err)
+		}
+	}
+	if v := coll.Variables["cb_policy_epoch"]; v != nil {
+		if err := v.Set(d.epoch); err != nil {
+			return r, fmt.Errorf("trace: set epoch: %w", err)
+		}
+	}
+	// The test run receives on the caller's loopback: the source interface is found there.
+	if ifc != nil {
+		if err := coll.Maps[contivbpfMapCbIfaces].Put(uint32(loopbackIfindex), ifc); err != nil {
+			return r, fmt.Errorf("trace: scratch interface: %w", err)
+		}
+	}
+	// Conntrack: the flow's live entries, so an established flow traces as established.
+	r.ct = coll.Maps[contivbpfMapCbCt]
+	r.before = map[contivbpfCbCtKey]contivbpfCbCtEntry{}
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		want[a] = true
+	}
+	var ck contivbpfCbCtKey
+	var cv contivbpfCbCtEntry
+	it := d.objs.CbCt.Iterate()
+	for it.Next(&ck, &cv) && len(r.before) < 4000 {
+		if want[ck.Saddr] || want[ck.Daddr] {
+			if err := r.ct.Put(&ck, &cv); err != nil {
+				return r, fmt.Errorf("trace: copy conntrack: %w", err)
+			}
+			r.before[ck] = cv
+		}
+	}
+	rd, err := ringbuf.NewReader(coll.Maps[contivbpfMapCbEvents])
+	if err != nil {
+		return r, fmt.Errorf("trace: events: %w", err)
+	}
+	defer rd.Close()
+	for { // events a previous run left unread
+		if _, ok := readTraceEvent(rd); !ok {
+			break
+		}
+	}
+	r.out = make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: r.out, Repeat: 1}
+	if ctx != nil {
+		opts.Context = ctx
+	}
+	if r.ret, err = coll.Programs[prog].Run(opts); err != nil {
+		return r, fmt.Errorf("trace: run: %w", err)
+	}
+	r.out = opts.DataOut
+	reasons, err := readReasons(coll.Maps[contivbpfMapCbReasons])
+	if err != nil {
+		return r, err
+	}
+	for reason := range reasons {
+		r.reason = reason.String()
+	}
+	r.event, _ = readTraceEvent(rd)
+	return r, nil
+}
+
+// traceVerdict records the reason and, for a policy drop, the deciding rule.
+func (d *Driver) traceVerdict(res *dataplane.TraceResult, run traceRunResult) {
+	res.Reason = run.reason
+	if ev := run.event; ev.RuleEPG != 0 {
+		res.Rule = d.ruleIDLocked(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("denied by rule %s (group %d %s, #%d)", res.Rule, ev.RuleEPG, ev.RuleDir, ev.RuleIndex+1)})
+	}
+}
+
+// TraceReceive runs a frame that arrived over VXLAN from t.Source with t.VNI (a
+// TraceResult's Tunnel from the sending host) through this host's receive path, like Trace: live state
+// maps, scratch copies of what a packet writes, nothing delivered or changed.
+func (d *Driver) TraceReceive(t dataplane.TraceTunnel) (dataplane.TraceResult, error) {
+	from := t.Source
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	res := dataplane.TraceResult{Host: d.cfg.Host}
+	if err := d.check(); err != nil {
+		return res, err
+	}
+	if !from.Is4() || len(t.Inner) < 34 || binary.BigEndian.Uint16(t.Inner[12:]) != 0x0800 {
+		return res, fmt.Errorf("trace receive: need the sending VTEP (IPv4) and an IPv4 frame")
+	}
+	src, dst := netip.AddrFrom4([4]byte(t.Inner[26:30])), netip.AddrFrom4([4]byte(t.Inner[30:34]))
+	res.Packet = fmt.Sprintf("VXLAN VNI %d from %v: %v > %v", t.VNI, from, src, dst)
+	ctx := &traceSkbCtx{}
+	ctx.CB[0], ctx.CB[1] = ip4(from), t.VNI
+	err := inNetNS(d.cfg.NetNS, func() error {
+		run, err := d.traceRun(contivbpfProgCbTestOverlay, append([]byte(nil), t.Inner...), ctx, nil, []uint32{ip4(src), ip4(dst)})
+		if err != nil {
+			return err
+		}
+		d.traceVerdict(&res, run)
+		d.traceConntrack(&res, run.ct, run.before)
+		d.traceOutput(&res, run.ret, run.out)
+		return nil
+	})
+	sort.SliceStable(res.Stages, func(i, j int) bool { return stageOrder(res.Stages[i].Name) < stageOrder(res.Stages[j].Name) })
+	return res, err
+}
+
+// traceSkbCtx is the __sk_buff prefix BPF_PROG_TEST_RUN takes as context (cb carries the
+// tunnel source and VNI to cb_test_overlay).
+type traceSkbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
+	Priority, IngressIfindex, Ifindex, TCIndex                                  uint32
+	CB                                                                          [5]uint32
 }
 
 // loopbackIfindex is where BPF_PROG_TEST_RUN delivers a packet: the caller's lo.
@@ -337,7 +416,7 @@ func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte)
 				host = " (" + h + ")"
 			}
 		}
-		res.Tunnel = &dataplane.TraceTunnel{VTEP: vtep, VNI: vni, Inner: append([]byte(nil), out...)}
+		res.Tunnel = &dataplane.TraceTunnel{Source: d.cfg.VTEP, VTEP: vtep, VNI: vni, Inner: append([]byte(nil), out...)}
 		res.Verdict = fmt.Sprintf("tunneled to VTEP %v%s, VNI %d, for %v %s", vtep, host, vni, ipDst, target)
 		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: fmt.Sprintf("encapsulated in VXLAN to %v%s, VNI %d (remote endpoint %s)", vtep, host, vni, target)})
 	} else {
