@@ -14,6 +14,7 @@ enum cb_reason {
 	CB_FWD_TUNNEL = 2,         /* VXLAN-encapsulated towards a peer VTEP */
 	CB_FWD_UPLINK = 3,         /* VLAN-tagged out of the uplink */
 	CB_ARP_REPLY = 4,          /* ARP request answered in place */
+	CB_POLICY_ALLOW = 5,       /* event only (never counted): a new flow allowed by a rule */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */

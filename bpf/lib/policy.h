@@ -152,6 +152,35 @@ CB_INLINE void cb_note_deny(__u16 epg, __u8 dir, __u32 prio_index)
 	}
 }
 
+/* cb_emit_allow reports, while events are on, a new flow a rule allowed (the monitor's
+ * allowed verdicts). No packet context: interface and length are 0. */
+static __noinline void cb_emit_allow(const struct cb_flow *f, __u16 epg, __u8 dir, __u32 prio_index)
+{
+	struct cb_event *e;
+
+	if (!f)
+		return;
+	e = bpf_ringbuf_reserve(&cb_events, sizeof(*e), 0);
+	if (!e)
+		return;
+	e->ts = bpf_ktime_get_ns();
+	e->reason = CB_POLICY_ALLOW;
+	e->ifindex = 0;
+	e->len = 0;
+	e->saddr = f->saddr;
+	e->daddr = f->daddr;
+	e->ethertype = 0x0800;
+	e->proto = f->proto;
+	e->rule_dir = dir;
+	e->rule_epg = epg;
+	e->pad = 0;
+	e->rule_index = prio_index >> 16;
+	e->sport = f->has_ports ? f->sport : 0;
+	e->dport = f->has_ports ? f->dport : 0;
+	e->pad2 = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
 /* cb_policy_allows decides a new flow from src_epg to dst_epg. */
 CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_policy *in,
 			       const struct cb_flow *f, __u16 src_epg, __u16 dst_epg)
@@ -166,11 +195,15 @@ CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_polic
 	if (ae != CB_ACT_NONE && (ai == CB_ACT_NONE || (__u16)pe >= (__u16)pi)) {
 		if (ae == CB_ACT_DENY)
 			cb_note_deny(src_epg, CB_DIR_EGRESS, pe);
+		else if (cb_features & CB_FEAT_EVENTS)
+			cb_emit_allow(f, src_epg, CB_DIR_EGRESS, pe);
 		return ae != CB_ACT_DENY;
 	}
 	if (ai != CB_ACT_NONE) {
 		if (ai == CB_ACT_DENY)
 			cb_note_deny(dst_epg, CB_DIR_INGRESS, pi);
+		else if (cb_features & CB_FEAT_EVENTS)
+			cb_emit_allow(f, dst_epg, CB_DIR_INGRESS, pi);
 		return ai != CB_ACT_DENY;
 	}
 	return 1;

@@ -124,6 +124,11 @@ func TestMonitorFilter(t *testing.T) {
 			t.Errorf("%+v: %v, want %v", c.f, got, c.want)
 		}
 	}
+	allow := l
+	allow.Reason = "policy_allow"
+	if (monitorFilter{}).match(allow) || !(monitorFilter{allowed: true, policy: true}).match(allow) {
+		t.Error("allowed verdicts must be asked for, and then pass the policy filter")
+	}
 	other := l
 	other.Reason = "drop_unknown_dst"
 	if (monitorFilter{policy: true}).match(other) {

@@ -36,14 +36,18 @@ type monitorFilter struct {
 	endpoint string // substring of either endpoint id, or either address
 	tenant   string // tenant of the network the packet belongs to
 	reason   string // substring of the reason
-	policy   bool   // policy drops only
+	policy   bool   // policy verdicts only (drops, and allowed flows if allowed)
+	allowed  bool   // include flows a rule allowed (policy_allow)
 }
 
 func (f monitorFilter) match(l MonitorLine) bool {
 	if f.reason != "" && !strings.Contains(l.Reason, f.reason) {
 		return false
 	}
-	if f.policy && l.Reason != "drop_policy" {
+	if l.Reason == "policy_allow" && !f.allowed {
+		return false
+	}
+	if f.policy && l.Reason != "drop_policy" && l.Reason != "policy_allow" {
 		return false
 	}
 	if f.tenant != "" {
@@ -170,7 +174,8 @@ func (h *monitorHub) describe(ev dataplane.MonitorEvent) MonitorLine {
 }
 
 // serveMonitor streams matching drop events as JSON lines until the client goes away.
-// Query: endpoint, tenant, reason, policy=1.
+// Query: endpoint, tenant, reason, policy=1 (policy verdicts only), allowed=1 (also flows
+// a rule allowed).
 func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
 	h, err := a.monitor()
 	if err != nil {
@@ -179,10 +184,12 @@ func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
 	}
 	q := req.URL.Query()
 	f := monitorFilter{endpoint: q.Get("endpoint"), tenant: q.Get("tenant"), reason: q.Get("reason")}
-	if p := q.Get("policy"); p != "" {
-		if f.policy, err = strconv.ParseBool(p); err != nil {
-			http.Error(w, fmt.Sprintf("policy: %q is not a boolean", p), http.StatusBadRequest)
-			return
+	for name, dst := range map[string]*bool{"policy": &f.policy, "allowed": &f.allowed} {
+		if v := q.Get(name); v != "" {
+			if *dst, err = strconv.ParseBool(v); err != nil {
+				http.Error(w, fmt.Sprintf("%s: %q is not a boolean", name, v), http.StatusBadRequest)
+				return
+			}
 		}
 	}
 	fl, ok := w.(http.Flusher)

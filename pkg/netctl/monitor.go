@@ -67,6 +67,9 @@ func (l monitorLine) text() string {
 			rule = "(rule no longer installed)"
 		}
 		fmt.Fprintf(&b, " rule %s (group %d %s)", rule, l.RuleEPG, l.RuleDir)
+		if l.Reason == "policy_allow" {
+			b.WriteString(" new flow allowed")
+		}
 	}
 	if l.Lost > 0 {
 		fmt.Fprintf(&b, " [%d events lost before this one]", l.Lost)
@@ -97,7 +100,8 @@ func monitorCommand() *cli.Command {
 			&cli.StringFlag{Name: "endpoint", Aliases: []string{"e"}, Usage: "only packets from or to this endpoint (id substring or address)"},
 			&cli.StringFlag{Name: "tenant", Usage: "only packets of this tenant's networks"},
 			&cli.StringFlag{Name: "reason", Aliases: []string{"r"}, Usage: "only drops whose reason contains this (e.g. policy)"},
-			&cli.BoolFlag{Name: "policy", Usage: "only policy drops"},
+			&cli.BoolFlag{Name: "policy", Usage: "only policy verdicts"},
+			&cli.BoolFlag{Name: "allowed", Usage: "also new flows a rule allowed (policy_allow, with the rule)"},
 			&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "stop after this many events (0: until interrupted)"},
 			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (0: until interrupted)"},
 			jsonFlag(),
@@ -118,6 +122,9 @@ func runMonitor(c *cli.Context) error {
 	}
 	if c.Bool("policy") {
 		q.Set("policy", "1")
+	}
+	if c.Bool("allowed") {
+		q.Set("allowed", "1")
 	}
 	ctx := c.Context
 	if d := c.Duration("duration"); d > 0 {

@@ -262,6 +262,7 @@ const (
 	contivbpfCbReasonCB_FWD_TUNNEL              contivbpfCbReason = 2
 	contivbpfCbReasonCB_FWD_UPLINK              contivbpfCbReason = 3
 	contivbpfCbReasonCB_ARP_REPLY               contivbpfCbReason = 4
+	contivbpfCbReasonCB_POLICY_ALLOW            contivbpfCbReason = 5
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33

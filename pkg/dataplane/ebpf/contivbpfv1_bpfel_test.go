@@ -270,6 +270,7 @@ const (
 	contivbpfv1CbReasonCB_FWD_TUNNEL              contivbpfv1CbReason = 2
 	contivbpfv1CbReasonCB_FWD_UPLINK              contivbpfv1CbReason = 3
 	contivbpfv1CbReasonCB_ARP_REPLY               contivbpfv1CbReason = 4
+	contivbpfv1CbReasonCB_POLICY_ALLOW            contivbpfv1CbReason = 5
 	contivbpfv1CbReasonCB_DROP_MIN                contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_MALFORMED_ETH      contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_UNKNOWN_IFACE      contivbpfv1CbReason = 33

@@ -167,8 +167,13 @@ func TestPolicyDropNamesRule(t *testing.T) {
 			t.Errorf("%s: event %+v, want rule %s of epg %d %s", c.name, ev, c.rule, c.epg, c.dir)
 		}
 	}
-	// An allowed flow records nothing; the next non-policy drop carries no rule.
+	// A flow a rule allows is reported as policy_allow with that rule (monitor's allowed
+	// verdicts); it leaves nothing for the next drop, which carries no rule.
 	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40100, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	if ev := next(); ev.Reason != PolicyAllow || ev.RuleEPG != 20 || ev.RuleDir != "ingress" || idOf(in20, "ingress", ev.RuleIndex) != "t:p:allow-80" ||
+		ev.SrcPort != 40100 || ev.DstPort != 80 {
+		t.Errorf("allowed flow event: %+v", ev)
+	}
 	run(t, objs, fc, ipFrame(srcIP, netip.MustParseAddr("10.1.0.99"), ipOpts{}), nil).expect(t, tcActShot, DropUnknownDst)
 	if ev := next(); ev.RuleEPG != 0 || ev.Reason != DropUnknownDst {
 		t.Errorf("unknown-destination drop carries a rule: %+v", ev)

@@ -220,6 +220,7 @@ func TestTrace(t *testing.T) {
 		t.Errorf("no %s stage with %q in %+v", name, sub, r.Stages)
 	}
 	stage(vip, "service", "backend 10.50.0.3:8080")
+	stage(vip, "policy", "allowed by rule t:p:allow-8080 (group 2 ingress")
 	stage(vip, "conntrack", "would create tcp 10.50.0.2:")
 	denied := trace("10.50.0.3", 6, 22)
 	if denied.Reason != "drop_policy" || denied.Rule != "t:p:deny-tcp" || !strings.HasPrefix(denied.Verdict, "dropped") {

@@ -13,6 +13,7 @@ const (
 	FwdTunnel            = Reason(contivbpfCbReasonCB_FWD_TUNNEL)
 	FwdUplink            = Reason(contivbpfCbReasonCB_FWD_UPLINK)
 	ARPReply             = Reason(contivbpfCbReasonCB_ARP_REPLY)
+	PolicyAllow          = Reason(contivbpfCbReasonCB_POLICY_ALLOW) // events only, never counted
 	DropMalformedEth     = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
 	DropUnknownIface     = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
 	DropNotIPv4          = Reason(contivbpfCbReasonCB_DROP_NOT_IPV4)
@@ -53,6 +54,7 @@ var reasonNames = map[Reason]string{
 	FwdTunnel:            "fwd_tunnel",
 	FwdUplink:            "fwd_uplink",
 	ARPReply:             "arp_reply",
+	PolicyAllow:          "policy_allow",
 	DropMalformedEth:     "drop_malformed_eth",
 	DropUnknownIface:     "drop_unknown_iface",
 	DropNotIPv4:          "drop_not_ipv4",

@@ -274,8 +274,14 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 func (d *Driver) traceVerdict(res *dataplane.TraceResult, run traceRunResult) {
 	res.Reason = run.reason
 	if ev := run.event; ev.RuleEPG != 0 {
-		res.Rule = d.ruleIDLocked(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
-		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("denied by rule %s (group %d %s, #%d)", res.Rule, ev.RuleEPG, ev.RuleDir, ev.RuleIndex+1)})
+		rule := d.ruleIDLocked(ev.RuleEPG, ev.RuleDir, ev.RuleIndex)
+		what := "denied"
+		if ev.Reason == PolicyAllow {
+			what = "allowed"
+		} else {
+			res.Rule = rule
+		}
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("%s by rule %s (group %d %s, #%d)", what, rule, ev.RuleEPG, ev.RuleDir, ev.RuleIndex+1)})
 	}
 }
 
