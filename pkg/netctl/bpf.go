@@ -46,16 +46,29 @@ func bpfCommand() *cli.Command {
 	return &cli.Command{Name: "bpf", Usage: "Decoded eBPF datapath tables of a host (from its netplugin)", Subcommands: subs}
 }
 
+// agentBases checks netplugin URLs (--agent) and trims a trailing slash.
+func agentBases(c *cli.Context, raw ...string) ([]string, error) {
+	out := make([]string, 0, len(raw))
+	for _, a := range raw {
+		base := strings.TrimSuffix(a, "/")
+		if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
+			return nil, usageErr(c, "--agent %q must start with http:// or https://", a)
+		}
+		out = append(out, base)
+	}
+	return out, nil
+}
+
 func bpfList(kind string) cli.ActionFunc {
 	return func(c *cli.Context) error {
 		if c.NArg() != 0 {
 			return usageErr(c, "%s", "More arguments than required")
 		}
-		base := strings.TrimSuffix(c.String("agent"), "/")
-		if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
-			return usageErr(c, "--agent %q must start with http:// or https://", base)
+		bases, err := agentBases(c, c.String("agent"))
+		if err != nil {
+			return err
 		}
-		u := base + "/inspect/bpf/" + kind
+		u := bases[0] + "/inspect/bpf/" + kind
 		if kind == "ct" {
 			if c.Int("limit") < 1 {
 				return usageErr(c, "--limit %d must be at least 1", c.Int("limit"))

@@ -67,3 +67,20 @@ func TestShellCompletion(t *testing.T) {
 		t.Fatalf("completion fish: exit %d, %q", code, errOut.String())
 	}
 }
+
+// TestAgentURLs: every command that talks to a netplugin refuses a URL without a scheme
+// before connecting anywhere (exit 1 with the flag named).
+func TestAgentURLs(t *testing.T) {
+	for _, args := range [][]string{
+		{"bpf", "ct", "--agent", "127.0.0.1:9090"},
+		{"monitor", "--agent", "http://127.0.0.1:9090", "--agent", "h2:9090"},
+		{"verify", "--agent", "ftp://x"},
+		{"trace", "--from", "a", "--to", "10.0.0.1", "--port", "1", "--agent", "x"},
+	} {
+		var out, errOut strings.Builder
+		code := Run(context.Background(), append([]string{"netctl"}, args...), &out, &errOut, BuildInfo{})
+		if code != ExitUsage || !strings.Contains(errOut.String(), "--agent") {
+			t.Errorf("%v: exit %d %q", args, code, errOut.String())
+		}
+	}
+}

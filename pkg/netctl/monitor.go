@@ -134,16 +134,15 @@ func runMonitor(c *cli.Context) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	agents := c.StringSlice("agent")
+	agents, err := agentBases(c, c.StringSlice("agent")...)
+	if err != nil {
+		return err
+	}
 	lines := make(chan monitorLine, 256)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	failed := 0
-	for _, a := range agents {
-		base := strings.TrimSuffix(a, "/")
-		if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
-			return usageErr(c, "--agent %q must start with http:// or https://", a)
-		}
+	for _, base := range agents {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -55,17 +55,23 @@ func traceCommand() *cli.Command {
 			if c.Uint("port") > 65535 || c.Uint("sport") > 65535 {
 				return usageErr(c, "%s", "--port and --sport must be at most 65535")
 			}
-			base := strings.TrimSuffix(c.String("agent"), "/")
-			if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
-				return usageErr(c, "--agent %q must start with http:// or https://", base)
+			bases, err := agentBases(c, c.String("agent"))
+			if err != nil {
+				return err
 			}
+			base := bases[0]
 			body, _ := json.Marshal(map[string]any{"from": c.String("from"), "to": c.String("to"), "proto": c.String("proto"),
 				"port": c.Uint("port"), "sport": c.Uint("sport")})
 			var r traceResult
 			if err := postTrace(c, base+"/inspect/trace", body, &r); err != nil {
 				return err
 			}
-			if to := strings.TrimSuffix(c.String("to-agent"), "/"); to != "" && r.Tunnel != nil {
+			if raw := c.String("to-agent"); raw != "" && r.Tunnel != nil {
+				tos, err := agentBases(c, raw)
+				if err != nil {
+					return err
+				}
+				to := tos[0]
 				tb, _ := json.Marshal(r.Tunnel)
 				var rx traceResult
 				if err := postTrace(c, to+"/inspect/trace-receive", tb, &rx); err != nil {

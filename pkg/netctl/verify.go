@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/urfave/cli/v2"
@@ -42,15 +41,14 @@ func verifyCommand() *cli.Command {
 			if c.NArg() != 0 {
 				return usageErr(c, "%s", "More arguments than required")
 			}
-			agents := c.StringSlice("agent")
+			agents, err := agentBases(c, c.StringSlice("agent")...)
+			if err != nil {
+				return err
+			}
 			reports := make([]verifyReport, len(agents))
 			hc := &http.Client{Timeout: c.Duration("timeout")}
 			var wg sync.WaitGroup
-			for i, a := range agents {
-				base := strings.TrimSuffix(a, "/")
-				if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
-					return usageErr(c, "--agent %q must start with http:// or https://", a)
-				}
+			for i, base := range agents {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
