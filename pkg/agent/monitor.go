@@ -73,6 +73,7 @@ type monitorHub struct {
 	mu   sync.Mutex
 	subs map[*monitorSub]struct{}
 	stop context.CancelFunc
+	done chan struct{} // closed when the current (or last) driver stream has ended
 	// names maps addresses to endpoints, rebuilt at most once a second from what is
 	// applied (taking the apply lock per event would stall attaches).
 	names     map[netip.Addr][]nameEntry
@@ -92,6 +93,18 @@ func (h *monitorHub) subscribe(f monitorFilter) (*monitorSub, error) {
 	defer h.mu.Unlock()
 	s := &monitorSub{f: f, ch: make(chan MonitorLine, 1024)}
 	if len(h.subs) == 0 {
+		// The last client's stream may still be closing (the driver allows one): wait for
+		// it without the lock, which its goroutine needs to finish.
+		if done := h.done; done != nil {
+			h.mu.Unlock()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+			}
+			h.mu.Lock()
+		}
+	}
+	if len(h.subs) == 0 { // still (or again) nobody: open the stream
 		ctx, cancel := context.WithCancel(context.Background())
 		evs, err := h.src.MonitorEvents(ctx)
 		if err != nil {
@@ -99,23 +112,35 @@ func (h *monitorHub) subscribe(f monitorFilter) (*monitorSub, error) {
 			return nil, err
 		}
 		h.stop = cancel
-		go h.run(evs)
+		h.done = make(chan struct{})
+		go h.run(evs, h.done)
 	}
 	h.subs[s] = struct{}{}
 	return s, nil
 }
 
+// unsubscribe removes s; the last one closes the driver stream and waits until it is
+// closed, so a client that reconnects at once finds it free.
 func (h *monitorHub) unsubscribe(s *monitorSub) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	delete(h.subs, s)
+	var done chan struct{}
 	if len(h.subs) == 0 && h.stop != nil {
 		h.stop() // closes the driver stream: the datapath stops emitting
 		h.stop = nil
+		done = h.done
+	}
+	h.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
 	}
 }
 
-func (h *monitorHub) run(evs <-chan dataplane.MonitorEvent) {
+func (h *monitorHub) run(evs <-chan dataplane.MonitorEvent, done chan struct{}) {
+	defer close(done)
 	for ev := range evs {
 		l := h.describe(ev)
 		h.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -371,6 +372,22 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 			t.Error(err)
 		}
 	}()
+	// Monitors closed and reopened back to back: each reconnect finds the datapath's (single)
+	// event stream free again.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return DialContext(ctx, h.Name, network, addr)
+	}}}
+	for i := 0; i < 20; i++ {
+		rctx, rcancel := context.WithCancel(ctx)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+h.Inspect+"/monitor", nil)
+		resp, err := hc.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			rcancel()
+			t.Fatalf("monitor reconnect %d: %v %v", i, err, resp)
+		}
+		resp.Body.Close()
+		rcancel()
+	}
 	mctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	type result struct {
