@@ -108,6 +108,7 @@ enum cb_features {
 	CB_FEAT_LB = 2,       /* some service exists */
 	CB_FEAT_ROUTING = 4,  /* Contiv routing mode: route between networks of a tenant */
 	CB_FEAT_EVENTS = 8,   /* someone reads cb_events: emit drop events */
+	CB_FEAT_ALLOW_EVENTS = 16, /* ... and wants new flows a rule allowed too */
 };
 
 struct cb_ep_stats {

@@ -195,14 +195,14 @@ CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_polic
 	if (ae != CB_ACT_NONE && (ai == CB_ACT_NONE || (__u16)pe >= (__u16)pi)) {
 		if (ae == CB_ACT_DENY)
 			cb_note_deny(src_epg, CB_DIR_EGRESS, pe);
-		else if (cb_features & CB_FEAT_EVENTS)
+		else if (cb_features & CB_FEAT_ALLOW_EVENTS)
 			cb_emit_allow(f, src_epg, CB_DIR_EGRESS, pe);
 		return ae != CB_ACT_DENY;
 	}
 	if (ai != CB_ACT_NONE) {
 		if (ai == CB_ACT_DENY)
 			cb_note_deny(dst_epg, CB_DIR_INGRESS, pi);
-		else if (cb_features & CB_FEAT_EVENTS)
+		else if (cb_features & CB_FEAT_ALLOW_EVENTS)
 			cb_emit_allow(f, dst_epg, CB_DIR_INGRESS, pi);
 		return ai != CB_ACT_DENY;
 	}

@@ -18,6 +18,8 @@ import (
 // emits nothing while no stream is open, so the monitor costs nothing unless watched.
 type eventSource interface {
 	MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error)
+	// SetAllowEvents adds (or stops) events for new flows a rule allowed.
+	SetAllowEvents(on bool) error
 }
 
 // MonitorLine is one line of GET /monitor: a drop event with the names of both ends.
@@ -116,7 +118,19 @@ func (h *monitorHub) subscribe(f monitorFilter) (*monitorSub, error) {
 		go h.run(evs, h.done)
 	}
 	h.subs[s] = struct{}{}
+	h.updateAllowLocked()
 	return s, nil
+}
+
+// updateAllowLocked asks the datapath for allowed-flow events while some client wants them.
+func (h *monitorHub) updateAllowLocked() {
+	want := false
+	for s := range h.subs {
+		want = want || s.f.allowed
+	}
+	if err := h.src.SetAllowEvents(want); err != nil {
+		h.a.log.Warn("monitor: set allowed-flow events", "on", want, "err", err)
+	}
 }
 
 // unsubscribe removes s; the last one closes the driver stream and waits until it is
@@ -125,6 +139,9 @@ func (h *monitorHub) unsubscribe(s *monitorSub) {
 	h.mu.Lock()
 	delete(h.subs, s)
 	var done chan struct{}
+	if len(h.subs) > 0 {
+		h.updateAllowLocked()
+	}
 	if len(h.subs) == 0 && h.stop != nil {
 		h.stop() // closes the driver stream: the datapath stops emitting
 		h.stop = nil

@@ -360,6 +360,9 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 	if err := c.AddRule(ctx, model.Rule{TenantName: "default", PolicyName: "mon", RuleID: "1", Direction: "in", Action: "deny", Protocol: "tcp", Port: 5999, Priority: 1}); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.AddRule(ctx, model.Rule{TenantName: "default", PolicyName: "mon", RuleID: "2", Direction: "in", Action: "allow", Protocol: "tcp", Port: 6000, Priority: 2}); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.CreateEndpointGroup(ctx, "default", from.Network, "mon-web", "mon"); err != nil {
 		t.Fatal(err)
 	}
@@ -424,6 +427,7 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 				}
 			}
 			t.Logf("netctl monitor: %s", strings.TrimSpace(r.out))
+			monitorAllowed(ctx, t, netctl, from, w)
 			traceFlows(ctx, t, netctl, from, w, far)
 			return
 		case <-tick.C:
@@ -530,5 +534,43 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", "no-such-endpoint", "--to", "10.1.2.3", "--port", "80")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "no local endpoint") {
 		t.Errorf("netctl trace from an unknown endpoint: exit %d\n%s", code, out)
+	}
+}
+
+// monitorAllowed: with --allowed the monitor also reports a new flow a rule allowed, with
+// that rule.
+func monitorAllowed(ctx context.Context, t *testing.T, netctl string, from, to *Container) {
+	t.Helper()
+	h := from.Host
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done := make(chan string, 1)
+	go func() {
+		out, err := Exec(mctx, h.Name, netctl, "monitor", "--policy", "--allowed", "--count", "1", "--agent", "http://"+h.Inspect)
+		if err != nil {
+			out += err.Error()
+		}
+		done <- out
+	}()
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		dctx, dcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		if conn, err := DialContext(dctx, from.Name, "tcp", fmt.Sprintf("%s:6000", to.IP.Addr())); err == nil {
+			conn.Close()
+		}
+		dcancel()
+		select {
+		case out := <-done:
+			if !strings.Contains(out, "policy_allow") || !strings.Contains(out, "rule default:mon-web:default:mon:default:mon:2:inRx") ||
+				!strings.Contains(out, "new flow allowed") {
+				t.Errorf("netctl monitor --allowed:\n%s", out)
+			}
+			t.Logf("netctl monitor --allowed: %s", strings.TrimSpace(out))
+			return
+		case <-tick.C:
+		case <-mctx.Done():
+			t.Fatal("netctl monitor --allowed saw nothing within 30 s")
+		}
 	}
 }

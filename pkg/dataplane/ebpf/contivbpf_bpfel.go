@@ -159,10 +159,11 @@ type contivbpfCbEvent struct {
 type contivbpfCbFeatures uint32
 
 const (
-	contivbpfCbFeaturesCB_FEAT_POLICY  contivbpfCbFeatures = 1
-	contivbpfCbFeaturesCB_FEAT_LB      contivbpfCbFeatures = 2
-	contivbpfCbFeaturesCB_FEAT_ROUTING contivbpfCbFeatures = 4
-	contivbpfCbFeaturesCB_FEAT_EVENTS  contivbpfCbFeatures = 8
+	contivbpfCbFeaturesCB_FEAT_POLICY       contivbpfCbFeatures = 1
+	contivbpfCbFeaturesCB_FEAT_LB           contivbpfCbFeatures = 2
+	contivbpfCbFeaturesCB_FEAT_ROUTING      contivbpfCbFeatures = 4
+	contivbpfCbFeaturesCB_FEAT_EVENTS       contivbpfCbFeatures = 8
+	contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfCbFeatures = 16
 )
 
 type contivbpfCbFragEntry struct {

@@ -157,10 +157,11 @@ type contivbpfv1CbEvent struct {
 type contivbpfv1CbFeatures uint32
 
 const (
-	contivbpfv1CbFeaturesCB_FEAT_POLICY  contivbpfv1CbFeatures = 1
-	contivbpfv1CbFeaturesCB_FEAT_LB      contivbpfv1CbFeatures = 2
-	contivbpfv1CbFeaturesCB_FEAT_ROUTING contivbpfv1CbFeatures = 4
-	contivbpfv1CbFeaturesCB_FEAT_EVENTS  contivbpfv1CbFeatures = 8
+	contivbpfv1CbFeaturesCB_FEAT_POLICY       contivbpfv1CbFeatures = 1
+	contivbpfv1CbFeaturesCB_FEAT_LB           contivbpfv1CbFeatures = 2
+	contivbpfv1CbFeaturesCB_FEAT_ROUTING      contivbpfv1CbFeatures = 4
+	contivbpfv1CbFeaturesCB_FEAT_EVENTS       contivbpfv1CbFeatures = 8
+	contivbpfv1CbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfv1CbFeatures = 16
 )
 
 type contivbpfv1CbFragEntry struct {

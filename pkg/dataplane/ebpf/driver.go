@@ -71,6 +71,8 @@ type Driver struct {
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
 	carried  uint32
 	eventsOn bool              // a DropEvents stream is open
+	// allowEvents: the stream also wants new flows a rule allowed (policy_allow events).
+	allowEvents bool
 	mapFull  map[string]uint64 // map name → failed inserts
 	slots    map[uint32]string // cb_ep_counters slot → endpoint indexKey
 	// legacyMetrics is the per-endpoint counter map of builds before counter slots
@@ -243,7 +245,7 @@ func (d *Driver) open(ctx context.Context) error {
 		d.gen = 1
 	}
 	d.epoch = c.PolicyEpoch
-	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
+	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)
 	var sk contivbpfCbSvcKey
 	var sv contivbpfCbSvc
 	it := d.objs.CbServices.Iterate()
@@ -365,6 +367,9 @@ func (d *Driver) writeConfig() error {
 	}
 	if d.eventsOn {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
+		if d.allowEvents {
+			c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)
+		}
 	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)

@@ -86,7 +86,7 @@ func (d *Driver) DropEvents(ctx context.Context) (<-chan DropEvent, error) {
 		defer func() {
 			close(stop)
 			d.mu.Lock()
-			d.eventsOn = false
+			d.eventsOn, d.allowEvents = false, false
 			if !d.closed {
 				_ = d.writeConfig()
 			}
@@ -242,4 +242,19 @@ func (d *Driver) ifaceNetwork(ifindex uint32) string {
 		}
 	}
 	return ""
+}
+
+// SetAllowEvents turns the policy_allow events of an open stream on or off (one event per
+// new flow a rule allows: worth paying only while somebody asks for them).
+func (d *Driver) SetAllowEvents(on bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.check(); err != nil {
+		return err
+	}
+	if d.allowEvents == on {
+		return nil
+	}
+	d.allowEvents = on
+	return d.writeConfig()
 }

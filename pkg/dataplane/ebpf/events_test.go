@@ -107,7 +107,7 @@ func TestPolicyDropNamesRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rd.Close()
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_EVENTS))
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS))
 	setEPG(t, objs, srcIP, 10)
 	setEPG(t, objs, localIP, 20)
 	setEPG(t, objs, remoteIP, 30)
@@ -174,6 +174,9 @@ func TestPolicyDropNamesRule(t *testing.T) {
 		ev.SrcPort != 40100 || ev.DstPort != 80 {
 		t.Errorf("allowed flow event: %+v", ev)
 	}
+	// Without the allow-events bit, allowed flows emit nothing.
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_EVENTS))
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 40101, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
 	run(t, objs, fc, ipFrame(srcIP, netip.MustParseAddr("10.1.0.99"), ipOpts{}), nil).expect(t, tcActShot, DropUnknownDst)
 	if ev := next(); ev.RuleEPG != 0 || ev.Reason != DropUnknownDst {
 		t.Errorf("unknown-destination drop carries a rule: %+v", ev)

@@ -207,7 +207,7 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 		return r, fmt.Errorf("trace: read config: %w", err)
 	}
 	if v := coll.Variables["cb_features"]; v != nil {
-		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)); err != nil {
+		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)); err != nil {
 			return r, fmt.Errorf("trace: set features: %w", err)
 		}
 	}
