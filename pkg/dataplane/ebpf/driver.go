@@ -70,11 +70,11 @@ type Driver struct {
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
 	carried  uint32
-	eventsOn bool              // a DropEvents stream is open
+	eventsOn bool // a DropEvents stream is open
 	// allowEvents: the stream also wants new flows a rule allowed (policy_allow events).
 	allowEvents bool
-	mapFull  map[string]uint64 // map name → failed inserts
-	slots    map[uint32]string // cb_ep_counters slot → endpoint indexKey
+	mapFull     map[string]uint64 // map name → failed inserts
+	slots       map[uint32]string // cb_ep_counters slot → endpoint indexKey
 	// legacyMetrics is the per-endpoint counter map of builds before counter slots
 	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
 	legacyMetrics *ebpf.Map
