@@ -4,6 +4,7 @@
  *   cb_from_container  tcx ingress on every local endpoint's host-side veth
  *   cb_from_overlay    tcx ingress on the collect_md vxlan device
  *   cb_from_wire       tcx ingress on the VLAN uplink (HostConfig.VLANIf)
+ *   cb_from_uplink     tcx ingress on the egress device: replies of egress (NAT) flows
  *   cb_test_overlay    never attached: cb_from_overlay's pipeline with the tunnel key taken
  *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
  *
@@ -22,6 +23,7 @@
 #include "lib/conntrack.h"
 #include "lib/policy.h"
 #include "lib/lb.h"
+#include "lib/nat.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -46,11 +48,12 @@ const enum cb_epg_flags cb_epg_flags_unused __attribute__((unused));
 const enum cb_pol_dir cb_pol_dir_unused __attribute__((unused));
 const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 const struct cb_event cb_event_unused __attribute__((unused));
+const enum cb_net_flags cb_net_flags_unused __attribute__((unused));
 
 /* cb_deliver_local rewrites the destination MAC and hands the frame to the endpoint's
- * container end directly (no host stack, ip_forward stays 0). */
-CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
-			       const struct cb_endpoint *ep)
+ * container end directly (no host stack, ip_forward stays 0), counted as verdict. */
+CB_INLINE int cb_deliver_as(struct __sk_buff *skb, struct cb_ep_key *dkey,
+			    const struct cb_endpoint *ep, enum cb_reason verdict)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -60,9 +63,11 @@ CB_INLINE int cb_deliver_local(struct __sk_buff *skb, struct cb_ep_key *dkey,
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(eth->h_dest, ep->mac);
 	cb_ep_rx(skb, dkey, CB_EP_SLOT(ep));
-	cb_count(skb, CB_FWD_LOCAL);
+	cb_count(skb, verdict);
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
+
+#define cb_deliver_local(skb, dkey, ep) cb_deliver_as(skb, dkey, ep, CB_FWD_LOCAL)
 
 /* cb_route_rewrite turns a frame into a routed one: TTL decremented (checksum fixed),
  * source MAC = router MAC. Returns 0 or a drop reason. */
@@ -87,7 +92,83 @@ CB_INLINE int cb_route_rewrite(struct __sk_buff *skb, const struct cb_config *cf
 	return 0;
 }
 
-CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
+/* cb_outside handles a packet of a local endpoint whose destination is no endpoint it can
+ * reach directly (nat.h): the gateway, this host, or the outside through egress NAT. */
+static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_ep_key skey = {};
+	struct cb_host_route *hr;
+	struct cb_network *net;
+	struct cb_config *cfg;
+	__u32 nk;
+	int r;
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	nk = ifc->net;
+	r = cb_parse_ipv4(skb, &p);
+	if (r)
+		return cb_drop(skb, r);
+	r = cb_parse_l4(skb, &p, &f);
+	if (r)
+		return cb_drop(skb, r);
+	net = bpf_map_lookup_elem(&cb_networks, &nk);
+	if (!net)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	if (net->gateway && f.daddr == net->gateway) {
+		if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
+			return cb_gw_echo_reply(skb, &p, ifc);
+		return cb_drop(skb, CB_DROP_TO_GATEWAY);
+	}
+	if ((f.daddr & net->mask) == net->subnet)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	skey.net = nk;
+	skey.ip = ifc->ip;
+	if (bpf_map_lookup_elem(&cb_host_ips, &f.daddr)) {
+		/* The host's own address: its stack takes it (local delivery, no forwarding),
+		 * from the endpoint its route to that source leads to: never from an endpoint of
+		 * another tenant that holds the same address. */
+		hr = bpf_map_lookup_elem(&cb_host_routes, &f.saddr);
+		if (!hr || hr->ifindex != skb->ifindex)
+			return cb_drop(skb, CB_DROP_HOST_NO_ROUTE);
+		bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
+		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+		cb_count(skb, CB_FWD_HOST);
+		return TC_ACT_OK;
+	}
+	cfg = cb_get_config();
+	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex || !(net->flags & CB_NET_SNAT))
+		return cb_drop(skb, CB_DROP_TO_GATEWAY);
+	if (cb_dst_invalid(f.daddr))
+		return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
+	t.zone = CB_IF_ZONE(ifc);
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
+	t.src_epg = ifc->epg;
+	if (p.inner.proto)
+		t.inner = &p.inner;
+	r = cb_stateful(&f, &t);
+	if (r)
+		return cb_drop(skb, r);
+	r = cb_snat_egress(skb, &p, &f, &t, nk);
+	if (r)
+		return cb_drop(skb, r);
+	r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+	cb_count(skb, CB_FWD_EGRESS);
+	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
+}
+
+/* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
+ * the entry program after this returns: the two stack frames never nest). */
+#define CB_OUTSIDE (-2)
+
+static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
@@ -157,13 +238,9 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 		dkey.net = dnet;
 	}
 	if (!ep) {
-		net = bpf_map_lookup_elem(&cb_networks, &ifc->net);
-		if (!net)
-			return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-		if ((net->gateway && f.daddr == net->gateway) ||
-		    (f.daddr & net->mask) != net->subnet)
-			return cb_drop(skb, CB_DROP_TO_GATEWAY);
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+		if (t.svc || t.svc_reply)
+			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+		return CB_OUTSIDE;
 	}
 
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
@@ -234,31 +311,39 @@ CB_INLINE int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_ifac
 SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
-	struct cb_pkt p = {};
+	void *data, *data_end;
+	struct ethhdr *eth;
 	struct cb_iface *ifc;
 	__u32 ifindex = skb->ifindex;
 	int r;
 
-	r = cb_parse_eth(skb, &p);
-	if (r)
-		return cb_drop(skb, r);
+	/* Few locals here: this frame sits under every stage's (512 bytes in all). */
+	cb_pull(skb, ETH_HLEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
 	/* A container speaks only with its own MAC (its IPv4 source and ARP sender are checked
 	 * by their stages). */
-	if (!cb_mac_eq(p.eth->h_source, ifc->mac))
+	if (!cb_mac_eq(eth->h_source, ifc->mac))
 		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 	/* A container never sends VLAN tags (VLAN hopping): offloaded or in the frame. */
-	if (skb->vlan_present || p.eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
-	    p.eth->h_proto == bpf_htons(CB_ETH_P_8021AD))
+	if (skb->vlan_present || eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
+	    eth->h_proto == bpf_htons(CB_ETH_P_8021AD))
 		return cb_drop(skb, CB_DROP_VLAN_TAGGED);
 
-	switch (p.eth->h_proto) {
+	switch (eth->h_proto) {
 	case bpf_htons(ETH_P_ARP):
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
-		return cb_ipv4_from_container(skb, ifc);
+		r = cb_ipv4_from_container(skb, ifc);
+		if (r == CB_OUTSIDE)
+			return cb_outside(skb, ifc);
+		return r;
 	default:
 		return cb_drop(skb, CB_DROP_NOT_IPV4);
 	}
@@ -403,6 +488,62 @@ int cb_from_wire(struct __sk_buff *skb)
 	if (bpf_skb_vlan_pop(skb) < 0)
 		return cb_drop(skb, CB_DROP_VLAN_ERR);
 	return cb_remote_rx(skb, key, net->vrf, 0);
+}
+
+/* cb_from_uplink takes the replies of egress flows off the egress device (un-NATed and
+ * delivered to their endpoint); everything else is the host's and continues. */
+SEC("tc")
+int cb_from_uplink(struct __sk_buff *skb)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_snat_dst d = {};
+	struct cb_ep_key dkey = {};
+	struct cb_endpoint *ep;
+	struct cb_config *cfg;
+	__be32 daddr;
+	int r;
+
+	cfg = cb_get_config();
+	if (!cfg || !cfg->snat_ip)
+		return CB_TCX_NEXT;
+	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */
+	if (skb->vlan_present || cb_parse_eth(skb, &p) || p.eth->h_proto != bpf_htons(ETH_P_IP))
+		return CB_TCX_NEXT;
+	if (cb_parse_ipv4(skb, &p))
+		return CB_TCX_NEXT;
+	daddr = p.ip->daddr;
+	if (daddr != cfg->snat_ip) {
+		/* Endpoint addresses are reached through the overlay or NAT, never by the host
+		 * forwarding what the wire sends it. */
+		if (bpf_map_lookup_elem(&cb_host_routes, &daddr))
+			return cb_drop(skb, CB_DROP_UPLINK_TO_ENDPOINT);
+		return CB_TCX_NEXT;
+	}
+	if (p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f))
+		return CB_TCX_NEXT;
+	r = cb_snat_reply(skb, &p, &f, &d);
+	if (r < 0)
+		return CB_TCX_NEXT;
+	if (r)
+		return cb_drop(skb, r);
+	dkey.net = d.net;
+	dkey.ip = d.ip;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	t.zone = d.zone;
+	t.dst_epg = ep->epg;
+	if (p.inner.proto)
+		t.inner = &p.inner;
+	r = cb_stateful(&f, &t);
+	if (r)
+		return cb_drop(skb, r);
+	r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	return cb_deliver_as(skb, &dkey, ep, CB_FWD_EGRESS_REPLY);
 }
 
 SEC("tc")

@@ -26,7 +26,7 @@ struct cb_arp {
 } __attribute__((packed));
 
 /* cb_arp_respond answers an ARP request received on a local endpoint's veth. */
-CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
+static __noinline int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data, *data_end;
 	struct ethhdr *eth;
@@ -40,6 +40,8 @@ CB_INLINE int cb_arp_respond(struct __sk_buff *skb, const struct cb_iface *ifc)
 	__u32 routing, rnet = 0;
 	__be32 sip, tip;
 
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
 	cb_pull(skb, ETH_HLEN + sizeof(struct cb_arp));
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;

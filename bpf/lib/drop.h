@@ -15,6 +15,10 @@ enum cb_reason {
 	CB_FWD_UPLINK = 3,         /* VLAN-tagged out of the uplink */
 	CB_ARP_REPLY = 4,          /* ARP request answered in place */
 	CB_POLICY_ALLOW = 5,       /* event only (never counted): a new flow allowed by a rule */
+	CB_FWD_HOST = 6,           /* to an address of this host: handed to its stack */
+	CB_FWD_EGRESS = 7,         /* source-NATed to the host address and sent out of the egress device */
+	CB_FWD_EGRESS_REPLY = 8,   /* reply to an egress flow: un-NATed and delivered to its endpoint */
+	CB_ICMP_GW_REPLY = 9,      /* ICMP echo to the gateway answered in place */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */
@@ -47,7 +51,13 @@ enum cb_reason {
 	CB_DROP_CT_FULL = 59,       /* conntrack table full: a new flow was refused */
 	CB_DROP_OVERLAY_SPOOF = 60, /* overlay packet whose inner source is not an endpoint behind its VTEP */
 	CB_DROP_VLAN_TAGGED = 61,   /* 802.1Q/802.1ad-tagged frame from a container */
-	CB_REASON_MAX = 64,
+	CB_DROP_EGRESS_NO_PORT = 62, /* egress NAT: no free port towards that destination, or its table is full */
+	CB_DROP_EGRESS_UNSUPPORTED = 63, /* egress NAT: IP fragment, or not TCP/UDP/ICMP echo */
+	CB_DROP_EGRESS_NO_FLOW = 64, /* egress NAT: TCP packet that cannot open a flow and has none */
+	CB_DROP_EGRESS_INVALID_DST = 65, /* outside the network: broadcast, multicast, loopback or unspecified */
+	CB_DROP_UPLINK_TO_ENDPOINT = 66, /* from the egress device straight to an endpoint address (not a NAT reply) */
+	CB_DROP_HOST_NO_ROUTE = 67, /* to the host from an endpoint its routes do not lead back to (overlapping address) */
+	CB_REASON_MAX = 96,
 };
 
 struct cb_counter {

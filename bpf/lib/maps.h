@@ -71,9 +71,13 @@ struct cb_network {
 	__u32 tag;        /* VNI or VLAN id */
 	__u16 mtu;
 	__u8 encap;       /* enum cb_encap */
-	__u8 pad;
+	__u8 flags;       /* enum cb_net_flags */
 	__u32 generation;
 	__u32 vrf;        /* routing domain (tenant) */
+};
+
+enum cb_net_flags {
+	CB_NET_SNAT = 1,  /* endpoints reach the outside, source-NATed to the host (nat.h) */
 };
 
 /* Routing mode: which network of a tenant holds an address. */
@@ -101,6 +105,10 @@ struct cb_config {
 	__u32 generation;     /* current agent generation (agent-only bookkeeping) */
 	__u32 features;       /* enum cb_features: stages with state to consult */
 	__u32 policy_epoch;   /* mirrored in cb_policy_epoch (conntrack.h) */
+	__be32 snat_ip;       /* egress NAT source address (0 = no egress) */
+	__u32 egress_ifindex; /* device egress traffic leaves by and replies arrive on */
+	__u16 snat_port_min;  /* egress NAT port (and ICMP id) range, host order */
+	__u16 snat_port_max;
 };
 
 enum cb_features {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,9 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "vtep-ip", EnvVars: env("VTEP_IP"), Usage: "underlay address for VXLAN (default: first IPv4 address of a non-loopback link)"},
 		&cli.StringFlag{Name: "ctrl-ip", EnvVars: env("CONTROL_IP"), Usage: "control address registered as service netplugin (default: vtep-ip)"},
 		&cli.StringFlag{Name: "vlan-if", Aliases: []string{"vlan-uplinks"}, EnvVars: env("VLAN_UPLINKS"), Usage: "uplink interface for VLAN networks (required with --netmode vlan)"},
+		&cli.StringFlag{Name: "snat-ip", EnvVars: env("SNAT_IP"), Usage: "ebpf: address endpoints' traffic to the outside is source-NATed to (default: vtep-ip; egress is off when no device holds it)"},
+		&cli.StringFlag{Name: "egress-if", EnvVars: env("EGRESS_IF"), Usage: "ebpf: device egress traffic leaves by and its replies arrive on (default: the device holding --snat-ip)"},
+		&cli.StringFlag{Name: "egress-ports", EnvVars: env("EGRESS_PORTS"), Value: "61000-65535", Usage: "ebpf: `MIN-MAX` source ports (and ICMP echo ids) of egress NAT; keep them outside net.ipv4.ip_local_port_range"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
@@ -70,6 +74,9 @@ type config struct {
 	vtep          netip.Addr
 	ctrl          netip.Addr
 	vlanIf        string
+	snatIP        netip.Addr
+	egressIf      string
+	egressPorts   [2]uint16
 	vxlanPort     int
 	dataplane     string
 	bpffsRoot     string
@@ -107,7 +114,7 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	cfg := config{
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
-		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"),
+		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), egressIf: c.String("egress-if"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
@@ -167,6 +174,14 @@ func configFrom(c *cli.Context) (config, error) {
 	} else if cfg.vtep, err = firstHostIPv4(); err != nil {
 		return cfg, fmt.Errorf("--vtep-ip not given: %w", err)
 	}
+	if s := c.String("snat-ip"); s != "" {
+		if cfg.snatIP, err = netip.ParseAddr(s); err != nil || !cfg.snatIP.Is4() {
+			return cfg, fmt.Errorf("--snat-ip %q is not an IPv4 address", s)
+		}
+	}
+	if cfg.egressPorts, err = parsePortRange(c.String("egress-ports")); err != nil {
+		return cfg, fmt.Errorf("--egress-ports: %w", err)
+	}
 	cfg.ctrl = cfg.vtep
 	if s := c.String("ctrl-ip"); s != "" {
 		if cfg.ctrl, err = netip.ParseAddr(s); err != nil {
@@ -220,4 +235,15 @@ func readSecret(path, flag string) (string, error) {
 		return "", fmt.Errorf("%s %s: token shorter than 16 characters", flag, path)
 	}
 	return tok, nil
+}
+
+// parsePortRange reads "MIN-MAX" (1 <= MIN <= MAX <= 65535).
+func parsePortRange(s string) ([2]uint16, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || a == 0 || b < a {
+		return [2]uint16{}, fmt.Errorf("%q: want MIN-MAX with 1 <= MIN <= MAX <= 65535", s)
+	}
+	return [2]uint16{uint16(a), uint16(b)}, nil
 }

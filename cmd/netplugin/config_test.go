@@ -37,7 +37,8 @@ func TestConfig(t *testing.T) {
 	}
 	if cfg.host != "h1" || cfg.vtep.String() != "192.168.1.1" || cfg.ctrl != cfg.vtep || len(cfg.etcd) != 2 ||
 		cfg.fwdMode != "routing" || cfg.vlanIf != "eth1" || cfg.mode != "docker" || cfg.vxlanPort != 4789 ||
-		cfg.dataplane != "ebpf" || cfg.bpffsRoot != "/sys/fs/bpf/contivbpf" || cfg.inspectListen != "127.0.0.1:9090" {
+		cfg.dataplane != "ebpf" || cfg.bpffsRoot != "/sys/fs/bpf/contivbpf" || cfg.inspectListen != "127.0.0.1:9090" ||
+		cfg.egressPorts != [2]uint16{61000, 65535} || cfg.snatIP.IsValid() {
 		t.Fatalf("config = %+v", cfg)
 	}
 	for _, tc := range []struct {
@@ -53,6 +54,11 @@ func TestConfig(t *testing.T) {
 		{[]string{"--etcd", " , "}, "--etcd-endpoints"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--service-ttl", "1s"}, "--service-ttl"},
+		{[]string{"--snat-ip", "fe80::1"}, "--snat-ip"},
+		{[]string{"--egress-ports", "0-10"}, "--egress-ports"},
+		{[]string{"--egress-ports", "70000-70001"}, "--egress-ports"},
+		{[]string{"--egress-ports", "62000-61000"}, "--egress-ports"},
+		{[]string{"--egress-ports", "61000"}, "--egress-ports"},
 	} {
 		_, err := parse(t, append([]string{"--host", "h", "--vtep-ip", "10.0.0.1"}, tc.args...)...)
 		if tc.args[0] == "--vtep-ip" {

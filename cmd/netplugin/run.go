@@ -207,6 +207,7 @@ func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {
 	hc := dataplane.HostConfig{
 		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
 		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
+		SNATIP: cfg.snatIP, EgressIf: cfg.egressIf, EgressPortMin: cfg.egressPorts[0], EgressPortMax: cfg.egressPorts[1],
 	}
 	switch cfg.dataplane {
 	case "ebpf":

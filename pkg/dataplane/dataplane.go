@@ -49,6 +49,9 @@ type Network struct {
 	Subnet  netip.Prefix `json:"subnet"`
 	Gateway netip.Addr   `json:"gateway,omitzero"` // may be invalid (no gateway)
 	MTU     int          `json:"mtu"`              // container MTU (1450 on VXLAN over a 1500 underlay, 1500 on VLAN)
+	// NoSNAT turns egress NAT off: endpoints reach only the host and the tenant's networks
+	// (routing mode with BGP advertises endpoint routes instead).
+	NoSNAT bool `json:"noSNAT,omitempty"`
 }
 
 // Endpoint is a container interface on this host.
@@ -156,6 +159,13 @@ type HostConfig struct {
 	MapEntries int    // eBPF: capacity of the endpoint/neighbour maps, 0 = default
 	// VXLANIf names the host's VXLAN device (eBPF: one collect_md device; "" = driver default).
 	VXLANIf string
+	// Egress NAT (eBPF): endpoints reach the outside source-NATed to SNATIP (default: the
+	// VTEP) out of EgressIf (default: the device holding SNATIP), with ports (ICMP echo
+	// ids) EgressPortMin..EgressPortMax (0, 0 = driver default).
+	SNATIP        netip.Addr
+	EgressIf      string
+	EgressPortMin uint16
+	EgressPortMax uint16
 }
 
 // Driver converges one host's datapath to the desired state.

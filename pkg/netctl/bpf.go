@@ -17,7 +17,7 @@ import (
 const DefaultAgent = "http://127.0.0.1:9090"
 
 // bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf ListingKinds).
-var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters"}
+var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "counters"}
 
 // listing is netplugin's /inspect/bpf/<kind> answer.
 type listing struct {
@@ -37,7 +37,7 @@ func bpfCommand() *cli.Command {
 				Usage: "`URL` of the host's netplugin inspect API (its --inspect-listen)"},
 			jsonFlag(),
 		}
-		if kind == "ct" {
+		if kind == "ct" || kind == "nat" {
 			flags = append(flags, &cli.IntFlag{Name: "limit", Value: 1000, Usage: "at most this many entries"})
 		}
 		subs = append(subs, &cli.Command{Name: kind, Usage: "Decoded " + kind + " table of a host's datapath", ArgsUsage: " ",
@@ -69,7 +69,7 @@ func bpfList(kind string) cli.ActionFunc {
 			return err
 		}
 		u := bases[0] + "/inspect/bpf/" + kind
-		if kind == "ct" {
+		if kind == "ct" || kind == "nat" {
 			if c.Int("limit") < 1 {
 				return usageErr(c, "--limit %d must be at least 1", c.Int("limit"))
 			}

@@ -72,6 +72,22 @@ type Config struct {
 	// ReadySocket, if set, is the socket whose existence tells WaitReady that h's runtime
 	// front-end is up (default: h.CNISocket; docker mode serves the Docker plugin socket).
 	ReadySocket func(h *Host) string
+	// External adds the namespace "<prefix>-ext" on the underlay (the hosts then share a
+	// bridge even when there are two): it stands in for the router and the Internet, with
+	// the underlay's last usable address and ExternalWorld on its loopback. Every host
+	// gets a default route via it; it forwards nothing.
+	External bool
+}
+
+// ExternalWorld is the address the external namespace holds for "the Internet"
+// (TEST-NET-3: it exists only inside the simulation).
+var ExternalWorld = netip.MustParseAddr("203.0.113.1")
+
+// External is the simulation's stand-in for everything outside the cluster.
+type External struct {
+	NS    string     // namespace name
+	IP    netip.Addr // its underlay address (the hosts' default gateway)
+	World netip.Addr // ExternalWorld
 }
 
 // Host is one simulated host.
@@ -104,6 +120,7 @@ type Cluster struct {
 	WorkDir  string
 	PinRoot  string
 	Hosts    []*Host
+	External *External // with Config.External
 	Master   *Process
 	MasterIP netip.Addr
 	log      *slog.Logger
@@ -230,7 +247,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if !cfg.Underlay.IsValid() {
 		cfg.Underlay = netip.MustParsePrefix("192.168.100.0/24")
 	}
-	if cfg.Hosts > (1<<(32-cfg.Underlay.Bits()))-3 {
+	if cfg.Hosts > (1<<(32-cfg.Underlay.Bits()))-4 {
 		return nil, fmt.Errorf("sim: underlay %v too small for %d hosts", cfg.Underlay, cfg.Hosts)
 	}
 	for _, b := range []string{"netmaster", "netplugin"} {
@@ -313,13 +330,14 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 		c.Hosts = append(c.Hosts, h)
 	}
 	c.MasterIP = c.Hosts[0].IP
+	bridged := n > 2 || c.cfg.External
 	switch {
-	case n == 2:
+	case n == 2 && !bridged:
 		a, b := c.Hosts[0], c.Hosts[1]
 		if _, err := run(ctx, "ip", "link", "add", "uplink", "netns", a.Name, "type", "veth", "peer", "name", "uplink", "netns", b.Name); err != nil {
 			return err
 		}
-	case n > 2:
+	case bridged:
 		ul := c.Prefix + "-ul"
 		if err := c.addNS(ctx, ul); err != nil {
 			return err
@@ -341,7 +359,7 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 		}
 	}
 	for _, h := range c.Hosts {
-		if n == 1 {
+		if n == 1 && !bridged {
 			// A lone host still needs an underlay address: use a veth whose peer stays
 			// in the same namespace.
 			if _, err := Exec(ctx, h.Name, "ip", "link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"); err != nil {
@@ -358,7 +376,47 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 			return err
 		}
 	}
+	if c.cfg.External {
+		if err := c.buildExternal(ctx); err != nil {
+			return err
+		}
+	}
 	c.log.Info("sim: underlay built", "hosts", n, "subnet", c.cfg.Underlay)
+	return nil
+}
+
+// buildExternal adds the external namespace to the underlay bridge and points every host's
+// default route at it.
+func (c *Cluster) buildExternal(ctx context.Context) error {
+	bits := c.cfg.Underlay.Bits()
+	last := c.cfg.Underlay.Masked().Addr()
+	for i := 0; i < (1<<(32-bits))-2; i++ {
+		last = last.Next()
+	}
+	e := &External{NS: c.Prefix + "-ext", IP: last, World: ExternalWorld}
+	if err := c.addNS(ctx, e.NS); err != nil {
+		return err
+	}
+	ul := c.Prefix + "-ul"
+	if _, err := run(ctx, "ip", "link", "add", "uplink", "netns", e.NS, "type", "veth", "peer", "name", "ext", "netns", ul); err != nil {
+		return err
+	}
+	for _, argv := range [][]string{
+		{ul, "ip", "link", "set", "ext", "master", "br0", "up"},
+		{e.NS, "ip", "addr", "add", fmt.Sprintf("%s/%d", e.IP, bits), "dev", "uplink"},
+		{e.NS, "ip", "link", "set", "uplink", "up"},
+		{e.NS, "ip", "addr", "add", e.World.String() + "/32", "dev", "lo"},
+	} {
+		if _, err := Exec(ctx, argv[0], argv[1:]...); err != nil {
+			return err
+		}
+	}
+	for _, h := range c.Hosts {
+		if _, err := Exec(ctx, h.Name, "ip", "route", "add", "default", "via", e.IP.String()); err != nil {
+			return err
+		}
+	}
+	c.External = e
 	return nil
 }
 

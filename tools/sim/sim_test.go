@@ -292,7 +292,7 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := Start(ctx, Config{Hosts: 3, BinDir: bin})
+	c, err := Start(ctx, Config{Hosts: 3, BinDir: bin, External: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,6 +323,7 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 			return nil
 		})
 	}
+	t.Run("beyond-the-subnet", func(t *testing.T) { beyondSubnet(ctx, t, c, cts) })
 	resp, err := c.httpClient(c.Hosts[0].Name).Get("http://" + c.Hosts[0].Inspect + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +340,7 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 		}
 	}
 	// The pings above went through the datapath: its own counters must show them.
-	for _, reason := range []string{"fwd_tunnel", "fwd_local", "arp_reply"} {
+	for _, reason := range []string{"fwd_tunnel", "fwd_local", "arp_reply", "fwd_egress", "fwd_egress_reply", "fwd_host", "icmp_gw_reply"} {
 		m := regexp.MustCompile(`contiv_datapath_packets_total\{drop="false",reason="` + reason + `"\} ([0-9.e+]+)`).FindStringSubmatch(b.String())
 		if m == nil || m[1] == "0" {
 			t.Errorf("datapath counter %s = %v, want > 0", reason, m)
@@ -573,4 +574,107 @@ func monitorAllowed(ctx context.Context, t *testing.T, netctl string, from, to *
 			t.Fatal("netctl monitor --allowed saw nothing within 30 s")
 		}
 	}
+}
+
+// beyondSubnet: with real netplugins, every container pings its gateway and the external
+// namespace's "Internet" address and opens TCP to it (the outside sees the host's underlay
+// address as the source); each host reaches its own container (ping and TCP, as a kubelet
+// probe would) and the container reaches its host's underlay address.
+func beyondSubnet(ctx context.Context, t *testing.T, c *Cluster, cts []*Container) {
+	ext := c.External
+	ln, err := Listen(ext.NS, "tcp4", net.JoinHostPort(ext.World.String(), "8443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peers := make(chan string, len(cts))
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			peers <- conn.RemoteAddr().String()
+			go func() { defer conn.Close(); _, _ = io.Copy(conn, conn) }()
+		}
+	}()
+	for _, ct := range cts {
+		for _, dst := range []string{"10.104.0.1", ext.World.String()} {
+			eventually(t, fmt.Sprintf("ping %s -> %s", ct.Name, dst), 10*time.Second, func() error {
+				out, err := ct.Exec(ctx, "busybox", "ping", "-c", "2", "-W", "1", dst)
+				if err != nil || !strings.Contains(out, " 0% packet loss") {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				return nil
+			})
+		}
+		conn, err := DialContext(ctx, ct.Name, "tcp4", net.JoinHostPort(ext.World.String(), "8443"))
+		if err != nil {
+			t.Fatalf("%s to the outside: %v", ct.Name, err)
+		}
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			t.Errorf("%s: echo from the outside: %v", ct.Name, err)
+		}
+		conn.Close()
+		if p := <-peers; !strings.HasPrefix(p, ct.Host.IP.String()+":") {
+			t.Errorf("the outside saw %s for %s, want its host %s", p, ct.Name, ct.Host.IP)
+		}
+		// Host → its container (kubelet probe) and container → its host.
+		if out, err := Exec(ctx, ct.Host.Name, "busybox", "ping", "-c", "2", "-W", "1", ct.IP.Addr().String()); err != nil || !strings.Contains(out, " 0% packet loss") {
+			t.Errorf("host %s ping %s: %v: %s", ct.Host.Name, ct.IP.Addr(), err, out)
+		}
+		hl, err := Listen(ct.Host.Name, "tcp4", net.JoinHostPort(ct.Host.IP.String(), "10250"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			conn, err := hl.Accept()
+			if err == nil {
+				conn.Close()
+			}
+		}()
+		conn, err = DialContext(ctx, ct.Name, "tcp4", net.JoinHostPort(ct.Host.IP.String(), "10250"))
+		if err != nil {
+			t.Errorf("%s to its host: %v", ct.Name, err)
+		} else {
+			conn.Close()
+		}
+		hl.Close()
+		if err := ct.probeFromHost(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// probeFromHost opens a TCP connection from the container's host to a listener in the
+// container (what a kubelet's HTTP probe does).
+func (ct *Container) probeFromHost(ctx context.Context) error {
+	ln, err := Listen(ct.Name, "tcp4", net.JoinHostPort(ct.IP.Addr().String(), "8080"))
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go func() {
+		conn, err := ln.Accept()
+		if err == nil {
+			_, _ = conn.Write([]byte("ok"))
+			conn.Close()
+		}
+	}()
+	conn, err := DialContext(ctx, ct.Host.Name, "tcp4", net.JoinHostPort(ct.IP.Addr().String(), "8080"))
+	if err != nil {
+		return fmt.Errorf("probe %s from %s: %w", ct.Name, ct.Host.Name, err)
+	}
+	defer conn.Close()
+	buf := make([]byte, 2)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(conn, buf); err != nil {
+		return fmt.Errorf("probe %s from %s: %w", ct.Name, ct.Host.Name, err)
+	}
+	return nil
 }

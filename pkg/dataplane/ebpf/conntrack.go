@@ -28,6 +28,9 @@ type CTStats struct {
 	Deleted  uint64        // entries deleted by passes (expired or flushed)
 	LastPass time.Duration // duration of the last pass
 	Errors   uint64        // passes that failed
+	// Egress NAT (nat.h): flows with a live reply mapping, and flows deleted by passes.
+	NATFlows   int
+	NATDeleted uint64
 }
 
 // ctFlush names the entries of one address in one zone.
@@ -43,6 +46,8 @@ type ctGC struct {
 	kick     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
+
+	nat natGC // egress NAT tables (nil maps: none)
 
 	mu      sync.Mutex
 	pending []ctFlush
@@ -112,8 +117,22 @@ func (g *ctGC) pass() (int, error) {
 	g.pending = nil
 	g.mu.Unlock()
 	n, seen, err := g.sweep(flushes)
+	natDeleted, natLive := 0, 0
+	if g.nat.flows != nil {
+		now, nerr := monotonicNow()
+		if nerr == nil {
+			match := map[ctFlush]bool{}
+			for _, f := range flushes {
+				match[f] = true
+			}
+			natDeleted, natLive, nerr = g.nat.sweep(now, match)
+		}
+		err = errors.Join(err, nerr)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.stats.NATDeleted += uint64(natDeleted)
+	g.stats.NATFlows = natLive
 	g.stats.Runs++
 	g.stats.Deleted += uint64(n)
 	g.stats.LastPass = time.Since(start)

@@ -36,6 +36,10 @@ type contivbpfCbConfig struct {
 	Generation    uint32
 	Features      uint32
 	PolicyEpoch   uint32
+	SnatIp        uint32
+	EgressIfindex uint32
+	SnatPortMin   uint16
+	SnatPortMax   uint16
 }
 
 type contivbpfCbCounter struct {
@@ -183,6 +187,18 @@ type contivbpfCbFragKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbHostIp struct {
+	_          structs.HostLayout
+	Generation uint32
+	Pad        uint32
+}
+
+type contivbpfCbHostRoute struct {
+	_          structs.HostLayout
+	Ifindex    uint32
+	Generation uint32
+}
+
 type contivbpfCbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -215,6 +231,12 @@ type contivbpfCbNatfrag struct {
 	Pad     uint32
 }
 
+type contivbpfCbNetFlags uint32
+
+const (
+	contivbpfCbNetFlagsCB_NET_SNAT contivbpfCbNetFlags = 1
+)
+
 type contivbpfCbNetwork struct {
 	_          structs.HostLayout
 	Subnet     uint32
@@ -223,7 +245,7 @@ type contivbpfCbNetwork struct {
 	Tag        uint32
 	Mtu        uint16
 	Encap      uint8
-	Pad        uint8
+	Flags      uint8
 	Generation uint32
 	Vrf        uint32
 }
@@ -264,6 +286,10 @@ const (
 	contivbpfCbReasonCB_FWD_UPLINK              contivbpfCbReason = 3
 	contivbpfCbReasonCB_ARP_REPLY               contivbpfCbReason = 4
 	contivbpfCbReasonCB_POLICY_ALLOW            contivbpfCbReason = 5
+	contivbpfCbReasonCB_FWD_HOST                contivbpfCbReason = 6
+	contivbpfCbReasonCB_FWD_EGRESS              contivbpfCbReason = 7
+	contivbpfCbReasonCB_FWD_EGRESS_REPLY        contivbpfCbReason = 8
+	contivbpfCbReasonCB_ICMP_GW_REPLY           contivbpfCbReason = 9
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33
@@ -295,7 +321,13 @@ const (
 	contivbpfCbReasonCB_DROP_CT_FULL            contivbpfCbReason = 59
 	contivbpfCbReasonCB_DROP_OVERLAY_SPOOF      contivbpfCbReason = 60
 	contivbpfCbReasonCB_DROP_VLAN_TAGGED        contivbpfCbReason = 61
-	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 64
+	contivbpfCbReasonCB_DROP_EGRESS_NO_PORT     contivbpfCbReason = 62
+	contivbpfCbReasonCB_DROP_EGRESS_UNSUPPORTED contivbpfCbReason = 63
+	contivbpfCbReasonCB_DROP_EGRESS_NO_FLOW     contivbpfCbReason = 64
+	contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST contivbpfCbReason = 65
+	contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfCbReason = 66
+	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE      contivbpfCbReason = 67
+	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
 type contivbpfCbRoute struct {
@@ -331,6 +363,44 @@ const (
 	contivbpfCbRuleActionCB_ACT_ALLOW contivbpfCbRuleAction = 1
 	contivbpfCbRuleActionCB_ACT_DENY  contivbpfCbRuleAction = 2
 )
+
+type contivbpfCbSnatEntry struct {
+	_       structs.HostLayout
+	Expires uint64
+	NatPort uint16
+	State   uint8
+	Pad     uint8
+	Net     uint32
+}
+
+type contivbpfCbSnatKey struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type contivbpfCbSnatRkey struct {
+	_       structs.HostLayout
+	Raddr   uint32
+	Rport   uint16
+	NatPort uint16
+	Proto   uint8
+	Pad     [3]uint8
+}
+
+type contivbpfCbSnatRval struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Sport uint16
+	Pad   uint16
+	Net   uint32
+}
 
 type contivbpfCbSvc struct {
 	_          structs.HostLayout
@@ -381,6 +451,8 @@ const (
 	contivbpfMapCbEpgs             = "cb_epgs"
 	contivbpfMapCbEvents           = "cb_events"
 	contivbpfMapCbFrags            = "cb_frags"
+	contivbpfMapCbHostIps          = "cb_host_ips"
+	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbMembers          = "cb_members"
 	contivbpfMapCbNatFrags         = "cb_nat_frags"
@@ -390,10 +462,13 @@ const (
 	contivbpfMapCbReasons          = "cb_reasons"
 	contivbpfMapCbRoutes           = "cb_routes"
 	contivbpfMapCbServices         = "cb_services"
+	contivbpfMapCbSnat             = "cb_snat"
+	contivbpfMapCbSnatRev          = "cb_snat_rev"
 	contivbpfMapCbVerdicts         = "cb_verdicts"
 	contivbpfMapCbVips             = "cb_vips"
 	contivbpfProgCbFromContainer   = "cb_from_container"
 	contivbpfProgCbFromOverlay     = "cb_from_overlay"
+	contivbpfProgCbFromUplink      = "cb_from_uplink"
 	contivbpfProgCbFromWire        = "cb_from_wire"
 	contivbpfProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
@@ -404,6 +479,7 @@ const (
 	contivbpfVarCbEventUnused      = "cb_event_unused"
 	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
+	contivbpfVarCbNetFlagsUnused   = "cb_net_flags_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
@@ -454,6 +530,7 @@ type contivbpfSpecs struct {
 type contivbpfProgramSpecs struct {
 	CbFromContainer *ebpf.ProgramSpec `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
@@ -470,6 +547,8 @@ type contivbpfMapSpecs struct {
 	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
 	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
 	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
+	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
@@ -479,6 +558,8 @@ type contivbpfMapSpecs struct {
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
 	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
 	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
+	CbSnat       *ebpf.MapSpec `ebpf:"cb_snat"`
+	CbSnatRev    *ebpf.MapSpec `ebpf:"cb_snat_rev"`
 	CbVerdicts   *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
 }
@@ -495,6 +576,7 @@ type contivbpfVariableSpecs struct {
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
@@ -529,6 +611,8 @@ type contivbpfMaps struct {
 	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
 	CbEvents     *ebpf.Map `ebpf:"cb_events"`
 	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
+	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
+	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
@@ -538,6 +622,8 @@ type contivbpfMaps struct {
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
 	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
 	CbServices   *ebpf.Map `ebpf:"cb_services"`
+	CbSnat       *ebpf.Map `ebpf:"cb_snat"`
+	CbSnatRev    *ebpf.Map `ebpf:"cb_snat_rev"`
 	CbVerdicts   *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips       *ebpf.Map `ebpf:"cb_vips"`
 }
@@ -552,6 +638,8 @@ func (m *contivbpfMaps) Close() error {
 		m.CbEpgs,
 		m.CbEvents,
 		m.CbFrags,
+		m.CbHostIps,
+		m.CbHostRoutes,
 		m.CbIfaces,
 		m.CbMembers,
 		m.CbNatFrags,
@@ -561,6 +649,8 @@ func (m *contivbpfMaps) Close() error {
 		m.CbReasons,
 		m.CbRoutes,
 		m.CbServices,
+		m.CbSnat,
+		m.CbSnatRev,
 		m.CbVerdicts,
 		m.CbVips,
 	)
@@ -578,6 +668,7 @@ type contivbpfVariables struct {
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
@@ -590,6 +681,7 @@ type contivbpfVariables struct {
 type contivbpfPrograms struct {
 	CbFromContainer *ebpf.Program `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
@@ -598,6 +690,7 @@ func (p *contivbpfPrograms) Close() error {
 	return _ContivbpfClose(
 		p.CbFromContainer,
 		p.CbFromOverlay,
+		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbTestOverlay,
 	)

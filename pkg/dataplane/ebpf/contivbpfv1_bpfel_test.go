@@ -36,6 +36,10 @@ type contivbpfv1CbConfig struct {
 	Generation    uint32
 	Features      uint32
 	PolicyEpoch   uint32
+	SnatIp        uint32
+	EgressIfindex uint32
+	SnatPortMin   uint16
+	SnatPortMax   uint16
 }
 
 type contivbpfv1CbCounter struct {
@@ -181,6 +185,18 @@ type contivbpfv1CbFragKey struct {
 	Pad   uint8
 }
 
+type contivbpfv1CbHostIp struct {
+	_          structs.HostLayout
+	Generation uint32
+	Pad        uint32
+}
+
+type contivbpfv1CbHostRoute struct {
+	_          structs.HostLayout
+	Ifindex    uint32
+	Generation uint32
+}
+
 type contivbpfv1CbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -211,6 +227,12 @@ type contivbpfv1CbNatfrag struct {
 	Pad     uint32
 }
 
+type contivbpfv1CbNetFlags uint32
+
+const (
+	contivbpfv1CbNetFlagsCB_NET_SNAT contivbpfv1CbNetFlags = 1
+)
+
 type contivbpfv1CbNetwork struct {
 	_          structs.HostLayout
 	Subnet     uint32
@@ -219,7 +241,7 @@ type contivbpfv1CbNetwork struct {
 	Tag        uint32
 	Mtu        uint16
 	Encap      uint8
-	Pad        uint8
+	Flags      uint8
 	Generation uint32
 	Vrf        uint32
 }
@@ -272,6 +294,10 @@ const (
 	contivbpfv1CbReasonCB_FWD_UPLINK              contivbpfv1CbReason = 3
 	contivbpfv1CbReasonCB_ARP_REPLY               contivbpfv1CbReason = 4
 	contivbpfv1CbReasonCB_POLICY_ALLOW            contivbpfv1CbReason = 5
+	contivbpfv1CbReasonCB_FWD_HOST                contivbpfv1CbReason = 6
+	contivbpfv1CbReasonCB_FWD_EGRESS              contivbpfv1CbReason = 7
+	contivbpfv1CbReasonCB_FWD_EGRESS_REPLY        contivbpfv1CbReason = 8
+	contivbpfv1CbReasonCB_ICMP_GW_REPLY           contivbpfv1CbReason = 9
 	contivbpfv1CbReasonCB_DROP_MIN                contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_MALFORMED_ETH      contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_UNKNOWN_IFACE      contivbpfv1CbReason = 33
@@ -303,7 +329,13 @@ const (
 	contivbpfv1CbReasonCB_DROP_CT_FULL            contivbpfv1CbReason = 59
 	contivbpfv1CbReasonCB_DROP_OVERLAY_SPOOF      contivbpfv1CbReason = 60
 	contivbpfv1CbReasonCB_DROP_VLAN_TAGGED        contivbpfv1CbReason = 61
-	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 64
+	contivbpfv1CbReasonCB_DROP_EGRESS_NO_PORT     contivbpfv1CbReason = 62
+	contivbpfv1CbReasonCB_DROP_EGRESS_UNSUPPORTED contivbpfv1CbReason = 63
+	contivbpfv1CbReasonCB_DROP_EGRESS_NO_FLOW     contivbpfv1CbReason = 64
+	contivbpfv1CbReasonCB_DROP_EGRESS_INVALID_DST contivbpfv1CbReason = 65
+	contivbpfv1CbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfv1CbReason = 66
+	contivbpfv1CbReasonCB_DROP_HOST_NO_ROUTE      contivbpfv1CbReason = 67
+	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 96
 )
 
 type contivbpfv1CbRoute struct {
@@ -325,6 +357,44 @@ const (
 	contivbpfv1CbRuleActionCB_ACT_ALLOW contivbpfv1CbRuleAction = 1
 	contivbpfv1CbRuleActionCB_ACT_DENY  contivbpfv1CbRuleAction = 2
 )
+
+type contivbpfv1CbSnatEntry struct {
+	_       structs.HostLayout
+	Expires uint64
+	NatPort uint16
+	State   uint8
+	Pad     uint8
+	Net     uint32
+}
+
+type contivbpfv1CbSnatKey struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type contivbpfv1CbSnatRkey struct {
+	_       structs.HostLayout
+	Raddr   uint32
+	Rport   uint16
+	NatPort uint16
+	Proto   uint8
+	Pad     [3]uint8
+}
+
+type contivbpfv1CbSnatRval struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Sport uint16
+	Pad   uint16
+	Net   uint32
+}
 
 type contivbpfv1CbSvc struct {
 	_          structs.HostLayout
@@ -375,6 +445,8 @@ const (
 	contivbpfv1MapCbEpgs             = "cb_epgs"
 	contivbpfv1MapCbEvents           = "cb_events"
 	contivbpfv1MapCbFrags            = "cb_frags"
+	contivbpfv1MapCbHostIps          = "cb_host_ips"
+	contivbpfv1MapCbHostRoutes       = "cb_host_routes"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
 	contivbpfv1MapCbMembers          = "cb_members"
 	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
@@ -384,10 +456,13 @@ const (
 	contivbpfv1MapCbReasons          = "cb_reasons"
 	contivbpfv1MapCbRoutes           = "cb_routes"
 	contivbpfv1MapCbServices         = "cb_services"
+	contivbpfv1MapCbSnat             = "cb_snat"
+	contivbpfv1MapCbSnatRev          = "cb_snat_rev"
 	contivbpfv1MapCbVerdicts         = "cb_verdicts"
 	contivbpfv1MapCbVips             = "cb_vips"
 	contivbpfv1ProgCbFromContainer   = "cb_from_container"
 	contivbpfv1ProgCbFromOverlay     = "cb_from_overlay"
+	contivbpfv1ProgCbFromUplink      = "cb_from_uplink"
 	contivbpfv1ProgCbFromWire        = "cb_from_wire"
 	contivbpfv1ProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfv1VarCbCtFlagsUnused    = "cb_ct_flags_unused"
@@ -398,6 +473,7 @@ const (
 	contivbpfv1VarCbEventUnused      = "cb_event_unused"
 	contivbpfv1VarCbFeatures         = "cb_features"
 	contivbpfv1VarCbFeaturesUnused   = "cb_features_unused"
+	contivbpfv1VarCbNetFlagsUnused   = "cb_net_flags_unused"
 	contivbpfv1VarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfv1VarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfv1VarCbReasonUnused     = "cb_reason_unused"
@@ -448,6 +524,7 @@ type contivbpfv1Specs struct {
 type contivbpfv1ProgramSpecs struct {
 	CbFromContainer *ebpf.ProgramSpec `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
@@ -456,25 +533,29 @@ type contivbpfv1ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfv1MapSpecs struct {
-	CbBackends  *ebpf.MapSpec `ebpf:"cb_backends"`
-	CbCfg       *ebpf.MapSpec `ebpf:"cb_cfg"`
-	CbCt        *ebpf.MapSpec `ebpf:"cb_ct"`
-	CbEndpoints *ebpf.MapSpec `ebpf:"cb_endpoints"`
-	CbEpMetrics *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
-	CbEpgs      *ebpf.MapSpec `ebpf:"cb_epgs"`
-	CbEvents    *ebpf.MapSpec `ebpf:"cb_events"`
-	CbFrags     *ebpf.MapSpec `ebpf:"cb_frags"`
-	CbIfaces    *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbMembers   *ebpf.MapSpec `ebpf:"cb_members"`
-	CbNatFrags  *ebpf.MapSpec `ebpf:"cb_nat_frags"`
-	CbNetworks  *ebpf.MapSpec `ebpf:"cb_networks"`
-	CbPeers     *ebpf.MapSpec `ebpf:"cb_peers"`
-	CbPolicies  *ebpf.MapSpec `ebpf:"cb_policies"`
-	CbReasons   *ebpf.MapSpec `ebpf:"cb_reasons"`
-	CbRoutes    *ebpf.MapSpec `ebpf:"cb_routes"`
-	CbServices  *ebpf.MapSpec `ebpf:"cb_services"`
-	CbVerdicts  *ebpf.MapSpec `ebpf:"cb_verdicts"`
-	CbVips      *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
+	CbEpMetrics  *ebpf.MapSpec `ebpf:"cb_ep_metrics"`
+	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
+	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
+	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
+	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
+	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
+	CbSnat       *ebpf.MapSpec `ebpf:"cb_snat"`
+	CbSnatRev    *ebpf.MapSpec `ebpf:"cb_snat_rev"`
+	CbVerdicts   *ebpf.MapSpec `ebpf:"cb_verdicts"`
+	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfv1VariableSpecs contains global variables before they are loaded into the kernel.
@@ -489,6 +570,7 @@ type contivbpfv1VariableSpecs struct {
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
@@ -515,25 +597,29 @@ func (o *contivbpfv1Objects) Close() error {
 //
 // It can be passed to loadContivbpfv1Objects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfv1Maps struct {
-	CbBackends  *ebpf.Map `ebpf:"cb_backends"`
-	CbCfg       *ebpf.Map `ebpf:"cb_cfg"`
-	CbCt        *ebpf.Map `ebpf:"cb_ct"`
-	CbEndpoints *ebpf.Map `ebpf:"cb_endpoints"`
-	CbEpMetrics *ebpf.Map `ebpf:"cb_ep_metrics"`
-	CbEpgs      *ebpf.Map `ebpf:"cb_epgs"`
-	CbEvents    *ebpf.Map `ebpf:"cb_events"`
-	CbFrags     *ebpf.Map `ebpf:"cb_frags"`
-	CbIfaces    *ebpf.Map `ebpf:"cb_ifaces"`
-	CbMembers   *ebpf.Map `ebpf:"cb_members"`
-	CbNatFrags  *ebpf.Map `ebpf:"cb_nat_frags"`
-	CbNetworks  *ebpf.Map `ebpf:"cb_networks"`
-	CbPeers     *ebpf.Map `ebpf:"cb_peers"`
-	CbPolicies  *ebpf.Map `ebpf:"cb_policies"`
-	CbReasons   *ebpf.Map `ebpf:"cb_reasons"`
-	CbRoutes    *ebpf.Map `ebpf:"cb_routes"`
-	CbServices  *ebpf.Map `ebpf:"cb_services"`
-	CbVerdicts  *ebpf.Map `ebpf:"cb_verdicts"`
-	CbVips      *ebpf.Map `ebpf:"cb_vips"`
+	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
+	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt         *ebpf.Map `ebpf:"cb_ct"`
+	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
+	CbEpMetrics  *ebpf.Map `ebpf:"cb_ep_metrics"`
+	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
+	CbEvents     *ebpf.Map `ebpf:"cb_events"`
+	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
+	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
+	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
+	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
+	CbMembers    *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
+	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
+	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
+	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
+	CbServices   *ebpf.Map `ebpf:"cb_services"`
+	CbSnat       *ebpf.Map `ebpf:"cb_snat"`
+	CbSnatRev    *ebpf.Map `ebpf:"cb_snat_rev"`
+	CbVerdicts   *ebpf.Map `ebpf:"cb_verdicts"`
+	CbVips       *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfv1Maps) Close() error {
@@ -546,6 +632,8 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbEpgs,
 		m.CbEvents,
 		m.CbFrags,
+		m.CbHostIps,
+		m.CbHostRoutes,
 		m.CbIfaces,
 		m.CbMembers,
 		m.CbNatFrags,
@@ -555,6 +643,8 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbReasons,
 		m.CbRoutes,
 		m.CbServices,
+		m.CbSnat,
+		m.CbSnatRev,
 		m.CbVerdicts,
 		m.CbVips,
 	)
@@ -572,6 +662,7 @@ type contivbpfv1Variables struct {
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
@@ -584,6 +675,7 @@ type contivbpfv1Variables struct {
 type contivbpfv1Programs struct {
 	CbFromContainer *ebpf.Program `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
@@ -592,6 +684,7 @@ func (p *contivbpfv1Programs) Close() error {
 	return _Contivbpfv1Close(
 		p.CbFromContainer,
 		p.CbFromOverlay,
+		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbTestOverlay,
 	)

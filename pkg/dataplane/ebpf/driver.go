@@ -48,11 +48,15 @@ type Driver struct {
 	objs    contivbpfObjects
 	nl      *netlink.Handle
 	vxIndex int
-	upIndex int                    // VLAN uplink, 0 = none
-	links   map[string]*attachment // by interface name
-	gen     uint32
-	closed  bool
-	pinLock *os.File // flock on the pin root (lock.go), held until Close/Teardown
+	upIndex int    // VLAN uplink, 0 = none
+	egress  egress // egress NAT (hostpath.go), zero = off
+	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
+	hostRoutes map[netip.Addr]string
+	addrStop   chan struct{}          // stops the host address watch
+	links      map[string]*attachment // by interface name
+	gen        uint32
+	closed     bool
+	pinLock    *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	networks  map[string]netRec
 	endpoints map[string]epRec // by indexKey(endpoint id)
@@ -161,21 +165,22 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
 	d := &Driver{
-		cfg:       cfg,
-		log:       slog.Default(),
-		hostNS:    -1,
-		links:     map[string]*attachment{},
-		networks:  map[string]netRec{},
-		endpoints: map[string]epRec{},
-		remotes:   map[string]remoteRec{},
-		peers:     map[string]netip.Addr{},
-		policies:  map[uint16]dataplane.PolicySet{},
-		ruleIDs:   map[uint16]ruleIDs{},
-		failed:    map[uint16]error{},
-		services:  map[string]svcRec{},
-		mapFull:   map[string]uint64{},
-		slots:     map[uint32]string{},
-		loadSpec:  loadContivbpf,
+		cfg:        cfg,
+		log:        slog.Default(),
+		hostNS:     -1,
+		links:      map[string]*attachment{},
+		networks:   map[string]netRec{},
+		endpoints:  map[string]epRec{},
+		hostRoutes: map[netip.Addr]string{},
+		remotes:    map[string]remoteRec{},
+		peers:      map[string]netip.Addr{},
+		policies:   map[uint16]dataplane.PolicySet{},
+		ruleIDs:    map[uint16]ruleIDs{},
+		failed:     map[uint16]error{},
+		services:   map[string]svcRec{},
+		mapFull:    map[string]uint64{},
+		slots:      map[uint32]string{},
+		loadSpec:   loadContivbpf,
 	}
 	for _, o := range opts {
 		o(d)
@@ -265,7 +270,17 @@ func (d *Driver) open(ctx context.Context) error {
 		}
 		d.upIndex = up.Attrs().Index
 	}
+	if d.egress, err = d.resolveEgress(); err != nil {
+		return err
+	}
 	if err := d.writeConfig(); err != nil {
+		return err
+	}
+	if err := d.syncHostIPs(); err != nil {
+		return err
+	}
+	d.addrStop = make(chan struct{})
+	if err := d.watchHostIPs(d.addrStop); err != nil {
 		return err
 	}
 	if err := d.ensureTCX(d.cfg.VXLANIf, d.vxIndex, d.objs.CbFromOverlay, contivbpfProgCbFromOverlay); err != nil {
@@ -275,6 +290,10 @@ func (d *Driver) open(ctx context.Context) error {
 		if err := d.ensureTCX(d.cfg.VLANIf, d.upIndex, d.objs.CbFromWire, contivbpfProgCbFromWire); err != nil {
 			return err
 		}
+	}
+	// After cb_from_wire: on a shared uplink VLAN frames are taken off first.
+	if err := d.attachEgress(); err != nil {
+		return err
 	}
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(d.cfg.PinRoot, legacyMetricsMap), nil); err == nil {
 		d.legacyMetrics = m
@@ -288,6 +307,7 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.removeForeignPins(spec)
 	d.ctgc = newCTGC(d.objs.CbCt, d.ctgcEvery)
+	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}
 	go d.ctgc.run()
 	return nil
 }
@@ -331,6 +351,10 @@ func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
 // release closes handles without touching the datapath.
 func (d *Driver) release() {
 	d.stopGC()
+	if d.addrStop != nil {
+		close(d.addrStop)
+		d.addrStop = nil
+	}
 	if d.traceColl != nil {
 		d.traceColl.Close()
 		d.traceColl = nil
@@ -373,6 +397,11 @@ func (d *Driver) writeConfig() error {
 	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
+	}
+	if d.egress.ifindex != 0 {
+		c.SnatIp = ip4(d.egress.ip)
+		c.EgressIfindex = uint32(d.egress.ifindex)
+		c.SnatPortMin, c.SnatPortMax = d.egress.portMin, d.egress.portMax
 	}
 	copy(c.GwMac[:], dataplane.RouterMAC)
 	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // ListingKinds are the tables Listing decodes.
-var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters"}
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "counters"}
 
 // listNames is what the driver knows about the names behind map keys, copied under the
 // driver lock so that reading the maps (which can be large) does not hold it.
@@ -117,6 +117,8 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 		err = d.listPeers(n, &l)
 	case "ct":
 		err = d.listCT(n, &l, limit)
+	case "nat":
+		err = d.listNAT(n, &l, limit)
 	case "services":
 		err = d.listServices(n, &l)
 	case "policy":
@@ -220,11 +222,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 			}
 			return a
 		}
-		state := map[uint8]string{uint8(contivbpfCbCtStateCB_CTS_NEW): "new", uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED): "established",
-			uint8(contivbpfCbCtStateCB_CTS_CLOSING): "closing"}[v.State]
-		if state == "" {
-			state = strconv.Itoa(int(v.State))
-		}
+		state := ctStateName(v.State)
 		var flags []string
 		for _, f := range []struct {
 			bit  contivbpfCbCtFlags
@@ -254,12 +252,8 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 				svc = fmt.Sprintf("#%d", v.SvcId)
 			}
 		}
-		expires := "expired"
-		if v.Expires > now {
-			expires = (time.Duration(v.Expires-now) / time.Second * time.Second).String()
-		}
 		l.Rows = append(l.Rows, []string{n.zone(k.Zone), protoName(k.Proto), ep(k.Saddr, k.Sport), ep(k.Daddr, k.Dport),
-			state, strings.Join(flags, ","), nat, svc, expires})
+			state, strings.Join(flags, ","), nat, svc, expiresIn(v.Expires, now)})
 	}
 	sortRows(l.Rows)
 	return iterErr(it.Err(), contivbpfMapCbCt)
@@ -408,5 +402,62 @@ func iterErr(err error, mapName string) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: read %s: %w", mapName, err)
 	}
+	return nil
+}
+
+func ctStateName(s uint8) string {
+	switch s {
+	case uint8(contivbpfCbCtStateCB_CTS_NEW):
+		return "new"
+	case uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED):
+		return "established"
+	case uint8(contivbpfCbCtStateCB_CTS_CLOSING):
+		return "closing"
+	}
+	return strconv.Itoa(int(s))
+}
+
+// expiresIn renders a cb_now() deadline relative to now.
+func expiresIn(deadline, now uint64) string {
+	if deadline <= now {
+		return "expired"
+	}
+	return (time.Duration(deadline-now) / time.Second * time.Second).String()
+}
+
+// listNAT decodes the egress NAT flows (cb_snat): the endpoint's side, the remote side and
+// the host port the flow uses.
+func (d *Driver) listNAT(n listNames, l *dataplane.Listing, limit int) error {
+	l.Columns = []string{"ZONE", "PROTO", "ENDPOINT", "REMOTE", "NAT", "STATE", "NETWORK", "EXPIRES"}
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	natIP := ""
+	if d.egress.ip.IsValid() {
+		natIP = d.egress.ip.String()
+	}
+	var k contivbpfCbSnatKey
+	var v contivbpfCbSnatEntry
+	it := d.objs.CbSnat.Iterate()
+	for it.Next(&k, &v) {
+		if len(l.Rows) >= limit {
+			l.Truncated++
+			continue
+		}
+		port := func(p uint16) string {
+			if k.Proto == 1 {
+				return " id " + strconv.Itoa(int(hport(p)))
+			}
+			return ":" + strconv.Itoa(int(hport(p)))
+		}
+		l.Rows = append(l.Rows, []string{n.zone(k.Zone), protoName(k.Proto), addrFrom(k.Saddr).String() + port(k.Sport),
+			addrFrom(k.Daddr).String() + port(k.Dport), natIP + port(v.NatPort), ctStateName(v.State), n.network(v.Net),
+			expiresIn(v.Expires, now)})
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbSnat, err)
+	}
+	sortRows(l.Rows)
 	return nil
 }

@@ -78,24 +78,8 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 	if had && old.key != key && d.networkInUse(n.ID) {
 		return fmt.Errorf("network %s: cannot change encap/tag while endpoints use it", n.ID)
 	}
-	m := n.Subnet.Masked()
-	bits := m.Bits()
-	mask := net.CIDRMask(bits, 32)
-	v := contivbpfCbNetwork{
-		Subnet:     ip4(m.Addr()),
-		Mask:       binaryNative(mask),
-		Tag:        n.Tag,
-		Mtu:        uint16(n.MTU),
-		Encap:      uint8(contivbpfCbEncapCB_ENCAP_VXLAN),
-		Generation: d.gen,
-		Vrf:        vrf,
-	}
-	if n.Encap == dataplane.EncapVLAN {
-		v.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
-	}
-	if n.Gateway.IsValid() {
-		v.Gateway = ip4(n.Gateway)
-	}
+	v := networkValue(n, vrf)
+	v.Generation = d.gen
 	if err := d.mapPut(contivbpfMapCbNetworks, d.objs.CbNetworks, key, &v); err != nil {
 		return fmt.Errorf("network %s: %w", n.ID, err)
 	}
@@ -106,6 +90,29 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 	}
 	d.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
 	return nil
+}
+
+// networkValue is the cb_networks entry of n in routing domain vrf (generation 0).
+func networkValue(n dataplane.Network, vrf uint32) contivbpfCbNetwork {
+	m := n.Subnet.Masked()
+	v := contivbpfCbNetwork{
+		Subnet: ip4(m.Addr()),
+		Mask:   binaryNative(maskOf(m.Bits())),
+		Tag:    n.Tag,
+		Mtu:    uint16(n.MTU),
+		Encap:  uint8(contivbpfCbEncapCB_ENCAP_VXLAN),
+		Vrf:    vrf,
+	}
+	if n.Encap == dataplane.EncapVLAN {
+		v.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
+	}
+	if n.Gateway.IsValid() {
+		v.Gateway = ip4(n.Gateway)
+	}
+	if !n.NoSNAT {
+		v.Flags |= uint8(contivbpfCbNetFlagsCB_NET_SNAT)
+	}
+	return v
 }
 
 // putRoute records (routing mode) which network of the tenant holds ip.
@@ -507,6 +514,10 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	clock.mark(StepTCX)
 	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot}
+	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
+		delete(d.endpoints, ik)
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
 	if epgChanged { // its flows are judged again with its new group
 		return d.bumpEpoch()
 	}
@@ -637,6 +648,9 @@ func (d *Driver) deleteEndpoint(ik string) error {
 	}
 	if err := mapDel(d.objs.CbIfaces, uint32(r.ifindex)); err != nil {
 		errs = append(errs, fmt.Errorf("delete iface entry: %w", err))
+	}
+	if err := d.dropHostRoute(ik, addrFrom(r.key.Ip)); err != nil {
+		errs = append(errs, err)
 	}
 	d.detachTCX(r.hostIf)
 	if l, err := d.nl.LinkByName(r.hostIf); err == nil && (l.Attrs().Alias == d.endpointAlias(ik) || l.Attrs().Alias == aliasPrefix+ik) {

@@ -53,6 +53,12 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	if d.cfg.VLANIf != "" {
 		wantIfs[d.cfg.VLANIf] = true
 	}
+	if d.egress.ifindex != 0 {
+		wantIfs[egressLinkPrefix+d.egress.ifname] = true
+	}
+	if err := d.syncHostIPs(); err != nil {
+		return err
+	}
 	for _, ep := range s.Endpoints {
 		wantEPs[indexKey(ep.ID)] = true
 		wantIfs[ep.HostIfName] = true

@@ -62,15 +62,7 @@ func (v *verifier) networks(nets []dataplane.Network) {
 			continue
 		}
 		n = r.net // with the MTU default the driver applied
-		m := n.Subnet.Masked()
-		e := contivbpfCbNetwork{Subnet: ip4(m.Addr()), Mask: binaryNative(maskOf(m.Bits())), Tag: n.Tag, Mtu: uint16(n.MTU),
-			Encap: uint8(contivbpfCbEncapCB_ENCAP_VXLAN), Vrf: r.vrf}
-		if n.Encap == dataplane.EncapVLAN {
-			e.Encap = uint8(contivbpfCbEncapCB_ENCAP_VLAN)
-		}
-		if n.Gateway.IsValid() {
-			e.Gateway = ip4(n.Gateway)
-		}
+		e := networkValue(n, r.vrf)
 		want[r.key], name[r.key] = e, n.ID
 	}
 	var k uint32
@@ -84,10 +76,10 @@ func (v *verifier) networks(nets []dataplane.Network) {
 			v.add(contivbpfMapCbNetworks, fmt.Sprintf("key %d", k), "extra", fmt.Sprintf("subnet %v/%d tag %d", addrFrom(got.Subnet), maskBits(got.Mask), got.Tag))
 			continue
 		}
-		got.Generation, got.Pad = 0, 0
+		got.Generation = 0
 		if got != e {
-			v.add(contivbpfMapCbNetworks, name[k], "different", fmt.Sprintf("map: subnet %v/%d gw %v tag %d mtu %d; want subnet %v/%d gw %v tag %d mtu %d",
-				addrFrom(got.Subnet), maskBits(got.Mask), addrFrom(got.Gateway), got.Tag, got.Mtu, addrFrom(e.Subnet), maskBits(e.Mask), addrFrom(e.Gateway), e.Tag, e.Mtu))
+			v.add(contivbpfMapCbNetworks, name[k], "different", fmt.Sprintf("map: subnet %v/%d gw %v tag %d mtu %d flags %#x; want subnet %v/%d gw %v tag %d mtu %d flags %#x",
+				addrFrom(got.Subnet), maskBits(got.Mask), addrFrom(got.Gateway), got.Tag, got.Mtu, got.Flags, addrFrom(e.Subnet), maskBits(e.Mask), addrFrom(e.Gateway), e.Tag, e.Mtu, e.Flags))
 		}
 	}
 	v.iterErr(it.Err(), contivbpfMapCbNetworks)

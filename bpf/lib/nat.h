@@ -1,0 +1,402 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* nat.h: beyond the network. Packets from a local endpoint to an address outside every
+ * network of its tenant go one of three ways (docs/host-routing.md):
+ *   - to an address of this host (cb_host_ips): handed to the host's stack;
+ *   - to the gateway: ICMP echo is answered in place, anything else is dropped;
+ *   - elsewhere (networks with CB_NET_SNAT): source-NATed to cb_config.snat_ip with a port
+ *     (ICMP: an echo id) of its own and sent out of the egress device by the kernel's
+ *     neighbour table (bpf_redirect_neigh). Replies arriving at snat_ip are matched in
+ *     cb_snat_rev, un-NATed and delivered to the endpoint directly.
+ * NAT state is keyed by the tenant's zone (overlapping subnets of two tenants never share
+ * an entry), created only by a packet that may open a flow and only after policy allowed
+ * it, and ages with the conntrack timeouts of its TCP state. A full table or an exhausted
+ * port range refuses the new flow (drop_egress_no_port). The agent's collector deletes
+ * expired entries. */
+#pragma once
+
+#include "common.h"
+#include "drop.h"
+#include "maps.h"
+#include "parse.h"
+#include "conntrack.h"
+#include "policy.h"
+#include "lb.h"
+
+/* An address of this host (agent-maintained from the host's address list). */
+struct cb_host_ip {
+	__u32 generation;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __be32);
+	__type(value, struct cb_host_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_host_ips SEC(".maps");
+
+/* An endpoint address the host's routing table points at a local veth (host → endpoint).
+ * Packets arriving on the egress device for such an address are never passed on to the
+ * host's stack (it would forward them around policy when ip_forward is on). */
+struct cb_host_route {
+	__u32 ifindex;
+	__u32 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, __be32);
+	__type(value, struct cb_host_route);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_host_routes SEC(".maps");
+
+/* An egress flow as its endpoint sent it. ICMP echo: both ports hold the echo id. */
+struct cb_snat_key {
+	__u32 zone;
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct cb_snat_entry {
+	__u64 expires;   /* cb_now() deadline */
+	__be16 nat_port; /* port (ICMP: echo id) on snat_ip */
+	__u8 state;      /* enum cb_ct_state */
+	__u8 pad;
+	__u32 net;       /* the endpoint's network key */
+};
+
+/* A reply as it arrives at snat_ip: from raddr:rport (ICMP: rport 0) to nat_port. */
+struct cb_snat_rkey {
+	__be32 raddr;
+	__be16 rport;
+	__be16 nat_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct cb_snat_rval {
+	__u32 zone;
+	__be32 saddr;  /* the endpoint */
+	__be16 sport;  /* its port (ICMP: its echo id) */
+	__u16 pad;
+	__u32 net;     /* its network key */
+};
+
+#ifndef CB_SNAT_ENTRIES
+#define CB_SNAT_ENTRIES (2 * CB_DEFAULT_ENTRIES)
+#endif
+#define CB_SNAT_TRIES 32
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_SNAT_ENTRIES);
+	__type(key, struct cb_snat_key);
+	__type(value, struct cb_snat_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_snat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CB_SNAT_ENTRIES);
+	__type(key, struct cb_snat_rkey);
+	__type(value, struct cb_snat_rval);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_snat_rev SEC(".maps");
+
+CB_INLINE void cb_snat_refresh(struct cb_snat_entry *e, __u64 deadline)
+{
+	if (e->expires != deadline)
+		e->expires = deadline;
+}
+
+/* cb_dst_invalid says whether an address can never be an egress destination. */
+CB_INLINE int cb_dst_invalid(__be32 a)
+{
+	__u32 h = bpf_ntohl(a);
+
+	return h == 0xffffffff || (h >> 28) == 0xe || (h >> 24) == 127 || (h >> 24) == 0;
+}
+
+/* cb_nat_echo_id rewrites the id of the ICMP echo at p->l4_off (the ICMP checksum covers
+ * no pseudo header). Returns 0 or a reason. */
+CB_INLINE int cb_nat_echo_id(struct __sk_buff *skb, const struct cb_pkt *p, __be16 old, __be16 id)
+{
+	__u32 off = p->l4_off;
+	void *data, *data_end;
+
+	if (old == id)
+		return 0;
+	if (off < ETH_HLEN + 20 || off > ETH_HLEN + 60)
+		return CB_DROP_NAT_ERR;
+	if (bpf_l4_csum_replace(skb, off + 2, old, id, 2) < 0)
+		return CB_DROP_NAT_ERR;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + off + 8 > data_end)
+		return CB_DROP_NAT_ERR;
+	*(__be16 *)(data + off + 4) = id;
+	return 0;
+}
+
+/* cb_snat_rev_stale says whether the reply mapping under rk belongs to no live flow any
+ * more (its flow expired, was deleted, or moved to another port): it may be reused. */
+CB_INLINE int cb_snat_rev_stale(const struct cb_snat_rkey *rk, __u64 now)
+{
+	struct cb_snat_key k = {};
+	struct cb_snat_entry *e;
+	struct cb_snat_rval *rv = bpf_map_lookup_elem(&cb_snat_rev, rk);
+
+	if (!rv)
+		return 1;
+	k.zone = rv->zone;
+	k.saddr = rv->saddr;
+	k.daddr = rk->raddr;
+	k.sport = rv->sport;
+	k.dport = rk->rport ? rk->rport : rv->sport;
+	k.proto = rk->proto;
+	e = bpf_map_lookup_elem(&cb_snat, &k);
+	return !e || e->expires < now || e->nat_port != rk->nat_port;
+}
+
+/* cb_snat_egress source-NATs packet f of an endpoint in network net (zone t->zone) whose
+ * policy verdict already passed: the flow's port, or a fresh one for a packet that may
+ * open a flow. Returns 0 or a reason. */
+static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+				     const struct cb_track *t, __u32 net)
+{
+	struct cb_config *cfg = cb_get_config();
+	struct cb_snat_key k = {};
+	struct cb_snat_entry ne = {}, *e;
+	struct cb_snat_rkey rk = {};
+	struct cb_snat_rval rv = {};
+	__u32 span, start, i, lo;
+	__u64 now = cb_now();
+	__be16 port = 0, old;
+	int echo, closing, r;
+
+	if (!p || !f || !t || !cfg || !cfg->snat_ip)
+		return CB_DROP_TO_GATEWAY;
+	echo = f->proto == CB_PROTO_ICMP && f->icmp_type == CB_ICMP_ECHO;
+	if (p->frag != CB_FRAG_NONE || !(f->has_ports || echo))
+		return CB_DROP_EGRESS_UNSUPPORTED;
+	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
+	k.zone = t->zone;
+	k.saddr = f->saddr;
+	k.daddr = f->daddr;
+	k.sport = f->sport;
+	k.dport = f->dport;
+	k.proto = f->proto;
+	e = bpf_map_lookup_elem(&cb_snat, &k);
+	if (e && e->expires >= now) {
+		port = e->nat_port;
+		if (closing)
+			e->state = CB_CTS_CLOSING;
+		cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
+	} else {
+		if (f->proto == CB_PROTO_TCP &&
+		    (!(f->tcp_flags & CB_TCP_SYN) || (f->tcp_flags & (CB_TCP_ACK | CB_TCP_FIN | CB_TCP_RST))))
+			return CB_DROP_EGRESS_NO_FLOW;
+		lo = cfg->snat_port_min;
+		if (!lo || cfg->snat_port_max < lo)
+			return CB_DROP_EGRESS_NO_PORT;
+		span = (__u32)cfg->snat_port_max - lo + 1;
+		start = bpf_get_prandom_u32();
+		rk.raddr = f->daddr;
+		rk.rport = echo ? 0 : f->dport;
+		rk.proto = f->proto;
+		rv.zone = t->zone;
+		rv.saddr = f->saddr;
+		rv.sport = f->sport;
+		rv.net = net;
+		for (i = 0; i < CB_SNAT_TRIES; i++) {
+			rk.nat_port = bpf_htons((__u16)(lo + (start + i) % span));
+			if (bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_NOEXIST) == 0) {
+				port = rk.nat_port;
+				break;
+			}
+			if (cb_snat_rev_stale(&rk, now) &&
+			    bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_ANY) == 0) {
+				port = rk.nat_port;
+				break;
+			}
+		}
+		if (!port)
+			return CB_DROP_EGRESS_NO_PORT;
+		ne.expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
+		ne.nat_port = port;
+		ne.state = CB_CTS_NEW;
+		ne.net = net;
+		if (bpf_map_update_elem(&cb_snat, &k, &ne, BPF_ANY) < 0) {
+			bpf_map_delete_elem(&cb_snat_rev, &rk);
+			return CB_DROP_EGRESS_NO_PORT;
+		}
+	}
+	if (!echo)
+		return cb_nat(skb, p, f, 0, cfg->snat_ip, port);
+	old = f->sport;
+	r = cb_nat(skb, p, f, 0, cfg->snat_ip, 0);
+	if (r)
+		return r;
+	r = cb_nat_echo_id(skb, p, old, port);
+	f->sport = port;
+	f->dport = port;
+	return r;
+}
+
+/* Where an un-NATed reply goes. */
+struct cb_snat_dst {
+	__u32 zone;
+	__u32 net;
+	__be32 ip;
+};
+
+/* cb_snat_icmp_error rewrites an ICMP error about an egress flow (quoting snat_ip:nat_port
+ * → remote) into what the endpoint sent (its address and port), outer destination
+ * included. Like cb_nat_icmp_error: the quoted IPv4 checksum is fixed, the quoted L4
+ * checksum is left alone. */
+static __noinline int cb_snat_icmp_error(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+					 const struct cb_snat_rval *rv)
+{
+	__u32 ioff, l4off, poff, csum_off;
+	__be32 old_ip;
+	__be16 old_port;
+	void *data, *data_end;
+
+	if (!p || !f || !rv)
+		return CB_DROP_NAT_ERR;
+	ioff = p->inner_off;
+	l4off = p->inner_l4_off;
+	csum_off = p->l4_off + 2;
+	old_ip = p->inner.saddr;
+	old_port = p->inner.sport;
+	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off > ioff + 60)
+		return CB_DROP_NAT_ERR;
+	poff = p->inner.proto == CB_PROTO_ICMP ? l4off + 4 : l4off;
+	if (old_port != rv->sport &&
+	    bpf_l4_csum_replace(skb, csum_off, old_port, rv->sport, 2) < 0)
+		return CB_DROP_NAT_ERR;
+	if (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, rv->saddr, 4) < 0)
+		return CB_DROP_NAT_ERR;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + ioff + 20 > data_end)
+		return CB_DROP_NAT_ERR;
+	*(__be32 *)(data + ioff + offsetof(struct iphdr, saddr)) = rv->saddr;
+	if (poff > ETH_HLEN + 60 + 8 + 60 + 4 || data + poff + 2 > data_end)
+		return CB_DROP_NAT_ERR;
+	*(__be16 *)(data + poff) = rv->sport;
+	p->inner.saddr = rv->saddr;
+	p->inner.sport = rv->sport;
+	if (p->inner.proto == CB_PROTO_ICMP)
+		p->inner.dport = rv->sport;
+	return cb_nat(skb, p, f, 1, rv->saddr, f->dport);
+}
+
+/* cb_snat_reply matches a packet to snat_ip (from the egress device, parsed into p/f)
+ * against the egress flows, un-NATs it and says where it goes (*d). Returns -1 when it is
+ * no reply of an egress flow (the host's own traffic: pass it on), 0 when translated, or
+ * a drop reason. */
+static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+				    struct cb_snat_dst *d)
+{
+	struct cb_snat_rkey rk = {};
+	struct cb_snat_key k = {};
+	struct cb_snat_rval *rv;
+	struct cb_snat_entry *e;
+	__u64 now = cb_now();
+	int error = 0, r;
+
+	if (!p || !f || !d)
+		return -1;
+	rk.proto = f->proto;
+	if (f->has_ports) {
+		rk.raddr = f->saddr;
+		rk.rport = f->sport;
+		rk.nat_port = f->dport;
+	} else if (f->proto == CB_PROTO_ICMP && f->icmp_type == CB_ICMP_ECHO_REPLY) {
+		rk.raddr = f->saddr;
+		rk.nat_port = f->sport;
+	} else if (f->proto == CB_PROTO_ICMP && p->inner.proto && p->inner.saddr == f->daddr) {
+		/* An error about a packet we sent from snat_ip. */
+		error = 1;
+		rk.proto = p->inner.proto;
+		rk.raddr = p->inner.daddr;
+		rk.nat_port = p->inner.sport;
+		if (p->inner.has_ports)
+			rk.rport = p->inner.dport;
+		else if (p->inner.proto != CB_PROTO_ICMP)
+			return -1;
+	} else {
+		return -1;
+	}
+	rv = bpf_map_lookup_elem(&cb_snat_rev, &rk);
+	if (!rv)
+		return -1;
+	k.zone = rv->zone;
+	k.saddr = rv->saddr;
+	k.daddr = rk.raddr;
+	k.sport = rv->sport;
+	k.dport = rk.rport ? rk.rport : rv->sport;
+	k.proto = rk.proto;
+	e = bpf_map_lookup_elem(&cb_snat, &k);
+	if (!e || e->expires < now || e->nat_port != rk.nat_port)
+		return -1;
+	d->zone = rv->zone;
+	d->net = rv->net;
+	d->ip = rv->saddr;
+	if (error)
+		return cb_snat_icmp_error(skb, p, f, rv);
+	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
+		e->state = CB_CTS_CLOSING;
+	else if (e->state == CB_CTS_NEW)
+		e->state = CB_CTS_ESTABLISHED;
+	cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
+	if (f->has_ports)
+		return cb_nat(skb, p, f, 1, rv->saddr, rv->sport);
+	r = cb_nat(skb, p, f, 1, rv->saddr, 0);
+	if (r)
+		return r;
+	r = cb_nat_echo_id(skb, p, rk.nat_port, rv->sport);
+	f->sport = rv->sport;
+	f->dport = rv->sport;
+	return r;
+}
+
+/* cb_gw_echo_reply turns an ICMP echo request to the gateway into its reply, in place, and
+ * sends it back to the endpoint. */
+static __noinline int cb_gw_echo_reply(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_iface *ifc)
+{
+	struct cb_config *cfg = cb_get_config();
+	__u32 off = p ? p->l4_off : 0;
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__u8 *icmp;
+	__be32 a;
+
+	if (!p || !ifc || !cfg || off < ETH_HLEN + 20 || off > ETH_HLEN + 60)
+		return cb_drop(skb, CB_DROP_NAT_ERR);
+	if (bpf_l4_csum_replace(skb, off + 2, bpf_htons(CB_ICMP_ECHO << 8), bpf_htons(CB_ICMP_ECHO_REPLY << 8), 2) < 0)
+		return cb_drop(skb, CB_DROP_NAT_ERR);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = data + ETH_HLEN;
+	icmp = data + off;
+	if ((void *)(ip + 1) > data_end || (void *)(icmp + 8) > data_end)
+		return cb_drop(skb, CB_DROP_NAT_ERR);
+	icmp[0] = CB_ICMP_ECHO_REPLY;
+	a = ip->saddr;
+	ip->saddr = ip->daddr;
+	ip->daddr = a;
+	cb_mac_copy(eth->h_dest, ifc->mac);
+	cb_mac_copy(eth->h_source, cfg->gw_mac);
+	cb_count(skb, CB_ICMP_GW_REPLY);
+	return bpf_redirect(skb->ifindex, 0);
+}

@@ -1,0 +1,262 @@
+package ebpf
+
+// The host path and egress NAT (bpf/lib/nat.h, docs/host-routing.md): which addresses are
+// the host's (cb_host_ips, kept current from the host's address list), how the host reaches
+// its local endpoints (a /32 route and a permanent neighbour entry per endpoint veth, and
+// cb_host_routes), and which device and address egress
+// NAT uses (cb_config, cb_from_uplink on that device).
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Egress NAT defaults: the port range lies above Linux's default ephemeral range
+// (32768-60999), so the host's own connections never pick a port egress flows use.
+const (
+	DefaultEgressPortMin = 61000
+	DefaultEgressPortMax = 65535
+	// rtProtoContivBPF marks the host routes the driver installs (`ip route show proto 203`).
+	rtProtoContivBPF = 203
+	egressLinkPrefix = "egress_"
+)
+
+// egress is the resolved egress NAT configuration (zero: egress off).
+type egress struct {
+	ip      netip.Addr
+	ifname  string
+	ifindex int
+	portMin uint16
+	portMax uint16
+}
+
+// resolveEgress finds the egress device: HostConfig.EgressIf, or the device holding the
+// NAT address (HostConfig.SNATIP, default the VTEP). An address given explicitly that no
+// device holds is an error; a VTEP that no device holds (tests, a VTEP behind NAT) turns
+// egress off with a warning.
+func (d *Driver) resolveEgress() (egress, error) {
+	c := d.cfg
+	e := egress{ip: c.SNATIP, portMin: c.EgressPortMin, portMax: c.EgressPortMax}
+	explicit := e.ip.IsValid()
+	if !explicit {
+		e.ip = c.VTEP
+	}
+	if e.portMin == 0 && e.portMax == 0 {
+		e.portMin, e.portMax = DefaultEgressPortMin, DefaultEgressPortMax
+	}
+	if e.portMin == 0 || e.portMax < e.portMin {
+		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d: want 1 <= min <= max", e.portMin, e.portMax)
+	}
+	if !e.ip.IsValid() {
+		return egress{}, nil
+	}
+	if !e.ip.Is4() {
+		return egress{}, fmt.Errorf("ebpf: snat ip %v is not IPv4", e.ip)
+	}
+	addrs, err := d.nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return egress{}, fmt.Errorf("ebpf: list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == e.ip {
+			e.ifindex = a.LinkIndex
+		}
+	}
+	if c.EgressIf != "" {
+		l, err := d.nl.LinkByName(c.EgressIf)
+		if err != nil {
+			return egress{}, fmt.Errorf("ebpf: egress device %s: %w", c.EgressIf, err)
+		}
+		e.ifindex = l.Attrs().Index
+	}
+	if e.ifindex == 0 {
+		if explicit {
+			return egress{}, fmt.Errorf("ebpf: snat ip %v: no device of this host holds it", e.ip)
+		}
+		d.log.Warn("egress NAT off: no device holds the VTEP address", "vtep", e.ip)
+		return egress{}, nil
+	}
+	l, err := d.nl.LinkByIndex(e.ifindex)
+	if err != nil {
+		return egress{}, fmt.Errorf("ebpf: egress device %d: %w", e.ifindex, err)
+	}
+	e.ifname = l.Attrs().Name
+	d.warnPortOverlap(e)
+	return e, nil
+}
+
+// warnPortOverlap logs when the host's ephemeral port range reaches into the egress NAT
+// range (the host's connections and egress flows could then pick the same port).
+func (d *Driver) warnPortOverlap(e egress) {
+	var raw []byte
+	_ = inNetNS(d.cfg.NetNS, func() error {
+		var err error
+		raw, err = os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+		return err
+	})
+	f := strings.Fields(string(raw))
+	if len(f) != 2 {
+		return
+	}
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	if err1 == nil && err2 == nil && hi >= int(e.portMin) && lo <= int(e.portMax) {
+		d.log.Warn("the host's ephemeral ports overlap the egress NAT ports", "ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi),
+			"egress_ports", fmt.Sprintf("%d-%d", e.portMin, e.portMax))
+	}
+}
+
+// attachEgress puts cb_from_uplink on the egress device.
+func (d *Driver) attachEgress() error {
+	if d.egress.ifindex == 0 {
+		return nil
+	}
+	return d.ensureTCX(egressLinkPrefix+d.egress.ifname, d.egress.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink)
+}
+
+// syncHostIPs makes cb_host_ips the host's IPv4 addresses (loopback excluded).
+func (d *Driver) syncHostIPs() error {
+	if d.objs.CbHostIps == nil {
+		return nil
+	}
+	addrs, err := d.nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("ebpf: list host addresses: %w", err)
+	}
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || ip.IsLoopback() || ip.IsUnspecified() {
+			continue
+		}
+		k := ip4(ip)
+		want[k] = true
+		if err := d.mapPut(contivbpfMapCbHostIps, d.objs.CbHostIps, k, &contivbpfCbHostIp{Generation: d.gen}); err != nil {
+			return fmt.Errorf("ebpf: host address %v: %w", ip, err)
+		}
+	}
+	var k uint32
+	var v contivbpfCbHostIp
+	var stale []uint32
+	it := d.objs.CbHostIps.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbHostIps, err)
+	}
+	for _, k := range stale {
+		if err := mapDel(d.objs.CbHostIps, k); err != nil {
+			return fmt.Errorf("ebpf: drop host address %v: %w", addrFrom(k), err)
+		}
+	}
+	return nil
+}
+
+// watchHostIPs keeps cb_host_ips current while the driver runs: every address change in
+// the host namespace triggers a resync. It stops when stop is closed.
+func (d *Driver) watchHostIPs(stop chan struct{}) error {
+	ch := make(chan netlink.AddrUpdate, 64)
+	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
+		select {
+		case <-stop: // closing
+			return
+		default:
+		}
+		// The subscription ends with its error (e.g. ENOBUFS after a burst): resync and
+		// subscribe again.
+		d.log.Warn("host address watch failed; resubscribing", "err", err)
+		go func() {
+			select {
+			case <-stop:
+			case <-time.After(time.Second):
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				if d.closed {
+					return
+				}
+				if err := d.syncHostIPs(); err != nil {
+					d.log.Warn("host addresses", "err", err)
+				}
+				if err := d.watchHostIPs(stop); err != nil {
+					d.log.Warn("host address watch", "err", err)
+				}
+			}
+		}()
+	}}
+	if d.hostNS >= 0 {
+		ns := netns.NsHandle(d.hostNS)
+		opts.Namespace = &ns
+	}
+	if err := netlink.AddrSubscribeWithOptions(ch, stop, opts); err != nil {
+		return fmt.Errorf("ebpf: watch host addresses: %w", err)
+	}
+	go func() {
+		for range ch {
+			// Coalesce a burst of updates into one resync.
+			for len(ch) > 0 {
+				<-ch
+			}
+			d.mu.Lock()
+			if !d.closed {
+				if err := d.syncHostIPs(); err != nil {
+					d.log.Warn("host addresses", "err", err)
+				}
+			}
+			d.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// ensureHostRoute lets the host reach local endpoint ik (address ip, MAC mac, host veth
+// ifname/ifindex): a /32 route and a permanent neighbour entry on the veth, and the
+// cb_host_routes entry (the datapath hands a packet to the host only from the veth the
+// host's route for its source leads to). An address already routed to another live local
+// endpoint (overlapping tenants) stays with it; this endpoint then does not reach the host
+// (drop_host_no_route, logged here).
+func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr, ifname string, ifindex int) error {
+	if owner, ok := d.hostRoutes[ip]; ok && owner != ik {
+		if _, live := d.endpoints[owner]; live {
+			d.log.Warn("host route: address already routed to another local endpoint", "ip", ip, "endpoint", ik, "owner", owner)
+			return nil
+		}
+	}
+	r := &netlink.Route{LinkIndex: ifindex, Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		Scope: netlink.SCOPE_LINK, Protocol: rtProtoContivBPF}
+	if err := d.nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("host route to %v via %s: %w", ip, ifname, err)
+	}
+	n := &netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := d.nl.NeighSet(n); err != nil {
+		return fmt.Errorf("host neighbour %v on %s: %w", ip, ifname, err)
+	}
+	if err := d.mapPut(contivbpfMapCbHostRoutes, d.objs.CbHostRoutes, ip4(ip), &contivbpfCbHostRoute{Ifindex: uint32(ifindex), Generation: d.gen}); err != nil {
+		return fmt.Errorf("host route to %v: %w", ip, err)
+	}
+	d.hostRoutes[ip] = ik
+	return nil
+}
+
+// dropHostRoute forgets ip's host route if endpoint ik holds it (the kernel removes the
+// route itself with the veth).
+func (d *Driver) dropHostRoute(ik string, ip netip.Addr) error {
+	if d.hostRoutes[ip] != ik {
+		return nil
+	}
+	delete(d.hostRoutes, ip)
+	if err := mapDel(d.objs.CbHostRoutes, ip4(ip)); err != nil {
+		return fmt.Errorf("delete host route entry %v: %w", ip, err)
+	}
+	return nil
+}

@@ -1,0 +1,349 @@
+package ebpf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+const tcxNext = 0xffffffff // CB_TCX_NEXT as the run's return value
+
+var (
+	hostIP  = netip.MustParseAddr("192.168.0.1") // the fixture host's address (egress NAT source)
+	worldIP = netip.MustParseAddr("198.51.100.7")
+)
+
+// natFixture is loadTestObjects with egress NAT on: snat_ip 192.168.0.1 out of ifindex 1,
+// ports 61000..61000+ports-1, network 100 with CB_NET_SNAT, 192.168.0.1 a host address.
+func natFixture(t *testing.T, ports uint16) *contivbpfObjects {
+	t.Helper()
+	objs := loadTestObjects(t)
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.SnatIp = ip4(hostIP)
+	cfg.EgressIfindex = loIfindex
+	cfg.SnatPortMin = 61000
+	cfg.SnatPortMax = 61000 + ports - 1
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var n contivbpfCbNetwork
+	if err := objs.CbNetworks.Lookup(uint32(testNet), &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Flags |= uint8(contivbpfCbNetFlagsCB_NET_SNAT)
+	if err := objs.CbNetworks.Put(uint32(testNet), &n); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbHostIps.Put(ip4(hostIP), &contivbpfCbHostIp{}); err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// egressOut sends a TCP/UDP packet from the fixture endpoint and returns the NAT port it got.
+func egressOut(t *testing.T, objs *contivbpfObjects, proto uint8, sport, dport uint16, flags uint8) uint16 {
+	t.Helper()
+	r := run(t, objs, objs.CbFromContainer, l4Frame(proto, srcIP, worldIP, sport, dport, flags, 0), nil)
+	r.expect(t, tcActRedirect, FwdEgress)
+	src, dst, nport, dp := checkSums(t, r.out)
+	if src != hostIP || dst != worldIP || dp != dport {
+		t.Fatalf("egress packet %v:%d → %v:%d", src, nport, dst, dp)
+	}
+	if nport < 61000 {
+		t.Fatalf("nat port %d outside the range", nport)
+	}
+	if ttl := r.out[14+8]; ttl != 63 {
+		t.Errorf("ttl %d, want 63 (routed)", ttl)
+	}
+	return nport
+}
+
+func TestEgressNAT(t *testing.T) {
+	objs := natFixture(t, 64)
+	up := objs.CbFromUplink
+
+	p := egressOut(t, objs, 6, 40000, 443, 0x02)
+	t.Run("same-flow-same-port", func(t *testing.T) {
+		if q := egressOut(t, objs, 6, 40000, 443, 0x02); q != p {
+			t.Errorf("retransmitted SYN got port %d, first %d", q, p)
+		}
+	})
+	t.Run("reply", func(t *testing.T) {
+		r := run(t, objs, up, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil)
+		r.expect(t, tcActRedirect, FwdEgressReply)
+		src, dst, sport, dport := checkSums(t, r.out)
+		if src != worldIP || dst != srcIP || sport != 443 || dport != 40000 {
+			t.Errorf("reply %v:%d → %v:%d", src, sport, dst, dport)
+		}
+		if !bytes.Equal(r.out[0:6], dataplane.ContivMAC(srcIP)) || !bytes.Equal(r.out[6:12], dataplane.RouterMAC) {
+			t.Errorf("macs dst %x src %x", r.out[0:6], r.out[6:12])
+		}
+		var k contivbpfCbSnatKey
+		var e contivbpfCbSnatEntry
+		it := objs.CbSnat.Iterate()
+		for it.Next(&k, &e) {
+			if e.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) {
+				t.Errorf("state %d after the reply, want established", e.State)
+			}
+		}
+	})
+	t.Run("established-ack-passes", func(t *testing.T) {
+		if q := egressOut(t, objs, 6, 40000, 443, 0x10); q != p {
+			t.Errorf("ACK got port %d, want %d", q, p)
+		}
+	})
+	t.Run("bare-ack-opens-nothing", func(t *testing.T) {
+		run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 40001, 443, 0x10, 0), nil).expect(t, tcActShot, DropEgressNoFlow)
+		run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 40001, 443, 0x12, 0), nil).expect(t, tcActShot, DropEgressNoFlow)
+	})
+	t.Run("reply-to-unknown-port-is-the-hosts", func(t *testing.T) {
+		r := run(t, objs, up, l4Frame(6, worldIP, hostIP, 443, 61000+((p-61000+1)%64), 0x12, 0), nil)
+		if r.ret != tcxNext || len(r.diff) != 0 {
+			t.Errorf("verdict %#x reasons %v, want tcx next and no counter", r.ret, r.diff)
+		}
+		// From another remote address or port: not this flow's reply.
+		for _, f := range [][]byte{l4Frame(6, remoteIP, hostIP, 443, p, 0x12, 0), l4Frame(6, worldIP, hostIP, 444, p, 0x12, 0), l4Frame(17, worldIP, hostIP, 443, p, 0, 0)} {
+			if r := run(t, objs, up, f, nil); r.ret != tcxNext {
+				t.Errorf("verdict %#x, want tcx next", r.ret)
+			}
+		}
+	})
+	t.Run("underlay-to-endpoint-dropped", func(t *testing.T) {
+		if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+			t.Fatal(err)
+		}
+		defer objs.CbHostRoutes.Delete(ip4(srcIP))
+		run(t, objs, up, l4Frame(6, worldIP, srcIP, 443, 40000, 0x12, 0), nil).expect(t, tcActShot, DropUplinkToEndpoint)
+	})
+	t.Run("fin-closes", func(t *testing.T) {
+		egressOut(t, objs, 6, 40000, 443, 0x11)
+		var k contivbpfCbSnatKey
+		var e contivbpfCbSnatEntry
+		it := objs.CbSnat.Iterate()
+		for it.Next(&k, &e) {
+			if e.State != uint8(contivbpfCbCtStateCB_CTS_CLOSING) {
+				t.Errorf("state %d after FIN, want closing", e.State)
+			}
+		}
+	})
+	t.Run("udp-and-two-sources-same-port", func(t *testing.T) {
+		a := egressOut(t, objs, 17, 5353, 53, 0)
+		setZone(t, objs, testZone+1) // another tenant, same address and port
+		b := egressOut(t, objs, 17, 5353, 53, 0)
+		setZone(t, objs, testZone)
+		if a == b {
+			t.Fatalf("two tenants' identical flows share NAT port %d", a)
+		}
+		for _, port := range []uint16{a, b} {
+			r := run(t, objs, up, l4Frame(17, worldIP, hostIP, 53, port, 0, 0), nil)
+			r.expect(t, tcActRedirect, FwdEgressReply)
+			if _, dst, _, dport := checkSums(t, r.out); dst != srcIP || dport != 5353 {
+				t.Errorf("reply to %d delivered to %v:%d", port, dst, dport)
+			}
+		}
+		var rk contivbpfCbSnatRkey
+		var rv contivbpfCbSnatRval
+		zones := map[uint32]uint16{}
+		it := objs.CbSnatRev.Iterate()
+		for it.Next(&rk, &rv) {
+			if rk.Proto == 17 {
+				zones[rv.Zone] = hport(rk.NatPort)
+			}
+		}
+		if zones[testZone] != a || zones[testZone+1] != b {
+			t.Errorf("reply mappings by zone %v, want %d and %d", zones, a, b)
+		}
+	})
+}
+
+func TestEgressICMP(t *testing.T) {
+	objs := natFixture(t, 64)
+	r := run(t, objs, objs.CbFromContainer, echoFrame(srcIP, worldIP, 8, 0x1234), nil)
+	r.expect(t, tcActRedirect, FwdEgress)
+	ip := r.out[14:]
+	if netip.AddrFrom4([4]byte(ip[12:16])) != hostIP || csum(ip[:20], 0) != 0 || csum(ip[20:36], 0) != 0 {
+		t.Fatalf("echo out: src %v, checksums ip %#x icmp %#x", netip.AddrFrom4([4]byte(ip[12:16])), csum(ip[:20], 0), csum(ip[20:36], 0))
+	}
+	id := binary.BigEndian.Uint16(ip[24:])
+	if id < 61000 {
+		t.Fatalf("echo id %d not from the NAT range", id)
+	}
+	t.Run("reply", func(t *testing.T) {
+		r := run(t, objs, objs.CbFromUplink, echoFrame(worldIP, hostIP, 0, id), nil)
+		r.expect(t, tcActRedirect, FwdEgressReply)
+		ip := r.out[14:]
+		if netip.AddrFrom4([4]byte(ip[16:20])) != srcIP || binary.BigEndian.Uint16(ip[24:]) != 0x1234 || csum(ip[:20], 0) != 0 || csum(ip[20:36], 0) != 0 {
+			t.Errorf("echo reply in: dst %v id %#x", netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[24:]))
+		}
+	})
+	t.Run("error-about-udp-flow", func(t *testing.T) {
+		p := egressOut(t, objs, 17, 7000, 9999, 0)
+		router := netip.MustParseAddr("203.0.113.1")
+		r := run(t, objs, objs.CbFromUplink, icmpError(router, hostIP, 3, hostIP, worldIP, p, 9999), nil)
+		r.expect(t, tcActRedirect, FwdEgressReply)
+		src, q := checkICMPError(t, r.out)
+		inner := r.out[14+20+8:]
+		qsrc := netip.AddrPortFrom(netip.AddrFrom4([4]byte(inner[12:16])), binary.BigEndian.Uint16(inner[20:]))
+		if src != router || q != netip.AddrPortFrom(worldIP, 9999) || qsrc != netip.AddrPortFrom(srcIP, 7000) {
+			t.Errorf("error delivered: from %v quoting %v → %v", src, qsrc, q)
+		}
+		if dst := netip.AddrFrom4([4]byte(r.out[14+16 : 14+20])); dst != srcIP {
+			t.Errorf("error delivered to %v", dst)
+		}
+	})
+	t.Run("error-about-nothing-is-the-hosts", func(t *testing.T) {
+		r := run(t, objs, objs.CbFromUplink, icmpError(worldIP, hostIP, 3, hostIP, worldIP, 33333, 9999), nil)
+		if r.ret != tcxNext {
+			t.Errorf("verdict %#x, want tcx next", r.ret)
+		}
+	})
+}
+
+func TestEgressEdges(t *testing.T) {
+	objs := natFixture(t, 4)
+	fc := objs.CbFromContainer
+	t.Run("port-range-exhausted", func(t *testing.T) {
+		for i := range 4 {
+			egressOut(t, objs, 6, uint16(41000+i), 80, 0x02)
+		}
+		run(t, objs, fc, l4Frame(6, srcIP, worldIP, 41010, 80, 0x02, 0), nil).expect(t, tcActShot, DropEgressNoPort)
+		// Another destination port is another reply key space.
+		egressOut(t, objs, 6, 41010, 81, 0x02)
+	})
+	t.Run("fragments", func(t *testing.T) {
+		run(t, objs, fc, l4Frame(17, srcIP, worldIP, 5000, 53, 0, 0x2000), nil).expect(t, tcActShot, DropEgressUnsupported)
+		run(t, objs, fc, laterFrag(17, srcIP, worldIP, 9), nil).expect(t, tcActShot, DropEgressUnsupported)
+	})
+	t.Run("other-protocols", func(t *testing.T) {
+		f := ipFrame(srcIP, worldIP, ipOpts{})
+		f[14+9] = 47 // GRE
+		run(t, objs, fc, f, nil).expect(t, tcActShot, DropEgressUnsupported)
+	})
+	t.Run("invalid-destinations", func(t *testing.T) {
+		for _, d := range []string{"255.255.255.255", "224.0.0.251", "127.0.0.1", "0.1.2.3"} {
+			run(t, objs, fc, l4Frame(17, srcIP, netip.MustParseAddr(d), 5000, 53, 0, 0), nil).expect(t, tcActShot, DropEgressInvalidDst)
+		}
+	})
+	t.Run("to-host", func(t *testing.T) {
+		toHost := l4Frame(6, srcIP, hostIP, 40000, 10250, 0x02, 0)
+		// Only from the veth the host routes the source address to (overlapping tenants).
+		run(t, objs, fc, toHost, nil).expect(t, tcActShot, DropHostNoRoute)
+		if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: peerIfindex}); err != nil {
+			t.Fatal(err)
+		}
+		run(t, objs, fc, toHost, nil).expect(t, tcActShot, DropHostNoRoute)
+		if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, objs, fc, toHost, nil)
+		r.expect(t, 0, FwdHost)
+		if src, dst, _, _ := checkSums(t, r.out); src != srcIP || dst != hostIP {
+			t.Errorf("host packet rewritten: %v → %v", src, dst)
+		}
+	})
+	t.Run("gateway-ping", func(t *testing.T) {
+		r := run(t, objs, fc, echoFrame(srcIP, gwIP, 8, 77), nil)
+		r.expect(t, tcActRedirect, ICMPGatewayReply)
+		ip := r.out[14:]
+		if ip[20] != 0 || netip.AddrFrom4([4]byte(ip[12:16])) != gwIP || netip.AddrFrom4([4]byte(ip[16:20])) != srcIP || csum(ip[20:36], 0) != 0 || csum(ip[:20], 0) != 0 {
+			t.Errorf("gateway reply %x", ip[:36])
+		}
+		if !bytes.Equal(r.out[0:6], dataplane.ContivMAC(srcIP)) || !bytes.Equal(r.out[6:12], dataplane.RouterMAC) {
+			t.Errorf("macs dst %x src %x", r.out[0:6], r.out[6:12])
+		}
+		run(t, objs, fc, l4Frame(6, srcIP, gwIP, 40000, 22, 0x02, 0), nil).expect(t, tcActShot, DropToGateway)
+	})
+	t.Run("snat-off", func(t *testing.T) {
+		var n contivbpfCbNetwork
+		if err := objs.CbNetworks.Lookup(uint32(testNet), &n); err != nil {
+			t.Fatal(err)
+		}
+		n.Flags = 0
+		if err := objs.CbNetworks.Put(uint32(testNet), &n); err != nil {
+			t.Fatal(err)
+		}
+		run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40000, 443, 0x02, 0), nil).expect(t, tcActShot, DropToGateway)
+		// The host stays reachable.
+		run(t, objs, fc, l4Frame(6, srcIP, hostIP, 40000, 10250, 0x02, 0), nil).expect(t, 0, FwdHost)
+	})
+}
+
+// Policy decides egress before NAT state exists; replies pass on the flow's entry even
+// when the endpoint's group denies everything inbound.
+func TestEgressPolicy(t *testing.T) {
+	objs := natFixture(t, 64)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny},
+		{ID: "deny-out", Priority: 1, Action: dataplane.ActionDeny},
+		{ID: "dns", Priority: 10, Proto: 17, Port: 53, Remote: netip.MustParsePrefix("198.51.100.0/24"), Action: dataplane.ActionAllow},
+	}})
+	run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 40000, 443, 0x02, 0), nil).expect(t, tcActShot, DropPolicy)
+	if n := countEntries(t, objs.CbSnat); n != 0 {
+		t.Errorf("%d NAT entries after a denied flow", n)
+	}
+	p := egressOut(t, objs, 17, 5000, 53, 0)
+	r := run(t, objs, objs.CbFromUplink, l4Frame(17, worldIP, hostIP, 53, p, 0, 0), nil)
+	r.expect(t, tcActRedirect, FwdEgressReply)
+	// Unsolicited traffic to a NAT port of that flow from elsewhere never matches it.
+	if r := run(t, objs, objs.CbFromUplink, l4Frame(17, remoteIP, hostIP, 53, p, 0, 0), nil); r.ret != tcxNext {
+		t.Errorf("verdict %#x for a stranger", r.ret)
+	}
+}
+
+// echoFrame is icmpEcho with a valid IPv4 header checksum.
+func echoFrame(src, dst netip.Addr, typ uint8, id uint16) []byte {
+	f := icmpEcho(src, dst, typ, id)
+	binary.BigEndian.PutUint16(f[14+10:], csum(f[14:34], 0))
+	return f
+}
+
+func TestEgressNATGC(t *testing.T) {
+	objs := natFixture(t, 64)
+	g := natGC{flows: objs.CbSnat, replies: objs.CbSnatRev}
+	egressOut(t, objs, 17, 5000, 53, 0)
+	egressOut(t, objs, 6, 40000, 443, 0x02)
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del, live, err := g.sweep(now, nil); err != nil || del != 0 || live != 2 {
+		t.Fatalf("fresh flows: deleted %d live %d err %v", del, live, err)
+	}
+	// UDP and TCP-new both time out after 60 s.
+	if del, live, err := g.sweep(now+uint64(61e9), nil); err != nil || del != 2 || live != 0 {
+		t.Fatalf("after the timeout: deleted %d live %d err %v", del, live, err)
+	}
+	if n, m := countEntries(t, objs.CbSnat), countEntries(t, objs.CbSnatRev); n != 0 || m != 0 {
+		t.Errorf("left %d flows and %d reply mappings", n, m)
+	}
+	// An endpoint's flush takes its flows at once.
+	egressOut(t, objs, 17, 5001, 53, 0)
+	if del, _, err := g.sweep(now, map[ctFlush]bool{{testZone, ip4(srcIP)}: true}); err != nil || del != 1 {
+		t.Fatalf("flush: deleted %d err %v", del, err)
+	}
+	if m := countEntries(t, objs.CbSnatRev); m != 0 {
+		t.Errorf("flush left %d reply mappings", m)
+	}
+}
+
+// A tagged frame on an uplink that is also the egress device is a VLAN network's, never
+// an egress reply or an underlay packet for an endpoint.
+func TestEgressUplinkIgnoresTagged(t *testing.T) {
+	objs := natFixture(t, 64)
+	if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range [][]byte{vlanTag(l4Frame(6, remoteIP, srcIP, 443, 40000, 0x12, 0), 100), vlanTag(l4Frame(6, worldIP, hostIP, 443, 61000, 0x12, 0), 100)} {
+		if r := run(t, objs, objs.CbFromUplink, f, nil); r.ret != tcxNext || len(r.diff) != 0 {
+			t.Errorf("tagged frame: verdict %#x reasons %v, want tcx next", r.ret, r.diff)
+		}
+	}
+}
