@@ -144,9 +144,12 @@ CB_INLINE int cb_nat_echo_id(struct __sk_buff *skb, const struct cb_pkt *p, __be
 	return 0;
 }
 
-/* cb_snat_rev_stale says whether the reply mapping under rk belongs to no live flow any
- * more (its flow expired, was deleted, or moved to another port): it may be reused. */
-CB_INLINE int cb_snat_rev_stale(const struct cb_snat_rkey *rk, __u64 now)
+/* cb_snat_rev_free says whether the reply mapping under rk may be taken by a new flow: it
+ * belongs to no live flow any more (its flow expired, was deleted, or moved to another
+ * port), or (closing) its flow is a TCP flow that saw FIN or RST, which a new TCP SYN may
+ * take over like the kernel reuses TIME_WAIT tuples: that flow's entry is deleted (its
+ * stragglers find no flow). */
+CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int closing)
 {
 	struct cb_snat_key k = {};
 	struct cb_snat_entry *e;
@@ -161,7 +164,13 @@ CB_INLINE int cb_snat_rev_stale(const struct cb_snat_rkey *rk, __u64 now)
 	k.dport = rk->rport ? rk->rport : rv->sport;
 	k.proto = rk->proto;
 	e = bpf_map_lookup_elem(&cb_snat, &k);
-	return !e || e->expires < now || e->nat_port != rk->nat_port;
+	if (!e || e->expires < now || e->nat_port != rk->nat_port)
+		return 1;
+	if (closing && e->state == CB_CTS_CLOSING) {
+		bpf_map_delete_elem(&cb_snat, &k);
+		return 1;
+	}
+	return 0;
 }
 
 /* cb_snat_egress source-NATs packet f of an endpoint in network net (zone t->zone) whose
@@ -214,13 +223,17 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		rv.saddr = f->saddr;
 		rv.sport = f->sport;
 		rv.net = net;
-		for (i = 0; i < CB_SNAT_TRIES; i++) {
+		/* First a port no live flow holds; failing that (TCP SYN), one of a closing
+		 * flow. */
+		for (i = 0; i < 2 * CB_SNAT_TRIES; i++) {
+			if (i >= CB_SNAT_TRIES && f->proto != CB_PROTO_TCP)
+				break;
 			rk.nat_port = bpf_htons((__u16)(lo + (start + i) % span));
 			if (bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_NOEXIST) == 0) {
 				port = rk.nat_port;
 				break;
 			}
-			if (cb_snat_rev_stale(&rk, now) &&
+			if (cb_snat_rev_free(&rk, now, i >= CB_SNAT_TRIES) &&
 			    bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_ANY) == 0) {
 				port = rk.nat_port;
 				break;

@@ -79,3 +79,25 @@ func TestBridgeVXLANBaseline(t *testing.T) {
 		t.Fatalf("ping across kernel vxlan: %v\n%s", err, out)
 	}
 }
+
+func TestMasqueradeBaseline(t *testing.T) {
+	needRoot(t)
+	topo, err := Masquerade(prefix()+"m", 1450)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topo.Close()
+	srv, err := StartServer(NSPath(topo.Namespaces[3]), MasqServerIP+":7071")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	conn, err := NewDialer(NSPath(topo.Namespaces[0])).Dial(MasqServerIP + ":7071")
+	if err != nil {
+		t.Fatalf("through the kernel MASQUERADE router: %v", err)
+	}
+	defer conn.Close()
+	if _, err := RR(conn, 3, 64); err != nil {
+		t.Fatal(err)
+	}
+}

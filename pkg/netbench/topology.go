@@ -117,3 +117,60 @@ func BridgeVXLAN(prefix string) (*Topology, error) {
 	}
 	return t, nil
 }
+
+// Addresses of the Masquerade baseline.
+const (
+	MasqClientIP = "10.196.0.2"
+	MasqServerIP = "10.195.0.254"
+)
+
+// Masquerade builds the egress baseline: the kernel's own NAT, in the shape the eBPF
+// egress path has in the simulation (container → host → underlay bridge → outside).
+// Namespaces, in order: client <prefix>c (10.196.0.2/24, MTU mtu, default via .1), router
+// <prefix>r (ip_forward=1, `iptables -t nat -A POSTROUTING -o wire -j MASQUERADE`, wire
+// 10.195.0.1/24), bridge <prefix>b (br0 joining router and server), server <prefix>s
+// (10.195.0.254/24).
+func Masquerade(prefix string, mtu int) (*Topology, error) {
+	t := &Topology{}
+	c, r, b, s := prefix+"c", prefix+"r", prefix+"b", prefix+"s"
+	steps := []func() error{
+		func() error { return t.addNS(c) },
+		func() error { return t.addNS(r) },
+		func() error { return t.addNS(b) },
+		func() error { return t.addNS(s) },
+		func() error {
+			return nsip(c, "link", "add", "eth0", "mtu", fmt.Sprint(mtu), "type", "veth", "peer", "name", "cv", "netns", r)
+		},
+		func() error { return nsip(r, "link", "set", "cv", "mtu", fmt.Sprint(mtu)) },
+		func() error { return nsip(r, "link", "add", "wire", "type", "veth", "peer", "name", "p1", "netns", b) },
+		func() error { return nsip(s, "link", "add", "eth0", "type", "veth", "peer", "name", "p2", "netns", b) },
+		func() error { return nsip(b, "link", "add", "br0", "type", "bridge") },
+		func() error { return nsip(b, "link", "set", "p1", "master", "br0", "up") },
+		func() error { return nsip(b, "link", "set", "p2", "master", "br0", "up") },
+		func() error { return nsip(b, "link", "set", "br0", "up") },
+		func() error { return nsip(c, "addr", "add", MasqClientIP+"/24", "dev", "eth0") },
+		func() error { return nsip(c, "link", "set", "eth0", "up") },
+		func() error { return nsip(c, "route", "add", "default", "via", "10.196.0.1") },
+		func() error { return nsip(r, "addr", "add", "10.196.0.1/24", "dev", "cv") },
+		func() error { return nsip(r, "addr", "add", "10.195.0.1/24", "dev", "wire") },
+		func() error { return nsip(r, "link", "set", "cv", "up") },
+		func() error { return nsip(r, "link", "set", "wire", "up") },
+		func() error { return nsip(s, "addr", "add", MasqServerIP+"/24", "dev", "eth0") },
+		func() error { return nsip(s, "link", "set", "eth0", "up") },
+		func() error {
+			_, err := Run(r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+			return err
+		},
+		func() error {
+			_, err := Run(r, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wire", "-j", "MASQUERADE")
+			return err
+		},
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("build masquerade baseline: %w", err)
+		}
+	}
+	return t, nil
+}

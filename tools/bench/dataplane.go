@@ -287,6 +287,15 @@ func (d *dpRun) sameHostOf(ctx context.Context, stage string, cli, srv *sim.Cont
 	if err := d.compare(ctx, base, test, true); err != nil {
 		return err
 	}
+	d.reportPair(stage, "veth", "veth pair", fmt.Sprintf("%s same host%s: container %s -> %s vs a direct veth pair (MTU %d), %d/%d/%d alternating rounds",
+		d.dp, what, shortName(cli), shortName(srv), mtu, d.cfg.tputRounds, d.cfg.crrRounds, d.cfg.rrRounds), base, test, extra)
+	return nil
+}
+
+// reportPair reports a compare() with CRR of base against test as stage: a table titled
+// title (base's column baseCol) and the figures <dp>.<stage>.{tput,crr,rr_*} with the
+// baseline's as <baseName>_*, and the paired ratios.
+func (d *dpRun) reportPair(stage, baseName, baseCol, title string, base, test *path, extra func(tput, crr float64) [][]string) {
 	p := d.dp + "." + stage + "."
 	bt, tt := median(base.tput), median(test.tput)
 	bc, tc := median(base.crr), median(test.crr)
@@ -294,8 +303,8 @@ func (d *dpRun) sameHostOf(ctx context.Context, stage string, cli, srv *sim.Cont
 	b50, t50 := netbench.Percentile(base.rr, 50), netbench.Percentile(test.rr, 50)
 	b99, t99 := netbench.Percentile(base.rr, 99), netbench.Percentile(test.rr, 99)
 	rows := [][]string{
-		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "veth " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
-		{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), "veth " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)},
+		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), baseName + " " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
+		{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), baseName + " " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)},
 		{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), fmt.Sprintf("%d samples each", len(test.rr))},
 		{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
 	}
@@ -303,22 +312,19 @@ func (d *dpRun) sameHostOf(ctx context.Context, stage string, cli, srv *sim.Cont
 	if extra != nil {
 		rows = append(rows, extra(tr, cr)...)
 	}
-	table(d.w, fmt.Sprintf("%s same host%s: container %s -> %s vs a direct veth pair (MTU %d), %d/%d/%d alternating rounds",
-		d.dp, what, shortName(cli), shortName(srv), mtu, d.cfg.tputRounds, d.cfg.crrRounds, d.cfg.rrRounds),
-		[]string{"figure", "veth pair", d.dp, "ratio", "rounds"}, rows)
-	d.r.add(p+"veth_tput", round2(bt), "Gbit/s")
+	table(d.w, title, []string{"figure", baseCol, d.dp, "ratio", "rounds"}, rows)
+	d.r.add(p+baseName+"_tput", round2(bt), "Gbit/s")
 	d.r.add(p+"tput", round2(tt), "Gbit/s")
 	d.r.add(p+"tput_ratio", tr, "ratio")
-	d.r.add(p+"veth_crr", float64(int64(bc)), "conn/s")
+	d.r.add(p+baseName+"_crr", float64(int64(bc)), "conn/s")
 	d.r.add(p+"crr", float64(int64(tc)), "conn/s")
 	d.r.add(p+"crr_ratio", cr, "ratio")
-	d.r.add(p+"veth_rr_p50", us(b50), "us")
+	d.r.add(p+baseName+"_rr_p50", us(b50), "us")
 	d.r.add(p+"rr_p50", us(t50), "us")
 	d.r.add(p+"rr_p50_ratio", ratio(us(t50), us(b50)), "ratio")
-	d.r.add(p+"veth_rr_p99", us(b99), "us")
+	d.r.add(p+baseName+"_rr_p99", us(b99), "us")
 	d.r.add(p+"rr_p99", us(t99), "us")
 	d.r.add(p+"rr_p99_ratio", ratio(us(t99), us(b99)), "ratio")
-	return nil
 }
 
 func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }

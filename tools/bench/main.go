@@ -51,7 +51,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "docker", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -140,6 +140,18 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		t0 := time.Now()
 		runDataplane(ctx, cfg, dp, w, r)
 		fmt.Fprintf(w, "(dataplane %s: %.1fs)\n", dp, time.Since(t0).Seconds())
+	}
+	for _, dp := range cfg.dataplanes {
+		if !cfg.want("egress") || ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		if err := egressStage(sctx, cfg, dp, w, r); err != nil {
+			r.fail(dp+".egress", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(egress on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
 	}
 	for _, dp := range cfg.dataplanes {
 		if !cfg.want("docker") || ctx.Err() != nil {

@@ -116,6 +116,8 @@ var goals = map[string]goal{
 	"cp.tls_vs_plain_alloc_ratio":   atLeast(0.8),
 	"cp.slow20k.create_max_ms":      atMost(1000),
 	"cp.alloc_bytes_10_vs_24_ratio": atMost(1),
+	"egress.tput_ratio":             atLeast(1.0),
+	"egress.crr_ratio":              atLeast(0.95),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

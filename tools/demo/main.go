@@ -1,6 +1,7 @@
 // Command demo is the `make demo` walkthrough: two simulated hosts, netmaster with its
 // embedded etcd, a network created with netctl, one container per host, a cross-host
-// ping over VXLAN, and the first host's pinned endpoint map dumped with bpftool. Every
+// ping over VXLAN, (eBPF) a ping to the simulated outside through egress NAT and the NAT
+// table, and the first host's pinned endpoint map dumped with bpftool. Every
 // step prints what it does; any failure exits non-zero after cleaning up.
 package main
 
@@ -77,7 +78,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}
 	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd (TLS, client certificates), netplugin --dataplane=%s on each (agent token, etcd certificate)", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true})
+	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true, External: dp == "ebpf"})
 	if err != nil {
 		return err
 	}
@@ -139,6 +140,21 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	fmt.Print(indent(summary.FindString(pingOut)))
 
 	if dp == "ebpf" {
+		world := c.External.World
+		p.step("ping %s -> %s, outside every network (the simulation's external namespace): source-NATed to %s's address", c1.Name, world, h1.Name)
+		out, err := c1.Ping(ctx, world, 3)
+		if err != nil || !strings.Contains(out, " 0% packet loss") {
+			fmt.Print(indent(out))
+			return fmt.Errorf("ping to the outside failed: %v", err)
+		}
+		fmt.Print(indent(summary.FindString(out)))
+		p.step("netctl bpf nat (on %s): the egress flow in the NAT table", h1.Name)
+		out, err = c.Netctl(ctx, "bpf", "nat", "--agent", "http://"+h1.Inspect)
+		fmt.Print(indent(out))
+		if err != nil {
+			return err
+		}
+
 		pin := filepath.Join(c.PinRoot, h1.Name, "cb_endpoints")
 		p.step("bpftool map dump pinned %s", pin)
 		b, err := exec.CommandContext(ctx, "bpftool", "map", "dump", "pinned", pin).CombinedOutput()

@@ -347,3 +347,25 @@ func TestEgressUplinkIgnoresTagged(t *testing.T) {
 		}
 	}
 }
+
+// A new TCP flow may take the port of a closing one (FIN or RST seen) when no port is
+// free, as the kernel reuses TIME_WAIT tuples; the closing flow's stragglers find no flow.
+// Never an established flow's port, never for UDP.
+func TestEgressReuseClosingPort(t *testing.T) {
+	objs := natFixture(t, 1)
+	fc := objs.CbFromContainer
+	p := egressOut(t, objs, 6, 40000, 443, 0x02)
+	run(t, objs, objs.CbFromUplink, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil).expect(t, tcActRedirect, FwdEgressReply)
+	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40001, 443, 0x02, 0), nil).expect(t, tcActShot, DropEgressNoPort) // established: kept
+	egressOut(t, objs, 6, 40000, 443, 0x11)                                                                       // FIN: closing
+	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 40001, 443, 0, 0), nil)                                          // other protocol: own key space
+	if q := egressOut(t, objs, 6, 40001, 443, 0x02); q != p {
+		t.Fatalf("new flow got port %d, want the closing flow's %d", q, p)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40000, 443, 0x10, 0), nil).expect(t, tcActShot, DropEgressNoFlow)
+	r := run(t, objs, objs.CbFromUplink, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil)
+	r.expect(t, tcActRedirect, FwdEgressReply)
+	if _, _, _, dport := checkSums(t, r.out); dport != 40001 {
+		t.Errorf("reply to the reused port went to port %d, want the new flow's 40001", dport)
+	}
+}

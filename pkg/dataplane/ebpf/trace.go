@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"fmt"
 	"net"
@@ -154,17 +155,7 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 	}
 	// Empty the scratch maps a previous run wrote.
 	for _, name := range []string{contivbpfMapCbCt, contivbpfMapCbFrags, contivbpfMapCbNatFrags, contivbpfMapCbIfaces} {
-		m := d.traceColl.Maps[name]
-		var keys [][]byte
-		k := make([]byte, m.KeySize())
-		v := make([]byte, m.ValueSize())
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			keys = append(keys, append([]byte(nil), k...))
-		}
-		for _, k := range keys {
-			_ = m.Delete(k)
-		}
+		_ = emptyMap(d.traceColl.Maps[name])
 	}
 	for _, name := range []string{contivbpfMapCbReasons, contivbpfMapCbEpCounters, contivbpfMapCbVerdicts} {
 		m := d.traceColl.Maps[name]
@@ -502,4 +493,24 @@ func checksum(b []byte, seed uint32) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// emptyMap deletes every entry of a hash map.
+func emptyMap(m *ebpf.Map) error {
+	var keys [][]byte
+	k := make([]byte, m.KeySize())
+	v := make([]byte, m.ValueSize())
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read map: %w", err)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete entry: %w", err)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,180 @@
+package policy
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Drop reasons of the egress NAT model (the datapath's names).
+const (
+	DropEgressNoPort      = "drop_egress_no_port"
+	DropEgressUnsupported = "drop_egress_unsupported"
+	DropEgressNoFlow      = "drop_egress_no_flow"
+)
+
+// NATFlowKey is an egress flow as its endpoint sent it (ICMP echo: both ports hold the id).
+type NATFlowKey struct {
+	Zone         uint32
+	Src, Dst     netip.Addr
+	Sport, Dport uint16
+	Proto        uint8
+}
+
+// NATFlow is one egress flow's state.
+type NATFlow struct {
+	Port     uint16 // on the NAT address (ICMP: the echo id)
+	State    uint8  // CTNew, CTEstablished, CTClosing
+	Deadline time.Duration
+}
+
+// natReplyKey is how a reply arrives at the NAT address (ICMP echo: Rport 0).
+type natReplyKey struct {
+	Remote      netip.Addr
+	Rport, Port uint16
+	Proto       uint8
+}
+
+// NATModel is the Go reference model of egress source NAT (bpf/lib/nat.h,
+// docs/host-routing.md), for the differential test. Policy is not its business (the
+// conntrack model judges flows); it owns the port mapping and its state:
+//   - only a TCP SYN (without ACK, FIN, RST), any UDP datagram or an ICMP echo request opens a
+//     flow; IP fragments and other protocols are never carried;
+//   - a live flow keeps its port; a new flow gets a port of [PortMin, PortMax] not held by a
+//     live flow towards the same (remote address, remote port, protocol); when there is none,
+//     a new TCP flow takes over the port of a CLOSING TCP flow (which is deleted), as the
+//     kernel reuses TIME_WAIT tuples. Which port is the datapath's choice (Egress's choose);
+//   - a reply (TCP/UDP from the flow's remote address and port to its port, ICMP echo reply
+//     from the remote address with its port as id) belongs to the flow if the flow is live
+//     and still holds that port;
+//   - TCP FIN/RST in either direction → CLOSING, a reply to a NEW flow → ESTABLISHED, every
+//     packet of the flow refreshes its deadline with conntrack's timeouts;
+//   - a flow is live until its deadline (inclusive), like conntrack.
+type NATModel struct {
+	Now              time.Duration
+	PortMin, PortMax uint16
+	Flows            map[NATFlowKey]*NATFlow
+	replies          map[natReplyKey]NATFlowKey
+}
+
+// NewNATModel returns an empty model with the given port range.
+func NewNATModel(portMin, portMax uint16) *NATModel {
+	return &NATModel{PortMin: portMin, PortMax: portMax, Flows: map[NATFlowKey]*NATFlow{}, replies: map[natReplyKey]NATFlowKey{}}
+}
+
+func (m *NATModel) live(f *NATFlow) bool { return f != nil && f.Deadline >= m.Now }
+
+func natReplyOf(k NATFlowKey, port uint16) natReplyKey {
+	r := natReplyKey{Remote: k.Dst, Rport: k.Dport, Port: port, Proto: k.Proto}
+	if k.Proto == protoICMP {
+		r.Rport = 0
+	}
+	return r
+}
+
+// held says whether port is taken towards (remote, rport, proto) by a live flow.
+func (m *NATModel) held(r natReplyKey) bool {
+	k, ok := m.replies[r]
+	if !ok {
+		return false
+	}
+	f := m.Flows[k]
+	return m.live(f) && f.Port == r.Port
+}
+
+// Egress translates endpoint packet p (zone p.Zone) leaving for the outside. choose is
+// asked for the port of a new flow, given which ports it may take (the free ones, or when
+// none is free and p is TCP, those of closing flows); ok=false: it found none. It returns
+// the flow's port or a drop reason.
+func (m *NATModel) Egress(p ModelPacket, choose func(allowed func(uint16) bool) (uint16, bool)) (uint16, string) {
+	echo := p.Proto == protoICMP && p.ICMPType == 8
+	if p.Frag != FragNone || !(p.Proto == protoTCP || p.Proto == protoUDP || echo) {
+		return 0, DropEgressUnsupported
+	}
+	k := NATFlowKey{Zone: p.Zone, Src: p.Src, Dst: p.Dst, Sport: p.Sport, Dport: p.Dport, Proto: p.Proto}
+	if f := m.Flows[k]; m.live(f) {
+		if p.Proto == protoTCP && (p.FIN || p.RST) {
+			f.State = CTClosing
+		}
+		f.Deadline = m.Now + timeout(p.Proto, f.State)
+		return f.Port, ""
+	}
+	if p.Proto == protoTCP && (!p.SYN || p.ACK || p.FIN || p.RST) {
+		return 0, DropEgressNoFlow
+	}
+	free := func(port uint16) bool {
+		return port >= m.PortMin && port <= m.PortMax && !m.held(natReplyOf(k, port))
+	}
+	anyFree := false
+	for q := uint32(m.PortMin); q <= uint32(m.PortMax); q++ {
+		anyFree = anyFree || free(uint16(q))
+	}
+	allowed := free
+	if !anyFree && p.Proto == protoTCP {
+		allowed = func(port uint16) bool {
+			if port < m.PortMin || port > m.PortMax {
+				return false
+			}
+			r := natReplyOf(k, port)
+			return !m.held(r) || m.Flows[m.replies[r]].State == CTClosing
+		}
+	}
+	port, ok := choose(allowed)
+	if !ok {
+		return 0, DropEgressNoPort
+	}
+	if r := natReplyOf(k, port); m.held(r) { // a closing flow's port: that flow goes
+		delete(m.Flows, m.replies[r])
+	}
+	m.Flows[k] = &NATFlow{Port: port, State: CTNew, Deadline: m.Now + timeout(p.Proto, CTNew)}
+	m.replies[natReplyOf(k, port)] = k
+	return port, ""
+}
+
+// Reply matches packet p arriving at the NAT address (p.Dport: the NAT port; ICMP echo
+// reply: the id in Sport/Dport) and returns the flow it belongs to (ok=false: not a reply
+// of an egress flow; the host's).
+func (m *NATModel) Reply(p ModelPacket) (NATFlowKey, bool) {
+	r := natReplyKey{Remote: p.Src, Rport: p.Sport, Port: p.Dport, Proto: p.Proto}
+	switch {
+	case p.Frag != FragNone:
+		return NATFlowKey{}, false
+	case p.Proto == protoTCP || p.Proto == protoUDP:
+	case p.Proto == protoICMP && p.ICMPType == 0:
+		r.Rport = 0
+	default:
+		return NATFlowKey{}, false
+	}
+	if !m.held(r) {
+		return NATFlowKey{}, false
+	}
+	k := m.replies[r]
+	f := m.Flows[k]
+	if p.Proto == protoTCP && (p.FIN || p.RST) {
+		f.State = CTClosing
+	} else if f.State == CTNew {
+		f.State = CTEstablished
+	}
+	f.Deadline = m.Now + timeout(p.Proto, f.State)
+	return k, true
+}
+
+// Advance moves the model's clock.
+func (m *NATModel) Advance(d time.Duration) { m.Now += d }
+
+// GC deletes what the agent's collector deletes: expired flows, and reply mappings whose
+// flow is gone, expired or holds another port. It returns how many flows it deleted.
+func (m *NATModel) GC() int {
+	n := 0
+	for k, f := range m.Flows {
+		if f.Deadline < m.Now {
+			delete(m.Flows, k)
+			n++
+		}
+	}
+	for r := range m.replies {
+		if !m.held(r) {
+			delete(m.replies, r)
+		}
+	}
+	return n
+}
