@@ -121,6 +121,21 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	if (net->gateway && f.daddr == net->gateway) {
 		if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
 			return cb_gw_echo_reply(skb, &p, ifc);
+		cfg = cb_get_config();
+		if (cfg && cfg->dns_ip && f.proto == CB_PROTO_UDP && f.dport == bpf_htons(53) &&
+		    p.frag == CB_FRAG_NONE) {
+			/* The network's DNS server is its gateway: the agent's responder answers
+			 * (from the gateway's address, on the veth it asked on). */
+			r = cb_nat(skb, &p, &f, 1, cfg->dns_ip, f.dport);
+			if (r)
+				return cb_drop(skb, r);
+			bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
+			skey.net = nk;
+			skey.ip = ifc->ip;
+			cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+			cb_count(skb, CB_FWD_DNS);
+			return TC_ACT_OK;
+		}
 		return cb_drop(skb, CB_DROP_TO_GATEWAY);
 	}
 	if ((f.daddr & net->mask) == net->subnet)

@@ -19,6 +19,7 @@ enum cb_reason {
 	CB_FWD_EGRESS = 7,         /* source-NATed to the host address and sent out of the egress device */
 	CB_FWD_EGRESS_REPLY = 8,   /* reply to an egress flow: un-NATed and delivered to its endpoint */
 	CB_ICMP_GW_REPLY = 9,      /* ICMP echo to the gateway answered in place */
+	CB_FWD_DNS = 10,           /* DNS query to the gateway: to the agent's responder on this host */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */

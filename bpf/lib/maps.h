@@ -109,6 +109,7 @@ struct cb_config {
 	__u32 egress_ifindex; /* device egress traffic leaves by and replies arrive on */
 	__u16 snat_port_min;  /* egress NAT port (and ICMP id) range, host order */
 	__u16 snat_port_max;
+	__be32 dns_ip;        /* host address of the agent's DNS responder (0 = none) */
 };
 
 enum cb_features {

@@ -36,6 +36,9 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "snat-ip", EnvVars: env("SNAT_IP"), Usage: "ebpf: address endpoints' traffic to the outside is source-NATed to (default: vtep-ip; egress is off when no device holds it)"},
 		&cli.StringFlag{Name: "egress-if", EnvVars: env("EGRESS_IF"), Usage: "ebpf: device egress traffic leaves by and its replies arrive on (default: the device holding --snat-ip)"},
 		&cli.StringFlag{Name: "egress-ports", EnvVars: env("EGRESS_PORTS"), Value: "61000-65535", Usage: "ebpf: `MIN-MAX` source ports (and ICMP echo ids) of egress NAT; keep them outside net.ipv4.ip_local_port_range"},
+		&cli.StringFlag{Name: "dns-listen", EnvVars: env("DNS_LISTEN"), Usage: "ebpf: `ADDR:PORT` of the DNS responder endpoints reach at their gateway's port 53 (default <vtep-ip>:53; \"off\" disables it)"},
+		&cli.StringFlag{Name: "dns-upstream", EnvVars: env("DNS_UPSTREAM"), Usage: "comma-separated `IP[:PORT]` servers the DNS responder forwards other names to (default: the nameservers of /etc/resolv.conf; \"none\": answer SERVFAIL)"},
+		&cli.Float64Flag{Name: "dns-rate", EnvVars: env("DNS_RATE"), Value: 200, Usage: "queries per second each endpoint may send the DNS responder (burst: twice that); more are dropped and counted"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
@@ -77,6 +80,9 @@ type config struct {
 	snatIP        netip.Addr
 	egressIf      string
 	egressPorts   [2]uint16
+	dnsListen     netip.AddrPort // invalid: no DNS responder
+	dnsUpstreams  []string
+	dnsRate       float64
 	vxlanPort     int
 	dataplane     string
 	bpffsRoot     string
@@ -115,6 +121,7 @@ func configFrom(c *cli.Context) (config, error) {
 	cfg := config{
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), egressIf: c.String("egress-if"),
+		dnsRate:   c.Float64("dns-rate"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
@@ -155,6 +162,8 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, fmt.Errorf("--dataplane %q must be ebpf or ovs", cfg.dataplane)
 	case cfg.uplinkMTU < 0:
 		return cfg, fmt.Errorf("--uplink-mtu %d must not be negative", cfg.uplinkMTU)
+	case cfg.dnsRate <= 0:
+		return cfg, fmt.Errorf("--dns-rate %v must be positive", cfg.dnsRate)
 	case cfg.serviceTTL < 2*time.Second:
 		return cfg, fmt.Errorf("--service-ttl %s must be at least 2s (etcd leases)", cfg.serviceTTL)
 	case strings.Contains(cfg.vlanIf, ","):
@@ -181,6 +190,9 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	if cfg.egressPorts, err = parsePortRange(c.String("egress-ports")); err != nil {
 		return cfg, fmt.Errorf("--egress-ports: %w", err)
+	}
+	if cfg.dnsListen, cfg.dnsUpstreams, err = dnsConfig(c.String("dns-listen"), c.String("dns-upstream"), cfg.vtep, cfg.dataplane); err != nil {
+		return cfg, err
 	}
 	cfg.ctrl = cfg.vtep
 	if s := c.String("ctrl-ip"); s != "" {
@@ -246,4 +258,56 @@ func parsePortRange(s string) ([2]uint16, error) {
 		return [2]uint16{}, fmt.Errorf("%q: want MIN-MAX with 1 <= MIN <= MAX <= 65535", s)
 	}
 	return [2]uint16{uint16(a), uint16(b)}, nil
+}
+
+// dnsConfig reads --dns-listen and --dns-upstream. The responder runs with the eBPF
+// dataplane only (the datapath steers queries to it).
+func dnsConfig(listen, upstream string, vtep netip.Addr, dp string) (netip.AddrPort, []string, error) {
+	if listen == "off" || dp != "ebpf" {
+		return netip.AddrPort{}, nil, nil
+	}
+	ap := netip.AddrPortFrom(vtep, 53)
+	if listen != "" {
+		var err error
+		if ap, err = netip.ParseAddrPort(listen); err != nil || !ap.Addr().Is4() || ap.Port() == 0 {
+			return netip.AddrPort{}, nil, fmt.Errorf("--dns-listen %q: want IPv4:PORT or off", listen)
+		}
+	}
+	var ups []string
+	switch upstream {
+	case "none":
+	case "":
+		ups = resolvConfServers("/etc/resolv.conf")
+	default:
+		for _, u := range strings.Split(upstream, ",") {
+			u = strings.TrimSpace(u)
+			if a, err := netip.ParseAddr(u); err == nil && a.Is4() {
+				u = netip.AddrPortFrom(a, 53).String()
+			}
+			if a, err := netip.ParseAddrPort(u); err != nil || !a.Addr().Is4() {
+				return netip.AddrPort{}, nil, fmt.Errorf("--dns-upstream %q: want IPv4[:PORT] servers, comma-separated", upstream)
+			}
+			ups = append(ups, u)
+		}
+	}
+	return ap, ups, nil
+}
+
+// resolvConfServers returns the IPv4 nameservers of a resolv.conf (loopback ones, such as
+// systemd-resolved's stub, are of no use from another namespace and skipped).
+func resolvConfServers(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil && a.Is4() && !a.IsLoopback() {
+				out = append(out, netip.AddrPortFrom(a, 53).String())
+			}
+		}
+	}
+	return out
 }

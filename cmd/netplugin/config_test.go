@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,10 @@ func TestConfig(t *testing.T) {
 		{[]string{"--egress-ports", "70000-70001"}, "--egress-ports"},
 		{[]string{"--egress-ports", "62000-61000"}, "--egress-ports"},
 		{[]string{"--egress-ports", "61000"}, "--egress-ports"},
+		{[]string{"--dns-listen", "10.0.0.1"}, "--dns-listen"},
+		{[]string{"--dns-rate", "0"}, "--dns-rate"},
+		{[]string{"--dns-listen", "[::1]:53"}, "--dns-listen"},
+		{[]string{"--dns-upstream", "8.8.8.8,bogus"}, "--dns-upstream"},
 	} {
 		_, err := parse(t, append([]string{"--host", "h", "--vtep-ip", "10.0.0.1"}, tc.args...)...)
 		if tc.args[0] == "--vtep-ip" {
@@ -105,5 +110,29 @@ func TestPodLabeler(t *testing.T) {
 	}
 	if l, err := c.PodLabels(context.Background(), "ns", "p"); err != nil || l[k8s.LabelNetwork] != "n1" {
 		t.Fatalf("labels through netplugin's client: %v %v", l, err)
+	}
+}
+
+func TestDNSConfig(t *testing.T) {
+	vtep := netip.MustParseAddr("10.0.0.1")
+	ap, ups, err := dnsConfig("", "192.0.2.53,192.0.2.54:5353", vtep, "ebpf")
+	if err != nil || ap.String() != "10.0.0.1:53" || strings.Join(ups, " ") != "192.0.2.53:53 192.0.2.54:5353" {
+		t.Errorf("defaults: %v %v %v", ap, ups, err)
+	}
+	if ap, _, _ := dnsConfig("off", "", vtep, "ebpf"); ap.IsValid() {
+		t.Error("off still listens")
+	}
+	if ap, _, _ := dnsConfig("", "", vtep, "ovs"); ap.IsValid() {
+		t.Error("the OVS dataplane cannot steer queries: no responder")
+	}
+	if _, ups, _ := dnsConfig("", "none", vtep, "ebpf"); len(ups) != 0 {
+		t.Errorf("none: %v", ups)
+	}
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(rc, []byte("# comment\nnameserver 127.0.0.53\nnameserver 192.0.2.1\nnameserver fe80::1\nsearch example.org\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := resolvConfServers(rc); strings.Join(got, " ") != "192.0.2.1:53" {
+		t.Errorf("resolv.conf servers %v, want the non-loopback IPv4 one", got)
 	}
 }

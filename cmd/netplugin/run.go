@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +26,10 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
+	"github.com/contivbpf/contivbpf/pkg/dnsresp"
 	"github.com/contivbpf/contivbpf/pkg/dockerplugin"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
@@ -51,6 +54,19 @@ func run(parent context.Context, cfg config) error {
 	}
 	defer store.Close()
 
+	// The DNS responder's socket first: the datapath is told its address only if it is
+	// bound. Its directory (the agent) is set once the agent exists.
+	dir := &lateDirectory{}
+	var dnsSrv *dnsresp.Server
+	if cfg.dnsListen.IsValid() {
+		dnsSrv, err = dnsresp.Listen(ctx, dnsresp.Config{Listen: cfg.dnsListen, Upstreams: cfg.dnsUpstreams,
+			Rate: cfg.dnsRate, Burst: max(1, int(2*cfg.dnsRate)), Logger: log}, dir)
+		if err != nil {
+			return err
+		}
+		defer dnsSrv.Close()
+		log.Info("DNS responder listening", "addr", cfg.dnsListen, "upstreams", cfg.dnsUpstreams)
+	}
 	drv, err := newDriver(ctx, cfg)
 	if err != nil {
 		return err
@@ -77,7 +93,7 @@ func run(parent context.Context, cfg config) error {
 	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
-		DebugToken: cfg.debugToken,
+		DebugToken: cfg.debugToken, DNS: dnsSrv != nil,
 	}
 	if cfg.mode == "kubernetes" {
 		pods, err := podLabeler(cfg, log)
@@ -93,8 +109,17 @@ func run(parent context.Context, cfg config) error {
 		return err
 	}
 
+	dir.a.Store(ag)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if dnsSrv != nil {
+		reg.MustRegister(dnsSrv.Collectors()...)
+		go func() {
+			if err := dnsSrv.Serve(ctx); err != nil {
+				log.Error("DNS responder stopped", "err", err)
+			}
+		}()
+	}
 	// A dataplane that exports its own counters (the eBPF driver's per-reason verdicts and
 	// full-map inserts) is scraped on the same /metrics.
 	if c, ok := drv.(interface{ Collector() prometheus.Collector }); ok {
@@ -203,11 +228,29 @@ func podLabeler(cfg config, log *slog.Logger) (*k8s.Client, error) {
 	return c, nil
 }
 
+// lateDirectory is the DNS responder's directory until (and after) the agent exists.
+type lateDirectory struct{ a atomic.Pointer[agent.Agent] }
+
+func (l *lateDirectory) Asker(ifindex int) (dnsresp.Asker, bool) {
+	if a := l.a.Load(); a != nil {
+		return a.Asker(ifindex)
+	}
+	return dnsresp.Asker{}, false
+}
+
+func (l *lateDirectory) Lookup(tenant, name string) ([]netip.Addr, bool) {
+	if a := l.a.Load(); a != nil {
+		return a.Lookup(tenant, name)
+	}
+	return nil, false
+}
+
 func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {
 	hc := dataplane.HostConfig{
 		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
 		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
 		SNATIP: cfg.snatIP, EgressIf: cfg.egressIf, EgressPortMin: cfg.egressPorts[0], EgressPortMax: cfg.egressPorts[1],
+		DNSIP: cfg.dnsListen.Addr(),
 	}
 	switch cfg.dataplane {
 	case "ebpf":

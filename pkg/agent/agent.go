@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -58,7 +59,10 @@ type Config struct {
 	// VerifyEvery is how often the agent compares the datapath with its state on its own
 	// (0: DefaultVerifyEvery, negative: never; GET /inspect/verify always works).
 	VerifyEvery time.Duration
-	Logger      *slog.Logger
+	// DNS says the host's DNS responder runs (pkg/dnsresp, with this agent as its
+	// directory): CNI results name the gateway as the endpoint's nameserver.
+	DNS    bool
+	Logger *slog.Logger
 }
 
 // watched prefixes and what they feed.
@@ -109,6 +113,9 @@ type Agent struct {
 
 	lastDrift  int       // drift entries found by the last Verify (guarded by mu)
 	lastVerify time.Time // when (zero: never)
+
+	names   atomic.Pointer[nameIndex] // DNS names of every tenant (dns.go), rebuilt with the desired state
+	ifNames sync.Map                  // ifindex → host interface name (dns.go)
 }
 
 // New validates cfg and returns an agent; Run starts it.
@@ -294,6 +301,7 @@ func (a *Agent) loop(ctx context.Context) {
 func (a *Agent) desired() (dataplane.State, map[string]error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.names.Store(buildNames(a.rec))
 	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}, a.rec)
 }
 

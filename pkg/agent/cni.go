@@ -65,6 +65,9 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 	}
 	if res.Gateway.IsValid() {
 		resp.Gateway = res.Gateway.String()
+		if b.a.cfg.DNS {
+			resp.DNS = resp.Gateway
+		}
 	}
 	return resp, nil
 }

@@ -51,6 +51,9 @@ type PodResponse struct {
 	Gateway string `json:"gateway,omitempty"`
 	MAC     string `json:"mac,omitempty"`
 	MTU     int    `json:"mtu,omitempty"`
+	// DNS is the nameserver the endpoint should use (the gateway, when the host's DNS
+	// responder runs), "" = none.
+	DNS string `json:"dns,omitempty"`
 }
 
 // WithDefaults fills tenant, network and interface name when the request left them empty.

@@ -147,6 +147,10 @@ func result(conf *NetConf, args *skel.CmdArgs, resp cniapi.PodResponse) (*curren
 		Interfaces: []*current.Interface{{Name: args.IfName, Mac: resp.MAC, Mtu: resp.MTU, Sandbox: args.Netns}},
 		DNS:        conf.DNS,
 	}
+	if len(res.DNS.Nameservers) == 0 && resp.DNS != "" {
+		// The host's DNS responder, reached at the network's gateway (docs/host-routing.md).
+		res.DNS.Nameservers = []string{resp.DNS}
+	}
 	idx := 0
 	ipc := &current.IPConfig{Interface: &idx, Address: *prefixToIPNet(ipn)}
 	if resp.Gateway != "" {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
 )
 
 // TestAddReportsFailedRollback: when netplugin cannot be reached, ADD fails with "try
@@ -30,5 +32,28 @@ func TestAddReportsFailedRollback(t *testing.T) {
 	}
 	if !strings.Contains(te.Details, "rollback: detach pod cbx-undo") {
 		t.Errorf("details %q do not report the failed rollback", te.Details)
+	}
+}
+
+// Without nameservers in the config, the result names the host's DNS responder (the
+// gateway) when netplugin reports one; a configured nameserver wins.
+func TestResultDNS(t *testing.T) {
+	args := &skel.CmdArgs{IfName: "eth0", Netns: "/run/netns/x"}
+	resp := cniapi.PodResponse{IPAddress: "10.1.1.2/24", Gateway: "10.1.1.1", DNS: "10.1.1.1", MAC: "02:02:0a:01:01:02", MTU: 1450}
+	r, err := result(&NetConf{}, args, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.DNS.Nameservers) != 1 || r.DNS.Nameservers[0] != "10.1.1.1" {
+		t.Errorf("nameservers %v, want the gateway", r.DNS.Nameservers)
+	}
+	conf := &NetConf{}
+	conf.DNS.Nameservers = []string{"10.96.0.10"}
+	if r, _ := result(conf, args, resp); len(r.DNS.Nameservers) != 1 || r.DNS.Nameservers[0] != "10.96.0.10" {
+		t.Errorf("nameservers %v, want the configured one", r.DNS.Nameservers)
+	}
+	resp.DNS = ""
+	if r, _ := result(&NetConf{}, args, resp); len(r.DNS.Nameservers) != 0 {
+		t.Errorf("nameservers %v without a responder", r.DNS.Nameservers)
 	}
 }

@@ -166,6 +166,9 @@ type HostConfig struct {
 	EgressIf      string
 	EgressPortMin uint16
 	EgressPortMax uint16
+	// DNSIP is the host address the agent's DNS responder listens on (port 53): endpoints'
+	// UDP queries to their gateway's port 53 are steered to it (eBPF). Invalid: none.
+	DNSIP netip.Addr
 }
 
 // Driver converges one host's datapath to the desired state.

@@ -5,7 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
@@ -22,7 +27,9 @@ func egressStage(ctx context.Context, cfg config, dp string, w io.Writer, r *rep
 	}
 	fmt.Fprintf(w, "\n#### egress (%s): one simulated host with the external namespace\n", dp)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := sim.Start(ctx, sim.Config{Prefix: cfg.prefix + "e", Hosts: 1, BinDir: cfg.bin, Dataplane: dp, Logger: quiet, External: true})
+	c, err := sim.Start(ctx, sim.Config{Prefix: cfg.prefix + "e", Hosts: 1, BinDir: cfg.bin, Dataplane: dp, Logger: quiet, External: true,
+		// The DNS figures measure the responder, not its per-endpoint rate limit.
+		PluginArgs: func(*sim.Cluster, *sim.Host) []string { return []string{"--dns-rate", "1000000"} }})
 	if err != nil {
 		return err
 	}
@@ -67,7 +74,90 @@ func egressStage(ctx context.Context, cfg config, dp string, w io.Writer, r *rep
 	if err := d.compare(ctx, base, test, true); err != nil {
 		return err
 	}
+	if err := dnsFigures(ctx, dp, a, w, r); err != nil {
+		r.fail(dp+".dns", err)
+	}
 	d.reportPair("egress", "masq", "kernel MASQUERADE", fmt.Sprintf("%s egress: container -> outside through eBPF source NAT vs a kernel MASQUERADE router of the same shape (MTU %d), %d/%d/%d alternating rounds",
 		dp, mtu, cfg.tputRounds, cfg.crrRounds, cfg.rrRounds), base, test, nil)
+	return nil
+}
+
+// dnsFigures measures the DNS responder from container a: the answer time of its own name
+// (one query at a time, 1,000 queries) and the answers per second 8 concurrent askers get
+// for 2 s. Queries go to the network's gateway, as a resolver in the container sends them.
+func dnsFigures(ctx context.Context, dp string, a *sim.Container, w io.Writer, r *report) error {
+	q := new(dns.Msg)
+	q.SetQuestion("a.", dns.TypeA)
+	gw := net.JoinHostPort(benchGW, "53")
+	dial := func() (*dns.Conn, error) {
+		conn, err := sim.DialContext(ctx, a.Name, "udp4", gw)
+		if err != nil {
+			return nil, err
+		}
+		return &dns.Conn{Conn: conn}, nil
+	}
+	ask := func(co *dns.Conn) error {
+		_ = co.SetDeadline(time.Now().Add(2 * time.Second))
+		if err := co.WriteMsg(q); err != nil {
+			return err
+		}
+		m, err := co.ReadMsg()
+		if err != nil {
+			return err
+		}
+		if m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 {
+			return fmt.Errorf("answer for a.: %v", m)
+		}
+		return nil
+	}
+	co, err := dial()
+	if err != nil {
+		return err
+	}
+	defer co.Close()
+	var samples []time.Duration
+	for i := 0; i < 1000; i++ {
+		start := time.Now()
+		if err := ask(co); err != nil {
+			return fmt.Errorf("query %d: %w", i, err)
+		}
+		samples = append(samples, time.Since(start))
+	}
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	deadline := time.Now().Add(2 * time.Second)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := dial()
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for time.Now().Before(deadline) {
+				if err := ask(c); err != nil {
+					errs <- err
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("concurrent queries: %w", err)
+	}
+	qps := float64(n.Load()) / 2
+	p50, p99 := netbench.Percentile(samples, 50), netbench.Percentile(samples, 99)
+	table(w, fmt.Sprintf("%s DNS responder: a container's own name through its gateway (1,000 sequential queries; 8 askers for 2 s)", dp),
+		[]string{"answer p50 us", "answer p99 us", "answers/s"},
+		[][]string{{fmt.Sprintf("%.1f", us(p50)), fmt.Sprintf("%.1f", us(p99)), fmt.Sprintf("%.0f", qps)}})
+	r.add(dp+".dns.p50_us", us(p50), "us")
+	r.add(dp+".dns.p99_us", us(p99), "us")
+	r.add(dp+".dns.qps", float64(int64(qps)), "answers/s")
 	return nil
 }

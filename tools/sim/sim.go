@@ -28,6 +28,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -83,11 +85,17 @@ type Config struct {
 // (TEST-NET-3: it exists only inside the simulation).
 var ExternalWorld = netip.MustParseAddr("203.0.113.1")
 
+// ExternalName is the one name the external namespace's DNS server (ExternalWorld:53, every
+// netplugin's --dns-upstream) knows: it resolves to ExternalWorld; everything else is
+// NXDOMAIN.
+const ExternalName = "outside.example."
+
 // External is the simulation's stand-in for everything outside the cluster.
 type External struct {
 	NS    string     // namespace name
 	IP    netip.Addr // its underlay address (the hosts' default gateway)
 	World netip.Addr // ExternalWorld
+	dns   *dns.Server
 }
 
 // Host is one simulated host.
@@ -416,6 +424,21 @@ func (c *Cluster) buildExternal(ctx context.Context) error {
 			return err
 		}
 	}
+	pc, err := ListenPacket(e.NS, "udp4", netip.AddrPortFrom(e.World, 53).String())
+	if err != nil {
+		return fmt.Errorf("sim: external DNS server: %w", err)
+	}
+	e.dns = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if len(r.Question) == 1 && strings.EqualFold(r.Question[0].Name, ExternalName) && r.Question[0].Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: e.World.AsSlice()})
+		} else if !strings.EqualFold(r.Question[0].Name, ExternalName) {
+			m.Rcode = dns.RcodeNameError
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = e.dns.ActivateAndServe() }()
 	c.External = e
 	return nil
 }
@@ -485,6 +508,13 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 	}
 	if c.cfg.VLANUplink {
 		args = append(args, "--vlan-if", "uplink")
+	}
+	// The DNS responder forwards to the simulation's outside, never to the machine's own
+	// resolvers.
+	if c.External != nil {
+		args = append(args, "--dns-upstream", netip.AddrPortFrom(c.External.World, 53).String())
+	} else {
+		args = append(args, "--dns-upstream", "none")
 	}
 	if c.cfg.Secure {
 		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", c.agentTokenFile,
@@ -823,6 +853,9 @@ func (c *Cluster) dumpLogs() {
 // pins and (if it created it) its work directory. It is safe to call more than once.
 func (c *Cluster) Close() error {
 	var errs []error
+	if c.External != nil && c.External.dns != nil {
+		_ = c.External.dns.Shutdown()
+	}
 	for _, h := range c.Hosts {
 		if h.Plugin != nil {
 			if err := h.Plugin.Stop(10 * time.Second); err != nil {

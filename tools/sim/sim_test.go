@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -647,6 +648,35 @@ func beyondSubnet(ctx context.Context, t *testing.T, c *Cluster, cts []*Containe
 		hl.Close()
 		if err := ct.probeFromHost(ctx); err != nil {
 			t.Error(err)
+		}
+	}
+	// Names through the DNS responder at the gateway: another host's container by its
+	// endpoint id, every container named "c", a name only the outside knows (forwarded),
+	// and a name nobody has.
+	for i, ct := range cts {
+		peer := cts[(i+1)%len(cts)]
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return DialContext(ctx, ct.Name, "udp4", "10.104.0.1:53")
+		}}
+		lookup := func(name string) ([]string, error) {
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			addrs, err := r.LookupHost(lctx, name)
+			sort.Strings(addrs)
+			return addrs, err
+		}
+		if got, err := lookup(peer.ID + "."); err != nil || strings.Join(got, ",") != peer.IP.Addr().String() {
+			t.Errorf("%s resolves %s: %v %v, want %v", ct.Name, peer.ID, got, err, peer.IP.Addr())
+		}
+		if got, err := lookup("c."); err != nil || len(got) != len(cts) {
+			t.Errorf("%s resolves c: %v %v, want all %d containers", ct.Name, got, err, len(cts))
+		}
+		if got, err := lookup(ExternalName); err != nil || strings.Join(got, ",") != ExternalWorld.String() {
+			t.Errorf("%s resolves %s (forwarded): %v %v", ct.Name, ExternalName, got, err)
+		}
+		var dnsErr *net.DNSError
+		if got, err := lookup("nosuch."); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+			t.Errorf("%s resolves nosuch: %v %v, want not found", ct.Name, got, err)
 		}
 	}
 }

@@ -40,6 +40,7 @@ type contivbpfCbConfig struct {
 	EgressIfindex uint32
 	SnatPortMin   uint16
 	SnatPortMax   uint16
+	DnsIp         uint32
 }
 
 type contivbpfCbCounter struct {
@@ -290,6 +291,7 @@ const (
 	contivbpfCbReasonCB_FWD_EGRESS              contivbpfCbReason = 7
 	contivbpfCbReasonCB_FWD_EGRESS_REPLY        contivbpfCbReason = 8
 	contivbpfCbReasonCB_ICMP_GW_REPLY           contivbpfCbReason = 9
+	contivbpfCbReasonCB_FWD_DNS                 contivbpfCbReason = 10
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33

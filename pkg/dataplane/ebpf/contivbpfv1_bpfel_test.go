@@ -40,6 +40,7 @@ type contivbpfv1CbConfig struct {
 	EgressIfindex uint32
 	SnatPortMin   uint16
 	SnatPortMax   uint16
+	DnsIp         uint32
 }
 
 type contivbpfv1CbCounter struct {
@@ -298,6 +299,7 @@ const (
 	contivbpfv1CbReasonCB_FWD_EGRESS              contivbpfv1CbReason = 7
 	contivbpfv1CbReasonCB_FWD_EGRESS_REPLY        contivbpfv1CbReason = 8
 	contivbpfv1CbReasonCB_ICMP_GW_REPLY           contivbpfv1CbReason = 9
+	contivbpfv1CbReasonCB_FWD_DNS                 contivbpfv1CbReason = 10
 	contivbpfv1CbReasonCB_DROP_MIN                contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_MALFORMED_ETH      contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_UNKNOWN_IFACE      contivbpfv1CbReason = 33

@@ -161,6 +161,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		return nil, fmt.Errorf("ebpf: vtep %v is not IPv4", cfg.VTEP)
 	case len(cfg.VXLANIf) > 15:
 		return nil, fmt.Errorf("ebpf: vxlanIf %q longer than 15 bytes", cfg.VXLANIf)
+	case cfg.DNSIP.IsValid() && !cfg.DNSIP.Is4():
+		return nil, fmt.Errorf("ebpf: dns ip %v is not IPv4", cfg.DNSIP)
 	case cfg.FwdMode != "" && cfg.FwdMode != dataplane.FwdBridge && cfg.FwdMode != dataplane.FwdRouting:
 		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
@@ -402,6 +404,9 @@ func (d *Driver) writeConfig() error {
 		c.SnatIp = ip4(d.egress.ip)
 		c.EgressIfindex = uint32(d.egress.ifindex)
 		c.SnatPortMin, c.SnatPortMax = d.egress.portMin, d.egress.portMax
+	}
+	if d.cfg.DNSIP.Is4() {
+		c.DnsIp = ip4(d.cfg.DNSIP)
 	}
 	copy(c.GwMac[:], dataplane.RouterMAC)
 	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {

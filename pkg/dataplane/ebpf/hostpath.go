@@ -226,6 +226,12 @@ func (d *Driver) watchHostIPs(stop chan struct{}) error {
 // endpoint (overlapping tenants) stays with it; this endpoint then does not reach the host
 // (drop_host_no_route, logged here).
 func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr, ifname string, ifindex int) error {
+	// Every endpoint gets its neighbour entry (the DNS responder answers on the veth a
+	// query came in on, also to an endpoint that does not hold the route).
+	n := &netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := d.nl.NeighSet(n); err != nil {
+		return fmt.Errorf("host neighbour %v on %s: %w", ip, ifname, err)
+	}
 	if owner, ok := d.hostRoutes[ip]; ok && owner != ik {
 		if _, live := d.endpoints[owner]; live {
 			d.log.Warn("host route: address already routed to another local endpoint", "ip", ip, "endpoint", ik, "owner", owner)
@@ -236,10 +242,6 @@ func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr,
 		Scope: netlink.SCOPE_LINK, Protocol: rtProtoContivBPF}
 	if err := d.nl.RouteReplace(r); err != nil {
 		return fmt.Errorf("host route to %v via %s: %w", ip, ifname, err)
-	}
-	n := &netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
-	if err := d.nl.NeighSet(n); err != nil {
-		return fmt.Errorf("host neighbour %v on %s: %w", ip, ifname, err)
 	}
 	if err := d.mapPut(contivbpfMapCbHostRoutes, d.objs.CbHostRoutes, ip4(ip), &contivbpfCbHostRoute{Ifindex: uint32(ifindex), Generation: d.gen}); err != nil {
 		return fmt.Errorf("host route to %v: %w", ip, err)

@@ -369,3 +369,28 @@ func TestEgressReuseClosingPort(t *testing.T) {
 		t.Errorf("reply to the reused port went to port %d, want the new flow's 40001", dport)
 	}
 }
+
+// UDP to the gateway's port 53 goes to the agent's DNS responder (cb_config.dns_ip), port
+// kept; nothing else to the gateway does, and without a responder nothing does.
+func TestDNSRedirect(t *testing.T) {
+	objs := natFixture(t, 64)
+	fc := objs.CbFromContainer
+	q := l4Frame(17, srcIP, gwIP, 5000, 53, 0, 0)
+	run(t, objs, fc, q, nil).expect(t, tcActShot, DropToGateway)
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.DnsIp = ip4(hostIP)
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, objs, fc, q, nil)
+	r.expect(t, 0, FwdDNS)
+	if src, dst, sport, dport := checkSums(t, r.out); src != srcIP || dst != hostIP || sport != 5000 || dport != 53 {
+		t.Errorf("query rewritten to %v:%d -> %v:%d, want %v:5000 -> %v:53", src, sport, dst, dport, srcIP, hostIP)
+	}
+	for _, f := range [][]byte{l4Frame(6, srcIP, gwIP, 5000, 53, 0x02, 0), l4Frame(17, srcIP, gwIP, 5000, 54, 0, 0), l4Frame(17, srcIP, gwIP, 5000, 53, 0, 0x2000)} {
+		run(t, objs, fc, f, nil).expect(t, tcActShot, DropToGateway)
+	}
+}

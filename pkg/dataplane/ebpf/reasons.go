@@ -18,6 +18,7 @@ const (
 	FwdEgress             = Reason(contivbpfCbReasonCB_FWD_EGRESS)
 	FwdEgressReply        = Reason(contivbpfCbReasonCB_FWD_EGRESS_REPLY)
 	ICMPGatewayReply      = Reason(contivbpfCbReasonCB_ICMP_GW_REPLY)
+	FwdDNS                = Reason(contivbpfCbReasonCB_FWD_DNS)
 	DropMalformedEth      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
 	DropUnknownIface      = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
 	DropNotIPv4           = Reason(contivbpfCbReasonCB_DROP_NOT_IPV4)
@@ -69,6 +70,7 @@ var reasonNames = map[Reason]string{
 	FwdEgress:             "fwd_egress",
 	FwdEgressReply:        "fwd_egress_reply",
 	ICMPGatewayReply:      "icmp_gw_reply",
+	FwdDNS:                "fwd_dns",
 	DropMalformedEth:      "drop_malformed_eth",
 	DropUnknownIface:      "drop_unknown_iface",
 	DropNotIPv4:           "drop_not_ipv4",

@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+func TestBuildNames(t *testing.T) {
+	r := newRecords()
+	r.nets["net.red"] = model.CfgNetworkState{ID: "net.red", Tenant: "red", NetworkName: "net", Gateway: "10.1.1.1"}
+	r.nets["net.blue"] = model.CfgNetworkState{ID: "net.blue", Tenant: "blue", NetworkName: "net", Gateway: "10.1.1.1"}
+	r.eps["net.red-a"] = model.CfgEndpointState{ID: "net.red-a", NetID: "net.red", EndpointID: "a", EPCommonName: "Web", IPAddress: "10.1.1.2", EndpointGroupKey: "front:red"}
+	r.eps["net.red-b"] = model.CfgEndpointState{ID: "net.red-b", NetID: "net.red", EndpointID: "b", EPCommonName: "web", IPAddress: "10.1.1.3", EndpointGroupKey: "front:red"}
+	r.eps["net.blue-c"] = model.CfgEndpointState{ID: "net.blue-c", NetID: "net.blue", EndpointID: "c", EPCommonName: "secret", IPAddress: "10.1.1.2"}
+	r.eps["net.red-d"] = model.CfgEndpointState{ID: "net.red-d", NetID: "net.red", EndpointID: "0123456789012345678901234567890123456789012345678901234567890123456789", EPCommonName: "bad name", IPAddress: "10.1.1.4"}
+	r.svcs["svc:red"] = model.CfgServiceLBState{ServiceName: "api", Tenant: "red", IPAddress: "10.1.1.200"}
+	a := &Agent{}
+	a.names.Store(buildNames(r))
+	get := func(tenant, name string) []string {
+		addrs, ok := a.Lookup(tenant, name)
+		if !ok {
+			return nil
+		}
+		var s []string
+		for _, x := range addrs {
+			s = append(s, x.String())
+		}
+		slices.Sort(s)
+		return s
+	}
+	for _, tc := range []struct {
+		tenant, name string
+		want         []string
+	}{
+		{"red", "web", []string{"10.1.1.2", "10.1.1.3"}}, // two pods of one name (case folded)
+		{"red", "front", []string{"10.1.1.2", "10.1.1.3"}},
+		{"red", "a", []string{"10.1.1.2"}},
+		{"red", "api", []string{"10.1.1.200"}},
+		{"red", "secret", nil}, // blue's
+		{"blue", "secret", []string{"10.1.1.2"}},
+		{"blue", "web", nil},
+		{"red", "bad name", nil}, // not a DNS label
+	} {
+		if got := get(tc.tenant, tc.name); !slices.Equal(got, tc.want) {
+			t.Errorf("%s in %s: %v, want %v", tc.name, tc.tenant, got, tc.want)
+		}
+	}
+	if n := len((*a.names.Load())["red"]); n != 5 { // web, a, b, front, api (d's id and name are no labels)
+		t.Errorf("red has %d names: %v", n, (*a.names.Load())["red"])
+	}
+}
