@@ -73,7 +73,7 @@ type hostView struct {
 
 // networkOf converts a network state record.
 func networkOf(n model.CfgNetworkState, uplinkMTU int) (dataplane.Network, error) {
-	out := dataplane.Network{ID: n.ID, Encap: dataplane.Encap(n.PktTagType)}
+	out := dataplane.Network{ID: n.ID, Encap: dataplane.Encap(n.PktTagType), NoSNAT: n.NatDisabled}
 	switch out.Encap {
 	case dataplane.EncapVXLAN:
 		out.Tag = uint32(n.ExtPktTag)

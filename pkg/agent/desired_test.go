@@ -14,7 +14,7 @@ import (
 func TestCompute(t *testing.T) {
 	r := newRecords()
 	r.nets["n1.default"] = model.CfgNetworkState{ID: "n1.default", PktTagType: "vxlan", PktTag: 1, ExtPktTag: 7, SubnetIP: "10.1.1.0", SubnetLen: 24, Gateway: "10.1.1.1"}
-	r.nets["v1.default"] = model.CfgNetworkState{ID: "v1.default", PktTagType: "vlan", PktTag: 100, SubnetIP: "20.1.1.0", SubnetLen: 24}
+	r.nets["v1.default"] = model.CfgNetworkState{ID: "v1.default", PktTagType: "vlan", PktTag: 100, SubnetIP: "20.1.1.0", SubnetLen: 24, NatDisabled: true}
 	r.nets["bad.default"] = model.CfgNetworkState{ID: "bad.default", PktTagType: "vxlan", ExtPktTag: 3, SubnetIP: "nope", SubnetLen: 24}
 	r.eps["n1.default-a"] = model.CfgEndpointState{ID: "n1.default-a", NetID: "n1.default", IPAddress: "10.1.1.2", MacAddress: "02:02:0a:01:01:02", HomingHost: "h1", EndpointGroupID: 3}
 	r.eps["n1.default-b"] = model.CfgEndpointState{ID: "n1.default-b", NetID: "n1.default", IPAddress: "10.1.1.3", HomingHost: "h2"}
@@ -32,7 +32,8 @@ func TestCompute(t *testing.T) {
 
 	s, bad := compute(hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500, vlanIf: "eth1"}, r)
 	if len(s.Networks) != 2 || s.Networks[0].ID != "n1.default" || s.Networks[0].MTU != 1450 || s.Networks[0].Tag != 7 ||
-		s.Networks[1].MTU != 1500 || s.Networks[1].Tag != 100 || s.Networks[0].Gateway.String() != "10.1.1.1" {
+		s.Networks[1].MTU != 1500 || s.Networks[1].Tag != 100 || s.Networks[0].Gateway.String() != "10.1.1.1" ||
+		s.Networks[0].NoSNAT || !s.Networks[1].NoSNAT {
 		t.Fatalf("networks = %+v", s.Networks)
 	}
 	if bad["network/bad.default"] == nil || !strings.Contains(bad["network/bad.default"].Error(), "subnetIP") {

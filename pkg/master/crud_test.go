@@ -18,7 +18,7 @@ func TestCRUDEveryObject(t *testing.T) {
 	}
 	creates := []step{
 		{"tenants", "blue", `{"tenantName":"blue","link-sets":{}}`},
-		{"networks", "blue:net1", `{"encap":"vlan","networkName":"net1","nwType":"data","pktTag":100,"subnet":"20.1.1.0/24","gateway":"20.1.1.254","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
+		{"networks", "blue:net1", `{"encap":"vlan","networkName":"net1","nwType":"data","pktTag":100,"subnet":"20.1.1.0/24","gateway":"20.1.1.254","tenantName":"blue","natDisabled":true,"link-sets":{},"links":{"Tenant":{}}}`},
 		{"netprofiles", "blue:gold", `{"DSCP":10,"bandwidth":"10mbps","burst":100,"profileName":"gold","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
 		{"policys", "blue:web-pol", `{"policyName":"web-pol","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
 		{"extContractsGroups", "blue:ext1", `{"contracts":["uni/tn-common/brc-default"],"contractsGroupName":"ext1","contractsType":"provided","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
@@ -73,6 +73,13 @@ func TestCRUDEveryObject(t *testing.T) {
 		t.Fatalf("policy link sets %+v", pol.LinkSets)
 	}
 	// Derived state.
+	var netState model.CfgNetworkState
+	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/nets/net1.blue")), &netState); err != nil {
+		t.Fatal(err)
+	}
+	if !netState.NatDisabled {
+		t.Errorf("network state lost natDisabled: %+v", netState)
+	}
 	var epgState model.EndpointGroupState
 	if err := json.Unmarshal([]byte(e.rawGet("/contiv.io/state/endpointGroups/web:blue")), &epgState); err != nil {
 		t.Fatal(err)

@@ -155,7 +155,7 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	}
 	ns := model.CfgNetworkState{ID: id, Tenant: n.TenantName, NetworkName: n.NetworkName, NwType: n.NwType,
 		PktTagType: n.Encap, SubnetIP: addr4(sn.base).String(), SubnetLen: uint(sn.plen), Gateway: n.Gateway,
-		IPAddrRange: addr4(sn.first).String() + "-" + addr4(sn.end).String(), NetworkTag: n.CfgdTag}
+		IPAddrRange: addr4(sn.first).String() + "-" + addr4(sn.end).String(), NetworkTag: n.CfgdTag, NatDisabled: n.NatDisabled}
 	if ns.NetworkTag == "" {
 		ns.NetworkTag = id
 	}

@@ -59,17 +59,20 @@ type TenantLinkSets struct {
 
 // Network is /api/v1/networks/<tenant>:<network>/.
 type Network struct {
-	Key         string          `json:"key,omitempty"`
-	CfgdTag     string          `json:"cfgdTag,omitempty"`
-	Encap       string          `json:"encap,omitempty"`
-	Gateway     string          `json:"gateway,omitempty"`
-	Ipv6Gateway string          `json:"ipv6Gateway,omitempty"`
-	Ipv6Subnet  string          `json:"ipv6Subnet,omitempty"`
-	NetworkName string          `json:"networkName,omitempty"`
-	NwType      string          `json:"nwType,omitempty"`
-	PktTag      int             `json:"pktTag,omitempty"`
-	Subnet      string          `json:"subnet,omitempty"`
-	TenantName  string          `json:"tenantName,omitempty"`
+	Key         string `json:"key,omitempty"`
+	CfgdTag     string `json:"cfgdTag,omitempty"`
+	Encap       string `json:"encap,omitempty"`
+	Gateway     string `json:"gateway,omitempty"`
+	Ipv6Gateway string `json:"ipv6Gateway,omitempty"`
+	Ipv6Subnet  string `json:"ipv6Subnet,omitempty"`
+	NetworkName string `json:"networkName,omitempty"`
+	NwType      string `json:"nwType,omitempty"`
+	PktTag      int    `json:"pktTag,omitempty"`
+	Subnet      string `json:"subnet,omitempty"`
+	TenantName  string `json:"tenantName,omitempty"`
+	// NatDisabled (this project's extension, fixed at creation) turns egress NAT off: the
+	// network's endpoints reach only their host and their tenant's networks.
+	NatDisabled bool            `json:"natDisabled,omitempty"`
 	LinkSets    NetworkLinkSets `json:"link-sets,omitempty"`
 	Links       NetworkLinks    `json:"links,omitempty"`
 }

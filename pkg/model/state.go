@@ -102,6 +102,8 @@ type CfgNetworkState struct {
 	IPv6AllocMap  map[string]bool `json:"ipv6AllocMap"`
 	IPv6LastHost  string          `json:"ipv6LastHost"`
 	NetworkTag    string          `json:"networkTag"`
+	// NatDisabled mirrors the network's natDisabled (egress NAT off).
+	NatDisabled bool `json:"natDisabled,omitempty"`
 }
 
 // Owns reports whether this state record is network name of tenant tenant: ids are

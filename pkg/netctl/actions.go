@@ -138,6 +138,7 @@ func createNetwork(e *env) error {
 		PktTag:      e.c.Int("pkt-tag"),
 		NwType:      e.c.String("nw-type"),
 		CfgdTag:     e.c.String("nw-tag"),
+		NatDisabled: e.c.Bool("no-nat"),
 	})
 	if err != nil {
 		return apiErr(err)

@@ -112,6 +112,7 @@ func commands(build BuildInfo) []*cli.Command {
 						str("subnetv6", "s6", "", "IPv6 Subnet CIDR"),
 						str("gatewayv6", "g6", "", "IPv6 Gateway"),
 						str("nw-tag", "tag", "", "Configured Network Tag"),
+						boolean("no-nat", "", "Endpoints do not reach the outside through their host (egress NAT off)"),
 					}, Action: action(createNetwork)},
 			},
 		},

@@ -212,6 +212,11 @@ func TestCreateRequests(t *testing.T) {
 			"Creating network blue:web\n",
 			[]string{`POST /api/v1/networks/blue:web/ {"cfgdTag":"t1","encap":"vlan","ipv6Gateway":"2001::1","ipv6Subnet":"2001::/100","networkName":"web","nwType":"data","pktTag":100,"subnet":"10.2.0.0/16","tenantName":"blue","link-sets":{},"links":{"Tenant":{}}}`},
 		},
+		{ // egress NAT off (this project's extension)
+			[]string{"network", "create", "--subnet", "10.3.0.0/24", "--no-nat", "closed"},
+			"Creating network default:closed\n",
+			[]string{`POST /api/v1/networks/default:closed/ {"encap":"vxlan","networkName":"closed","nwType":"data","subnet":"10.3.0.0/24","tenantName":"default","natDisabled":true,"link-sets":{},"links":{"Tenant":{}}}`},
+		},
 		{
 			[]string{"tenant", "create", "blue"},
 			"Creating tenant: blue\n",
