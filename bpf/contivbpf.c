@@ -24,6 +24,7 @@
 #include "lib/policy.h"
 #include "lib/lb.h"
 #include "lib/nat.h"
+#include "lib/nodeport.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -179,9 +180,60 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
 
+/* cb_nodeport_out sends a local backend's reply to a node port client: the reply is judged
+ * as its flow's, its source becomes VIP:port (the flow's DNAT entry) and then the host's
+ * address and node port, and it leaves by the egress device. */
+static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_ct_entry *rev;
+	struct cb_config *cfg;
+	struct cb_ep_key skey = {};
+	__be16 np;
+	int r;
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	cfg = cb_get_config();
+	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	r = cb_parse_ipv4(skb, &p);
+	if (!r)
+		r = cb_parse_l4(skb, &p, &f);
+	if (r)
+		return cb_drop(skb, r);
+	t.zone = CB_IF_ZONE(ifc);
+	rev = cb_lb_reply(&p, &f, t.zone);
+	if (!rev || !(rev->flags & CB_CT_NODEPORT) || p.inner.proto || p.frag != CB_FRAG_NONE)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	np = rev->nodeport;
+	t.src_epg = ifc->epg;
+	t.svc_reply = 1;
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
+	r = cb_stateful(&f, &t);
+	if (r)
+		return cb_drop(skb, r);
+	r = cb_nat(skb, &p, &f, 0, rev->nat_ip, rev->nat_port);
+	if (!r)
+		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, np);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	skey.net = ifc->net;
+	skey.ip = ifc->ip;
+	cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+	cb_count(skb, CB_FWD_NODEPORT_REPLY);
+	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
+}
+
 /* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
  * the entry program after this returns: the two stack frames never nest). */
 #define CB_OUTSIDE (-2)
+#define CB_NODEPORT_OUT (-3)
 
 static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
@@ -253,6 +305,8 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 		dkey.net = dnet;
 	}
 	if (!ep) {
+		if (t.svc_reply && rev && (rev->flags & CB_CT_NODEPORT))
+			return CB_NODEPORT_OUT;
 		if (t.svc || t.svc_reply)
 			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 		return CB_OUTSIDE;
@@ -358,6 +412,8 @@ int cb_from_container(struct __sk_buff *skb)
 		r = cb_ipv4_from_container(skb, ifc);
 		if (r == CB_OUTSIDE)
 			return cb_outside(skb, ifc);
+		if (r == CB_NODEPORT_OUT)
+			return cb_nodeport_out(skb, ifc);
 		return r;
 	default:
 		return cb_drop(skb, CB_DROP_NOT_IPV4);
@@ -505,10 +561,9 @@ int cb_from_wire(struct __sk_buff *skb)
 	return cb_remote_rx(skb, key, net->vrf, 0);
 }
 
-/* cb_from_uplink takes the replies of egress flows off the egress device (un-NATed and
- * delivered to their endpoint); everything else is the host's and continues. */
-SEC("tc")
-int cb_from_uplink(struct __sk_buff *skb)
+/* cb_uplink_snat takes the replies of egress flows (and drops the wire's packets for
+ * endpoint addresses); CB_TCX_NEXT for everything else. */
+static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
@@ -521,10 +576,7 @@ int cb_from_uplink(struct __sk_buff *skb)
 	int r;
 
 	cfg = cb_get_config();
-	if (!cfg || !cfg->snat_ip)
-		return CB_TCX_NEXT;
-	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */
-	if (skb->vlan_present || cb_parse_eth(skb, &p) || p.eth->h_proto != bpf_htons(ETH_P_IP))
+	if (!cfg || cb_parse_eth(skb, &p) || p.eth->h_proto != bpf_htons(ETH_P_IP))
 		return CB_TCX_NEXT;
 	if (cb_parse_ipv4(skb, &p))
 		return CB_TCX_NEXT;
@@ -559,6 +611,80 @@ int cb_from_uplink(struct __sk_buff *skb)
 	if (r)
 		return cb_drop(skb, r);
 	return cb_deliver_as(skb, &dkey, ep, CB_FWD_EGRESS_REPLY);
+}
+
+/* cb_uplink_nodeport balances a packet from outside to one of the host's node ports
+ * (nodeport.h) to a backend on this host; CB_TCX_NEXT for anything else. */
+static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_lb_choice lc = {};
+	struct cb_ep_key dkey = {};
+	struct cb_endpoint *ep;
+	struct cb_config *cfg;
+	struct cb_np *np;
+	int r;
+
+	cfg = cb_get_config();
+	if (!cfg || cb_parse_eth(skb, &p) || p.eth->h_proto != bpf_htons(ETH_P_IP))
+		return CB_TCX_NEXT;
+	if (cb_parse_ipv4(skb, &p) || p.ip->daddr != cfg->snat_ip || p.frag != CB_FRAG_NONE)
+		return CB_TCX_NEXT;
+	if (cb_parse_l4(skb, &p, &f))
+		return CB_TCX_NEXT;
+	np = cb_nodeport_lookup(&f);
+	if (!np)
+		return CB_TCX_NEXT;
+	t.zone = np->zone;
+	t.nodeport = f.dport;
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
+	/* To the service's VIP:port first, then balanced like any client's flow. */
+	r = cb_nat(skb, &p, &f, 1, np->vip, np->svc_port);
+	if (!r)
+		r = cb_lb_forward(skb, &p, &f, &t, &lc);
+	if (r)
+		return cb_drop(skb, r);
+	if (!t.svc)
+		return cb_drop(skb, CB_DROP_NO_BACKEND);
+	dkey.net = lc.net;
+	dkey.ip = f.daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	if (!(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
+	t.dst_epg = ep->epg;
+	r = cb_stateful(&f, &t);
+	if (!r)
+		r = cb_lb_commit(&lc, &p, &f, &t);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	return cb_deliver_as(skb, &dkey, ep, CB_FWD_NODEPORT);
+}
+
+/* cb_from_uplink takes the replies of egress flows and the packets to node ports off the
+ * egress device (delivered to their endpoints); everything else is the host's and
+ * continues. */
+SEC("tc")
+int cb_from_uplink(struct __sk_buff *skb)
+{
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!cfg || !cfg->snat_ip)
+		return CB_TCX_NEXT;
+	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */
+	if (skb->vlan_present)
+		return CB_TCX_NEXT;
+	r = cb_uplink_snat(skb);
+	if (r != CB_TCX_NEXT)
+		return r;
+	return cb_uplink_nodeport(skb);
 }
 
 SEC("tc")

@@ -23,6 +23,7 @@ enum cb_ct_flags {
 	CB_CT_SVC = 2,     /* key = client→VIP tuple; nat_* = the chosen backend */
 	CB_CT_DNAT = 4,    /* key = client→backend tuple; nat_* = VIP:port to restore on replies */
 	CB_CT_HAIRPIN = 8, /* with DNAT: the client is its own backend; key = VIP:cport→client */
+	CB_CT_NODEPORT = 16, /* with DNAT: the client came to the host's node port (nodeport) from outside */
 };
 
 enum cb_ct_state {
@@ -50,7 +51,8 @@ struct cb_ct_entry {
 	__u32 nat_net;   /* network key of nat_ip (backend's, or the client's for CB_CT_DNAT) */
 	__u32 epoch;     /* cb_policy_epoch of the last verdict */
 	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
-	__u32 pad;
+	__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
+	__u16 pad;
 };
 
 #ifndef CB_CT_ENTRIES

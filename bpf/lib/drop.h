@@ -20,6 +20,8 @@ enum cb_reason {
 	CB_FWD_EGRESS_REPLY = 8,   /* reply to an egress flow: un-NATed and delivered to its endpoint */
 	CB_ICMP_GW_REPLY = 9,      /* ICMP echo to the gateway answered in place */
 	CB_FWD_DNS = 10,           /* DNS query to the gateway: to the agent's responder on this host */
+	CB_FWD_NODEPORT = 11,      /* from outside to a node port: balanced to a local backend */
+	CB_FWD_NODEPORT_REPLY = 12, /* a backend's reply to a node port client: out of the egress device */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */
@@ -58,6 +60,7 @@ enum cb_reason {
 	CB_DROP_EGRESS_INVALID_DST = 65, /* outside the network: broadcast, multicast, loopback or unspecified */
 	CB_DROP_UPLINK_TO_ENDPOINT = 66, /* from the egress device straight to an endpoint address (not a NAT reply) */
 	CB_DROP_HOST_NO_ROUTE = 67, /* to the host from an endpoint its routes do not lead back to (overlapping address) */
+	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is not on this host */
 	CB_REASON_MAX = 96,
 };
 

@@ -245,8 +245,8 @@ struct cb_track {
 	__u32 zone;       /* tenant routing domain */
 	__u16 src_epg;
 	__u16 dst_epg;
-	__u32 src_flags;  /* enum cb_epg_flags of src_epg / dst_epg */
-	__u32 dst_flags;
+	__u16 src_flags;  /* enum cb_epg_flags of src_epg / dst_epg */
+	__u16 dst_flags;
 	__u8 frag;        /* enum cb_frag */
 	__u8 svc;         /* forward packet of a service flow (already DNATed) */
 	__u8 svc_reply;   /* reply of a service flow (to be un-NATed) */
@@ -255,6 +255,8 @@ struct cb_track {
 	__be16 vport;
 	__be16 ip_id;
 	__u32 client_net;
+	__be16 nodeport;  /* svc from outside through this host's node port (0: none) */
+	__u16 pad;
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
@@ -374,6 +376,10 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
 	e->flags |= CB_CT_DNAT;
 	if (t->hairpin)
 		e->flags |= CB_CT_HAIRPIN;
+	if (t->nodeport) {
+		e->flags |= CB_CT_NODEPORT;
+		e->nodeport = t->nodeport;
+	}
 	e->nat_ip = t->vip;
 	e->nat_port = t->vport;
 	e->nat_net = t->client_net;
@@ -392,6 +398,10 @@ CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, str
 		e.flags |= CB_CT_DNAT;
 		if (t->hairpin)
 			e.flags |= CB_CT_HAIRPIN;
+		if (t->nodeport) {
+			e.flags |= CB_CT_NODEPORT;
+			e.nodeport = t->nodeport;
+		}
 		e.nat_ip = t->vip;
 		e.nat_port = t->vport;
 		e.nat_net = t->client_net;

@@ -272,6 +272,28 @@ func compilePolicies(rules map[string]model.CfgPolicyRule, bad map[string]error)
 	return sets
 }
 
+// portTriple reads "port:port:proto" (proto TCP or UDP, any case).
+func portTriple(v string) (a, b uint16, proto uint8, err error) {
+	f := strings.Split(v, ":")
+	if len(f) != 3 {
+		return 0, 0, 0, errors.New("want three fields")
+	}
+	x, err1 := strconv.ParseUint(f[0], 10, 16)
+	y, err2 := strconv.ParseUint(f[1], 10, 16)
+	if err1 != nil || err2 != nil {
+		return 0, 0, 0, errors.New("ports must be 0-65535")
+	}
+	switch strings.ToLower(f[2]) {
+	case "tcp":
+		proto = 6
+	case "udp":
+		proto = 17
+	default:
+		return 0, 0, 0, errors.New("protocol must be TCP or UDP")
+	}
+	return uint16(x), uint16(y), proto, nil
+}
+
 func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {
 	out := dataplane.Service{ID: s.ID}
 	vip, err := netip.ParseAddr(s.IPAddress)
@@ -280,25 +302,29 @@ func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {
 	}
 	out.VIP = vip
 	for _, p := range s.Ports {
-		f := strings.Split(p, ":")
-		if len(f) != 3 {
-			return out, fmt.Errorf("service %s: port %q must be svcPort:provPort:proto", s.ID, p)
+		sp, tp, proto, err := portTriple(p)
+		if err != nil {
+			return out, fmt.Errorf("service %s: port %q (svcPort:provPort:proto): %w", s.ID, p, err)
 		}
-		sp, err1 := strconv.ParseUint(f[0], 10, 16)
-		tp, err2 := strconv.ParseUint(f[1], 10, 16)
-		if err1 != nil || err2 != nil {
-			return out, fmt.Errorf("service %s: port %q: ports must be 0-65535", s.ID, p)
+		out.Ports = append(out.Ports, dataplane.ServicePort{Proto: proto, Port: sp, TargetPort: tp})
+	}
+	for _, np := range s.NodePorts {
+		port, sp, proto, err := portTriple(np)
+		if err == nil && port == 0 {
+			err = errors.New("node port 0")
 		}
-		var proto uint8
-		switch strings.ToLower(f[2]) {
-		case "tcp":
-			proto = 6
-		case "udp":
-			proto = 17
-		default:
-			return out, fmt.Errorf("service %s: port %q: protocol must be TCP or UDP", s.ID, p)
+		if err != nil {
+			return out, fmt.Errorf("service %s: node port %q (nodePort:svcPort:proto): %w", s.ID, np, err)
 		}
-		out.Ports = append(out.Ports, dataplane.ServicePort{Proto: proto, Port: uint16(sp), TargetPort: uint16(tp)})
+		found := false
+		for i := range out.Ports {
+			if out.Ports[i].Port == sp && out.Ports[i].Proto == proto {
+				out.Ports[i].NodePort, found = port, true
+			}
+		}
+		if !found {
+			return out, fmt.Errorf("service %s: node port %q names no port of the service", s.ID, np)
+		}
 	}
 	for _, p := range s.Providers {
 		if p == nil {

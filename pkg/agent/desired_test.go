@@ -27,7 +27,7 @@ func TestCompute(t *testing.T) {
 	r.rules["t:g:t:p:t:p:1:inRx"] = model.CfgPolicyRule{ID: "t:g:t:p:t:p:1:inRx", OfnetPolicyRule: model.OfnetPolicyRule{RuleId: "t:g:t:p:t:p:1:inRx", Priority: 1, DstEndpointGroup: 3, IpProtocol: 6, TcpFlags: "syn,!ack", Action: "deny"}}
 	r.rules["t:g:t:p:t:p:2:inTx"] = model.CfgPolicyRule{ID: "t:g:t:p:t:p:2:inTx", OfnetPolicyRule: model.OfnetPolicyRule{RuleId: "t:g:t:p:t:p:2:inTx", Priority: 10, SrcEndpointGroup: 3, Action: "allow"}}
 	r.rules["t:g:t:p:t:p:3:outTx"] = model.CfgPolicyRule{ID: "t:g:t:p:t:p:3:outTx", OfnetPolicyRule: model.OfnetPolicyRule{RuleId: "t:g:t:p:t:p:3:outTx", Priority: 5, SrcEndpointGroup: 3, DstIpAddr: "8.8.8.8", IpProtocol: 17, DstPort: 53, Action: "allow"}}
-	r.svcs["web:default"] = model.CfgServiceLBState{ID: "web:default", IPAddress: "10.1.1.100", Ports: []string{"80:8080:TCP"},
+	r.svcs["web:default"] = model.CfgServiceLBState{ID: "web:default", IPAddress: "10.1.1.100", Ports: []string{"80:8080:TCP"}, NodePorts: []string{"30080:80:TCP"},
 		Providers: map[string]*model.Provider{"10.1.1.3:default": {IPAddress: "10.1.1.3"}, "10.1.1.2:default": {IPAddress: "10.1.1.2"}}}
 
 	s, bad := compute(hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500, vlanIf: "eth1"}, r)
@@ -61,7 +61,7 @@ func TestCompute(t *testing.T) {
 	if out.Ingress || out.Remote.String() != "8.8.8.8/32" || out.Port != 53 || out.Priority != 5 {
 		t.Fatalf("egress rule = %+v", out)
 	}
-	if len(s.Services) != 1 || s.Services[0].Ports[0] != (dataplane.ServicePort{Proto: 6, Port: 80, TargetPort: 8080}) ||
+	if len(s.Services) != 1 || s.Services[0].Ports[0] != (dataplane.ServicePort{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}) ||
 		len(s.Services[0].Backends) != 2 || s.Services[0].Backends[0].String() != "10.1.1.2" {
 		t.Fatalf("services = %+v", s.Services)
 	}

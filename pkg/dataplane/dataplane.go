@@ -124,6 +124,8 @@ type ServicePort struct {
 	Proto      uint8  `json:"proto"` // 6 or 17
 	Port       uint16 `json:"port"`
 	TargetPort uint16 `json:"targetPort"`
+	// NodePort, if set, makes the port reachable on the host's address at NodePort too.
+	NodePort uint16 `json:"nodePort,omitempty"`
 }
 
 // Service is a load-balanced VIP and its providers.

@@ -232,3 +232,51 @@ func TestPolicyExpansion(t *testing.T) {
 		t.Fatal("detach left the EpgPolicy record")
 	}
 }
+
+// Node ports: validated, one service per node port across tenants (409), released on
+// update and delete, mirrored into the service state.
+func TestServiceNodePorts(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.ok("POST", "/api/v1/tenants/blue/", map[string]any{"tenantName": "blue"}, nil)
+	for _, n := range []struct{ tenant, net, subnet string }{{"default", "n1", "10.1.1.0/24"}, {"blue", "n2", "10.2.1.0/24"}} {
+		e.ok("POST", "/api/v1/networks/"+n.tenant+":"+n.net+"/", map[string]any{"tenantName": n.tenant, "networkName": n.net, "encap": "vxlan", "subnet": n.subnet, "gateway": strings.TrimSuffix(n.subnet, "0/24") + "1"}, nil)
+	}
+	svc := func(tenant, net, name string, nodePorts ...string) map[string]any {
+		return map[string]any{"tenantName": tenant, "networkName": net, "serviceName": name, "selectors": []string{"app=" + name},
+			"ports": []string{"80:8080:TCP", "53:5353:UDP"}, "nodePorts": nodePorts}
+	}
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", svc("default", "n1", "web", "30080:80:TCP", "30053:53:udp"), nil)
+	var st model.CfgServiceLBState
+	if err := json.Unmarshal([]byte(e.rawGet(model.SvcLBStateKey("web:default"))), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.NodePorts) != 2 {
+		t.Fatalf("state node ports %v", st.NodePorts)
+	}
+	for _, tc := range []struct {
+		body map[string]any
+		code int
+		msg  string
+	}{
+		{svc("blue", "n2", "api", "30080:80:TCP"), 409, "node port 30080/TCP is already used by service web:default"},
+		{svc("blue", "n2", "api", "29999:80:TCP"), 400, "outside 30000-32767"},
+		{svc("blue", "n2", "api", "30081:81:TCP"), 400, "the service has no port 81/TCP"},
+		{svc("blue", "n2", "api", "30081:80:SCTP"), 400, "protocol must be TCP or UDP"},
+		{svc("blue", "n2", "api", "30081:80"), 400, "must be nodePort:svcPort:protocol"},
+		{svc("blue", "n2", "api", "30081:80:TCP", "30081:80:tcp"), 400, "listed twice"},
+	} {
+		if code, out := e.do("POST", "/api/v1/serviceLBs/blue:api/", tc.body); code != tc.code || !strings.Contains(out, tc.msg) {
+			t.Errorf("%v: %d %q, want %d %q", tc.body["nodePorts"], code, out, tc.code, tc.msg)
+		}
+	}
+	// The same port number on the other protocol is another node port.
+	e.ok("POST", "/api/v1/serviceLBs/blue:api/", svc("blue", "n2", "api", "30080:53:UDP"), nil)
+	// An update that drops a node port releases it; a delete releases the rest.
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", svc("default", "n1", "web", "30053:53:udp"), nil)
+	e.ok("POST", "/api/v1/serviceLBs/blue:api/", svc("blue", "n2", "api", "30080:53:UDP", "30080:80:TCP"), nil)
+	e.ok("DELETE", "/api/v1/serviceLBs/default:web/", nil, nil)
+	if v := e.rawGet(model.NodePortKey(30053, "udp")); v != "" {
+		t.Errorf("node port of a deleted service still held: %s", v)
+	}
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", svc("default", "n1", "web", "30053:53:UDP"), nil)
+}

@@ -2,6 +2,7 @@ package master
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sort"
@@ -58,6 +59,92 @@ func validateServiceLB(s *model.ServiceLB) error {
 			return badReq("ports: %q protocol must be TCP or UDP", p)
 		}
 	}
+	seen := map[string]bool{}
+	for _, np := range s.NodePorts {
+		port, svcPort, proto, err := parseNodePort(np)
+		if err != nil {
+			return badReq("nodePorts: %v", err)
+		}
+		if port < NodePortMin || port > NodePortMax {
+			return badReq("nodePorts: %q: node port %d outside %d-%d", np, port, NodePortMin, NodePortMax)
+		}
+		found := false
+		for _, p := range s.Ports {
+			parts := strings.Split(p, ":")
+			found = found || (parts[0] == strconv.Itoa(svcPort) && strings.EqualFold(parts[2], proto))
+		}
+		if !found {
+			return badReq("nodePorts: %q: the service has no port %d/%s", np, svcPort, strings.ToUpper(proto))
+		}
+		if k := strconv.Itoa(port) + "/" + proto; seen[k] {
+			return badReq("nodePorts: node port %d/%s listed twice", port, strings.ToUpper(proto))
+		} else {
+			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// Node ports (nodePorts of a serviceLB, this project's extension) come from Kubernetes'
+// default range.
+const (
+	NodePortMin = 30000
+	NodePortMax = 32767
+)
+
+// parseNodePort reads "nodePort:svcPort:protocol" (protocol returned lower case).
+func parseNodePort(np string) (port, svcPort int, proto string, err error) {
+	parts := strings.Split(np, ":")
+	if len(parts) != 3 {
+		return 0, 0, "", fmt.Errorf("%q must be nodePort:svcPort:protocol", np)
+	}
+	port, err1 := strconv.Atoi(parts[0])
+	svcPort, err2 := strconv.Atoi(parts[1])
+	proto = strings.ToLower(parts[2])
+	if err1 != nil || err2 != nil || svcPort < 1 || svcPort > 65535 {
+		return 0, 0, "", fmt.Errorf("%q: ports must be numbers, svcPort 1..65535", np)
+	}
+	if proto != "tcp" && proto != "udp" {
+		return 0, 0, "", fmt.Errorf("%q: protocol must be TCP or UDP", np)
+	}
+	return port, svcPort, proto, nil
+}
+
+// claimNodePorts takes the node ports of service id (one service per node port, across
+// tenants: 409 when another holds one) and releases those of old it no longer lists.
+func claimNodePorts(tx *state.Tx, id string, ports, old []string) error {
+	keep := map[string]bool{}
+	for _, np := range ports {
+		port, _, proto, err := parseNodePort(np)
+		if err != nil {
+			return badReq("nodePorts: %v", err)
+		}
+		k := model.NodePortKey(port, proto)
+		keep[k] = true
+		var owner string
+		found, err := tx.Get(k, &owner)
+		if err != nil {
+			return err
+		}
+		if found && owner != id {
+			return conflict("nodePorts: node port %d/%s is already used by service %s", port, strings.ToUpper(proto), owner)
+		}
+		if err := tx.Put(k, id); err != nil {
+			return err
+		}
+	}
+	for _, np := range old {
+		port, _, proto, err := parseNodePort(np)
+		if err != nil || keep[model.NodePortKey(port, proto)] {
+			continue
+		}
+		var owner string
+		if found, err := tx.Get(model.NodePortKey(port, proto), &owner); err != nil {
+			return err
+		} else if found && owner == id {
+			tx.Delete(model.NodePortKey(port, proto))
+		}
+	}
 	return nil
 }
 
@@ -82,6 +169,9 @@ func serviceLBOps() objOps[model.ServiceLB] {
 				return err
 			}
 			id := model.ServiceID(s.ServiceName, s.TenantName)
+			if err := claimNodePorts(tx, id, nil, s.NodePorts); err != nil {
+				return err
+			}
 			tx.Delete(model.SvcLBStateKey(id))
 			tx.Delete(model.ProviderKey(id))
 			if err := linkServiceLB(tx, s, false); err != nil {
@@ -170,7 +260,7 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	keepVIP := ""
 	if old != nil {
 		if old.NetworkName == s.NetworkName && slices.Equal(old.Ports, s.Ports) && slices.Equal(old.Selectors, s.Selectors) &&
-			(s.IpAddress == "" || s.IpAddress == old.IpAddress) {
+			slices.Equal(old.NodePorts, s.NodePorts) && (s.IpAddress == "" || s.IpAddress == old.IpAddress) {
 			return nil // identical re-post: no-op
 		}
 		st, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(id))
@@ -185,6 +275,13 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 		if err := linkServiceLB(tx, old, false); err != nil {
 			return err
 		}
+	}
+	var oldNodePorts []string
+	if old != nil {
+		oldNodePorts = old.NodePorts
+	}
+	if err := claimNodePorts(tx, id, s.NodePorts, oldNodePorts); err != nil {
+		return err
 	}
 	ns, _, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
 	if err != nil {
@@ -207,7 +304,7 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	// As Contiv: the allocated VIP lives in the service state (inspect: Oper.serviceVip);
 	// the object keeps what the user asked for (empty = any).
 	st := model.CfgServiceLBState{ID: id, ServiceName: s.ServiceName, Tenant: s.TenantName, Network: s.NetworkName,
-		Ports: s.Ports, Selectors: selectorMap(s.Selectors), IPAddress: vip, Providers: map[string]*model.Provider{}}
+		Ports: s.Ports, Selectors: selectorMap(s.Selectors), IPAddress: vip, Providers: map[string]*model.Provider{}, NodePorts: s.NodePorts}
 	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
 	if err != nil {
 		return err

@@ -42,6 +42,16 @@ func SvcLBStateKey(serviceID string) string { return SvcLBStatePrefix + serviceI
 func ProviderKey(serviceID string) string   { return ProviderPrefix + serviceID }
 func BgpStateKey(host string) string        { return BgpStatePrefix + host }
 
+// NodePortPrefix holds one key per node port in use (this project's extension): every
+// host answers a node port on its own address, so a port belongs to one service of all
+// tenants. The value is the owning service id.
+const NodePortPrefix = "/contiv.io/state/nodeports/"
+
+// NodePortKey is the key of node port port/proto ("tcp" or "udp").
+func NodePortKey(port int, proto string) string {
+	return fmt.Sprintf("%s%s/%d", NodePortPrefix, proto, port)
+}
+
 // MACFromIPv4 is Contiv's endpoint MAC: 02:02 followed by the four address bytes.
 func MACFromIPv4(ip string) (string, error) {
 	a, err := netip.ParseAddr(ip)

@@ -193,14 +193,18 @@ type AppProfileLinks struct {
 
 // ServiceLB is /api/v1/serviceLBs/<tenant>:<service>/.
 type ServiceLB struct {
-	Key         string         `json:"key,omitempty"`
-	IpAddress   string         `json:"ipAddress,omitempty"`
-	NetworkName string         `json:"networkName,omitempty"`
-	Ports       []string       `json:"ports,omitempty"`
-	Selectors   []string       `json:"selectors,omitempty"`
-	ServiceName string         `json:"serviceName,omitempty"`
-	TenantName  string         `json:"tenantName,omitempty"`
-	Links       ServiceLBLinks `json:"links,omitempty"`
+	Key         string   `json:"key,omitempty"`
+	IpAddress   string   `json:"ipAddress,omitempty"`
+	NetworkName string   `json:"networkName,omitempty"`
+	Ports       []string `json:"ports,omitempty"`
+	Selectors   []string `json:"selectors,omitempty"`
+	ServiceName string   `json:"serviceName,omitempty"`
+	TenantName  string   `json:"tenantName,omitempty"`
+	// NodePorts (this project's extension): "nodePort:svcPort:protocol" entries; the
+	// service's port svcPort/protocol is also reachable on every host's address at
+	// nodePort (30000-32767, one service per node port).
+	NodePorts []string       `json:"nodePorts,omitempty"`
+	Links     ServiceLBLinks `json:"links,omitempty"`
 }
 
 // ServiceLBLinks holds the service's network and owner.

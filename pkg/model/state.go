@@ -231,6 +231,8 @@ type CfgServiceLBState struct {
 	Selectors   map[string]string    `json:"selectors"`
 	IPAddress   string               `json:"ipaddress"`
 	Providers   map[string]*Provider `json:"providers"`
+	// NodePorts mirrors the service's nodePorts ("nodePort:svcPort:protocol").
+	NodePorts []string `json:"nodePorts,omitempty"`
 }
 
 // SvcProvider is /contiv.io/state/provider/<service>:<tenant>.

@@ -582,6 +582,7 @@ func createService(e *env) error {
 		IpAddress:   e.c.String("preferred-ip"),
 		Selectors:   e.c.StringSlice("selector"),
 		Ports:       e.c.StringSlice("port"),
+		NodePorts:   e.c.StringSlice("node-port"),
 	})
 	if err != nil {
 		return apiErr(err)

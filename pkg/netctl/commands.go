@@ -257,6 +257,7 @@ func commands(build BuildInfo) []*cli.Command {
 						str("network", "s", "", "service network name"),
 						strSlice("selector", "l", "service selector: --selector=key1=value1 --selector=key2=value2"),
 						strSlice("port", "p", "service/provider port: --port=svcPort1:provPort1:protocol --port=svcPort2:provPort2:protocol"),
+						strSlice("node-port", "", "also reachable on every host's address: --node-port=nodePort:svcPort:protocol (30000-32767)"),
 						str("preferred-ip", "ip", "", "preferred ip address"),
 					}, Action: action(createService)},
 			},

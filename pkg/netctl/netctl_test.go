@@ -242,6 +242,11 @@ func TestCreateRequests(t *testing.T) {
 			"Creating ServiceLB default:redis\n",
 			[]string{`POST /api/v1/serviceLBs/default:redis/ {"ipAddress":"10.5.0.9","networkName":"svc-net","ports":["6379:6379:TCP"],"selectors":["app=redis"],"serviceName":"redis","tenantName":"default","links":{"Network":{},"Tenant":{}}}`},
 		},
+		{ // node ports (this project's extension)
+			[]string{"service", "create", "web", "-s", "svc-net", "-l", "app=web", "-p", "80:8080:TCP", "--node-port", "30080:80:TCP"},
+			"Creating ServiceLB default:web\n",
+			[]string{`POST /api/v1/serviceLBs/default:web/ {"networkName":"svc-net","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"default","nodePorts":["30080:80:TCP"],"links":{"Network":{},"Tenant":{}}}`},
+		},
 		{
 			[]string{"service", "rm", "redis"},
 			"Deleting Service  redis,default\n",

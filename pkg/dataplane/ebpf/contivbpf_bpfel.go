@@ -50,25 +50,27 @@ type contivbpfCbCounter struct {
 }
 
 type contivbpfCbCtEntry struct {
-	_       structs.HostLayout
-	Expires uint64
-	NatIp   uint32
-	NatPort uint16
-	Flags   uint8
-	State   uint8
-	NatNet  uint32
-	Epoch   uint32
-	SvcId   uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Expires  uint64
+	NatIp    uint32
+	NatPort  uint16
+	Flags    uint8
+	State    uint8
+	NatNet   uint32
+	Epoch    uint32
+	SvcId    uint32
+	Nodeport uint16
+	Pad      uint16
 }
 
 type contivbpfCbCtFlags uint32
 
 const (
-	contivbpfCbCtFlagsCB_CT_ALLOWED contivbpfCbCtFlags = 1
-	contivbpfCbCtFlagsCB_CT_SVC     contivbpfCbCtFlags = 2
-	contivbpfCbCtFlagsCB_CT_DNAT    contivbpfCbCtFlags = 4
-	contivbpfCbCtFlagsCB_CT_HAIRPIN contivbpfCbCtFlags = 8
+	contivbpfCbCtFlagsCB_CT_ALLOWED  contivbpfCbCtFlags = 1
+	contivbpfCbCtFlagsCB_CT_SVC      contivbpfCbCtFlags = 2
+	contivbpfCbCtFlagsCB_CT_DNAT     contivbpfCbCtFlags = 4
+	contivbpfCbCtFlagsCB_CT_HAIRPIN  contivbpfCbCtFlags = 8
+	contivbpfCbCtFlagsCB_CT_NODEPORT contivbpfCbCtFlags = 16
 )
 
 type contivbpfCbCtKey struct {
@@ -251,6 +253,22 @@ type contivbpfCbNetwork struct {
 	Vrf        uint32
 }
 
+type contivbpfCbNp struct {
+	_          structs.HostLayout
+	Zone       uint32
+	Vip        uint32
+	SvcPort    uint16
+	Pad        uint16
+	Generation uint32
+}
+
+type contivbpfCbNpKey struct {
+	_     structs.HostLayout
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type contivbpfCbPeer struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -292,6 +310,8 @@ const (
 	contivbpfCbReasonCB_FWD_EGRESS_REPLY        contivbpfCbReason = 8
 	contivbpfCbReasonCB_ICMP_GW_REPLY           contivbpfCbReason = 9
 	contivbpfCbReasonCB_FWD_DNS                 contivbpfCbReason = 10
+	contivbpfCbReasonCB_FWD_NODEPORT            contivbpfCbReason = 11
+	contivbpfCbReasonCB_FWD_NODEPORT_REPLY      contivbpfCbReason = 12
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33
@@ -329,6 +349,7 @@ const (
 	contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST contivbpfCbReason = 65
 	contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfCbReason = 66
 	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE      contivbpfCbReason = 67
+	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfCbReason = 68
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -459,6 +480,7 @@ const (
 	contivbpfMapCbMembers          = "cb_members"
 	contivbpfMapCbNatFrags         = "cb_nat_frags"
 	contivbpfMapCbNetworks         = "cb_networks"
+	contivbpfMapCbNodeports        = "cb_nodeports"
 	contivbpfMapCbPeers            = "cb_peers"
 	contivbpfMapCbPolicies         = "cb_policies"
 	contivbpfMapCbReasons          = "cb_reasons"
@@ -555,6 +577,7 @@ type contivbpfMapSpecs struct {
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
@@ -619,6 +642,7 @@ type contivbpfMaps struct {
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
+	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
@@ -646,6 +670,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbMembers,
 		m.CbNatFrags,
 		m.CbNetworks,
+		m.CbNodeports,
 		m.CbPeers,
 		m.CbPolicies,
 		m.CbReasons,

@@ -50,25 +50,27 @@ type contivbpfv1CbCounter struct {
 }
 
 type contivbpfv1CbCtEntry struct {
-	_       structs.HostLayout
-	Expires uint64
-	NatIp   uint32
-	NatPort uint16
-	Flags   uint8
-	State   uint8
-	NatNet  uint32
-	Epoch   uint32
-	SvcId   uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Expires  uint64
+	NatIp    uint32
+	NatPort  uint16
+	Flags    uint8
+	State    uint8
+	NatNet   uint32
+	Epoch    uint32
+	SvcId    uint32
+	Nodeport uint16
+	Pad      uint16
 }
 
 type contivbpfv1CbCtFlags uint32
 
 const (
-	contivbpfv1CbCtFlagsCB_CT_ALLOWED contivbpfv1CbCtFlags = 1
-	contivbpfv1CbCtFlagsCB_CT_SVC     contivbpfv1CbCtFlags = 2
-	contivbpfv1CbCtFlagsCB_CT_DNAT    contivbpfv1CbCtFlags = 4
-	contivbpfv1CbCtFlagsCB_CT_HAIRPIN contivbpfv1CbCtFlags = 8
+	contivbpfv1CbCtFlagsCB_CT_ALLOWED  contivbpfv1CbCtFlags = 1
+	contivbpfv1CbCtFlagsCB_CT_SVC      contivbpfv1CbCtFlags = 2
+	contivbpfv1CbCtFlagsCB_CT_DNAT     contivbpfv1CbCtFlags = 4
+	contivbpfv1CbCtFlagsCB_CT_HAIRPIN  contivbpfv1CbCtFlags = 8
+	contivbpfv1CbCtFlagsCB_CT_NODEPORT contivbpfv1CbCtFlags = 16
 )
 
 type contivbpfv1CbCtKey struct {
@@ -247,6 +249,22 @@ type contivbpfv1CbNetwork struct {
 	Vrf        uint32
 }
 
+type contivbpfv1CbNp struct {
+	_          structs.HostLayout
+	Zone       uint32
+	Vip        uint32
+	SvcPort    uint16
+	Pad        uint16
+	Generation uint32
+}
+
+type contivbpfv1CbNpKey struct {
+	_     structs.HostLayout
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type contivbpfv1CbPeer struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -300,6 +318,8 @@ const (
 	contivbpfv1CbReasonCB_FWD_EGRESS_REPLY        contivbpfv1CbReason = 8
 	contivbpfv1CbReasonCB_ICMP_GW_REPLY           contivbpfv1CbReason = 9
 	contivbpfv1CbReasonCB_FWD_DNS                 contivbpfv1CbReason = 10
+	contivbpfv1CbReasonCB_FWD_NODEPORT            contivbpfv1CbReason = 11
+	contivbpfv1CbReasonCB_FWD_NODEPORT_REPLY      contivbpfv1CbReason = 12
 	contivbpfv1CbReasonCB_DROP_MIN                contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_MALFORMED_ETH      contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_UNKNOWN_IFACE      contivbpfv1CbReason = 33
@@ -337,6 +357,7 @@ const (
 	contivbpfv1CbReasonCB_DROP_EGRESS_INVALID_DST contivbpfv1CbReason = 65
 	contivbpfv1CbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfv1CbReason = 66
 	contivbpfv1CbReasonCB_DROP_HOST_NO_ROUTE      contivbpfv1CbReason = 67
+	contivbpfv1CbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfv1CbReason = 68
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 96
 )
 
@@ -453,6 +474,7 @@ const (
 	contivbpfv1MapCbMembers          = "cb_members"
 	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
 	contivbpfv1MapCbNetworks         = "cb_networks"
+	contivbpfv1MapCbNodeports        = "cb_nodeports"
 	contivbpfv1MapCbPeers            = "cb_peers"
 	contivbpfv1MapCbPolicies         = "cb_policies"
 	contivbpfv1MapCbReasons          = "cb_reasons"
@@ -549,6 +571,7 @@ type contivbpfv1MapSpecs struct {
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
@@ -613,6 +636,7 @@ type contivbpfv1Maps struct {
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
+	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
@@ -640,6 +664,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbMembers,
 		m.CbNatFrags,
 		m.CbNetworks,
+		m.CbNodeports,
 		m.CbPeers,
 		m.CbPolicies,
 		m.CbReasons,

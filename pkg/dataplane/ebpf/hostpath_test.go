@@ -215,6 +215,34 @@ func TestHostPathAndEgress(t *testing.T) {
 			t.Errorf("nat listing shows %d TCP flows to %s:443, want 3:\n%v", tcp, ewWorld, l.Rows)
 		}
 	})
+	t.Run("nodeport", func(t *testing.T) {
+		svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"), Backends: []netip.Addr{b.IP},
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}, {Proto: 17, Port: 53, TargetPort: 5353, NodePort: 30053}}}
+		if err := d.UpsertService(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
+		peers, stop := acceptFrom(t, b.NetNS, "10.50.0.3:8080")
+		defer stop()
+		// From outside, to the host's address: the backend sees the client's own address.
+		if err := dialFrom(w.ext, 0, ewHostIP+":30080"); err != nil {
+			t.Fatal(err)
+		}
+		if p := <-peers; !strings.HasPrefix(p, ewExtIP+":") {
+			t.Errorf("backend saw %s, want the outside client %s", p, ewExtIP)
+		}
+		srv, err := conformance.StartUDPEcho(b.NetNS, "10.50.0.3", 5353)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		if from, err := conformance.UDPExchange(w.ext, ewHostIP+":30053", []byte("np"), time.Second); err != nil || from != ewHostIP+":30053" {
+			t.Errorf("udp node port: answer from %q, %v; want it from %s:30053", from, err, ewHostIP)
+		}
+		// A port nobody serves is the host's (refused by its stack).
+		if err := dialFrom(w.ext, 0, ewHostIP+":30081"); err == nil || !strings.Contains(err.Error(), "refused") {
+			t.Errorf("unserved node port: %v, want connection refused", err)
+		}
+	})
 	t.Run("underlay-cannot-reach-endpoints", func(t *testing.T) {
 		// Even with forwarding on in the host, a packet from the wire for an endpoint
 		// address is not routed to it around policy.
@@ -233,7 +261,7 @@ func TestHostPathAndEgress(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range []Reason{FwdHost, FwdEgress, FwdEgressReply, ICMPGatewayReply, DropHostNoRoute} {
+		for _, r := range []Reason{FwdHost, FwdEgress, FwdEgressReply, ICMPGatewayReply, DropHostNoRoute, FwdNodePort, FwdNodePortReply} {
 			if rc[r].Packets == 0 {
 				t.Errorf("%v never counted (%v)", r, rc)
 			}

@@ -394,3 +394,42 @@ func TestDNSRedirect(t *testing.T) {
 		run(t, objs, fc, f, nil).expect(t, tcActShot, DropToGateway)
 	}
 }
+
+// Node ports: from outside to the host's address and node port, balanced to a local
+// backend with the client's address kept; the backend's reply leaves from the host's
+// address and node port. A remote backend is not served yet; other ports are the host's.
+func TestNodePort(t *testing.T) {
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
+		t.Fatal(err)
+	}
+	up := objs.CbFromUplink
+	r := run(t, objs, up, l4Frame(6, worldIP, hostIP, 5555, 30080, 0x02, 0), nil)
+	r.expect(t, tcActRedirect, FwdNodePort)
+	if src, dst, sport, dport := checkSums(t, r.out); src != worldIP || dst != srcIP || sport != 5555 || dport != 8080 {
+		t.Errorf("delivered %v:%d -> %v:%d, want the client's address to the backend %v:8080", src, sport, dst, dport, srcIP)
+	}
+	if !bytes.Equal(r.out[0:6], dataplane.ContivMAC(srcIP)) || r.out[14+8] != 63 {
+		t.Errorf("dst mac %x ttl %d", r.out[0:6], r.out[14+8])
+	}
+	// The backend's reply.
+	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 8080, 5555, 0x12, 0), nil)
+	r.expect(t, tcActRedirect, FwdNodePortReply)
+	if src, dst, sport, dport := checkSums(t, r.out); src != hostIP || dst != worldIP || sport != 30080 || dport != 5555 {
+		t.Errorf("reply %v:%d -> %v:%d, want %v:30080 -> the client", src, sport, dst, dport, hostIP)
+	}
+	// The rest of the connection follows.
+	run(t, objs, up, l4Frame(6, worldIP, hostIP, 5555, 30080, 0x10, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+	// Other ports and protocols are the host's.
+	for _, f := range [][]byte{l4Frame(6, worldIP, hostIP, 5555, 30081, 0x02, 0), l4Frame(17, worldIP, hostIP, 5555, 30080, 0, 0)} {
+		if r := run(t, objs, up, f, nil); r.ret != tcxNext {
+			t.Errorf("verdict %#x, want the host's", r.ret)
+		}
+	}
+	// Only backends on this host serve node ports (yet).
+	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
+	run(t, objs, up, l4Frame(6, worldIP, hostIP, 5556, 30080, 0x02, 0), nil).expect(t, tcActShot, DropNodePortNoLocal)
+}

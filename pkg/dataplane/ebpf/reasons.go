@@ -18,6 +18,8 @@ const (
 	FwdEgress             = Reason(contivbpfCbReasonCB_FWD_EGRESS)
 	FwdEgressReply        = Reason(contivbpfCbReasonCB_FWD_EGRESS_REPLY)
 	ICMPGatewayReply      = Reason(contivbpfCbReasonCB_ICMP_GW_REPLY)
+	FwdNodePort           = Reason(contivbpfCbReasonCB_FWD_NODEPORT)
+	FwdNodePortReply      = Reason(contivbpfCbReasonCB_FWD_NODEPORT_REPLY)
 	FwdDNS                = Reason(contivbpfCbReasonCB_FWD_DNS)
 	DropMalformedEth      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
 	DropUnknownIface      = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
@@ -54,6 +56,7 @@ const (
 	DropEgressNoFlow      = Reason(contivbpfCbReasonCB_DROP_EGRESS_NO_FLOW)
 	DropEgressInvalidDst  = Reason(contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST)
 	DropUplinkToEndpoint  = Reason(contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT)
+	DropNodePortNoLocal   = Reason(contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL)
 	DropHostNoRoute       = Reason(contivbpfCbReasonCB_DROP_HOST_NO_ROUTE)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
@@ -70,6 +73,8 @@ var reasonNames = map[Reason]string{
 	FwdEgress:             "fwd_egress",
 	FwdEgressReply:        "fwd_egress_reply",
 	ICMPGatewayReply:      "icmp_gw_reply",
+	FwdNodePort:           "fwd_nodeport",
+	FwdNodePortReply:      "fwd_nodeport_reply",
 	FwdDNS:                "fwd_dns",
 	DropMalformedEth:      "drop_malformed_eth",
 	DropUnknownIface:      "drop_unknown_iface",
@@ -106,6 +111,7 @@ var reasonNames = map[Reason]string{
 	DropEgressNoFlow:      "drop_egress_no_flow",
 	DropEgressInvalidDst:  "drop_egress_invalid_dst",
 	DropUplinkToEndpoint:  "drop_uplink_to_endpoint",
+	DropNodePortNoLocal:   "drop_nodeport_no_local",
 	DropHostNoRoute:       "drop_host_no_route",
 }
 

@@ -16,6 +16,7 @@ type svcRec struct {
 	keys      []contivbpfCbSvcKey
 	nBackends int
 	members   []contivbpfCbMemberKey
+	nodePorts []contivbpfCbNpKey
 }
 
 // serviceTenant is the tenant of a service id "<name>:<tenant>".
@@ -119,6 +120,19 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		keys = append(keys, k)
 		targets[k] = tp
 	}
+	nodePorts := map[contivbpfCbNpKey]contivbpfCbNp{}
+	var npKeys []contivbpfCbNpKey
+	for _, p := range s.Ports {
+		if p.NodePort == 0 {
+			continue
+		}
+		k := contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto}
+		if _, dup := nodePorts[k]; dup {
+			return fmt.Errorf("service %s: node port %d/%d listed twice", s.ID, p.NodePort, p.Proto)
+		}
+		nodePorts[k] = contivbpfCbNp{Zone: zone, Vip: ip4(s.VIP), SvcPort: nport(p.Port), Generation: d.gen}
+		npKeys = append(npKeys, k)
+	}
 	for id, r := range d.services {
 		if id == s.ID {
 			continue
@@ -126,6 +140,11 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		for _, k := range r.keys {
 			if _, dup := targets[k]; dup {
 				return fmt.Errorf("service %s: %v port %d/%d already used by service %s", s.ID, s.VIP, hport(k.Port), k.Proto, id)
+			}
+		}
+		for _, k := range r.nodePorts {
+			if _, dup := nodePorts[k]; dup {
+				return fmt.Errorf("service %s: node port %d/%d already used by service %s", s.ID, hport(k.Port), k.Proto, id)
 			}
 		}
 	}
@@ -186,7 +205,13 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, &contivbpfCbVipKey{Zone: zone, Vip: ip4(s.VIP)}, &contivbpfCbVip{Generation: d.gen}); err != nil {
 		return fmt.Errorf("service %s: %w", s.ID, err)
 	}
-	rec := svcRec{svc: s, id: id, zone: zone, keys: keys, nBackends: len(backends), members: members}
+	for _, k := range npKeys {
+		v := nodePorts[k]
+		if err := d.mapPut(contivbpfMapCbNodeports, d.objs.CbNodeports, &k, &v); err != nil {
+			return fmt.Errorf("service %s: %w", s.ID, err)
+		}
+	}
+	rec := svcRec{svc: s, id: id, zone: zone, keys: keys, nBackends: len(backends), members: members, nodePorts: npKeys}
 	d.services[s.ID] = rec
 	if had {
 		if err := d.dropServiceRest(old, rec); err != nil {
@@ -214,6 +239,17 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 	for i := cur.nBackends; i < old.nBackends; i++ {
 		if err := mapDel(d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: old.id, Index: uint32(i)}); err != nil {
 			return fmt.Errorf("service %s: delete backend slot: %w", old.svc.ID, err)
+		}
+	}
+	keepNP := map[contivbpfCbNpKey]bool{}
+	for _, k := range cur.nodePorts {
+		keepNP[k] = true
+	}
+	for _, k := range old.nodePorts {
+		if !keepNP[k] {
+			if err := mapDel(d.objs.CbNodeports, &k); err != nil {
+				return fmt.Errorf("service %s: delete node port: %w", old.svc.ID, err)
+			}
 		}
 	}
 	keepMember := map[contivbpfCbMemberKey]bool{}

@@ -271,6 +271,10 @@ func (d *Driver) sweepMaps() []error {
 	errs = append(errs, d.sweepEPGStates()...)
 	errs = append(errs, sweepGen(d.objs.CbRoutes, contivbpfMapCbRoutes, d.gen,
 		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbNodeports, contivbpfMapCbNodeports, d.gen,
+		func(k *contivbpfCbNpKey, v *contivbpfCbNp) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbHostRoutes, contivbpfMapCbHostRoutes, d.gen,
+		func(k *uint32, v *contivbpfCbHostRoute) uint32 { return v.Generation })...)
 
 	return errs
 }
