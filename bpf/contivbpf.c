@@ -101,6 +101,9 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	struct cb_flow f = {};
 	struct cb_track t = {};
 	struct cb_ep_key skey = {};
+	struct cb_peer_flow_key pk = {};
+	struct cb_endpoint peer = {};
+	struct cb_peer_flow *pf;
 	struct cb_host_route *hr;
 	struct cb_network *net;
 	struct cb_config *cfg;
@@ -143,6 +146,25 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	skey.net = nk;
 	skey.ip = ifc->ip;
+	if (f.has_ports && bpf_map_lookup_elem(&cb_peers, &f.daddr)) {
+		/* The reply of a node port flow a peer host balanced here goes back to it. */
+		pk.zone = CB_IF_ZONE(ifc);
+		pk.saddr = f.daddr;
+		pk.daddr = f.saddr;
+		pk.sport = f.dport;
+		pk.dport = f.sport;
+		pk.proto = f.proto;
+		pf = bpf_map_lookup_elem(&cb_peer_flows, &pk);
+		if (pf && pf->expires >= cb_now()) {
+			pf->expires = cb_now() + cb_peer_flow_timeout(&f);
+			peer.vtep = pf->vtep;
+			net = bpf_map_lookup_elem(&cb_networks, &pf->net);
+			if (!net)
+				return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+			cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+			return cb_encap_vxlan(skb, net, &peer);
+		}
+	}
 	if (bpf_map_lookup_elem(&cb_host_ips, &f.daddr)) {
 		/* The host's own address: its stack takes it (local delivery, no forwarding),
 		 * from the endpoint its route to that source leads to: never from an endpoint of
@@ -424,7 +446,10 @@ int cb_from_container(struct __sk_buff *skb)
  * validated; zone is its tenant's routing domain) to the local endpoint it is addressed
  * to. vtep is the outer source of an overlay packet (0 on the VLAN uplink): the inner
  * source must be a remote endpoint behind that VTEP. */
-CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
+#define CB_PEER_HOST (-4)       /* from the peer host's own address: cb_peer_host_rx */
+#define CB_NODEPORT_BACK (-5)   /* to this host's address: cb_nodeport_back */
+
+static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
@@ -433,6 +458,7 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	struct cb_endpoint *ep, *src;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
+	struct cb_config *cfg;
 	__u32 features = 0, src_net = 0;
 	int r;
 
@@ -460,6 +486,8 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 		src = cb_route_lookup(net_key, f.saddr, &src_net); /* routed from another network */
 	if (src && (src->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_REMOTE_SRC);
+	if (vtep && !src && f.saddr == vtep)
+		return CB_PEER_HOST; /* the peer host itself: a node port flow it balanced here */
 	/* The overlay proves nothing but the outer source: the inner source must be an
 	 * endpoint that host owns. */
 	if (vtep && (!src || src->vtep != vtep))
@@ -487,8 +515,12 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	}
 	dkey.ip = f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep || !(ep->flags & CB_EP_LOCAL))
+	if (!ep || !(ep->flags & CB_EP_LOCAL)) {
+		cfg = cb_get_config();
+		if (vtep && cfg && cfg->snat_ip && f.daddr == cfg->snat_ip)
+			return CB_NODEPORT_BACK; /* a backend's reply to a node port flow */
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	}
 
 	/* Policy is enforced on every host a packet enters (both hold the same rules). */
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
@@ -514,11 +546,101 @@ CB_INLINE int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __b
 	return cb_deliver_local(skb, &dkey, ep);
 }
 
+/* cb_peer_host_rx delivers a packet a peer host sent from its own address (VTEP vtep) in
+ * network net_key: a node port flow it balanced to a local endpoint. The peer judged it
+ * (it knows the client); it is remembered so the endpoint's replies go back to that peer
+ * through the tunnel (nodeport.h). */
+static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_peer_flow_key k = {};
+	struct cb_peer_flow v = {};
+	struct cb_ep_key dkey = {};
+	struct cb_endpoint *ep;
+	int r;
+
+	r = cb_parse_eth(skb, &p);
+	if (!r)
+		r = cb_parse_ipv4(skb, &p);
+	if (!r)
+		r = cb_parse_l4(skb, &p, &f);
+	if (r)
+		return cb_drop(skb, r);
+	if (p.frag != CB_FRAG_NONE || !f.has_ports)
+		return cb_drop(skb, CB_DROP_OVERLAY_SPOOF);
+	dkey.net = net_key;
+	dkey.ip = f.daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	k.zone = zone;
+	k.saddr = f.saddr;
+	k.daddr = f.daddr;
+	k.sport = f.sport;
+	k.dport = f.dport;
+	k.proto = f.proto;
+	v.expires = cb_now() + cb_peer_flow_timeout(&f);
+	v.vtep = vtep;
+	v.net = net_key;
+	if (bpf_map_update_elem(&cb_peer_flows, &k, &v, BPF_ANY) < 0)
+		return cb_drop(skb, CB_DROP_CT_FULL);
+	return cb_deliver_local(skb, &dkey, ep);
+}
+
+/* cb_nodeport_back takes a remote backend's reply to a node port flow this host sent it
+ * (from the overlay, network net_key): back to the client, from this host's address and
+ * node port, out of the egress device. */
+static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u32 zone)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+	struct cb_track t = {};
+	struct cb_snat_dst d = {};
+	struct cb_ep_key skey = {};
+	struct cb_endpoint *src;
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!cfg || !cfg->egress_ifindex)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	r = cb_parse_eth(skb, &p);
+	if (!r)
+		r = cb_parse_ipv4(skb, &p);
+	if (!r)
+		r = cb_parse_l4(skb, &p, &f);
+	if (r)
+		return cb_drop(skb, r);
+	if (p.frag != CB_FRAG_NONE || p.inner.proto)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	skey.net = net_key;
+	skey.ip = f.saddr;
+	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
+	r = cb_snat_reply(skb, &p, &f, &d, 1);
+	if (r < 0)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	if (r)
+		return cb_drop(skb, r);
+	t.zone = d.zone;
+	t.src_epg = src ? src->epg : 0;
+	r = cb_stateful(&f, &t);
+	if (!r)
+		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, d.nodeport);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	cb_count(skb, CB_FWD_NODEPORT_REPLY);
+	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
+}
+
 /* cb_overlay_rx handles a decapsulated frame from peer VTEP remote (network order) in VNI
  * vni. */
 CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 {
 	struct cb_network *net;
+	__u32 zone;
+	int r;
 
 	if (!remote || !bpf_map_lookup_elem(&cb_peers, &remote))
 		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
@@ -527,7 +649,13 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 	net = bpf_map_lookup_elem(&cb_networks, &vni);
 	if (!net || net->encap != CB_ENCAP_VXLAN)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-	return cb_remote_rx(skb, vni, net->vrf, remote);
+	zone = net->vrf;
+	r = cb_remote_rx(skb, vni, zone, remote);
+	if (r == CB_PEER_HOST)
+		return cb_peer_host_rx(skb, vni, zone, remote);
+	if (r == CB_NODEPORT_BACK)
+		return cb_nodeport_back(skb, vni, zone);
+	return r;
 }
 
 SEC("tc")
@@ -590,7 +718,7 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 	}
 	if (p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f))
 		return CB_TCX_NEXT;
-	r = cb_snat_reply(skb, &p, &f, &d);
+	r = cb_snat_reply(skb, &p, &f, &d, 0);
 	if (r < 0)
 		return CB_TCX_NEXT;
 	if (r)
@@ -623,7 +751,9 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	struct cb_lb_choice lc = {};
 	struct cb_ep_key dkey = {};
 	struct cb_endpoint *ep;
+	struct cb_network *net;
 	struct cb_config *cfg;
+	struct ethhdr *eth;
 	struct cb_np *np;
 	int r;
 
@@ -654,17 +784,30 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-	if (!(ep->flags & CB_EP_LOCAL))
-		return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
+	net = 0;
+	if (!(ep->flags & CB_EP_LOCAL)) {
+		/* A backend on another host: through the overlay, from this host's address. */
+		net = bpf_map_lookup_elem(&cb_networks, &dkey.net);
+		if (!net || net->encap != CB_ENCAP_VXLAN)
+			return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
+	}
 	t.dst_epg = ep->epg;
 	r = cb_stateful(&f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, &p, &f, &t);
+	if (!r && net)
+		r = cb_snat_egress(skb, &p, &f, &t, dkey.net);
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
-	return cb_deliver_as(skb, &dkey, ep, CB_FWD_NODEPORT);
+	if (!net)
+		return cb_deliver_as(skb, &dkey, ep, CB_FWD_NODEPORT);
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	cb_mac_copy(eth->h_dest, ep->mac);
+	return cb_encap_vxlan(skb, net, ep);
 }
 
 /* cb_from_uplink takes the replies of egress flows and the packets to node ports off the

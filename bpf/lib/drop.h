@@ -60,7 +60,7 @@ enum cb_reason {
 	CB_DROP_EGRESS_INVALID_DST = 65, /* outside the network: broadcast, multicast, loopback or unspecified */
 	CB_DROP_UPLINK_TO_ENDPOINT = 66, /* from the egress device straight to an endpoint address (not a NAT reply) */
 	CB_DROP_HOST_NO_ROUTE = 67, /* to the host from an endpoint its routes do not lead back to (overlapping address) */
-	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is not on this host */
+	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is on another host of a VLAN network */
 	CB_REASON_MAX = 96,
 };
 

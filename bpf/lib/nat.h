@@ -69,6 +69,9 @@ struct cb_snat_entry {
 	__u8 state;      /* enum cb_ct_state */
 	__u8 pad;
 	__u32 net;       /* the endpoint's network key */
+	__be16 nodeport; /* a node port flow sent to a backend on another host (nodeport.h):
+			  * the client's side is the key's source; 0 for egress flows */
+	__u16 pad2;
 };
 
 /* A reply as it arrives at snat_ip: from raddr:rport (ICMP: rport 0) to nat_port. */
@@ -202,7 +205,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 	k.dport = f->dport;
 	k.proto = f->proto;
 	e = bpf_map_lookup_elem(&cb_snat, &k);
-	if (e && e->expires >= now) {
+	if (e && e->expires >= now && e->nodeport == t->nodeport) {
 		port = e->nat_port;
 		if (closing)
 			e->state = CB_CTS_CLOSING;
@@ -245,6 +248,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		ne.nat_port = port;
 		ne.state = CB_CTS_NEW;
 		ne.net = net;
+		ne.nodeport = t->nodeport;
 		if (bpf_map_update_elem(&cb_snat, &k, &ne, BPF_ANY) < 0) {
 			bpf_map_delete_elem(&cb_snat_rev, &rk);
 			return CB_DROP_EGRESS_NO_PORT;
@@ -267,6 +271,8 @@ struct cb_snat_dst {
 	__u32 zone;
 	__u32 net;
 	__be32 ip;
+	__be16 nodeport; /* the flow's node port (node port flows only) */
+	__u16 pad;
 };
 
 /* cb_snat_icmp_error rewrites an ICMP error about an egress flow (quoting snat_ip:nat_port
@@ -311,12 +317,13 @@ static __noinline int cb_snat_icmp_error(struct __sk_buff *skb, struct cb_pkt *p
 	return cb_nat(skb, p, f, 1, rv->saddr, f->dport);
 }
 
-/* cb_snat_reply matches a packet to snat_ip (from the egress device, parsed into p/f)
- * against the egress flows, un-NATs it and says where it goes (*d). Returns -1 when it is
- * no reply of an egress flow (the host's own traffic: pass it on), 0 when translated, or
- * a drop reason. */
+/* cb_snat_reply matches a packet to snat_ip (parsed into p/f) against the egress flows
+ * (nodeport 0: from the egress device) or the node port flows sent to other hosts
+ * (nodeport 1: from the overlay), un-NATs its destination and says where it goes (*d).
+ * Returns -1 when it is no reply of such a flow (from the egress device: the host's own
+ * traffic, pass it on), 0 when translated, or a drop reason. */
 static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
-				    struct cb_snat_dst *d)
+				    struct cb_snat_dst *d, int nodeport)
 {
 	struct cb_snat_rkey rk = {};
 	struct cb_snat_key k = {};
@@ -358,11 +365,12 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	k.dport = rk.rport ? rk.rport : rv->sport;
 	k.proto = rk.proto;
 	e = bpf_map_lookup_elem(&cb_snat, &k);
-	if (!e || e->expires < now || e->nat_port != rk.nat_port)
+	if (!e || e->expires < now || e->nat_port != rk.nat_port || (e->nodeport != 0) != (nodeport != 0))
 		return -1;
 	d->zone = rv->zone;
 	d->net = rv->net;
 	d->ip = rv->saddr;
+	d->nodeport = e->nodeport;
 	if (error)
 		return cb_snat_icmp_error(skb, p, f, rv);
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))

@@ -4,7 +4,14 @@
  * steered to the service's VIP:port and balanced like a local client's flow, among the
  * backends on this host (the client's address is kept, as Kubernetes'
  * externalTrafficPolicy=Local); its conntrack entry carries CB_CT_NODEPORT and the node
- * port, so a backend's replies leave from snat_ip:nodeport out of the egress device. */
+ * port, so a backend's replies leave from snat_ip:nodeport out of the egress device.
+ *
+ * A backend on another host (VXLAN) gets the flow source-NATed to snat_ip (cb_snat with
+ * the node port recorded) through the overlay. That host sees a packet whose inner source is
+ * the sending peer itself: it was judged by the sender (which knows the client), so it is
+ * delivered without policy and remembered in cb_peer_flows, and the backend's replies to
+ * the peer's address go back through the tunnel to that peer, which un-NATs them
+ * (cb_snat_reply) and sends them out from snat_ip:nodeport. */
 #pragma once
 
 #include "common.h"
@@ -48,4 +55,40 @@ CB_INLINE struct cb_np *cb_nodeport_lookup(const struct cb_flow *f)
 	k.port = f->dport;
 	k.proto = f->proto;
 	return bpf_map_lookup_elem(&cb_nodeports, &k);
+}
+
+/* A flow a peer host started to a local endpoint from its own address (a node port flow
+ * it balanced here), by the tuple as it arrived: the endpoint's replies to that peer's
+ * address go back through the tunnel. */
+struct cb_peer_flow_key {
+	__u32 zone;
+	__be32 saddr;  /* the peer host (its VTEP) */
+	__be32 daddr;  /* the local endpoint */
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct cb_peer_flow {
+	__u64 expires;
+	__be32 vtep;
+	__u32 net;     /* the network key the flow arrived in */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, struct cb_peer_flow_key);
+	__type(value, struct cb_peer_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_peer_flows SEC(".maps");
+
+CB_INLINE __u64 cb_peer_flow_timeout(const struct cb_flow *f)
+{
+	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
+		return CB_CT_TIMEOUT_TCP_CLOSE;
+	if (f->proto == CB_PROTO_TCP)
+		return CB_CT_TIMEOUT_TCP_EST;
+	return CB_CT_TIMEOUT_OTHER;
 }

@@ -275,6 +275,24 @@ type contivbpfCbPeer struct {
 	Flags      uint32
 }
 
+type contivbpfCbPeerFlow struct {
+	_       structs.HostLayout
+	Expires uint64
+	Vtep    uint32
+	Net     uint32
+}
+
+type contivbpfCbPeerFlowKey struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type contivbpfCbPolDir uint32
 
 const (
@@ -388,12 +406,15 @@ const (
 )
 
 type contivbpfCbSnatEntry struct {
-	_       structs.HostLayout
-	Expires uint64
-	NatPort uint16
-	State   uint8
-	Pad     uint8
-	Net     uint32
+	_        structs.HostLayout
+	Expires  uint64
+	NatPort  uint16
+	State    uint8
+	Pad      uint8
+	Net      uint32
+	Nodeport uint16
+	Pad2     uint16
+	_        [4]byte
 }
 
 type contivbpfCbSnatKey struct {
@@ -481,6 +502,7 @@ const (
 	contivbpfMapCbNatFrags         = "cb_nat_frags"
 	contivbpfMapCbNetworks         = "cb_networks"
 	contivbpfMapCbNodeports        = "cb_nodeports"
+	contivbpfMapCbPeerFlows        = "cb_peer_flows"
 	contivbpfMapCbPeers            = "cb_peers"
 	contivbpfMapCbPolicies         = "cb_policies"
 	contivbpfMapCbReasons          = "cb_reasons"
@@ -578,6 +600,7 @@ type contivbpfMapSpecs struct {
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
+	CbPeerFlows  *ebpf.MapSpec `ebpf:"cb_peer_flows"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
@@ -643,6 +666,7 @@ type contivbpfMaps struct {
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
 	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
+	CbPeerFlows  *ebpf.Map `ebpf:"cb_peer_flows"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
@@ -671,6 +695,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbNatFrags,
 		m.CbNetworks,
 		m.CbNodeports,
+		m.CbPeerFlows,
 		m.CbPeers,
 		m.CbPolicies,
 		m.CbReasons,

@@ -271,6 +271,24 @@ type contivbpfv1CbPeer struct {
 	Flags      uint32
 }
 
+type contivbpfv1CbPeerFlow struct {
+	_       structs.HostLayout
+	Expires uint64
+	Vtep    uint32
+	Net     uint32
+}
+
+type contivbpfv1CbPeerFlowKey struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type contivbpfv1CbPolDir uint32
 
 const (
@@ -382,12 +400,15 @@ const (
 )
 
 type contivbpfv1CbSnatEntry struct {
-	_       structs.HostLayout
-	Expires uint64
-	NatPort uint16
-	State   uint8
-	Pad     uint8
-	Net     uint32
+	_        structs.HostLayout
+	Expires  uint64
+	NatPort  uint16
+	State    uint8
+	Pad      uint8
+	Net      uint32
+	Nodeport uint16
+	Pad2     uint16
+	_        [4]byte
 }
 
 type contivbpfv1CbSnatKey struct {
@@ -475,6 +496,7 @@ const (
 	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
 	contivbpfv1MapCbNetworks         = "cb_networks"
 	contivbpfv1MapCbNodeports        = "cb_nodeports"
+	contivbpfv1MapCbPeerFlows        = "cb_peer_flows"
 	contivbpfv1MapCbPeers            = "cb_peers"
 	contivbpfv1MapCbPolicies         = "cb_policies"
 	contivbpfv1MapCbReasons          = "cb_reasons"
@@ -572,6 +594,7 @@ type contivbpfv1MapSpecs struct {
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
 	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
+	CbPeerFlows  *ebpf.MapSpec `ebpf:"cb_peer_flows"`
 	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
@@ -637,6 +660,7 @@ type contivbpfv1Maps struct {
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
 	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
+	CbPeerFlows  *ebpf.Map `ebpf:"cb_peer_flows"`
 	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
 	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
@@ -665,6 +689,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbNatFrags,
 		m.CbNetworks,
 		m.CbNodeports,
+		m.CbPeerFlows,
 		m.CbPeers,
 		m.CbPolicies,
 		m.CbReasons,

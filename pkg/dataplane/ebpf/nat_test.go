@@ -429,7 +429,46 @@ func TestNodePort(t *testing.T) {
 			t.Errorf("verdict %#x, want the host's", r.ret)
 		}
 	}
-	// Only backends on this host serve node ports (yet).
+	// A backend on another host: through the overlay from this host's address; its reply
+	// comes back through the overlay and leaves from the node port.
 	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
-	run(t, objs, up, l4Frame(6, worldIP, hostIP, 5556, 30080, 0x02, 0), nil).expect(t, tcActShot, DropNodePortNoLocal)
+	r = run(t, objs, up, l4Frame(6, worldIP, hostIP, 5556, 30080, 0x02, 0), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	src, dst, natPort, dport := checkSums(t, r.out)
+	if src != hostIP || dst != remoteIP || dport != 8080 || natPort < 61000 {
+		t.Fatalf("to the remote backend %v:%d -> %v:%d, want %v:<nat port> -> %v:8080", src, natPort, dst, dport, hostIP, remoteIP)
+	}
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	r = run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, hostIP, 8080, natPort, 0x12, 0), fromPeer)
+	r.expect(t, tcActRedirect, FwdNodePortReply)
+	if src, dst, sport, dport := checkSums(t, r.out); src != hostIP || dst != worldIP || sport != 30080 || dport != 5556 {
+		t.Errorf("remote reply %v:%d -> %v:%d, want %v:30080 -> the client :5556", src, sport, dst, dport, hostIP)
+	}
+	// Only that backend's reply: another remote endpoint cannot answer in its place.
+	run(t, objs, objs.CbTestOverlay, l4Frame(6, orphanIP, hostIP, 8080, natPort, 0x12, 0), fromPeer).expect(t, tcActShot, DropOverlaySpoof)
+	r = run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, hostIP, 8081, natPort, 0x12, 0), fromPeer)
+	r.expect(t, tcActShot, DropUnknownDst)
+}
+
+// The backend's side of a node port flow another host balanced here: the peer host's own
+// address is its source (the peer judged it); the backend's replies to that address go back
+// through the tunnel. Other traffic to the peer's address still leaves by egress NAT.
+func TestNodePortPeerSide(t *testing.T) {
+	objs := natFixture(t, 64)
+	peer := netip.MustParseAddr(testVTEP)
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(peer), testNet}}
+	r := run(t, objs, objs.CbTestOverlay, l4Frame(6, peer, srcIP, 61007, 8080, 0x02, 0), fromPeer)
+	r.expect(t, tcActRedirect, FwdLocal)
+	// Another VTEP claiming to be the peer is a spoof.
+	other := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr("192.168.0.99")), testNet}}
+	run(t, objs, objs.CbTestOverlay, l4Frame(6, peer, srcIP, 61007, 8080, 0x02, 0), other).expect(t, tcActShot, DropUnknownPeer)
+	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, peer, 8080, 61007, 0x12, 0), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if src, dst, sport, dport := checkSums(t, r.out); src != srcIP || dst != peer || sport != 8080 || dport != 61007 {
+		t.Errorf("reply %v:%d -> %v:%d not sent back unchanged", src, sport, dst, dport)
+	}
+	// Not a reply of such a flow: the peer's address is like any other outside address.
+	egressOut(t, objs, 6, 8081, 22, 0x02)
+	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, peer, 8080, 61008, 0x12, 0), nil)
+	r.expect(t, tcActShot, DropEgressNoFlow)
 }

@@ -1,0 +1,89 @@
+package ebpf
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+)
+
+// TestNodePortTwoHosts: two hosts and the external namespace on one bridge; a service
+// whose only backend is on host 2 is reached from outside at host 1's node port (through
+// the overlay, the backend sees host 1's address) and at host 2's (locally, the backend
+// sees the client).
+func TestNodePortTwoHosts(t *testing.T) {
+	conformance.RequireRoot(t)
+	p := conformance.Prefix()
+	br := conformance.NewNetNS(t, p+"-br")
+	ext := conformance.NewNetNS(t, p+"-x")
+	h1 := conformance.NewNetNS(t, p+"-h1")
+	h2 := conformance.NewNetNS(t, p+"-h2")
+	nsRun(t, br, "ip", "link", "add", "br0", "type", "bridge")
+	nsRun(t, br, "ip", "link", "set", "br0", "up")
+	addrs := map[string]string{h1: "192.168.78.1", h2: "192.168.78.3", ext: "192.168.78.2"}
+	for i, ns := range []string{h1, h2, ext} {
+		port := p + string(rune('a'+i))
+		if out, err := exec.Command("ip", "link", "add", port+"u", "netns", filepath.Base(ns), "type", "veth", "peer", "name", port, "netns", p+"-br").CombinedOutput(); err != nil {
+			t.Fatalf("wire: %v: %s", err, out)
+		}
+		nsRun(t, br, "ip", "link", "set", port, "master", "br0", "up")
+		nsRun(t, ns, "ip", "link", "set", port+"u", "name", "up0")
+		nsRun(t, ns, "ip", "addr", "add", addrs[ns]+"/24", "dev", "up0")
+		nsRun(t, ns, "ip", "link", "set", "up0", "up")
+	}
+	pinBase := filepath.Join("/sys/fs/bpf", p)
+	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
+	ctx := context.Background()
+	drv := map[string]*Driver{}
+	for name, ns := range map[string]string{"h1": h1, "h2": h2} {
+		d, err := New(ctx, dataplane.HostConfig{Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addrs[ns]),
+			PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0", MapEntries: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Teardown(context.Background()) })
+		drv[name] = d
+	}
+	red := dataplane.Network{ID: "red.t", Encap: dataplane.EncapVXLAN, Tag: 77,
+		Subnet: netip.MustParsePrefix("10.50.0.0/24"), Gateway: netip.MustParseAddr("10.50.0.1")}
+	ba := netip.MustParseAddr("10.50.0.3")
+	b := dataplane.Endpoint{ID: "red.t-b", NetworkID: red.ID, IP: ba, MAC: dataplane.ContivMAC(ba),
+		HostIfName: p + "b", IfName: "eth0", NetNS: conformance.NewNetNS(t, p+"-b")}
+	svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"), Backends: []netip.Addr{ba},
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}}}
+	if err := drv["h1"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{{ID: b.ID, NetworkID: red.ID, IP: ba, MAC: b.MAC, VTEP: netip.MustParseAddr(addrs[h2]), Host: "h2"}},
+		Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr(addrs[h2])}}, Services: []dataplane.Service{svc}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := drv["h2"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red}, Endpoints: []dataplane.Endpoint{b},
+		Peers: []dataplane.Peer{{Host: "h1", VTEP: netip.MustParseAddr(addrs[h1])}}, Services: []dataplane.Service{svc}}); err != nil {
+		t.Fatal(err)
+	}
+	peers, stop := acceptFrom(t, b.NetNS, "10.50.0.3:8080")
+	defer stop()
+	for _, tc := range []struct{ host, wantPeer string }{
+		{addrs[h1], addrs[h1]},  // remote backend: from host 1's address
+		{addrs[h2], addrs[ext]}, // local backend: the client itself
+	} {
+		if err := dialFrom(ext, 0, tc.host+":30080"); err != nil {
+			t.Fatalf("node port on %s: %v", tc.host, err)
+		}
+		if got := <-peers; !strings.HasPrefix(got, tc.wantPeer+":") {
+			t.Errorf("node port on %s: backend saw %s, want %s", tc.host, got, tc.wantPeer)
+		}
+	}
+	rc, err := drv["h1"].ReasonCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc[FwdNodePortReply].Packets == 0 || rc[FwdTunnel].Packets == 0 {
+		t.Errorf("host 1 counters %v: want node port replies back through the tunnel", rc)
+	}
+}
