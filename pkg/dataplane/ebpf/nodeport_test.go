@@ -59,7 +59,7 @@ func TestNodePortTwoHosts(t *testing.T) {
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}}}
 	if err := drv["h1"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red},
 		RemoteEndpoints: []dataplane.RemoteEndpoint{{ID: b.ID, NetworkID: red.ID, IP: ba, MAC: b.MAC, VTEP: netip.MustParseAddr(addrs[h2]), Host: "h2"}},
-		Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr(addrs[h2])}}, Services: []dataplane.Service{svc}}); err != nil {
+		Peers:           []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr(addrs[h2])}}, Services: []dataplane.Service{svc}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := drv["h2"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red}, Endpoints: []dataplane.Endpoint{b},
