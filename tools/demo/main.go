@@ -1,7 +1,7 @@
 // Command demo is the `make demo` walkthrough: two simulated hosts, netmaster with its
 // embedded etcd, a network created with netctl, one container per host, a cross-host
-// ping over VXLAN, (eBPF) a ping to the simulated outside through egress NAT and the NAT
-// table, and the first host's pinned endpoint map dumped with bpftool. Every
+// ping over VXLAN, (eBPF) a ping to the simulated outside through egress NAT, a peer's name
+// resolved through the DNS responder at the gateway and the NAT table, and the first host's pinned endpoint map dumped with bpftool. Every
 // step prints what it does; any failure exits non-zero after cleaning up.
 package main
 
@@ -148,6 +148,12 @@ func run(ctx context.Context, dp, bin string) (err error) {
 			return fmt.Errorf("ping to the outside failed: %v", err)
 		}
 		fmt.Print(indent(summary.FindString(out)))
+		p.step("busybox nslookup c2 10.103.1.1 in %s: the peer's name, answered by %s's DNS responder at the gateway", c1.Name, h1.Name)
+		out, err = c1.Exec(ctx, "busybox", "nslookup", "-type=a", "c2", "10.103.1.1")
+		fmt.Print(indent(out))
+		if err != nil || !strings.Contains(out, c2.IP.Addr().String()) {
+			return fmt.Errorf("resolving c2 by name: %v", err)
+		}
 		p.step("netctl bpf nat (on %s): the egress flow in the NAT table", h1.Name)
 		out, err = c.Netctl(ctx, "bpf", "nat", "--agent", "http://"+h1.Inspect)
 		fmt.Print(indent(out))
