@@ -29,8 +29,9 @@ type CTStats struct {
 	LastPass time.Duration // duration of the last pass
 	Errors   uint64        // passes that failed
 	// Egress NAT (nat.h): flows with a live reply mapping, and flows deleted by passes.
-	NATFlows   int
-	NATDeleted uint64
+	NATFlows    int
+	NATCapacity int
+	NATDeleted  uint64
 }
 
 // ctFlush names the entries of one address in one zone.
@@ -133,6 +134,9 @@ func (g *ctGC) pass() (int, error) {
 	defer g.mu.Unlock()
 	g.stats.NATDeleted += uint64(natDeleted)
 	g.stats.NATFlows = natLive
+	if g.nat.flows != nil {
+		g.stats.NATCapacity = int(g.nat.flows.MaxEntries())
+	}
 	g.stats.Runs++
 	g.stats.Deleted += uint64(n)
 	g.stats.LastPass = time.Since(start)

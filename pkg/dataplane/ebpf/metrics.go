@@ -30,6 +30,12 @@ var (
 		"Conntrack collector passes that failed.", nil, nil)
 	descCTGCSeconds = prometheus.NewDesc("contiv_datapath_ct_gc_seconds",
 		"Duration of the last conntrack collector pass.", nil, nil)
+	descNATFlows = prometheus.NewDesc("contiv_datapath_nat_flows",
+		"Egress NAT (and node port) flows with a live reply mapping after the last collector pass.", nil, nil)
+	descNATCapacity = prometheus.NewDesc("contiv_datapath_nat_capacity",
+		"Egress NAT table size; new flows are refused (drop_egress_no_port) when it is full.", nil, nil)
+	descNATDeleted = prometheus.NewDesc("contiv_datapath_nat_gc_deleted_total",
+		"Egress NAT flows deleted by the collector (expired, or of a deleted endpoint).", nil, nil)
 	descPolicyFailed = prometheus.NewDesc("contiv_datapath_policy_failed_closed",
 		"1 for an endpoint group whose rule set could not be installed and that denies all traffic.",
 		[]string{"epg"}, nil)
@@ -54,6 +60,9 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descCTGCDeleted
 	ch <- descCTGCErrors
 	ch <- descCTGCSeconds
+	ch <- descNATFlows
+	ch <- descNATCapacity
+	ch <- descNATDeleted
 	ch <- descPolicyFailed
 }
 
@@ -91,6 +100,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCTGCDeleted, prometheus.CounterValue, float64(ct.Deleted))
 	ch <- prometheus.MustNewConstMetric(descCTGCErrors, prometheus.CounterValue, float64(ct.Errors))
 	ch <- prometheus.MustNewConstMetric(descCTGCSeconds, prometheus.GaugeValue, ct.LastPass.Seconds())
+	ch <- prometheus.MustNewConstMetric(descNATFlows, prometheus.GaugeValue, float64(ct.NATFlows))
+	ch <- prometheus.MustNewConstMetric(descNATCapacity, prometheus.GaugeValue, float64(ct.NATCapacity))
+	ch <- prometheus.MustNewConstMetric(descNATDeleted, prometheus.CounterValue, float64(ct.NATDeleted))
 	for g := range c.d.FailedPolicies() {
 		ch <- prometheus.MustNewConstMetric(descPolicyFailed, prometheus.GaugeValue, 1, fmt.Sprint(g))
 	}
