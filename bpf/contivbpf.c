@@ -830,6 +830,74 @@ int cb_from_uplink(struct __sk_buff *skb)
 	return cb_uplink_nodeport(skb);
 }
 
+/* cb_sock_connect4 (cgroup/connect4, attached at the cgroup root and acting only for
+ * sockets of the host namespace): connections of the host's own processes to a service
+ * VIP:port or to a node port of one of the host's addresses go to a backend on this host
+ * (docs/host-routing.md). Without one the connect fails (EPERM), never silently elsewhere. */
+SEC("cgroup/connect4")
+int cb_sock_connect4(struct bpf_sock_addr *ctx)
+{
+	struct cb_config *cfg = cb_get_config();
+	struct cb_host_svc_key hk = {};
+	struct cb_svc_key sk = {};
+	struct cb_backend_key bk = {};
+	struct cb_ep_key ek = {};
+	struct cb_np_key nk = {};
+	struct cb_host_svc *hs;
+	struct cb_backend *be;
+	struct cb_endpoint *ep;
+	struct cb_svc *svc;
+	struct cb_np *np;
+	__be32 dst = ctx->user_ip4;
+	__u32 i, start, proto = ctx->protocol;
+
+	if (!cfg || !cfg->netns_cookie || bpf_get_netns_cookie(ctx) != cfg->netns_cookie)
+		return 1;
+	if (proto != CB_PROTO_TCP && proto != CB_PROTO_UDP)
+		return 1;
+	if (bpf_map_lookup_elem(&cb_host_ips, &dst)) {
+		nk.port = (__be16)ctx->user_port;
+		nk.proto = proto;
+		np = bpf_map_lookup_elem(&cb_nodeports, &nk);
+		if (!np)
+			return 1;
+		sk.zone = np->zone;
+		sk.vip = np->vip;
+		sk.port = np->svc_port;
+	} else {
+		hk.vip = dst;
+		hk.port = (__be16)ctx->user_port;
+		hk.proto = proto;
+		hs = bpf_map_lookup_elem(&cb_host_svcs, &hk);
+		if (!hs)
+			return 1;
+		sk.zone = hs->zone;
+		sk.vip = dst;
+		sk.port = hk.port;
+	}
+	sk.proto = proto;
+	svc = bpf_map_lookup_elem(&cb_services, &sk);
+	if (!svc || !svc->count)
+		return 0;
+	start = bpf_get_prandom_u32();
+	for (i = 0; i < CB_SOCK_LB_TRIES && i < svc->count; i++) {
+		bk.svc_id = svc->id;
+		bk.index = (start + i) % svc->count;
+		be = bpf_map_lookup_elem(&cb_backends, &bk);
+		if (!be)
+			continue;
+		ek.net = be->net;
+		ek.ip = be->ip;
+		ep = bpf_map_lookup_elem(&cb_endpoints, &ek);
+		if (!ep || !(ep->flags & CB_EP_LOCAL))
+			continue;
+		ctx->user_ip4 = be->ip;
+		ctx->user_port = svc->target_port;
+		return 1;
+	}
+	return 0;
+}
+
 SEC("tc")
 int cb_test_overlay(struct __sk_buff *skb)
 {

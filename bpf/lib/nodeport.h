@@ -92,3 +92,29 @@ CB_INLINE __u64 cb_peer_flow_timeout(const struct cb_flow *f)
 		return CB_CT_TIMEOUT_TCP_EST;
 	return CB_CT_TIMEOUT_OTHER;
 }
+
+/* Services for the host's own processes (socket level, cgroup/connect4): a connection to a
+ * VIP:port, or to one of the host's addresses at a node port, is made to a backend on this
+ * host instead. A VIP:port answers here only when one tenant has it (the host belongs to no
+ * tenant): the agent keeps cb_host_svcs to those. */
+struct cb_host_svc_key {
+	__be32 vip;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct cb_host_svc {
+	__u32 zone;
+	__u32 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct cb_host_svc_key);
+	__type(value, struct cb_host_svc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_host_svcs SEC(".maps");
+
+#define CB_SOCK_LB_TRIES 16

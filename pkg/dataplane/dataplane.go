@@ -171,6 +171,10 @@ type HostConfig struct {
 	// DNSIP is the host address the agent's DNS responder listens on (port 53): endpoints'
 	// UDP queries to their gateway's port 53 are steered to it (eBPF). Invalid: none.
 	DNSIP netip.Addr
+	// CgroupPath is the cgroup v2 directory the socket-level LB is attached to, so the
+	// host's own processes reach service VIPs and node ports (eBPF; "" = the cgroup2 root
+	// found at /sys/fs/cgroup/unified or /sys/fs/cgroup; "off" = none).
+	CgroupPath string
 }
 
 // Driver converges one host's datapath to the desired state.

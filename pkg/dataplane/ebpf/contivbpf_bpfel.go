@@ -41,6 +41,9 @@ type contivbpfCbConfig struct {
 	SnatPortMin   uint16
 	SnatPortMax   uint16
 	DnsIp         uint32
+	Pad3          uint32
+	_             [4]byte
+	NetnsCookie   uint64
 }
 
 type contivbpfCbCounter struct {
@@ -200,6 +203,20 @@ type contivbpfCbHostRoute struct {
 	_          structs.HostLayout
 	Ifindex    uint32
 	Generation uint32
+}
+
+type contivbpfCbHostSvc struct {
+	_          structs.HostLayout
+	Zone       uint32
+	Generation uint32
+}
+
+type contivbpfCbHostSvcKey struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
 type contivbpfCbIface struct {
@@ -497,6 +514,7 @@ const (
 	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
+	contivbpfMapCbHostSvcs         = "cb_host_svcs"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbMembers          = "cb_members"
 	contivbpfMapCbNatFrags         = "cb_nat_frags"
@@ -516,6 +534,7 @@ const (
 	contivbpfProgCbFromOverlay     = "cb_from_overlay"
 	contivbpfProgCbFromUplink      = "cb_from_uplink"
 	contivbpfProgCbFromWire        = "cb_from_wire"
+	contivbpfProgCbSockConnect4    = "cb_sock_connect4"
 	contivbpfProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
 	contivbpfVarCbCtStateUnused    = "cb_ct_state_unused"
@@ -578,6 +597,7 @@ type contivbpfProgramSpecs struct {
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
+	CbSockConnect4  *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
@@ -595,6 +615,7 @@ type contivbpfMapSpecs struct {
 	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
@@ -661,6 +682,7 @@ type contivbpfMaps struct {
 	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
 	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
+	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
@@ -690,6 +712,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbFrags,
 		m.CbHostIps,
 		m.CbHostRoutes,
+		m.CbHostSvcs,
 		m.CbIfaces,
 		m.CbMembers,
 		m.CbNatFrags,
@@ -735,6 +758,7 @@ type contivbpfPrograms struct {
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
+	CbSockConnect4  *ebpf.Program `ebpf:"cb_sock_connect4"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
@@ -744,6 +768,7 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbFromOverlay,
 		p.CbFromUplink,
 		p.CbFromWire,
+		p.CbSockConnect4,
 		p.CbTestOverlay,
 	)
 }

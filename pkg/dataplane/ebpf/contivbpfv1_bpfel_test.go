@@ -41,6 +41,9 @@ type contivbpfv1CbConfig struct {
 	SnatPortMin   uint16
 	SnatPortMax   uint16
 	DnsIp         uint32
+	Pad3          uint32
+	_             [4]byte
+	NetnsCookie   uint64
 }
 
 type contivbpfv1CbCounter struct {
@@ -198,6 +201,20 @@ type contivbpfv1CbHostRoute struct {
 	_          structs.HostLayout
 	Ifindex    uint32
 	Generation uint32
+}
+
+type contivbpfv1CbHostSvc struct {
+	_          structs.HostLayout
+	Zone       uint32
+	Generation uint32
+}
+
+type contivbpfv1CbHostSvcKey struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
 type contivbpfv1CbIface struct {
@@ -491,6 +508,7 @@ const (
 	contivbpfv1MapCbFrags            = "cb_frags"
 	contivbpfv1MapCbHostIps          = "cb_host_ips"
 	contivbpfv1MapCbHostRoutes       = "cb_host_routes"
+	contivbpfv1MapCbHostSvcs         = "cb_host_svcs"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
 	contivbpfv1MapCbMembers          = "cb_members"
 	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
@@ -510,6 +528,7 @@ const (
 	contivbpfv1ProgCbFromOverlay     = "cb_from_overlay"
 	contivbpfv1ProgCbFromUplink      = "cb_from_uplink"
 	contivbpfv1ProgCbFromWire        = "cb_from_wire"
+	contivbpfv1ProgCbSockConnect4    = "cb_sock_connect4"
 	contivbpfv1ProgCbTestOverlay     = "cb_test_overlay"
 	contivbpfv1VarCbCtFlagsUnused    = "cb_ct_flags_unused"
 	contivbpfv1VarCbCtStateUnused    = "cb_ct_state_unused"
@@ -572,6 +591,7 @@ type contivbpfv1ProgramSpecs struct {
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
+	CbSockConnect4  *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
@@ -589,6 +609,7 @@ type contivbpfv1MapSpecs struct {
 	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
@@ -655,6 +676,7 @@ type contivbpfv1Maps struct {
 	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
 	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
+	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
@@ -684,6 +706,7 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbFrags,
 		m.CbHostIps,
 		m.CbHostRoutes,
+		m.CbHostSvcs,
 		m.CbIfaces,
 		m.CbMembers,
 		m.CbNatFrags,
@@ -729,6 +752,7 @@ type contivbpfv1Programs struct {
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
+	CbSockConnect4  *ebpf.Program `ebpf:"cb_sock_connect4"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
@@ -738,6 +762,7 @@ func (p *contivbpfv1Programs) Close() error {
 		p.CbFromOverlay,
 		p.CbFromUplink,
 		p.CbFromWire,
+		p.CbSockConnect4,
 		p.CbTestOverlay,
 	)
 }

@@ -52,11 +52,15 @@ type Driver struct {
 	egress  egress // egress NAT (hostpath.go), zero = off
 	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
 	hostRoutes map[netip.Addr]string
-	addrStop   chan struct{}          // stops the host address watch
-	links      map[string]*attachment // by interface name
-	gen        uint32
-	closed     bool
-	pinLock    *os.File // flock on the pin root (lock.go), held until Close/Teardown
+	addrStop   chan struct{} // stops the host address watch
+	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
+	// none) and the host namespace cookie it acts for.
+	sockLB      string
+	netnsCookie uint64
+	links       map[string]*attachment // by interface name
+	gen         uint32
+	closed      bool
+	pinLock     *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	networks  map[string]netRec
 	endpoints map[string]epRec // by indexKey(endpoint id)
@@ -96,6 +100,7 @@ type attachment struct {
 	ifindex int
 	program string
 	link    link.Link
+	hook    string // "" = tcx ingress; "cgroup-connect4" for the socket LB (hostpath.go)
 }
 
 type netRec struct {
@@ -297,6 +302,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.attachEgress(); err != nil {
 		return err
 	}
+	if err := d.attachSockLB(); err != nil {
+		return err
+	}
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(d.cfg.PinRoot, legacyMetricsMap), nil); err == nil {
 		d.legacyMetrics = m
 		defer func() { m.Close(); d.legacyMetrics = nil }()
@@ -407,6 +415,9 @@ func (d *Driver) writeConfig() error {
 	}
 	if d.cfg.DNSIP.Is4() {
 		c.DnsIp = ip4(d.cfg.DNSIP)
+	}
+	if d.sockLB != "" {
+		c.NetnsCookie = d.netnsCookie
 	}
 	copy(c.GwMac[:], dataplane.RouterMAC)
 	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {

@@ -135,11 +135,16 @@ func TestDriverMapsAndLifecycle(t *testing.T) {
 	got := map[string]string{}
 	for _, at := range st.Attachments {
 		got[at.Interface] = at.Program
-		if at.ID == 0 || at.Hook != "tcx-ingress" {
+		wantHook := "tcx-ingress"
+		if at.Interface == sockLBLink {
+			wantHook = "cgroup-connect4"
+		}
+		if at.ID == 0 || at.Hook != wantHook {
 			t.Errorf("attachment %+v", at)
 		}
 	}
-	if got["cbevx0"] != "cb_from_overlay" || got[a.HostIfName] != "cb_from_container" || got[b.HostIfName] != "cb_from_container" {
+	if got["cbevx0"] != "cb_from_overlay" || got[a.HostIfName] != "cb_from_container" || got[b.HostIfName] != "cb_from_container" ||
+		got[sockLBLink] != "cb_sock_connect4" {
 		t.Errorf("attachments %v", got)
 	}
 

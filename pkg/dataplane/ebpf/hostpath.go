@@ -7,16 +7,21 @@ package ebpf
 // NAT uses (cb_config, cb_from_uplink on that device).
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Egress NAT defaults: the port range lies above Linux's default ephemeral range
@@ -27,6 +32,7 @@ const (
 	// rtProtoContivBPF marks the host routes the driver installs (`ip route show proto 203`).
 	rtProtoContivBPF = 203
 	egressLinkPrefix = "egress_"
+	sockLBLink       = "cgroup_connect4"
 )
 
 // egress is the resolved egress NAT configuration (zero: egress off).
@@ -259,6 +265,117 @@ func (d *Driver) dropHostRoute(ik string, ip netip.Addr) error {
 	delete(d.hostRoutes, ip)
 	if err := mapDel(d.objs.CbHostRoutes, ip4(ip)); err != nil {
 		return fmt.Errorf("delete host route entry %v: %w", ip, err)
+	}
+	return nil
+}
+
+// cgroupRoot returns the cgroup v2 directory the socket LB attaches to ("" = none).
+func (d *Driver) cgroupRoot() string {
+	switch d.cfg.CgroupPath {
+	case "off":
+		return ""
+	case "":
+		for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+			var st unix.Statfs_t
+			if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+				return p
+			}
+		}
+		d.log.Warn("no cgroup v2 mount: the host's own processes cannot reach service VIPs and node ports")
+		return ""
+	}
+	return d.cfg.CgroupPath
+}
+
+// attachSockLB attaches cb_sock_connect4 to the cgroup root (through a link pinned under
+// PinRoot/links, updated in place on restart). The program acts only for sockets of this
+// host's namespace (its cookie in cb_config), so several agents on one machine each serve
+// their own.
+func (d *Driver) attachSockLB() error {
+	root := d.cgroupRoot()
+	if root == "" || d.objs.CbSockConnect4 == nil {
+		return nil
+	}
+	err := inNetNS(d.cfg.NetNS, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		d.netnsCookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ebpf: host namespace cookie: %w", err)
+	}
+	path := filepath.Join(d.cfg.PinRoot, linksDir, sockLBLink)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		if err := l.Update(d.objs.CbSockConnect4); err != nil {
+			l.Close()
+			return fmt.Errorf("ebpf: update socket LB link: %w", err)
+		}
+		d.links[sockLBLink] = &attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
+	} else {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: ebpf.AttachCGroupInet4Connect, Program: d.objs.CbSockConnect4})
+		if err != nil {
+			return fmt.Errorf("ebpf: attach socket LB to cgroup %s: %w", root, err)
+		}
+		if err := l.Pin(path); err != nil {
+			l.Close()
+			return fmt.Errorf("ebpf: pin socket LB link: %w", err)
+		}
+		d.links[sockLBLink] = &attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"}
+	}
+	d.sockLB = root
+	return d.writeConfig()
+}
+
+// syncHostSvcs makes cb_host_svcs the VIP:port/proto keys exactly one tenant's services
+// have (the host belongs to no tenant: an address two tenants use answers neither).
+func (d *Driver) syncHostSvcs() error {
+	if d.objs.CbHostSvcs == nil {
+		return nil
+	}
+	zones := map[contivbpfCbHostSvcKey]map[uint32]bool{}
+	for _, r := range d.services {
+		for _, k := range r.keys {
+			hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
+			if zones[hk] == nil {
+				zones[hk] = map[uint32]bool{}
+			}
+			zones[hk][k.Zone] = true
+		}
+	}
+	want := map[contivbpfCbHostSvcKey]bool{}
+	for hk, zs := range zones {
+		if len(zs) != 1 {
+			continue
+		}
+		for z := range zs {
+			want[hk] = true
+			if err := d.mapPut(contivbpfMapCbHostSvcs, d.objs.CbHostSvcs, &hk, &contivbpfCbHostSvc{Zone: z, Generation: d.gen}); err != nil {
+				return fmt.Errorf("ebpf: host service %v:%d: %w", addrFrom(hk.Vip), hport(hk.Port), err)
+			}
+		}
+	}
+	var k contivbpfCbHostSvcKey
+	var v contivbpfCbHostSvc
+	var stale []contivbpfCbHostSvcKey
+	it := d.objs.CbHostSvcs.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbHostSvcs, err)
+	}
+	for i := range stale {
+		if err := mapDel(d.objs.CbHostSvcs, &stale[i]); err != nil {
+			return fmt.Errorf("ebpf: drop host service entry: %w", err)
+		}
 	}
 	return nil
 }

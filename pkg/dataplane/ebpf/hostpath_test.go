@@ -242,6 +242,20 @@ func TestHostPathAndEgress(t *testing.T) {
 		if err := dialFrom(w.ext, 0, ewHostIP+":30081"); err == nil || !strings.Contains(err.Error(), "refused") {
 			t.Errorf("unserved node port: %v, want connection refused", err)
 		}
+		// The host's own processes: the VIP and the node port (socket LB, local backend).
+		for _, addr := range []string{"10.50.0.100:80", ewHostIP + ":30080"} {
+			if err := dialFrom(w.host, 0, addr); err != nil {
+				t.Errorf("from the host to %s: %v", addr, err)
+				continue
+			}
+			if p := <-peers; !strings.HasPrefix(p, ewHostIP+":") {
+				t.Errorf("from the host to %s: backend saw %s", addr, p)
+			}
+		}
+		// Processes of other namespaces are not this host's: the program leaves them alone.
+		if err := dialFrom(w.ext, 0, "10.50.0.100:80"); err == nil {
+			t.Error("a namespace that is not the host's reached the VIP")
+		}
 	})
 	t.Run("underlay-cannot-reach-endpoints", func(t *testing.T) {
 		// Even with forwarding on in the host, a packet from the wire for an endpoint

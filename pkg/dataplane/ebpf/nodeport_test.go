@@ -79,6 +79,16 @@ func TestNodePortTwoHosts(t *testing.T) {
 			t.Errorf("node port on %s: backend saw %s, want %s", tc.host, got, tc.wantPeer)
 		}
 	}
+	// Host 1's own processes: the service has no backend on host 1, so the connect fails
+	// at once (EPERM) instead of going anywhere else.
+	if err := dialFrom(h1, 0, "10.50.0.100:80"); err == nil || !strings.Contains(err.Error(), "not permitted") {
+		t.Errorf("from host 1 to the VIP: %v, want operation not permitted", err)
+	}
+	if err := dialFrom(h2, 0, "10.50.0.100:80"); err != nil {
+		t.Errorf("from host 2 to the VIP: %v", err)
+	} else if got := <-peers; !strings.HasPrefix(got, addrs[h2]+":") {
+		t.Errorf("from host 2: backend saw %s", got)
+	}
 	rc, err := drv["h1"].ReasonCounters()
 	if err != nil {
 		t.Fatal(err)

@@ -220,7 +220,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	} else if err := d.writeConfig(); err != nil {
 		return err
 	}
-	return nil
+	return d.syncHostSvcs()
 }
 
 // dropServiceRest removes what old had and cur does not (keys, backend slots, VIP).
@@ -318,6 +318,9 @@ func (d *Driver) deleteService(id string) error {
 	delete(d.services, id)
 	if err := d.dropServiceRest(old, svcRec{svc: dataplane.Service{ID: id}}); err != nil {
 		d.services[id] = old
+		return err
+	}
+	if err := d.syncHostSvcs(); err != nil {
 		return err
 	}
 	return d.writeConfig()

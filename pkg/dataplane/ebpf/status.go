@@ -238,6 +238,9 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	for _, name := range sortedKeys(d.links) {
 		a := d.links[name]
 		att := dataplane.Attachment{Interface: name, Hook: "tcx-ingress", Program: a.program}
+		if a.hook != "" {
+			att.Hook = a.hook
+		}
 		if info, err := a.link.Info(); err == nil {
 			att.ID = uint32(info.ID)
 		}

@@ -56,6 +56,9 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	if d.egress.ifindex != 0 {
 		wantIfs[egressLinkPrefix+d.egress.ifname] = true
 	}
+	if d.sockLB != "" {
+		wantIfs[sockLBLink] = true
+	}
 	if err := d.syncHostIPs(); err != nil {
 		return err
 	}
