@@ -325,6 +325,7 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 		})
 	}
 	t.Run("beyond-the-subnet", func(t *testing.T) { beyondSubnet(ctx, t, c, cts) })
+	t.Run("nodeport", func(t *testing.T) { nodePortService(ctx, t, c, cts) })
 	resp, err := c.httpClient(c.Hosts[0].Name).Get("http://" + c.Hosts[0].Inspect + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -707,4 +708,66 @@ func (ct *Container) probeFromHost(ctx context.Context) error {
 		return fmt.Errorf("probe %s from %s: %w", ct.Name, ct.Host.Name, err)
 	}
 	return nil
+}
+
+// nodePortService: a serviceLB with a node port (REST, this project's extension) whose one
+// provider is the container on host 2 is reached from the outside at every host's address
+// (hosts 1 and 3 through the overlay, host 2 locally); host 2's own processes reach it at
+// the VIP, host 1's get EPERM (no local backend).
+func nodePortService(ctx context.Context, t *testing.T, c *Cluster, cts []*Container) {
+	be := cts[1]
+	if err := c.MasterDo(ctx, "POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: be.IP.Addr().String(),
+		ContainerID: be.ID, Tenant: "default", Network: "n3", Event: "start", Labels: map[string]string{"app": "np"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	svc := map[string]any{"tenantName": "default", "networkName": "n3", "serviceName": "np", "ipAddress": "10.104.0.200",
+		"selectors": []string{"app=np"}, "ports": []string{"80:8080:TCP"}, "nodePorts": []string{"30080:80:TCP"}}
+	if err := c.MasterDo(ctx, "POST", "/api/v1/serviceLBs/default:np/", svc, nil); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Listen(be.Name, "tcp4", net.JoinHostPort(be.IP.Addr().String(), "8080"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peers := make(chan string, 16)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			peers <- conn.RemoteAddr().String()
+			conn.Close()
+		}
+	}()
+	dial := func(ns, addr string) error {
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		conn, err := DialContext(dctx, ns, "tcp4", addr)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	for _, h := range c.Hosts {
+		want := h.IP.String() // through the overlay the backend sees the host that balanced it
+		if h == be.Host {
+			want = c.External.IP.String() // locally it sees the client
+		}
+		eventually(t, "node port on "+h.Name, 10*time.Second, func() error {
+			return dial(c.External.NS, net.JoinHostPort(h.IP.String(), "30080"))
+		})
+		if got := <-peers; !strings.HasPrefix(got, want+":") {
+			t.Errorf("node port on %s: backend saw %s, want %s", h.Name, got, want)
+		}
+	}
+	if err := dial(be.Host.Name, "10.104.0.200:80"); err != nil {
+		t.Errorf("host %s to the VIP: %v", be.Host.Name, err)
+	} else if got := <-peers; !strings.HasPrefix(got, be.Host.IP.String()+":") {
+		t.Errorf("host %s to the VIP: backend saw %s", be.Host.Name, got)
+	}
+	if err := dial(cts[0].Host.Name, "10.104.0.200:80"); err == nil || !strings.Contains(err.Error(), "not permitted") {
+		t.Errorf("host %s (no local backend) to the VIP: %v, want operation not permitted", cts[0].Host.Name, err)
+	}
 }
