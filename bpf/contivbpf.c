@@ -122,6 +122,14 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	net = bpf_map_lookup_elem(&cb_networks, &nk);
 	if (!net)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	/* Flows out of the network are judged by the endpoint's group as flows to an address
+	 * of no group (its out-rules with addresses and ports decide). */
+	t.zone = CB_IF_ZONE(ifc);
+	t.frag = p.frag;
+	t.ip_id = p.ip_id;
+	t.src_epg = ifc->epg;
+	if (p.inner.proto)
+		t.inner = &p.inner;
 	if (net->gateway && f.daddr == net->gateway) {
 		if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
 			return cb_gw_echo_reply(skb, &p, ifc);
@@ -129,8 +137,11 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		if (cfg && cfg->dns_ip && f.proto == CB_PROTO_UDP && f.dport == bpf_htons(53) &&
 		    p.frag == CB_FRAG_NONE) {
 			/* The network's DNS server is its gateway: the agent's responder answers
-			 * (from the gateway's address, on the veth it asked on). */
-			r = cb_nat(skb, &p, &f, 1, cfg->dns_ip, f.dport);
+			 * (from the gateway's address, on the veth it asked on). Policy first: a
+			 * group that may not send anywhere does not get a DNS channel out either. */
+			r = cb_stateful(&f, &t);
+			if (!r)
+				r = cb_nat(skb, &p, &f, 1, cfg->dns_ip, f.dport);
 			if (r)
 				return cb_drop(skb, r);
 			bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
@@ -172,6 +183,9 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		hr = bpf_map_lookup_elem(&cb_host_routes, &f.saddr);
 		if (!hr || hr->ifindex != skb->ifindex)
 			return cb_drop(skb, CB_DROP_HOST_NO_ROUTE);
+		r = cb_stateful(&f, &t);
+		if (r)
+			return cb_drop(skb, r);
 		bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
 		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
 		cb_count(skb, CB_FWD_HOST);
@@ -182,12 +196,6 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return cb_drop(skb, CB_DROP_TO_GATEWAY);
 	if (cb_dst_invalid(f.daddr))
 		return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
-	t.zone = CB_IF_ZONE(ifc);
-	t.frag = p.frag;
-	t.ip_id = p.ip_id;
-	t.src_epg = ifc->epg;
-	if (p.inner.proto)
-		t.inner = &p.inner;
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);

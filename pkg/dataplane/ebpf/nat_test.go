@@ -472,3 +472,35 @@ func TestNodePortPeerSide(t *testing.T) {
 	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, peer, 8080, 61008, 0x12, 0), nil)
 	r.expect(t, tcActShot, DropEgressNoFlow)
 }
+
+// A group's out-rules apply to its endpoints' traffic to the host and to DNS at the gateway
+// as to any address of no group: "deny all out" closes both, an allow rule opens them.
+func TestPolicyToHostAndDNS(t *testing.T) {
+	objs := natFixture(t, 64)
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.DnsIp = ip4(hostIP)
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+		t.Fatal(err)
+	}
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-out", Priority: 1, Action: dataplane.ActionDeny},
+		{ID: "kubelet", Priority: 10, Proto: 6, Port: 10250, Remote: netip.PrefixFrom(hostIP, 32), Action: dataplane.ActionAllow},
+	}})
+	fc := objs.CbFromContainer
+	run(t, objs, fc, l4Frame(6, srcIP, hostIP, 40000, 22, 0x02, 0), nil).expect(t, tcActShot, DropPolicy)
+	run(t, objs, fc, l4Frame(6, srcIP, hostIP, 40000, 10250, 0x02, 0), nil).expect(t, 0, FwdHost)
+	run(t, objs, fc, l4Frame(17, srcIP, gwIP, 5000, 53, 0, 0), nil).expect(t, tcActShot, DropPolicy)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-out", Priority: 1, Action: dataplane.ActionDeny},
+		{ID: "dns", Priority: 10, Proto: 17, Port: 53, Remote: netip.PrefixFrom(gwIP, 32), Action: dataplane.ActionAllow},
+	}})
+	run(t, objs, fc, l4Frame(17, srcIP, gwIP, 5001, 53, 0, 0), nil).expect(t, 0, FwdDNS)
+}
