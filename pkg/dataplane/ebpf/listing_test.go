@@ -147,13 +147,26 @@ func TestVerify(t *testing.T) {
 	if err := objs.CbPolicies.Put(&pk, &pv); err != nil {
 		t.Fatal(err)
 	}
+	// The node port deleted, a stray one added; a's host route pointed elsewhere.
+	if err := objs.CbNodeports.Delete(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(31000), Proto: 17}, &contivbpfCbNp{Vip: ip4(netip.MustParseAddr("10.50.0.100"))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbHostRoutes.Put(ip4(a.IP), &contivbpfCbHostRoute{Ifindex: 9999}); err != nil {
+		t.Fatal(err)
+	}
 	drift, err := h.d.Verify(state)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []dataplane.Drift{
 		{Table: "cb_endpoints", Object: "red.t-a", Kind: "different"},
+		{Table: "cb_host_routes", Object: "10.50.0.2", Kind: "different"},
 		{Table: "cb_networks", Object: "key 4242", Kind: "extra"},
+		{Table: "cb_nodeports", Object: "node port 31000/udp", Kind: "extra"},
+		{Table: "cb_nodeports", Object: "web:t node port 30080/tcp", Kind: "missing"},
 		{Table: "cb_peers", Object: "h2 10.254.0.2", Kind: "missing"},
 		{Table: "cb_policies", Object: "epg 2 ingress #1", Kind: "different"},
 	}
@@ -165,7 +178,7 @@ func TestVerify(t *testing.T) {
 			t.Errorf("drift %d = %+v, want %+v", i, g, w)
 		}
 	}
-	if !strings.Contains(drift[0].Detail, "epg 7") || !strings.Contains(drift[3].Detail, "t:p:deny-22") {
+	if !strings.Contains(drift[0].Detail, "epg 7") || !strings.Contains(drift[6].Detail, "t:p:deny-22") {
 		t.Errorf("details do not say what differs: %+v", drift)
 	}
 	// A Sync repairs it all.
@@ -304,7 +317,7 @@ func opsHost(t *testing.T, rules ...dataplane.PolicyRule) (*oneHost, dataplane.E
 		RemoteEndpoints: []dataplane.RemoteEndpoint{remote}, Peers: []dataplane.Peer{{Host: "h2", VTEP: remote.VTEP}},
 		Policies: []dataplane.PolicySet{{EPGID: 2, Rules: rules}},
 		Services: []dataplane.Service{{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"),
-			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{b.IP}}}}
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}}, Backends: []netip.Addr{b.IP}}}}
 	if err := h.d.Sync(context.Background(), state); err != nil {
 		t.Fatal(err)
 	}

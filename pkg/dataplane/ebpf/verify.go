@@ -25,6 +25,8 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 	v.peers(s.Peers)
 	v.policies(s.Policies)
 	v.services(s.Services)
+	v.nodePorts(s.Services)
+	v.hostRoutes(s.Endpoints)
 	sort.Slice(v.out, func(i, j int) bool {
 		a, b := v.out[i], v.out[j]
 		if a.Table != b.Table {
@@ -342,4 +344,73 @@ func maskOf(bits int) []byte {
 		m[i/8] |= 0x80 >> (i % 8)
 	}
 	return m
+}
+
+// nodePorts compares cb_nodeports with the services' node ports.
+func (v *verifier) nodePorts(svcs []dataplane.Service) {
+	d := v.d
+	want := map[contivbpfCbNpKey]contivbpfCbNp{}
+	name := map[contivbpfCbNpKey]string{}
+	for _, s := range svcs {
+		r, ok := d.services[s.ID]
+		if !ok {
+			continue // reported by services
+		}
+		for _, p := range r.svc.Ports {
+			if p.NodePort == 0 {
+				continue
+			}
+			k := contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto}
+			want[k] = contivbpfCbNp{Zone: r.zone, Vip: ip4(r.svc.VIP), SvcPort: nport(p.Port)}
+			name[k] = s.ID
+		}
+	}
+	var k contivbpfCbNpKey
+	var got contivbpfCbNp
+	seen := map[contivbpfCbNpKey]bool{}
+	it := d.objs.CbNodeports.Iterate()
+	for it.Next(&k, &got) {
+		seen[k] = true
+		obj := fmt.Sprintf("node port %d/%s", hport(k.Port), protoName(k.Proto))
+		e, ok := want[k]
+		if !ok {
+			v.add(contivbpfMapCbNodeports, obj, "extra", fmt.Sprintf("to %v:%d", addrFrom(got.Vip), hport(got.SvcPort)))
+			continue
+		}
+		got.Generation = 0
+		if got != e {
+			v.add(contivbpfMapCbNodeports, name[k]+" "+obj, "different", fmt.Sprintf("map: to %v:%d zone %d; want %v:%d zone %d",
+				addrFrom(got.Vip), hport(got.SvcPort), got.Zone, addrFrom(e.Vip), hport(e.SvcPort), e.Zone))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbNodeports)
+	for k := range want {
+		if !seen[k] {
+			v.add(contivbpfMapCbNodeports, fmt.Sprintf("%s node port %d/%s", name[k], hport(k.Port), protoName(k.Proto)), "missing", "no map entry")
+		}
+	}
+}
+
+// hostRoutes checks that every address the host routes to a local endpoint (cb_host_routes)
+// leads to that endpoint's veth, and that no entry names an address no local endpoint has.
+func (v *verifier) hostRoutes(local []dataplane.Endpoint) {
+	d := v.d
+	addrs := map[uint32]bool{}
+	for _, ep := range local {
+		addrs[ip4(ep.IP)] = true
+	}
+	var k uint32
+	var got contivbpfCbHostRoute
+	it := d.objs.CbHostRoutes.Iterate()
+	for it.Next(&k, &got) {
+		ip := addrFrom(k)
+		ik, owned := d.hostRoutes[ip]
+		switch {
+		case !addrs[k]:
+			v.add(contivbpfMapCbHostRoutes, ip.String(), "extra", fmt.Sprintf("routed to ifindex %d, no local endpoint has it", got.Ifindex))
+		case !owned || d.endpoints[ik].ifindex != int(got.Ifindex):
+			v.add(contivbpfMapCbHostRoutes, ip.String(), "different", fmt.Sprintf("map: ifindex %d; the driver routes it to %q", got.Ifindex, ik))
+		}
+	}
+	v.iterErr(it.Err(), contivbpfMapCbHostRoutes)
 }
