@@ -107,8 +107,9 @@ func (p *Plugin) createEndpoint(ctx context.Context, req *network.CreateEndpoint
 	return resp, nil
 }
 
-// join hands Docker the container end of the veth and the network gateway (without a
-// gateway Docker would add docker_gwbridge).
+// join hands Docker the container end of the veth and the network gateway, and tells it
+// not to add docker_gwbridge: the datapath gives the container the host and the outside
+// through its gateway (docs/host-routing.md), as Contiv did with networks without one.
 func (p *Plugin) join(ctx context.Context, req *network.JoinRequest) (any, error) {
 	p.mu.Lock()
 	ep, ok := p.eps[req.EndpointID]
@@ -123,6 +124,7 @@ func (p *Plugin) join(ctx context.Context, req *network.JoinRequest) (any, error
 	}
 	resp.Gateway = ns.Gateway
 	resp.GatewayIPv6 = ns.IPv6Gateway
+	resp.DisableGatewayService = true
 	return resp, nil
 }
 

@@ -129,7 +129,7 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 			return fmt.Errorf("%s: eth0 is not MTU 1450: %s", name, link)
 		}
 		if out, _ := d.Docker(ctx, "network", "ls"); strings.Contains(out, "docker_gwbridge") {
-			return fmt.Errorf("docker added docker_gwbridge on %s: the driver returned no gateway", c.Hosts[i].Name)
+			return fmt.Errorf("docker added docker_gwbridge on %s (the driver disables the gateway service)", c.Hosts[i].Name)
 		}
 		ips = append(ips, ip)
 	}
