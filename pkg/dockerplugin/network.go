@@ -125,6 +125,7 @@ func (p *Plugin) join(ctx context.Context, req *network.JoinRequest) (any, error
 	resp.Gateway = ns.Gateway
 	resp.GatewayIPv6 = ns.IPv6Gateway
 	resp.DisableGatewayService = true
+	go p.announceContainer(ep.NetworkID, req.EndpointID, ep)
 	return resp, nil
 }
 

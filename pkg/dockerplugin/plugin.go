@@ -96,6 +96,10 @@ type Config struct {
 	Master    Master
 	Endpoints Endpoints
 	Docker    NetworkInspector // optional
+	// Containers and Updater (optional, both or neither): after a Join the plugin finds
+	// the container in the Docker API and reports its name and labels to netmaster.
+	Containers ContainerLister
+	Updater    EndpointUpdater
 	// NetworksChanged is called (without blocking) after Docker created or deleted a
 	// network, so a Syncer can adopt docker-created networks promptly. Optional.
 	NetworksChanged func()

@@ -48,6 +48,7 @@ func (f FrontEnd) Run(ctx context.Context) error {
 	p, err := New(Config{
 		Name: f.PluginName, Dir: f.PluginDir, Store: f.Store, Master: f.Master,
 		Endpoints: AgentEndpoints{Agent: f.Agent}, Docker: dc, NetworksChanged: syncer.Trigger, SocketGroup: f.SocketGroup,
+		Containers: dc, Updater: f.Master,
 	})
 	if err != nil {
 		return err

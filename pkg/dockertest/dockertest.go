@@ -55,6 +55,9 @@ type Options struct {
 	// LiveRestore keeps containers running while dockerd restarts (daemon.json
 	// "live-restore"), see Daemon.Restart.
 	LiveRestore bool
+	// DNS are the servers containers' resolvers (Docker's embedded DNS) forward to
+	// (daemon.json "dns"); empty: the host's.
+	DNS []string
 }
 
 // Daemon is one running private dockerd.
@@ -127,6 +130,9 @@ func Start(ctx context.Context, o Options) (*Daemon, error) {
 		"shutdown-timeout":    1,
 		"log-level":           "warn",
 		"live-restore":        o.LiveRestore,
+	}
+	if len(o.DNS) > 0 {
+		cfg["dns"] = o.DNS
 	}
 	b, _ := json.Marshal(cfg)
 	cfgPath := filepath.Join(dir, "daemon.json")

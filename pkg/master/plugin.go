@@ -370,7 +370,7 @@ func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := checkPluginFields(map[string]string{"Tenant": req.Tenant, "Network": req.Network,
-		"ContainerID": req.ContainerID, "EndpointID": req.EndpointID}); err != nil {
+		"ContainerID": req.ContainerID, "EndpointID": req.EndpointID, "EPCommonName": req.EPCommonName}); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -394,6 +394,11 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 	p := &model.Provider{IPAddress: ip, ContainerID: req.ContainerID, Labels: req.Labels, Tenant: req.Tenant,
 		Network: req.Network, Container: req.EndpointID}
 	ep.Labels = req.Labels
+	if req.EPCommonName != "" {
+		// The runtime's name of the container (Docker's, learnt after the container
+		// started): the DNS responders answer it.
+		ep.EPCommonName = req.EPCommonName
+	}
 	if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {
 		return err
 	}

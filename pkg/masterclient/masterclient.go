@@ -217,6 +217,13 @@ func (c *Client) DeleteEndpoint(ctx context.Context, req model.DeleteEndpointReq
 	return c.Post(ctx, "/plugin/deleteEndpoint", req, &resp)
 }
 
+// UpdateEndpoint calls /plugin/updateEndpoint (a container started or died: its name and
+// labels, service providers).
+func (c *Client) UpdateEndpoint(ctx context.Context, req model.UpdateEndpointRequest) error {
+	var resp model.UpdateEndpointResponse
+	return c.Post(ctx, "/plugin/updateEndpoint", req, &resp)
+}
+
 // AllocAddress calls /plugin/allocAddress.
 func (c *Client) AllocAddress(ctx context.Context, req model.AllocAddressRequest) (model.AllocAddressResponse, error) {
 	var resp model.AllocAddressResponse

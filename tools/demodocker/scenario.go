@@ -77,7 +77,9 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 		}
 	}()
 	for _, h := range c.Hosts {
-		d, err := dockertest.Start(ctx, dockertest.Options{Dir: dockerDir(h), NetNS: h.Name, LiveRestore: true})
+		// Containers' resolvers forward what Docker does not know to test-net's gateway:
+		// the host's DNS responder (docs/host-routing.md), which knows every host's containers.
+		d, err := dockertest.Start(ctx, dockertest.Options{Dir: dockerDir(h), NetNS: h.Name, LiveRestore: true, DNS: dnsServers(o.Dataplane)})
 		if err != nil {
 			return err
 		}
@@ -153,6 +155,25 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 	say("   %s", summary)
 	if !strings.Contains(out, "3 packets received") {
 		return fmt.Errorf("ping across hosts lost packets:\n%s", out)
+	}
+
+	if o.Dataplane != "ovs" {
+		// By name, across hosts: Docker's embedded DNS does not know c2 (another daemon's)
+		// and asks the gateway, where the DNS responder answers from netmaster's state.
+		say("== docker exec c1 ping -c 3 c2 (by name)")
+		var out string
+		if err := waitFor(ctx, 20*time.Second, func() error {
+			var err error
+			out, err = daemons[0].Docker(ctx, "exec", "c1", "ping", "-c", "3", "-W", "2", "c2")
+			return err
+		}); err != nil {
+			return fmt.Errorf("ping c2 by name: %w\n%s", err, out)
+		}
+		say("   %s", strings.SplitN(out, "\n", 2)[0])
+		say("   %s", regexp.MustCompile(`\d+ packets transmitted, \d+ packets received.*`).FindString(out))
+		if !strings.Contains(out, "("+ips[1]+")") {
+			return fmt.Errorf("c2 resolved to another address than %s:\n%s", ips[1], out)
+		}
 	}
 
 	if o.Extra {
@@ -462,4 +483,13 @@ func benchRuns(ctx context.Context, d *dockertest.Daemon, n int, say func(string
 			pct(rm, 50).Round(time.Millisecond), pct(rm, 99).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// dnsServers is what the daemons' containers forward unknown names to: test-net's gateway,
+// where the eBPF datapath's DNS responder answers (none on OVS).
+func dnsServers(dataplane string) []string {
+	if dataplane == "ovs" {
+		return nil
+	}
+	return []string{"10.1.1.1"}
 }
