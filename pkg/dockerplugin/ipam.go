@@ -74,9 +74,18 @@ func (p *Plugin) requestAddress(ctx context.Context, req *ipam.RequestAddressReq
 	if req.Options["RequestAddressType"] == GatewayRequest {
 		gw := pref
 		if !gw.IsValid() {
-			// Use the Contiv network's gateway when it exists, else the first host address.
-			if _, ns, err := p.allocTarget(ctx, pid); err == nil && ns.Gateway != "" {
+			// The Contiv network's gateway; a network created without one gets its first
+			// host address reserved as its gateway (so containers start at .2, and the
+			// datapath answers the gateway for ARP, the outside and DNS).
+			if netID, ns, err := p.allocTarget(ctx, pid); err == nil && ns.Gateway != "" {
 				gw, _ = netip.ParseAddr(ns.Gateway)
+			} else if err == nil {
+				resp, aerr := p.cfg.Master.AllocAddress(ctx, model.AllocAddressRequest{NetworkID: netID, AddressPool: pid.Subnet.String(), Gateway: true})
+				if got, perr := netip.ParsePrefix(resp.IPv4Address); aerr == nil && perr == nil {
+					gw = got.Addr()
+				} else {
+					p.log.Warn("reserve a gateway for the network", "network", netID, "err", errors.Join(aerr, perr))
+				}
 			}
 			if !gw.IsValid() {
 				gw = pid.Subnet.Addr().Next()

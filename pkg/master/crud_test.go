@@ -280,3 +280,40 @@ func TestServiceNodePorts(t *testing.T) {
 	}
 	e.ok("POST", "/api/v1/serviceLBs/default:web/", svc("default", "n1", "web", "30053:53:UDP"), nil)
 }
+
+// Docker's gateway request for a network created without one reserves its first host
+// address as the gateway (containers then start at .2); asked again, or for a network with
+// a gateway, it only answers the gateway.
+func TestAllocGateway(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.net("default", "walk", "vxlan", "10.103.1.0/24", "", 0)
+	var r model.AllocAddressResponse
+	e.ok("POST", "/plugin/allocAddress", model.AllocAddressRequest{NetworkID: "walk.default", Gateway: true}, &r)
+	if r.IPv4Address != "10.103.1.1/24" {
+		t.Fatalf("gateway %q, want 10.103.1.1/24", r.IPv4Address)
+	}
+	e.ok("POST", "/plugin/allocAddress", model.AllocAddressRequest{NetworkID: "walk.default", Gateway: true}, &r)
+	if r.IPv4Address != "10.103.1.1/24" {
+		t.Fatalf("gateway asked again: %q", r.IPv4Address)
+	}
+	var ns model.CfgNetworkState
+	if err := json.Unmarshal([]byte(e.rawGet(model.NetStateKey("walk.default"))), &ns); err != nil {
+		t.Fatal(err)
+	}
+	if ns.Gateway != "10.103.1.1" {
+		t.Errorf("network state gateway %q", ns.Gateway)
+	}
+	e.ok("POST", "/plugin/allocAddress", model.AllocAddressRequest{NetworkID: "walk.default"}, &r)
+	if r.IPv4Address != "10.103.1.2/24" {
+		t.Errorf("first container address %q, want .2", r.IPv4Address)
+	}
+	e.net("default", "gw", "vxlan", "10.104.1.0/24", "10.104.1.254", 0)
+	e.ok("POST", "/plugin/allocAddress", model.AllocAddressRequest{NetworkID: "gw.default", Gateway: true}, &r)
+	if r.IPv4Address != "10.104.1.254/24" {
+		t.Errorf("network with a gateway: %q", r.IPv4Address)
+	}
+	// Contiv's own clients never send the field: their JSON is unchanged.
+	if b, _ := json.Marshal(model.AllocAddressRequest{NetworkID: "x"}); strings.Contains(string(b), "Gateway") {
+		t.Errorf("request JSON %s", b)
+	}
+}

@@ -37,14 +37,34 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		if req.PreferredIPv4Address != "" {
-			if err := checkPreferred(tx, ns, "PreferredIPv4Address", req.PreferredIPv4Address, false); err != nil {
+		if req.Gateway && ns.Gateway != "" {
+			resp = model.AllocAddressResponse{NetworkID: req.NetworkID, IPv4Address: ns.Gateway + "/" + itoa(int(ns.SubnetLen))}
+			return nil
+		}
+		pref := req.PreferredIPv4Address
+		if req.Gateway && pref == "" {
+			base, err := parseIP4("subnetIP", ns.SubnetIP)
+			if err != nil {
+				return err
+			}
+			pref = addr4(base + 1).String()
+		}
+		if pref != "" {
+			if err := checkPreferred(tx, ns, "PreferredIPv4Address", pref, false); err != nil {
 				return err
 			}
 		}
-		ip, err := allocIPv4(tx, ns, epg, req.PreferredIPv4Address)
+		if req.Gateway {
+			epg = nil // the gateway is the network's, never from a group's pool
+		}
+		ip, err := allocIPv4(tx, ns, epg, pref)
 		if err != nil {
 			return err
+		}
+		if req.Gateway {
+			// Docker asked for the gateway of a network created without one: the address is
+			// reserved and becomes the gateway the datapath answers (ARP, egress, DNS).
+			ns.Gateway = ip
 		}
 		if err := tx.Put(model.NetStateKey(ns.ID), ns); err != nil {
 			return err

@@ -8,6 +8,10 @@ type AllocAddressRequest struct {
 	AddressPool          string
 	NetworkID            string
 	PreferredIPv4Address string
+	// Gateway (this project's extension, for Docker's gateway request): the network's
+	// gateway is returned; a network without one gets the address (preferred, else its
+	// first host address) reserved and recorded as its gateway in the network state.
+	Gateway bool `json:"Gateway,omitempty"`
 }
 
 // AllocAddressResponse answers allocAddress; IPv4Address is "a.b.c.d/len".

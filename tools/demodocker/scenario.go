@@ -90,8 +90,10 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 		say("   dockerd on %s: %s", h.Name, d.Host())
 	}
 
-	say("== netctl net create -s 10.1.1.0/24 -g 10.1.1.1 test-net")
-	if out, err := c.Netctl(ctx, "net", "create", "-s", "10.1.1.0/24", "-g", "10.1.1.1", "test-net"); err != nil {
+	// The seed's command as written: no gateway. Docker's gateway request reserves .1 as
+	// the network's gateway (netmaster), so the containers get .2, .3, ...
+	say("== netctl network create --subnet 10.103.1.0/24 test-net")
+	if out, err := c.Netctl(ctx, "network", "create", "--subnet", "10.103.1.0/24", "test-net"); err != nil {
 		return fmt.Errorf("netctl net create: %w\n%s", err, out)
 	}
 	for i, d := range daemons {
@@ -135,8 +137,16 @@ func Walkthrough(ctx context.Context, o Options) (err error) {
 		}
 		ips = append(ips, ip)
 	}
-	if ips[0] != "10.1.1.2" {
-		return fmt.Errorf("first container got %s, want 10.1.1.2 (gateway .1)", ips[0])
+	if ips[0] != "10.103.1.2" || ips[1] != "10.103.1.3" {
+		return fmt.Errorf("containers got %v, want 10.103.1.2 and .3 (the gateway .1 reserved)", ips)
+	}
+	say("== docker exec c1 ifconfig")
+	ifc, err := daemons[0].Docker(ctx, "exec", "c1", "ifconfig", "eth0")
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimRight(ifc, "\n"), "\n") {
+		say("   %s", l)
 	}
 
 	// The first packet may be lost while a datapath (OVS) sets up; wait until reachable.
@@ -232,8 +242,8 @@ func extraChecks(ctx context.Context, c *sim.Cluster, daemons []*dockertest.Daem
 	if err != nil {
 		return err
 	}
-	if ip != "10.1.1.2" {
-		return fmt.Errorf("c3 got %s; the released 10.1.1.2 was not reused", ip)
+	if ip != "10.103.1.2" {
+		return fmt.Errorf("c3 got %s; the released 10.103.1.2 was not reused", ip)
 	}
 	say("   docker rm c1 released its endpoint and address; c3 reuses %s", ip)
 
@@ -271,7 +281,7 @@ func extraChecks(ctx context.Context, c *sim.Cluster, daemons []*dockertest.Daem
 	if out, err := daemons[0].Docker(ctx, "exec", "c4", "ping", "-c", "2", "-W", "2", c2ip); err != nil || !strings.Contains(out, "2 packets received") {
 		return fmt.Errorf("c4 -> c2 after dockerd restart on %s: %v\n%s", c.Hosts[1].Name, err, out)
 	}
-	if out, err := daemons[1].Docker(ctx, "exec", "c2", "ping", "-c", "1", "-W", "2", "10.1.1.1"); err == nil && !strings.Contains(out, "packets transmitted") {
+	if out, err := daemons[1].Docker(ctx, "exec", "c2", "ping", "-c", "1", "-W", "2", "10.103.1.1"); err == nil && !strings.Contains(out, "packets transmitted") {
 		return fmt.Errorf("c2 exec after dockerd restart: %s", out)
 	}
 	say("   dockerd restart on %s (live-restore): c2 still reachable", c.Hosts[1].Name)
@@ -485,11 +495,12 @@ func benchRuns(ctx context.Context, d *dockertest.Daemon, n int, say func(string
 	return nil
 }
 
-// dnsServers is what the daemons' containers forward unknown names to: test-net's gateway,
+// dnsServers is what the daemons' containers forward unknown names to: test-net's gateway
+// (reserved as .1 by Docker's gateway request),
 // where the eBPF datapath's DNS responder answers (none on OVS).
 func dnsServers(dataplane string) []string {
 	if dataplane == "ovs" {
 		return nil
 	}
-	return []string{"10.1.1.1"}
+	return []string{"10.103.1.1"}
 }
