@@ -62,10 +62,16 @@ func run(parent context.Context, cfg config) error {
 		dnsSrv, err = dnsresp.Listen(ctx, dnsresp.Config{Listen: cfg.dnsListen, Upstreams: cfg.dnsUpstreams,
 			Rate: cfg.dnsRate, Burst: max(1, int(2*cfg.dnsRate)), Logger: log}, dir)
 		if err != nil {
-			return err
+			// The rest of the agent does not depend on it: run without (endpoints' queries
+			// to their gateway are then dropped as drop_to_gateway), and say so loudly.
+			log.Error("DNS responder not running: endpoints get no DNS at their gateway; free the address or pass --dns-listen ADDR:PORT (or off)",
+				"addr", cfg.dnsListen, "err", err)
+			dnsSrv = nil
+			cfg.dnsListen = netip.AddrPort{}
+		} else {
+			defer dnsSrv.Close()
+			log.Info("DNS responder listening", "addr", cfg.dnsListen, "upstreams", cfg.dnsUpstreams)
 		}
-		defer dnsSrv.Close()
-		log.Info("DNS responder listening", "addr", cfg.dnsListen, "upstreams", cfg.dnsUpstreams)
 	}
 	drv, err := newDriver(ctx, cfg)
 	if err != nil {
