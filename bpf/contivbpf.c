@@ -167,7 +167,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		pk.proto = f.proto;
 		pf = bpf_map_lookup_elem(&cb_peer_flows, &pk);
 		if (pf && pf->expires >= cb_now()) {
-			pf->expires = cb_now() + cb_peer_flow_timeout(&f);
+			pf->expires = cb_peer_flow_step(pf, &f, 1);
 			peer.vtep = pf->vtep;
 			net = bpf_map_lookup_elem(&cb_networks, &pf->net);
 			if (!net)
@@ -196,6 +196,10 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return cb_drop(skb, CB_DROP_TO_GATEWAY);
 	if (cb_dst_invalid(f.daddr))
 		return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
+	/* From this host's address, a datagram to the overlay's port would be a tunnel packet
+	 * of this host on the peer it reaches (any VNI, any inner source): never. */
+	if (f.proto == CB_PROTO_UDP && cfg->vxlan_port && f.dport == cfg->vxlan_port)
+		return cb_drop(skb, CB_DROP_EGRESS_OVERLAY);
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);
@@ -210,9 +214,14 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
 
-/* cb_nodeport_out sends a local backend's reply to a node port client: the reply is judged
- * as its flow's, its source becomes VIP:port (the flow's DNAT entry) and then the host's
- * address and node port, and it leaves by the egress device. */
+/* A packet of a local endpoint to no endpoint it reaches directly: cb_nodeport_out, then
+ * cb_outside (the entry program calls them one after the other). */
+#define CB_OUTSIDE (-2)
+
+/* cb_nodeport_out sends a local backend's reply to a node port client (its flow's DNAT
+ * entry in the node port zone): the reply is judged as its flow's, its source becomes
+ * VIP:port and then the host's address and node port, and it leaves by the egress device.
+ * Any other packet: CB_OUTSIDE. */
 static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	struct cb_pkt p = {};
@@ -228,16 +237,13 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
 	cfg = cb_get_config();
 	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex)
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-	r = cb_parse_ipv4(skb, &p);
-	if (!r)
-		r = cb_parse_l4(skb, &p, &f);
-	if (r)
-		return cb_drop(skb, r);
-	t.zone = CB_IF_ZONE(ifc);
+		return CB_OUTSIDE;
+	if (cb_parse_ipv4(skb, &p) || p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f) || p.inner.proto)
+		return CB_OUTSIDE; /* cb_outside judges it */
+	t.zone = CB_IF_ZONE(ifc) ^ CB_ZONE_NODEPORT;
 	rev = cb_lb_reply(&p, &f, t.zone);
-	if (!rev || !(rev->flags & CB_CT_NODEPORT) || p.inner.proto || p.frag != CB_FRAG_NONE)
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	if (!rev || !(rev->flags & CB_CT_NODEPORT))
+		return CB_OUTSIDE;
 	np = rev->nodeport;
 	t.src_epg = ifc->epg;
 	t.svc_reply = 1;
@@ -262,8 +268,6 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 
 /* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
  * the entry program after this returns: the two stack frames never nest). */
-#define CB_OUTSIDE (-2)
-#define CB_NODEPORT_OUT (-3)
 
 static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
@@ -335,8 +339,6 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 		dkey.net = dnet;
 	}
 	if (!ep) {
-		if (t.svc_reply && rev && (rev->flags & CB_CT_NODEPORT))
-			return CB_NODEPORT_OUT;
 		if (t.svc || t.svc_reply)
 			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 		return CB_OUTSIDE;
@@ -440,11 +442,13 @@ int cb_from_container(struct __sk_buff *skb)
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
 		r = cb_ipv4_from_container(skb, ifc);
-		if (r == CB_OUTSIDE)
-			return cb_outside(skb, ifc);
-		if (r == CB_NODEPORT_OUT)
-			return cb_nodeport_out(skb, ifc);
-		return r;
+		if (r != CB_OUTSIDE)
+			return r;
+		/* Outside the network: a node port flow's reply, else cb_outside. */
+		r = cb_nodeport_out(skb, ifc);
+		if (r != CB_OUTSIDE)
+			return r;
+		return cb_outside(skb, ifc);
 	default:
 		return cb_drop(skb, CB_DROP_NOT_IPV4);
 	}
@@ -525,7 +529,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL)) {
 		cfg = cb_get_config();
-		if (vtep && cfg && cfg->snat_ip && f.daddr == cfg->snat_ip)
+		if (vtep && cfg && cfg->vtep && f.daddr == cfg->vtep)
 			return CB_NODEPORT_BACK; /* a backend's reply to a node port flow */
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	}
@@ -564,6 +568,7 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	struct cb_flow f = {};
 	struct cb_peer_flow_key k = {};
 	struct cb_peer_flow v = {};
+	struct cb_peer_flow *pf;
 	struct cb_ep_key dkey = {};
 	struct cb_endpoint *ep;
 	int r;
@@ -588,11 +593,17 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	k.sport = f.sport;
 	k.dport = f.dport;
 	k.proto = f.proto;
-	v.expires = cb_now() + cb_peer_flow_timeout(&f);
-	v.vtep = vtep;
-	v.net = net_key;
-	if (bpf_map_update_elem(&cb_peer_flows, &k, &v, BPF_ANY) < 0)
-		return cb_drop(skb, CB_DROP_CT_FULL);
+	pf = bpf_map_lookup_elem(&cb_peer_flows, &k);
+	if (pf && pf->vtep == vtep && pf->net == net_key && pf->expires >= cb_now()) {
+		pf->expires = cb_peer_flow_step(pf, &f, 0);
+	} else {
+		v.state = CB_CTS_NEW;
+		v.vtep = vtep;
+		v.net = net_key;
+		v.expires = cb_peer_flow_step(&v, &f, 0);
+		if (bpf_map_update_elem(&cb_peer_flows, &k, &v, BPF_ANY) < 0)
+			return cb_drop(skb, CB_DROP_CT_FULL);
+	}
 	return cb_deliver_local(skb, &dkey, ep);
 }
 
@@ -624,6 +635,7 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	skey.net = net_key;
 	skey.ip = f.saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
+	d.zone = zone ^ CB_ZONE_NODEPORT;
 	r = cb_snat_reply(skb, &p, &f, &d, 1);
 	if (r < 0)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
@@ -631,6 +643,7 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 		return cb_drop(skb, r);
 	t.zone = d.zone;
 	t.src_epg = src ? src->epg : 0;
+	t.svc_reply = 1;
 	r = cb_stateful(&f, &t);
 	if (!r)
 		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, d.nodeport);
@@ -775,7 +788,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	np = cb_nodeport_lookup(&f);
 	if (!np)
 		return CB_TCX_NEXT;
-	t.zone = np->zone;
+	t.zone = np->zone ^ CB_ZONE_NODEPORT;
 	t.nodeport = f.dport;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
@@ -888,7 +901,9 @@ int cb_sock_connect4(struct bpf_sock_addr *ctx)
 	if (!svc || !svc->count)
 		return 0;
 	start = bpf_get_prandom_u32();
-	for (i = 0; i < CB_SOCK_LB_TRIES && i < svc->count; i++) {
+	for (i = 0; i < CB_SOCK_LB_TRIES; i++) {
+		if (i >= svc->count)
+			break;
 		bk.svc_id = svc->id;
 		bk.index = (start + i) % svc->count;
 		be = bpf_map_lookup_elem(&cb_backends, &bk);

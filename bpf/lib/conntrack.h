@@ -32,6 +32,11 @@ enum cb_ct_state {
 	CB_CTS_CLOSING = 3,     /* TCP FIN or RST seen */
 };
 
+/* Flows from outside through a node port live in their own zone (the service's zone with
+ * this bit flipped): a client's spoofed source can never meet an entry of the tenant's own
+ * endpoints. The driver refuses tenants whose zones differ by this bit only. */
+#define CB_ZONE_NODEPORT 0x80000000u
+
 struct cb_ct_key {
 	__u32 zone;  /* tenant routing domain */
 	__be32 saddr;

@@ -61,6 +61,7 @@ enum cb_reason {
 	CB_DROP_UPLINK_TO_ENDPOINT = 66, /* from the egress device straight to an endpoint address (not a NAT reply) */
 	CB_DROP_HOST_NO_ROUTE = 67, /* to the host from an endpoint its routes do not lead back to (overlapping address) */
 	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is on another host of a VLAN network */
+	CB_DROP_EGRESS_OVERLAY = 69, /* egress to the overlay's UDP port: would be a tunnel packet from this host's address */
 	CB_REASON_MAX = 96,
 };
 

@@ -351,7 +351,8 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		return 0;
 	if (!f->has_ports)
 		return 0; /* later fragments: cb_lb_frag */
-	sk.zone = t->zone;
+	/* Node port flows keep their state in the node port zone; the service is the tenant's. */
+	sk.zone = t->nodeport ? t->zone ^ CB_ZONE_NODEPORT : t->zone;
 	sk.vip = f->daddr;
 	sk.port = f->dport;
 	sk.proto = f->proto;

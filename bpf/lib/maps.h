@@ -110,7 +110,8 @@ struct cb_config {
 	__u16 snat_port_min;  /* egress NAT port (and ICMP id) range, host order */
 	__u16 snat_port_max;
 	__be32 dns_ip;        /* host address of the agent's DNS responder (0 = none) */
-	__u32 pad3;
+	__be16 vxlan_port;    /* the overlay's UDP port: never an egress destination port */
+	__u16 pad3;
 	__u64 netns_cookie;   /* the host namespace (socket LB acts only there; 0 = off) */
 };
 

@@ -147,12 +147,13 @@ CB_INLINE int cb_nat_echo_id(struct __sk_buff *skb, const struct cb_pkt *p, __be
 	return 0;
 }
 
-/* cb_snat_rev_free says whether the reply mapping under rk may be taken by a new flow: it
- * belongs to no live flow any more (its flow expired, was deleted, or moved to another
- * port), or (closing) its flow is a TCP flow that saw FIN or RST, which a new TCP SYN may
- * take over like the kernel reuses TIME_WAIT tuples: that flow's entry is deleted (its
- * stragglers find no flow). */
-CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int closing)
+/* cb_snat_rev_free says whether the reply mapping under rk may be taken by a new flow of
+ * endpoint saddr in zone: it belongs to no live flow any more (its flow expired, was
+ * deleted, or moved to another port), or (closing) its flow is a closing TCP flow (FIN or
+ * RST seen) of the same endpoint, which its own new SYN may take over like the kernel
+ * reuses TIME_WAIT tuples: that flow's entry is deleted (its stragglers find no flow).
+ * Another endpoint never takes a port whose flow may still carry data. */
+CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int closing, __u32 zone, __be32 saddr)
 {
 	struct cb_snat_key k = {};
 	struct cb_snat_entry *e;
@@ -169,7 +170,7 @@ CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int clo
 	e = bpf_map_lookup_elem(&cb_snat, &k);
 	if (!e || e->expires < now || e->nat_port != rk->nat_port)
 		return 1;
-	if (closing && e->state == CB_CTS_CLOSING) {
+	if (closing && e->state == CB_CTS_CLOSING && rv->zone == zone && rv->saddr == saddr) {
 		bpf_map_delete_elem(&cb_snat, &k);
 		return 1;
 	}
@@ -190,9 +191,10 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 	__u32 span, start, i, lo;
 	__u64 now = cb_now();
 	__be16 port = 0, old;
+	__be32 src;
 	int echo, closing, r;
 
-	if (!p || !f || !t || !cfg || !cfg->snat_ip)
+	if (!p || !f || !t || !cfg)
 		return CB_DROP_TO_GATEWAY;
 	echo = f->proto == CB_PROTO_ICMP && f->icmp_type == CB_ICMP_ECHO;
 	if (p->frag != CB_FRAG_NONE || !(f->has_ports || echo))
@@ -236,7 +238,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 				port = rk.nat_port;
 				break;
 			}
-			if (cb_snat_rev_free(&rk, now, i >= CB_SNAT_TRIES) &&
+			if (cb_snat_rev_free(&rk, now, i >= CB_SNAT_TRIES, t->zone, f->saddr) &&
 			    bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_ANY) == 0) {
 				port = rk.nat_port;
 				break;
@@ -254,10 +256,15 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 			return CB_DROP_EGRESS_NO_PORT;
 		}
 	}
+	/* Node port flows to another host go from the VTEP address: the address the backend's
+	 * host knows this one by (and sends the replies back through the tunnel to). */
+	src = t->nodeport ? cfg->vtep : cfg->snat_ip;
+	if (!src)
+		return CB_DROP_TO_GATEWAY;
 	if (!echo)
-		return cb_nat(skb, p, f, 0, cfg->snat_ip, port);
+		return cb_nat(skb, p, f, 0, src, port);
 	old = f->sport;
-	r = cb_nat(skb, p, f, 0, cfg->snat_ip, 0);
+	r = cb_nat(skb, p, f, 0, src, 0);
 	if (r)
 		return r;
 	r = cb_nat_echo_id(skb, p, old, port);
@@ -319,7 +326,8 @@ static __noinline int cb_snat_icmp_error(struct __sk_buff *skb, struct cb_pkt *p
 
 /* cb_snat_reply matches a packet to snat_ip (parsed into p/f) against the egress flows
  * (nodeport 0: from the egress device) or the node port flows sent to other hosts
- * (nodeport 1: from the overlay), un-NATs its destination and says where it goes (*d).
+ * (nodeport 1: from the overlay, d->zone set by the caller to the node port zone of the
+ * network it arrived in), un-NATs its destination and says where it goes (*d).
  * Returns -1 when it is no reply of such a flow (from the egress device: the host's own
  * traffic, pass it on), 0 when translated, or a drop reason. */
 static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
@@ -366,6 +374,10 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	k.proto = rk.proto;
 	e = bpf_map_lookup_elem(&cb_snat, &k);
 	if (!e || e->expires < now || e->nat_port != rk.nat_port || (e->nodeport != 0) != (nodeport != 0))
+		return -1;
+	/* A node port flow's reply comes back through the overlay in its backend's network:
+	 * in any other tenant's network it is no reply of it. */
+	if (nodeport && rv->zone != d->zone)
 		return -1;
 	d->zone = rv->zone;
 	d->net = rv->net;

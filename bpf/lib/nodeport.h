@@ -74,6 +74,8 @@ struct cb_peer_flow {
 	__u64 expires;
 	__be32 vtep;
 	__u32 net;     /* the network key the flow arrived in */
+	__u8 state;    /* enum cb_ct_state: NEW until the endpoint answered */
+	__u8 pad[7];
 };
 
 struct {
@@ -84,13 +86,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_peer_flows SEC(".maps");
 
-CB_INLINE __u64 cb_peer_flow_timeout(const struct cb_flow *f)
+/* cb_peer_flow_step moves a peer flow's state with packet f (reply: from the endpoint) and
+ * returns its new deadline: conntrack's timeouts, NEW until the endpoint answered. */
+CB_INLINE __u64 cb_peer_flow_step(struct cb_peer_flow *v, const struct cb_flow *f, int reply)
 {
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
-		return CB_CT_TIMEOUT_TCP_CLOSE;
-	if (f->proto == CB_PROTO_TCP)
-		return CB_CT_TIMEOUT_TCP_EST;
-	return CB_CT_TIMEOUT_OTHER;
+		v->state = CB_CTS_CLOSING;
+	else if (reply && v->state == CB_CTS_NEW)
+		v->state = CB_CTS_ESTABLISHED;
+	return cb_now() + cb_ct_timeout(f->proto, v->state);
 }
 
 /* Services for the host's own processes (socket level, cgroup/connect4): a connection to a
@@ -117,4 +121,4 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_host_svcs SEC(".maps");
 
-#define CB_SOCK_LB_TRIES 16
+#define CB_SOCK_LB_TRIES 256 /* backends scanned for a local one (services larger than that may miss it) */

@@ -41,8 +41,9 @@ type natReplyKey struct {
 //     flow; IP fragments and other protocols are never carried;
 //   - a live flow keeps its port; a new flow gets a port of [PortMin, PortMax] not held by a
 //     live flow towards the same (remote address, remote port, protocol); when there is none,
-//     a new TCP flow takes over the port of a CLOSING TCP flow (which is deleted), as the
-//     kernel reuses TIME_WAIT tuples. Which port is the datapath's choice (Egress's choose);
+//     a new TCP flow takes over the port of a CLOSING TCP flow of the same endpoint (zone
+//     and address; that flow is deleted), as the kernel reuses TIME_WAIT tuples. Which port
+//     is the datapath's choice (Egress's choose);
 //   - a reply (TCP/UDP from the flow's remote address and port to its port, ICMP echo reply
 //     from the remote address with its port as id) belongs to the flow if the flow is live
 //     and still holds that port;
@@ -115,7 +116,11 @@ func (m *NATModel) Egress(p ModelPacket, choose func(allowed func(uint16) bool) 
 				return false
 			}
 			r := natReplyOf(k, port)
-			return !m.held(r) || m.Flows[m.replies[r]].State == CTClosing
+			if !m.held(r) {
+				return true
+			}
+			owner := m.replies[r]
+			return m.Flows[owner].State == CTClosing && owner.Zone == k.Zone && owner.Src == k.Src
 		}
 	}
 	port, ok := choose(allowed)

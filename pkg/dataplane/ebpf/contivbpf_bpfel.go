@@ -41,7 +41,8 @@ type contivbpfCbConfig struct {
 	SnatPortMin   uint16
 	SnatPortMax   uint16
 	DnsIp         uint32
-	Pad3          uint32
+	VxlanPort     uint16
+	Pad3          uint16
 	_             [4]byte
 	NetnsCookie   uint64
 }
@@ -297,6 +298,8 @@ type contivbpfCbPeerFlow struct {
 	Expires uint64
 	Vtep    uint32
 	Net     uint32
+	State   uint8
+	Pad     [7]uint8
 }
 
 type contivbpfCbPeerFlowKey struct {
@@ -385,6 +388,7 @@ const (
 	contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfCbReason = 66
 	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE      contivbpfCbReason = 67
 	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfCbReason = 68
+	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY     contivbpfCbReason = 69
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 

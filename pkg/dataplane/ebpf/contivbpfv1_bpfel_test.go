@@ -41,7 +41,8 @@ type contivbpfv1CbConfig struct {
 	SnatPortMin   uint16
 	SnatPortMax   uint16
 	DnsIp         uint32
-	Pad3          uint32
+	VxlanPort     uint16
+	Pad3          uint16
 	_             [4]byte
 	NetnsCookie   uint64
 }
@@ -293,6 +294,8 @@ type contivbpfv1CbPeerFlow struct {
 	Expires uint64
 	Vtep    uint32
 	Net     uint32
+	State   uint8
+	Pad     [7]uint8
 }
 
 type contivbpfv1CbPeerFlowKey struct {
@@ -393,6 +396,7 @@ const (
 	contivbpfv1CbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfv1CbReason = 66
 	contivbpfv1CbReasonCB_DROP_HOST_NO_ROUTE      contivbpfv1CbReason = 67
 	contivbpfv1CbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfv1CbReason = 68
+	contivbpfv1CbReasonCB_DROP_EGRESS_OVERLAY     contivbpfv1CbReason = 69
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 96
 )
 

@@ -416,6 +416,7 @@ func (d *Driver) writeConfig() error {
 	if d.cfg.DNSIP.Is4() {
 		c.DnsIp = ip4(d.cfg.DNSIP)
 	}
+	c.VxlanPort = nport(uint16(d.cfg.VXLANPort))
 	if d.sockLB != "" {
 		c.NetnsCookie = d.netnsCookie
 	}

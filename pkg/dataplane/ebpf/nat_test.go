@@ -504,3 +504,68 @@ func TestPolicyToHostAndDNS(t *testing.T) {
 	}})
 	run(t, objs, fc, l4Frame(17, srcIP, gwIP, 5001, 53, 0, 0), nil).expect(t, 0, FwdDNS)
 }
+
+// From the review (attacker's pass): the findings, each as the packets that showed it.
+func TestEgressAttacks(t *testing.T) {
+	objs := natFixture(t, 1)
+	var cfg contivbpfCbConfig
+	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.VxlanPort = nport(4789)
+	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	fc := objs.CbFromContainer
+	// A container may not send a VXLAN datagram from the host's own address (it would be a
+	// tunnel packet of this host on the peer: any VNI, any inner source).
+	run(t, objs, fc, l4Frame(17, srcIP, netip.MustParseAddr(testVTEP), 5000, 4789, 0, 0), nil).expect(t, tcActShot, DropEgressOverlay)
+	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 5000, 4789, 0, 0), nil).expect(t, tcActShot, DropEgressOverlay)
+	// Another tenant never takes over a closing flow's port (its late data would reach it).
+	p := egressOut(t, objs, 6, 40000, 443, 0x02)
+	egressOut(t, objs, 6, 40000, 443, 0x04) // RST: closing
+	setZone(t, objs, testZone+1)
+	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40000, 443, 0x02, 0), nil).expect(t, tcActShot, DropEgressNoPort)
+	setZone(t, objs, testZone)
+	if q := egressOut(t, objs, 6, 40001, 443, 0x02); q != p {
+		t.Errorf("the same endpoint's new SYN got %d, want its closing port %d", q, p)
+	}
+}
+
+// A node port client spoofing the address and port of one of the tenant's own endpoints
+// never meets that endpoint's flows: node port state lives in its own zone.
+func TestNodePortSpoofedInternalSource(t *testing.T) {
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_POLICY))
+	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
+		t.Fatal(err)
+	}
+	// The backend's group only admits its own network's clients on 8080 (not the outside).
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny},
+		{ID: "net", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Remote: netip.MustParsePrefix("10.1.0.0/24"), Action: dataplane.ActionAllow},
+	}})
+	// From outside with the source of the tenant's endpoint 10.1.0.3: the rule keyed on the
+	// network's addresses does match it (addresses are all policy has), but the flow lands in
+	// the node port zone, and the backend's reply goes back out of the egress device, never to
+	// the real 10.1.0.3.
+	r := run(t, objs, objs.CbFromUplink, l4Frame(6, localIP, hostIP, 40000, 30080, 0x02, 0), nil)
+	r.expect(t, tcActRedirect, FwdNodePort)
+	var k contivbpfCbCtKey
+	var v contivbpfCbCtEntry
+	it := objs.CbCt.Iterate()
+	for it.Next(&k, &v) {
+		if k.Zone == testZone {
+			t.Errorf("node port flow state in the tenant's own zone: %+v", k)
+		}
+	}
+	// The reply to the spoofed source is judged as the backend's own packet to its
+	// neighbour, never sent out as a node port reply.
+	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, localIP, 8080, 40000, 0x12, 0), nil)
+	if r.diff[FwdNodePortReply] != 0 {
+		t.Error("a reply to an internal address left by the node port path")
+	}
+}

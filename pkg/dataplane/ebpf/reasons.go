@@ -57,6 +57,7 @@ const (
 	DropEgressInvalidDst  = Reason(contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST)
 	DropUplinkToEndpoint  = Reason(contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT)
 	DropNodePortNoLocal   = Reason(contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL)
+	DropEgressOverlay     = Reason(contivbpfCbReasonCB_DROP_EGRESS_OVERLAY)
 	DropHostNoRoute       = Reason(contivbpfCbReasonCB_DROP_HOST_NO_ROUTE)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
@@ -112,6 +113,7 @@ var reasonNames = map[Reason]string{
 	DropEgressInvalidDst:  "drop_egress_invalid_dst",
 	DropUplinkToEndpoint:  "drop_uplink_to_endpoint",
 	DropNodePortNoLocal:   "drop_nodeport_no_local",
+	DropEgressOverlay:     "drop_egress_overlay",
 	DropHostNoRoute:       "drop_host_no_route",
 }
 
