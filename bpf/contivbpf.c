@@ -445,9 +445,11 @@ int cb_from_container(struct __sk_buff *skb)
 		if (r != CB_OUTSIDE)
 			return r;
 		/* Outside the network: a node port flow's reply, else cb_outside. */
-		r = cb_nodeport_out(skb, ifc);
-		if (r != CB_OUTSIDE)
-			return r;
+		if (cb_features & CB_FEAT_NODEPORT) {
+			r = cb_nodeport_out(skb, ifc);
+			if (r != CB_OUTSIDE)
+				return r;
+		}
 		return cb_outside(skb, ifc);
 	default:
 		return cb_drop(skb, CB_DROP_NOT_IPV4);
@@ -846,7 +848,7 @@ int cb_from_uplink(struct __sk_buff *skb)
 	if (skb->vlan_present)
 		return CB_TCX_NEXT;
 	r = cb_uplink_snat(skb);
-	if (r != CB_TCX_NEXT)
+	if (r != CB_TCX_NEXT || !(cb_features & CB_FEAT_NODEPORT))
 		return r;
 	return cb_uplink_nodeport(skb);
 }

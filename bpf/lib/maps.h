@@ -121,6 +121,7 @@ enum cb_features {
 	CB_FEAT_ROUTING = 4,  /* Contiv routing mode: route between networks of a tenant */
 	CB_FEAT_EVENTS = 8,   /* someone reads cb_events: emit drop events */
 	CB_FEAT_ALLOW_EVENTS = 16, /* ... and wants new flows a rule allowed too */
+	CB_FEAT_NODEPORT = 32, /* some service has a node port (nodeport.h) */
 };
 
 struct cb_ep_stats {

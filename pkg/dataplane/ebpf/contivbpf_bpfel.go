@@ -175,6 +175,7 @@ const (
 	contivbpfCbFeaturesCB_FEAT_ROUTING      contivbpfCbFeatures = 4
 	contivbpfCbFeaturesCB_FEAT_EVENTS       contivbpfCbFeatures = 8
 	contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfCbFeatures = 16
+	contivbpfCbFeaturesCB_FEAT_NODEPORT     contivbpfCbFeatures = 32
 )
 
 type contivbpfCbFragEntry struct {

@@ -173,6 +173,7 @@ const (
 	contivbpfv1CbFeaturesCB_FEAT_ROUTING      contivbpfv1CbFeatures = 4
 	contivbpfv1CbFeaturesCB_FEAT_EVENTS       contivbpfv1CbFeatures = 8
 	contivbpfv1CbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfv1CbFeatures = 16
+	contivbpfv1CbFeaturesCB_FEAT_NODEPORT     contivbpfv1CbFeatures = 32
 )
 
 type contivbpfv1CbFragEntry struct {

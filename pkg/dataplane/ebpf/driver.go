@@ -396,6 +396,12 @@ func (d *Driver) writeConfig() error {
 	if len(d.services) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
 	}
+	for _, r := range d.services {
+		if len(r.nodePorts) > 0 {
+			c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_NODEPORT)
+			break
+		}
+	}
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
 	}

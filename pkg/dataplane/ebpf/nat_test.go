@@ -401,7 +401,7 @@ func TestDNSRedirect(t *testing.T) {
 func TestNodePort(t *testing.T) {
 	objs := natFixture(t, 64)
 	vip := netip.MustParseAddr("10.1.0.100")
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
 	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
 	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
 		t.Fatal(err)
@@ -537,7 +537,7 @@ func TestEgressAttacks(t *testing.T) {
 func TestNodePortSpoofedInternalSource(t *testing.T) {
 	objs := natFixture(t, 64)
 	vip := netip.MustParseAddr("10.1.0.100")
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_POLICY))
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_NODEPORT))
 	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
 	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
 		t.Fatal(err)

@@ -217,8 +217,11 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		if err := d.dropServiceRest(old, rec); err != nil {
 			return err
 		}
-	} else if err := d.writeConfig(); err != nil {
-		return err
+	}
+	if !had || len(old.nodePorts) != len(npKeys) {
+		if err := d.writeConfig(); err != nil {
+			return err
+		}
 	}
 	return d.syncHostSvcs()
 }
