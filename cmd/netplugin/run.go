@@ -60,7 +60,7 @@ func run(parent context.Context, cfg config) error {
 	var dnsSrv *dnsresp.Server
 	if cfg.dnsListen.IsValid() {
 		dnsSrv, err = dnsresp.Listen(ctx, dnsresp.Config{Listen: cfg.dnsListen, Upstreams: cfg.dnsUpstreams,
-			Rate: cfg.dnsRate, Burst: max(1, int(2*cfg.dnsRate)), Logger: log}, dir)
+			Rate: cfg.dnsRate, Burst: max(1, int(2*cfg.dnsRate)), UpstreamDevice: upstreamDevice(cfg.dnsUpstreams, log), Logger: log}, dir)
 		if err != nil {
 			// The rest of the agent does not depend on it: run without (endpoints' queries
 			// to their gateway are then dropped as drop_to_gateway), and say so loudly.
@@ -232,6 +232,29 @@ func podLabeler(cfg config, log *slog.Logger) (*k8s.Client, error) {
 	}
 	log.Info("pod labels from the Kubernetes API", "api", kc.APIServer)
 	return c, nil
+}
+
+// upstreamDevice is the device the host reaches the first DNS upstream by now (before any
+// endpoint's host route exists): forwarded queries are bound to it, so no endpoint whose
+// address is an upstream's can receive them. "" when it cannot be told.
+func upstreamDevice(ups []string, log *slog.Logger) string {
+	if len(ups) == 0 {
+		return ""
+	}
+	ap, err := netip.ParseAddrPort(ups[0])
+	if err != nil {
+		return ""
+	}
+	routes, err := netlink.RouteGet(ap.Addr().AsSlice())
+	if err != nil || len(routes) == 0 {
+		log.Warn("DNS upstream: no route now; forwarded queries are not bound to a device", "upstream", ups[0], "err", err)
+		return ""
+	}
+	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return ""
+	}
+	return l.Attrs().Name
 }
 
 // lateDirectory is the DNS responder's directory until (and after) the agent exists.

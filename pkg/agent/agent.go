@@ -114,8 +114,9 @@ type Agent struct {
 	lastDrift  int       // drift entries found by the last Verify (guarded by mu)
 	lastVerify time.Time // when (zero: never)
 
-	names   atomic.Pointer[nameIndex] // DNS names of every tenant (dns.go), rebuilt with the desired state
-	ifNames sync.Map                  // ifindex → host interface name (dns.go)
+	names   atomic.Pointer[nameIndex]  // DNS names of every tenant (dns.go), rebuilt with the desired state
+	askers  atomic.Pointer[askerIndex] // host veth name → DNS asker (dns.go), rebuilt with it
+	ifNames sync.Map                   // ifindex → ifNameEntry (dns.go)
 }
 
 // New validates cfg and returns an agent; Run starts it.
@@ -302,6 +303,7 @@ func (a *Agent) desired() (dataplane.State, map[string]error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.names.Store(buildNames(a.rec))
+	a.askers.Store(buildAskers(a.rec))
 	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}, a.rec)
 }
 

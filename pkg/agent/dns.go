@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dnsresp"
 )
@@ -46,12 +47,13 @@ func buildNames(r *records) *nameIndex {
 		if err != nil {
 			continue
 		}
-		tenant := ""
-		if nr, ok := r.nets[ep.NetID]; ok {
-			tenant = nr.Tenant
-		} else if _, t, ok := strings.Cut(ep.NetID, "."); ok {
-			tenant = t
+		// The tenant comes from the network record only: ids are ambiguous when names
+		// contain dots, and a guessed tenant could get another tenant's names.
+		nr, ok := r.nets[ep.NetID]
+		if !ok {
+			continue
 		}
+		tenant := nr.Tenant
 		n.add(tenant, ep.EPCommonName, a)
 		n.add(tenant, ep.EndpointID, a)
 		if g, t, ok := strings.Cut(ep.EndpointGroupKey, ":"); ok && t == tenant {
@@ -76,45 +78,51 @@ func (a *Agent) Lookup(tenant, name string) ([]netip.Addr, bool) {
 	return addrs, ok
 }
 
-// Asker returns the local endpoint behind host interface ifindex (dnsresp.Directory): its
-// tenant and its network's gateway, the address it asked.
-func (a *Agent) Asker(ifindex int) (dnsresp.Asker, bool) {
-	name, ok := a.ifNames.Load(ifindex)
-	for attempt := 0; attempt < 2; attempt++ {
-		if !ok {
-			ifc, err := net.InterfaceByIndex(ifindex)
-			if err != nil {
-				return dnsresp.Asker{}, false
-			}
-			name, ok = ifc.Name, true
-			a.ifNames.Store(ifindex, name)
-		}
-		if asker, found := a.askerOn(name.(string)); found {
-			return asker, true
-		}
-		// The index may have been reused by another interface since it was cached.
-		a.ifNames.Delete(ifindex)
-		ok = false
-	}
-	return dnsresp.Asker{}, false
-}
+// askerIndex maps host veth names to their endpoint's asker (rebuilt with the names).
+type askerIndex map[string]dnsresp.Asker
 
-func (a *Agent) askerOn(ifname string) (dnsresp.Asker, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, l := range a.rec.local {
-		if l.PortName != ifname {
+func buildAskers(r *records) *askerIndex {
+	idx := askerIndex{}
+	for _, l := range r.local {
+		nr, ok := r.nets[l.NetID]
+		if !ok || l.PortName == "" {
 			continue
-		}
-		nr, ok := a.rec.nets[l.NetID]
-		if !ok {
-			return dnsresp.Asker{}, false
 		}
 		gw, err := netip.ParseAddr(nr.Gateway)
 		if err != nil {
-			return dnsresp.Asker{}, false
+			continue
 		}
-		return dnsresp.Asker{Tenant: nr.Tenant, Gateway: gw}, true
+		idx[l.PortName] = dnsresp.Asker{Tenant: nr.Tenant, Gateway: gw}
 	}
-	return dnsresp.Asker{}, false
+	return &idx
+}
+
+// ifNameTTL bounds how long an ifindex → name answer (also "no such interface") is reused:
+// indexes are recycled when veths come and go.
+const ifNameTTL = 5 * time.Second
+
+type ifNameEntry struct {
+	name string // "" = no interface
+	at   time.Time
+}
+
+// Asker returns the local endpoint behind host interface ifindex (dnsresp.Directory): its
+// tenant and its network's gateway, the address it asked. No lock and, within ifNameTTL,
+// no netlink request: queries from anywhere else (the underlay, the host) cost a map lookup.
+func (a *Agent) Asker(ifindex int) (dnsresp.Asker, bool) {
+	var name string
+	if v, ok := a.ifNames.Load(ifindex); ok && time.Since(v.(ifNameEntry).at) < ifNameTTL {
+		name = v.(ifNameEntry).name
+	} else {
+		if ifc, err := net.InterfaceByIndex(ifindex); err == nil {
+			name = ifc.Name
+		}
+		a.ifNames.Store(ifindex, ifNameEntry{name: name, at: time.Now()})
+	}
+	idx := a.askers.Load()
+	if name == "" || idx == nil {
+		return dnsresp.Asker{}, false
+	}
+	asker, ok := (*idx)[name]
+	return asker, ok
 }

@@ -54,8 +54,15 @@ type Config struct {
 	// MaxForwards bounds the queries being forwarded at once (default 256); beyond it a
 	// query gets SERVFAIL at once.
 	MaxForwards int
+	// MaxForwardsPerAsker bounds one endpoint's queries being forwarded at once (default
+	// 16): one endpoint asking slow names cannot take every other's forwarding.
+	MaxForwardsPerAsker int
+	// UpstreamDevice, if set, binds the forwarding sockets to that device (SO_BINDTODEVICE):
+	// a route to an endpoint can never divert the host's forwarded queries.
+	UpstreamDevice string
 	// DialUpstream opens the socket a query is forwarded on (default: a UDP net.Dialer in
-	// the caller's network namespace; tests pass one that dials inside theirs).
+	// the caller's network namespace, bound to UpstreamDevice; tests pass one that dials
+	// inside theirs).
 	DialUpstream func(ctx context.Context, addr string) (net.Conn, error)
 	Logger       *slog.Logger
 }
@@ -85,6 +92,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[int]*rate.Limiter
+	inFlight map[int]int // forwards in flight by asking interface
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -113,9 +121,22 @@ func Listen(ctx context.Context, cfg Config, dir Directory) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.MaxForwardsPerAsker <= 0 {
+		cfg.MaxForwardsPerAsker = 16
+	}
 	if cfg.DialUpstream == nil {
+		dev := cfg.UpstreamDevice
 		cfg.DialUpstream = func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
+			d := net.Dialer{}
+			if dev != "" {
+				d.Control = func(_, _ string, c syscall.RawConn) error {
+					var serr error
+					if err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), dev) }); err != nil {
+						return err
+					}
+					return serr
+				}
+			}
 			return d.DialContext(ctx, "udp4", addr)
 		}
 	}
@@ -139,7 +160,7 @@ func Listen(ctx context.Context, cfg Config, dir Directory) (*Server, error) {
 		return nil, fmt.Errorf("dns: ask for the arrival interface: %w", err)
 	}
 	s := &Server{cfg: cfg, dir: dir, conn: conn, pc: pc, log: cfg.Logger.With("component", "dns"),
-		fwdSem: make(chan struct{}, cfg.MaxForwards), limiters: map[int]*rate.Limiter{}, closed: make(chan struct{}),
+		fwdSem: make(chan struct{}, cfg.MaxForwards), limiters: map[int]*rate.Limiter{}, inFlight: map[int]int{}, closed: make(chan struct{}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "contiv_dns_queries_total",
 			Help: "DNS queries from local endpoints to the agent's responder, by outcome."}, []string{"result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "contiv_dns_answer_seconds",
@@ -305,9 +326,27 @@ func (s *Server) forward(req *dns.Msg, ifindex int, asker Asker, from *net.UDPAd
 		fail()
 		return
 	}
+	s.mu.Lock()
+	busy := s.inFlight[ifindex] >= s.cfg.MaxForwardsPerAsker
+	if !busy {
+		s.inFlight[ifindex]++
+	}
+	s.mu.Unlock()
+	if busy {
+		fail()
+		return
+	}
+	release := func() {
+		s.mu.Lock()
+		if s.inFlight[ifindex]--; s.inFlight[ifindex] <= 0 {
+			delete(s.inFlight, ifindex)
+		}
+		s.mu.Unlock()
+	}
 	select {
 	case s.fwdSem <- struct{}{}:
 	default:
+		release()
 		fail()
 		return
 	}
@@ -315,6 +354,7 @@ func (s *Server) forward(req *dns.Msg, ifindex int, asker Asker, from *net.UDPAd
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.fwdSem }()
+		defer release()
 		for _, up := range s.cfg.Upstreams {
 			select {
 			case <-s.closed:

@@ -264,6 +264,7 @@ func TestServiceNodePorts(t *testing.T) {
 		{svc("blue", "n2", "api", "30081:80:SCTP"), 400, "protocol must be TCP or UDP"},
 		{svc("blue", "n2", "api", "30081:80"), 400, "must be nodePort:svcPort:protocol"},
 		{svc("blue", "n2", "api", "30081:80:TCP", "30081:80:tcp"), 400, "listed twice"},
+		{svc("blue", "n2", "api", "30081:80:TCP", "30082:80:TCP"), 400, "service port 80/TCP already has a node port"},
 	} {
 		if code, out := e.do("POST", "/api/v1/serviceLBs/blue:api/", tc.body); code != tc.code || !strings.Contains(out, tc.msg) {
 			t.Errorf("%v: %d %q, want %d %q", tc.body["nodePorts"], code, out, tc.code, tc.msg)

@@ -81,6 +81,13 @@ func validateServiceLB(s *model.ServiceLB) error {
 		} else {
 			seen[k] = true
 		}
+		// One node port per service port: more would only hold ports of the cluster-wide
+		// range that nothing serves.
+		if k := "svc " + strconv.Itoa(svcPort) + "/" + proto; seen[k] {
+			return badReq("nodePorts: service port %d/%s already has a node port", svcPort, strings.ToUpper(proto))
+		} else {
+			seen[k] = true
+		}
 	}
 	return nil
 }
@@ -396,7 +403,11 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 	ep.Labels = req.Labels
 	if req.EPCommonName != "" {
 		// The runtime's name of the container (Docker's, learnt after the container
-		// started): the DNS responders answer it.
+		// started): the DNS responders answer it. Only for the endpoint the caller names
+		// (its id), never for whatever endpoint holds the address now.
+		if req.EndpointID == "" || (req.EndpointID != ep.EndpointID && req.EndpointID != ep.ContainerID) {
+			return unproc("EPCommonName: EndpointID %q is not the endpoint holding %s", req.EndpointID, ip)
+		}
 		ep.EPCommonName = req.EPCommonName
 	}
 	if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {

@@ -82,3 +82,24 @@ func TestNoForwardingMode(t *testing.T) {
 	e.ok("POST", "/api/v1/globals/global/", g, nil)
 	e.net("default", "n", "vxlan", "10.1.1.0/24", "", 0)
 }
+
+// A container's name is set only on the endpoint the caller names: never on whatever
+// endpoint holds the address (a reused address, or another host's endpoint).
+func TestUpdateEndpointName(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "app", "vxlan", "10.20.0.0/24", "10.20.0.1", 0)
+	ep := e.createEP("default", "app", "", "p1", "")
+	if code, out := e.do("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, Tenant: "default",
+		Network: "app", Event: "start", EndpointID: "someone-else", EPCommonName: "web"}); code != 422 || !strings.Contains(out, "EPCommonName") {
+		t.Fatalf("name for another endpoint: %d %s", code, out)
+	}
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, Tenant: "default",
+		Network: "app", Event: "start", EndpointID: ep.EndpointID, EPCommonName: "web"}, nil)
+	var st model.CfgEndpointState
+	if err := json.Unmarshal([]byte(e.rawGet(model.EpStateKey(ep.ID))), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.EPCommonName != "web" {
+		t.Errorf("epCommonName %q", st.EPCommonName)
+	}
+}

@@ -247,6 +247,10 @@ func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr,
 			return nil
 		}
 	}
+	if why := d.hostRouteForbidden(ip, ifindex); why != "" {
+		d.log.Warn("host route refused: the host keeps its own path to this address", "ip", ip, "endpoint", ik, "why", why)
+		return nil
+	}
 	r := &netlink.Route{LinkIndex: ifindex, Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
 		Scope: netlink.SCOPE_LINK, Protocol: rtProtoContivBPF}
 	if err := d.nl.RouteReplace(r); err != nil {
@@ -257,6 +261,37 @@ func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr,
 	}
 	d.hostRoutes[ip] = ik
 	return nil
+}
+
+// hostRouteForbidden says why the host must not route ip to an endpoint ("" = it may): a
+// tenant chooses its subnets, and a /32 route would divert the host's own traffic to an
+// address it reaches otherwise: one of its own addresses, a peer's VTEP, or an address on a
+// network the host is attached to (the underlay: etcd, netmaster, its resolvers).
+func (d *Driver) hostRouteForbidden(ip netip.Addr, ifindex int) string {
+	var v contivbpfCbHostIp
+	if d.objs.CbHostIps != nil && d.objs.CbHostIps.Lookup(ip4(ip), &v) == nil {
+		return "an address of this host"
+	}
+	for host, vtep := range d.peers {
+		if vtep == ip {
+			return "the VTEP of host " + host
+		}
+	}
+	routes, err := d.nl.RouteGet(ip.AsSlice())
+	if err != nil || len(routes) == 0 {
+		return ""
+	}
+	r := routes[0]
+	if r.LinkIndex == ifindex || r.Gw != nil {
+		return "" // already ours, or only the default route's way
+	}
+	if _, own := d.endpointByIfindex(r.LinkIndex); own {
+		return ""
+	}
+	if l, err := d.nl.LinkByIndex(r.LinkIndex); err == nil {
+		return "on the network of " + l.Attrs().Name
+	}
+	return "on a network the host is attached to"
 }
 
 // dropHostRoute forgets ip's host route if endpoint ik holds it (the kernel removes the

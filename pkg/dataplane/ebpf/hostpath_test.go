@@ -301,6 +301,25 @@ func TestHostPathAndEgress(t *testing.T) {
 			t.Errorf("dial to the new host address: %v, want connection refused (the host answered)", err)
 		}
 	})
+	t.Run("tenant-subnet-on-the-underlay", func(t *testing.T) {
+		// A tenant may choose any subnet: an endpoint on the host's own underlay network
+		// gets no host route (the host's traffic to that address keeps its way).
+		evil := dataplane.Network{ID: "evil.v", Encap: dataplane.EncapVXLAN, Tag: 79,
+			Subnet: netip.MustParsePrefix("192.168.77.0/24"), Gateway: netip.MustParseAddr("192.168.77.254")}
+		e := w.endpoint(t, evil, "e", ewExtIP) // the external router's address
+		if err := d.UpsertNetwork(ctx, evil); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.UpsertEndpoint(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = d.DeleteEndpoint(ctx, e.ID) }()
+		var v contivbpfCbHostRoute
+		if err := d.objs.CbHostRoutes.Lookup(ip4(e.IP), &v); err == nil {
+			t.Error("host route installed for an address on the underlay")
+		}
+		conformance.PingOK(t, w.host, ewExtIP, 3) // still the real router
+	})
 	t.Run("delete-endpoint", func(t *testing.T) {
 		if err := d.DeleteEndpoint(ctx, a.ID); err != nil {
 			t.Fatal(err)
