@@ -2,6 +2,7 @@ package dockerplugin
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -31,13 +32,25 @@ type EndpointUpdater interface {
 const nameWait = 15 * time.Second
 
 // announceContainer finds the container of Docker endpoint dockerEP (on docker network
-// netID) and reports its name and labels for ep. It gives up quietly after nameWait.
+// netID) and reports its name and labels for ep. It gives up after nameWait, when the
+// endpoint is deleted (stopAnnouncing) or when the plugin stops serving.
 func (p *Plugin) announceContainer(netID, dockerEP string, ep endpoint) {
 	if p.cfg.Containers == nil || p.cfg.Updater == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), nameWait)
-	defer cancel()
+	p.mu.Lock()
+	ctx, cancel := context.WithTimeout(p.life, nameWait)
+	if prev, ok := p.announcing[dockerEP]; ok {
+		prev()
+	}
+	p.announcing[dockerEP] = cancel
+	p.mu.Unlock()
+	defer func() {
+		cancel()
+		p.mu.Lock()
+		delete(p.announcing, dockerEP)
+		p.mu.Unlock()
+	}()
 	for {
 		list, err := p.cfg.Containers.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("network", netID))})
 		if err == nil {
@@ -61,9 +74,21 @@ func (p *Plugin) announceContainer(netID, dockerEP string, ep endpoint) {
 		}
 		select {
 		case <-ctx.Done():
-			p.log.Warn("container of endpoint not found in the Docker API; it has no name in DNS", "endpoint", short(dockerEP))
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				p.log.Warn("container of endpoint not found in the Docker API; it has no name in DNS", "endpoint", short(dockerEP))
+			}
 			return
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// stopAnnouncing cancels the container lookup of Docker endpoint dockerEP, if one runs.
+func (p *Plugin) stopAnnouncing(dockerEP string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cancel, ok := p.announcing[dockerEP]; ok {
+		cancel()
+		delete(p.announcing, dockerEP)
 	}
 }

@@ -131,6 +131,7 @@ func (p *Plugin) join(ctx context.Context, req *network.JoinRequest) (any, error
 
 // deleteEndpoint detaches the endpoint (netmaster frees its address with it).
 func (p *Plugin) deleteEndpoint(ctx context.Context, req *network.DeleteEndpointRequest) (any, error) {
+	p.stopAnnouncing(req.EndpointID)
 	p.mu.Lock()
 	ep, ok := p.eps[req.EndpointID]
 	p.mu.Unlock()

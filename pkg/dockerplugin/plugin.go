@@ -119,6 +119,10 @@ type Plugin struct {
 	eps      map[string]endpoint  // docker endpoint id
 	released map[string]bool      // "<pool id>/<ip>" freed by endpoint deletion
 	gateways map[string]bool      // "<pool id>/<ip>" answered locally
+	// life ends when ServeListener stops; announcing lists the container lookups in
+	// progress by Docker endpoint id (containers.go), cancelled when the endpoint goes.
+	life       context.Context
+	announcing map[string]context.CancelFunc
 }
 
 type dockerNet struct {
@@ -155,12 +159,14 @@ func New(cfg Config) (*Plugin, error) {
 		return nil, errors.New("dockerplugin: Config.Endpoints is nil")
 	}
 	return &Plugin{
-		cfg:      cfg,
-		log:      slog.With("component", "dockerplugin"),
-		nets:     map[string]dockerNet{},
-		eps:      map[string]endpoint{},
-		released: map[string]bool{},
-		gateways: map[string]bool{},
+		cfg:        cfg,
+		log:        slog.With("component", "dockerplugin"),
+		nets:       map[string]dockerNet{},
+		eps:        map[string]endpoint{},
+		released:   map[string]bool{},
+		gateways:   map[string]bool{},
+		life:       context.Background(),
+		announcing: map[string]context.CancelFunc{},
 	}, nil
 }
 
@@ -188,6 +194,9 @@ func (p *Plugin) Listen() (net.Listener, error) {
 
 // ServeListener serves on l until ctx ends.
 func (p *Plugin) ServeListener(ctx context.Context, l net.Listener) error {
+	p.mu.Lock()
+	p.life = ctx
+	p.mu.Unlock()
 	srv := &http.Server{Handler: p.Handler(), BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
