@@ -152,22 +152,8 @@ func (d *Driver) syncHostIPs() error {
 			return fmt.Errorf("ebpf: host address %v: %w", ip, err)
 		}
 	}
-	var k uint32
-	var v contivbpfCbHostIp
-	var stale []uint32
-	it := d.objs.CbHostIps.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbHostIps, err)
-	}
-	for _, k := range stale {
-		if err := mapDel(d.objs.CbHostIps, k); err != nil {
-			return fmt.Errorf("ebpf: drop host address %v: %w", addrFrom(k), err)
-		}
+	if err := deleteUnwanted[uint32, contivbpfCbHostIp](d.objs.CbHostIps, want); err != nil {
+		return fmt.Errorf("ebpf: %s: %w", contivbpfMapCbHostIps, err)
 	}
 	return nil
 }
@@ -398,21 +384,29 @@ func (d *Driver) syncHostSvcs() error {
 			}
 		}
 	}
-	var k contivbpfCbHostSvcKey
-	var v contivbpfCbHostSvc
-	var stale []contivbpfCbHostSvcKey
-	it := d.objs.CbHostSvcs.Iterate()
+	if err := deleteUnwanted[contivbpfCbHostSvcKey, contivbpfCbHostSvc](d.objs.CbHostSvcs, want); err != nil {
+		return fmt.Errorf("ebpf: %s: %w", contivbpfMapCbHostSvcs, err)
+	}
+	return nil
+}
+
+// deleteUnwanted deletes every entry of m whose key want does not hold.
+func deleteUnwanted[K comparable, V any](m *ebpf.Map, want map[K]bool) error {
+	var k K
+	var v V
+	var stale []K
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if !want[k] {
 			stale = append(stale, k)
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbHostSvcs, err)
+		return fmt.Errorf("read: %w", err)
 	}
 	for i := range stale {
-		if err := mapDel(d.objs.CbHostSvcs, &stale[i]); err != nil {
-			return fmt.Errorf("ebpf: drop host service entry: %w", err)
+		if err := mapDel(m, &stale[i]); err != nil {
+			return fmt.Errorf("delete stale entry: %w", err)
 		}
 	}
 	return nil
