@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	of "github.com/contiv/libOpenflow/openflow13"
 )
 
 // Flushing chosen conntrack entries (NXT_CT_FLUSH, OVS 3.1+), as `ovs-ofctl ct-flush
@@ -147,9 +149,13 @@ func serviceNATs(st *desired, vrf map[string]uint32) map[ctMatch]bool {
 			continue
 		}
 		for _, sp := range s.Ports {
+			target := sp.TargetPort
+			if target == 0 {
+				target = sp.Port
+			}
 			for _, b := range s.Backends {
 				out[ctMatch{zone: uint16(zone), proto: sp.Proto,
-					orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b}}] = true
+					orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b, sport: target}}] = true
 			}
 		}
 	}
@@ -160,11 +166,19 @@ func serviceNATs(st *desired, vrf map[string]uint32) map[ctMatch]bool {
 // in after (a backend left its service, a port or the service went away): the next
 // packet of such a flow is new again and is balanced over the backends left, as the eBPF
 // datapath re-balances a flow whose backend is gone.
+//
+// A reply the removed backend sent just before its translation went would arrive untracked
+// and reach the client from the backend's own address: for a few seconds such packets
+// (new to conntrack, from the backend's target port, in the tenant's zone) are dropped by a
+// flow OVS expires itself (removedBackendGuard).
 func (d *Driver) flushRemovedNATs(ctx context.Context, before, after map[ctMatch]bool) error {
 	var errs []error
 	for m := range before {
 		if after[m] {
 			continue
+		}
+		if err := d.removedBackendGuard(ctx, m); err != nil {
+			errs = append(errs, err)
 		}
 		if err := d.conn.ctFlush(ctx, m); err != nil {
 			errs = append(errs, err)
@@ -173,4 +187,31 @@ func (d *Driver) flushRemovedNATs(ctx context.Context, before, after map[ctMatch
 		d.log.Debug("service conntrack entries flushed", "match", m.String())
 	}
 	return errors.Join(errs...)
+}
+
+// Guard flows: not the pipeline's (their cookie is outside cookieOwnerMask, so resyncs
+// neither count nor sweep them); OVS deletes them after guardSeconds.
+const (
+	cookieGuard  uint64 = 0xcb0c << 48
+	guardSeconds        = 3
+)
+
+// removedBackendGuard drops, for guardSeconds, packets from the backend of translation m
+// (its address and target port) that conntrack does not know, in m's zone.
+func (d *Driver) removedBackendGuard(ctx context.Context, m ctMatch) error {
+	if !m.reply.src.Is4() || m.reply.sport == 0 {
+		return nil
+	}
+	f := d.pl.newFlow(tServiceLB, 80).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+		reg(regVRF, uint32(m.zone)).ipSrc(netip.PrefixFrom(m.reply.src, 32)).proto(m.proto).tpSrc(m.proto, m.reply.sport)
+	fm := f.flowMod(of.FC_ADD, cookieGuard)
+	fm.HardTimeout = guardSeconds
+	msg, err := d.conn.marshal(fm)
+	if err != nil {
+		return err
+	}
+	if err := d.conn.bundle(ctx, [][]byte{msg}); err != nil {
+		return fmt.Errorf("ovs: guard removed backend %v: %w", m.reply.src, err)
+	}
+	return nil
 }

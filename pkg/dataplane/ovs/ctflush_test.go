@@ -41,7 +41,9 @@ func TestServiceNATsRemoved(t *testing.T) {
 			removed = append(removed, m)
 		}
 	}
-	want := ctMatch{zone: 3, proto: 6, orig: ctTuple{dst: s.VIP, dport: 80}, reply: ctTuple{src: netip.MustParseAddr("10.1.0.9")}}
+	// The reply side names the backend and its target port (what the removed backend's
+	// guard flow matches, and a narrower flush).
+	want := ctMatch{zone: 3, proto: 6, orig: ctTuple{dst: s.VIP, dport: 80}, reply: ctTuple{src: netip.MustParseAddr("10.1.0.9"), sport: 8080}}
 	if len(removed) != 1 || removed[0] != want {
 		t.Errorf("removed = %v, want [%v]", removed, want)
 	}

@@ -174,6 +174,12 @@ func (f *flow) tpDst(proto uint8, port uint16) *flow {
 	}
 	return f.m(of.NewTcpDstField(port), fmt.Sprintf("tp_dst=%d", port))
 }
+func (f *flow) tpSrc(proto uint8, port uint16) *flow {
+	if proto == 17 {
+		return f.m(of.NewUdpSrcField(port), fmt.Sprintf("tp_src=%d", port))
+	}
+	return f.m(of.NewTcpSrcField(port), fmt.Sprintf("tp_src=%d", port))
+}
 func (f *flow) tcpFlags(v, mask uint16, text string) *flow {
 	h := f.hdr("NXM_NX_TCP_FLAGS/mask")
 	if h == nil {
