@@ -3,7 +3,8 @@
  *
  *   cb_from_container  tcx ingress on every local endpoint's host-side veth
  *   cb_from_overlay    tcx ingress on the collect_md vxlan device
- *   cb_from_wire       tcx ingress on the VLAN uplink (HostConfig.VLANIf)
+ *   cb_from_wire       tcx ingress on the VLAN uplink (HostConfig.VLANIf); with BGP also
+ *                      the natively routed packets to local endpoints (native.h)
  *   cb_from_uplink     tcx ingress on the egress device: replies of egress (NAT) flows
  *   cb_test_overlay    never attached: cb_from_overlay's pipeline with the tunnel key taken
  *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
@@ -25,6 +26,7 @@
 #include "lib/lb.h"
 #include "lib/nat.h"
 #include "lib/nodeport.h"
+#include "lib/native.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -192,6 +194,19 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return TC_ACT_OK;
 	}
 	cfg = cb_get_config();
+	if ((cb_features & CB_FEAT_BGP) && net->encap == CB_ENCAP_VLAN && !(net->flags & CB_NET_SNAT)) {
+		/* Native routing without NAT: out of the uplink by a learned route, from the
+		 * endpoint's own address (the fabric routes the replies back by its /32). */
+		if (cb_dst_invalid(f.daddr))
+			return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
+		r = cb_stateful(&f, &t);
+		if (!r)
+			r = cb_route_rewrite(skb, cfg);
+		if (r)
+			return cb_drop(skb, r);
+		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+		return cb_native_out(skb, f.daddr);
+	}
 	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex || !(net->flags & CB_NET_SNAT))
 		return cb_drop(skb, CB_DROP_TO_GATEWAY);
 	if (cb_dst_invalid(f.daddr))
@@ -400,7 +415,9 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!net)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	cb_mac_copy(eth->h_dest, ep->mac);
-	if (net->encap == CB_ENCAP_VLAN)
+	if (net->encap == CB_ENCAP_VLAN && (features & CB_FEAT_BGP))
+		r = cb_native_out(skb, f.daddr); /* routed (cb_route_rewrite above), untagged */
+	else if (net->encap == CB_ENCAP_VLAN)
 		r = cb_encap_vlan(skb, net);
 	else
 		r = cb_encap_vxlan(skb, net, ep);
@@ -691,8 +708,47 @@ int cb_from_overlay(struct __sk_buff *skb)
 	return cb_overlay_rx(skb, bpf_htonl(tk.remote_ipv4), tk.tunnel_id);
 }
 
-/* cb_from_wire takes tagged frames of known VLAN networks off the uplink; everything else
- * (underlay IP, VXLAN, other VLANs) continues to later programs and the host stack. */
+/* cb_native_rx routes an untagged packet from the uplink to a local endpoint of a natively
+ * routed network (routing mode, VLAN encapsulation, BGP on): the endpoint is found by the
+ * host route its address owns (one owner per address), the packet is routed (TTL, router
+ * MAC) and then judged and delivered like a frame from that network's wire. Anything else
+ * (the host's own traffic, BGP itself, ARP, VXLAN) goes on to later programs. */
+static __noinline int cb_native_rx(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct cb_host_route *hr;
+	struct cb_iface *ifc;
+	struct cb_network *net;
+	__u32 ifindex, nk;
+	__be32 daddr;
+	int r;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return CB_TCX_NEXT;
+	daddr = ip->daddr;
+	hr = bpf_map_lookup_elem(&cb_host_routes, &daddr);
+	if (!hr)
+		return CB_TCX_NEXT;
+	ifindex = hr->ifindex;
+	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	if (!ifc)
+		return CB_TCX_NEXT;
+	nk = ifc->net;
+	net = bpf_map_lookup_elem(&cb_networks, &nk);
+	if (!net || net->encap != CB_ENCAP_VLAN)
+		return CB_TCX_NEXT; /* an overlay network's endpoint: cb_from_uplink drops it */
+	r = cb_route_rewrite(skb, cb_get_config());
+	if (r)
+		return cb_drop(skb, r);
+	return cb_remote_rx(skb, nk, net->vrf, 0);
+}
+
+/* cb_from_wire takes tagged frames of known VLAN networks off the uplink (and, with BGP,
+ * natively routed packets to local endpoints); everything else (underlay IP, VXLAN, other
+ * VLANs) continues to later programs and the host stack. */
 SEC("tc")
 int cb_from_wire(struct __sk_buff *skb)
 {
@@ -701,6 +757,8 @@ int cb_from_wire(struct __sk_buff *skb)
 	int vid;
 
 	vid = cb_vlan_id(skb);
+	if (vid < 0 && (cb_features & CB_FEAT_BGP))
+		return cb_native_rx(skb);
 	if (vid <= 0)
 		return CB_TCX_NEXT;
 	key = CB_NET_VLAN_BIT | (__u32)vid;

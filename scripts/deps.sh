@@ -29,6 +29,22 @@ if ((${#need[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# FRR (the BGP router of the route-distribution tests): the tests run its daemons
+# themselves in a namespace; the package's own service is never started (policy-rc.d
+# refuses it for the install where systemd runs).
+if [[ ! -x /usr/lib/frr/bgpd ]]; then
+  if [[ $(id -u) -ne 0 ]]; then echo "deps: missing frr and not root; install it with apt-get" >&2; exit 1; fi
+  echo "deps: installing frr (service not started)"
+  export DEBIAN_FRONTEND=noninteractive
+  made_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && made_policy=1
+  fi
+  trap '[[ $made_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
+  apt-get install -y -qq --no-install-recommends frr >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends frr >/dev/null; }
+  [[ $made_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
+  trap - EXIT
+fi
 # Prometheus 2.42 (Debian) for the alert-rule and scrape tests: its binaries are unpacked
 # into a cache outside the repo (the Makefile puts it on PATH), never installed, because the
 # package would start a system Prometheus on :9090.

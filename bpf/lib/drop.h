@@ -22,6 +22,7 @@ enum cb_reason {
 	CB_FWD_DNS = 10,           /* DNS query to the gateway: to the agent's responder on this host */
 	CB_FWD_NODEPORT = 11,      /* from outside to a node port: balanced to a local backend */
 	CB_FWD_NODEPORT_REPLY = 12, /* a backend's reply to a node port client: out of the egress device */
+	CB_FWD_NATIVE = 13,        /* routed out of the uplink to a BGP-learned next hop (native.h) */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */
@@ -62,6 +63,7 @@ enum cb_reason {
 	CB_DROP_HOST_NO_ROUTE = 67, /* to the host from an endpoint its routes do not lead back to (overlapping address) */
 	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is on another host of a VLAN network */
 	CB_DROP_EGRESS_OVERLAY = 69, /* egress to the overlay's UDP port: would be a tunnel packet from this host's address */
+	CB_DROP_NO_ROUTE = 70,      /* native routing: no BGP-learned route to the destination */
 	CB_REASON_MAX = 96,
 };
 

@@ -122,6 +122,7 @@ enum cb_features {
 	CB_FEAT_EVENTS = 8,   /* someone reads cb_events: emit drop events */
 	CB_FEAT_ALLOW_EVENTS = 16, /* ... and wants new flows a rule allowed too */
 	CB_FEAT_NODEPORT = 32, /* some service has a node port (nodeport.h) */
+	CB_FEAT_BGP = 64,      /* the host speaks BGP: routing-mode VLAN networks are routed natively (native.h) */
 };
 
 struct cb_ep_stats {

@@ -39,6 +39,8 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "dns-listen", EnvVars: env("DNS_LISTEN"), Usage: "ebpf: `ADDR:PORT` of the DNS responder endpoints reach at their gateway's port 53 (default <vtep-ip>:53; \"off\" disables it)"},
 		&cli.StringFlag{Name: "dns-upstream", EnvVars: env("DNS_UPSTREAM"), Usage: "comma-separated `IP[:PORT]` servers the DNS responder forwards other names to (default: the nameservers of /etc/resolv.conf; \"none\": answer SERVFAIL)"},
 		&cli.Float64Flag{Name: "dns-rate", EnvVars: env("DNS_RATE"), Value: 200, Usage: "queries per second each endpoint may send the DNS responder (burst: twice that); more are dropped and counted"},
+		&cli.DurationFlag{Name: "bgp-hold-time", EnvVars: env("BGP_HOLD_TIME"), Value: 9 * time.Second, Usage: "hold time of the host's BGP session (when a bgp object names this host; keepalives every third of it); its neighbour withdraws the host's routes after that long without word"},
+		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
@@ -90,6 +92,8 @@ type config struct {
 	inspectListen string
 	uplinkMTU     int
 	serviceTTL    time.Duration
+	bgpHold       time.Duration
+	bgpRestart    time.Duration
 	k8sConfig     string
 	k8sConfigSet  bool
 
@@ -125,6 +129,8 @@ func configFrom(c *cli.Context) (config, error) {
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
+		bgpHold:    c.Duration("bgp-hold-time"),
+		bgpRestart: c.Duration("bgp-restart-time"),
 		k8sConfig:  c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"),
 		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
@@ -164,6 +170,10 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, fmt.Errorf("--uplink-mtu %d must not be negative", cfg.uplinkMTU)
 	case cfg.dnsRate <= 0:
 		return cfg, fmt.Errorf("--dns-rate %v must be positive", cfg.dnsRate)
+	case cfg.bgpHold < 3*time.Second || cfg.bgpHold > 65535*time.Second:
+		return cfg, fmt.Errorf("--bgp-hold-time %s must be 3s..65535s (BGP)", cfg.bgpHold)
+	case cfg.bgpRestart < 0 || cfg.bgpRestart > 4095*time.Second:
+		return cfg, fmt.Errorf("--bgp-restart-time %s must be 0..4095s (BGP graceful restart)", cfg.bgpRestart)
 	case cfg.serviceTTL < 2*time.Second:
 		return cfg, fmt.Errorf("--service-ttl %s must be at least 2s (etcd leases)", cfg.serviceTTL)
 	case strings.Contains(cfg.vlanIf, ","):

@@ -61,8 +61,14 @@ type Config struct {
 	VerifyEvery time.Duration
 	// DNS says the host's DNS responder runs (pkg/dnsresp, with this agent as its
 	// directory): CNI results name the gateway as the endpoint's nameserver.
-	DNS    bool
-	Logger *slog.Logger
+	DNS bool
+	// BGPHoldTime is the hold time of the host's BGP session (default 9s), when a bgp
+	// record names the host (bgp.go).
+	BGPHoldTime time.Duration
+	// BGPRestartTime is the graceful-restart time the speaker announces (0 = off): how
+	// long the neighbour keeps this host's routes while its netplugin restarts.
+	BGPRestartTime time.Duration
+	Logger         *slog.Logger
 }
 
 // watched prefixes and what they feed.
@@ -72,6 +78,7 @@ var watchPrefixes = []string{
 	model.EPGStatePrefix,
 	model.RuleStatePrefix,
 	model.SvcLBStatePrefix,
+	model.BgpStatePrefix,
 	"/contiv.io/master/config/",
 	state.ServicePrefix + vxlan.VTEPService + "/",
 	vxlan.HostVTEPPrefix,
@@ -84,6 +91,7 @@ var recordKind = map[string]string{
 	model.EPGStatePrefix:   "endpoint-group",
 	model.RuleStatePrefix:  "policy-rule",
 	model.SvcLBStatePrefix: "service",
+	model.BgpStatePrefix:   "bgp",
 	vxlan.HostVTEPPrefix:   "host-vtep",
 }
 
@@ -117,6 +125,10 @@ type Agent struct {
 	names   atomic.Pointer[nameIndex]  // DNS names of every tenant (dns.go), rebuilt with the desired state
 	askers  atomic.Pointer[askerIndex] // host veth name → DNS asker (dns.go), rebuilt with it
 	ifNames sync.Map                   // ifindex → ifNameEntry (dns.go)
+
+	bgpKick      chan struct{} // wakes bgpLoop after a reconcile (bgp.go)
+	bgpStatus    BGPStatus     // guarded by mu
+	bgpPublished bool          // bgpStatus is in etcd (guarded by mu)
 }
 
 // New validates cfg and returns an agent; Run starts it.
@@ -139,6 +151,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.UplinkMTU < 626 || cfg.UplinkMTU > 9050 {
 		return nil, fmt.Errorf("agent config: UplinkMTU %d out of 626-9050", cfg.UplinkMTU)
 	}
+	if cfg.BGPHoldTime == 0 {
+		cfg.BGPHoldTime = 9 * time.Second
+	}
 	if cfg.GlobalPoll == 0 {
 		cfg.GlobalPoll = time.Second
 	}
@@ -154,6 +169,7 @@ func New(cfg Config) (*Agent, error) {
 		ready:   make(chan struct{}),
 		applied: appliedFrom(dataplane.State{}),
 		kick:    make(chan struct{}, 1),
+		bgpKick: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -253,6 +269,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("initial watch snapshots: %w", ctx.Err())
 		}
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); a.bgpLoop(wctx) }()
 	if every := a.cfg.VerifyEvery; every >= 0 {
 		if every == 0 {
 			every = DefaultVerifyEvery
@@ -279,6 +297,10 @@ func (a *Agent) loop(ctx context.Context) {
 	first := true
 	for {
 		errs := a.reconcile(ctx)
+		select {
+		case a.bgpKick <- struct{}{}:
+		default:
+		}
 		if first {
 			first = false
 			close(a.ready)
@@ -343,6 +365,8 @@ func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 		clear(a.rec.rules)
 	case model.SvcLBStatePrefix:
 		clear(a.rec.svcs)
+	case model.BgpStatePrefix:
+		clear(a.rec.bgp)
 	case vxlan.HostVTEPPrefix:
 		clear(a.rec.hostVTEPs)
 	default:
@@ -386,6 +410,8 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		delete(a.rec.rules, id)
 	case model.SvcLBStatePrefix:
 		delete(a.rec.svcs, id)
+	case model.BgpStatePrefix:
+		delete(a.rec.bgp, id)
 	default:
 		if strings.HasPrefix(prefix, state.ServicePrefix) {
 			delete(a.rec.vteps, ev.Key)
@@ -435,6 +461,13 @@ func (a *Agent) put(prefix, key string, val []byte) {
 			a.rec.svcs[id] = v
 		} else {
 			delete(a.rec.svcs, id)
+		}
+	case model.BgpStatePrefix:
+		var v model.CfgBgpState
+		if err = kv.Decode(&v); err == nil {
+			a.rec.bgp[id] = v
+		} else {
+			delete(a.rec.bgp, id)
 		}
 	case "/contiv.io/master/config/":
 		if key != state.GlobalConfigKey {

@@ -34,6 +34,7 @@ type records struct {
 	epgs  map[string]model.EndpointGroupState
 	rules map[string]model.CfgPolicyRule
 	svcs  map[string]model.CfgServiceLBState
+	bgp   map[string]model.CfgBgpState // by host
 	vteps vxlan.Table
 	// lastVTEP remembers each host's VTEP after its registration expired (a restarting
 	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
@@ -55,6 +56,7 @@ func newRecords() *records {
 		epgs:        map[string]model.EndpointGroupState{},
 		rules:       map[string]model.CfgPolicyRule{},
 		svcs:        map[string]model.CfgServiceLBState{},
+		bgp:         map[string]model.CfgBgpState{},
 		vteps:       vxlan.Table{},
 		lastVTEP:    map[string]netip.Addr{},
 		hostVTEPs:   map[string]netip.Addr{},

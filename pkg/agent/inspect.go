@@ -67,6 +67,7 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 //	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise;
 //	                        200 "degraded: ..." while etcd is unreachable (datapath still forwarding)
 //	GET /metrics            Prometheus
+//	GET    /inspect/bgp                 the BGP session, routes learned and advertised
 //	DELETE /debug/reclaimEndpoint/{id}  detach a local endpoint by Contiv endpoint id
 //
 // reg receives the agent's collector; pass a fresh registry per agent.
@@ -82,6 +83,9 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/peers", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, a.Inspect().Peers)
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/inspect/bgp", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.BGP())
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/inspect/agent", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, a.Inspect())

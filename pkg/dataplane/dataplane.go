@@ -136,6 +136,47 @@ type Service struct {
 	Backends []netip.Addr  `json:"backends"`
 }
 
+// Route is a route the host's BGP speaker learned: natively routed packets (routing mode,
+// VLAN networks) to Prefix leave the VLAN uplink towards NextHop, an on-link neighbour.
+type Route struct {
+	Prefix  netip.Prefix `json:"prefix"`
+	NextHop netip.Addr   `json:"nextHop"`
+}
+
+// NativeRouting is the BGP side of a host's datapath (docs/bgp.md). RouterIP is Contiv's
+// router-ip, the address (and on-link prefix) the host holds on its VLAN uplink for its
+// BGP session; invalid = BGP off (VLAN networks are 802.1Q-tagged again).
+type NativeRouting struct {
+	RouterIP netip.Prefix `json:"routerIP,omitzero"`
+	Routes   []Route      `json:"routes,omitempty"`
+}
+
+// Validate checks that every route is IPv4, masked, and reached through a next hop on
+// RouterIP's prefix; routes without a RouterIP are refused.
+func (n NativeRouting) Validate() error {
+	if !n.RouterIP.IsValid() {
+		if len(n.Routes) > 0 {
+			return fmt.Errorf("native routing: %d routes without a router-ip", len(n.Routes))
+		}
+		return nil
+	}
+	if !n.RouterIP.Addr().Is4() || n.RouterIP.Bits() < 8 || n.RouterIP.Bits() > 30 {
+		return fmt.Errorf("native routing: router-ip %v must be IPv4 with a /8../30 prefix", n.RouterIP)
+	}
+	if n.RouterIP.Masked().Addr() == n.RouterIP.Addr() {
+		return fmt.Errorf("native routing: router-ip %v is its network's address", n.RouterIP)
+	}
+	for _, r := range n.Routes {
+		switch {
+		case !r.Prefix.IsValid() || !r.Prefix.Addr().Is4() || r.Prefix.Masked() != r.Prefix:
+			return fmt.Errorf("native routing: route prefix %v is not a masked IPv4 prefix", r.Prefix)
+		case !r.NextHop.Is4() || !n.RouterIP.Contains(r.NextHop) || r.NextHop == n.RouterIP.Addr():
+			return fmt.Errorf("native routing: route %v: next hop %v is not a neighbour on %v", r.Prefix, r.NextHop, n.RouterIP.Masked())
+		}
+	}
+	return nil
+}
+
 // State is the complete desired state of one host, as handed to Sync.
 type State struct {
 	Networks        []Network

@@ -41,3 +41,34 @@ func TestRemoteEndpointValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestNativeRoutingValidate(t *testing.T) {
+	rip := netip.MustParsePrefix("172.30.1.2/24")
+	nh := netip.MustParseAddr("172.30.1.1")
+	ok := []NativeRouting{
+		{},
+		{RouterIP: rip},
+		{RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: nh}, {Prefix: netip.MustParsePrefix("0.0.0.0/0"), NextHop: nh}}},
+	}
+	for _, n := range ok {
+		if err := n.Validate(); err != nil {
+			t.Errorf("%+v: %v", n, err)
+		}
+	}
+	bad := map[string]NativeRouting{
+		"routes without router-ip": {Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: nh}}},
+		"ipv6 router-ip":           {RouterIP: netip.MustParsePrefix("fd00::2/64")},
+		"/32 router-ip":            {RouterIP: netip.MustParsePrefix("172.30.1.2/32")},
+		"network address":          {RouterIP: netip.MustParsePrefix("172.30.1.0/24")},
+		"unmasked prefix":          {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/24"), NextHop: nh}}},
+		"ipv6 prefix":              {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("fd00::/64"), NextHop: nh}}},
+		"off-link next hop":        {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: netip.MustParseAddr("10.0.0.1")}}},
+		"next hop is router-ip":    {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: rip.Addr()}}},
+		"no next hop":              {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32")}}},
+	}
+	for name, n := range bad {
+		if err := n.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

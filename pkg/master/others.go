@@ -181,11 +181,18 @@ func bgpOps() objOps[model.Bgp] {
 		},
 		remove: func(m *Master, tx *state.Tx, b *model.Bgp) error {
 			tx.Delete(model.BgpStateKey(b.Hostname))
+			tx.Delete(model.BgpOperKey(b.Hostname))
 			tx.Delete(model.ModelKey(model.TypeBgp, b.Key))
 			return nil
 		},
 		inspect: func(m *Master, tx *state.Tx, b *model.Bgp) (any, error) {
-			return model.BgpInspect{Config: *b}, nil
+			in := model.BgpInspect{Config: *b}
+			// The host's netplugin publishes its session; a missing record is no error
+			// (no agent yet, or one that has not reported).
+			if _, err := tx.Get(model.BgpOperKey(b.Hostname), &in.Oper); err != nil {
+				return nil, err
+			}
+			return in, nil
 		},
 	}
 }

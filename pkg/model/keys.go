@@ -41,6 +41,7 @@ func RuleStateKey(ruleID string) string     { return RuleStatePrefix + ruleID }
 func SvcLBStateKey(serviceID string) string { return SvcLBStatePrefix + serviceID }
 func ProviderKey(serviceID string) string   { return ProviderPrefix + serviceID }
 func BgpStateKey(host string) string        { return BgpStatePrefix + host }
+func BgpOperKey(host string) string         { return BgpOperPrefix + host }
 
 // NodePortPrefix holds one key per node port in use (this project's extension): every
 // host answers a node port on its own address, so a port belongs to one service of all

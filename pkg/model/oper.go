@@ -88,6 +88,10 @@ type BgpOper struct {
 	NeighborStatus string   `json:"neighborStatus,omitempty"`
 	NumRoutes      int      `json:"numRoutes,omitempty"`
 	Routes         []string `json:"routes,omitempty"`
+	// This project's extensions: the /32s the host advertises, and why the session is
+	// not running (a bad record, a bridge-mode host, a dataplane without native routing).
+	AdvertisedRoutes []string `json:"advertisedRoutes,omitempty"`
+	Error            string   `json:"error,omitempty"`
 }
 
 // AciGwOper is the Oper part of the aciGw inspect.

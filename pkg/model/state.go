@@ -2,16 +2,19 @@ package model
 
 // Fixed keys and prefixes of the records netmaster derives from the model (contiv.md 1.1).
 const (
-	GlobConfigKey     = "/contiv.io/master/config/global"
-	GStateCfgKey      = "/contiv.io/state/global/global"
-	GStateOperKey     = "/contiv.io/oper/global/global"
-	VlanResCfgKey     = "/contiv.io/state/auto-vlan/global"
-	VlanResOperKey    = "/contiv.io/oper/auto-vlan/global"
-	VxlanResCfgKey    = "/contiv.io/state/auto-vxlan/global"
-	VxlanResOperKey   = "/contiv.io/oper/auto-vxlan/global"
-	NetStatePrefix    = "/contiv.io/state/nets/"
-	EpStatePrefix     = "/contiv.io/state/eps/"
-	EpOperPrefix      = "/contiv.io/oper/eps/"
+	GlobConfigKey   = "/contiv.io/master/config/global"
+	GStateCfgKey    = "/contiv.io/state/global/global"
+	GStateOperKey   = "/contiv.io/oper/global/global"
+	VlanResCfgKey   = "/contiv.io/state/auto-vlan/global"
+	VlanResOperKey  = "/contiv.io/oper/auto-vlan/global"
+	VxlanResCfgKey  = "/contiv.io/state/auto-vxlan/global"
+	VxlanResOperKey = "/contiv.io/oper/auto-vxlan/global"
+	NetStatePrefix  = "/contiv.io/state/nets/"
+	EpStatePrefix   = "/contiv.io/state/eps/"
+	EpOperPrefix    = "/contiv.io/oper/eps/"
+	// BgpOperPrefix + <hostname>: that host's netplugin's BGP session (BgpOper JSON, plus
+	// advertisedRoutes and error), written on change; `bgp inspect` shows it as Oper.
+	BgpOperPrefix     = "/contiv.io/oper/bgp/"
 	EPGStatePrefix    = "/contiv.io/state/endpointGroups/"
 	PolicyStatePrefix = "/contiv.io/state/policy/"
 	RuleStatePrefix   = "/contiv.io/state/policyRule/"

@@ -65,6 +65,7 @@ func (p *Process) Stop(timeout time.Duration) error {
 		return nil
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused process (PausePlugin) must see it
 	select {
 	case <-p.done:
 		return nil

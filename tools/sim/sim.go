@@ -79,6 +79,10 @@ type Config struct {
 	// the underlay's last usable address and ExternalWorld on its loopback. Every host
 	// gets a default route via it; it forwards nothing.
 	External bool
+	// BGPRouter adds the top-of-rack router namespace "<prefix>-tor" (router.go) with a
+	// link to every host ("bgp", passed as --vlan-if): VLAN networks in routing mode are
+	// then routed natively through it once bgp objects name the hosts and StartFRR ran.
+	BGPRouter bool
 }
 
 // ExternalWorld is the address the external namespace holds for "the Internet"
@@ -129,6 +133,7 @@ type Cluster struct {
 	PinRoot  string
 	Hosts    []*Host
 	External *External // with Config.External
+	Router   *Router   // with Config.BGPRouter
 	Master   *Process
 	MasterIP netip.Addr
 	log      *slog.Logger
@@ -286,6 +291,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if err := c.buildUnderlay(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.BGPRouter {
+		if err := c.buildRouter(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Secure {
 		if err := c.setupPKI(); err != nil {
@@ -508,6 +518,9 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 	}
 	if c.cfg.VLANUplink {
 		args = append(args, "--vlan-if", "uplink")
+	}
+	if c.cfg.BGPRouter {
+		args = append(args, "--vlan-if", HostIf)
 	}
 	// The DNS responder forwards to the simulation's outside, never to the machine's own
 	// resolvers.
@@ -855,6 +868,11 @@ func (c *Cluster) Close() error {
 	var errs []error
 	if c.External != nil && c.External.dns != nil {
 		_ = c.External.dns.Shutdown()
+	}
+	if c.Router != nil {
+		if err := c.Router.stop(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, h := range c.Hosts {
 		if h.Plugin != nil {

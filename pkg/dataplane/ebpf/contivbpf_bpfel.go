@@ -26,6 +26,19 @@ type contivbpfCbBackendKey struct {
 	Index uint32
 }
 
+type contivbpfCbBgpKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type contivbpfCbBgpRoute struct {
+	_          structs.HostLayout
+	Nexthop    uint32
+	Ifindex    uint32
+	Generation uint32
+}
+
 type contivbpfCbConfig struct {
 	_             structs.HostLayout
 	VxlanIfindex  uint32
@@ -176,6 +189,7 @@ const (
 	contivbpfCbFeaturesCB_FEAT_EVENTS       contivbpfCbFeatures = 8
 	contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfCbFeatures = 16
 	contivbpfCbFeaturesCB_FEAT_NODEPORT     contivbpfCbFeatures = 32
+	contivbpfCbFeaturesCB_FEAT_BGP          contivbpfCbFeatures = 64
 )
 
 type contivbpfCbFragEntry struct {
@@ -351,6 +365,7 @@ const (
 	contivbpfCbReasonCB_FWD_DNS                 contivbpfCbReason = 10
 	contivbpfCbReasonCB_FWD_NODEPORT            contivbpfCbReason = 11
 	contivbpfCbReasonCB_FWD_NODEPORT_REPLY      contivbpfCbReason = 12
+	contivbpfCbReasonCB_FWD_NATIVE              contivbpfCbReason = 13
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33
@@ -390,6 +405,7 @@ const (
 	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE      contivbpfCbReason = 67
 	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfCbReason = 68
 	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY     contivbpfCbReason = 69
+	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -510,6 +526,7 @@ type contivbpfCbVipKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	contivbpfMapCbBackends         = "cb_backends"
+	contivbpfMapCbBgpRoutes        = "cb_bgp_routes"
 	contivbpfMapCbCfg              = "cb_cfg"
 	contivbpfMapCbCt               = "cb_ct"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
@@ -611,6 +628,7 @@ type contivbpfProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
 	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbBgpRoutes  *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
 	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
@@ -678,6 +696,7 @@ func (o *contivbpfObjects) Close() error {
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
 	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
+	CbBgpRoutes  *ebpf.Map `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
 	CbCt         *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
@@ -708,6 +727,7 @@ type contivbpfMaps struct {
 func (m *contivbpfMaps) Close() error {
 	return _ContivbpfClose(
 		m.CbBackends,
+		m.CbBgpRoutes,
 		m.CbCfg,
 		m.CbCt,
 		m.CbEndpoints,

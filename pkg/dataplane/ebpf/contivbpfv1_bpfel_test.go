@@ -26,6 +26,19 @@ type contivbpfv1CbBackendKey struct {
 	Index uint32
 }
 
+type contivbpfv1CbBgpKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type contivbpfv1CbBgpRoute struct {
+	_          structs.HostLayout
+	Nexthop    uint32
+	Ifindex    uint32
+	Generation uint32
+}
+
 type contivbpfv1CbConfig struct {
 	_             structs.HostLayout
 	VxlanIfindex  uint32
@@ -174,6 +187,7 @@ const (
 	contivbpfv1CbFeaturesCB_FEAT_EVENTS       contivbpfv1CbFeatures = 8
 	contivbpfv1CbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfv1CbFeatures = 16
 	contivbpfv1CbFeaturesCB_FEAT_NODEPORT     contivbpfv1CbFeatures = 32
+	contivbpfv1CbFeaturesCB_FEAT_BGP          contivbpfv1CbFeatures = 64
 )
 
 type contivbpfv1CbFragEntry struct {
@@ -359,6 +373,7 @@ const (
 	contivbpfv1CbReasonCB_FWD_DNS                 contivbpfv1CbReason = 10
 	contivbpfv1CbReasonCB_FWD_NODEPORT            contivbpfv1CbReason = 11
 	contivbpfv1CbReasonCB_FWD_NODEPORT_REPLY      contivbpfv1CbReason = 12
+	contivbpfv1CbReasonCB_FWD_NATIVE              contivbpfv1CbReason = 13
 	contivbpfv1CbReasonCB_DROP_MIN                contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_MALFORMED_ETH      contivbpfv1CbReason = 32
 	contivbpfv1CbReasonCB_DROP_UNKNOWN_IFACE      contivbpfv1CbReason = 33
@@ -398,6 +413,7 @@ const (
 	contivbpfv1CbReasonCB_DROP_HOST_NO_ROUTE      contivbpfv1CbReason = 67
 	contivbpfv1CbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfv1CbReason = 68
 	contivbpfv1CbReasonCB_DROP_EGRESS_OVERLAY     contivbpfv1CbReason = 69
+	contivbpfv1CbReasonCB_DROP_NO_ROUTE           contivbpfv1CbReason = 70
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 96
 )
 
@@ -504,6 +520,7 @@ type contivbpfv1CbVipKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	contivbpfv1MapCbBackends         = "cb_backends"
+	contivbpfv1MapCbBgpRoutes        = "cb_bgp_routes"
 	contivbpfv1MapCbCfg              = "cb_cfg"
 	contivbpfv1MapCbCt               = "cb_ct"
 	contivbpfv1MapCbEndpoints        = "cb_endpoints"
@@ -605,6 +622,7 @@ type contivbpfv1ProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfv1MapSpecs struct {
 	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbBgpRoutes  *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
 	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
@@ -672,6 +690,7 @@ func (o *contivbpfv1Objects) Close() error {
 // It can be passed to loadContivbpfv1Objects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfv1Maps struct {
 	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
+	CbBgpRoutes  *ebpf.Map `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
 	CbCt         *ebpf.Map `ebpf:"cb_ct"`
 	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
@@ -702,6 +721,7 @@ type contivbpfv1Maps struct {
 func (m *contivbpfv1Maps) Close() error {
 	return _Contivbpfv1Close(
 		m.CbBackends,
+		m.CbBgpRoutes,
 		m.CbCfg,
 		m.CbCt,
 		m.CbEndpoints,

@@ -79,6 +79,10 @@ type Driver struct {
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
 	carried  uint32
 	eventsOn bool // a DropEvents stream is open
+	// bgpOn: the host speaks BGP (SetNativeRouting with a router-ip): VLAN networks are
+	// routed natively. Taken from the pinned config at start-up, so a restarted agent keeps
+	// routing natively until its speaker says otherwise.
+	bgpOn bool
 	// allowEvents: the stream also wants new flows a rule allowed (policy_allow events).
 	allowEvents bool
 	mapFull     map[string]uint64 // map name → failed inserts
@@ -257,7 +261,8 @@ func (d *Driver) open(ctx context.Context) error {
 		d.gen = 1
 	}
 	d.epoch = c.PolicyEpoch
-	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)
+	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS|contivbpfCbFeaturesCB_FEAT_BGP)
+	d.bgpOn = c.Features&uint32(contivbpfCbFeaturesCB_FEAT_BGP) != 0
 	var sk contivbpfCbSvcKey
 	var sv contivbpfCbSvc
 	it := d.objs.CbServices.Iterate()
@@ -404,6 +409,9 @@ func (d *Driver) writeConfig() error {
 	}
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
+		if d.bgpOn {
+			c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_BGP)
+		}
 	}
 	if d.eventsOn {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_EVENTS)
@@ -645,6 +653,9 @@ func (d *Driver) Teardown(ctx context.Context) error {
 		}
 	} else {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
+	}
+	if err := d.setRouterIP(netip.Prefix{}); err != nil {
+		errs = append(errs, err)
 	}
 	for _, m := range d.allMaps() {
 		if m.m == nil {

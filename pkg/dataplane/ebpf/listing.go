@@ -12,7 +12,7 @@ import (
 )
 
 // ListingKinds are the tables Listing decodes.
-var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "counters"}
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "routes", "counters"}
 
 // listNames is what the driver knows about the names behind map keys, copied under the
 // driver lock so that reading the maps (which can be large) does not hold it.
@@ -123,6 +123,8 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 		err = d.listServices(n, &l)
 	case "policy":
 		err = d.listPolicy(n, &l)
+	case "routes":
+		err = d.listRoutes(n, &l)
 	case "counters":
 		err = d.listCounters(n, &l)
 	default:
@@ -141,6 +143,26 @@ func sortRows(rows [][]string) {
 		}
 		return false
 	})
+}
+
+// listRoutes decodes cb_bgp_routes (routes the host's BGP speaker learned, docs/bgp.md).
+func (d *Driver) listRoutes(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"PREFIX", "NEXT HOP", "DEVICE"}
+	var k contivbpfCbBgpKey
+	var v contivbpfCbBgpRoute
+	it := d.objs.CbBgpRoutes.Iterate()
+	for it.Next(&k, &v) {
+		dev := n.ifName[v.Ifindex]
+		if v.Ifindex == uint32(d.upIndex) {
+			dev = d.cfg.VLANIf
+		}
+		if dev == "" {
+			dev = fmt.Sprintf("ifindex %d", v.Ifindex)
+		}
+		l.Rows = append(l.Rows, []string{netip.PrefixFrom(addrFrom(k.Addr), int(k.Prefixlen)).String(), addrFrom(v.Nexthop).String(), dev})
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbBgpRoutes)
 }
 
 func (d *Driver) listEndpoints(n listNames, l *dataplane.Listing) error {

@@ -21,6 +21,7 @@ const (
 	FwdNodePort           = Reason(contivbpfCbReasonCB_FWD_NODEPORT)
 	FwdNodePortReply      = Reason(contivbpfCbReasonCB_FWD_NODEPORT_REPLY)
 	FwdDNS                = Reason(contivbpfCbReasonCB_FWD_DNS)
+	FwdNative             = Reason(contivbpfCbReasonCB_FWD_NATIVE)
 	DropMalformedEth      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
 	DropUnknownIface      = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
 	DropNotIPv4           = Reason(contivbpfCbReasonCB_DROP_NOT_IPV4)
@@ -59,6 +60,7 @@ const (
 	DropNodePortNoLocal   = Reason(contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL)
 	DropEgressOverlay     = Reason(contivbpfCbReasonCB_DROP_EGRESS_OVERLAY)
 	DropHostNoRoute       = Reason(contivbpfCbReasonCB_DROP_HOST_NO_ROUTE)
+	DropNoRoute           = Reason(contivbpfCbReasonCB_DROP_NO_ROUTE)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -77,6 +79,7 @@ var reasonNames = map[Reason]string{
 	FwdNodePort:           "fwd_nodeport",
 	FwdNodePortReply:      "fwd_nodeport_reply",
 	FwdDNS:                "fwd_dns",
+	FwdNative:             "fwd_native",
 	DropMalformedEth:      "drop_malformed_eth",
 	DropUnknownIface:      "drop_unknown_iface",
 	DropNotIPv4:           "drop_not_ipv4",
@@ -115,6 +118,7 @@ var reasonNames = map[Reason]string{
 	DropNodePortNoLocal:   "drop_nodeport_no_local",
 	DropEgressOverlay:     "drop_egress_overlay",
 	DropHostNoRoute:       "drop_host_no_route",
+	DropNoRoute:           "drop_no_route",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
