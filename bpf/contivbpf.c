@@ -715,10 +715,9 @@ int cb_from_overlay(struct __sk_buff *skb)
  * (the host's own traffic, BGP itself, ARP, VXLAN) goes on to later programs. */
 static __noinline int cb_native_rx(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN;
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct iphdr *ip;
 	struct cb_host_route *hr;
 	struct cb_iface *ifc;
 	struct cb_network *net;
@@ -726,20 +725,31 @@ static __noinline int cb_native_rx(struct __sk_buff *skb)
 	__be32 daddr;
 	int r;
 
+	/* Only frames addressed to this host: flooded or promiscuously seen ones are not
+	 * routed (the stack discards them). */
+	if (skb->pkt_type != 0 /* PACKET_HOST */)
+		return CB_TCX_NEXT;
+	cb_pull(skb, ETH_HLEN + sizeof(struct iphdr));
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = data + ETH_HLEN;
 	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return CB_TCX_NEXT;
 	daddr = ip->daddr;
 	hr = bpf_map_lookup_elem(&cb_host_routes, &daddr);
 	if (!hr)
 		return CB_TCX_NEXT;
+	/* An endpoint address from here on: natively routed in, or never (the stack would
+	 * forward it around policy when ip_forward is on). */
 	ifindex = hr->ifindex;
 	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
 	if (!ifc)
-		return CB_TCX_NEXT;
+		return cb_drop(skb, CB_DROP_UPLINK_TO_ENDPOINT);
 	nk = ifc->net;
 	net = bpf_map_lookup_elem(&cb_networks, &nk);
 	if (!net || net->encap != CB_ENCAP_VLAN)
-		return CB_TCX_NEXT; /* an overlay network's endpoint: cb_from_uplink drops it */
+		return cb_drop(skb, CB_DROP_UPLINK_TO_ENDPOINT); /* an overlay network's endpoint */
 	r = cb_route_rewrite(skb, cb_get_config());
 	if (r)
 		return cb_drop(skb, r);

@@ -41,6 +41,7 @@ func flags() []cli.Flag {
 		&cli.Float64Flag{Name: "dns-rate", EnvVars: env("DNS_RATE"), Value: 200, Usage: "queries per second each endpoint may send the DNS responder (burst: twice that); more are dropped and counted"},
 		&cli.DurationFlag{Name: "bgp-hold-time", EnvVars: env("BGP_HOLD_TIME"), Value: 9 * time.Second, Usage: "hold time of the host's BGP session (when a bgp object names this host; keepalives every third of it); its neighbour withdraws the host's routes after that long without word"},
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
+		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
@@ -94,6 +95,7 @@ type config struct {
 	serviceTTL    time.Duration
 	bgpHold       time.Duration
 	bgpRestart    time.Duration
+	bgpPrefixes   []netip.Prefix
 	k8sConfig     string
 	k8sConfigSet  bool
 
@@ -203,6 +205,13 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	if cfg.dnsListen, cfg.dnsUpstreams, err = dnsConfig(c.String("dns-listen"), c.String("dns-upstream"), cfg.vtep, cfg.dataplane); err != nil {
 		return cfg, err
+	}
+	for _, f := range strings.FieldsFunc(c.String("bgp-prefixes"), func(r rune) bool { return r == ',' || r == ' ' }) {
+		p, err := netip.ParsePrefix(f)
+		if err != nil || !p.Addr().Is4() || p.Masked() != p {
+			return cfg, fmt.Errorf("--bgp-prefixes: %q is not an IPv4 network like 10.66.0.0/16", f)
+		}
+		cfg.bgpPrefixes = append(cfg.bgpPrefixes, p)
 	}
 	cfg.ctrl = cfg.vtep
 	if s := c.String("ctrl-ip"); s != "" {

@@ -99,7 +99,7 @@ func run(parent context.Context, cfg config) error {
 	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
-		DebugToken: cfg.debugToken, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart,
+		DebugToken: cfg.debugToken, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
 	}
 	if cfg.mode == "kubernetes" {
 		pods, err := podLabeler(cfg, log)

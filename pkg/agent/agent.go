@@ -68,7 +68,11 @@ type Config struct {
 	// BGPRestartTime is the graceful-restart time the speaker announces (0 = off): how
 	// long the neighbour keeps this host's routes while its netplugin restarts.
 	BGPRestartTime time.Duration
-	Logger         *slog.Logger
+	// BGPPrefixes, if set, limits what the speaker advertises to endpoint addresses inside
+	// them (a tenant chooses its subnets; without a limit its /32s are announced to the
+	// fabric whatever they are).
+	BGPPrefixes []netip.Prefix
+	Logger      *slog.Logger
 }
 
 // watched prefixes and what they feed.
@@ -297,10 +301,6 @@ func (a *Agent) loop(ctx context.Context) {
 	first := true
 	for {
 		errs := a.reconcile(ctx)
-		select {
-		case a.bgpKick <- struct{}{}:
-		default:
-		}
 		if first {
 			first = false
 			close(a.ready)
@@ -343,9 +343,12 @@ func (a *Agent) setErrors(errs map[string]error) {
 func (a *Agent) Errors() map[string]string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make(map[string]string, len(a.errs))
+	out := make(map[string]string, len(a.errs)+1)
 	for k, e := range a.errs {
 		out[k] = e.Error()
+	}
+	if a.bgpStatus.Error != "" {
+		out["bgp/"+a.cfg.Host] = a.bgpStatus.Error
 	}
 	return out
 }

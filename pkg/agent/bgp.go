@@ -59,8 +59,11 @@ func bgpSession(r *records, host string) (bgp.Config, bool, error) {
 }
 
 // nativePrefixes are the routes this host advertises: the /32 of every local endpoint of
-// a natively routed network (routing mode, VLAN encapsulation).
-func nativePrefixes(s dataplane.State) []netip.Prefix {
+// a natively routed network (routing mode, VLAN encapsulation) inside allowed (nil: any),
+// except addresses that endpoints of natively routed networks of two tenants hold
+// (shared, computed by sharedNativeAddrs): the fabric has one table, and such an address
+// would draw one tenant's traffic to the other.
+func nativePrefixes(s dataplane.State, allowed []netip.Prefix, shared map[netip.Addr]bool) []netip.Prefix {
 	native := map[string]bool{}
 	for _, n := range s.Networks {
 		if n.Encap == dataplane.EncapVLAN {
@@ -69,12 +72,38 @@ func nativePrefixes(s dataplane.State) []netip.Prefix {
 	}
 	var out []netip.Prefix
 	for _, ep := range s.Endpoints {
-		if native[ep.NetworkID] && ep.IP.Is4() {
-			out = append(out, netip.PrefixFrom(ep.IP, 32))
+		if !native[ep.NetworkID] || !ep.IP.Is4() || shared[ep.IP] {
+			continue
 		}
+		if allowed != nil && !slices.ContainsFunc(allowed, func(p netip.Prefix) bool { return p.Contains(ep.IP) }) {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(ep.IP, 32))
 	}
 	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return slices.Compact(out)
+}
+
+// sharedNativeAddrs are the addresses endpoints of natively routed networks of more than
+// one tenant hold, cluster-wide (networks created before netmaster refused such overlaps).
+func sharedNativeAddrs(r *records) map[netip.Addr]bool {
+	tenantOf := map[netip.Addr]string{}
+	shared := map[netip.Addr]bool{}
+	for _, e := range r.eps {
+		n, ok := r.nets[e.NetID]
+		if !ok || n.PktTagType != string(dataplane.EncapVLAN) {
+			continue
+		}
+		ip, err := netip.ParseAddr(e.IPAddress)
+		if err != nil {
+			continue
+		}
+		if t, seen := tenantOf[ip]; seen && t != n.Tenant {
+			shared[ip] = true
+		}
+		tenantOf[ip] = n.Tenant
+	}
+	return shared
 }
 
 // bgpLoop runs this host's speaker while a bgp record names the host (routing mode only):
@@ -85,16 +114,17 @@ func nativePrefixes(s dataplane.State) []netip.Prefix {
 func (a *Agent) bgpLoop(ctx context.Context) {
 	nr, _ := a.driver.(NativeRouter)
 	var (
-		sp        *bgp.Speaker
-		cur       bgp.Config
-		haveCur   bool
-		staleTill time.Time
-		lastSet   []dataplane.Route
-		setOnce   bool
-		estSince  time.Time
-		stale     []dataplane.Route // the datapath's routes when the speaker started
-		tblSince  time.Time         // when the neighbour's End-of-RIB was first seen on this session
-		offDone   bool              // native routing turned off (no bgp record for this host)
+		sp         *bgp.Speaker
+		cur        bgp.Config
+		haveCur    bool
+		staleTill  time.Time
+		lastSet    []dataplane.Route
+		setOnce    bool
+		estSince   time.Time
+		stale      []dataplane.Route // the datapath's routes when the speaker started
+		tblSince   time.Time         // when the neighbour's End-of-RIB was first seen on this session
+		offDone    bool              // native routing turned off (no bgp record for this host)
+		lastShared int
 	)
 	stop := func(why string) {
 		if sp != nil {
@@ -110,6 +140,13 @@ func (a *Agent) bgpLoop(ctx context.Context) {
 			sp.Abandon()
 		}
 	}()
+	// Nothing before the first reconcile: a speaker started earlier would advertise an
+	// empty table (and, after a restart, make the neighbour drop this host's routes).
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.ready:
+	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -187,9 +224,18 @@ func (a *Agent) bgpLoop(ctx context.Context) {
 			staleTill = time.Now().Add(max(a.cfg.BGPHoldTime, 9*time.Second))
 			estSince, tblSince = time.Time{}, time.Time{}
 		}
+		a.mu.Lock()
+		shared := sharedNativeAddrs(a.rec)
+		a.mu.Unlock()
 		a.applyMu.Lock()
-		adv := nativePrefixes(a.appliedState())
+		adv := nativePrefixes(a.appliedState(), a.cfg.BGPPrefixes, shared)
 		a.applyMu.Unlock()
+		if len(shared) != lastShared {
+			lastShared = len(shared)
+			if lastShared > 0 {
+				a.log.Warn("bgp: addresses held by endpoints of two tenants are not advertised", "count", lastShared)
+			}
+		}
 		advErr := sp.Advertise(ctx, adv)
 		st, err := sp.Status(ctx)
 		if err != nil {
@@ -271,10 +317,13 @@ func (a *Agent) setBGPStatus(ctx context.Context, s BGPStatus) {
 		return
 	}
 	var err error
+	// Bounded: an etcd outage must not stop the loop from programming routes.
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	if reflect.DeepEqual(s, BGPStatus{}) {
-		_, err = a.store.Delete(ctx, model.BgpOperKey(a.cfg.Host))
+		_, err = a.store.Delete(pctx, model.BgpOperKey(a.cfg.Host))
 	} else {
-		err = a.store.Put(ctx, model.BgpOperKey(a.cfg.Host), s)
+		err = a.store.Put(pctx, model.BgpOperKey(a.cfg.Host), s)
 	}
 	if err != nil {
 		a.log.Warn("bgp: publish session state", "err", err)

@@ -53,8 +53,25 @@ func TestNativePrefixesAndUsableRoutes(t *testing.T) {
 		},
 	}
 	want := []netip.Prefix{netip.MustParsePrefix("10.1.0.2/32"), netip.MustParsePrefix("10.1.0.3/32")}
-	if got := nativePrefixes(s); !slices.Equal(got, want) {
+	if got := nativePrefixes(s, nil, nil); !slices.Equal(got, want) {
 		t.Errorf("advertised %v, want %v", got, want)
+	}
+	if got := nativePrefixes(s, []netip.Prefix{netip.MustParsePrefix("10.1.0.3/32")}, nil); !slices.Equal(got, want[1:]) {
+		t.Errorf("advertised inside --bgp-prefixes %v, want %v", got, want[1:])
+	}
+	if got := nativePrefixes(s, nil, map[netip.Addr]bool{netip.MustParseAddr("10.1.0.2"): true}); !slices.Equal(got, want[1:]) {
+		t.Errorf("advertised with a shared address %v, want %v", got, want[1:])
+	}
+	r := newRecords()
+	r.nets["v.a"] = model.CfgNetworkState{ID: "v.a", Tenant: "a", PktTagType: "vlan"}
+	r.nets["v.b"] = model.CfgNetworkState{ID: "v.b", Tenant: "b", PktTagType: "vlan"}
+	r.nets["x.c"] = model.CfgNetworkState{ID: "x.c", Tenant: "c", PktTagType: "vxlan"}
+	r.eps["1"] = model.CfgEndpointState{ID: "1", NetID: "v.a", IPAddress: "10.1.0.2"}
+	r.eps["2"] = model.CfgEndpointState{ID: "2", NetID: "v.b", IPAddress: "10.1.0.2"}
+	r.eps["3"] = model.CfgEndpointState{ID: "3", NetID: "v.a", IPAddress: "10.1.0.3"}
+	r.eps["4"] = model.CfgEndpointState{ID: "4", NetID: "x.c", IPAddress: "10.1.0.3"} // overlay: not in the fabric
+	if got := sharedNativeAddrs(r); len(got) != 1 || !got[netip.MustParseAddr("10.1.0.2")] {
+		t.Errorf("shared %v, want only 10.1.0.2", got)
 	}
 	rip := netip.MustParsePrefix("172.30.1.2/24")
 	rt := func(p, nh string) dataplane.Route {

@@ -128,6 +128,12 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 				return
 			}
 		}
+		if b := a.BGP(); b.NeighborStatus != "" && b.NeighborStatus != "established" {
+			// Also 200: the host and its local traffic are fine; restarting the agent
+			// cannot bring the neighbour back.
+			_, _ = fmt.Fprintf(w, "degraded: BGP session %s (netctl bgp inspect shows it); natively routed traffic to other hosts has no routes until it is established\n", b.NeighborStatus)
+			return
+		}
 		_, _ = w.Write([]byte("ok\n"))
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)

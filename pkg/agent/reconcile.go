@@ -166,6 +166,14 @@ type dplan interface {
 // It returns the driver errors of this pass by object key (worth retrying); every error,
 // including records that cannot be used, is kept for the inspect API.
 func (a *Agent) reconcile(ctx context.Context) map[string]error {
+	// The BGP loop advertises what is applied: it looks again after every pass (an
+	// attach's too).
+	defer func() {
+		select {
+		case a.bgpKick <- struct{}{}:
+		default:
+		}
+	}()
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 	want, bad := a.desired()

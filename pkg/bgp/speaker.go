@@ -64,6 +64,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// MaxRoutes is the most routes a neighbour may send (the datapath's cb_bgp_routes holds
+// 65,536).
+const MaxRoutes = 60000
+
 // Speaker is a running BGP speaker.
 type Speaker struct {
 	cfg     Config
@@ -125,7 +129,10 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 			AllowOwnAsn: 1},
 		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 2}},
 		Transport: &api.Transport{LocalAddress: cfg.RouterIP.Addr().String(), RemotePort: uint32(cfg.NeighborPort)},
-		AfiSafis:  []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: ipv4Unicast, Enabled: true}}},
+		AfiSafis: []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: ipv4Unicast, Enabled: true},
+			// More than the datapath's route table holds ends the session (Cease, visible
+			// in bgp inspect) instead of programming a part.
+			PrefixLimits: &api.PrefixLimit{Family: ipv4Unicast, MaxPrefixes: MaxRoutes}}},
 	}
 	if cfg.RestartTime > 0 {
 		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(min(cfg.RestartTime/time.Second, 4095)),
@@ -317,8 +324,9 @@ func (sp *Speaker) Stop(ctx context.Context) {
 // neighbour keeps this host's routes for the restart time. netplugin does this when it
 // stops, because its datapath goes on forwarding.
 func (sp *Speaker) Abandon() {
+	// Not s.Stop(): it deconfigures the neighbour, which sends a Cease notification, and
+	// a neighbour that gets one drops the routes (no graceful restart).
 	sp.cancel()
-	sp.s.Stop()
 	sp.log.Info("bgp speaker left (routes stay with the neighbour for the restart time)")
 }
 

@@ -170,11 +170,21 @@ func (n NativeRouting) Validate() error {
 		switch {
 		case !r.Prefix.IsValid() || !r.Prefix.Addr().Is4() || r.Prefix.Masked() != r.Prefix:
 			return fmt.Errorf("native routing: route prefix %v is not a masked IPv4 prefix", r.Prefix)
-		case !r.NextHop.Is4() || !n.RouterIP.Contains(r.NextHop) || r.NextHop == n.RouterIP.Addr():
+		case !r.NextHop.Is4() || !n.RouterIP.Contains(r.NextHop) || r.NextHop == n.RouterIP.Addr() ||
+			r.NextHop == n.RouterIP.Masked().Addr() || r.NextHop == lastAddr(n.RouterIP):
 			return fmt.Errorf("native routing: route %v: next hop %v is not a neighbour on %v", r.Prefix, r.NextHop, n.RouterIP.Masked())
 		}
 	}
 	return nil
+}
+
+// lastAddr is the broadcast address of p's network.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	for i := p.Bits(); i < 32; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	return netip.AddrFrom4(b)
 }
 
 // State is the complete desired state of one host, as handed to Sync.

@@ -65,6 +65,8 @@ func TestNativeRoutingValidate(t *testing.T) {
 		"off-link next hop":        {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: netip.MustParseAddr("10.0.0.1")}}},
 		"next hop is router-ip":    {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: rip.Addr()}}},
 		"no next hop":              {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32")}}},
+		"broadcast next hop":       {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: netip.MustParseAddr("172.30.1.255")}}},
+		"network next hop":         {RouterIP: rip, Routes: []Route{{Prefix: netip.MustParsePrefix("10.1.0.9/32"), NextHop: netip.MustParseAddr("172.30.1.0")}}},
 	}
 	for name, n := range bad {
 		if err := n.Validate(); err == nil {

@@ -126,8 +126,11 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if err != nil {
 		return err
 	}
+	// Routing mode routes VLAN networks natively when hosts speak BGP (docs/bgp.md): the
+	// fabric has one table, so their subnets may not overlap across tenants either.
+	native := func(encap string) bool { return g.FwdMode == "routing" && encap == "vlan" }
 	for _, o := range nets {
-		if o.Tenant != n.TenantName {
+		if o.Tenant != n.TenantName && !(native(n.Encap) && native(o.PktTagType)) {
 			continue
 		}
 		osn, err := subnetOfState(o)
@@ -135,6 +138,9 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 			return err
 		}
 		if osn.contains(sn.base) || sn.contains(osn.base) {
+			if o.Tenant != n.TenantName {
+				return conflict("subnet: %s overlaps network %s (%s/%d) of another tenant; VLAN networks are routed natively in routing mode and may not overlap", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
+			}
 			return conflict("subnet: %s overlaps network %s (%s/%d)", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
 		}
 		if n.Ipv6Subnet != "" && o.IPv6Subnet != "" {

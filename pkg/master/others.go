@@ -1,6 +1,8 @@
 package master
 
 import (
+	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -167,8 +169,21 @@ func bgpOps() objOps[model.Bgp] {
 			if len(b.As) > 64 || len(b.NeighborAs) > 64 {
 				return badReq("as/neighbor-as: longer than 64 characters")
 			}
+			// Contiv took any string; a session needs AS numbers (asplain, 1-4294967295).
+			for field, v := range map[string]string{"as": b.As, "neighbor-as": b.NeighborAs} {
+				if n, err := strconv.ParseUint(v, 10, 32); v != "" && (err != nil || n == 0) {
+					return badReq("%s: %q is not an AS number (1-4294967295)", field, v)
+				}
+			}
 			if b.Neighbor != "" {
-				return checkRegex("neighbor", b.Neighbor, reIP4, "an IPv4 address", 15)
+				if err := checkRegex("neighbor", b.Neighbor, reIP4, "an IPv4 address", 15); err != nil {
+					return err
+				}
+				rip, err1 := netip.ParsePrefix(b.Routerip)
+				nb, err2 := netip.ParseAddr(b.Neighbor)
+				if err1 == nil && err2 == nil && (!rip.Contains(nb) || nb == rip.Addr()) {
+					return badReq("neighbor: %s is not another address on routerip's network %s (BGP runs over that link)", b.Neighbor, rip.Masked())
+				}
 			}
 			return nil
 		},

@@ -119,6 +119,7 @@ var goals = map[string]goal{
 	"egress.tput_ratio":             atLeast(1.0),
 	"egress.crr_ratio":              atLeast(0.95),
 	"dns.p99_us":                    atMost(1000),
+	"bgp.converge_max_ms":           atMost(1000),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

@@ -153,36 +153,43 @@ func TestBGPWithFRR(t *testing.T) {
 		}
 	})
 
-	t.Run("agent-restart-loses-nothing", func(t *testing.T) {
-		// Graceful restart: FRR keeps h1's routes while its netplugin is down, and the
-		// new netplugin keeps the datapath's learned routes until its session is back.
-		type result struct {
-			out string
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			out, err := a.Exec(ctx, "ping", "-i", "0.01", "-c", "700", "-W", "1", b.IP.Addr().String())
-			done <- result{out, err}
-		}()
-		time.Sleep(time.Second)
-		c.KillPlugin(h1)
-		time.Sleep(2 * time.Second)
-		if err := c.StartPlugin(ctx, h1); err != nil {
-			t.Fatal(err)
-		}
-		if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		r := <-done
-		if r.err != nil || !strings.Contains(r.out, " 0% packet loss") {
-			t.Errorf("ping across h1's netplugin restart: %v\n%s", r.err, r.out)
-		}
-		waitRoutes(ctx, t, h1, "h1's new session", func(s agent.BGPStatus) bool {
-			return s.NeighborStatus == "established" && hasRoute(s, host32(b)) && slices.Contains(s.AdvertisedRoutes, host32(a))
+	for _, stop := range []string{"SIGKILL", "SIGTERM"} {
+		t.Run("agent-restart-loses-nothing/"+stop, func(t *testing.T) {
+			// Graceful restart: FRR keeps h1's routes while its netplugin is down (it
+			// crashed, or stopped in order: no Cease either way), and the new netplugin
+			// keeps the datapath's learned routes until its session is back.
+			type result struct {
+				out string
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				out, err := a.Exec(ctx, "ping", "-i", "0.01", "-c", "700", "-W", "1", b.IP.Addr().String())
+				done <- result{out, err}
+			}()
+			time.Sleep(time.Second)
+			if stop == "SIGKILL" {
+				c.KillPlugin(h1)
+			} else if err := c.StopPlugin(h1); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+			if err := c.StartPlugin(ctx, h1); err != nil {
+				t.Fatal(err)
+			}
+			if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || !strings.Contains(r.out, " 0% packet loss") {
+				t.Errorf("ping across h1's netplugin restart (%s): %v\n%s", stop, r.err, r.out)
+			}
+			waitRoutes(ctx, t, h1, "h1's new session", func(s agent.BGPStatus) bool {
+				return s.NeighborStatus == "established" && hasRoute(s, host32(b)) && slices.Contains(s.AdvertisedRoutes, host32(a))
+			})
+			waitRoutes(ctx, t, h2, "h2 still has a", func(s agent.BGPStatus) bool { return hasRoute(s, host32(a)) })
 		})
-		waitRoutes(ctx, t, h2, "h2 still has a", func(s agent.BGPStatus) bool { return hasRoute(s, host32(a)) })
-	})
+	}
 
 	t.Run("bgp-delete", func(t *testing.T) {
 		if out, err := c.Netctl(ctx, "bgp", "rm", h1.Name); err != nil {
@@ -203,6 +210,44 @@ func TestBGPWithFRR(t *testing.T) {
 		var s agent.BGPStatus
 		if err := h1.InspectGet(ctx, "/inspect/bgp", &s); err != nil || s.NeighborStatus != "" {
 			t.Errorf("h1 /inspect/bgp after bgp rm: %+v %v", s, err)
+		}
+	})
+
+	t.Run("bad-input", func(t *testing.T) {
+		l1 := c.Router.Links[h1.Name]
+		if out, err := c.Netctl(ctx, "bgp", "create", h1.Name, "--router-ip", l1.RouterIP.String(), "--as", "65x",
+			"--neighbor-as", "65000", "--neighbor", l1.Neighbor.String()); err == nil || !strings.Contains(out, "as") {
+			t.Errorf("bgp create with AS 65x: %v\n%s", err, out)
+		}
+		// A router-ip on the underlay's network: refused by the host, said in bgp inspect
+		// and /healthz; the host's other traffic is untouched.
+		if out, err := c.Netctl(ctx, "bgp", "create", h1.Name, "--router-ip", "192.168.100.77/24", "--as", "65001",
+			"--neighbor-as", "65000", "--neighbor", "192.168.100.78"); err != nil {
+			t.Fatalf("bgp create: %v\n%s", err, out)
+		}
+		waitRoutes(ctx, t, h1, "h1 refuses the router-ip", func(s agent.BGPStatus) bool { return strings.Contains(s.Error, "overlaps") })
+		if body, err := h1.HealthBody(ctx); err == nil || !strings.Contains(body, "bgp/"+h1.Name) {
+			t.Errorf("h1 /healthz with a refused bgp record: %v %s", err, body)
+		}
+		if out, err := c.Netctl(ctx, "bgp", "inspect", h1.Name); err != nil || !strings.Contains(out, "overlaps") {
+			t.Errorf("bgp inspect: %v\n%s", err, out)
+		}
+		if out, err := a.Ping(ctx, netip.MustParseAddr("10.66.1.1"), 2); err != nil {
+			t.Errorf("a → its gateway with h1's bgp record refused: %v\n%s", err, out)
+		}
+		// A neighbour nobody answers for: the session stays down, /healthz says degraded.
+		if out, err := c.Netctl(ctx, "bgp", "rm", h1.Name); err != nil {
+			t.Fatalf("bgp rm: %v\n%s", err, out)
+		}
+		if out, err := c.Netctl(ctx, "bgp", "create", h1.Name, "--router-ip", l1.RouterIP.String(), "--as", "65001",
+			"--neighbor-as", "65000", "--neighbor", "172.30.1.9"); err != nil {
+			t.Fatalf("bgp create: %v\n%s", err, out)
+		}
+		waitRoutes(ctx, t, h1, "h1 tries the silent neighbour", func(s agent.BGPStatus) bool {
+			return s.NeighborStatus != "" && s.NeighborStatus != "established" && s.Error == ""
+		})
+		if body, err := h1.HealthBody(ctx); err != nil || !strings.Contains(body, "degraded: BGP session") {
+			t.Errorf("h1 /healthz with a silent neighbour: %v %s", err, body)
 		}
 	})
 }

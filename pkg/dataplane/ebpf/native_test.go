@@ -126,35 +126,43 @@ func TestNativeRouting(t *testing.T) {
 		checkSums(t, r.out)
 	}
 	t.Run("in/remote-endpoint", func(t *testing.T) {
-		routedIn(t, run(t, objs, wire, l4Frame(6, vrem, vloc, 1000, 80, tcpSYN, 0), nil), vloc)
+		routedIn(t, run(t, objs, wire, toHost(l4Frame(6, vrem, vloc, 1000, 80, tcpSYN, 0)), nil), vloc)
 	})
 	t.Run("in/outside-source", func(t *testing.T) {
-		routedIn(t, run(t, objs, wire, l4Frame(6, outside, vloc, 1000, 80, tcpSYN, 0), nil), vloc)
+		routedIn(t, run(t, objs, wire, toHost(l4Frame(6, outside, vloc, 1000, 80, tcpSYN, 0)), nil), vloc)
 	})
 	t.Run("in/local-source-spoofed", func(t *testing.T) {
-		run(t, objs, wire, l4Frame(6, vsrc, vloc, 1000, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropRemoteSrc)
+		run(t, objs, wire, toHost(l4Frame(6, vsrc, vloc, 1000, 80, tcpSYN, 0)), nil).expect(t, tcActShot, DropRemoteSrc)
 	})
 	t.Run("in/ttl-1", func(t *testing.T) {
 		p := l4Frame(6, vrem, vloc, 1000, 80, tcpSYN, 0)
 		p[14+8] = 1
-		run(t, objs, wire, p, nil).expect(t, tcActShot, DropTTLExceeded)
+		run(t, objs, wire, toHost(p), nil).expect(t, tcActShot, DropTTLExceeded)
 	})
 	pass := func(t *testing.T, pkt []byte) {
 		t.Helper()
-		r := run(t, objs, wire, pkt, nil)
+		r := run(t, objs, wire, toHost(pkt), nil)
 		if int32(r.ret) != -1 || len(r.diff) != 0 {
 			t.Errorf("verdict %d reasons %v, want TCX_NEXT and no counters", int32(r.ret), r.diff)
 		}
 	}
 	t.Run("in/overlay-network-endpoint-not-routed-in", func(t *testing.T) {
-		pass(t, l4Frame(6, vrem, localIP, 1000, 80, tcpSYN, 0))
+		run(t, objs, wire, toHost(l4Frame(6, vrem, localIP, 1000, 80, tcpSYN, 0)), nil).expect(t, tcActShot, DropUplinkToEndpoint)
+	})
+	t.Run("in/not-for-this-host", func(t *testing.T) {
+		// Addressed to another MAC (flooded, or seen in promiscuous mode): PACKET_OTHERHOST.
+		f := l4Frame(6, vrem, vloc, 1000, 80, tcpSYN, 0)
+		r := run(t, objs, wire, f, nil)
+		if int32(r.ret) != -1 || len(r.diff) != 0 {
+			t.Errorf("verdict %d reasons %v, want TCX_NEXT and no counters", int32(r.ret), r.diff)
+		}
 	})
 	t.Run("in/host-traffic-passes", func(t *testing.T) {
 		pass(t, l4Frame(6, nh, netip.MustParseAddr("172.30.1.2"), 40000, 179, tcpSYN, 0))
 		pass(t, arpFrame(1, dataplane.ContivMAC(nh), nh, netip.MustParseAddr("172.30.1.2")))
 	})
 	t.Run("in/malformed", func(t *testing.T) {
-		run(t, objs, wire, ipFrame(vrem, vloc, ipOpts{ihl: 15, truncate: 30}), nil).expect(t, tcActShot, DropMalformedIP)
+		run(t, objs, wire, toHost(ipFrame(vrem, vloc, ipOpts{ihl: 15, truncate: 30})), nil).expect(t, tcActShot, DropMalformedIP)
 	})
 	t.Run("in/bgp-off", func(t *testing.T) {
 		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_ROUTING))
@@ -276,6 +284,25 @@ func TestSetNativeRouting(t *testing.T) {
 		t.Errorf("router-ip left after Teardown: %s", addrs())
 	}
 
+	// A router-ip on another network of the host, or on a tenant network, is refused.
+	d = start(cfg)
+	nsRun(t, ns, "ip", "addr", "add", "192.168.77.1/24", "dev", "tor0p")
+	if err := d.SetNativeRouting(ctx, dataplane.NativeRouting{RouterIP: netip.MustParsePrefix("192.168.77.9/24")}); err == nil || !strings.Contains(err.Error(), "tor0p") {
+		t.Errorf("router-ip on the network of another link: %v", err)
+	}
+	if err := d.UpsertNetwork(ctx, dataplane.Network{ID: "v.t", Encap: dataplane.EncapVLAN, Tag: 200, Subnet: netip.MustParsePrefix("10.66.0.0/16"), MTU: 1500}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetNativeRouting(ctx, dataplane.NativeRouting{RouterIP: netip.MustParsePrefix("10.66.1.2/24")}); err == nil || !strings.Contains(err.Error(), "v.t") {
+		t.Errorf("router-ip on a tenant network: %v", err)
+	}
+	if strings.Contains(addrs(), "192.168.77.9") || strings.Contains(addrs(), "10.66.1.2") || feat() {
+		t.Errorf("a refused router-ip left state: %s feature %v", addrs(), feat())
+	}
+	if err := d.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	// Bridge mode and a host without an uplink refuse it.
 	for name, c := range map[string]dataplane.HostConfig{"bridge": {FwdMode: dataplane.FwdBridge, VLANIf: "tor0"}, "no-uplink": {FwdMode: dataplane.FwdRouting}} {
 		c.Host, c.NetNS, c.VTEP, c.PinRoot, c.VXLANIf, c.MapEntries, c.CgroupPath = "h", ns, cfg.VTEP, filepath.Join(pinBase, name), "cbevx0", 1024, "off"
@@ -285,4 +312,12 @@ func TestSetNativeRouting(t *testing.T) {
 		}
 		_ = d2.Teardown(ctx)
 	}
+}
+
+// toHost addresses a frame to the test device's own MAC (the loopback's, all zeros), so
+// BPF_PROG_TEST_RUN gives it PACKET_HOST, as the ToR's frames to this host get.
+func toHost(f []byte) []byte {
+	f = append([]byte{}, f...)
+	copy(f[0:6], make([]byte, 6))
+	return f
 }
