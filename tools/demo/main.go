@@ -78,7 +78,8 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}
 	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd (TLS, client certificates), netplugin --dataplane=%s on each (agent token, etcd certificate)", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true, External: dp == "ebpf"})
+	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true, External: dp == "ebpf",
+		BGPRouter: dp == "ebpf" && sim.FRRInstalled()})
 	if err != nil {
 		return err
 	}
@@ -161,6 +162,12 @@ func run(ctx context.Context, dp, bin string) (err error) {
 			return err
 		}
 
+		if c.Router != nil {
+			if err := demoBGP(ctx, p, c); err != nil {
+				return err
+			}
+		}
+
 		pin := filepath.Join(c.PinRoot, h1.Name, "cb_endpoints")
 		p.step("bpftool map dump pinned %s", pin)
 		b, err := exec.CommandContext(ctx, "bpftool", "map", "dump", "pinned", pin).CombinedOutput()
@@ -180,4 +187,70 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}
 	fmt.Print(indent(string(pj) + "\n"))
 	return nil
+}
+
+// demoBGP shows route distribution (docs/bgp.md): FRR as the hosts' top-of-rack router, a
+// VLAN network routed natively between the hosts by the routes their speakers exchange.
+func demoBGP(ctx context.Context, p *progress, c *sim.Cluster) error {
+	h1, h2 := c.Hosts[0], c.Hosts[1]
+	p.step("FRR (Debian's zebra + bgpd) as the top-of-rack router in %s, one link per host (\"bgp\", the hosts' --vlan-if)", c.Router.NS)
+	if err := c.StartFRR(ctx, 9*time.Second); err != nil {
+		return err
+	}
+	p.step("netctl network create --encap vlan --pkt-tag 200 --subnet 10.66.1.0/24 -g 10.66.1.1 bgp-net")
+	out, err := c.Netctl(ctx, "network", "create", "--encap", "vlan", "--pkt-tag", "200", "--subnet", "10.66.1.0/24", "-g", "10.66.1.1", "bgp-net")
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	for _, h := range c.Hosts {
+		l := c.Router.Links[h.Name]
+		args := []string{"bgp", "create", h.Name, "--router-ip", l.RouterIP.String(), "--as", fmt.Sprint(l.HostAS),
+			"--neighbor-as", fmt.Sprint(sim.RouterASN), "--neighbor", l.Neighbor.String()}
+		p.step("netctl %s", strings.Join(args, " "))
+		out, err := c.Netctl(ctx, args...)
+		fmt.Print(indent(out))
+		if err != nil {
+			return err
+		}
+	}
+	c3, err := c.AddContainer(ctx, h1, "c3", "default", "bgp-net")
+	if err != nil {
+		return err
+	}
+	c4, err := c.AddContainer(ctx, h2, "c4", "default", "bgp-net")
+	if err != nil {
+		return err
+	}
+	p.step("ping %s (%s on %s) -> %s (%s on %s): routed natively through FRR, no tunnel, no tag", c3.Name, c3.IP.Addr(), h1.Name, c4.Name, c4.IP.Addr(), h2.Name)
+	var pingOut string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pingOut, err = c3.Ping(ctx, c4.IP.Addr(), 3)
+		if err == nil && strings.Contains(pingOut, " 0% packet loss") {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Print(indent(pingOut))
+			return fmt.Errorf("ping over BGP routes failed: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	fmt.Print(indent(summary.FindString(pingOut)))
+	p.step("vtysh -c 'show ip bgp' on the router")
+	out, err = c.Router.VTY(ctx, "show ip bgp")
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	p.step("netctl bgp inspect %s", h1.Name)
+	out, err = c.Netctl(ctx, "bgp", "inspect", h1.Name)
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	p.step("netctl bpf routes (on %s): what its datapath routes by", h1.Name)
+	out, err = c.Netctl(ctx, "bpf", "routes", "--agent", "http://"+h1.Inspect)
+	fmt.Print(indent(out))
+	return err
 }
