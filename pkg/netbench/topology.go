@@ -131,6 +131,35 @@ const (
 // 10.195.0.1/24), bridge <prefix>b (br0 joining router and server), server <prefix>s
 // (10.195.0.254/24).
 func Masquerade(prefix string, mtu int) (*Topology, error) {
+	t, err := routerTopology(prefix, mtu, [][]string{{"iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wire", "-j", "MASQUERADE"}})
+	if err != nil {
+		return nil, fmt.Errorf("build masquerade baseline: %w", err)
+	}
+	return t, nil
+}
+
+// NodePortDNAT builds the node port baseline: kube-proxy's way, an iptables DNAT on the
+// host the client reaches. The Masquerade shape with the roles turned: the client in
+// <prefix>s (10.195.0.254, on the bridge side, standing for the outside) connects to the
+// router's 10.195.0.1:nodePort, which `iptables -t nat -A PREROUTING -p tcp --dport
+// nodePort -j DNAT --to-destination 10.196.0.2:port` sends to the server in <prefix>c
+// (the "pod", MTU mtu); replies go back through the router (un-DNATed by conntrack).
+func NodePortDNAT(prefix string, mtu int, nodePort, port uint16) (*Topology, error) {
+	t, err := routerTopology(prefix, mtu, [][]string{{"iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", fmt.Sprint(nodePort),
+		"-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", MasqClientIP, port)}})
+	if err != nil {
+		return nil, fmt.Errorf("build node port baseline: %w", err)
+	}
+	if err := nsip(prefix+"s", "route", "add", "default", "via", "10.195.0.1"); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("build node port baseline: %w", err)
+	}
+	return t, nil
+}
+
+// routerTopology is the client–router–bridge–server shape of Masquerade with the router's
+// netfilter rules given.
+func routerTopology(prefix string, mtu int, rules [][]string) (*Topology, error) {
 	t := &Topology{}
 	c, r, b, s := prefix+"c", prefix+"r", prefix+"b", prefix+"s"
 	steps := []func() error{
@@ -161,15 +190,17 @@ func Masquerade(prefix string, mtu int) (*Topology, error) {
 			_, err := Run(r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 			return err
 		},
-		func() error {
-			_, err := Run(r, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wire", "-j", "MASQUERADE")
+	}
+	for _, rule := range rules {
+		steps = append(steps, func() error {
+			_, err := Run(r, rule...)
 			return err
-		},
+		})
 	}
 	for _, st := range steps {
 		if err := st(); err != nil {
 			t.Close()
-			return nil, fmt.Errorf("build masquerade baseline: %w", err)
+			return nil, err
 		}
 	}
 	return t, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
@@ -76,6 +77,9 @@ func egressStage(ctx context.Context, cfg config, dp string, w io.Writer, r *rep
 	}
 	if err := dnsFigures(ctx, dp, a, w, r); err != nil {
 		r.fail(dp+".dns", err)
+	}
+	if err := nodePortFigures(ctx, cfg, dp, c, a, mtu, w, r); err != nil {
+		r.fail(dp+".nodeport", err)
 	}
 	d.reportPair("egress", "masq", "kernel MASQUERADE", fmt.Sprintf("%s egress: container -> outside through eBPF source NAT vs a kernel MASQUERADE router of the same shape (MTU %d), %d/%d/%d alternating rounds",
 		dp, mtu, cfg.tputRounds, cfg.crrRounds, cfg.rrRounds), base, test, nil)
@@ -159,5 +163,76 @@ func dnsFigures(ctx context.Context, dp string, a *sim.Container, w io.Writer, r
 	r.add(dp+".dns.p50_us", us(p50), "us")
 	r.add(dp+".dns.p99_us", us(p99), "us")
 	r.add(dp+".dns.qps", float64(int64(qps)), "answers/s")
+	return nil
+}
+
+// nodePortFigures compares new connections per second from the external namespace to a
+// node port on host 1 whose backend is container a (local: the eBPF node port path, the
+// client's address kept) with the kube-proxy way, an iptables DNAT on a router of the same
+// shape (netbench.NodePortDNAT), alternating rounds.
+func nodePortFigures(ctx context.Context, cfg config, dp string, c *sim.Cluster, a *sim.Container, mtu int, w io.Writer, r *report) error {
+	const nodePort = 30080
+	h1 := c.Hosts[0]
+	if err := c.MasterDo(ctx, "POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: a.IP.Addr().String(),
+		ContainerID: a.ID, Tenant: "default", Network: benchNet, Event: "start", Labels: map[string]string{"app": "np"}}, nil); err != nil {
+		return err
+	}
+	svc := map[string]any{"tenantName": "default", "networkName": benchNet, "serviceName": "np", "ipAddress": "10.120.0.200",
+		"selectors": []string{"app=np"}, "ports": []string{fmt.Sprintf("80:%d:TCP", echoPort)}, "nodePorts": []string{fmt.Sprintf("%d:80:TCP", nodePort)}}
+	if err := c.MasterDo(ctx, "POST", "/api/v1/serviceLBs/default:np/", svc, nil); err != nil {
+		return err
+	}
+	srv, err := netbench.StartServer(netbench.NSPath(a.Name), fmt.Sprintf("%s:%d", a.IP.Addr(), echoPort))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	topo, err := netbench.NodePortDNAT(c.Prefix+"n", mtu, nodePort, echoPort)
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	bsrv, err := netbench.StartServer(netbench.NSPath(topo.Namespaces[0]), fmt.Sprintf("%s:%d", netbench.MasqClientIP, echoPort))
+	if err != nil {
+		return err
+	}
+	defer bsrv.Close()
+	test := fmt.Sprintf("%s:%d", h1.IP, nodePort)
+	base := fmt.Sprintf("10.195.0.1:%d", nodePort)
+	testDial, baseDial := netbench.NewDialer(netbench.NSPath(c.External.NS)), netbench.NewDialer(netbench.NSPath(topo.Namespaces[3]))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := netbench.CRR(ctx, testDial, test, 100*time.Millisecond)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("node port %s from the outside: %w", test, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var tr, br, ratios []float64
+	for i := 0; i < cfg.crrRounds; i++ {
+		order := []bool{i%2 == 0, i%2 != 0}
+		var t1, b1 float64
+		for _, isTest := range order {
+			var err error
+			if isTest {
+				t1, err = netbench.CRR(ctx, testDial, test, cfg.crrTime)
+			} else {
+				b1, err = netbench.CRR(ctx, baseDial, base, cfg.crrTime)
+			}
+			if err != nil {
+				return fmt.Errorf("node port crr (test %v): %w", isTest, err)
+			}
+		}
+		tr, br, ratios = append(tr, t1), append(br, b1), append(ratios, ratio(t1, b1))
+	}
+	r.add(dp+".nodeport.crr", median(tr), "conn/s")
+	r.add(dp+".nodeport.dnat_crr", median(br), "conn/s")
+	r.add(dp+".nodeport.crr_ratio", median(ratios), "ratio")
+	table(w, fmt.Sprintf("%s node port: new TCP connections/s from the external namespace to a node port with a local backend vs an iptables DNAT router of the same shape, %d alternating rounds", dp, cfg.crrRounds),
+		[]string{"figure", "iptables DNAT", dp + " node port", "ratio"},
+		[][]string{{"CRR conn/s", fmt.Sprintf("%.0f", median(br)), fmt.Sprintf("%.0f", median(tr)), fmt.Sprintf("%.3f", median(ratios))}})
 	return nil
 }

@@ -120,6 +120,7 @@ var goals = map[string]goal{
 	"egress.crr_ratio":              atLeast(0.95),
 	"dns.p99_us":                    atMost(1000),
 	"bgp.converge_max_ms":           atMost(1000),
+	"nodeport.crr_ratio":            atLeast(1.0),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.
