@@ -64,7 +64,8 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "netmaster-token-file", EnvVars: env("NETMASTER_TOKEN_FILE"), Usage: "`FILE` holding this agent's bearer token (role agent) for netmaster"},
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
 		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
-		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server"},
+		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server (else, in a pod, the service account)"},
+		&cli.DurationFlag{Name: "k8s-pod-wait", EnvVars: env("K8S_POD_WAIT"), Value: k8s.DefaultPodWait, Usage: "how long a CNI ADD waits for a pod its node's cache has not seen yet (kubernetes mode)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("LOG_LEVEL"), Value: "info", Usage: "debug | info | warn | error"},
 		&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log as JSON"},
 	}
@@ -98,6 +99,7 @@ type config struct {
 	bgpPrefixes   []netip.Prefix
 	k8sConfig     string
 	k8sConfigSet  bool
+	k8sPodWait    time.Duration
 
 	ovsDir          string
 	ovsDB           string
@@ -133,7 +135,7 @@ func configFrom(c *cli.Context) (config, error) {
 		serviceTTL: c.Duration("service-ttl"),
 		bgpHold:    c.Duration("bgp-hold-time"),
 		bgpRestart: c.Duration("bgp-restart-time"),
-		k8sConfig:  c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"),
+		k8sConfig:  c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"), k8sPodWait: c.Duration("k8s-pod-wait"),
 		ovsDir: c.String("ovs-dir"), ovsDB: c.String("ovs-db"),
 		dockerPluginDir: c.String("docker-plugin-dir"), pluginName: c.String("plugin-name"), dockerHost: c.String("docker-host"),
 		socketGroup:    c.String("socket-group"),

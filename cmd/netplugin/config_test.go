@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -9,9 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 
 	"github.com/urfave/cli/v2"
 )
@@ -101,15 +102,22 @@ func TestPodLabeler(t *testing.T) {
 	if c, err := podLabeler(cfg, log); c != nil || err != nil {
 		t.Fatalf("empty API server: %v %v", c, err)
 	}
-	// A real API server: a client that reads labels.
-	srv := k8stest.NewAPIServer(t, "", map[string]map[string]string{"ns/p": {k8s.LabelNetwork: "n1"}})
-	cfg.k8sConfig = srv.ConfigPath
+	// A configured API server that is down: the pod cache is built, and a CNI ADD's lookup
+	// fails after the bounded wait saying that the API server has not answered.
+	if err := os.WriteFile(p, []byte(`{"K8S_API_SERVER": "https://127.0.0.1:1"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.k8sPodWait = 700 * time.Millisecond
 	c, err := podLabeler(cfg, log)
 	if err != nil || c == nil {
 		t.Fatalf("configured API: %v %v", c, err)
 	}
-	if l, err := c.PodLabels(context.Background(), "ns", "p"); err != nil || l[k8s.LabelNetwork] != "n1" {
-		t.Fatalf("labels through netplugin's client: %v %v", l, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.Run(ctx)
+	_, err = c.PodLabels(ctx, "ns", "p")
+	if !errors.Is(err, k8s.ErrPodNotFound) || !strings.Contains(err.Error(), "has not") {
+		t.Fatalf("API down: %v", err)
 	}
 }
 

@@ -34,6 +34,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
+	"k8s.io/klog/v2"
 )
 
 func run(parent context.Context, cfg config) error {
@@ -107,6 +108,8 @@ func run(parent context.Context, cfg config) error {
 			return err
 		}
 		if pods != nil {
+			klog.SetSlogLogger(log.With("component", "client-go")) // client-go logs through klog
+			pods.Run(ctx)
 			acfg.Pods = pods
 		}
 	}
@@ -211,12 +214,17 @@ func run(parent context.Context, cfg config) error {
 	return nil
 }
 
-// podLabeler returns the Kubernetes API client of --k8s-config, or nil when none is
-// configured: the default file missing, or naming no API server. A file named
-// explicitly must exist; a file that does not parse is an error either way.
-func podLabeler(cfg config, log *slog.Logger) (*k8s.Client, error) {
+// podLabeler returns the node's pod cache (not yet running) for the Kubernetes API of
+// --k8s-config, or of the pod's service account when that file is missing and netplugin
+// runs in a pod; nil when neither is configured (the default file missing, or naming no API
+// server). A file named explicitly must exist; a file that does not parse is an error
+// either way. The node is --host (Contiv's host label is the node name).
+func podLabeler(cfg config, log *slog.Logger) (*k8s.PodCache, error) {
 	kc, err := k8s.LoadConfig(cfg.k8sConfig)
 	switch {
+	case errors.Is(err, fs.ErrNotExist) && !cfg.k8sConfigSet && k8s.InCluster():
+		kc = k8s.Config{}
+		log.Info("pod labels from the Kubernetes API (in-cluster service account)")
 	case errors.Is(err, fs.ErrNotExist) && !cfg.k8sConfigSet:
 		log.Info("no Kubernetes API configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
 		return nil, nil
@@ -225,13 +233,18 @@ func podLabeler(cfg config, log *slog.Logger) (*k8s.Client, error) {
 	case kc.APIServer == "":
 		log.Info("no K8S_API_SERVER configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
 		return nil, nil
+	default:
+		log.Info("pod labels from the Kubernetes API", "api", kc.APIServer, "node", cfg.host)
 	}
-	c, err := k8s.New(kc)
+	cs, _, err := k8s.Clientset(kc)
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
 	}
-	log.Info("pod labels from the Kubernetes API", "api", kc.APIServer)
-	return c, nil
+	pc, err := k8s.NewPodCache(cs, cfg.host, cfg.k8sPodWait, log)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
+	}
+	return pc, nil
 }
 
 // upstreamDevice is the device the host reaches the first DNS upstream by now (before any

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 )
@@ -59,7 +61,10 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 	if err != nil {
 		return cniapi.PodResponse{}, err
 	}
-	resp := cniapi.PodResponse{EndpointID: res.ID, IPAddress: res.IP.String(), MAC: res.MAC, MTU: res.MTU}
+	resp := cniapi.PodResponse{EndpointID: res.ID, IPAddress: res.IP.String(), MAC: res.MAC, MTU: res.MTU, HostIfName: res.HostIfName}
+	if l, err := netlink.LinkByName(res.HostIfName); err == nil {
+		resp.HostMAC = l.Attrs().HardwareAddr.String()
+	}
 	if res.IPv6.IsValid() {
 		resp.IPv6Address = res.IPv6.String()
 	}

@@ -54,6 +54,10 @@ type PodResponse struct {
 	// DNS is the nameserver the endpoint should use (the gateway, when the host's DNS
 	// responder runs), "" = none.
 	DNS string `json:"dns,omitempty"`
+	// HostIfName and HostMAC name the host side of the pod's veth, listed in the CNI result
+	// (without a sandbox) so chained plugins such as bandwidth find it.
+	HostIfName string `json:"hostifname,omitempty"`
+	HostMAC    string `json:"hostmac,omitempty"`
 }
 
 // WithDefaults fills tenant, network and interface name when the request left them empty.

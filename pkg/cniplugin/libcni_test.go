@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +26,9 @@ import (
 )
 
 // buildAll provides netmaster, netplugin, netctl and contivk8s (prebuilt ones from
-// $CONTIVBPF_TEST_BIN, which `make test` sets, else compiled here) plus cnitool, which is
-// not a project binary and is always compiled from the pinned CNI module, in a temp dir.
+// $CONTIVBPF_TEST_BIN, which `make test` sets, else compiled here) plus cnitool and the
+// bandwidth and portmap plugins, which are not project binaries and are always compiled
+// from the pinned CNI modules, in a temp dir.
 func buildAll(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	root, err := sim.RepoRoot()
@@ -34,7 +36,12 @@ func buildAll(t *testing.T, ctx context.Context) string {
 		t.Fatal(err)
 	}
 	bin := t.TempDir()
-	pkgs := map[string]string{"cnitool": "github.com/containernetworking/cni/cnitool"}
+	pkgs := map[string]string{
+		"cnitool": "github.com/containernetworking/cni/cnitool",
+		// Chained after contivk8s in the "chained" case (go.mod's tool directives pin them).
+		"bandwidth": "github.com/containernetworking/plugins/plugins/meta/bandwidth",
+		"portmap":   "github.com/containernetworking/plugins/plugins/meta/portmap",
+	}
 	if pre := os.Getenv("CONTIVBPF_TEST_BIN"); pre != "" {
 		for _, name := range []string{"netmaster", "netplugin", "netctl", "contivk8s"} {
 			if err := os.Symlink(filepath.Join(pre, name), filepath.Join(bin, name)); err != nil {
@@ -150,8 +157,14 @@ func TestLibcniSpecVersions(t *testing.T) {
 			if len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.77.0.2/24" || r.IPs[0].Gateway.String() != "10.77.0.1" {
 				t.Fatalf("ips = %v", r.IPs)
 			}
-			if len(r.Interfaces) != 1 || r.Interfaces[0].Mac != "02:02:0a:4d:00:02" || r.Interfaces[0].Sandbox != nsPath {
-				t.Fatalf("interfaces = %+v", r.Interfaces[0])
+			// The host side of the veth first (no sandbox, as bridge/ptp list it), then the
+			// pod's interface, which the address names.
+			if len(r.Interfaces) != 2 || !strings.HasPrefix(r.Interfaces[0].Name, "cbv") || r.Interfaces[0].Sandbox != "" || r.Interfaces[0].Mac == "" ||
+				r.Interfaces[1].Name != "eth0" || r.Interfaces[1].Mac != "02:02:0a:4d:00:02" || r.Interfaces[1].Sandbox != nsPath {
+				t.Fatalf("interfaces = %v", r.Interfaces)
+			}
+			if r.IPs[0].Interface == nil || *r.IPs[0].Interface != 1 {
+				t.Fatalf("address names interface %v, want 1 (eth0)", r.IPs[0].Interface)
 			}
 			if len(r.DNS.Nameservers) != 1 || len(r.Routes) != 1 {
 				t.Fatalf("dns %v routes %v", r.DNS, r.Routes)
@@ -248,6 +261,103 @@ func TestLibcniSpecVersions(t *testing.T) {
 		tool("del", netName, nsPath)
 		if l, _ := linkIn(t, nsPath, "eth0"); l != nil {
 			t.Fatal("eth0 still in pod after cnitool del")
+		}
+	})
+
+	// Chaining as a Kubernetes runtime does it: contivk8s, then containernetworking's
+	// bandwidth and portmap plugins, run (like the runtime) in the host's namespace, where
+	// the agent's veths are. bandwidth finds the host side of the veth in contivk8s'
+	// result; portmap's host port reaches the pod from the host.
+	t.Run("chained", func(t *testing.T) {
+		if _, err := exec.LookPath("iptables"); err != nil {
+			t.Fatalf("portmap needs iptables: %v", err)
+		}
+		podNS := "cbr-p" + dockertest.RandHex(3)
+		dockertest.NetNS(t, podNS)
+		nsPath := "/run/netns/" + podNS
+		hostNS := sim.NetNSPath(h.Name)
+		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"cbr-chain","plugins":[
+			{"type":"contivk8s","socket":%q,"network":"cni-net"},
+			{"type":"bandwidth","capabilities":{"bandwidth":true}},
+			{"type":"portmap","backend":"iptables","capabilities":{"portMappings":true}}]}`, h.CNISocket)
+		list, err := libcni.ConfListFromBytes([]byte(conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := &libcni.RuntimeConf{ContainerID: "cid-" + podNS, NetNS: nsPath, IfName: "eth0",
+			Args: [][2]string{{"K8S_POD_NAME", "chained"}, {"K8S_POD_NAMESPACE", "default"}, {"IgnoreUnknown", "1"}},
+			CapabilityArgs: map[string]any{
+				"bandwidth":    map[string]any{"ingressRate": 80_000_000, "ingressBurst": 1_000_000, "egressRate": 80_000_000, "egressBurst": 1_000_000},
+				"portMappings": []map[string]any{{"hostPort": 18080, "containerPort": 8080, "protocol": "tcp"}},
+			}}
+		inHost := func(fn func() error) {
+			t.Helper()
+			if err := ns.WithNetNSPath(hostNS, func(ns.NetNS) error { return fn() }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var res types.Result
+		inHost(func() error {
+			var err error
+			res, err = cni.AddNetworkList(ctx, list, rt)
+			return err
+		})
+		t.Cleanup(func() {
+			_ = ns.WithNetNSPath(hostNS, func(ns.NetNS) error { return cni.DelNetworkList(ctx, list, rt) })
+		})
+		r, err := current.NewResultFromResult(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hostIf := r.Interfaces[0].Name
+		tcOut, err := sim.Exec(ctx, h.Name, "tc", "qdisc", "show", "dev", hostIf)
+		if err != nil || !strings.Contains(tcOut, "tbf") {
+			t.Fatalf("bandwidth: no tbf qdisc on %s: %s %v", hostIf, tcOut, err)
+		}
+		nat, err := sim.Exec(ctx, h.Name, "iptables", "-t", "nat", "-S")
+		if err != nil || !strings.Contains(nat, "18080") {
+			t.Fatalf("portmap: no DNAT rule for 18080: %s %v", nat, err)
+		}
+		inHost(func() error { return cni.CheckNetworkList(ctx, list, rt) })
+
+		// The host port reaches the pod's listener from the host (portmap's OUTPUT DNAT,
+		// then the agent's host route into the pod).
+		l, err := sim.Listen(podNS, "tcp", ":8080")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = c.Write([]byte("pod"))
+		}()
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer dcancel()
+		c, err := sim.DialContext(dctx, h.Name, "tcp", netip.AddrPortFrom(h.IP, 18080).String())
+		if err != nil {
+			t.Fatalf("dial host port: %v", err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 8)
+		n, err := c.Read(buf)
+		c.Close()
+		if err != nil || string(buf[:n]) != "pod" {
+			t.Fatalf("host port answer %q, %v", buf[:n], err)
+		}
+
+		inHost(func() error { return cni.DelNetworkList(ctx, list, rt) })
+		if tcOut, _ := sim.Exec(ctx, h.Name, "tc", "qdisc", "show", "dev", hostIf); strings.Contains(tcOut, "tbf") {
+			t.Fatalf("tbf qdisc left after DEL: %s", tcOut)
+		}
+		if nat, _ := sim.Exec(ctx, h.Name, "iptables", "-t", "nat", "-S"); strings.Contains(nat, "18080") {
+			t.Fatalf("DNAT rule left after DEL: %s", nat)
+		}
+		if links, _ := sim.Exec(ctx, h.Name, "ip", "-o", "link"); strings.Contains(links, "bwp") {
+			t.Fatalf("bandwidth's ifb left after DEL: %s", links)
 		}
 	})
 

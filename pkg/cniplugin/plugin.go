@@ -144,14 +144,20 @@ func result(conf *NetConf, args *skel.CmdArgs, resp cniapi.PodResponse) (*curren
 	}
 	res := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{{Name: args.IfName, Mac: resp.MAC, Mtu: resp.MTU, Sandbox: args.Netns}},
 		DNS:        conf.DNS,
 	}
+	// Like the bridge and ptp plugins: the host side of the veth first (no sandbox), then
+	// the pod's interface, which the addresses refer to; chained plugins (bandwidth) look
+	// for the host side there.
+	if resp.HostIfName != "" {
+		res.Interfaces = append(res.Interfaces, &current.Interface{Name: resp.HostIfName, Mac: resp.HostMAC})
+	}
+	res.Interfaces = append(res.Interfaces, &current.Interface{Name: args.IfName, Mac: resp.MAC, Mtu: resp.MTU, Sandbox: args.Netns})
 	if len(res.DNS.Nameservers) == 0 && resp.DNS != "" {
 		// The host's DNS responder, reached at the network's gateway (docs/host-routing.md).
 		res.DNS.Nameservers = []string{resp.DNS}
 	}
-	idx := 0
+	idx := len(res.Interfaces) - 1
 	ipc := &current.IPConfig{Interface: &idx, Address: *prefixToIPNet(ipn)}
 	if resp.Gateway != "" {
 		gw, err := netip.ParseAddr(resp.Gateway)

@@ -1,24 +1,22 @@
-// Package k8s is netplugin's minimal Kubernetes API client: it reads Contiv's client
-// configuration (/var/contiv/config/contiv.json: K8S_API_SERVER, K8S_CA, K8S_KEY,
-// K8S_CERT, K8S_TOKEN) and fetches a pod's labels with GET
-// <api>/api/v1/namespaces/<ns>/pods/<name> over net/http (no client-go).
+// Package k8s is the agents' access to the Kubernetes API through client-go: it reads
+// Contiv's client configuration (/var/contiv/config/contiv.json: K8S_API_SERVER, K8S_CA,
+// K8S_KEY, K8S_CERT, K8S_TOKEN, SVC_SUBNET) or, inside a pod, the service account's
+// in-cluster configuration, and keeps a node-scoped pod cache (a shared informer) that
+// answers the CNI ADD path's label lookups without an API round trip.
 //
-// It knows the pod API's JSON and Contiv's pod labels, nothing about etcd or the agent.
+// It knows Kubernetes' objects and Contiv's pod labels, nothing about etcd or the agent.
 package k8s
 
 import (
-	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
-	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // DefaultConfigPath is where Contiv keeps the Kubernetes client configuration.
@@ -75,125 +73,75 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Client reads pods from one API server.
-type Client struct {
-	base  *url.URL
-	hc    *http.Client
-	token string
-}
-
-// New builds a client: TLS verified with K8S_CA (system roots if empty), client
-// certificate K8S_CERT/K8S_KEY if set, bearer token K8S_TOKEN if set. Requests time out
-// after 10 s unless their context ends first.
-func New(c Config) (*Client, error) {
+// RESTConfig turns the contiv.json into client-go's configuration: TLS verified with
+// K8S_CA (system roots if empty), client certificate K8S_CERT/K8S_KEY if set, bearer
+// token K8S_TOKEN (or the file it names) if set. Files are read now, so a missing one is
+// an error naming its key.
+func (c Config) RESTConfig() (*rest.Config, error) {
 	if c.APIServer == "" {
-		return nil, errors.New("kubernetes client: K8S_API_SERVER is empty")
+		return nil, errors.New("K8S_API_SERVER is empty")
 	}
 	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, err
 	}
-	base, _ := url.Parse(strings.TrimRight(c.APIServer, "/"))
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	rc := &rest.Config{Host: strings.TrimRight(c.APIServer, "/"), UserAgent: "contivbpf"}
 	if c.CA != "" {
 		pem, err := os.ReadFile(c.CA)
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes client: K8S_CA: %w", err)
+			return nil, fmt.Errorf("K8S_CA: %w", err)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kubernetes client: K8S_CA %s: no PEM certificate in it", c.CA)
-		}
-		tc.RootCAs = pool
+		rc.TLSClientConfig.CAData = pem
 	}
 	if c.Cert != "" {
-		kp, err := tls.LoadX509KeyPair(c.Cert, c.Key)
+		cert, err := os.ReadFile(c.Cert)
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes client: K8S_CERT/K8S_KEY: %w", err)
+			return nil, fmt.Errorf("K8S_CERT: %w", err)
 		}
-		tc.Certificates = []tls.Certificate{kp}
+		key, err := os.ReadFile(c.Key)
+		if err != nil {
+			return nil, fmt.Errorf("K8S_KEY: %w", err)
+		}
+		rc.TLSClientConfig.CertData, rc.TLSClientConfig.KeyData = cert, key
 	}
 	token := strings.TrimSpace(c.Token)
 	if strings.HasPrefix(token, "/") {
 		b, err := os.ReadFile(token)
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes client: K8S_TOKEN file: %w", err)
+			return nil, fmt.Errorf("K8S_TOKEN file: %w", err)
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = tc
-	return &Client{base: base, token: token, hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}, nil
+	rc.BearerToken = token
+	return rc, nil
 }
 
-// ErrPodNotFound is wrapped by PodLabels when the API server has no such pod.
-var ErrPodNotFound = errors.New("pod not found")
-
-// APIError is a non-2xx answer of the API server.
-type APIError struct {
-	Status  int
-	Message string // the Status object's message, else the body
+// InCluster reports whether this process runs in a pod with a service account (the
+// KUBERNETES_SERVICE_HOST variable and the mounted token), where client-go's in-cluster
+// configuration applies.
+func InCluster() bool {
+	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return false
+	}
+	_, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token")
+	return err == nil
 }
 
-func (e *APIError) Error() string {
-	return fmt.Sprintf("kubernetes API: HTTP %d: %s", e.Status, e.Message)
-}
-
-// PodLabels returns the labels of pod namespace/name (namespace "" = "default").
-func (c *Client) PodLabels(ctx context.Context, namespace, name string) (map[string]string, error) {
-	if name == "" {
-		return nil, errors.New("kubernetes: pod name is empty")
+// Clientset builds a client-go clientset for the configuration: contiv.json when it names an
+// API server, else the in-cluster service account.
+func Clientset(c Config) (kubernetes.Interface, *rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	if c.APIServer != "" {
+		rc, err = c.RESTConfig()
+	} else {
+		rc, err = rest.InClusterConfig()
 	}
-	if namespace == "" {
-		namespace = "default"
-	}
-	u := *c.base
-	u.Path = u.Path + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" + url.PathEscape(name)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes: get pod %s/%s: %w", namespace, name, err)
+		return nil, nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
-	req.Header.Set("Accept", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
+	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes: get pod %s/%s: %w", namespace, name, err)
+		return nil, nil, fmt.Errorf("kubernetes clientset: %w", err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes: get pod %s/%s: read body: %w", namespace, name, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		ae := &APIError{Status: resp.StatusCode, Message: strings.TrimSpace(string(body))}
-		var st struct {
-			Kind    string `json:"kind"`
-			Message string `json:"message"`
-		}
-		if json.Unmarshal(body, &st) == nil && st.Kind == "Status" && st.Message != "" {
-			ae.Message = st.Message
-		}
-		if resp.StatusCode == http.StatusNotFound {
-			return nil, fmt.Errorf("kubernetes: pod %s/%s: %w (%w)", namespace, name, ErrPodNotFound, ae)
-		}
-		return nil, fmt.Errorf("kubernetes: get pod %s/%s: %w", namespace, name, ae)
-	}
-	var pod struct {
-		Kind     string `json:"kind"`
-		Metadata struct {
-			Name   string            `json:"name"`
-			Labels map[string]string `json:"labels"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(body, &pod); err != nil {
-		return nil, fmt.Errorf("kubernetes: pod %s/%s: decode: %w", namespace, name, err)
-	}
-	if pod.Kind != "" && pod.Kind != "Pod" {
-		return nil, fmt.Errorf("kubernetes: pod %s/%s: answer is a %q, not a Pod", namespace, name, pod.Kind)
-	}
-	if pod.Metadata.Labels == nil {
-		pod.Metadata.Labels = map[string]string{}
-	}
-	return pod.Metadata.Labels, nil
+	return cs, rc, nil
 }

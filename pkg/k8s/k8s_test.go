@@ -4,124 +4,183 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 )
 
-func TestPodLabels(t *testing.T) {
-	srv := k8stest.NewAPIServer(t, "s3cret", map[string]map[string]string{
-		"prod/web":     {k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"},
-		"default/bare": nil,
-	})
-	cfg, err := k8s.LoadConfig(srv.ConfigPath)
+// TestPodCache runs against a real kube-apiserver with the RBAC of deploy/kubernetes: the
+// netplugin identity reads its node's pods from an informer cache, waits (bounded) for a
+// pod created after the lookup started, never sees other nodes' pods, and keeps answering
+// for known pods while the API server is down.
+func TestPodCache(t *testing.T) {
+	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
+		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
+	}
+	api := k8stest.Start(t)
+	api.Pod(t, "prod", "web", "node1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"})
+	api.Pod(t, "default", "bare", "node1", nil)
+	api.Pod(t, "prod", "elsewhere", "node2", map[string]string{k8s.LabelTenant: "red"})
+
+	path, _ := api.ContivConfig(t, k8stest.UserNetplugin)
+	cfg, err := k8s.LoadConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := k8s.New(cfg)
+	cs, _, err := k8s.Clientset(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	l, err := c.PodLabels(ctx, "prod", "web")
+	pc, err := k8s.NewPodCache(cs, "node1", 3*time.Second, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pc.Run(ctx)
+
+	l, err := pc.PodLabels(ctx, "prod", "web")
 	if err != nil || l[k8s.LabelTenant] != "blue" || l[k8s.LabelNetwork] != "net1" || l[k8s.LabelGroup] != "web" {
 		t.Fatalf("labels = %v, %v", l, err)
 	}
-	if l, err := c.PodLabels(ctx, "", "bare"); err != nil || len(l) != 0 {
+	if l, err := pc.PodLabels(ctx, "", "bare"); err != nil || len(l) != 0 {
 		t.Fatalf("pod without labels: %v, %v", l, err)
 	}
-
-	// Unknown pod: a clear not-found error carrying the API's message.
-	_, err = c.PodLabels(ctx, "prod", "ghost")
-	var ae *k8s.APIError
-	if !errors.Is(err, k8s.ErrPodNotFound) || !errors.As(err, &ae) || ae.Status != 404 || !strings.Contains(err.Error(), `pods "ghost" not found`) || !strings.Contains(err.Error(), "prod/ghost") {
-		t.Fatalf("missing pod: %v", err)
+	// Another node's pod is not in this node's cache: not found after the wait.
+	start := time.Now()
+	_, err = pc.PodLabels(ctx, "prod", "elsewhere")
+	if !errors.Is(err, k8s.ErrPodNotFound) || !strings.Contains(err.Error(), "prod/elsewhere") || !strings.Contains(err.Error(), "node1") {
+		t.Fatalf("other node's pod: %v", err)
 	}
-
-	// Wrong token: 401 with the API's message, not "not found".
-	bad := cfg
-	bad.Token = "wrong"
-	cb, err := k8s.New(bad)
+	if d := time.Since(start); d < 3*time.Second || d > 10*time.Second {
+		t.Fatalf("bounded wait took %v, want about 3s", d)
+	}
+	// A pod created while the lookup waits is answered as soon as its watch event arrives.
+	got := make(chan error, 1)
+	go func() {
+		l, err := pc.PodLabels(ctx, "prod", "late")
+		if err == nil && l["app"] != "late" {
+			err = errors.New("wrong labels")
+		}
+		got <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	api.Pod(t, "prod", "late", "node1", map[string]string{"app": "late"})
+	if err := <-got; err != nil {
+		t.Fatalf("late pod: %v", err)
+	}
+	// Labels changed on the API are seen by the next lookup.
+	p, err := api.Admin.CoreV1().Pods("prod").Get(ctx, "web", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cb.PodLabels(ctx, "prod", "web"); !errors.As(err, &ae) || ae.Status != 401 || errors.Is(err, k8s.ErrPodNotFound) {
-		t.Fatalf("wrong token: %v", err)
-	}
-	// Token from a file.
-	tf := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tf, []byte("s3cret\n"), 0o600); err != nil {
+	p.Labels[k8s.LabelGroup] = "web2"
+	if _, err := api.Admin.CoreV1().Pods("prod").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ftok := cfg
-	ftok.Token = tf
-	if cf, err := k8s.New(ftok); err != nil {
-		t.Fatal(err)
-	} else if _, err := cf.PodLabels(ctx, "prod", "web"); err != nil {
-		t.Fatalf("token file: %v", err)
-	}
-	// No client certificate: the TLS handshake is refused.
-	nocert := cfg
-	nocert.Cert, nocert.Key = "", ""
-	cn, err := k8s.New(nocert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cn.PodLabels(ctx, "prod", "web"); err == nil {
-		t.Fatal("request without client certificate succeeded")
-	}
-	// Not trusting the server's CA fails too.
-	noca := cfg
-	noca.CA = ""
-	if cc, err := k8s.New(noca); err != nil {
-		t.Fatal(err)
-	} else if _, err := cc.PodLabels(ctx, "prod", "web"); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("untrusted server: %v", err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, _ := pc.PodLabels(ctx, "prod", "web")
+		if l[k8s.LabelGroup] == "web2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("label update not seen: %v", l)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 
-	// API server down: an error, never empty labels.
-	srv.Close()
-	if l, err := c.PodLabels(ctx, "prod", "web"); err == nil || errors.Is(err, k8s.ErrPodNotFound) {
-		t.Fatalf("API down: labels %v, err %v", l, err)
+	// The API server goes away: known pods are still answered from the cache; an unknown
+	// pod fails after the wait with an error that says the watch is failing.
+	api.Stop()
+	if l, err := pc.PodLabels(ctx, "prod", "web"); err != nil || l[k8s.LabelGroup] != "web2" {
+		t.Fatalf("cached pod with the API down: %v %v", l, err)
+	}
+	_, err = pc.PodLabels(ctx, "prod", "ghost")
+	if !errors.Is(err, k8s.ErrPodNotFound) || !strings.Contains(err.Error(), "not answering") {
+		t.Fatalf("unknown pod with the API down: %v", err)
+	}
+	t.Logf("API down, unknown pod: %v", err)
+}
+
+// TestRBAC: the shipped roles let netplugin watch pods and nobody else read them.
+func TestRBAC(t *testing.T) {
+	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
+		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
+	}
+	api := k8stest.Start(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		user string
+		ok   bool
+	}{{k8stest.UserNetplugin, true}, {k8stest.UserNetmaster, true}, {k8stest.UserNobody, false}} {
+		_, err := api.Clientset(t, c.user).CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
+		if (err == nil) != c.ok {
+			t.Errorf("%s lists pods: err=%v, want allowed=%v", c.user, err, c.ok)
+		}
+	}
+	_, err := api.Clientset(t, k8stest.UserNetplugin).NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{Limit: 1})
+	if err == nil {
+		t.Errorf("netplugin may read NetworkPolicies; the manifest gives that to netmaster only")
+	}
+	_, err = api.Clientset(t, k8stest.UserNetmaster).NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		t.Errorf("netmaster reads NetworkPolicies: %v", err)
+	}
+	err = api.Clientset(t, k8stest.UserNetplugin).CoreV1().Pods("default").Delete(ctx, "x", metav1.DeleteOptions{})
+	if err == nil || !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("netplugin deletes pods: %v", err)
 	}
 }
 
 func TestLoadConfig(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := k8s.LoadConfig(filepath.Join(dir, "none.json")); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("missing file: %v", err)
-	}
-	for name, body := range map[string]string{
-		"json":   `{"K8S_API_SERVER": `,
-		"scheme": `{"K8S_API_SERVER": "ftp://x"}`,
-		"host":   `{"K8S_API_SERVER": "https://"}`,
-		"pair":   `{"K8S_API_SERVER": "https://10.0.0.1:6443", "K8S_CERT": "/a.crt"}`,
-	} {
-		p := filepath.Join(dir, name+".json")
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := k8s.LoadConfig(p); err == nil || !strings.Contains(err.Error(), p) {
-			t.Errorf("%s: err = %v, want an error naming the file", name, err)
+		return p
+	}
+	if _, err := k8s.LoadConfig(filepath.Join(dir, "missing.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+	for body, want := range map[string]string{
+		`{`:                             "kubernetes config",
+		`{"K8S_API_SERVER":"ftp://x"}`:  "scheme",
+		`{"K8S_API_SERVER":"https://"}`: "no host",
+		`{"K8S_API_SERVER":"https://a:6443","K8S_KEY":"k"}`: "K8S_CERT and K8S_KEY",
+	} {
+		if _, err := k8s.LoadConfig(write("c.json", body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", body, err, want)
 		}
 	}
-	// Contiv's installer leaves an empty API server on non-k8s hosts: not configured.
-	p := filepath.Join(dir, "empty.json")
-	if err := os.WriteFile(p, []byte(`{"K8S_API_SERVER": "", "K8S_CA": "", "K8S_KEY": "", "K8S_CERT": "", "K8S_TOKEN": "", "SVC_SUBNET": "10.254.0.0/16"}`), 0o600); err != nil {
+	// Files named by the config are read when the client is built, with the key in the error.
+	c, err := k8s.LoadConfig(write("ok.json", `{"K8S_API_SERVER":"https://127.0.0.1:6443","K8S_CA":"`+filepath.Join(dir, "nope.crt")+`"}`))
+	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := k8s.LoadConfig(p)
-	if err != nil || c.APIServer != "" || c.SvcSubnet != "10.254.0.0/16" {
-		t.Fatalf("empty config: %+v %v", c, err)
+	if _, err := c.RESTConfig(); err == nil || !strings.Contains(err.Error(), "K8S_CA") {
+		t.Fatalf("missing CA file: %v", err)
 	}
-	if _, err := k8s.New(c); err == nil {
-		t.Fatal("client without API server")
+	tok := write("token", "s3cret\n")
+	c = k8s.Config{APIServer: "https://127.0.0.1:6443", Token: tok}
+	rc, err := c.RESTConfig()
+	if err != nil || rc.BearerToken != "s3cret" {
+		t.Fatalf("token file: %+v %v", rc, err)
 	}
-	if _, err := k8s.New(k8s.Config{APIServer: "https://127.0.0.1:1", CA: filepath.Join(dir, "empty.json")}); err == nil || !strings.Contains(err.Error(), "K8S_CA") {
-		t.Fatalf("CA without PEM: %v", err)
+	// Neither contiv.json nor a pod's service account: a clear error.
+	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		if _, _, err := k8s.Clientset(k8s.Config{}); err == nil {
+			t.Fatal("no API server configured and not in a cluster: no error")
+		}
 	}
 }

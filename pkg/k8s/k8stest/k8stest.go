@@ -1,132 +1,327 @@
-// Package k8stest serves the Kubernetes pod read API over mutual TLS for tests (there is no
-// kube-apiserver on the build machines).
+// Package k8stest runs a private, real kube-apiserver for tests: the binary
+// scripts/kube-apiserver.sh builds from the Go module proxy (cached outside the repo), on
+// an embedded etcd, with TLS from a throw-away CA, token authentication and RBAC. The
+// cluster's RBAC comes from deploy/kubernetes/rbac.yaml, so the agents' tokens have exactly
+// the rights the shipped manifests give them.
 package k8stest
 
 import (
-	"github.com/contivbpf/contivbpf/pkg/k8s"
-
-	"crypto/ecdsa"
-	"crypto/elliptic"
+	"bufio"
+	"bytes"
+	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"net/http"
-	"net/http/httptest"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
-// APIServer is an HTTPS server speaking the pod read API
-// (GET /api/v1/namespaces/<ns>/pods/<name>) for tests of code that reads pod labels; there
-// is no kube-apiserver on the build machines. It requires a client certificate signed by
-// its CA and, if Token is set, that bearer token, as a kube-apiserver would.
+// Identities the API server knows by token.
+const (
+	UserAdmin     = "admin"                                              // system:masters
+	UserNetplugin = "system:serviceaccount:kube-system:contiv-netplugin" // bound by rbac.yaml
+	UserNetmaster = "system:serviceaccount:kube-system:contiv-netmaster" // bound by rbac.yaml
+	UserNobody    = "nobody"                                             // no rights
+)
+
+// APIServer is one running kube-apiserver.
 type APIServer struct {
-	*httptest.Server
-	// Config points at the CA, client certificate and key it wrote into a temp dir.
-	Config k8s.Config
-	// ConfigPath is a contiv.json holding Config.
-	ConfigPath string
+	URL    string
+	CAFile string
+	Dir    string
+	// Admin is a clientset with the admin token.
+	Admin kubernetes.Interface
+	// Tokens maps the users above to their bearer tokens.
+	Tokens map[string]string
+	cmd    *exec.Cmd
+	done   chan struct{}
 }
 
-// NewAPIServer starts the server; pods maps "ns/name" to labels. It is closed when
-// the test ends.
-func NewAPIServer(t testing.TB, token string, pods map[string]map[string]string) *APIServer {
+// Binary returns the kube-apiserver binary: $CONTIVBPF_KUBE_APISERVER, else the cached build
+// of scripts/kube-apiserver.sh (built now if the cache is empty; `make test` builds it first).
+func Binary(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("CONTIVBPF_KUBE_APISERVER"); p != "" {
+		return p
+	}
+	out, err := exec.Command(filepath.Join(RepoRoot(t), "scripts", "kube-apiserver.sh")).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("build kube-apiserver: %v\n%s", err, stderr)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// RepoRoot is the repository's top directory (found from this file's path).
+func RepoRoot(t testing.TB) string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("k8stest: cannot locate the repository")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+}
+
+// Start runs a kube-apiserver until the test ends and applies deploy/kubernetes/rbac.yaml.
+func Start(t testing.TB) *APIServer {
+	t.Helper()
+	bin := Binary(t)
 	dir := t.TempDir()
-	caKey, caCert, caDER := newCert(t, nil, nil, "test-ca", true)
-	srvKey, srvCert, _ := newCert(t, caCert, caKey, "127.0.0.1", false)
-	cliKey, _, cliDER := newCert(t, caCert, caKey, "netplugin", false)
-	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", caDER)
-	writePEM(t, filepath.Join(dir, "client.crt"), "CERTIFICATE", cliDER)
-	kb, err := x509.MarshalECPrivateKey(cliKey)
+	etcdURL := statetest.Etcd(t)
+	ca, err := pki.NewCA("k8stest-ca")
 	if err != nil {
 		t.Fatal(err)
 	}
-	writePEM(t, filepath.Join(dir, "client.key"), "EC PRIVATE KEY", kb)
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
-
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if token != "" && r.Header.Get("Authorization") != "Bearer "+token {
-			w.WriteHeader(http.StatusUnauthorized)
-			_ = json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "status": "Failure", "message": "Unauthorized", "code": 401})
-			return
-		}
-		f := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
-		if r.Method != http.MethodGet || len(f) != 6 || f[0] != "api" || f[1] != "v1" || f[2] != "namespaces" || f[4] != "pods" {
-			w.WriteHeader(http.StatusNotFound)
-			_ = json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "status": "Failure", "message": "the server could not find the requested resource", "code": 404})
-			return
-		}
-		labels, ok := pods[f[3]+"/"+f[5]]
-		if !ok {
-			w.WriteHeader(http.StatusNotFound)
-			_ = json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "status": "Failure", "reason": "NotFound",
-				"message": `pods "` + f[5] + `" not found`, "code": 404})
-			return
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"kind": "Pod", "apiVersion": "v1",
-			"metadata": map[string]any{"name": f[5], "namespace": f[3], "labels": labels}, "spec": map[string]any{}})
-	}))
-	ts.TLS = &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{srvCert.Raw}, PrivateKey: srvKey}},
-		ClientAuth:   tls.RequireAndVerifyClientCert, ClientCAs: pool,
-	}
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
-	s := &APIServer{Server: ts, Config: k8s.Config{APIServer: ts.URL, CA: filepath.Join(dir, "ca.crt"),
-		Cert: filepath.Join(dir, "client.crt"), Key: filepath.Join(dir, "client.key"), Token: token}}
-	s.ConfigPath = filepath.Join(dir, "contiv.json")
-	b, _ := json.Marshal(s.Config)
-	if err := os.WriteFile(s.ConfigPath, b, 0o600); err != nil {
+	caFile, err := ca.WriteCA(dir, "ca.crt")
+	if err != nil {
 		t.Fatal(err)
 	}
+	srv, err := ca.Issue(pki.Options{CommonName: "kube-apiserver", Hosts: []string{"127.0.0.1", "localhost", "kubernetes.default.svc"}, Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvCert, srvKey, err := srv.Write(dir, "apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := ca.Issue(pki.Options{CommonName: "service-accounts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, saKey, err := sa.Write(dir, "sa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]string{}
+	var csv bytes.Buffer
+	for i, u := range []struct{ name, groups string }{
+		{UserAdmin, "system:masters"},
+		{UserNetplugin, "system:serviceaccounts,system:serviceaccounts:kube-system"},
+		{UserNetmaster, "system:serviceaccounts,system:serviceaccounts:kube-system"},
+		{UserNobody, ""},
+	} {
+		tokens[u.name] = randomToken(t)
+		fmt.Fprintf(&csv, "%s,%s,%d,\"%s\"\n", tokens[u.name], u.name, 1000+i, u.groups)
+	}
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokenFile, csv.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := statetest.FreePort(t)
+	logFile, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin,
+		"--etcd-servers="+etcdURL,
+		"--etcd-prefix=/k8stest",
+		fmt.Sprintf("--secure-port=%d", port),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey,
+		"--client-ca-file="+caFile,
+		"--token-auth-file="+tokenFile,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
+		"--service-cluster-ip-range=10.96.0.0/16",
+		// No controller manager runs: pods are created without a default service account.
+		"--disable-admission-plugins=ServiceAccount",
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+		"--cert-dir="+filepath.Join(dir, "certs"),
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	s := &APIServer{URL: fmt.Sprintf("https://127.0.0.1:%d", port), CAFile: caFile, Dir: dir, Tokens: tokens, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logFile.Close(); close(s.done) }()
+	t.Cleanup(s.Stop)
+	s.Admin = s.Clientset(t, UserAdmin)
+	if err := s.waitReady(90 * time.Second); err != nil {
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, s.LogTail())
+	}
+	s.Apply(t, filepath.Join(RepoRoot(t), "deploy", "kubernetes", "rbac.yaml"))
 	return s
 }
 
-func newCert(t testing.TB, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, cn string, ca bool) (*ecdsa.PrivateKey, *x509.Certificate, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
+func randomToken(t testing.TB) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IsCA:        ca, BasicConstraintsValid: true,
-	}
-	if ip := net.ParseIP(cn); ip != nil {
-		tmpl.IPAddresses = []net.IP{ip}
-	}
-	signer, signerKey := tmpl, key
-	if parent != nil {
-		signer, signerKey = parent, parentKey
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, cert, der
+	return hex.EncodeToString(b)
 }
 
-func writePEM(t testing.TB, path, typ string, der []byte) {
+// Stop kills the API server (idempotent); its etcd stops with the test.
+func (s *APIServer) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// LogTail is the end of the API server's log, for failure messages.
+func (s *APIServer) LogTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "kube-apiserver.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func (s *APIServer) waitReady(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var last error
+	for {
+		select {
+		case <-s.done:
+			return fmt.Errorf("kube-apiserver exited")
+		default:
+		}
+		_, err := s.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil {
+			if _, err = s.Admin.CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{}); err == nil {
+				return nil
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// RESTConfig is client-go's configuration for user.
+func (s *APIServer) RESTConfig(user string) *rest.Config {
+	return &rest.Config{Host: s.URL, BearerToken: s.Tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}}
+}
+
+// Clientset is a clientset acting as user.
+func (s *APIServer) Clientset(t testing.TB, user string) kubernetes.Interface {
 	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+	cs, err := kubernetes.NewForConfig(s.RESTConfig(user))
+	if err != nil {
 		t.Fatal(err)
 	}
+	return cs
+}
+
+// ContivConfig writes a contiv.json for user (token inline) and returns its path and content.
+func (s *APIServer) ContivConfig(t testing.TB, user string) (string, k8s.Config) {
+	t.Helper()
+	c := k8s.Config{APIServer: s.URL, CA: s.CAFile, Token: s.Tokens[user], SvcSubnet: "10.96.0.0/16"}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "contiv.json")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, c
+}
+
+// Apply creates every object of a multi-document YAML manifest as admin (namespaces,
+// service accounts, RBAC, and the workload kinds deploy/kubernetes uses). An object that
+// exists already is left alone.
+func (s *APIServer) Apply(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dec := serializer.NewCodecFactory(scheme.Scheme).UniversalDeserializer()
+	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	for {
+		doc, err := rd.Read()
+		if err != nil {
+			break
+		}
+		if len(bytes.TrimSpace(doc)) == 0 || bytes.Equal(bytes.TrimSpace(doc), []byte("---")) {
+			continue
+		}
+		obj, gvk, err := dec.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: decode: %v", path, err)
+		}
+		if err := s.create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("%s: create %s: %v", path, gvk.Kind, err)
+		}
+	}
+}
+
+func (s *APIServer) create(ctx context.Context, obj any) error {
+	c := metav1.CreateOptions{}
+	switch o := obj.(type) {
+	case *corev1.Namespace:
+		_, err := s.Admin.CoreV1().Namespaces().Create(ctx, o, c)
+		return err
+	case *corev1.ServiceAccount:
+		_, err := s.Admin.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, c)
+		return err
+	case *rbacv1.ClusterRole:
+		_, err := s.Admin.RbacV1().ClusterRoles().Create(ctx, o, c)
+		return err
+	case *rbacv1.ClusterRoleBinding:
+		_, err := s.Admin.RbacV1().ClusterRoleBindings().Create(ctx, o, c)
+		return err
+	case *rbacv1.Role:
+		_, err := s.Admin.RbacV1().Roles(o.Namespace).Create(ctx, o, c)
+		return err
+	case *rbacv1.RoleBinding:
+		_, err := s.Admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, c)
+		return err
+	}
+	return fmt.Errorf("k8stest.Apply: kind %T not supported", obj)
+}
+
+// Pod creates a pod bound to node (no kubelet runs: it stays Pending) with labels.
+func (s *APIServer) Pod(t testing.TB, namespace, name, node string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if namespace != "default" {
+		_, err := s.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create namespace %s: %v", namespace, err)
+		}
+	}
+	p, err := s.Admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "k8stest.invalid/pause:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s/%s: %v", namespace, name, err)
+	}
+	return p
 }
