@@ -19,12 +19,15 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/klog/v2"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/buildinfo"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/k8ssync"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -58,6 +61,7 @@ func main() {
 			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
+			&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config `FILE` (K8S_API_SERVER, K8S_CA, K8S_CERT/K8S_KEY, K8S_TOKEN); in kubernetes mode the leader syncs Services/EndpointSlices through it (else, in a pod, the service account)"},
 			&cli.StringFlag{Name: "netmode", Aliases: []string{"network-mode"}, Value: "vxlan", EnvVars: env("NET_MODE"), Usage: "vlan | vxlan"},
 			&cli.StringFlag{Name: "fwdmode", Aliases: []string{"forward-mode"}, Value: "routing", EnvVars: env("FORWARD_MODE"), Usage: "bridge | routing (vxlan needs routing)"},
 			&cli.StringFlag{Name: "infra", Aliases: []string{"infra-type"}, Value: "default", EnvVars: env("INFRA"), Usage: "default | aci | aci-opflex"},
@@ -125,6 +129,8 @@ type config struct {
 	defragMin              int64
 	etcdTLS                tlsconf.Files // netmaster's own etcd client
 	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
+	k8sConfig              string
+	k8sConfigSet           bool
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -132,6 +138,7 @@ func configFrom(c *cli.Context) (config, error) {
 		listen: c.String("listen-url"), control: c.String("control-url"),
 		etcdDir: c.String("etcd-data-dir"), etcdClient: c.String("etcd-listen-client-url"), etcdPeer: c.String("etcd-listen-peer-url"),
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: c.String("fwdmode"),
+		k8sConfig: c.String("k8s-config"), k8sConfigSet: c.IsSet("k8s-config"),
 		infra: c.String("infra"), pluginName: c.String("plugin-name"),
 		leaderTTL: c.Duration("leader-ttl"), serviceTTL: c.Duration("service-ttl"), rpcPort: c.Int("rpc-port"),
 		maxConns: c.Int("max-conns"),
@@ -304,7 +311,38 @@ func run(ctx context.Context, cfg config) (err error) {
 	if err := securityConfig(cfg, &nc); err != nil {
 		return err
 	}
+	if cfg.mode == "kubernetes" {
+		svcs, err := k8sServices(cfg, m)
+		if err != nil {
+			return err
+		}
+		if svcs != nil {
+			nc.WhileLeader = svcs.Run
+			nc.Collectors = append(nc.Collectors, svcs.Collectors()...)
+		}
+	}
 	return cluster.Serve(ctx, nc)
+}
+
+// k8sServices is the Kubernetes Services syncer of --k8s-config (or of the pod's service
+// account when the default file is missing and netmaster runs in a pod), nil when neither
+// is configured. A file named explicitly must exist and parse.
+func k8sServices(cfg config, m *master.Master) (*k8ssync.Services, error) {
+	kc, ok, err := k8s.ResolveConfig(cfg.k8sConfig, cfg.k8sConfigSet)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-config: %w", err)
+	}
+	if !ok {
+		slog.Info("kubernetes mode without an API server configured: Services are not synced", "config", cfg.k8sConfig)
+		return nil, nil
+	}
+	cs, _, err := k8s.Clientset(kc)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
+	}
+	klog.SetSlogLogger(slog.Default().With("component", "client-go")) // client-go logs through klog
+	slog.Info("kubernetes mode: the leader syncs Services and EndpointSlices into serviceLB state", "api", kc.APIServer)
+	return k8ssync.NewServices(cs, m, slog.Default()), nil
 }
 
 // securityConfig fills the API's TLS and authentication from the flags.

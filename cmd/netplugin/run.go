@@ -1,10 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -220,22 +220,15 @@ func run(parent context.Context, cfg config) error {
 // server). A file named explicitly must exist; a file that does not parse is an error
 // either way. The node is --host (Contiv's host label is the node name).
 func podLabeler(cfg config, log *slog.Logger) (*k8s.PodCache, error) {
-	kc, err := k8s.LoadConfig(cfg.k8sConfig)
-	switch {
-	case errors.Is(err, fs.ErrNotExist) && !cfg.k8sConfigSet && k8s.InCluster():
-		kc = k8s.Config{}
-		log.Info("pod labels from the Kubernetes API (in-cluster service account)")
-	case errors.Is(err, fs.ErrNotExist) && !cfg.k8sConfigSet:
+	kc, ok, err := k8s.ResolveConfig(cfg.k8sConfig, cfg.k8sConfigSet)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-config: %w", err)
+	}
+	if !ok {
 		log.Info("no Kubernetes API configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
 		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("--k8s-config: %w", err)
-	case kc.APIServer == "":
-		log.Info("no K8S_API_SERVER configured: tenant/network/group from CNI args", "config", cfg.k8sConfig)
-		return nil, nil
-	default:
-		log.Info("pod labels from the Kubernetes API", "api", kc.APIServer, "node", cfg.host)
 	}
+	log.Info("pod labels from the Kubernetes API", "api", cmp.Or(kc.APIServer, "in-cluster service account"), "node", cfg.host)
 	cs, _, err := k8s.Clientset(kc)
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)

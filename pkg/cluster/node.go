@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -56,6 +58,12 @@ type NodeConfig struct {
 	// Auth, when set, authenticates and authorizes every request but /info's transport
 	// (see pkg/auth); followers forward the caller to the leader.
 	Auth *auth.Config
+	// WhileLeader, if set, runs while this node leads, with a context that ends when it
+	// steps down (or shuts down); it is started again at the next term. Leader-only
+	// watchers (Kubernetes Services, NetworkPolicies) run here.
+	WhileLeader func(ctx context.Context)
+	// Collectors are served on /metrics beside the node's own.
+	Collectors []prometheus.Collector
 	// EtcdQuota is the etcd backend quota /healthz and /metrics measure against (0: no
 	// space check).
 	EtcdQuota int64
@@ -116,6 +124,15 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		return err
 	}
 	elCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
+	var leaderWG sync.WaitGroup
+	if cfg.WhileLeader != nil {
+		changes := el.Changes()
+		leaderWG.Add(1)
+		go func() {
+			defer leaderWG.Done()
+			runWhileLeader(elCtx, changes, cfg.WhileLeader)
+		}()
+	}
 	elDone := make(chan struct{})
 	go func() { _ = el.Run(elCtx); close(elDone) }()
 
@@ -170,7 +187,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		_ = json.NewEncoder(w).Encode(info)
 	})
 	api := newAPIMetrics()
-	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader, api))
+	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader, api, cfg.Collectors))
 	front := NewFront(el, cfg.API, nil)
 	if cfg.TLS != nil {
 		front.UseTLS(cfg.PeerTLS)
@@ -208,6 +225,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 	log.Info("shutting down: resigning leadership")
 	stopElection()
 	<-elDone
+	leaderWG.Wait()
 	stopRegs()
 	regsWG.Wait()
 	regMu.Lock()
@@ -225,6 +243,35 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		log.Warn("http shutdown", "err", err)
 	}
 	return result
+}
+
+// runWhileLeader runs fn for each leadership term reported on changes, cancelling it when
+// the term ends, until ctx ends.
+func runWhileLeader(ctx context.Context, changes <-chan bool, fn func(context.Context)) {
+	var stop context.CancelFunc
+	done := make(chan struct{})
+	close(done)
+	for {
+		select {
+		case <-ctx.Done():
+			if stop != nil {
+				stop()
+			}
+			<-done
+			return
+		case leader := <-changes:
+			if leader && stop == nil {
+				<-done
+				var tctx context.Context
+				tctx, stop = context.WithCancel(ctx)
+				done = make(chan struct{})
+				go func(d chan struct{}) { defer close(d); fn(tctx) }(done)
+			} else if !leader && stop != nil {
+				stop()
+				stop = nil
+			}
+		}
+	}
 }
 
 func roleName(leader bool) string {

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"strings"
@@ -124,6 +125,24 @@ func InCluster() bool {
 	}
 	_, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token")
 	return err == nil
+}
+
+// ResolveConfig decides which API server a component talks to: the contiv.json at path
+// when it names one; else, when that file is missing (and was not named explicitly) and the
+// process runs in a pod, the service account (an empty Config: Clientset then uses the
+// in-cluster configuration); else none (ok false, no error). A file named explicitly must
+// exist; a file that does not parse is an error either way.
+func ResolveConfig(path string, explicit bool) (cfg Config, ok bool, err error) {
+	cfg, err = LoadConfig(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && !explicit && InCluster():
+		return Config{}, true, nil
+	case errors.Is(err, fs.ErrNotExist) && !explicit:
+		return cfg, false, nil
+	case err != nil:
+		return cfg, false, err
+	}
+	return cfg, cfg.APIServer != "", nil
 }
 
 // Clientset builds a client-go clientset for the configuration: contiv.json when it names an

@@ -83,6 +83,9 @@ type Config struct {
 	// link to every host ("bgp", passed as --vlan-if): VLAN networks in routing mode are
 	// then routed natively through it once bgp objects name the hosts and StartFRR ran.
 	BGPRouter bool
+	// BeforeMaster, if set, runs once the hosts' namespaces and the underlay exist and
+	// before netmaster starts (e.g. a kube-apiserver netmaster and netplugins should use).
+	BeforeMaster func(ctx context.Context, c *Cluster) error
 }
 
 // ExternalWorld is the address the external namespace holds for "the Internet"
@@ -300,6 +303,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.Secure {
 		if err := c.setupPKI(); err != nil {
 			return nil, err
+		}
+	}
+	if cfg.BeforeMaster != nil {
+		if err := cfg.BeforeMaster(ctx, c); err != nil {
+			return nil, fmt.Errorf("sim: before netmaster: %w", err)
 		}
 	}
 	if err := c.startMaster(ctx); err != nil {

@@ -13,10 +13,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +58,39 @@ type APIServer struct {
 	Tokens map[string]string
 	cmd    *exec.Cmd
 	done   chan struct{}
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// inNetNS is a command run in namespace ns ("" = this one).
+func inNetNS(ns, bin string, args ...string) *exec.Cmd {
+	if ns == "" {
+		return exec.Command(bin, args...)
+	}
+	return exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+}
+
+// startEtcdIn runs Debian's etcd inside ns on ip (ports 12379/12380, private to the
+// namespace) until the test ends and returns its client URL.
+func startEtcdIn(t testing.TB, ns, ip, dir string) string {
+	t.Helper()
+	client := "http://" + net.JoinHostPort(ip, "12379")
+	peer := "http://" + net.JoinHostPort(ip, "12380")
+	logFile, err := os.Create(filepath.Join(dir, "etcd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := inNetNS(ns, "etcd", "--name", "k8stest", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "k8stest="+peer)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start etcd in %s: %v", ns, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	return client
 }
 
 // Binary returns the kube-apiserver binary: $CONTIVBPF_KUBE_APISERVER, else the cached build
@@ -85,12 +120,40 @@ func RepoRoot(t testing.TB) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
-// Start runs a kube-apiserver until the test ends and applies deploy/kubernetes/rbac.yaml.
-func Start(t testing.TB) *APIServer {
+// Options place the API server.
+type Options struct {
+	// NetNS, if set, runs the API server and a private etcd (Debian's etcd binary) inside
+	// that network namespace (`ip netns exec`), listening on IP, so processes in simulated
+	// hosts reach it; the test's own clients then connect through Dial.
+	NetNS string
+	// IP is the listen address (default 127.0.0.1; with NetNS, an address of that
+	// namespace).
+	IP string
+	// Dial, with NetNS, opens connections from inside the namespace (e.g. sim.DialContext).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Start runs a kube-apiserver on loopback (and an embedded etcd) until the test ends and
+// applies deploy/kubernetes/rbac.yaml.
+func Start(t testing.TB) *APIServer { return StartWith(t, Options{}) }
+
+// StartWith is Start placed by o.
+func StartWith(t testing.TB, o Options) *APIServer {
 	t.Helper()
 	bin := Binary(t)
 	dir := t.TempDir()
-	etcdURL := statetest.Etcd(t)
+	ip := o.IP
+	if ip == "" {
+		ip = "127.0.0.1"
+	}
+	var etcdURL string
+	port := 16443
+	if o.NetNS == "" {
+		etcdURL = statetest.Etcd(t)
+		port = statetest.FreePort(t)
+	} else {
+		etcdURL = startEtcdIn(t, o.NetNS, ip, dir)
+	}
 	ca, err := pki.NewCA("k8stest-ca")
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +162,7 @@ func Start(t testing.TB) *APIServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ca.Issue(pki.Options{CommonName: "kube-apiserver", Hosts: []string{"127.0.0.1", "localhost", "kubernetes.default.svc"}, Server: true})
+	srv, err := ca.Issue(pki.Options{CommonName: "kube-apiserver", Hosts: []string{ip, "127.0.0.1", "localhost", "kubernetes.default.svc"}, Server: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,16 +193,15 @@ func Start(t testing.TB) *APIServer {
 	if err := os.WriteFile(tokenFile, csv.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := statetest.FreePort(t)
 	logFile, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin,
+	cmd := inNetNS(o.NetNS, bin,
 		"--etcd-servers="+etcdURL,
 		"--etcd-prefix=/k8stest",
 		fmt.Sprintf("--secure-port=%d", port),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--bind-address="+ip, "--advertise-address="+ip,
 		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey,
 		"--client-ca-file="+caFile,
 		"--token-auth-file="+tokenFile,
@@ -157,7 +219,7 @@ func Start(t testing.TB) *APIServer {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start kube-apiserver: %v", err)
 	}
-	s := &APIServer{URL: fmt.Sprintf("https://127.0.0.1:%d", port), CAFile: caFile, Dir: dir, Tokens: tokens, cmd: cmd, done: make(chan struct{})}
+	s := &APIServer{URL: "https://" + net.JoinHostPort(ip, strconv.Itoa(port)), CAFile: caFile, Dir: dir, Tokens: tokens, cmd: cmd, done: make(chan struct{}), dial: o.Dial}
 	go func() { _ = cmd.Wait(); logFile.Close(); close(s.done) }()
 	t.Cleanup(s.Stop)
 	s.Admin = s.Clientset(t, UserAdmin)
@@ -223,7 +285,7 @@ func (s *APIServer) waitReady(d time.Duration) error {
 
 // RESTConfig is client-go's configuration for user.
 func (s *APIServer) RESTConfig(user string) *rest.Config {
-	return &rest.Config{Host: s.URL, BearerToken: s.Tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}}
+	return &rest.Config{Host: s.URL, BearerToken: s.Tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}, Dial: s.dial}
 }
 
 // Clientset is a clientset acting as user.

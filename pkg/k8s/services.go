@@ -1,0 +1,243 @@
+package k8s
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// ServicePrefix starts the serviceLB state names of Kubernetes Services:
+// "k8s_<namespace>_<name>". '_' is in neither Contiv's nor Kubernetes' names, so these
+// never collide with a Contiv serviceLB or with each other.
+const ServicePrefix = "k8s_"
+
+// ServiceName is the serviceLB name of Kubernetes Service namespace/name.
+func ServiceName(namespace, name string) string { return ServicePrefix + namespace + "_" + name }
+
+// DefaultTenant is the tenant of a Service without an io.contiv.tenant label (Contiv's).
+const DefaultTenant = "default"
+
+// ServiceRecord maps one Service and its EndpointSlices onto Contiv's serviceLB state (what
+// every agent programs, on both datapaths): the ClusterIP as the VIP, one
+// "port:targetPort:PROTO" per TCP/UDP port, "nodePort:port:PROTO" for NodePort and
+// LoadBalancer Services, and the ready IPv4 endpoints as providers (terminating and
+// not-ready ones are left out). ok is false for Services that get no VIP (headless,
+// ExternalName, no IPv4 ClusterIP). Warnings name what is not supported and was ignored.
+// Providers carry only their address; netmaster resolves and checks them.
+func ServiceRecord(svc *corev1.Service, slices_ []*discoveryv1.EndpointSlice) (rec model.CfgServiceLBState, warnings []string, ok bool) {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return rec, nil, false
+	}
+	var vip netip.Addr
+	for _, ip := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
+		if a, err := netip.ParseAddr(ip); err == nil && a.Is4() {
+			vip = a
+			break
+		}
+	}
+	if !vip.IsValid() { // headless ("None"), not yet allocated, or IPv6 only
+		return rec, nil, false
+	}
+	tenant := svc.Labels[LabelTenant]
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	name := ServiceName(svc.Namespace, svc.Name)
+	rec = model.CfgServiceLBState{
+		ID: model.ServiceID(name, tenant), ServiceName: name, Tenant: tenant, IPAddress: vip.String(),
+		Selectors: svc.Spec.Selector, Providers: map[string]*model.Provider{},
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		warnings = append(warnings, "sessionAffinity ClientIP is not supported: connections are balanced one by one")
+	}
+	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		warnings = append(warnings, "externalTrafficPolicy Local is not supported: node ports balance over every endpoint")
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		warnings = append(warnings, "internalTrafficPolicy Local is not supported: the VIP balances over every endpoint")
+	}
+	if len(svc.Spec.ExternalIPs) > 0 || len(svc.Status.LoadBalancer.Ingress) > 0 {
+		warnings = append(warnings, "external and load-balancer IPs are not programmed: only the ClusterIP and node ports")
+	}
+
+	// The slices, in a stable order; their ports resolve each Service port's target (named
+	// target ports too). The datapath has one target port per Service port, so endpoints
+	// of a slice that resolves a port differently from the first are left out.
+	sl := slices.Clone(slices_)
+	slices.SortFunc(sl, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	targets := map[string]int32{} // service port name -> target port
+	for _, s := range sl {
+		if s.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		sliceTargets := map[string]int32{}
+		for _, p := range s.Ports {
+			if p.Port != nil {
+				sliceTargets[deref(p.Name)] = *p.Port
+			}
+		}
+		consistent := true
+		for n, t := range sliceTargets {
+			if old, seen := targets[n]; seen && old != t {
+				consistent = false
+			}
+		}
+		if !consistent {
+			warnings = append(warnings, fmt.Sprintf("EndpointSlice %s maps a port to another target port than the others: its endpoints are left out", s.Name))
+			continue
+		}
+		for n, t := range sliceTargets {
+			targets[n] = t
+		}
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				ip, err := netip.ParseAddr(a)
+				if err != nil || !ip.Is4() {
+					continue
+				}
+				p := &model.Provider{IPAddress: ip.String(), Tenant: tenant}
+				if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+					p.Container = ep.TargetRef.Namespace + "/" + ep.TargetRef.Name
+				}
+				rec.Providers[ip.String()] = p
+			}
+		}
+	}
+	for _, sp := range svc.Spec.Ports {
+		proto := strings.ToUpper(string(sp.Protocol))
+		if proto == "" {
+			proto = "TCP"
+		}
+		if proto != "TCP" && proto != "UDP" {
+			warnings = append(warnings, fmt.Sprintf("port %d/%s: only TCP and UDP are balanced", sp.Port, proto))
+			continue
+		}
+		// The slices' port of the same name decides (that resolves named target ports);
+		// without one, a numeric targetPort, else the port itself (a named target port no
+		// slice resolves has no endpoints to send to anyway).
+		target, found := targets[sp.Name]
+		if !found {
+			target = sp.Port
+			if sp.TargetPort.Type == intstr.Int && sp.TargetPort.IntVal > 0 {
+				target = sp.TargetPort.IntVal
+			}
+		}
+		rec.Ports = append(rec.Ports, strconv.Itoa(int(sp.Port))+":"+strconv.Itoa(int(target))+":"+proto)
+		if sp.NodePort != 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+			rec.NodePorts = append(rec.NodePorts, strconv.Itoa(int(sp.NodePort))+":"+strconv.Itoa(int(sp.Port))+":"+proto)
+		}
+	}
+	if len(rec.Ports) == 0 {
+		return rec, append(warnings, "no TCP or UDP port: nothing to balance"), false
+	}
+	return rec, warnings, true
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// ServiceWatcher watches Services and EndpointSlices cluster-wide (netmaster's leader runs
+// it) and reports, on every change, the serviceLB records they map to.
+type ServiceWatcher struct {
+	log     *slog.Logger
+	factory informers.SharedInformerFactory
+	svcs    corelisters.ServiceLister
+	slices  discoverylisters.EndpointSliceLister
+	synced  []cache.InformerSynced
+	changed chan struct{} // buffered(1): a pending change
+}
+
+// NewServiceWatcher builds the watcher; Run starts it.
+func NewServiceWatcher(cs kubernetes.Interface, log *slog.Logger) (*ServiceWatcher, error) {
+	f := informers.NewSharedInformerFactory(cs, 0)
+	w := &ServiceWatcher{log: log, factory: f, changed: make(chan struct{}, 1)}
+	si := f.Core().V1().Services()
+	ei := f.Discovery().V1().EndpointSlices()
+	w.svcs, w.slices = si.Lister(), ei.Lister()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.kick() },
+		UpdateFunc: func(any, any) { w.kick() },
+		DeleteFunc: func(any) { w.kick() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{si.Informer(), ei.Informer()} {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return nil, fmt.Errorf("service watcher handler: %w", err)
+		}
+		w.synced = append(w.synced, inf.HasSynced)
+	}
+	return w, nil
+}
+
+func (w *ServiceWatcher) kick() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Changed delivers a value after changes (coalesced).
+func (w *ServiceWatcher) Changed() <-chan struct{} { return w.changed }
+
+// Run starts the informers and waits for their first lists; it returns false if ctx
+// ended first. The informers stop with ctx.
+func (w *ServiceWatcher) Run(ctx context.Context) bool {
+	w.factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		w.factory.Shutdown()
+	}()
+	return cache.WaitForCacheSync(ctx.Done(), w.synced...)
+}
+
+// Records maps every Service now in the cache; warnings are keyed "namespace/name".
+func (w *ServiceWatcher) Records() ([]model.CfgServiceLBState, map[string][]string, error) {
+	svcs, err := w.svcs.List(labels.Everything())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list services: %w", err)
+	}
+	warn := map[string][]string{}
+	var out []model.CfgServiceLBState
+	for _, s := range svcs {
+		sel := labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: s.Name})
+		sl, err := w.slices.EndpointSlices(s.Namespace).List(sel)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list endpointslices of %s/%s: %w", s.Namespace, s.Name, err)
+		}
+		rec, ws, ok := ServiceRecord(s, sl)
+		if len(ws) > 0 {
+			warn[s.Namespace+"/"+s.Name] = ws
+		}
+		if ok {
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b model.CfgServiceLBState) int { return cmp.Compare(a.ID, b.ID) })
+	return out, warn, nil
+}

@@ -1,0 +1,221 @@
+// Package k8ssync is netmaster's leader-side Kubernetes integration: it watches the API
+// server (client-go informers, pkg/k8s) and writes what Kubernetes objects mean into
+// Contiv's state through netmaster (pkg/master), so every agent programs them on either
+// datapath. Today: Services and EndpointSlices → serviceLB state (ClusterIP, node ports,
+// ready endpoints). It owns the loop, its de-duplication, warnings as Kubernetes Events,
+// and its metrics; the mapping itself is pkg/k8s.ServiceRecord.
+package k8ssync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/master"
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// ServiceStore is where the records go (pkg/master.Master implements it).
+type ServiceStore interface {
+	PutK8sService(ctx context.Context, prefix string, rec model.CfgServiceLBState) master.K8sServiceResult
+	PruneK8sServices(ctx context.Context, prefix string, keep map[string]bool) ([]string, error)
+}
+
+// Resync is how often every Service is written again even without a change (records
+// refused earlier, e.g. for a tenant created since, are retried).
+const Resync = 30 * time.Second
+
+// Services syncs Kubernetes Services into serviceLB state while Run runs.
+type Services struct {
+	cs    kubernetes.Interface
+	store ServiceStore
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	applied  map[string]string   // id -> JSON of the record last written successfully
+	notes    map[string]string   // "ns/name" -> last warning text posted as an Event
+	problems map[string]struct{} // ids whose last write failed
+
+	programmed prometheus.Gauge
+	failed     prometheus.Gauge
+	warnings   *prometheus.CounterVec
+	applies    prometheus.Counter
+}
+
+// NewServices builds the syncer.
+func NewServices(cs kubernetes.Interface, store ServiceStore, log *slog.Logger) *Services {
+	return &Services{
+		cs: cs, store: store, log: log.With("component", "k8s-services"),
+		applied: map[string]string{}, notes: map[string]string{}, problems: map[string]struct{}{},
+		programmed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "contiv_k8s_services", Help: "Kubernetes Services written as serviceLB state by this netmaster (leader only)."}),
+		failed:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "contiv_k8s_services_failed", Help: "Kubernetes Services whose serviceLB state could not be written (unknown tenant, node port taken)."}),
+		warnings: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "contiv_k8s_service_warnings_total",
+			Help: "Kubernetes Service features ignored or endpoints left out, by kind."}, []string{"kind"}),
+		applies: prometheus.NewCounter(prometheus.CounterOpts{Name: "contiv_k8s_service_writes_total", Help: "serviceLB state records written for Kubernetes Services."}),
+	}
+}
+
+// Collectors are the syncer's metrics.
+func (s *Services) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.programmed, s.failed, s.warnings, s.applies}
+}
+
+// Run watches until ctx ends (netmaster runs it while it leads).
+func (s *Services) Run(ctx context.Context) {
+	w, err := k8s.NewServiceWatcher(s.cs, s.log)
+	if err != nil {
+		s.log.Error("kubernetes services: no watcher", "err", err)
+		return
+	}
+	s.log.Info("watching Kubernetes Services and EndpointSlices")
+	if !w.Run(ctx) {
+		return
+	}
+	s.mu.Lock()
+	clear(s.applied) // a new term: write everything once
+	s.mu.Unlock()
+	tick := time.NewTicker(Resync)
+	defer tick.Stop()
+	full := true
+	for {
+		s.sync(ctx, w, full)
+		full = false
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.Changed():
+			// Coalesce a burst (a Service and its slices arrive as several events).
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		case <-tick.C:
+			full = true
+		}
+	}
+}
+
+func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
+	recs, warns, err := w.Records()
+	if err != nil {
+		s.log.Warn("kubernetes services: read cache", "err", err)
+		return
+	}
+	keep := map[string]bool{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rec := range recs {
+		keep[rec.ID] = true
+		b, _ := json.Marshal(rec)
+		if !full && s.applied[rec.ID] == string(b) {
+			continue
+		}
+		res := s.store.PutK8sService(ctx, k8s.ServicePrefix, rec)
+		ns, name := nsName(rec.ServiceName)
+		if res.Err != nil {
+			delete(s.applied, rec.ID)
+			s.problems[rec.ID] = struct{}{}
+			s.log.Warn("kubernetes service not programmed", "service", ns+"/"+name, "err", res.Err)
+			s.event(ctx, ns, name, corev1.EventTypeWarning, "ContivServiceRefused", res.Err.Error())
+			continue
+		}
+		delete(s.problems, rec.ID)
+		s.applied[rec.ID] = string(b)
+		if res.Written {
+			s.applies.Inc()
+		}
+		if len(res.Dropped) > 0 {
+			s.warnings.WithLabelValues("endpoint_not_contiv").Add(float64(len(res.Dropped)))
+			warns[ns+"/"+name] = append(warns[ns+"/"+name], fmt.Sprintf("endpoints %s are not endpoints of tenant %s: left out", strings.Join(res.Dropped, ","), rec.Tenant))
+		}
+	}
+	if gone, err := s.store.PruneK8sServices(ctx, k8s.ServicePrefix, keep); err != nil {
+		s.log.Warn("kubernetes services: prune", "err", err)
+	} else {
+		for _, id := range gone {
+			delete(s.applied, id)
+			delete(s.problems, id)
+		}
+	}
+	for id := range s.applied {
+		if !keep[id] {
+			delete(s.applied, id)
+		}
+	}
+	s.programmed.Set(float64(len(s.applied)))
+	s.failed.Set(float64(len(s.problems)))
+	// Warnings: logged and posted as an Event once per distinct text.
+	for _, key := range slices.Sorted(maps.Keys(warns)) {
+		text := strings.Join(warns[key], "; ")
+		if s.notes[key] == text {
+			continue
+		}
+		s.notes[key] = text
+		for _, wtext := range warns[key] {
+			s.warnings.WithLabelValues(warnKind(wtext)).Inc()
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		s.log.Warn("kubernetes service partly supported", "service", key, "warnings", text)
+		s.event(ctx, ns, name, corev1.EventTypeWarning, "ContivServicePartlySupported", text)
+	}
+	for key := range s.notes {
+		if _, ok := warns[key]; !ok {
+			delete(s.notes, key)
+		}
+	}
+}
+
+func warnKind(w string) string {
+	switch {
+	case strings.HasPrefix(w, "sessionAffinity"):
+		return "session_affinity"
+	case strings.Contains(w, "TrafficPolicy"):
+		return "traffic_policy"
+	case strings.HasPrefix(w, "external"):
+		return "external_ips"
+	case strings.HasPrefix(w, "port "), strings.HasPrefix(w, "no TCP"):
+		return "protocol"
+	case strings.HasPrefix(w, "EndpointSlice"):
+		return "target_port"
+	case strings.HasPrefix(w, "endpoints "):
+		return "endpoint_not_contiv"
+	}
+	return "other"
+}
+
+// nsName splits "k8s_<ns>_<name>".
+func nsName(serviceName string) (string, string) {
+	ns, name, _ := strings.Cut(strings.TrimPrefix(serviceName, k8s.ServicePrefix), "_")
+	return ns, name
+}
+
+// event posts a Kubernetes Event on the Service (best effort: RBAC in
+// deploy/kubernetes/rbac.yaml allows it).
+func (s *Services) event(ctx context.Context, ns, name, typ, reason, msg string) {
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: name + ".", Namespace: ns},
+		InvolvedObject: corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name},
+		Type:           typ, Reason: reason, Message: msg,
+		Source:         corev1.EventSource{Component: "contiv-netmaster"},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := s.cs.CoreV1().Events(ns).Create(ectx, ev, metav1.CreateOptions{}); err != nil {
+		s.log.Debug("post event", "service", ns+"/"+name, "err", err)
+	}
+}
