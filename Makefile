@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin:$(or $(CONTIVBPF_CACHE)
 
 KUBE_CACHE := $(or $(CONTIVBPF_CACHE),$(HOME)/.cache/contivbpf)/kube-apiserver
 
-.PHONY: all deps build generate test unit bench demo demo-docker clean
+.PHONY: all deps build generate test unit bench demo demo-docker clean kube-apiserver-bg
 
 all: build
 
@@ -34,9 +34,9 @@ generate: deps
 # kernel-facing tests (they say so and skip when not root).
 # CONTIVBPF_TEST_BIN lets process-level tests reuse the binaries `build` just made.
 # kube-apiserver (scripts/kube-apiserver.sh, cached outside the repo) builds in the
-# background on a machine's first run; the Kubernetes tests wait for it.
-test: deps build
-	@mkdir -p $(KUBE_CACHE) && (./scripts/kube-apiserver.sh > $(KUBE_CACHE)/build.log 2>&1 &)
+# background on a machine's first run, started before everything else so it overlaps deps,
+# build, vet and the other tests; the Kubernetes tests wait for it.
+test: kube-apiserver-bg deps build
 	$(GO) vet ./...
 	CONTIVBPF_TEST_BIN=$(CURDIR)/bin $(GO) test $(GOTEST_FLAGS) ./...
 
@@ -51,6 +51,9 @@ demo: deps build
 
 demo-docker: deps build
 	$(GO) run ./tools/demodocker
+
+kube-apiserver-bg:
+	@mkdir -p $(KUBE_CACHE) && (./scripts/kube-apiserver.sh > $(KUBE_CACHE)/build.log 2>&1 &)
 
 clean:
 	rm -rf bin

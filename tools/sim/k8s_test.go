@@ -77,6 +77,11 @@ func kubernetesServices(t *testing.T, dp string) {
 		pods = append(pods, ct)
 	}
 	web0, web1, client := pods[0], pods[1], pods[2]
+	// A pod whose label names a network that does not exist: the ADD fails naming it.
+	api.Pod(t, "default", "lost", c.Hosts[0].Name, map[string]string{k8s.LabelNetwork: "nosuch"})
+	if _, err := c.AddContainer(ctx, c.Hosts[0], "lost", "", ""); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Fatalf("pod labelled with an unknown network: %v", err)
+	}
 	for _, be := range []*Container{web0, web1} {
 		serveName(t, be, 8080)
 	}

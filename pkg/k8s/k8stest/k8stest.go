@@ -17,7 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,7 +32,9 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/pki"
@@ -113,7 +115,7 @@ func Binary(t testing.TB) string {
 
 // RepoRoot is the repository's top directory (found from this file's path).
 func RepoRoot(t testing.TB) string {
-	_, file, _, ok := runtime.Caller(0)
+	_, file, _, ok := goruntime.Caller(0)
 	if !ok {
 		t.Fatal("k8stest: cannot locate the repository")
 	}
@@ -212,6 +214,7 @@ func StartWith(t testing.TB, o Options) *APIServer {
 		// No controller manager runs: pods are created without a default service account.
 		"--disable-admission-plugins=ServiceAccount",
 		"--enable-priority-and-fairness=false",
+		"--allow-privileged=true", // as kubeadm clusters run: CNI agents are privileged pods
 		"--profiling=false",
 		"--cert-dir="+filepath.Join(dir, "certs"),
 	)
@@ -316,8 +319,15 @@ func (s *APIServer) ContivConfig(t testing.TB, user string) (string, k8s.Config)
 // Apply creates every object of a multi-document YAML manifest as admin (namespaces,
 // service accounts, RBAC, and the workload kinds deploy/kubernetes uses). An object that
 // exists already is left alone.
-func (s *APIServer) Apply(t testing.TB, path string) {
+func (s *APIServer) Apply(t testing.TB, path string) { s.apply(t, path, false) }
+
+// DryRun sends every object of a manifest with server-side dry-run: the API server
+// validates and admits it completely but stores nothing (no controllers run here).
+func (s *APIServer) DryRun(t testing.TB, path string) []runtime.Object { return s.apply(t, path, true) }
+
+func (s *APIServer) apply(t testing.TB, path string, dry bool) []runtime.Object {
 	t.Helper()
+	var objs []runtime.Object
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -337,15 +347,29 @@ func (s *APIServer) Apply(t testing.TB, path string) {
 		if err != nil {
 			t.Fatalf("%s: decode: %v", path, err)
 		}
-		if err := s.create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := s.create(ctx, obj, dry); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("%s: create %s: %v", path, gvk.Kind, err)
 		}
+		objs = append(objs, obj)
 	}
+	return objs
 }
 
-func (s *APIServer) create(ctx context.Context, obj any) error {
+func (s *APIServer) create(ctx context.Context, obj runtime.Object, dry bool) error {
 	c := metav1.CreateOptions{}
+	if dry {
+		c.DryRun = []string{metav1.DryRunAll}
+	}
 	switch o := obj.(type) {
+	case *corev1.ConfigMap:
+		_, err := s.Admin.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, c)
+		return err
+	case *appsv1.Deployment:
+		_, err := s.Admin.AppsV1().Deployments(o.Namespace).Create(ctx, o, c)
+		return err
+	case *appsv1.DaemonSet:
+		_, err := s.Admin.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, c)
+		return err
 	case *corev1.Namespace:
 		_, err := s.Admin.CoreV1().Namespaces().Create(ctx, o, c)
 		return err
