@@ -1,4 +1,4 @@
-// Package k8stest runs a private, real kube-apiserver for tests: the binary
+// Package k8stest runs a private, real kube-apiserver for tests, benchmarks and demos: the binary
 // scripts/kube-apiserver.sh builds from the Go module proxy (cached outside the repo), on
 // an embedded etcd, with TLS from a throw-away CA, token authentication and RBAC. The
 // cluster's RBAC comes from deploy/kubernetes/rbac.yaml, so the agents' tokens have exactly
@@ -36,9 +36,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/pki"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // Identities the API server knows by token.
@@ -57,10 +57,11 @@ type APIServer struct {
 	// Admin is a clientset with the admin token.
 	Admin kubernetes.Interface
 	// Tokens maps the users above to their bearer tokens.
-	Tokens map[string]string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Tokens  map[string]string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	closers []func()
 }
 
 // inNetNS is a command run in namespace ns ("" = this one).
@@ -72,55 +73,54 @@ func inNetNS(ns, bin string, args ...string) *exec.Cmd {
 }
 
 // startEtcdIn runs Debian's etcd inside ns on ip (ports 12379/12380, private to the
-// namespace) until the test ends and returns its client URL.
-func startEtcdIn(t testing.TB, ns, ip, dir string) string {
-	t.Helper()
+// namespace) until Close and returns its client URL.
+func (s *APIServer) startEtcdIn(ns, ip string) (string, error) {
 	client := "http://" + net.JoinHostPort(ip, "12379")
 	peer := "http://" + net.JoinHostPort(ip, "12380")
-	logFile, err := os.Create(filepath.Join(dir, "etcd.log"))
+	logFile, err := os.Create(filepath.Join(s.Dir, "etcd.log"))
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	cmd := inNetNS(ns, "etcd", "--name", "k8stest", "--data-dir", filepath.Join(dir, "etcd"),
+	cmd := inNetNS(ns, "etcd", "--name", "k8stest", "--data-dir", filepath.Join(s.Dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "k8stest="+peer)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start etcd in %s: %v", ns, err)
+		logFile.Close()
+		return "", fmt.Errorf("start etcd in %s: %w", ns, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	return client
+	s.closers = append(s.closers, func() { _ = cmd.Process.Kill(); <-done })
+	return client, nil
 }
 
 // Binary returns the kube-apiserver binary: $CONTIVBPF_KUBE_APISERVER, else the cached build
 // of scripts/kube-apiserver.sh (built now if the cache is empty; `make test` builds it first).
-func Binary(t testing.TB) string {
-	t.Helper()
+func Binary() (string, error) {
 	if p := os.Getenv("CONTIVBPF_KUBE_APISERVER"); p != "" {
-		return p
+		return p, nil
 	}
-	out, err := exec.Command(filepath.Join(RepoRoot(t), "scripts", "kube-apiserver.sh")).Output()
+	out, err := exec.Command(filepath.Join(repoRoot(), "scripts", "kube-apiserver.sh")).Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = string(ee.Stderr)
 		}
-		t.Fatalf("build kube-apiserver: %v\n%s", err, stderr)
+		return "", fmt.Errorf("build kube-apiserver: %w\n%s", err, stderr)
 	}
-	return strings.TrimSpace(string(out))
+	return strings.TrimSpace(string(out)), nil
 }
 
-// RepoRoot is the repository's top directory (found from this file's path).
-func RepoRoot(t testing.TB) string {
-	_, file, _, ok := goruntime.Caller(0)
-	if !ok {
-		t.Fatal("k8stest: cannot locate the repository")
-	}
+// repoRoot is the repository's top directory (found from this file's path).
+func repoRoot() string {
+	_, file, _, _ := goruntime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
+
+// RBACManifest is deploy/kubernetes/rbac.yaml, applied to every API server started here.
+func RBACManifest() string { return filepath.Join(repoRoot(), "deploy", "kubernetes", "rbac.yaml") }
 
 // Options place the API server.
 type Options struct {
@@ -142,8 +142,31 @@ func Start(t testing.TB) *APIServer { return StartWith(t, Options{}) }
 // StartWith is Start placed by o.
 func StartWith(t testing.TB, o Options) *APIServer {
 	t.Helper()
-	bin := Binary(t)
-	dir := t.TempDir()
+	s, err := Launch(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Launch runs a kube-apiserver (and its etcd) placed by o, with deploy/kubernetes/rbac.yaml
+// applied, until Close. Tools (make bench, demos) use it; tests use Start.
+func Launch(ctx context.Context, o Options) (s *APIServer, err error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "k8stest-")
+	if err != nil {
+		return nil, err
+	}
+	s = &APIServer{Dir: dir, Tokens: map[string]string{}, done: make(chan struct{}), dial: o.Dial}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
 	ip := o.IP
 	if ip == "" {
 		ip = "127.0.0.1"
@@ -151,36 +174,54 @@ func StartWith(t testing.TB, o Options) *APIServer {
 	var etcdURL string
 	port := 16443
 	if o.NetNS == "" {
-		etcdURL = statetest.Etcd(t)
-		port = statetest.FreePort(t)
+		port, err = freePort()
+		if err != nil {
+			return s, err
+		}
+		cp, err := freePort()
+		if err != nil {
+			return s, err
+		}
+		pp, err := freePort()
+		if err != nil {
+			return s, err
+		}
+		cu, pu := fmt.Sprintf("http://127.0.0.1:%d", cp), fmt.Sprintf("http://127.0.0.1:%d", pp)
+		e, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: filepath.Join(dir, "etcd"), ClientURL: cu, PeerURL: pu, Name: "k8stest"})
+		if err != nil {
+			return s, fmt.Errorf("start etcd: %w", err)
+		}
+		s.closers = append(s.closers, e.Close)
+		etcdURL = cu
 	} else {
-		etcdURL = startEtcdIn(t, o.NetNS, ip, dir)
+		if etcdURL, err = s.startEtcdIn(o.NetNS, ip); err != nil {
+			return s, err
+		}
 	}
 	ca, err := pki.NewCA("k8stest-ca")
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	caFile, err := ca.WriteCA(dir, "ca.crt")
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	srv, err := ca.Issue(pki.Options{CommonName: "kube-apiserver", Hosts: []string{ip, "127.0.0.1", "localhost", "kubernetes.default.svc"}, Server: true})
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	srvCert, srvKey, err := srv.Write(dir, "apiserver")
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	sa, err := ca.Issue(pki.Options{CommonName: "service-accounts"})
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	_, saKey, err := sa.Write(dir, "sa")
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
-	tokens := map[string]string{}
 	var csv bytes.Buffer
 	for i, u := range []struct{ name, groups string }{
 		{UserAdmin, "system:masters"},
@@ -188,16 +229,20 @@ func StartWith(t testing.TB, o Options) *APIServer {
 		{UserNetmaster, "system:serviceaccounts,system:serviceaccounts:kube-system"},
 		{UserNobody, ""},
 	} {
-		tokens[u.name] = randomToken(t)
-		fmt.Fprintf(&csv, "%s,%s,%d,\"%s\"\n", tokens[u.name], u.name, 1000+i, u.groups)
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return s, err
+		}
+		s.Tokens[u.name] = hex.EncodeToString(b)
+		fmt.Fprintf(&csv, "%s,%s,%d,\"%s\"\n", s.Tokens[u.name], u.name, 1000+i, u.groups)
 	}
 	tokenFile := filepath.Join(dir, "tokens.csv")
 	if err := os.WriteFile(tokenFile, csv.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	logFile, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	cmd := inNetNS(o.NetNS, bin,
 		"--etcd-servers="+etcdURL,
@@ -220,29 +265,38 @@ func StartWith(t testing.TB, o Options) *APIServer {
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start kube-apiserver: %v", err)
+		logFile.Close()
+		return s, fmt.Errorf("start kube-apiserver: %w", err)
 	}
-	s := &APIServer{URL: "https://" + net.JoinHostPort(ip, strconv.Itoa(port)), CAFile: caFile, Dir: dir, Tokens: tokens, cmd: cmd, done: make(chan struct{}), dial: o.Dial}
+	s.cmd = cmd
+	s.URL, s.CAFile = "https://"+net.JoinHostPort(ip, strconv.Itoa(port)), caFile
 	go func() { _ = cmd.Wait(); logFile.Close(); close(s.done) }()
-	t.Cleanup(s.Stop)
-	s.Admin = s.Clientset(t, UserAdmin)
-	if err := s.waitReady(90 * time.Second); err != nil {
-		t.Fatalf("kube-apiserver not ready: %v\n%s", err, s.LogTail())
+	if s.Admin, err = kubernetes.NewForConfig(s.RESTConfig(UserAdmin)); err != nil {
+		return s, err
 	}
-	s.Apply(t, filepath.Join(RepoRoot(t), "deploy", "kubernetes", "rbac.yaml"))
-	return s
+	if err := s.waitReady(ctx, 90*time.Second); err != nil {
+		return s, fmt.Errorf("kube-apiserver not ready: %w\n%s", err, s.LogTail())
+	}
+	if _, err := s.applyFile(ctx, RBACManifest(), false); err != nil {
+		return s, err
+	}
+	return s, nil
 }
 
-func randomToken(t testing.TB) string {
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
 	}
-	return hex.EncodeToString(b)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Stop kills the API server (idempotent); its etcd stops with the test.
+// Stop kills the API server (idempotent); its etcd keeps running until Close.
 func (s *APIServer) Stop() {
+	if s.cmd == nil {
+		return
+	}
 	select {
 	case <-s.done:
 		return
@@ -250,6 +304,18 @@ func (s *APIServer) Stop() {
 	}
 	_ = s.cmd.Process.Kill()
 	<-s.done
+}
+
+// Close stops the API server and its etcd and removes their files (idempotent).
+func (s *APIServer) Close() {
+	s.Stop()
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+	if s.Dir != "" {
+		os.RemoveAll(s.Dir)
+	}
 }
 
 // LogTail is the end of the API server's log, for failure messages.
@@ -261,8 +327,8 @@ func (s *APIServer) LogTail() string {
 	return string(b)
 }
 
-func (s *APIServer) waitReady(d time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+func (s *APIServer) waitReady(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var last error
 	for {
@@ -304,35 +370,51 @@ func (s *APIServer) Clientset(t testing.TB, user string) kubernetes.Interface {
 // ContivConfig writes a contiv.json for user (token inline) and returns its path and content.
 func (s *APIServer) ContivConfig(t testing.TB, user string) (string, k8s.Config) {
 	t.Helper()
-	c := k8s.Config{APIServer: s.URL, CA: s.CAFile, Token: s.Tokens[user], SvcSubnet: "10.96.0.0/16"}
-	b, err := json.Marshal(c)
+	p, c, err := s.WriteContivConfig(t.TempDir(), user)
 	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(t.TempDir(), "contiv.json")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p, c
 }
 
+// WriteContivConfig writes dir/contiv-<user>.json for user (token inline).
+func (s *APIServer) WriteContivConfig(dir, user string) (string, k8s.Config, error) {
+	c := k8s.Config{APIServer: s.URL, CA: s.CAFile, Token: s.Tokens[user], SvcSubnet: "10.96.0.0/16"}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return "", c, err
+	}
+	p := filepath.Join(dir, "contiv-"+strings.NewReplacer(":", "-", "/", "-").Replace(user)+".json")
+	return p, c, os.WriteFile(p, b, 0o600)
+}
+
 // Apply creates every object of a multi-document YAML manifest as admin (namespaces,
 // service accounts, RBAC, and the workload kinds deploy/kubernetes uses). An object that
 // exists already is left alone.
-func (s *APIServer) Apply(t testing.TB, path string) { s.apply(t, path, false) }
+func (s *APIServer) Apply(t testing.TB, path string) {
+	t.Helper()
+	if _, err := s.applyFile(context.Background(), path, false); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // DryRun sends every object of a manifest with server-side dry-run: the API server
 // validates and admits it completely but stores nothing (no controllers run here).
-func (s *APIServer) DryRun(t testing.TB, path string) []runtime.Object { return s.apply(t, path, true) }
-
-func (s *APIServer) apply(t testing.TB, path string, dry bool) []runtime.Object {
+func (s *APIServer) DryRun(t testing.TB, path string) []runtime.Object {
 	t.Helper()
-	var objs []runtime.Object
-	b, err := os.ReadFile(path)
+	objs, err := s.applyFile(context.Background(), path, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	return objs
+}
+
+func (s *APIServer) applyFile(ctx context.Context, path string, dry bool) ([]runtime.Object, error) {
+	var objs []runtime.Object
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
 	dec := serializer.NewCodecFactory(scheme.Scheme).UniversalDeserializer()
 	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
 	for {
@@ -345,14 +427,14 @@ func (s *APIServer) apply(t testing.TB, path string, dry bool) []runtime.Object 
 		}
 		obj, gvk, err := dec.Decode(doc, nil, nil)
 		if err != nil {
-			t.Fatalf("%s: decode: %v", path, err)
+			return nil, fmt.Errorf("%s: decode: %w", path, err)
 		}
 		if err := s.create(ctx, obj, dry); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("%s: create %s: %v", path, gvk.Kind, err)
+			return nil, fmt.Errorf("%s: create %s: %w", path, gvk.Kind, err)
 		}
 		objs = append(objs, obj)
 	}
-	return objs
+	return objs, nil
 }
 
 func (s *APIServer) create(ctx context.Context, obj runtime.Object, dry bool) error {
@@ -395,11 +477,19 @@ func (s *APIServer) create(ctx context.Context, obj runtime.Object, dry bool) er
 // Pod creates a pod bound to node (no kubelet runs: it stays Pending) with labels.
 func (s *APIServer) Pod(t testing.TB, namespace, name, node string, labels map[string]string) *corev1.Pod {
 	t.Helper()
-	ctx := context.Background()
+	p, err := s.CreatePod(context.Background(), namespace, name, node, labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// CreatePod is Pod returning its error (the namespace is created if missing).
+func (s *APIServer) CreatePod(ctx context.Context, namespace, name, node string, labels map[string]string) (*corev1.Pod, error) {
 	if namespace != "default" {
 		_, err := s.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("create namespace %s: %v", namespace, err)
+			return nil, fmt.Errorf("create namespace %s: %w", namespace, err)
 		}
 	}
 	p, err := s.Admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
@@ -407,7 +497,7 @@ func (s *APIServer) Pod(t testing.TB, namespace, name, node string, labels map[s
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "k8stest.invalid/pause:1"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("create pod %s/%s: %v", namespace, name, err)
+		return nil, fmt.Errorf("create pod %s/%s: %w", namespace, name, err)
 	}
-	return p
+	return p, nil
 }
