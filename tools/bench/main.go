@@ -51,7 +51,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "docker", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -161,6 +161,15 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		cancel()
 		fmt.Fprintf(w, "(bgp: %.1fs)\n", time.Since(t0).Seconds())
+	}
+	if cfg.want("k8s") && ctx.Err() == nil {
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 8*time.Minute)
+		if err := k8sStage(sctx, cfg, w, r); err != nil {
+			r.fail("ebpf.k8s", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(k8s: %.1fs)\n", time.Since(t0).Seconds())
 	}
 	for _, dp := range cfg.dataplanes {
 		if !cfg.want("docker") || ctx.Err() != nil {

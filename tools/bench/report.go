@@ -121,6 +121,8 @@ var goals = map[string]goal{
 	"dns.p99_us":                    atMost(1000),
 	"bgp.converge_max_ms":           atMost(1000),
 	"nodeport.crr_ratio":            atLeast(1.0),
+	"k8s.cni_add_api_extra_p50_ms":  atMost(1),
+	"k8s.endpointslice_p99_ms":      atMost(100),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

@@ -51,7 +51,7 @@ func kubernetesServices(t *testing.T, dp string) {
 			pluginCfg, _ = api.ContivConfig(t, k8stest.UserNetplugin)
 			return nil
 		},
-		NetmasterArgs: func(c *Cluster) []string { return append(c.defaultMasterArgs(), "--k8s-config", masterCfg) },
+		NetmasterArgs: func(c *Cluster) []string { return append(c.DefaultMasterArgs(), "--k8s-config", masterCfg) },
 		PluginArgs:    func(c *Cluster, h *Host) []string { return []string{"--k8s-config", pluginCfg} },
 	})
 	if err := c.CreateNetwork(ctx, "default", "kn", "vxlan", "10.105.0.0/24", "10.105.0.1"); err != nil {

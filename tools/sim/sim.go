@@ -461,7 +461,9 @@ func (c *Cluster) buildExternal(ctx context.Context) error {
 	return nil
 }
 
-func (c *Cluster) defaultMasterArgs() []string {
+// DefaultMasterArgs is netmaster's command line when Config.NetmasterArgs is not set (a
+// NetmasterArgs function may extend it).
+func (c *Cluster) DefaultMasterArgs() []string {
 	args := []string{
 		"--etcd-data-dir", filepath.Join(c.WorkDir, "etcd"),
 		"--etcd-listen-client-url", c.EtcdURL(),
@@ -479,7 +481,7 @@ func (c *Cluster) defaultMasterArgs() []string {
 }
 
 func (c *Cluster) startMaster(ctx context.Context) error {
-	args := c.defaultMasterArgs()
+	args := c.DefaultMasterArgs()
 	if c.cfg.NetmasterArgs != nil {
 		args = c.cfg.NetmasterArgs(c)
 	}
