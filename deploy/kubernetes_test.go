@@ -26,6 +26,7 @@ func TestKubernetesManifests(t *testing.T) {
 	objs := api.DryRun(t, filepath.Join("kubernetes", "contiv.yaml"))
 	var containers []corev1.Container
 	kinds := map[string]bool{}
+	config := map[string]string{}
 	for _, o := range objs {
 		switch w := o.(type) {
 		case *appsv1.Deployment:
@@ -36,21 +37,53 @@ func TestKubernetesManifests(t *testing.T) {
 			containers = append(containers, w.Spec.Template.Spec.Containers...)
 		case *corev1.ConfigMap:
 			kinds["ConfigMap"] = true
+			for k, v := range w.Data {
+				config[w.Name+"/"+k] = v
+			}
 		}
 	}
 	if !kinds["Deployment"] || !kinds["DaemonSet"] || !kinds["ConfigMap"] {
 		t.Fatalf("manifest kinds %v", kinds)
 	}
+	// Files the containers get from Secrets and the ConfigMap: stand-ins under a temp dir
+	// (mode 0600, as the Secrets' defaultMode 0400 gives root).
+	files := t.TempDir()
 	for _, c := range containers {
 		name := filepath.Base(c.Command[0])
 		args := make([]string, 0, len(c.Args)+1)
 		for _, a := range c.Args {
-			args = append(args, strings.ReplaceAll(a, "$(POD_IP)", "10.0.0.5"))
+			a = strings.ReplaceAll(a, "$(POD_IP)", "10.0.0.5")
+			if strings.HasPrefix(a, "/etc/contiv/") {
+				local := filepath.Join(files, a)
+				if err := os.MkdirAll(filepath.Dir(local), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(local, []byte("stand-in-0123456789abcdef\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				a = local
+			}
+			args = append(args, a)
 		}
-		// Flags parse (urfave/cli refuses unknown ones before --version is honoured).
-		out, err := exec.Command(filepath.Join(bin, name), append(args, "--version")...).CombinedOutput()
-		if err != nil {
-			t.Errorf("%s %v: %v\n%s", name, c.Args, err, out)
+		// The binary's own validation with the container's arguments and environment
+		// (downward-API values made up, ConfigMap values from the manifest).
+		cmd := exec.Command(filepath.Join(bin, name), append(args, "--check-config")...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		for _, e := range c.Env {
+			v := e.Value
+			switch {
+			case e.ValueFrom == nil:
+			case e.ValueFrom.ConfigMapKeyRef != nil:
+				v = config[e.ValueFrom.ConfigMapKeyRef.Name+"/"+e.ValueFrom.ConfigMapKeyRef.Key]
+			case e.ValueFrom.FieldRef != nil && strings.HasSuffix(e.ValueFrom.FieldRef.FieldPath, "IP"):
+				v = "10.0.0.5"
+			default:
+				v = "node-1"
+			}
+			cmd.Env = append(cmd.Env, e.Name+"="+v)
+		}
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "configuration ok") {
+			t.Errorf("%s %v --check-config: %v\n%s", name, c.Args, err, out)
 		}
 		help, _ := exec.Command(filepath.Join(bin, name), "--help").CombinedOutput()
 		for _, e := range c.Env {

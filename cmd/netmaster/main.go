@@ -81,11 +81,16 @@ func main() {
 			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
+			&cli.BoolFlag{Name: "check-config", Usage: "validate the flags and environment, print \"configuration ok\" and exit (0, or 22 naming the problem)"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("netmaster: %v", err), 22)
+			}
+			if c.Bool("check-config") {
+				fmt.Println("configuration ok")
+				return nil
 			}
 			if n, err := httpserve.RaiseFDLimit(); err != nil {
 				slog.Warn("raise the open-file limit", "err", err)

@@ -65,6 +65,7 @@ func flags() []cli.Flag {
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
 		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
 		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server (else, in a pod, the service account)"},
+		&cli.BoolFlag{Name: "check-config", Usage: "validate the flags and environment, print \"configuration ok\" and exit (0, or 22 naming the problem)"},
 		&cli.DurationFlag{Name: "k8s-pod-wait", EnvVars: env("K8S_POD_WAIT"), Value: k8s.DefaultPodWait, Usage: "how long a CNI ADD waits for a pod its node's cache has not seen yet (kubernetes mode)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: env("LOG_LEVEL"), Value: "info", Usage: "debug | info | warn | error"},
 		&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log as JSON"},

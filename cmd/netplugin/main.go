@@ -24,6 +24,10 @@ func main() {
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("netplugin: %v", err), 22) // Contiv: invalid config exits 22
 			}
+			if c.Bool("check-config") {
+				fmt.Println("configuration ok")
+				return nil
+			}
 			return run(c.Context, cfg)
 		},
 	}

@@ -54,10 +54,18 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 	if err != nil {
 		return cniapi.PodResponse{}, err
 	}
-	res, err := b.a.AttachEndpoint(ctx, AttachRequest{
+	ar := AttachRequest{
 		Tenant: req.Tenant, Network: req.Network, Group: req.Group,
 		EndpointID: req.InfraContainerID, Name: req.Name, NetNS: req.NetNS, IfName: req.IfName,
-	})
+	}
+	if b.a.cfg.Pods != nil { // the pod was found in the API: Services may use it as a backend
+		ns := req.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		ar.K8sPod = ns + "/" + req.Name
+	}
+	res, err := b.a.AttachEndpoint(ctx, ar)
 	if err != nil {
 		return cniapi.PodResponse{}, err
 	}

@@ -24,6 +24,8 @@ type AttachRequest struct {
 	// infra container id. The Contiv endpoint id is "<network>.<tenant>-<EndpointID>".
 	EndpointID string
 	Name       string // container/pod name (epCommonName)
+	// K8sPod is "<namespace>/<name>" when the pod was found in the Kubernetes API.
+	K8sPod string
 	// NetNS is the container's network namespace path. Empty: the container end of the
 	// veth stays in the host namespace, named IfName, for the runtime to move (Docker).
 	NetNS  string
@@ -107,7 +109,7 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 	mctx, cancel := context.WithTimeout(ctx, masterTimeout)
 	cfg, err := a.cfg.Master.CreateEndpoint(mctx, model.CreateEndpointRequest{
 		TenantName: req.Tenant, NetworkName: req.Network, ServiceName: req.Group,
-		EndpointID: req.EndpointID, EPCommonName: req.Name,
+		EndpointID: req.EndpointID, EPCommonName: req.Name, K8sPod: req.K8sPod,
 		ConfigEP: model.ConfigEP{Container: req.EndpointID, Host: a.cfg.Host, ServiceName: req.Group, IPAddress: req.IPAddress},
 	})
 	cancel()

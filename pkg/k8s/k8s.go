@@ -30,6 +30,23 @@ const (
 	LabelGroup   = "io.contiv.net-group"
 )
 
+// TenantOf decides the tenant of a pod or Service from its namespace's labels and its own.
+// A namespace labelled io.contiv.tenant binds everything in it to that tenant: an object
+// label naming another tenant is refused (users who may create pods or Services in a
+// namespace must not pick another tenant's networks, VIPs or endpoints). Without that
+// namespace label the object's own label decides, as in Contiv; "" means the caller's
+// default.
+func TenantOf(namespace string, nsLabels, objLabels map[string]string) (string, error) {
+	bound, own := nsLabels[LabelTenant], objLabels[LabelTenant]
+	switch {
+	case bound == "":
+		return own, nil
+	case own != "" && own != bound:
+		return "", fmt.Errorf("label %s=%s: namespace %s is bound to tenant %q", LabelTenant, own, namespace, bound)
+	}
+	return bound, nil
+}
+
 // Config is Contiv's contiv.json.
 type Config struct {
 	APIServer string `json:"K8S_API_SERVER"` // https://host:port (http:// accepted)
@@ -158,6 +175,9 @@ func Clientset(c Config) (kubernetes.Interface, *rest.Config, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
+	// Informers watch; the few requests besides (Events) get room above client-go's
+	// default 5/s so a burst of reports never stalls a caller.
+	rc.QPS, rc.Burst = 20, 50
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes clientset: %w", err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
@@ -29,6 +30,13 @@ func TestPodCache(t *testing.T) {
 	api.Pod(t, "prod", "web", "node1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"})
 	api.Pod(t, "default", "bare", "node1", nil)
 	api.Pod(t, "prod", "elsewhere", "node2", map[string]string{k8s.LabelTenant: "red"})
+	// A namespace bound to a tenant: its pods get that tenant, a pod naming another is refused.
+	if _, err := api.Admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bound",
+		Labels: map[string]string{k8s.LabelTenant: "blue"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	api.Pod(t, "bound", "plain", "node1", map[string]string{k8s.LabelNetwork: "n"})
+	api.Pod(t, "bound", "sneaky", "node1", map[string]string{k8s.LabelTenant: "red"})
 
 	path, _ := api.ContivConfig(t, k8stest.UserNetplugin)
 	cfg, err := k8s.LoadConfig(path)
@@ -53,6 +61,12 @@ func TestPodCache(t *testing.T) {
 	}
 	if l, err := pc.PodLabels(ctx, "", "bare"); err != nil || len(l) != 0 {
 		t.Fatalf("pod without labels: %v, %v", l, err)
+	}
+	if l, err := pc.PodLabels(ctx, "bound", "plain"); err != nil || l[k8s.LabelTenant] != "blue" || l[k8s.LabelNetwork] != "n" {
+		t.Fatalf("pod of a bound namespace: %v, %v", l, err)
+	}
+	if l, err := pc.PodLabels(ctx, "bound", "sneaky"); err == nil || !strings.Contains(err.Error(), `bound to tenant "blue"`) {
+		t.Fatalf("pod naming another tenant than its namespace's: %v, %v", l, err)
 	}
 	// Another node's pod is not in this node's cache: not found after the wait.
 	start := time.Now()
@@ -111,33 +125,52 @@ func TestPodCache(t *testing.T) {
 	t.Logf("API down, unknown pod: %v", err)
 }
 
-// TestRBAC: the shipped roles let netplugin watch pods and nobody else read them.
+// TestRBAC: the shipped roles give each agent what its code reads, and nothing else.
 func TestRBAC(t *testing.T) {
 	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
 		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
 	}
 	api := k8stest.Start(t)
 	ctx := context.Background()
-	for _, c := range []struct {
-		user string
-		ok   bool
-	}{{k8stest.UserNetplugin, true}, {k8stest.UserNetmaster, true}, {k8stest.UserNobody, false}} {
-		_, err := api.Clientset(t, c.user).CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
-		if (err == nil) != c.ok {
-			t.Errorf("%s lists pods: err=%v, want allowed=%v", c.user, err, c.ok)
+	one := metav1.ListOptions{Limit: 1}
+	can := func(user, what string) bool {
+		cs := api.Clientset(t, user)
+		var err error
+		switch what {
+		case "pods":
+			_, err = cs.CoreV1().Pods("").List(ctx, one)
+		case "namespaces":
+			_, err = cs.CoreV1().Namespaces().List(ctx, one)
+		case "services":
+			_, err = cs.CoreV1().Services("").List(ctx, one)
+		case "endpointslices":
+			_, err = cs.DiscoveryV1().EndpointSlices("").List(ctx, one)
+		case "networkpolicies":
+			_, err = cs.NetworkingV1().NetworkPolicies("").List(ctx, one)
+		case "secrets":
+			_, err = cs.CoreV1().Secrets("").List(ctx, one)
+		case "delete pod":
+			err = cs.CoreV1().Pods("default").Delete(ctx, "x", metav1.DeleteOptions{})
+			if err != nil && !strings.Contains(err.Error(), "forbidden") {
+				err = nil // allowed (not found)
+			}
 		}
+		return err == nil
 	}
-	_, err := api.Clientset(t, k8stest.UserNetplugin).NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{Limit: 1})
-	if err == nil {
-		t.Errorf("netplugin may read NetworkPolicies; the manifest gives that to netmaster only")
-	}
-	_, err = api.Clientset(t, k8stest.UserNetmaster).NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{Limit: 1})
-	if err != nil {
-		t.Errorf("netmaster reads NetworkPolicies: %v", err)
-	}
-	err = api.Clientset(t, k8stest.UserNetplugin).CoreV1().Pods("default").Delete(ctx, "x", metav1.DeleteOptions{})
-	if err == nil || !strings.Contains(err.Error(), "forbidden") {
-		t.Errorf("netplugin deletes pods: %v", err)
+	for user, allowed := range map[string][]string{
+		k8stest.UserNetplugin: {"pods", "namespaces"},
+		k8stest.UserNetmaster: {"namespaces", "services", "endpointslices"},
+		k8stest.UserNobody:    nil,
+	} {
+		for _, what := range []string{"pods", "namespaces", "services", "endpointslices", "networkpolicies", "secrets", "delete pod"} {
+			want := false
+			for _, a := range allowed {
+				want = want || a == what
+			}
+			if got := can(user, what); got != want {
+				t.Errorf("%s %s: allowed=%v, want %v", user, what, got, want)
+			}
+		}
 	}
 }
 

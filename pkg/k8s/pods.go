@@ -38,6 +38,11 @@ type PodCache struct {
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	lister   corelisters.PodLister
+	// Namespaces (cluster-wide, their own factory: the pods' field selector does not apply
+	// to them): a namespace's io.contiv.tenant label binds its pods (TenantOf).
+	nsFactory  informers.SharedInformerFactory
+	nsInformer cache.SharedIndexInformer
+	nsLister   corelisters.NamespaceLister
 
 	mu      sync.Mutex
 	changed chan struct{} // closed (and replaced) on every add or update
@@ -62,6 +67,12 @@ func NewPodCache(cs kubernetes.Interface, node string, wait time.Duration, log *
 	if err := c.informer.SetTransform(trimPod); err != nil {
 		return nil, fmt.Errorf("pod cache transform: %w", err)
 	}
+	c.nsFactory = informers.NewSharedInformerFactory(cs, 0)
+	c.nsInformer = c.nsFactory.Core().V1().Namespaces().Informer()
+	c.nsLister = c.nsFactory.Core().V1().Namespaces().Lister()
+	if err := c.nsInformer.SetTransform(trimNamespace); err != nil {
+		return nil, fmt.Errorf("namespace cache transform: %w", err)
+	}
 	if err := c.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		c.mu.Lock()
 		c.lastErr = err
@@ -70,11 +81,13 @@ func NewPodCache(cs kubernetes.Interface, node string, wait time.Duration, log *
 	}); err != nil {
 		return nil, fmt.Errorf("pod cache error handler: %w", err)
 	}
-	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.wake() },
-		UpdateFunc: func(any, any) { c.wake() },
-	}); err != nil {
-		return nil, fmt.Errorf("pod cache handler: %w", err)
+	for _, inf := range []cache.SharedIndexInformer{c.informer, c.nsInformer} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { c.wake() },
+			UpdateFunc: func(any, any) { c.wake() },
+		}); err != nil {
+			return nil, fmt.Errorf("pod cache handler: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -92,6 +105,15 @@ func trimPod(obj any) (any, error) {
 	}, nil
 }
 
+// trimNamespace keeps a namespace's name and labels.
+func trimNamespace(obj any) (any, error) {
+	n, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, Labels: n.Labels, ResourceVersion: n.ResourceVersion}}, nil
+}
+
 func (c *PodCache) wake() {
 	c.mu.Lock()
 	close(c.changed)
@@ -103,8 +125,9 @@ func (c *PodCache) wake() {
 // Run starts the informer; it stops when ctx ends.
 func (c *PodCache) Run(ctx context.Context) {
 	c.factory.Start(ctx.Done())
+	c.nsFactory.Start(ctx.Done())
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced, c.nsInformer.HasSynced) {
 			c.log.Info("kubernetes pod cache synced", "node", c.node, "pods", len(c.informer.GetStore().ListKeys()))
 			c.wake()
 		}
@@ -112,17 +135,19 @@ func (c *PodCache) Run(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		c.factory.Shutdown()
+		c.nsFactory.Shutdown()
 	}()
 }
 
 // Synced reports whether the first list of the node's pods has arrived.
-func (c *PodCache) Synced() bool { return c.informer.HasSynced() }
+func (c *PodCache) Synced() bool { return c.informer.HasSynced() && c.nsInformer.HasSynced() }
 
 // PodLabels returns the labels of pod namespace/name (namespace "" = "default") from the
-// cache. A pod the cache has not seen yet is waited for, up to the cache's wait; then the
-// error wraps ErrPodNotFound and says whether the API server is answering. A pod already
-// seen is answered from the cache also while the API server is down (its labels as last
-// watched).
+// cache, with io.contiv.tenant decided by TenantOf (a pod of a namespace bound to a tenant
+// gets that tenant; a pod label naming another is an error). A pod (or its namespace) the
+// cache has not seen yet is waited for, up to the cache's wait; then the error wraps
+// ErrPodNotFound and says whether the API server is answering. A pod already seen is
+// answered from the cache also while the API server is down (its labels as last watched).
 func (c *PodCache) PodLabels(ctx context.Context, namespace, name string) (map[string]string, error) {
 	if name == "" {
 		return nil, errors.New("kubernetes: pod name is empty")
@@ -137,11 +162,22 @@ func (c *PodCache) PodLabels(ctx context.Context, namespace, name string) (map[s
 		changed := c.changed
 		c.mu.Unlock()
 		p, err := c.lister.Pods(namespace).Get(name)
+		var ns *corev1.Namespace
+		if err == nil {
+			ns, err = c.nsLister.Get(namespace)
+		}
 		switch {
 		case err == nil:
 			l := maps.Clone(p.Labels)
 			if l == nil {
 				l = map[string]string{}
+			}
+			t, err := TenantOf(namespace, ns.Labels, l)
+			if err != nil {
+				return nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, err)
+			}
+			if t != "" {
+				l[LabelTenant] = t
 			}
 			return l, nil
 		case !apierrors.IsNotFound(err):

@@ -34,14 +34,15 @@ func ServiceName(namespace, name string) string { return ServicePrefix + namespa
 // DefaultTenant is the tenant of a Service without an io.contiv.tenant label (Contiv's).
 const DefaultTenant = "default"
 
-// ServiceRecord maps one Service and its EndpointSlices onto Contiv's serviceLB state (what
+// ServiceRecord maps one Service (in a namespace with nsLabels) and its EndpointSlices onto
+// Contiv's serviceLB state (what
 // every agent programs, on both datapaths): the ClusterIP as the VIP, one
 // "port:targetPort:PROTO" per TCP/UDP port, "nodePort:port:PROTO" for NodePort and
 // LoadBalancer Services, and the ready IPv4 endpoints as providers (terminating and
 // not-ready ones are left out). ok is false for Services that get no VIP (headless,
 // ExternalName, no IPv4 ClusterIP). Warnings name what is not supported and was ignored.
 // Providers carry only their address; netmaster resolves and checks them.
-func ServiceRecord(svc *corev1.Service, slices_ []*discoveryv1.EndpointSlice) (rec model.CfgServiceLBState, warnings []string, ok bool) {
+func ServiceRecord(svc *corev1.Service, nsLabels map[string]string, slices_ []*discoveryv1.EndpointSlice) (rec model.CfgServiceLBState, warnings []string, ok bool) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return rec, nil, false
 	}
@@ -55,7 +56,10 @@ func ServiceRecord(svc *corev1.Service, slices_ []*discoveryv1.EndpointSlice) (r
 	if !vip.IsValid() { // headless ("None"), not yet allocated, or IPv6 only
 		return rec, nil, false
 	}
-	tenant := svc.Labels[LabelTenant]
+	tenant, err := TenantOf(svc.Namespace, nsLabels, svc.Labels)
+	if err != nil {
+		return rec, []string{"not programmed: " + err.Error()}, false
+	}
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
@@ -170,6 +174,7 @@ type ServiceWatcher struct {
 	factory informers.SharedInformerFactory
 	svcs    corelisters.ServiceLister
 	slices  discoverylisters.EndpointSliceLister
+	nss     corelisters.NamespaceLister
 	synced  []cache.InformerSynced
 	changed chan struct{} // buffered(1): a pending change
 }
@@ -180,13 +185,14 @@ func NewServiceWatcher(cs kubernetes.Interface, log *slog.Logger) (*ServiceWatch
 	w := &ServiceWatcher{log: log, factory: f, changed: make(chan struct{}, 1)}
 	si := f.Core().V1().Services()
 	ei := f.Discovery().V1().EndpointSlices()
-	w.svcs, w.slices = si.Lister(), ei.Lister()
+	ni := f.Core().V1().Namespaces()
+	w.svcs, w.slices, w.nss = si.Lister(), ei.Lister(), ni.Lister()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.kick() },
 		UpdateFunc: func(any, any) { w.kick() },
 		DeleteFunc: func(any) { w.kick() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{si.Informer(), ei.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{si.Informer(), ei.Informer(), ni.Informer()} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, fmt.Errorf("service watcher handler: %w", err)
 		}
@@ -230,7 +236,12 @@ func (w *ServiceWatcher) Records() ([]model.CfgServiceLBState, map[string][]stri
 		if err != nil {
 			return nil, nil, fmt.Errorf("list endpointslices of %s/%s: %w", s.Namespace, s.Name, err)
 		}
-		rec, ws, ok := ServiceRecord(s, sl)
+		ns, err := w.nss.Get(s.Namespace)
+		if err != nil { // not in the cache yet: never let the Service's own label decide
+			warn[s.Namespace+"/"+s.Name] = []string{"namespace not known yet: not programmed"}
+			continue
+		}
+		rec, ws, ok := ServiceRecord(s, ns.Labels, sl)
 		if len(ws) > 0 {
 			warn[s.Namespace+"/"+s.Name] = ws
 		}

@@ -35,7 +35,7 @@ func TestServiceRecord(t *testing.T) {
 	s := base()
 	v6 := slice("v6", 8080, "http", ep("fd00::1", nil, nil))
 	v6.AddressType = discoveryv1.AddressTypeIPv6
-	rec, warns, ok := k8s.ServiceRecord(s, []*discoveryv1.EndpointSlice{
+	rec, warns, ok := k8s.ServiceRecord(s, nil, []*discoveryv1.EndpointSlice{
 		slice("a", 8080, "http", ep("10.1.0.2", &yes, nil), ep("10.1.0.3", &no, nil), ep("10.1.0.4", nil, nil), ep("10.1.0.5", &yes, &yes)), v6})
 	if !ok || len(warns) != 0 || rec.ID != "k8s_prod_web:default" || rec.Tenant != "default" || rec.IPAddress != "10.96.0.10" ||
 		!slices.Equal(rec.Ports, []string{"80:8080:TCP"}) || len(rec.NodePorts) != 0 {
@@ -60,7 +60,7 @@ func TestServiceRecord(t *testing.T) {
 		{Name: "dns", Port: 53, TargetPort: intstr.FromInt(5353), Protocol: corev1.ProtocolUDP, NodePort: 30053},
 		{Name: "s", Port: 9, Protocol: corev1.ProtocolSCTP},
 	}
-	rec, warns, ok = k8s.ServiceRecord(s, nil)
+	rec, warns, ok = k8s.ServiceRecord(s, nil, nil)
 	if !ok || rec.ID != "k8s_prod_web:blue" || !slices.Equal(rec.Ports, []string{"53:5353:UDP"}) || !slices.Equal(rec.NodePorts, []string{"30053:53:UDP"}) || len(rec.Providers) != 0 {
 		t.Fatalf("node port record %+v", rec)
 	}
@@ -69,10 +69,21 @@ func TestServiceRecord(t *testing.T) {
 	}
 
 	// Slices that disagree on a port's target: the later one's endpoints are left out.
-	rec, warns, _ = k8s.ServiceRecord(base(), []*discoveryv1.EndpointSlice{
+	rec, warns, _ = k8s.ServiceRecord(base(), nil, []*discoveryv1.EndpointSlice{
 		slice("a", 8080, "http", ep("10.1.0.2", nil, nil)), slice("b", 9090, "http", ep("10.1.0.3", nil, nil))})
 	if len(rec.Providers) != 1 || rec.Providers["10.1.0.2"] == nil || len(warns) != 1 || !strings.Contains(warns[0], "EndpointSlice b") {
 		t.Fatalf("inconsistent slices: %+v %v", rec.Providers, warns)
+	}
+
+	// A namespace bound to a tenant decides; a Service label naming another tenant is
+	// refused (a namespace's users cannot place VIPs or node ports in another tenant).
+	s = base()
+	if rec, _, ok := k8s.ServiceRecord(s, map[string]string{k8s.LabelTenant: "blue"}, nil); !ok || rec.Tenant != "blue" || rec.ID != "k8s_prod_web:blue" {
+		t.Fatalf("bound namespace: %+v", rec)
+	}
+	s.Labels = map[string]string{k8s.LabelTenant: "red"}
+	if rec, warns, ok := k8s.ServiceRecord(s, map[string]string{k8s.LabelTenant: "blue"}, nil); ok || len(warns) != 1 || !strings.Contains(warns[0], "bound to tenant \"blue\"") {
+		t.Fatalf("Service label against its namespace's tenant: %+v %v", rec, warns)
 	}
 
 	// No VIP: headless, ExternalName, not yet allocated, IPv6 only; no TCP/UDP port.
@@ -85,7 +96,7 @@ func TestServiceRecord(t *testing.T) {
 	} {
 		s := base()
 		mod(s)
-		if rec, _, ok := k8s.ServiceRecord(s, nil); ok {
+		if rec, _, ok := k8s.ServiceRecord(s, nil, nil); ok {
 			t.Errorf("%s: programmed %+v", name, rec)
 		}
 	}

@@ -44,9 +44,9 @@ type Services struct {
 	log   *slog.Logger
 
 	mu       sync.Mutex
-	applied  map[string]string   // id -> JSON of the record last written successfully
-	notes    map[string]string   // "ns/name" -> last warning text posted as an Event
-	problems map[string]struct{} // ids whose last write failed
+	applied  map[string]string // id -> JSON of the record last written successfully
+	notes    map[string]string // "ns/name" -> last warning text posted as an Event
+	problems map[string]string // id -> JSON of the record whose last write failed
 
 	programmed prometheus.Gauge
 	failed     prometheus.Gauge
@@ -58,7 +58,7 @@ type Services struct {
 func NewServices(cs kubernetes.Interface, store ServiceStore, log *slog.Logger) *Services {
 	return &Services{
 		cs: cs, store: store, log: log.With("component", "k8s-services"),
-		applied: map[string]string{}, notes: map[string]string{}, problems: map[string]struct{}{},
+		applied: map[string]string{}, notes: map[string]string{}, problems: map[string]string{},
 		programmed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "contiv_k8s_services", Help: "Kubernetes Services written as serviceLB state by this netmaster (leader only)."}),
 		failed:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "contiv_k8s_services_failed", Help: "Kubernetes Services whose serviceLB state could not be written (unknown tenant, node port taken)."}),
 		warnings: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "contiv_k8s_service_warnings_total",
@@ -115,33 +115,13 @@ func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
 		return
 	}
 	keep := map[string]bool{}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, rec := range recs {
 		keep[rec.ID] = true
-		b, _ := json.Marshal(rec)
-		if !full && s.applied[rec.ID] == string(b) {
-			continue
-		}
-		res := s.store.PutK8sService(ctx, k8s.ServicePrefix, rec)
-		ns, name := nsName(rec.ServiceName)
-		if res.Err != nil {
-			delete(s.applied, rec.ID)
-			s.problems[rec.ID] = struct{}{}
-			s.log.Warn("kubernetes service not programmed", "service", ns+"/"+name, "err", res.Err)
-			s.event(ctx, ns, name, corev1.EventTypeWarning, "ContivServiceRefused", res.Err.Error())
-			continue
-		}
-		delete(s.problems, rec.ID)
-		s.applied[rec.ID] = string(b)
-		if res.Written {
-			s.applies.Inc()
-		}
-		if len(res.Dropped) > 0 {
-			s.warnings.WithLabelValues("endpoint_not_contiv").Add(float64(len(res.Dropped)))
-			warns[ns+"/"+name] = append(warns[ns+"/"+name], fmt.Sprintf("endpoints %s are not endpoints of tenant %s: left out", strings.Join(res.Dropped, ","), rec.Tenant))
-		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Prune first: a Service that moved to another tenant frees its node ports for the
+	// record under its new id before that one is written.
 	if gone, err := s.store.PruneK8sServices(ctx, k8s.ServicePrefix, keep); err != nil {
 		s.log.Warn("kubernetes services: prune", "err", err)
 	} else {
@@ -150,26 +130,67 @@ func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
 			delete(s.problems, id)
 		}
 	}
+	for _, rec := range recs {
+		b, _ := json.Marshal(rec)
+		// Unchanged records are not written again until the resync: neither the ones
+		// written nor the ones refused (a refused Service costs one transaction and one
+		// Event per change of its own, not per change anywhere in the cluster).
+		if !full && (s.applied[rec.ID] == string(b) || s.problems[rec.ID] == string(b)) {
+			continue
+		}
+		res := s.store.PutK8sService(ctx, k8s.ServicePrefix, rec)
+		ns, name := nsName(rec.ServiceName)
+		key := ns + "/" + name
+		if res.Err != nil {
+			delete(s.applied, rec.ID)
+			s.problems[rec.ID] = string(b)
+			warns[key] = append(warns[key], "not programmed: "+res.Err.Error())
+			continue
+		}
+		delete(s.problems, rec.ID)
+		s.applied[rec.ID] = string(b)
+		if res.Written {
+			s.applies.Inc()
+		}
+		if res.Skipped {
+			warns[key] = append(warns[key], "not programmed: no endpoint is a Contiv endpoint of a pod in this namespace (a VIP would only blackhole it)")
+		}
+		if len(res.Dropped) > 0 {
+			warns[key] = append(warns[key], fmt.Sprintf("endpoints %s are not Contiv endpoints of pods in namespace %s (tenant %s): left out", strings.Join(res.Dropped, ","), ns, rec.Tenant))
+		}
+		if len(res.NodePortsDropped) > 0 {
+			warns[key] = append(warns[key], "node ports left out: "+strings.Join(res.NodePortsDropped, ", "))
+		}
+	}
 	for id := range s.applied {
 		if !keep[id] {
 			delete(s.applied, id)
 		}
 	}
+	for id := range s.problems {
+		if !keep[id] {
+			delete(s.problems, id)
+		}
+	}
 	s.programmed.Set(float64(len(s.applied)))
 	s.failed.Set(float64(len(s.problems)))
-	// Warnings: logged and posted as an Event once per distinct text.
+	// Warnings (and refusals): logged and posted as an Event once per distinct text.
 	for _, key := range slices.Sorted(maps.Keys(warns)) {
 		text := strings.Join(warns[key], "; ")
 		if s.notes[key] == text {
 			continue
 		}
 		s.notes[key] = text
+		reason := "ContivServicePartlySupported"
 		for _, wtext := range warns[key] {
 			s.warnings.WithLabelValues(warnKind(wtext)).Inc()
+			if strings.HasPrefix(wtext, "not programmed: ") {
+				reason = "ContivServiceRefused"
+			}
 		}
 		ns, name, _ := strings.Cut(key, "/")
-		s.log.Warn("kubernetes service partly supported", "service", key, "warnings", text)
-		s.event(ctx, ns, name, corev1.EventTypeWarning, "ContivServicePartlySupported", text)
+		s.log.Warn("kubernetes service not fully programmed", "service", key, "warnings", text)
+		s.event(ctx, ns, name, corev1.EventTypeWarning, reason, text)
 	}
 	for key := range s.notes {
 		if _, ok := warns[key]; !ok {
@@ -180,6 +201,12 @@ func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
 
 func warnKind(w string) string {
 	switch {
+	case strings.HasPrefix(w, "not programmed: no endpoint"):
+		return "no_contiv_endpoint"
+	case strings.HasPrefix(w, "not programmed: "):
+		return "refused"
+	case strings.HasPrefix(w, "node ports left out"):
+		return "node_port"
 	case strings.HasPrefix(w, "sessionAffinity"):
 		return "session_affinity"
 	case strings.Contains(w, "TrafficPolicy"):

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -13,15 +15,25 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
-// K8sServiceResult is what ApplyK8sServices did with one record.
+// reK8sPod is a Kubernetes "<namespace>/<pod>" (DNS-1123 label / subdomain).
+var reK8sPod = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$`)
+
+// K8sServiceResult is what PutK8sService did with one record.
 type K8sServiceResult struct {
 	ID string
 	// Err: the record was not written (unknown tenant, node port held by another service);
 	// what was there before stays.
 	Err error
-	// Dropped are provider addresses that are no endpoint of the service's tenant (pods on
-	// networks netmaster does not know): they are left out, never sent to the datapaths.
+	// Dropped are provider addresses that are not the Contiv endpoint of the pod the
+	// EndpointSlice names in the Service's namespace (pods on networks netmaster does not
+	// know, host-network or external addresses, other namespaces' pods): left out, never
+	// sent to the datapaths.
 	Dropped []string
+	// NodePortsDropped are node ports left out (outside the range, or another service's).
+	NodePortsDropped []string
+	// Skipped: no endpoint is a Contiv pod endpoint, so no VIP is programmed (and an
+	// earlier record is removed): it would only blackhole the Service.
+	Skipped bool
 	Written bool
 }
 
@@ -38,7 +50,7 @@ func (m *Master) PutK8sService(ctx context.Context, prefix string, rec model.Cfg
 		return res
 	}
 	res.Err = m.update(ctx, func(tx *state.Tx) error {
-		res.Dropped, res.Written = nil, false
+		res.Dropped, res.NodePortsDropped, res.Skipped, res.Written = nil, nil, false, false
 		return m.putK8sService(tx, rec, &res)
 	})
 	return res
@@ -59,8 +71,15 @@ func (m *Master) PruneK8sServices(ctx context.Context, prefix string, keep map[s
 			return err
 		}
 		for _, st := range all {
-			if !strings.HasPrefix(st.ServiceName, prefix) || keep[st.ID] {
+			if !strings.HasPrefix(st.ServiceName, prefix) {
 				continue
+			}
+			if keep[st.ID] { // kept unless its tenant was deleted since
+				if ok, err := tx.Get(model.ModelKey(model.TypeTenant, st.Tenant), &model.Tenant{}); err != nil {
+					return err
+				} else if ok {
+					continue
+				}
 			}
 			if err := claimNodePorts(tx, st.ID, nil, st.NodePorts); err != nil {
 				return err
@@ -86,8 +105,12 @@ func (m *Master) putK8sService(tx *state.Tx, rec model.CfgServiceLBState, res *K
 			return err
 		}
 	}
-	// Only endpoints of the tenant become backends (as addProvider): any other address
-	// would reach every agent's datapath.
+	vip, err := netip.ParseAddr(rec.IPAddress)
+	if err != nil || !vip.Is4() {
+		return badReq("ipaddress: %q is not an IPv4 address", rec.IPAddress)
+	}
+	// "k8s_<namespace>_<name>": backends must be pods of that namespace.
+	namespace, _, _ := strings.Cut(strings.TrimPrefix(rec.ServiceName, k8sPrefixOf(rec.ServiceName)), "_")
 	tenantOf := map[string]string{}
 	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
 	if err != nil {
@@ -110,18 +133,56 @@ func (m *Master) putK8sService(tx *state.Tx, rec model.CfgServiceLBState, res *K
 			byIP[ep.IPAddress] = ep
 		}
 	}
+	// The VIP must not shadow an address of the tenant: another service's VIP or an
+	// endpoint (agents would refuse one of two equal VIPs, each host possibly another).
+	if ep := byIP[vip.String()]; ep != nil {
+		return conflict("ipaddress: %s is endpoint %s of tenant %q", vip, ep.ID, rec.Tenant)
+	}
+	all, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
+	if err != nil {
+		return err
+	}
+	for _, o := range all {
+		if o.ID != rec.ID && o.Tenant == rec.Tenant && o.IPAddress == vip.String() {
+			return conflict("ipaddress: %s is already the VIP of service %s", vip, o.ID)
+		}
+	}
 	st := rec
 	st.Selectors = nil // never matched by Contiv label updates: the EndpointSlices decide
 	st.Providers = map[string]*model.Provider{}
 	for _, ip := range slices.Sorted(maps.Keys(rec.Providers)) {
 		p := rec.Providers[ip]
 		ep := byIP[p.IPAddress]
-		if ep == nil {
+		// Only the endpoint of the very pod the EndpointSlice names, in the Service's own
+		// namespace: a hand-written slice cannot forward to another namespace's pods, to
+		// endpoints attached without the API, or to addresses Contiv does not hold.
+		if ep == nil || ep.K8sPod == "" || ep.K8sPod != p.Container || !strings.HasPrefix(p.Container, namespace+"/") {
 			res.Dropped = append(res.Dropped, p.IPAddress)
 			continue
 		}
 		st.Providers[p.IPAddress+":"+rec.Tenant] = &model.Provider{IPAddress: p.IPAddress, ContainerID: ep.ContainerID,
 			Tenant: rec.Tenant, Network: ep.NetID, Services: []string{rec.ID}, Container: p.Container, EpIDKey: ep.ID}
+	}
+	// A node port outside the range or held by another service is left out (the rest of
+	// the Service still works).
+	st.NodePorts = nil
+	for _, np := range rec.NodePorts {
+		port, _, proto, err := parseNodePort(np)
+		if err != nil {
+			return badReq("nodePorts: %v", err)
+		}
+		if port < NodePortMin || port > NodePortMax {
+			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (outside %d-%d)", np, NodePortMin, NodePortMax))
+			continue
+		}
+		var owner string
+		if found, err := tx.Get(model.NodePortKey(port, proto), &owner); err != nil {
+			return err
+		} else if found && owner != rec.ID {
+			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (used by service %s)", np, owner))
+			continue
+		}
+		st.NodePorts = append(st.NodePorts, np)
 	}
 	old, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(rec.ID))
 	if err != nil {
@@ -129,18 +190,41 @@ func (m *Master) putK8sService(tx *state.Tx, rec model.CfgServiceLBState, res *K
 	}
 	var oldNodePorts []string
 	if found {
+		oldNodePorts = old.NodePorts
+	}
+	if len(rec.Providers) > 0 && len(st.Providers) == 0 {
+		// Every endpoint is outside Contiv (host network, external, another namespace): a
+		// VIP here would only blackhole what something else might serve.
+		res.Skipped = true
+		if found {
+			if err := claimNodePorts(tx, rec.ID, nil, oldNodePorts); err != nil {
+				return err
+			}
+			tx.Delete(model.SvcLBStateKey(rec.ID))
+			tx.Delete(model.ProviderKey(rec.ID))
+		}
+		return nil
+	}
+	if found {
 		a, _ := json.Marshal(old)
 		b, _ := json.Marshal(&st)
 		if bytes.Equal(a, b) {
 			return nil
 		}
-		oldNodePorts = old.NodePorts
 	}
 	if err := claimNodePorts(tx, rec.ID, st.NodePorts, oldNodePorts); err != nil {
 		return err
 	}
 	res.Written = true
 	return putServiceState(tx, &st)
+}
+
+// k8sPrefixOf is the "k8s_" style prefix of a Kubernetes service name (up to its first '_').
+func k8sPrefixOf(name string) string {
+	if i := strings.IndexByte(name, '_'); i >= 0 {
+		return name[:i+1]
+	}
+	return ""
 }
 
 // checkPortTriple checks "svcPort:provPort:PROTO" as validateServiceLB does.

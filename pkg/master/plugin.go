@@ -179,6 +179,10 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if req.K8sPod != "" && !reK8sPod.MatchString(req.K8sPod) {
+		writeErr(w, badReq("K8sPod: %q is not <namespace>/<pod name>", req.K8sPod))
+		return
+	}
 	group := req.ServiceName
 	if group == "" {
 		group = req.ConfigEP.ServiceName
@@ -208,7 +212,7 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			return unproc("NetworkName: network %q does not exist in tenant %q", req.NetworkName, req.TenantName)
 		}
 		ep := model.CfgEndpointState{ID: id, NetID: netID, EndpointID: req.EndpointID, ServiceName: group,
-			HomingHost: req.ConfigEP.Host, ContainerID: req.ConfigEP.Container, EPCommonName: req.EPCommonName}
+			HomingHost: req.ConfigEP.Host, ContainerID: req.ConfigEP.Container, EPCommonName: req.EPCommonName, K8sPod: req.K8sPod}
 		if ep.EndpointID == "" {
 			ep.EndpointID = req.ConfigEP.Container
 		}

@@ -44,6 +44,10 @@ type CreateEndpointRequest struct {
 	EndpointID   string
 	EPCommonName string
 	ConfigEP     ConfigEP
+	// K8sPod is "<namespace>/<name>" of the Kubernetes pod this endpoint serves, set by an
+	// agent that found the pod in the API (this project's extension): Kubernetes Services
+	// accept an endpoint as a backend only for that pod, in the Service's namespace.
+	K8sPod string `json:",omitempty"`
 }
 
 // CreateEndpointResponse answers createEndpoint.

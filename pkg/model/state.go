@@ -137,6 +137,8 @@ type CfgEndpointState struct {
 	Labels           map[string]string `json:"labels"`
 	ContainerID      string            `json:"containerId"`
 	EPCommonName     string            `json:"epCommonName"`
+	// K8sPod: see CreateEndpointRequest.K8sPod.
+	K8sPod string `json:"k8sPod,omitempty"`
 }
 
 // OperEndpointState is /contiv.io/oper/eps/<id>, written by the owning netplugin.

@@ -91,7 +91,7 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		}
 	}
 	var withAPI, withArgs []time.Duration
-	var pods []*sim.Container
+	var pods []*sim.Container // host 1's, attached with the API: they may back Services
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		t0 := time.Now()
 		ct, err := c.AddContainer(ctx, h1, fmt.Sprintf("p%d", i), "", "")
@@ -101,12 +101,10 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		withAPI = append(withAPI, time.Since(t0))
 		pods = append(pods, ct)
 		t0 = time.Now()
-		ct, err = c.AddContainer(ctx, h2, fmt.Sprintf("q%d", i), "default", "kb")
-		if err != nil {
+		if _, err = c.AddContainer(ctx, h2, fmt.Sprintf("q%d", i), "default", "kb"); err != nil {
 			return fmt.Errorf("ADD with CNI args: %w", err)
 		}
 		withArgs = append(withArgs, time.Since(t0))
-		pods = append(pods, ct)
 	}
 	a50, a99 := netbench.Percentile(withAPI, 50), netbench.Percentile(withAPI, 99)
 	b50, b99 := netbench.Percentile(withArgs, 50), netbench.Percentile(withArgs, 99)
@@ -124,11 +122,11 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	ip := func(i int) string { return pods[i].IP.Addr().String() }
+	ep := func(i int) sliceEP { return sliceEP{ip: pods[i].IP.Addr().String(), pod: fmt.Sprintf("p%d", i)} }
 	var lat []time.Duration
 	const changes = 30
 	for i := 0; i < changes && ctx.Err() == nil; i++ {
-		eps := []string{ip(0), ip(1 + i%(len(pods)-1))}
+		eps := []sliceEP{ep(0), ep(1 + i%(len(pods)-1))}
 		t0 := time.Now()
 		if err := putEndpointSlice(ctx, cs, "default", "lat", 80, eps); err != nil {
 			return err
@@ -136,7 +134,7 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		if err := waitServices(ctx, h2, func(svcs []dataplane.Service) bool {
 			for _, s := range svcs {
 				if s.ID == "k8s_default_lat:default" {
-					return len(s.Backends) == 2 && slices.Contains(s.Backends, netip.MustParseAddr(eps[1]))
+					return len(s.Backends) == 2 && slices.Contains(s.Backends, netip.MustParseAddr(eps[1].ip))
 				}
 			}
 			return false
@@ -163,9 +161,9 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{}); err != nil {
 			return err
 		}
-		var eps []string
+		var eps []sliceEP
 		for j := 0; j < per; j++ {
-			eps = append(eps, ip((i*per+j)%len(pods)))
+			eps = append(eps, ep((i*per+j)%len(pods)))
 		}
 		if err := putEndpointSlice(ctx, cs, "default", name, 8080, eps); err != nil {
 			return err
@@ -197,9 +195,12 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	return nil
 }
 
-// putEndpointSlice creates or replaces Service svc's one EndpointSlice: the addresses, ready,
+// sliceEP is one ready endpoint: a pod's address and name.
+type sliceEP struct{ ip, pod string }
+
+// putEndpointSlice creates or replaces Service svc's one EndpointSlice: the pods, ready,
 // with port (unnamed) target.
-func putEndpointSlice(ctx context.Context, cs kubernetes.Interface, ns, svc string, target int32, addrs []string) error {
+func putEndpointSlice(ctx context.Context, cs kubernetes.Interface, ns, svc string, target int32, eps []sliceEP) error {
 	proto := corev1.ProtocolTCP
 	name := ""
 	sl := &discoveryv1.EndpointSlice{
@@ -208,8 +209,9 @@ func putEndpointSlice(ctx context.Context, cs kubernetes.Interface, ns, svc stri
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &target, Protocol: &proto}},
 	}
 	ready := true
-	for _, a := range addrs {
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	for _, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: e.pod}})
 	}
 	old, err := cs.DiscoveryV1().EndpointSlices(ns).Get(ctx, sl.Name, metav1.GetOptions{})
 	if err == nil {

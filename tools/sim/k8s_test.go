@@ -200,8 +200,8 @@ func kubernetesServices(t *testing.T, dp string) {
 	})
 }
 
-// putSlice writes the Service's one EndpointSlice: the pods with their readiness, port
-// "http" = 8080.
+// putSlice writes the Service's one EndpointSlice: the pods (their pod name is the part of
+// the container name after the host's) with their readiness, port "http" = 8080.
 func putSlice(ctx context.Context, t *testing.T, cs kubernetes.Interface, svc string, ready map[*Container]bool) *discoveryv1.EndpointSlice {
 	t.Helper()
 	name, port, proto := "http", int32(8080), corev1.ProtocolTCP
@@ -212,7 +212,9 @@ func putSlice(ctx context.Context, t *testing.T, cs kubernetes.Interface, svc st
 	}
 	for ct, r := range ready {
 		r := r
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{ct.IP.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: &r}})
+		pod := strings.TrimPrefix(ct.Name, ct.Host.Name+"-")
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{ct.IP.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: &r},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: pod}})
 	}
 	old, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, sl.Name, metav1.GetOptions{})
 	if err == nil {
