@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin:$(or $(CONTIVBPF_CACHE)
 
 KUBE_CACHE := $(or $(CONTIVBPF_CACHE),$(HOME)/.cache/contivbpf)/kube-apiserver
 
-.PHONY: all deps build generate test unit bench demo demo-docker clean kube-apiserver-bg
+.PHONY: all deps build generate test unit bench demo demo-docker demo-k8s clean kube-apiserver-bg
 
 all: build
 
@@ -51,6 +51,11 @@ demo: deps build
 
 demo-docker: deps build
 	$(GO) run ./tools/demodocker
+
+# Kubernetes walkthrough: a real kube-apiserver (built on first use), two simulated nodes,
+# pods attached by their labels, a tenant-bound namespace, a Service across both nodes.
+demo-k8s: deps build
+	$(GO) run ./tools/demok8s --dataplane=$(DATAPLANE)
 
 kube-apiserver-bg:
 	@mkdir -p $(KUBE_CACHE) && (./scripts/kube-apiserver.sh > $(KUBE_CACHE)/build.log 2>&1 &)

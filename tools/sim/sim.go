@@ -763,13 +763,24 @@ func (c *Cluster) AddContainer(ctx context.Context, h *Host, name, tenant, netwo
 // in that group with netmaster, and the group's policies apply to it. The group must exist
 // (CreateEndpointGroup).
 func (c *Cluster) AddContainerInGroup(ctx context.Context, h *Host, name, tenant, network, group string) (*Container, error) {
+	return c.attach(ctx, h, "default", name, tenant, network, group)
+}
+
+// AddPod attaches Kubernetes pod namespace/name as a runtime would: the CNI request names
+// only the pod; its node's agent takes tenant, network and group from the pod's labels (the
+// agent must have a Kubernetes API: PluginArgs with --k8s-config).
+func (c *Cluster) AddPod(ctx context.Context, h *Host, namespace, name string) (*Container, error) {
+	return c.attach(ctx, h, namespace, name, "", "", "")
+}
+
+func (c *Cluster) attach(ctx context.Context, h *Host, podNS, name, tenant, network, group string) (*Container, error) {
 	ns := h.Name + "-" + name
 	if err := c.addNS(ctx, ns); err != nil {
 		return nil, err
 	}
 	ct := &Container{Name: ns, Host: h, ID: ns, Network: network, Tenant: tenant, Group: group}
 	resp, err := cniapi.NewClient(h.CNISocket).AddPod(ctx, cniapi.PodRequest{
-		Name: name, Namespace: "default", InfraContainerID: ct.ID, NetNS: NetNSPath(ns), IfName: "eth0",
+		Name: name, Namespace: podNS, InfraContainerID: ct.ID, NetNS: NetNSPath(ns), IfName: "eth0",
 		Tenant: tenant, Network: network, Group: group,
 	})
 	if err != nil {
