@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
@@ -34,40 +32,8 @@ import (
 func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	fmt.Fprintf(w, "\n#### k8s (ebpf): kube-apiserver, netmaster --mode kubernetes, two hosts\n")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var api *k8stest.APIServer
-	defer func() {
-		if api != nil {
-			api.Close()
-		}
-	}()
-	var masterCfg, pluginCfg string
 	c, err := sim.Start(ctx, sim.Config{Prefix: cfg.prefix + "k", Hosts: 2, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet,
-		BeforeMaster: func(ctx context.Context, c *sim.Cluster) error {
-			ns := c.Hosts[0].Name
-			var err error
-			api, err = k8stest.Launch(ctx, k8stest.Options{NetNS: ns, IP: c.Hosts[0].IP.String(),
-				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-					return sim.DialContext(ctx, ns, network, addr)
-				}})
-			if err != nil {
-				return err
-			}
-			if masterCfg, _, err = api.WriteContivConfig(c.WorkDir, k8stest.UserNetmaster); err != nil {
-				return err
-			}
-			pluginCfg, _, err = api.WriteContivConfig(c.WorkDir, k8stest.UserNetplugin)
-			return err
-		},
-		NetmasterArgs: func(c *sim.Cluster) []string {
-			return append(c.DefaultMasterArgs(), "--k8s-config", masterCfg)
-		},
-		PluginArgs: func(c *sim.Cluster, h *sim.Host) []string {
-			if h == c.Hosts[0] {
-				return []string{"--k8s-config", pluginCfg}
-			}
-			return nil // host 2: no API, network from the CNI args
-		},
-	})
+		KubeAPI: true, KubeAPIPlugin: func(c *sim.Cluster, h *sim.Host) bool { return h == c.Hosts[0] }}) // host 2: no API, CNI args
 	if err != nil {
 		return err
 	}
@@ -76,6 +42,7 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 			fmt.Fprintf(w, "cleanup of the k8s cluster: %v\n", err)
 		}
 	}()
+	api := c.KubeAPI
 	if err := c.CreateNetwork(ctx, "default", "kb", "vxlan", "10.106.0.0/16", "10.106.0.1"); err != nil {
 		return err
 	}

@@ -67,33 +67,9 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	if _, err := k8stest.Binary(); err != nil {
 		return err
 	}
-	var api *k8stest.APIServer
-	defer func() {
-		if api != nil {
-			api.Close()
-		}
-	}()
-	var masterCfg, pluginCfg string
 	step("two simulated nodes; the API server in node 1's namespace; netmaster --mode kubernetes; netplugins read pod labels (dataplane %s)", dp)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet,
-		BeforeMaster: func(ctx context.Context, c *sim.Cluster) error {
-			ns := c.Hosts[0].Name
-			var err error
-			api, err = k8stest.Launch(ctx, k8stest.Options{NetNS: ns, IP: c.Hosts[0].IP.String(),
-				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) { return sim.DialContext(ctx, ns, network, addr) }})
-			if err != nil {
-				return err
-			}
-			if masterCfg, _, err = api.WriteContivConfig(c.WorkDir, k8stest.UserNetmaster); err != nil {
-				return err
-			}
-			pluginCfg, _, err = api.WriteContivConfig(c.WorkDir, k8stest.UserNetplugin)
-			return err
-		},
-		NetmasterArgs: func(c *sim.Cluster) []string { return append(c.DefaultMasterArgs(), "--k8s-config", masterCfg) },
-		PluginArgs:    func(c *sim.Cluster, h *sim.Host) []string { return []string{"--k8s-config", pluginCfg} },
-	})
+	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, KubeAPI: true})
 	if err != nil {
 		return err
 	}
@@ -102,6 +78,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 			err = cerr
 		}
 	}()
+	api := c.KubeAPI
 	fmt.Printf("    API server %s, nodes %s (%s) and %s (%s)\n", api.URL, c.Hosts[0].Name, c.Hosts[0].IP, c.Hosts[1].Name, c.Hosts[1].IP)
 	cs := api.Admin
 
@@ -146,7 +123,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 
 	step("Service shop/web (NodePort, port 80 -> named port http) and its EndpointSlice; netmaster's leader writes it as serviceLB state")
 	for _, p := range pods[:2] {
-		if err := serveName(p.ct); err != nil {
+		if err := c.ServeName(p.ct, 8080); err != nil {
 			return err
 		}
 	}
@@ -172,7 +149,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	seen := map[string]int{}
 	deadline := time.Now().Add(30 * time.Second)
 	for len(seen) < 2 || total(seen) < 6 {
-		who, err := ask(ctx, pods[2].ct, net.JoinHostPort(svc.Spec.ClusterIP, "80"))
+		who, err := sim.AskName(ctx, pods[2].ct, net.JoinHostPort(svc.Spec.ClusterIP, "80"))
 		if err == nil {
 			seen[who]++
 			fmt.Printf("    answered by %s\n", who)
@@ -198,7 +175,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		return err
 	}
 	for i := 0; ; i++ {
-		if _, err := ask(ctx, pods[2].ct, net.JoinHostPort(svc.Spec.ClusterIP, "80")); err != nil {
+		if _, err := sim.AskName(ctx, pods[2].ct, net.JoinHostPort(svc.Spec.ClusterIP, "80")); err != nil {
 			fmt.Printf("    %v\n", err)
 			break
 		}
@@ -225,40 +202,4 @@ func indent(s string) string {
 		b.WriteString("    " + l + "\n")
 	}
 	return b.String()
-}
-
-// serveName answers every TCP connection on the pod's :8080 with the pod's name.
-func serveName(ct *sim.Container) error {
-	ln, err := sim.Listen(ct.Name, "tcp4", net.JoinHostPort(ct.IP.Addr().String(), "8080"))
-	if err != nil {
-		return err
-	}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = conn.Write([]byte(strings.TrimPrefix(ct.Name, ct.Host.Name+"-")))
-			conn.Close()
-		}
-	}()
-	return nil
-}
-
-func ask(ctx context.Context, ct *sim.Container, addr string) (string, error) {
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	conn, err := sim.DialContext(dctx, ct.Name, "tcp4", addr)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	buf := make([]byte, 64)
-	n, err := conn.Read(buf)
-	if n > 0 {
-		return string(buf[:n]), nil
-	}
-	return "", err
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -38,22 +37,8 @@ func kubernetesServices(t *testing.T, dp string) {
 	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var api *k8stest.APIServer
-	var masterCfg, pluginCfg string
-	c := startCluster(t, ctx, Config{Hosts: 2, BinDir: bin, Dataplane: dp,
-		BeforeMaster: func(ctx context.Context, c *Cluster) error {
-			ns := c.Hosts[0].Name
-			api = k8stest.StartWith(t, k8stest.Options{NetNS: ns, IP: c.Hosts[0].IP.String(),
-				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-					return DialContext(ctx, ns, network, addr)
-				}})
-			masterCfg, _ = api.ContivConfig(t, k8stest.UserNetmaster)
-			pluginCfg, _ = api.ContivConfig(t, k8stest.UserNetplugin)
-			return nil
-		},
-		NetmasterArgs: func(c *Cluster) []string { return append(c.DefaultMasterArgs(), "--k8s-config", masterCfg) },
-		PluginArgs:    func(c *Cluster, h *Host) []string { return []string{"--k8s-config", pluginCfg} },
-	})
+	c := startCluster(t, ctx, Config{Hosts: 2, BinDir: bin, Dataplane: dp, KubeAPI: true})
+	api := c.KubeAPI
 	if err := c.CreateNetwork(ctx, "default", "kn", "vxlan", "10.105.0.0/24", "10.105.0.1"); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +68,9 @@ func kubernetesServices(t *testing.T, dp string) {
 		t.Fatalf("pod labelled with an unknown network: %v", err)
 	}
 	for _, be := range []*Container{web0, web1} {
-		serveName(t, be, 8080)
+		if err := c.ServeName(be, 8080); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
@@ -111,12 +98,12 @@ func kubernetesServices(t *testing.T, dp string) {
 		})
 	}
 	eventually(t, "ClusterIP reaches both pods", 30*time.Second, func() error {
-		name, err := askName(ctx, client, net.JoinHostPort(vip, "80"))
+		name, err := AskName(ctx, client, net.JoinHostPort(vip, "80"))
 		if err != nil {
 			return err
 		}
 		seen[name] = true
-		if !seen[web0.Name] || !seen[web1.Name] {
+		if !seen["web0"] || !seen["web1"] {
 			return fmt.Errorf("answered by %v so far", seen)
 		}
 		return nil
@@ -136,8 +123,8 @@ func kubernetesServices(t *testing.T, dp string) {
 	})
 	time.Sleep(500 * time.Millisecond) // the agents apply the record
 	for i := 0; i < 6; i++ {
-		name, err := askName(ctx, client, net.JoinHostPort(vip, "80"))
-		if err != nil || name != web1.Name {
+		name, err := AskName(ctx, client, net.JoinHostPort(vip, "80"))
+		if err != nil || name != "web1" {
 			t.Fatalf("after web0 turned not ready: %q %v", name, err)
 		}
 	}
@@ -178,7 +165,7 @@ func kubernetesServices(t *testing.T, dp string) {
 	if r := serviceState(ctx, t, c, "k8s_default_web:default"); len(r.Providers) != 1 {
 		t.Fatalf("unknown endpoint address reached the state: %+v", r.Providers)
 	}
-	if name, err := askName(ctx, client, net.JoinHostPort(vip, "80")); err != nil || name != web1.Name {
+	if name, err := AskName(ctx, client, net.JoinHostPort(vip, "80")); err != nil || name != "web1" {
 		t.Fatalf("Service after bad input: %q %v", name, err)
 	}
 	// Programmed: web and the API server's own "kubernetes" Service (its endpoint, the API
@@ -193,7 +180,7 @@ func kubernetesServices(t *testing.T, dp string) {
 		t.Fatal(err)
 	}
 	eventually(t, "Service deleted", 20*time.Second, func() error {
-		if _, err := askName(ctx, client, net.JoinHostPort(vip, "80")); err == nil {
+		if _, err := AskName(ctx, client, net.JoinHostPort(vip, "80")); err == nil {
 			return fmt.Errorf("the VIP still answers")
 		}
 		return nil
@@ -230,44 +217,6 @@ func putSlice(ctx context.Context, t *testing.T, cs kubernetes.Interface, svc st
 		t.Fatal(err)
 	}
 	return out
-}
-
-// serveName answers every TCP connection on port with the container's name.
-func serveName(t *testing.T, ct *Container, port int) {
-	t.Helper()
-	ln, err := Listen(ct.Name, "tcp4", net.JoinHostPort(ct.IP.Addr().String(), fmt.Sprint(port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = conn.Write([]byte(ct.Name))
-			conn.Close()
-		}
-	}()
-}
-
-// askName connects from ct to addr and reads the answer.
-func askName(ctx context.Context, ct *Container, addr string) (string, error) {
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	conn, err := DialContext(dctx, ct.Name, "tcp4", addr)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	buf := make([]byte, 64)
-	n, err := conn.Read(buf)
-	if n > 0 {
-		return string(buf[:n]), nil
-	}
-	return "", err
 }
 
 // serviceState is netmaster's serviceLB state record id (GET /services), empty if none.

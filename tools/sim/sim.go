@@ -32,6 +32,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
+	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/pki"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
@@ -83,9 +84,12 @@ type Config struct {
 	// link to every host ("bgp", passed as --vlan-if): VLAN networks in routing mode are
 	// then routed natively through it once bgp objects name the hosts and StartFRR ran.
 	BGPRouter bool
-	// BeforeMaster, if set, runs once the hosts' namespaces and the underlay exist and
-	// before netmaster starts (e.g. a kube-apiserver netmaster and netplugins should use).
-	BeforeMaster func(ctx context.Context, c *Cluster) error
+	// KubeAPI runs a real kube-apiserver (pkg/k8s/k8stest, with Debian's etcd) inside the
+	// first host's namespace before netmaster starts: netmaster gets --mode kubernetes
+	// --k8s-config (its leader syncs Services), every netplugin for which KubeAPIPlugin
+	// says so (nil: all) gets --k8s-config (pod labels). Cluster.KubeAPI is the server.
+	KubeAPI       bool
+	KubeAPIPlugin func(c *Cluster, h *Host) bool
 }
 
 // ExternalWorld is the address the external namespace holds for "the Internet"
@@ -135,8 +139,10 @@ type Cluster struct {
 	WorkDir  string
 	PinRoot  string
 	Hosts    []*Host
-	External *External // with Config.External
-	Router   *Router   // with Config.BGPRouter
+	External *External          // with Config.External
+	KubeAPI  *k8stest.APIServer // with Config.KubeAPI
+	kubeConf map[string]string  // contiv.json per identity, with Config.KubeAPI
+	Router   *Router            // with Config.BGPRouter
 	Master   *Process
 	MasterIP netip.Addr
 	log      *slog.Logger
@@ -154,6 +160,7 @@ type Cluster struct {
 	mu         sync.Mutex
 	namespaces []string // created, in creation order
 	containers []*Container
+	listeners  []net.Listener // ServeName's, closed by Close
 	ownWorkDir bool
 }
 
@@ -305,9 +312,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	if cfg.BeforeMaster != nil {
-		if err := cfg.BeforeMaster(ctx, c); err != nil {
-			return nil, fmt.Errorf("sim: before netmaster: %w", err)
+	if cfg.KubeAPI {
+		if err := c.startKubeAPI(ctx); err != nil {
+			return nil, err
 		}
 	}
 	if err := c.startMaster(ctx); err != nil {
@@ -461,6 +468,30 @@ func (c *Cluster) buildExternal(ctx context.Context) error {
 	return nil
 }
 
+// startKubeAPI runs the API server in the first host's namespace and writes the
+// contiv.json files netmaster and netplugins use (Config.KubeAPI).
+func (c *Cluster) startKubeAPI(ctx context.Context) error {
+	ns := c.Hosts[0].Name
+	api, err := k8stest.Launch(ctx, k8stest.Options{NetNS: ns, IP: c.Hosts[0].IP.String(),
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return DialContext(ctx, ns, network, addr)
+		}})
+	if err != nil {
+		return fmt.Errorf("sim: kube-apiserver: %w", err)
+	}
+	c.KubeAPI = api
+	c.kubeConf = map[string]string{}
+	for _, user := range []string{k8stest.UserNetmaster, k8stest.UserNetplugin} {
+		p, _, err := api.WriteContivConfig(c.WorkDir, user)
+		if err != nil {
+			return fmt.Errorf("sim: kube-apiserver config: %w", err)
+		}
+		c.kubeConf[user] = p
+	}
+	c.log.Info("sim: kube-apiserver up", "url", api.URL)
+	return nil
+}
+
 // DefaultMasterArgs is netmaster's command line when Config.NetmasterArgs is not set (a
 // NetmasterArgs function may extend it).
 func (c *Cluster) DefaultMasterArgs() []string {
@@ -470,6 +501,9 @@ func (c *Cluster) DefaultMasterArgs() []string {
 		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--fwdmode", c.cfg.FwdMode, "--netmode", "vxlan", "--mode", "kubernetes",
+	}
+	if c.KubeAPI != nil {
+		args = append(args, "--k8s-config", c.kubeConf[k8stest.UserNetmaster])
 	}
 	if c.cfg.Secure {
 		return append(args, "--tls-cert", c.serverCert[0], "--tls-key", c.serverCert[1], "--auth-tokens", c.tokensFile,
@@ -546,6 +580,9 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 	if c.cfg.Dataplane == "ovs" {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.
 		args = append(args, "--ovs-dir", filepath.Join(c.WorkDir, h.Name, "ovs"))
+	}
+	if c.KubeAPI != nil && (c.cfg.KubeAPIPlugin == nil || c.cfg.KubeAPIPlugin(c, h)) {
+		args = append(args, "--k8s-config", c.kubeConf[k8stest.UserNetplugin])
 	}
 	if c.cfg.PluginArgs != nil {
 		args = append(args, c.cfg.PluginArgs(c, h)...)
@@ -766,6 +803,47 @@ func (c *Cluster) AddContainerInGroup(ctx context.Context, h *Host, name, tenant
 	return c.attach(ctx, h, "default", name, tenant, network, group)
 }
 
+// ServeName answers every TCP connection to the container's address on port with the
+// container's pod name (its name after the host's), until the cluster closes.
+func (c *Cluster) ServeName(ct *Container, port int) error {
+	ln, err := Listen(ct.Name, "tcp4", net.JoinHostPort(ct.IP.Addr().String(), fmt.Sprint(port)))
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.listeners = append(c.listeners, ln)
+	c.mu.Unlock()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = conn.Write([]byte(strings.TrimPrefix(ct.Name, ct.Host.Name+"-")))
+			conn.Close()
+		}
+	}()
+	return nil
+}
+
+// AskName connects from ct to addr (2 s) and returns what the other side wrote first.
+func AskName(ctx context.Context, ct *Container, addr string) (string, error) {
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := DialContext(dctx, ct.Name, "tcp4", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 64)
+	n, err := conn.Read(buf)
+	if n > 0 {
+		return string(buf[:n]), nil
+	}
+	return "", err
+}
+
 // AddPod attaches Kubernetes pod namespace/name as a runtime would: the CNI request names
 // only the pod; its node's agent takes tenant, network and group from the pod's labels (the
 // agent must have a Kubernetes API: PluginArgs with --k8s-config).
@@ -907,6 +985,15 @@ func (c *Cluster) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	if c.KubeAPI != nil {
+		c.KubeAPI.Close()
+	}
+	c.mu.Lock()
+	for _, ln := range c.listeners {
+		ln.Close()
+	}
+	c.listeners = nil
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if c.cfg.Dataplane == "ovs" {
