@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,23 @@ func kubernetesServices(t *testing.T, dp string) {
 	defer cancel()
 	c := startCluster(t, ctx, Config{Hosts: 2, BinDir: bin, Dataplane: dp, KubeAPI: true})
 	api := c.KubeAPI
+	if dp == "ovs" {
+		t.Cleanup(func() {
+			if t.Failed() { // what the bridges and the userspace tunnel state held when it failed
+				for _, h := range c.Hosts {
+					dir := filepath.Join(c.WorkDir, h.Name, "ovs")
+					out, _ := exec.Command("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "unix:"+filepath.Join(dir, "contivbr.mgmt")).CombinedOutput()
+					t.Logf("%s flows:\n%s", h.Name, out)
+					for _, cmd := range []string{"tnl/neigh/show", "ovs/route/show", "tnl/ports/show", "dpctl/dump-flows"} {
+						ac := exec.Command("ovs-appctl", "-t", "ovs-vswitchd", cmd)
+						ac.Env = append(os.Environ(), "OVS_RUNDIR="+dir)
+						out, _ := ac.CombinedOutput()
+						t.Logf("%s %s:\n%s", h.Name, cmd, out)
+					}
+				}
+			}
+		})
+	}
 	if err := c.CreateNetwork(ctx, "default", "kn", "vxlan", "10.105.0.0/24", "10.105.0.1"); err != nil {
 		t.Fatal(err)
 	}
@@ -86,17 +104,12 @@ func kubernetesServices(t *testing.T, dp string) {
 	// controller would (the named target port resolves to 8080 there).
 	putSlice(ctx, t, cs, "web", map[*Container]bool{web0: true, web1: true})
 
+	// The overlay first: the client reaches the pod on the other host directly.
+	eventually(t, "client reaches web0 across hosts", 30*time.Second, func() error {
+		_, err := AskName(ctx, client, net.JoinHostPort(web0.IP.Addr().String(), "8080"))
+		return err
+	})
 	seen := map[string]bool{}
-	if dp == "ovs" {
-		t.Cleanup(func() {
-			if t.Failed() { // what the bridges held when it failed
-				for _, h := range c.Hosts {
-					out, _ := exec.Command("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "unix:"+filepath.Join(c.WorkDir, h.Name, "ovs", "contivbr.mgmt")).CombinedOutput()
-					t.Logf("%s flows:\n%s", h.Name, out)
-				}
-			}
-		})
-	}
 	eventually(t, "ClusterIP reaches both pods", 30*time.Second, func() error {
 		name, err := AskName(ctx, client, net.JoinHostPort(vip, "80"))
 		if err != nil {
