@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -48,8 +47,7 @@ func kubernetesServices(t *testing.T, dp string) {
 					out, _ := exec.Command("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "unix:"+filepath.Join(dir, "contivbr.mgmt")).CombinedOutput()
 					t.Logf("%s flows:\n%s", h.Name, out)
 					for _, cmd := range []string{"tnl/neigh/show", "ovs/route/show", "tnl/ports/show", "dpctl/dump-flows"} {
-						ac := exec.Command("ovs-appctl", "-t", "ovs-vswitchd", cmd)
-						ac.Env = append(os.Environ(), "OVS_RUNDIR="+dir)
+						ac := exec.Command("ovs-appctl", "-t", filepath.Join(dir, "ovs-vswitchd.ctl"), cmd)
 						out, _ := ac.CombinedOutput()
 						t.Logf("%s %s:\n%s", h.Name, cmd, out)
 					}

@@ -283,6 +283,9 @@ func (d *Driver) setupUnderlay(ctx context.Context) error {
 	if err := txOff(ctx, d.host.NetNS, d.wire.wire); err != nil {
 		return fmt.Errorf("ovs: underlay: %w", err)
 	}
+	if err := wireARPQuiet(ctx, d.host.NetNS, d.wire.wire); err != nil {
+		return fmt.Errorf("ovs: underlay: %w", err)
+	}
 	if err := d.db.ensurePort(ctx, d.opts.UnderlayBridge, portSpec{Name: d.wire.wire, OfportRequest: ofportWire}); err != nil {
 		return err
 	}

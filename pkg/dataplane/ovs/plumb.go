@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -50,6 +51,67 @@ func txOff(ctx context.Context, path, ifname string) error {
 		return fmt.Errorf("ethtool -K %s tx off: %w: %s", ifname, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// wireARPQuiet makes the wire's kernel side stop answering ARP for addresses it does not
+// hold (arp_ignore=1, arp_announce=2): once the VTEP address moved onto the underlay
+// bridge, the wire would otherwise still answer for it with its own MAC, and a peer's
+// userspace tunnel neighbour cache that snooped that answer sends VXLAN to a MAC the bridge
+// never hands to its internal port (found by TestKubernetesServices/ovs: ~1 run in 7).
+func wireARPQuiet(ctx context.Context, path, ifname string) error {
+	for _, kv := range []string{"arp_ignore=1", "arp_announce=2"} {
+		args := []string{"-q", "-w", "net/ipv4/conf/" + ifname + "/" + kv}
+		name := "sysctl"
+		if path != "" {
+			args = append([]string{"--net=" + path, "sysctl"}, args...)
+			name = "nsenter"
+		}
+		if out, err := exec.CommandContext(ctx, name, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("sysctl %s of %s: %w: %s", kv, ifname, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// gratuitousARP broadcasts an ARP request for ip from ifname (sender = target = ip) in the
+// namespace at nsPath ("" = this one), twice.
+func gratuitousARP(nsPath, ifname string, ip netip.Addr) error {
+	send := func() error {
+		ifc, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		if len(ifc.HardwareAddr) != 6 {
+			return fmt.Errorf("%s has no Ethernet address", ifname)
+		}
+		proto := uint16(unix.ETH_P_ARP)
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto>>8|proto<<8))
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		bcast := [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+		frame := make([]byte, 0, 42)
+		frame = append(frame, bcast[:6]...)
+		frame = append(frame, ifc.HardwareAddr...)
+		frame = append(frame, 0x08, 0x06)                // ARP
+		frame = append(frame, 0, 1, 0x08, 0, 6, 4, 0, 1) // Ethernet, IPv4, request
+		frame = append(frame, ifc.HardwareAddr...)
+		frame = append(frame, ip.AsSlice()...)
+		frame = append(frame, 0, 0, 0, 0, 0, 0)
+		frame = append(frame, ip.AsSlice()...)
+		sa := &unix.SockaddrLinklayer{Protocol: proto>>8 | proto<<8, Ifindex: ifc.Index, Halen: 6, Addr: bcast}
+		for i := 0; i < 2; i++ {
+			if err := unix.Sendto(fd, frame, 0, sa); err != nil {
+				return fmt.Errorf("send: %w", err)
+			}
+		}
+		return nil
+	}
+	if nsPath == "" {
+		return send()
+	}
+	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return send() })
 }
 
 func randName(prefix string) string {
@@ -276,6 +338,14 @@ func moveAddr(ctx context.Context, hostNS string, addr netlink.Addr, from, to st
 	}
 	if err := h.LinkSetUp(tl); err != nil {
 		return fmt.Errorf("underlay: up %s: %w", to, err)
+	}
+	// Peers (their kernels and their vswitchds' tunnel neighbour caches, which snoop
+	// gratuitous ARP) may hold the wire's MAC for this address from before the move: tell
+	// them the bridge's. Best effort: the caches also refresh on their own, minutes later.
+	if ip, ok := netip.AddrFromSlice(addr.IPNet.IP.To4()); ok {
+		if err := gratuitousARP(hostNS, to, ip); err != nil {
+			return fmt.Errorf("underlay: announce %v on %s: %w", ip, to, err)
+		}
 	}
 	return nil
 }
