@@ -139,14 +139,36 @@ func runMonitor(c *cli.Context) error {
 		return err
 	}
 	lines := make(chan monitorLine, 256)
+	// Open every stream first (each within --timeout, at most 5 s: agents answer the headers
+	// at once), so an unreachable host is reported as down whatever arrives from the others,
+	// then stream the ones that answered.
+	openWait := min(c.Duration("timeout"), 5*time.Second)
+	streams := make([]*http.Response, len(agents))
+	errs := make([]error, len(agents))
+	var open sync.WaitGroup
+	for i, base := range agents {
+		open.Add(1)
+		go func() {
+			defer open.Done()
+			octx, cancel := context.WithTimeout(ctx, openWait)
+			defer cancel()
+			streams[i], errs[i] = openMonitor(octx, ctx, base+"/monitor?"+q.Encode())
+		}()
+	}
+	open.Wait()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	failed := 0
-	for _, base := range agents {
+	for i, base := range agents {
+		if errs[i] != nil {
+			fmt.Fprintf(c.App.ErrWriter, "%s: down: %v\n", base, errs[i])
+			failed++
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := streamMonitor(ctx, base+"/monitor?"+q.Encode(), lines); err != nil && ctx.Err() == nil {
+			if err := readMonitor(ctx, streams[i], lines); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(c.App.ErrWriter, "%s: down: %v\n", base, err)
 				mu.Lock()
 				failed++
@@ -171,6 +193,8 @@ func runMonitor(c *cli.Context) error {
 			break
 		}
 	}
+	stop()
+	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
 	if failed == len(agents) {
@@ -179,22 +203,47 @@ func runMonitor(c *cli.Context) error {
 	return nil
 }
 
-// streamMonitor copies one agent's stream into out until ctx ends or the stream does.
-func streamMonitor(ctx context.Context, u string, out chan<- monitorLine) error {
+// openMonitor connects to one agent's stream: octx bounds the connection and the answer's
+// headers, ctx (the whole monitor's) the stream after them.
+func openMonitor(octx, ctx context.Context, u string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan answer, 1)
 	// No client timeout: the stream is open-ended; ctx ends it.
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		got <- answer{resp, err}
+	}()
+	select {
+	case a := <-got:
+		if a.err != nil {
+			return nil, a.err
+		}
+		if a.resp.StatusCode != http.StatusOK {
+			defer a.resp.Body.Close()
+			b, _ := io.ReadAll(io.LimitReader(a.resp.Body, 4096))
+			return nil, fmt.Errorf("%s: %s", a.resp.Status, strings.TrimSpace(string(b)))
+		}
+		return a.resp, nil
+	case <-octx.Done():
+		go func() { // the request goes on until ctx ends; close what it may still return
+			if a := <-got; a.resp != nil {
+				a.resp.Body.Close()
+			}
+		}()
+		return nil, fmt.Errorf("no answer within the timeout: %w", octx.Err())
 	}
+}
+
+// readMonitor copies one agent's stream into out until ctx ends or the stream does.
+func readMonitor(ctx context.Context, resp *http.Response, out chan<- monitorLine) error {
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
-	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
