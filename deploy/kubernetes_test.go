@@ -18,9 +18,7 @@ import (
 // the binaries with each container's arguments and environment names, so a renamed flag or
 // variable breaks this test rather than a cluster.
 func TestKubernetesManifests(t *testing.T) {
-	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
-		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
-	}
+	k8stest.NeedRoot(t)
 	bin := bins(t)
 	api := k8stest.Start(t)
 	objs := api.DryRun(t, filepath.Join("kubernetes", "contiv.yaml"))

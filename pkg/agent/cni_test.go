@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +16,7 @@ import (
 // TestPodTarget resolves tenant/network/group through netplugin's pod cache against a real
 // kube-apiserver, with the netplugin identity of deploy/kubernetes/rbac.yaml.
 func TestPodTarget(t *testing.T) {
-	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
-		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
-	}
+	k8stest.NeedRoot(t)
 	api := k8stest.Start(t)
 	api.Pod(t, "prod", "web", "n1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web"})
 	api.Pod(t, "prod", "partial", "n1", map[string]string{k8s.LabelNetwork: "net2"})

@@ -135,6 +135,15 @@ type Options struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
+// NeedRoot skips the test when not root (and no API server binary is named by
+// CONTIVBPF_KUBE_APISERVER): CI runs as root, builds the API server and runs the test.
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
+		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
+	}
+}
+
 // Start runs a kube-apiserver on loopback (and an embedded etcd) until the test ends and
 // applies deploy/kubernetes/rbac.yaml.
 func Start(t testing.TB) *APIServer { return StartWith(t, Options{}) }
