@@ -51,7 +51,7 @@ func (m *Master) PutK8sService(ctx context.Context, prefix string, rec model.Cfg
 	}
 	res.Err = m.update(ctx, func(tx *state.Tx) error {
 		res.Dropped, res.NodePortsDropped, res.Skipped, res.Written = nil, nil, false, false
-		return m.putK8sService(tx, rec, &res)
+		return m.putK8sService(tx, prefix, rec, &res)
 	})
 	return res
 }
@@ -96,21 +96,19 @@ func (m *Master) PruneK8sServices(ctx context.Context, prefix string, keep map[s
 	return gone, nil
 }
 
-func (m *Master) putK8sService(tx *state.Tx, rec model.CfgServiceLBState, res *K8sServiceResult) error {
+func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgServiceLBState, res *K8sServiceResult) error {
 	if err := requireTenant(tx, rec.Tenant); err != nil {
 		return err
 	}
-	for _, p := range rec.Ports {
-		if err := checkPortTriple(p); err != nil {
-			return err
-		}
+	if err := validatePorts(rec.Ports); err != nil {
+		return err
 	}
 	vip, err := netip.ParseAddr(rec.IPAddress)
 	if err != nil || !vip.Is4() {
 		return badReq("ipaddress: %q is not an IPv4 address", rec.IPAddress)
 	}
-	// "k8s_<namespace>_<name>": backends must be pods of that namespace.
-	namespace, _, _ := strings.Cut(strings.TrimPrefix(rec.ServiceName, k8sPrefixOf(rec.ServiceName)), "_")
+	// "<prefix><namespace>_<name>": backends must be pods of that namespace.
+	namespace, _, _ := strings.Cut(strings.TrimPrefix(rec.ServiceName, prefix), "_")
 	tenantOf := map[string]string{}
 	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
 	if err != nil {
@@ -217,17 +215,4 @@ func (m *Master) putK8sService(tx *state.Tx, rec model.CfgServiceLBState, res *K
 	}
 	res.Written = true
 	return putServiceState(tx, &st)
-}
-
-// k8sPrefixOf is the "k8s_" style prefix of a Kubernetes service name (up to its first '_').
-func k8sPrefixOf(name string) string {
-	if i := strings.IndexByte(name, '_'); i >= 0 {
-		return name[:i+1]
-	}
-	return ""
-}
-
-// checkPortTriple checks "svcPort:provPort:PROTO" as validateServiceLB does.
-func checkPortTriple(p string) error {
-	return validateServiceLB(&model.ServiceLB{TenantName: "t", NetworkName: "n", ServiceName: "s", Selectors: []string{"k=v"}, Ports: []string{p}})
 }

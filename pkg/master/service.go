@@ -41,23 +41,8 @@ func validateServiceLB(s *model.ServiceLB) error {
 			return badReq("selectors: %q must be key=value", sel)
 		}
 	}
-	if len(s.Ports) == 0 {
-		return badReq("ports: at least one svcPort:provPort:protocol entry is required")
-	}
-	for _, p := range s.Ports {
-		parts := strings.Split(p, ":")
-		if len(parts) != 3 {
-			return badReq("ports: %q must be svcPort:provPort:protocol", p)
-		}
-		for _, n := range parts[:2] {
-			v, err := strconv.Atoi(n)
-			if err != nil || v < 1 || v > 65535 {
-				return badReq("ports: %q has port %q outside 1..65535", p, n)
-			}
-		}
-		if pr := strings.ToUpper(parts[2]); pr != "TCP" && pr != "UDP" {
-			return badReq("ports: %q protocol must be TCP or UDP", p)
-		}
+	if err := validatePorts(s.Ports); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for _, np := range s.NodePorts {
@@ -87,6 +72,30 @@ func validateServiceLB(s *model.ServiceLB) error {
 			return badReq("nodePorts: service port %d/%s already has a node port", svcPort, strings.ToUpper(proto))
 		} else {
 			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// validatePorts checks a service's "svcPort:provPort:protocol" entries (Contiv serviceLBs and
+// the records of Kubernetes Services alike).
+func validatePorts(ports []string) error {
+	if len(ports) == 0 {
+		return badReq("ports: at least one svcPort:provPort:protocol entry is required")
+	}
+	for _, p := range ports {
+		parts := strings.Split(p, ":")
+		if len(parts) != 3 {
+			return badReq("ports: %q must be svcPort:provPort:protocol", p)
+		}
+		for _, n := range parts[:2] {
+			v, err := strconv.Atoi(n)
+			if err != nil || v < 1 || v > 65535 {
+				return badReq("ports: %q has port %q outside 1..65535", p, n)
+			}
+		}
+		if pr := strings.ToUpper(parts[2]); pr != "TCP" && pr != "UDP" {
+			return badReq("ports: %q protocol must be TCP or UDP", p)
 		}
 	}
 	return nil
