@@ -64,6 +64,7 @@ enum cb_reason {
 	CB_DROP_NODEPORT_NO_LOCAL = 68, /* node port: the backend chosen is on another host of a VLAN network */
 	CB_DROP_EGRESS_OVERLAY = 69, /* egress to the overlay's UDP port: would be a tunnel packet from this host's address */
 	CB_DROP_NO_ROUTE = 70,      /* native routing: no BGP-learned route to the destination */
+	CB_DROP_NETPOL = 71,        /* denied by a Kubernetes NetworkPolicy (netpol.h) */
 	CB_REASON_MAX = 96,
 };
 

@@ -123,6 +123,7 @@ enum cb_features {
 	CB_FEAT_ALLOW_EVENTS = 16, /* ... and wants new flows a rule allowed too */
 	CB_FEAT_NODEPORT = 32, /* some service has a node port (nodeport.h) */
 	CB_FEAT_BGP = 64,      /* the host speaks BGP: routing-mode VLAN networks are routed natively (native.h) */
+	CB_FEAT_NETPOL = 128,  /* some pod has a NetworkPolicy entry (netpol.h; set with CB_FEAT_POLICY) */
 };
 
 struct cb_ep_stats {
@@ -268,3 +269,17 @@ CB_INLINE struct cb_endpoint *cb_route_lookup(__u32 net_key, __be32 ip, __u32 *o
 	*out_net = r->net;
 	return bpf_map_lookup_elem(&cb_endpoints, &ek);
 }
+
+/* An address of this host (agent-maintained from the host's address list). */
+struct cb_host_ip {
+	__u32 generation;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __be32);
+	__type(value, struct cb_host_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_host_ips SEC(".maps");

@@ -4,6 +4,7 @@
  * A flow is checked against the egress rules of its source EPG and the ingress rules of
  * its destination EPG; the highest-priority match of both decides; no match allows
  * (Contiv's default). Evaluated once per flow: conntrack passes later packets and replies.
+ * Kubernetes NetworkPolicy is a second layer ANDed with it (netpol.h).
  * Non-first fragments carry no ports: they inherit the verdict of their datagram's first
  * fragment, recorded in cb_frags by (saddr, daddr, IP id, proto). */
 #pragma once
@@ -13,6 +14,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "conntrack.h"
+#include "netpol.h"
 
 #define CB_MAX_RULES 1024
 
@@ -214,6 +216,7 @@ CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_polic
 enum cb_epg_flags {
 	CB_EPG_RULES = 1,
 	CB_EPG_DENY_ALL = 2,
+	CB_EPG_NETPOL = 4, /* cb_track only: the address has a NetworkPolicy entry (netpol.h) */
 };
 
 struct cb_epg_state {
@@ -262,10 +265,11 @@ struct cb_track {
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
 
-/* cb_judge decides the flow of packet f as a connection opening (docs/conntrack.md
- * "Verdicts": a TCP packet is judged as the SYN of its connection), in the packet's own
- * orientation or (reverse=1) in the other one, with the groups and group states of t. */
-static __noinline int cb_judge(const struct cb_flow *f, const struct cb_track *t, int reverse)
+/* cb_judge_groups decides the flow of packet f by the endpoint groups' rules as a
+ * connection opening (docs/conntrack.md "Verdicts": a TCP packet is judged as the SYN of
+ * its connection), in the packet's own orientation or (reverse=1) in the other one, with
+ * the groups and group states of t. 1 allows. */
+static __noinline int cb_judge_groups(const struct cb_flow *f, const struct cb_track *t, int reverse)
 {
 	struct cb_policy *eg = 0, *in = 0;
 	struct cb_flow g = *f;
@@ -291,6 +295,18 @@ static __noinline int cb_judge(const struct cb_flow *f, const struct cb_track *t
 	if (dflags & CB_EPG_RULES)
 		in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
 	return cb_policy_allows(eg, in, &g, src_epg, dst_epg);
+}
+
+/* cb_judge decides a flow opening (see cb_judge_groups): 0 allowed, CB_DROP_POLICY (the
+ * groups' rules) or CB_DROP_NETPOL (the NetworkPolicy layer, netpol.h; only when an
+ * address of the flow has an entry). */
+CB_INLINE int cb_judge(const struct cb_flow *f, const struct cb_track *t, int reverse)
+{
+	if (!cb_judge_groups(f, t, reverse))
+		return CB_DROP_POLICY;
+	if (((t->src_flags | t->dst_flags) & CB_EPG_NETPOL) && !cb_netpol_judge(f, t->zone, reverse))
+		return CB_DROP_NETPOL;
+	return 0;
 }
 
 /* Fragment verdicts: the first fragment of a datagram records whether it passed; later
@@ -386,7 +402,7 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
 }
 
 /* cb_ct_open writes a fresh NEW entry for the packet's own direction. */
-CB_INLINE int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
 {
 	struct cb_ct_entry e = {};
 
@@ -443,7 +459,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	struct cb_ct_entry *e;
 	__u64 now;
 	__u32 epoch;
-	int syn, closing, opener, reply = 0;
+	int syn, closing, opener, reply = 0, r;
 
 	if (!f || !t)
 		return CB_DROP_POLICY;
@@ -462,9 +478,10 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			t->entry = e;
 			return 0;
 		}
-		if (!cb_judge(f, t, 0)) {
+		r = cb_judge(f, t, 0);
+		if (r) {
 			bpf_map_delete_elem(&cb_ct, &k);
-			return CB_DROP_POLICY;
+			return r;
 		}
 		return cb_ct_open(&k, f, t, now);
 	}
@@ -475,9 +492,10 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	}
 	if (e) {
 		if (e->epoch != epoch) {
-			if (!cb_judge(f, t, reply)) {
+			r = cb_judge(f, t, reply);
+			if (r) {
 				bpf_map_delete_elem(&cb_ct, &k);
-				return CB_DROP_POLICY;
+				return r;
 			}
 			e->epoch = epoch;
 		}
@@ -494,8 +512,9 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return 0;
 	}
 	/* No entry: judged as an opening. Only packets that may open a flow create one. */
-	if (!cb_judge(f, t, 0))
-		return CB_DROP_POLICY;
+	r = cb_judge(f, t, 0);
+	if (r)
+		return r;
 	if (f->proto == CB_PROTO_TCP)
 		opener = !closing;
 	else
@@ -509,12 +528,28 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 /* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
  * by the caller). Flows between groups without rules that are not service flows never
  * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
+/* cb_track_flags fills t's group states and NetworkPolicy bits (a function of its own:
+ * its lookup keys stay off the callers' stacks). */
+static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
+{
+	if (!f || !t)
+		return;
+	t->src_flags = cb_epg_flags_of(t->src_epg);
+	t->dst_flags = cb_epg_flags_of(t->dst_epg);
+	/* A client talking to itself through its service is not policy's business. */
+	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin) {
+		if (cb_kpod_of(t->zone, f->saddr))
+			t->src_flags |= CB_EPG_NETPOL;
+		if (cb_kpod_of(t->zone, f->daddr))
+			t->dst_flags |= CB_EPG_NETPOL;
+	}
+}
+
 CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 {
 	int r;
 
-	t->src_flags = cb_epg_flags_of(t->src_epg);
-	t->dst_flags = cb_epg_flags_of(t->dst_epg);
+	cb_track_flags(f, t);
 	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply)
 		return 0;
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */

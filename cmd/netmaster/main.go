@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -317,37 +318,43 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	if cfg.mode == "kubernetes" {
-		svcs, err := k8sServices(cfg, m)
+		svcs, pols, err := k8sSyncers(cfg, m)
 		if err != nil {
 			return err
 		}
 		if svcs != nil {
-			nc.WhileLeader = svcs.Run
+			nc.WhileLeader = func(ctx context.Context) {
+				var wg sync.WaitGroup
+				wg.Go(func() { svcs.Run(ctx) })
+				wg.Go(func() { pols.Run(ctx) })
+				wg.Wait()
+			}
 			nc.Collectors = append(nc.Collectors, svcs.Collectors()...)
+			nc.Collectors = append(nc.Collectors, pols.Collectors()...)
 		}
 	}
 	return cluster.Serve(ctx, nc)
 }
 
-// k8sServices is the Kubernetes Services syncer of --k8s-config (or of the pod's service
-// account when the default file is missing and netmaster runs in a pod), nil when neither
-// is configured. A file named explicitly must exist and parse.
-func k8sServices(cfg config, m *master.Master) (*k8ssync.Services, error) {
+// k8sSyncers are the Kubernetes Services and NetworkPolicy syncers of --k8s-config (or of
+// the pod's service account when the default file is missing and netmaster runs in a
+// pod), nil when neither is configured. A file named explicitly must exist and parse.
+func k8sSyncers(cfg config, m *master.Master) (*k8ssync.Services, *k8ssync.Policies, error) {
 	kc, ok, err := k8s.ResolveConfig(cfg.k8sConfig, cfg.k8sConfigSet)
 	if err != nil {
-		return nil, fmt.Errorf("--k8s-config: %w", err)
+		return nil, nil, fmt.Errorf("--k8s-config: %w", err)
 	}
 	if !ok {
-		slog.Info("kubernetes mode without an API server configured: Services are not synced", "config", cfg.k8sConfig)
-		return nil, nil
+		slog.Info("kubernetes mode without an API server configured: Services and NetworkPolicies are not synced", "config", cfg.k8sConfig)
+		return nil, nil, nil
 	}
 	cs, _, err := k8s.Clientset(kc)
 	if err != nil {
-		return nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
+		return nil, nil, fmt.Errorf("--k8s-config %s: %w", cfg.k8sConfig, err)
 	}
 	klog.SetSlogLogger(slog.Default().With("component", "client-go")) // client-go logs through klog
-	slog.Info("kubernetes mode: the leader syncs Services and EndpointSlices into serviceLB state", "api", kc.APIServer)
-	return k8ssync.NewServices(cs, m, slog.Default()), nil
+	slog.Info("kubernetes mode: the leader syncs Services, EndpointSlices and NetworkPolicies into Contiv state", "api", kc.APIServer)
+	return k8ssync.NewServices(cs, m, slog.Default()), k8ssync.NewPolicies(cs, m, slog.Default()), nil
 }
 
 // securityConfig fills the API's TLS and authentication from the flags.

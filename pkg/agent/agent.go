@@ -83,6 +83,7 @@ var watchPrefixes = []string{
 	model.RuleStatePrefix,
 	model.SvcLBStatePrefix,
 	model.BgpStatePrefix,
+	model.K8sPodPolicyPrefix,
 	"/contiv.io/master/config/",
 	state.ServicePrefix + vxlan.VTEPService + "/",
 	vxlan.HostVTEPPrefix,
@@ -97,6 +98,8 @@ var recordKind = map[string]string{
 	model.SvcLBStatePrefix: "service",
 	model.BgpStatePrefix:   "bgp",
 	vxlan.HostVTEPPrefix:   "host-vtep",
+
+	model.K8sPodPolicyPrefix: "pod-policy",
 }
 
 // Agent is one host's netplugin core.
@@ -370,6 +373,8 @@ func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 		clear(a.rec.svcs)
 	case model.BgpStatePrefix:
 		clear(a.rec.bgp)
+	case model.K8sPodPolicyPrefix:
+		clear(a.rec.podPols)
 	case vxlan.HostVTEPPrefix:
 		clear(a.rec.hostVTEPs)
 	default:
@@ -415,6 +420,8 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		delete(a.rec.svcs, id)
 	case model.BgpStatePrefix:
 		delete(a.rec.bgp, id)
+	case model.K8sPodPolicyPrefix:
+		delete(a.rec.podPols, id)
 	default:
 		if strings.HasPrefix(prefix, state.ServicePrefix) {
 			delete(a.rec.vteps, ev.Key)
@@ -471,6 +478,13 @@ func (a *Agent) put(prefix, key string, val []byte) {
 			a.rec.bgp[id] = v
 		} else {
 			delete(a.rec.bgp, id)
+		}
+	case model.K8sPodPolicyPrefix:
+		var v model.K8sPodPolicy
+		if err = kv.Decode(&v); err == nil {
+			a.rec.podPols[id] = v
+		} else {
+			delete(a.rec.podPols, id)
 		}
 	case "/contiv.io/master/config/":
 		if key != state.GlobalConfigKey {

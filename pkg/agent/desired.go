@@ -35,7 +35,9 @@ type records struct {
 	rules map[string]model.CfgPolicyRule
 	svcs  map[string]model.CfgServiceLBState
 	bgp   map[string]model.CfgBgpState // by host
-	vteps vxlan.Table
+	// podPols: the NetworkPolicy layer, by endpoint id.
+	podPols map[string]model.K8sPodPolicy
+	vteps   vxlan.Table
 	// lastVTEP remembers each host's VTEP after its registration expired (a restarting
 	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
 	lastVTEP map[string]netip.Addr
@@ -57,6 +59,7 @@ func newRecords() *records {
 		rules:       map[string]model.CfgPolicyRule{},
 		svcs:        map[string]model.CfgServiceLBState{},
 		bgp:         map[string]model.CfgBgpState{},
+		podPols:     map[string]model.K8sPodPolicy{},
 		vteps:       vxlan.Table{},
 		lastVTEP:    map[string]netip.Addr{},
 		hostVTEPs:   map[string]netip.Addr{},
@@ -204,6 +207,21 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	}
 	s.Peers = peers(h, r)
 	s.Policies = compilePolicies(r.rules, bad)
+	for id, rec := range r.podPols {
+		e, ok := r.eps[id]
+		if !ok {
+			continue // the endpoint is gone (or not yet known): nothing to isolate
+		}
+		if _, ok := nets[e.NetID]; !ok {
+			continue
+		}
+		pp, err := podPolicyOf(rec, e)
+		if err != nil {
+			// Refused records fail closed: the pod isolated both ways, no rules.
+			bad["pod-policy/"+id] = err
+		}
+		s.PodPolicies = append(s.PodPolicies, pp)
+	}
 	for id, svc := range r.svcs {
 		ds, err := serviceOf(svc)
 		if err != nil {
@@ -348,4 +366,41 @@ func sortState(s *dataplane.State) {
 	sort.Slice(s.RemoteEndpoints, func(i, j int) bool { return s.RemoteEndpoints[i].ID < s.RemoteEndpoints[j].ID })
 	sort.Slice(s.Policies, func(i, j int) bool { return s.Policies[i].EPGID < s.Policies[j].EPGID })
 	sort.Slice(s.Services, func(i, j int) bool { return s.Services[i].ID < s.Services[j].ID })
+	sort.Slice(s.PodPolicies, func(i, j int) bool { return s.PodPolicies[i].ID < s.PodPolicies[j].ID })
+}
+
+// podPolicyOf converts a pod's NetworkPolicy record for its endpoint e (whose address
+// and network are used, not the record's). A record that cannot be used returns an
+// error and a policy that isolates the pod both ways with no rules: never wider.
+func podPolicyOf(rec model.K8sPodPolicy, e model.CfgEndpointState) (dataplane.PodPolicy, error) {
+	ip, _, _, err := epAddrs(e)
+	pp := dataplane.PodPolicy{ID: e.ID, NetworkID: e.NetID, IP: ip, IngressIsolated: true, EgressIsolated: true}
+	if err != nil {
+		return pp, fmt.Errorf("pod policy %s: %w", e.ID, err)
+	}
+	conv := func(dir string, rs []model.K8sPodRule) ([]dataplane.PodRule, error) {
+		out := make([]dataplane.PodRule, 0, len(rs))
+		for i, r := range rs {
+			pfx, err := netip.ParsePrefix(r.Remote)
+			if err != nil {
+				return nil, fmt.Errorf("pod policy %s: %s rule %d: remote %q: %w", e.ID, dir, i, r.Remote, err)
+			}
+			out = append(out, dataplane.PodRule{Remote: pfx.Masked(), Proto: r.Proto, PortMin: r.PortMin, PortMax: r.PortMax})
+		}
+		return out, nil
+	}
+	in, err := conv("ingress", rec.Ingress)
+	if err != nil {
+		return pp, err
+	}
+	eg, err := conv("egress", rec.Egress)
+	if err != nil {
+		return pp, err
+	}
+	good := dataplane.PodPolicy{ID: e.ID, NetworkID: e.NetID, IP: ip,
+		IngressIsolated: rec.IngressIsolated, EgressIsolated: rec.EgressIsolated, Ingress: in, Egress: eg}
+	if err := good.Validate(); err != nil {
+		return pp, err
+	}
+	return good, nil
 }

@@ -218,3 +218,34 @@ func TestComputeValidates(t *testing.T) {
 		t.Errorf("remote endpoints = %+v, local = %+v", s.RemoteEndpoints, s.Endpoints)
 	}
 }
+
+// TestComputePodPolicies: NetworkPolicy records become PodPolicies with the endpoint's own
+// address and network; a record that cannot be used fails the pod closed (isolated both
+// ways, no rules) and is reported; records of unknown endpoints are ignored.
+func TestComputePodPolicies(t *testing.T) {
+	r := newRecords()
+	r.nets["n1.default"] = model.CfgNetworkState{ID: "n1.default", PktTagType: "vxlan", PktTag: 1, ExtPktTag: 7, SubnetIP: "10.1.1.0", SubnetLen: 24, Gateway: "10.1.1.1"}
+	r.eps["n1.default-a"] = model.CfgEndpointState{ID: "n1.default-a", NetID: "n1.default", IPAddress: "10.1.1.2", HomingHost: "h2"}
+	r.eps["n1.default-b"] = model.CfgEndpointState{ID: "n1.default-b", NetID: "n1.default", IPAddress: "10.1.1.3", HomingHost: "h2"}
+	r.podPols["n1.default-a"] = model.K8sPodPolicy{ID: "n1.default-a", Pod: "ns/a", IPAddress: "10.9.9.9", IngressIsolated: true,
+		Ingress: []model.K8sPodRule{{Remote: "10.1.1.0/24", Proto: 6, PortMin: 80, PortMax: 81}}}
+	r.podPols["n1.default-b"] = model.K8sPodPolicy{ID: "n1.default-b", Pod: "ns/b", EgressIsolated: true,
+		Egress: []model.K8sPodRule{{Remote: "not-a-cidr"}}}
+	r.podPols["n1.default-gone"] = model.K8sPodPolicy{ID: "n1.default-gone", Pod: "ns/gone", IngressIsolated: true}
+	s, bad := compute(hostView{host: "h1", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500}, r)
+	if len(s.PodPolicies) != 2 {
+		t.Fatalf("pod policies = %+v", s.PodPolicies)
+	}
+	a, b := s.PodPolicies[0], s.PodPolicies[1]
+	want := dataplane.PodPolicy{ID: "n1.default-a", NetworkID: "n1.default", IP: netip.MustParseAddr("10.1.1.2"), IngressIsolated: true,
+		Ingress: []dataplane.PodRule{{Remote: netip.MustParsePrefix("10.1.1.0/24"), Proto: 6, PortMin: 80, PortMax: 81}}, Egress: []dataplane.PodRule{}}
+	if a.ID != want.ID || a.IP != want.IP || !a.IngressIsolated || a.EgressIsolated || len(a.Ingress) != 1 || a.Ingress[0] != want.Ingress[0] {
+		t.Fatalf("pod policy a = %+v (the endpoint's address, not the record's, must be used)", a)
+	}
+	if !b.IngressIsolated || !b.EgressIsolated || len(b.Ingress)+len(b.Egress) != 0 || b.Validate() != nil {
+		t.Fatalf("bad record: %+v, want isolated both ways with no rules", b)
+	}
+	if err := bad["pod-policy/n1.default-b"]; err == nil || !strings.Contains(err.Error(), "not-a-cidr") {
+		t.Fatalf("bad record not reported: %v", bad)
+	}
+}

@@ -18,6 +18,7 @@ type applied struct {
 	peers map[string]dataplane.Peer
 	pols  map[uint16]dataplane.PolicySet
 	svcs  map[string]dataplane.Service
+	pps   map[string]dataplane.PodPolicy
 }
 
 func appliedFrom(s dataplane.State) applied {
@@ -25,6 +26,7 @@ func appliedFrom(s dataplane.State) applied {
 		nets: map[string]dataplane.Network{}, eps: map[string]dataplane.Endpoint{},
 		reps: map[string]dataplane.RemoteEndpoint{}, peers: map[string]dataplane.Peer{},
 		pols: map[uint16]dataplane.PolicySet{}, svcs: map[string]dataplane.Service{},
+		pps: map[string]dataplane.PodPolicy{},
 	}
 	for _, n := range s.Networks {
 		a.nets[n.ID] = n
@@ -43,6 +45,9 @@ func appliedFrom(s dataplane.State) applied {
 	}
 	for _, v := range s.Services {
 		a.svcs[v.ID] = v
+	}
+	for _, v := range s.PodPolicies {
+		a.pps[v.ID] = v
 	}
 	return a
 }
@@ -68,6 +73,9 @@ func (a *applied) state() dataplane.State {
 	for _, v := range a.svcs {
 		s.Services = append(s.Services, v)
 	}
+	for _, v := range a.pps {
+		s.PodPolicies = append(s.PodPolicies, v)
+	}
 	sortState(&s)
 	return s
 }
@@ -86,6 +94,11 @@ func (a *applied) plan(d dplan, want applied) []op {
 	for id := range a.svcs {
 		if _, ok := want.svcs[id]; !ok {
 			ops = append(ops, op{"service/" + id, func(ctx context.Context) error { return d.DeleteService(ctx, id) }, func() { delete(a.svcs, id) }})
+		}
+	}
+	for id := range a.pps {
+		if _, ok := want.pps[id]; !ok {
+			ops = append(ops, op{"pod-policy/" + id, func(ctx context.Context) error { return d.DeletePodPolicy(ctx, id) }, func() { delete(a.pps, id) }})
 		}
 	}
 	for id := range a.pols {
@@ -143,6 +156,12 @@ func (a *applied) plan(d dplan, want applied) []op {
 			ops = append(ops, op{"service/" + id, func(ctx context.Context) error { return d.UpsertService(ctx, v) }, func() { a.svcs[id] = v }})
 		}
 	}
+	// After the endpoints (a pod's own address is attached first); before nothing.
+	for id, v := range want.pps {
+		if cur, ok := a.pps[id]; !ok || !reflect.DeepEqual(cur, v) {
+			ops = append(ops, op{"pod-policy/" + id, func(ctx context.Context) error { return d.UpsertPodPolicy(ctx, v) }, func() { a.pps[id] = v }})
+		}
+	}
 	return ops
 }
 
@@ -160,6 +179,8 @@ type dplan interface {
 	DeletePolicy(ctx context.Context, epgID uint16) error
 	UpsertService(ctx context.Context, s dataplane.Service) error
 	DeleteService(ctx context.Context, id string) error
+	UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) error
+	DeletePodPolicy(ctx context.Context, id string) error
 }
 
 // reconcile runs one pass: a full Sync until the first one succeeded, then the diff.

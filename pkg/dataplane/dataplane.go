@@ -119,6 +119,66 @@ type PolicySet struct {
 	Rules []PolicyRule `json:"rules"`
 }
 
+// PodRule is one allow rule of a Kubernetes NetworkPolicy, compiled for one pod and one
+// direction: traffic to (egress) or from (ingress) Remote, with protocol Proto and a
+// destination port in PortMin..PortMax. Proto 0 = any protocol (ports must then be 0);
+// PortMin 0 = any port.
+type PodRule struct {
+	Remote  netip.Prefix `json:"remote"` // 0.0.0.0/0 = anywhere
+	Proto   uint8        `json:"proto,omitempty"`
+	PortMin uint16       `json:"portMin,omitempty"`
+	PortMax uint16       `json:"portMax,omitempty"`
+}
+
+// PodPolicy is the Kubernetes NetworkPolicy layer of one pod address (docs/kubernetes.md
+// "NetworkPolicy"). It is evaluated beside the endpoint-group rules, and both must allow a
+// new flow: a pod isolated for a direction accepts only flows one of that direction's
+// rules allows, and a flow between two pods needs the sender's egress and the receiver's
+// ingress. A pod without a PodPolicy is isolated in neither direction.
+type PodPolicy struct {
+	ID        string     `json:"id"` // the pod's Contiv endpoint id
+	NetworkID string     `json:"networkID"`
+	IP        netip.Addr `json:"ip"`
+	// IngressIsolated: some NetworkPolicy selects the pod for ingress (then only Ingress
+	// rules admit new flows to it); EgressIsolated likewise for flows from it.
+	IngressIsolated bool      `json:"ingressIsolated,omitempty"`
+	EgressIsolated  bool      `json:"egressIsolated,omitempty"`
+	Ingress         []PodRule `json:"ingress,omitempty"`
+	Egress          []PodRule `json:"egress,omitempty"`
+}
+
+// MaxPodRules is how many rules one pod may have per direction; a PodPolicy with more is
+// refused (and the pod fails closed in that direction: nothing is widened).
+const MaxPodRules = 1024
+
+// Validate checks what every backend relies on.
+func (p PodPolicy) Validate() error {
+	switch {
+	case p.ID == "":
+		return fmt.Errorf("pod policy: id is empty")
+	case p.NetworkID == "":
+		return fmt.Errorf("pod policy %s: networkID is empty", p.ID)
+	case !p.IP.Is4():
+		return fmt.Errorf("pod policy %s: ip %v is not IPv4", p.ID, p.IP)
+	}
+	for dir, rs := range map[string][]PodRule{"ingress": p.Ingress, "egress": p.Egress} {
+		if len(rs) > MaxPodRules {
+			return fmt.Errorf("pod policy %s: %d %s rules, at most %d", p.ID, len(rs), dir, MaxPodRules)
+		}
+		for i, r := range rs {
+			switch {
+			case !r.Remote.IsValid() || !r.Remote.Addr().Is4() || r.Remote.Masked() != r.Remote:
+				return fmt.Errorf("pod policy %s %s rule %d: remote %v is not a masked IPv4 prefix", p.ID, dir, i, r.Remote)
+			case r.Proto == 0 && (r.PortMin != 0 || r.PortMax != 0):
+				return fmt.Errorf("pod policy %s %s rule %d: ports without a protocol", p.ID, dir, i)
+			case r.PortMin == 0 && r.PortMax != 0, r.PortMax < r.PortMin:
+				return fmt.Errorf("pod policy %s %s rule %d: port range %d-%d", p.ID, dir, i, r.PortMin, r.PortMax)
+			}
+		}
+	}
+	return nil
+}
+
 // ServicePort maps a service port to the port on the providers.
 type ServicePort struct {
 	Proto      uint8  `json:"proto"` // 6 or 17
@@ -195,6 +255,7 @@ type State struct {
 	Peers           []Peer
 	Policies        []PolicySet
 	Services        []Service
+	PodPolicies     []PodPolicy
 }
 
 // HostConfig is what a driver needs to know about its host at start-up.
@@ -248,6 +309,11 @@ type Driver interface {
 	DeletePolicy(ctx context.Context, epgID uint16) error
 	UpsertService(ctx context.Context, s Service) error
 	DeleteService(ctx context.Context, id string) error
+	// UpsertPodPolicy replaces the NetworkPolicy layer of one pod; a policy that fails
+	// Validate or cannot be installed fails closed (the pod isolated in both directions
+	// with no rules) and the error says so.
+	UpsertPodPolicy(ctx context.Context, p PodPolicy) error
+	DeletePodPolicy(ctx context.Context, id string) error
 
 	// Status reports what is programmed, for the inspect API.
 	Status(ctx context.Context) (Status, error)

@@ -155,7 +155,7 @@ func TestRBAC(t *testing.T) {
 	}
 	for user, allowed := range map[string][]string{
 		k8stest.UserNetplugin: {"pods", "namespaces"},
-		k8stest.UserNetmaster: {"namespaces", "services", "endpointslices"},
+		k8stest.UserNetmaster: {"pods", "namespaces", "services", "endpointslices", "networkpolicies"},
 		k8stest.UserNobody:    nil,
 	} {
 		for _, what := range []string{"pods", "namespaces", "services", "endpointslices", "networkpolicies", "secrets", "delete pod"} {

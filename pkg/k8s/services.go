@@ -167,59 +167,76 @@ func deref(s *string) string {
 	return *s
 }
 
-// ServiceWatcher watches Services and EndpointSlices cluster-wide (netmaster's leader runs
-// it) and reports, on every change, the serviceLB records they map to.
-type ServiceWatcher struct {
-	log     *slog.Logger
+// informerSet runs a shared informer factory and reports, coalesced, that something in
+// it changed (the watchers below embed it).
+type informerSet struct {
 	factory informers.SharedInformerFactory
-	svcs    corelisters.ServiceLister
-	slices  discoverylisters.EndpointSliceLister
-	nss     corelisters.NamespaceLister
 	synced  []cache.InformerSynced
 	changed chan struct{} // buffered(1): a pending change
 }
 
-// NewServiceWatcher builds the watcher; Run starts it.
-func NewServiceWatcher(cs kubernetes.Interface, log *slog.Logger) (*ServiceWatcher, error) {
-	f := informers.NewSharedInformerFactory(cs, 0)
-	w := &ServiceWatcher{log: log, factory: f, changed: make(chan struct{}, 1)}
-	si := f.Core().V1().Services()
-	ei := f.Discovery().V1().EndpointSlices()
-	ni := f.Core().V1().Namespaces()
-	w.svcs, w.slices, w.nss = si.Lister(), ei.Lister(), ni.Lister()
-	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.kick() },
-		UpdateFunc: func(any, any) { w.kick() },
-		DeleteFunc: func(any) { w.kick() },
-	}
-	for _, inf := range []cache.SharedIndexInformer{si.Informer(), ei.Informer(), ni.Informer()} {
-		if _, err := inf.AddEventHandler(h); err != nil {
-			return nil, fmt.Errorf("service watcher handler: %w", err)
-		}
-		w.synced = append(w.synced, inf.HasSynced)
-	}
-	return w, nil
+func newInformerSet(cs kubernetes.Interface) *informerSet {
+	return &informerSet{factory: informers.NewSharedInformerFactory(cs, 0), changed: make(chan struct{}, 1)}
 }
 
-func (w *ServiceWatcher) kick() {
+// watch makes every add, update and delete of inf a change, and waits for its first list.
+func (s *informerSet) watch(inf cache.SharedIndexInformer) error {
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.kick() },
+		UpdateFunc: func(any, any) { s.kick() },
+		DeleteFunc: func(any) { s.kick() },
+	}
+	if _, err := inf.AddEventHandler(h); err != nil {
+		return fmt.Errorf("informer handler: %w", err)
+	}
+	s.synced = append(s.synced, inf.HasSynced)
+	return nil
+}
+
+func (s *informerSet) kick() {
 	select {
-	case w.changed <- struct{}{}:
+	case s.changed <- struct{}{}:
 	default:
 	}
 }
 
 // Changed delivers a value after changes (coalesced).
-func (w *ServiceWatcher) Changed() <-chan struct{} { return w.changed }
+func (s *informerSet) Changed() <-chan struct{} { return s.changed }
 
 // Run starts the informers and waits for their first lists; it returns false if ctx
 // ended first. The informers stop with ctx.
-func (w *ServiceWatcher) Run(ctx context.Context) bool {
-	w.factory.Start(ctx.Done())
+func (s *informerSet) Run(ctx context.Context) bool {
+	s.factory.Start(ctx.Done())
 	go func() {
 		<-ctx.Done()
-		w.factory.Shutdown()
+		s.factory.Shutdown()
 	}()
-	return cache.WaitForCacheSync(ctx.Done(), w.synced...)
+	return cache.WaitForCacheSync(ctx.Done(), s.synced...)
+}
+
+// ServiceWatcher watches Services and EndpointSlices cluster-wide (netmaster's leader runs
+// it) and reports, on every change, the serviceLB records they map to.
+type ServiceWatcher struct {
+	*informerSet
+	log    *slog.Logger
+	svcs   corelisters.ServiceLister
+	slices discoverylisters.EndpointSliceLister
+	nss    corelisters.NamespaceLister
+}
+
+// NewServiceWatcher builds the watcher; Run starts it.
+func NewServiceWatcher(cs kubernetes.Interface, log *slog.Logger) (*ServiceWatcher, error) {
+	w := &ServiceWatcher{informerSet: newInformerSet(cs), log: log}
+	si := w.factory.Core().V1().Services()
+	ei := w.factory.Discovery().V1().EndpointSlices()
+	ni := w.factory.Core().V1().Namespaces()
+	w.svcs, w.slices, w.nss = si.Lister(), ei.Lister(), ni.Lister()
+	for _, inf := range []cache.SharedIndexInformer{si.Informer(), ei.Informer(), ni.Informer()} {
+		if err := w.watch(inf); err != nil {
+			return nil, fmt.Errorf("service watcher: %w", err)
+		}
+	}
+	return w, nil
 }
 
 // Records maps every Service now in the cache; warnings are keyed "namespace/name".

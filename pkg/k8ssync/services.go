@@ -1,9 +1,10 @@
 // Package k8ssync is netmaster's leader-side Kubernetes integration: it watches the API
 // server (client-go informers, pkg/k8s) and writes what Kubernetes objects mean into
 // Contiv's state through netmaster (pkg/master), so every agent programs them on either
-// datapath. Today: Services and EndpointSlices → serviceLB state (ClusterIP, node ports,
-// ready endpoints). It owns the loop, its de-duplication, warnings as Kubernetes Events,
-// and its metrics; the mapping itself is pkg/k8s.ServiceRecord.
+// datapath: Services and EndpointSlices → serviceLB state (ClusterIP, node ports, ready
+// endpoints), NetworkPolicies → per-pod NetworkPolicy records. It owns the loops, their
+// de-duplication, warnings as Kubernetes Events, and their metrics; the mappings
+// themselves are pkg/k8s.ServiceRecord and pkg/k8s.CompilePolicies.
 package k8ssync
 
 import (
@@ -175,14 +176,9 @@ func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
 	s.programmed.Set(float64(len(s.applied)))
 	s.failed.Set(float64(len(s.problems)))
 	// Warnings (and refusals): logged and posted as an Event once per distinct text.
-	for _, key := range slices.Sorted(maps.Keys(warns)) {
-		text := strings.Join(warns[key], "; ")
-		if s.notes[key] == text {
-			continue
-		}
-		s.notes[key] = text
+	reportOnce(s.notes, warns, func(key, text string, ws []string) {
 		reason := "ContivServicePartlySupported"
-		for _, wtext := range warns[key] {
+		for _, wtext := range ws {
 			s.warnings.WithLabelValues(warnKind(wtext)).Inc()
 			if strings.HasPrefix(wtext, "not programmed: ") {
 				reason = "ContivServiceRefused"
@@ -191,10 +187,24 @@ func (s *Services) sync(ctx context.Context, w *k8s.ServiceWatcher, full bool) {
 		ns, name, _ := strings.Cut(key, "/")
 		s.log.Warn("kubernetes service not fully programmed", "service", key, "warnings", text)
 		s.event(ctx, ns, name, corev1.EventTypeWarning, reason, text)
+	})
+}
+
+// reportOnce calls report for every object ("namespace/name") whose warnings differ from
+// what notes says was reported last, and forgets objects without warnings now (so the
+// same text comes again if they come back).
+func reportOnce(notes map[string]string, warns map[string][]string, report func(key, text string, ws []string)) {
+	for _, key := range slices.Sorted(maps.Keys(warns)) {
+		text := strings.Join(warns[key], "; ")
+		if notes[key] == text {
+			continue
+		}
+		notes[key] = text
+		report(key, text, warns[key])
 	}
-	for key := range s.notes {
+	for key := range notes {
 		if _, ok := warns[key]; !ok {
-			delete(s.notes, key)
+			delete(notes, key)
 		}
 	}
 }
@@ -229,20 +239,25 @@ func nsName(serviceName string) (string, string) {
 	return ns, name
 }
 
-// event posts a Kubernetes Event on the Service (best effort: RBAC in
+// postEvent posts a Kubernetes Event on an object (best effort: RBAC in
 // deploy/kubernetes/rbac.yaml allows it).
-func (s *Services) event(ctx context.Context, ns, name, typ, reason, msg string) {
+func postEvent(ctx context.Context, cs kubernetes.Interface, log *slog.Logger, ref corev1.ObjectReference, typ, reason, msg string) {
 	now := metav1.Now()
 	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: name + ".", Namespace: ns},
-		InvolvedObject: corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name},
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: ref.Name + ".", Namespace: ref.Namespace},
+		InvolvedObject: ref,
 		Type:           typ, Reason: reason, Message: msg,
 		Source:         corev1.EventSource{Component: "contiv-netmaster"},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 	}
 	ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.cs.CoreV1().Events(ns).Create(ectx, ev, metav1.CreateOptions{}); err != nil {
-		s.log.Debug("post event", "service", ns+"/"+name, "err", err)
+	if _, err := cs.CoreV1().Events(ref.Namespace).Create(ectx, ev, metav1.CreateOptions{}); err != nil {
+		log.Debug("post event", "object", ref.Kind+" "+ref.Namespace+"/"+ref.Name, "err", err)
 	}
+}
+
+// event posts a Kubernetes Event on the Service.
+func (s *Services) event(ctx context.Context, ns, name, typ, reason, msg string) {
+	postEvent(ctx, s.cs, s.log, corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name}, typ, reason, msg)
 }

@@ -116,16 +116,9 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 	}
 	byIP := map[string]*model.CfgEndpointState{}
 	for _, ep := range eps {
-		t, ok := tenantOf[ep.NetID]
-		if !ok {
-			ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(ep.NetID))
-			if err != nil {
-				return err
-			}
-			if found {
-				t = ns.Tenant
-			}
-			tenantOf[ep.NetID] = t
+		t, err := netTenant(tx, tenantOf, ep.NetID)
+		if err != nil {
+			return err
 		}
 		if t == rec.Tenant && byIP[ep.IPAddress] == nil {
 			byIP[ep.IPAddress] = ep

@@ -137,3 +137,42 @@ func TestK8sServices(t *testing.T) {
 		t.Fatalf("record of a deleted tenant kept: %v %v", gone, err)
 	}
 }
+
+// TestK8sPodPolicies: a pod's NetworkPolicy record is written only for that pod's own
+// endpoint and address, unchanged records are not rewritten, and deleting the endpoint
+// deletes its record.
+func TestK8sPodPolicies(t *testing.T) {
+	e := newEnv(t, "routing")
+	ctx := context.Background()
+	e.net("default", "app", "vxlan", "10.21.0.0/24", "10.21.0.1", 0)
+	web := e.podEP("default", "app", "c1", "prod/web-1")
+	eps, err := e.m.K8sPodEndpoints(ctx)
+	if err != nil || eps["prod/web-1"].ID != web.ID || eps["prod/web-1"].IP.String() != web.IPAddress || eps["prod/web-1"].Tenant != "default" {
+		t.Fatalf("pod endpoints %+v %v", eps, err)
+	}
+	rec := model.K8sPodPolicy{ID: web.ID, Pod: "prod/web-1", IPAddress: web.IPAddress, IngressIsolated: true,
+		Ingress: []model.K8sPodRule{{Remote: "10.21.0.0/24"}}}
+	for _, bad := range []model.K8sPodPolicy{
+		{ID: web.ID, Pod: "prod/other", IPAddress: web.IPAddress},    // another pod's name
+		{ID: web.ID, Pod: "prod/web-1", IPAddress: "10.21.0.99"},     // not its address
+		{ID: "app.default-nosuch", Pod: "prod/web-1", IPAddress: "1"}, // no endpoint
+		{ID: web.ID, Pod: "no-slash", IPAddress: web.IPAddress},
+	} {
+		if _, err := e.m.PutK8sPodPolicy(ctx, bad); err == nil {
+			t.Errorf("record %+v accepted", bad)
+		}
+	}
+	if w, err := e.m.PutK8sPodPolicy(ctx, rec); err != nil || !w {
+		t.Fatalf("put: %v %v", w, err)
+	}
+	if w, err := e.m.PutK8sPodPolicy(ctx, rec); err != nil || w {
+		t.Fatalf("unchanged put: written=%v %v", w, err)
+	}
+	if ids, err := e.m.K8sPodPolicyIDs(ctx); err != nil || len(ids) != 1 || ids[0] != web.ID {
+		t.Fatalf("ids %v %v", ids, err)
+	}
+	e.ok("POST", "/plugin/deleteEndpoint", model.DeleteEndpointRequest{TenantName: "default", NetworkName: "app", EndpointID: "c1"}, nil)
+	if ids, err := e.m.K8sPodPolicyIDs(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("after the endpoint was deleted: ids %v %v", ids, err)
+	}
+}

@@ -372,6 +372,7 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 		}
 	}
 	tx.Delete(model.EpStateKey(ep.ID))
+	tx.Delete(model.K8sPodPolicyPrefix + ep.ID) // its NetworkPolicy layer goes with it
 	return nil
 }
 

@@ -21,7 +21,10 @@ const (
 	SvcLBStatePrefix  = "/contiv.io/state/serviceLB/"
 	ProviderPrefix    = "/contiv.io/state/provider/"
 	BgpStatePrefix    = "/contiv.io/state/bgp/"
-	ModelDBPrefix     = "/contiv.io/obj/modeldb/"
+	// K8sPodPolicyPrefix + <endpoint id>: the Kubernetes NetworkPolicy layer of one pod
+	// (this project's extension, written by netmaster's leader; docs/kubernetes.md).
+	K8sPodPolicyPrefix = "/contiv.io/state/k8sPodPolicy/"
+	ModelDBPrefix      = "/contiv.io/obj/modeldb/"
 )
 
 // GlobConfig is /contiv.io/master/config/global; agents wait for fwd-mode and pvt-subnet.
@@ -255,4 +258,29 @@ type CfgBgpState struct {
 	As         string `json:"as"`
 	NeighborAs string `json:"neighbor-as"`
 	Neighbor   string `json:"neighbor"`
+}
+
+// K8sPodPolicy is /contiv.io/state/k8sPodPolicy/<endpoint id>: the NetworkPolicies that
+// select one pod, compiled to allow-lists per direction. A pod without a record is
+// isolated in neither direction. Agents take the address and network from the endpoint's
+// own state record (IPAddress here is for operators).
+type K8sPodPolicy struct {
+	ID              string       `json:"id"`  // the pod's endpoint id
+	Pod             string       `json:"pod"` // <namespace>/<name>
+	IPAddress       string       `json:"ipAddress"`
+	IngressIsolated bool         `json:"ingressIsolated,omitempty"`
+	EgressIsolated  bool         `json:"egressIsolated,omitempty"`
+	Ingress         []K8sPodRule `json:"ingress,omitempty"`
+	Egress          []K8sPodRule `json:"egress,omitempty"`
+	// Policies are the NetworkPolicies (<namespace>/<name>) selecting the pod.
+	Policies []string `json:"policies,omitempty"`
+}
+
+// K8sPodRule is one allow rule: the other end within Remote (a CIDR), protocol Proto
+// (6, 17, 132; 0 = any) and destination ports PortMin..PortMax (0 = any).
+type K8sPodRule struct {
+	Remote  string `json:"remote"`
+	Proto   uint8  `json:"proto,omitempty"`
+	PortMin uint16 `json:"portMin,omitempty"`
+	PortMax uint16 `json:"portMax,omitempty"`
 }

@@ -28,6 +28,7 @@ const (
 // Drop reasons of the model (the datapath's drop reason names).
 const (
 	DropPolicy        = "drop_policy"
+	DropNetpol        = "drop_netpol" // the Kubernetes NetworkPolicy layer
 	DropCTFull        = "drop_ct_full"
 	DropFragNoFirst   = "drop_frag_no_first"
 	DropNoBackend     = "drop_no_backend"
@@ -194,6 +195,7 @@ type Model struct {
 	rules    map[uint16]bool
 	denyAll  map[uint16]bool
 	eps      map[epKey]uint16
+	pods     map[epKey]*dataplane.PodPolicy // the NetworkPolicy layer
 	svcs     map[uint32]ModelService
 	ct       map[FlowKey]ModelEntry
 	frags    map[fragKey]fragRec
@@ -207,6 +209,7 @@ func NewModel(capacity int) *Model {
 		rules:    map[uint16]bool{},
 		denyAll:  map[uint16]bool{},
 		eps:      map[epKey]uint16{},
+		pods:     map[epKey]*dataplane.PodPolicy{},
 		svcs:     map[uint32]ModelService{},
 		ct:       map[FlowKey]ModelEntry{},
 		frags:    map[fragKey]fragRec{},
@@ -407,7 +410,7 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 	fromPeer := k.Src == q.Dst && k.Dst == q.Src
 	fwd, haveFwd := m.flow(q)
 	haveFwd = haveFwd && fromPeer
-	if !(haveFwd && fwd.DNAT) && !m.groupTracked(m.group(k.Zone, k.Src)) && !m.groupTracked(m.group(k.Zone, k.Dst)) {
+	if !(haveFwd && fwd.DNAT) && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) {
 		return ModelResult{Pass: true}
 	}
 	res := ModelResult{Pass: true, Tracked: true}
@@ -423,28 +426,57 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 	if _, ok := m.flow(q.Reverse()); ok && fromPeer {
 		return res
 	}
-	if !m.allows(k) {
-		return ModelResult{Reason: DropPolicy, Tracked: true}
+	if why := m.judge(k); why != "" {
+		return ModelResult{Reason: why, Tracked: true}
 	}
 	return res
 }
 
-// allows is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
-// connection opening, denied when either group is DENY_ALL.
-func (m *Model) allows(k FlowKey) bool {
+// judge is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
+// connection opening, denied when either group is DENY_ALL (DropPolicy); then the
+// NetworkPolicy layer (DropNetpol). "" allows.
+func (m *Model) judge(k FlowKey) string {
 	// A hairpin flow (its key comes from a VIP) is a client talking to itself: not judged.
 	if m.isVIP(k.Zone, k.Src) {
-		return true
+		return ""
 	}
 	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
 	if m.denyAll[sg] || m.denyAll[dg] {
-		return false
+		return DropPolicy
 	}
 	p := Packet{SrcEPG: sg, DstEPG: dg, SrcIP: k.Src, DstIP: k.Dst, Proto: k.Proto, SYN: k.Proto == protoTCP}
 	if k.Proto == protoTCP || k.Proto == protoUDP {
 		p.DstPort = k.Dport
 	}
-	return Decide(m.sets, p).Allowed()
+	if !Decide(m.sets, p).Allowed() {
+		return DropPolicy
+	}
+	if !NetpolAllows(m.pods[epKey{k.Zone, k.Src}], m.pods[epKey{k.Zone, k.Dst}], k.Src, k.Dst, k.Proto, p.DstPort) {
+		return DropNetpol
+	}
+	return ""
+}
+
+// SetPodPolicy sets the NetworkPolicy layer of address p.IP in zone and bumps the epoch.
+func (m *Model) SetPodPolicy(zone uint32, p dataplane.PodPolicy) {
+	m.pods[epKey{zone, p.IP.Unmap()}] = &p
+	m.BumpEpoch()
+}
+
+// DeletePodPolicy forgets the NetworkPolicy layer of ip in zone and bumps the epoch.
+func (m *Model) DeletePodPolicy(zone uint32, ip netip.Addr) {
+	delete(m.pods, epKey{zone, ip.Unmap()})
+	m.BumpEpoch()
+}
+
+// tracked says whether flows from or to ip in zone go through conntrack: its group has
+// rules or is failed closed, or it has a NetworkPolicy entry.
+func (m *Model) tracked(zone uint32, ip netip.Addr) bool {
+	if m.groupTracked(m.group(zone, ip)) {
+		return true
+	}
+	_, ok := m.pods[epKey{zone, ip}]
+	return ok
 }
 
 // Packet runs one packet through the model and updates its state.
@@ -506,10 +538,9 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	if !isSvc && !isReplyFirst && m.isVIP(k.Zone, k.Dst) {
 		return ModelResult{Reason: DropUnknownDst}
 	}
-	sg, dg := m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)
 	rev, replyDNAT := m.flow(k.Reverse())
 	replyDNAT = replyDNAT && rev.DNAT
-	if !isSvc && !replyDNAT && !m.groupTracked(sg) && !m.groupTracked(dg) {
+	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) {
 		return ModelResult{Pass: true}
 	}
 
@@ -569,7 +600,7 @@ func (m *Model) laterFragment(p ModelPacket) ModelResult {
 	if !haveNF && p.FromLocal && m.isVIP(p.Zone, p.Dst) {
 		return ModelResult{Reason: DropFragToService}
 	}
-	if !haveNF && !m.groupTracked(m.group(p.Zone, p.Src)) && !m.groupTracked(m.group(p.Zone, p.Dst)) {
+	if !haveNF && !m.tracked(p.Zone, p.Src) && !m.tracked(p.Zone, p.Dst) {
 		return ModelResult{Pass: true}
 	}
 	r, ok := m.frags[fk]
@@ -611,11 +642,11 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 			m.ct[k] = fwd
 			return true, "", k, true
 		}
-		if !m.allows(k) {
+		if why := m.judge(k); why != "" {
 			if e, ok := m.ct[k]; ok && !e.SVC {
 				delete(m.ct, k)
 			}
-			return false, DropPolicy, k, false
+			return false, why, k, false
 		}
 		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
 		mark(&e)
@@ -633,9 +664,9 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 	}
 	if found {
 		if e.Epoch != m.epoch {
-			if !m.allows(ek) {
+			if why := m.judge(ek); why != "" {
 				delete(m.ct, ek)
-				return false, DropPolicy, ek, false
+				return false, why, ek, false
 			}
 			e.Epoch = m.epoch
 		}
@@ -653,8 +684,8 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		return true, "", ek, true
 	}
 
-	if !m.allows(k) {
-		return false, DropPolicy, k, false
+	if why := m.judge(k); why != "" {
+		return false, why, k, false
 	}
 	if closing || (k.Proto == protoICMP && p.ICMPType != 8) {
 		return true, "", k, false // passes, no entry
@@ -665,4 +696,31 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		return false, DropCTFull, k, false
 	}
 	return true, "", k, true
+}
+
+// NetpolAllows is the NetworkPolicy layer's verdict on a flow opening from src to dst
+// (docs/kubernetes.md "NetworkPolicy"): the sender's egress rules, when it is isolated
+// for egress, must match dst, and the receiver's ingress rules, when it is isolated for
+// ingress, must match src. nil = no entry (isolated in neither direction). dport is 0
+// for packets without ports (a rule with ports never matches them).
+func NetpolAllows(from, to *dataplane.PodPolicy, src, dst netip.Addr, proto uint8, dport uint16) bool {
+	match := func(rs []dataplane.PodRule, remote netip.Addr) bool {
+		for _, r := range rs {
+			if !r.Remote.Contains(remote) || (r.Proto != 0 && r.Proto != proto) {
+				continue
+			}
+			if r.PortMin != 0 && (dport == 0 || dport < r.PortMin || dport > r.PortMax) {
+				continue
+			}
+			return true
+		}
+		return false
+	}
+	if from != nil && from.EgressIsolated && !match(from.Egress, dst) {
+		return false
+	}
+	if to != nil && to.IngressIsolated && !match(to.Ingress, src) {
+		return false
+	}
+	return true
 }

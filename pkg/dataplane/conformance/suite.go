@@ -466,6 +466,80 @@ func Run(t *testing.T, factory Factory) {
 			conn.Close()
 		}
 	})
+	t.Run("networkpolicy", func(t *testing.T) {
+		c := ctx(t)
+		const allowed, other = 8082, 8083
+		for _, port := range []int{allowed, other} {
+			srv, err := StartTCPEchoPort(b1.NS, ip(b1), port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+		}
+		pod := func(ct *Container, p dataplane.PodPolicy) dataplane.PodPolicy {
+			p.ID, p.NetworkID, p.IP = ct.EP.ID, ct.EP.NetworkID, ct.EP.IP
+			return p
+		}
+		set := func(ps ...dataplane.PodPolicy) {
+			t.Helper()
+			for _, h := range []*Host{e.H1, e.H2} {
+				for _, p := range ps {
+					if err := h.Driver.UpsertPodPolicy(c, p); err != nil {
+						t.Fatalf("%s: %v", h.Name, err)
+					}
+				}
+			}
+		}
+		unset := func(cts ...*Container) {
+			t.Helper()
+			for _, h := range []*Host{e.H1, e.H2} {
+				for _, ct := range cts {
+					if err := h.Driver.DeletePodPolicy(c, ct.EP.ID); err != nil {
+						t.Fatalf("%s: %v", h.Name, err)
+					}
+				}
+			}
+		}
+		addr := func(port int) string { return net.JoinHostPort(ip(b1), fmt.Sprint(port)) }
+		dialOK := func(from *Container, port int) {
+			t.Helper()
+			conn, err := DialTCPTimeout(from.NS, addr(port), 3*time.Second)
+			if err != nil {
+				t.Errorf("%s → b1:%d: %v", from.EP.ID, port, err)
+				return
+			}
+			if err := EchoRoundTrip(conn, transfer); err != nil {
+				t.Errorf("%s → b1:%d: %v", from.EP.ID, port, err)
+			}
+			conn.Close()
+		}
+		dialFails := func(from *Container, port int) {
+			t.Helper()
+			if conn, err := DialTCPTimeout(from.NS, addr(port), time.Second); err == nil {
+				conn.Close()
+				t.Errorf("%s → b1:%d: connected, want refused by the NetworkPolicy layer", from.EP.ID, port)
+			}
+		}
+		// b1 (on the other host) admits only a1, only TCP 8082: both sides of every flow
+		// are judged wherever the flow is first seen.
+		set(pod(b1, dataplane.PodPolicy{IngressIsolated: true,
+			Ingress: []dataplane.PodRule{{Remote: netip.PrefixFrom(a1.EP.IP, 32), Proto: 6, PortMin: allowed, PortMax: allowed}}}))
+		dialOK(a1, allowed)
+		dialFails(a1, other)
+		dialFails(a2, allowed)
+		PingFails(t, a1.NS, ip(b1))
+		PingOK(t, b1.NS, ip(a1), 3) // b1 is not isolated for egress, a1 not for ingress
+		// a1 isolated for egress with no rules: it opens nothing; what others open to it
+		// still gets its replies.
+		set(pod(a1, dataplane.PodPolicy{EgressIsolated: true}))
+		dialFails(a1, allowed)
+		PingFails(t, a1.NS, ip(a2))
+		PingOK(t, a2.NS, ip(a1), 3)
+		unset(a1, b1)
+		dialOK(a2, allowed)
+		dialOK(a2, other)
+		PingOK(t, a1.NS, ip(b1), 3)
+	})
 	t.Run("service", func(t *testing.T) {
 		c := ctx(t)
 		const target = 8090

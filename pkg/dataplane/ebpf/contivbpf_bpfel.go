@@ -153,6 +153,7 @@ type contivbpfCbEpgFlags uint32
 const (
 	contivbpfCbEpgFlagsCB_EPG_RULES    contivbpfCbEpgFlags = 1
 	contivbpfCbEpgFlagsCB_EPG_DENY_ALL contivbpfCbEpgFlags = 2
+	contivbpfCbEpgFlagsCB_EPG_NETPOL   contivbpfCbEpgFlags = 4
 )
 
 type contivbpfCbEpgState struct {
@@ -190,6 +191,7 @@ const (
 	contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfCbFeatures = 16
 	contivbpfCbFeaturesCB_FEAT_NODEPORT     contivbpfCbFeatures = 32
 	contivbpfCbFeaturesCB_FEAT_BGP          contivbpfCbFeatures = 64
+	contivbpfCbFeaturesCB_FEAT_NETPOL       contivbpfCbFeatures = 128
 )
 
 type contivbpfCbFragEntry struct {
@@ -244,6 +246,37 @@ type contivbpfCbIface struct {
 	Generation uint32
 	Slot       uint32
 	Vrf        uint32
+}
+
+type contivbpfCbKpod struct {
+	_          structs.HostLayout
+	Flags      uint32
+	InSet      uint32
+	OutSet     uint32
+	Generation uint32
+}
+
+type contivbpfCbKpodKey struct {
+	_    structs.HostLayout
+	Zone uint32
+	Addr uint32
+}
+
+type contivbpfCbKrule struct {
+	_          structs.HostLayout
+	RemoteIp   uint32
+	RemoteMask uint32
+	PortMin    uint16
+	PortMax    uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type contivbpfCbKset struct {
+	_          structs.HostLayout
+	Count      uint32
+	Generation uint32
+	Rules      [1024]contivbpfCbKrule
 }
 
 type contivbpfCbMember struct {
@@ -406,6 +439,7 @@ const (
 	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfCbReason = 68
 	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY     contivbpfCbReason = 69
 	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
+	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -538,6 +572,8 @@ const (
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbHostSvcs         = "cb_host_svcs"
 	contivbpfMapCbIfaces           = "cb_ifaces"
+	contivbpfMapCbKpods            = "cb_kpods"
+	contivbpfMapCbKsets            = "cb_ksets"
 	contivbpfMapCbMembers          = "cb_members"
 	contivbpfMapCbNatFrags         = "cb_nat_frags"
 	contivbpfMapCbNetworks         = "cb_networks"
@@ -640,6 +676,8 @@ type contivbpfMapSpecs struct {
 	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKpods      *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsets      *ebpf.MapSpec `ebpf:"cb_ksets"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
@@ -708,6 +746,8 @@ type contivbpfMaps struct {
 	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
 	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKpods      *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsets      *ebpf.Map `ebpf:"cb_ksets"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
@@ -739,6 +779,8 @@ func (m *contivbpfMaps) Close() error {
 		m.CbHostRoutes,
 		m.CbHostSvcs,
 		m.CbIfaces,
+		m.CbKpods,
+		m.CbKsets,
 		m.CbMembers,
 		m.CbNatFrags,
 		m.CbNetworks,

@@ -151,6 +151,7 @@ type contivbpfv1CbEpgFlags uint32
 const (
 	contivbpfv1CbEpgFlagsCB_EPG_RULES    contivbpfv1CbEpgFlags = 1
 	contivbpfv1CbEpgFlagsCB_EPG_DENY_ALL contivbpfv1CbEpgFlags = 2
+	contivbpfv1CbEpgFlagsCB_EPG_NETPOL   contivbpfv1CbEpgFlags = 4
 )
 
 type contivbpfv1CbEpgState struct {
@@ -188,6 +189,7 @@ const (
 	contivbpfv1CbFeaturesCB_FEAT_ALLOW_EVENTS contivbpfv1CbFeatures = 16
 	contivbpfv1CbFeaturesCB_FEAT_NODEPORT     contivbpfv1CbFeatures = 32
 	contivbpfv1CbFeaturesCB_FEAT_BGP          contivbpfv1CbFeatures = 64
+	contivbpfv1CbFeaturesCB_FEAT_NETPOL       contivbpfv1CbFeatures = 128
 )
 
 type contivbpfv1CbFragEntry struct {
@@ -240,6 +242,35 @@ type contivbpfv1CbIface struct {
 	Mac        [6]uint8
 	Epg        uint16
 	Generation uint32
+}
+
+type contivbpfv1CbKpod struct {
+	_          structs.HostLayout
+	Flags      uint32
+	InSet      uint32
+	OutSet     uint32
+	Generation uint32
+}
+
+type contivbpfv1CbKpodKey struct {
+	_    structs.HostLayout
+	Zone uint32
+	Addr uint32
+}
+
+type contivbpfv1CbKset struct {
+	_          structs.HostLayout
+	Count      uint32
+	Generation uint32
+	Rules      [1024]struct {
+		_          structs.HostLayout
+		RemoteIp   uint32
+		RemoteMask uint32
+		PortMin    uint16
+		PortMax    uint16
+		Proto      uint8
+		Pad        [3]uint8
+	}
 }
 
 type contivbpfv1CbMember struct {
@@ -414,6 +445,7 @@ const (
 	contivbpfv1CbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfv1CbReason = 68
 	contivbpfv1CbReasonCB_DROP_EGRESS_OVERLAY     contivbpfv1CbReason = 69
 	contivbpfv1CbReasonCB_DROP_NO_ROUTE           contivbpfv1CbReason = 70
+	contivbpfv1CbReasonCB_DROP_NETPOL             contivbpfv1CbReason = 71
 	contivbpfv1CbReasonCB_REASON_MAX              contivbpfv1CbReason = 96
 )
 
@@ -532,6 +564,8 @@ const (
 	contivbpfv1MapCbHostRoutes       = "cb_host_routes"
 	contivbpfv1MapCbHostSvcs         = "cb_host_svcs"
 	contivbpfv1MapCbIfaces           = "cb_ifaces"
+	contivbpfv1MapCbKpods            = "cb_kpods"
+	contivbpfv1MapCbKsets            = "cb_ksets"
 	contivbpfv1MapCbMembers          = "cb_members"
 	contivbpfv1MapCbNatFrags         = "cb_nat_frags"
 	contivbpfv1MapCbNetworks         = "cb_networks"
@@ -634,6 +668,8 @@ type contivbpfv1MapSpecs struct {
 	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKpods      *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsets      *ebpf.MapSpec `ebpf:"cb_ksets"`
 	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
@@ -702,6 +738,8 @@ type contivbpfv1Maps struct {
 	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
 	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
 	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKpods      *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsets      *ebpf.Map `ebpf:"cb_ksets"`
 	CbMembers    *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
 	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
@@ -733,6 +771,8 @@ func (m *contivbpfv1Maps) Close() error {
 		m.CbHostRoutes,
 		m.CbHostSvcs,
 		m.CbIfaces,
+		m.CbKpods,
+		m.CbKsets,
 		m.CbMembers,
 		m.CbNatFrags,
 		m.CbNetworks,

@@ -54,6 +54,7 @@ type diffStep struct {
 	on      bool
 	advance time.Duration
 	backend []int
+	pod     *dataplane.PodPolicy // "podpol": the NetworkPolicy layer of endpoint from (nil: none)
 }
 
 func (s diffStep) String() string {
@@ -81,6 +82,11 @@ func (s diffStep) String() string {
 		return fmt.Sprintf("svc backends %v", s.backend)
 	case "delep":
 		return fmt.Sprintf("delete+readd endpoint %d", s.from)
+	case "podpol":
+		if s.pod == nil {
+			return fmt.Sprintf("podpol %d none", s.from)
+		}
+		return fmt.Sprintf("podpol %d in=%v %v out=%v %v", s.from, s.pod.IngressIsolated, s.pod.Ingress, s.pod.EgressIsolated, s.pod.Egress)
 	}
 	return s.kind
 }
@@ -248,6 +254,8 @@ func (g *diffGen) step() diffStep {
 		return diffStep{kind: "svc", backend: be}
 	case n < 16:
 		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
+	case n < 20:
+		return g.podPolicy()
 	}
 	if g.r.IntN(6) == 0 {
 		// The rest of a recent first fragment.
@@ -272,6 +280,47 @@ func (g *diffGen) step() diffStep {
 	s := g.pkt()
 	g.remember(s)
 	return s
+}
+
+// podPolicy gives a random endpoint a random NetworkPolicy layer (or takes it away).
+func (g *diffGen) podPolicy() diffStep {
+	from := g.r.IntN(len(g.eps))
+	if g.r.IntN(4) == 0 {
+		return diffStep{kind: "podpol", from: from}
+	}
+	e := g.eps[from]
+	p := &dataplane.PodPolicy{ID: e.name, NetworkID: "n", IP: e.ip, IngressIsolated: g.r.IntN(2) == 0, EgressIsolated: g.r.IntN(2) == 0}
+	rules := func() []dataplane.PodRule {
+		var rs []dataplane.PodRule
+		for range g.r.IntN(4) {
+			r := dataplane.PodRule{Remote: netip.MustParsePrefix("0.0.0.0/0")}
+			switch g.r.IntN(3) {
+			case 0:
+				r.Remote = netip.PrefixFrom(g.eps[g.r.IntN(len(g.eps))].ip, 32)
+			case 1:
+				r.Remote = netip.MustParsePrefix("10.1.0.0/30")
+			}
+			switch g.r.IntN(4) {
+			case 0:
+				r.Proto = 6
+			case 1:
+				r.Proto = 17
+			case 2:
+				r.Proto = 1
+			}
+			if (r.Proto == 6 || r.Proto == 17) && g.r.IntN(2) == 0 {
+				r.PortMin = g.port()
+				r.PortMax = r.PortMin
+				if g.r.IntN(3) == 0 {
+					r.PortMin, r.PortMax = 80, 8080
+				}
+			}
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	p.Ingress, p.Egress = rules(), rules()
+	return diffStep{kind: "podpol", from: from, pod: p}
 }
 
 // remember keeps the last 8 packets for replies, errors and later fragments.
@@ -367,7 +416,7 @@ func newDiffWorld(t *testing.T) *diffWorld {
 		w.eps[i].active = true
 		w.putEP(i)
 	}
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NETPOL))
 	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: diffZoneA, Vip: ip4(diffVIP)}, &contivbpfCbVip{}))
 	w.setService([]int{1, 2})
 	hp, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
@@ -747,6 +796,15 @@ func (w *diffWorld) apply(s diffStep) string {
 		}
 	case "svc":
 		w.setService(s.backend)
+	case "podpol":
+		e := w.eps[s.from]
+		putKPod(w.t, w.objs, e.zone, e.ip, s.pod)
+		w.bump()
+		if s.pod == nil {
+			w.model.DeletePodPolicy(e.zone, e.ip)
+		} else {
+			w.model.SetPodPolicy(e.zone, *s.pod)
+		}
 	case "delep":
 		// The endpoint goes (its entries flushed) and comes back with the same address.
 		e := w.eps[s.from]

@@ -75,6 +75,11 @@ type Driver struct {
 	ctgcEvery time.Duration
 	services  map[string]svcRec
 	nextSvcID uint32
+	// podPols are the NetworkPolicy layer's pods (netpol.go) by PodPolicy id; ksets its
+	// shared rule sets by content; nextKSetID the last set id handed out.
+	podPols    map[string]*podPolRec
+	ksets      map[string]*kset
+	nextKSetID uint32
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
 	carried  uint32
@@ -189,6 +194,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		ruleIDs:    map[uint16]ruleIDs{},
 		failed:     map[uint16]error{},
 		services:   map[string]svcRec{},
+		podPols:    map[string]*podPolRec{},
+		ksets:      map[string]*kset{},
 		mapFull:    map[string]uint64{},
 		slots:      map[uint32]string{},
 		loadSpec:   loadContivbpf,
@@ -271,6 +278,17 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("ebpf: read services map: %w", err)
+	}
+	// Rule set ids continue above the pinned ones: a set written before the first Sync
+	// never takes an id an old pod entry still points at.
+	var kid uint32
+	var kv contivbpfCbKset
+	kit := d.objs.CbKsets.Iterate()
+	for kit.Next(&kid, &kv) {
+		d.nextKSetID = max(d.nextKSetID, kid)
+	}
+	if err := kit.Err(); err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbKsets, err)
 	}
 	if err := d.ensureVXLAN(); err != nil {
 		return err
@@ -397,6 +415,9 @@ func (d *Driver) writeConfig() error {
 	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.epoch}
 	if len(d.policies) > 0 || len(d.failed) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
+	}
+	if len(d.podPols) > 0 {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY | contivbpfCbFeaturesCB_FEAT_NETPOL)
 	}
 	if len(d.services) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)

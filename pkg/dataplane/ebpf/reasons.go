@@ -61,6 +61,7 @@ const (
 	DropEgressOverlay     = Reason(contivbpfCbReasonCB_DROP_EGRESS_OVERLAY)
 	DropHostNoRoute       = Reason(contivbpfCbReasonCB_DROP_HOST_NO_ROUTE)
 	DropNoRoute           = Reason(contivbpfCbReasonCB_DROP_NO_ROUTE)
+	DropNetpol            = Reason(contivbpfCbReasonCB_DROP_NETPOL)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -119,6 +120,7 @@ var reasonNames = map[Reason]string{
 	DropEgressOverlay:     "drop_egress_overlay",
 	DropHostNoRoute:       "drop_host_no_route",
 	DropNoRoute:           "drop_no_route",
+	DropNetpol:            "drop_netpol",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -112,6 +112,19 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			errs = append(errs, err)
 		}
 	}
+	wantPodPols := map[string]bool{}
+	for _, p := range s.PodPolicies {
+		wantPodPols[p.ID] = true
+		if err := d.upsertPodPolicy(p); err != nil {
+			// Failed closed and reported, like a group's rule set.
+			var perr *PodPolicyError
+			if errors.As(err, &perr) {
+				bad = append(bad, err)
+				continue
+			}
+			errs = append(errs, err)
+		}
+	}
 	wantSvcs := map[string]bool{}
 	for _, sv := range s.Services {
 		wantSvcs[sv.ID] = true
@@ -127,6 +140,13 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, id := range sortedKeys(d.services) {
 		if !wantSvcs[id] {
 			if err := d.deleteService(id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, id := range sortedKeys(d.podPols) {
+		if !wantPodPols[id] {
+			if err := d.deletePodPolicy(id); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -263,6 +283,10 @@ func (d *Driver) sweepMaps() []error {
 
 	errs = append(errs, sweepGen(d.objs.CbPolicies, contivbpfMapCbPolicies, d.gen,
 		func(k *contivbpfCbPolKey, v *contivbpfCbPolicy) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbKpods, contivbpfMapCbKpods, d.gen,
+		func(k *contivbpfCbKpodKey, v *contivbpfCbKpod) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbKsets, contivbpfMapCbKsets, d.gen,
+		func(k *uint32, v *contivbpfCbKset) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbServices, contivbpfMapCbServices, d.gen,
 		func(k *contivbpfCbSvcKey, v *contivbpfCbSvc) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbBackends, contivbpfMapCbBackends, d.gen,

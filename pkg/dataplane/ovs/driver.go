@@ -632,6 +632,12 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, sv := range s.Services {
 		st.services[sv.ID] = sv
 	}
+	for _, pp := range s.PodPolicies {
+		st.podPolicies[pp.ID] = pp
+		if err := pp.Validate(); err != nil {
+			bad = append(bad, fmt.Errorf("pod policy %s: failed closed (all traffic of the pod denied): %w", pp.ID, err))
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return errors.Join(d.apply(ctx, st, true), errors.Join(bad...))
@@ -728,6 +734,24 @@ func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error 
 // DeletePolicy implements dataplane.Driver.
 func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 	return d.update(ctx, func(st *desired) error { delete(st.policies, epgID); return nil })
+}
+
+// UpsertPodPolicy implements dataplane.Driver. An invalid policy is installed failed
+// closed (the pod isolated both ways with no rules) and reported.
+func (d *Driver) UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) error {
+	if p.ID == "" {
+		return errors.New("pod policy: id is empty")
+	}
+	err := d.update(ctx, func(st *desired) error { st.podPolicies[p.ID] = p; return nil })
+	if verr := p.Validate(); verr != nil && err == nil {
+		return fmt.Errorf("pod policy %s: failed closed (all traffic of the pod denied): %w", p.ID, verr)
+	}
+	return err
+}
+
+// DeletePodPolicy implements dataplane.Driver.
+func (d *Driver) DeletePodPolicy(ctx context.Context, id string) error {
+	return d.update(ctx, func(st *desired) error { delete(st.podPolicies, id); return nil })
 }
 
 // UpsertService implements dataplane.Driver.

@@ -28,12 +28,14 @@ const (
 	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
 	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
 	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
+	tNetpolEgress   tableID = 52 // Kubernetes NetworkPolicy: the sender's egress allow-list (netpol.go)
+	tNetpolIngress  tableID = 53 // ... and the receiver's ingress allow-list
 	tCommit         tableID = 55 // commit new allowed connections
 	tL3             tableID = 60 // same-network bridging or routed MAC rewrite + TTL
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -57,6 +59,10 @@ func (t tableID) String() string {
 		return "dst_epg"
 	case tPolicy:
 		return "policy"
+	case tNetpolEgress:
+		return "netpol_egress"
+	case tNetpolIngress:
+		return "netpol_ingress"
 	case tCommit:
 		return "commit"
 	case tL3:
@@ -112,6 +118,8 @@ type desired struct {
 	peers     map[string]dataplane.Peer
 	policies  map[uint16]dataplane.PolicySet
 	services  map[string]dataplane.Service
+	// podPolicies: the NetworkPolicy layer by PodPolicy id.
+	podPolicies map[string]dataplane.PodPolicy
 }
 
 func newDesired() *desired {
@@ -122,6 +130,8 @@ func newDesired() *desired {
 		peers:     map[string]dataplane.Peer{},
 		policies:  map[uint16]dataplane.PolicySet{},
 		services:  map[string]dataplane.Service{},
+
+		podPolicies: map[string]dataplane.PodPolicy{},
 	}
 }
 
@@ -144,6 +154,9 @@ func (d *desired) clone() *desired {
 	}
 	for k, v := range d.services {
 		c.services[k] = v
+	}
+	for k, v := range d.podPolicies {
+		c.podPolicies[k] = v
 	}
 	return c
 }
@@ -244,7 +257,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 	add(pl.newFlow(tServiceBackend, 0))
 	add(pl.newFlow(tSrcEPG, 0).goTo(tDstEPG))
 	add(pl.newFlow(tDstEPG, 0).goTo(tPolicy))
-	add(pl.newFlow(tPolicy, 0).goTo(tCommit))
+	add(pl.newFlow(tPolicy, 0).goTo(tNetpolEgress))
 	add(pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
 	add(pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
 	for _, f := range pl.commitFlows() {
@@ -409,7 +422,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 			}
 			switch r.Action {
 			case dataplane.ActionAllow:
-				f.goTo(tCommit)
+				f.goTo(tNetpolEgress)
 			case dataplane.ActionDeny:
 			default:
 				return nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", ps.EPGID, r.ID, r.Action)
@@ -428,6 +441,11 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 			local[v][e.ip] = true
 		}
 	}
+	npFlows, err := pl.netpolFlows(d, vrf)
+	if err != nil {
+		return nil, err
+	}
+	c.flows = append(c.flows, npFlows...)
 	svcFlows, keys, err := pl.services(d, vrf, ids.svc, local)
 	if err != nil {
 		return nil, err

@@ -26,6 +26,9 @@ func testState() *desired {
 		{ID: "d", Priority: 1, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
 		{ID: "a", Priority: 3, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
 	}}
+	d.podPolicies["e1"] = dataplane.PodPolicy{ID: "e1", NetworkID: vxNet.ID, IP: a, IngressIsolated: true, EgressIsolated: true,
+		Ingress: []dataplane.PodRule{{Remote: netip.MustParsePrefix("10.1.0.8/30"), Proto: 6, PortMin: 8000, PortMax: 8009}},
+		Egress:  []dataplane.PodRule{{Remote: netip.MustParsePrefix("0.0.0.0/0"), Proto: 17, PortMin: 53, PortMax: 53}, {Remote: netip.MustParsePrefix("10.1.0.9/32")}}}
 	d.services["s:default"] = dataplane.Service{ID: "s:default", VIP: netip.MustParseAddr("10.9.0.1"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{a, b}}
 	return d
@@ -56,7 +59,16 @@ func TestCompile(t *testing.T) {
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:09 actions=set_field:5000->tun_id,set_field:192.168.1.2->tun_dst,output:1",
 		"table=output,priority=100,reg0=5000,dl_dst=02:02:0a:01:00:01 actions=output:100",
 		"table=policy,priority=103,dl_type=0x0800,reg1=7,nw_proto=6 actions=drop",
-		"table=policy,priority=106,dl_type=0x0800,reg1=7,reg2=8,nw_proto=6,tp_dst=80 actions=goto_table:commit",
+		"table=policy,priority=106,dl_type=0x0800,reg1=7,reg2=8,nw_proto=6,tp_dst=80 actions=goto_table:netpol_egress",
+		"table=policy,priority=0, actions=goto_table:netpol_egress",
+		"table=netpol_egress,priority=0, actions=goto_table:netpol_ingress",
+		"table=netpol_ingress,priority=0, actions=goto_table:commit",
+		"table=netpol_egress,priority=10,dl_type=0x0800,reg3=1,nw_src=10.1.0.1 actions=drop",
+		"table=netpol_egress,priority=20,dl_type=0x0800,reg3=1,nw_src=10.1.0.1,nw_proto=17,tp_dst=53 actions=goto_table:netpol_ingress",
+		"table=netpol_egress,priority=20,dl_type=0x0800,reg3=1,nw_src=10.1.0.1,nw_dst=10.1.0.9 actions=goto_table:netpol_ingress",
+		"table=netpol_ingress,priority=10,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1 actions=drop",
+		"table=netpol_ingress,priority=20,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1,nw_src=10.1.0.8/30,nw_proto=6,tp_dst=0x1f40/0xfff8 actions=goto_table:commit",
+		"table=netpol_ingress,priority=20,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1,nw_src=10.1.0.8/30,nw_proto=6,tp_dst=0x1f48/0xfffe actions=goto_table:commit",
 		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],ct(commit,table=src_epg,zone=reg3[0..15],nat(dst=10.1.0.9:8080))",
 		"table=src_epg,priority=100,reg4[0..0]=1,reg3=1,dl_type=0x0800,nw_src=10.1.0.9 actions=load:8->reg1,goto_table:dst_epg",
 	} {
@@ -155,6 +167,28 @@ func TestEncodingDecodes(t *testing.T) {
 		out, err := exec.Command("ovs-ofctl", "ofp-print", hex.EncodeToString(b)).CombinedOutput()
 		if err != nil || strings.Contains(string(out), "decode error") || strings.Contains(string(out), "WARN") {
 			t.Errorf("message %d does not decode: %v\n%s", i, err, out)
+		}
+	}
+}
+
+func TestPortMasks(t *testing.T) {
+	for _, c := range []struct{ lo, hi uint16 }{{1, 65535}, {80, 80}, {8000, 8009}, {0, 0}, {65535, 65535}, {1000, 2000}, {32768, 65535}} {
+		covered := map[uint16]int{}
+		for _, m := range portMasks(c.lo, c.hi) {
+			for p := uint32(0); p <= 65535; p++ {
+				if uint16(p)&m[1] == m[0] {
+					covered[uint16(p)]++
+				}
+			}
+		}
+		for p := uint32(0); p <= 65535; p++ {
+			want := 0
+			if uint16(p) >= c.lo && uint16(p) <= c.hi {
+				want = 1
+			}
+			if covered[uint16(p)] != want {
+				t.Fatalf("%d-%d: port %d covered %d times", c.lo, c.hi, p, covered[uint16(p)])
+			}
 		}
 	}
 }
