@@ -153,8 +153,8 @@ func TestK8sPodPolicies(t *testing.T) {
 	rec := model.K8sPodPolicy{ID: web.ID, Pod: "prod/web-1", IPAddress: web.IPAddress, IngressIsolated: true,
 		Ingress: []model.K8sPodRule{{Remote: "10.21.0.0/24"}}}
 	for _, bad := range []model.K8sPodPolicy{
-		{ID: web.ID, Pod: "prod/other", IPAddress: web.IPAddress},    // another pod's name
-		{ID: web.ID, Pod: "prod/web-1", IPAddress: "10.21.0.99"},     // not its address
+		{ID: web.ID, Pod: "prod/other", IPAddress: web.IPAddress},     // another pod's name
+		{ID: web.ID, Pod: "prod/web-1", IPAddress: "10.21.0.99"},      // not its address
 		{ID: "app.default-nosuch", Pod: "prod/web-1", IPAddress: "1"}, // no endpoint
 		{ID: web.ID, Pod: "no-slash", IPAddress: web.IPAddress},
 	} {
