@@ -140,7 +140,9 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		    p.frag == CB_FRAG_NONE) {
 			/* The network's DNS server is its gateway: the agent's responder answers
 			 * (from the gateway's address, on the veth it asked on). Policy first: a
-			 * group that may not send anywhere does not get a DNS channel out either. */
+			 * group that may not send anywhere does not get a DNS channel out either.
+			 * (NetworkPolicy treats it as the node's: the responder runs there.) */
+			t.node = 1;
 			r = cb_stateful(&f, &t);
 			if (!r)
 				r = cb_nat(skb, &p, &f, 1, cfg->dns_ip, f.dport);
@@ -185,6 +187,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		hr = bpf_map_lookup_elem(&cb_host_routes, &f.saddr);
 		if (!hr || hr->ifindex != skb->ifindex)
 			return cb_drop(skb, CB_DROP_HOST_NO_ROUTE);
+		t.node = 1;
 		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);

@@ -269,17 +269,3 @@ CB_INLINE struct cb_endpoint *cb_route_lookup(__u32 net_key, __be32 ip, __u32 *o
 	*out_net = r->net;
 	return bpf_map_lookup_elem(&cb_endpoints, &ek);
 }
-
-/* An address of this host (agent-maintained from the host's address list). */
-struct cb_host_ip {
-	__u32 generation;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __be32);
-	__type(value, struct cb_host_ip);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cb_host_ips SEC(".maps");

@@ -22,6 +22,20 @@
 #include "policy.h"
 #include "lb.h"
 
+/* An address of this host (agent-maintained from the host's address list). */
+struct cb_host_ip {
+	__u32 generation;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __be32);
+	__type(value, struct cb_host_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_host_ips SEC(".maps");
+
 /* An endpoint address the host's routing table points at a local veth (host → endpoint).
  * Packets arriving on the egress device for such an address are never passed on to the
  * host's stack (it would forward them around policy when ip_forward is on). */

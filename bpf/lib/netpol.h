@@ -10,7 +10,6 @@
 
 #include "common.h"
 #include "parse.h"
-#include "maps.h"
 
 #define CB_MAX_KRULES 1024
 
@@ -136,10 +135,6 @@ static __noinline int cb_netpol_judge(const struct cb_flow *f, __u32 zone, int r
 	daddr = reverse ? f->saddr : f->daddr;
 	if (f->has_ports)
 		dport = bpf_ntohs(reverse ? f->sport : f->dport);
-	/* Traffic between a pod and its own node is always allowed (as Kubernetes has it:
-	 * probes, the kubelet). */
-	if (bpf_map_lookup_elem(&cb_host_ips, &saddr) || bpf_map_lookup_elem(&cb_host_ips, &daddr))
-		return 1;
 	p = cb_kpod_of(zone, saddr);
 	if (p && (p->flags & CB_KPOD_OUT_ISOLATED) && !cb_kset_allows(p->out_set, daddr, f->proto, dport))
 		return 0;

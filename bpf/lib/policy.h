@@ -259,7 +259,8 @@ struct cb_track {
 	__be16 ip_id;
 	__u32 client_net;
 	__be16 nodeport;  /* svc from outside through this host's node port (0: none) */
-	__u16 pad;
+	__u8 node;        /* a local endpoint's packet to this host's stack (fwd_host, fwd_dns) */
+	__u8 pad;
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
@@ -536,8 +537,9 @@ static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *
 		return;
 	t->src_flags = cb_epg_flags_of(t->src_epg);
 	t->dst_flags = cb_epg_flags_of(t->dst_epg);
-	/* A client talking to itself through its service is not policy's business. */
-	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin) {
+	/* A client talking to itself through its service is not policy's business; nor, for
+	 * NetworkPolicy, is a pod talking with its own node (Kubernetes always allows it). */
+	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin && !t->node) {
 		if (cb_kpod_of(t->zone, f->saddr))
 			t->src_flags |= CB_EPG_NETPOL;
 		if (cb_kpod_of(t->zone, f->daddr))

@@ -481,11 +481,12 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		}
 	case model.K8sPodPolicyPrefix:
 		var v model.K8sPodPolicy
-		if err = kv.Decode(&v); err == nil {
-			a.rec.podPols[id] = v
-		} else {
-			delete(a.rec.podPols, id)
+		if err = kv.Decode(&v); err != nil {
+			// Unreadable: the pod stays isolated both ways with no rules (never opened
+			// by a record it cannot read), and the record is reported.
+			v = model.K8sPodPolicy{ID: id, IngressIsolated: true, EgressIsolated: true}
 		}
+		a.rec.podPols[id] = v
 	case "/contiv.io/master/config/":
 		if key != state.GlobalConfigKey {
 			return

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -247,5 +249,22 @@ func TestComputePodPolicies(t *testing.T) {
 	}
 	if err := bad["pod-policy/n1.default-b"]; err == nil || !strings.Contains(err.Error(), "not-a-cidr") {
 		t.Fatalf("bad record not reported: %v", bad)
+	}
+}
+
+// TestUndecodablePodPolicyFailsClosed: a NetworkPolicy record the agent cannot read
+// isolates its pod both ways with no rules (it never opens it) and is reported.
+func TestUndecodablePodPolicyFailsClosed(t *testing.T) {
+	a := &Agent{rec: newRecords(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	a.rec.nets["n1.default"] = model.CfgNetworkState{ID: "n1.default", PktTagType: "vxlan", PktTag: 1, ExtPktTag: 7, SubnetIP: "10.1.1.0", SubnetLen: 24}
+	a.rec.eps["n1.default-a"] = model.CfgEndpointState{ID: "n1.default-a", NetID: "n1.default", IPAddress: "10.1.1.2", HomingHost: "h2"}
+	a.put(model.K8sPodPolicyPrefix, model.K8sPodPolicyPrefix+"n1.default-a", []byte("{not json"))
+	s, bad := compute(hostView{host: "h1", uplinkMTU: 1500}, a.rec)
+	if len(s.PodPolicies) != 1 || !s.PodPolicies[0].IngressIsolated || !s.PodPolicies[0].EgressIsolated ||
+		len(s.PodPolicies[0].Ingress)+len(s.PodPolicies[0].Egress) != 0 {
+		t.Fatalf("pod policies %+v, want one isolated both ways with no rules", s.PodPolicies)
+	}
+	if bad["pod-policy/n1.default-a"] == nil {
+		t.Fatalf("undecodable record not reported: %v", bad)
 	}
 }

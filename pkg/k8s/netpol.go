@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -106,12 +107,17 @@ func CompilePolicies(pols []*networkingv1.NetworkPolicy, pods []PolicyPod, nsLab
 		}
 	}
 	for id, rec := range out {
-		rec.Ingress, rec.Egress = dedupeRules(rec.Ingress), dedupeRules(rec.Egress)
-		for dir, n := range map[string]int{"ingress": len(rec.Ingress), "egress": len(rec.Egress)} {
-			if n > dataplane.MaxPodRules {
-				// Too many to install: the agents fail the pod closed (refused record).
+		rec.Ingress, rec.Egress = aggregateRules(rec.Ingress), aggregateRules(rec.Egress)
+		for _, dir := range []struct {
+			name  string
+			rules *[]model.K8sPodRule
+		}{{"ingress", &rec.Ingress}, {"egress", &rec.Egress}} {
+			if n := len(*dir.rules); n > dataplane.MaxPodRules {
+				// Too many to install even after merging prefixes: that direction admits
+				// nothing (the other keeps its rules).
+				*dir.rules = nil
 				for _, p := range rec.Policies {
-					warn[p] = append(warn[p], fmt.Sprintf("pod %s: %d %s rules, at most %d: the pod is isolated with no rules", rec.Pod, n, dir, dataplane.MaxPodRules))
+					warn[p] = append(warn[p], fmt.Sprintf("pod %s: %d %s rules after merging prefixes, at most %d: its %s admits nothing", rec.Pod, n, dir.name, dataplane.MaxPodRules, dir.name))
 				}
 			}
 		}
@@ -156,7 +162,7 @@ func compileRule(pol *networkingv1.NetworkPolicy, where string, peers []networki
 	}
 	var out []model.K8sPodRule
 	for _, t := range targets {
-		if t.pod != nil && t.pod.Tenant != self.Tenant {
+		if t.pod != nil && (t.pod.Tenant != self.Tenant || self.Tenant == "") {
 			note(pol, "%s: pod %s is in tenant %q, %s in %q: tenants never reach each other, no rule", where, t.pod.Key(), t.pod.Tenant, self.Key(), self.Tenant)
 			continue
 		}
@@ -179,6 +185,12 @@ func compileRule(pol *networkingv1.NetworkPolicy, where string, peers []networki
 				dst := &self
 				if !ingress {
 					dst = t.pod
+				}
+				if dst == nil && len(peers) == 0 {
+					// Egress to anywhere on a named port: to every pod of the tenant
+					// that has a port of that name, on its number.
+					out = append(out, namedPortAnywhere(self, p.Port.StrVal, p.Protocol, proto, byNS)...)
+					continue
 				}
 				if dst == nil {
 					note(pol, "%s.ports[%d]: named port %q towards an ipBlock: no rule", where, j, p.Port.StrVal)
@@ -329,6 +341,23 @@ func protoNumber(p *corev1.Protocol) (uint8, bool) {
 	return 0, false
 }
 
+// namedPortAnywhere is an egress rule per pod of self's tenant that has a port name
+// (with protocol proto), to that pod's /32 on its number.
+func namedPortAnywhere(self PolicyPod, name string, p *corev1.Protocol, proto uint8, byNS map[string][]PolicyPod) []model.K8sPodRule {
+	var out []model.K8sPodRule
+	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
+		for _, pod := range byNS[ns] {
+			if pod.EndpointID == "" || !pod.IP.Is4() || pod.Tenant != self.Tenant || self.Tenant == "" {
+				continue
+			}
+			if n, ok := namedPort(pod, name, p); ok {
+				out = append(out, model.K8sPodRule{Remote: netip.PrefixFrom(pod.IP, 32).String(), Proto: proto, PortMin: n, PortMax: n})
+			}
+		}
+	}
+	return out
+}
+
 // namedPort finds a container port by name (and protocol) in pod.
 func namedPort(pod PolicyPod, name string, proto *corev1.Protocol) (uint16, bool) {
 	want := corev1.ProtocolTCP
@@ -347,18 +376,68 @@ func namedPort(pod PolicyPod, name string, proto *corev1.Protocol) (uint16, bool
 	return 0, false
 }
 
-// dedupeRules drops repeated rules, keeping the first occurrence's order.
-func dedupeRules(rs []model.K8sPodRule) []model.K8sPodRule {
-	seen := map[model.K8sPodRule]bool{}
-	out := rs[:0]
+// aggregateRules merges the remote prefixes of rules with the same protocol and ports
+// (repeated and covered prefixes dropped, sibling prefixes joined: a namespace's pods with
+// consecutive addresses become a few rules), groups in order of first appearance.
+func aggregateRules(rs []model.K8sPodRule) []model.K8sPodRule {
+	type portKey struct {
+		proto    uint8
+		min, max uint16
+	}
+	var order []portKey
+	groups := map[portKey][]netip.Prefix{}
 	for _, r := range rs {
-		if !seen[r] {
-			seen[r] = true
-			out = append(out, r)
+		k := portKey{r.Proto, r.PortMin, r.PortMax}
+		p, err := netip.ParsePrefix(r.Remote)
+		if err != nil {
+			continue // compiled here: never happens
+		}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], p.Masked())
+	}
+	var out []model.K8sPodRule
+	for _, k := range order {
+		for _, p := range aggregatePrefixes(groups[k]) {
+			out = append(out, model.K8sPodRule{Remote: p.String(), Proto: k.proto, PortMin: k.min, PortMax: k.max})
 		}
 	}
-	if len(out) == 0 {
-		return nil
+	return out
+}
+
+// aggregatePrefixes returns the smallest sorted set of IPv4 prefixes covering exactly ps.
+func aggregatePrefixes(ps []netip.Prefix) []netip.Prefix {
+	sorted := slices.Clone(ps)
+	slices.SortFunc(sorted, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	var out []netip.Prefix
+	for _, p := range sorted {
+		if n := len(out); n > 0 && out[n-1].Bits() <= p.Bits() && out[n-1].Contains(p.Addr()) {
+			continue // covered by the previous one
+		}
+		out = append(out, p)
+	}
+	for merged := true; merged; {
+		merged = false
+		next := out[:0:0]
+		for i := 0; i < len(out); i++ {
+			if i+1 < len(out) && out[i].Bits() == out[i+1].Bits() && out[i].Bits() > 0 {
+				parent := netip.PrefixFrom(out[i].Addr(), out[i].Bits()-1).Masked()
+				if parent.Contains(out[i+1].Addr()) {
+					next = append(next, parent)
+					i++
+					merged = true
+					continue
+				}
+			}
+			next = append(next, out[i])
+		}
+		out = next
 	}
 	return out
 }

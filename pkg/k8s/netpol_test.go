@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -156,5 +157,87 @@ func TestIPBlockExcept(t *testing.T) {
 	}
 	if len(got) != 23 {
 		t.Errorf("%d prefixes, want 23 (10.0.0.0/9 split around a /32: one per prefix length /10../32)", len(got))
+	}
+}
+
+// TestAggregatePrefixes: the merged set covers exactly the addresses of the input.
+func TestAggregatePrefixes(t *testing.T) {
+	var in []netip.Prefix
+	want := map[netip.Addr]bool{}
+	for i := 0; i < 256; i++ {
+		if i%7 == 3 || (i >= 64 && i < 128) || i == 200 {
+			a := netip.AddrFrom4([4]byte{10, 2, 0, byte(i)})
+			in = append(in, netip.PrefixFrom(a, 32), netip.PrefixFrom(a, 32)) // repeated too
+			want[a] = true
+		}
+	}
+	in = append(in, netip.MustParsePrefix("10.2.0.96/27")) // covered
+	got := aggregatePrefixes(in)
+	for i := 0; i < 256; i++ {
+		a := netip.AddrFrom4([4]byte{10, 2, 0, byte(i)})
+		n := 0
+		for _, p := range got {
+			if p.Contains(a) {
+				n++
+			}
+		}
+		if (n == 1) != want[a] || n > 1 {
+			t.Fatalf("%v covered %d times by %v", a, n, got)
+		}
+	}
+	if len(got) > 40 {
+		t.Errorf("%d prefixes for a /26 and ~40 scattered addresses: not merged", len(got))
+	}
+	if g := aggregatePrefixes([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/25"), netip.MustParsePrefix("10.0.0.128/25")}); len(g) != 1 || g[0].String() != "10.0.0.0/24" {
+		t.Errorf("siblings: %v", g)
+	}
+}
+
+// TestCompileAtScale: 2,000 peer pods with consecutive addresses become a handful of
+// rules; too many rules in one direction empty only that direction; every endpoint of a
+// pod (a stale one too) is isolated; egress on a named port without peers reaches the
+// pods that have that port.
+func TestCompileAtScale(t *testing.T) {
+	var pods []PolicyPod
+	for i := 0; i < 2000; i++ {
+		pods = append(pods, PolicyPod{Namespace: "big", Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": "p"},
+			EndpointID: fmt.Sprintf("ep%d", i), IP: netip.AddrFrom4([4]byte{10, 3, byte(i / 256), byte(i % 256)}), Tenant: "t"})
+	}
+	target := PolicyPod{Namespace: "big", Name: "db", Labels: map[string]string{"app": "db"}, EndpointID: "ep-db", IP: netip.MustParseAddr("10.9.0.1"), Tenant: "t",
+		Ports: []corev1.ContainerPort{{Name: "pg", ContainerPort: 5432}}}
+	stale := target
+	stale.EndpointID, stale.IP = "ep-db-old", netip.MustParseAddr("10.9.0.2")
+	pods = append(pods, target, stale)
+	allowAll := npol("big", "from-p", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "db"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "p")}}}}})
+	got, warns := CompilePolicies([]*networkingv1.NetworkPolicy{allowAll}, pods, map[string]map[string]string{"big": {}})
+	db := got["ep-db"]
+	if len(db.Ingress) == 0 || len(db.Ingress) > 8 || len(warns) != 0 {
+		t.Fatalf("2,000 consecutive peers compiled to %d rules (%v), warnings %v", len(db.Ingress), db.Ingress, warns)
+	}
+	if old := got["ep-db-old"]; !old.IngressIsolated || len(old.Ingress) != len(db.Ingress) {
+		t.Fatalf("the pod's second endpoint: %+v", old)
+	}
+
+	// 2,000 scattered peers (every other address) cannot merge: ingress admits nothing,
+	// egress keeps its rule.
+	for i := range pods[:2000] {
+		pods[i].IP = netip.AddrFrom4([4]byte{10, 4, byte(i / 128), byte(i % 128 * 2)})
+	}
+	both := npol("big", "both", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "db"),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "p")}}}},
+		Egress:  []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntStr(intstr.FromInt32(53))}}}}})
+	got, warns = CompilePolicies([]*networkingv1.NetworkPolicy{both}, pods, map[string]map[string]string{"big": {}})
+	db = got["ep-db"]
+	if !db.IngressIsolated || db.Ingress != nil || len(db.Egress) != 1 || len(warns["big/both"]) != 2 {
+		t.Fatalf("overflow: ingress %d rules, egress %v, warnings %v", len(db.Ingress), db.Egress, warns)
+	}
+
+	// Egress on a named port, no peers: to the pods with that port.
+	named := npol("big", "to-pg", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "p"), PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntStr(intstr.FromString("pg"))}}}}})
+	got, _ = CompilePolicies([]*networkingv1.NetworkPolicy{named}, pods, map[string]map[string]string{"big": {}})
+	if e := got["ep0"].Egress; len(e) != 2 || e[0] != (model.K8sPodRule{Remote: "10.9.0.1/32", Proto: 6, PortMin: 5432, PortMax: 5432}) || e[1].Remote != "10.9.0.2/32" {
+		t.Fatalf("named port to anywhere: %v", e)
 	}
 }

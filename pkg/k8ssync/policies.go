@@ -21,7 +21,7 @@ import (
 
 // PolicyStore is where the per-pod NetworkPolicy records go (pkg/master.Master).
 type PolicyStore interface {
-	K8sPodEndpoints(ctx context.Context) (map[string]master.K8sPodEndpoint, error)
+	K8sPodEndpoints(ctx context.Context) (map[string][]master.K8sPodEndpoint, error)
 	PutK8sPodPolicy(ctx context.Context, rec model.K8sPodPolicy) (bool, error)
 	DeleteK8sPodPolicy(ctx context.Context, id string) error
 	K8sPodPolicyIDs(ctx context.Context) ([]string, error)
@@ -123,12 +123,15 @@ func (p *Policies) sync(ctx context.Context, w *k8s.PolicyWatcher, full bool) {
 		p.log.Warn("kubernetes networkpolicies: read endpoints", "err", err)
 		return
 	}
-	for i := range pods {
-		if ep, ok := eps[pods[i].Key()]; ok {
-			pods[i].EndpointID, pods[i].IP, pods[i].Tenant = ep.ID, ep.IP, ep.Tenant
+	// One entry per endpoint: every endpoint a pod has is isolated (and a peer) alike.
+	var withEPs []k8s.PolicyPod
+	for _, pod := range pods {
+		for _, ep := range eps[pod.Key()] {
+			pod.EndpointID, pod.IP, pod.Tenant = ep.ID, ep.IP, ep.Tenant
+			withEPs = append(withEPs, pod)
 		}
 	}
-	want, warns := k8s.CompilePolicies(pols, pods, nsLabels)
+	want, warns := k8s.CompilePolicies(pols, withEPs, nsLabels)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

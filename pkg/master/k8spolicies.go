@@ -19,9 +19,9 @@ type K8sPodEndpoint struct {
 }
 
 // K8sPodEndpoints returns the endpoints that belong to Kubernetes pods, by
-// "namespace/name".
-func (m *Master) K8sPodEndpoints(ctx context.Context) (map[string]K8sPodEndpoint, error) {
-	out := map[string]K8sPodEndpoint{}
+// "namespace/name" (a pod may have more than one: e.g. a stale one of a node that is down).
+func (m *Master) K8sPodEndpoints(ctx context.Context) (map[string][]K8sPodEndpoint, error) {
+	out := map[string][]K8sPodEndpoint{}
 	err := m.read(ctx, func(tx *state.Tx) error {
 		clear(out)
 		eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
@@ -41,7 +41,7 @@ func (m *Master) K8sPodEndpoints(ctx context.Context) (map[string]K8sPodEndpoint
 			if err != nil {
 				return err
 			}
-			out[ep.K8sPod] = K8sPodEndpoint{ID: ep.ID, IP: ip, Tenant: t}
+			out[ep.K8sPod] = append(out[ep.K8sPod], K8sPodEndpoint{ID: ep.ID, IP: ip, Tenant: t})
 		}
 		return nil
 	})

@@ -147,7 +147,7 @@ func TestK8sPodPolicies(t *testing.T) {
 	e.net("default", "app", "vxlan", "10.21.0.0/24", "10.21.0.1", 0)
 	web := e.podEP("default", "app", "c1", "prod/web-1")
 	eps, err := e.m.K8sPodEndpoints(ctx)
-	if err != nil || eps["prod/web-1"].ID != web.ID || eps["prod/web-1"].IP.String() != web.IPAddress || eps["prod/web-1"].Tenant != "default" {
+	if err != nil || len(eps["prod/web-1"]) != 1 || eps["prod/web-1"][0].ID != web.ID || eps["prod/web-1"][0].IP.String() != web.IPAddress || eps["prod/web-1"][0].Tenant != "default" {
 		t.Fatalf("pod endpoints %+v %v", eps, err)
 	}
 	rec := model.K8sPodPolicy{ID: web.ID, Pod: "prod/web-1", IPAddress: web.IPAddress, IngressIsolated: true,

@@ -17,7 +17,7 @@ import (
 const DefaultAgent = "http://127.0.0.1:9090"
 
 // bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf ListingKinds).
-var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "routes", "counters"}
+var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters"}
 
 // listing is netplugin's /inspect/bpf/<kind> answer.
 type listing struct {

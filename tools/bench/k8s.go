@@ -14,7 +14,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -115,7 +117,12 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	r.add("k8s.endpointslice_p99_ms", ms(l99), "ms")
 	fmt.Fprintf(w, "EndpointSlice update → applied by the other host's agent (%d changes): p50 %.1f ms, p99 %.1f ms\n", changes, ms(l50), ms(l99))
 
-	// 3. 1,000 Services with 10 endpoints each.
+	// 3. NetworkPolicy change → enforced (programmed into the datapath maps) on both hosts.
+	if err := netpolLatency(ctx, c, w, r); err != nil {
+		return err
+	}
+
+	// 4. 1,000 Services with 10 endpoints each.
 	const nsvc, per = 1000, 10
 	cpu0, err := processCPU(h2.Plugin.PID())
 	if err != nil {
@@ -159,6 +166,69 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	r.add("k8s.svc1000_agent_cpu_s", round1((cpu1 - cpu0).Seconds()), "s")
 	fmt.Fprintf(w, "%d Services × %d endpoints: API calls done after %.1fs, all applied by host 2's agent after %.1fs; that agent used %.1fs CPU\n",
 		nsvc, per, created.Seconds(), all.Seconds(), (cpu1 - cpu0).Seconds())
+	return nil
+}
+
+// netpolLatency changes a NetworkPolicy's allowed port and waits until both hosts'
+// datapaths hold the new rule for the pod it selects (netctl bpf netpol on each).
+func netpolLatency(ctx context.Context, c *sim.Cluster, w io.Writer, r *report) error {
+	cs := c.KubeAPI.Admin
+	h1 := c.Hosts[0]
+	if _, err := c.KubeAPI.CreatePod(ctx, "default", "np0", h1.Name, map[string]string{k8s.LabelNetwork: "kb", "app": "np"}); err != nil {
+		return err
+	}
+	ct, err := c.AddContainer(ctx, h1, "np0", "", "")
+	if err != nil {
+		return fmt.Errorf("netpol pod: %w", err)
+	}
+	ip := ct.IP.Addr().String()
+	tcp := corev1.ProtocolTCP
+	pol := func(port int32) *networkingv1.NetworkPolicy {
+		p := intstr.FromInt32(port)
+		return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "lat", Namespace: "default"},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "np"}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p}}}}}}
+	}
+	has := func(h *sim.Host, port int32) bool {
+		var l dataplane.Listing
+		if err := h.InspectGet(ctx, "/inspect/bpf/netpol", &l); err != nil {
+			return false
+		}
+		for _, row := range l.Rows {
+			if len(row) == len(l.Columns) && row[1] == ip && row[3] == "ingress" && row[8] == fmt.Sprint(port) {
+				return true
+			}
+		}
+		return false
+	}
+	cur, err := cs.NetworkingV1().NetworkPolicies("default").Create(ctx, pol(1000), metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	var lat []time.Duration
+	const changes = 30
+	for i := 1; i <= changes && ctx.Err() == nil; i++ {
+		port := int32(1000 + i)
+		next := pol(port)
+		next.ResourceVersion = cur.ResourceVersion
+		t0 := time.Now()
+		if cur, err = cs.NetworkingV1().NetworkPolicies("default").Update(ctx, next, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		deadline := t0.Add(30 * time.Second)
+		for !(has(c.Hosts[0], port) && has(c.Hosts[1], port)) {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("NetworkPolicy change %d: port %d not programmed on both hosts within 30s", i, port)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	p50, p99 := netbench.Percentile(lat, 50), netbench.Percentile(lat, 99)
+	r.add("k8s.netpol_p50_ms", ms(p50), "ms")
+	r.add("k8s.netpol_p99_ms", ms(p99), "ms")
+	fmt.Fprintf(w, "NetworkPolicy update → programmed on both hosts (%d changes): p50 %.1f ms, p99 %.1f ms\n", changes, ms(p50), ms(p99))
 	return nil
 }
 

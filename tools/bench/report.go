@@ -123,6 +123,7 @@ var goals = map[string]goal{
 	"nodeport.crr_ratio":            atLeast(1.0),
 	"k8s.cni_add_api_extra_p50_ms":  atMost(1),
 	"k8s.endpointslice_p99_ms":      atMost(100),
+	"k8s.netpol_p99_ms":             atMost(200),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

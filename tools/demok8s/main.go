@@ -3,9 +3,9 @@
 // netmaster in kubernetes mode and a netplugin per node reading pod labels from it; pods
 // created in the API and attached through the CNI socket as a runtime would, a namespace
 // bound to a tenant refusing a pod that names another, and a Service balanced across both
-// nodes by its ClusterIP. Every step prints what it does; any failure exits non-zero after
-// cleaning up. NetworkPolicy and a real container runtime are not part of it yet
-// (docs/kubernetes.md).
+// nodes by its ClusterIP, then a NetworkPolicy that blocks the client and is changed to
+// allow it. Every step prints what it does; any failure exits non-zero after cleaning up.
+// A real container runtime is not part of it yet (docs/kubernetes.md).
 package main
 
 import (
@@ -24,6 +24,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -170,6 +171,45 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}
 	fmt.Print(indent(out))
 
+	step("NetworkPolicy shop/web-ingress selects app=web with no rules: the client's connections through the ClusterIP are refused")
+	vip := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "web-ingress", Namespace: "shop"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+	if np, err = cs.NetworkingV1().NetworkPolicies("shop").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if err := waitFor(30*time.Second, "the policy to block the client", func() bool {
+		_, err := sim.AskName(ctx, pods[2].ct, vip)
+		return err != nil
+	}); err != nil {
+		return err
+	}
+	_, err = sim.AskName(ctx, pods[2].ct, vip)
+	fmt.Printf("    client -> %s: %v\n", vip, err)
+	out, err = sim.Exec(ctx, h2.Name, bin+"/netctl", "bpf", "netpol", "--agent", "http://"+h2.Inspect)
+	if err != nil {
+		return fmt.Errorf("netctl bpf netpol: %v: %s", err, out)
+	}
+	fmt.Print(indent(out))
+
+	step("the policy now allows TCP 8080 from pods labelled app=client: the client is answered again")
+	tcp, p8080 := corev1.ProtocolTCP, intstr.FromInt32(8080)
+	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+		From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p8080}}}}
+	if _, err := cs.NetworkingV1().NetworkPolicies("shop").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	var who string
+	if err := waitFor(30*time.Second, "the policy to allow the client", func() bool {
+		who, err = sim.AskName(ctx, pods[2].ct, vip)
+		return err == nil
+	}); err != nil {
+		return err
+	}
+	fmt.Printf("    client -> %s: answered by %s\n", vip, who)
+
 	step("Service deleted: the ClusterIP stops answering")
 	if err := cs.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		return err
@@ -185,6 +225,18 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	step("clean-up: nodes, pods, API server and their files removed")
+	return nil
+}
+
+// waitFor polls ok every 100 ms until it holds or d passed.
+func waitFor(d time.Duration, what string, ok func() bool) error {
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waited %s for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return nil
 }
 

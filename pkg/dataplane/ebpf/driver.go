@@ -79,6 +79,8 @@ type Driver struct {
 	// shared rule sets by content; nextKSetID the last set id handed out.
 	podPols    map[string]*podPolRec
 	ksets      map[string]*kset
+	ksetIDs    map[uint32]string             // set id → content key (ids in use)
+	kpodOwner  map[contivbpfCbKpodKey]string // cb_kpods key → the pod policy that wrote it
 	nextKSetID uint32
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
@@ -196,6 +198,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		services:   map[string]svcRec{},
 		podPols:    map[string]*podPolRec{},
 		ksets:      map[string]*kset{},
+		ksetIDs:    map[uint32]string{},
+		kpodOwner:  map[contivbpfCbKpodKey]string{},
 		mapFull:    map[string]uint64{},
 		slots:      map[uint32]string{},
 		loadSpec:   loadContivbpf,

@@ -12,7 +12,7 @@ import (
 )
 
 // ListingKinds are the tables Listing decodes.
-var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "routes", "counters"}
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters"}
 
 // listNames is what the driver knows about the names behind map keys, copied under the
 // driver lock so that reading the maps (which can be large) does not hold it.
@@ -25,6 +25,7 @@ type listNames struct {
 	svcByID  map[uint32]string
 	policies map[uint16]dataplane.PolicySet
 	failed   map[uint16]string
+	podPol   map[contivbpfCbKpodKey]podPolName // the NetworkPolicy layer's pods
 	epoch    uint32
 	mapFull  map[string]uint64
 }
@@ -37,7 +38,8 @@ func (d *Driver) names() (listNames, error) {
 	}
 	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
 		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
-		policies: map[uint16]dataplane.PolicySet{}, failed: map[uint16]string{}, epoch: d.epoch, mapFull: map[string]uint64{}}
+		policies: map[uint16]dataplane.PolicySet{}, failed: map[uint16]string{}, epoch: d.epoch, mapFull: map[string]uint64{},
+		podPol: map[contivbpfCbKpodKey]podPolName{}}
 	for id, r := range d.networks {
 		n.netByKey[r.key] = id
 		if _, tenant, ok := strings.Cut(id, "."); ok {
@@ -62,6 +64,13 @@ func (d *Driver) names() (listNames, error) {
 	}
 	for epg, err := range d.failed {
 		n.failed[epg] = err.Error()
+	}
+	for id, r := range d.podPols {
+		pn := podPolName{id: id}
+		if r.failed != nil {
+			pn.failed = r.failed.Error()
+		}
+		n.podPol[r.key] = pn
 	}
 	for k, v := range d.mapFull {
 		n.mapFull[k] = v
@@ -123,6 +132,8 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 		err = d.listServices(n, &l)
 	case "policy":
 		err = d.listPolicy(n, &l)
+	case "netpol":
+		err = d.listNetpol(n, &l)
 	case "routes":
 		err = d.listRoutes(n, &l)
 	case "counters":
@@ -481,5 +492,84 @@ func (d *Driver) listNAT(n listNames, l *dataplane.Listing, limit int) error {
 		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbSnat, err)
 	}
 	sortRows(l.Rows)
+	return nil
+}
+
+// podPolName names a cb_kpods entry.
+type podPolName struct {
+	id     string
+	failed string
+}
+
+// listNetpol decodes the NetworkPolicy layer: one row per rule of each pod's isolated
+// directions (an isolated direction without rules is one row "(no rule: deny all)").
+func (d *Driver) listNetpol(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"ZONE", "POD ADDRESS", "ENDPOINT", "DIRECTION", "SET", "#", "REMOTE", "PROTO", "PORTS"}
+	var k contivbpfCbKpodKey
+	var v contivbpfCbKpod
+	type row struct {
+		zone uint32
+		addr netip.Addr
+		dir  string
+		i    int
+		r    []string
+	}
+	var rows []row
+	it := d.objs.CbKpods.Iterate()
+	for it.Next(&k, &v) {
+		addr := addrFrom(k.Addr)
+		name := n.podPol[k]
+		ep := name.id
+		if ep == "" {
+			ep = "(not in the agent's state)"
+		} else if name.failed != "" {
+			ep += " (failed closed: " + name.failed + ")"
+		}
+		for _, dir := range []struct {
+			name string
+			flag uint32
+			set  uint32
+		}{{"ingress", kpodInIsolated, v.InSet}, {"egress", kpodOutIsolated, v.OutSet}} {
+			if v.Flags&dir.flag == 0 {
+				continue
+			}
+			base := []string{n.zone(k.Zone), addr.String(), ep, dir.name, strconv.Itoa(int(dir.set))}
+			var set contivbpfCbKset
+			if dir.set == 0 || d.objs.CbKsets.Lookup(&dir.set, &set) != nil || set.Count == 0 {
+				rows = append(rows, row{k.Zone, addr, dir.name, 0, append(base, "-", "(no rule: deny all)", "", "")})
+				continue
+			}
+			for i := 0; i < int(set.Count) && i < len(set.Rules); i++ {
+				r := set.Rules[i]
+				ports := "any"
+				if r.PortMin != 0 {
+					ports = strconv.Itoa(int(r.PortMin))
+					if r.PortMax != r.PortMin {
+						ports += "-" + strconv.Itoa(int(r.PortMax))
+					}
+				}
+				rows = append(rows, row{k.Zone, addr, dir.name, i, append(base, strconv.Itoa(i+1),
+					fmt.Sprintf("%v/%d", addrFrom(r.RemoteIp), maskBits(r.RemoteMask)), protoName(r.Proto), ports)})
+			}
+		}
+	}
+	if err := iterErr(it.Err(), contivbpfMapCbKpods); err != nil {
+		return err
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		switch {
+		case a.zone != b.zone:
+			return a.zone < b.zone
+		case a.addr != b.addr:
+			return a.addr.Less(b.addr)
+		case a.dir != b.dir:
+			return a.dir > b.dir // ingress first
+		}
+		return a.i < b.i
+	})
+	for _, r := range rows {
+		l.Rows = append(l.Rows, r.r)
+	}
 	return nil
 }

@@ -112,9 +112,15 @@ func (d *Driver) acquireSet(rules []contivbpfCbKrule, key string) (uint32, error
 		s.refs++
 		return s.id, nil
 	}
-	d.nextKSetID++
-	if d.nextKSetID == 0 {
-		d.nextKSetID = 1
+	// The next id no set holds (ids wrap after 2^32 sets; a live one is never reused).
+	for tries := 0; ; tries++ {
+		d.nextKSetID++
+		if _, used := d.ksetIDs[d.nextKSetID]; d.nextKSetID != 0 && !used {
+			break
+		}
+		if tries > len(d.ksetIDs)+1 {
+			return 0, fmt.Errorf("%s: no free set id", contivbpfMapCbKsets)
+		}
 	}
 	s := &kset{id: d.nextKSetID, rules: rules}
 	if err := d.writeSet(s); err != nil {
@@ -122,6 +128,7 @@ func (d *Driver) acquireSet(rules []contivbpfCbKrule, key string) (uint32, error
 	}
 	s.refs = 1
 	d.ksets[key] = s
+	d.ksetIDs[s.id] = key
 	return s.id, nil
 }
 
@@ -135,6 +142,7 @@ func (d *Driver) releaseSet(key string) error {
 		return nil
 	}
 	delete(d.ksets, key)
+	delete(d.ksetIDs, s.id)
 	if err := mapDel(d.objs.CbKsets, &s.id); err != nil {
 		return fmt.Errorf("delete %s %d: %w", contivbpfMapCbKsets, s.id, err)
 	}
@@ -173,7 +181,9 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) error {
 		ids[i], rec.sets[i] = id, key
 	}
 	if had && old.key != rec.key {
-		if err := mapDel(d.objs.CbKpods, &old.key); err != nil {
+		if err := d.deleteKPod(old); err != nil {
+			_ = d.releaseSet(rec.sets[0])
+			_ = d.releaseSet(rec.sets[1])
 			return fmt.Errorf("pod policy %s: delete old address: %w", p.ID, err)
 		}
 	}
@@ -205,6 +215,20 @@ func (d *Driver) writeKPodSets(rec *podPolRec, ids [2]uint32) error {
 		return err
 	}
 	rec.written = true
+	d.kpodOwner[rec.key] = rec.p.ID
+	return nil
+}
+
+// deleteKPod removes rec's entry unless another pod policy wrote the same key since (an
+// address reused in the zone).
+func (d *Driver) deleteKPod(rec *podPolRec) error {
+	if !rec.written || d.kpodOwner[rec.key] != rec.p.ID {
+		return nil
+	}
+	if err := mapDel(d.objs.CbKpods, &rec.key); err != nil {
+		return err
+	}
+	delete(d.kpodOwner, rec.key)
 	return nil
 }
 
@@ -235,15 +259,15 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 		_ = d.releaseSet(old.sets[1])
 	}
 	if !p.IP.Is4() || p.NetworkID == "" {
-		if had && old.written {
-			_ = mapDel(d.objs.CbKpods, &old.key)
+		if had {
+			_ = d.deleteKPod(old)
 		}
 		delete(d.podPols, p.ID)
 		return errors.Join(perr, d.podPolChanged())
 	}
 	rec := &podPolRec{p: p, key: contivbpfCbKpodKey{Zone: vrfOf(p.NetworkID), Addr: ip4(p.IP)}, failed: cause}
-	if had && old.written && old.key != rec.key {
-		_ = mapDel(d.objs.CbKpods, &old.key)
+	if had && old.key != rec.key {
+		_ = d.deleteKPod(old)
 	}
 	again := had && old.failed != nil && old.failed.Error() == cause.Error()
 	if !again {
@@ -261,10 +285,8 @@ func (d *Driver) deletePodPolicy(id string) error {
 	if !ok {
 		return nil
 	}
-	if rec.written {
-		if err := mapDel(d.objs.CbKpods, &rec.key); err != nil {
-			return fmt.Errorf("pod policy %s: delete: %w", id, err)
-		}
+	if err := d.deleteKPod(rec); err != nil {
+		return fmt.Errorf("pod policy %s: delete: %w", id, err)
 	}
 	delete(d.podPols, id)
 	errs := []error{d.releaseSet(rec.sets[0]), d.releaseSet(rec.sets[1])}

@@ -1,6 +1,9 @@
 package ebpf
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -192,4 +195,135 @@ func TestNetpolNodeAndOutside(t *testing.T) {
 	setEpoch(t, objs, 8)
 	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40001, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdEgress)
 	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40002, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropNetpol)
+}
+
+// countKSets is the number of rule sets in the map.
+func countKSets(t *testing.T, objs *contivbpfObjects) int {
+	t.Helper()
+	n := 0
+	var k uint32
+	var v contivbpfCbKset
+	it := objs.CbKsets.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPodPolicyDriver: the driver shares rule sets between pods with equal rules, frees a
+// set with its last pod, fails an unusable policy closed, keeps what a Sync names and
+// sweeps what it does not, and lists it all for operators (netctl bpf netpol).
+func TestPodPolicyDriver(t *testing.T) {
+	ctx := context.Background()
+	h, a, b, _, state := opsHost(t)
+	rules := []dataplane.PodRule{{Remote: pfx("10.50.0.0/24"), Proto: 6, PortMin: 8080, PortMax: 8090}}
+	pa := dataplane.PodPolicy{ID: a.ID, NetworkID: a.NetworkID, IP: a.IP, IngressIsolated: true, Ingress: rules}
+	pb := dataplane.PodPolicy{ID: b.ID, NetworkID: b.NetworkID, IP: b.IP, IngressIsolated: true, Ingress: rules, EgressIsolated: true}
+	for _, p := range []dataplane.PodPolicy{pa, pb} {
+		if err := h.d.UpsertPodPolicy(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countKSets(t, &h.d.objs); n != 1 {
+		t.Fatalf("%d rule sets for two pods with equal rules, want 1", n)
+	}
+	l, err := h.d.Listing("netpol", 0)
+	if err != nil || len(l.Rows) != 3 {
+		t.Fatalf("listing: %v %v", l, err)
+	}
+	if r := l.Rows[0]; r[1] != "10.50.0.2" || r[2] != a.ID || r[3] != "ingress" || r[6] != "10.50.0.0/24" || r[7] != "tcp" || r[8] != "8080-8090" {
+		t.Errorf("row %v", r)
+	}
+	if r := l.Rows[2]; r[1] != "10.50.0.3" || r[3] != "egress" || r[6] != "(no rule: deny all)" {
+		t.Errorf("row %v", r)
+	}
+	if err := h.d.DeletePodPolicy(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := countKSets(t, &h.d.objs); n != 1 {
+		t.Fatalf("%d rule sets while b still uses it, want 1", n)
+	}
+	// Unusable: failed closed, both ways, no rules; the set is released.
+	bad := pb
+	bad.Ingress = []dataplane.PodRule{{Remote: netip.Prefix{}}}
+	var perr *PodPolicyError
+	if err := h.d.UpsertPodPolicy(ctx, bad); !errors.As(err, &perr) {
+		t.Fatalf("bad policy: %v", err)
+	}
+	var v contivbpfCbKpod
+	if err := h.d.objs.CbKpods.Lookup(&contivbpfCbKpodKey{Zone: vrfOf(b.NetworkID), Addr: ip4(b.IP)}, &v); err != nil ||
+		v.Flags != kpodInIsolated|kpodOutIsolated || v.InSet != 0 || v.OutSet != 0 {
+		t.Fatalf("failed-closed entry %+v %v", v, err)
+	}
+	if n := countKSets(t, &h.d.objs); n != 0 {
+		t.Fatalf("%d rule sets after the last user failed closed, want 0", n)
+	}
+	// An address reused in the zone: deleting the first pod's policy leaves the second's.
+	reuse := pb
+	reuse.ID = "red.t-b2"
+	if err := h.d.UpsertPodPolicy(ctx, reuse); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.DeletePodPolicy(ctx, pb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.objs.CbKpods.Lookup(&contivbpfCbKpodKey{Zone: vrfOf(b.NetworkID), Addr: ip4(b.IP)}, &v); err != nil || v.InSet == 0 {
+		t.Fatalf("the reused address lost its entry with the other pod's deletion: %+v %v", v, err)
+	}
+	if err := h.d.DeletePodPolicy(ctx, reuse.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Set ids are never handed out while in use, also when the counter wraps.
+	h.d.mu.Lock()
+	h.d.nextKSetID = ^uint32(0) - 1
+	h.d.mu.Unlock()
+	for i, r := range []dataplane.PodRule{{Remote: pfx("10.1.0.0/16")}, {Remote: pfx("10.2.0.0/16")}, {Remote: pfx("10.3.0.0/16")}} {
+		p := dataplane.PodPolicy{ID: fmt.Sprintf("w%d", i), NetworkID: a.NetworkID, IP: netip.AddrFrom4([4]byte{10, 50, 0, byte(50 + i)}), IngressIsolated: true, Ingress: []dataplane.PodRule{r}}
+		if err := h.d.UpsertPodPolicy(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := map[uint32]bool{}
+	for id := range h.d.ksetIDs {
+		if id == 0 || ids[id] {
+			t.Fatalf("set id %d handed out twice or zero: %v", id, h.d.ksetIDs)
+		}
+		ids[id] = true
+	}
+	if len(ids) != 3 || countKSets(t, &h.d.objs) != 3 {
+		t.Fatalf("%d ids, %d sets after the wrap; want 3", len(ids), countKSets(t, &h.d.objs))
+	}
+	for i := range 3 {
+		if err := h.d.DeletePodPolicy(ctx, fmt.Sprintf("w%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A Sync keeps what it names (also across a driver restart) and sweeps the rest.
+	state.PodPolicies = []dataplane.PodPolicy{pa}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.d = h.start(t)
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var k contivbpfCbKpodKey
+	it := h.d.objs.CbKpods.Iterate()
+	for it.Next(&k, &v) {
+		n++
+		if k.Addr != ip4(a.IP) || v.InSet == 0 {
+			t.Errorf("entry %+v %+v after Sync", k, v)
+		}
+	}
+	if n != 1 || countKSets(t, &h.d.objs) != 1 {
+		t.Fatalf("after Sync and restart: %d pods, %d sets; want 1, 1", n, countKSets(t, &h.d.objs))
+	}
 }

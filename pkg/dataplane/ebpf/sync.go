@@ -116,9 +116,10 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, p := range s.PodPolicies {
 		wantPodPols[p.ID] = true
 		if err := d.upsertPodPolicy(p); err != nil {
-			// Failed closed and reported, like a group's rule set.
+			// Failed closed and reported, like a group's rule set, when its deny-all
+			// entry is in place; otherwise (map full) nothing may be swept.
 			var perr *PodPolicyError
-			if errors.As(err, &perr) {
+			if rec := d.podPols[p.ID]; errors.As(err, &perr) && rec != nil && rec.failed != nil && rec.written && d.kpodOwner[rec.key] == p.ID {
 				bad = append(bad, err)
 				continue
 			}
