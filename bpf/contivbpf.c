@@ -973,7 +973,8 @@ int cb_sock_connect4(struct bpf_sock_addr *ctx)
 	svc = bpf_map_lookup_elem(&cb_services, &sk);
 	if (!svc || !svc->count)
 		return 0;
-	start = bpf_get_prandom_u32();
+	/* The host is one client: with session affinity always the same (local) backend. */
+	start = (svc->flags & CB_SVC_AFFINITY) ? 0 : bpf_get_prandom_u32();
 	for (i = 0; i < CB_SOCK_LB_TRIES; i++) {
 		if (i >= svc->count)
 			break;

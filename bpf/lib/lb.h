@@ -21,11 +21,15 @@ struct cb_svc_key {
 	__u8 pad;
 };
 
+enum cb_svc_flags {
+	CB_SVC_AFFINITY = 1, /* sessionAffinity ClientIP: the client address picks the backend */
+};
+
 struct cb_svc {
 	__u32 id;          /* index space of cb_backends */
-	__u32 count;       /* number of backends, 0 = drop */
+	__u32 count;       /* number of backends taking new flows, 0 = drop */
 	__be16 target_port;
-	__u16 pad;
+	__u16 flags;       /* enum cb_svc_flags */
 	__u32 generation;
 };
 
@@ -310,16 +314,24 @@ CB_INLINE void cb_lb_key(struct cb_ct_key *k, const struct cb_flow *f, const str
 	k->proto = f->proto;
 }
 
-/* cb_lb_pick chooses a backend of svc for the packet. */
-CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct cb_lb_choice *c)
+/* cb_lb_pick chooses a backend of svc for the packet of client: by the flow's hash, or
+ * with session affinity by the client's address alone. */
+CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct cb_lb_choice *c, __be32 client)
 {
 	struct cb_backend_key bk = {};
 	struct cb_backend *be;
+	__u32 h;
 
 	if (!svc->count)
 		return CB_DROP_NO_BACKEND;
 	bk.svc_id = svc->id;
-	bk.index = bpf_get_hash_recalc(skb) % svc->count;
+	if (svc->flags & CB_SVC_AFFINITY) {
+		h = bpf_ntohl(client) * 2654435761U; /* Knuth's multiplicative hash */
+		h ^= h >> 16;
+	} else {
+		h = bpf_get_hash_recalc(skb);
+	}
+	bk.index = h % svc->count;
 	be = bpf_map_lookup_elem(&cb_backends, &bk);
 	if (!be)
 		return CB_DROP_NO_BACKEND;
@@ -375,13 +387,13 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			bpf_map_delete_elem(&cb_ct, &key);
 			c->svc_ct = 0;
 			return 0;
-		} else if ((r = cb_lb_pick(skb, svc, c))) {
+		} else if ((r = cb_lb_pick(skb, svc, c, f->saddr))) {
 			return r;
 		}
 	} else {
 		if (!svc)
 			return 0;
-		if ((r = cb_lb_pick(skb, svc, c)))
+		if ((r = cb_lb_pick(skb, svc, c, f->saddr)))
 			return r;
 	}
 	t->svc = 1;

@@ -354,9 +354,21 @@ func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {
 		if err != nil {
 			return out, fmt.Errorf("service %s: provider address %q: %w", s.ID, p.IPAddress, err)
 		}
-		out.Backends = append(out.Backends, a)
+		if p.Draining {
+			out.Draining = append(out.Draining, a)
+		} else {
+			out.Backends = append(out.Backends, a)
+		}
 	}
 	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].Less(out.Backends[j]) })
+	sort.Slice(out.Draining, func(i, j int) bool { return out.Draining[i].Less(out.Draining[j]) })
+	switch s.SessionAffinity {
+	case "":
+	case "ClientIP":
+		out.AffinityClientIP = true
+	default:
+		return out, fmt.Errorf("service %s: sessionAffinity %q must be ClientIP or empty", s.ID, s.SessionAffinity)
+	}
 	return out, nil
 }
 

@@ -194,6 +194,12 @@ type Service struct {
 	VIP      netip.Addr    `json:"vip"`
 	Ports    []ServicePort `json:"ports"`
 	Backends []netip.Addr  `json:"backends"`
+	// Draining backends take no new flows but keep the ones they have (Kubernetes'
+	// terminating endpoints that still serve).
+	Draining []netip.Addr `json:"draining,omitempty"`
+	// AffinityClientIP: a client's new flows go to the backend its address hashes to
+	// (Kubernetes sessionAffinity ClientIP; stable while the backends are).
+	AffinityClientIP bool `json:"affinityClientIP,omitempty"`
 }
 
 // Route is a route the host's BGP speaker learned: natively routed packets (routing mode,

@@ -38,8 +38,9 @@ const DefaultTenant = "default"
 // Contiv's serviceLB state (what
 // every agent programs, on both datapaths): the ClusterIP as the VIP, one
 // "port:targetPort:PROTO" per TCP/UDP port, "nodePort:port:PROTO" for NodePort and
-// LoadBalancer Services, and the ready IPv4 endpoints as providers (terminating and
-// not-ready ones are left out). ok is false for Services that get no VIP (headless,
+// LoadBalancer Services, the ready IPv4 endpoints as providers and the terminating ones
+// that still serve as draining providers (not-ready ones are left out), sessionAffinity
+// ClientIP. ok is false for Services that get no VIP (headless,
 // ExternalName, no IPv4 ClusterIP). Warnings name what is not supported and was ignored.
 // Providers carry only their address; netmaster resolves and checks them.
 func ServiceRecord(svc *corev1.Service, nsLabels map[string]string, slices_ []*discoveryv1.EndpointSlice) (rec model.CfgServiceLBState, warnings []string, ok bool) {
@@ -69,7 +70,10 @@ func ServiceRecord(svc *corev1.Service, nsLabels map[string]string, slices_ []*d
 		Selectors: svc.Spec.Selector, Providers: map[string]*model.Provider{},
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-		warnings = append(warnings, "sessionAffinity ClientIP is not supported: connections are balanced one by one")
+		rec.SessionAffinity = string(corev1.ServiceAffinityClientIP)
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			warnings = append(warnings, "sessionAffinity timeoutSeconds is not applied: a client keeps its endpoint while the endpoints do not change")
+		}
 	}
 	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
 		warnings = append(warnings, "externalTrafficPolicy Local is not supported: node ports balance over every endpoint")
@@ -111,10 +115,11 @@ func ServiceRecord(svc *corev1.Service, nsLabels map[string]string, slices_ []*d
 			targets[n] = t
 		}
 		for _, ep := range s.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-				continue
-			}
-			if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
+			// Terminating and still serving: drained (its connections go on, no new
+			// ones); terminating and not serving, or not ready: left out.
+			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+			draining := terminating && ep.Conditions.Serving != nil && *ep.Conditions.Serving
+			if (terminating && !draining) || (!terminating && ep.Conditions.Ready != nil && !*ep.Conditions.Ready) {
 				continue
 			}
 			for _, a := range ep.Addresses {
@@ -122,7 +127,10 @@ func ServiceRecord(svc *corev1.Service, nsLabels map[string]string, slices_ []*d
 				if err != nil || !ip.Is4() {
 					continue
 				}
-				p := &model.Provider{IPAddress: ip.String(), Tenant: tenant}
+				if old := rec.Providers[ip.String()]; old != nil && !old.Draining {
+					continue // listed twice: serving beats draining
+				}
+				p := &model.Provider{IPAddress: ip.String(), Tenant: tenant, Draining: draining}
 				if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
 					p.Container = ep.TargetRef.Namespace + "/" + ep.TargetRef.Name
 				}

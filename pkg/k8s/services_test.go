@@ -49,9 +49,18 @@ func TestServiceRecord(t *testing.T) {
 	if !slices.Equal(got, []string{"10.1.0.2", "10.1.0.4"}) {
 		t.Fatalf("providers %v, want the ready ones", got)
 	}
+	// Terminating and still serving: a draining provider; terminating and not serving: out.
+	serving := ep("10.1.0.6", &no, &yes)
+	serving.Conditions.Serving = &yes
+	gone := ep("10.1.0.7", &no, &yes)
+	gone.Conditions.Serving = &no
+	rec, _, _ = k8s.ServiceRecord(s, nil, []*discoveryv1.EndpointSlice{slice("a", 8080, "http", ep("10.1.0.2", &yes, nil), serving, gone)})
+	if p := rec.Providers["10.1.0.6"]; len(rec.Providers) != 2 || p == nil || !p.Draining || rec.Providers["10.1.0.2"].Draining {
+		t.Fatalf("terminating endpoints: %+v", rec.Providers)
+	}
 
-	// NodePort type, tenant label, numeric target port without slices, SCTP and affinity
-	// reported.
+	// NodePort type, tenant label, numeric target port without slices, SCTP reported,
+	// ClientIP affinity kept.
 	s = base()
 	s.Labels = map[string]string{k8s.LabelTenant: "blue"}
 	s.Spec.Type = corev1.ServiceTypeNodePort
@@ -64,8 +73,8 @@ func TestServiceRecord(t *testing.T) {
 	if !ok || rec.ID != "k8s_prod_web:blue" || !slices.Equal(rec.Ports, []string{"53:5353:UDP"}) || !slices.Equal(rec.NodePorts, []string{"30053:53:UDP"}) || len(rec.Providers) != 0 {
 		t.Fatalf("node port record %+v", rec)
 	}
-	if w := strings.Join(warns, "|"); !strings.Contains(w, "sessionAffinity") || !strings.Contains(w, "SCTP") {
-		t.Fatalf("warnings %v", warns)
+	if w := strings.Join(warns, "|"); strings.Contains(w, "sessionAffinity") || !strings.Contains(w, "SCTP") || rec.SessionAffinity != "ClientIP" {
+		t.Fatalf("warnings %v, affinity %q", warns, rec.SessionAffinity)
 	}
 
 	// Slices that disagree on a port's target: the later one's endpoints are left out.

@@ -103,6 +103,9 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 	if err := validatePorts(rec.Ports); err != nil {
 		return err
 	}
+	if rec.SessionAffinity != "" && rec.SessionAffinity != "ClientIP" {
+		return badReq("sessionAffinity: %q must be ClientIP or empty", rec.SessionAffinity)
+	}
 	vip, err := netip.ParseAddr(rec.IPAddress)
 	if err != nil || !vip.Is4() {
 		return badReq("ipaddress: %q is not an IPv4 address", rec.IPAddress)
@@ -152,7 +155,7 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 			continue
 		}
 		st.Providers[p.IPAddress+":"+rec.Tenant] = &model.Provider{IPAddress: p.IPAddress, ContainerID: ep.ContainerID,
-			Tenant: rec.Tenant, Network: ep.NetID, Services: []string{rec.ID}, Container: p.Container, EpIDKey: ep.ID}
+			Tenant: rec.Tenant, Network: ep.NetID, Services: []string{rec.ID}, Container: p.Container, EpIDKey: ep.ID, Draining: p.Draining}
 	}
 	// A node port outside the range or held by another service is left out (the rest of
 	// the Service still works).

@@ -227,6 +227,9 @@ type Provider struct {
 	Services    []string
 	Container   string
 	EpIDKey     string
+	// Draining (this project's, Kubernetes services): a terminating endpoint that still
+	// serves: it keeps its connections and gets no new ones.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // CfgServiceLBState is /contiv.io/state/serviceLB/<service>:<tenant>.
@@ -241,6 +244,9 @@ type CfgServiceLBState struct {
 	Providers   map[string]*Provider `json:"providers"`
 	// NodePorts mirrors the service's nodePorts ("nodePort:svcPort:protocol").
 	NodePorts []string `json:"nodePorts,omitempty"`
+	// SessionAffinity (this project's, Kubernetes services): "ClientIP" sends a client's
+	// connections to one provider; "" balances connection by connection.
+	SessionAffinity string `json:"sessionAffinity,omitempty"`
 }
 
 // SvcProvider is /contiv.io/state/provider/<service>:<tenant>.

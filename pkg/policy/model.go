@@ -89,6 +89,7 @@ type ModelService struct {
 	Proto      uint8 // 6 or 17
 	TargetPort uint16
 	Backends   []netip.Addr // order matters to nobody; membership does
+	Draining   []netip.Addr // members that take no new flows
 }
 
 // FlowKey is a conntrack key.
@@ -515,7 +516,7 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		switch {
 		case haveEntry && !haveSvc:
 			delete(m.ct, svcKey)
-		case haveEntry && e.SvcID == s.ID && slices.Contains(s.Backends, e.NAT.Addr()):
+		case haveEntry && e.SvcID == s.ID && (slices.Contains(s.Backends, e.NAT.Addr()) || slices.Contains(s.Draining, e.NAT.Addr())):
 			isSvc, svc, backend = true, s, e.NAT.Addr()
 		case !haveSvc:
 		case len(s.Backends) == 0:

@@ -119,6 +119,29 @@ func kubernetesServices(t *testing.T, dp string) {
 		}
 		return nil
 	})
+	// sessionAffinity ClientIP: the client's connections all reach one pod.
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	if svc, err = cs.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "affinity in the state", 20*time.Second, func() error {
+		if r := serviceState(ctx, t, c, "k8s_default_web:default"); r.SessionAffinity != "ClientIP" {
+			return fmt.Errorf("sessionAffinity %q", r.SessionAffinity)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // the agents apply the record
+	sticky := map[string]int{}
+	for i := 0; i < 8; i++ {
+		name, err := AskName(ctx, client, net.JoinHostPort(vip, "80"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sticky[name]++
+	}
+	if len(sticky) != 1 {
+		t.Fatalf("with sessionAffinity ClientIP the client reached %v", sticky)
+	}
 	rec := serviceState(ctx, t, c, "k8s_default_web:default")
 	if rec.IPAddress != vip || len(rec.Ports) != 1 || rec.Ports[0] != "80:8080:TCP" || len(rec.NodePorts) != 1 || len(rec.Providers) != 2 {
 		t.Fatalf("serviceLB state of the Service: %+v", rec)
@@ -141,8 +164,9 @@ func kubernetesServices(t *testing.T, dp string) {
 	}
 
 	// Bad input: an endpoint address no Contiv endpoint holds is left out (and reported);
-	// a Service labelled with a tenant that does not exist is refused; sessionAffinity is
-	// reported as unsupported. None of it disturbs the working Service.
+	// a Service labelled with a tenant that does not exist is refused; internalTrafficPolicy
+	// Local is reported as unsupported. None of it disturbs the working Service.
+	local := corev1.ServiceInternalTrafficPolicyLocal
 	slice := putSlice(ctx, t, cs, "web", map[*Container]bool{web1: true})
 	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.105.0.250"}})
 	if _, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
@@ -150,7 +174,7 @@ func kubernetesServices(t *testing.T, dp string) {
 	}
 	_, err = cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "ghost", Labels: map[string]string{k8s.LabelTenant: "nosuch"}},
-		Spec: corev1.ServiceSpec{SessionAffinity: corev1.ServiceAffinityClientIP,
+		Spec: corev1.ServiceSpec{InternalTrafficPolicy: &local,
 			Ports: []corev1.ServicePort{{Port: 81, Protocol: corev1.ProtocolTCP}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -166,7 +190,7 @@ func kubernetesServices(t *testing.T, dp string) {
 			got = append(got, e.InvolvedObject.Name+" "+e.Reason+": "+e.Message)
 		}
 		all := strings.Join(got, "\n")
-		for _, want := range []string{"ghost ContivServiceRefused", "tenant", "sessionAffinity ClientIP is not supported", "web ContivServicePartlySupported", "10.105.0.250"} {
+		for _, want := range []string{"ghost ContivServiceRefused", "tenant", "internalTrafficPolicy Local is not supported", "web ContivServicePartlySupported", "10.105.0.250"} {
 			if !strings.Contains(all, want) {
 				return fmt.Errorf("no %q in events:\n%s", want, all)
 			}

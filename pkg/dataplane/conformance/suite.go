@@ -585,6 +585,87 @@ func Run(t *testing.T, factory Factory) {
 			t.Error("VIP still answers after the service was deleted")
 		}
 	})
+	t.Run("service-affinity-drain", func(t *testing.T) {
+		c := ctx(t)
+		const target = 8091
+		var srvs []*TCPServer
+		for _, be := range []*Container{a2, b1} {
+			srv, err := StartTCPEchoPort(be.NS, ip(be), target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			srvs = append(srvs, srv)
+		}
+		svc := dataplane.Service{ID: "sticky:default", VIP: netip.MustParseAddr("10.36.1.201"), AffinityClientIP: true,
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
+		put := func(s dataplane.Service) {
+			t.Helper()
+			for _, h := range []*Host{e.H1, e.H2} {
+				if err := h.Driver.UpsertService(c, s); err != nil {
+					t.Fatalf("%s: %v", h.Name, err)
+				}
+			}
+		}
+		accepted := func() [2]int64 { return [2]int64{srvs[0].Accepted.Load(), srvs[1].Accepted.Load()} }
+		put(svc)
+		// ClientIP affinity: every connection of a1 reaches the same backend.
+		before := accepted()
+		var held net.Conn
+		for i := 0; i < 12; i++ {
+			conn, err := DialTCP(a1.NS, "10.36.1.201:80")
+			if err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+			if err := EchoRoundTrip(conn, 1024); err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+			if held == nil {
+				held = conn // kept open through the drain below
+			} else {
+				conn.Close()
+			}
+		}
+		defer held.Close()
+		after := accepted()
+		sticky := 0
+		if after[1]-before[1] > 0 {
+			sticky = 1
+		}
+		if after[sticky]-before[sticky] != 12 || after[1-sticky] != before[1-sticky] {
+			t.Fatalf("with ClientIP affinity: backends accepted %v → %v, want all 12 on one", before, after)
+		}
+		// The sticky backend drains: its open connection goes on, new ones go to the other.
+		be := []netip.Addr{a2.EP.IP, b1.EP.IP}
+		drained := svc
+		drained.Backends, drained.Draining = []netip.Addr{be[1-sticky]}, []netip.Addr{be[sticky]}
+		put(drained)
+		if err := EchoRoundTrip(held, transfer); err != nil {
+			t.Errorf("the draining backend's connection broke: %v", err)
+		}
+		before = accepted()
+		for i := 0; i < 6; i++ {
+			conn, err := DialTCP(a1.NS, "10.36.1.201:80")
+			if err != nil {
+				t.Fatalf("connection %d while draining: %v", i, err)
+			}
+			if err := EchoRoundTrip(conn, 1024); err != nil {
+				t.Errorf("connection %d while draining: %v", i, err)
+			}
+			conn.Close()
+		}
+		if after := accepted(); after[sticky] != before[sticky] || after[1-sticky]-before[1-sticky] != 6 {
+			t.Errorf("while draining: backends accepted %v → %v, want the 6 new ones on the other", before, after)
+		}
+		if err := EchoRoundTrip(held, 1024); err != nil {
+			t.Errorf("the draining backend's connection after new ones: %v", err)
+		}
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeleteService(c, svc.ID); err != nil {
+				t.Fatalf("%s: %v", h.Name, err)
+			}
+		}
+	})
 	t.Run("restart", func(t *testing.T) {
 		// A connection opened before the restart must keep working through it.
 		srv, err := StartTCPEcho(b1.NS, ip(b1))

@@ -523,7 +523,7 @@ type contivbpfCbSvc struct {
 	Id         uint32
 	Count      uint32
 	TargetPort uint16
-	Pad        uint16
+	Flags      uint16
 	Generation uint32
 }
 

@@ -515,7 +515,7 @@ type contivbpfv1CbSvc struct {
 	Id         uint32
 	Count      uint32
 	TargetPort uint16
-	Pad        uint16
+	Flags      uint16
 	Generation uint32
 }
 

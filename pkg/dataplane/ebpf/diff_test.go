@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,7 @@ type diffStep struct {
 	on      bool
 	advance time.Duration
 	backend []int
+	drain   []int                // "svc": members that take no new flows
 	pod     *dataplane.PodPolicy // "podpol": the NetworkPolicy layer of endpoint from (nil: none)
 }
 
@@ -79,7 +81,7 @@ func (s diffStep) String() string {
 	case "advance":
 		return fmt.Sprintf("advance %v", s.advance)
 	case "svc":
-		return fmt.Sprintf("svc backends %v", s.backend)
+		return fmt.Sprintf("svc backends %v draining %v", s.backend, s.drain)
 	case "delep":
 		return fmt.Sprintf("delete+readd endpoint %d", s.from)
 	case "podpol":
@@ -244,14 +246,18 @@ func (g *diffGen) step() diffStep {
 	case n < 13:
 		return diffStep{kind: "gc"}
 	case n < 15:
-		var be []int
+		var be, dr []int
 		for i, e := range g.eps {
-			if e.zone == diffZoneA && g.r.IntN(2) == 0 {
+			switch {
+			case e.zone != diffZoneA:
+			case g.r.IntN(2) == 0:
 				be = append(be, i)
+			case g.r.IntN(3) == 0:
+				dr = append(dr, i)
 			}
 		}
-		g.backends = be
-		return diffStep{kind: "svc", backend: be}
+		g.backends = append(slices.Clone(be), dr...) // draining ones still answer
+		return diffStep{kind: "svc", backend: be, drain: dr}
 	case n < 16:
 		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
 	case n < 20:
@@ -381,7 +387,9 @@ type diffWorld struct {
 	eps   []diffEP
 	gc    *ctGC
 	epoch uint32
-	svc   []int // backend endpoint indexes
+	svc   []int // backend endpoint indexes (the selection)
+	// svcMembers are the selection plus the draining backends.
+	svcMembers []int
 	// tally counts the outcomes both sides agreed on (the log shows what was covered).
 	tally map[string]int
 	// lastClock is the datapath clock when the model's clock was last moved to it.
@@ -469,11 +477,11 @@ func (w *diffWorld) putEP(i int) {
 	w.model.SetEndpoint(e.zone, e.ip, e.epg)
 }
 
-func (w *diffWorld) setService(backends []int) {
+func (w *diffWorld) setService(backends []int, draining ...int) {
 	objs := w.objs
-	var ips []netip.Addr
+	var ips, dips []netip.Addr
 	// Members and backends of the new list, then the count, then what is gone.
-	for _, i := range w.svc {
+	for _, i := range w.svcMembers {
 		_ = objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(w.eps[i].ip)})
 	}
 	for n, i := range backends {
@@ -483,6 +491,13 @@ func (w *diffWorld) setService(backends []int) {
 			w.t.Fatal(err)
 		}
 		if err := objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: diffSvcID, Index: uint32(n)}, &contivbpfCbBackend{Ip: ip4(e.ip), Net: e.net}); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	for _, i := range draining {
+		e := w.eps[i]
+		dips = append(dips, e.ip)
+		if err := objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(e.ip)}, &contivbpfCbMember{Net: e.net}); err != nil {
 			w.t.Fatal(err)
 		}
 	}
@@ -497,9 +512,9 @@ func (w *diffWorld) setService(backends []int) {
 		&contivbpfCbSvc{Id: diffSvcID, Count: uint32(len(backends)), TargetPort: nport(8080)}); err != nil {
 		w.t.Fatal(err)
 	}
-	w.svc = backends
+	w.svc, w.svcMembers = backends, append(slices.Clone(backends), draining...)
 	for _, proto := range []uint8{6, 17} {
-		w.model.SetService(policy.ModelService{ID: uint32(diffSvcID)*100 + uint32(proto), Zone: diffZoneA, VIP: diffVIP, Port: 80, Proto: proto, TargetPort: 8080, Backends: ips})
+		w.model.SetService(policy.ModelService{ID: uint32(diffSvcID)*100 + uint32(proto), Zone: diffZoneA, VIP: diffVIP, Port: 80, Proto: proto, TargetPort: 8080, Backends: ips, Draining: dips})
 	}
 }
 
@@ -795,7 +810,7 @@ func (w *diffWorld) apply(s diffStep) string {
 			return fmt.Sprintf("gc deleted %d entries, model %d", n, m)
 		}
 	case "svc":
-		w.setService(s.backend)
+		w.setService(s.backend, s.drain...)
 	case "podpol":
 		e := w.eps[s.from]
 		putKPod(w.t, w.objs, e.zone, e.ip, s.pod)

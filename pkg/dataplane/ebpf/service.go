@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
+
+// enum cb_svc_flags (not in the generated bindings: no C type uses the enum).
+const svcAffinity = 1
 
 type svcRec struct {
 	svc       dataplane.Service
@@ -148,9 +152,12 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			}
 		}
 	}
+	// Backends take new flows (cb_backends); draining ones are members only: the flows
+	// they have keep going, no new one is balanced to them.
 	backends := make([]contivbpfCbBackend, 0, len(s.Backends))
+	var draining []contivbpfCbBackend
 	seen := map[netip.Addr]bool{}
-	for _, b := range s.Backends {
+	for i, b := range append(slices.Clone(s.Backends), s.Draining...) {
 		if !b.Is4() {
 			return fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
 		}
@@ -165,7 +172,16 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		if nr, ok := d.networkByKey(net); !ok || tenantOf(nr.net.ID) != tenant {
 			return fmt.Errorf("service %s: backend %v is not an endpoint of tenant %q", s.ID, b, tenant)
 		}
-		backends = append(backends, contivbpfCbBackend{Ip: ip4(b), Net: net, Generation: d.gen})
+		be := contivbpfCbBackend{Ip: ip4(b), Net: net, Generation: d.gen}
+		if i < len(s.Backends) {
+			backends = append(backends, be)
+		} else {
+			draining = append(draining, be)
+		}
+	}
+	var flags uint16
+	if s.AffinityClientIP {
+		flags |= svcAffinity
 	}
 
 	old, had := d.services[s.ID]
@@ -184,7 +200,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	// Members and backends first (grown list), then the service entries (new count), then
 	// shrink. A flow whose backend is no longer a member is re-balanced by the datapath.
 	var members []contivbpfCbMemberKey
-	for _, b := range backends {
+	for _, b := range append(slices.Clone(backends), draining...) {
 		mk := contivbpfCbMemberKey{SvcId: id, Ip: b.Ip}
 		members = append(members, mk)
 		if err := d.mapPut(contivbpfMapCbMembers, d.objs.CbMembers, &mk, &contivbpfCbMember{Net: b.Net, Generation: d.gen}); err != nil {
@@ -197,7 +213,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		}
 	}
 	for _, k := range keys {
-		v := contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(targets[k]), Generation: d.gen}
+		v := contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(targets[k]), Flags: flags, Generation: d.gen}
 		if err := d.mapPut(contivbpfMapCbServices, d.objs.CbServices, &k, &v); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -153,7 +154,7 @@ func serviceNATs(st *desired, vrf map[string]uint32) map[ctMatch]bool {
 			if target == 0 {
 				target = sp.Port
 			}
-			for _, b := range s.Backends {
+			for _, b := range append(slices.Clone(s.Backends), s.Draining...) { // draining ones keep theirs
 				out[ctMatch{zone: uint16(zone), proto: sp.Proto,
 					orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b, sport: target}}] = true
 			}

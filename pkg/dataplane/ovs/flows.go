@@ -306,20 +306,25 @@ func (f *flow) output(p uint32) *flow {
 	return f.a(of.NewActionOutput(p), fmt.Sprintf("output:%d", p))
 }
 
-// multipath stores a 5-tuple hash choice among nLinks in reg i [start..end].
-func (f *flow) multipath(nLinks int, i, start, end int) *flow {
+// multipath stores a 5-tuple hash choice (bySource: of the source address) among nLinks
+// in reg i [start..end].
+func (f *flow) multipath(nLinks int, i, start, end int, bySource bool) *flow {
 	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))
 	if h == nil {
 		return f
 	}
-	mp, err := newMultipath(nLinks, h, start, end)
+	mp, err := newMultipath(nLinks, h, start, end, bySource)
 	if err != nil {
 		if f.err == nil {
 			f.err = fmt.Errorf("flow %s: %w", f.key(), err)
 		}
 		return f
 	}
-	return f.a(mp, fmt.Sprintf("multipath(symmetric_l3l4+udp,0,hrw,%d,0,reg%d[%d..%d])", nLinks, i, start, end))
+	fields := "symmetric_l3l4+udp"
+	if bySource {
+		fields = "nw_src"
+	}
+	return f.a(mp, fmt.Sprintf("multipath(%s,0,hrw,%d,0,reg%d[%d..%d])", fields, nLinks, i, start, end))
 }
 func (f *flow) resubmit(t tableID) *flow {
 	return f.a(of.NewNXActionResubmitTableAction(of.OFPP_IN_PORT, uint8(t)), "resubmit(,"+t.String()+")")

@@ -21,6 +21,7 @@ import (
 // Hash field sets (NX_HASH_FIELDS_*) and algorithms (NX_MP_ALG_*).
 const (
 	nxHashFieldsSymmetricL3L4UDP = 3
+	nxHashFieldsNwSrc            = 4 // the IPv4 source alone (session affinity)
 	nxMPAlgHashThreshold         = 1
 	nxMPAlgHRW                   = 2
 	nxMultipathLen               = 32
@@ -35,10 +36,10 @@ type nxMultipath struct {
 	dst       *of.MatchField
 }
 
-// newMultipath picks one of nLinks (1..65536) by the 5-tuple hash into dst[start..end].
-// HRW keeps most flows on their backend when one is added or removed; OVS limits it to
-// 64 links, beyond which hash-threshold is used.
-func newMultipath(nLinks int, dst *of.MatchField, start, end int) (*nxMultipath, error) {
+// newMultipath picks one of nLinks (1..65536) by the 5-tuple hash (bySource: the source
+// address's) into dst[start..end]. HRW keeps most flows on their backend when one is
+// added or removed; OVS limits it to 64 links, beyond which hash-threshold is used.
+func newMultipath(nLinks int, dst *of.MatchField, start, end int, bySource bool) (*nxMultipath, error) {
 	if nLinks < 1 || nLinks > 1<<16 || nLinks > 1<<(end-start+1) {
 		return nil, fmt.Errorf("multipath: %d links do not fit %d bits", nLinks, end-start+1)
 	}
@@ -46,7 +47,11 @@ func newMultipath(nLinks int, dst *of.MatchField, start, end int) (*nxMultipath,
 	if nLinks > 64 {
 		alg = nxMPAlgHashThreshold
 	}
-	return &nxMultipath{fields: nxHashFieldsSymmetricL3L4UDP, algorithm: alg, maxLink: uint16(nLinks - 1),
+	fields := uint16(nxHashFieldsSymmetricL3L4UDP)
+	if bySource {
+		fields = nxHashFieldsNwSrc
+	}
+	return &nxMultipath{fields: fields, algorithm: alg, maxLink: uint16(nLinks - 1),
 		ofsNbits: of.NewNXRange(start, end).ToOfsBits(), dst: dst}, nil
 }
 

@@ -545,7 +545,7 @@ func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[strin
 		if !s.VIP.Is4() {
 			return nil, nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
 		}
-		for _, b := range s.Backends {
+		for _, b := range append(slices.Clone(s.Backends), s.Draining...) {
 			if !b.Is4() {
 				return nil, nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
 			}
@@ -583,7 +583,9 @@ func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[strin
 }
 
 // servicePort balances new connections from VRF v to one VIP:port over the backends by
-// a hash of the 5-tuple (UDP ports included). A new TCP packet without SYN opens nothing.
+// a hash of the 5-tuple (UDP ports included; with session affinity, of the client's
+// address). A new TCP packet without SYN opens nothing. Draining backends get no new
+// connection; their established ones keep their translation (ct state, not flows).
 func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v, sid uint32, local map[netip.Addr]bool) []*flow {
 	target := sp.TargetPort
 	if target == 0 {
@@ -602,7 +604,7 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		lb.tcpFlags(0x002, 0x012, "+syn-ack")
 		flows = append(flows, match(90)) // new TCP without SYN: drop
 	}
-	lb.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15).resubmit(tServiceBackend)
+	lb.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15, s.AffinityClientIP).resubmit(tServiceBackend)
 	for i, b := range s.Backends {
 		flows = append(flows, pl.newFlow(tServiceBackend, 100).reg(regSvcSel, sid<<16|uint32(i)).
 			load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT))
