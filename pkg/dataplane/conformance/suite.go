@@ -211,6 +211,31 @@ func (e *Env) threeContainers(t *testing.T, ga1, ga2, gb1 uint16) (a1, a2, b1 *C
 	return a1, a2, b1
 }
 
+// echoServers starts a TCP echo server on port in each container (closed when t ends).
+func echoServers(t *testing.T, port int, cts ...*Container) []*TCPServer {
+	t.Helper()
+	var srvs []*TCPServer
+	for _, ct := range cts {
+		srv, err := StartTCPEchoPort(ct.NS, ct.EP.IP.String(), port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		srvs = append(srvs, srv)
+	}
+	return srvs
+}
+
+// upsertService programs svc on every host.
+func (e *Env) upsertService(t *testing.T, c context.Context, svc dataplane.Service) {
+	t.Helper()
+	for _, h := range []*Host{e.H1, e.H2} {
+		if err := h.Driver.UpsertService(c, svc); err != nil {
+			t.Fatalf("%s: %v", h.Name, err)
+		}
+	}
+}
+
 // Run drives a Driver through every backend-neutral scenario.
 func Run(t *testing.T, factory Factory) {
 	e := NewEnv(t, factory)
@@ -469,13 +494,8 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("networkpolicy", func(t *testing.T) {
 		c := ctx(t)
 		const allowed, other = 8082, 8083
-		for _, port := range []int{allowed, other} {
-			srv, err := StartTCPEchoPort(b1.NS, ip(b1), port)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-		}
+		echoServers(t, allowed, b1)
+		echoServers(t, other, b1)
 		pod := func(ct *Container, p dataplane.PodPolicy) dataplane.PodPolicy {
 			p.ID, p.NetworkID, p.IP = ct.EP.ID, ct.EP.NetworkID, ct.EP.IP
 			return p
@@ -543,22 +563,10 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("service", func(t *testing.T) {
 		c := ctx(t)
 		const target = 8090
-		var srvs []*TCPServer
-		for _, be := range []*Container{a2, b1} {
-			srv, err := StartTCPEchoPort(be.NS, ip(be), target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-			srvs = append(srvs, srv)
-		}
+		srvs := echoServers(t, target, a2, b1)
 		svc := dataplane.Service{ID: "web:default", VIP: netip.MustParseAddr("10.36.1.200"),
 			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
-		for _, h := range []*Host{e.H1, e.H2} {
-			if err := h.Driver.UpsertService(c, svc); err != nil {
-				t.Fatalf("%s: %v", h.Name, err)
-			}
-		}
+		e.upsertService(t, c, svc)
 		for i := 0; i < 16; i++ {
 			conn, err := DialTCP(a1.NS, "10.36.1.200:80")
 			if err != nil {
@@ -588,25 +596,10 @@ func Run(t *testing.T, factory Factory) {
 	t.Run("service-affinity-drain", func(t *testing.T) {
 		c := ctx(t)
 		const target = 8091
-		var srvs []*TCPServer
-		for _, be := range []*Container{a2, b1} {
-			srv, err := StartTCPEchoPort(be.NS, ip(be), target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-			srvs = append(srvs, srv)
-		}
+		srvs := echoServers(t, target, a2, b1)
 		svc := dataplane.Service{ID: "sticky:default", VIP: netip.MustParseAddr("10.36.1.201"), AffinityClientIP: true,
 			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: target}}, Backends: []netip.Addr{a2.EP.IP, b1.EP.IP}}
-		put := func(s dataplane.Service) {
-			t.Helper()
-			for _, h := range []*Host{e.H1, e.H2} {
-				if err := h.Driver.UpsertService(c, s); err != nil {
-					t.Fatalf("%s: %v", h.Name, err)
-				}
-			}
-		}
+		put := func(s dataplane.Service) { t.Helper(); e.upsertService(t, c, s) }
 		accepted := func() [2]int64 { return [2]int64{srvs[0].Accepted.Load(), srvs[1].Accepted.Load()} }
 		put(svc)
 		// ClientIP affinity: every connection of a1 reaches the same backend.
