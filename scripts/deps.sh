@@ -11,6 +11,9 @@ check /usr/include/bpf/bpf_helpers.h libbpf-dev
 check bpftool bpftool
 check ovs-vswitchd openvswitch-switch
 check dockerd docker.io
+check containerd containerd
+check ctr containerd
+check runc runc
 check /bin/busybox busybox-static
 check etcd etcd-server
 check etcdctl etcd-client
