@@ -4,8 +4,9 @@
 // created in the API and attached through the CNI socket as a runtime would, a namespace
 // bound to a tenant refusing a pod that names another, and a Service balanced across both
 // nodes by its ClusterIP, then a NetworkPolicy that blocks the client and is changed to
-// allow it. Every step prints what it does; any failure exits non-zero after cleaning up.
-// A real container runtime is not part of it yet (docs/kubernetes.md).
+// allow it, and a pod created through a real container runtime (a private containerd's
+// CRI plugin executing the CNI chain). Every step prints what it does; any failure exits
+// non-zero after cleaning up.
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/k8s/critest"
 	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
@@ -170,6 +173,41 @@ func run(ctx context.Context, dp, bin string) (err error) {
 		return fmt.Errorf("netctl bpf services: %v: %s", err, out)
 	}
 	fmt.Print(indent(out))
+
+	step("pod web-3 created through a container runtime: a private containerd's CRI plugin runs its sandbox and executes contivk8s + portmap on node 1")
+	root, err := sim.RepoRoot()
+	if err != nil {
+		return err
+	}
+	tools, err := os.MkdirTemp("", "cbdemo-cri-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tools)
+	pause, plugins, err := critest.Build(ctx, root, tools)
+	if err != nil {
+		return err
+	}
+	rt, err := critest.Start(ctx, critest.Options{Dir: filepath.Join(c.WorkDir, "containerd"), ConfList: critest.ConfList(c.Hosts[0].CNISocket), Pause: pause, Plugins: plugins})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	if _, err := api.CreatePod(ctx, "shop", "web-3", c.Hosts[0].Name, map[string]string{k8s.LabelNetwork: "web-net", "app": "web"}); err != nil {
+		return err
+	}
+	sandbox, ip, err := rt.RunPod(ctx, "shop", "web-3", "uid-web-3")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    sandbox %.12s: %s (tenant blue's web-net, from the pod's labels)\n", sandbox, ip)
+	if err := waitFor(30*time.Second, "the client to reach web-3", func() bool {
+		_, err := pods[2].ct.Ping(ctx, ip, 1)
+		return err == nil
+	}); err != nil {
+		return err
+	}
+	fmt.Printf("    client on node 2 pings %s: ok\n", ip)
 
 	step("NetworkPolicy shop/web-ingress selects app=web with no rules: the client's connections through the ClusterIP are refused")
 	vip := net.JoinHostPort(svc.Spec.ClusterIP, "80")

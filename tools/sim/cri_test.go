@@ -38,17 +38,13 @@ func kubernetesCRI(t *testing.T, dp string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tools := t.TempDir()
-	for name, pkg := range map[string]string{"contivk8s": "./cmd/contivk8s", "pause": "./pkg/k8s/critest/pause",
-		"portmap": "github.com/containernetworking/plugins/plugins/meta/portmap", "loopback": "github.com/containernetworking/plugins/plugins/main/loopback"} {
-		if out, err := runIn(ctx, root, "env", "CGO_ENABLED=0", "go", "build", "-o", filepath.Join(tools, name), pkg); err != nil {
-			t.Fatalf("build %s: %v\n%s", name, err, out)
-		}
+	pause, plugins, err := critest.Build(ctx, root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	h1, h2 := c.Hosts[0], c.Hosts[1]
-	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"contiv","plugins":[{"type":"contivk8s","socket":%q},{"type":"portmap","capabilities":{"portMappings":true},"snat":false}]}`, h1.CNISocket)
-	rt, err := critest.Start(ctx, critest.Options{Dir: filepath.Join(c.WorkDir, "containerd"), ConfList: []byte(conf), Pause: filepath.Join(tools, "pause"),
-		Plugins: map[string]string{"contivk8s": filepath.Join(tools, "contivk8s"), "portmap": filepath.Join(tools, "portmap"), "loopback": filepath.Join(tools, "loopback")}})
+	rt, err := critest.Start(ctx, critest.Options{Dir: filepath.Join(c.WorkDir, "containerd"), ConfList: critest.ConfList(h1.CNISocket),
+		Pause: pause, Plugins: plugins})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -549,6 +549,38 @@ func Run(t *testing.T, factory Factory) {
 		dialFails(a2, allowed)
 		PingFails(t, a1.NS, ip(b1))
 		PingOK(t, b1.NS, ip(a1), 3) // b1 is not isolated for egress, a1 not for ingress
+		// A change cuts the established connections it no longer allows (eBPF: the policy
+		// epoch; OVS: conntrack judged again and flushed), and keeps the ones it does.
+		held, err := DialTCPTimeout(a1.NS, addr(allowed), 3*time.Second)
+		if err != nil {
+			t.Fatalf("a1 → b1:%d: %v", allowed, err)
+		}
+		defer held.Close()
+		kept, err := DialTCPTimeout(a1.NS, addr(other), 3*time.Second)
+		if err == nil {
+			kept.Close()
+			t.Fatalf("a1 → b1:%d connected before it is allowed", other)
+		}
+		set(pod(b1, dataplane.PodPolicy{IngressIsolated: true, Ingress: []dataplane.PodRule{
+			{Remote: netip.PrefixFrom(a1.EP.IP, 32), Proto: 6, PortMin: allowed, PortMax: other}}}))
+		kept, err = DialTCPTimeout(a1.NS, addr(other), 3*time.Second)
+		if err != nil {
+			t.Fatalf("a1 → b1:%d after it was allowed: %v", other, err)
+		}
+		defer kept.Close()
+		if err := EchoRoundTrip(held, 1024); err != nil {
+			t.Fatalf("a connection still allowed broke: %v", err)
+		}
+		set(pod(b1, dataplane.PodPolicy{IngressIsolated: true, Ingress: []dataplane.PodRule{
+			{Remote: netip.PrefixFrom(a1.EP.IP, 32), Proto: 6, PortMin: other, PortMax: other}}}))
+		if err := EchoRoundTrip(held, 1024); err == nil {
+			t.Error("an established connection the new policy denies kept working")
+		}
+		if err := EchoRoundTrip(kept, 1024); err != nil {
+			t.Errorf("an established connection the new policy still allows broke: %v", err)
+		}
+		set(pod(b1, dataplane.PodPolicy{IngressIsolated: true,
+			Ingress: []dataplane.PodRule{{Remote: netip.PrefixFrom(a1.EP.IP, 32), Proto: 6, PortMin: allowed, PortMax: allowed}}}))
 		// a1 isolated for egress with no rules: it opens nothing; what others open to it
 		// still gets its replies.
 		set(pod(a1, dataplane.PodPolicy{EgressIsolated: true}))

@@ -582,8 +582,13 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 			delete(ids.svc, k)
 		}
 	}
+	oldVRF := d.vrfIDs
 	d.svcIDs, d.vrfIDs = ids.svc, ids.vrf
 	errs := []error{d.flushRemovedNATs(ctx, natsBefore, serviceNATs(st, d.vrfIDs)), d.releaseVRFs(ctx, st)}
+	if verdictChanged(inputsOf(d.state, oldVRF), inputsOf(st, d.vrfIDs)) {
+		// Established connections are judged again, as the eBPF datapath's epoch does.
+		errs = append(errs, d.rejudge(ctx, st, d.vrfIDs))
+	}
 	for id, ep := range d.state.endpoints {
 		if _, ok := st.endpoints[id]; ok {
 			continue

@@ -50,6 +50,38 @@ type Runtime struct {
 	CRI    runtimeapi.RuntimeServiceClient
 }
 
+// Build compiles, from the repository at root into dir, what a runtime needs besides
+// containerd: the pause binary and the CNI plugins the conflist of ConfList uses
+// (contivk8s, containernetworking's loopback, which the CRI plugin always runs, and
+// portmap), and returns them as Options fields.
+func Build(ctx context.Context, root, dir string) (pause string, plugins map[string]string, err error) {
+	pkgs := map[string]string{
+		"pause":     "./pkg/k8s/critest/pause",
+		"contivk8s": "./cmd/contivk8s",
+		"loopback":  "github.com/containernetworking/plugins/plugins/main/loopback",
+		"portmap":   "github.com/containernetworking/plugins/plugins/meta/portmap",
+	}
+	plugins = map[string]string{}
+	for name, pkg := range pkgs {
+		out := filepath.Join(dir, name)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("critest: build %s: %v\n%s", name, err, b)
+		}
+		if name != "pause" {
+			plugins[name] = out
+		}
+	}
+	return filepath.Join(dir, "pause"), plugins, nil
+}
+
+// ConfList is the conflist the runtime gives pods: contivk8s talking to the netplugin
+// socket, chained with portmap.
+func ConfList(socket string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"contiv","plugins":[{"type":"contivk8s","socket":%q},{"type":"portmap","capabilities":{"portMappings":true},"snat":false}]}`, socket))
+}
+
 // Start writes the configuration, starts containerd, imports the pause image and connects
 // to its CRI service.
 func Start(ctx context.Context, o Options) (*Runtime, error) {
