@@ -63,6 +63,11 @@ func NewNetNS(t testing.TB, name string) string {
 	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("lo up in %s: %v: %s", name, err, out)
 	}
+	// A new namespace inherits the root namespace's IPv4 forwarding (which dockerd or a
+	// CNI plugin on this machine may have turned on): start from a fresh host's 0.
+	if out, err := exec.Command("nsenter", "--net="+path, "sysctl", "-qw", "net.ipv4.ip_forward=0").CombinedOutput(); err != nil {
+		t.Fatalf("ip_forward=0 in %s: %v: %s", name, err, out)
+	}
 	return path
 }
 
