@@ -31,6 +31,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/k8ssync"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
@@ -408,7 +409,7 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 		Version: versionInfo(),
 	}
 	deadline := time.Now().Add(time.Minute)
-	backoff := 250 * time.Millisecond
+	wait := retry.New(250*time.Millisecond, 5*time.Second)
 	for {
 		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		m, err := master.New(tctx, mc)
@@ -420,12 +421,9 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 			return nil, fmt.Errorf("start master API: %w", err)
 		}
 		slog.Warn("master bootstrap failed, retrying", "err", err)
-		select {
-		case <-ctx.Done():
+		if !wait.Wait(ctx) {
 			return nil, ctx.Err()
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
@@ -298,9 +299,8 @@ func (a *Agent) trigger() {
 
 // loop reconciles on every change and retries failed driver calls with backoff.
 func (a *Agent) loop(ctx context.Context) {
-	const minBackoff, maxBackoff = 200 * time.Millisecond, 30 * time.Second
-	backoff := minBackoff
-	var retry <-chan time.Time
+	wait := retry.New(200*time.Millisecond, 30*time.Second)
+	var again <-chan time.Time
 	first := true
 	for {
 		errs := a.reconcile(ctx)
@@ -309,17 +309,16 @@ func (a *Agent) loop(ctx context.Context) {
 			close(a.ready)
 		}
 		if len(errs) > 0 {
-			retry = time.After(backoff)
-			backoff = min(backoff*2, maxBackoff)
+			again = time.After(wait.Next())
 		} else {
-			retry = nil
-			backoff = minBackoff
+			again = nil
+			wait.Reset()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-a.kick:
-		case <-retry:
+		case <-again:
 		}
 	}
 }

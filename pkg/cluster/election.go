@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -173,7 +174,7 @@ func (e *Election) setHolder(h string) { e.holder.Store(&h) }
 // resigns (revokes its lease, deleting the key) so another candidate takes over at once.
 func (e *Election) Run(ctx context.Context) error {
 	defer e.Resign(context.WithoutCancel(ctx)) //nolint:errcheck // logged inside
-	backoff := 200 * time.Millisecond
+	wait := retry.New(200*time.Millisecond, 2*time.Second)
 	for ctx.Err() == nil {
 		err := e.campaign(ctx)
 		e.setLeader(false)
@@ -181,14 +182,13 @@ func (e *Election) Run(ctx context.Context) error {
 			break
 		}
 		if err != nil {
-			e.log.Warn("election round failed, retrying", "err", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
+			e.log.Warn("election round failed, retrying", "err", err)
+			if !wait.Wait(ctx) {
 				break
 			}
-			backoff = min(backoff*2, 2*time.Second)
 			continue
 		}
-		backoff = 200 * time.Millisecond
+		wait.Reset()
 	}
 	return ctx.Err()
 }
@@ -353,7 +353,7 @@ func (e *Election) watchKey(ctx context.Context, key string, rev int64, leaseLos
 		if !broken || err != nil {
 			return gone, err
 		}
-		if !sleep(ctx, 200*time.Millisecond) {
+		if !retry.New(200*time.Millisecond, 200*time.Millisecond).Wait(ctx) {
 			return false, ctx.Err()
 		}
 		select {
@@ -414,16 +414,5 @@ func (e *Election) watchOnce(ctx context.Context, key string, rev int64, leaseLo
 				}
 			}
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -143,7 +144,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		regsWG.Add(1)
 		go func() {
 			defer regsWG.Done()
-			backoff := 200 * time.Millisecond
+			wait := retry.New(200*time.Millisecond, 5*time.Second)
 			for {
 				r, err := Register(regCtx, cfg.Store, si, cfg.ServiceTTL)
 				if err == nil {
@@ -159,10 +160,9 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 					return
 				}
 				log.Warn("service registration failed, retrying", "service", si.ServiceName, "err", err)
-				if !sleep(regCtx, backoff) {
+				if !wait.Wait(regCtx) {
 					return
 				}
-				backoff = min(backoff*2, 5*time.Second)
 			}
 		}()
 	}

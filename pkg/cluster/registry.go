@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -197,7 +198,7 @@ func (r *Registration) put(ctx context.Context) (<-chan struct{}, error) {
 
 func (r *Registration) keep(ctx context.Context, leaseLost <-chan struct{}) {
 	defer close(r.done)
-	backoff := 200 * time.Millisecond
+	wait := retry.New(200*time.Millisecond, 5*time.Second)
 	for {
 		select {
 		case <-ctx.Done():
@@ -210,17 +211,16 @@ func (r *Registration) keep(ctx context.Context, leaseLost <-chan struct{}) {
 			lost, err := r.put(ctx)
 			if err == nil {
 				leaseLost = lost
-				backoff = 200 * time.Millisecond
+				wait.Reset()
 				break
 			}
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("re-register failed", "err", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
+			r.log.Warn("re-register failed, retrying", "err", err)
+			if !wait.Wait(ctx) {
 				return
 			}
-			backoff = min(backoff*2, 5*time.Second)
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/contivbpf/contivbpf/pkg/retry"
 )
 
 // EventType says whether a key was written or removed.
@@ -51,16 +53,15 @@ func (s *Store) ListWatch(ctx context.Context, prefix string, h WatchHandler) er
 	log := slog.With("prefix", prefix)
 	var rev int64
 	needList := true
-	backoff := 100 * time.Millisecond
+	wait := retry.New(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
 		if needList {
 			kvs, r, err := s.List(ctx, prefix)
 			if err != nil {
 				log.Warn("list for watch failed, retrying", "err", err)
-				if !sleepCtx(ctx, backoff) {
+				if !wait.Wait(ctx) {
 					break
 				}
-				backoff = min(backoff*2, 5*time.Second)
 				continue
 			}
 			rev = r
@@ -79,7 +80,7 @@ func (s *Store) ListWatch(ctx context.Context, prefix string, h WatchHandler) er
 				log.Warn("watch interrupted", "err", err, "rev", rev)
 				break
 			}
-			backoff = 100 * time.Millisecond
+			wait.Reset()
 			for _, e := range resp.Events {
 				ev := Event{Key: string(e.Kv.Key), Value: e.Kv.Value, Rev: e.Kv.ModRevision}
 				if e.Type == clientv3.EventTypeDelete {
@@ -98,21 +99,9 @@ func (s *Store) ListWatch(ctx context.Context, prefix string, h WatchHandler) er
 		if ctx.Err() != nil {
 			break
 		}
-		if !sleepCtx(ctx, backoff) {
+		if !wait.Wait(ctx) {
 			break
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 	return fmt.Errorf("watch %s: %w", prefix, ctx.Err())
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -27,6 +27,7 @@ import (
 	of "github.com/contiv/libOpenflow/openflow13"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 )
 
 // Cookie layout: the top 16 bits mark our flows, the next 16 bits are the generation.
@@ -316,11 +317,12 @@ func (d *Driver) watch() {
 		case <-c.Done():
 		}
 		d.log.Warn("openflow connection lost; reinstalling when vswitchd is back")
+		wait := retry.New(50*time.Millisecond, 2*time.Second)
 		for {
 			select {
 			case <-d.stop:
 				return
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(wait.Next()):
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			err := d.repair(ctx)
