@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // dir is a fixed directory: interface ifindex is an endpoint of tenant red whose gateway
@@ -65,7 +66,7 @@ func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 	sh(t, w.ep, "ip", "link", "set", "eth0", "up")
 	sh(t, w.ep, "ip", "route", "add", "10.77.0.1/32", "dev", "eth0")
 	var h0 *net.Interface
-	if err := conformance.InNetNS(w.host, func() error {
+	if err := nsexec.Run(w.host, func() error {
 		var err error
 		h0, err = net.InterfaceByName("h0")
 		return err
@@ -82,7 +83,7 @@ func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 	}}
 	if upstream {
 		var pc net.PacketConn
-		if err := conformance.InNetNS(w.host, func() error {
+		if err := nsexec.Run(w.host, func() error {
 			var err error
 			pc, err = net.ListenPacket("udp4", "10.77.0.2:53")
 			return err
@@ -103,7 +104,7 @@ func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 		t.Cleanup(func() { _ = up.Shutdown() })
 		cfg.Upstreams = []string{"10.77.0.2:53"}
 		cfg.DialUpstream = func(ctx context.Context, addr string) (conn net.Conn, err error) {
-			err = conformance.InNetNS(w.host, func() error {
+			err = nsexec.Run(w.host, func() error {
 				var d net.Dialer
 				conn, err = d.DialContext(ctx, "udp4", addr)
 				return err
@@ -112,7 +113,7 @@ func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 		}
 	}
 	cfg.Listen = netip.MustParseAddrPort("10.77.0.1:53")
-	if err := conformance.InNetNS(w.host, func() error {
+	if err := nsexec.Run(w.host, func() error {
 		var err error
 		w.srv, err = Listen(context.Background(), cfg, w.d)
 		return err
@@ -128,7 +129,7 @@ func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 func (w *world) socket(t *testing.T) net.PacketConn {
 	t.Helper()
 	var pc net.PacketConn
-	if err := conformance.InNetNS(w.ep, func() error {
+	if err := nsexec.Run(w.ep, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp4", "10.50.0.2:0")
 		return err

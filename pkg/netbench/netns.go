@@ -10,45 +10,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
-
-	"github.com/vishvananda/netns"
 )
 
 // NSPath returns the bind-mount path of a named network namespace.
 func NSPath(name string) string { return "/var/run/netns/" + name }
-
-// InNS runs fn on an OS thread that has entered the namespace at path. Sockets created
-// inside fn belong to that namespace for their whole life.
-func InNS(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is left locked on purpose when switching fails or succeeds: it
-		// exits with the goroutine instead of returning to the pool in a foreign netns.
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			errc <- fmt.Errorf("open netns %s: %w", path, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
 
 // NSCmd builds a command that runs inside the named namespace through nsenter, which
 // (unlike `ip netns exec`) leaves /sys and bpffs alone.

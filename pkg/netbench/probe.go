@@ -10,6 +10,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Server is a TCP echo server living in one namespace. It answers fixed-size requests
@@ -23,7 +25,7 @@ type Server struct {
 // StartServer listens on addr (ip:port) inside the namespace at nsPath.
 func StartServer(nsPath, addr string) (*Server, error) {
 	var ln net.Listener
-	err := InNS(nsPath, func() error {
+	err := nsexec.Run(nsPath, func() error {
 		var err error
 		ln, err = net.Listen("tcp", addr)
 		return err
@@ -89,7 +91,7 @@ func NewDialer(nsPath string) *Dialer { return &Dialer{nsPath: nsPath} }
 // Dial connects to addr from the dialer's namespace.
 func (d *Dialer) Dial(addr string) (net.Conn, error) {
 	var c net.Conn
-	err := InNS(d.nsPath, func() error {
+	err := nsexec.Run(d.nsPath, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
 		return err
@@ -127,7 +129,7 @@ func CRR(ctx context.Context, dialer *Dialer, addr string, d time.Duration) (flo
 	var firstErr error
 	// Create every socket inside the namespace from one locked thread to avoid paying
 	// for a namespace switch per connection.
-	err := InNS(dialer.nsPath, func() error {
+	err := nsexec.Run(dialer.nsPath, func() error {
 		deadline := time.Now().Add(d)
 		start := time.Now()
 		for time.Now().Before(deadline) && ctx.Err() == nil {

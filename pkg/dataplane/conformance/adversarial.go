@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // RunAdversarial drives a Driver through the cases of design §9 ("Trust") with crafted
@@ -473,7 +474,7 @@ func bareACK(t *testing.T, e *Env, a1, a2 *Container) {
 // namespace at path.
 func dialFrom(path string, ip netip.Addr, port uint16, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip.AsSlice(), Port: int(port)}, Control: reuseAddr}
 		var err error
 		c, err = d.Dial("tcp4", addr)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // withService installs svc on both hosts for the duration of fn.
@@ -48,7 +49,7 @@ func portUnreachableThroughVIP(t *testing.T, e *Env, a1, b1 *Container) {
 // RefusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
 // from addr within three tries.
 func RefusedUDP(path, addr string) error {
-	return InNetNS(path, func() error {
+	return nsexec.Run(path, func() error {
 		c, err := net.DialTimeout("udp4", addr, time.Second)
 		if err != nil {
 			return err

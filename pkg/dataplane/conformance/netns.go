@@ -4,7 +4,7 @@
 // and restart with real traffic. Backend-specific checks (map or flow contents) belong in
 // the backend's own tests; everything here is observable from the containers and the wire.
 //
-// The helpers (NewNetNS, InNetNS, Ping, ...) are exported for backend tests that need the
+// The helpers (NewNetNS, Ping, ...; code inside a namespace runs through pkg/nsexec) are exported for backend tests that need the
 // same building blocks.
 package conformance
 
@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -41,22 +40,8 @@ func Prefix() string {
 // test ends. It returns the namespace's path. Loopback is brought up.
 func NewNetNS(t testing.TB, name string) string {
 	t.Helper()
-	err := onLockedThread(func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name)
-		if err != nil {
-			_ = netns.Set(orig)
-			return fmt.Errorf("create netns %s: %w", name, err)
-		}
-		ns.Close()
-		return netns.Set(orig)
-	})
-	if err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("create netns %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() { _ = netns.DeleteNamed(name) })
 	path := filepath.Join("/run/netns", name)
@@ -69,46 +54,6 @@ func NewNetNS(t testing.TB, name string) string {
 		t.Fatalf("ip_forward=0 in %s: %v: %s", name, err, out)
 	}
 	return path
-}
-
-// onLockedThread runs fn on a locked OS thread; if fn leaves the thread in another
-// namespace (error), the thread is not reused.
-func onLockedThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		err := fn()
-		if err == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// InNetNS runs fn on a locked OS thread inside the namespace at path. Sockets created by fn
-// stay in that namespace after it returns.
-func InNetNS(path string, fn func() error) error {
-	return onLockedThread(func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			return err
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			return err
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			return fmt.Errorf("return from %s: %w", path, err) // thread stays locked and dies
-		}
-		return ferr
-	})
 }
 
 // Ping sends one ICMP echo from the namespace at path and waits up to wait for the reply.

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Raw frame builders for the adversarial cases: what a hostile container writes with an
@@ -142,7 +144,7 @@ func checksum(b []byte, sum uint32) uint16 {
 // SendRawFrame writes frame as is (no tag offload, no checksum help) to ifname inside the
 // namespace at nsPath through an AF_PACKET socket.
 func SendRawFrame(nsPath, ifname string, frame []byte) error {
-	return InNetNS(nsPath, func() error {
+	return nsexec.Run(nsPath, func() error {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
 			return fmt.Errorf("raw frame: %w", err)

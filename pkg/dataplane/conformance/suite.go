@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Factory starts a driver for one simulated host. It is called again with the same
@@ -184,7 +185,7 @@ func ctx(t *testing.T) context.Context {
 
 func linkExists(ns, name string) bool {
 	found := false
-	_ = InNetNS(ns, func() error {
+	_ = nsexec.Run(ns, func() error {
 		_, err := net.InterfaceByName(name)
 		found = err == nil
 		return nil
@@ -243,7 +244,7 @@ func Run(t *testing.T, factory Factory) {
 	ip := func(c *Container) string { return c.EP.IP.String() }
 
 	t.Run("container-config", func(t *testing.T) {
-		err := InNetNS(a1.NS, func() error {
+		err := nsexec.Run(a1.NS, func() error {
 			ifi, err := net.InterfaceByName("eth0")
 			if err != nil {
 				return err
@@ -265,7 +266,7 @@ func Run(t *testing.T, factory Factory) {
 		}
 		// The dataplane forwards, not the host stack.
 		for _, h := range []*Host{e.H1, e.H2} {
-			err := InNetNS(h.NS, func() error {
+			err := nsexec.Run(h.NS, func() error {
 				b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 				if err != nil {
 					return err

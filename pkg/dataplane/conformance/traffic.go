@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // TCPServer is an echo server listening inside a namespace.
@@ -30,7 +32,7 @@ func StartTCPEcho(path, ip string) (*TCPServer, error) {
 // StartTCPEchoPort is StartTCPEcho on a given port.
 func StartTCPEchoPort(path, ip string, port int) (*TCPServer, error) {
 	var ln net.Listener
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		var err error
 		ln, err = net.Listen("tcp4", net.JoinHostPort(ip, fmt.Sprint(port)))
 		return err
@@ -66,7 +68,7 @@ func DialTCP(path, addr string) (net.Conn, error) {
 // DialTCPTimeout is DialTCP with a connect timeout.
 func DialTCPTimeout(path, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp4", addr, timeout)
 		return err
@@ -138,7 +140,7 @@ type Capture struct {
 // StartCapture opens an AF_PACKET socket on ifname inside the namespace at path.
 func StartCapture(path, ifname string) (*Capture, error) {
 	c := &Capture{fd: -1, stop: make(chan struct{}), done: make(chan struct{})}
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
 			return err

@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // UDPServer echoes datagrams inside a namespace and counts them per client address.
@@ -29,7 +31,7 @@ func StartUDPIdent(path, ip string, port int) (*UDPServer, error) {
 
 func startUDPServer(path, ip string, port int, ident []byte) (*UDPServer, error) {
 	var pc net.PacketConn
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp4", net.JoinHostPort(ip, fmt.Sprint(port)))
 		return err
@@ -75,7 +77,7 @@ func (s *UDPServer) Close() { s.conn.Close() }
 // lost to ARP resolution). It returns the address the reply came from.
 func UDPExchange(path, addr string, msg []byte, wait time.Duration) (string, error) {
 	var pc net.PacketConn
-	err := InNetNS(path, func() error {
+	err := nsexec.Run(path, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp4", ":0")
 		return err
@@ -105,7 +107,7 @@ func UDPExchange(path, addr string, msg []byte, wait time.Duration) (string, err
 // SendUDP sends one datagram from a plain UDP socket bound to src (an address of the
 // namespace at path, port chosen by the kernel) to dst ("ip:port").
 func SendUDP(path, src, dst string, payload []byte) error {
-	return InNetNS(path, func() error {
+	return nsexec.Run(path, func() error {
 		la, err := net.ResolveUDPAddr("udp4", net.JoinHostPort(src, "0"))
 		if err != nil {
 			return fmt.Errorf("udp from %s: %w", src, err)
@@ -147,7 +149,7 @@ func OpenUDPFlow(path, addr string) (*UDPFlow, error) {
 		return nil, fmt.Errorf("udp flow to %s: %w", addr, err)
 	}
 	var pc net.PacketConn
-	err = InNetNS(path, func() error {
+	err = nsexec.Run(path, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp4", ":0")
 		return err

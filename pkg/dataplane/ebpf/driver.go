@@ -23,6 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Defaults applied to an unset HostConfig field.
@@ -544,7 +545,7 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 	// period (milliseconds at HZ=250): most of a new endpoint's time, and other rtnetlink
 	// requests wait meanwhile, so nothing else can overlap it.
 	var l link.Link
-	err := inNetNS(d.cfg.NetNS, func() error {
+	err := nsexec.Run(d.cfg.NetNS, func() error {
 		var err error
 		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -242,7 +243,7 @@ func TestDriverMapsAndLifecycle(t *testing.T) {
 	if _, err := os.Stat(h.cfg.PinRoot); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pin root left: %v", err)
 	}
-	err = conformance.InNetNS(h.cfg.NetNS, func() error {
+	err = nsexec.Run(h.cfg.NetNS, func() error {
 		for _, n := range []string{"cbevx0", a.HostIfName} {
 			if _, err := net.InterfaceByName(n); err == nil {
 				t.Errorf("%s left after teardown", n)
@@ -267,7 +268,7 @@ func TestDockerModeEndpoint(t *testing.T) {
 	if err := h.d.UpsertEndpoint(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	err := conformance.InNetNS(h.cfg.NetNS, func() error {
+	err := nsexec.Run(h.cfg.NetNS, func() error {
 		ifi, err := net.InterfaceByName(ep.IfName)
 		if err != nil {
 			return err

@@ -22,6 +22,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Egress NAT defaults: the port range lies above Linux's default ephemeral range
@@ -106,7 +108,7 @@ func (d *Driver) resolveEgress() (egress, error) {
 // range (the host's connections and egress flows could then pick the same port).
 func (d *Driver) warnPortOverlap(e egress) {
 	var raw []byte
-	_ = inNetNS(d.cfg.NetNS, func() error {
+	_ = nsexec.Run(d.cfg.NetNS, func() error {
 		var err error
 		raw, err = os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 		return err
@@ -320,7 +322,7 @@ func (d *Driver) attachSockLB() error {
 	if root == "" || d.objs.CbSockConnect4 == nil {
 		return nil
 	}
-	err := inNetNS(d.cfg.NetNS, func() error {
+	err := nsexec.Run(d.cfg.NetNS, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

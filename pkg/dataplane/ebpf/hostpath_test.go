@@ -13,6 +13,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // egressWorld is a host namespace joined by a veth wire ("up0") to an external namespace
@@ -80,7 +81,7 @@ func (w *egressWorld) endpoint(t *testing.T, n dataplane.Network, name, ip strin
 func acceptFrom(t *testing.T, ns, addr string) (<-chan string, func()) {
 	t.Helper()
 	var ln net.Listener
-	if err := conformance.InNetNS(ns, func() error {
+	if err := nsexec.Run(ns, func() error {
 		var err error
 		ln, err = net.Listen("tcp4", addr)
 		return err
@@ -108,7 +109,7 @@ func acceptFrom(t *testing.T, ns, addr string) (<-chan string, func()) {
 
 // dialFrom connects from ns (bound to local port lport, 0 = any) and exchanges one message.
 func dialFrom(ns string, lport int, addr string) error {
-	return conformance.InNetNS(ns, func() error {
+	return nsexec.Run(ns, func() error {
 		dl := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: lport}}
 		c, err := dl.Dial("tcp4", addr)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // TestRestartZeroLoss streams UDP between two local endpoints while the driver restarts
@@ -27,7 +28,7 @@ func TestRestartZeroLoss(t *testing.T) {
 	conformance.PingOK(t, a.NetNS, "10.50.0.3", 3) // resolve ARP before counting
 
 	var rx *net.UDPConn
-	if err := conformance.InNetNS(b.NetNS, func() error {
+	if err := nsexec.Run(b.NetNS, func() error {
 		var err error
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.50.0.3"), Port: 9999})
 		return err
@@ -37,7 +38,7 @@ func TestRestartZeroLoss(t *testing.T) {
 	defer rx.Close()
 	_ = rx.SetReadBuffer(4 << 20)
 	var tx *net.UDPConn
-	if err := conformance.InNetNS(a.NetNS, func() error {
+	if err := nsexec.Run(a.NetNS, func() error {
 		var err error
 		tx, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP("10.50.0.3"), Port: 9999})
 		return err

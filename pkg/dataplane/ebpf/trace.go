@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // Trace runs a packet the local endpoint req.From would send through this host's live
@@ -31,7 +32,7 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 		return dataplane.TraceResult{}, err
 	}
 	var res dataplane.TraceResult
-	err := inNetNS(d.cfg.NetNS, func() error {
+	err := nsexec.Run(d.cfg.NetNS, func() error {
 		var err error
 		res, err = d.trace(req)
 		return err
@@ -294,7 +295,7 @@ func (d *Driver) TraceReceive(t dataplane.TraceTunnel) (dataplane.TraceResult, e
 	res.Packet = fmt.Sprintf("VXLAN VNI %d from %v: %v > %v", t.VNI, from, src, dst)
 	ctx := &traceSkbCtx{}
 	ctx.CB[0], ctx.CB[1] = ip4(from), t.VNI
-	err := inNetNS(d.cfg.NetNS, func() error {
+	err := nsexec.Run(d.cfg.NetNS, func() error {
 		run, err := d.traceRun(contivbpfProgCbTestOverlay, append([]byte(nil), t.Inner...), ctx, nil, []uint32{ip4(src), ip4(dst)})
 		if err != nil {
 			return err

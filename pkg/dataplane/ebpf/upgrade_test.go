@@ -17,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // udpStream sends numbered datagrams from a to b (every 100 µs) until the returned stop
@@ -24,7 +25,7 @@ import (
 func udpStream(t *testing.T, a, b dataplane.Endpoint, port int) (stop func() (sent, lost int)) {
 	t.Helper()
 	var rx, tx *net.UDPConn
-	if err := conformance.InNetNS(b.NetNS, func() error {
+	if err := nsexec.Run(b.NetNS, func() error {
 		var err error
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: b.IP.AsSlice(), Port: port})
 		return err
@@ -32,7 +33,7 @@ func udpStream(t *testing.T, a, b dataplane.Endpoint, port int) (stop func() (se
 		t.Fatal(err)
 	}
 	_ = rx.SetReadBuffer(4 << 20)
-	if err := conformance.InNetNS(a.NetNS, func() error {
+	if err := nsexec.Run(a.NetNS, func() error {
 		var err error
 		tx, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.IP.AsSlice(), Port: port})
 		return err
@@ -201,7 +202,7 @@ func TestUpgradeMapLayout(t *testing.T) {
 	}
 	conformance.PingOK(t, a.NetNS, b.IP.String(), 3) // the v1 programs forward
 	burst := uint64(0)                               // datagrams the kernel took (ICMP port unreachable fails some writes)
-	if err := conformance.InNetNS(a.NetNS, func() error {
+	if err := nsexec.Run(a.NetNS, func() error {
 		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.IP.AsSlice(), Port: 9})
 		if err != nil {
 			return err

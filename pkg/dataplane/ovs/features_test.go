@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // listen starts an echo server on ip:port inside ns.
 func listen(t *testing.T, ns, addr string) {
 	t.Helper()
 	var ln net.Listener
-	if err := inNS(t, nsPath(ns), func() (err error) { ln, err = net.Listen("tcp4", addr); return }); err != nil {
+	if err := nsexec.Run(nsPath(ns), func() (err error) { ln, err = net.Listen("tcp4", addr); return }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -37,7 +38,7 @@ func listen(t *testing.T, ns, addr string) {
 // address of the connection's peer as seen by the client.
 func dial(t *testing.T, ns, addr string) error {
 	t.Helper()
-	return inNS(t, nsPath(ns), func() error {
+	return nsexec.Run(nsPath(ns), func() error {
 		c, err := net.DialTimeout("tcp4", addr, time.Second)
 		if err != nil {
 			return fmt.Errorf("dial %s from %s: %w", addr, ns, err)

@@ -11,14 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 func needRoot(t *testing.T) {
@@ -59,27 +57,6 @@ func testID() string {
 	return hex.EncodeToString(b)
 }
 
-// inNS runs fn on a thread inside the namespace.
-func inNS(t *testing.T, path string, fn func() error) error {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // the thread is discarded (not unlocked) after changing netns
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 func ping(ns, ip string) error {
 	out, err := exec.Command("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1", ip).CombinedOutput()
 	if err != nil {
@@ -108,7 +85,7 @@ func eventually(t *testing.T, d time.Duration, fn func() error) {
 func tcpEcho(t *testing.T, srvNS, cliNS, ip string) error {
 	t.Helper()
 	var ln net.Listener
-	if err := inNS(t, nsPath(srvNS), func() (err error) { ln, err = net.Listen("tcp4", ip+":0"); return }); err != nil {
+	if err := nsexec.Run(nsPath(srvNS), func() (err error) { ln, err = net.Listen("tcp4", ip+":0"); return }); err != nil {
 		return err
 	}
 	defer ln.Close()
@@ -122,7 +99,7 @@ func tcpEcho(t *testing.T, srvNS, cliNS, ip string) error {
 		}
 	}()
 	payload := strings.Repeat("contivbpf-ovs ", 20000) // several MSS: checksums must be right
-	return inNS(t, nsPath(cliNS), func() error {
+	return nsexec.Run(nsPath(cliNS), func() error {
 		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 2*time.Second)
 		if err != nil {
 			return fmt.Errorf("dial %s: %w", ln.Addr(), err)
