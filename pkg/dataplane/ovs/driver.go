@@ -72,6 +72,7 @@ type Driver struct {
 	opts Options
 	log  *slog.Logger
 	priv *Private
+	ct   ctCounters // conntrack re-judge counters (metrics.go)
 	db   *ovsDB
 	pl   *pipeline
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func needRoot(t *testing.T) {
@@ -228,6 +229,23 @@ func TestSameHostAndVXLAN(t *testing.T) {
 	neigh := sh(t, "ip", "-n", c1, "neigh", "show", "10.1.0.3")
 	if !strings.Contains(neigh, e3.MAC.String()) {
 		t.Fatalf("neighbour of 10.1.0.3 in c1 = %q, want %s", neigh, e3.MAC)
+	}
+
+	// Conntrack metrics (the eBPF backend's names): the connections above are tracked.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(d1.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	if got["contiv_datapath_ct_entries"] < 1 || got["contiv_datapath_ct_capacity"] < 1000 || got["contiv_datapath_scrape_errors"] != 0 {
+		t.Fatalf("conntrack metrics %v", got)
 	}
 
 	st, err := d1.Status(ctx)

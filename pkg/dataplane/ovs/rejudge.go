@@ -193,8 +193,10 @@ func (d *Driver) appctl(ctx context.Context, args ...string) (string, error) {
 
 // rejudge flushes the tenants' connections the policy of st denies.
 func (d *Driver) rejudge(ctx context.Context, st *desired, vrf map[string]uint32) error {
+	d.ct.runs.Add(1)
 	out, err := d.appctl(ctx, "dpctl/dump-conntrack")
 	if err != nil {
+		d.ct.errors.Add(1)
 		return fmt.Errorf("re-judge established connections: %w", err)
 	}
 	zones := map[uint16]bool{}
@@ -218,10 +220,12 @@ func (d *Driver) rejudge(ctx context.Context, st *desired, vrf map[string]uint32
 		}
 		cut++
 	}
+	d.ct.cut.Add(int64(cut))
 	if cut > 0 {
 		d.log.Info("policy change: established connections it denies were cut", "connections", cut)
 	}
 	if len(errs) > 0 {
+		d.ct.errors.Add(1)
 		return fmt.Errorf("re-judge established connections: %d flushes failed: %w", len(errs), errs[0])
 	}
 	return nil
