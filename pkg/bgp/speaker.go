@@ -147,9 +147,6 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 	return sp, nil
 }
 
-// Config returns the session the speaker runs.
-func (sp *Speaker) Config() Config { return sp.cfg }
-
 // Changed is signalled (coalesced) when the session or a best path changes.
 func (sp *Speaker) Changed() <-chan struct{} { return sp.changed }
 

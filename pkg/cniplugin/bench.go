@@ -35,13 +35,6 @@ type BenchResult struct {
 	DelTotal time.Duration // wall time to detach all pods
 }
 
-func (r BenchResult) String() string {
-	return fmt.Sprintf("CNI ADD x%d: p50 %.1f ms, p99 %.1f ms, max %.1f ms, all attached in %.2f s (DEL all: %.2f s)",
-		r.Pods, ms(r.P50), ms(r.P99), ms(r.Max), r.Total.Seconds(), r.DelTotal.Seconds())
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
 // BenchAdd attaches cfg.Pods pods, measures every ADD, then detaches them and removes the
 // namespaces (also on failure).
 func BenchAdd(ctx context.Context, cfg BenchConfig) (res BenchResult, err error) {

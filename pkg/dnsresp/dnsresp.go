@@ -178,9 +178,6 @@ func (s *Server) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.queries, s.latency}
 }
 
-// Addr is the address the responder listens on.
-func (s *Server) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
-
 // Count returns the number of queries with outcome result so far.
 func (s *Server) Count(result string) float64 {
 	var m dto.Metric

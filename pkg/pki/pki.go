@@ -7,7 +7,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -119,18 +118,6 @@ func (ca *CA) Issue(o Options) (Pair, error) {
 		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}),
 	}, nil
-}
-
-// TLSCertificate returns the pair as a tls.Certificate.
-func (p Pair) TLSCertificate() (tls.Certificate, error) {
-	return tls.X509KeyPair(p.CertPEM, p.KeyPEM)
-}
-
-// Pool returns a cert pool holding only this CA.
-func (ca *CA) Pool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	return pool
 }
 
 // WriteCA writes the CA certificate to dir/name and returns the path.

@@ -271,9 +271,6 @@ func (m *Model) BumpEpoch() { m.epoch++ }
 // Epoch is the current policy epoch (0 at start).
 func (m *Model) Epoch() uint32 { return m.epoch }
 
-// Now is the model's clock (0 at start).
-func (m *Model) Now() time.Duration { return m.now }
-
 // SetService upserts a service by ID.
 func (m *Model) SetService(s ModelService) {
 	s.VIP = s.VIP.Unmap()

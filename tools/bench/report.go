@@ -45,18 +45,6 @@ func (r *report) fail(name string, err error) {
 	r.errors[name] = reason
 	fmt.Fprintf(r.w, "BENCH_ERROR %s %s\n", name, reason)
 }
-
-func (r *report) get(name string) (figure, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, f := range r.figures {
-		if f.Name == name {
-			return f, true
-		}
-	}
-	return figure{}, false
-}
-
 func (r *report) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -721,11 +721,6 @@ func (c *Cluster) CreateTaggedNetwork(ctx context.Context, tenant, name, encap s
 	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), body, nil)
 }
 
-// DeleteNetwork deletes a network through the REST API.
-func (c *Cluster) DeleteNetwork(ctx context.Context, tenant, name string) error {
-	return c.MasterDo(ctx, http.MethodDelete, fmt.Sprintf("/api/v1/networks/%s:%s/", tenant, name), nil, nil)
-}
-
 // CreatePolicy creates an (empty) policy through the REST API (`netctl policy create`).
 func (c *Cluster) CreatePolicy(ctx context.Context, tenant, name string) error {
 	body := map[string]any{"tenantName": tenant, "policyName": name}

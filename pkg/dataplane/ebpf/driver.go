@@ -137,13 +137,6 @@ type remoteRec struct {
 // Option adjusts a Driver.
 type Option func(*Driver)
 
-// WithLogger sets the driver's logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(d *Driver) { d.log = l } }
-
-// WithCTGCInterval sets how often the conntrack collector sweeps (default
-// DefaultCTGCInterval).
-func WithCTGCInterval(every time.Duration) Option { return func(d *Driver) { d.ctgcEvery = every } }
-
 // withSpec runs another build of the programs (tests: upgrades between layouts).
 func withSpec(load func() (*ebpf.CollectionSpec, error)) Option {
 	return func(d *Driver) { d.loadSpec = load }

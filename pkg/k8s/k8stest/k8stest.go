@@ -400,16 +400,6 @@ func (s *APIServer) WriteContivConfig(dir, user string) (string, k8s.Config, err
 	return p, c, os.WriteFile(p, b, 0o600)
 }
 
-// Apply creates every object of a multi-document YAML manifest as admin (namespaces,
-// service accounts, RBAC, and the workload kinds deploy/kubernetes uses). An object that
-// exists already is left alone.
-func (s *APIServer) Apply(t testing.TB, path string) {
-	t.Helper()
-	if _, err := s.applyFile(context.Background(), path, false); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // DryRun sends every object of a manifest with server-side dry-run: the API server
 // validates and admits it completely but stores nothing (no controllers run here).
 func (s *APIServer) DryRun(t testing.TB, path string) []runtime.Object {

@@ -55,9 +55,6 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// BaseURL returns the netmaster URL the client was built with (without trailing slash).
-func (c *Client) BaseURL() string { return c.base }
-
 // APIError is a non-2xx answer. Message is the response body (netmaster sends the reason as
 // text/plain), trimmed, or the HTTP status when the body is empty.
 type APIError struct {
@@ -68,12 +65,6 @@ type APIError struct {
 }
 
 func (e *APIError) Error() string { return e.Message }
-
-// IsNotFound reports whether err is an HTTP 404 from the server.
-func IsNotFound(err error) bool {
-	var ae *APIError
-	return errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound
-}
 
 // ConnError means the request never got an HTTP answer (refused, DNS, TLS, timeout).
 type ConnError struct {

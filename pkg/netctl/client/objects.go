@@ -39,11 +39,6 @@ func (c *Client) NetworkList(ctx context.Context) ([]model.Network, error) {
 	return List[model.Network](ctx, c, model.CollNetworks)
 }
 
-// NetworkGet returns one network.
-func (c *Client) NetworkGet(ctx context.Context, tenant, network string) (*model.Network, error) {
-	return Get[model.Network](ctx, c, model.CollNetworks, model.ScopedKey(tenant, network))
-}
-
 // NetworkPost creates a network.
 func (c *Client) NetworkPost(ctx context.Context, o *model.Network) error {
 	return c.Post(ctx, model.CollNetworks, model.ScopedKey(o.TenantName, o.NetworkName), o)
@@ -62,11 +57,6 @@ func (c *Client) NetworkInspect(ctx context.Context, tenant, network string) (*m
 // EndpointGroupList returns every endpoint group.
 func (c *Client) EndpointGroupList(ctx context.Context) ([]model.EndpointGroup, error) {
 	return List[model.EndpointGroup](ctx, c, model.CollEndpointGroups)
-}
-
-// EndpointGroupGet returns one endpoint group.
-func (c *Client) EndpointGroupGet(ctx context.Context, tenant, group string) (*model.EndpointGroup, error) {
-	return Get[model.EndpointGroup](ctx, c, model.CollEndpointGroups, model.ScopedKey(tenant, group))
 }
 
 // EndpointGroupPost creates or updates an endpoint group.
