@@ -310,14 +310,18 @@ func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network, p 
 		t.Error(err)
 	}
 
-	// The restarted agent knows everything again.
-	var eps endpoints
-	if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
-		t.Fatal(err)
-	}
-	if n := countNet(eps, network); n != [2]int{2, 1} {
-		t.Errorf("h1 endpoints of %s after restart: %d local, %d remote, want 2 and 1: %+v", network, n[0], n[1], eps)
-	}
+	// The restarted agent knows everything again (the removal just above reaches it
+	// through its watch: give it a moment).
+	eventually(t, "h1's endpoints after the restart", 10*time.Second, func() error {
+		var eps endpoints
+		if err := h1.InspectGet(ctx, "/inspect/endpoints", &eps); err != nil {
+			return err
+		}
+		if n := countNet(eps, network); n != [2]int{2, 1} {
+			return fmt.Errorf("h1 endpoints of %s: %d local, %d remote, want 2 and 1: %+v", network, n[0], n[1], eps)
+		}
+		return nil
+	})
 }
 
 // driverStatus is the part of /inspect/driver (eBPF) the restart checks read.
