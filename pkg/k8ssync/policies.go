@@ -205,7 +205,7 @@ func policyWarnKind(w string) string {
 		return "protocol"
 	case strings.Contains(w, "Selector"):
 		return "selector"
-	case strings.Contains(w, "rules, at most"):
+	case strings.Contains(w, "rules after merging prefixes, at most"):
 		return "too_many_rules"
 	}
 	return "other"
