@@ -2,6 +2,7 @@ package nsexec
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"testing"
@@ -13,7 +14,7 @@ func TestRun(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces); skipping")
 	}
-	name := "cbnsexec-" + string(rune('a'+os.Getpid()%26))
+	name := fmt.Sprintf("cbnsexec-%d", os.Getpid())
 	orig, err := netns.Get()
 	if err != nil {
 		t.Fatal(err)
