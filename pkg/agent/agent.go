@@ -117,9 +117,14 @@ type Agent struct {
 	ready    chan struct{}
 	lastSync time.Time
 
-	applyMu sync.Mutex // serialises driver calls; guards applied, synced
+	applyMu sync.Mutex // serialises driver calls; guards applied, synced, bad, retryAll
 	applied applied
-	synced  bool
+	// bad are the records that cannot be used, as of the last pass (a scoped pass
+	// replaces only its objects' entries).
+	bad map[string]error
+	// retryAll: the last pass had failed driver calls; the next one is full.
+	retryAll bool
+	synced   bool
 
 	attachMu sync.Mutex // one attach/detach at a time
 	kick     chan struct{}
@@ -176,6 +181,7 @@ func New(cfg Config) (*Agent, error) {
 		errs:    map[string]error{},
 		ready:   make(chan struct{}),
 		applied: appliedFrom(dataplane.State{}),
+		bad:     map[string]error{},
 		kick:    make(chan struct{}, 1),
 		bgpKick: make(chan struct{}, 1),
 	}, nil
@@ -238,7 +244,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	for _, l := range locals {
 		if l.HomingHost == a.cfg.Host && l.ID != "" {
-			a.rec.local[l.ID] = l
+			a.rec.setLocal(l.ID, &l)
 		}
 	}
 	n := len(a.rec.local)
@@ -323,12 +329,40 @@ func (a *Agent) loop(ctx context.Context) {
 	}
 }
 
-func (a *Agent) desired() (dataplane.State, map[string]error) {
+// view is one reconcile pass's desired objects: the whole state (sc.all, full set) or
+// the objects sc names.
+type view struct {
+	sc   scope
+	full dataplane.State
+	want applied
+	bad  map[string]error
+}
+
+// desired takes what changed since the last pass (everything when full) and computes it.
+func (a *Agent) desired(full bool) view {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.names.Store(buildNames(a.rec))
-	a.askers.Store(buildAskers(a.rec))
-	return compute(hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}, a.rec)
+	r := a.rec
+	sc := r.dirty
+	r.dirty = scope{}
+	if full {
+		sc = scope{all: true}
+	}
+	if r.namesStale {
+		a.names.Store(nil) // rebuilt by the next lookup (Lookup)
+		r.namesStale = false
+	}
+	if r.askersStale {
+		a.askers.Store(buildAskers(r))
+		r.askersStale = false
+	}
+	h := hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}
+	if sc.all {
+		s, bad := compute(h, r)
+		return view{sc: sc, full: s, want: appliedFrom(s), bad: bad}
+	}
+	want, bad := computeScoped(h, r, sc)
+	return view{sc: sc, want: want, bad: bad}
 }
 
 func (a *Agent) setErrors(errs map[string]error) {
@@ -359,11 +393,12 @@ func (a *Agent) Errors() map[string]string {
 func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.rec.touchAll()
 	switch prefix {
 	case model.NetStatePrefix:
 		clear(a.rec.nets)
 	case model.EpStatePrefix:
-		clear(a.rec.eps)
+		a.rec.clearEps()
 	case model.EPGStatePrefix:
 		clear(a.rec.epgs)
 	case model.RuleStatePrefix:
@@ -405,22 +440,29 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		delete(a.rec.undecodable, kind+"/"+id)
 	}
 	switch prefix {
+	case model.EpStatePrefix:
+		a.rec.setEp(id, nil)
+		return
+	case model.SvcLBStatePrefix:
+		a.rec.setSvc(id, nil)
+		return
+	case model.K8sPodPolicyPrefix:
+		delete(a.rec.podPols, id)
+		a.rec.dirty.touchEp(id)
+		return
+	}
+	a.rec.touchAll()
+	switch prefix {
 	case vxlan.HostVTEPPrefix:
 		delete(a.rec.hostVTEPs, id)
 	case model.NetStatePrefix:
 		delete(a.rec.nets, id)
-	case model.EpStatePrefix:
-		delete(a.rec.eps, id)
 	case model.EPGStatePrefix:
 		delete(a.rec.epgs, id)
 	case model.RuleStatePrefix:
 		delete(a.rec.rules, id)
-	case model.SvcLBStatePrefix:
-		delete(a.rec.svcs, id)
 	case model.BgpStatePrefix:
 		delete(a.rec.bgp, id)
-	case model.K8sPodPolicyPrefix:
-		delete(a.rec.podPols, id)
 	default:
 		if strings.HasPrefix(prefix, state.ServicePrefix) {
 			delete(a.rec.vteps, ev.Key)
@@ -436,19 +478,33 @@ func (a *Agent) put(prefix, key string, val []byte) {
 	kv := state.KV{Key: key, Value: val}
 	var err error
 	switch prefix {
+	case model.EpStatePrefix, model.SvcLBStatePrefix, model.K8sPodPolicyPrefix, model.NetStatePrefix:
+		// scoped to the one object (the setters below); a network only when it changed
+		// more than its address bookkeeping
+	default:
+		a.rec.touchAll()
+	}
+	switch prefix {
 	case model.NetStatePrefix:
 		var v model.CfgNetworkState
+		old, had := a.rec.nets[id]
 		if err = kv.Decode(&v); err == nil {
 			a.rec.nets[id] = v
+			// netmaster rewrites the record for every address it hands out: only a
+			// change of what the datapath, DNS or BGP read makes the next pass full.
+			if !had || shapeOf(old) != shapeOf(v) {
+				a.rec.touchAll()
+			}
 		} else {
 			delete(a.rec.nets, id)
+			a.rec.touchAll()
 		}
 	case model.EpStatePrefix:
 		var v model.CfgEndpointState
 		if err = kv.Decode(&v); err == nil {
-			a.rec.eps[id] = v
+			a.rec.setEp(id, &v)
 		} else {
-			delete(a.rec.eps, id)
+			a.rec.setEp(id, nil)
 		}
 	case model.EPGStatePrefix:
 		var v model.EndpointGroupState
@@ -467,9 +523,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 	case model.SvcLBStatePrefix:
 		var v model.CfgServiceLBState
 		if err = kv.Decode(&v); err == nil {
-			a.rec.svcs[id] = v
+			a.rec.setSvc(id, &v)
 		} else {
-			delete(a.rec.svcs, id)
+			a.rec.setSvc(id, nil)
 		}
 	case model.BgpStatePrefix:
 		var v model.CfgBgpState
@@ -486,6 +542,7 @@ func (a *Agent) put(prefix, key string, val []byte) {
 			v = model.K8sPodPolicy{ID: id, IngressIsolated: true, EgressIsolated: true}
 		}
 		a.rec.podPols[id] = v
+		a.rec.dirty.touchEp(id)
 	case "/contiv.io/master/config/":
 		if key != state.GlobalConfigKey {
 			return

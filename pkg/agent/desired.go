@@ -49,6 +49,126 @@ type records struct {
 	// undecodable are watched records that do not decode, keyed like the error map
 	// ("endpoint-group/<id>"); they are reported until fixed or deleted.
 	undecodable map[string]error
+
+	// dirty is what changed since the last reconcile pass took its view: most events
+	// touch one endpoint or service, and a pass recomputes and re-plans only those.
+	dirty scope
+	// owners counts endpoints by homing host (peers only ask whether a host owns any).
+	owners map[string]int
+	// netsOK are the networks the last full computation accepted; a scoped pass converts
+	// endpoints against them (every change that could alter them makes the pass full).
+	netsOK map[string]dataplane.Network
+	// namesStale / askersStale: the DNS indexes no longer match the records.
+	namesStale, askersStale bool
+}
+
+// netShape is a network record without its address bookkeeping (allocation maps and
+// counts), which netmaster rewrites for every address it hands out and nothing here reads.
+type netShape struct {
+	ID, Tenant, NetworkName, NwType, PktTagType string
+	PktTag, ExtPktTag                           int
+	SubnetIP                                    string
+	SubnetLen                                   uint
+	Gateway, IPAddrRange, IPAllocStore          string
+	IPv6Subnet                                  string
+	IPv6SubnetLen                               uint
+	IPv6Gateway, NetworkTag                     string
+	NatDisabled                                 bool
+}
+
+func shapeOf(n model.CfgNetworkState) netShape {
+	return netShape{ID: n.ID, Tenant: n.Tenant, NetworkName: n.NetworkName, NwType: n.NwType, PktTagType: n.PktTagType,
+		PktTag: n.PktTag, ExtPktTag: n.ExtPktTag, SubnetIP: n.SubnetIP, SubnetLen: n.SubnetLen, Gateway: n.Gateway,
+		IPAddrRange: n.IPAddrRange, IPAllocStore: n.IPAllocStore, IPv6Subnet: n.IPv6Subnet, IPv6SubnetLen: n.IPv6SubnetLen,
+		IPv6Gateway: n.IPv6Gateway, NetworkTag: n.NetworkTag, NatDisabled: n.NatDisabled}
+}
+
+// scope names what a reconcile pass recomputes: everything, or the endpoints (their
+// local, remote and pod-policy objects) and services by id.
+type scope struct {
+	all  bool
+	eps  map[string]struct{}
+	svcs map[string]struct{}
+}
+
+func (s *scope) touchEp(id string) {
+	if s.eps == nil {
+		s.eps = map[string]struct{}{}
+	}
+	s.eps[id] = struct{}{}
+}
+
+func (s *scope) touchSvc(id string) {
+	if s.svcs == nil {
+		s.svcs = map[string]struct{}{}
+	}
+	s.svcs[id] = struct{}{}
+}
+
+func (s scope) empty() bool { return !s.all && len(s.eps) == 0 && len(s.svcs) == 0 }
+
+// touchAll makes the next pass recompute everything.
+func (r *records) touchAll() {
+	r.dirty = scope{all: true}
+	r.namesStale, r.askersStale = true, true
+}
+
+// setEp records endpoint id (nil: removes it), keeping the owner counts and the dirty
+// scope. A record whose body names another id than its key makes the next pass full
+// (objects are keyed by the key, pod policies by the body).
+func (r *records) setEp(id string, v *model.CfgEndpointState) {
+	if old, ok := r.eps[id]; ok {
+		if r.owners[old.HomingHost]--; r.owners[old.HomingHost] <= 0 {
+			delete(r.owners, old.HomingHost)
+		}
+		if old.ID != id {
+			r.touchAll()
+		}
+		delete(r.eps, id)
+	}
+	if v != nil {
+		r.eps[id] = *v
+		r.owners[v.HomingHost]++
+		if v.ID != id {
+			r.touchAll()
+		}
+	}
+	r.dirty.touchEp(id)
+	r.namesStale = true
+}
+
+// clearEps forgets every endpoint record (a relist follows).
+func (r *records) clearEps() {
+	clear(r.eps)
+	clear(r.owners)
+	r.touchAll()
+}
+
+// setSvc records service id (nil: removes it); like setEp for the key/body rule.
+func (r *records) setSvc(id string, v *model.CfgServiceLBState) {
+	if old, ok := r.svcs[id]; ok && old.ID != id {
+		r.touchAll()
+	}
+	delete(r.svcs, id)
+	if v != nil {
+		r.svcs[id] = *v
+		if v.ID != id {
+			r.touchAll()
+		}
+	}
+	r.dirty.touchSvc(id)
+	r.namesStale = true
+}
+
+// setLocal records this host's own endpoint id (nil: forgets it).
+func (r *records) setLocal(id string, l *LocalEndpoint) {
+	if l == nil {
+		delete(r.local, id)
+	} else {
+		r.local[id] = *l
+	}
+	r.dirty.touchEp(id)
+	r.askersStale = true
 }
 
 func newRecords() *records {
@@ -65,6 +185,10 @@ func newRecords() *records {
 		hostVTEPs:   map[string]netip.Addr{},
 		local:       map[string]LocalEndpoint{},
 		undecodable: map[string]error{},
+		dirty:       scope{all: true},
+		owners:      map[string]int{},
+		netsOK:      map[string]dataplane.Network{},
+		namesStale:  true, askersStale: true,
 	}
 }
 
@@ -134,7 +258,8 @@ func epgID(e model.CfgEndpointState) uint16 {
 }
 
 // compute builds the desired state of this host. Records that cannot be used are left
-// out and reported, keyed like the reconciler keys objects ("endpoint/<id>").
+// out and reported, keyed like the reconciler keys objects ("endpoint/<id>"). It also
+// remembers the accepted networks for scoped passes (computeScoped).
 func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	var s dataplane.State
 	bad := map[string]error{}
@@ -154,73 +279,28 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 		nets[id] = dn
 		s.Networks = append(s.Networks, dn)
 	}
+	r.netsOK = nets
+	clear(r.owners)
 	for id, e := range r.eps {
-		n, ok := nets[e.NetID]
-		if !ok {
-			continue // network not (yet) known: the endpoint follows when it is
+		r.owners[e.HomingHost]++
+		switch de, re, err := endpointOf(h, r, id); {
+		case err != nil:
+			bad[err.key] = err.err
+		case de != nil:
+			s.Endpoints = append(s.Endpoints, *de)
+		case re != nil:
+			s.RemoteEndpoints = append(s.RemoteEndpoints, *re)
 		}
-		ip, ip6, mac, err := epAddrs(e)
-		if err != nil {
-			bad["endpoint/"+id] = err
-			continue
-		}
-		if e.HomingHost == h.host {
-			l, ok := r.local[id]
-			if !ok {
-				continue // attached elsewhere or not yet recorded by AttachEndpoint
-			}
-			de := dataplane.Endpoint{
-				ID: id, NetworkID: e.NetID, IP: ip, IPv6: ip6, MAC: mac, EPGID: epgID(e),
-				HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName,
-			}
-			if err := de.Validate(); err != nil {
-				bad["endpoint/"+id] = err
-				continue
-			}
-			s.Endpoints = append(s.Endpoints, de)
-			continue
-		}
-		re := dataplane.RemoteEndpoint{ID: id, NetworkID: e.NetID, IP: ip, MAC: mac, EPGID: epgID(e), Host: e.HomingHost}
-		if e.VtepIP != "" {
-			v, err := netip.ParseAddr(e.VtepIP)
-			if err != nil {
-				bad["remote-endpoint/"+id] = fmt.Errorf("endpoint %s: vtepIP %q: %w", id, e.VtepIP, err)
-				continue
-			}
-			re.VTEP = v
-		} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
-			re.VTEP = v
-		} else if v, ok := r.hostVTEPs[e.HomingHost]; ok {
-			re.VTEP = v
-		} else if v, ok := r.lastVTEP[e.HomingHost]; ok {
-			re.VTEP = v
-		} else if n.Encap == dataplane.EncapVXLAN {
-			continue // the owning host has not registered its VTEP yet
-		}
-		// Checked here so one bad record is reported on its own instead of making the
-		// driver refuse a whole Sync.
-		if err := re.Validate(n.Encap); err != nil {
-			bad["remote-endpoint/"+id] = err
-			continue
-		}
-		s.RemoteEndpoints = append(s.RemoteEndpoints, re)
 	}
 	s.Peers = peers(h, r)
 	s.Policies = compilePolicies(r.rules, bad)
-	for id, rec := range r.podPols {
-		e, ok := r.eps[id]
-		if !ok {
-			continue // the endpoint is gone (or not yet known): nothing to isolate
+	for id := range r.podPols {
+		if pp, ok, err := podPolicyFor(r, id); ok {
+			if err != nil {
+				bad["pod-policy/"+id] = err
+			}
+			s.PodPolicies = append(s.PodPolicies, pp)
 		}
-		if _, ok := nets[e.NetID]; !ok {
-			continue
-		}
-		pp, err := podPolicyOf(rec, e)
-		if err != nil {
-			// Refused records fail closed: the pod isolated both ways, no rules.
-			bad["pod-policy/"+id] = err
-		}
-		s.PodPolicies = append(s.PodPolicies, pp)
 	}
 	for id, svc := range r.svcs {
 		ds, err := serviceOf(svc)
@@ -234,6 +314,140 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	return s, bad
 }
 
+// computeScoped builds only the objects sc names (sc.all must be false), plus the peers
+// (a host may have gained or lost its last endpoint), against the networks of the last
+// full computation. The result holds just those objects; bad holds their errors.
+func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error) {
+	want := appliedFrom(dataplane.State{Peers: peers(h, r)})
+	bad := map[string]error{}
+	for id := range sc.eps {
+		for _, kind := range []string{"endpoint/", "pod-policy/"} {
+			if err, ok := r.undecodable[kind+id]; ok {
+				bad[kind+id] = err
+			}
+		}
+		if _, ok := r.eps[id]; ok {
+			switch de, re, err := endpointOf(h, r, id); {
+			case err != nil:
+				bad[err.key] = err.err
+			case de != nil:
+				want.eps[id] = *de
+			case re != nil:
+				want.reps[id] = *re
+			}
+		}
+		if _, ok := r.podPols[id]; ok {
+			if pp, ok, err := podPolicyFor(r, id); ok {
+				if err != nil {
+					bad["pod-policy/"+id] = err
+				}
+				want.pps[pp.ID] = pp
+			}
+		}
+	}
+	for id := range sc.svcs {
+		if err, ok := r.undecodable["service/"+id]; ok {
+			bad["service/"+id] = err
+		}
+		svc, ok := r.svcs[id]
+		if !ok {
+			continue
+		}
+		ds, err := serviceOf(svc)
+		if err != nil {
+			bad["service/"+id] = err
+			continue
+		}
+		want.svcs[ds.ID] = ds
+	}
+	return want, bad
+}
+
+// scopedKeys are the error-map keys a scoped pass owns for sc: their old errors are
+// replaced by the pass's.
+func scopedKeys(sc scope, f func(key string)) {
+	for id := range sc.eps {
+		f("endpoint/" + id)
+		f("remote-endpoint/" + id)
+		f("pod-policy/" + id)
+	}
+	for id := range sc.svcs {
+		f("service/" + id)
+	}
+}
+
+// keyedErr is an error with the error-map key it is reported under.
+type keyedErr struct {
+	key string
+	err error
+}
+
+// endpointOf converts endpoint record id for this host: a local endpoint (attached
+// here), a remote one, neither (network or owner's VTEP not known yet, attached here
+// but not recorded), or an error.
+func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *dataplane.RemoteEndpoint, *keyedErr) {
+	e := r.eps[id]
+	n, ok := r.netsOK[e.NetID]
+	if !ok {
+		return nil, nil, nil // network not (yet) known: the endpoint follows when it is
+	}
+	ip, ip6, mac, err := epAddrs(e)
+	if err != nil {
+		return nil, nil, &keyedErr{"endpoint/" + id, err}
+	}
+	if e.HomingHost == h.host {
+		l, ok := r.local[id]
+		if !ok {
+			return nil, nil, nil // attached elsewhere or not yet recorded by AttachEndpoint
+		}
+		de := dataplane.Endpoint{
+			ID: id, NetworkID: e.NetID, IP: ip, IPv6: ip6, MAC: mac, EPGID: epgID(e),
+			HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName,
+		}
+		if err := de.Validate(); err != nil {
+			return nil, nil, &keyedErr{"endpoint/" + id, err}
+		}
+		return &de, nil, nil
+	}
+	re := dataplane.RemoteEndpoint{ID: id, NetworkID: e.NetID, IP: ip, MAC: mac, EPGID: epgID(e), Host: e.HomingHost}
+	if e.VtepIP != "" {
+		v, err := netip.ParseAddr(e.VtepIP)
+		if err != nil {
+			return nil, nil, &keyedErr{"remote-endpoint/" + id, fmt.Errorf("endpoint %s: vtepIP %q: %w", id, e.VtepIP, err)}
+		}
+		re.VTEP = v
+	} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
+		re.VTEP = v
+	} else if v, ok := r.hostVTEPs[e.HomingHost]; ok {
+		re.VTEP = v
+	} else if v, ok := r.lastVTEP[e.HomingHost]; ok {
+		re.VTEP = v
+	} else if n.Encap == dataplane.EncapVXLAN {
+		return nil, nil, nil // the owning host has not registered its VTEP yet
+	}
+	// Checked here so one bad record is reported on its own instead of making the
+	// driver refuse a whole Sync.
+	if err := re.Validate(n.Encap); err != nil {
+		return nil, nil, &keyedErr{"remote-endpoint/" + id, err}
+	}
+	return nil, &re, nil
+}
+
+// podPolicyFor converts the NetworkPolicy record of endpoint id; ok is false when the
+// endpoint or its network is not known (nothing to isolate). A record that cannot be
+// used comes with an error and fails closed (podPolicyOf).
+func podPolicyFor(r *records, id string) (dataplane.PodPolicy, bool, error) {
+	e, ok := r.eps[id]
+	if !ok {
+		return dataplane.PodPolicy{}, false, nil
+	}
+	if _, ok := r.netsOK[e.NetID]; !ok {
+		return dataplane.PodPolicy{}, false, nil
+	}
+	pp, err := podPolicyOf(r.podPols[id], e)
+	return pp, true, err
+}
+
 // peers are the live netplugin.vtep registrations of other hosts plus, for hosts whose
 // registration is gone (agent down or restarting) but which still own endpoints, their
 // durable VTEP record: a peer goes away with its endpoints, not with its agent.
@@ -243,13 +457,9 @@ func peers(h hostView, r *records) []dataplane.Peer {
 	for _, p := range out {
 		have[p.Host] = true
 	}
-	owners := map[string]bool{}
-	for _, e := range r.eps {
-		owners[e.HomingHost] = true
-	}
 	added := false
 	for host, v := range r.hostVTEPs {
-		if host == h.host || have[host] || !owners[host] || (h.vtep.IsValid() && v == h.vtep) {
+		if host == h.host || have[host] || r.owners[host] == 0 || (h.vtep.IsValid() && v == h.vtep) {
 			continue
 		}
 		out = append(out, dataplane.Peer{Host: host, VTEP: v})

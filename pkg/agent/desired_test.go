@@ -141,7 +141,7 @@ func TestPlanOrder(t *testing.T) {
 	n := dataplane.Network{ID: "n"}
 	cur := appliedFrom(dataplane.State{Networks: []dataplane.Network{n}, Endpoints: []dataplane.Endpoint{{ID: "e", NetworkID: "n"}}})
 	want := appliedFrom(dataplane.State{Networks: []dataplane.Network{{ID: "m"}}, Endpoints: []dataplane.Endpoint{{ID: "f", NetworkID: "m"}}})
-	ops := cur.plan(nil, want)
+	ops := cur.plan(&nopDriver{}, want, scope{all: true})
 	var keys []string
 	for _, o := range ops {
 		keys = append(keys, o.key)

@@ -72,7 +72,14 @@ func buildNames(r *records) *nameIndex {
 func (a *Agent) Lookup(tenant, name string) ([]netip.Addr, bool) {
 	idx := a.names.Load()
 	if idx == nil {
-		return nil, false
+		// Dropped by a change since the last lookup: rebuilt once, here, so a burst of
+		// endpoint events does not rebuild it per event.
+		a.mu.Lock()
+		if idx = a.names.Load(); idx == nil {
+			idx = buildNames(a.rec)
+			a.names.Store(idx)
+		}
+		a.mu.Unlock()
 	}
 	addrs, ok := (*idx)[tenant][name]
 	return addrs, ok

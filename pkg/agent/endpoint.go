@@ -187,11 +187,12 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 		recorded <- putResult{err, time.Since(t)}
 	}()
 	a.mu.Lock()
-	a.rec.eps[l.ID] = cfg
+	a.rec.setEp(l.ID, &cfg)
 	if _, ok := a.rec.nets[cfg.NetID]; !ok {
 		a.rec.nets[cfg.NetID] = netRec
+		a.rec.touchAll()
 	}
-	a.rec.local[l.ID] = l
+	a.rec.setLocal(l.ID, &l)
 	a.mu.Unlock()
 	t = time.Now()
 	errs := a.reconcile(ctx)
@@ -256,7 +257,7 @@ func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointStat
 			errs = append(errs, fmt.Errorf("restore local endpoint record: %w", err))
 		}
 		a.mu.Lock()
-		a.rec.local[id] = *prev
+		a.rec.setLocal(id, prev)
 		a.mu.Unlock()
 		a.trigger()
 	} else if err := a.forget(ctx, id); err != nil {
@@ -278,7 +279,7 @@ func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointStat
 // forget removes a local endpoint from the agent, the driver and the oper record.
 func (a *Agent) forget(ctx context.Context, id string) error {
 	a.mu.Lock()
-	delete(a.rec.local, id)
+	a.rec.setLocal(id, nil)
 	a.mu.Unlock()
 	var errs []error
 	a.applyMu.Lock()

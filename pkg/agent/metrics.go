@@ -47,12 +47,33 @@ func (m *metrics) observeSync(err error, full time.Duration) {
 // reports any) for a prometheus.Registry.
 func (a *Agent) Collector() prometheus.Collector { return &collector{a: a} }
 
+// counts are the sizes of the applied state and what the metrics read with them.
+type counts struct {
+	nets, eps, reps, peers, svcs int
+	synced                       bool
+	LastSync                     time.Time
+	Errors                       map[string]string
+}
+
+func (a *Agent) appliedCounts() counts {
+	a.applyMu.Lock()
+	c := counts{nets: len(a.applied.nets), eps: len(a.applied.eps), reps: len(a.applied.reps),
+		peers: len(a.applied.peers), svcs: len(a.applied.svcs), synced: a.synced}
+	a.applyMu.Unlock()
+	a.mu.Lock()
+	c.LastSync = a.lastSync
+	a.mu.Unlock()
+	c.Errors = a.Errors()
+	return c
+}
+
 type collector struct{ a *Agent }
 
 var (
 	descEndpoints = prometheus.NewDesc("contiv_netplugin_endpoints", "Endpoints programmed in the driver.", []string{"kind"}, nil)
 	descPeers     = prometheus.NewDesc("contiv_netplugin_peers", "VXLAN peers programmed in the driver.", nil, nil)
 	descNetworks  = prometheus.NewDesc("contiv_netplugin_networks", "Networks programmed in the driver.", nil, nil)
+	descServices  = prometheus.NewDesc("contiv_netplugin_services", "Services programmed in the driver.", nil, nil)
 	descErrors    = prometheus.NewDesc("contiv_netplugin_failing_objects", "Objects whose last driver call or record decode failed.", nil, nil)
 	descLastSync  = prometheus.NewDesc("contiv_netplugin_last_sync_timestamp_seconds", "Unix time of the last reconcile pass without errors.", nil, nil)
 	descSynced    = prometheus.NewDesc("contiv_netplugin_synced", "1 once the first full Sync succeeded.", nil, nil)
@@ -70,7 +91,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	m.opErrors.Describe(ch)
 	m.syncTime.Describe(ch)
 	m.attachStep.Describe(ch)
-	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descErrors, descPolicyErr, descLastSync, descSynced, descObjErrors, descDriver, descDrift, descVerified} {
+	for _, d := range []*prometheus.Desc{descEndpoints, descPeers, descNetworks, descServices, descErrors, descPolicyErr, descLastSync, descSynced, descObjErrors, descDriver, descDrift, descVerified} {
 		ch <- d
 	}
 }
@@ -82,11 +103,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m.opErrors.Collect(ch)
 	m.syncTime.Collect(ch)
 	m.attachStep.Collect(ch)
-	s := c.a.Inspect()
-	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(len(s.Endpoints)), "local")
-	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(len(s.RemoteEndpoints)), "remote")
-	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(len(s.Peers)))
-	ch <- prometheus.MustNewConstMetric(descNetworks, prometheus.GaugeValue, float64(len(s.Networks)))
+	// Sizes only: a scrape copies nothing of the applied state (it holds the apply lock).
+	s := c.a.appliedCounts()
+	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(s.eps), "local")
+	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(s.reps), "remote")
+	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(s.peers))
+	ch <- prometheus.MustNewConstMetric(descNetworks, prometheus.GaugeValue, float64(s.nets))
+	ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(s.svcs))
 	ch <- prometheus.MustNewConstMetric(descErrors, prometheus.GaugeValue, float64(len(s.Errors)))
 	kinds := map[string]int{}
 	for k := range s.Errors {
@@ -109,7 +132,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLastSync, prometheus.GaugeValue, last)
 	synced := 0.0
-	if s.Synced {
+	if s.synced {
 		synced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"time"
 
@@ -87,82 +88,91 @@ type op struct {
 	ok  func() // updates the applied state after success
 }
 
-// plan diffs desired against applied. Deletes come first, dependents before what they
+// plan diffs desired against applied within sc: everything when sc.all, otherwise
+// only the endpoints (local, remote, pod policy) and services sc names, plus the peers
+// (want then holds just those objects). Deletes come first, dependents before what they
 // depend on (endpoints before networks); upserts follow in the opposite order.
-func (a *applied) plan(d dplan, want applied) []op {
+func (a *applied) plan(d dplan, want applied, sc scope) []op {
 	var ops []op
-	for id := range a.svcs {
-		if _, ok := want.svcs[id]; !ok {
-			ops = append(ops, op{"service/" + id, func(ctx context.Context) error { return d.DeleteService(ctx, id) }, func() { delete(a.svcs, id) }})
-		}
+	epIDs, svcIDs := sc.eps, sc.svcs
+	if sc.all {
+		epIDs, svcIDs = nil, nil
+	} else {
+		// Non-nil even when empty: nil means every key.
+		epIDs, svcIDs = orEmpty(epIDs), orEmpty(svcIDs)
 	}
-	for id := range a.pps {
-		if _, ok := want.pps[id]; !ok {
-			ops = append(ops, op{"pod-policy/" + id, func(ctx context.Context) error { return d.DeletePodPolicy(ctx, id) }, func() { delete(a.pps, id) }})
-		}
+	deletes(&ops, "service/", a.svcs, want.svcs, svcIDs, d.DeleteService)
+	deletes(&ops, "pod-policy/", a.pps, want.pps, epIDs, d.DeletePodPolicy)
+	if sc.all {
+		deletes(&ops, "policy/", a.pols, want.pols, nil, d.DeletePolicy)
 	}
-	for id := range a.pols {
-		if _, ok := want.pols[id]; !ok {
-			ops = append(ops, op{fmt.Sprintf("policy/%d", id), func(ctx context.Context) error { return d.DeletePolicy(ctx, id) }, func() { delete(a.pols, id) }})
-		}
+	deletes(&ops, "remote-endpoint/", a.reps, want.reps, epIDs, d.DeleteRemoteEndpoint)
+	deletes(&ops, "endpoint/", a.eps, want.eps, epIDs, d.DeleteEndpoint)
+	deletes(&ops, "peer/", a.peers, want.peers, nil, d.DeletePeer)
+	if sc.all {
+		deletes(&ops, "network/", a.nets, want.nets, nil, d.DeleteNetwork)
+		upserts(&ops, "network/", a.nets, want.nets, nil, d.UpsertNetwork)
 	}
-	for id := range a.reps {
-		if _, ok := want.reps[id]; !ok {
-			ops = append(ops, op{"remote-endpoint/" + id, func(ctx context.Context) error { return d.DeleteRemoteEndpoint(ctx, id) }, func() { delete(a.reps, id) }})
-		}
+	upserts(&ops, "peer/", a.peers, want.peers, nil, d.UpsertPeer)
+	if sc.all {
+		upserts(&ops, "policy/", a.pols, want.pols, nil, d.UpsertPolicy)
 	}
-	for id := range a.eps {
-		if _, ok := want.eps[id]; !ok {
-			ops = append(ops, op{"endpoint/" + id, func(ctx context.Context) error { return d.DeleteEndpoint(ctx, id) }, func() { delete(a.eps, id) }})
-		}
-	}
-	for id := range a.peers {
-		if _, ok := want.peers[id]; !ok {
-			ops = append(ops, op{"peer/" + id, func(ctx context.Context) error { return d.DeletePeer(ctx, id) }, func() { delete(a.peers, id) }})
-		}
-	}
-	for id := range a.nets {
-		if _, ok := want.nets[id]; !ok {
-			ops = append(ops, op{"network/" + id, func(ctx context.Context) error { return d.DeleteNetwork(ctx, id) }, func() { delete(a.nets, id) }})
-		}
-	}
-	for id, n := range want.nets {
-		if cur, ok := a.nets[id]; !ok || !reflect.DeepEqual(cur, n) {
-			ops = append(ops, op{"network/" + id, func(ctx context.Context) error { return d.UpsertNetwork(ctx, n) }, func() { a.nets[id] = n }})
-		}
-	}
-	for id, p := range want.peers {
-		if cur, ok := a.peers[id]; !ok || cur != p {
-			ops = append(ops, op{"peer/" + id, func(ctx context.Context) error { return d.UpsertPeer(ctx, p) }, func() { a.peers[id] = p }})
-		}
-	}
-	for id, p := range want.pols {
-		if cur, ok := a.pols[id]; !ok || !reflect.DeepEqual(cur, p) {
-			ops = append(ops, op{fmt.Sprintf("policy/%d", id), func(ctx context.Context) error { return d.UpsertPolicy(ctx, p) }, func() { a.pols[id] = p }})
-		}
-	}
-	for id, e := range want.eps {
-		if cur, ok := a.eps[id]; !ok || !reflect.DeepEqual(cur, e) {
-			ops = append(ops, op{"endpoint/" + id, func(ctx context.Context) error { return d.UpsertEndpoint(ctx, e) }, func() { a.eps[id] = e }})
-		}
-	}
-	for id, e := range want.reps {
-		if cur, ok := a.reps[id]; !ok || !reflect.DeepEqual(cur, e) {
-			ops = append(ops, op{"remote-endpoint/" + id, func(ctx context.Context) error { return d.UpsertRemoteEndpoint(ctx, e) }, func() { a.reps[id] = e }})
-		}
-	}
-	for id, v := range want.svcs {
-		if cur, ok := a.svcs[id]; !ok || !reflect.DeepEqual(cur, v) {
-			ops = append(ops, op{"service/" + id, func(ctx context.Context) error { return d.UpsertService(ctx, v) }, func() { a.svcs[id] = v }})
-		}
-	}
+	upserts(&ops, "endpoint/", a.eps, want.eps, epIDs, d.UpsertEndpoint)
+	upserts(&ops, "remote-endpoint/", a.reps, want.reps, epIDs, d.UpsertRemoteEndpoint)
+	upserts(&ops, "service/", a.svcs, want.svcs, svcIDs, d.UpsertService)
 	// After the endpoints (a pod's own address is attached first); before nothing.
-	for id, v := range want.pps {
-		if cur, ok := a.pps[id]; !ok || !reflect.DeepEqual(cur, v) {
-			ops = append(ops, op{"pod-policy/" + id, func(ctx context.Context) error { return d.UpsertPodPolicy(ctx, v) }, func() { a.pps[id] = v }})
-		}
-	}
+	upserts(&ops, "pod-policy/", a.pps, want.pps, epIDs, d.UpsertPodPolicy)
 	return ops
+}
+
+func orEmpty(m map[string]struct{}) map[string]struct{} {
+	if m == nil {
+		return map[string]struct{}{}
+	}
+	return m
+}
+
+// deletes plans the removal of what have holds and want does not, among ids (nil: all).
+func deletes[K comparable, V any](ops *[]op, kind string, have, want map[K]V, ids map[K]struct{}, del func(context.Context, K) error) {
+	one := func(id K) {
+		if _, ok := have[id]; !ok {
+			return
+		}
+		if _, ok := want[id]; ok {
+			return
+		}
+		*ops = append(*ops, op{kind + fmt.Sprint(id), func(ctx context.Context) error { return del(ctx, id) }, func() { delete(have, id) }})
+	}
+	eachID(have, ids, one)
+}
+
+// upserts plans writing what want holds and have lacks or holds differently, among ids
+// (nil: all).
+func upserts[K comparable, V any](ops *[]op, kind string, have, want map[K]V, ids map[K]struct{}, up func(context.Context, V) error) {
+	one := func(id K) {
+		v, ok := want[id]
+		if !ok {
+			return
+		}
+		if cur, ok := have[id]; ok && reflect.DeepEqual(cur, v) {
+			return
+		}
+		*ops = append(*ops, op{kind + fmt.Sprint(id), func(ctx context.Context) error { return up(ctx, v) }, func() { have[id] = v }})
+	}
+	eachID(want, ids, one)
+}
+
+// eachID calls f for every id of ids, or of all when ids is nil.
+func eachID[K comparable, V any](all map[K]V, ids map[K]struct{}, f func(K)) {
+	if ids == nil {
+		for id := range all {
+			f(id)
+		}
+		return
+	}
+	for id := range ids {
+		f(id)
+	}
 }
 
 // dplan is the part of the driver a reconcile pass calls.
@@ -197,24 +207,28 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 	}()
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
-	want, bad := a.desired()
+	v := a.desired(!a.synced || a.retryAll)
+	if v.sc.all {
+		a.bad = v.bad
+	} else {
+		scopedKeys(v.sc, func(k string) { delete(a.bad, k) })
+		maps.Copy(a.bad, v.bad)
+	}
+	want := v.full
 	errs := map[string]error{}
 	defer func() {
-		all := map[string]error{}
-		for k, err := range bad {
-			all[k] = err
-		}
-		for k, err := range errs {
-			all[k] = err
-		}
+		all := maps.Clone(a.bad)
+		maps.Copy(all, errs)
 		a.setErrors(all)
+		// A failed driver call is retried by a full pass (its object is not applied).
+		a.retryAll = len(errs) > 0
 	}()
 	if !a.synced {
 		start := time.Now()
 		err := a.driver.Sync(ctx, want)
 		a.metrics.observeSync(err, time.Since(start))
 		if err == nil {
-			a.applied = appliedFrom(want)
+			a.applied = v.want
 			a.synced = true
 			a.log.Info("driver synced", "networks", len(want.Networks), "endpoints", len(want.Endpoints),
 				"remote-endpoints", len(want.RemoteEndpoints), "peers", len(want.Peers), "took", time.Since(start).Round(time.Millisecond))
@@ -226,7 +240,7 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		// entries are swept. The refused objects stay reported and are retried one by one.
 		a.log.Warn("full driver sync failed; applying objects one by one", "err", err)
 		a.applied = appliedFrom(dataplane.State{})
-		for _, o := range a.applied.plan(a.driver, appliedFrom(want)) {
+		for _, o := range a.applied.plan(a.driver, v.want, v.sc) {
 			if oerr := o.do(ctx); oerr != nil {
 				errs[o.key] = oerr
 				a.metrics.opErrors.Inc()
@@ -246,7 +260,7 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		a.log.Warn("driver synced without the objects it refused", "refused", len(errs))
 		return errs
 	}
-	ops := a.applied.plan(a.driver, appliedFrom(want))
+	ops := a.applied.plan(a.driver, v.want, v.sc)
 	for _, o := range ops {
 		if err := o.do(ctx); err != nil {
 			errs[o.key] = err

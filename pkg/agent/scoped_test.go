@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"sort"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+// nopDriver accepts every call (the planner's bookkeeping is what is under test).
+type nopDriver struct{ calls int }
+
+func (d *nopDriver) UpsertNetwork(context.Context, dataplane.Network) error { d.calls++; return nil }
+func (d *nopDriver) DeleteNetwork(context.Context, string) error            { d.calls++; return nil }
+func (d *nopDriver) UpsertEndpoint(context.Context, dataplane.Endpoint) error {
+	d.calls++
+	return nil
+}
+func (d *nopDriver) DeleteEndpoint(context.Context, string) error { d.calls++; return nil }
+func (d *nopDriver) UpsertRemoteEndpoint(context.Context, dataplane.RemoteEndpoint) error {
+	d.calls++
+	return nil
+}
+func (d *nopDriver) DeleteRemoteEndpoint(context.Context, string) error      { d.calls++; return nil }
+func (d *nopDriver) UpsertPeer(context.Context, dataplane.Peer) error        { d.calls++; return nil }
+func (d *nopDriver) DeletePeer(context.Context, string) error                { d.calls++; return nil }
+func (d *nopDriver) UpsertPolicy(context.Context, dataplane.PolicySet) error { d.calls++; return nil }
+func (d *nopDriver) DeletePolicy(context.Context, uint16) error              { d.calls++; return nil }
+func (d *nopDriver) UpsertService(context.Context, dataplane.Service) error {
+	d.calls++
+	return nil
+}
+func (d *nopDriver) DeleteService(context.Context, string) error { d.calls++; return nil }
+func (d *nopDriver) UpsertPodPolicy(context.Context, dataplane.PodPolicy) error {
+	d.calls++
+	return nil
+}
+func (d *nopDriver) DeletePodPolicy(context.Context, string) error { d.calls++; return nil }
+
+// pass runs one reconcile pass on records r against applied ap the way the agent does
+// (the scope the records collected; full when asked), returning the pass's error map.
+func pass(h hostView, r *records, ap *applied, bad map[string]error, d dplan, full bool) {
+	sc := r.dirty
+	r.dirty = scope{}
+	var want applied
+	var b map[string]error
+	if full || sc.all {
+		sc = scope{all: true}
+		s, fb := compute(h, r)
+		want, b = appliedFrom(s), fb
+		clear(bad)
+	} else {
+		want, b = computeScoped(h, r, sc)
+		scopedKeys(sc, func(k string) { delete(bad, k) })
+	}
+	maps.Copy(bad, b)
+	for _, o := range ap.plan(d, want, sc) {
+		if err := o.do(context.Background()); err != nil {
+			panic(err)
+		}
+		o.ok()
+	}
+}
+
+// TestScopedPassesMatchFull: after any sequence of record changes, applying only what
+// changed (the agent's scoped passes) leaves the same objects applied and the same
+// errors reported as recomputing everything would.
+func TestScopedPassesMatchFull(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		r := newRecords()
+		h := hostView{host: "h0", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500}
+		for n := 0; n < 3; n++ {
+			id := fmt.Sprintf("n%d.t", n)
+			r.nets[id] = model.CfgNetworkState{ID: id, PktTagType: "vxlan", ExtPktTag: n + 1, SubnetIP: fmt.Sprintf("10.%d.0.0", n), SubnetLen: 16}
+		}
+		r.vteps["k1"] = vxlan.Registration{HostAddr: "192.168.1.2", Hostname: "h1"}
+		r.hostVTEPs["h2"] = netip.MustParseAddr("192.168.1.3")
+		ap := appliedFrom(dataplane.State{})
+		bad := map[string]error{}
+		d := &nopDriver{}
+		pass(h, r, &ap, bad, d, true)
+		for step := 0; step < 300; step++ {
+			id := fmt.Sprintf("n%d.t-%d", rng.IntN(3), rng.IntN(12))
+			switch k := rng.IntN(20); {
+			case k < 8: // an endpoint record written (sometimes unusable, sometimes moved)
+				e := model.CfgEndpointState{ID: id, NetID: id[:4], IPAddress: fmt.Sprintf("10.%c.0.%d", id[1], rng.IntN(200)+2),
+					HomingHost: fmt.Sprintf("h%d", rng.IntN(4)), EndpointGroupID: rng.IntN(3)}
+				switch rng.IntN(10) {
+				case 0:
+					e.IPAddress = "not-an-ip"
+				case 1:
+					e.NetID = "n9.t" // network not known
+				case 2:
+					e.VtepIP = "bad"
+				}
+				r.setEp(id, &e)
+			case k < 11:
+				r.setEp(id, nil)
+				if rng.IntN(2) == 0 {
+					r.undecodable["endpoint/"+id] = fmt.Errorf("does not decode")
+				} else {
+					delete(r.undecodable, "endpoint/"+id)
+				}
+			case k < 13: // attached here, or detached
+				if rng.IntN(2) == 0 {
+					r.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, IntfName: "eth0", PortName: HostIfName(id)}, NetNS: "/run/netns/x"})
+				} else {
+					r.setLocal(id, nil)
+				}
+			case k < 15: // a NetworkPolicy layer
+				if rng.IntN(3) == 0 {
+					delete(r.podPols, id)
+				} else {
+					rule := model.K8sPodRule{Remote: "10.0.0.0/8", Proto: 6, PortMin: 80, PortMax: 80}
+					if rng.IntN(4) == 0 {
+						rule.Remote = "bad"
+					}
+					r.podPols[id] = model.K8sPodPolicy{ID: id, IngressIsolated: true, Ingress: []model.K8sPodRule{rule}}
+				}
+				r.dirty.touchEp(id)
+			case k < 18: // a service
+				sid := fmt.Sprintf("s%d:t", rng.IntN(5))
+				if rng.IntN(3) == 0 {
+					r.setSvc(sid, nil)
+				} else {
+					s := model.CfgServiceLBState{ID: sid, IPAddress: fmt.Sprintf("10.200.0.%d", rng.IntN(5)), Ports: []string{"80:8080:TCP"},
+						Providers: map[string]*model.Provider{"a": {IPAddress: fmt.Sprintf("10.0.0.%d", rng.IntN(9)+2)}}}
+					if rng.IntN(5) == 0 {
+						s.Ports = []string{"80:8080:SCTP"}
+					}
+					r.setSvc(sid, &s)
+				}
+			case k < 19: // a VTEP registers or goes (everything recomputed)
+				if _, ok := r.vteps["k3"]; ok {
+					delete(r.vteps, "k3")
+				} else {
+					r.vteps["k3"] = vxlan.Registration{HostAddr: "192.168.1.4", Hostname: "h3"}
+				}
+				r.touchAll()
+			default: // a network changes
+				n := r.nets["n1.t"]
+				n.ExtPktTag = rng.IntN(4) + 1
+				r.nets["n1.t"] = n
+				r.touchAll()
+			}
+			if rng.IntN(3) == 0 {
+				continue // let changes pile up into one pass, as bursts do
+			}
+			pass(h, r, &ap, bad, d, false)
+			s, fbad := compute(h, r)
+			if got := ap.state(); !reflect.DeepEqual(normal(got), normal(s)) {
+				t.Fatalf("seed %d step %d: scoped passes applied\n%+v\nfull computation wants\n%+v", seed, step, got, s)
+			}
+			if !reflect.DeepEqual(errKeys(bad), errKeys(fbad)) {
+				t.Fatalf("seed %d step %d: scoped errors %v, full %v", seed, step, errKeys(bad), errKeys(fbad))
+			}
+		}
+	}
+}
+
+func normal(s dataplane.State) dataplane.State {
+	sortState(&s)
+	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Host < s.Peers[j].Host })
+	if len(s.Peers) == 0 {
+		s.Peers = nil
+	}
+	if len(s.Networks) == 0 {
+		s.Networks = nil
+	}
+	if len(s.Endpoints) == 0 {
+		s.Endpoints = nil
+	}
+	if len(s.RemoteEndpoints) == 0 {
+		s.RemoteEndpoints = nil
+	}
+	if len(s.Policies) == 0 {
+		s.Policies = nil
+	}
+	if len(s.Services) == 0 {
+		s.Services = nil
+	}
+	if len(s.PodPolicies) == 0 {
+		s.PodPolicies = nil
+	}
+	return s
+}
+
+func errKeys(m map[string]error) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		out[k] = v.Error()
+	}
+	return out
+}
+
+// TestNetworkBookkeepingStaysScoped: netmaster rewrites a network's record for every
+// address it hands out; that alone must not make the next pass recompute everything,
+// while a change the datapath reads (the VNI) must.
+func TestNetworkBookkeepingStaysScoped(t *testing.T) {
+	a := &Agent{rec: newRecords(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	n := model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
+	put := func(n model.CfgNetworkState) {
+		b, err := json.Marshal(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.put(model.NetStatePrefix, model.NetStateKey(n.ID), b)
+	}
+	put(n)
+	a.rec.dirty = scope{}
+	n.EpCount, n.IPAllocMap = 3, model.NewBitset(256)
+	n.IPAllocMap.Set(7)
+	put(n)
+	if a.rec.dirty.all {
+		t.Fatal("an allocation-only rewrite of the network made the pass full")
+	}
+	n.ExtPktTag = 6
+	put(n)
+	if !a.rec.dirty.all {
+		t.Fatal("a VNI change did not make the pass full")
+	}
+}
