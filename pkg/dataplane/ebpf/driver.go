@@ -64,8 +64,11 @@ type Driver struct {
 	pinLock     *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	networks  map[string]netRec
-	endpoints map[string]epRec // by indexKey(endpoint id)
-	remotes   map[string]remoteRec
+	endpoints map[string]epRec     // by indexKey(endpoint id); written by setEndpoint/dropEndpoint
+	remotes   map[string]remoteRec // written by setRemote/dropRemote
+	// addrNets indexes the endpoint addresses (local and remote) to the network keys
+	// holding them (a count each), so a service backend resolves without a scan.
+	addrNets  map[uint32]map[uint32]int
 	peers     map[string]netip.Addr // host → VTEP
 	policies  map[uint16]dataplane.PolicySet
 	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
@@ -74,8 +77,14 @@ type Driver struct {
 	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
 	ctgc      *ctGC
 	ctgcEvery time.Duration
-	services  map[string]svcRec
+	services  map[string]svcRec // written by setService/dropService
 	nextSvcID uint32
+	// hostSvcIdx counts, per VIP:port/proto, the service ports of each zone holding it
+	// (the host path serves the ones one zone holds); svcKeyOwner and npOwner name the
+	// service using each port and node port entry. Kept by setService/dropService.
+	hostSvcIdx  map[contivbpfCbHostSvcKey]map[uint32]int
+	svcKeyOwner map[contivbpfCbSvcKey]string
+	npOwner     map[contivbpfCbNpKey]string
 	// podPols are the NetworkPolicy layer's pods (netpol.go) by PodPolicy id; ksets its
 	// shared rule sets by content; nextKSetID the last set id handed out.
 	podPols    map[string]*podPolRec
@@ -177,26 +186,30 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
 	d := &Driver{
-		cfg:        cfg,
-		log:        slog.Default(),
-		hostNS:     -1,
-		links:      map[string]*attachment{},
-		networks:   map[string]netRec{},
-		endpoints:  map[string]epRec{},
-		hostRoutes: map[netip.Addr]string{},
-		remotes:    map[string]remoteRec{},
-		peers:      map[string]netip.Addr{},
-		policies:   map[uint16]dataplane.PolicySet{},
-		ruleIDs:    map[uint16]ruleIDs{},
-		failed:     map[uint16]error{},
-		services:   map[string]svcRec{},
-		podPols:    map[string]*podPolRec{},
-		ksets:      map[string]*kset{},
-		ksetIDs:    map[uint32]string{},
-		kpodOwner:  map[contivbpfCbKpodKey]string{},
-		mapFull:    map[string]uint64{},
-		slots:      map[uint32]string{},
-		loadSpec:   loadContivbpf,
+		cfg:         cfg,
+		log:         slog.Default(),
+		hostNS:      -1,
+		links:       map[string]*attachment{},
+		networks:    map[string]netRec{},
+		endpoints:   map[string]epRec{},
+		hostRoutes:  map[netip.Addr]string{},
+		remotes:     map[string]remoteRec{},
+		addrNets:    map[uint32]map[uint32]int{},
+		peers:       map[string]netip.Addr{},
+		policies:    map[uint16]dataplane.PolicySet{},
+		ruleIDs:     map[uint16]ruleIDs{},
+		failed:      map[uint16]error{},
+		services:    map[string]svcRec{},
+		hostSvcIdx:  map[contivbpfCbHostSvcKey]map[uint32]int{},
+		svcKeyOwner: map[contivbpfCbSvcKey]string{},
+		npOwner:     map[contivbpfCbNpKey]string{},
+		podPols:     map[string]*podPolRec{},
+		ksets:       map[string]*kset{},
+		ksetIDs:     map[uint32]string{},
+		kpodOwner:   map[contivbpfCbKpodKey]string{},
+		mapFull:     map[string]uint64{},
+		slots:       map[uint32]string{},
+		loadSpec:    loadContivbpf,
 	}
 	for _, o := range opts {
 		o(d)
@@ -587,7 +600,7 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		ifc, err := d.readIface(uint32(l.Attrs().Index))
 		if err != nil {
 			d.log.Warn("endpoint veth without iface entry; left for Sync to sweep", "ifname", l.Attrs().Name, "err", err)
-			d.endpoints[id] = epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index}
+			d.setEndpoint(id, epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index})
 			continue
 		}
 		r := epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index,
@@ -595,7 +608,7 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		if err := d.adoptSlot(&r, uint32(l.Attrs().Index), ifc); err != nil {
 			return err
 		}
-		d.endpoints[id] = r
+		d.setEndpoint(id, r)
 		if err := d.ensureTCX(l.Attrs().Name, l.Attrs().Index, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
 			return err
 		}

@@ -364,32 +364,70 @@ func (d *Driver) syncHostSvcs() error {
 	if d.objs.CbHostSvcs == nil {
 		return nil
 	}
-	zones := map[contivbpfCbHostSvcKey]map[uint32]bool{}
-	for _, r := range d.services {
-		for _, k := range r.keys {
-			hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
-			if zones[hk] == nil {
-				zones[hk] = map[uint32]bool{}
-			}
-			zones[hk][k.Zone] = true
-		}
-	}
 	want := map[contivbpfCbHostSvcKey]bool{}
-	for hk, zs := range zones {
+	for hk, zs := range d.hostSvcIdx {
 		if len(zs) != 1 {
 			continue
 		}
-		for z := range zs {
-			want[hk] = true
-			if err := d.mapPut(contivbpfMapCbHostSvcs, d.objs.CbHostSvcs, &hk, &contivbpfCbHostSvc{Zone: z, Generation: d.gen}); err != nil {
-				return fmt.Errorf("ebpf: host service %v:%d: %w", addrFrom(hk.Vip), hport(hk.Port), err)
-			}
+		want[hk] = true
+		if err := d.putHostSvc(hk); err != nil {
+			return err
 		}
 	}
 	if err := deleteUnwanted[contivbpfCbHostSvcKey, contivbpfCbHostSvc](d.objs.CbHostSvcs, want); err != nil {
 		return fmt.Errorf("ebpf: %s: %w", contivbpfMapCbHostSvcs, err)
 	}
 	return nil
+}
+
+// updateHostSvcs rewrites the cb_host_svcs entries of the service ports in keys (those a
+// service change touched) from the index: only those, so a change costs its own ports.
+func (d *Driver) updateHostSvcs(keys ...[]contivbpfCbSvcKey) error {
+	if d.objs.CbHostSvcs == nil {
+		return nil
+	}
+	for _, ks := range keys {
+		for _, k := range ks {
+			hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
+			if len(d.hostSvcIdx[hk]) == 1 {
+				if err := d.putHostSvc(hk); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := mapDel(d.objs.CbHostSvcs, &hk); err != nil {
+				return fmt.Errorf("ebpf: host service %v:%d: %w", addrFrom(hk.Vip), hport(hk.Port), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Driver) putHostSvc(hk contivbpfCbHostSvcKey) error {
+	for z := range d.hostSvcIdx[hk] {
+		if err := d.mapPut(contivbpfMapCbHostSvcs, d.objs.CbHostSvcs, &hk, &contivbpfCbHostSvc{Zone: z, Generation: d.gen}); err != nil {
+			return fmt.Errorf("ebpf: host service %v:%d: %w", addrFrom(hk.Vip), hport(hk.Port), err)
+		}
+	}
+	return nil
+}
+
+// indexSvcKeys counts (delta ±1) a service's ports in the per-zone host-service index.
+func (d *Driver) indexSvcKeys(keys []contivbpfCbSvcKey, delta int) {
+	for _, k := range keys {
+		hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
+		zs := d.hostSvcIdx[hk]
+		if zs == nil {
+			zs = map[uint32]int{}
+			d.hostSvcIdx[hk] = zs
+		}
+		if zs[k.Zone] += delta; zs[k.Zone] <= 0 {
+			delete(zs, k.Zone)
+			if len(zs) == 0 {
+				delete(d.hostSvcIdx, hk)
+			}
+		}
+	}
 }
 
 // deleteUnwanted deletes every entry of m whose key want does not hold.

@@ -298,7 +298,7 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 			return fmt.Errorf("remote endpoint %s: delete old entry: %w", ep.ID, err)
 		}
 	}
-	d.remotes[ep.ID] = remoteRec{ep: ep, key: key}
+	d.setRemote(ep.ID, remoteRec{ep: ep, key: key})
 	if epgChanged { // its flows are judged again with its new group
 		return d.bumpEpoch()
 	}
@@ -345,7 +345,7 @@ func (d *Driver) deleteRemote(id string) error {
 			return fmt.Errorf("remote endpoint %s: delete route: %w", id, err)
 		}
 	}
-	delete(d.remotes, id)
+	d.dropRemote(id)
 	d.flushCT(r.key)
 	return nil
 }
@@ -513,9 +513,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	clock.mark(StepTCX)
-	d.endpoints[ik] = epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot}
+	d.setEndpoint(ik, epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot})
 	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
-		delete(d.endpoints, ik)
+		d.dropEndpoint(ik)
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	if epgChanged { // its flows are judged again with its new group
@@ -662,7 +662,7 @@ func (d *Driver) deleteEndpoint(ik string) error {
 		return fmt.Errorf("endpoint %s: %w", r.id, err)
 	}
 	d.freeSlot(r.slot)
-	delete(d.endpoints, ik)
+	d.dropEndpoint(ik)
 	d.flushCT(r.key)
 	return nil
 }

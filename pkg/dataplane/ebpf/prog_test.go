@@ -514,7 +514,7 @@ func TestMapFull(t *testing.T) {
 	}
 	spec.Maps[contivbpfMapCbEndpoints].MaxEntries = 2
 	d := &Driver{log: slog.Default(), gen: 1, networks: map[string]netRec{}, remotes: map[string]remoteRec{},
-		endpoints: map[string]epRec{}, peers: map[string]netip.Addr{}, mapFull: map[string]uint64{}}
+		endpoints: map[string]epRec{}, peers: map[string]netip.Addr{}, mapFull: map[string]uint64{}, addrNets: map[uint32]map[uint32]int{}}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		t.Fatal(err)
 	}

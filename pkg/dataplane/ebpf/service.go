@@ -54,41 +54,61 @@ func tenantOf(networkID string) string {
 }
 
 // resolveBackend finds the network key of an endpoint address, preferring the service's
-// tenant when several networks hold it.
+// tenant when several networks hold it (then the lowest key, for a stable answer).
 func (d *Driver) resolveBackend(tenant string, ip netip.Addr) (uint32, bool) {
-	var cands []struct {
-		key    uint32
-		tenant string
-	}
-	netByKey := map[uint32]string{}
-	for id, r := range d.networks {
-		netByKey[r.key] = id
-	}
-	for _, e := range d.endpoints {
-		if e.key.Ip == ip4(ip) {
-			cands = append(cands, struct {
-				key    uint32
-				tenant string
-			}{e.key.Net, tenantOf(netByKey[e.key.Net])})
+	var best uint32
+	found, bestTenant := false, false
+	for key := range d.addrNets[ip4(ip)] {
+		nr, _ := d.networkByKey(key)
+		same := tenantOf(nr.net.ID) == tenant
+		if !found || (same && !bestTenant) || (same == bestTenant && key < best) {
+			best, found, bestTenant = key, true, same
 		}
 	}
-	for _, r := range d.remotes {
-		if r.ep.IP == ip {
-			cands = append(cands, struct {
-				key    uint32
-				tenant string
-			}{r.key.Net, tenantOf(r.ep.NetworkID)})
+	return best, found
+}
+
+// setEndpoint / dropEndpoint write d.endpoints (by index key), setRemote / dropRemote
+// d.remotes (by id), keeping the address index (addrNets) in step.
+func (d *Driver) setEndpoint(ik string, r epRec)   { putIndexed(d, d.endpoints, ik, r) }
+func (d *Driver) dropEndpoint(ik string)           { dropIndexed(d, d.endpoints, ik) }
+func (d *Driver) setRemote(id string, r remoteRec) { putIndexed(d, d.remotes, id, r) }
+func (d *Driver) dropRemote(id string)             { dropIndexed(d, d.remotes, id) }
+
+// addressed is an endpoint record with its datapath key.
+type addressed interface{ epKey() contivbpfCbEpKey }
+
+func (r epRec) epKey() contivbpfCbEpKey     { return r.key }
+func (r remoteRec) epKey() contivbpfCbEpKey { return r.key }
+
+func putIndexed[R addressed](d *Driver, m map[string]R, id string, r R) {
+	dropIndexed(d, m, id)
+	m[id] = r
+	d.indexAddr(r.epKey(), 1)
+}
+
+func dropIndexed[R addressed](d *Driver, m map[string]R, id string) {
+	if old, ok := m[id]; ok {
+		d.indexAddr(old.epKey(), -1)
+		delete(m, id)
+	}
+}
+
+func (d *Driver) indexAddr(k contivbpfCbEpKey, delta int) {
+	if k.Ip == 0 {
+		return // a record without its datapath entry (adopted veth not yet synced)
+	}
+	m := d.addrNets[k.Ip]
+	if m == nil {
+		m = map[uint32]int{}
+		d.addrNets[k.Ip] = m
+	}
+	if m[k.Net] += delta; m[k.Net] <= 0 {
+		delete(m, k.Net)
+		if len(m) == 0 {
+			delete(d.addrNets, k.Ip)
 		}
 	}
-	for _, c := range cands {
-		if c.tenant == tenant {
-			return c.key, true
-		}
-	}
-	if len(cands) > 0 {
-		return cands[0].key, true
-	}
-	return 0, false
 }
 
 func (d *Driver) upsertService(s dataplane.Service) error {
@@ -137,19 +157,14 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		nodePorts[k] = contivbpfCbNp{Zone: zone, Vip: ip4(s.VIP), SvcPort: nport(p.Port), Generation: d.gen}
 		npKeys = append(npKeys, k)
 	}
-	for id, r := range d.services {
-		if id == s.ID {
-			continue
+	for _, k := range keys {
+		if id, ok := d.svcKeyOwner[k]; ok && id != s.ID {
+			return fmt.Errorf("service %s: %v port %d/%d already used by service %s", s.ID, s.VIP, hport(k.Port), k.Proto, id)
 		}
-		for _, k := range r.keys {
-			if _, dup := targets[k]; dup {
-				return fmt.Errorf("service %s: %v port %d/%d already used by service %s", s.ID, s.VIP, hport(k.Port), k.Proto, id)
-			}
-		}
-		for _, k := range r.nodePorts {
-			if _, dup := nodePorts[k]; dup {
-				return fmt.Errorf("service %s: node port %d/%d already used by service %s", s.ID, hport(k.Port), k.Proto, id)
-			}
+	}
+	for _, k := range npKeys {
+		if id, ok := d.npOwner[k]; ok && id != s.ID {
+			return fmt.Errorf("service %s: node port %d/%d already used by service %s", s.ID, hport(k.Port), k.Proto, id)
 		}
 	}
 	// Backends take new flows (cb_backends); draining ones are members only: the flows
@@ -228,7 +243,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 		}
 	}
 	rec := svcRec{svc: s, id: id, zone: zone, keys: keys, nBackends: len(backends), members: members, nodePorts: npKeys}
-	d.services[s.ID] = rec
+	d.setService(s.ID, rec)
 	if had {
 		if err := d.dropServiceRest(old, rec); err != nil {
 			return err
@@ -239,7 +254,39 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return err
 		}
 	}
-	return d.syncHostSvcs()
+	return d.updateHostSvcs(old.keys, keys)
+}
+
+// setService records service id, keeping the port indexes.
+func (d *Driver) setService(id string, r svcRec) {
+	d.dropService(id)
+	d.services[id] = r
+	d.indexSvcKeys(r.keys, 1)
+	for _, k := range r.keys {
+		d.svcKeyOwner[k] = id
+	}
+	for _, k := range r.nodePorts {
+		d.npOwner[k] = id
+	}
+}
+
+func (d *Driver) dropService(id string) {
+	old, ok := d.services[id]
+	if !ok {
+		return
+	}
+	d.indexSvcKeys(old.keys, -1)
+	for _, k := range old.keys {
+		if d.svcKeyOwner[k] == id {
+			delete(d.svcKeyOwner, k)
+		}
+	}
+	for _, k := range old.nodePorts {
+		if d.npOwner[k] == id {
+			delete(d.npOwner, k)
+		}
+	}
+	delete(d.services, id)
 }
 
 // dropServiceRest removes what old had and cur does not (keys, backend slots, VIP).
@@ -334,12 +381,12 @@ func (d *Driver) deleteService(id string) error {
 	if !ok {
 		return nil
 	}
-	delete(d.services, id)
+	d.dropService(id)
 	if err := d.dropServiceRest(old, svcRec{svc: dataplane.Service{ID: id}}); err != nil {
-		d.services[id] = old
+		d.setService(id, old)
 		return err
 	}
-	if err := d.syncHostSvcs(); err != nil {
+	if err := d.updateHostSvcs(old.keys); err != nil {
 		return err
 	}
 	return d.writeConfig()

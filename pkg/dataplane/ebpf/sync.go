@@ -145,6 +145,11 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			}
 		}
 	}
+	// Upserts touch only their own host-service entries: entries a previous run left
+	// are swept here, once.
+	if err := d.syncHostSvcs(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, id := range sortedKeys(d.podPols) {
 		if !wantPodPols[id] {
 			if err := d.deletePodPolicy(id); err != nil {

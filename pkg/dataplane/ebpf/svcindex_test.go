@@ -1,0 +1,124 @@
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// TestServiceIndexes: service changes update only their own entries (the host-service
+// map, the port owners, the backend address index) instead of rescanning every service
+// and endpoint; after any sequence of changes the maps hold exactly what a full
+// recomputation from the applied services says, backends resolve in their own tenant when
+// two tenants hold the address, and a Sync sweeps host-service entries nobody owns.
+func TestServiceIndexes(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	blue := dataplane.Network{ID: "blue.u", Encap: dataplane.EncapVXLAN, Tag: 78,
+		Subnet: h.net.Subnet, Gateway: h.net.Gateway} // the same subnet in another tenant
+	st := dataplane.State{Networks: []dataplane.Network{h.net, blue},
+		Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("10.254.0.2")}}}
+	for i := 0; i < 4; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 50, 0, byte(10 + i)})
+		for _, n := range []dataplane.Network{h.net, blue} {
+			st.RemoteEndpoints = append(st.RemoteEndpoints, dataplane.RemoteEndpoint{ID: fmt.Sprintf("%s-r%d", n.ID, i), NetworkID: n.ID,
+				IP: ip, MAC: dataplane.ContivMAC(ip), VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"})
+		}
+	}
+	if err := h.d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	netKey := map[string]uint32{}
+	for id, r := range h.d.networks {
+		netKey[tenantOf(id)] = r.key
+	}
+	rng := rand.New(rand.NewPCG(3, 9))
+	for step := 0; step < 400; step++ {
+		tenant := []string{"t", "u"}[rng.IntN(2)]
+		id := fmt.Sprintf("s%d:%s", rng.IntN(6), tenant)
+		if rng.IntN(4) == 0 {
+			if err := h.d.DeleteService(ctx, id); err != nil {
+				t.Fatalf("step %d: delete %s: %v", step, id, err)
+			}
+		} else {
+			s := dataplane.Service{ID: id, VIP: netip.AddrFrom4([4]byte{10, 50, 0, byte(100 + rng.IntN(3))}),
+				Backends: []netip.Addr{netip.AddrFrom4([4]byte{10, 50, 0, byte(10 + rng.IntN(4))})}}
+			for _, p := range rng.Perm(3)[:1+rng.IntN(2)] {
+				s.Ports = append(s.Ports, dataplane.ServicePort{Proto: 6, Port: uint16(80 + p), TargetPort: 8080})
+			}
+			if rng.IntN(3) == 0 {
+				s.Ports[0].NodePort = uint16(30000 + rng.IntN(3))
+			}
+			// Refused when another service holds a port or node port: checked below too.
+			_ = h.d.UpsertService(ctx, s)
+		}
+		// What a full recomputation says: VIP:port/proto served on the host path when
+		// exactly one tenant's services hold it; every port and node port owned once.
+		zones := map[contivbpfCbHostSvcKey]map[uint32]bool{}
+		owners := map[contivbpfCbSvcKey]string{}
+		for sid, r := range h.d.services {
+			for _, k := range r.keys {
+				hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
+				if zones[hk] == nil {
+					zones[hk] = map[uint32]bool{}
+				}
+				zones[hk][k.Zone] = true
+				if o, dup := owners[k]; dup {
+					t.Fatalf("step %d: port %v held by %s and %s", step, k, o, sid)
+				}
+				owners[k] = sid
+			}
+			var b contivbpfCbBackend
+			if err := h.d.objs.CbBackends.Lookup(&contivbpfCbBackendKey{SvcId: r.id, Index: 0}, &b); err != nil {
+				t.Fatalf("step %d: %s backend: %v", step, sid, err)
+			}
+			if b.Net != netKey[serviceTenant(sid)] {
+				t.Fatalf("step %d: %s backend resolved in network key %d, want its tenant's %d", step, sid, b.Net, netKey[serviceTenant(sid)])
+			}
+		}
+		want := map[contivbpfCbHostSvcKey]uint32{}
+		for hk, zs := range zones {
+			if len(zs) == 1 {
+				for z := range zs {
+					want[hk] = z
+				}
+			}
+		}
+		got := map[contivbpfCbHostSvcKey]uint32{}
+		var k contivbpfCbHostSvcKey
+		var v contivbpfCbHostSvc
+		it := h.d.objs.CbHostSvcs.Iterate()
+		for it.Next(&k, &v) {
+			got[k] = v.Zone
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("step %d: cb_host_svcs %v, want %v", step, got, want)
+		}
+		if !maps.Equal(owners, h.d.svcKeyOwner) {
+			t.Fatalf("step %d: port owners %v, want %v", step, h.d.svcKeyOwner, owners)
+		}
+	}
+	// An entry no service owns (a previous run's) is swept by the next Sync.
+	stale := contivbpfCbHostSvcKey{Vip: ip4(netip.MustParseAddr("10.9.9.9")), Port: nport(99), Proto: 6}
+	if err := h.d.objs.CbHostSvcs.Put(&stale, &contivbpfCbHostSvc{Zone: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range h.d.services {
+		st.Services = append(st.Services, r.svc)
+	}
+	if err := h.d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	var v contivbpfCbHostSvc
+	if err := h.d.objs.CbHostSvcs.Lookup(&stale, &v); err == nil {
+		t.Fatal("Sync kept a host-service entry no service owns")
+	}
+}
