@@ -66,7 +66,7 @@ struct cb_vip {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
 	__type(key, struct cb_svc_key);
 	__type(value, struct cb_svc);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -90,7 +90,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
 	__type(key, struct cb_vip_key);
 	__type(value, struct cb_vip);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

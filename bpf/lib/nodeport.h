@@ -38,7 +38,7 @@ struct cb_np {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 8192);
 	__type(key, struct cb_np_key);
 	__type(value, struct cb_np);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -115,7 +115,7 @@ struct cb_host_svc {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
 	__type(key, struct cb_host_svc_key);
 	__type(value, struct cb_host_svc);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

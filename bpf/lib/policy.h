@@ -402,6 +402,26 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
 	e->nat_net = t->client_net;
 }
 
+/* cb_ct_reuse: a client's kernel sees VIP:port and backend:port as different peers, so a
+ * direct TCP connection to a backend may reuse the source port of a service connection
+ * to it that just closed. That flow's entry (client→backend, DNAT, CLOSING) would make the
+ * new connection's replies look like the service's and get the VIP restored on them: the
+ * SYN of a connection that is not a service flow removes it. (Tracked flows replace it
+ * in cb_ct_check.) One lookup per untracked SYN, only with services configured. */
+static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+
+	if (!f || !(cb_features & CB_FEAT_LB) || f->proto != CB_PROTO_TCP ||
+	    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) != CB_TCP_SYN)
+		return;
+	cb_ct_key_of(&k, zone, f, 0);
+	e = bpf_map_lookup_elem(&cb_ct, &k);
+	if (e && (e->flags & CB_CT_DNAT) && e->state == CB_CTS_CLOSING)
+		bpf_map_delete_elem(&cb_ct, &k);
+}
+
 /* cb_ct_open writes a fresh NEW entry for the packet's own direction. */
 static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
 {
@@ -473,7 +493,9 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	cb_ct_key_of(&k, t->zone, f, 0);
 	e = cb_ct_flow(&k, now);
 	if (syn) {
-		if (e && e->state == CB_CTS_NEW && e->epoch == epoch) {
+		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
+		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
+		if (e && e->state == CB_CTS_NEW && e->epoch == epoch && (t->svc || !(e->flags & CB_CT_DNAT))) {
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
 			cb_ct_mark_dnat(e, t);
 			t->entry = e;
@@ -552,8 +574,10 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 	int r;
 
 	cb_track_flags(f, t);
-	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply)
+	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply) {
+		cb_ct_reuse(f, t->zone);
 		return 0;
+	}
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
 	if (t->frag == CB_FRAG_LATER)
 		return cb_frag_verdict(f, t);

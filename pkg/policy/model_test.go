@@ -373,6 +373,19 @@ func TestModelScenarios(t *testing.T) {
 			},
 		},
 		{
+			// The client's kernel sees VIP:80 and backend:8080 as different peers: a direct
+			// connection may reuse a just-closed service flow's backend-side tuple.
+			name:  "direct connection reusing a closed service flow's tuple",
+			setup: svcSetup(mBE1),
+			steps: []mstep{
+				{pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)}},
+				{pkt: tcpPkt(1, mBE1, 8080, mC, 5000, "SA"), want: ModelResult{Pass: true, Tracked: true, SNAT: ap(mVIP, 80)}},
+				{pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "R")), want: ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)}, check: wantState(be1K, CTClosing)},
+				{name: "direct SYN drops the closed entry", pkt: local(tcpPkt(1, mC, 5000, mBE1, 8080, "S")), want: passU, check: wantEntries(1)},
+				{name: "its reply keeps the backend's address", pkt: tcpPkt(1, mBE1, 8080, mC, 5000, "SA"), want: passU},
+			},
+		},
+		{
 			name:  "service DNAT, reply SNAT, re-balance, deletion",
 			setup: svcSetup(mBE1, mBE2),
 			steps: []mstep{

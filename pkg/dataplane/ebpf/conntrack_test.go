@@ -513,3 +513,45 @@ func TestServiceFragments(t *testing.T) {
 		t.Errorf("reply later fragment %v → %v, want %v → %v", s, d, vip, srcIP)
 	}
 }
+
+// TestServiceTupleReuse: a client's kernel sees VIP:80 and backend:8080 as different
+// peers, so a direct connection to the backend may reuse the source port of a service
+// connection that just closed. The closed service entry must not capture it: the
+// direct connection's replies come from the backend's own address, not the VIP. (Found
+// by the svcscale bench: the first direct connect after a burst of VIP connects hung.)
+func TestServiceTupleReuse(t *testing.T) {
+	for _, withPolicy := range []bool{false, true} {
+		t.Run(map[bool]string{false: "untracked", true: "tracked"}[withPolicy], func(t *testing.T) {
+			objs := loadTestObjects(t)
+			feat := uint32(contivbpfCbFeaturesCB_FEAT_LB)
+			if withPolicy {
+				feat |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
+				setEPG(t, objs, srcIP, 10)
+				putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+					{ID: "no-udp-in", Priority: 5, Ingress: true, Proto: 17, Action: dataplane.ActionDeny}}})
+			}
+			setFeatures(t, objs, feat)
+			ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+			fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+			vip := netip.MustParseAddr("10.1.0.102")
+			putTestService(t, objs, 3, vip, 80, 6, 8080, remoteIP)
+			const sport = 41000
+			// The service connection: SYN, SYN-ACK (from the VIP), then the client's RST.
+			r := run(t, objs, fc, l4Frame(6, srcIP, vip, sport, 80, tcpSYN, 0), nil)
+			r.expect(t, tcActRedirect, FwdTunnel)
+			r = run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 8080, sport, tcpSYN|tcpACK, 0), ovl)
+			r.expect(t, tcActRedirect, FwdLocal)
+			if s, _, sp, _ := checkSums(t, r.out); s != vip || sp != 80 {
+				t.Fatalf("service reply from %v:%d, want the VIP", s, sp)
+			}
+			run(t, objs, fc, l4Frame(6, srcIP, vip, sport, 80, tcpRST, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+			// The direct connection on the same tuple as the service flow's backend side.
+			run(t, objs, fc, l4Frame(6, srcIP, remoteIP, sport, 8080, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+			r = run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 8080, sport, tcpSYN|tcpACK, 0), ovl)
+			r.expect(t, tcActRedirect, FwdLocal)
+			if s, _, sp, _ := checkSums(t, r.out); s != remoteIP || sp != 8080 {
+				t.Errorf("direct connection's reply rewritten to %v:%d, want %v:8080", s, sp, remoteIP)
+			}
+		})
+	}
+}

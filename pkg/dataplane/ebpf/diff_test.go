@@ -283,9 +283,33 @@ func (g *diffGen) step() diffStep {
 			return s
 		}
 	}
+	if g.r.IntN(10) == 0 {
+		if s, ok := g.reuse(); ok {
+			g.remember(s)
+			return s
+		}
+	}
 	s := g.pkt()
 	g.remember(s)
 	return s
+}
+
+// reuse is a direct TCP packet (mostly a SYN) from a recent service flow's client to a
+// backend, from the same source port: the tuple of that flow's backend side.
+func (g *diffGen) reuse() (diffStep, bool) {
+	for _, r := range g.recent {
+		if r.to != -1 || r.proto != 6 || len(g.backends) == 0 {
+			continue
+		}
+		s := r
+		s.to, s.dport, s.frag = g.backends[g.r.IntN(len(g.backends))], 8080, policy.FragNone
+		s.flags = []uint8{0x02, 0x02, 0x02, 0x10, 0x04}[g.r.IntN(5)]
+		if s.to == s.from || (!g.eps[s.from].local && !g.eps[s.to].local) {
+			return diffStep{}, false
+		}
+		return s, true
+	}
+	return diffStep{}, false
 }
 
 // podPolicy gives a random endpoint a random NetworkPolicy layer (or takes it away).
