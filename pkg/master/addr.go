@@ -229,7 +229,18 @@ func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, a
 	if ns.Gateway == addr4(a).String() {
 		return conflict("%s: %s is the gateway of network %s", field, ip, ns.ID)
 	}
-	if holder, err := addressHolder(tx, ns, addr4(a).String()); err != nil {
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return err
+	}
+	used, err := nm.Test(uint(a - sn.base))
+	if err != nil {
+		return err
+	}
+	// Every VIP is allocated in its network's map: a free address needs no scan of the
+	// services (a list of all of them, per request, made creating the 10,000th cost
+	// 10,000 decodes).
+	if holder, err := addressHolder(tx, ns, addr4(a).String(), used); err != nil {
 		return err
 	} else if holder != "" {
 		return conflict("%s: %s is already used by %s", field, ip, holder)
@@ -237,20 +248,15 @@ func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, a
 	if adoptPending {
 		return nil
 	}
-	nm, err := netAllocMap(tx, ns)
-	if err != nil {
-		return err
-	}
-	if used, err := nm.Test(uint(a - sn.base)); err != nil {
-		return err
-	} else if used {
+	if used {
 		return conflict("%s: %s is already allocated in network %s", field, ip, ns.ID)
 	}
 	return nil
 }
 
-// addressHolder names the endpoint or service of network ns that holds ip, or "".
-func addressHolder(tx *state.Tx, ns *model.CfgNetworkState, ip string) (string, error) {
+// addressHolder names the endpoint or service of network ns that holds ip, or "";
+// services are looked at only when ip is allocated in the network's map (allocated).
+func addressHolder(tx *state.Tx, ns *model.CfgNetworkState, ip string, allocated bool) (string, error) {
 	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+ns.ID+"-")
 	if err != nil {
 		return "", err
@@ -259,6 +265,9 @@ func addressHolder(tx *state.Tx, ns *model.CfgNetworkState, ip string) (string, 
 		if ep.NetID == ns.ID && ep.IPAddress == ip {
 			return "endpoint " + ep.ID, nil
 		}
+	}
+	if !allocated {
+		return "", nil
 	}
 	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
 	if err != nil {

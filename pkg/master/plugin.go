@@ -119,7 +119,7 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 				return conflict("IPv4Address: %s is still used by endpoint %s", ip, ep.ID)
 			}
 		}
-		if holder, err := addressHolder(tx, ns, ip); err != nil {
+		if holder, err := addressHolder(tx, ns, ip, true); err != nil {
 			return err
 		} else if holder != "" {
 			return conflict("IPv4Address: %s is still used by %s", ip, holder)
