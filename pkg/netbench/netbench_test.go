@@ -101,3 +101,35 @@ func TestMasqueradeBaseline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKubeProxyBaseline: the kube-proxy-style router DNATs each installed VIP to the
+// server, and a VIP it does not hold (after the rule set shrank) reaches nothing.
+func TestKubeProxyBaseline(t *testing.T) {
+	needRoot(t)
+	kp, err := NewKubeProxy(prefix()+"k", 1450, 80, 7072)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kp.Close()
+	srv, err := StartServer(NSPath(kp.Namespaces[3]), MasqServerIP+":7072")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := kp.SetServices(300); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDialer(NSPath(kp.Namespaces[0]))
+	for _, i := range []int{0, 150, 299} {
+		if n, err := CRR(context.Background(), d, KubeProxyVIP(i)+":80", 100*time.Millisecond); err != nil || n == 0 {
+			t.Fatalf("service %d (%s): %v conn/s, %v", i, KubeProxyVIP(i), n, err)
+		}
+	}
+	if err := kp.SetServices(100); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := d.Dial(KubeProxyVIP(150) + ":80"); err == nil {
+		c.Close()
+		t.Fatalf("service 150 answered after the rule set shrank to 100")
+	}
+}

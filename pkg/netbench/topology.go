@@ -205,3 +205,54 @@ func routerTopology(prefix string, mtu int, rules [][]string) (*Topology, error)
 	}
 	return t, nil
 }
+
+// KubeProxy is the service-scale baseline: kube-proxy's iptables mode on the router of
+// the Masquerade shape. The client in <prefix>c connects to a service VIP; the router's
+// nat PREROUTING jumps to KUBE-SERVICES, which holds one rule per service (-d VIP -p tcp
+// --dport port → KUBE-SVC-n → KUBE-SEP-n → DNAT), scanned in order for every new
+// connection, as kube-proxy lays them out; conntrack carries the rest of the flow. Every
+// service's endpoint is the server <prefix>s (10.195.0.254:targetPort), which routes back
+// through the router. SetServices replaces the rule set.
+type KubeProxy struct {
+	*Topology
+	port, targetPort uint16
+}
+
+// NewKubeProxy builds the topology with no service.
+func NewKubeProxy(prefix string, mtu int, port, targetPort uint16) (*KubeProxy, error) {
+	t, err := routerTopology(prefix, mtu, nil)
+	if err != nil {
+		return nil, fmt.Errorf("build kube-proxy baseline: %w", err)
+	}
+	if err := nsip(prefix+"s", "route", "add", "default", "via", "10.195.0.1"); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("build kube-proxy baseline: %w", err)
+	}
+	return &KubeProxy{Topology: t, port: port, targetPort: targetPort}, nil
+}
+
+// KubeProxyVIP is the VIP of service i (0-based) in the baseline: 10.97.0.0/16 in order.
+func KubeProxyVIP(i int) string { return fmt.Sprintf("10.97.%d.%d", i/250, i%250+1) }
+
+// SetServices installs n services with one iptables-restore (the nat table replaced).
+func (k *KubeProxy) SetServices(n int) error {
+	var b strings.Builder
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, ":KUBE-SVC-%d - [0:0]\n:KUBE-SEP-%d - [0:0]\n", i, i)
+	}
+	b.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"svc%d cluster IP\" -m tcp --dport %d -j KUBE-SVC-%d\n", KubeProxyVIP(i), i, k.port, i)
+		fmt.Fprintf(&b, "-A KUBE-SVC-%d -j KUBE-SEP-%d\n", i, i)
+		fmt.Fprintf(&b, "-A KUBE-SEP-%d -p tcp -m tcp -j DNAT --to-destination %s:%d\n", i, MasqServerIP, k.targetPort)
+	}
+	b.WriteString("COMMIT\n")
+	cmd := NSCmd(k.Namespaces[1], "iptables-restore")
+	cmd.Stderr = nil
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("kube-proxy baseline: iptables-restore of %d services: %w: %s", n, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

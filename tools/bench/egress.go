@@ -200,16 +200,8 @@ func nodePortFigures(ctx context.Context, cfg config, dp string, c *sim.Cluster,
 	test := fmt.Sprintf("%s:%d", h1.IP, nodePort)
 	base := fmt.Sprintf("10.195.0.1:%d", nodePort)
 	testDial, baseDial := netbench.NewDialer(netbench.NSPath(c.External.NS)), netbench.NewDialer(netbench.NSPath(topo.Namespaces[3]))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, err := netbench.CRR(ctx, testDial, test, 100*time.Millisecond)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("node port %s from the outside: %w", test, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := waitCRR(ctx, testDial, test); err != nil {
+		return fmt.Errorf("node port %s from the outside: %w", test, err)
 	}
 	var tr, br, ratios []float64
 	for i := 0; i < cfg.crrRounds; i++ {

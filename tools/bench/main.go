@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -47,11 +48,14 @@ type config struct {
 	cpCreates   int
 	cpAllocs    int
 	downTime    time.Duration
+	svcSteps    []int // services installed at each svcscale step, ascending
+	scaleSteps  []int // endpoints in the cluster at each scale step, ascending
+	scaleHosts  int
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -73,7 +77,23 @@ func main() {
 	flag.IntVar(&cfg.cpCreates, "cp-creates", 200, "networks created (and lists done) per control-plane run")
 	flag.IntVar(&cfg.cpAllocs, "cp-allocs", 1000, "allocAddress calls per control-plane run")
 	flag.DurationVar(&cfg.downTime, "down", time.Second, "how long netplugin stays dead in the restart stage")
+	svcSteps := flag.String("svcscale-steps", "1,1000,10000", "services installed at each svcscale step (ascending; the first is the reference)")
+	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
+	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
 	flag.Parse()
+	var err error
+	if cfg.svcSteps, err = ascending(*svcSteps, 60000); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: --svcscale-steps: %v\n", err)
+		os.Exit(2)
+	}
+	if cfg.scaleSteps, err = ascending(*scaleSteps, 1600000); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: --scale-steps: %v\n", err)
+		os.Exit(2)
+	}
+	if cfg.scaleHosts < 2 || cfg.scaleHosts > 50 {
+		fmt.Fprintf(os.Stderr, "bench: --scale-hosts %d: want 2 to 50\n", cfg.scaleHosts)
+		os.Exit(2)
+	}
 	switch *dp {
 	case "ebpf", "ovs":
 		cfg.dataplanes = []string{*dp}
@@ -104,6 +124,19 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// ascending parses a comma list of counts, each larger than the one before, 1..limit.
+func ascending(list string, limit int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > limit || (len(out) > 0 && n <= out[len(out)-1]) {
+			return nil, fmt.Errorf("%q: want ascending counts from 1 to %d", list, limit)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func run(ctx context.Context, cfg config, w io.Writer) error {
@@ -170,6 +203,24 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		cancel()
 		fmt.Fprintf(w, "(k8s: %.1fs)\n", time.Since(t0).Seconds())
+	}
+	if cfg.want("scale") && ctx.Err() == nil {
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+		if err := scaleStage(sctx, cfg, w, r); err != nil {
+			r.fail("scale", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(scale: %.1fs)\n", time.Since(t0).Seconds())
+	}
+	if cfg.want("svcscale") && ctx.Err() == nil {
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+		if err := svcscaleStage(sctx, cfg, w, r); err != nil {
+			r.fail("svcscale", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(svcscale: %.1fs)\n", time.Since(t0).Seconds())
 	}
 	for _, dp := range cfg.dataplanes {
 		if !cfg.want("docker") || ctx.Err() != nil {

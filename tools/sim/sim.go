@@ -755,11 +755,21 @@ func (h *Host) Metrics(ctx context.Context) (string, error) { return h.getText(c
 func (h *Host) HealthBody(ctx context.Context) (string, error) { return h.getText(ctx, "/healthz") }
 
 func (h *Host) getText(ctx context.Context, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Inspect+path, nil)
+	return h.c.getText(ctx, h.Name, "http://"+h.Inspect+path)
+}
+
+// EtcdMetrics returns the text of the cluster etcd's /metrics (etcd_mvcc_db_total_size_in_bytes, ...).
+func (c *Cluster) EtcdMetrics(ctx context.Context) (string, error) {
+	return c.getText(ctx, c.Hosts[0].Name, c.EtcdURL()+"/metrics")
+}
+
+// getText GETs url from inside namespace ns and returns the body (an error unless 200).
+func (c *Cluster) getText(ctx context.Context, ns, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return "", err
 	}
-	resp, err := h.c.httpClient(h.Name).Do(req)
+	resp, err := c.httpClient(ns).Do(req)
 	if err != nil {
 		return "", err
 	}
@@ -769,7 +779,7 @@ func (h *Host) getText(ctx context.Context, path string) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return string(b), fmt.Errorf("%s of %s: HTTP %d", path, h.Name, resp.StatusCode)
+		return string(b), fmt.Errorf("GET %s from %s: HTTP %d", url, ns, resp.StatusCode)
 	}
 	return string(b), nil
 }
