@@ -117,13 +117,13 @@ type Agent struct {
 	ready    chan struct{}
 	lastSync time.Time
 
-	applyMu sync.Mutex // serialises driver calls; guards applied, synced, bad, retryAll
+	applyMu sync.Mutex // serialises driver calls; guards applied, synced, bad, retry
 	applied applied
 	// bad are the records that cannot be used, as of the last pass (a scoped pass
 	// replaces only its objects' entries).
 	bad map[string]error
-	// retryAll: the last pass had failed driver calls; the next one is full.
-	retryAll bool
+	// retry is what the last pass's failed driver calls make the next one redo.
+	retry scope
 	synced   bool
 
 	attachMu sync.Mutex // one attach/detach at a time
@@ -338,15 +338,24 @@ type view struct {
 	bad  map[string]error
 }
 
-// desired takes what changed since the last pass (everything when full) and computes it.
-func (a *Agent) desired(full bool) view {
+// desired takes what changed since the last pass plus retry (everything when full) and
+// computes it.
+func (a *Agent) desired(full bool, retry scope) view {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.rec
 	sc := r.dirty
 	r.dirty = scope{}
-	if full {
+	if full || retry.all {
 		sc = scope{all: true}
+	}
+	if !sc.all {
+		for id := range retry.eps {
+			sc.touchEp(id)
+		}
+		for id := range retry.svcs {
+			sc.touchSvc(id)
+		}
 	}
 	if r.namesStale {
 		a.names.Store(nil) // rebuilt by the next lookup (Lookup)

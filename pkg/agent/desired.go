@@ -341,7 +341,7 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 				if err != nil {
 					bad["pod-policy/"+id] = err
 				}
-				want.pps[pp.ID] = pp
+				want.pps[id] = pp
 			}
 		}
 	}
@@ -445,6 +445,7 @@ func podPolicyFor(r *records, id string) (dataplane.PodPolicy, bool, error) {
 		return dataplane.PodPolicy{}, false, nil
 	}
 	pp, err := podPolicyOf(r.podPols[id], e)
+	pp.ID = id // keyed by the record key, as every scoped pass plans it
 	return pp, true, err
 }
 

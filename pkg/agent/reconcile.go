@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"reflect"
 	"time"
 
@@ -207,7 +208,8 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 	}()
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
-	v := a.desired(!a.synced || a.retryAll)
+	v := a.desired(!a.synced, a.retry)
+	a.retry = scope{}
 	if v.sc.all {
 		a.bad = v.bad
 	} else {
@@ -220,8 +222,9 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		all := maps.Clone(a.bad)
 		maps.Copy(all, errs)
 		a.setErrors(all)
-		// A failed driver call is retried by a full pass (its object is not applied).
-		a.retryAll = len(errs) > 0
+		// A failed driver call is retried by the next pass (its object is not applied):
+		// an endpoint, service or pod policy by its id, anything else by a full pass.
+		a.retry = retryScope(errs)
 	}()
 	if !a.synced {
 		start := time.Now()
@@ -274,6 +277,23 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		a.metrics.observeSync(errors.Join(mapErrs(errs)...), 0)
 	}
 	return errs
+}
+
+// retryScope is what the next pass must redo for the failed driver calls keyed in errs.
+func retryScope(errs map[string]error) scope {
+	var sc scope
+	for k := range errs {
+		kind, id, _ := strings.Cut(k, "/")
+		switch kind {
+		case "endpoint", "remote-endpoint", "pod-policy":
+			sc.touchEp(id)
+		case "service":
+			sc.touchSvc(id)
+		default: // network, peer, policy, sync
+			return scope{all: true}
+		}
+	}
+	return sc
 }
 
 func mapErrs(m map[string]error) []error {

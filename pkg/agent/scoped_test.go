@@ -10,11 +10,13 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
@@ -230,5 +232,88 @@ func TestNetworkBookkeepingStaysScoped(t *testing.T) {
 	put(n)
 	if !a.rec.dirty.all {
 		t.Fatal("a VNI change did not make the pass full")
+	}
+}
+
+// failingDriver accepts everything except the services named in fail; it counts calls.
+type failingDriver struct {
+	nopDriver
+	fail     map[string]bool
+	svcCalls int
+}
+
+func (d *failingDriver) Name() string                                { return "fake" }
+func (d *failingDriver) Sync(context.Context, dataplane.State) error { return nil }
+func (d *failingDriver) Status(context.Context) (dataplane.Status, error) {
+	return dataplane.Status{}, nil
+}
+func (d *failingDriver) Close() error                   { return nil }
+func (d *failingDriver) Teardown(context.Context) error { return nil }
+func (d *failingDriver) UpsertService(_ context.Context, s dataplane.Service) error {
+	d.svcCalls++
+	if d.fail[s.ID] {
+		return fmt.Errorf("refused %s", s.ID)
+	}
+	return nil
+}
+
+// TestReconcileRetriesOnlyWhatFailed: a service the driver keeps refusing is retried by
+// its id alone, not by making every later pass recompute everything; a NetworkPolicy layer
+// of an endpoint whose record body names another id is applied under the record key.
+func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
+	fd := &failingDriver{fail: map[string]bool{}}
+	a, err := New(Config{Store: &state.Store{}, Driver: fd, Master: afterCreate{}, Host: "h0", FwdMode: dataplane.FwdRouting,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := a.rec
+	r.nets["n.t"] = model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
+	r.hostVTEPs["h1"] = netip.MustParseAddr("192.168.1.2")
+	r.setEp("n.t-a", &model.CfgEndpointState{ID: "n.t-a", NetID: "n.t", IPAddress: "10.5.0.2", HomingHost: "h1"})
+	for _, id := range []string{"s1:t", "s2:t"} {
+		r.setSvc(id, &model.CfgServiceLBState{ID: id, IPAddress: "10.5.1." + id[1:2], Ports: []string{"80:80:TCP"}})
+	}
+	if errs := a.reconcile(ctx); len(errs) != 0 || len(a.applied.svcs) != 2 {
+		t.Fatalf("first pass: errors %v, services %d", errs, len(a.applied.svcs))
+	}
+	fd.fail["s1:t"] = true
+	r.setSvc("s1:t", &model.CfgServiceLBState{ID: "s1:t", IPAddress: "10.5.1.1", Ports: []string{"81:81:TCP"}})
+	if errs := a.reconcile(ctx); errs["service/s1:t"] == nil {
+		t.Fatalf("refused service not reported: %v", errs)
+	}
+	if a.retry.all || len(a.retry.svcs) != 1 {
+		t.Fatalf("retry scope %+v, want service s1:t only", a.retry)
+	}
+	fd.svcCalls = 0
+	a.reconcile(ctx)
+	if fd.svcCalls != 1 {
+		t.Fatalf("retry pass made %d service calls, want 1 (s1:t)", fd.svcCalls)
+	}
+	fd.fail["s1:t"] = false
+	if errs := a.reconcile(ctx); len(errs) != 0 || a.applied.svcs["s1:t"].Ports[0].Port != 81 {
+		t.Fatalf("after the driver accepted it: errors %v, applied %+v", errs, a.applied.svcs["s1:t"])
+	}
+
+	// Record key n.t-b, body id "other": the pod's layer is keyed by n.t-b throughout.
+	r.setEp("n.t-b", &model.CfgEndpointState{ID: "other", NetID: "n.t", IPAddress: "10.5.0.3", HomingHost: "h1"})
+	a.reconcile(ctx)
+	r.podPols["n.t-b"] = model.K8sPodPolicy{ID: "n.t-b", IngressIsolated: true}
+	r.dirty.touchEp("n.t-b")
+	a.reconcile(ctx)
+	if _, ok := a.applied.pps["n.t-b"]; !ok {
+		t.Fatalf("pod policy of n.t-b not applied under its key: %v", slices.Collect(maps.Keys(a.applied.pps)))
+	}
+	r.touchAll() // a full pass keys it the same way
+	a.reconcile(ctx)
+	if _, ok := a.applied.pps["n.t-b"]; !ok || len(a.applied.pps) != 1 {
+		t.Fatalf("after a full pass the pod policies are %v, want n.t-b only", slices.Collect(maps.Keys(a.applied.pps)))
+	}
+	delete(r.podPols, "n.t-b")
+	r.dirty.touchEp("n.t-b")
+	a.reconcile(ctx)
+	if len(a.applied.pps) != 0 {
+		t.Fatalf("pod policy still applied after its record went: %v", a.applied.pps)
 	}
 }

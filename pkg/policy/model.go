@@ -536,15 +536,15 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	if !isSvc && !isReplyFirst && m.isVIP(k.Zone, k.Dst) {
 		return ModelResult{Reason: DropUnknownDst}
 	}
-	if !isSvc && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) && p.Proto == protoTCP && p.SYN && !p.ACK {
+	rev, replyDNAT := m.flow(k.Reverse())
+	replyDNAT = replyDNAT && rev.DNAT
+	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) && p.Proto == protoTCP && p.SYN && !p.ACK {
 		// A direct connection reusing the tuple of a closed service flow to the same
 		// backend does not inherit its entry (cb_ct_reuse).
 		if e, ok := m.flow(k); ok && e.DNAT && e.State == CTClosing {
 			delete(m.ct, k)
 		}
 	}
-	rev, replyDNAT := m.flow(k.Reverse())
-	replyDNAT = replyDNAT && rev.DNAT
 	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) {
 		return ModelResult{Pass: true}
 	}

@@ -85,6 +85,9 @@ type Driver struct {
 	hostSvcIdx  map[contivbpfCbHostSvcKey]map[uint32]int
 	svcKeyOwner map[contivbpfCbSvcKey]string
 	npOwner     map[contivbpfCbNpKey]string
+	// hostSvcsStale: a service change could not settle its cb_host_svcs entries; the
+	// next one rewrites the whole table (settleHostSvcs).
+	hostSvcsStale bool
 	// podPols are the NetworkPolicy layer's pods (netpol.go) by PodPolicy id; ksets its
 	// shared rule sets by content; nextKSetID the last set id handed out.
 	podPols    map[string]*podPolRec
@@ -433,11 +436,8 @@ func (d *Driver) writeConfig() error {
 	if len(d.services) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
 	}
-	for _, r := range d.services {
-		if len(r.nodePorts) > 0 {
-			c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_NODEPORT)
-			break
-		}
+	if len(d.npOwner) > 0 { // some service has a node port
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_NODEPORT)
 	}
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -246,15 +247,30 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 	d.setService(s.ID, rec)
 	if had {
 		if err := d.dropServiceRest(old, rec); err != nil {
-			return err
+			return d.settleHostSvcs(err, old.keys, keys)
 		}
 	}
 	if !had || len(old.nodePorts) != len(npKeys) {
 		if err := d.writeConfig(); err != nil {
-			return err
+			return d.settleHostSvcs(err, old.keys, keys)
 		}
 	}
-	return d.updateHostSvcs(old.keys, keys)
+	return d.settleHostSvcs(nil, old.keys, keys)
+}
+
+// settleHostSvcs brings cb_host_svcs in line with the index after a service change that
+// touched keys (err: how the change itself went). Only those keys normally; if an earlier
+// change could not settle its keys, the whole table once, so a retry of a service that
+// is already recorded (or already gone) still repairs the entries it left behind.
+func (d *Driver) settleHostSvcs(err error, keys ...[]contivbpfCbSvcKey) error {
+	var serr error
+	if d.hostSvcsStale {
+		serr = d.syncHostSvcs()
+	} else {
+		serr = d.updateHostSvcs(keys...)
+	}
+	d.hostSvcsStale = err != nil || serr != nil
+	return errors.Join(err, serr)
 }
 
 // setService records service id, keeping the port indexes.
@@ -386,7 +402,7 @@ func (d *Driver) deleteService(id string) error {
 		d.setService(id, old)
 		return err
 	}
-	if err := d.updateHostSvcs(old.keys); err != nil {
+	if err := d.settleHostSvcs(nil, old.keys); err != nil {
 		return err
 	}
 	return d.writeConfig()

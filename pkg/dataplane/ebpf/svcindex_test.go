@@ -121,4 +121,17 @@ func TestServiceIndexes(t *testing.T) {
 	if err := h.d.objs.CbHostSvcs.Lookup(&stale, &v); err == nil {
 		t.Fatal("Sync kept a host-service entry no service owns")
 	}
+	// A change that could not settle its entries (hostSvcsStale) makes the next service
+	// change, whichever it is, rewrite the whole table.
+	if err := h.d.objs.CbHostSvcs.Put(&stale, &contivbpfCbHostSvc{Zone: 1}); err != nil {
+		t.Fatal(err)
+	}
+	h.d.hostSvcsStale = true
+	if err := h.d.UpsertService(ctx, dataplane.Service{ID: "late:t", VIP: netip.MustParseAddr("10.50.0.120"),
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: []netip.Addr{netip.MustParseAddr("10.50.0.10")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.objs.CbHostSvcs.Lookup(&stale, &v); err == nil || h.d.hostSvcsStale {
+		t.Fatalf("after a stale table the next change did not rewrite it (stale flag %v)", h.d.hostSvcsStale)
+	}
 }

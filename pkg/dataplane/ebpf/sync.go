@@ -149,6 +149,9 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	// are swept here, once.
 	if err := d.syncHostSvcs(); err != nil {
 		errs = append(errs, err)
+		d.hostSvcsStale = true
+	} else {
+		d.hostSvcsStale = false
 	}
 	for _, id := range sortedKeys(d.podPols) {
 		if !wantPodPols[id] {
