@@ -356,6 +356,7 @@ func (a *Agent) desired(full bool, retry scope) view {
 		for id := range retry.svcs {
 			sc.touchSvc(id)
 		}
+		sc.pols = sc.pols || retry.pols
 	}
 	if r.namesStale {
 		a.names.Store(nil) // rebuilt by the next lookup (Lookup)
@@ -446,7 +447,9 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 	}
 	id := strings.TrimPrefix(ev.Key, prefix)
 	if kind, ok := recordKind[prefix]; ok {
+		_, was := a.rec.undecodable[kind+"/"+id]
 		delete(a.rec.undecodable, kind+"/"+id)
+		a.undecodableChanged(kind, was)
 	}
 	switch prefix {
 	case model.EpStatePrefix:
@@ -458,6 +461,16 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 	case model.K8sPodPolicyPrefix:
 		delete(a.rec.podPols, id)
 		a.rec.dirty.touchEp(id)
+		return
+	case model.RuleStatePrefix:
+		delete(a.rec.rules, id)
+		a.rec.dirty.pols = true
+		return
+	case model.EPGStatePrefix:
+		delete(a.rec.epgs, id)
+		return
+	case model.BgpStatePrefix:
+		delete(a.rec.bgp, id)
 		return
 	}
 	a.rec.touchAll()
@@ -490,6 +503,11 @@ func (a *Agent) put(prefix, key string, val []byte) {
 	case model.EpStatePrefix, model.SvcLBStatePrefix, model.K8sPodPolicyPrefix, model.NetStatePrefix:
 		// scoped to the one object (the setters below); a network only when it changed
 		// more than its address bookkeeping
+	case model.RuleStatePrefix:
+		a.rec.dirty.pols = true
+	case model.EPGStatePrefix, model.BgpStatePrefix, "/contiv.io/master/config/":
+		// nothing the datapath state is computed from (the BGP loop reads its records
+		// after every pass)
 	default:
 		a.rec.touchAll()
 	}
@@ -582,13 +600,31 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		}
 	}
 	kind, tracked := recordKind[prefix]
+	if !tracked {
+		if err != nil {
+			a.log.Warn("ignoring undecodable record", "key", key, "err", err)
+		}
+		return
+	}
+	_, was := a.rec.undecodable[kind+"/"+id]
 	if err != nil {
 		a.log.Warn("ignoring undecodable record", "key", key, "err", err)
-		if tracked {
-			a.rec.undecodable[kind+"/"+id] = fmt.Errorf("record %s does not decode: %w", key, err)
-		}
-	} else if tracked {
+		a.rec.undecodable[kind+"/"+id] = fmt.Errorf("record %s does not decode: %w", key, err)
+	} else {
 		delete(a.rec.undecodable, kind+"/"+id)
+	}
+	a.undecodableChanged(kind, was != (err != nil))
+}
+
+// undecodableChanged makes sure a pass reports (or stops reporting) an undecodable record
+// of kind: scoped passes report those of the objects they recompute, a full pass the rest.
+func (a *Agent) undecodableChanged(kind string, changed bool) {
+	switch {
+	case !changed, kind == "endpoint", kind == "service", kind == "pod-policy":
+	case kind == "policy-rule":
+		a.rec.dirty.pols = true
+	default:
+		a.rec.touchAll()
 	}
 }
 

@@ -84,11 +84,13 @@ func shapeOf(n model.CfgNetworkState) netShape {
 }
 
 // scope names what a reconcile pass recomputes: everything, or the endpoints (their
-// local, remote and pod-policy objects) and services by id.
+// local, remote and pod-policy objects) and services by id, and the rule sets.
 type scope struct {
 	all  bool
 	eps  map[string]struct{}
 	svcs map[string]struct{}
+	// pols: the group rule sets are compiled again (a rule record changed).
+	pols bool
 }
 
 func (s *scope) touchEp(id string) {
@@ -105,7 +107,7 @@ func (s *scope) touchSvc(id string) {
 	s.svcs[id] = struct{}{}
 }
 
-func (s scope) empty() bool { return !s.all && len(s.eps) == 0 && len(s.svcs) == 0 }
+func (s scope) empty() bool { return !s.all && !s.pols && len(s.eps) == 0 && len(s.svcs) == 0 }
 
 // touchAll makes the next pass recompute everything.
 func (r *records) touchAll() {
@@ -314,7 +316,8 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	return s, bad
 }
 
-// computeScoped builds only the objects sc names (sc.all must be false), plus the peers
+// computeScoped builds only the objects sc names (sc.all must be false; the rule sets
+// when sc.pols), plus the peers
 // (a host may have gained or lost its last endpoint), against the networks of the last
 // full computation. The result holds just those objects; bad holds their errors.
 func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error) {
@@ -345,6 +348,16 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 			}
 		}
 	}
+	if sc.pols {
+		for k, err := range r.undecodable {
+			if strings.HasPrefix(k, "policy-rule/") {
+				bad[k] = err
+			}
+		}
+		for _, p := range compilePolicies(r.rules, bad) {
+			want.pols[p.EPGID] = p
+		}
+	}
 	for id := range sc.svcs {
 		if err, ok := r.undecodable["service/"+id]; ok {
 			bad["service/"+id] = err
@@ -363,16 +376,23 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 	return want, bad
 }
 
-// scopedKeys are the error-map keys a scoped pass owns for sc: their old errors are
-// replaced by the pass's.
-func scopedKeys(sc scope, f func(key string)) {
+// dropScoped removes from bad the errors a scoped pass for sc recomputes (its own
+// replace them).
+func dropScoped(bad map[string]error, sc scope) {
 	for id := range sc.eps {
-		f("endpoint/" + id)
-		f("remote-endpoint/" + id)
-		f("pod-policy/" + id)
+		delete(bad, "endpoint/"+id)
+		delete(bad, "remote-endpoint/"+id)
+		delete(bad, "pod-policy/"+id)
 	}
 	for id := range sc.svcs {
-		f("service/" + id)
+		delete(bad, "service/"+id)
+	}
+	if sc.pols {
+		for k := range bad {
+			if k == "policy" || strings.HasPrefix(k, "policy-rule/") {
+				delete(bad, k)
+			}
+		}
 	}
 }
 

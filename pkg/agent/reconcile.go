@@ -90,8 +90,8 @@ type op struct {
 }
 
 // plan diffs desired against applied within sc: everything when sc.all, otherwise
-// only the endpoints (local, remote, pod policy) and services sc names, plus the peers
-// (want then holds just those objects). Deletes come first, dependents before what they
+// only the endpoints (local, remote, pod policy) and services sc names, the rule sets
+// when sc.pols, and the peers (want then holds just those objects). Deletes come first, dependents before what they
 // depend on (endpoints before networks); upserts follow in the opposite order.
 func (a *applied) plan(d dplan, want applied, sc scope) []op {
 	var ops []op
@@ -104,7 +104,7 @@ func (a *applied) plan(d dplan, want applied, sc scope) []op {
 	}
 	deletes(&ops, "service/", a.svcs, want.svcs, svcIDs, d.DeleteService)
 	deletes(&ops, "pod-policy/", a.pps, want.pps, epIDs, d.DeletePodPolicy)
-	if sc.all {
+	if sc.all || sc.pols {
 		deletes(&ops, "policy/", a.pols, want.pols, nil, d.DeletePolicy)
 	}
 	deletes(&ops, "remote-endpoint/", a.reps, want.reps, epIDs, d.DeleteRemoteEndpoint)
@@ -115,7 +115,7 @@ func (a *applied) plan(d dplan, want applied, sc scope) []op {
 		upserts(&ops, "network/", a.nets, want.nets, nil, d.UpsertNetwork)
 	}
 	upserts(&ops, "peer/", a.peers, want.peers, nil, d.UpsertPeer)
-	if sc.all {
+	if sc.all || sc.pols {
 		upserts(&ops, "policy/", a.pols, want.pols, nil, d.UpsertPolicy)
 	}
 	upserts(&ops, "endpoint/", a.eps, want.eps, epIDs, d.UpsertEndpoint)
@@ -213,7 +213,7 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 	if v.sc.all {
 		a.bad = v.bad
 	} else {
-		scopedKeys(v.sc, func(k string) { delete(a.bad, k) })
+		dropScoped(a.bad, v.sc)
 		maps.Copy(a.bad, v.bad)
 	}
 	want := v.full
@@ -289,7 +289,9 @@ func retryScope(errs map[string]error) scope {
 			sc.touchEp(id)
 		case "service":
 			sc.touchSvc(id)
-		default: // network, peer, policy, sync
+		case "policy":
+			sc.pols = true
+		default: // network, peer, sync
 			return scope{all: true}
 		}
 	}

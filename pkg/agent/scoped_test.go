@@ -64,7 +64,7 @@ func pass(h hostView, r *records, ap *applied, bad map[string]error, d dplan, fu
 		clear(bad)
 	} else {
 		want, b = computeScoped(h, r, sc)
-		scopedKeys(sc, func(k string) { delete(bad, k) })
+		dropScoped(bad, sc)
 	}
 	maps.Copy(bad, b)
 	for _, o := range ap.plan(d, want, sc) {
@@ -144,6 +144,17 @@ func TestScopedPassesMatchFull(t *testing.T) {
 					}
 					r.setSvc(sid, &s)
 				}
+			case k < 19 && rng.IntN(2) == 0: // a rule record (the rule sets compiled again)
+				rid := fmt.Sprintf("t:g:t:p:t:p:%d:inRx", rng.IntN(4))
+				switch rng.IntN(4) {
+				case 0:
+					delete(r.rules, rid)
+				case 1:
+					r.rules[rid] = model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1, DstEndpointGroup: 1, IpProtocol: 6, Action: "bogus"}}
+				default:
+					r.rules[rid] = model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1 + rng.IntN(9), DstEndpointGroup: 1 + rng.IntN(2), IpProtocol: 6, DstPort: uint16(rng.IntN(3)), Action: "deny"}}
+				}
+				r.dirty.pols = true
 			case k < 19: // a VTEP registers or goes (everything recomputed)
 				if _, ok := r.vteps["k3"]; ok {
 					delete(r.vteps, "k3")
@@ -232,6 +243,22 @@ func TestNetworkBookkeepingStaysScoped(t *testing.T) {
 	put(n)
 	if !a.rec.dirty.all {
 		t.Fatal("a VNI change did not make the pass full")
+	}
+	// Groups and BGP records feed nothing the pass computes; rules only the rule sets;
+	// an undecodable group is reported by a full pass.
+	a.rec.dirty = scope{}
+	a.put(model.EPGStatePrefix, model.EPGStatePrefix+"g:t", []byte(`{"id":"g:t"}`))
+	if !a.rec.dirty.empty() {
+		t.Fatalf("a group record made the pass %+v", a.rec.dirty)
+	}
+	a.put(model.RuleStatePrefix, model.RuleStatePrefix+"r1", []byte(`{"id":"r1"}`))
+	if a.rec.dirty.all || !a.rec.dirty.pols {
+		t.Fatalf("a rule record made the pass %+v, want the rule sets only", a.rec.dirty)
+	}
+	a.rec.dirty = scope{}
+	a.put(model.EPGStatePrefix, model.EPGStatePrefix+"g:t", []byte(`{`))
+	if !a.rec.dirty.all {
+		t.Fatal("an undecodable group record did not make the pass full (its error would not be reported)")
 	}
 }
 
