@@ -52,6 +52,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, EnvVars: env("PLUGIN_NAME"), Value: "netplugin", Usage: "Docker network/IPAM driver name (docker mode)"},
 		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
 		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: "127.0.0.1:9090", Usage: "address of the inspect API and /metrics (loopback by default; the API has no authentication)"},
+		&cli.BoolFlag{Name: "pprof", EnvVars: env("PPROF"), Usage: "also serve Go's profiler under /debug/pprof/ on the inspect address (for diagnosing CPU or memory use)"},
 		&cli.StringFlag{Name: "etcd-cacert", EnvVars: env("ETCD_CACERT"), Usage: "CA `FILE` etcd's certificate is checked against (etcd over TLS)"},
 		&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key)"},
 		&cli.StringFlag{Name: "etcd-key", EnvVars: env("ETCD_KEY"), Usage: "private key `FILE` of --etcd-cert"},
@@ -74,6 +75,7 @@ func flags() []cli.Flag {
 
 // config is the validated command line.
 type config struct {
+	pprof         bool // /debug/pprof/ on the inspect listener
 	mode          string
 	netMode       string
 	fwdMode       dataplane.FwdMode
@@ -132,7 +134,7 @@ func configFrom(c *cli.Context) (config, error) {
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), egressIf: c.String("egress-if"),
 		dnsRate:   c.Float64("dns-rate"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
-		inspectListen: c.String("inspect-listen"), uplinkMTU: c.Int("uplink-mtu"),
+		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
 		bgpHold:    c.Duration("bgp-hold-time"),
 		bgpRestart: c.Duration("bgp-restart-time"),

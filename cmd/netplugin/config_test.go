@@ -40,8 +40,11 @@ func TestConfig(t *testing.T) {
 	if cfg.host != "h1" || cfg.vtep.String() != "192.168.1.1" || cfg.ctrl != cfg.vtep || len(cfg.etcd) != 2 ||
 		cfg.fwdMode != "routing" || cfg.vlanIf != "eth1" || cfg.mode != "docker" || cfg.vxlanPort != 4789 ||
 		cfg.dataplane != "ebpf" || cfg.bpffsRoot != "/sys/fs/bpf/contivbpf" || cfg.inspectListen != "127.0.0.1:9090" ||
-		cfg.egressPorts != [2]uint16{61000, 65535} || cfg.snatIP.IsValid() {
+		cfg.egressPorts != [2]uint16{61000, 65535} || cfg.snatIP.IsValid() || cfg.pprof {
 		t.Fatalf("config = %+v", cfg)
+	}
+	if cfg, err := parse(t, "--host-label", "h1", "--pprof"); err != nil || !cfg.pprof {
+		t.Fatalf("--pprof: %v, pprof %v", err, cfg.pprof)
 	}
 	for _, tc := range []struct {
 		args []string

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -134,7 +135,17 @@ func run(parent context.Context, cfg config) error {
 	if c, ok := drv.(interface{ Collector() prometheus.Collector }); ok {
 		reg.MustRegister(c.Collector())
 	}
-	srv := httpserve.New(ag.Handler(reg), httpserve.Limits{MaxConns: 256, Logger: log})
+	var handler http.Handler = ag.Handler(reg)
+	if cfg.pprof {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.Handle("/", handler)
+		handler = mux
+	}
+	srv := httpserve.New(handler, httpserve.Limits{MaxConns: 256, Logger: log})
 	ln, err := net.Listen("tcp", cfg.inspectListen)
 	if err != nil {
 		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)
