@@ -51,6 +51,7 @@ type config struct {
 	svcSteps    []int // services installed at each svcscale step, ascending
 	scaleSteps  []int // endpoints in the cluster at each scale step, ascending
 	scaleHosts  int
+	scaleProf   string // file for a CPU profile of host 1's agent during the last scale step
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
@@ -80,6 +81,7 @@ func main() {
 	svcSteps := flag.String("svcscale-steps", "1,1000,10000", "services installed at each svcscale step (ascending; the first is the reference)")
 	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
+	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last scale step's creates to this file (go tool pprof)")
 	flag.Parse()
 	var err error
 	if cfg.svcSteps, err = ascending(*svcSteps, 60000); err != nil {

@@ -35,7 +35,11 @@ func scaleStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	fmt.Fprintf(w, "\n#### scale (ebpf): %d hosts, endpoints %v\n", nh, cfg.scaleSteps)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	t0 := time.Now()
-	c, err := sim.Start(ctx, sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet})
+	sc := sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet}
+	if cfg.scaleProf != "" {
+		sc.PluginArgs = func(*sim.Cluster, *sim.Host) []string { return []string{"--pprof"} }
+	}
+	c, err := sim.Start(ctx, sc)
 	if err != nil {
 		return err
 	}
@@ -67,11 +71,19 @@ func scaleStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		}
 	}
 	have := 0
-	for _, n := range cfg.scaleSteps {
+	for i, n := range cfg.scaleSteps {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := scaleEndpoints(ctx, c, cfg, w, r, have, n, netOf, rss0); err != nil {
+		var stopProf func()
+		if cfg.scaleProf != "" && i == len(cfg.scaleSteps)-1 {
+			stopProf = profileAgent(ctx, c.Hosts[0], cfg.scaleProf, w)
+		}
+		err := scaleEndpoints(ctx, c, cfg, w, r, have, n, netOf, rss0)
+		if stopProf != nil {
+			stopProf()
+		}
+		if err != nil {
 			r.fail(fmt.Sprintf("scale.%s", stepLabel(n)), err)
 			return nil // later steps build on this one
 		}
@@ -351,6 +363,25 @@ func policyHasPort(l dataplane.Listing, port int) bool {
 }
 
 var remoteGauge = regexp.MustCompile(`(?m)^contiv_netplugin_endpoints\{kind="remote"\} (\S+)$`)
+
+// profileAgent starts a 20 s CPU profile of h's agent (netplugin --pprof) and returns a
+// function that waits for it and writes it to file.
+func profileAgent(ctx context.Context, h *sim.Host, file string, w io.Writer) func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		prof, err := h.InspectText(ctx, "/debug/pprof/profile?seconds=20")
+		if err == nil {
+			err = os.WriteFile(file, []byte(prof), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(w, "cpu profile of %s: %v\n", h.Name, err)
+			return
+		}
+		fmt.Fprintf(w, "cpu profile of %s's agent (20 s of the last step) written to %s\n", h.Name, file)
+	}()
+	return func() { <-done }
+}
 
 // processRSS is the resident set of pid in bytes.
 func processRSS(pid int) (int64, error) {

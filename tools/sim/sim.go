@@ -754,6 +754,12 @@ func (h *Host) Metrics(ctx context.Context) (string, error) { return h.getText(c
 // HealthBody returns the text of h's netplugin /healthz (an error unless it is 200).
 func (h *Host) HealthBody(ctx context.Context) (string, error) { return h.getText(ctx, "/healthz") }
 
+// InspectText GETs path from h's inspect address and returns the body as is (an error
+// unless 200): /metrics, /healthz, /debug/pprof/profile?seconds=N with --pprof.
+func (h *Host) InspectText(ctx context.Context, path string) (string, error) {
+	return h.getText(ctx, path)
+}
+
 func (h *Host) getText(ctx context.Context, path string) (string, error) {
 	return h.c.getText(ctx, h.Name, "http://"+h.Inspect+path)
 }
