@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -779,4 +780,42 @@ func TestDropReasonsDoc(t *testing.T) {
 			t.Errorf("docs/drop-reasons.md lacks the row %q", row)
 		}
 	}
+}
+
+// TestReadReasonsBatch: the batch read of the verdict counters gives what one lookup per
+// reason gives.
+func TestReadReasonsBatch(t *testing.T) {
+	objs := loadTestObjects(t)
+	for _, p := range [][]byte{ipFrame(srcIP, localIP, ipOpts{}), arpFrame(1, dataplane.ContivMAC(srcIP), srcIP, localIP)} {
+		run(t, objs, objs.CbFromContainer, p, nil)
+	}
+	batch, err := readReasons(objs.CbReasons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := readReasons(lookupOnly{objs.CbReasons})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch) == 0 || !maps.Equal(batch, one) {
+		t.Fatalf("batch read %v, per-reason read %v", batch, one)
+	}
+	// This kernel has batch operations on per-CPU arrays: the batch path is the one taken.
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cursor ebpf.MapBatchCursor
+	n, err := objs.CbReasons.BatchLookup(&cursor, make([]uint32, reasonMax), make([]contivbpfCbCounter, int(reasonMax)*ncpu), nil)
+	if n != int(reasonMax) || (err != nil && !errors.Is(err, ebpf.ErrKeyNotExist)) {
+		t.Fatalf("batch lookup of the reasons: %d of %d, %v", n, reasonMax, err)
+	}
+}
+
+// lookupOnly hides the map's batch lookup (kernels without batch operations on arrays).
+type lookupOnly struct{ m *ebpf.Map }
+
+func (l lookupOnly) Lookup(k, v any) error { return l.m.Lookup(k, v) }
+func (l lookupOnly) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOptions) (int, error) {
+	return 0, ebpf.ErrNotSupported
 }

@@ -2,8 +2,11 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -45,15 +48,15 @@ func (d *Driver) MapFullCount() map[string]uint64 {
 
 type perCPUMap interface {
 	Lookup(key, valueOut any) error
+	BatchLookup(cursor *ebpf.MapBatchCursor, keysOut, valuesOut any, opts *ebpf.BatchOptions) (int, error)
 }
 
+// readReasons sums the per-CPU verdict counters of every reason: one batch lookup (a
+// /metrics scrape is one syscall here, not one per reason), or one lookup per reason where
+// the kernel has no batch operations on arrays.
 func readReasons(m perCPUMap) (map[Reason]Counter, error) {
 	out := map[Reason]Counter{}
-	for r := Reason(0); r < reasonMax; r++ {
-		var vals []contivbpfCbCounter
-		if err := m.Lookup(uint32(r), &vals); err != nil {
-			return nil, fmt.Errorf("ebpf: read reason %v: %w", r, err)
-		}
+	add := func(r Reason, vals []contivbpfCbCounter) {
 		var c Counter
 		for _, v := range vals {
 			c.Packets += v.Packets
@@ -62,6 +65,25 @@ func readReasons(m perCPUMap) (map[Reason]Counter, error) {
 		if c.Packets > 0 {
 			out[r] = c
 		}
+	}
+	if ncpu, err := ebpf.PossibleCPU(); err == nil {
+		keys := make([]uint32, reasonMax)
+		vals := make([]contivbpfCbCounter, int(reasonMax)*ncpu)
+		var cursor ebpf.MapBatchCursor
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if (err == nil || errors.Is(err, ebpf.ErrKeyNotExist)) && n == int(reasonMax) {
+			for i := 0; i < n; i++ {
+				add(Reason(keys[i]), vals[i*ncpu:(i+1)*ncpu])
+			}
+			return out, nil
+		}
+	}
+	for r := Reason(0); r < reasonMax; r++ {
+		var vals []contivbpfCbCounter
+		if err := m.Lookup(uint32(r), &vals); err != nil {
+			return nil, fmt.Errorf("ebpf: read reason %v: %w", r, err)
+		}
+		add(r, vals)
 	}
 	return out, nil
 }
