@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -75,7 +76,12 @@ func run(parent context.Context, cfg config) error {
 			log.Info("DNS responder listening", "addr", cfg.dnsListen, "upstreams", cfg.dnsUpstreams)
 		}
 	}
-	drv, err := newDriver(ctx, cfg)
+	// The eBPF driver times each step of an endpoint's setup (veth, container end, maps,
+	// tcx): contiv_datapath_endpoint_step_seconds{step}.
+	stepHist := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "contiv_datapath_endpoint_step_seconds",
+		Help:    "Duration of each step of programming a local endpoint in the eBPF datapath (veth, container, host-link, maps, tcx).",
+		Buckets: []float64{0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1}}, []string{"step"})
+	drv, err := newDriver(ctx, cfg, func(step string, d time.Duration) { stepHist.WithLabelValues(step).Observe(d.Seconds()) })
 	if err != nil {
 		return err
 	}
@@ -122,6 +128,9 @@ func run(parent context.Context, cfg config) error {
 	dir.a.Store(ag)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.dataplane == "ebpf" {
+		reg.MustRegister(stepHist)
+	}
 	if dnsSrv != nil {
 		reg.MustRegister(dnsSrv.Collectors()...)
 		go func() {
@@ -291,7 +300,7 @@ func (l *lateDirectory) Lookup(tenant, name string) ([]netip.Addr, bool) {
 	return nil, false
 }
 
-func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {
+func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (dataplane.Driver, error) {
 	hc := dataplane.HostConfig{
 		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
 		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
@@ -306,7 +315,7 @@ func newDriver(ctx context.Context, cfg config) (dataplane.Driver, error) {
 		if err := os.MkdirAll(cfg.bpffsRoot, 0o700); err != nil {
 			return nil, fmt.Errorf("create --bpffs-root %s: %w", cfg.bpffsRoot, err)
 		}
-		d, err := ebpf.New(ctx, hc)
+		d, err := ebpf.New(ctx, hc, ebpf.WithStepObserver(steps))
 		if err != nil {
 			return nil, fmt.Errorf("start ebpf dataplane: %w", err)
 		}

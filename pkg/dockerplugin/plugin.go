@@ -173,16 +173,6 @@ func New(cfg Config) (*Plugin, error) {
 // SocketPath is where the plugin listens.
 func (p *Plugin) SocketPath() string { return filepath.Join(p.cfg.Dir, p.cfg.Name+".sock") }
 
-// Serve listens on SocketPath until ctx ends, then removes the socket (a stale socket makes
-// dockerd wait at start-up).
-func (p *Plugin) Serve(ctx context.Context) error {
-	l, err := p.Listen()
-	if err != nil {
-		return err
-	}
-	return p.ServeListener(ctx, l)
-}
-
 // Listen creates the plugin socket (replacing a stale one).
 func (p *Plugin) Listen() (net.Listener, error) {
 	l, err := unixsock.Listen(p.SocketPath(), p.cfg.SocketGroup)

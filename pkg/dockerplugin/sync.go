@@ -71,15 +71,6 @@ func NewSyncer(cfg SyncConfig) (*Syncer, error) {
 	return &Syncer{cfg: cfg, log: slog.With("component", "docknet-sync"), kick: make(chan struct{}, 1), adopted: map[string]NetRef{}}, nil
 }
 
-// SyncNetworks runs a Syncer until ctx ends.
-func SyncNetworks(ctx context.Context, store *state.Store, docker DockerAPI, master NetworkAPI) error {
-	s, err := NewSyncer(SyncConfig{Store: store, Docker: docker, Master: master})
-	if err != nil {
-		return err
-	}
-	return s.Run(ctx)
-}
-
 // Trigger asks for a reconcile soon (non-blocking).
 func (s *Syncer) Trigger() {
 	select {
