@@ -123,8 +123,8 @@ type Agent struct {
 	// replaces only its objects' entries).
 	bad map[string]error
 	// retry is what the last pass's failed driver calls make the next one redo.
-	retry scope
-	synced   bool
+	retry  scope
+	synced bool
 
 	attachMu sync.Mutex // one attach/detach at a time
 	kick     chan struct{}
@@ -366,6 +366,9 @@ func (a *Agent) desired(full bool, retry scope) view {
 		a.askers.Store(buildAskers(r))
 		r.askersStale = false
 	}
+	if sc.empty() {
+		return view{sc: sc} // nothing changed (e.g. a group record): no pass
+	}
 	h := hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}
 	if sc.all {
 		s, bad := compute(h, r)
@@ -479,12 +482,6 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		delete(a.rec.hostVTEPs, id)
 	case model.NetStatePrefix:
 		delete(a.rec.nets, id)
-	case model.EPGStatePrefix:
-		delete(a.rec.epgs, id)
-	case model.RuleStatePrefix:
-		delete(a.rec.rules, id)
-	case model.BgpStatePrefix:
-		delete(a.rec.bgp, id)
 	default:
 		if strings.HasPrefix(prefix, state.ServicePrefix) {
 			delete(a.rec.vteps, ev.Key)

@@ -116,8 +116,8 @@ func (r *records) touchAll() {
 }
 
 // setEp records endpoint id (nil: removes it), keeping the owner counts and the dirty
-// scope. A record whose body names another id than its key makes the next pass full
-// (objects are keyed by the key, pod policies by the body).
+// scope. A record whose body names another id than its key (netmaster never writes one)
+// makes the next pass full, to be safe.
 func (r *records) setEp(id string, v *model.CfgEndpointState) {
 	if old, ok := r.eps[id]; ok {
 		if r.owners[old.HomingHost]--; r.owners[old.HomingHost] <= 0 {

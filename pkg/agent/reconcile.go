@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strings"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -226,6 +226,9 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		// an endpoint, service or pod policy by its id, anything else by a full pass.
 		a.retry = retryScope(errs)
 	}()
+	if v.sc.empty() && a.synced {
+		return errs // nothing changed
+	}
 	if !a.synced {
 		start := time.Now()
 		err := a.driver.Sync(ctx, want)
