@@ -50,7 +50,10 @@ func scaleStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	}()
 	fmt.Fprintf(w, "cluster of %d hosts up in %.1fs\n", nh, time.Since(t0).Seconds())
 	const nets, tenants = 100, 5
-	netOf := func(i int) (tenant, name string) { k := i % nets; return fmt.Sprintf("sct%d", k%tenants), fmt.Sprintf("scn%d", k) }
+	netOf := func(i int) (tenant, name string) {
+		k := i % nets
+		return fmt.Sprintf("sct%d", k%tenants), fmt.Sprintf("scn%d", k)
+	}
 	for k := 0; k < tenants; k++ {
 		name := fmt.Sprintf("sct%d", k)
 		if err := c.MasterDo(ctx, "POST", "/api/v1/tenants/"+name+"/", map[string]any{"tenantName": name}, nil); err != nil {

@@ -195,7 +195,7 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 			r.add("svcscale.agent_cpu_ms_per_svc_"+label, round2(float64((cpu1-cpu0).Microseconds())/1000/float64(added)), "ms")
 		}
 		table(w, fmt.Sprintf("svcscale: %d services (%d added through REST in %.1fs, applied by the agent after %.1fs using %.1fs CPU; iptables-restore of %d services %.2fs), new TCP connections/s, %d alternating rounds",
-			n, added, created.Seconds(), applied.Seconds(), (cpu1 - cpu0).Seconds(), n, iptLoad.Seconds(), cfg.crrRounds),
+			n, added, created.Seconds(), applied.Seconds(), (cpu1-cpu0).Seconds(), n, iptLoad.Seconds(), cfg.crrRounds),
 			[]string{"path", "conn/s", "vs iptables", "vs direct a→b"},
 			[][]string{
 				{"ebpf VIP", fmt.Sprintf("%.0f", median(vipR)), fmt.Sprintf("%.3f", median(vsIpt)), fmt.Sprintf("%.3f", median(norm))},
