@@ -212,6 +212,10 @@ func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEve
 			select {
 			case out <- m:
 			case <-ctx.Done():
+				// out closes only once the driver has released its stream (in closes
+				// after that): a client that reconnects when out closed must find it free.
+				for range in {
+				}
 				return
 			}
 		}

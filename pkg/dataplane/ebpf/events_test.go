@@ -190,3 +190,35 @@ func TestPolicyDropNamesRule(t *testing.T) {
 		t.Errorf("fail-closed drop names a rule: %+v", ev)
 	}
 }
+
+// TestMonitorStreamReleasedOnClose: when a monitor stream's channel closes, the driver's one
+// event stream is free again, also when the stream was cancelled with undelivered events
+// (a client reconnecting at once got "already open": seen in CI as a 503 from /monitor).
+func TestMonitorStreamReleasedOnClose(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		sctx, cancel := context.WithCancel(ctx)
+		evs, err := h.d.MonitorEvents(sctx)
+		if err != nil {
+			cancel()
+			t.Fatalf("round %d: %v", i, err)
+		}
+		// More drops than the channels hold, none read: the stream is blocked sending.
+		for j := 0; j < 700; j++ {
+			if _, _, err := h.d.objs.CbFromContainer.Test(ipFrame(srcIP, localIP, ipOpts{})); err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		for range evs {
+		}
+	}
+	if _, err := h.d.MonitorEvents(ctx); err != nil {
+		t.Fatalf("after the last stream closed: %v", err)
+	}
+}
