@@ -64,6 +64,8 @@ type records struct {
 
 // netShape is a network record without its address bookkeeping (allocation maps and
 // counts), which netmaster rewrites for every address it hands out and nothing here reads.
+// A field added to model.CfgNetworkState belongs here unless it is bookkeeping
+// (TestNetShapeCoversNetworkRecord fails until it is placed).
 type netShape struct {
 	ID, Tenant, NetworkName, NwType, PktTagType string
 	PktTag, ExtPktTag                           int

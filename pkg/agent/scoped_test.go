@@ -344,3 +344,18 @@ func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
 		t.Fatalf("pod policy still applied after its record went: %v", a.applied.pps)
 	}
 }
+
+// TestNetShapeCoversNetworkRecord: every field of a network record is either in netShape
+// (a change to it makes the next pass full) or known address bookkeeping, so a field added
+// later cannot change the datapath without a full pass.
+func TestNetShapeCoversNetworkRecord(t *testing.T) {
+	bookkeeping := map[string]bool{"EpAddrCount": true, "EpCount": true, "IPAllocMap": true, "IPv6AllocMap": true, "IPv6LastHost": true}
+	shape := reflect.TypeOf(netShape{})
+	rec := reflect.TypeOf(model.CfgNetworkState{})
+	for i := 0; i < rec.NumField(); i++ {
+		name := rec.Field(i).Name
+		if _, ok := shape.FieldByName(name); !ok && !bookkeeping[name] {
+			t.Errorf("CfgNetworkState.%s is neither in netShape nor address bookkeeping", name)
+		}
+	}
+}
