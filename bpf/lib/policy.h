@@ -506,6 +506,10 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			bpf_map_delete_elem(&cb_ct, &k);
 			return r;
 		}
+		/* A direct SYN on the tuple of a live service flow (cb_ct_reuse) passes but does
+		 * not take the flow's entry over: the clash stays the client's own. */
+		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
+			return 0;
 		return cb_ct_open(&k, f, t, now);
 	}
 	if (!e) {

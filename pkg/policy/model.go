@@ -653,6 +653,10 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 			}
 			return false, why, k, false
 		}
+		if !dnat && haveFwd && fwd.DNAT && fwd.State != CTClosing {
+			// A direct SYN on a live service flow's tuple does not take its entry over.
+			return true, "", k, false
+		}
 		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
 		mark(&e)
 		if !m.put(k, e) {

@@ -544,7 +544,28 @@ func TestServiceTupleReuse(t *testing.T) {
 			if s, _, sp, _ := checkSums(t, r.out); s != vip || sp != 80 {
 				t.Fatalf("service reply from %v:%d, want the VIP", s, sp)
 			}
+			dnatEntry := func(when string, wantState uint8) {
+				t.Helper()
+				e, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, sport, 8080)
+				if !ok || e.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) == 0 || e.State != wantState {
+					t.Fatalf("%s: service flow entry %+v (found %v), want DNAT in state %d", when, e, ok, wantState)
+				}
+			}
+			// A still-open service flow keeps its entry: a direct SYN on its tuple does not
+			// take it over (and its replies still come from the VIP).
+			dnatEntry("established", uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED))
+			run(t, objs, fc, l4Frame(6, srcIP, remoteIP, sport, 8080, tcpSYN, 0), nil)
+			dnatEntry("direct SYN while the service flow is open", uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED))
+			r = run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 8080, sport, tcpACK, 0), ovl)
+			if s, _, sp, _ := checkSums(t, r.out); s != vip || sp != 80 {
+				t.Fatalf("open service flow's reply from %v:%d after a direct SYN, want the VIP", s, sp)
+			}
 			run(t, objs, fc, l4Frame(6, srcIP, vip, sport, 80, tcpRST, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+			// Another tenant's client with the same addresses and ports cannot remove it.
+			setZone(t, objs, testZone+1)
+			run(t, objs, fc, l4Frame(6, srcIP, remoteIP, sport, 8080, tcpSYN, 0), nil)
+			setZone(t, objs, testZone)
+			dnatEntry("SYN on the same tuple from another tenant", uint8(contivbpfCbCtStateCB_CTS_CLOSING))
 			// The direct connection on the same tuple as the service flow's backend side.
 			run(t, objs, fc, l4Frame(6, srcIP, remoteIP, sport, 8080, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 			r = run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 8080, sport, tcpSYN|tcpACK, 0), ovl)
