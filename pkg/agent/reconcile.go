@@ -84,9 +84,10 @@ func (a *applied) state() dataplane.State {
 
 // op is one driver call of a reconcile pass.
 type op struct {
-	key string // "endpoint/<id>", ...
-	do  func(ctx context.Context) error
-	ok  func() // updates the applied state after success
+	key  string // "endpoint/<id>", ...
+	verb string // "upsert" or "delete"
+	do   func(ctx context.Context) error
+	ok   func() // updates the applied state after success
 }
 
 // plan diffs desired against applied within sc: everything when sc.all, otherwise
@@ -142,7 +143,7 @@ func deletes[K comparable, V any](ops *[]op, kind string, have, want map[K]V, id
 		if _, ok := want[id]; ok {
 			return
 		}
-		*ops = append(*ops, op{kind + fmt.Sprint(id), func(ctx context.Context) error { return del(ctx, id) }, func() { delete(have, id) }})
+		*ops = append(*ops, op{kind + fmt.Sprint(id), "delete", func(ctx context.Context) error { return del(ctx, id) }, func() { delete(have, id) }})
 	}
 	eachID(have, ids, one)
 }
@@ -158,7 +159,7 @@ func upserts[K comparable, V any](ops *[]op, kind string, have, want map[K]V, id
 		if cur, ok := have[id]; ok && reflect.DeepEqual(cur, v) {
 			return
 		}
-		*ops = append(*ops, op{kind + fmt.Sprint(id), func(ctx context.Context) error { return up(ctx, v) }, func() { have[id] = v }})
+		*ops = append(*ops, op{kind + fmt.Sprint(id), "upsert", func(ctx context.Context) error { return up(ctx, v) }, func() { have[id] = v }})
 	}
 	eachID(want, ids, one)
 }
@@ -268,7 +269,10 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 	}
 	ops := a.applied.plan(a.driver, v.want, v.sc)
 	for _, o := range ops {
-		if err := o.do(ctx); err != nil {
+		start := time.Now()
+		err := o.do(ctx)
+		a.metrics.observeCall(o, time.Since(start))
+		if err != nil {
 			errs[o.key] = err
 			a.metrics.opErrors.Inc()
 			a.log.Warn("driver call failed", "object", o.key, "err", err)

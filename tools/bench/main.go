@@ -52,6 +52,7 @@ type config struct {
 	scaleSteps  []int // endpoints in the cluster at each scale step, ascending
 	scaleHosts  int
 	scaleProf   string // file for a CPU profile of host 1's agent during the last scale step
+	scaleOVS    int    // services on the OVS host of the scale stage (0: skip that part)
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
@@ -81,6 +82,7 @@ func main() {
 	svcSteps := flag.String("svcscale-steps", "1,1000,10000", "services installed at each svcscale step (ascending; the first is the reference)")
 	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
+	flag.IntVar(&cfg.scaleOVS, "scale-ovs-services", 1000, "services installed on the OVS host of the scale stage (0 skips it)")
 	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last scale step's creates to this file (go tool pprof)")
 	flag.Parse()
 	var err error

@@ -116,6 +116,8 @@ var goals = map[string]goal{
 	"scale.10k.agent_cpu_ms_per_1k_events":  atMost(300),
 	"scale.10k.agent_rss_kib_per_1k_remote": atMost(10240),
 	"svcscale.crr_10k_vs_iptables":          atLeast(2),
+	"scale.ovs_service_create_ms_1k":        atMost(2),
+	"scale.ovs_backend_add_ms_1k":           atMost(2),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

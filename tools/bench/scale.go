@@ -30,7 +30,20 @@ import (
 // all hosts), agent CPU per 1,000 endpoint events and RSS per 1,000 remote endpoints,
 // netmaster's RSS and etcd's database size. Then policy: 10 groups with 10 rules each; 20
 // rule additions, each timed until every host's datapath holds it (/inspect/bpf/policy).
+// Last, on an OVS host, what one service change costs at cfg.scaleOVS services
+// (scaleOVSServices).
 func scaleStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
+	err := scaleEBPF(ctx, cfg, w, r)
+	if cfg.scaleOVS > 0 && ctx.Err() == nil {
+		if err := scaleOVSServices(ctx, cfg, w, r, cfg.scaleOVS); err != nil {
+			r.fail("scale.ovs", err)
+		}
+	}
+	return err
+}
+
+// scaleEBPF is the scale stage's eBPF cluster (see scaleStage).
+func scaleEBPF(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	nh := cfg.scaleHosts
 	fmt.Fprintf(w, "\n#### scale (ebpf): %d hosts, endpoints %v\n", nh, cfg.scaleSteps)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

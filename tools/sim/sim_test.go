@@ -337,7 +337,8 @@ func TestThreeHostsBridgeUnderlay(t *testing.T) {
 	}
 	for _, want := range []string{`contiv_netplugin_endpoints{kind="local"} 1`, `contiv_netplugin_endpoints{kind="remote"} 2`, "contiv_netplugin_peers 2", "contiv_netplugin_synced 1",
 		"contiv_datapath_scrape_errors 0", `contiv_datapath_packets_total{drop="true",reason="drop_policy"}`,
-		`contiv_datapath_endpoint_step_seconds_count{step="tcx"} 1`, "contiv_netplugin_services "} {
+		`contiv_datapath_endpoint_step_seconds_count{step="tcx"} 1`, "contiv_netplugin_services ",
+		`contiv_netplugin_driver_call_seconds_count{object="remote-endpoint",verb="upsert"}`} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("metrics lack %q", want)
 		}

@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"time"
 
 	of "github.com/contiv/libOpenflow/openflow13"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // Flushing chosen conntrack entries (NXT_CT_FLUSH, OVS 3.1+), as `ovs-ofctl ct-flush
@@ -126,21 +127,33 @@ func (c *ofConn) nxRequest(ctx context.Context, subtype uint32, payload []byte) 
 	if _, err := c.call(ctx, c.newMsg(ofptBarrierRequest, nil)); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
+	// The connection reads and delivers in order: an error for the request was put in
+	// ch before the barrier's reply was delivered.
 	select {
 	case r := <-ch:
 		if r.err != nil {
 			return r.err
 		}
-	case <-time.After(10 * time.Millisecond):
+	default:
 	}
 	return nil
 }
 
 // serviceNATs returns, per service port that st compiles to flows, a match for the
-// conntrack entries translating VIP:port to each backend in the service tenant's zone.
-func serviceNATs(st *desired, vrf map[string]uint32) map[ctMatch]bool {
+// conntrack entries translating VIP:port to each backend in the service tenant's zone:
+// of the services ids (nil: all).
+func serviceNATs(st *desired, vrf map[string]uint32, ids []string) map[ctMatch]bool {
 	out := map[ctMatch]bool{}
-	for _, s := range st.services {
+	services := st.services
+	if ids != nil {
+		services = map[string]dataplane.Service{}
+		for _, id := range ids {
+			if s, ok := st.services[id]; ok {
+				services[id] = s
+			}
+		}
+	}
+	for _, s := range services {
 		tenant, err := serviceTenant(s.ID)
 		if err != nil {
 			continue

@@ -35,7 +35,7 @@ func TestServiceNATsRemoved(t *testing.T) {
 	lone.ID = "s:nobody"
 	after.services[lone.ID] = lone
 	var removed []ctMatch
-	b, a := serviceNATs(before, vrf), serviceNATs(after, vrf)
+	b, a := serviceNATs(before, vrf, nil), serviceNATs(after, vrf, nil)
 	for m := range b {
 		if !a[m] {
 			removed = append(removed, m)

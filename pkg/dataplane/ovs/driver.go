@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -76,16 +75,15 @@ type Driver struct {
 	db   *ovsDB
 	pl   *pipeline
 
-	mu        sync.Mutex
-	state     *desired
-	ports     ports
-	svcIDs    map[string]uint32 // service LB key → stable id (selector register)
-	vrfIDs    map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
-	installed map[string]*flow
-	svcKeys   map[string]bool // service LB keys of the installed pipeline
-	gen       uint16
-	conn      *ofConn
-	wire      *underlay
+	mu     sync.Mutex
+	state  *desired
+	ports  ports
+	svcIDs map[string]uint32 // service LB key → stable id (selector register)
+	vrfIDs map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
+	comp   *compiled         // the installed pipeline, per unit (units.go)
+	gen    uint16
+	conn   *ofConn
+	wire   *underlay
 
 	stop chan struct{}
 	done chan struct{}
@@ -120,7 +118,7 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 		return nil, err
 	}
 	d := &Driver{host: host, opts: opts, pl: pl, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
-		state: newDesired(), svcIDs: map[string]uint32{}, installed: map[string]*flow{}, svcKeys: map[string]bool{},
+		state: newDesired(), svcIDs: map[string]uint32{}, comp: newCompiled(nil),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	endpoint := opts.DBSocket
 	if endpoint == "" {
@@ -392,7 +390,7 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTa
 		return err
 	}
 	msgs = append(msgs, m)
-	for _, f := range comp.flows {
+	for _, f := range comp.list() {
 		if m, err = d.conn.marshal(f.flowMod(of.FC_ADD, cookieFor(gen))); err != nil {
 			return fmt.Errorf("encode %s: %w", f, err)
 		}
@@ -418,99 +416,151 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTa
 		return fmt.Errorf("ovs: install pipeline: %w", err)
 	}
 	d.gen = gen
-	d.installed = map[string]*flow{}
-	for _, f := range comp.flows {
-		d.installed[f.key()] = f
-	}
-	d.svcKeys = keySet(comp.services)
-	d.waitRevalidate(ctx)
+	d.comp = comp
+	d.purge(ctx)
 	return nil
 }
 
-func keySet(keys []string) map[string]bool {
-	m := make(map[string]bool, len(keys))
-	for _, k := range keys {
-		m[k] = true
-	}
-	return m
-}
-
 // program installs the difference between the installed pipeline and the one compiled
-// from st, in one bundle.
-func (d *Driver) program(ctx context.Context, st *desired, ids idTables) error {
-	comp, err := d.pl.compile(st, d.host, d.ports, ids)
-	if err != nil {
-		return err
-	}
-	if err := d.saveVRFs(ctx, ids.vrf); err != nil {
-		return err
+// from st, in one bundle: all of it compiled again when dirty is nil, otherwise only
+// the units in dirty (units.go).
+func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty []string) error {
+	var changes []flowChange
+	undo := func() {}
+	comp := d.comp
+	if dirty == nil {
+		var err error
+		if comp, err = d.pl.compile(st, d.host, d.ports, ids); err != nil {
+			return err
+		}
+		if err := d.saveVRFs(ctx, ids.vrf); err != nil {
+			return err
+		}
+		for k, f := range d.comp.flows {
+			if _, ok := comp.flows[k]; !ok {
+				changes = append(changes, flowChange{old: f})
+			}
+		}
+		for k, f := range comp.flows {
+			changes = append(changes, flowChange{old: d.comp.flows[k], new: f})
+		}
+	} else {
+		var err error
+		if changes, undo, err = d.pl.recompile(d.comp, st, d.host, d.ports, ids.svc, dirty); err != nil {
+			return err
+		}
 	}
 	var msgs [][]byte
 	cookie := cookieFor(d.gen)
-	want := map[string]*flow{}
-	for _, f := range comp.flows {
-		want[f.key()] = f
-	}
-	// Delete flows that are gone.
-	for k, f := range d.installed {
-		if _, ok := want[k]; !ok {
-			m, err := d.conn.marshal(f.flowMod(of.FC_DELETE_STRICT, 0))
-			if err != nil {
-				return err
-			}
-			msgs = append(msgs, m)
-		}
-	}
-	for k, f := range want {
-		old, ok := d.installed[k]
-		if ok && old.actionsText() == f.actionsText() {
+	purge := dirty == nil
+	for _, ch := range changes {
+		var fm *of.FlowMod
+		switch {
+		case ch.new == nil:
+			fm = ch.old.flowMod(of.FC_DELETE_STRICT, 0)
+		case ch.old != nil && ch.old.actionsText() == ch.new.actionsText():
 			continue
+		default:
+			fm = ch.new.flowMod(of.FC_ADD, cookie) // replaces a flow with the same match
 		}
-		m, err := d.conn.marshal(f.flowMod(of.FC_ADD, cookie))
+		purge = purge || needsPurge(ch)
+		m, err := d.conn.marshal(fm)
 		if err != nil {
-			return fmt.Errorf("encode %s: %w", f, err)
+			undo()
+			return fmt.Errorf("encode %s: %w", ch.new, err)
 		}
 		msgs = append(msgs, m)
 	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
+		undo()
 		return fmt.Errorf("ovs: program flows: %w", err)
 	}
-	d.installed = want
-	d.svcKeys = keySet(comp.services)
-	d.waitRevalidate(ctx)
+	d.comp = comp
+	if purge {
+		d.purge(ctx)
+	}
 	return nil
 }
 
-// waitRevalidate purges vswitchd's datapath flow cache, so a change (e.g. a deleted deny
-// rule) applies to the very next packet instead of after the next revalidation round
-// (up to ~0.5 s; revalidator/wait costs that long too). Only possible when the unixctl
-// socket is known (private instance).
-func (d *Driver) waitRevalidate(ctx context.Context) {
+// needsPurge says whether a flow change must reach packets of flows the datapath has
+// cached: anything that removes or changes a flow, and new policy flows (they narrow).
+// A flow added for a new endpoint, remote endpoint or service only lets through what was
+// dropped before; the cache catches up by itself (OVS revalidates after every flow
+// table change), so those changes leave the datapath cache alone. A changed service flow
+// (a backend added: the balancing flow's actions change) only moves new connections.
+func needsPurge(ch flowChange) bool {
+	if ch.old == nil {
+		kind, _ := splitUnit(ch.unit)
+		return kind == "pol" || kind == unitNetpol
+	}
+	if ch.new == nil {
+		return true
+	}
+	kind, _ := splitUnit(ch.unit)
+	return kind != "svc"
+}
+
+// purge empties vswitchd's datapath flow cache, so a change (e.g. a deleted deny rule)
+// applies to the very next packet instead of after the next revalidation round (up to
+// ~0.5 s; revalidator/wait costs that long too). Only possible when the unixctl socket
+// is known (private instance).
+func (d *Driver) purge(ctx context.Context) {
 	if d.priv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "ovs-appctl", "-t", filepath.Join(d.priv.Dir, "ovs-vswitchd.ctl"), "revalidator/purge").CombinedOutput()
-	if err != nil {
-		d.log.Debug("revalidator/purge", "err", err, "out", string(out))
+	if _, err := d.appctl(ctx, "revalidator/purge"); err != nil {
+		d.log.Debug("revalidator/purge", "err", err)
 	}
 }
 
-// apply converges to st: plumbs new endpoints, programs flows, then unplumbs removed
-// endpoints. On error, what was created for st is removed and the old state stays.
-func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
-	for _, n := range st.networks {
-		if err := n.Validate(); err != nil {
-			return err
+// apply converges from old to st: plumbs new endpoints, programs flows, then unplumbs
+// removed endpoints. full installs a new generation of every flow (Sync); otherwise
+// dirty names the units the change touches (nil: all of them, e.g. a network or peer
+// change) and only their objects are plumbed, compiled and checked; old then needs to
+// hold only those objects (and the networks). applied says whether st is now the
+// driver's state: when it is not, what was created for st is removed and nothing
+// changed; when it is, err reports what went wrong after the flows were installed.
+func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty []string) (applied bool, err error) {
+	if full {
+		dirty = nil
+	}
+	epIDs := slices.Sorted(maps.Keys(st.endpoints)) // endpoints to plumb
+	gone := []string{}                              // endpoints to unplumb
+	var svcIDs []string                             // services whose translations may go (nil: all)
+	if dirty != nil {
+		epIDs, svcIDs = nil, []string{}
+		for _, u := range dirty {
+			switch kind, id := splitUnit(u); kind {
+			case "ep":
+				if _, ok := st.endpoints[id]; ok {
+					epIDs = append(epIDs, id)
+				} else if _, ok := old.endpoints[id]; ok {
+					gone = append(gone, id)
+				}
+			case "svc":
+				svcIDs = append(svcIDs, id)
+			}
+		}
+	} else {
+		for _, n := range st.networks {
+			if err := n.Validate(); err != nil {
+				return false, err
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(st.remotes)) {
+			if err := checkRemote(st, st.remotes[id]); err != nil {
+				return false, err
+			}
+		}
+		for id := range old.endpoints {
+			if _, ok := st.endpoints[id]; !ok {
+				gone = append(gone, id)
+			}
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(st.remotes)) {
-		if err := checkRemote(st, st.remotes[id]); err != nil {
-			return err
-		}
-	}
-	natsBefore := serviceNATs(d.state, d.vrfIDs)
+	natsBefore := serviceNATs(old, d.vrfIDs, svcIDs)
 	var created []dataplane.Endpoint
 	newPorts := maps.Clone(d.ports.endpoints)
 	rollback := func() {
@@ -519,28 +569,28 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 			_ = unplumbEndpoint(d.host.NetNS, ep)
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(st.endpoints)) {
+	for _, id := range epIDs {
 		ep := st.endpoints[id]
 		if err := ep.Validate(); err != nil {
 			rollback()
-			return err
+			return false, err
 		}
 		n, ok := st.networks[ep.NetworkID]
 		if !ok {
 			rollback()
-			return fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
+			return false, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
 		}
-		old, had := d.state.endpoints[id]
-		if had && reflect.DeepEqual(old, ep) && reflect.DeepEqual(d.state.networks[ep.NetworkID], n) && newPorts[id] != 0 {
+		prev, had := old.endpoints[id]
+		if had && reflect.DeepEqual(prev, ep) && reflect.DeepEqual(old.networks[ep.NetworkID], n) && newPorts[id] != 0 {
 			continue
 		}
-		if had && old.HostIfName != ep.HostIfName {
+		if had && prev.HostIfName != ep.HostIfName {
 			rollback()
-			return fmt.Errorf("endpoint %s: hostIfName changed from %s to %s (delete it first)", id, old.HostIfName, ep.HostIfName)
+			return false, fmt.Errorf("endpoint %s: hostIfName changed from %s to %s (delete it first)", id, prev.HostIfName, ep.HostIfName)
 		}
 		if err := plumbEndpoint(ctx, d.host.NetNS, ep, n); err != nil {
 			rollback()
-			return err
+			return false, err
 		}
 		if !had {
 			created = append(created, ep)
@@ -550,59 +600,136 @@ func (d *Driver) apply(ctx context.Context, st *desired, full bool) error {
 			n, err := d.db.freeOfport(ctx, ofportFirstEP)
 			if err != nil {
 				rollback()
-				return fmt.Errorf("endpoint %s: %w", id, err)
+				return false, fmt.Errorf("endpoint %s: %w", id, err)
 			}
 			spec.OfportRequest = n
 		}
 		if err := d.db.ensurePort(ctx, d.opts.Bridge, spec); err != nil {
 			rollback()
-			return err
+			return false, err
 		}
 		port, err := d.db.ofport(ctx, ep.HostIfName)
 		if err != nil {
 			rollback()
-			return err
+			return false, err
 		}
 		newPorts[id] = port
 	}
 	oldPorts := d.ports.endpoints
 	d.ports.endpoints = newPorts
-	ids := idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
-	var err error
+	// A full compile allocates ids in copies; a scoped one allocates service ids in
+	// place (VRFs come only with networks, i.e. full compiles) and gives back the ids of
+	// its services' ports that did not make it into the pipeline.
+	ids := idTables{svc: d.svcIDs, vrf: d.vrfIDs}
+	if dirty == nil {
+		ids = idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
+	}
 	if full {
 		err = d.resync(ctx, st, true, ids)
 	} else {
-		err = d.program(ctx, st, ids)
+		err = d.program(ctx, st, ids, dirty)
+	}
+	if dirty != nil {
+		releaseServiceIDs(d.svcIDs, d.comp, svcIDs, old, st)
 	}
 	if err != nil {
 		d.ports.endpoints = oldPorts
 		rollback()
-		return err
+		return false, err
 	}
-	// Drop ids of service ports that are gone.
-	for k := range ids.svc {
-		if !d.svcKeys[k] {
-			delete(ids.svc, k)
+	if dirty == nil {
+		// Drop ids of service ports that are gone.
+		inUse := d.comp.serviceKeys()
+		for k := range ids.svc {
+			if !inUse[k] {
+				delete(ids.svc, k)
+			}
 		}
 	}
 	oldVRF := d.vrfIDs
 	d.svcIDs, d.vrfIDs = ids.svc, ids.vrf
-	errs := []error{d.flushRemovedNATs(ctx, natsBefore, serviceNATs(st, d.vrfIDs)), d.releaseVRFs(ctx, st)}
-	if verdictChanged(inputsOf(d.state, oldVRF), inputsOf(st, d.vrfIDs)) {
+	errs := []error{d.flushRemovedNATs(ctx, natsBefore, serviceNATs(st, d.vrfIDs, svcIDs))}
+	if dirty == nil {
+		errs = append(errs, d.releaseVRFs(ctx, st))
+	}
+	if rejudgeNeeded(old, st, oldVRF, d.vrfIDs, dirty) {
 		// Established connections are judged again, as the eBPF datapath's epoch does.
 		errs = append(errs, d.rejudge(ctx, st, d.vrfIDs))
 	}
-	for id, ep := range d.state.endpoints {
-		if _, ok := st.endpoints[id]; ok {
-			continue
-		}
+	for _, id := range gone {
+		ep := old.endpoints[id]
 		delete(d.ports.endpoints, id)
 		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep))
 	}
 	d.state = st
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
+// releaseServiceIDs frees in svcIDs the LB ids of the ports services ids had in old or
+// have in st that the installed pipeline c does not use.
+func releaseServiceIDs(svcIDs map[string]uint32, c *compiled, ids []string, old, st *desired) {
+	for _, id := range ids {
+		inUse := map[string]bool{}
+		for _, k := range c.svcKeys[unitSvc(id)] {
+			inUse[k] = true
+		}
+		for _, s := range []*desired{old, st} {
+			for _, sp := range s.services[id].Ports {
+				if k := serviceKey(id, sp); !inUse[k] {
+					delete(svcIDs, k)
+				}
+			}
+		}
+	}
+}
+
+// rejudgeNeeded says whether established connections must be judged again after the
+// state went from old to st: when what policy judges by (group rules, endpoint groups,
+// NetworkPolicy layers) changed. dirty names the units that changed (nil: any).
+func rejudgeNeeded(old, st *desired, oldVRF, vrf map[string]uint32, dirty []string) bool {
+	if dirty == nil {
+		return verdictChanged(inputsOf(old, oldVRF), inputsOf(st, vrf))
+	}
+	type member struct {
+		tenant string
+		ip     netip.Addr
+		epg    uint16
+	}
+	group := func(netID string, ip netip.Addr, epg uint16) member {
+		if epg == 0 {
+			return member{} // not in any group: policy sees no member
+		}
+		return member{tenantOf(netID), ip, epg}
+	}
+	for _, u := range dirty {
+		kind, id := splitUnit(u)
+		switch kind {
+		case "pol":
+			epg, _ := strconv.ParseUint(id, 10, 16)
+			a, had := old.policies[uint16(epg)]
+			b, has := st.policies[uint16(epg)]
+			if had != has || !reflect.DeepEqual(a, b) {
+				return true
+			}
+		case unitNetpol:
+			return true
+		case "ep":
+			a, b := old.endpoints[id], st.endpoints[id]
+			if group(a.NetworkID, a.IP, a.EPGID) != group(b.NetworkID, b.IP, b.EPGID) {
+				return true
+			}
+		case "rem":
+			a, b := old.remotes[id], st.remotes[id]
+			if group(a.NetworkID, a.IP, a.EPGID) != group(b.NetworkID, b.IP, b.EPGID) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// update applies a change every unit may depend on (networks, peers): mutate edits a
+// copy of the state, which is compiled in full and installed as a difference.
 func (d *Driver) update(ctx context.Context, mutate func(st *desired) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -610,7 +737,86 @@ func (d *Driver) update(ctx context.Context, mutate func(st *desired) error) err
 	if err := mutate(st); err != nil {
 		return err
 	}
-	return d.apply(ctx, st, false)
+	_, err := d.apply(ctx, d.state, st, false, nil)
+	return err
+}
+
+// changeOne sets (v non-nil) or deletes object key of the state's map pick, touching only
+// the units dirty names. The state is changed in place (no copy of every object per
+// change) and put back when the change is not applied. check, if set, vets the change
+// against the state first.
+func changeOne[K comparable, V any](ctx context.Context, d *Driver, pick func(*desired) map[K]V, key K, v *V,
+	check func(st *desired) error, dirty func(old, st *desired) []string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if check != nil {
+		if err := check(d.state); err != nil {
+			return err
+		}
+	}
+	m := pick(d.state)
+	prev, had := m[key]
+	// old: the object as it was; the networks (which a scoped change never changes) shared.
+	old := newDesired()
+	old.networks = d.state.networks
+	if had {
+		pick(old)[key] = prev
+	}
+	if v != nil {
+		m[key] = *v
+	} else {
+		delete(m, key)
+	}
+	applied, err := d.apply(ctx, old, d.state, false, dirty(old, d.state))
+	if !applied {
+		if had {
+			m[key] = prev
+		} else {
+			delete(m, key)
+		}
+	}
+	return err
+}
+
+// Maps of the desired state, for changeOne.
+func endpointsOf(st *desired) map[string]dataplane.Endpoint     { return st.endpoints }
+func remotesOf(st *desired) map[string]dataplane.RemoteEndpoint { return st.remotes }
+func policiesOf(st *desired) map[uint16]dataplane.PolicySet     { return st.policies }
+func podPoliciesOf(st *desired) map[string]dataplane.PodPolicy  { return st.podPolicies }
+func servicesOf(st *desired) map[string]dataplane.Service       { return st.services }
+
+// units is changeOne's scope for a change that touches just the given units.
+func units(names ...string) func(old, st *desired) []string {
+	return func(*desired, *desired) []string { return names }
+}
+
+// endpointUnits is the scope of a change of local endpoint id: its unit and the
+// services that balance to its address before or after (their hairpin flows depend on
+// which backends are local).
+func endpointUnits(id string) func(old, st *desired) []string {
+	return func(old, st *desired) []string {
+		out := []string{unitEp(id)}
+		addrs := map[string]map[netip.Addr]bool{}
+		for _, s := range []*desired{old, st} {
+			if ep, ok := s.endpoints[id]; ok {
+				t := tenantOf(ep.NetworkID)
+				if addrs[t] == nil {
+					addrs[t] = map[netip.Addr]bool{}
+				}
+				addrs[t][ep.IP] = true
+			}
+		}
+		for sid, s := range st.services {
+			tenant, err := serviceTenant(sid)
+			if err != nil || addrs[tenant] == nil {
+				continue
+			}
+			if slices.ContainsFunc(s.Backends, func(b netip.Addr) bool { return addrs[tenant][b] }) {
+				out = append(out, unitSvc(sid))
+			}
+		}
+		return out
+	}
 }
 
 // Sync implements dataplane.Driver: full atomic resync with a new cookie generation.
@@ -648,7 +854,8 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return errors.Join(d.apply(ctx, st, true), errors.Join(bad...))
+	_, err := d.apply(ctx, d.state, st, true, nil)
+	return errors.Join(err, errors.Join(bad...))
 }
 
 // checkRemote validates a remote endpoint against its network in st.
@@ -694,28 +901,22 @@ func (d *Driver) UpsertEndpoint(ctx context.Context, ep dataplane.Endpoint) erro
 	if err := ep.Validate(); err != nil {
 		return err
 	}
-	return d.update(ctx, func(st *desired) error { st.endpoints[ep.ID] = ep; return nil })
+	return changeOne(ctx, d, endpointsOf, ep.ID, &ep, nil, endpointUnits(ep.ID))
 }
 
 // DeleteEndpoint implements dataplane.Driver.
 func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
-	return d.update(ctx, func(st *desired) error { delete(st.endpoints, id); return nil })
+	return changeOne(ctx, d, endpointsOf, id, nil, nil, endpointUnits(id))
 }
 
 // UpsertRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
-	return d.update(ctx, func(st *desired) error {
-		if err := checkRemote(st, ep); err != nil {
-			return err
-		}
-		st.remotes[ep.ID] = ep
-		return nil
-	})
+	return changeOne(ctx, d, remotesOf, ep.ID, &ep, func(st *desired) error { return checkRemote(st, ep) }, units(unitRem(ep.ID)))
 }
 
 // DeleteRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) DeleteRemoteEndpoint(ctx context.Context, id string) error {
-	return d.update(ctx, func(st *desired) error { delete(st.remotes, id); return nil })
+	return changeOne(ctx, d, remotesOf, id, nil, nil, units(unitRem(id)))
 }
 
 // UpsertPeer implements dataplane.Driver.
@@ -736,12 +937,12 @@ func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error 
 	if p.EPGID == 0 {
 		return errors.New("policy: epgID is 0")
 	}
-	return d.update(ctx, func(st *desired) error { st.policies[p.EPGID] = p; return nil })
+	return changeOne(ctx, d, policiesOf, p.EPGID, &p, nil, units(unitPol(p.EPGID)))
 }
 
 // DeletePolicy implements dataplane.Driver.
 func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
-	return d.update(ctx, func(st *desired) error { delete(st.policies, epgID); return nil })
+	return changeOne(ctx, d, policiesOf, epgID, nil, nil, units(unitPol(epgID)))
 }
 
 // UpsertPodPolicy implements dataplane.Driver. An invalid policy is installed failed
@@ -750,7 +951,7 @@ func (d *Driver) UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) err
 	if p.ID == "" {
 		return errors.New("pod policy: id is empty")
 	}
-	err := d.update(ctx, func(st *desired) error { st.podPolicies[p.ID] = p; return nil })
+	err := changeOne(ctx, d, podPoliciesOf, p.ID, &p, nil, units(unitNetpol))
 	if verr := p.Validate(); verr != nil && err == nil {
 		return fmt.Errorf("pod policy %s: failed closed (all traffic of the pod denied): %w", p.ID, verr)
 	}
@@ -759,7 +960,7 @@ func (d *Driver) UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) err
 
 // DeletePodPolicy implements dataplane.Driver.
 func (d *Driver) DeletePodPolicy(ctx context.Context, id string) error {
-	return d.update(ctx, func(st *desired) error { delete(st.podPolicies, id); return nil })
+	return changeOne(ctx, d, podPoliciesOf, id, nil, nil, units(unitNetpol))
 }
 
 // UpsertService implements dataplane.Driver.
@@ -767,12 +968,12 @@ func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
 	if s.ID == "" {
 		return errors.New("service: id is empty")
 	}
-	return d.update(ctx, func(st *desired) error { st.services[s.ID] = s; return nil })
+	return changeOne(ctx, d, servicesOf, s.ID, &s, nil, units(unitSvc(s.ID)))
 }
 
 // DeleteService implements dataplane.Driver.
 func (d *Driver) DeleteService(ctx context.Context, id string) error {
-	return d.update(ctx, func(st *desired) error { delete(st.services, id); return nil })
+	return changeOne(ctx, d, servicesOf, id, nil, nil, units(unitSvc(id)))
 }
 
 // Status implements dataplane.Driver: bridges with their ports, and per-table flow and
@@ -812,10 +1013,10 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Tables["flows"] = flows
 	st.Counters["packets"] = packets
 	st.Counters["generation"] = d.gen
-	st.Counters["service_ports"] = len(d.svcKeys)
+	st.Counters["service_ports"] = len(d.comp.serviceKeys())
 	var text []string
-	for _, k := range slices.Sorted(maps.Keys(d.installed)) {
-		text = append(text, d.installed[k].String())
+	for _, f := range d.comp.list() {
+		text = append(text, f.String())
 	}
 	st.Tables["pipeline"] = text
 	return st, nil
@@ -878,7 +1079,7 @@ func (d *Driver) Teardown(ctx context.Context) error {
 // per pipeline table (one flow-stats request), the generation and the service ports.
 func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	d.mu.Lock()
-	gen, svcPorts := d.gen, len(d.svcKeys)
+	gen, svcPorts := d.gen, len(d.comp.serviceKeys())
 	d.mu.Unlock()
 	stats, err := d.conn.flowStats(ctx, cookieOwner, cookieOwnerMask)
 	if err != nil {

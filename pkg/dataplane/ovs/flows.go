@@ -22,6 +22,9 @@ type flow struct {
 
 	fields *nxFields // headers for load/move/ct zone and masked matches
 	err    error     // first build error (a field the pipeline did not resolve)
+
+	// Texts cached by key and actionsText: a flow is not changed once it is compiled.
+	keyCache, actCache string
 }
 
 func newFlow(fields *nxFields, t tableID, prio int) *flow {
@@ -79,17 +82,33 @@ func (x *nxFields) header(name string) (*of.MatchField, error) {
 func (f *flow) hdr(name string) *of.MatchField {
 	h, err := f.fields.header(name)
 	if err != nil && f.err == nil {
-		f.err = fmt.Errorf("flow %s: %w", f.key(), err)
+		f.err = fmt.Errorf("flow %s: %w", f.keyText(), err)
 	}
 	return h
 }
 
-// key identifies the flow in its table (what a strict delete matches on).
+// key identifies the flow in its table (what a strict delete matches on). Call it only
+// once the flow is built: it is cached.
 func (f *flow) key() string {
+	if f.keyCache == "" {
+		f.keyCache = f.keyText()
+	}
+	return f.keyCache
+}
+
+func (f *flow) keyText() string {
 	return fmt.Sprintf("table=%s,priority=%d,%s", f.table, f.prio, strings.Join(f.matchText, ","))
 }
 
+// actionsText is the flow's actions as ovs-ofctl prints them (cached, as key).
 func (f *flow) actionsText() string {
+	if f.actCache == "" {
+		f.actCache = f.actionsTextNow()
+	}
+	return f.actCache
+}
+
+func (f *flow) actionsTextNow() string {
 	a := append([]string(nil), f.actText...)
 	if f.gotoTable >= 0 {
 		a = append(a, "goto_table:"+tableID(f.gotoTable).String())
@@ -316,7 +335,7 @@ func (f *flow) multipath(nLinks int, i, start, end int, bySource bool) *flow {
 	mp, err := newMultipath(nLinks, h, start, end, bySource)
 	if err != nil {
 		if f.err == nil {
-			f.err = fmt.Errorf("flow %s: %w", f.key(), err)
+			f.err = fmt.Errorf("flow %s: %w", f.keyText(), err)
 		}
 		return f
 	}

@@ -281,15 +281,21 @@ func (c *ofConn) bundle(ctx context.Context, msgs [][]byte) error {
 		return nil
 	}
 	id := c.nextXID()
-	ctrl := func(typ uint16) error {
-		m, err := c.marshal(of.NewBundleControl(&of.BundleControl{BundleID: id, Type: typ, Flags: of.OFPBCT_ATOMIC}))
-		if err != nil {
-			return err
-		}
-		_, err = c.call(ctx, m)
+	ctrlMsg := func(typ uint16) ([]byte, error) {
+		return c.marshal(of.NewBundleControl(&of.BundleControl{BundleID: id, Type: typ, Flags: of.OFPBCT_ATOMIC}))
+	}
+	// The open request is not waited for: its reply (or error) is delivered before the
+	// commit's, since the connection reads in order, and a failed open fails the commit.
+	open, err := ctrlMsg(of.OFPBCT_OPEN_REQUEST)
+	if err != nil {
 		return err
 	}
-	if err := ctrl(of.OFPBCT_OPEN_REQUEST); err != nil {
+	openCh, err := c.expect(xidOf(open))
+	if err != nil {
+		return err
+	}
+	defer c.forget(xidOf(open))
+	if err := c.write(open); err != nil {
 		return fmt.Errorf("open bundle: %w", err)
 	}
 	type added struct {
@@ -321,7 +327,21 @@ func (c *ofConn) bundle(ctx context.Context, msgs [][]byte) error {
 			return fmt.Errorf("bundle add: %w", err)
 		}
 	}
-	commitErr := ctrl(of.OFPBCT_COMMIT_REQUEST)
+	commit, err := ctrlMsg(of.OFPBCT_COMMIT_REQUEST)
+	if err != nil {
+		return err
+	}
+	_, commitErr := c.call(ctx, commit)
+	select {
+	case r := <-openCh:
+		if r.err != nil {
+			return fmt.Errorf("open bundle: %w", r.err)
+		}
+	default:
+		if commitErr == nil {
+			return errors.New("open bundle: no reply before the commit's")
+		}
+	}
 	var errs []error
 	for _, a := range adds {
 		select {

@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, private OVS); skipping")
@@ -31,7 +31,7 @@ func needRoot(t *testing.T) {
 	}
 }
 
-func sh(t *testing.T, args ...string) string {
+func sh(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {
@@ -41,7 +41,7 @@ func sh(t *testing.T, args ...string) string {
 }
 
 // newNS creates a named network namespace cbo-<id>-<name>, removed at cleanup.
-func newNS(t *testing.T, id, name string) string {
+func newNS(t testing.TB, id, name string) string {
 	t.Helper()
 	n := "cbo-" + id + "-" + name
 	sh(t, "ip", "netns", "add", n)
@@ -267,7 +267,7 @@ func TestSameHostAndVXLAN(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	want := len(d1.installed)
+	want := len(d1.comp.flows)
 	eventually(t, 2*time.Second, func() error {
 		c, err := dialOF(ctx, filepath.Join(h1.dir, "contivbr.mgmt"))
 		if err != nil {

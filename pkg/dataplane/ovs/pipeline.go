@@ -3,9 +3,11 @@ package ovs
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -136,29 +138,9 @@ func newDesired() *desired {
 }
 
 func (d *desired) clone() *desired {
-	c := newDesired()
-	for k, v := range d.networks {
-		c.networks[k] = v
-	}
-	for k, v := range d.endpoints {
-		c.endpoints[k] = v
-	}
-	for k, v := range d.remotes {
-		c.remotes[k] = v
-	}
-	for k, v := range d.peers {
-		c.peers[k] = v
-	}
-	for k, v := range d.policies {
-		c.policies[k] = v
-	}
-	for k, v := range d.services {
-		c.services[k] = v
-	}
-	for k, v := range d.podPolicies {
-		c.podPolicies[k] = v
-	}
-	return c
+	return &desired{networks: maps.Clone(d.networks), endpoints: maps.Clone(d.endpoints), remotes: maps.Clone(d.remotes),
+		peers: maps.Clone(d.peers), policies: maps.Clone(d.policies), services: maps.Clone(d.services),
+		podPolicies: maps.Clone(d.podPolicies)}
 }
 
 func netKey(n dataplane.Network) uint32 {
@@ -174,11 +156,6 @@ func tenantOf(netID string) string {
 		return netID[i+1:]
 	}
 	return netID
-}
-
-type compiled struct {
-	flows    []*flow
-	services []string // service LB keys ("service/proto/port") in use
 }
 
 // pipeline builds flows against the NXM fields it resolved once, at construction.
@@ -208,270 +185,389 @@ type idTables struct {
 
 func newIDs() idTables { return idTables{svc: map[string]uint32{}, vrf: map[string]uint32{}} }
 
-// compile turns the desired state into the pipeline's flows.
-func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
-	c := &compiled{}
-	add := func(f *flow) { c.flows = append(c.flows, f) }
+// unitEnv is what compiling a unit needs beyond its own object: the state, the ports,
+// the tenants' VRFs and the service ids.
+type unitEnv struct {
+	d      *desired
+	host   dataplane.HostConfig
+	p      ports
+	vrf    map[string]uint32 // tenant → VRF of the tenants that have a network here
+	svcIDs map[string]uint32
+	peer   map[string]bool     // hosts with a peer
+	vtep   map[netip.Addr]bool // peers' VTEPs
+	local  map[uint32]map[netip.Addr]bool
+}
 
-	// VRF ids: stable per tenant (allocated once, persisted by the driver).
+func newUnitEnv(d *desired, host dataplane.HostConfig, p ports, vrf, svcIDs map[string]uint32) *unitEnv {
+	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, svcIDs: svcIDs, peer: map[string]bool{}, vtep: map[netip.Addr]bool{}}
+	for _, p := range d.peers {
+		env.peer[p.Host] = true
+		env.vtep[p.VTEP] = true
+	}
+	return env
+}
+
+func (env *unitEnv) netVRF(n dataplane.Network) uint32 { return env.vrf[tenantOf(n.ID)] }
+
+// localIPs returns the addresses of local endpoints in VRF v (hairpin candidates).
+func (env *unitEnv) localIPs(v uint32) map[netip.Addr]bool {
+	if env.local == nil {
+		env.local = map[uint32]map[netip.Addr]bool{}
+		for _, ep := range env.d.endpoints {
+			n, ok := env.d.networks[ep.NetworkID]
+			if !ok {
+				continue
+			}
+			lv := env.netVRF(n)
+			if env.local[lv] == nil {
+				env.local[lv] = map[netip.Addr]bool{}
+			}
+			env.local[lv][ep.IP] = true
+		}
+	}
+	return env.local[v]
+}
+
+// tenantVRFs returns the VRF of every tenant with a network in d, allocating ids in ids
+// for new tenants (in name order, so allocation is deterministic).
+func tenantVRFs(d *desired, ids map[string]uint32) (map[string]uint32, error) {
 	tenants := map[string]bool{}
 	for id := range d.networks {
 		tenants[tenantOf(id)] = true
 	}
-	tenantList := make([]string, 0, len(tenants))
-	for t := range tenants {
-		tenantList = append(tenantList, t)
-	}
-	slices.Sort(tenantList)
 	vrf := map[string]uint32{}
-	for _, t := range tenantList {
-		id, err := assignVRF(ids.vrf, t)
+	for _, t := range slices.Sorted(maps.Keys(tenants)) {
+		id, err := assignVRF(ids, t)
 		if err != nil {
 			return nil, err
 		}
 		vrf[t] = id
 	}
-	netVRF := func(n dataplane.Network) uint32 { return vrf[tenantOf(n.ID)] }
-
-	nets := sortedValues(d.networks, func(n dataplane.Network) string { return n.ID })
-	eps := sortedValues(d.endpoints, func(e dataplane.Endpoint) string { return e.ID })
-	rems := sortedValues(d.remotes, func(e dataplane.RemoteEndpoint) string { return e.ID })
-	peerHost := map[string]bool{}
-	peerAddr := map[netip.Addr]bool{}
-	for _, p := range d.peers {
-		peerHost[p.Host] = true
-		peerAddr[p.VTEP] = true
-	}
-
-	// Defaults: each table drops what no flow claims, except the pass-through stages.
-	add(pl.newFlow(tClassifier, 0))
-	add(pl.newFlow(tOverlaySrc, 0)) // inner source not behind the sending VTEP: drop
-	add(pl.newFlow(tARP, 0))
-	add(pl.newFlow(tARP, 5).ip().goTo(tConntrack))
-	add(pl.newFlow(tARP, 10).ethType(0x0806))                             // unknown ARP target: drop
-	add(pl.newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1)) // never answer other hosts
-	add(pl.newFlow(tConntrack, 0))
-	add(pl.newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""))
-	add(pl.newFlow(tServiceLB, 0).goTo(tSrcEPG))
-	add(pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG))
-	add(pl.newFlow(tServiceBackend, 0))
-	add(pl.newFlow(tSrcEPG, 0).goTo(tDstEPG))
-	add(pl.newFlow(tDstEPG, 0).goTo(tPolicy))
-	add(pl.newFlow(tPolicy, 0).goTo(tNetpolEgress))
-	add(pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3))
-	add(pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3))
-	for _, f := range pl.commitFlows() {
-		add(f)
-	}
-	add(pl.newFlow(tL3, 0))
-	add(pl.newFlow(tOutput, 0))
-
-	netByID := map[string]dataplane.Network{}
-	for _, n := range nets {
-		netByID[n.ID] = n
-		// Classifier: traffic from other hosts.
-		if n.Encap == dataplane.EncapVXLAN && p.tunnel != 0 {
-			add(pl.newFlow(tClassifier, 100).inPort(p.tunnel).tunID(n.Tag).
-				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tOverlaySrc))
-		}
-		if n.Encap == dataplane.EncapVLAN && p.uplink != 0 {
-			add(pl.newFlow(tClassifier, 100).inPort(p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
-				load(regNet, netKey(n)).load(regVRF, netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
-		}
-		if n.Gateway.IsValid() {
-			add(pl.arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
-		}
-	}
-
-	// endpoint is the common view of a local or remote endpoint for the forwarding tables.
-	type endpoint struct {
-		id    string
-		net   dataplane.Network
-		ip    netip.Addr
-		mac   net.HardwareAddr
-		epg   uint16
-		local bool
-		port  uint32
-		vtep  netip.Addr
-	}
-	var all []endpoint
-	for _, ep := range eps {
-		n, ok := netByID[ep.NetworkID]
-		if !ok {
-			return nil, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
-		}
-		port, ok := p.endpoints[ep.ID]
-		if !ok {
-			return nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
-		}
-		all = append(all, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
-		for _, f := range pl.endpointClassifier(port, ep, n, netVRF(n)) {
-			add(f)
-		}
-	}
-	for _, r := range rems {
-		n, ok := netByID[r.NetworkID]
-		if !ok {
-			return nil, fmt.Errorf("remote endpoint %s: network %s is not known", r.ID, r.NetworkID)
-		}
-		if err := r.Validate(n.Encap); err != nil {
-			return nil, err
-		}
-		vtep := r.VTEP
-		if n.Encap == dataplane.EncapVXLAN && !peerHost[r.Host] && !peerAddr[vtep] {
-			// Reachable only through a known peer: wait for it (the agent may send the
-			// endpoint first), forwarding nothing meanwhile.
-			continue
-		}
-		all = append(all, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: vtep})
-		if n.Encap == dataplane.EncapVXLAN {
-			for _, f := range pl.overlaySource(r, netVRF(n)) {
-				add(f)
-			}
-		}
-		if r.EPGID != 0 {
-			add(pl.newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, netVRF(n)).ip().
-				ipSrc(netip.PrefixFrom(r.IP, 32)).load(regSrcEPG, uint32(r.EPGID)).goTo(tDstEPG))
-		}
-	}
-	for _, e := range all {
-		mac := e.mac
-		if host.FwdMode == dataplane.FwdRouting {
-			mac = dataplane.RouterMAC
-		}
-		add(pl.arpResponder(netKey(e.net), e.ip, mac))
-		if e.epg != 0 {
-			add(pl.newFlow(tDstEPG, 100).reg(regVRF, netVRF(e.net)).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
-				load(regDstEPG, uint32(e.epg)).goTo(tPolicy))
-		}
-		add(pl.newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
-		// Routed (to the gateway/router MAC or a VIP's MAC): within the network in bridge
-		// mode, within the tenant (VRF) in routing mode; DNATed service traffic may cross
-		// networks of the tenant in both.
-		routed := pl.newFlow(tL3, 100).ip()
-		if host.FwdMode == dataplane.FwdRouting {
-			routed.reg(regVRF, netVRF(e.net))
-		} else {
-			routed.reg(regNet, netKey(e.net))
-		}
-		add(routed.ipDst(netip.PrefixFrom(e.ip, 32)).
-			setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
-		if host.FwdMode != dataplane.FwdRouting {
-			add(pl.newFlow(tL3, 90).ip().reg(regVRF, netVRF(e.net)).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
-				setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
-		}
-		if hz, ok := hairpinZone(netVRF(e.net)); ok && e.local {
-			for _, f := range pl.hairpinEndpoint(e.ip, e.mac, e.port, netKey(e.net), netVRF(e.net), hz) {
-				add(f)
-			}
-		}
-		out := pl.newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
-		switch {
-		case e.local:
-			out.output(e.port)
-		case e.net.Encap == dataplane.EncapVXLAN:
-			if p.tunnel == 0 {
-				return nil, fmt.Errorf("remote endpoint %s: no VXLAN tunnel port (host VTEP not configured)", e.id)
-			}
-			out.setTunnel(e.net.Tag, e.vtep).output(p.tunnel)
-		default:
-			if p.uplink == 0 {
-				return nil, fmt.Errorf("remote endpoint %s: VLAN network %s but no VLAN uplink configured", e.id, e.net.ID)
-			}
-			out.pushVLAN(uint16(e.net.Tag)).output(p.uplink)
-		}
-		add(out)
-	}
-
-	// Policy.
-	for _, ps := range sortedValues(d.policies, func(p dataplane.PolicySet) string { return fmt.Sprintf("%05d", p.EPGID) }) {
-		for _, r := range ps.Rules {
-			if r.Priority < 0 || r.Priority > 1000 {
-				return nil, fmt.Errorf("policy %d rule %s: priority %d out of range", ps.EPGID, r.ID, r.Priority)
-			}
-			prio := 100 + 2*r.Priority
-			if r.Action == dataplane.ActionDeny {
-				prio++
-			}
-			f := pl.newFlow(tPolicy, prio).ip()
-			if r.Ingress {
-				f.reg(regDstEPG, uint32(ps.EPGID))
-				if r.RemoteEPG != 0 {
-					f.reg(regSrcEPG, uint32(r.RemoteEPG))
-				}
-				if r.Remote.IsValid() {
-					f.ipSrc(r.Remote)
-				}
-			} else {
-				f.reg(regSrcEPG, uint32(ps.EPGID))
-				if r.RemoteEPG != 0 {
-					f.reg(regDstEPG, uint32(r.RemoteEPG))
-				}
-				if r.Remote.IsValid() {
-					f.ipDst(r.Remote)
-				}
-			}
-			if r.Proto != 0 {
-				f.proto(r.Proto)
-				if r.Port != 0 && (r.Proto == 6 || r.Proto == 17) {
-					f.tpDst(r.Proto, r.Port)
-				}
-				// SynOnly (TCP setup): established and related packets bypassed this
-				// table above, so every TCP packet still here would open state: a bare
-				// ACK or FIN is judged as the SYN it pretends to follow.
-			}
-			switch r.Action {
-			case dataplane.ActionAllow:
-				f.goTo(tNetpolEgress)
-			case dataplane.ActionDeny:
-			default:
-				return nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", ps.EPGID, r.ID, r.Action)
-			}
-			add(f)
-		}
-	}
-
-	local := map[uint32]map[netip.Addr]bool{} // VRF → local endpoint IPs (hairpin candidates)
-	for _, e := range all {
-		if e.local {
-			v := netVRF(e.net)
-			if local[v] == nil {
-				local[v] = map[netip.Addr]bool{}
-			}
-			local[v][e.ip] = true
-		}
-	}
-	npFlows, err := pl.netpolFlows(d, vrf)
-	if err != nil {
-		return nil, err
-	}
-	c.flows = append(c.flows, npFlows...)
-	svcFlows, keys, err := pl.services(d, vrf, ids.svc, local)
-	if err != nil {
-		return nil, err
-	}
-	c.flows = append(c.flows, svcFlows...)
-	c.services = keys
-	for _, f := range c.flows {
-		if f.err != nil {
-			return nil, f.err
-		}
-	}
-	return dedupe(c), nil
+	return vrf, nil
 }
 
-// dedupe drops flows whose key repeats (e.g. a DNAT flow shared by two services).
-func dedupe(c *compiled) *compiled {
-	seen := map[string]bool{}
-	out := c.flows[:0]
-	for _, f := range c.flows {
+// compile turns the desired state into the pipeline's flows, unit by unit (units.go).
+func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
+	vrf, err := tenantVRFs(d, ids.vrf)
+	if err != nil {
+		return nil, err
+	}
+	env := newUnitEnv(d, host, p, vrf, ids.svc)
+	c := newCompiled(vrf)
+	var names []string
+	names = append(names, unitBase)
+	for id := range d.networks {
+		names = append(names, unitNet(id))
+	}
+	for id := range d.endpoints {
+		names = append(names, unitEp(id))
+	}
+	for id := range d.remotes {
+		names = append(names, unitRem(id))
+	}
+	for epg := range d.policies {
+		names = append(names, unitPol(epg))
+	}
+	names = append(names, unitNetpol)
+	for id := range d.services {
+		names = append(names, unitSvc(id))
+	}
+	slices.Sort(names)
+	units := make(map[string][]*flow, len(names))
+	for _, u := range names {
+		flows, keys, err := pl.compileUnit(env, u)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := c.claimService(u, d, env, keys); err != nil {
+			return nil, err
+		}
+		units[u] = flows
+	}
+	log, changes := newUndoLog(), map[string]*flowChange{}
+	for _, u := range names {
+		c.setUnit(u, units[u], log, changes)
+	}
+	return c, nil
+}
+
+// compileUnit compiles one unit's flows from env's state (none when its object is not
+// there), and for a service unit its LB keys.
+func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, error) {
+	kind, id := splitUnit(u)
+	d := env.d
+	var flows []*flow
+	switch kind {
+	case unitBase:
+		flows = pl.baseFlows()
+	case "net":
+		n, ok := d.networks[id]
+		if !ok {
+			return nil, nil, nil
+		}
+		flows = pl.networkFlows(env, n)
+	case "ep":
+		ep, ok := d.endpoints[id]
+		if !ok {
+			return nil, nil, nil
+		}
+		n, ok := d.networks[ep.NetworkID]
+		if !ok {
+			return nil, nil, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
+		}
+		port, ok := env.p.endpoints[ep.ID]
+		if !ok {
+			return nil, nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
+		}
+		flows = pl.endpointClassifier(port, ep, n, env.netVRF(n))
+		fw, err := pl.forwarding(env, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
+		if err != nil {
+			return nil, nil, err
+		}
+		flows = append(flows, fw...)
+	case "rem":
+		r, ok := d.remotes[id]
+		if !ok {
+			return nil, nil, nil
+		}
+		n, ok := d.networks[r.NetworkID]
+		if !ok {
+			return nil, nil, fmt.Errorf("remote endpoint %s: network %s is not known", r.ID, r.NetworkID)
+		}
+		if err := r.Validate(n.Encap); err != nil {
+			return nil, nil, err
+		}
+		if n.Encap == dataplane.EncapVXLAN && !env.peer[r.Host] && !env.vtep[r.VTEP] {
+			// Reachable only through a known peer: wait for it (the agent may send the
+			// endpoint first), forwarding nothing meanwhile.
+			return nil, nil, nil
+		}
+		if n.Encap == dataplane.EncapVXLAN {
+			flows = pl.overlaySource(r, env.netVRF(n))
+		}
+		if r.EPGID != 0 {
+			flows = append(flows, pl.newFlow(tSrcEPG, 100).regBits(regFlags, 0, 0, 1).reg(regVRF, env.netVRF(n)).ip().
+				ipSrc(netip.PrefixFrom(r.IP, 32)).load(regSrcEPG, uint32(r.EPGID)).goTo(tDstEPG))
+		}
+		fw, err := pl.forwarding(env, endpoint{id: r.ID, net: n, ip: r.IP, mac: r.MAC, epg: r.EPGID, vtep: r.VTEP})
+		if err != nil {
+			return nil, nil, err
+		}
+		flows = append(flows, fw...)
+	case "pol":
+		epg, err := strconv.ParseUint(id, 10, 16)
+		if err != nil {
+			return nil, nil, fmt.Errorf("unit %s: %w", u, err)
+		}
+		ps, ok := d.policies[uint16(epg)]
+		if !ok {
+			return nil, nil, nil
+		}
+		if flows, err = pl.policyFlows(ps); err != nil {
+			return nil, nil, err
+		}
+	case unitNetpol:
+		var err error
+		if flows, err = pl.netpolFlows(d, env.vrf); err != nil {
+			return nil, nil, err
+		}
+	case "svc":
+		s, ok := d.services[id]
+		if !ok {
+			return nil, nil, nil
+		}
+		var keys []string
+		var err error
+		if flows, keys, err = pl.service(env, s); err != nil {
+			return nil, nil, err
+		}
+		return dedupeFlows(flows), keys, checkFlows(flows)
+	default:
+		return nil, nil, fmt.Errorf("unit %q: unknown kind", u)
+	}
+	return dedupeFlows(flows), nil, checkFlows(flows)
+}
+
+// checkFlows returns the first build error of flows (a field the pipeline did not resolve).
+func checkFlows(flows []*flow) error {
+	for _, f := range flows {
+		if f.err != nil {
+			return f.err
+		}
+	}
+	return nil
+}
+
+// baseFlows are the flows no object owns: each table drops what no flow claims, except
+// the pass-through stages; established and related traffic bypasses policy.
+func (pl *pipeline) baseFlows() []*flow {
+	flows := []*flow{
+		pl.newFlow(tClassifier, 0),
+		pl.newFlow(tOverlaySrc, 0), // inner source not behind the sending VTEP: drop
+		pl.newFlow(tARP, 0),
+		pl.newFlow(tARP, 5).ip().goTo(tConntrack),
+		pl.newFlow(tARP, 10).ethType(0x0806),                             // unknown ARP target: drop
+		pl.newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1), // never answer other hosts
+		pl.newFlow(tConntrack, 0),
+		pl.newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""),
+		pl.newFlow(tServiceLB, 0).goTo(tSrcEPG),
+		pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG),
+		pl.newFlow(tServiceBackend, 0),
+		pl.newFlow(tSrcEPG, 0).goTo(tDstEPG),
+		pl.newFlow(tDstEPG, 0).goTo(tPolicy),
+		pl.newFlow(tPolicy, 0).goTo(tNetpolEgress),
+		pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3),
+		pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3),
+	}
+	flows = append(flows, pl.commitFlows()...)
+	return append(flows, pl.newFlow(tL3, 0), pl.newFlow(tOutput, 0))
+}
+
+// networkFlows: traffic of network n from other hosts (VNI or VLAN tag) and ARP for its
+// gateway.
+func (pl *pipeline) networkFlows(env *unitEnv, n dataplane.Network) []*flow {
+	var flows []*flow
+	if n.Encap == dataplane.EncapVXLAN && env.p.tunnel != 0 {
+		flows = append(flows, pl.newFlow(tClassifier, 100).inPort(env.p.tunnel).tunID(n.Tag).
+			load(regNet, netKey(n)).load(regVRF, env.netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tOverlaySrc))
+	}
+	if n.Encap == dataplane.EncapVLAN && env.p.uplink != 0 {
+		flows = append(flows, pl.newFlow(tClassifier, 100).inPort(env.p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
+			load(regNet, netKey(n)).load(regVRF, env.netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
+	}
+	if n.Gateway.IsValid() {
+		flows = append(flows, pl.arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
+	}
+	return flows
+}
+
+// endpoint is the common view of a local or remote endpoint for the forwarding tables.
+type endpoint struct {
+	id    string
+	net   dataplane.Network
+	ip    netip.Addr
+	mac   net.HardwareAddr
+	epg   uint16
+	local bool
+	port  uint32
+	vtep  netip.Addr
+}
+
+// forwarding compiles ARP, destination EPG, L3 and output flows of endpoint e.
+func (pl *pipeline) forwarding(env *unitEnv, e endpoint) ([]*flow, error) {
+	var flows []*flow
+	add := func(f *flow) { flows = append(flows, f) }
+	nv := env.netVRF(e.net)
+	mac := e.mac
+	if env.host.FwdMode == dataplane.FwdRouting {
+		mac = dataplane.RouterMAC
+	}
+	add(pl.arpResponder(netKey(e.net), e.ip, mac))
+	if e.epg != 0 {
+		add(pl.newFlow(tDstEPG, 100).reg(regVRF, nv).ip().ipDst(netip.PrefixFrom(e.ip, 32)).
+			load(regDstEPG, uint32(e.epg)).goTo(tPolicy))
+	}
+	add(pl.newFlow(tL3, 200).reg(regNet, netKey(e.net)).ethDst(e.mac).goTo(tOutput))
+	// Routed (to the gateway/router MAC or a VIP's MAC): within the network in bridge
+	// mode, within the tenant (VRF) in routing mode; DNATed service traffic may cross
+	// networks of the tenant in both.
+	routed := pl.newFlow(tL3, 100).ip()
+	if env.host.FwdMode == dataplane.FwdRouting {
+		routed.reg(regVRF, nv)
+	} else {
+		routed.reg(regNet, netKey(e.net))
+	}
+	add(routed.ipDst(netip.PrefixFrom(e.ip, 32)).
+		setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
+	if env.host.FwdMode != dataplane.FwdRouting {
+		add(pl.newFlow(tL3, 90).ip().reg(regVRF, nv).regBits(regFlags, 1, 1, 1).ipDst(netip.PrefixFrom(e.ip, 32)).
+			setEthSrc(dataplane.RouterMAC).setEthDst(e.mac).decTTL().load(regNet, netKey(e.net)).goTo(tOutput))
+	}
+	if hz, ok := hairpinZone(nv); ok && e.local {
+		flows = append(flows, pl.hairpinEndpoint(e.ip, e.mac, e.port, netKey(e.net), nv, hz)...)
+	}
+	out := pl.newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
+	switch {
+	case e.local:
+		out.output(e.port)
+	case e.net.Encap == dataplane.EncapVXLAN:
+		if env.p.tunnel == 0 {
+			return nil, fmt.Errorf("remote endpoint %s: no VXLAN tunnel port (host VTEP not configured)", e.id)
+		}
+		out.setTunnel(e.net.Tag, e.vtep).output(env.p.tunnel)
+	default:
+		if env.p.uplink == 0 {
+			return nil, fmt.Errorf("remote endpoint %s: VLAN network %s but no VLAN uplink configured", e.id, e.net.ID)
+		}
+		out.pushVLAN(uint16(e.net.Tag)).output(env.p.uplink)
+	}
+	add(out)
+	return flows, nil
+}
+
+// policyFlows compiles one group's rules: priority 100 + 2·prio (+1 for deny, so deny
+// wins ties).
+func (pl *pipeline) policyFlows(ps dataplane.PolicySet) ([]*flow, error) {
+	var flows []*flow
+	for _, r := range ps.Rules {
+		if r.Priority < 0 || r.Priority > 1000 {
+			return nil, fmt.Errorf("policy %d rule %s: priority %d out of range", ps.EPGID, r.ID, r.Priority)
+		}
+		prio := 100 + 2*r.Priority
+		if r.Action == dataplane.ActionDeny {
+			prio++
+		}
+		f := pl.newFlow(tPolicy, prio).ip()
+		if r.Ingress {
+			f.reg(regDstEPG, uint32(ps.EPGID))
+			if r.RemoteEPG != 0 {
+				f.reg(regSrcEPG, uint32(r.RemoteEPG))
+			}
+			if r.Remote.IsValid() {
+				f.ipSrc(r.Remote)
+			}
+		} else {
+			f.reg(regSrcEPG, uint32(ps.EPGID))
+			if r.RemoteEPG != 0 {
+				f.reg(regDstEPG, uint32(r.RemoteEPG))
+			}
+			if r.Remote.IsValid() {
+				f.ipDst(r.Remote)
+			}
+		}
+		if r.Proto != 0 {
+			f.proto(r.Proto)
+			if r.Port != 0 && (r.Proto == 6 || r.Proto == 17) {
+				f.tpDst(r.Proto, r.Port)
+			}
+			// SynOnly (TCP setup): established and related packets bypassed this
+			// table above, so every TCP packet still here would open state: a bare
+			// ACK or FIN is judged as the SYN it pretends to follow.
+		}
+		switch r.Action {
+		case dataplane.ActionAllow:
+			f.goTo(tNetpolEgress)
+		case dataplane.ActionDeny:
+		default:
+			return nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", ps.EPGID, r.ID, r.Action)
+		}
+		flows = append(flows, f)
+	}
+	return flows, nil
+}
+
+// dedupeFlows drops flows whose key repeats within one unit (e.g. a DNAT flow shared
+// by two ports of a service).
+func dedupeFlows(flows []*flow) []*flow {
+	seen := make(map[string]bool, len(flows))
+	out := flows[:0]
+	for _, f := range flows {
 		if k := f.key(); !seen[k] {
 			seen[k] = true
 			out = append(out, f)
 		}
 	}
-	c.flows = out
-	return c
+	return out
 }
 
 // commitFlows: only a packet that can open a flow creates conntrack state, after policy
@@ -530,56 +626,56 @@ func serviceTenant(id string) (string, error) {
 	return id[i+1:], nil
 }
 
-// services compiles every service into its tenant's VRF: the VIP is answered (ARP) and
+// service compiles service s into its tenant's VRF: the VIP is answered (ARP) and
 // translated only for packets from that tenant's networks, so two tenants may use the
-// same VIP:port. A service whose tenant has no network on this host has no flows.
-func (pl *pipeline) services(d *desired, vrf map[string]uint32, svcIDs map[string]uint32, local map[uint32]map[netip.Addr]bool) ([]*flow, []string, error) {
-	var flows []*flow
+// same VIP:port. A service whose tenant has no network on this host has no flows. The
+// keys are its LB keys ("service/proto/port"); one VIP:port per VRF is checked by
+// compiled.claimService.
+func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []string, error) {
+	tenant, err := serviceTenant(s.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !s.VIP.Is4() {
+		return nil, nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
+	}
+	for _, b := range append(slices.Clone(s.Backends), s.Draining...) {
+		if !b.Is4() {
+			return nil, nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
+		}
+	}
+	for _, sp := range s.Ports {
+		if sp.Proto != 6 && sp.Proto != 17 {
+			return nil, nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
+		}
+	}
+	v, ok := env.vrf[tenant]
+	if !ok {
+		return nil, nil, nil
+	}
+	flows := []*flow{pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP))}
+	if hz, ok := hairpinZone(v); ok {
+		// Replies of hairpin connections come back to the VIP: undo the SNAT first.
+		flows = append(flows, pl.newFlow(tConntrack, 20).ip().reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).
+			regBits(regFlags, flagHairpinLookup, flagHairpinLookup, 0).loadBits(regFlags, flagHairpinLookup, flagHairpinLookup, 1).
+			ctZone(hz, int(tConntrack), false, of.NewNXActionCTNAT(), "nat"))
+	}
 	var keys []string
-	owner := map[string]string{} // "vrf/vip/proto/port" → service id
-	for _, s := range sortedValues(d.services, func(s dataplane.Service) string { return s.ID }) {
-		tenant, err := serviceTenant(s.ID)
+	for _, sp := range s.Ports {
+		key := serviceKey(s.ID, sp)
+		sid, err := serviceID(env.svcIDs, key)
 		if err != nil {
 			return nil, nil, err
 		}
-		if !s.VIP.Is4() {
-			return nil, nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
-		}
-		for _, b := range append(slices.Clone(s.Backends), s.Draining...) {
-			if !b.Is4() {
-				return nil, nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
-			}
-		}
-		v, ok := vrf[tenant]
-		if !ok {
-			continue
-		}
-		flows = append(flows, pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP)))
-		if hz, ok := hairpinZone(v); ok {
-			// Replies of hairpin connections come back to the VIP: undo the SNAT first.
-			flows = append(flows, pl.newFlow(tConntrack, 20).ip().reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).
-				regBits(regFlags, flagHairpinLookup, flagHairpinLookup, 0).loadBits(regFlags, flagHairpinLookup, flagHairpinLookup, 1).
-				ctZone(hz, int(tConntrack), false, of.NewNXActionCTNAT(), "nat"))
-		}
-		for _, sp := range s.Ports {
-			if sp.Proto != 6 && sp.Proto != 17 {
-				return nil, nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
-			}
-			vk := fmt.Sprintf("%d/%v/%d/%d", v, s.VIP, sp.Proto, sp.Port)
-			if other, dup := owner[vk]; dup {
-				return nil, nil, fmt.Errorf("service %s: %v:%d/%d is already service %s of tenant %s", s.ID, s.VIP, sp.Port, sp.Proto, other, tenant)
-			}
-			owner[vk] = s.ID
-			key := fmt.Sprintf("%s/%d/%d", s.ID, sp.Proto, sp.Port)
-			sid, err := serviceID(svcIDs, key)
-			if err != nil {
-				return nil, nil, err
-			}
-			keys = append(keys, key)
-			flows = append(flows, pl.servicePort(s, sp, v, sid, local[v])...)
-		}
+		keys = append(keys, key)
+		flows = append(flows, pl.servicePort(s, sp, v, sid, env.localIPs(v))...)
 	}
 	return flows, keys, nil
+}
+
+// serviceKey is the LB key of one port of service id.
+func serviceKey(id string, sp dataplane.ServicePort) string {
+	return fmt.Sprintf("%s/%d/%d", id, sp.Proto, sp.Port)
 }
 
 // servicePort balances new connections from VRF v to one VIP:port over the backends by

@@ -38,7 +38,7 @@ var testPorts = ports{endpoints: map[string]uint32{"e1": 100}, tunnel: 1}
 
 func texts(c *compiled) string {
 	var s []string
-	for _, f := range c.flows {
+	for _, f := range c.list() {
 		s = append(s, f.String())
 	}
 	return strings.Join(s, "\n")
@@ -76,8 +76,8 @@ func TestCompile(t *testing.T) {
 			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
 		}
 	}
-	if len(c.services) != 1 {
-		t.Errorf("service keys = %v, want one", c.services)
+	if keys := c.serviceKeys(); len(keys) != 1 {
+		t.Errorf("service keys = %v, want one", keys)
 	}
 	// Routing mode answers ARP for endpoints with the router MAC.
 	c, _ = testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdRouting}, testPorts, newIDs())
@@ -156,7 +156,7 @@ func TestEncodingDecodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var msgs []interface{ MarshalBinary() ([]byte, error) }
-	for _, f := range c.flows {
+	for _, f := range c.list() {
 		msgs = append(msgs, f.flowMod(of.FC_ADD, cookieFor(1)), f.flowMod(of.FC_DELETE_STRICT, 0))
 	}
 	for i, m := range msgs {

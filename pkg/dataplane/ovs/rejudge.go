@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -173,22 +172,33 @@ func (in verdictInputs) allows(c ctConn) bool {
 	return policy.NetpolAllows(in.pods[vrfAddr{v, c.src}], in.pods[vrfAddr{v, dst}], c.src, dst, c.proto, dport)
 }
 
-// appctl runs an ovs-appctl command against this driver's vswitchd.
+// appctl runs an ovs-appctl command against this driver's vswitchd, through its control
+// socket (unixctl.go).
 func (d *Driver) appctl(ctx context.Context, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var cmd *exec.Cmd
-	if d.priv != nil {
-		cmd = exec.CommandContext(ctx, "ovs-appctl", append([]string{"-t", filepath.Join(d.priv.Dir, "ovs-vswitchd.ctl")}, args...)...)
-	} else {
-		cmd = exec.CommandContext(ctx, "ovs-appctl", append([]string{"-t", "ovs-vswitchd"}, args...)...)
-		cmd.Env = append(os.Environ(), "OVS_RUNDIR="+d.opts.RunDir)
-	}
-	out, err := cmd.CombinedOutput()
+	sock, err := d.vswitchdCtl()
 	if err != nil {
-		return string(out), fmt.Errorf("ovs-appctl %s: %v: %s", strings.Join(args, " "), err, out)
+		return "", err
 	}
-	return string(out), nil
+	out, err := unixctl(ctx, sock, args[0], args[1:]...)
+	if err != nil {
+		return out, fmt.Errorf("ovs-appctl %s: %w", strings.Join(args, " "), err)
+	}
+	return out, nil
+}
+
+// vswitchdCtl is the path of vswitchd's control socket: in the private instance's
+// directory, or <RunDir>/ovs-vswitchd.<pid>.ctl of a shared one.
+func (d *Driver) vswitchdCtl() (string, error) {
+	if d.priv != nil {
+		return filepath.Join(d.priv.Dir, "ovs-vswitchd.ctl"), nil
+	}
+	b, err := os.ReadFile(filepath.Join(d.opts.RunDir, "ovs-vswitchd.pid"))
+	if err != nil {
+		return "", fmt.Errorf("ovs-vswitchd control socket: %w", err)
+	}
+	return filepath.Join(d.opts.RunDir, "ovs-vswitchd."+strings.TrimSpace(string(b))+".ctl"), nil
 }
 
 // rejudge flushes the tenants' connections the policy of st denies.

@@ -63,12 +63,14 @@ func allocID(ids map[string]uint32, key string, max uint32) (uint32, bool) {
 	if id, ok := ids[key]; ok {
 		return id, true
 	}
-	taken := map[uint32]bool{}
+	taken := make([]uint64, max/64+1) // a bit per id: cheaper than a map at 10,000s of keys
 	for _, id := range ids {
-		taken[id] = true
+		if id <= max {
+			taken[id/64] |= 1 << (id % 64)
+		}
 	}
 	for id := uint32(1); id <= max; id++ {
-		if !taken[id] {
+		if taken[id/64]&(1<<(id%64)) == 0 {
 			ids[key] = id
 			return id, true
 		}
