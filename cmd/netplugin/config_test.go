@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -145,5 +146,34 @@ func TestDNSConfig(t *testing.T) {
 	}
 	if got := resolvConfServers(rc); strings.Join(got, " ") != "192.0.2.1:53" {
 		t.Errorf("resolv.conf servers %v, want the non-loopback IPv4 one", got)
+	}
+}
+
+// TestInspectService: the inspect API is registered for netctl --all only where others
+// can reach it; an unspecified listener is advertised on the control address.
+func TestInspectService(t *testing.T) {
+	ctrl := netip.MustParseAddr("192.168.10.5")
+	for _, tc := range []struct {
+		addr string
+		ctrl netip.Addr
+		want string // "" = not registered
+	}{
+		{"127.0.0.1:9090", ctrl, ""},
+		{"[::1]:9090", ctrl, ""},
+		{"10.0.0.7:9091", ctrl, "10.0.0.7:9091"},
+		{"0.0.0.0:9090", ctrl, "192.168.10.5:9090"},
+		{"0.0.0.0:9090", netip.Addr{}, ""},
+	} {
+		ta, err := net.ResolveTCPAddr("tcp", tc.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, ok := inspectService(ta, tc.ctrl, "h1")
+		switch {
+		case tc.want == "" && ok:
+			t.Errorf("%s: registered %s", tc.addr, si.Addr())
+		case tc.want != "" && (!ok || si.Addr() != tc.want || si.ServiceName != "netplugin.inspect" || si.Hostname != "h1"):
+			t.Errorf("%s: %+v %v, want %s", tc.addr, si, ok, tc.want)
+		}
 	}
 }

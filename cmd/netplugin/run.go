@@ -176,6 +176,9 @@ func run(parent context.Context, cfg config) error {
 		{ServiceName: "netplugin", HostAddr: cfg.ctrl.String(), Port: 9003, Hostname: cfg.host},
 		{ServiceName: vxlan.VTEPService, HostAddr: cfg.vtep.String(), Port: cfg.vxlanPort, Hostname: cfg.host},
 	}
+	if si, ok := inspectService(ln.Addr(), cfg.ctrl, cfg.host); ok {
+		regs = append(regs, si)
+	}
 	for _, si := range regs {
 		// The registration outlives a signal (its context does not end with ctx), but
 		// waiting for an unreachable etcd must not: SIGTERM is honoured here too.
@@ -370,4 +373,22 @@ func uplinkMTU(log *slog.Logger) int {
 		return 1500
 	}
 	return best
+}
+
+// inspectService is the registration of the inspect API listening on addr, for netctl
+// --all (netmaster's GET /agents): none when it listens on loopback only (nobody else
+// could reach it); the control address stands for an unspecified one.
+func inspectService(addr net.Addr, ctrl netip.Addr, host string) (cluster.ServiceInfo, bool) {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok || ta.IP.IsLoopback() {
+		return cluster.ServiceInfo{}, false
+	}
+	ip := ta.IP.String()
+	if ta.IP.IsUnspecified() {
+		if !ctrl.IsValid() {
+			return cluster.ServiceInfo{}, false
+		}
+		ip = ctrl.String()
+	}
+	return cluster.ServiceInfo{ServiceName: cluster.ServiceInspect, HostAddr: ip, Port: ta.Port, Hostname: host}, true
 }

@@ -645,7 +645,7 @@ type Snapshot struct {
 func (a *Agent) Inspect() Snapshot {
 	a.applyMu.Lock()
 	s := Snapshot{Host: a.cfg.Host, Synced: a.synced}
-	applied := a.appliedState()
+	applied := a.applied.state()
 	s.Networks, s.Endpoints, s.RemoteEndpoints, s.Peers, s.Policies, s.Services =
 		applied.Networks, applied.Endpoints, applied.RemoteEndpoints, applied.Peers, applied.Policies, applied.Services
 	a.applyMu.Unlock()

@@ -134,10 +134,11 @@ func TestMonitorFilter(t *testing.T) {
 	if (monitorFilter{policy: true}).match(other) {
 		t.Error("policy-only filter passed another drop")
 	}
-	a := &Agent{cfg: Config{Driver: &ovs.Driver{}}}
+	// Both drivers stream events; one without a stream answers 501.
+	a := &Agent{cfg: Config{Driver: struct{ dataplane.Driver }{}}}
 	rec := httptest.NewRecorder()
 	a.serveMonitor(rec, httptest.NewRequest(http.MethodGet, "/monitor", nil))
-	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "eBPF") {
+	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "no drop event stream") {
 		t.Errorf("monitor on OVS: %d %s", rec.Code, rec.Body)
 	}
 }

@@ -281,7 +281,7 @@ func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
 func (a *Agent) monitor() (*monitorHub, error) {
 	src, ok := a.cfg.Driver.(eventSource)
 	if !ok {
-		return nil, fmt.Errorf("drop events need the eBPF dataplane; on OVS use ovs-appctl ofproto/trace and the flow counters (docs/ovs.md)")
+		return nil, fmt.Errorf("this dataplane has no drop event stream")
 	}
 	a.monOnce.Do(func() { a.mon = &monitorHub{a: a, src: src, subs: map[*monitorSub]struct{}{}} })
 	return a.mon, nil

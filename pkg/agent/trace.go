@@ -31,7 +31,7 @@ type TraceQuery struct {
 func (a *Agent) serveTrace(w http.ResponseWriter, req *http.Request) {
 	tr, ok := a.cfg.Driver.(tracer)
 	if !ok {
-		http.Error(w, "trace needs the eBPF dataplane; on OVS use ovs-appctl ofproto/trace (docs/ovs.md)", http.StatusNotImplemented)
+		http.Error(w, "this dataplane cannot trace packets", http.StatusNotImplemented)
 		return
 	}
 	var q TraceQuery
@@ -115,7 +115,7 @@ func (a *Agent) traceRequest(q TraceQuery) (dataplane.TraceRequest, error) {
 func (a *Agent) serveTraceReceive(w http.ResponseWriter, req *http.Request) {
 	tr, ok := a.cfg.Driver.(tracer)
 	if !ok {
-		http.Error(w, "trace needs the eBPF dataplane", http.StatusNotImplemented)
+		http.Error(w, "this dataplane cannot trace packets", http.StatusNotImplemented)
 		return
 	}
 	var t dataplane.TraceTunnel

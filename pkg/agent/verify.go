@@ -9,8 +9,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// driftChecker is a dataplane that can compare its live tables with a state (the eBPF
-// driver).
+// driftChecker is a dataplane that can compare its live tables with a state (both
+// drivers: eBPF maps, OVS flows).
 type driftChecker interface {
 	Verify(s dataplane.State) ([]dataplane.Drift, error)
 }
@@ -40,7 +40,7 @@ func (a *Agent) Verify(ctx context.Context) (VerifyReport, error) {
 	sort.Slice(r.Drift, func(i, j int) bool { return r.Drift[i].Object < r.Drift[j].Object })
 	if dc, ok := a.cfg.Driver.(driftChecker); ok {
 		a.applyMu.Lock()
-		st := a.appliedState()
+		st := a.applied.state() // pod policies included (the OVS check compares their flows)
 		drift, err := dc.Verify(st)
 		a.applyMu.Unlock()
 		if err != nil {
@@ -49,36 +49,12 @@ func (a *Agent) Verify(ctx context.Context) (VerifyReport, error) {
 		r.Drift = append(r.Drift, drift...)
 	} else {
 		r.Drift = append(r.Drift, dataplane.Drift{Table: a.cfg.Driver.Name(), Kind: "not checked",
-			Detail: "this dataplane cannot compare its tables (eBPF only); agent errors are listed"})
+			Detail: "this dataplane cannot compare its tables; agent errors are listed"})
 	}
 	a.mu.Lock()
 	a.lastDrift, a.lastVerify = len(r.Drift), r.Time
 	a.mu.Unlock()
 	return r, ctx.Err()
-}
-
-// appliedState is what the driver was told, as a State. Call with applyMu held.
-func (a *Agent) appliedState() dataplane.State {
-	var s dataplane.State
-	for _, v := range a.applied.nets {
-		s.Networks = append(s.Networks, v)
-	}
-	for _, v := range a.applied.eps {
-		s.Endpoints = append(s.Endpoints, v)
-	}
-	for _, v := range a.applied.reps {
-		s.RemoteEndpoints = append(s.RemoteEndpoints, v)
-	}
-	for _, v := range a.applied.peers {
-		s.Peers = append(s.Peers, v)
-	}
-	for _, v := range a.applied.pols {
-		s.Policies = append(s.Policies, v)
-	}
-	for _, v := range a.applied.svcs {
-		s.Services = append(s.Services, v)
-	}
-	return s
 }
 
 func (a *Agent) serveVerify(w http.ResponseWriter, req *http.Request) {

@@ -45,7 +45,7 @@ var (
 // routeOf maps a request path to its route template.
 func routeOf(path string) string {
 	switch {
-	case path == "/info" || path == "/metrics" || path == "/version" || path == "/services" || path == "/healthz":
+	case path == "/info" || path == "/agents" || path == "/metrics" || path == "/version" || path == "/services" || path == "/healthz":
 		return path
 	case strings.HasPrefix(path, "/service/"):
 		return "/service/{id}"

@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
+	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -27,6 +30,9 @@ const (
 	ServiceNetmasterRPC = "netmaster.rpc"
 	ServiceNetplugin    = "netplugin"
 	ServiceVTEP         = "netplugin.vtep"
+	// ServiceInspect is a netplugin's inspect API, registered when it listens beyond
+	// loopback (GET /agents lists them for netctl --all).
+	ServiceInspect = "netplugin.inspect"
 )
 
 // NodeConfig configures one netmaster node of an HA group.
@@ -69,6 +75,21 @@ type NodeConfig struct {
 	// space check).
 	EtcdQuota int64
 	Logger    *slog.Logger
+}
+
+// Agents is GET /agents: the inspect APIs of the netplugins registered (those listening
+// beyond loopback), by host name, sorted.
+func Agents(ctx context.Context, store *state.Store) ([]model.AgentInfo, error) {
+	regs, err := ListServices(ctx, store, ServiceInspect)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]model.AgentInfo, 0, len(regs))
+	for _, r := range regs {
+		out = append(out, model.AgentInfo{Host: r.Hostname, URL: "http://" + r.Addr()})
+	}
+	slices.SortFunc(out, func(a, b model.AgentInfo) int { return strings.Compare(a.Host+a.URL, b.Host+b.URL) })
+	return out, nil
 }
 
 // Info is GET /info, Contiv's shape.
@@ -185,6 +206,15 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(info)
+	})
+	mux.HandleFunc("GET /agents", func(w http.ResponseWriter, r *http.Request) {
+		agents, err := Agents(r.Context(), cfg.Store)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(agents)
 	})
 	api := newAPIMetrics()
 	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader, api, cfg.Collectors))

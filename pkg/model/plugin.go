@@ -86,6 +86,12 @@ type UpdateEndpointResponse struct {
 	IPAddress string
 }
 
+// AgentInfo is one entry of netmaster's GET /agents: a host's netplugin inspect API.
+type AgentInfo struct {
+	Host string `json:"host"`
+	URL  string `json:"url"`
+}
+
 // VersionInfo is GET /version.
 type VersionInfo struct {
 	GitCommit string

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // DefaultAgent is netplugin's local inspect API (its --inspect-listen default).
@@ -47,6 +49,39 @@ func bpfCommand() *cli.Command {
 }
 
 // agentBases checks netplugin URLs (--agent) and trims a trailing slash.
+// hostAgents returns the inspect APIs a multi-host command talks to: with --all, every
+// netplugin netmaster lists (GET /agents: those listening beyond loopback); otherwise the
+// --agent URLs.
+func hostAgents(c *cli.Context) ([]string, error) {
+	if !c.Bool("all") {
+		return agentBases(c, c.StringSlice("agent")...)
+	}
+	if c.IsSet("agent") {
+		return nil, usageErr(c, "%s", "--all and --agent exclude each other")
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return nil, err
+	}
+	var agents []model.AgentInfo
+	if err := cl.Do(c.Context, http.MethodGet, "/agents", nil, &agents); err != nil {
+		return nil, err
+	}
+	if len(agents) == 0 {
+		return nil, &exitError{code: ExitAPI, msg: "netmaster lists no netplugin inspect API (netplugins register theirs when --inspect-listen is not a loopback address)"}
+	}
+	out := make([]string, 0, len(agents))
+	for _, a := range agents {
+		out = append(out, strings.TrimSuffix(a.URL, "/"))
+	}
+	return out, nil
+}
+
+// allHostsFlag is --all of the multi-host commands.
+func allHostsFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "every host netmaster lists (GET /agents) instead of --agent"}
+}
+
 func agentBases(c *cli.Context, raw ...string) ([]string, error) {
 	out := make([]string, 0, len(raw))
 	for _, a := range raw {

@@ -97,6 +97,7 @@ func monitorCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "agent", Aliases: []string{"host"}, Value: cli.NewStringSlice(DefaultAgent), EnvVars: []string{"CONTIV_AGENT"},
 				Usage: "`URL` of a host's netplugin inspect API; repeat for several hosts"},
+			allHostsFlag(),
 			&cli.StringFlag{Name: "endpoint", Aliases: []string{"e"}, Usage: "only packets from or to this endpoint (id substring or address)"},
 			&cli.StringFlag{Name: "tenant", Usage: "only packets of this tenant's networks"},
 			&cli.StringFlag{Name: "reason", Aliases: []string{"r"}, Usage: "only drops whose reason contains this (e.g. policy)"},
@@ -134,7 +135,7 @@ func runMonitor(c *cli.Context) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	agents, err := agentBases(c, c.StringSlice("agent")...)
+	agents, err := hostAgents(c)
 	if err != nil {
 		return err
 	}

@@ -35,13 +35,14 @@ func verifyCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "agent", Aliases: []string{"host"}, Value: cli.NewStringSlice(DefaultAgent), EnvVars: []string{"CONTIV_AGENT"},
 				Usage: "`URL` of a host's netplugin inspect API; repeat for several hosts"},
+			allHostsFlag(),
 			jsonFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
 				return usageErr(c, "%s", "More arguments than required")
 			}
-			agents, err := agentBases(c, c.StringSlice("agent")...)
+			agents, err := hostAgents(c)
 			if err != nil {
 				return err
 			}

@@ -210,6 +210,14 @@ func kubernetesServices(t *testing.T, dp string) {
 		t.Fatalf("netmaster metrics: %v\n%s", err, grepLines(metrics, "contiv_"))
 	}
 
+	hostsInSync(ctx, t, c, bin)
+	// netctl trace through the VIP on the client's host names the service's choice.
+	out, err := Exec(ctx, client.Host.Name, filepath.Join(bin, "netctl"), "trace", "--agent", "http://"+client.Host.Inspect,
+		"--from", client.EndpointID, "--to", vip, "--port", "80")
+	if err != nil || !strings.Contains(out, vip+":80 is a service VIP: backend ") || strings.Contains(out, "verdict: dropped") {
+		t.Errorf("netctl trace through the VIP (%s): %v\n%s", dp, err, out)
+	}
+
 	// Deleting the Service removes its VIP from every datapath.
 	if err := cs.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

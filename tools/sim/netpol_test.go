@@ -123,6 +123,7 @@ func kubernetesNetworkPolicy(t *testing.T, dp string) {
 	expect("deny-all ingress in np-a",
 		pair{client, server, 8080, false}, pair{other, server, 8080, false}, pair{client, friend, 8080, false},
 		pair{server, friend, 8080, false})
+	monitorSees(ctx, t, c, bin, "drop_netpol", server.IP.Addr().String()+":8080", func() { _ = reach(client, server, 8080) })
 
 	create(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "np-a", Name: "from-team-y"},
 		Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "server"),
@@ -135,6 +136,7 @@ func kubernetesNetworkPolicy(t *testing.T, dp string) {
 		pair{client, server, 8080, true}, pair{client, server, 9090, true},
 		pair{other, server, 9090, true}, pair{other, server, 8080, false},
 		pair{client, friend, 8080, false})
+	hostsInSync(ctx, t, c, bin)
 
 	remove("np-a", "deny-all")
 	friendBlock := friend.IP.Addr().String() + "/32"

@@ -353,7 +353,9 @@ func (c *Cluster) buildUnderlay(ctx context.Context) error {
 		addr = addr.Next()
 		h := &Host{Name: fmt.Sprintf("%s-h%d", c.Prefix, i), IP: addr, c: c}
 		h.CNISocket = filepath.Join(c.WorkDir, h.Name, "contiv-cni.sock")
-		h.Inspect = fmt.Sprintf("127.0.0.1:%d", InspectPort)
+		// On the underlay address (not loopback): netctl on any host reaches every host's
+		// netplugin, and netmaster lists them (GET /agents, netctl --all).
+		h.Inspect = netip.AddrPortFrom(addr, InspectPort).String()
 		if err := os.MkdirAll(filepath.Dir(h.CNISocket), 0o755); err != nil {
 			return fmt.Errorf("sim: host dir: %w", err)
 		}

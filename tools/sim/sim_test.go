@@ -442,6 +442,48 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 	}
 }
 
+// hostsInSync: netctl verify finds every host's datapath (eBPF maps, OVS flows) in step
+// with what its agent applied.
+func hostsInSync(ctx context.Context, t *testing.T, c *Cluster, bin string) {
+	t.Helper()
+	for _, h := range c.Hosts {
+		out, err := Exec(ctx, h.Name, filepath.Join(bin, "netctl"), "verify", "--agent", "http://"+h.Inspect)
+		if err != nil || !strings.Contains(out, "in sync") {
+			t.Errorf("netctl verify on %s (%s): %v\n%s", h.Name, c.cfg.Dataplane, err, out)
+		}
+	}
+}
+
+// monitorSees: netctl monitor --all (every host netmaster lists) reports an event whose
+// line contains want while poke makes traffic.
+func monitorSees(ctx context.Context, t *testing.T, c *Cluster, bin, reason, want string, poke func()) {
+	t.Helper()
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done := make(chan string, 1)
+	go func() {
+		out, err := Exec(mctx, c.Hosts[0].Name, filepath.Join(bin, "netctl"), "--netmaster", c.MasterURL(), "monitor", "--all",
+			"--reason", reason, "--count", "1")
+		if err != nil {
+			out += err.Error()
+		}
+		done <- out
+	}()
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case out := <-done:
+			if !strings.Contains(out, want) {
+				t.Errorf("netctl monitor --all --reason %s (%s): no %q in\n%s", reason, c.cfg.Dataplane, want, out)
+			}
+			return
+		case <-tick.C:
+			poke()
+		}
+	}
+}
+
 // verifyDrift: netctl verify finds h1 in sync, then names the peer entry deleted behind
 // the agent's back with bpftool (exit 5), reports an unreachable agent (exit 3), and the
 // drift metric follows.
@@ -450,6 +492,11 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 	agent := "http://" + h1.Inspect
 	if out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent); err != nil || !strings.Contains(out, "in sync") {
 		t.Fatalf("netctl verify on a clean host: %v\n%s", err, out)
+	}
+	// --all: every host netmaster lists (their netplugins registered their inspect APIs).
+	if out, err := Exec(ctx, h2.Name, netctl, "--netmaster", c.MasterURL(), "verify", "--all"); err != nil ||
+		strings.Count(out, "in sync") != len(c.Hosts) || !strings.Contains(out, h1.Name) || !strings.Contains(out, h2.Name) {
+		t.Errorf("netctl verify --all: %v\n%s", err, out)
 	}
 	vtep := h2.IP.As4()
 	pin := filepath.Join(c.PinRoot, h1.Name, "cb_peers")
@@ -472,6 +519,12 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 	}
 	// Put the peer back the way the agent does: a restart's Sync rewrites everything.
 	c.KillPlugin(h1)
+	// While h1's agent is down (its registration not expired yet), --all reports it down
+	// and still checks the others.
+	out, err = Exec(ctx, h2.Name, netctl, "--netmaster", c.MasterURL(), "--timeout", "2s", "verify", "--all")
+	if code := exitCode(err); code != 3 || !strings.Contains(out, "down") || !strings.Contains(out, "in sync") {
+		t.Errorf("netctl verify --all with h1's agent down: exit %d\n%s", code, out)
+	}
 	if err := c.StartPlugin(ctx, h1); err != nil {
 		t.Fatal(err)
 	}

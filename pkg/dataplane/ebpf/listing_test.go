@@ -249,7 +249,7 @@ func TestTrace(t *testing.T) {
 		t.Errorf("icmp trace: %+v", icmp)
 	}
 	// The receive side: the frame a remote endpoint's host would tunnel here.
-	inner := tracePacket(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 8080)
+	inner := dataplane.TraceFrame(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 8080)
 	rx, err := h.d.TraceReceive(dataplane.TraceTunnel{Source: remote.VTEP, VNI: 77, Inner: inner})
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestTrace(t *testing.T) {
 	if rx.Reason != "fwd_local" || !strings.Contains(rx.Verdict, "delivered to 10.50.0.3 red.t-b") {
 		t.Errorf("receive trace: %+v", rx)
 	}
-	rx, err = h.d.TraceReceive(dataplane.TraceTunnel{Source: remote.VTEP, VNI: 77, Inner: tracePacket(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 22)})
+	rx, err = h.d.TraceReceive(dataplane.TraceTunnel{Source: remote.VTEP, VNI: 77, Inner: dataplane.TraceFrame(remote.MAC, b.MAC, remote.IP, b.IP, 6, 41000, 22)})
 	if err != nil || rx.Reason != "drop_policy" || rx.Rule != "t:p:deny-tcp" {
 		t.Errorf("receive trace of a denied port: %+v %v", rx, err)
 	}

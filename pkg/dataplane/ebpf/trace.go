@@ -69,17 +69,8 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 			srcNet = n
 		}
 	}
-	if !req.Dst.Is4() {
-		return res, fmt.Errorf("trace: destination %v is not an IPv4 address", req.Dst)
-	}
-	switch req.Proto {
-	case 6, 17:
-		if req.DstPort == 0 {
-			return res, fmt.Errorf("trace: %s needs a destination port", protoName(req.Proto))
-		}
-	case 1:
-	default:
-		return res, fmt.Errorf("trace: protocol %d: want tcp (6), udp (17) or icmp (1)", req.Proto)
+	if err := req.Validate(); err != nil {
+		return res, err
 	}
 	var ifc contivbpfCbIface
 	if err := d.objs.CbIfaces.Lookup(uint32(src.ifindex), &ifc); err != nil {
@@ -99,7 +90,7 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	if req.Proto == 1 {
 		res.Packet = fmt.Sprintf("icmp echo %v > %v (from %s, %s)", srcIP, req.Dst, req.From, src.hostIf)
 	}
-	pkt := tracePacket(srcMAC, dstMAC, srcIP, req.Dst, req.Proto, sport, req.DstPort)
+	pkt := dataplane.TraceFrame(srcMAC, dstMAC, srcIP, req.Dst, req.Proto, sport, req.DstPort)
 
 	run, err := d.traceRun(contivbpfProgCbFromContainer, pkt, nil, &ifc, []uint32{src.key.Ip, ip4(req.Dst)})
 	if err != nil {
@@ -428,72 +419,6 @@ func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte)
 		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: "local: " + strings.TrimSpace(fmt.Sprintf("%v%s", ipDst, target))})
 	}
 	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "verdict", Detail: res.Verdict + " (" + res.Reason + ")"})
-}
-
-// tracePacket builds the frame a container would send: Ethernet, IPv4 (DF, TTL 64) and a
-// TCP SYN, a UDP datagram or an ICMP echo request, with valid checksums.
-func tracePacket(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16) []byte {
-	var l4 []byte
-	switch proto {
-	case 6:
-		l4 = make([]byte, 20)
-		binary.BigEndian.PutUint16(l4[0:], sport)
-		binary.BigEndian.PutUint16(l4[2:], dport)
-		binary.BigEndian.PutUint32(l4[4:], 1)
-		l4[12] = 5 << 4
-		l4[13] = 0x02 // SYN
-		binary.BigEndian.PutUint16(l4[14:], 64240)
-	case 17:
-		l4 = make([]byte, 8+16)
-		binary.BigEndian.PutUint16(l4[0:], sport)
-		binary.BigEndian.PutUint16(l4[2:], dport)
-		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
-	default:
-		l4 = make([]byte, 8+16)
-		l4[0] = 8 // echo request
-		binary.BigEndian.PutUint16(l4[4:], sport)
-		binary.BigEndian.PutUint16(l4[6:], 1)
-	}
-	ip := make([]byte, 20)
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
-	binary.BigEndian.PutUint16(ip[4:], 0x1234)
-	binary.BigEndian.PutUint16(ip[6:], 0x4000)
-	ip[8], ip[9] = 64, proto
-	s, t := src.As4(), dst.As4()
-	copy(ip[12:], s[:])
-	copy(ip[16:], t[:])
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
-	switch proto {
-	case 6:
-		binary.BigEndian.PutUint16(l4[16:], checksum(l4, pseudoSum(s, t, proto, len(l4))))
-	case 17:
-		binary.BigEndian.PutUint16(l4[6:], checksum(l4, pseudoSum(s, t, proto, len(l4))))
-	default:
-		binary.BigEndian.PutUint16(l4[2:], checksum(l4, 0))
-	}
-	frame := append(append(append([]byte{}, dstMAC...), srcMAC...), 0x08, 0x00)
-	return append(append(frame, ip...), l4...)
-}
-
-func pseudoSum(s, t [4]byte, proto uint8, n int) uint32 {
-	sum := uint32(binary.BigEndian.Uint16(s[0:])) + uint32(binary.BigEndian.Uint16(s[2:])) +
-		uint32(binary.BigEndian.Uint16(t[0:])) + uint32(binary.BigEndian.Uint16(t[2:]))
-	return sum + uint32(proto) + uint32(n)
-}
-
-func checksum(b []byte, seed uint32) uint16 {
-	sum := seed
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
 
 // emptyMap deletes every entry of a hash map.

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -84,9 +85,16 @@ type Driver struct {
 	gen    uint16
 	conn   *ofConn
 	wire   *underlay
+	// monitoring and allowEvents: a drop event stream is open (and wants allowed flows
+	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
+	monitoring, allowEvents bool
 
 	stop chan struct{}
 	done chan struct{}
+
+	monMu   sync.Mutex
+	monRaw  chan []byte // packet-ins for the open stream (nil: none)
+	monLost atomic.Uint64
 }
 
 var _ dataplane.Driver = (*Driver)(nil)
@@ -178,7 +186,7 @@ func (d *Driver) connect(ctx context.Context) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var c *ofConn
-		if c, err = dialOF(ctx, d.mgmtSocket()); err == nil {
+		if c, err = dialOF(ctx, d.mgmtSocket(), d.packetIn); err == nil {
 			d.conn = c
 			return nil
 		}
@@ -336,7 +344,7 @@ func (d *Driver) watch() {
 }
 
 func (d *Driver) repair(ctx context.Context) error {
-	c, err := dialOF(ctx, d.mgmtSocket())
+	c, err := dialOF(ctx, d.mgmtSocket(), d.packetIn)
 	if err != nil {
 		return err
 	}
@@ -391,7 +399,7 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTa
 	}
 	msgs = append(msgs, m)
 	for _, f := range comp.list() {
-		if m, err = d.conn.marshal(f.flowMod(of.FC_ADD, cookieFor(gen))); err != nil {
+		if m, err = d.conn.marshal(d.install(f, cookieFor(gen))); err != nil {
 			return fmt.Errorf("encode %s: %w", f, err)
 		}
 		msgs = append(msgs, m)
@@ -423,8 +431,9 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTa
 
 // program installs the difference between the installed pipeline and the one compiled
 // from st, in one bundle: all of it compiled again when dirty is nil, otherwise only
-// the units in dirty (units.go).
-func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty []string) error {
+// the units in dirty (units.go). narrowing (what policy judges by changed) empties the
+// datapath cache whatever the flow changes were.
+func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty []string, narrowing bool) error {
 	var changes []flowChange
 	undo := func() {}
 	comp := d.comp
@@ -452,7 +461,7 @@ func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty [
 	}
 	var msgs [][]byte
 	cookie := cookieFor(d.gen)
-	purge := dirty == nil
+	purge := dirty == nil || purgeNeeded(changes, narrowing)
 	for _, ch := range changes {
 		var fm *of.FlowMod
 		switch {
@@ -461,9 +470,8 @@ func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty [
 		case ch.old != nil && ch.old.actionsText() == ch.new.actionsText():
 			continue
 		default:
-			fm = ch.new.flowMod(of.FC_ADD, cookie) // replaces a flow with the same match
+			fm = d.install(ch.new, cookie) // replaces a flow with the same match
 		}
-		purge = purge || needsPurge(ch)
 		m, err := d.conn.marshal(fm)
 		if err != nil {
 			undo()
@@ -482,22 +490,40 @@ func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty [
 	return nil
 }
 
+// purgeNeeded says whether changes (and narrowing: what policy judges by changed) must
+// empty the datapath cache; changes that leave a flow's actions as they were count for
+// nothing.
+func purgeNeeded(changes []flowChange, narrowing bool) bool {
+	return narrowing || slices.ContainsFunc(changes, func(ch flowChange) bool {
+		if ch.old != nil && ch.new != nil && ch.old.actionsText() == ch.new.actionsText() {
+			return false
+		}
+		return needsPurge(ch)
+	})
+}
+
 // needsPurge says whether a flow change must reach packets of flows the datapath has
-// cached: anything that removes or changes a flow, and new policy flows (they narrow).
-// A flow added for a new endpoint, remote endpoint or service only lets through what was
-// dropped before; the cache catches up by itself (OVS revalidates after every flow
-// table change), so those changes leave the datapath cache alone. A changed service flow
-// (a backend added: the balancing flow's actions change) only moves new connections.
+// cached: a removed flow, a new or changed policy or NetworkPolicy flow (they narrow), a
+// changed endpoint flow (e.g. its group), a changed service flow other than the balancing
+// one (a backend replaced at an index). A flow added for a new endpoint or service only
+// lets through what was dropped before, and a balancing flow changed for an added backend
+// only moves new connections: the cache catches up by itself (OVS revalidates after every
+// flow table change). Changes of group membership (an endpoint's group set or changed,
+// which classification flows alone may not show as narrowing) are caught by the caller
+// (program's narrowing).
 func needsPurge(ch flowChange) bool {
-	if ch.old == nil {
-		kind, _ := splitUnit(ch.unit)
-		return kind == "pol" || kind == unitNetpol
-	}
-	if ch.new == nil {
-		return true
-	}
 	kind, _ := splitUnit(ch.unit)
-	return kind != "svc"
+	switch {
+	case ch.new == nil:
+		return true
+	case kind == "pol" || kind == unitNetpol:
+		return true
+	case ch.old == nil:
+		return false
+	case kind == "svc":
+		return ch.new.table != tServiceLB
+	}
+	return true
 }
 
 // purge empties vswitchd's datapath flow cache, so a change (e.g. a deleted deny rule)
@@ -624,10 +650,13 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 	if dirty == nil {
 		ids = idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
 	}
+	// Whether a scoped change changes what policy judges by (it never changes VRFs). A
+	// full compile empties the datapath cache anyway; its re-judging is decided below.
+	judged := dirty != nil && rejudgeNeeded(old, st, d.vrfIDs, d.vrfIDs, dirty)
 	if full {
 		err = d.resync(ctx, st, true, ids)
 	} else {
-		err = d.program(ctx, st, ids, dirty)
+		err = d.program(ctx, st, ids, dirty, judged)
 	}
 	if dirty != nil {
 		releaseServiceIDs(d.svcIDs, d.comp, svcIDs, old, st)
@@ -652,7 +681,7 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 	if dirty == nil {
 		errs = append(errs, d.releaseVRFs(ctx, st))
 	}
-	if rejudgeNeeded(old, st, oldVRF, d.vrfIDs, dirty) {
+	if judged || (dirty == nil && rejudgeNeeded(old, st, oldVRF, d.vrfIDs, nil)) {
 		// Established connections are judged again, as the eBPF datapath's epoch does.
 		errs = append(errs, d.rejudge(ctx, st, d.vrfIDs))
 	}
@@ -821,6 +850,16 @@ func endpointUnits(id string) func(old, st *desired) []string {
 
 // Sync implements dataplane.Driver: full atomic resync with a new cookie generation.
 func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
+	st, bad := desiredFrom(s)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, err := d.apply(ctx, d.state, st, true, nil)
+	return errors.Join(err, bad)
+}
+
+// desiredFrom turns a State into the desired state. A bad remote endpoint is left out
+// and reported, an invalid pod policy kept (installed failed closed) and reported.
+func desiredFrom(s dataplane.State) (*desired, error) {
 	st := newDesired()
 	for _, n := range s.Networks {
 		st.networks[n.ID] = n
@@ -828,7 +867,6 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	for _, e := range s.Endpoints {
 		st.endpoints[e.ID] = e
 	}
-	// A bad remote endpoint is reported and left out; everything else is applied.
 	var bad []error
 	for _, r := range s.RemoteEndpoints {
 		if err := checkRemote(st, r); err != nil {
@@ -852,10 +890,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			bad = append(bad, fmt.Errorf("pod policy %s: failed closed (all traffic of the pod denied): %w", pp.ID, err))
 		}
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, err := d.apply(ctx, d.state, st, true, nil)
-	return errors.Join(err, errors.Join(bad...))
+	return st, errors.Join(bad...)
 }
 
 // checkRemote validates a remote endpoint against its network in st.
@@ -1063,7 +1098,7 @@ func (d *Driver) Teardown(ctx context.Context) error {
 	if d.wire != nil {
 		errs = append(errs, d.db.deleteBridge(ctx, d.opts.UnderlayBridge))
 	}
-	d.state = newDesired()
+	d.state, d.comp = newDesired(), newCompiled(nil)
 	d.mu.Unlock()
 	_ = d.Close()
 	if d.priv != nil {
@@ -1085,7 +1120,7 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts)}
+	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts), "monitor_events_lost": float64(d.monLost.Load())}
 	for _, s := range stats {
 		out["packets_"+tableID(s.Table).String()] += float64(s.Packets)
 	}

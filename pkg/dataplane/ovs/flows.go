@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -25,6 +26,10 @@ type flow struct {
 
 	// Texts cached by key and actionsText: a flow is not changed once it is compiled.
 	keyCache, actCache string
+
+	// The policy rule a flow of the policy table implements and its group and direction
+	// ("group 7 ingress"), for trace.
+	rule, ruleOf string
 }
 
 func newFlow(fields *nxFields, t tableID, prio int) *flow {
@@ -96,8 +101,13 @@ func (f *flow) key() string {
 	return f.keyCache
 }
 
+// keyText is the key: table, priority and the match's fields sorted, so two flows that
+// match the same (fields added in another order, e.g. mirrored ingress and egress rules)
+// have one key, as they are one flow on the switch.
 func (f *flow) keyText() string {
-	return fmt.Sprintf("table=%s,priority=%d,%s", f.table, f.prio, strings.Join(f.matchText, ","))
+	m := slices.Clone(f.matchText)
+	slices.Sort(m)
+	return fmt.Sprintf("table=%s,priority=%d,%s", f.table, f.prio, strings.Join(m, ","))
 }
 
 // actionsText is the flow's actions as ovs-ofctl prints them (cached, as key).
@@ -119,7 +129,10 @@ func (f *flow) actionsTextNow() string {
 	return strings.Join(a, ",")
 }
 
-func (f *flow) String() string { return f.key() + " actions=" + f.actionsText() }
+// String is the flow as built (match fields in the order they were added).
+func (f *flow) String() string {
+	return fmt.Sprintf("table=%s,priority=%d,%s actions=%s", f.table, f.prio, strings.Join(f.matchText, ","), f.actionsText())
+}
 
 func (f *flow) m(field *of.MatchField, text string) *flow {
 	f.match = append(f.match, *field)

@@ -25,6 +25,9 @@ const (
 	ofptMultipartReply = 19
 	ofptBarrierRequest = 20
 	ofptBarrierReply   = 21
+	ofptPacketIn       = 10
+	ofptSetConfig      = 9
+	ofptSetAsync       = 28
 	ofVersion13        = 4
 )
 
@@ -67,15 +70,19 @@ type ofConn struct {
 	partial map[uint32][][]byte
 	done    chan struct{}
 	err     error
+	// packetIn gets the body of every packet-in (read loop; must not block).
+	packetIn func(body []byte)
 }
 
-func dialOF(ctx context.Context, path string) (*ofConn, error) {
+// dialOF connects to a bridge's management socket; packetIn (may be nil) gets the
+// packets flows send to the controller, which the connection asks OVS for.
+func dialOF(ctx context.Context, path string, packetIn func(body []byte)) (*ofConn, error) {
 	d := net.Dialer{}
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("openflow dial %s: %w", path, err)
 	}
-	c := &ofConn{conn: conn, pending: map[uint32]chan reply{}, partial: map[uint32][][]byte{}, done: make(chan struct{})}
+	c := &ofConn{conn: conn, pending: map[uint32]chan reply{}, partial: map[uint32][][]byte{}, done: make(chan struct{}), packetIn: packetIn}
 	// Hello with a version bitmap offering only OpenFlow 1.3.
 	hello := []byte{ofVersion13, ofptHello, 0, 16, 0, 0, 0, 1, 0, 1, 0, 8, 0, 0, 0, 1 << ofVersion13}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
@@ -95,6 +102,20 @@ func dialOF(ctx context.Context, path string) (*ofConn, error) {
 	_ = conn.SetDeadline(time.Time{})
 	c.xid.Store(100)
 	go c.readLoop()
+	if packetIn != nil {
+		// A management (service) connection gets no asynchronous messages unless it sets a
+		// miss_send_len; then packet-ins from output:CONTROLLER (reason OFPR_ACTION) only.
+		cfg := []byte{0, 0, 0, monitorMaxLen} // flags, miss_send_len
+		async := make([]byte, 24)             // packet_in, port_status, flow_removed masks (master, slave)
+		binary.BigEndian.PutUint32(async[0:], 1<<ofprAction)
+		binary.BigEndian.PutUint32(async[4:], 1<<ofprAction)
+		for _, m := range [][]byte{c.newMsg(ofptSetConfig, cfg), c.newMsg(ofptSetAsync, async)} {
+			if err := c.write(m); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("openflow async config: %w", err)
+			}
+		}
+	}
 	// Make sure the switch accepted the version before returning.
 	if _, err := c.call(ctx, c.newMsg(ofptBarrierRequest, nil)); err != nil {
 		c.Close()
@@ -181,6 +202,11 @@ func (c *ofConn) readLoop() {
 			copy(b[8:], body)
 			if err = c.write(b); err != nil {
 				return
+			}
+			continue
+		case ofptPacketIn:
+			if c.packetIn != nil {
+				c.packetIn(body)
 			}
 			continue
 		case ofptError:

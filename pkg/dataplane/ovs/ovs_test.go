@@ -269,7 +269,7 @@ func TestSameHostAndVXLAN(t *testing.T) {
 	restarted := time.Now()
 	want := len(d1.comp.flows)
 	eventually(t, 2*time.Second, func() error {
-		c, err := dialOF(ctx, filepath.Join(h1.dir, "contivbr.mgmt"))
+		c, err := dialOF(ctx, filepath.Join(h1.dir, "contivbr.mgmt"), nil)
 		if err != nil {
 			return err
 		}

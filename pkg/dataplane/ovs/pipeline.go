@@ -254,25 +254,7 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 	}
 	env := newUnitEnv(d, host, p, vrf, ids.svc)
 	c := newCompiled(vrf)
-	var names []string
-	names = append(names, unitBase)
-	for id := range d.networks {
-		names = append(names, unitNet(id))
-	}
-	for id := range d.endpoints {
-		names = append(names, unitEp(id))
-	}
-	for id := range d.remotes {
-		names = append(names, unitRem(id))
-	}
-	for epg := range d.policies {
-		names = append(names, unitPol(epg))
-	}
-	names = append(names, unitNetpol)
-	for id := range d.services {
-		names = append(names, unitSvc(id))
-	}
-	slices.Sort(names)
+	names := unitNames(d)
 	units := make(map[string][]*flow, len(names))
 	for _, u := range names {
 		flows, keys, err := pl.compileUnit(env, u)
@@ -289,6 +271,28 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 		c.setUnit(u, units[u], log, changes)
 	}
 	return c, nil
+}
+
+// unitNames lists the units of d in merge order.
+func unitNames(d *desired) []string {
+	names := []string{unitBase, unitNetpol}
+	for id := range d.networks {
+		names = append(names, unitNet(id))
+	}
+	for id := range d.endpoints {
+		names = append(names, unitEp(id))
+	}
+	for id := range d.remotes {
+		names = append(names, unitRem(id))
+	}
+	for epg := range d.policies {
+		names = append(names, unitPol(epg))
+	}
+	for id := range d.services {
+		names = append(names, unitSvc(id))
+	}
+	slices.Sort(names)
+	return names
 }
 
 // compileUnit compiles one unit's flows from env's state (none when its object is not
@@ -518,7 +522,9 @@ func (pl *pipeline) policyFlows(ps dataplane.PolicySet) ([]*flow, error) {
 			prio++
 		}
 		f := pl.newFlow(tPolicy, prio).ip()
+		f.rule, f.ruleOf = r.ID, fmt.Sprintf("group %d egress", ps.EPGID)
 		if r.Ingress {
+			f.ruleOf = fmt.Sprintf("group %d ingress", ps.EPGID)
 			f.reg(regDstEPG, uint32(ps.EPGID))
 			if r.RemoteEPG != 0 {
 				f.reg(regSrcEPG, uint32(r.RemoteEPG))

@@ -111,9 +111,12 @@ func (c *compiled) claimService(u string, d *desired, env *unitEnv, keys []strin
 	var vks []string
 	for _, sp := range s.Ports {
 		vk := fmt.Sprintf("%d/%v/%d/%d", v, s.VIP, sp.Proto, sp.Port)
-		if other, dup := c.svcVIPs[vk]; dup && other != id {
+		if other, dup := c.svcVIPs[vk]; dup {
 			c.svcVKs[u] = vks
 			undo()
+			if other == id {
+				return nil, fmt.Errorf("service %s: port %d/%d is listed twice", id, sp.Port, sp.Proto)
+			}
 			return nil, fmt.Errorf("service %s: %v:%d/%d is already service %s of tenant %s", id, s.VIP, sp.Port, sp.Proto, other, tenant)
 		}
 		c.svcVIPs[vk] = id

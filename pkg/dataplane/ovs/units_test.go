@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -221,7 +222,11 @@ func (g *scopeGen) change(st *desired) (string, func(old, st *desired) []string)
 		n := g.net()
 		ip := g.addr(n)
 		h := r.Intn(3)
-		rem := dataplane.RemoteEndpoint{ID: id, NetworkID: n.ID, IP: ip, MAC: dataplane.ContivMAC(ip), EPGID: uint16(r.Intn(3)),
+		mac := dataplane.ContivMAC(ip)
+		if r.Intn(2) == 0 { // not the MAC a local endpoint with this address has
+			mac = append(net.HardwareAddr{0x02, 0x03}, mac[2:]...)
+		}
+		rem := dataplane.RemoteEndpoint{ID: id, NetworkID: n.ID, IP: ip, MAC: mac, EPGID: uint16(r.Intn(3)),
 			Host: fmt.Sprintf("h%d", h), VTEP: netip.AddrFrom4([4]byte{192, 168, 1, byte(2 + h)})}
 		if r.Intn(10) == 0 {
 			rem.VTEP = netip.Addr{} // invalid on VXLAN
@@ -319,5 +324,139 @@ func TestAllocID(t *testing.T) {
 	}
 	if id, ok := allocID(full, "one more", 65); !ok || id != 65 {
 		t.Errorf("last id: %d %v", id, ok)
+	}
+}
+
+// TestMirroredRulesShareOneFlow: an ingress rule of group 1 (deny from 2) and an egress
+// rule of group 2 (deny to 1) are one flow on the switch; removing one rule set must not
+// delete the flow the other still needs.
+func TestMirroredRulesShareOneFlow(t *testing.T) {
+	pl := testPipeline(t)
+	st := newDesired()
+	st.networks[vxNet.ID] = vxNet
+	st.policies[1] = dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "in", Priority: 5, Ingress: true, RemoteEPG: 2, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
+	st.policies[2] = dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "out", Priority: 5, RemoteEPG: 1, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
+	ids := newIDs()
+	c, err := pl.compile(st, dataplane.HostConfig{}, testPorts, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, k2 := c.units[unitPol(1)][0].key(), c.units[unitPol(2)][0].key()
+	if k1 != k2 || len(c.owners[k1]) != 2 {
+		t.Fatalf("mirrored rules: keys %q / %q, owners %v", k1, k2, c.owners[k1])
+	}
+	next := st.clone()
+	delete(next.policies, 1)
+	changes, _, err := pl.recompile(c, next, dataplane.HostConfig{}, testPorts, ids.svc, []string{unitPol(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range changes {
+		if ch.new == nil {
+			t.Errorf("deleting group 1's rules deletes %s, which group 2 still needs", ch.old)
+		}
+	}
+	if c.flows[k2] == nil {
+		t.Error("the shared flow left the compiled pipeline")
+	}
+}
+
+// TestPurgeDecisions: which changes empty the datapath flow cache (a cached decision
+// would otherwise outlive a change that narrows access or moves a flow).
+func TestPurgeDecisions(t *testing.T) {
+	pl := testPipeline(t)
+	host := dataplane.HostConfig{FwdMode: dataplane.FwdBridge}
+	b0, b1, b2 := netip.MustParseAddr("10.1.0.20"), netip.MustParseAddr("10.1.0.21"), netip.MustParseAddr("10.1.0.22")
+	svc := func(id string, backends ...netip.Addr) dataplane.Service {
+		return dataplane.Service{ID: id, VIP: netip.MustParseAddr("10.96.0.1"), Ports: []dataplane.ServicePort{{Proto: 17, Port: 53}}, Backends: backends}
+	}
+	base := func() *desired {
+		st := testState()
+		st.services = map[string]dataplane.Service{"a:default": svc("a:default", b0)}
+		other := svc("o:default", b0)
+		other.VIP = netip.MustParseAddr("10.96.0.2")
+		st.services[other.ID] = other
+		return st
+	}
+	vlanNet := dataplane.Network{ID: "v.default", Encap: dataplane.EncapVLAN, Tag: 30, Subnet: netip.MustParsePrefix("10.3.0.0/24")}
+	noGroup := func(st *desired) {
+		r := st.remotes["r1"]
+		r.EPGID = 0
+		st.remotes["r1"] = r
+	}
+	withVLAN := func(st *desired) { st.networks[vlanNet.ID] = vlanNet }
+	for _, tc := range []struct {
+		name   string
+		setup  func(st *desired) // the state before, beyond base
+		change func(st *desired) func(old, st *desired) []string
+		purge  bool
+	}{
+		{"new service", nil, func(st *desired) func(old, st *desired) []string {
+			s := svc("n:default", b1)
+			s.VIP = netip.MustParseAddr("10.96.0.3")
+			st.services[s.ID] = s
+			return units(unitSvc(s.ID))
+		}, false},
+		{"backend added", nil, func(st *desired) func(old, st *desired) []string {
+			st.services["a:default"] = svc("a:default", b0, b1)
+			return units(unitSvc("a:default"))
+		}, false},
+		{"backend replaced (the old one still serves another service)", nil, func(st *desired) func(old, st *desired) []string {
+			st.services["a:default"] = svc("a:default", b2)
+			return units(unitSvc("a:default"))
+		}, true},
+		{"backend removed", nil, func(st *desired) func(old, st *desired) []string {
+			st.services["a:default"] = svc("a:default")
+			return units(unitSvc("a:default"))
+		}, true},
+		{"remote endpoint gets a group", noGroup, func(st *desired) func(old, st *desired) []string {
+			r := st.remotes["r1"]
+			r.EPGID = 8
+			st.remotes["r1"] = r
+			return units(unitRem("r1"))
+		}, true},
+		{"new VLAN remote endpoint with a group", withVLAN, func(st *desired) func(old, st *desired) []string {
+			ip := netip.MustParseAddr("10.3.0.5")
+			st.remotes["v1"] = dataplane.RemoteEndpoint{ID: "v1", NetworkID: vlanNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), EPGID: 7, Host: "h2"}
+			return units(unitRem("v1"))
+		}, true},
+		{"new local endpoint without a group", nil, func(st *desired) func(old, st *desired) []string {
+			ip := netip.MustParseAddr("10.1.0.30")
+			st.endpoints["e9"] = dataplane.Endpoint{ID: "e9", NetworkID: vxNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), HostIfName: "v9", IfName: "eth0"}
+			return endpointUnits("e9")
+		}, false},
+		{"rule added", nil, func(st *desired) func(old, st *desired) []string {
+			ps := st.policies[7]
+			ps.Rules = append(slices.Clone(ps.Rules), dataplane.PolicyRule{ID: "x", Priority: 2, Proto: 17, Action: dataplane.ActionDeny})
+			st.policies[7] = ps
+			return units(unitPol(7))
+		}, true},
+		{"same service again", nil, func(st *desired) func(old, st *desired) []string {
+			return units(unitSvc("a:default"))
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := base()
+			p := ports{endpoints: map[string]uint32{"e1": 100, "e9": 109}, tunnel: 1, uplink: 2}
+			if tc.setup != nil {
+				tc.setup(st)
+			}
+			ids := newIDs()
+			c, err := pl.compile(st, host, p, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := st.clone()
+			scope := tc.change(next)
+			dirty := scope(st, next)
+			changes, _, err := pl.recompile(c, next, host, p, ids.svc, dirty)
+			if err != nil {
+				t.Fatal(err)
+			}
+			narrowing := rejudgeNeeded(st, next, c.vrf, c.vrf, dirty)
+			if got := purgeNeeded(changes, narrowing); got != tc.purge {
+				t.Errorf("purge = %v, want %v (narrowing %v, %d flow changes)", got, tc.purge, narrowing, len(changes))
+			}
+		})
 	}
 }

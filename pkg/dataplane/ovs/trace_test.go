@@ -1,0 +1,126 @@
+package ovs
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+)
+
+// TestTraceOVS traces packets through two hosts' switches and checks the verdicts
+// against real traffic: a connection a rule denies (named), one a rule allows (local
+// delivery), one through a service VIP (backend chosen) and one tunneled to the other
+// host, whose receive path is traced from the first trace's tunnel; an address nothing
+// answers ARP for; and that tracing committed nothing to conntrack.
+func TestTraceOVS(t *testing.T) {
+	needRoot(t)
+	id := testID()
+	h1, h2 := twoHosts(t, id)
+	c1, c2, c3 := newNS(t, id, "c1"), newNS(t, id, "c2"), newNS(t, id, "c3")
+	d1, d2 := newDriver(t, h1), newDriver(t, h2)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	e1, e2, e3 := ep("e1", "10.1.0.1", c1, "cbo1"+id), ep("e2", "10.1.0.2", c2, "cbo2"+id), ep("e3", "10.1.0.3", c3, "cbo3"+id)
+	e1.EPGID, e2.EPGID, e3.EPGID = 8, 7, 7
+	pol := dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Proto: 6, Action: dataplane.ActionDeny, Ingress: true},
+		{ID: "web", Priority: 10, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow, Ingress: true}}}
+	vip := netip.MustParseAddr("10.96.0.10")
+	svc := dataplane.Service{ID: "web:default", VIP: vip, Ports: []dataplane.ServicePort{{Proto: 6, Port: 8000, TargetPort: 80}}, Backends: []netip.Addr{e2.IP}}
+	s1 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}},
+		Policies: []dataplane.PolicySet{pol}, Services: []dataplane.Service{svc}}
+	s2 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1)}, Peers: []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}},
+		Policies: []dataplane.PolicySet{pol}}
+	if err := d1.Sync(ctx, s1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Sync(ctx, s2); err != nil {
+		t.Fatal(err)
+	}
+	listen(t, c2, "10.1.0.2:80")
+	listen(t, c2, "10.1.0.2:22")
+	listen(t, c3, "10.1.0.3:80")
+	dial := func(addr string) error {
+		return nsexec.Run(nsPath(c1), func() error {
+			c, err := net.DialTimeout("tcp4", addr, 1500*time.Millisecond)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+	}
+	trace := func(dst string, port uint16) dataplane.TraceResult {
+		t.Helper()
+		r, err := d1.Trace(dataplane.TraceRequest{From: "e1", Dst: netip.MustParseAddr(dst), Proto: 6, DstPort: port, SrcPort: 45000})
+		if err != nil {
+			t.Fatalf("trace to %s:%d: %v", dst, port, err)
+		}
+		t.Logf("trace %s:%d: %s (%s)\n%v", dst, port, r.Verdict, r.Rule, r.Stages)
+		return r
+	}
+	stages := func(r dataplane.TraceResult) string { return fmt.Sprint(r.Stages) }
+
+	denied := trace("10.1.0.2", 22)
+	if denied.Reason != "drop_policy" || denied.Rule != "deny-tcp" || !strings.Contains(stages(denied), "denied by rule deny-tcp (group 7 ingress)") {
+		t.Errorf("denied flow: %+v", denied)
+	}
+	if err := dial("10.1.0.2:22"); err == nil {
+		t.Error("real traffic: 10.1.0.2:22 answered, the trace said denied")
+	}
+	allowed := trace("10.1.0.2", 80)
+	if allowed.Reason != "fwd_local" || !strings.Contains(allowed.Verdict, "delivered to 10.1.0.2 (e2)") ||
+		!strings.Contains(stages(allowed), "allowed by rule web (group 7 ingress)") || !strings.Contains(stages(allowed), "committed") {
+		t.Errorf("allowed flow: %+v", allowed)
+	}
+	if err := dial("10.1.0.2:80"); err != nil {
+		t.Errorf("real traffic: %v, the trace said delivered", err)
+	}
+	viaVIP := trace(vip.String(), 8000)
+	if viaVIP.Reason != "fwd_local" || !strings.Contains(stages(viaVIP), "10.96.0.10:8000 is a service VIP: backend 10.1.0.2:80 chosen") {
+		t.Errorf("service flow: %+v", viaVIP)
+	}
+	if err := dial(vip.String() + ":8000"); err != nil {
+		t.Errorf("real traffic through the VIP: %v", err)
+	}
+	tunneled := trace("10.1.0.3", 80)
+	if tunneled.Reason != "fwd_tunnel" || !strings.Contains(tunneled.Verdict, "tunneled to VTEP 192.168.77.2 (h2), VNI 5000") || tunneled.Tunnel == nil || len(tunneled.Tunnel.Inner) == 0 {
+		t.Fatalf("tunneled flow: %+v", tunneled)
+	}
+	rx, err := d2.TraceReceive(*tunneled.Tunnel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("receive on h2: %s %v", rx.Verdict, rx.Stages)
+	if rx.Reason != "fwd_local" || !strings.Contains(rx.Verdict, "(e3)") || !strings.Contains(fmt.Sprint(rx.Stages), "allowed by rule web") {
+		t.Errorf("receive side: %+v", rx)
+	}
+	if err := dial("10.1.0.3:80"); err != nil {
+		t.Errorf("real traffic to h2: %v, the trace said tunneled and delivered", err)
+	}
+	nobody := trace("10.1.0.77", 80)
+	if !strings.HasPrefix(nobody.Verdict, "dropped") || !strings.Contains(nobody.Verdict, "ARP") {
+		t.Errorf("unknown address: %+v", nobody)
+	}
+	if _, err := d1.Trace(dataplane.TraceRequest{From: "nobody", Dst: e2.IP, Proto: 6, DstPort: 80}); err == nil {
+		t.Error("trace from an unknown endpoint: no error")
+	}
+	if _, err := d2.TraceReceive(dataplane.TraceTunnel{Source: h1.cfg.VTEP, VNI: 5000, Inner: []byte{1, 2, 3}}); err == nil {
+		t.Error("trace receive of a truncated frame: no error")
+	}
+	// The traces committed nothing: no conntrack entry has their source port.
+	ct, err := d1.appctl(ctx, "dpctl/dump-conntrack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(ct, "sport=45000") {
+		t.Errorf("a trace left conntrack state:\n%s", ct)
+	}
+}
