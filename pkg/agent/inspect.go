@@ -17,7 +17,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// lister is a dataplane that decodes its tables (the eBPF driver).
+// lister is a dataplane that decodes its tables (both drivers).
 type lister interface {
 	Listing(kind string, limit int) (dataplane.Listing, error)
 }
@@ -25,7 +25,7 @@ type lister interface {
 func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 	l, ok := a.cfg.Driver.(lister)
 	if !ok {
-		http.Error(w, "decoded listings need the eBPF dataplane; on OVS use ovs-ofctl dump-flows and ovs-appctl dpctl/dump-conntrack (docs/ovs.md)", http.StatusNotImplemented)
+		http.Error(w, "this dataplane has no decoded listings", http.StatusNotImplemented)
 		return
 	}
 	limit := 0

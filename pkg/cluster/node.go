@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,6 +87,9 @@ func Agents(ctx context.Context, store *state.Store) ([]model.AgentInfo, error) 
 	}
 	out := make([]model.AgentInfo, 0, len(regs))
 	for _, r := range regs {
+		if _, err := netip.ParseAddr(r.HostAddr); err != nil || r.Port < 1 || r.Port > 65535 {
+			continue // netctl is sent only to an address and port, never to a name or path
+		}
 		out = append(out, model.AgentInfo{Host: r.Hostname, URL: "http://" + r.Addr()})
 	}
 	slices.SortFunc(out, func(a, b model.AgentInfo) int { return strings.Compare(a.Host+a.URL, b.Host+b.URL) })

@@ -35,8 +35,12 @@ func TestTraceFrameRoundTrip(t *testing.T) {
 		t.Error("non-IPv4 frame read")
 	}
 	bad = TraceFrame(sm, dm, src, dst, 6, 1, 2)
-	bad[14] = 0x4f // IHL 60 bytes: beyond the frame's end for the ports
-	if _, _, _, _, _, _, sp, dp, ok := TraceFrameFields(bad[:40]); ok && (sp != 0 || dp != 0) {
-		t.Error("ports read past a long IPv4 header")
+	bad[14] = 0x4f // IHL 60 bytes: the header runs past the frame's end
+	if _, _, _, _, _, _, _, _, ok := TraceFrameFields(bad[:40]); ok {
+		t.Error("a frame whose IPv4 header runs past its end was read")
+	}
+	bad[14] = 0x46 // IHL 24 bytes: the ports are not where TCP would put them without it
+	if _, _, _, _, _, _, sp, dp, ok := TraceFrameFields(bad); !ok || sp == 1 && dp == 2 {
+		t.Errorf("IPv4 options ignored: ports %d %d, ok %v", sp, dp, ok)
 	}
 }

@@ -18,8 +18,9 @@ import (
 // DefaultAgent is netplugin's local inspect API (its --inspect-listen default).
 const DefaultAgent = "http://127.0.0.1:9090"
 
-// bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf ListingKinds).
-var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters"}
+// bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf and ovs ListingKinds;
+// flows only on OVS, nat, netpol and routes only on eBPF).
+var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters", "flows"}
 
 // listing is netplugin's /inspect/bpf/<kind> answer.
 type listing struct {

@@ -108,13 +108,17 @@ func (c *ofConn) ctFlush(ctx context.Context, m ctMatch) error {
 	return nil
 }
 
-// nxRequest sends a Nicira request that has no reply of its own and confirms it with a
-// barrier: an error OVS reports for it arrives before the barrier's reply.
+// nxRequest sends a Nicira request that has no reply of its own (see request).
 func (c *ofConn) nxRequest(ctx context.Context, subtype uint32, payload []byte) error {
 	body := make([]byte, 8, 8+len(payload))
 	binary.BigEndian.PutUint32(body[0:], 0x00002320) // Nicira
 	binary.BigEndian.PutUint32(body[4:], subtype)
-	msg := c.newMsg(ofptExperimenter, append(body, payload...))
+	return c.request(ctx, c.newMsg(ofptExperimenter, append(body, payload...)))
+}
+
+// request sends msg, which has no reply of its own, and confirms it with a barrier: an
+// error OVS reports for it arrives before the barrier's reply.
+func (c *ofConn) request(ctx context.Context, msg []byte) error {
 	xid := xidOf(msg)
 	ch, err := c.expect(xid)
 	if err != nil {

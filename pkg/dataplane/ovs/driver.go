@@ -88,6 +88,7 @@ type Driver struct {
 	// monitoring and allowEvents: a drop event stream is open (and wants allowed flows
 	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
 	monitoring, allowEvents bool
+	meter                   bool // the monitor's meter is installed (monitor.go)
 
 	stop chan struct{}
 	done chan struct{}
@@ -362,6 +363,9 @@ func (d *Driver) repair(ctx context.Context) error {
 			return err
 		}
 		d.ports.endpoints[id] = n
+	}
+	if d.monitoring && d.meter {
+		d.setMeter(ctx, true) // a new vswitchd has none; flows refer to it
 	}
 	return d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs})
 }

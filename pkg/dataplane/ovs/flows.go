@@ -187,13 +187,24 @@ func (f *flow) arpSHA(mac net.HardwareAddr) *flow {
 	return f.m(of.NewArpShaField(mac), "arp_sha="+mac.String())
 }
 func (f *flow) ip() *flow { return f.ethType(0x0800) }
+
+// ipDst matches a destination prefix; a /0 matches anything and adds no field (OVS keeps
+// none, so a flow with it and one without are the same switch flow: one key).
 func (f *flow) ipDst(p netip.Prefix) *flow {
+	if p.Bits() == 0 {
+		return f
+	}
 	if p.Bits() == 32 {
 		return f.m(of.NewIpv4DstField(ip4(p.Addr()), nil), "nw_dst="+p.Addr().String())
 	}
 	return f.m(of.NewIpv4DstField(ip4(p.Masked().Addr()), prefixMask(p)), "nw_dst="+p.Masked().String())
 }
+
+// ipSrc matches a source prefix (a /0 adds no field, as ipDst).
 func (f *flow) ipSrc(p netip.Prefix) *flow {
+	if p.Bits() == 0 {
+		return f
+	}
 	if p.Bits() == 32 {
 		return f.m(of.NewIpv4SrcField(ip4(p.Addr()), nil), "nw_src="+p.Addr().String())
 	}

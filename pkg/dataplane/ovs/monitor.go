@@ -25,6 +25,14 @@ import (
 const (
 	monitorMaxLen = 128 // bytes of a packet sent to the driver
 	ofprAction    = 1   // OFPR_ACTION: a packet-in an output:CONTROLLER action sent
+
+	// Packets reach the driver through a meter: beyond monitorRate per second (bursts
+	// of monitorBurst) the datapath drops the copies meant for the agent, so a container
+	// flooding denied packets (or SYNs to an allowed port) at a watched host costs
+	// vswitchd and the agent little. The meter exists only while a stream is open.
+	monitorMeter = 0xcb01
+	monitorRate  = 2000
+	monitorBurst = 500
 )
 
 // install is the flow mod that adds f with cookie: with the controller action while
@@ -32,9 +40,83 @@ const (
 func (d *Driver) install(f *flow, cookie uint64) *of.FlowMod {
 	fm := f.flowMod(of.FC_ADD, cookie)
 	if monitored(f, d.monitoring, d.allowEvents) {
-		addController(fm)
+		addController(fm, d.meter)
 	}
 	return fm
+}
+
+// controller2 is Nicira's controller action (NXAST_CONTROLLER2) with a maximum length
+// and, when meter is set, the meter the packet-in passes first: only the copy sent to
+// the agent is metered, the packet itself goes on (an allowing rule's connection is not
+// slowed).
+type controller2 struct {
+	maxLen uint16
+	meter  uint32 // 0: none
+}
+
+func (c *controller2) Header() *of.ActionHeader {
+	return &of.ActionHeader{Type: of.ActionType_Experimenter, Length: c.Len()}
+}
+
+func (c *controller2) Len() uint16 {
+	if c.meter != 0 {
+		return 16 + 8 + 8
+	}
+	return 16 + 8
+}
+
+func (c *controller2) MarshalBinary() ([]byte, error) {
+	b := make([]byte, c.Len())
+	binary.BigEndian.PutUint16(b[0:], of.ActionType_Experimenter)
+	binary.BigEndian.PutUint16(b[2:], c.Len())
+	binary.BigEndian.PutUint32(b[4:], 0x00002320) // Nicira
+	binary.BigEndian.PutUint16(b[8:], 37)         // NXAST_CONTROLLER2; 6 zero bytes follow
+	p := b[16:]
+	binary.BigEndian.PutUint16(p[0:], 0) // NXAC2PT_MAX_LEN, u16 (length 6, padded to 8)
+	binary.BigEndian.PutUint16(p[2:], 6)
+	binary.BigEndian.PutUint16(p[4:], c.maxLen)
+	if c.meter != 0 {
+		p = p[8:]
+		binary.BigEndian.PutUint16(p[0:], 5) // NXAC2PT_METER_ID, u32
+		binary.BigEndian.PutUint16(p[2:], 8)
+		binary.BigEndian.PutUint32(p[4:], c.meter)
+	}
+	return b, nil
+}
+
+func (c *controller2) UnmarshalBinary([]byte) error {
+	return errors.New("controller2: decoding is not needed")
+}
+
+// meterMod is an OFPT_METER_MOD body: command (0 add, 2 delete), flags packets per
+// second with a burst, one drop band.
+func meterMod(command uint16, id uint32) []byte {
+	b := make([]byte, 8+16)
+	binary.BigEndian.PutUint16(b[0:], command)
+	binary.BigEndian.PutUint16(b[2:], 0x2|0x4) // OFPMF_PKTPS | OFPMF_BURST
+	binary.BigEndian.PutUint32(b[4:], id)
+	band := b[8:]
+	binary.BigEndian.PutUint16(band[0:], 1) // OFPMBT_DROP
+	binary.BigEndian.PutUint16(band[2:], 16)
+	binary.BigEndian.PutUint32(band[4:], monitorRate)
+	binary.BigEndian.PutUint32(band[8:], monitorBurst)
+	return b
+}
+
+// setMeter adds (on) or deletes the monitor's meter and sets d.meter: whether flows use
+// it. An OVS that refuses the meter leaves the monitor unmetered (logged).
+func (d *Driver) setMeter(ctx context.Context, on bool) {
+	cmd := uint16(2) // OFPMC_DELETE
+	if on {
+		cmd = 0 // OFPMC_ADD
+		// One left from an agent that stopped while monitoring would make the add fail.
+		_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, monitorMeter)))
+	}
+	err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(cmd, monitorMeter)))
+	d.meter = on && err == nil
+	if on && err != nil {
+		d.log.Warn("monitor: no meter for the packets sent to the agent (unmetered)", "err", err)
+	}
 }
 
 // monitored says whether f sends its packets to the driver: a dropping flow while
@@ -49,10 +131,13 @@ func monitored(f *flow, monitoring, allowed bool) bool {
 	return allowed && f.table == tPolicy && f.rule != "" && f.gotoTable >= 0
 }
 
-// addController makes fm send the packet to the controller before anything else it does.
-func addController(fm *of.FlowMod) {
-	out := of.NewActionOutput(of.P_CONTROLLER)
-	out.MaxLen = monitorMaxLen
+// addController makes fm send the packet to the controller before anything else it does
+// (the copy through the monitor's meter if metered).
+func addController(fm *of.FlowMod, metered bool) {
+	out := &controller2{maxLen: monitorMaxLen}
+	if metered {
+		out.meter = monitorMeter
+	}
 	for _, in := range fm.Instructions {
 		if apply, ok := in.(*of.InstrActions); ok && apply.InstrHeader.Type == of.InstrType_APPLY_ACTIONS {
 			_ = apply.AddAction(out, true)
@@ -78,8 +163,10 @@ func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEve
 		return nil, errors.New("a drop event stream is already open")
 	}
 	d.monitoring = true
+	d.setMeter(ctx, true)
 	if err := d.reinstallMonitored(ctx); err != nil {
 		d.monitoring = false
+		d.setMeter(ctx, false)
 		return nil, fmt.Errorf("ovs: monitor: %w", err)
 	}
 	raw := make(chan []byte, 1024)
@@ -106,7 +193,9 @@ func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEve
 		d.monitoring, d.allowEvents = false, false
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := d.reinstallMonitored(rctx); err != nil {
-			d.log.Warn("monitor closed: flows still send packets to the agent until the next change", "err", err)
+			d.log.Warn("monitor closed: flows still send packets to the agent (dropped) until the next full resync", "err", err)
+		} else {
+			d.setMeter(rctx, false)
 		}
 		cancel()
 		d.mu.Unlock()
@@ -212,7 +301,8 @@ func (d *Driver) packetInEvent(body []byte) (dataplane.MonitorEvent, bool) {
 	if !ok {
 		return dataplane.MonitorEvent{}, false
 	}
-	ev := dataplane.MonitorEvent{Time: time.Now(), Ifindex: inPort, Len: uint32(len(data))}
+	// Ifindex carries the OpenFlow port the packet came in on; Len its whole length.
+	ev := dataplane.MonitorEvent{Time: time.Now(), Ifindex: inPort, Len: uint32(binary.BigEndian.Uint16(body[4:]))}
 	if len(data) >= 14 {
 		ev.EtherType = binary.BigEndian.Uint16(data[12:])
 	}
@@ -237,7 +327,7 @@ func (d *Driver) packetInEvent(body []byte) (dataplane.MonitorEvent, bool) {
 			sets = append(sets, ps)
 		}
 		pk := policy.Packet{SrcEPG: uint16(regs[regSrcEPG]), DstEPG: uint16(regs[regDstEPG]), SrcIP: src, DstIP: dst,
-			Proto: proto, SYN: proto == 6}
+			Proto: proto, SYN: proto == 6} // the policy table judges every TCP packet it sees as a SYN (pipeline.go policyFlows)
 		if proto == 6 || proto == 17 {
 			pk.DstPort = dport
 		}

@@ -53,6 +53,20 @@ func TestMonitorOVS(t *testing.T) {
 	if drift, err := d.Verify(st); err != nil || len(drift) != 0 {
 		t.Errorf("while monitoring: drift %v, err %v", drift, err)
 	}
+	// Dropped packets reach the agent through the monitor's meter.
+	live, _, err := d.liveFlows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := live["policy priority=103,tcp,reg2=0x7"]; !strings.Contains(a, "meter_id=") || !strings.Contains(a, "max_len=128") {
+		t.Errorf("the deny rule while monitoring: actions %q", a)
+	}
+	meters := func() string {
+		return sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-meters", "unix:"+d.mgmtSocket())
+	}
+	if m := meters(); !strings.Contains(m, "pktps") || !strings.Contains(m, "rate=2000") {
+		t.Errorf("monitor meter:\n%s", m)
+	}
 	wait := func(reason, rule string, port uint16, poke func()) {
 		t.Helper()
 		deadline := time.After(10 * time.Second)
@@ -85,12 +99,14 @@ func TestMonitorOVS(t *testing.T) {
 	if drift, err := d.Verify(st); err != nil || len(drift) != 0 {
 		t.Errorf("after the stream closed: drift %v, err %v", drift, err)
 	}
-	live, err := d.liveFlows(ctx)
-	if err != nil {
+	if live, _, err = d.liveFlows(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if m := meters(); strings.Contains(m, "meter=") {
+		t.Errorf("the monitor's meter outlived the stream:\n%s", m)
+	}
 	for k, a := range live {
-		if strings.Contains(a, "CONTROLLER") {
+		if strings.Contains(strings.ToLower(a), "controller") {
 			t.Errorf("flow %s still sends to the controller: %s", k, a)
 		}
 	}

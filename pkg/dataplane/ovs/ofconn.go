@@ -28,6 +28,7 @@ const (
 	ofptPacketIn       = 10
 	ofptSetConfig      = 9
 	ofptSetAsync       = 28
+	ofptMeterMod       = 29
 	ofVersion13        = 4
 )
 

@@ -141,6 +141,7 @@ var (
 	traceDatapath  = regexp.MustCompile(`^Datapath actions: (.*)$`)
 	traceFinal     = regexp.MustCompile(`^Final flow: (.*)$`)
 	traceBridge    = regexp.MustCompile(`^\s*bridge\("([^"]+)"\)`)
+	traceNoMatch   = regexp.MustCompile(`^\s*(\d+)\. No match`)
 )
 
 // parseTrace reads ofproto/trace output: the tables of bridge matched (over every
@@ -153,13 +154,19 @@ func parseTrace(out, bridge string) (steps []traceStep, datapath string, final m
 			in = m[1] == bridge
 			continue
 		}
-		if !in && strings.HasPrefix(line, " ") {
-			continue
+		isTable := traceTableLine.MatchString(line) || traceNoMatch.MatchString(line)
+		if !in && (strings.HasPrefix(line, " ") || isTable) {
+			continue // another bridge's tables (table numbers from 10 up start at column 0)
 		}
 		if m := traceTableLine.FindStringSubmatch(line); m != nil {
 			t, _ := strconv.Atoi(m[1])
 			p, _ := strconv.Atoi(m[3])
 			steps = append(steps, traceStep{table: tableID(t), match: m[2], prio: p})
+			continue
+		}
+		if m := traceNoMatch.FindStringSubmatch(line); m != nil { // a table miss: dropped there
+			t, _ := strconv.Atoi(m[1])
+			steps = append(steps, traceStep{table: tableID(t), prio: -1})
 			continue
 		}
 		if m := traceDatapath.FindStringSubmatch(strings.TrimSpace(line)); m != nil {

@@ -115,6 +115,20 @@ func TestTraceOVS(t *testing.T) {
 	if _, err := d2.TraceReceive(dataplane.TraceTunnel{Source: h1.cfg.VTEP, VNI: 5000, Inner: []byte{1, 2, 3}}); err == nil {
 		t.Error("trace receive of a truncated frame: no error")
 	}
+	// Decoded tables (netctl bpf <kind> on an OVS host).
+	for kind, want := range map[string]string{
+		"endpoints": "vtep 192.168.77.2 (h2)", "networks": "blue.default", "peers": "h2",
+		"services": "10.96.0.10:8000/tcp", "policy": "deny-tcp", "counters": "policy",
+		"flows": "service web:default", "ct": "10.1.0.2:80",
+	} {
+		l, err := d1.Listing(kind, 100)
+		if err != nil || !strings.Contains(fmt.Sprint(l.Rows), want) {
+			t.Errorf("listing %s: %v, no %q in %v", kind, err, want, l.Rows)
+		}
+	}
+	if _, err := d1.Listing("nat", 10); err == nil || !strings.Contains(err.Error(), "eBPF only") {
+		t.Errorf("listing nat on OVS: %v", err)
+	}
 	// The traces committed nothing: no conntrack entry has their source port.
 	ct, err := d1.appctl(ctx, "dpctl/dump-conntrack")
 	if err != nil {
@@ -122,5 +136,51 @@ func TestTraceOVS(t *testing.T) {
 	}
 	if strings.Contains(ct, "sport=45000") {
 		t.Errorf("a trace left conntrack state:\n%s", ct)
+	}
+}
+
+// TestParseTrace: tables of another bridge (a tunneled packet's trip through the
+// underlay bridge, table numbers at column 0 included) are left out, a table miss is a
+// step, actions belong to their table, and the last final flow and datapath actions win.
+func TestParseTrace(t *testing.T) {
+	out := `Flow: tcp,in_port=100,nw_src=10.1.0.1,nw_dst=10.1.0.3
+
+bridge("contivbr")
+------------------
+ 0. ip,in_port=100, priority 100, cookie 0xcb0b000200000000
+    load:0x1->NXM_NX_REG3[]
+    goto_table:10
+70. reg0=0x1388, priority 100, cookie 0xcb0b000200000000
+    set_field:192.168.77.2->tun_dst
+    output:1
+     -> output to native tunnel
+
+        bridge("contivul")
+        ------------------
+         0. priority 0
+            NORMAL
+12. priority 5
+    NORMAL
+
+Final flow: tcp,reg3=0x1,nw_src=10.1.0.1,nw_dst=10.1.0.3,tp_src=1,tp_dst=80
+Datapath actions: tnl_push(...)
+
+bridge("contivbr")
+------------------
+40. No match.
+    drop
+`
+	steps, dp, final := parseTrace(out, "contivbr")
+	if len(steps) != 3 || steps[0].table != tClassifier || steps[1].table != tOutput || steps[2].table != tDstEPG || steps[2].prio != -1 {
+		t.Fatalf("steps %+v", steps)
+	}
+	if got := fmt.Sprint(steps[1].actions); got != "[set_field:192.168.77.2->tun_dst output:1]" {
+		t.Errorf("actions of table 70: %s", got)
+	}
+	if dp != "tnl_push(...)" || final["nw_dst"] != "10.1.0.3" || final["tp_dst"] != "80" {
+		t.Errorf("datapath %q, final %v", dp, final)
+	}
+	if steps, _, _ := parseTrace("garbage\n 99. \n", "contivbr"); len(steps) != 0 {
+		t.Errorf("garbage parsed as %+v", steps)
 	}
 }

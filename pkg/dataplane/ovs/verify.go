@@ -36,10 +36,11 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 	ids := idTables{svc: maps.Clone(d.svcIDs), vrf: maps.Clone(d.vrfIDs)}
 	p := ports{endpoints: maps.Clone(d.ports.endpoints), tunnel: d.ports.tunnel, uplink: d.ports.uplink}
 	want, failed, err := d.pl.compileEach(st, d.host, p, ids)
-	monitoring, allowEvents := d.monitoring, d.allowEvents // an open monitor adds controller actions
+	monitoring, allowEvents, metered := d.monitoring, d.allowEvents, d.meter // an open monitor adds controller actions
 	var live map[string]string
+	var foreign map[string]foreignFlow
 	if err == nil {
-		live, err = d.liveFlows(ctx)
+		live, foreign, err = d.liveFlows(ctx)
 	}
 	d.mu.Unlock()
 	if err != nil {
@@ -51,7 +52,7 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 	expected, err := canonicalFlows(ctx, want.list(), func(f *flow) *of.FlowMod {
 		fm := f.flowMod(of.FC_ADD, cookieOwner)
 		if monitored(f, monitoring, allowEvents) {
-			addController(fm)
+			addController(fm, metered)
 		}
 		return fm
 	})
@@ -75,6 +76,11 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 			table, match, _ := strings.Cut(k, " ")
 			out = append(out, dataplane.Drift{Table: "flows:" + table, Object: match, Kind: "extra", Detail: "actions=" + actions})
 		}
+	}
+	for k, f := range foreign {
+		table, match, _ := strings.Cut(k, " ")
+		out = append(out, dataplane.Drift{Table: "flows:" + table, Object: match, Kind: "extra",
+			Detail: fmt.Sprintf("cookie %s, not this driver's: actions=%s", f.cookie, f.actions)})
 	}
 	slices.SortFunc(out, func(a, b dataplane.Drift) int {
 		return strings.Compare(a.Table+"\x00"+a.Object+"\x00"+a.Detail, b.Table+"\x00"+b.Object+"\x00"+b.Detail)
@@ -139,7 +145,7 @@ type canonical struct {
 // Lines of `ovs-ofctl ofp-parse` (a flow mod) and `ovs-ofctl --no-stats dump-flows`.
 var (
 	parsedFlowMod = regexp.MustCompile(`^OFPT_FLOW_MOD \(OF1\.3\) \(xid=0x([0-9a-f]+)\): ADD (?:table:(\d+) )?(.*?) cookie:0x[0-9a-f]+ actions=(.*)$`)
-	dumpedFlow    = regexp.MustCompile(`^\s*(?:cookie=0x[0-9a-f]+, )?(?:table=(\d+), )?(.*?) actions=(.*)$`)
+	dumpedFlow    = regexp.MustCompile(`^\s*(?:cookie=(0x[0-9a-f]+), )?(?:table=(\d+), )?(.*?) actions=(.*)$`)
 )
 
 // canonicalFlows returns flows as OVS prints them (each as the flow mod mod makes of
@@ -199,24 +205,37 @@ func tableKey(table, match string) string {
 	return tableID(n).String() + " " + match
 }
 
-// liveFlows returns this driver's flows on the switch as OVS prints them, by "<table>
-// <priority and match>".
-func (d *Driver) liveFlows(ctx context.Context) (map[string]string, error) {
-	text, err := exec.CommandContext(ctx, "ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", "unix:"+d.mgmtSocket(),
-		fmt.Sprintf("cookie=%#x/%#x", cookieOwner, cookieOwnerMask)).Output()
+// foreignFlow is a flow of the integration bridge that is not this driver's.
+type foreignFlow struct{ cookie, actions string }
+
+// liveFlows returns the integration bridge's flows as OVS prints them, by "<table>
+// <priority and match>": this driver's (cookie owner 0xcb0b), and every other flow but
+// the driver's own short-lived guard flows (cookie 0xcb0c…, see ctflush.go) as foreign: a
+// flow someone added with another cookie (e.g. an allow at a higher priority than any
+// rule) is as much drift as a changed one.
+func (d *Driver) liveFlows(ctx context.Context) (map[string]string, map[string]foreignFlow, error) {
+	text, err := exec.CommandContext(ctx, "ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", "unix:"+d.mgmtSocket()).Output()
 	if err != nil {
-		return nil, fmt.Errorf("ovs-ofctl dump-flows: %w", err)
+		return nil, nil, fmt.Errorf("ovs-ofctl dump-flows: %w", err)
 	}
-	out := map[string]string{}
+	out, foreign := map[string]string{}, map[string]foreignFlow{}
 	for _, line := range strings.Split(string(text), "\n") {
 		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "OFPST_") {
 			continue
 		}
 		m := dumpedFlow.FindStringSubmatch(line)
 		if m == nil {
-			return nil, fmt.Errorf("ovs-ofctl dump-flows: unexpected line %q", line)
+			return nil, nil, fmt.Errorf("ovs-ofctl dump-flows: unexpected line %q", line)
 		}
-		out[tableKey(m[1], m[2])] = m[3]
+		cookie, _ := strconv.ParseUint(strings.TrimPrefix(m[1], "0x"), 16, 64) // absent: 0
+		k := tableKey(m[2], m[3])
+		switch {
+		case cookie&cookieOwnerMask == cookieOwner:
+			out[k] = m[4]
+		case cookie&cookieOwnerMask == cookieGuard:
+		default:
+			foreign[k] = foreignFlow{cookie: fmt.Sprintf("%#x", cookie), actions: m[4]}
+		}
 	}
-	return out, nil
+	return out, foreign, nil
 }

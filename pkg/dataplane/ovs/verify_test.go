@@ -39,7 +39,7 @@ func TestVerifyNamesDrift(t *testing.T) {
 	if drift, err := d.Verify(st); err != nil || len(drift) != 0 {
 		t.Fatalf("freshly installed: drift %v, err %v", drift, err)
 	}
-	live, err := d.liveFlows(ctx)
+	live, _, err := d.liveFlows(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,18 +58,31 @@ func TestVerifyNamesDrift(t *testing.T) {
 	dst := find("dst_epg", "nw_dst=10.1.0.9")
 	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "mod-flows", "--strict", sw, "table=40,"+dst+",actions=goto_table:50")
 	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "add-flow", sw, "cookie=0xcb0b000100000000,table=50,priority=999,ip,nw_src=10.9.9.9,actions=goto_table:52")
+	// An allow above every rule with a cookie that is not the driver's, and one with none.
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "add-flow", sw, "cookie=0x1234,table=50,priority=60000,ip,nw_src=10.1.0.9,actions=goto_table:52")
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "add-flow", sw, "table=50,priority=60001,ip,nw_src=10.1.0.8,actions=goto_table:52")
 	drift, err := d.Verify(st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"missing": "policy of group 7", "different": "remote endpoint r1", "extra": "nw_src=10.9.9.9"}
+	want := map[string]string{"missing": "policy of group 7", "different": "remote endpoint r1", "extra": "nw_src=10.9.9.9",
+		"foreign": "nw_src=10.1.0.9", "foreign without cookie": "nw_src=10.1.0.8"}
 	if len(drift) != len(want) {
 		t.Errorf("drift %+v, want one row each of %v", drift, want)
 	}
 	for _, dr := range drift {
-		if w, ok := want[dr.Kind]; !ok || !strings.Contains(dr.Object, w) {
+		found := false
+		for kind, w := range want {
+			if strings.HasPrefix(kind, dr.Kind) || (dr.Kind == "extra" && strings.HasPrefix(kind, "foreign")) {
+				found = found || strings.Contains(dr.Object, w)
+			}
+		}
+		if !found {
 			t.Errorf("unexpected %+v (want %v)", dr, want)
 		}
+	}
+	if !strings.Contains(driftText(drift), "cookie 0x1234, not this driver's") || !strings.Contains(driftText(drift), "cookie 0x0, not this driver's") {
+		t.Errorf("foreign flows not named as such:\n%s", driftText(drift))
 	}
 	// A state the driver cannot compile is reported per object, not as a failure.
 	bad := st
@@ -81,8 +94,15 @@ func TestVerifyNamesDrift(t *testing.T) {
 	if err := d.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	if drift, err := d.Verify(st); err != nil || len(drift) != 0 {
+	// A resync replaces the driver's flows; foreign ones stay (they are not its to delete)
+	// and stay reported.
+	if drift, err := d.Verify(st); err != nil || len(drift) != 2 || !strings.Contains(driftText(drift), "not this driver's") {
 		t.Errorf("after a resync: drift %v, err %v", drift, err)
+	}
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-flows", "--strict", sw, "table=50,priority=60000,ip,nw_src=10.1.0.9")
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-flows", "--strict", sw, "table=50,priority=60001,ip,nw_src=10.1.0.8")
+	if drift, err := d.Verify(st); err != nil || len(drift) != 0 {
+		t.Errorf("clean again: drift %v, err %v", drift, err)
 	}
 }
 
