@@ -52,7 +52,13 @@ func (d *dpRun) operate(ctx context.Context) error {
 	}
 	rows := [][]string{{"GET /metrics", fmt.Sprint(len(scrapes)), fmt.Sprintf("%.1f", ms(scrapes[len(scrapes)/2])), fmt.Sprintf("%.1f", ms(scrapes[len(scrapes)-1]))}}
 	d.r.add(p+"scrape_p50_ms", ms(scrapes[len(scrapes)/2]), "ms")
-	if d.dp == "ebpf" {
+	verifies, err := timed(5, func() error { return get("/inspect/verify") })
+	if err != nil {
+		return err
+	}
+	rows = append(rows, []string{"GET /inspect/verify (netctl verify)", fmt.Sprint(len(verifies)), fmt.Sprintf("%.1f", ms(verifies[len(verifies)/2])), fmt.Sprintf("%.1f", ms(verifies[len(verifies)-1]))})
+	d.r.add(p+"verify_p50_ms", ms(verifies[len(verifies)/2]), "ms")
+	{ // both dataplanes trace (eBPF: the programs run once; OVS: ofproto/trace)
 		body, _ := json.Marshal(map[string]any{"from": d.a.EndpointID, "to": d.b.IP.Addr().String(), "proto": "tcp", "port": echoPort})
 		traces, err := timed(20, func() error {
 			resp, err := client.Post("http://"+h.Inspect+"/inspect/trace", "application/json", bytes.NewReader(body))

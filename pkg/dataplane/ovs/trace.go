@@ -194,7 +194,7 @@ func (d *Driver) runTrace(ctx context.Context, res dataplane.TraceResult, flow s
 	if err != nil {
 		return res, fmt.Errorf("trace: %w", err)
 	}
-	steps, _, final := parseTrace(out, d.opts.Bridge)
+	steps, datapath, final := parseTrace(out, d.opts.Bridge)
 	if len(steps) == 0 {
 		return res, fmt.Errorf("trace: ofproto/trace matched no table:\n%s", out)
 	}
@@ -227,6 +227,9 @@ func (d *Driver) runTrace(ctx context.Context, res dataplane.TraceResult, flow s
 		if i == len(steps)-1 {
 			d.traceEnd(&res, st, final)
 		}
+	}
+	if datapath != "" {
+		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "datapath", Detail: "actions " + datapath})
 	}
 	res.Stages = append(res.Stages, dataplane.TraceStage{Name: "verdict", Detail: res.Verdict})
 	return res, nil
