@@ -19,6 +19,13 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, privateFactory(t))
 }
 
+// TestConformanceRouting runs Contiv's routing mode (router MAC, TTL decremented, routed
+// between networks of a tenant on one host and across hosts, other tenants apart).
+func TestConformanceRouting(t *testing.T) {
+	needRoot(t)
+	conformance.RunRouting(t, privateFactory(t))
+}
+
 // TestConformanceAdversarial runs the trust cases (design §9): spoofed sources, VLAN tags
 // from containers, overlay injection, bare ACKs, SYNs after reset and policy change,
 // cross-tenant VIPs, UDP spreading and backend removal under a live flow.
