@@ -4,7 +4,10 @@
 // extensions: conntrack, NAT, register moves) over its own synchronous connection to the
 // bridge's management socket. Every change is one atomic OpenFlow bundle; flows carry a
 // cookie with a generation so a resync sweeps only stale flows, and a vswitchd restart
-// (connection loss) is repaired by reinstalling everything.
+// (connection loss) is repaired by reinstalling everything. Flows are compiled per object
+// (units.go), so a change costs its own flows only. The operator's tools have their OVS
+// side here too: drift against the state (verify.go), packet traces through the tables
+// (trace.go), drop events (monitor.go) and decoded tables (listing.go).
 //
 // This package must not know about etcd, REST or Contiv's JSON.
 package ovs
