@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/containerend"
 )
 
 // mapPut writes one entry; a full map becomes an ErrMapFull error and is counted.
@@ -58,12 +59,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 	if !n.Subnet.Addr().Is4() {
 		return fmt.Errorf("network %s: subnet %v is not IPv4", n.ID, n.Subnet)
 	}
-	if n.MTU == 0 {
-		n.MTU = 1500
-		if n.Encap == dataplane.EncapVXLAN {
-			n.MTU = 1450
-		}
-	}
+	n.MTU = containerend.MTU(n)
 	key := netKey(n)
 	vrf := vrfOf(n.ID)
 	for id, r := range d.networks {
@@ -461,7 +457,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 			_ = d.dropRoute(key.Net, key.Ip)
 		}
 	}()
-	if err := d.configureContainerEnd(ep, nr.net); err != nil {
+	if err := containerend.Configure(d.nl, ep, nr.net); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	clock.mark(StepContainer)
@@ -567,58 +563,6 @@ func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netli
 		return nil, fmt.Errorf("set alias of %s: %w", ep.HostIfName, err)
 	}
 	return host, nil
-}
-
-// configureContainerEnd sets MAC and MTU, and inside a container namespace also the
-// address, link state and default route.
-func (d *Driver) configureContainerEnd(ep dataplane.Endpoint, n dataplane.Network) error {
-	h := d.nl
-	if ep.NetNS != "" {
-		cns, err := netns.GetFromPath(ep.NetNS)
-		if err != nil {
-			return fmt.Errorf("open container netns %s: %w", ep.NetNS, err)
-		}
-		defer cns.Close()
-		if h, err = netlink.NewHandleAt(cns); err != nil {
-			return fmt.Errorf("netlink in %s: %w", ep.NetNS, err)
-		}
-		defer h.Close()
-	}
-	l, err := h.LinkByName(ep.IfName)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if ep.NetNS == "" && errors.As(err, &nf) {
-			return nil // the runtime (Docker) already moved it into the container
-		}
-		return fmt.Errorf("look up container end %s: %w", ep.IfName, err)
-	}
-	if l.Attrs().HardwareAddr.String() != ep.MAC.String() {
-		if err := h.LinkSetHardwareAddr(l, ep.MAC); err != nil {
-			return fmt.Errorf("set mac of %s: %w", ep.IfName, err)
-		}
-	}
-	if l.Attrs().MTU != n.MTU {
-		if err := h.LinkSetMTU(l, n.MTU); err != nil {
-			return fmt.Errorf("set mtu of %s: %w", ep.IfName, err)
-		}
-	}
-	if ep.NetNS == "" {
-		return nil // the runtime moves and addresses it
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ep.IP.AsSlice(), Mask: net.CIDRMask(n.Subnet.Bits(), 32)}}
-	if err := h.AddrReplace(l, addr); err != nil {
-		return fmt.Errorf("set address %v on %s: %w", addr, ep.IfName, err)
-	}
-	if err := h.LinkSetUp(l); err != nil {
-		return fmt.Errorf("set %s up: %w", ep.IfName, err)
-	}
-	if n.Gateway.IsValid() {
-		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: n.Gateway.AsSlice(), Dst: nil}
-		if err := h.RouteReplace(r); err != nil {
-			return fmt.Errorf("default route via %v on %s: %w", n.Gateway, ep.IfName, err)
-		}
-	}
-	return nil
 }
 
 // DeleteEndpoint implements dataplane.Driver: map entries, tcx link and veth pair.

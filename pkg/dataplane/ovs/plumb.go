@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/containerend"
 )
 
 // nsHandle opens a netlink handle in the namespace at path ("" = the caller's).
@@ -129,13 +130,7 @@ func plumbEndpoint(ctx context.Context, hostNS string, ep dataplane.Endpoint, n 
 		return err
 	}
 	defer h.Close()
-	mtu := n.MTU
-	if mtu == 0 {
-		mtu = 1500
-		if n.Encap == dataplane.EncapVXLAN {
-			mtu = 1450
-		}
-	}
+	mtu := containerend.MTU(n)
 	hostLink, err := h.LinkByName(ep.HostIfName)
 	created := false
 	if err != nil {
@@ -191,61 +186,11 @@ func plumbEndpoint(ctx context.Context, hostNS string, ep dataplane.Endpoint, n 
 	if err := h.LinkSetUp(hostLink); err != nil {
 		return fmt.Errorf("endpoint %s: up %s: %w", ep.ID, ep.HostIfName, err)
 	}
-	if err := configureContainer(ep, n, mtu, hostNS); err != nil {
+	if err := containerend.Configure(h, ep, n); err != nil {
 		if created {
 			_ = h.LinkDel(hostLink)
 		}
-		return err
-	}
-	return nil
-}
-
-func configureContainer(ep dataplane.Endpoint, n dataplane.Network, mtu int, hostNS string) error {
-	path := ep.NetNS
-	if path == "" {
-		path = hostNS
-	}
-	ch, err := nsHandle(path)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	l, err := ch.LinkByName(ep.IfName)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if ep.NetNS == "" && errors.As(err, &nf) {
-			return nil // the runtime (Docker) already moved it into the container
-		}
-		return fmt.Errorf("endpoint %s: container link %s: %w", ep.ID, ep.IfName, err)
-	}
-	if err := ch.LinkSetHardwareAddr(l, ep.MAC); err != nil {
-		return fmt.Errorf("endpoint %s: mac on %s: %w", ep.ID, ep.IfName, err)
-	}
-	if err := ch.LinkSetMTU(l, mtu); err != nil {
-		return fmt.Errorf("endpoint %s: mtu on %s: %w", ep.ID, ep.IfName, err)
-	}
-	if ep.NetNS == "" {
-		return nil
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip4(ep.IP), Mask: net.CIDRMask(n.Subnet.Bits(), 32)}}
-	if err := ch.AddrReplace(l, addr); err != nil {
-		return fmt.Errorf("endpoint %s: address %v on %s: %w", ep.ID, ep.IP, ep.IfName, err)
-	}
-	if ep.IPv6.IsValid() {
-		a6 := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(ep.IPv6.AsSlice()), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		_ = ch.AddrReplace(l, a6)
-	}
-	if err := ch.LinkSetUp(l); err != nil {
-		return fmt.Errorf("endpoint %s: up %s: %w", ep.ID, ep.IfName, err)
-	}
-	if lo, err := ch.LinkByName("lo"); err == nil {
-		_ = ch.LinkSetUp(lo)
-	}
-	if n.Gateway.IsValid() {
-		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: ip4(n.Gateway)}
-		if err := ch.RouteReplace(r); err != nil {
-			return fmt.Errorf("endpoint %s: default route via %v: %w", ep.ID, n.Gateway, err)
-		}
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	return nil
 }
