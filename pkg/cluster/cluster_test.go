@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
@@ -310,5 +312,31 @@ func TestFrontServesOrProxies(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("holder %q: status %d, want 503 with Retry-After", holder, resp.StatusCode)
 		}
+	}
+}
+
+// TestAgentsListsOnlyAddresses: GET /agents turns netplugin.inspect registrations into
+// URLs; one whose address is not an IP (any netplugin can write the registry) is left
+// out, so netctl --all is never sent to a name or path someone chose.
+func TestAgentsListsOnlyAddresses(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	for _, si := range []ServiceInfo{
+		{ServiceName: ServiceInspect, HostAddr: "10.0.0.2", Port: 9090, Hostname: "h2"},
+		{ServiceName: ServiceInspect, HostAddr: "10.0.0.1", Port: 9090, Hostname: "h1"},
+		{ServiceName: ServiceInspect, HostAddr: "evil.example/steal?x=", Port: 80, Hostname: "h1"},
+		{ServiceName: ServiceInspect, HostAddr: "10.0.0.3", Port: 0, Hostname: "h3"},
+	} {
+		if err := s.Put(ctx, servicePrefix(ServiceInspect)+si.HostAddr+":"+fmt.Sprint(si.Port), si); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agents, err := Agents(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.AgentInfo{{Host: "h1", URL: "http://10.0.0.1:9090"}, {Host: "h2", URL: "http://10.0.0.2:9090"}}
+	if fmt.Sprint(agents) != fmt.Sprint(want) {
+		t.Errorf("agents %v, want %v", agents, want)
 	}
 }

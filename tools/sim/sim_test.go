@@ -458,12 +458,22 @@ func hostsInSync(ctx context.Context, t *testing.T, c *Cluster, bin string) {
 // line contains want while poke makes traffic.
 func monitorSees(ctx context.Context, t *testing.T, c *Cluster, bin, reason, want string, poke func()) {
 	t.Helper()
+	out := monitorWhile(ctx, t, c.Hosts[0].Name, filepath.Join(bin, "netctl"),
+		[]string{"--netmaster", c.MasterURL(), "monitor", "--all", "--reason", reason, "--count", "1"}, poke)
+	if !strings.Contains(out, want) {
+		t.Errorf("netctl monitor --all --reason %s (%s): no %q in\n%s", reason, c.cfg.Dataplane, want, out)
+	}
+}
+
+// monitorWhile runs netctl with args (a monitor with --count) in host's namespace,
+// calling poke every 300 ms until it exits (at most 30 s), and returns its output.
+func monitorWhile(ctx context.Context, t *testing.T, host, netctl string, args []string, poke func()) string {
+	t.Helper()
 	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	done := make(chan string, 1)
 	go func() {
-		out, err := Exec(mctx, c.Hosts[0].Name, filepath.Join(bin, "netctl"), "--netmaster", c.MasterURL(), "monitor", "--all",
-			"--reason", reason, "--count", "1")
+		out, err := Exec(mctx, host, append([]string{netctl}, args...)...)
 		if err != nil {
 			out += err.Error()
 		}
@@ -474,10 +484,7 @@ func monitorSees(ctx context.Context, t *testing.T, c *Cluster, bin, reason, wan
 	for {
 		select {
 		case out := <-done:
-			if !strings.Contains(out, want) {
-				t.Errorf("netctl monitor --all --reason %s (%s): no %q in\n%s", reason, c.cfg.Dataplane, want, out)
-			}
-			return
+			return out
 		case <-tick.C:
 			poke()
 		}
@@ -600,37 +607,18 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 func monitorAllowed(ctx context.Context, t *testing.T, netctl string, from, to *Container) {
 	t.Helper()
 	h := from.Host
-	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	done := make(chan string, 1)
-	go func() {
-		out, err := Exec(mctx, h.Name, netctl, "monitor", "--policy", "--allowed", "--count", "1", "--agent", "http://"+h.Inspect)
-		if err != nil {
-			out += err.Error()
-		}
-		done <- out
-	}()
-	tick := time.NewTicker(300 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	out := monitorWhile(ctx, t, h.Name, netctl, []string{"monitor", "--policy", "--allowed", "--count", "1", "--agent", "http://" + h.Inspect}, func() {
 		dctx, dcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer dcancel()
 		if conn, err := DialContext(dctx, from.Name, "tcp", fmt.Sprintf("%s:6000", to.IP.Addr())); err == nil {
 			conn.Close()
 		}
-		dcancel()
-		select {
-		case out := <-done:
-			if !strings.Contains(out, "policy_allow") || !strings.Contains(out, "rule default:mon-web:default:mon:default:mon:2:inRx") ||
-				!strings.Contains(out, "new flow allowed") {
-				t.Errorf("netctl monitor --allowed:\n%s", out)
-			}
-			t.Logf("netctl monitor --allowed: %s", strings.TrimSpace(out))
-			return
-		case <-tick.C:
-		case <-mctx.Done():
-			t.Fatal("netctl monitor --allowed saw nothing within 30 s")
-		}
+	})
+	if !strings.Contains(out, "policy_allow") || !strings.Contains(out, "rule default:mon-web:default:mon:default:mon:2:inRx") ||
+		!strings.Contains(out, "new flow allowed") {
+		t.Errorf("netctl monitor --allowed:\n%s", out)
 	}
+	t.Logf("netctl monitor --allowed: %s", strings.TrimSpace(out))
 }
 
 // beyondSubnet: with real netplugins, every container pings its gateway and the external

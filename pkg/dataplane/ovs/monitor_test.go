@@ -154,3 +154,17 @@ func TestPacketInFields(t *testing.T) {
 		t.Error("an OXM field longer than its match was read")
 	}
 }
+
+// TestPacketInNeverBlocks: the OpenFlow read loop hands packet-ins on without waiting;
+// beyond what the stream holds they are counted lost, and with no stream open ignored.
+func TestPacketInNeverBlocks(t *testing.T) {
+	d := &Driver{}
+	d.packetIn([]byte("no stream")) // nothing open: dropped, no panic
+	d.monRaw = make(chan []byte, 2)
+	for i := 0; i < 5; i++ {
+		d.packetIn([]byte{byte(i)})
+	}
+	if len(d.monRaw) != 2 || d.monLost.Load() != 3 {
+		t.Errorf("queued %d, lost %d; want 2 and 3", len(d.monRaw), d.monLost.Load())
+	}
+}
