@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -466,6 +468,70 @@ func (ep RemoteEndpoint) Validate(encap Encap) error {
 		return fmt.Errorf("remote endpoint %s: vtep is missing (required on vxlan network %s)", ep.ID, ep.NetworkID)
 	case ep.VTEP.IsValid() && (!ep.VTEP.Is4() || ep.VTEP.IsUnspecified() || ep.VTEP.IsMulticast()):
 		return fmt.Errorf("remote endpoint %s: vtep %v is not an IPv4 unicast address", ep.ID, ep.VTEP)
+	}
+	return nil
+}
+
+// Validate checks a group's rule set. Both backends refuse a set that fails it as a whole
+// (nothing of it installed, the group's earlier set stays), so a bad rule never widens
+// access. Capacity is the backend's own check.
+func (p PolicySet) Validate() error {
+	if p.EPGID == 0 {
+		return fmt.Errorf("policy: epgID is 0")
+	}
+	for _, r := range p.Rules {
+		switch {
+		case r.Priority < 1 || r.Priority > 100:
+			return fmt.Errorf("policy %d rule %s: priority %d out of 1-100", p.EPGID, r.ID, r.Priority)
+		case r.Action != ActionAllow && r.Action != ActionDeny:
+			return fmt.Errorf("policy %d rule %s: action %q must be allow or deny", p.EPGID, r.ID, r.Action)
+		case r.Remote.IsValid() && !r.Remote.Addr().Is4():
+			return fmt.Errorf("policy %d rule %s: remote %v is not IPv4", p.EPGID, r.ID, r.Remote)
+		}
+	}
+	return nil
+}
+
+// ServiceTenant is the tenant of a service id "<name>:<tenant>".
+func ServiceTenant(id string) (string, error) {
+	i := strings.LastIndexByte(id, ':')
+	if i <= 0 || i == len(id)-1 {
+		return "", fmt.Errorf("service %q: id must be <name>:<tenant>", id)
+	}
+	return id[i+1:], nil
+}
+
+// Validate checks a service: id with its tenant, an IPv4 VIP, TCP or UDP ports (each node
+// port once), IPv4 backends. Whether its backends are known and its VIP:port and node
+// ports free are the backend's checks.
+func (s Service) Validate() error {
+	if _, err := ServiceTenant(s.ID); err != nil {
+		return err
+	}
+	switch {
+	case !s.VIP.Is4():
+		return fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
+	case len(s.Ports) == 0:
+		return fmt.Errorf("service %s: no ports", s.ID)
+	}
+	nodePorts := map[[2]uint16]bool{}
+	for _, p := range s.Ports {
+		switch {
+		case p.Proto != 6 && p.Proto != 17:
+			return fmt.Errorf("service %s: port %d proto %d must be 6 (tcp) or 17 (udp)", s.ID, p.Port, p.Proto)
+		case p.Port == 0:
+			return fmt.Errorf("service %s: port is 0", s.ID)
+		case p.NodePort != 0 && nodePorts[[2]uint16{p.NodePort, uint16(p.Proto)}]:
+			return fmt.Errorf("service %s: node port %d/%d listed twice", s.ID, p.NodePort, p.Proto)
+		}
+		if p.NodePort != 0 {
+			nodePorts[[2]uint16{p.NodePort, uint16(p.Proto)}] = true
+		}
+	}
+	for _, b := range append(slices.Clone(s.Backends), s.Draining...) {
+		if !b.Is4() {
+			return fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
+		}
 	}
 	return nil
 }

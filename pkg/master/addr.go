@@ -1,7 +1,12 @@
 package master
 
+// This file: address allocation, IPv4 (the lowest free address of the network or its
+// EPG pool) and IPv6 (the next host id after the last one, contiv.md 3.6).
+
 import (
 	"fmt"
+	"math/big"
+	"net/netip"
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -279,4 +284,93 @@ func addressHolder(tx *state.Tx, ns *model.CfgNetworkState, ip string, allocated
 		}
 	}
 	return "", nil
+}
+
+// allocIPv6 allocates the next host id after the last one, skipping used ids and wrapping.
+func allocIPv6(ns *model.CfgNetworkState) (string, error) {
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return "", err
+	}
+	hb := sn.hostBits()
+	total := new(big.Int).Lsh(big.NewInt(1), uint(hb)) // ids 1..total-1
+	maxIDs := new(big.Int).Sub(total, big.NewInt(1))
+	if big.NewInt(int64(len(ns.IPv6AllocMap))).Cmp(maxIDs) >= 0 {
+		return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
+	}
+	cur := big.NewInt(0)
+	if ns.IPv6LastHost != "" {
+		if a, err := netip.ParseAddr(ns.IPv6LastHost); err == nil {
+			b := a.As16()
+			cur.SetBytes(b[:])
+		}
+	}
+	one := big.NewInt(1)
+	for i := 0; i <= len(ns.IPv6AllocMap)+1; i++ {
+		cur.Add(cur, one)
+		if cur.Cmp(total) >= 0 {
+			cur.SetInt64(1)
+		}
+		var hbuf [16]byte
+		cur.FillBytes(hbuf[:])
+		id := netip.AddrFrom16(hbuf).String()
+		if ns.IPv6AllocMap[id] {
+			continue
+		}
+		if ns.IPv6AllocMap == nil {
+			ns.IPv6AllocMap = map[string]bool{}
+		}
+		ns.IPv6AllocMap[id] = true
+		ns.IPv6LastHost = id
+		return sn.addr(cur).String(), nil
+	}
+	return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
+}
+
+// reserveIPv6 marks a given address as used; it must be inside the network's v6 subnet.
+func reserveIPv6(ns *model.CfgNetworkState, addr string) error {
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return err
+	}
+	a, err := netip.ParseAddr(addr)
+	if err != nil || !a.Is6() || !sn.prefix.Contains(a) {
+		return unproc("IPv6Address: %q is not inside %s", addr, sn.prefix)
+	}
+	if ns.IPv6AllocMap == nil {
+		ns.IPv6AllocMap = map[string]bool{}
+	}
+	ns.IPv6AllocMap[sn.hostID(a)] = true
+	return nil
+}
+
+// releaseIPv6 frees addr's host id (computed against the IPv6 subnet, unlike Contiv).
+func releaseIPv6(ns *model.CfgNetworkState, addr string) {
+	if ns.IPv6Subnet == "" || addr == "" {
+		return
+	}
+	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
+	if err != nil {
+		return
+	}
+	a, err := netip.ParseAddr(strings.SplitN(addr, "/", 2)[0])
+	if err != nil || !sn.prefix.Contains(a) {
+		return
+	}
+	if gw, err := netip.ParseAddr(ns.IPv6Gateway); err == nil && gw == a {
+		return
+	}
+	delete(ns.IPv6AllocMap, sn.hostID(a))
+	if len(ns.IPv6AllocMap) == 0 {
+		ns.IPv6AllocMap = nil
+	}
+}
+
+// allocLowest sets and returns the lowest clear bit.
+func allocLowest(m addrMap) (uint, bool, error) {
+	off, ok, err := m.NextClear(0)
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	return off, true, m.Set(off)
 }

@@ -490,3 +490,39 @@ func epgAllocMap(tx *state.Tx, ns *model.CfgNetworkState, g *model.EndpointGroup
 }
 
 func epgAllocPrefix(netID, epgID string) string { return netAllocRoot(netID) + "epg/" + epgID + "/" }
+
+// newIPMap marks network, broadcast, gateway and everything outside the range as used.
+func newIPMap(sn subnet4, gw uint32, hasGW bool) model.Bitset {
+	n := sn.size()
+	b := model.NewBitset(uint(n))
+	used := netBase(sn, gw, hasGW)
+	for off := uint(0); off < uint(n); off++ {
+		if used(off) {
+			b.Set(off)
+		}
+	}
+	return b
+}
+
+// formatRanges renders the offsets for which want(bit) holds as "a-b, c" address ranges.
+func formatRanges(sn subnet4, b model.Bitset, want bool, skip func(off uint) bool) string {
+	var parts []string
+	n := b.Len()
+	for i := uint(0); i < n; {
+		if b.Test(i) != want || (skip != nil && skip(i)) {
+			i++
+			continue
+		}
+		j := i
+		for j+1 < n && b.Test(j+1) == want && (skip == nil || !skip(j+1)) {
+			j++
+		}
+		if i == j {
+			parts = append(parts, addr4(sn.base+uint32(i)).String())
+		} else {
+			parts = append(parts, addr4(sn.base+uint32(i)).String()+"-"+addr4(sn.base+uint32(j)).String())
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}

@@ -65,15 +65,12 @@ type rankedRule struct {
 
 // compileRuleSet is compileRules keeping each entry's rule id (in map order).
 func compileRuleSet(p dataplane.PolicySet) (egress, ingress []rankedRule, err error) {
-	if p.EPGID == 0 {
-		return nil, nil, fmt.Errorf("policy: epgID is 0")
+	if err := p.Validate(); err != nil {
+		return nil, nil, err
 	}
 	type ranked = rankedRule
 	var eg, in []ranked
 	for _, r := range p.Rules {
-		if r.Priority < 1 || r.Priority > 100 {
-			return nil, nil, fmt.Errorf("policy %d rule %s: priority %d out of 1-100", p.EPGID, r.ID, r.Priority)
-		}
 		var c contivbpfCbRule
 		switch r.Action {
 		case dataplane.ActionAllow:
@@ -82,13 +79,8 @@ func compileRuleSet(p dataplane.PolicySet) (egress, ingress []rankedRule, err er
 		case dataplane.ActionDeny:
 			c.Action = uint8(contivbpfCbRuleActionCB_ACT_DENY)
 			c.Prio = uint16(2*r.Priority + 1) // deny wins ties
-		default:
-			return nil, nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", p.EPGID, r.ID, r.Action)
 		}
 		if r.Remote.IsValid() {
-			if !r.Remote.Addr().Is4() {
-				return nil, nil, fmt.Errorf("policy %d rule %s: remote %v is not IPv4", p.EPGID, r.ID, r.Remote)
-			}
 			m := r.Remote.Masked()
 			c.RemoteIp = ip4(m.Addr())
 			var b [4]byte

@@ -24,14 +24,6 @@ type svcRec struct {
 	nodePorts []contivbpfCbNpKey
 }
 
-// serviceTenant is the tenant of a service id "<name>:<tenant>".
-func serviceTenant(id string) string {
-	if i := strings.LastIndex(id, ":"); i >= 0 {
-		return id[i+1:]
-	}
-	return ""
-}
-
 // zoneOfTenant is the routing domain of a tenant (the same hash networks use).
 func zoneOfTenant(tenant string) uint32 { return vrfOf("." + tenant) }
 
@@ -113,30 +105,17 @@ func (d *Driver) indexAddr(k contivbpfCbEpKey, delta int) {
 }
 
 func (d *Driver) upsertService(s dataplane.Service) error {
-	switch {
-	case s.ID == "":
-		return fmt.Errorf("service: id is empty")
-	case !s.VIP.Is4():
-		return fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
-	case len(s.Ports) == 0:
-		return fmt.Errorf("service %s: no ports", s.ID)
-	case len(s.Backends) > d.cfg.MapEntries:
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if len(s.Backends) > d.cfg.MapEntries {
 		return fmt.Errorf("service %s: %d backends exceed MapEntries", s.ID, len(s.Backends))
 	}
-	tenant := serviceTenant(s.ID)
-	if tenant == "" {
-		return fmt.Errorf("service %s: id has no tenant (want <name>:<tenant>)", s.ID)
-	}
+	tenant, _ := dataplane.ServiceTenant(s.ID)
 	zone := zoneOfTenant(tenant)
 	var keys []contivbpfCbSvcKey
 	targets := map[contivbpfCbSvcKey]uint16{}
 	for _, p := range s.Ports {
-		if p.Proto != 6 && p.Proto != 17 {
-			return fmt.Errorf("service %s: port %d proto %d must be 6 (tcp) or 17 (udp)", s.ID, p.Port, p.Proto)
-		}
-		if p.Port == 0 {
-			return fmt.Errorf("service %s: port is 0", s.ID)
-		}
 		tp := p.TargetPort
 		if tp == 0 {
 			tp = p.Port
@@ -152,9 +131,6 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			continue
 		}
 		k := contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto}
-		if _, dup := nodePorts[k]; dup {
-			return fmt.Errorf("service %s: node port %d/%d listed twice", s.ID, p.NodePort, p.Proto)
-		}
 		nodePorts[k] = contivbpfCbNp{Zone: zone, Vip: ip4(s.VIP), SvcPort: nport(p.Port), Generation: d.gen}
 		npKeys = append(npKeys, k)
 	}

@@ -77,8 +77,8 @@ func TestServiceIndexes(t *testing.T) {
 			if err := h.d.objs.CbBackends.Lookup(&contivbpfCbBackendKey{SvcId: r.id, Index: 0}, &b); err != nil {
 				t.Fatalf("step %d: %s backend: %v", step, sid, err)
 			}
-			if b.Net != netKey[serviceTenant(sid)] {
-				t.Fatalf("step %d: %s backend resolved in network key %d, want its tenant's %d", step, sid, b.Net, netKey[serviceTenant(sid)])
+			if tenant, _ := dataplane.ServiceTenant(sid); b.Net != netKey[tenant] {
+				t.Fatalf("step %d: %s backend resolved in network key %d, want its tenant's %d", step, sid, b.Net, netKey[tenant])
 			}
 		}
 		want := map[contivbpfCbHostSvcKey]uint32{}

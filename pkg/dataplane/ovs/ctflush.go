@@ -158,7 +158,7 @@ func serviceNATs(st *desired, vrf map[string]uint32, ids []string) map[ctMatch]b
 		}
 	}
 	for _, s := range services {
-		tenant, err := serviceTenant(s.ID)
+		tenant, err := dataplane.ServiceTenant(s.ID)
 		if err != nil {
 			continue
 		}

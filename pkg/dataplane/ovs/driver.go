@@ -843,7 +843,7 @@ func endpointUnits(id string) func(old, st *desired) []string {
 			}
 		}
 		for sid, s := range st.services {
-			tenant, err := serviceTenant(sid)
+			tenant, err := dataplane.ServiceTenant(sid)
 			if err != nil || addrs[tenant] == nil {
 				continue
 			}
@@ -976,8 +976,8 @@ func (d *Driver) DeletePeer(ctx context.Context, host string) error {
 
 // UpsertPolicy implements dataplane.Driver.
 func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error {
-	if p.EPGID == 0 {
-		return errors.New("policy: epgID is 0")
+	if err := p.Validate(); err != nil {
+		return err
 	}
 	return changeOne(ctx, d, policiesOf, p.EPGID, &p, nil, units(unitPol(p.EPGID)))
 }
@@ -1007,8 +1007,8 @@ func (d *Driver) DeletePodPolicy(ctx context.Context, id string) error {
 
 // UpsertService implements dataplane.Driver.
 func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
-	if s.ID == "" {
-		return errors.New("service: id is empty")
+	if err := s.Validate(); err != nil {
+		return err
 	}
 	return changeOne(ctx, d, servicesOf, s.ID, &s, nil, units(unitSvc(s.ID)))
 }

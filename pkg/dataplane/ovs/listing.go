@@ -124,7 +124,7 @@ func (d *Driver) listCT(ctx context.Context, l *dataplane.Listing, limit int) er
 func (d *Driver) listServices(l *dataplane.Listing) {
 	l.Columns = []string{"SERVICE", "ZONE", "FRONTEND", "TARGET PORT", "BACKENDS"}
 	for id, s := range d.state.services {
-		tenant, _ := serviceTenant(id)
+		tenant, _ := dataplane.ServiceTenant(id)
 		for _, sp := range s.Ports {
 			target := sp.TargetPort
 			if target == 0 {

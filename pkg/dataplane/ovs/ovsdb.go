@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,11 +38,27 @@ func connectOVSDB(ctx context.Context, endpoint string) (*ovsDB, error) {
 	if err := c.Connect(ctx); err != nil {
 		return nil, fmt.Errorf("ovsdb connect %s: %w", endpoint, err)
 	}
+	if err := schemaCompatible(c.Schema(), ovsmodel.Schema()); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("ovsdb %s: %w", endpoint, err)
+	}
 	if _, err := c.MonitorAll(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("ovsdb monitor %s: %w", endpoint, err)
 	}
 	return &ovsDB{c: c}, nil
+}
+
+// schemaCompatible refuses a server whose Open_vSwitch schema has another major version
+// than the one the models were generated from: columns may have changed meaning. (libovsdb
+// itself checks that every modelled column exists with its type.)
+func schemaCompatible(server, built ovsdb.DatabaseSchema) error {
+	major := func(v string) string { m, _, _ := strings.Cut(v, "."); return m }
+	if server.Name != built.Name || major(server.Version) != major(built.Version) {
+		return fmt.Errorf("server schema %s %s, this build knows %s %s.x (Open vSwitch 2.x-3.x)",
+			server.Name, server.Version, built.Name, major(built.Version))
+	}
+	return nil
 }
 
 func (o *ovsDB) Close() { o.c.Close() }

@@ -3,12 +3,14 @@ package ovs
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/ovn-org/libovsdb/client"
 	"github.com/ovn-org/libovsdb/model"
+	"github.com/ovn-org/libovsdb/ovsdb"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs/ovsmodel"
 )
@@ -68,5 +70,31 @@ func TestFreeOfport(t *testing.T) {
 		t.Fatalf("freeOfport without an Interface listing = %d, nil; want an error", n)
 	} else {
 		t.Logf("freeOfport: %v", err)
+	}
+}
+
+// TestSchemaCompatible: the models fit servers of the same schema major version only, and
+// the refusal names both versions.
+func TestSchemaCompatible(t *testing.T) {
+	built := ovsmodel.Schema()
+	if built.Name != "Open_vSwitch" || len(built.Tables) != 4 {
+		t.Fatalf("built schema %s with %d tables, want Open_vSwitch with the 4 modelled ones", built.Name, len(built.Tables))
+	}
+	for _, c := range []struct {
+		name, version string
+		ok            bool
+	}{
+		{"Open_vSwitch", built.Version, true},
+		{"Open_vSwitch", "8.5.0", true}, // Open vSwitch 3.3
+		{"Open_vSwitch", "9.0.0", false},
+		{"Open_vSwitch", "", false},
+		{"OVN_Northbound", built.Version, false},
+	} {
+		err := schemaCompatible(ovsdb.DatabaseSchema{Name: c.name, Version: c.version}, built)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %q: err %v, want ok=%v", c.name, c.version, err, c.ok)
+		} else if err != nil && !strings.Contains(err.Error(), built.Version[:1]) {
+			t.Errorf("%s %q: %v does not name the built version", c.name, c.version, err)
+		}
 	}
 }

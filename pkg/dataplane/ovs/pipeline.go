@@ -512,11 +512,11 @@ func (pl *pipeline) forwarding(env *unitEnv, e endpoint) ([]*flow, error) {
 // policyFlows compiles one group's rules: priority 100 + 2·prio (+1 for deny, so deny
 // wins ties).
 func (pl *pipeline) policyFlows(ps dataplane.PolicySet) ([]*flow, error) {
+	if err := ps.Validate(); err != nil {
+		return nil, err
+	}
 	var flows []*flow
 	for _, r := range ps.Rules {
-		if r.Priority < 0 || r.Priority > 1000 {
-			return nil, fmt.Errorf("policy %d rule %s: priority %d out of range", ps.EPGID, r.ID, r.Priority)
-		}
 		prio := 100 + 2*r.Priority
 		if r.Action == dataplane.ActionDeny {
 			prio++
@@ -553,9 +553,6 @@ func (pl *pipeline) policyFlows(ps dataplane.PolicySet) ([]*flow, error) {
 		switch r.Action {
 		case dataplane.ActionAllow:
 			f.goTo(tNetpolEgress)
-		case dataplane.ActionDeny:
-		default:
-			return nil, fmt.Errorf("policy %d rule %s: action %q must be allow or deny", ps.EPGID, r.ID, r.Action)
 		}
 		flows = append(flows, f)
 	}
@@ -623,38 +620,16 @@ func (pl *pipeline) overlaySource(r dataplane.RemoteEndpoint, vrf uint32) []*flo
 	}
 }
 
-// serviceTenant returns the tenant of a Contiv service id "<service>:<tenant>".
-func serviceTenant(id string) (string, error) {
-	i := strings.LastIndexByte(id, ':')
-	if i <= 0 || i == len(id)-1 {
-		return "", fmt.Errorf("service %q: id must be <name>:<tenant>", id)
-	}
-	return id[i+1:], nil
-}
-
 // service compiles service s into its tenant's VRF: the VIP is answered (ARP) and
 // translated only for packets from that tenant's networks, so two tenants may use the
 // same VIP:port. A service whose tenant has no network on this host has no flows. The
 // keys are its LB keys ("service/proto/port"); one VIP:port per VRF is checked by
 // compiled.claimService.
 func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []string, error) {
-	tenant, err := serviceTenant(s.ID)
-	if err != nil {
+	if err := s.Validate(); err != nil {
 		return nil, nil, err
 	}
-	if !s.VIP.Is4() {
-		return nil, nil, fmt.Errorf("service %s: vip %v is not IPv4", s.ID, s.VIP)
-	}
-	for _, b := range append(slices.Clone(s.Backends), s.Draining...) {
-		if !b.Is4() {
-			return nil, nil, fmt.Errorf("service %s: backend %v is not IPv4", s.ID, b)
-		}
-	}
-	for _, sp := range s.Ports {
-		if sp.Proto != 6 && sp.Proto != 17 {
-			return nil, nil, fmt.Errorf("service %s: port %d proto %d must be 6 or 17", s.ID, sp.Port, sp.Proto)
-		}
-	}
+	tenant, _ := dataplane.ServiceTenant(s.ID)
 	v, ok := env.vrf[tenant]
 	if !ok {
 		return nil, nil, nil

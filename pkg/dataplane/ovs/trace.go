@@ -120,7 +120,7 @@ func (d *Driver) arpAnswer(n dataplane.Network, dst netip.Addr) (net.HardwareAdd
 	}
 	tenant := tenantOf(n.ID)
 	for id, s := range d.state.services {
-		if t, err := serviceTenant(id); err == nil && t == tenant && s.VIP == dst {
+		if t, err := dataplane.ServiceTenant(id); err == nil && t == tenant && s.VIP == dst {
 			return dataplane.ContivMAC(dst), true
 		}
 	}

@@ -106,7 +106,7 @@ func (c *compiled) claimService(u string, d *desired, env *unitEnv, keys []strin
 	if !ok || len(keys) == 0 {
 		return undo, nil
 	}
-	tenant, _ := serviceTenant(id)
+	tenant, _ := dataplane.ServiceTenant(id)
 	v := env.vrf[tenant]
 	var vks []string
 	for _, sp := range s.Ports {

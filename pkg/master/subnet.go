@@ -1,5 +1,8 @@
 package master
 
+// This file: parsing and arithmetic of network subnets (IPv4 with an optional range, IPv6).
+// The address allocators are in addr.go, their allocation maps in addrmap.go.
+
 import (
 	"fmt"
 	"math/big"
@@ -84,53 +87,7 @@ func subnetOfState(ns *model.CfgNetworkState) (subnet4, error) {
 	return sn, nil
 }
 
-// newIPMap marks network, broadcast, gateway and everything outside the range as used.
-func newIPMap(sn subnet4, gw uint32, hasGW bool) model.Bitset {
-	n := sn.size()
-	b := model.NewBitset(uint(n))
-	used := netBase(sn, gw, hasGW)
-	for off := uint(0); off < uint(n); off++ {
-		if used(off) {
-			b.Set(off)
-		}
-	}
-	return b
-}
-
-// allocLowest sets and returns the lowest clear bit.
-func allocLowest(m addrMap) (uint, bool, error) {
-	off, ok, err := m.NextClear(0)
-	if err != nil || !ok {
-		return 0, false, err
-	}
-	return off, true, m.Set(off)
-}
-
-// formatRanges renders the offsets for which want(bit) holds as "a-b, c" address ranges.
-func formatRanges(sn subnet4, b model.Bitset, want bool, skip func(off uint) bool) string {
-	var parts []string
-	n := b.Len()
-	for i := uint(0); i < n; {
-		if b.Test(i) != want || (skip != nil && skip(i)) {
-			i++
-			continue
-		}
-		j := i
-		for j+1 < n && b.Test(j+1) == want && (skip == nil || !skip(j+1)) {
-			j++
-		}
-		if i == j {
-			parts = append(parts, addr4(sn.base+uint32(i)).String())
-		} else {
-			parts = append(parts, addr4(sn.base+uint32(i)).String()+"-"+addr4(sn.base+uint32(j)).String())
-		}
-		i = j + 1
-	}
-	return strings.Join(parts, ", ")
-}
-
-// --- IPv6 (contiv.md 3.6) ---
-
+// subnet6 is a parsed IPv6 network subnet (contiv.md 3.6).
 type subnet6 struct {
 	prefix netip.Prefix
 }
@@ -169,84 +126,4 @@ func (s subnet6) addr(hostID *big.Int) netip.Addr {
 		out[i] = pb[i] | hb[i]
 	}
 	return netip.AddrFrom16(out)
-}
-
-// allocIPv6 allocates the next host id after the last one, skipping used ids and wrapping.
-func allocIPv6(ns *model.CfgNetworkState) (string, error) {
-	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
-	if err != nil {
-		return "", err
-	}
-	hb := sn.hostBits()
-	total := new(big.Int).Lsh(big.NewInt(1), uint(hb)) // ids 1..total-1
-	maxIDs := new(big.Int).Sub(total, big.NewInt(1))
-	if big.NewInt(int64(len(ns.IPv6AllocMap))).Cmp(maxIDs) >= 0 {
-		return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
-	}
-	cur := big.NewInt(0)
-	if ns.IPv6LastHost != "" {
-		if a, err := netip.ParseAddr(ns.IPv6LastHost); err == nil {
-			b := a.As16()
-			cur.SetBytes(b[:])
-		}
-	}
-	one := big.NewInt(1)
-	for i := 0; i <= len(ns.IPv6AllocMap)+1; i++ {
-		cur.Add(cur, one)
-		if cur.Cmp(total) >= 0 {
-			cur.SetInt64(1)
-		}
-		var hbuf [16]byte
-		cur.FillBytes(hbuf[:])
-		id := netip.AddrFrom16(hbuf).String()
-		if ns.IPv6AllocMap[id] {
-			continue
-		}
-		if ns.IPv6AllocMap == nil {
-			ns.IPv6AllocMap = map[string]bool{}
-		}
-		ns.IPv6AllocMap[id] = true
-		ns.IPv6LastHost = id
-		return sn.addr(cur).String(), nil
-	}
-	return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
-}
-
-// reserveIPv6 marks a given address as used; it must be inside the network's v6 subnet.
-func reserveIPv6(ns *model.CfgNetworkState, addr string) error {
-	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
-	if err != nil {
-		return err
-	}
-	a, err := netip.ParseAddr(addr)
-	if err != nil || !a.Is6() || !sn.prefix.Contains(a) {
-		return unproc("IPv6Address: %q is not inside %s", addr, sn.prefix)
-	}
-	if ns.IPv6AllocMap == nil {
-		ns.IPv6AllocMap = map[string]bool{}
-	}
-	ns.IPv6AllocMap[sn.hostID(a)] = true
-	return nil
-}
-
-// releaseIPv6 frees addr's host id (computed against the IPv6 subnet, unlike Contiv).
-func releaseIPv6(ns *model.CfgNetworkState, addr string) {
-	if ns.IPv6Subnet == "" || addr == "" {
-		return
-	}
-	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
-	if err != nil {
-		return
-	}
-	a, err := netip.ParseAddr(strings.SplitN(addr, "/", 2)[0])
-	if err != nil || !sn.prefix.Contains(a) {
-		return
-	}
-	if gw, err := netip.ParseAddr(ns.IPv6Gateway); err == nil && gw == a {
-		return
-	}
-	delete(ns.IPv6AllocMap, sn.hostID(a))
-	if len(ns.IPv6AllocMap) == 0 {
-		ns.IPv6AllocMap = nil
-	}
 }
