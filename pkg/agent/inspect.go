@@ -19,7 +19,7 @@ import (
 
 // lister is a dataplane that decodes its tables (both drivers).
 type lister interface {
-	Listing(kind string, limit int) (dataplane.Listing, error)
+	Listing(q dataplane.ListQuery) (dataplane.Listing, error)
 }
 
 func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
@@ -37,7 +37,28 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 		}
 		limit = n
 	}
-	out, err := l.Listing(mux.Vars(req)["kind"], limit)
+	q := dataplane.ListQuery{Kind: mux.Vars(req)["kind"], Limit: limit}
+	if s := req.URL.Query().Get("epg"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 65535 {
+			http.Error(w, fmt.Sprintf("epg: %q is not an endpoint group id from 1 to 65535", s), http.StatusBadRequest)
+			return
+		}
+		q.EPG = uint16(n)
+	}
+	if s := req.URL.Query().Get("group"); s != "" {
+		id, ok := a.groupID(s)
+		if !ok {
+			http.Error(w, fmt.Sprintf("group: no endpoint group %q (want <group>:<tenant>)", s), http.StatusNotFound)
+			return
+		}
+		q.EPG = id
+	}
+	if q.EPG != 0 && q.Kind != "policy" {
+		http.Error(w, "epg, group: only the policy table is listed by group", http.StatusBadRequest)
+		return
+	}
+	out, err := l.Listing(q)
 	if err != nil {
 		code := http.StatusInternalServerError
 		if strings.HasPrefix(err.Error(), "unknown table") {
@@ -49,6 +70,17 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// groupID is the id of endpoint group key ("<group>:<tenant>") in the agent's records.
+func (a *Agent) groupID(key string) (uint16, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g, ok := a.rec.epgs[key]
+	if !ok || g.EndpointGroupID < 1 || g.EndpointGroupID > 65535 {
+		return 0, false
+	}
+	return uint16(g.EndpointGroupID), true
+}
+
 // Handler serves netplugin's local REST API (Contiv's :9090) and /metrics:
 //
 //	GET /inspect/networks   networks programmed in the driver
@@ -56,7 +88,8 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 //	GET /inspect/peers      VXLAN peers
 //	GET /inspect/driver     the driver's Status (attachments, map/flow contents, counters)
 //	GET /inspect/bpf/{kind} one datapath table decoded (endpoints, networks, peers, ct,
-//	                        services, policy, counters; ?limit=N caps ct rows)
+//	                        services, policy, counters; ?limit=N caps ct rows;
+//	                        policy: ?epg=<id> or ?group=<group>:<tenant> for one group)
 //	GET /inspect/agent      everything above from the agent plus errors and sync state
 //	GET /inspect/verify     drift between the applied state and the live datapath
 //	POST /inspect/trace     a packet run through the live datapath, nothing sent or changed

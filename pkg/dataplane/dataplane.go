@@ -349,6 +349,15 @@ type Listing struct {
 	Truncated int        `json:"truncated,omitempty"`
 }
 
+// ListQuery selects what a Listing decodes.
+type ListQuery struct {
+	Kind  string // the table: one of the backend's listing kinds
+	Limit int    // cap on the rows of the conntrack listings (0: 1,000)
+	// EPG, when not 0, restricts the policy listing to that endpoint group's rules (the
+	// backend then reads only that group's entries).
+	EPG uint16
+}
+
 // TraceRequest is a packet a local endpoint would send, for a trace through the live
 // datapath (nothing is sent, no state changes).
 type TraceRequest struct {

@@ -50,6 +50,7 @@ type config struct {
 	downTime    time.Duration
 	svcSteps    []int // services installed at each svcscale step, ascending
 	scaleSteps  []int // endpoints in the cluster at each scale step, ascending
+	scaleSvcs   []int // services in the scale cluster at each step, ascending
 	scaleHosts  int
 	scaleProf   string // file for a CPU profile of host 1's agent during the last scale step
 	scaleOVS    int    // services on the OVS host of the scale stage (0: skip that part)
@@ -81,6 +82,7 @@ func main() {
 	flag.DurationVar(&cfg.downTime, "down", time.Second, "how long netplugin stays dead in the restart stage")
 	svcSteps := flag.String("svcscale-steps", "1,1000,10000", "services installed at each svcscale step (ascending; the first is the reference)")
 	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
+	scaleSvcs := flag.String("scale-services", "1000,10000", "services in the scale cluster at each step (ascending; installed on every host)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
 	flag.IntVar(&cfg.scaleOVS, "scale-ovs-services", 1000, "services installed on the OVS host of the scale stage (0 skips it)")
 	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last scale step's creates to this file (go tool pprof)")
@@ -92,6 +94,10 @@ func main() {
 	}
 	if cfg.scaleSteps, err = ascending(*scaleSteps, 1600000); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: --scale-steps: %v\n", err)
+		os.Exit(2)
+	}
+	if cfg.scaleSvcs, err = ascending(*scaleSvcs, 60000); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: --scale-services: %v\n", err)
 		os.Exit(2)
 	}
 	if cfg.scaleHosts < 2 || cfg.scaleHosts > 50 {

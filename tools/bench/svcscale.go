@@ -78,43 +78,14 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 	}
 	defer ksrv.Close()
 
-	// The measured service "crr" (tenant default, VIP 10.130.0.100) and n-1 others in
-	// tenants of 100 services each (svt<k>, network vips 10.140.0.0/24 + k, no backend):
-	// Contiv's object model keeps every service's link in its tenant and network objects,
-	// so one tenant with 10,000 services makes each create rewrite ~1 MB (netmaster then
-	// creates ~14/s and its etcd history grows by gigabytes); a cluster of that size has
-	// many tenants anyway. Every service is installed on every host all the same.
-	const perTenant = 100
+	// The measured service "crr" (tenant default, VIP 10.130.0.100) and n-1 others
+	// (svcFills); every service is installed on every host all the same.
 	const target = "10.130.0.100"
-	fillVIP := func(i int) (tenant, vip string) {
-		k := i / perTenant
-		return fmt.Sprintf("svt%d", k), fmt.Sprintf("10.%d.%d.%d", 140+k/256, k%256, 2+i%perTenant)
-	}
 	if err := c.MasterDo(ctx, "POST", "/api/v1/serviceLBs/default:crr/", map[string]any{"tenantName": "default", "networkName": svcNet,
 		"serviceName": "crr", "ipAddress": target, "selectors": []string{"app=crr"}, "ports": []string{fmt.Sprintf("80:%d:TCP", echoPort)}}, nil); err != nil {
 		return err
 	}
-	tenants := 0
-	ensureTenants := func(ctx context.Context, fills int) error {
-		for ; tenants*perTenant < fills; tenants++ {
-			name := fmt.Sprintf("svt%d", tenants)
-			if err := c.MasterDo(ctx, "POST", "/api/v1/tenants/"+name+"/", map[string]any{"tenantName": name}, nil); err != nil {
-				return err
-			}
-			_, vip := fillVIP(tenants * perTenant)
-			subnet := vip[:strings.LastIndexByte(vip, '.')] + ".0/24"
-			if err := c.CreateNetwork(ctx, name, "vips", "vxlan", subnet, strings.TrimSuffix(subnet, "0/24")+"1"); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	create := func(ctx context.Context, i int) error {
-		tenant, vip := fillVIP(i)
-		name := fmt.Sprintf("s%d", i)
-		return c.MasterDo(ctx, "POST", "/api/v1/serviceLBs/"+tenant+":"+name+"/", map[string]any{"tenantName": tenant, "networkName": "vips",
-			"serviceName": name, "ipAddress": vip, "selectors": []string{"app=crr"}, "ports": []string{fmt.Sprintf("80:%d:TCP", echoPort)}}, nil)
-	}
+	fills := &svcFills{c: c, port: fmt.Sprintf("80:%d:TCP", echoPort)}
 	have := 1 // crr
 	testDial, baseDial := netbench.NewDialer(netbench.NSPath(a.Name)), netbench.NewDialer(netbench.NSPath(kp.Namespaces[0]))
 	var firstNorm float64
@@ -130,10 +101,10 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 			return err
 		}
 		t0 := time.Now()
-		if err := ensureTenants(ctx, n-1); err != nil {
+		if err := fills.ensureTenants(ctx, n-1); err != nil {
 			return fmt.Errorf("%d services: tenants: %w", n, err)
 		}
-		if err := createConcurrently(ctx, have-1, n-1, 8, create); err != nil {
+		if err := createConcurrently(ctx, have-1, n-1, 8, fills.create); err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
 		created := time.Since(t0)
@@ -215,6 +186,49 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 }
 
 // stepLabel names a service count in figure names: 1, 1k, 10k, 2500.
+// svcFills creates services in tenants of 100 (svt<k>, each with a network "vips",
+// 10.140.0.0/24 + k) whose selector matches nothing there (no backend). Contiv's object
+// model keeps every service's link in its tenant and network objects, so one tenant with
+// 10,000 services makes each create rewrite ~1 MB (netmaster then creates ~14/s and its
+// etcd history grows by gigabytes); a cluster of that size has many tenants anyway.
+type svcFills struct {
+	c       *sim.Cluster
+	port    string // "svcPort:targetPort:proto" of every service
+	tenants int    // created so far
+}
+
+const svcsPerTenant = 100
+
+// vip is the tenant and VIP of service i.
+func (f *svcFills) vip(i int) (tenant, vip string) {
+	k := i / svcsPerTenant
+	return fmt.Sprintf("svt%d", k), fmt.Sprintf("10.%d.%d.%d", 140+k/256, k%256, 2+i%svcsPerTenant)
+}
+
+// ensureTenants creates the tenants and networks services 0..n-1 need.
+func (f *svcFills) ensureTenants(ctx context.Context, n int) error {
+	for ; f.tenants*svcsPerTenant < n; f.tenants++ {
+		name := fmt.Sprintf("svt%d", f.tenants)
+		if err := f.c.MasterDo(ctx, "POST", "/api/v1/tenants/"+name+"/", map[string]any{"tenantName": name}, nil); err != nil {
+			return err
+		}
+		_, vip := f.vip(f.tenants * svcsPerTenant)
+		subnet := vip[:strings.LastIndexByte(vip, '.')] + ".0/24"
+		if err := f.c.CreateNetwork(ctx, name, "vips", "vxlan", subnet, strings.TrimSuffix(subnet, "0/24")+"1"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// create creates service i (its tenant must exist).
+func (f *svcFills) create(ctx context.Context, i int) error {
+	tenant, vip := f.vip(i)
+	name := fmt.Sprintf("s%d", i)
+	return f.c.MasterDo(ctx, "POST", "/api/v1/serviceLBs/"+tenant+":"+name+"/", map[string]any{"tenantName": tenant, "networkName": "vips",
+		"serviceName": name, "ipAddress": vip, "selectors": []string{"app=crr"}, "ports": []string{f.port}}, nil)
+}
+
 func stepLabel(n int) string {
 	if n >= 1000 && n%1000 == 0 {
 		return strconv.Itoa(n/1000) + "k"

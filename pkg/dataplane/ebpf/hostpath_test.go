@@ -202,7 +202,7 @@ func TestHostPathAndEgress(t *testing.T) {
 		if _, err := conformance.UDPExchange(b.NetNS, ewWorld+":5353", []byte("udp-egress"), time.Second); err != nil {
 			t.Error(err)
 		}
-		l, err := d.Listing("nat", 0)
+		l, err := d.Listing(dataplane.ListQuery{Kind: "nat"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,12 +1,15 @@
 package ebpf
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -23,8 +26,6 @@ type listNames struct {
 	ifName   map[uint32]string // ifindex → host interface
 	hostOf   map[netip.Addr]string
 	svcByID  map[uint32]string
-	policies map[uint16]dataplane.PolicySet
-	failed   map[uint16]string
 	podPol   map[contivbpfCbKpodKey]podPolName // the NetworkPolicy layer's pods
 	epoch    uint32
 	mapFull  map[string]uint64
@@ -38,7 +39,7 @@ func (d *Driver) names() (listNames, error) {
 	}
 	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
 		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
-		policies: map[uint16]dataplane.PolicySet{}, failed: map[uint16]string{}, epoch: d.epoch, mapFull: map[string]uint64{},
+		epoch: d.epoch, mapFull: map[string]uint64{},
 		podPol: map[contivbpfCbKpodKey]podPolName{}}
 	for id, r := range d.networks {
 		n.netByKey[r.key] = id
@@ -58,12 +59,6 @@ func (d *Driver) names() (listNames, error) {
 	}
 	for id, r := range d.services {
 		n.svcByID[r.id] = id
-	}
-	for epg, p := range d.policies {
-		n.policies[epg] = p
-	}
-	for epg, err := range d.failed {
-		n.failed[epg] = err.Error()
 	}
 	for id, r := range d.podPols {
 		pn := podPolName{id: id}
@@ -108,7 +103,14 @@ func (n listNames) zone(z uint32) string {
 
 // Listing decodes one of ListingKinds from the live maps. limit caps the rows of the
 // conntrack listing (0: 1,000); other tables are bounded by the state they mirror.
-func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
+func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
+	kind, limit := q.Kind, q.Limit
+	if kind == "policy" {
+		// Names only the rule sets (a listing of one group reads only its entries):
+		// probes poll it while rules change.
+		l := dataplane.Listing{Kind: kind}
+		return l, d.listPolicy(&l, q.EPG)
+	}
 	n, err := d.names()
 	if err != nil {
 		return dataplane.Listing{}, err
@@ -130,8 +132,6 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 		err = d.listNAT(n, &l, limit)
 	case "services":
 		err = d.listServices(n, &l)
-	case "policy":
-		err = d.listPolicy(n, &l)
 	case "netpol":
 		err = d.listNetpol(n, &l)
 	case "routes":
@@ -334,11 +334,28 @@ func (d *Driver) listServices(n listNames, l *dataplane.Listing) error {
 	return iterErr(it.Err(), contivbpfMapCbServices)
 }
 
-func (d *Driver) listPolicy(n listNames, l *dataplane.Listing) error {
+// listPolicy decodes the rule sets in cb_policies (of group epg only, when not 0), each
+// entry named by the agent's rule it was compiled from, and the groups failed closed.
+func (d *Driver) listPolicy(l *dataplane.Listing, epg uint16) error {
 	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "FLAGS"}
-	var k contivbpfCbPolKey
-	var v contivbpfCbPolicy
-	it := d.objs.CbPolicies.Iterate()
+	d.mu.Lock()
+	if err := d.check(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	sets := map[uint16]dataplane.PolicySet{}
+	failed := map[uint16]string{}
+	for g, p := range d.policies {
+		if epg == 0 || g == epg {
+			sets[g] = p
+		}
+	}
+	for g, err := range d.failed {
+		if epg == 0 || g == epg {
+			failed[g] = err.Error()
+		}
+	}
+	d.mu.Unlock()
 	type row struct {
 		epg uint16
 		dir uint8
@@ -346,19 +363,21 @@ func (d *Driver) listPolicy(n listNames, l *dataplane.Listing) error {
 		r   []string
 	}
 	var rows []row
-	for it.Next(&k, &v) {
-		var want []rankedRule
-		if p, ok := n.policies[k.Epg]; ok {
-			if eg, in, err := compileRuleSet(p); err == nil {
-				want = eg
-				if k.Dir == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
-					want = in
+	compiled := map[uint16][2][]rankedRule{} // by group: egress, ingress
+	add := func(k contivbpfCbPolKey, v *contivbpfCbPolicy) {
+		c, ok := compiled[k.Epg]
+		if !ok {
+			if p, known := sets[k.Epg]; known {
+				if eg, in, err := compileRuleSet(p); err == nil {
+					c = [2][]rankedRule{eg, in}
 				}
 			}
+			compiled[k.Epg] = c
 		}
+		want := c[0]
 		dir := "egress"
 		if k.Dir == uint8(contivbpfCbPolDirCB_DIR_INGRESS) {
-			dir = "ingress"
+			want, dir = c[1], "ingress"
 		}
 		for i := 0; i < int(v.Count) && i < len(v.Rules); i++ {
 			r := v.Rules[i]
@@ -389,11 +408,29 @@ func (d *Driver) listPolicy(n listNames, l *dataplane.Listing) error {
 				action + " (prio " + strconv.Itoa(int(r.Prio)/2) + ")", protoName(r.Proto), port, strings.Join(remote, " "), flags}})
 		}
 	}
-	if err := iterErr(it.Err(), contivbpfMapCbPolicies); err != nil {
-		return err
+	var v contivbpfCbPolicy
+	if epg != 0 {
+		for _, dir := range []uint8{uint8(contivbpfCbPolDirCB_DIR_EGRESS), uint8(contivbpfCbPolDirCB_DIR_INGRESS)} {
+			k := contivbpfCbPolKey{Epg: epg, Dir: dir}
+			switch err := d.objs.CbPolicies.Lookup(&k, &v); {
+			case err == nil:
+				add(k, &v)
+			case !errors.Is(err, ebpf.ErrKeyNotExist):
+				return fmt.Errorf("lookup %s: %w", contivbpfMapCbPolicies, err)
+			}
+		}
+	} else {
+		var k contivbpfCbPolKey
+		it := d.objs.CbPolicies.Iterate()
+		for it.Next(&k, &v) {
+			add(k, &v)
+		}
+		if err := iterErr(it.Err(), contivbpfMapCbPolicies); err != nil {
+			return err
+		}
 	}
-	for epg, why := range n.failed {
-		rows = append(rows, row{epg, 2, 0, []string{strconv.Itoa(int(epg)), "both", "-", "(failed closed: " + why + ")", "deny", "any", "any", "any", ""}})
+	for g, why := range failed {
+		rows = append(rows, row{g, 2, 0, []string{strconv.Itoa(int(g)), "both", "-", "(failed closed: " + why + ")", "deny", "any", "any", "any", ""}})
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		a, b := rows[i], rows[j]

@@ -40,7 +40,7 @@ func TestListings(t *testing.T) {
 
 	list := func(kind string) dataplane.Listing {
 		t.Helper()
-		l, err := h.d.Listing(kind, 0)
+		l, err := h.d.Listing(dataplane.ListQuery{Kind: kind})
 		if err != nil {
 			t.Fatalf("%s: %v", kind, err)
 		}
@@ -77,6 +77,18 @@ func TestListings(t *testing.T) {
 	has(pl, map[string]string{"EPG": "2", "DIRECTION": "ingress", "#": "1", "RULE": "t:p:allow-8080", "ACTION": "allow", "PROTO": "tcp", "PORT": "8080"})
 	has(pl, map[string]string{"RULE": "t:p:from-far", "PROTO": "any", "REMOTE": "10.50.0.8/30"})
 	has(pl, map[string]string{"RULE": "t:p:deny-tcp", "ACTION": "deny", "FLAGS": "syn-only"})
+	// One group's listing: its rules, named, and nothing of other groups.
+	for _, q := range []struct {
+		epg  uint16
+		rows int
+	}{{2, len(pl.Rows)}, {1, 0}, {999, 0}} {
+		g, err := h.d.Listing(dataplane.ListQuery{Kind: "policy", EPG: q.epg})
+		if err != nil || len(g.Rows) != q.rows {
+			t.Errorf("policy of group %d: %d rows, %v; want %d", q.epg, len(g.Rows), err, q.rows)
+		} else if q.rows > 0 {
+			has(g, map[string]string{"EPG": "2", "RULE": "t:p:allow-8080"})
+		}
+	}
 	has(list("services"), map[string]string{"SERVICE": "web:t", "FRONTEND": "10.50.0.100:80/tcp", "TARGET PORT": "8080", "BACKENDS": "10.50.0.3"})
 	ct := list("ct")
 	// The service entry (VIP → chosen backend) and the policy entry of the translated flow.
@@ -90,10 +102,10 @@ func TestListings(t *testing.T) {
 		}
 	}
 	has(list("counters"), map[string]string{"COUNTER": "drop_policy", "KIND": "drop"})
-	if l, err := h.d.Listing("ct", 1); err != nil || len(l.Rows) != 1 || l.Truncated == 0 {
+	if l, err := h.d.Listing(dataplane.ListQuery{Kind: "ct", Limit: 1}); err != nil || len(l.Rows) != 1 || l.Truncated == 0 {
 		t.Errorf("ct with limit 1: %d rows, %d truncated, %v", len(l.Rows), l.Truncated, err)
 	}
-	if _, err := h.d.Listing("bogus", 0); err == nil || !strings.Contains(err.Error(), "unknown table") {
+	if _, err := h.d.Listing(dataplane.ListQuery{Kind: "bogus"}); err == nil || !strings.Contains(err.Error(), "unknown table") {
 		t.Errorf("unknown table: %v", err)
 	}
 	// A rule written behind the agent's back is shown, but not under a rule id.

@@ -233,7 +233,7 @@ func TestSetNativeRouting(t *testing.T) {
 	if !feat() || !slices.Equal(routes(), []dataplane.Route{r2, r1}) {
 		t.Fatalf("feature %v routes %v", feat(), routes())
 	}
-	l, err := d.Listing("routes", 0)
+	l, err := d.Listing(dataplane.ListQuery{Kind: "routes"})
 	if err != nil || len(l.Rows) != 2 || l.Rows[1][0] != "10.66.1.3/32" || l.Rows[1][2] != "tor0" {
 		t.Errorf("listing %+v %v", l, err)
 	}

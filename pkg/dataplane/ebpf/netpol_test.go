@@ -230,7 +230,7 @@ func TestPodPolicyDriver(t *testing.T) {
 	if n := countKSets(t, &h.d.objs); n != 1 {
 		t.Fatalf("%d rule sets for two pods with equal rules, want 1", n)
 	}
-	l, err := h.d.Listing("netpol", 0)
+	l, err := h.d.Listing(dataplane.ListQuery{Kind: "netpol"})
 	if err != nil || len(l.Rows) != 3 {
 		t.Fatalf("listing: %v %v", l, err)
 	}

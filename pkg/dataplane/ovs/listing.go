@@ -20,7 +20,8 @@ var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "services", 
 // driver installed, named (endpoints, networks, peers, services, policy rules, flows by
 // object), the switch's conntrack table (dpctl/dump-conntrack, at most limit rows) and
 // its per-table packet counters.
-func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
+func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
+	kind, limit := q.Kind, q.Limit
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -45,7 +46,7 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 	case "services":
 		d.listServices(&l)
 	case "policy":
-		d.listPolicy(&l)
+		d.listPolicy(&l, q.EPG)
 	case "counters":
 		err = d.listCounters(ctx, &l)
 	case "flows":
@@ -143,9 +144,13 @@ func (d *Driver) listServices(l *dataplane.Listing) {
 	}
 }
 
-func (d *Driver) listPolicy(l *dataplane.Listing) {
+// listPolicy lists the installed rule sets (of group only, when not 0).
+func (d *Driver) listPolicy(l *dataplane.Listing, group uint16) {
 	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "PRIORITY"}
 	for _, epg := range slices.Sorted(maps.Keys(d.state.policies)) {
+		if group != 0 && epg != group {
+			continue
+		}
 		for i, r := range d.state.policies[epg].Rules {
 			dir, proto, port, remote := "egress", "any", "", ""
 			if r.Ingress {

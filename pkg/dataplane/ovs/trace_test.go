@@ -121,12 +121,12 @@ func TestTraceOVS(t *testing.T) {
 		"services": "10.96.0.10:8000/tcp", "policy": "deny-tcp", "counters": "policy",
 		"flows": "service web:default", "ct": "10.1.0.2:80",
 	} {
-		l, err := d1.Listing(kind, 100)
+		l, err := d1.Listing(dataplane.ListQuery{Kind: kind, Limit: 100})
 		if err != nil || !strings.Contains(fmt.Sprint(l.Rows), want) {
 			t.Errorf("listing %s: %v, no %q in %v", kind, err, want, l.Rows)
 		}
 	}
-	if _, err := d1.Listing("nat", 10); err == nil || !strings.Contains(err.Error(), "eBPF only") {
+	if _, err := d1.Listing(dataplane.ListQuery{Kind: "nat", Limit: 10}); err == nil || !strings.Contains(err.Error(), "eBPF only") {
 		t.Errorf("listing nat on OVS: %v", err)
 	}
 	// The traces committed nothing: no conntrack entry has their source port.
