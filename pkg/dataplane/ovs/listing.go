@@ -37,7 +37,7 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 		d.listNetworks(&l)
 	case "peers":
 		l.Columns = []string{"VTEP", "HOST"}
-		for _, p := range d.state.peers {
+		for _, p := range d.state.Peers {
 			l.Rows = append(l.Rows, []string{p.VTEP.String(), p.Host})
 		}
 	case "ct":
@@ -65,11 +65,11 @@ func (d *Driver) Listing(kind string, limit int) (dataplane.Listing, error) {
 
 func (d *Driver) listEndpoints(l *dataplane.Listing) {
 	l.Columns = []string{"NETWORK", "IP", "MAC", "EPG", "WHERE", "ENDPOINT"}
-	for id, e := range d.state.endpoints {
+	for id, e := range d.state.Endpoints {
 		l.Rows = append(l.Rows, []string{e.NetworkID, e.IP.String(), e.MAC.String(), strconv.Itoa(int(e.EPGID)),
 			fmt.Sprintf("local %s (port %d)", e.HostIfName, d.ports.endpoints[id]), id})
 	}
-	for id, r := range d.state.remotes {
+	for id, r := range d.state.RemoteEndpoints {
 		l.Rows = append(l.Rows, []string{r.NetworkID, r.IP.String(), r.MAC.String(), strconv.Itoa(int(r.EPGID)),
 			fmt.Sprintf("vtep %s (%s)", r.VTEP, r.Host), id})
 	}
@@ -77,7 +77,7 @@ func (d *Driver) listEndpoints(l *dataplane.Listing) {
 
 func (d *Driver) listNetworks(l *dataplane.Listing) {
 	l.Columns = []string{"NETWORK", "KEY", "ZONE", "ENCAP", "TAG", "SUBNET", "GATEWAY", "MTU"}
-	for id, n := range d.state.networks {
+	for id, n := range d.state.Networks {
 		gw := ""
 		if n.Gateway.IsValid() {
 			gw = n.Gateway.String()
@@ -123,7 +123,7 @@ func (d *Driver) listCT(ctx context.Context, l *dataplane.Listing, limit int) er
 
 func (d *Driver) listServices(l *dataplane.Listing) {
 	l.Columns = []string{"SERVICE", "ZONE", "FRONTEND", "TARGET PORT", "BACKENDS"}
-	for id, s := range d.state.services {
+	for id, s := range d.state.Services {
 		tenant, _ := serviceTenant(id)
 		for _, sp := range s.Ports {
 			target := sp.TargetPort
@@ -145,8 +145,8 @@ func (d *Driver) listServices(l *dataplane.Listing) {
 
 func (d *Driver) listPolicy(l *dataplane.Listing) {
 	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "PRIORITY"}
-	for _, epg := range slices.Sorted(maps.Keys(d.state.policies)) {
-		for i, r := range d.state.policies[epg].Rules {
+	for _, epg := range slices.Sorted(maps.Keys(d.state.Policies)) {
+		for i, r := range d.state.Policies[epg].Rules {
 			dir, proto, port, remote := "egress", "any", "", ""
 			if r.Ingress {
 				dir = "ingress"
