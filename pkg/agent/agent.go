@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,7 +117,7 @@ type Agent struct {
 	lastSync time.Time
 
 	applyMu sync.Mutex // serialises driver calls; guards applied, synced, bad, retry
-	applied applied
+	applied *dataplane.Index
 	// bad are the records that cannot be used, as of the last pass (a scoped pass
 	// replaces only its objects' entries).
 	bad map[string]error
@@ -180,7 +179,7 @@ func New(cfg Config) (*Agent, error) {
 		rec:     newRecords(),
 		errs:    map[string]error{},
 		ready:   make(chan struct{}),
-		applied: appliedFrom(dataplane.State{}),
+		applied: dataplane.NewIndex(),
 		bad:     map[string]error{},
 		kick:    make(chan struct{}, 1),
 		bgpKick: make(chan struct{}, 1),
@@ -334,7 +333,7 @@ func (a *Agent) loop(ctx context.Context) {
 type view struct {
 	sc   scope
 	full dataplane.State
-	want applied
+	want *dataplane.Index
 	bad  map[string]error
 }
 
@@ -372,7 +371,7 @@ func (a *Agent) desired(full bool, retry scope) view {
 	h := hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}
 	if sc.all {
 		s, bad := compute(h, r)
-		return view{sc: sc, full: s, want: appliedFrom(s), bad: bad}
+		return view{sc: sc, full: s, want: dataplane.IndexOf(s), bad: bad}
 	}
 	want, bad := computeScoped(h, r, sc)
 	return view{sc: sc, want: want, bad: bad}
@@ -645,14 +644,10 @@ type Snapshot struct {
 func (a *Agent) Inspect() Snapshot {
 	a.applyMu.Lock()
 	s := Snapshot{Host: a.cfg.Host, Synced: a.synced}
-	applied := a.applied.state()
+	applied := a.applied.State() // sorted
 	s.Networks, s.Endpoints, s.RemoteEndpoints, s.Peers, s.Policies, s.Services =
 		applied.Networks, applied.Endpoints, applied.RemoteEndpoints, applied.Peers, applied.Policies, applied.Services
 	a.applyMu.Unlock()
-	st := dataplane.State{Networks: s.Networks, Endpoints: s.Endpoints, RemoteEndpoints: s.RemoteEndpoints, Policies: s.Policies, Services: s.Services}
-	sortState(&st)
-	s.Networks, s.Endpoints, s.RemoteEndpoints, s.Policies, s.Services = st.Networks, st.Endpoints, st.RemoteEndpoints, st.Policies, st.Services
-	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Host < s.Peers[j].Host })
 	a.mu.Lock()
 	s.LastSync = a.lastSync
 	s.Global = a.rec.glob

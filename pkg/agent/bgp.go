@@ -228,7 +228,7 @@ func (a *Agent) bgpLoop(ctx context.Context) {
 		shared := sharedNativeAddrs(a.rec)
 		a.mu.Unlock()
 		a.applyMu.Lock()
-		adv := nativePrefixes(a.applied.state(), a.cfg.BGPPrefixes, shared)
+		adv := nativePrefixes(a.applied.State(), a.cfg.BGPPrefixes, shared)
 		a.applyMu.Unlock()
 		if len(shared) != lastShared {
 			lastShared = len(shared)

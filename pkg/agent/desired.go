@@ -314,7 +314,7 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 		}
 		s.Services = append(s.Services, ds)
 	}
-	sortState(&s)
+	s.Sort()
 	return s, bad
 }
 
@@ -322,8 +322,8 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 // when sc.pols), plus the peers
 // (a host may have gained or lost its last endpoint), against the networks of the last
 // full computation. The result holds just those objects; bad holds their errors.
-func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error) {
-	want := appliedFrom(dataplane.State{Peers: peers(h, r)})
+func computeScoped(h hostView, r *records, sc scope) (*dataplane.Index, map[string]error) {
+	want := dataplane.IndexOf(dataplane.State{Peers: peers(h, r)})
 	bad := map[string]error{}
 	for id := range sc.eps {
 		for _, kind := range []string{"endpoint/", "pod-policy/"} {
@@ -336,9 +336,9 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 			case err != nil:
 				bad[err.key] = err.err
 			case de != nil:
-				want.eps[id] = *de
+				want.Endpoints[id] = *de
 			case re != nil:
-				want.reps[id] = *re
+				want.RemoteEndpoints[id] = *re
 			}
 		}
 		if _, ok := r.podPols[id]; ok {
@@ -346,7 +346,7 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 				if err != nil {
 					bad["pod-policy/"+id] = err
 				}
-				want.pps[id] = pp
+				want.PodPolicies[id] = pp
 			}
 		}
 	}
@@ -357,7 +357,7 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 			}
 		}
 		for _, p := range compilePolicies(r.rules, bad) {
-			want.pols[p.EPGID] = p
+			want.Policies[p.EPGID] = p
 		}
 	}
 	for id := range sc.svcs {
@@ -373,7 +373,7 @@ func computeScoped(h hostView, r *records, sc scope) (applied, map[string]error)
 			bad["service/"+id] = err
 			continue
 		}
-		want.svcs[ds.ID] = ds
+		want.Services[ds.ID] = ds
 	}
 	return want, bad
 }
@@ -603,15 +603,6 @@ func serviceOf(s model.CfgServiceLBState) (dataplane.Service, error) {
 		return out, fmt.Errorf("service %s: sessionAffinity %q must be ClientIP or empty", s.ID, s.SessionAffinity)
 	}
 	return out, nil
-}
-
-func sortState(s *dataplane.State) {
-	sort.Slice(s.Networks, func(i, j int) bool { return s.Networks[i].ID < s.Networks[j].ID })
-	sort.Slice(s.Endpoints, func(i, j int) bool { return s.Endpoints[i].ID < s.Endpoints[j].ID })
-	sort.Slice(s.RemoteEndpoints, func(i, j int) bool { return s.RemoteEndpoints[i].ID < s.RemoteEndpoints[j].ID })
-	sort.Slice(s.Policies, func(i, j int) bool { return s.Policies[i].EPGID < s.Policies[j].EPGID })
-	sort.Slice(s.Services, func(i, j int) bool { return s.Services[i].ID < s.Services[j].ID })
-	sort.Slice(s.PodPolicies, func(i, j int) bool { return s.PodPolicies[i].ID < s.PodPolicies[j].ID })
 }
 
 // podPolicyOf converts a pod's NetworkPolicy record for its endpoint e (whose address

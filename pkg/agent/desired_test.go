@@ -139,9 +139,9 @@ func TestComputePolicies(t *testing.T) {
 
 func TestPlanOrder(t *testing.T) {
 	n := dataplane.Network{ID: "n"}
-	cur := appliedFrom(dataplane.State{Networks: []dataplane.Network{n}, Endpoints: []dataplane.Endpoint{{ID: "e", NetworkID: "n"}}})
-	want := appliedFrom(dataplane.State{Networks: []dataplane.Network{{ID: "m"}}, Endpoints: []dataplane.Endpoint{{ID: "f", NetworkID: "m"}}})
-	ops := cur.plan(&nopDriver{}, want, scope{all: true})
+	cur := dataplane.IndexOf(dataplane.State{Networks: []dataplane.Network{n}, Endpoints: []dataplane.Endpoint{{ID: "e", NetworkID: "n"}}})
+	want := dataplane.IndexOf(dataplane.State{Networks: []dataplane.Network{{ID: "m"}}, Endpoints: []dataplane.Endpoint{{ID: "f", NetworkID: "m"}}})
+	ops := plan(&nopDriver{}, cur, want, scope{all: true})
 	var keys []string
 	for _, o := range ops {
 		keys = append(keys, o.key)

@@ -209,7 +209,7 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 		return AttachResult{}, fmt.Errorf("program network %s: %w", cfg.NetID, err)
 	}
 	a.applyMu.Lock()
-	_, ok := a.applied.eps[l.ID]
+	_, ok := a.applied.Endpoints[l.ID]
 	a.applyMu.Unlock()
 	if !ok {
 		// Other objects failing (even a whole Sync the agent is retrying) do not matter
@@ -286,7 +286,7 @@ func (a *Agent) forget(ctx context.Context, id string) error {
 	if err := a.driver.DeleteEndpoint(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("delete endpoint from driver: %w", err))
 	} else {
-		delete(a.applied.eps, id)
+		delete(a.applied.Endpoints, id)
 	}
 	a.applyMu.Unlock()
 	if _, err := a.store.Delete(ctx, model.EpOperKey(id)); err != nil {
@@ -388,6 +388,6 @@ func (a *Agent) LocalEndpoints() []LocalEndpoint {
 func (a *Agent) EndpointFor(id string) (dataplane.Endpoint, bool) {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
-	e, ok := a.applied.eps[id]
+	e, ok := a.applied.Endpoints[id]
 	return e, ok
 }

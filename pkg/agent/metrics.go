@@ -67,8 +67,8 @@ type counts struct {
 
 func (a *Agent) appliedCounts() counts {
 	a.applyMu.Lock()
-	c := counts{nets: len(a.applied.nets), eps: len(a.applied.eps), reps: len(a.applied.reps),
-		peers: len(a.applied.peers), svcs: len(a.applied.svcs), synced: a.synced}
+	c := counts{nets: len(a.applied.Networks), eps: len(a.applied.Endpoints), reps: len(a.applied.RemoteEndpoints),
+		peers: len(a.applied.Peers), svcs: len(a.applied.Services), synced: a.synced}
 	a.applyMu.Unlock()
 	a.mu.Lock()
 	c.LastSync = a.lastSync

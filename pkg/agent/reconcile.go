@@ -12,76 +12,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// applied is what the agent believes the driver holds, keyed like the error map.
-type applied struct {
-	nets  map[string]dataplane.Network
-	eps   map[string]dataplane.Endpoint
-	reps  map[string]dataplane.RemoteEndpoint
-	peers map[string]dataplane.Peer
-	pols  map[uint16]dataplane.PolicySet
-	svcs  map[string]dataplane.Service
-	pps   map[string]dataplane.PodPolicy
-}
-
-func appliedFrom(s dataplane.State) applied {
-	a := applied{
-		nets: map[string]dataplane.Network{}, eps: map[string]dataplane.Endpoint{},
-		reps: map[string]dataplane.RemoteEndpoint{}, peers: map[string]dataplane.Peer{},
-		pols: map[uint16]dataplane.PolicySet{}, svcs: map[string]dataplane.Service{},
-		pps: map[string]dataplane.PodPolicy{},
-	}
-	for _, n := range s.Networks {
-		a.nets[n.ID] = n
-	}
-	for _, e := range s.Endpoints {
-		a.eps[e.ID] = e
-	}
-	for _, e := range s.RemoteEndpoints {
-		a.reps[e.ID] = e
-	}
-	for _, p := range s.Peers {
-		a.peers[p.Host] = p
-	}
-	for _, p := range s.Policies {
-		a.pols[p.EPGID] = p
-	}
-	for _, v := range s.Services {
-		a.svcs[v.ID] = v
-	}
-	for _, v := range s.PodPolicies {
-		a.pps[v.ID] = v
-	}
-	return a
-}
-
-// state is the applied objects as a driver State.
-func (a *applied) state() dataplane.State {
-	var s dataplane.State
-	for _, v := range a.nets {
-		s.Networks = append(s.Networks, v)
-	}
-	for _, v := range a.eps {
-		s.Endpoints = append(s.Endpoints, v)
-	}
-	for _, v := range a.reps {
-		s.RemoteEndpoints = append(s.RemoteEndpoints, v)
-	}
-	for _, v := range a.peers {
-		s.Peers = append(s.Peers, v)
-	}
-	for _, v := range a.pols {
-		s.Policies = append(s.Policies, v)
-	}
-	for _, v := range a.svcs {
-		s.Services = append(s.Services, v)
-	}
-	for _, v := range a.pps {
-		s.PodPolicies = append(s.PodPolicies, v)
-	}
-	sortState(&s)
-	return s
-}
-
 // op is one driver call of a reconcile pass.
 type op struct {
 	key  string // "endpoint/<id>", ...
@@ -90,11 +20,12 @@ type op struct {
 	ok   func() // updates the applied state after success
 }
 
-// plan diffs desired against applied within sc: everything when sc.all, otherwise
-// only the endpoints (local, remote, pod policy) and services sc names, the rule sets
-// when sc.pols, and the peers (want then holds just those objects). Deletes come first, dependents before what they
-// depend on (endpoints before networks); upserts follow in the opposite order.
-func (a *applied) plan(d dplan, want applied, sc scope) []op {
+// plan diffs want against have (what the driver holds) within sc: everything when
+// sc.all, otherwise only the endpoints (local, remote, pod policy) and services sc
+// names, the rule sets when sc.pols, and the peers (want then holds just those objects).
+// Deletes come first, dependents before what they depend on (endpoints before
+// networks); upserts follow in the opposite order. Each op's ok updates have.
+func plan(d dplan, have, want *dataplane.Index, sc scope) []op {
 	var ops []op
 	epIDs, svcIDs := sc.eps, sc.svcs
 	if sc.all {
@@ -103,27 +34,27 @@ func (a *applied) plan(d dplan, want applied, sc scope) []op {
 		// Non-nil even when empty: nil means every key.
 		epIDs, svcIDs = orEmpty(epIDs), orEmpty(svcIDs)
 	}
-	deletes(&ops, "service/", a.svcs, want.svcs, svcIDs, d.DeleteService)
-	deletes(&ops, "pod-policy/", a.pps, want.pps, epIDs, d.DeletePodPolicy)
+	deletes(&ops, "service/", have.Services, want.Services, svcIDs, d.DeleteService)
+	deletes(&ops, "pod-policy/", have.PodPolicies, want.PodPolicies, epIDs, d.DeletePodPolicy)
 	if sc.all || sc.pols {
-		deletes(&ops, "policy/", a.pols, want.pols, nil, d.DeletePolicy)
+		deletes(&ops, "policy/", have.Policies, want.Policies, nil, d.DeletePolicy)
 	}
-	deletes(&ops, "remote-endpoint/", a.reps, want.reps, epIDs, d.DeleteRemoteEndpoint)
-	deletes(&ops, "endpoint/", a.eps, want.eps, epIDs, d.DeleteEndpoint)
-	deletes(&ops, "peer/", a.peers, want.peers, nil, d.DeletePeer)
+	deletes(&ops, "remote-endpoint/", have.RemoteEndpoints, want.RemoteEndpoints, epIDs, d.DeleteRemoteEndpoint)
+	deletes(&ops, "endpoint/", have.Endpoints, want.Endpoints, epIDs, d.DeleteEndpoint)
+	deletes(&ops, "peer/", have.Peers, want.Peers, nil, d.DeletePeer)
 	if sc.all {
-		deletes(&ops, "network/", a.nets, want.nets, nil, d.DeleteNetwork)
-		upserts(&ops, "network/", a.nets, want.nets, nil, d.UpsertNetwork)
+		deletes(&ops, "network/", have.Networks, want.Networks, nil, d.DeleteNetwork)
+		upserts(&ops, "network/", have.Networks, want.Networks, nil, d.UpsertNetwork)
 	}
-	upserts(&ops, "peer/", a.peers, want.peers, nil, d.UpsertPeer)
+	upserts(&ops, "peer/", have.Peers, want.Peers, nil, d.UpsertPeer)
 	if sc.all || sc.pols {
-		upserts(&ops, "policy/", a.pols, want.pols, nil, d.UpsertPolicy)
+		upserts(&ops, "policy/", have.Policies, want.Policies, nil, d.UpsertPolicy)
 	}
-	upserts(&ops, "endpoint/", a.eps, want.eps, epIDs, d.UpsertEndpoint)
-	upserts(&ops, "remote-endpoint/", a.reps, want.reps, epIDs, d.UpsertRemoteEndpoint)
-	upserts(&ops, "service/", a.svcs, want.svcs, svcIDs, d.UpsertService)
+	upserts(&ops, "endpoint/", have.Endpoints, want.Endpoints, epIDs, d.UpsertEndpoint)
+	upserts(&ops, "remote-endpoint/", have.RemoteEndpoints, want.RemoteEndpoints, epIDs, d.UpsertRemoteEndpoint)
+	upserts(&ops, "service/", have.Services, want.Services, svcIDs, d.UpsertService)
 	// After the endpoints (a pod's own address is attached first); before nothing.
-	upserts(&ops, "pod-policy/", a.pps, want.pps, epIDs, d.UpsertPodPolicy)
+	upserts(&ops, "pod-policy/", have.PodPolicies, want.PodPolicies, epIDs, d.UpsertPodPolicy)
 	return ops
 }
 
@@ -246,8 +177,8 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		// objects by applying each on its own, then Sync what the driver accepted so stale
 		// entries are swept. The refused objects stay reported and are retried one by one.
 		a.log.Warn("full driver sync failed; applying objects one by one", "err", err)
-		a.applied = appliedFrom(dataplane.State{})
-		for _, o := range a.applied.plan(a.driver, v.want, v.sc) {
+		a.applied = dataplane.NewIndex()
+		for _, o := range plan(a.driver, a.applied, v.want, v.sc) {
 			if oerr := o.do(ctx); oerr != nil {
 				errs[o.key] = oerr
 				a.metrics.opErrors.Inc()
@@ -255,7 +186,7 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 			}
 			o.ok()
 		}
-		part := a.applied.state()
+		part := a.applied.State()
 		start = time.Now()
 		err = a.driver.Sync(ctx, part)
 		a.metrics.observeSync(err, time.Since(start))
@@ -267,7 +198,7 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		a.log.Warn("driver synced without the objects it refused", "refused", len(errs))
 		return errs
 	}
-	ops := a.applied.plan(a.driver, v.want, v.sc)
+	ops := plan(a.driver, a.applied, v.want, v.sc)
 	for _, o := range ops {
 		start := time.Now()
 		err := o.do(ctx)

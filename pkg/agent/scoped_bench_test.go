@@ -32,14 +32,14 @@ func BenchmarkEndpointEvent(b *testing.B) {
 		r.setSvc(id, &model.CfgServiceLBState{ID: id, IPAddress: fmt.Sprintf("10.200.%d.%d", i/250, i%250), Ports: []string{"80:8080:TCP"}})
 	}
 	h := hostView{host: "h0", vtep: netip.MustParseAddr("192.168.1.1"), uplinkMTU: 1500}
-	ap := appliedFrom(dataplane.State{})
+	ap := dataplane.NewIndex()
 	bad := map[string]error{}
 	d := &nopDriver{}
-	pass(h, r, &ap, bad, d, true)
+	pass(h, r, ap, bad, d, true)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("n%d.t%d-%d", i%100, (i%100)%5, 20000+i%50)
 		r.setEp(id, &model.CfgEndpointState{ID: id, NetID: fmt.Sprintf("n%d.t%d", i%100, (i%100)%5), IPAddress: fmt.Sprintf("10.%d.200.%d", i%100, i%50+2), HomingHost: "h3", EndpointGroupID: i % 7})
-		pass(h, r, &ap, bad, d, false)
+		pass(h, r, ap, bad, d, false)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"sort"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -52,22 +51,22 @@ func (d *nopDriver) DeletePodPolicy(context.Context, string) error { d.calls++; 
 
 // pass runs one reconcile pass on records r against applied ap the way the agent does
 // (the scope the records collected; full when asked), returning the pass's error map.
-func pass(h hostView, r *records, ap *applied, bad map[string]error, d dplan, full bool) {
+func pass(h hostView, r *records, ap *dataplane.Index, bad map[string]error, d dplan, full bool) {
 	sc := r.dirty
 	r.dirty = scope{}
-	var want applied
+	var want *dataplane.Index
 	var b map[string]error
 	if full || sc.all {
 		sc = scope{all: true}
 		s, fb := compute(h, r)
-		want, b = appliedFrom(s), fb
+		want, b = dataplane.IndexOf(s), fb
 		clear(bad)
 	} else {
 		want, b = computeScoped(h, r, sc)
 		dropScoped(bad, sc)
 	}
 	maps.Copy(bad, b)
-	for _, o := range ap.plan(d, want, sc) {
+	for _, o := range plan(d, ap, want, sc) {
 		if err := o.do(context.Background()); err != nil {
 			panic(err)
 		}
@@ -89,10 +88,10 @@ func TestScopedPassesMatchFull(t *testing.T) {
 		}
 		r.vteps["k1"] = vxlan.Registration{HostAddr: "192.168.1.2", Hostname: "h1"}
 		r.hostVTEPs["h2"] = netip.MustParseAddr("192.168.1.3")
-		ap := appliedFrom(dataplane.State{})
+		ap := dataplane.NewIndex()
 		bad := map[string]error{}
 		d := &nopDriver{}
-		pass(h, r, &ap, bad, d, true)
+		pass(h, r, ap, bad, d, true)
 		for step := 0; step < 300; step++ {
 			id := fmt.Sprintf("n%d.t-%d", rng.IntN(3), rng.IntN(12))
 			switch k := rng.IntN(20); {
@@ -171,9 +170,9 @@ func TestScopedPassesMatchFull(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				continue // let changes pile up into one pass, as bursts do
 			}
-			pass(h, r, &ap, bad, d, false)
+			pass(h, r, ap, bad, d, false)
 			s, fbad := compute(h, r)
-			if got := ap.state(); !reflect.DeepEqual(normal(got), normal(s)) {
+			if got := ap.State(); !reflect.DeepEqual(normal(got), normal(s)) {
 				t.Fatalf("seed %d step %d: scoped passes applied\n%+v\nfull computation wants\n%+v", seed, step, got, s)
 			}
 			if !reflect.DeepEqual(errKeys(bad), errKeys(fbad)) {
@@ -184,8 +183,7 @@ func TestScopedPassesMatchFull(t *testing.T) {
 }
 
 func normal(s dataplane.State) dataplane.State {
-	sortState(&s)
-	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Host < s.Peers[j].Host })
+	s.Sort()
 	if len(s.Peers) == 0 {
 		s.Peers = nil
 	}
@@ -302,8 +300,8 @@ func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
 	for _, id := range []string{"s1:t", "s2:t"} {
 		r.setSvc(id, &model.CfgServiceLBState{ID: id, IPAddress: "10.5.1." + id[1:2], Ports: []string{"80:80:TCP"}})
 	}
-	if errs := a.reconcile(ctx); len(errs) != 0 || len(a.applied.svcs) != 2 {
-		t.Fatalf("first pass: errors %v, services %d", errs, len(a.applied.svcs))
+	if errs := a.reconcile(ctx); len(errs) != 0 || len(a.applied.Services) != 2 {
+		t.Fatalf("first pass: errors %v, services %d", errs, len(a.applied.Services))
 	}
 	fd.fail["s1:t"] = true
 	r.setSvc("s1:t", &model.CfgServiceLBState{ID: "s1:t", IPAddress: "10.5.1.1", Ports: []string{"81:81:TCP"}})
@@ -319,8 +317,8 @@ func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
 		t.Fatalf("retry pass made %d service calls, want 1 (s1:t)", fd.svcCalls)
 	}
 	fd.fail["s1:t"] = false
-	if errs := a.reconcile(ctx); len(errs) != 0 || a.applied.svcs["s1:t"].Ports[0].Port != 81 {
-		t.Fatalf("after the driver accepted it: errors %v, applied %+v", errs, a.applied.svcs["s1:t"])
+	if errs := a.reconcile(ctx); len(errs) != 0 || a.applied.Services["s1:t"].Ports[0].Port != 81 {
+		t.Fatalf("after the driver accepted it: errors %v, applied %+v", errs, a.applied.Services["s1:t"])
 	}
 
 	// Record key n.t-b, body id "other": the pod's layer is keyed by n.t-b throughout.
@@ -329,19 +327,19 @@ func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
 	r.podPols["n.t-b"] = model.K8sPodPolicy{ID: "n.t-b", IngressIsolated: true}
 	r.dirty.touchEp("n.t-b")
 	a.reconcile(ctx)
-	if _, ok := a.applied.pps["n.t-b"]; !ok {
-		t.Fatalf("pod policy of n.t-b not applied under its key: %v", slices.Collect(maps.Keys(a.applied.pps)))
+	if _, ok := a.applied.PodPolicies["n.t-b"]; !ok {
+		t.Fatalf("pod policy of n.t-b not applied under its key: %v", slices.Collect(maps.Keys(a.applied.PodPolicies)))
 	}
 	r.touchAll() // a full pass keys it the same way
 	a.reconcile(ctx)
-	if _, ok := a.applied.pps["n.t-b"]; !ok || len(a.applied.pps) != 1 {
-		t.Fatalf("after a full pass the pod policies are %v, want n.t-b only", slices.Collect(maps.Keys(a.applied.pps)))
+	if _, ok := a.applied.PodPolicies["n.t-b"]; !ok || len(a.applied.PodPolicies) != 1 {
+		t.Fatalf("after a full pass the pod policies are %v, want n.t-b only", slices.Collect(maps.Keys(a.applied.PodPolicies)))
 	}
 	delete(r.podPols, "n.t-b")
 	r.dirty.touchEp("n.t-b")
 	a.reconcile(ctx)
-	if len(a.applied.pps) != 0 {
-		t.Fatalf("pod policy still applied after its record went: %v", a.applied.pps)
+	if len(a.applied.PodPolicies) != 0 {
+		t.Fatalf("pod policy still applied after its record went: %v", a.applied.PodPolicies)
 	}
 }
 

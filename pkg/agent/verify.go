@@ -40,7 +40,7 @@ func (a *Agent) Verify(ctx context.Context) (VerifyReport, error) {
 	sort.Slice(r.Drift, func(i, j int) bool { return r.Drift[i].Object < r.Drift[j].Object })
 	if dc, ok := a.cfg.Driver.(driftChecker); ok {
 		a.applyMu.Lock()
-		st := a.applied.state() // pod policies included (the OVS check compares their flows)
+		st := a.applied.State() // pod policies included (the OVS check compares their flows)
 		drift, err := dc.Verify(st)
 		a.applyMu.Unlock()
 		if err != nil {

@@ -146,13 +146,13 @@ func (c *ofConn) request(ctx context.Context, msg []byte) error {
 // serviceNATs returns, per service port that st compiles to flows, a match for the
 // conntrack entries translating VIP:port to each backend in the service tenant's zone:
 // of the services ids (nil: all).
-func serviceNATs(st *desired, vrf map[string]uint32, ids []string) map[ctMatch]bool {
+func serviceNATs(st *dataplane.Index, vrf map[string]uint32, ids []string) map[ctMatch]bool {
 	out := map[ctMatch]bool{}
-	services := st.services
+	services := st.Services
 	if ids != nil {
 		services = map[string]dataplane.Service{}
 		for _, id := range ids {
-			if s, ok := st.services[id]; ok {
+			if s, ok := st.Services[id]; ok {
 				services[id] = s
 			}
 		}

@@ -27,13 +27,13 @@ func TestCTFlushEncoding(t *testing.T) {
 func TestServiceNATsRemoved(t *testing.T) {
 	vrf := map[string]uint32{"default": 3}
 	before := testState()
-	after := before.clone()
-	s := after.services["s:default"]
+	after := before.Clone()
+	s := after.Services["s:default"]
 	s.Backends = s.Backends[:1]
-	after.services[s.ID] = s
+	after.Services[s.ID] = s
 	lone := s
 	lone.ID = "s:nobody"
-	after.services[lone.ID] = lone
+	after.Services[lone.ID] = lone
 	var removed []ctMatch
 	b, a := serviceNATs(before, vrf, nil), serviceNATs(after, vrf, nil)
 	for m := range b {

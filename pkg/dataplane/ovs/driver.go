@@ -80,7 +80,7 @@ type Driver struct {
 	pl   *pipeline
 
 	mu     sync.Mutex
-	state  *desired
+	state  *dataplane.Index // the desired state the pipeline is compiled from
 	ports  ports
 	svcIDs map[string]uint32 // service LB key → stable id (selector register)
 	vrfIDs map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
@@ -130,7 +130,7 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 		return nil, err
 	}
 	d := &Driver{host: host, opts: opts, pl: pl, log: opts.Logger.With("dataplane", "ovs", "host", host.Host),
-		state: newDesired(), svcIDs: map[string]uint32{}, comp: newCompiled(nil),
+		state: dataplane.NewIndex(), svcIDs: map[string]uint32{}, comp: newCompiled(nil),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	endpoint := opts.DBSocket
 	if endpoint == "" {
@@ -360,7 +360,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	if err := d.setupBridges(ctx); err != nil {
 		return err
 	}
-	for id, ep := range d.state.endpoints {
+	for id, ep := range d.state.Endpoints {
 		n, err := d.db.ofport(ctx, ep.HostIfName)
 		if err != nil {
 			return err
@@ -377,7 +377,7 @@ func (d *Driver) repair(ctx context.Context) error {
 // current generation's cookie, and flows of other generations (and any group, which
 // older versions used for service LB) are deleted in the same bundle. bumpGen starts a
 // new generation first.
-func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTables) error {
+func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, ids idTables) error {
 	gen := d.gen
 	if bumpGen {
 		gen++
@@ -440,7 +440,7 @@ func (d *Driver) resync(ctx context.Context, st *desired, bumpGen bool, ids idTa
 // from st, in one bundle: all of it compiled again when dirty is nil, otherwise only
 // the units in dirty (units.go). narrowing (what policy judges by changed) empties the
 // datapath cache whatever the flow changes were.
-func (d *Driver) program(ctx context.Context, st *desired, ids idTables, dirty []string, narrowing bool) error {
+func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables, dirty []string, narrowing bool) error {
 	var changes []flowChange
 	undo := func() {}
 	comp := d.comp
@@ -555,11 +555,11 @@ func (d *Driver) purge(ctx context.Context) {
 // hold only those objects (and the networks). applied says whether st is now the
 // driver's state: when it is not, what was created for st is removed and nothing
 // changed; when it is, err reports what went wrong after the flows were installed.
-func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty []string) (applied bool, err error) {
+func (d *Driver) apply(ctx context.Context, old, st *dataplane.Index, full bool, dirty []string) (applied bool, err error) {
 	if full {
 		dirty = nil
 	}
-	epIDs := slices.Sorted(maps.Keys(st.endpoints)) // endpoints to plumb
+	epIDs := slices.Sorted(maps.Keys(st.Endpoints)) // endpoints to plumb
 	gone := []string{}                              // endpoints to unplumb
 	var svcIDs []string                             // services whose translations may go (nil: all)
 	if dirty != nil {
@@ -567,9 +567,9 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 		for _, u := range dirty {
 			switch kind, id := splitUnit(u); kind {
 			case "ep":
-				if _, ok := st.endpoints[id]; ok {
+				if _, ok := st.Endpoints[id]; ok {
 					epIDs = append(epIDs, id)
-				} else if _, ok := old.endpoints[id]; ok {
+				} else if _, ok := old.Endpoints[id]; ok {
 					gone = append(gone, id)
 				}
 			case "svc":
@@ -577,18 +577,18 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 			}
 		}
 	} else {
-		for _, n := range st.networks {
+		for _, n := range st.Networks {
 			if err := n.Validate(); err != nil {
 				return false, err
 			}
 		}
-		for _, id := range slices.Sorted(maps.Keys(st.remotes)) {
-			if err := checkRemote(st, st.remotes[id]); err != nil {
+		for _, id := range slices.Sorted(maps.Keys(st.RemoteEndpoints)) {
+			if err := checkRemote(st, st.RemoteEndpoints[id]); err != nil {
 				return false, err
 			}
 		}
-		for id := range old.endpoints {
-			if _, ok := st.endpoints[id]; !ok {
+		for id := range old.Endpoints {
+			if _, ok := st.Endpoints[id]; !ok {
 				gone = append(gone, id)
 			}
 		}
@@ -603,18 +603,18 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 		}
 	}
 	for _, id := range epIDs {
-		ep := st.endpoints[id]
+		ep := st.Endpoints[id]
 		if err := ep.Validate(); err != nil {
 			rollback()
 			return false, err
 		}
-		n, ok := st.networks[ep.NetworkID]
+		n, ok := st.Networks[ep.NetworkID]
 		if !ok {
 			rollback()
 			return false, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
 		}
-		prev, had := old.endpoints[id]
-		if had && reflect.DeepEqual(prev, ep) && reflect.DeepEqual(old.networks[ep.NetworkID], n) && newPorts[id] != 0 {
+		prev, had := old.Endpoints[id]
+		if had && reflect.DeepEqual(prev, ep) && reflect.DeepEqual(old.Networks[ep.NetworkID], n) && newPorts[id] != 0 {
 			continue
 		}
 		if had && prev.HostIfName != ep.HostIfName {
@@ -693,7 +693,7 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 		errs = append(errs, d.rejudge(ctx, st, d.vrfIDs))
 	}
 	for _, id := range gone {
-		ep := old.endpoints[id]
+		ep := old.Endpoints[id]
 		delete(d.ports.endpoints, id)
 		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep))
 	}
@@ -703,14 +703,14 @@ func (d *Driver) apply(ctx context.Context, old, st *desired, full bool, dirty [
 
 // releaseServiceIDs frees in svcIDs the LB ids of the ports services ids had in old or
 // have in st that the installed pipeline c does not use.
-func releaseServiceIDs(svcIDs map[string]uint32, c *compiled, ids []string, old, st *desired) {
+func releaseServiceIDs(svcIDs map[string]uint32, c *compiled, ids []string, old, st *dataplane.Index) {
 	for _, id := range ids {
 		inUse := map[string]bool{}
 		for _, k := range c.svcKeys[unitSvc(id)] {
 			inUse[k] = true
 		}
-		for _, s := range []*desired{old, st} {
-			for _, sp := range s.services[id].Ports {
+		for _, s := range []*dataplane.Index{old, st} {
+			for _, sp := range s.Services[id].Ports {
 				if k := serviceKey(id, sp); !inUse[k] {
 					delete(svcIDs, k)
 				}
@@ -722,7 +722,7 @@ func releaseServiceIDs(svcIDs map[string]uint32, c *compiled, ids []string, old,
 // rejudgeNeeded says whether established connections must be judged again after the
 // state went from old to st: when what policy judges by (group rules, endpoint groups,
 // NetworkPolicy layers) changed. dirty names the units that changed (nil: any).
-func rejudgeNeeded(old, st *desired, oldVRF, vrf map[string]uint32, dirty []string) bool {
+func rejudgeNeeded(old, st *dataplane.Index, oldVRF, vrf map[string]uint32, dirty []string) bool {
 	if dirty == nil {
 		return verdictChanged(inputsOf(old, oldVRF), inputsOf(st, vrf))
 	}
@@ -742,20 +742,20 @@ func rejudgeNeeded(old, st *desired, oldVRF, vrf map[string]uint32, dirty []stri
 		switch kind {
 		case "pol":
 			epg, _ := strconv.ParseUint(id, 10, 16)
-			a, had := old.policies[uint16(epg)]
-			b, has := st.policies[uint16(epg)]
+			a, had := old.Policies[uint16(epg)]
+			b, has := st.Policies[uint16(epg)]
 			if had != has || !reflect.DeepEqual(a, b) {
 				return true
 			}
 		case unitNetpol:
 			return true
 		case "ep":
-			a, b := old.endpoints[id], st.endpoints[id]
+			a, b := old.Endpoints[id], st.Endpoints[id]
 			if group(a.NetworkID, a.IP, a.EPGID) != group(b.NetworkID, b.IP, b.EPGID) {
 				return true
 			}
 		case "rem":
-			a, b := old.remotes[id], st.remotes[id]
+			a, b := old.RemoteEndpoints[id], st.RemoteEndpoints[id]
 			if group(a.NetworkID, a.IP, a.EPGID) != group(b.NetworkID, b.IP, b.EPGID) {
 				return true
 			}
@@ -766,10 +766,10 @@ func rejudgeNeeded(old, st *desired, oldVRF, vrf map[string]uint32, dirty []stri
 
 // update applies a change every unit may depend on (networks, peers): mutate edits a
 // copy of the state, which is compiled in full and installed as a difference.
-func (d *Driver) update(ctx context.Context, mutate func(st *desired) error) error {
+func (d *Driver) update(ctx context.Context, mutate func(st *dataplane.Index) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st := d.state.clone()
+	st := d.state.Clone()
 	if err := mutate(st); err != nil {
 		return err
 	}
@@ -781,8 +781,8 @@ func (d *Driver) update(ctx context.Context, mutate func(st *desired) error) err
 // the units dirty names. The state is changed in place (no copy of every object per
 // change) and put back when the change is not applied. check, if set, vets the change
 // against the state first.
-func changeOne[K comparable, V any](ctx context.Context, d *Driver, pick func(*desired) map[K]V, key K, v *V,
-	check func(st *desired) error, dirty func(old, st *desired) []string) error {
+func changeOne[K comparable, V any](ctx context.Context, d *Driver, pick func(*dataplane.Index) map[K]V, key K, v *V,
+	check func(st *dataplane.Index) error, dirty func(old, st *dataplane.Index) []string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if check != nil {
@@ -793,8 +793,8 @@ func changeOne[K comparable, V any](ctx context.Context, d *Driver, pick func(*d
 	m := pick(d.state)
 	prev, had := m[key]
 	// old: the object as it was; the networks (which a scoped change never changes) shared.
-	old := newDesired()
-	old.networks = d.state.networks
+	old := dataplane.NewIndex()
+	old.Networks = d.state.Networks
 	if had {
 		pick(old)[key] = prev
 	}
@@ -815,26 +815,26 @@ func changeOne[K comparable, V any](ctx context.Context, d *Driver, pick func(*d
 }
 
 // Maps of the desired state, for changeOne.
-func endpointsOf(st *desired) map[string]dataplane.Endpoint     { return st.endpoints }
-func remotesOf(st *desired) map[string]dataplane.RemoteEndpoint { return st.remotes }
-func policiesOf(st *desired) map[uint16]dataplane.PolicySet     { return st.policies }
-func podPoliciesOf(st *desired) map[string]dataplane.PodPolicy  { return st.podPolicies }
-func servicesOf(st *desired) map[string]dataplane.Service       { return st.services }
+func endpointsOf(st *dataplane.Index) map[string]dataplane.Endpoint     { return st.Endpoints }
+func remotesOf(st *dataplane.Index) map[string]dataplane.RemoteEndpoint { return st.RemoteEndpoints }
+func policiesOf(st *dataplane.Index) map[uint16]dataplane.PolicySet     { return st.Policies }
+func podPoliciesOf(st *dataplane.Index) map[string]dataplane.PodPolicy  { return st.PodPolicies }
+func servicesOf(st *dataplane.Index) map[string]dataplane.Service       { return st.Services }
 
 // units is changeOne's scope for a change that touches just the given units.
-func units(names ...string) func(old, st *desired) []string {
-	return func(*desired, *desired) []string { return names }
+func units(names ...string) func(old, st *dataplane.Index) []string {
+	return func(*dataplane.Index, *dataplane.Index) []string { return names }
 }
 
 // endpointUnits is the scope of a change of local endpoint id: its unit and the
 // services that balance to its address before or after (their hairpin flows depend on
 // which backends are local).
-func endpointUnits(id string) func(old, st *desired) []string {
-	return func(old, st *desired) []string {
+func endpointUnits(id string) func(old, st *dataplane.Index) []string {
+	return func(old, st *dataplane.Index) []string {
 		out := []string{unitEp(id)}
 		addrs := map[string]map[netip.Addr]bool{}
-		for _, s := range []*desired{old, st} {
-			if ep, ok := s.endpoints[id]; ok {
+		for _, s := range []*dataplane.Index{old, st} {
+			if ep, ok := s.Endpoints[id]; ok {
 				t := tenantOf(ep.NetworkID)
 				if addrs[t] == nil {
 					addrs[t] = map[netip.Addr]bool{}
@@ -842,7 +842,7 @@ func endpointUnits(id string) func(old, st *desired) []string {
 				addrs[t][ep.IP] = true
 			}
 		}
-		for sid, s := range st.services {
+		for sid, s := range st.Services {
 			tenant, err := dataplane.ServiceTenant(sid)
 			if err != nil || addrs[tenant] == nil {
 				continue
@@ -866,33 +866,19 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 
 // desiredFrom turns a State into the desired state. A bad remote endpoint is left out
 // and reported, an invalid pod policy kept (installed failed closed) and reported.
-func desiredFrom(s dataplane.State) (*desired, error) {
-	st := newDesired()
-	for _, n := range s.Networks {
-		st.networks[n.ID] = n
-	}
-	for _, e := range s.Endpoints {
-		st.endpoints[e.ID] = e
-	}
+func desiredFrom(s dataplane.State) (*dataplane.Index, error) {
+	remotes := s.RemoteEndpoints // indexed below, each once it passed checkRemote
+	s.RemoteEndpoints = nil
+	st := dataplane.IndexOf(s)
 	var bad []error
-	for _, r := range s.RemoteEndpoints {
+	for _, r := range remotes {
 		if err := checkRemote(st, r); err != nil {
 			bad = append(bad, err)
 			continue
 		}
-		st.remotes[r.ID] = r
-	}
-	for _, p := range s.Peers {
-		st.peers[p.Host] = p
-	}
-	for _, p := range s.Policies {
-		st.policies[p.EPGID] = p
-	}
-	for _, sv := range s.Services {
-		st.services[sv.ID] = sv
+		st.RemoteEndpoints[r.ID] = r
 	}
 	for _, pp := range s.PodPolicies {
-		st.podPolicies[pp.ID] = pp
 		if err := pp.Validate(); err != nil {
 			bad = append(bad, fmt.Errorf("pod policy %s: failed closed (all traffic of the pod denied): %w", pp.ID, err))
 		}
@@ -901,8 +887,8 @@ func desiredFrom(s dataplane.State) (*desired, error) {
 }
 
 // checkRemote validates a remote endpoint against its network in st.
-func checkRemote(st *desired, r dataplane.RemoteEndpoint) error {
-	n, ok := st.networks[r.NetworkID]
+func checkRemote(st *dataplane.Index, r dataplane.RemoteEndpoint) error {
+	n, ok := st.Networks[r.NetworkID]
 	if !ok {
 		if r.ID == "" {
 			return r.Validate("")
@@ -917,23 +903,23 @@ func (d *Driver) UpsertNetwork(ctx context.Context, n dataplane.Network) error {
 	if err := n.Validate(); err != nil {
 		return err
 	}
-	return d.update(ctx, func(st *desired) error { st.networks[n.ID] = n; return nil })
+	return d.update(ctx, func(st *dataplane.Index) error { st.Networks[n.ID] = n; return nil })
 }
 
 // DeleteNetwork implements dataplane.Driver.
 func (d *Driver) DeleteNetwork(ctx context.Context, id string) error {
-	return d.update(ctx, func(st *desired) error {
-		for _, e := range st.endpoints {
+	return d.update(ctx, func(st *dataplane.Index) error {
+		for _, e := range st.Endpoints {
 			if e.NetworkID == id {
 				return fmt.Errorf("network %s: endpoint %s still uses it", id, e.ID)
 			}
 		}
-		for _, e := range st.remotes {
+		for _, e := range st.RemoteEndpoints {
 			if e.NetworkID == id {
 				return fmt.Errorf("network %s: remote endpoint %s still uses it", id, e.ID)
 			}
 		}
-		delete(st.networks, id)
+		delete(st.Networks, id)
 		return nil
 	})
 }
@@ -953,7 +939,7 @@ func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
 
 // UpsertRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
-	return changeOne(ctx, d, remotesOf, ep.ID, &ep, func(st *desired) error { return checkRemote(st, ep) }, units(unitRem(ep.ID)))
+	return changeOne(ctx, d, remotesOf, ep.ID, &ep, func(st *dataplane.Index) error { return checkRemote(st, ep) }, units(unitRem(ep.ID)))
 }
 
 // DeleteRemoteEndpoint implements dataplane.Driver.
@@ -966,12 +952,12 @@ func (d *Driver) UpsertPeer(ctx context.Context, p dataplane.Peer) error {
 	if p.Host == "" || !p.VTEP.Is4() {
 		return fmt.Errorf("peer %q: host must be set and vtep %v IPv4", p.Host, p.VTEP)
 	}
-	return d.update(ctx, func(st *desired) error { st.peers[p.Host] = p; return nil })
+	return d.update(ctx, func(st *dataplane.Index) error { st.Peers[p.Host] = p; return nil })
 }
 
 // DeletePeer implements dataplane.Driver.
 func (d *Driver) DeletePeer(ctx context.Context, host string) error {
-	return d.update(ctx, func(st *desired) error { delete(st.peers, host); return nil })
+	return d.update(ctx, func(st *dataplane.Index) error { delete(st.Peers, host); return nil })
 }
 
 // UpsertPolicy implements dataplane.Driver.
@@ -1098,14 +1084,14 @@ func (d *Driver) Teardown(ctx context.Context) error {
 			}
 		}
 	}
-	for _, ep := range d.state.endpoints {
+	for _, ep := range d.state.Endpoints {
 		errs = append(errs, unplumbEndpoint(d.host.NetNS, ep))
 	}
 	errs = append(errs, d.db.deleteBridge(ctx, d.opts.Bridge))
 	if d.wire != nil {
 		errs = append(errs, d.db.deleteBridge(ctx, d.opts.UnderlayBridge))
 	}
-	d.state, d.comp = newDesired(), newCompiled(nil)
+	d.state, d.comp = dataplane.NewIndex(), newCompiled(nil)
 	d.mu.Unlock()
 	_ = d.Close()
 	if d.priv != nil {

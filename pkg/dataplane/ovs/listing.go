@@ -38,7 +38,7 @@ func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
 		d.listNetworks(&l)
 	case "peers":
 		l.Columns = []string{"VTEP", "HOST"}
-		for _, p := range d.state.peers {
+		for _, p := range d.state.Peers {
 			l.Rows = append(l.Rows, []string{p.VTEP.String(), p.Host})
 		}
 	case "ct":
@@ -66,11 +66,11 @@ func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
 
 func (d *Driver) listEndpoints(l *dataplane.Listing) {
 	l.Columns = []string{"NETWORK", "IP", "MAC", "EPG", "WHERE", "ENDPOINT"}
-	for id, e := range d.state.endpoints {
+	for id, e := range d.state.Endpoints {
 		l.Rows = append(l.Rows, []string{e.NetworkID, e.IP.String(), e.MAC.String(), strconv.Itoa(int(e.EPGID)),
 			fmt.Sprintf("local %s (port %d)", e.HostIfName, d.ports.endpoints[id]), id})
 	}
-	for id, r := range d.state.remotes {
+	for id, r := range d.state.RemoteEndpoints {
 		l.Rows = append(l.Rows, []string{r.NetworkID, r.IP.String(), r.MAC.String(), strconv.Itoa(int(r.EPGID)),
 			fmt.Sprintf("vtep %s (%s)", r.VTEP, r.Host), id})
 	}
@@ -78,7 +78,7 @@ func (d *Driver) listEndpoints(l *dataplane.Listing) {
 
 func (d *Driver) listNetworks(l *dataplane.Listing) {
 	l.Columns = []string{"NETWORK", "KEY", "ZONE", "ENCAP", "TAG", "SUBNET", "GATEWAY", "MTU"}
-	for id, n := range d.state.networks {
+	for id, n := range d.state.Networks {
 		gw := ""
 		if n.Gateway.IsValid() {
 			gw = n.Gateway.String()
@@ -124,7 +124,7 @@ func (d *Driver) listCT(ctx context.Context, l *dataplane.Listing, limit int) er
 
 func (d *Driver) listServices(l *dataplane.Listing) {
 	l.Columns = []string{"SERVICE", "ZONE", "FRONTEND", "TARGET PORT", "BACKENDS"}
-	for id, s := range d.state.services {
+	for id, s := range d.state.Services {
 		tenant, _ := dataplane.ServiceTenant(id)
 		for _, sp := range s.Ports {
 			target := sp.TargetPort
@@ -147,11 +147,11 @@ func (d *Driver) listServices(l *dataplane.Listing) {
 // listPolicy lists the installed rule sets (of group only, when not 0).
 func (d *Driver) listPolicy(l *dataplane.Listing, group uint16) {
 	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "PRIORITY"}
-	for _, epg := range slices.Sorted(maps.Keys(d.state.policies)) {
+	for _, epg := range slices.Sorted(maps.Keys(d.state.Policies)) {
 		if group != 0 && epg != group {
 			continue
 		}
-		for i, r := range d.state.policies[epg].Rules {
+		for i, r := range d.state.Policies[epg].Rules {
 			dir, proto, port, remote := "egress", "any", "", ""
 			if r.Ingress {
 				dir = "ingress"

@@ -318,12 +318,12 @@ func (d *Driver) packetInEvent(body []byte) (dataplane.MonitorEvent, bool) {
 	defer d.mu.Unlock()
 	for id, p := range d.ports.endpoints {
 		if p == inPort {
-			ev.Network = d.state.endpoints[id].NetworkID
+			ev.Network = d.state.Endpoints[id].NetworkID
 		}
 	}
 	if table == tPolicy && isIP {
-		sets := make([]dataplane.PolicySet, 0, len(d.state.policies))
-		for _, ps := range d.state.policies {
+		sets := make([]dataplane.PolicySet, 0, len(d.state.Policies))
+		for _, ps := range d.state.Policies {
 			sets = append(sets, ps)
 		}
 		pk := policy.Packet{SrcEPG: uint16(regs[regSrcEPG]), DstEPG: uint16(regs[regDstEPG]), SrcIP: src, DstIP: dst,

@@ -45,13 +45,13 @@ func portMasks(lo, hi uint16) [][2]uint16 {
 }
 
 // netpolFlows compiles the PodPolicies whose network is known (vrf by tenant).
-func (pl *pipeline) netpolFlows(d *desired, vrf map[string]uint32) ([]*flow, error) {
+func (pl *pipeline) netpolFlows(d *dataplane.Index, vrf map[string]uint32) ([]*flow, error) {
 	flows := []*flow{
 		pl.newFlow(tNetpolEgress, 0).goTo(tNetpolIngress),
 		pl.newFlow(tNetpolIngress, 0).goTo(tCommit),
 	}
-	for _, p := range sortedValues(d.podPolicies, func(p dataplane.PodPolicy) string { return p.ID }) {
-		if _, ok := d.networks[p.NetworkID]; !ok || !p.IP.Is4() {
+	for _, p := range sortedValues(d.PodPolicies, func(p dataplane.PodPolicy) string { return p.ID }) {
+		if _, ok := d.Networks[p.NetworkID]; !ok || !p.IP.Is4() {
 			continue // no network (yet) or no address: nothing to match
 		}
 		v := vrf[tenantOf(p.NetworkID)]

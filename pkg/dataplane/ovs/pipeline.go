@@ -112,37 +112,6 @@ type ports struct {
 	uplink    uint32            // 0 = none
 }
 
-// desired is the complete desired state the pipeline is compiled from.
-type desired struct {
-	networks  map[string]dataplane.Network
-	endpoints map[string]dataplane.Endpoint
-	remotes   map[string]dataplane.RemoteEndpoint
-	peers     map[string]dataplane.Peer
-	policies  map[uint16]dataplane.PolicySet
-	services  map[string]dataplane.Service
-	// podPolicies: the NetworkPolicy layer by PodPolicy id.
-	podPolicies map[string]dataplane.PodPolicy
-}
-
-func newDesired() *desired {
-	return &desired{
-		networks:  map[string]dataplane.Network{},
-		endpoints: map[string]dataplane.Endpoint{},
-		remotes:   map[string]dataplane.RemoteEndpoint{},
-		peers:     map[string]dataplane.Peer{},
-		policies:  map[uint16]dataplane.PolicySet{},
-		services:  map[string]dataplane.Service{},
-
-		podPolicies: map[string]dataplane.PodPolicy{},
-	}
-}
-
-func (d *desired) clone() *desired {
-	return &desired{networks: maps.Clone(d.networks), endpoints: maps.Clone(d.endpoints), remotes: maps.Clone(d.remotes),
-		peers: maps.Clone(d.peers), policies: maps.Clone(d.policies), services: maps.Clone(d.services),
-		podPolicies: maps.Clone(d.podPolicies)}
-}
-
 func netKey(n dataplane.Network) uint32 {
 	if n.Encap == dataplane.EncapVLAN {
 		return n.Tag | 1<<24
@@ -188,7 +157,7 @@ func newIDs() idTables { return idTables{svc: map[string]uint32{}, vrf: map[stri
 // unitEnv is what compiling a unit needs beyond its own object: the state, the ports,
 // the tenants' VRFs and the service ids.
 type unitEnv struct {
-	d      *desired
+	d      *dataplane.Index
 	host   dataplane.HostConfig
 	p      ports
 	vrf    map[string]uint32 // tenant → VRF of the tenants that have a network here
@@ -198,9 +167,9 @@ type unitEnv struct {
 	local  map[uint32]map[netip.Addr]bool
 }
 
-func newUnitEnv(d *desired, host dataplane.HostConfig, p ports, vrf, svcIDs map[string]uint32) *unitEnv {
+func newUnitEnv(d *dataplane.Index, host dataplane.HostConfig, p ports, vrf, svcIDs map[string]uint32) *unitEnv {
 	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, svcIDs: svcIDs, peer: map[string]bool{}, vtep: map[netip.Addr]bool{}}
-	for _, p := range d.peers {
+	for _, p := range d.Peers {
 		env.peer[p.Host] = true
 		env.vtep[p.VTEP] = true
 	}
@@ -213,8 +182,8 @@ func (env *unitEnv) netVRF(n dataplane.Network) uint32 { return env.vrf[tenantOf
 func (env *unitEnv) localIPs(v uint32) map[netip.Addr]bool {
 	if env.local == nil {
 		env.local = map[uint32]map[netip.Addr]bool{}
-		for _, ep := range env.d.endpoints {
-			n, ok := env.d.networks[ep.NetworkID]
+		for _, ep := range env.d.Endpoints {
+			n, ok := env.d.Networks[ep.NetworkID]
 			if !ok {
 				continue
 			}
@@ -230,9 +199,9 @@ func (env *unitEnv) localIPs(v uint32) map[netip.Addr]bool {
 
 // tenantVRFs returns the VRF of every tenant with a network in d, allocating ids in ids
 // for new tenants (in name order, so allocation is deterministic).
-func tenantVRFs(d *desired, ids map[string]uint32) (map[string]uint32, error) {
+func tenantVRFs(d *dataplane.Index, ids map[string]uint32) (map[string]uint32, error) {
 	tenants := map[string]bool{}
-	for id := range d.networks {
+	for id := range d.Networks {
 		tenants[tenantOf(id)] = true
 	}
 	vrf := map[string]uint32{}
@@ -247,7 +216,7 @@ func tenantVRFs(d *desired, ids map[string]uint32) (map[string]uint32, error) {
 }
 
 // compile turns the desired state into the pipeline's flows, unit by unit (units.go).
-func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
+func (pl *pipeline) compile(d *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
 	vrf, err := tenantVRFs(d, ids.vrf)
 	if err != nil {
 		return nil, err
@@ -274,21 +243,21 @@ func (pl *pipeline) compile(d *desired, host dataplane.HostConfig, p ports, ids 
 }
 
 // unitNames lists the units of d in merge order.
-func unitNames(d *desired) []string {
+func unitNames(d *dataplane.Index) []string {
 	names := []string{unitBase, unitNetpol}
-	for id := range d.networks {
+	for id := range d.Networks {
 		names = append(names, unitNet(id))
 	}
-	for id := range d.endpoints {
+	for id := range d.Endpoints {
 		names = append(names, unitEp(id))
 	}
-	for id := range d.remotes {
+	for id := range d.RemoteEndpoints {
 		names = append(names, unitRem(id))
 	}
-	for epg := range d.policies {
+	for epg := range d.Policies {
 		names = append(names, unitPol(epg))
 	}
-	for id := range d.services {
+	for id := range d.Services {
 		names = append(names, unitSvc(id))
 	}
 	slices.Sort(names)
@@ -305,17 +274,17 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 	case unitBase:
 		flows = pl.baseFlows()
 	case "net":
-		n, ok := d.networks[id]
+		n, ok := d.Networks[id]
 		if !ok {
 			return nil, nil, nil
 		}
 		flows = pl.networkFlows(env, n)
 	case "ep":
-		ep, ok := d.endpoints[id]
+		ep, ok := d.Endpoints[id]
 		if !ok {
 			return nil, nil, nil
 		}
-		n, ok := d.networks[ep.NetworkID]
+		n, ok := d.Networks[ep.NetworkID]
 		if !ok {
 			return nil, nil, fmt.Errorf("endpoint %s: network %s is not known", ep.ID, ep.NetworkID)
 		}
@@ -330,11 +299,11 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 		}
 		flows = append(flows, fw...)
 	case "rem":
-		r, ok := d.remotes[id]
+		r, ok := d.RemoteEndpoints[id]
 		if !ok {
 			return nil, nil, nil
 		}
-		n, ok := d.networks[r.NetworkID]
+		n, ok := d.Networks[r.NetworkID]
 		if !ok {
 			return nil, nil, fmt.Errorf("remote endpoint %s: network %s is not known", r.ID, r.NetworkID)
 		}
@@ -363,7 +332,7 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("unit %s: %w", u, err)
 		}
-		ps, ok := d.policies[uint16(epg)]
+		ps, ok := d.Policies[uint16(epg)]
 		if !ok {
 			return nil, nil, nil
 		}
@@ -376,7 +345,7 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 			return nil, nil, err
 		}
 	case "svc":
-		s, ok := d.services[id]
+		s, ok := d.Services[id]
 		if !ok {
 			return nil, nil, nil
 		}

@@ -13,23 +13,23 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-func testState() *desired {
-	d := newDesired()
-	d.networks[vxNet.ID] = vxNet
+func testState() *dataplane.Index {
+	d := dataplane.NewIndex()
+	d.Networks[vxNet.ID] = vxNet
 	a := netip.MustParseAddr("10.1.0.1")
-	d.endpoints["e1"] = dataplane.Endpoint{ID: "e1", NetworkID: vxNet.ID, IP: a, MAC: dataplane.ContivMAC(a), EPGID: 7, HostIfName: "v1", IfName: "eth0"}
+	d.Endpoints["e1"] = dataplane.Endpoint{ID: "e1", NetworkID: vxNet.ID, IP: a, MAC: dataplane.ContivMAC(a), EPGID: 7, HostIfName: "v1", IfName: "eth0"}
 	b := netip.MustParseAddr("10.1.0.9")
-	d.remotes["r1"] = dataplane.RemoteEndpoint{ID: "r1", NetworkID: vxNet.ID, IP: b, MAC: dataplane.ContivMAC(b), EPGID: 8, Host: "h2",
+	d.RemoteEndpoints["r1"] = dataplane.RemoteEndpoint{ID: "r1", NetworkID: vxNet.ID, IP: b, MAC: dataplane.ContivMAC(b), EPGID: 8, Host: "h2",
 		VTEP: netip.MustParseAddr("192.168.1.2")}
-	d.peers["h2"] = dataplane.Peer{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}
-	d.policies[7] = dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+	d.Peers["h2"] = dataplane.Peer{Host: "h2", VTEP: netip.MustParseAddr("192.168.1.2")}
+	d.Policies[7] = dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
 		{ID: "d", Priority: 1, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
 		{ID: "a", Priority: 3, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow},
 	}}
-	d.podPolicies["e1"] = dataplane.PodPolicy{ID: "e1", NetworkID: vxNet.ID, IP: a, IngressIsolated: true, EgressIsolated: true,
+	d.PodPolicies["e1"] = dataplane.PodPolicy{ID: "e1", NetworkID: vxNet.ID, IP: a, IngressIsolated: true, EgressIsolated: true,
 		Ingress: []dataplane.PodRule{{Remote: netip.MustParsePrefix("10.1.0.8/30"), Proto: 6, PortMin: 8000, PortMax: 8009}},
 		Egress:  []dataplane.PodRule{{Remote: netip.MustParsePrefix("0.0.0.0/0"), Proto: 17, PortMin: 53, PortMax: 53}, {Remote: netip.MustParsePrefix("10.1.0.9/32")}}}
-	d.services["s:default"] = dataplane.Service{ID: "s:default", VIP: netip.MustParseAddr("10.9.0.1"),
+	d.Services["s:default"] = dataplane.Service{ID: "s:default", VIP: netip.MustParseAddr("10.9.0.1"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{a, b}}
 	return d
 }
@@ -88,7 +88,7 @@ func TestCompile(t *testing.T) {
 
 func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
 	st := testState()
-	delete(st.peers, "h2")
+	delete(st.Peers, "h2")
 	c, err := testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
@@ -99,39 +99,39 @@ func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
 }
 
 func TestCompileRejects(t *testing.T) {
-	for name, mutate := range map[string]func(*desired){
-		"unknown network": func(d *desired) {
-			e := d.endpoints["e1"]
+	for name, mutate := range map[string]func(*dataplane.Index){
+		"unknown network": func(d *dataplane.Index) {
+			e := d.Endpoints["e1"]
 			e.NetworkID = "nope.x"
-			d.endpoints["e1"] = e
+			d.Endpoints["e1"] = e
 		},
-		"no port": func(d *desired) {
-			e := d.endpoints["e1"]
+		"no port": func(d *dataplane.Index) {
+			e := d.Endpoints["e1"]
 			e.ID = "e2"
-			d.endpoints["e2"] = e
+			d.Endpoints["e2"] = e
 		},
-		"bad action": func(d *desired) {
-			d.policies[9] = dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "x", Action: "maybe"}}}
+		"bad action": func(d *dataplane.Index) {
+			d.Policies[9] = dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "x", Action: "maybe"}}}
 		},
-		"vxlan remote without vtep": func(d *desired) {
-			r := d.remotes["r1"]
+		"vxlan remote without vtep": func(d *dataplane.Index) {
+			r := d.RemoteEndpoints["r1"]
 			r.VTEP = netip.Addr{}
-			d.remotes["r1"] = r
+			d.RemoteEndpoints["r1"] = r
 		},
-		"bad service proto": func(d *desired) {
-			s := d.services["s:default"]
+		"bad service proto": func(d *dataplane.Index) {
+			s := d.Services["s:default"]
 			s.Ports = []dataplane.ServicePort{{Proto: 1, Port: 1}}
-			d.services["s:default"] = s
+			d.Services["s:default"] = s
 		},
-		"service id without tenant": func(d *desired) {
-			s := d.services["s:default"]
+		"service id without tenant": func(d *dataplane.Index) {
+			s := d.Services["s:default"]
 			s.ID = "s"
-			d.services["s"] = s
+			d.Services["s"] = s
 		},
-		"same VIP:port twice in one tenant": func(d *desired) {
-			s := d.services["s:default"]
+		"same VIP:port twice in one tenant": func(d *dataplane.Index) {
+			s := d.Services["s:default"]
 			s.ID = "s2:default"
-			d.services["s2:default"] = s
+			d.Services["s2:default"] = s
 		},
 	} {
 		st := testState()

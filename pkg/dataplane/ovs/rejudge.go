@@ -116,22 +116,22 @@ type vrfAddr struct {
 	ip  netip.Addr
 }
 
-func inputsOf(st *desired, vrf map[string]uint32) verdictInputs {
+func inputsOf(st *dataplane.Index, vrf map[string]uint32) verdictInputs {
 	in := verdictInputs{group: map[vrfAddr]uint16{}, pods: map[vrfAddr]*dataplane.PodPolicy{}}
-	for _, p := range sortedValues(st.policies, func(p dataplane.PolicySet) string { return fmt.Sprintf("%05d", p.EPGID) }) {
+	for _, p := range sortedValues(st.Policies, func(p dataplane.PolicySet) string { return fmt.Sprintf("%05d", p.EPGID) }) {
 		in.sets = append(in.sets, p)
 	}
-	for _, e := range st.endpoints {
+	for _, e := range st.Endpoints {
 		if v, ok := vrf[tenantOf(e.NetworkID)]; ok && e.EPGID != 0 {
 			in.group[vrfAddr{v, e.IP}] = e.EPGID
 		}
 	}
-	for _, e := range st.remotes {
+	for _, e := range st.RemoteEndpoints {
 		if v, ok := vrf[tenantOf(e.NetworkID)]; ok && e.EPGID != 0 {
 			in.group[vrfAddr{v, e.IP}] = e.EPGID
 		}
 	}
-	for _, p := range st.podPolicies {
+	for _, p := range st.PodPolicies {
 		if v, ok := vrf[tenantOf(p.NetworkID)]; ok {
 			pp := p
 			if pp.Validate() != nil { // installed failed closed: isolated both ways, no rules
@@ -202,7 +202,7 @@ func (d *Driver) vswitchdCtl() (string, error) {
 }
 
 // rejudge flushes the tenants' connections the policy of st denies.
-func (d *Driver) rejudge(ctx context.Context, st *desired, vrf map[string]uint32) error {
+func (d *Driver) rejudge(ctx context.Context, st *dataplane.Index, vrf map[string]uint32) error {
 	d.ct.runs.Add(1)
 	out, err := d.appctl(ctx, "dpctl/dump-conntrack")
 	if err != nil {

@@ -23,13 +23,13 @@ garbage`
 	if c := cs[2]; c.proto != 1 || c.sport != 7 || c.zone != 2 {
 		t.Fatalf("icmp entry %+v", c)
 	}
-	st := newDesired()
-	st.networks[vxNet.ID] = vxNet
+	st := dataplane.NewIndex()
+	st.Networks[vxNet.ID] = vxNet
 	vrf := map[string]uint32{tenantOf(vxNet.ID): 1}
-	st.podPolicies["p"] = dataplane.PodPolicy{ID: "p", NetworkID: vxNet.ID, IP: netip.MustParseAddr("10.1.0.3"), IngressIsolated: true,
+	st.PodPolicies["p"] = dataplane.PodPolicy{ID: "p", NetworkID: vxNet.ID, IP: netip.MustParseAddr("10.1.0.3"), IngressIsolated: true,
 		Ingress: []dataplane.PodRule{{Remote: netip.MustParsePrefix("10.1.0.0/24"), Proto: 6, PortMin: 80, PortMax: 80}}}
 	// The backend of a DNATed flow is judged, not the VIP.
-	st.podPolicies["b"] = dataplane.PodPolicy{ID: "b", NetworkID: vxNet.ID, IP: netip.MustParseAddr("10.1.0.4"), IngressIsolated: true}
+	st.PodPolicies["b"] = dataplane.PodPolicy{ID: "b", NetworkID: vxNet.ID, IP: netip.MustParseAddr("10.1.0.4"), IngressIsolated: true}
 	in := inputsOf(st, vrf)
 	if !in.allows(cs[0]) {
 		t.Error("tcp to an allowed port judged denied")

@@ -27,7 +27,7 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	res := dataplane.TraceResult{Host: d.host.Host}
-	ep, ok := d.state.endpoints[req.From]
+	ep, ok := d.state.Endpoints[req.From]
 	port := d.ports.endpoints[req.From]
 	if !ok || port == 0 {
 		return res, fmt.Errorf("trace: %q is not a local endpoint of this host", req.From)
@@ -35,7 +35,7 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	if err := req.Validate(); err != nil {
 		return res, err
 	}
-	n := d.state.networks[ep.NetworkID]
+	n := d.state.Networks[ep.NetworkID]
 	sport := req.SrcPort
 	if sport == 0 {
 		sport = 40000 + uint16(time.Now().UnixNano()%20000)
@@ -108,18 +108,18 @@ func (d *Driver) arpAnswer(n dataplane.Network, dst netip.Addr) (net.HardwareAdd
 		}
 		return m
 	}
-	for _, e := range d.state.endpoints {
+	for _, e := range d.state.Endpoints {
 		if e.NetworkID == n.ID && e.IP == dst {
 			return mac(e.MAC), true
 		}
 	}
-	for _, e := range d.state.remotes {
+	for _, e := range d.state.RemoteEndpoints {
 		if e.NetworkID == n.ID && e.IP == dst {
 			return mac(e.MAC), true
 		}
 	}
 	tenant := tenantOf(n.ID)
-	for id, s := range d.state.services {
+	for id, s := range d.state.Services {
 		if t, err := dataplane.ServiceTenant(id); err == nil && t == tenant && s.VIP == dst {
 			return dataplane.ContivMAC(dst), true
 		}
@@ -303,7 +303,7 @@ func (d *Driver) traceEnd(res *dataplane.TraceResult, st traceStep, final map[st
 				v, _ := strconv.ParseUint(strings.TrimPrefix(vni, "0x"), 16, 32)
 				res.Reason = "fwd_tunnel"
 				host := ""
-				for _, p := range d.state.peers {
+				for _, p := range d.state.Peers {
 					if p.VTEP.String() == vtep {
 						host = " (" + p.Host + ")"
 					}
@@ -317,7 +317,7 @@ func (d *Driver) traceEnd(res *dataplane.TraceResult, st traceStep, final map[st
 				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: "VLAN uplink, " + strings.Join(st.actions, ",")})
 				return
 			}
-			for id, ep := range d.state.endpoints {
+			for id, ep := range d.state.Endpoints {
 				if d.ports.endpoints[id] == uint32(port) {
 					res.Reason, res.Verdict = "fwd_local", fmt.Sprintf("delivered to %v (%s)", ep.IP, id)
 					res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: "local: " + id})

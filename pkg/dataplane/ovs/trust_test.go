@@ -18,11 +18,11 @@ import (
 func TestCompileTrust(t *testing.T) {
 	st := testState()
 	t2 := dataplane.Network{ID: "n2.t2", Encap: dataplane.EncapVXLAN, Tag: 5002, Subnet: vxNet.Subnet, MTU: 1450}
-	st.networks[t2.ID] = t2
-	other := st.services["s:default"]
+	st.Networks[t2.ID] = t2
+	other := st.Services["s:default"]
 	other.ID = "s:t2" // same VIP:port, other tenant
 	other.Ports = append(other.Ports, dataplane.ServicePort{Proto: 17, Port: 53})
-	st.services[other.ID] = other
+	st.Services[other.ID] = other
 	c, err := testPipeline(t).compile(st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
@@ -55,9 +55,9 @@ func TestCompileTrust(t *testing.T) {
 	}
 	// A service of a tenant without networks here has no flows at all.
 	st = testState()
-	lone := st.services["s:default"]
+	lone := st.Services["s:default"]
 	lone.ID, lone.VIP = "s:nobody", netip.MustParseAddr("10.9.0.2")
-	st.services[lone.ID] = lone
+	st.Services[lone.ID] = lone
 	c, err = testPipeline(t).compile(st, dataplane.HostConfig{}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)

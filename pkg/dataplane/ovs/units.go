@@ -81,7 +81,7 @@ func (c *compiled) serviceKeys() map[string]bool {
 // claimService records service unit u's LB keys and VIP:ports, refusing a VIP:port
 // another service of the same VRF holds. Units other than services pass. It returns a
 // function that restores the claims as they were.
-func (c *compiled) claimService(u string, d *desired, env *unitEnv, keys []string) (func(), error) {
+func (c *compiled) claimService(u string, d *dataplane.Index, env *unitEnv, keys []string) (func(), error) {
 	kind, id := splitUnit(u)
 	if kind != "svc" {
 		return func() {}, nil
@@ -102,7 +102,7 @@ func (c *compiled) claimService(u string, d *desired, env *unitEnv, keys []strin
 	}
 	delete(c.svcKeys, u)
 	delete(c.svcVKs, u)
-	s, ok := d.services[id]
+	s, ok := d.Services[id]
 	if !ok || len(keys) == 0 {
 		return undo, nil
 	}
@@ -244,7 +244,7 @@ type flowChange struct {
 // recompile compiles units dirty again against d and applies them to c. It returns the
 // installed flows that changed and a function that takes the change back (when the
 // switch refuses it). On a compile error c is unchanged.
-func (pl *pipeline) recompile(c *compiled, d *desired, host dataplane.HostConfig, p ports, svcIDs map[string]uint32, dirty []string) ([]flowChange, func(), error) {
+func (pl *pipeline) recompile(c *compiled, d *dataplane.Index, host dataplane.HostConfig, p ports, svcIDs map[string]uint32, dirty []string) ([]flowChange, func(), error) {
 	env := newUnitEnv(d, host, p, c.vrf, svcIDs)
 	dirty = slices.Clone(dirty)
 	slices.Sort(dirty)

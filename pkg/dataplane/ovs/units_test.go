@@ -29,7 +29,7 @@ func TestScopedCompileMatchesFull(t *testing.T) {
 				host.FwdMode = dataplane.FwdRouting
 			}
 			g := newScopeGen(rng)
-			st := newDesired()
+			st := dataplane.NewIndex()
 			p := ports{endpoints: map[string]uint32{}, tunnel: 1, uplink: 2}
 			ids := newIDs()
 			c, err := pl.compile(st, host, p, ids)
@@ -37,9 +37,9 @@ func TestScopedCompileMatchesFull(t *testing.T) {
 				t.Fatal(err)
 			}
 			for step := 0; step < 200; step++ {
-				next := st.clone()
+				next := st.Clone()
 				name, scope := g.change(next)
-				for id := range next.endpoints {
+				for id := range next.Endpoints {
 					if p.endpoints[id] == 0 {
 						p.endpoints[id] = uint32(100 + len(p.endpoints))
 					}
@@ -183,40 +183,40 @@ func (g *scopeGen) net() dataplane.Network { return genNets[g.rng.Intn(len(genNe
 
 // change applies one random change to st and returns its name and the driver's scope
 // for it.
-func (g *scopeGen) change(st *desired) (string, func(old, st *desired) []string) {
+func (g *scopeGen) change(st *dataplane.Index) (string, func(old, st *dataplane.Index) []string) {
 	r := g.rng
 	switch k := r.Intn(20); {
 	case k == 0:
 		n := g.net()
 		if r.Intn(3) == 0 {
-			delete(st.networks, n.ID)
+			delete(st.Networks, n.ID)
 			return "delete network " + n.ID, everything
 		}
-		st.networks[n.ID] = n
+		st.Networks[n.ID] = n
 		return "network " + n.ID, everything
 	case k == 1:
 		h := fmt.Sprintf("h%d", r.Intn(3))
 		if r.Intn(3) == 0 {
-			delete(st.peers, h)
+			delete(st.Peers, h)
 			return "delete peer " + h, everything
 		}
-		st.peers[h] = dataplane.Peer{Host: h, VTEP: netip.AddrFrom4([4]byte{192, 168, 1, byte(2 + r.Intn(3))})}
+		st.Peers[h] = dataplane.Peer{Host: h, VTEP: netip.AddrFrom4([4]byte{192, 168, 1, byte(2 + r.Intn(3))})}
 		return "peer " + h, everything
 	case k <= 5:
 		id := fmt.Sprintf("e%d", r.Intn(5))
 		if r.Intn(4) == 0 {
-			delete(st.endpoints, id)
+			delete(st.Endpoints, id)
 			return "delete endpoint " + id, endpointUnits(id)
 		}
 		n := g.net()
 		ip := g.addr(n)
-		st.endpoints[id] = dataplane.Endpoint{ID: id, NetworkID: n.ID, IP: ip, MAC: dataplane.ContivMAC(ip),
+		st.Endpoints[id] = dataplane.Endpoint{ID: id, NetworkID: n.ID, IP: ip, MAC: dataplane.ContivMAC(ip),
 			EPGID: uint16(r.Intn(3)), HostIfName: "v" + id, IfName: "eth0"}
 		return "endpoint " + id, endpointUnits(id)
 	case k <= 9:
 		id := fmt.Sprintf("r%d", r.Intn(6))
 		if r.Intn(4) == 0 {
-			delete(st.remotes, id)
+			delete(st.RemoteEndpoints, id)
 			return "delete remote " + id, units(unitRem(id))
 		}
 		n := g.net()
@@ -231,12 +231,12 @@ func (g *scopeGen) change(st *desired) (string, func(old, st *desired) []string)
 		if r.Intn(10) == 0 {
 			rem.VTEP = netip.Addr{} // invalid on VXLAN
 		}
-		st.remotes[id] = rem
+		st.RemoteEndpoints[id] = rem
 		return "remote " + id, units(unitRem(id))
 	case k <= 11:
 		epg := uint16(1 + r.Intn(2))
 		if r.Intn(4) == 0 {
-			delete(st.policies, epg)
+			delete(st.Policies, epg)
 			return fmt.Sprint("delete policy ", epg), units(unitPol(epg))
 		}
 		ps := dataplane.PolicySet{EPGID: epg}
@@ -251,22 +251,22 @@ func (g *scopeGen) change(st *desired) (string, func(old, st *desired) []string)
 			ps.Rules = append(ps.Rules, dataplane.PolicyRule{ID: fmt.Sprint(i), Priority: r.Intn(5), Proto: 6, Port: uint16(80 + r.Intn(2)),
 				RemoteEPG: uint16(r.Intn(3)), Ingress: r.Intn(2) == 0, Action: act})
 		}
-		st.policies[epg] = ps
+		st.Policies[epg] = ps
 		return fmt.Sprint("policy ", epg), units(unitPol(epg))
 	case k == 12:
 		id := fmt.Sprintf("e%d", r.Intn(5))
 		if r.Intn(3) == 0 {
-			delete(st.podPolicies, id)
+			delete(st.PodPolicies, id)
 			return "delete pod policy " + id, units(unitNetpol)
 		}
 		n := g.net()
-		st.podPolicies[id] = dataplane.PodPolicy{ID: id, NetworkID: n.ID, IP: g.addr(n), IngressIsolated: r.Intn(2) == 0, EgressIsolated: true,
+		st.PodPolicies[id] = dataplane.PodPolicy{ID: id, NetworkID: n.ID, IP: g.addr(n), IngressIsolated: r.Intn(2) == 0, EgressIsolated: true,
 			Egress: []dataplane.PodRule{{Remote: netip.MustParsePrefix("10.0.0.0/8"), Proto: 17, PortMin: 53, PortMax: 53}}}
 		return "pod policy " + id, units(unitNetpol)
 	default:
 		id := fmt.Sprintf("s%d:t%d", r.Intn(5), 1+r.Intn(2))
 		if r.Intn(4) == 0 {
-			delete(st.services, id)
+			delete(st.Services, id)
 			return "delete service " + id, units(unitSvc(id))
 		}
 		tenant := id[strings.IndexByte(id, ':')+1:]
@@ -295,13 +295,13 @@ func (g *scopeGen) change(st *desired) (string, func(old, st *desired) []string)
 			s.Draining = s.Backends[:1]
 			s.Backends = s.Backends[1:]
 		}
-		st.services[id] = s
+		st.Services[id] = s
 		return "service " + id, units(unitSvc(id))
 	}
 }
 
 // everything is the scope of network and peer changes: the driver compiles it all.
-func everything(*desired, *desired) []string { return nil }
+func everything(*dataplane.Index, *dataplane.Index) []string { return nil }
 
 // TestAllocID: a new key gets the smallest free id, a known key keeps its own, and the
 // range is refused when full.
@@ -332,10 +332,10 @@ func TestAllocID(t *testing.T) {
 // delete the flow the other still needs.
 func TestMirroredRulesShareOneFlow(t *testing.T) {
 	pl := testPipeline(t)
-	st := newDesired()
-	st.networks[vxNet.ID] = vxNet
-	st.policies[1] = dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "in", Priority: 5, Ingress: true, RemoteEPG: 2, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
-	st.policies[2] = dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "out", Priority: 5, RemoteEPG: 1, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
+	st := dataplane.NewIndex()
+	st.Networks[vxNet.ID] = vxNet
+	st.Policies[1] = dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "in", Priority: 5, Ingress: true, RemoteEPG: 2, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
+	st.Policies[2] = dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "out", Priority: 5, RemoteEPG: 1, Proto: 6, Port: 80, Action: dataplane.ActionDeny}}}
 	ids := newIDs()
 	c, err := pl.compile(st, dataplane.HostConfig{}, testPorts, ids)
 	if err != nil {
@@ -345,8 +345,8 @@ func TestMirroredRulesShareOneFlow(t *testing.T) {
 	if k1 != k2 || len(c.owners[k1]) != 2 {
 		t.Fatalf("mirrored rules: keys %q / %q, owners %v", k1, k2, c.owners[k1])
 	}
-	next := st.clone()
-	delete(next.policies, 1)
+	next := st.Clone()
+	delete(next.Policies, 1)
 	changes, _, err := pl.recompile(c, next, dataplane.HostConfig{}, testPorts, ids.svc, []string{unitPol(1)})
 	if err != nil {
 		t.Fatal(err)
@@ -370,68 +370,68 @@ func TestPurgeDecisions(t *testing.T) {
 	svc := func(id string, backends ...netip.Addr) dataplane.Service {
 		return dataplane.Service{ID: id, VIP: netip.MustParseAddr("10.96.0.1"), Ports: []dataplane.ServicePort{{Proto: 17, Port: 53}}, Backends: backends}
 	}
-	base := func() *desired {
+	base := func() *dataplane.Index {
 		st := testState()
-		st.services = map[string]dataplane.Service{"a:default": svc("a:default", b0)}
+		st.Services = map[string]dataplane.Service{"a:default": svc("a:default", b0)}
 		other := svc("o:default", b0)
 		other.VIP = netip.MustParseAddr("10.96.0.2")
-		st.services[other.ID] = other
+		st.Services[other.ID] = other
 		return st
 	}
 	vlanNet := dataplane.Network{ID: "v.default", Encap: dataplane.EncapVLAN, Tag: 30, Subnet: netip.MustParsePrefix("10.3.0.0/24")}
-	noGroup := func(st *desired) {
-		r := st.remotes["r1"]
+	noGroup := func(st *dataplane.Index) {
+		r := st.RemoteEndpoints["r1"]
 		r.EPGID = 0
-		st.remotes["r1"] = r
+		st.RemoteEndpoints["r1"] = r
 	}
-	withVLAN := func(st *desired) { st.networks[vlanNet.ID] = vlanNet }
+	withVLAN := func(st *dataplane.Index) { st.Networks[vlanNet.ID] = vlanNet }
 	for _, tc := range []struct {
 		name   string
-		setup  func(st *desired) // the state before, beyond base
-		change func(st *desired) func(old, st *desired) []string
+		setup  func(st *dataplane.Index) // the state before, beyond base
+		change func(st *dataplane.Index) func(old, st *dataplane.Index) []string
 		purge  bool
 	}{
-		{"new service", nil, func(st *desired) func(old, st *desired) []string {
+		{"new service", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
 			s := svc("n:default", b1)
 			s.VIP = netip.MustParseAddr("10.96.0.3")
-			st.services[s.ID] = s
+			st.Services[s.ID] = s
 			return units(unitSvc(s.ID))
 		}, false},
-		{"backend added", nil, func(st *desired) func(old, st *desired) []string {
-			st.services["a:default"] = svc("a:default", b0, b1)
+		{"backend added", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
+			st.Services["a:default"] = svc("a:default", b0, b1)
 			return units(unitSvc("a:default"))
 		}, false},
-		{"backend replaced (the old one still serves another service)", nil, func(st *desired) func(old, st *desired) []string {
-			st.services["a:default"] = svc("a:default", b2)
+		{"backend replaced (the old one still serves another service)", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
+			st.Services["a:default"] = svc("a:default", b2)
 			return units(unitSvc("a:default"))
 		}, true},
-		{"backend removed", nil, func(st *desired) func(old, st *desired) []string {
-			st.services["a:default"] = svc("a:default")
+		{"backend removed", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
+			st.Services["a:default"] = svc("a:default")
 			return units(unitSvc("a:default"))
 		}, true},
-		{"remote endpoint gets a group", noGroup, func(st *desired) func(old, st *desired) []string {
-			r := st.remotes["r1"]
+		{"remote endpoint gets a group", noGroup, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
+			r := st.RemoteEndpoints["r1"]
 			r.EPGID = 8
-			st.remotes["r1"] = r
+			st.RemoteEndpoints["r1"] = r
 			return units(unitRem("r1"))
 		}, true},
-		{"new VLAN remote endpoint with a group", withVLAN, func(st *desired) func(old, st *desired) []string {
+		{"new VLAN remote endpoint with a group", withVLAN, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
 			ip := netip.MustParseAddr("10.3.0.5")
-			st.remotes["v1"] = dataplane.RemoteEndpoint{ID: "v1", NetworkID: vlanNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), EPGID: 7, Host: "h2"}
+			st.RemoteEndpoints["v1"] = dataplane.RemoteEndpoint{ID: "v1", NetworkID: vlanNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), EPGID: 7, Host: "h2"}
 			return units(unitRem("v1"))
 		}, true},
-		{"new local endpoint without a group", nil, func(st *desired) func(old, st *desired) []string {
+		{"new local endpoint without a group", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
 			ip := netip.MustParseAddr("10.1.0.30")
-			st.endpoints["e9"] = dataplane.Endpoint{ID: "e9", NetworkID: vxNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), HostIfName: "v9", IfName: "eth0"}
+			st.Endpoints["e9"] = dataplane.Endpoint{ID: "e9", NetworkID: vxNet.ID, IP: ip, MAC: dataplane.ContivMAC(ip), HostIfName: "v9", IfName: "eth0"}
 			return endpointUnits("e9")
 		}, false},
-		{"rule added", nil, func(st *desired) func(old, st *desired) []string {
-			ps := st.policies[7]
+		{"rule added", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
+			ps := st.Policies[7]
 			ps.Rules = append(slices.Clone(ps.Rules), dataplane.PolicyRule{ID: "x", Priority: 2, Proto: 17, Action: dataplane.ActionDeny})
-			st.policies[7] = ps
+			st.Policies[7] = ps
 			return units(unitPol(7))
 		}, true},
-		{"same service again", nil, func(st *desired) func(old, st *desired) []string {
+		{"same service again", nil, func(st *dataplane.Index) func(old, st *dataplane.Index) []string {
 			return units(unitSvc("a:default"))
 		}, false},
 	} {
@@ -446,7 +446,7 @@ func TestPurgeDecisions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			next := st.clone()
+			next := st.Clone()
 			scope := tc.change(next)
 			dirty := scope(st, next)
 			changes, _, err := pl.recompile(c, next, host, p, ids.svc, dirty)

@@ -90,7 +90,7 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 
 // compileEach compiles every unit of d on its own, as compile does, but a unit that
 // fails is left out and returned instead of failing the whole pipeline.
-func (pl *pipeline) compileEach(d *desired, host dataplane.HostConfig, p ports, ids idTables) (*compiled, map[string]error, error) {
+func (pl *pipeline) compileEach(d *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) (*compiled, map[string]error, error) {
 	vrf, err := tenantVRFs(d, ids.vrf)
 	if err != nil {
 		return nil, nil, err

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // VRF ids are the conntrack zones of tenants. They must stay with their tenant for as
@@ -129,9 +131,9 @@ func (d *Driver) saveVRFs(ctx context.Context, ids map[string]uint32) error {
 
 // releaseVRFs flushes the zones of tenants that no longer have a network (no flow uses
 // them any more) and frees their ids. A failed flush keeps the id reserved.
-func (d *Driver) releaseVRFs(ctx context.Context, st *desired) error {
+func (d *Driver) releaseVRFs(ctx context.Context, st *dataplane.Index) error {
 	live := map[string]bool{}
-	for id := range st.networks {
+	for id := range st.Networks {
 		live[tenantOf(id)] = true
 	}
 	stale := staleVRFs(d.vrfIDs, live)
