@@ -356,6 +356,9 @@ func (a *Agent) desired(full bool, retry scope) view {
 			sc.touchSvc(id)
 		}
 		sc.pols = sc.pols || retry.pols
+		for g := range retry.groups {
+			sc.touchGroup(g)
+		}
 	}
 	if r.namesStale {
 		a.names.Store(nil) // rebuilt by the next lookup (Lookup)
@@ -415,6 +418,8 @@ func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 		clear(a.rec.epgs)
 	case model.RuleStatePrefix:
 		clear(a.rec.rules)
+		clear(a.rec.ruleGroup)
+		clear(a.rec.oddRules)
 	case model.SvcLBStatePrefix:
 		clear(a.rec.svcs)
 	case model.BgpStatePrefix:
@@ -465,8 +470,7 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		a.rec.dirty.touchEp(id)
 		return
 	case model.RuleStatePrefix:
-		delete(a.rec.rules, id)
-		a.rec.dirty.pols = true
+		a.rec.setRule(id, nil)
 		return
 	case model.EPGStatePrefix:
 		delete(a.rec.epgs, id)
@@ -500,7 +504,7 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		// scoped to the one object (the setters below); a network only when it changed
 		// more than its address bookkeeping
 	case model.RuleStatePrefix:
-		a.rec.dirty.pols = true
+		// scoped to the groups the rule compiles into (setRule)
 	case model.EPGStatePrefix, model.BgpStatePrefix, "/contiv.io/master/config/":
 		// nothing the datapath state is computed from (the BGP loop reads its records
 		// after every pass)
@@ -539,9 +543,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 	case model.RuleStatePrefix:
 		var v model.CfgPolicyRule
 		if err = kv.Decode(&v); err == nil {
-			a.rec.rules[id] = v
+			a.rec.setRule(id, &v)
 		} else {
-			delete(a.rec.rules, id)
+			a.rec.setRule(id, nil)
 		}
 	case model.SvcLBStatePrefix:
 		var v model.CfgServiceLBState

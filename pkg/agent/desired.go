@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,8 +36,14 @@ type records struct {
 	eps   map[string]model.CfgEndpointState
 	epgs  map[string]model.EndpointGroupState
 	rules map[string]model.CfgPolicyRule
-	svcs  map[string]model.CfgServiceLBState
-	bgp   map[string]model.CfgBgpState // by host
+	// ruleGroup is the group each rule record compiles into (policy.RuleGroup); a rule
+	// without one makes the next pass compile every group.
+	ruleGroup map[string]uint16
+	// oddRules are rule records whose body names another id than their key (netmaster
+	// never writes one): while any exists, every rule change compiles every group.
+	oddRules map[string]struct{}
+	svcs     map[string]model.CfgServiceLBState
+	bgp      map[string]model.CfgBgpState // by host
 	// podPols: the NetworkPolicy layer, by endpoint id.
 	podPols map[string]model.K8sPodPolicy
 	vteps   vxlan.Table
@@ -91,8 +100,28 @@ type scope struct {
 	all  bool
 	eps  map[string]struct{}
 	svcs map[string]struct{}
-	// pols: the group rule sets are compiled again (a rule record changed).
-	pols bool
+	// pols: every group's rule set is compiled again; groups: these groups' sets, whose
+	// rule records rules changed.
+	pols   bool
+	groups map[uint16]struct{}
+	rules  map[string]struct{}
+}
+
+// touchGroup makes the next pass compile group g's rule set again.
+func (s *scope) touchGroup(g uint16) {
+	if s.groups == nil {
+		s.groups = map[uint16]struct{}{}
+	}
+	s.groups[g] = struct{}{}
+}
+
+// touchRule records that rule record id of group g changed.
+func (s *scope) touchRule(id string, g uint16) {
+	s.touchGroup(g)
+	if s.rules == nil {
+		s.rules = map[string]struct{}{}
+	}
+	s.rules[id] = struct{}{}
 }
 
 func (s *scope) touchEp(id string) {
@@ -109,7 +138,47 @@ func (s *scope) touchSvc(id string) {
 	s.svcs[id] = struct{}{}
 }
 
-func (s scope) empty() bool { return !s.all && !s.pols && len(s.eps) == 0 && len(s.svcs) == 0 }
+func (s scope) empty() bool {
+	return !s.all && !s.pols && len(s.eps) == 0 && len(s.svcs) == 0 && len(s.groups) == 0
+}
+
+// setRule records rule record id (nil: removes it). The groups it compiled into before
+// and after are recomputed by the next pass; every group when either is unknown.
+func (r *records) setRule(id string, v *model.CfgPolicyRule) {
+	if _, odd := r.oddRules[id]; odd {
+		r.dirty.pols = true // its errors are keyed by its body's id
+	}
+	if g, ok := r.ruleGroup[id]; ok {
+		r.dirty.touchRule(id, g)
+	} else if _, had := r.rules[id]; had {
+		r.dirty.pols = true
+	}
+	delete(r.ruleGroup, id)
+	if v == nil {
+		delete(r.rules, id)
+		delete(r.oddRules, id)
+		return
+	}
+	r.rules[id] = *v
+	rec := v.OfnetPolicyRule
+	if rec.RuleId == "" {
+		rec.RuleId = cmp.Or(v.ID, id) // the key names the record when its body does not
+	}
+	delete(r.oddRules, id)
+	if v.ID != "" && v.ID != id {
+		// Compile knows a rule by its body's id: two records naming one rule conflict
+		// across groups, which only a compilation of every group sees.
+		r.oddRules[id] = struct{}{}
+	}
+	g, ok := policy.RuleGroup(rec)
+	if ok {
+		r.ruleGroup[id] = g
+		r.dirty.touchRule(id, g)
+	}
+	if !ok || len(r.oddRules) > 0 {
+		r.dirty.pols = true
+	}
+}
 
 // touchAll makes the next pass recompute everything.
 func (r *records) touchAll() {
@@ -181,6 +250,8 @@ func newRecords() *records {
 		eps:         map[string]model.CfgEndpointState{},
 		epgs:        map[string]model.EndpointGroupState{},
 		rules:       map[string]model.CfgPolicyRule{},
+		ruleGroup:   map[string]uint16{},
+		oddRules:    map[string]struct{}{},
 		svcs:        map[string]model.CfgServiceLBState{},
 		bgp:         map[string]model.CfgBgpState{},
 		podPols:     map[string]model.K8sPodPolicy{},
@@ -359,6 +430,22 @@ func computeScoped(h hostView, r *records, sc scope) (*dataplane.Index, map[stri
 		for _, p := range compilePolicies(r.rules, bad) {
 			want.Policies[p.EPGID] = p
 		}
+	} else if len(sc.groups) > 0 {
+		// Only the groups whose rules changed: a set compiles from its own rules alone.
+		rules := map[string]model.CfgPolicyRule{}
+		for id, g := range r.ruleGroup {
+			if _, ok := sc.groups[g]; ok {
+				rules[id] = r.rules[id]
+			}
+		}
+		for id := range sc.rules {
+			if err, ok := r.undecodable["policy-rule/"+id]; ok {
+				bad["policy-rule/"+id] = err
+			}
+		}
+		for _, p := range compilePolicies(rules, bad) {
+			want.Policies[p.EPGID] = p
+		}
 	}
 	for id := range sc.svcs {
 		if err, ok := r.undecodable["service/"+id]; ok {
@@ -394,6 +481,10 @@ func dropScoped(bad map[string]error, sc scope) {
 			if k == "policy" || strings.HasPrefix(k, "policy-rule/") {
 				delete(bad, k)
 			}
+		}
+	} else {
+		for id := range sc.rules {
+			delete(bad, "policy-rule/"+id)
 		}
 	}
 }
@@ -500,7 +591,8 @@ func peers(h hostView, r *records) []dataplane.Peer {
 // allows.
 func compilePolicies(rules map[string]model.CfgPolicyRule, bad map[string]error) []dataplane.PolicySet {
 	st := policy.State{Rules: make([]model.CfgPolicyRule, 0, len(rules))}
-	for id, r := range rules {
+	for _, id := range slices.Sorted(maps.Keys(rules)) { // errors name rules in one order
+		r := rules[id]
 		if r.ID == "" {
 			r.ID = id // the key names the record when its body does not
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,7 +23,7 @@ type op struct {
 
 // plan diffs want against have (what the driver holds) within sc: everything when
 // sc.all, otherwise only the endpoints (local, remote, pod policy) and services sc
-// names, the rule sets when sc.pols, and the peers (want then holds just those objects).
+// names, the rule sets of sc.groups (all when sc.pols), and the peers (want then holds just those objects).
 // Deletes come first, dependents before what they depend on (endpoints before
 // networks); upserts follow in the opposite order. Each op's ok updates have.
 func plan(d dplan, have, want *dataplane.Index, sc scope) []op {
@@ -36,9 +37,14 @@ func plan(d dplan, have, want *dataplane.Index, sc scope) []op {
 	}
 	deletes(&ops, "service/", have.Services, want.Services, svcIDs, d.DeleteService)
 	deletes(&ops, "pod-policy/", have.PodPolicies, want.PodPolicies, epIDs, d.DeletePodPolicy)
-	if sc.all || sc.pols {
-		deletes(&ops, "policy/", have.Policies, want.Policies, nil, d.DeletePolicy)
+	var groups map[uint16]struct{} // nil: every group
+	if !sc.all && !sc.pols {
+		groups = sc.groups
+		if groups == nil {
+			groups = map[uint16]struct{}{}
+		}
 	}
+	deletes(&ops, "policy/", have.Policies, want.Policies, groups, d.DeletePolicy)
 	deletes(&ops, "remote-endpoint/", have.RemoteEndpoints, want.RemoteEndpoints, epIDs, d.DeleteRemoteEndpoint)
 	deletes(&ops, "endpoint/", have.Endpoints, want.Endpoints, epIDs, d.DeleteEndpoint)
 	deletes(&ops, "peer/", have.Peers, want.Peers, nil, d.DeletePeer)
@@ -47,9 +53,7 @@ func plan(d dplan, have, want *dataplane.Index, sc scope) []op {
 		upserts(&ops, "network/", have.Networks, want.Networks, nil, d.UpsertNetwork)
 	}
 	upserts(&ops, "peer/", have.Peers, want.Peers, nil, d.UpsertPeer)
-	if sc.all || sc.pols {
-		upserts(&ops, "policy/", have.Policies, want.Policies, nil, d.UpsertPolicy)
-	}
+	upserts(&ops, "policy/", have.Policies, want.Policies, groups, d.UpsertPolicy)
 	upserts(&ops, "endpoint/", have.Endpoints, want.Endpoints, epIDs, d.UpsertEndpoint)
 	upserts(&ops, "remote-endpoint/", have.RemoteEndpoints, want.RemoteEndpoints, epIDs, d.UpsertRemoteEndpoint)
 	upserts(&ops, "service/", have.Services, want.Services, svcIDs, d.UpsertService)
@@ -228,7 +232,11 @@ func retryScope(errs map[string]error) scope {
 		case "service":
 			sc.touchSvc(id)
 		case "policy":
-			sc.pols = true
+			if g, err := strconv.ParseUint(id, 10, 16); err == nil && g > 0 {
+				sc.touchGroup(uint16(g))
+			} else {
+				sc.pols = true
+			}
 		default: // network, peer, sync
 			return scope{all: true}
 		}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -143,17 +144,28 @@ func TestScopedPassesMatchFull(t *testing.T) {
 					}
 					r.setSvc(sid, &s)
 				}
-			case k < 19 && rng.IntN(2) == 0: // a rule record (the rule sets compiled again)
-				rid := fmt.Sprintf("t:g:t:p:t:p:%d:inRx", rng.IntN(4))
-				switch rng.IntN(4) {
+			case k < 19 && rng.IntN(2) == 0: // a rule record (its groups' sets compiled again)
+				rid := fmt.Sprintf("t:g:t:p:t:p:%d:inRx", rng.IntN(6))
+				switch rng.IntN(8) {
 				case 0:
-					delete(r.rules, rid)
-				case 1:
-					r.rules[rid] = model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1, DstEndpointGroup: 1, IpProtocol: 6, Action: "bogus"}}
-				default:
-					r.rules[rid] = model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1 + rng.IntN(9), DstEndpointGroup: 1 + rng.IntN(2), IpProtocol: 6, DstPort: uint16(rng.IntN(3)), Action: "deny"}}
+					r.setRule(rid, nil)
+				case 1: // refused by the compiler, in a known group
+					r.setRule(rid, &model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1, DstEndpointGroup: 1, IpProtocol: 6, Action: "bogus"}})
+				case 2: // no group to be found: every set compiled again
+					bad := fmt.Sprintf("t:g:t:p:t:p:%d:sideways", rng.IntN(2))
+					if rng.IntN(2) == 0 {
+						r.setRule(bad, nil)
+					} else {
+						r.setRule(bad, &model.CfgPolicyRule{ID: bad, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: bad, Priority: 1, DstEndpointGroup: 1, Action: "deny"}})
+					}
+				case 3: // a body naming another rule than its key
+					r.setRule(rid, &model.CfgPolicyRule{ID: "other:inRx", OfnetPolicyRule: model.OfnetPolicyRule{Priority: 1 + rng.IntN(2), DstEndpointGroup: 2 + rng.IntN(2), IpProtocol: 17, Action: "allow"}})
+				case 4: // an outgoing rule: the source is its group
+					out := strings.TrimSuffix(rid, "inRx") + "outTx"
+					r.setRule(out, &model.CfgPolicyRule{ID: out, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: out, Priority: 3, SrcEndpointGroup: 1 + rng.IntN(3), IpProtocol: 6, Action: "allow"}})
+				default: // a rule written into one of three groups (moving between them)
+					r.setRule(rid, &model.CfgPolicyRule{ID: rid, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: rid, Priority: 1 + rng.IntN(9), DstEndpointGroup: 1 + rng.IntN(3), IpProtocol: 6, DstPort: uint16(rng.IntN(3)), Action: "deny"}})
 				}
-				r.dirty.pols = true
 			case k < 19: // a VTEP registers or goes (everything recomputed)
 				if _, ok := r.vteps["k3"]; ok {
 					delete(r.vteps, "k3")
@@ -251,7 +263,14 @@ func TestNetworkBookkeepingStaysScoped(t *testing.T) {
 	}
 	a.put(model.RuleStatePrefix, model.RuleStatePrefix+"r1", []byte(`{"id":"r1"}`))
 	if a.rec.dirty.all || !a.rec.dirty.pols {
-		t.Fatalf("a rule record made the pass %+v, want the rule sets only", a.rec.dirty)
+		t.Fatalf("a rule record without a group made the pass %+v, want every rule set", a.rec.dirty)
+	}
+	a.rec.dirty = scope{}
+	a.put(model.RuleStatePrefix, model.RuleStatePrefix+"t:p:1:inRx", []byte(`{"id":"t:p:1:inRx","DstEndpointGroup":7,"Action":"allow"}`))
+	if d := a.rec.dirty; d.all || d.pols || len(d.groups) != 1 || len(d.eps)+len(d.svcs) != 0 {
+		t.Fatalf("a rule record of group 7 made the pass %+v, want group 7's rule set only", d)
+	} else if _, ok := d.groups[7]; !ok {
+		t.Fatalf("a rule record of group 7 made the pass %+v", d)
 	}
 	a.rec.dirty = scope{}
 	a.put(model.EPGStatePrefix, model.EPGStatePrefix+"g:t", []byte(`{`))

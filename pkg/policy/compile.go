@@ -182,6 +182,17 @@ func Compile(s State) ([]dataplane.PolicySet, error) {
 // Direction is the kind suffix of a directional rule id ("…:inRx" → "inRx").
 func Direction(ruleID string) string { return ruleID[strings.LastIndex(ruleID, ":")+1:] }
 
+// RuleGroup is the endpoint group whose rule set a directional rule record compiles into
+// (reply rules included), or false when its id or group fields do not say (Compile then
+// reports it). A change of the record can only change that group's set.
+func RuleGroup(r model.OfnetPolicyRule) (uint16, bool) {
+	g, _, err := localGroup(r)
+	if err != nil || g < 1 || g > 0xffff {
+		return 0, false
+	}
+	return uint16(g), true
+}
+
 // localGroup is the group a directional rule belongs to, and whether it is a reply rule.
 func localGroup(r model.OfnetPolicyRule) (int, bool, error) {
 	switch Direction(r.RuleId) {
