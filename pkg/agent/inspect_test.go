@@ -11,6 +11,9 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/gorilla/mux"
 )
 
 // TestInspectJSON checks the inspect API's shape: lowerCamel names, MACs and addresses as
@@ -92,15 +95,34 @@ func TestListingRoute(t *testing.T) {
 	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "no decoded listings") {
 		t.Errorf("listing without a lister: %d %s", rec.Code, rec.Body)
 	}
-	e := &Agent{cfg: Config{Driver: &ebpf.Driver{}}}
-	for _, q := range []string{"0", "x", "1000001"} {
+	e := &Agent{cfg: Config{Driver: &ebpf.Driver{}}, rec: newRecords()}
+	e.rec.epgs["web:blue"] = model.EndpointGroupState{ID: "web:blue", EndpointGroupID: 0}
+	for _, c := range []struct {
+		query string
+		code  int
+		says  string
+	}{
+		{"ct?limit=0", 400, "limit"}, {"ct?limit=x", 400, "limit"}, {"ct?limit=1000001", 400, "limit"},
+		{"policy?epg=0", 400, "epg"}, {"policy?epg=65536", 400, "epg"}, {"policy?epg=x", 400, "epg"},
+		{"policy?group=nosuch:blue", 404, `no endpoint group "nosuch:blue"`},
+		{"policy?group=web:blue", 404, "no endpoint group"}, // a record without an id
+		{"ct?epg=3", 400, "only the policy table"},
+	} {
 		rec := httptest.NewRecorder()
-		e.listing(rec, httptest.NewRequest(http.MethodGet, "/inspect/bpf/ct?limit="+q, nil))
-		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "limit") {
-			t.Errorf("limit %q: %d %s", q, rec.Code, rec.Body)
+		kind, _, _ := strings.Cut(c.query, "?")
+		req := mux.SetURLVars(httptest.NewRequest(http.MethodGet, "/inspect/bpf/"+c.query, nil), map[string]string{"kind": kind})
+		e.listing(rec, req)
+		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.says) {
+			t.Errorf("%s: %d %s, want %d %q", c.query, rec.Code, rec.Body, c.code, c.says)
 		}
 	}
 }
+
+// Both drivers decode their tables for the listing route.
+var (
+	_ lister = (*ebpf.Driver)(nil)
+	_ lister = (*ovs.Driver)(nil)
+)
 
 // TestMonitorFilter: every set field must match; endpoints match by id substring or
 // exact address; tenant is the network's.

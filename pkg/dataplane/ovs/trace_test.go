@@ -126,6 +126,11 @@ func TestTraceOVS(t *testing.T) {
 			t.Errorf("listing %s: %v, no %q in %v", kind, err, want, l.Rows)
 		}
 	}
+	for epg, want := range map[uint16]int{7: len(pol.Rules), 8: 0} { // one group's rules only
+		if l, err := d1.Listing(dataplane.ListQuery{Kind: "policy", EPG: epg}); err != nil || len(l.Rows) != want {
+			t.Errorf("policy listing of group %d: %d rows, %v; want %d", epg, len(l.Rows), err, want)
+		}
+	}
 	if _, err := d1.Listing(dataplane.ListQuery{Kind: "nat", Limit: 10}); err == nil || !strings.Contains(err.Error(), "eBPF only") {
 		t.Errorf("listing nat on OVS: %v", err)
 	}
