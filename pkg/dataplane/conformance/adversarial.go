@@ -29,23 +29,29 @@ import (
 // flow whose backend is removed. Everything is observed from containers and the wire, so
 // every backend runs the same cases.
 func RunAdversarial(t *testing.T, factory Factory) {
-	e := NewEnv(t, factory)
-	a1, a2, b1 := e.threeContainers(t, 1, 2, 2)
-	PingOK(t, a1.NS, a2.EP.IP.String(), 3)
-	PingOK(t, a1.NS, b1.EP.IP.String(), 3)
+	runScenarios(t, func(t *testing.T) *Env { return NewEnv(t, factory) }, []scenario{
+		{name: "spoofed-source", run: spoofedSource},
+		{name: "spoofed-arp", run: spoofedARP},
+		{name: "vlan-tagged-from-container", run: vlanFromContainer},
+		{name: "overlay-injection", run: overlayInjection},
+		{name: "udp-spread", run: udpSpread},
+		{name: "backend-removal-live-udp", run: backendRemovalLiveUDP},
+		{name: "cross-tenant-vip", run: crossTenantVIP},
+		{name: "bare-ack", run: bareACK},
+		{name: "rst-policy-change-syn", run: rstPolicyChangeSYN},
+		{name: "icmp-port-unreachable-through-vip", run: portUnreachableThroughVIP},
+		{name: "hairpin", run: hairpin},
+	})
+}
 
-	t.Run("spoofed-source", func(t *testing.T) { spoofedSource(t, e, a1, a2, b1) })
-	t.Run("spoofed-arp", func(t *testing.T) { spoofedARP(t, e, a1, a2) })
-	t.Run("vlan-tagged-from-container", func(t *testing.T) { vlanFromContainer(t, e, a1, a2, b1) })
-	t.Run("overlay-injection", func(t *testing.T) { overlayInjection(t, e, a1, a2, b1) })
-	t.Run("udp-spread", func(t *testing.T) { udpSpread(t, e, a1, a2, b1) })
-	t.Run("backend-removal-live-udp", func(t *testing.T) { backendRemovalLiveUDP(t, e, a1, a2, b1) })
-	tenants := newTenantPair(t, e)
-	t.Run("cross-tenant-vip", func(t *testing.T) { crossTenantVIP(t, e, tenants) })
-	t.Run("bare-ack", func(t *testing.T) { bareACK(t, e, a1, a2) })
-	t.Run("rst-policy-change-syn", func(t *testing.T) { rstPolicyChangeSYN(t, e, a1, b1) })
-	t.Run("icmp-port-unreachable-through-vip", func(t *testing.T) { portUnreachableThroughVIP(t, e, a1, b1) })
-	t.Run("hairpin", func(t *testing.T) { hairpin(t, e, a1) })
+// adversaries attaches a1 (group 1) and a2 (group 2) on host 1 and b1 (group 2) on host
+// 2, and checks that a1 reaches both.
+func adversaries(t *testing.T, e *Env) (a1, a2, b1 *Container) {
+	t.Helper()
+	a1, a2, b1 = e.threeContainers(t, 1, 2, 2)
+	PingOK(t, a1.NS, a2.ip(), 3)
+	PingOK(t, a1.NS, b1.ip(), 3)
+	return a1, a2, b1
 }
 
 // marker returns a random payload that identifies one probe in a capture.
@@ -112,7 +118,11 @@ func probe(t *testing.T, sites []probeSite, matchers []func([]byte) bool, send f
 	return out
 }
 
-func spoofedSource(t *testing.T, e *Env, a1, a2, b1 *Container) {
+// spoofedSource: UDP frames from a1 with a forged source IP or MAC (nobody's, or a
+// neighbour's) reach neither a2 on the same host nor b1 across the wire; the legitimate
+// frame does.
+func spoofedSource(t *testing.T, e *Env) {
+	a1, a2, b1 := adversaries(t, e)
 	const port = 7007
 	forgedIP := netip.MustParseAddr("10.36.1.77") // in the subnet, owned by no endpoint
 	forgedMAC := net.HardwareAddr{0x02, 0x02, 0xde, 0xad, 0xbe, 0xef}
@@ -160,7 +170,8 @@ func spoofedSource(t *testing.T, e *Env, a1, a2, b1 *Container) {
 
 // spoofedARP: an ARP request whose sender is another endpoint's IP (or a forged MAC) is
 // not answered; the same request with the container's own sender is.
-func spoofedARP(t *testing.T, e *Env, a1, a2 *Container) {
+func spoofedARP(t *testing.T, e *Env) {
+	a1, a2, _ := adversaries(t, e)
 	gw := e.Net.Gateway
 	forgedMAC := net.HardwareAddr{0x02, 0x02, 0xde, 0xad, 0xbe, 0xee}
 	cases := []struct {
@@ -206,7 +217,8 @@ func isARPReply(f []byte, spa, tpa netip.Addr) bool {
 
 // vlanFromContainer: 802.1Q and 802.1ad tagged frames written by a container reach
 // neither the other containers nor the wire (where VLAN 100 is a real network's tag).
-func vlanFromContainer(t *testing.T, e *Env, a1, a2, b1 *Container) {
+func vlanFromContainer(t *testing.T, e *Env) {
+	a1, a2, b1 := adversaries(t, e)
 	type shot struct {
 		name   string
 		dstMAC net.HardwareAddr
@@ -256,7 +268,8 @@ func vlanFromContainer(t *testing.T, e *Env, a1, a2, b1 *Container) {
 
 // udpSpread: 32 UDP flows (distinct source ports, same client) to one VIP:port reach
 // both backends, and every reply comes from the VIP.
-func udpSpread(t *testing.T, e *Env, a1, a2, b1 *Container) {
+func udpSpread(t *testing.T, e *Env) {
+	a1, a2, b1 := adversaries(t, e)
 	const target = 5353
 	vip := netip.MustParseAddr("10.36.1.201")
 	var srvs []*UDPServer
@@ -307,6 +320,8 @@ type tenantPair struct {
 	svc1, svc2     dataplane.Service
 }
 
+// newTenantPair creates the containers of a tenantPair and describes its networks and
+// services (crossTenantVIP programs them).
 func newTenantPair(t *testing.T, e *Env) *tenantPair {
 	p := &tenantPair{vip: netip.MustParseAddr("10.40.1.100")}
 	mk := func(id string, tag uint32) dataplane.Network {
@@ -324,7 +339,13 @@ func newTenantPair(t *testing.T, e *Env) *tenantPair {
 	return p
 }
 
-func crossTenantVIP(t *testing.T, e *Env, p *tenantPair) {
+// crossTenantVIP: two tenants with overlapping subnets on host 1. A VIP answers (ARP,
+// DNAT) only its own tenant, even when the other skips ARP; the other tenant may own the
+// same VIP:port. The subtests are ordered steps of this one scenario, not scenarios of
+// their own: other-tenant-no-dnat forges the VIP MAC that own-tenant-reaches-vip
+// resolved, and the backends' accept counts add up over the steps.
+func crossTenantVIP(t *testing.T, e *Env) {
+	p := newTenantPair(t, e)
 	c := ctx(t)
 	h := e.H1
 	h.State.Networks = append(h.State.Networks, p.net1, p.net2)
@@ -414,7 +435,8 @@ func dialEcho(t *testing.T, ns, addr string) {
 // bareACK: group 2 denies TCP setup except to 8080. A crafted bare ACK from group 1 to
 // port 22 (a listener exists) must not be delivered nor open state: a real connect()
 // from the very same source port then fails, and 8080 still works.
-func bareACK(t *testing.T, e *Env, a1, a2 *Container) {
+func bareACK(t *testing.T, e *Env) {
+	a1, a2, _ := adversaries(t, e)
 	c := ctx(t)
 	pol := dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
 		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
@@ -525,7 +547,8 @@ func reuseAddr(_, _ string, c syscall.RawConn) error {
 // VXLAN packets to H1 in the test network's VNI. Only the one whose inner source is an
 // endpoint behind 10.254.0.2 may be delivered; an inner source that lives on H1, that is
 // no endpoint, or that lives behind another VTEP must not.
-func overlayInjection(t *testing.T, e *Env, a1, a2, b1 *Container) {
+func overlayInjection(t *testing.T, e *Env) {
+	a1, a2, b1 := adversaries(t, e)
 	elsewhere := addFakeHostEndpoint(t, e, netip.MustParseAddr("10.36.1.90"), netip.MustParseAddr("10.254.0.9"))
 	nobody := netip.MustParseAddr("10.36.1.77")
 	shots := []struct {
@@ -591,7 +614,8 @@ func addFakeHostEndpoint(t *testing.T, e *Env, ip, vtep netip.Addr) netip.Addr {
 // host; the backend it is on is removed from the service while the flow runs. Within
 // 1 s the same flow must be answered by the remaining backend, and replies still come
 // from the VIP.
-func backendRemovalLiveUDP(t *testing.T, e *Env, a1, a2, b1 *Container) {
+func backendRemovalLiveUDP(t *testing.T, e *Env) {
+	a1, a2, b1 := adversaries(t, e)
 	const target, port = 5454, 54
 	vip := netip.MustParseAddr("10.36.1.202")
 	for _, be := range []*Container{a2, b1} {
@@ -739,7 +763,8 @@ func upsertPolicyAll(t *testing.T, e *Env, p dataplane.PolicySet) {
 // rstPolicyChangeSYN: group 2 allows tcp 8080 from group 1. A connection opens and the
 // client resets it; the policy then denies 8080, and a SYN from the very same source
 // port must not get through on the old flow's state. Restored, the port works again.
-func rstPolicyChangeSYN(t *testing.T, e *Env, a1, b1 *Container) {
+func rstPolicyChangeSYN(t *testing.T, e *Env) {
+	a1, _, b1 := adversaries(t, e)
 	const port = 8080
 	rules := func(action dataplane.PolicyAction) dataplane.PolicySet {
 		return dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{

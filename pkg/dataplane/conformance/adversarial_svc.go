@@ -35,7 +35,8 @@ func withService(t *testing.T, e *Env, svc dataplane.Service, fn func()) {
 // portUnreachableThroughVIP: the backend has no listener on the target port; the client's
 // connected UDP socket to the VIP gets ECONNREFUSED (the port unreachable is related to
 // the flow and carries the VIP again).
-func portUnreachableThroughVIP(t *testing.T, e *Env, a1, b1 *Container) {
+func portUnreachableThroughVIP(t *testing.T, e *Env) {
+	a1, _, b1 := adversaries(t, e)
 	vip := netip.MustParseAddr("10.36.1.204")
 	svc := dataplane.Service{ID: "closed:default", VIP: vip, Backends: []netip.Addr{b1.EP.IP},
 		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5397}}}
@@ -72,7 +73,8 @@ func RefusedUDP(path, addr string) error {
 // hairpin: a client balanced to itself through its own service reaches its listener (TCP
 // and UDP) and sees the VIP as its peer both ways; its group's policy (no new TCP in) does
 // not judge this traffic.
-func hairpin(t *testing.T, e *Env, a1 *Container) {
+func hairpin(t *testing.T, e *Env) {
+	a1, _, _ := adversaries(t, e)
 	vip := netip.MustParseAddr("10.36.1.205")
 	svc := dataplane.Service{ID: "self:default", VIP: vip, Backends: []netip.Addr{a1.EP.IP},
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8398}, {Proto: 17, Port: 53, TargetPort: 5398}}}

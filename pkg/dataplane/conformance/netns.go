@@ -4,6 +4,11 @@
 // and restart with real traffic. Backend-specific checks (map or flow contents) belong in
 // the backend's own tests; everything here is observable from the containers and the wire.
 //
+// Run, RunRouting and RunAdversarial run each scenario as a subtest that creates its own
+// containers and objects, so any one runs alone and in any order; the scenarios of one
+// call share a pair of hosts that is synced back to its baseline after each (see
+// runScenarios).
+//
 // The helpers (NewNetNS, Ping, ...; code inside a namespace runs through pkg/nsexec) are exported for backend tests that need the
 // same building blocks.
 package conformance

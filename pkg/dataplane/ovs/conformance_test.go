@@ -12,8 +12,8 @@ import (
 )
 
 // TestConformance runs the backend-neutral suite with one private OVS per simulated
-// host. A restarted host (the factory called again for the same host) reuses its OVS, as
-// a restarted netplugin would.
+// host. A restarted host (the factory called again for the same host namespace) reuses
+// its OVS, as a restarted netplugin would.
 func TestConformance(t *testing.T) {
 	needRoot(t)
 	conformance.Run(t, privateFactory(t))
@@ -34,20 +34,24 @@ func TestConformanceAdversarial(t *testing.T) {
 	conformance.RunAdversarial(t, privateFactory(t))
 }
 
-// privateFactory starts one private OVS per simulated host, stopped when t ends.
+// privateFactory starts one private OVS per simulated host, stopped when the test that
+// first started a driver for that host ends. Hosts are told apart by their namespace: a
+// suite builds several pairs of hosts with the same names (conformance scenarios that
+// restart drivers get hosts of their own).
 func privateFactory(_ *testing.T) conformance.Factory {
 	var mu sync.Mutex
-	dirs := map[string]string{}
+	dirs := map[string]string{} // host namespace → private OVS directory
 	factory := func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
 		t.Helper()
 		mu.Lock()
-		dir, ok := dirs[cfg.Host]
+		dir, ok := dirs[cfg.NetNS]
 		if !ok {
 			var err error
 			if dir, err = os.MkdirTemp("", "cbo-ovs-"); err != nil {
+				mu.Unlock()
 				t.Fatal(err)
 			}
-			dirs[cfg.Host] = dir
+			dirs[cfg.NetNS] = dir
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 				defer cancel()
