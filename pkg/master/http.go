@@ -363,6 +363,31 @@ func getT[T any](tx *state.Tx, key string) (*T, bool, error) {
 	return &v, true, nil
 }
 
+// tenantEndpoints lists the endpoint records of tenant's networks, reading one key range
+// per network of the tenant instead of every endpoint of the cluster.
+func tenantEndpoints(tx *state.Tx, tenant string) ([]*model.CfgEndpointState, error) {
+	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []*model.CfgEndpointState
+	for _, n := range nets {
+		if n.Tenant != tenant || n.ID == "" {
+			continue
+		}
+		eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+n.ID+"-")
+		if err != nil {
+			return nil, err
+		}
+		for _, ep := range eps {
+			if ep.NetID == n.ID { // "<net>.<tenant>-" may prefix another network's ids
+				out = append(out, ep)
+			}
+		}
+	}
+	return out, nil
+}
+
 // listT decodes every record under prefix.
 func listT[T any](tx *state.Tx, prefix string) ([]*T, error) {
 	kvs, err := tx.List(prefix)

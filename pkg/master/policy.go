@@ -74,7 +74,7 @@ func policyOps() objOps[model.Policy] {
 					groups[g.ID] = true
 				}
 			}
-			eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+			eps, err := tenantEndpoints(tx, p.TenantName) // a policy's groups are its tenant's
 			if err != nil {
 				return nil, err
 			}

@@ -321,21 +321,15 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	// the object keeps what the user asked for (empty = any).
 	st := model.CfgServiceLBState{ID: id, ServiceName: s.ServiceName, Tenant: s.TenantName, Network: s.NetworkName,
 		Ports: s.Ports, Selectors: selectorMap(s.Selectors), IPAddress: vip, Providers: map[string]*model.Provider{}, NodePorts: s.NodePorts}
-	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	// The endpoints of the service's tenant, exactly (by their networks' records: "<net>.
+	// <tenant>" suffixes are ambiguous when names contain dots, and tenant "b" must not
+	// take endpoints of tenant "a.b").
+	eps, err := tenantEndpoints(tx, s.TenantName)
 	if err != nil {
 		return err
 	}
 	for _, ep := range eps {
 		if len(ep.Labels) == 0 || !labelsMatch(st.Selectors, ep.Labels) {
-			continue
-		}
-		// The endpoint's tenant, exactly: "<net>.<tenant>" suffixes are ambiguous when
-		// names contain dots (tenant "b" must not take endpoints of tenant "a.b").
-		ens, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(ep.NetID))
-		if err != nil {
-			return err
-		}
-		if !found || ens.Tenant != s.TenantName {
 			continue
 		}
 		st.Providers[ep.IPAddress+":"+s.TenantName] = &model.Provider{IPAddress: ep.IPAddress, ContainerID: ep.ContainerID,
@@ -380,12 +374,12 @@ func putServiceState(tx *state.Tx, st *model.CfgServiceLBState) error {
 }
 
 func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) error {
-	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	// Only a real endpoint of the tenant (and of the named network or group, when given)
+	// can become a service backend: any other string would reach every agent's datapath.
+	eps, err := tenantEndpoints(tx, req.Tenant)
 	if err != nil {
 		return err
 	}
-	// Only a real endpoint of the tenant (and of the named network or group, when given)
-	// can become a service backend: any other string would reach every agent's datapath.
 	var ep *model.CfgEndpointState
 	for _, e := range eps {
 		if e.IPAddress != ip {
@@ -395,7 +389,7 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 		if err != nil {
 			return err
 		}
-		if !found || ns.Tenant != req.Tenant {
+		if !found {
 			continue
 		}
 		if req.Network != "" && req.Network != ns.NetworkName && req.Network != e.ServiceName {

@@ -89,7 +89,7 @@ func inspectTenant(m *Master, tx *state.Tx, t *model.Tenant) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	eps, err := tenantEndpoints(tx, t.TenantName)
 	if err != nil {
 		return nil, err
 	}

@@ -85,7 +85,7 @@ func main() {
 	scaleSvcs := flag.String("scale-services", "1000,10000", "services in the scale cluster at each step (ascending; installed on every host)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
 	flag.IntVar(&cfg.scaleOVS, "scale-ovs-services", 1000, "services installed on the OVS host of the scale stage (0 skips it)")
-	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last scale step's creates to this file (go tool pprof)")
+	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last endpoint step's creates to this file, and over the last service step's to FILE.services (go tool pprof)")
 	flag.Parse()
 	var err error
 	if cfg.svcSteps, err = ascending(*svcSteps, 60000); err != nil {

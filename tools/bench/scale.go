@@ -118,7 +118,15 @@ func scaleEBPF(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := scaleServices(ctx, c, w, r, fills, have, n, rss0); err != nil {
+		var stopProf func()
+		if cfg.scaleProf != "" && n == cfg.scaleSvcs[len(cfg.scaleSvcs)-1] {
+			stopProf = profileAgent(ctx, c.Hosts[0], cfg.scaleProf+".services", w)
+		}
+		err := scaleServices(ctx, c, w, r, fills, have, n, rss0)
+		if stopProf != nil {
+			stopProf()
+		}
+		if err != nil {
 			r.fail("scale.svc_"+stepLabel(n), err)
 			break // later steps build on this one
 		}
