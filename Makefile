@@ -4,6 +4,10 @@ SHELL := /bin/bash
 GO ?= go
 DATAPLANE ?= ebpf
 GOTEST_FLAGS ?= -count=1 -p 2 -timeout 25m
+# The benchmark fixtures (pkg/dataplane/ebpf/bench_export.go, tools/bench's prog stage)
+# build only with this tag, so the binaries under cmd/ never contain them; vet, the tests
+# and the bench build with it.
+BENCH_TAGS := -tags cbbench
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin:$(or $(CONTIVBPF_CACHE),$(HOME)/.cache/contivbpf)/prometheus/usr/bin
 
 KUBE_CACHE := $(or $(CONTIVBPF_CACHE),$(HOME)/.cache/contivbpf)/kube-apiserver
@@ -38,13 +42,14 @@ generate: deps
 # build, vet and the other tests; the Kubernetes tests wait for it.
 test: kube-apiserver-bg deps build
 	$(GO) vet ./...
-	CONTIVBPF_TEST_BIN=$(CURDIR)/bin $(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) vet $(BENCH_TAGS) ./...
+	CONTIVBPF_TEST_BIN=$(CURDIR)/bin $(GO) test $(BENCH_TAGS) $(GOTEST_FLAGS) ./...
 
 unit:
-	$(GO) test -count=1 -short ./...
+	$(GO) test $(BENCH_TAGS) -count=1 -short ./...
 
 bench: deps build
-	$(GO) run ./tools/bench --dataplane=$(DATAPLANE)
+	$(GO) run $(BENCH_TAGS) ./tools/bench --dataplane=$(DATAPLANE)
 
 demo: deps build
 	$(GO) run ./tools/demo --dataplane=$(DATAPLANE)

@@ -7,7 +7,8 @@
  *                      the natively routed packets to local endpoints (native.h)
  *   cb_from_uplink     tcx ingress on the egress device: replies of egress (NAT) flows
  *   cb_test_overlay    never attached: cb_from_overlay's pipeline with the tunnel key taken
- *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can exercise it
+ *                      from skb->cb[0..1], so BPF_PROG_TEST_RUN can run it: `netctl trace`
+ *                      of a packet from another host (pkg/dataplane/ebpf/trace.go) and tests
  *
  * Stage order (design.md section 6):
  *   [VLAN pop on the uplink] → parse → ARP responder → service LB (DNAT / reply match,
@@ -30,16 +31,6 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#ifdef CB_LAYOUT_V1
-#define CB_EP_SLOT(ep) 0
-#define CB_IF_SLOT(ifc) 0
-#define CB_IF_ZONE(ifc) 0
-#else
-#define CB_IF_ZONE(ifc) ((ifc)->vrf)
-#define CB_EP_SLOT(ep) ((ep)->slot)
-#define CB_IF_SLOT(ifc) ((ifc)->slot)
-#endif
-
 /* bpf2go -type needs every exported type to be reachable from a symbol. */
 const enum cb_reason cb_reason_unused __attribute__((unused));
 const enum cb_encap cb_encap_unused __attribute__((unused));
@@ -53,10 +44,11 @@ const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 const struct cb_event cb_event_unused __attribute__((unused));
 const enum cb_net_flags cb_net_flags_unused __attribute__((unused));
 
-/* cb_deliver_local rewrites the destination MAC and hands the frame to the endpoint's
- * container end directly (no host stack, ip_forward stays 0), counted as verdict. */
-CB_INLINE int cb_deliver_as(struct __sk_buff *skb, struct cb_ep_key *dkey,
-			    const struct cb_endpoint *ep, enum cb_reason verdict)
+/* cb_deliver_as rewrites the destination MAC and hands the frame to local endpoint ep's
+ * container end directly (no host stack, ip_forward stays 0), counted as verdict and in
+ * ep's counter slot; cb_deliver_local counts it as CB_FWD_LOCAL. */
+CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
+			    enum cb_reason verdict)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -65,12 +57,12 @@ CB_INLINE int cb_deliver_as(struct __sk_buff *skb, struct cb_ep_key *dkey,
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(eth->h_dest, ep->mac);
-	cb_ep_rx(skb, dkey, CB_EP_SLOT(ep));
+	cb_ep_rx(skb, ep->slot);
 	cb_count(skb, verdict);
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
-#define cb_deliver_local(skb, dkey, ep) cb_deliver_as(skb, dkey, ep, CB_FWD_LOCAL)
+#define cb_deliver_local(skb, ep) cb_deliver_as(skb, ep, CB_FWD_LOCAL)
 
 /* cb_route_rewrite turns a frame into a routed one: TTL decremented (checksum fixed),
  * source MAC = router MAC. Returns 0 or a drop reason. */
@@ -102,7 +94,6 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
 	struct cb_track t = {};
-	struct cb_ep_key skey = {};
 	struct cb_peer_flow_key pk = {};
 	struct cb_endpoint peer = {};
 	struct cb_peer_flow *pf;
@@ -126,7 +117,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	/* Flows out of the network are judged by the endpoint's group as flows to an address
 	 * of no group (its out-rules with addresses and ports decide). */
-	t.zone = CB_IF_ZONE(ifc);
+	t.zone = ifc->vrf;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
 	t.src_epg = ifc->epg;
@@ -149,9 +140,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 			if (r)
 				return cb_drop(skb, r);
 			bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
-			skey.net = nk;
-			skey.ip = ifc->ip;
-			cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+			cb_ep_tx(skb, ifc->slot);
 			cb_count(skb, CB_FWD_DNS);
 			return TC_ACT_OK;
 		}
@@ -159,11 +148,9 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	}
 	if ((f.daddr & net->mask) == net->subnet)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-	skey.net = nk;
-	skey.ip = ifc->ip;
 	if (f.has_ports && bpf_map_lookup_elem(&cb_peers, &f.daddr)) {
 		/* The reply of a node port flow a peer host balanced here goes back to it. */
-		pk.zone = CB_IF_ZONE(ifc);
+		pk.zone = ifc->vrf;
 		pk.saddr = f.daddr;
 		pk.daddr = f.saddr;
 		pk.sport = f.dport;
@@ -176,7 +163,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 			net = bpf_map_lookup_elem(&cb_networks, &pf->net);
 			if (!net)
 				return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-			cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+			cb_ep_tx(skb, ifc->slot);
 			return cb_encap_vxlan(skb, net, &peer);
 		}
 	}
@@ -192,7 +179,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		if (r)
 			return cb_drop(skb, r);
 		bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
-		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+		cb_ep_tx(skb, ifc->slot);
 		cb_count(skb, CB_FWD_HOST);
 		return TC_ACT_OK;
 	}
@@ -207,7 +194,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 			r = cb_route_rewrite(skb, cfg);
 		if (r)
 			return cb_drop(skb, r);
-		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+		cb_ep_tx(skb, ifc->slot);
 		return cb_native_out(skb, f.daddr);
 	}
 	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex || !(net->flags & CB_NET_SNAT))
@@ -227,7 +214,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
-	cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+	cb_ep_tx(skb, ifc->slot);
 	cb_count(skb, CB_FWD_EGRESS);
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
@@ -247,7 +234,6 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	struct cb_track t = {};
 	struct cb_ct_entry *rev;
 	struct cb_config *cfg;
-	struct cb_ep_key skey = {};
 	__be16 np;
 	int r;
 
@@ -258,7 +244,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		return CB_OUTSIDE;
 	if (cb_parse_ipv4(skb, &p) || p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f) || p.inner.proto)
 		return CB_OUTSIDE; /* cb_outside judges it */
-	t.zone = CB_IF_ZONE(ifc) ^ CB_ZONE_NODEPORT;
+	t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
 	rev = cb_lb_reply(&p, &f, t.zone);
 	if (!rev || !(rev->flags & CB_CT_NODEPORT))
 		return CB_OUTSIDE;
@@ -277,9 +263,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
-	skey.net = ifc->net;
-	skey.ip = ifc->ip;
-	cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+	cb_ep_tx(skb, ifc->slot);
 	cb_count(skb, CB_FWD_NODEPORT_REPLY);
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
@@ -296,7 +280,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	struct cb_network *net;
 	struct cb_endpoint *ep;
 	struct cb_ct_entry *rev = 0;
-	struct cb_ep_key skey = {}, dkey = {};
+	struct cb_ep_key dkey = {};
 	struct cb_config *cfg;
 	struct ethhdr *eth;
 	void *data_end;
@@ -310,7 +294,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
 	f.saddr = p.ip->saddr;
 	f.daddr = p.ip->daddr;
-	t.zone = CB_IF_ZONE(ifc);
+	t.zone = ifc->vrf;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
 
@@ -407,11 +391,9 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!(features & CB_FEAT_ROUTING))
 		cb_mac_copy(eth->h_source, ifc->mac);
 
-	skey.net = ifc->net;
-	skey.ip = ifc->ip;
 	if (ep->flags & CB_EP_LOCAL) {
-		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
-		return cb_deliver_local(skb, &dkey, ep);
+		cb_ep_tx(skb, ifc->slot);
+		return cb_deliver_local(skb, ep);
 	}
 	/* The network is looked up only off the local fast path. */
 	net = bpf_map_lookup_elem(&cb_networks, &dnet);
@@ -425,7 +407,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	else
 		r = cb_encap_vxlan(skb, net, ep);
 	if (r != TC_ACT_SHOT)
-		cb_ep_tx(skb, &skey, CB_IF_SLOT(ifc));
+		cb_ep_tx(skb, ifc->slot);
 	return r;
 }
 
@@ -577,7 +559,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 				return cb_drop(skb, r);
 		}
 	}
-	return cb_deliver_local(skb, &dkey, ep);
+	return cb_deliver_local(skb, ep);
 }
 
 /* cb_peer_host_rx delivers a packet a peer host sent from its own address (VTEP vtep) in
@@ -626,7 +608,7 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 		if (bpf_map_update_elem(&cb_peer_flows, &k, &v, BPF_ANY) < 0)
 			return cb_drop(skb, CB_DROP_CT_FULL);
 	}
-	return cb_deliver_local(skb, &dkey, ep);
+	return cb_deliver_local(skb, ep);
 }
 
 /* cb_nodeport_back takes a remote backend's reply to a node port flow this host sent it
@@ -832,7 +814,7 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 	r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
-	return cb_deliver_as(skb, &dkey, ep, CB_FWD_EGRESS_REPLY);
+	return cb_deliver_as(skb, ep, CB_FWD_EGRESS_REPLY);
 }
 
 /* cb_uplink_nodeport balances a packet from outside to one of the host's node ports
@@ -896,7 +878,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	if (r)
 		return cb_drop(skb, r);
 	if (!net)
-		return cb_deliver_as(skb, &dkey, ep, CB_FWD_NODEPORT);
+		return cb_deliver_as(skb, ep, CB_FWD_NODEPORT);
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
@@ -995,6 +977,8 @@ int cb_sock_connect4(struct bpf_sock_addr *ctx)
 	return 0;
 }
 
+/* cb_test_overlay is never attached: BPF_PROG_TEST_RUN runs it for `netctl trace` (trace.go)
+ * and the tests, with the tunnel's remote VTEP in skb->cb[0] and its VNI in skb->cb[1]. */
 SEC("tc")
 int cb_test_overlay(struct __sk_buff *skb)
 {

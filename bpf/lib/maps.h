@@ -27,19 +27,6 @@ struct cb_ep_key {
 	__be32 ip;   /* IPv4, network byte order */
 };
 
-#ifdef CB_LAYOUT_V1
-/* The layout of an earlier build (fields reordered, no generation), compiled only for the
- * driver's upgrade test (pkg/dataplane/ebpf, contivbpfv1_bpfel_test.go): the migration must
- * carry pins of this layout to the current one. */
-struct cb_endpoint {
-	__u32 flags;
-	__u32 ifindex;
-	__be32 vtep;
-	__u16 epg;
-	__u8 mac[6];
-};
-#define CB_PEERS_ENTRIES 1024
-#else
 struct cb_endpoint {
 	__u32 ifindex;    /* host-side veth (local endpoints) */
 	__be32 vtep;      /* owning host's VTEP (remote endpoints), network order */
@@ -49,8 +36,6 @@ struct cb_endpoint {
 	__u32 generation;
 	__u32 slot;       /* local endpoints: index into cb_ep_counters (0 = none) */
 };
-#define CB_PEERS_ENTRIES 4096
-#endif
 
 struct cb_iface {
 	__u32 net;        /* network key of the endpoint behind this veth */
@@ -58,10 +43,8 @@ struct cb_iface {
 	__u8 mac[6];
 	__u16 epg;
 	__u32 generation;
-#ifndef CB_LAYOUT_V1
 	__u32 slot;       /* index into cb_ep_counters (0 = none) */
 	__u32 vrf;        /* routing domain (tenant) of the network: the conntrack zone */
-#endif
 };
 
 struct cb_network {
@@ -159,7 +142,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, CB_PEERS_ENTRIES);
+	__uint(max_entries, 4096);
 	__type(key, __be32); /* VTEP IPv4, network order */
 	__type(value, struct cb_peer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -173,15 +156,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_cfg SEC(".maps");
 
-#ifdef CB_LAYOUT_V1
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, CB_DEFAULT_ENTRIES);
-	__type(key, struct cb_ep_key);
-	__type(value, struct cb_ep_stats);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cb_ep_metrics SEC(".maps");
-#else
 /* Per-endpoint counters by slot (allocated by the agent, stored in cb_ifaces for the
  * sender and cb_endpoints for the receiver): an array lookup the verifier inlines. */
 struct {
@@ -191,7 +165,6 @@ struct {
 	__type(value, struct cb_ep_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ep_counters SEC(".maps");
-#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -217,21 +190,16 @@ CB_INLINE struct cb_config *cb_get_config(void)
 	return bpf_map_lookup_elem(&cb_cfg, &zero);
 }
 
-/* cb_ep_tx / cb_ep_rx count a packet sent by / delivered to a local endpoint, known by its
- * key {net, ip} and its counter slot. */
-#ifdef CB_LAYOUT_V1
-#define CB_EP_STATS(k, slot) ((struct cb_ep_stats *)bpf_map_lookup_elem(&cb_ep_metrics, (k)))
-#else
-#define CB_EP_STATS(k, slot) cb_ep_slot(slot)
 CB_INLINE struct cb_ep_stats *cb_ep_slot(__u32 slot)
 {
 	return bpf_map_lookup_elem(&cb_ep_counters, &slot);
 }
-#endif
 
-CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k, __u32 slot)
+/* cb_ep_tx / cb_ep_rx count a packet sent by / delivered to a local endpoint, known by its
+ * counter slot. */
+CB_INLINE void cb_ep_tx(struct __sk_buff *skb, __u32 slot)
 {
-	struct cb_ep_stats *s = CB_EP_STATS(k, slot);
+	struct cb_ep_stats *s = cb_ep_slot(slot);
 
 	if (s) {
 		s->tx_packets++;
@@ -239,9 +207,9 @@ CB_INLINE void cb_ep_tx(struct __sk_buff *skb, struct cb_ep_key *k, __u32 slot)
 	}
 }
 
-CB_INLINE void cb_ep_rx(struct __sk_buff *skb, struct cb_ep_key *k, __u32 slot)
+CB_INLINE void cb_ep_rx(struct __sk_buff *skb, __u32 slot)
 {
-	struct cb_ep_stats *s = CB_EP_STATS(k, slot);
+	struct cb_ep_stats *s = cb_ep_slot(slot);
 
 	if (s) {
 		s->rx_packets++;

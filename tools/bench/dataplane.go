@@ -327,6 +327,8 @@ func (d *dpRun) reportPair(stage, baseName, baseCol, title string, base, test *p
 	d.r.add(p+"rr_p99_ratio", ratio(us(t99), us(b99)), "ratio")
 }
 
+func round1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
+
 func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 
 // crossHost compares container a (host 1) -> c (host 2) with a Linux bridge + kernel

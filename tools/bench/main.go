@@ -9,6 +9,10 @@
 // a failure prints `BENCH_ERROR <name> <reason>` and the next stage runs; the exit status
 // is non-zero only if no figure was measured.
 // Everything started is removed at the end, also on Ctrl-C.
+//
+// Build it with -tags cbbench (`make bench` does: `go run -tags cbbench ./tools/bench`):
+// the prog stage's fixtures (pkg/dataplane/ebpf/bench_export.go) exist only with that
+// tag, and without it that stage fails with BENCH_ERROR while the others run.
 package main
 
 import (

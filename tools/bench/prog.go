@@ -1,3 +1,5 @@
+//go:build cbbench
+
 package main
 
 import (
@@ -10,7 +12,9 @@ import (
 )
 
 // progStage times every eBPF program path with Program.Benchmark (BPF_PROG_TEST_RUN) on
-// crafted packets: the committed objects, private maps, nothing attached anywhere.
+// crafted packets: the committed objects, private maps, nothing attached anywhere. The
+// fixtures it uses (pkg/dataplane/ebpf/bench_export.go) build only with -tags cbbench;
+// prog_untagged.go stands in without it.
 func progStage(ctx context.Context, w io.Writer, r *report) error {
 	costs, err := cbebpf.MeasurePaths(500000)
 	if err != nil {
@@ -86,5 +90,3 @@ func reasonOf(c cbebpf.PathCost) string {
 	}
 	return c.Reason.String()
 }
-
-func round1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }

@@ -1,3 +1,10 @@
+//go:build cbbench
+
+// Benchmark fixtures for tools/bench (`make bench`, which builds with -tags cbbench): they
+// time the committed programs on crafted packets and the conntrack collector on a full
+// table. The build tag keeps them, and the reference forwarder they load, out of every
+// other build of this package (the agent binaries).
+
 package ebpf
 
 import (
@@ -454,4 +461,59 @@ func benchVLANTag(frame []byte, vid uint16) []byte {
 	out = binary.BigEndian.AppendUint16(out, 0x8100)
 	out = binary.BigEndian.AppendUint16(out, vid)
 	return append(out, frame[12:]...)
+}
+
+// MeasureCTGC fills a conntrack table of the datapath's layout with n entries, half of them
+// expired, and times one collector pass over it (for `make bench`). It returns the pass
+// duration and how many entries it deleted. Needs root.
+func MeasureCTGC(n int) (time.Duration, int, error) {
+	spec, err := loadContivbpf()
+	if err != nil {
+		return 0, 0, fmt.Errorf("ct gc bench: load spec: %w", err)
+	}
+	ms := spec.Maps[contivbpfMapCbCt].Copy()
+	ms.Pinning = ebpf.PinNone
+	ms.MaxEntries = uint32(n)
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return 0, 0, fmt.Errorf("ct gc bench: create map: %w", err)
+	}
+	defer m.Close()
+	now, err := monotonicNow()
+	if err != nil {
+		return 0, 0, err
+	}
+	const batch = 4096
+	keys := make([]contivbpfCbCtKey, 0, batch)
+	vals := make([]contivbpfCbCtEntry, 0, batch)
+	flush := func() error {
+		if len(keys) == 0 {
+			return nil
+		}
+		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("ct gc bench: fill: %w", err)
+		}
+		keys, vals = keys[:0], vals[:0]
+		return nil
+	}
+	for i := 0; i < n; i++ {
+		k := contivbpfCbCtKey{Zone: 1, Saddr: uint32(i), Daddr: uint32(i >> 16), Sport: uint16(i), Dport: 80, Proto: 6}
+		v := contivbpfCbCtEntry{Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), Expires: now + uint64(time.Hour)}
+		if i%2 == 1 {
+			v.Expires = 1
+		}
+		keys, vals = append(keys, k), append(vals, v)
+		if len(keys) == batch {
+			if err := flush(); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return 0, 0, err
+	}
+	g := newCTGC(m, time.Hour)
+	start := time.Now()
+	deleted, err := g.pass()
+	return time.Since(start), deleted, err
 }

@@ -1,3 +1,5 @@
+//go:build cbbench
+
 package ebpf
 
 import "testing"

@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"sort"
 	"sync"
 	"syscall"
@@ -111,10 +110,8 @@ type Driver struct {
 	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
 	legacyMetrics *ebpf.Map
 
-	// loadSpec returns the programs and maps to run (the committed build; tests swap in
-	// another build to exercise upgrades); converters convert entries of pinned maps whose
-	// layout changed when field-by-name conversion is not enough (by map name).
-	loadSpec   func() (*ebpf.CollectionSpec, error)
+	// converters convert entries of pinned maps whose layout changed when field-by-name
+	// conversion is not enough (by map name).
 	converters map[string]entryConverter
 	steps      StepObserver // nil: UpsertEndpoint steps are not timed
 }
@@ -148,11 +145,6 @@ type remoteRec struct {
 
 // Option adjusts a Driver.
 type Option func(*Driver)
-
-// withSpec runs another build of the programs (tests: upgrades between layouts).
-func withSpec(load func() (*ebpf.CollectionSpec, error)) Option {
-	return func(d *Driver) { d.loadSpec = load }
-}
 
 // New loads the programs against the maps pinned under cfg.PinRoot (creating them on first
 // start), creates or reuses the VXLAN device and swaps the programs of every pinned tcx link
@@ -212,7 +204,6 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		kpodOwner:   map[contivbpfCbKpodKey]string{},
 		mapFull:     map[string]uint64{},
 		slots:       map[uint32]string{},
-		loadSpec:    loadContivbpf,
 	}
 	for _, o := range opts {
 		o(d)
@@ -244,7 +235,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(d.cfg.PinRoot, linksDir), 0o700); err != nil {
 		return fmt.Errorf("ebpf: create pin root: %w", err)
 	}
-	spec, err := d.loadSpec()
+	spec, err := loadContivbpf()
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
@@ -267,11 +258,10 @@ func (d *Driver) open(ctx context.Context) error {
 	for _, mg := range migrations {
 		repl[mg.name] = mg.new
 	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
 	if err != nil {
 		return fmt.Errorf("ebpf: load programs and maps: %w", err)
 	}
-	assignObjects(coll, &d.objs)
 
 	var c contivbpfCbConfig
 	if err := d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
@@ -357,42 +347,6 @@ func (d *Driver) open(ctx context.Context) error {
 	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}
 	go d.ctgc.run()
 	return nil
-}
-
-// assignObjects moves the collection's maps and programs into the fields of objs (by their
-// `ebpf:"name"` tags) and closes what no field takes. A field the build lacks stays nil:
-// only tests run such builds (an earlier layout, for the upgrade test).
-func assignObjects(coll *ebpf.Collection, objs *contivbpfObjects) {
-	v := reflect.ValueOf(objs).Elem()
-	var walk func(v reflect.Value)
-	walk = func(v reflect.Value) {
-		for i := 0; i < v.NumField(); i++ {
-			f, sf := v.Field(i), v.Type().Field(i)
-			if sf.Anonymous {
-				walk(f)
-				continue
-			}
-			name := sf.Tag.Get("ebpf")
-			switch f.Interface().(type) {
-			case *ebpf.Map:
-				if m, ok := coll.Maps[name]; ok {
-					f.Set(reflect.ValueOf(m))
-					delete(coll.Maps, name)
-				}
-			case *ebpf.Program:
-				if p, ok := coll.Programs[name]; ok {
-					f.Set(reflect.ValueOf(p))
-					delete(coll.Programs, name)
-				}
-			case *ebpf.Variable:
-				if v, ok := coll.Variables[name]; ok {
-					f.Set(reflect.ValueOf(v))
-				}
-			}
-		}
-	}
-	walk(v)
-	coll.Close()
 }
 
 // release closes handles without touching the datapath.
@@ -616,21 +570,11 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 	return nil
 }
 
-// readIface reads a cb_ifaces entry. A shorter value (a build whose cb_iface lacks
-// trailing fields, such as the counter slot) decodes with those fields zero.
+// readIface reads the cb_ifaces entry of a host-side veth.
 func (d *Driver) readIface(ifindex uint32) (contivbpfCbIface, error) {
 	var ifc contivbpfCbIface
-	buf := make([]byte, d.objs.CbIfaces.ValueSize())
-	if err := d.objs.CbIfaces.Lookup(ifindex, &buf); err != nil {
-		return ifc, err
-	}
-	if n := binary.Size(ifc); len(buf) < n {
-		buf = append(buf, make([]byte, n-len(buf))...)
-	}
-	if _, err := binary.Decode(buf, binary.NativeEndian, &ifc); err != nil {
-		return ifc, fmt.Errorf("decode %s value: %w", contivbpfMapCbIfaces, err)
-	}
-	return ifc, nil
+	err := d.objs.CbIfaces.Lookup(ifindex, &ifc)
+	return ifc, err
 }
 
 // Name implements dataplane.Driver.

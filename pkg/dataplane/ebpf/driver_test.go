@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -69,6 +71,22 @@ func (h *oneHost) endpoint(t *testing.T, name, ip string, withNS bool) dataplane
 		ep.IfName = h.prefix + name + "c"
 	}
 	return ep
+}
+
+// netlinkIn returns a netlink handle in the network namespace at path; the caller closes
+// it.
+func netlinkIn(t *testing.T, path string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nl
 }
 
 func mapID(t *testing.T, d *Driver) uint32 {

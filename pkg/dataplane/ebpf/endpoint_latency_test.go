@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -71,15 +70,7 @@ func TestEndpointUpsertLatency(t *testing.T) {
 // checkContainerEnd verifies what the driver configures inside the container namespace.
 func checkContainerEnd(t *testing.T, ep dataplane.Endpoint, n dataplane.Network) {
 	t.Helper()
-	ns, err := netns.GetFromPath(ep.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nh, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nh := netlinkIn(t, ep.NetNS)
 	defer nh.Close()
 	l, err := nh.LinkByName(ep.IfName)
 	if err != nil {

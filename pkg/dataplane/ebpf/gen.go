@@ -8,7 +8,3 @@
 package ebpf
 
 //go:generate go tool bpf2go -cc clang-14 -target bpfel -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -type cb_ep_key -type cb_endpoint -type cb_iface -type cb_network -type cb_peer -type cb_config -type cb_ep_stats -type cb_counter -type cb_ct_key -type cb_ct_entry -type cb_pol_key -type cb_rule -type cb_policy -type cb_svc_key -type cb_svc -type cb_backend_key -type cb_backend -type cb_vip -type cb_vip_key -type cb_member_key -type cb_member -type cb_natfrag -type cb_epg_state -type cb_route_key -type cb_route -type cb_frag_key -type cb_frag_entry -type cb_snat_key -type cb_snat_entry -type cb_snat_rkey -type cb_snat_rval -type cb_host_ip -type cb_host_route -type cb_np_key -type cb_np -type cb_peer_flow_key -type cb_peer_flow -type cb_host_svc_key -type cb_host_svc -type cb_bgp_key -type cb_bgp_route -type cb_kpod_key -type cb_kpod -type cb_krule -type cb_kset contivbpf ../../../bpf/contivbpf.c -- -I../../../bpf
-
-// The same programs built with an earlier map layout (bpf/lib/maps.h, CB_LAYOUT_V1), for
-// the upgrade test only (the _test suffix keeps it out of the binary).
-//go:generate go tool bpf2go -cc clang-14 -target bpfel -output-suffix _test -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -DCB_LAYOUT_V1" -type cb_ep_key -type cb_endpoint -type cb_iface -type cb_network contivbpfv1 ../../../bpf/contivbpf.c -- -I../../../bpf

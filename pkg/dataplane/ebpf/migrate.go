@@ -34,7 +34,8 @@ import (
 //     pin; the old map is freed with the last program that used it.
 //
 // If anything fails before step 3 nothing pinned has changed. A resize that cannot hold
-// the existing entries is refused.
+// the existing entries is refused, and so is a map with entries that neither a converter
+// nor field names can convert (an empty one migrates).
 
 // entryConverter converts one entry of a pinned map into the layout of the new build.
 // vals holds one value, or one per possible CPU for per-CPU maps. keep=false drops the
@@ -310,7 +311,9 @@ func isPerCPU(t ebpf.MapType) bool {
 func isArray(t ebpf.MapType) bool { return t == ebpf.Array || t == ebpf.PerCPUArray }
 
 // copyEntries copies mg.old into mg.new. With catchUp only keys missing from mg.new are
-// added (entries the old programs created after the first copy).
+// added (entries the old programs created after the first copy). Without conv, entries
+// are converted by field (fieldConverter); a map whose entries cannot be converted that
+// way migrates only while empty.
 func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 	old, nm, ms := mg.old, mg.new, mg.spec
 	switch old.Type() {
@@ -320,16 +323,19 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 	keyT, valT := ms.Key, ms.Value
 	if conv == nil {
 		ob := mapBTF(old)
-		kc, err := fieldConverter(ob, old.KeySize(), keyT, nm.KeySize())
-		if err != nil && !catchUp {
-			return fmt.Errorf("key: %w", err)
-		}
+		kc, kerr := fieldConverter(ob, old.KeySize(), keyT, nm.KeySize())
 		vc, verr := fieldConverter(ob, old.ValueSize(), valT, nm.ValueSize())
-		if verr != nil && !catchUp {
+		switch {
+		case kerr == nil && verr == nil:
+		case catchUp || countMap(old) == 0:
+			// Entries that cannot be converted by field: the map migrates only while
+			// empty (a key that was no struct, such as cb_vips' bare VIP before zones),
+			// and its catch-up copy carries nothing.
+			return nil
+		case kerr != nil:
+			return fmt.Errorf("key: %w", kerr)
+		default:
 			return fmt.Errorf("value: %w", verr)
-		}
-		if err != nil || verr != nil {
-			return nil // catch-up of a map the first copy converted with a converter
 		}
 		conv = func(k []byte, vs [][]byte) ([]byte, [][]byte, bool, error) {
 			nk, err := kc(k)

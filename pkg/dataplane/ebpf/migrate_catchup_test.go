@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -19,12 +20,7 @@ func TestMigrationCatchUp(t *testing.T) {
 		ms := spec.Maps[name].Copy()
 		ms.Pinning = ebpf.PinNone
 		ms.MaxEntries = entries
-		m, err := ebpf.NewMap(ms)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m, ms
+		return testMap(t, ms), ms
 	}
 	key := func(port uint16) contivbpfCbCtKey {
 		return contivbpfCbCtKey{Zone: 1, Saddr: 1, Daddr: 2, Sport: port, Dport: 80, Proto: 6}
@@ -88,4 +84,43 @@ func TestMigrationCatchUp(t *testing.T) {
 	if err := newR.Lookup(uint32(5), &got); err != nil || got[0] != (contivbpfCbCounter{Packets: 16, Bytes: 160}) {
 		t.Errorf("counter after catch-up %+v (%v), want 16 packets / 160 bytes", got, err)
 	}
+}
+
+// TestMigrationWithoutFieldConversion: a pinned map whose key was no struct (cb_vips keyed
+// by the bare VIP, before zones) migrates while empty and is refused with entries.
+func TestMigrationWithoutFieldConversion(t *testing.T) {
+	requireRoot(t)
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[contivbpfMapCbVips].Copy()
+	ms.Pinning = ebpf.PinNone
+	ms.MaxEntries = 16
+	for _, entries := range []int{0, 1} {
+		old := testMap(t, &ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 16})
+		for i := 0; i < entries; i++ {
+			if err := old.Put(uint32(i+1), uint32(1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err = copyEntries(&migration{name: contivbpfMapCbVips, old: old, new: testMap(t, ms), spec: ms}, nil, false)
+		if entries == 0 && err != nil {
+			t.Errorf("empty map: %v, want it migrated", err)
+		}
+		if entries > 0 && (err == nil || !strings.Contains(err.Error(), "key: size 4 → 8")) {
+			t.Errorf("map with an entry: %v, want a 'key: size 4 → 8' error", err)
+		}
+	}
+}
+
+// testMap creates an unpinned map of spec ms, closed when the test ends.
+func testMap(t *testing.T, ms *ebpf.MapSpec) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

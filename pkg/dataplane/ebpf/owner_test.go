@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -55,15 +54,7 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	nsh, err := netns.GetFromPath(a.cfg.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsh.Close()
-	nl, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nl := netlinkIn(t, a.cfg.NetNS)
 	defer nl.Close()
 	exists := func(name string) bool {
 		_, err := nl.LinkByName(name)

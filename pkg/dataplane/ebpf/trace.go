@@ -108,7 +108,7 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 // a verifier run, ~200 ms) with their scratch maps emptied for the next run.
 func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 	if d.traceColl == nil {
-		spec, err := d.loadSpec()
+		spec, err := loadContivbpf()
 		if err != nil {
 			return nil, fmt.Errorf("trace: load spec: %w", err)
 		}

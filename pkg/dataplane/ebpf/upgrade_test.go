@@ -131,76 +131,45 @@ func pinnedMap(t *testing.T, pinRoot, name string) *ebpf.Map {
 	return m
 }
 
-// TestUpgradeMapLayout runs the programs of an earlier build with another map layout
-// (contivbpfv1: cb_endpoint fields reordered and without generation or counter slot,
-// cb_iface without slot, per-endpoint counters in the per-CPU hash cb_ep_metrics instead
-// of slots in cb_ep_counters, cb_peers with 1024 instead of 4096 entries), then starts the current build against its pins while a UDP
-// stream flows between two endpoints: the maps are migrated (entries converted by field
-// name), links keep their ids, the old maps are freed, and no datagram is lost.
+// TestUpgradeMapLayout upgrades a host from a real earlier build (oldBuildObject: per-endpoint
+// counters in the per-CPU hash cb_ep_metrics, cb_endpoint and cb_iface without counter
+// slot, cb_config, cb_ct and others of another layout, none of the maps added since) while
+// a UDP stream flows between two endpoints: runOldAgent leaves that build's programs
+// forwarding on pinned maps and tcx links, then the current build starts against its pins.
+// The maps are migrated (entries converted by field name), the veths adopted, links keep
+// their ids, the counters move from cb_ep_metrics into slots, the old maps are freed, and
+// no datagram is lost.
 func TestUpgradeMapLayout(t *testing.T) {
 	h := newOneHost(t)
 	ctx := context.Background()
 	a := h.endpoint(t, "a", "10.50.0.2", true)
 	b := h.endpoint(t, "b", "10.50.0.3", true)
+	peerVTEP := netip.MustParseAddr("10.254.0.2")
 	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
-		Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("10.254.0.2")}}}
-	if err := h.d.Sync(ctx, state); err != nil {
+		Peers: []dataplane.Peer{{Host: "h2", VTEP: peerVTEP}}}
+	// The old build's agent runs on a host the current one never touched.
+	if err := h.d.Teardown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want := map[netip.Addr]contivbpfCbEndpoint{}
-	for _, ep := range []dataplane.Endpoint{a, b} {
-		var v contivbpfCbEndpoint
-		if err := h.d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(ep.IP)}, &v); err != nil {
-			t.Fatal(err)
-		}
-		want[ep.IP] = v
-	}
-	links := linkIDs(t, h.d)
+	old := runOldAgent(t, h, []dataplane.Endpoint{a, b}, peerVTEP)
+	links := old.links
 	if len(links) != 3 {
-		t.Fatalf("links %v, want vxlan + 2 endpoints", links)
-	}
-
-	// The earlier build takes over the same pins (its layout differs, so this is a
-	// migration too, towards v1).
-	if err := h.d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	old, err := New(ctx, h.cfg, withSpec(loadContivbpfv1))
-	if err != nil {
-		t.Fatalf("start the v1 build: %v", err)
-	}
-	h.d = old
-	if got := linkIDs(t, old); !equalIDs(got, links) {
-		t.Fatalf("v1 build: link ids %v, want %v", got, links)
+		t.Fatalf("old build: links %v, want vxlan + 2 endpoints", links)
 	}
 	oldEps := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbEndpoints)
-	oldPeers := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbPeers)
-	if oldEps.ValueSize() != 20 || oldPeers.MaxEntries() != 1024 {
-		t.Fatalf("v1 pins: endpoint value %d bytes (want 20), peers %d entries (want 1024)", oldEps.ValueSize(), oldPeers.MaxEntries())
-	}
-	for ip, w := range want {
-		var v contivbpfv1CbEndpoint
-		if err := oldEps.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(ip)}, &v); err != nil {
-			t.Fatalf("v1 endpoint %v: %v", ip, err)
-		}
-		if v.Ifindex != w.Ifindex || v.Mac != w.Mac || v.Flags != w.Flags || v.Epg != w.Epg {
-			t.Errorf("v1 endpoint %v = %+v, converted from %+v", ip, v, w)
-		}
-	}
-	oldIDs := []ebpf.MapID{mapIDOf(t, oldEps), mapIDOf(t, oldPeers)}
-	oldEps.Close()
-	oldPeers.Close()
-	// v1 counts per endpoint in cb_ep_metrics (per-CPU hash by {net, ip}), whose entries
-	// its agent created with each endpoint (this driver runs v1's programs but cannot
-	// Sync v1's layout, so the test writes them); the upgrade carries the counts into the
-	// counter slots.
+	oldIfaces := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbIfaces)
+	oldCfg := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbCfg)
 	metrics := pinnedMap(t, h.cfg.PinRoot, legacyMetricsMap)
-	for _, ep := range []dataplane.Endpoint{a, b} {
-		if err := metrics.Put(&contivbpfCbEpKey{Net: 77, Ip: ip4(ep.IP)}, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())); err != nil {
-			t.Fatal(err)
-		}
+	if oldEps.ValueSize() != 24 || oldIfaces.ValueSize() != 20 || oldCfg.ValueSize() != 28 || metrics.Type() != ebpf.PerCPUHash {
+		t.Fatalf("old pins: endpoint value %d bytes (want 24), iface %d (want 20), config %d (want 28), %s a %v (want PerCPUHash)",
+			oldEps.ValueSize(), oldIfaces.ValueSize(), oldCfg.ValueSize(), legacyMetricsMap, metrics.Type())
 	}
-	conformance.PingOK(t, a.NetNS, b.IP.String(), 3) // the v1 programs forward
+	oldIDs := []ebpf.MapID{mapIDOf(t, oldEps), mapIDOf(t, oldIfaces), mapIDOf(t, oldCfg), mapIDOf(t, metrics)}
+	oldEps.Close()
+	oldIfaces.Close()
+	oldCfg.Close()
+
+	conformance.PingOK(t, a.NetNS, b.IP.String(), 3) // the old programs forward
 	burst := uint64(0)                               // datagrams the kernel took (ICMP port unreachable fails some writes)
 	if err := nsexec.Run(a.NetNS, func() error {
 		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.IP.AsSlice(), Port: 9})
@@ -217,20 +186,17 @@ func TestUpgradeMapLayout(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var v1Tx uint64
-	var vals []contivbpfCbEpStats
-	if err := metrics.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(a.IP)}, &vals); err != nil {
-		t.Fatalf("v1 counters of a: %v", err)
+	var oldTx uint64
+	var vals []oldEpStats
+	if err := metrics.Lookup(oldEpKey{Net: netKey(h.net), Ip: ip4(a.IP)}, &vals); err != nil {
+		t.Fatalf("old build: counters of a: %v", err)
 	}
 	for _, v := range vals {
-		v1Tx += v.TxPackets
+		oldTx += v.TxPackets
 	}
 	metrics.Close()
-	if burst < 1000 || v1Tx < burst {
-		t.Fatalf("v1 counted %d packets sent by a, want ≥ %d", v1Tx, burst)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
+	if burst < 1000 || oldTx < burst {
+		t.Fatalf("old build counted %d packets sent by a, want ≥ %d", oldTx, burst)
 	}
 
 	stop := udpStream(t, a, b, 9998)
@@ -243,45 +209,60 @@ func TestUpgradeMapLayout(t *testing.T) {
 	}
 	h.d = d
 	took := time.Since(start)
-	// Entries as the migration converted them (before Sync rewrites them).
-	for ip, w := range want {
+	// Entries as the migration converted them and the adoption gave them slots (before
+	// Sync rewrites them).
+	for ip, o := range old.eps {
 		var v contivbpfCbEndpoint
-		if err := d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: 77, Ip: ip4(ip)}, &v); err != nil {
+		if err := d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: netKey(h.net), Ip: ip4(ip)}, &v); err != nil {
 			t.Errorf("endpoint %v after upgrade: %v", ip, err)
 			continue
 		}
-		w.Generation = 0 // not in v1: defaulted
-		w.Slot = v.Slot  // not in v1: allocated when the endpoint is adopted
 		if v.Slot == 0 {
 			t.Errorf("endpoint %v: no counter slot after upgrade", ip)
 		}
+		w := contivbpfCbEndpoint{Ifindex: o.Ifindex, Vtep: o.Vtep, Mac: o.Mac, Epg: o.Epg, Flags: o.Flags, Generation: o.Generation, Slot: v.Slot}
 		if v != w {
 			t.Errorf("endpoint %v after upgrade = %+v, want %+v", ip, v, w)
 		}
+		var ifc contivbpfCbIface
+		if err := d.objs.CbIfaces.Lookup(o.Ifindex, &ifc); err != nil {
+			t.Errorf("iface of %v after upgrade: %v", ip, err)
+		} else if wi := (contivbpfCbIface{Net: netKey(h.net), Ip: ip4(ip), Mac: o.Mac, Epg: o.Epg, Generation: o.Generation, Slot: v.Slot}); ifc != wi {
+			t.Errorf("iface of %v after upgrade = %+v, want %+v", ip, ifc, wi)
+		}
+	}
+	var nv contivbpfCbNetwork
+	if err := d.objs.CbNetworks.Lookup(netKey(h.net), &nv); err != nil || nv.Vrf != vrfOf(h.net.ID) || nv.Generation != 1 {
+		t.Errorf("network after upgrade: %+v, %v", nv, err)
 	}
 	var peer contivbpfCbPeer
-	if err := d.objs.CbPeers.Lookup(ip4(netip.MustParseAddr("10.254.0.2")), &peer); err != nil {
+	if err := d.objs.CbPeers.Lookup(ip4(peerVTEP), &peer); err != nil {
 		t.Errorf("peer after upgrade: %v", err)
 	}
-	if c, err := d.EndpointCounters(a.ID); err != nil || c.TxPackets < v1Tx {
-		t.Errorf("counters of a after upgrade: %+v, %v; want ≥ %d packets sent (carried from v1)", c, err, v1Tx)
+	if c, err := d.EndpointCounters(a.ID); err != nil || c.TxPackets < oldTx {
+		t.Errorf("counters of a after upgrade: %+v, %v; want ≥ %d packets sent (carried from %s)", c, err, oldTx, legacyMetricsMap)
 	}
 	if err := d.Sync(ctx, state); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
 	sent, lost := stop()
-	t.Logf("upgrade v1 → current (New) took %v; %d datagrams sent, %d lost", took.Round(time.Millisecond), sent, lost)
+	t.Logf("upgrade %s → current (New) took %v; %d datagrams sent, %d lost", oldBuildObject, took.Round(time.Millisecond), sent, lost)
 	if lost != 0 {
 		t.Errorf("%d of %d datagrams lost across the upgrade", lost, sent)
 	}
 	if got := linkIDs(t, d); !equalIDs(got, links) {
 		t.Errorf("after upgrade: link ids %v, want %v", got, links)
 	}
+	for _, ep := range []dataplane.Endpoint{a, b} {
+		if l, err := d.nl.LinkByName(ep.HostIfName); err != nil || l.Attrs().Alias != d.endpointAlias(indexKey(ep.ID)) {
+			t.Errorf("veth of %s after Sync: %v (want the scoped alias)", ep.ID, err)
+		}
+	}
 	eps := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbEndpoints)
-	peers := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbPeers)
-	if eps.ValueSize() != 28 || peers.MaxEntries() != 4096 {
-		t.Errorf("pins after upgrade: endpoint value %d bytes, peers %d entries", eps.ValueSize(), peers.MaxEntries())
+	ifaces := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbIfaces)
+	if eps.ValueSize() != uint32(binary.Size(contivbpfCbEndpoint{})) || ifaces.ValueSize() != uint32(binary.Size(contivbpfCbIface{})) {
+		t.Errorf("pins after upgrade: endpoint value %d bytes, iface %d", eps.ValueSize(), ifaces.ValueSize())
 	}
 	if mapIDOf(t, eps) != mapIDOf(t, d.objs.CbEndpoints) {
 		t.Error("the pinned cb_endpoints is not the map the programs use")
@@ -292,7 +273,7 @@ func TestUpgradeMapLayout(t *testing.T) {
 			t.Errorf("pin %s left", e.Name())
 		}
 	}
-	// The v1 maps are freed once nothing references them.
+	// The old build's maps are freed once nothing references them.
 	deadline := time.Now().Add(3 * time.Second)
 	for _, id := range oldIDs {
 		for {
@@ -304,7 +285,7 @@ func TestUpgradeMapLayout(t *testing.T) {
 				m.Close()
 			}
 			if time.Now().After(deadline) {
-				t.Errorf("v1 map id %d still exists: %v", id, err)
+				t.Errorf("old build's map id %d still exists: %v", id, err)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
