@@ -58,6 +58,7 @@ type config struct {
 	scaleHosts  int
 	scaleProf   string // file for a CPU profile of host 1's agent during the last scale step
 	scaleOVS    int    // services on the OVS host of the scale stage (0: skip that part)
+	scaleEtcd   int    // external etcd members of the scale cluster (0: netmaster's embedded etcd)
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
@@ -88,6 +89,7 @@ func main() {
 	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
 	scaleSvcs := flag.String("scale-services", "1000,10000", "services in the scale cluster at each step (ascending; installed on every host)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
+	flag.IntVar(&cfg.scaleEtcd, "scale-etcd-members", 0, "run the scale cluster on an external etcd cluster of this many members (0: netmaster's embedded etcd)")
 	flag.IntVar(&cfg.scaleOVS, "scale-ovs-services", 1000, "services installed on the OVS host of the scale stage (0 skips it)")
 	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last endpoint step's creates to this file, and over the last service step's to FILE.services (go tool pprof)")
 	flag.Parse()

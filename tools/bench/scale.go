@@ -46,10 +46,14 @@ func scaleStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 // scaleEBPF is the scale stage's eBPF cluster (see scaleStage).
 func scaleEBPF(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	nh := cfg.scaleHosts
-	fmt.Fprintf(w, "\n#### scale (ebpf): %d hosts, endpoints %v\n", nh, cfg.scaleSteps)
+	etcd := "netmaster's embedded etcd"
+	if cfg.scaleEtcd > 0 {
+		etcd = fmt.Sprintf("an external etcd cluster of %d members", cfg.scaleEtcd)
+	}
+	fmt.Fprintf(w, "\n#### scale (ebpf): %d hosts, endpoints %v, services %v, %s\n", nh, cfg.scaleSteps, cfg.scaleSvcs, etcd)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	t0 := time.Now()
-	sc := sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet}
+	sc := sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet, EtcdMembers: cfg.scaleEtcd}
 	if cfg.scaleProf != "" {
 		sc.PluginArgs = func(*sim.Cluster, *sim.Host) []string { return []string{"--pprof"} }
 	}

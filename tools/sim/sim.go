@@ -90,6 +90,11 @@ type Config struct {
 	// says so (nil: all) gets --k8s-config (pod labels). Cluster.KubeAPI is the server.
 	KubeAPI       bool
 	KubeAPIPlugin func(c *Cluster, h *Host) bool
+	// EtcdMembers, when not 0, runs an external etcd cluster of that many members
+	// (Debian's etcd, in the first host's namespace, etcd.go) instead of netmaster's
+	// embedded one; netmaster and every netplugin get all members as --etcd-endpoints.
+	// Not with Secure.
+	EtcdMembers int
 }
 
 // ExternalWorld is the address the external namespace holds for "the Internet"
@@ -156,6 +161,7 @@ type Cluster struct {
 	// etcd over TLS with client certificates (Secure): the embedded etcd's certificate,
 	// netmaster's and the agents' client certificates.
 	etcdServer, etcdMaster, etcdAgent [2]string
+	etcd                              []*Process // Config.EtcdMembers' members
 
 	mu         sync.Mutex
 	namespaces []string // created, in creation order
@@ -171,7 +177,8 @@ const (
 	InspectPort = 9090
 )
 
-// EtcdURL is the embedded etcd's client URL, reachable from every host over the underlay.
+// EtcdURL is the cluster etcd's client URL (the embedded etcd's, or the first external
+// member's), reachable from every host over the underlay.
 func (c *Cluster) EtcdURL() string {
 	scheme := "http"
 	if c.cfg.Secure {
@@ -270,6 +277,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if !cfg.Underlay.IsValid() {
 		cfg.Underlay = netip.MustParsePrefix("192.168.100.0/24")
 	}
+	if cfg.EtcdMembers < 0 || cfg.EtcdMembers > 7 || (cfg.EtcdMembers > 0 && cfg.Secure) {
+		return nil, fmt.Errorf("sim: etcd members %d: want 0 (embedded) to 7, and not with Secure", cfg.EtcdMembers)
+	}
 	if cfg.Hosts > (1<<(32-cfg.Underlay.Bits()))-4 {
 		return nil, fmt.Errorf("sim: underlay %v too small for %d hosts", cfg.Underlay, cfg.Hosts)
 	}
@@ -314,6 +324,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if cfg.KubeAPI {
 		if err := c.startKubeAPI(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.EtcdMembers > 0 {
+		if err := c.startEtcd(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -500,10 +515,15 @@ func (c *Cluster) DefaultMasterArgs() []string {
 	args := []string{
 		"--etcd-data-dir", filepath.Join(c.WorkDir, "etcd"),
 		"--etcd-listen-client-url", c.EtcdURL(),
+	}
+	if c.cfg.EtcdMembers > 0 {
+		args = []string{"--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ",")}
+	}
+	args = append(args,
 		"--listen-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--control-url", fmt.Sprintf("%s:%d", c.MasterIP, MasterPort),
 		"--fwdmode", c.cfg.FwdMode, "--netmode", "vxlan", "--mode", "kubernetes",
-	}
+	)
 	if c.KubeAPI != nil {
 		args = append(args, "--k8s-config", c.kubeConf[k8stest.UserNetmaster])
 	}
@@ -555,7 +575,7 @@ func (c *Cluster) startMaster(ctx context.Context) error {
 func (c *Cluster) PluginArgs(h *Host) []string {
 	args := []string{
 		"--mode", "kubernetes", "--netmode", "vxlan", "--fwdmode", c.cfg.FwdMode,
-		"--etcd-endpoints", c.EtcdURL(),
+		"--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","),
 		"--host", h.Name, "--vtep-ip", h.IP.String(), "--ctrl-ip", h.IP.String(),
 		"--dataplane", c.cfg.Dataplane,
 		"--bpffs-root", c.PinRoot,
@@ -1003,6 +1023,11 @@ func (c *Cluster) Close() error {
 	}
 	if c.KubeAPI != nil {
 		c.KubeAPI.Close()
+	}
+	for _, p := range c.etcd {
+		if err := p.Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	c.mu.Lock()
 	for _, ln := range c.listeners {
