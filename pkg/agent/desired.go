@@ -143,39 +143,40 @@ func (s scope) empty() bool {
 }
 
 // setRule records rule record id (nil: removes it). The groups it compiled into before
-// and after are recomputed by the next pass; every group when either is unknown.
+// and after are recomputed by the next pass; every group when either is unknown, and
+// while any record is odd (oddRules).
 func (r *records) setRule(id string, v *model.CfgPolicyRule) {
-	if _, odd := r.oddRules[id]; odd {
-		r.dirty.pols = true // its errors are keyed by its body's id
-	}
 	if g, ok := r.ruleGroup[id]; ok {
 		r.dirty.touchRule(id, g)
 	} else if _, had := r.rules[id]; had {
 		r.dirty.pols = true
 	}
+	_, wasOdd := r.oddRules[id]
 	delete(r.ruleGroup, id)
+	delete(r.oddRules, id)
 	if v == nil {
 		delete(r.rules, id)
-		delete(r.oddRules, id)
-		return
+	} else {
+		r.rules[id] = *v
+		// Compile knows a rule by its body's id (the key's when the body has none, the
+		// RuleId's when neither has one): a record named otherwise than by its key can
+		// conflict with another record of any group, which only a compilation of every
+		// group sees (and its errors are keyed by that name).
+		if name := cmp.Or(v.ID, id, v.RuleId); name != id {
+			r.oddRules[id] = struct{}{}
+		}
+		rec := v.OfnetPolicyRule
+		if rec.RuleId == "" {
+			rec.RuleId = cmp.Or(v.ID, id)
+		}
+		if g, ok := policy.RuleGroup(rec); ok {
+			r.ruleGroup[id] = g
+			r.dirty.touchRule(id, g)
+		} else {
+			r.dirty.pols = true
+		}
 	}
-	r.rules[id] = *v
-	rec := v.OfnetPolicyRule
-	if rec.RuleId == "" {
-		rec.RuleId = cmp.Or(v.ID, id) // the key names the record when its body does not
-	}
-	delete(r.oddRules, id)
-	if v.ID != "" && v.ID != id {
-		// Compile knows a rule by its body's id: two records naming one rule conflict
-		// across groups, which only a compilation of every group sees.
-		r.oddRules[id] = struct{}{}
-	}
-	g, ok := policy.RuleGroup(rec)
-	if ok {
-		r.ruleGroup[id] = g
-		r.dirty.touchRule(id, g)
-	}
-	if !ok || len(r.oddRules) > 0 {
+	if wasOdd || len(r.oddRules) > 0 {
 		r.dirty.pols = true
 	}
 }

@@ -38,7 +38,16 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 		limit = n
 	}
 	q := dataplane.ListQuery{Kind: mux.Vars(req)["kind"], Limit: limit}
-	if s := req.URL.Query().Get("epg"); s != "" {
+	epg, group := req.URL.Query().Get("epg"), req.URL.Query().Get("group")
+	switch {
+	case (epg != "" || group != "") && q.Kind != "policy":
+		http.Error(w, "epg, group: only the policy table is listed by group", http.StatusBadRequest)
+		return
+	case epg != "" && group != "":
+		http.Error(w, "epg, group: give one of them", http.StatusBadRequest)
+		return
+	}
+	if s := epg; s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 65535 {
 			http.Error(w, fmt.Sprintf("epg: %q is not an endpoint group id from 1 to 65535", s), http.StatusBadRequest)
@@ -46,17 +55,13 @@ func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
 		}
 		q.EPG = uint16(n)
 	}
-	if s := req.URL.Query().Get("group"); s != "" {
+	if s := group; s != "" {
 		id, ok := a.groupID(s)
 		if !ok {
 			http.Error(w, fmt.Sprintf("group: no endpoint group %q (want <group>:<tenant>)", s), http.StatusNotFound)
 			return
 		}
 		q.EPG = id
-	}
-	if q.EPG != 0 && q.Kind != "policy" {
-		http.Error(w, "epg, group: only the policy table is listed by group", http.StatusBadRequest)
-		return
 	}
 	out, err := l.Listing(q)
 	if err != nil {

@@ -106,7 +106,8 @@ func TestListingRoute(t *testing.T) {
 		{"policy?epg=0", 400, "epg"}, {"policy?epg=65536", 400, "epg"}, {"policy?epg=x", 400, "epg"},
 		{"policy?group=nosuch:blue", 404, `no endpoint group "nosuch:blue"`},
 		{"policy?group=web:blue", 404, "no endpoint group"}, // a record without an id
-		{"ct?epg=3", 400, "only the policy table"},
+		{"ct?epg=3", 400, "only the policy table"}, {"ct?group=nosuch:blue", 400, "only the policy table"},
+		{"policy?epg=3&group=web:blue", 400, "give one of them"},
 	} {
 		rec := httptest.NewRecorder()
 		kind, _, _ := strings.Cut(c.query, "?")

@@ -158,8 +158,19 @@ func TestScopedPassesMatchFull(t *testing.T) {
 					} else {
 						r.setRule(bad, &model.CfgPolicyRule{ID: bad, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: bad, Priority: 1, DstEndpointGroup: 1, Action: "deny"}})
 					}
-				case 3: // a body naming another rule than its key
-					r.setRule(rid, &model.CfgPolicyRule{ID: "other:inRx", OfnetPolicyRule: model.OfnetPolicyRule{Priority: 1 + rng.IntN(2), DstEndpointGroup: 2 + rng.IntN(2), IpProtocol: 17, Action: "allow"}})
+				case 3: // a body naming another rule than its key, often one a record of another key is
+					name := []string{"other:inRx", fmt.Sprintf("t:g:t:p:t:p:%d:inRx", rng.IntN(6))}[rng.IntN(2)]
+					key := []string{"odd" + rid, ""}[rng.IntN(2)] // "": the prefix's own key
+					body := model.CfgPolicyRule{ID: name, OfnetPolicyRule: model.OfnetPolicyRule{Priority: 1 + rng.IntN(2), DstEndpointGroup: 2 + rng.IntN(2), IpProtocol: 17, Action: "allow"}}
+					switch rng.IntN(3) {
+					case 0:
+						r.setRule(key, nil)
+					case 1: // named by its RuleId only
+						body.ID, body.RuleId = "", name
+						r.setRule(key, &body)
+					default:
+						r.setRule(key, &body)
+					}
 				case 4: // an outgoing rule: the source is its group
 					out := strings.TrimSuffix(rid, "inRx") + "outTx"
 					r.setRule(out, &model.CfgPolicyRule{ID: out, OfnetPolicyRule: model.OfnetPolicyRule{RuleId: out, Priority: 3, SrcEndpointGroup: 1 + rng.IntN(3), IpProtocol: 6, Action: "allow"}})

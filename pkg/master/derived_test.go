@@ -60,4 +60,20 @@ func TestContivDerivedFields(t *testing.T) {
 	if got := e.rawGet("/contiv.io/state/serviceLB/sx:b"); strings.Contains(got, other.IPAddress+":") {
 		t.Errorf("tenant b's service took tenant a.b's endpoint: %s", got)
 	}
+
+	// An endpoint created without a container ("<host>-native-intf", outside its network's
+	// key range) is found by its tenant: labelled, a backend by address and by selector.
+	var nr model.CreateEndpointResponse
+	e.ok("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "b", NetworkName: "n",
+		ConfigEP: model.ConfigEP{Host: "host7"}}, &nr)
+	native := nr.EndpointConfig
+	if native.ID != "host7-native-intf" {
+		t.Fatalf("native endpoint id %q", native.ID)
+	}
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: native.IPAddress, Tenant: "b", Network: "n",
+		Event: "start", Labels: map[string]string{"app": "y"}}, nil)
+	e.ok("POST", "/api/v1/serviceLBs/b:sy/", `{"networkName":"n","ports":["80:80:TCP"],"selectors":["app=y"],"serviceName":"sy","tenantName":"b"}`, nil)
+	if got := e.rawGet("/contiv.io/state/serviceLB/sy:b"); !strings.Contains(got, native.IPAddress+":b") {
+		t.Errorf("tenant b's service did not take its native endpoint %s: %s", native.IPAddress, got)
+	}
 }

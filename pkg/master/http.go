@@ -364,25 +364,47 @@ func getT[T any](tx *state.Tx, key string) (*T, bool, error) {
 }
 
 // tenantEndpoints lists the endpoint records of tenant's networks, reading one key range
-// per network of the tenant instead of every endpoint of the cluster.
+// per network of the tenant ("<net>.<tenant>-<container>") instead of every endpoint of
+// the cluster. Endpoints created without a container are keyed "<host>-native-intf",
+// outside those ranges: when a network counts more endpoints (its epCount) than its range
+// holds, every endpoint record is read instead.
 func tenantEndpoints(tx *state.Tx, tenant string) ([]*model.CfgEndpointState, error) {
 	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
 	if err != nil {
 		return nil, err
 	}
+	mine := map[string]bool{}
 	var out []*model.CfgEndpointState
+	outside := false
 	for _, n := range nets {
 		if n.Tenant != tenant || n.ID == "" {
 			continue
 		}
+		mine[n.ID] = true
 		eps, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix+n.ID+"-")
 		if err != nil {
 			return nil, err
 		}
+		k := 0
 		for _, ep := range eps {
 			if ep.NetID == n.ID { // "<net>.<tenant>-" may prefix another network's ids
 				out = append(out, ep)
+				k++
 			}
+		}
+		outside = outside || k < n.EpCount
+	}
+	if !outside {
+		return out, nil
+	}
+	all, err := listT[model.CfgEndpointState](tx, model.EpStatePrefix)
+	if err != nil {
+		return nil, err
+	}
+	out = out[:0]
+	for _, ep := range all {
+		if mine[ep.NetID] {
+			out = append(out, ep)
 		}
 	}
 	return out, nil

@@ -59,6 +59,7 @@ type config struct {
 	scaleProf   string // file for a CPU profile of host 1's agent during the last scale step
 	scaleOVS    int    // services on the OVS host of the scale stage (0: skip that part)
 	scaleEtcd   int    // external etcd members of the scale cluster (0: netmaster's embedded etcd)
+	scaleMax    int    // a last scale step with this many endpoints and services (0: none)
 }
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
@@ -89,6 +90,7 @@ func main() {
 	scaleSteps := flag.String("scale-steps", "1000,10000", "endpoints in the cluster at each scale step (ascending)")
 	scaleSvcs := flag.String("scale-services", "1000,10000", "services in the scale cluster at each step (ascending; installed on every host)")
 	flag.IntVar(&cfg.scaleHosts, "scale-hosts", 10, "simulated hosts in the scale stage")
+	flag.IntVar(&cfg.scaleMax, "scale-max", 0, "add a last scale step with this many endpoints and services (beyond the --scale-steps and --scale-services lists)")
 	flag.IntVar(&cfg.scaleEtcd, "scale-etcd-members", 0, "run the scale cluster on an external etcd cluster of this many members (0: netmaster's embedded etcd)")
 	flag.IntVar(&cfg.scaleOVS, "scale-ovs-services", 1000, "services installed on the OVS host of the scale stage (0 skips it)")
 	flag.StringVar(&cfg.scaleProf, "scale-cpuprofile", "", "write a CPU profile of host 1's agent over the last endpoint step's creates to this file, and over the last service step's to FILE.services (go tool pprof)")
@@ -105,6 +107,14 @@ func main() {
 	if cfg.scaleSvcs, err = ascending(*scaleSvcs, 60000); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: --scale-services: %v\n", err)
 		os.Exit(2)
+	}
+	if cfg.scaleMax > 0 {
+		if cfg.scaleMax <= cfg.scaleSteps[len(cfg.scaleSteps)-1] || cfg.scaleMax <= cfg.scaleSvcs[len(cfg.scaleSvcs)-1] || cfg.scaleMax > 60000 {
+			fmt.Fprintf(os.Stderr, "bench: --scale-max %d: want more than the last step of --scale-steps and --scale-services, at most 60000\n", cfg.scaleMax)
+			os.Exit(2)
+		}
+		cfg.scaleSteps = append(cfg.scaleSteps, cfg.scaleMax)
+		cfg.scaleSvcs = append(cfg.scaleSvcs, cfg.scaleMax)
 	}
 	if cfg.scaleHosts < 2 || cfg.scaleHosts > 50 {
 		fmt.Fprintf(os.Stderr, "bench: --scale-hosts %d: want 2 to 50\n", cfg.scaleHosts)

@@ -185,7 +185,6 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 	return nil
 }
 
-// stepLabel names a service count in figure names: 1, 1k, 10k, 2500.
 // svcFills creates services in tenants of 100 (svt<k>, each with a network "vips",
 // 10.140.0.0/24 + k) whose selector matches nothing there (no backend). Contiv's object
 // model keeps every service's link in its tenant and network objects, so one tenant with
@@ -229,6 +228,7 @@ func (f *svcFills) create(ctx context.Context, i int) error {
 		"serviceName": name, "ipAddress": vip, "selectors": []string{"app=crr"}, "ports": []string{f.port}}, nil)
 }
 
+// stepLabel names a service count in figure names: 1, 1k, 10k, 2500.
 func stepLabel(n int) string {
 	if n >= 1000 && n%1000 == 0 {
 		return strconv.Itoa(n/1000) + "k"

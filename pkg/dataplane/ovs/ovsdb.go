@@ -55,7 +55,7 @@ func connectOVSDB(ctx context.Context, endpoint string) (*ovsDB, error) {
 func schemaCompatible(server, built ovsdb.DatabaseSchema) error {
 	major := func(v string) string { m, _, _ := strings.Cut(v, "."); return m }
 	if server.Name != built.Name || major(server.Version) != major(built.Version) {
-		return fmt.Errorf("server schema %s %s, this build knows %s %s.x (Open vSwitch 2.x-3.x)",
+		return fmt.Errorf("server schema %s %s, this build knows %s %s.x (Open vSwitch 2.11 and later)",
 			server.Name, server.Version, built.Name, major(built.Version))
 	}
 	return nil
