@@ -43,6 +43,10 @@ func bpfCommand() *cli.Command {
 		if kind == "ct" || kind == "nat" {
 			flags = append(flags, &cli.IntFlag{Name: "limit", Value: 1000, Usage: "at most this many entries"})
 		}
+		if kind == "policy" {
+			flags = append(flags, &cli.StringFlag{Name: "group", Aliases: []string{"g"}, Usage: "only this endpoint group's rules (read alone)"},
+				tenantFlag())
+		}
 		subs = append(subs, &cli.Command{Name: kind, Usage: "Decoded " + kind + " table of a host's datapath", ArgsUsage: " ",
 			Flags: flags, Action: bpfList(kind)})
 	}
@@ -110,6 +114,9 @@ func bpfList(kind string) cli.ActionFunc {
 				return usageErr(c, "--limit %d must be at least 1", c.Int("limit"))
 			}
 			u += "?limit=" + url.QueryEscape(strconv.Itoa(c.Int("limit")))
+		}
+		if kind == "policy" && c.String("group") != "" {
+			u += "?group=" + url.QueryEscape(c.String("group")+":"+c.String("tenant"))
 		}
 		l, err := fetchListing(c.Context, &http.Client{Timeout: c.Duration("timeout")}, u)
 		if err != nil {

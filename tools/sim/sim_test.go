@@ -380,6 +380,18 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 			t.Error(err)
 		}
 	}()
+	// One group's rules, as the operator asks for them (the agent reads that group alone).
+	eventually(t, "netctl bpf policy --group mon-web", 30*time.Second, func() error {
+		out, err := Exec(ctx, h.Name, netctl, "bpf", "policy", "--group", "mon-web", "--agent", "http://"+h.Inspect)
+		if err != nil || !strings.Contains(out, "5999") || !strings.Contains(out, ":mon:2:inRx") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if out, err := Exec(ctx, h.Name, netctl, "bpf", "policy", "--group", "nosuch", "--agent", "http://"+h.Inspect); err == nil ||
+		!strings.Contains(out, `no endpoint group "nosuch:default"`) {
+		t.Errorf("netctl bpf policy of an unknown group: %v\n%s", err, out)
+	}
 	// Monitors closed and reopened back to back: each reconnect finds the datapath's (single)
 	// event stream free again.
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
