@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -289,7 +290,37 @@ func Launch(ctx context.Context, o Options) (s *APIServer, err error) {
 	if _, err := s.applyFile(ctx, RBACManifest(), false); err != nil {
 		return s, err
 	}
+	// The authorizer learns new bindings through its informers, a moment after they are
+	// written: the agents' first calls would be refused (seen under load).
+	if err := s.waitAuthorized(ctx, 30*time.Second, UserNetplugin, UserNetmaster); err != nil {
+		return s, err
+	}
 	return s, nil
+}
+
+// waitAuthorized waits until each of users may list pods (rbac.yaml grants that to both
+// agents), asking the API server's authorizer (SubjectAccessReview).
+func (s *APIServer) waitAuthorized(ctx context.Context, d time.Duration, users ...string) error {
+	deadline := time.Now().Add(d)
+	for _, u := range users {
+		for {
+			r, err := s.Admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{User: u,
+					ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods"}}}, metav1.CreateOptions{})
+			if err == nil && r.Status.Allowed {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("rbac.yaml not in effect for %s after %v (review: %v %v)", u, d, err, r)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 func freePort() (int, error) {
