@@ -121,6 +121,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
 	t.src_epg = ifc->epg;
+	t.owner = cb_ct_owner(ifc->slot);
 	if (p.inner.proto)
 		t.inner = &p.inner;
 	if (net->gateway && f.daddr == net->gateway) {
@@ -250,6 +251,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		return CB_OUTSIDE;
 	np = rev->nodeport;
 	t.src_epg = ifc->epg;
+	t.owner = cb_ct_owner(ifc->slot);
 	t.svc_reply = 1;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
@@ -297,6 +299,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	t.zone = ifc->vrf;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
+	t.owner = cb_ct_owner(ifc->slot); /* the sender's flows count against it */
 
 	features = cb_features;
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
@@ -542,6 +545,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		t.src_epg = src ? src->epg : 0;
 		t.dst_epg = ep->epg;
+		t.owner = cb_ct_owner(ep->slot); /* the local receiver's */
 		if (p.inner.proto)
 			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
@@ -806,6 +810,7 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	t.zone = d.zone;
 	t.dst_epg = ep->epg;
+	t.owner = cb_ct_owner(ep->slot);
 	if (p.inner.proto)
 		t.inner = &p.inner;
 	r = cb_stateful(&f, &t);
@@ -868,6 +873,8 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 			return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
 	}
 	t.dst_epg = ep->epg;
+	if (ep->flags & CB_EP_LOCAL)
+		t.owner = cb_ct_owner(ep->slot); /* a local backend's */
 	r = cb_stateful(&f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, &p, &f, &t);

@@ -6,7 +6,8 @@
  * with their own timeouts; a policy epoch in every entry makes a policy change apply to
  * established flows on their next packet. The table is a plain hash: when it is full, new
  * flows are refused (drop_ct_full) and established ones keep their entries; the agent's GC
- * deletes expired entries. */
+ * deletes expired entries. A local endpoint holding its quota of entries has its new flows
+ * refused (drop_ct_quota). */
 #pragma once
 
 #include "common.h"
@@ -57,7 +58,7 @@ struct cb_ct_entry {
 	__u32 epoch;     /* cb_policy_epoch of the last verdict */
 	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
 	__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
-	__u16 pad;
+	__u16 owner;     /* counter slot of the local endpoint the entry counts against (0: none) */
 };
 
 #ifndef CB_CT_ENTRIES
@@ -71,6 +72,30 @@ struct {
 	__type(value, struct cb_ct_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ct SEC(".maps");
+
+/* Per-endpoint quota (docs/conntrack.md "Per-endpoint quota"): entries counted by owner
+ * slot. The datapath adds one for each entry it creates; the agent's collector writes the
+ * live entries' counts at every sweep (entries that expire or are deleted meanwhile still
+ * count until then). */
+struct cb_ct_count {
+	__u32 count;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CB_DEFAULT_ENTRIES); /* = cb_ep_counters */
+	__type(key, __u32); /* counter slot */
+	__type(value, struct cb_ct_count);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ct_owned SEC(".maps");
+
+/* cb_ct_owner is the owner an entry records for counter slot s: entries hold 16 bits, so
+ * an endpoint with a slot past them (more than 65535 local endpoints) is not counted. */
+CB_INLINE __u16 cb_ct_owner(__u32 s)
+{
+	return s < 0x10000 ? (__u16)s : 0;
+}
 
 /* cb_now is the conntrack clock: CLOCK_MONOTONIC at tick resolution (the coarse read
  * costs a load, a precise one a clock read), plenty for timeouts of seconds. The agent's
@@ -128,11 +153,28 @@ CB_INLINE struct cb_ct_entry *cb_ct_live(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
-/* cb_ct_insert writes e under k; returns 0 or CB_DROP_CT_FULL. Overwriting an existing key
- * never fails (hash maps keep spare elements for in-place replacement). */
-CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e)
+/* cb_ct_insert writes e under k; returns 0, CB_DROP_CT_FULL or (quota set) CB_DROP_CT_QUOTA.
+ * Overwriting an existing key never fails (hash maps keep spare elements for in-place
+ * replacement). An entry that takes a key not already held by an entry of the same owner
+ * adds one to its owner's count; with quota (0: none) that count must be below it first.
+ * Overwriting an entry of the same owner neither checks nor counts: a repeated opening
+ * of one flow takes its quota once. */
+CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e, __u32 quota)
 {
+	struct cb_ct_entry *old;
+	struct cb_ct_count *o = 0;
+	__u32 slot = e->owner;
+
+	if (slot) {
+		old = bpf_map_lookup_elem(&cb_ct, k);
+		if (!old || old->owner != e->owner)
+			o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+	}
+	if (o && quota && o->count >= quota)
+		return CB_DROP_CT_QUOTA;
 	if (bpf_map_update_elem(&cb_ct, k, e, BPF_ANY) < 0)
 		return CB_DROP_CT_FULL;
+	if (o)
+		__sync_fetch_and_add(&o->count, 1);
 	return 0;
 }

@@ -65,6 +65,7 @@ enum cb_reason {
 	CB_DROP_EGRESS_OVERLAY = 69, /* egress to the overlay's UDP port: would be a tunnel packet from this host's address */
 	CB_DROP_NO_ROUTE = 70,      /* native routing: no BGP-learned route to the destination */
 	CB_DROP_NETPOL = 71,        /* denied by a Kubernetes NetworkPolicy (netpol.h) */
+	CB_DROP_CT_QUOTA = 72,      /* the endpoint holds its quota of conntrack entries: a new flow was refused */
 	CB_REASON_MAX = 96,
 };
 

@@ -438,8 +438,11 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		e.nat_net = c->net;
 		e.svc_id = c->svc_id;
 		e.expires = t->entry->expires;
+		/* Counts against the flow's owner, never refused by its quota: the flow's own
+		 * entry was admitted. */
+		e.owner = t->owner;
 		cb_lb_key(&key, f, t);
-		if (cb_ct_insert(&key, &e))
+		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
 	}
 	if (p->frag == CB_FRAG_FIRST && !t->hairpin) {

@@ -96,6 +96,8 @@ struct cb_config {
 	__be16 vxlan_port;    /* the overlay's UDP port: never an egress destination port */
 	__u16 pad3;
 	__u64 netns_cookie;   /* the host namespace (socket LB acts only there; 0 = off) */
+	__u32 ct_quota;       /* conntrack entries one local endpoint may hold (0 = no quota) */
+	__u32 pad4;
 };
 
 enum cb_features {

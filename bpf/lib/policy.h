@@ -248,8 +248,9 @@ struct cb_track {
 	__u32 zone;       /* tenant routing domain */
 	__u16 src_epg;
 	__u16 dst_epg;
-	__u16 src_flags;  /* enum cb_epg_flags of src_epg / dst_epg */
-	__u16 dst_flags;
+	__u8 src_flags;   /* enum cb_epg_flags of src_epg / dst_epg */
+	__u8 dst_flags;
+	__u16 owner;      /* cb_ct_owner of the local endpoint the flow counts against (0: none) */
 	__u8 frag;        /* enum cb_frag */
 	__u8 svc;         /* forward packet of a service flow (already DNATed) */
 	__u8 svc_reply;   /* reply of a service flow (to be un-NATed) */
@@ -422,10 +423,20 @@ static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
 		bpf_map_delete_elem(&cb_ct, &k);
 }
 
-/* cb_ct_open writes a fresh NEW entry for the packet's own direction. */
+/* cb_ct_quota is the per-endpoint conntrack quota of cb_config (0: none). */
+CB_INLINE __u32 cb_ct_quota(void)
+{
+	struct cb_config *cfg = cb_get_config();
+
+	return cfg ? cfg->ct_quota : 0;
+}
+
+/* cb_ct_open writes a fresh NEW entry for the packet's own direction; it counts against
+ * t->owner's quota (cb_ct_insert). Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
 static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
 {
 	struct cb_ct_entry e = {};
+	int r;
 
 	e.state = CB_CTS_NEW;
 	e.flags = CB_CT_ALLOWED;
@@ -443,8 +454,10 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 		e.nat_port = t->vport;
 		e.nat_net = t->client_net;
 	}
-	if (cb_ct_insert(k, &e))
-		return CB_DROP_CT_FULL;
+	e.owner = t->owner;
+	r = cb_ct_insert(k, &e, cb_ct_quota());
+	if (r)
+		return r;
 	t->entry = bpf_map_lookup_elem(&cb_ct, k);
 	return 0;
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
@@ -43,6 +45,7 @@ func flags() []cli.Flag {
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
+		&cli.IntFlag{Name: "ct-quota-per-endpoint", EnvVars: env("CT_QUOTA_PER_ENDPOINT"), Value: ebpf.DefaultCTQuota, Usage: "ebpf: conntrack entries one local endpoint may hold (default: a quarter of the table); past it its new flows are dropped (drop_ct_quota); 0 = no quota"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
 		&cli.StringFlag{Name: "ovs-dir", EnvVars: env("OVS_DIR"), Usage: "ovs: directory of a private ovsdb-server/ovs-vswitchd (default /run/contivbpf/ovs/<host>)"},
@@ -91,6 +94,7 @@ type config struct {
 	dnsUpstreams  []string
 	dnsRate       float64
 	vxlanPort     int
+	ctQuota       int // conntrack entries per local endpoint, 0 = no quota
 	dataplane     string
 	bpffsRoot     string
 	cniSocket     string
@@ -131,7 +135,7 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	cfg := config{
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
-		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), egressIf: c.String("egress-if"),
+		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
 		dnsRate:   c.Float64("dns-rate"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"), uplinkMTU: c.Int("uplink-mtu"),
@@ -171,6 +175,8 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, errors.New("--etcd-endpoints is empty")
 	case cfg.vxlanPort <= 0 || cfg.vxlanPort > 65535:
 		return cfg, fmt.Errorf("--vxlan-port %d out of 1-65535", cfg.vxlanPort)
+	case cfg.ctQuota < 0 || cfg.ctQuota > math.MaxUint32:
+		return cfg, fmt.Errorf("--ct-quota-per-endpoint %d out of range (0 = no quota)", cfg.ctQuota)
 	case cfg.dataplane != "ebpf" && cfg.dataplane != "ovs":
 		return cfg, fmt.Errorf("--dataplane %q must be ebpf or ovs", cfg.dataplane)
 	case cfg.uplinkMTU < 0:

@@ -308,7 +308,7 @@ func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (datapl
 		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
 		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
 		SNATIP: cfg.snatIP, EgressIf: cfg.egressIf, EgressPortMin: cfg.egressPorts[0], EgressPortMax: cfg.egressPorts[1],
-		DNSIP: cfg.dnsListen.Addr(),
+		DNSIP: cfg.dnsListen.Addr(), CTQuota: cfg.ctQuota,
 	}
 	switch cfg.dataplane {
 	case "ebpf":

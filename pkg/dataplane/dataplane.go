@@ -279,6 +279,9 @@ type HostConfig struct {
 	FwdMode    FwdMode
 	PinRoot    string // eBPF: bpffs directory for this host's pins
 	MapEntries int    // eBPF: capacity of the endpoint/neighbour maps, 0 = default
+	// CTQuota is how many conntrack entries one local endpoint may hold; past it the
+	// endpoint's new flows are refused (eBPF: drop_ct_quota). 0 = no quota.
+	CTQuota int
 	// VXLANIf names the host's VXLAN device (eBPF: one collect_md device; "" = driver default).
 	VXLANIf string
 	// Egress NAT (eBPF): endpoints reach the outside source-NATed to SNATIP (default: the

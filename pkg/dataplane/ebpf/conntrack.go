@@ -16,6 +16,11 @@ import (
 // datapath never deletes an expired entry by itself (it overwrites one only when the same
 // flow opens again), and the table is a plain hash that refuses new flows when full, so the
 // agent sweeps it: periodically, and right away when an endpoint's entries must go.
+//
+// Each pass also recounts the live entries of every owner (the counter slot of the local
+// endpoint an entry counts against) into cb_ct_owned, which the datapath checks against
+// the per-endpoint quota (docs/conntrack.md "Per-endpoint quota"). A count is exact as of
+// the sweep; between sweeps the datapath only adds to it.
 
 // DefaultCTGCInterval is how often the conntrack table is swept when nothing asks sooner.
 const DefaultCTGCInterval = 10 * time.Second
@@ -48,7 +53,8 @@ type ctGC struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	nat natGC // egress NAT tables (nil maps: none)
+	nat   natGC     // egress NAT tables (nil maps: none)
+	owned *ebpf.Map // cb_ct_owned, entries per owner slot (nil: not recounted)
 
 	mu      sync.Mutex
 	pending []ctFlush
@@ -158,6 +164,10 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 		match[f] = true
 	}
 	var dead []contivbpfCbCtKey
+	var owned []uint32 // live entries by owner slot
+	if g.owned != nil {
+		owned = make([]uint32, g.owned.MaxEntries())
+	}
 	keys := make([]contivbpfCbCtKey, ctBatch)
 	vals := make([]contivbpfCbCtEntry, ctBatch)
 	var cursor ebpf.MapBatchCursor
@@ -169,6 +179,8 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 			if v.Expires < now || match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
 				(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]) {
 				dead = append(dead, k)
+			} else if int(v.Owner) < len(owned) {
+				owned[v.Owner]++
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -179,6 +191,11 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 		}
 	}
 	var errs []error
+	if owned != nil {
+		if err := g.writeOwned(owned); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for len(dead) > 0 {
 		chunk := dead[:min(len(dead), ctBatch)]
 		dead = dead[len(chunk):]
@@ -203,6 +220,25 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 		return deleted, seen, fmt.Errorf("delete conntrack entries: %w", errors.Join(errs...))
 	}
 	return deleted, seen, nil
+}
+
+// writeOwned replaces every slot's count in cb_ct_owned with the live entries a sweep saw.
+// Entries the datapath opened while the sweep ran and after it read their bucket are not
+// in the new count (the quota lets that many more through until the next sweep).
+func (g *ctGC) writeOwned(owned []uint32) error {
+	keys := make([]uint32, 0, ctBatch)
+	vals := make([]contivbpfCbCtCount, 0, ctBatch)
+	for s := 0; s < len(owned); s += ctBatch {
+		keys, vals = keys[:0], vals[:0]
+		for i := s; i < min(s+ctBatch, len(owned)); i++ {
+			keys = append(keys, uint32(i))
+			vals = append(vals, contivbpfCbCtCount{Count: owned[i]})
+		}
+		if _, err := g.owned.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("write %s: %w", contivbpfMapCbCtOwned, err)
+		}
+	}
+	return nil
 }
 
 // ctBatch is how many entries one batch syscall of the collector reads or deletes.

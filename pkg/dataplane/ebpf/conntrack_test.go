@@ -144,15 +144,7 @@ func TestConntrackTCPStates(t *testing.T) {
 	})
 	t.Run("expired-entry-is-absent", func(t *testing.T) {
 		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41002, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
-		k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(remoteIP), Sport: nport(41002), Dport: nport(443), Proto: 6}
-		var v contivbpfCbCtEntry
-		if err := objs.CbCt.Lookup(&k, &v); err != nil {
-			t.Fatal(err)
-		}
-		v.Expires = 1
-		if err := objs.CbCt.Put(&k, &v); err != nil {
-			t.Fatal(err)
-		}
+		expireCT(t, objs.CbCt, contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(remoteIP), Sport: nport(41002), Dport: nport(443), Proto: 6})
 		// The reply of an expired flow is a new flow from EPG 30: denied.
 		run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 443, 41002, tcpSYN|tcpACK, 0), ovl).expect(t, tcActShot, DropPolicy)
 	})
@@ -286,15 +278,7 @@ func TestConntrackFull(t *testing.T) {
 	run(t, &o2, fc, l4Frame(6, srcIP, localIP, 40402, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
 
 	// The collector frees expired entries; then new flows get in again.
-	k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(localIP), Sport: nport(40400), Dport: nport(80), Proto: 6}
-	var v contivbpfCbCtEntry
-	if err := small.Lookup(&k, &v); err != nil {
-		t.Fatal(err)
-	}
-	v.Expires = 1
-	if err := small.Put(&k, &v); err != nil {
-		t.Fatal(err)
-	}
+	expireCT(t, small, contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(localIP), Sport: nport(40400), Dport: nport(80), Proto: 6})
 	g := newCTGC(small, time.Hour)
 	if n, err := g.pass(); err != nil || n != 1 {
 		t.Fatalf("gc pass deleted %d (%v), want 1", n, err)

@@ -58,12 +58,20 @@ type contivbpfCbConfig struct {
 	Pad3          uint16
 	_             [4]byte
 	NetnsCookie   uint64
+	CtQuota       uint32
+	Pad4          uint32
 }
 
 type contivbpfCbCounter struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type contivbpfCbCtCount struct {
+	_     structs.HostLayout
+	Count uint32
+	Pad   uint32
 }
 
 type contivbpfCbCtEntry struct {
@@ -77,7 +85,7 @@ type contivbpfCbCtEntry struct {
 	Epoch    uint32
 	SvcId    uint32
 	Nodeport uint16
-	Pad      uint16
+	Owner    uint16
 }
 
 type contivbpfCbCtFlags uint32
@@ -440,6 +448,7 @@ const (
 	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY     contivbpfCbReason = 69
 	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
 	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
+	contivbpfCbReasonCB_DROP_CT_QUOTA           contivbpfCbReason = 72
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -563,6 +572,7 @@ const (
 	contivbpfMapCbBgpRoutes        = "cb_bgp_routes"
 	contivbpfMapCbCfg              = "cb_cfg"
 	contivbpfMapCbCt               = "cb_ct"
+	contivbpfMapCbCtOwned          = "cb_ct_owned"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
 	contivbpfMapCbEpgs             = "cb_epgs"
@@ -667,6 +677,7 @@ type contivbpfMapSpecs struct {
 	CbBgpRoutes  *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
 	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbCtOwned    *ebpf.MapSpec `ebpf:"cb_ct_owned"`
 	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
 	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
@@ -737,6 +748,7 @@ type contivbpfMaps struct {
 	CbBgpRoutes  *ebpf.Map `ebpf:"cb_bgp_routes"`
 	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
 	CbCt         *ebpf.Map `ebpf:"cb_ct"`
+	CbCtOwned    *ebpf.Map `ebpf:"cb_ct_owned"`
 	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
 	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
@@ -770,6 +782,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbBgpRoutes,
 		m.CbCfg,
 		m.CbCt,
+		m.CbCtOwned,
 		m.CbEndpoints,
 		m.CbEpCounters,
 		m.CbEpgs,

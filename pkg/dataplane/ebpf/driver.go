@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -34,6 +35,11 @@ const (
 	linksDir          = "links"
 	aliasPrefix       = "contivbpf:"
 )
+
+// DefaultCTQuota is netplugin's per-endpoint conntrack quota: a quarter of the conntrack
+// table of DefaultMapEntries (4 × MapEntries), so no fewer than four endpoints can fill
+// it. (HostConfig.CTQuota 0 is no quota.)
+const DefaultCTQuota = DefaultMapEntries
 
 // ErrMapFull is wrapped by every error caused by a full BPF map.
 var ErrMapFull = errors.New("bpf map full")
@@ -169,6 +175,8 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 	switch {
 	case cfg.MapEntries < 0:
 		return nil, fmt.Errorf("ebpf: mapEntries %d must be positive", cfg.MapEntries)
+	case cfg.CTQuota < 0 || cfg.CTQuota > math.MaxUint32:
+		return nil, fmt.Errorf("ebpf: ctQuota %d out of range (0 = no quota)", cfg.CTQuota)
 	case cfg.VXLANPort < 0 || cfg.VXLANPort > 65535:
 		return nil, fmt.Errorf("ebpf: vxlanPort %d out of range", cfg.VXLANPort)
 	case cfg.VTEP.IsValid() && !cfg.VTEP.Is4():
@@ -239,7 +247,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
 		if ms, ok := spec.Maps[m]; ok {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}
@@ -345,6 +353,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.removeForeignPins(spec)
 	d.ctgc = newCTGC(d.objs.CbCt, d.ctgcEvery)
 	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}
+	d.ctgc.owned = d.objs.CbCtOwned
 	go d.ctgc.run()
 	return nil
 }
@@ -417,6 +426,7 @@ func (d *Driver) writeConfig() error {
 		c.DnsIp = ip4(d.cfg.DNSIP)
 	}
 	c.VxlanPort = nport(uint16(d.cfg.VXLANPort))
+	c.CtQuota = uint32(d.cfg.CTQuota)
 	if d.sockLB != "" {
 		c.NetnsCookie = d.netnsCookie
 	}
@@ -670,7 +680,7 @@ func (d *Driver) mapField(name string) **ebpf.Map {
 		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
 		{contivbpfMapCbBackends, &d.objs.CbBackends}, {contivbpfMapCbVips, &d.objs.CbVips},
 		{contivbpfMapCbRoutes, &d.objs.CbRoutes}, {contivbpfMapCbEvents, &d.objs.CbEvents},
-		{contivbpfMapCbFrags, &d.objs.CbFrags},
+		{contivbpfMapCbFrags, &d.objs.CbFrags}, {contivbpfMapCbCtOwned, &d.objs.CbCtOwned},
 	} {
 		if p.name == name {
 			return p.p
@@ -688,7 +698,7 @@ func (d *Driver) allMaps() []namedMap {
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
 		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
 		{contivbpfMapCbRoutes, d.objs.CbRoutes}, {contivbpfMapCbEvents, d.objs.CbEvents},
-		{contivbpfMapCbFrags, d.objs.CbFrags},
+		{contivbpfMapCbFrags, d.objs.CbFrags}, {contivbpfMapCbCtOwned, d.objs.CbCtOwned},
 	}
 }
 

@@ -92,16 +92,22 @@ func icmpEcho(src, dst netip.Addr, typ uint8, id uint16) []byte {
 	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
 }
 
-func setFeatures(t *testing.T, objs *contivbpfObjects, f uint32) {
+// editConfig changes the config map's entry with edit.
+func editConfig(t *testing.T, objs *contivbpfObjects, edit func(*contivbpfCbConfig)) {
 	t.Helper()
 	var cfg contivbpfCbConfig
 	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Features = f
+	edit(&cfg)
 	if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func setFeatures(t *testing.T, objs *contivbpfObjects, f uint32) {
+	t.Helper()
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.Features = f })
 	if err := objs.CbFeatures.Set(f); err != nil { // what the programs read
 		t.Fatal(err)
 	}

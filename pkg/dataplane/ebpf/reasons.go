@@ -62,6 +62,7 @@ const (
 	DropHostNoRoute       = Reason(contivbpfCbReasonCB_DROP_HOST_NO_ROUTE)
 	DropNoRoute           = Reason(contivbpfCbReasonCB_DROP_NO_ROUTE)
 	DropNetpol            = Reason(contivbpfCbReasonCB_DROP_NETPOL)
+	DropCTQuota           = Reason(contivbpfCbReasonCB_DROP_CT_QUOTA)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -121,6 +122,7 @@ var reasonNames = map[Reason]string{
 	DropHostNoRoute:       "drop_host_no_route",
 	DropNoRoute:           "drop_no_route",
 	DropNetpol:            "drop_netpol",
+	DropCTQuota:           "drop_ct_quota",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -1,0 +1,226 @@
+package ebpf
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// setCTQuota writes the per-endpoint conntrack quota into the config (0: none).
+func setCTQuota(t *testing.T, objs *contivbpfObjects, quota uint32) {
+	t.Helper()
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.CtQuota = quota })
+}
+
+// expireCT sets the deadline of the entry under k in m (a conntrack table) to long ago.
+func expireCT(t *testing.T, m *ebpf.Map, k contivbpfCbCtKey) {
+	t.Helper()
+	var v contivbpfCbCtEntry
+	if err := m.Lookup(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	v.Expires = 1
+	if err := m.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ctOwned reads the conntrack count of an owner slot.
+func ctOwned(t *testing.T, objs *contivbpfObjects, slot uint32) uint32 {
+	t.Helper()
+	var c contivbpfCbCtCount
+	if err := objs.CbCtOwned.Lookup(slot, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Count
+}
+
+// The per-endpoint quota: past it an endpoint's new flows are refused (drop_ct_quota),
+// its established flows and the other endpoints' flows pass, repeated openings of one flow
+// take the quota once, and the collector's recount frees what entries went away.
+func TestConntrackQuota(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	a, b := testSlot(srcIP), testSlot(localIP)
+	setCTQuota(t, objs, 2)
+	wantCount := func(slot, want uint32) {
+		t.Helper()
+		if got := ctOwned(t, objs, slot); got != want {
+			t.Fatalf("slot %d holds %d entries, want %d", slot, got, want)
+		}
+	}
+
+	// A (the sender, srcIP) opens two flows: both entries are A's.
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 41001, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	for _, p := range []struct {
+		proto uint8
+		sport uint16
+		dport uint16
+	}{{6, 41000, 443}, {17, 41001, 53}} {
+		if e, ok := ctEntry(t, objs, testZone, p.proto, srcIP, remoteIP, p.sport, p.dport); !ok || uint32(e.Owner) != a {
+			t.Fatalf("flow %d/%d: entry %+v (found %v), want owner %d", p.proto, p.sport, e, ok, a)
+		}
+	}
+	wantCount(a, 2)
+
+	// The third is refused, and leaves no entry; a bare ACK of an unknown flow too.
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41002, 443, tcpSYN, 0), nil).expect(t, tcActShot, DropCTQuota)
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 41003, 53, 0, 0), nil).expect(t, tcActShot, DropCTQuota)
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41004, 443, tcpACK, 0), nil).expect(t, tcActShot, DropCTQuota)
+	for _, sport := range []uint16{41002, 41004} {
+		if _, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, sport, 443); ok {
+			t.Fatalf("a refused flow (port %d) left an entry", sport)
+		}
+	}
+	wantCount(a, 2)
+
+	// A's flows keep passing: retransmitted SYNs (also one that reopens the entry after a
+	// policy change) take no more quota; the reply establishes the flow.
+	for i := 0; i < 5; i++ {
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	setEpoch(t, objs, 7)
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	wantCount(a, 2)
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 443, 41000, tcpSYN|tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41000, 443, tcpACK, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 41001, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	wantCount(a, 2)
+
+	// B (localIP, receiving from the overlay) has a quota of its own.
+	run(t, objs, ov, l4Frame(17, remoteIP, localIP, 5000, 53, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	if e, ok := ctEntry(t, objs, testZone, 17, remoteIP, localIP, 5000, 53); !ok || uint32(e.Owner) != b {
+		t.Fatalf("B's flow: entry %+v (found %v), want owner %d", e, ok, b)
+	}
+	wantCount(b, 1)
+	wantCount(a, 2)
+
+	// One of A's entries goes (as a datapath deletion would, unseen by the count): the
+	// collector's recount gives A room for one more flow.
+	k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(remoteIP), Sport: nport(41001), Dport: nport(53), Proto: 17}
+	if err := objs.CbCt.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	// A stale count on a slot no entry names is reset too.
+	if err := objs.CbCtOwned.Put(uint32(9), &contivbpfCbCtCount{Count: 5}); err != nil {
+		t.Fatal(err)
+	}
+	g := newCTGC(objs.CbCt, time.Hour)
+	g.owned = objs.CbCtOwned
+	if _, err := g.pass(); err != nil {
+		t.Fatal(err)
+	}
+	wantCount(a, 1)
+	wantCount(b, 1)
+	wantCount(9, 0)
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41002, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	wantCount(a, 2)
+	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41005, 443, tcpSYN, 0), nil).expect(t, tcActShot, DropCTQuota)
+
+	// Expired entries are not counted by the recount.
+	expireCT(t, objs.CbCt, contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(remoteIP), Sport: nport(41002), Dport: nport(443), Proto: 6})
+	if _, err := g.pass(); err != nil {
+		t.Fatal(err)
+	}
+	wantCount(a, 1)
+
+	// Quota 0: no limit (the count still follows).
+	setCTQuota(t, objs, 0)
+	for i := uint16(0); i < 3; i++ {
+		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41010+i, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	wantCount(a, 4)
+}
+
+// A service flow holds two entries of its client's (client→backend and client→VIP); the
+// quota is checked when the flow opens, so it may end one past it.
+func TestConntrackQuotaService(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.101")
+	putTestService(t, objs, 2, vip, 53, 17, 5353, remoteIP)
+	fc := objs.CbFromContainer
+	a := testSlot(srcIP)
+	setCTQuota(t, objs, 3)
+
+	run(t, objs, fc, l4Frame(17, srcIP, vip, 42000, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	if got := ctOwned(t, objs, a); got != 2 {
+		t.Fatalf("one service flow: %d entries counted, want 2", got)
+	}
+	if e, ok := ctEntry(t, objs, testZone, 17, srcIP, vip, 42000, 53); !ok || uint32(e.Owner) != a {
+		t.Fatalf("client→VIP entry %+v (found %v), want owner %d", e, ok, a)
+	}
+	run(t, objs, fc, l4Frame(17, srcIP, vip, 42000, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, fc, l4Frame(17, srcIP, vip, 42001, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	if got := ctOwned(t, objs, a); got != 4 {
+		t.Fatalf("two service flows: %d entries counted, want 4", got)
+	}
+	run(t, objs, fc, l4Frame(17, srcIP, vip, 42002, 53, 0, 0), nil).expect(t, tcActShot, DropCTQuota)
+	if _, ok := ctEntry(t, objs, testZone, 17, srcIP, vip, 42002, 53); ok {
+		t.Fatal("a refused service flow left its client→VIP entry")
+	}
+	g := newCTGC(objs.CbCt, time.Hour)
+	g.owned = objs.CbCtOwned
+	if _, err := g.pass(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ctOwned(t, objs, a); got != 4 {
+		t.Fatalf("recount: %d entries, want 4", got)
+	}
+}
+
+// A slot handed out starts at 0 entries, and the counts are sized like the slots.
+func TestConntrackQuotaDriver(t *testing.T) {
+	requireRoot(t)
+	objs := loadTestObjects(t)
+	d := &Driver{objs: *objs, slots: map[uint32]string{}, mapFull: map[string]uint64{}}
+	if err := objs.CbCtOwned.Put(uint32(1), &contivbpfCbCtCount{Count: 42}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.allocSlot("ep")
+	if err != nil || s != 1 {
+		t.Fatalf("allocSlot = %d, %v; want 1", s, err)
+	}
+	if got := ctOwned(t, objs, s); got != 0 {
+		t.Fatalf("a new slot holds %d entries, want 0", got)
+	}
+	if objs.CbCtOwned.MaxEntries() != objs.CbEpCounters.MaxEntries() {
+		t.Fatalf("%s has %d entries, %s %d", contivbpfMapCbCtOwned, objs.CbCtOwned.MaxEntries(), contivbpfMapCbEpCounters, objs.CbEpCounters.MaxEntries())
+	}
+}
+
+// The driver writes HostConfig.CTQuota into cb_config (a restart changes it) and refuses a
+// negative one.
+func TestConntrackQuotaConfig(t *testing.T) {
+	h := newOneHost(t)
+	quota := func() uint32 {
+		t.Helper()
+		var c contivbpfCbConfig
+		if err := h.d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.CtQuota
+	}
+	if q := quota(); q != 0 {
+		t.Fatalf("quota %d without CTQuota, want 0", q)
+	}
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.CTQuota = 3
+	h.d = h.start(t)
+	if q := quota(); q != 3 {
+		t.Fatalf("quota %d, want 3", q)
+	}
+	bad := h.cfg
+	bad.CTQuota = -1
+	if d, err := New(context.Background(), bad); err == nil {
+		_ = d.Close()
+		t.Fatal("New accepted CTQuota -1")
+	}
+}
