@@ -420,7 +420,6 @@ int cb_from_container(struct __sk_buff *skb)
 	void *data, *data_end;
 	struct ethhdr *eth;
 	struct cb_iface *ifc;
-	__u32 ifindex = skb->ifindex;
 	int r;
 
 	/* Few locals here: this frame sits under every stage's (512 bytes in all). */
@@ -430,7 +429,7 @@ int cb_from_container(struct __sk_buff *skb)
 	eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
-	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	ifc = cb_iface_get(skb->ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
 	/* A container speaks only with its own MAC (its IPv4 source and ARP sender are checked
@@ -732,7 +731,7 @@ static __noinline int cb_native_rx(struct __sk_buff *skb)
 	/* An endpoint address from here on: natively routed in, or never (the stack would
 	 * forward it around policy when ip_forward is on). */
 	ifindex = hr->ifindex;
-	ifc = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	ifc = cb_iface_of(ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UPLINK_TO_ENDPOINT);
 	nk = ifc->net;

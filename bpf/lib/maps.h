@@ -126,6 +126,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_endpoints SEC(".maps");
 
+/* The interface table: a host-side veth's entry by its ifindex. Every packet from a
+ * container starts with this lookup, so ifindexes below CB_IFACE_DIRECT (a host's first
+ * ~32,000 veths) live in cb_iface_direct, an array the verifier inlines (a hash lookup
+ * was a fifth of the local forward path); an array entry is in use when its ip is set
+ * (an endpoint's address is never 0.0.0.0). Larger ifindexes, and entries an earlier build
+ * wrote, live in cb_ifaces; the agent moves those below the limit into the array at start
+ * (pkg/dataplane/ebpf/ifaces.go). */
+#define CB_IFACE_DIRECT 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CB_IFACE_DIRECT);
+	__type(key, __u32); /* ifindex of the host-side veth */
+	__type(value, struct cb_iface);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_iface_direct SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, CB_DEFAULT_ENTRIES);
@@ -133,6 +150,45 @@ struct {
 	__type(value, struct cb_iface);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ifaces SEC(".maps");
+
+/* cb_iface_of returns the interface table's entry of ifindex (0: none). */
+CB_INLINE struct cb_iface *cb_iface_of(__u32 ifindex)
+{
+	struct cb_iface *ifc;
+
+	if (ifindex < CB_IFACE_DIRECT) {
+		ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
+		if (ifc && ifc->ip)
+			return ifc;
+	}
+	return bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+}
+
+/* The interface entry of the packet being handled, per CPU (a packet's programs run to
+ * the end on one CPU): cb_iface_get copies it here so that the stages below see one kind
+ * of pointer whichever map the entry came from (two would double the verifier's work on
+ * everything below, and a copy on the stack does not fit under the stages' frames). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_iface);
+} cb_iface_scratch SEC(".maps");
+
+/* cb_iface_get returns a copy of the interface table's entry of ifindex (0: none). */
+CB_INLINE struct cb_iface *cb_iface_get(__u32 ifindex)
+{
+	struct cb_iface *ifc = cb_iface_of(ifindex), *out;
+	__u32 zero = 0;
+
+	if (!ifc)
+		return 0;
+	out = bpf_map_lookup_elem(&cb_iface_scratch, &zero);
+	if (!out)
+		return 0;
+	__builtin_memcpy(out, ifc, sizeof(*out));
+	return out;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

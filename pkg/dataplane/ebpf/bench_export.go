@@ -117,7 +117,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	setIface := func(nw uint32, ip netip.Addr) {
 		ifc := contivbpfCbIface{Net: nw, Ip: ip4(ip), Slot: slotOf(ip)}
 		copy(ifc.Mac[:], dataplane.ContivMAC(ip))
-		put(objs.CbIfaces, uint32(loIf), &ifc)
+		errs = append(errs, objs.ifaceTable().put(uint32(loIf), &ifc, nil))
 	}
 	setIface(vxNet, src)
 	errs = append(errs, rf.SetDest(local, peerIf, dataplane.ContivMAC(local)))
@@ -173,10 +173,9 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			v.Epg = g
 			errs = append(errs, objs.CbEndpoints.Put(&k, &v))
 		}
-		var ifc contivbpfCbIface
-		if objs.CbIfaces.Lookup(uint32(loIf), &ifc) == nil { // absent in the unknown-iface case
+		if ifc, err := objs.ifaceTable().lookup(uint32(loIf)); err == nil { // absent in the unknown-iface case
 			ifc.Epg = srcEPG
-			errs = append(errs, objs.CbIfaces.Put(uint32(loIf), &ifc))
+			errs = append(errs, objs.ifaceTable().put(uint32(loIf), &ifc, nil))
 		}
 		errs = append(errs, objs.CbFeatures.Set(uint32(features)))
 		return errors.Join(errs...)
@@ -251,7 +250,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	for _, c := range cases {
 		switch {
 		case c.noIf:
-			errs = append(errs, objs.CbIfaces.Delete(uint32(loIf)))
+			errs = append(errs, objs.ifaceTable().del(uint32(loIf)))
 		case c.vlan:
 			setIface(vlanNet, vsrc)
 		default:

@@ -48,12 +48,12 @@ func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.A
 
 func setZone(t *testing.T, objs *contivbpfObjects, zone uint32) {
 	t.Helper()
-	var ifc contivbpfCbIface
-	if err := objs.CbIfaces.Lookup(uint32(loIfindex), &ifc); err != nil {
+	ifc, err := objs.ifaceTable().lookup(uint32(loIfindex))
+	if err != nil {
 		t.Fatal(err)
 	}
 	ifc.Vrf = zone
-	if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+	if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 		t.Fatal(err)
 	}
 	var n contivbpfCbNetwork
@@ -253,7 +253,7 @@ func TestConntrackFull(t *testing.T) {
 	spec.Maps[contivbpfMapCbCt].MaxEntries = 3
 	repl := map[string]*ebpf.Map{contivbpfMapCbCt: small}
 	for name, m := range map[string]*ebpf.Map{
-		contivbpfMapCbIfaces: objs.CbIfaces, contivbpfMapCbEndpoints: objs.CbEndpoints, contivbpfMapCbNetworks: objs.CbNetworks,
+		contivbpfMapCbIfaces: objs.CbIfaces, contivbpfMapCbIfaceDirect: objs.CbIfaceDirect, contivbpfMapCbEndpoints: objs.CbEndpoints, contivbpfMapCbNetworks: objs.CbNetworks,
 		contivbpfMapCbCfg: objs.CbCfg, contivbpfMapCbPeers: objs.CbPeers, contivbpfMapCbPolicies: objs.CbPolicies,
 		contivbpfMapCbEpgs: objs.CbEpgs, contivbpfMapCbReasons: objs.CbReasons, contivbpfMapCbEpCounters: objs.CbEpCounters,
 	} {

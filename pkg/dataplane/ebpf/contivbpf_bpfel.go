@@ -581,6 +581,8 @@ const (
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbHostSvcs         = "cb_host_svcs"
+	contivbpfMapCbIfaceDirect      = "cb_iface_direct"
+	contivbpfMapCbIfaceScratch     = "cb_iface_scratch"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbKpods            = "cb_kpods"
 	contivbpfMapCbKsets            = "cb_ksets"
@@ -673,36 +675,38 @@ type contivbpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
-	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
-	CbBgpRoutes  *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
-	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
-	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
-	CbCtOwned    *ebpf.MapSpec `ebpf:"cb_ct_owned"`
-	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
-	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
-	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
-	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
-	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
-	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
-	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
-	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
-	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbKpods      *ebpf.MapSpec `ebpf:"cb_kpods"`
-	CbKsets      *ebpf.MapSpec `ebpf:"cb_ksets"`
-	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
-	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
-	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
-	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
-	CbPeerFlows  *ebpf.MapSpec `ebpf:"cb_peer_flows"`
-	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
-	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
-	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
-	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
-	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
-	CbSnat       *ebpf.MapSpec `ebpf:"cb_snat"`
-	CbSnatRev    *ebpf.MapSpec `ebpf:"cb_snat_rev"`
-	CbVerdicts   *ebpf.MapSpec `ebpf:"cb_verdicts"`
-	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbBackends     *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbBgpRoutes    *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
+	CbCfg          *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt           *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbCtOwned      *ebpf.MapSpec `ebpf:"cb_ct_owned"`
+	CbEndpoints    *ebpf.MapSpec `ebpf:"cb_endpoints"`
+	CbEpCounters   *ebpf.MapSpec `ebpf:"cb_ep_counters"`
+	CbEpgs         *ebpf.MapSpec `ebpf:"cb_epgs"`
+	CbEvents       *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFrags        *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHostIps      *ebpf.MapSpec `ebpf:"cb_host_ips"`
+	CbHostRoutes   *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbHostSvcs     *ebpf.MapSpec `ebpf:"cb_host_svcs"`
+	CbIfaceDirect  *ebpf.MapSpec `ebpf:"cb_iface_direct"`
+	CbIfaceScratch *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
+	CbIfaces       *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKpods        *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsets        *ebpf.MapSpec `ebpf:"cb_ksets"`
+	CbMembers      *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags     *ebpf.MapSpec `ebpf:"cb_nat_frags"`
+	CbNetworks     *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbNodeports    *ebpf.MapSpec `ebpf:"cb_nodeports"`
+	CbPeerFlows    *ebpf.MapSpec `ebpf:"cb_peer_flows"`
+	CbPeers        *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies     *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbReasons      *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes       *ebpf.MapSpec `ebpf:"cb_routes"`
+	CbServices     *ebpf.MapSpec `ebpf:"cb_services"`
+	CbSnat         *ebpf.MapSpec `ebpf:"cb_snat"`
+	CbSnatRev      *ebpf.MapSpec `ebpf:"cb_snat_rev"`
+	CbVerdicts     *ebpf.MapSpec `ebpf:"cb_verdicts"`
+	CbVips         *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -744,36 +748,38 @@ func (o *contivbpfObjects) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
-	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
-	CbBgpRoutes  *ebpf.Map `ebpf:"cb_bgp_routes"`
-	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
-	CbCt         *ebpf.Map `ebpf:"cb_ct"`
-	CbCtOwned    *ebpf.Map `ebpf:"cb_ct_owned"`
-	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
-	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
-	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
-	CbEvents     *ebpf.Map `ebpf:"cb_events"`
-	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
-	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
-	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
-	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
-	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
-	CbKpods      *ebpf.Map `ebpf:"cb_kpods"`
-	CbKsets      *ebpf.Map `ebpf:"cb_ksets"`
-	CbMembers    *ebpf.Map `ebpf:"cb_members"`
-	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
-	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
-	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
-	CbPeerFlows  *ebpf.Map `ebpf:"cb_peer_flows"`
-	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
-	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
-	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
-	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
-	CbServices   *ebpf.Map `ebpf:"cb_services"`
-	CbSnat       *ebpf.Map `ebpf:"cb_snat"`
-	CbSnatRev    *ebpf.Map `ebpf:"cb_snat_rev"`
-	CbVerdicts   *ebpf.Map `ebpf:"cb_verdicts"`
-	CbVips       *ebpf.Map `ebpf:"cb_vips"`
+	CbBackends     *ebpf.Map `ebpf:"cb_backends"`
+	CbBgpRoutes    *ebpf.Map `ebpf:"cb_bgp_routes"`
+	CbCfg          *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt           *ebpf.Map `ebpf:"cb_ct"`
+	CbCtOwned      *ebpf.Map `ebpf:"cb_ct_owned"`
+	CbEndpoints    *ebpf.Map `ebpf:"cb_endpoints"`
+	CbEpCounters   *ebpf.Map `ebpf:"cb_ep_counters"`
+	CbEpgs         *ebpf.Map `ebpf:"cb_epgs"`
+	CbEvents       *ebpf.Map `ebpf:"cb_events"`
+	CbFrags        *ebpf.Map `ebpf:"cb_frags"`
+	CbHostIps      *ebpf.Map `ebpf:"cb_host_ips"`
+	CbHostRoutes   *ebpf.Map `ebpf:"cb_host_routes"`
+	CbHostSvcs     *ebpf.Map `ebpf:"cb_host_svcs"`
+	CbIfaceDirect  *ebpf.Map `ebpf:"cb_iface_direct"`
+	CbIfaceScratch *ebpf.Map `ebpf:"cb_iface_scratch"`
+	CbIfaces       *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKpods        *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsets        *ebpf.Map `ebpf:"cb_ksets"`
+	CbMembers      *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags     *ebpf.Map `ebpf:"cb_nat_frags"`
+	CbNetworks     *ebpf.Map `ebpf:"cb_networks"`
+	CbNodeports    *ebpf.Map `ebpf:"cb_nodeports"`
+	CbPeerFlows    *ebpf.Map `ebpf:"cb_peer_flows"`
+	CbPeers        *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies     *ebpf.Map `ebpf:"cb_policies"`
+	CbReasons      *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes       *ebpf.Map `ebpf:"cb_routes"`
+	CbServices     *ebpf.Map `ebpf:"cb_services"`
+	CbSnat         *ebpf.Map `ebpf:"cb_snat"`
+	CbSnatRev      *ebpf.Map `ebpf:"cb_snat_rev"`
+	CbVerdicts     *ebpf.Map `ebpf:"cb_verdicts"`
+	CbVips         *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfMaps) Close() error {
@@ -791,6 +797,8 @@ func (m *contivbpfMaps) Close() error {
 		m.CbHostIps,
 		m.CbHostRoutes,
 		m.CbHostSvcs,
+		m.CbIfaceDirect,
+		m.CbIfaceScratch,
 		m.CbIfaces,
 		m.CbKpods,
 		m.CbKsets,

@@ -720,7 +720,7 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	if from.local {
 		ifc := contivbpfCbIface{Net: from.net, Ip: ip4(from.ip), Epg: from.epg, Vrf: from.zone, Slot: uint32(10 + s.from)}
 		copy(ifc.Mac[:], dataplane.ContivMAC(from.ip))
-		if err := w.objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+		if err := w.objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 			t.Fatal(err)
 		}
 		res = run(t, w.objs, w.objs.CbFromContainer, pkt, nil)
@@ -958,6 +958,7 @@ func TestDifferential(t *testing.T) {
 		if at < 0 {
 			continue
 		}
+		t.Logf("seed %d: datapath and model differ at step %d: %s (shrinking the sequence)", seed, at, diff)
 		short := shrink(t, steps[:at+1])
 		var b strings.Builder
 		for i, s := range short {

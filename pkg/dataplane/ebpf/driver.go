@@ -344,8 +344,19 @@ func (d *Driver) open(ctx context.Context) error {
 		d.legacyMetrics = m
 		defer func() { m.Close(); d.legacyMetrics = nil }()
 	}
+	// An earlier build kept every interface in the hash: entries with a place in the array
+	// are copied there before the endpoints' links get this build's programs, and the
+	// hash copies go once they all have them.
+	if n, err := d.ifaces().promote(); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	} else if n > 0 {
+		d.log.Info("interface entries moved to the direct table", "entries", n)
+	}
 	if err := d.adoptEndpoints(ctx); err != nil {
 		return err
+	}
+	if err := d.ifaces().dropShadowed(); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
 	}
 	if err := d.finishMigrations(migrations); err != nil {
 		return err
@@ -580,11 +591,9 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 	return nil
 }
 
-// readIface reads the cb_ifaces entry of a host-side veth.
+// readIface reads the interface table's entry of a host-side veth.
 func (d *Driver) readIface(ifindex uint32) (contivbpfCbIface, error) {
-	var ifc contivbpfCbIface
-	err := d.objs.CbIfaces.Lookup(ifindex, &ifc)
-	return ifc, err
+	return d.ifaces().lookup(ifindex)
 }
 
 // Name implements dataplane.Driver.
@@ -675,6 +684,7 @@ func (d *Driver) mapField(name string) **ebpf.Map {
 	}{
 		{contivbpfMapCbCfg, &d.objs.CbCfg}, {contivbpfMapCbEndpoints, &d.objs.CbEndpoints},
 		{contivbpfMapCbEpCounters, &d.objs.CbEpCounters}, {contivbpfMapCbIfaces, &d.objs.CbIfaces},
+		{contivbpfMapCbIfaceDirect, &d.objs.CbIfaceDirect},
 		{contivbpfMapCbNetworks, &d.objs.CbNetworks}, {contivbpfMapCbPeers, &d.objs.CbPeers},
 		{contivbpfMapCbReasons, &d.objs.CbReasons}, {contivbpfMapCbCt, &d.objs.CbCt},
 		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
@@ -693,6 +703,7 @@ func (d *Driver) allMaps() []namedMap {
 	return []namedMap{
 		{contivbpfMapCbCfg, d.objs.CbCfg}, {contivbpfMapCbEndpoints, d.objs.CbEndpoints},
 		{contivbpfMapCbEpCounters, d.objs.CbEpCounters}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
+		{contivbpfMapCbIfaceDirect, d.objs.CbIfaceDirect},
 		{contivbpfMapCbNetworks, d.objs.CbNetworks}, {contivbpfMapCbPeers, d.objs.CbPeers},
 		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
 		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},

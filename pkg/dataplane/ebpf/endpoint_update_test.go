@@ -50,9 +50,8 @@ func TestEndpointUpdateRefusedKeepsOld(t *testing.T) {
 	if int(v.Ifindex) != l.Attrs().Index || v.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) == 0 {
 		t.Errorf("cb_endpoints entry of %s = %+v", a.IP, v)
 	}
-	var ifc contivbpfCbIface
-	if err := h.d.objs.CbIfaces.Lookup(uint32(l.Attrs().Index), &ifc); err != nil || ifc.Ip != ip4(a.IP) {
-		t.Errorf("cb_ifaces entry of %s: %+v, %v", a.HostIfName, ifc, err)
+	if ifc, err := h.d.readIface(uint32(l.Attrs().Index)); err != nil || ifc.Ip != ip4(a.IP) {
+		t.Errorf("interface entry of %s: %+v, %v", a.HostIfName, ifc, err)
 	}
 	st, err := h.d.Status(ctx)
 	if err != nil {

@@ -45,12 +45,12 @@ func TestNativeRouting(t *testing.T) {
 	for ifindex, ip := range map[uint32]netip.Addr{loIfindex: vsrc, peerIfindex: vloc} {
 		ifc := contivbpfCbIface{Net: vnet, Ip: ip4(ip), Vrf: testZone}
 		copy(ifc.Mac[:], dataplane.ContivMAC(ip))
-		must(objs.CbIfaces.Put(ifindex, &ifc))
+		must(objs.ifaceTable().put(ifindex, &ifc, nil))
 		must(objs.CbHostRoutes.Put(ip4(ip), &contivbpfCbHostRoute{Ifindex: ifindex}))
 	}
 	// An endpoint of the VXLAN network, homed here: never routed in from the uplink.
 	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(localIP), Vrf: testZone}
-	must(objs.CbIfaces.Put(uint32(notNativeIf), &ifc))
+	must(objs.ifaceTable().put(uint32(notNativeIf), &ifc, nil))
 	must(objs.CbHostRoutes.Put(ip4(localIP), &contivbpfCbHostRoute{Ifindex: notNativeIf}))
 	var cfg contivbpfCbConfig
 	must(objs.CbCfg.Lookup(uint32(0), &cfg))

@@ -452,7 +452,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		if created {
 			d.detachTCX(ep.HostIfName)
 			_ = d.nl.LinkDel(host)
-			_ = mapDel(d.objs.CbIfaces, uint32(ifindex))
+			_ = d.ifaces().del(uint32(ifindex))
 			_ = mapDel(d.objs.CbEndpoints, &key)
 			_ = d.dropRoute(key.Net, key.Ip)
 		}
@@ -498,7 +498,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.putRoute(nr, ep.IP); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
-	if err := d.mapPut(contivbpfMapCbIfaces, d.objs.CbIfaces, uint32(ifindex), &ifc); err != nil {
+	if err := d.ifaces().put(uint32(ifindex), &ifc, d.mapPut); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
@@ -590,7 +590,7 @@ func (d *Driver) deleteEndpoint(ik string) error {
 			errs = append(errs, fmt.Errorf("delete route: %w", err))
 		}
 	}
-	if err := mapDel(d.objs.CbIfaces, uint32(r.ifindex)); err != nil {
+	if err := d.ifaces().del(uint32(r.ifindex)); err != nil {
 		errs = append(errs, fmt.Errorf("delete iface entry: %w", err))
 	}
 	if err := d.dropHostRoute(ik, addrFrom(r.key.Ip)); err != nil {

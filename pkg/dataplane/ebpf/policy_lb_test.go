@@ -125,12 +125,12 @@ func setEPG(t *testing.T, objs *contivbpfObjects, ip netip.Addr, epg uint16) {
 		t.Fatal(err)
 	}
 	if ip == srcIP {
-		var ifc contivbpfCbIface
-		if err := objs.CbIfaces.Lookup(uint32(loIfindex), &ifc); err != nil {
+		ifc, err := objs.ifaceTable().lookup(uint32(loIfindex))
+		if err != nil {
 			t.Fatal(err)
 		}
 		ifc.Epg = epg
-		if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

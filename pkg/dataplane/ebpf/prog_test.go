@@ -97,7 +97,7 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *conti
 		Tag: 10, Mtu: 1500, Encap: uint8(contivbpfCbEncapCB_ENCAP_VLAN), Vrf: testZone}))
 	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 	copy(ifc.Mac[:], dataplane.ContivMAC(srcIP))
-	must(objs.CbIfaces.Put(uint32(loIfindex), &ifc))
+	must(objs.ifaceTable().put(uint32(loIfindex), &ifc, nil))
 	put := func(ip netip.Addr, v contivbpfCbEndpoint) {
 		copy(v.Mac[:], dataplane.ContivMAC(ip))
 		k := contivbpfCbEpKey{Net: testNet, Ip: ip4(ip)}
@@ -389,21 +389,61 @@ func TestFromContainer(t *testing.T) {
 		})
 	}
 	t.Run("unknown-iface", func(t *testing.T) {
-		if err := objs.CbIfaces.Delete(uint32(loIfindex)); err != nil {
+		if err := objs.ifaceTable().del(uint32(loIfindex)); err != nil {
 			t.Fatal(err)
 		}
 		defer func() {
 			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 			copy(ifc.Mac[:], srcMAC)
-			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
+			_ = objs.ifaceTable().put(uint32(loIfindex), &ifc, nil)
 		}()
 		run(t, objs, prog, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, tcActShot, DropUnknownIface)
+	})
+	// The interface table (ifaces.go): the array's entry, else the hash's; an array entry
+	// without an IP is a free place, never a match; the array shadows the hash.
+	t.Run("iface-table", func(t *testing.T) {
+		good := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
+		copy(good.Mac[:], srcMAC)
+		other := good
+		other.Mac = [6]byte{0x02, 0xee, 0, 0, 0, 1}                                  // the packet's MAC is not this entry's
+		free := contivbpfCbIface{Net: testNet, Slot: testSlot(srcIP), Mac: good.Mac} // no IP
+		defer func() {
+			_ = objs.ifaceTable().del(uint32(loIfindex))
+			_ = objs.ifaceTable().put(uint32(loIfindex), &good, nil)
+		}()
+		for _, c := range []struct {
+			name         string
+			direct, hash *contivbpfCbIface
+			ret          uint32
+			reason       Reason
+		}{
+			{"array", &good, nil, tcActRedirect, FwdLocal},
+			{"hash-only (an earlier build's entry)", nil, &good, tcActRedirect, FwdLocal},
+			{"free array place falls back to the hash", &free, &good, tcActRedirect, FwdLocal},
+			{"free array place and no hash entry", &free, nil, tcActShot, DropUnknownIface},
+			{"array shadows the hash", &other, &good, tcActShot, DropSpoofedSrc},
+			{"array shadows the hash (the other way)", &good, &other, tcActRedirect, FwdLocal},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				err := objs.ifaceTable().del(uint32(loIfindex))
+				if err == nil && c.direct != nil {
+					err = objs.CbIfaceDirect.Put(uint32(loIfindex), c.direct)
+				}
+				if err == nil && c.hash != nil {
+					err = objs.CbIfaces.Put(uint32(loIfindex), c.hash)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				run(t, objs, prog, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, c.ret, c.reason)
+			})
+		}
 	})
 	t.Run("vlan-remote-no-uplink", func(t *testing.T) {
 		vsrc, vdst := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.9")
 		ifc := contivbpfCbIface{Net: 1<<24 | 10, Ip: ip4(vsrc), Vrf: testZone}
 		copy(ifc.Mac[:], dataplane.ContivMAC(vsrc))
-		if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 			t.Fatal(err)
 		}
 		k := contivbpfCbEpKey{Net: 1<<24 | 10, Ip: ip4(vdst)}
@@ -413,7 +453,7 @@ func TestFromContainer(t *testing.T) {
 		defer func() {
 			ifc := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 			copy(ifc.Mac[:], srcMAC)
-			_ = objs.CbIfaces.Put(uint32(loIfindex), &ifc)
+			_ = objs.ifaceTable().put(uint32(loIfindex), &ifc, nil)
 		}()
 		run(t, objs, prog, ipFrame(vsrc, vdst, ipOpts{}), nil).expect(t, tcActShot, DropNoUplink)
 	})
@@ -713,7 +753,7 @@ func TestVLAN(t *testing.T) {
 	put(vrem, contivbpfCbEndpoint{Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)})
 	ifc := contivbpfCbIface{Net: vnet, Ip: ip4(vsrc)}
 	copy(ifc.Mac[:], dataplane.ContivMAC(vsrc))
-	if err := objs.CbIfaces.Put(uint32(loIfindex), &ifc); err != nil {
+	if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 		t.Fatal(err)
 	}
 	var cfg contivbpfCbConfig

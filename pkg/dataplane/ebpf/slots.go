@@ -69,8 +69,8 @@ func (d *Driver) adoptSlot(r *epRec, ifindex uint32, ifc contivbpfCbIface) error
 		}
 	}
 	ifc.Slot = s
-	if err := d.objs.CbIfaces.Update(ifindex, &ifc, ebpf.UpdateExist); err != nil {
-		return fmt.Errorf("endpoint %s: write counter slot to %s: %w", r.id, contivbpfMapCbIfaces, err)
+	if err := d.ifaces().put(ifindex, &ifc, d.mapPut); err != nil {
+		return fmt.Errorf("endpoint %s: write counter slot to its interface entry: %w", r.id, err)
 	}
 	var ep contivbpfCbEndpoint
 	err = d.objs.CbEndpoints.Lookup(&r.key, &ep)

@@ -194,14 +194,10 @@ func (d *Driver) dumpTables() (Tables, error) {
 		a, b := t.Endpoints[i], t.Endpoints[j]
 		return a.Network < b.Network || a.Network == b.Network && a.IP < b.IP
 	})
-	var ik uint32
-	var iv contivbpfCbIface
-	it = d.objs.CbIfaces.Iterate()
-	for it.Next(&ik, &iv) {
+	if err := d.ifaces().each(func(ik uint32, iv contivbpfCbIface) {
 		t.Ifaces = append(t.Ifaces, IfaceEntry{Ifindex: ik, Network: iv.Net, IP: addrFrom(iv.Ip).String(), MAC: macOf(iv.Mac), Generation: iv.Generation})
-	}
-	if err := it.Err(); err != nil {
-		return t, fmt.Errorf("ebpf: dump %s: %w", contivbpfMapCbIfaces, err)
+	}); err != nil {
+		return t, fmt.Errorf("ebpf: %w", err)
 	}
 	sort.Slice(t.Ifaces, func(i, j int) bool { return t.Ifaces[i].Ifindex < t.Ifaces[j].Ifindex })
 	var nk uint32

@@ -236,22 +236,15 @@ func (d *Driver) sweepMaps() []error {
 		errs = appendErr(errs, mapDel(d.objs.CbEndpoints, &k))
 	}
 
-	var (
-		ik uint32
-		iv contivbpfCbIface
-	)
 	var staleIf []uint32
-	it = d.objs.CbIfaces.Iterate()
-	for it.Next(&ik, &iv) {
+	ifs := d.ifaces()
+	errs = appendErr(errs, ifs.each(func(ik uint32, iv contivbpfCbIface) {
 		if iv.Generation != d.gen {
 			staleIf = append(staleIf, ik)
 		}
-	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("iterate %s: %w", contivbpfMapCbIfaces, err))
-	}
+	}))
 	for _, k := range staleIf {
-		errs = appendErr(errs, mapDel(d.objs.CbIfaces, k))
+		errs = appendErr(errs, ifs.del(k))
 	}
 
 	var (

@@ -43,7 +43,7 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 // traceScratch are the maps a packet writes: a trace gets private copies.
 var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: true, contivbpfMapCbNatFrags: true,
 	contivbpfMapCbReasons: true, contivbpfMapCbEpCounters: true, contivbpfMapCbVerdicts: true, contivbpfMapCbEvents: true,
-	contivbpfMapCbIfaces: true}
+	contivbpfMapCbIfaces: true, contivbpfMapCbIfaceDirect: true}
 
 // liveMaps names the driver's maps by their ELF names.
 func (d *Driver) liveMaps() map[string]*ebpf.Map {
@@ -72,9 +72,9 @@ func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	if err := req.Validate(); err != nil {
 		return res, err
 	}
-	var ifc contivbpfCbIface
-	if err := d.objs.CbIfaces.Lookup(uint32(src.ifindex), &ifc); err != nil {
-		return res, fmt.Errorf("trace: interface of %s not in cb_ifaces: %w", req.From, err)
+	ifc, err := d.readIface(uint32(src.ifindex))
+	if err != nil {
+		return res, fmt.Errorf("trace: interface of %s: %w", req.From, err)
 	}
 	srcIP := addrFrom(src.key.Ip)
 	var srcMAC net.HardwareAddr = ifc.Mac[:]
@@ -127,7 +127,7 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 			if !ok || traceScratch[name] {
 				if name == contivbpfMapCbCt {
 					ms.MaxEntries = 4096
-				} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
+				} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbIfaceDirect || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
 					ms.MaxEntries = 64
 				}
 				continue
@@ -201,7 +201,8 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 	}
 	// The test run receives on the caller's loopback: the source interface is found there.
 	if ifc != nil {
-		if err := coll.Maps[contivbpfMapCbIfaces].Put(uint32(loopbackIfindex), ifc); err != nil {
+		scratch := ifaceTable{direct: coll.Maps[contivbpfMapCbIfaceDirect], hashed: coll.Maps[contivbpfMapCbIfaces]}
+		if err := scratch.put(uint32(loopbackIfindex), ifc, d.mapPut); err != nil {
 			return r, fmt.Errorf("trace: scratch interface: %w", err)
 		}
 	}

@@ -224,11 +224,19 @@ func TestUpgradeMapLayout(t *testing.T) {
 		if v != w {
 			t.Errorf("endpoint %v after upgrade = %+v, want %+v", ip, v, w)
 		}
-		var ifc contivbpfCbIface
-		if err := d.objs.CbIfaces.Lookup(o.Ifindex, &ifc); err != nil {
+		if ifc, err := d.readIface(o.Ifindex); err != nil {
 			t.Errorf("iface of %v after upgrade: %v", ip, err)
 		} else if wi := (contivbpfCbIface{Net: netKey(h.net), Ip: ip4(ip), Mac: o.Mac, Epg: o.Epg, Generation: o.Generation, Slot: v.Slot}); ifc != wi {
 			t.Errorf("iface of %v after upgrade = %+v, want %+v", ip, ifc, wi)
+		}
+		// The earlier build kept interfaces in the hash: moved into the array, hash copy gone.
+		var direct contivbpfCbIface
+		if err := d.objs.CbIfaceDirect.Lookup(o.Ifindex, &direct); err != nil || direct.Ip != ip4(ip) {
+			t.Errorf("iface of %v (ifindex %d) not in %s after upgrade: %+v, %v", ip, o.Ifindex, contivbpfMapCbIfaceDirect, direct, err)
+		}
+		var hashed contivbpfCbIface
+		if err := d.objs.CbIfaces.Lookup(o.Ifindex, &hashed); err == nil {
+			t.Errorf("iface of %v still in %s after upgrade: %+v", ip, contivbpfMapCbIfaces, hashed)
 		}
 	}
 	var nv contivbpfCbNetwork
@@ -337,7 +345,7 @@ func TestMapEntriesResize(t *testing.T) {
 	if n := countEntries(t, d.objs.CbEndpoints); n != 2 {
 		t.Errorf("%d endpoint entries after resize, want 2", n)
 	}
-	if n := countEntries(t, d.objs.CbIfaces); n != 2 {
+	if n := countIfaces(t, d); n != 2 {
 		t.Errorf("%d iface entries after resize, want 2", n)
 	}
 	if got := linkIDs(t, d); !equalIDs(got, links) {

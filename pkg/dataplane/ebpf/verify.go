@@ -149,24 +149,20 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 			v.add(contivbpfMapCbEndpoints, name[k], "missing", "no map entry")
 		}
 	}
-	var ik uint32
-	var ig contivbpfCbIface
 	iseen := map[uint32]bool{}
-	it = d.objs.CbIfaces.Iterate()
-	for it.Next(&ik, &ig) {
+	v.iterErr(d.ifaces().each(func(ik uint32, ig contivbpfCbIface) {
 		iseen[ik] = true
 		e, ok := ifWant[ik]
 		if !ok {
 			v.add(contivbpfMapCbIfaces, "ifindex "+strconv.Itoa(int(ik)), "extra", fmt.Sprintf("ip %v", addrFrom(ig.Ip)))
-			continue
+			return
 		}
 		ig.Generation = 0
 		if ig != e {
 			v.add(contivbpfMapCbIfaces, ifName[ik], "different", fmt.Sprintf("map: ip %v mac %s epg %d; want ip %v mac %s epg %d",
 				addrFrom(ig.Ip), macOf(ig.Mac), ig.Epg, addrFrom(e.Ip), macOf(e.Mac), e.Epg))
 		}
-	}
-	v.iterErr(it.Err(), contivbpfMapCbIfaces)
+	}), contivbpfMapCbIfaces)
 	for k := range ifWant {
 		if !iseen[k] {
 			v.add(contivbpfMapCbIfaces, ifName[k], "missing", "no map entry")
