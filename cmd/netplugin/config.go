@@ -45,7 +45,7 @@ func flags() []cli.Flag {
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
-		&cli.IntFlag{Name: "ct-quota-per-endpoint", EnvVars: env("CT_QUOTA_PER_ENDPOINT"), Value: ebpf.DefaultCTQuota, Usage: "ebpf: conntrack entries one local endpoint may hold (default: a quarter of the table); past it its new flows are dropped (drop_ct_quota); 0 = no quota"},
+		&cli.IntFlag{Name: "ct-quota-per-endpoint", EnvVars: env("CT_QUOTA_PER_ENDPOINT"), Value: ebpf.DefaultCTQuota, Usage: "conntrack entries one local endpoint may hold (ebpf; default: a quarter of the table); past it its new flows are dropped (drop_ct_quota); ovs: each tenant's conntrack zone is limited to this times its endpoints on the host; 0 = no quota"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
 		&cli.StringFlag{Name: "bpffs-root", EnvVars: env("BPFFS_ROOT"), Value: "/sys/fs/bpf/contivbpf", Usage: "bpffs directory; pins go to <root>/<host>"},
 		&cli.StringFlag{Name: "ovs-dir", EnvVars: env("OVS_DIR"), Usage: "ovs: directory of a private ovsdb-server/ovs-vswitchd (default /run/contivbpf/ovs/<host>)"},

@@ -30,6 +30,7 @@ const (
 	DropPolicy        = "drop_policy"
 	DropNetpol        = "drop_netpol" // the Kubernetes NetworkPolicy layer
 	DropCTFull        = "drop_ct_full"
+	DropCTQuota       = "drop_ct_quota" // the owner holds its per-endpoint quota of entries
 	DropFragNoFirst   = "drop_frag_no_first"
 	DropNoBackend     = "drop_no_backend"
 	DropFragToService = "drop_frag_to_service"
@@ -116,6 +117,7 @@ type ModelEntry struct {
 	Expires time.Duration // live while now <= Expires
 	SvcID   uint32        // SVC entries: the service id
 	Hairpin bool          // DNAT entries: the client is its own backend (key VIP:cport → client)
+	Owner   uint16        // counter slot of the local endpoint the entry counts against (0: none)
 }
 
 type epKey struct {
@@ -156,6 +158,11 @@ type fragRec struct {
 //     SVC. Whichever stage writes a key overwrites what is there; overwriting an existing key
 //     (live or expired) never fails, inserting a new key into a full table does.
 //   - A TCP SYN that policy denies deletes the forward flow entry, live or expired.
+//   - An untracked TCP SYN (no ACK) that is not balanced deletes a CLOSING DNAT flow entry at
+//     its key, live or expired (cb_ct_reuse).
+//   - A client's packets balanced to itself (hairpin), and its packets that are replies of
+//     such a flow (the reversed key has a live Hairpin DNAT entry), are never judged,
+//     whichever entry they then use (the datapath's t.hairpin).
 //   - "Entry used": the forward entry if live, else the live reverse entry, else the entry the
 //     algorithm wrote. A DNATed packet sets DNAT and the VIP on the entry used only if it is
 //     the forward (client→backend) key; the flags of an entry are otherwise kept, except that
@@ -183,6 +190,18 @@ type fragRec struct {
 //     DeleteEndpoint also forgets the address's group; fragment records are not flushed.
 //   - GC deletes expired table entries (returned count) and expired fragment records (not
 //     counted). The epoch starts at 0. Clock starts at 0; Expires is a time since then.
+//   - Per-endpoint quota (docs/conntrack.md "Per-endpoint quota"): every entry records an
+//     owner, the counter slot (SetSlot) of the local endpoint it counts against: the sender
+//     of a FromLocal packet, else the receiver; 0 (none) when that address has no slot or a
+//     slot past 65535. Writing an entry under a key not held by an entry of the same owner
+//     (live or expired, flow or SVC) counts one against that owner, and with a quota
+//     (SetCTQuota, 0 none) is refused first while the owner's count is at the quota
+//     (drop_ct_quota, checked before the table's capacity). Overwriting an entry of the same
+//     owner neither checks nor counts. The SVC entry of a service flow counts but is never
+//     refused; rewriting a live one keeps its owner. Counts only grow: entries that expire or
+//     are deleted (policy, tuple reuse, DeleteEndpoint, a service gone) still count until GC,
+//     which recounts the entries it leaves, per owner (the agent's collector). SetSlot zeroes
+//     the slot's count (a slot handed out).
 type Model struct {
 	// Choose picks the backend for a new or re-balanced service flow among cands (never
 	// empty). The differential test sets it to return what the real datapath picked.
@@ -190,6 +209,9 @@ type Model struct {
 	Choose func(cands []netip.Addr) netip.Addr
 
 	capacity int
+	quota    uint32            // per-endpoint conntrack quota (0: none)
+	slots    map[epKey]uint32  // counter slots of local endpoints
+	owned    map[uint16]uint32 // entries counted per owner slot (cb_ct_owned)
 	now      time.Duration
 	epoch    uint32
 	sets     []dataplane.PolicySet
@@ -207,6 +229,8 @@ type Model struct {
 func NewModel(capacity int) *Model {
 	return &Model{
 		capacity: capacity,
+		slots:    map[epKey]uint32{},
+		owned:    map[uint16]uint32{},
 		rules:    map[uint16]bool{},
 		denyAll:  map[uint16]bool{},
 		eps:      map[epKey]uint16{},
@@ -228,11 +252,57 @@ func (m *Model) SetEndpoint(zone uint32, ip netip.Addr, epg uint16) {
 	m.eps[k] = epg
 }
 
-// DeleteEndpoint forgets the address and deletes every table entry with it on either side
-// of the key in that zone.
+// SetSlot makes the address in zone a local endpoint with counter slot slot (0: not local,
+// no slot). The slot's conntrack count starts at 0 (the driver zeroes a slot it hands out).
+func (m *Model) SetSlot(zone uint32, ip netip.Addr, slot uint32) {
+	k := epKey{zone, ip.Unmap()}
+	if slot == 0 {
+		delete(m.slots, k)
+		return
+	}
+	m.slots[k] = slot
+	if o := ctOwner(slot); o != 0 {
+		delete(m.owned, o)
+	}
+}
+
+// SetCTQuota sets the per-endpoint conntrack quota (0: none).
+func (m *Model) SetCTQuota(q uint32) { m.quota = q }
+
+// CTCount is the conntrack count of an owner slot (cb_ct_owned), as the datapath checks it.
+func (m *Model) CTCount(slot uint32) uint32 {
+	o := ctOwner(slot)
+	if o == 0 {
+		return 0
+	}
+	return m.owned[o]
+}
+
+// ctOwner is the owner an entry records for counter slot s (cb_ct_owner): entries hold 16
+// bits, a slot past them is not counted.
+func ctOwner(s uint32) uint16 {
+	if s < 0x10000 {
+		return uint16(s)
+	}
+	return 0
+}
+
+// ownerOf is the owner of the entries packet p writes: its sender's slot when a local
+// container sent it, else its (local) receiver's.
+func (m *Model) ownerOf(p ModelPacket) uint16 {
+	ip := p.Dst
+	if p.FromLocal {
+		ip = p.Src
+	}
+	return ctOwner(m.slots[epKey{p.Zone, ip}])
+}
+
+// DeleteEndpoint forgets the address (its group and slot) and deletes every table entry with
+// it on either side of the key in that zone (their owner's count keeps them until GC).
 func (m *Model) DeleteEndpoint(zone uint32, ip netip.Addr) {
 	ip = ip.Unmap()
 	delete(m.eps, epKey{zone, ip})
+	delete(m.slots, epKey{zone, ip})
 	for k, e := range m.ct {
 		// Its flows, and the service flows balanced to it (they re-balance).
 		if k.Zone == zone && (k.Src == ip || k.Dst == ip || (e.SVC && e.NAT.Addr() == ip)) {
@@ -288,13 +358,20 @@ func (m *Model) DeleteService(id uint32) { delete(m.svcs, id) }
 // Advance moves the clock.
 func (m *Model) Advance(d time.Duration) { m.now += d }
 
-// GC deletes expired entries and returns how many table entries it deleted.
+// GC deletes expired entries and returns how many table entries it deleted; then it
+// recounts the entries left per owner (the collector's sweep).
 func (m *Model) GC() int {
 	n := 0
 	for k, e := range m.ct {
 		if m.now > e.Expires {
 			delete(m.ct, k)
 			n++
+		}
+	}
+	m.owned = map[uint16]uint32{}
+	for _, e := range m.ct {
+		if e.Owner != 0 {
+			m.owned[e.Owner]++
 		}
 	}
 	for k, r := range m.frags {
@@ -327,13 +404,23 @@ func (m *Model) group(zone uint32, ip netip.Addr) uint16 { return m.eps[epKey{zo
 
 func (m *Model) groupTracked(epg uint16) bool { return m.rules[epg] || m.denyAll[epg] }
 
-// put writes e at k; a new key fails when the table is full.
-func (m *Model) put(k FlowKey, e ModelEntry) bool {
-	if _, ok := m.ct[k]; !ok && len(m.ct) >= m.capacity {
-		return false
+// insert writes e at k (cb_ct_insert): "" or the drop reason. An entry taking a key not
+// held by an entry of its owner counts against the owner, refused first (quota, 0: none)
+// while the owner is at it; a new key fails when the table is full; overwriting never does.
+func (m *Model) insert(k FlowKey, e ModelEntry, quota uint32) string {
+	old, exists := m.ct[k]
+	counts := e.Owner != 0 && (!exists || old.Owner != e.Owner)
+	if counts && quota != 0 && m.owned[e.Owner] >= quota {
+		return DropCTQuota
+	}
+	if !exists && len(m.ct) >= m.capacity {
+		return DropCTFull
 	}
 	m.ct[k] = e
-	return true
+	if counts {
+		m.owned[e.Owner]++
+	}
+	return ""
 }
 
 // flow returns the live flow (non-SVC) entry at k.
@@ -540,8 +627,8 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	replyDNAT = replyDNAT && rev.DNAT
 	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) && p.Proto == protoTCP && p.SYN && !p.ACK {
 		// A direct connection reusing the tuple of a closed service flow to the same
-		// backend does not inherit its entry (cb_ct_reuse).
-		if e, ok := m.flow(k); ok && e.DNAT && e.State == CTClosing {
+		// backend does not inherit its entry (cb_ct_reuse): live or expired, it goes.
+		if e, ok := m.ct[k]; ok && !e.SVC && e.DNAT && e.State == CTClosing {
 			delete(m.ct, k)
 		}
 	}
@@ -552,12 +639,19 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	res := ModelResult{Tracked: true}
 	var used FlowKey
 	var haveUsed bool
-	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip, hairpin)
+	owner := m.ownerOf(p)
+	// A client talking to itself through its service is not judged: its balanced packets
+	// and the replies of such a flow (whatever entry they then use).
+	self := hairpin || (p.FromLocal && isReplyFirst && revFirst.Hairpin)
+	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip, hairpin, self, owner)
 	trackPass := res.Pass
 	if res.Pass && isSvc && haveUsed {
-		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID}
-		if !m.put(svcKey, e) {
-			res.Pass, res.Reason = false, DropCTFull
+		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID, Owner: owner}
+		if cur, ok := m.svcEntry(svcKey); ok {
+			e.Owner = cur.Owner // rewritten in place
+			m.ct[svcKey] = e
+		} else if why := m.insert(svcKey, e, 0); why != "" {
+			res.Pass, res.Reason = false, why
 		}
 	}
 	fk := fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}
@@ -628,7 +722,11 @@ func (m *Model) laterFragment(p ModelPacket) ModelResult {
 // track is the conntrack algorithm of docs/conntrack.md for one tracked packet with flow
 // key k (post-DNAT). dnat says the packet was DNATed from vip. It returns the verdict and
 // the key of the entry the packet used or wrote, if any.
-func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, hairpin bool) (bool, string, FlowKey, bool) {
+func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, hairpin, self bool, owner uint16) (bool, string, FlowKey, bool) {
+	judge := m.judge
+	if self {
+		judge = func(FlowKey) string { return "" }
+	}
 	tcp := k.Proto == protoTCP
 	syn := tcp && p.SYN && !p.ACK
 	closing := tcp && (p.FIN || p.RST)
@@ -647,7 +745,7 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 			m.ct[k] = fwd
 			return true, "", k, true
 		}
-		if why := m.judge(k); why != "" {
+		if why := judge(k); why != "" {
 			if e, ok := m.ct[k]; ok && !e.SVC {
 				delete(m.ct, k)
 			}
@@ -657,10 +755,10 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 			// A direct SYN on a live service flow's tuple does not take its entry over.
 			return true, "", k, false
 		}
-		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
+		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew), Owner: owner}
 		mark(&e)
-		if !m.put(k, e) {
-			return false, DropCTFull, k, false
+		if why := m.insert(k, e, m.quota); why != "" {
+			return false, why, k, false
 		}
 		return true, "", k, true
 	}
@@ -673,7 +771,7 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 	}
 	if found {
 		if e.Epoch != m.epoch {
-			if why := m.judge(ek); why != "" {
+			if why := judge(ek); why != "" {
 				delete(m.ct, ek)
 				return false, why, ek, false
 			}
@@ -693,16 +791,16 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		return true, "", ek, true
 	}
 
-	if why := m.judge(k); why != "" {
+	if why := judge(k); why != "" {
 		return false, why, k, false
 	}
 	if closing || (k.Proto == protoICMP && p.ICMPType != 8) {
 		return true, "", k, false // passes, no entry
 	}
-	e = ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew)}
+	e = ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew), Owner: owner}
 	mark(&e)
-	if !m.put(k, e) {
-		return false, DropCTFull, k, false
+	if why := m.insert(k, e, m.quota); why != "" {
+		return false, why, k, false
 	}
 	return true, "", k, true
 }

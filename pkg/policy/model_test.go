@@ -534,3 +534,119 @@ func TestModelScenarios(t *testing.T) {
 		})
 	}
 }
+
+// TestModelQuota: the per-endpoint conntrack quota (docs/conntrack.md "Per-endpoint
+// quota"): entries count against the local sender's slot, or the receiver's; a new key is
+// refused at the quota (before the table's capacity), established flows and reopenings
+// of an owner's own keys are not; counts only grow until GC recounts; a service flow
+// counts twice; a slot past 65535 is not counted.
+func TestModelQuota(t *testing.T) {
+	dropQuota := ModelResult{Reason: DropCTQuota, Tracked: true}
+	m := NewModel(6)
+	m.SetEndpoint(1, mA, 1)
+	m.SetEndpoint(1, mB, 1)
+	m.SetPolicy([]dataplane.PolicySet{{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "any", Priority: 1, Action: dataplane.ActionAllow}}}})
+	m.SetSlot(1, mA, 5)
+	m.SetSlot(1, mB, 6)
+	m.SetCTQuota(2)
+	step := 0
+	send := func(p *ModelPacket, want ModelResult) {
+		t.Helper()
+		step++
+		if got := m.Packet(*p); got != want {
+			t.Fatalf("step %d: Packet(%+v) = %+v, want %+v", step, *p, got, want)
+		}
+	}
+	count := func(slot, want uint32) {
+		t.Helper()
+		if got := m.CTCount(slot); got != want {
+			t.Fatalf("after step %d: slot %d counts %d, want %d", step, slot, got, want)
+		}
+	}
+	owner := func(k FlowKey, want uint16) {
+		t.Helper()
+		if e, ok := m.Lookup(k); !ok || e.Owner != want {
+			t.Fatalf("after step %d: entry at %+v = %+v (%v), want owner %d", step, k, e, ok, want)
+		}
+	}
+
+	// A (local, slot 5) opens two flows to C: both are A's.
+	send(local(udpPkt(1, mA, 1, mC, 53)), passT)
+	send(local(udpPkt(1, mA, 2, mC, 53)), passT)
+	owner(fk(1, mA, 1, mC, 53, 17), 5)
+	count(5, 2)
+	// At the quota: new keys are refused (a bare ACK too), no entry written.
+	send(local(udpPkt(1, mA, 3, mC, 53)), dropQuota)
+	send(local(tcpPkt(1, mA, 4, mC, 80, "A")), dropQuota)
+	wantNone(fk(1, mA, 3, mC, 53, 17))(t, m)
+	count(5, 2)
+	// Its flows keep working, in both directions and after a policy change.
+	send(local(udpPkt(1, mA, 1, mC, 53)), passT)
+	send(udpPkt(1, mC, 53, mA, 1), passT)
+	m.BumpEpoch()
+	send(local(udpPkt(1, mA, 2, mC, 53)), passT)
+	count(5, 2)
+	// From outside, the local receiver's slot counts: B (slot 6) has its own quota.
+	send(udpPkt(1, mC, 7, mB, 53), passT)
+	owner(fk(1, mC, 7, mB, 53, 17), 6)
+	count(6, 1)
+	// Expired entries still count until GC; reopening one's own key neither checks nor
+	// counts (also at the quota).
+	m.Advance(61 * time.Second)
+	send(local(udpPkt(1, mA, 1, mC, 53)), passT)
+	send(local(udpPkt(1, mA, 9, mC, 53)), dropQuota)
+	count(5, 2)
+	if n := m.GC(); n != 2 {
+		t.Fatalf("GC deleted %d, want 2 (A's flow 2, B's)", n)
+	}
+	count(5, 1)
+	count(6, 0)
+	send(local(udpPkt(1, mA, 9, mC, 53)), passT)
+	count(5, 2)
+
+	// A deleted entry (policy deny on re-judge) counts until GC too.
+	m.SetDenyAll(1, true)
+	send(local(udpPkt(1, mA, 9, mC, 53)), dropPol)
+	wantNone(fk(1, mA, 9, mC, 53, 17))(t, m)
+	count(5, 2)
+	m.GC()
+	count(5, 1)
+	m.SetDenyAll(1, false)
+
+	// The quota is checked before the capacity (6 entries: A's one and B's five).
+	m.SetCTQuota(0) // no quota: counting goes on
+	for p := uint16(20); p < 25; p++ {
+		send(local(udpPkt(1, mB, p, mC, 53)), passT)
+	}
+	count(6, 5)
+	count(5, 1)
+	send(local(udpPkt(1, mA, 30, mC, 53)), dropFul)
+	m.SetCTQuota(1)
+	send(local(udpPkt(1, mA, 30, mC, 53)), dropQuota)
+	m.SetCTQuota(2)
+	send(local(udpPkt(1, mA, 30, mC, 53)), dropFul)
+
+	// A service flow holds two entries of its client's (the client→VIP one is never
+	// refused): at a quota of 3 the client ends one past it.
+	m = NewModel(100)
+	m.SetSlot(1, mA, 5)
+	svcSetup(mBE1)(m)
+	m.SetCTQuota(3)
+	send(local(tcpPkt(1, mA, 1000, mVIP, 80, "S")), ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)})
+	owner(fk(1, mA, 1000, mVIP, 80, 6), 5)
+	count(5, 2)
+	send(local(tcpPkt(1, mA, 1001, mVIP, 80, "S")), ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)})
+	count(5, 4)
+	send(local(tcpPkt(1, mA, 1002, mVIP, 80, "S")), dropQuota)
+	wantNone(fk(1, mA, 1002, mVIP, 80, 6))(t, m)
+	count(5, 4)
+
+	// A slot past 65535 is not counted (owner 0): never refused. A slot handed out starts
+	// at 0.
+	m.SetSlot(1, mA, 0x10005)
+	send(local(tcpPkt(1, mA, 1003, mVIP, 80, "S")), ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)})
+	owner(fk(1, mA, 1003, mVIP, 80, 6), 0)
+	count(0x10005, 0)
+	m.SetSlot(1, mA, 5)
+	count(5, 0)
+}

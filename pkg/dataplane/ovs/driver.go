@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/netip"
 	"path/filepath"
 	"reflect"
@@ -85,9 +86,11 @@ type Driver struct {
 	svcIDs map[string]uint32 // service LB key → stable id (selector register)
 	vrfIDs map[string]uint32 // tenant → VRF id and conntrack zone (persisted, vrf.go)
 	comp   *compiled         // the installed pipeline, per unit (units.go)
-	gen    uint16
-	conn   *ofConn
-	wire   *underlay
+	// ctLimits are the conntrack zone limits vswitchd holds (ctlimit.go; nil: not read yet).
+	ctLimits map[uint16]uint32
+	gen      uint16
+	conn     *ofConn
+	wire     *underlay
 	// monitoring and allowEvents: a drop event stream is open (and wants allowed flows
 	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
 	monitoring, allowEvents bool
@@ -99,6 +102,9 @@ type Driver struct {
 	monMu   sync.Mutex
 	monRaw  chan []byte // packet-ins for the open stream (nil: none)
 	monLost atomic.Uint64
+
+	limMu      sync.Mutex
+	limTenants map[uint16]string // limited zone → tenant (metrics.go)
 }
 
 var _ dataplane.Driver = (*Driver)(nil)
@@ -121,6 +127,9 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	}
 	if host.FwdMode == "" {
 		host.FwdMode = dataplane.FwdBridge
+	}
+	if host.CTQuota < 0 || host.CTQuota > math.MaxUint32 {
+		return nil, fmt.Errorf("ovs: ctQuota %d out of range (0 = no limit)", host.CTQuota)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -370,7 +379,11 @@ func (d *Driver) repair(ctx context.Context) error {
 	if d.monitoring && d.meter {
 		d.setMeter(ctx, true) // a new vswitchd has none; flows refer to it
 	}
-	return d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs})
+	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
+		return err
+	}
+	d.ctLimits = nil // a new vswitchd has none either
+	return d.applyCTLimits(ctx)
 }
 
 // resync installs the full pipeline for st atomically: every flow is (re)added with the
@@ -698,6 +711,7 @@ func (d *Driver) apply(ctx context.Context, old, st *dataplane.Index, full bool,
 		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep))
 	}
 	d.state = st
+	errs = append(errs, d.applyCTLimits(ctx)) // endpoints and tenants move the zones' limits
 	return true, errors.Join(errs...)
 }
 
@@ -1087,6 +1101,7 @@ func (d *Driver) Teardown(ctx context.Context) error {
 	for _, ep := range d.state.Endpoints {
 		errs = append(errs, unplumbEndpoint(d.host.NetNS, ep))
 	}
+	errs = append(errs, d.removeCTLimits(ctx))
 	errs = append(errs, d.db.deleteBridge(ctx, d.opts.Bridge))
 	if d.wire != nil {
 		errs = append(errs, d.db.deleteBridge(ctx, d.opts.UnderlayBridge))
@@ -1104,7 +1119,9 @@ func (d *Driver) Teardown(ctx context.Context) error {
 }
 
 // Counters are the driver's numeric counters for the agent's /metrics: packets matched
-// per pipeline table (one flow-stats request), the generation and the service ports.
+// per pipeline table (one flow-stats request), the generation, the service ports, and
+// drop_ct_quota: new connections dropped because conntrack refused their commit (a
+// tenant zone at its limit, or a full table; ctlimit.go).
 func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	d.mu.Lock()
 	gen, svcPorts := d.gen, len(d.comp.serviceKeys())
@@ -1113,9 +1130,13 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts), "monitor_events_lost": float64(d.monLost.Load())}
+	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts), "monitor_events_lost": float64(d.monLost.Load()),
+		"drop_ct_quota": 0}
 	for _, s := range stats {
 		out["packets_"+tableID(s.Table).String()] += float64(s.Packets)
+		if tableID(s.Table) == tCTCheck && s.Priority == 0 {
+			out["drop_ct_quota"] += float64(s.Packets) // commits conntrack refused (ctlimit.go)
+		}
 	}
 	return out, nil
 }

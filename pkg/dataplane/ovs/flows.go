@@ -48,8 +48,8 @@ func pipelineFields() (plain, masked []string) {
 		plain = append(plain, fmt.Sprintf("NXM_NX_REG%d", i))
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
-		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA")
-	return plain, []string{"NXM_NX_TCP_FLAGS"}
+		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK")
+	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK"}
 }
 
 // resolveFields looks the named fields up in libOpenflow.
@@ -243,6 +243,17 @@ func (f *flow) ctState(text string, set, unset []int) *flow {
 		ctSet(s, b, false)
 	}
 	return f.m(of.NewCTStateMatchField(s), "ct_state="+text)
+}
+
+// ctMark matches the conntrack mark's bits in mask.
+func (f *flow) ctMark(v, mask uint32) *flow {
+	h := f.hdr("NXM_NX_CT_MARK/mask")
+	if h == nil {
+		return f
+	}
+	h.Value = &of.Uint32Message{Data: v}
+	h.Mask = &of.Uint32Message{Data: mask}
+	return f.m(h, fmt.Sprintf("ct_mark=%#x/%#x", v, mask))
 }
 
 func ctSet(s *of.CTStates, bit int, on bool) {

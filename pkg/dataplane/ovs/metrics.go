@@ -23,6 +23,10 @@ var (
 		"Established connections flushed because a policy change denies them.", nil, nil)
 	descRejudgeErrors = prometheus.NewDesc("contiv_datapath_ct_rejudge_errors_total",
 		"Re-judge passes that failed (conntrack not readable, or a flush refused).", nil, nil)
+	descCTZoneEntries = prometheus.NewDesc("contiv_datapath_ct_zone_entries",
+		"Connections a tenant's conntrack zone holds against its limit (dpctl/ct-get-limits; counted from when the limit was set).", []string{"tenant"}, nil)
+	descCTZoneLimit = prometheus.NewDesc("contiv_datapath_ct_zone_limit",
+		"Conntrack limit of a tenant's zone: --ct-quota-per-endpoint times its endpoints on this host; new connections past it are dropped (drop_ct_quota).", []string{"tenant"}, nil)
 	descScrapeErr = prometheus.NewDesc("contiv_datapath_scrape_errors",
 		"1 when the datapath counters could not be read on this scrape.", nil, nil)
 )
@@ -39,7 +43,7 @@ func (d *Driver) Collector() prometheus.Collector { return ovsCollector{d: d} }
 type ovsCollector struct{ d *Driver }
 
 func (c ovsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCTEntries, descCTCapacity, descRejudgeRuns, descRejudgeCut, descRejudgeErrors, descScrapeErr} {
+	for _, d := range []*prometheus.Desc{descCTEntries, descCTCapacity, descCTZoneEntries, descCTZoneLimit, descRejudgeRuns, descRejudgeCut, descRejudgeErrors, descScrapeErr} {
 		ch <- d
 	}
 }
@@ -59,6 +63,22 @@ func (c ovsCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.GaugeValue, n)
+	}
+	if zones := c.d.limitedZones(); len(zones) > 0 {
+		ids := make([]string, 0, len(zones))
+		for z := range zones {
+			ids = append(ids, strconv.Itoa(int(z)))
+		}
+		out, err := c.d.appctl(ctx, "dpctl/ct-get-limits", "zone="+strings.Join(ids, ","))
+		if err != nil {
+			failed = 1
+		}
+		for z, l := range parseCTLimits(out) {
+			if t, ok := zones[z]; ok {
+				ch <- prometheus.MustNewConstMetric(descCTZoneEntries, prometheus.GaugeValue, float64(l.count), t)
+				ch <- prometheus.MustNewConstMetric(descCTZoneLimit, prometheus.GaugeValue, float64(l.limit), t)
+			}
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, failed)
 	ch <- prometheus.MustNewConstMetric(descRejudgeRuns, prometheus.CounterValue, float64(c.d.ct.runs.Load()))

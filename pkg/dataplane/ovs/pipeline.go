@@ -27,6 +27,7 @@ const (
 	tServiceLB      tableID = 30 // new connections to a tenant's VIP:port → 5-tuple hash picks a backend
 	tServiceDNAT    tableID = 31 // commit DNAT to the chosen backend
 	tServiceBackend tableID = 32 // (service, hash choice) → backend address and port
+	tCTCheck        tableID = 33 // after a commit: refused by conntrack (zone limit, full table) → drop
 	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
 	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
 	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
@@ -37,7 +38,7 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -55,6 +56,8 @@ func (t tableID) String() string {
 		return "service_dnat"
 	case tServiceBackend:
 		return "service_backend"
+	case tCTCheck:
+		return "ct_check"
 	case tSrcEPG:
 		return "src_epg"
 	case tDstEPG:
@@ -393,7 +396,30 @@ func (pl *pipeline) baseFlows() []*flow {
 		pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3),
 	}
 	flows = append(flows, pl.commitFlows()...)
+	flows = append(flows, pl.ctCheckFlows()...)
 	return append(flows, pl.newFlow(tL3, 0), pl.newFlow(tOutput, 0))
+}
+
+// ctMarkCommitted is the ct_mark bit every commit of a tenant's connection sets (exec in
+// its ct action): the commit's recirculation into ct_check carries it only when conntrack
+// took the connection. The userspace datapath lets a packet whose commit it refused (the
+// zone at its dpctl/ct-set-limits limit, or the table at ct-get-maxconns) go on as an
+// untracked new one; without the check it would pass with no entry (and its replies
+// would be judged as new connections of their own).
+const ctMarkCommitted = 1
+
+// ctCheckFlows drop the packets whose commit conntrack refused (ct_mark without
+// ctMarkCommitted after the commit): a service connection's (DNAT committed, regFlags
+// bit 1) goes on to be classified, any other to l3_rewrite, as before the check.
+func (pl *pipeline) ctCheckFlows() []*flow {
+	committed := func(prio int) *flow {
+		return pl.newFlow(tCTCheck, prio).ip().ctMark(ctMarkCommitted, ctMarkCommitted)
+	}
+	return []*flow{
+		pl.newFlow(tCTCheck, 0), // refused: drop (drop_ct_quota)
+		committed(100).regBits(regFlags, 1, 1, 1).goTo(tSrcEPG),
+		committed(90).goTo(tL3),
+	}
 }
 
 // networkFlows: traffic of network n from other hosts (VNI or VLAN tag) and ARP for its
@@ -553,9 +579,9 @@ func (pl *pipeline) commitFlows() []*flow {
 	}
 	return []*flow{
 		pl.newFlow(tCommit, 0).goTo(tL3),
-		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromVRF(-1, true, nil, "").goTo(tL3),
+		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromVRF(int(tCTCheck), true, nil, ""),
 		newConn(105).proto(6).goTo(tL3),
-		newConn(100).ctZoneFromVRF(-1, true, nil, "").goTo(tL3),
+		newConn(100).ctZoneFromVRF(int(tCTCheck), true, nil, ""),
 	}
 }
 
@@ -663,7 +689,7 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		nat.SetRangeProtoMax(&pt)
 		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
 			loadBits(regFlags, 1, 1, 1).
-			ctZoneFromVRF(int(tSrcEPG), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+			ctZoneFromVRF(int(tCTCheck), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
 		if hz, ok := hairpinZone(v); ok && local[b] {
 			// The client was balanced to itself: commit the SNAT to the VIP.
 			snat := of.NewNXActionCTNAT()
@@ -739,7 +765,8 @@ func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
 		output(of.P_IN_PORT)
 }
 
-// ctZoneFromVRF adds ct() with the zone taken from the VRF register.
+// ctZoneFromVRF adds ct() with the zone taken from the VRF register. A commit (of a
+// tenant's connection) also sets ctMarkCommitted, for ct_check.
 func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
 	zone := f.hdr(fmt.Sprintf("NXM_NX_REG%d", regVRF))
 	if zone == nil {
@@ -750,8 +777,16 @@ func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natT
 		nat = of.NewNXActionCTNAT()
 		natText = "nat"
 	}
-	return f.ct(of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15)), fmt.Sprintf("zone=reg%d[0..15]", regVRF),
-		table, commit, nat, natText)
+	a := of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15))
+	f.ct(a, fmt.Sprintf("zone=reg%d[0..15]", regVRF), table, commit, nat, natText)
+	if commit {
+		if mark := f.hdr("NXM_NX_CT_MARK"); mark != nil {
+			a.AddAction(of.NewNXActionRegLoad(of.NewNXRange(0, 0).ToOfsBits(), mark, ctMarkCommitted))
+			i := len(f.actText) - 1
+			f.actText[i] = strings.TrimSuffix(f.actText[i], ")") + fmt.Sprintf(",exec(load:%d->NXM_NX_CT_MARK[0]))", ctMarkCommitted)
+		}
+	}
+	return f
 }
 
 // ctZone adds ct() in a fixed zone (a tenant's hairpin zone).

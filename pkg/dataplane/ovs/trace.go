@@ -350,6 +350,8 @@ func dropReason(t tableID, etherType uint16) string {
 		return "drop_not_ipv4"
 	case t == tServiceLB || t == tServiceBackend:
 		return "drop_no_backend"
+	case t == tCTCheck:
+		return "drop_ct_quota" // conntrack refused the commit: the tenant's zone limit, or a full table
 	case t == tPolicy:
 		return "drop_policy"
 	case t == tNetpolEgress || t == tNetpolIngress:

@@ -1,0 +1,166 @@
+package ovs
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Conntrack limits (docs/ovs.md "Conntrack limits"). The eBPF datapath counts its entries
+// per local endpoint (HostConfig.CTQuota, drop_ct_quota); the userspace datapath of OVS
+// counts connections per conntrack zone only (dpctl/ct-set-limits), and a zone here is a
+// tenant (its VRF id). So each tenant's zone is limited to the sum of its local endpoints'
+// quotas: CTQuota × the tenant's endpoints on this host (at least one). A commit past the
+// limit is refused, and ct_check drops the packet (pipeline.go ctCheckFlows): a tenant at
+// its limit gets no new connection, its established ones keep working, the other tenants
+// are not affected. The hairpin zones are not limited (a hairpin connection holds an entry
+// of the tenant's zone too).
+
+// ctZoneLimits is the limit of every tenant zone of vrf: quota for each endpoint of the
+// tenant in st (at least one); none without a quota.
+func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int) map[uint16]uint32 {
+	out := map[uint16]uint32{}
+	if quota <= 0 {
+		return out
+	}
+	eps := map[string]uint64{}
+	for _, ep := range st.Endpoints {
+		eps[tenantOf(ep.NetworkID)]++
+	}
+	for t, v := range vrf {
+		out[uint16(v)] = uint32(min(uint64(quota)*max(eps[t], 1), math.MaxUint32))
+	}
+	return out
+}
+
+// ctZoneLimit is one zone of dpctl/ct-get-limits.
+type ctZoneLimit struct {
+	limit, count uint32
+}
+
+// parseCTLimits reads dpctl/ct-get-limits ("default limit=0" then "zone=5,limit=2,count=1"
+// per zone).
+func parseCTLimits(out string) map[uint16]ctZoneLimit {
+	zones := map[uint16]ctZoneLimit{}
+	for _, line := range strings.Split(out, "\n") {
+		var zone, limit, count uint64
+		ok := true
+		for _, kv := range strings.Split(strings.TrimSpace(line), ",") {
+			k, v, found := strings.Cut(kv, "=")
+			n, err := strconv.ParseUint(v, 10, 32)
+			if !found || err != nil {
+				ok = false
+				break
+			}
+			switch k {
+			case "zone":
+				zone = n
+			case "limit":
+				limit = n
+			case "count":
+				count = n
+			default:
+				ok = false
+			}
+		}
+		if ok && strings.HasPrefix(strings.TrimSpace(line), "zone=") && zone <= math.MaxUint16 {
+			zones[uint16(zone)] = ctZoneLimit{limit: uint32(limit), count: uint32(count)}
+		}
+	}
+	return zones
+}
+
+// applyCTLimits sets vswitchd's zone limits to what d.state asks for. The first call (and
+// the first after vswitchd restarted: d.ctLimits nil) reads what it holds, so the limits
+// a previous agent set on tenant zones (1..maxVRF) that are no longer wanted go too. Call
+// with d.mu held.
+func (d *Driver) applyCTLimits(ctx context.Context) error {
+	want := ctZoneLimits(d.state, d.vrfIDs, d.host.CTQuota)
+	if d.ctLimits == nil {
+		out, err := d.appctl(ctx, "dpctl/ct-get-limits")
+		if err != nil && len(want) == 0 {
+			// Nothing to set (no quota): a previous agent's limits, if any, stay.
+			d.log.Warn("conntrack zone limits not readable; limits a previous agent set stay", "err", err)
+			d.ctLimits = map[uint16]uint32{}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("ovs: read conntrack zone limits: %w", err)
+		}
+		have := map[uint16]uint32{}
+		for z, l := range parseCTLimits(out) {
+			if z != 0 && z <= maxVRF {
+				have[z] = l.limit
+			}
+		}
+		d.ctLimits = have
+	}
+	var set, del []string
+	for _, z := range slices.Sorted(maps.Keys(want)) {
+		if l, ok := d.ctLimits[z]; !ok || l != want[z] {
+			set = append(set, fmt.Sprintf("zone=%d,limit=%d", z, want[z]))
+		}
+	}
+	for _, z := range slices.Sorted(maps.Keys(d.ctLimits)) {
+		if _, ok := want[z]; !ok {
+			del = append(del, strconv.Itoa(int(z)))
+		}
+	}
+	// A zone's limit is changed in place (ct-set-limits on a zone that has one keeps its
+	// count): deleting it first would forget the connections it holds.
+	if len(set) > 0 {
+		if _, err := d.appctl(ctx, append([]string{"dpctl/ct-set-limits"}, set...)...); err != nil {
+			d.ctLimits = nil // read again next time
+			return fmt.Errorf("ovs: set conntrack zone limits: %w", err)
+		}
+	}
+	if len(del) > 0 {
+		if _, err := d.appctl(ctx, "dpctl/ct-del-limits", "zone="+strings.Join(del, ",")); err != nil {
+			d.ctLimits = nil
+			return fmt.Errorf("ovs: delete conntrack zone limits: %w", err)
+		}
+	}
+	if len(set)+len(del) > 0 {
+		d.log.Debug("conntrack zone limits", "set", set, "deleted", del)
+	}
+	d.ctLimits = want
+	tenants := map[uint16]string{}
+	for t, v := range d.vrfIDs {
+		if _, ok := want[uint16(v)]; ok {
+			tenants[uint16(v)] = t
+		}
+	}
+	d.limMu.Lock()
+	d.limTenants = tenants
+	d.limMu.Unlock()
+	return nil
+}
+
+// removeCTLimits deletes the zone limits this driver set (Teardown).
+func (d *Driver) removeCTLimits(ctx context.Context) error {
+	if len(d.ctLimits) == 0 {
+		return nil
+	}
+	var zones []string
+	for _, z := range slices.Sorted(maps.Keys(d.ctLimits)) {
+		zones = append(zones, strconv.Itoa(int(z)))
+	}
+	if _, err := d.appctl(ctx, "dpctl/ct-del-limits", "zone="+strings.Join(zones, ",")); err != nil {
+		return fmt.Errorf("ovs: delete conntrack zone limits: %w", err)
+	}
+	d.ctLimits = nil
+	return nil
+}
+
+// limitedZones returns the limited zones and their tenants (metrics; no driver lock).
+func (d *Driver) limitedZones() map[uint16]string {
+	d.limMu.Lock()
+	defer d.limMu.Unlock()
+	return d.limTenants
+}
