@@ -152,24 +152,27 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	return 0;
 }
 
-/* cb_icmp_quote_nat rewrites one side of the TCP/UDP packet an ICMP error quotes (p->inner,
- * as its sender sent it): its source (src=1) or destination address and port become
- * ip:port. Like the kernel's NAT of related errors (nf_nat_icmp_reply_translation): the
- * quoted IPv4 checksum is fixed; the quoted L4 checksum is updated incrementally (pseudo
- * header and port: right for the whole original packet even though the quote holds only
- * its start) where the quote holds it: always for UDP (unless 0, no checksum), for TCP
- * only when the quote holds the whole header; the ICMP checksum follows the port and the
- * L4 checksum (the quoted address and IPv4 checksum cancel out in it). Updates p->inner.
- * Returns 0 or CB_DROP_NAT_ERR. */
+/* cb_icmp_quote_nat rewrites one side of the packet an ICMP error quotes (p->inner, as its
+ * sender sent it): its source (src=1) or destination address and port (TCP/UDP; a quoted
+ * ICMP echo: its id, either side) become ip:port. Like the kernel's NAT of related errors
+ * (nf_nat_icmp_reply_translation): the quoted IPv4 checksum is fixed; the quoted L4
+ * checksum is updated incrementally (pseudo header and port: right for the whole original
+ * packet even though the quote holds only its start) where the quote holds it: always for
+ * UDP (unless 0, no checksum) and ICMP (no pseudo header), for TCP only when the quote
+ * holds the whole header; the ICMP checksum follows the port and the L4 checksum (the
+ * quoted address and IPv4 checksum cancel out in it). Updates p->inner. Returns 0 or
+ * CB_DROP_NAT_ERR. */
 static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p, int src, __be32 ip, __be16 port)
 {
 	__u32 ioff, l4off, icsum, coff = 0, end;
 	__u64 mangled = 0;
 	__be16 old_port, tot = 0, oc = 0, nc = 0;
 	__be32 old_ip;
+	int icmp;
 
 	if (!p)
 		return CB_DROP_NAT_ERR;
+	icmp = p->inner.proto == CB_PROTO_ICMP;
 	ioff = p->inner_off;
 	l4off = p->inner_l4_off;
 	icsum = p->l4_off + 2;
@@ -178,12 +181,14 @@ static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p,
 	if (old_ip == ip && old_port == port)
 		return 0;
 	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off < ioff + 20 || l4off > ioff + 60 ||
-	    icsum < ETH_HLEN + 22 || icsum > ETH_HLEN + 62 || !p->inner.has_ports)
+	    icsum < ETH_HLEN + 22 || icsum > ETH_HLEN + 62 || !(p->inner.has_ports || icmp))
 		return CB_DROP_NAT_ERR;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tot_len), &tot, 2) < 0)
 		return CB_DROP_NAT_ERR;
 	end = ETH_HLEN + bpf_ntohs(tot);
-	if (p->inner.proto == CB_PROTO_UDP) {
+	if (icmp) {
+		coff = l4off + 2;
+	} else if (p->inner.proto == CB_PROTO_UDP) {
 		coff = l4off + 6;
 		mangled = BPF_F_MARK_MANGLED_0;
 	} else if (l4off + 18 <= end) {
@@ -191,7 +196,7 @@ static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p,
 	}
 	if (coff) {
 		if (bpf_skb_load_bytes(skb, coff, &oc, 2) < 0 ||
-		    bpf_l4_csum_replace(skb, coff, old_ip, ip, mangled | 4) < 0 ||
+		    (!icmp && bpf_l4_csum_replace(skb, coff, old_ip, ip, mangled | 4) < 0) ||
 		    (port != old_port && bpf_l4_csum_replace(skb, coff, old_port, port, mangled | 2) < 0) ||
 		    bpf_skb_load_bytes(skb, coff, &nc, 2) < 0)
 			return CB_DROP_NAT_ERR;
@@ -200,7 +205,7 @@ static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p,
 	}
 	if (port != old_port &&
 	    (bpf_l4_csum_replace(skb, icsum, old_port, port, 2) < 0 ||
-	     bpf_skb_store_bytes(skb, l4off + (src ? 0 : 2), &port, 2, 0) < 0))
+	     bpf_skb_store_bytes(skb, l4off + (icmp ? 4 : src ? 0 : 2), &port, 2, 0) < 0))
 		return CB_DROP_NAT_ERR;
 	if (ip != old_ip &&
 	    (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, ip, 4) < 0 ||
@@ -212,6 +217,10 @@ static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p,
 		p->inner.sport = port;
 	} else {
 		p->inner.daddr = ip;
+		p->inner.dport = port;
+	}
+	if (icmp) {
+		p->inner.sport = port; /* the echo id is both "ports" */
 		p->inner.dport = port;
 	}
 	return 0;

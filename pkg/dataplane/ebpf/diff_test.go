@@ -703,7 +703,12 @@ func (w *diffWorld) frame(s diffStep) []byte {
 
 // icmpErrorOf builds an ICMP error quoting a TCP or UDP packet (IPv4 header + 8 bytes).
 func icmpErrorOf(src, dst netip.Addr, typ, proto uint8, qsrc, qdst netip.Addr, qsport, qdport uint16) []byte {
-	quote := l4Frame(proto, qsrc, qdst, qsport, qdport, 0x10, 0)[14 : 14+20+8]
+	return icmpErrorQuoting(src, dst, typ, l4Frame(proto, qsrc, qdst, qsport, qdport, 0x10, 0)[14:14+20+8])
+}
+
+// icmpErrorQuoting builds an ICMP error (type typ, code 0) from src to dst quoting quote
+// (an IPv4 packet's start).
+func icmpErrorQuoting(src, dst netip.Addr, typ uint8, quote []byte) []byte {
 	icmp := append([]byte{typ, 0, 0, 0, 0, 0, 0, 0}, quote...)
 	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
 	ip := ipv4Pkt(src, dst, icmp, ipOpts{})

@@ -35,10 +35,11 @@ func quoteOf(t *testing.T, f []byte) (src, dst netip.Addr, qsrc, qdst netip.Addr
 	_, dst = addrsOf(t, f)
 	q := f[14+20+8:]
 	qsrc = netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[12:16])), binary.BigEndian.Uint16(q[20:]))
-	if q[9] == 17 {
-		want := l4Frame(17, qsrc.Addr(), qdst.Addr(), qsrc.Port(), qdst.Port(), 0x10, 0)[14+20+6 : 14+20+8]
-		if got := q[20+6 : 20+8]; got[0] != want[0] || got[1] != want[1] {
-			t.Errorf("quoted UDP checksum %x, want %x (the datagram's under %v → %v)", got, want, qsrc, qdst)
+	// Where the quote holds the L4 checksum: UDP's at 6, TCP's at 16 (whole header quoted).
+	if off := map[uint8]int{17: 6, 6: 16}[q[9]]; off != 0 && len(q) >= 20+off+2 {
+		want := l4Frame(q[9], qsrc.Addr(), qdst.Addr(), qsrc.Port(), qdst.Port(), 0x10, 0)[14+20+off : 14+20+off+2]
+		if got := q[20+off : 20+off+2]; got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("quoted L4 checksum %x, want %x (the packet's under %v → %v)", got, want, qsrc, qdst)
 		}
 	}
 	return src, dst, qsrc, qdst
@@ -180,6 +181,20 @@ func TestServiceICMPFromClient(t *testing.T) {
 		setZone(t, objs, testZone+1)
 		run(t, objs, fc, icmpError(srcIP, vip, 3, vip, srcIP, 53, 40600), nil).expect(t, tcActShot, DropUnknownDst)
 		setZone(t, objs, testZone)
+	})
+
+	t.Run("tcp-whole-header", func(t *testing.T) {
+		// A backend's frag needed about the client's TCP segment, quoting its whole TCP
+		// header: the quoted TCP checksum follows the VIP:port too.
+		tvip := netip.MustParseAddr("10.1.0.103")
+		putTestService(t, objs, 4, tvip, 80, 6, 8080, remoteIP)
+		run(t, objs, fc, l4Frame(6, srcIP, tvip, 41500, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+		quote := l4Frame(6, srcIP, remoteIP, 41500, 8080, 0x10, 0)[14 : 14+20+20]
+		r := run(t, objs, ov, icmpErrorQuoting(remoteIP, srcIP, 3, quote), ovl)
+		r.expect(t, tcActRedirect, FwdLocal)
+		if s, _, qs, qd := quoteOf(t, r.out); s != tvip || qs != netip.AddrPortFrom(srcIP, 41500) || qd != netip.AddrPortFrom(tvip, 80) {
+			t.Errorf("error from %v quoting %v → %v, want from %v quoting %v:41500 → %v:80", s, qs, qd, tvip, srcIP, tvip)
+		}
 	})
 
 	t.Run("hairpin", func(t *testing.T) {
