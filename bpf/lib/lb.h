@@ -191,7 +191,7 @@ static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p,
 	} else if (p->inner.proto == CB_PROTO_UDP) {
 		coff = l4off + 6;
 		mangled = BPF_F_MARK_MANGLED_0;
-	} else if (l4off + 18 <= end) {
+	} else if (l4off + 20 <= end) {
 		coff = l4off + 16; /* TCP: only a quote of the whole header holds it */
 	}
 	if (coff) {
