@@ -95,6 +95,31 @@ func TestServiceHairpinFragments(t *testing.T) {
 	hairpin(run(t, objs, fc, laterFrag(17, srcIP, vip, 0x61), nil), "reply's later fragment")
 	run(t, objs, fc, laterFrag(17, srcIP, vip, 0x62), nil).expect(t, tcActShot, DropFragToService)
 
+	t.Run("verdict-needed", func(t *testing.T) {
+		// The rewrite record alone passes nothing: without its first fragment's verdict
+		// (cb_frags, same client → VIP key) a later fragment is drop_frag_no_first.
+		run(t, objs, fc, firstFrag(17, srcIP, vip, 41002, 53, 0, 0x81), nil).expect(t, tcActRedirect, FwdLocal)
+		var (
+			k    contivbpfCbFragKey
+			v    contivbpfCbFragEntry
+			keys []contivbpfCbFragKey
+		)
+		it := objs.CbFrags.Iterate()
+		for it.Next(&k, &v) {
+			keys = append(keys, k)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if k.Saddr == ip4(srcIP) && k.Daddr == ip4(vip) && k.Id == binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, 0x81)) {
+				if err := objs.CbFrags.Delete(&k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		run(t, objs, fc, laterFrag(17, srcIP, vip, 0x81), nil).expect(t, tcActShot, DropFragNoFirst)
+	})
 	t.Run("bad-offsets", func(t *testing.T) {
 		// Past the largest datagram (8191 × 8 + 24 bytes).
 		run(t, objs, fc, setFragOff(laterFrag(17, srcIP, vip, 0x51), 0x1fff), nil).expect(t, tcActShot, DropMalformedIP)
