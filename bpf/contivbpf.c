@@ -323,6 +323,15 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			/* A hairpin reply goes to the VIP: its real destination is its sender. */
 			if (rev->flags & CB_CT_HAIRPIN)
 				t.hairpin = 1;
+		} else if (p.inner.proto) {
+			/* An ICMP error about a service's reply goes to its backend. */
+			t.client_net = dnet;
+			if (cb_lb_icmp_client(&p, &f, &t, &lc)) {
+				r = cb_nat_icmp_client(skb, &p, &f, &t, &lc);
+				if (r)
+					return cb_drop(skb, r);
+				dnet = lc.net;
+			}
 		} else {
 			/* Service LB: DNAT before the destination lookup. Non-first fragments
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */

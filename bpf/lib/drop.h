@@ -32,7 +32,7 @@ enum cb_reason {
 	CB_DROP_ARP_NOT_REQUEST = 36, /* ARP reply/other opcode from a container */
 	CB_DROP_ARP_UNKNOWN_TARGET = 37, /* ARP request for an IP nobody owns */
 	CB_DROP_ARP_SELF = 38,      /* gratuitous ARP / duplicate address probe */
-	CB_DROP_MALFORMED_IP = 39,  /* truncated IPv4, version != 4, bad IHL or length */
+	CB_DROP_MALFORMED_IP = 39,  /* truncated IPv4, version != 4, bad IHL or length, impossible fragment offset */
 	CB_DROP_SPOOFED_SRC = 40,   /* IPv4 source, Ethernet source or ARP sender is not the endpoint's */
 	CB_DROP_UNKNOWN_DST = 41,   /* destination not a known endpoint of the network */
 	CB_DROP_UNKNOWN_NETWORK = 42, /* network / VNI not in the network map */

@@ -152,44 +152,118 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	return 0;
 }
 
-/* cb_nat_icmp_error restores the VIP in an ICMP error a backend's side sent about a packet
- * the client had sent to the VIP: the quoted destination (address, port) becomes VIP:port
- * again, and the outer source too when the backend itself sent the error. The quoted IPv4
- * header's checksum is fixed (its 16-bit sum is constant, so the ICMP checksum only moves
- * with the port); the quoted L4 checksum is left alone (like most NATs, and usually outside
- * the quote for TCP). Returns 0 or a reason. */
-static __noinline int cb_nat_icmp_error(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
-				const struct cb_ct_entry *e)
+/* cb_icmp_quote_nat rewrites one side of the packet an ICMP error quotes (p->inner, as its
+ * sender sent it): its source (src=1) or destination address and port (TCP/UDP; a quoted
+ * ICMP echo: its id, either side) become ip:port. Like the kernel's NAT of related errors
+ * (nf_nat_icmp_reply_translation): the quoted IPv4 checksum is fixed; the quoted L4
+ * checksum is updated incrementally (pseudo header and port: right for the whole original
+ * packet even though the quote holds only its start) where the quote holds it: always for
+ * UDP (unless 0, no checksum) and ICMP (no pseudo header), for TCP only when the quote
+ * holds the whole header; the ICMP checksum follows the port and the L4 checksum (the
+ * quoted address and IPv4 checksum cancel out in it). Updates p->inner. Returns 0 or
+ * CB_DROP_NAT_ERR. */
+static __noinline int cb_icmp_quote_nat(struct __sk_buff *skb, struct cb_pkt *p, int src, __be32 ip, __be16 port)
 {
-	__u32 ioff = p->inner_off, l4off = p->inner_l4_off, csum_off = p->l4_off + 2;
-	__be32 old_ip = p->inner.daddr, vip = e->nat_ip;
-	__be16 old_port = p->inner.dport, vport = e->nat_port;
-	void *data, *data_end;
-	int r;
+	__u32 ioff, l4off, icsum, coff = 0, end;
+	__u64 mangled = 0;
+	__be16 old_port, tot = 0, oc = 0, nc = 0;
+	__be32 old_ip;
+	int icmp;
 
-	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off > ioff + 60)
+	if (!p)
 		return CB_DROP_NAT_ERR;
-	if (p->inner.has_ports && old_port != vport &&
-	    bpf_l4_csum_replace(skb, csum_off, old_port, vport, 2) < 0)
+	icmp = p->inner.proto == CB_PROTO_ICMP;
+	ioff = p->inner_off;
+	l4off = p->inner_l4_off;
+	icsum = p->l4_off + 2;
+	old_ip = src ? p->inner.saddr : p->inner.daddr;
+	old_port = src ? p->inner.sport : p->inner.dport;
+	if (old_ip == ip && old_port == port)
+		return 0;
+	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off < ioff + 20 || l4off > ioff + 60 ||
+	    icsum < ETH_HLEN + 22 || icsum > ETH_HLEN + 62 || !(p->inner.has_ports || icmp))
 		return CB_DROP_NAT_ERR;
-	if (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, vip, 4) < 0)
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tot_len), &tot, 2) < 0)
 		return CB_DROP_NAT_ERR;
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	if (data + ioff + 20 > data_end)
-		return CB_DROP_NAT_ERR;
-	*(__be32 *)(data + ioff + offsetof(struct iphdr, daddr)) = vip;
-	if (p->inner.has_ports) {
-		if (data + l4off + 4 > data_end)
-			return CB_DROP_NAT_ERR;
-		*(__be16 *)(data + l4off + 2) = vport;
+	end = ETH_HLEN + bpf_ntohs(tot);
+	if (icmp) {
+		coff = l4off + 2;
+	} else if (p->inner.proto == CB_PROTO_UDP) {
+		coff = l4off + 6;
+		mangled = BPF_F_MARK_MANGLED_0;
+	} else if (l4off + 20 <= end) {
+		coff = l4off + 16; /* TCP: only a quote of the whole header holds it */
 	}
-	if (f->saddr == old_ip) {
-		r = cb_nat(skb, p, f, 0, vip, f->sport);
-		if (r)
-			return r;
+	if (coff) {
+		if (bpf_skb_load_bytes(skb, coff, &oc, 2) < 0 ||
+		    (!icmp && bpf_l4_csum_replace(skb, coff, old_ip, ip, mangled | 4) < 0) ||
+		    (port != old_port && bpf_l4_csum_replace(skb, coff, old_port, port, mangled | 2) < 0) ||
+		    bpf_skb_load_bytes(skb, coff, &nc, 2) < 0)
+			return CB_DROP_NAT_ERR;
+		if (nc != oc && bpf_l4_csum_replace(skb, icsum, oc, nc, 2) < 0)
+			return CB_DROP_NAT_ERR;
+	}
+	if (port != old_port &&
+	    (bpf_l4_csum_replace(skb, icsum, old_port, port, 2) < 0 ||
+	     bpf_skb_store_bytes(skb, l4off + (icmp ? 4 : src ? 0 : 2), &port, 2, 0) < 0))
+		return CB_DROP_NAT_ERR;
+	if (ip != old_ip &&
+	    (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, ip, 4) < 0 ||
+	     bpf_skb_store_bytes(skb, ioff + (src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr)),
+				 &ip, 4, 0) < 0))
+		return CB_DROP_NAT_ERR;
+	if (src) {
+		p->inner.saddr = ip;
+		p->inner.sport = port;
+	} else {
+		p->inner.daddr = ip;
+		p->inner.dport = port;
+	}
+	if (icmp) {
+		p->inner.sport = port; /* the echo id is both "ports" */
+		p->inner.dport = port;
 	}
 	return 0;
+}
+
+/* cb_nat_icmp_hairpin turns an ICMP error a hairpin client sent to the VIP (f: client →
+ * VIP) about a packet of its hairpin flow into one from the VIP to the client about the
+ * packet as the other end of the flow (the client too) sent it: the quote becomes
+ * client:sport → VIP:dport, the error's addresses swap. Returns 0 or a reason. */
+CB_INLINE int cb_nat_icmp_hairpin(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+				 __be16 sport, __be16 dport)
+{
+	__be32 client = f->saddr, vip = f->daddr;
+	int r;
+
+	r = cb_icmp_quote_nat(skb, p, 1, client, sport);
+	if (!r)
+		r = cb_icmp_quote_nat(skb, p, 0, vip, dport);
+	if (!r)
+		r = cb_nat(skb, p, f, 1, client, f->dport);
+	if (!r)
+		r = cb_nat(skb, p, f, 0, vip, f->sport);
+	return r;
+}
+
+/* cb_nat_icmp_error restores the VIP in an ICMP error a backend's side sent about a packet
+ * the client had sent to the VIP (e: that flow's DNAT entry): the quoted destination
+ * (address, port) becomes VIP:port again, and the outer source too when the backend itself
+ * sent the error (cb_icmp_quote_nat fixes the checksums). A hairpin client's error about
+ * its own balanced packet (quoting VIP:cport → client:target) goes back to it as an error
+ * from the VIP about client:cport → VIP:port. Returns 0 or a reason. */
+static __noinline int cb_nat_icmp_error(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+					const struct cb_ct_entry *e)
+{
+	__be32 old_ip = p->inner.daddr;
+	int r;
+
+	if (e->flags & CB_CT_HAIRPIN)
+		return cb_nat_icmp_hairpin(skb, p, f, p->inner.sport, e->nat_port);
+	r = cb_icmp_quote_nat(skb, p, 0, e->nat_ip, e->nat_port);
+	if (!r && f->saddr == old_ip)
+		r = cb_nat(skb, p, f, 0, e->nat_ip, f->sport);
+	return r;
 }
 
 /* cb_nat_hairpin_reply turns a hairpin reply (client:target → VIP:cport) back into what
@@ -222,15 +296,18 @@ struct cb_lb_choice {
 /* Fragments of service flows. A later fragment carries no ports: the first fragment of a
  * balanced datagram records where its later fragments go (their destination becomes the
  * backend), and the first fragment of a reply records the VIP its later fragments come
- * from; both by (zone, addresses as they arrive, IP id, proto), for CB_FRAG_TIMEOUT. */
+ * from; both by (zone, addresses as they arrive, IP id, proto), for CB_FRAG_TIMEOUT. A
+ * hairpin datagram, either way, arrives from the client to the VIP and leaves from the VIP
+ * to the client: its first fragment records that both addresses of its later ones swap. */
 enum cb_natfrag_dir {
 	CB_NATFRAG_DST = 1,
 	CB_NATFRAG_SRC = 2,
+	CB_NATFRAG_HAIRPIN = 3,
 };
 
 struct cb_natfrag {
 	__u64 expires;
-	__be32 addr;  /* backend (DST) or VIP (SRC) */
+	__be32 addr;  /* backend (DST), VIP (SRC), or the client (HAIRPIN) */
 	__u32 net;    /* network key of the packet's destination after the rewrite */
 	__u32 dir;    /* enum cb_natfrag_dir */
 	__u32 pad;
@@ -254,15 +331,18 @@ CB_INLINE void cb_natfrag_record(const struct cb_frag_key *k, __u32 dir, __be32 
 }
 
 /* cb_lb_frag handles a later fragment (no ports) while services exist: one of a balanced
- * datagram is DNATed to its backend now (t->svc, c->net), one of a reply is marked for its
- * source to go back to the VIP after policy (t->svc_reply, c->frag_snat, c->ip, c->net);
- * any other to a VIP is dropped. Returns 0 or a reason. fwd: from a local client (a DST
- * record applies). */
+ * datagram is DNATed to its backend now (t->svc, c->net), one of a hairpin datagram (either
+ * way) goes from the VIP back to the client now (t->svc, t->hairpin), one of a reply is
+ * marked for its source to go back to the VIP after policy (t->svc_reply, c->frag_snat,
+ * c->ip, c->net); any other to a VIP is dropped. DST and HAIRPIN records apply only to a
+ * local client's fragments (t->client_net set), a HAIRPIN one only in the client's own
+ * network. Returns 0 or a reason. */
 static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
 				 struct cb_track *t, struct cb_lb_choice *c)
 {
 	struct cb_frag_key k = {};
 	struct cb_natfrag *n;
+	int r;
 
 	cb_frag_key_of(&k, f, t);
 	n = bpf_map_lookup_elem(&cb_nat_frags, &k);
@@ -272,6 +352,17 @@ static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, 
 			t->vip = f->daddr;
 			c->net = n->net;
 			return cb_nat(skb, p, f, 1, n->addr, 0);
+		}
+		if (n->dir == CB_NATFRAG_HAIRPIN && t->client_net && t->client_net == n->net &&
+		    n->addr == f->saddr) {
+			t->svc = 1;
+			t->hairpin = 1;
+			t->vip = f->daddr;
+			c->net = n->net;
+			r = cb_nat(skb, p, f, 1, n->addr, 0);
+			if (!r)
+				r = cb_nat(skb, p, f, 0, t->vip, 0);
+			return r;
 		}
 		if (n->dir == CB_NATFRAG_SRC) {
 			t->svc_reply = 1;
@@ -287,7 +378,8 @@ static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, 
 }
 
 /* cb_lb_finish runs after policy passed a packet: the source of a reply's later fragment
- * goes back to the VIP, and a reply's first fragment records that for its later ones. */
+ * goes back to the VIP, and a reply's first fragment records that for its later ones (a
+ * hairpin reply's: that they go from the VIP to the client). */
 static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
 				   const struct cb_track *t, const struct cb_lb_choice *c)
 {
@@ -295,9 +387,12 @@ static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p
 
 	if (c->frag_snat)
 		return cb_nat(skb, p, f, 0, c->ip, 0);
-	if (t->rev_nat && p->frag == CB_FRAG_FIRST && !t->inner && !(t->rev_nat->flags & CB_CT_HAIRPIN)) {
+	if (t->rev_nat && p->frag == CB_FRAG_FIRST && !t->inner) {
 		cb_frag_key_of(&fk, f, t);
-		cb_natfrag_record(&fk, CB_NATFRAG_SRC, t->rev_nat->nat_ip, t->rev_nat->nat_net);
+		if (t->rev_nat->flags & CB_CT_HAIRPIN)
+			cb_natfrag_record(&fk, CB_NATFRAG_HAIRPIN, f->saddr, t->rev_nat->nat_net);
+		else
+			cb_natfrag_record(&fk, CB_NATFRAG_SRC, t->rev_nat->nat_ip, t->rev_nat->nat_net);
 	}
 	return 0;
 }
@@ -445,10 +540,11 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
 	}
-	if (p->frag == CB_FRAG_FIRST && !t->hairpin) {
-		/* Later fragments of this datagram go to the same backend. */
+	if (p->frag == CB_FRAG_FIRST) {
+		/* Later fragments of this datagram go to the same backend (a hairpin's: also from
+		 * the VIP). */
 		cb_frag_key_of(&fk, f, t);
-		cb_natfrag_record(&fk, CB_NATFRAG_DST, f->daddr, c->net);
+		cb_natfrag_record(&fk, t->hairpin ? CB_NATFRAG_HAIRPIN : CB_NATFRAG_DST, f->daddr, c->net);
 	}
 	return 0;
 }
@@ -475,4 +571,66 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;
 	return e;
+}
+
+/* cb_lb_icmp_client says whether an ICMP error a local client (network t->client_net)
+ * sends is about a reply it received from a service: quoting VIP:port → client:cport, sent
+ * to the VIP. It is when the client→VIP entry is live and the flow's own entry
+ * (client:cport → backend:bport; a hairpin's VIP:cport → client:target) is live, allowed
+ * and restores that VIP:port: then t->svc_icmp (t->hairpin) is set and c holds the
+ * backend:bport and its network for cb_nat_icmp_client. (Lookups only: the rewrite runs in
+ * a frame of its own, the stack is short.) */
+static __noinline int cb_lb_icmp_client(const struct cb_pkt *p, const struct cb_flow *f, struct cb_track *t,
+					struct cb_lb_choice *c)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *svc, *flow;
+	__u64 now = cb_now();
+	int hairpin;
+
+	if (!p || !f || !t || !c || p->frag != CB_FRAG_NONE || !p->inner.has_ports ||
+	    f->saddr != p->inner.daddr || f->daddr != p->inner.saddr)
+		return 0;
+	k.zone = t->zone;
+	k.saddr = f->saddr;
+	k.daddr = f->daddr;
+	k.sport = p->inner.dport;
+	k.dport = p->inner.sport;
+	k.proto = p->inner.proto;
+	svc = cb_ct_live(&k, now);
+	if (!svc || !(svc->flags & CB_CT_SVC))
+		return 0;
+	c->ip = svc->nat_ip;
+	c->port = svc->nat_port;
+	c->net = svc->nat_net;
+	hairpin = c->ip == f->saddr && c->net == t->client_net;
+	if (hairpin)
+		k.saddr = f->daddr;
+	k.daddr = c->ip;
+	k.dport = c->port;
+	flow = cb_ct_flow(&k, now);
+	if (!flow || !(flow->flags & CB_CT_DNAT) || !(flow->flags & CB_CT_HAIRPIN) != !hairpin ||
+	    flow->nat_ip != f->daddr || flow->nat_port != p->inner.sport)
+		return 0;
+	t->svc_icmp = 1;
+	t->hairpin = hairpin;
+	return 1;
+}
+
+/* cb_nat_icmp_client turns the error cb_lb_icmp_client matched into one about the packet
+ * the backend (c) sent: to the backend, quoting backend:bport → client:cport; a hairpin's
+ * from the VIP to the client, quoting client:target → VIP:cport. Returns 0 or a reason. */
+static __noinline int cb_nat_icmp_client(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+					 const struct cb_track *t, const struct cb_lb_choice *c)
+{
+	int r;
+
+	if (!p || !f || !t || !c)
+		return CB_DROP_NAT_ERR;
+	if (t->hairpin)
+		return cb_nat_icmp_hairpin(skb, p, f, c->port, p->inner.dport);
+	r = cb_icmp_quote_nat(skb, p, 1, c->ip, c->port);
+	if (!r)
+		r = cb_nat(skb, p, f, 1, c->ip, f->dport);
+	return r;
 }

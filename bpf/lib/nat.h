@@ -284,44 +284,18 @@ struct cb_snat_dst {
 
 /* cb_snat_icmp_error rewrites an ICMP error about an egress flow (quoting snat_ip:nat_port
  * → remote) into what the endpoint sent (its address and port), outer destination
- * included. Like cb_nat_icmp_error: the quoted IPv4 checksum is fixed, the quoted L4
- * checksum is left alone. */
+ * included; cb_icmp_quote_nat fixes the checksums. */
 static __noinline int cb_snat_icmp_error(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
 					 const struct cb_snat_rval *rv)
 {
-	__u32 ioff, l4off, poff, csum_off;
-	__be32 old_ip;
-	__be16 old_port;
-	void *data, *data_end;
+	int r;
 
 	if (!p || !f || !rv)
 		return CB_DROP_NAT_ERR;
-	ioff = p->inner_off;
-	l4off = p->inner_l4_off;
-	csum_off = p->l4_off + 2;
-	old_ip = p->inner.saddr;
-	old_port = p->inner.sport;
-	if (ioff < ETH_HLEN + 28 || ioff > ETH_HLEN + 60 + 8 || l4off > ioff + 60)
-		return CB_DROP_NAT_ERR;
-	poff = p->inner.proto == CB_PROTO_ICMP ? l4off + 4 : l4off;
-	if (old_port != rv->sport &&
-	    bpf_l4_csum_replace(skb, csum_off, old_port, rv->sport, 2) < 0)
-		return CB_DROP_NAT_ERR;
-	if (bpf_l3_csum_replace(skb, ioff + offsetof(struct iphdr, check), old_ip, rv->saddr, 4) < 0)
-		return CB_DROP_NAT_ERR;
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	if (data + ioff + 20 > data_end)
-		return CB_DROP_NAT_ERR;
-	*(__be32 *)(data + ioff + offsetof(struct iphdr, saddr)) = rv->saddr;
-	if (poff > ETH_HLEN + 60 + 8 + 60 + 4 || data + poff + 2 > data_end)
-		return CB_DROP_NAT_ERR;
-	*(__be16 *)(data + poff) = rv->sport;
-	p->inner.saddr = rv->saddr;
-	p->inner.sport = rv->sport;
-	if (p->inner.proto == CB_PROTO_ICMP)
-		p->inner.dport = rv->sport;
-	return cb_nat(skb, p, f, 1, rv->saddr, f->dport);
+	r = cb_icmp_quote_nat(skb, p, 1, rv->saddr, rv->sport);
+	if (!r)
+		r = cb_nat(skb, p, f, 1, rv->saddr, f->dport);
+	return r;
 }
 
 /* cb_snat_reply matches a packet to snat_ip (parsed into p/f) against the egress flows

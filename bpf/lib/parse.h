@@ -120,6 +120,12 @@ CB_INLINE int cb_parse_ipv4(struct __sk_buff *skb, struct cb_pkt *p)
 		return CB_DROP_MALFORMED_IP;
 
 	frag = bpf_ntohs(ip->frag_off);
+	/* Fragments whose offset no real datagram has: past its largest size (the receiver's
+	 * reassembly drops them), or a TCP fragment at offset 8, inside the TCP header (RFC
+	 * 1858: it could rewrite the flags policy judged on the first fragment). */
+	if ((frag & 0x1fff) && ((frag & 0x1fff) * 8 + tot - hlen > 65535 ||
+				((frag & 0x1fff) == 1 && ip->protocol == CB_PROTO_TCP)))
+		return CB_DROP_MALFORMED_IP;
 	p->frag = CB_FRAG_NONE;
 	p->l4_off = ETH_HLEN + hlen;
 	if (frag & 0x1fff) {

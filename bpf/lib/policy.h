@@ -261,7 +261,8 @@ struct cb_track {
 	__u32 client_net;
 	__be16 nodeport;  /* svc from outside through this host's node port (0: none) */
 	__u8 node;        /* a local endpoint's packet to this host's stack (fwd_host, fwd_dns) */
-	__u8 pad;
+	__u8 svc_icmp;    /* a client's ICMP error about a service's reply, already translated to
+			   * its backend (cb_lb_icmp_client, which found the flow): tracked */
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
@@ -340,11 +341,12 @@ struct {
 } cb_frags SEC(".maps");
 
 /* cb_frag_key_of is a datagram's key under the addresses its fragments arrive with (before
- * service DNAT: the VIP; a hairpin's source is the client). */
+ * service DNAT: the VIP; a balanced hairpin packet, f already from the VIP, came from the
+ * client; a hairpin reply is still as it arrived, client → VIP). */
 CB_INLINE void cb_frag_key_of(struct cb_frag_key *k, const struct cb_flow *f, const struct cb_track *t)
 {
 	k->zone = t->zone;
-	k->saddr = t->hairpin ? f->daddr : f->saddr;
+	k->saddr = t->hairpin && t->svc ? f->daddr : f->saddr;
 	k->daddr = t->svc ? t->vip : f->daddr;
 	k->id = t->ip_id;
 	k->proto = f->proto;
@@ -477,7 +479,8 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 	cb_ct_key_of(&k, t->zone, t->inner, 0);
 	e = cb_ct_flow(&k, now);
 	if (e) {
-		if (e->flags & CB_CT_DNAT)
+		/* (An error the service stage translated already is not un-NATed again.) */
+		if ((e->flags & CB_CT_DNAT) && !t->svc_icmp)
 			t->rev_nat = e;
 		return 1;
 	}
@@ -591,7 +594,7 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 	int r;
 
 	cb_track_flags(f, t);
-	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply) {
+	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply && !t->svc_icmp) {
 		cb_ct_reuse(f, t->zone);
 		return 0;
 	}

@@ -76,8 +76,11 @@ type ModelResult struct {
 	DNAT   netip.AddrPort // valid when the destination was rewritten to a backend (service forward path)
 	SNAT   netip.AddrPort // valid when the source was rewritten back to VIP:port (reply of a service flow)
 	// QuotedDst is valid when the destination quoted in an ICMP error was rewritten back to
-	// the VIP:port (an error from a service backend's side).
+	// the VIP:port (an error from a service backend's side), QuotedSrc when the quoted source
+	// was rewritten to the backend (a client's error about a service's reply; hairpin errors
+	// rewrite both).
 	QuotedDst netip.AddrPort
+	QuotedSrc netip.AddrPort
 	Tracked   bool // the packet went through conntrack (or the fragment table)
 }
 
@@ -185,7 +188,8 @@ type fragRec struct {
 //     when the group of (Zone, Src) or of (Zone, Dst) has RULES or DENY_ALL (no service
 //     classification: it has no ports); it passes if the live record says pass, gets
 //     drop_policy if the record says drop, drop_frag_no_first without a live record. Later
-//     fragments get no NAT and refresh nothing.
+//     fragments refresh nothing; those of service datagrams follow their first fragment's
+//     NAT (natFrag), a hairpin datagram's (either way) from the VIP back to the client.
 //   - SetEndpoint does not bump the epoch (the agent does, with BumpEpoch/SetPolicy).
 //     DeleteEndpoint also forgets the address's group; fragment records are not flushed.
 //   - GC deletes expired table entries (returned count) and expired fragment records (not
@@ -493,8 +497,14 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 	q.Src, q.Dst = q.Src.Unmap(), q.Dst.Unmap()
 	// Only an error from the quoted packet's destination back to its sender is related.
 	fromPeer := k.Src == q.Dst && k.Dst == q.Src
+	if res, ok := m.clientICMPError(p, k, q); ok && fromPeer {
+		return res
+	}
 	fwd, haveFwd := m.flow(q)
 	haveFwd = haveFwd && fromPeer
+	if !(haveFwd && fwd.DNAT) && m.isVIP(k.Zone, k.Dst) {
+		return ModelResult{Reason: DropUnknownDst} // a VIP is no endpoint
+	}
 	if !(haveFwd && fwd.DNAT) && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) {
 		return ModelResult{Pass: true}
 	}
@@ -504,6 +514,12 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 			res.QuotedDst = fwd.NAT
 			if k.Src == q.Dst {
 				res.SNAT = netip.AddrPortFrom(fwd.NAT.Addr(), 0)
+			}
+			if fwd.Hairpin {
+				// The hairpin client's own error about its balanced packet: back to it,
+				// from the VIP, about client:cport → VIP:port.
+				res.QuotedSrc = netip.AddrPortFrom(k.Src, q.Sport)
+				res.DNAT = netip.AddrPortFrom(k.Src, 0)
 			}
 		}
 		return res
@@ -515,6 +531,37 @@ func (m *Model) icmpError(p ModelPacket, k FlowKey) ModelResult {
 		return ModelResult{Reason: why, Tracked: true}
 	}
 	return res
+}
+
+// clientICMPError is an ICMP error a local client sends to a VIP about a reply of its
+// service flow (quoting VIP:port → client:cport, key k, quote q): with the flow's SVC entry
+// and its live DNAT entry restoring that VIP:port, it goes to the backend about the packet
+// the backend sent (a hairpin's back to the client from the VIP, about
+// client:target → VIP:cport), related to the flow. ok false: no such error.
+func (m *Model) clientICMPError(p ModelPacket, k, q FlowKey) (ModelResult, bool) {
+	if !p.FromLocal || p.Frag != FragNone || (q.Proto != protoTCP && q.Proto != protoUDP) {
+		return ModelResult{}, false
+	}
+	svc, ok := m.svcEntry(FlowKey{Zone: k.Zone, Src: k.Src, Dst: k.Dst, Sport: q.Dport, Dport: q.Sport, Proto: q.Proto})
+	if !ok {
+		return ModelResult{}, false
+	}
+	be := svc.NAT
+	hairpin := be.Addr() == k.Src
+	fk := FlowKey{Zone: k.Zone, Src: k.Src, Dst: be.Addr(), Sport: q.Dport, Dport: be.Port(), Proto: q.Proto}
+	if hairpin {
+		fk.Src = k.Dst
+	}
+	e, ok := m.flow(fk)
+	if !ok || !e.DNAT || e.Hairpin != hairpin || e.NAT != netip.AddrPortFrom(q.Src, q.Sport) {
+		return ModelResult{}, false
+	}
+	res := ModelResult{Pass: true, Tracked: true, DNAT: netip.AddrPortFrom(be.Addr(), 0), QuotedSrc: be}
+	if hairpin {
+		res.SNAT = netip.AddrPortFrom(k.Dst, 0)
+		res.QuotedDst = netip.AddrPortFrom(k.Dst, q.Dport)
+	}
+	return res, true
 }
 
 // judge is decide(flow, src_epg, dst_epg) of docs/conntrack.md: policy.Decide as a
@@ -673,21 +720,26 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 			res.SNAT = rev.NAT
 			if m.ct[used].Hairpin {
 				res.DNAT = netip.AddrPortFrom(p.Src, p.Dport) // back to the client itself
+				if p.Frag == FragFirst {
+					m.natfrags[fk] = natFrag{hairpin: true, addr: p.Src, expires: m.now + timeoutFrag}
+				}
 			} else if p.Frag == FragFirst {
 				m.natfrags[fk] = natFrag{src: true, addr: rev.NAT.Addr(), expires: m.now + timeoutFrag}
 			}
 		}
-		if isSvc && !hairpin && p.Frag == FragFirst {
-			m.natfrags[fk] = natFrag{addr: backend, expires: m.now + timeoutFrag}
+		if isSvc && p.Frag == FragFirst {
+			m.natfrags[fk] = natFrag{addr: backend, hairpin: hairpin, expires: m.now + timeoutFrag}
 		}
 	}
 	return res
 }
 
 // natFrag says where the later fragments of a service datagram go: their destination to
-// the backend (src false), or, for a reply, their source back to the VIP (src true).
+// the backend (src false), or, for a reply, their source back to the VIP (src true); those
+// of a hairpin datagram, either way, from the VIP to the client addr (hairpin true).
 type natFrag struct {
 	src     bool
+	hairpin bool
 	addr    netip.Addr
 	expires time.Duration
 }
@@ -695,7 +747,7 @@ type natFrag struct {
 func (m *Model) laterFragment(p ModelPacket) ModelResult {
 	fk := fragKey{p.Zone, p.Src, p.Dst, p.IPID, p.Proto}
 	nf, haveNF := m.natfrags[fk]
-	haveNF = haveNF && m.now <= nf.expires && (nf.src || p.FromLocal)
+	haveNF = haveNF && m.now <= nf.expires && (nf.src || p.FromLocal) && (!nf.hairpin || nf.addr == p.Src)
 	if !haveNF && p.FromLocal && m.isVIP(p.Zone, p.Dst) {
 		return ModelResult{Reason: DropFragToService}
 	}
@@ -711,6 +763,8 @@ func (m *Model) laterFragment(p ModelPacket) ModelResult {
 	}
 	res := ModelResult{Pass: true, Tracked: true}
 	switch {
+	case haveNF && nf.hairpin:
+		res.SNAT, res.DNAT = netip.AddrPortFrom(p.Dst, 0), netip.AddrPortFrom(nf.addr, 0)
 	case haveNF && nf.src:
 		res.SNAT = netip.AddrPortFrom(nf.addr, 0)
 	case haveNF:

@@ -40,6 +40,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "bare-ack", run: bareACK},
 		{name: "rst-policy-change-syn", run: rstPolicyChangeSYN},
 		{name: "icmp-port-unreachable-through-vip", run: portUnreachableThroughVIP},
+		{name: "client-icmp-error-through-vip", run: clientErrorThroughVIP},
 		{name: "hairpin", run: hairpin},
 	})
 }

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -47,6 +48,25 @@ func portUnreachableThroughVIP(t *testing.T, e *Env) {
 	})
 }
 
+// clientErrorThroughVIP: a client that closed its socket answers the service's reply
+// with a port unreachable sent to the VIP; the backend on the other host, its socket
+// connected to the client, gets it as an error about its own answer (ECONNREFUSED): the
+// error was translated to the backend (destination and quote) and passed as related.
+func clientErrorThroughVIP(t *testing.T, e *Env) {
+	a1, _, b1 := adversaries(t, e)
+	vip := netip.MustParseAddr("10.36.1.206")
+	svc := dataplane.Service{ID: "answer:default", VIP: vip, Backends: []netip.Addr{b1.EP.IP},
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5396}}}
+	client := netip.AddrPortFrom(a1.EP.IP, 40996)
+	withService(t, e, svc, func() {
+		p := ReplyProbe{ClientNS: a1.NS, BackendNS: b1.NS, Client: client, Backend: netip.AddrPortFrom(b1.EP.IP, 5396),
+			Peer: client, VIP: netip.AddrPortFrom(vip, 53)}
+		if err := p.Refused(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 // RefusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
 // from addr within three tries.
 func RefusedUDP(path, addr string) error {
@@ -72,12 +92,16 @@ func RefusedUDP(path, addr string) error {
 
 // hairpin: a client balanced to itself through its own service reaches its listener (TCP
 // and UDP) and sees the VIP as its peer both ways; its group's policy (no new TCP in) does
-// not judge this traffic.
+// not judge this traffic. A datagram larger than the MTU goes and comes back whole (its
+// fragments follow the first ones both ways), and ICMP errors go back to the client from
+// the VIP: port unreachable for a port nobody listens on, and the error its kernel sends
+// about an answer that came after it closed its socket.
 func hairpin(t *testing.T, e *Env) {
 	a1, _, _ := adversaries(t, e)
 	vip := netip.MustParseAddr("10.36.1.205")
 	svc := dataplane.Service{ID: "self:default", VIP: vip, Backends: []netip.Addr{a1.EP.IP},
-		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8398}, {Proto: 17, Port: 53, TargetPort: 5398}}}
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8398}, {Proto: 17, Port: 53, TargetPort: 5398},
+			{Proto: 17, Port: 54, TargetPort: 5399}, {Proto: 17, Port: 55, TargetPort: 5400}}}
 	srv, err := StartTCPEchoPort(a1.NS, a1.EP.IP.String(), 8398)
 	if err != nil {
 		t.Fatal(err)
@@ -118,5 +142,26 @@ func hairpin(t *testing.T, e *Env) {
 		if from != "10.36.1.205:53" {
 			t.Errorf("UDP reply from %s, want the VIP", from)
 		}
+		if err := RefusedUDP(a1.NS, "10.36.1.205:54"); err != nil {
+			t.Error(err)
+		}
+		client := netip.AddrPortFrom(a1.EP.IP, 40995)
+		p := ReplyProbe{ClientNS: a1.NS, BackendNS: a1.NS, Client: client, Backend: netip.AddrPortFrom(a1.EP.IP, 5400),
+			Peer: netip.AddrPortFrom(vip, client.Port()), VIP: netip.AddrPortFrom(vip, 55)}
+		if err := p.Refused(); err != nil {
+			t.Error(err)
+		}
+		t.Run("large-udp", func(t *testing.T) {
+			if e.H1.Driver.Name() == "ovs" {
+				t.Skip("OVS does not carry fragmented datagrams through a VIP (docs/ovs.md)")
+			}
+			from, err := UDPExchange(a1.NS, "10.36.1.205:53", bytes.Repeat([]byte("hairpin-fragments-"), 250), 2*time.Second)
+			if err != nil {
+				t.Fatalf("4,500-byte datagram to its own service: %v", err)
+			}
+			if from != "10.36.1.205:53" {
+				t.Errorf("large UDP reply from %s, want the VIP", from)
+			}
+		})
 	})
 }

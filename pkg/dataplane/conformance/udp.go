@@ -1,9 +1,12 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
@@ -183,4 +186,63 @@ func (f *UDPFlow) Run(d, interval time.Duration) ([]UDPReply, error) {
 		}
 	}
 	return out, nil
+}
+
+// ReplyProbe checks that an ICMP error a client's kernel sends about a service's reply
+// reaches the backend as an error about its own packet: the client sends one datagram
+// from Client to VIP and closes its socket; the backend, its socket bound to Backend and
+// connected to Peer (the client as the backend sees it: the VIP for a hairpin), reads it
+// and answers; the client's port unreachable (quoting VIP → Client, sent to the VIP) must
+// make the backend's socket see ECONNREFUSED.
+type ReplyProbe struct {
+	ClientNS, BackendNS   string
+	Client, Backend, Peer netip.AddrPort
+	VIP                   netip.AddrPort
+}
+
+// Refused runs the probe: nil once the backend's socket saw ECONNREFUSED, within three
+// datagrams (the first may be lost to ARP resolution).
+func (p ReplyProbe) Refused() error {
+	var bc *net.UDPConn
+	err := nsexec.Run(p.BackendNS, func() error {
+		var err error
+		bc, err = net.DialUDP("udp4", net.UDPAddrFromAddrPort(p.Backend), net.UDPAddrFromAddrPort(p.Peer))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("backend socket %v → %v: %w", p.Backend, p.Peer, err)
+	}
+	defer bc.Close()
+	send := func() error {
+		return nsexec.Run(p.ClientNS, func() error {
+			c, err := net.DialUDP("udp4", net.UDPAddrFromAddrPort(p.Client), net.UDPAddrFromAddrPort(p.VIP))
+			if err != nil {
+				return fmt.Errorf("client socket %v → %v: %w", p.Client, p.VIP, err)
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("ask"))
+			return err
+		})
+	}
+	buf := make([]byte, 64)
+	for try := 0; try < 3; try++ {
+		if err := send(); err != nil {
+			return err
+		}
+		_ = bc.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := bc.Read(buf); err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return nil // the error about an earlier answer
+			}
+			continue
+		}
+		if _, err := bc.Write([]byte("answer")); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("backend answer: %w", err)
+		}
+		_ = bc.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := bc.Read(buf); errors.Is(err, syscall.ECONNREFUSED) {
+			return nil
+		}
+	}
+	return fmt.Errorf("backend %v: no ECONNREFUSED for its answers to %v (the client's port unreachable lost or not translated)", p.Backend, p.Peer)
 }

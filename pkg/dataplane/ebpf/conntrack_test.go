@@ -412,9 +412,9 @@ func TestConntrackICMPRelated(t *testing.T) {
 		// The backend answers with port unreachable about client → backend:5353.
 		r := run(t, objs, ov, icmpError(remoteIP, srcIP, 3, srcIP, remoteIP, 40600, 5353), ovl)
 		r.expect(t, tcActRedirect, FwdLocal)
-		src, q := checkICMPError(t, r.out)
-		if src != vip || q != netip.AddrPortFrom(vip, 53) {
-			t.Errorf("error from %v quoting %v, want from and quoting the VIP %v:53", src, q, vip)
+		src, _, qs, q := quoteOf(t, r.out) // the quoted UDP checksum follows too
+		if src != vip || q != netip.AddrPortFrom(vip, 53) || qs != netip.AddrPortFrom(srcIP, 40600) {
+			t.Errorf("error from %v quoting %v → %v, want from and quoting the VIP %v:53", src, qs, q, vip)
 		}
 		// Time exceeded, also about the flow: the quote is fixed the same way.
 		r = run(t, objs, ov, icmpError(remoteIP, srcIP, 11, srcIP, remoteIP, 40600, 5353), ovl)

@@ -53,7 +53,7 @@ type diffStep struct {
 	flags    uint8 // TCP flags, or ICMP type
 	frag     policy.FragKind
 	ipid     uint16
-	quote    *diffStep // ICMP error (type in flags): the packet it quotes
+	quote    *diffStep // ICMP error (type in flags): the packet it quotes (from/to -1: the VIP)
 	// control plane
 	rules   []dataplane.PolicySet
 	epg     uint16
@@ -211,6 +211,9 @@ func (g *diffGen) icmpError() (diffStep, bool) {
 	}
 	r := cands[g.r.IntN(len(cands))]
 	q := r
+	if r.to == -1 && g.r.IntN(2) == 0 {
+		return g.clientICMPError(r), true
+	}
 	if q.to == -1 {
 		if len(g.backends) == 0 {
 			return diffStep{}, false
@@ -231,6 +234,21 @@ func (g *diffGen) icmpError() (diffStep, bool) {
 		return diffStep{}, false
 	}
 	return s, true
+}
+
+// clientICMPError is an ICMP error the client of a recent packet to the VIP sends to the
+// VIP: about the service's reply (quoting VIP:80 → client:cport), or, as its own backend
+// (hairpin), about the balanced packet (VIP:cport → client:8080); now and then about a
+// port of no flow.
+func (g *diffGen) clientICMPError(r diffStep) diffStep {
+	q := diffStep{from: -1, to: r.from, proto: r.proto, sport: r.dport, dport: r.sport}
+	if g.r.IntN(3) == 0 {
+		q.sport, q.dport = r.sport, 8080
+	}
+	if g.r.IntN(4) == 0 {
+		q.dport = g.port()
+	}
+	return diffStep{kind: "pkt", from: r.from, to: -1, proto: 1, flags: []uint8{3, 11, 12}[g.r.IntN(3)], ipid: 1, quote: &q}
 }
 
 func (g *diffGen) step() diffStep {
@@ -851,11 +869,14 @@ func ageMap[V any](t *testing.T, m *ebpf.Map, exp func(*V) *uint64, d time.Durat
 }
 
 // dstOf is the destination a step's packet is sent to.
-func dstOf(w *diffWorld, s diffStep) netip.Addr {
-	if s.to < 0 {
+func dstOf(w *diffWorld, s diffStep) netip.Addr { return w.addr(s.to) }
+
+// addr is the address of endpoint i (-1: the VIP).
+func (w *diffWorld) addr(i int) netip.Addr {
+	if i < 0 {
 		return diffVIP
 	}
-	return w.eps[s.to].ip
+	return w.eps[i].ip
 }
 
 // agedBy moves a deadline back by d, stopping at 1 (long expired; the clock since boot
@@ -880,7 +901,7 @@ func (w *diffWorld) frame(s diffStep) []byte {
 		f = l4Frame(s.proto, src, dst, s.sport, s.dport, s.flags, 0)
 	case 1:
 		if q := s.quote; q != nil {
-			f = icmpErrorOf(src, dst, s.flags, q.proto, w.eps[q.from].ip, w.eps[q.to].ip, q.sport, q.dport)
+			f = icmpErrorOf(src, dst, s.flags, q.proto, w.addr(q.from), w.addr(q.to), q.sport, q.dport)
 		} else {
 			f = icmpEcho(src, dst, s.flags, s.sport)
 		}
@@ -903,7 +924,12 @@ func (w *diffWorld) frame(s diffStep) []byte {
 
 // icmpErrorOf builds an ICMP error quoting a TCP or UDP packet (IPv4 header + 8 bytes).
 func icmpErrorOf(src, dst netip.Addr, typ, proto uint8, qsrc, qdst netip.Addr, qsport, qdport uint16) []byte {
-	quote := l4Frame(proto, qsrc, qdst, qsport, qdport, 0x10, 0)[14 : 14+20+8]
+	return icmpErrorQuoting(src, dst, typ, l4Frame(proto, qsrc, qdst, qsport, qdport, 0x10, 0)[14:14+20+8])
+}
+
+// icmpErrorQuoting builds an ICMP error (type typ, code 0) from src to dst quoting quote
+// (an IPv4 packet's start).
+func icmpErrorQuoting(src, dst netip.Addr, typ uint8, quote []byte) []byte {
 	icmp := append([]byte{typ, 0, 0, 0, 0, 0, 0, 0}, quote...)
 	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
 	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
@@ -920,6 +946,7 @@ type outcome struct {
 	dst    netip.AddrPort // destination after the datapath (DNAT)
 	src    netip.AddrPort // source after the datapath (un-DNAT of replies)
 	quoted netip.AddrPort // ICMP errors: the quoted destination after the datapath
+	qsrc   netip.AddrPort // ICMP errors: the quoted source after the datapath
 }
 
 func (o outcome) String() string {
@@ -927,7 +954,7 @@ func (o outcome) String() string {
 		return "drop " + o.reason
 	}
 	if o.quoted.IsValid() {
-		return fmt.Sprintf("pass %v→%v quoting dst %v", o.src, o.dst, o.quoted)
+		return fmt.Sprintf("pass %v→%v quoting %v→%v", o.src, o.dst, o.qsrc, o.quoted)
 	}
 	return fmt.Sprintf("pass %v→%v", o.src, o.dst)
 }
@@ -965,9 +992,9 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 			o.dst = netip.AddrPortFrom(o.dst.Addr(), binary.BigEndian.Uint16(ip[22:]))
 		}
 		if s.quote != nil {
-			src, q := checkICMPError(t, res.out)
+			src, _, qs, q := quoteOf(t, res.out)
 			o.src = netip.AddrPortFrom(src, 0)
-			o.quoted = q
+			o.quoted, o.qsrc = q, qs
 		}
 		o.reason = ""
 	}
@@ -1002,7 +1029,7 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		}
 		if q := s.quote; q != nil {
 			p.HasQuote = true
-			p.Quoted = policy.FlowKey{Src: w.eps[q.from].ip, Dst: w.eps[q.to].ip, Sport: q.sport, Dport: q.dport, Proto: q.proto}
+			p.Quoted = policy.FlowKey{Src: w.addr(q.from), Dst: w.addr(q.to), Sport: q.sport, Dport: q.dport, Proto: q.proto}
 		}
 	case 47:
 		p.Sport, p.Dport = 0, 0
@@ -1028,9 +1055,13 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		o.src = r.SNAT
 	}
 	if s.quote != nil {
-		o.quoted = netip.AddrPortFrom(w.eps[s.quote.to].ip, s.quote.dport)
+		o.quoted = netip.AddrPortFrom(w.addr(s.quote.to), s.quote.dport)
+		o.qsrc = netip.AddrPortFrom(w.addr(s.quote.from), s.quote.sport)
 		if r.QuotedDst.IsValid() {
 			o.quoted = r.QuotedDst
+		}
+		if r.QuotedSrc.IsValid() {
+			o.qsrc = r.QuotedSrc
 		}
 	}
 	return o
@@ -1098,10 +1129,16 @@ func (w *diffWorld) apply(s diffStep) string {
 		}
 		if w.tally != nil {
 			switch {
+			case s.frag == policy.FragLater && dp.pass && dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
+				w.tally["frag_later_hairpin"]++
 			case s.frag == policy.FragLater && dp.pass && (dp.dst.Addr() != dstOf(w, s) || dp.src.Addr() != w.eps[s.from].ip):
 				w.tally["frag_later_nat"]++
 			case s.quote != nil && !dp.pass:
 				w.tally["icmp_error_"+dp.reason]++
+			case s.quote != nil && s.to == -1 && dp.quoted.Addr() == diffVIP:
+				w.tally["icmp_error_hairpin"]++
+			case s.quote != nil && s.to == -1:
+				w.tally["icmp_error_to_backend"]++
 			case s.quote != nil && dp.quoted.Addr() == diffVIP:
 				w.tally["icmp_error_unnat"]++
 			case s.quote != nil:

@@ -187,14 +187,28 @@ func TestEgressICMP(t *testing.T) {
 		router := netip.MustParseAddr("203.0.113.1")
 		r := run(t, objs, objs.CbFromUplink, icmpError(router, hostIP, 3, hostIP, worldIP, p, 9999), nil)
 		r.expect(t, tcActRedirect, FwdEgressReply)
-		src, q := checkICMPError(t, r.out)
-		inner := r.out[14+20+8:]
-		qsrc := netip.AddrPortFrom(netip.AddrFrom4([4]byte(inner[12:16])), binary.BigEndian.Uint16(inner[20:]))
+		src, _, qsrc, q := quoteOf(t, r.out) // the quoted UDP checksum follows too
 		if src != router || q != netip.AddrPortFrom(worldIP, 9999) || qsrc != netip.AddrPortFrom(srcIP, 7000) {
 			t.Errorf("error delivered: from %v quoting %v → %v", src, qsrc, q)
 		}
 		if dst := netip.AddrFrom4([4]byte(r.out[14+16 : 14+20])); dst != srcIP {
 			t.Errorf("error delivered to %v", dst)
+		}
+	})
+	t.Run("error-about-echo", func(t *testing.T) {
+		// Time exceeded about the echo as it left (from the host's address, the NAT id):
+		// back to the endpoint about its own echo, the quoted echo's checksum fixed.
+		quote := echoFrame(hostIP, worldIP, 8, id)[14 : 14+20+8]
+		router := netip.MustParseAddr("203.0.113.1")
+		r := run(t, objs, objs.CbFromUplink, icmpErrorQuoting(router, hostIP, 11, quote), nil)
+		r.expect(t, tcActRedirect, FwdEgressReply)
+		src, q := checkICMPError(t, r.out)
+		inner := r.out[14+20+8:]
+		if src != router || q.Addr() != worldIP || netip.AddrFrom4([4]byte(inner[12:16])) != srcIP || binary.BigEndian.Uint16(inner[24:]) != 0x1234 {
+			t.Errorf("error delivered: from %v quoting %v → %v id %#x", src, netip.AddrFrom4([4]byte(inner[12:16])), q.Addr(), binary.BigEndian.Uint16(inner[24:]))
+		}
+		if want := echoFrame(srcIP, worldIP, 8, 0x1234)[14+20+2 : 14+20+4]; inner[22] != want[0] || inner[23] != want[1] {
+			t.Errorf("quoted echo checksum %x, want %x", inner[22:24], want)
 		}
 	})
 	t.Run("error-about-nothing-is-the-hosts", func(t *testing.T) {
