@@ -28,6 +28,7 @@
 #include "lib/nat.h"
 #include "lib/nodeport.h"
 #include "lib/native.h"
+#include "lib/icmp.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -328,6 +329,8 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
 			t.client_net = dnet;
 			r = cb_lb_forward(skb, &p, &f, &t, &lc);
+			if (r == CB_DROP_NO_BACKEND)
+				return cb_reject_no_backend(skb, &p, &f);
 			if (r)
 				return cb_drop(skb, r);
 			if (t.svc)

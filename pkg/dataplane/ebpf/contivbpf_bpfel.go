@@ -449,6 +449,7 @@ const (
 	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
 	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
 	contivbpfCbReasonCB_DROP_CT_QUOTA           contivbpfCbReason = 72
+	contivbpfCbReasonCB_REJECT_NO_BACKEND       contivbpfCbReason = 73
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
