@@ -41,6 +41,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "rst-policy-change-syn", run: rstPolicyChangeSYN},
 		{name: "icmp-port-unreachable-through-vip", run: portUnreachableThroughVIP},
 		{name: "hairpin", run: hairpin},
+		{name: "reject-no-backend", run: rejectNoBackend},
 	})
 }
 

@@ -120,3 +120,51 @@ func hairpin(t *testing.T, e *Env) {
 		}
 	})
 }
+
+// rejectNoBackend: a service without backends refuses new flows at once (kube-proxy's
+// REJECT): a TCP connect to it fails with ECONNREFUSED well before the first SYN
+// retransmission (1 s), and a connected UDP socket's first recv after a send fails with
+// ECONNREFUSED. Skipped for a driver that only drops them.
+func rejectNoBackend(t *testing.T, e *Env) {
+	if r, ok := e.H1.Driver.(dataplane.NoBackendRejecter); !ok || !r.RejectsNoBackend() {
+		t.Skip("the driver drops flows to a service without backends (no ICMP reject; docs/ovs.md)")
+	}
+	a1, _, _ := adversaries(t, e)
+	vip := netip.MustParseAddr("10.36.1.206")
+	svc := dataplane.Service{ID: "empty:default", VIP: vip,
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}, {Proto: 17, Port: 53, TargetPort: 5353}}}
+	withService(t, e, svc, func() {
+		start := time.Now()
+		c, err := DialTCPTimeout(a1.NS, "10.36.1.206:80", 5*time.Second)
+		if err == nil {
+			c.Close()
+			t.Fatal("connected to a service without backends")
+		}
+		if took := time.Since(start); !errors.Is(err, syscall.ECONNREFUSED) || took > 900*time.Millisecond {
+			t.Errorf("tcp connect: %v after %v, want ECONNREFUSED at once", err, took)
+		}
+		if err := refusedUDPFirst(a1.NS, "10.36.1.206:53"); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// refusedUDPFirst expects the first recv of a connected UDP socket in the namespace at
+// path, after one send to addr, to fail with ECONNREFUSED within a second.
+func refusedUDPFirst(path, addr string) error {
+	return nsexec.Run(path, func() error {
+		c, err := net.DialTimeout("udp4", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("anyone?")); err != nil {
+			return fmt.Errorf("udp %s: send: %w", addr, err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := c.Read(make([]byte, 64)); !errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("udp %s: first recv %v, want ECONNREFUSED", addr, err)
+		}
+		return nil
+	})
+}
