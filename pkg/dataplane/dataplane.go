@@ -334,13 +334,6 @@ type Driver interface {
 	Teardown(ctx context.Context) error
 }
 
-// NoBackendRejecter is a Driver that can refuse a new flow to a service without backends
-// with an ICMP port unreachable from the VIP (the client's connect or recv fails at once,
-// as with kube-proxy's REJECT) instead of dropping it silently.
-type NoBackendRejecter interface {
-	RejectsNoBackend() bool
-}
-
 // Status is a driver's self-report for the inspect API and metrics.
 type Status struct {
 	Dataplane   string         `json:"dataplane"`

@@ -124,11 +124,8 @@ func hairpin(t *testing.T, e *Env) {
 // rejectNoBackend: a service without backends refuses new flows at once (kube-proxy's
 // REJECT): a TCP connect to it fails with ECONNREFUSED well before the first SYN
 // retransmission (1 s), and a connected UDP socket's first recv after a send fails with
-// ECONNREFUSED. Skipped for a driver that only drops them.
+// ECONNREFUSED (eBPF: bpf/lib/icmp.h; OVS: the agent, reject.go).
 func rejectNoBackend(t *testing.T, e *Env) {
-	if r, ok := e.H1.Driver.(dataplane.NoBackendRejecter); !ok || !r.RejectsNoBackend() {
-		t.Skip("the driver drops flows to a service without backends (no ICMP reject; docs/ovs.md)")
-	}
 	a1, _, _ := adversaries(t, e)
 	vip := netip.MustParseAddr("10.36.1.206")
 	svc := dataplane.Service{ID: "empty:default", VIP: vip,

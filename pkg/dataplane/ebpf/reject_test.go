@@ -77,6 +77,10 @@ func checkReject(t *testing.T, in, out []byte) {
 	if !bytes.Equal(icmp[8:], quote) {
 		t.Errorf("quote\n got %x\nwant %x", icmp[8:], quote)
 	}
+	// The OVS backend's agent builds the same reply (dataplane.ICMPPortUnreachable).
+	if want, ok := dataplane.ICMPPortUnreachable(in); !ok || !bytes.Equal(out, want) {
+		t.Errorf("differs from dataplane.ICMPPortUnreachable (ok %v)\n got %x\nwant %x", ok, out, want)
+	}
 }
 
 func TestRejectNoBackend(t *testing.T) {

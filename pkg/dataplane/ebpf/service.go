@@ -383,8 +383,3 @@ func (d *Driver) deleteService(id string) error {
 	}
 	return d.writeConfig()
 }
-
-// RejectsNoBackend implements dataplane.NoBackendRejecter: a TCP SYN or UDP datagram from
-// a local endpoint to a service without backends is answered with ICMP port unreachable
-// (reject_no_backend, bpf/lib/icmp.h).
-func (d *Driver) RejectsNoBackend() bool { return true }
