@@ -4,17 +4,20 @@
  * packet itself becomes an ICMP destination unreachable (type 3, code 3 port unreachable:
  * ECONNREFUSED for the client's socket, at once instead of a connect timeout) from the VIP
  * to its sender, sent back out of the interface it came in on (bpf_redirect to the host
- * side of the sender's veth, egress: into the sender's container).
+ * side of the sender's veth, egress: into the sender's container). A node port flow from
+ * the uplink is refused as its client sent it, from the host's address and node port, out
+ * of the egress device, at most CB_ICMP_RATE per second and CPU (cb_icmp_token).
  *
  * The error quotes the packet's IPv4 header with its options and the first 8 bytes of its
  * payload (RFC 792). When the kernel still owes the packet's TCP checksum (CHECKSUM_PARTIAL,
  * veth offload) the packet cannot be cut before that field: the quote then holds 18 bytes
  * of TCP header (RFC 1812 asks for as much of the datagram as fits in 576 bytes). The
  * error is never larger than the packet plus 28 bytes (its own IPv4 and ICMP headers) and
- * goes only to the packet's sender: nothing to amplify or reflect. Never answered (RFC 1122
+ * goes only to the packet's sender: nothing to amplify. Never answered (RFC 1122
  * 3.2.2, RFC 1812 4.3.2.7): ICMP (errors above all), non-first fragments, packets to a
- * link-layer or IP broadcast or multicast, from an unspecified or multicast source, TCP
- * segments other than a SYN, GSO super-packets (drop_no_backend as before). */
+ * link-layer group address, from or to an unspecified, loopback, multicast or broadcast
+ * address, TCP segments other than a bare SYN, GSO super-packets (drop_no_backend as
+ * before). */
 #pragma once
 
 #include "common.h"
@@ -35,13 +38,12 @@ CB_INLINE int cb_icmp_may_answer(struct __sk_buff *skb, const struct cb_pkt *p, 
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	__u32 s = bpf_ntohl(f->saddr);
 
 	if (p->frag == CB_FRAG_LATER || skb->gso_size || p->l3_len < 20 || p->l3_len > 60)
 		return 0;
 	if (data + ETH_HLEN > data_end || (((__u8 *)data)[0] & 1)) /* group address */
 		return 0;
-	if (cb_dst_invalid(f->daddr) || s == 0 || (s >> 28) == 0xe || s == 0xffffffff)
+	if (cb_dst_invalid(f->daddr) || cb_dst_invalid(f->saddr))
 		return 0;
 	if (f->proto == CB_PROTO_TCP)
 		return (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK | CB_TCP_RST | CB_TCP_FIN)) == CB_TCP_SYN;
@@ -152,13 +154,56 @@ static __noinline int cb_icmp_unreach(struct __sk_buff *skb, __u32 hlen, __u32 p
 	return 0;
 }
 
-/* cb_reject_no_backend refuses a packet from a local endpoint (parsed: p, f) to a service
- * VIP:port without a live backend: counted and reported as reject_no_backend with the
- * packet as it came, then turned into an ICMP port unreachable from the VIP and sent back
- * to the sender. One that may not be answered is dropped with drop_no_backend. */
-static __noinline int cb_reject_no_backend(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f)
+/* Errors to the wire (node ports) may go to any, spoofable, address: a per-CPU token
+ * bucket bounds them, like Linux's icmp_msgs_per_sec; beyond it packets are dropped
+ * unanswered. Errors to a local endpoint go only to the sender itself: not limited. */
+#define CB_ICMP_RATE 200  /* tokens per second and CPU */
+#define CB_ICMP_BURST 50
+#define CB_NSEC 1000000000ULL
+
+struct cb_icmp_bucket {
+	__u64 last;   /* bpf_ktime_get_ns() of the last refill */
+	__u32 tokens;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_icmp_bucket);
+} cb_icmp_buckets SEC(".maps");
+
+/* cb_icmp_token takes a token of this CPU's bucket; 0 when there is none. */
+CB_INLINE int cb_icmp_token(void)
 {
-	if (!cb_icmp_may_answer(skb, p, f))
+	__u32 z = 0;
+	struct cb_icmp_bucket *b = bpf_map_lookup_elem(&cb_icmp_buckets, &z);
+	__u64 now = bpf_ktime_get_ns(), add;
+
+	if (!b)
+		return 0;
+	add = (now - b->last) / (CB_NSEC / CB_ICMP_RATE);
+	if (add) {
+		b->tokens = add >= CB_ICMP_BURST || b->tokens + add >= CB_ICMP_BURST ? CB_ICMP_BURST : b->tokens + add;
+		b->last = now;
+	}
+	if (!b->tokens)
+		return 0;
+	b->tokens--;
+	return 1;
+}
+
+/* cb_reject_no_backend refuses a packet (parsed: p, f, as its sender sent it) to a service
+ * without a live backend: counted and reported as reject_no_backend with the packet as it
+ * came, then turned into an ICMP port unreachable from its destination (the VIP, or the
+ * host's address of a node port) and sent back out of the interface it came in on. One
+ * that may not be answered, or (limited: to the wire) beyond the rate, is dropped with
+ * drop_no_backend. */
+static __noinline int cb_reject_no_backend(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+					   int limited)
+{
+	if (!cb_icmp_may_answer(skb, p, f) || (limited && !cb_icmp_token()))
 		return cb_drop(skb, CB_DROP_NO_BACKEND);
 	cb_drop(skb, CB_REJECT_NO_BACKEND);
 	if (cb_icmp_unreach(skb, p->l3_len, f->proto, f->daddr, CB_ICMP_PORT_UNREACH))

@@ -245,6 +245,13 @@ type contivbpfCbHostSvcKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbIcmpBucket struct {
+	_      structs.HostLayout
+	Last   uint64
+	Tokens uint32
+	Pad    uint32
+}
+
 type contivbpfCbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -582,6 +589,7 @@ const (
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbHostSvcs         = "cb_host_svcs"
+	contivbpfMapCbIcmpBuckets      = "cb_icmp_buckets"
 	contivbpfMapCbIfaces           = "cb_ifaces"
 	contivbpfMapCbKpods            = "cb_kpods"
 	contivbpfMapCbKsets            = "cb_ksets"
@@ -674,36 +682,37 @@ type contivbpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
-	CbBackends   *ebpf.MapSpec `ebpf:"cb_backends"`
-	CbBgpRoutes  *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
-	CbCfg        *ebpf.MapSpec `ebpf:"cb_cfg"`
-	CbCt         *ebpf.MapSpec `ebpf:"cb_ct"`
-	CbCtOwned    *ebpf.MapSpec `ebpf:"cb_ct_owned"`
-	CbEndpoints  *ebpf.MapSpec `ebpf:"cb_endpoints"`
-	CbEpCounters *ebpf.MapSpec `ebpf:"cb_ep_counters"`
-	CbEpgs       *ebpf.MapSpec `ebpf:"cb_epgs"`
-	CbEvents     *ebpf.MapSpec `ebpf:"cb_events"`
-	CbFrags      *ebpf.MapSpec `ebpf:"cb_frags"`
-	CbHostIps    *ebpf.MapSpec `ebpf:"cb_host_ips"`
-	CbHostRoutes *ebpf.MapSpec `ebpf:"cb_host_routes"`
-	CbHostSvcs   *ebpf.MapSpec `ebpf:"cb_host_svcs"`
-	CbIfaces     *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbKpods      *ebpf.MapSpec `ebpf:"cb_kpods"`
-	CbKsets      *ebpf.MapSpec `ebpf:"cb_ksets"`
-	CbMembers    *ebpf.MapSpec `ebpf:"cb_members"`
-	CbNatFrags   *ebpf.MapSpec `ebpf:"cb_nat_frags"`
-	CbNetworks   *ebpf.MapSpec `ebpf:"cb_networks"`
-	CbNodeports  *ebpf.MapSpec `ebpf:"cb_nodeports"`
-	CbPeerFlows  *ebpf.MapSpec `ebpf:"cb_peer_flows"`
-	CbPeers      *ebpf.MapSpec `ebpf:"cb_peers"`
-	CbPolicies   *ebpf.MapSpec `ebpf:"cb_policies"`
-	CbReasons    *ebpf.MapSpec `ebpf:"cb_reasons"`
-	CbRoutes     *ebpf.MapSpec `ebpf:"cb_routes"`
-	CbServices   *ebpf.MapSpec `ebpf:"cb_services"`
-	CbSnat       *ebpf.MapSpec `ebpf:"cb_snat"`
-	CbSnatRev    *ebpf.MapSpec `ebpf:"cb_snat_rev"`
-	CbVerdicts   *ebpf.MapSpec `ebpf:"cb_verdicts"`
-	CbVips       *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbBackends    *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbBgpRoutes   *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
+	CbCfg         *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt          *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbCtOwned     *ebpf.MapSpec `ebpf:"cb_ct_owned"`
+	CbEndpoints   *ebpf.MapSpec `ebpf:"cb_endpoints"`
+	CbEpCounters  *ebpf.MapSpec `ebpf:"cb_ep_counters"`
+	CbEpgs        *ebpf.MapSpec `ebpf:"cb_epgs"`
+	CbEvents      *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFrags       *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHostIps     *ebpf.MapSpec `ebpf:"cb_host_ips"`
+	CbHostRoutes  *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbHostSvcs    *ebpf.MapSpec `ebpf:"cb_host_svcs"`
+	CbIcmpBuckets *ebpf.MapSpec `ebpf:"cb_icmp_buckets"`
+	CbIfaces      *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKpods       *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsets       *ebpf.MapSpec `ebpf:"cb_ksets"`
+	CbMembers     *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags    *ebpf.MapSpec `ebpf:"cb_nat_frags"`
+	CbNetworks    *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbNodeports   *ebpf.MapSpec `ebpf:"cb_nodeports"`
+	CbPeerFlows   *ebpf.MapSpec `ebpf:"cb_peer_flows"`
+	CbPeers       *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies    *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbReasons     *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes      *ebpf.MapSpec `ebpf:"cb_routes"`
+	CbServices    *ebpf.MapSpec `ebpf:"cb_services"`
+	CbSnat        *ebpf.MapSpec `ebpf:"cb_snat"`
+	CbSnatRev     *ebpf.MapSpec `ebpf:"cb_snat_rev"`
+	CbVerdicts    *ebpf.MapSpec `ebpf:"cb_verdicts"`
+	CbVips        *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -745,36 +754,37 @@ func (o *contivbpfObjects) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
-	CbBackends   *ebpf.Map `ebpf:"cb_backends"`
-	CbBgpRoutes  *ebpf.Map `ebpf:"cb_bgp_routes"`
-	CbCfg        *ebpf.Map `ebpf:"cb_cfg"`
-	CbCt         *ebpf.Map `ebpf:"cb_ct"`
-	CbCtOwned    *ebpf.Map `ebpf:"cb_ct_owned"`
-	CbEndpoints  *ebpf.Map `ebpf:"cb_endpoints"`
-	CbEpCounters *ebpf.Map `ebpf:"cb_ep_counters"`
-	CbEpgs       *ebpf.Map `ebpf:"cb_epgs"`
-	CbEvents     *ebpf.Map `ebpf:"cb_events"`
-	CbFrags      *ebpf.Map `ebpf:"cb_frags"`
-	CbHostIps    *ebpf.Map `ebpf:"cb_host_ips"`
-	CbHostRoutes *ebpf.Map `ebpf:"cb_host_routes"`
-	CbHostSvcs   *ebpf.Map `ebpf:"cb_host_svcs"`
-	CbIfaces     *ebpf.Map `ebpf:"cb_ifaces"`
-	CbKpods      *ebpf.Map `ebpf:"cb_kpods"`
-	CbKsets      *ebpf.Map `ebpf:"cb_ksets"`
-	CbMembers    *ebpf.Map `ebpf:"cb_members"`
-	CbNatFrags   *ebpf.Map `ebpf:"cb_nat_frags"`
-	CbNetworks   *ebpf.Map `ebpf:"cb_networks"`
-	CbNodeports  *ebpf.Map `ebpf:"cb_nodeports"`
-	CbPeerFlows  *ebpf.Map `ebpf:"cb_peer_flows"`
-	CbPeers      *ebpf.Map `ebpf:"cb_peers"`
-	CbPolicies   *ebpf.Map `ebpf:"cb_policies"`
-	CbReasons    *ebpf.Map `ebpf:"cb_reasons"`
-	CbRoutes     *ebpf.Map `ebpf:"cb_routes"`
-	CbServices   *ebpf.Map `ebpf:"cb_services"`
-	CbSnat       *ebpf.Map `ebpf:"cb_snat"`
-	CbSnatRev    *ebpf.Map `ebpf:"cb_snat_rev"`
-	CbVerdicts   *ebpf.Map `ebpf:"cb_verdicts"`
-	CbVips       *ebpf.Map `ebpf:"cb_vips"`
+	CbBackends    *ebpf.Map `ebpf:"cb_backends"`
+	CbBgpRoutes   *ebpf.Map `ebpf:"cb_bgp_routes"`
+	CbCfg         *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt          *ebpf.Map `ebpf:"cb_ct"`
+	CbCtOwned     *ebpf.Map `ebpf:"cb_ct_owned"`
+	CbEndpoints   *ebpf.Map `ebpf:"cb_endpoints"`
+	CbEpCounters  *ebpf.Map `ebpf:"cb_ep_counters"`
+	CbEpgs        *ebpf.Map `ebpf:"cb_epgs"`
+	CbEvents      *ebpf.Map `ebpf:"cb_events"`
+	CbFrags       *ebpf.Map `ebpf:"cb_frags"`
+	CbHostIps     *ebpf.Map `ebpf:"cb_host_ips"`
+	CbHostRoutes  *ebpf.Map `ebpf:"cb_host_routes"`
+	CbHostSvcs    *ebpf.Map `ebpf:"cb_host_svcs"`
+	CbIcmpBuckets *ebpf.Map `ebpf:"cb_icmp_buckets"`
+	CbIfaces      *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKpods       *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsets       *ebpf.Map `ebpf:"cb_ksets"`
+	CbMembers     *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags    *ebpf.Map `ebpf:"cb_nat_frags"`
+	CbNetworks    *ebpf.Map `ebpf:"cb_networks"`
+	CbNodeports   *ebpf.Map `ebpf:"cb_nodeports"`
+	CbPeerFlows   *ebpf.Map `ebpf:"cb_peer_flows"`
+	CbPeers       *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies    *ebpf.Map `ebpf:"cb_policies"`
+	CbReasons     *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes      *ebpf.Map `ebpf:"cb_routes"`
+	CbServices    *ebpf.Map `ebpf:"cb_services"`
+	CbSnat        *ebpf.Map `ebpf:"cb_snat"`
+	CbSnatRev     *ebpf.Map `ebpf:"cb_snat_rev"`
+	CbVerdicts    *ebpf.Map `ebpf:"cb_verdicts"`
+	CbVips        *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfMaps) Close() error {
@@ -792,6 +802,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbHostIps,
 		m.CbHostRoutes,
 		m.CbHostSvcs,
+		m.CbIcmpBuckets,
 		m.CbIfaces,
 		m.CbKpods,
 		m.CbKsets,

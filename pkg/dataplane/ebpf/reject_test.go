@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -186,5 +187,48 @@ func TestRejectNoBackendNever(t *testing.T) {
 			}
 			run(t, objs, fc, c.frame, nil).expect(t, tcActShot, c.reason)
 		})
+	}
+}
+
+// TestRejectNodePort: a node port of a service without backends refuses from the host's
+// address and node port (the packet as the client sent it), back out of the uplink; a
+// per-CPU token bucket bounds these errors (the wire's sources are spoofable).
+func TestRejectNodePort(t *testing.T) {
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
+	putTestService(t, objs, 1, vip, 80, 6, 8080)
+	putTestService(t, objs, 2, vip, 53, 17, 5353)
+	for _, np := range []contivbpfCbNpKey{{Port: nport(30080), Proto: 6}, {Port: nport(30053), Proto: 17}} {
+		svcPort := map[uint8]uint16{6: 80, 17: 53}[np.Proto]
+		if err := objs.CbNodeports.Put(&np, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(svcPort)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up := objs.CbFromUplink
+	for _, in := range [][]byte{l4Frame(6, worldIP, hostIP, 5555, 30080, tcpSYN, 0), l4Frame(17, worldIP, hostIP, 5555, 30053, 0, 0)} {
+		r := run(t, objs, up, in, nil)
+		r.expect(t, tcActRedirect, RejectNoBackend)
+		checkReject(t, in, r.out)
+	}
+	run(t, objs, up, l4Frame(6, worldIP, hostIP, 5556, 30080, tcpACK, 0), nil).expect(t, tcActShot, DropNoBackend)
+	bcast := l4Frame(17, worldIP, hostIP, 5557, 30053, 0, 0)
+	copy(bcast[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	run(t, objs, up, bcast, nil).expect(t, tcActShot, DropNoBackend)
+
+	// The bucket: bursts of 50 per CPU (the test may move between CPUs), then dropped.
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := map[Reason]int{}
+	for i := range (cpus + 1) * 60 {
+		r := run(t, objs, up, l4Frame(17, worldIP, hostIP, uint16(6000+i), 30053, 0, 0), nil)
+		for reason := range r.diff {
+			sent[reason]++
+		}
+	}
+	if sent[DropNoBackend] == 0 || sent[RejectNoBackend] < 40 || sent[RejectNoBackend] > cpus*60 {
+		t.Errorf("a flood answered %v (%d CPUs, bursts of 50)", sent, cpus)
 	}
 }
