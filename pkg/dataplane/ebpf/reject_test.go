@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -133,12 +132,7 @@ func TestRejectNoBackend(t *testing.T) {
 		defer setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
 		in := l4Frame(17, srcIP, rejectVIP, 44008, 53, 0, 0)
 		reject(t, in)
-		rd.SetDeadline(time.Now().Add(time.Second))
-		rec, err := rd.Read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, ok := decodeEvent(rec.RawSample)
+		ev, ok := nextEvent(t, rd)
 		if !ok || ev.Reason != RejectNoBackend || ev.Src != srcIP || ev.Dst != rejectVIP || ev.Proto != 17 ||
 			ev.SrcPort != 44008 || ev.DstPort != 53 || ev.Len != uint32(len(in)) {
 			t.Errorf("event %+v", ev)
