@@ -138,6 +138,7 @@ func TestRejectNoBackend(t *testing.T) {
 			t.Errorf("event %+v", ev)
 		}
 	})
+	t.Run("never", func(t *testing.T) { rejectNever(t, objs) })
 	t.Run("routing-mac", func(t *testing.T) {
 		// Sent to the router's MAC (routing mode): the error comes from it.
 		in := l4Frame(6, srcIP, rejectVIP, 44007, 80, tcpSYN, 0)
@@ -146,10 +147,9 @@ func TestRejectNoBackend(t *testing.T) {
 	})
 }
 
-// TestRejectNoBackendNever: packets an ICMP error never answers are dropped, each with
-// exactly one counted reason and nothing sent.
-func TestRejectNoBackendNever(t *testing.T) {
-	objs := loadRejectObjects(t)
+// rejectNever: packets an ICMP error never answers are dropped, each with exactly one
+// counted reason and nothing sent.
+func rejectNever(t *testing.T, objs *contivbpfObjects) {
 	fc := objs.CbFromContainer
 	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	withDstMAC := func(f []byte, mac net.HardwareAddr) []byte { copy(f[0:6], mac); return f }
