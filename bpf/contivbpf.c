@@ -28,6 +28,7 @@
 #include "lib/nat.h"
 #include "lib/nodeport.h"
 #include "lib/native.h"
+#include "lib/icmp.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -337,6 +338,8 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			 * carry no ports (p.frag == CB_FRAG_LATER) and are never balanced. */
 			t.client_net = dnet;
 			r = cb_lb_forward(skb, &p, &f, &t, &lc);
+			if (r == CB_DROP_NO_BACKEND)
+				return cb_reject_no_backend(skb, &p, &f, 0);
 			if (r)
 				return cb_drop(skb, r);
 			if (t.svc)
@@ -864,10 +867,16 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	r = cb_nat(skb, &p, &f, 1, np->vip, np->svc_port);
 	if (!r)
 		r = cb_lb_forward(skb, &p, &f, &t, &lc);
+	if (!r && !t.svc)
+		r = CB_DROP_NO_BACKEND;
+	if (r == CB_DROP_NO_BACKEND) {
+		/* Refused as the client sent it: to the host's address and node port. */
+		if (cb_nat(skb, &p, &f, 1, cfg->snat_ip, t.nodeport))
+			return cb_drop(skb, CB_DROP_NO_BACKEND);
+		return cb_reject_no_backend(skb, &p, &f, 1);
+	}
 	if (r)
 		return cb_drop(skb, r);
-	if (!t.svc)
-		return cb_drop(skb, CB_DROP_NO_BACKEND);
 	dkey.net = lc.net;
 	dkey.ip = f.daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);

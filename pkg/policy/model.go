@@ -33,6 +33,7 @@ const (
 	DropCTQuota       = "drop_ct_quota" // the owner holds its per-endpoint quota of entries
 	DropFragNoFirst   = "drop_frag_no_first"
 	DropNoBackend     = "drop_no_backend"
+	RejectNoBackend   = "reject_no_backend" // refused with ICMP port unreachable (a TCP SYN, a UDP datagram)
 	DropFragToService = "drop_frag_to_service"
 	DropUnknownDst    = "drop_unknown_dst" // to a VIP address that is neither a service port nor a reply
 )
@@ -182,7 +183,9 @@ type fragRec struct {
 //     before the algorithm runs; applied if the packet passes (SNAT = that entry's VIP:port).
 //   - Result.DNAT and Result.SNAT are set only on packets that pass.
 //   - Result.Tracked is true when the packet reached the conntrack algorithm or the fragment
-//     table; drop_frag_to_service and drop_no_backend are decided before that (Tracked false).
+//     table; drop_frag_to_service, drop_no_backend and reject_no_backend are decided before
+//     that (Tracked false). reject_no_backend (a TCP SYN or a UDP datagram to a service
+//     without backends, answered with ICMP port unreachable) is a drop like the others.
 //   - Fragments: the first fragment's final outcome (Pass) is recorded under the addresses it
 //     arrived with (before DNAT/SNAT), only when it was tracked. A later fragment is tracked
 //     when the group of (Zone, Src) or of (Zone, Dst) has RULES or DENY_ALL (no service
@@ -611,6 +614,14 @@ func (m *Model) tracked(zone uint32, ip netip.Addr) bool {
 	return ok
 }
 
+// rejectable says whether a TCP or UDP packet to a service without backends is refused
+// with an ICMP error rather than dropped: a UDP datagram or a bare TCP SYN (the datapath
+// answers only what opens a flow; it never answers a non-first fragment, ICMP, or a
+// link-layer broadcast either, which never get here).
+func (p ModelPacket) rejectable() bool {
+	return p.Proto == protoUDP || p.SYN && !p.ACK && !p.FIN && !p.RST
+}
+
 // Packet runs one packet through the model and updates its state.
 func (m *Model) Packet(p ModelPacket) ModelResult {
 	p.Src, p.Dst = p.Src.Unmap(), p.Dst.Unmap()
@@ -650,6 +661,8 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		case haveEntry && e.SvcID == s.ID && (slices.Contains(s.Backends, e.NAT.Addr()) || slices.Contains(s.Draining, e.NAT.Addr())):
 			isSvc, svc, backend = true, s, e.NAT.Addr()
 		case !haveSvc:
+		case len(s.Backends) == 0 && p.rejectable():
+			return ModelResult{Reason: RejectNoBackend}
 		case len(s.Backends) == 0:
 			return ModelResult{Reason: DropNoBackend}
 		default:

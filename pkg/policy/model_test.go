@@ -443,7 +443,8 @@ func TestModelScenarios(t *testing.T) {
 			name:  "service without backends",
 			setup: svcSetup(),
 			steps: []mstep{
-				{pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Reason: DropNoBackend}, check: wantEntries(0)},
+				{pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Reason: RejectNoBackend}, check: wantEntries(0)},
+				{name: "a segment that opens nothing is dropped", pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "SA")), want: ModelResult{Reason: DropNoBackend}, check: wantEntries(0)},
 				{name: "other port is no service (a VIP is no endpoint)", pkt: local(tcpPkt(1, mC, 5000, mVIP, 81, "S")), want: ModelResult{Reason: DropUnknownDst}},
 				{name: "live SVC entry, backends emptied", do: svcSetup(mBE1), pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "S")), want: ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)}},
 				{do: svcSetup(), pkt: local(tcpPkt(1, mC, 5000, mVIP, 80, "A")), want: ModelResult{Reason: DropNoBackend}, check: wantEntries(2)},

@@ -42,6 +42,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "icmp-port-unreachable-through-vip", run: portUnreachableThroughVIP},
 		{name: "client-icmp-error-through-vip", run: clientErrorThroughVIP},
 		{name: "hairpin", run: hairpin},
+		{name: "reject-no-backend", run: rejectNoBackend},
 	})
 }
 

@@ -69,7 +69,11 @@ func clientErrorThroughVIP(t *testing.T, e *Env) {
 
 // RefusedUDP expects a connected UDP socket in the namespace at path to see ECONNREFUSED
 // from addr within three tries.
-func RefusedUDP(path, addr string) error {
+func RefusedUDP(path, addr string) error { return refusedUDPWithin(path, addr, 3) }
+
+// refusedUDPWithin expects a connected UDP socket in the namespace at path to see
+// ECONNREFUSED on a recv after one of its first tries sends to addr (a second each).
+func refusedUDPWithin(path, addr string, tries int) error {
 	return nsexec.Run(path, func() error {
 		c, err := net.DialTimeout("udp4", addr, time.Second)
 		if err != nil {
@@ -77,7 +81,7 @@ func RefusedUDP(path, addr string) error {
 		}
 		defer c.Close()
 		buf := make([]byte, 64)
-		for try := 0; try < 3; try++ {
+		for try := 0; try < tries; try++ {
 			if _, err := c.Write([]byte("ping")); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
 				return err
 			}
@@ -86,7 +90,7 @@ func RefusedUDP(path, addr string) error {
 				return nil
 			}
 		}
-		return fmt.Errorf("udp %s: no ECONNREFUSED (port unreachable lost or not matched to the socket)", addr)
+		return fmt.Errorf("udp %s: no ECONNREFUSED in %d tries (port unreachable lost or not matched to the socket)", addr, tries)
 	})
 }
 
@@ -163,5 +167,30 @@ func hairpin(t *testing.T, e *Env) {
 				t.Errorf("large UDP reply from %s, want the VIP", from)
 			}
 		})
+	})
+}
+
+// rejectNoBackend: a service without backends refuses new flows at once (kube-proxy's
+// REJECT): a TCP connect to it fails with ECONNREFUSED well before the first SYN
+// retransmission (1 s), and a connected UDP socket's first recv after a send fails with
+// ECONNREFUSED (eBPF: bpf/lib/icmp.h; OVS: the agent, reject.go).
+func rejectNoBackend(t *testing.T, e *Env) {
+	a1, _, _ := adversaries(t, e)
+	vip := netip.MustParseAddr("10.36.1.206")
+	svc := dataplane.Service{ID: "empty:default", VIP: vip,
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}, {Proto: 17, Port: 53, TargetPort: 5353}}}
+	withService(t, e, svc, func() {
+		start := time.Now()
+		c, err := DialTCPTimeout(a1.NS, "10.36.1.206:80", 5*time.Second)
+		if err == nil {
+			c.Close()
+			t.Fatal("connected to a service without backends")
+		}
+		if took := time.Since(start); !errors.Is(err, syscall.ECONNREFUSED) || took > 900*time.Millisecond {
+			t.Errorf("tcp connect: %v after %v, want ECONNREFUSED at once", err, took)
+		}
+		if err := refusedUDPWithin(a1.NS, "10.36.1.206:53", 1); err != nil { // the first recv
+			t.Error(err)
+		}
 	})
 }

@@ -245,6 +245,13 @@ type contivbpfCbHostSvcKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbIcmpBucket struct {
+	_      structs.HostLayout
+	Last   uint64
+	Tokens uint32
+	Pad    uint32
+}
+
 type contivbpfCbIface struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -449,6 +456,7 @@ const (
 	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
 	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
 	contivbpfCbReasonCB_DROP_CT_QUOTA           contivbpfCbReason = 72
+	contivbpfCbReasonCB_REJECT_NO_BACKEND       contivbpfCbReason = 73
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -581,6 +589,7 @@ const (
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbHostSvcs         = "cb_host_svcs"
+	contivbpfMapCbIcmpBuckets      = "cb_icmp_buckets"
 	contivbpfMapCbIfaceDirect      = "cb_iface_direct"
 	contivbpfMapCbIfaceScratch     = "cb_iface_scratch"
 	contivbpfMapCbIfaces           = "cb_ifaces"
@@ -688,6 +697,7 @@ type contivbpfMapSpecs struct {
 	CbHostIps      *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbHostSvcs     *ebpf.MapSpec `ebpf:"cb_host_svcs"`
+	CbIcmpBuckets  *ebpf.MapSpec `ebpf:"cb_icmp_buckets"`
 	CbIfaceDirect  *ebpf.MapSpec `ebpf:"cb_iface_direct"`
 	CbIfaceScratch *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
 	CbIfaces       *ebpf.MapSpec `ebpf:"cb_ifaces"`
@@ -761,6 +771,7 @@ type contivbpfMaps struct {
 	CbHostIps      *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.Map `ebpf:"cb_host_routes"`
 	CbHostSvcs     *ebpf.Map `ebpf:"cb_host_svcs"`
+	CbIcmpBuckets  *ebpf.Map `ebpf:"cb_icmp_buckets"`
 	CbIfaceDirect  *ebpf.Map `ebpf:"cb_iface_direct"`
 	CbIfaceScratch *ebpf.Map `ebpf:"cb_iface_scratch"`
 	CbIfaces       *ebpf.Map `ebpf:"cb_ifaces"`
@@ -797,6 +808,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbHostIps,
 		m.CbHostRoutes,
 		m.CbHostSvcs,
+		m.CbIcmpBuckets,
 		m.CbIfaceDirect,
 		m.CbIfaceScratch,
 		m.CbIfaces,

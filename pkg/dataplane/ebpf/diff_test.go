@@ -983,6 +983,9 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	if len(res.diff) != 1 {
 		t.Fatalf("step %v: reason counters moved %v, want exactly one", s, res.diff)
 	}
+	if res.diff[RejectNoBackend] == 1 {
+		checkReject(t, pkt, res.out) // the ICMP error it answered with
+	}
 	if o.pass {
 		ip := res.out[14:]
 		o.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), 0)

@@ -32,12 +32,7 @@ func TestDropEventsProgram(t *testing.T) {
 	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_EVENTS))
 	p := ipFrame(srcIP, unknown, ipOpts{})
 	run(t, objs, objs.CbFromContainer, p, nil).expect(t, tcActShot, DropUnknownDst)
-	rd.SetDeadline(time.Now().Add(time.Second))
-	rec, err := rd.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, ok := decodeEvent(rec.RawSample)
+	ev, ok := nextEvent(t, rd)
 	if !ok || ev.Reason != DropUnknownDst || ev.Src != srcIP || ev.Dst != unknown || ev.Proto != 6 ||
 		ev.EtherType != 0x0800 || ev.Len != uint32(len(p)) || ev.Ifindex != loIfindex {
 		t.Errorf("event %+v", ev)
@@ -49,6 +44,17 @@ func TestDropEventsProgram(t *testing.T) {
 	if _, err := rd.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("event for a forwarded packet: %v", err)
 	}
+}
+
+// nextEvent reads the next drop event the programs reported, waiting a second at most.
+func nextEvent(t *testing.T, rd *ringbuf.Reader) (DropEvent, bool) {
+	t.Helper()
+	rd.SetDeadline(time.Now().Add(time.Second))
+	rec, err := rd.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decodeEvent(rec.RawSample)
 }
 
 func TestDropEventsDriver(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -57,13 +58,15 @@ func TestNodePortTwoHosts(t *testing.T) {
 		HostIfName: p + "b", IfName: "eth0", NetNS: conformance.NewNetNS(t, p+"-b")}
 	svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"), Backends: []netip.Addr{ba},
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}}}
+	empty := dataplane.Service{ID: "empty:t", VIP: netip.MustParseAddr("10.50.0.101"),
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30081}}}
 	if err := drv["h1"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red},
 		RemoteEndpoints: []dataplane.RemoteEndpoint{{ID: b.ID, NetworkID: red.ID, IP: ba, MAC: b.MAC, VTEP: netip.MustParseAddr(addrs[h2]), Host: "h2"}},
-		Peers:           []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr(addrs[h2])}}, Services: []dataplane.Service{svc}}); err != nil {
+		Peers:           []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr(addrs[h2])}}, Services: []dataplane.Service{svc, empty}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := drv["h2"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red}, Endpoints: []dataplane.Endpoint{b},
-		Peers: []dataplane.Peer{{Host: "h1", VTEP: netip.MustParseAddr(addrs[h1])}}, Services: []dataplane.Service{svc}}); err != nil {
+		Peers: []dataplane.Peer{{Host: "h1", VTEP: netip.MustParseAddr(addrs[h1])}}, Services: []dataplane.Service{svc, empty}}); err != nil {
 		t.Fatal(err)
 	}
 	peers, stop := acceptFrom(t, b.NetNS, "10.50.0.3:8080")
@@ -89,9 +92,18 @@ func TestNodePortTwoHosts(t *testing.T) {
 	} else if got := <-peers; !strings.HasPrefix(got, addrs[h2]+":") {
 		t.Errorf("from host 2: backend saw %s", got)
 	}
+	// A node port of a service without backends refuses at once: ICMP port unreachable
+	// from host 1's address (counted as reject_no_backend, not the host stack's RST).
+	start := time.Now()
+	if err := dialFrom(ext, 0, addrs[h1]+":30081"); err == nil || !strings.Contains(err.Error(), "refused") || time.Since(start) > 900*time.Millisecond {
+		t.Errorf("node port without backends: %v after %v, want connection refused at once", err, time.Since(start))
+	}
 	rc, err := drv["h1"].ReasonCounters()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rc[RejectNoBackend].Packets != 1 {
+		t.Errorf("host 1 counters %v: want one reject_no_backend", rc)
 	}
 	if rc[FwdNodePortReply].Packets == 0 || rc[FwdTunnel].Packets == 0 {
 		t.Errorf("host 1 counters %v: want node port replies back through the tunnel", rc)

@@ -39,6 +39,11 @@ func pseudo(src, dst netip.Addr, proto uint8, n int) uint32 {
 
 // l4Frame builds an Ethernet/IPv4/TCP or UDP frame with valid checksums.
 func l4Frame(proto uint8, src, dst netip.Addr, sport, dport uint16, flags uint8, fragOff uint16) []byte {
+	return l4FrameOpts(proto, src, dst, sport, dport, flags, ipOpts{fragOff: fragOff})
+}
+
+// l4FrameOpts is l4Frame with the IPv4 header's options o (options, fragment offset).
+func l4FrameOpts(proto uint8, src, dst netip.Addr, sport, dport uint16, flags uint8, o ipOpts) []byte {
 	var l4 []byte
 	payload := []byte("contivbpf-payload")
 	if proto == 6 {
@@ -58,9 +63,9 @@ func l4Frame(proto uint8, src, dst netip.Addr, sport, dport uint16, flags uint8,
 		off = 6
 	}
 	binary.BigEndian.PutUint16(l4[off:], csum(l4, pseudo(src, dst, proto, len(l4))))
-	ip := ipv4Pkt(src, dst, l4, ipOpts{fragOff: fragOff})
+	ip := ipv4Pkt(src, dst, l4, o)
 	ip[9] = proto
-	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:4*(ip[0]&0xf)], 0))
 	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
 }
 
@@ -307,7 +312,9 @@ func TestServiceLB(t *testing.T) {
 		}
 	})
 	t.Run("no-backend", func(t *testing.T) {
-		run(t, objs, fc, l4Frame(6, srcIP, vip3, 43002, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropNoBackend)
+		// A SYN is refused with ICMP (reject_test.go), a segment that opens nothing dropped.
+		run(t, objs, fc, l4Frame(6, srcIP, vip3, 43002, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, RejectNoBackend)
+		run(t, objs, fc, l4Frame(6, srcIP, vip3, 43002, 80, tcpACK, 0), nil).expect(t, tcActShot, DropNoBackend)
 	})
 	t.Run("other-port-not-balanced", func(t *testing.T) {
 		run(t, objs, fc, l4Frame(6, srcIP, vip, 43003, 81, tcpSYN, 0), nil).expect(t, tcActShot, DropUnknownDst)

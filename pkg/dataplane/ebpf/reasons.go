@@ -63,6 +63,7 @@ const (
 	DropNoRoute           = Reason(contivbpfCbReasonCB_DROP_NO_ROUTE)
 	DropNetpol            = Reason(contivbpfCbReasonCB_DROP_NETPOL)
 	DropCTQuota           = Reason(contivbpfCbReasonCB_DROP_CT_QUOTA)
+	RejectNoBackend       = Reason(contivbpfCbReasonCB_REJECT_NO_BACKEND) // dropped and answered with ICMP port unreachable
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -123,6 +124,7 @@ var reasonNames = map[Reason]string{
 	DropNoRoute:           "drop_no_route",
 	DropNetpol:            "drop_netpol",
 	DropCTQuota:           "drop_ct_quota",
+	RejectNoBackend:       "reject_no_backend",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -90,7 +90,10 @@ type Driver struct {
 	ctLimits map[uint16]uint32
 	gen      uint16
 	conn     *ofConn
-	wire     *underlay
+	// rejectConn is conn for the OpenFlow read loop, which sends the ICMP errors of
+	// reject.go and must not take mu.
+	rejectConn atomic.Pointer[ofConn]
+	wire       *underlay
 	// monitoring and allowEvents: a drop event stream is open (and wants allowed flows
 	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
 	monitoring, allowEvents bool
@@ -201,6 +204,8 @@ func (d *Driver) connect(ctx context.Context) error {
 		var c *ofConn
 		if c, err = dialOF(ctx, d.mgmtSocket(), d.packetIn); err == nil {
 			d.conn = c
+			d.rejectConn.Store(c)
+			d.setRejectMeter(ctx)
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -365,6 +370,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	defer d.mu.Unlock()
 	old := d.conn
 	d.conn = c
+	d.rejectConn.Store(c)
 	_ = old.Close()
 	if err := d.setupBridges(ctx); err != nil {
 		return err
@@ -379,6 +385,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	if d.monitoring && d.meter {
 		d.setMeter(ctx, true) // a new vswitchd has none; flows refer to it
 	}
+	d.setRejectMeter(ctx)
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}

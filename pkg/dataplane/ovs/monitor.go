@@ -89,8 +89,8 @@ func (c *controller2) UnmarshalBinary([]byte) error {
 }
 
 // meterMod is an OFPT_METER_MOD body: command (0 add, 2 delete), flags packets per
-// second with a burst, one drop band.
-func meterMod(command uint16, id uint32) []byte {
+// second with a burst, one drop band of rate packets per second and burst packets.
+func meterMod(command uint16, id, rate, burst uint32) []byte {
 	b := make([]byte, 8+16)
 	binary.BigEndian.PutUint16(b[0:], command)
 	binary.BigEndian.PutUint16(b[2:], 0x2|0x4) // OFPMF_PKTPS | OFPMF_BURST
@@ -98,8 +98,8 @@ func meterMod(command uint16, id uint32) []byte {
 	band := b[8:]
 	binary.BigEndian.PutUint16(band[0:], 1) // OFPMBT_DROP
 	binary.BigEndian.PutUint16(band[2:], 16)
-	binary.BigEndian.PutUint32(band[4:], monitorRate)
-	binary.BigEndian.PutUint32(band[8:], monitorBurst)
+	binary.BigEndian.PutUint32(band[4:], rate)
+	binary.BigEndian.PutUint32(band[8:], burst)
 	return b
 }
 
@@ -110,9 +110,9 @@ func (d *Driver) setMeter(ctx context.Context, on bool) {
 	if on {
 		cmd = 0 // OFPMC_ADD
 		// One left from an agent that stopped while monitoring would make the add fail.
-		_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, monitorMeter)))
+		_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, monitorMeter, monitorRate, monitorBurst)))
 	}
-	err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(cmd, monitorMeter)))
+	err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(cmd, monitorMeter, monitorRate, monitorBurst)))
 	d.meter = on && err == nil
 	if on && err != nil {
 		d.log.Warn("monitor: no meter for the packets sent to the agent (unmetered)", "err", err)
@@ -250,6 +250,9 @@ func (d *Driver) reinstallMonitored(ctx context.Context) error {
 // packetIn passes a packet a monitored flow sent on to be named. It runs in the
 // OpenFlow read loop: it never blocks (events beyond what the stream holds are lost).
 func (d *Driver) packetIn(body []byte) {
+	if table, regs, inPort, data, ok := packetInFields(body); ok && isReject(table, regs) {
+		d.reject(inPort, data)
+	}
 	d.monMu.Lock()
 	defer d.monMu.Unlock()
 	if d.monRaw == nil {
@@ -307,6 +310,9 @@ func (d *Driver) packetInEvent(body []byte) (dataplane.MonitorEvent, bool) {
 		ev.EtherType = binary.BigEndian.Uint16(data[12:])
 	}
 	ev.Reason = dropReason(table, ev.EtherType)
+	if isReject(table, regs) {
+		ev.Reason = "reject_no_backend"
+	}
 	_, _, src, dst, proto, _, sport, dport, isIP := dataplane.TraceFrameFields(data)
 	if isIP {
 		ev.Src, ev.Dst, ev.Proto = src, dst, proto

@@ -2,6 +2,7 @@ package ovs
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -102,8 +103,8 @@ func TestMonitorOVS(t *testing.T) {
 	if live, _, err = d.liveFlows(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if m := meters(); strings.Contains(m, "meter=") {
-		t.Errorf("the monitor's meter outlived the stream:\n%s", m)
+	if m := meters(); strings.Contains(m, fmt.Sprintf("meter=%d ", monitorMeter)) || !strings.Contains(m, fmt.Sprintf("meter=%d ", rejectMeter)) {
+		t.Errorf("the monitor's meter outlived the stream, or the reject meter went with it:\n%s", m)
 	}
 	for k, a := range live {
 		if strings.Contains(strings.ToLower(a), "controller") {

@@ -97,6 +97,7 @@ const (
 const (
 	flagHairpinLookup = 2 // regFlags bit: the hairpin-zone lookup of conntrack is done
 	flagHairpinSNAT   = 3 // regFlags bit: the hairpin-zone SNAT of l3_rewrite is done
+	flagReject        = 4 // regFlags bit: sent to the agent to be refused with ICMP (reject.go)
 )
 
 // hairpinZone is the conntrack zone of vrf's hairpin SNAT entries; false when vrf is an
@@ -668,7 +669,14 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 			reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
 	}
 	if len(s.Backends) == 0 {
-		return []*flow{match(100)} // no provider: drop
+		// No provider: what opens a flow (a UDP datagram, a bare SYN) is refused with ICMP
+		// port unreachable by the agent (reject.go); a TCP segment that opens nothing drops.
+		reject := match(100)
+		if sp.Proto != 6 {
+			return []*flow{reject.loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()}
+		}
+		reject.tcpFlags(0x002, 0x017, "+syn-fin-rst-ack").loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()
+		return []*flow{reject, match(90)}
 	}
 	lb := match(100)
 	flows := []*flow{lb}

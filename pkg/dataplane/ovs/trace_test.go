@@ -2,10 +2,12 @@ package ovs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,9 +35,10 @@ func TestTraceOVS(t *testing.T) {
 		{ID: "web", Priority: 10, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow, Ingress: true}}}
 	vip := netip.MustParseAddr("10.96.0.10")
 	svc := dataplane.Service{ID: "web:default", VIP: vip, Ports: []dataplane.ServicePort{{Proto: 6, Port: 8000, TargetPort: 80}}, Backends: []netip.Addr{e2.IP}}
+	empty := dataplane.Service{ID: "empty:default", VIP: netip.MustParseAddr("10.96.0.11"), Ports: []dataplane.ServicePort{{Proto: 6, Port: 8000, TargetPort: 80}}}
 	s1 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2},
 		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}},
-		Policies: []dataplane.PolicySet{pol}, Services: []dataplane.Service{svc}}
+		Policies: []dataplane.PolicySet{pol}, Services: []dataplane.Service{svc, empty}}
 	s2 := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
 		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1)}, Peers: []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}},
 		Policies: []dataplane.PolicySet{pol}}
@@ -68,6 +71,12 @@ func TestTraceOVS(t *testing.T) {
 	}
 	stages := func(r dataplane.TraceResult) string { return fmt.Sprint(r.Stages) }
 
+	if r := trace("10.96.0.11", 8000); r.Reason != "reject_no_backend" {
+		t.Errorf("service without backends: %+v", r)
+	}
+	if err := dial("10.96.0.11:8000"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("real traffic to a service without backends: %v, want ECONNREFUSED", err)
+	}
 	denied := trace("10.1.0.2", 22)
 	if denied.Reason != "drop_policy" || denied.Rule != "deny-tcp" || !strings.Contains(stages(denied), "denied by rule deny-tcp (group 7 ingress)") {
 		t.Errorf("denied flow: %+v", denied)

@@ -32,7 +32,10 @@ func TestVerifyNamesDrift(t *testing.T) {
 			{ID: "deny-tcp", Priority: 1, Proto: 6, Action: dataplane.ActionDeny, Ingress: true},
 			{ID: "web", Priority: 10, RemoteEPG: 8, Proto: 6, Port: 80, Action: dataplane.ActionAllow, Ingress: true}}}},
 		Services: []dataplane.Service{{ID: "web:default", VIP: netip.MustParseAddr("10.96.0.10"),
-			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{e1.IP, r1.IP}}}}
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}}, Backends: []netip.Addr{e1.IP, r1.IP}},
+			// No backends: the rejecting flows (controller action through the reject meter).
+			{ID: "empty:default", VIP: netip.MustParseAddr("10.96.0.11"),
+				Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080}, {Proto: 17, Port: 53, TargetPort: 53}}}}}
 	if err := d.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}

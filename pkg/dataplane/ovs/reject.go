@@ -1,0 +1,71 @@
+package ovs
+
+import (
+	"context"
+	"encoding/binary"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Refusing flows to a service without backends (kube-proxy's REJECT; the eBPF datapath
+// does it in bpf/lib/icmp.h): the service_lb flow of such a VIP:port marks a UDP datagram
+// or a bare TCP SYN (regFlags bit flagReject) and sends its first rejectMaxLen bytes to the
+// agent through the reject meter; the agent builds the ICMP port unreachable
+// (dataplane.ICMPPortUnreachable: from the VIP, quoting the packet's IPv4 header and 8
+// bytes) and sends it out of the port the packet came in on (packet-out). The meter bounds
+// what a container flooding a dead VIP costs vswitchd and the agent; beyond it packets
+// are dropped unanswered, as before.
+const (
+	rejectMeter  = 0xcb02
+	rejectRate   = 1000 // packet-ins per second, all rejecting flows together
+	rejectBurst  = 200
+	rejectMaxLen = 128 // an Ethernet header, an IPv4 header with options and 8 bytes fit
+
+	ofptPacketOut  = 13
+	ofppController = 0xfffffffd
+)
+
+// toAgentReject sends the packet to the agent to be refused (through the reject meter).
+func (f *flow) toAgentReject() *flow {
+	return f.a(&controller2{maxLen: rejectMaxLen, meter: rejectMeter}, "controller(reject_no_backend)")
+}
+
+// isReject says whether a packet-in is one toAgentReject sent.
+func isReject(table tableID, regs [8]uint32) bool {
+	return table == tServiceLB && regs[regFlags]&(1<<flagReject) != 0
+}
+
+// setRejectMeter (re)installs the reject meter; the rejecting flows refer to it. An OVS
+// that refuses it sends them nowhere (logged).
+func (d *Driver) setRejectMeter(ctx context.Context) {
+	_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, rejectMeter, rejectRate, rejectBurst)))
+	if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(0, rejectMeter, rejectRate, rejectBurst))); err != nil {
+		d.log.Warn("no meter for refusing flows to services without backends: they are dropped unanswered", "err", err)
+	}
+}
+
+// reject answers a packet a rejecting flow sent from OpenFlow port inPort. It runs in the
+// OpenFlow read loop: it only writes.
+func (d *Driver) reject(inPort uint32, frame []byte) {
+	reply, ok := dataplane.ICMPPortUnreachable(frame)
+	c := d.rejectConn.Load()
+	if !ok || c == nil {
+		return
+	}
+	if err := c.write(c.newMsg(ofptPacketOut, packetOut(inPort, reply))); err != nil {
+		d.log.Debug("reject: packet-out failed", "err", err)
+	}
+}
+
+// packetOut is an OpenFlow 1.3 packet-out body: data sent out of port.
+func packetOut(port uint32, data []byte) []byte {
+	b := make([]byte, 16+16, 16+16+len(data))
+	binary.BigEndian.PutUint32(b[0:], 0xffffffff) // no buffer
+	binary.BigEndian.PutUint32(b[4:], ofppController)
+	binary.BigEndian.PutUint16(b[8:], 16) // actions_len; 6 bytes of padding follow
+	a := b[16:]
+	binary.BigEndian.PutUint16(a[0:], 0) // OFPAT_OUTPUT
+	binary.BigEndian.PutUint16(a[2:], 16)
+	binary.BigEndian.PutUint32(a[4:], port)
+	return append(b, data...)
+}
