@@ -127,12 +127,13 @@ struct {
 } cb_endpoints SEC(".maps");
 
 /* The interface table: a host-side veth's entry by its ifindex. Every packet from a
- * container starts with this lookup, so ifindexes below CB_IFACE_DIRECT (a host's first
- * ~32,000 veths) live in cb_iface_direct, an array the verifier inlines (a hash lookup
- * was a fifth of the local forward path); an array entry is in use when its ip is set
- * (an endpoint's address is never 0.0.0.0). Larger ifindexes, and entries an earlier build
- * wrote, live in cb_ifaces; the agent moves those below the limit into the array at start
- * (pkg/dataplane/ebpf/ifaces.go). */
+ * container starts with this lookup, so ifindexes below CB_IFACE_DIRECT (the host
+ * namespace's first ~65,000 interfaces; a veth takes one there, its container end is
+ * made in the container's namespace) live in cb_iface_direct, an array the verifier
+ * inlines (a hash lookup was a fifth of the local forward path); an array entry is in use
+ * when its ip is set (an endpoint's address is never 0.0.0.0). Larger ifindexes, and
+ * entries an earlier build wrote, live in cb_ifaces; the agent moves those below the
+ * limit into the array at start (pkg/dataplane/ebpf/ifaces.go). */
 #define CB_IFACE_DIRECT 65536
 
 struct {
