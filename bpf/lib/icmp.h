@@ -6,7 +6,8 @@
  * to its sender, sent back out of the interface it came in on (bpf_redirect to the host
  * side of the sender's veth, egress: into the sender's container). A node port flow from
  * the uplink is refused as its client sent it, from the host's address and node port, out
- * of the egress device, at most CB_ICMP_RATE per second and CPU (cb_icmp_token).
+ * of the egress device, at most CB_ICMP_PER_WINDOW per 50 ms for the whole host
+ * (cb_icmp_token).
  *
  * The error quotes the packet's IPv4 header with its options and the first 8 bytes of its
  * payload (RFC 792). When the kernel still owes the packet's TCP checksum (CHECKSUM_PARTIAL,
@@ -14,8 +15,8 @@
  * of TCP header (RFC 1812 asks for as much of the datagram as fits in 576 bytes). The
  * error is never larger than the packet plus 28 bytes (its own IPv4 and ICMP headers) and
  * goes only to the packet's sender: nothing to amplify. Never answered (RFC 1122
- * 3.2.2, RFC 1812 4.3.2.7): ICMP (errors above all), non-first fragments, packets to a
- * link-layer group address, from or to an unspecified, loopback, multicast or broadcast
+ * 3.2.2, RFC 1812 4.3.2.7): ICMP (errors above all), non-first fragments, packets to or
+ * from a link-layer group address, from or to a "this network", loopback, multicast or broadcast
  * address, TCP segments other than a bare SYN, GSO super-packets (drop_no_backend as
  * before). */
 #pragma once
@@ -41,7 +42,8 @@ CB_INLINE int cb_icmp_may_answer(struct __sk_buff *skb, const struct cb_pkt *p, 
 
 	if (p->frag == CB_FRAG_LATER || skb->gso_size || p->l3_len < 20 || p->l3_len > 60)
 		return 0;
-	if (data + ETH_HLEN > data_end || (((__u8 *)data)[0] & 1)) /* group address */
+	/* A group address as destination or (forged) source: the error would be flooded. */
+	if (data + ETH_HLEN > data_end || (((__u8 *)data)[0] & 1) || (((__u8 *)data)[6] & 1))
 		return 0;
 	if (cb_dst_invalid(f->daddr) || cb_dst_invalid(f->saddr))
 		return 0;
@@ -154,44 +156,43 @@ static __noinline int cb_icmp_unreach(struct __sk_buff *skb, __u32 hlen, __u32 p
 	return 0;
 }
 
-/* Errors to the wire (node ports) may go to any, spoofable, address: a per-CPU token
- * bucket bounds them, like Linux's icmp_msgs_per_sec; beyond it packets are dropped
- * unanswered. Errors to a local endpoint go only to the sender itself: not limited. */
-#define CB_ICMP_RATE 200  /* tokens per second and CPU */
-#define CB_ICMP_BURST 50
-#define CB_NSEC 1000000000ULL
+/* Errors to the wire (node ports) may go to any, spoofable, address: one budget for the
+ * whole host bounds them, like Linux's icmp_msgs_per_sec (1,000/s) and icmp_msgs_burst
+ * (50): at most CB_ICMP_PER_WINDOW errors per 50 ms window; beyond it packets are dropped
+ * unanswered. Each packet adds itself to the window's count atomically before reading it,
+ * so the n-th packet of a window sees at least n: no window answers more than its budget
+ * (a window that starts on two CPUs at once may restart its count: a few more). Errors to
+ * a local endpoint go only to the sender itself: not limited. */
+#define CB_ICMP_WINDOW_NS (50ULL * 1000000ULL)
+#define CB_ICMP_PER_WINDOW 50
 
-struct cb_icmp_bucket {
-	__u64 last;   /* bpf_ktime_get_ns() of the last refill */
-	__u32 tokens;
-	__u32 pad;
+struct cb_icmp_budget {
+	__u64 window; /* bpf_ktime_get_ns() / CB_ICMP_WINDOW_NS of the count */
+	__u64 count;  /* errors asked for in that window */
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct cb_icmp_bucket);
-} cb_icmp_buckets SEC(".maps");
+	__type(value, struct cb_icmp_budget);
+} cb_icmp_budget SEC(".maps");
 
-/* cb_icmp_token takes a token of this CPU's bucket; 0 when there is none. */
+/* cb_icmp_token takes one error of the host's budget; 0 when it is spent. */
 CB_INLINE int cb_icmp_token(void)
 {
 	__u32 z = 0;
-	struct cb_icmp_bucket *b = bpf_map_lookup_elem(&cb_icmp_buckets, &z);
-	__u64 now = bpf_ktime_get_ns(), add;
+	struct cb_icmp_budget *b = bpf_map_lookup_elem(&cb_icmp_budget, &z);
+	__u64 w = bpf_ktime_get_ns() / CB_ICMP_WINDOW_NS;
 
 	if (!b)
 		return 0;
-	add = (now - b->last) / (CB_NSEC / CB_ICMP_RATE);
-	if (add) {
-		b->tokens = add >= CB_ICMP_BURST || b->tokens + add >= CB_ICMP_BURST ? CB_ICMP_BURST : b->tokens + add;
-		b->last = now;
+	if (b->window != w) {
+		b->window = w;
+		b->count = 0;
 	}
-	if (!b->tokens)
-		return 0;
-	b->tokens--;
-	return 1;
+	__sync_fetch_and_add(&b->count, 1);
+	return b->count <= CB_ICMP_PER_WINDOW;
 }
 
 /* cb_reject_no_backend refuses a packet (parsed: p, f, as its sender sent it) to a service

@@ -188,7 +188,9 @@ CB_INLINE struct cb_iface *cb_iface_get(__u32 ifindex)
 	if (!out)
 		return 0;
 	__builtin_memcpy(out, ifc, sizeof(*out));
-	return out;
+	/* An array entry being freed loses its IP first (ifaces.go): a copy taken meanwhile
+	 * is the old entry or a free one. */
+	return out->ip ? out : 0;
 }
 
 struct {

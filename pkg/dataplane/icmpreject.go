@@ -12,11 +12,11 @@ import (
 // its options and the first 8 bytes of its payload (RFC 792), checksums computed. ok is
 // false for a frame no ICMP error may answer (RFC 1122 3.2.2, RFC 1812 4.3.2.7): not an
 // untagged IPv4 TCP or UDP frame with 8 bytes of L4 (14 for TCP), a later fragment, to
-// a link-layer group address, from or to an unspecified, loopback, multicast or
-// broadcast address, a TCP segment other than a bare SYN. The reply is never larger
-// than the frame plus 28 bytes.
+// or from a link-layer group address, from or to a "this network" (0/8), loopback,
+// multicast or broadcast address, a TCP segment other than a bare SYN. The reply is never
+// larger than the frame plus 28 bytes.
 func ICMPPortUnreachable(frame []byte) (reply []byte, ok bool) {
-	if len(frame) < 14+20 || binary.BigEndian.Uint16(frame[12:]) != 0x0800 || frame[0]&1 != 0 {
+	if len(frame) < 14+20 || binary.BigEndian.Uint16(frame[12:]) != 0x0800 || frame[0]&1 != 0 || frame[6]&1 != 0 {
 		return nil, false
 	}
 	ip := frame[14:]
@@ -59,7 +59,10 @@ func ICMPPortUnreachable(frame []byte) (reply []byte, ok bool) {
 	return reply, true
 }
 
-// answerable says whether a may be either address of a packet an ICMP error answers.
+// answerable says whether a may be either address of a packet an ICMP error answers: not
+// in 0.0.0.0/8 ("this network"), loopback, multicast or the limited broadcast (the eBPF
+// datapath's cb_dst_invalid).
 func answerable(a netip.Addr) bool {
-	return !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	b := a.As4()
+	return b[0] != 0 && !a.IsLoopback() && !a.IsMulticast() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }

@@ -26,17 +26,19 @@ func TestICMPPortUnreachable(t *testing.T) {
 		return b
 	}
 	for name, frame := range map[string][]byte{
-		"ack":            edit(func(b []byte) { b[14+20+13] = 0x10 }),
-		"syn-ack":        edit(func(b []byte) { b[14+20+13] = 0x12 }),
-		"rst":            edit(func(b []byte) { b[14+20+13] = 0x04 }),
-		"later-fragment": edit(func(b []byte) { binary.BigEndian.PutUint16(b[14+6:], 3) }),
-		"l2-broadcast":   edit(func(b []byte) { copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) }),
-		"multicast-dst":  edit(func(b []byte) { copy(b[14+16:], []byte{224, 0, 0, 1}) }),
-		"zero-src":       edit(func(b []byte) { copy(b[14+12:], []byte{0, 0, 0, 0}) }),
-		"icmp":           TraceFrame(ContivMAC(c), ContivMAC(vip), c, vip, 1, 7, 0),
-		"truncated-tcp":  syn[:14+20+10],
-		"not-ipv4":       edit(func(b []byte) { b[12] = 0x86; b[13] = 0xdd }),
-		"short":          syn[:20],
+		"ack":              edit(func(b []byte) { b[14+20+13] = 0x10 }),
+		"syn-ack":          edit(func(b []byte) { b[14+20+13] = 0x12 }),
+		"rst":              edit(func(b []byte) { b[14+20+13] = 0x04 }),
+		"later-fragment":   edit(func(b []byte) { binary.BigEndian.PutUint16(b[14+6:], 3) }),
+		"l2-broadcast":     edit(func(b []byte) { copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) }),
+		"l2-group-source":  edit(func(b []byte) { copy(b[6:], []byte{0x01, 0, 0x5e, 0, 0, 1}) }),
+		"this-network-src": edit(func(b []byte) { copy(b[14+12:], []byte{0, 1, 2, 3}) }),
+		"multicast-dst":    edit(func(b []byte) { copy(b[14+16:], []byte{224, 0, 0, 1}) }),
+		"zero-src":         edit(func(b []byte) { copy(b[14+12:], []byte{0, 0, 0, 0}) }),
+		"icmp":             TraceFrame(ContivMAC(c), ContivMAC(vip), c, vip, 1, 7, 0),
+		"truncated-tcp":    syn[:14+20+10],
+		"not-ipv4":         edit(func(b []byte) { b[12] = 0x86; b[13] = 0xdd }),
+		"short":            syn[:20],
 	} {
 		if _, ok := ICMPPortUnreachable(frame); ok {
 			t.Errorf("%s answered", name)

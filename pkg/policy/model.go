@@ -550,6 +550,9 @@ func (m *Model) clientICMPError(p ModelPacket, k, q FlowKey) (ModelResult, bool)
 		return ModelResult{}, false
 	}
 	be := svc.NAT
+	// The datapath also asks the backend's network to be the client's (lb.h
+	// cb_lb_icmp_client); the model knows zones, not networks: sequences must not give two
+	// networks of a zone the same address (the differential test's endpoints do not).
 	hairpin := be.Addr() == k.Src
 	fk := FlowKey{Zone: k.Zone, Src: k.Src, Dst: be.Addr(), Sport: q.Dport, Dport: be.Port(), Proto: q.Proto}
 	if hairpin {

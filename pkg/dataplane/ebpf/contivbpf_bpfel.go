@@ -245,11 +245,10 @@ type contivbpfCbHostSvcKey struct {
 	Pad   uint8
 }
 
-type contivbpfCbIcmpBucket struct {
+type contivbpfCbIcmpBudget struct {
 	_      structs.HostLayout
-	Last   uint64
-	Tokens uint32
-	Pad    uint32
+	Window uint64
+	Count  uint64
 }
 
 type contivbpfCbIface struct {
@@ -589,7 +588,7 @@ const (
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
 	contivbpfMapCbHostSvcs         = "cb_host_svcs"
-	contivbpfMapCbIcmpBuckets      = "cb_icmp_buckets"
+	contivbpfMapCbIcmpBudget       = "cb_icmp_budget"
 	contivbpfMapCbIfaceDirect      = "cb_iface_direct"
 	contivbpfMapCbIfaceScratch     = "cb_iface_scratch"
 	contivbpfMapCbIfaces           = "cb_ifaces"
@@ -697,7 +696,7 @@ type contivbpfMapSpecs struct {
 	CbHostIps      *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbHostSvcs     *ebpf.MapSpec `ebpf:"cb_host_svcs"`
-	CbIcmpBuckets  *ebpf.MapSpec `ebpf:"cb_icmp_buckets"`
+	CbIcmpBudget   *ebpf.MapSpec `ebpf:"cb_icmp_budget"`
 	CbIfaceDirect  *ebpf.MapSpec `ebpf:"cb_iface_direct"`
 	CbIfaceScratch *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
 	CbIfaces       *ebpf.MapSpec `ebpf:"cb_ifaces"`
@@ -771,7 +770,7 @@ type contivbpfMaps struct {
 	CbHostIps      *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.Map `ebpf:"cb_host_routes"`
 	CbHostSvcs     *ebpf.Map `ebpf:"cb_host_svcs"`
-	CbIcmpBuckets  *ebpf.Map `ebpf:"cb_icmp_buckets"`
+	CbIcmpBudget   *ebpf.Map `ebpf:"cb_icmp_budget"`
 	CbIfaceDirect  *ebpf.Map `ebpf:"cb_iface_direct"`
 	CbIfaceScratch *ebpf.Map `ebpf:"cb_iface_scratch"`
 	CbIfaces       *ebpf.Map `ebpf:"cb_ifaces"`
@@ -808,7 +807,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbHostIps,
 		m.CbHostRoutes,
 		m.CbHostSvcs,
-		m.CbIcmpBuckets,
+		m.CbIcmpBudget,
 		m.CbIfaceDirect,
 		m.CbIfaceScratch,
 		m.CbIfaces,

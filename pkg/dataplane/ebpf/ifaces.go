@@ -70,11 +70,23 @@ func (t ifaceTable) put(ifindex uint32, v *contivbpfCbIface, hashPut func(name s
 	return nil
 }
 
-// del removes ifindex's entry from both maps (absent is fine).
+// del removes ifindex's entry from both maps (absent is fine). An array entry is written
+// in place, so it is freed in two writes: first its IP alone is cleared (a packet racing
+// it reads the old entry or a free one, cb_iface_get checks the IP of its copy), then the
+// rest.
 func (t ifaceTable) del(ifindex uint32) error {
 	var errs []error
 	if t.isDirect(ifindex) {
-		if err := t.direct.Put(ifindex, &contivbpfCbIface{}); err != nil {
+		var cur contivbpfCbIface
+		err := t.direct.Lookup(ifindex, &cur)
+		if err == nil && cur.Ip != 0 {
+			cur.Ip = 0
+			err = t.direct.Put(ifindex, &cur)
+		}
+		if err == nil {
+			err = t.direct.Put(ifindex, &contivbpfCbIface{})
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("clear %s entry %d: %w", contivbpfMapCbIfaceDirect, ifindex, err))
 		}
 	}
@@ -123,10 +135,13 @@ func (t ifaceTable) each(fn func(ifindex uint32, v contivbpfCbIface)) error {
 }
 
 // promote copies hash entries whose ifindex has a place in the array there (an earlier
-// build kept every interface in the hash). The hash copies stay until dropShadowed: a
-// program of that build, still attached somewhere during an upgrade, reads only them.
+// build kept every interface in the hash). This build never writes such an entry to the
+// hash, so one found there is an earlier build's and the newer one (after a rollback and
+// a new upgrade, the array may hold what this build wrote before the rollback). The hash
+// copies stay until dropShadowed: a program of that build, still attached somewhere
+// during an upgrade, reads only them.
 func (t ifaceTable) promote() (int, error) {
-	var moved []uint32
+	moved := 0
 	var k uint32
 	var v contivbpfCbIface
 	it := t.hashed.Iterate()
@@ -135,20 +150,16 @@ func (t ifaceTable) promote() (int, error) {
 		if !t.isDirect(k) || v.Ip == 0 {
 			continue
 		}
-		var cur contivbpfCbIface
-		if err := t.direct.Lookup(k, &cur); err == nil && cur.Ip != 0 {
-			continue // the array's entry is newer
-		}
 		if err := t.direct.Put(k, &v); err != nil {
 			errs = append(errs, fmt.Errorf("copy ifindex %d into %s: %w", k, contivbpfMapCbIfaceDirect, err))
 			continue
 		}
-		moved = append(moved, k)
+		moved++
 	}
 	if err := it.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("dump %s: %w", contivbpfMapCbIfaces, err))
 	}
-	return len(moved), errors.Join(errs...)
+	return moved, errors.Join(errs...)
 }
 
 // dropShadowed deletes hash entries the array shadows (copies promote left for the

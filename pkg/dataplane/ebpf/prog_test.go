@@ -438,6 +438,38 @@ func TestFromContainer(t *testing.T) {
 				run(t, objs, prog, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, c.ret, c.reason)
 			})
 		}
+		// At start the hash's entries in the array's range are an earlier build's, and the
+		// newer ones (after a rollback the array may hold a stale one): promote copies them
+		// over, dropShadowed removes the hash copies; del frees both.
+		t.Run("promote", func(t *testing.T) {
+			const ifx = 5
+			stale, cur := good, good
+			stale.Epg, cur.Epg = 1, 2
+			tbl := objs.ifaceTable()
+			if err := errors.Join(objs.CbIfaceDirect.Put(uint32(ifx), &stale), objs.CbIfaces.Put(uint32(ifx), &cur)); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tbl.del(ifx) }()
+			if n, err := tbl.promote(); err != nil || n < 1 {
+				t.Fatalf("promote: %d moved, %v", n, err)
+			}
+			if err := tbl.dropShadowed(); err != nil {
+				t.Fatal(err)
+			}
+			var v contivbpfCbIface
+			if got, err := tbl.lookup(ifx); err != nil || got.Epg != 2 {
+				t.Errorf("after promote: %+v, %v (want the hash's entry, group 2)", got, err)
+			}
+			if err := objs.CbIfaces.Lookup(uint32(ifx), &v); err == nil {
+				t.Errorf("hash copy left after dropShadowed: %+v", v)
+			}
+			if err := tbl.del(ifx); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := tbl.lookup(ifx); err == nil {
+				t.Errorf("after del: %+v", got)
+			}
+		})
 	})
 	t.Run("vlan-remote-no-uplink", func(t *testing.T) {
 		vsrc, vdst := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.9")

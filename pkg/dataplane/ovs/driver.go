@@ -390,7 +390,12 @@ func (d *Driver) repair(ctx context.Context) error {
 		return err
 	}
 	d.ctLimits = nil // a new vswitchd has none either
-	return d.applyCTLimits(ctx)
+	// Not a reason to reconnect (a vswitchd that cannot limit conntrack would loop): the
+	// next Sync reports it.
+	if err := d.applyCTLimits(ctx); err != nil {
+		d.log.Error("conntrack zone limits not applied after reconnecting", "err", err)
+	}
+	return nil
 }
 
 // resync installs the full pipeline for st atomically: every flow is (re)added with the

@@ -669,13 +669,15 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 			reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
 	}
 	if len(s.Backends) == 0 {
-		// No provider: what opens a flow (a UDP datagram, a bare SYN) is refused with ICMP
-		// port unreachable by the agent (reject.go); a TCP segment that opens nothing drops.
-		reject := match(100)
-		if sp.Proto != 6 {
-			return []*flow{reject.loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()}
+		// No provider: what a local container opens (a UDP datagram, a bare SYN) is refused
+		// with ICMP port unreachable by the agent (reject.go); anything else drops. Packets
+		// from other hosts (regFlags bit 0) are never answered: the error would leave the
+		// uplink untagged, to an address the sender chose.
+		reject := match(100).regBits(regFlags, 0, 0, 0)
+		if sp.Proto == 6 {
+			reject.tcpFlags(0x002, 0x017, "+syn-fin-rst-ack")
 		}
-		reject.tcpFlags(0x002, 0x017, "+syn-fin-rst-ack").loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()
+		reject.loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()
 		return []*flow{reject, match(90)}
 	}
 	lb := match(100)

@@ -2,10 +2,12 @@ package ovs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -113,6 +115,20 @@ func TestTraceOVS(t *testing.T) {
 	}
 	if err := dial("10.1.0.3:80"); err != nil {
 		t.Errorf("real traffic to h2: %v, the trace said tunneled and delivered", err)
+	}
+	// From another host to a service without backends: dropped, never answered (the
+	// error would leave the uplink to an address the sender chose).
+	fromRemote := slices.Clone(tunneled.Tunnel.Inner)
+	copy(fromRemote[6:12], e3.MAC)
+	copy(fromRemote[26:30], netip.MustParseAddr("10.1.0.3").AsSlice())
+	copy(fromRemote[30:34], netip.MustParseAddr("10.96.0.11").AsSlice())
+	binary.BigEndian.PutUint16(fromRemote[14+int(fromRemote[14]&0xf)*4+2:], 8000)
+	rrx, err := d1.TraceReceive(dataplane.TraceTunnel{Source: h2.cfg.VTEP, VTEP: h1.cfg.VTEP, VNI: tunneled.Tunnel.VNI, Inner: fromRemote})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rrx.Reason == "reject_no_backend" || !strings.HasPrefix(rrx.Verdict, "dropped") {
+		t.Errorf("a remote host's SYN to a service without backends: %+v, want dropped unanswered", rrx)
 	}
 	nobody := trace("10.1.0.77", 80)
 	if !strings.HasPrefix(nobody.Verdict, "dropped") || !strings.Contains(nobody.Verdict, "ARP") {
