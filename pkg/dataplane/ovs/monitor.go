@@ -106,17 +106,23 @@ func meterMod(command uint16, id, rate, burst uint32) []byte {
 // setMeter adds (on) or deletes the monitor's meter and sets d.meter: whether flows use
 // it. An OVS that refuses the meter leaves the monitor unmetered (logged).
 func (d *Driver) setMeter(ctx context.Context, on bool) {
-	cmd := uint16(2) // OFPMC_DELETE
-	if on {
-		cmd = 0 // OFPMC_ADD
-		// One left from an agent that stopped while monitoring would make the add fail.
+	if !on {
 		_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, monitorMeter, monitorRate, monitorBurst)))
+		d.meter = false
+		return
 	}
-	err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(cmd, monitorMeter, monitorRate, monitorBurst)))
-	d.meter = on && err == nil
-	if on && err != nil {
+	err := d.addMeter(ctx, monitorMeter, monitorRate, monitorBurst)
+	d.meter = err == nil
+	if err != nil {
 		d.log.Warn("monitor: no meter for the packets sent to the agent (unmetered)", "err", err)
 	}
+}
+
+// addMeter (re)installs meter id: one left by an agent that stopped would make a plain
+// add fail, so it is deleted first.
+func (d *Driver) addMeter(ctx context.Context, id, rate, burst uint32) error {
+	_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, id, rate, burst)))
+	return d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(0, id, rate, burst)))
 }
 
 // monitored says whether f sends its packets to the driver: a dropping flow while

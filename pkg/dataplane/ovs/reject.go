@@ -38,8 +38,7 @@ func isReject(table tableID, regs [8]uint32) bool {
 // setRejectMeter (re)installs the reject meter; the rejecting flows refer to it. An OVS
 // that refuses it sends them nowhere (logged).
 func (d *Driver) setRejectMeter(ctx context.Context) {
-	_ = d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(2, rejectMeter, rejectRate, rejectBurst)))
-	if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(0, rejectMeter, rejectRate, rejectBurst))); err != nil {
+	if err := d.addMeter(ctx, rejectMeter, rejectRate, rejectBurst); err != nil {
 		d.log.Warn("no meter for refusing flows to services without backends: they are dropped unanswered", "err", err)
 	}
 }
