@@ -17,9 +17,11 @@ import (
 // Server is a TCP echo server living in one namespace. It answers fixed-size requests
 // with same-size responses and accepts connections for the connection-rate probe.
 type Server struct {
-	ln   net.Listener
-	wg   sync.WaitGroup
-	addr string
+	ln    net.Listener
+	wg    sync.WaitGroup
+	addr  string
+	mu    sync.Mutex
+	conns map[net.Conn]bool // open connections, closed by Close
 }
 
 // StartServer listens on addr (ip:port) inside the namespace at nsPath.
@@ -33,7 +35,7 @@ func StartServer(nsPath, addr string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s in %s: %w", addr, nsPath, err)
 	}
-	s := &Server{ln: ln, addr: addr}
+	s := &Server{ln: ln, addr: addr, conns: map[net.Conn]bool{}}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -46,10 +48,23 @@ func (s *Server) serve() {
 		if err != nil {
 			return
 		}
+		s.mu.Lock()
+		if s.conns == nil { // closed meanwhile
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = true
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer c.Close()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+				c.Close()
+			}()
 			if tc, ok := c.(*net.TCPConn); ok {
 				_ = tc.SetNoDelay(true)
 			}
@@ -74,9 +89,16 @@ func (s *Server) serve() {
 	}
 }
 
-// Close stops the server and waits for its connections to end.
+// Close stops the server, closes the connections still open (a client blocked on one,
+// e.g. after a failed test, would otherwise keep Close waiting) and waits for them to end.
 func (s *Server) Close() {
 	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.conns = nil
+	s.mu.Unlock()
 	s.wg.Wait()
 }
 
