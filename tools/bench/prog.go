@@ -16,22 +16,56 @@ import (
 // fixtures it uses (pkg/dataplane/ebpf/bench_export.go) build only with -tags cbbench;
 // prog_untagged.go stands in without it.
 func progStage(ctx context.Context, w io.Writer, r *report) error {
-	costs, err := cbebpf.MeasurePaths(500000)
-	if err != nil {
-		return err
+	// Rounds: every path and the reference forwarder are timed in each (a fresh load of the
+	// programs), and the figures are the medians over the rounds of each round's value and
+	// ratio, so one noisy moment moves no figure (a single round's ratios spread ±20 %).
+	const rounds = 5
+	type perPath struct {
+		c         cbebpf.PathCost
+		ns, ratio []float64
+		single    []string
 	}
-	byName := map[string]cbebpf.PathCost{}
-	for _, c := range costs {
-		byName[c.Name] = c
+	paths := map[string]*perPath{}
+	var order []string
+	for range rounds {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		costs, err := cbebpf.MeasurePaths(200000)
+		if err != nil {
+			return err
+		}
+		byName := map[string]cbebpf.PathCost{}
+		for _, c := range costs {
+			byName[c.Name] = c
+		}
+		// Paths that rewrite their packet are timed as single runs interleaved with single
+		// runs of the local path; their figure is (path − local, both single, medians) +
+		// local (repeated), which removes the harness' per-run cost.
+		local := byName["local"].NsPerPk
+		// The reference forwarder (package reffwd: lookup + MAC rewrite + redirect_peer,
+		// timed on the local path's packet right after it): prog.<path>_ratio,
+		// machine-independent where the ns figures are not.
+		refNs := byName["ref-forward"].NsPerPk
+		if refNs <= 0 {
+			return fmt.Errorf("reference forwarder not measured: no prog.*_ratio figures")
+		}
+		for _, c := range costs {
+			pp := paths[c.Name]
+			if pp == nil {
+				pp = &perPath{c: c}
+				paths[c.Name] = pp
+				order = append(order, c.Name)
+			}
+			v := c.NsPerPk
+			if c.Single {
+				v = c.NsPerPk - c.SingleRef + local
+				pp.single = append(pp.single, fmt.Sprintf("%.0f-%.0f+%.0f", c.NsPerPk, c.SingleRef, local))
+			}
+			pp.ns = append(pp.ns, v)
+			pp.ratio = append(pp.ratio, v/refNs)
+		}
 	}
-	// Paths that rewrite their packet are timed as single runs interleaved with single runs
-	// of the local path; their figure is (path − local, both single, medians) + local
-	// (repeated), which removes the harness' per-run cost.
-	local := byName["local"].NsPerPk
-	// Every path is also reported as a ratio of the reference forwarder (package reffwd:
-	// lookup + MAC rewrite + redirect_peer, timed on the local path's packet right after
-	// it): prog.<path>_ratio, machine-independent where the ns figures are not.
-	refNs := byName["ref-forward"].NsPerPk
 	var rows [][]string
 	var ratios []figure
 	names := map[string]string{
@@ -41,35 +75,28 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		"ct-established": "prog.ct_established", "service": "prog.service", "policy-1024-rules": "prog.policy_1024_rules",
 		"policy-2-rules": "prog.policy_2_rules",
 	}
-	for _, c := range costs {
-		name, ok := names[c.Name]
+	for _, n := range order {
+		pp := paths[n]
+		v, x := median(pp.ns), median(pp.ratio)
+		note := fmt.Sprintf("repeated runs, median of %d rounds", rounds)
+		if pp.c.Single {
+			note = fmt.Sprintf("single runs − local single + local repeated, median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
+		}
+		name, ok := names[n]
 		if !ok {
-			rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", c.NsPerPk), "", "", "harness reference"})
+			rows = append(rows, []string{n, pp.c.Program, fmt.Sprintf("%.1f", v), "", "", "harness reference"})
 			continue
 		}
-		v := c.NsPerPk
-		note := "repeated runs"
-		if c.Single {
-			v = c.NsPerPk - c.SingleRef + local
-			note = fmt.Sprintf("single runs: %.1f - local %.1f + local repeated %.1f", c.NsPerPk, c.SingleRef, local)
+		if n != "ref-forward" {
+			ratios = append(ratios, figure{Name: name + "_ratio", Value: round2(x), Unit: "ratio"})
 		}
-		x := ""
-		if refNs > 0 {
-			x = fmt.Sprintf("%.2f", v/refNs)
-			if c.Name != "ref-forward" {
-				ratios = append(ratios, figure{Name: name + "_ratio", Value: round2(v / refNs), Unit: "ratio"})
-			}
-		}
-		rows = append(rows, []string{c.Name, c.Program, fmt.Sprintf("%.1f", v), x, reasonOf(c), note})
+		rows = append(rows, []string{n, pp.c.Program, fmt.Sprintf("%.1f", v), fmt.Sprintf("%.2f", x), reasonOf(pp.c), note})
 		r.add(name, round1(v), "ns")
 	}
 	for _, f := range ratios {
 		r.add(f.Name, f.Value, f.Unit)
 	}
-	table(w, "eBPF program paths (Program.Benchmark, ns per packet; x ref = ns / ref_forward ns)", []string{"path", "program", "ns/pkt", "x ref", "verdict", "how"}, rows)
-	if refNs <= 0 {
-		return fmt.Errorf("reference forwarder not measured: no prog.*_ratio figures")
-	}
+	table(w, "eBPF program paths (Program.Benchmark, ns per packet; x ref = ns / ref_forward ns of the same round)", []string{"path", "program", "ns/pkt", "x ref", "verdict", "how"}, rows)
 	// The conntrack collector: one pass over a table of 200,000 entries, half expired.
 	const ctN = 200000
 	d, deleted, err := cbebpf.MeasureCTGC(ctN)
