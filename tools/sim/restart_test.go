@@ -244,7 +244,10 @@ func restartUnderLoad(ctx context.Context, t *testing.T, c *Cluster, network, p 
 	if err := c.StartPlugin(ctx, h1); err != nil {
 		t.Fatal(err)
 	}
-	if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
+	// Generous: loading the programs is CPU-bound verification, and the rest of `make test`
+	// loads programs on the same 2 cores meanwhile (32 s once); traffic must flow
+	// throughout either way.
+	if err := h1.WaitReady(ctx, 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	resync := time.Since(startAt)
