@@ -409,9 +409,48 @@ CB_INLINE void cb_lb_key(struct cb_ct_key *k, const struct cb_flow *f, const str
 	k->proto = f->proto;
 }
 
-/* cb_lb_pick chooses a backend of svc for the packet of client: by the flow's hash, or
- * with session affinity by the client's address alone. */
-CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct cb_lb_choice *c, __be32 client)
+/* cb_lb_seed keys the flow hash of cb_lb_pick: random, set by the agent at load, so a
+ * client cannot choose its backend by choosing its ports. */
+volatile __u32 cb_lb_seed;
+
+CB_INLINE __u32 cb_rotl32(__u32 x, int r)
+{
+	return (x << r) | (x >> (32 - r));
+}
+
+CB_INLINE __u32 cb_mix32(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = cb_rotl32(k, 15);
+	k *= 0x1b873593;
+	h ^= k;
+	h = cb_rotl32(h, 13);
+	return h * 5 + 0xe6546b64;
+}
+
+/* cb_flow_hash is MurmurHash3 (x86_32) of the 5-tuple's three words, as they lie in the
+ * packet, seeded with cb_lb_seed ^ proto (pkg/dataplane/ebpf/service.go: flowHash).
+ * Not the kernel's skb hash: that one leaves the ports out of a fragment's, so every
+ * fragmented flow between two addresses would go to one backend. */
+CB_INLINE __u32 cb_flow_hash(const struct cb_flow *f)
+{
+	__u32 h = cb_lb_seed ^ f->proto;
+
+	h = cb_mix32(h, f->saddr);
+	h = cb_mix32(h, f->daddr);
+	h = cb_mix32(h, (__u32)f->sport | (__u32)f->dport << 16);
+	h ^= 12;
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* cb_lb_pick chooses a backend of svc for flow f: by its 5-tuple's hash, or with
+ * session affinity by the client's address alone. */
+CB_INLINE int cb_lb_pick(const struct cb_flow *f, const struct cb_svc *svc, struct cb_lb_choice *c)
 {
 	struct cb_backend_key bk = {};
 	struct cb_backend *be;
@@ -421,10 +460,10 @@ CB_INLINE int cb_lb_pick(struct __sk_buff *skb, const struct cb_svc *svc, struct
 		return CB_DROP_NO_BACKEND;
 	bk.svc_id = svc->id;
 	if (svc->flags & CB_SVC_AFFINITY) {
-		h = bpf_ntohl(client) * 2654435761U; /* Knuth's multiplicative hash */
+		h = bpf_ntohl(f->saddr) * 2654435761U; /* Knuth's multiplicative hash */
 		h ^= h >> 16;
 	} else {
-		h = bpf_get_hash_recalc(skb);
+		h = cb_flow_hash(f);
 	}
 	bk.index = h % svc->count;
 	be = bpf_map_lookup_elem(&cb_backends, &bk);
@@ -482,13 +521,13 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			bpf_map_delete_elem(&cb_ct, &key);
 			c->svc_ct = 0;
 			return 0;
-		} else if ((r = cb_lb_pick(skb, svc, c, f->saddr))) {
+		} else if ((r = cb_lb_pick(f, svc, c))) {
 			return r;
 		}
 	} else {
 		if (!svc)
 			return 0;
-		if ((r = cb_lb_pick(skb, svc, c, f->saddr)))
+		if ((r = cb_lb_pick(f, svc, c)))
 			return r;
 	}
 	t->svc = 1;

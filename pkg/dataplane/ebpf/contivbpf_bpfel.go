@@ -622,6 +622,7 @@ const (
 	contivbpfVarCbEventUnused      = "cb_event_unused"
 	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
+	contivbpfVarCbLbSeed           = "cb_lb_seed"
 	contivbpfVarCbNetFlagsUnused   = "cb_net_flags_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
 	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
@@ -730,6 +731,7 @@ type contivbpfVariableSpecs struct {
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbLbSeed           *ebpf.VariableSpec `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
@@ -842,6 +844,7 @@ type contivbpfVariables struct {
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbLbSeed           *ebpf.Variable `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`

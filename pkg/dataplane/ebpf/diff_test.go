@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/policy"
@@ -454,10 +453,9 @@ type diffWorld struct {
 	tally map[string]int
 	// lastClock is the datapath clock when the model's clock was last moved to it.
 	lastClock uint64
-	// hashProg returns the kernel's flow hash of a packet (bpf_get_hash_recalc), which
-	// the service LB uses to pick a backend: the model is told the datapath's choice even
-	// when policy then drops the packet.
-	hashProg *ebpf.Program
+	// lbSeed keys the service LB's flow hash (cb_lb_seed, flowHash): the model is told
+	// the datapath's choice even when policy then drops the packet.
+	lbSeed uint32
 	quota    uint32       // the per-endpoint conntrack quota (0: none)
 	reslots  map[int]bool // local endpoints on their second slot ("reslot")
 }
@@ -494,7 +492,7 @@ type diffRig struct {
 	t        *testing.T
 	cfg      diffConfig
 	objs     *contivbpfObjects
-	hashProg *ebpf.Program
+	lbSeed   uint32 // cb_lb_seed as set once loaded
 	snap     []mapSnap
 	epoch    uint32 // cb_policy_epoch and cb_features as loaded
 	features uint32
@@ -515,14 +513,10 @@ func newDiffRig(t *testing.T, cfg diffConfig) *diffRig {
 		spec.Maps[contivbpfMapCbEpCounters].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbIfaceDirect].MaxEntries = diffArrayEntries
 	})
-	r := &diffRig{t: t, cfg: cfg, objs: objs}
-	hp, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
-		Instructions: asm.Instructions{asm.FnGetHashRecalc.Call(), asm.Return()}})
-	if err != nil {
+	r := &diffRig{t: t, cfg: cfg, objs: objs, lbSeed: uint32(cfg.stream) ^ 0x9e3779b9}
+	if err := objs.CbLbSeed.Set(r.lbSeed); err != nil {
 		t.Fatal(err)
 	}
-	r.hashProg = hp
-	t.Cleanup(func() { hp.Close() })
 	if err := objs.CbPolicyEpoch.Get(&r.epoch); err != nil {
 		t.Fatal(err)
 	}
@@ -588,7 +582,7 @@ func (r *diffRig) restore() {
 func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	rig.restore()
 	objs := rig.objs
-	w := &diffWorld{t: t, rig: rig, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), hashProg: rig.hashProg}
+	w := &diffWorld{t: t, rig: rig, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), lbSeed: rig.lbSeed}
 	w.gc = newCTGC(objs.CbCt, time.Hour)
 	w.gc.owned = objs.CbCtOwned // the collector recounts, as the driver's does
 	must := func(err error) {
@@ -688,10 +682,7 @@ func (w *diffWorld) lbChoice(s diffStep) netip.Addr {
 	if len(w.svc) == 0 {
 		return netip.Addr{}
 	}
-	h, err := w.hashProg.Run(&ebpf.RunOptions{Data: w.frame(s)})
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	h := flowHash(w.lbSeed, netip.AddrPortFrom(w.eps[s.from].ip, s.sport), netip.AddrPortFrom(diffVIP, s.dport), s.proto)
 	return w.eps[w.svc[h%uint32(len(w.svc))]].ip
 }
 

@@ -80,6 +80,7 @@ type Driver struct {
 	traceColl *ebpf.Collection   // trace programs and scratch maps (trace.go), loaded on first use
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
 	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
+	lbSeed    uint32             // cb_lb_seed (lb.h): keys the service flow hash; random per run
 	ctgc      *ctGC
 	ctgcEvery time.Duration
 	services  map[string]svcRec // written by setService/dropService
@@ -212,6 +213,7 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		kpodOwner:   map[contivbpfCbKpodKey]string{},
 		mapFull:     map[string]uint64{},
 		slots:       map[uint32]string{},
+		lbSeed:      newLBSeed(),
 	}
 	for _, o := range opts {
 		o(d)
@@ -454,6 +456,11 @@ func (d *Driver) writeConfig() error {
 	if d.objs.CbPolicyEpoch != nil {
 		if err := d.objs.CbPolicyEpoch.Set(c.PolicyEpoch); err != nil {
 			return fmt.Errorf("ebpf: set policy epoch: %w", err)
+		}
+	}
+	if d.objs.CbLbSeed != nil {
+		if err := d.objs.CbLbSeed.Set(d.lbSeed); err != nil {
+			return fmt.Errorf("ebpf: set the service hash seed: %w", err)
 		}
 	}
 	return nil

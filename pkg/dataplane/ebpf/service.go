@@ -2,6 +2,8 @@ package ebpf
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -22,6 +24,41 @@ type svcRec struct {
 	nBackends int
 	members   []contivbpfCbMemberKey
 	nodePorts []contivbpfCbNpKey
+}
+
+// newLBSeed is a random cb_lb_seed: the service flow hash is keyed per agent run, so a
+// client cannot pick its backend by choosing its ports.
+func newLBSeed() uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// flowHash is cb_flow_hash (lb.h): MurmurHash3 (x86_32) of a flow's three words as they
+// lie in the packet (addresses and ports in network order, loaded little-endian), seeded
+// with seed ^ proto. A backend index is flowHash % backends.
+func flowHash(seed uint32, src, dst netip.AddrPort, proto uint8) uint32 {
+	word := func(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	var ports [4]byte
+	binary.BigEndian.PutUint16(ports[0:], src.Port())
+	binary.BigEndian.PutUint16(ports[2:], dst.Port())
+	h := seed ^ uint32(proto)
+	for _, k := range []uint32{word(s4[:]), word(d4[:]), word(ports[:])} {
+		k *= 0xcc9e2d51
+		k = k<<15 | k>>17
+		k *= 0x1b873593
+		h ^= k
+		h = h<<13 | h>>19
+		h = h*5 + 0xe6546b64
+	}
+	h ^= 12
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
 }
 
 // zoneOfTenant is the routing domain of a tenant (the same hash networks use).
