@@ -43,6 +43,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "client-icmp-error-through-vip", run: clientErrorThroughVIP},
 		{name: "hairpin", run: hairpin},
 		{name: "reject-no-backend", run: rejectNoBackend},
+		{name: "large-udp", run: largeUDP},
 	})
 }
 
@@ -291,10 +292,21 @@ func udpSpread(t *testing.T, e *Env) {
 // checkUDPSpread sends 32 UDP flows to vip:53 from a1 and wants replies from the VIP and
 // both servers used.
 func checkUDPSpread(t *testing.T, a1 *Container, vip netip.Addr, srvs []*UDPServer) {
-	vipAddr := net.JoinHostPort(vip.String(), "53")
+	udpFlowsThroughVIP(t, a1, net.JoinHostPort(vip.String(), "53"), 32, time.Second, func(i int) []byte { return marker(fmt.Sprint(i)) })
+	local, remote := srvs[0].Flows(), srvs[1].Flows()
+	t.Logf("UDP flows per backend: local %d, remote %d", local, remote)
+	if local == 0 || remote == 0 {
+		t.Errorf("UDP flows per backend: local %d, remote %d; want both used", local, remote)
+	}
+}
+
+// udpFlowsThroughVIP sends n UDP flows (a fresh socket each, payload(i)) from a1 to vipAddr
+// and wants each echoed from the VIP; it returns how many got no echo.
+func udpFlowsThroughVIP(t *testing.T, a1 *Container, vipAddr string, n int, wait time.Duration, payload func(int) []byte) int {
+	t.Helper()
 	failed := 0
-	for i := 0; i < 32; i++ {
-		from, err := UDPExchange(a1.NS, vipAddr, marker(fmt.Sprint(i)), time.Second)
+	for i := 0; i < n; i++ {
+		from, err := UDPExchange(a1.NS, vipAddr, payload(i), wait)
 		switch {
 		case err != nil:
 			failed++
@@ -304,13 +316,9 @@ func checkUDPSpread(t *testing.T, a1 *Container, vip netip.Addr, srvs []*UDPServ
 		}
 	}
 	if failed > 0 {
-		t.Errorf("%d of 32 UDP flows got no reply", failed)
+		t.Errorf("%d of %d UDP flows through %s got no echo", failed, n, vipAddr)
 	}
-	local, remote := srvs[0].Flows(), srvs[1].Flows()
-	t.Logf("UDP flows per backend: local %d, remote %d", local, remote)
-	if local == 0 || remote == 0 {
-		t.Errorf("UDP flows per backend: local %d, remote %d; want both used", local, remote)
-	}
+	return failed
 }
 
 // tenantPair is two tenants with overlapping subnets on host 1: clients at .1 in both,

@@ -206,6 +206,7 @@ func (d *Driver) connect(ctx context.Context) error {
 			d.conn = c
 			d.rejectConn.Store(c)
 			d.setRejectMeter(ctx)
+			d.setReassembly(ctx)
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -386,6 +387,7 @@ func (d *Driver) repair(ctx context.Context) error {
 		d.setMeter(ctx, true) // a new vswitchd has none; flows refer to it
 	}
 	d.setRejectMeter(ctx)
+	d.setReassembly(ctx)
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}

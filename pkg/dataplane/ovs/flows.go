@@ -49,7 +49,7 @@ func pipelineFields() (plain, masked []string) {
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
 		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK")
-	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK"}
+	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK", "NXM_NX_IP_FRAG"}
 }
 
 // resolveFields looks the named fields up in libOpenflow.
@@ -245,6 +245,31 @@ func (f *flow) ctState(text string, set, unset []int) *flow {
 	return f.m(of.NewCTStateMatchField(s), "ct_state="+text)
 }
 
+// IP fragment matches (nw_frag): bit 0 set for any fragment, bit 1 for a later one.
+const (
+	fragAny   = "yes"
+	fragFirst = "first"
+	fragLater = "later"
+)
+
+// nwFrag matches fragments: fragAny (first or later), fragFirst or fragLater.
+func (f *flow) nwFrag(which string) *flow {
+	h := f.hdr("NXM_NX_IP_FRAG/mask")
+	if h == nil {
+		return f
+	}
+	v, mask := byte(1), byte(1)
+	switch which {
+	case fragFirst:
+		v, mask = 1, 3
+	case fragLater:
+		v, mask = 3, 3
+	}
+	h.Value = &of.ByteArrayField{Data: []byte{v}, Length: 1}
+	h.Mask = &of.ByteArrayField{Data: []byte{mask}, Length: 1}
+	return f.m(h, "nw_frag="+which)
+}
+
 // ctMark matches the conntrack mark's bits in mask.
 func (f *flow) ctMark(v, mask uint32) *flow {
 	h := f.hdr("NXM_NX_CT_MARK/mask")
@@ -360,23 +385,18 @@ func (f *flow) output(p uint32) *flow {
 	return f.a(of.NewActionOutput(p), fmt.Sprintf("output:%d", p))
 }
 
-// multipath stores a 5-tuple hash choice (bySource: of the source address) among nLinks
-// in reg i [start..end].
-func (f *flow) multipath(nLinks int, i, start, end int, bySource bool) *flow {
+// multipath stores a choice among nLinks by the hash of fields in reg i [start..end].
+func (f *flow) multipath(nLinks int, i, start, end int, fields mpHash) *flow {
 	h := f.hdr(fmt.Sprintf("NXM_NX_REG%d", i))
 	if h == nil {
 		return f
 	}
-	mp, err := newMultipath(nLinks, h, start, end, bySource)
+	mp, err := newMultipath(nLinks, h, start, end, fields)
 	if err != nil {
 		if f.err == nil {
 			f.err = fmt.Errorf("flow %s: %w", f.keyText(), err)
 		}
 		return f
-	}
-	fields := "symmetric_l3l4+udp"
-	if bySource {
-		fields = "nw_src"
 	}
 	return f.a(mp, fmt.Sprintf("multipath(%s,0,hrw,%d,0,reg%d[%d..%d])", fields, nLinks, i, start, end))
 }

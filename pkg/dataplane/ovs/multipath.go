@@ -22,6 +22,7 @@ import (
 const (
 	nxHashFieldsSymmetricL3L4UDP = 3
 	nxHashFieldsNwSrc            = 4 // the IPv4 source alone (session affinity)
+	nxHashFieldsSymmetricL3      = 6 // both addresses (fragments: later ones carry no ports)
 	nxMPAlgHashThreshold         = 1
 	nxMPAlgHRW                   = 2
 	nxMultipathLen               = 32
@@ -36,10 +37,23 @@ type nxMultipath struct {
 	dst       *of.MatchField
 }
 
-// newMultipath picks one of nLinks (1..65536) by the 5-tuple hash (bySource: the source
-// address's) into dst[start..end]. HRW keeps most flows on their backend when one is
+// mpHash is what multipath hashes: one of the nxHashFields.
+type mpHash uint16
+
+// String is the field set as ovs-ofctl prints it.
+func (h mpHash) String() string {
+	switch h {
+	case nxHashFieldsNwSrc:
+		return "nw_src"
+	case nxHashFieldsSymmetricL3:
+		return "symmetric_l3"
+	}
+	return "symmetric_l3l4+udp"
+}
+
+// newMultipath picks one of nLinks (1..65536) by the hash of fields into dst[start..end]. HRW keeps most flows on their backend when one is
 // added or removed; OVS limits it to 64 links, beyond which hash-threshold is used.
-func newMultipath(nLinks int, dst *of.MatchField, start, end int, bySource bool) (*nxMultipath, error) {
+func newMultipath(nLinks int, dst *of.MatchField, start, end int, fields mpHash) (*nxMultipath, error) {
 	if nLinks < 1 || nLinks > 1<<16 || nLinks > 1<<(end-start+1) {
 		return nil, fmt.Errorf("multipath: %d links do not fit %d bits", nLinks, end-start+1)
 	}
@@ -47,11 +61,7 @@ func newMultipath(nLinks int, dst *of.MatchField, start, end int, bySource bool)
 	if nLinks > 64 {
 		alg = nxMPAlgHashThreshold
 	}
-	fields := uint16(nxHashFieldsSymmetricL3L4UDP)
-	if bySource {
-		fields = nxHashFieldsNwSrc
-	}
-	return &nxMultipath{fields: fields, algorithm: alg, maxLink: uint16(nLinks - 1),
+	return &nxMultipath{fields: uint16(fields), algorithm: alg, maxLink: uint16(nLinks - 1),
 		ofsNbits: of.NewNXRange(start, end).ToOfsBits(), dst: dst}, nil
 }
 

@@ -27,6 +27,7 @@ const (
 	ofptBarrierReply   = 21
 	ofptPacketIn       = 10
 	ofptSetConfig      = 9
+	ofpcFragNXMatch    = 3 // OFPC_FRAG_NX_MATCH in ofp_switch_config.flags
 	ofptSetAsync       = 28
 	ofptMeterMod       = 29
 	ofVersion13        = 4
@@ -103,18 +104,24 @@ func dialOF(ctx context.Context, path string, packetIn func(body []byte)) (*ofCo
 	_ = conn.SetDeadline(time.Time{})
 	c.xid.Store(100)
 	go c.readLoop()
+	// The bridge's fragment handling is Nicira's nx-match: a first fragment keeps its L4
+	// ports for the flow tables (OpenFlow's "normal" zeroes them in every fragment, and
+	// a port rule could then never allow a fragmented datagram); later ones have none.
+	// A management (service) connection gets no asynchronous messages unless it sets a
+	// miss_send_len; then packet-ins from output:CONTROLLER (reason OFPR_ACTION) only.
+	cfg := []byte{0, ofpcFragNXMatch, 0, 0} // flags, miss_send_len
+	msgs := [][]byte{c.newMsg(ofptSetConfig, cfg)}
 	if packetIn != nil {
-		// A management (service) connection gets no asynchronous messages unless it sets a
-		// miss_send_len; then packet-ins from output:CONTROLLER (reason OFPR_ACTION) only.
-		cfg := []byte{0, 0, 0, monitorMaxLen} // flags, miss_send_len
-		async := make([]byte, 24)             // packet_in, port_status, flow_removed masks (master, slave)
+		cfg[3] = monitorMaxLen
+		async := make([]byte, 24) // packet_in, port_status, flow_removed masks (master, slave)
 		binary.BigEndian.PutUint32(async[0:], 1<<ofprAction)
 		binary.BigEndian.PutUint32(async[4:], 1<<ofprAction)
-		for _, m := range [][]byte{c.newMsg(ofptSetConfig, cfg), c.newMsg(ofptSetAsync, async)} {
-			if err := c.write(m); err != nil {
-				c.Close()
-				return nil, fmt.Errorf("openflow async config: %w", err)
-			}
+		msgs = append(msgs, c.newMsg(ofptSetAsync, async))
+	}
+	for _, m := range msgs {
+		if err := c.write(m); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("openflow switch config: %w", err)
 		}
 	}
 	// Make sure the switch accepted the version before returning.

@@ -396,9 +396,29 @@ func (pl *pipeline) baseFlows() []*flow {
 		pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3),
 		pl.newFlow(tPolicy, 65000).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tL3),
 	}
+	flows = append(flows, pl.laterFragments()...)
 	flows = append(flows, pl.commitFlows()...)
 	flows = append(flows, pl.ctCheckFlows()...)
 	return append(flows, pl.newFlow(tL3, 0), pl.newFlow(tOutput, 0))
+}
+
+// laterFragments let the later fragments of a new UDP or ICMP datagram (no ports, no
+// ICMP type: nothing to judge) skip the rules, to a conntrack action in commit that its
+// first fragment reaches only if the rules passed it: conntrack (dpctl/ipf-set-enabled,
+// reassembly.go) holds fragments until their datagram is whole, so a datagram whose
+// first fragment was dropped is never released and expires there. A direct flow's
+// commit is that action; a service flow (DNAT committed, regFlags bit 1) gets a lookup
+// in its zone for it. Established flows' fragments pass as their flow does (65000); a
+// client's fragments to itself through its service skip the rules anyway (64000).
+func (pl *pipeline) laterFragments() []*flow {
+	var flows []*flow
+	for _, proto := range []uint8{1, 17} {
+		flows = append(flows, pl.newFlow(tPolicy, 63000).ip().proto(proto).nwFrag(fragLater).
+			ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tCommit))
+	}
+	return append(flows, pl.newFlow(tCommit, 120).ip().proto(17).nwFrag(fragAny).
+		ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+		regBits(regFlags, 1, 1, 1).ctZoneFromVRF(int(tL3), false, nil, ""))
 }
 
 // ctMarkCommitted is the ct_mark bit every commit of a tenant's connection sets (exec in
@@ -638,6 +658,8 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 			ctZone(hz, int(tConntrack), false, of.NewNXActionCTNAT(), "nat"))
 	}
 	var keys []string
+	var udp []uint32 // the service ids of its UDP ports
+	targets := map[uint16]bool{}
 	for _, sp := range s.Ports {
 		key := serviceKey(s.ID, sp)
 		sid, err := serviceID(env.svcIDs, key)
@@ -646,8 +668,43 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 		}
 		keys = append(keys, key)
 		flows = append(flows, pl.servicePort(s, sp, v, sid, env.localIPs(v))...)
+		if sp.Proto == 17 {
+			udp = append(udp, sid)
+			targets[targetPort(sp)] = true
+		}
+	}
+	if len(udp) > 0 {
+		flows = append(flows, pl.serviceLaterFragments(s, v, udp[0], len(targets) == 1))
 	}
 	return flows, keys, nil
+}
+
+// targetPort is the backend port of service port sp.
+func targetPort(sp dataplane.ServicePort) uint16 {
+	if sp.TargetPort == 0 {
+		return sp.Port
+	}
+	return sp.TargetPort
+}
+
+// serviceLaterFragments sends the later fragments of a new UDP flow to s's VIP the way
+// its first fragment went (servicePort): the same address hash picks the backend, and
+// sid (one of s's UDP ports) gives the target port, so they reach the same DNAT commit.
+// They carry no ports (nor does OVS give them the reassembled datagram's as ct_tp_dst),
+// so when s's UDP ports have different target ports (oneTarget false) the right one is
+// unknown: they are dropped, and the datagram with them (docs/ovs.md). So are those of a
+// service without backends.
+func (pl *pipeline) serviceLaterFragments(s dataplane.Service, v, sid uint32, oneTarget bool) *flow {
+	f := pl.newFlow(tServiceLB, 110).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+		reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(17).nwFrag(fragLater)
+	if !oneTarget || len(s.Backends) == 0 {
+		return f
+	}
+	hash := mpHash(nxHashFieldsSymmetricL3)
+	if s.AffinityClientIP {
+		hash = nxHashFieldsNwSrc
+	}
+	return f.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15, hash).resubmit(tServiceBackend)
 }
 
 // serviceKey is the LB key of one port of service id.
@@ -660,10 +717,7 @@ func serviceKey(id string, sp dataplane.ServicePort) string {
 // address). A new TCP packet without SYN opens nothing. Draining backends get no new
 // connection; their established ones keep their translation (ct state, not flows).
 func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v, sid uint32, local map[netip.Addr]bool) []*flow {
-	target := sp.TargetPort
-	if target == 0 {
-		target = sp.Port
-	}
+	target := targetPort(sp)
 	match := func(prio int) *flow {
 		return pl.newFlow(tServiceLB, prio).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 			reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).tpDst(sp.Proto, sp.Port)
@@ -686,7 +740,24 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		lb.tcpFlags(0x002, 0x012, "+syn-ack")
 		flows = append(flows, match(90)) // new TCP without SYN: drop
 	}
-	lb.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15, s.AffinityClientIP).resubmit(tServiceBackend)
+	hash := mpHash(nxHashFieldsSymmetricL3L4UDP)
+	if s.AffinityClientIP {
+		hash = nxHashFieldsNwSrc
+	}
+	lb.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15, hash).resubmit(tServiceBackend)
+	if sp.Proto == 17 {
+		// A new flow whose first datagram came in fragments: conntrack reassembled it and
+		// released its fragments, and all of them must reach this port's DNAT commit,
+		// where conntrack reassembles them again. Later fragments carry no ports, so the
+		// choice hashes the addresses alone, for the first fragment too (serviceFragments
+		// sends the later ones).
+		if !s.AffinityClientIP {
+			hash = nxHashFieldsSymmetricL3
+		}
+		first := pl.newFlow(tServiceLB, 110).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+			reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(sp.Proto).nwFrag(fragFirst).tpDst(sp.Proto, sp.Port)
+		flows = append(flows, first.loadBits(regSvcSel, 16, 31, sid).multipath(len(s.Backends), regSvcSel, 0, 15, hash).resubmit(tServiceBackend))
+	}
 	for i, b := range s.Backends {
 		flows = append(flows, pl.newFlow(tServiceBackend, 100).reg(regSvcSel, sid<<16|uint32(i)).
 			load(regSvcIP, ipU32(b)).load(regSvcPort, uint32(target)).resubmit(tServiceDNAT))
