@@ -455,9 +455,9 @@ type diffWorld struct {
 	lastClock uint64
 	// lbSeed keys the service LB's flow hash (cb_lb_seed, flowHash): the model is told
 	// the datapath's choice even when policy then drops the packet.
-	lbSeed uint32
-	quota    uint32       // the per-endpoint conntrack quota (0: none)
-	reslots  map[int]bool // local endpoints on their second slot ("reslot")
+	lbSeed  uint32
+	quota   uint32       // the per-endpoint conntrack quota (0: none)
+	reslots map[int]bool // local endpoints on their second slot ("reslot")
 }
 
 // diffConfig is the fixture of one differential test.
