@@ -244,9 +244,10 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	cfg = cb_get_config();
 	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex)
 		return CB_OUTSIDE;
-	if (cb_parse_ipv4(skb, &p) || p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f) || p.inner.proto)
+	if (cb_parse_ipv4(skb, &p) || p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f))
 		return CB_OUTSIDE; /* cb_outside judges it */
 	t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+	/* A reply, or the backend's ICMP error about the client's packet (cb_lb_reply). */
 	rev = cb_lb_reply(&p, &f, t.zone);
 	if (!rev || !(rev->flags & CB_CT_NODEPORT))
 		return CB_OUTSIDE;
@@ -256,12 +257,21 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	t.svc_reply = 1;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
+	if (p.inner.proto)
+		t.inner = &p.inner;
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);
-	r = cb_nat(skb, &p, &f, 0, rev->nat_ip, rev->nat_port);
-	if (!r)
-		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, np);
+	if (p.inner.proto) {
+		/* It quotes client:cport → backend:target: the client sent it to the node port. */
+		r = cb_icmp_quote_nat(skb, &p, 0, cfg->snat_ip, np);
+		if (!r)
+			r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, 0);
+	} else {
+		r = cb_nat(skb, &p, &f, 0, rev->nat_ip, rev->nat_port);
+		if (!r)
+			r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, np);
+	}
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
@@ -780,6 +790,35 @@ int cb_from_wire(struct __sk_buff *skb)
 	return cb_remote_rx(skb, key, net->vrf, 0);
 }
 
+/* cb_uplink_deliver delivers a packet from outside, already translated to local endpoint
+ * f->daddr of network net (an egress flow's reply, or an ICMP error about a node port
+ * flow's reply: t->nodeport set), judged in zone t->zone by the endpoint's in-rules (an
+ * ICMP error, t->inner set by the caller: as related to the flow it quotes, or as any
+ * packet). */
+static __noinline int cb_uplink_deliver(struct __sk_buff *skb, const struct cb_flow *f, struct cb_track *t, __u32 net)
+{
+	struct cb_ep_key dkey = {};
+	struct cb_endpoint *ep;
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!f || !t || !cfg)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	dkey.net = net;
+	dkey.ip = f->daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	t->dst_epg = ep->epg;
+	t->owner = cb_ct_owner(ep->slot);
+	r = cb_stateful(f, t);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	return cb_deliver_as(skb, ep, t->nodeport ? CB_FWD_NODEPORT : CB_FWD_EGRESS_REPLY);
+}
+
 /* cb_uplink_snat takes the replies of egress flows (and drops the wire's packets for
  * endpoint addresses); CB_TCX_NEXT for everything else. */
 static __noinline int cb_uplink_snat(struct __sk_buff *skb)
@@ -788,8 +827,6 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 	struct cb_flow f = {};
 	struct cb_track t = {};
 	struct cb_snat_dst d = {};
-	struct cb_ep_key dkey = {};
-	struct cb_endpoint *ep;
 	struct cb_config *cfg;
 	__be32 daddr;
 	int r;
@@ -814,23 +851,10 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	if (r)
 		return cb_drop(skb, r);
-	dkey.net = d.net;
-	dkey.ip = d.ip;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep || !(ep->flags & CB_EP_LOCAL))
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	t.zone = d.zone;
-	t.dst_epg = ep->epg;
-	t.owner = cb_ct_owner(ep->slot);
 	if (p.inner.proto)
 		t.inner = &p.inner;
-	r = cb_stateful(&f, &t);
-	if (r)
-		return cb_drop(skb, r);
-	r = cb_route_rewrite(skb, cfg);
-	if (r)
-		return cb_drop(skb, r);
-	return cb_deliver_as(skb, ep, CB_FWD_EGRESS_REPLY);
+	return cb_uplink_deliver(skb, &f, &t, d.net);
 }
 
 /* cb_uplink_nodeport balances a packet from outside to one of the host's node ports
@@ -856,6 +880,18 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	if (cb_parse_l4(skb, &p, &f))
 		return CB_TCX_NEXT;
+	if (p.inner.proto) {
+		/* An ICMP error about a node port flow's reply (a router's "fragmentation
+		 * needed", the client's port unreachable): to its local backend. */
+		r = cb_nodeport_icmp_in(skb, &p, &f, &t, &lc);
+		if (r < 0)
+			return CB_TCX_NEXT;
+		if (r)
+			return cb_drop(skb, r);
+		t.nodeport = p.inner.sport;
+		t.inner = &p.inner;
+		return cb_uplink_deliver(skb, &f, &t, lc.net);
+	}
 	np = cb_nodeport_lookup(&f);
 	if (!np)
 		return CB_TCX_NEXT;

@@ -122,3 +122,60 @@ struct {
 } cb_host_svcs SEC(".maps");
 
 #define CB_SOCK_LB_TRIES 256 /* backends scanned for a local one (services larger than that may miss it) */
+
+/* cb_nodeport_icmp_in translates an ICMP error from outside about a node port flow's
+ * reply (it quotes snat_ip:node port → client:cport, as the reply left) for the flow's
+ * local backend: the quoted source becomes backend:target port and the outer destination
+ * the backend (cb_icmp_quote_nat, cb_nat), in the node port zone (t->zone) and the
+ * backend's network (c->net). Only when the client→VIP entry and the flow's own entry are
+ * live, allowed and of that node port, and the backend is on this host (a remote one's
+ * flow left through the overlay from a NAT port: its errors stay the host's). Returns 0,
+ * a drop reason, or -1 when the error is about no such flow. */
+static __noinline int cb_nodeport_icmp_in(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f,
+					  struct cb_track *t, struct cb_lb_choice *c)
+{
+	struct cb_config *cfg = cb_get_config();
+	struct cb_np_key nk = {};
+	struct cb_ct_key k = {};
+	struct cb_ep_key ek = {};
+	struct cb_ct_entry *svc, *flow;
+	struct cb_endpoint *ep;
+	struct cb_np *np;
+	__u64 now = cb_now();
+	int r;
+
+	if (!p || !f || !t || !c || !cfg || !p->inner.has_ports || p->inner.saddr != cfg->snat_ip)
+		return -1;
+	nk.port = p->inner.sport;
+	nk.proto = p->inner.proto;
+	np = bpf_map_lookup_elem(&cb_nodeports, &nk);
+	if (!np)
+		return -1;
+	k.zone = np->zone ^ CB_ZONE_NODEPORT;
+	k.saddr = p->inner.daddr;
+	k.daddr = np->vip;
+	k.sport = p->inner.dport;
+	k.dport = np->svc_port;
+	k.proto = p->inner.proto;
+	svc = cb_ct_live(&k, now);
+	if (!svc || !(svc->flags & CB_CT_SVC))
+		return -1;
+	c->ip = svc->nat_ip;
+	c->port = svc->nat_port;
+	c->net = svc->nat_net;
+	k.daddr = c->ip;
+	k.dport = c->port;
+	flow = cb_ct_flow(&k, now);
+	if (!flow || !(flow->flags & CB_CT_NODEPORT) || flow->nodeport != nk.port)
+		return -1;
+	ek.net = c->net;
+	ek.ip = c->ip;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &ek);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return -1;
+	t->zone = k.zone;
+	r = cb_icmp_quote_nat(skb, p, 1, c->ip, c->port);
+	if (!r)
+		r = cb_nat(skb, p, f, 1, c->ip, 0);
+	return r;
+}

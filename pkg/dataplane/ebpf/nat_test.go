@@ -464,6 +464,81 @@ func TestNodePort(t *testing.T) {
 	r.expect(t, tcActShot, DropUnknownDst)
 }
 
+// ICMP errors of node port flows with a local backend: the backend's about the client's
+// datagram leaves from the host's address quoting what the client sent to the node port;
+// one from outside about a reply (a router's, the client's) reaches the backend quoting
+// the reply as the backend sent it. The client's own error is related to the flow; a
+// router's is judged like any packet from outside. Errors about no node port flow are the
+// host's.
+func TestNodePortICMP(t *testing.T) {
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	router := netip.MustParseAddr("203.0.113.1")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
+	putTestService(t, objs, 1, vip, 53, 17, 5353, srcIP)
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30053), Proto: 17}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(53)}); err != nil {
+		t.Fatal(err)
+	}
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	run(t, objs, up, l4Frame(17, worldIP, hostIP, 5555, 30053, 0, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+
+	// The backend has no socket on 5353: its port unreachable goes to the client.
+	r := run(t, objs, fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5555, 5353), nil)
+	r.expect(t, tcActRedirect, FwdNodePortReply)
+	if src, dst, qsrc, qdst := quoteOf(t, r.out); src != hostIP || dst != worldIP ||
+		qsrc != netip.AddrPortFrom(worldIP, 5555) || qdst != netip.AddrPortFrom(hostIP, 30053) {
+		t.Errorf("backend's error left %v → %v quoting %v → %v, want %v → %v quoting %v:5555 → %v:30053",
+			src, dst, qsrc, qdst, hostIP, worldIP, worldIP, hostIP)
+	}
+	// Not about a node port flow (another client port): the backend's own business.
+	r = run(t, objs, fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5556, 5353), nil)
+	if r.diff[FwdNodePortReply] != 0 {
+		t.Error("an error about no node port flow left as the node port's")
+	}
+
+	// A reply, then errors about it from outside.
+	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 5353, 5555, 0, 0), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	for _, from := range []netip.Addr{router, worldIP} {
+		r := run(t, objs, up, icmpError(from, hostIP, 3, hostIP, worldIP, 30053, 5555), nil)
+		r.expect(t, tcActRedirect, FwdNodePort)
+		if src, dst, qsrc, qdst := quoteOf(t, r.out); src != from || dst != srcIP ||
+			qsrc != netip.AddrPortFrom(srcIP, 5353) || qdst != netip.AddrPortFrom(worldIP, 5555) {
+			t.Errorf("error from %v delivered %v → %v quoting %v → %v, want to %v quoting %v:5353 → %v:5555",
+				from, src, dst, qsrc, qdst, srcIP, srcIP, worldIP)
+		}
+	}
+	// About no live flow: another client port, another node port, not from the host's
+	// address: the host's.
+	for _, f := range [][]byte{
+		icmpError(router, hostIP, 3, hostIP, worldIP, 30053, 5556),
+		icmpError(router, hostIP, 3, hostIP, worldIP, 30054, 5555),
+		icmpError(router, hostIP, 3, router, worldIP, 30053, 5555),
+	} {
+		if r := run(t, objs, up, f, nil); r.ret != tcxNext {
+			t.Errorf("verdict %#x for an error about no node port flow, want the host's", r.ret)
+		}
+	}
+
+	// The backend's group takes nothing new from outside: the client's error is its flow's
+	// (related), a router's is a new packet and dropped.
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT|contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny},
+		{ID: "dns", Priority: 10, Ingress: true, Proto: 17, Port: 5353, Action: dataplane.ActionAllow}}})
+	run(t, objs, up, l4Frame(17, worldIP, hostIP, 5557, 30053, 0, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 5353, 5557, 0, 0), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	run(t, objs, up, icmpError(worldIP, hostIP, 3, hostIP, worldIP, 30053, 5557), nil).expect(t, tcActRedirect, FwdNodePort)
+	run(t, objs, up, icmpError(router, hostIP, 3, hostIP, worldIP, 30053, 5557), nil).expect(t, tcActShot, DropPolicy)
+	// A truncated quote is malformed, never translated.
+	p := icmpError(router, hostIP, 3, hostIP, worldIP, 30053, 5557)
+	p = p[:len(p)-4]
+	binary.BigEndian.PutUint16(p[16:], uint16(len(p)-14))
+	if r := run(t, objs, up, p, nil); r.ret == tcActRedirect {
+		t.Error("a truncated error was delivered")
+	}
+}
+
 // The backend's side of a node port flow another host balanced here: the peer host's own
 // address is its source (the peer judged it); the backend's replies to that address go back
 // through the tunnel. Other traffic to the peer's address still leaves by egress NAT.

@@ -57,7 +57,7 @@ func TestNodePortTwoHosts(t *testing.T) {
 	b := dataplane.Endpoint{ID: "red.t-b", NetworkID: red.ID, IP: ba, MAC: dataplane.ContivMAC(ba),
 		HostIfName: p + "b", IfName: "eth0", NetNS: conformance.NewNetNS(t, p+"-b")}
 	svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"), Backends: []netip.Addr{ba},
-		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}}}
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}, {Proto: 17, Port: 53, TargetPort: 5353, NodePort: 30053}}}
 	empty := dataplane.Service{ID: "empty:t", VIP: netip.MustParseAddr("10.50.0.101"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30081}}}
 	if err := drv["h1"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red},
@@ -81,6 +81,11 @@ func TestNodePortTwoHosts(t *testing.T) {
 		if got := <-peers; !strings.HasPrefix(got, tc.wantPeer+":") {
 			t.Errorf("node port on %s: backend saw %s, want %s", tc.host, got, tc.wantPeer)
 		}
+	}
+	// Nothing listens on the backend's UDP 5353: its port unreachable reaches the client
+	// as the node port's (from host 2's address, quoting what the client sent).
+	if err := conformance.RefusedUDP(ext, addrs[h2]+":30053"); err != nil {
+		t.Errorf("UDP node port without a listener: %v", err)
 	}
 	// Host 1's own processes: the service has no backend on host 1, so the connect fails
 	// at once (EPERM) instead of going anywhere else.
