@@ -234,7 +234,10 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
 	struct cb_track t = {};
+	struct cb_frag_key fk = {};
+	struct cb_natfrag *n;
 	struct cb_ct_entry *rev;
+	__be32 backend;
 	struct cb_config *cfg;
 	__be16 np;
 	int r;
@@ -244,9 +247,20 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	cfg = cb_get_config();
 	if (!cfg || !cfg->snat_ip || !cfg->egress_ifindex)
 		return CB_OUTSIDE;
-	if (cb_parse_ipv4(skb, &p) || p.frag != CB_FRAG_NONE || cb_parse_l4(skb, &p, &f))
+	if (cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f))
 		return CB_OUTSIDE; /* cb_outside judges it */
 	t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+	if (p.frag == CB_FRAG_LATER) {
+		/* A later fragment of a reply whose first fragment left as the node port's. */
+		cb_np_frag_key(&fk, t.zone, f.saddr, f.daddr, &p, f.proto);
+		n = cb_np_frag_find(&fk, CB_NATFRAG_SRC);
+		if (!n)
+			return CB_OUTSIDE;
+		r = cb_nat(skb, &p, &f, 0, n->addr, 0);
+		goto out;
+	}
+	if (p.inner.proto && p.frag != CB_FRAG_NONE)
+		return CB_OUTSIDE;
 	/* A reply, or the backend's ICMP error about the client's packet (cb_lb_reply). */
 	rev = cb_lb_reply(&p, &f, t.zone);
 	if (!rev || !(rev->flags & CB_CT_NODEPORT))
@@ -268,10 +282,16 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		if (!r)
 			r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, 0);
 	} else {
+		backend = f.saddr;
 		r = cb_nat(skb, &p, &f, 0, rev->nat_ip, rev->nat_port);
 		if (!r)
 			r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, np);
+		if (!r && p.frag == CB_FRAG_FIRST) {
+			cb_np_frag_key(&fk, t.zone, backend, f.daddr, &p, f.proto);
+			cb_natfrag_record(&fk, CB_NATFRAG_SRC, cfg->snat_ip, 0);
+		}
 	}
+out:
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
@@ -857,6 +877,37 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 	return cb_uplink_deliver(skb, &f, &t, d.net);
 }
 
+/* cb_nodeport_frag_in delivers a later fragment of a datagram a client sent to a node port
+ * to the local backend its first fragment went to (cb_np_frag_key); without a record it is
+ * the host's (a datagram to the host itself). */
+static __noinline int cb_nodeport_frag_in(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f)
+{
+	struct cb_frag_key k = {};
+	struct cb_ep_key ek = {};
+	struct cb_endpoint *ep;
+	struct cb_natfrag *n;
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!p || !f || !cfg)
+		return CB_TCX_NEXT;
+	cb_np_frag_key(&k, CB_NATFRAG_NODEPORT_IN, f->saddr, f->daddr, p, f->proto);
+	n = cb_np_frag_find(&k, CB_NATFRAG_DST);
+	if (!n)
+		return CB_TCX_NEXT;
+	ek.net = n->net;
+	ek.ip = n->addr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &ek);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	r = cb_nat(skb, p, f, 1, ek.ip, 0);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
+	return cb_deliver_as(skb, ep, CB_FWD_NODEPORT);
+}
+
 /* cb_uplink_nodeport balances a packet from outside to one of the host's node ports
  * (nodeport.h) to a backend on this host; CB_TCX_NEXT for anything else. */
 static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
@@ -865,7 +916,9 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	struct cb_flow f = {};
 	struct cb_track t = {};
 	struct cb_lb_choice lc = {};
+	struct cb_frag_key fk = {};
 	struct cb_ep_key dkey = {};
+	__be32 client;
 	struct cb_endpoint *ep;
 	struct cb_network *net;
 	struct cb_config *cfg;
@@ -876,11 +929,13 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	cfg = cb_get_config();
 	if (!cfg || cb_parse_eth(skb, &p) || p.eth->h_proto != bpf_htons(ETH_P_IP))
 		return CB_TCX_NEXT;
-	if (cb_parse_ipv4(skb, &p) || p.ip->daddr != cfg->snat_ip || p.frag != CB_FRAG_NONE)
+	if (cb_parse_ipv4(skb, &p) || p.ip->daddr != cfg->snat_ip)
 		return CB_TCX_NEXT;
 	if (cb_parse_l4(skb, &p, &f))
 		return CB_TCX_NEXT;
-	if (p.inner.proto) {
+	if (p.frag == CB_FRAG_LATER)
+		return cb_nodeport_frag_in(skb, &p, &f);
+	if (p.inner.proto && p.frag == CB_FRAG_NONE) {
 		/* An ICMP error about a node port flow's reply (a router's "fragmentation
 		 * needed", the client's port unreachable): to its local backend. */
 		r = cb_nodeport_icmp_in(skb, &p, &f, &t, &lc);
@@ -895,6 +950,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	np = cb_nodeport_lookup(&f);
 	if (!np)
 		return CB_TCX_NEXT;
+	client = f.saddr;
 	t.zone = np->zone ^ CB_ZONE_NODEPORT;
 	t.nodeport = f.dport;
 	t.frag = p.frag;
@@ -920,9 +976,11 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	net = 0;
 	if (!(ep->flags & CB_EP_LOCAL)) {
-		/* A backend on another host: through the overlay, from this host's address. */
+		/* A backend on another host: through the overlay, from this host's address. Not
+		 * for a fragmented datagram (its later fragments would need both addresses and
+		 * the NAT port): only local backends take those. */
 		net = bpf_map_lookup_elem(&cb_networks, &dkey.net);
-		if (!net || net->encap != CB_ENCAP_VXLAN)
+		if (!net || net->encap != CB_ENCAP_VXLAN || p.frag != CB_FRAG_NONE)
 			return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
 	}
 	t.dst_epg = ep->epg;
@@ -937,8 +995,13 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
-	if (!net)
+	if (!net) {
+		if (p.frag == CB_FRAG_FIRST) {
+			cb_np_frag_key(&fk, CB_NATFRAG_NODEPORT_IN, client, cfg->snat_ip, &p, f.proto);
+			cb_natfrag_record(&fk, CB_NATFRAG_DST, f.daddr, dkey.net);
+		}
 		return cb_deliver_as(skb, ep, CB_FWD_NODEPORT);
+	}
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);

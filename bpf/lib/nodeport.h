@@ -179,3 +179,33 @@ static __noinline int cb_nodeport_icmp_in(struct __sk_buff *skb, struct cb_pkt *
 		r = cb_nat(skb, p, f, 1, c->ip, 0);
 	return r;
 }
+
+/* Fragments of node port flows with a local backend (cb_nat_frags records, written only
+ * once the first fragment passed policy, so a later fragment passes only behind one that
+ * did): a client's datagram to the node port is keyed (CB_NATFRAG_NODEPORT_IN, client,
+ * host address, id, proto), its later fragments go to the backend (DST); a backend's
+ * reply is keyed (the node port zone, backend, client, id, proto), its later fragments
+ * leave from the host's address (SRC). The inbound key's zone is no tenant's: later
+ * fragments carry no node port to find the tenant by, and the host's address as
+ * destination sets these apart from every other record. */
+#define CB_NATFRAG_NODEPORT_IN 0xffffffffu
+
+CB_INLINE void cb_np_frag_key(struct cb_frag_key *k, __u32 zone, __be32 saddr, __be32 daddr, const struct cb_pkt *p,
+			      __u8 proto)
+{
+	k->zone = zone;
+	k->saddr = saddr;
+	k->daddr = daddr;
+	k->id = p->ip_id;
+	k->proto = proto;
+}
+
+/* cb_np_frag_find returns the live record of a later fragment's datagram (dir), or 0. */
+CB_INLINE struct cb_natfrag *cb_np_frag_find(const struct cb_frag_key *k, __u32 dir)
+{
+	struct cb_natfrag *n = bpf_map_lookup_elem(&cb_nat_frags, k);
+
+	if (!n || n->dir != dir || n->expires < cb_now())
+		return 0;
+	return n;
+}

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
@@ -413,13 +415,7 @@ func TestDNSRedirect(t *testing.T) {
 // backend with the client's address kept; the backend's reply leaves from the host's
 // address and node port. A remote backend is not served yet; other ports are the host's.
 func TestNodePort(t *testing.T) {
-	objs := natFixture(t, 64)
-	vip := netip.MustParseAddr("10.1.0.100")
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
-	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
-	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
-		t.Fatal(err)
-	}
+	objs, vip := nodePortFixture(t, 6, 80, 8080, 30080)
 	up := objs.CbFromUplink
 	r := run(t, objs, up, l4Frame(6, worldIP, hostIP, 5555, 30080, 0x02, 0), nil)
 	r.expect(t, tcActRedirect, FwdNodePort)
@@ -464,6 +460,20 @@ func TestNodePort(t *testing.T) {
 	r.expect(t, tcActShot, DropUnknownDst)
 }
 
+// nodePortFixture: egress NAT, LB and node ports on, service VIP:port (proto) → srcIP:target
+// with node port nodePort; returns the VIP.
+func nodePortFixture(t *testing.T, proto uint8, port, target, nodePort uint16) (*contivbpfObjects, netip.Addr) {
+	t.Helper()
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
+	putTestService(t, objs, 1, vip, port, proto, target, srcIP)
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(nodePort), Proto: proto}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(port)}); err != nil {
+		t.Fatal(err)
+	}
+	return objs, vip
+}
+
 // ICMP errors of node port flows with a local backend: the backend's about the client's
 // datagram leaves from the host's address quoting what the client sent to the node port;
 // one from outside about a reply (a router's, the client's) reaches the backend quoting
@@ -471,27 +481,26 @@ func TestNodePort(t *testing.T) {
 // router's is judged like any packet from outside. Errors about no node port flow are the
 // host's.
 func TestNodePortICMP(t *testing.T) {
-	objs := natFixture(t, 64)
-	vip := netip.MustParseAddr("10.1.0.100")
+	objs, _ := nodePortFixture(t, 17, 53, 5353, 30053)
 	router := netip.MustParseAddr("203.0.113.1")
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
-	putTestService(t, objs, 1, vip, 53, 17, 5353, srcIP)
-	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30053), Proto: 17}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(53)}); err != nil {
-		t.Fatal(err)
-	}
 	up, fc := objs.CbFromUplink, objs.CbFromContainer
 	run(t, objs, up, l4Frame(17, worldIP, hostIP, 5555, 30053, 0, 0), nil).expect(t, tcActRedirect, FwdNodePort)
 
-	// The backend has no socket on 5353: its port unreachable goes to the client.
-	r := run(t, objs, fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5555, 5353), nil)
-	r.expect(t, tcActRedirect, FwdNodePortReply)
-	if src, dst, qsrc, qdst := quoteOf(t, r.out); src != hostIP || dst != worldIP ||
-		qsrc != netip.AddrPortFrom(worldIP, 5555) || qdst != netip.AddrPortFrom(hostIP, 30053) {
-		t.Errorf("backend's error left %v → %v quoting %v → %v, want %v → %v quoting %v:5555 → %v:30053",
-			src, dst, qsrc, qdst, hostIP, worldIP, worldIP, hostIP)
+	// forwarded runs ICMP error pkt through prog and wants it forwarded (reason) from src to
+	// dst quoting qsrc → qdst, every checksum right.
+	forwarded := func(prog *ebpf.Program, pkt []byte, reason Reason, src, dst netip.Addr, qsrc, qdst netip.AddrPort) {
+		t.Helper()
+		r := run(t, objs, prog, pkt, nil)
+		r.expect(t, tcActRedirect, reason)
+		if s, d, qs, qd := quoteOf(t, r.out); s != src || d != dst || qs != qsrc || qd != qdst {
+			t.Errorf("error forwarded %v → %v quoting %v → %v, want %v → %v quoting %v → %v", s, d, qs, qd, src, dst, qsrc, qdst)
+		}
 	}
+	// The backend has no socket on 5353: its port unreachable goes to the client.
+	forwarded(fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5555, 5353), FwdNodePortReply,
+		hostIP, worldIP, netip.AddrPortFrom(worldIP, 5555), netip.AddrPortFrom(hostIP, 30053))
 	// Not about a node port flow (another client port): the backend's own business.
-	r = run(t, objs, fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5556, 5353), nil)
+	r := run(t, objs, fc, icmpError(srcIP, worldIP, 3, worldIP, srcIP, 5556, 5353), nil)
 	if r.diff[FwdNodePortReply] != 0 {
 		t.Error("an error about no node port flow left as the node port's")
 	}
@@ -499,13 +508,8 @@ func TestNodePortICMP(t *testing.T) {
 	// A reply, then errors about it from outside.
 	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 5353, 5555, 0, 0), nil).expect(t, tcActRedirect, FwdNodePortReply)
 	for _, from := range []netip.Addr{router, worldIP} {
-		r := run(t, objs, up, icmpError(from, hostIP, 3, hostIP, worldIP, 30053, 5555), nil)
-		r.expect(t, tcActRedirect, FwdNodePort)
-		if src, dst, qsrc, qdst := quoteOf(t, r.out); src != from || dst != srcIP ||
-			qsrc != netip.AddrPortFrom(srcIP, 5353) || qdst != netip.AddrPortFrom(worldIP, 5555) {
-			t.Errorf("error from %v delivered %v → %v quoting %v → %v, want to %v quoting %v:5353 → %v:5555",
-				from, src, dst, qsrc, qdst, srcIP, srcIP, worldIP)
-		}
+		forwarded(up, icmpError(from, hostIP, 3, hostIP, worldIP, 30053, 5555), FwdNodePort,
+			from, srcIP, netip.AddrPortFrom(srcIP, 5353), netip.AddrPortFrom(worldIP, 5555))
 	}
 	// About no live flow: another client port, another node port, not from the host's
 	// address: the host's.
@@ -536,6 +540,70 @@ func TestNodePortICMP(t *testing.T) {
 	binary.BigEndian.PutUint16(p[16:], uint16(len(p)-14))
 	if r := run(t, objs, up, p, nil); r.ret == tcActRedirect {
 		t.Error("a truncated error was delivered")
+	}
+}
+
+// A fragmented datagram to a node port with a local backend: its later fragments follow
+// the first one to the backend, and a fragmented reply's leave from the host's address;
+// only behind a first fragment that passed (a lone later fragment is the host's, or
+// judged as the container's egress). A remote backend takes no fragmented datagram.
+func TestNodePortFragments(t *testing.T) {
+	objs, vip := nodePortFixture(t, 17, 53, 5353, 30053)
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	addrs := func(f []byte) (netip.Addr, netip.Addr) {
+		ip := f[14:]
+		if csum(ip[:20], 0) != 0 {
+			t.Error("bad IP checksum")
+		}
+		return netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	}
+	// A later fragment before any first one: the host's.
+	if r := run(t, objs, up, laterFrag(17, worldIP, hostIP, 7), nil); r.ret != tcxNext {
+		t.Errorf("lone later fragment: verdict %#x, want the host's", r.ret)
+	}
+	// datagram runs the first and a later fragment of one datagram through prog: both
+	// forwarded (reason) from src to dst, the first with ports sport → dport.
+	datagram := func(prog *ebpf.Program, first, later []byte, reason Reason, src, dst netip.Addr, sport, dport uint16) {
+		t.Helper()
+		r := run(t, objs, prog, first, nil)
+		r.expect(t, tcActRedirect, reason)
+		if s, d, sp, dp := checkSums(t, r.out); s != src || d != dst || sp != sport || dp != dport {
+			t.Errorf("first fragment %v:%d → %v:%d, want %v:%d → %v:%d", s, sp, d, dp, src, sport, dst, dport)
+		}
+		r = run(t, objs, prog, later, nil)
+		r.expect(t, tcActRedirect, reason)
+		if s, d := addrs(r.out); s != src || d != dst {
+			t.Errorf("later fragment %v → %v, want %v → %v", s, d, src, dst)
+		}
+	}
+	datagram(up, firstFrag(17, worldIP, hostIP, 5555, 30053, 0, 7), laterFrag(17, worldIP, hostIP, 7), FwdNodePort, worldIP, srcIP, 5555, 5353)
+	// Another datagram (id) or another protocol: not that datagram's.
+	for _, f := range [][]byte{laterFrag(17, worldIP, hostIP, 8), laterFrag(6, worldIP, hostIP, 7)} {
+		if r := run(t, objs, up, f, nil); r.ret != tcxNext {
+			t.Errorf("unrelated later fragment: verdict %#x, want the host's", r.ret)
+		}
+	}
+	// The backend's fragmented reply leaves from the node port.
+	datagram(fc, firstFrag(17, srcIP, worldIP, 5353, 5555, 0, 90), laterFrag(17, srcIP, worldIP, 90), FwdNodePortReply, hostIP, worldIP, 30053, 5555)
+	// A later fragment of a datagram whose first one was not a node port reply: egress's
+	// (which takes no fragments).
+	run(t, objs, fc, laterFrag(17, srcIP, worldIP, 91), nil).expect(t, tcActShot, DropEgressUnsupported)
+
+	// A first fragment policy drops leaves its later ones to the host.
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT|contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny}}})
+	run(t, objs, up, firstFrag(17, worldIP, hostIP, 5557, 30053, 0, 10), nil).expect(t, tcActShot, DropPolicy)
+	if r := run(t, objs, up, laterFrag(17, worldIP, hostIP, 10), nil); r.ret != tcxNext {
+		t.Errorf("later fragment after a denied first: verdict %#x, want the host's", r.ret)
+	}
+
+	// A remote backend: the first fragment is refused, its later ones are the host's.
+	putTestService(t, objs, 1, vip, 53, 17, 5353, remoteIP)
+	run(t, objs, up, firstFrag(17, worldIP, hostIP, 5556, 30053, 0, 9), nil).expect(t, tcActShot, DropNodePortNoLocal)
+	if r := run(t, objs, up, laterFrag(17, worldIP, hostIP, 9), nil); r.ret != tcxNext {
+		t.Errorf("later fragment after a refused first: verdict %#x, want the host's", r.ret)
 	}
 }
 

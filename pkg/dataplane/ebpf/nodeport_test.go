@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"os"
@@ -57,7 +58,8 @@ func TestNodePortTwoHosts(t *testing.T) {
 	b := dataplane.Endpoint{ID: "red.t-b", NetworkID: red.ID, IP: ba, MAC: dataplane.ContivMAC(ba),
 		HostIfName: p + "b", IfName: "eth0", NetNS: conformance.NewNetNS(t, p+"-b")}
 	svc := dataplane.Service{ID: "web:t", VIP: netip.MustParseAddr("10.50.0.100"), Backends: []netip.Addr{ba},
-		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}, {Proto: 17, Port: 53, TargetPort: 5353, NodePort: 30053}}}
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30080}, {Proto: 17, Port: 53, TargetPort: 5353, NodePort: 30053},
+			{Proto: 17, Port: 54, TargetPort: 5354, NodePort: 30054}}}
 	empty := dataplane.Service{ID: "empty:t", VIP: netip.MustParseAddr("10.50.0.101"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8080, NodePort: 30081}}}
 	if err := drv["h1"].Sync(ctx, dataplane.State{Networks: []dataplane.Network{red},
@@ -86,6 +88,18 @@ func TestNodePortTwoHosts(t *testing.T) {
 	// as the node port's (from host 2's address, quoting what the client sent).
 	if err := conformance.RefusedUDP(ext, addrs[h2]+":30053"); err != nil {
 		t.Errorf("UDP node port without a listener: %v", err)
+	}
+	// A datagram larger than the MTU both ways through a node port with a local backend:
+	// the later fragments follow the first ones.
+	echo, err := conformance.StartUDPEcho(b.NetNS, ba.String(), 5354)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	if from, err := conformance.UDPExchange(ext, addrs[h2]+":30054", bytes.Repeat([]byte("node-port-fragments-"), 200), 2*time.Second); err != nil {
+		t.Errorf("4,000-byte datagram through the node port: %v", err)
+	} else if from != addrs[h2]+":30054" {
+		t.Errorf("large datagram's echo from %s, want the node port", from)
 	}
 	// Host 1's own processes: the service has no backend on host 1, so the connect fails
 	// at once (EPERM) instead of going anywhere else.
