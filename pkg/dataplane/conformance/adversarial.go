@@ -44,6 +44,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "hairpin", run: hairpin},
 		{name: "reject-no-backend", run: rejectNoBackend},
 		{name: "large-udp", run: largeUDP},
+		{name: "denied-service-no-state", run: deniedServiceNoState},
 	})
 }
 

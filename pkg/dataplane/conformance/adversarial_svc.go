@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -260,6 +261,58 @@ func largeUDP(t *testing.T, e *Env) {
 		}
 		if e.H1.Driver.Name() != "ovs" && (local == 0 || remote == 0) {
 			t.Errorf("large UDP flows per backend through the VIP: local %d, remote %d; want both used", local, remote)
+		}
+	})
+}
+
+// deniedServiceNoState: policy denies the client's traffic to a service's backend, so its
+// SYNs and datagrams to the VIP are dropped, and they leave no conntrack state on the
+// client's host (a flood of them cannot fill the table or a tenant's share of it): the
+// service translation is committed only after policy passed the packet, on both backends.
+func deniedServiceNoState(t *testing.T, e *Env) {
+	a1, a2, _ := adversaries(t, e)
+	vip := netip.MustParseAddr("10.36.1.208")
+	srv, err := StartTCPEchoPort(a2.NS, a2.EP.IP.String(), 8399)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, Action: dataplane.ActionDeny},
+		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny}}})
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	svc := dataplane.Service{ID: "denied:default", VIP: vip, Backends: []netip.Addr{a2.EP.IP},
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80, TargetPort: 8399}, {Proto: 17, Port: 53, TargetPort: 5399}}}
+	withService(t, e, svc, func() {
+		for i := 0; i < 4; i++ {
+			if c, err := DialTCPTimeout(a1.NS, "10.36.1.208:80", 300*time.Millisecond); err == nil {
+				c.Close()
+				t.Fatal("connected through the VIP to a backend whose policy denies it")
+			}
+			if _, err := UDPExchange(a1.NS, "10.36.1.208:53", []byte("denied"), 100*time.Millisecond); err == nil {
+				t.Fatal("a UDP datagram through the VIP got an answer from a backend whose policy denies it")
+			}
+		}
+		lister, ok := e.H1.Driver.(interface {
+			Listing(dataplane.ListQuery) (dataplane.Listing, error)
+		})
+		if !ok {
+			t.Fatalf("%s driver lists no conntrack table", e.H1.Driver.Name())
+		}
+		l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
+		if err != nil {
+			t.Fatalf("list conntrack: %v", err)
+		}
+		for _, row := range l.Rows {
+			if strings.Contains(strings.Join(row, " "), vip.String()) {
+				t.Errorf("denied traffic to the VIP left conntrack state: %v", row)
+			}
 		}
 	})
 }

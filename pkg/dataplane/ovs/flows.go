@@ -378,6 +378,16 @@ func (f *flow) setEthSrc(mac net.HardwareAddr) *flow {
 func (f *flow) setEthDst(mac net.HardwareAddr) *flow {
 	return f.a(of.NewActionSetField(*of.NewEthDstField(mac, nil)), "mod_dl_dst:"+mac.String())
 }
+
+// setDst rewrites the IPv4 destination and the TCP or UDP destination port (the flow must
+// match proto; OVS leaves the port of a later fragment, which has none, alone).
+func (f *flow) setDst(proto uint8, a netip.Addr, port uint16) *flow {
+	f.a(of.NewActionSetField(*of.NewIpv4DstField(ip4(a), nil)), "set_field:"+a.String()+"->ip_dst")
+	if proto == 17 {
+		return f.a(of.NewActionSetField(*of.NewUdpDstField(port)), fmt.Sprintf("set_field:%d->udp_dst", port))
+	}
+	return f.a(of.NewActionSetField(*of.NewTcpDstField(port)), fmt.Sprintf("set_field:%d->tcp_dst", port))
+}
 func (f *flow) output(p uint32) *flow {
 	if p == of.P_IN_PORT {
 		return f.a(of.NewActionOutput(p), "IN_PORT")

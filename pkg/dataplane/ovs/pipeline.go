@@ -403,12 +403,11 @@ func (pl *pipeline) baseFlows() []*flow {
 }
 
 // laterFragments let the later fragments of a new UDP or ICMP datagram (no ports, no
-// ICMP type: nothing to judge) skip the rules, to a conntrack action in commit that its
-// first fragment reaches only if the rules passed it: conntrack (dpctl/ipf-set-enabled,
-// reassembly.go) holds fragments until their datagram is whole, so a datagram whose
-// first fragment was dropped is never released and expires there. A direct flow's
-// commit is that action; a service flow (DNAT committed, regFlags bit 1) gets a lookup
-// in its zone for it. Established flows' fragments pass as their flow does (65000); a
+// ICMP type: nothing to judge) skip the rules, to the commit its first fragment reaches
+// only if the rules passed it (a direct flow's, or its service port and backend's DNAT):
+// conntrack (dpctl/ipf-set-enabled, reassembly.go) holds fragments until their datagram
+// is whole, so a datagram whose first fragment was dropped is never released and
+// expires there. Established flows' fragments pass as their flow does (65000); a
 // client's fragments to itself through its service skip the rules anyway (64000).
 func (pl *pipeline) laterFragments() []*flow {
 	var flows []*flow
@@ -416,9 +415,7 @@ func (pl *pipeline) laterFragments() []*flow {
 		flows = append(flows, pl.newFlow(tPolicy, 63000).ip().proto(proto).nwFrag(fragLater).
 			ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tCommit))
 	}
-	return append(flows, pl.newFlow(tCommit, 120).ip().proto(17).nwFrag(fragAny).
-		ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
-		regBits(regFlags, 1, 1, 1).ctZoneFromVRF(int(tL3), false, nil, ""))
+	return flows
 }
 
 // ctMarkCommitted is the ct_mark bit every commit of a tenant's connection sets (exec in
@@ -430,15 +427,14 @@ func (pl *pipeline) laterFragments() []*flow {
 const ctMarkCommitted = 1
 
 // ctCheckFlows drop the packets whose commit conntrack refused (ct_mark without
-// ctMarkCommitted after the commit): a service connection's (DNAT committed, regFlags
-// bit 1) goes on to be classified, any other to l3_rewrite, as before the check.
+// ctMarkCommitted after the commit); the others go on to l3_rewrite (every commit, a
+// service connection's DNAT too, comes after policy).
 func (pl *pipeline) ctCheckFlows() []*flow {
 	committed := func(prio int) *flow {
 		return pl.newFlow(tCTCheck, prio).ip().ctMark(ctMarkCommitted, ctMarkCommitted)
 	}
 	return []*flow{
 		pl.newFlow(tCTCheck, 0), // refused: drop (drop_ct_quota)
-		committed(100).regBits(regFlags, 1, 1, 1).goTo(tSrcEPG),
 		committed(90).goTo(tL3),
 	}
 }
@@ -591,8 +587,10 @@ func dedupeFlows(flows []*flow) []*flow {
 
 // commitFlows: only a packet that can open a flow creates conntrack state, after policy
 // allowed it: any new non-TCP packet, and for TCP a SYN without ACK. An allowed new TCP
-// packet without SYN is forwarded but commits nothing. DNATed packets were committed by
-// the service stage.
+// packet without SYN is forwarded but commits nothing. A service packet (rewritten to its
+// backend by service_dnat, regFlags bit 1) is committed with its DNAT by its service
+// port and backend's flow (servicePort, priority 130); one no such flow takes is dropped
+// (120): no translation leaves without its conntrack entry.
 func (pl *pipeline) commitFlows() []*flow {
 	newConn := func(prio int) *flow {
 		return pl.newFlow(tCommit, prio).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
@@ -600,6 +598,7 @@ func (pl *pipeline) commitFlows() []*flow {
 	}
 	return []*flow{
 		pl.newFlow(tCommit, 0).goTo(tL3),
+		pl.newFlow(tCommit, 120).regBits(regFlags, 1, 1, 1),
 		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromVRF(int(tCTCheck), true, nil, ""),
 		newConn(105).proto(6).goTo(tL3),
 		newConn(100).ctZoneFromVRF(int(tCTCheck), true, nil, ""),
@@ -768,9 +767,14 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		pt := target
 		nat.SetRangeProtoMin(&pt)
 		nat.SetRangeProtoMax(&pt)
+		// Policy judges the packet as the backend gets it (rewritten here, statelessly);
+		// only once the rules passed it is the translation committed (commit), from the
+		// VIP:port put back, so a denied packet leaves no conntrack entry.
 		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
-			loadBits(regFlags, 1, 1, 1).
-			ctZoneFromVRF(int(tCTCheck), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+			loadBits(regFlags, 1, 1, 1).setDst(sp.Proto, b, target).goTo(tSrcEPG),
+			pl.newFlow(tCommit, 130).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+				regBits(regFlags, 1, 1, 1).reg(regSvcSel, sid<<16|uint32(i)).proto(sp.Proto).setDst(sp.Proto, s.VIP, sp.Port).
+				ctZoneFromVRF(int(tCTCheck), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
 		if hz, ok := hairpinZone(v); ok && local[b] {
 			// The client was balanced to itself: commit the SNAT to the VIP.
 			snat := of.NewNXActionCTNAT()
@@ -796,7 +800,7 @@ func (pl *pipeline) hairpinEndpoint(ip netip.Addr, mac net.HardwareAddr, port, n
 		return pl.newFlow(t, prio).ip().reg(regVRF, vrf).ipSrc(netip.PrefixFrom(ip, 32)).ipDst(netip.PrefixFrom(ip, 32))
 	}
 	return []*flow{
-		self(tPolicy, 64000).goTo(tL3),
+		self(tPolicy, 64000).goTo(tCommit), // its service's DNAT is committed there
 		self(tL3, 290).regBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 0).loadBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 1).
 			ctZone(zone, int(tL3), false, of.NewNXActionCTNAT(), "nat"),
 		pl.newFlow(tOutput, 110).reg(regNet, net).ethDst(mac).inPort(port).output(of.P_IN_PORT),

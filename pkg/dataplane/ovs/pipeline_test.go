@@ -69,7 +69,8 @@ func TestCompile(t *testing.T) {
 		"table=netpol_ingress,priority=10,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1 actions=drop",
 		"table=netpol_ingress,priority=20,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1,nw_src=10.1.0.8/30,nw_proto=6,tp_dst=0x1f40/0xfff8 actions=goto_table:commit",
 		"table=netpol_ingress,priority=20,dl_type=0x0800,reg3=1,nw_dst=10.1.0.1,nw_src=10.1.0.8/30,nw_proto=6,tp_dst=0x1f48/0xfffe actions=goto_table:commit",
-		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],ct(commit,table=ct_check,zone=reg3[0..15],nat(dst=10.1.0.9:8080),exec(load:1->NXM_NX_CT_MARK[0]))",
+		// The backend as policy sees it; the DNAT committed only after policy (commit).
+		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],set_field:10.1.0.9->ip_dst,set_field:8080->tcp_dst,goto_table:src_epg",
 		"table=src_epg,priority=100,reg4[0..0]=1,reg3=1,dl_type=0x0800,nw_src=10.1.0.9 actions=load:8->reg1,goto_table:dst_epg",
 	} {
 		if !strings.Contains(all, want) {

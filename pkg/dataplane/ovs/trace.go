@@ -208,8 +208,8 @@ func (d *Driver) runTrace(ctx context.Context, res dataplane.TraceResult, flow s
 				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "service", Detail: vip + " is a service VIP without a backend"})
 			}
 		case st.table == tServiceDNAT && st.prio > 0:
-			if nat := actionArg(st.actions, "nat(dst="); nat != "" {
-				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "service", Detail: vip + " is a service VIP: backend " + nat + " chosen"})
+			if be, ok := traceBackend(st.match); ok {
+				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "service", Detail: vip + " is a service VIP: backend " + be + " chosen"})
 			}
 		case st.table == tPolicy:
 			res.Stages = append(res.Stages, d.tracePolicy(ctx, st, &res))
@@ -222,7 +222,6 @@ func (d *Driver) runTrace(ctx context.Context, res dataplane.TraceResult, flow s
 			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("%s (%s)", what, st.table)})
 		case st.table == tCommit && anyAction(st.actions, "ct(commit"):
 			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: "a new connection: committed in the tenant's zone"})
-		case st.table == tServiceDNAT && anyAction(st.actions, "ct(commit"):
 		}
 		if i == len(steps)-1 {
 			d.traceEnd(&res, st, final)
@@ -406,6 +405,19 @@ func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
 
 // matchFields splits a match as OVS prints it ("tcp,reg3=0x1,nw_dst=10.96.0.10") into
 // fields; a field without a value (e.g. "tcp") maps to "".
+// traceBackend reads the backend a service_dnat flow rewrites to from its match (reg5 =
+// address, reg6 = port, as ofproto/trace prints them).
+func traceBackend(match string) (string, bool) {
+	m := matchFields(match)
+	ip, err1 := strconv.ParseUint(m[fmt.Sprintf("reg%d", regSvcIP)], 0, 32)
+	port, err2 := strconv.ParseUint(m[fmt.Sprintf("reg%d", regSvcPort)], 0, 16)
+	if err1 != nil || err2 != nil {
+		return "", false
+	}
+	a := netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)})
+	return netip.AddrPortFrom(a, uint16(port)).String(), true
+}
+
 func matchFields(match string) map[string]string {
 	m := map[string]string{}
 	for _, f := range strings.Split(match, ",") {

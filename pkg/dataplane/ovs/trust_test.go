@@ -38,7 +38,10 @@ func TestCompileTrust(t *testing.T) {
 		"table=commit,priority=100,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=0 actions=ct(commit,table=ct_check,zone=reg3[0..15],exec(load:1->NXM_NX_CT_MARK[0]))",
 		// Fail closed when conntrack refuses a commit (zone limit, full table).
 		"table=ct_check,priority=0, actions=drop",
-		"table=ct_check,priority=100,dl_type=0x0800,ct_mark=0x1/0x1,reg4[1..1]=1 actions=goto_table:src_epg",
+		// A service packet's DNAT is committed after policy, from the VIP:port it came to;
+		// one without its commit flow never leaves untracked.
+		"table=commit,priority=130,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=1,reg7=65537,nw_proto=6 actions=set_field:10.9.0.1->ip_dst,set_field:80->tcp_dst,ct(commit,table=ct_check,zone=reg3[0..15],nat(dst=10.1.0.9:8080),exec(load:1->NXM_NX_CT_MARK[0]))",
+		"table=commit,priority=120,reg4[1..1]=1 actions=drop",
 		"table=ct_check,priority=90,dl_type=0x0800,ct_mark=0x1/0x1 actions=goto_table:l3_rewrite",
 		"table=arp,priority=90,reg3=1,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
 		"table=arp,priority=90,reg3=2,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
