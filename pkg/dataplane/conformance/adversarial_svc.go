@@ -316,3 +316,45 @@ func deniedServiceNoState(t *testing.T, e *Env) {
 		}
 	})
 }
+
+// selfNoState: a container whose policy denies its UDP sends datagrams to itself (raw
+// frames, source = destination = its own address, no service involved). Whatever the
+// datapath does with them, they leave no conntrack state: a container must not be able
+// to fill its tenant's share of the table past its policy (the hairpin exemption from
+// policy is for a client balanced to itself through a service only).
+func selfNoState(t *testing.T, e *Env) {
+	a1, _, _ := adversaries(t, e)
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-out", Priority: 1, Ingress: false, Proto: 17, Action: dataplane.ActionDeny}}})
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 1); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	for _, dmac := range []net.HardwareAddr{a1.EP.MAC, dataplane.RouterMAC} {
+		for i := 0; i < 8; i++ {
+			f := UDPFrame(dmac, a1.EP.MAC, a1.EP.IP, a1.EP.IP, uint16(41000+i), 7000, marker("self"))
+			if err := SendRawFrame(a1.NS, a1.EP.IfName, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	lister, ok := e.H1.Driver.(interface {
+		Listing(dataplane.ListQuery) (dataplane.Listing, error)
+	})
+	if !ok {
+		t.Fatalf("%s driver lists no conntrack table", e.H1.Driver.Name())
+	}
+	l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
+	if err != nil {
+		t.Fatalf("list conntrack: %v", err)
+	}
+	for _, row := range l.Rows {
+		if s := strings.Join(row, " "); strings.Contains(s, ":7000") && strings.Contains(s, a1.EP.IP.String()) {
+			t.Errorf("datagrams a1's policy denies, sent to itself, left conntrack state: %v", row)
+		}
+	}
+}

@@ -408,7 +408,7 @@ func (pl *pipeline) baseFlows() []*flow {
 // conntrack (dpctl/ipf-set-enabled, reassembly.go) holds fragments until their datagram
 // is whole, so a datagram whose first fragment was dropped is never released and
 // expires there. Established flows' fragments pass as their flow does (65000); a
-// client's fragments to itself through its service skip the rules anyway (64000).
+// client's fragments to itself through its service skip the rules anyway (64001).
 func (pl *pipeline) laterFragments() []*flow {
 	var flows []*flow
 	for _, proto := range []uint8{1, 17} {
@@ -800,7 +800,11 @@ func (pl *pipeline) hairpinEndpoint(ip netip.Addr, mac net.HardwareAddr, port, n
 		return pl.newFlow(t, prio).ip().reg(regVRF, vrf).ipSrc(netip.PrefixFrom(ip, 32)).ipDst(netip.PrefixFrom(ip, 32))
 	}
 	return []*flow{
-		self(tPolicy, 64000).goTo(tCommit), // its service's DNAT is committed there
+		// Its service's DNAT (regFlags bit 1) is committed in commit; a packet that came
+		// to its own address directly (a raw socket's) skips the rules too but commits
+		// nothing: policy passed no connection, so it may create no conntrack state.
+		self(tPolicy, 64001).regBits(regFlags, 1, 1, 1).goTo(tCommit),
+		self(tPolicy, 64000).goTo(tL3),
 		self(tL3, 290).regBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 0).loadBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 1).
 			ctZone(zone, int(tL3), false, of.NewNXActionCTNAT(), "nat"),
 		pl.newFlow(tOutput, 110).reg(regNet, net).ethDst(mac).inPort(port).output(of.P_IN_PORT),
