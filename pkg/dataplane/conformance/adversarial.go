@@ -46,6 +46,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "large-udp", run: largeUDP},
 		{name: "denied-service-no-state", run: deniedServiceNoState},
 		{name: "self-no-state", run: selfNoState},
+		{name: "shared-vip-large-udp", run: sharedVIPLargeUDP},
 	})
 }
 

@@ -673,9 +673,36 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 		}
 	}
 	if len(udp) > 0 {
-		flows = append(flows, pl.serviceLaterFragments(s, v, udp[0], len(targets) == 1))
+		flows = append(flows, pl.serviceLaterFragments(s, v, udp[0], len(targets) == 1 && !sharesUDPVIP(env.d, s)))
 	}
 	return flows, keys, nil
+}
+
+// sharesUDPVIP says whether another service of s's tenant has UDP ports on s's VIP. Their
+// later fragments (no ports) all meet one flow (same VRF, VIP and priority: the unit
+// sorting first would install its own), so one service's datagrams would be balanced and
+// translated by another's, behind its first fragment's policy verdict: such a VIP's later
+// fragments are dropped by every service on it (the same flow), and a change to one of
+// them recompiles the others (serviceUnits).
+func sharesUDPVIP(d *dataplane.Index, s dataplane.Service) bool {
+	if d == nil {
+		return false
+	}
+	tenant, _ := dataplane.ServiceTenant(s.ID)
+	for id, o := range d.Services {
+		if id == s.ID || o.VIP != s.VIP {
+			continue
+		}
+		if t, _ := dataplane.ServiceTenant(id); t != tenant {
+			continue
+		}
+		for _, sp := range o.Ports {
+			if sp.Proto == 17 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // targetPort is the backend port of service port sp.
@@ -692,7 +719,8 @@ func targetPort(sp dataplane.ServicePort) uint16 {
 // They carry no ports (nor does OVS give them the reassembled datagram's as ct_tp_dst),
 // so when s's UDP ports have different target ports (oneTarget false) the right one is
 // unknown: they are dropped, and the datagram with them (docs/ovs.md). So are those of a
-// service without backends.
+// service without backends, and those to a VIP whose UDP ports belong to more than one
+// service (sharesUDPVIP).
 func (pl *pipeline) serviceLaterFragments(s dataplane.Service, v, sid uint32, oneTarget bool) *flow {
 	f := pl.newFlow(tServiceLB, 110).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 		reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(17).nwFrag(fragLater)
