@@ -47,6 +47,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "denied-service-no-state", run: deniedServiceNoState},
 		{name: "self-no-state", run: selfNoState},
 		{name: "shared-vip-large-udp", run: sharedVIPLargeUDP},
+		{name: "fragment-hoard", run: fragmentHoard},
 	})
 }
 
