@@ -45,6 +45,9 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "reject-no-backend", run: rejectNoBackend},
 		{name: "large-udp", run: largeUDP},
 		{name: "denied-service-no-state", run: deniedServiceNoState},
+		{name: "self-no-state", run: selfNoState},
+		{name: "shared-vip-large-udp", run: sharedVIPLargeUDP},
+		{name: "fragment-hoard", run: fragmentHoard},
 	})
 }
 

@@ -2,10 +2,12 @@ package conformance
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -313,6 +315,151 @@ func deniedServiceNoState(t *testing.T, e *Env) {
 			if strings.Contains(strings.Join(row, " "), vip.String()) {
 				t.Errorf("denied traffic to the VIP left conntrack state: %v", row)
 			}
+		}
+	})
+}
+
+// selfNoState: a container whose policy denies its UDP sends datagrams to itself (raw
+// frames, source = destination = its own address, no service involved). Whatever the
+// datapath does with them, they leave no conntrack state: a container must not be able
+// to fill its tenant's share of the table past its policy (the hairpin exemption from
+// policy is for a client balanced to itself through a service only).
+func selfNoState(t *testing.T, e *Env) {
+	a1, _, _ := adversaries(t, e)
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-out", Priority: 1, Ingress: false, Proto: 17, Action: dataplane.ActionDeny}}})
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 1); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	for _, dmac := range []net.HardwareAddr{a1.EP.MAC, dataplane.RouterMAC} {
+		for i := 0; i < 8; i++ {
+			f := UDPFrame(dmac, a1.EP.MAC, a1.EP.IP, a1.EP.IP, uint16(41000+i), 7000, marker("self"))
+			if err := SendRawFrame(a1.NS, a1.EP.IfName, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	lister, ok := e.H1.Driver.(interface {
+		Listing(dataplane.ListQuery) (dataplane.Listing, error)
+	})
+	if !ok {
+		t.Fatalf("%s driver lists no conntrack table", e.H1.Driver.Name())
+	}
+	l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
+	if err != nil {
+		t.Fatalf("list conntrack: %v", err)
+	}
+	for _, row := range l.Rows {
+		if s := strings.Join(row, " "); strings.Contains(s, ":7000") && strings.Contains(s, a1.EP.IP.String()) {
+			t.Errorf("datagrams a1's policy denies, sent to itself, left conntrack state: %v", row)
+		}
+	}
+}
+
+// sharedVIPLargeUDP: two services of one tenant share a VIP on different UDP ports (a
+// VIP:port, not a VIP, belongs to one service), both to a2 on the client's host: on 5353
+// and on 5354. Group 2 takes UDP only on 5353 from group 1. A client's datagrams larger
+// than the MTU to the allowed service's port arrive whole at its backend (OVS: are
+// dropped) and nowhere else: the later fragments, which carry no port, must not be
+// balanced and translated by the other service (whose backend port policy denies), in
+// either order of the two services' names.
+func sharedVIPLargeUDP(t *testing.T, e *Env) {
+	a1, a2, _ := adversaries(t, e)
+	const allowed, denied = 5353, 5354
+	ok, err := StartUDPEcho(a2.NS, a2.EP.IP.String(), allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ok.Close()
+	bad, err := StartUDPEcho(a2.NS, a2.EP.IP.String(), denied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
+		{ID: "5353-from-1", Priority: 10, Ingress: true, RemoteEPG: 1, Proto: 17, Port: allowed, Action: dataplane.ActionAllow}}})
+	defer func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}()
+	vip := netip.MustParseAddr("10.36.1.209")
+	big := func(label string) []byte { return append(marker(label), bytes.Repeat([]byte("shared-vip-"), 400)...) }
+	for _, names := range [][2]string{{"sv-a", "sv-b"}, {"sv-d", "sv-c"}} {
+		good := dataplane.Service{ID: names[0] + ":default", VIP: vip, Backends: []netip.Addr{a2.EP.IP},
+			Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: allowed}}}
+		other := dataplane.Service{ID: names[1] + ":default", VIP: vip, Backends: []netip.Addr{a2.EP.IP},
+			Ports: []dataplane.ServicePort{{Proto: 17, Port: 54, TargetPort: denied}}}
+		withService(t, e, good, func() {
+			withService(t, e, other, func() {
+				for i := 0; i < 4; i++ {
+					_, err := UDPExchange(a1.NS, net.JoinHostPort(vip.String(), "53"), big(fmt.Sprint(names[0], i)), 500*time.Millisecond)
+					// OVS drops the later fragments to a VIP whose UDP ports belong to
+					// more than one service (docs/ovs.md): no echo there, by design.
+					if err != nil && e.H1.Driver.Name() != "ovs" {
+						t.Errorf("services %v: large datagram %d to the allowed service: %v", names, i, err)
+					}
+				}
+			})
+		})
+		if n := bad.Flows(); n != 0 {
+			t.Errorf("services %v: the backend whose policy denies the client received datagrams sent to the other service (%d clients)", names, n)
+		}
+	}
+}
+
+// fragmentHoard: a container sends 1,200 lone last fragments (distinct IP ids, no first
+// fragment ever) to a neighbour, paced (~70 per 20 ms would do it for good): whatever
+// the datapath holds for reassembly must not be a budget one container can spend for
+// everyone. Another container's datagram larger than the MTU, through a VIP, still
+// passes at once.
+func fragmentHoard(t *testing.T, e *Env) {
+	if e.H1.Driver.Name() == "ovs" && os.Getenv("CB_OPEN_FINDINGS") == "" {
+		// Open (review of 2026-11-27): vswitchd's reassembly holds 1,000 fragments for the
+		// whole datapath; past that, fragments reach ct() whole-less and are invalid, so
+		// nothing fragmented passes a VIP for 15 s. Set CB_OPEN_FINDINGS=1 to run it.
+		t.Skip("OVS: one container can fill conntrack reassembly for every tenant (docs/ovs.md, open)")
+	}
+	a1, a2, b1 := adversaries(t, e)
+	srv, err := StartUDPEcho(b1.NS, b1.EP.IP.String(), 5360)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	vip := netip.MustParseAddr("10.36.1.210")
+	svc := dataplane.Service{ID: "hoard:default", VIP: vip, Backends: []netip.Addr{b1.EP.IP},
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5360}}}
+	withService(t, e, svc, func() {
+		addr := net.JoinHostPort(vip.String(), "53")
+		big := bytes.Repeat([]byte("hoard-"), 700)
+		if _, err := UDPExchange(a2.NS, addr, big, 2*time.Second); err != nil {
+			t.Fatalf("a large datagram through the VIP before the hoard: %v (the probe does not work)", err)
+		}
+		var frames [][]byte
+		for i := 0; i < 1200; i++ {
+			pkt := IPv4Packet(a1.EP.IP, a2.EP.IP, 17, bytes.Repeat([]byte{0xab}, 64))
+			binary.BigEndian.PutUint16(pkt[4:], uint16(i+1))
+			binary.BigEndian.PutUint16(pkt[6:], 185) // offset 1,480, last fragment
+			pkt[10], pkt[11] = 0, 0
+			binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20], 0))
+			frames = append(frames, EthFrame(a2.EP.MAC, a1.EP.MAC, 0x0800, pkt))
+		}
+		for i := 0; i < len(frames); i += 50 { // paced: a burst overflows the port's queue
+			if err := SendRawFrames(a1.NS, a1.EP.IfName, frames[i:i+50]); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if _, err := UDPExchange(a2.NS, addr, big, 2*time.Second); err != nil {
+			t.Errorf("a2's large datagram through the VIP after a1 sent 1,200 lone fragments: %v", err)
 		}
 	})
 }

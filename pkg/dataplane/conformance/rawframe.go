@@ -144,6 +144,12 @@ func checksum(b []byte, sum uint32) uint16 {
 // SendRawFrame writes frame as is (no tag offload, no checksum help) to ifname inside the
 // namespace at nsPath through an AF_PACKET socket.
 func SendRawFrame(nsPath, ifname string, frame []byte) error {
+	return SendRawFrames(nsPath, ifname, [][]byte{frame})
+}
+
+// SendRawFrames writes frames (each as is) to ifname inside the namespace at nsPath
+// through one AF_PACKET socket.
+func SendRawFrames(nsPath, ifname string, frames [][]byte) error {
 	return nsexec.Run(nsPath, func() error {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
@@ -154,10 +160,12 @@ func SendRawFrame(nsPath, ifname string, frame []byte) error {
 			return fmt.Errorf("raw frame: socket: %w", err)
 		}
 		defer unix.Close(fd)
-		sa := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6, Protocol: htons(binary.BigEndian.Uint16(frame[12:14]))}
-		copy(sa.Addr[:], frame[0:6])
-		if err := unix.Sendto(fd, frame, 0, sa); err != nil {
-			return fmt.Errorf("raw frame on %s: send: %w", ifname, err)
+		for _, frame := range frames {
+			sa := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6, Protocol: htons(binary.BigEndian.Uint16(frame[12:14]))}
+			copy(sa.Addr[:], frame[0:6])
+			if err := unix.Sendto(fd, frame, 0, sa); err != nil {
+				return fmt.Errorf("raw frame on %s: send: %w", ifname, err)
+			}
 		}
 		return nil
 	})

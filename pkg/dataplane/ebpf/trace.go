@@ -184,7 +184,8 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 	if err != nil {
 		return r, err
 	}
-	// Program globals: the live features (events on, to learn the deciding rule) and epoch.
+	// Program globals: the live features (events on, to learn the deciding rule), epoch and
+	// service hash seed.
 	var cfg contivbpfCbConfig
 	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
 		return r, fmt.Errorf("trace: read config: %w", err)
@@ -197,6 +198,12 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 	if v := coll.Variables["cb_policy_epoch"]; v != nil {
 		if err := v.Set(d.epoch); err != nil {
 			return r, fmt.Errorf("trace: set epoch: %w", err)
+		}
+	}
+	// The service flow hash's seed: the backend the datapath would pick, not another.
+	if v := coll.Variables["cb_lb_seed"]; v != nil {
+		if err := v.Set(d.lbSeed); err != nil {
+			return r, fmt.Errorf("trace: set the service hash seed: %w", err)
 		}
 	}
 	// The test run receives on the caller's loopback: the source interface is found there.

@@ -1024,12 +1024,47 @@ func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	return changeOne(ctx, d, servicesOf, s.ID, &s, nil, units(unitSvc(s.ID)))
+	return changeOne(ctx, d, servicesOf, s.ID, &s, nil, serviceUnits(s.ID))
 }
 
 // DeleteService implements dataplane.Driver.
 func (d *Driver) DeleteService(ctx context.Context, id string) error {
-	return changeOne(ctx, d, servicesOf, id, nil, nil, units(unitSvc(id)))
+	return changeOne(ctx, d, servicesOf, id, nil, nil, serviceUnits(id))
+}
+
+// serviceUnits is the scope of a change of service id: its unit and those of the other
+// services of its tenant on its VIP, before or after (their later fragments' flow depends
+// on whether the VIP's UDP ports are one service's: sharesUDPVIP).
+func serviceUnits(id string) func(old, st *dataplane.Index) []string {
+	return func(old, st *dataplane.Index) []string {
+		out := []string{unitSvc(id)}
+		tenant, err := dataplane.ServiceTenant(id)
+		if err != nil {
+			return out
+		}
+		vips := map[netip.Addr]bool{}
+		for _, x := range []*dataplane.Index{old, st} {
+			if x == nil {
+				continue
+			}
+			if s, ok := x.Services[id]; ok {
+				vips[s.VIP] = true
+			}
+		}
+		seen := map[string]bool{id: true}
+		for _, x := range []*dataplane.Index{old, st} {
+			if x == nil {
+				continue
+			}
+			for sid, s := range x.Services {
+				if t, err := dataplane.ServiceTenant(sid); err == nil && t == tenant && vips[s.VIP] && !seen[sid] {
+					seen[sid] = true
+					out = append(out, unitSvc(sid))
+				}
+			}
+		}
+		return out
+	}
 }
 
 // Status implements dataplane.Driver: bridges with their ports, and per-table flow and

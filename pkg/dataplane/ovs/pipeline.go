@@ -408,7 +408,7 @@ func (pl *pipeline) baseFlows() []*flow {
 // conntrack (dpctl/ipf-set-enabled, reassembly.go) holds fragments until their datagram
 // is whole, so a datagram whose first fragment was dropped is never released and
 // expires there. Established flows' fragments pass as their flow does (65000); a
-// client's fragments to itself through its service skip the rules anyway (64000).
+// client's fragments to itself through its service skip the rules anyway (64001).
 func (pl *pipeline) laterFragments() []*flow {
 	var flows []*flow
 	for _, proto := range []uint8{1, 17} {
@@ -673,9 +673,36 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 		}
 	}
 	if len(udp) > 0 {
-		flows = append(flows, pl.serviceLaterFragments(s, v, udp[0], len(targets) == 1))
+		flows = append(flows, pl.serviceLaterFragments(s, v, udp[0], len(targets) == 1 && !sharesUDPVIP(env.d, s)))
 	}
 	return flows, keys, nil
+}
+
+// sharesUDPVIP says whether another service of s's tenant has UDP ports on s's VIP. Their
+// later fragments (no ports) all meet one flow (same VRF, VIP and priority: the unit
+// sorting first would install its own), so one service's datagrams would be balanced and
+// translated by another's, behind its first fragment's policy verdict: such a VIP's later
+// fragments are dropped by every service on it (the same flow), and a change to one of
+// them recompiles the others (serviceUnits).
+func sharesUDPVIP(d *dataplane.Index, s dataplane.Service) bool {
+	if d == nil {
+		return false
+	}
+	tenant, _ := dataplane.ServiceTenant(s.ID)
+	for id, o := range d.Services {
+		if id == s.ID || o.VIP != s.VIP {
+			continue
+		}
+		if t, _ := dataplane.ServiceTenant(id); t != tenant {
+			continue
+		}
+		for _, sp := range o.Ports {
+			if sp.Proto == 17 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // targetPort is the backend port of service port sp.
@@ -692,7 +719,8 @@ func targetPort(sp dataplane.ServicePort) uint16 {
 // They carry no ports (nor does OVS give them the reassembled datagram's as ct_tp_dst),
 // so when s's UDP ports have different target ports (oneTarget false) the right one is
 // unknown: they are dropped, and the datagram with them (docs/ovs.md). So are those of a
-// service without backends.
+// service without backends, and those to a VIP whose UDP ports belong to more than one
+// service (sharesUDPVIP).
 func (pl *pipeline) serviceLaterFragments(s dataplane.Service, v, sid uint32, oneTarget bool) *flow {
 	f := pl.newFlow(tServiceLB, 110).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 		reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(17).nwFrag(fragLater)
@@ -800,7 +828,11 @@ func (pl *pipeline) hairpinEndpoint(ip netip.Addr, mac net.HardwareAddr, port, n
 		return pl.newFlow(t, prio).ip().reg(regVRF, vrf).ipSrc(netip.PrefixFrom(ip, 32)).ipDst(netip.PrefixFrom(ip, 32))
 	}
 	return []*flow{
-		self(tPolicy, 64000).goTo(tCommit), // its service's DNAT is committed there
+		// Its service's DNAT (regFlags bit 1) is committed in commit; a packet that came
+		// to its own address directly (a raw socket's) skips the rules too but commits
+		// nothing: policy passed no connection, so it may create no conntrack state.
+		self(tPolicy, 64001).regBits(regFlags, 1, 1, 1).goTo(tCommit),
+		self(tPolicy, 64000).goTo(tL3),
 		self(tL3, 290).regBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 0).loadBits(regFlags, flagHairpinSNAT, flagHairpinSNAT, 1).
 			ctZone(zone, int(tL3), false, of.NewNXActionCTNAT(), "nat"),
 		pl.newFlow(tOutput, 110).reg(regNet, net).ethDst(mac).inPort(port).output(of.P_IN_PORT),

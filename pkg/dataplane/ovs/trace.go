@@ -242,7 +242,7 @@ func (d *Driver) tracePolicy(ctx context.Context, st traceStep, res *dataplane.T
 		return dataplane.TraceStage{Name: "policy", Detail: "no rule matched: allowed (default)"}
 	case st.prio >= 65000:
 		return dataplane.TraceStage{Name: "policy", Detail: "established or related connection: not judged again"}
-	case st.prio == 64000:
+	case st.prio == 64000 || st.prio == 64001:
 		return dataplane.TraceStage{Name: "policy", Detail: "a client balanced to itself (hairpin): not judged"}
 	}
 	rule, group := d.policyRule(ctx, st)

@@ -267,7 +267,7 @@ func (g *scopeGen) change(st *dataplane.Index) (string, func(old, st *dataplane.
 		id := fmt.Sprintf("s%d:t%d", r.Intn(5), 1+r.Intn(2))
 		if r.Intn(4) == 0 {
 			delete(st.Services, id)
-			return "delete service " + id, units(unitSvc(id))
+			return "delete service " + id, serviceUnits(id)
 		}
 		tenant := id[strings.IndexByte(id, ':')+1:]
 		n := genNets[0]
@@ -296,7 +296,7 @@ func (g *scopeGen) change(st *dataplane.Index) (string, func(old, st *dataplane.
 			s.Backends = s.Backends[1:]
 		}
 		st.Services[id] = s
-		return "service " + id, units(unitSvc(id))
+		return "service " + id, serviceUnits(id)
 	}
 }
 
