@@ -744,11 +744,25 @@ func macOf(b [6]uint8) string { return net.HardwareAddr(b[:]).String() }
 func (d *Driver) routing() bool { return d.cfg.FwdMode == dataplane.FwdRouting }
 
 // vrfOf is the routing domain id of a network: a hash of its tenant (the part of the id
-// after the last "."), stable across restarts.
+// after the last "."), stable across restarts (zoneOfHash).
 func vrfOf(networkID string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(tenantOf(networkID)))
-	return h.Sum32()
+	return zoneOfHash(h.Sum32())
+}
+
+// natFragNodePortIn is CB_NATFRAG_NODEPORT_IN (bpf/lib/nodeport.h): the zone of the
+// records of fragmented datagrams to a node port, no tenant's.
+const natFragNodePortIn = 0xffffffff
+
+// zoneOfHash is the zone of a tenant whose name hashes to h: h, except that no tenant's
+// zone, nor its node port zone (zone ^ zoneNodePort), is natFragNodePortIn (FNV-1a is
+// easy to steer: a chosen tenant name could otherwise meet node port fragment records).
+func zoneOfHash(h uint32) uint32 {
+	if h|zoneNodePort == natFragNodePortIn {
+		h ^= 1
+	}
+	return h
 }
 
 func netKey(n dataplane.Network) uint32 {

@@ -70,3 +70,18 @@ func TestFlowHashIsMurmur3(t *testing.T) {
 		}
 	}
 }
+
+// No tenant's zone, nor its node port zone, is the zone of the node port fragment records
+// (CB_NATFRAG_NODEPORT_IN), whatever its name hashes to; other hashes are the zone.
+func TestZoneOfHashReservesNodePortFragments(t *testing.T) {
+	for _, h := range []uint32{0x7fffffff, 0xffffffff} {
+		if z := zoneOfHash(h); z == natFragNodePortIn || z^zoneNodePort == natFragNodePortIn {
+			t.Errorf("hash %#x: zone %#x meets the node port fragment records", h, z)
+		}
+	}
+	for _, h := range []uint32{0, 1, 0x7ffffffe, 0x80000000, 0xfffffffe, 0x12345678} {
+		if z := zoneOfHash(h); z != h {
+			t.Errorf("hash %#x: zone %#x, want the hash", h, z)
+		}
+	}
+}
