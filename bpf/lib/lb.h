@@ -463,13 +463,15 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	sk.vip = f->daddr;
 	sk.port = f->dport;
 	sk.proto = f->proto;
-	svc = bpf_map_lookup_elem(&cb_services, &sk);
 	cb_ct_key_of(&key, t->zone, f, 0);
 	ct = cb_ct_live(&key, cb_now());
 	if (ct && !(ct->flags & CB_CT_SVC))
 		ct = 0;
 	c->svc_ct = ct;
 	if (ct) {
+		/* An established service flow: its entry names the backend, re-validated by
+		 * membership on every packet; the service itself is looked up only when the
+		 * backend is gone (to re-balance, or to notice the service is gone too). */
 		mk.svc_id = ct->svc_id;
 		mk.ip = ct->nat_ip;
 		if (bpf_map_lookup_elem(&cb_members, &mk)) {
@@ -477,7 +479,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			c->port = ct->nat_port;
 			c->net = ct->nat_net;
 			c->svc_id = ct->svc_id;
-		} else if (!svc) {
+		} else if (!(svc = bpf_map_lookup_elem(&cb_services, &sk))) {
 			/* The service is gone: the flow is no longer a service flow. */
 			bpf_map_delete_elem(&cb_ct, &key);
 			c->svc_ct = 0;
@@ -486,6 +488,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			return r;
 		}
 	} else {
+		svc = bpf_map_lookup_elem(&cb_services, &sk);
 		if (!svc)
 			return 0;
 		if ((r = cb_lb_pick(skb, svc, c, f->saddr)))
@@ -518,7 +521,9 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 	if (!t->entry) {
 		/* passed without a flow entry (e.g. a RST): nothing to remember */
 	} else if (cur && !c->commit) {
-		cur->expires = t->entry->expires;
+		/* (Written only when it moves: the entry's line stays clean between ticks.) */
+		if (cur->expires != t->entry->expires)
+			cur->expires = t->entry->expires;
 	} else if (cur) {
 		cur->nat_ip = c->ip;
 		cur->nat_port = c->port;
