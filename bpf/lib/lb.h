@@ -380,8 +380,9 @@ static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, 
 
 /* cb_lb_finish runs after policy passed a packet: the source of a reply's later fragment
  * goes back to the VIP, and a reply's first fragment records that for its later ones (a
- * hairpin reply's: that they go from the VIP to the client). */
-static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+ * hairpin reply's: that they go from the VIP to the client). Inlined: on most packets it
+ * does nothing, and a call would cost more (cb_track_flags). */
+CB_INLINE int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
 				   const struct cb_track *t, const struct cb_lb_choice *c)
 {
 	struct cb_frag_key fk = {};

@@ -586,12 +586,11 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	return cb_ct_open(&k, f, t, now, fwd);
 }
 
-/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
- * by the caller). Flows between groups without rules that are not service flows never
- * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
-/* cb_track_flags fills t's group states and NetworkPolicy bits (a function of its own:
- * its lookup keys stay off the callers' stacks). */
-static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
+/* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs
+ * more than its two array lookups (every return goes through the return thunk on
+ * machines with speculative-return mitigations), and the NetworkPolicy lookups' keys fit
+ * under the callers' frames. */
+CB_INLINE void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
 {
 	if (!f || !t)
 		return;
@@ -607,13 +606,19 @@ static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *
 	}
 }
 
+/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
+ * by the caller). Flows between groups without rules that are not service flows never
+ * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
 CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 {
 	int r;
 
 	cb_track_flags(f, t);
 	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply && !t->svc_icmp) {
-		cb_ct_reuse(f, t->zone);
+		/* (cb_ct_reuse's own test, here too: most packets need no call.) */
+		if ((cb_features & CB_FEAT_LB) && f->proto == CB_PROTO_TCP &&
+		    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
+			cb_ct_reuse(f, t->zone);
 		return 0;
 	}
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
