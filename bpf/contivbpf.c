@@ -301,6 +301,49 @@ out:
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
 
+/* cb_send_remote sends a local endpoint's packet (source MAC set) to remote endpoint ep
+ * of network dnet (daddr: the packet's destination): VXLAN, VLAN, or routed natively. */
+static __noinline int cb_send_remote(struct __sk_buff *skb, const struct cb_iface *ifc, const struct cb_endpoint *ep,
+				     __u32 dnet, __be32 daddr)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct cb_network *net;
+	int r;
+
+	if (!ifc || !ep)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	if ((void *)(eth + 1) > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	/* The network is looked up only off the local fast path. */
+	net = bpf_map_lookup_elem(&cb_networks, &dnet);
+	if (!net)
+		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	cb_mac_copy(eth->h_dest, ep->mac);
+	if (net->encap == CB_ENCAP_VLAN && (cb_features & CB_FEAT_BGP))
+		r = cb_native_out(skb, daddr); /* routed (cb_route_rewrite before), untagged */
+	else if (net->encap == CB_ENCAP_VLAN)
+		r = cb_encap_vlan(skb, net);
+	else
+		r = cb_encap_vxlan(skb, net, ep);
+	if (r != TC_ACT_SHOT)
+		cb_ep_tx(skb, ifc->slot);
+	return r;
+}
+
+/* cb_send_to forwards a local endpoint's packet (source MAC set) to endpoint ep of network
+ * dnet: a local one's veth, or the remote one's host (cb_send_remote). */
+CB_INLINE int cb_send_to(struct __sk_buff *skb, const struct cb_iface *ifc, const struct cb_endpoint *ep,
+			 __u32 dnet, __be32 daddr)
+{
+	if (ep->flags & CB_EP_LOCAL) {
+		cb_ep_tx(skb, ifc->slot);
+		return cb_deliver_local(skb, ep);
+	}
+	return cb_send_remote(skb, ifc, ep, dnet, daddr);
+}
+
 /* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
  * the entry program after this returns: the two stack frames never nest). */
 
@@ -310,7 +353,6 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	struct cb_flow f = {};
 	struct cb_track t = {};
 	struct cb_lb_choice lc = {};
-	struct cb_network *net;
 	struct cb_endpoint *ep;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key dkey = {};
@@ -347,7 +389,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			dnet = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a local backend: the VIP is restored after policy. */
-		rev = cb_lb_reply(&p, &f, t.zone);
+		rev = cb_lb_reply_hint(&p, &f, &t);
 		if (rev) {
 			dnet = rev->nat_net;
 			t.svc_reply = 1;
@@ -372,8 +414,10 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 				return cb_reject_no_backend(skb, &p, &f, 0);
 			if (r)
 				return cb_drop(skb, r);
-			if (t.svc)
+			if (t.svc) {
 				dnet = lc.net;
+				t.entry = 0; /* DNATed: not the tuple cb_lb_reply_hint looked up */
+			}
 		}
 	}
 
@@ -436,24 +480,43 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!(features & CB_FEAT_ROUTING))
 		cb_mac_copy(eth->h_source, ifc->mac);
 
-	if (ep->flags & CB_EP_LOCAL) {
-		cb_ep_tx(skb, ifc->slot);
-		return cb_deliver_local(skb, ep);
-	}
-	/* The network is looked up only off the local fast path. */
-	net = bpf_map_lookup_elem(&cb_networks, &dnet);
-	if (!net)
-		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
-	cb_mac_copy(eth->h_dest, ep->mac);
-	if (net->encap == CB_ENCAP_VLAN && (features & CB_FEAT_BGP))
-		r = cb_native_out(skb, f.daddr); /* routed (cb_route_rewrite above), untagged */
-	else if (net->encap == CB_ENCAP_VLAN)
-		r = cb_encap_vlan(skb, net);
-	else
-		r = cb_encap_vxlan(skb, net, ep);
-	if (r != TC_ACT_SHOT)
-		cb_ep_tx(skb, ifc->slot);
-	return r;
+	return cb_send_to(skb, ifc, ep, dnet, f.daddr);
+}
+
+#define CB_SLOW (-6)
+
+/* cb_ipv4_plain forwards without a call while no stage with state is on (policy, LB,
+ * routing: the feature bits cb_ipv4_from_container consults before its destination
+ * lookup): an unfragmented IPv4 packet without options, from the interface's own address,
+ * goes to its endpoint (cb_send_to) or, when its network has none, to cb_outside
+ * (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks, rewrites and
+ * counters). Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container
+ * parses and judges it, drop reasons included. */
+CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct cb_ep_key dkey;
+	struct cb_endpoint *ep;
+	__u32 features = cb_features, tot;
+
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_ROUTING))
+		return CB_SLOW;
+	if ((void *)(ip + 1) > data_end || *(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(0x3fff)) ||
+	    ip->saddr != ifc->ip)
+		return CB_SLOW;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < sizeof(struct iphdr) || tot > skb->len - ETH_HLEN)
+		return CB_SLOW;
+	dkey.net = ifc->net;
+	dkey.ip = ip->daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return CB_OUTSIDE;
+	cb_mac_copy(eth->h_source, ifc->mac);
+	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
 SEC("tc")
@@ -487,7 +550,9 @@ int cb_from_container(struct __sk_buff *skb)
 	case bpf_htons(ETH_P_ARP):
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
-		r = cb_ipv4_from_container(skb, ifc);
+		r = cb_ipv4_plain(skb, ifc);
+		if (r == CB_SLOW)
+			r = cb_ipv4_from_container(skb, ifc);
 		if (r != CB_OUTSIDE)
 			return r;
 		/* Outside the network: a node port flow's reply, else cb_outside. */
@@ -567,7 +632,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 			dkey.net = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
-		rev = cb_lb_reply(&p, &f, zone);
+		rev = cb_lb_reply_hint(&p, &f, &t);
 		if (rev) {
 			dkey.net = rev->nat_net;
 			t.svc_reply = 1;

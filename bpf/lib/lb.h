@@ -116,6 +116,7 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	__u32 csum_off = 0;
 	__u64 mangled = 0;
 	void *data, *data_end;
+	struct iphdr *iph;
 
 	if (f->has_ports) {
 		if (f->proto == CB_PROTO_TCP) {
@@ -130,12 +131,12 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 		    bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
 			return CB_DROP_NAT_ERR;
 	}
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_ip, ip, 4) < 0)
-		return CB_DROP_NAT_ERR;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	if (addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
+	iph = data + ETH_HLEN;
+	if ((void *)(iph + 1) > data_end || addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
 		return CB_DROP_NAT_ERR;
+	iph->check = cb_csum_replace4(iph->check, old_ip, ip);
 	*(__be32 *)(data + addr_off) = ip;
 	if (f->has_ports && port != old_port) {
 		if (port_off > ETH_HLEN + 60 + 2 || data + port_off + 2 > data_end)
@@ -379,8 +380,9 @@ static __noinline int cb_lb_frag(struct __sk_buff *skb, const struct cb_pkt *p, 
 
 /* cb_lb_finish runs after policy passed a packet: the source of a reply's later fragment
  * goes back to the VIP, and a reply's first fragment records that for its later ones (a
- * hairpin reply's: that they go from the VIP to the client). */
-static __noinline int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+ * hairpin reply's: that they go from the VIP to the client). Inlined: on most packets it
+ * does nothing, and a call would cost more (cb_track_flags). */
+CB_INLINE int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
 				   const struct cb_track *t, const struct cb_lb_choice *c)
 {
 	struct cb_frag_key fk = {};
@@ -502,13 +504,15 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	sk.vip = f->daddr;
 	sk.port = f->dport;
 	sk.proto = f->proto;
-	svc = bpf_map_lookup_elem(&cb_services, &sk);
 	cb_ct_key_of(&key, t->zone, f, 0);
 	ct = cb_ct_live(&key, cb_now());
 	if (ct && !(ct->flags & CB_CT_SVC))
 		ct = 0;
 	c->svc_ct = ct;
 	if (ct) {
+		/* An established service flow: its entry names the backend, re-validated by
+		 * membership on every packet; the service itself is looked up only when the
+		 * backend is gone (to re-balance, or to notice the service is gone too). */
 		mk.svc_id = ct->svc_id;
 		mk.ip = ct->nat_ip;
 		if (bpf_map_lookup_elem(&cb_members, &mk)) {
@@ -516,7 +520,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			c->port = ct->nat_port;
 			c->net = ct->nat_net;
 			c->svc_id = ct->svc_id;
-		} else if (!svc) {
+		} else if (!(svc = bpf_map_lookup_elem(&cb_services, &sk))) {
 			/* The service is gone: the flow is no longer a service flow. */
 			bpf_map_delete_elem(&cb_ct, &key);
 			c->svc_ct = 0;
@@ -525,6 +529,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 			return r;
 		}
 	} else {
+		svc = bpf_map_lookup_elem(&cb_services, &sk);
 		if (!svc)
 			return 0;
 		if ((r = cb_lb_pick(f, svc, c)))
@@ -557,7 +562,9 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 	if (!t->entry) {
 		/* passed without a flow entry (e.g. a RST): nothing to remember */
 	} else if (cur && !c->commit) {
-		cur->expires = t->entry->expires;
+		/* (Written only when it moves: the entry's line stays clean between ticks.) */
+		if (cur->expires != t->entry->expires)
+			cur->expires = t->entry->expires;
 	} else if (cur) {
 		cur->nat_ip = c->ip;
 		cur->nat_port = c->port;
@@ -608,6 +615,29 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 	}
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
+		return 0;
+	return e;
+}
+
+/* cb_lb_reply_hint is cb_lb_reply for a packet of t's zone that leaves the entry it found
+ * under the packet's reversed key in t->entry for cb_ct_check, which looks that key up
+ * for every packet without a forward entry (replies). Not left when the forward and
+ * reversed keys are one (a packet to its own address and port: cb_lb_forward may delete
+ * the forward key's entry) nor for an ICMP error (its key is the quote's); the caller
+ * clears it if the packet's tuple changes before cb_ct_check (DNAT). */
+CB_INLINE struct cb_ct_entry *cb_lb_reply_hint(const struct cb_pkt *p, const struct cb_flow *f, struct cb_track *t)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+
+	if (!f->has_ports || (f->proto == CB_PROTO_ICMP && p->inner.proto))
+		return cb_lb_reply(p, f, t->zone);
+	cb_ct_key_of(&k, t->zone, f, 1);
+	e = bpf_map_lookup_elem(&cb_ct, &k);
+	if (f->saddr != f->daddr || f->sport != f->dport)
+		t->entry = e;
+	if (!e || e->expires < cb_now() ||
+	    (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;
 	return e;
 }

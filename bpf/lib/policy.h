@@ -264,7 +264,11 @@ struct cb_track {
 	__u8 svc_icmp;    /* a client's ICMP error about a service's reply, already translated to
 			   * its backend (cb_lb_icmp_client, which found the flow): tracked */
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
-	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
+	/* out: the flow's entry after the check (0: none; read by cb_lb_commit). In: the entry
+	 * cb_lb_reply_hint found under the packet's reversed key (raw: expiry and flags are
+	 * checked where it is used; 0: none found or not looked up), so that cb_ct_check need
+	 * not look the same key up again (no room on the stack for a field of its own). */
+	struct cb_ct_entry *entry;
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
 
@@ -433,9 +437,12 @@ CB_INLINE __u32 cb_ct_quota(void)
 	return cfg ? cfg->ct_quota : 0;
 }
 
-/* cb_ct_open writes a fresh NEW entry for the packet's own direction; it counts against
- * t->owner's quota (cb_ct_insert). Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
-static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+/* cb_ct_open writes a fresh NEW entry for the packet's own direction, over old (the entry
+ * cb_ct_check found under k, live or not; 0: none); it counts against t->owner's quota
+ * (cb_ct_insert_over). A service flow's t->entry is the new entry (cb_lb_commit copies its
+ * deadline); nothing else reads it. Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
+static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now,
+				 const struct cb_ct_entry *old)
 {
 	struct cb_ct_entry e = {};
 	int r;
@@ -457,10 +464,11 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 		e.nat_net = t->client_net;
 	}
 	e.owner = t->owner;
-	r = cb_ct_insert(k, &e, cb_ct_quota());
+	r = cb_ct_insert_over(k, &e, cb_ct_quota(), old);
 	if (r)
 		return r;
-	t->entry = bpf_map_lookup_elem(&cb_ct, k);
+	if (t->svc)
+		t->entry = bpf_map_lookup_elem(&cb_ct, k);
 	return 0;
 }
 
@@ -493,13 +501,15 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 {
 	struct cb_ct_key k = {};
-	struct cb_ct_entry *e;
+	struct cb_ct_entry *e, *fwd, *rev;
 	__u64 now;
 	__u32 epoch;
 	int syn, closing, opener, reply = 0, r;
 
 	if (!f || !t)
 		return CB_DROP_POLICY;
+	rev = t->entry; /* the reversed key's entry, if cb_lb_reply_hint found it */
+	t->entry = 0;
 	now = cb_now();
 	epoch = cb_policy_epoch;
 	if (t->inner && cb_ct_related(f, t))
@@ -507,7 +517,11 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	cb_ct_key_of(&k, t->zone, f, 0);
-	e = cb_ct_flow(&k, now);
+	/* fwd: the forward key's entry as found (an opening writes over it, cb_ct_open). */
+	fwd = bpf_map_lookup_elem(&cb_ct, &k);
+	e = fwd;
+	if (e && (e->expires < now || !(e->flags & CB_CT_ALLOWED)))
+		e = 0;
 	if (syn) {
 		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
@@ -526,11 +540,15 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		 * not take the flow's entry over: the clash stays the client's own. */
 		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
 			return 0;
-		return cb_ct_open(&k, f, t, now);
+		return cb_ct_open(&k, f, t, now, fwd);
 	}
 	if (!e) {
 		cb_ct_key_of(&k, t->zone, f, 1);
-		e = cb_ct_flow(&k, now);
+		e = rev;
+		if (!e)
+			e = bpf_map_lookup_elem(&cb_ct, &k);
+		if (e && (e->expires < now || !(e->flags & CB_CT_ALLOWED)))
+			e = 0;
 		reply = 1;
 	}
 	if (e) {
@@ -565,15 +583,14 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (!opener)
 		return 0;
 	cb_ct_key_of(&k, t->zone, f, 0);
-	return cb_ct_open(&k, f, t, now);
+	return cb_ct_open(&k, f, t, now, fwd);
 }
 
-/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
- * by the caller). Flows between groups without rules that are not service flows never
- * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
-/* cb_track_flags fills t's group states and NetworkPolicy bits (a function of its own:
- * its lookup keys stay off the callers' stacks). */
-static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
+/* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs
+ * more than its two array lookups (every return goes through the return thunk on
+ * machines with speculative-return mitigations), and the NetworkPolicy lookups' keys fit
+ * under the callers' frames. */
+CB_INLINE void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
 {
 	if (!f || !t)
 		return;
@@ -589,13 +606,19 @@ static __noinline void cb_track_flags(const struct cb_flow *f, struct cb_track *
 	}
 }
 
+/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
+ * by the caller). Flows between groups without rules that are not service flows never
+ * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
 CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 {
 	int r;
 
 	cb_track_flags(f, t);
 	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply && !t->svc_icmp) {
-		cb_ct_reuse(f, t->zone);
+		/* (cb_ct_reuse's own test, here too: most packets need no call.) */
+		if ((cb_features & CB_FEAT_LB) && f->proto == CB_PROTO_TCP &&
+		    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
+			cb_ct_reuse(f, t->zone);
 		return 0;
 	}
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
