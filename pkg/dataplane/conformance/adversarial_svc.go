@@ -219,16 +219,7 @@ func largeUDP(t *testing.T, e *Env) {
 			*list = append(*list, s)
 		}
 	}
-	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
-		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
-		{ID: "5353-from-1", Priority: 10, Ingress: true, RemoteEPG: 1, Proto: 17, Port: target, Action: dataplane.ActionAllow}}})
-	defer func() {
-		for _, h := range []*Host{e.H1, e.H2} {
-			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
-				t.Errorf("%s: delete policy: %v", h.Name, err)
-			}
-		}
-	}()
+	defer onlyUDPPortFrom1(t, e, target)()
 	big := func(label string) []byte { return append(marker(label), bytes.Repeat([]byte("large-udp-"), 450)...) }
 	for _, be := range []*Container{a2, b1} {
 		addr := net.JoinHostPort(be.EP.IP.String(), fmt.Sprint(target))
@@ -301,18 +292,8 @@ func deniedServiceNoState(t *testing.T, e *Env) {
 				t.Fatal("a UDP datagram through the VIP got an answer from a backend whose policy denies it")
 			}
 		}
-		lister, ok := e.H1.Driver.(interface {
-			Listing(dataplane.ListQuery) (dataplane.Listing, error)
-		})
-		if !ok {
-			t.Fatalf("%s driver lists no conntrack table", e.H1.Driver.Name())
-		}
-		l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
-		if err != nil {
-			t.Fatalf("list conntrack: %v", err)
-		}
-		for _, row := range l.Rows {
-			if strings.Contains(strings.Join(row, " "), vip.String()) {
+		for _, row := range conntrackRows(t, e.H1) {
+			if strings.Contains(row, vip.String()) {
 				t.Errorf("denied traffic to the VIP left conntrack state: %v", row)
 			}
 		}
@@ -344,19 +325,9 @@ func selfNoState(t *testing.T, e *Env) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	lister, ok := e.H1.Driver.(interface {
-		Listing(dataplane.ListQuery) (dataplane.Listing, error)
-	})
-	if !ok {
-		t.Fatalf("%s driver lists no conntrack table", e.H1.Driver.Name())
-	}
-	l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
-	if err != nil {
-		t.Fatalf("list conntrack: %v", err)
-	}
-	for _, row := range l.Rows {
-		if s := strings.Join(row, " "); strings.Contains(s, ":7000") && strings.Contains(s, a1.EP.IP.String()) {
-			t.Errorf("datagrams a1's policy denies, sent to itself, left conntrack state: %v", row)
+	for _, s := range conntrackRows(t, e.H1) {
+		if strings.Contains(s, ":7000") && strings.Contains(s, a1.EP.IP.String()) {
+			t.Errorf("datagrams a1's policy denies, sent to itself, left conntrack state: %v", s)
 		}
 	}
 }
@@ -381,16 +352,7 @@ func sharedVIPLargeUDP(t *testing.T, e *Env) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
-		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
-		{ID: "5353-from-1", Priority: 10, Ingress: true, RemoteEPG: 1, Proto: 17, Port: allowed, Action: dataplane.ActionAllow}}})
-	defer func() {
-		for _, h := range []*Host{e.H1, e.H2} {
-			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
-				t.Errorf("%s: delete policy: %v", h.Name, err)
-			}
-		}
-	}()
+	defer onlyUDPPortFrom1(t, e, allowed)()
 	vip := netip.MustParseAddr("10.36.1.209")
 	big := func(label string) []byte { return append(marker(label), bytes.Repeat([]byte("shared-vip-"), 400)...) }
 	for _, names := range [][2]string{{"sv-a", "sv-b"}, {"sv-d", "sv-c"}} {
@@ -462,4 +424,41 @@ func fragmentHoard(t *testing.T, e *Env) {
 			t.Errorf("a2's large datagram through the VIP after a1 sent 1,200 lone fragments: %v", err)
 		}
 	})
+}
+
+// onlyUDPPortFrom1 gives group 2 on both hosts the rules "no UDP in, but port from group 1"
+// and returns what removes them.
+func onlyUDPPortFrom1(t *testing.T, e *Env, port uint16) func() {
+	t.Helper()
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionDeny},
+		{ID: "udp-from-1", Priority: 10, Ingress: true, RemoteEPG: 1, Proto: 17, Port: port, Action: dataplane.ActionAllow}}})
+	return func() {
+		for _, h := range []*Host{e.H1, e.H2} {
+			if err := h.Driver.DeletePolicy(ctx(t), 2); err != nil {
+				t.Errorf("%s: delete policy: %v", h.Name, err)
+			}
+		}
+	}
+}
+
+// conntrackRows is host h's conntrack listing (netctl bpf ct), a row per entry, its cells
+// joined by spaces.
+func conntrackRows(t *testing.T, h *Host) []string {
+	t.Helper()
+	lister, ok := h.Driver.(interface {
+		Listing(dataplane.ListQuery) (dataplane.Listing, error)
+	})
+	if !ok {
+		t.Fatalf("%s driver lists no conntrack table", h.Driver.Name())
+	}
+	l, err := lister.Listing(dataplane.ListQuery{Kind: "ct", Limit: 100000})
+	if err != nil {
+		t.Fatalf("%s: list conntrack: %v", h.Name, err)
+	}
+	rows := make([]string, len(l.Rows))
+	for i, r := range l.Rows {
+		rows[i] = strings.Join(r, " ")
+	}
+	return rows
 }
