@@ -389,7 +389,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			dnet = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a local backend: the VIP is restored after policy. */
-		rev = cb_lb_reply_hint(&p, &f, &t);
+		rev = cb_lb_reply(&p, &f, t.zone);
 		if (rev) {
 			dnet = rev->nat_net;
 			t.svc_reply = 1;
@@ -414,10 +414,8 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 				return cb_reject_no_backend(skb, &p, &f, 0);
 			if (r)
 				return cb_drop(skb, r);
-			if (t.svc) {
+			if (t.svc)
 				dnet = lc.net;
-				t.entry = 0; /* DNATed: not the tuple cb_lb_reply_hint looked up */
-			}
 		}
 	}
 
@@ -632,7 +630,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 			dkey.net = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
-		rev = cb_lb_reply_hint(&p, &f, &t);
+		rev = cb_lb_reply(&p, &f, zone);
 		if (rev) {
 			dkey.net = rev->nat_net;
 			t.svc_reply = 1;

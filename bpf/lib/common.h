@@ -37,20 +37,3 @@ CB_INLINE int cb_mac_eq(const __u8 *a, const __u8 *b)
 	return (*(const __u32 *)a ^ *(const __u32 *)b) == 0 &&
 	       (*(const __u16 *)(a + 4) ^ *(const __u16 *)(b + 4)) == 0;
 }
-
-/* cb_csum_replace4 is the IPv4 header checksum check after a 4-byte field of the header
- * changed from old to new: the kernel's csum_replace4 (what bpf_l3_csum_replace does),
- * without a helper call. The IPv4 header checksum is never offloaded, so a direct write
- * of the result is all the helper would do. */
-CB_INLINE __u16 cb_csum_replace4(__u16 check, __u32 old, __u32 new)
-{
-	__u32 s = ~(__u32)check, o = ~old;
-
-	s += o;
-	s += s < o;
-	s += new;
-	s += s < new;
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
-}

@@ -153,20 +153,23 @@ CB_INLINE struct cb_ct_entry *cb_ct_live(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
-/* cb_ct_insert_over writes e under k, where old is (0: no entry); returns 0, CB_DROP_CT_FULL or (quota set) CB_DROP_CT_QUOTA.
+/* cb_ct_insert writes e under k; returns 0, CB_DROP_CT_FULL or (quota set) CB_DROP_CT_QUOTA.
  * Overwriting an existing key never fails (hash maps keep spare elements for in-place
  * replacement). An entry that takes a key not already held by an entry of the same owner
  * adds one to its owner's count; with quota (0: none) that count must be below it first.
  * Overwriting an entry of the same owner neither checks nor counts: a repeated opening
  * of one flow takes its quota once. */
-CB_INLINE int cb_ct_insert_over(const struct cb_ct_key *k, const struct cb_ct_entry *e, __u32 quota,
-				 const struct cb_ct_entry *old)
+CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e, __u32 quota)
 {
+	struct cb_ct_entry *old;
 	struct cb_ct_count *o = 0;
 	__u32 slot = e->owner;
 
-	if (slot && (!old || old->owner != e->owner))
-		o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+	if (slot) {
+		old = bpf_map_lookup_elem(&cb_ct, k);
+		if (!old || old->owner != e->owner)
+			o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+	}
 	if (o && quota && o->count >= quota)
 		return CB_DROP_CT_QUOTA;
 	if (bpf_map_update_elem(&cb_ct, k, e, BPF_ANY) < 0)
@@ -174,16 +177,4 @@ CB_INLINE int cb_ct_insert_over(const struct cb_ct_key *k, const struct cb_ct_en
 	if (o)
 		__sync_fetch_and_add(&o->count, 1);
 	return 0;
-}
-
-/* cb_ct_insert is cb_ct_insert_over with the entry now under k looked up here (only
- * when the owner is counted); cb_ct_insert_over takes the caller's lookup of k made
- * earlier in this run (the table as this packet found it; 0: no entry). */
-CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e, __u32 quota)
-{
-	const struct cb_ct_entry *old = 0;
-
-	if (e->owner)
-		old = bpf_map_lookup_elem(&cb_ct, k);
-	return cb_ct_insert_over(k, e, quota, old);
 }

@@ -116,7 +116,6 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 	__u32 csum_off = 0;
 	__u64 mangled = 0;
 	void *data, *data_end;
-	struct iphdr *iph;
 
 	if (f->has_ports) {
 		if (f->proto == CB_PROTO_TCP) {
@@ -131,12 +130,12 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 		    bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
 			return CB_DROP_NAT_ERR;
 	}
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_ip, ip, 4) < 0)
+		return CB_DROP_NAT_ERR;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	iph = data + ETH_HLEN;
-	if ((void *)(iph + 1) > data_end || addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
+	if (addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
 		return CB_DROP_NAT_ERR;
-	iph->check = cb_csum_replace4(iph->check, old_ip, ip);
 	*(__be32 *)(data + addr_off) = ip;
 	if (f->has_ports && port != old_port) {
 		if (port_off > ETH_HLEN + 60 + 2 || data + port_off + 2 > data_end)
@@ -615,29 +614,6 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 	}
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
-		return 0;
-	return e;
-}
-
-/* cb_lb_reply_hint is cb_lb_reply for a packet of t's zone that leaves the entry it found
- * under the packet's reversed key in t->entry for cb_ct_check, which looks that key up
- * for every packet without a forward entry (replies). Not left when the forward and
- * reversed keys are one (a packet to its own address and port: cb_lb_forward may delete
- * the forward key's entry) nor for an ICMP error (its key is the quote's); the caller
- * clears it if the packet's tuple changes before cb_ct_check (DNAT). */
-CB_INLINE struct cb_ct_entry *cb_lb_reply_hint(const struct cb_pkt *p, const struct cb_flow *f, struct cb_track *t)
-{
-	struct cb_ct_key k = {};
-	struct cb_ct_entry *e;
-
-	if (!f->has_ports || (f->proto == CB_PROTO_ICMP && p->inner.proto))
-		return cb_lb_reply(p, f, t->zone);
-	cb_ct_key_of(&k, t->zone, f, 1);
-	e = bpf_map_lookup_elem(&cb_ct, &k);
-	if (f->saddr != f->daddr || f->sport != f->dport)
-		t->entry = e;
-	if (!e || e->expires < cb_now() ||
-	    (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
 		return 0;
 	return e;
 }

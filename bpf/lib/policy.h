@@ -264,11 +264,7 @@ struct cb_track {
 	__u8 svc_icmp;    /* a client's ICMP error about a service's reply, already translated to
 			   * its backend (cb_lb_icmp_client, which found the flow): tracked */
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
-	/* out: the flow's entry after the check (0: none; read by cb_lb_commit). In: the entry
-	 * cb_lb_reply_hint found under the packet's reversed key (raw: expiry and flags are
-	 * checked where it is used; 0: none found or not looked up), so that cb_ct_check need
-	 * not look the same key up again (no room on the stack for a field of its own). */
-	struct cb_ct_entry *entry;
+	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
 
@@ -437,12 +433,9 @@ CB_INLINE __u32 cb_ct_quota(void)
 	return cfg ? cfg->ct_quota : 0;
 }
 
-/* cb_ct_open writes a fresh NEW entry for the packet's own direction, over old (the entry
- * cb_ct_check found under k, live or not; 0: none); it counts against t->owner's quota
- * (cb_ct_insert_over). A service flow's t->entry is the new entry (cb_lb_commit copies its
- * deadline); nothing else reads it. Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
-static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now,
-				 const struct cb_ct_entry *old)
+/* cb_ct_open writes a fresh NEW entry for the packet's own direction; it counts against
+ * t->owner's quota (cb_ct_insert). Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
+static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
 {
 	struct cb_ct_entry e = {};
 	int r;
@@ -464,11 +457,10 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 		e.nat_net = t->client_net;
 	}
 	e.owner = t->owner;
-	r = cb_ct_insert_over(k, &e, cb_ct_quota(), old);
+	r = cb_ct_insert(k, &e, cb_ct_quota());
 	if (r)
 		return r;
-	if (t->svc)
-		t->entry = bpf_map_lookup_elem(&cb_ct, k);
+	t->entry = bpf_map_lookup_elem(&cb_ct, k);
 	return 0;
 }
 
@@ -501,15 +493,13 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 {
 	struct cb_ct_key k = {};
-	struct cb_ct_entry *e, *fwd, *rev;
+	struct cb_ct_entry *e;
 	__u64 now;
 	__u32 epoch;
 	int syn, closing, opener, reply = 0, r;
 
 	if (!f || !t)
 		return CB_DROP_POLICY;
-	rev = t->entry; /* the reversed key's entry, if cb_lb_reply_hint found it */
-	t->entry = 0;
 	now = cb_now();
 	epoch = cb_policy_epoch;
 	if (t->inner && cb_ct_related(f, t))
@@ -517,11 +507,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	cb_ct_key_of(&k, t->zone, f, 0);
-	/* fwd: the forward key's entry as found (an opening writes over it, cb_ct_open). */
-	fwd = bpf_map_lookup_elem(&cb_ct, &k);
-	e = fwd;
-	if (e && (e->expires < now || !(e->flags & CB_CT_ALLOWED)))
-		e = 0;
+	e = cb_ct_flow(&k, now);
 	if (syn) {
 		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
@@ -540,15 +526,11 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		 * not take the flow's entry over: the clash stays the client's own. */
 		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
 			return 0;
-		return cb_ct_open(&k, f, t, now, fwd);
+		return cb_ct_open(&k, f, t, now);
 	}
 	if (!e) {
 		cb_ct_key_of(&k, t->zone, f, 1);
-		e = rev;
-		if (!e)
-			e = bpf_map_lookup_elem(&cb_ct, &k);
-		if (e && (e->expires < now || !(e->flags & CB_CT_ALLOWED)))
-			e = 0;
+		e = cb_ct_flow(&k, now);
 		reply = 1;
 	}
 	if (e) {
@@ -583,7 +565,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (!opener)
 		return 0;
 	cb_ct_key_of(&k, t->zone, f, 0);
-	return cb_ct_open(&k, f, t, now, fwd);
+	return cb_ct_open(&k, f, t, now);
 }
 
 /* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs
