@@ -483,13 +483,92 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 
 #define CB_SLOW (-6)
 
+/* cb_ipv4_simple says whether ip is what the fast paths take: an IPv4 header without
+ * options, in the linear part, not a fragment, from ifc's own address, with a total length
+ * the frame holds (cb_parse_ipv4 passes all of these). */
+CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip, void *data_end,
+			     const struct cb_iface *ifc)
+{
+	__u32 tot;
+
+	if ((void *)(ip + 1) > data_end || *(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(0x3fff)) ||
+	    ip->saddr != ifc->ip)
+		return 0;
+	tot = bpf_ntohs(ip->tot_len);
+	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
+}
+
+/* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing):
+ * an unfragmented IPv4 TCP or UDP packet without options, neither opening nor closing,
+ * from the interface's own address to an endpoint of its network, that cb_fast_pass lets
+ * through (established flows, flows between groups without rules, no service flow), goes
+ * to that endpoint (cb_send_to) exactly as cb_ipv4_from_container would take it (same
+ * checks, state changes, rewrites and counters). Anything else returns CB_SLOW having
+ * changed nothing. A call of its own: its frame sits beside cb_ipv4_from_container's, not
+ * under it. */
+static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	struct cb_l4_ports *l4;
+	struct cb_fast_keys k = {};
+	struct cb_ep_key dkey;
+	struct cb_endpoint *ep;
+	__u32 features = cb_features, tracked;
+
+	if (!skb || !ifc)
+		return CB_SLOW;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	l4 = (void *)(ip + 1);
+	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
+		return CB_SLOW;
+	/* The L4 header cb_parse_l4 would read, whole in the linear part. */
+	if (ip->protocol == CB_PROTO_TCP) {
+		if ((void *)l4 + 20 > data_end || (((__u8 *)l4)[13] & (CB_TCP_SYN | CB_TCP_FIN | CB_TCP_RST)))
+			return CB_SLOW;
+	} else if (ip->protocol != CB_PROTO_UDP || (void *)l4 + 8 > data_end) {
+		return CB_SLOW;
+	}
+	k.ct.zone = ifc->vrf;
+	k.ct.saddr = ip->saddr;
+	k.ct.daddr = ip->daddr;
+	k.ct.sport = l4->sport;
+	k.ct.dport = l4->dport;
+	k.ct.proto = ip->protocol;
+	k.svc.zone = ifc->vrf;
+	k.svc.vip = ip->daddr;
+	k.svc.port = l4->dport;
+	k.svc.proto = ip->protocol;
+	dkey.net = ifc->net;
+	dkey.ip = ip->daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	/* (With services on, a miss may be a VIP or a service reply's destination.) */
+	if (!ep)
+		return (features & CB_FEAT_LB) ? CB_SLOW : CB_OUTSIDE;
+	/* Tracked: a group with rules, or (NetworkPolicy) a pod with an entry (cb_track_flags). */
+	tracked = cb_epg_flags_of(ifc->epg) | cb_epg_flags_of(ep->epg);
+	if (!tracked && (features & CB_FEAT_NETPOL))
+		tracked = cb_kpod_of(ifc->vrf, k.ct.saddr) || cb_kpod_of(ifc->vrf, k.ct.daddr);
+	if (!cb_fast_pass(&k, tracked, features & CB_FEAT_LB))
+		return CB_SLOW;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN > data_end)
+		return CB_SLOW;
+	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
+	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
+}
+
 /* cb_ipv4_plain forwards without a call while no stage with state is on (policy, LB,
- * routing: the feature bits cb_ipv4_from_container consults before its destination
- * lookup): an unfragmented IPv4 packet without options, from the interface's own address,
- * goes to its endpoint (cb_send_to) or, when its network has none, to cb_outside
- * (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks, rewrites and
- * counters). Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container
- * parses and judges it, drop reasons included. */
+ * routing, NetworkPolicy: the feature bits cb_ipv4_from_container consults before its
+ * destination lookup): an unfragmented IPv4 packet without options, from the interface's
+ * own address, goes to its endpoint (cb_send_to) or, when its network has none, to
+ * cb_outside (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks,
+ * rewrites and counters). With policy, services or NetworkPolicy on, cb_ipv4_fast. Anything else
+ * returns CB_SLOW before any lookup: cb_ipv4_from_container parses and judges it, drop
+ * reasons included. */
 CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data = (void *)(long)skb->data;
@@ -498,15 +577,13 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 	struct iphdr *ip = data + ETH_HLEN;
 	struct cb_ep_key dkey;
 	struct cb_endpoint *ep;
-	__u32 features = cb_features, tot;
+	__u32 features = cb_features;
 
-	if (features & (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_ROUTING))
+	if (features & CB_FEAT_ROUTING)
 		return CB_SLOW;
-	if ((void *)(ip + 1) > data_end || *(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(0x3fff)) ||
-	    ip->saddr != ifc->ip)
-		return CB_SLOW;
-	tot = bpf_ntohs(ip->tot_len);
-	if (tot < sizeof(struct iphdr) || tot > skb->len - ETH_HLEN)
+	if (features & (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_NETPOL))
+		return cb_ipv4_fast(skb, ifc);
+	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
 		return CB_SLOW;
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
@@ -1169,4 +1246,21 @@ SEC("tc")
 int cb_test_overlay(struct __sk_buff *skb)
 {
 	return cb_overlay_rx(skb, skb->cb[0], skb->cb[1]);
+}
+
+/* cb_clock_probe is never attached: the agent runs it (clock.go) to calibrate cb_now. It
+ * writes jiffies and CLOCK_MONOTONIC_COARSE, read in one run, over the first 16 bytes of
+ * the packet (little-endian, as the host stores them). */
+SEC("tc")
+int cb_clock_probe(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u64 *out = data;
+
+	if ((void *)(out + 2) > data_end)
+		return TC_ACT_SHOT;
+	out[0] = bpf_jiffies64();
+	out[1] = bpf_ktime_get_coarse_ns();
+	return TC_ACT_OK;
 }

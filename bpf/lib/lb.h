@@ -679,3 +679,60 @@ static __noinline int cb_nat_icmp_client(struct __sk_buff *skb, struct cb_pkt *p
 		r = cb_nat(skb, p, f, 1, c->ip, f->dport);
 	return r;
 }
+
+/* The keys of the fast path: the packet's tuple, and the service its destination would be. */
+struct cb_fast_keys {
+	struct cb_ct_key ct;
+	struct cb_svc_key svc;
+};
+
+/* cb_fast_pass decides, for cb_ipv4_plain, whether an unfragmented TCP or UDP packet (not
+ * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (the
+ * tuple's may be left reversed), may skip cb_ipv4_from_container: with services on (lb), it is neither the
+ * reply of a service flow (cb_lb_reply's test) nor a packet of one (a client→VIP entry of
+ * its tuple, or a service at its destination: cb_lb_forward's); when the flow is tracked
+ * (a group with rules, or a pod with a NetworkPolicy entry, at either end), a live entry of the current policy epoch that policy allowed
+ * and that is nobody's service flow (flags exactly CB_CT_ALLOWED) holds its tuple, either
+ * way. It then does to that entry what cb_ct_check would (refresh; a first reply makes it
+ * ESTABLISHED) and returns 1. Otherwise it returns 0 having written nothing to the
+ * tables: the full path decides. */
+CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, int tracked, int lb)
+{
+	struct cb_ct_entry *e, *r = 0;
+	__u64 now = cb_now();
+	__be32 a;
+	__be16 port;
+
+	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
+	if (lb && e && (e->flags & CB_CT_SVC))
+		return 0;
+	if (lb || !e) {
+		a = k->ct.saddr;
+		k->ct.saddr = k->ct.daddr;
+		k->ct.daddr = a;
+		port = k->ct.sport;
+		k->ct.sport = k->ct.dport;
+		k->ct.dport = port;
+		r = bpf_map_lookup_elem(&cb_ct, &k->ct);
+	}
+	if (lb) {
+		if (r && r->expires >= now && (r->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT))
+			return 0;
+		if (bpf_map_lookup_elem(&cb_services, &k->svc))
+			return 0;
+	}
+	if (!tracked)
+		return 1;
+	if (e) {
+		if (e->expires < now || e->flags != CB_CT_ALLOWED || e->epoch != cb_policy_epoch)
+			return 0;
+	} else {
+		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || r->epoch != cb_policy_epoch)
+			return 0;
+		if (r->state == CB_CTS_NEW)
+			r->state = CB_CTS_ESTABLISHED;
+		e = r;
+	}
+	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
+	return 1;
+}

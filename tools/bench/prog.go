@@ -59,8 +59,12 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 			}
 			v := c.NsPerPk
 			if c.Single {
-				v = c.NsPerPk - c.SingleRef + local
-				pp.single = append(pp.single, fmt.Sprintf("%.0f-%.0f+%.0f", c.NsPerPk, c.SingleRef, local))
+				base := local
+				if c.SingleBase > 0 {
+					base = c.SingleBase
+				}
+				v = c.NsPerPk - c.SingleRef + base
+				pp.single = append(pp.single, fmt.Sprintf("%.0f-%.0f+%.0f", c.NsPerPk, c.SingleRef, base))
 			}
 			pp.ns = append(pp.ns, v)
 			pp.ratio = append(pp.ratio, v/refNs)
@@ -81,6 +85,9 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		note := fmt.Sprintf("repeated runs, median of %d rounds", rounds)
 		if pp.c.Single {
 			note = fmt.Sprintf("single runs − local single + local repeated, median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
+			if pp.c.SingleBase > 0 {
+				note = fmt.Sprintf("single runs − established direct flow single + its repeated (same setup), median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
+			}
 		}
 		name, ok := names[n]
 		if !ok {

@@ -608,12 +608,14 @@ const (
 	contivbpfMapCbSnatRev          = "cb_snat_rev"
 	contivbpfMapCbVerdicts         = "cb_verdicts"
 	contivbpfMapCbVips             = "cb_vips"
+	contivbpfProgCbClockProbe      = "cb_clock_probe"
 	contivbpfProgCbFromContainer   = "cb_from_container"
 	contivbpfProgCbFromOverlay     = "cb_from_overlay"
 	contivbpfProgCbFromUplink      = "cb_from_uplink"
 	contivbpfProgCbFromWire        = "cb_from_wire"
 	contivbpfProgCbSockConnect4    = "cb_sock_connect4"
 	contivbpfProgCbTestOverlay     = "cb_test_overlay"
+	contivbpfVarCbClockBase        = "cb_clock_base"
 	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
 	contivbpfVarCbCtStateUnused    = "cb_ct_state_unused"
 	contivbpfVarCbEncapUnused      = "cb_encap_unused"
@@ -628,6 +630,7 @@ const (
 	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
 	contivbpfVarCbRuleActionUnused = "cb_rule_action_unused"
+	contivbpfVarCbTickNs           = "cb_tick_ns"
 )
 
 // loadContivbpf returns the embedded CollectionSpec for contivbpf.
@@ -672,6 +675,7 @@ type contivbpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfProgramSpecs struct {
+	CbClockProbe    *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
 	CbFromContainer *ebpf.ProgramSpec `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
@@ -723,6 +727,7 @@ type contivbpfMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfVariableSpecs struct {
+	CbClockBase        *ebpf.VariableSpec `ebpf:"cb_clock_base"`
 	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
 	CbCtStateUnused    *ebpf.VariableSpec `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
@@ -737,6 +742,7 @@ type contivbpfVariableSpecs struct {
 	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
+	CbTickNs           *ebpf.VariableSpec `ebpf:"cb_tick_ns"`
 }
 
 // contivbpfObjects contains all objects after they have been loaded into the kernel.
@@ -836,6 +842,7 @@ func (m *contivbpfMaps) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfVariables struct {
+	CbClockBase        *ebpf.Variable `ebpf:"cb_clock_base"`
 	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
 	CbCtStateUnused    *ebpf.Variable `ebpf:"cb_ct_state_unused"`
 	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
@@ -850,12 +857,14 @@ type contivbpfVariables struct {
 	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
+	CbTickNs           *ebpf.Variable `ebpf:"cb_tick_ns"`
 }
 
 // contivbpfPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfPrograms struct {
+	CbClockProbe    *ebpf.Program `ebpf:"cb_clock_probe"`
 	CbFromContainer *ebpf.Program `ebpf:"cb_from_container"`
 	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
 	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
@@ -866,6 +875,7 @@ type contivbpfPrograms struct {
 
 func (p *contivbpfPrograms) Close() error {
 	return _ContivbpfClose(
+		p.CbClockProbe,
 		p.CbFromContainer,
 		p.CbFromOverlay,
 		p.CbFromUplink,

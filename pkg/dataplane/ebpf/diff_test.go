@@ -126,11 +126,13 @@ func diffEndpoints() []diffEP {
 // diffGen draws random steps over the fixture. A third of the packets answer a recent one
 // (replies of flows and of service flows, from the backends the service has).
 type diffGen struct {
-	r        *rand.Rand
-	eps      []diffEP
-	recent   []diffStep
-	backends []int
-	quotas   bool // also change the per-endpoint conntrack quota now and then
+	r          *rand.Rand
+	eps        []diffEP
+	recent     []diffStep
+	backends   []int
+	quotas     bool // also change the per-endpoint conntrack quota now and then
+	policyOnly bool // no service and no NetworkPolicy steps, no packet to the VIP
+	noNetpol   bool // no NetworkPolicy steps
 }
 
 func (g *diffGen) port() uint16 { return []uint16{53, 80, 443, 8080, 40000, 40001}[g.r.IntN(6)] }
@@ -274,6 +276,9 @@ func (g *diffGen) step() diffStep {
 	case n < 13:
 		return diffStep{kind: "gc"}
 	case n < 15:
+		if g.policyOnly {
+			break // a packet instead
+		}
 		var be, dr []int
 		for i, e := range g.eps {
 			switch {
@@ -289,6 +294,9 @@ func (g *diffGen) step() diffStep {
 	case n < 16:
 		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
 	case n < 20:
+		if g.policyOnly || g.noNetpol {
+			break
+		}
 		return g.podPolicy()
 	case g.quotas && n < 22:
 		return diffStep{kind: "quota", quota: []uint32{0, 1, 2, 3, 4, 6, 8}[g.r.IntN(7)]}
@@ -406,7 +414,7 @@ func (g *diffGen) pkt() diffStep {
 		}
 		s.from = g.r.IntN(len(g.eps))
 	}
-	if g.eps[s.from].local && g.eps[s.from].zone == diffZoneA && g.r.IntN(5) == 0 {
+	if g.eps[s.from].local && g.eps[s.from].zone == diffZoneA && !g.policyOnly && g.r.IntN(5) == 0 {
 		s.to = -1 // the service
 		s.dport = 80
 	}
@@ -470,15 +478,25 @@ type diffConfig struct {
 	bigSlot int
 	// quotas: sequences start with a per-endpoint conntrack quota and change it now and then.
 	quotas bool
-	stream uint64 // of the sequences' random source
+	// policyOnly: only the policy stage is on (cb_features: no services, no NetworkPolicy);
+	// noNetpol: policy and services, no NetworkPolicy. Either way packets of established
+	// flows and of flows between groups without rules take the fast path (cb_ipv4_fast),
+	// which NetworkPolicy turns off.
+	policyOnly bool
+	noNetpol   bool
+	stream     uint64 // of the sequences' random source
 }
 
 // diffBase is TestDifferential's fixture: no quota (the counts are still compared).
 var diffBase = diffConfig{ctEntries: 40, bigSlot: -1, stream: 0x5eed}
 
 // diffQuota is TestDifferentialQuota's: quotas of a few entries, so the local endpoints
-// (a, b; a' has a slot past 65535) hit theirs often, and a table small enough to fill too.
-var diffQuota = diffConfig{ctEntries: 12, bigSlot: 4, quotas: true, stream: 0x9007a}
+// (a, b; a' has a slot past 65535) hit theirs often, and a table small enough to fill too;
+// no NetworkPolicy (TestDifferential has it), so the fast path runs with services on.
+var diffQuota = diffConfig{ctEntries: 12, bigSlot: 4, quotas: true, noNetpol: true, stream: 0x9007a}
+
+// diffPolicyOnly is TestDifferentialPolicyOnly's: groups' rules and nothing else.
+var diffPolicyOnly = diffConfig{ctEntries: 40, bigSlot: -1, policyOnly: true, stream: 0x9011c}
 
 // diffArrayEntries is the size the fixture gives the arrays indexed by group, counter
 // slot or ifindex (the fixture's are below it), so a snapshot of them is small.
@@ -601,7 +619,16 @@ func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 		w.eps[i].active = true
 		w.putEP(i)
 	}
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NETPOL))
+	if rig.cfg.policyOnly {
+		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+		w.lastClock = w.clock()
+		return w
+	}
+	features := uint32(contivbpfCbFeaturesCB_FEAT_POLICY | contivbpfCbFeaturesCB_FEAT_LB | contivbpfCbFeaturesCB_FEAT_NETPOL)
+	if rig.cfg.noNetpol {
+		features &^= uint32(contivbpfCbFeaturesCB_FEAT_NETPOL)
+	}
+	setFeatures(t, objs, features)
 	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: diffZoneA, Vip: ip4(diffVIP)}, &contivbpfCbVip{}))
 	w.setService([]int{1, 2})
 	w.lastClock = w.clock()
@@ -1217,10 +1244,19 @@ func TestDifferential(t *testing.T) {
 // every sequence starts with a quota of 3 to 8 entries and changes it now and then (0
 // included), so the local endpoints are refused (drop_ct_quota) often, hold counts that
 // only the collector's recount ("gc", "delep") brings down, and keep their established
-// flows at the quota.
+// flows at the quota. NetworkPolicy is off, so established flows take the fast path with
+// services on.
 func TestDifferentialQuota(t *testing.T) {
 	requireRoot(t)
 	runDifferential(t, diffQuota, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))
+}
+
+// TestDifferentialPolicyOnly is the differential test with only the policy stage on (no
+// service, no NetworkPolicy): the established flows' packets take the fast path
+// (cb_ipv4_plain, cb_ct_fast), which must keep every state change of the full one.
+func TestDifferentialPolicyOnly(t *testing.T) {
+	requireRoot(t)
+	runDifferential(t, diffPolicyOnly, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))
 }
 
 func runDifferential(t *testing.T, cfg diffConfig, seqs, length int) {
@@ -1230,7 +1266,10 @@ func runDifferential(t *testing.T, cfg diffConfig, seqs, length int) {
 	tally := map[string]int{}
 	for n := 0; n < seqs; n++ {
 		seed := base + uint64(n)
-		g := &diffGen{r: rand.New(rand.NewPCG(seed, cfg.stream)), eps: diffEndpoints(), backends: []int{1, 2}, quotas: cfg.quotas}
+		g := &diffGen{r: rand.New(rand.NewPCG(seed, cfg.stream)), eps: diffEndpoints(), backends: []int{1, 2}, quotas: cfg.quotas, policyOnly: cfg.policyOnly, noNetpol: cfg.noNetpol}
+		if cfg.policyOnly {
+			g.backends = nil
+		}
 		steps := make([]diffStep, length)
 		for i := range steps {
 			if i == 0 && cfg.quotas {

@@ -81,6 +81,7 @@ type Driver struct {
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
 	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
 	lbSeed    uint32             // cb_lb_seed (lb.h): keys the service flow hash; random per run
+	clock     ctClock            // cb_now's calibration (clock.go); zero: the helper clock
 	ctgc      *ctGC
 	ctgcEvery time.Duration
 	services  map[string]svcRec // written by setService/dropService
@@ -273,6 +274,11 @@ func (d *Driver) open(ctx context.Context) error {
 		return fmt.Errorf("ebpf: load programs and maps: %w", err)
 	}
 
+	// The conntrack clock: calibrated before writeConfig gives the programs their globals
+	// (the entries' deadlines agree with the collector's clock either way).
+	if d.clock, err = calibrateClock(ctx, d.objs.CbClockProbe); err != nil {
+		d.log.Warn("conntrack clock not calibrated: the datapath reads the coarse clock by a helper call", "err", err)
+	}
 	var c contivbpfCbConfig
 	if err := d.objs.CbCfg.Lookup(uint32(0), &c); err != nil {
 		return fmt.Errorf("ebpf: read config map: %w", err)
@@ -462,6 +468,9 @@ func (d *Driver) writeConfig() error {
 		if err := d.objs.CbLbSeed.Set(d.lbSeed); err != nil {
 			return fmt.Errorf("ebpf: set the service hash seed: %w", err)
 		}
+	}
+	if err := d.clock.set(d.objs.CbClockBase, d.objs.CbTickNs); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
 	}
 	return nil
 }

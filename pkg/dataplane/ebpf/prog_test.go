@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"log/slog"
@@ -79,6 +80,14 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *conti
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
+	// The clock the agent gives the programs (clock.go), not the helper's fallback.
+	clk, err := calibrateClock(context.Background(), objs.CbClockProbe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clk.set(objs.CbClockBase, objs.CbTickNs); err != nil {
+		t.Fatal(err)
+	}
 
 	must := func(err error) {
 		t.Helper()

@@ -206,6 +206,10 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 			return r, fmt.Errorf("trace: set the service hash seed: %w", err)
 		}
 	}
+	// The conntrack clock the datapath reads (trace programs see its entries' deadlines).
+	if err := d.clock.set(coll.Variables["cb_clock_base"], coll.Variables["cb_tick_ns"]); err != nil {
+		return r, fmt.Errorf("trace: %w", err)
+	}
 	// The test run receives on the caller's loopback: the source interface is found there.
 	if ifc != nil {
 		scratch := ifaceTable{direct: coll.Maps[contivbpfMapCbIfaceDirect], hashed: coll.Maps[contivbpfMapCbIfaces]}
