@@ -340,6 +340,63 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_frags SEC(".maps");
 
+/* Fragment records per tenant: cb_frags and cb_nat_frags are LRUs shared by every zone,
+ * so a zone that opened fragmented datagrams without end would evict every other zone's
+ * records (their later fragments: drop_frag_no_first). A zone's first fragments that
+ * record take a token of its budget, cb_frag_rate a second up to CB_FRAG_BURST; a first
+ * fragment without one is dropped (drop_frag_limit) before any state is written. At the
+ * rate, evicting all 8,192 records of either table takes a zone 0.4 s; another zone's
+ * datagram needs its record for the milliseconds between its fragments. */
+#define CB_FRAG_BURST 4096
+
+/* The budget's rate, tokens a second (tests set 0: no refill). */
+volatile __u32 cb_frag_rate = 20000;
+
+struct cb_frag_budget {
+	__u64 stamp;  /* cb_now() of the last refill */
+	__u32 tokens;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* zone */
+	__type(value, struct cb_frag_budget);
+} cb_frag_budgets SEC(".maps");
+
+/* cb_frag_admit takes a token of zone's fragment budget: 1 if it had one. A zone past the
+ * table's size has none (fail closed). Concurrent packets may both refill or both take
+ * the last token: the budget is approximate by a few tokens, never by a rate. */
+CB_INLINE int cb_frag_admit(__u32 zone)
+{
+	struct cb_frag_budget *b, nb = {};
+	__u64 now = cb_now(), add;
+	__u32 rate = cb_frag_rate;
+	long r;
+
+	b = bpf_map_lookup_elem(&cb_frag_budgets, &zone);
+	if (!b) {
+		nb.stamp = now;
+		nb.tokens = CB_FRAG_BURST - 1;
+		r = bpf_map_update_elem(&cb_frag_budgets, &zone, &nb, BPF_NOEXIST);
+		return r == 0 || r == -17; /* -EEXIST: another CPU made it first */
+	}
+	if (now > b->stamp && rate) {
+		/* (A second refills any burst at any rate worth having; no overflow.) */
+		add = now - b->stamp < CB_NS ? now - b->stamp : CB_NS;
+		add = add * rate / CB_NS;
+		if (add) {
+			b->tokens = add >= CB_FRAG_BURST - b->tokens ? CB_FRAG_BURST : b->tokens + (__u32)add;
+			b->stamp = now;
+		}
+	}
+	if (!b->tokens)
+		return 0;
+	b->tokens--;
+	return 1;
+}
+
 /* cb_frag_key_of is a datagram's key under the addresses its fragments arrive with (before
  * service DNAT: the VIP; a balanced hairpin packet, f already from the VIP, came from the
  * client; a hairpin reply is still as it arrived, client → VIP). */
@@ -606,6 +663,10 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
 	if (t->frag == CB_FRAG_LATER)
 		return cb_frag_verdict(f, t);
+	/* A first fragment records (here, and a service flow's in cb_nat_frags): within its
+	 * zone's budget only. */
+	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone))
+		return CB_DROP_FRAG_LIMIT;
 	r = cb_ct_check(f, t);
 	if (t->frag == CB_FRAG_FIRST)
 		cb_frag_record(f, t, r == 0);

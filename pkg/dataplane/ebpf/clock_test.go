@@ -22,7 +22,7 @@ func TestNearestHZ(t *testing.T) {
 // (CLOCK_MONOTONIC_COARSE) within a tick, whether the tick rate came from the kernel's
 // configuration or was counted, and entries the programs write expire by it.
 func TestClockCalibration(t *testing.T) {
-	objs := loadTestObjects(t) // calibrated, as the agent does
+	objs := ctPolicyFixture(t) // calibrated, as the agent does
 	var tick uint32
 	var base uint64
 	if err := objs.CbTickNs.Get(&tick); err != nil {
@@ -57,9 +57,8 @@ func TestClockCalibration(t *testing.T) {
 		t.Fatalf("counted %d Hz, calibration says %d Hz (tick %d ns)", measured, want, tick)
 	}
 	// A packet's entry: its deadline is the calibrated now + the UDP timeout.
-	objs2 := ctPolicyFixture(t)
-	run(t, objs2, objs2.CbFromContainer, l4Frame(17, srcIP, localIP, 40000, 53, 0, 0), nil).expect(t, tcActRedirect, FwdLocal)
-	e, ok := ctEntry(t, objs2, testZone, 17, srcIP, localIP, 40000, 53)
+	run(t, objs, objs.CbFromContainer, l4Frame(17, srcIP, localIP, 40000, 53, 0, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	e, ok := ctEntry(t, objs, testZone, 17, srcIP, localIP, 40000, 53)
 	if !ok {
 		t.Fatal("no entry for the UDP flow")
 	}

@@ -202,6 +202,13 @@ const (
 	contivbpfCbFeaturesCB_FEAT_NETPOL       contivbpfCbFeatures = 128
 )
 
+type contivbpfCbFragBudget struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint32
+	Pad    uint32
+}
+
 type contivbpfCbFragEntry struct {
 	_       structs.HostLayout
 	Expires uint64
@@ -456,6 +463,7 @@ const (
 	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
 	contivbpfCbReasonCB_DROP_CT_QUOTA           contivbpfCbReason = 72
 	contivbpfCbReasonCB_REJECT_NO_BACKEND       contivbpfCbReason = 73
+	contivbpfCbReasonCB_DROP_FRAG_LIMIT         contivbpfCbReason = 74
 	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
 )
 
@@ -584,6 +592,7 @@ const (
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
 	contivbpfMapCbEpgs             = "cb_epgs"
 	contivbpfMapCbEvents           = "cb_events"
+	contivbpfMapCbFragBudgets      = "cb_frag_budgets"
 	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
@@ -624,6 +633,7 @@ const (
 	contivbpfVarCbEventUnused      = "cb_event_unused"
 	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
+	contivbpfVarCbFragRate         = "cb_frag_rate"
 	contivbpfVarCbLbSeed           = "cb_lb_seed"
 	contivbpfVarCbNetFlagsUnused   = "cb_net_flags_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
@@ -697,6 +707,7 @@ type contivbpfMapSpecs struct {
 	CbEpCounters   *ebpf.MapSpec `ebpf:"cb_ep_counters"`
 	CbEpgs         *ebpf.MapSpec `ebpf:"cb_epgs"`
 	CbEvents       *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFragBudgets  *ebpf.MapSpec `ebpf:"cb_frag_budgets"`
 	CbFrags        *ebpf.MapSpec `ebpf:"cb_frags"`
 	CbHostIps      *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.MapSpec `ebpf:"cb_host_routes"`
@@ -736,6 +747,7 @@ type contivbpfVariableSpecs struct {
 	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbFragRate         *ebpf.VariableSpec `ebpf:"cb_frag_rate"`
 	CbLbSeed           *ebpf.VariableSpec `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
@@ -774,6 +786,7 @@ type contivbpfMaps struct {
 	CbEpCounters   *ebpf.Map `ebpf:"cb_ep_counters"`
 	CbEpgs         *ebpf.Map `ebpf:"cb_epgs"`
 	CbEvents       *ebpf.Map `ebpf:"cb_events"`
+	CbFragBudgets  *ebpf.Map `ebpf:"cb_frag_budgets"`
 	CbFrags        *ebpf.Map `ebpf:"cb_frags"`
 	CbHostIps      *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes   *ebpf.Map `ebpf:"cb_host_routes"`
@@ -811,6 +824,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbEpCounters,
 		m.CbEpgs,
 		m.CbEvents,
+		m.CbFragBudgets,
 		m.CbFrags,
 		m.CbHostIps,
 		m.CbHostRoutes,
@@ -851,6 +865,7 @@ type contivbpfVariables struct {
 	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbFragRate         *ebpf.Variable `ebpf:"cb_frag_rate"`
 	CbLbSeed           *ebpf.Variable `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`

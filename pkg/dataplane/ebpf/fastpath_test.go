@@ -114,3 +114,40 @@ func testFastPath(t *testing.T, lb bool) {
 		t.Fatalf("a packet to a service address went to %v, want its backend %v", dst, localIP)
 	}
 }
+
+// A zone's first fragments record within its budget (CB_FRAG_RATE a second, CB_FRAG_BURST
+// at once): past it they are dropped (drop_frag_limit) with nothing recorded, while another
+// zone's datagrams still record and their later fragments pass; the budget refills.
+func TestFragBudget(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc := objs.CbFromContainer
+	first := func(id uint16) runResult {
+		return run(t, objs, fc, firstFrag(17, srcIP, localIP, 40000, 53, 0, id), nil)
+	}
+	// No refill during the test: the burst, then refusals.
+	if err := objs.CbFragRate.Set(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 4096; i++ {
+		if r := first(uint16(i)); r.diff[FwdLocal] != 1 {
+			t.Fatalf("first fragment %d, within the burst: %v", i, r.diff)
+		}
+	}
+	limited := uint16(4097)
+	first(limited).expect(t, tcActShot, DropFragLimit)
+	// Nothing recorded for the refused one: its later fragment has no first.
+	run(t, objs, fc, laterFrag(17, srcIP, localIP, limited), nil).expect(t, tcActShot, DropFragNoFirst)
+
+	// Another tenant (zone) is not touched by it.
+	setZone(t, objs, testZone+1)
+	first(limited).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, laterFrag(17, srcIP, localIP, limited), nil).expect(t, tcActRedirect, FwdLocal)
+
+	// And the drained zone's budget refills with time (20,000 a second: 200 in 10 ms).
+	setZone(t, objs, testZone)
+	if err := objs.CbFragRate.Set(uint32(20000)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	first(limited+1).expect(t, tcActRedirect, FwdLocal)
+}

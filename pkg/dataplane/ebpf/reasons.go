@@ -64,6 +64,7 @@ const (
 	DropNetpol            = Reason(contivbpfCbReasonCB_DROP_NETPOL)
 	DropCTQuota           = Reason(contivbpfCbReasonCB_DROP_CT_QUOTA)
 	RejectNoBackend       = Reason(contivbpfCbReasonCB_REJECT_NO_BACKEND) // dropped and answered with ICMP port unreachable
+	DropFragLimit         = Reason(contivbpfCbReasonCB_DROP_FRAG_LIMIT)
 	reasonMax             = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop             = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -125,6 +126,7 @@ var reasonNames = map[Reason]string{
 	DropNetpol:            "drop_netpol",
 	DropCTQuota:           "drop_ct_quota",
 	RejectNoBackend:       "reject_no_backend",
+	DropFragLimit:         "drop_frag_limit",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
