@@ -22,7 +22,7 @@ var (
 // ports 61000..61000+ports-1, network 100 with CB_NET_SNAT, 192.168.0.1 a host address.
 func natFixture(t *testing.T, ports uint16) *contivbpfObjects {
 	t.Helper()
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromUplink)
 	var cfg contivbpfCbConfig
 	if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 // route covers the destination, NAT-less egress by a learned default route, and the
 // uplink's untagged packets routed in to local endpoints, hostile ones refused.
 func TestNativeRouting(t *testing.T) {
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromWire)
 	const vnet, notNativeIf = 1<<24 | 10, 77
 	vsrc, vloc, vrem := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.9")
 	vrem2 := netip.MustParseAddr("10.2.0.10")

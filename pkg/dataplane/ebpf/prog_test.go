@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,14 +57,16 @@ func requireRoot(t testing.TB) {
 // loadTestObjects loads the real programs with private, unpinned maps and the fixture:
 // lo (ifindex 1) is the sending endpoint 10.1.0.2 of VXLAN network 100; 10.1.0.3 is local
 // (ifindex 7), 10.1.0.4 remote behind peer 192.168.0.2, 10.1.0.5 remote behind a non-peer.
-func loadTestObjects(t testing.TB) *contivbpfObjects {
+// Programs: cb_from_container, cb_test_overlay and cb_clock_probe, and those named in
+// progs (the others are nil): verifying every program costs each load seconds.
+func loadTestObjects(t testing.TB, progs ...string) *contivbpfObjects {
 	t.Helper()
-	return loadTestObjectsSpec(t, nil)
+	return loadTestObjectsSpec(t, nil, progs...)
 }
 
 // loadTestObjectsSpec is loadTestObjects with the spec adjusted by mutate first (e.g. map
 // sizes).
-func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *contivbpfObjects {
+func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec), progs ...string) *contivbpfObjects {
 	t.Helper()
 	requireRoot(t)
 	spec, err := loadContivbpf()
@@ -75,11 +79,21 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *conti
 	if mutate != nil {
 		mutate(spec)
 	}
-	var objs contivbpfObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	keep := append([]string{contivbpfProgCbFromContainer, contivbpfProgCbTestOverlay, contivbpfProgCbClockProbe}, progs...)
+	for name := range spec.Programs {
+		if !slices.Contains(keep, name) {
+			delete(spec.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	t.Cleanup(func() { objs.Close() })
+	var objs contivbpfObjects
+	assignByTag(t, &objs.contivbpfPrograms, func(n string) any { return coll.Programs[n] })
+	assignByTag(t, &objs.contivbpfMaps, func(n string) any { return coll.Maps[n] })
+	assignByTag(t, &objs.contivbpfVariables, func(n string) any { return coll.Variables[n] })
+	t.Cleanup(func() { coll.Close() })
 	// The clock the agent gives the programs (clock.go), not the helper's fallback.
 	clk, err := calibrateClock(context.Background(), objs.CbClockProbe)
 	if err != nil {
@@ -121,6 +135,24 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec)) *conti
 	put(orphanIP, contivbpfCbEndpoint{Vtep: ip4(netip.MustParseAddr("192.168.0.99")), Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)})
 	must(objs.CbPeers.Put(ip4(netip.MustParseAddr(testVTEP)), &contivbpfCbPeer{}))
 	return &objs
+}
+
+// assignByTag sets each field of the struct dst points to from get(its ebpf tag), when
+// get has it: what LoadAndAssign does, for a collection without some programs.
+func assignByTag(t testing.TB, dst any, get func(name string) any) {
+	t.Helper()
+	v := reflect.ValueOf(dst).Elem()
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Tag.Get("ebpf")
+		got := reflect.ValueOf(get(name))
+		if !got.IsValid() || got.IsNil() {
+			continue
+		}
+		if !got.Type().AssignableTo(v.Field(i).Type()) {
+			t.Fatalf("assign %s: %v is not %v", name, got.Type(), v.Field(i).Type())
+		}
+		v.Field(i).Set(got)
+	}
 }
 
 // ---- packet builders ----
@@ -522,7 +554,7 @@ func TestFromContainer(t *testing.T) {
 }
 
 func TestFromOverlay(t *testing.T) {
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromOverlay)
 	peer := ip4(netip.MustParseAddr(testVTEP))
 	ctx := func(remote, vni uint32) *skbCtx { return &skbCtx{CB: [5]uint32{remote, vni}} }
 
@@ -740,7 +772,7 @@ func BenchmarkPaths(b *testing.B) {
 
 // TestProgramBenchmark logs Program.Benchmark ns/packet per path (never asserted).
 func TestProgramBenchmark(t *testing.T) {
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromOverlay)
 	srcMAC := dataplane.ContivMAC(srcIP)
 	for _, c := range []struct {
 		name string
@@ -780,7 +812,7 @@ func vlanTag(frame []byte, vid uint16) []byte {
 }
 
 func TestVLAN(t *testing.T) {
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromWire)
 	const vnet = 1<<24 | 10
 	vsrc, vloc, vrem := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.9")
 	put := func(ip netip.Addr, v contivbpfCbEndpoint) {

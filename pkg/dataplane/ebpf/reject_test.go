@@ -20,7 +20,7 @@ var rejectVIP = netip.MustParseAddr("10.1.0.110")
 // backends.
 func loadRejectObjects(t *testing.T) *contivbpfObjects {
 	t.Helper()
-	objs := loadTestObjects(t)
+	objs := loadTestObjects(t, contivbpfProgCbFromUplink)
 	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
 	for i, port := range []struct {
 		n     uint16
