@@ -566,9 +566,9 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
  * destination lookup): an unfragmented IPv4 packet without options, from the interface's
  * own address, goes to its endpoint (cb_send_to) or, when its network has none, to
  * cb_outside (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks,
- * rewrites and counters). With policy, services or NetworkPolicy on, cb_ipv4_fast. Anything else
- * returns CB_SLOW before any lookup: cb_ipv4_from_container parses and judges it, drop
- * reasons included. */
+ * rewrites and counters). With policy, services or NetworkPolicy on, cb_ipv4_fast.
+ * Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
+ * judges it, drop reasons included. */
 CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data = (void *)(long)skb->data;

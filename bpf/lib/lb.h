@@ -686,16 +686,16 @@ struct cb_fast_keys {
 	struct cb_svc_key svc;
 };
 
-/* cb_fast_pass decides, for cb_ipv4_plain, whether an unfragmented TCP or UDP packet (not
- * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (the
- * tuple's may be left reversed), may skip cb_ipv4_from_container: with services on (lb), it is neither the
- * reply of a service flow (cb_lb_reply's test) nor a packet of one (a client→VIP entry of
- * its tuple, or a service at its destination: cb_lb_forward's); when the flow is tracked
- * (a group with rules, or a pod with a NetworkPolicy entry, at either end), a live entry of the current policy epoch that policy allowed
- * and that is nobody's service flow (flags exactly CB_CT_ALLOWED) holds its tuple, either
- * way. It then does to that entry what cb_ct_check would (refresh; a first reply makes it
- * ESTABLISHED) and returns 1. Otherwise it returns 0 having written nothing to the
- * tables: the full path decides. */
+/* cb_fast_pass decides, for cb_ipv4_fast, whether an unfragmented TCP or UDP packet (not
+ * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (its
+ * tuple may be left reversed), may skip cb_ipv4_from_container. With services on (lb), it must
+ * be neither the reply of a service flow (cb_lb_reply's test) nor a packet of one (a
+ * client→VIP entry under its tuple, or a service at its destination: cb_lb_forward's).
+ * When the flow is tracked (a group with rules, or a pod with a NetworkPolicy entry, at
+ * either end), a live entry of the current policy epoch that policy allowed and that is
+ * nobody's service flow (flags exactly CB_CT_ALLOWED) must hold its tuple, either way; it
+ * then does to that entry what cb_ct_check would (refresh; a first reply makes it
+ * ESTABLISHED). Returns 1 to pass, or 0 having written nothing: the full stage decides. */
 CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, int tracked, int lb)
 {
 	struct cb_ct_entry *e, *r = 0;

@@ -358,16 +358,19 @@ struct cb_frag_budget {
 	__u32 pad;
 };
 
+/* An LRU: zones come and go with tenants, and a zone whose budget was evicted (the least
+ * recently fragmenting of 4,096) starts again with a full burst, which it would have had
+ * anyway after a second of quiet. Zones are the agent's, never a packet's choice. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32); /* zone */
 	__type(value, struct cb_frag_budget);
 } cb_frag_budgets SEC(".maps");
 
-/* cb_frag_admit takes a token of zone's fragment budget: 1 if it had one. A zone past the
- * table's size has none (fail closed). Concurrent packets may both refill or both take
- * the last token: the budget is approximate by a few tokens, never by a rate. */
+/* cb_frag_admit takes a token of zone's fragment budget: 1 if it had one. Concurrent
+ * packets may both refill or both take the last token: the budget is approximate by a few
+ * tokens, never by a rate. */
 CB_INLINE int cb_frag_admit(__u32 zone)
 {
 	struct cb_frag_budget *b, nb = {};
