@@ -498,6 +498,68 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
 	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
 }
 
+/* cb_svc_fast takes, for cb_ipv4_fast, a packet of an established service flow (svc: the
+ * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
+ * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when it is not a
+ * hairpin flow's reply (the full stage asks that first), the entry is live and its backend
+ * still a member, the flow is no hairpin, and the flow's own entry (client→backend) is
+ * live, of the current policy epoch, allowed and a service flow's of this VIP and network
+ * with nothing else (flags exactly ALLOWED and DNAT), and the backend is an endpoint: the
+ * destination becomes the backend, the flow's entry is refreshed and the client→VIP entry
+ * follows its deadline. Otherwise CB_SLOW, nothing changed. */
+CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_fast_keys *k,
+			  struct cb_ct_entry *svc)
+{
+	__u64 now = cb_now();
+	struct cb_ct_entry *e;
+	struct cb_ep_key dkey;
+	struct cb_endpoint *ep;
+	void *data, *data_end;
+	__be32 client = k->ct.saddr, vip = k->ct.daddr, backend = svc->nat_ip;
+	__be16 cport = k->ct.sport, vport = k->ct.dport, bport = svc->nat_port;
+	__u32 bnet = svc->nat_net;
+	int r;
+
+	if (svc->expires < now || (backend == client && bnet == ifc->net))
+		return CB_SLOW;
+	k->ct.saddr = vip;
+	k->ct.daddr = client;
+	k->ct.sport = vport;
+	k->ct.dport = cport;
+	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
+	if (e && e->expires >= now && (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT))
+		return CB_SLOW;
+	k->member.svc_id = svc->svc_id;
+	k->member.ip = backend;
+	if (!bpf_map_lookup_elem(&cb_members, &k->member))
+		return CB_SLOW;
+	k->ct.saddr = client;
+	k->ct.daddr = backend;
+	k->ct.sport = cport;
+	k->ct.dport = bport;
+	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
+	if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || e->epoch != cb_policy_epoch ||
+	    e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
+		return CB_SLOW;
+	dkey.net = bnet;
+	dkey.ip = backend;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return CB_SLOW;
+	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
+	if (r)
+		return cb_drop(skb, r);
+	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
+	if (svc->expires != e->expires)
+		svc->expires = e->expires;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
+	return cb_send_to(skb, ifc, ep, bnet, backend);
+}
+
 /* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing):
  * an unfragmented IPv4 TCP or UDP packet without options, neither opening nor closing,
  * from the interface's own address to an endpoint of its network, that cb_fast_pass lets
@@ -514,7 +576,10 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	struct cb_fast_keys k = {};
 	struct cb_ep_key dkey;
 	struct cb_endpoint *ep;
+	struct cb_ct_entry *e, *rev = 0;
 	__u32 features = cb_features, tracked;
+	__be16 sport;
+	int r;
 
 	if (!skb || !ifc)
 		return CB_SLOW;
@@ -534,13 +599,17 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	k.ct.zone = ifc->vrf;
 	k.ct.saddr = ip->saddr;
 	k.ct.daddr = ip->daddr;
-	k.ct.sport = l4->sport;
+	sport = l4->sport;
+	k.ct.sport = sport;
 	k.ct.dport = l4->dport;
 	k.ct.proto = ip->protocol;
 	k.svc.zone = ifc->vrf;
 	k.svc.vip = ip->daddr;
 	k.svc.port = l4->dport;
 	k.svc.proto = ip->protocol;
+	e = bpf_map_lookup_elem(&cb_ct, &k.ct);
+	if ((features & CB_FEAT_LB) && e && (e->flags & CB_CT_SVC))
+		return cb_svc_fast(skb, ifc, &k, e);
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
@@ -551,12 +620,19 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	tracked = cb_epg_flags_of(ifc->epg) | cb_epg_flags_of(ep->epg);
 	if (!tracked && (features & CB_FEAT_NETPOL))
 		tracked = cb_kpod_of(ifc->vrf, k.ct.saddr) || cb_kpod_of(ifc->vrf, k.ct.daddr);
-	if (!cb_fast_pass(&k, tracked, features & CB_FEAT_LB))
+	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, &rev))
 		return CB_SLOW;
+	if (rev) {
+		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */
+		r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, 0, ifc->ip, rev->nat_ip, sport,
+				   rev->nat_port);
+		if (r)
+			return cb_drop(skb, r);
+	}
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	if (data + ETH_HLEN > data_end)
-		return CB_SLOW;
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }

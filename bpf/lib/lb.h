@@ -103,25 +103,26 @@ CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
 	return bpf_map_lookup_elem(&cb_vips, &k) != 0;
 }
 
-/* cb_nat rewrites the destination (dst=1) or source address and port of an IPv4 packet
- * whose identity is f, fixing the IP and L4 checksums (through the helpers, which know
- * CHECKSUM_PARTIAL) and writing the fields directly. Updates f. Returns 0 or a reason. */
-CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, int dst,
-		     __be32 ip, __be16 port)
+/* cb_nat_rewrite rewrites the destination (dst=1) or source address of an IPv4 packet
+ * whose L4 header is at l4_off from old_ip to ip and, when it has ports (TCP or UDP), its
+ * port from old_port to port, fixing the L4 checksum through the helpers (they know
+ * CHECKSUM_PARTIAL) and the IPv4 one as csum_replace4 does, writing the fields directly.
+ * Returns 0 or CB_DROP_NAT_ERR. */
+CB_INLINE int cb_nat_rewrite(struct __sk_buff *skb, __u32 l4_off, __u8 proto, int ports, int dst,
+			     __be32 old_ip, __be32 ip, __be16 old_port, __be16 port)
 {
 	__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
-	__u32 port_off = p->l4_off + (dst ? 2 : 0);
-	__be32 old_ip = dst ? f->daddr : f->saddr;
-	__be16 old_port = dst ? f->dport : f->sport;
-	__u32 csum_off = 0;
+	__u32 port_off = l4_off + (dst ? 2 : 0);
+	__u32 csum_off = 0, sum;
 	__u64 mangled = 0;
 	void *data, *data_end;
+	struct iphdr *iph;
 
-	if (f->has_ports) {
-		if (f->proto == CB_PROTO_TCP) {
-			csum_off = p->l4_off + 16;
+	if (ports) {
+		if (proto == CB_PROTO_TCP) {
+			csum_off = l4_off + 16;
 		} else {
-			csum_off = p->l4_off + 6;
+			csum_off = l4_off + 6;
 			mangled = BPF_F_MARK_MANGLED_0;
 		}
 		if (bpf_l4_csum_replace(skb, csum_off, old_ip, ip, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
@@ -130,18 +131,41 @@ CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_fl
 		    bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
 			return CB_DROP_NAT_ERR;
 	}
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_ip, ip, 4) < 0)
-		return CB_DROP_NAT_ERR;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	if (addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
+	iph = data + ETH_HLEN;
+	if ((void *)(iph + 1) > data_end || addr_off > ETH_HLEN + 16 || data + addr_off + 4 > data_end)
 		return CB_DROP_NAT_ERR;
+	/* The IPv4 checksum, as csum_replace4 (bpf_l3_csum_replace) computes it, without the
+	 * call: ~(~check + ~old_ip + ip) in 32-bit one's complement, folded. */
+	sum = ~(__u32)iph->check;
+	sum += ~old_ip;
+	sum += sum < ~old_ip;
+	sum += ip;
+	sum += sum < ip;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	iph->check = (__sum16)~sum;
 	*(__be32 *)(data + addr_off) = ip;
-	if (f->has_ports && port != old_port) {
+	if (ports && port != old_port) {
 		if (port_off > ETH_HLEN + 60 + 2 || data + port_off + 2 > data_end)
 			return CB_DROP_NAT_ERR;
 		*(__be16 *)(data + port_off) = port;
 	}
+	return 0;
+}
+
+/* cb_nat rewrites the destination (dst=1) or source address and port of an IPv4 packet
+ * whose identity is f (cb_nat_rewrite). Updates f. Returns 0 or a reason. */
+CB_INLINE int cb_nat(struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f, int dst,
+		     __be32 ip, __be16 port)
+{
+	int r;
+
+	r = cb_nat_rewrite(skb, p->l4_off, f->proto, f->has_ports, dst, dst ? f->daddr : f->saddr, ip,
+			   dst ? f->dport : f->sport, port);
+	if (r)
+		return r;
 	if (dst) {
 		f->daddr = ip;
 		f->dport = port;
@@ -680,32 +704,38 @@ static __noinline int cb_nat_icmp_client(struct __sk_buff *skb, struct cb_pkt *p
 	return r;
 }
 
-/* The keys of the fast path: the packet's tuple, and the service its destination would be. */
+/* The keys of the fast path: the packet's tuple, and the service its destination would be
+ * (or, for a service flow's packet, its backend's membership). */
 struct cb_fast_keys {
 	struct cb_ct_key ct;
-	struct cb_svc_key svc;
+	union {
+		struct cb_svc_key svc;
+		struct cb_member_key member;
+	};
 };
 
 /* cb_fast_pass decides, for cb_ipv4_fast, whether an unfragmented TCP or UDP packet (not
  * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (its
- * tuple may be left reversed), may skip cb_ipv4_from_container. With services on (lb), it must
- * be neither the reply of a service flow (cb_lb_reply's test) nor a packet of one (a
- * client→VIP entry under its tuple, or a service at its destination: cb_lb_forward's).
+ * tuple may be left reversed; e: the entry under it, never a client→VIP one with services
+ * on), may skip cb_ipv4_from_container. With services on (lb), it must not be addressed to
+ * a service (cb_lb_forward's test).
  * When the flow is tracked (a group with rules, or a pod with a NetworkPolicy entry, at
  * either end), a live entry of the current policy epoch that policy allowed and that is
  * nobody's service flow (flags exactly CB_CT_ALLOWED) must hold its tuple, either way; it
  * then does to that entry what cb_ct_check would (refresh; a first reply makes it
- * ESTABLISHED). Returns 1 to pass, or 0 having written nothing: the full stage decides. */
-CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, int tracked, int lb)
+ * ESTABLISHED). The reply of a service flow (not a hairpin's; no entry under its own
+ * tuple) to a client of net, whose flow entry is of the current policy epoch, is that
+ * entry's reply as cb_ct_check takes it: *rev is then the entry, whose VIP:port the
+ * caller restores as the packet's source. Returns 1 to pass, or 0 having written nothing:
+ * the full stage decides. */
+CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tracked, int lb, __u32 net,
+			   struct cb_ct_entry **rev)
 {
-	struct cb_ct_entry *e, *r = 0;
+	struct cb_ct_entry *r = 0;
 	__u64 now = cb_now();
 	__be32 a;
 	__be16 port;
 
-	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
-	if (lb && e && (e->flags & CB_CT_SVC))
-		return 0;
 	if (lb || !e) {
 		a = k->ct.saddr;
 		k->ct.saddr = k->ct.daddr;
@@ -716,8 +746,18 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, int tracked, int lb)
 		r = bpf_map_lookup_elem(&cb_ct, &k->ct);
 	}
 	if (lb) {
-		if (r && r->expires >= now && (r->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT))
-			return 0;
+		if (r && r->expires >= now && (r->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT)) {
+			/* A service flow's reply: only from a backend that is no hairpin, with no
+			 * entry of its own direction, to a client of net (where its destination was
+			 * looked up), and of the current policy epoch. */
+			if (e || r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || r->epoch != cb_policy_epoch || r->nat_net != net)
+				return 0;
+			if (r->state == CB_CTS_NEW)
+				r->state = CB_CTS_ESTABLISHED;
+			cb_ct_refresh(r, now + cb_ct_timeout(k->ct.proto, r->state));
+			*rev = r;
+			return 1;
+		}
 		if (bpf_map_lookup_elem(&cb_services, &k->svc))
 			return 0;
 	}

@@ -1006,6 +1006,15 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	}
 	if o.pass {
 		ip := res.out[14:]
+		// Every rewrite keeps the checksums right: the IPv4 header's always, a whole TCP or
+		// UDP datagram's too (the frames are built with valid ones).
+		if csum(ip[:20], 0) != 0 {
+			t.Fatalf("step %v: the packet left with a bad IPv4 checksum", s)
+		}
+		if n := int(binary.BigEndian.Uint16(ip[2:])); (s.proto == 6 || s.proto == 17) && s.frag == policy.FragNone &&
+			csum(ip[20:n], pseudo(netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), s.proto, n-20)) != 0 {
+			t.Fatalf("step %v: the packet left with a bad L4 checksum", s)
+		}
 		o.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), 0)
 		o.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), 0)
 		if (s.proto == 6 || s.proto == 17) && s.frag != policy.FragLater {
@@ -1170,8 +1179,14 @@ func (w *diffWorld) apply(s diffStep) string {
 				w.tally["pass_at_quota"]++ // an established flow of an endpoint at its quota
 			case dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
 				w.tally["pass_hairpin"]++
+			case (md.dst.Addr() == diffVIP || s.to == -1) && s.frag == policy.FragNone &&
+				(s.proto == 17 || s.proto == 6 && s.flags&(tcpSYN|tcpFIN|tcpRST) == 0):
+				w.tally["pass_dnat_est"]++ // what the service fast path (cb_svc_fast) may take
 			case md.dst.Addr() == diffVIP || s.to == -1:
 				w.tally["pass_dnat"]++
+			case dp.src.Addr() == diffVIP && s.frag == policy.FragNone &&
+				(s.proto == 17 || s.proto == 6 && s.flags&(tcpSYN|tcpFIN|tcpRST) == 0):
+				w.tally["pass_snat_est"]++ // a service's reply the fast path may take
 			case dp.src.Addr() == diffVIP:
 				w.tally["pass_snat"]++
 			default:

@@ -151,3 +151,122 @@ func TestFragBudget(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	first(limited+1).expect(t, tcActRedirect, FwdLocal)
 }
+
+// An established service flow's packets (cb_svc_fast) and its backend's replies
+// (cb_fast_pass's reply case) keep every state change and rewrite of the full stage: the
+// destination becomes backend:target (checksums right), the flow's entry is refreshed and
+// the client→VIP entry follows its deadline; a backend that is no longer a member is
+// replaced on the next packet; a policy change re-judges the flow; a reply leaves from
+// VIP:port and makes the flow ESTABLISHED.
+func TestServiceFastPath(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
+		{ID: "allow-8080", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
+	vip := netip.MustParseAddr("10.1.0.101")
+	putTestService(t, objs, 9, vip, 80, 6, 8080, localIP)
+	fc := objs.CbFromContainer
+	entries := func(backend netip.Addr) (svc, flow contivbpfCbCtEntry) {
+		t.Helper()
+		svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, 43000, 80)
+		flow, ok2 := ctEntry(t, objs, testZone, 6, srcIP, backend, 43000, 8080)
+		if !ok || !ok2 {
+			t.Fatalf("service entry found %v, flow entry found %v", ok, ok2)
+		}
+		return svc, flow
+	}
+	age := func(backend netip.Addr, d time.Duration) {
+		t.Helper()
+		for _, k := range []contivbpfCbCtKey{
+			{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(vip), Sport: nport(43000), Dport: nport(80), Proto: 6},
+			{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(backend), Sport: nport(43000), Dport: nport(8080), Proto: 6}} {
+			var e contivbpfCbCtEntry
+			if err := objs.CbCt.Lookup(&k, &e); err != nil {
+				t.Fatal(err)
+			}
+			e.Expires -= uint64(d)
+			if err := objs.CbCt.Put(&k, &e); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send := func(flags uint8) runResult {
+		t.Helper()
+		return run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, flags, 0), nil)
+	}
+	r := send(tcpSYN)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if _, dst, _, dport := checkSums(t, r.out); dst != localIP || dport != 8080 {
+		t.Fatalf("the SYN went to %v:%d, want %v:8080", dst, dport, localIP)
+	}
+
+	// An ACK 20 s later: to the backend, both entries back to the flow's full timeout.
+	age(localIP, 20*time.Second)
+	r = send(tcpACK)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if _, dst, sport, dport := checkSums(t, r.out); dst != localIP || sport != 43000 || dport != 8080 {
+		t.Fatalf("the ACK went to %v:%d from port %d, want %v:8080 from 43000", dst, dport, sport, localIP)
+	}
+	svc, flow := entries(localIP)
+	if rem := remaining(t, flow); rem < 55*time.Second || svc.Expires != flow.Expires {
+		t.Fatalf("after the ACK: flow entry %v left, service entry deadline %d vs flow's %d; want ~60 s and equal", rem, svc.Expires, flow.Expires)
+	}
+	if flow.State != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Fatalf("a client's ACK moved the flow to state %d, want NEW", flow.State)
+	}
+
+	// The backend's reply (sent from its own interface) leaves from VIP:80 and makes the
+	// flow ESTABLISHED.
+	client, err := objs.ifaceTable().lookup(uint32(loIfindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := client
+	backend.Ip, backend.Epg, backend.Slot = ip4(localIP), 20, 0
+	copy(backend.Mac[:], dataplane.ContivMAC(localIP))
+	setIfc := func(ifc contivbpfCbIface) {
+		t.Helper()
+		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setIfc(backend)
+	age(localIP, 20*time.Second)
+	r = run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, 43000, tcpACK, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if src, dst, sport, dport := checkSums(t, r.out); src != vip || sport != 80 || dst != srcIP || dport != 43000 {
+		t.Fatalf("the reply left as %v:%d → %v:%d, want %v:80 → %v:43000", src, sport, dst, dport, vip, srcIP)
+	}
+	if _, flow = entries(localIP); flow.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) || remaining(t, flow) < 5*time.Hour {
+		t.Fatalf("after the reply: %+v, want ESTABLISHED for 6 h", flow)
+	}
+	setIfc(client)
+
+	// The backend leaves the service (another takes its place): the next packet goes to
+	// the new one.
+	if err := objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 9, Ip: ip4(localIP)}); err != nil {
+		t.Fatal(err)
+	}
+	putTestService(t, objs, 9, vip, 80, 6, 8080, remoteIP)
+	r = send(tcpACK)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if svc, _ := entries(remoteIP); svc.NatIp != ip4(remoteIP) {
+		t.Fatalf("the service entry still names backend %v", svc.NatIp)
+	}
+	send(tcpACK).expect(t, tcActRedirect, FwdTunnel)
+
+	// A policy change: the flow is judged again on its next packet (group 10 now refuses
+	// TCP 8080 out) and its entry goes.
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 10, Rules: []dataplane.PolicyRule{
+		{ID: "no-8080-out", Priority: 9, Proto: 6, Port: 8080, Action: dataplane.ActionDeny}}})
+	var epoch uint32
+	if err := objs.CbPolicyEpoch.Get(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	setEpoch(t, objs, epoch+1)
+	send(tcpACK).expect(t, tcActShot, DropPolicy)
+	if _, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 43000, 8080); ok {
+		t.Fatal("the denied service flow kept its entry")
+	}
+}
