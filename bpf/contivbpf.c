@@ -500,13 +500,14 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
 
 /* cb_svc_fast takes, for cb_ipv4_fast, a packet of an established service flow (svc: the
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
- * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when it is not a
- * hairpin flow's reply (the full stage asks that first), the entry is live and its backend
- * still a member, the flow is no hairpin, and the flow's own entry (client→backend) is
- * live, of the current policy epoch, allowed and a service flow's of this VIP and network
- * with nothing else (flags exactly ALLOWED and DNAT), and the backend is an endpoint: the
- * destination becomes the backend, the flow's entry is refreshed and the client→VIP entry
- * follows its deadline. Otherwise CB_SLOW, nothing changed. */
+ * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
+ * live and not shadowed (no service flow's entry under the reverse tuple can make the
+ * packet a reply: cb_ct_shadow), its backend still a member and not the client itself,
+ * the flow's own entry (client→backend) live, of the current policy epoch, allowed and a
+ * service flow's of this VIP and network with nothing else (flags exactly ALLOWED and
+ * DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
+ * entry is refreshed and the client→VIP entry follows its deadline. Otherwise CB_SLOW,
+ * nothing changed. */
 CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_fast_keys *k,
 			  struct cb_ct_entry *svc)
 {
@@ -520,14 +521,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	__u32 bnet = svc->nat_net;
 	int r;
 
-	if (svc->expires < now || (backend == client && bnet == ifc->net))
-		return CB_SLOW;
-	k->ct.saddr = vip;
-	k->ct.daddr = client;
-	k->ct.sport = vport;
-	k->ct.dport = cport;
-	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
-	if (e && e->expires >= now && (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT))
+	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
 		return CB_SLOW;
 	k->member.svc_id = svc->svc_id;
 	k->member.ip = backend;

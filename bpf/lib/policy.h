@@ -447,12 +447,38 @@ CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
-/* cb_ct_mark_dnat records in a flow's forward entry that it is a service flow (the VIP to
- * restore on replies): also when a direct flow on the same tuple made the entry first. */
-CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_track *t)
+/* cb_ct_shadow marks the client→VIP entry under the reverse of k, if there is one, when a
+ * service flow's entry (DNAT) takes key k: that flow's packets may now also be this one's
+ * replies, which the full stage asks about first (cb_lb_reply) and cb_svc_fast does not.
+ * (A client→VIP entry made later never needs it: the full stage makes one only for a
+ * packet that is no such reply.) The mark stays: it only sends packets to the full stage. */
+static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
+{
+	struct cb_ct_key r = {};
+	struct cb_ct_entry *e;
+
+	if (!k)
+		return;
+	r.zone = k->zone;
+	r.saddr = k->daddr;
+	r.daddr = k->saddr;
+	r.sport = k->dport;
+	r.dport = k->sport;
+	r.proto = k->proto;
+	e = bpf_map_lookup_elem(&cb_ct, &r);
+	if (e && (e->flags & CB_CT_SVC) && !(e->flags & CB_CT_SHADOW))
+		e->flags |= CB_CT_SHADOW;
+}
+
+/* cb_ct_mark_dnat records in a flow's forward entry (under k) that it is a service flow
+ * (the VIP to restore on replies): also when a direct flow on the same tuple made the
+ * entry first. */
+CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k, const struct cb_track *t)
 {
 	if (!t->svc)
 		return;
+	if (!(e->flags & CB_CT_DNAT))
+		cb_ct_shadow(k);
 	e->flags |= CB_CT_DNAT;
 	if (t->hairpin)
 		e->flags |= CB_CT_HAIRPIN;
@@ -524,6 +550,17 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 	return 0;
 }
 
+/* cb_ct_open_svc is cb_ct_open, then a service flow's new entry shadows (cb_ct_shadow):
+ * the two calls side by side, not one under the other (the stack is short). */
+CB_INLINE int cb_ct_open_svc(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+{
+	int r = cb_ct_open(k, f, t, now);
+
+	if (!r && t->svc)
+		cb_ct_shadow(k);
+	return r;
+}
+
 /* cb_ct_related says whether ICMP error f (quoting t->inner) belongs to a live flow: an
  * error from the quoted packet's destination back to its sender passes (and is un-NATed:
  * t->rev_nat) as part of that flow, without touching its state. A third party quoting
@@ -573,7 +610,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
 		if (e && e->state == CB_CTS_NEW && e->epoch == epoch && (t->svc || !(e->flags & CB_CT_DNAT))) {
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
-			cb_ct_mark_dnat(e, t);
+			cb_ct_mark_dnat(e, &k, t);
 			t->entry = e;
 			return 0;
 		}
@@ -586,7 +623,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		 * not take the flow's entry over: the clash stays the client's own. */
 		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
 			return 0;
-		return cb_ct_open(&k, f, t, now);
+		return cb_ct_open_svc(&k, f, t, now);
 	}
 	if (!e) {
 		cb_ct_key_of(&k, t->zone, f, 1);
@@ -609,7 +646,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		t->entry = e;
 		if (!reply)
-			cb_ct_mark_dnat(e, t);
+			cb_ct_mark_dnat(e, &k, t);
 		else if (e->flags & CB_CT_DNAT)
 			t->rev_nat = e;
 		return 0;
@@ -625,7 +662,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (!opener)
 		return 0;
 	cb_ct_key_of(&k, t->zone, f, 0);
-	return cb_ct_open(&k, f, t, now);
+	return cb_ct_open_svc(&k, f, t, now);
 }
 
 /* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs

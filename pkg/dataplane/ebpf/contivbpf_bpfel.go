@@ -96,6 +96,7 @@ const (
 	contivbpfCbCtFlagsCB_CT_DNAT     contivbpfCbCtFlags = 4
 	contivbpfCbCtFlagsCB_CT_HAIRPIN  contivbpfCbCtFlags = 8
 	contivbpfCbCtFlagsCB_CT_NODEPORT contivbpfCbCtFlags = 16
+	contivbpfCbCtFlagsCB_CT_SHADOW   contivbpfCbCtFlags = 32
 )
 
 type contivbpfCbCtKey struct {

@@ -270,3 +270,37 @@ func TestServiceFastPath(t *testing.T) {
 		t.Fatal("the denied service flow kept its entry")
 	}
 }
+
+// A client that is its own backend can make one tuple both a service flow's packet and
+// its hairpin flow's reply: the full stage takes it as the reply (cb_lb_reply first). The
+// hairpin flow's entry marks the service flow's client→VIP entry (CB_CT_SHADOW), so the
+// service fast path leaves such packets to the full stage.
+func TestServiceFastPathShadow(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.102")
+	putTestService(t, objs, 11, vip, 80, 6, 8080, srcIP)      // the client serves VIP:80 itself
+	putTestService(t, objs, 12, vip, 5000, 6, 5000, remoteIP) // VIP:5000 is another host's
+	fc := objs.CbFromContainer
+	// The service flow src:8080 → VIP:5000, then the hairpin flow src:5000 → VIP:80 →
+	// src:8080, whose balanced packet is VIP:5000 → src:8080.
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 5000, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	if svc, _ := ctEntry(t, objs, testZone, 6, srcIP, vip, 8080, 5000); svc.Flags&uint8(contivbpfCbCtFlagsCB_CT_SHADOW) != 0 {
+		t.Fatalf("a service entry with nothing under its reverse tuple is shadowed: %+v", svc)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 5000, tcpACK, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	r := run(t, objs, fc, l4Frame(6, srcIP, vip, 5000, 80, tcpSYN, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if src, dst, sport, dport := checkSums(t, r.out); src != vip || sport != 5000 || dst != srcIP || dport != 8080 {
+		t.Fatalf("the hairpin SYN left as %v:%d → %v:%d, want %v:5000 → %v:8080", src, sport, dst, dport, vip, srcIP)
+	}
+	if svc, _ := ctEntry(t, objs, testZone, 6, srcIP, vip, 8080, 5000); svc.Flags&uint8(contivbpfCbCtFlagsCB_CT_SHADOW) == 0 {
+		t.Fatalf("the hairpin flow's entry did not shadow the service entry under its reverse tuple: %+v", svc)
+	}
+	// src:8080 → VIP:5000 is now the hairpin flow's reply: back to src:5000 from VIP:80.
+	r = run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 5000, tcpACK, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if src, dst, sport, dport := checkSums(t, r.out); src != vip || sport != 80 || dst != srcIP || dport != 5000 {
+		t.Fatalf("the hairpin reply left as %v:%d → %v:%d, want %v:80 → %v:5000", src, sport, dst, dport, vip, srcIP)
+	}
+}
