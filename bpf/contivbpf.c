@@ -127,7 +127,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		t.inner = &p.inner;
 	if (net->gateway && f.daddr == net->gateway) {
 		if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
-			return cb_gw_echo_reply(skb, &p, ifc);
+			return cb_echo_reply(skb, &p, ifc, CB_ICMP_GW_REPLY);
 		cfg = cb_get_config();
 		if (cfg && cfg->dns_ip && f.proto == CB_PROTO_UDP && f.dport == bpf_htons(53) &&
 		    p.frag == CB_FRAG_NONE) {
@@ -430,6 +430,14 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!ep) {
 		if (t.svc || t.svc_reply)
 			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+		/* A VIP of the tenant is no endpoint and no address beyond the network: pinged, it
+		 * answers (whole echo requests; as the gateway does, before policy); anything else
+		 * to it (a port or protocol without a service) goes nowhere, never out. */
+		if ((features & CB_FEAT_LB) && cb_is_vip(t.zone, f.daddr)) {
+			if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
+				return cb_echo_reply(skb, &p, ifc, CB_ICMP_VIP_REPLY);
+			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+		}
 		return CB_OUTSIDE;
 	}
 

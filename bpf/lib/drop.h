@@ -23,6 +23,7 @@ enum cb_reason {
 	CB_FWD_NODEPORT = 11,      /* from outside to a node port: balanced to a local backend */
 	CB_FWD_NODEPORT_REPLY = 12, /* a backend's reply to a node port client: out of the egress device */
 	CB_FWD_NATIVE = 13,        /* routed out of the uplink to a BGP-learned next hop (native.h) */
+	CB_ICMP_VIP_REPLY = 14,    /* ICMP echo to a service VIP of the sender's tenant answered in place */
 	/* drops 32..: the packet was discarded */
 	CB_DROP_MIN = 32,
 	CB_DROP_MALFORMED_ETH = 32, /* frame shorter than an Ethernet header */

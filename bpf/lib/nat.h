@@ -375,9 +375,11 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	return r;
 }
 
-/* cb_gw_echo_reply turns an ICMP echo request to the gateway into its reply, in place, and
- * sends it back to the endpoint. */
-static __noinline int cb_gw_echo_reply(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_iface *ifc)
+/* cb_echo_reply turns an ICMP echo request to an address this datapath answers for (the
+ * gateway, a service VIP) into its reply, in place, from the router MAC, and sends it back
+ * to the endpoint, counted as reason. */
+static __noinline int cb_echo_reply(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_iface *ifc,
+				    __u32 reason)
 {
 	struct cb_config *cfg = cb_get_config();
 	__u32 off = p ? p->l4_off : 0;
@@ -404,6 +406,6 @@ static __noinline int cb_gw_echo_reply(struct __sk_buff *skb, const struct cb_pk
 	ip->daddr = a;
 	cb_mac_copy(eth->h_dest, ifc->mac);
 	cb_mac_copy(eth->h_source, cfg->gw_mac);
-	cb_count(skb, CB_ICMP_GW_REPLY);
+	cb_count(skb, reason);
 	return bpf_redirect(skb->ifindex, 0);
 }

@@ -51,6 +51,9 @@ const (
 	protoICMP uint8 = 1
 	protoTCP  uint8 = 6
 	protoUDP  uint8 = 17
+
+	icmpEchoReply   uint8 = 0
+	icmpEchoRequest uint8 = 8
 )
 
 // ModelPacket is one IPv4 packet as the datapath's policy/CT/LB stages see it.
@@ -83,6 +86,9 @@ type ModelResult struct {
 	QuotedDst netip.AddrPort
 	QuotedSrc netip.AddrPort
 	Tracked   bool // the packet went through conntrack (or the fragment table)
+	// EchoReply: an ICMP echo request to a VIP, answered in place (from the VIP to its
+	// sender), before policy and conntrack.
+	EchoReply bool
 }
 
 // ModelService is one VIP:port/proto of a service in a zone.
@@ -636,7 +642,7 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	k := FlowKey{Zone: p.Zone, Src: p.Src, Dst: p.Dst, Proto: p.Proto}
 	switch {
 	case p.Proto == protoTCP || p.Proto == protoUDP,
-		p.Proto == protoICMP && (p.ICMPType == 0 || p.ICMPType == 8):
+		p.Proto == protoICMP && (p.ICMPType == icmpEchoReply || p.ICMPType == icmpEchoRequest):
 		k.Sport, k.Dport = p.Sport, p.Dport
 	}
 
@@ -684,8 +690,12 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		}
 	}
 
-	// A VIP is no endpoint: what is neither balanced nor a reply has nowhere to go.
+	// A VIP is no endpoint: what is neither balanced nor a reply has nowhere to go, but a
+	// whole echo request from a local endpoint is answered, as the gateway answers it.
 	if !isSvc && !isReplyFirst && m.isVIP(k.Zone, k.Dst) {
+		if p.FromLocal && p.Proto == protoICMP && p.ICMPType == icmpEchoRequest && p.Frag == FragNone {
+			return ModelResult{Pass: true, EchoReply: true}
+		}
 		return ModelResult{Reason: DropUnknownDst}
 	}
 	rev, replyDNAT := m.flow(k.Reverse())

@@ -354,7 +354,7 @@ func newTenantPair(t *testing.T, e *Env) *tenantPair {
 }
 
 // crossTenantVIP: two tenants with overlapping subnets on host 1. A VIP answers (ARP,
-// DNAT) only its own tenant, even when the other skips ARP; the other tenant may own the
+// ping, DNAT) only its own tenant, even when the other skips ARP; the other tenant may own the
 // same VIP:port. The subtests are ordered steps of this one scenario, not scenarios of
 // their own: other-tenant-no-dnat forges the VIP MAC that own-tenant-reaches-vip
 // resolved, and the backends' accept counts add up over the steps.
@@ -375,6 +375,14 @@ func crossTenantVIP(t *testing.T, e *Env) {
 	PingOK(t, p.y1.NS, p.y2.EP.IP.String(), 3) // t2 works on its own
 
 	t.Run("own-tenant-reaches-vip", func(t *testing.T) { dialEcho(t, p.x1.NS, vipAddr) })
+	t.Run("own-tenant-pings-vip", func(t *testing.T) {
+		// The VIP answers its tenant's pings; a port without a service goes nowhere.
+		PingOK(t, p.x1.NS, p.vip.String(), 3)
+		if conn, err := DialTCPTimeout(p.x1.NS, net.JoinHostPort(p.vip.String(), "81"), time.Second); err == nil {
+			conn.Close()
+			t.Errorf("a connection to the VIP's port 81 (no service) was accepted")
+		}
+	})
 	vipMAC, err := neighMAC(p.x1.NS, p.vip)
 	if err != nil {
 		t.Fatal(err)
@@ -393,6 +401,7 @@ func crossTenantVIP(t *testing.T, e *Env) {
 		if err := setNeigh(p.y1.NS, p.vip, vipMAC); err != nil {
 			t.Fatal(err)
 		}
+		PingFails(t, p.y1.NS, p.vip.String())
 		if conn, err := DialTCPTimeout(p.y1.NS, vipAddr, time.Second); err == nil {
 			conn.Close()
 			t.Errorf("t2 container connected to t1's VIP")

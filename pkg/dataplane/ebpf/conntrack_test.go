@@ -1,7 +1,9 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -423,6 +425,50 @@ func TestConntrackICMPRelated(t *testing.T) {
 			t.Errorf("time exceeded quotes %v, want the VIP", q)
 		}
 	})
+}
+
+// A VIP outside the client's network (Contiv takes VIPs from a network of their own) is
+// the tenant's: pinged, it answers in place (icmp_vip_reply, from the VIP, checksums
+// right); a port or protocol without a service, or a fragmented ping, goes nowhere
+// (drop_unknown_dst), never out as traffic to the outside; another tenant's VIP is just an
+// address outside for this one.
+func TestVIPAnswers(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.96.0.10")
+	putTestService(t, objs, 1, vip, 80, 6, 8080, localIP)
+	fc := objs.CbFromContainer
+
+	ping := icmpEcho(srcIP, vip, 8, 7)
+	r := run(t, objs, fc, ping, nil)
+	r.expect(t, tcActRedirect, ICMPVIPReply)
+	ip := r.out[14:]
+	if src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])); src != vip || dst != srcIP || ip[20] != 0 {
+		t.Fatalf("the answer is type %d from %v to %v, want an echo reply (0) from %v to %v", ip[20], src, dst, vip, srcIP)
+	}
+	if n := int(binary.BigEndian.Uint16(ip[2:])); csum(ip[:20], 0) != 0 || csum(ip[20:n], 0) != 0 {
+		t.Fatal("the echo reply's checksums are wrong")
+	}
+	if !bytes.Equal(r.out[:6], dataplane.ContivMAC(srcIP)) {
+		t.Fatalf("the echo reply goes to MAC %v, want the sender's", net.HardwareAddr(r.out[:6]))
+	}
+
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 81, tcpSYN, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	run(t, objs, fc, l4Frame(17, srcIP, vip, 43000, 80, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	run(t, objs, fc, l4Frame(47, srcIP, vip, 0, 0, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
+	frag := icmpEcho(srcIP, vip, 8, 7)
+	binary.BigEndian.PutUint16(frag[14+6:], 0x2000) // more fragments: a first fragment
+	binary.BigEndian.PutUint16(frag[14+10:], 0)
+	binary.BigEndian.PutUint16(frag[14+10:], csum(frag[14:34], 0))
+	run(t, objs, fc, frag, nil).expect(t, tcActShot, DropUnknownDst)
+	// The service port itself still balances.
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+
+	// Another tenant: the VIP is not its own, the packet is traffic to the outside (no
+	// egress here: refused at the gateway).
+	setZone(t, objs, testZone+1)
+	run(t, objs, fc, ping, nil).expect(t, tcActShot, DropToGateway)
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 81, tcpSYN, 0), nil).expect(t, tcActShot, DropToGateway)
 }
 
 // Hairpin: a client balanced to itself gets its packet from the VIP (not from its own

@@ -421,6 +421,7 @@ const (
 	contivbpfCbReasonCB_FWD_NODEPORT            contivbpfCbReason = 11
 	contivbpfCbReasonCB_FWD_NODEPORT_REPLY      contivbpfCbReason = 12
 	contivbpfCbReasonCB_FWD_NATIVE              contivbpfCbReason = 13
+	contivbpfCbReasonCB_ICMP_VIP_REPLY          contivbpfCbReason = 14
 	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
 	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33

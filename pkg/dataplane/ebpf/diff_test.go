@@ -433,7 +433,9 @@ func (g *diffGen) pkt() diffStep {
 		s.proto = 47
 		s.sport, s.dport = 0, 0
 	}
-	if s.to == -1 && s.proto != 6 && s.proto != 17 {
+	if s.to == -1 && s.proto == 1 && s.flags == 8 {
+		s.dport = s.sport // a ping of the VIP (answered)
+	} else if s.to == -1 && s.proto != 6 && s.proto != 17 {
 		s.proto, s.flags, s.sport, s.dport = 17, 0, g.port(), 80 // a VIP is only a TCP/UDP service
 	}
 	if s.proto != 1 && s.proto != 47 && g.r.IntN(8) == 0 {
@@ -1078,6 +1080,9 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		sp, dp = 0, 0
 	}
 	o.src, o.dst = netip.AddrPortFrom(from.ip, sp), netip.AddrPortFrom(dst, dp)
+	if r.EchoReply {
+		o.src, o.dst = o.dst, o.src
+	}
 	if r.DNAT.IsValid() {
 		o.dst = r.DNAT
 	}
@@ -1177,6 +1182,8 @@ func (w *diffWorld) apply(s diffStep) string {
 				w.tally[dp.reason]++
 			case atQuota:
 				w.tally["pass_at_quota"]++ // an established flow of an endpoint at its quota
+			case s.proto == 1 && s.to == -1:
+				w.tally["icmp_vip_reply"]++
 			case dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
 				w.tally["pass_hairpin"]++
 			case (md.dst.Addr() == diffVIP || s.to == -1) && s.frag == policy.FragNone &&

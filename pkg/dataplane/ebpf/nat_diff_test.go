@@ -150,7 +150,7 @@ func (w *natWorld) frame(s natStep) []byte {
 		if s.kind == "in" {
 			typ = 0
 		}
-		f = echoFrame(src, dst, typ, s.sport)
+		f = icmpEcho(src, dst, typ, s.sport)
 	case 6, 17:
 		frag := uint16(0)
 		if s.frag {

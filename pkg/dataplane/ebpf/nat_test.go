@@ -166,7 +166,7 @@ func TestEgressNAT(t *testing.T) {
 
 func TestEgressICMP(t *testing.T) {
 	objs := natFixture(t, 64)
-	r := run(t, objs, objs.CbFromContainer, echoFrame(srcIP, worldIP, 8, 0x1234), nil)
+	r := run(t, objs, objs.CbFromContainer, icmpEcho(srcIP, worldIP, 8, 0x1234), nil)
 	r.expect(t, tcActRedirect, FwdEgress)
 	ip := r.out[14:]
 	if netip.AddrFrom4([4]byte(ip[12:16])) != hostIP || csum(ip[:20], 0) != 0 || csum(ip[20:36], 0) != 0 {
@@ -177,7 +177,7 @@ func TestEgressICMP(t *testing.T) {
 		t.Fatalf("echo id %d not from the NAT range", id)
 	}
 	t.Run("reply", func(t *testing.T) {
-		r := run(t, objs, objs.CbFromUplink, echoFrame(worldIP, hostIP, 0, id), nil)
+		r := run(t, objs, objs.CbFromUplink, icmpEcho(worldIP, hostIP, 0, id), nil)
 		r.expect(t, tcActRedirect, FwdEgressReply)
 		ip := r.out[14:]
 		if netip.AddrFrom4([4]byte(ip[16:20])) != srcIP || binary.BigEndian.Uint16(ip[24:]) != 0x1234 || csum(ip[:20], 0) != 0 || csum(ip[20:36], 0) != 0 {
@@ -200,7 +200,7 @@ func TestEgressICMP(t *testing.T) {
 	t.Run("error-about-echo", func(t *testing.T) {
 		// Time exceeded about the echo as it left (from the host's address, the NAT id):
 		// back to the endpoint about its own echo, the quoted echo's checksum fixed.
-		quote := echoFrame(hostIP, worldIP, 8, id)[14 : 14+20+8]
+		quote := icmpEcho(hostIP, worldIP, 8, id)[14 : 14+20+8]
 		router := netip.MustParseAddr("203.0.113.1")
 		r := run(t, objs, objs.CbFromUplink, icmpErrorQuoting(router, hostIP, 11, quote), nil)
 		r.expect(t, tcActRedirect, FwdEgressReply)
@@ -209,7 +209,7 @@ func TestEgressICMP(t *testing.T) {
 		if src != router || q.Addr() != worldIP || netip.AddrFrom4([4]byte(inner[12:16])) != srcIP || binary.BigEndian.Uint16(inner[24:]) != 0x1234 {
 			t.Errorf("error delivered: from %v quoting %v → %v id %#x", src, netip.AddrFrom4([4]byte(inner[12:16])), q.Addr(), binary.BigEndian.Uint16(inner[24:]))
 		}
-		if want := echoFrame(srcIP, worldIP, 8, 0x1234)[14+20+2 : 14+20+4]; inner[22] != want[0] || inner[23] != want[1] {
+		if want := icmpEcho(srcIP, worldIP, 8, 0x1234)[14+20+2 : 14+20+4]; inner[22] != want[0] || inner[23] != want[1] {
 			t.Errorf("quoted echo checksum %x, want %x", inner[22:24], want)
 		}
 	})
@@ -264,7 +264,7 @@ func TestEgressEdges(t *testing.T) {
 		}
 	})
 	t.Run("gateway-ping", func(t *testing.T) {
-		r := run(t, objs, fc, echoFrame(srcIP, gwIP, 8, 77), nil)
+		r := run(t, objs, fc, icmpEcho(srcIP, gwIP, 8, 77), nil)
 		r.expect(t, tcActRedirect, ICMPGatewayReply)
 		ip := r.out[14:]
 		if ip[20] != 0 || netip.AddrFrom4([4]byte(ip[12:16])) != gwIP || netip.AddrFrom4([4]byte(ip[16:20])) != srcIP || csum(ip[20:36], 0) != 0 || csum(ip[:20], 0) != 0 {
@@ -312,13 +312,6 @@ func TestEgressPolicy(t *testing.T) {
 	if r := run(t, objs, objs.CbFromUplink, l4Frame(17, remoteIP, hostIP, 53, p, 0, 0), nil); r.ret != tcxNext {
 		t.Errorf("verdict %#x for a stranger", r.ret)
 	}
-}
-
-// echoFrame is icmpEcho with a valid IPv4 header checksum.
-func echoFrame(src, dst netip.Addr, typ uint8, id uint16) []byte {
-	f := icmpEcho(src, dst, typ, id)
-	binary.BigEndian.PutUint16(f[14+10:], csum(f[14:34], 0))
-	return f
 }
 
 func TestEgressNATGC(t *testing.T) {

@@ -86,7 +86,8 @@ func checkSums(t *testing.T, f []byte) (src, dst netip.Addr, sport, dport uint16
 	return src, dst, binary.BigEndian.Uint16(l4[0:]), binary.BigEndian.Uint16(l4[2:])
 }
 
-// icmpEcho builds an ICMP echo request (typ 8) or reply (0) with the given id.
+// icmpEcho builds an ICMP echo request (typ 8) or reply (0) with the given id, checksums
+// valid.
 func icmpEcho(src, dst netip.Addr, typ uint8, id uint16) []byte {
 	icmp := make([]byte, 16)
 	icmp[0] = typ
@@ -94,6 +95,7 @@ func icmpEcho(src, dst netip.Addr, typ uint8, id uint16) []byte {
 	binary.BigEndian.PutUint16(icmp[2:], csum(icmp, 0))
 	ip := ipv4Pkt(src, dst, icmp, ipOpts{})
 	ip[9] = 1
+	binary.BigEndian.PutUint16(ip[10:], csum(ip[:20], 0))
 	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
 }
 

@@ -22,6 +22,7 @@ const (
 	FwdNodePortReply      = Reason(contivbpfCbReasonCB_FWD_NODEPORT_REPLY)
 	FwdDNS                = Reason(contivbpfCbReasonCB_FWD_DNS)
 	FwdNative             = Reason(contivbpfCbReasonCB_FWD_NATIVE)
+	ICMPVIPReply          = Reason(contivbpfCbReasonCB_ICMP_VIP_REPLY)
 	DropMalformedEth      = Reason(contivbpfCbReasonCB_DROP_MALFORMED_ETH)
 	DropUnknownIface      = Reason(contivbpfCbReasonCB_DROP_UNKNOWN_IFACE)
 	DropNotIPv4           = Reason(contivbpfCbReasonCB_DROP_NOT_IPV4)
@@ -84,6 +85,7 @@ var reasonNames = map[Reason]string{
 	FwdNodePortReply:      "fwd_nodeport_reply",
 	FwdDNS:                "fwd_dns",
 	FwdNative:             "fwd_native",
+	ICMPVIPReply:          "icmp_vip_reply",
 	DropMalformedEth:      "drop_malformed_eth",
 	DropUnknownIface:      "drop_unknown_iface",
 	DropNotIPv4:           "drop_not_ipv4",

@@ -48,7 +48,8 @@ func pipelineFields() (plain, masked []string) {
 		plain = append(plain, fmt.Sprintf("NXM_NX_REG%d", i))
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
-		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK")
+		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK",
+		"NXM_OF_IP_SRC", "NXM_OF_IP_DST", "NXM_OF_ICMP_TYPE")
 	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK", "NXM_NX_IP_FRAG"}
 }
 
@@ -247,12 +248,14 @@ func (f *flow) ctState(text string, set, unset []int) *flow {
 
 // IP fragment matches (nw_frag): bit 0 set for any fragment, bit 1 for a later one.
 const (
+	fragNone  = "no"
 	fragAny   = "yes"
 	fragFirst = "first"
 	fragLater = "later"
 )
 
-// nwFrag matches fragments: fragAny (first or later), fragFirst or fragLater.
+// nwFrag matches fragments: fragAny (first or later), fragFirst or fragLater; or, with
+// fragNone, a packet that is no fragment.
 func (f *flow) nwFrag(which string) *flow {
 	h := f.hdr("NXM_NX_IP_FRAG/mask")
 	if h == nil {
@@ -260,6 +263,8 @@ func (f *flow) nwFrag(which string) *flow {
 	}
 	v, mask := byte(1), byte(1)
 	switch which {
+	case fragNone:
+		v = 0
 	case fragFirst:
 		v, mask = 1, 3
 	case fragLater:
@@ -268,6 +273,16 @@ func (f *flow) nwFrag(which string) *flow {
 	h.Value = &of.ByteArrayField{Data: []byte{v}, Length: 1}
 	h.Mask = &of.ByteArrayField{Data: []byte{mask}, Length: 1}
 	return f.m(h, "nw_frag="+which)
+}
+
+// icmpType matches the ICMP type (the flow must match ICMP).
+func (f *flow) icmpType(typ uint8) *flow {
+	h := f.hdr("NXM_OF_ICMP_TYPE")
+	if h == nil {
+		return f
+	}
+	h.Value = &of.ByteArrayField{Data: []byte{typ}, Length: 1}
+	return f.m(h, fmt.Sprintf("icmp_type=%d", typ))
 }
 
 // ctMark matches the conntrack mark's bits in mask.

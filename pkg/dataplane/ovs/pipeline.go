@@ -649,7 +649,7 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 	if !ok {
 		return nil, nil, nil
 	}
-	flows := []*flow{pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP))}
+	flows := []*flow{pl.arpResponderVRF(v, s.VIP, dataplane.ContivMAC(s.VIP)), pl.echoResponderVRF(v, s.VIP)}
 	if hz, ok := hairpinZone(v); ok {
 		// Replies of hairpin connections come back to the VIP: undo the SNAT first.
 		flows = append(flows, pl.newFlow(tConntrack, 20).ip().reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).
@@ -869,6 +869,21 @@ func (pl *pipeline) arpResponder(key uint32, ip netip.Addr, mac net.HardwareAddr
 // arpResponderVRF answers for ip to requesters of one tenant (service VIPs).
 func (pl *pipeline) arpResponderVRF(vrf uint32, ip netip.Addr, mac net.HardwareAddr) *flow {
 	return arpReply(pl.newFlow(tARP, 90).reg(regVRF, vrf).arpOp(1).arpTPA(ip), ip, mac)
+}
+
+// echoResponderVRF answers a whole ICMP echo request to ip (a service VIP) from a local
+// endpoint of one tenant, in place: from ip and the router MAC, back out the port it came
+// in (OVS fixes the checksums of the fields it sets). Before conntrack and policy, as the
+// eBPF datapath answers it (icmp_vip_reply).
+func (pl *pipeline) echoResponderVRF(vrf uint32, ip netip.Addr) *flow {
+	return pl.newFlow(tARP, 90).reg(regVRF, vrf).ip().regBits(regFlags, 0, 0, 0).ipDst(netip.PrefixFrom(ip, 32)).
+		proto(1).nwFrag(fragNone).icmpType(8).
+		move("NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", 48).
+		setEthSrc(dataplane.RouterMAC).
+		move("NXM_OF_IP_SRC", "NXM_OF_IP_DST", 32).
+		loadField("NXM_OF_IP_SRC", 32, uint64(ipU32(ip)), "load:"+ip.String()+"->NXM_OF_IP_SRC[]").
+		loadField("NXM_OF_ICMP_TYPE", 8, 0, "load:0->NXM_OF_ICMP_TYPE[]").
+		output(of.P_IN_PORT)
 }
 
 func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
