@@ -116,6 +116,16 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	net = bpf_map_lookup_elem(&cb_networks, &nk);
 	if (!net)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
+	/* A VIP of the tenant is no address beyond the network: pinged, it answers (whole echo
+	 * requests; as the gateway does, before policy); anything else to it (a port or
+	 * protocol without a service) goes nowhere, never out. (Here, after the node port
+	 * stage: the reply of a node port flow goes to an outside client even if its address
+	 * is one of the tenant's VIPs.) */
+	if ((cb_features & CB_FEAT_LB) && cb_is_vip(ifc->vrf, f.daddr)) {
+		if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
+			return cb_echo_reply(skb, &p, ifc, CB_ICMP_VIP_REPLY);
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	}
 	/* Flows out of the network are judged by the endpoint's group as flows to an address
 	 * of no group (its out-rules with addresses and ports decide). */
 	t.zone = ifc->vrf;
@@ -430,14 +440,6 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!ep) {
 		if (t.svc || t.svc_reply)
 			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-		/* A VIP of the tenant is no endpoint and no address beyond the network: pinged, it
-		 * answers (whole echo requests; as the gateway does, before policy); anything else
-		 * to it (a port or protocol without a service) goes nowhere, never out. */
-		if ((features & CB_FEAT_LB) && cb_is_vip(t.zone, f.daddr)) {
-			if (f.proto == CB_PROTO_ICMP && f.icmp_type == CB_ICMP_ECHO && p.frag == CB_FRAG_NONE)
-				return cb_echo_reply(skb, &p, ifc, CB_ICMP_VIP_REPLY);
-			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-		}
 		return CB_OUTSIDE;
 	}
 

@@ -147,6 +147,17 @@ CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, const struct cb_flo
 	}
 }
 
+/* cb_ct_key_reverse sets r to the reverse of key k (same zone and protocol). */
+CB_INLINE void cb_ct_key_reverse(struct cb_ct_key *r, const struct cb_ct_key *k)
+{
+	r->zone = k->zone;
+	r->saddr = k->daddr;
+	r->daddr = k->saddr;
+	r->sport = k->dport;
+	r->dport = k->sport;
+	r->proto = k->proto;
+}
+
 CB_INLINE __u64 cb_ct_timeout(__u8 proto, __u8 state)
 {
 	if (proto != CB_PROTO_TCP)

@@ -608,6 +608,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cb_lb_key(&key, f, t);
 		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
+		cb_ct_shadow(&key, 1);
 	}
 	if (p->frag == CB_FRAG_FIRST) {
 		/* Later fragments of this datagram go to the same backend (a hairpin's: also from

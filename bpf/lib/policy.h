@@ -447,25 +447,26 @@ CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
-/* cb_ct_shadow marks the client→VIP entry under the reverse of k, if there is one, when a
- * service flow's entry (DNAT) takes key k: that flow's packets may now also be this one's
- * replies, which the full stage asks about first (cb_lb_reply) and cb_svc_fast does not.
- * (A client→VIP entry made later never needs it: the full stage makes one only for a
- * packet that is no such reply.) The mark stays: it only sends packets to the full stage. */
-static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
+/* cb_ct_shadow marks a client→VIP entry whose reverse tuple holds a service flow's entry
+ * (DNAT), once one of the two was just written under k (svc: the client→VIP one, else the
+ * DNAT one): the client→VIP flow's packets may then also be the other flow's replies,
+ * which the full stage asks about first (cb_lb_reply) and cb_svc_fast does not. The full
+ * stage makes a client→VIP entry only for a packet it found no such reply of, but another
+ * CPU may have made one since: whichever of the two entries is written second sees the
+ * other. The mark stays: it only sends packets to the full stage. */
+static __noinline void cb_ct_shadow(const struct cb_ct_key *k, int svc)
 {
 	struct cb_ct_key r = {};
 	struct cb_ct_entry *e;
 
 	if (!k)
 		return;
-	r.zone = k->zone;
-	r.saddr = k->daddr;
-	r.daddr = k->saddr;
-	r.sport = k->dport;
-	r.dport = k->sport;
-	r.proto = k->proto;
+	cb_ct_key_reverse(&r, k);
 	e = bpf_map_lookup_elem(&cb_ct, &r);
+	if (!e || !(e->flags & (svc ? CB_CT_DNAT : CB_CT_SVC)))
+		return;
+	if (svc)
+		e = bpf_map_lookup_elem(&cb_ct, k);
 	if (e && (e->flags & CB_CT_SVC) && !(e->flags & CB_CT_SHADOW))
 		e->flags |= CB_CT_SHADOW;
 }
@@ -478,7 +479,7 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k,
 	if (!t->svc)
 		return;
 	if (!(e->flags & CB_CT_DNAT))
-		cb_ct_shadow(k);
+		cb_ct_shadow(k, 0);
 	e->flags |= CB_CT_DNAT;
 	if (t->hairpin)
 		e->flags |= CB_CT_HAIRPIN;
@@ -557,7 +558,7 @@ CB_INLINE int cb_ct_open_svc(const struct cb_ct_key *k, const struct cb_flow *f,
 	int r = cb_ct_open(k, f, t, now);
 
 	if (!r && t->svc)
-		cb_ct_shadow(k);
+		cb_ct_shadow(k, 0);
 	return r;
 }
 

@@ -159,10 +159,6 @@ func hairpin(t *testing.T, e *Env) {
 			t.Error(err)
 		}
 		t.Run("large-udp", func(t *testing.T) {
-			if e.H1.Driver.Name() == "ovs" {
-				// largeUDP covers it through a VIP with one UDP target port.
-				t.Skip("OVS drops a new flow's fragmented first datagram when the VIP's UDP ports have different target ports (docs/ovs.md)")
-			}
 			from, err := UDPExchange(a1.NS, "10.36.1.205:53", bytes.Repeat([]byte("hairpin-fragments-"), 250), 2*time.Second)
 			if err != nil {
 				t.Fatalf("4,500-byte datagram to its own service: %v", err)
@@ -335,8 +331,8 @@ func selfNoState(t *testing.T, e *Env) {
 // sharedVIPLargeUDP: two services of one tenant share a VIP on different UDP ports (a
 // VIP:port, not a VIP, belongs to one service), both to a2 on the client's host: on 5353
 // and on 5354. Group 2 takes UDP only on 5353 from group 1. A client's datagrams larger
-// than the MTU to the allowed service's port arrive whole at its backend (OVS: are
-// dropped) and nowhere else: the later fragments, which carry no port, must not be
+// than the MTU to the allowed service's port arrive whole at its backend and nowhere
+// else: the later fragments, which carry no port, must not be
 // balanced and translated by the other service (whose backend port policy denies), in
 // either order of the two services' names.
 func sharedVIPLargeUDP(t *testing.T, e *Env) {
@@ -363,10 +359,8 @@ func sharedVIPLargeUDP(t *testing.T, e *Env) {
 		withService(t, e, good, func() {
 			withService(t, e, other, func() {
 				for i := 0; i < 4; i++ {
-					_, err := UDPExchange(a1.NS, net.JoinHostPort(vip.String(), "53"), big(fmt.Sprint(names[0], i)), 500*time.Millisecond)
-					// OVS drops the later fragments to a VIP whose UDP ports belong to
-					// more than one service (docs/ovs.md): no echo there, by design.
-					if err != nil && e.H1.Driver.Name() != "ovs" {
+					_, err := UDPExchange(a1.NS, net.JoinHostPort(vip.String(), "53"), big(fmt.Sprint(names[0], i)), 2*time.Second)
+					if err != nil {
 						t.Errorf("services %v: large datagram %d to the allowed service: %v", names, i, err)
 					}
 				}

@@ -304,3 +304,32 @@ func TestServiceFastPathShadow(t *testing.T) {
 		t.Fatalf("the hairpin reply left as %v:%d → %v:%d, want %v:80 → %v:5000", src, sport, dst, dport, vip, srcIP)
 	}
 }
+
+// The other order: a client→VIP entry made while a service flow's entry lies under its
+// reverse tuple (here an expired one, which the full stage does not take the packet as a
+// reply of; on another CPU, one made after this packet looked) is shadowed at once
+// (cb_ct_shadow).
+func TestServiceFastPathShadowNew(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.102")
+	putTestService(t, objs, 11, vip, 80, 6, 8080, srcIP)
+	putTestService(t, objs, 12, vip, 5000, 6, 5000, remoteIP)
+	fc := objs.CbFromContainer
+	// The hairpin flow src:5000 → VIP:80 → src:8080 (its entry: VIP:5000 → src:8080), expired.
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 5000, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(vip), Daddr: ip4(srcIP), Sport: nport(5000), Dport: nport(8080), Proto: 6}
+	var e contivbpfCbCtEntry
+	if err := objs.CbCt.Lookup(&k, &e); err != nil {
+		t.Fatalf("the hairpin flow's entry: %v", err)
+	}
+	e.Expires = 1
+	if err := objs.CbCt.Put(&k, &e); err != nil {
+		t.Fatal(err)
+	}
+	// The service flow src:8080 → VIP:5000 is balanced (no live reply entry) and shadowed.
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 5000, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, 8080, 5000); !ok || svc.Flags&uint8(contivbpfCbCtFlagsCB_CT_SHADOW) == 0 {
+		t.Fatalf("a client→VIP entry made over a service flow's reverse entry is not shadowed: %+v (found %v)", svc, ok)
+	}
+}

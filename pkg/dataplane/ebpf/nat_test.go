@@ -426,6 +426,11 @@ func TestNodePort(t *testing.T) {
 	}
 	// The rest of the connection follows.
 	run(t, objs, up, l4Frame(6, worldIP, hostIP, 5555, 30080, 0x10, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+	// A VIP of the tenant at the outside client's address does not swallow the node port
+	// flow's replies; anything else to that VIP goes nowhere.
+	putTestService(t, objs, 2, worldIP, 53, 17, 53, srcIP)
+	run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 8080, 5555, 0x10, 0), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, worldIP, 8080, 5599, 0x02, 0), nil).expect(t, tcActShot, DropUnknownDst)
 	// Other ports and protocols are the host's.
 	for _, f := range [][]byte{l4Frame(6, worldIP, hostIP, 5555, 30081, 0x02, 0), l4Frame(17, worldIP, hostIP, 5555, 30080, 0, 0)} {
 		if r := run(t, objs, up, f, nil); r.ret != tcxNext {

@@ -99,6 +99,15 @@ func icmpEcho(src, dst netip.Addr, typ uint8, id uint16) []byte {
 	return append(ethHdr(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), ip...)
 }
 
+// asFirstFragment marks frame's IPv4 packet as the first fragment of a larger datagram
+// (more fragments, offset 0), its header checksum fixed.
+func asFirstFragment(f []byte) []byte {
+	binary.BigEndian.PutUint16(f[14+6:], 0x2000)
+	binary.BigEndian.PutUint16(f[14+10:], 0)
+	binary.BigEndian.PutUint16(f[14+10:], csum(f[14:34], 0))
+	return f
+}
+
 // editConfig changes the config map's entry with edit.
 func editConfig(t *testing.T, objs *contivbpfObjects, edit func(*contivbpfCbConfig)) {
 	t.Helper()

@@ -172,7 +172,8 @@ func rejectNever(t *testing.T, objs *contivbpfObjects) {
 		{"truncated-l4", truncated, DropMalformedL4},
 		{"ip-longer-than-frame", l4FrameOpts(17, srcIP, rejectVIP, 44107, 53, 0, ipOpts{totLen: 200}), DropMalformedIP},
 		{"icmp-error-to-vip", icmpErrorOf(srcIP, rejectVIP, 3, 17, rejectVIP, srcIP, 53, 44108), DropUnknownDst},
-		{"icmp-echo-to-vip", icmpEcho(srcIP, rejectVIP, 8, 44109), DropUnknownDst},
+		// (A whole echo request is answered from the VIP: TestVIPAnswers.)
+		{"icmp-echo-fragment-to-vip", asFirstFragment(icmpEcho(srcIP, rejectVIP, 8, 44109)), DropUnknownDst},
 		{"spoofed-source", l4Frame(17, localIP, rejectVIP, 44110, 53, 0, 0), DropSpoofedSrc},
 	} {
 		t.Run(c.name, func(t *testing.T) {

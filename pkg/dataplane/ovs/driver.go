@@ -35,10 +35,13 @@ import (
 )
 
 // Cookie layout: the top 16 bits mark our flows, the next 16 bits are the generation.
+// Flows vswitchd learns (cookieLearn) and guard flows (cookieGuard) carry other top bits:
+// resyncs neither count nor sweep them, they expire on their own.
 const (
 	cookieOwner     uint64 = 0xcb0b << 48
 	cookieOwnerMask uint64 = 0xffff << 48
 	cookieGenMask   uint64 = 0xffff << 32
+	cookieLearn     uint64 = 0xcb0d << 48
 )
 
 func cookieFor(gen uint16) uint64 { return cookieOwner | uint64(gen)<<32 }

@@ -1,6 +1,8 @@
 package ovs
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -19,7 +21,8 @@ type flow struct {
 	matchText []string
 	actions   []of.Action
 	actText   []string
-	gotoTable int // -1: none
+	gotoTable int    // -1: none
+	meter     uint32 // 0: none; else the meter every packet of the flow passes first
 
 	fields *nxFields // headers for load/move/ct zone and masked matches
 	err    error     // first build error (a field the pipeline did not resolve)
@@ -49,7 +52,7 @@ func pipelineFields() (plain, masked []string) {
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
 		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK",
-		"NXM_OF_IP_SRC", "NXM_OF_IP_DST", "NXM_OF_ICMP_TYPE")
+		"NXM_OF_IP_SRC", "NXM_OF_IP_DST", "NXM_OF_ICMP_TYPE", "NXM_OF_ETH_TYPE", "NXM_OF_IP_PROTO")
 	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK", "NXM_NX_IP_FRAG"}
 }
 
@@ -120,7 +123,11 @@ func (f *flow) actionsText() string {
 }
 
 func (f *flow) actionsTextNow() string {
-	a := append([]string(nil), f.actText...)
+	var a []string
+	if f.meter != 0 {
+		a = append(a, fmt.Sprintf("meter:%d", f.meter))
+	}
+	a = append(a, f.actText...)
 	if f.gotoTable >= 0 {
 		a = append(a, "goto_table:"+tableID(f.gotoTable).String())
 	}
@@ -403,6 +410,35 @@ func (f *flow) setDst(proto uint8, a netip.Addr, port uint16) *flow {
 	}
 	return f.a(of.NewActionSetField(*of.NewTcpDstField(port)), fmt.Sprintf("set_field:%d->tcp_dst", port))
 }
+
+// learnFragChoice has vswitchd learn, for timeout seconds, a flow in service_frag that
+// gives what comes later from this packet's source to its destination (UDP, same VRF)
+// this packet's service choice (reg7): the later fragments of its datagram, which carry no
+// ports. The learned flows carry cookieLearn.
+func (f *flow) learnFragChoice(timeout uint16) *flow {
+	vrf, src, dst := f.hdr(fmt.Sprintf("NXM_NX_REG%d", regVRF)), f.hdr("NXM_OF_IP_SRC"), f.hdr("NXM_OF_IP_DST")
+	sel, ethType, proto := f.hdr(fmt.Sprintf("NXM_NX_REG%d", regSvcSel)), f.hdr("NXM_OF_ETH_TYPE"), f.hdr("NXM_OF_IP_PROTO")
+	if vrf == nil || src == nil || dst == nil || sel == nil || ethType == nil || proto == nil {
+		return f
+	}
+	value := func(h *of.MatchField, bits uint16, v ...byte) *of.NXLearnSpec {
+		return &of.NXLearnSpec{Header: of.NewLearnHeaderMatchFromValue(bits), SrcValue: v, DstField: &of.NXLearnSpecField{Field: h}}
+	}
+	same := func(h *of.MatchField, bits uint16) *of.NXLearnSpec {
+		return &of.NXLearnSpec{Header: of.NewLearnHeaderMatchFromField(bits), SrcField: &of.NXLearnSpecField{Field: h},
+			DstField: &of.NXLearnSpecField{Field: h}}
+	}
+	a := of.NewNXActionLearn()
+	a.TableID, a.Priority, a.HardTimeout, a.Cookie = uint8(tServiceFrag), 100, timeout, cookieLearn
+	a.LearnSpecs = []*of.NXLearnSpec{
+		value(ethType, 16, 0x08, 0x00), value(proto, 8, 0, 17), same(vrf, 32), same(src, 32), same(dst, 32),
+		{Header: of.NewLearnHeaderLoadFromField(32), SrcField: &of.NXLearnSpecField{Field: sel}, DstField: &of.NXLearnSpecField{Field: sel}},
+	}
+	return f.a(a, fmt.Sprintf("learn(table=%s,hard_timeout=%d,priority=100,cookie=%#x,dl_type=0x0800,nw_proto=17,"+
+		"NXM_NX_REG%d[],NXM_OF_IP_SRC[],NXM_OF_IP_DST[],load:NXM_NX_REG%d[]->NXM_NX_REG%d[])", tServiceFrag, timeout, cookieLearn,
+		regVRF, regSvcSel, regSvcSel))
+}
+
 func (f *flow) output(p uint32) *flow {
 	if p == of.P_IN_PORT {
 		return f.a(of.NewActionOutput(p), "IN_PORT")
@@ -441,6 +477,35 @@ func (f *flow) setTunnel(vni uint32, dst netip.Addr) *flow {
 
 func (f *flow) goTo(t tableID) *flow { f.gotoTable = int(t); return f }
 
+// metered has every packet of the flow pass meter id first (beyond its rate: dropped).
+func (f *flow) metered(id uint32) *flow { f.meter = id; return f }
+
+// meterInstr is OpenFlow 1.3's meter instruction (libOpenflow's InstrMeter encodes its
+// header alone).
+type meterInstr struct{ id uint32 }
+
+func (m *meterInstr) Len() uint16 { return 8 }
+
+func (m *meterInstr) MarshalBinary() ([]byte, error) {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint16(b[0:], of.InstrType_METER)
+	binary.BigEndian.PutUint16(b[2:], 8)
+	binary.BigEndian.PutUint32(b[4:], m.id)
+	return b, nil
+}
+
+func (m *meterInstr) UnmarshalBinary(b []byte) error {
+	if len(b) < 8 {
+		return errors.New("meter instruction: short")
+	}
+	m.id = binary.BigEndian.Uint32(b[4:])
+	return nil
+}
+
+func (m *meterInstr) AddAction(of.Action, bool) error {
+	return errors.New("a meter instruction takes no actions")
+}
+
 // flowMod encodes the flow as an OFPFC_ADD (or a strict delete) with cookie.
 func (f *flow) flowMod(command uint8, cookie uint64) *of.FlowMod {
 	fm := of.NewFlowMod()
@@ -453,6 +518,9 @@ func (f *flow) flowMod(command uint8, cookie uint64) *of.FlowMod {
 	}
 	if command == of.FC_DELETE_STRICT {
 		return fm
+	}
+	if f.meter != 0 {
+		fm.AddInstruction(&meterInstr{id: f.meter})
 	}
 	if len(f.actions) > 0 {
 		in := of.NewInstrApplyActions()

@@ -28,6 +28,7 @@ const (
 	tServiceDNAT    tableID = 31 // commit DNAT to the chosen backend
 	tServiceBackend tableID = 32 // (service, hash choice) → backend address and port
 	tCTCheck        tableID = 33 // after a commit: refused by conntrack (zone limit, full table) → drop
+	tServiceFrag    tableID = 34 // learned: later fragments of a new UDP flow to a VIP → their first fragment's choice
 	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
 	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
 	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
@@ -38,7 +39,7 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -56,6 +57,8 @@ func (t tableID) String() string {
 		return "service_dnat"
 	case tServiceBackend:
 		return "service_backend"
+	case tServiceFrag:
+		return "service_frag"
 	case tCTCheck:
 		return "ct_check"
 	case tSrcEPG:
@@ -390,6 +393,7 @@ func (pl *pipeline) baseFlows() []*flow {
 		pl.newFlow(tServiceLB, 0).goTo(tSrcEPG),
 		pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG),
 		pl.newFlow(tServiceBackend, 0),
+		pl.newFlow(tServiceFrag, 0), // no choice learned: the caller's reg7 stays 0, nothing is balanced
 		pl.newFlow(tSrcEPG, 0).goTo(tDstEPG),
 		pl.newFlow(tDstEPG, 0).goTo(tPolicy),
 		pl.newFlow(tPolicy, 0).goTo(tNetpolEgress),
@@ -678,6 +682,10 @@ func (pl *pipeline) service(env *unitEnv, s dataplane.Service) ([]*flow, []strin
 	return flows, keys, nil
 }
 
+// fragLearnSeconds is how long a first fragment's choice stays for its later fragments:
+// as long as vswitchd holds fragments for reassembly.
+const fragLearnSeconds = 15
+
 // sharesUDPVIP says whether another service of s's tenant has UDP ports on s's VIP. Their
 // later fragments (no ports) all meet one flow (same VRF, VIP and priority: the unit
 // sorting first would install its own), so one service's datagrams would be balanced and
@@ -714,18 +722,19 @@ func targetPort(sp dataplane.ServicePort) uint16 {
 }
 
 // serviceLaterFragments sends the later fragments of a new UDP flow to s's VIP the way
-// its first fragment went (servicePort): the same address hash picks the backend, and
-// sid (one of s's UDP ports) gives the target port, so they reach the same DNAT commit.
-// They carry no ports (nor does OVS give them the reassembled datagram's as ct_tp_dst),
-// so when s's UDP ports have different target ports (oneTarget false) the right one is
-// unknown: they are dropped, and the datagram with them (docs/ovs.md). So are those of a
-// service without backends, and those to a VIP whose UDP ports belong to more than one
-// service (sharesUDPVIP).
+// its first fragment went (servicePort), so they reach the same DNAT commit. They carry
+// no ports (nor does OVS give them the reassembled datagram's as ct_tp_dst). When s's UDP
+// ports all have one target port and no other service of its tenant has UDP ports on its
+// VIP (oneTarget), the same address hash picks the backend and sid (one of s's UDP ports)
+// gives the target port. Otherwise the port, even the service, is not theirs to know:
+// they take the choice their first fragment's commit taught service_frag once policy had
+// passed it (learnFragChoice; nothing learned: nothing balanced, they and their datagram
+// are dropped).
 func (pl *pipeline) serviceLaterFragments(s dataplane.Service, v, sid uint32, oneTarget bool) *flow {
 	f := pl.newFlow(tServiceLB, 110).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
 		reg(regVRF, v).ipDst(netip.PrefixFrom(s.VIP, 32)).proto(17).nwFrag(fragLater)
 	if !oneTarget || len(s.Backends) == 0 {
-		return f
+		return f.resubmit(tServiceFrag).resubmit(tServiceBackend)
 	}
 	hash := mpHash(nxHashFieldsSymmetricL3)
 	if s.AffinityClientIP {
@@ -798,11 +807,20 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		// Policy judges the packet as the backend gets it (rewritten here, statelessly);
 		// only once the rules passed it is the translation committed (commit), from the
 		// VIP:port put back, so a denied packet leaves no conntrack entry.
+		commit := func(prio int) *flow {
+			return pl.newFlow(tCommit, prio).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
+				regBits(regFlags, 1, 1, 1).reg(regSvcSel, sid<<16|uint32(i)).proto(sp.Proto)
+		}
+		natText := fmt.Sprintf("nat(dst=%s:%d)", b, target)
 		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
 			loadBits(regFlags, 1, 1, 1).setDst(sp.Proto, b, target).goTo(tSrcEPG),
-			pl.newFlow(tCommit, 130).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
-				regBits(regFlags, 1, 1, 1).reg(regSvcSel, sid<<16|uint32(i)).proto(sp.Proto).setDst(sp.Proto, s.VIP, sp.Port).
-				ctZoneFromVRF(int(tCTCheck), true, nat, fmt.Sprintf("nat(dst=%s:%d)", b, target)))
+			commit(130).setDst(sp.Proto, s.VIP, sp.Port).ctZoneFromVRF(int(tCTCheck), true, nat, natText))
+		if sp.Proto == 17 {
+			// A new flow's first fragment, policy passed: its later fragments are to
+			// take this choice (serviceLaterFragments).
+			flows = append(flows, commit(131).nwFrag(fragFirst).setDst(sp.Proto, s.VIP, sp.Port).
+				learnFragChoice(fragLearnSeconds).ctZoneFromVRF(int(tCTCheck), true, nat, natText))
+		}
 		if hz, ok := hairpinZone(v); ok && local[b] {
 			// The client was balanced to itself: commit the SNAT to the VIP.
 			snat := of.NewNXActionCTNAT()
@@ -874,10 +892,11 @@ func (pl *pipeline) arpResponderVRF(vrf uint32, ip netip.Addr, mac net.HardwareA
 // echoResponderVRF answers a whole ICMP echo request to ip (a service VIP) from a local
 // endpoint of one tenant, in place: from ip and the router MAC, back out the port it came
 // in (OVS fixes the checksums of the fields it sets). Before conntrack and policy, as the
-// eBPF datapath answers it (icmp_vip_reply).
+// eBPF datapath answers it (icmp_vip_reply). vswitchd runs it for every packet: through
+// the responders' meter.
 func (pl *pipeline) echoResponderVRF(vrf uint32, ip netip.Addr) *flow {
 	return pl.newFlow(tARP, 90).reg(regVRF, vrf).ip().regBits(regFlags, 0, 0, 0).ipDst(netip.PrefixFrom(ip, 32)).
-		proto(1).nwFrag(fragNone).icmpType(8).
+		proto(1).nwFrag(fragNone).icmpType(8).metered(responderMeter).
 		move("NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", 48).
 		setEthSrc(dataplane.RouterMAC).
 		move("NXM_OF_IP_SRC", "NXM_OF_IP_DST", 32).

@@ -229,3 +229,36 @@ func TestFieldLookupFailsCleanly(t *testing.T) {
 		}
 	}
 }
+
+// TestCompileLaterFragmentsLearn: the later fragments of a new UDP flow to a VIP whose UDP
+// ports have different target ports take the choice their first fragment's commit taught
+// service_frag (learn, after policy passed it); with one target port they hash the
+// addresses as the first fragment did.
+func TestCompileLaterFragmentsLearn(t *testing.T) {
+	st := testState()
+	s := st.Services["s:default"]
+	s.Ports = []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}, {Proto: 17, Port: 54, TargetPort: 5354}}
+	st.Services[s.ID] = s
+	one := dataplane.Service{ID: "one:default", VIP: netip.MustParseAddr("10.9.0.2"), Backends: s.Backends,
+		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}}}
+	st.Services[one.ID] = one
+	c, err := testPipeline(t).compile(st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := texts(c)
+	for _, want := range []string{
+		"table=service_frag,priority=0, actions=drop",
+		"table=service_lb,priority=110,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=17,nw_frag=later actions=resubmit(,service_frag),resubmit(,service_backend)",
+		"nw_frag=first actions=set_field:10.9.0.1->ip_dst,set_field:53->udp_dst,learn(table=service_frag,hard_timeout=15,priority=100,cookie=0xcb0d000000000000,dl_type=0x0800,nw_proto=17,NXM_NX_REG3[],NXM_OF_IP_SRC[],NXM_OF_IP_DST[],load:NXM_NX_REG7[]->NXM_NX_REG7[]),ct(commit",
+		"table=service_lb,priority=110,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.2,nw_proto=17,nw_frag=later actions=load:",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
+		}
+	}
+	// The learned flows' cookie is not the pipeline's: a resync neither counts nor sweeps them.
+	if cookieLearn&cookieOwnerMask == cookieOwner {
+		t.Error("learned flows carry the pipeline's cookie")
+	}
+}

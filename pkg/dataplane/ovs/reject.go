@@ -21,6 +21,13 @@ const (
 	rejectBurst  = 200
 	rejectMaxLen = 128 // an Ethernet header, an IPv4 header with options and 8 bytes fit
 
+	// The responders that vswitchd runs on every packet (an ICMP field set is a slow-path
+	// action: no datapath flow caches it) pass this meter: one container pinging VIPs
+	// without end holds vswitchd's handler threads no longer than this rate allows.
+	responderMeter = 0xcb03
+	responderRate  = 1000 // packets per second, all of them together
+	responderBurst = 200
+
 	ofptPacketOut  = 13
 	ofppController = 0xfffffffd
 )
@@ -35,11 +42,16 @@ func isReject(table tableID, regs [8]uint32) bool {
 	return table == tServiceLB && regs[regFlags]&(1<<flagReject) != 0
 }
 
-// setRejectMeter (re)installs the reject meter; the rejecting flows refer to it. An OVS
-// that refuses it sends them nowhere (logged).
+// setRejectMeter (re)installs the reject meter and the responders' meter; the rejecting
+// flows and the VIPs' echo responders refer to them. An OVS that refuses the reject meter
+// sends the rejected packets nowhere, one that refuses the responders' has no flow
+// answering pings of VIPs (both logged).
 func (d *Driver) setRejectMeter(ctx context.Context) {
 	if err := d.addMeter(ctx, rejectMeter, rejectRate, rejectBurst); err != nil {
 		d.log.Warn("no meter for refusing flows to services without backends: they are dropped unanswered", "err", err)
+	}
+	if err := d.addMeter(ctx, responderMeter, responderRate, responderBurst); err != nil {
+		d.log.Warn("no meter for answering pings of service VIPs: they go unanswered", "err", err)
 	}
 }
 

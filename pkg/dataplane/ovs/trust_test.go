@@ -46,7 +46,7 @@ func TestCompileTrust(t *testing.T) {
 		"table=arp,priority=90,reg3=1,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
 		"table=arp,priority=90,reg3=2,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
 		// Pings of the VIP: answered per tenant, only from local ports, whole ones only.
-		"table=arp,priority=90,reg3=1,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11,move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],load:10.9.0.1->NXM_OF_IP_SRC[],load:0->NXM_OF_ICMP_TYPE[],IN_PORT",
+		"table=arp,priority=90,reg3=1,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=meter:51971,move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11,move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],load:10.9.0.1->NXM_OF_IP_SRC[],load:0->NXM_OF_ICMP_TYPE[],IN_PORT",
 		"table=arp,priority=90,reg3=2,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=",
 		"table=service_lb,priority=100,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=6,tp_dst=80,tcp_flags=+syn-ack actions=load:1->reg7[16..31],multipath(symmetric_l3l4+udp,0,hrw,2,0,reg7[0..15]),resubmit(,service_backend)",
 		"table=service_lb,priority=90,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=6,tp_dst=80 actions=drop",
