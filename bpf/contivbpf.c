@@ -512,7 +512,8 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
  * live and not shadowed (no service flow's entry under the reverse tuple can make the
- * packet a reply: cb_ct_shadow), its backend still a member and not the client itself,
+ * packet a reply: cb_ct_shadow), its backend still a member by the service's revision
+ * (cb_svc_revs) and not the client itself,
  * the flow's own entry (client→backend) live, of the current policy epoch, allowed and a
  * service flow's of this VIP and network with nothing else (flags exactly ALLOWED and
  * DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
@@ -533,9 +534,9 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 
 	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
 		return CB_SLOW;
-	k->member.svc_id = svc->svc_id;
-	k->member.ip = backend;
-	if (!bpf_map_lookup_elem(&cb_members, &k->member))
+	/* The backend is still a member while the service's revision is the one the entry
+	 * recorded when it last found it one (cb_svc_revs). */
+	if (!svc->epoch || svc->epoch != cb_svc_rev_of(svc->svc_id))
 		return CB_SLOW;
 	k->ct.saddr = client;
 	k->ct.daddr = backend;

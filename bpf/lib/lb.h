@@ -96,6 +96,31 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_vips SEC(".maps");
 
+/* Backend revisions: cb_svc_revs[svc_id] changes whenever a backend leaves service svc_id
+ * (the agent bumps it after deleting the membership; it starts at 1 when the service is
+ * written). A client→VIP entry records in its epoch the revision read before its backend
+ * was last found a member (cb_lb_forward): while the two are equal the backend still is
+ * one, and cb_svc_fast needs no membership lookup. 0 (a service id past the array, an
+ * entry whose backend was just chosen): the full stage checks. */
+struct cb_svc_rev {
+	__u32 rev;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CB_DEFAULT_ENTRIES);
+	__type(key, __u32); /* service id */
+	__type(value, struct cb_svc_rev);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_svc_revs SEC(".maps");
+
+CB_INLINE __u32 cb_svc_rev_of(__u32 id)
+{
+	struct cb_svc_rev *r = bpf_map_lookup_elem(&cb_svc_revs, &id);
+
+	return r ? r->rev : 0;
+}
+
 CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
 {
 	struct cb_vip_key k = {.zone = zone, .vip = ip};
@@ -516,6 +541,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	struct cb_ct_entry *ct;
 	struct cb_svc *svc;
 	__be32 client;
+	__u32 rev;
 	int r;
 
 	if (f->proto != CB_PROTO_TCP && f->proto != CB_PROTO_UDP)
@@ -538,7 +564,12 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		 * backend is gone (to re-balance, or to notice the service is gone too). */
 		mk.svc_id = ct->svc_id;
 		mk.ip = ct->nat_ip;
+		rev = cb_svc_rev_of(ct->svc_id); /* before the membership: a removal bumps it after */
 		if (bpf_map_lookup_elem(&cb_members, &mk)) {
+			/* Checked at this revision (an entry whose flow policy then denies keeps
+			 * it: the check holds all the same). */
+			if (ct->epoch != rev)
+				ct->epoch = rev;
 			c->ip = ct->nat_ip;
 			c->port = ct->nat_port;
 			c->net = ct->nat_net;
@@ -593,6 +624,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cur->nat_port = c->port;
 		cur->nat_net = c->net;
 		cur->svc_id = c->svc_id;
+		cur->epoch = 0; /* a new backend: checked by the full stage on the next packet */
 		cur->expires = t->entry->expires;
 	} else {
 		e.flags = CB_CT_SVC;
@@ -601,7 +633,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		e.nat_port = c->port;
 		e.nat_net = c->net;
 		e.svc_id = c->svc_id;
-		e.expires = t->entry->expires;
+		e.expires = t->entry->expires; /* epoch 0: the next packet checks the backend */
 		/* Counts against the flow's owner, never refused by its quota: the flow's own
 		 * entry was admitted. */
 		e.owner = t->owner;
@@ -705,14 +737,10 @@ static __noinline int cb_nat_icmp_client(struct __sk_buff *skb, struct cb_pkt *p
 	return r;
 }
 
-/* The keys of the fast path: the packet's tuple, and the service its destination would be
- * (or, for a service flow's packet, its backend's membership). */
+/* The keys of the fast path: the packet's tuple, and the service its destination would be. */
 struct cb_fast_keys {
 	struct cb_ct_key ct;
-	union {
-		struct cb_svc_key svc;
-		struct cb_member_key member;
-	};
+	struct cb_svc_key svc;
 };
 
 /* cb_fast_pass decides, for cb_ipv4_fast, whether an unfragmented TCP or UDP packet (not

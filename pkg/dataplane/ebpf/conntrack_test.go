@@ -40,11 +40,24 @@ func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.A
 			objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &contivbpfCbBackend{Ip: ip4(b), Net: testNet}),
 			objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: id, Ip: ip4(b)}, &contivbpfCbMember{Net: testNet}))
 	}
-	errs = append(errs, objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}))
+	errs = append(errs, objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}),
+		svcRevUpdate(objs.CbSvcRevs, id, true))
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// removeMember takes backend ip out of service id as the driver does: the membership,
+// then the service's revision (cb_svc_revs), so no flow keeps it on trust.
+func removeMember(t *testing.T, objs *contivbpfObjects, id uint32, ip netip.Addr) {
+	t.Helper()
+	if err := objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: id, Ip: ip4(ip)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svcRevUpdate(objs.CbSvcRevs, id, false); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -332,7 +345,7 @@ func TestServiceScopeAndBackendRemoval(t *testing.T) {
 	r := run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil)
 	r.expect(t, tcActRedirect, FwdLocal)
 	// The local backend leaves the service: the same flow moves to the remote one.
-	must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(localIP)}))
+	removeMember(t, objs, 1, localIP)
 	must(objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}))
 	must(objs.CbServices.Put(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: nport(8080)}))
 	must(objs.CbBackends.Delete(&contivbpfCbBackendKey{SvcId: 1, Index: 1}))
@@ -350,7 +363,7 @@ func TestServiceScopeAndBackendRemoval(t *testing.T) {
 	})
 	t.Run("service-gone", func(t *testing.T) {
 		must(objs.CbServices.Delete(&contivbpfCbSvcKey{Zone: testZone, Vip: ip4(vip), Port: nport(80), Proto: 17}))
-		must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(remoteIP)}))
+		removeMember(t, objs, 1, remoteIP)
 		run(t, objs, fc, l4Frame(17, srcIP, vip, sport, 80, 0, 0), nil).expect(t, tcActShot, DropUnknownDst)
 	})
 }

@@ -562,6 +562,11 @@ type contivbpfCbSvcKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbSvcRev struct {
+	_   structs.HostLayout
+	Rev uint32
+}
+
 type contivbpfCbVerdict struct {
 	_     structs.HostLayout
 	Epg   uint16
@@ -617,6 +622,7 @@ const (
 	contivbpfMapCbServices         = "cb_services"
 	contivbpfMapCbSnat             = "cb_snat"
 	contivbpfMapCbSnatRev          = "cb_snat_rev"
+	contivbpfMapCbSvcRevs          = "cb_svc_revs"
 	contivbpfMapCbVerdicts         = "cb_verdicts"
 	contivbpfMapCbVips             = "cb_vips"
 	contivbpfProgCbClockProbe      = "cb_clock_probe"
@@ -732,6 +738,7 @@ type contivbpfMapSpecs struct {
 	CbServices     *ebpf.MapSpec `ebpf:"cb_services"`
 	CbSnat         *ebpf.MapSpec `ebpf:"cb_snat"`
 	CbSnatRev      *ebpf.MapSpec `ebpf:"cb_snat_rev"`
+	CbSvcRevs      *ebpf.MapSpec `ebpf:"cb_svc_revs"`
 	CbVerdicts     *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips         *ebpf.MapSpec `ebpf:"cb_vips"`
 }
@@ -811,6 +818,7 @@ type contivbpfMaps struct {
 	CbServices     *ebpf.Map `ebpf:"cb_services"`
 	CbSnat         *ebpf.Map `ebpf:"cb_snat"`
 	CbSnatRev      *ebpf.Map `ebpf:"cb_snat_rev"`
+	CbSvcRevs      *ebpf.Map `ebpf:"cb_svc_revs"`
 	CbVerdicts     *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips         *ebpf.Map `ebpf:"cb_vips"`
 }
@@ -849,6 +857,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbServices,
 		m.CbSnat,
 		m.CbSnatRev,
+		m.CbSvcRevs,
 		m.CbVerdicts,
 		m.CbVips,
 	)

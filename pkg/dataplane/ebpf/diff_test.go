@@ -763,9 +763,13 @@ func (w *diffWorld) allocSlot(i int) {
 func (w *diffWorld) setService(backends []int, draining ...int) {
 	objs := w.objs
 	var ips, dips []netip.Addr
-	// Members and backends of the new list, then the count, then what is gone.
+	// Members and backends of the new list, then the count, then what is gone (as the
+	// driver does: the memberships, then the service's revision).
 	for _, i := range w.svcMembers {
 		_ = objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(w.eps[i].ip)})
+	}
+	if err := svcRevUpdate(objs.CbSvcRevs, diffSvcID, false); err != nil {
+		w.t.Fatal(err)
 	}
 	for n, i := range backends {
 		e := w.eps[i]

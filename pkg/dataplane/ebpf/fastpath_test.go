@@ -215,6 +215,12 @@ func TestServiceFastPath(t *testing.T) {
 	if flow.State != uint8(contivbpfCbCtStateCB_CTS_NEW) {
 		t.Fatalf("a client's ACK moved the flow to state %d, want NEW", flow.State)
 	}
+	// Its backend was checked (the SYN chose it; the ACK found it a member) at the service's
+	// revision, which the entry now holds: later packets trust it without the lookup.
+	var rev contivbpfCbSvcRev
+	if err := objs.CbSvcRevs.Lookup(uint32(9), &rev); err != nil || rev.Rev == 0 || svc.Epoch != rev.Rev {
+		t.Fatalf("service entry checked at revision %d, the service's is %d (%v)", svc.Epoch, rev.Rev, err)
+	}
 
 	// The backend's reply (sent from its own interface) leaves from VIP:80 and makes the
 	// flow ESTABLISHED.
@@ -245,9 +251,7 @@ func TestServiceFastPath(t *testing.T) {
 
 	// The backend leaves the service (another takes its place): the next packet goes to
 	// the new one.
-	if err := objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 9, Ip: ip4(localIP)}); err != nil {
-		t.Fatal(err)
-	}
+	removeMember(t, objs, 9, localIP)
 	putTestService(t, objs, 9, vip, 80, 6, 8080, remoteIP)
 	r = send(tcpACK)
 	r.expect(t, tcActRedirect, FwdTunnel)

@@ -260,7 +260,8 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 		for _, f := range []struct {
 			bit  contivbpfCbCtFlags
 			name string
-		}{{contivbpfCbCtFlagsCB_CT_ALLOWED, "allowed"}, {contivbpfCbCtFlagsCB_CT_SVC, "service"}, {contivbpfCbCtFlagsCB_CT_DNAT, "dnat"}, {contivbpfCbCtFlagsCB_CT_HAIRPIN, "hairpin"}} {
+		}{{contivbpfCbCtFlagsCB_CT_ALLOWED, "allowed"}, {contivbpfCbCtFlagsCB_CT_SVC, "service"}, {contivbpfCbCtFlagsCB_CT_DNAT, "dnat"},
+			{contivbpfCbCtFlagsCB_CT_HAIRPIN, "hairpin"}, {contivbpfCbCtFlagsCB_CT_NODEPORT, "nodeport"}, {contivbpfCbCtFlagsCB_CT_SHADOW, "shadowed"}} {
 			if v.Flags&uint8(f.bit) != 0 {
 				flags = append(flags, f.name)
 			}

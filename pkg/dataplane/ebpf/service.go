@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
@@ -236,6 +238,9 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
+	if err := svcRevUpdate(d.objs.CbSvcRevs, id, true); err != nil {
+		return fmt.Errorf("service %s: %w", s.ID, err)
+	}
 	for i := range backends {
 		if err := d.mapPut(contivbpfMapCbBackends, d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &backends[i]); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
@@ -351,17 +356,50 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 	for _, m := range cur.members {
 		keepMember[m] = true
 	}
+	left := false
 	for _, m := range old.members {
 		if !keepMember[m] {
 			if err := mapDel(d.objs.CbMembers, &m); err != nil {
 				return fmt.Errorf("service %s: delete backend membership: %w", old.svc.ID, err)
 			}
+			left = true
+		}
+	}
+	if left {
+		// After the memberships: a flow the datapath trusts by the revision it recorded
+		// is checked again on its next packet (bpf/lib/lb.h, cb_svc_revs).
+		if err := svcRevUpdate(d.objs.CbSvcRevs, old.id, false); err != nil {
+			return fmt.Errorf("service %s: %w", old.svc.ID, err)
 		}
 	}
 	if (old.svc.VIP != cur.svc.VIP || old.zone != cur.zone) && !d.vipInUse(old.zone, old.svc.VIP) {
 		if err := mapDel(d.objs.CbVips, &contivbpfCbVipKey{Zone: old.zone, Vip: ip4(old.svc.VIP)}); err != nil {
 			return fmt.Errorf("service %s: delete vip: %w", old.svc.ID, err)
 		}
+	}
+	return nil
+}
+
+// svcRevUpdate moves cb_svc_revs[id] (bpf/lib/lb.h): a bump, after a backend of service id
+// lost its membership, or with start only from 0 to 1 (the service is written). Ids past
+// the array have no revision: the datapath checks their flows' membership every packet.
+func svcRevUpdate(m *ebpf.Map, id uint32, start bool) error {
+	if id >= m.MaxEntries() {
+		return nil
+	}
+	var r contivbpfCbSvcRev
+	if err := m.Lookup(id, &r); err != nil {
+		return fmt.Errorf("read the revision of service id %d: %w", id, err)
+	}
+	if start && r.Rev != 0 {
+		return nil
+	}
+	r.Rev++
+	if r.Rev == 0 {
+		r.Rev = 1 // 0 is "never checked"
+	}
+	if err := m.Put(id, &r); err != nil {
+		return fmt.Errorf("write the revision of service id %d: %w", id, err)
 	}
 	return nil
 }

@@ -78,7 +78,7 @@ func TestServiceAffinityAndDraining(t *testing.T) {
 		}
 	}
 	// Drained: no member any more, its flow is re-balanced.
-	must(objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(remoteIP)}))
+	removeMember(t, objs, 1, remoteIP)
 	if d := dst(onRemote); d != localIP {
 		t.Fatalf("after the drain the flow still goes to %v", d)
 	}

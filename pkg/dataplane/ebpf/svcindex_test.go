@@ -135,3 +135,64 @@ func TestServiceIndexes(t *testing.T) {
 		t.Fatalf("after a stale table the next change did not rewrite it (stale flag %v)", h.d.hostSvcsStale)
 	}
 }
+
+// TestServiceRevisions: the driver starts a service's backend revision (cb_svc_revs) at 1
+// and bumps it after every membership it deletes, so no flow keeps a removed backend on
+// the fast path's trust: a backend leaving, the service deleted, a Sync that drops a
+// service or a backend (its sweep), and nothing else (a backend joining).
+func TestServiceRevisions(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	st := dataplane.State{Networks: []dataplane.Network{h.net}, Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("10.254.0.2")}}}
+	var backends []netip.Addr
+	for i := 0; i < 3; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 50, 0, byte(10 + i)})
+		backends = append(backends, ip)
+		st.RemoteEndpoints = append(st.RemoteEndpoints, dataplane.RemoteEndpoint{ID: fmt.Sprintf("r%d", i), NetworkID: h.net.ID,
+			IP: ip, MAC: dataplane.ContivMAC(ip), VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"})
+	}
+	if err := h.d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	svc := dataplane.Service{ID: "rev:" + tenantOf(h.net.ID), VIP: netip.MustParseAddr("10.50.0.100"),
+		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: backends[:2]}
+	rev := func() (uint32, uint32) {
+		t.Helper()
+		id := h.d.services[svc.ID].id
+		var r contivbpfCbSvcRev
+		if err := h.d.objs.CbSvcRevs.Lookup(id, &r); err != nil {
+			t.Fatal(err)
+		}
+		return id, r.Rev
+	}
+	last := uint32(0)
+	step := func(what string, bump bool, apply func() error) {
+		t.Helper()
+		if err := apply(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		_, got := rev()
+		switch {
+		case got == 0:
+			t.Fatalf("after %s the revision is 0 (never checked)", what)
+		case bump && got <= last, !bump && got != last && last != 0:
+			t.Fatalf("after %s the revision went from %d to %d (bump wanted: %v)", what, last, got, bump)
+		}
+		last = got
+	}
+	step("the service is written", false, func() error { return h.d.UpsertService(ctx, svc) })
+	svc.Backends = backends
+	step("a backend joins", false, func() error { return h.d.UpsertService(ctx, svc) })
+	svc.Backends = backends[1:]
+	step("a backend leaves", true, func() error { return h.d.UpsertService(ctx, svc) })
+	st.Services = []dataplane.Service{{ID: svc.ID, VIP: svc.VIP, Ports: svc.Ports, Backends: backends[2:]}}
+	step("a Sync without another backend", true, func() error { return h.d.Sync(ctx, st) })
+	id, _ := rev()
+	if err := h.d.DeleteService(ctx, svc.ID); err != nil {
+		t.Fatal(err)
+	}
+	var r contivbpfCbSvcRev
+	if err := h.d.objs.CbSvcRevs.Lookup(id, &r); err != nil || r.Rev <= last {
+		t.Fatalf("after the service was deleted its revision is %d (%v), want past %d", r.Rev, err, last)
+	}
+}

@@ -295,8 +295,16 @@ func (d *Driver) sweepMaps() []error {
 		func(k *contivbpfCbBackendKey, v *contivbpfCbBackend) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbVips, contivbpfMapCbVips, d.gen,
 		func(k *contivbpfCbVipKey, v *contivbpfCbVip) uint32 { return v.Generation })...)
-	errs = append(errs, sweepGen(d.objs.CbMembers, contivbpfMapCbMembers, d.gen,
-		func(k *contivbpfCbMemberKey, v *contivbpfCbMember) uint32 { return v.Generation })...)
+	left, merrs := sweepGenKeys(d.objs.CbMembers, contivbpfMapCbMembers, d.gen,
+		func(k *contivbpfCbMemberKey, v *contivbpfCbMember) uint32 { return v.Generation })
+	errs = append(errs, merrs...)
+	bumped := map[uint32]bool{}
+	for _, m := range left {
+		if !bumped[m.SvcId] {
+			bumped[m.SvcId] = true
+			errs = appendErr(errs, svcRevUpdate(d.objs.CbSvcRevs, m.SvcId, false))
+		}
+	}
 	errs = append(errs, d.sweepEPGStates()...)
 	errs = append(errs, sweepGen(d.objs.CbRoutes, contivbpfMapCbRoutes, d.gen,
 		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
@@ -378,6 +386,12 @@ func appendErr(errs []error, err error) []error {
 
 // sweepGen deletes every entry of m whose generation (read by gen) differs from cur.
 func sweepGen[K, V any](m *ebpf.Map, name string, cur uint32, gen func(*K, *V) uint32) []error {
+	_, errs := sweepGenKeys(m, name, cur, gen)
+	return errs
+}
+
+// sweepGenKeys is sweepGen that also returns the keys it found stale.
+func sweepGenKeys[K, V any](m *ebpf.Map, name string, cur uint32, gen func(*K, *V) uint32) ([]K, []error) {
 	var (
 		k     K
 		v     V
@@ -396,5 +410,5 @@ func sweepGen[K, V any](m *ebpf.Map, name string, cur uint32, gen func(*K, *V) u
 	for i := range stale {
 		errs = appendErr(errs, mapDel(m, &stale[i]))
 	}
-	return errs
+	return stale, errs
 }
