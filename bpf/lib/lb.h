@@ -97,8 +97,7 @@ struct {
 } cb_vips SEC(".maps");
 
 /* Backend revisions: cb_svc_revs[svc_id] changes whenever a backend leaves service svc_id
- * (the agent bumps it after deleting the membership; it starts at 1 when the service is
- * written). A client→VIP entry records in its epoch the revision read before its backend
+ * (the agent bumps it after deleting the membership, and whenever it writes the service). A client→VIP entry records in its epoch the revision read before its backend
  * was last found a member (cb_lb_forward): while the two are equal the backend still is
  * one, and cb_svc_fast needs no membership lookup. 0 (a service id past the array, an
  * entry whose backend was just chosen): the full stage checks. */
@@ -568,7 +567,7 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		if (bpf_map_lookup_elem(&cb_members, &mk)) {
 			/* Checked at this revision (an entry whose flow policy then denies keeps
 			 * it: the check holds all the same). */
-			if (ct->epoch != rev)
+			if (ct->epoch != rev && ct->nat_ip == mk.ip)
 				ct->epoch = rev;
 			c->ip = ct->nat_ip;
 			c->port = ct->nat_port;

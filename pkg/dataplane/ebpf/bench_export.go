@@ -210,7 +210,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		objs.CbServices.Put(&contivbpfCbSvcKey{Vip: ip4(vip), Port: benchPort(80), Proto: 6}, &contivbpfCbSvc{Id: 1, Count: 1, TargetPort: benchPort(80)}),
 		objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 1}, &contivbpfCbBackend{Ip: ip4(local), Net: vxNet}),
 		objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 1, Ip: ip4(local)}, &contivbpfCbMember{Net: vxNet}),
-		svcRevUpdate(objs.CbSvcRevs, 1, true),
+		svcRevBump(objs.CbSvcRevs, 1),
 		objs.CbVips.Put(&contivbpfCbVipKey{Vip: ip4(vip)}, &contivbpfCbVip{}))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("bench: fill stateful maps: %w", err)

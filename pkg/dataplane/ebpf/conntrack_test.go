@@ -41,7 +41,7 @@ func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.A
 			objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: id, Ip: ip4(b)}, &contivbpfCbMember{Net: testNet}))
 	}
 	errs = append(errs, objs.CbVips.Put(&contivbpfCbVipKey{Zone: testZone, Vip: ip4(vip)}, &contivbpfCbVip{}),
-		svcRevUpdate(objs.CbSvcRevs, id, true))
+		svcRevBump(objs.CbSvcRevs, id))
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
@@ -56,7 +56,7 @@ func removeMember(t *testing.T, objs *contivbpfObjects, id uint32, ip netip.Addr
 	if err := objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: id, Ip: ip4(ip)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := svcRevUpdate(objs.CbSvcRevs, id, false); err != nil {
+	if err := svcRevBump(objs.CbSvcRevs, id); err != nil {
 		t.Fatal(err)
 	}
 }

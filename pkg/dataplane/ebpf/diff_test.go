@@ -768,7 +768,7 @@ func (w *diffWorld) setService(backends []int, draining ...int) {
 	for _, i := range w.svcMembers {
 		_ = objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: diffSvcID, Ip: ip4(w.eps[i].ip)})
 	}
-	if err := svcRevUpdate(objs.CbSvcRevs, diffSvcID, false); err != nil {
+	if err := svcRevBump(objs.CbSvcRevs, diffSvcID); err != nil {
 		w.t.Fatal(err)
 	}
 	for n, i := range backends {

@@ -238,7 +238,7 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
-	if err := svcRevUpdate(d.objs.CbSvcRevs, id, true); err != nil {
+	if err := svcRevBump(d.objs.CbSvcRevs, id); err != nil {
 		return fmt.Errorf("service %s: %w", s.ID, err)
 	}
 	for i := range backends {
@@ -356,21 +356,26 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 	for _, m := range cur.members {
 		keepMember[m] = true
 	}
+	var errs []error
 	left := false
 	for _, m := range old.members {
 		if !keepMember[m] {
 			if err := mapDel(d.objs.CbMembers, &m); err != nil {
-				return fmt.Errorf("service %s: delete backend membership: %w", old.svc.ID, err)
+				errs = append(errs, fmt.Errorf("service %s: delete backend membership: %w", old.svc.ID, err))
 			}
 			left = true
 		}
 	}
 	if left {
-		// After the memberships: a flow the datapath trusts by the revision it recorded
-		// is checked again on its next packet (bpf/lib/lb.h, cb_svc_revs).
-		if err := svcRevUpdate(d.objs.CbSvcRevs, old.id, false); err != nil {
-			return fmt.Errorf("service %s: %w", old.svc.ID, err)
+		// After the memberships (also when one failed: those that went, went): a flow the
+		// datapath trusts by the revision it recorded is checked again on its next packet
+		// (bpf/lib/lb.h, cb_svc_revs).
+		if err := svcRevBump(d.objs.CbSvcRevs, old.id); err != nil {
+			errs = append(errs, fmt.Errorf("service %s: %w", old.svc.ID, err))
 		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
 	if (old.svc.VIP != cur.svc.VIP || old.zone != cur.zone) && !d.vipInUse(old.zone, old.svc.VIP) {
 		if err := mapDel(d.objs.CbVips, &contivbpfCbVipKey{Zone: old.zone, Vip: ip4(old.svc.VIP)}); err != nil {
@@ -380,19 +385,17 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 	return nil
 }
 
-// svcRevUpdate moves cb_svc_revs[id] (bpf/lib/lb.h): a bump, after a backend of service id
-// lost its membership, or with start only from 0 to 1 (the service is written). Ids past
-// the array have no revision: the datapath checks their flows' membership every packet.
-func svcRevUpdate(m *ebpf.Map, id uint32, start bool) error {
+// svcRevBump moves cb_svc_revs[id] on (bpf/lib/lb.h): after a backend of service id lost
+// its membership, and whenever the service is written (so an agent that starts again, or
+// after an older build ran without revisions, trusts no flow's earlier check). Ids past the
+// array have no revision: the datapath checks their flows' membership every packet.
+func svcRevBump(m *ebpf.Map, id uint32) error {
 	if id >= m.MaxEntries() {
 		return nil
 	}
 	var r contivbpfCbSvcRev
 	if err := m.Lookup(id, &r); err != nil {
 		return fmt.Errorf("read the revision of service id %d: %w", id, err)
-	}
-	if start && r.Rev != 0 {
-		return nil
 	}
 	r.Rev++
 	if r.Rev == 0 {

@@ -302,7 +302,7 @@ func (d *Driver) sweepMaps() []error {
 	for _, m := range left {
 		if !bumped[m.SvcId] {
 			bumped[m.SvcId] = true
-			errs = appendErr(errs, svcRevUpdate(d.objs.CbSvcRevs, m.SvcId, false))
+			errs = appendErr(errs, svcRevBump(d.objs.CbSvcRevs, m.SvcId))
 		}
 	}
 	errs = append(errs, d.sweepEPGStates()...)
