@@ -513,10 +513,9 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
  * live and not shadowed (no service flow's entry under the reverse tuple can make the
  * packet a reply: cb_ct_shadow), its backend still a member by the service's revision
- * (cb_svc_revs) and not the client itself,
- * the flow's own entry (client→backend) live, of the current policy epoch, allowed and a
- * service flow's of this VIP and network with nothing else (flags exactly ALLOWED and
- * DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
+ * (cb_svc_revs) and not the client itself, the flow's own entry (client→backend) live, of
+ * the current policy epoch, allowed and a service flow's of this VIP and network with
+ * nothing else (flags exactly ALLOWED and DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
  * entry is refreshed and the client→VIP entry follows its deadline. Otherwise CB_SLOW,
  * nothing changed. */
 CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_fast_keys *k,
@@ -528,7 +527,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	struct cb_endpoint *ep;
 	void *data, *data_end;
 	__be32 client = k->ct.saddr, vip = k->ct.daddr, backend = svc->nat_ip;
-	__be16 cport = k->ct.sport, vport = k->ct.dport, bport = svc->nat_port;
+	__be16 vport = k->ct.dport, bport = svc->nat_port;
 	__u32 bnet = svc->nat_net;
 	int r;
 
@@ -538,9 +537,8 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	 * recorded when it last found it one (cb_svc_revs). */
 	if (!svc->epoch || svc->epoch != cb_svc_rev_of(svc->svc_id))
 		return CB_SLOW;
-	k->ct.saddr = client;
+	/* The flow's own entry: client:cport → backend:bport. */
 	k->ct.daddr = backend;
-	k->ct.sport = cport;
 	k->ct.dport = bport;
 	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
 	if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || e->epoch != cb_policy_epoch ||
