@@ -45,10 +45,10 @@ const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 const struct cb_event cb_event_unused __attribute__((unused));
 const enum cb_net_flags cb_net_flags_unused __attribute__((unused));
 
-/* cb_deliver_as rewrites the destination MAC and hands the frame to local endpoint ep's
- * container end directly (no host stack, ip_forward stays 0), counted as verdict and in
- * ep's counter slot; cb_deliver_local counts it as CB_FWD_LOCAL. */
-CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
+/* cb_deliver_to rewrites the destination MAC to mac and hands the frame to the container
+ * end of host veth ifindex directly (no host stack, ip_forward stays 0), counted as
+ * verdict and in counter slot. */
+CB_INLINE int cb_deliver_to(struct __sk_buff *skb, const __u8 *mac, __u32 slot, __u32 ifindex,
 			    enum cb_reason verdict)
 {
 	void *data = (void *)(long)skb->data;
@@ -57,10 +57,18 @@ CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
 
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
-	cb_mac_copy(eth->h_dest, ep->mac);
-	cb_ep_rx(skb, ep->slot);
+	cb_mac_copy(eth->h_dest, mac);
+	cb_ep_rx(skb, slot);
 	cb_count(skb, verdict);
-	return bpf_redirect_peer(ep->ifindex, 0);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* cb_deliver_as delivers to local endpoint ep (cb_deliver_to), counted as verdict and in
+ * ep's counter slot; cb_deliver_local counts it as CB_FWD_LOCAL. */
+CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
+			    enum cb_reason verdict)
+{
+	return cb_deliver_to(skb, ep->mac, ep->slot, ep->ifindex, verdict);
 }
 
 #define cb_deliver_local(skb, ep) cb_deliver_as(skb, ep, CB_FWD_LOCAL)
@@ -354,6 +362,44 @@ CB_INLINE int cb_send_to(struct __sk_buff *skb, const struct cb_iface *ifc, cons
 	return cb_send_remote(skb, ifc, ep, dnet, daddr);
 }
 
+/* cb_dst_noted returns the interface entry of local endpoint net:ip, and its host veth in
+ * *ifindex, when entry e's note (dst_ifindex: cb_dst_note) still names it: the array read
+ * the verifier inlines instead of the endpoint table's hash lookup. The entry under that
+ * ifindex is the endpoint's while it lives there (an endpoint that moves or goes takes
+ * its entry with it; an ifindex reused holds another address or none). 0: look it up. */
+CB_INLINE const struct cb_iface *cb_dst_noted(const struct cb_ct_entry *e, __u32 net, __be32 ip, __u32 *ifindex)
+{
+	const struct cb_iface *d;
+	__u32 ifx = e->dst_ifindex;
+
+	if (!ifx || (e->flags & CB_CT_NODEPORT))
+		return 0;
+	d = bpf_map_lookup_elem(&cb_iface_direct, &ifx);
+	if (!d || d->ip != ip || d->net != net)
+		return 0;
+	*ifindex = ifx;
+	return d;
+}
+
+/* cb_dst_note notes in entry e (not a node port flow's, whose field it shares) the host
+ * veth of its direction's destination ep when that is a local endpoint cb_dst_noted can
+ * find (ifindex below CB_IFACE_DIRECT). */
+CB_INLINE void cb_dst_note(struct cb_ct_entry *e, const struct cb_endpoint *ep)
+{
+	if ((ep->flags & CB_EP_LOCAL) && ep->ifindex < CB_IFACE_DIRECT && !(e->flags & CB_CT_NODEPORT) &&
+	    e->dst_ifindex != ep->ifindex)
+		e->dst_ifindex = ep->ifindex;
+}
+
+/* cb_deliver_noted delivers to the local endpoint cb_dst_noted found (d, behind ifindex)
+ * as cb_send_to delivers to a local endpoint. */
+CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc, const struct cb_iface *d,
+			       __u32 ifindex)
+{
+	cb_ep_tx(skb, ifc->slot);
+	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
+}
+
 /* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
  * the entry program after this returns: the two stack frames never nest). */
 
@@ -524,11 +570,12 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	__u64 now = cb_now();
 	struct cb_ct_entry *e;
 	struct cb_ep_key dkey;
-	struct cb_endpoint *ep;
+	struct cb_endpoint *ep = 0;
+	const struct cb_iface *d;
 	void *data, *data_end;
 	__be32 client = k->ct.saddr, vip = k->ct.daddr, backend = svc->nat_ip;
 	__be16 vport = k->ct.dport, bport = svc->nat_port;
-	__u32 bnet = svc->nat_net;
+	__u32 bnet = svc->nat_net, dif = 0;
 	int r;
 
 	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
@@ -544,11 +591,14 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || e->epoch != cb_policy_epoch ||
 	    e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
 		return CB_SLOW;
-	dkey.net = bnet;
-	dkey.ip = backend;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep)
-		return CB_SLOW;
+	d = cb_dst_noted(svc, bnet, backend, &dif);
+	if (!d) {
+		dkey.net = bnet;
+		dkey.ip = backend;
+		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+		if (!ep)
+			return CB_SLOW;
+	}
 	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
 	if (r)
 		return cb_drop(skb, r);
@@ -560,6 +610,11 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	if (data + ETH_HLEN > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
+	if (d)
+		return cb_deliver_noted(skb, ifc, d, dif);
+	if (!ep)
+		return CB_SLOW;
+	cb_dst_note(svc, ep);
 	return cb_send_to(skb, ifc, ep, bnet, backend);
 }
 
@@ -578,9 +633,10 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	struct cb_l4_ports *l4;
 	struct cb_fast_keys k = {};
 	struct cb_ep_key dkey;
-	struct cb_endpoint *ep;
+	struct cb_endpoint *ep = 0;
+	const struct cb_iface *d = 0;
 	struct cb_ct_entry *e, *rev = 0;
-	__u32 features = cb_features, tracked;
+	__u32 features = cb_features, tracked, dif = 0;
 	__be16 sport;
 	int r;
 
@@ -615,12 +671,20 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 		return cb_svc_fast(skb, ifc, &k, e);
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	/* (With services on, a miss may be a VIP or a service reply's destination.) */
-	if (!ep)
-		return (features & CB_FEAT_LB) ? CB_SLOW : CB_OUTSIDE;
+	/* The destination: noted in the flow's entry, else looked up. */
+	if (e)
+		d = cb_dst_noted(e, dkey.net, dkey.ip, &dif);
+	if (d) {
+		tracked = cb_epg_flags_of(d->epg);
+	} else {
+		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+		/* (With services on, a miss may be a VIP or a service reply's destination.) */
+		if (!ep)
+			return (features & CB_FEAT_LB) ? CB_SLOW : CB_OUTSIDE;
+		tracked = cb_epg_flags_of(ep->epg);
+	}
 	/* Tracked: a group with rules, or (NetworkPolicy) a pod with an entry (cb_track_flags). */
-	tracked = cb_epg_flags_of(ifc->epg) | cb_epg_flags_of(ep->epg);
+	tracked |= cb_epg_flags_of(ifc->epg);
 	if (!tracked && (features & CB_FEAT_NETPOL))
 		tracked = cb_kpod_of(ifc->vrf, k.ct.saddr) || cb_kpod_of(ifc->vrf, k.ct.daddr);
 	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, &rev))
@@ -637,6 +701,12 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	if (data + ETH_HLEN > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
+	if (d)
+		return cb_deliver_noted(skb, ifc, d, dif);
+	if (!ep)
+		return CB_SLOW;
+	if (e)
+		cb_dst_note(e, ep);
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 

@@ -59,7 +59,14 @@ struct cb_ct_entry {
 	__u32 nat_net;   /* network key of nat_ip (backend's, or the client's for CB_CT_DNAT) */
 	__u32 epoch;     /* cb_policy_epoch of the last verdict */
 	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
-	__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
+	union {
+		__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
+		/* Otherwise: the fast path's note of the host veth (ifindex below CB_IFACE_DIRECT)
+		 * of the local endpoint a packet in the entry's own direction last went to (a
+		 * client→VIP entry: its backend), trusted only while cb_iface_direct still holds
+		 * that endpoint there (cb_dst_noted; 0: none). */
+		__u16 dst_ifindex;
+	};
 	__u16 owner;     /* counter slot of the local endpoint the entry counts against (0: none) */
 };
 

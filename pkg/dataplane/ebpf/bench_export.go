@@ -134,6 +134,11 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		errs = append(errs, objs.ifaceTable().put(uint32(loIf), &ifc, nil))
 	}
 	setIface(vxNet, src)
+	// The destination's interface entry, as the agent writes one for every local endpoint
+	// (the fast path finds a flow's destination through it: cb_dst_noted).
+	dstIfc := contivbpfCbIface{Net: vxNet, Ip: ip4(local), Slot: slotOf(local)}
+	copy(dstIfc.Mac[:], dataplane.ContivMAC(local))
+	errs = append(errs, objs.ifaceTable().put(uint32(peerIf), &dstIfc, nil))
 	errs = append(errs, rf.SetDest(local, peerIf, dataplane.ContivMAC(local)))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("bench: fill maps: %w", err)
@@ -190,9 +195,11 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			v.Epg = g
 			errs = append(errs, objs.CbEndpoints.Put(&k, &v))
 		}
-		if ifc, err := objs.ifaceTable().lookup(uint32(loIf)); err == nil { // absent in the unknown-iface case
-			ifc.Epg = srcEPG
-			errs = append(errs, objs.ifaceTable().put(uint32(loIf), &ifc, nil))
+		for ifindex, g := range map[uint32]uint16{loIf: srcEPG, peerIf: dstEPG} {
+			if ifc, err := objs.ifaceTable().lookup(ifindex); err == nil { // the sender's is absent in the unknown-iface case
+				ifc.Epg = g
+				errs = append(errs, objs.ifaceTable().put(ifindex, &ifc, nil))
+			}
 		}
 		errs = append(errs, objs.CbFeatures.Set(uint32(features)))
 		return errors.Join(errs...)

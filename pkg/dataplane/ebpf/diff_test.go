@@ -1,10 +1,12 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"reflect"
@@ -39,6 +41,7 @@ type diffEP struct {
 	local  bool
 	epg    uint16
 	active bool // exists (a deleted endpoint is flushed and re-added later)
+	moved  bool // local: behind its second host veth (a deleted endpoint comes back behind the other)
 }
 
 // diffStep is one event of a sequence; it is replayed exactly on both sides.
@@ -198,6 +201,21 @@ func (g *diffGen) reply() (diffStep, bool) {
 	return s, true
 }
 
+// again repeats a recent packet as its flow's next one in the same direction (TCP: an ACK,
+// with or without data), whole: flows that carry on are what the fast path and the
+// destinations it notes in their entries are for.
+func (g *diffGen) again() (diffStep, bool) {
+	if len(g.recent) == 0 {
+		return diffStep{}, false
+	}
+	s := g.recent[g.r.IntN(len(g.recent))]
+	s.frag, s.ipid = policy.FragNone, uint16(1+g.r.IntN(3))
+	if s.proto == 6 {
+		s.flags = []uint8{0x10, 0x18}[g.r.IntN(2)]
+	}
+	return s, true
+}
+
 // icmpError is an ICMP error about a recent TCP/UDP packet, sent back to its sender by its
 // receiver (or by a backend, for a packet to the VIP), or quoting a random tuple.
 func (g *diffGen) icmpError() (diffStep, bool) {
@@ -317,6 +335,11 @@ func (g *diffGen) step() diffStep {
 	if g.r.IntN(3) == 0 {
 		if s, ok := g.reply(); ok {
 			g.remember(s)
+			return s
+		}
+	}
+	if g.r.IntN(5) == 0 {
+		if s, ok := g.again(); ok {
 			return s
 		}
 	}
@@ -732,13 +755,38 @@ func (w *diffWorld) syncClock() {
 	w.lastClock = now
 }
 
+// ifindex is the host veth of local endpoint i: one of two of its own.
+func (w *diffWorld) ifindex(i int) uint32 {
+	if w.eps[i].moved {
+		return 40 + uint32(i)
+	}
+	return 20 + uint32(i)
+}
+
+// mac is endpoint i's MAC in its endpoint and interface entries: a local one's differs by
+// host veth, so a delivered frame shows which entry it was sent by.
+func (w *diffWorld) mac(i int) net.HardwareAddr {
+	m := dataplane.ContivMAC(w.eps[i].ip)
+	if w.eps[i].local {
+		m[1] = byte(w.ifindex(i))
+	}
+	return m
+}
+
+// putEP writes endpoint i as the driver does: a local one's interface entry (behind its
+// host veth), then its endpoint entry.
 func (w *diffWorld) putEP(i int) {
 	e := w.eps[i]
 	v := contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Vtep: ip4(netip.MustParseAddr(testVTEP))}
 	if e.local {
-		v = contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Ifindex: uint32(peerIfindex), Slot: w.slot(i)}
+		v = contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Ifindex: w.ifindex(i), Slot: w.slot(i)}
+		ifc := contivbpfCbIface{Net: e.net, Ip: ip4(e.ip), Epg: e.epg, Slot: w.slot(i), Vrf: e.zone}
+		copy(ifc.Mac[:], w.mac(i))
+		if err := w.objs.ifaceTable().put(w.ifindex(i), &ifc, nil); err != nil {
+			w.t.Fatal(err)
+		}
 	}
-	copy(v.Mac[:], dataplane.ContivMAC(e.ip))
+	copy(v.Mac[:], w.mac(i))
 	if err := w.objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: e.net, Ip: ip4(e.ip)}, &v); err != nil {
 		w.t.Fatal(err)
 	}
@@ -1010,6 +1058,17 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	if res.diff[RejectNoBackend] == 1 {
 		checkReject(t, pkt, res.out) // the ICMP error it answered with
 	}
+	if res.diff[FwdLocal] == 1 {
+		// Delivered to the local endpoint it is addressed to, by its current entries.
+		to := netip.AddrFrom4([4]byte(res.out[14+16 : 14+20]))
+		j := slices.IndexFunc(w.eps, func(e diffEP) bool { return e.zone == from.zone && e.ip == to })
+		if j < 0 || !w.eps[j].local {
+			t.Fatalf("step %v: delivered locally to %v, no local endpoint of its tenant", s, to)
+		}
+		if !bytes.Equal(res.out[:6], w.mac(j)) {
+			t.Fatalf("step %v: delivered to %v with MAC %v, want %v (its current entries')", s, to, net.HardwareAddr(res.out[:6]), w.mac(j))
+		}
+	}
 	if o.pass {
 		ip := res.out[14:]
 		// Every rewrite keeps the checksums right: the IPv4 header's always, a whole TCP or
@@ -1147,7 +1206,12 @@ func (w *diffWorld) apply(s diffStep) string {
 		w.model.GC()
 		w.model.SetEndpoint(e.zone, e.ip, e.epg)
 		if e.local {
-			w.allocSlot(s.from)
+			// Behind another host veth: its old one's interface entry goes.
+			if err := w.objs.ifaceTable().del(w.ifindex(s.from)); err != nil {
+				w.t.Fatal(err)
+			}
+			w.eps[s.from].moved = !e.moved
+			w.putEP(s.from)
 		}
 	case "quota":
 		w.setQuota(s.quota)

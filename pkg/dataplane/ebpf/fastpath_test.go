@@ -1,7 +1,9 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -336,4 +338,120 @@ func TestServiceFastPathShadowNew(t *testing.T) {
 	if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, 8080, 5000); !ok || svc.Flags&uint8(contivbpfCbCtFlagsCB_CT_SHADOW) == 0 {
 		t.Fatalf("a client→VIP entry made over a service flow's reverse entry is not shadowed: %+v (found %v)", svc, ok)
 	}
+}
+
+// The fast path notes in a flow's entry the host veth of its local destination
+// (cb_dst_note: a client→VIP entry notes its backend's) and finds the destination there on
+// the next packet (cb_dst_noted), an array read instead of the endpoint table's hash
+// lookup. It trusts the note only while the interface table holds that endpoint behind
+// it: an endpoint that moves to another veth, a veth reused by another endpoint, another
+// tenant's endpoint of the same address there, an endpoint that went elsewhere (now
+// remote) each get what the endpoint table says. Direct flows and service flows.
+func TestFastPathDstNote(t *testing.T) {
+	for _, svc := range []bool{false, true} {
+		name := "direct"
+		if svc {
+			name = "service"
+		}
+		t.Run(name, func(t *testing.T) { testFastPathDstNote(t, svc) })
+	}
+}
+
+func testFastPathDstNote(t *testing.T, svc bool) {
+	objs := ctPolicyFixture(t)
+	fc := objs.CbFromContainer
+	dst, dport := localIP, uint16(80)
+	if svc {
+		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+		dst = netip.MustParseAddr("10.1.0.101")
+		putTestService(t, objs, 9, dst, 80, 6, 80, localIP)
+	}
+	// macAt is the MAC local endpoint ip has behind ifindex here: each place its own, so
+	// that the frame shows where it went.
+	macAt := func(ip netip.Addr, ifindex uint32) []byte {
+		m := dataplane.ContivMAC(ip)
+		m[1] = byte(ifindex)
+		return m
+	}
+	// place puts localIP behind ifindex (net: its network's key) as the agent does: its
+	// interface entry, then its endpoint entry.
+	place := func(ip netip.Addr, net, ifindex uint32) {
+		t.Helper()
+		ifc := contivbpfCbIface{Net: net, Ip: ip4(ip), Epg: 20, Slot: testSlot(ip), Vrf: testZone}
+		copy(ifc.Mac[:], macAt(ip, ifindex))
+		ep := contivbpfCbEndpoint{Ifindex: ifindex, Epg: 20, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Slot: testSlot(ip)}
+		copy(ep.Mac[:], macAt(ip, ifindex))
+		if err := objs.ifaceTable().put(ifindex, &ifc, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: net, Ip: ip4(ip)}, &ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unplace := func(ifindex uint32) {
+		t.Helper()
+		if err := objs.ifaceTable().del(ifindex); err != nil {
+			t.Fatal(err)
+		}
+	}
+	note := func() uint16 {
+		t.Helper()
+		e, ok := ctEntry(t, objs, testZone, 6, srcIP, dst, 43000, dport)
+		if !ok {
+			t.Fatal("the flow's entry is gone")
+		}
+		return e.Nodeport // the field's other name: dst_ifindex
+	}
+	// sent sends the flow's next ACK and checks where it went.
+	sent := func(what string, reason Reason, mac []byte, noted uint16) {
+		t.Helper()
+		r := run(t, objs, fc, l4Frame(6, srcIP, dst, 43000, dport, tcpACK, 0), nil)
+		r.expect(t, tcActRedirect, reason)
+		if _, to, _, _ := checkSums(t, r.out); to != localIP && reason == FwdLocal {
+			t.Fatalf("%s: went to %v, want %v", what, to, localIP)
+		}
+		if mac != nil && !bytes.Equal(r.out[:6], mac) {
+			t.Fatalf("%s: went to MAC %v, want %v", what, net.HardwareAddr(r.out[:6]), net.HardwareAddr(mac))
+		}
+		if n := note(); n != noted {
+			t.Fatalf("%s: the entry notes ifindex %d, want %d", what, n, noted)
+		}
+	}
+	place(localIP, testNet, peerIfindex)
+	run(t, objs, fc, l4Frame(6, srcIP, dst, 43000, dport, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	if n := note(); n != 0 {
+		t.Fatalf("a new entry notes ifindex %d", n)
+	}
+	if svc { // the first ACK finds its backend a member in the full stage, which notes nothing
+		sent("first ACK", FwdLocal, macAt(localIP, peerIfindex), 0)
+	}
+	sent("fast ACK", FwdLocal, macAt(localIP, peerIfindex), peerIfindex)
+	sent("noted", FwdLocal, macAt(localIP, peerIfindex), peerIfindex)
+
+	// It moves to another veth: the note (its old veth has no entry) is looked past.
+	unplace(peerIfindex)
+	place(localIP, testNet, 11)
+	sent("moved", FwdLocal, macAt(localIP, 11), 11)
+	sent("noted again", FwdLocal, macAt(localIP, 11), 11)
+
+	// It moves to 12 and its old veth's index goes to another endpoint.
+	unplace(11)
+	place(netip.MustParseAddr("10.1.0.6"), testNet, 11)
+	place(localIP, testNet, 12)
+	sent("veth reused", FwdLocal, macAt(localIP, 12), 12)
+
+	// Another tenant's endpoint of the same address behind the noted veth.
+	unplace(12)
+	place(localIP, testNet+1, 12)
+	place(localIP, testNet, 13)
+	sent("other tenant's", FwdLocal, macAt(localIP, 13), 13)
+
+	// It went to another host: the endpoint table says remote; the note is left (no local
+	// endpoint to name) and not trusted.
+	unplace(13)
+	if err := objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: testNet, Ip: ip4(localIP)},
+		&contivbpfCbEndpoint{Vtep: ip4(netip.MustParseAddr(testVTEP)), Epg: 20, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)}); err != nil {
+		t.Fatal(err)
+	}
+	sent("remote", FwdTunnel, nil, 13)
 }

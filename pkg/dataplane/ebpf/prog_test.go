@@ -56,7 +56,7 @@ func requireRoot(t testing.TB) {
 
 // loadTestObjects loads the real programs with private, unpinned maps and the fixture:
 // lo (ifindex 1) is the sending endpoint 10.1.0.2 of VXLAN network 100; 10.1.0.3 is local
-// (ifindex 7), 10.1.0.4 remote behind peer 192.168.0.2, 10.1.0.5 remote behind a non-peer.
+// (ifindex 7, with its interface entry), 10.1.0.4 remote behind peer 192.168.0.2, 10.1.0.5 remote behind a non-peer.
 // Programs: cb_from_container, cb_test_overlay and cb_clock_probe, and those named in
 // progs (the others are nil): verifying every program costs each load seconds.
 func loadTestObjects(t testing.TB, progs ...string) *contivbpfObjects {
@@ -131,6 +131,11 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec), progs 
 	}
 	put(srcIP, contivbpfCbEndpoint{Ifindex: loIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)})
 	put(localIP, contivbpfCbEndpoint{Ifindex: peerIfindex, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL)})
+	// A local endpoint's interface entry, as the agent writes one for each (the sender's
+	// is lo's, above).
+	dst := contivbpfCbIface{Net: testNet, Ip: ip4(localIP), Slot: testSlot(localIP), Vrf: testZone}
+	copy(dst.Mac[:], dataplane.ContivMAC(localIP))
+	must(objs.ifaceTable().put(uint32(peerIfindex), &dst, nil))
 	put(remoteIP, contivbpfCbEndpoint{Vtep: ip4(netip.MustParseAddr(testVTEP)), Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)})
 	put(orphanIP, contivbpfCbEndpoint{Vtep: ip4(netip.MustParseAddr("192.168.0.99")), Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE)})
 	must(objs.CbPeers.Put(ip4(netip.MustParseAddr(testVTEP)), &contivbpfCbPeer{}))
