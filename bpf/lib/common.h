@@ -37,3 +37,19 @@ CB_INLINE int cb_mac_eq(const __u8 *a, const __u8 *b)
 	return (*(const __u32 *)a ^ *(const __u32 *)b) == 0 &&
 	       (*(const __u16 *)(a + 4) ^ *(const __u16 *)(b + 4)) == 0;
 }
+
+/* cb_csum_fold folds a 32-bit one's complement sum to 16 bits and complements it (the
+ * kernel's csum_fold). */
+CB_INLINE __u16 cb_csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* cb_csum_add adds b to the 32-bit one's complement sum a (the kernel's csum_add). */
+CB_INLINE __u32 cb_csum_add(__u32 a, __u32 b)
+{
+	a += b;
+	return a + (a < b);
+}

@@ -25,8 +25,8 @@ enum cb_ct_flags {
 	CB_CT_DNAT = 4,    /* key = client→backend tuple; nat_* = VIP:port to restore on replies */
 	CB_CT_HAIRPIN = 8, /* with DNAT: the client is its own backend; key = VIP:cport→client */
 	CB_CT_NODEPORT = 16, /* with DNAT: the client came to the host's node port (nodeport) from outside */
-	CB_CT_SHADOW = 32, /* with SVC: a service flow's entry (DNAT) was made under the reverse tuple, so
-			    * a packet of this flow may be that one's reply (cb_ct_shadow) */
+	CB_CT_SHADOW = 32, /* a service flow's entry (DNAT) was made under the reverse tuple, so a packet
+			    * of this flow may be that one's reply: the full stage decides (cb_ct_shadow) */
 };
 
 enum cb_ct_state {

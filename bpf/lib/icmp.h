@@ -70,13 +70,6 @@ CB_INLINE __u32 cb_csum_words(struct __sk_buff *skb, __u32 off, __u32 len, __u32
 	return sum;
 }
 
-CB_INLINE __u16 cb_csum_fold(__u32 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
-
 /* cb_icmp_unreach turns the IPv4 frame in skb (header length hlen; L4 of proto present)
  * into an ICMP destination unreachable (code) from src to the frame's sender, MACs
  * swapped. Returns 0, or -1 when the kernel refused to resize the packet (it is then

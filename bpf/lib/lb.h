@@ -6,6 +6,8 @@
  * wherever they reach the client's host (local backend or overlay). */
 #pragma once
 
+#include <bpf/bpf_core_read.h>
+
 #include "common.h"
 #include "drop.h"
 #include "maps.h"
@@ -127,34 +129,117 @@ CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
 	return bpf_map_lookup_elem(&cb_vips, &k) != 0;
 }
 
+/* The kernel's sk_buff, as far as the NAT needs it (CO-RE: the loader finds the field in
+ * the running kernel's BTF): how far its L4 checksum is done (CHECKSUM_NONE 0,
+ * UNNECESSARY 1, COMPLETE 2, PARTIAL 3). */
+struct sk_buff___cb {
+	__u8 ip_summed : 2;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+#define CB_CHECKSUM_COMPLETE 2
+#define CB_CHECKSUM_PARTIAL 3
+
+/* cb_l4_csum_nat updates the TCP or UDP checksum at csum (in the packet) for an address
+ * change whose one's complement difference is diff (csum_sub(new, old)) and a port
+ * old_port → port (equal: none) as bpf_l4_csum_replace does (by the difference with the
+ * pseudo header, then inet_proto_csum_replace2; a UDP checksum of 0 is none, and a result
+ * of 0 is written 0xffff), for an skb whose checksum is not COMPLETE (then skb->csum
+ * follows too, which only the helper can write): with CHECKSUM_PARTIAL the field holds
+ * the pseudo header's sum, which takes the address and not the port; otherwise it is the
+ * checksum, which takes both. No call. */
+CB_INLINE void cb_l4_csum_nat(__sum16 *csum, __u32 summed, int udp, __u32 diff, __be16 old_port, __be16 port)
+{
+	__u32 sum, field = (__u16)*csum;
+
+	if (udp && !field)
+		return;
+	if (summed == CB_CHECKSUM_PARTIAL) {
+		/* ~csum_fold(csum_add(csum_unfold(*sum), diff)) */
+		sum = (__u16)~cb_csum_fold(cb_csum_add(field, diff));
+	} else {
+		/* csum_fold(csum_add(diff, ~csum_unfold(*sum))) */
+		sum = cb_csum_fold(cb_csum_add(diff, ~field));
+		if (udp && !sum)
+			sum = 0xffff;
+		if (old_port != port) {
+			/* csum_replace2: ~csum16_add(csum16_sub(~*sum, old), new) */
+			sum = (~sum & 0xffff) + (~(__u32)old_port & 0xffff);
+			sum = (sum & 0xffff) + (sum >> 16);
+			sum += port;
+			sum = (sum & 0xffff) + (sum >> 16);
+			sum = ~sum & 0xffff;
+		}
+	}
+	if (udp && !sum)
+		sum = 0xffff;
+	*csum = (__sum16)sum;
+}
+
+/* cb_l4_nat updates the TCP or UDP checksum of a packet whose address changes by diff
+ * (csum_sub(new, old)) and whose port changes; at (cb_l4_at) holds where the checksum is,
+ * whether it is UDP's, and the old and new ports. cb_l4_csum_nat when the skb's checksum
+ * is not COMPLETE and the field lies in the linear part, else the helper (which also
+ * follows a COMPLETE skb->csum). A call of its own, with three arguments that the
+ * registers a call keeps hold over the kfunc, so that the full stages that inline cb_nat
+ * keep their frames. Returns 0 or CB_DROP_NAT_ERR. */
+#define CB_L4_NAT_UDP 0x10000
+#define cb_l4_at(off, udp, old_port, port) \
+	((__u64)(off) | ((udp) ? CB_L4_NAT_UDP : 0) | (__u64)(__u16)(old_port) << 32 | (__u64)(__u16)(port) << 48)
+
+/* cb_l4_nat_helper is cb_l4_nat through the helpers. */
+static __noinline int cb_l4_nat_helper(struct __sk_buff *skb, __u32 diff, __u64 at)
+{
+	if (!skb)
+		return CB_DROP_NAT_ERR;
+	if (bpf_l4_csum_replace(skb, at & 0xffff, 0, diff,
+				BPF_F_PSEUDO_HDR | ((at & CB_L4_NAT_UDP) ? BPF_F_MARK_MANGLED_0 : 0)) < 0)
+		return CB_DROP_NAT_ERR;
+	if ((__u16)(at >> 32) != (__u16)(at >> 48) &&
+	    bpf_l4_csum_replace(skb, at & 0xffff, (__u16)(at >> 32), (__u16)(at >> 48),
+				((at & CB_L4_NAT_UDP) ? BPF_F_MARK_MANGLED_0 : 0) | 2) < 0)
+		return CB_DROP_NAT_ERR;
+	return 0;
+}
+
+static __noinline int cb_l4_nat(struct __sk_buff *skb, __u32 diff, __u64 at)
+{
+	struct sk_buff___cb *kskb;
+	void *data_end;
+	__sum16 *csum;
+	__u32 summed;
+
+	if (!skb)
+		return CB_DROP_NAT_ERR;
+	kskb = bpf_cast_to_kern_ctx(skb);
+	summed = BPF_CORE_READ_BITFIELD(kskb, ip_summed);
+	if (summed == CB_CHECKSUM_COMPLETE || (at & 0xffff) > ETH_HLEN + 60 + 16)
+		return cb_l4_nat_helper(skb, diff, at);
+	csum = (void *)(long)skb->data + (at & 0xffff);
+	data_end = (void *)(long)skb->data_end;
+	if ((void *)(csum + 1) > data_end)
+		return cb_l4_nat_helper(skb, diff, at);
+	cb_l4_csum_nat(csum, summed, at & CB_L4_NAT_UDP, diff, at >> 32, at >> 48);
+	return 0;
+}
+
 /* cb_nat_rewrite rewrites the destination (dst=1) or source address of an IPv4 packet
  * whose L4 header is at l4_off from old_ip to ip and, when it has ports (TCP or UDP), its
- * port from old_port to port, fixing the L4 checksum through the helpers (they know
- * CHECKSUM_PARTIAL) and the IPv4 one as csum_replace4 does, writing the fields directly.
- * Returns 0 or CB_DROP_NAT_ERR. */
+ * port from old_port to port, fixing the L4 checksum (cb_l4_nat) and the IPv4 one as
+ * csum_replace4 does, writing the fields directly. Returns 0 or CB_DROP_NAT_ERR. */
 CB_INLINE int cb_nat_rewrite(struct __sk_buff *skb, __u32 l4_off, __u8 proto, int ports, int dst,
 			     __be32 old_ip, __be32 ip, __be16 old_port, __be16 port)
 {
 	__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
 	__u32 port_off = l4_off + (dst ? 2 : 0);
-	__u32 csum_off = 0, sum;
-	__u64 mangled = 0;
+	__u32 sum;
 	void *data, *data_end;
 	struct iphdr *iph;
 
-	if (ports) {
-		if (proto == CB_PROTO_TCP) {
-			csum_off = l4_off + 16;
-		} else {
-			csum_off = l4_off + 6;
-			mangled = BPF_F_MARK_MANGLED_0;
-		}
-		if (bpf_l4_csum_replace(skb, csum_off, old_ip, ip, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
-			return CB_DROP_NAT_ERR;
-		if (port != old_port &&
-		    bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2) < 0)
-			return CB_DROP_NAT_ERR;
-	}
+	if (ports && cb_l4_nat(skb, cb_csum_add(ip, ~old_ip),
+			       cb_l4_at(l4_off + (proto == CB_PROTO_TCP ? 16 : 6), proto != CB_PROTO_TCP, old_port, port)))
+		return CB_DROP_NAT_ERR;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	iph = data + ETH_HLEN;
@@ -162,14 +247,8 @@ CB_INLINE int cb_nat_rewrite(struct __sk_buff *skb, __u32 l4_off, __u8 proto, in
 		return CB_DROP_NAT_ERR;
 	/* The IPv4 checksum, as csum_replace4 (bpf_l3_csum_replace) computes it, without the
 	 * call: ~(~check + ~old_ip + ip) in 32-bit one's complement, folded. */
-	sum = ~(__u32)iph->check;
-	sum += ~old_ip;
-	sum += sum < ~old_ip;
-	sum += ip;
-	sum += sum < ip;
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	iph->check = (__sum16)~sum;
+	sum = cb_csum_add(cb_csum_add(~(__u32)iph->check, ~old_ip), ip);
+	iph->check = (__sum16)cb_csum_fold(sum);
 	*(__be32 *)(data + addr_off) = ip;
 	if (ports && port != old_port) {
 		if (port_off > ETH_HLEN + 60 + 2 || data + port_off + 2 > data_end)
@@ -639,7 +718,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cb_lb_key(&key, f, t);
 		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
-		cb_ct_shadow(&key, 1);
+		cb_ct_shadow(&key);
 	}
 	if (p->frag == CB_FRAG_FIRST) {
 		/* Later fragments of this datagram go to the same backend (a hairpin's: also from
@@ -746,7 +825,12 @@ struct cb_fast_keys {
  * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (its
  * tuple may be left reversed; e: the entry under it, never a client→VIP one with services
  * on), may skip cb_ipv4_from_container. With services on (lb), it must not be addressed to
- * a service (cb_lb_forward's test).
+ * a service (cb_lb_forward's test) nor be a service flow's reply (cb_lb_reply's). An entry
+ * under its own tuple answers both without a lookup when it is live, of the current
+ * policy epoch and nobody's service flow (flags exactly CB_CT_ALLOWED): a service flow's
+ * entry under the reverse tuple would have marked it (CB_CT_SHADOW, cb_ct_shadow), and a
+ * service on the destination's address and port added since its verdict moved the epoch
+ * (the driver bumps it when a service takes an endpoint's address).
  * When the flow is tracked (a group with rules, or a pod with a NetworkPolicy entry, at
  * either end), a live entry of the current policy epoch that policy allowed and that is
  * nobody's service flow (flags exactly CB_CT_ALLOWED) must hold its tuple, either way; it
@@ -761,10 +845,11 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 {
 	struct cb_ct_entry *r = 0;
 	__u64 now = cb_now();
+	int plain = e && e->expires >= now && e->flags == CB_CT_ALLOWED && e->epoch == cb_policy_epoch;
 	__be32 a;
 	__be16 port;
 
-	if (lb || !e) {
+	if (!e) {
 		a = k->ct.saddr;
 		k->ct.saddr = k->ct.daddr;
 		k->ct.daddr = a;
@@ -773,12 +858,15 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 		k->ct.dport = port;
 		r = bpf_map_lookup_elem(&cb_ct, &k->ct);
 	}
-	if (lb) {
+	if (lb && !plain) {
+		/* Marked: its packets may be a service flow's replies. */
+		if (e && (e->flags & CB_CT_SHADOW))
+			return 0;
 		if (r && r->expires >= now && (r->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT)) {
 			/* A service flow's reply: only from a backend that is no hairpin, with no
 			 * entry of its own direction, to a client of net (where its destination was
 			 * looked up), and of the current policy epoch. */
-			if (e || r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || r->epoch != cb_policy_epoch || r->nat_net != net)
+			if (r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || r->epoch != cb_policy_epoch || r->nat_net != net)
 				return 0;
 			if (r->state == CB_CTS_NEW)
 				r->state = CB_CTS_ESTABLISHED;
@@ -792,7 +880,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 	if (!tracked)
 		return 1;
 	if (e) {
-		if (e->expires < now || e->flags != CB_CT_ALLOWED || e->epoch != cb_policy_epoch)
+		if (!plain)
 			return 0;
 	} else {
 		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || r->epoch != cb_policy_epoch)

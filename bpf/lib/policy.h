@@ -447,28 +447,32 @@ CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
-/* cb_ct_shadow marks a client→VIP entry whose reverse tuple holds a service flow's entry
- * (DNAT), once one of the two was just written under k (svc: the client→VIP one, else the
- * DNAT one): the client→VIP flow's packets may then also be the other flow's replies,
- * which the full stage asks about first (cb_lb_reply) and cb_svc_fast does not. The full
- * stage makes a client→VIP entry only for a packet it found no such reply of, but another
- * CPU may have made one since: whichever of the two entries is written second sees the
- * other. The mark stays: it only sends packets to the full stage. */
-static __noinline void cb_ct_shadow(const struct cb_ct_key *k, int svc)
+/* cb_ct_shadow marks, once an entry was just written under k (or became a service flow's),
+ * whichever of it and the entry under the reverse tuple may carry the other's replies: the
+ * entry under k when the reverse one is a service flow's (DNAT), the reverse one when the
+ * entry under k is. Such a flow's packets may be the other flow's replies, which the full
+ * stage asks about first (cb_lb_reply) and the fast path (cb_svc_fast; cb_fast_pass for an
+ * entry under the packet's own tuple) does not. Either entry looks when it is written, so
+ * whichever of the two is written second sees the other, also on two CPUs at once. The
+ * mark stays: it only sends packets to the full stage. Only with services on. */
+static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
 {
 	struct cb_ct_key r = {};
-	struct cb_ct_entry *e;
+	struct cb_ct_entry *rev, *e;
 
-	if (!k)
+	if (!k || !(cb_features & CB_FEAT_LB))
 		return;
 	cb_ct_key_reverse(&r, k);
-	e = bpf_map_lookup_elem(&cb_ct, &r);
-	if (!e || !(e->flags & (svc ? CB_CT_DNAT : CB_CT_SVC)))
+	rev = bpf_map_lookup_elem(&cb_ct, &r);
+	if (!rev)
 		return;
-	if (svc)
-		e = bpf_map_lookup_elem(&cb_ct, k);
-	if (e && (e->flags & CB_CT_SVC) && !(e->flags & CB_CT_SHADOW))
+	e = bpf_map_lookup_elem(&cb_ct, k);
+	if (!e)
+		return;
+	if ((rev->flags & CB_CT_DNAT) && !(e->flags & CB_CT_SHADOW))
 		e->flags |= CB_CT_SHADOW;
+	if ((e->flags & CB_CT_DNAT) && !(rev->flags & CB_CT_SHADOW))
+		rev->flags |= CB_CT_SHADOW;
 }
 
 /* cb_ct_mark_dnat records in a flow's forward entry (under k) that it is a service flow
@@ -478,9 +482,10 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k,
 {
 	if (!t->svc)
 		return;
-	if (!(e->flags & CB_CT_DNAT))
-		cb_ct_shadow(k, 0);
-	e->flags |= CB_CT_DNAT;
+	if (!(e->flags & CB_CT_DNAT)) {
+		e->flags |= CB_CT_DNAT;
+		cb_ct_shadow(k);
+	}
 	if (t->hairpin)
 		e->flags |= CB_CT_HAIRPIN;
 	if (t->nodeport) {
@@ -551,14 +556,15 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 	return 0;
 }
 
-/* cb_ct_open_svc is cb_ct_open, then a service flow's new entry shadows (cb_ct_shadow):
- * the two calls side by side, not one under the other (the stack is short). */
+/* cb_ct_open_svc is cb_ct_open, then the new entry and the one under its reverse tuple
+ * shadow each other as they may (cb_ct_shadow): the two calls side by side, not one under
+ * the other (the stack is short). */
 CB_INLINE int cb_ct_open_svc(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
 {
 	int r = cb_ct_open(k, f, t, now);
 
-	if (!r && t->svc)
-		cb_ct_shadow(k, 0);
+	if (!r)
+		cb_ct_shadow(k);
 	return r;
 }
 

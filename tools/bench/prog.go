@@ -44,8 +44,8 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		// local (repeated), which removes the harness' per-run cost.
 		local := byName["local"].NsPerPk
 		// The reference forwarder (package reffwd: lookup + MAC rewrite + redirect_peer,
-		// timed on the local path's packet right after it): prog.<path>_ratio,
-		// machine-independent where the ns figures are not.
+		// timed on the local path's packet right before and after each path, and after the
+		// local path): prog.<path>_ratio, machine-independent where the ns figures are not.
 		refNs := byName["ref-forward"].NsPerPk
 		if refNs <= 0 {
 			return fmt.Errorf("reference forwarder not measured: no prog.*_ratio figures")
@@ -67,7 +67,12 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 				pp.single = append(pp.single, fmt.Sprintf("%.0f-%.0f+%.0f", c.NsPerPk, c.SingleRef, base))
 			}
 			pp.ns = append(pp.ns, v)
-			pp.ratio = append(pp.ratio, v/refNs)
+			// The reference timed around this path (same moment), else the round's.
+			ref := refNs
+			if c.RefNs > 0 {
+				ref = c.RefNs
+			}
+			pp.ratio = append(pp.ratio, v/ref)
 		}
 	}
 	var rows [][]string

@@ -85,11 +85,15 @@ var goals = map[string]goal{
 	"crosshost.tput_ratio": atLeast(1.05),
 	// datapath-trust: with policy on both groups, no lower than the ratios without it
 	// had when the issue was written.
-	"samehost_policy.tput_ratio":               atLeast(0.95),
-	"samehost_monitor.tput_ratio":              atLeast(0.97),
-	"operate.trace_p50_ms":                     atMost(100),
-	"crosshost_policy.tput_ratio":              atLeast(1.02),
-	"prog.local":                               atMost(40),
+	"samehost_policy.tput_ratio":  atLeast(0.95),
+	"samehost_monitor.tput_ratio": atLeast(0.97),
+	"operate.trace_p50_ms":        atMost(100),
+	"crosshost_policy.tput_ratio": atLeast(1.02),
+	// The issue's per-packet goals, as ratios to the reference forwarder timed around
+	// each path (nanoseconds differ 2x between machines of this kind).
+	"prog.local_ratio":                         atMost(1.3),
+	"prog.ct_established_ratio":                atMost(2.0),
+	"prog.service_ratio":                       atMost(2.5),
 	"restart.rr_failed":                        atMost(0),
 	"restart.resets":                           atMost(0),
 	"restart.ping_lost":                        atMost(0),

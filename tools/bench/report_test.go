@@ -12,11 +12,11 @@ func TestReportLinesAndSummary(t *testing.T) {
 	r := newReport(&buf)
 	r.add("ebpf.samehost.tput_ratio", 1.02, "ratio")
 	r.add("ovs.samehost.tput_ratio", 0.03, "ratio")
-	r.add("prog.local", 52, "ns")
+	r.add("prog.local_ratio", 1.52, "ratio")
 	r.fail("ovs.restart", errors.New("netplugin\nnot ready"))
 	for _, want := range []string{
 		"BENCH ebpf.samehost.tput_ratio 1.02 ratio\n",
-		"BENCH prog.local 52 ns\n",
+		"BENCH prog.local_ratio 1.52 ratio\n",
 		"BENCH_ERROR ovs.restart netplugin not ready\n",
 	} {
 		if !strings.Contains(buf.String(), want) {
@@ -31,14 +31,14 @@ func TestReportLinesAndSummary(t *testing.T) {
 		switch {
 		case strings.HasPrefix(l, "samehost.tput_ratio "):
 			tputLine = l
-		case strings.HasPrefix(l, "prog.local "):
+		case strings.HasPrefix(l, "prog.local_ratio "):
 			progLine = l
 		}
 	}
 	if f := strings.Fields(tputLine); len(f) != 7 || f[1] != "1.02" || f[2] != "0.03" || f[6] != "yes/NO" {
 		t.Errorf("tput row %q", tputLine)
 	}
-	if f := strings.Fields(progLine); len(f) != 6 || f[1] != "52" || f[5] != "NO" {
+	if f := strings.Fields(progLine); len(f) != 6 || f[1] != "1.52" || f[5] != "NO" {
 		t.Errorf("prog row %q", progLine)
 	}
 	if !strings.Contains(out, "stages that failed") {

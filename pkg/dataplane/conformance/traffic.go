@@ -130,11 +130,20 @@ type WireStats struct {
 
 // Capture records every frame seen on one interface.
 type Capture struct {
-	fd     int
-	mu     sync.Mutex
-	frames [][]byte
-	stop   chan struct{}
-	done   chan struct{}
+	fd      int
+	mu      sync.Mutex
+	frames  [][]byte
+	partial []bool // the frame's L4 checksum was not done yet (CHECKSUM_PARTIAL)
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// CapturedFrame is one frame a Capture saw. CsumPartial: its skb was CHECKSUM_PARTIAL
+// (TP_STATUS_CSUMNOTREADY), so its TCP or UDP checksum field holds the pseudo header's
+// sum, which a device completes on transmit.
+type CapturedFrame struct {
+	Data        []byte
+	CsumPartial bool
 }
 
 // StartCapture opens an AF_PACKET socket on ifname inside the namespace at path.
@@ -189,34 +198,46 @@ func (c *Capture) loop() {
 			continue
 		}
 		f := append([]byte(nil), buf[:n]...)
-		if tci, ok := auxVLAN(oob[:oobn]); ok && n >= 12 {
+		status, tci, ok := auxData(oob[:oobn])
+		if ok && (status&unix.TP_STATUS_VLAN_VALID != 0 || tci != 0) && n >= 12 {
 			// Re-insert the offloaded tag so the frame reads as it was on the wire.
 			tag := []byte{0x81, 0x00, byte(tci >> 8), byte(tci)}
 			f = append(append(append([]byte(nil), f[:12]...), tag...), f[12:]...)
 		}
 		c.mu.Lock()
 		c.frames = append(c.frames, f)
+		c.partial = append(c.partial, ok && status&unix.TP_STATUS_CSUMNOTREADY != 0)
 		c.mu.Unlock()
 	}
 }
 
-// auxVLAN extracts an offloaded VLAN tag from PACKET_AUXDATA.
-func auxVLAN(oob []byte) (uint16, bool) {
+// auxData extracts the status and an offloaded VLAN tag from PACKET_AUXDATA.
+func auxData(oob []byte) (status uint32, tci uint16, ok bool) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	for _, m := range msgs {
 		if m.Header.Level != unix.SOL_PACKET || m.Header.Type != unix.PACKET_AUXDATA || len(m.Data) < 20 {
 			continue
 		}
-		status := binary.NativeEndian.Uint32(m.Data[0:4])
-		tci := binary.NativeEndian.Uint16(m.Data[16:18])
-		if status&unix.TP_STATUS_VLAN_VALID != 0 || tci != 0 {
-			return tci, true
-		}
+		return binary.NativeEndian.Uint32(m.Data[0:4]), binary.NativeEndian.Uint16(m.Data[16:18]), true
 	}
-	return 0, false
+	return 0, 0, false
+}
+
+// StopFrames ends the capture and returns what it saw.
+func (c *Capture) StopFrames() []CapturedFrame {
+	close(c.stop)
+	<-c.done
+	unix.Close(c.fd)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]CapturedFrame, len(c.frames))
+	for i, f := range c.frames {
+		out[i] = CapturedFrame{Data: f, CsumPartial: c.partial[i]}
+	}
+	return out
 }
 
 // Stop ends the capture and classifies what was seen.

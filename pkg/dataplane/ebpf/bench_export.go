@@ -46,6 +46,10 @@ type PathCost struct {
 	// (the service path against an established direct flow, so that no map is rewritten
 	// between runs), and SingleBase is that packet's repeated-run time.
 	SingleBase float64
+	// RefNs is the reference forwarder's repeated-run time on the local path's packet,
+	// measured right before and right after this path's timing (their mean): a path's
+	// ratio to it compares two figures of the same moment (0 for the reference itself).
+	RefNs float64
 }
 
 // MeasurePaths loads the committed datapath programs with private, unpinned maps, fills
@@ -324,8 +328,13 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 				return nil, fmt.Errorf("bench: %s: packet did not take the %v path (reasons before %v after %v)", c.name, c.reason, before, after)
 			}
 		}
-		var d, ref, base float64
+		var d, ref, base, refBefore, refAfter float64
 		var err error
+		if c.name != "ref-forward" {
+			if refBefore, err = benchTime(rf.Program(), benchIPFrame(src, local), nil, repeat, false); err != nil {
+				return nil, fmt.Errorf("bench: reference before %s: %w", c.name, err)
+			}
+		}
 		switch {
 		case c.single && c.ref != nil:
 			d, ref, base, err = benchSingleSameSetup(c.prog, c.pkt, c.ref, repeat)
@@ -338,16 +347,23 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 				}
 				errs = append(errs, setup())
 			}, func() { setIface(vxNet, src); errs = append(errs, plain()) })
+		case c.ctx == nil && !c.single && c.name != "ref-forward":
+			d, refBefore, err = benchPaired(c.prog, c.pkt, rf.Program(), benchIPFrame(src, local), repeat)
+			refAfter = refBefore
 		default:
 			d, err = benchTime(c.prog, c.pkt, c.ctx, repeat, c.single)
 		}
 		if err == nil {
 			err = errors.Join(errs...)
 		}
+		if err == nil && c.name != "ref-forward" && refAfter == 0 {
+			refAfter, err = benchTime(rf.Program(), benchIPFrame(src, local), nil, repeat, false)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", c.name, err)
 		}
-		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single, SingleRef: ref, SingleBase: base})
+		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single, SingleRef: ref, SingleBase: base,
+			RefNs: (refBefore + refAfter) / 2})
 	}
 	return out, nil
 }
@@ -392,6 +408,31 @@ func benchTime(p *ebpf.Program, pkt []byte, ctx any, repeat int, single bool) (f
 	}
 	return float64(best.Nanoseconds()) / float64(repeat), nil
 }
+
+// benchPaired times prog on pkt and the reference forwarder on refPkt in alternating
+// chunks (benchChunks of repeat/benchChunks runs each) and returns the medians of both:
+// a moment of noise then moves one chunk of each, not one side of the ratio.
+func benchPaired(prog *ebpf.Program, pkt []byte, ref *ebpf.Program, refPkt []byte, repeat int) (float64, float64, error) {
+	n := max(repeat/benchChunks, 1000)
+	var path, refs []float64
+	for range benchChunks {
+		for _, r := range []struct {
+			p   *ebpf.Program
+			pkt []byte
+			out *[]float64
+		}{{prog, pkt, &path}, {ref, refPkt, &refs}} {
+			d, err := benchTime(r.p, r.pkt, nil, n, false)
+			if err != nil {
+				return 0, 0, err
+			}
+			*r.out = append(*r.out, d)
+		}
+	}
+	return benchMedian(path), benchMedian(refs), nil
+}
+
+// benchChunks is how many alternating chunks benchPaired splits a path's runs into.
+const benchChunks = 9
 
 // benchSingleSameSetup times a single path against another packet under the same map
 // setup: the medians of repeat/100 single runs of each, alternating, and the repeated-run

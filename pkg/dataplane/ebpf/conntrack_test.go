@@ -47,6 +47,15 @@ func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.A
 			t.Fatal(err)
 		}
 	}
+	// A service on an endpoint's address moves the policy epoch (Driver.UpsertService).
+	var ep contivbpfCbEndpoint
+	if objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: testNet, Ip: ip4(vip)}, &ep) == nil {
+		var epoch uint32
+		if err := objs.CbPolicyEpoch.Get(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		setEpoch(t, objs, epoch+1)
+	}
 }
 
 // removeMember takes backend ip out of service id as the driver does: the membership,

@@ -615,22 +615,7 @@ func TestHairpinTraffic(t *testing.T) {
 // related to the flow and un-NATed so the client's connected socket matches it).
 func TestServiceUDPThroughVIP(t *testing.T) {
 	h := newOneHost(t)
-	ctx := context.Background()
-	a := h.endpoint(t, "a", "10.50.0.2", true)
-	b := h.endpoint(t, "b", "10.50.0.3", true)
-	a.EPGID, b.EPGID = 1, 2
-	vip := netip.MustParseAddr("10.50.0.100")
-	svc := dataplane.Service{ID: "echo:t", VIP: vip, Backends: []netip.Addr{b.IP},
-		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}, {Proto: 17, Port: 54, TargetPort: 5454}}}
-	// Policy on both groups: every packet of these flows is tracked.
-	pols := []dataplane.PolicySet{
-		{EPGID: 1, Rules: []dataplane.PolicyRule{{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}},
-		{EPGID: 2, Rules: []dataplane.PolicyRule{{ID: "no-tcp-in", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny}}},
-	}
-	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b}, Policies: pols, Services: []dataplane.Service{svc}}
-	if err := h.d.Sync(ctx, state); err != nil {
-		t.Fatal(err)
-	}
+	a, b, _ := h.serviceBetween(t, dataplane.ServicePort{Proto: 17, Port: 53, TargetPort: 5353}, dataplane.ServicePort{Proto: 17, Port: 54, TargetPort: 5454})
 	srv, err := conformance.StartUDPEcho(b.NetNS, b.IP.String(), 5353)
 	if err != nil {
 		t.Fatal(err)
@@ -652,4 +637,27 @@ func TestServiceUDPThroughVIP(t *testing.T) {
 	if err := conformance.RefusedUDP(a.NetNS, "10.50.0.100:54"); err != nil {
 		t.Error(err)
 	}
+}
+
+// serviceBetween syncs two endpoints in namespaces, a (10.50.0.2, group 1) and b
+// (10.50.0.3, group 2), each group with a rule that never matches their traffic (so every
+// packet between them is tracked and an established one takes the fast path), and a
+// service at vip 10.50.0.100 with ports, balanced to b.
+func (h *oneHost) serviceBetween(t *testing.T, ports ...dataplane.ServicePort) (a, b dataplane.Endpoint, vip netip.Addr) {
+	t.Helper()
+	a = h.endpoint(t, "a", "10.50.0.2", true)
+	b = h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 1, 2
+	vip = netip.MustParseAddr("10.50.0.100")
+	svc := dataplane.Service{ID: "svc:t", VIP: vip, Backends: []netip.Addr{b.IP}, Ports: ports}
+	var pols []dataplane.PolicySet
+	for _, g := range []uint16{1, 2} {
+		pols = append(pols, dataplane.PolicySet{EPGID: g, Rules: []dataplane.PolicyRule{
+			{ID: "no-udp-9", Priority: 1, Ingress: true, Proto: 17, Port: 9, Action: dataplane.ActionDeny}}})
+	}
+	if err := h.d.Sync(context.Background(), dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		Policies: pols, Services: []dataplane.Service{svc}}); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, vip
 }

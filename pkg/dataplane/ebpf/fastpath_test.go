@@ -455,3 +455,70 @@ func testFastPathDstNote(t *testing.T, svc bool) {
 	}
 	sent("remote", FwdTunnel, nil, 13)
 }
+
+// With services on, the fast path trusts a direct flow's entry under the packet's own tuple
+// to be no service flow's reply without looking at the reverse tuple: a service flow's
+// entry (DNAT) made there marks it (CB_CT_SHADOW), as does the direct entry itself when it
+// is written second, and the full stage then takes its packets. A direct flow with
+// nothing under its reverse is not marked.
+func TestFastPathShadowDirect(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.101")
+	putTestService(t, objs, 9, vip, 80, 6, 80, localIP)
+	fc := objs.CbFromContainer
+	client, err := objs.ifaceTable().lookup(uint32(loIfindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := client
+	backend.Ip, backend.Epg, backend.Slot = ip4(localIP), 20, testSlot(localIP)
+	copy(backend.Mac[:], dataplane.ContivMAC(localIP))
+	sendAs := func(ifc contivbpfCbIface, pkt []byte) runResult {
+		t.Helper()
+		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
+			t.Fatal(err)
+		}
+		return run(t, objs, fc, pkt, nil)
+	}
+	flags := func(from, to netip.Addr, sport, dport uint16) uint8 {
+		t.Helper()
+		e, ok := ctEntry(t, objs, testZone, 6, from, to, sport, dport)
+		if !ok {
+			t.Fatalf("no entry %v:%d → %v:%d", from, sport, to, dport)
+		}
+		return e.Flags
+	}
+	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
+
+	// A direct flow backend:80 → client:43000, then the client's service flow on the
+	// reverse tuple (client:43000 → VIP:80 → backend:80): its entry marks the direct one.
+	sendAs(backend, l4Frame(6, localIP, srcIP, 80, 43000, tcpSYN, 0)).expect(t, tcActRedirect, FwdLocal)
+	sendAs(backend, l4Frame(6, localIP, srcIP, 80, 43000, tcpACK, 0)).expect(t, tcActRedirect, FwdLocal)
+	if f := flags(localIP, srcIP, 80, 43000); f != uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) {
+		t.Fatalf("a direct flow with nothing under its reverse tuple has flags %#x", f)
+	}
+	sendAs(client, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0)).expect(t, tcActRedirect, FwdLocal)
+	if f := flags(localIP, srcIP, 80, 43000); f&shadow == 0 {
+		t.Fatalf("the direct flow's entry under a service flow's reverse tuple is not marked: flags %#x", f)
+	}
+	// The backend's next packet on that tuple passes (the full stage decides it).
+	sendAs(backend, l4Frame(6, localIP, srcIP, 80, 43000, tcpACK, 0)).expect(t, tcActRedirect, FwdLocal)
+
+	// The other order: the service flow's entry first (expired, so the backend's SYN is
+	// no reply of it), then the direct flow's, which marks itself.
+	sendAs(client, l4Frame(6, srcIP, vip, 43001, 80, tcpSYN, 0)).expect(t, tcActRedirect, FwdLocal)
+	k := contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(localIP), Sport: nport(43001), Dport: nport(80), Proto: 6}
+	var e contivbpfCbCtEntry
+	if err := objs.CbCt.Lookup(&k, &e); err != nil {
+		t.Fatalf("the service flow's entry: %v", err)
+	}
+	e.Expires = 1
+	if err := objs.CbCt.Put(&k, &e); err != nil {
+		t.Fatal(err)
+	}
+	sendAs(backend, l4Frame(6, localIP, srcIP, 80, 43001, tcpSYN, 0)).expect(t, tcActRedirect, FwdLocal)
+	if f := flags(localIP, srcIP, 80, 43001); f&shadow == 0 {
+		t.Fatalf("a direct flow's entry made over a service flow's reverse entry is not marked: flags %#x", f)
+	}
+}

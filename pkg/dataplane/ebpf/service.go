@@ -246,9 +246,20 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
+	added := false
 	for _, k := range keys {
+		var cur contivbpfCbSvc
+		added = added || d.objs.CbServices.Lookup(&k, &cur) != nil
 		v := contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(targets[k]), Flags: flags, Generation: d.gen}
 		if err := d.mapPut(contivbpfMapCbServices, d.objs.CbServices, &k, &v); err != nil {
+			return fmt.Errorf("service %s: %w", s.ID, err)
+		}
+	}
+	// A new service port on an endpoint's own address (a VIP normally is none): the
+	// datapath's fast path trusts a direct flow's entry of the current policy epoch to be
+	// no service's (cb_fast_pass), so such flows are judged again on their next packet.
+	if added && d.endpointAt(zone, s.VIP) {
+		if err := d.bumpEpoch(); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
@@ -460,4 +471,16 @@ func (d *Driver) deleteService(id string) error {
 		return err
 	}
 	return d.writeConfig()
+}
+
+// endpointAt says whether ip is the address of an endpoint (local or remote) of a network
+// of routing domain zone.
+func (d *Driver) endpointAt(zone uint32, ip netip.Addr) bool {
+	var ep contivbpfCbEndpoint
+	for _, nr := range d.networks {
+		if nr.vrf == zone && d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: nr.key, Ip: ip4(ip)}, &ep) == nil {
+			return true
+		}
+	}
+	return false
 }

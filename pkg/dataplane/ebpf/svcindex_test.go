@@ -143,17 +143,7 @@ func TestServiceIndexes(t *testing.T) {
 func TestServiceRevisions(t *testing.T) {
 	h := newOneHost(t)
 	ctx := context.Background()
-	st := dataplane.State{Networks: []dataplane.Network{h.net}, Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("10.254.0.2")}}}
-	var backends []netip.Addr
-	for i := 0; i < 3; i++ {
-		ip := netip.AddrFrom4([4]byte{10, 50, 0, byte(10 + i)})
-		backends = append(backends, ip)
-		st.RemoteEndpoints = append(st.RemoteEndpoints, dataplane.RemoteEndpoint{ID: fmt.Sprintf("r%d", i), NetworkID: h.net.ID,
-			IP: ip, MAC: dataplane.ContivMAC(ip), VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"})
-	}
-	if err := h.d.Sync(ctx, st); err != nil {
-		t.Fatal(err)
-	}
+	st, backends := h.remoteEndpoints(t, 3)
 	svc := dataplane.Service{ID: "rev:" + tenantOf(h.net.ID), VIP: netip.MustParseAddr("10.50.0.100"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: backends[:2]}
 	rev := func() (uint32, uint32) {
@@ -192,4 +182,56 @@ func TestServiceRevisions(t *testing.T) {
 	if err := h.d.objs.CbSvcRevs.Lookup(id, &r); err != nil || r.Rev <= last {
 		t.Fatalf("after the service was deleted its revision is %d (%v), want past %d", r.Rev, err, last)
 	}
+}
+
+// A service port put on an endpoint's own address moves the policy epoch, so the direct
+// flows to that address and port are judged again (and balanced) on their next packet:
+// the fast path trusts a direct flow's entry of the current epoch to be no service's
+// (cb_fast_pass). A VIP of its own, a rewrite of the same ports, and other ports of other
+// addresses leave the epoch alone (every flow would be judged again).
+func TestServiceOnEndpointAddress(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	_, eps := h.remoteEndpoints(t, 2)
+	tenant := tenantOf(h.net.ID)
+	for _, c := range []struct {
+		what  string
+		svc   dataplane.Service
+		moves bool
+	}{
+		{"a VIP of its own", dataplane.Service{ID: "own:" + tenant, VIP: netip.MustParseAddr("10.50.0.100"),
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: eps[:1]}, false},
+		{"a port on an endpoint's address", dataplane.Service{ID: "on-ep:" + tenant, VIP: eps[1],
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: eps[:1]}, true},
+		{"the same port again", dataplane.Service{ID: "on-ep:" + tenant, VIP: eps[1],
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: eps[:1]}, false},
+		{"another port there", dataplane.Service{ID: "on-ep:" + tenant, VIP: eps[1],
+			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}, {Proto: 17, Port: 53}}, Backends: eps[:1]}, true},
+	} {
+		before := h.d.epoch
+		if err := h.d.UpsertService(ctx, c.svc); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		if moved := h.d.epoch != before; moved != c.moves {
+			t.Errorf("%s: policy epoch %d → %d, want moved %v", c.what, before, h.d.epoch, c.moves)
+		}
+	}
+}
+
+// remoteEndpoints syncs h's network with n remote endpoints 10.50.0.10, .11, ... behind
+// peer h2 and returns the state it synced and their addresses.
+func (h *oneHost) remoteEndpoints(t *testing.T, n int) (dataplane.State, []netip.Addr) {
+	t.Helper()
+	st := dataplane.State{Networks: []dataplane.Network{h.net}, Peers: []dataplane.Peer{{Host: "h2", VTEP: netip.MustParseAddr("10.254.0.2")}}}
+	var ips []netip.Addr
+	for i := 0; i < n; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 50, 0, byte(10 + i)})
+		ips = append(ips, ip)
+		st.RemoteEndpoints = append(st.RemoteEndpoints, dataplane.RemoteEndpoint{ID: fmt.Sprintf("r%d", i), NetworkID: h.net.ID,
+			IP: ip, MAC: dataplane.ContivMAC(ip), VTEP: netip.MustParseAddr("10.254.0.2"), Host: "h2"})
+	}
+	if err := h.d.Sync(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st, ips
 }
