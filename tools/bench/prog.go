@@ -58,11 +58,11 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 				order = append(order, c.Name)
 			}
 			v := c.NsPerPk
+			if c.BaseNs > 0 {
+				pp.single = append(pp.single, fmt.Sprintf("%.0f+%.0f", c.RestoredDiff, c.BaseNs))
+			}
 			if c.Single {
 				base := local
-				if c.SingleBase > 0 {
-					base = c.SingleBase
-				}
 				v = c.NsPerPk - c.SingleRef + base
 				pp.single = append(pp.single, fmt.Sprintf("%.0f-%.0f+%.0f", c.NsPerPk, c.SingleRef, base))
 			}
@@ -88,11 +88,11 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		pp := paths[n]
 		v, x := median(pp.ns), median(pp.ratio)
 		note := fmt.Sprintf("repeated runs, median of %d rounds", rounds)
+		if pp.c.BaseNs > 0 {
+			note = fmt.Sprintf("hot: restoring copy − established direct flow's copy + its repeated (same setup), median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
+		}
 		if pp.c.Single {
 			note = fmt.Sprintf("single runs − local single + local repeated, median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
-			if pp.c.SingleBase > 0 {
-				note = fmt.Sprintf("single runs − established direct flow single + its repeated (same setup), median of %d rounds (%s)", rounds, strings.Join(pp.single, ", "))
-			}
 		}
 		name, ok := names[n]
 		if !ok {

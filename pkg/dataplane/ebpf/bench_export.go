@@ -41,15 +41,15 @@ type PathCost struct {
 	// packet measured interleaved with this path's runs: Single − SingleRef + the local
 	// path's repeated-run figure estimates the path's cost without the harness.
 	SingleRef float64
-	// SingleBase, when set, replaces the local path's repeated-run figure in that estimate:
-	// the path's SingleRef is then another packet measured under the path's own map setup
-	// (the service path against an established direct flow, so that no map is rewritten
-	// between runs), and SingleBase is that packet's repeated-run time.
-	SingleBase float64
 	// RefNs is the reference forwarder's repeated-run time on the local path's packet,
 	// measured right before and right after this path's timing (their mean): a path's
 	// ratio to it compares two figures of the same moment (0 for the reference itself).
 	RefNs float64
+	// RestoredDiff, for a path that rewrites its packet and is timed hot through restoring
+	// copies of its program (restoring), is its copy's time less the copy's on an
+	// established direct flow's packet (same setup); NsPerPk is that plus BaseNs, the
+	// direct flow's own repeated-run time.
+	RestoredDiff, BaseNs float64
 }
 
 // MeasurePaths loads the committed datapath programs with private, unpinned maps, fills
@@ -70,11 +70,33 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
-	var objs contivbpfObjects
+	a := netip.MustParseAddr
+	src, local, remote, gw, vtep := a("10.1.0.2"), a("10.1.0.3"), a("10.1.0.4"), a("10.1.0.1"), a("192.168.0.2")
+	vip := a("10.1.0.100")
+	// The service path rewrites its packet: it is timed hot through copies of the entry
+	// program that put their packet back before returning (restoring), against the
+	// established direct flow's packet through the same kind of copy.
+	svcPkt, directPkt := benchTCPFrame(src, vip, 40001, 80, 0x10), benchTCPFrame(src, local, 40000, 80, 0x10)
+	for name, pkt := range map[string][]byte{benchRestoreSvc: svcPkt, benchRestoreDirect: directPkt} {
+		ps, err := restoring(spec.Programs[contivbpfProgCbFromContainer], pkt[:54])
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		spec.Programs[name] = ps
+	}
+	var objs struct {
+		contivbpfObjects
+		SvcRestoring    *ebpf.Program `ebpf:"cb_bench_rst_svc"`
+		DirectRestoring *ebpf.Program `ebpf:"cb_bench_rst_direct"`
+	}
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("bench: load programs: %w", err)
 	}
-	defer objs.Close()
+	defer func() {
+		objs.Close()
+		objs.SvcRestoring.Close()
+		objs.DirectRestoring.Close()
+	}()
 	// The clock the agent gives the programs (clock.go).
 	clk, err := calibrateClock(context.Background(), objs.CbClockProbe)
 	if err == nil {
@@ -102,8 +124,6 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		vxNet                        = 100
 		vlanNet                      = 1<<24 | 10
 	)
-	a := netip.MustParseAddr
-	src, local, remote, gw, vtep := a("10.1.0.2"), a("10.1.0.3"), a("10.1.0.4"), a("10.1.0.1"), a("192.168.0.2")
 	vsrc, vloc, vrem := a("10.2.0.2"), a("10.2.0.3"), a("10.2.0.9")
 
 	slotOf := func(ip netip.Addr) uint32 { return uint32(ip.As4()[3]) } // counter slot: last octet
@@ -148,31 +168,10 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		return nil, fmt.Errorf("bench: fill maps: %w", err)
 	}
 
-	type benchCase struct {
-		name   string
-		prog   *ebpf.Program
-		pname  string
-		pkt    []byte
-		ctx    any
-		reason Reason
-		single bool
-		// ref is, for a single path, the packet its runs alternate with under the same
-		// setup (default: the local path's, with the plain setup before each of its runs).
-		ref  []byte
-		vlan bool // the sending interface belongs to the VLAN network
-		noIf bool // the sending interface is unknown
-		// setup prepares the maps for this case (run before its check and timing).
-		setup func() error
-		// check replaces the reason-counter check (programs without cb_reasons): it gets
-		// the return code and the packet out of one run on pkt with its destination MAC
-		// zeroed.
-		check func(ret uint32, out []byte) error
-	}
 	overlayCtx := &benchSkb{CB: [5]uint32{ip4(vtep), vxNet}}
 	// Stateful paths: src in group 10, local in group 20 (rules on both sides), a service
 	// VIP balanced to local, and group 30 with 1,024 rules none of which matches (a new
 	// flow is judged against all of them).
-	vip := a("10.1.0.100")
 	setPolicy := func(epg uint16, rules []dataplane.PolicyRule) error {
 		eg, in, err := compileRules(dataplane.PolicySet{EPGID: epg, Rules: rules})
 		if err != nil {
@@ -252,10 +251,12 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		{name: "ct-established", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40000, 80, 0x10), reason: FwdLocal,
 			setup: func() error { return setGroups(10, 20, policyFeat) }},
 		// A service flow: client→VIP entry hit, backend re-validated, DNAT, flow entry hit.
-		// Its single runs alternate with those of an established direct flow under the same
-		// setup (services on), so no map write sits between them.
-		{name: "service", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, vip, 40001, 80, 0x10), reason: FwdLocal, single: true,
-			ref:   benchTCPFrame(src, local, 40000, 80, 0x10),
+		// DNAT rewrites the packet, so it is timed hot through a copy of the program that
+		// puts its packet back before returning (restoring), less the same kind of copy on
+		// an established direct flow's packet under the same setup (services on), plus that
+		// packet's own repeated time.
+		{name: "service", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: svcPkt, reason: FwdLocal,
+			ref: directPkt, restoring: objs.SvcRestoring, restoringRef: objs.DirectRestoring,
 			setup: func() error { return setGroups(10, 20, policyFeat|contivbpfCbFeaturesCB_FEAT_LB) }},
 		// A new flow judged against 1,024 rules (a RST: judged, never recorded, so every
 		// run scans them all).
@@ -328,7 +329,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 				return nil, fmt.Errorf("bench: %s: packet did not take the %v path (reasons before %v after %v)", c.name, c.reason, before, after)
 			}
 		}
-		var d, ref, base, refBefore, refAfter float64
+		var d, ref, base, refBefore, refAfter, restored float64
 		var err error
 		if c.name != "ref-forward" {
 			if refBefore, err = benchTime(rf.Program(), benchIPFrame(src, local), nil, repeat, false); err != nil {
@@ -336,8 +337,6 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			}
 		}
 		switch {
-		case c.single && c.ref != nil:
-			d, ref, base, err = benchSingleSameSetup(c.prog, c.pkt, c.ref, repeat)
 		case c.single && c.name != "local-single":
 			d, ref, err = benchSingle(c.prog, c.pkt, objs.CbFromContainer, benchIPFrame(src, local), repeat/100, func() {
 				if c.vlan {
@@ -347,6 +346,13 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 				}
 				errs = append(errs, setup())
 			}, func() { setIface(vxNet, src); errs = append(errs, plain()) })
+		case c.restoring != nil:
+			var hot []float64
+			hot, err = benchRestored(c, rf.Program(), benchIPFrame(src, local), repeat)
+			if err == nil {
+				d, restored, base, refBefore = hot[0], hot[1], hot[2], hot[3]
+				refAfter = refBefore
+			}
 		case c.ctx == nil && !c.single && c.name != "ref-forward":
 			d, refBefore, err = benchPaired(c.prog, c.pkt, rf.Program(), benchIPFrame(src, local), repeat)
 			refAfter = refBefore
@@ -362,8 +368,8 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", c.name, err)
 		}
-		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single, SingleRef: ref, SingleBase: base,
-			RefNs: (refBefore + refAfter) / 2})
+		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single, SingleRef: ref,
+			RefNs: (refBefore + refAfter) / 2, RestoredDiff: restored, BaseNs: base})
 	}
 	return out, nil
 }
@@ -409,6 +415,30 @@ func benchTime(p *ebpf.Program, pkt []byte, ctx any, repeat int, single bool) (f
 	return float64(best.Nanoseconds()) / float64(repeat), nil
 }
 
+// benchCase is one path MeasurePaths times.
+type benchCase struct {
+	name   string
+	prog   *ebpf.Program
+	pname  string
+	pkt    []byte
+	ctx    any
+	reason Reason
+	single bool
+	// ref, restoring, restoringRef: for a path that rewrites its packet timed hot, the
+	// established direct flow's packet it is measured against and the copies of prog
+	// that put pkt and ref back before returning (restoring).
+	ref                     []byte
+	restoring, restoringRef *ebpf.Program
+	vlan                    bool // the sending interface belongs to the VLAN network
+	noIf                    bool // the sending interface is unknown
+	// setup prepares the maps for this case (run before its check and timing).
+	setup func() error
+	// check replaces the reason-counter check (programs without cb_reasons): it gets
+	// the return code and the packet out of one run on pkt with its destination MAC
+	// zeroed.
+	check func(ret uint32, out []byte) error
+}
+
 // benchPaired times prog on pkt and the reference forwarder on refPkt in alternating
 // chunks (benchChunks of repeat/benchChunks runs each) and returns the medians of both:
 // a moment of noise then moves one chunk of each, not one side of the ratio.
@@ -431,20 +461,41 @@ func benchPaired(prog *ebpf.Program, pkt []byte, ref *ebpf.Program, refPkt []byt
 	return benchMedian(path), benchMedian(refs), nil
 }
 
+// benchRestored times case c hot (its restoring copies: c.restoring on c.pkt against
+// c.restoringRef on c.ref, with c.prog on c.ref and the reference forwarder ref on refPkt)
+// in benchChunks alternating chunks, after checking that the copy leaves the packet as it
+// found it and counts the path's verdict. It returns the medians of the path's estimate
+// (c.prog on c.ref + copy on c.pkt − copy on c.ref), of the copies' difference, of c.prog
+// on c.ref and of the reference.
+func benchRestored(c benchCase, ref *ebpf.Program, refPkt []byte, repeat int) ([]float64, error) {
+	out := make([]byte, len(c.pkt))
+	if _, err := c.restoring.Run(&ebpf.RunOptions{Data: c.pkt, DataOut: out, Repeat: 1}); err != nil {
+		return nil, fmt.Errorf("restoring copy: %w", err)
+	}
+	if !bytes.Equal(out, c.pkt) {
+		return nil, fmt.Errorf("restoring copy left the packet as % x, want % x", out[:54], c.pkt[:54])
+	}
+	n := max(repeat/benchChunks, 1000)
+	var est, diff, base, refs []float64
+	for range benchChunks {
+		var t [4]float64
+		for i, r := range []struct {
+			p   *ebpf.Program
+			pkt []byte
+		}{{c.restoring, c.pkt}, {c.restoringRef, c.ref}, {c.prog, c.ref}, {ref, refPkt}} {
+			d, err := benchTime(r.p, r.pkt, nil, n, false)
+			if err != nil {
+				return nil, err
+			}
+			t[i] = d
+		}
+		est, diff, base, refs = append(est, t[2]+t[0]-t[1]), append(diff, t[0]-t[1]), append(base, t[2]), append(refs, t[3])
+	}
+	return []float64{benchMedian(est), benchMedian(diff), benchMedian(base), benchMedian(refs)}, nil
+}
+
 // benchChunks is how many alternating chunks benchPaired splits a path's runs into.
 const benchChunks = 9
-
-// benchSingleSameSetup times a single path against another packet under the same map
-// setup: the medians of repeat/100 single runs of each, alternating, and the repeated-run
-// time of ref.
-func benchSingleSameSetup(prog *ebpf.Program, pkt, ref []byte, repeat int) (float64, float64, float64, error) {
-	d, r, err := benchSingle(prog, pkt, prog, ref, repeat/100, func() {}, func() {})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	base, err := benchTime(prog, ref, nil, repeat, false)
-	return d, r, base, err
-}
 
 // benchSingle times n single runs of prog on fresh copies of pkt, each right after a
 // single run of the reference program/packet, and returns both medians (ns). before and

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"sync"
 	"syscall"
@@ -692,41 +693,30 @@ type namedMap struct {
 	m    *ebpf.Map
 }
 
-// mapField returns the driver's handle of map name (nil if this build has no such map).
+// mapField returns the driver's handle of map name (nil if this build has no such map):
+// any map of the generated objects, found by its ebpf tag.
 func (d *Driver) mapField(name string) **ebpf.Map {
-	for _, p := range []struct {
-		name string
-		p    **ebpf.Map
-	}{
-		{contivbpfMapCbCfg, &d.objs.CbCfg}, {contivbpfMapCbEndpoints, &d.objs.CbEndpoints},
-		{contivbpfMapCbEpCounters, &d.objs.CbEpCounters}, {contivbpfMapCbIfaces, &d.objs.CbIfaces},
-		{contivbpfMapCbIfaceDirect, &d.objs.CbIfaceDirect},
-		{contivbpfMapCbNetworks, &d.objs.CbNetworks}, {contivbpfMapCbPeers, &d.objs.CbPeers},
-		{contivbpfMapCbReasons, &d.objs.CbReasons}, {contivbpfMapCbCt, &d.objs.CbCt},
-		{contivbpfMapCbPolicies, &d.objs.CbPolicies}, {contivbpfMapCbServices, &d.objs.CbServices},
-		{contivbpfMapCbBackends, &d.objs.CbBackends}, {contivbpfMapCbVips, &d.objs.CbVips},
-		{contivbpfMapCbRoutes, &d.objs.CbRoutes}, {contivbpfMapCbEvents, &d.objs.CbEvents},
-		{contivbpfMapCbFrags, &d.objs.CbFrags}, {contivbpfMapCbCtOwned, &d.objs.CbCtOwned},
-	} {
-		if p.name == name {
-			return p.p
+	v := reflect.ValueOf(&d.objs.contivbpfMaps).Elem()
+	for i := range v.NumField() {
+		if v.Type().Field(i).Tag.Get("ebpf") == name {
+			if p, ok := v.Field(i).Addr().Interface().(**ebpf.Map); ok {
+				return p
+			}
 		}
 	}
 	return nil
 }
 
+// allMaps is every map of the generated objects, by name.
 func (d *Driver) allMaps() []namedMap {
-	return []namedMap{
-		{contivbpfMapCbCfg, d.objs.CbCfg}, {contivbpfMapCbEndpoints, d.objs.CbEndpoints},
-		{contivbpfMapCbEpCounters, d.objs.CbEpCounters}, {contivbpfMapCbIfaces, d.objs.CbIfaces},
-		{contivbpfMapCbIfaceDirect, d.objs.CbIfaceDirect},
-		{contivbpfMapCbNetworks, d.objs.CbNetworks}, {contivbpfMapCbPeers, d.objs.CbPeers},
-		{contivbpfMapCbReasons, d.objs.CbReasons}, {contivbpfMapCbCt, d.objs.CbCt},
-		{contivbpfMapCbPolicies, d.objs.CbPolicies}, {contivbpfMapCbServices, d.objs.CbServices},
-		{contivbpfMapCbBackends, d.objs.CbBackends}, {contivbpfMapCbVips, d.objs.CbVips},
-		{contivbpfMapCbRoutes, d.objs.CbRoutes}, {contivbpfMapCbEvents, d.objs.CbEvents},
-		{contivbpfMapCbFrags, d.objs.CbFrags}, {contivbpfMapCbCtOwned, d.objs.CbCtOwned},
+	v := reflect.ValueOf(&d.objs.contivbpfMaps).Elem()
+	out := make([]namedMap, 0, v.NumField())
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok {
+			out = append(out, namedMap{v.Type().Field(i).Tag.Get("ebpf"), m})
+		}
 	}
+	return out
 }
 
 func (d *Driver) check() error {

@@ -124,3 +124,32 @@ func testMap(t *testing.T, ms *ebpf.MapSpec) *ebpf.Map {
 	t.Cleanup(func() { m.Close() })
 	return m
 }
+
+// The driver finds every map of the build by name (mapField: a layout change of any of
+// them can be migrated; allMaps: all are unpinned at teardown), so a map added later needs
+// no list kept by hand. No root needed.
+func TestMapFieldsCoverBuild(t *testing.T) {
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Driver
+	all := map[string]bool{}
+	for _, m := range d.allMaps() {
+		all[m.name] = true
+	}
+	for name := range spec.Maps {
+		if strings.HasPrefix(name, ".") {
+			continue // global variables' sections
+		}
+		if d.mapField(name) == nil {
+			t.Errorf("map %s: no driver field found by mapField", name)
+		}
+		if !all[name] {
+			t.Errorf("map %s: not in allMaps", name)
+		}
+	}
+	if d.mapField("cb_no_such_map") != nil {
+		t.Error("mapField found a map this build does not have")
+	}
+}
