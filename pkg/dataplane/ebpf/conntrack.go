@@ -241,6 +241,56 @@ func (g *ctGC) writeOwned(owned []uint32) error {
 	return nil
 }
 
+// markShadowed sets CB_CT_SHADOW on every entry of m whose reverse tuple holds a service
+// flow's entry (DNAT), as the datapath does when it writes either (cb_ct_shadow): entries
+// an earlier build wrote carry no mark, and the fast path trusts an unmarked entry to be
+// no service flow's reply. The driver runs it once at start, after this build's programs
+// are attached (they mark what they write from then on). Two batch passes and a lookup
+// per service flow's entry; an entry's update may lose a refresh the datapath wrote
+// meanwhile (the next packet refreshes it again). It returns how many entries it marked.
+func markShadowed(m *ebpf.Map) (int, error) {
+	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
+	reverse := map[contivbpfCbCtKey]bool{}
+	keys := make([]contivbpfCbCtKey, ctBatch)
+	vals := make([]contivbpfCbCtEntry, ctBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if vals[i].Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0 {
+				k := keys[i]
+				k.Saddr, k.Daddr, k.Sport, k.Dport = k.Daddr, k.Saddr, k.Dport, k.Sport
+				reverse[k] = true
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("batch lookup %s: %w", contivbpfMapCbCt, err)
+		}
+	}
+	marked := 0
+	for k := range reverse {
+		var v contivbpfCbCtEntry
+		if err := m.Lookup(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return marked, fmt.Errorf("look up %s: %w", contivbpfMapCbCt, err)
+		}
+		if v.Flags&shadow != 0 {
+			continue
+		}
+		v.Flags |= shadow
+		if err := m.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return marked, fmt.Errorf("mark %s entry: %w", contivbpfMapCbCt, err)
+		}
+		marked++
+	}
+	return marked, nil
+}
+
 // ctBatch is how many entries one batch syscall of the collector reads or deletes.
 const ctBatch = 4096
 

@@ -522,3 +522,55 @@ func TestFastPathShadowDirect(t *testing.T) {
 		t.Fatalf("a direct flow's entry made over a service flow's reverse entry is not marked: flags %#x", f)
 	}
 }
+
+// Entries an earlier build wrote carry no CB_CT_SHADOW: the driver's start pass
+// (markShadowed) marks every entry whose reverse tuple holds a service flow's entry, and
+// nothing else.
+func TestMarkShadowed(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.101")
+	allowed, dnat := uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), uint8(contivbpfCbCtFlagsCB_CT_DNAT)
+	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
+	key := func(src, dst netip.Addr, sport, dport uint16) contivbpfCbCtKey {
+		return contivbpfCbCtKey{Zone: testZone, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(sport), Dport: nport(dport), Proto: 6}
+	}
+	// As an earlier build left them: a service flow (client → backend, DNAT) with a direct
+	// flow under its reverse tuple, a service flow alone, a direct flow alone.
+	entries := []struct {
+		k     contivbpfCbCtKey
+		flags uint8
+		want  uint8
+	}{
+		{key(srcIP, localIP, 43000, 80), allowed | dnat, allowed | dnat},
+		{key(localIP, srcIP, 80, 43000), allowed, allowed | shadow},
+		{key(srcIP, localIP, 43001, 80), allowed | dnat, allowed | dnat},
+		{key(srcIP, localIP, 43002, 80), allowed, allowed},
+	}
+	for _, e := range entries {
+		v := contivbpfCbCtEntry{Flags: e.flags, State: uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), Expires: ^uint64(0) >> 1,
+			NatIp: ip4(vip), NatPort: nport(80), NatNet: testNet}
+		if e.flags&dnat == 0 {
+			v.NatIp, v.NatPort, v.NatNet = 0, 0, 0
+		}
+		if err := objs.CbCt.Put(&e.k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := markShadowed(objs.CbCt)
+	if err != nil || n != 1 {
+		t.Fatalf("markShadowed marked %d (%v), want 1", n, err)
+	}
+	for _, e := range entries {
+		var v contivbpfCbCtEntry
+		if err := objs.CbCt.Lookup(&e.k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.Flags != e.want {
+			t.Errorf("entry %+v: flags %#x, want %#x", e.k, v.Flags, e.want)
+		}
+	}
+	if n, err := markShadowed(objs.CbCt); err != nil || n != 0 {
+		t.Fatalf("a second pass marked %d (%v), want none", n, err)
+	}
+}
