@@ -612,8 +612,8 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
 	if (d)
 		return cb_deliver_noted(skb, ifc, d, dif);
-	if (!ep)
-		return CB_SLOW;
+	if (!ep) /* never: found above (for the verifier) */
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	cb_dst_note(svc, ep);
 	return cb_send_to(skb, ifc, ep, bnet, backend);
 }
@@ -703,8 +703,8 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	cb_mac_copy(((struct ethhdr *)data)->h_source, ifc->mac);
 	if (d)
 		return cb_deliver_noted(skb, ifc, d, dif);
-	if (!ep)
-		return CB_SLOW;
+	if (!ep) /* never: found above (for the verifier) */
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	if (e)
 		cb_dst_note(e, ep);
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);

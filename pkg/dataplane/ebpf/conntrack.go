@@ -168,27 +168,17 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 	if g.owned != nil {
 		owned = make([]uint32, g.owned.MaxEntries())
 	}
-	keys := make([]contivbpfCbCtKey, ctBatch)
-	vals := make([]contivbpfCbCtEntry, ctBatch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := g.m.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < n; i++ {
-			k, v := keys[i], vals[i]
-			seen++
-			if v.Expires < now || match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
-				(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]) {
-				dead = append(dead, k)
-			} else if int(v.Owner) < len(owned) {
-				owned[v.Owner]++
-			}
+	err = ctEach(g.m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
+		seen++
+		if v.Expires < now || match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
+			(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]) {
+			dead = append(dead, k)
+		} else if int(v.Owner) < len(owned) {
+			owned[v.Owner]++
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return 0, seen, fmt.Errorf("batch lookup %s: %w", contivbpfMapCbCt, err)
-		}
+	})
+	if err != nil {
+		return 0, seen, err
 	}
 	var errs []error
 	if owned != nil {
@@ -245,50 +235,60 @@ func (g *ctGC) writeOwned(owned []uint32) error {
 // flow's entry (DNAT), as the datapath does when it writes either (cb_ct_shadow): entries
 // an earlier build wrote carry no mark, and the fast path trusts an unmarked entry to be
 // no service flow's reply. The driver runs it once at start, after this build's programs
-// are attached (they mark what they write from then on). Two batch passes and a lookup
-// per service flow's entry; an entry's update may lose a refresh the datapath wrote
-// meanwhile (the next packet refreshes it again). It returns how many entries it marked.
+// are attached (they mark what they write from then on). Two batch passes (the service
+// flows' reverse tuples, then the entries under them) and an update per entry it marks,
+// which may lose a refresh the datapath wrote meanwhile (the next packet refreshes it
+// again). It returns how many entries it marked.
 func markShadowed(m *ebpf.Map) (int, error) {
 	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
 	reverse := map[contivbpfCbCtKey]bool{}
+	var unmarked []contivbpfCbCtKey
+	var vals []contivbpfCbCtEntry
+	for pass := 0; pass < 2; pass++ {
+		err := ctEach(m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
+			switch {
+			case pass == 0 && v.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0:
+				k.Saddr, k.Daddr, k.Sport, k.Dport = k.Daddr, k.Saddr, k.Dport, k.Sport
+				reverse[k] = true
+			case pass == 1 && reverse[k] && v.Flags&shadow == 0:
+				v.Flags |= shadow
+				unmarked, vals = append(unmarked, k), append(vals, v)
+			}
+		})
+		if err != nil || len(reverse) == 0 {
+			return 0, err
+		}
+	}
+	marked := 0
+	for i := range unmarked {
+		if err := m.Update(&unmarked[i], &vals[i], ebpf.UpdateExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue // gone meanwhile
+			}
+			return marked, fmt.Errorf("mark %s entry: %w", contivbpfMapCbCt, err)
+		}
+		marked++
+	}
+	return marked, nil
+}
+
+// ctEach calls fn with every entry of conntrack map m, a batch at a time.
+func ctEach(m *ebpf.Map, fn func(contivbpfCbCtKey, contivbpfCbCtEntry)) error {
 	keys := make([]contivbpfCbCtKey, ctBatch)
 	vals := make([]contivbpfCbCtEntry, ctBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
-			if vals[i].Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0 {
-				k := keys[i]
-				k.Saddr, k.Daddr, k.Sport, k.Dport = k.Daddr, k.Saddr, k.Dport, k.Sport
-				reverse[k] = true
-			}
+			fn(keys[i], vals[i])
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
+			return nil
 		}
 		if err != nil {
-			return 0, fmt.Errorf("batch lookup %s: %w", contivbpfMapCbCt, err)
+			return fmt.Errorf("batch lookup %s: %w", contivbpfMapCbCt, err)
 		}
 	}
-	marked := 0
-	for k := range reverse {
-		var v contivbpfCbCtEntry
-		if err := m.Lookup(&k, &v); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue
-			}
-			return marked, fmt.Errorf("look up %s: %w", contivbpfMapCbCt, err)
-		}
-		if v.Flags&shadow != 0 {
-			continue
-		}
-		v.Flags |= shadow
-		if err := m.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return marked, fmt.Errorf("mark %s entry: %w", contivbpfMapCbCt, err)
-		}
-		marked++
-	}
-	return marked, nil
 }
 
 // ctBatch is how many entries one batch syscall of the collector reads or deletes.
