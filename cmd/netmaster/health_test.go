@@ -155,11 +155,19 @@ func TestEmbeddedEtcdDefrag(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := cli.Status(ctx, cu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := st.DbSize
+	// The file grows when the backend commits its batch (every 100 ms), not with each put:
+	// the size "with the data" is the one after that.
+	var full int64
+	eventually(t, 10*time.Second, "etcd file holds the data", func() error {
+		st, err := cli.Status(ctx, cu)
+		if err != nil {
+			return err
+		}
+		if full = st.DbSize; full < 8<<20 {
+			return fmt.Errorf("db size %d, want 8 MiB of data at least", full)
+		}
+		return nil
+	})
 	del, err := cli.Delete(ctx, "/waste/", clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)

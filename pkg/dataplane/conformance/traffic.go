@@ -168,6 +168,9 @@ func StartCapture(path, ifname string) (*Capture, error) {
 			unix.Close(fd)
 			return err
 		}
+		// Room for a burst the reader has not caught up with (a busy machine): frames the
+		// socket drops are frames the capture never saw.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
 		tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			unix.Close(fd)
@@ -187,14 +190,20 @@ func (c *Capture) loop() {
 	defer close(c.done)
 	buf := make([]byte, 65536)
 	oob := make([]byte, 256)
+	stopping := false
 	for {
-		select {
-		case <-c.stop:
-			return
-		default:
+		if !stopping {
+			select {
+			case <-c.stop:
+				stopping = true // read what the socket still holds, then end
+			default:
+			}
 		}
 		n, oobn, _, _, err := unix.Recvmsg(c.fd, buf, oob, 0)
 		if err != nil || n <= 0 {
+			if stopping {
+				return
+			}
 			continue
 		}
 		f := append([]byte(nil), buf[:n]...)
