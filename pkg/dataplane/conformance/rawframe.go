@@ -36,6 +36,17 @@ func EthFrame(dst, src net.HardwareAddr, etherType uint16, payload []byte) []byt
 	return append(f, payload...)
 }
 
+// LoneLastFragment returns a UDP datagram's last fragment (offset 1,480, 64 bytes, IP id
+// id) from src to dst in an Ethernet frame: a fragment whose datagram never completes.
+func LoneLastFragment(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, id uint16) []byte {
+	pkt := IPv4Packet(src, dst, 17, make([]byte, 64))
+	binary.BigEndian.PutUint16(pkt[4:], id)
+	binary.BigEndian.PutUint16(pkt[6:], 185) // offset 1,480 (185 × 8), no MF, no DF
+	pkt[10], pkt[11] = 0, 0
+	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20], 0))
+	return EthFrame(dstMAC, srcMAC, 0x0800, pkt)
+}
+
 // TagFrame inserts a VLAN tag (tpid 0x8100 for 802.1Q, 0x88a8 for 802.1ad) after the
 // MAC addresses of frame.
 func TagFrame(frame []byte, tpid, vid uint16) []byte {

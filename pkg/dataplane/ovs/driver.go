@@ -101,6 +101,8 @@ type Driver struct {
 	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
 	monitoring, allowEvents bool
 	meter                   bool // the monitor's meter is installed (monitor.go)
+	// fragMeters are the endpoint ports whose fragment meter is installed (fragmeter.go).
+	fragMeters map[uint32]bool
 
 	stop chan struct{}
 	done chan struct{}
@@ -391,6 +393,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	}
 	d.setRejectMeter(ctx)
 	d.setReassembly(ctx)
+	d.fragMeters = nil // a new vswitchd has none
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}
@@ -457,11 +460,15 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 		}
 		msgs = append(msgs, m)
 	}
+	if err := d.ensureFragMeters(ctx); err != nil {
+		return err
+	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
 		return fmt.Errorf("ovs: install pipeline: %w", err)
 	}
 	d.gen = gen
 	d.comp = comp
+	d.dropStaleFragMeters(ctx)
 	d.purge(ctx)
 	return nil
 }
@@ -515,6 +522,10 @@ func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables,
 			return fmt.Errorf("encode %s: %w", ch.new, err)
 		}
 		msgs = append(msgs, m)
+	}
+	if err := d.ensureFragMeters(ctx); err != nil {
+		undo()
+		return err
 	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
 		undo()
@@ -724,8 +735,10 @@ func (d *Driver) apply(ctx context.Context, old, st *dataplane.Index, full bool,
 	}
 	for _, id := range gone {
 		ep := old.Endpoints[id]
+		port := d.ports.endpoints[id]
 		delete(d.ports.endpoints, id)
-		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep))
+		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep),
+			d.dropFragMeter(ctx, port))
 	}
 	d.state = st
 	errs = append(errs, d.applyCTLimits(ctx)) // endpoints and tenants move the zones' limits
@@ -1188,6 +1201,16 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 		out["packets_"+tableID(s.Table).String()] += float64(s.Packets)
 		if tableID(s.Table) == tCTCheck && s.Priority == 0 {
 			out["drop_ct_quota"] += float64(s.Packets) // commits conntrack refused (ctlimit.go)
+		}
+	}
+	meters, err := d.conn.meterStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out["drop_frag_limit"] = 0 // fragments past their port's meter (fragmeter.go), as the eBPF reason
+	for _, m := range meters {
+		if isFragMeter(m.ID) {
+			out["drop_frag_limit"] += float64(m.Dropped)
 		}
 	}
 	return out, nil

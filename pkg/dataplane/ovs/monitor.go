@@ -93,7 +93,7 @@ func (c *controller2) UnmarshalBinary([]byte) error {
 func meterMod(command uint16, id, rate, burst uint32) []byte {
 	b := make([]byte, 8+16)
 	binary.BigEndian.PutUint16(b[0:], command)
-	binary.BigEndian.PutUint16(b[2:], 0x2|0x4) // OFPMF_PKTPS | OFPMF_BURST
+	binary.BigEndian.PutUint16(b[2:], 0x2|0x4|0x8) // OFPMF_PKTPS | OFPMF_BURST | OFPMF_STATS
 	binary.BigEndian.PutUint32(b[4:], id)
 	band := b[8:]
 	binary.BigEndian.PutUint16(band[0:], 1) // OFPMBT_DROP

@@ -619,6 +619,10 @@ func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dat
 	}
 	return []*flow{
 		pl.newFlow(tClassifier, 110).inPort(port).anyVLAN(),
+		// Fragments pass the port's fragment meter (fragmeter.go) before anything can
+		// hold them for reassembly.
+		admit(pl.newFlow(tClassifier, 105).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32)).
+			nwFrag(fragAny).metered(fragMeterID(port))),
 		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32))),
 		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ethType(0x0806).ethSrc(ep.MAC).arpSPA(ep.IP).arpSHA(ep.MAC)),
 		pl.newFlow(tClassifier, 10).inPort(port),
