@@ -48,6 +48,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "self-no-state", run: selfNoState},
 		{name: "shared-vip-large-udp", run: sharedVIPLargeUDP},
 		{name: "fragment-hoard", run: fragmentHoard},
+		{name: "answer-flood", run: answerFlood},
 	})
 }
 

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -189,6 +190,62 @@ func rejectNoBackend(t *testing.T, e *Env) {
 		}
 		if err := refusedUDPWithin(a1.NS, "10.36.1.206:53", 1); err != nil { // the first recv
 			t.Error(err)
+		}
+	})
+}
+
+// answerFlood: a container floods VIPs with what the datapath answers (UDP to a service
+// without backends, refused with ICMP; echo requests to a VIP, answered from it), up to
+// 20,000 of each a second; meanwhile another container is still refused and answered at once,
+// every time: the budgets that bound such answers are not one container's to spend for
+// everyone (OVS: a meter per port before the shared ones).
+func answerFlood(t *testing.T, e *Env) {
+	a1, a2, _ := adversaries(t, e)
+	vip := netip.MustParseAddr("10.36.1.211")
+	svc := dataplane.Service{ID: "flooded:default", VIP: vip, Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}}}
+	withService(t, e, svc, func() {
+		var udp net.PacketConn
+		var icmp net.PacketConn
+		if err := nsexec.Run(a1.NS, func() error {
+			var err error
+			if udp, err = net.ListenPacket("udp4", ":0"); err != nil {
+				return err
+			}
+			icmp, err = net.ListenPacket("ip4:icmp", a1.ip())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer udp.Close()
+		defer icmp.Close()
+		echo := []byte{8, 0, 0, 0, 0xcb, 0x0f, 0, 1, 'f', 'l', 'o', 'o', 'd'}
+		binary.BigEndian.PutUint16(echo[2:], checksum(echo, 0))
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			dst := &net.UDPAddr{IP: vip.AsSlice(), Port: 53}
+			ipDst := &net.IPAddr{IP: vip.AsSlice()}
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				for i := 0; i < 200; i++ {
+					_, _ = udp.WriteTo([]byte("flood"), dst)
+					_, _ = icmp.WriteTo(echo, ipDst)
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+		time.Sleep(500 * time.Millisecond) // any shared budget is spent by now
+		for i := 0; i < 5; i++ {
+			if err := refusedUDPWithin(a2.NS, net.JoinHostPort(vip.String(), "53"), 1); err != nil {
+				t.Errorf("probe %d while a1 floods: %v", i, err)
+			}
+			if err := Ping(a2.NS, vip.String(), time.Second); err != nil {
+				t.Errorf("probe %d while a1 floods: %v", i, err)
+			}
 		}
 	})
 }

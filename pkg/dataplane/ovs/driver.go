@@ -101,8 +101,8 @@ type Driver struct {
 	// too): dropping flows (and allowing rules) send their packets here (monitor.go).
 	monitoring, allowEvents bool
 	meter                   bool // the monitor's meter is installed (monitor.go)
-	// fragMeters are the endpoint ports whose fragment meter is installed (fragmeter.go).
-	fragMeters map[uint32]bool
+	// portMeters are the endpoint ports whose meters are installed (portmeter.go).
+	portMeters map[uint32]bool
 
 	stop chan struct{}
 	done chan struct{}
@@ -393,7 +393,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	}
 	d.setRejectMeter(ctx)
 	d.setReassembly(ctx)
-	d.fragMeters = nil // a new vswitchd has none
+	d.portMeters = nil // a new vswitchd has none
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}
@@ -460,7 +460,7 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 		}
 		msgs = append(msgs, m)
 	}
-	if err := d.ensureFragMeters(ctx); err != nil {
+	if err := d.ensurePortMeters(ctx); err != nil {
 		return err
 	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
@@ -468,7 +468,7 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 	}
 	d.gen = gen
 	d.comp = comp
-	d.dropStaleFragMeters(ctx)
+	d.dropStalePortMeters(ctx)
 	d.purge(ctx)
 	return nil
 }
@@ -523,7 +523,7 @@ func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables,
 		}
 		msgs = append(msgs, m)
 	}
-	if err := d.ensureFragMeters(ctx); err != nil {
+	if err := d.ensurePortMeters(ctx); err != nil {
 		undo()
 		return err
 	}
@@ -738,7 +738,7 @@ func (d *Driver) apply(ctx context.Context, old, st *dataplane.Index, full bool,
 		port := d.ports.endpoints[id]
 		delete(d.ports.endpoints, id)
 		errs = append(errs, d.db.deletePort(ctx, d.opts.Bridge, ep.HostIfName), unplumbEndpoint(d.host.NetNS, ep),
-			d.dropFragMeter(ctx, port))
+			d.dropPortMeters(ctx, port))
 	}
 	d.state = st
 	errs = append(errs, d.applyCTLimits(ctx)) // endpoints and tenants move the zones' limits
@@ -1207,7 +1207,7 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out["drop_frag_limit"] = 0 // fragments past their port's meter (fragmeter.go), as the eBPF reason
+	out["drop_frag_limit"] = 0 // fragments past their port's meter (portmeter.go), as the eBPF reason
 	for _, m := range meters {
 		if isFragMeter(m.ID) {
 			out["drop_frag_limit"] += float64(m.Dropped)

@@ -30,6 +30,8 @@ const (
 	tCTCheck        tableID = 33 // after a commit: refused by conntrack (zone limit, full table) → drop
 	tServiceFrag    tableID = 34 // learned: later fragments of a new UDP flow to a VIP → their first fragment's choice
 	tSrcEPG         tableID = 35 // source EPG of traffic from other hosts (tunnel id + source IP)
+	tAnswer         tableID = 36 // a VIP's echo reply or a refusal to a container: its port's answer meter (portmeter.go)
+	tAnswerShared   tableID = 37 // ... then an echo reply the responders' meter, shared by all ports
 	tDstEPG         tableID = 40 // destination EPG by (VRF, destination IP)
 	tPolicy         tableID = 50 // rules; established/related bypass; miss = allow
 	tNetpolEgress   tableID = 52 // Kubernetes NetworkPolicy: the sender's egress allow-list (netpol.go)
@@ -39,7 +41,7 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tAnswer, tAnswerShared, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -63,6 +65,10 @@ func (t tableID) String() string {
 		return "ct_check"
 	case tSrcEPG:
 		return "src_epg"
+	case tAnswer:
+		return "answer"
+	case tAnswerShared:
+		return "answer_shared"
 	case tDstEPG:
 		return "dst_epg"
 	case tPolicy:
@@ -101,6 +107,7 @@ const (
 	flagHairpinLookup = 2 // regFlags bit: the hairpin-zone lookup of conntrack is done
 	flagHairpinSNAT   = 3 // regFlags bit: the hairpin-zone SNAT of l3_rewrite is done
 	flagReject        = 4 // regFlags bit: sent to the agent to be refused with ICMP (reject.go)
+	flagEchoReply     = 5 // regFlags bit: turned into a VIP's echo reply (echoResponderVRF)
 )
 
 // hairpinZone is the conntrack zone of vrf's hairpin SNAT entries; false when vrf is an
@@ -299,7 +306,7 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 		if !ok {
 			return nil, nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
-		flows = pl.endpointClassifier(port, ep, n, env.netVRF(n))
+		flows = append(pl.endpointClassifier(port, ep, n, env.netVRF(n)), pl.answers(port)...)
 		fw, err := pl.forwarding(env, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
 		if err != nil {
 			return nil, nil, err
@@ -395,6 +402,9 @@ func (pl *pipeline) baseFlows() []*flow {
 		pl.newFlow(tServiceBackend, 0),
 		pl.newFlow(tServiceFrag, 0), // no choice learned: the caller's reg7 stays 0, nothing is balanced
 		pl.newFlow(tSrcEPG, 0).goTo(tDstEPG),
+		pl.newFlow(tAnswer, 0), // not an answer to a local port: drop
+		pl.newFlow(tAnswerShared, 0),
+		pl.newFlow(tAnswerShared, 100).regBits(regFlags, flagEchoReply, flagEchoReply, 1).metered(responderMeter).output(of.P_IN_PORT),
 		pl.newFlow(tDstEPG, 0).goTo(tPolicy),
 		pl.newFlow(tPolicy, 0).goTo(tNetpolEgress),
 		pl.newFlow(tPolicy, 65000).ip().ctState("-new+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, []int{of.NX_CT_STATE_NEW_OFS}).goTo(tL3),
@@ -619,7 +629,7 @@ func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dat
 	}
 	return []*flow{
 		pl.newFlow(tClassifier, 110).inPort(port).anyVLAN(),
-		// Fragments pass the port's fragment meter (fragmeter.go) before anything can
+		// Fragments pass the port's fragment meter (portmeter.go) before anything can
 		// hold them for reassembly.
 		admit(pl.newFlow(tClassifier, 105).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32)).
 			nwFrag(fragAny).metered(fragMeterID(port))),
@@ -771,7 +781,7 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		if sp.Proto == 6 {
 			reject.tcpFlags(0x002, 0x017, "+syn-fin-rst-ack")
 		}
-		reject.loadBits(regFlags, flagReject, flagReject, 1).toAgentReject()
+		reject.loadBits(regFlags, flagReject, flagReject, 1).goTo(tAnswer)
 		return []*flow{reject, match(90)}
 	}
 	lb := match(100)
@@ -897,16 +907,30 @@ func (pl *pipeline) arpResponderVRF(vrf uint32, ip netip.Addr, mac net.HardwareA
 // endpoint of one tenant, in place: from ip and the router MAC, back out the port it came
 // in (OVS fixes the checksums of the fields it sets). Before conntrack and policy, as the
 // eBPF datapath answers it (icmp_vip_reply). vswitchd runs it for every packet: through
-// the responders' meter.
+// the port's answer meter, then the responders' meter (answers).
 func (pl *pipeline) echoResponderVRF(vrf uint32, ip netip.Addr) *flow {
 	return pl.newFlow(tARP, 90).reg(regVRF, vrf).ip().regBits(regFlags, 0, 0, 0).ipDst(netip.PrefixFrom(ip, 32)).
-		proto(1).nwFrag(fragNone).icmpType(8).metered(responderMeter).
+		proto(1).nwFrag(fragNone).icmpType(8).
 		move("NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", 48).
 		setEthSrc(dataplane.RouterMAC).
 		move("NXM_OF_IP_SRC", "NXM_OF_IP_DST", 32).
 		loadField("NXM_OF_IP_SRC", 32, uint64(ipU32(ip)), "load:"+ip.String()+"->NXM_OF_IP_SRC[]").
 		loadField("NXM_OF_ICMP_TYPE", 8, 0, "load:0->NXM_OF_ICMP_TYPE[]").
-		output(of.P_IN_PORT)
+		loadBits(regFlags, flagEchoReply, flagEchoReply, 1).goTo(tAnswer)
+}
+
+// answers passes what is answered to the container at port (a VIP's echo reply, a packet
+// the agent refuses) through the port's answer meter first, then the shared meter of its
+// kind (the reject meter is the controller action's), then out of that port or to the
+// agent (portmeter.go): one container flooding VIPs spends its own budget before it can
+// spend the shared one.
+func (pl *pipeline) answers(port uint32) []*flow {
+	return []*flow{
+		pl.newFlow(tAnswer, 100).inPort(port).regBits(regFlags, flagReject, flagReject, 1).
+			metered(answerMeterID(port)).toAgentReject(),
+		pl.newFlow(tAnswer, 90).inPort(port).regBits(regFlags, flagEchoReply, flagEchoReply, 1).
+			metered(answerMeterID(port)).goTo(tAnswerShared),
+	}
 }
 
 func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {

@@ -14,7 +14,7 @@ import (
 // actions. A new vswitchd starts with it off: called on every connection. Fragments
 // conntrack holds are bounded by vswitchd for the whole datapath (ipf-set-max-nfrags,
 // raised here from 1,000 to its ceiling of 5,000; 15 s each), and per container port by
-// its fragment meter (fragmeter.go); non-last fragments under 1,200 bytes are refused
+// its fragment meter (portmeter.go); non-last fragments under 1,200 bytes are refused
 // (ipf-set-min-frag).
 func (d *Driver) setReassembly(ctx context.Context) {
 	if _, err := d.appctl(ctx, "dpctl/ipf-set-enabled", "v4"); err != nil {

@@ -9,21 +9,23 @@ import (
 
 // Refusing flows to a service without backends (kube-proxy's REJECT; the eBPF datapath
 // does it in bpf/lib/icmp.h): the service_lb flow of such a VIP:port marks a UDP datagram
-// or a bare TCP SYN (regFlags bit flagReject) and sends its first rejectMaxLen bytes to the
-// agent through the reject meter; the agent builds the ICMP port unreachable
+// or a bare TCP SYN (regFlags bit flagReject), and the answer table sends its first
+// rejectMaxLen bytes to the agent through the sender's port meter (portmeter.go) and the
+// reject meter; the agent builds the ICMP port unreachable
 // (dataplane.ICMPPortUnreachable: from the VIP, quoting the packet's IPv4 header and 8
 // bytes) and sends it out of the port the packet came in on (packet-out). The meter bounds
 // what a container flooding a dead VIP costs vswitchd and the agent; beyond it packets
 // are dropped unanswered, as before.
 const (
 	rejectMeter  = 0xcb02
-	rejectRate   = 1000 // packet-ins per second, all rejecting flows together
+	rejectRate   = 1000 // packet-ins per second, all ports together
 	rejectBurst  = 200
 	rejectMaxLen = 128 // an Ethernet header, an IPv4 header with options and 8 bytes fit
 
 	// The responders that vswitchd runs on every packet (an ICMP field set is a slow-path
-	// action: no datapath flow caches it) pass this meter: one container pinging VIPs
-	// without end holds vswitchd's handler threads no longer than this rate allows.
+	// action: no datapath flow caches it) pass this meter after the sender's port meter:
+	// containers pinging VIPs without end hold vswitchd's handler threads no longer than
+	// this rate allows.
 	responderMeter = 0xcb03
 	responderRate  = 1000 // packets per second, all of them together
 	responderBurst = 200
@@ -39,7 +41,7 @@ func (f *flow) toAgentReject() *flow {
 
 // isReject says whether a packet-in is one toAgentReject sent.
 func isReject(table tableID, regs [8]uint32) bool {
-	return table == tServiceLB && regs[regFlags]&(1<<flagReject) != 0
+	return table == tAnswer && regs[regFlags]&(1<<flagReject) != 0
 }
 
 // setRejectMeter (re)installs the reject meter and the responders' meter; the rejecting

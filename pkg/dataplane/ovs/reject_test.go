@@ -16,7 +16,7 @@ func TestRejectPacketOutAndMark(t *testing.T) {
 	}
 	var regs [8]uint32
 	regs[regFlags] = 1 << flagReject
-	if !isReject(tServiceLB, regs) || isReject(tPolicy, regs) || isReject(tServiceLB, [8]uint32{}) {
+	if !isReject(tAnswer, regs) || isReject(tServiceLB, regs) || isReject(tAnswer, [8]uint32{}) {
 		t.Error("isReject")
 	}
 }

@@ -327,7 +327,7 @@ func (d *Driver) traceEnd(res *dataplane.TraceResult, st traceStep, final map[st
 			return
 		}
 	}
-	if st.table == tServiceLB && anyAction(st.actions, "controller") {
+	if st.table == tAnswer && anyAction(st.actions, "controller") {
 		res.Reason, res.Verdict = "reject_no_backend", "refused: the service has no backend; the agent answers with ICMP port unreachable from the VIP"
 		return
 	}

@@ -33,6 +33,13 @@ func TestCompileTrust(t *testing.T) {
 		"table=classifier,priority=100,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0800,dl_src=02:02:0a:01:00:01,nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,goto_table:arp",
 		"table=classifier,priority=100,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0806,dl_src=02:02:0a:01:00:01,arp_spa=10.1.0.1,arp_sha=02:02:0a:01:00:01 actions=load:5000->reg0,load:7->reg1,load:1->reg3,goto_table:arp",
 		"table=classifier,priority=10,in_port=100 actions=drop",
+		// A port's fragments pass its fragment meter; what is answered to it, its answer
+		// meter (portmeter.go).
+		"table=classifier,priority=105,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0800,dl_src=02:02:0a:01:00:01,nw_src=10.1.0.1,nw_frag=yes actions=meter:3406823524,load:5000->reg0,load:7->reg1,load:1->reg3,goto_table:arp",
+		"table=answer,priority=100,in_port=100,reg4[4..4]=1 actions=meter:3407872100,controller(reject_no_backend)",
+		"table=answer,priority=90,in_port=100,reg4[5..5]=1 actions=meter:3407872100,goto_table:answer_shared",
+		"table=answer,priority=0, actions=drop",
+		"table=answer_shared,priority=100,reg4[5..5]=1 actions=meter:51971,IN_PORT",
 		"table=commit,priority=110,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=0,nw_proto=6,tcp_flags=+syn-ack actions=ct(commit,table=ct_check,zone=reg3[0..15],exec(load:1->NXM_NX_CT_MARK[0]))",
 		"table=commit,priority=105,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=0,nw_proto=6 actions=goto_table:l3_rewrite",
 		"table=commit,priority=100,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=0 actions=ct(commit,table=ct_check,zone=reg3[0..15],exec(load:1->NXM_NX_CT_MARK[0]))",
@@ -46,7 +53,7 @@ func TestCompileTrust(t *testing.T) {
 		"table=arp,priority=90,reg3=1,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
 		"table=arp,priority=90,reg3=2,dl_type=0x0806,arp_op=1,arp_tpa=10.9.0.1 actions=",
 		// Pings of the VIP: answered per tenant, only from local ports, whole ones only.
-		"table=arp,priority=90,reg3=1,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=meter:51971,move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11,move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],load:10.9.0.1->NXM_OF_IP_SRC[],load:0->NXM_OF_ICMP_TYPE[],IN_PORT",
+		"table=arp,priority=90,reg3=1,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11,move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],load:10.9.0.1->NXM_OF_IP_SRC[],load:0->NXM_OF_ICMP_TYPE[],load:1->reg4[5..5],goto_table:answer",
 		"table=arp,priority=90,reg3=2,dl_type=0x0800,reg4[0..0]=0,nw_dst=10.9.0.1,nw_proto=1,nw_frag=no,icmp_type=8 actions=",
 		"table=service_lb,priority=100,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=6,tp_dst=80,tcp_flags=+syn-ack actions=load:1->reg7[16..31],multipath(symmetric_l3l4+udp,0,hrw,2,0,reg7[0..15]),resubmit(,service_backend)",
 		"table=service_lb,priority=90,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=6,tp_dst=80 actions=drop",

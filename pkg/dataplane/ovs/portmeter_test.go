@@ -32,8 +32,14 @@ func TestParseMeterStats(t *testing.T) {
 		got[1] != (meterStat{ID: rejectMeter, Packets: 5}) {
 		t.Fatalf("two entries: %+v, %v", got, err)
 	}
-	if !isFragMeter(got[0].ID) || isFragMeter(got[1].ID) || isFragMeter(monitorMeter) || isFragMeter(responderMeter) {
+	if !isFragMeter(got[0].ID) || isFragMeter(got[1].ID) || isFragMeter(monitorMeter) || isFragMeter(responderMeter) ||
+		isFragMeter(answerMeterID(7)) {
 		t.Error("isFragMeter tells the meters apart wrongly")
+	}
+	for id, want := range map[uint32]uint32{fragMeterID(7): 7, answerMeterID(0xfeff): 0xfeff, rejectMeter: 0, monitorMeter: 0} {
+		if p, ok := portMeterPort(id); p != want || ok != (want != 0) {
+			t.Errorf("portMeterPort(%#x) = %d, %v", id, p, ok)
+		}
 	}
 	for name, b := range map[string][]byte{
 		"short":         two[:30],
@@ -51,11 +57,13 @@ func TestParseMeterStats(t *testing.T) {
 	}
 }
 
-// TestFragmentMeter: every container port has a meter on the fragments it sends, before
-// conntrack can hold them for reassembly; a container sending lone fragments has those
-// past the meter dropped and counted (drop_frag_limit) while its neighbour's meter is
-// untouched; the meter goes with the endpoint; vswitchd holds up to 5,000 fragments.
-func TestFragmentMeter(t *testing.T) {
+// TestPortMeters: every container port has a meter on the fragments it sends, before
+// conntrack can hold them for reassembly, and one on what is answered to it; a container
+// sending lone fragments has those past the meter dropped and counted (drop_frag_limit)
+// while its neighbour's meter is untouched; the meters go with the endpoint (also when it
+// went while no agent ran); vswitchd holds up to 5,000 fragments. (Conformance
+// answer-flood and fragment-hoard try them with traffic.)
+func TestPortMeters(t *testing.T) {
 	needRoot(t)
 	id := testID()
 	h1, _ := twoHosts(t, id)
@@ -75,9 +83,13 @@ func TestFragmentMeter(t *testing.T) {
 	}
 	m := meters()
 	for _, p := range []uint32{p1, p2} {
-		want := fmt.Sprintf("meter=%d pktps burst stats bands=\ntype=drop rate=%d burst_size=%d", fragMeterID(p), fragRate, fragBurst)
-		if !strings.Contains(m, want) {
-			t.Errorf("no fragment meter for port %d (%q):\n%s", p, want, m)
+		for _, want := range []string{
+			fmt.Sprintf("meter=%d pktps burst stats bands=\ntype=drop rate=%d burst_size=%d", fragMeterID(p), fragRate, fragBurst),
+			fmt.Sprintf("meter=%d pktps burst stats bands=\ntype=drop rate=%d burst_size=%d", answerMeterID(p), answerRate, answerBurst),
+		} {
+			if !strings.Contains(m, want) {
+				t.Errorf("port %d: no meter %q:\n%s", p, want, m)
+			}
 		}
 	}
 	flows := sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "unix:"+d.mgmtSocket(), "table=0,in_port="+fmt.Sprint(p1))
@@ -122,9 +134,10 @@ func TestFragmentMeter(t *testing.T) {
 	if err := d.DeleteEndpoint(ctx, "e1"); err != nil {
 		t.Fatal(err)
 	}
+	has := func(m string, id uint32) bool { return strings.Contains(m, fmt.Sprintf("meter=%d ", id)) }
 	m = meters()
-	if strings.Contains(m, fmt.Sprintf("meter=%d ", fragMeterID(p1))) || !strings.Contains(m, fmt.Sprintf("meter=%d ", fragMeterID(p2))) {
-		t.Errorf("after e1 went: its meter stayed, or e2's went with it:\n%s", m)
+	if has(m, fragMeterID(p1)) || has(m, answerMeterID(p1)) || !has(m, fragMeterID(p2)) || !has(m, answerMeterID(p2)) {
+		t.Errorf("after e1 went: its meters stayed, or e2's went with them:\n%s", m)
 	}
 
 	// An endpoint deleted while no agent runs: the next agent's first full install
@@ -145,8 +158,8 @@ func TestFragmentMeter(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = meters()
-	if strings.Contains(m, fmt.Sprintf("meter=%d ", fragMeterID(p3))) || !strings.Contains(m, fmt.Sprintf("meter=%d ", fragMeterID(p2))) {
-		t.Errorf("after a restart without e3: its meter stayed, or e2's went:\n%s", m)
+	if has(m, fragMeterID(p3)) || has(m, answerMeterID(p3)) || !has(m, fragMeterID(p2)) || !has(m, answerMeterID(p2)) {
+		t.Errorf("after a restart without e3: its meters stayed, or e2's went:\n%s", m)
 	}
 	flows = sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "unix:"+d.mgmtSocket(), "table=0,in_port="+fmt.Sprint(p2))
 	if !strings.Contains(flows, fmt.Sprintf("meter:%d", fragMeterID(p2))) {
