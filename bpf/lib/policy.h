@@ -340,17 +340,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_frags SEC(".maps");
 
-/* Fragment records per tenant: cb_frags and cb_nat_frags are LRUs shared by every zone,
- * so a zone that opened fragmented datagrams without end would evict every other zone's
- * records (their later fragments: drop_frag_no_first). A zone's first fragments that
- * record take a token of its budget, cb_frag_rate a second up to CB_FRAG_BURST; a first
- * fragment without one is dropped (drop_frag_limit) before any state is written. At the
- * rate, evicting all 8,192 records of either table takes a zone 0.4 s; another zone's
- * datagram needs its record for the milliseconds between its fragments. */
+/* Fragment records per tenant and per source: cb_frags and cb_nat_frags are LRUs shared by
+ * every zone, so a zone that opened fragmented datagrams without end would evict every
+ * other zone's records (their later fragments: drop_frag_no_first). A first fragment that
+ * records takes a token of its source's budget (cb_frag_src_rate a second up to
+ * CB_FRAG_SRC_BURST: one endpoint cannot spend its tenant's) and then one of its zone's
+ * (cb_frag_rate a second up to CB_FRAG_BURST); without both it is dropped
+ * (drop_frag_limit) before any state is written. At the zone's rate, evicting all 8,192
+ * records of either table takes a zone 0.4 s; another zone's datagram needs its record for
+ * the milliseconds between its fragments. */
 #define CB_FRAG_BURST 4096
+#define CB_FRAG_SRC_BURST 1024
 
-/* The budget's rate, tokens a second (tests set 0: no refill). */
+/* The budgets' rates, tokens a second (tests set 0: no refill). */
 volatile __u32 cb_frag_rate = 20000;
+volatile __u32 cb_frag_src_rate = 5000;
 
 struct cb_frag_budget {
 	__u64 stamp;  /* cb_now() of the last refill */
@@ -358,9 +362,10 @@ struct cb_frag_budget {
 	__u32 pad;
 };
 
-/* An LRU: zones come and go with tenants, and a zone whose budget was evicted (the least
- * recently fragmenting of 4,096) starts again with a full burst, which it would have had
- * anyway after a second of quiet. Zones are the agent's, never a packet's choice. */
+/* LRUs: zones and sources come and go, and a budget that was evicted (the least recently
+ * fragmenting of 4,096 zones, 16,384 sources) starts again with a full burst, which it
+ * would have had anyway after a second of quiet. Zones are the agent's, never a packet's
+ * choice; a source is the packet's, within its zone's budget. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -368,29 +373,31 @@ struct {
 	__type(value, struct cb_frag_budget);
 } cb_frag_budgets SEC(".maps");
 
-/* cb_frag_admit takes a token of zone's fragment budget: 1 if it had one. Concurrent
- * packets may both refill or both take the last token: the budget is approximate by a few
- * tokens, never by a rate. */
-CB_INLINE int cb_frag_admit(__u32 zone)
-{
-	struct cb_frag_budget *b, nb = {};
-	__u64 now = cb_now(), add;
-	__u32 rate = cb_frag_rate;
-	long r;
+struct cb_frag_src_key {
+	__u32 zone;
+	__be32 saddr;
+};
 
-	b = bpf_map_lookup_elem(&cb_frag_budgets, &zone);
-	if (!b) {
-		nb.stamp = now;
-		nb.tokens = CB_FRAG_BURST - 1;
-		r = bpf_map_update_elem(&cb_frag_budgets, &zone, &nb, BPF_NOEXIST);
-		return r == 0 || r == -17; /* -EEXIST: another CPU made it first */
-	}
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct cb_frag_src_key);
+	__type(value, struct cb_frag_budget);
+} cb_frag_src_budgets SEC(".maps");
+
+/* cb_budget_take takes a token of budget b (refilled at rate a second up to burst): 1 if
+ * it had one. Concurrent packets may both refill or both take the last token: a budget is
+ * approximate by a few tokens, never by a rate. */
+CB_INLINE int cb_budget_take(struct cb_frag_budget *b, __u64 now, __u32 rate, __u32 burst)
+{
+	__u64 add;
+
 	if (now > b->stamp && rate) {
 		/* (A second refills any burst at any rate worth having; no overflow.) */
 		add = now - b->stamp < CB_NS ? now - b->stamp : CB_NS;
 		add = add * rate / CB_NS;
 		if (add) {
-			b->tokens = add >= CB_FRAG_BURST - b->tokens ? CB_FRAG_BURST : b->tokens + (__u32)add;
+			b->tokens = add >= burst - b->tokens ? burst : b->tokens + (__u32)add;
 			b->stamp = now;
 		}
 	}
@@ -398,6 +405,35 @@ CB_INLINE int cb_frag_admit(__u32 zone)
 		return 0;
 	b->tokens--;
 	return 1;
+}
+
+/* cb_frag_admit takes a token of the fragment budget of source saddr in zone, then one of
+ * zone's: 1 if both had one (a budget seen for the first time starts full). A call of its
+ * own: its locals stay off the full stages' frames. */
+static __noinline int cb_frag_admit(__u32 zone, __be32 saddr)
+{
+	struct cb_frag_src_key sk = { .zone = zone, .saddr = saddr };
+	struct cb_frag_budget *b, nb = {};
+	__u64 now = cb_now();
+	long r;
+
+	nb.stamp = now;
+	b = bpf_map_lookup_elem(&cb_frag_src_budgets, &sk);
+	if (!b) {
+		nb.tokens = CB_FRAG_SRC_BURST - 1;
+		r = bpf_map_update_elem(&cb_frag_src_budgets, &sk, &nb, BPF_NOEXIST);
+		if (r && r != -17) /* -EEXIST: another CPU made it first */
+			return 0;
+	} else if (!cb_budget_take(b, now, cb_frag_src_rate, CB_FRAG_SRC_BURST)) {
+		return 0;
+	}
+	b = bpf_map_lookup_elem(&cb_frag_budgets, &zone);
+	if (!b) {
+		nb.tokens = CB_FRAG_BURST - 1;
+		r = bpf_map_update_elem(&cb_frag_budgets, &zone, &nb, BPF_NOEXIST);
+		return r == 0 || r == -17;
+	}
+	return cb_budget_take(b, now, cb_frag_rate, CB_FRAG_BURST);
 }
 
 /* cb_frag_key_of is a datagram's key under the addresses its fragments arrive with (before
@@ -712,7 +748,7 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 		return cb_frag_verdict(f, t);
 	/* A first fragment records (here, and a service flow's in cb_nat_frags): within its
 	 * zone's budget only. */
-	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone))
+	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone, f->saddr))
 		return CB_DROP_FRAG_LIMIT;
 	r = cb_ct_check(f, t);
 	if (t->frag == CB_FRAG_FIRST)

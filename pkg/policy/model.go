@@ -201,8 +201,9 @@ type fragRec struct {
 //     drop_policy if the record says drop, drop_frag_no_first without a live record. Later
 //     fragments refresh nothing; those of service datagrams follow their first fragment's
 //     NAT (natFrag), a hairpin datagram's (either way) from the VIP back to the client.
-//     Not modelled: the datapath's per-zone budget of records (drop_frag_limit, 4,096 at
-//     once and 20,000 a second), which the differential test never comes near.
+//     Not modelled: the datapath's per-source and per-zone budgets of records
+//     (drop_frag_limit: 1,024 at once and 5,000 a second per source, 4,096 and 20,000 per
+//     zone), which the differential test never comes near.
 //   - SetEndpoint does not bump the epoch (the agent does, with BumpEpoch/SetPolicy).
 //     DeleteEndpoint also forgets the address's group; fragment records are not flushed.
 //   - GC deletes expired table entries (returned count) and expired fragment records (not

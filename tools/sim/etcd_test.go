@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 )
@@ -10,7 +11,8 @@ import (
 // TestExternalEtcdCluster: netmaster and the agents on a 3-member external etcd cluster
 // (--etcd-endpoints of all members) instead of netmaster's embedded etcd; containers on
 // two hosts reach each other, and after the member every client listed first is killed
-// the cluster keeps working: a new container is attached and reached.
+// the cluster keeps working: a new container is attached and reached. A failed attach
+// leaves nothing behind.
 func TestExternalEtcdCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -31,6 +33,14 @@ func TestExternalEtcdCluster(t *testing.T) {
 	}
 	if out, err := a.Ping(ctx, b.IP.Addr(), 3); err != nil {
 		t.Fatalf("a → b over the external etcd cluster: %v\n%s", err, out)
+	}
+	// A failed attach leaves no namespace behind, so the same pod can be tried again (as
+	// below, where an attach during etcd's leader change may fail once).
+	if _, err := c.AddContainer(ctx, c.Hosts[1], "etc", "default", "no-such-net"); err == nil {
+		t.Fatal("attached to a network that does not exist")
+	}
+	if _, err := os.Stat(NetNSPath(c.Hosts[1].Name + "-etc")); !os.IsNotExist(err) {
+		t.Errorf("the failed attach left its namespace: %v", err)
 	}
 	c.etcd[0].Kill()
 	var late *Container

@@ -898,7 +898,11 @@ func (c *Cluster) attach(ctx context.Context, h *Host, podNS, name, tenant, netw
 		Tenant: tenant, Network: network, Group: group,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sim: attach %s on %s: %w", name, h.Name, err)
+		// As a runtime does after a failed ADD: the sandbox goes, so the pod can be tried
+		// again (a retry found the namespace still there once, etcd_test.go).
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("sim: attach %s on %s: %w", name, h.Name, err), c.delNS(dctx, ns))
 	}
 	if ct.IP, err = netip.ParsePrefix(resp.IPAddress); err != nil {
 		return nil, fmt.Errorf("sim: attach %s: agent returned address %q: %w", name, resp.IPAddress, err)

@@ -227,6 +227,12 @@ type contivbpfCbFragKey struct {
 	Pad   uint8
 }
 
+type contivbpfCbFragSrcKey struct {
+	_     structs.HostLayout
+	Zone  uint32
+	Saddr uint32
+}
+
 type contivbpfCbHostIp struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -600,6 +606,7 @@ const (
 	contivbpfMapCbEpgs             = "cb_epgs"
 	contivbpfMapCbEvents           = "cb_events"
 	contivbpfMapCbFragBudgets      = "cb_frag_budgets"
+	contivbpfMapCbFragSrcBudgets   = "cb_frag_src_budgets"
 	contivbpfMapCbFrags            = "cb_frags"
 	contivbpfMapCbHostIps          = "cb_host_ips"
 	contivbpfMapCbHostRoutes       = "cb_host_routes"
@@ -642,6 +649,7 @@ const (
 	contivbpfVarCbFeatures         = "cb_features"
 	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
 	contivbpfVarCbFragRate         = "cb_frag_rate"
+	contivbpfVarCbFragSrcRate      = "cb_frag_src_rate"
 	contivbpfVarCbLbSeed           = "cb_lb_seed"
 	contivbpfVarCbNetFlagsUnused   = "cb_net_flags_unused"
 	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
@@ -706,41 +714,42 @@ type contivbpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfMapSpecs struct {
-	CbBackends     *ebpf.MapSpec `ebpf:"cb_backends"`
-	CbBgpRoutes    *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
-	CbCfg          *ebpf.MapSpec `ebpf:"cb_cfg"`
-	CbCt           *ebpf.MapSpec `ebpf:"cb_ct"`
-	CbCtOwned      *ebpf.MapSpec `ebpf:"cb_ct_owned"`
-	CbEndpoints    *ebpf.MapSpec `ebpf:"cb_endpoints"`
-	CbEpCounters   *ebpf.MapSpec `ebpf:"cb_ep_counters"`
-	CbEpgs         *ebpf.MapSpec `ebpf:"cb_epgs"`
-	CbEvents       *ebpf.MapSpec `ebpf:"cb_events"`
-	CbFragBudgets  *ebpf.MapSpec `ebpf:"cb_frag_budgets"`
-	CbFrags        *ebpf.MapSpec `ebpf:"cb_frags"`
-	CbHostIps      *ebpf.MapSpec `ebpf:"cb_host_ips"`
-	CbHostRoutes   *ebpf.MapSpec `ebpf:"cb_host_routes"`
-	CbHostSvcs     *ebpf.MapSpec `ebpf:"cb_host_svcs"`
-	CbIcmpBudget   *ebpf.MapSpec `ebpf:"cb_icmp_budget"`
-	CbIfaceDirect  *ebpf.MapSpec `ebpf:"cb_iface_direct"`
-	CbIfaceScratch *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
-	CbIfaces       *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbKpods        *ebpf.MapSpec `ebpf:"cb_kpods"`
-	CbKsets        *ebpf.MapSpec `ebpf:"cb_ksets"`
-	CbMembers      *ebpf.MapSpec `ebpf:"cb_members"`
-	CbNatFrags     *ebpf.MapSpec `ebpf:"cb_nat_frags"`
-	CbNetworks     *ebpf.MapSpec `ebpf:"cb_networks"`
-	CbNodeports    *ebpf.MapSpec `ebpf:"cb_nodeports"`
-	CbPeerFlows    *ebpf.MapSpec `ebpf:"cb_peer_flows"`
-	CbPeers        *ebpf.MapSpec `ebpf:"cb_peers"`
-	CbPolicies     *ebpf.MapSpec `ebpf:"cb_policies"`
-	CbReasons      *ebpf.MapSpec `ebpf:"cb_reasons"`
-	CbRoutes       *ebpf.MapSpec `ebpf:"cb_routes"`
-	CbServices     *ebpf.MapSpec `ebpf:"cb_services"`
-	CbSnat         *ebpf.MapSpec `ebpf:"cb_snat"`
-	CbSnatRev      *ebpf.MapSpec `ebpf:"cb_snat_rev"`
-	CbSvcRevs      *ebpf.MapSpec `ebpf:"cb_svc_revs"`
-	CbVerdicts     *ebpf.MapSpec `ebpf:"cb_verdicts"`
-	CbVips         *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbBackends       *ebpf.MapSpec `ebpf:"cb_backends"`
+	CbBgpRoutes      *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
+	CbCfg            *ebpf.MapSpec `ebpf:"cb_cfg"`
+	CbCt             *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbCtOwned        *ebpf.MapSpec `ebpf:"cb_ct_owned"`
+	CbEndpoints      *ebpf.MapSpec `ebpf:"cb_endpoints"`
+	CbEpCounters     *ebpf.MapSpec `ebpf:"cb_ep_counters"`
+	CbEpgs           *ebpf.MapSpec `ebpf:"cb_epgs"`
+	CbEvents         *ebpf.MapSpec `ebpf:"cb_events"`
+	CbFragBudgets    *ebpf.MapSpec `ebpf:"cb_frag_budgets"`
+	CbFragSrcBudgets *ebpf.MapSpec `ebpf:"cb_frag_src_budgets"`
+	CbFrags          *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHostIps        *ebpf.MapSpec `ebpf:"cb_host_ips"`
+	CbHostRoutes     *ebpf.MapSpec `ebpf:"cb_host_routes"`
+	CbHostSvcs       *ebpf.MapSpec `ebpf:"cb_host_svcs"`
+	CbIcmpBudget     *ebpf.MapSpec `ebpf:"cb_icmp_budget"`
+	CbIfaceDirect    *ebpf.MapSpec `ebpf:"cb_iface_direct"`
+	CbIfaceScratch   *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
+	CbIfaces         *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKpods          *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsets          *ebpf.MapSpec `ebpf:"cb_ksets"`
+	CbMembers        *ebpf.MapSpec `ebpf:"cb_members"`
+	CbNatFrags       *ebpf.MapSpec `ebpf:"cb_nat_frags"`
+	CbNetworks       *ebpf.MapSpec `ebpf:"cb_networks"`
+	CbNodeports      *ebpf.MapSpec `ebpf:"cb_nodeports"`
+	CbPeerFlows      *ebpf.MapSpec `ebpf:"cb_peer_flows"`
+	CbPeers          *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolicies       *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbReasons        *ebpf.MapSpec `ebpf:"cb_reasons"`
+	CbRoutes         *ebpf.MapSpec `ebpf:"cb_routes"`
+	CbServices       *ebpf.MapSpec `ebpf:"cb_services"`
+	CbSnat           *ebpf.MapSpec `ebpf:"cb_snat"`
+	CbSnatRev        *ebpf.MapSpec `ebpf:"cb_snat_rev"`
+	CbSvcRevs        *ebpf.MapSpec `ebpf:"cb_svc_revs"`
+	CbVerdicts       *ebpf.MapSpec `ebpf:"cb_verdicts"`
+	CbVips           *ebpf.MapSpec `ebpf:"cb_vips"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -757,6 +766,7 @@ type contivbpfVariableSpecs struct {
 	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
 	CbFragRate         *ebpf.VariableSpec `ebpf:"cb_frag_rate"`
+	CbFragSrcRate      *ebpf.VariableSpec `ebpf:"cb_frag_src_rate"`
 	CbLbSeed           *ebpf.VariableSpec `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
@@ -786,41 +796,42 @@ func (o *contivbpfObjects) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfMaps struct {
-	CbBackends     *ebpf.Map `ebpf:"cb_backends"`
-	CbBgpRoutes    *ebpf.Map `ebpf:"cb_bgp_routes"`
-	CbCfg          *ebpf.Map `ebpf:"cb_cfg"`
-	CbCt           *ebpf.Map `ebpf:"cb_ct"`
-	CbCtOwned      *ebpf.Map `ebpf:"cb_ct_owned"`
-	CbEndpoints    *ebpf.Map `ebpf:"cb_endpoints"`
-	CbEpCounters   *ebpf.Map `ebpf:"cb_ep_counters"`
-	CbEpgs         *ebpf.Map `ebpf:"cb_epgs"`
-	CbEvents       *ebpf.Map `ebpf:"cb_events"`
-	CbFragBudgets  *ebpf.Map `ebpf:"cb_frag_budgets"`
-	CbFrags        *ebpf.Map `ebpf:"cb_frags"`
-	CbHostIps      *ebpf.Map `ebpf:"cb_host_ips"`
-	CbHostRoutes   *ebpf.Map `ebpf:"cb_host_routes"`
-	CbHostSvcs     *ebpf.Map `ebpf:"cb_host_svcs"`
-	CbIcmpBudget   *ebpf.Map `ebpf:"cb_icmp_budget"`
-	CbIfaceDirect  *ebpf.Map `ebpf:"cb_iface_direct"`
-	CbIfaceScratch *ebpf.Map `ebpf:"cb_iface_scratch"`
-	CbIfaces       *ebpf.Map `ebpf:"cb_ifaces"`
-	CbKpods        *ebpf.Map `ebpf:"cb_kpods"`
-	CbKsets        *ebpf.Map `ebpf:"cb_ksets"`
-	CbMembers      *ebpf.Map `ebpf:"cb_members"`
-	CbNatFrags     *ebpf.Map `ebpf:"cb_nat_frags"`
-	CbNetworks     *ebpf.Map `ebpf:"cb_networks"`
-	CbNodeports    *ebpf.Map `ebpf:"cb_nodeports"`
-	CbPeerFlows    *ebpf.Map `ebpf:"cb_peer_flows"`
-	CbPeers        *ebpf.Map `ebpf:"cb_peers"`
-	CbPolicies     *ebpf.Map `ebpf:"cb_policies"`
-	CbReasons      *ebpf.Map `ebpf:"cb_reasons"`
-	CbRoutes       *ebpf.Map `ebpf:"cb_routes"`
-	CbServices     *ebpf.Map `ebpf:"cb_services"`
-	CbSnat         *ebpf.Map `ebpf:"cb_snat"`
-	CbSnatRev      *ebpf.Map `ebpf:"cb_snat_rev"`
-	CbSvcRevs      *ebpf.Map `ebpf:"cb_svc_revs"`
-	CbVerdicts     *ebpf.Map `ebpf:"cb_verdicts"`
-	CbVips         *ebpf.Map `ebpf:"cb_vips"`
+	CbBackends       *ebpf.Map `ebpf:"cb_backends"`
+	CbBgpRoutes      *ebpf.Map `ebpf:"cb_bgp_routes"`
+	CbCfg            *ebpf.Map `ebpf:"cb_cfg"`
+	CbCt             *ebpf.Map `ebpf:"cb_ct"`
+	CbCtOwned        *ebpf.Map `ebpf:"cb_ct_owned"`
+	CbEndpoints      *ebpf.Map `ebpf:"cb_endpoints"`
+	CbEpCounters     *ebpf.Map `ebpf:"cb_ep_counters"`
+	CbEpgs           *ebpf.Map `ebpf:"cb_epgs"`
+	CbEvents         *ebpf.Map `ebpf:"cb_events"`
+	CbFragBudgets    *ebpf.Map `ebpf:"cb_frag_budgets"`
+	CbFragSrcBudgets *ebpf.Map `ebpf:"cb_frag_src_budgets"`
+	CbFrags          *ebpf.Map `ebpf:"cb_frags"`
+	CbHostIps        *ebpf.Map `ebpf:"cb_host_ips"`
+	CbHostRoutes     *ebpf.Map `ebpf:"cb_host_routes"`
+	CbHostSvcs       *ebpf.Map `ebpf:"cb_host_svcs"`
+	CbIcmpBudget     *ebpf.Map `ebpf:"cb_icmp_budget"`
+	CbIfaceDirect    *ebpf.Map `ebpf:"cb_iface_direct"`
+	CbIfaceScratch   *ebpf.Map `ebpf:"cb_iface_scratch"`
+	CbIfaces         *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKpods          *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsets          *ebpf.Map `ebpf:"cb_ksets"`
+	CbMembers        *ebpf.Map `ebpf:"cb_members"`
+	CbNatFrags       *ebpf.Map `ebpf:"cb_nat_frags"`
+	CbNetworks       *ebpf.Map `ebpf:"cb_networks"`
+	CbNodeports      *ebpf.Map `ebpf:"cb_nodeports"`
+	CbPeerFlows      *ebpf.Map `ebpf:"cb_peer_flows"`
+	CbPeers          *ebpf.Map `ebpf:"cb_peers"`
+	CbPolicies       *ebpf.Map `ebpf:"cb_policies"`
+	CbReasons        *ebpf.Map `ebpf:"cb_reasons"`
+	CbRoutes         *ebpf.Map `ebpf:"cb_routes"`
+	CbServices       *ebpf.Map `ebpf:"cb_services"`
+	CbSnat           *ebpf.Map `ebpf:"cb_snat"`
+	CbSnatRev        *ebpf.Map `ebpf:"cb_snat_rev"`
+	CbSvcRevs        *ebpf.Map `ebpf:"cb_svc_revs"`
+	CbVerdicts       *ebpf.Map `ebpf:"cb_verdicts"`
+	CbVips           *ebpf.Map `ebpf:"cb_vips"`
 }
 
 func (m *contivbpfMaps) Close() error {
@@ -835,6 +846,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbEpgs,
 		m.CbEvents,
 		m.CbFragBudgets,
+		m.CbFragSrcBudgets,
 		m.CbFrags,
 		m.CbHostIps,
 		m.CbHostRoutes,
@@ -877,6 +889,7 @@ type contivbpfVariables struct {
 	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
 	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
 	CbFragRate         *ebpf.Variable `ebpf:"cb_frag_rate"`
+	CbFragSrcRate      *ebpf.Variable `ebpf:"cb_frag_src_rate"`
 	CbLbSeed           *ebpf.Variable `ebpf:"cb_lb_seed"`
 	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
@@ -126,32 +128,72 @@ func TestFragBudget(t *testing.T) {
 	first := func(id uint16) runResult {
 		return run(t, objs, fc, firstFrag(17, srcIP, localIP, 40000, 53, 0, id), nil)
 	}
-	// No refill during the test: the burst, then refusals.
-	if err := objs.CbFragRate.Set(uint32(0)); err != nil {
-		t.Fatal(err)
-	}
-	for i := 1; i <= 4096; i++ {
-		if r := first(uint16(i)); r.diff[FwdLocal] != 1 {
-			t.Fatalf("first fragment %d, within the burst: %v", i, r.diff)
+	// No refill during the test: the bursts, then refusals.
+	for _, v := range []*ebpf.Variable{objs.CbFragRate, objs.CbFragSrcRate} {
+		if err := v.Set(uint32(0)); err != nil {
+			t.Fatal(err)
 		}
 	}
-	limited := uint16(4097)
+	// The source's own budget first: 1,024 at once.
+	for i := 1; i <= 1024; i++ {
+		if r := first(uint16(i)); r.diff[FwdLocal] != 1 {
+			t.Fatalf("first fragment %d, within the source's burst: %v", i, r.diff)
+		}
+	}
+	limited := uint16(1025)
 	first(limited).expect(t, tcActShot, DropFragLimit)
 	// Nothing recorded for the refused one: its later fragment has no first.
 	run(t, objs, fc, laterFrag(17, srcIP, localIP, limited), nil).expect(t, tcActShot, DropFragNoFirst)
 
-	// Another tenant (zone) is not touched by it.
+	// Another endpoint of the same tenant still records: its own budget, and the zone's
+	// 3,072 left (the sender on this veth becomes localIP; its datagram to srcIP is denied
+	// by srcIP's group, after the budget admitted it).
+	self, err := objs.ifaceTable().lookup(uint32(loIfindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := objs.ifaceTable().lookup(uint32(peerIfindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Vrf = self.Vrf
+	if err := objs.ifaceTable().put(uint32(loIfindex), &other, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 1023; i++ {
+		r := run(t, objs, fc, firstFrag(17, localIP, srcIP, 40000, 53, 0, uint16(i)), nil)
+		if r.diff[DropFragLimit] != 0 || r.diff[DropPolicy] != 1 {
+			t.Fatalf("another endpoint's first fragment %d: %v", i, r.diff)
+		}
+	}
+	// A zone whose budget is spent refuses every source, one with a token left too.
+	zb := contivbpfCbFragBudget{Stamp: 0, Tokens: 0}
+	if err := objs.CbFragBudgets.Put(self.Vrf, &zb); err != nil {
+		t.Fatal(err)
+	}
+	run(t, objs, fc, firstFrag(17, localIP, srcIP, 40000, 53, 0, 2000), nil).expect(t, tcActShot, DropFragLimit)
+	if err := objs.ifaceTable().put(uint32(loIfindex), &self, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another tenant (zone) is not touched by it (the source's budget there is its own too).
 	setZone(t, objs, testZone+1)
 	first(limited).expect(t, tcActRedirect, FwdLocal)
 	run(t, objs, fc, laterFrag(17, srcIP, localIP, limited), nil).expect(t, tcActRedirect, FwdLocal)
 
-	// And the drained zone's budget refills with time (20,000 a second: 200 in 10 ms).
+	// And the drained budgets refill with time (20,000 and 5,000 a second: 200 and 50 in
+	// 10 ms).
 	setZone(t, objs, testZone)
 	if err := objs.CbFragRate.Set(uint32(20000)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond)
-	first(limited+1).expect(t, tcActRedirect, FwdLocal)
+	first(limited+1).expect(t, tcActShot, DropFragLimit) // the source's budget: no refill yet
+	if err := objs.CbFragSrcRate.Set(uint32(5000)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	first(limited+2).expect(t, tcActRedirect, FwdLocal)
 }
 
 // An established service flow's packets (cb_svc_fast) and its backend's replies
