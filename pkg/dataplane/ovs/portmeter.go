@@ -37,10 +37,15 @@ const (
 	answerBurst     = 50
 )
 
+// portMeterKind is one of the meters every endpoint port has.
+type portMeterKind struct{ base, rate, burst uint32 }
+
+// id is the kind's meter of the endpoint at OpenFlow port port.
+func (k portMeterKind) id(port uint32) uint32 { return k.base + port&0xffff }
+
 // portMeterKinds are the meters every endpoint port has.
-var portMeterKinds = [...]struct{ base, rate, burst uint32 }{
-	{fragMeterBase, fragRate, fragBurst},
-	{answerMeterBase, answerRate, answerBurst},
+func portMeterKinds() [2]portMeterKind {
+	return [2]portMeterKind{{fragMeterBase, fragRate, fragBurst}, {answerMeterBase, answerRate, answerBurst}}
 }
 
 // OpenFlow 1.3 meter commands and the multipart type of meter statistics.
@@ -52,17 +57,17 @@ const (
 )
 
 // fragMeterID is the fragment meter of the endpoint at OpenFlow port port.
-func fragMeterID(port uint32) uint32 { return fragMeterBase + port&0xffff }
+func fragMeterID(port uint32) uint32 { return portMeterKind{base: fragMeterBase}.id(port) }
 
 // answerMeterID is the answer meter of the endpoint at OpenFlow port port.
-func answerMeterID(port uint32) uint32 { return answerMeterBase + port&0xffff }
+func answerMeterID(port uint32) uint32 { return portMeterKind{base: answerMeterBase}.id(port) }
 
 // isFragMeter says whether meter id is an endpoint's fragment meter.
 func isFragMeter(id uint32) bool { return id&^0xffff == fragMeterBase }
 
 // portMeterPort returns the port whose meter id is, if it is a port meter.
 func portMeterPort(id uint32) (uint32, bool) {
-	for _, k := range portMeterKinds {
+	for _, k := range portMeterKinds() {
 		if id&^0xffff == k.base {
 			return id & 0xffff, true
 		}
@@ -91,8 +96,8 @@ func (d *Driver) ensurePortMeters(ctx context.Context) error {
 		if port == 0 || d.portMeters[port] {
 			continue
 		}
-		for _, k := range portMeterKinds {
-			id, cmd := k.base+port&0xffff, uint16(meterAdd)
+		for _, k := range portMeterKinds() {
+			id, cmd := k.id(port), uint16(meterAdd)
 			if existing[id] {
 				cmd = meterModify
 			}
@@ -113,9 +118,9 @@ func (d *Driver) dropPortMeters(ctx context.Context, port uint32) error {
 	}
 	delete(d.portMeters, port)
 	var errs []error
-	for _, k := range portMeterKinds {
-		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(meterDelete, k.base+port&0xffff, k.rate, k.burst))); err != nil {
-			errs = append(errs, fmt.Errorf("ovs: delete meter %#x of port %d: %w", k.base+port&0xffff, port, err))
+	for _, k := range portMeterKinds() {
+		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(meterDelete, k.id(port), k.rate, k.burst))); err != nil {
+			errs = append(errs, fmt.Errorf("ovs: delete meter %#x of port %d: %w", k.id(port), port, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -327,6 +327,10 @@ func (d *Driver) traceEnd(res *dataplane.TraceResult, st traceStep, final map[st
 			return
 		}
 	}
+	if st.table == tAnswerShared && anyAction(st.actions, "IN_PORT") {
+		res.Reason, res.Verdict = "icmp_vip_reply", "answered: an echo reply from the VIP, back to the sender"
+		return
+	}
 	if st.table == tAnswer && anyAction(st.actions, "controller") {
 		res.Reason, res.Verdict = "reject_no_backend", "refused: the service has no backend; the agent answers with ICMP port unreachable from the VIP"
 		return

@@ -76,6 +76,11 @@ func TestTraceOVS(t *testing.T) {
 	if r := trace("10.96.0.11", 8000); r.Reason != "reject_no_backend" {
 		t.Errorf("service without backends: %+v", r)
 	}
+	// A ping of a VIP is answered by the datapath, through the sender's answer meter.
+	if r, err := d1.Trace(dataplane.TraceRequest{From: "e1", Dst: netip.MustParseAddr("10.96.0.11"), Proto: 1}); err != nil ||
+		r.Reason != "icmp_vip_reply" || !strings.Contains(fmt.Sprint(r.Stages), "answer") {
+		t.Errorf("ping of a VIP: %+v, %v", r, err)
+	}
 	if err := dial("10.96.0.11:8000"); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("real traffic to a service without backends: %v, want ECONNREFUSED", err)
 	}
