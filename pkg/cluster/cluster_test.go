@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -312,6 +313,39 @@ func TestFrontServesOrProxies(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("holder %q: status %d, want 503 with Retry-After", holder, resp.StatusCode)
 		}
+		// Nothing was done (no leader; a leader that refused the connection): the client
+		// may send it again.
+		if resp.Header.Get(UnprocessedHeader) == "" {
+			t.Errorf("holder %q: 503 without %s", holder, UnprocessedHeader)
+		}
+	}
+	// A leader that took the connection and dropped it may have done the request: no
+	// such mark.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 1024)
+			_, _ = c.Read(buf)
+			c.Close()
+		}
+	}()
+	n := httptest.NewServer(NewFront(fakeView{holder: ln.Addr().String(), id: "me:2"}, local, nil))
+	defer n.Close()
+	resp, err = http.Post(n.URL+"/x", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(UnprocessedHeader) != "" {
+		t.Errorf("a leader that dropped the request: status %d, %s %q", resp.StatusCode, UnprocessedHeader, resp.Header.Get(UnprocessedHeader))
 	}
 }
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +16,12 @@ import (
 // ProxiedHeader marks a request forwarded by a follower, so that two followers with
 // different views of the lock never bounce a request between them.
 const ProxiedHeader = "X-Contiv-Proxied-By"
+
+// UnprocessedHeader marks a 503 the front answered before any handler saw the request (no
+// leader yet, leadership changing, a request proxied twice, a leader that refused the
+// connection): nothing was done, so a client may send it again whatever its method
+// (pkg/masterclient does, within its deadline).
+const UnprocessedHeader = "X-Contiv-Unprocessed"
 
 // LeaderView is what the front needs from an election.
 type LeaderView interface {
@@ -74,7 +81,9 @@ func NewFront(view LeaderView, local http.Handler, transport http.RoundTripper) 
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			leader, _ := r.Context().Value(leaderCtxKey{}).(string)
 			f.log.Warn("proxy to leader failed", "leader", leader, "path", r.URL.Path, "err", err)
-			unavailable(w, fmt.Sprintf("netmaster leader %s unreachable: %v", leader, err))
+			// Only a connection never made is known to have done nothing at the leader.
+			var oe *net.OpError
+			unavailable(w, fmt.Sprintf("netmaster leader %s unreachable: %v", leader, err), errors.As(err, &oe) && oe.Op == "dial")
 		},
 	}
 	return f
@@ -82,8 +91,11 @@ func NewFront(view LeaderView, local http.Handler, transport http.RoundTripper) 
 
 type leaderCtxKey struct{}
 
-func unavailable(w http.ResponseWriter, msg string) {
+func unavailable(w http.ResponseWriter, msg string, unprocessed bool) {
 	w.Header().Set("Retry-After", "1")
+	if unprocessed {
+		w.Header().Set(UnprocessedHeader, "1")
+	}
 	http.Error(w, msg, http.StatusServiceUnavailable)
 }
 
@@ -96,14 +108,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	leader := f.view.CurrentLeader()
 	switch {
 	case leader == "":
-		unavailable(w, "no netmaster leader elected yet")
+		unavailable(w, "no netmaster leader elected yet", true)
 		return
 	case leader == f.view.ID():
 		// Our own stale lock (previous incarnation) or a transition in progress.
-		unavailable(w, "netmaster leadership is changing")
+		unavailable(w, "netmaster leadership is changing", true)
 		return
 	case r.Header.Get(ProxiedHeader) != "":
-		unavailable(w, fmt.Sprintf("request already proxied by %s; this node is not the leader", r.Header.Get(ProxiedHeader)))
+		unavailable(w, fmt.Sprintf("request already proxied by %s; this node is not the leader", r.Header.Get(ProxiedHeader)), true)
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), leaderCtxKey{}, leader))

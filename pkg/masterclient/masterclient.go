@@ -21,6 +21,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -62,6 +63,9 @@ type HTTPError struct {
 	Path    string
 	Status  int
 	Message string
+	// Unprocessed: a 503 netmaster answered before any handler saw the request
+	// (cluster.UnprocessedHeader: no leader, leadership changing); Do sends it again.
+	Unprocessed bool
 }
 
 func (e *HTTPError) Error() string {
@@ -125,21 +129,42 @@ func (c *Client) Post(ctx context.Context, path string, req, resp any) error {
 	return c.Do(ctx, http.MethodPost, path, req, resp)
 }
 
+// unprocessedWait bounds how long Do keeps sending a request netmaster answered
+// "unprocessed" (an election in progress takes a lease TTL at most: 4 s by default).
+const unprocessedWait = 10 * time.Second
+
 // Do sends method path with req as its JSON body (no body when req is nil) to the
 // leader, falling back to the other netmasters in Addresses order on connection errors,
 // and decodes a 2xx reply into resp (unless resp is nil). A netmaster that answers with
 // an error status is not retried elsewhere (followers proxy to the leader, so the answer
-// is authoritative): the error is an *HTTPError.
+// is authoritative): the error is an *HTTPError. A 503 netmaster marks unprocessed (no
+// leader for the moment: an etcd leader change, a netmaster failover) is sent again, to
+// the leader of the moment, for up to unprocessedWait within ctx: a container started
+// meanwhile is attached late instead of failing.
 func (c *Client) Do(ctx context.Context, method, path string, req, resp any) error {
-	addrs, err := c.Addresses(ctx)
-	if err != nil {
-		return err
-	}
 	var body []byte
 	if req != nil {
+		var err error
 		if body, err = json.Marshal(req); err != nil {
 			return fmt.Errorf("encode %s %s request: %w", method, path, err)
 		}
+	}
+	deadline := time.Now().Add(unprocessedWait)
+	wait := retry.New(100*time.Millisecond, time.Second)
+	for {
+		err := c.doOnce(ctx, method, path, body, resp)
+		var he *HTTPError
+		if !errors.As(err, &he) || !he.Unprocessed || time.Now().After(deadline) || !wait.Wait(ctx) {
+			return err
+		}
+	}
+}
+
+// doOnce is one round of Do: the leader, then the other netmasters on connection errors.
+func (c *Client) doOnce(ctx context.Context, method, path string, body []byte, resp any) error {
+	addrs, err := c.Addresses(ctx)
+	if err != nil {
+		return err
 	}
 	var errs []error
 	for _, a := range addrs {
@@ -191,7 +216,8 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 		if r.Header.Get("Content-Type") == problemJSON && json.Unmarshal(b, &p) == nil && p.Detail != "" {
 			msg = p.Detail
 		}
-		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: msg}
+		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: msg,
+			Unprocessed: r.StatusCode == http.StatusServiceUnavailable && r.Header.Get(cluster.UnprocessedHeader) != ""}
 	}
 	if resp == nil {
 		return nil

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
@@ -135,5 +138,60 @@ func TestDoMethodsAndBrokenRegistration(t *testing.T) {
 	}
 	if hits != 2 {
 		t.Fatalf("server saw %d requests, want 2", hits)
+	}
+}
+
+// TestUnprocessedSentAgain: a 503 netmaster marks unprocessed (no leader for the moment)
+// is sent again until it is answered; a plain 503 (the leader may have done it) is not;
+// an election that outlasts the caller's context ends with the caller.
+func TestUnprocessedSentAgain(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	hits, refusals, marked := 0, 2, true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		hits++
+		if refusals != 0 {
+			refusals--
+			w.Header().Set("Retry-After", "1")
+			if marked {
+				w.Header().Set(cluster.UnprocessedHeader, "1")
+			}
+			http.Error(w, "netmaster leadership is changing", http.StatusServiceUnavailable)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(model.CreateEndpointResponse{EndpointConfig: model.CfgEndpointState{ID: "n1.default-c1"}})
+	}))
+	defer srv.Close()
+	if _, err := store.Client().Put(ctx, state.LeaderLockKey, strings.TrimPrefix(srv.URL, "http://")); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store)
+	req := model.CreateEndpointRequest{TenantName: "default", NetworkName: "n1", ConfigEP: model.ConfigEP{Container: "c1", Host: "h1"}}
+	ep, err := c.CreateEndpoint(ctx, req)
+	if err != nil || ep.ID != "n1.default-c1" || hits != 3 {
+		t.Fatalf("after two unprocessed 503s: %+v, %v, %d requests (want 3)", ep, err, hits)
+	}
+
+	mu.Lock()
+	hits, refusals, marked = 0, 1, false
+	mu.Unlock()
+	_, err = c.CreateEndpoint(ctx, req)
+	var he *HTTPError
+	if !asHTTP(err, &he) || he.Status != http.StatusServiceUnavailable || he.Unprocessed || hits != 1 {
+		t.Fatalf("a plain 503: %v, %d requests (want the error after 1)", err, hits)
+	}
+
+	mu.Lock()
+	hits, refusals, marked = 0, -1, true // refuses for ever
+	mu.Unlock()
+	short, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = c.CreateEndpoint(short, req)
+	if !asHTTP(err, &he) || !he.Unprocessed || time.Since(start) > 2*time.Second || hits < 2 {
+		t.Fatalf("an election outlasting the context: %v after %v, %d requests", err, time.Since(start), hits)
 	}
 }
