@@ -93,7 +93,7 @@ const (
 	regSrcEPG  = 1
 	regDstEPG  = 2
 	regVRF     = 3 // VRF (tenant) id, also the conntrack zone
-	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed; bits 2, 3: hairpin (below)
+	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed; bits 2-5: below (hairpin, answers)
 	regSvcIP   = 5 // chosen backend IP
 	regSvcPort = 6 // chosen backend port
 	regSvcSel  = 7 // service LB choice: service id in bits 16..31, backend index in bits 0..15
