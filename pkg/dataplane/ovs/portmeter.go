@@ -117,6 +117,11 @@ func (d *Driver) dropPortMeters(ctx context.Context, port uint32) error {
 		return nil
 	}
 	delete(d.portMeters, port)
+	return d.deletePortMeters(ctx, port)
+}
+
+// deletePortMeters deletes every meter kind of port in vswitchd.
+func (d *Driver) deletePortMeters(ctx context.Context, port uint32) error {
 	var errs []error
 	for _, k := range portMeterKinds() {
 		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterMod(meterDelete, k.id(port), k.rate, k.burst))); err != nil {
@@ -135,12 +140,15 @@ func (d *Driver) dropStalePortMeters(ctx context.Context) {
 		d.log.Warn("stale port meters not removed", "err", err)
 		return
 	}
+	stale := map[uint32]bool{}
 	for _, s := range stats {
 		if port, ok := portMeterPort(s.ID); ok && !d.portMeters[port] {
-			d.portMeters[port] = true // dropPortMeters deletes what it knows
-			if err := d.dropPortMeters(ctx, port); err != nil {
-				d.log.Warn("stale port meters not removed", "err", err)
-			}
+			stale[port] = true
+		}
+	}
+	for port := range stale {
+		if err := d.deletePortMeters(ctx, port); err != nil {
+			d.log.Warn("stale port meters not removed", "err", err)
 		}
 	}
 }
