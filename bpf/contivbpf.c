@@ -558,39 +558,65 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
  * live and not shadowed (no service flow's entry under the reverse tuple can make the
- * packet a reply: cb_ct_shadow), its backend still a member by the service's revision
- * (cb_svc_revs) and not the client itself, the flow's own entry (client→backend) live, of
- * the current policy epoch, allowed and a service flow's of this VIP and network with
- * nothing else (flags exactly ALLOWED and DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
+ * packet a reply: cb_ct_shadow), its backend still a member and not the client itself,
+ * the flow's own entry (client→backend) live, of the current policy epoch, allowed and a
+ * service flow's of this VIP and network with nothing else (flags exactly ALLOWED and
+ * DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
  * entry is refreshed and the client→VIP entry follows its deadline. Otherwise CB_SLOW,
- * nothing changed. */
+ * nothing changed.
+ * The membership holds without a lookup while the service's revision (cb_svc_revs) is the
+ * one the entry recorded (cb_lb_forward) or its memo's stamp is current. The memo
+ * (CB_CT_MEMO; docs/conntrack.md "The service fast path's memo") is what this path last
+ * found of the flow's entry, stamped (cb_svc_memo_stamp) before it looked: while the
+ * stamp is current and the tick the same, nothing of that entry changed and a refresh
+ * would write what it holds, so the entry is not looked up. */
 CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_fast_keys *k,
 			  struct cb_ct_entry *svc)
 {
 	__u64 now = cb_now();
-	struct cb_ct_entry *e;
+	struct cb_ct_entry *e = 0;
 	struct cb_ep_key dkey;
+	struct cb_member_key mk;
 	struct cb_endpoint *ep = 0;
 	const struct cb_iface *d;
 	void *data, *data_end;
 	__be32 client = k->ct.saddr, vip = k->ct.daddr, backend = svc->nat_ip;
 	__be16 vport = k->ct.dport, bport = svc->nat_port;
-	__u32 bnet = svc->nat_net, dif = 0;
+	__u32 bnet = svc->nat_net, dif = 0, rev, stamp;
+	__u8 memo = svc->state;
 	int r;
 
 	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
 		return CB_SLOW;
-	/* The backend is still a member while the service's revision is the one the entry
-	 * recorded when it last found it one (cb_svc_revs). */
-	if (!svc->epoch || svc->epoch != cb_svc_rev_of(svc->svc_id))
-		return CB_SLOW;
-	/* The flow's own entry: client:cport → backend:bport. */
-	k->ct.daddr = backend;
-	k->ct.dport = bport;
-	e = bpf_map_lookup_elem(&cb_ct, &k->ct);
-	if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || e->epoch != cb_policy_epoch ||
-	    e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
-		return CB_SLOW;
+	rev = cb_svc_rev_of(svc->svc_id); /* before the membership: a removal bumps it after */
+	stamp = cb_svc_memo_stamp(rev);   /* before the flow's entry is looked at */
+	if (!(memo & CB_CT_MEMO) || svc->epoch != stamp) {
+		/* No current memo. The backend is still a member while the service's revision
+		 * is the one the entry recorded when it last found it one (cb_lb_forward);
+		 * after a memo, while its membership holds. */
+		if (!rev)
+			return CB_SLOW;
+		if ((memo & CB_CT_MEMO) || svc->epoch != rev) {
+			mk.svc_id = svc->svc_id;
+			mk.ip = backend;
+			if (!bpf_map_lookup_elem(&cb_members, &mk))
+				return CB_SLOW;
+		}
+		memo = 0;
+	} else if (svc->expires != now + cb_ct_timeout(k->ct.proto, memo & CB_CT_MEMO_STATE)) {
+		memo = 0; /* current, but a refresh would move the deadline */
+	}
+	if (!memo) {
+		/* The flow's own entry: client:cport → backend:bport. (With a current memo in
+		 * the tick it was taken in, nothing of it changed since and its refresh would
+		 * write what it holds.) */
+		k->ct.daddr = backend;
+		k->ct.dport = bport;
+		e = bpf_map_lookup_elem(&cb_ct, &k->ct);
+		if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) ||
+		    e->epoch != cb_policy_epoch || e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
+			return CB_SLOW;
+	}
 	d = cb_dst_noted(svc, bnet, backend, &dif);
 	if (!d) {
 		dkey.net = bnet;
@@ -602,9 +628,17 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
 	if (r)
 		return cb_drop(skb, r);
-	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
-	if (svc->expires != e->expires)
-		svc->expires = e->expires;
+	if (e) {
+		cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
+		if (svc->expires != e->expires)
+			svc->expires = e->expires;
+		/* The memo: what was just found, under the stamp read before. */
+		memo = CB_CT_MEMO | (e->state & CB_CT_MEMO_STATE);
+		if (stamp && (svc->epoch != stamp || svc->state != memo)) {
+			svc->epoch = stamp;
+			svc->state = memo;
+		}
+	}
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	if (data + ETH_HLEN > data_end)

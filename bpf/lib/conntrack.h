@@ -35,6 +35,11 @@ enum cb_ct_state {
 	CB_CTS_CLOSING = 3,     /* TCP FIN or RST seen */
 };
 
+/* In a client→VIP entry's state: its epoch is the stamp of a memo of the flow's own entry
+ * (client→backend), whose state is in the low bits (cb_svc_fast). */
+#define CB_CT_MEMO 0x80
+#define CB_CT_MEMO_STATE 0x03
+
 /* Flows from outside through a node port live in their own zone (the service's zone with
  * this bit flipped): a client's spoofed source can never meet an entry of the tenant's own
  * endpoints. The driver refuses tenants whose zones differ by this bit only. */
@@ -55,9 +60,12 @@ struct cb_ct_entry {
 	__be32 nat_ip;
 	__be16 nat_port;
 	__u8 flags;      /* enum cb_ct_flags */
-	__u8 state;      /* enum cb_ct_state */
+	__u8 state;      /* enum cb_ct_state; CB_CT_SVC: CB_CTS_NEW, or CB_CT_MEMO | the state of
+			  * the memo in epoch (cb_svc_fast) */
 	__u32 nat_net;   /* network key of nat_ip (backend's, or the client's for CB_CT_DNAT) */
-	__u32 epoch;     /* cb_policy_epoch of the last verdict */
+	__u32 epoch;     /* cb_policy_epoch of the last verdict; CB_CT_SVC: the service's
+			  * revision when its backend was last found a member (cb_lb_forward), or
+			  * with CB_CT_MEMO a memo's stamp (cb_svc_memo_stamp) */
 	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
 	union {
 		__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
@@ -125,6 +133,46 @@ CB_INLINE __u64 cb_now(void)
 	if (tick)
 		return bpf_jiffies64() * tick + cb_clock_base;
 	return bpf_ktime_get_coarse_ns();
+}
+
+/* Service flows' memo generation (docs/conntrack.md "The service fast path's memo"): one
+ * counter, bumped after every change the datapath makes to a service flow's entry
+ * (CB_CT_DNAT) other than its deadline: its state, flags or NAT fields, its deletion, its
+ * replacement. Pinned, so it never goes back across restarts. */
+struct cb_ct_gen {
+	__u32 gen;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_ct_gen);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ct_gens SEC(".maps");
+
+/* cb_ct_gen_now is the memo generation. */
+CB_INLINE __u32 cb_ct_gen_now(void)
+{
+	__u32 zero = 0;
+	struct cb_ct_gen *g = bpf_map_lookup_elem(&cb_ct_gens, &zero);
+
+	return g ? g->gen : 0;
+}
+
+/* cb_ct_changed records that an entry with these flags (before a deletion or replacement,
+ * after any other change) was changed: when it is a service flow's (CB_CT_DNAT), no memo
+ * taken before is current. */
+CB_INLINE void cb_ct_changed(__u8 flags)
+{
+	__u32 zero = 0;
+	struct cb_ct_gen *g;
+
+	if (!(flags & CB_CT_DNAT))
+		return;
+	g = bpf_map_lookup_elem(&cb_ct_gens, &zero);
+	if (g)
+		__sync_fetch_and_add(&g->gen, 1);
 }
 
 /* cb_ct_refresh sets an entry's deadline (now + the timeout of its state). */

@@ -122,6 +122,16 @@ CB_INLINE __u32 cb_svc_rev_of(__u32 id)
 	return r ? r->rev : 0;
 }
 
+/* cb_svc_memo_stamp is the stamp of a memo (CB_CT_MEMO) taken now, for a client→VIP entry
+ * whose backend is a member at revision rev, of its flow's own entry: the revision, the
+ * policy epoch and the memo generation (cb_ct_gens) summed. Each only grows, so any change
+ * moves the sum (it would take 2^32 changes within one tick to come back). 0 (no memo)
+ * when rev is. */
+CB_INLINE __u32 cb_svc_memo_stamp(__u32 rev)
+{
+	return rev ? rev + cb_policy_epoch + cb_ct_gen_now() : 0;
+}
+
 CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
 {
 	struct cb_vip_key k = {.zone = zone, .vip = ip};
@@ -646,8 +656,10 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		if (bpf_map_lookup_elem(&cb_members, &mk)) {
 			/* Checked at this revision (an entry whose flow policy then denies keeps
 			 * it: the check holds all the same). */
-			if (ct->epoch != rev && ct->nat_ip == mk.ip)
+			if ((ct->epoch != rev || ct->state != CB_CTS_NEW) && ct->nat_ip == mk.ip) {
 				ct->epoch = rev;
+				ct->state = CB_CTS_NEW; /* (a memo's stamp no more) */
+			}
 			c->ip = ct->nat_ip;
 			c->port = ct->nat_port;
 			c->net = ct->nat_net;
@@ -703,6 +715,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cur->nat_net = c->net;
 		cur->svc_id = c->svc_id;
 		cur->epoch = 0; /* a new backend: checked by the full stage on the next packet */
+		cur->state = CB_CTS_NEW; /* (no memo) */
 		cur->expires = t->entry->expires;
 	} else {
 		e.flags = CB_CT_SVC;
@@ -718,6 +731,9 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cb_lb_key(&key, f, t);
 		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
+		/* It may have replaced a service flow's entry: one whose backend is this VIP's
+		 * address (a service on an endpoint's address and port). */
+		cb_ct_changed(CB_CT_DNAT);
 		cb_ct_shadow(&key);
 	}
 	if (p->frag == CB_FRAG_FIRST) {
@@ -868,8 +884,10 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 			 * looked up), and of the current policy epoch. */
 			if (r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || r->epoch != cb_policy_epoch || r->nat_net != net)
 				return 0;
-			if (r->state == CB_CTS_NEW)
+			if (r->state == CB_CTS_NEW) {
 				r->state = CB_CTS_ESTABLISHED;
+				cb_ct_changed(r->flags);
+			}
 			cb_ct_refresh(r, now + cb_ct_timeout(k->ct.proto, r->state));
 			*rev = r;
 			return 1;

@@ -505,10 +505,14 @@ static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
 	e = bpf_map_lookup_elem(&cb_ct, k);
 	if (!e)
 		return;
-	if ((rev->flags & CB_CT_DNAT) && !(e->flags & CB_CT_SHADOW))
+	if ((rev->flags & CB_CT_DNAT) && !(e->flags & CB_CT_SHADOW)) {
 		e->flags |= CB_CT_SHADOW;
-	if ((e->flags & CB_CT_DNAT) && !(rev->flags & CB_CT_SHADOW))
+		cb_ct_changed(e->flags);
+	}
+	if ((e->flags & CB_CT_DNAT) && !(rev->flags & CB_CT_SHADOW)) {
 		rev->flags |= CB_CT_SHADOW;
+		cb_ct_changed(rev->flags);
+	}
 }
 
 /* cb_ct_mark_dnat records in a flow's forward entry (under k) that it is a service flow
@@ -516,21 +520,30 @@ static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
  * entry first. */
 CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k, const struct cb_track *t)
 {
+	__u8 flags;
+
 	if (!t->svc)
 		return;
 	if (!(e->flags & CB_CT_DNAT)) {
 		e->flags |= CB_CT_DNAT;
 		cb_ct_shadow(k);
 	}
+	flags = e->flags;
 	if (t->hairpin)
-		e->flags |= CB_CT_HAIRPIN;
-	if (t->nodeport) {
-		e->flags |= CB_CT_NODEPORT;
+		flags |= CB_CT_HAIRPIN;
+	if (t->nodeport)
+		flags |= CB_CT_NODEPORT;
+	/* Written only when something moves (a memo of the entry then is no longer current). */
+	if (flags == e->flags && e->nat_ip == t->vip && e->nat_port == t->vport && e->nat_net == t->client_net &&
+	    (!t->nodeport || e->nodeport == t->nodeport))
+		return;
+	e->flags = flags;
+	if (t->nodeport)
 		e->nodeport = t->nodeport;
-	}
 	e->nat_ip = t->vip;
 	e->nat_port = t->vport;
 	e->nat_net = t->client_net;
+	cb_ct_changed(flags);
 }
 
 /* cb_ct_reuse: a client's kernel sees VIP:port and backend:port as different peers, so a
@@ -549,8 +562,10 @@ static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
 		return;
 	cb_ct_key_of(&k, zone, f, 0);
 	e = bpf_map_lookup_elem(&cb_ct, &k);
-	if (e && (e->flags & CB_CT_DNAT) && e->state == CB_CTS_CLOSING)
+	if (e && (e->flags & CB_CT_DNAT) && e->state == CB_CTS_CLOSING) {
 		bpf_map_delete_elem(&cb_ct, &k);
+		cb_ct_changed(CB_CT_DNAT);
+	}
 }
 
 /* cb_ct_quota is the per-endpoint conntrack quota of cb_config (0: none). */
@@ -636,6 +651,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	struct cb_ct_entry *e;
 	__u64 now;
 	__u32 epoch;
+	__u8 was;
 	int syn, closing, opener, reply = 0, r;
 
 	if (!f || !t)
@@ -659,14 +675,19 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		}
 		r = cb_judge(f, t, 0);
 		if (r) {
+			was = e ? e->flags : 0;
 			bpf_map_delete_elem(&cb_ct, &k);
+			cb_ct_changed(was);
 			return r;
 		}
 		/* A direct SYN on the tuple of a live service flow (cb_ct_reuse) passes but does
 		 * not take the flow's entry over: the clash stays the client's own. */
 		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
 			return 0;
-		return cb_ct_open_svc(&k, f, t, now);
+		was = e ? e->flags : 0;
+		r = cb_ct_open_svc(&k, f, t, now);
+		cb_ct_changed(was); /* (replaced) */
+		return r;
 	}
 	if (!e) {
 		cb_ct_key_of(&k, t->zone, f, 1);
@@ -677,15 +698,20 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		if (e->epoch != epoch) {
 			r = cb_judge(f, t, reply);
 			if (r) {
+				was = e->flags;
 				bpf_map_delete_elem(&cb_ct, &k);
+				cb_ct_changed(was);
 				return r;
 			}
 			e->epoch = epoch;
 		}
-		if (closing)
+		if (closing && e->state != CB_CTS_CLOSING) {
 			e->state = CB_CTS_CLOSING;
-		else if (reply && e->state == CB_CTS_NEW)
+			cb_ct_changed(e->flags);
+		} else if (!closing && reply && e->state == CB_CTS_NEW) {
 			e->state = CB_CTS_ESTABLISHED;
+			cb_ct_changed(e->flags);
+		}
 		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		t->entry = e;
 		if (!reply)

@@ -184,9 +184,10 @@ type fragRec struct {
 //     service's TargetPort. The SVC entry is written or refreshed only when the conntrack
 //     algorithm passed the packet and an entry was used (not for a passing TCP FIN/RST without
 //     entry); its deadline is the used entry's deadline. SVC entries have State 0, Epoch 0
-//     (the datapath keeps its backend revision there, not modelled: it only decides which of
-//     its two equivalent paths checks the membership), Allowed false, NAT =
-//     backend:TargetPort, SvcID = the service id.
+//     (the datapath keeps its backend revision there, or its fast path's memo of the flow
+//     entry, docs/conntrack.md "The service fast path's memo": not modelled, they only
+//     decide which of its equivalent paths checks the membership and the flow entry),
+//     Allowed false, NAT = backend:TargetPort, SvcID = the service id.
 //   - Reply SNAT: decided by a live DNAT flow entry at the reversed (post-DNAT) key looked up
 //     before the algorithm runs; applied if the packet passes (SNAT = that entry's VIP:port).
 //   - Result.DNAT and Result.SNAT are set only on packets that pass.

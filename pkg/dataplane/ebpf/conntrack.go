@@ -231,6 +231,23 @@ func (g *ctGC) writeOwned(owned []uint32) error {
 	return nil
 }
 
+// A client→VIP entry's state holds ctMemo when its epoch is the stamp of the service fast
+// path's memo of the flow's own entry, whose state is then in the ctMemoState bits
+// (CB_CT_MEMO and CB_CT_MEMO_STATE in bpf/lib/conntrack.h; docs/conntrack.md "The
+// service fast path's memo").
+const (
+	ctMemo      = 0x80
+	ctMemoState = 0x03
+)
+
+// ctStateOf is the state an entry shows: a client→VIP entry's memo bits are not its state.
+func ctStateOf(v contivbpfCbCtEntry) uint8 {
+	if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && v.State&ctMemo != 0 {
+		return uint8(contivbpfCbCtStateCB_CTS_NEW)
+	}
+	return v.State
+}
+
 // markShadowed sets CB_CT_SHADOW on every entry of m whose reverse tuple holds a service
 // flow's entry (DNAT), as the datapath does when it writes either (cb_ct_shadow): entries
 // an earlier build wrote carry no mark, and the fast path trusts an unmarked entry to be
@@ -238,8 +255,9 @@ func (g *ctGC) writeOwned(owned []uint32) error {
 // are attached (they mark what they write from then on). Two batch passes (the service
 // flows' reverse tuples, then the entries under them) and an update per entry it marks,
 // which may lose a refresh the datapath wrote meanwhile (the next packet refreshes it
-// again). It returns how many entries it marked.
-func markShadowed(m *ebpf.Map) (int, error) {
+// again). Marking moves the memo generation on (memoGenJump). It returns how many entries
+// it marked.
+func markShadowed(m, gens *ebpf.Map) (int, error) {
 	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
 	reverse := map[contivbpfCbCtKey]bool{}
 	var unmarked []contivbpfCbCtKey
@@ -269,7 +287,30 @@ func markShadowed(m *ebpf.Map) (int, error) {
 		}
 		marked++
 	}
+	if marked > 0 {
+		if err := memoGenJump(gens); err != nil {
+			return marked, err
+		}
+	}
 	return marked, nil
+}
+
+// memoGenJump moves the service fast path's memo generation (cb_ct_gens) far on, after
+// the agent changed service flows' entries itself: no memo taken before stays current. A
+// read and a write, not the datapath's atomic add: an increment the datapath makes between
+// them is lost, which is harmless (the jump already moved the generation past every memo
+// taken before the read), and to go back the generation would need 2^20 increments in
+// that moment.
+func memoGenJump(m *ebpf.Map) error {
+	var g contivbpfCbCtGen
+	if err := m.Lookup(uint32(0), &g); err != nil {
+		return fmt.Errorf("read %s: %w", contivbpfMapCbCtGens, err)
+	}
+	g.Gen += 1 << 20
+	if err := m.Put(uint32(0), &g); err != nil {
+		return fmt.Errorf("write %s: %w", contivbpfMapCbCtGens, err)
+	}
+	return nil
 }
 
 // ctEach calls fn with every entry of conntrack map m, a batch at a time.

@@ -99,6 +99,11 @@ const (
 	contivbpfCbCtFlagsCB_CT_SHADOW   contivbpfCbCtFlags = 32
 )
 
+type contivbpfCbCtGen struct {
+	_   structs.HostLayout
+	Gen uint32
+}
+
 type contivbpfCbCtKey struct {
 	_     structs.HostLayout
 	Zone  uint32
@@ -600,6 +605,7 @@ const (
 	contivbpfMapCbBgpRoutes        = "cb_bgp_routes"
 	contivbpfMapCbCfg              = "cb_cfg"
 	contivbpfMapCbCt               = "cb_ct"
+	contivbpfMapCbCtGens           = "cb_ct_gens"
 	contivbpfMapCbCtOwned          = "cb_ct_owned"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
@@ -718,6 +724,7 @@ type contivbpfMapSpecs struct {
 	CbBgpRoutes      *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
 	CbCfg            *ebpf.MapSpec `ebpf:"cb_cfg"`
 	CbCt             *ebpf.MapSpec `ebpf:"cb_ct"`
+	CbCtGens         *ebpf.MapSpec `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.MapSpec `ebpf:"cb_ct_owned"`
 	CbEndpoints      *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.MapSpec `ebpf:"cb_ep_counters"`
@@ -800,6 +807,7 @@ type contivbpfMaps struct {
 	CbBgpRoutes      *ebpf.Map `ebpf:"cb_bgp_routes"`
 	CbCfg            *ebpf.Map `ebpf:"cb_cfg"`
 	CbCt             *ebpf.Map `ebpf:"cb_ct"`
+	CbCtGens         *ebpf.Map `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.Map `ebpf:"cb_ct_owned"`
 	CbEndpoints      *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.Map `ebpf:"cb_ep_counters"`
@@ -840,6 +848,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbBgpRoutes,
 		m.CbCfg,
 		m.CbCt,
+		m.CbCtGens,
 		m.CbCtOwned,
 		m.CbEndpoints,
 		m.CbEpCounters,

@@ -365,7 +365,7 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	// This build's programs are attached: mark what an earlier build left unmarked.
-	if n, err := markShadowed(d.objs.CbCt); err != nil {
+	if n, err := markShadowed(d.objs.CbCt, d.objs.CbCtGens); err != nil {
 		d.log.Warn("conntrack entries left unmarked: a tuple clash made before this start may keep its packets on the fast path until it expires", "err", err)
 	} else if n > 0 {
 		d.log.Info("conntrack entries marked shadowed", "entries", n)

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -259,28 +260,16 @@ func TestServiceFastPath(t *testing.T) {
 	if flow.State != uint8(contivbpfCbCtStateCB_CTS_NEW) {
 		t.Fatalf("a client's ACK moved the flow to state %d, want NEW", flow.State)
 	}
-	// Its backend was checked (the SYN chose it; the ACK found it a member) at the service's
-	// revision, which the entry now holds: later packets trust it without the lookup.
-	var rev contivbpfCbSvcRev
-	if err := objs.CbSvcRevs.Lookup(uint32(9), &rev); err != nil || rev.Rev == 0 || svc.Epoch != rev.Rev {
-		t.Fatalf("service entry checked at revision %d, the service's is %d (%v)", svc.Epoch, rev.Rev, err)
+	// Its backend was checked (the SYN chose it; the ACK found it a member) and the flow's
+	// entry with it: the entry holds their memo, stamped with the service's revision, the
+	// policy epoch and the memo generation.
+	if want := memoStamp(t, objs, 9); svc.State != memoOf(contivbpfCbCtStateCB_CTS_NEW) || svc.Epoch != want {
+		t.Fatalf("service entry state %#x stamp %d, want a memo of a NEW flow stamped %d", svc.State, svc.Epoch, want)
 	}
 
 	// The backend's reply (sent from its own interface) leaves from VIP:80 and makes the
 	// flow ESTABLISHED.
-	client, err := objs.ifaceTable().lookup(uint32(loIfindex))
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := client
-	backend.Ip, backend.Epg, backend.Slot = ip4(localIP), 20, 0
-	copy(backend.Mac[:], dataplane.ContivMAC(localIP))
-	setIfc := func(ifc contivbpfCbIface) {
-		t.Helper()
-		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, backend, setIfc := backendIfaces(t, objs)
 	setIfc(backend)
 	age(localIP, 20*time.Second)
 	r = run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, 43000, tcpACK, 0), nil)
@@ -317,6 +306,178 @@ func TestServiceFastPath(t *testing.T) {
 	if _, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, 43000, 8080); ok {
 		t.Fatal("the denied service flow kept its entry")
 	}
+}
+
+// backendIfaces returns the test interface's entry as the client's (srcIP, group 10) and
+// as the backend's (localIP, group 20), and a function that puts one of them in place: a
+// packet run on it then comes from that endpoint.
+func backendIfaces(t *testing.T, objs *contivbpfObjects) (client, backend contivbpfCbIface, set func(contivbpfCbIface)) {
+	t.Helper()
+	client, err := objs.ifaceTable().lookup(uint32(loIfindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend = client
+	backend.Ip, backend.Epg, backend.Slot = ip4(localIP), 20, 0
+	copy(backend.Mac[:], dataplane.ContivMAC(localIP))
+	set = func(ifc contivbpfCbIface) {
+		t.Helper()
+		if err := objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return client, backend, set
+}
+
+// memoOf is a client→VIP entry's state holding a memo of a flow entry in state st.
+func memoOf(st contivbpfCbCtState) uint8 { return ctMemo | uint8(st) }
+
+// memoStamp is the stamp a memo taken now of a flow of service id carries: the service's
+// revision, the policy epoch and the memo generation, summed (cb_svc_memo_stamp).
+func memoStamp(t *testing.T, objs *contivbpfObjects, id uint32) uint32 {
+	t.Helper()
+	var rev contivbpfCbSvcRev
+	var epoch uint32
+	var gen contivbpfCbCtGen
+	if err := objs.CbSvcRevs.Lookup(id, &rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbPolicyEpoch.Get(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbCtGens.Lookup(uint32(0), &gen); err != nil {
+		t.Fatal(err)
+	}
+	return rev.Rev + epoch + gen.Gen
+}
+
+// oneTick runs try until one run of it starts and ends in the same tick of the conntrack
+// clock (cb_now: CLOCK_MONOTONIC_COARSE), where a service flow's client packets trust
+// their memo of the flow's entry without looking it up: try(i) sets up its own flow from
+// attempt number i and returns what it saw wrong ("" for nothing).
+func oneTick(t *testing.T, try func(i int) string) {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		start, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := try(i)
+		end, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if start == end {
+			if bad != "" {
+				t.Fatal(bad)
+			}
+			return
+		}
+	}
+	t.Fatal("no attempt ran within one tick of the clock")
+}
+
+// Within one tick a service flow's client packets trust the memo their client→VIP entry
+// holds of the flow's own entry (cb_svc_fast: no lookup, no refresh to write). Every change
+// of that entry in between makes the next client packet do exactly what the full stage
+// would: a reply that establishes the flow or a FIN that closes it (the client→VIP entry
+// follows the flow's new deadline), a policy change that now refuses it, its backend
+// leaving the service.
+func TestServiceFastPathMemo(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+		{ID: "allow-8080", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
+	vip := netip.MustParseAddr("10.1.0.103")
+	putTestService(t, objs, 12, vip, 80, 6, 8080, localIP)
+	fc := objs.CbFromContainer
+	client, backend, as := backendIfaces(t, objs)
+	// open starts flow number i (its own client port) and takes its memo: the SYN through
+	// the full stage, then an ACK through the fast path.
+	open := func(i int) uint16 {
+		t.Helper()
+		cport := uint16(44000 + i)
+		run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+		run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+		return cport
+	}
+	ack := func(cport uint16) runResult {
+		t.Helper()
+		return run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpACK, 0), nil)
+	}
+	// followed says what is wrong with the flow's two entries after a client packet.
+	followed := func(cport uint16, state contivbpfCbCtState, min, max time.Duration) string {
+		t.Helper()
+		svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80)
+		flow, ok2 := ctEntry(t, objs, testZone, 6, srcIP, localIP, cport, 8080)
+		switch rem := remaining(t, flow); {
+		case !ok || !ok2:
+			return "an entry of the flow is gone"
+		case flow.State != uint8(state) || rem < min || rem > max:
+			return fmt.Sprintf("flow entry state %d with %v left, want state %d with %v..%v", flow.State, rem, state, min, max)
+		case svc.Expires != flow.Expires:
+			return fmt.Sprintf("client→VIP entry deadline %v from the flow's", time.Duration(int64(svc.Expires)-int64(flow.Expires)))
+		case svc.State != memoOf(state) || svc.Epoch != memoStamp(t, objs, 12):
+			return fmt.Sprintf("client→VIP entry state %#x stamp %d: no current memo", svc.State, svc.Epoch)
+		}
+		return ""
+	}
+
+	// The backend's reply (an ACK: the fast path's reply case; a FIN: the full stage).
+	for n, c := range []struct {
+		name     string
+		flags    uint8
+		state    contivbpfCbCtState
+		min, max time.Duration
+	}{
+		{"reply establishes", tcpACK, contivbpfCbCtStateCB_CTS_ESTABLISHED, 5 * time.Hour, 7 * time.Hour},
+		{"FIN closes", tcpFIN | tcpACK, contivbpfCbCtStateCB_CTS_CLOSING, 5 * time.Second, 11 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			oneTick(t, func(i int) string {
+				cport := open(100*n + i)
+				as(backend)
+				run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, cport, c.flags, 0), nil).expect(t, tcActRedirect, FwdLocal)
+				as(client)
+				ack(cport).expect(t, tcActRedirect, FwdLocal)
+				return followed(cport, c.state, c.min, c.max)
+			})
+		})
+	}
+	t.Run("policy refuses", func(t *testing.T) {
+		oneTick(t, func(i int) string {
+			cport := open(200 + i)
+			putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+				{ID: "deny-8080", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionDeny}}})
+			var epoch uint32
+			if err := objs.CbPolicyEpoch.Get(&epoch); err != nil {
+				t.Fatal(err)
+			}
+			setEpoch(t, objs, epoch+1)
+			r := ack(cport)
+			putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
+				{ID: "allow-8080", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
+			setEpoch(t, objs, epoch+2)
+			if r.ret != tcActShot || r.diff[DropPolicy] != 1 {
+				return fmt.Sprintf("after the policy change the flow's packet got %d (%v), want a drop_policy", r.ret, r.diff)
+			}
+			return ""
+		})
+	})
+	t.Run("backend leaves", func(t *testing.T) {
+		oneTick(t, func(i int) string {
+			cport := open(300 + i)
+			removeMember(t, objs, 12, localIP)
+			putTestService(t, objs, 12, vip, 80, 6, 8080, remoteIP)
+			r := ack(cport)
+			putTestService(t, objs, 12, vip, 80, 6, 8080, localIP)
+			removeMember(t, objs, 12, remoteIP)
+			if r.ret != tcActRedirect || r.diff[FwdTunnel] != 1 {
+				return fmt.Sprintf("after its backend left the flow's packet got %d (%v), want it sent to the new backend", r.ret, r.diff)
+			}
+			return ""
+		})
+	})
 }
 
 // A client that is its own backend can make one tuple both a service flow's packet and
@@ -464,9 +625,6 @@ func testFastPathDstNote(t *testing.T, svc bool) {
 	if n := note(); n != 0 {
 		t.Fatalf("a new entry notes ifindex %d", n)
 	}
-	if svc { // the first ACK finds its backend a member in the full stage, which notes nothing
-		sent("first ACK", FwdLocal, macAt(localIP, peerIfindex), 0)
-	}
 	sent("fast ACK", FwdLocal, macAt(localIP, peerIfindex), peerIfindex)
 	sent("noted", FwdLocal, macAt(localIP, peerIfindex), peerIfindex)
 
@@ -599,9 +757,22 @@ func TestMarkShadowed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := markShadowed(objs.CbCt)
+	gen := func() uint32 {
+		t.Helper()
+		var g contivbpfCbCtGen
+		if err := objs.CbCtGens.Lookup(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		return g.Gen
+	}
+	before := gen()
+	n, err := markShadowed(objs.CbCt, objs.CbCtGens)
 	if err != nil || n != 1 {
 		t.Fatalf("markShadowed marked %d (%v), want 1", n, err)
+	}
+	// No memo of a service flow's entry taken before the marks stays current.
+	if g := gen(); g-before != 1<<20 {
+		t.Fatalf("the memo generation moved by %d, want %d", g-before, 1<<20)
 	}
 	for _, e := range entries {
 		var v contivbpfCbCtEntry
@@ -612,7 +783,8 @@ func TestMarkShadowed(t *testing.T) {
 			t.Errorf("entry %+v: flags %#x, want %#x", e.k, v.Flags, e.want)
 		}
 	}
-	if n, err := markShadowed(objs.CbCt); err != nil || n != 0 {
-		t.Fatalf("a second pass marked %d (%v), want none", n, err)
+	before = gen()
+	if n, err := markShadowed(objs.CbCt, objs.CbCtGens); err != nil || n != 0 || gen() != before {
+		t.Fatalf("a second pass marked %d (%v) and moved the memo generation by %d, want none", n, err, gen()-before)
 	}
 }

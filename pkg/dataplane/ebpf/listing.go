@@ -255,7 +255,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 			}
 			return a
 		}
-		state := ctStateName(v.State)
+		state := ctStateName(ctStateOf(v))
 		var flags []string
 		for _, f := range []struct {
 			bit  contivbpfCbCtFlags

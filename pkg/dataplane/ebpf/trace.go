@@ -350,14 +350,14 @@ func (d *Driver) traceConntrack(res *dataplane.TraceResult, ct *ebpf.Map, before
 	state := map[uint8]string{1: "new", 2: "established", 3: "closing"}
 	for it.Next(&k, &v) {
 		old, had := before[k]
-		if had && old.State == v.State && old.Flags == v.Flags {
+		if had && ctStateOf(old) == ctStateOf(v) && old.Flags == v.Flags {
 			continue
 		}
 		what := "would create"
 		if had {
 			what = "would update"
 		}
-		detail := fmt.Sprintf("%s %s %v:%d > %v:%d %s", what, protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[v.State])
+		detail := fmt.Sprintf("%s %s %v:%d > %v:%d %s", what, protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[ctStateOf(v)])
 		if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 {
 			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "service", Detail: fmt.Sprintf("%v:%d is a service VIP: backend %v:%d chosen", addrFrom(k.Daddr), hport(k.Dport), addrFrom(v.NatIp), hport(v.NatPort))})
 			continue
@@ -367,7 +367,7 @@ func (d *Driver) traceConntrack(res *dataplane.TraceResult, ct *ebpf.Map, before
 	if len(before) > 0 {
 		for k, v := range before {
 			if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) != 0 && k.Proto != 0 {
-				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: fmt.Sprintf("live entry %s %v:%d > %v:%d %s", protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[v.State])})
+				res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: fmt.Sprintf("live entry %s %v:%d > %v:%d %s", protoName(k.Proto), addrFrom(k.Saddr), hport(k.Sport), addrFrom(k.Daddr), hport(k.Dport), state[ctStateOf(v)])})
 				break
 			}
 		}
