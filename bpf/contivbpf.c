@@ -554,6 +554,10 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
 	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
 }
 
+/* cb_svc_memo_off, set by the agent, turns the memo below off: its soundness rests on
+ * loads not passing loads (x86), and on other machines the agent sets it. */
+volatile __u32 cb_svc_memo_off;
+
 /* cb_svc_fast takes, for cb_ipv4_fast, a packet of an established service flow (svc: the
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
@@ -589,8 +593,8 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
 		return CB_SLOW;
 	rev = cb_svc_rev_of(svc->svc_id); /* before the membership: a removal bumps it after */
-	stamp = cb_svc_memo_stamp(rev);   /* before the flow's entry is looked at */
-	if (!(memo & CB_CT_MEMO) || svc->epoch != stamp) {
+	stamp = cb_svc_memo_off ? 0 : cb_svc_memo_stamp(rev); /* before the flow's entry is looked at */
+	if (!(memo & CB_CT_MEMO) || svc->epoch != stamp || !stamp) {
 		/* No current memo. The backend is still a member while the service's revision
 		 * is the one the entry recorded when it last found it one (cb_lb_forward);
 		 * after a memo, while its membership holds. */
@@ -632,9 +636,15 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
 		if (svc->expires != e->expires)
 			svc->expires = e->expires;
-		/* The memo: what was just found, under the stamp read before. */
-		memo = CB_CT_MEMO | (e->state & CB_CT_MEMO_STATE);
-		if (stamp && (svc->epoch != stamp || svc->state != memo)) {
+		/* The memo: what was just found, under the stamp read before (memo off: the
+		 * revision the membership was found at, as cb_lb_forward records it); not when
+		 * the entry names another backend meanwhile (a re-pick on another CPU) or is no
+		 * client→VIP entry any more (deleted, its element reused). */
+		memo = stamp ? CB_CT_MEMO | (e->state & CB_CT_MEMO_STATE) : CB_CTS_NEW;
+		if (!stamp)
+			stamp = rev;
+		if ((svc->epoch != stamp || svc->state != memo) && svc->nat_ip == backend && svc->nat_port == bport &&
+		    svc->nat_net == bnet && (svc->flags & CB_CT_SVC)) {
 			svc->epoch = stamp;
 			svc->state = memo;
 		}

@@ -702,6 +702,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 	struct cb_ct_entry *cur = c->svc_ct;
 	struct cb_ct_key key = {};
 	struct cb_frag_key fk = {};
+	__u8 was;
 
 	if (!t->entry) {
 		/* passed without a flow entry (e.g. a RST): nothing to remember */
@@ -717,6 +718,8 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cur->epoch = 0; /* a new backend: checked by the full stage on the next packet */
 		cur->state = CB_CTS_NEW; /* (no memo) */
 		cur->expires = t->entry->expires;
+		/* A memo another CPU writes meanwhile, of the old backend's flow, is stale. */
+		cb_ct_changed(CB_CT_DNAT);
 	} else {
 		e.flags = CB_CT_SVC;
 		e.state = CB_CTS_NEW;
@@ -729,11 +732,13 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		 * entry was admitted. */
 		e.owner = t->owner;
 		cb_lb_key(&key, f, t);
+		/* It may replace a service flow's entry: one whose backend is this VIP's address
+		 * (a service on an endpoint's address and port). */
+		cur = bpf_map_lookup_elem(&cb_ct, &key);
+		was = cur ? cur->flags : 0;
 		if (cb_ct_insert(&key, &e, 0))
 			return CB_DROP_CT_FULL;
-		/* It may have replaced a service flow's entry: one whose backend is this VIP's
-		 * address (a service on an endpoint's address and port). */
-		cb_ct_changed(CB_CT_DNAT);
+		cb_ct_changed(was);
 		cb_ct_shadow(&key);
 	}
 	if (p->frag == CB_FRAG_FIRST) {

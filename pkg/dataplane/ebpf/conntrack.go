@@ -55,6 +55,7 @@ type ctGC struct {
 
 	nat   natGC     // egress NAT tables (nil maps: none)
 	owned *ebpf.Map // cb_ct_owned, entries per owner slot (nil: not recounted)
+	gens  *ebpf.Map // cb_ct_gens, moved on after service flows' entries are deleted (nil: not)
 
 	mu      sync.Mutex
 	pending []ctFlush
@@ -164,6 +165,7 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 		match[f] = true
 	}
 	var dead []contivbpfCbCtKey
+	dnat := false      // a service flow's entry among them
 	var owned []uint32 // live entries by owner slot
 	if g.owned != nil {
 		owned = make([]uint32, g.owned.MaxEntries())
@@ -173,6 +175,7 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 		if v.Expires < now || match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
 			(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]) {
 			dead = append(dead, k)
+			dnat = dnat || v.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0
 		} else if int(v.Owner) < len(owned) {
 			owned[v.Owner]++
 		}
@@ -204,6 +207,13 @@ func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
 					errs = append(errs, err)
 				}
 			}
+		}
+	}
+	// The entries it read may have been refreshed since (deleted live) or be those of a
+	// flushed address: no memo of a service flow's entry taken before stays current.
+	if dnat && deleted > 0 && g.gens != nil {
+		if err := memoGenJump(g.gens); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
@@ -255,9 +265,9 @@ func ctStateOf(v contivbpfCbCtEntry) uint8 {
 // are attached (they mark what they write from then on). Two batch passes (the service
 // flows' reverse tuples, then the entries under them) and an update per entry it marks,
 // which may lose a refresh the datapath wrote meanwhile (the next packet refreshes it
-// again). Marking moves the memo generation on (memoGenJump). It returns how many entries
-// it marked.
-func markShadowed(m, gens *ebpf.Map) (int, error) {
+// again). The driver moves the memo generation on after it (memoGenJump). It returns how
+// many entries it marked.
+func markShadowed(m *ebpf.Map) (int, error) {
 	shadow := uint8(contivbpfCbCtFlagsCB_CT_SHADOW)
 	reverse := map[contivbpfCbCtKey]bool{}
 	var unmarked []contivbpfCbCtKey
@@ -286,11 +296,6 @@ func markShadowed(m, gens *ebpf.Map) (int, error) {
 			return marked, fmt.Errorf("mark %s entry: %w", contivbpfMapCbCt, err)
 		}
 		marked++
-	}
-	if marked > 0 {
-		if err := memoGenJump(gens); err != nil {
-			return marked, err
-		}
 	}
 	return marked, nil
 }

@@ -662,6 +662,7 @@ const (
 	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
 	contivbpfVarCbReasonUnused     = "cb_reason_unused"
 	contivbpfVarCbRuleActionUnused = "cb_rule_action_unused"
+	contivbpfVarCbSvcMemoOff       = "cb_svc_memo_off"
 	contivbpfVarCbTickNs           = "cb_tick_ns"
 )
 
@@ -780,6 +781,7 @@ type contivbpfVariableSpecs struct {
 	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
+	CbSvcMemoOff       *ebpf.VariableSpec `ebpf:"cb_svc_memo_off"`
 	CbTickNs           *ebpf.VariableSpec `ebpf:"cb_tick_ns"`
 }
 
@@ -905,6 +907,7 @@ type contivbpfVariables struct {
 	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
 	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
+	CbSvcMemoOff       *ebpf.Variable `ebpf:"cb_svc_memo_off"`
 	CbTickNs           *ebpf.Variable `ebpf:"cb_tick_ns"`
 }
 

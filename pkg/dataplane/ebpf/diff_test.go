@@ -628,6 +628,7 @@ func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	w := &diffWorld{t: t, rig: rig, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), lbSeed: rig.lbSeed}
 	w.gc = newCTGC(objs.CbCt, time.Hour)
 	w.gc.owned = objs.CbCtOwned // the collector recounts, as the driver's does
+	w.gc.gens = objs.CbCtGens   // and moves the memo generation on
 	must := func(err error) {
 		t.Helper()
 		if err != nil {

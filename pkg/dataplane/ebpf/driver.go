@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"sync"
 	"syscall"
@@ -365,7 +366,7 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	// This build's programs are attached: mark what an earlier build left unmarked.
-	if n, err := markShadowed(d.objs.CbCt, d.objs.CbCtGens); err != nil {
+	if n, err := markShadowed(d.objs.CbCt); err != nil {
 		d.log.Warn("conntrack entries left unmarked: a tuple clash made before this start may keep its packets on the fast path until it expires", "err", err)
 	} else if n > 0 {
 		d.log.Info("conntrack entries marked shadowed", "entries", n)
@@ -376,8 +377,14 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.finishMigrations(migrations); err != nil {
 		return err
 	}
+	// The agent changed entries itself (marks, the migration's catch-up copy): no service
+	// flow's memo taken before stays current.
+	if err := memoGenJump(d.objs.CbCtGens); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	}
 	d.removeForeignPins(spec)
 	d.ctgc = newCTGC(d.objs.CbCt, d.ctgcEvery)
+	d.ctgc.gens = d.objs.CbCtGens
 	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}
 	d.ctgc.owned = d.objs.CbCtOwned
 	go d.ctgc.run()
@@ -469,6 +476,16 @@ func (d *Driver) writeConfig() error {
 	if d.objs.CbPolicyEpoch != nil {
 		if err := d.objs.CbPolicyEpoch.Set(c.PolicyEpoch); err != nil {
 			return fmt.Errorf("ebpf: set policy epoch: %w", err)
+		}
+	}
+	// The service fast path's memo relies on loads not passing loads: x86 only.
+	if d.objs.CbSvcMemoOff != nil {
+		off := uint32(0)
+		if runtime.GOARCH != "amd64" {
+			off = 1
+		}
+		if err := d.objs.CbSvcMemoOff.Set(off); err != nil {
+			return fmt.Errorf("ebpf: set the service memo switch: %w", err)
 		}
 	}
 	if d.objs.CbLbSeed != nil {
