@@ -715,7 +715,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 		cur->nat_port = c->port;
 		cur->nat_net = c->net;
 		cur->svc_id = c->svc_id;
-		cur->epoch = 0; /* a new backend: checked by the full stage on the next packet */
+		cur->epoch = 0; /* a new backend: its membership looked up on the next packet */
 		cur->state = CB_CTS_NEW; /* (no memo) */
 		cur->expires = t->entry->expires;
 		/* A memo another CPU writes meanwhile, of the old backend's flow, is stale. */
