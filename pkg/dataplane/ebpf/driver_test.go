@@ -661,3 +661,76 @@ func (h *oneHost) serviceBetween(t *testing.T, ports ...dataplane.ServicePort) (
 	}
 	return a, b, vip
 }
+
+// An address changes hands: a remote endpoint moves to another host and its new record
+// (another id, the same address) arrives before the old one's deletion. Deleting the old
+// record keeps the new one's endpoint entry and the address's conntrack entries (its
+// flows now); deleting the last record of the address removes both.
+func TestAddressHandover(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	x := netip.MustParseAddr("10.50.0.9")
+	remote := func(id, vtep, host string) dataplane.RemoteEndpoint {
+		return dataplane.RemoteEndpoint{ID: id, NetworkID: h.net.ID, IP: x, MAC: dataplane.ContivMAC(x),
+			VTEP: netip.MustParseAddr(vtep), Host: host}
+	}
+	r1, r2 := remote("red.t-r1", "10.254.0.2", "h2"), remote("red.t-r2", "10.254.0.3", "h3")
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, RemoteEndpoints: []dataplane.RemoteEndpoint{r1},
+		Peers: []dataplane.Peer{{Host: "h2", VTEP: r1.VTEP}, {Host: "h3", VTEP: r2.VTEP}}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	key := h.d.remotes[r1.ID].key
+	nr, ok := h.d.networkByKey(key.Net)
+	if !ok {
+		t.Fatal("no network record for the remote endpoint's key")
+	}
+	flow := contivbpfCbCtKey{Zone: nr.vrf, Saddr: ip4(netip.MustParseAddr("10.50.0.2")), Daddr: ip4(x), Sport: nport(40000), Dport: nport(80), Proto: 6}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := contivbpfCbCtEntry{Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), Expires: now + uint64(time.Hour)}
+	if err := h.d.objs.CbCt.Put(&flow, &v); err != nil {
+		t.Fatal(err)
+	}
+	vtepOf := func() (netip.Addr, bool) {
+		t.Helper()
+		var e contivbpfCbEndpoint
+		if err := h.d.objs.CbEndpoints.Lookup(&key, &e); err != nil {
+			return netip.Addr{}, false
+		}
+		return addrFrom(e.Vtep), true
+	}
+	flowLeft := func() bool {
+		t.Helper()
+		if _, err := h.d.CTGC(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var e contivbpfCbCtEntry
+		return h.d.objs.CbCt.Lookup(&flow, &e) == nil
+	}
+
+	if err := h.d.UpsertRemoteEndpoint(ctx, r2); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.DeleteRemoteEndpoint(ctx, r1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if vtep, ok := vtepOf(); !ok || vtep != r2.VTEP {
+		t.Fatalf("after the old record's deletion the address's entry is at VTEP %v (present %v), want %v", vtep, ok, r2.VTEP)
+	}
+	if !flowLeft() {
+		t.Fatal("the old record's deletion flushed the flows of the address's new holder")
+	}
+
+	if err := h.d.DeleteRemoteEndpoint(ctx, r2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := vtepOf(); ok {
+		t.Fatal("the address's entry outlived its last record")
+	}
+	if flowLeft() {
+		t.Fatal("the address's conntrack entries outlived its last record")
+	}
+}

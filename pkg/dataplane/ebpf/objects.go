@@ -333,7 +333,10 @@ func (d *Driver) deleteRemote(id string) error {
 		return nil
 	}
 	var cur contivbpfCbEndpoint
-	if err := d.objs.CbEndpoints.Lookup(&r.key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {
+	// The entry is this record's unless another record holds the address now: a local
+	// endpoint, or a remote one under another id (the endpoint moved between hosts).
+	if err := d.objs.CbEndpoints.Lookup(&r.key, &cur); err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 &&
+		d.addrHolders(r.key) <= 1 {
 		if err := mapDel(d.objs.CbEndpoints, &r.key); err != nil {
 			return fmt.Errorf("remote endpoint %s: delete map entry: %w", id, err)
 		}
@@ -346,9 +349,11 @@ func (d *Driver) deleteRemote(id string) error {
 	return nil
 }
 
-// flushCT queues the conntrack entries of an endpoint address for deletion.
+// flushCT queues the conntrack entries of an endpoint address for deletion, once its
+// record is dropped: not while another record (local or remote) holds the address, whose
+// flows they are now (a group change moved the policy epoch, so they are judged again).
 func (d *Driver) flushCT(k contivbpfCbEpKey) {
-	if d.ctgc == nil {
+	if d.ctgc == nil || d.addrHolders(k) > 0 {
 		return
 	}
 	if nr, ok := d.networkByKey(k.Net); ok {

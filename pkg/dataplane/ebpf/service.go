@@ -126,6 +126,9 @@ func dropIndexed[R addressed](d *Driver, m map[string]R, id string) {
 	}
 }
 
+// addrHolders is how many endpoint records (local and remote) hold address k.
+func (d *Driver) addrHolders(k contivbpfCbEpKey) int { return d.addrNets[k.Ip][k.Net] }
+
 func (d *Driver) indexAddr(k contivbpfCbEpKey, delta int) {
 	if k.Ip == 0 {
 		return // a record without its datapath entry (adopted veth not yet synced)
