@@ -320,9 +320,10 @@ out:
 }
 
 /* cb_send_remote sends a local endpoint's packet (source MAC set) to remote endpoint ep
- * of network dnet (daddr: the packet's destination): VXLAN, VLAN, or routed natively. */
-static __noinline int cb_send_remote(struct __sk_buff *skb, const struct cb_iface *ifc, const struct cb_endpoint *ep,
-				     __u32 dnet, __be32 daddr)
+ * of network dnet (daddr: the packet's destination): VXLAN, VLAN, or routed natively,
+ * counted in the sender's counter slot. */
+static __noinline int cb_send_remote(struct __sk_buff *skb, __u32 slot, const struct cb_endpoint *ep, __u32 dnet,
+				     __be32 daddr)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -330,7 +331,7 @@ static __noinline int cb_send_remote(struct __sk_buff *skb, const struct cb_ifac
 	struct cb_network *net;
 	int r;
 
-	if (!ifc || !ep)
+	if (!ep)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
@@ -346,7 +347,7 @@ static __noinline int cb_send_remote(struct __sk_buff *skb, const struct cb_ifac
 	else
 		r = cb_encap_vxlan(skb, net, ep);
 	if (r != TC_ACT_SHOT)
-		cb_ep_tx(skb, ifc->slot);
+		cb_ep_tx(skb, slot);
 	return r;
 }
 
@@ -359,7 +360,7 @@ CB_INLINE int cb_send_to(struct __sk_buff *skb, const struct cb_iface *ifc, cons
 		cb_ep_tx(skb, ifc->slot);
 		return cb_deliver_local(skb, ep);
 	}
-	return cb_send_remote(skb, ifc, ep, dnet, daddr);
+	return cb_send_remote(skb, ifc->slot, ep, dnet, daddr);
 }
 
 /* cb_dst_noted returns the interface entry of local endpoint net:ip, and its host veth in
@@ -774,7 +775,7 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 
 	if (features & CB_FEAT_ROUTING)
 		return CB_SLOW;
-	if (features & (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_NETPOL))
+	if (features & CB_FEAT_STATEFUL)
 		return cb_ipv4_fast(skb, ifc);
 	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
 		return CB_SLOW;
@@ -787,6 +788,42 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
+/* cb_ipv4_direct is cb_ipv4_plain without cb_iface_get's copy, for the entry program to try
+ * first while no stage with state is on: it reads the interface entry where it lies in
+ * cb_iface_direct (field by field, as the copy is made: an entry being freed loses its IP
+ * first, ifaces.go). An untagged IPv4 frame from a host veth in the array, with that
+ * interface's MAC and a header cb_ipv4_simple takes, goes to its endpoint, local or
+ * remote, exactly as the entry program and cb_ipv4_plain would take it. Anything else,
+ * a destination outside the network included, returns CB_SLOW having changed nothing:
+ * the entry program's checks and cb_ipv4_plain take it from the start. */
+static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	const struct cb_iface *ifc;
+	struct cb_endpoint *ep;
+	struct cb_ep_key dkey;
+	__u32 ifindex = skb->ifindex;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present ||
+	    ifindex >= CB_IFACE_DIRECT)
+		return CB_SLOW;
+	ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
+	if (!ifc || !ifc->ip || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, ifc))
+		return CB_SLOW;
+	dkey.net = ifc->net;
+	dkey.ip = ip->daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return CB_SLOW;
+	if (!(ep->flags & CB_EP_LOCAL))
+		return cb_send_remote(skb, ifc->slot, ep, dkey.net, dkey.ip);
+	cb_ep_tx(skb, ifc->slot);
+	return cb_deliver_local(skb, ep);
+}
+
 SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
@@ -797,6 +834,11 @@ int cb_from_container(struct __sk_buff *skb)
 
 	/* Few locals here: this frame sits under every stage's (512 bytes in all). */
 	cb_pull(skb, ETH_HLEN);
+	if (!(cb_features & CB_FEAT_STATEFUL)) {
+		r = cb_ipv4_direct(skb);
+		if (r != CB_SLOW)
+			return r;
+	}
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	eth = data;

@@ -111,6 +111,10 @@ enum cb_features {
 	CB_FEAT_NETPOL = 128,  /* some pod has a NetworkPolicy entry (netpol.h; set with CB_FEAT_POLICY) */
 };
 
+/* The stages with state: while none is on, a packet from a container is forwarded by
+ * its destination alone (cb_ipv4_direct, cb_ipv4_plain). */
+#define CB_FEAT_STATEFUL (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_ROUTING | CB_FEAT_NETPOL)
+
 struct cb_ep_stats {
 	__u64 rx_packets; /* delivered to the endpoint */
 	__u64 rx_bytes;

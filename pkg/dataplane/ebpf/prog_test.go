@@ -484,6 +484,20 @@ func TestFromContainer(t *testing.T) {
 				run(t, objs, prog, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, c.ret, c.reason)
 			})
 		}
+		// A free place keeps its MAC and network: a packet from 0.0.0.0 matches its (zero)
+		// address, and must still find no interface.
+		t.Run("free array place, a packet from its zero address", func(t *testing.T) {
+			err := objs.ifaceTable().del(uint32(loIfindex))
+			if err == nil {
+				err = objs.CbIfaceDirect.Put(uint32(loIfindex), &free)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := ipFrame(netip.IPv4Unspecified(), localIP, ipOpts{})
+			copy(p[6:12], free.Mac[:])
+			run(t, objs, prog, p, nil).expect(t, tcActShot, DropUnknownIface)
+		})
 		// At start the hash's entries in the array's range are an earlier build's, and the
 		// newer ones (after a rollback the array may hold a stale one): promote copies them
 		// over, dropShadowed removes the hash copies; del frees both.
@@ -554,6 +568,25 @@ func TestFromContainer(t *testing.T) {
 		s1, d1 := read(srcIP), read(localIP)
 		if s1.TxPackets != s0.TxPackets+1 || d1.RxPackets != d0.RxPackets+1 || d1.RxBytes != d0.RxBytes+uint64(len(p)) {
 			t.Errorf("counters src %+v→%+v dst %+v→%+v", s0, s1, d0, d1)
+		}
+		// To a remote endpoint: the sender's slot counts it once it is sent, not when
+		// its network is gone (a drop).
+		run(t, objs, prog, ipFrame(srcIP, remoteIP, ipOpts{}), nil).expect(t, tcActRedirect, FwdTunnel)
+		if s2 := read(srcIP); s2.TxPackets != s1.TxPackets+1 {
+			t.Errorf("sent to a remote endpoint: sender's counters %+v→%+v", s1, s2)
+		}
+		var netw contivbpfCbNetwork
+		if err := objs.CbNetworks.Lookup(uint32(testNet), &netw); err != nil {
+			t.Fatal(err)
+		}
+		if err := objs.CbNetworks.Delete(uint32(testNet)); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = objs.CbNetworks.Put(uint32(testNet), &netw) }()
+		s2 := read(srcIP)
+		run(t, objs, prog, ipFrame(srcIP, remoteIP, ipOpts{}), nil).expect(t, tcActShot, DropUnknownNetwork)
+		if s3 := read(srcIP); s3.TxPackets != s2.TxPackets {
+			t.Errorf("dropped (no network): sender's counters %+v→%+v", s2, s3)
 		}
 	})
 }
