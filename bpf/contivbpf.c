@@ -663,9 +663,10 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	return cb_send_to(skb, ifc, ep, bnet, backend);
 }
 
-/* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing):
- * an unfragmented IPv4 TCP or UDP packet without options, neither opening nor closing,
- * from the interface's own address to an endpoint of its network, that cb_fast_pass lets
+/* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing),
+ * for cb_ipv4_direct, which checked the frame and its IPv4 header (cb_ipv4_simple) against
+ * ifc, the interface entry where it lies in cb_iface_direct: a TCP or UDP packet, neither
+ * opening nor closing, to an endpoint of its network, that cb_fast_pass lets
  * through (established flows, flows between groups without rules, no service flow), goes
  * to that endpoint (cb_send_to) exactly as cb_ipv4_from_container would take it (same
  * checks, state changes, rewrites and counters). Anything else returns CB_SLOW having
@@ -691,7 +692,8 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	data_end = (void *)(long)skb->data_end;
 	ip = data + ETH_HLEN;
 	l4 = (void *)(ip + 1);
-	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
+	/* cb_ipv4_direct found the header simple (cb_ipv4_simple) and from ifc's address. */
+	if ((void *)l4 > data_end)
 		return CB_SLOW;
 	/* The L4 header cb_parse_l4 would read, whole in the linear part. */
 	if (ip->protocol == CB_PROTO_TCP) {
@@ -757,11 +759,12 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 
 /* cb_ipv4_plain forwards without a call while no stage with state is on (policy, LB,
  * routing, NetworkPolicy: the feature bits cb_ipv4_from_container consults before its
- * destination lookup): an unfragmented IPv4 packet without options, from the interface's
- * own address, goes to its endpoint (cb_send_to) or, when its network has none, to
- * cb_outside (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks,
- * rewrites and counters). With policy, services or NetworkPolicy on, cb_ipv4_fast.
- * Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
+ * destination lookup), for what cb_ipv4_direct does not take (an interface entry in the
+ * cb_ifaces hash): an unfragmented IPv4 packet without options, from the interface's own
+ * address, goes to its endpoint (cb_send_to) or, when its network has none, to cb_outside
+ * (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks, rewrites and
+ * counters). Anything else (a stage with state on included: cb_ipv4_fast is
+ * cb_ipv4_direct's) returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
  * judges it, drop reasons included. */
 CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
@@ -773,10 +776,8 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 	struct cb_endpoint *ep;
 	__u32 features = cb_features;
 
-	if (features & CB_FEAT_ROUTING)
-		return CB_SLOW;
 	if (features & CB_FEAT_STATEFUL)
-		return cb_ipv4_fast(skb, ifc);
+		return CB_SLOW;
 	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
 		return CB_SLOW;
 	dkey.net = ifc->net;
@@ -788,14 +789,16 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
-/* cb_ipv4_direct is cb_ipv4_plain without cb_iface_get's copy, for the entry program to try
- * first while no stage with state is on: it reads the interface entry where it lies in
- * cb_iface_direct (field by field, as the copy is made: an entry being freed loses its IP
- * first, ifaces.go). An untagged IPv4 frame from a host veth in the array, with that
- * interface's MAC and a header cb_ipv4_simple takes, goes to its endpoint, local or
- * remote, exactly as the entry program and cb_ipv4_plain would take it. Anything else,
- * a destination outside the network included, returns CB_SLOW having changed nothing:
- * the entry program's checks and cb_ipv4_plain take it from the start. */
+/* cb_ipv4_direct is the fast paths' way in, which the entry program tries first (not in
+ * routing mode), without cb_iface_get's copy: it reads the interface entry where it lies
+ * in cb_iface_direct (field by field, as the copy is made: an entry being freed loses its
+ * IP first, ifaces.go). An untagged IPv4 frame from a host veth in the array, with that
+ * interface's MAC and a header cb_ipv4_simple takes, goes on with a stage with state on to
+ * cb_ipv4_fast; otherwise to its endpoint, local or remote, exactly as the entry program
+ * and cb_ipv4_plain would take it. A destination outside the network returns CB_OUTSIDE
+ * (the entry program checks the source against its copy before cb_outside takes it);
+ * anything else CB_SLOW, having changed nothing: the entry program's checks and the full
+ * stage take it from the start. */
 static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
@@ -813,15 +816,25 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
 	if (!ifc || !ifc->ip || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, ifc))
 		return CB_SLOW;
+	if (cb_features & CB_FEAT_STATEFUL)
+		return cb_ipv4_fast(skb, ifc);
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
-		return CB_SLOW;
+		return CB_OUTSIDE;
 	if (!(ep->flags & CB_EP_LOCAL))
 		return cb_send_remote(skb, ifc->slot, ep, dkey.net, dkey.ip);
 	cb_ep_tx(skb, ifc->slot);
 	return cb_deliver_local(skb, ep);
+}
+
+/* cb_from_own_ip says whether the IPv4 frame at data comes from ifc's address. */
+CB_INLINE int cb_from_own_ip(void *data, void *data_end, const struct cb_iface *ifc)
+{
+	struct iphdr *ip = data + ETH_HLEN;
+
+	return (void *)(ip + 1) <= data_end && ip->saddr == ifc->ip;
 }
 
 SEC("tc")
@@ -834,9 +847,10 @@ int cb_from_container(struct __sk_buff *skb)
 
 	/* Few locals here: this frame sits under every stage's (512 bytes in all). */
 	cb_pull(skb, ETH_HLEN);
-	if (!(cb_features & CB_FEAT_STATEFUL)) {
+	r = CB_SLOW;
+	if (!(cb_features & CB_FEAT_ROUTING)) {
 		r = cb_ipv4_direct(skb);
-		if (r != CB_SLOW)
+		if (r != CB_SLOW && r != CB_OUTSIDE)
 			return r;
 	}
 	data = (void *)(long)skb->data;
@@ -860,7 +874,11 @@ int cb_from_container(struct __sk_buff *skb)
 	case bpf_htons(ETH_P_ARP):
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
-		r = cb_ipv4_plain(skb, ifc);
+		/* Outside (cb_ipv4_direct): from this copy's address too, else judged again. */
+		if (r == CB_OUTSIDE && !cb_from_own_ip(data, data_end, ifc))
+			r = CB_SLOW;
+		if (r == CB_SLOW)
+			r = cb_ipv4_plain(skb, ifc);
 		if (r == CB_SLOW)
 			r = cb_ipv4_from_container(skb, ifc);
 		if (r != CB_OUTSIDE)

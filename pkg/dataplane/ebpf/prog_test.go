@@ -531,6 +531,78 @@ func TestFromContainer(t *testing.T) {
 			}
 		})
 	})
+	// The way in (cb_ipv4_direct, the interface entry read in place) with and without the
+	// stages with state (then cb_ipv4_fast; an outside destination goes on to cb_outside
+	// from the copy): a UDP packet meets the same verdict in every mode, and an interface
+	// entry in the hash takes the copy's paths to the same verdicts. The sender's group
+	// denies UDP to port 5353: judged whenever policy is on.
+	t.Run("modes", func(t *testing.T) {
+		good := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
+		copy(good.Mac[:], srcMAC)
+		grouped := good
+		grouped.Epg = 77
+		putPolicy(t, objs, dataplane.PolicySet{EPGID: 77, Rules: []dataplane.PolicyRule{
+			{ID: "no-5353", Priority: 5, Proto: 17, Port: 5353, Action: dataplane.ActionDeny}}})
+		defer func() {
+			putPolicy(t, objs, dataplane.PolicySet{EPGID: 77})
+			setFeatures(t, objs, 0)
+			_ = objs.ifaceTable().del(uint32(loIfindex))
+			_ = objs.ifaceTable().put(uint32(loIfindex), &good, nil)
+		}()
+		cases := []struct {
+			name   string
+			src    netip.Addr
+			dst    netip.Addr
+			dport  uint16
+			ret    uint32
+			reason Reason
+		}{
+			{"local", srcIP, localIP, 53, tcActRedirect, FwdLocal},
+			{"remote", srcIP, remoteIP, 53, tcActRedirect, FwdTunnel},
+			{"unknown-dst", srcIP, netip.MustParseAddr("10.1.0.99"), 53, tcActShot, DropUnknownDst},
+			{"outside-subnet", srcIP, netip.MustParseAddr("8.8.8.8"), 53, tcActShot, DropToGateway},
+			{"to-gateway", srcIP, gwIP, 53, tcActShot, DropToGateway},
+			{"spoofed", localIP, remoteIP, 53, tcActShot, DropSpoofedSrc},
+			{"denied-local", srcIP, localIP, 5353, tcActShot, DropPolicy},
+			{"denied-remote", srcIP, remoteIP, 5353, tcActShot, DropPolicy},
+		}
+		for _, mode := range []struct {
+			name     string
+			features uint32
+		}{
+			{"plain", 0},
+			{"policy", uint32(contivbpfCbFeaturesCB_FEAT_POLICY)},
+			{"policy+services", uint32(contivbpfCbFeaturesCB_FEAT_POLICY | contivbpfCbFeaturesCB_FEAT_LB)},
+		} {
+			setFeatures(t, objs, mode.features)
+			for _, where := range []string{"array", "hash"} {
+				err := objs.ifaceTable().del(uint32(loIfindex))
+				if err == nil && where == "array" {
+					err = objs.CbIfaceDirect.Put(uint32(loIfindex), &grouped)
+				}
+				if err == nil && where == "hash" {
+					err = objs.CbIfaces.Put(uint32(loIfindex), &grouped)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range cases {
+					t.Run(mode.name+"/"+where+"/"+c.name, func(t *testing.T) {
+						p := l4Frame(17, c.src, c.dst, 40000+uint16(len(c.name)), c.dport, 0, 0)
+						copy(p[6:12], srcMAC)
+						ret, reason := c.ret, c.reason
+						if mode.features == 0 && reason == DropPolicy { // no policy stage
+							ret, reason = tcActRedirect, FwdLocal
+							if c.dst == remoteIP {
+								reason = FwdTunnel
+							}
+						}
+						run(t, objs, prog, p, nil).expect(t, ret, reason)
+					})
+				}
+			}
+		}
+	})
 	t.Run("vlan-remote-no-uplink", func(t *testing.T) {
 		vsrc, vdst := netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.9")
 		ifc := contivbpfCbIface{Net: 1<<24 | 10, Ip: ip4(vsrc), Vrf: testZone}
