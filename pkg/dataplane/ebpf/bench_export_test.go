@@ -2,7 +2,34 @@
 
 package ebpf
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/cilium/ebpf/asm"
+)
+
+// The restoring copies' context slot lies below every stack byte the program addresses,
+// directly or through a copy of the frame pointer, and nowhere deeper than needed.
+func TestRestoreSlot(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ins  asm.Instructions
+		want int16
+	}{
+		{"no stack", asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}, -8},
+		{"store", asm.Instructions{asm.StoreImm(asm.RFP, -4, 0, asm.Word)}, -16},
+		{"load", asm.Instructions{asm.LoadMem(asm.R3, asm.RFP, -24, asm.DWord)}, -32},
+		{"key pointer", asm.Instructions{asm.Mov.Reg(asm.R2, asm.RFP), asm.Add.Imm(asm.R2, -20)}, -32},
+		{"pointer moved on", asm.Instructions{asm.Mov.Reg(asm.R2, asm.RFP), asm.Add.Imm(asm.R2, -8), asm.Mov.Reg(asm.R3, asm.R2), asm.Add.Imm(asm.R3, -40)}, -56},
+		{"store through a copy", asm.Instructions{asm.Mov.Reg(asm.R6, asm.RFP), asm.Add.Imm(asm.R6, -16), asm.StoreImm(asm.R6, -12, 0, asm.Word)}, -40},
+		{"register reused", asm.Instructions{asm.Mov.Reg(asm.R2, asm.RFP), asm.Mov.Imm(asm.R2, 7), asm.Add.Imm(asm.R2, -64)}, -8},
+		{"clobbered by a call", asm.Instructions{asm.Mov.Reg(asm.R2, asm.RFP), asm.FnMapLookupElem.Call(), asm.Add.Imm(asm.R2, -64)}, -8},
+	} {
+		if got := restoreSlot(c.ins); got != c.want {
+			t.Errorf("%s: slot %d, want %d", c.name, got, c.want)
+		}
+	}
+}
 
 // MeasurePaths must time every path it names, each after checking the packet took it.
 func TestMeasurePaths(t *testing.T) {

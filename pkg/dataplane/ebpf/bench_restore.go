@@ -10,10 +10,52 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// benchRestoreSlot is the stack slot the restoring copy keeps the context in: just below
-// the entry program's own frame (24 bytes, rounded to 32 by the verifier anyway), so the
-// program's stack depth does not move.
-const benchRestoreSlot = -32
+// restoreSlot is the stack slot a restoring copy of the entry program whose own
+// instructions (before its first subprogram) are ins keeps the context in: the 8 bytes
+// below the lowest the program addresses (a load or store off the frame pointer, or an
+// offset added to a copy of it), so no local of the program's shares it. The frame grows
+// by at most 8 bytes. A miss is loud, never silent: a program whose frame cannot grow, or
+// a local this scan did not see (the context slot overwritten), fails the verifier.
+func restoreSlot(ins asm.Instructions) int16 {
+	low := int64(0)
+	// fp holds, for each register that holds the frame pointer plus an offset, the offset.
+	fp := map[asm.Register]int64{asm.RFP: 0}
+	at := func(r asm.Register, off int64) {
+		if base, ok := fp[r]; ok {
+			low = min(low, base+off)
+		}
+	}
+	for _, in := range ins {
+		op := in.OpCode
+		cls := op.Class()
+		switch {
+		case cls.IsLoad() && op.Mode() == asm.MemMode:
+			at(in.Src, int64(in.Offset))
+			delete(fp, in.Dst)
+		case cls.IsStore():
+			at(in.Dst, int64(in.Offset))
+		case cls.IsALU() && op.ALUOp() == asm.Mov && op.Source() == asm.RegSource:
+			if base, ok := fp[in.Src]; ok {
+				fp[in.Dst] = base
+			} else {
+				delete(fp, in.Dst)
+			}
+		case cls.IsALU() && op.ALUOp() == asm.Add && op.Source() == asm.ImmSource:
+			if base, ok := fp[in.Dst]; ok && in.Dst != asm.RFP {
+				fp[in.Dst] = base + in.Constant
+				at(in.Dst, 0)
+			}
+		case cls.IsALU() || cls.IsLoad():
+			delete(fp, in.Dst)
+		case op.JumpOp() == asm.Call:
+			for r := asm.R0; r <= asm.R5; r++ {
+				delete(fp, r)
+			}
+		}
+	}
+	down := -((-low + 7) / 8 * 8) // low rounded down to a multiple of 8
+	return int16(down - 8)
+}
 
 // The restoring copies MeasurePaths loads: the service flow's packet and the established
 // direct flow's.
@@ -43,8 +85,9 @@ func restoring(p *ebpf.ProgramSpec, pkt []byte) (*ebpf.ProgramSpec, error) {
 		}
 	}
 	var out asm.Instructions
+	slot := restoreSlot(orig[:end])
 	// Entry: keep the context; the first instruction keeps the program's metadata.
-	out = append(out, asm.StoreMem(asm.RFP, benchRestoreSlot, asm.R1, asm.DWord).WithMetadata(orig[0].Metadata))
+	out = append(out, asm.StoreMem(asm.RFP, slot, asm.R1, asm.DWord).WithMetadata(orig[0].Metadata))
 	out = append(out, orig[0].WithMetadata(asm.Metadata{}).WithSource(orig[0].Source()))
 	for _, ins := range orig[1:end] {
 		if ins.OpCode.JumpOp() == asm.Exit {
@@ -65,7 +108,7 @@ func restoring(p *ebpf.ProgramSpec, pkt []byte) (*ebpf.ProgramSpec, error) {
 	}
 	out = append(out,
 		asm.Mov.Reg(asm.R6, asm.R0).WithSymbol(label),
-		asm.LoadMem(asm.R1, asm.RFP, benchRestoreSlot, asm.DWord),
+		asm.LoadMem(asm.R1, asm.RFP, slot, asm.DWord),
 		asm.LoadMem(asm.R2, asm.R1, 76, asm.Word), // skb->data
 		asm.LoadMem(asm.R3, asm.R1, 80, asm.Word), // skb->data_end
 		asm.Mov.Reg(asm.R4, asm.R2),
