@@ -541,15 +541,14 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 #define CB_SLOW (-6)
 
 /* cb_ipv4_simple says whether ip is what the fast paths take: an IPv4 header without
- * options, in the linear part, not a fragment, from ifc's own address, with a total length
- * the frame holds (cb_parse_ipv4 passes all of these). */
-CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip, void *data_end,
-			     const struct cb_iface *ifc)
+ * options, in the linear part, not a fragment, from address own (the interface's), with a
+ * total length the frame holds (cb_parse_ipv4 passes all of these). */
+CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip, void *data_end, __be32 own)
 {
 	__u32 tot;
 
 	if ((void *)(ip + 1) > data_end || *(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(0x3fff)) ||
-	    ip->saddr != ifc->ip)
+	    ip->saddr != own)
 		return 0;
 	tot = bpf_ntohs(ip->tot_len);
 	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
@@ -778,7 +777,7 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 
 	if (features & CB_FEAT_STATEFUL)
 		return CB_SLOW;
-	if (!cb_ipv4_simple(skb, ip, data_end, ifc))
+	if (!cb_ipv4_simple(skb, ip, data_end, ifc->ip))
 		return CB_SLOW;
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
@@ -791,8 +790,12 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 
 /* cb_ipv4_direct is the fast paths' way in, which the entry program tries first (not in
  * routing mode), without cb_iface_get's copy: it reads the interface entry where it lies
- * in cb_iface_direct (field by field, as the copy is made: an entry being freed loses its
- * IP first, ifaces.go). An untagged IPv4 frame from a host veth in the array, with that
+ * in cb_iface_direct. Its address is read once, and must be set: an entry being freed
+ * loses its address first (ifaces.go), so no packet from 0.0.0.0 matches a free place
+ * (a copy checks the address it copied the same way). The other fields are read as the
+ * stages need them; the agent's second write of a free (zeroes) can land meanwhile, and
+ * then the lookups by them miss or the packet goes to the full stage, which takes the
+ * copy. An untagged IPv4 frame from a host veth in the array, with that
  * interface's MAC and a header cb_ipv4_simple takes, goes on with a stage with state on to
  * cb_ipv4_fast; otherwise to its endpoint, local or remote, exactly as the entry program
  * and cb_ipv4_plain would take it. A destination outside the network returns CB_OUTSIDE
@@ -809,12 +812,16 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	struct cb_endpoint *ep;
 	struct cb_ep_key dkey;
 	__u32 ifindex = skb->ifindex;
+	__be32 own;
 
 	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present ||
 	    ifindex >= CB_IFACE_DIRECT)
 		return CB_SLOW;
 	ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
-	if (!ifc || !ifc->ip || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, ifc))
+	if (!ifc)
+		return CB_SLOW;
+	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
+	if (!own || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
 		return CB_SLOW;
 	if (cb_features & CB_FEAT_STATEFUL)
 		return cb_ipv4_fast(skb, ifc);

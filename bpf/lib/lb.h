@@ -98,26 +98,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_vips SEC(".maps");
 
-/* Backend revisions: cb_svc_revs[svc_id] changes whenever a backend leaves service svc_id
- * (the agent bumps it after deleting the membership, and whenever it writes the service). A client→VIP entry records in its epoch the revision read before its backend
- * was last found a member (cb_lb_forward): while the two are equal the backend still is
- * one, and cb_svc_fast needs no membership lookup. 0 (a service id past the array, an
- * entry whose backend was just chosen): the full stage checks. */
+/* Backend revisions: cb_svc_revs[svc_id mod CB_SVC_REV_SLOTS] changes whenever a backend
+ * leaves service svc_id (the agent bumps it after deleting the membership, and whenever it
+ * writes the service). A client→VIP entry records in its epoch the revision read before its
+ * backend was last found a member (cb_lb_forward): while the two are equal the backend
+ * still is one, and cb_svc_fast needs no membership lookup. Ids only grow (the agent never
+ * reuses one), so ids a multiple of CB_SVC_REV_SLOTS apart share a slot: a bump for either
+ * makes the other's entries look again, never skip a look. 0 (an entry whose backend was
+ * just chosen, a slot never bumped): the full stage checks. */
+#define CB_SVC_REV_SLOTS 65536 /* a power of two; the agent's svcRevSlots */
+
 struct cb_svc_rev {
 	__u32 rev;
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CB_DEFAULT_ENTRIES);
-	__type(key, __u32); /* service id */
+	__uint(max_entries, CB_SVC_REV_SLOTS);
+	__type(key, __u32); /* service id mod CB_SVC_REV_SLOTS */
 	__type(value, struct cb_svc_rev);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_svc_revs SEC(".maps");
 
 CB_INLINE __u32 cb_svc_rev_of(__u32 id)
 {
-	struct cb_svc_rev *r = bpf_map_lookup_elem(&cb_svc_revs, &id);
+	__u32 slot = id & (CB_SVC_REV_SLOTS - 1);
+	struct cb_svc_rev *r = bpf_map_lookup_elem(&cb_svc_revs, &slot);
 
 	return r ? r->rev : 0;
 }

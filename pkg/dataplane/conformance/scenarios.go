@@ -26,6 +26,7 @@ func Run(t *testing.T, factory Factory) {
 		{name: "idempotent", run: idempotent},
 		{name: "bad-input", run: badInput},
 		{name: "endpoint-delete", run: endpointDelete},
+		{name: "remote-handover", run: remoteHandover},
 		{name: "peer-remove", run: peerRemove},
 		{name: "policy", run: policy},
 		{name: "networkpolicy", run: networkpolicy},
@@ -202,6 +203,30 @@ func badInput(t *testing.T, e *Env) {
 	if linkExists(e.H1.NS, e.Prefix+"bad") {
 		t.Error("rejected endpoint left a link behind")
 	}
+}
+
+// remoteHandover: a remote endpoint's address changes hands, its new record (another id,
+// as when an endpoint moves between hosts) arriving before the old one's deletion.
+// Deleting the old record leaves the address reachable through the new one, both ways;
+// deleting the last record of the address ends it.
+func remoteHandover(t *testing.T, e *Env) {
+	a1, _, b1 := e.threeContainers(t, 1, 1, 2)
+	c := ctx(t)
+	PingOK(t, a1.NS, b1.ip(), 3)
+	moved := e.Remote(b1, e.H2)
+	moved.ID = b1.EP.ID + "-moved"
+	if err := e.H1.Driver.UpsertRemoteEndpoint(c, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.H1.Driver.DeleteRemoteEndpoint(c, b1.EP.ID); err != nil {
+		t.Fatal(err)
+	}
+	PingOK(t, a1.NS, b1.ip(), 3)
+	PingOK(t, b1.NS, a1.ip(), 3)
+	if err := e.H1.Driver.DeleteRemoteEndpoint(c, moved.ID); err != nil {
+		t.Fatal(err)
+	}
+	PingFails(t, a1.NS, b1.ip())
 }
 
 // endpointDelete: an endpoint added and deleted (twice) through the single calls leaves

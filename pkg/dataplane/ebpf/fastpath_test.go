@@ -204,13 +204,21 @@ func TestFragBudget(t *testing.T) {
 // replaced on the next packet; a policy change re-judges the flow; a reply leaves from
 // VIP:port and makes the flow ESTABLISHED.
 func TestServiceFastPath(t *testing.T) {
+	// Service ids only grow; one past the revision slots shares slot 9 (bpf/lib/lb.h) and
+	// must get the same revision, memo and re-balancing.
+	for _, id := range []uint32{9, svcRevSlots + 9} {
+		t.Run(fmt.Sprintf("id-%d", id), func(t *testing.T) { testServiceFastPath(t, id) })
+	}
+}
+
+func testServiceFastPath(t *testing.T, id uint32) {
 	objs := ctPolicyFixture(t)
 	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
 	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
 		{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
 		{ID: "allow-8080", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
 	vip := netip.MustParseAddr("10.1.0.101")
-	putTestService(t, objs, 9, vip, 80, 6, 8080, localIP)
+	putTestService(t, objs, id, vip, 80, 6, 8080, localIP)
 	fc := objs.CbFromContainer
 	entries := func(backend netip.Addr) (svc, flow contivbpfCbCtEntry) {
 		t.Helper()
@@ -263,7 +271,7 @@ func TestServiceFastPath(t *testing.T) {
 	// Its backend was checked (the SYN chose it; the ACK found it a member) and the flow's
 	// entry with it: the entry holds their memo, stamped with the service's revision, the
 	// policy epoch and the memo generation.
-	if want := memoStamp(t, objs, 9); svc.State != memoOf(contivbpfCbCtStateCB_CTS_NEW) || svc.Epoch != want {
+	if want := memoStamp(t, objs, id); svc.State != memoOf(contivbpfCbCtStateCB_CTS_NEW) || svc.Epoch != want {
 		t.Fatalf("service entry state %#x stamp %d, want a memo of a NEW flow stamped %d", svc.State, svc.Epoch, want)
 	}
 
@@ -284,8 +292,8 @@ func TestServiceFastPath(t *testing.T) {
 
 	// The backend leaves the service (another takes its place): the next packet goes to
 	// the new one.
-	removeMember(t, objs, 9, localIP)
-	putTestService(t, objs, 9, vip, 80, 6, 8080, remoteIP)
+	removeMember(t, objs, id, localIP)
+	putTestService(t, objs, id, vip, 80, 6, 8080, remoteIP)
 	r = send(tcpACK)
 	r.expect(t, tcActRedirect, FwdTunnel)
 	if svc, _ := entries(remoteIP); svc.NatIp != ip4(remoteIP) {
@@ -339,7 +347,7 @@ func memoStamp(t *testing.T, objs *contivbpfObjects, id uint32) uint32 {
 	var rev contivbpfCbSvcRev
 	var epoch uint32
 	var gen contivbpfCbCtGen
-	if err := objs.CbSvcRevs.Lookup(id, &rev); err != nil {
+	if err := objs.CbSvcRevs.Lookup(id%svcRevSlots, &rev); err != nil {
 		t.Fatal(err)
 	}
 	if err := objs.CbPolicyEpoch.Get(&epoch); err != nil {

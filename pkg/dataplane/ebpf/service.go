@@ -399,23 +399,28 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 	return nil
 }
 
-// svcRevBump moves cb_svc_revs[id] on (bpf/lib/lb.h): after a backend of service id lost
-// its membership, and whenever the service is written (so an agent that starts again, or
-// after an older build ran without revisions, trusts no flow's earlier check). Ids past the
-// array have no revision: the datapath checks their flows' membership every packet.
+// svcRevSlots is the number of revision slots, bpf/lib/lb.h's CB_SVC_REV_SLOTS (the size
+// of cb_svc_revs, which the agent never resizes).
+const svcRevSlots = 65536
+
+// svcRevBump moves service id's revision on (cb_svc_revs[id mod svcRevSlots], bpf/lib/lb.h):
+// after a backend of service id lost its membership, and whenever the service is written
+// (so an agent that starts again, or after an older build ran without revisions, trusts no
+// flow's earlier check). Ids svcRevSlots apart share a slot, and so their bumps.
 func svcRevBump(m *ebpf.Map, id uint32) error {
-	if id >= m.MaxEntries() {
-		return nil
+	if m.MaxEntries() != svcRevSlots {
+		return fmt.Errorf("map %s holds %d revisions, want %d", contivbpfMapCbSvcRevs, m.MaxEntries(), svcRevSlots)
 	}
+	slot := id % svcRevSlots
 	var r contivbpfCbSvcRev
-	if err := m.Lookup(id, &r); err != nil {
+	if err := m.Lookup(slot, &r); err != nil {
 		return fmt.Errorf("read the revision of service id %d: %w", id, err)
 	}
 	r.Rev++
 	if r.Rev == 0 {
 		r.Rev = 1 // 0 is "never checked"
 	}
-	if err := m.Put(id, &r); err != nil {
+	if err := m.Put(slot, &r); err != nil {
 		return fmt.Errorf("write the revision of service id %d: %w", id, err)
 	}
 	return nil
