@@ -662,6 +662,88 @@ func (h *oneHost) serviceBetween(t *testing.T, ports ...dataplane.ServicePort) (
 	return a, b, vip
 }
 
+// flowLeft runs collector passes until the flow's entry is gone, at most a few, and says
+// whether it is left: a flush kicks the driver's own collector too, whose pass may take it
+// while ours finds none.
+func (h *oneHost) flowLeft(t *testing.T, flow contivbpfCbCtKey) bool {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		if _, err := h.d.CTGC(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var e contivbpfCbCtEntry
+		if h.d.objs.CbCt.Lookup(&flow, &e) != nil {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// putFlow writes an established, allowed conntrack entry for flow, live for an hour.
+func (h *oneHost) putFlow(t *testing.T, flow contivbpfCbCtKey) {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := contivbpfCbCtEntry{Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), Expires: now + uint64(time.Hour)}
+	if err := h.d.objs.CbCt.Put(&flow, &v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A local address never changes hands while its record lives: a container dies (its veth
+// goes with its namespace), and one started again with its address is refused until the
+// old record is deleted, which removes the address's endpoint entry and flushes its
+// conntrack entries (so the new container starts with no flow of the old one's).
+func TestLocalAddressInUse(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.Sync(ctx, dataplane.State{Networks: []dataplane.Network{h.net}}); err != nil {
+		t.Fatal(err)
+	}
+	old, repl := h.endpoint(t, "old", "10.50.0.9", true), h.endpoint(t, "new", "10.50.0.9", true)
+	if err := h.d.UpsertEndpoint(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	key := h.d.endpoints[indexKey(old.ID)].key
+	nr, ok := h.d.networkByKey(key.Net)
+	if !ok {
+		t.Fatal("no network record for the endpoint's key")
+	}
+	flow := contivbpfCbCtKey{Zone: nr.vrf, Saddr: ip4(netip.MustParseAddr("10.50.0.2")), Daddr: key.Ip, Sport: nport(40000), Dport: nport(80), Proto: 6}
+	h.putFlow(t, flow)
+	nl := netlinkIn(t, h.cfg.NetNS)
+	defer nl.Close()
+	l, err := nl.LinkByName(old.HostIfName)
+	if err == nil {
+		err = nl.LinkDel(l)
+	}
+	if err != nil {
+		t.Fatalf("the old container's veth: %v", err)
+	}
+	if err := h.d.UpsertEndpoint(ctx, repl); err == nil || !strings.Contains(err.Error(), "already used by local endpoint "+old.ID) {
+		t.Fatalf("the new container with the dead one's address: %v, want refused (in use by %s)", err, old.ID)
+	}
+	if h.d.objs.CbEndpoints.Lookup(&key, new(contivbpfCbEndpoint)) != nil {
+		t.Fatal("the refused upsert removed the old record's endpoint entry")
+	}
+	if err := h.d.DeleteEndpoint(ctx, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	if h.flowLeft(t, flow) {
+		t.Fatal("the address's conntrack entries outlived its record")
+	}
+	if err := h.d.UpsertEndpoint(ctx, repl); err != nil {
+		t.Fatalf("the new container once the old record is gone: %v", err)
+	}
+	var e contivbpfCbEndpoint
+	if err := h.d.objs.CbEndpoints.Lookup(&key, &e); err != nil || int(e.Ifindex) != h.d.endpoints[indexKey(repl.ID)].ifindex {
+		t.Fatalf("the address's entry %+v (%v), want the new container's veth", e, err)
+	}
+}
+
 // An address changes hands: a remote endpoint moves to another host and its new record
 // (another id, the same address) arrives before the old one's deletion. Deleting the old
 // record keeps the new one's endpoint entry and the address's conntrack entries (its
@@ -686,14 +768,7 @@ func TestAddressHandover(t *testing.T) {
 		t.Fatal("no network record for the remote endpoint's key")
 	}
 	flow := contivbpfCbCtKey{Zone: nr.vrf, Saddr: ip4(netip.MustParseAddr("10.50.0.2")), Daddr: ip4(x), Sport: nport(40000), Dport: nport(80), Proto: 6}
-	now, err := monotonicNow()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := contivbpfCbCtEntry{Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), Expires: now + uint64(time.Hour)}
-	if err := h.d.objs.CbCt.Put(&flow, &v); err != nil {
-		t.Fatal(err)
-	}
+	h.putFlow(t, flow)
 	vtepOf := func() (netip.Addr, bool) {
 		t.Helper()
 		var e contivbpfCbEndpoint
@@ -702,22 +777,7 @@ func TestAddressHandover(t *testing.T) {
 		}
 		return addrFrom(e.Vtep), true
 	}
-	// flowLeft runs collector passes until the flow's entry is gone, at most a few: a flush
-	// kicks the driver's own collector too, whose pass may take it while ours finds none.
-	flowLeft := func() bool {
-		t.Helper()
-		for i := 0; i < 20; i++ {
-			if _, err := h.d.CTGC(ctx); err != nil {
-				t.Fatal(err)
-			}
-			var e contivbpfCbCtEntry
-			if h.d.objs.CbCt.Lookup(&flow, &e) != nil {
-				return false
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return true
-	}
+	flowLeft := func() bool { return h.flowLeft(t, flow) }
 
 	if err := h.d.UpsertRemoteEndpoint(ctx, r2); err != nil {
 		t.Fatal(err)
