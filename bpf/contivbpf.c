@@ -663,8 +663,9 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 }
 
 /* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing),
- * for cb_ipv4_direct, which checked the frame and its IPv4 header (cb_ipv4_simple) against
- * ifc, the interface entry where it lies in cb_iface_direct: a TCP or UDP packet, neither
+ * for cb_ipv4_direct (ifc: the interface entry where it lies in cb_iface_direct) and
+ * cb_ipv4_plain (ifc: the copy of an entry in the cb_ifaces hash), which checked the frame
+ * and its IPv4 header against ifc (cb_ipv4_simple): a TCP or UDP packet, neither
  * opening nor closing, to an endpoint of its network, that cb_fast_pass lets
  * through (established flows, flows between groups without rules, no service flow), goes
  * to that endpoint (cb_send_to) exactly as cb_ipv4_from_container would take it (same
@@ -691,7 +692,7 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	data_end = (void *)(long)skb->data_end;
 	ip = data + ETH_HLEN;
 	l4 = (void *)(ip + 1);
-	/* cb_ipv4_direct found the header simple (cb_ipv4_simple) and from ifc's address. */
+	/* The caller found the header simple (cb_ipv4_simple) and from ifc's address. */
 	if ((void *)l4 > data_end)
 		return CB_SLOW;
 	/* The L4 header cb_parse_l4 would read, whole in the linear part. */
@@ -756,15 +757,15 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
-/* cb_ipv4_plain forwards without a call while no stage with state is on (policy, LB,
- * routing, NetworkPolicy: the feature bits cb_ipv4_from_container consults before its
- * destination lookup), for what cb_ipv4_direct does not take (an interface entry in the
- * cb_ifaces hash): an unfragmented IPv4 packet without options, from the interface's own
- * address, goes to its endpoint (cb_send_to) or, when its network has none, to cb_outside
- * (CB_OUTSIDE), exactly as cb_ipv4_from_container would take it (same checks, rewrites and
- * counters). Anything else (a stage with state on included: cb_ipv4_fast is
- * cb_ipv4_direct's) returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
- * judges it, drop reasons included. */
+/* cb_ipv4_plain is cb_ipv4_direct for what that does not take, an interface entry in the
+ * cb_ifaces hash (ifindexes past CB_IFACE_DIRECT: a host that made that many veths), on
+ * the copy (not in routing mode): an unfragmented IPv4 packet without options, from the
+ * interface's own address, goes with a stage with state on to cb_ipv4_fast; otherwise to
+ * its endpoint (cb_send_to) or, when its network has none, to cb_outside (CB_OUTSIDE),
+ * exactly as cb_ipv4_from_container would take it (same checks, rewrites and counters).
+ * Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
+ * judges it, drop reasons included. (cb_ipv4_fast is verified once per caller, for the
+ * two kinds of entry pointer.) */
 CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data = (void *)(long)skb->data;
@@ -775,10 +776,12 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 	struct cb_endpoint *ep;
 	__u32 features = cb_features;
 
-	if (features & CB_FEAT_STATEFUL)
+	if (features & CB_FEAT_ROUTING)
 		return CB_SLOW;
 	if (!cb_ipv4_simple(skb, ip, data_end, ifc->ip))
 		return CB_SLOW;
+	if (features & CB_FEAT_STATEFUL)
+		return cb_ipv4_fast(skb, ifc);
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
@@ -830,10 +833,7 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
 		return CB_OUTSIDE;
-	if (!(ep->flags & CB_EP_LOCAL))
-		return cb_send_remote(skb, ifc->slot, ep, dkey.net, dkey.ip);
-	cb_ep_tx(skb, ifc->slot);
-	return cb_deliver_local(skb, ep);
+	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
 /* cb_from_own_ip says whether the IPv4 frame at data comes from ifc's address. */

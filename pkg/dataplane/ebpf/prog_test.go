@@ -604,6 +604,19 @@ func TestFromContainer(t *testing.T) {
 						for range 2 {
 							run(t, objs, prog, append([]byte(nil), p...), nil).expect(t, ret, reason)
 						}
+						if mode.features == 0 || reason != FwdLocal {
+							return
+						}
+						// The second packet was the fast path's: only it notes the destination's
+						// host veth in the flow's entry (cb_dst_note).
+						var dep contivbpfCbEndpoint
+						if err := objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: testNet, Ip: ip4(c.dst)}, &dep); err != nil {
+							t.Fatal(err)
+						}
+						e, ok := ctEntry(t, objs, testZone, 17, c.src, c.dst, sport, c.dport)
+						if !ok || uint32(e.Nodeport) != dep.Ifindex {
+							t.Fatalf("the flow's entry (found %v) notes ifindex %d, want %d: its second packet was not the fast path's", ok, e.Nodeport, dep.Ifindex)
+						}
 					})
 				}
 			}
