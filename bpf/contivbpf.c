@@ -1409,6 +1409,30 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	return cb_encap_vxlan(skb, net, ep);
 }
 
+/* cb_overlay_in says whether a frame on the egress device is a tunnel packet to this
+ * host: IPv4 without options, UDP to the overlay's port, at the VTEP or the NAT address,
+ * not a later fragment. It is the vxlan device's (cb_from_overlay judges it there): never
+ * an egress flow's reply (the agent refuses egress ports that hold the overlay's) and
+ * never a node port flow (the host's vxlan socket holds that port). Headers that are not
+ * in the linear part take the full way; so does everything else. */
+CB_INLINE int cb_overlay_in(struct __sk_buff *skb, const struct cb_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct cb_l4_ports *udp = data + ETH_HLEN + sizeof(*ip);
+
+	if ((void *)(udp + 1) > data_end || !cfg->vxlan_port)
+		return 0;
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5 ||
+	    ip->protocol != CB_PROTO_UDP || (ip->frag_off & bpf_htons(0x1fff)))
+		return 0;
+	if (ip->daddr != cfg->vtep && ip->daddr != cfg->snat_ip)
+		return 0;
+	return udp->dport == cfg->vxlan_port;
+}
+
 /* cb_from_uplink takes the replies of egress flows and the packets to node ports off the
  * egress device (delivered to their endpoints); everything else is the host's and
  * continues. */
@@ -1422,6 +1446,10 @@ int cb_from_uplink(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */
 	if (skb->vlan_present)
+		return CB_TCX_NEXT;
+	/* The overlay's packets (most of what arrives here) skip the egress and node port
+	 * lookups. */
+	if (cb_overlay_in(skb, cfg))
 		return CB_TCX_NEXT;
 	r = cb_uplink_snat(skb);
 	if (r != CB_TCX_NEXT || !(cb_features & CB_FEAT_NODEPORT))

@@ -214,6 +214,9 @@ func configFrom(c *cli.Context) (config, error) {
 	if cfg.egressPorts, err = parsePortRange(c.String("egress-ports")); err != nil {
 		return cfg, fmt.Errorf("--egress-ports: %w", err)
 	}
+	if cfg.vxlanPort >= int(cfg.egressPorts[0]) && cfg.vxlanPort <= int(cfg.egressPorts[1]) {
+		return cfg, fmt.Errorf("--egress-ports %d-%d include --vxlan-port %d (the overlay's socket holds it)", cfg.egressPorts[0], cfg.egressPorts[1], cfg.vxlanPort)
+	}
 	if cfg.dnsListen, cfg.dnsUpstreams, err = dnsConfig(c.String("dns-listen"), c.String("dns-upstream"), cfg.vtep, cfg.dataplane); err != nil {
 		return cfg, err
 	}

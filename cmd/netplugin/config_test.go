@@ -65,6 +65,8 @@ func TestConfig(t *testing.T) {
 		{[]string{"--egress-ports", "70000-70001"}, "--egress-ports"},
 		{[]string{"--egress-ports", "62000-61000"}, "--egress-ports"},
 		{[]string{"--egress-ports", "61000"}, "--egress-ports"},
+		{[]string{"--egress-ports", "4000-5000"}, "--vxlan-port 4789"},
+		{[]string{"--egress-ports", "61000-65535", "--vxlan-port", "65535"}, "--vxlan-port 65535"},
 		{[]string{"--dns-listen", "10.0.0.1"}, "--dns-listen"},
 		{[]string{"--dns-rate", "0"}, "--dns-rate"},
 		{[]string{"--dns-listen", "[::1]:53"}, "--dns-listen"},

@@ -79,7 +79,7 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	var ratios []figure
 	names := map[string]string{
 		"noop": "prog.noop", "local": "prog.local", "ref-forward": "prog.ref_forward", "arp-reply": "prog.arp_reply", "tunnel-encap": "prog.tunnel_encap",
-		"tunnel-decap": "prog.tunnel_decap", "drop-unknown-dst": "prog.drop_unknown_dst", "vlan-push": "prog.vlan_push",
+		"tunnel-decap": "prog.tunnel_decap", "uplink-overlay": "prog.uplink_overlay", "uplink-host": "prog.uplink_host", "drop-unknown-dst": "prog.drop_unknown_dst", "vlan-push": "prog.vlan_push",
 		"vlan-pop": "prog.vlan_pop", "stage-unknown-iface": "prog.stage_unknown_iface", "stage-not-ipv4": "prog.stage_not_ipv4",
 		"ct-established": "prog.ct_established", "service": "prog.service", "policy-1024-rules": "prog.policy_1024_rules",
 		"policy-2-rules": "prog.policy_2_rules",
@@ -126,6 +126,9 @@ func reasonOf(c cbebpf.PathCost) string {
 	}
 	if c.Name == "ref-forward" {
 		return "TC_ACT_REDIRECT (reference)"
+	}
+	if strings.HasPrefix(c.Name, "uplink-") {
+		return "TCX_NEXT (checked, untouched)"
 	}
 	return c.Reason.String()
 }

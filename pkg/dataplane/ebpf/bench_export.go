@@ -129,7 +129,8 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	slotOf := func(ip netip.Addr) uint32 { return uint32(ip.As4()[3]) } // counter slot: last octet
 	var errs []error
 	put := func(m *ebpf.Map, k, v any) { errs = append(errs, m.Put(k, v)) }
-	cfg := contivbpfCbConfig{VxlanIfindex: vxIf, UplinkIfindex: uplinkIf, Vtep: ip4(a("192.168.0.1"))}
+	self := a("192.168.0.1") // this host's VTEP, also its egress NAT address
+	cfg := contivbpfCbConfig{VxlanIfindex: vxIf, UplinkIfindex: uplinkIf, Vtep: ip4(self), SnatIp: ip4(self), VxlanPort: nport(benchVXLANPort)}
 	copy(cfg.GwMac[:], dataplane.RouterMAC)
 	put(objs.CbCfg, uint32(0), &cfg)
 	put(objs.CbNetworks, uint32(vxNet), &contivbpfCbNetwork{Subnet: ip4(a("10.1.0.0")), Mask: ip4(a("255.255.255.0")),
@@ -240,6 +241,11 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		{name: "arp-reply", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchARPRequest(src, local), reason: ARPReply, single: true},
 		{name: "tunnel-encap", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, remote), reason: FwdTunnel},
 		{name: "tunnel-decap", prog: objs.CbTestOverlay, pname: "cb_test_overlay", pkt: benchIPFrame(remote, local), ctx: overlayCtx, reason: FwdLocal},
+		// What the egress device's program costs a packet that is not its own: a tunnel
+		// packet (cb_overlay_in lets it through first) and the host's own UDP (the egress
+		// reply lookup misses).
+		{name: "uplink-overlay", prog: objs.CbFromUplink, pname: "cb_from_uplink", pkt: benchUDPFrame(vtep, self, 40000, benchVXLANPort), check: benchTCXNext},
+		{name: "uplink-host", prog: objs.CbFromUplink, pname: "cb_from_uplink", pkt: benchUDPFrame(vtep, self, 40000, 53), check: benchTCXNext},
 		{name: "drop-unknown-dst", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, a("10.1.0.99")), reason: DropUnknownDst},
 		{name: "vlan-push", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(vsrc, vrem), reason: FwdUplink, single: true, vlan: true},
 		{name: "vlan-pop", prog: objs.CbFromWire, pname: "cb_from_wire", pkt: benchVLANTag(benchIPFrame(vrem, vloc), 10), reason: FwdLocal, single: true, vlan: true},
@@ -525,6 +531,18 @@ func benchSingle(prog *ebpf.Program, pkt []byte, refProg *ebpf.Program, refPkt [
 // benchTCActRedirect is TC_ACT_REDIRECT, what bpf_redirect_peer returns.
 const benchTCActRedirect = 7
 
+// benchVXLANPort is the overlay's UDP port in the bench's configuration.
+const benchVXLANPort = 4789
+
+// benchTCXNext checks a run handed its packet on untouched (CB_TCX_NEXT); the probe's
+// zeroed destination MAC must stay zero.
+func benchTCXNext(ret uint32, out []byte) error {
+	if ret != 0xffffffff || !bytes.Equal(out[:6], make([]byte, 6)) {
+		return fmt.Errorf("returned %#x with destination MAC %v, want TCX_NEXT and the packet untouched", ret, net.HardwareAddr(out[:6]))
+	}
+	return nil
+}
+
 func benchMedian(v []float64) float64 {
 	sort.Float64s(v)
 	return v[len(v)/2]
@@ -568,6 +586,16 @@ func benchIPFrame(src, dst netip.Addr) []byte {
 	copy(h[16:], d[:])
 	p := append(benchEth(dataplane.ContivMAC(dst), dataplane.ContivMAC(src), 0x0800), h...)
 	return append(p, make([]byte, 40)...)
+}
+
+// benchUDPFrame is benchIPFrame carrying UDP from sport to dport.
+func benchUDPFrame(src, dst netip.Addr, sport, dport uint16) []byte {
+	p := benchIPFrame(src, dst)
+	p[14+9] = 17
+	binary.BigEndian.PutUint16(p[34:], sport)
+	binary.BigEndian.PutUint16(p[36:], dport)
+	binary.BigEndian.PutUint16(p[38:], 40)
+	return p
 }
 
 func benchARPRequest(sip, tip netip.Addr) []byte {

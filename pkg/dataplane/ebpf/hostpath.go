@@ -66,6 +66,10 @@ func (d *Driver) resolveEgress() (egress, error) {
 	if e.portMin == 0 || e.portMax < e.portMin {
 		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d: want 1 <= min <= max", e.portMin, e.portMax)
 	}
+	if vx := c.VXLANPort; vx >= int(e.portMin) && vx <= int(e.portMax) {
+		// cb_overlay_in hands every UDP packet to this port to the vxlan device.
+		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d include the vxlan port %d", e.portMin, e.portMax, vx)
+	}
 	if !e.ip.IsValid() {
 		return egress{}, nil
 	}

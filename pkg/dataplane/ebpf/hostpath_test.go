@@ -339,3 +339,26 @@ func TestHostPathAndEgress(t *testing.T) {
 		}
 	})
 }
+
+// TestEgressPortsAvoidOverlay: an egress port range holding the overlay's UDP port is
+// refused (cb_overlay_in hands every UDP packet to that port to the vxlan device, so an
+// egress flow on it would never see its replies).
+func TestEgressPortsAvoidOverlay(t *testing.T) {
+	for _, tc := range []struct {
+		min, max uint16
+		vxlan    int
+		bad      bool
+	}{
+		{4000, 5000, 4789, true},
+		{4789, 4789, 4789, true},
+		{61000, 65535, 65535, true},
+		{61000, 65535, 4789, false},
+		{4790, 5000, 4789, false},
+	} {
+		d := &Driver{cfg: dataplane.HostConfig{EgressPortMin: tc.min, EgressPortMax: tc.max, VXLANPort: tc.vxlan}}
+		_, err := d.resolveEgress()
+		if tc.bad != (err != nil && strings.Contains(err.Error(), "vxlan port")) {
+			t.Errorf("ports %d-%d, vxlan %d: err %v", tc.min, tc.max, tc.vxlan, err)
+		}
+	}
+}

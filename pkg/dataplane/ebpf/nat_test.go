@@ -724,3 +724,68 @@ func TestNodePortSpoofedInternalSource(t *testing.T) {
 		t.Error("a reply to an internal address left by the node port path")
 	}
 }
+
+// TestOverlayInSkipsEgress: a tunnel packet on the egress device (UDP to the overlay's
+// port at the VTEP or the NAT address) goes to the host, and so to the vxlan device,
+// before any egress or node port lookup (cb_overlay_in). The agent refuses egress ports
+// holding the overlay's port; here that refused configuration is forced, so that an
+// egress flow's reply on the overlay's port shows which way the packet took.
+func TestOverlayInSkipsEgress(t *testing.T) {
+	objs := natFixture(t, 64)
+	up := objs.CbFromUplink
+	p := egressOut(t, objs, 17, 5353, 53, 0)
+	reply := func() []byte { return l4Frame(17, worldIP, hostIP, 53, p, 0, 0) }
+	setPort := func(port uint16, vtep netip.Addr) {
+		t.Helper()
+		var cfg contivbpfCbConfig
+		if err := objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg.VxlanPort = nport(port)
+		cfg.Vtep = ip4(vtep)
+		if err := objs.CbCfg.Put(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	passes := func(t *testing.T, f []byte) {
+		t.Helper()
+		if r := run(t, objs, up, f, nil); r.ret != tcxNext || len(r.diff) != 0 {
+			t.Errorf("verdict %#x reasons %v, want tcx next, untouched", r.ret, r.diff)
+		}
+	}
+	vtep := netip.MustParseAddr("192.168.0.2")
+	if err := objs.CbHostIps.Put(ip4(vtep), &contivbpfCbHostIp{}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("reply-on-another-port-is-translated", func(t *testing.T) {
+		setPort(4789, hostIP)
+		run(t, objs, up, reply(), nil).expect(t, tcActRedirect, FwdEgressReply)
+	})
+	t.Run("to-the-nat-address-skips-egress", func(t *testing.T) {
+		setPort(p, hostIP)
+		passes(t, reply())
+	})
+	t.Run("to-the-vtep-skips-egress", func(t *testing.T) {
+		setPort(p, vtep)
+		passes(t, l4Frame(17, worldIP, vtep, 53, p, 0, 0))
+		// The NAT address still counts while the VTEP is another address.
+		passes(t, reply())
+	})
+	t.Run("full-way-when-not-plain", func(t *testing.T) {
+		setPort(p, hostIP)
+		// With IP options the overlay's check does not take it: the full way translates
+		// (in the refused configuration forced here).
+		run(t, objs, up, l4FrameOpts(17, worldIP, hostIP, 53, p, 0, ipOpts{ihl: 6, options: []byte{1, 1, 1, 0}}), nil).expect(t, tcActRedirect, FwdEgressReply)
+		// A later fragment has no port: the full way leaves it to the host.
+		passes(t, l4Frame(17, worldIP, hostIP, 53, p, 0, 8))
+	})
+	t.Run("to-an-endpoint-still-dropped", func(t *testing.T) {
+		setPort(4789, hostIP)
+		if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+			t.Fatal(err)
+		}
+		defer objs.CbHostRoutes.Delete(ip4(srcIP))
+		run(t, objs, up, l4Frame(17, worldIP, srcIP, 5000, 4789, 0, 0), nil).expect(t, tcActShot, DropUplinkToEndpoint)
+	})
+}
