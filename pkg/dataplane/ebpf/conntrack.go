@@ -156,70 +156,139 @@ func (g *ctGC) pass() (int, error) {
 }
 
 func (g *ctGC) sweep(flushes []ctFlush) (deleted, seen int, err error) {
+	plan, err := g.scan(flushes)
+	if err != nil {
+		return 0, plan.seen, err
+	}
+	deleted, err = g.apply(plan)
+	return deleted, plan.seen, err
+}
+
+// ctPlan is what a sweep's read of the table found: the entries to delete and the live
+// entries per owner slot.
+type ctPlan struct {
+	now     uint64
+	seen    int
+	flushed []contivbpfCbCtKey // entries of flushed addresses: deleted whatever their state
+	expired []contivbpfCbCtKey // expired when read: deleted only if still expired
+	dnat    bool               // a service flow's entry among them
+	owned   []uint32           // live entries by owner slot (nil: not recounted)
+}
+
+// scan reads the whole table once.
+func (g *ctGC) scan(flushes []ctFlush) (ctPlan, error) {
 	now, err := monotonicNow()
 	if err != nil {
-		return 0, 0, err
+		return ctPlan{}, err
 	}
+	p := ctPlan{now: now}
 	match := map[ctFlush]bool{}
 	for _, f := range flushes {
 		match[f] = true
 	}
-	var dead []contivbpfCbCtKey
-	dnat := false      // a service flow's entry among them
-	var owned []uint32 // live entries by owner slot
 	if g.owned != nil {
-		owned = make([]uint32, g.owned.MaxEntries())
+		p.owned = make([]uint32, g.owned.MaxEntries())
 	}
 	err = ctEach(g.m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
-		seen++
-		if v.Expires < now || match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
-			(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]) {
-			dead = append(dead, k)
-			dnat = dnat || v.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0
-		} else if int(v.Owner) < len(owned) {
-			owned[v.Owner]++
+		p.seen++
+		switch {
+		case match[ctFlush{k.Zone, k.Saddr}] || match[ctFlush{k.Zone, k.Daddr}] ||
+			(v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 && match[ctFlush{k.Zone, v.NatIp}]):
+			p.flushed = append(p.flushed, k)
+		case v.Expires < now:
+			p.expired = append(p.expired, k)
+		default:
+			p.count(v)
+			return
 		}
+		p.dnat = p.dnat || v.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0
 	})
-	if err != nil {
-		return 0, seen, err
+	return p, err
+}
+
+// count adds a live entry to its owner's count.
+func (p *ctPlan) count(v contivbpfCbCtEntry) {
+	if int(v.Owner) < len(p.owned) {
+		p.owned[v.Owner]++
 	}
+}
+
+// apply deletes what scan found. An entry that was expired when read is read again right
+// before its deletion: the datapath overwrites an expired entry when its flow opens again
+// (a SYN on the same tuple, the next datagram), and the pass read it up to a whole scan
+// earlier. Deleting that fresh entry would cost the new flow its state (its reply, or the
+// rest of a TCP handshake, arriving to no entry). The window left is the one between that
+// read and the delete (the kernel has no delete-if-unchanged for hash maps).
+func (g *ctGC) apply(p ctPlan) (deleted int, err error) {
 	var errs []error
-	if owned != nil {
-		if err := g.writeOwned(owned); err != nil {
-			errs = append(errs, err)
+	del := func(keys []contivbpfCbCtKey) {
+		for len(keys) > 0 {
+			chunk := keys[:min(len(keys), ctBatch)]
+			keys = keys[len(chunk):]
+			deleted += g.deleteChunk(chunk, &errs)
 		}
 	}
-	for len(dead) > 0 {
-		chunk := dead[:min(len(dead), ctBatch)]
-		dead = dead[len(chunk):]
-		n, err := g.m.BatchDelete(chunk, nil)
-		deleted += n
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			// An entry went meanwhile (the datapath replaced it, or a flush raced):
-			// delete the rest of the chunk one by one.
-			for i := n + 1; i < len(chunk); i++ {
-				if err := g.m.Delete(&chunk[i]); err == nil {
-					deleted++
-				} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-					errs = append(errs, err)
-				}
+	del(p.flushed)
+	for len(p.expired) > 0 {
+		chunk := p.expired[:min(len(p.expired), ctBatch)]
+		p.expired = p.expired[len(chunk):]
+		still := chunk[:0]
+		for i := range chunk {
+			var v contivbpfCbCtEntry
+			switch err := g.m.Lookup(&chunk[i], &v); {
+			case errors.Is(err, ebpf.ErrKeyNotExist):
+			case err != nil:
+				errs = append(errs, fmt.Errorf("read %s: %w", contivbpfMapCbCt, err))
+			case v.Expires < p.now:
+				still = append(still, chunk[i])
+			default:
+				p.count(v) // opened again since the scan: live
 			}
 		}
+		deleted += g.deleteChunk(still, &errs)
 	}
-	// The entries it read may have been refreshed since (deleted live) or be those of a
-	// flushed address: no memo of a service flow's entry taken before stays current.
-	if dnat && deleted > 0 && g.gens != nil {
+	if p.owned != nil {
+		if err := g.writeOwned(p.owned); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Entries deleted may be those of a flushed address, or refreshed in the window above:
+	// no memo of a service flow's entry taken before stays current.
+	if p.dnat && deleted > 0 && g.gens != nil {
 		if err := memoGenJump(g.gens); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
-		return deleted, seen, fmt.Errorf("delete conntrack entries: %w", errors.Join(errs...))
+		return deleted, fmt.Errorf("delete conntrack entries: %w", errors.Join(errs...))
 	}
-	return deleted, seen, nil
+	return deleted, nil
+}
+
+// deleteChunk deletes keys (at most ctBatch) and returns how many went; errors other than
+// an entry already gone are appended to errs.
+func (g *ctGC) deleteChunk(keys []contivbpfCbCtKey, errs *[]error) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	n, err := g.m.BatchDelete(keys, nil)
+	if err == nil {
+		return n
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		*errs = append(*errs, err)
+		return n
+	}
+	// An entry went meanwhile (the datapath replaced it, or a flush raced): delete the
+	// rest one by one.
+	for i := n + 1; i < len(keys); i++ {
+		if err := g.m.Delete(&keys[i]); err == nil {
+			n++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			*errs = append(*errs, err)
+		}
+	}
+	return n
 }
 
 // writeOwned replaces every slot's count in cb_ct_owned with the live entries a sweep saw.

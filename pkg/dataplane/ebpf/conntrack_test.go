@@ -624,3 +624,54 @@ func TestServiceTupleReuse(t *testing.T) {
 		})
 	}
 }
+
+// TestConntrackGCKeepsReopened: an entry the collector read as expired, whose flow opened
+// again before the delete (the datapath overwrote it), survives the pass; an entry of a
+// flushed address goes whatever its state. The race is set up between the pass's read
+// (scan) and its deletes (apply).
+func TestConntrackGCKeepsReopened(t *testing.T) {
+	objs := loadTestObjects(t)
+	g := newCTGC(objs.CbCt, time.Hour)
+	g.owned = objs.CbCtOwned
+	key := func(sport uint16, dst netip.Addr) contivbpfCbCtKey {
+		return contivbpfCbCtKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(dst), Sport: nport(sport), Dport: nport(53), Proto: 17}
+	}
+	reopened, gone, flushed := key(5000, localIP), key(5001, localIP), key(5002, remoteIP)
+	put := func(k contivbpfCbCtKey, expires uint64) {
+		t.Helper()
+		v := contivbpfCbCtEntry{Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: uint8(contivbpfCbCtStateCB_CTS_NEW), Expires: expires, Owner: 7}
+		if err := objs.CbCt.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []contivbpfCbCtKey{reopened, gone, flushed} {
+		put(k, 1)
+	}
+	plan, err := g.scan([]ctFlush{{testZone, ip4(remoteIP)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.expired) != 2 || len(plan.flushed) != 1 {
+		t.Fatalf("scan found %d expired and %d flushed, want 2 and 1", len(plan.expired), len(plan.flushed))
+	}
+	// Meanwhile the datapath opens two of the flows again.
+	fresh := plan.now + uint64(time.Hour)
+	put(reopened, fresh)
+	put(flushed, fresh)
+	n, err := g.apply(plan)
+	if err != nil || n != 2 {
+		t.Fatalf("apply deleted %d (%v), want 2", n, err)
+	}
+	var v contivbpfCbCtEntry
+	if err := objs.CbCt.Lookup(&reopened, &v); err != nil || v.Expires != fresh {
+		t.Errorf("the reopened flow's entry: %+v, %v; want it kept", v, err)
+	}
+	for _, k := range []contivbpfCbCtKey{gone, flushed} {
+		if err := objs.CbCt.Lookup(&k, &v); err == nil {
+			t.Errorf("entry %+v kept, want it deleted", k)
+		}
+	}
+	if c := ctOwned(t, objs, 7); c != 1 {
+		t.Errorf("owner 7 counts %d entries after the pass, want 1 (the reopened flow)", c)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -788,4 +789,56 @@ func TestOverlayInSkipsEgress(t *testing.T) {
 		defer objs.CbHostRoutes.Delete(ip4(srcIP))
 		run(t, objs, up, l4Frame(17, worldIP, srcIP, 5000, 4789, 0, 0), nil).expect(t, tcActShot, DropUplinkToEndpoint)
 	})
+}
+
+// TestEgressNATGCKeepsReopened: as TestConntrackGCKeepsReopened, for egress NAT flows.
+func TestEgressNATGCKeepsReopened(t *testing.T) {
+	objs := natFixture(t, 64)
+	g := natGC{flows: objs.CbSnat, replies: objs.CbSnatRev}
+	egressOut(t, objs, 17, 5353, 53, 0)
+	egressOut(t, objs, 17, 5354, 53, 0)
+	var keys []contivbpfCbSnatKey
+	var k contivbpfCbSnatKey
+	var v contivbpfCbSnatEntry
+	it := objs.CbSnat.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if len(keys) != 2 {
+		t.Fatalf("%d egress flows, want 2", len(keys))
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := now + uint64(120*time.Second) // both flows' 60 s have run out
+	dead, err := g.scanFlows(later, nil)
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("scan found %d dead flows (%v), want 2", len(dead), err)
+	}
+	// Meanwhile the first flow sends again.
+	if err := objs.CbSnat.Lookup(&keys[0], &v); err != nil {
+		t.Fatal(err)
+	}
+	v.Expires = later + uint64(60*time.Second)
+	if err := objs.CbSnat.Put(&keys[0], &v); err != nil {
+		t.Fatal(err)
+	}
+	if n, errs := g.deleteFlows(later, dead); n != 1 || len(errs) != 0 {
+		t.Fatalf("deleted %d (%v), want 1", n, errs)
+	}
+	if err := objs.CbSnat.Lookup(&keys[0], &v); err != nil {
+		t.Errorf("the flow that sent again lost its entry: %v", err)
+	}
+	if err := objs.CbSnat.Lookup(&keys[1], &v); err == nil {
+		t.Errorf("the expired flow kept its entry")
+	}
+	// A flush takes a flow whatever its state.
+	dead, err = g.scanFlows(now, map[ctFlush]bool{{testZone, ip4(srcIP)}: true})
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("flush scan found %d (%v), want 1", len(dead), err)
+	}
+	if n, errs := g.deleteFlows(now, dead); n != 1 || len(errs) != 0 {
+		t.Fatalf("flush deleted %d (%v), want 1", n, errs)
+	}
 }

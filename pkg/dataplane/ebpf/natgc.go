@@ -16,27 +16,20 @@ type natGC struct {
 	replies *ebpf.Map // cb_snat_rev
 }
 
+// natDead is a flow entry a sweep found to delete: expired when read, or of a flushed
+// address (deleted whatever its state).
+type natDead struct {
+	k       contivbpfCbSnatKey
+	flushed bool
+}
+
 func (n natGC) sweep(now uint64, flushes map[ctFlush]bool) (deleted, live int, err error) {
-	var errs []error
-	var k contivbpfCbSnatKey
+	dead, err := n.scanFlows(now, flushes)
+	if err != nil {
+		return 0, 0, err
+	}
+	deleted, errs := n.deleteFlows(now, dead)
 	var v contivbpfCbSnatEntry
-	var dead []contivbpfCbSnatKey
-	it := n.flows.Iterate()
-	for it.Next(&k, &v) {
-		if v.Expires < now || flushes[ctFlush{k.Zone, k.Saddr}] {
-			dead = append(dead, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return 0, 0, fmt.Errorf("read %s: %w", contivbpfMapCbSnat, err)
-	}
-	for i := range dead {
-		if err := n.flows.Delete(&dead[i]); err == nil {
-			deleted++
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-	}
 	var rk contivbpfCbSnatRkey
 	var rv contivbpfCbSnatRval
 	var stale []contivbpfCbSnatRkey
@@ -64,4 +57,41 @@ func (n natGC) sweep(now uint64, flushes map[ctFlush]bool) (deleted, live int, e
 		return deleted, live, fmt.Errorf("delete egress NAT entries: %w", errors.Join(errs...))
 	}
 	return deleted, live, nil
+}
+
+// scanFlows reads the flow table once.
+func (n natGC) scanFlows(now uint64, flushes map[ctFlush]bool) ([]natDead, error) {
+	var k contivbpfCbSnatKey
+	var v contivbpfCbSnatEntry
+	var dead []natDead
+	it := n.flows.Iterate()
+	for it.Next(&k, &v) {
+		if flushed := flushes[ctFlush{k.Zone, k.Saddr}]; flushed || v.Expires < now {
+			dead = append(dead, natDead{k, flushed})
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", contivbpfMapCbSnat, err)
+	}
+	return dead, nil
+}
+
+// deleteFlows deletes what scanFlows found. An expired flow is read again first: the
+// datapath overwrites it when the flow opens again, maybe since the scan read it (as in
+// the conntrack collector, ctGC.apply).
+func (n natGC) deleteFlows(now uint64, dead []natDead) (deleted int, errs []error) {
+	var v contivbpfCbSnatEntry
+	for i := range dead {
+		if !dead[i].flushed {
+			if err := n.flows.Lookup(&dead[i].k, &v); err != nil || v.Expires >= now {
+				continue
+			}
+		}
+		if err := n.flows.Delete(&dead[i].k); err == nil {
+			deleted++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return deleted, errs
 }
