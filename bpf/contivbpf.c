@@ -1413,7 +1413,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
  * host: IPv4 without options, UDP to the overlay's port, at the VTEP or the NAT address,
  * not a later fragment. It is the vxlan device's (cb_from_overlay judges it there): never
  * an egress flow's reply (the agent refuses egress ports that hold the overlay's) and
- * never a node port flow (the host's vxlan socket holds that port). Headers that are not
+ * never a node port flow (it refuses an overlay port in the node port range). Headers not
  * in the linear part take the full way; so does everything else. */
 CB_INLINE int cb_overlay_in(struct __sk_buff *skb, const struct cb_config *cfg)
 {

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"log/slog"
 	"math"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
@@ -37,7 +38,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "vlan-if", Aliases: []string{"vlan-uplinks"}, EnvVars: env("VLAN_UPLINKS"), Usage: "uplink interface for VLAN networks (required with --netmode vlan)"},
 		&cli.StringFlag{Name: "snat-ip", EnvVars: env("SNAT_IP"), Usage: "ebpf: address endpoints' traffic to the outside is source-NATed to (default: vtep-ip; egress is off when no device holds it)"},
 		&cli.StringFlag{Name: "egress-if", EnvVars: env("EGRESS_IF"), Usage: "ebpf: device egress traffic leaves by and its replies arrive on (default: the device holding --snat-ip)"},
-		&cli.StringFlag{Name: "egress-ports", EnvVars: env("EGRESS_PORTS"), Value: "61000-65535", Usage: "ebpf: `MIN-MAX` source ports (and ICMP echo ids) of egress NAT; keep them outside net.ipv4.ip_local_port_range"},
+		&cli.StringFlag{Name: "egress-ports", EnvVars: env("EGRESS_PORTS"), Value: "61000-65535", Usage: "ebpf: `MIN-MAX` source ports (and ICMP echo ids) of egress NAT; keep them outside net.ipv4.ip_local_port_range (a range holding --vxlan-port is refused)"},
 		&cli.StringFlag{Name: "dns-listen", EnvVars: env("DNS_LISTEN"), Usage: "ebpf: `ADDR:PORT` of the DNS responder endpoints reach at their gateway's port 53 (default <vtep-ip>:53; \"off\" disables it)"},
 		&cli.StringFlag{Name: "dns-upstream", EnvVars: env("DNS_UPSTREAM"), Usage: "comma-separated `IP[:PORT]` servers the DNS responder forwards other names to (default: the nameservers of /etc/resolv.conf; \"none\": answer SERVFAIL)"},
 		&cli.Float64Flag{Name: "dns-rate", EnvVars: env("DNS_RATE"), Value: 200, Usage: "queries per second each endpoint may send the DNS responder (burst: twice that); more are dropped and counted"},
@@ -175,6 +176,10 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, errors.New("--etcd-endpoints is empty")
 	case cfg.vxlanPort <= 0 || cfg.vxlanPort > 65535:
 		return cfg, fmt.Errorf("--vxlan-port %d out of 1-65535", cfg.vxlanPort)
+	case cfg.vxlanPort >= model.NodePortMin && cfg.vxlanPort <= model.NodePortMax:
+		// The overlay's socket holds the port on every host: a node port on it would never
+		// be reached.
+		return cfg, fmt.Errorf("--vxlan-port %d is in the node port range %d-%d", cfg.vxlanPort, model.NodePortMin, model.NodePortMax)
 	case cfg.ctQuota < 0 || cfg.ctQuota > math.MaxUint32:
 		return cfg, fmt.Errorf("--ct-quota-per-endpoint %d out of range (0 = no quota)", cfg.ctQuota)
 	case cfg.dataplane != "ebpf" && cfg.dataplane != "ovs":
@@ -214,7 +219,7 @@ func configFrom(c *cli.Context) (config, error) {
 	if cfg.egressPorts, err = parsePortRange(c.String("egress-ports")); err != nil {
 		return cfg, fmt.Errorf("--egress-ports: %w", err)
 	}
-	if cfg.vxlanPort >= int(cfg.egressPorts[0]) && cfg.vxlanPort <= int(cfg.egressPorts[1]) {
+	if cfg.dataplane == "ebpf" && cfg.vxlanPort >= int(cfg.egressPorts[0]) && cfg.vxlanPort <= int(cfg.egressPorts[1]) {
 		return cfg, fmt.Errorf("--egress-ports %d-%d include --vxlan-port %d (the overlay's socket holds it)", cfg.egressPorts[0], cfg.egressPorts[1], cfg.vxlanPort)
 	}
 	if cfg.dnsListen, cfg.dnsUpstreams, err = dnsConfig(c.String("dns-listen"), c.String("dns-upstream"), cfg.vtep, cfg.dataplane); err != nil {

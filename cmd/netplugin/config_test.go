@@ -67,6 +67,8 @@ func TestConfig(t *testing.T) {
 		{[]string{"--egress-ports", "61000"}, "--egress-ports"},
 		{[]string{"--egress-ports", "4000-5000"}, "--vxlan-port 4789"},
 		{[]string{"--egress-ports", "61000-65535", "--vxlan-port", "65535"}, "--vxlan-port 65535"},
+		{[]string{"--vxlan-port", "31000"}, "node port range"},
+		{[]string{"--vxlan-port", "30000"}, "node port range"},
 		{[]string{"--dns-listen", "10.0.0.1"}, "--dns-listen"},
 		{[]string{"--dns-rate", "0"}, "--dns-rate"},
 		{[]string{"--dns-listen", "[::1]:53"}, "--dns-listen"},
@@ -79,6 +81,10 @@ func TestConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want mention of %s", tc.args, err, tc.want)
 		}
+	}
+	// The OVS dataplane has no egress ports: the range is not held against the VXLAN port.
+	if _, err := parse(t, "--host", "h", "--vtep-ip", "10.0.0.1", "--dataplane", "ovs", "--egress-ports", "4000-5000"); err != nil {
+		t.Errorf("ovs with egress ports around the vxlan port: %v", err)
 	}
 }
 

@@ -165,8 +165,8 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 		if err != nil {
 			return badReq("nodePorts: %v", err)
 		}
-		if port < NodePortMin || port > NodePortMax {
-			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (outside %d-%d)", np, NodePortMin, NodePortMax))
+		if port < model.NodePortMin || port > model.NodePortMax {
+			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (outside %d-%d)", np, model.NodePortMin, model.NodePortMax))
 			continue
 		}
 		var owner string

@@ -50,8 +50,8 @@ func validateServiceLB(s *model.ServiceLB) error {
 		if err != nil {
 			return badReq("nodePorts: %v", err)
 		}
-		if port < NodePortMin || port > NodePortMax {
-			return badReq("nodePorts: %q: node port %d outside %d-%d", np, port, NodePortMin, NodePortMax)
+		if port < model.NodePortMin || port > model.NodePortMax {
+			return badReq("nodePorts: %q: node port %d outside %d-%d", np, port, model.NodePortMin, model.NodePortMax)
 		}
 		found := false
 		for _, p := range s.Ports {
@@ -100,13 +100,6 @@ func validatePorts(ports []string) error {
 	}
 	return nil
 }
-
-// Node ports (nodePorts of a serviceLB, this project's extension) come from Kubernetes'
-// default range.
-const (
-	NodePortMin = 30000
-	NodePortMax = 32767
-)
 
 // parseNodePort reads "nodePort:svcPort:protocol" (protocol returned lower case).
 func parseNodePort(np string) (port, svcPort int, proto string, err error) {

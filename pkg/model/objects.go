@@ -207,6 +207,13 @@ type ServiceLB struct {
 	Links     ServiceLBLinks `json:"links,omitempty"`
 }
 
+// Node ports (ServiceLB.NodePorts) come from Kubernetes' default range. The hosts'
+// VXLAN port may not lie in it (netplugin refuses it): the overlay's socket holds it.
+const (
+	NodePortMin = 30000
+	NodePortMax = 32767
+)
+
 // ServiceLBLinks holds the service's network and owner.
 type ServiceLBLinks struct {
 	Network Link `json:"Network,omitempty"`

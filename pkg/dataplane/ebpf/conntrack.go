@@ -221,14 +221,19 @@ func (p *ctPlan) count(v contivbpfCbCtEntry) {
 // read and the delete (the kernel has no delete-if-unchanged for hash maps).
 func (g *ctGC) apply(p ctPlan) (deleted int, err error) {
 	var errs []error
-	del := func(keys []contivbpfCbCtKey) {
-		for len(keys) > 0 {
-			chunk := keys[:min(len(keys), ctBatch)]
-			keys = keys[len(chunk):]
-			deleted += g.deleteChunk(chunk, &errs)
+	// The counts first, as the scan saw them: the datapath's increments since are lost
+	// until the next pass either way, and this keeps that window the scan's alone.
+	if p.owned != nil {
+		if err := g.writeOwned(p.owned); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	del(p.flushed)
+	for len(p.flushed) > 0 {
+		chunk := p.flushed[:min(len(p.flushed), ctBatch)]
+		p.flushed = p.flushed[len(chunk):]
+		deleted += g.deleteChunk(chunk, &errs)
+	}
+recheck:
 	for len(p.expired) > 0 {
 		chunk := p.expired[:min(len(p.expired), ctBatch)]
 		p.expired = p.expired[len(chunk):]
@@ -238,19 +243,16 @@ func (g *ctGC) apply(p ctPlan) (deleted int, err error) {
 			switch err := g.m.Lookup(&chunk[i], &v); {
 			case errors.Is(err, ebpf.ErrKeyNotExist):
 			case err != nil:
+				// The map cannot be read: delete nothing more this pass.
 				errs = append(errs, fmt.Errorf("read %s: %w", contivbpfMapCbCt, err))
+				break recheck
 			case v.Expires < p.now:
 				still = append(still, chunk[i])
-			default:
-				p.count(v) // opened again since the scan: live
+				p.dnat = p.dnat || v.Flags&uint8(contivbpfCbCtFlagsCB_CT_DNAT) != 0
 			}
+			// Otherwise opened again since the scan: live, kept.
 		}
 		deleted += g.deleteChunk(still, &errs)
-	}
-	if p.owned != nil {
-		if err := g.writeOwned(p.owned); err != nil {
-			errs = append(errs, err)
-		}
 	}
 	// Entries deleted may be those of a flushed address, or refreshed in the window above:
 	// no memo of a service flow's entry taken before stays current.

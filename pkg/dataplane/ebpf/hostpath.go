@@ -66,10 +66,6 @@ func (d *Driver) resolveEgress() (egress, error) {
 	if e.portMin == 0 || e.portMax < e.portMin {
 		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d: want 1 <= min <= max", e.portMin, e.portMax)
 	}
-	if vx := c.VXLANPort; vx >= int(e.portMin) && vx <= int(e.portMax) {
-		// cb_overlay_in hands every UDP packet to this port to the vxlan device.
-		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d include the vxlan port %d", e.portMin, e.portMax, vx)
-	}
 	if !e.ip.IsValid() {
 		return egress{}, nil
 	}
@@ -104,6 +100,10 @@ func (d *Driver) resolveEgress() (egress, error) {
 		return egress{}, fmt.Errorf("ebpf: egress device %d: %w", e.ifindex, err)
 	}
 	e.ifname = l.Attrs().Name
+	if vx := c.VXLANPort; vx >= int(e.portMin) && vx <= int(e.portMax) {
+		// cb_overlay_in hands every UDP packet to this port to the vxlan device.
+		return egress{}, fmt.Errorf("ebpf: egress ports %d-%d include the vxlan port %d", e.portMin, e.portMax, vx)
+	}
 	d.warnPortOverlap(e)
 	return e, nil
 }

@@ -340,25 +340,31 @@ func TestHostPathAndEgress(t *testing.T) {
 	})
 }
 
-// TestEgressPortsAvoidOverlay: an egress port range holding the overlay's UDP port is
-// refused (cb_overlay_in hands every UDP packet to that port to the vxlan device, so an
-// egress flow on it would never see its replies).
+// TestEgressPortsAvoidOverlay: with egress NAT on, an egress port range holding the
+// overlay's UDP port is refused (cb_overlay_in hands every UDP packet to that port to the
+// vxlan device, so an egress flow on it would never see its replies); with egress off
+// (no device holds the VTEP) the range does not matter.
 func TestEgressPortsAvoidOverlay(t *testing.T) {
+	w := newEgressWorld(t)
+	pinBase := filepath.Join("/sys/fs/bpf", w.prefix)
+	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
 	for _, tc := range []struct {
+		ns       string
 		min, max uint16
-		vxlan    int
 		bad      bool
 	}{
-		{4000, 5000, 4789, true},
-		{4789, 4789, 4789, true},
-		{61000, 65535, 65535, true},
-		{61000, 65535, 4789, false},
-		{4790, 5000, 4789, false},
+		{w.host, 4000, 5000, true},
+		{w.host, 4789, 4789, true},
+		{w.host, 4790, 5000, false},
+		{w.ext, 4000, 5000, false}, // egress off there: the VTEP is not its address
 	} {
-		d := &Driver{cfg: dataplane.HostConfig{EgressPortMin: tc.min, EgressPortMax: tc.max, VXLANPort: tc.vxlan}}
-		_, err := d.resolveEgress()
-		if tc.bad != (err != nil && strings.Contains(err.Error(), "vxlan port")) {
-			t.Errorf("ports %d-%d, vxlan %d: err %v", tc.min, tc.max, tc.vxlan, err)
+		d, err := New(context.Background(), dataplane.HostConfig{Host: "h", NetNS: tc.ns, VTEP: netip.MustParseAddr(ewHostIP),
+			PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024, EgressPortMin: tc.min, EgressPortMax: tc.max})
+		if err == nil {
+			_ = d.Teardown(context.Background())
+		}
+		if tc.bad != (err != nil && strings.Contains(err.Error(), "vxlan port 4789")) {
+			t.Errorf("ports %d-%d in %s: err %v", tc.min, tc.max, tc.ns, err)
 		}
 	}
 }

@@ -769,6 +769,7 @@ func TestOverlayInSkipsEgress(t *testing.T) {
 	})
 	t.Run("to-the-vtep-skips-egress", func(t *testing.T) {
 		setPort(p, vtep)
+		// (The full way hands this one on too: the VTEP is no NAT address and no endpoint's.)
 		passes(t, l4Frame(17, worldIP, vtep, 53, p, 0, 0))
 		// The NAT address still counts while the VTEP is another address.
 		passes(t, reply())
@@ -780,6 +781,13 @@ func TestOverlayInSkipsEgress(t *testing.T) {
 		run(t, objs, up, l4FrameOpts(17, worldIP, hostIP, 53, p, 0, ipOpts{ihl: 6, options: []byte{1, 1, 1, 0}}), nil).expect(t, tcActRedirect, FwdEgressReply)
 		// A later fragment has no port: the full way leaves it to the host.
 		passes(t, l4Frame(17, worldIP, hostIP, 53, p, 0, 8))
+	})
+	t.Run("only-udp-and-only-with-a-port", func(t *testing.T) {
+		q := egressOut(t, objs, 6, 40000, 443, tcpSYN)
+		setPort(q, hostIP)
+		run(t, objs, up, l4Frame(6, worldIP, hostIP, 443, q, 0x12, 0), nil).expect(t, tcActRedirect, FwdEgressReply)
+		setPort(0, hostIP) // no overlay port configured: nothing is the overlay's
+		run(t, objs, up, reply(), nil).expect(t, tcActRedirect, FwdEgressReply)
 	})
 	t.Run("to-an-endpoint-still-dropped", func(t *testing.T) {
 		setPort(4789, hostIP)

@@ -83,8 +83,13 @@ func (n natGC) deleteFlows(now uint64, dead []natDead) (deleted int, errs []erro
 	var v contivbpfCbSnatEntry
 	for i := range dead {
 		if !dead[i].flushed {
-			if err := n.flows.Lookup(&dead[i].k, &v); err != nil || v.Expires >= now {
-				continue
+			err := n.flows.Lookup(&dead[i].k, &v)
+			if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				// The map cannot be read: delete nothing more this pass.
+				return deleted, append(errs, fmt.Errorf("read %s: %w", contivbpfMapCbSnat, err))
+			}
+			if err != nil || v.Expires >= now {
+				continue // gone, or opened again since the scan
 			}
 		}
 		if err := n.flows.Delete(&dead[i].k); err == nil {
