@@ -757,6 +757,25 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
+/* cb_ipv4_on takes a packet the fast paths' way in accepted (from ifc, whose MAC and
+ * address it carries, with a header cb_ipv4_simple takes) on: with a stage with state on
+ * to cb_ipv4_fast, otherwise to its endpoint (cb_send_to); CB_OUTSIDE when its network
+ * has none at daddr. */
+CB_INLINE int cb_ipv4_on(struct __sk_buff *skb, const struct cb_iface *ifc, __be32 daddr)
+{
+	struct cb_ep_key dkey;
+	struct cb_endpoint *ep;
+
+	if (cb_features & CB_FEAT_STATEFUL)
+		return cb_ipv4_fast(skb, ifc);
+	dkey.net = ifc->net;
+	dkey.ip = daddr;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return CB_OUTSIDE;
+	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
+}
+
 /* cb_ipv4_plain is cb_ipv4_direct for what that does not take, an interface entry in the
  * cb_ifaces hash (ifindexes past CB_IFACE_DIRECT: a host that made that many veths), on
  * the copy (not in routing mode): an unfragmented IPv4 packet without options, from the
@@ -770,25 +789,14 @@ CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
-	struct cb_ep_key dkey;
-	struct cb_endpoint *ep;
-	__u32 features = cb_features;
 
-	if (features & CB_FEAT_ROUTING)
+	/* (The entry program checked the frame's MAC against the copy.) */
+	if (cb_features & CB_FEAT_ROUTING)
 		return CB_SLOW;
 	if (!cb_ipv4_simple(skb, ip, data_end, ifc->ip))
 		return CB_SLOW;
-	if (features & CB_FEAT_STATEFUL)
-		return cb_ipv4_fast(skb, ifc);
-	dkey.net = ifc->net;
-	dkey.ip = ip->daddr;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep)
-		return CB_OUTSIDE;
-	cb_mac_copy(eth->h_source, ifc->mac);
-	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
+	return cb_ipv4_on(skb, ifc, ip->daddr);
 }
 
 /* cb_ipv4_direct is the fast paths' way in, which the entry program tries first (not in
@@ -812,8 +820,6 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
 	const struct cb_iface *ifc;
-	struct cb_endpoint *ep;
-	struct cb_ep_key dkey;
 	__u32 ifindex = skb->ifindex;
 	__be32 own;
 
@@ -826,14 +832,7 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
 	if (!own || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
 		return CB_SLOW;
-	if (cb_features & CB_FEAT_STATEFUL)
-		return cb_ipv4_fast(skb, ifc);
-	dkey.net = ifc->net;
-	dkey.ip = ip->daddr;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep)
-		return CB_OUTSIDE;
-	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
+	return cb_ipv4_on(skb, ifc, ip->daddr);
 }
 
 /* cb_from_own_ip says whether the IPv4 frame at data comes from ifc's address. */
