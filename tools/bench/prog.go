@@ -117,6 +117,25 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	}
 	fmt.Fprintf(w, "conntrack GC: one pass over %d entries (%d expired, deleted) took %.1f ms\n", ctN, deleted, float64(d.Microseconds())/1000)
 	r.add("prog.ct_gc_200k_ms", round1(float64(d.Microseconds())/1000), "ms")
+	return verifierFigures(w, r)
+}
+
+// verifierFigures reports every program's verifier budget (the load's statistics): the
+// instructions it processed and its deepest call chain's stack, next to the limits.
+func verifierFigures(w io.Writer, r *report) error {
+	budgets, err := cbebpf.MeasureBudgets()
+	if err != nil {
+		return err
+	}
+	var rows [][]string
+	for _, b := range budgets {
+		rows = append(rows, []string{b.Program, fmt.Sprint(b.Insns), fmt.Sprintf("%.1f", 100*float64(b.Insns)/cbebpf.VerifierLimit),
+			fmt.Sprint(b.States), fmt.Sprint(b.Stack), strings.Join(b.Chain, " → ")})
+		r.add("prog.verified_insns."+b.Program, float64(b.Insns), "insns")
+		r.add("prog.stack_bytes."+b.Program, float64(b.Stack), "bytes")
+	}
+	table(w, fmt.Sprintf("verifier budget (limits: %d instructions, %d bytes of stack per call chain)", cbebpf.VerifierLimit, cbebpf.StackLimit),
+		[]string{"program", "insns", "% limit", "states", "stack", "deepest chain"}, rows)
 	return nil
 }
 
