@@ -153,7 +153,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 			 * (from the gateway's address, on the veth it asked on). Policy first: a
 			 * group that may not send anywhere does not get a DNS channel out either.
 			 * (NetworkPolicy treats it as the node's: the responder runs there.) */
-			t.node = 1;
+			t.kind = CB_FLOW_HOST;
 			r = cb_stateful(&f, &t);
 			if (!r)
 				r = cb_nat(skb, &p, &f, 1, cfg->dns_ip, f.dport);
@@ -194,7 +194,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		hr = bpf_map_lookup_elem(&cb_host_routes, &f.saddr);
 		if (!hr || hr->ifindex != skb->ifindex)
 			return cb_drop(skb, CB_DROP_HOST_NO_ROUTE);
-		t.node = 1;
+		t.kind = CB_FLOW_HOST;
 		r = cb_stateful(&f, &t);
 		if (r)
 			return cb_drop(skb, r);
@@ -268,6 +268,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	if (cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f))
 		return CB_OUTSIDE; /* cb_outside judges it */
 	t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+	t.kind = CB_FLOW_NODEPORT;
 	if (p.frag == CB_FRAG_LATER) {
 		/* A later fragment of a reply whose first fragment left as the node port's. */
 		cb_np_frag_key(&fk, t.zone, f.saddr, f.daddr, &p, f.proto);
@@ -1090,6 +1091,7 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	if (r)
 		return cb_drop(skb, r);
 	t.zone = d.zone;
+	t.kind = CB_FLOW_NODEPORT;
 	t.src_epg = src ? src->epg : 0;
 	t.svc_reply = 1;
 	r = cb_stateful(&f, &t);
@@ -1351,6 +1353,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	client = f.saddr;
 	t.zone = np->zone ^ CB_ZONE_NODEPORT;
+	t.kind = CB_FLOW_NODEPORT;
 	t.nodeport = f.dport;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;

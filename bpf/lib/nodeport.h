@@ -174,6 +174,7 @@ static __noinline int cb_nodeport_icmp_in(struct __sk_buff *skb, struct cb_pkt *
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return -1;
 	t->zone = k.zone;
+	t->kind = CB_FLOW_NODEPORT;
 	r = cb_icmp_quote_nat(skb, p, 1, c->ip, c->port);
 	if (!r)
 		r = cb_nat(skb, p, f, 1, c->ip, 0);

@@ -243,6 +243,18 @@ CB_INLINE __u32 cb_epg_flags_of(__u16 epg)
 	return s ? s->flags : 0;
 }
 
+/* What a flow is, named where its packet enters (design §6: never read off another
+ * field). Its conntrack state is keyed as before (a node port flow's in the node port twin
+ * of its tenant's zone, zone ^ CB_ZONE_NODEPORT); everything else about the flow (whose
+ * NetworkPolicy applies, whether a pod's own node is talking) comes from the kind. */
+enum cb_flow_kind {
+	CB_FLOW_ENDPOINT = 0, /* an endpoint's flow: to an endpoint, the outside or an egress reply */
+	CB_FLOW_HOST = 1,     /* a local endpoint's packet to this host's stack (fwd_host, fwd_dns) */
+	CB_FLOW_NODEPORT = 2, /* a node port flow: a client from the wire balanced here, or one a
+			       * peer host balanced to a local endpoint (the peer's address as
+			       * its source); t->zone is the tenant's node port twin */
+};
+
 /* cb_track describes the packet being checked to the stateful stage. */
 struct cb_track {
 	__u32 zone;       /* tenant routing domain */
@@ -260,13 +272,20 @@ struct cb_track {
 	__be16 ip_id;
 	__u32 client_net;
 	__be16 nodeport;  /* svc from outside through this host's node port (0: none) */
-	__u8 node;        /* a local endpoint's packet to this host's stack (fwd_host, fwd_dns) */
+	__u8 kind;        /* enum cb_flow_kind */
 	__u8 svc_icmp;    /* a client's ICMP error about a service's reply, already translated to
 			   * its backend (cb_lb_icmp_client, which found the flow): tracked */
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
+
+/* cb_netpol_zone is the zone t's pods are looked up in for NetworkPolicy: the tenant's,
+ * also for a node port flow (whose state lives in the tenant's node port twin). */
+CB_INLINE __u32 cb_netpol_zone(const struct cb_track *t)
+{
+	return t->kind == CB_FLOW_NODEPORT ? t->zone ^ CB_ZONE_NODEPORT : t->zone;
+}
 
 /* cb_judge_groups decides the flow of packet f by the endpoint groups' rules as a
  * connection opening (docs/conntrack.md "Verdicts": a TCP packet is judged as the SYN of
@@ -307,7 +326,7 @@ CB_INLINE int cb_judge(const struct cb_flow *f, const struct cb_track *t, int re
 {
 	if (!cb_judge_groups(f, t, reverse))
 		return CB_DROP_POLICY;
-	if (((t->src_flags | t->dst_flags) & CB_EPG_NETPOL) && !cb_netpol_judge(f, t->zone, reverse))
+	if (((t->src_flags | t->dst_flags) & CB_EPG_NETPOL) && !cb_netpol_judge(f, cb_netpol_zone(t), reverse))
 		return CB_DROP_NETPOL;
 	return 0;
 }
@@ -746,10 +765,10 @@ CB_INLINE void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
 	t->dst_flags = cb_epg_flags_of(t->dst_epg);
 	/* A client talking to itself through its service is not policy's business; nor, for
 	 * NetworkPolicy, is a pod talking with its own node (Kubernetes always allows it). */
-	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin && !t->node) {
-		if (cb_kpod_of(t->zone, f->saddr))
+	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin && t->kind != CB_FLOW_HOST) {
+		if (cb_kpod_of(cb_netpol_zone(t), f->saddr))
 			t->src_flags |= CB_EPG_NETPOL;
-		if (cb_kpod_of(t->zone, f->daddr))
+		if (cb_kpod_of(cb_netpol_zone(t), f->daddr))
 			t->dst_flags |= CB_EPG_NETPOL;
 	}
 }

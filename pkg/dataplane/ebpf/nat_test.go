@@ -629,6 +629,37 @@ func TestNodePortPeerSide(t *testing.T) {
 	r.expect(t, tcActShot, DropEgressNoFlow)
 }
 
+// TestNodePortNetpol (Datapath v3 issue, hole 2): a node port flow's state lives in the
+// tenant's node port zone, but its pods' NetworkPolicy is the tenant's: a backend isolated
+// for ingress takes a client from the wire only when one of its rules admits it.
+func TestNodePortNetpol(t *testing.T) {
+	objs := natFixture(t, 64)
+	vip := netip.MustParseAddr("10.1.0.100")
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_POLICY|
+		contivbpfCbFeaturesCB_FEAT_NODEPORT|contivbpfCbFeaturesCB_FEAT_NETPOL))
+	putTestService(t, objs, 1, vip, 80, 6, 8080, srcIP)
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
+		t.Fatal(err)
+	}
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	admit8080(t, objs, netip.MustParsePrefix("10.1.0.0/24"), false)
+	run(t, objs, up, l4Frame(6, worldIP, hostIP, 40000, 30080, 0x02, 0), nil).expect(t, tcActShot, DropNetpol)
+	// Admitted: the client's own prefix.
+	admit8080(t, objs, netip.PrefixFrom(worldIP, 32), false)
+	run(t, objs, up, l4Frame(6, worldIP, hostIP, 40001, 30080, 0x02, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+	// Isolated for egress without rules: its replies still belong to the flow it took.
+	admit8080(t, objs, netip.PrefixFrom(worldIP, 32), true)
+	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 8080, 40001, 0x12, 0), nil).expect(t, tcActRedirect, FwdNodePortReply)
+}
+
+// admit8080 isolates the fixture endpoint for ingress (and, with egress, for egress without
+// rules) with NetworkPolicy, admitting TCP 8080 from remote only.
+func admit8080(t *testing.T, objs *contivbpfObjects, remote netip.Prefix, egress bool) {
+	t.Helper()
+	putKPod(t, objs, testZone, srcIP, &dataplane.PodPolicy{IngressIsolated: true, EgressIsolated: egress,
+		Ingress: []dataplane.PodRule{{Remote: remote, Proto: 6, PortMin: 8080, PortMax: 8080}}})
+}
+
 // A group's out-rules apply to its endpoints' traffic to the host and to DNS at the gateway
 // as to any address of no group: "deny all out" closes both, an allow rule opens them.
 func TestPolicyToHostAndDNS(t *testing.T) {
