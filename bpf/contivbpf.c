@@ -178,6 +178,14 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		pk.proto = f.proto;
 		pf = bpf_map_lookup_elem(&cb_peer_flows, &pk);
 		if (pf && pf->expires >= cb_now()) {
+			/* Judged as the node port flow it is (cb_peer_host_rx): the reply of one
+			 * the endpoint's in-rules allowed passes, anything else meets its
+			 * out-rules. */
+			t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+			t.kind = CB_FLOW_NODEPORT;
+			r = cb_stateful(&f, &t);
+			if (r)
+				return cb_drop(skb, r);
 			pf->expires = cb_peer_flow_step(pf, &f, 1);
 			peer.vtep = pf->vtep;
 			net = bpf_map_lookup_elem(&cb_networks, &pf->net);
@@ -1008,9 +1016,12 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 }
 
 /* cb_peer_host_rx delivers a packet a peer host sent from its own address (VTEP vtep) in
- * network net_key: a node port flow it balanced to a local endpoint. The peer judged it
- * (it knows the client); it is remembered so the endpoint's replies go back to that peer
- * through the tunnel (nodeport.h). */
+ * network net_key: a node port flow it balanced to a local endpoint. Anyone on the peer
+ * can send such a packet (VXLAN is plain UDP), so it is judged here like a node port
+ * flow from outside whose client is the peer's address: by the endpoint's in-rules and
+ * NetworkPolicy, with conntrack in the tenant's node port zone. A flow that passed is
+ * remembered so the endpoint's replies go back to that peer through the tunnel
+ * (nodeport.h). */
 static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
 {
 	struct cb_pkt p = {};
@@ -1019,6 +1030,7 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	struct cb_peer_flow v = {};
 	struct cb_peer_flow *pf;
 	struct cb_ep_key dkey = {};
+	struct cb_track t = {};
 	struct cb_endpoint *ep;
 	int r;
 
@@ -1036,6 +1048,13 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	t.zone = zone ^ CB_ZONE_NODEPORT;
+	t.kind = CB_FLOW_NODEPORT;
+	t.dst_epg = ep->epg;
+	t.owner = cb_ct_owner(ep->slot);
+	r = cb_stateful(&f, &t);
+	if (r)
+		return cb_drop(skb, r);
 	k.zone = zone;
 	k.saddr = f.saddr;
 	k.daddr = f.daddr;

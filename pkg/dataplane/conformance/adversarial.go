@@ -34,6 +34,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "spoofed-arp", run: spoofedARP},
 		{name: "vlan-tagged-from-container", run: vlanFromContainer},
 		{name: "overlay-injection", run: overlayInjection},
+		{name: "overlay-peer-host-source", run: overlayPeerHostSource},
 		{name: "udp-spread", run: udpSpread},
 		{name: "backend-removal-live-udp", run: backendRemovalLiveUDP},
 		{name: "cross-tenant-vip", run: crossTenantVIP},
@@ -575,36 +576,61 @@ func overlayInjection(t *testing.T, e *Env) {
 	a1, a2, b1 := adversaries(t, e)
 	elsewhere := addFakeHostEndpoint(t, e, netip.MustParseAddr("10.36.1.90"), netip.MustParseAddr("10.254.0.9"))
 	nobody := netip.MustParseAddr("10.36.1.77")
-	shots := []struct {
-		name  string
-		src   netip.Addr
-		legit bool
-	}{
-		{"inner-src-local-endpoint", a1.EP.IP, false},
-		{"inner-src-no-endpoint", nobody, false},
-		{"inner-src-behind-other-vtep", elsewhere, false},
-		{"inner-src-behind-sender", b1.EP.IP, true},
-	}
+	injectOverlay(t, e, a2, []overlayShot{
+		{"inner-src-local-endpoint", a1.EP.IP, 7009, false},
+		{"inner-src-no-endpoint", nobody, 7009, false},
+		{"inner-src-behind-other-vtep", elsewhere, 7009, false},
+		{"inner-src-behind-sender", b1.EP.IP, 7009, true},
+	})
+}
+
+// overlayPeerHostSource (Datapath v3 issue, hole 1): H2 sends hand-made VXLAN whose inner
+// source is its own VTEP address (how a node port flow H2 balanced to H1 arrives, and what
+// any process on H2 can send) to a2, whose group refuses UDP 7009 in. It must not be
+// delivered. A datagram from b1 (behind H2) to a port the group allows proves the probe.
+func overlayPeerHostSource(t *testing.T, e *Env) {
+	_, a2, b1 := adversaries(t, e)
+	upsertPolicyAll(t, e, dataplane.PolicySet{EPGID: 2, Rules: []dataplane.PolicyRule{
+		{ID: "no-udp-7009", Priority: 5, Ingress: true, Proto: 17, Port: 7009, Action: dataplane.ActionDeny}}})
+	injectOverlay(t, e, a2, []overlayShot{
+		{"inner-src-peer-host-denied-port", e.H2.Cfg.VTEP, 7009, false},
+		{"inner-src-behind-sender-allowed-port", b1.EP.IP, 7010, true},
+	})
+}
+
+// overlayShot is one hand-made VXLAN packet: a UDP datagram from inner source src to
+// port, which must (legit) or must not reach its destination.
+type overlayShot struct {
+	name  string
+	src   netip.Addr
+	port  uint16
+	legit bool
+}
+
+// injectOverlay sends each shot from H2's VTEP address to H1's VXLAN port in the test
+// network's VNI, addressed to dst, and checks which ones dst received.
+func injectOverlay(t *testing.T, e *Env, dst *Container, shots []overlayShot) {
+	t.Helper()
 	markers := make([][]byte, len(shots))
 	for i, s := range shots {
 		markers[i] = marker(s.name)
 	}
-	dst := net.JoinHostPort(e.H1.Cfg.VTEP.String(), fmt.Sprint(vxlanPort))
-	got := probe(t, []probeSite{{"a2", a2.NS, a2.EP.IfName}}, containing(markers), func() error {
+	to := net.JoinHostPort(e.H1.Cfg.VTEP.String(), fmt.Sprint(vxlanPort))
+	got := probe(t, []probeSite{{"dst", dst.NS, dst.EP.IfName}}, containing(markers), func() error {
 		for i, s := range shots {
-			inner := UDPFrame(a2.EP.MAC, dataplane.ContivMAC(s.src), s.src, a2.EP.IP, 40002, 7009, markers[i])
-			if err := SendUDP(e.H2.NS, e.H2.Cfg.VTEP.String(), dst, VXLANPayload(e.Net.Tag, inner)); err != nil {
+			inner := UDPFrame(dst.EP.MAC, dataplane.ContivMAC(s.src), s.src, dst.EP.IP, 40002, s.port, markers[i])
+			if err := SendUDP(e.H2.NS, e.H2.Cfg.VTEP.String(), to, VXLANPayload(e.Net.Tag, inner)); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 		}
 		return nil
 	})
 	for i, s := range shots {
-		switch n := got["a2"][i]; {
+		switch n := got["dst"][i]; {
 		case s.legit && n == 0:
 			t.Errorf("%s: not delivered (the probe does not work)", s.name)
 		case !s.legit && n > 0:
-			t.Errorf("%s: inner source %v delivered (%d copies)", s.name, s.src, n)
+			t.Errorf("%s: inner source %v delivered to port %d (%d copies)", s.name, s.src, s.port, n)
 		}
 	}
 }

@@ -607,8 +607,8 @@ func TestNodePortFragments(t *testing.T) {
 }
 
 // The backend's side of a node port flow another host balanced here: the peer host's own
-// address is its source (the peer judged it); the backend's replies to that address go back
-// through the tunnel. Other traffic to the peer's address still leaves by egress NAT.
+// address is its source; the backend's replies to that address go back through the tunnel.
+// Other traffic to the peer's address still leaves by egress NAT.
 func TestNodePortPeerSide(t *testing.T) {
 	objs := natFixture(t, 64)
 	peer := netip.MustParseAddr(testVTEP)
@@ -627,6 +627,63 @@ func TestNodePortPeerSide(t *testing.T) {
 	egressOut(t, objs, 6, 8081, 22, 0x02)
 	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, peer, 8080, 61008, 0x12, 0), nil)
 	r.expect(t, tcActShot, DropEgressNoFlow)
+}
+
+// TestPeerHostJudged (Datapath v3 issue, hole 1): any process on a peer host can send
+// VXLAN whose inner source is the peer's own address, to any endpoint of any VNI. Such a
+// packet is a node port flow from outside whose client is the peer's address: the
+// destination's in-rules and NetworkPolicy judge it, with state in the tenant's node port
+// zone; the replies of a flow they allowed go back through the tunnel despite the group's
+// "deny all out", and a refused flow leaves no peer flow record for replies.
+func TestPeerHostJudged(t *testing.T) {
+	objs := natFixture(t, 64)
+	peer := netip.MustParseAddr(testVTEP)
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(peer), testNet}}
+	ov, fc := objs.CbTestOverlay, objs.CbFromContainer
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_NETPOL))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "deny-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny},
+		{ID: "deny-out", Priority: 1, Action: dataplane.ActionDeny},
+		{ID: "web", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow},
+	}})
+	run(t, objs, ov, l4Frame(17, peer, srcIP, 61000, 7009, 0, 0), fromPeer).expect(t, tcActShot, DropPolicy)
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61001, 22, 0x02, 0), fromPeer).expect(t, tcActShot, DropPolicy)
+	// A bare ACK is judged as its SYN would be: no way around "deny in".
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61002, 22, 0x10, 0), fromPeer).expect(t, tcActShot, DropPolicy)
+	// The endpoint's answer to a refused flow is its own new flow: "deny all out".
+	run(t, objs, fc, l4Frame(6, srcIP, peer, 22, 61001, 0x12, 0), nil).expect(t, tcActShot, DropPolicy)
+	// What the in-rules allow is delivered, tracked in the node port zone, and its replies
+	// go back through the tunnel.
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61003, 8080, 0x02, 0), fromPeer).expect(t, tcActRedirect, FwdLocal)
+	if _, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, peer, srcIP, 61003, 8080); !ok {
+		t.Error("the allowed flow has no entry in the node port zone")
+	}
+	if _, ok := ctEntry(t, objs, testZone, 6, peer, srcIP, 61003, 8080); ok {
+		t.Error("the peer's flow has an entry in the tenant's own zone")
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, peer, 8080, 61003, 0x12, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61003, 8080, 0x10, 0), fromPeer).expect(t, tcActRedirect, FwdLocal)
+	// A group that failed closed takes nothing, not even what its rules allowed.
+	var st contivbpfCbEpgState
+	if err := objs.CbEpgs.Lookup(uint32(7), &st); err != nil {
+		t.Fatal(err)
+	}
+	st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+	if err := objs.CbEpgs.Put(uint32(7), &st); err != nil {
+		t.Fatal(err)
+	}
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61004, 8080, 0x02, 0), fromPeer).expect(t, tcActShot, DropPolicy)
+	st.Flags &^= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+	if err := objs.CbEpgs.Put(uint32(7), &st); err != nil {
+		t.Fatal(err)
+	}
+	// NetworkPolicy: a pod isolated for ingress that admits only its network's clients on
+	// 8080 takes nothing from the peer's address (the tenant's zone holds its entry).
+	admit8080(t, objs, netip.MustParsePrefix("10.1.0.0/24"), false)
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61005, 8080, 0x02, 0), fromPeer).expect(t, tcActShot, DropNetpol)
+	admit8080(t, objs, netip.PrefixFrom(peer, 32), false)
+	run(t, objs, ov, l4Frame(6, peer, srcIP, 61006, 8080, 0x02, 0), fromPeer).expect(t, tcActRedirect, FwdLocal)
 }
 
 // TestNodePortNetpol (Datapath v3 issue, hole 2): a node port flow's state lives in the
