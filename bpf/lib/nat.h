@@ -67,12 +67,80 @@ struct cb_snat_entry {
 	__u64 expires;   /* cb_now() deadline */
 	__be16 nat_port; /* port (ICMP: echo id) on snat_ip */
 	__u8 state;      /* enum cb_ct_state */
-	__u8 pad;
+	__u8 tcp_ref_kind; /* enum cb_tcp_ref: what tcp_ref holds (egress TCP flows) */
 	__u32 net;       /* the endpoint's network key */
 	__be16 nodeport; /* a node port flow sent to a backend on another host (nodeport.h):
 			  * the client's side is the key's source; 0 for egress flows */
 	__u16 pad2;
+	__u32 tcp_ref;   /* host order: see enum cb_tcp_ref */
 };
+
+/* Blind FINs and RSTs (egress TCP flows): the outside may close a flow only with a
+ * sequence number a peer that sees the flow would use. The endpoint's own segments set
+ * the reference: its SYN the ACK a refusal must carry (its sequence number + 1), any
+ * segment with ACK the next sequence number it expects from outside. A FIN or RST from
+ * outside then moves the flow to CLOSING only when it carries that ACK (after a SYN) or
+ * its sequence number lies in [ref, ref + CB_TCP_CLOSE_WINDOW); otherwise it is passed as
+ * a plain segment (the endpoint's stack judges it, RFC 5961) and nothing changes. The
+ * window is above Linux's default largest receive buffer (6 MiB), so a real peer's FIN
+ * or RST with that much data in flight still closes; a blind one has to hit 2^23 of 2^32
+ * sequence numbers on top of guessing the NAT port. */
+enum cb_tcp_ref {
+	CB_TCP_REF_NONE = 0, /* nothing seen yet (or an entry of an earlier build): believed */
+	CB_TCP_REF_SYN = 1,  /* tcp_ref: the endpoint's SYN's sequence number + 1 */
+	CB_TCP_REF_ACK = 2,  /* tcp_ref: the endpoint's last acknowledgment number */
+};
+
+#define CB_TCP_CLOSE_WINDOW (1u << 23)
+
+/* cb_tcp_seq_ack reads the sequence and acknowledgment numbers (host order) of the TCP
+ * segment at p->l4_off: 0 when it cannot. */
+CB_INLINE int cb_tcp_seq_ack(const struct __sk_buff *skb, const struct cb_pkt *p, __u32 *seq, __u32 *ack)
+{
+	__u32 sa[2];
+
+	if (bpf_skb_load_bytes(skb, p->l4_off + 4, sa, sizeof(sa)) < 0)
+		return 0;
+	*seq = bpf_ntohl(sa[0]);
+	*ack = bpf_ntohl(sa[1]);
+	return 1;
+}
+
+/* cb_tcp_note records in e what the endpoint's segment f (at p) says a closing segment
+ * from outside must carry. */
+CB_INLINE void cb_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+			   struct cb_snat_entry *e)
+{
+	__u32 seq, ack;
+
+	if (f->proto != CB_PROTO_TCP || !cb_tcp_seq_ack(skb, p, &seq, &ack))
+		return;
+	if (f->tcp_flags & CB_TCP_ACK) {
+		if (e->tcp_ref != ack || e->tcp_ref_kind != CB_TCP_REF_ACK) {
+			e->tcp_ref = ack;
+			e->tcp_ref_kind = CB_TCP_REF_ACK;
+		}
+	} else if (f->tcp_flags & CB_TCP_SYN) {
+		e->tcp_ref = seq + 1;
+		e->tcp_ref_kind = CB_TCP_REF_SYN;
+	}
+}
+
+/* cb_tcp_close_believed says whether a FIN or RST from outside (f at p) on flow e may close
+ * it (enum cb_tcp_ref). */
+CB_INLINE int cb_tcp_close_believed(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+				    const struct cb_snat_entry *e)
+{
+	__u32 seq, ack;
+
+	if (e->tcp_ref_kind == CB_TCP_REF_NONE)
+		return 1;
+	if (!cb_tcp_seq_ack(skb, p, &seq, &ack))
+		return 0;
+	if (e->tcp_ref_kind == CB_TCP_REF_SYN)
+		return (f->tcp_flags & CB_TCP_ACK) && ack == e->tcp_ref;
+	return seq - e->tcp_ref < CB_TCP_CLOSE_WINDOW;
+}
 
 /* A reply as it arrives at snat_ip: from raddr:rport (ICMP: rport 0) to nat_port. */
 struct cb_snat_rkey {
@@ -211,6 +279,8 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		port = e->nat_port;
 		if (closing)
 			e->state = CB_CTS_CLOSING;
+		if (!t->nodeport)
+			cb_tcp_note(skb, p, f, e);
 		cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 	} else {
 		if (f->proto == CB_PROTO_TCP &&
@@ -251,6 +321,8 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		ne.state = CB_CTS_NEW;
 		ne.net = net;
 		ne.nodeport = t->nodeport;
+		if (!t->nodeport)
+			cb_tcp_note(skb, p, f, &ne);
 		if (bpf_map_update_elem(&cb_snat, &k, &ne, BPF_ANY) < 0) {
 			bpf_map_delete_elem(&cb_snat_rev, &rk);
 			return CB_DROP_EGRESS_NO_PORT;
@@ -359,6 +431,11 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	d->nodeport = e->nodeport;
 	if (error)
 		return cb_snat_icmp_error(skb, p, f, rv);
+	/* An egress flow's FIN or RST from outside closes it only inside the window; one
+	 * that does not is passed as a plain segment, to conntrack too. */
+	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !nodeport &&
+	    !cb_tcp_close_believed(skb, p, f, e))
+		f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
 		e->state = CB_CTS_CLOSING;
 	else if (e->state == CB_CTS_NEW)

@@ -63,7 +63,8 @@ type ModelPacket struct {
 	Proto              uint8  // 1 icmp, 6 tcp, 17 udp, other
 	Sport, Dport       uint16 // TCP/UDP ports; ICMP echo (type 0/8): the echo id in both; else 0
 	ICMPType           uint8
-	SYN, ACK, FIN, RST bool // TCP flags
+	SYN, ACK, FIN, RST bool   // TCP flags
+	SeqNum, AckNum     uint32 // TCP sequence and acknowledgment numbers (egress NAT's window)
 	Frag               FragKind
 	IPID               uint16
 	FromLocal          bool // sent by a local container (service LB applies only then)

@@ -25,6 +25,43 @@ type NATFlow struct {
 	Port     uint16 // on the NAT address (ICMP: the echo id)
 	State    uint8  // CTNew, CTEstablished, CTClosing
 	Deadline time.Duration
+	// RefKind and Ref: what a FIN or RST from outside must carry to close a TCP flow
+	// (TCPRefNone: nothing seen, believed; TCPRefSYN: the ACK of the endpoint's SYN;
+	// TCPRefACK: a sequence number in [Ref, Ref+TCPCloseWindow)).
+	RefKind uint8
+	Ref     uint32
+}
+
+// The TCP close reference of an egress flow (bpf/lib/nat.h enum cb_tcp_ref).
+const (
+	TCPRefNone = 0
+	TCPRefSYN  = 1
+	TCPRefACK  = 2
+	// TCPCloseWindow is how far past the endpoint's last acknowledgment a FIN or RST from
+	// outside may lie and still close the flow.
+	TCPCloseWindow = 1 << 23
+)
+
+// note records what endpoint packet p says a closing segment from outside must carry.
+func (f *NATFlow) note(p ModelPacket) {
+	switch {
+	case p.Proto != protoTCP:
+	case p.ACK:
+		f.RefKind, f.Ref = TCPRefACK, p.AckNum
+	case p.SYN:
+		f.RefKind, f.Ref = TCPRefSYN, p.SeqNum+1
+	}
+}
+
+// closeBelieved says whether a FIN or RST from outside may close f.
+func (f *NATFlow) closeBelieved(p ModelPacket) bool {
+	switch f.RefKind {
+	case TCPRefSYN:
+		return p.ACK && p.AckNum == f.Ref
+	case TCPRefACK:
+		return p.SeqNum-f.Ref < TCPCloseWindow
+	}
+	return true
 }
 
 // natReplyKey is how a reply arrives at the NAT address (ICMP echo: Rport 0).
@@ -48,7 +85,9 @@ type natReplyKey struct {
 //     from the remote address with its port as id) belongs to the flow if the flow is live
 //     and still holds that port;
 //   - TCP FIN/RST in either direction → CLOSING, a reply to a NEW flow → ESTABLISHED, every
-//     packet of the flow refreshes its deadline with conntrack's timeouts;
+//     packet of the flow refreshes its deadline with conntrack's timeouts; a FIN or RST from
+//     outside counts only when closeBelieved (the endpoint's last SYN or ACK sets what it
+//     must carry), else it is a plain reply;
 //   - a flow is live until its deadline (inclusive), like conntrack.
 type NATModel struct {
 	Now              time.Duration
@@ -96,6 +135,7 @@ func (m *NATModel) Egress(p ModelPacket, choose func(allowed func(uint16) bool) 
 		if p.Proto == protoTCP && (p.FIN || p.RST) {
 			f.State = CTClosing
 		}
+		f.note(p)
 		f.Deadline = m.Now + timeout(p.Proto, f.State)
 		return f.Port, ""
 	}
@@ -130,7 +170,9 @@ func (m *NATModel) Egress(p ModelPacket, choose func(allowed func(uint16) bool) 
 	if r := natReplyOf(k, port); m.held(r) { // a closing flow's port: that flow goes
 		delete(m.Flows, m.replies[r])
 	}
-	m.Flows[k] = &NATFlow{Port: port, State: CTNew, Deadline: m.Now + timeout(p.Proto, CTNew)}
+	f := &NATFlow{Port: port, State: CTNew, Deadline: m.Now + timeout(p.Proto, CTNew)}
+	f.note(p)
+	m.Flows[k] = f
 	m.replies[natReplyOf(k, port)] = k
 	return port, ""
 }
@@ -154,6 +196,9 @@ func (m *NATModel) Reply(p ModelPacket) (NATFlowKey, bool) {
 	}
 	k := m.replies[r]
 	f := m.Flows[k]
+	if p.Proto == protoTCP && (p.FIN || p.RST) && !f.closeBelieved(p) {
+		p.FIN, p.RST = false, false // a plain reply
+	}
 	if p.Proto == protoTCP && (p.FIN || p.RST) {
 		f.State = CTClosing
 	} else if f.State == CTNew {

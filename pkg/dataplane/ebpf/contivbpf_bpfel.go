@@ -515,15 +515,15 @@ const (
 )
 
 type contivbpfCbSnatEntry struct {
-	_        structs.HostLayout
-	Expires  uint64
-	NatPort  uint16
-	State    uint8
-	Pad      uint8
-	Net      uint32
-	Nodeport uint16
-	Pad2     uint16
-	_        [4]byte
+	_          structs.HostLayout
+	Expires    uint64
+	NatPort    uint16
+	State      uint8
+	TcpRefKind uint8
+	Net        uint32
+	Nodeport   uint16
+	Pad2       uint16
+	TcpRef     uint32
 }
 
 type contivbpfCbSnatKey struct {

@@ -33,7 +33,8 @@ type natStep struct {
 	remote       int
 	proto        uint8 // 1, 6, 17, 47
 	sport, dport uint16
-	flags        uint8 // TCP flags
+	flags        uint8  // TCP flags
+	seq, ack     uint32 // TCP sequence and acknowledgment numbers
 	frag         bool
 	advance      time.Duration
 }
@@ -41,7 +42,7 @@ type natStep struct {
 func (s natStep) String() string {
 	switch s.kind {
 	case "out", "in":
-		return fmt.Sprintf("%s zone %d remote %d proto %d %d→%d flags %#x frag %v", s.kind, s.zone, s.remote, s.proto, s.sport, s.dport, s.flags, s.frag)
+		return fmt.Sprintf("%s zone %d remote %d proto %d %d→%d flags %#x seq %d ack %d frag %v", s.kind, s.zone, s.remote, s.proto, s.sport, s.dport, s.flags, s.seq, s.ack, s.frag)
 	case "advance":
 		return "advance " + s.advance.String()
 	}
@@ -55,7 +56,14 @@ type natGen struct {
 }
 
 func (g *natGen) flags() uint8 {
-	return []uint8{0x02, 0x02, 0x10, 0x12, 0x11, 0x04, 0x18}[g.r.IntN(7)]
+	return []uint8{0x02, 0x02, 0x10, 0x12, 0x11, 0x04, 0x18, 0x14}[g.r.IntN(8)]
+}
+
+// seqAck picks sequence and acknowledgment numbers that land on both sides of the close
+// window's edges (the endpoint's SYN at 1000 or 0, its ACKs of 0 or 5000).
+func (g *natGen) seqAck() (uint32, uint32) {
+	v := []uint32{0, 1, 1000, 1001, 5000, 5000 + policy.TCPCloseWindow - 1, 5000 + policy.TCPCloseWindow, 4999, 0x80000000}
+	return v[g.r.IntN(len(v))], v[g.r.IntN(len(v))]
 }
 
 func (g *natGen) step() natStep {
@@ -66,6 +74,7 @@ func (g *natGen) step() natStep {
 		s.frag = (s.proto == 6 || s.proto == 17) && g.r.IntN(25) == 0
 		if s.proto == 6 {
 			s.flags = g.flags()
+			s.seq, s.ack = g.seqAck()
 		}
 		if s.proto == 1 {
 			s.dport = s.sport // echo id
@@ -84,6 +93,7 @@ func (g *natGen) step() natStep {
 		}
 		if s.proto == 6 {
 			s.flags = g.flags()
+			s.seq, s.ack = g.seqAck()
 		}
 		if s.proto == 1 {
 			s.sport = s.dport
@@ -157,6 +167,9 @@ func (w *natWorld) frame(s natStep) []byte {
 			frag = 0x2000
 		}
 		f = l4Frame(s.proto, src, dst, s.sport, s.dport, s.flags, frag)
+		if s.proto == 6 {
+			f = withSeq(f, s.seq, s.ack)
+		}
 	default:
 		f = ipFrame(src, dst, ipOpts{})
 		f[14+9] = s.proto
@@ -166,7 +179,7 @@ func (w *natWorld) frame(s natStep) []byte {
 
 func (w *natWorld) packet(s natStep) policy.ModelPacket {
 	p := policy.ModelPacket{Zone: natZone(s.zone), Src: srcIP, Dst: natRemotes[s.remote], Proto: s.proto, Sport: s.sport, Dport: s.dport,
-		SYN: s.flags&0x02 != 0, ACK: s.flags&0x10 != 0, FIN: s.flags&0x01 != 0, RST: s.flags&0x04 != 0}
+		SYN: s.flags&0x02 != 0, ACK: s.flags&0x10 != 0, FIN: s.flags&0x01 != 0, RST: s.flags&0x04 != 0, SeqNum: s.seq, AckNum: s.ack}
 	if s.frag {
 		p.Frag = policy.FragFirst
 	}
@@ -267,7 +280,8 @@ func (w *natWorld) apply(s natStep) string {
 	return w.compareTables()
 }
 
-// compareTables compares cb_snat with the model's flows: key, port, state and liveness.
+// compareTables compares cb_snat with the model's flows: key, port, state, liveness and
+// the TCP close reference.
 func (w *natWorld) compareTables() string {
 	now := w.clock()
 	got := map[policy.NATFlowKey]string{}
@@ -276,14 +290,14 @@ func (w *natWorld) compareTables() string {
 	it := w.objs.CbSnat.Iterate()
 	for it.Next(&k, &v) {
 		fk := policy.NATFlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}
-		got[fk] = fmt.Sprintf("port %d state %d live %v", hport(v.NatPort), v.State, v.Expires >= now)
+		got[fk] = fmt.Sprintf("port %d state %d live %v tcp ref %d:%d", hport(v.NatPort), v.State, v.Expires >= now, v.TcpRefKind, v.TcpRef)
 	}
 	if err := it.Err(); err != nil {
 		w.t.Fatal(err)
 	}
 	want := map[policy.NATFlowKey]string{}
 	for fk, f := range w.model.Flows {
-		want[fk] = fmt.Sprintf("port %d state %d live %v", f.Port, f.State, f.Deadline >= w.model.Now)
+		want[fk] = fmt.Sprintf("port %d state %d live %v tcp ref %d:%d", f.Port, f.State, f.Deadline >= w.model.Now, f.RefKind, f.Ref)
 	}
 	var diffs []string
 	for fk, g := range got {

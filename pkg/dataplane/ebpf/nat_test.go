@@ -938,3 +938,94 @@ func TestEgressNATGCKeepsReopened(t *testing.T) {
 		t.Fatalf("flush deleted %d (%v), want 1", n, errs)
 	}
 }
+
+// withSeq sets a TCP frame's sequence and acknowledgment numbers (checksum fixed).
+func withSeq(f []byte, seq, ack uint32) []byte {
+	f = append([]byte{}, f...)
+	ip := f[14:]
+	l4 := ip[4*(ip[0]&0xf):]
+	binary.BigEndian.PutUint32(l4[4:], seq)
+	binary.BigEndian.PutUint32(l4[8:], ack)
+	l4[16], l4[17] = 0, 0
+	src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	binary.BigEndian.PutUint16(l4[16:], csum(l4, pseudo(src, dst, 6, len(l4))))
+	return f
+}
+
+// TestEgressBlindClose (Datapath v3 issue, hole 5): a FIN or RST from outside closes an
+// egress flow only with a sequence number its peer would use: after the endpoint's SYN a
+// refusal must acknowledge it, afterwards the segment must lie in the window after the
+// endpoint's last acknowledgment. A blind one is passed as a plain segment and changes
+// nothing, in the NAT table or in conntrack; an idle flow no longer dies 10 s after one.
+func TestEgressBlindClose(t *testing.T) {
+	objs := natFixture(t, 64)
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "out", Priority: 1, Action: dataplane.ActionAllow}}})
+	const syn, ack, fin, rst = 0x02, 0x10, 0x01, 0x04
+	out := func(sport uint16, flags uint8, seq, an uint32) uint16 {
+		t.Helper()
+		r := run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, sport, 443, flags, 0), seq, an), nil)
+		r.expect(t, tcActRedirect, FwdEgress)
+		_, _, p, _ := checkSums(t, r.out)
+		return p
+	}
+	in := func(port uint16, flags uint8, seq, an uint32) {
+		t.Helper()
+		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, port, flags, 0), seq, an), nil)
+		r.expect(t, tcActRedirect, FwdEgressReply)
+		if _, _, _, dp := checkSums(t, r.out); flags&(fin|rst) != 0 && r.out[14+20+13] != flags {
+			t.Errorf("flags %#x delivered as %#x (port %d)", flags, r.out[14+20+13], dp)
+		}
+	}
+	states := func(sport uint16) (nat, ct uint8) {
+		t.Helper()
+		var e contivbpfCbSnatEntry
+		k := contivbpfCbSnatKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(worldIP), Sport: nport(sport), Dport: nport(443), Proto: 6}
+		if err := objs.CbSnat.Lookup(&k, &e); err != nil {
+			t.Fatalf("NAT entry of port %d: %v", sport, err)
+		}
+		c, ok := ctEntry(t, objs, testZone, 6, srcIP, worldIP, sport, 443)
+		if !ok {
+			t.Fatalf("conntrack entry of port %d missing", sport)
+		}
+		return e.State, c.State
+	}
+	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
+	// After the SYN (seq 1000): a RST that does not acknowledge it is no refusal.
+	p := out(40000, syn, 1000, 0)
+	in(p, rst|ack, 0, 999)
+	in(p, rst, 1001, 0)
+	if n, c := states(40000); n == closing || c == closing {
+		t.Errorf("blind RSTs after a SYN closed the flow (NAT %d, conntrack %d)", n, c)
+	}
+	in(p, rst|ack, 0, 1001)
+	if n, c := states(40000); n != closing || c != closing {
+		t.Errorf("the refusal of the SYN did not close the flow (NAT %d, conntrack %d)", n, c)
+	}
+	// Established (the endpoint acknowledged 9001): out of the window nothing closes.
+	p = out(40001, syn, 5000, 0)
+	in(p, syn|ack, 9000, 5001)
+	out(40001, ack, 5001, 9001)
+	for _, s := range []uint32{9000, 9001 + 1<<23, 0xfff02329 /* 1 MiB before */, 0x80000000} {
+		in(p, rst, s, 0)
+		in(p, fin|ack, s, 5001)
+	}
+	if n, c := states(40001); n == closing || c == closing {
+		t.Errorf("blind FIN/RST closed an established flow (NAT %d, conntrack %d)", n, c)
+	}
+	// In the window (data in flight past the last ACK): closed.
+	in(p, rst, 9001+100000, 0)
+	if n, c := states(40001); n != closing || c != closing {
+		t.Errorf("an in-window RST did not close the flow (NAT %d, conntrack %d)", n, c)
+	}
+	// The endpoint's own FIN closes whatever it carries.
+	p = out(40002, syn, 7000, 0)
+	in(p, syn|ack, 3000, 7001)
+	out(40002, fin|ack, 7001, 3001)
+	if n, c := states(40002); n != closing || c != closing {
+		t.Errorf("the endpoint's FIN did not close its flow (NAT %d, conntrack %d)", n, c)
+	}
+}
