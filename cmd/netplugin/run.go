@@ -141,7 +141,7 @@ func run(parent context.Context, cfg config) error {
 	}
 	// A dataplane that exports its own counters (the eBPF driver's per-reason verdicts and
 	// full-map inserts) is scraped on the same /metrics.
-	if c, ok := drv.(interface{ Collector() prometheus.Collector }); ok {
+	if c, ok := drv.(dataplane.MetricsCollector); ok {
 		reg.MustRegister(c.Collector())
 	}
 	var handler http.Handler = ag.Handler(reg)

@@ -15,13 +15,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
-// NativeRouter is the part of a driver that routes natively for BGP (the eBPF driver has
-// it; without it a bgp object for this host is reported, not acted on).
-type NativeRouter interface {
-	SetNativeRouting(ctx context.Context, nr dataplane.NativeRouting) error
-	NativeRoutes() ([]dataplane.Route, error)
-}
-
 // BGPStatus is the speaker's state for /inspect/bgp and, published in etcd, for
 // `netctl bgp inspect` (Contiv's Oper fields, plus what was advertised).
 type BGPStatus = model.BgpOper
@@ -112,7 +105,7 @@ func sharedNativeAddrs(r *records) map[netip.Addr]bool {
 // until the new session is established and has sent its table (or one hold time passed),
 // so a restart does not interrupt forwarding.
 func (a *Agent) bgpLoop(ctx context.Context) {
-	nr, _ := a.driver.(NativeRouter)
+	nr, _ := a.driver.(dataplane.NativeRouter)
 	var (
 		sp         *bgp.Speaker
 		cur        bgp.Config

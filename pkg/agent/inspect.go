@@ -17,13 +17,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// lister is a dataplane that decodes its tables (both drivers).
-type lister interface {
-	Listing(q dataplane.ListQuery) (dataplane.Listing, error)
-}
-
 func (a *Agent) listing(w http.ResponseWriter, req *http.Request) {
-	l, ok := a.cfg.Driver.(lister)
+	l, ok := a.cfg.Driver.(dataplane.Lister)
 	if !ok {
 		http.Error(w, "this dataplane has no decoded listings", http.StatusNotImplemented)
 		return

@@ -11,7 +11,6 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
-	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/gorilla/mux"
 )
@@ -118,12 +117,6 @@ func TestListingRoute(t *testing.T) {
 		}
 	}
 }
-
-// Both drivers decode their tables for the listing route.
-var (
-	_ lister = (*ebpf.Driver)(nil)
-	_ lister = (*ovs.Driver)(nil)
-)
 
 // TestMonitorFilter: every set field must match; endpoints match by id substring or
 // exact address; tenant is the network's.

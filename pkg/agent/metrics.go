@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // metrics are the agent's own counters; the gauges are read from the agent on scrape.
@@ -160,7 +162,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descVerified, prometheus.GaugeValue, verified)
 	// Driver counters without the apply lock and without reading state tables: a scrape
 	// never stalls an attach.
-	if dc, ok := c.a.cfg.Driver.(driverCounters); ok {
+	if dc, ok := c.a.cfg.Driver.(dataplane.CounterReader); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		counters, err := dc.Counters(ctx)
@@ -171,9 +173,4 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descDriver, prometheus.CounterValue, v, c.a.cfg.Driver.Name(), name)
 		}
 	}
-}
-
-// driverCounters is a dataplane with cheap numeric counters (both backends).
-type driverCounters interface {
-	Counters(ctx context.Context) (map[string]float64, error)
 }

@@ -14,14 +14,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// eventSource is a dataplane that streams the packets it drops (the eBPF driver). It
-// emits nothing while no stream is open, so the monitor costs nothing unless watched.
-type eventSource interface {
-	MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error)
-	// SetAllowEvents adds (or stops) events for new flows a rule allowed.
-	SetAllowEvents(on bool) error
-}
-
 // MonitorLine is one line of GET /monitor: a drop event with the names of both ends.
 type MonitorLine struct {
 	dataplane.MonitorEvent
@@ -71,7 +63,7 @@ func (f monitorFilter) match(l MonitorLine) bool {
 // stream is open only while somebody listens.
 type monitorHub struct {
 	a    *Agent
-	src  eventSource
+	src  dataplane.EventSource
 	mu   sync.Mutex
 	subs map[*monitorSub]struct{}
 	stop context.CancelFunc
@@ -279,7 +271,7 @@ func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
 
 // monitor returns the agent's hub, made on first use.
 func (a *Agent) monitor() (*monitorHub, error) {
-	src, ok := a.cfg.Driver.(eventSource)
+	src, ok := a.cfg.Driver.(dataplane.EventSource)
 	if !ok {
 		return nil, fmt.Errorf("this dataplane has no drop event stream")
 	}

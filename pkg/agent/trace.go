@@ -11,13 +11,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// tracer is a dataplane that can run a packet through its live tables without sending it
-// (the eBPF driver).
-type tracer interface {
-	Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error)
-	TraceReceive(t dataplane.TraceTunnel) (dataplane.TraceResult, error)
-}
-
 // TraceQuery is POST /inspect/trace: from is a local endpoint (id or a unique part of it),
 // to an address or an endpoint id; proto tcp, udp or icmp; port for tcp/udp.
 type TraceQuery struct {
@@ -29,7 +22,7 @@ type TraceQuery struct {
 }
 
 func (a *Agent) serveTrace(w http.ResponseWriter, req *http.Request) {
-	tr, ok := a.cfg.Driver.(tracer)
+	tr, ok := a.cfg.Driver.(dataplane.Tracer)
 	if !ok {
 		http.Error(w, "this dataplane cannot trace packets", http.StatusNotImplemented)
 		return
@@ -113,7 +106,7 @@ func (a *Agent) traceRequest(q TraceQuery) (dataplane.TraceRequest, error) {
 // serveTraceReceive is POST /inspect/trace-receive: a TraceTunnel (another host's trace
 // result) run through this host's VXLAN receive path.
 func (a *Agent) serveTraceReceive(w http.ResponseWriter, req *http.Request) {
-	tr, ok := a.cfg.Driver.(tracer)
+	tr, ok := a.cfg.Driver.(dataplane.Tracer)
 	if !ok {
 		http.Error(w, "this dataplane cannot trace packets", http.StatusNotImplemented)
 		return

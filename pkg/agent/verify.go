@@ -9,12 +9,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// driftChecker is a dataplane that can compare its live tables with a state (both
-// drivers: eBPF maps, OVS flows).
-type driftChecker interface {
-	Verify(s dataplane.State) ([]dataplane.Drift, error)
-}
-
 // VerifyReport is GET /inspect/verify: what differs between netmaster's records as this
 // agent applied them and the live datapath, plus the objects the agent could not apply.
 type VerifyReport struct {
@@ -38,7 +32,7 @@ func (a *Agent) Verify(ctx context.Context) (VerifyReport, error) {
 		r.Drift = append(r.Drift, dataplane.Drift{Table: "agent", Object: key, Kind: "not applied", Detail: msg})
 	}
 	sort.Slice(r.Drift, func(i, j int) bool { return r.Drift[i].Object < r.Drift[j].Object })
-	if dc, ok := a.cfg.Driver.(driftChecker); ok {
+	if dc, ok := a.cfg.Driver.(dataplane.Verifier); ok {
 		a.applyMu.Lock()
 		st := a.applied.State() // pod policies included (the OVS check compares their flows)
 		drift, err := dc.Verify(st)

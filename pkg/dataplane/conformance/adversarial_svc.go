@@ -490,9 +490,7 @@ func onlyUDPPortFrom1(t *testing.T, e *Env, port uint16) func() {
 // joined by spaces.
 func conntrackRows(t *testing.T, h *Host) []string {
 	t.Helper()
-	lister, ok := h.Driver.(interface {
-		Listing(dataplane.ListQuery) (dataplane.Listing, error)
-	})
+	lister, ok := h.Driver.(dataplane.Lister)
 	if !ok {
 		t.Fatalf("%s driver lists no conntrack table", h.Driver.Name())
 	}

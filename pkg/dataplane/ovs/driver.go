@@ -115,8 +115,6 @@ type Driver struct {
 	limTenants map[uint16]string // limited zone → tenant (metrics.go)
 }
 
-var _ dataplane.Driver = (*Driver)(nil)
-
 // New starts (or connects to) OVS, creates the bridges and ports the host needs, and
 // connects to the integration bridge. Flows already installed by a previous agent stay
 // until the first Sync replaces them atomically.

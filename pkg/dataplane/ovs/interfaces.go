@@ -1,0 +1,17 @@
+package ovs
+
+import "github.com/contivbpf/contivbpf/pkg/dataplane"
+
+// The driver and what the agent reaches beyond it by type assertion
+// (pkg/dataplane/extensions.go), asserted here so that a signature drift fails the build
+// instead of turning an agent endpoint into 501. The OVS backend has no
+// dataplane.NativeRouter: BGP's native routing is the eBPF backend's.
+var (
+	_ dataplane.Driver           = (*Driver)(nil)
+	_ dataplane.Lister           = (*Driver)(nil)
+	_ dataplane.CounterReader    = (*Driver)(nil)
+	_ dataplane.MetricsCollector = (*Driver)(nil)
+	_ dataplane.EventSource      = (*Driver)(nil)
+	_ dataplane.Verifier         = (*Driver)(nil)
+	_ dataplane.Tracer           = (*Driver)(nil)
+)
