@@ -306,9 +306,7 @@ func (l *lateDirectory) Lookup(tenant, name string) ([]netip.Addr, bool) {
 func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (dataplane.Driver, error) {
 	hc := dataplane.HostConfig{
 		Host: cfg.host, VTEP: cfg.vtep, VXLANPort: cfg.vxlanPort, VLANIf: cfg.vlanIf,
-		FwdMode: cfg.fwdMode, PinRoot: filepath.Join(cfg.bpffsRoot, cfg.host),
-		SNATIP: cfg.snatIP, EgressIf: cfg.egressIf, EgressPortMin: cfg.egressPorts[0], EgressPortMax: cfg.egressPorts[1],
-		DNSIP: cfg.dnsListen.Addr(), CTQuota: cfg.ctQuota,
+		FwdMode: cfg.fwdMode, CTQuota: cfg.ctQuota,
 	}
 	switch cfg.dataplane {
 	case "ebpf":
@@ -318,7 +316,15 @@ func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (datapl
 		if err := os.MkdirAll(cfg.bpffsRoot, 0o700); err != nil {
 			return nil, fmt.Errorf("create --bpffs-root %s: %w", cfg.bpffsRoot, err)
 		}
-		d, err := ebpf.New(ctx, hc, ebpf.WithStepObserver(steps))
+		d, err := ebpf.New(ctx, hc, ebpf.Options{
+			PinRoot:       filepath.Join(cfg.bpffsRoot, cfg.host),
+			SNATIP:        cfg.snatIP,
+			EgressIf:      cfg.egressIf,
+			EgressPortMin: cfg.egressPorts[0],
+			EgressPortMax: cfg.egressPorts[1],
+			DNSIP:         cfg.dnsListen.Addr(),
+			StepObserver:  steps,
+		})
 		if err != nil {
 			return nil, fmt.Errorf("start ebpf dataplane: %w", err)
 		}

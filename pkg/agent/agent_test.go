@@ -110,7 +110,7 @@ func TestAgentsEndToEnd(t *testing.T) {
 	for _, h := range hosts {
 		sh(t, "ip", "netns", "exec", h.name, "ip", "addr", "add", h.ip.String()+"/24", "dev", "uplink")
 		sh(t, "ip", "netns", "exec", h.name, "ip", "link", "set", "uplink", "up")
-		drv, err := ebpf.New(ctx, dataplane.HostConfig{Host: h.name, NetNS: "/run/netns/" + h.name, VTEP: h.ip, FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, h.name)})
+		drv, err := ebpf.New(ctx, dataplane.HostConfig{Host: h.name, NetNS: "/run/netns/" + h.name, VTEP: h.ip, FwdMode: dataplane.FwdBridge}, ebpf.Options{PinRoot: filepath.Join(pinBase, h.name)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +286,7 @@ func TestAgentsEndToEnd(t *testing.T) {
 	// driver dies right after netmaster created the endpoint.
 	h3 := prefix + "-h3"
 	netnsAdd(t, h3)
-	drv3, err := ebpf.New(ctx, dataplane.HostConfig{Host: h3, NetNS: "/run/netns/" + h3, VTEP: netip.MustParseAddr("192.168.77.3"), FwdMode: dataplane.FwdBridge, PinRoot: filepath.Join(pinBase, h3)})
+	drv3, err := ebpf.New(ctx, dataplane.HostConfig{Host: h3, NetNS: "/run/netns/" + h3, VTEP: netip.MustParseAddr("192.168.77.3"), FwdMode: dataplane.FwdBridge}, ebpf.Options{PinRoot: filepath.Join(pinBase, h3)})
 	if err != nil {
 		t.Fatal(err)
 	}

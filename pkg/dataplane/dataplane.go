@@ -266,38 +266,22 @@ type State struct {
 	PodPolicies     []PodPolicy
 }
 
-// HostConfig is what a driver needs to know about its host at start-up.
+// HostConfig is what a driver needs to know about its host at start-up, the same for every
+// backend; what only one backend needs is in its own options (ebpf.Options, ovs.Options).
 type HostConfig struct {
 	Host string // host label
 	// NetNS is the path of the network namespace the driver programs ("" = the caller's).
 	// Tests and the simulator run several hosts in one process this way; the driver must
 	// do every netlink and attach call on a thread inside it.
-	NetNS      string
-	VTEP       netip.Addr // this host's underlay address (VXLAN source)
-	VXLANPort  int        // UDP port, default 4789
-	VLANIf     string     // uplink for VLAN networks ("" = none)
-	FwdMode    FwdMode
-	PinRoot    string // eBPF: bpffs directory for this host's pins
-	MapEntries int    // eBPF: capacity of the endpoint/neighbour maps, 0 = default
+	NetNS     string
+	VTEP      netip.Addr // this host's underlay address (VXLAN source)
+	VXLANPort int        // UDP port, default 4789
+	VLANIf    string     // uplink for VLAN networks ("" = none)
+	FwdMode   FwdMode
 	// CTQuota is how many conntrack entries one local endpoint may hold; past it the
-	// endpoint's new flows are refused (eBPF: drop_ct_quota). 0 = no quota.
+	// endpoint's new flows are refused (eBPF: drop_ct_quota; OVS: each tenant's conntrack
+	// zone is limited to CTQuota times its endpoints on the host). 0 = no quota.
 	CTQuota int
-	// VXLANIf names the host's VXLAN device (eBPF: one collect_md device; "" = driver default).
-	VXLANIf string
-	// Egress NAT (eBPF): endpoints reach the outside source-NATed to SNATIP (default: the
-	// VTEP) out of EgressIf (default: the device holding SNATIP), with ports (ICMP echo
-	// ids) EgressPortMin..EgressPortMax (0, 0 = driver default).
-	SNATIP        netip.Addr
-	EgressIf      string
-	EgressPortMin uint16
-	EgressPortMax uint16
-	// DNSIP is the host address the agent's DNS responder listens on (port 53): endpoints'
-	// UDP queries to their gateway's port 53 are steered to it (eBPF). Invalid: none.
-	DNSIP netip.Addr
-	// CgroupPath is the cgroup v2 directory the socket-level LB is attached to, so the
-	// host's own processes reach service VIPs and node ports (eBPF; "" = the cgroup2 root
-	// found at /sys/fs/cgroup/unified or /sys/fs/cgroup; "off" = none).
-	CgroupPath string
 }
 
 // Driver converges one host's datapath to the desired state.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,7 +17,9 @@ import (
 )
 
 // Factory starts a driver for one simulated host. It is called again with the same
-// config to restart a host; the suite calls Close or Teardown on what it returns.
+// config to restart a host; the suite calls Close or Teardown on what it returns. A
+// backend's own options (its pins, its private OVS) are the factory's: hosts are told
+// apart by their namespace (HostConfig.NetNS), unique to each host the suite builds.
 type Factory func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver
 
 const (
@@ -69,14 +70,11 @@ func NewEnvMode(t *testing.T, factory Factory, mode dataplane.FwdMode) *Env {
 	}}
 	e.VLANNet = dataplane.Network{ID: "green.default", Encap: dataplane.EncapVLAN, Tag: 100,
 		Subnet: netip.MustParsePrefix("10.36.2.0/24"), Gateway: netip.MustParseAddr("10.36.2.254"), MTU: 1500}
-	pinBase := filepath.Join("/sys/fs/bpf", p)
-	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
 	mk := func(name, addr string) *Host {
 		ns := NewNetNS(t, p+"-"+name)
 		return &Host{Name: name, NS: ns, Cfg: dataplane.HostConfig{
 			Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addr), VXLANPort: vxlanPort,
-			FwdMode: mode, PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0",
-			VLANIf: wireIf,
+			FwdMode: mode, VLANIf: wireIf,
 		}}
 	}
 	e.H1, e.H2 = mk("h1", "10.254.0.1"), mk("h2", "10.254.0.2")

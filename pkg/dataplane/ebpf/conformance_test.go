@@ -2,29 +2,47 @@ package ebpf
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 )
 
-func factory(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
-	t.Helper()
-	d, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("new ebpf driver for %s: %v", cfg.Host, err)
+// pinnedFactory starts the suite's eBPF drivers: each simulated host pins its maps under
+// /sys/fs/bpf/<the name of its namespace> (removed when the test that first started a
+// driver for that host ends; a restart reuses them) and names its VXLAN device cbevx0.
+func pinnedFactory() conformance.Factory {
+	var mu sync.Mutex
+	roots := map[string]string{} // host namespace → pin root
+	return func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
+		t.Helper()
+		mu.Lock()
+		root, ok := roots[cfg.NetNS]
+		if !ok {
+			root = filepath.Join("/sys/fs/bpf", filepath.Base(cfg.NetNS))
+			roots[cfg.NetNS] = root
+			t.Cleanup(func() { _ = os.RemoveAll(root) })
+		}
+		mu.Unlock()
+		d, err := New(context.Background(), cfg, Options{PinRoot: root, VXLANIf: "cbevx0"})
+		if err != nil {
+			t.Fatalf("new ebpf driver for %s: %v", cfg.Host, err)
+		}
+		return d
 	}
-	return d
 }
 
 func TestConformance(t *testing.T) {
-	conformance.Run(t, factory)
+	conformance.Run(t, pinnedFactory())
 }
 
 func TestConformanceRouting(t *testing.T) {
-	conformance.RunRouting(t, factory)
+	conformance.RunRouting(t, pinnedFactory())
 }
 
 func TestConformanceAdversarial(t *testing.T) {
-	conformance.RunAdversarial(t, factory)
+	conformance.RunAdversarial(t, pinnedFactory())
 }

@@ -219,7 +219,7 @@ func TestConntrackQuotaConfig(t *testing.T) {
 	}
 	bad := h.cfg
 	bad.CTQuota = -1
-	if d, err := New(context.Background(), bad); err == nil {
+	if d, err := New(context.Background(), bad.HostConfig, bad.Options); err == nil {
 		_ = d.Close()
 		t.Fatal("New accepted CTQuota -1")
 	}

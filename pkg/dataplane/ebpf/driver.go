@@ -28,7 +28,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
-// Defaults applied to an unset HostConfig field.
+// Defaults applied to an unset HostConfig or Options field.
 const (
 	DefaultPinBase    = "/sys/fs/bpf/contivbpf"
 	DefaultVXLANIf    = "cbvx0"
@@ -48,7 +48,7 @@ var ErrMapFull = errors.New("bpf map full")
 
 // Driver is the eBPF dataplane of one host. Methods are safe for concurrent use.
 type Driver struct {
-	cfg    dataplane.HostConfig
+	cfg    config
 	log    *slog.Logger
 	hostNS netns.NsHandle // -1: the caller's namespace
 
@@ -123,7 +123,6 @@ type Driver struct {
 	// converters convert entries of pinned maps whose layout changed when field-by-name
 	// conversion is not enough (by map name).
 	converters map[string]entryConverter
-	steps      StepObserver // nil: UpsertEndpoint steps are not timed
 }
 
 type attachment struct {
@@ -153,14 +152,12 @@ type remoteRec struct {
 	key contivbpfCbEpKey
 }
 
-// Option adjusts a Driver.
-type Option func(*Driver)
-
-// New loads the programs against the maps pinned under cfg.PinRoot (creating them on first
+// New loads the programs against the maps pinned under opts.PinRoot (creating them on first
 // start), creates or reuses the VXLAN device and swaps the programs of every pinned tcx link
 // to the freshly loaded ones. Endpoints found from a previous run keep forwarding; call
 // Sync next to converge to the desired state.
-func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver, error) {
+func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver, error) {
+	cfg := config{HostConfig: host, Options: opts}
 	if cfg.Host == "" {
 		cfg.Host = "default"
 	}
@@ -217,9 +214,6 @@ func New(ctx context.Context, cfg dataplane.HostConfig, opts ...Option) (*Driver
 		mapFull:     map[string]uint64{},
 		slots:       map[uint32]string{},
 		lbSeed:      newLBSeed(),
-	}
-	for _, o := range opts {
-		o(d)
 	}
 	d.log = d.log.With("dataplane", "ebpf", "host", cfg.Host)
 	if err := d.open(ctx); err != nil {

@@ -25,7 +25,7 @@ import (
 
 type oneHost struct {
 	prefix string
-	cfg    dataplane.HostConfig
+	cfg    config
 	net    dataplane.Network
 	d      *Driver
 }
@@ -38,8 +38,8 @@ func newOneHost(t *testing.T) *oneHost {
 	pinBase := filepath.Join("/sys/fs/bpf", p)
 	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
 	h := &oneHost{prefix: p,
-		cfg: dataplane.HostConfig{Host: "h", NetNS: ns, VTEP: netip.MustParseAddr("10.254.0.1"),
-			PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024},
+		cfg: config{HostConfig: dataplane.HostConfig{Host: "h", NetNS: ns, VTEP: netip.MustParseAddr("10.254.0.1")},
+			Options: Options{PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024}},
 		net: dataplane.Network{ID: "red.t", Encap: dataplane.EncapVXLAN, Tag: 77,
 			Subnet: netip.MustParsePrefix("10.50.0.0/24"), Gateway: netip.MustParseAddr("10.50.0.1")},
 	}
@@ -54,7 +54,7 @@ func newOneHost(t *testing.T) *oneHost {
 
 func (h *oneHost) start(t *testing.T) *Driver {
 	t.Helper()
-	d, err := New(context.Background(), h.cfg)
+	d, err := New(context.Background(), h.cfg.HostConfig, h.cfg.Options)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestEndpointUpsertLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	steps := map[string][]time.Duration{}
-	h.d.steps = func(step string, d time.Duration) { steps[step] = append(steps[step], d) }
+	h.d.cfg.StepObserver = func(step string, d time.Duration) { steps[step] = append(steps[step], d) }
 	eps := make([]dataplane.Endpoint, n)
 	for i := range eps {
 		eps[i] = h.endpoint(t, fmt.Sprintf("l%d", i), fmt.Sprintf("10.50.0.%d", 10+i), true)
@@ -46,7 +46,7 @@ func TestEndpointUpsertLatency(t *testing.T) {
 		}
 		total = append(total, time.Since(start))
 	}
-	h.d.steps = nil
+	h.d.cfg.StepObserver = nil
 	for _, ep := range eps {
 		checkContainerEnd(t, ep, h.d.networks[ep.NetworkID].net)
 		l, err := h.d.nl.LinkByName(ep.HostIfName)

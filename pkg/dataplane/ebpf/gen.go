@@ -1,6 +1,6 @@
 // Package ebpf is the eBPF backend of dataplane.Driver: it loads the programs from bpf/
 // (compiled by bpf2go; the generated Go and object are committed, so building needs no
-// clang), pins their maps and tcx links under HostConfig.PinRoot, creates the endpoint
+// clang), pins their maps and tcx links under Options.PinRoot, creates the endpoint
 // veths and the collect_md VXLAN device, and converges the maps to the desired state.
 //
 // It owns the kernel objects of one host (netlink, bpffs pins, tcx links) and must not

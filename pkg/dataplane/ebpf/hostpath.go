@@ -49,8 +49,8 @@ type egress struct {
 	portMax uint16
 }
 
-// resolveEgress finds the egress device: HostConfig.EgressIf, or the device holding the
-// NAT address (HostConfig.SNATIP, default the VTEP). An address given explicitly that no
+// resolveEgress finds the egress device: Options.EgressIf, or the device holding the
+// NAT address (Options.SNATIP, default the VTEP). An address given explicitly that no
 // device holds is an error; a VTEP that no device holds (tests, a VTEP behind NAT) turns
 // egress off with a warning.
 func (d *Driver) resolveEgress() (egress, error) {

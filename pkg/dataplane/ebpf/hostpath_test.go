@@ -62,8 +62,8 @@ func (w *egressWorld) driver(t *testing.T) *Driver {
 	t.Helper()
 	pinBase := filepath.Join("/sys/fs/bpf", w.prefix)
 	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
-	d, err := New(context.Background(), dataplane.HostConfig{Host: "h", NetNS: w.host, VTEP: netip.MustParseAddr(ewHostIP),
-		PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024})
+	d, err := New(context.Background(), dataplane.HostConfig{Host: "h", NetNS: w.host, VTEP: netip.MustParseAddr(ewHostIP)},
+		Options{PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,8 +358,8 @@ func TestEgressPortsAvoidOverlay(t *testing.T) {
 		{w.host, 4790, 5000, false},
 		{w.ext, 4000, 5000, false}, // egress off there: the VTEP is not its address
 	} {
-		d, err := New(context.Background(), dataplane.HostConfig{Host: "h", NetNS: tc.ns, VTEP: netip.MustParseAddr(ewHostIP),
-			PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024, EgressPortMin: tc.min, EgressPortMax: tc.max})
+		d, err := New(context.Background(), dataplane.HostConfig{Host: "h", NetNS: tc.ns, VTEP: netip.MustParseAddr(ewHostIP)},
+			Options{PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024, EgressPortMin: tc.min, EgressPortMax: tc.max})
 		if err == nil {
 			_ = d.Teardown(context.Background())
 		}

@@ -14,7 +14,7 @@ import (
 func TestPinRootLock(t *testing.T) {
 	h := newOneHost(t)
 	ctx := context.Background()
-	d2, err := New(ctx, h.cfg)
+	d2, err := New(ctx, h.cfg.HostConfig, h.cfg.Options)
 	if err == nil {
 		d2.Close()
 		t.Fatal("second driver on one pin root: no error")

@@ -184,17 +184,19 @@ func TestSetNativeRouting(t *testing.T) {
 	nsRun(t, ns, "ip", "link", "set", "tor0", "up")
 	pinBase := filepath.Join("/sys/fs/bpf", p)
 	t.Cleanup(func() { _ = os.RemoveAll(pinBase) })
-	cfg := dataplane.HostConfig{Host: "h", NetNS: ns, VTEP: netip.MustParseAddr("10.254.0.1"), FwdMode: dataplane.FwdRouting,
-		VLANIf: "tor0", PinRoot: filepath.Join(pinBase, "h"), VXLANIf: "cbevx0", MapEntries: 1024, CgroupPath: "off"}
-	start := func(c dataplane.HostConfig) *Driver {
+	cfg := dataplane.HostConfig{Host: "h", NetNS: ns, VTEP: netip.MustParseAddr("10.254.0.1"), FwdMode: dataplane.FwdRouting, VLANIf: "tor0"}
+	opts := func(pins string) Options {
+		return Options{PinRoot: filepath.Join(pinBase, pins), VXLANIf: "cbevx0", MapEntries: 1024, CgroupPath: "off"}
+	}
+	start := func(c dataplane.HostConfig, o Options) *Driver {
 		t.Helper()
-		d, err := New(ctx, c)
+		d, err := New(ctx, c, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	d := start(cfg)
+	d := start(cfg, opts("h"))
 	defer func() { _ = d.Teardown(ctx) }()
 	rip := netip.MustParsePrefix("172.30.1.2/24")
 	nh := netip.MustParseAddr("172.30.1.1")
@@ -251,7 +253,7 @@ func TestSetNativeRouting(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d = start(cfg)
+	d = start(cfg, opts("h"))
 	if !feat() || !slices.Equal(routes(), []dataplane.Route{r1}) {
 		t.Errorf("after restart: feature %v routes %v", feat(), routes())
 	}
@@ -285,7 +287,7 @@ func TestSetNativeRouting(t *testing.T) {
 	}
 
 	// A router-ip on another network of the host, or on a tenant network, is refused.
-	d = start(cfg)
+	d = start(cfg, opts("h"))
 	nsRun(t, ns, "ip", "addr", "add", "192.168.77.1/24", "dev", "tor0p")
 	if err := d.SetNativeRouting(ctx, dataplane.NativeRouting{RouterIP: netip.MustParsePrefix("192.168.77.9/24")}); err == nil || !strings.Contains(err.Error(), "tor0p") {
 		t.Errorf("router-ip on the network of another link: %v", err)
@@ -305,8 +307,8 @@ func TestSetNativeRouting(t *testing.T) {
 
 	// Bridge mode and a host without an uplink refuse it.
 	for name, c := range map[string]dataplane.HostConfig{"bridge": {FwdMode: dataplane.FwdBridge, VLANIf: "tor0"}, "no-uplink": {FwdMode: dataplane.FwdRouting}} {
-		c.Host, c.NetNS, c.VTEP, c.PinRoot, c.VXLANIf, c.MapEntries, c.CgroupPath = "h", ns, cfg.VTEP, filepath.Join(pinBase, name), "cbevx0", 1024, "off"
-		d2 := start(c)
+		c.Host, c.NetNS, c.VTEP = "h", ns, cfg.VTEP
+		d2 := start(c, opts(name))
 		if err := d2.SetNativeRouting(ctx, dataplane.NativeRouting{RouterIP: rip}); err == nil {
 			t.Errorf("%s: native routing accepted", name)
 		}

@@ -44,8 +44,8 @@ func TestNodePortTwoHosts(t *testing.T) {
 	ctx := context.Background()
 	drv := map[string]*Driver{}
 	for name, ns := range map[string]string{"h1": h1, "h2": h2} {
-		d, err := New(ctx, dataplane.HostConfig{Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addrs[ns]),
-			PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0", MapEntries: 1024})
+		d, err := New(ctx, dataplane.HostConfig{Host: name, NetNS: ns, VTEP: netip.MustParseAddr(addrs[ns])},
+			Options{PinRoot: filepath.Join(pinBase, name), VXLANIf: "cbevx0", MapEntries: 1024})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,7 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 	ctx := context.Background()
 	cfgB := a.cfg
 	cfgB.Host, cfgB.PinRoot, cfgB.VXLANIf, cfgB.VXLANPort = "h2", filepath.Join(filepath.Dir(a.cfg.PinRoot), "h2"), "cbevx1", 4790
-	b, err := New(ctx, cfgB)
+	b, err := New(ctx, cfgB.HostConfig, cfgB.Options)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if b, err = New(ctx, cfgB); err != nil {
+	if b, err = New(ctx, cfgB.HostConfig, cfgB.Options); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := b.endpoints[indexKey(epA.ID)]; ok {

@@ -11,12 +11,9 @@ const (
 	StepTCX       = "tcx"       // tcx attach and pin
 )
 
-// StepObserver receives the duration of each step of one UpsertEndpoint call.
+// StepObserver receives the duration of each step of one UpsertEndpoint call
+// (Options.StepObserver).
 type StepObserver func(step string, d time.Duration)
-
-// WithStepObserver reports per-step durations of UpsertEndpoint to f (called with the
-// driver's lock held: f must be quick and must not call back into the driver).
-func WithStepObserver(f StepObserver) Option { return func(d *Driver) { d.steps = f } }
 
 // stepClock times consecutive steps; the zero observer makes it a no-op.
 type stepClock struct {
@@ -25,10 +22,10 @@ type stepClock struct {
 }
 
 func (d *Driver) stepClock() stepClock {
-	if d.steps == nil {
+	if d.cfg.StepObserver == nil {
 		return stepClock{}
 	}
-	return stepClock{obs: d.steps, last: time.Now()}
+	return stepClock{obs: d.cfg.StepObserver, last: time.Now()}
 }
 
 // mark reports the time since the previous mark (or the start) as step.

@@ -202,7 +202,7 @@ func TestUpgradeMapLayout(t *testing.T) {
 	stop := udpStream(t, a, b, 9998)
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
-	d, err := New(ctx, h.cfg)
+	d, err := New(ctx, h.cfg.HostConfig, h.cfg.Options)
 	if err != nil {
 		stop()
 		t.Fatalf("upgrade to the current build: %v", err)
@@ -331,7 +331,7 @@ func TestMapEntriesResize(t *testing.T) {
 	}
 	big := h.cfg
 	big.MapEntries = 2048
-	d, err := New(ctx, big)
+	d, err := New(ctx, big.HostConfig, big.Options)
 	if err != nil {
 		t.Fatalf("grow MapEntries: %v", err)
 	}
@@ -361,7 +361,7 @@ func TestMapEntriesResize(t *testing.T) {
 
 	tiny := h.cfg
 	tiny.MapEntries = 1
-	if _, err := New(ctx, tiny); err == nil || !strings.Contains(err.Error(), "do not fit") {
+	if _, err := New(ctx, tiny.HostConfig, tiny.Options); err == nil || !strings.Contains(err.Error(), "do not fit") {
 		t.Fatalf("MapEntries too small for the entries: %v, want a 'do not fit' error", err)
 	}
 	m := pinnedMap(t, h.cfg.PinRoot, contivbpfMapCbEndpoints)
@@ -369,7 +369,7 @@ func TestMapEntriesResize(t *testing.T) {
 		t.Errorf("refused resize changed the pin: id %d (was %d), %d entries", mapIDOf(t, m), id, m.MaxEntries())
 	}
 	h.d = nil
-	d, err = New(ctx, big)
+	d, err = New(ctx, big.HostConfig, big.Options)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,44 @@
+package ebpf
+
+import (
+	"net/netip"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// Options are the eBPF backend's own settings, beside the host's dataplane.HostConfig that
+// both backends read (ovs.Options are the OVS backend's). The zero value takes every
+// default.
+type Options struct {
+	// PinRoot is the bpffs directory of this host's pins ("" = DefaultPinBase/<host>).
+	PinRoot string
+	// MapEntries is the capacity of the endpoint and neighbour maps (0 = DefaultMapEntries;
+	// the conntrack table holds four times as many).
+	MapEntries int
+	// VXLANIf names the host's collect_md VXLAN device ("" = DefaultVXLANIf).
+	VXLANIf string
+	// Egress NAT: endpoints reach the outside source-NATed to SNATIP (default: the VTEP)
+	// out of EgressIf (default: the device holding SNATIP), with ports (ICMP echo ids)
+	// EgressPortMin..EgressPortMax (0, 0 = the default range).
+	SNATIP        netip.Addr
+	EgressIf      string
+	EgressPortMin uint16
+	EgressPortMax uint16
+	// DNSIP is the host address the agent's DNS responder listens on (port 53):
+	// endpoints' UDP queries to their gateway's port 53 are steered to it. Invalid: none.
+	DNSIP netip.Addr
+	// CgroupPath is the cgroup v2 directory the socket-level LB is attached to, so the
+	// host's own processes reach service VIPs and node ports ("" = the cgroup2 root found
+	// at /sys/fs/cgroup/unified or /sys/fs/cgroup; "off" = none).
+	CgroupPath string
+	// StepObserver, when set, receives the duration of each step of UpsertEndpoint
+	// (called with the driver's lock held: it must be quick and must not call back into
+	// the driver).
+	StepObserver StepObserver
+}
+
+// config is what a Driver runs with: the host's config and the options, defaults applied.
+type config struct {
+	dataplane.HostConfig
+	Options
+}
