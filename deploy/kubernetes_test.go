@@ -18,7 +18,7 @@ import (
 // the binaries with each container's arguments and environment names, so a renamed flag or
 // variable breaks this test rather than a cluster.
 func TestKubernetesManifests(t *testing.T) {
-	k8stest.NeedRoot(t)
+	k8stest.NeedAPIServer(t)
 	bin := bins(t)
 	api := k8stest.Start(t)
 	objs := api.DryRun(t, filepath.Join("kubernetes", "contiv.yaml"))

@@ -29,6 +29,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
@@ -61,9 +62,7 @@ type testHost struct {
 // by a veth wire, against netmaster's real API and a private etcd: attach, cross-host
 // ping, failed attach rolled back, detach.
 func TestAgentsEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, bpffs); skipping as non-root")
-	}
+	testroot.Need(t)
 	store, _ := statetest.Store(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -16,7 +16,7 @@ import (
 // TestPodTarget resolves tenant/network/group through netplugin's pod cache against a real
 // kube-apiserver, with the netplugin identity of deploy/kubernetes/rbac.yaml.
 func TestPodTarget(t *testing.T) {
-	k8stest.NeedRoot(t)
+	k8stest.NeedAPIServer(t)
 	api := k8stest.Start(t)
 	api.Pod(t, "prod", "web", "n1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web"})
 	api.Pod(t, "prod", "partial", "n1", map[string]string{k8s.LabelNetwork: "net2"})

@@ -22,6 +22,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/cniplugin"
 	"github.com/contivbpf/contivbpf/pkg/dockertest"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 
@@ -118,9 +119,7 @@ func numEndpoints(t *testing.T, ctx context.Context, c *sim.Cluster, network str
 // runtimes use) against a real netmaster + netplugin on a simulated host, for every
 // supported spec version, plus bad input.
 func TestLibcniSpecVersions(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: simulated hosts are network namespaces and the agent loads eBPF")
-	}
+	testroot.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	bin := buildAll(t, ctx)

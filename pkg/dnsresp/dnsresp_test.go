@@ -14,6 +14,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // dir is a fixed directory: interface ifindex is an endpoint of tenant red whose gateway
@@ -52,7 +53,7 @@ type world struct {
 
 func newWorld(t *testing.T, cfg Config, upstream bool) *world {
 	t.Helper()
-	conformance.RequireRoot(t)
+	testroot.Need(t)
 	p := conformance.Prefix()
 	w := &world{host: conformance.NewNetNS(t, p+"-h"), ep: conformance.NewNetNS(t, p+"-e")}
 	if out, err := exec.Command("ip", "link", "add", p+"h", "netns", p+"-h", "type", "veth", "peer", "name", "eth0", "netns", p+"-e").CombinedOutput(); err != nil {

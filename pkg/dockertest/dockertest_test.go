@@ -12,7 +12,7 @@ import (
 // TestDaemonBusybox starts a private dockerd in a fresh network namespace, imports busybox,
 // runs a container without networking and checks the per-daemon plugin directory view.
 func TestDaemonBusybox(t *testing.T) {
-	RequireRoot(t)
+	RequireDocker(t)
 	ns := "cbr-dt-" + RandHex(3)
 	NetNS(t, ns)
 	dir := ShortDir(t, "cbr")

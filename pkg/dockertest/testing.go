@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
-// RequireRoot skips the test when not running as root (dockerd, namespaces and mounts need it).
-func RequireRoot(t testing.TB) {
+// RequireDocker skips the test when not running as root (dockerd, namespaces and mounts
+// need it) and fails it when dockerd, the docker CLI or busybox is missing.
+func RequireDocker(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a private dockerd in network and mount namespaces")
-	}
+	testroot.Need(t)
 	for _, b := range []string{DockerdBin, DockerCLI, BusyboxBin} {
 		if _, err := os.Stat(b); err != nil {
 			t.Fatalf("%s missing (install docker.io and busybox-static): %v", b, err)

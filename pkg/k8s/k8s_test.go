@@ -23,7 +23,7 @@ import (
 // pod created after the lookup started, never sees other nodes' pods, and keeps answering
 // for known pods while the API server is down.
 func TestPodCache(t *testing.T) {
-	k8stest.NeedRoot(t)
+	k8stest.NeedAPIServer(t)
 	api := k8stest.Start(t)
 	api.Pod(t, "prod", "web", "node1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web", "app": "web"})
 	api.Pod(t, "default", "bare", "node1", nil)
@@ -125,7 +125,7 @@ func TestPodCache(t *testing.T) {
 
 // TestRBAC: the shipped roles give each agent what its code reads, and nothing else.
 func TestRBAC(t *testing.T) {
-	k8stest.NeedRoot(t)
+	k8stest.NeedAPIServer(t)
 	api := k8stest.Start(t)
 	ctx := context.Background()
 	one := metav1.ListOptions{Limit: 1}

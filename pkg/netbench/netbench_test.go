@@ -6,19 +6,15 @@ import (
 	"os"
 	"testing"
 	"time"
-)
 
-func needRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces; skipping")
-	}
-}
+	"github.com/contivbpf/contivbpf/pkg/testroot"
+)
 
 func prefix() string { return fmt.Sprintf("cbb%d", os.Getpid()%100000) }
 
 // The probes must measure a real path: echo round trips, connections and bulk data.
 func TestProbesOverVethPair(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	topo, err := VethPair(prefix()+"v", 1500)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +52,7 @@ func TestProbesOverVethPair(t *testing.T) {
 
 // A dial to an address nobody serves must fail rather than report a rate.
 func TestCRRFailsWithoutServer(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	topo, err := VethPair(prefix()+"f", 1500)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +64,7 @@ func TestCRRFailsWithoutServer(t *testing.T) {
 }
 
 func TestBridgeVXLANBaseline(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	topo, err := BridgeVXLAN(prefix() + "x")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +77,7 @@ func TestBridgeVXLANBaseline(t *testing.T) {
 }
 
 func TestMasqueradeBaseline(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	topo, err := Masquerade(prefix()+"m", 1450)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +101,7 @@ func TestMasqueradeBaseline(t *testing.T) {
 // TestKubeProxyBaseline: the kube-proxy-style router DNATs each installed VIP to the
 // server, and a VIP it does not hold (after the rule set shrank) reaches nothing.
 func TestKubeProxyBaseline(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	kp, err := NewKubeProxy(prefix()+"k", 1450, 80, 7072)
 	if err != nil {
 		t.Fatal(err)

@@ -8,12 +8,12 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 func TestRun(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces); skipping")
-	}
+	testroot.Need(t)
 	name := fmt.Sprintf("cbnsexec-%d", os.Getpid())
 	orig, err := netns.Get()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 
@@ -13,9 +14,7 @@ import (
 // hosts with private dockerds: network sync, IPAM through netmaster, MAC/MTU/gateway,
 // ping across hosts, address release on removal, docker-created network adoption.
 func TestDockerTwoHosts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: simulated hosts, private dockerd, eBPF")
-	}
+	testroot.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	root, err := sim.RepoRoot()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/agent"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestBGPWithFRR is route distribution against a real router: FRR (Debian's zebra + bgpd)
@@ -22,7 +23,7 @@ import (
 // its session silent) loses its routes within the hold time; a bgp object's deletion
 // stops the session and removes the router-ip.
 func TestBGPWithFRR(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	if !FRRInstalled() {
 		t.Fatalf("%s/bgpd is missing: make test installs Debian's frr (scripts/deps.sh)", FRRDir)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/k8s/critest"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestKubernetesCRI: a real container runtime (a private containerd with its CRI plugin)
@@ -20,7 +21,7 @@ import (
 // names and is reached from a pod on the other host; removing the sandbox (CNI DEL)
 // removes its endpoint. Both datapaths.
 func TestKubernetesCRI(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	for _, dp := range []string{"ebpf", "ovs"} {
 		t.Run(dp, func(t *testing.T) { kubernetesCRI(t, dp) })
 	}

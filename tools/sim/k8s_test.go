@@ -20,6 +20,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestKubernetesServices runs a real kube-apiserver inside host 1's namespace, netmaster in
@@ -27,7 +28,7 @@ import (
 // labels from it; pods on two hosts are reached through a Service's ClusterIP on both
 // datapaths, only ready endpoints are used, and unsupported or bad input is reported.
 func TestKubernetesServices(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	for _, dp := range []string{"ebpf", "ovs"} {
 		t.Run(dp, func(t *testing.T) { kubernetesServices(t, dp) })
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestKubernetesNetworkPolicy: NetworkPolicies from a real kube-apiserver, compiled by
@@ -21,7 +22,7 @@ import (
 // a pod label on a named port, the union of policies, egress to an ipBlock except a /32,
 // and everything open again once the policies are gone.
 func TestKubernetesNetworkPolicy(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	for _, dp := range []string{"ebpf", "ovs"} {
 		t.Run(dp, func(t *testing.T) { kubernetesNetworkPolicy(t, dp) })
 	}

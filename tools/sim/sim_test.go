@@ -21,14 +21,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/agent"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("sim tests need root (network namespaces, bpffs); skipping as non-root")
-	}
-}
 
 // TestMain builds the binaries under test once per package run into a temp dir
 // (CONTIVBPF_BIN_DIR, if set, names prebuilt ones instead).
@@ -70,7 +64,7 @@ func runTests(m *testing.M) int {
 // dumping its logs if the test failed and removing it at the end.
 func startCluster(t *testing.T, ctx context.Context, cfg Config) *Cluster {
 	t.Helper()
-	needRoot(t)
+	testroot.Need(t)
 	cfg.BinDir = buildBins(t)
 	c, err := Start(ctx, cfg)
 	if err != nil {
@@ -120,7 +114,7 @@ func eventually(t *testing.T, what string, timeout time.Duration, fn func() erro
 // TestTwoHosts runs one two-host cluster through the scenarios: cross-host and same-host
 // traffic, agent crash and restart with traffic kept and state restored, endpoint delete.
 func TestTwoHosts(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -289,7 +283,7 @@ func TestTwoHosts(t *testing.T) {
 // TestThreeHostsBridgeUnderlay checks the switch-style underlay (a bridge in its own
 // namespace) and that every agent exports its state as metrics.
 func TestThreeHostsBridgeUnderlay(t *testing.T) {
-	needRoot(t)
+	testroot.Need(t)
 	bin := buildBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

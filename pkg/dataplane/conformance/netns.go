@@ -17,7 +17,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -25,14 +24,6 @@ import (
 
 	"github.com/vishvananda/netns"
 )
-
-// RequireRoot skips the test when not running as root.
-func RequireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, veths, BPF/OVS); skipping")
-	}
-}
 
 // Prefix returns a short unique prefix starting with "cbe" for names a test creates.
 func Prefix() string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // Factory starts a driver for one simulated host. It is called again with the same
@@ -62,7 +63,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 // NewEnvMode is NewEnv with a forwarding mode.
 func NewEnvMode(t *testing.T, factory Factory, mode dataplane.FwdMode) *Env {
 	t.Helper()
-	RequireRoot(t)
+	testroot.Need(t)
 	p := Prefix()
 	e := &Env{Prefix: p, factory: factory, Net: dataplane.Network{
 		ID: "blue.default", Encap: dataplane.EncapVXLAN, Tag: 5001,

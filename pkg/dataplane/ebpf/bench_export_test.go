@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/asm"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // The restoring copies' context slot lies below every stack byte the program addresses,
@@ -33,7 +35,7 @@ func TestRestoreSlot(t *testing.T) {
 
 // MeasurePaths must time every path it names, each after checking the packet took it.
 func TestMeasurePaths(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	costs, err := MeasurePaths(20000)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/asm"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // Every program's verifier budget (issue "Datapath v3"): at most a quarter of the
@@ -28,7 +30,7 @@ var legacyBudgets = map[string]struct{ insns, stack int }{
 // TestVerifierBudget loads every program with the verifier's statistics and fails when
 // one takes more than its budget of processed instructions or of stack.
 func TestVerifierBudget(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	t.Parallel()
 	budgets, err := MeasureBudgets()
 	if err != nil {

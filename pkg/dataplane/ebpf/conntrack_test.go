@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 const (
@@ -259,7 +260,7 @@ func TestConntrackZones(t *testing.T) {
 
 // A full table refuses new flows, visibly, and keeps the established ones.
 func TestConntrackFull(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	objs := ctPolicyFixture(t)
 	small, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: objs.CbCt.KeySize(), ValueSize: objs.CbCt.ValueSize(), MaxEntries: 3})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // setCTQuota writes the per-endpoint conntrack quota into the config (0: none).
@@ -176,7 +178,7 @@ func TestConntrackQuotaService(t *testing.T) {
 
 // A slot handed out starts at 0 entries, and the counts are sized like the slots.
 func TestConntrackQuotaDriver(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	objs := loadTestObjects(t)
 	d := &Driver{objs: *objs, slots: map[uint32]string{}, mapFull: map[string]uint64{}}
 	if err := objs.CbCtOwned.Put(uint32(1), &contivbpfCbCtCount{Count: 42}); err != nil {

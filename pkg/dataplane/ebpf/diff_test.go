@@ -20,6 +20,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/policy"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // The differential test: random sequences of packets and control-plane changes go through
@@ -1327,7 +1328,7 @@ func envInt(name string, def int) int {
 }
 
 func TestDifferential(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	runDifferential(t, diffBase, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))
 }
 
@@ -1338,7 +1339,7 @@ func TestDifferential(t *testing.T) {
 // flows at the quota. NetworkPolicy is off, so established flows take the fast path with
 // services on.
 func TestDifferentialQuota(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	runDifferential(t, diffQuota, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))
 }
 
@@ -1346,7 +1347,7 @@ func TestDifferentialQuota(t *testing.T) {
 // service, no NetworkPolicy): the established flows' packets take the fast path
 // (cb_ipv4_direct, cb_ipv4_fast), which must keep every state change of the full one.
 func TestDifferentialPolicyOnly(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	runDifferential(t, diffPolicyOnly, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -32,7 +33,7 @@ type oneHost struct {
 
 func newOneHost(t *testing.T) *oneHost {
 	t.Helper()
-	conformance.RequireRoot(t)
+	testroot.Need(t)
 	p := conformance.Prefix()
 	ns := conformance.NewNetNS(t, p+"-h")
 	pinBase := filepath.Join("/sys/fs/bpf", p)

@@ -14,6 +14,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // egressWorld is a host namespace joined by a veth wire ("up0") to an external namespace
@@ -41,7 +42,7 @@ func nsRun(t *testing.T, ns string, args ...string) {
 
 func newEgressWorld(t *testing.T) *egressWorld {
 	t.Helper()
-	conformance.RequireRoot(t)
+	testroot.Need(t)
 	p := conformance.Prefix()
 	w := &egressWorld{prefix: p, host: conformance.NewNetNS(t, p+"-h"), ext: conformance.NewNetNS(t, p+"-x")}
 	if out, err := exec.Command("ip", "link", "add", p+"u", "netns", p+"-h", "type", "veth", "peer", "name", p+"x", "netns", p+"-x").CombinedOutput(); err != nil {

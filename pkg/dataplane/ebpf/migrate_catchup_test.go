@@ -5,13 +5,15 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestMigrationCatchUp: entries the old programs change between the first copy and the
 // switch reach the new map, entries the new programs wrote since are not overwritten, and
 // per-CPU counters keep both sides' increments.
 func TestMigrationCatchUp(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	spec, err := loadContivbpf()
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +91,7 @@ func TestMigrationCatchUp(t *testing.T) {
 // TestMigrationWithoutFieldConversion: a pinned map whose key was no struct (cb_vips keyed
 // by the bare VIP, before zones) migrates while empty and is refused with entries.
 func TestMigrationWithoutFieldConversion(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	spec, err := loadContivbpf()
 	if err != nil {
 		t.Fatal(err)

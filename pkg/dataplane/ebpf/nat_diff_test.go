@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/policy"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // The egress NAT differential test: random sequences of endpoint packets to the outside
@@ -325,7 +326,7 @@ func replayNAT(t *testing.T, objs *contivbpfObjects, steps []natStep, tally map[
 }
 
 func TestNATDifferential(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	seqs, length := envInt("CONTIVBPF_DIFF_SEQS", 30), envInt("CONTIVBPF_DIFF_LEN", 120)
 	base := uint64(envInt("CONTIVBPF_DIFF_SEED", 1))
 	tally := map[string]int{}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestNativeRouting runs routing mode's BGP path (native.h) on crafted packets: out of a
@@ -176,7 +177,7 @@ func TestNativeRouting(t *testing.T) {
 // or nothing on a bad route, kept across a driver restart, removed when turned off and by
 // Teardown; refused in bridge mode and without an uplink.
 func TestSetNativeRouting(t *testing.T) {
-	conformance.RequireRoot(t)
+	testroot.Need(t)
 	ctx := context.Background()
 	p := conformance.Prefix()
 	ns := conformance.NewNetNS(t, p+"-h")

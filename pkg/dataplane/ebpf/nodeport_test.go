@@ -13,6 +13,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // TestNodePortTwoHosts: two hosts and the external namespace on one bridge; a service
@@ -20,7 +21,7 @@ import (
 // the overlay, the backend sees host 1's address) and at host 2's (locally, the backend
 // sees the client).
 func TestNodePortTwoHosts(t *testing.T) {
-	conformance.RequireRoot(t)
+	testroot.Need(t)
 	p := conformance.Prefix()
 	br := conformance.NewNetNS(t, p+"-br")
 	ext := conformance.NewNetNS(t, p+"-x")

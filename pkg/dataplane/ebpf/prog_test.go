@@ -21,6 +21,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -47,13 +48,6 @@ var (
 // testSlot is the counter slot the fixtures give a local endpoint: its last octet.
 func testSlot(ip netip.Addr) uint32 { return uint32(ip.As4()[3]) }
 
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (BPF_PROG_TEST_RUN, map creation); skipping")
-	}
-}
-
 // loadTestObjects loads the real programs with private, unpinned maps and the fixture:
 // lo (ifindex 1) is the sending endpoint 10.1.0.2 of VXLAN network 100; 10.1.0.3 is local
 // (ifindex 7, with its interface entry), 10.1.0.4 remote behind peer 192.168.0.2, 10.1.0.5 remote behind a non-peer.
@@ -68,7 +62,7 @@ func loadTestObjects(t testing.TB, progs ...string) *contivbpfObjects {
 // sizes).
 func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec), progs ...string) *contivbpfObjects {
 	t.Helper()
-	requireRoot(t)
+	testroot.Need(t)
 	spec, err := loadContivbpf()
 	if err != nil {
 		t.Fatal(err)
@@ -749,7 +743,7 @@ func TestFromOverlay(t *testing.T) {
 
 // TestMapFull checks that a full map is a clear, counted error, never a silent drop.
 func TestMapFull(t *testing.T) {
-	requireRoot(t)
+	testroot.Need(t)
 	spec, err := loadContivbpf()
 	if err != nil {
 		t.Fatal(err)

@@ -15,14 +15,14 @@ import (
 // host. A restarted host (the factory called again for the same host namespace) reuses
 // its OVS, as a restarted netplugin would.
 func TestConformance(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	conformance.Run(t, privateFactory(t))
 }
 
 // TestConformanceRouting runs Contiv's routing mode (router MAC, TTL decremented, routed
 // between networks of a tenant on one host and across hosts, other tenants apart).
 func TestConformanceRouting(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	conformance.RunRouting(t, privateFactory(t))
 }
 
@@ -30,7 +30,7 @@ func TestConformanceRouting(t *testing.T) {
 // from containers, overlay injection, bare ACKs, SYNs after reset and policy change,
 // cross-tenant VIPs, UDP spreading and backend removal under a live flow.
 func TestConformanceAdversarial(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	conformance.RunAdversarial(t, privateFactory(t))
 }
 

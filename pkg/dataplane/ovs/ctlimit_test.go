@@ -75,7 +75,7 @@ func echo(c net.Conn) error {
 // keep working and another tenant is unaffected; another endpoint raises the limit in
 // place, and a restarted vswitchd gets the limits back.
 func TestCTLimitOVS(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, _ := twoHosts(t, id)
 	h1.cfg.CTQuota = 2

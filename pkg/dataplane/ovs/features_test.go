@@ -60,7 +60,7 @@ func dial(t *testing.T, ns, addr string) error {
 // policy (deny TCP setup, allow one port) and a service VIP balanced over a local and a
 // remote backend.
 func TestVLANPolicyService(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, h2 := twoHosts(t, id)
 	up := "cbo-v" + id

@@ -17,7 +17,7 @@ import (
 // connection too; only one stream at a time; the switch's flows match the state while
 // monitoring and after (the controller actions are gone when the stream closes).
 func TestMonitorOVS(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, _ := twoHosts(t, id)
 	c1, c2 := newNS(t, id, "c1"), newNS(t, id, "c2")

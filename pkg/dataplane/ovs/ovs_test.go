@@ -17,14 +17,15 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func needRoot(t testing.TB) {
+// needOVS skips the test when not root (network namespaces, a private OVS) and fails it
+// when OVS is not installed.
+func needOVS(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, private OVS); skipping")
-	}
+	testroot.Need(t)
 	if _, err := exec.LookPath("ovs-vswitchd"); err != nil {
 		// As root (CI) a missing OVS is a broken install, not a reason to skip.
 		t.Fatal("ovs-vswitchd not installed (make test installs openvswitch-switch)")
@@ -179,7 +180,7 @@ func remote(e dataplane.Endpoint, h testHost) dataplane.RemoteEndpoint {
 // across the VXLAN tunnel; then vswitchd restart is repaired and a driver restart keeps
 // flows.
 func TestSameHostAndVXLAN(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, h2 := twoHosts(t, id)
 	c1, c2, c3 := newNS(t, id, "c1"), newNS(t, id, "c2"), newNS(t, id, "c3")

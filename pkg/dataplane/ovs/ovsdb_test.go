@@ -18,7 +18,7 @@ import (
 // TestFreeOfport: a free ofport skips requested ones, and a failed Interface listing is
 // an error, not a guess (a guess can hand out an ofport already in use).
 func TestFreeOfport(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ns := newNS(t, testID(), "db")

@@ -64,7 +64,7 @@ func TestParseMeterStats(t *testing.T) {
 // went while no agent ran); vswitchd holds up to 5,000 fragments. (Conformance
 // answer-flood and fragment-hoard try them with traffic.)
 func TestPortMeters(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, _ := twoHosts(t, id)
 	c1, c2 := newNS(t, id, "c1"), newNS(t, id, "c2")

@@ -62,7 +62,7 @@ func benchService(i int, backends int) dataplane.Service {
 
 // serviceDriver is a driver on a private OVS in a new namespace holding n services.
 func serviceDriver(b *testing.B, n int) *Driver {
-	needRoot(b)
+	needOVS(b)
 	ns := newNS(b, testID(), "bh")
 	dir := b.TempDir()
 	b.Cleanup(func() {

@@ -23,7 +23,7 @@ import (
 // host, whose receive path is traced from the first trace's tunnel; an address nothing
 // answers ARP for; and that tracing committed nothing to conntrack.
 func TestTraceOVS(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, h2 := twoHosts(t, id)
 	c1, c2, c3 := newNS(t, id, "c1"), newNS(t, id, "c2"), newNS(t, id, "c3")

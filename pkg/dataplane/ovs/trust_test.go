@@ -89,7 +89,7 @@ func TestCompileTrust(t *testing.T) {
 // and go and across an agent restart; an id is reused only after its zone was flushed
 // (NXT_CT_FLUSH_ZONE, which OVS must accept).
 func TestVRFIDsStable(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h := testHost{ns: newNS(t, id, "h1")}
 	h.cfg = dataplane.HostConfig{Host: "h1", NetNS: nsPath(h.ns)}

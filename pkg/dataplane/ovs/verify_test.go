@@ -15,7 +15,7 @@ import (
 // allow flow with the driver's cookie added): Verify must name each by object and kind,
 // and find nothing before the tampering and after a Sync repaired it.
 func TestVerifyNamesDrift(t *testing.T) {
-	needRoot(t)
+	needOVS(t)
 	id := testID()
 	h1, h2 := twoHosts(t, id)
 	c1 := newNS(t, id, "c1")

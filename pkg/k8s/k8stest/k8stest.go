@@ -40,6 +40,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // Identities the API server knows by token.
@@ -136,12 +137,13 @@ type Options struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// NeedRoot skips the test when not root (and no API server binary is named by
-// CONTIVBPF_KUBE_APISERVER): CI runs as root, builds the API server and runs the test.
-func NeedRoot(t testing.TB) {
+// NeedAPIServer skips the test when it cannot have a kube-apiserver: CI runs as root,
+// builds the API server and runs the test; without root CONTIVBPF_KUBE_APISERVER must name
+// an API server binary.
+func NeedAPIServer(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 && os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
-		t.Skip("needs root (CI builds and runs a private kube-apiserver); not root")
+	if os.Getenv("CONTIVBPF_KUBE_APISERVER") == "" {
+		testroot.Need(t)
 	}
 }
 

@@ -5,10 +5,11 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 const (
@@ -32,9 +33,7 @@ func frame(dstMAC net.HardwareAddr, src, dst netip.Addr) []byte {
 // The reference forwarder redirects a known destination with its MAC rewritten and drops
 // unknown destinations and truncated frames.
 func TestReferenceForwarder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (BPF_PROG_TEST_RUN); skipping")
-	}
+	testroot.Need(t)
 	f, err := Load()
 	if err != nil {
 		t.Fatal(err)
