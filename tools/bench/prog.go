@@ -27,6 +27,8 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	}
 	paths := map[string]*perPath{}
 	var order []string
+	// prog.policy_deny_1024_vs_1: a denied SYN against 1,024 rules / against 1, per round.
+	var denyRatio []float64
 	for range rounds {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -49,6 +51,9 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		refNs := byName["ref-forward"].NsPerPk
 		if refNs <= 0 {
 			return fmt.Errorf("reference forwarder not measured: no prog.*_ratio figures")
+		}
+		if many, one := byName["policy-deny-1024"].NsPerPk, byName["policy-deny-1"].NsPerPk; many > 0 && one > 0 {
+			denyRatio = append(denyRatio, many/one)
 		}
 		for _, c := range costs {
 			pp := paths[c.Name]
@@ -82,7 +87,7 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		"tunnel-decap": "prog.tunnel_decap", "uplink-overlay": "prog.uplink_overlay", "uplink-host": "prog.uplink_host", "drop-unknown-dst": "prog.drop_unknown_dst", "vlan-push": "prog.vlan_push",
 		"vlan-pop": "prog.vlan_pop", "stage-unknown-iface": "prog.stage_unknown_iface", "stage-not-ipv4": "prog.stage_not_ipv4",
 		"ct-established": "prog.ct_established", "service": "prog.service", "policy-1024-rules": "prog.policy_1024_rules",
-		"policy-2-rules": "prog.policy_2_rules",
+		"policy-2-rules": "prog.policy_2_rules", "policy-deny-1024": "prog.policy_deny_1024", "policy-deny-1": "prog.policy_deny_1",
 	}
 	for _, n := range order {
 		pp := paths[n]
@@ -107,6 +112,10 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	}
 	for _, f := range ratios {
 		r.add(f.Name, f.Value, f.Unit)
+	}
+	if len(denyRatio) > 0 {
+		r.add("prog.policy_deny_1024_vs_1", round2(median(denyRatio)), "ratio")
+		fmt.Fprintf(w, "policy: a denied SYN against 1,024 rules / against 1 rule: %.2f (median of %d rounds; goal <= 1.5)\n", median(denyRatio), len(denyRatio))
 	}
 	table(w, "eBPF program paths (Program.Benchmark, ns per packet; x ref = ns / ref_forward ns of the same round)", []string{"path", "program", "ns/pkt", "x ref", "verdict", "how"}, rows)
 	// The conntrack collector: one pass over a table of 200,000 entries, half expired.

@@ -212,7 +212,25 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	for i := 0; i < MaxRules; i++ {
 		many = append(many, dataplane.PolicyRule{ID: fmt.Sprintf("r%04d", i), Priority: 1, Ingress: true, Proto: 6, Port: uint16(2000 + i), Action: dataplane.ActionDeny})
 	}
+	// Groups 40 and 50 deny every TCP opening from any peer (the last rule by priority);
+	// group 40 has 1,023 other rules before it, none of which matches a SYN to port 80:
+	// ports, source groups and prefixes mixed (prog.policy_deny_1024_vs_1).
+	denyTCP := dataplane.PolicyRule{ID: "zz-deny-tcp", Priority: 1, Ingress: true, Proto: 6, Action: dataplane.ActionDeny}
+	var deny1024 []dataplane.PolicyRule
+	for i := 0; i < MaxRules-1; i++ {
+		r := dataplane.PolicyRule{ID: fmt.Sprintf("r%04d", i), Priority: 2 + i%7, Ingress: true, Proto: 6, Port: uint16(2000 + i), Action: dataplane.ActionAllow}
+		switch i % 3 {
+		case 1:
+			r.RemoteEPG = uint16(100 + i%50)
+		case 2:
+			r.Remote = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + i%100), byte(i), 0}), 16+i%9).Masked()
+		}
+		deny1024 = append(deny1024, r)
+	}
+	deny1024 = append(deny1024, denyTCP)
 	errs = append(errs,
+		setPolicy(40, deny1024),
+		setPolicy(50, []dataplane.PolicyRule{denyTCP}),
 		setPolicy(10, []dataplane.PolicyRule{{ID: "out", Priority: 1, Proto: 17, Action: dataplane.ActionDeny}}),
 		setPolicy(20, []dataplane.PolicyRule{
 			{ID: "deny-tcp", Priority: 1, Ingress: true, Proto: 6, SynOnly: true, Action: dataplane.ActionDeny},
@@ -270,6 +288,12 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			setup: func() error { return setGroups(10, 30, policyFeat) }},
 		{name: "policy-2-rules", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40003, 80, 0x04), reason: FwdLocal,
 			setup: func() error { return setGroups(10, 20, policyFeat) }},
+		// A SYN denied by the last of 1,024 rules and by a group's only rule (a denied
+		// opening keeps no state: every run is judged): prog.policy_deny_1024_vs_1.
+		{name: "policy-deny-1024", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40004, 80, 0x02), reason: DropPolicy,
+			setup: func() error { return setGroups(10, 40, policyFeat) }},
+		{name: "policy-deny-1", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40004, 80, 0x02), reason: DropPolicy,
+			setup: func() error { return setGroups(10, 50, policyFeat) }},
 	}
 	var out []PathCost
 	floor := func(name string, single bool) error {
