@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* policy.h: endpoint-group policy. Each (EPG, direction) holds up to CB_MAX_RULES rules
- * sorted by effective priority (2*priority, +1 for deny so deny wins ties), highest first.
- * A flow is checked against the egress rules of its source EPG and the ingress rules of
- * its destination EPG; the highest-priority match of both decides; no match allows
- * (Contiv's default). Evaluated once per flow: conntrack passes later packets and replies.
- * Kubernetes NetworkPolicy is a second layer ANDed with it (netpol.h).
- * Non-first fragments carry no ports: they inherit the verdict of their datagram's first
- * fragment, recorded in cb_frags by (saddr, daddr, IP id, proto). */
+ * sorted by effective priority (2*priority, +1 for deny so deny wins ties), highest first:
+ * the first matching rule is the answer. The agent keeps that list in cb_policies (listings,
+ * verification, the source of the compiled form at start) and compiles it into lookups
+ * (cb_pol_heads, cb_pol_rules, cb_pol_cidrs) whose cost does not grow with the number of
+ * rules: docs/policy.md "Lookup". A flow is checked against the egress rules of its source
+ * EPG and the ingress rules of its destination EPG; the highest-priority match of both
+ * decides; no match allows (Contiv's default). Evaluated once per flow: conntrack passes
+ * later packets and replies. Kubernetes NetworkPolicy is a second layer ANDed with it
+ * (netpol.h). Non-first fragments carry no ports: they inherit the verdict of their
+ * datagram's first fragment, recorded in cb_frags by (saddr, daddr, IP id, proto). */
 #pragma once
 
 #include "common.h"
@@ -50,6 +53,9 @@ struct cb_rule {
 	__u16 pad2;
 };
 
+/* The rule list of one (EPG, direction) as the agent sorted it: not read by the programs
+ * (they use the compiled form below), kept for listings, verification and to compile from
+ * at start (also after an upgrade from a build that scanned it). */
 struct cb_policy {
 	__u32 count;
 	__u32 generation;
@@ -65,76 +71,223 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_policies SEC(".maps");
 
-CB_INLINE struct cb_policy *cb_policy_of(__u16 epg, __u8 dir)
-{
-	struct cb_pol_key k = {.epg = epg, .dir = dir};
-
-	if (!epg)
-		return 0;
-	return bpf_map_lookup_elem(&cb_policies, &k);
-}
-
-/* cb_match_ctx carries one rule scan through bpf_loop (the verifier checks the callback
- * once, whatever CB_MAX_RULES is). */
-struct cb_match_ctx {
-	const struct cb_policy *pol;
-	const struct cb_flow *f;
-	__u32 remote_epg;
-	__be32 remote_ip;
-	int action;
-	__u16 prio;
-	__u16 index;  /* of the matching rule */
+/* Compiled policy. A rule's wildcard class says which of (remote group, protocol, port) it
+ * names (a 0 field is a wildcard); the rules of one (EPG, direction) with the same named
+ * values share one key of cb_pol_rules: {version, remote group or 0, protocol or 0, port
+ * or 0}. Its value holds the best (first in the sorted list) of those rules for any
+ * address (the 0/0 ones), once for a SYN and once for any other packet (CB_RULE_SYN_ONLY
+ * rules count only for a SYN), and, when some of them name a prefix, the slot of their
+ * prefixes in the LPM trie cb_pol_cidrs, where each prefix holds the best of the key's
+ * rules whose prefix contains it (0/0 included): the longest prefix holding an address is
+ * contained in every matching rule's prefix, so its value is the answer for the address.
+ * A packet looks up, for each class the head's bitmap has, one key (and its prefix when the
+ * key has prefixes) and keeps the best of the answers: at most 8 + 8 lookups whatever the
+ * number of rules, 1-3 in the common case. Priorities and deny-wins-ties are the order of
+ * the list, resolved by the agent. */
+enum cb_pol_class {
+	CB_POL_CLS_EPG = 1,   /* the rule names a remote group */
+	CB_POL_CLS_PROTO = 2, /* ... a protocol */
+	CB_POL_CLS_PORT = 4,  /* ... a destination port */
 };
 
-static long cb_rule_step(__u32 i, void *data)
+/* Per (EPG, direction): which version of the compiled keys the packets use. The agent
+ * writes a new rule set's keys under a new version, then replaces this head (one atomic
+ * element swap: BPF_F_NO_PREALLOC, so a reader keeps the element it found until its RCU
+ * section ends), then deletes the old version's keys (cb_rules_match reads the head again
+ * after its lookups to notice that: docs/policy.md "Lookup"). */
+struct cb_pol_head {
+	__u32 ver;        /* version of the keys in use; unique per agent run and above */
+	__u32 generation; /* the agent's sync generation */
+	__u32 count;      /* rules in the list (for bpftool) */
+	__u8 classes;     /* bit c set: some rule has wildcard class c (enum cb_pol_class) */
+	__u8 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cb_pol_key);
+	__type(value, struct cb_pol_head);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_pol_heads SEC(".maps");
+
+struct cb_pol_rule_key {
+	__u32 ver;
+	__u16 remote_epg; /* 0: rules for any group */
+	__be16 port;      /* 0: rules for any port */
+	__u8 proto;       /* 0: rules for any protocol */
+	__u8 pad[3];
+};
+
+/* The best rule for a packet: its effective priority, position in the sorted list and
+ * action (CB_ACT_NONE: no rule). */
+struct cb_pol_best {
+	__u16 prio;
+	__u16 index;
+	__u8 action;
+	__u8 pad[3];
+};
+
+/* The answers of a key or prefix: for a SYN (syn, !ack) and for any other packet. */
+struct cb_pol_cidr {
+	struct cb_pol_best syn;
+	struct cb_pol_best other;
+};
+
+struct cb_pol_rule {
+	struct cb_pol_cidr any; /* the key's 0/0 rules: for an address no prefix holds */
+	__u32 cidrs;            /* 0, or the slot of the key's prefixes in cb_pol_cidrs */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cb_pol_rule_key);
+	__type(value, struct cb_pol_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_pol_rules SEC(".maps");
+
+struct cb_pol_cidr_key {
+	__u32 prefixlen; /* 64 + the prefix's length */
+	__u32 ver;
+	__u32 slot;
+	__be32 ip;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cb_pol_cidr_key);
+	__type(value, struct cb_pol_cidr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_pol_cidrs SEC(".maps");
+
+/* cb_pol_scratch holds cb_rules_match's keys and the packet's values for the named fields
+ * (per CPU, not on the stack: the deepest call chain has no room for them). */
+struct cb_pol_scratch {
+	struct cb_pol_key hk;    /* the (EPG, direction) head */
+	struct cb_pol_rule_key k;
+	struct cb_pol_cidr_key ck;
+	__u32 epg;   /* the remote group, for keys naming a group */
+	__u32 proto; /* for keys naming a protocol */
+	__u32 port;  /* for keys naming a port (network order) */
+	__u32 mask;  /* the classes that can hold a rule for the packet; bit 8: a SYN */
+	__u32 classes; /* of the head being looked at, within mask */
+	__u32 pad;
+	__u64 best;  /* prio bits 0-15, index 16-32 (bit 32: none yet), action 48-55 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_pol_scratch);
+} cb_pol_scratch SEC(".maps");
+
+/* The key of cb_pol_scratch's one entry, in read-only data (not on the stack). */
+static volatile const __u32 cb_pol_zero = 0;
+
+/* Attempts of cb_rules_match before it gives up on a rule set that keeps changing. */
+#define CB_POL_TRIES 4
+
+/* No rule yet (cb_pol_scratch.best). */
+#define CB_POL_NO_BEST (0x10000ULL << 16)
+
+/* cb_rules_match returns the action of the first (= highest priority) matching rule of
+ * the rules of epg_dir (EPG in the low 16 bits, enum cb_pol_dir above) and, in
+ * *prio_index, its priority (low 16 bits) and position in the sorted list (high 16), or
+ * CB_ACT_NONE. remote_* describe the other end of the flow. For each wildcard class the
+ * head lists (and the packet can match) it looks up one key and, when the key has
+ * prefixes, the longest of them holding remote_ip, and keeps the earliest rule: at most
+ * 2 + 16 lookups whatever the number of rules. A global function: the verifier checks it
+ * once, not at every call site (and takes at most five arguments); its state lives in
+ * cb_pol_scratch (the stack of the deepest chain is full).
+ *
+ * Consistency: the agent writes a new version's keys, swaps the head, and only then
+ * deletes the old version's keys (poltables.go). A packet that found the head at version
+ * v and looked its keys up while they were being deleted (a miss that is not the rule
+ * set's answer) finds another head when it reads it again after its lookups, because the
+ * swap came before the deletion; it then looks again at the new version. An answer is
+ * returned only when the head was the same before and after, i.e. from one complete
+ * version. A head that is gone means the direction has no rules now: no match. */
+__noinline int cb_rules_match(__u32 epg_dir, const struct cb_flow *f, __u32 remote_epg, __u32 remote_ip, __u32 *prio_index)
 {
-	struct cb_match_ctx *c = data;
-	const struct cb_flow *f = c->f;
-	const struct cb_rule *r;
+	const struct cb_pol_best *b;
+	struct cb_pol_scratch *s;
+	struct cb_pol_head *h;
+	struct cb_pol_rule *e;
+	struct cb_pol_cidr *c;
+	__u32 try, i;
 
-	if (i >= CB_MAX_RULES)
-		return 1;
-	r = &c->pol->rules[i];
-	if (r->remote_epg && r->remote_epg != c->remote_epg)
-		return 0;
-	if ((c->remote_ip & r->remote_mask) != r->remote_ip)
-		return 0;
-	if (r->proto && r->proto != f->proto)
-		return 0;
-	if (r->port && (!f->has_ports || r->port != f->dport))
-		return 0;
-	if ((r->flags & CB_RULE_SYN_ONLY) &&
-	    !(f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK)))
-		return 0;
-	c->prio = r->prio;
-	c->action = r->action;
-	c->index = i;
-	return 1;
-}
-
-/* cb_rules_match returns the action of the first (= highest priority) matching rule of a
- * non-NULL pol and, in *prio_index, its priority (low 16 bits) and position (high 16), or
- * CB_ACT_NONE. remote_* describe the other end of the flow. A global function: the
- * verifier checks it once, not at every call site (and takes at most five arguments). */
-__noinline int cb_rules_match(const struct cb_policy *pol, const struct cb_flow *f,
-			      __u32 remote_epg, __u32 remote_ip, __u32 *prio_index)
-{
-	struct cb_match_ctx c = {};
-	__u32 n;
-
-	if (!pol || !f || !prio_index)
+	if (!f || !prio_index)
 		return CB_ACT_NONE;
-	n = pol->count;
-	if (n > CB_MAX_RULES)
-		n = CB_MAX_RULES;
-	c.pol = pol;
-	c.f = f;
-	c.remote_epg = remote_epg;
-	c.remote_ip = remote_ip;
-	c.action = CB_ACT_NONE;
-	bpf_loop(n, cb_rule_step, &c, 0);
-	*prio_index = (__u32)c.prio | ((__u32)c.index << 16);
-	return c.action;
+	s = bpf_map_lookup_elem(&cb_pol_scratch, (const void *)&cb_pol_zero);
+	if (!s)
+		return CB_ACT_NONE;
+	s->hk.epg = (__u16)epg_dir;
+	s->hk.dir = (__u8)(epg_dir >> 16);
+	s->hk.pad = 0;
+	s->k.pad[0] = s->k.pad[1] = s->k.pad[2] = 0;
+	s->epg = (__u16)remote_epg;
+	s->proto = f->proto;
+	s->port = f->dport;
+	s->ck.prefixlen = 96;
+	s->ck.ip = remote_ip;
+	/* A class naming a field the packet has as 0 (or a port it does not have) holds no
+	 * rule for it: a named field is never 0 (0 is the wildcard). */
+	s->mask = 0xff;
+	if (!s->epg)
+		s->mask &= 0x55; /* without CB_POL_CLS_EPG */
+	if (!f->proto)
+		s->mask &= 0x33; /* without CB_POL_CLS_PROTO */
+	if (!f->has_ports || !f->dport)
+		s->mask &= 0x0f; /* without CB_POL_CLS_PORT */
+	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK))
+		s->mask |= 0x100;
+	for (try = 0; try < CB_POL_TRIES; try++) {
+		h = bpf_map_lookup_elem(&cb_pol_heads, &s->hk);
+		if (!h)
+			return CB_ACT_NONE;
+		s->k.ver = h->ver;
+		s->ck.ver = h->ver;
+		s->classes = h->classes & s->mask;
+		s->best = CB_POL_NO_BEST;
+		for (i = 0; i < 8; i++) {
+			if (!(s->classes & (1u << i)))
+				continue;
+			s->k.remote_epg = (i & CB_POL_CLS_EPG) ? (__u16)s->epg : 0;
+			s->k.proto = (i & CB_POL_CLS_PROTO) ? (__u8)s->proto : 0;
+			s->k.port = (i & CB_POL_CLS_PORT) ? (__be16)s->port : 0;
+			e = bpf_map_lookup_elem(&cb_pol_rules, &s->k);
+			if (!e)
+				continue;
+			b = (s->mask & 0x100) ? &e->any.syn : &e->any.other;
+			if (e->cidrs) {
+				s->ck.slot = e->cidrs;
+				c = bpf_map_lookup_elem(&cb_pol_cidrs, &s->ck);
+				if (c)
+					b = (s->mask & 0x100) ? &c->syn : &c->other;
+			}
+			if (b->action != CB_ACT_NONE && b->index < (__u32)(s->best >> 16))
+				s->best = (__u64)b->prio | ((__u64)b->index << 16) | ((__u64)b->action << 48);
+		}
+		h = bpf_map_lookup_elem(&cb_pol_heads, &s->hk);
+		if (!h)
+			return CB_ACT_NONE;
+		if (h->ver == s->k.ver) {
+			if (!(s->best >> 48))
+				return CB_ACT_NONE;
+			*prio_index = (__u32)s->best;
+			return (int)(s->best >> 48);
+		}
+	}
+	/* Replaced under every attempt: deny (never allow what no version was seen to). */
+	*prio_index = 0xffffffff;
+	return CB_ACT_DENY;
 }
 
 /* cb_note_deny records, while events are on, which rule denied the packet (cb_verdicts). */
@@ -183,17 +336,17 @@ static __noinline void cb_emit_allow(const struct cb_flow *f, __u16 epg, __u8 di
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* cb_policy_allows decides a new flow from src_epg to dst_epg. */
-CB_INLINE int cb_policy_allows(const struct cb_policy *eg, const struct cb_policy *in,
-			       const struct cb_flow *f, __u16 src_epg, __u16 dst_epg)
+/* cb_policy_allows decides a new flow from src_epg to dst_epg (eg, in: whether the
+ * source group's egress and the destination group's ingress rules are to be asked). */
+CB_INLINE int cb_policy_allows(int eg, int in, const struct cb_flow *f, __u16 src_epg, __u16 dst_epg)
 {
 	__u32 pe = 0, pi = 0;
 	int ae = CB_ACT_NONE, ai = CB_ACT_NONE;
 
 	if (eg)
-		ae = cb_rules_match(eg, f, dst_epg, f->daddr, &pe);
+		ae = cb_rules_match((__u32)src_epg | ((__u32)CB_DIR_EGRESS << 16), f, dst_epg, f->daddr, &pe);
 	if (in)
-		ai = cb_rules_match(in, f, src_epg, f->saddr, &pi);
+		ai = cb_rules_match((__u32)dst_epg | ((__u32)CB_DIR_INGRESS << 16), f, src_epg, f->saddr, &pi);
 	if (ae != CB_ACT_NONE && (ai == CB_ACT_NONE || (__u16)pe >= (__u16)pi)) {
 		if (ae == CB_ACT_DENY)
 			cb_note_deny(src_epg, CB_DIR_EGRESS, pe);
@@ -293,7 +446,7 @@ CB_INLINE __u32 cb_netpol_zone(const struct cb_track *t)
  * the groups and group states of t. 1 allows. */
 static __noinline int cb_judge_groups(const struct cb_flow *f, const struct cb_track *t, int reverse)
 {
-	struct cb_policy *eg = 0, *in = 0;
+	int eg = 0, in = 0;
 	struct cb_flow g = *f;
 	__u32 sflags = t->src_flags, dflags = t->dst_flags;
 	__u16 src_epg = t->src_epg, dst_epg = t->dst_epg;
@@ -312,10 +465,8 @@ static __noinline int cb_judge_groups(const struct cb_flow *f, const struct cb_t
 		return 0;
 	if (g.proto == CB_PROTO_TCP)
 		g.tcp_flags = CB_TCP_SYN;
-	if (sflags & CB_EPG_RULES)
-		eg = cb_policy_of(src_epg, CB_DIR_EGRESS);
-	if (dflags & CB_EPG_RULES)
-		in = cb_policy_of(dst_epg, CB_DIR_INGRESS);
+	eg = (sflags & CB_EPG_RULES) && src_epg;
+	in = (dflags & CB_EPG_RULES) && dst_epg;
 	return cb_policy_allows(eg, in, &g, src_epg, dst_epg);
 }
 

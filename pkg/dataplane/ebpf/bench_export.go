@@ -173,6 +173,10 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	// Stateful paths: src in group 10, local in group 20 (rules on both sides), a service
 	// VIP balanced to local, and group 30 with 1,024 rules none of which matches (a new
 	// flow is judged against all of them).
+	pt, err := objsPolTables(&objs.contivbpfObjects)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
 	setPolicy := func(epg uint16, rules []dataplane.PolicyRule) error {
 		eg, in, err := compileRules(dataplane.PolicySet{EPGID: epg, Rules: rules})
 		if err != nil {
@@ -182,9 +186,13 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			if len(rs) == 0 {
 				continue
 			}
+			k := contivbpfCbPolKey{Epg: epg, Dir: uint8(dir)}
 			v := contivbpfCbPolicy{Count: uint32(len(rs))}
 			copy(v.Rules[:], rs)
-			if err := objs.CbPolicies.Put(&contivbpfCbPolKey{Epg: epg, Dir: uint8(dir)}, &v); err != nil {
+			if err := objs.CbPolicies.Put(&k, &v); err != nil {
+				return err
+			}
+			if err := pt.install(k, rs, 0); err != nil {
 				return err
 			}
 		}

@@ -394,6 +394,28 @@ type contivbpfCbPeerFlowKey struct {
 	Pad   [3]uint8
 }
 
+type contivbpfCbPolBest struct {
+	_      structs.HostLayout
+	Prio   uint16
+	Index  uint16
+	Action uint8
+	Pad    [3]uint8
+}
+
+type contivbpfCbPolCidr struct {
+	_     structs.HostLayout
+	Syn   contivbpfCbPolBest
+	Other contivbpfCbPolBest
+}
+
+type contivbpfCbPolCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ver       uint32
+	Slot      uint32
+	Ip        uint32
+}
+
 type contivbpfCbPolDir uint32
 
 const (
@@ -401,11 +423,50 @@ const (
 	contivbpfCbPolDirCB_DIR_INGRESS contivbpfCbPolDir = 1
 )
 
+type contivbpfCbPolHead struct {
+	_          structs.HostLayout
+	Ver        uint32
+	Generation uint32
+	Count      uint32
+	Classes    uint8
+	Pad        [3]uint8
+}
+
 type contivbpfCbPolKey struct {
 	_   structs.HostLayout
 	Epg uint16
 	Dir uint8
 	Pad uint8
+}
+
+type contivbpfCbPolRule struct {
+	_     structs.HostLayout
+	Any   contivbpfCbPolCidr
+	Cidrs uint32
+	Pad   uint32
+}
+
+type contivbpfCbPolRuleKey struct {
+	_         structs.HostLayout
+	Ver       uint32
+	RemoteEpg uint16
+	Port      uint16
+	Proto     uint8
+	Pad       [3]uint8
+}
+
+type contivbpfCbPolScratch struct {
+	_       structs.HostLayout
+	Hk      contivbpfCbPolKey
+	K       contivbpfCbPolRuleKey
+	Ck      contivbpfCbPolCidrKey
+	Epg     uint32
+	Proto   uint32
+	Port    uint32
+	Mask    uint32
+	Classes uint32
+	Pad     uint32
+	Best    uint64
 }
 
 type contivbpfCbPolicy struct {
@@ -629,6 +690,10 @@ const (
 	contivbpfMapCbNodeports        = "cb_nodeports"
 	contivbpfMapCbPeerFlows        = "cb_peer_flows"
 	contivbpfMapCbPeers            = "cb_peers"
+	contivbpfMapCbPolCidrs         = "cb_pol_cidrs"
+	contivbpfMapCbPolHeads         = "cb_pol_heads"
+	contivbpfMapCbPolRules         = "cb_pol_rules"
+	contivbpfMapCbPolScratch       = "cb_pol_scratch"
 	contivbpfMapCbPolicies         = "cb_policies"
 	contivbpfMapCbReasons          = "cb_reasons"
 	contivbpfMapCbRoutes           = "cb_routes"
@@ -749,6 +814,10 @@ type contivbpfMapSpecs struct {
 	CbNodeports      *ebpf.MapSpec `ebpf:"cb_nodeports"`
 	CbPeerFlows      *ebpf.MapSpec `ebpf:"cb_peer_flows"`
 	CbPeers          *ebpf.MapSpec `ebpf:"cb_peers"`
+	CbPolCidrs       *ebpf.MapSpec `ebpf:"cb_pol_cidrs"`
+	CbPolHeads       *ebpf.MapSpec `ebpf:"cb_pol_heads"`
+	CbPolRules       *ebpf.MapSpec `ebpf:"cb_pol_rules"`
+	CbPolScratch     *ebpf.MapSpec `ebpf:"cb_pol_scratch"`
 	CbPolicies       *ebpf.MapSpec `ebpf:"cb_policies"`
 	CbReasons        *ebpf.MapSpec `ebpf:"cb_reasons"`
 	CbRoutes         *ebpf.MapSpec `ebpf:"cb_routes"`
@@ -833,6 +902,10 @@ type contivbpfMaps struct {
 	CbNodeports      *ebpf.Map `ebpf:"cb_nodeports"`
 	CbPeerFlows      *ebpf.Map `ebpf:"cb_peer_flows"`
 	CbPeers          *ebpf.Map `ebpf:"cb_peers"`
+	CbPolCidrs       *ebpf.Map `ebpf:"cb_pol_cidrs"`
+	CbPolHeads       *ebpf.Map `ebpf:"cb_pol_heads"`
+	CbPolRules       *ebpf.Map `ebpf:"cb_pol_rules"`
+	CbPolScratch     *ebpf.Map `ebpf:"cb_pol_scratch"`
 	CbPolicies       *ebpf.Map `ebpf:"cb_policies"`
 	CbReasons        *ebpf.Map `ebpf:"cb_reasons"`
 	CbRoutes         *ebpf.Map `ebpf:"cb_routes"`
@@ -874,6 +947,10 @@ func (m *contivbpfMaps) Close() error {
 		m.CbNodeports,
 		m.CbPeerFlows,
 		m.CbPeers,
+		m.CbPolCidrs,
+		m.CbPolHeads,
+		m.CbPolRules,
+		m.CbPolScratch,
 		m.CbPolicies,
 		m.CbReasons,
 		m.CbRoutes,

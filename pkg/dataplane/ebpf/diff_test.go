@@ -149,6 +149,12 @@ func (g *diffGen) rule(id int) dataplane.PolicyRule {
 	if g.r.IntN(3) == 0 {
 		r.RemoteEPG = []uint16{10, 20, 30}[g.r.IntN(3)]
 	}
+	// Overlapping prefixes around the fixture's addresses (10.1.0.2-5, the VIP .100), of
+	// random priorities: the compiled lookup's longest-prefix answers against the model.
+	if g.r.IntN(3) == 0 {
+		r.Remote = netip.MustParsePrefix([]string{"10.1.0.0/16", "10.1.0.0/24", "10.1.0.0/29", "10.1.0.0/30",
+			"10.1.0.4/30", "10.1.0.2/31", "10.1.0.3/32", "10.1.0.4/32", "10.1.0.96/27", "10.2.0.0/16", "0.0.0.0/1", "0.0.0.0/0"}[g.r.IntN(12)])
+	}
 	switch g.r.IntN(4) {
 	case 0:
 		r.Proto = 6
@@ -476,6 +482,7 @@ type diffWorld struct {
 	t     *testing.T
 	rig   *diffRig
 	objs  *contivbpfObjects
+	pol   *polTables // the compiled rule lists (written beside cb_policies)
 	model *policy.Model
 	eps   []diffEP
 	gc    *ctGC
@@ -627,6 +634,10 @@ func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	rig.restore()
 	objs := rig.objs
 	w := &diffWorld{t: t, rig: rig, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), lbSeed: rig.lbSeed}
+	var err error
+	if w.pol, err = objsPolTables(objs); err != nil {
+		t.Fatal(err)
+	}
 	w.gc = newCTGC(objs.CbCt, time.Hour)
 	w.gc.owned = objs.CbCtOwned // the collector recounts, as the driver's does
 	w.gc.gens = objs.CbCtGens   // and moves the memo generation on
@@ -866,6 +877,9 @@ func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
 	for epg := uint16(10); epg <= 30; epg += 10 {
 		for dir := uint8(0); dir < 2; dir++ {
 			_ = w.objs.CbPolicies.Delete(&contivbpfCbPolKey{Epg: epg, Dir: dir})
+			if err := w.pol.remove(contivbpfCbPolKey{Epg: epg, Dir: dir}); err != nil {
+				w.t.Fatal(err)
+			}
 		}
 		var st contivbpfCbEpgState
 		_ = w.objs.CbEpgs.Lookup(uint32(epg), &st)
@@ -884,6 +898,9 @@ func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
 			v := contivbpfCbPolicy{Count: uint32(len(rs))}
 			copy(v.Rules[:], rs)
 			if err := w.objs.CbPolicies.Put(&contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}, &v); err != nil {
+				w.t.Fatal(err)
+			}
+			if err := w.pol.install(contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}, rs, 0); err != nil {
 				w.t.Fatal(err)
 			}
 		}

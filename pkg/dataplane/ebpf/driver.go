@@ -81,6 +81,7 @@ type Driver struct {
 	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
 	traceColl *ebpf.Collection   // trace programs and scratch maps (trace.go), loaded on first use
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
+	pol       *polTables         // the compiled rule lists the programs look up (poltables.go)
 	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
 	lbSeed    uint32             // cb_lb_seed (lb.h): keys the service flow hash; random per run
 	clock     ctClock            // cb_now's calibration (clock.go); zero: the helper clock
@@ -246,7 +247,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbBackends, contivbpfMapCbRoutes} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
 		if ms, ok := spec.Maps[m]; ok {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}
@@ -305,6 +306,11 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	if err := kit.Err(); err != nil {
 		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbKsets, err)
+	}
+	// The programs look policy up in its compiled form: compiled from cb_policies before
+	// any link takes them (an earlier build scanned cb_policies itself).
+	if err := d.compilePinnedPolicies(); err != nil {
+		return err
 	}
 	if err := d.ensureVXLAN(); err != nil {
 		return err
@@ -371,6 +377,8 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.finishMigrations(migrations); err != nil {
 		return err
 	}
+	// (A migrated map was reopened from its pin: the compiled policy's writer follows.)
+	d.pol.heads, d.pol.rules, d.pol.cidrs = d.objs.CbPolHeads, d.objs.CbPolRules, d.objs.CbPolCidrs
 	// The agent changed entries itself (marks, the migration's catch-up copy): no service
 	// flow's memo taken before stays current.
 	if err := memoGenJump(d.objs.CbCtGens); err != nil {

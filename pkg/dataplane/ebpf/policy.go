@@ -15,8 +15,8 @@ import (
 // bpf/lib/policy.h).
 const MaxRules = 1024
 
-// PolicyError says a group's rule set could not be installed (a rule is invalid, or there
-// are more than MaxRules in one direction). The group is failed closed: every new flow
+// PolicyError says a group's rule set could not be installed (a rule is invalid, there
+// are more than MaxRules in one direction, or its compiled form does not fit the maps). The group is failed closed: every new flow
 // from or to it is denied, and established ones are cut on their next packet, until a
 // valid rule set (or its deletion) replaces it.
 type PolicyError struct {
@@ -131,15 +131,22 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 	for dir, rules := range [][]contivbpfCbRule{eg, in} {
 		key := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
 		if len(rules) == 0 {
+			if err := d.pol.remove(key); err != nil {
+				return fmt.Errorf("policy %d: delete empty direction: %w", p.EPGID, err)
+			}
 			if err := mapDel(d.objs.CbPolicies, &key); err != nil {
 				return fmt.Errorf("policy %d: delete empty direction: %w", p.EPGID, err)
 			}
 			continue
 		}
+		// The list (listings, verification, a restart's source) and its compiled form.
 		v := contivbpfCbPolicy{Count: uint32(len(rules)), Generation: d.gen}
 		copy(v.Rules[:], rules)
 		if err := d.mapPut(contivbpfMapCbPolicies, d.objs.CbPolicies, &key, &v); err != nil {
 			return d.failClosed(p.EPGID, err)
+		}
+		if err := d.pol.install(key, rules, d.gen); err != nil {
+			return d.failClosed(p.EPGID, fmt.Errorf("compile the %s rules: %w", [2]string{"egress", "ingress"}[dir], err))
 		}
 	}
 	var st contivbpfCbEpgState
@@ -215,7 +222,11 @@ func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 
 func (d *Driver) deletePolicy(epgID uint16) error {
 	for dir := uint8(0); dir < 2; dir++ {
-		if err := mapDel(d.objs.CbPolicies, &contivbpfCbPolKey{Epg: epgID, Dir: dir}); err != nil {
+		key := contivbpfCbPolKey{Epg: epgID, Dir: dir}
+		if err := d.pol.remove(key); err != nil {
+			return fmt.Errorf("policy %d: delete: %w", epgID, err)
+		}
+		if err := mapDel(d.objs.CbPolicies, &key); err != nil {
 			return fmt.Errorf("policy %d: delete: %w", epgID, err)
 		}
 	}
@@ -228,6 +239,34 @@ func (d *Driver) deletePolicy(epgID uint16) error {
 	delete(d.failed, epgID)
 	if had || failed {
 		return d.bumpEpoch()
+	}
+	return nil
+}
+
+// compilePinnedPolicies compiles every rule list in cb_policies into the lookup maps (at
+// start, before this build's programs are attached). A list that cannot be compiled or
+// installed fails its group closed, as its upsert would; the epoch moves with the
+// configuration written next.
+func (d *Driver) compilePinnedPolicies() error {
+	t, err := newPolTables(d.objs.CbPolHeads, d.objs.CbPolRules, d.objs.CbPolCidrs, d.mapPut)
+	if err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	}
+	d.pol = t
+	failed, err := t.compileAll(d.objs.CbPolicies)
+	if err != nil {
+		d.log.Warn("compiled policy maps: stale entries left", "err", err)
+	}
+	for epg, cause := range failed {
+		d.log.Error("policy failed closed", "epg", epg, "err", cause)
+		d.failed[epg] = cause
+		st := contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), Generation: d.gen}
+		if err := d.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
+			return fmt.Errorf("ebpf: policy %d: write deny-all state: %w", epg, err)
+		}
+	}
+	if len(failed) > 0 {
+		d.epoch++
 	}
 	return nil
 }

@@ -159,15 +159,23 @@ func putPolicy(t *testing.T, objs *contivbpfObjects, p dataplane.PolicySet) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pt, err := objsPolTables(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for dir, rules := range [][]contivbpfCbRule{eg, in} {
 		k := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
 		if len(rules) == 0 {
 			_ = objs.CbPolicies.Delete(&k)
+			_ = pt.remove(k)
 			continue
 		}
 		v := contivbpfCbPolicy{Count: uint32(len(rules))}
 		copy(v.Rules[:], rules)
 		if err := objs.CbPolicies.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := pt.install(k, rules, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

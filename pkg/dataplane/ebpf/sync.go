@@ -285,6 +285,7 @@ func (d *Driver) sweepMaps() []error {
 
 	errs = append(errs, sweepGen(d.objs.CbPolicies, contivbpfMapCbPolicies, d.gen,
 		func(k *contivbpfCbPolKey, v *contivbpfCbPolicy) uint32 { return v.Generation })...)
+	errs = append(errs, d.pol.sweep(d.gen)...)
 	errs = append(errs, sweepGen(d.objs.CbKpods, contivbpfMapCbKpods, d.gen,
 		func(k *contivbpfCbKpodKey, v *contivbpfCbKpod) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbKsets, contivbpfMapCbKsets, d.gen,

@@ -1,0 +1,121 @@
+package ebpf
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+)
+
+// TestPolicyCompiledAtUpgrade: an agent starting where an earlier build left only
+// cb_policies (the build that scanned it: no compiled maps pinned) compiles every rule
+// list before its programs take the links, so the rules hold without a gap: a stream
+// the rules allow loses nothing and datagrams they deny never arrive, before and after
+// the new agent's first Sync.
+func TestPolicyCompiledAtUpgrade(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	a.EPGID, b.EPGID = 11, 12
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		Policies: []dataplane.PolicySet{{EPGID: 12, Rules: []dataplane.PolicyRule{
+			{ID: "deny-9997", Priority: 5, Ingress: true, Proto: 17, Port: 9997, Action: dataplane.ActionDeny},
+			{ID: "deny-a-tcp", Priority: 3, Ingress: true, Remote: netip.PrefixFrom(a.IP, 32), Proto: 6, Action: dataplane.ActionDeny}}}}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	// Datagrams to the denied port, counted where they would arrive.
+	var denied atomic.Int64
+	var rx *net.UDPConn
+	if err := nsexec.Run(b.NetNS, func() error {
+		var err error
+		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: b.IP.AsSlice(), Port: 9997})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := rx.Read(buf); err != nil {
+				return
+			}
+			denied.Add(1)
+		}
+	}()
+	probe := func(n int) {
+		t.Helper()
+		if err := nsexec.Run(a.NetNS, func() error {
+			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.IP.AsSlice(), Port: 9997})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for i := 0; i < n; i++ {
+				_, _ = c.Write([]byte("denied"))
+				time.Sleep(200 * time.Microsecond)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := udpStream(t, a, b, 9998)
+	probe(50)
+	// The earlier build had no compiled maps: their pins go (the running programs keep
+	// theirs), and the agent stops without touching the datapath.
+	for _, m := range []string{contivbpfMapCbPolHeads, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
+		if err := os.Remove(filepath.Join(h.cfg.PinRoot, m)); err != nil {
+			stop()
+			t.Fatal(err)
+		}
+	}
+	oldHeads := mapIDOf(t, h.d.objs.CbPolHeads)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); probe(200) }()
+	d, err := New(ctx, h.cfg.HostConfig, h.cfg.Options)
+	if err != nil {
+		stop()
+		t.Fatalf("start on the earlier layout: %v", err)
+	}
+	h.d = d
+	<-done
+	if mapIDOf(t, d.objs.CbPolHeads) == oldHeads {
+		t.Error("the new agent uses the old compiled maps")
+	}
+	if n := countEntries(t, d.objs.CbPolHeads); n != 1 {
+		t.Errorf("compiled heads before Sync: %d, want 1 (group 12 ingress)", n)
+	}
+	if failed := d.FailedPolicies(); len(failed) != 0 {
+		t.Errorf("failed closed: %v", failed)
+	}
+	probe(50)
+	if err := d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	probe(50)
+	time.Sleep(100 * time.Millisecond)
+	sent, lost := stop()
+	t.Logf("upgrade: %d allowed datagrams sent, %d lost; %d denied datagrams arrived", sent, lost, denied.Load())
+	if lost != 0 {
+		t.Errorf("%d of %d allowed datagrams lost across the start", lost, sent)
+	}
+	if n := denied.Load(); n != 0 {
+		t.Errorf("%d denied datagrams arrived", n)
+	}
+	if n := countEntries(t, d.objs.CbPolHeads); n != 1 {
+		t.Errorf("compiled heads after Sync: %d, want 1", n)
+	}
+}
