@@ -994,7 +994,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		t.src_epg = src ? src->epg : 0;
 		t.dst_epg = ep->epg;
-		t.owner = cb_ct_owner(ep->slot); /* the local receiver's */
+		t.owner = cb_ct_owner_in(ep->slot); /* opened to the local receiver */
 		if (p.inner.proto)
 			t.inner = &p.inner;
 		r = cb_stateful(&f, &t);
@@ -1051,7 +1051,7 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	t.zone = zone ^ CB_ZONE_NODEPORT;
 	t.kind = CB_FLOW_NODEPORT;
 	t.dst_epg = ep->epg;
-	t.owner = cb_ct_owner(ep->slot);
+	t.owner = cb_ct_owner_in(ep->slot);
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);
@@ -1250,7 +1250,7 @@ static __noinline int cb_uplink_deliver(struct __sk_buff *skb, const struct cb_f
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	t->dst_epg = ep->epg;
-	t->owner = cb_ct_owner(ep->slot);
+	t->owner = cb_ct_owner_in(ep->slot);
 	r = cb_stateful(f, t);
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
@@ -1406,7 +1406,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	}
 	t.dst_epg = ep->epg;
 	if (ep->flags & CB_EP_LOCAL)
-		t.owner = cb_ct_owner(ep->slot); /* a local backend's */
+		t.owner = cb_ct_owner_in(ep->slot); /* opened to a local backend */
 	r = cb_stateful(&f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, &p, &f, &t);

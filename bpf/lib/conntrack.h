@@ -91,9 +91,12 @@ struct {
 } cb_ct SEC(".maps");
 
 /* Per-endpoint quota (docs/conntrack.md "Per-endpoint quota"): entries counted by owner
- * slot. The datapath adds one for each entry it creates; the agent's collector writes the
- * live entries' counts at every sweep (entries that expire or are deleted meanwhile still
- * count until then). */
+ * slot, the flows a local endpoint opened (cb_ct_owned) apart from the flows others opened
+ * to it (cb_ct_owned_in: from other hosts, the wire, node ports), so a peer that may open
+ * flows to an endpoint cannot spend the endpoint's own quota (its DNS included). The
+ * datapath adds one for each entry it creates; the agent's collector writes the live
+ * entries' counts at every sweep (entries that expire or are deleted meanwhile still count
+ * until then). */
 struct cb_ct_count {
 	__u32 count;
 	__u32 pad;
@@ -107,11 +110,30 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ct_owned SEC(".maps");
 
-/* cb_ct_owner is the owner an entry records for counter slot s: entries hold 16 bits, so
- * an endpoint with a slot past them (more than 65535 local endpoints) is not counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CB_DEFAULT_ENTRIES); /* = cb_ep_counters */
+	__type(key, __u32); /* counter slot */
+	__type(value, struct cb_ct_count);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_ct_owned_in SEC(".maps");
+
+/* An entry's owner: the counter slot of the local endpoint it counts against, with
+ * CB_OWNER_IN set when the flow was opened to it by someone else (cb_ct_owned_in). Entries
+ * hold 16 bits, so an endpoint with a slot past 15 (more than 32767 local endpoints) is
+ * not counted. */
+#define CB_OWNER_IN 0x8000
+
+/* cb_ct_owner is the owner of the flows the endpoint with counter slot s opens. */
 CB_INLINE __u16 cb_ct_owner(__u32 s)
 {
-	return s < 0x10000 ? (__u16)s : 0;
+	return s < CB_OWNER_IN ? (__u16)s : 0;
+}
+
+/* cb_ct_owner_in is the owner of the flows others open to the endpoint with slot s. */
+CB_INLINE __u16 cb_ct_owner_in(__u32 s)
+{
+	return s && s < CB_OWNER_IN ? (__u16)(s | CB_OWNER_IN) : 0;
 }
 
 /* The conntrack clock's calibration (pkg/dataplane/ebpf/clock.go), set by the agent:
@@ -248,8 +270,14 @@ CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *
 
 	if (slot) {
 		old = bpf_map_lookup_elem(&cb_ct, k);
-		if (!old || old->owner != e->owner)
-			o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+		if (!old || old->owner != e->owner) {
+			if (slot & CB_OWNER_IN) {
+				slot &= ~CB_OWNER_IN;
+				o = bpf_map_lookup_elem(&cb_ct_owned_in, &slot);
+			} else {
+				o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+			}
+		}
 	}
 	if (o && quota && o->count >= quota)
 		return CB_DROP_CT_QUOTA;

@@ -212,8 +212,9 @@ type fragRec struct {
 //     counted). The epoch starts at 0. Clock starts at 0; Expires is a time since then.
 //   - Per-endpoint quota (docs/conntrack.md "Per-endpoint quota"): every entry records an
 //     owner, the counter slot (SetSlot) of the local endpoint it counts against: the sender
-//     of a FromLocal packet, else the receiver; 0 (none) when that address has no slot or a
-//     slot past 65535. Writing an entry under a key not held by an entry of the same owner
+//     of a FromLocal packet (a flow it opens), else the receiver with ownerIn set (a flow
+//     opened to it, counted apart: CTCountIn); 0 (none) when that address has no slot or a
+//     slot past 32767. Writing an entry under a key not held by an entry of the same owner
 //     (live or expired, flow or SVC) counts one against that owner, and with a quota
 //     (SetCTQuota, 0 none) is refused first while the owner's count is at the quota
 //     (drop_ct_quota, checked before the table's capacity). Overwriting an entry of the same
@@ -283,13 +284,15 @@ func (m *Model) SetSlot(zone uint32, ip netip.Addr, slot uint32) {
 	m.slots[k] = slot
 	if o := ctOwner(slot); o != 0 {
 		delete(m.owned, o)
+		delete(m.owned, o|ownerIn)
 	}
 }
 
 // SetCTQuota sets the per-endpoint conntrack quota (0: none).
 func (m *Model) SetCTQuota(q uint32) { m.quota = q }
 
-// CTCount is the conntrack count of an owner slot (cb_ct_owned), as the datapath checks it.
+// CTCount is the conntrack count of the flows the endpoint with counter slot slot opened
+// (cb_ct_owned), as the datapath checks it.
 func (m *Model) CTCount(slot uint32) uint32 {
 	o := ctOwner(slot)
 	if o == 0 {
@@ -298,23 +301,40 @@ func (m *Model) CTCount(slot uint32) uint32 {
 	return m.owned[o]
 }
 
-// ctOwner is the owner an entry records for counter slot s (cb_ct_owner): entries hold 16
-// bits, a slot past them is not counted.
+// CTCountIn is the conntrack count of the flows others opened to the endpoint with counter
+// slot slot (cb_ct_owned_in).
+func (m *Model) CTCountIn(slot uint32) uint32 {
+	o := ctOwner(slot)
+	if o == 0 {
+		return 0
+	}
+	return m.owned[o|ownerIn]
+}
+
+// ownerIn marks an owner as the endpoint a flow was opened to (CB_OWNER_IN).
+const ownerIn = 0x8000
+
+// ctOwner is the owner an entry records for the flows the endpoint with counter slot s
+// opens (cb_ct_owner): entries hold 16 bits and the top one says "opened to it", so a
+// slot past 15 bits is not counted.
 func ctOwner(s uint32) uint16 {
-	if s < 0x10000 {
+	if s < ownerIn {
 		return uint16(s)
 	}
 	return 0
 }
 
 // ownerOf is the owner of the entries packet p writes: its sender's slot when a local
-// container sent it, else its (local) receiver's.
+// container sent it (a flow it opens), else its local receiver's with ownerIn (a flow
+// opened to it: from another host, the wire, a node port).
 func (m *Model) ownerOf(p ModelPacket) uint16 {
-	ip := p.Dst
 	if p.FromLocal {
-		ip = p.Src
+		return ctOwner(m.slots[epKey{p.Zone, p.Src}])
 	}
-	return ctOwner(m.slots[epKey{p.Zone, ip}])
+	if o := ctOwner(m.slots[epKey{p.Zone, p.Dst}]); o != 0 {
+		return o | ownerIn
+	}
+	return 0
 }
 
 // DeleteEndpoint forgets the address (its group and slot) and deletes every table entry with

@@ -18,9 +18,10 @@ import (
 // agent sweeps it: periodically, and right away when an endpoint's entries must go.
 //
 // Each pass also recounts the live entries of every owner (the counter slot of the local
-// endpoint an entry counts against) into cb_ct_owned, which the datapath checks against
-// the per-endpoint quota (docs/conntrack.md "Per-endpoint quota"). A count is exact as of
-// the sweep; between sweeps the datapath only adds to it.
+// endpoint an entry counts against) into cb_ct_owned (flows it opened) and cb_ct_owned_in
+// (flows opened to it: owner | ownerIn), which the datapath checks against the
+// per-endpoint quota (docs/conntrack.md "Per-endpoint quota"). A count is exact as of the
+// sweep; between sweeps the datapath only adds to it.
 
 // DefaultCTGCInterval is how often the conntrack table is swept when nothing asks sooner.
 const DefaultCTGCInterval = 10 * time.Second
@@ -53,9 +54,10 @@ type ctGC struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	nat   natGC     // egress NAT tables (nil maps: none)
-	owned *ebpf.Map // cb_ct_owned, entries per owner slot (nil: not recounted)
-	gens  *ebpf.Map // cb_ct_gens, moved on after service flows' entries are deleted (nil: not)
+	nat     natGC     // egress NAT tables (nil maps: none)
+	owned   *ebpf.Map // cb_ct_owned, entries per owner slot (nil: not recounted)
+	ownedIn *ebpf.Map // cb_ct_owned_in, entries opened to each owner slot (nil: not recounted)
+	gens    *ebpf.Map // cb_ct_gens, moved on after service flows' entries are deleted (nil: not)
 
 	mu      sync.Mutex
 	pending []ctFlush
@@ -173,7 +175,12 @@ type ctPlan struct {
 	expired []contivbpfCbCtKey // expired when read: deleted only if still expired
 	dnat    bool               // a service flow's entry among them
 	owned   []uint32           // live entries by owner slot (nil: not recounted)
+	ownedIn []uint32           // live entries opened to each owner slot (nil: not recounted)
 }
+
+// ownerIn marks an entry's owner as the endpoint the flow was opened to (CB_OWNER_IN in
+// bpf/lib/conntrack.h), counted in cb_ct_owned_in.
+const ownerIn = 0x8000
 
 // scan reads the whole table once.
 func (g *ctGC) scan(flushes []ctFlush) (ctPlan, error) {
@@ -188,6 +195,9 @@ func (g *ctGC) scan(flushes []ctFlush) (ctPlan, error) {
 	}
 	if g.owned != nil {
 		p.owned = make([]uint32, g.owned.MaxEntries())
+	}
+	if g.ownedIn != nil {
+		p.ownedIn = make([]uint32, g.ownedIn.MaxEntries())
 	}
 	err = ctEach(g.m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
 		p.seen++
@@ -208,8 +218,12 @@ func (g *ctGC) scan(flushes []ctFlush) (ctPlan, error) {
 
 // count adds a live entry to its owner's count.
 func (p *ctPlan) count(v contivbpfCbCtEntry) {
-	if int(v.Owner) < len(p.owned) {
-		p.owned[v.Owner]++
+	counts, s := p.owned, int(v.Owner)
+	if v.Owner&ownerIn != 0 {
+		counts, s = p.ownedIn, int(v.Owner&^ownerIn)
+	}
+	if s < len(counts) {
+		counts[s]++
 	}
 }
 
@@ -224,7 +238,12 @@ func (g *ctGC) apply(p ctPlan) (deleted int, err error) {
 	// The counts first, as the scan saw them: the datapath's increments since are lost
 	// until the next pass either way, and this keeps that window the scan's alone.
 	if p.owned != nil {
-		if err := g.writeOwned(p.owned); err != nil {
+		if err := writeCounts(g.owned, contivbpfMapCbCtOwned, p.owned); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if p.ownedIn != nil {
+		if err := writeCounts(g.ownedIn, contivbpfMapCbCtOwnedIn, p.ownedIn); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -293,10 +312,11 @@ func (g *ctGC) deleteChunk(keys []contivbpfCbCtKey, errs *[]error) int {
 	return n
 }
 
-// writeOwned replaces every slot's count in cb_ct_owned with the live entries a sweep saw.
-// Entries the datapath opened while the sweep ran and after it read their bucket are not
-// in the new count (the quota lets that many more through until the next sweep).
-func (g *ctGC) writeOwned(owned []uint32) error {
+// writeCounts replaces every slot's count in m (cb_ct_owned or cb_ct_owned_in, named name)
+// with the live entries a sweep saw. Entries the datapath opened while the sweep ran and
+// after it read their bucket are not in the new count (the quota lets that many more
+// through until the next sweep).
+func writeCounts(m *ebpf.Map, name string, owned []uint32) error {
 	keys := make([]uint32, 0, ctBatch)
 	vals := make([]contivbpfCbCtCount, 0, ctBatch)
 	for s := 0; s < len(owned); s += ctBatch {
@@ -305,8 +325,8 @@ func (g *ctGC) writeOwned(owned []uint32) error {
 			keys = append(keys, uint32(i))
 			vals = append(vals, contivbpfCbCtCount{Count: owned[i]})
 		}
-		if _, err := g.owned.BatchUpdate(keys, vals, nil); err != nil {
-			return fmt.Errorf("write %s: %w", contivbpfMapCbCtOwned, err)
+		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
 		}
 	}
 	return nil

@@ -668,6 +668,7 @@ const (
 	contivbpfMapCbCt               = "cb_ct"
 	contivbpfMapCbCtGens           = "cb_ct_gens"
 	contivbpfMapCbCtOwned          = "cb_ct_owned"
+	contivbpfMapCbCtOwnedIn        = "cb_ct_owned_in"
 	contivbpfMapCbEndpoints        = "cb_endpoints"
 	contivbpfMapCbEpCounters       = "cb_ep_counters"
 	contivbpfMapCbEpgs             = "cb_epgs"
@@ -792,6 +793,7 @@ type contivbpfMapSpecs struct {
 	CbCt             *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbCtGens         *ebpf.MapSpec `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.MapSpec `ebpf:"cb_ct_owned"`
+	CbCtOwnedIn      *ebpf.MapSpec `ebpf:"cb_ct_owned_in"`
 	CbEndpoints      *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.MapSpec `ebpf:"cb_ep_counters"`
 	CbEpgs           *ebpf.MapSpec `ebpf:"cb_epgs"`
@@ -880,6 +882,7 @@ type contivbpfMaps struct {
 	CbCt             *ebpf.Map `ebpf:"cb_ct"`
 	CbCtGens         *ebpf.Map `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.Map `ebpf:"cb_ct_owned"`
+	CbCtOwnedIn      *ebpf.Map `ebpf:"cb_ct_owned_in"`
 	CbEndpoints      *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.Map `ebpf:"cb_ep_counters"`
 	CbEpgs           *ebpf.Map `ebpf:"cb_epgs"`
@@ -925,6 +928,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbCt,
 		m.CbCtGens,
 		m.CbCtOwned,
+		m.CbCtOwnedIn,
 		m.CbEndpoints,
 		m.CbEpCounters,
 		m.CbEpgs,

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
@@ -30,11 +32,17 @@ func expireCT(t *testing.T, m *ebpf.Map, k contivbpfCbCtKey) {
 	}
 }
 
-// ctOwned reads the conntrack count of an owner slot.
+// ctOwned reads the count of the flows the endpoint with owner slot slot opened.
 func ctOwned(t *testing.T, objs *contivbpfObjects, slot uint32) uint32 {
 	t.Helper()
+	return ctCount(t, objs.CbCtOwned, slot)
+}
+
+// ctCount reads slot's count in m (cb_ct_owned or cb_ct_owned_in).
+func ctCount(t *testing.T, m *ebpf.Map, slot uint32) uint32 {
+	t.Helper()
 	var c contivbpfCbCtCount
-	if err := objs.CbCtOwned.Lookup(slot, &c); err != nil {
+	if err := m.Lookup(slot, &c); err != nil {
 		t.Fatal(err)
 	}
 	return c.Count
@@ -53,6 +61,12 @@ func TestConntrackQuota(t *testing.T) {
 		t.Helper()
 		if got := ctOwned(t, objs, slot); got != want {
 			t.Fatalf("slot %d holds %d entries, want %d", slot, got, want)
+		}
+	}
+	wantIn := func(slot, want uint32) {
+		t.Helper()
+		if got := ctCount(t, objs.CbCtOwnedIn, slot); got != want {
+			t.Fatalf("slot %d holds %d entries opened to it, want %d", slot, got, want)
 		}
 	}
 
@@ -94,12 +108,14 @@ func TestConntrackQuota(t *testing.T) {
 	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 41001, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 	wantCount(a, 2)
 
-	// B (localIP, receiving from the overlay) has a quota of its own.
+	// B (localIP, receiving from the overlay) has a quota of its own, for the flows opened
+	// to it.
 	run(t, objs, ov, l4Frame(17, remoteIP, localIP, 5000, 53, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
-	if e, ok := ctEntry(t, objs, testZone, 17, remoteIP, localIP, 5000, 53); !ok || uint32(e.Owner) != b {
-		t.Fatalf("B's flow: entry %+v (found %v), want owner %d", e, ok, b)
+	if e, ok := ctEntry(t, objs, testZone, 17, remoteIP, localIP, 5000, 53); !ok || uint32(e.Owner) != b|ownerIn {
+		t.Fatalf("B's flow: entry %+v (found %v), want owner %d|in", e, ok, b)
 	}
-	wantCount(b, 1)
+	wantIn(b, 1)
+	wantCount(b, 0)
 	wantCount(a, 2)
 
 	// One of A's entries goes (as a datapath deletion would, unseen by the count): the
@@ -113,12 +129,12 @@ func TestConntrackQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := newCTGC(objs.CbCt, time.Hour)
-	g.owned = objs.CbCtOwned
+	g.owned, g.ownedIn = objs.CbCtOwned, objs.CbCtOwnedIn
 	if _, err := g.pass(); err != nil {
 		t.Fatal(err)
 	}
 	wantCount(a, 1)
-	wantCount(b, 1)
+	wantIn(b, 1)
 	wantCount(9, 0)
 	run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41002, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 	wantCount(a, 2)
@@ -137,6 +153,43 @@ func TestConntrackQuota(t *testing.T) {
 		run(t, objs, fc, l4Frame(6, srcIP, remoteIP, 41010+i, 443, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdTunnel)
 	}
 	wantCount(a, 4)
+}
+
+// TestConntrackQuotaOpener (Datapath v3 issue, hole 3): the quota charges the flow's
+// opener. A remote peer that may open flows to an endpoint fills only the endpoint's
+// quota of flows opened to it: past it the peer's new flows are refused, while the
+// endpoint still opens its own (its DNS included) and its established flows pass.
+func TestConntrackQuotaOpener(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	a := testSlot(srcIP)
+	setCTQuota(t, objs, 3)
+	// The endpoint's group takes UDP from the peer (its flows are tracked).
+	setEPG(t, objs, srcIP, 40)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 40, Rules: []dataplane.PolicyRule{
+		{ID: "udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionAllow}}})
+	for i := uint16(0); i < 3; i++ {
+		run(t, objs, ov, l4Frame(17, remoteIP, srcIP, 6000+i, 7000, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	}
+	for i := uint16(3); i < 6; i++ {
+		run(t, objs, ov, l4Frame(17, remoteIP, srcIP, 6000+i, 7000, 0, 0), ovl).expect(t, tcActShot, DropCTQuota)
+	}
+	if got, in := ctOwned(t, objs, a), ctCount(t, objs.CbCtOwnedIn, a); got != 0 || in != 3 {
+		t.Fatalf("counts after the peer's flood: %d opened, %d opened to it; want 0 and 3", got, in)
+	}
+	// The endpoint's own flows: unaffected.
+	for i := uint16(0); i < 3; i++ {
+		run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 5300+i, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 5303, 53, 0, 0), nil).expect(t, tcActShot, DropCTQuota)
+	// Flows the peer opened keep passing both ways.
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 7000, 6000, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	run(t, objs, ov, l4Frame(17, remoteIP, srcIP, 6000, 7000, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	// Their replies take nothing more of either count.
+	if got, in := ctOwned(t, objs, a), ctCount(t, objs.CbCtOwnedIn, a); got != 3 || in != 3 {
+		t.Fatalf("counts: %d opened, %d opened to it; want 3 and 3", got, in)
+	}
 }
 
 // A service flow holds two entries of its client's (client→backend and client→VIP); the
@@ -190,6 +243,12 @@ func TestConntrackQuotaDriver(t *testing.T) {
 	}
 	if got := ctOwned(t, objs, s); got != 0 {
 		t.Fatalf("a new slot holds %d entries, want 0", got)
+	}
+	if err := objs.CbCtOwnedIn.Put(uint32(2), &contivbpfCbCtCount{Count: 42}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := d.allocSlot("ep2"); err != nil || s != 2 || ctCount(t, objs.CbCtOwnedIn, s) != 0 {
+		t.Fatalf("allocSlot = %d, %v; want 2 with no entries opened to it", s, err)
 	}
 	if objs.CbCtOwned.MaxEntries() != objs.CbEpCounters.MaxEntries() {
 		t.Fatalf("%s has %d entries, %s %d", contivbpfMapCbCtOwned, objs.CbCtOwned.MaxEntries(), contivbpfMapCbEpCounters, objs.CbEpCounters.MaxEntries())

@@ -560,6 +560,7 @@ func newDiffRig(t *testing.T, cfg diffConfig) *diffRig {
 	objs := loadTestObjectsSpec(t, func(spec *ebpf.CollectionSpec) {
 		spec.Maps[contivbpfMapCbCt].MaxEntries = uint32(cfg.ctEntries)
 		spec.Maps[contivbpfMapCbCtOwned].MaxEntries = diffArrayEntries
+		spec.Maps[contivbpfMapCbCtOwnedIn].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbEpgs].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbEpCounters].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbIfaceDirect].MaxEntries = diffArrayEntries
@@ -640,7 +641,8 @@ func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	}
 	w.gc = newCTGC(objs.CbCt, time.Hour)
 	w.gc.owned = objs.CbCtOwned // the collector recounts, as the driver's does
-	w.gc.gens = objs.CbCtGens   // and moves the memo generation on
+	w.gc.ownedIn = objs.CbCtOwnedIn
+	w.gc.gens = objs.CbCtGens // and moves the memo generation on
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -694,11 +696,11 @@ func (w *diffWorld) setQuota(q uint32) {
 // atQuota says whether the owner of packet step s (its local sender, else its receiver)
 // holds its quota of entries (or more) as the model counts them.
 func (w *diffWorld) atQuota(s diffStep) bool {
-	i := s.from
+	i, count := s.from, w.model.CTCount
 	if !w.eps[i].local {
-		i = s.to
+		i, count = s.to, w.model.CTCountIn
 	}
-	return w.quota != 0 && i >= 0 && w.eps[i].local && w.model.CTCount(w.slot(i)) >= w.quota
+	return w.quota != 0 && i >= 0 && w.eps[i].local && count(w.slot(i)) >= w.quota
 }
 
 // compareCT compares the conntrack table (keys and owners) and the local endpoints'
@@ -735,7 +737,10 @@ func (w *diffWorld) compareCT() string {
 			continue
 		}
 		if n, m := ctOwned(w.t, w.objs, w.slot(i)), w.model.CTCount(w.slot(i)); n != m {
-			diffs = append(diffs, fmt.Sprintf("endpoint %d (slot %d) counts %d entries, model %d", i, w.slot(i), n, m))
+			diffs = append(diffs, fmt.Sprintf("endpoint %d (slot %d) counts %d entries it opened, model %d", i, w.slot(i), n, m))
+		}
+		if n, m := ctCount(w.t, w.objs.CbCtOwnedIn, w.slot(i)), w.model.CTCountIn(w.slot(i)); n != m {
+			diffs = append(diffs, fmt.Sprintf("endpoint %d (slot %d) counts %d entries opened to it, model %d", i, w.slot(i), n, m))
 		}
 	}
 	slices.Sort(diffs)
@@ -814,6 +819,9 @@ func (w *diffWorld) putEP(i int) {
 func (w *diffWorld) allocSlot(i int) {
 	e, s := w.eps[i], w.slot(i)
 	if s < w.objs.CbCtOwned.MaxEntries() {
+		if err := w.objs.CbCtOwnedIn.Put(s, contivbpfCbCtCount{}); err != nil {
+			w.t.Fatal(err)
+		}
 		if err := w.objs.CbCtOwned.Put(s, contivbpfCbCtCount{}); err != nil {
 			w.t.Fatal(err)
 		}

@@ -38,10 +38,11 @@ const (
 	aliasPrefix       = "contivbpf:"
 )
 
-// DefaultCTQuota is netplugin's per-endpoint conntrack quota: a quarter of the conntrack
-// table of DefaultMapEntries (4 × MapEntries), so no fewer than four endpoints can fill
-// it. (HostConfig.CTQuota 0 is no quota.)
-const DefaultCTQuota = DefaultMapEntries
+// DefaultCTQuota is netplugin's per-endpoint conntrack quota, for the flows an endpoint
+// opens and again for the flows others open to it: a sixteenth of the conntrack table of
+// DefaultMapEntries (4 × MapEntries) each, so no fewer than eight endpoints can fill it.
+// (HostConfig.CTQuota 0 is no quota.)
+const DefaultCTQuota = DefaultMapEntries / 4
 
 // ErrMapFull is wrapped by every error caused by a full BPF map.
 var ErrMapFull = errors.New("bpf map full")
@@ -247,7 +248,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbCtOwnedIn, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
 		if ms, ok := spec.Maps[m]; ok {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}
@@ -389,6 +390,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.ctgc.gens = d.objs.CbCtGens
 	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}
 	d.ctgc.owned = d.objs.CbCtOwned
+	d.ctgc.ownedIn = d.objs.CbCtOwnedIn
 	go d.ctgc.run()
 	return nil
 }
