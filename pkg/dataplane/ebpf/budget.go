@@ -106,20 +106,22 @@ func parseBudget(name, log string, insns asm.Instructions) (ProgramBudget, error
 // returns the deepest chain's stack as the verifier checks it: depths[i] (the frame of the
 // i-th function in instruction order, as the log prints it) rounded up to 16 bytes per
 // frame (a JITed program). The log prints frames after bpf_loop calls were inlined, which
-// gives their caller bpfLoopInlineFrame bytes more than the check saw.
+// gives their caller bpfLoopInlineFrame bytes more than the check saw: taken off only
+// where the call is inlined (loopInlined).
 func deepestChain(insns asm.Instructions, depths []int) (int, []string, error) {
 	var fns []string
 	index := map[string]int{}
 	calls := map[int][]string{}
 	loops := map[int]bool{}
+	targets := jumpTargets(insns)
 	cur := -1
-	for _, ins := range insns {
+	for i, ins := range insns {
 		if sym := ins.Symbol(); sym != "" {
 			cur = len(fns)
 			index[sym] = cur
 			fns = append(fns, sym)
 		}
-		if cur >= 0 && ins.IsBuiltinCall() && ins.Constant == int64(asm.FnLoop) {
+		if cur >= 0 && ins.IsBuiltinCall() && ins.Constant == int64(asm.FnLoop) && loopInlined(insns, i, targets) {
 			loops[cur] = true
 		}
 		if cur >= 0 && (ins.IsFunctionCall() || ins.IsLoadOfFunctionPointer()) && ins.Reference() != "" {
@@ -172,4 +174,46 @@ func deepestChain(insns asm.Instructions, depths []int) (int, []string, error) {
 	}
 	b, err := walk(0)
 	return b.stack, b.chain, err
+}
+
+// jumpTargets returns the indexes (in insns) of the instructions some jump lands on.
+func jumpTargets(insns asm.Instructions) map[int]bool {
+	at := map[asm.RawInstructionOffset]int{}
+	it := insns.Iterate()
+	for it.Next() {
+		at[it.Offset] = it.Index
+	}
+	out := map[int]bool{}
+	it = insns.Iterate()
+	for it.Next() {
+		op := it.Ins.OpCode
+		if c := op.Class(); (c == asm.JumpClass || c == asm.Jump32Class) && op.JumpOp() != asm.Call && op.JumpOp() != asm.Exit {
+			if j, ok := at[it.Offset+1+asm.RawInstructionOffset(it.Ins.Offset)]; ok {
+				out[j] = true
+			}
+		}
+	}
+	return out
+}
+
+// loopInlined says whether the verifier inlines the bpf_loop call at insns[i]: it does
+// when the flags (R4) are a known 0 (and the callback is the same on every path, which
+// one call site per function gives). Proven only when the last write to R4 before the
+// call is "r4 = 0" in straight-line code no jump lands in; otherwise nothing is taken
+// off, so the stack is never under-counted.
+func loopInlined(insns asm.Instructions, i int, targets map[int]bool) bool {
+	for j := i - 1; j >= 0; j-- {
+		ins := insns[j]
+		c := ins.OpCode.Class()
+		if c == asm.JumpClass || c == asm.Jump32Class {
+			return false
+		}
+		if ins.Dst == asm.R4 && (c.IsALU() || c == asm.LdClass || c == asm.LdXClass) {
+			return c.IsALU() && ins.OpCode.ALUOp() == asm.Mov && ins.OpCode.Source() == asm.ImmSource && ins.Constant == 0
+		}
+		if ins.Symbol() != "" || targets[j] {
+			return false // a function's start, or a jump lands here: R4 may come from elsewhere
+		}
+	}
+	return false
 }

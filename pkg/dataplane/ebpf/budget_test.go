@@ -3,7 +3,9 @@ package ebpf
 import (
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
@@ -90,5 +92,59 @@ func TestDeepestChain(t *testing.T) {
 	}
 	if _, _, err := deepestChain(insns, []int{8}); err == nil {
 		t.Error("a depth list that does not match the functions was accepted")
+	}
+}
+
+// TestDeepestChainLoopNotInlined (review of the budget test): the verifier adds
+// bpfLoopInlineFrame to a bpf_loop caller only when it inlines the call (flags a known 0).
+// A call whose flags come from the packet is not inlined: nothing may be taken off, or a
+// chain the verifier counts at 448 + 16 bytes (over the budget) would be reported as 432.
+func TestDeepestChainLoopNotInlined(t *testing.T) {
+	testroot.Need(t)
+	for _, tc := range []struct {
+		name  string
+		flags asm.Instruction
+		want  int
+	}{
+		{"flags-from-packet", asm.LoadMem(asm.R4, asm.R1, 8, asm.Word), 448 + 16}, // __sk_buff.mark
+		{"flags-zero", asm.Mov.Imm(asm.R4, 0), 448 + 16},                          // inlined: logged as 464, checked as 440
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i64 := &btf.Int{Name: "long", Size: 8, Encoding: btf.Signed}
+			u32 := &btf.Int{Name: "unsigned int", Size: 4}
+			vp := &btf.Pointer{Target: &btf.Void{}}
+			mainFn := &btf.Func{Name: "main", Linkage: btf.GlobalFunc, Type: &btf.FuncProto{Return: &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed},
+				Params: []btf.FuncParam{{Name: "ctx", Type: vp}}}}
+			cbFn := &btf.Func{Name: "cb", Linkage: btf.StaticFunc, Type: &btf.FuncProto{Return: i64,
+				Params: []btf.FuncParam{{Name: "i", Type: u32}, {Name: "data", Type: vp}}}}
+			insns := asm.Instructions{
+				btf.WithFuncMetadata(asm.Mov.Imm(asm.R0, 0).WithSymbol("main"), mainFn),
+				asm.StoreMem(asm.RFP, -440, asm.R0, asm.DWord),
+				tc.flags,
+				asm.Mov.Imm(asm.R1, 1),
+				asm.Instruction{OpCode: asm.LoadImmOp(asm.DWord), Dst: asm.R2, Src: asm.PseudoFunc, Constant: -1}.WithReference("cb"),
+				asm.Mov.Imm(asm.R3, 0),
+				asm.FnLoop.Call(),
+				asm.Mov.Imm(asm.R0, 0),
+				asm.Return(),
+				btf.WithFuncMetadata(asm.Mov.Imm(asm.R0, 0).WithSymbol("cb"), cbFn),
+				asm.StoreMem(asm.RFP, -16, asm.R0, asm.DWord),
+				asm.Mov.Imm(asm.R0, 1),
+				asm.Return(),
+			}
+			p, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{Name: "budget_loop", Type: ebpf.SchedCLS, License: "GPL", Instructions: insns},
+				ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			b, err := parseBudget("budget_loop", p.VerifierLog, insns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Stack != tc.want {
+				t.Errorf("computed stack %d %v, want %d (verifier log: %s)", b.Stack, b.Chain, tc.want, p.VerifierLog)
+			}
+		})
 	}
 }
