@@ -61,6 +61,46 @@ type migration struct {
 // refuses names with a dot).
 const migrationTempPrefix = "migrating_"
 
+// migrationGroups are maps the programs read as one structure: when one of a group
+// migrates, all of it does, so the programs still on the links keep reading the old set
+// and the new programs get the new one. Migrating one alone splits it between the two:
+// the compiled policy's heads name versions whose keys the agent writes into its new rules
+// and prefix maps only, and a running program that read a new head from a shared heads
+// map missed every key and admitted every flow until its link moved.
+func migrationGroups() [][]string {
+	return [][]string{{contivbpfMapCbPolHeads, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs}}
+}
+
+// groupMigrations returns, for each pinned map that matches spec but belongs to a group
+// with a map that does not, why it migrates all the same.
+func (d *Driver) groupMigrations(spec *ebpf.CollectionSpec) map[string]string {
+	out := map[string]string{}
+	for _, g := range migrationGroups() {
+		for _, name := range g {
+			ms, ok := spec.Maps[name]
+			if !ok {
+				continue
+			}
+			old, err := ebpf.LoadPinnedMap(filepath.Join(d.cfg.PinRoot, name), nil)
+			if err != nil {
+				continue // none pinned (or unreadable: planMigrations says so)
+			}
+			why := layoutDiff(ms, old)
+			old.Close()
+			if why == "" {
+				continue
+			}
+			for _, other := range g {
+				if other != name {
+					out[other] = fmt.Sprintf("migrates with %s (%s)", name, why)
+				}
+			}
+			break
+		}
+	}
+	return out
+}
+
 // planMigrations creates and fills a new map for every pinned map that does not match spec.
 // On error every map it created is closed and nothing pinned is touched.
 func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, err error) {
@@ -77,6 +117,7 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 		}
 	}
 	sort.Strings(names)
+	together := d.groupMigrations(spec)
 	for _, name := range names {
 		ms := spec.Maps[name]
 		path := filepath.Join(d.cfg.PinRoot, name)
@@ -89,6 +130,9 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 			return out, fmt.Errorf("ebpf: load pinned map %s: %w", path, err)
 		}
 		why := layoutDiff(ms, old)
+		if why == "" {
+			why = together[name]
+		}
 		if why == "" {
 			old.Close()
 			continue

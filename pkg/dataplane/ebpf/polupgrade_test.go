@@ -119,3 +119,74 @@ func TestPolicyCompiledAtUpgrade(t *testing.T) {
 		t.Errorf("compiled heads after Sync: %d, want 1", n)
 	}
 }
+
+// TestPolicyResizeKeepsOldProgramsDenying (found by review): a start with another
+// MapEntries migrates cb_pol_rules and cb_pol_cidrs (their size follows MapEntries). When
+// cb_pol_heads stayed shared, compilePinnedPolicies wrote the new versions' keys into the
+// new, not yet pinned maps and their heads into the shared heads, long before the links
+// moved to this build's programs: the running programs read heads whose versions their
+// rules map never had, every lookup missed, and every group failed open (conntrack kept
+// what passed). The three migrate together now (migrationGroups). The old program is kept
+// here (cloned before the restart) and run after the start: what it does is what every
+// endpoint's link does during the window.
+func TestPolicyResizeKeepsOldProgramsDenying(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "a", "10.50.0.2", false)
+	b := h.endpoint(t, "b", "10.50.0.3", false)
+	a.EPGID, b.EPGID = 11, 12
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		Policies: []dataplane.PolicySet{{EPGID: 12, Rules: []dataplane.PolicyRule{
+			{ID: "deny-9997", Priority: 5, Ingress: true, Proto: 17, Port: 9997, Action: dataplane.ActionDeny}}}}}
+	if err := h.d.Sync(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	// The running build's program and the maps it keeps across the restart.
+	old := &contivbpfObjects{}
+	var err error
+	if old.CbFromContainer, err = h.d.objs.CbFromContainer.Clone(); err != nil {
+		t.Fatal(err)
+	}
+	if old.CbReasons, err = h.d.objs.CbReasons.Clone(); err != nil {
+		t.Fatal(err)
+	}
+	if old.CbIfaces, err = h.d.objs.CbIfaces.Clone(); err != nil {
+		t.Fatal(err)
+	}
+	if old.CbIfaceDirect, err = h.d.objs.CbIfaceDirect.Clone(); err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	// BPF_PROG_TEST_RUN runs on lo: give lo a's interface entry (in the old maps only).
+	aIf, err := old.ifaceTable().lookup(uint32(h.d.endpoints[indexKey(a.ID)].ifindex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	asA := func() {
+		if err := old.ifaceTable().put(uint32(loIfindex), &aIf, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denied := l4Frame(17, a.IP, b.IP, 40000, 9997, 0, 0)
+	asA()
+	run(t, old, old.CbFromContainer, denied, nil).expect(t, tcActShot, DropPolicy)
+	if err := old.ifaceTable().del(uint32(loIfindex)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	big := h.cfg
+	big.MapEntries = 2048
+	d, err := New(ctx, big.HostConfig, big.Options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d = d
+	asA()
+	defer func() { _ = old.ifaceTable().del(uint32(loIfindex)) }()
+	r := run(t, old, old.CbFromContainer, l4Frame(17, a.IP, b.IP, 40001, 9997, 0, 0), nil)
+	if r.ret != tcActShot || r.diff[DropPolicy] != 1 {
+		t.Errorf("a datagram the rules deny, through the program still on the links while the new agent starts with another MapEntries: verdict %d, reasons %v (want dropped by policy): every group fails open until the links move", r.ret, r.diff)
+	}
+}
