@@ -126,16 +126,26 @@ CB_INLINE void cb_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, 
 	}
 }
 
-/* cb_tcp_close_believed says whether a FIN or RST from outside (f at p) on flow e may close
- * it (enum cb_tcp_ref). */
-CB_INLINE int cb_tcp_close_believed(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
-				    const struct cb_snat_entry *e)
+/* cb_tcp_answers says whether a reply f from outside (sequence and acknowledgment numbers
+ * seq/ack, read when have) may make new flow e established: anything but a TCP segment
+ * while the endpoint's SYN is unanswered, which only a segment acknowledging that SYN
+ * answers (a blind segment would otherwise hold the NAT port for the established
+ * timeout, 6 h, instead of the new one's 60 s). */
+CB_INLINE int cb_tcp_answers(const struct cb_flow *f, const struct cb_snat_entry *e, int have, __u32 ack)
 {
-	__u32 seq, ack;
+	if (f->proto != CB_PROTO_TCP || e->tcp_ref_kind != CB_TCP_REF_SYN)
+		return 1;
+	return have && (f->tcp_flags & CB_TCP_ACK) && ack == e->tcp_ref;
+}
 
+/* cb_tcp_close_believed says whether a FIN or RST from outside (f, with seq/ack read when
+ * have) on flow e may close it (enum cb_tcp_ref). */
+CB_INLINE int cb_tcp_close_believed(const struct cb_flow *f, const struct cb_snat_entry *e, int have, __u32 seq,
+				    __u32 ack)
+{
 	if (e->tcp_ref_kind == CB_TCP_REF_NONE)
 		return 1;
-	if (!cb_tcp_seq_ack(skb, p, &seq, &ack))
+	if (!have)
 		return 0;
 	if (e->tcp_ref_kind == CB_TCP_REF_SYN)
 		return (f->tcp_flags & CB_TCP_ACK) && ack == e->tcp_ref;
@@ -384,7 +394,8 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	struct cb_snat_rval *rv;
 	struct cb_snat_entry *e;
 	__u64 now = cb_now();
-	int error = 0, r;
+	__u32 seq = 0, ack = 0;
+	int error = 0, have = 0, r;
 
 	if (!p || !f || !d)
 		return -1;
@@ -432,13 +443,16 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	if (error)
 		return cb_snat_icmp_error(skb, p, f, rv);
 	/* An egress flow's FIN or RST from outside closes it only inside the window; one
-	 * that does not is passed as a plain segment, to conntrack too. */
+	 * that does not is passed as a plain segment, to conntrack too. Its sequence numbers
+	 * are read once, when an egress TCP flow's reference may ask for them. */
+	if (f->proto == CB_PROTO_TCP && e->tcp_ref_kind != CB_TCP_REF_NONE)
+		have = cb_tcp_seq_ack(skb, p, &seq, &ack);
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !nodeport &&
-	    !cb_tcp_close_believed(skb, p, f, e))
+	    !cb_tcp_close_believed(f, e, have, seq, ack))
 		f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
 		e->state = CB_CTS_CLOSING;
-	else if (e->state == CB_CTS_NEW)
+	else if (e->state == CB_CTS_NEW && cb_tcp_answers(f, e, have, ack))
 		e->state = CB_CTS_ESTABLISHED;
 	cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 	if (f->has_ports)

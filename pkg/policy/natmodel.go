@@ -53,6 +53,12 @@ func (f *NATFlow) note(p ModelPacket) {
 	}
 }
 
+// answers says whether reply p may make f established: a TCP segment must acknowledge the
+// endpoint's SYN while that is unanswered (TCPRefSYN).
+func (f *NATFlow) answers(p ModelPacket) bool {
+	return p.Proto != protoTCP || f.RefKind != TCPRefSYN || (p.ACK && p.AckNum == f.Ref)
+}
+
 // closeBelieved says whether a FIN or RST from outside may close f.
 func (f *NATFlow) closeBelieved(p ModelPacket) bool {
 	switch f.RefKind {
@@ -87,7 +93,8 @@ type natReplyKey struct {
 //   - TCP FIN/RST in either direction → CLOSING, a reply to a NEW flow → ESTABLISHED, every
 //     packet of the flow refreshes its deadline with conntrack's timeouts; a FIN or RST from
 //     outside counts only when closeBelieved (the endpoint's last SYN or ACK sets what it
-//     must carry), else it is a plain reply;
+//     must carry), else it is a plain reply; while the endpoint's SYN is unanswered only a
+//     segment acknowledging it makes the flow ESTABLISHED (answers);
 //   - a flow is live until its deadline (inclusive), like conntrack.
 type NATModel struct {
 	Now              time.Duration
@@ -201,7 +208,7 @@ func (m *NATModel) Reply(p ModelPacket) (NATFlowKey, bool) {
 	}
 	if p.Proto == protoTCP && (p.FIN || p.RST) {
 		f.State = CTClosing
-	} else if f.State == CTNew {
+	} else if f.State == CTNew && f.answers(p) {
 		f.State = CTEstablished
 	}
 	f.Deadline = m.Now + timeout(p.Proto, f.State)

@@ -78,7 +78,8 @@ func TestEgressNAT(t *testing.T) {
 		}
 	})
 	t.Run("reply", func(t *testing.T) {
-		r := run(t, objs, up, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil)
+		// The SYN-ACK acknowledges the SYN (sequence number 0): the flow is established.
+		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), 9000, 1), nil)
 		r.expect(t, tcActRedirect, FwdEgressReply)
 		src, dst, sport, dport := checkSums(t, r.out)
 		if src != worldIP || dst != srcIP || sport != 443 || dport != 40000 {
@@ -1000,6 +1001,12 @@ func TestEgressBlindClose(t *testing.T) {
 	in(p, rst, 1001, 0)
 	if n, c := states(40000); n == closing || c == closing {
 		t.Errorf("blind RSTs after a SYN closed the flow (NAT %d, conntrack %d)", n, c)
+	}
+	// A segment that does not acknowledge the SYN does not establish the NAT flow (it would
+	// hold its port 6 h instead of 60 s).
+	in(p, syn|ack, 7777, 1002)
+	if n, _ := states(40000); n != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Errorf("a blind SYN-ACK moved the NAT flow to %d, want new", n)
 	}
 	in(p, rst|ack, 0, 1001)
 	if n, c := states(40000); n != closing || c != closing {
