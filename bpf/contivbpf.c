@@ -1370,6 +1370,11 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	np = cb_nodeport_lookup(&f);
 	if (!np)
 		return CB_TCX_NEXT;
+	/* The tenant's addresses live behind its veths and tunnels, never on the wire: a
+	 * client claiming one would match rules written for internal clients and have the
+	 * backend's answer reflected to the real endpoint. */
+	if (cb_tenant_src(np->zone, f.saddr))
+		return cb_drop(skb, CB_DROP_NODEPORT_INTERNAL_SRC);
 	client = f.saddr;
 	t.zone = np->zone ^ CB_ZONE_NODEPORT;
 	t.kind = CB_FLOW_NODEPORT;

@@ -69,6 +69,7 @@ enum cb_reason {
 	CB_DROP_CT_QUOTA = 72,      /* the endpoint holds its quota of conntrack entries: a new flow was refused */
 	CB_REJECT_NO_BACKEND = 73,  /* service VIP:port without backends: refused with ICMP port unreachable (icmp.h) */
 	CB_DROP_FRAG_LIMIT = 74,    /* first fragment of a zone past its fragment-record budget (policy.h) */
+	CB_DROP_NODEPORT_INTERNAL_SRC = 75, /* node port client from the wire claiming an address of the service's tenant */
 	CB_REASON_MAX = 96,
 };
 

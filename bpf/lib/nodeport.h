@@ -8,10 +8,15 @@
  *
  * A backend on another host (VXLAN) gets the flow source-NATed to snat_ip (cb_snat with
  * the node port recorded) through the overlay. That host sees a packet whose inner source is
- * the sending peer itself: it was judged by the sender (which knows the client), so it is
- * delivered without policy and remembered in cb_peer_flows, and the backend's replies to
- * the peer's address go back through the tunnel to that peer, which un-NATs them
- * (cb_snat_reply) and sends them out from snat_ip:nodeport. */
+ * the sending peer itself: it judges it as a node port flow from outside whose client is
+ * the peer's address (cb_peer_host_rx), remembers it in cb_peer_flows, and the backend's
+ * replies to the peer's address go back through the tunnel to that peer, which un-NATs them
+ * (cb_snat_reply) and sends them out from snat_ip:nodeport.
+ *
+ * A client from the wire never has an address of the service's tenant's networks: those
+ * live behind the tenant's veths and tunnels. One that claims one (to match rules written
+ * for internal clients, and have the backend's answer reflected to the real endpoint) is
+ * dropped (cb_tenant_src). */
 #pragma once
 
 #include "common.h"
@@ -43,6 +48,37 @@ struct {
 	__type(value, struct cb_np);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_nodeports SEC(".maps");
+
+/* The subnets of every tenant's networks (the agent writes one per network, by zone), so
+ * the node port stage knows an address of the service's tenant when a client claims one. */
+struct cb_tnet_key {
+	__u32 prefixlen; /* 32 (the zone) + the subnet's length */
+	__u32 zone;
+	__be32 addr;
+};
+
+struct cb_tnet {
+	__u32 net;        /* network key of the subnet's network */
+	__u32 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096); /* = cb_networks */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cb_tnet_key);
+	__type(value, struct cb_tnet);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_tenant_nets SEC(".maps");
+
+/* cb_tenant_src says whether addr lies in a network of the tenant with zone zone. A call of
+ * its own: its key stays off the node port stage's frame (on the deepest chain). */
+static __noinline int cb_tenant_src(__u32 zone, __be32 addr)
+{
+	struct cb_tnet_key k = {.prefixlen = 64, .zone = zone, .addr = addr};
+
+	return bpf_map_lookup_elem(&cb_tenant_nets, &k) != 0;
+}
 
 /* cb_nodeport_lookup returns the service behind packet f's destination port, if f is a
  * TCP/UDP packet to a node port. */

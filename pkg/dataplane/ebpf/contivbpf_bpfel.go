@@ -479,66 +479,67 @@ type contivbpfCbPolicy struct {
 type contivbpfCbReason uint32
 
 const (
-	contivbpfCbReasonCB_REASON_UNSPEC           contivbpfCbReason = 0
-	contivbpfCbReasonCB_FWD_LOCAL               contivbpfCbReason = 1
-	contivbpfCbReasonCB_FWD_TUNNEL              contivbpfCbReason = 2
-	contivbpfCbReasonCB_FWD_UPLINK              contivbpfCbReason = 3
-	contivbpfCbReasonCB_ARP_REPLY               contivbpfCbReason = 4
-	contivbpfCbReasonCB_POLICY_ALLOW            contivbpfCbReason = 5
-	contivbpfCbReasonCB_FWD_HOST                contivbpfCbReason = 6
-	contivbpfCbReasonCB_FWD_EGRESS              contivbpfCbReason = 7
-	contivbpfCbReasonCB_FWD_EGRESS_REPLY        contivbpfCbReason = 8
-	contivbpfCbReasonCB_ICMP_GW_REPLY           contivbpfCbReason = 9
-	contivbpfCbReasonCB_FWD_DNS                 contivbpfCbReason = 10
-	contivbpfCbReasonCB_FWD_NODEPORT            contivbpfCbReason = 11
-	contivbpfCbReasonCB_FWD_NODEPORT_REPLY      contivbpfCbReason = 12
-	contivbpfCbReasonCB_FWD_NATIVE              contivbpfCbReason = 13
-	contivbpfCbReasonCB_ICMP_VIP_REPLY          contivbpfCbReason = 14
-	contivbpfCbReasonCB_DROP_MIN                contivbpfCbReason = 32
-	contivbpfCbReasonCB_DROP_MALFORMED_ETH      contivbpfCbReason = 32
-	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE      contivbpfCbReason = 33
-	contivbpfCbReasonCB_DROP_NOT_IPV4           contivbpfCbReason = 34
-	contivbpfCbReasonCB_DROP_MALFORMED_ARP      contivbpfCbReason = 35
-	contivbpfCbReasonCB_DROP_ARP_NOT_REQUEST    contivbpfCbReason = 36
-	contivbpfCbReasonCB_DROP_ARP_UNKNOWN_TARGET contivbpfCbReason = 37
-	contivbpfCbReasonCB_DROP_ARP_SELF           contivbpfCbReason = 38
-	contivbpfCbReasonCB_DROP_MALFORMED_IP       contivbpfCbReason = 39
-	contivbpfCbReasonCB_DROP_SPOOFED_SRC        contivbpfCbReason = 40
-	contivbpfCbReasonCB_DROP_UNKNOWN_DST        contivbpfCbReason = 41
-	contivbpfCbReasonCB_DROP_UNKNOWN_NETWORK    contivbpfCbReason = 42
-	contivbpfCbReasonCB_DROP_UNKNOWN_PEER       contivbpfCbReason = 43
-	contivbpfCbReasonCB_DROP_NO_TUNNEL_KEY      contivbpfCbReason = 44
-	contivbpfCbReasonCB_DROP_TUNNEL_ERR         contivbpfCbReason = 45
-	contivbpfCbReasonCB_DROP_NO_VXLAN           contivbpfCbReason = 46
-	contivbpfCbReasonCB_DROP_NO_UPLINK          contivbpfCbReason = 47
-	contivbpfCbReasonCB_DROP_TO_GATEWAY         contivbpfCbReason = 48
-	contivbpfCbReasonCB_DROP_POLICY             contivbpfCbReason = 49
-	contivbpfCbReasonCB_DROP_NO_BACKEND         contivbpfCbReason = 50
-	contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY   contivbpfCbReason = 51
-	contivbpfCbReasonCB_DROP_REMOTE_SRC         contivbpfCbReason = 52
-	contivbpfCbReasonCB_DROP_VLAN_ERR           contivbpfCbReason = 53
-	contivbpfCbReasonCB_DROP_MALFORMED_L4       contivbpfCbReason = 54
-	contivbpfCbReasonCB_DROP_NAT_ERR            contivbpfCbReason = 55
-	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE    contivbpfCbReason = 56
-	contivbpfCbReasonCB_DROP_TTL_EXCEEDED       contivbpfCbReason = 57
-	contivbpfCbReasonCB_DROP_FRAG_NO_FIRST      contivbpfCbReason = 58
-	contivbpfCbReasonCB_DROP_CT_FULL            contivbpfCbReason = 59
-	contivbpfCbReasonCB_DROP_OVERLAY_SPOOF      contivbpfCbReason = 60
-	contivbpfCbReasonCB_DROP_VLAN_TAGGED        contivbpfCbReason = 61
-	contivbpfCbReasonCB_DROP_EGRESS_NO_PORT     contivbpfCbReason = 62
-	contivbpfCbReasonCB_DROP_EGRESS_UNSUPPORTED contivbpfCbReason = 63
-	contivbpfCbReasonCB_DROP_EGRESS_NO_FLOW     contivbpfCbReason = 64
-	contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST contivbpfCbReason = 65
-	contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT contivbpfCbReason = 66
-	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE      contivbpfCbReason = 67
-	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL  contivbpfCbReason = 68
-	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY     contivbpfCbReason = 69
-	contivbpfCbReasonCB_DROP_NO_ROUTE           contivbpfCbReason = 70
-	contivbpfCbReasonCB_DROP_NETPOL             contivbpfCbReason = 71
-	contivbpfCbReasonCB_DROP_CT_QUOTA           contivbpfCbReason = 72
-	contivbpfCbReasonCB_REJECT_NO_BACKEND       contivbpfCbReason = 73
-	contivbpfCbReasonCB_DROP_FRAG_LIMIT         contivbpfCbReason = 74
-	contivbpfCbReasonCB_REASON_MAX              contivbpfCbReason = 96
+	contivbpfCbReasonCB_REASON_UNSPEC              contivbpfCbReason = 0
+	contivbpfCbReasonCB_FWD_LOCAL                  contivbpfCbReason = 1
+	contivbpfCbReasonCB_FWD_TUNNEL                 contivbpfCbReason = 2
+	contivbpfCbReasonCB_FWD_UPLINK                 contivbpfCbReason = 3
+	contivbpfCbReasonCB_ARP_REPLY                  contivbpfCbReason = 4
+	contivbpfCbReasonCB_POLICY_ALLOW               contivbpfCbReason = 5
+	contivbpfCbReasonCB_FWD_HOST                   contivbpfCbReason = 6
+	contivbpfCbReasonCB_FWD_EGRESS                 contivbpfCbReason = 7
+	contivbpfCbReasonCB_FWD_EGRESS_REPLY           contivbpfCbReason = 8
+	contivbpfCbReasonCB_ICMP_GW_REPLY              contivbpfCbReason = 9
+	contivbpfCbReasonCB_FWD_DNS                    contivbpfCbReason = 10
+	contivbpfCbReasonCB_FWD_NODEPORT               contivbpfCbReason = 11
+	contivbpfCbReasonCB_FWD_NODEPORT_REPLY         contivbpfCbReason = 12
+	contivbpfCbReasonCB_FWD_NATIVE                 contivbpfCbReason = 13
+	contivbpfCbReasonCB_ICMP_VIP_REPLY             contivbpfCbReason = 14
+	contivbpfCbReasonCB_DROP_MIN                   contivbpfCbReason = 32
+	contivbpfCbReasonCB_DROP_MALFORMED_ETH         contivbpfCbReason = 32
+	contivbpfCbReasonCB_DROP_UNKNOWN_IFACE         contivbpfCbReason = 33
+	contivbpfCbReasonCB_DROP_NOT_IPV4              contivbpfCbReason = 34
+	contivbpfCbReasonCB_DROP_MALFORMED_ARP         contivbpfCbReason = 35
+	contivbpfCbReasonCB_DROP_ARP_NOT_REQUEST       contivbpfCbReason = 36
+	contivbpfCbReasonCB_DROP_ARP_UNKNOWN_TARGET    contivbpfCbReason = 37
+	contivbpfCbReasonCB_DROP_ARP_SELF              contivbpfCbReason = 38
+	contivbpfCbReasonCB_DROP_MALFORMED_IP          contivbpfCbReason = 39
+	contivbpfCbReasonCB_DROP_SPOOFED_SRC           contivbpfCbReason = 40
+	contivbpfCbReasonCB_DROP_UNKNOWN_DST           contivbpfCbReason = 41
+	contivbpfCbReasonCB_DROP_UNKNOWN_NETWORK       contivbpfCbReason = 42
+	contivbpfCbReasonCB_DROP_UNKNOWN_PEER          contivbpfCbReason = 43
+	contivbpfCbReasonCB_DROP_NO_TUNNEL_KEY         contivbpfCbReason = 44
+	contivbpfCbReasonCB_DROP_TUNNEL_ERR            contivbpfCbReason = 45
+	contivbpfCbReasonCB_DROP_NO_VXLAN              contivbpfCbReason = 46
+	contivbpfCbReasonCB_DROP_NO_UPLINK             contivbpfCbReason = 47
+	contivbpfCbReasonCB_DROP_TO_GATEWAY            contivbpfCbReason = 48
+	contivbpfCbReasonCB_DROP_POLICY                contivbpfCbReason = 49
+	contivbpfCbReasonCB_DROP_NO_BACKEND            contivbpfCbReason = 50
+	contivbpfCbReasonCB_DROP_ARP_FROM_OVERLAY      contivbpfCbReason = 51
+	contivbpfCbReasonCB_DROP_REMOTE_SRC            contivbpfCbReason = 52
+	contivbpfCbReasonCB_DROP_VLAN_ERR              contivbpfCbReason = 53
+	contivbpfCbReasonCB_DROP_MALFORMED_L4          contivbpfCbReason = 54
+	contivbpfCbReasonCB_DROP_NAT_ERR               contivbpfCbReason = 55
+	contivbpfCbReasonCB_DROP_FRAG_TO_SERVICE       contivbpfCbReason = 56
+	contivbpfCbReasonCB_DROP_TTL_EXCEEDED          contivbpfCbReason = 57
+	contivbpfCbReasonCB_DROP_FRAG_NO_FIRST         contivbpfCbReason = 58
+	contivbpfCbReasonCB_DROP_CT_FULL               contivbpfCbReason = 59
+	contivbpfCbReasonCB_DROP_OVERLAY_SPOOF         contivbpfCbReason = 60
+	contivbpfCbReasonCB_DROP_VLAN_TAGGED           contivbpfCbReason = 61
+	contivbpfCbReasonCB_DROP_EGRESS_NO_PORT        contivbpfCbReason = 62
+	contivbpfCbReasonCB_DROP_EGRESS_UNSUPPORTED    contivbpfCbReason = 63
+	contivbpfCbReasonCB_DROP_EGRESS_NO_FLOW        contivbpfCbReason = 64
+	contivbpfCbReasonCB_DROP_EGRESS_INVALID_DST    contivbpfCbReason = 65
+	contivbpfCbReasonCB_DROP_UPLINK_TO_ENDPOINT    contivbpfCbReason = 66
+	contivbpfCbReasonCB_DROP_HOST_NO_ROUTE         contivbpfCbReason = 67
+	contivbpfCbReasonCB_DROP_NODEPORT_NO_LOCAL     contivbpfCbReason = 68
+	contivbpfCbReasonCB_DROP_EGRESS_OVERLAY        contivbpfCbReason = 69
+	contivbpfCbReasonCB_DROP_NO_ROUTE              contivbpfCbReason = 70
+	contivbpfCbReasonCB_DROP_NETPOL                contivbpfCbReason = 71
+	contivbpfCbReasonCB_DROP_CT_QUOTA              contivbpfCbReason = 72
+	contivbpfCbReasonCB_REJECT_NO_BACKEND          contivbpfCbReason = 73
+	contivbpfCbReasonCB_DROP_FRAG_LIMIT            contivbpfCbReason = 74
+	contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC contivbpfCbReason = 75
+	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 
 type contivbpfCbRoute struct {
@@ -639,6 +640,19 @@ type contivbpfCbSvcRev struct {
 	Rev uint32
 }
 
+type contivbpfCbTnet struct {
+	_          structs.HostLayout
+	Net        uint32
+	Generation uint32
+}
+
+type contivbpfCbTnetKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Zone      uint32
+	Addr      uint32
+}
+
 type contivbpfCbVerdict struct {
 	_     structs.HostLayout
 	Epg   uint16
@@ -702,6 +716,7 @@ const (
 	contivbpfMapCbSnat             = "cb_snat"
 	contivbpfMapCbSnatRev          = "cb_snat_rev"
 	contivbpfMapCbSvcRevs          = "cb_svc_revs"
+	contivbpfMapCbTenantNets       = "cb_tenant_nets"
 	contivbpfMapCbVerdicts         = "cb_verdicts"
 	contivbpfMapCbVips             = "cb_vips"
 	contivbpfProgCbClockProbe      = "cb_clock_probe"
@@ -827,6 +842,7 @@ type contivbpfMapSpecs struct {
 	CbSnat           *ebpf.MapSpec `ebpf:"cb_snat"`
 	CbSnatRev        *ebpf.MapSpec `ebpf:"cb_snat_rev"`
 	CbSvcRevs        *ebpf.MapSpec `ebpf:"cb_svc_revs"`
+	CbTenantNets     *ebpf.MapSpec `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.MapSpec `ebpf:"cb_vips"`
 }
@@ -916,6 +932,7 @@ type contivbpfMaps struct {
 	CbSnat           *ebpf.Map `ebpf:"cb_snat"`
 	CbSnatRev        *ebpf.Map `ebpf:"cb_snat_rev"`
 	CbSvcRevs        *ebpf.Map `ebpf:"cb_svc_revs"`
+	CbTenantNets     *ebpf.Map `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.Map `ebpf:"cb_vips"`
 }
@@ -962,6 +979,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbSnat,
 		m.CbSnatRev,
 		m.CbSvcRevs,
+		m.CbTenantNets,
 		m.CbVerdicts,
 		m.CbVips,
 	)

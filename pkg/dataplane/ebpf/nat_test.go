@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"net/netip"
 	"testing"
@@ -777,8 +778,11 @@ func TestEgressAttacks(t *testing.T) {
 	}
 }
 
-// A node port client spoofing the address and port of one of the tenant's own endpoints
-// never meets that endpoint's flows: node port state lives in its own zone.
+// TestNodePortSpoofedInternalSource (Datapath v3 issue, hole 4): a node port client from
+// the wire claiming an address of one of the service's tenant's networks is dropped: those
+// addresses live behind the tenant's veths and tunnels. Before, it matched the rules the
+// tenant wrote for its own network's clients and the backend's answer was reflected to
+// the real endpoint. Another tenant's addresses are outside addresses for this one.
 func TestNodePortSpoofedInternalSource(t *testing.T) {
 	objs := natFixture(t, 64)
 	vip := netip.MustParseAddr("10.1.0.100")
@@ -787,32 +791,42 @@ func TestNodePortSpoofedInternalSource(t *testing.T) {
 	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30080), Proto: 6}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(80)}); err != nil {
 		t.Fatal(err)
 	}
+	tenantNet := func(zone uint32, p string) {
+		t.Helper()
+		pf := netip.MustParsePrefix(p)
+		k := contivbpfCbTnetKey{Prefixlen: 32 + uint32(pf.Bits()), Zone: zone, Addr: ip4(pf.Addr())}
+		if err := objs.CbTenantNets.Put(&k, &contivbpfCbTnet{Net: testNet}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tenantNet(testZone, "10.1.0.0/24")
+	tenantNet(testZone+1, "10.9.0.0/16")
 	// The backend's group only admits its own network's clients on 8080 (not the outside).
 	setEPG(t, objs, srcIP, 7)
 	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
 		{ID: "deny-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny},
 		{ID: "net", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Remote: netip.MustParsePrefix("10.1.0.0/24"), Action: dataplane.ActionAllow},
+		{ID: "world", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Remote: netip.MustParsePrefix("10.9.0.0/16"), Action: dataplane.ActionAllow},
 	}})
-	// From outside with the source of the tenant's endpoint 10.1.0.3: the rule keyed on the
-	// network's addresses does match it (addresses are all policy has), but the flow lands in
-	// the node port zone, and the backend's reply goes back out of the egress device, never to
-	// the real 10.1.0.3.
-	r := run(t, objs, objs.CbFromUplink, l4Frame(6, localIP, hostIP, 40000, 30080, 0x02, 0), nil)
-	r.expect(t, tcActRedirect, FwdNodePort)
+	up := objs.CbFromUplink
+	// With the source of the tenant's endpoint 10.1.0.3 (and of an address of the network
+	// no endpoint holds): dropped before any state.
+	for _, src := range []netip.Addr{localIP, netip.MustParseAddr("10.1.0.77")} {
+		run(t, objs, up, l4Frame(6, src, hostIP, 40000, 30080, 0x02, 0), nil).expect(t, tcActShot, DropNodePortInternalSrc)
+	}
 	var k contivbpfCbCtKey
 	var v contivbpfCbCtEntry
-	it := objs.CbCt.Iterate()
-	for it.Next(&k, &v) {
-		if k.Zone == testZone {
-			t.Errorf("node port flow state in the tenant's own zone: %+v", k)
-		}
+	if it := objs.CbCt.Iterate(); it.Next(&k, &v) {
+		t.Errorf("a spoofed internal client left state: %+v", k)
 	}
-	// The reply to the spoofed source is judged as the backend's own packet to its
-	// neighbour, never sent out as a node port reply.
-	r = run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, localIP, 8080, 40000, 0x12, 0), nil)
-	if r.diff[FwdNodePortReply] != 0 {
-		t.Error("a reply to an internal address left by the node port path")
+	// Another tenant's address is an outside address here: balanced (its rule admits it).
+	run(t, objs, up, l4Frame(6, netip.MustParseAddr("10.9.3.4"), hostIP, 40001, 30080, 0x02, 0), nil).expect(t, tcActRedirect, FwdNodePort)
+	// Without the tenant's subnet (the network deleted), 10.1.0.3 is an outside address too.
+	k0 := contivbpfCbTnetKey{Prefixlen: 56, Zone: testZone, Addr: ip4(netip.MustParseAddr("10.1.0.0"))}
+	if err := objs.CbTenantNets.Delete(&k0); err != nil {
+		t.Fatal(err)
 	}
+	run(t, objs, up, l4Frame(6, localIP, hostIP, 40002, 30080, 0x02, 0), nil).expect(t, tcActRedirect, FwdNodePort)
 }
 
 // TestOverlayInSkipsEgress: a tunnel packet on the egress device (UDP to the overlay's
@@ -1034,5 +1048,58 @@ func TestEgressBlindClose(t *testing.T) {
 	out(40002, fin|ack, 7001, 3001)
 	if n, c := states(40002); n != closing || c != closing {
 		t.Errorf("the endpoint's FIN did not close its flow (NAT %d, conntrack %d)", n, c)
+	}
+}
+
+// TestTenantNets: the driver keeps cb_tenant_nets (the node port stage's view of each
+// tenant's subnets) with its networks: written by the network, kept while another network
+// of the tenant has the subnet, removed with the last, swept by a Sync that no longer has
+// it, and rewritten when a network moves to another subnet.
+func TestTenantNets(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	has := func(n dataplane.Network) bool {
+		t.Helper()
+		m := n.Subnet.Masked()
+		k := contivbpfCbTnetKey{Prefixlen: 32 + uint32(m.Bits()), Zone: vrfOf(n.ID), Addr: ip4(m.Addr())}
+		var v contivbpfCbTnet
+		return h.d.objs.CbTenantNets.Lookup(&k, &v) == nil
+	}
+	red := h.net
+	twin := dataplane.Network{ID: "twin.t", Encap: dataplane.EncapVXLAN, Tag: 78, Subnet: red.Subnet} // same tenant t
+	if err := h.d.UpsertNetwork(ctx, red); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.UpsertNetwork(ctx, twin); err != nil {
+		t.Fatal(err)
+	}
+	if !has(red) {
+		t.Fatal("the network's subnet is not in cb_tenant_nets")
+	}
+	if err := h.d.DeleteNetwork(ctx, red.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !has(twin) {
+		t.Error("the subnet went with one network while another of the tenant has it")
+	}
+	moved := twin
+	moved.Subnet = netip.MustParsePrefix("10.51.0.0/24")
+	if err := h.d.UpsertNetwork(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	if has(twin) || !has(moved) {
+		t.Errorf("after the network moved: old subnet held %v, new %v", has(twin), has(moved))
+	}
+	if err := h.d.Sync(ctx, dataplane.State{Networks: []dataplane.Network{red}}); err != nil {
+		t.Fatal(err)
+	}
+	if !has(red) || has(moved) {
+		t.Errorf("after Sync with only red: red %v, swept network %v", has(red), has(moved))
+	}
+	if err := h.d.DeleteNetwork(ctx, red.ID); err != nil {
+		t.Fatal(err)
+	}
+	if has(red) {
+		t.Error("the last network's subnet stayed")
 	}
 }

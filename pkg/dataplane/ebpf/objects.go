@@ -85,6 +85,31 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 		}
 	}
 	d.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
+	if err := d.syncTenantNet(vrf, n.Subnet); err != nil {
+		return fmt.Errorf("network %s: %w", n.ID, err)
+	}
+	if had && (old.vrf != vrf || old.net.Subnet.Masked() != n.Subnet.Masked()) {
+		if err := d.syncTenantNet(old.vrf, old.net.Subnet); err != nil {
+			return fmt.Errorf("network %s: %w", n.ID, err)
+		}
+	}
+	return nil
+}
+
+// syncTenantNet makes cb_tenant_nets' entry for subnet in routing domain vrf name a
+// network of this host that has it, or removes it when none does: the node port stage
+// refuses clients from the wire claiming such an address (bpf/lib/nodeport.h).
+func (d *Driver) syncTenantNet(vrf uint32, subnet netip.Prefix) error {
+	m := subnet.Masked()
+	k := contivbpfCbTnetKey{Prefixlen: 32 + uint32(m.Bits()), Zone: vrf, Addr: ip4(m.Addr())}
+	for _, nr := range d.networks {
+		if nr.vrf == vrf && nr.net.Subnet.Masked() == m {
+			return d.mapPut(contivbpfMapCbTenantNets, d.objs.CbTenantNets, &k, &contivbpfCbTnet{Net: nr.key, Generation: d.gen})
+		}
+	}
+	if err := mapDel(d.objs.CbTenantNets, &k); err != nil {
+		return fmt.Errorf("delete %s entry %v: %w", contivbpfMapCbTenantNets, m, err)
+	}
 	return nil
 }
 
@@ -184,6 +209,9 @@ func (d *Driver) deleteNetwork(id string) error {
 		return fmt.Errorf("network %s: delete map entry: %w", id, err)
 	}
 	delete(d.networks, id)
+	if err := d.syncTenantNet(r.vrf, r.net.Subnet); err != nil {
+		return fmt.Errorf("network %s: %w", id, err)
+	}
 	return nil
 }
 

@@ -311,6 +311,8 @@ func (d *Driver) sweepMaps() []error {
 		func(k *contivbpfCbRouteKey, v *contivbpfCbRoute) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbNodeports, contivbpfMapCbNodeports, d.gen,
 		func(k *contivbpfCbNpKey, v *contivbpfCbNp) uint32 { return v.Generation })...)
+	errs = append(errs, sweepGen(d.objs.CbTenantNets, contivbpfMapCbTenantNets, d.gen,
+		func(k *contivbpfCbTnetKey, v *contivbpfCbTnet) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbHostRoutes, contivbpfMapCbHostRoutes, d.gen,
 		func(k *uint32, v *contivbpfCbHostRoute) uint32 { return v.Generation })...)
 
