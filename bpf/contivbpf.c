@@ -37,6 +37,7 @@ const enum cb_reason cb_reason_unused __attribute__((unused));
 const enum cb_encap cb_encap_unused __attribute__((unused));
 const enum cb_ep_flags cb_ep_flags_unused __attribute__((unused));
 const enum cb_features cb_features_unused __attribute__((unused));
+const enum cb_egress_flags cb_egress_flags_unused __attribute__((unused));
 const enum cb_ct_flags cb_ct_flags_unused __attribute__((unused));
 const enum cb_ct_state cb_ct_state_unused __attribute__((unused));
 const enum cb_epg_flags cb_epg_flags_unused __attribute__((unused));
@@ -217,6 +218,8 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		 * endpoint's own address (the fabric routes the replies back by its /32). */
 		if (cb_dst_invalid(f.daddr))
 			return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
+		if (cb_dst_link_local(f.daddr, cfg))
+			return cb_drop(skb, CB_DROP_EGRESS_LINK_LOCAL);
 		r = cb_stateful(&f, &t);
 		if (!r)
 			r = cb_route_rewrite(skb, cfg);
@@ -229,6 +232,8 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 		return cb_drop(skb, CB_DROP_TO_GATEWAY);
 	if (cb_dst_invalid(f.daddr))
 		return cb_drop(skb, CB_DROP_EGRESS_INVALID_DST);
+	if (cb_dst_link_local(f.daddr, cfg))
+		return cb_drop(skb, CB_DROP_EGRESS_LINK_LOCAL);
 	/* From this host's address, a datagram to the overlay's port would be a tunnel packet
 	 * of this host on the peer it reaches (any VNI, any inner source): never. */
 	if (f.proto == CB_PROTO_UDP && cfg->vxlan_port && f.dport == cfg->vxlan_port)

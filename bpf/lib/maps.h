@@ -94,10 +94,19 @@ struct cb_config {
 	__u16 snat_port_max;
 	__be32 dns_ip;        /* host address of the agent's DNS responder (0 = none) */
 	__be16 vxlan_port;    /* the overlay's UDP port: never an egress destination port */
-	__u16 pad3;
+	__u8 egress_flags;    /* enum cb_egress_flags */
+	__u8 pad3;
 	__u64 netns_cookie;   /* the host namespace (socket LB acts only there; 0 = off) */
 	__u32 ct_quota;       /* conntrack entries one local endpoint may hold (0 = no quota) */
 	__u32 pad4;
+};
+
+/* Egress to link-local addresses (169.254.0.0/16) is never forwarded (RFC 3927: they are
+ * of one link, and a cloud's instance metadata service at 169.254.169.254 answers the
+ * node's own identity and credentials to whoever asks from the node's address, which
+ * egress NAT gives every endpoint). The metadata address alone may be allowed. */
+enum cb_egress_flags {
+	CB_EGRESS_METADATA = 1, /* allow egress to 169.254.169.254 (netplugin --egress-allow-metadata) */
 };
 
 enum cb_features {

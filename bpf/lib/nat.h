@@ -196,6 +196,17 @@ CB_INLINE void cb_snat_refresh(struct cb_snat_entry *e, __u64 deadline)
 		e->expires = deadline;
 }
 
+/* cb_dst_link_local says whether egress to a may not leave (link-local, but for the cloud
+ * metadata address when the config allows it: enum cb_egress_flags). */
+CB_INLINE int cb_dst_link_local(__be32 a, const struct cb_config *cfg)
+{
+	__u32 h = bpf_ntohl(a);
+
+	if ((h >> 16) != 0xa9fe) /* 169.254.0.0/16 */
+		return 0;
+	return !(h == 0xa9fea9fe && cfg && (cfg->egress_flags & CB_EGRESS_METADATA));
+}
+
 /* cb_dst_invalid says whether an address can never be an egress destination. */
 CB_INLINE int cb_dst_invalid(__be32 a)
 {

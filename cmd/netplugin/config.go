@@ -39,6 +39,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "snat-ip", EnvVars: env("SNAT_IP"), Usage: "ebpf: address endpoints' traffic to the outside is source-NATed to (default: vtep-ip; egress is off when no device holds it)"},
 		&cli.StringFlag{Name: "egress-if", EnvVars: env("EGRESS_IF"), Usage: "ebpf: device egress traffic leaves by and its replies arrive on (default: the device holding --snat-ip)"},
 		&cli.StringFlag{Name: "egress-ports", EnvVars: env("EGRESS_PORTS"), Value: "61000-65535", Usage: "ebpf: `MIN-MAX` source ports (and ICMP echo ids) of egress NAT; keep them outside net.ipv4.ip_local_port_range (a range holding --vxlan-port is refused)"},
+		&cli.BoolFlag{Name: "egress-allow-metadata", EnvVars: env("EGRESS_ALLOW_METADATA"), Usage: "ebpf: let endpoints reach the cloud instance metadata address 169.254.169.254 through egress NAT (as the node, with the node's identity); off: refused like every link-local address (drop_egress_link_local)"},
 		&cli.StringFlag{Name: "dns-listen", EnvVars: env("DNS_LISTEN"), Usage: "ebpf: `ADDR:PORT` of the DNS responder endpoints reach at their gateway's port 53 (default <vtep-ip>:53; \"off\" disables it)"},
 		&cli.StringFlag{Name: "dns-upstream", EnvVars: env("DNS_UPSTREAM"), Usage: "comma-separated `IP[:PORT]` servers the DNS responder forwards other names to (default: the nameservers of /etc/resolv.conf; \"none\": answer SERVFAIL)"},
 		&cli.Float64Flag{Name: "dns-rate", EnvVars: env("DNS_RATE"), Value: 200, Usage: "queries per second each endpoint may send the DNS responder (burst: twice that); more are dropped and counted"},
@@ -91,6 +92,7 @@ type config struct {
 	snatIP        netip.Addr
 	egressIf      string
 	egressPorts   [2]uint16
+	allowMetadata bool
 	dnsListen     netip.AddrPort // invalid: no DNS responder
 	dnsUpstreams  []string
 	dnsRate       float64
@@ -137,7 +139,7 @@ func configFrom(c *cli.Context) (config, error) {
 	cfg := config{
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
-		dnsRate:   c.Float64("dns-rate"),
+		dnsRate: c.Float64("dns-rate"), allowMetadata: c.Bool("egress-allow-metadata"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),

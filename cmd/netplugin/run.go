@@ -317,13 +317,14 @@ func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (datapl
 			return nil, fmt.Errorf("create --bpffs-root %s: %w", cfg.bpffsRoot, err)
 		}
 		d, err := ebpf.New(ctx, hc, ebpf.Options{
-			PinRoot:       filepath.Join(cfg.bpffsRoot, cfg.host),
-			SNATIP:        cfg.snatIP,
-			EgressIf:      cfg.egressIf,
-			EgressPortMin: cfg.egressPorts[0],
-			EgressPortMax: cfg.egressPorts[1],
-			DNSIP:         cfg.dnsListen.Addr(),
-			StepObserver:  steps,
+			PinRoot:             filepath.Join(cfg.bpffsRoot, cfg.host),
+			SNATIP:              cfg.snatIP,
+			EgressIf:            cfg.egressIf,
+			EgressPortMin:       cfg.egressPorts[0],
+			EgressPortMax:       cfg.egressPorts[1],
+			EgressAllowMetadata: cfg.allowMetadata,
+			DNSIP:               cfg.dnsListen.Addr(),
+			StepObserver:        steps,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start ebpf dataplane: %w", err)

@@ -55,7 +55,8 @@ type contivbpfCbConfig struct {
 	SnatPortMax   uint16
 	DnsIp         uint32
 	VxlanPort     uint16
-	Pad3          uint16
+	EgressFlags   uint8
+	Pad3          uint8
 	_             [4]byte
 	NetnsCookie   uint64
 	CtQuota       uint32
@@ -121,6 +122,12 @@ const (
 	contivbpfCbCtStateCB_CTS_NEW         contivbpfCbCtState = 1
 	contivbpfCbCtStateCB_CTS_ESTABLISHED contivbpfCbCtState = 2
 	contivbpfCbCtStateCB_CTS_CLOSING     contivbpfCbCtState = 3
+)
+
+type contivbpfCbEgressFlags uint32
+
+const (
+	contivbpfCbEgressFlagsCB_EGRESS_METADATA contivbpfCbEgressFlags = 1
 )
 
 type contivbpfCbEncap uint32
@@ -539,6 +546,7 @@ const (
 	contivbpfCbReasonCB_REJECT_NO_BACKEND          contivbpfCbReason = 73
 	contivbpfCbReasonCB_DROP_FRAG_LIMIT            contivbpfCbReason = 74
 	contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC contivbpfCbReason = 75
+	contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL     contivbpfCbReason = 76
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 
@@ -676,75 +684,76 @@ type contivbpfCbVipKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	contivbpfMapCbBackends         = "cb_backends"
-	contivbpfMapCbBgpRoutes        = "cb_bgp_routes"
-	contivbpfMapCbCfg              = "cb_cfg"
-	contivbpfMapCbCt               = "cb_ct"
-	contivbpfMapCbCtGens           = "cb_ct_gens"
-	contivbpfMapCbCtOwned          = "cb_ct_owned"
-	contivbpfMapCbCtOwnedIn        = "cb_ct_owned_in"
-	contivbpfMapCbEndpoints        = "cb_endpoints"
-	contivbpfMapCbEpCounters       = "cb_ep_counters"
-	contivbpfMapCbEpgs             = "cb_epgs"
-	contivbpfMapCbEvents           = "cb_events"
-	contivbpfMapCbFragBudgets      = "cb_frag_budgets"
-	contivbpfMapCbFragSrcBudgets   = "cb_frag_src_budgets"
-	contivbpfMapCbFrags            = "cb_frags"
-	contivbpfMapCbHostIps          = "cb_host_ips"
-	contivbpfMapCbHostRoutes       = "cb_host_routes"
-	contivbpfMapCbHostSvcs         = "cb_host_svcs"
-	contivbpfMapCbIcmpBudget       = "cb_icmp_budget"
-	contivbpfMapCbIfaceDirect      = "cb_iface_direct"
-	contivbpfMapCbIfaceScratch     = "cb_iface_scratch"
-	contivbpfMapCbIfaces           = "cb_ifaces"
-	contivbpfMapCbKpods            = "cb_kpods"
-	contivbpfMapCbKsets            = "cb_ksets"
-	contivbpfMapCbMembers          = "cb_members"
-	contivbpfMapCbNatFrags         = "cb_nat_frags"
-	contivbpfMapCbNetworks         = "cb_networks"
-	contivbpfMapCbNodeports        = "cb_nodeports"
-	contivbpfMapCbPeerFlows        = "cb_peer_flows"
-	contivbpfMapCbPeers            = "cb_peers"
-	contivbpfMapCbPolCidrs         = "cb_pol_cidrs"
-	contivbpfMapCbPolHeads         = "cb_pol_heads"
-	contivbpfMapCbPolRules         = "cb_pol_rules"
-	contivbpfMapCbPolScratch       = "cb_pol_scratch"
-	contivbpfMapCbPolicies         = "cb_policies"
-	contivbpfMapCbReasons          = "cb_reasons"
-	contivbpfMapCbRoutes           = "cb_routes"
-	contivbpfMapCbServices         = "cb_services"
-	contivbpfMapCbSnat             = "cb_snat"
-	contivbpfMapCbSnatRev          = "cb_snat_rev"
-	contivbpfMapCbSvcRevs          = "cb_svc_revs"
-	contivbpfMapCbTenantNets       = "cb_tenant_nets"
-	contivbpfMapCbVerdicts         = "cb_verdicts"
-	contivbpfMapCbVips             = "cb_vips"
-	contivbpfProgCbClockProbe      = "cb_clock_probe"
-	contivbpfProgCbFromContainer   = "cb_from_container"
-	contivbpfProgCbFromOverlay     = "cb_from_overlay"
-	contivbpfProgCbFromUplink      = "cb_from_uplink"
-	contivbpfProgCbFromWire        = "cb_from_wire"
-	contivbpfProgCbSockConnect4    = "cb_sock_connect4"
-	contivbpfProgCbTestOverlay     = "cb_test_overlay"
-	contivbpfVarCbClockBase        = "cb_clock_base"
-	contivbpfVarCbCtFlagsUnused    = "cb_ct_flags_unused"
-	contivbpfVarCbCtStateUnused    = "cb_ct_state_unused"
-	contivbpfVarCbEncapUnused      = "cb_encap_unused"
-	contivbpfVarCbEpFlagsUnused    = "cb_ep_flags_unused"
-	contivbpfVarCbEpgFlagsUnused   = "cb_epg_flags_unused"
-	contivbpfVarCbEventUnused      = "cb_event_unused"
-	contivbpfVarCbFeatures         = "cb_features"
-	contivbpfVarCbFeaturesUnused   = "cb_features_unused"
-	contivbpfVarCbFragRate         = "cb_frag_rate"
-	contivbpfVarCbFragSrcRate      = "cb_frag_src_rate"
-	contivbpfVarCbLbSeed           = "cb_lb_seed"
-	contivbpfVarCbNetFlagsUnused   = "cb_net_flags_unused"
-	contivbpfVarCbPolDirUnused     = "cb_pol_dir_unused"
-	contivbpfVarCbPolicyEpoch      = "cb_policy_epoch"
-	contivbpfVarCbReasonUnused     = "cb_reason_unused"
-	contivbpfVarCbRuleActionUnused = "cb_rule_action_unused"
-	contivbpfVarCbSvcMemoOff       = "cb_svc_memo_off"
-	contivbpfVarCbTickNs           = "cb_tick_ns"
+	contivbpfMapCbBackends          = "cb_backends"
+	contivbpfMapCbBgpRoutes         = "cb_bgp_routes"
+	contivbpfMapCbCfg               = "cb_cfg"
+	contivbpfMapCbCt                = "cb_ct"
+	contivbpfMapCbCtGens            = "cb_ct_gens"
+	contivbpfMapCbCtOwned           = "cb_ct_owned"
+	contivbpfMapCbCtOwnedIn         = "cb_ct_owned_in"
+	contivbpfMapCbEndpoints         = "cb_endpoints"
+	contivbpfMapCbEpCounters        = "cb_ep_counters"
+	contivbpfMapCbEpgs              = "cb_epgs"
+	contivbpfMapCbEvents            = "cb_events"
+	contivbpfMapCbFragBudgets       = "cb_frag_budgets"
+	contivbpfMapCbFragSrcBudgets    = "cb_frag_src_budgets"
+	contivbpfMapCbFrags             = "cb_frags"
+	contivbpfMapCbHostIps           = "cb_host_ips"
+	contivbpfMapCbHostRoutes        = "cb_host_routes"
+	contivbpfMapCbHostSvcs          = "cb_host_svcs"
+	contivbpfMapCbIcmpBudget        = "cb_icmp_budget"
+	contivbpfMapCbIfaceDirect       = "cb_iface_direct"
+	contivbpfMapCbIfaceScratch      = "cb_iface_scratch"
+	contivbpfMapCbIfaces            = "cb_ifaces"
+	contivbpfMapCbKpods             = "cb_kpods"
+	contivbpfMapCbKsets             = "cb_ksets"
+	contivbpfMapCbMembers           = "cb_members"
+	contivbpfMapCbNatFrags          = "cb_nat_frags"
+	contivbpfMapCbNetworks          = "cb_networks"
+	contivbpfMapCbNodeports         = "cb_nodeports"
+	contivbpfMapCbPeerFlows         = "cb_peer_flows"
+	contivbpfMapCbPeers             = "cb_peers"
+	contivbpfMapCbPolCidrs          = "cb_pol_cidrs"
+	contivbpfMapCbPolHeads          = "cb_pol_heads"
+	contivbpfMapCbPolRules          = "cb_pol_rules"
+	contivbpfMapCbPolScratch        = "cb_pol_scratch"
+	contivbpfMapCbPolicies          = "cb_policies"
+	contivbpfMapCbReasons           = "cb_reasons"
+	contivbpfMapCbRoutes            = "cb_routes"
+	contivbpfMapCbServices          = "cb_services"
+	contivbpfMapCbSnat              = "cb_snat"
+	contivbpfMapCbSnatRev           = "cb_snat_rev"
+	contivbpfMapCbSvcRevs           = "cb_svc_revs"
+	contivbpfMapCbTenantNets        = "cb_tenant_nets"
+	contivbpfMapCbVerdicts          = "cb_verdicts"
+	contivbpfMapCbVips              = "cb_vips"
+	contivbpfProgCbClockProbe       = "cb_clock_probe"
+	contivbpfProgCbFromContainer    = "cb_from_container"
+	contivbpfProgCbFromOverlay      = "cb_from_overlay"
+	contivbpfProgCbFromUplink       = "cb_from_uplink"
+	contivbpfProgCbFromWire         = "cb_from_wire"
+	contivbpfProgCbSockConnect4     = "cb_sock_connect4"
+	contivbpfProgCbTestOverlay      = "cb_test_overlay"
+	contivbpfVarCbClockBase         = "cb_clock_base"
+	contivbpfVarCbCtFlagsUnused     = "cb_ct_flags_unused"
+	contivbpfVarCbCtStateUnused     = "cb_ct_state_unused"
+	contivbpfVarCbEgressFlagsUnused = "cb_egress_flags_unused"
+	contivbpfVarCbEncapUnused       = "cb_encap_unused"
+	contivbpfVarCbEpFlagsUnused     = "cb_ep_flags_unused"
+	contivbpfVarCbEpgFlagsUnused    = "cb_epg_flags_unused"
+	contivbpfVarCbEventUnused       = "cb_event_unused"
+	contivbpfVarCbFeatures          = "cb_features"
+	contivbpfVarCbFeaturesUnused    = "cb_features_unused"
+	contivbpfVarCbFragRate          = "cb_frag_rate"
+	contivbpfVarCbFragSrcRate       = "cb_frag_src_rate"
+	contivbpfVarCbLbSeed            = "cb_lb_seed"
+	contivbpfVarCbNetFlagsUnused    = "cb_net_flags_unused"
+	contivbpfVarCbPolDirUnused      = "cb_pol_dir_unused"
+	contivbpfVarCbPolicyEpoch       = "cb_policy_epoch"
+	contivbpfVarCbReasonUnused      = "cb_reason_unused"
+	contivbpfVarCbRuleActionUnused  = "cb_rule_action_unused"
+	contivbpfVarCbSvcMemoOff        = "cb_svc_memo_off"
+	contivbpfVarCbTickNs            = "cb_tick_ns"
 )
 
 // loadContivbpf returns the embedded CollectionSpec for contivbpf.
@@ -851,25 +860,26 @@ type contivbpfMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfVariableSpecs struct {
-	CbClockBase        *ebpf.VariableSpec `ebpf:"cb_clock_base"`
-	CbCtFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
-	CbCtStateUnused    *ebpf.VariableSpec `ebpf:"cb_ct_state_unused"`
-	CbEncapUnused      *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
-	CbEpFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
-	CbEpgFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_epg_flags_unused"`
-	CbEventUnused      *ebpf.VariableSpec `ebpf:"cb_event_unused"`
-	CbFeatures         *ebpf.VariableSpec `ebpf:"cb_features"`
-	CbFeaturesUnused   *ebpf.VariableSpec `ebpf:"cb_features_unused"`
-	CbFragRate         *ebpf.VariableSpec `ebpf:"cb_frag_rate"`
-	CbFragSrcRate      *ebpf.VariableSpec `ebpf:"cb_frag_src_rate"`
-	CbLbSeed           *ebpf.VariableSpec `ebpf:"cb_lb_seed"`
-	CbNetFlagsUnused   *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
-	CbPolDirUnused     *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
-	CbPolicyEpoch      *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
-	CbReasonUnused     *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
-	CbRuleActionUnused *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
-	CbSvcMemoOff       *ebpf.VariableSpec `ebpf:"cb_svc_memo_off"`
-	CbTickNs           *ebpf.VariableSpec `ebpf:"cb_tick_ns"`
+	CbClockBase         *ebpf.VariableSpec `ebpf:"cb_clock_base"`
+	CbCtFlagsUnused     *ebpf.VariableSpec `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused     *ebpf.VariableSpec `ebpf:"cb_ct_state_unused"`
+	CbEgressFlagsUnused *ebpf.VariableSpec `ebpf:"cb_egress_flags_unused"`
+	CbEncapUnused       *ebpf.VariableSpec `ebpf:"cb_encap_unused"`
+	CbEpFlagsUnused     *ebpf.VariableSpec `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_epg_flags_unused"`
+	CbEventUnused       *ebpf.VariableSpec `ebpf:"cb_event_unused"`
+	CbFeatures          *ebpf.VariableSpec `ebpf:"cb_features"`
+	CbFeaturesUnused    *ebpf.VariableSpec `ebpf:"cb_features_unused"`
+	CbFragRate          *ebpf.VariableSpec `ebpf:"cb_frag_rate"`
+	CbFragSrcRate       *ebpf.VariableSpec `ebpf:"cb_frag_src_rate"`
+	CbLbSeed            *ebpf.VariableSpec `ebpf:"cb_lb_seed"`
+	CbNetFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
+	CbPolDirUnused      *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch       *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
+	CbReasonUnused      *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
+	CbRuleActionUnused  *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
+	CbSvcMemoOff        *ebpf.VariableSpec `ebpf:"cb_svc_memo_off"`
+	CbTickNs            *ebpf.VariableSpec `ebpf:"cb_tick_ns"`
 }
 
 // contivbpfObjects contains all objects after they have been loaded into the kernel.
@@ -989,25 +999,26 @@ func (m *contivbpfMaps) Close() error {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfVariables struct {
-	CbClockBase        *ebpf.Variable `ebpf:"cb_clock_base"`
-	CbCtFlagsUnused    *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
-	CbCtStateUnused    *ebpf.Variable `ebpf:"cb_ct_state_unused"`
-	CbEncapUnused      *ebpf.Variable `ebpf:"cb_encap_unused"`
-	CbEpFlagsUnused    *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
-	CbEpgFlagsUnused   *ebpf.Variable `ebpf:"cb_epg_flags_unused"`
-	CbEventUnused      *ebpf.Variable `ebpf:"cb_event_unused"`
-	CbFeatures         *ebpf.Variable `ebpf:"cb_features"`
-	CbFeaturesUnused   *ebpf.Variable `ebpf:"cb_features_unused"`
-	CbFragRate         *ebpf.Variable `ebpf:"cb_frag_rate"`
-	CbFragSrcRate      *ebpf.Variable `ebpf:"cb_frag_src_rate"`
-	CbLbSeed           *ebpf.Variable `ebpf:"cb_lb_seed"`
-	CbNetFlagsUnused   *ebpf.Variable `ebpf:"cb_net_flags_unused"`
-	CbPolDirUnused     *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
-	CbPolicyEpoch      *ebpf.Variable `ebpf:"cb_policy_epoch"`
-	CbReasonUnused     *ebpf.Variable `ebpf:"cb_reason_unused"`
-	CbRuleActionUnused *ebpf.Variable `ebpf:"cb_rule_action_unused"`
-	CbSvcMemoOff       *ebpf.Variable `ebpf:"cb_svc_memo_off"`
-	CbTickNs           *ebpf.Variable `ebpf:"cb_tick_ns"`
+	CbClockBase         *ebpf.Variable `ebpf:"cb_clock_base"`
+	CbCtFlagsUnused     *ebpf.Variable `ebpf:"cb_ct_flags_unused"`
+	CbCtStateUnused     *ebpf.Variable `ebpf:"cb_ct_state_unused"`
+	CbEgressFlagsUnused *ebpf.Variable `ebpf:"cb_egress_flags_unused"`
+	CbEncapUnused       *ebpf.Variable `ebpf:"cb_encap_unused"`
+	CbEpFlagsUnused     *ebpf.Variable `ebpf:"cb_ep_flags_unused"`
+	CbEpgFlagsUnused    *ebpf.Variable `ebpf:"cb_epg_flags_unused"`
+	CbEventUnused       *ebpf.Variable `ebpf:"cb_event_unused"`
+	CbFeatures          *ebpf.Variable `ebpf:"cb_features"`
+	CbFeaturesUnused    *ebpf.Variable `ebpf:"cb_features_unused"`
+	CbFragRate          *ebpf.Variable `ebpf:"cb_frag_rate"`
+	CbFragSrcRate       *ebpf.Variable `ebpf:"cb_frag_src_rate"`
+	CbLbSeed            *ebpf.Variable `ebpf:"cb_lb_seed"`
+	CbNetFlagsUnused    *ebpf.Variable `ebpf:"cb_net_flags_unused"`
+	CbPolDirUnused      *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
+	CbPolicyEpoch       *ebpf.Variable `ebpf:"cb_policy_epoch"`
+	CbReasonUnused      *ebpf.Variable `ebpf:"cb_reason_unused"`
+	CbRuleActionUnused  *ebpf.Variable `ebpf:"cb_rule_action_unused"`
+	CbSvcMemoOff        *ebpf.Variable `ebpf:"cb_svc_memo_off"`
+	CbTickNs            *ebpf.Variable `ebpf:"cb_tick_ns"`
 }
 
 // contivbpfPrograms contains all programs after they have been loaded into the kernel.

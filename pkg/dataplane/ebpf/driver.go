@@ -463,6 +463,9 @@ func (d *Driver) writeConfig() error {
 		c.DnsIp = ip4(d.cfg.DNSIP)
 	}
 	c.VxlanPort = nport(uint16(d.cfg.VXLANPort))
+	if d.cfg.EgressAllowMetadata {
+		c.EgressFlags |= uint8(contivbpfCbEgressFlagsCB_EGRESS_METADATA)
+	}
 	c.CtQuota = uint32(d.cfg.CTQuota)
 	if d.sockLB != "" {
 		c.NetnsCookie = d.netnsCookie

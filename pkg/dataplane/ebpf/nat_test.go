@@ -1103,3 +1103,24 @@ func TestTenantNets(t *testing.T) {
 		t.Error("the last network's subnet stayed")
 	}
 }
+
+// TestEgressLinkLocal (Datapath v3 issue, hole 6): egress to a link-local address is never
+// forwarded; the cloud metadata address 169.254.169.254, which answers the node's identity
+// to whoever asks from its address (egress NAT gives every endpoint that address), only
+// when the agent allows it (--egress-allow-metadata).
+func TestEgressLinkLocal(t *testing.T) {
+	objs := natFixture(t, 64)
+	fc := objs.CbFromContainer
+	metadata, other := netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("169.254.1.1")
+	for _, dst := range []netip.Addr{metadata, other} {
+		run(t, objs, fc, l4Frame(6, srcIP, dst, 40000, 80, 0x02, 0), nil).expect(t, tcActShot, DropEgressLinkLocal)
+		run(t, objs, fc, l4Frame(17, srcIP, dst, 40000, 53, 0, 0), nil).expect(t, tcActShot, DropEgressLinkLocal)
+	}
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.EgressFlags |= uint8(contivbpfCbEgressFlagsCB_EGRESS_METADATA) })
+	run(t, objs, fc, l4Frame(6, srcIP, metadata, 40001, 80, 0x02, 0), nil).expect(t, tcActRedirect, FwdEgress)
+	run(t, objs, fc, l4Frame(6, srcIP, other, 40001, 80, 0x02, 0), nil).expect(t, tcActShot, DropEgressLinkLocal)
+	// Next to the range: ordinary outside addresses.
+	for _, dst := range []string{"169.253.255.255", "169.255.0.1"} {
+		run(t, objs, fc, l4Frame(6, srcIP, netip.MustParseAddr(dst), 40002, 80, 0x02, 0), nil).expect(t, tcActRedirect, FwdEgress)
+	}
+}

@@ -24,6 +24,10 @@ type Options struct {
 	EgressIf      string
 	EgressPortMin uint16
 	EgressPortMax uint16
+	// EgressAllowMetadata lets endpoints reach the cloud instance metadata address
+	// 169.254.169.254 through egress NAT (as the node); every other link-local address,
+	// and that one by default, is refused (drop_egress_link_local).
+	EgressAllowMetadata bool
 	// DNSIP is the host address the agent's DNS responder listens on (port 53):
 	// endpoints' UDP queries to their gateway's port 53 are steered to it. Invalid: none.
 	DNSIP netip.Addr

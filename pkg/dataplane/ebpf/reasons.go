@@ -67,6 +67,7 @@ const (
 	RejectNoBackend         = Reason(contivbpfCbReasonCB_REJECT_NO_BACKEND) // dropped and answered with ICMP port unreachable
 	DropFragLimit           = Reason(contivbpfCbReasonCB_DROP_FRAG_LIMIT)
 	DropNodePortInternalSrc = Reason(contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC)
+	DropEgressLinkLocal     = Reason(contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -131,6 +132,7 @@ var reasonNames = map[Reason]string{
 	RejectNoBackend:         "reject_no_backend",
 	DropFragLimit:           "drop_frag_limit",
 	DropNodePortInternalSrc: "drop_nodeport_internal_src",
+	DropEgressLinkLocal:     "drop_egress_link_local",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
