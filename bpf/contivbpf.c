@@ -74,6 +74,14 @@ CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
 
 #define cb_deliver_local(skb, ep) cb_deliver_as(skb, ep, CB_FWD_LOCAL)
 
+/* cb_gateway_of is the gateway address of network net (0: none). */
+CB_INLINE __be32 cb_gateway_of(__u32 net)
+{
+	struct cb_network *n = bpf_map_lookup_elem(&cb_networks, &net);
+
+	return n ? n->gateway : 0;
+}
+
 /* cb_route_rewrite turns a frame into a routed one: TTL decremented (checksum fixed),
  * source MAC = router MAC. Returns 0 or a drop reason. */
 CB_INLINE int cb_route_rewrite(struct __sk_buff *skb, const struct cb_config *cfg)
@@ -415,8 +423,10 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
 }
 
-/* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside (called by
- * the entry program after this returns: the two stack frames never nest). */
+/* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside, or CB_TTL_OUT
+ * for cb_ttl_exceeded (called by the entry program after this returns: the stack frames
+ * never nest). */
+#define CB_TTL_OUT (-7)
 
 static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
@@ -538,6 +548,12 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (features & CB_FEAT_ROUTING) {
 		cfg = cb_get_config();
 		r = cb_route_rewrite(skb, cfg);
+		/* Its TTL ran out: the entry program answers it from the router it addressed
+		 * (cb_ttl_exceeded, in a frame beside this one), unless the packet was translated
+		 * (a service flow's: the error would quote what the client never sent). The
+		 * packet is as it came: cb_route_rewrite changes nothing when it refuses. */
+		if (r == CB_DROP_TTL_EXCEEDED && !t.svc && !t.svc_reply && !t.svc_icmp)
+			return CB_TTL_OUT;
 		if (r)
 			return cb_drop(skb, r);
 	}
@@ -901,6 +917,8 @@ int cb_from_container(struct __sk_buff *skb)
 			r = cb_ipv4_plain(skb, ifc);
 		if (r == CB_SLOW)
 			r = cb_ipv4_from_container(skb, ifc);
+		if (r == CB_TTL_OUT)
+			return cb_ttl_exceeded(skb, cb_gateway_of(ifc->net));
 		if (r != CB_OUTSIDE)
 			return r;
 		/* Outside the network: a node port flow's reply, else cb_outside. */

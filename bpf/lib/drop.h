@@ -71,6 +71,7 @@ enum cb_reason {
 	CB_DROP_FRAG_LIMIT = 74,    /* first fragment of a zone past its fragment-record budget (policy.h) */
 	CB_DROP_NODEPORT_INTERNAL_SRC = 75, /* node port client from the wire claiming an address of the service's tenant */
 	CB_DROP_EGRESS_LINK_LOCAL = 76, /* egress to a link-local address (169.254/16; cloud metadata unless allowed) */
+	CB_REJECT_TTL_EXCEEDED = 77, /* routing mode: TTL ran out, answered with ICMP time exceeded (icmp.h) */
 	CB_REASON_MAX = 96,
 };
 

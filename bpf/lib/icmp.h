@@ -33,19 +33,26 @@
 #define CB_ICMP_TOS 0xc0    /* precedence "internetwork control", as Linux sends errors */
 #define CB_ICMP_TTL 64
 
-/* cb_icmp_may_answer says whether the packet p (flow f) may be answered with an ICMP
- * error; see the header comment for what never is. */
-CB_INLINE int cb_icmp_may_answer(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f)
+/* cb_icmp_may_quote says whether the datagram p (flow f) may be quoted in an ICMP error
+ * at all: not a later fragment, a GSO super-packet, a group link-layer address (the error
+ * would be flooded) or an address no error may go to or come from. */
+CB_INLINE int cb_icmp_may_quote(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
 	if (p->frag == CB_FRAG_LATER || skb->gso_size || p->l3_len < 20 || p->l3_len > 60)
 		return 0;
-	/* A group address as destination or (forged) source: the error would be flooded. */
 	if (data + ETH_HLEN > data_end || (((__u8 *)data)[0] & 1) || (((__u8 *)data)[6] & 1))
 		return 0;
-	if (cb_dst_invalid(f->daddr) || cb_dst_invalid(f->saddr))
+	return !cb_dst_invalid(f->daddr) && !cb_dst_invalid(f->saddr);
+}
+
+/* cb_icmp_may_answer says whether the packet p (flow f) may be answered with an ICMP
+ * error; see the header comment for what never is. */
+CB_INLINE int cb_icmp_may_answer(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f)
+{
+	if (!cb_icmp_may_quote(skb, p, f))
 		return 0;
 	if (f->proto == CB_PROTO_TCP)
 		return (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK | CB_TCP_RST | CB_TCP_FIN)) == CB_TCP_SYN;
@@ -70,11 +77,11 @@ CB_INLINE __u32 cb_csum_words(struct __sk_buff *skb, __u32 off, __u32 len, __u32
 	return sum;
 }
 
-/* cb_icmp_unreach turns the IPv4 frame in skb (header length hlen; L4 of proto present)
- * into an ICMP destination unreachable (code) from src to the frame's sender, MACs
+/* cb_icmp_error turns the IPv4 frame in skb (header length hlen; L4 of proto present)
+ * into an ICMP error (type tc >> 8, code tc & 0xff) from src to the frame's sender, MACs
  * swapped. Returns 0, or -1 when the kernel refused to resize the packet (it is then
  * unusable: drop it). */
-static __noinline int cb_icmp_unreach(struct __sk_buff *skb, __u32 hlen, __u32 proto, __be32 src, __u32 code)
+static __noinline int cb_icmp_error(struct __sk_buff *skb, __u32 hlen, __u32 proto, __be32 src, __u32 tc)
 {
 	void *data, *data_end;
 	struct ethhdr *eth;
@@ -129,8 +136,8 @@ static __noinline int cb_icmp_unreach(struct __sk_buff *skb, __u32 hlen, __u32 p
 	ip->check = 0;
 	ip->saddr = src;
 	ip->daddr = client;
-	icmp[0] = CB_ICMP_DEST_UNREACH;
-	icmp[1] = code;
+	icmp[0] = tc >> 8;
+	icmp[1] = tc & 0xff;
 	*(__u16 *)(icmp + 2) = 0;
 	*(__u32 *)(icmp + 4) = 0;
 	sum = cb_csum_words(skb, ETH_HLEN, sizeof(*ip), 0);
@@ -200,7 +207,43 @@ static __noinline int cb_reject_no_backend(struct __sk_buff *skb, const struct c
 	if (!cb_icmp_may_answer(skb, p, f) || (limited && !cb_icmp_token()))
 		return cb_drop(skb, CB_DROP_NO_BACKEND);
 	cb_drop(skb, CB_REJECT_NO_BACKEND);
-	if (cb_icmp_unreach(skb, p->l3_len, f->proto, f->daddr, CB_ICMP_PORT_UNREACH))
+	if (cb_icmp_error(skb, p->l3_len, f->proto, f->daddr, CB_ICMP_DEST_UNREACH << 8 | CB_ICMP_PORT_UNREACH))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* cb_icmp_may_expire says whether a packet (p, f) whose TTL ran out may be answered with
+ * an ICMP time exceeded: what cb_icmp_may_answer allows, and any TCP segment and ICMP
+ * message but an error (traceroute sends UDP, TCP SYNs or echo requests). */
+CB_INLINE int cb_icmp_may_expire(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f)
+{
+	if (!cb_icmp_may_quote(skb, p, f) || p->inner.proto)
+		return 0;
+	if (f->proto == CB_PROTO_ICMP)
+		return f->icmp_type != CB_ICMP_DEST_UNREACH && f->icmp_type != CB_ICMP_TIME_EXCEEDED &&
+		       f->icmp_type != 12 /* parameter problem */ && f->icmp_type != 5 /* redirect */ &&
+		       f->icmp_type != 4 /* source quench */;
+	return f->proto == CB_PROTO_TCP || f->proto == CB_PROTO_UDP;
+}
+
+/* cb_ttl_exceeded answers a packet of a local endpoint whose TTL runs out where routing
+ * mode would route it (RFC 1812: a router sends time exceeded, so traceroute works): an
+ * ICMP time exceeded (type 11, code 0) from gw (the gateway of the sender's network, the
+ * router it addressed) back into the sender's container, within the host's ICMP budget
+ * (cb_icmp_token), counted as reject_ttl_exceeded with the packet as it came. One that
+ * may not be answered, or beyond the budget, is dropped with drop_ttl_exceeded. It parses
+ * the packet itself: the routing stage reads no L4 header unless a stage with state needs
+ * it. */
+static __noinline int cb_ttl_exceeded(struct __sk_buff *skb, __be32 gw)
+{
+	struct cb_pkt p = {};
+	struct cb_flow f = {};
+
+	if (!gw || cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f) || !cb_icmp_may_expire(skb, &p, &f) ||
+	    !cb_icmp_token())
+		return cb_drop(skb, CB_DROP_TTL_EXCEEDED);
+	cb_drop(skb, CB_REJECT_TTL_EXCEEDED);
+	if (cb_icmp_error(skb, p.l3_len, f.proto, gw, CB_ICMP_TIME_EXCEEDED << 8))
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
 }

@@ -547,6 +547,7 @@ const (
 	contivbpfCbReasonCB_DROP_FRAG_LIMIT            contivbpfCbReason = 74
 	contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC contivbpfCbReason = 75
 	contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL     contivbpfCbReason = 76
+	contivbpfCbReasonCB_REJECT_TTL_EXCEEDED        contivbpfCbReason = 77
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 

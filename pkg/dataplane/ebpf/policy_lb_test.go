@@ -394,9 +394,29 @@ func TestRoutingMode(t *testing.T) {
 		routed(t, run(t, objs, fc, l4Frame(17, srcIP, localIP, 1000, 53, 0, 0), nil), dataplane.ContivMAC(localIP))
 	})
 	t.Run("ttl-1", func(t *testing.T) {
-		p := l4Frame(6, srcIP, other, 1000, 80, tcpSYN, 0)
-		p[14+8] = 1
-		run(t, objs, fc, p, nil).expect(t, tcActShot, DropTTLExceeded)
+		// Answered from the sender's gateway (the router it addressed) with an ICMP time
+		// exceeded quoting what it sent (Datapath v3 issue, hole 6; traceroute).
+		ttl1 := func(f []byte) []byte {
+			f[14+8] = 1
+			f[14+10], f[14+11] = 0, 0
+			binary.BigEndian.PutUint16(f[14+10:], csum(f[14:14+20], 0))
+			return f
+		}
+		for _, in := range [][]byte{ttl1(l4Frame(6, srcIP, other, 1000, 80, tcpSYN, 0)), ttl1(l4Frame(17, srcIP, localIP, 1000, 33434, 0, 0)),
+			ttl1(icmpEcho(srcIP, other, 8, 7))} {
+			r := run(t, objs, fc, in, nil)
+			r.expect(t, tcActRedirect, RejectTTLExceeded)
+			checkGenerated(t, in, r.out, gwIP, 11, 0)
+		}
+		// Never answered: an ICMP error, a later fragment.
+		errIn := ttl1(icmpEcho(srcIP, other, 8, 7))
+		errIn[14+20] = 3 // destination unreachable
+		run(t, objs, fc, errIn, nil).expect(t, tcActShot, DropTTLExceeded)
+		later := ttl1(l4Frame(17, srcIP, other, 1000, 53, 0, 0))
+		binary.BigEndian.PutUint16(later[14+6:], 100) // offset 800: a later fragment
+		later[14+10], later[14+11] = 0, 0
+		binary.BigEndian.PutUint16(later[14+10:], csum(later[14:14+20], 0))
+		run(t, objs, fc, later, nil).expect(t, tcActShot, DropTTLExceeded)
 	})
 	t.Run("not-in-tenant", func(t *testing.T) {
 		run(t, objs, fc, l4Frame(6, srcIP, netip.MustParseAddr("10.4.0.1"), 1000, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropToGateway)

@@ -68,6 +68,7 @@ const (
 	DropFragLimit           = Reason(contivbpfCbReasonCB_DROP_FRAG_LIMIT)
 	DropNodePortInternalSrc = Reason(contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC)
 	DropEgressLinkLocal     = Reason(contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL)
+	RejectTTLExceeded       = Reason(contivbpfCbReasonCB_REJECT_TTL_EXCEEDED) // dropped and answered with ICMP time exceeded
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -133,6 +134,7 @@ var reasonNames = map[Reason]string{
 	DropFragLimit:           "drop_frag_limit",
 	DropNodePortInternalSrc: "drop_nodeport_internal_src",
 	DropEgressLinkLocal:     "drop_egress_link_local",
+	RejectTTLExceeded:       "reject_ttl_exceeded",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

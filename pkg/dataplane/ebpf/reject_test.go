@@ -83,6 +83,34 @@ func checkReject(t *testing.T, in, out []byte) {
 	}
 }
 
+// checkGenerated verifies that out is an ICMP error (typ, code) from src to in's sender,
+// MACs swapped, both checksums right, quoting in's IPv4 header and 8 bytes of its payload.
+func checkGenerated(t *testing.T, in, out []byte, src netip.Addr, typ, code byte) {
+	t.Helper()
+	hlen := int(in[14]&0xf) * 4
+	quote := in[14 : 14+hlen+8]
+	if want := 14 + 28 + len(quote); len(out) < want {
+		t.Fatalf("error is %d bytes, want %d", len(out), want)
+	}
+	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
+		t.Errorf("ethernet %x, want dst %x src %x", out[:12], in[6:12], in[0:6])
+	}
+	ip := out[14:34]
+	if ip[0] != 0x45 || ip[9] != 1 || csum(ip, 0) != 0 || int(binary.BigEndian.Uint16(ip[2:])) != 28+len(quote) {
+		t.Errorf("ipv4 header %x (checksum %x)", ip, csum(ip, 0))
+	}
+	if s, d := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])); s != src || !bytes.Equal(ip[16:20], in[14+12:14+16]) {
+		t.Errorf("addresses %v → %v, want %v to the sender", s, d, src)
+	}
+	icmp := out[34 : 34+8+len(quote)]
+	if icmp[0] != typ || icmp[1] != code || csum(icmp, 0) != 0 {
+		t.Errorf("icmp header %x (checksum %x), want type %d code %d", icmp[:8], csum(icmp, 0), typ, code)
+	}
+	if !bytes.Equal(icmp[8:], quote) {
+		t.Errorf("quote\n got %x\nwant %x", icmp[8:], quote)
+	}
+}
+
 func TestRejectNoBackend(t *testing.T) {
 	objs := loadRejectObjects(t)
 	fc := objs.CbFromContainer
