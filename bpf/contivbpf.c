@@ -873,6 +873,96 @@ CB_INLINE int cb_from_own_ip(void *data, void *data_end, const struct cb_iface *
 	return (void *)(ip + 1) <= data_end && ip->saddr == ifc->ip;
 }
 
+/* ---- Stages reached by tail call ----
+ * An entry program classifies its packet and takes what its fast paths take; the rest it
+ * hands to a stage: a program of its own, verified on its own budget (1,000,000
+ * instructions, 512 bytes of stack), reached through the program array cb_calls. Each load
+ * of the programs has its own array (never shared between builds), which the driver pins
+ * under calls/ before any link takes the programs and unpins once no link runs the
+ * programs of an earlier load: the kernel empties a program array its last pin or file
+ * goes from, and a running entry program is never left without its stages (docs/ebpf.md
+ * "Stages"). The interface entry the entry program copied (cb_iface_scratch, per CPU) is
+ * the stage's: nothing else runs on the CPU between an entry program and its tail call. A
+ * missing stage drops the packet, counted (drop_no_stage): never forwarded unjudged. */
+enum cb_call {
+	CB_CALL_IPV4 = 0,    /* cb_stage_ipv4: a container's IPv4 packet, the full stage */
+	CB_CALL_OUTSIDE = 1, /* cb_stage_outside: one a fast path found bound outside its network */
+	CB_CALL_MAX = 8,
+};
+
+/* cb_ipv4_outside takes a local endpoint's packet to no endpoint it reaches directly: a node
+ * port flow's reply (cb_nodeport_out), else cb_outside. */
+CB_INLINE int cb_ipv4_outside(struct __sk_buff *skb, const struct cb_iface *ifc)
+{
+	int r;
+
+	if (cb_features & CB_FEAT_NODEPORT) {
+		r = cb_nodeport_out(skb, ifc);
+		if (r != CB_OUTSIDE)
+			return r;
+	}
+	return cb_outside(skb, ifc);
+}
+
+/* cb_iface_copied is the interface entry the entry program copied for this packet. */
+CB_INLINE struct cb_iface *cb_iface_copied(void)
+{
+	__u32 zero = 0;
+	struct cb_iface *ifc = bpf_map_lookup_elem(&cb_iface_scratch, &zero);
+
+	return ifc && ifc->ip ? ifc : 0;
+}
+
+/* cb_stage_ipv4 is cb_from_container's full IPv4 stage (CB_CALL_IPV4): source, service,
+ * policy, conntrack, forwarding (cb_ipv4_from_container), then an expired TTL's answer or
+ * the way outside. */
+SEC("tc")
+int cb_stage_ipv4(struct __sk_buff *skb)
+{
+	struct cb_iface *ifc = cb_iface_copied();
+	int r;
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	r = cb_ipv4_from_container(skb, ifc);
+	if (r == CB_TTL_OUT)
+		return cb_ttl_exceeded(skb, cb_gateway_of(ifc->net));
+	if (r != CB_OUTSIDE)
+		return r;
+	return cb_ipv4_outside(skb, ifc);
+}
+
+/* cb_stage_outside takes (CB_CALL_OUTSIDE) a packet cb_ipv4_direct or cb_ipv4_plain found
+ * bound outside its network, from the address of the entry program's copy. */
+SEC("tc")
+int cb_stage_outside(struct __sk_buff *skb)
+{
+	struct cb_iface *ifc = cb_iface_copied();
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	return cb_ipv4_outside(skb, ifc);
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, CB_CALL_MAX);
+	__uint(key_size, sizeof(__u32));
+	__array(values, int(struct __sk_buff *));
+} cb_calls SEC(".maps") = {
+	.values = {
+		[CB_CALL_IPV4] = (void *)&cb_stage_ipv4,
+		[CB_CALL_OUTSIDE] = (void *)&cb_stage_outside,
+	},
+};
+
+/* cb_stage hands the packet to stage call; it returns only when the stage is missing. */
+CB_INLINE int cb_stage(struct __sk_buff *skb, __u32 call)
+{
+	bpf_tail_call(skb, &cb_calls, call);
+	return cb_drop(skb, CB_DROP_NO_STAGE);
+}
+
 SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
@@ -881,7 +971,7 @@ int cb_from_container(struct __sk_buff *skb)
 	struct cb_iface *ifc;
 	int r;
 
-	/* Few locals here: this frame sits under every stage's (512 bytes in all). */
+	/* Few locals here: this frame sits under the fast paths' (512 bytes in all). */
 	cb_pull(skb, ETH_HLEN);
 	r = CB_SLOW;
 	if (!(cb_features & CB_FEAT_ROUTING)) {
@@ -916,18 +1006,11 @@ int cb_from_container(struct __sk_buff *skb)
 		if (r == CB_SLOW)
 			r = cb_ipv4_plain(skb, ifc);
 		if (r == CB_SLOW)
-			r = cb_ipv4_from_container(skb, ifc);
-		if (r == CB_TTL_OUT)
-			return cb_ttl_exceeded(skb, cb_gateway_of(ifc->net));
+			return cb_stage(skb, CB_CALL_IPV4);
 		if (r != CB_OUTSIDE)
 			return r;
 		/* Outside the network: a node port flow's reply, else cb_outside. */
-		if (cb_features & CB_FEAT_NODEPORT) {
-			r = cb_nodeport_out(skb, ifc);
-			if (r != CB_OUTSIDE)
-				return r;
-		}
-		return cb_outside(skb, ifc);
+		return cb_stage(skb, CB_CALL_OUTSIDE);
 	default:
 		return cb_drop(skb, CB_DROP_NOT_IPV4);
 	}

@@ -72,6 +72,7 @@ enum cb_reason {
 	CB_DROP_NODEPORT_INTERNAL_SRC = 75, /* node port client from the wire claiming an address of the service's tenant */
 	CB_DROP_EGRESS_LINK_LOCAL = 76, /* egress to a link-local address (169.254/16; cloud metadata unless allowed) */
 	CB_REJECT_TTL_EXCEEDED = 77, /* routing mode: TTL ran out, answered with ICMP time exceeded (icmp.h) */
+	CB_DROP_NO_STAGE = 78,      /* the stage an entry program hands the packet to is missing (cb_calls) */
 	CB_REASON_MAX = 96,
 };
 

@@ -548,6 +548,7 @@ const (
 	contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC contivbpfCbReason = 75
 	contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL     contivbpfCbReason = 76
 	contivbpfCbReasonCB_REJECT_TTL_EXCEEDED        contivbpfCbReason = 77
+	contivbpfCbReasonCB_DROP_NO_STAGE              contivbpfCbReason = 78
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 
@@ -687,6 +688,7 @@ type contivbpfCbVipKey struct {
 const (
 	contivbpfMapCbBackends          = "cb_backends"
 	contivbpfMapCbBgpRoutes         = "cb_bgp_routes"
+	contivbpfMapCbCalls             = "cb_calls"
 	contivbpfMapCbCfg               = "cb_cfg"
 	contivbpfMapCbCt                = "cb_ct"
 	contivbpfMapCbCtGens            = "cb_ct_gens"
@@ -734,6 +736,8 @@ const (
 	contivbpfProgCbFromUplink       = "cb_from_uplink"
 	contivbpfProgCbFromWire         = "cb_from_wire"
 	contivbpfProgCbSockConnect4     = "cb_sock_connect4"
+	contivbpfProgCbStageIpv4        = "cb_stage_ipv4"
+	contivbpfProgCbStageOutside     = "cb_stage_outside"
 	contivbpfProgCbTestOverlay      = "cb_test_overlay"
 	contivbpfVarCbClockBase         = "cb_clock_base"
 	contivbpfVarCbCtFlagsUnused     = "cb_ct_flags_unused"
@@ -805,6 +809,8 @@ type contivbpfProgramSpecs struct {
 	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbSockConnect4  *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
+	CbStageIpv4     *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
+	CbStageOutside  *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
 	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
@@ -814,6 +820,7 @@ type contivbpfProgramSpecs struct {
 type contivbpfMapSpecs struct {
 	CbBackends       *ebpf.MapSpec `ebpf:"cb_backends"`
 	CbBgpRoutes      *ebpf.MapSpec `ebpf:"cb_bgp_routes"`
+	CbCalls          *ebpf.MapSpec `ebpf:"cb_calls"`
 	CbCfg            *ebpf.MapSpec `ebpf:"cb_cfg"`
 	CbCt             *ebpf.MapSpec `ebpf:"cb_ct"`
 	CbCtGens         *ebpf.MapSpec `ebpf:"cb_ct_gens"`
@@ -905,6 +912,7 @@ func (o *contivbpfObjects) Close() error {
 type contivbpfMaps struct {
 	CbBackends       *ebpf.Map `ebpf:"cb_backends"`
 	CbBgpRoutes      *ebpf.Map `ebpf:"cb_bgp_routes"`
+	CbCalls          *ebpf.Map `ebpf:"cb_calls"`
 	CbCfg            *ebpf.Map `ebpf:"cb_cfg"`
 	CbCt             *ebpf.Map `ebpf:"cb_ct"`
 	CbCtGens         *ebpf.Map `ebpf:"cb_ct_gens"`
@@ -952,6 +960,7 @@ func (m *contivbpfMaps) Close() error {
 	return _ContivbpfClose(
 		m.CbBackends,
 		m.CbBgpRoutes,
+		m.CbCalls,
 		m.CbCfg,
 		m.CbCt,
 		m.CbCtGens,
@@ -1032,6 +1041,8 @@ type contivbpfPrograms struct {
 	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
 	CbSockConnect4  *ebpf.Program `ebpf:"cb_sock_connect4"`
+	CbStageIpv4     *ebpf.Program `ebpf:"cb_stage_ipv4"`
+	CbStageOutside  *ebpf.Program `ebpf:"cb_stage_outside"`
 	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
@@ -1043,6 +1054,8 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbSockConnect4,
+		p.CbStageIpv4,
+		p.CbStageOutside,
 		p.CbTestOverlay,
 	)
 }

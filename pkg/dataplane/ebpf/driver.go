@@ -271,6 +271,11 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load programs and maps: %w", err)
 	}
+	// The stages' program array: pinned before any link takes this load's programs.
+	calls, err := d.pinCalls()
+	if err != nil {
+		return err
+	}
 
 	// The conntrack clock: calibrated before writeConfig gives the programs their globals
 	// (the entries' deadlines agree with the collector's clock either way).
@@ -386,6 +391,10 @@ func (d *Driver) open(ctx context.Context) error {
 		return fmt.Errorf("ebpf: %w", err)
 	}
 	d.removeForeignPins(spec)
+	// Every link runs this load's programs: earlier loads' stages may go.
+	if err := d.unpinOldCalls(calls); err != nil {
+		d.log.Warn("stage arrays of earlier loads left pinned", "err", err)
+	}
 	d.ctgc = newCTGC(d.objs.CbCt, d.ctgcEvery)
 	d.ctgc.gens = d.objs.CbCtGens
 	d.ctgc.nat = natGC{flows: d.objs.CbSnat, replies: d.objs.CbSnatRev}

@@ -73,7 +73,7 @@ func loadTestObjectsSpec(t testing.TB, mutate func(*ebpf.CollectionSpec), progs 
 	if mutate != nil {
 		mutate(spec)
 	}
-	keep := append([]string{contivbpfProgCbFromContainer, contivbpfProgCbTestOverlay, contivbpfProgCbClockProbe}, progs...)
+	keep := append(append([]string{contivbpfProgCbFromContainer, contivbpfProgCbTestOverlay, contivbpfProgCbClockProbe}, stagePrograms()...), progs...)
 	for name := range spec.Programs {
 		if !slices.Contains(keep, name) {
 			delete(spec.Programs, name)

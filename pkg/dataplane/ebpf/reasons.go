@@ -69,6 +69,7 @@ const (
 	DropNodePortInternalSrc = Reason(contivbpfCbReasonCB_DROP_NODEPORT_INTERNAL_SRC)
 	DropEgressLinkLocal     = Reason(contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL)
 	RejectTTLExceeded       = Reason(contivbpfCbReasonCB_REJECT_TTL_EXCEEDED) // dropped and answered with ICMP time exceeded
+	DropNoStage             = Reason(contivbpfCbReasonCB_DROP_NO_STAGE)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -135,6 +136,7 @@ var reasonNames = map[Reason]string{
 	DropNodePortInternalSrc: "drop_nodeport_internal_src",
 	DropEgressLinkLocal:     "drop_egress_link_local",
 	RejectTTLExceeded:       "reject_ttl_exceeded",
+	DropNoStage:             "drop_no_stage",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 
 	"fmt"
 	"net"
@@ -43,7 +44,8 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 // traceScratch are the maps a packet writes: a trace gets private copies.
 var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: true, contivbpfMapCbNatFrags: true,
 	contivbpfMapCbReasons: true, contivbpfMapCbEpCounters: true, contivbpfMapCbVerdicts: true, contivbpfMapCbEvents: true,
-	contivbpfMapCbIfaces: true, contivbpfMapCbIfaceDirect: true}
+	contivbpfMapCbIfaces: true, contivbpfMapCbIfaceDirect: true,
+	contivbpfMapCbCalls: true} // its own stages, which run on the trace's maps
 
 // liveMaps names the driver's maps by their ELF names.
 func (d *Driver) liveMaps() map[string]*ebpf.Map {
@@ -114,8 +116,9 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 		}
 		// Only the container program and the overlay receive path with the tunnel key
 		// taken from the context are run: loading (and verifying) the others costs time.
+		keep := append([]string{contivbpfProgCbFromContainer, contivbpfProgCbTestOverlay}, stagePrograms()...)
 		for name := range spec.Programs {
-			if name != contivbpfProgCbFromContainer && name != contivbpfProgCbTestOverlay {
+			if !slices.Contains(keep, name) {
 				delete(spec.Programs, name)
 			}
 		}
