@@ -202,11 +202,17 @@ func jumpTargets(insns asm.Instructions) map[int]bool {
 // call is "r4 = 0" in straight-line code no jump lands in; otherwise nothing is taken
 // off, so the stack is never under-counted.
 func loopInlined(insns asm.Instructions, i int, targets map[int]bool) bool {
+	if targets[i] {
+		return false // a jump lands on the call: R4 may come from elsewhere
+	}
 	for j := i - 1; j >= 0; j-- {
 		ins := insns[j]
 		c := ins.OpCode.Class()
 		if c == asm.JumpClass || c == asm.Jump32Class {
 			return false
+		}
+		if c == asm.StXClass && ins.OpCode.Mode() == asm.AtomicMode && ins.Src == asm.R4 {
+			return false // an atomic fetch writes its source register
 		}
 		if ins.Dst == asm.R4 && (c.IsALU() || c == asm.LdClass || c == asm.LdXClass) {
 			return c.IsALU() && ins.OpCode.ALUOp() == asm.Mov && ins.OpCode.Source() == asm.ImmSource && ins.Constant == 0

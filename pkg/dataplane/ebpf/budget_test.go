@@ -149,3 +149,50 @@ func TestDeepestChainLoopNotInlined(t *testing.T) {
 		})
 	}
 }
+
+// TestDeepestChainJumpToLoopCall (found by review): loopInlined looked back from the
+// bpf_loop call for "r4 = 0" and refused when a jump landed in between, but not when a
+// jump lands on the call itself. With "if r4 != 0 goto call; r4 = 0; call"
+// the flags on the jump's path come from the packet, the verifier does not inline, and
+// deepestChain still takes 24 bytes off: a chain the verifier checks at 464 (over the
+// 448 budget) is reported as 432.
+func TestDeepestChainJumpToLoopCall(t *testing.T) {
+	testroot.Need(t)
+	i64 := &btf.Int{Name: "long", Size: 8, Encoding: btf.Signed}
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	vp := &btf.Pointer{Target: &btf.Void{}}
+	mainFn := &btf.Func{Name: "main", Linkage: btf.GlobalFunc, Type: &btf.FuncProto{Return: &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed},
+		Params: []btf.FuncParam{{Name: "ctx", Type: vp}}}}
+	cbFn := &btf.Func{Name: "cb", Linkage: btf.StaticFunc, Type: &btf.FuncProto{Return: i64,
+		Params: []btf.FuncParam{{Name: "i", Type: u32}, {Name: "data", Type: vp}}}}
+	insns := asm.Instructions{
+		btf.WithFuncMetadata(asm.Mov.Imm(asm.R0, 0).WithSymbol("main"), mainFn),
+		asm.StoreMem(asm.RFP, -440, asm.R0, asm.DWord),
+		asm.LoadMem(asm.R4, asm.R1, 8, asm.Word), // __sk_buff.mark
+		asm.Mov.Imm(asm.R1, 1),
+		asm.Instruction{OpCode: asm.LoadImmOp(asm.DWord), Dst: asm.R2, Src: asm.PseudoFunc, Constant: -1}.WithReference("cb"),
+		asm.Mov.Imm(asm.R3, 0),
+		{OpCode: asm.JNE.Op(asm.ImmSource), Dst: asm.R4, Offset: 1, Constant: 0}, // to the call
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnLoop.Call(),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		btf.WithFuncMetadata(asm.Mov.Imm(asm.R0, 0).WithSymbol("cb"), cbFn),
+		asm.StoreMem(asm.RFP, -16, asm.R0, asm.DWord),
+		asm.Mov.Imm(asm.R0, 1),
+		asm.Return(),
+	}
+	p, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{Name: "budget_loopj", Type: ebpf.SchedCLS, License: "GPL", Instructions: insns},
+		ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	b, err := parseBudget("budget_loopj", p.VerifierLog, insns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Stack != 448+16 {
+		t.Errorf("computed stack %d %v, want %d: the call is reached with flags from the packet, not inlined (verifier log: %s)", b.Stack, b.Chain, 448+16, p.VerifierLog)
+	}
+}
