@@ -207,7 +207,10 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	if (bpf_map_lookup_elem(&cb_host_ips, &f.daddr)) {
 		/* The host's own address: its stack takes it (local delivery, no forwarding),
 		 * from the endpoint its route to that source leads to: never from an endpoint of
-		 * another tenant that holds the same address. */
+		 * another tenant that holds the same address. Not the metadata address, even
+		 * the host's own (a metadata proxy answers as the node). */
+		if (cb_metadata_refused(f.daddr, cb_get_config()))
+			return cb_drop(skb, CB_DROP_EGRESS_LINK_LOCAL);
 		hr = bpf_map_lookup_elem(&cb_host_routes, &f.saddr);
 		if (!hr || hr->ifindex != skb->ifindex)
 			return cb_drop(skb, CB_DROP_HOST_NO_ROUTE);

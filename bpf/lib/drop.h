@@ -73,6 +73,7 @@ enum cb_reason {
 	CB_DROP_EGRESS_LINK_LOCAL = 76, /* egress to a link-local address (169.254/16; cloud metadata unless allowed) */
 	CB_REJECT_TTL_EXCEEDED = 77, /* routing mode: TTL ran out, answered with ICMP time exceeded (icmp.h) */
 	CB_DROP_NO_STAGE = 78,      /* the stage an entry program hands the packet to is missing (cb_calls) */
+	CB_DROP_EGRESS_UNANSWERED = 79, /* egress NAT: a TCP segment from outside that does not answer the endpoint's SYN */
 	CB_REASON_MAX = 96,
 };
 

@@ -161,10 +161,19 @@ static __noinline int cb_icmp_error(struct __sk_buff *skb, __u32 hlen, __u32 pro
  * (50): at most CB_ICMP_PER_WINDOW errors per 50 ms window; beyond it packets are dropped
  * unanswered. Each packet adds itself to the window's count atomically before reading it,
  * so the n-th packet of a window sees at least n: no window answers more than its budget
- * (a window that starts on two CPUs at once may restart its count: a few more). Errors to
- * a local endpoint go only to the sender itself: not limited. */
+ * (a window that starts on two CPUs at once may restart its count: a few more). The time
+ * exceeded answers to local endpoints have a budget of their own (CB_ICMP_BUDGET_TTL): a
+ * container sending TTL-1 packets without end never silences the node ports' refusals
+ * (it can spend the other containers' time exceeded answers for the window). The refusals
+ * to a local endpoint of a dead VIP go only to the sender itself: not limited. */
 #define CB_ICMP_WINDOW_NS (50ULL * 1000000ULL)
 #define CB_ICMP_PER_WINDOW 50
+
+enum cb_icmp_budget_id {
+	CB_ICMP_BUDGET_WIRE = 0, /* refusals of node port flows, to the wire */
+	CB_ICMP_BUDGET_TTL = 1,  /* time exceeded to local endpoints (routing mode) */
+	CB_ICMP_BUDGETS = 2,
+};
 
 struct cb_icmp_budget {
 	__u64 window; /* bpf_ktime_get_ns() / CB_ICMP_WINDOW_NS of the count */
@@ -173,16 +182,16 @@ struct cb_icmp_budget {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, CB_ICMP_BUDGETS);
 	__type(key, __u32);
 	__type(value, struct cb_icmp_budget);
 } cb_icmp_budget SEC(".maps");
 
-/* cb_icmp_token takes one error of the host's budget; 0 when it is spent. */
-CB_INLINE int cb_icmp_token(void)
+/* cb_icmp_token takes one error of budget id (enum cb_icmp_budget_id); 0 when it is
+ * spent. */
+CB_INLINE int cb_icmp_token(__u32 id)
 {
-	__u32 z = 0;
-	struct cb_icmp_budget *b = bpf_map_lookup_elem(&cb_icmp_budget, &z);
+	struct cb_icmp_budget *b = bpf_map_lookup_elem(&cb_icmp_budget, &id);
 	__u64 w = bpf_ktime_get_ns() / CB_ICMP_WINDOW_NS;
 
 	if (!b)
@@ -204,7 +213,7 @@ CB_INLINE int cb_icmp_token(void)
 static __noinline int cb_reject_no_backend(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
 					   int limited)
 {
-	if (!cb_icmp_may_answer(skb, p, f) || (limited && !cb_icmp_token()))
+	if (!cb_icmp_may_answer(skb, p, f) || (limited && !cb_icmp_token(CB_ICMP_BUDGET_WIRE)))
 		return cb_drop(skb, CB_DROP_NO_BACKEND);
 	cb_drop(skb, CB_REJECT_NO_BACKEND);
 	if (cb_icmp_error(skb, p->l3_len, f->proto, f->daddr, CB_ICMP_DEST_UNREACH << 8 | CB_ICMP_PORT_UNREACH))
@@ -229,8 +238,8 @@ CB_INLINE int cb_icmp_may_expire(struct __sk_buff *skb, const struct cb_pkt *p, 
 /* cb_ttl_exceeded answers a packet of a local endpoint whose TTL runs out where routing
  * mode would route it (RFC 1812: a router sends time exceeded, so traceroute works): an
  * ICMP time exceeded (type 11, code 0) from gw (the gateway of the sender's network, the
- * router it addressed) back into the sender's container, within the host's ICMP budget
- * (cb_icmp_token), counted as reject_ttl_exceeded with the packet as it came. One that
+ * router it addressed) back into the sender's container, within the host's budget of time
+ * exceeded answers (cb_icmp_token, CB_ICMP_BUDGET_TTL), counted as reject_ttl_exceeded with the packet as it came. One that
  * may not be answered, or beyond the budget, is dropped with drop_ttl_exceeded. It parses
  * the packet itself: the routing stage reads no L4 header unless a stage with state needs
  * it. */
@@ -240,7 +249,7 @@ static __noinline int cb_ttl_exceeded(struct __sk_buff *skb, __be32 gw)
 	struct cb_flow f = {};
 
 	if (!gw || cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f) || !cb_icmp_may_expire(skb, &p, &f) ||
-	    !cb_icmp_token())
+	    !cb_icmp_token(CB_ICMP_BUDGET_TTL))
 		return cb_drop(skb, CB_DROP_TTL_EXCEEDED);
 	cb_drop(skb, CB_REJECT_TTL_EXCEEDED);
 	if (cb_icmp_error(skb, p.l3_len, f.proto, gw, CB_ICMP_TIME_EXCEEDED << 8))

@@ -207,6 +207,15 @@ CB_INLINE int cb_dst_link_local(__be32 a, const struct cb_config *cfg)
 	return !(h == 0xa9fea9fe && cfg && (cfg->egress_flags & CB_EGRESS_METADATA));
 }
 
+/* cb_metadata_refused says whether a is the cloud metadata address and the config does not
+ * allow it: also when this host holds that address itself (a node-local metadata proxy
+ * answers as the node too). Other link-local addresses of the host stay reachable (a
+ * node-local DNS cache at 169.254.20.10, say). */
+CB_INLINE int cb_metadata_refused(__be32 a, const struct cb_config *cfg)
+{
+	return bpf_ntohl(a) == 0xa9fea9fe && !(cfg && (cfg->egress_flags & CB_EGRESS_METADATA));
+}
+
 /* cb_dst_invalid says whether an address can never be an egress destination. */
 CB_INLINE int cb_dst_invalid(__be32 a)
 {
@@ -458,6 +467,11 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	 * are read once, when an egress TCP flow's reference may ask for them. */
 	if (f->proto == CB_PROTO_TCP && e->tcp_ref_kind != CB_TCP_REF_NONE)
 		have = cb_tcp_seq_ack(skb, p, &seq, &ack);
+	/* While the endpoint's SYN is unanswered a segment that does not acknowledge it is
+	 * blind: the endpoint could only answer it with a RST (which would close its own
+	 * flow), and conntrack would take it as the flow's reply. Dropped. */
+	if (e->state == CB_CTS_NEW && !cb_tcp_answers(f, e, have, ack))
+		return CB_DROP_EGRESS_UNANSWERED;
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !nodeport &&
 	    !cb_tcp_close_believed(f, e, have, seq, ack))
 		f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);

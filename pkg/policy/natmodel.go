@@ -184,35 +184,43 @@ func (m *NATModel) Egress(p ModelPacket, choose func(allowed func(uint16) bool) 
 	return port, ""
 }
 
+// DropEgressUnanswered: a TCP segment from outside that does not answer the endpoint's
+// unanswered SYN (NATFlow.answers).
+const DropEgressUnanswered = "drop_egress_unanswered"
+
 // Reply matches packet p arriving at the NAT address (p.Dport: the NAT port; ICMP echo
 // reply: the id in Sport/Dport) and returns the flow it belongs to (ok=false: not a reply
-// of an egress flow; the host's).
-func (m *NATModel) Reply(p ModelPacket) (NATFlowKey, bool) {
+// of an egress flow; the host's), or a drop reason: a segment of a NEW flow that does
+// not answer its SYN.
+func (m *NATModel) Reply(p ModelPacket) (NATFlowKey, bool, string) {
 	r := natReplyKey{Remote: p.Src, Rport: p.Sport, Port: p.Dport, Proto: p.Proto}
 	switch {
 	case p.Frag != FragNone:
-		return NATFlowKey{}, false
+		return NATFlowKey{}, false, ""
 	case p.Proto == protoTCP || p.Proto == protoUDP:
 	case p.Proto == protoICMP && p.ICMPType == 0:
 		r.Rport = 0
 	default:
-		return NATFlowKey{}, false
+		return NATFlowKey{}, false, ""
 	}
 	if !m.held(r) {
-		return NATFlowKey{}, false
+		return NATFlowKey{}, false, ""
 	}
 	k := m.replies[r]
 	f := m.Flows[k]
+	if f.State == CTNew && !f.answers(p) {
+		return k, false, DropEgressUnanswered
+	}
 	if p.Proto == protoTCP && (p.FIN || p.RST) && !f.closeBelieved(p) {
 		p.FIN, p.RST = false, false // a plain reply
 	}
 	if p.Proto == protoTCP && (p.FIN || p.RST) {
 		f.State = CTClosing
-	} else if f.State == CTNew && f.answers(p) {
+	} else if f.State == CTNew {
 		f.State = CTEstablished
 	}
 	f.Deadline = m.Now + timeout(p.Proto, f.State)
-	return k, true
+	return k, true, ""
 }
 
 // Advance moves the model's clock.

@@ -549,6 +549,7 @@ const (
 	contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL     contivbpfCbReason = 76
 	contivbpfCbReasonCB_REJECT_TTL_EXCEEDED        contivbpfCbReason = 77
 	contivbpfCbReasonCB_DROP_NO_STAGE              contivbpfCbReason = 78
+	contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED     contivbpfCbReason = 79
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 

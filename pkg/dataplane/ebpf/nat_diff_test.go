@@ -271,8 +271,10 @@ func (w *natWorld) apply(s natStep) string {
 		}
 	} else {
 		want = "host"
-		if k, ok := w.model.Reply(p); ok {
+		if k, ok, drop := w.model.Reply(p); ok {
 			want, wantPort = "fwd_egress_reply", k.Sport
+		} else if drop != "" {
+			want = drop
 		}
 	}
 	if got != want || port != wantPort {

@@ -1009,18 +1009,17 @@ func TestEgressBlindClose(t *testing.T) {
 		return e.State, c.State
 	}
 	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
-	// After the SYN (seq 1000): a RST that does not acknowledge it is no refusal.
+	// After the SYN (seq 1000): a segment that does not acknowledge it is blind, dropped
+	// (a RST is no refusal, a SYN-ACK establishes nothing, in NAT or conntrack).
 	p := out(40000, syn, 1000, 0)
-	in(p, rst|ack, 0, 999)
-	in(p, rst, 1001, 0)
-	if n, c := states(40000); n == closing || c == closing {
-		t.Errorf("blind RSTs after a SYN closed the flow (NAT %d, conntrack %d)", n, c)
+	for _, s := range []struct {
+		flags    uint8
+		seq, ack uint32
+	}{{rst | ack, 0, 999}, {rst, 1001, 0}, {syn | ack, 7777, 1002}, {ack, 7778, 0}, {fin | ack, 7778, 1000}} {
+		run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, p, s.flags, 0), s.seq, s.ack), nil).expect(t, tcActShot, DropEgressUnanswered)
 	}
-	// A segment that does not acknowledge the SYN does not establish the NAT flow (it would
-	// hold its port 6 h instead of 60 s).
-	in(p, syn|ack, 7777, 1002)
-	if n, _ := states(40000); n != uint8(contivbpfCbCtStateCB_CTS_NEW) {
-		t.Errorf("a blind SYN-ACK moved the NAT flow to %d, want new", n)
+	if n, c := states(40000); n != uint8(contivbpfCbCtStateCB_CTS_NEW) || c != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Errorf("blind segments after a SYN moved the flow (NAT %d, conntrack %d), want new", n, c)
 	}
 	in(p, rst|ack, 0, 1001)
 	if n, c := states(40000); n != closing || c != closing {
@@ -1122,5 +1121,101 @@ func TestEgressLinkLocal(t *testing.T) {
 	// Next to the range: ordinary outside addresses.
 	for _, dst := range []string{"169.253.255.255", "169.255.0.1"} {
 		run(t, objs, fc, l4Frame(6, srcIP, netip.MustParseAddr(dst), 40002, 80, 0x02, 0), nil).expect(t, tcActRedirect, FwdEgress)
+	}
+}
+
+// TestBlindSynAckLeavesConntrackNew (found by review): a blind segment while the
+// endpoint's SYN is unanswered went on to conntrack as the flow's reply and moved its entry
+// to ESTABLISHED (6 h instead of 60 s, against the endpoint's own quota, out of step with
+// the NAT entry). It is dropped now (drop_egress_unanswered): both entries stay NEW.
+func TestBlindSynAckLeavesConntrackNew(t *testing.T) {
+	objs := natFixture(t, 64)
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 7)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+		{ID: "out", Priority: 1, Action: dataplane.ActionAllow}}})
+	r := run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, 40000, 443, tcpSYN, 0), 1000, 0), nil)
+	r.expect(t, tcActRedirect, FwdEgress)
+	_, _, p, _ := checkSums(t, r.out)
+	// Blind: does not acknowledge the SYN (1001).
+	run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, p, tcpSYN|tcpACK, 0), 7777, 1002), nil).expect(t, tcActShot, DropEgressUnanswered)
+	var e contivbpfCbSnatEntry
+	k := contivbpfCbSnatKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(worldIP), Sport: nport(40000), Dport: nport(443), Proto: 6}
+	if err := objs.CbSnat.Lookup(&k, &e); err != nil {
+		t.Fatal(err)
+	}
+	c, ok := ctEntry(t, objs, testZone, 6, srcIP, worldIP, 40000, 443)
+	if !ok {
+		t.Fatal("no conntrack entry")
+	}
+	if e.State != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Fatalf("NAT entry state %d, want NEW (the commit's own check)", e.State)
+	}
+	if c.State != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Errorf("a blind SYN-ACK moved the flow's conntrack entry to %d (ESTABLISHED, 6 h) while its NAT entry stays NEW", c.State)
+	}
+}
+
+// TestTTLFloodSparesNodePortRefusals (found by review): time exceeded answers spent the
+// one host-wide ICMP budget that bounds the node port refusals to the wire, so a container
+// sending TTL-1 packets silenced every node port's "port unreachable". They have a budget
+// of their own (CB_ICMP_BUDGET_TTL).
+func TestTTLFloodSparesNodePortRefusals(t *testing.T) {
+	objs := natFixture(t, 64)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_ROUTING|contivbpfCbFeaturesCB_FEAT_LB|contivbpfCbFeaturesCB_FEAT_NODEPORT))
+	vip := netip.MustParseAddr("10.1.0.100")
+	putTestService(t, objs, 2, vip, 53, 17, 5353) // no backend
+	if err := objs.CbNodeports.Put(&contivbpfCbNpKey{Port: nport(30053), Proto: 17}, &contivbpfCbNp{Zone: testZone, Vip: ip4(vip), SvcPort: nport(53)}); err != nil {
+		t.Fatal(err)
+	}
+	ttl1 := l4Frame(17, srcIP, localIP, 1000, 33434, 0, 0)
+	ttl1[14+8] = 1
+	ttl1[14+10], ttl1[14+11] = 0, 0
+	binary.BigEndian.PutUint16(ttl1[14+10:], csum(ttl1[14:14+20], 0))
+	fc, up := objs.CbFromContainer, objs.CbFromUplink
+	// Control: without the flood the node port refuses, and the container's TTL-1 is
+	// answered.
+	run(t, objs, up, l4Frame(17, worldIP, hostIP, 5554, 30053, 0, 0), nil).expect(t, tcActRedirect, RejectNoBackend)
+	run(t, objs, fc, ttl1, nil).expect(t, tcActRedirect, RejectTTLExceeded)
+	time.Sleep(60 * time.Millisecond)
+	starved := 0
+	for trial := 0; trial < 5; trial++ {
+		// The container's flood until the budget of this window is spent...
+		for i := 0; i < 200; i++ {
+			if r := run(t, objs, fc, ttl1, nil); r.diff[DropTTLExceeded] == 1 {
+				break
+			}
+		}
+		// ...then a client from the wire at a node port without backends.
+		r := run(t, objs, up, l4Frame(17, worldIP, hostIP, uint16(5555+trial), 30053, 0, 0), nil)
+		if r.diff[RejectNoBackend] != 1 {
+			starved++
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	if starved > 0 {
+		t.Errorf("after a container's TTL-1 flood, %d of 5 node port refusals to the wire were not sent (one shared ICMP budget)", starved)
+	}
+}
+
+// TestMetadataOnTheHostPath (found by review): cb_outside handed a packet to an address of
+// this host (cb_host_ips, every IPv4 address but loopback: syncHostIPs keeps link-local
+// ones) to the host's stack before either egress way's cb_dst_link_local check. A host
+// that holds the metadata address itself (a node-local metadata proxy or credential agent
+// bound on a dummy device, as metadata concealment proxies and IMDS proxies do) serves it
+// to every endpoint as the node, with --egress-allow-metadata off.
+func TestMetadataOnTheHostPath(t *testing.T) {
+	objs := natFixture(t, 64)
+	metadata := netip.MustParseAddr("169.254.169.254")
+	if err := objs.CbHostIps.Put(ip4(metadata), &contivbpfCbHostIp{}); err != nil { // as syncHostIPs writes it
+		t.Fatal(err)
+	}
+	if err := objs.CbHostRoutes.Put(ip4(srcIP), &contivbpfCbHostRoute{Ifindex: loIfindex}); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, metadata, 40000, 80, tcpSYN, 0), nil)
+	if r.diff[DropEgressLinkLocal] != 1 {
+		t.Errorf("an endpoint reached the metadata address held by the host: verdict %#x reasons %v, want drop_egress_link_local", r.ret, r.diff)
 	}
 }

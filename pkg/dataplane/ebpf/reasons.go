@@ -70,6 +70,7 @@ const (
 	DropEgressLinkLocal     = Reason(contivbpfCbReasonCB_DROP_EGRESS_LINK_LOCAL)
 	RejectTTLExceeded       = Reason(contivbpfCbReasonCB_REJECT_TTL_EXCEEDED) // dropped and answered with ICMP time exceeded
 	DropNoStage             = Reason(contivbpfCbReasonCB_DROP_NO_STAGE)
+	DropEgressUnanswered    = Reason(contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -137,6 +138,7 @@ var reasonNames = map[Reason]string{
 	DropEgressLinkLocal:     "drop_egress_link_local",
 	RejectTTLExceeded:       "reject_ttl_exceeded",
 	DropNoStage:             "drop_no_stage",
+	DropEgressUnanswered:    "drop_egress_unanswered",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
