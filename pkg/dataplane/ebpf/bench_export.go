@@ -50,6 +50,9 @@ type PathCost struct {
 	// established direct flow's packet (same setup); NsPerPk is that plus BaseNs, the
 	// direct flow's own repeated-run time.
 	RestoredDiff, BaseNs float64
+	// Before, for the paired figure rejudge-other-tenant: the median single-run time of the
+	// same packet without the change (NsPerPk: right after one), runs interleaved.
+	Before float64
 }
 
 // MeasurePaths loads the committed datapath programs with private, unpinned maps, fills
@@ -409,7 +412,21 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		out = append(out, PathCost{Name: c.name, Program: c.pname, Reason: c.reason, NsPerPk: d, Single: c.single, SingleRef: ref,
 			RefNs: (refBefore + refAfter) / 2, RestoredDiff: restored, BaseNs: base})
 	}
-	return out, nil
+	// prog.rejudge_other_tenant: ct-established's flow (tracked, established, allowed),
+	// right after another tenant's group (60) changed its rules, against the same packet
+	// without a change.
+	setIface(vxNet, src)
+	errs = append(errs, setPolicy(60, []dataplane.PolicyRule{{ID: "other", Priority: 1, Proto: 17, Action: dataplane.ActionDeny}}),
+		setGroups(10, 20, policyFeat))
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("bench: rejudge-other-tenant: setup: %w", err)
+	}
+	rc, err := benchRejudge(objs.CbFromContainer, objs.CbReasons, benchTCPFrame(src, local, 40000, 80, 0x10), repeat/100,
+		func(n int) error { return benchOtherTenantChange(&objs.contivbpfObjects, pt, 60, n) })
+	if err != nil {
+		return nil, fmt.Errorf("bench: rejudge-other-tenant: %w", err)
+	}
+	return append(out, rc), nil
 }
 
 // benchTime returns ns per packet: the kernel-measured time of one Benchmark call of
