@@ -596,7 +596,7 @@ volatile __u32 cb_svc_memo_off;
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
  * live and not shadowed (no service flow's entry under the reverse tuple can make the
  * packet a reply: cb_ct_shadow), its backend still a member and not the client itself,
- * the flow's own entry (client→backend) live, of the current policy epoch, allowed and a
+ * the flow's own entry (client→backend) live, not older than its groups' stamps, allowed and a
  * service flow's of this VIP and network with nothing else (flags exactly ALLOWED and
  * DNAT), and the backend an endpoint: the destination becomes the backend, the flow's
  * entry is refreshed and the client→VIP entry follows its deadline. Otherwise CB_SLOW,
@@ -619,14 +619,28 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	void *data, *data_end;
 	__be32 client = k->ct.saddr, vip = k->ct.daddr, backend = svc->nat_ip;
 	__be16 vport = k->ct.dport, bport = svc->nat_port;
-	__u32 bnet = svc->nat_net, dif = 0, rev, stamp;
+	__u32 bnet = svc->nat_net, dif = 0, rev, stamp, need = 0;
+	__u16 bepg;
 	__u8 memo = svc->state;
 	int r;
 
 	if (svc->expires < now || (svc->flags & CB_CT_SHADOW) || (backend == client && bnet == ifc->net))
 		return CB_SLOW;
+	/* The backend (its group: read before the groups' stamps, stamps.h). */
+	d = cb_dst_noted(svc, bnet, backend, &dif);
+	if (d) {
+		bepg = d->epg;
+	} else {
+		dkey.net = bnet;
+		dkey.ip = backend;
+		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+		if (!ep)
+			return CB_SLOW;
+		bepg = ep->epg;
+	}
+	cb_epg_track(ifc->epg, bepg, ifc->vrf, &need); /* the flow's entry must have reached need */
 	rev = cb_svc_rev_of(svc->svc_id); /* before the membership: a removal bumps it after */
-	stamp = cb_svc_memo_off ? 0 : cb_svc_memo_stamp(rev); /* before the flow's entry is looked at */
+	stamp = cb_svc_memo_off ? 0 : cb_svc_memo_stamp(rev, need); /* before the flow's entry is looked at */
 	if (!(memo & CB_CT_MEMO) || svc->epoch != stamp || !stamp) {
 		/* No current memo. The backend is still a member while the service's revision
 		 * is the one the entry recorded when it last found it one (cb_lb_forward);
@@ -651,15 +665,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		k->ct.dport = bport;
 		e = bpf_map_lookup_elem(&cb_ct, &k->ct);
 		if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) ||
-		    e->epoch != cb_policy_epoch || e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
-			return CB_SLOW;
-	}
-	d = cb_dst_noted(svc, bnet, backend, &dif);
-	if (!d) {
-		dkey.net = bnet;
-		dkey.ip = backend;
-		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-		if (!ep)
+		    !cb_stamp_ok(e->epoch, need) || e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
 			return CB_SLOW;
 	}
 	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
@@ -715,7 +721,8 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	struct cb_endpoint *ep = 0;
 	const struct cb_iface *d = 0;
 	struct cb_ct_entry *e, *rev = 0;
-	__u32 features = cb_features, tracked, dif = 0;
+	__u32 features = cb_features, tracked, dif = 0, need = 0;
+	__u16 depg;
 	__be16 sport;
 	int r;
 
@@ -755,19 +762,20 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	if (e)
 		d = cb_dst_noted(e, dkey.net, dkey.ip, &dif);
 	if (d) {
-		tracked = cb_epg_flags_of(d->epg);
+		depg = d->epg;
 	} else {
 		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 		/* (With services on, a miss may be a VIP or a service reply's destination.) */
 		if (!ep)
 			return (features & CB_FEAT_LB) ? CB_SLOW : CB_OUTSIDE;
-		tracked = cb_epg_flags_of(ep->epg);
+		depg = ep->epg;
 	}
-	/* Tracked: a group with rules, or (NetworkPolicy) a pod with an entry (cb_track_flags). */
-	tracked |= cb_epg_flags_of(ifc->epg);
+	/* Tracked: a group with rules, or (NetworkPolicy) a pod with an entry (cb_track_flags).
+	 * An entry is trusted when not older than need, its groups' (and zone's) stamps. */
+	tracked = cb_epg_track(ifc->epg, depg, ifc->vrf, &need);
 	if (!tracked && (features & CB_FEAT_NETPOL))
 		tracked = cb_kpod_of(ifc->vrf, k.ct.saddr) || cb_kpod_of(ifc->vrf, k.ct.daddr);
-	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, &rev))
+	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, need, &rev))
 		return CB_SLOW;
 	if (rev) {
 		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */
@@ -982,6 +990,7 @@ int cb_from_container(struct __sk_buff *skb)
 		if (r != CB_SLOW && r != CB_OUTSIDE)
 			return r;
 	}
+	cb_clock_start(); /* the full stage's verdicts record the clock as of now (stamps.h) */
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	eth = data;
@@ -1241,6 +1250,7 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 	__u32 zone;
 	int r;
 
+	cb_clock_start();
 	if (!remote || !bpf_map_lookup_elem(&cb_peers, &remote))
 		return cb_drop(skb, CB_DROP_UNKNOWN_PEER);
 	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
@@ -1326,8 +1336,10 @@ int cb_from_wire(struct __sk_buff *skb)
 	int vid;
 
 	vid = cb_vlan_id(skb);
-	if (vid < 0 && (cb_features & CB_FEAT_BGP))
+	if (vid < 0 && (cb_features & CB_FEAT_BGP)) {
+		cb_clock_start();
 		return cb_native_rx(skb);
+	}
 	if (vid <= 0)
 		return CB_TCX_NEXT;
 	key = CB_NET_VLAN_BIT | (__u32)vid;
@@ -1336,6 +1348,7 @@ int cb_from_wire(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	if (bpf_skb_vlan_pop(skb) < 0)
 		return cb_drop(skb, CB_DROP_VLAN_ERR);
+	cb_clock_start();
 	return cb_remote_rx(skb, key, net->vrf, 0);
 }
 
@@ -1586,6 +1599,7 @@ int cb_from_uplink(struct __sk_buff *skb)
 	 * lookups. */
 	if (cb_overlay_in(skb, cfg))
 		return CB_TCX_NEXT;
+	cb_clock_start();
 	r = cb_uplink_snat(skb);
 	if (r != CB_TCX_NEXT || !(cb_features & CB_FEAT_NODEPORT))
 		return r;

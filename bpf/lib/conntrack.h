@@ -4,7 +4,7 @@
  * tenants with overlapping subnets never share an entry. Entries are created only after
  * policy allowed the packet that opens the flow; TCP has NEW / ESTABLISHED / CLOSING states
  * with their own timeouts; a policy epoch in every entry makes a policy change apply to
- * established flows on their next packet. The table is a plain hash: when it is full, new
+ * the established flows it can affect on their next packet (stamps.h). The table is a plain hash: when it is full, new
  * flows are refused (drop_ct_full) and established ones keep their entries; the agent's GC
  * deletes expired entries. A local endpoint holding its quota of entries has its new flows
  * refused (drop_ct_quota). */
@@ -63,7 +63,8 @@ struct cb_ct_entry {
 	__u8 state;      /* enum cb_ct_state; CB_CT_SVC: CB_CTS_NEW, or CB_CT_MEMO | the state of
 			  * the memo in epoch (cb_svc_fast) */
 	__u32 nat_net;   /* network key of nat_ip (backend's, or the client's for CB_CT_DNAT) */
-	__u32 epoch;     /* cb_policy_epoch of the last verdict; CB_CT_SVC: the service's
+	__u32 epoch;     /* the policy clock as the packet of the last verdict arrived (stamps.h);
+			  * CB_CT_SVC: the service's
 			  * revision when its backend was last found a member (cb_lb_forward), or
 			  * with CB_CT_MEMO a memo's stamp (cb_svc_memo_stamp) */
 	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
@@ -203,9 +204,6 @@ CB_INLINE void cb_ct_refresh(struct cb_ct_entry *e, __u64 deadline)
 	if (e->expires != deadline)
 		e->expires = deadline;
 }
-
-/* cb_policy_epoch mirrors cb_config.policy_epoch (set by the agent with the config). */
-volatile __u32 cb_policy_epoch;
 
 CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, const struct cb_flow *f, int reverse)
 {

@@ -129,13 +129,15 @@ CB_INLINE __u32 cb_svc_rev_of(__u32 id)
 }
 
 /* cb_svc_memo_stamp is the stamp of a memo (CB_CT_MEMO) taken now, for a client→VIP entry
- * whose backend is a member at revision rev, of its flow's own entry: the revision, the
- * policy epoch and the memo generation (cb_ct_gens) summed. Each only grows, so any change
- * moves the sum (it would take 2^32 changes within one tick to come back). 0 (no memo)
- * when rev is. */
-CB_INLINE __u32 cb_svc_memo_stamp(__u32 rev)
+ * whose backend is a member at revision rev, of its flow's own entry, which must have
+ * reached policy stamp need (cb_epg_track of the client's and the backend's groups): the
+ * revision, need and the memo generation (cb_ct_gens) summed. Each only grows (a group
+ * change stamps the new group with the newest clock, so need grows with it too), so any
+ * change moves the sum (it would take 2^32 changes within one tick to come back). 0 (no
+ * memo) when rev is. */
+CB_INLINE __u32 cb_svc_memo_stamp(__u32 rev, __u32 need)
 {
-	return rev ? rev + cb_policy_epoch + cb_ct_gen_now() : 0;
+	return rev ? rev + need + cb_ct_gen_now() : 0;
 }
 
 CB_INLINE int cb_is_vip(__u32 zone, __be32 ip)
@@ -865,14 +867,16 @@ struct cb_fast_keys {
  * ESTABLISHED). The reply of a service flow (not a hairpin's; no entry under its own
  * tuple) to a client of net, whose flow entry is of the current policy epoch, is that
  * entry's reply as cb_ct_check takes it: *rev is then the entry, whose VIP:port the
- * caller restores as the packet's source. Returns 1 to pass, or 0 having written nothing:
- * the full stage decides. */
+ * caller restores as the packet's source. "Of the current policy epoch": not older than
+ * need, the stamp of the flow's groups and zone (cb_epg_track; a service taking an
+ * endpoint's address stamps the endpoint's group). Returns 1 to pass, or 0 having written
+ * nothing: the full stage decides. */
 CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tracked, int lb, __u32 net,
-			   struct cb_ct_entry **rev)
+			   __u32 need, struct cb_ct_entry **rev)
 {
 	struct cb_ct_entry *r = 0;
 	__u64 now = cb_now();
-	int plain = e && e->expires >= now && e->flags == CB_CT_ALLOWED && e->epoch == cb_policy_epoch;
+	int plain = e && e->expires >= now && e->flags == CB_CT_ALLOWED && cb_stamp_ok(e->epoch, need);
 	__be32 a;
 	__be16 port;
 
@@ -893,7 +897,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 			/* A service flow's reply: only from a backend that is no hairpin, with no
 			 * entry of its own direction, to a client of net (where its destination was
 			 * looked up), and of the current policy epoch. */
-			if (r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || r->epoch != cb_policy_epoch || r->nat_net != net)
+			if (r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || !cb_stamp_ok(r->epoch, need) || r->nat_net != net)
 				return 0;
 			if (r->state == CB_CTS_NEW) {
 				r->state = CB_CTS_ESTABLISHED;
@@ -912,7 +916,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 		if (!plain)
 			return 0;
 	} else {
-		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || r->epoch != cb_policy_epoch)
+		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || !cb_stamp_ok(r->epoch, need))
 			return 0;
 		if (r->state == CB_CTS_NEW)
 			r->state = CB_CTS_ESTABLISHED;

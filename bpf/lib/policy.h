@@ -18,6 +18,7 @@
 #include "parse.h"
 #include "conntrack.h"
 #include "netpol.h"
+#include "stamps.h"
 
 #define CB_MAX_RULES 1024
 
@@ -177,7 +178,7 @@ struct cb_pol_scratch {
 	__u32 port;  /* for keys naming a port (network order) */
 	__u32 mask;  /* the classes that can hold a rule for the packet; bit 8: a SYN */
 	__u32 classes; /* of the head being looked at, within mask */
-	__u32 pad;
+	__u32 clock; /* the policy clock as the packet arrived (cb_clock_start, stamps.h) */
 	__u64 best;  /* prio bits 0-15, index 16-32 (bit 32: none yet), action 48-55 */
 };
 
@@ -190,6 +191,26 @@ struct {
 
 /* The key of cb_pol_scratch's one entry, in read-only data (not on the stack). */
 static volatile const __u32 cb_pol_zero = 0;
+
+/* cb_clock_start notes the policy clock for the packet that just arrived (stamps.h), in
+ * cb_pol_scratch (per CPU: not on the stack, the deepest chain is full): before the packet
+ * reads any endpoint, group, rule or NetworkPolicy state its verdicts depend on. */
+CB_INLINE void cb_clock_start(void)
+{
+	struct cb_pol_scratch *s = bpf_map_lookup_elem(&cb_pol_scratch, (const void *)&cb_pol_zero);
+
+	if (s)
+		s->clock = cb_policy_epoch;
+}
+
+/* cb_clock_at_start is the clock cb_clock_start noted, which the entries the packet judges
+ * record (0, older than any stamp but the first, if none). */
+CB_INLINE __u32 cb_clock_at_start(void)
+{
+	struct cb_pol_scratch *s = bpf_map_lookup_elem(&cb_pol_scratch, (const void *)&cb_pol_zero);
+
+	return s ? s->clock : 0;
+}
 
 /* Attempts of cb_rules_match before it gives up on a rule set that keeps changing. */
 #define CB_POL_TRIES 4
@@ -363,27 +384,6 @@ CB_INLINE int cb_policy_allows(int eg, int in, const struct cb_flow *f, __u16 sr
 	}
 	return 1;
 }
-
-/* Per-group state: whether a group has rules (its flows are tracked) and whether its rule
- * set could not be installed (fail closed: every new flow from or to it is denied). */
-enum cb_epg_flags {
-	CB_EPG_RULES = 1,
-	CB_EPG_DENY_ALL = 2,
-	CB_EPG_NETPOL = 4, /* cb_track only: the address has a NetworkPolicy entry (netpol.h) */
-};
-
-struct cb_epg_state {
-	__u32 flags;      /* enum cb_epg_flags */
-	__u32 generation;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 65536);
-	__type(key, __u32); /* endpoint group id */
-	__type(value, struct cb_epg_state);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cb_epgs SEC(".maps");
 
 CB_INLINE __u32 cb_epg_flags_of(__u16 epg)
 {
@@ -755,7 +755,7 @@ static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow
 
 	e.state = CB_CTS_NEW;
 	e.flags = CB_CT_ALLOWED;
-	e.epoch = cb_policy_epoch;
+	e.epoch = cb_clock_at_start();
 	e.expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
 	if (t->svc) {
 		e.flags |= CB_CT_DNAT;
@@ -827,7 +827,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (!f || !t)
 		return CB_DROP_POLICY;
 	now = cb_now();
-	epoch = cb_policy_epoch;
+	epoch = cb_clock_at_start(); /* the clock as the packet arrived: recorded in what it judges */
 	if (t->inner && cb_ct_related(f, t))
 		return 0;
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
@@ -837,7 +837,8 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (syn) {
 		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
-		if (e && e->state == CB_CTS_NEW && e->epoch == epoch && (t->svc || !(e->flags & CB_CT_DNAT))) {
+		if (e && e->state == CB_CTS_NEW && (t->svc || !(e->flags & CB_CT_DNAT)) &&
+		    cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
 			cb_ct_mark_dnat(e, &k, t);
 			t->entry = e;
@@ -865,7 +866,8 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		reply = 1;
 	}
 	if (e) {
-		if (e->epoch != epoch) {
+		/* Judged again when a change its verdict depends on came after it (stamps.h). */
+		if (!cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
 			r = cb_judge(f, t, reply);
 			if (r) {
 				was = e->flags;

@@ -206,8 +206,17 @@ type fragRec struct {
 //     Not modelled: the datapath's per-source and per-zone budgets of records
 //     (drop_frag_limit: 1,024 at once and 5,000 a second per source, 4,096 and 20,000 per
 //     zone), which the differential test never comes near.
-//   - SetEndpoint does not bump the epoch (the agent does, with BumpEpoch/SetPolicy).
-//     DeleteEndpoint also forgets the address's group; fragment records are not flushed.
+//   - Policy epochs per group and per zone (docs/conntrack.md "Policy epochs"): one clock
+//     counts changes (Epoch); an entry records the clock of the packet that judged it, and
+//     is judged again only when a stamp its verdict depends on is newer: its source's and
+//     its destination's group's (as they are now), and its zone's when a side has no group
+//     or some address has a NetworkPolicy entry. SetPolicy stamps the groups whose rule
+//     list changed, SetDenyAll its group, SetEndpoint a moved address's new group
+//     ("no group" stamps the zone; a new address moves from no group), Set/DeletePodPolicy
+//     the zone, BumpEpoch everything. The datapath shares a zone's stamp between zones
+//     65,536 apart and stamps a new address's group only when it moves: more judgements,
+//     never a different verdict.
+//   - DeleteEndpoint also forgets the address's group; fragment records are not flushed.
 //   - GC deletes expired table entries (returned count) and expired fragment records (not
 //     counted). The epoch starts at 0. Clock starts at 0; Expires is a time since then.
 //   - Per-endpoint quota (docs/conntrack.md "Per-endpoint quota"): every entry records an
@@ -234,7 +243,10 @@ type Model struct {
 	slots    map[epKey]uint32  // counter slots of local endpoints
 	owned    map[uint16]uint32 // entries counted per owner slot (cb_ct_owned)
 	now      time.Duration
-	epoch    uint32
+	epoch    uint32            // the policy clock: the last change's stamp
+	floor    uint32            // stamp of BumpEpoch: every group and zone
+	gstamp   map[uint16]uint32 // groups' stamps
+	zstamp   map[uint32]uint32 // zones' stamps (NetworkPolicy, "no group")
 	sets     []dataplane.PolicySet
 	rules    map[uint16]bool
 	denyAll  map[uint16]bool
@@ -254,6 +266,8 @@ func NewModel(capacity int) *Model {
 		owned:    map[uint16]uint32{},
 		rules:    map[uint16]bool{},
 		denyAll:  map[uint16]bool{},
+		gstamp:   map[uint16]uint32{},
+		zstamp:   map[uint32]uint32{},
 		eps:      map[epKey]uint16{},
 		pods:     map[epKey]*dataplane.PodPolicy{},
 		svcs:     map[uint32]ModelService{},
@@ -263,9 +277,13 @@ func NewModel(capacity int) *Model {
 	}
 }
 
-// SetEndpoint sets the group of an address in a zone (0 = none).
+// SetEndpoint sets the group of an address in a zone (0 = none). A change of group stamps
+// the new one (every entry of the address's flows is checked against its group now).
 func (m *Model) SetEndpoint(zone uint32, ip netip.Addr, epg uint16) {
 	k := epKey{zone, ip.Unmap()}
+	if m.eps[k] != epg {
+		m.stamp(zone, epg)
+	}
 	if epg == 0 {
 		delete(m.eps, k)
 		return
@@ -351,8 +369,9 @@ func (m *Model) DeleteEndpoint(zone uint32, ip netip.Addr) {
 	}
 }
 
-// SetPolicy replaces the rule sets and bumps the epoch.
+// SetPolicy replaces the rule sets and stamps the groups whose rules changed.
 func (m *Model) SetPolicy(sets []dataplane.PolicySet) {
+	m.stamp(0, ChangedGroups(m.sets, sets)...)
 	m.sets = slices.Clone(sets)
 	m.rules = map[uint16]bool{}
 	for _, s := range sets {
@@ -360,10 +379,9 @@ func (m *Model) SetPolicy(sets []dataplane.PolicySet) {
 			m.rules[s.EPGID] = true
 		}
 	}
-	m.BumpEpoch()
 }
 
-// SetDenyAll sets the fail-closed state of a group and bumps the epoch.
+// SetDenyAll sets the fail-closed state of a group and stamps it.
 func (m *Model) SetDenyAll(epg uint16, on bool) {
 	if epg != 0 {
 		if on {
@@ -371,15 +389,76 @@ func (m *Model) SetDenyAll(epg uint16, on bool) {
 		} else {
 			delete(m.denyAll, epg)
 		}
+		m.stamp(0, epg)
 	}
-	m.BumpEpoch()
 }
 
-// BumpEpoch increments the policy epoch.
-func (m *Model) BumpEpoch() { m.epoch++ }
+// BumpEpoch stamps every group and zone: every entry is judged again on its next packet.
+func (m *Model) BumpEpoch() {
+	m.epoch++
+	m.floor = m.epoch
+}
 
-// Epoch is the current policy epoch (0 at start).
+// Epoch is the policy clock, the stamp of the last change (0 at start).
 func (m *Model) Epoch() uint32 { return m.epoch }
+
+// stamp takes the clock's next value and stamps groups (0: zone's "no group").
+func (m *Model) stamp(zone uint32, groups ...uint16) {
+	if len(groups) == 0 {
+		return
+	}
+	m.epoch++
+	for _, g := range groups {
+		if g == 0 {
+			m.zstamp[zone] = m.epoch
+		} else {
+			m.gstamp[g] = m.epoch
+		}
+	}
+}
+
+// current says whether an entry of key k recorded at clock epoch may be trusted: no stamp
+// its verdict depends on is newer (serial numbers, as the datapath compares them).
+func (m *Model) current(k FlowKey, epoch uint32) bool {
+	need := m.floor
+	zone := len(m.pods) > 0
+	for _, g := range []uint16{m.group(k.Zone, k.Src), m.group(k.Zone, k.Dst)} {
+		if g == 0 {
+			zone = true
+		} else if int32(m.gstamp[g]-need) > 0 {
+			need = m.gstamp[g]
+		}
+	}
+	if zone && int32(m.zstamp[k.Zone]-need) > 0 {
+		need = m.zstamp[k.Zone]
+	}
+	return int32(epoch-need) >= 0
+}
+
+// ChangedGroups are the groups whose rule list differs between two sets of rule sets.
+func ChangedGroups(old, new []dataplane.PolicySet) []uint16 {
+	rules := func(sets []dataplane.PolicySet) map[uint16][]dataplane.PolicyRule {
+		out := map[uint16][]dataplane.PolicyRule{}
+		for _, s := range sets {
+			out[s.EPGID] = append(out[s.EPGID], s.Rules...)
+		}
+		return out
+	}
+	o, n := rules(old), rules(new)
+	var out []uint16
+	for g, rs := range n {
+		if !slices.Equal(o[g], rs) {
+			out = append(out, g)
+		}
+	}
+	for g, rs := range o {
+		if _, ok := n[g]; !ok && len(rs) > 0 {
+			out = append(out, g)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // SetService upserts a service by ID.
 func (m *Model) SetService(s ModelService) {
@@ -628,16 +707,22 @@ func (m *Model) judge(k FlowKey) string {
 	return ""
 }
 
-// SetPodPolicy sets the NetworkPolicy layer of address p.IP in zone and bumps the epoch.
+// SetPodPolicy sets the NetworkPolicy layer of address p.IP in zone and stamps the zone.
 func (m *Model) SetPodPolicy(zone uint32, p dataplane.PodPolicy) {
 	m.pods[epKey{zone, p.IP.Unmap()}] = &p
-	m.BumpEpoch()
+	m.stampZone(zone)
 }
 
-// DeletePodPolicy forgets the NetworkPolicy layer of ip in zone and bumps the epoch.
+// DeletePodPolicy forgets the NetworkPolicy layer of ip in zone and stamps the zone.
 func (m *Model) DeletePodPolicy(zone uint32, ip netip.Addr) {
 	delete(m.pods, epKey{zone, ip.Unmap()})
-	m.BumpEpoch()
+	m.stampZone(zone)
+}
+
+// stampZone takes the clock's next value and stamps zone.
+func (m *Model) stampZone(zone uint32) {
+	m.epoch++
+	m.zstamp[zone] = m.epoch
 }
 
 // tracked says whether flows from or to ip in zone go through conntrack: its group has
@@ -846,7 +931,7 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 	fwd, haveFwd := m.flow(k)
 
 	if syn {
-		if haveFwd && fwd.State == CTNew && fwd.Epoch == m.epoch && (dnat || !fwd.DNAT) {
+		if haveFwd && fwd.State == CTNew && m.current(k, fwd.Epoch) && (dnat || !fwd.DNAT) {
 			fwd.Expires = m.now + timeout(k.Proto, fwd.State)
 			mark(&fwd)
 			m.ct[k] = fwd
@@ -877,7 +962,7 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		reply = found
 	}
 	if found {
-		if e.Epoch != m.epoch {
+		if !m.current(ek, e.Epoch) {
 			if why := judge(ek); why != "" {
 				delete(m.ct, ek)
 				return false, why, ek, false

@@ -422,7 +422,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 		return nil, fmt.Errorf("bench: rejudge-other-tenant: setup: %w", err)
 	}
 	rc, err := benchRejudge(objs.CbFromContainer, objs.CbReasons, benchTCPFrame(src, local, 40000, 80, 0x10), repeat/100,
-		func(n int) error { return benchOtherTenantChange(&objs.contivbpfObjects, pt, 60, n) })
+		func(n int, epoch bool) error { return benchOtherTenantChange(&objs.contivbpfObjects, pt, 60, n, epoch) })
 	if err != nil {
 		return nil, fmt.Errorf("bench: rejudge-other-tenant: %w", err)
 	}

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"testing"
@@ -48,7 +49,7 @@ func putTestService(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.A
 			t.Fatal(err)
 		}
 	}
-	// A service on an endpoint's address moves the policy epoch (Driver.UpsertService).
+	// A service on an endpoint's address stamps its group (Driver.UpsertService).
 	var ep contivbpfCbEndpoint
 	if objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: testNet, Ip: ip4(vip)}, &ep) == nil {
 		var epoch uint32
@@ -91,9 +92,29 @@ func setZone(t *testing.T, objs *contivbpfObjects, zone uint32) {
 	}
 }
 
+// setEpoch is a change of every group and zone in use (what one global policy epoch
+// was): the groups of the endpoints and the zones of the networks stamped with epoch,
+// then the clock set to it (stamps.go), so every entry recorded before is judged again.
 func setEpoch(t *testing.T, objs *contivbpfObjects, epoch uint32) {
 	t.Helper()
-	if err := objs.CbPolicyEpoch.Set(epoch); err != nil {
+	var groups []uint16
+	var zones []uint32
+	var k contivbpfCbEpKey
+	var ep contivbpfCbEndpoint
+	it := objs.CbEndpoints.Iterate()
+	for it.Next(&k, &ep) {
+		if ep.Epg != 0 {
+			groups = append(groups, ep.Epg)
+		}
+	}
+	var nk uint32
+	var n contivbpfCbNetwork
+	nit := objs.CbNetworks.Iterate()
+	for nit.Next(&nk, &n) {
+		zones = append(zones, n.Vrf)
+	}
+	if err := errors.Join(it.Err(), nit.Err(), stampGroups(objs.CbEpgs, objs.CbZoneStamps, epoch, groups, zones),
+		objs.CbPolicyEpoch.Set(epoch)); err != nil {
 		t.Fatal(err)
 	}
 }

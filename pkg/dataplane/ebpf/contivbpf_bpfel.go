@@ -181,6 +181,7 @@ type contivbpfCbEpgState struct {
 	_          structs.HostLayout
 	Flags      uint32
 	Generation uint32
+	Changed    uint32
 }
 
 type contivbpfCbEvent struct {
@@ -472,7 +473,7 @@ type contivbpfCbPolScratch struct {
 	Port    uint32
 	Mask    uint32
 	Classes uint32
-	Pad     uint32
+	Clock   uint32
 	Best    uint64
 }
 
@@ -683,6 +684,11 @@ type contivbpfCbVipKey struct {
 	Vip  uint32
 }
 
+type contivbpfCbZoneStamp struct {
+	_       structs.HostLayout
+	Changed uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -731,6 +737,7 @@ const (
 	contivbpfMapCbTenantNets        = "cb_tenant_nets"
 	contivbpfMapCbVerdicts          = "cb_verdicts"
 	contivbpfMapCbVips              = "cb_vips"
+	contivbpfMapCbZoneStamps        = "cb_zone_stamps"
 	contivbpfProgCbClockProbe       = "cb_clock_probe"
 	contivbpfProgCbFromContainer    = "cb_from_container"
 	contivbpfProgCbFromOverlay      = "cb_from_overlay"
@@ -863,6 +870,7 @@ type contivbpfMapSpecs struct {
 	CbTenantNets     *ebpf.MapSpec `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.MapSpec `ebpf:"cb_vips"`
+	CbZoneStamps     *ebpf.MapSpec `ebpf:"cb_zone_stamps"`
 }
 
 // contivbpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -955,6 +963,7 @@ type contivbpfMaps struct {
 	CbTenantNets     *ebpf.Map `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.Map `ebpf:"cb_vips"`
+	CbZoneStamps     *ebpf.Map `ebpf:"cb_zone_stamps"`
 }
 
 func (m *contivbpfMaps) Close() error {
@@ -1003,6 +1012,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbTenantNets,
 		m.CbVerdicts,
 		m.CbVips,
+		m.CbZoneStamps,
 	)
 }
 

@@ -93,6 +93,8 @@ func (s diffStep) String() string {
 		return fmt.Sprintf("svc backends %v draining %v", s.backend, s.drain)
 	case "delep":
 		return fmt.Sprintf("delete+readd endpoint %d", s.from)
+	case "move":
+		return fmt.Sprintf("endpoint %d moves to group %d", s.from, s.epg)
 	case "quota":
 		return fmt.Sprintf("ct quota %d", s.quota)
 	case "reslot":
@@ -134,9 +136,10 @@ type diffGen struct {
 	eps        []diffEP
 	recent     []diffStep
 	backends   []int
-	quotas     bool // also change the per-endpoint conntrack quota now and then
-	policyOnly bool // no service and no NetworkPolicy steps, no packet to the VIP
-	noNetpol   bool // no NetworkPolicy steps
+	quotas     bool                  // also change the per-endpoint conntrack quota now and then
+	policyOnly bool                  // no service and no NetworkPolicy steps, no packet to the VIP
+	noNetpol   bool                  // no NetworkPolicy steps
+	sets       []dataplane.PolicySet // the last "policy" step's rule sets
 }
 
 func (g *diffGen) port() uint16 { return []uint16{53, 80, 443, 8080, 40000, 40001}[g.r.IntN(6)] }
@@ -280,8 +283,22 @@ func (g *diffGen) clientICMPError(r diffStep) diffStep {
 func (g *diffGen) step() diffStep {
 	switch n := g.r.IntN(100); {
 	case n < 6:
+		// Half of them change one group only: the others' flows are not judged again
+		// (policy epochs per group), which must change no verdict.
+		one := uint16(0)
+		if g.r.IntN(2) == 0 {
+			one = []uint16{10, 20, 30}[g.r.IntN(3)]
+		}
 		var sets []dataplane.PolicySet
 		for _, epg := range []uint16{10, 20, 30} {
+			if one != 0 && epg != one {
+				for _, p := range g.sets {
+					if p.EPGID == epg {
+						sets = append(sets, p)
+					}
+				}
+				continue
+			}
 			if g.r.IntN(3) == 0 {
 				continue
 			}
@@ -291,6 +308,7 @@ func (g *diffGen) step() diffStep {
 			}
 			sets = append(sets, p)
 		}
+		g.sets = sets
 		return diffStep{kind: "policy", rules: sets}
 	case n < 8:
 		return diffStep{kind: "denyall", epg: []uint16{10, 20, 30}[g.r.IntN(3)], on: g.r.IntN(3) != 0}
@@ -318,6 +336,9 @@ func (g *diffGen) step() diffStep {
 		return diffStep{kind: "svc", backend: be, drain: dr}
 	case n < 16:
 		return diffStep{kind: "delep", from: g.r.IntN(len(g.eps))}
+	case n < 18:
+		// An endpoint changes group (none included): its flows are judged by the new one.
+		return diffStep{kind: "move", from: g.r.IntN(len(g.eps)), epg: []uint16{0, 10, 20, 30}[g.r.IntN(4)]}
 	case n < 20:
 		if g.policyOnly || g.noNetpol {
 			break
@@ -486,8 +507,9 @@ type diffWorld struct {
 	model *policy.Model
 	eps   []diffEP
 	gc    *ctGC
-	epoch uint32
-	svc   []int // backend endpoint indexes (the selection)
+	epoch uint32                // the policy clock as the world's changes moved it
+	sets  []dataplane.PolicySet // the rule sets installed
+	svc   []int                 // backend endpoint indexes (the selection)
 	// svcMembers are the selection plus the draining backends.
 	svcMembers []int
 	// tally counts the outcomes both sides agreed on (the log shows what was covered).
@@ -792,8 +814,16 @@ func (w *diffWorld) mac(i int) net.HardwareAddr {
 }
 
 // putEP writes endpoint i as the driver does: a local one's interface entry (behind its
-// host veth), then its endpoint entry.
+// host veth), then its endpoint entry; then its counter slot.
 func (w *diffWorld) putEP(i int) {
+	w.writeEP(i)
+	if w.eps[i].local {
+		w.allocSlot(i)
+	}
+}
+
+// writeEP writes endpoint i's entries (putEP without the slot: an update of its group).
+func (w *diffWorld) writeEP(i int) {
 	e := w.eps[i]
 	v := contivbpfCbEndpoint{Epg: e.epg, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Vtep: ip4(netip.MustParseAddr(testVTEP))}
 	if e.local {
@@ -809,9 +839,6 @@ func (w *diffWorld) putEP(i int) {
 		w.t.Fatal(err)
 	}
 	w.model.SetEndpoint(e.zone, e.ip, e.epg)
-	if e.local {
-		w.allocSlot(i)
-	}
 }
 
 // allocSlot hands local endpoint i its slot as the driver does (Driver.allocSlot: its
@@ -874,14 +901,28 @@ func (w *diffWorld) setService(backends []int, draining ...int) {
 	}
 }
 
-func (w *diffWorld) bump() {
+// change writes a change to groups and zones as the driver does (stamps.go): their stamps
+// (the clock's next value), the change's writes, then the clock.
+func (w *diffWorld) change(groups []uint16, zones []uint32, write func()) {
 	w.epoch++
+	if err := stampGroups(w.objs.CbEpgs, w.objs.CbZoneStamps, w.epoch, groups, zones); err != nil {
+		w.t.Fatal(err)
+	}
+	write()
 	if err := w.objs.CbPolicyEpoch.Set(w.epoch); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
+// setPolicy installs sets (the groups whose rules changed stamped).
 func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
+	w.change(policy.ChangedGroups(w.sets, sets), nil, func() { w.writePolicy(sets) })
+	w.sets = sets
+	w.model.SetPolicy(sets)
+}
+
+// writePolicy writes the rule lists and group states of sets.
+func (w *diffWorld) writePolicy(sets []dataplane.PolicySet) {
 	for epg := uint16(10); epg <= 30; epg += 10 {
 		for dir := uint8(0); dir < 2; dir++ {
 			_ = w.objs.CbPolicies.Delete(&contivbpfCbPolKey{Epg: epg, Dir: dir})
@@ -917,22 +958,21 @@ func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
 		st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
 		_ = w.objs.CbEpgs.Put(uint32(p.EPGID), &st)
 	}
-	w.bump()
-	w.model.SetPolicy(sets)
 }
 
 func (w *diffWorld) setDenyAll(epg uint16, on bool) {
-	var st contivbpfCbEpgState
-	_ = w.objs.CbEpgs.Lookup(uint32(epg), &st)
-	if on {
-		st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
-	} else {
-		st.Flags &^= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
-	}
-	if err := w.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
-		w.t.Fatal(err)
-	}
-	w.bump()
+	w.change([]uint16{epg}, nil, func() {
+		var st contivbpfCbEpgState
+		_ = w.objs.CbEpgs.Lookup(uint32(epg), &st)
+		if on {
+			st.Flags |= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+		} else {
+			st.Flags &^= uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL)
+		}
+		if err := w.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
+			w.t.Fatal(err)
+		}
+	})
 	w.model.SetDenyAll(epg, on)
 }
 
@@ -1214,8 +1254,7 @@ func (w *diffWorld) apply(s diffStep) string {
 		w.setService(s.backend, s.drain...)
 	case "podpol":
 		e := w.eps[s.from]
-		putKPod(w.t, w.objs, e.zone, e.ip, s.pod)
-		w.bump()
+		w.change(nil, []uint32{e.zone}, func() { putKPod(w.t, w.objs, e.zone, e.ip, s.pod) })
 		if s.pod == nil {
 			w.model.DeletePodPolicy(e.zone, e.ip)
 		} else {
@@ -1239,6 +1278,15 @@ func (w *diffWorld) apply(s diffStep) string {
 			}
 			w.eps[s.from].moved = !e.moved
 			w.putEP(s.from)
+		}
+	case "move":
+		e := w.eps[s.from]
+		if e.epg != s.epg {
+			groups, zones := moveStamps(e.zone, s.epg)
+			w.change(groups, zones, func() {
+				w.eps[s.from].epg = s.epg
+				w.writeEP(s.from)
+			})
 		}
 	case "quota":
 		w.setQuota(s.quota)

@@ -83,7 +83,7 @@ type Driver struct {
 	traceColl *ebpf.Collection   // trace programs and scratch maps (trace.go), loaded on first use
 	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
 	pol       *polTables         // the compiled rule lists the programs look up (poltables.go)
-	epoch     uint32             // policy epoch (conntrack entries re-judged when it moves)
+	epoch     uint32             // policy clock: the last change's stamp (stamps.go)
 	lbSeed    uint32             // cb_lb_seed (lb.h): keys the service flow hash; random per run
 	clock     ctClock            // cb_now's calibration (clock.go); zero: the helper clock
 	ctgc      *ctGC
@@ -264,8 +264,10 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	defer closeMigrations(migrations)
 	repl := map[string]*ebpf.Map{}
+	upgraded := false // from a build without policy epochs per group (stamps.go)
 	for _, mg := range migrations {
 		repl[mg.name] = mg.new
+		upgraded = upgraded || mg.name == contivbpfMapCbEpgs
 	}
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinRoot}, MapReplacements: repl})
 	if err != nil {
@@ -290,7 +292,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.gen == 0 {
 		d.gen = 1
 	}
-	d.epoch = c.PolicyEpoch
+	if err := d.resumeClock(c.PolicyEpoch, upgraded); err != nil {
+		return err
+	}
 	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS|contivbpfCbFeaturesCB_FEAT_BGP)
 	d.bgpOn = c.Features&uint32(contivbpfCbFeaturesCB_FEAT_BGP) != 0
 	var sk contivbpfCbSvcKey

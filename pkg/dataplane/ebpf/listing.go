@@ -27,7 +27,8 @@ type listNames struct {
 	hostOf   map[netip.Addr]string
 	svcByID  map[uint32]string
 	podPol   map[contivbpfCbKpodKey]podPolName // the NetworkPolicy layer's pods
-	epoch    uint32
+	vrfOf    map[uint32]uint32                 // cb_networks key → routing domain
+	netpol   bool                              // some pod has a NetworkPolicy entry
 	mapFull  map[string]uint64
 }
 
@@ -39,10 +40,11 @@ func (d *Driver) names() (listNames, error) {
 	}
 	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
 		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
-		epoch: d.epoch, mapFull: map[string]uint64{},
+		vrfOf: map[uint32]uint32{}, netpol: len(d.podPols) > 0, mapFull: map[string]uint64{},
 		podPol: map[contivbpfCbKpodKey]podPolName{}}
 	for id, r := range d.networks {
 		n.netByKey[r.key] = id
+		n.vrfOf[r.key] = r.vrf
 		if _, tenant, ok := strings.Cut(id, "."); ok {
 			n.zoneOf[r.vrf] = tenant
 		}
@@ -240,6 +242,10 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 	if err != nil {
 		return err
 	}
+	stamps, err := newStampView(&d.objs, n.vrfOf, n.netpol)
+	if err != nil {
+		return err
+	}
 	var k contivbpfCbCtKey
 	var v contivbpfCbCtEntry
 	it := d.objs.CbCt.Iterate()
@@ -269,7 +275,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 		if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED|contivbpfCbCtFlagsCB_CT_SVC) == 0 {
 			flags = append([]string{"denied"}, flags...) // a policy verdict; service entries carry none
 		}
-		if v.Epoch != n.epoch && v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) != 0 {
+		if v.Flags&uint8(contivbpfCbCtFlagsCB_CT_ALLOWED) != 0 && stamps.stale(k, v.Epoch) {
 			flags = append(flags, "stale-epoch")
 		}
 		nat := ""

@@ -149,7 +149,7 @@ func (d *Driver) releaseSet(key string) error {
 	return nil
 }
 
-func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) error {
+func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) (retErr error) {
 	if p.ID == "" {
 		return errors.New("pod policy: id is empty")
 	}
@@ -158,6 +158,17 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) error {
 		// Unchanged: rewritten only for the generation (a Sync's sweep keeps it).
 		return d.writeKPod(old)
 	}
+	// The zone's NetworkPolicy changes (and the old address's zone's): the flows there are
+	// judged again. Stamped before the entries are written, the clock (and the layer's
+	// feature bit) published after (stamps.go).
+	zones := []uint32{vrfOf(p.NetworkID)}
+	if had {
+		zones = append(zones, old.key.Zone)
+	}
+	if err := d.announce(nil, zones); err != nil {
+		return d.published(fmt.Errorf("pod policy %s: %w", p.ID, err))
+	}
+	defer func() { retErr = d.published(retErr) }()
 	if err := p.Validate(); err != nil {
 		return d.failPodClosed(p, err)
 	}
@@ -199,7 +210,7 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) error {
 			return fmt.Errorf("pod policy %s: %w", p.ID, err)
 		}
 	}
-	return d.podPolChanged()
+	return nil
 }
 
 // writeKPodSets writes rec's entry pointing at set ids.
@@ -263,7 +274,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 			_ = d.deleteKPod(old)
 		}
 		delete(d.podPols, p.ID)
-		return errors.Join(perr, d.podPolChanged())
+		return perr
 	}
 	rec := &podPolRec{p: p, key: contivbpfCbKpodKey{Zone: vrfOf(p.NetworkID), Addr: ip4(p.IP)}, failed: cause}
 	if had && old.key != rec.key {
@@ -277,14 +288,19 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 	if err := d.writeKPodSets(rec, [2]uint32{}); err != nil {
 		return errors.Join(perr, fmt.Errorf("pod policy %s: write deny-all entry: %w", p.ID, err))
 	}
-	return errors.Join(perr, d.podPolChanged())
+	return perr
 }
 
-func (d *Driver) deletePodPolicy(id string) error {
+func (d *Driver) deletePodPolicy(id string) (retErr error) {
 	rec, ok := d.podPols[id]
 	if !ok {
 		return nil
 	}
+	// Its zone's flows are judged again (stamps.go).
+	if err := d.announce(nil, []uint32{rec.key.Zone}); err != nil {
+		return d.published(fmt.Errorf("pod policy %s: %w", id, err))
+	}
+	defer func() { retErr = d.published(retErr) }()
 	if err := d.deleteKPod(rec); err != nil {
 		return fmt.Errorf("pod policy %s: delete: %w", id, err)
 	}
@@ -293,8 +309,5 @@ func (d *Driver) deletePodPolicy(id string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("pod policy %s: %w", id, err)
 	}
-	return d.podPolChanged()
+	return nil
 }
-
-// podPolChanged re-judges every tracked flow (and turns the layer's feature bit on or off).
-func (d *Driver) podPolChanged() error { return d.bumpEpoch() }

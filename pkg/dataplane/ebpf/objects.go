@@ -294,7 +294,7 @@ func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEn
 	return d.upsertRemote(ep)
 }
 
-func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
+func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) (retErr error) {
 	nr, err := d.checkRemote(ep)
 	if err != nil {
 		return err
@@ -305,7 +305,13 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 	if err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
 		return fmt.Errorf("remote endpoint %s: ip %v is a local endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 	}
-	epgChanged := err == nil && cur.Epg != ep.EPGID
+	if err == nil && cur.Epg != ep.EPGID {
+		// Its flows are judged again with its new group (stamps.go): as for a local one.
+		if err := d.announce(moveStamps(nr.vrf, ep.EPGID)); err != nil {
+			return d.published(fmt.Errorf("remote endpoint %s: %w", ep.ID, err))
+		}
+		defer func() { retErr = d.published(retErr) }()
+	}
 	v := contivbpfCbEndpoint{Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_REMOTE), Generation: d.gen}
 	if ep.VTEP.IsValid() { // VXLAN always; a VLAN remote may have none (unused there)
 		v.Vtep = ip4(ep.VTEP)
@@ -323,9 +329,6 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) error {
 		}
 	}
 	d.setRemote(ep.ID, remoteRec{ep: ep, key: key})
-	if epgChanged { // its flows are judged again with its new group
-		return d.bumpEpoch()
-	}
 	return nil
 }
 
@@ -524,6 +527,14 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 			}
 		}()
 	}
+	if epgChanged {
+		// Its flows are judged again with its new group: that group (or the zone, for no
+		// group) stamped before its entries move, the clock published after (stamps.go).
+		if err := d.announce(moveStamps(nr.vrf, ep.EPGID)); err != nil {
+			return d.published(fmt.Errorf("endpoint %s: %w", ep.ID, err))
+		}
+		defer func() { retErr = d.published(retErr) }()
+	}
 	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen, Slot: slot}
 	copy(v.Mac[:], ep.MAC)
 	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot, Vrf: nr.vrf}
@@ -546,9 +557,6 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
 		d.dropEndpoint(ik)
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
-	}
-	if epgChanged { // its flows are judged again with its new group
-		return d.bumpEpoch()
 	}
 	return nil
 }

@@ -124,6 +124,18 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 	if p.EPGID == 0 {
 		return fmt.Errorf("policy: epgID is 0")
 	}
+	old, had := d.policies[p.EPGID]
+	_, wasFailed := d.failed[p.EPGID]
+	if had && !wasFailed && reflect.DeepEqual(old.Rules, p.Rules) {
+		return d.installPolicy(p) // (for the generation) no verdict changes
+	}
+	// The group's flows are judged again: its stamp before the rules, the clock after.
+	return d.change([]uint16{p.EPGID}, nil, func() error { return d.installPolicy(p) })
+}
+
+// installPolicy writes group p.EPGID's rule set and state (failing it closed when it
+// cannot).
+func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 	eg, in, err := compileRules(p)
 	if err != nil {
 		return d.failClosed(p.EPGID, err)
@@ -149,22 +161,16 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 			return d.failClosed(p.EPGID, fmt.Errorf("compile the %s rules: %w", [2]string{"egress", "ingress"}[dir], err))
 		}
 	}
-	var st contivbpfCbEpgState
+	var flags uint32
 	if len(eg)+len(in) > 0 {
-		st.Flags = uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
+		flags = uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
 	}
-	st.Generation = d.gen
-	if err := d.objs.CbEpgs.Put(uint32(p.EPGID), &st); err != nil {
+	if err := d.putEPGState(p.EPGID, flags, d.gen); err != nil {
 		return d.failClosed(p.EPGID, fmt.Errorf("write group state: %w", err))
 	}
-	old, had := d.policies[p.EPGID]
-	_, wasFailed := d.failed[p.EPGID]
 	d.policies[p.EPGID] = p
 	delete(d.failed, p.EPGID)
-	if had && !wasFailed && reflect.DeepEqual(old.Rules, p.Rules) {
-		return nil
-	}
-	return d.bumpEpoch()
+	return nil
 }
 
 // failClosed puts a group whose rule set cannot be installed into deny-all and returns
@@ -179,23 +185,25 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 	delete(d.policies, epg)
 	d.failed[epg] = cause
 	// Written every time (with this generation), so a Sync's sweep never reopens it.
-	st := contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), Generation: d.gen}
-	if err := d.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
-		return errors.Join(perr, fmt.Errorf("policy %d: write deny-all state: %w", epg, err))
+	write := func() error {
+		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
+			return fmt.Errorf("policy %d: write deny-all state: %w", epg, err)
+		}
+		return nil
 	}
 	if again {
-		return perr // established flows were cut when it first closed
+		// Established flows were cut when it first closed.
+		if err := write(); err != nil {
+			return errors.Join(perr, err)
+		}
+		return perr
 	}
-	if err := d.bumpEpoch(); err != nil {
+	// Stamped before DENY_ALL is written (also within an upsert that stamped it already:
+	// one more stamp costs one judgement), so its flows are cut on their next packet.
+	if err := d.change([]uint16{epg}, nil, write); err != nil {
 		return errors.Join(perr, err)
 	}
 	return perr
-}
-
-// bumpEpoch makes every conntrack entry be judged again on its next packet.
-func (d *Driver) bumpEpoch() error {
-	d.epoch++
-	return d.writeConfig()
 }
 
 // FailedPolicies reports the groups that are failed closed, with why.
@@ -209,8 +217,8 @@ func (d *Driver) FailedPolicies() map[uint16]string {
 	return out
 }
 
-// DeletePolicy implements dataplane.Driver. The policy epoch moves, so established flows
-// are judged again (without the group's rules) on their next packet.
+// DeletePolicy implements dataplane.Driver. The group's stamp moves, so its established
+// flows are judged again (without its rules) on their next packet.
 func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -221,6 +229,16 @@ func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 }
 
 func (d *Driver) deletePolicy(epgID uint16) error {
+	_, had := d.policies[epgID]
+	_, failed := d.failed[epgID]
+	if had || failed { // its flows are judged again without its rules
+		return d.change([]uint16{epgID}, nil, func() error { return d.removePolicy(epgID) })
+	}
+	return d.removePolicy(epgID)
+}
+
+// removePolicy deletes group epgID's rules and clears its state (keeping its stamp).
+func (d *Driver) removePolicy(epgID uint16) error {
 	for dir := uint8(0); dir < 2; dir++ {
 		key := contivbpfCbPolKey{Epg: epgID, Dir: dir}
 		if err := d.pol.remove(key); err != nil {
@@ -230,23 +248,18 @@ func (d *Driver) deletePolicy(epgID uint16) error {
 			return fmt.Errorf("policy %d: delete: %w", epgID, err)
 		}
 	}
-	if err := d.objs.CbEpgs.Put(uint32(epgID), &contivbpfCbEpgState{}); err != nil {
+	if err := d.putEPGState(epgID, 0, 0); err != nil {
 		return fmt.Errorf("policy %d: clear group state: %w", epgID, err)
 	}
-	_, had := d.policies[epgID]
-	_, failed := d.failed[epgID]
 	delete(d.policies, epgID)
 	delete(d.failed, epgID)
-	if had || failed {
-		return d.bumpEpoch()
-	}
 	return nil
 }
 
 // compilePinnedPolicies compiles every rule list in cb_policies into the lookup maps (at
 // start, before this build's programs are attached). A list that cannot be compiled or
-// installed fails its group closed, as its upsert would; the epoch moves with the
-// configuration written next.
+// installed fails its group closed, as its upsert would: stamped, its clock published
+// with the configuration written next.
 func (d *Driver) compilePinnedPolicies() error {
 	t, err := newPolTables(d.objs.CbPolHeads, d.objs.CbPolRules, d.objs.CbPolCidrs, d.mapPut)
 	if err != nil {
@@ -257,16 +270,21 @@ func (d *Driver) compilePinnedPolicies() error {
 	if err != nil {
 		d.log.Warn("compiled policy maps: stale entries left", "err", err)
 	}
+	var groups []uint16
+	for epg := range failed {
+		groups = append(groups, epg)
+	}
+	if len(groups) > 0 {
+		if err := d.announce(groups, nil); err != nil {
+			return err
+		}
+	}
 	for epg, cause := range failed {
 		d.log.Error("policy failed closed", "epg", epg, "err", cause)
 		d.failed[epg] = cause
-		st := contivbpfCbEpgState{Flags: uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), Generation: d.gen}
-		if err := d.objs.CbEpgs.Put(uint32(epg), &st); err != nil {
+		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
 			return fmt.Errorf("ebpf: policy %d: write deny-all state: %w", epg, err)
 		}
-	}
-	if len(failed) > 0 {
-		d.epoch++
 	}
 	return nil
 }

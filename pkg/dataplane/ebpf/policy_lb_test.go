@@ -179,7 +179,9 @@ func putPolicy(t *testing.T, objs *contivbpfObjects, p dataplane.PolicySet) {
 			t.Fatal(err)
 		}
 	}
-	st := contivbpfCbEpgState{}
+	var st contivbpfCbEpgState // (its stamp kept: stamps.go)
+	_ = objs.CbEpgs.Lookup(uint32(p.EPGID), &st)
+	st.Flags = 0
 	if len(eg)+len(in) > 0 {
 		st.Flags = uint32(contivbpfCbEpgFlagsCB_EPG_RULES)
 	}

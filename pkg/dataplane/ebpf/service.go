@@ -146,7 +146,7 @@ func (d *Driver) indexAddr(k contivbpfCbEpKey, delta int) {
 	}
 }
 
-func (d *Driver) upsertService(s dataplane.Service) error {
+func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -249,20 +249,24 @@ func (d *Driver) upsertService(s dataplane.Service) error {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
+	// A new service port on an endpoint's own address (a VIP normally is none): the
+	// datapath's fast path trusts a direct flow's entry of the current policy epoch to be
+	// no service's (cb_fast_pass), so such flows are judged again on their next packet:
+	// the endpoints' groups (or zone) stamped before the service is written (stamps.go).
 	added := false
 	for _, k := range keys {
 		var cur contivbpfCbSvc
 		added = added || d.objs.CbServices.Lookup(&k, &cur) != nil
+	}
+	if groups, zones := d.groupsAt(zone, s.VIP, added); len(groups)+len(zones) > 0 {
+		if err := d.announce(groups, zones); err != nil {
+			return d.published(fmt.Errorf("service %s: %w", s.ID, err))
+		}
+		defer func() { retErr = d.published(retErr) }()
+	}
+	for _, k := range keys {
 		v := contivbpfCbSvc{Id: id, Count: uint32(len(backends)), TargetPort: nport(targets[k]), Flags: flags, Generation: d.gen}
 		if err := d.mapPut(contivbpfMapCbServices, d.objs.CbServices, &k, &v); err != nil {
-			return fmt.Errorf("service %s: %w", s.ID, err)
-		}
-	}
-	// A new service port on an endpoint's own address (a VIP normally is none): the
-	// datapath's fast path trusts a direct flow's entry of the current policy epoch to be
-	// no service's (cb_fast_pass), so such flows are judged again on their next packet.
-	if added && d.endpointAt(zone, s.VIP) {
-		if err := d.bumpEpoch(); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
@@ -481,14 +485,21 @@ func (d *Driver) deleteService(id string) error {
 	return d.writeConfig()
 }
 
-// endpointAt says whether ip is the address of an endpoint (local or remote) of a network
-// of routing domain zone.
-func (d *Driver) endpointAt(zone uint32, ip netip.Addr) bool {
+// groupsAt is what the endpoints (local or remote) at ip in the networks of routing domain
+// zone stamp: their groups, the zone for one without a group (none unless added).
+func (d *Driver) groupsAt(zone uint32, ip netip.Addr, added bool) (groups []uint16, zones []uint32) {
 	var ep contivbpfCbEndpoint
+	if !added {
+		return nil, nil
+	}
 	for _, nr := range d.networks {
 		if nr.vrf == zone && d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: nr.key, Ip: ip4(ip)}, &ep) == nil {
-			return true
+			if ep.Epg == 0 {
+				zones = append(zones, zone)
+			} else {
+				groups = append(groups, ep.Epg)
+			}
 		}
 	}
-	return false
+	return groups, zones
 }

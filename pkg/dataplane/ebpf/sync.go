@@ -336,16 +336,24 @@ func (d *Driver) sweepEPGStates() []error {
 	if err := it.Err(); err != nil {
 		return []error{fmt.Errorf("iterate %s: %w", contivbpfMapCbEpgs, err)}
 	}
+	if len(stale) == 0 {
+		return nil
+	}
 	var errs []error
-	for _, g := range stale {
-		if err := d.objs.CbEpgs.Put(g, &contivbpfCbEpgState{}); err != nil {
-			errs = append(errs, fmt.Errorf("clear group %d state: %w", g, err))
+	groups := make([]uint16, len(stale))
+	for i, g := range stale {
+		groups[i] = uint16(g)
+	}
+	// Their flows are judged again without their rules (stamps kept, and moved).
+	err := d.change(groups, nil, func() error {
+		for _, g := range groups {
+			if err := d.putEPGState(g, 0, 0); err != nil {
+				errs = append(errs, fmt.Errorf("clear group %d state: %w", g, err))
+			}
 		}
-	}
-	if len(stale) > 0 {
-		errs = appendErr(errs, d.bumpEpoch())
-	}
-	return errs
+		return nil
+	})
+	return appendErr(errs, err)
 }
 
 // sweepLinks removes pinned links and endpoint veths that are not wanted.
