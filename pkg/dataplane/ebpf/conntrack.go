@@ -391,6 +391,58 @@ func markShadowed(m *ebpf.Map) (int, error) {
 	return marked, nil
 }
 
+// ownerAddr is the zone and address (network order, as in the map) of the endpoint an
+// owner slot belongs to.
+type ownerAddr struct{ zone, ip uint32 }
+
+// markInbound gives the entries an earlier build wrote for flows opened to a local
+// endpoint the ownerIn mark this build writes: those carry the receiver's slot alone, and
+// the collector would count them against the endpoint's own quota (cb_ct_owned) instead of
+// its quota of flows opened to it. Such an entry's key has the owner's address as its
+// destination and another as its source, in the owner's zone or its node port twin (owners:
+// each slot's endpoint, from the interface entries). Run at start, once this build's
+// programs are attached; an update may lose a refresh the datapath wrote meanwhile (as
+// markShadowed). It returns how many entries it marked.
+func markInbound(m *ebpf.Map, owners map[uint16]ownerAddr) (int, error) {
+	var keys []contivbpfCbCtKey
+	var vals []contivbpfCbCtEntry
+	err := ctEach(m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
+		o, ok := owners[v.Owner]
+		if v.Owner == 0 || v.Owner&ownerIn != 0 || !ok || (k.Zone != o.zone && k.Zone != o.zone^zoneNodePort) ||
+			k.Daddr != o.ip || k.Saddr == o.ip {
+			return
+		}
+		v.Owner |= ownerIn
+		keys, vals = append(keys, k), append(vals, v)
+	})
+	if err != nil {
+		return 0, err
+	}
+	marked := 0
+	for i := range keys {
+		if err := m.Update(&keys[i], &vals[i], ebpf.UpdateExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue // gone meanwhile
+			}
+			return marked, fmt.Errorf("mark %s entry: %w", contivbpfMapCbCt, err)
+		}
+		marked++
+	}
+	return marked, nil
+}
+
+// owners maps the owner slot of every local endpoint to its zone and address (its
+// interface entry).
+func (t ifaceTable) owners() (map[uint16]ownerAddr, error) {
+	out := map[uint16]ownerAddr{}
+	err := t.each(func(_ uint32, v contivbpfCbIface) {
+		if v.Slot != 0 && v.Slot < ownerIn {
+			out[uint16(v.Slot)] = ownerAddr{zone: v.Vrf, ip: v.Ip}
+		}
+	})
+	return out, err
+}
+
 // memoGenJump moves the service fast path's memo generation (cb_ct_gens) far on, after
 // the agent changed service flows' entries itself: no memo taken before stays current. A
 // read and a write, not the datapath's atomic add: an increment the datapath makes between

@@ -285,3 +285,51 @@ func TestConntrackQuotaConfig(t *testing.T) {
 		t.Fatal("New accepted CTQuota -1")
 	}
 }
+
+// TestMarkInbound (found by review): entries an earlier build wrote for flows opened to an
+// endpoint carry its slot without the ownerIn mark; at start the driver marks them
+// (markInbound), so the collector counts them as opened to it and the endpoint keeps its
+// own quota after an upgrade. Entries of flows it opened, of other zones or other
+// endpoints, and ones already marked are left as they are.
+func TestMarkInbound(t *testing.T) {
+	objs := loadTestObjects(t)
+	a := uint16(testSlot(srcIP))
+	put := func(zone uint32, src, dst netip.Addr, owner uint16) contivbpfCbCtKey {
+		t.Helper()
+		k := contivbpfCbCtKey{Zone: zone, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(5000), Dport: nport(53), Proto: 17}
+		v := contivbpfCbCtEntry{Expires: 1 << 62, Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: 1, Owner: owner}
+		if err := objs.CbCt.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	in := put(testZone, remoteIP, srcIP, a)             // opened to srcIP by a remote peer
+	np := put(testZone^zoneNodePort, worldIP, srcIP, a) // a node port client's, to srcIP
+	own := put(testZone, srcIP, remoteIP, a)            // srcIP's own
+	other := put(testZone+1, remoteIP, srcIP, a)        // another zone's address
+	done := put(testZone, localIP, srcIP, a|ownerIn)    // already marked
+	n, err := markInbound(objs.CbCt, map[uint16]ownerAddr{a: {zone: testZone, ip: ip4(srcIP)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("marked %d entries, want 2", n)
+	}
+	for k, want := range map[contivbpfCbCtKey]uint16{in: a | ownerIn, np: a | ownerIn, own: a, other: a, done: a | ownerIn} {
+		var v contivbpfCbCtEntry
+		if err := objs.CbCt.Lookup(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.Owner != want {
+			t.Errorf("entry %+v: owner %#x, want %#x", k, v.Owner, want)
+		}
+	}
+	g := newCTGC(objs.CbCt, time.Hour)
+	g.owned, g.ownedIn = objs.CbCtOwned, objs.CbCtOwnedIn
+	if _, err := g.pass(); err != nil {
+		t.Fatal(err)
+	}
+	if got, gotIn := ctOwned(t, objs, uint32(a)), ctCount(t, objs.CbCtOwnedIn, uint32(a)); got != 2 || gotIn != 3 {
+		t.Errorf("counts after the recount: %d own, %d opened to it; want 2 and 3", got, gotIn)
+	}
+}

@@ -381,6 +381,15 @@ func (d *Driver) open(ctx context.Context) error {
 	} else if n > 0 {
 		d.log.Info("conntrack entries marked shadowed", "entries", n)
 	}
+	// And give the entries an earlier build wrote for flows opened to an endpoint their
+	// owner's mark (markInbound).
+	if owners, err := d.ifaces().owners(); err != nil {
+		d.log.Warn("conntrack owners not read: entries of an earlier build may count against their receivers' own quota until they go", "err", err)
+	} else if n, err := markInbound(d.objs.CbCt, owners); err != nil {
+		d.log.Warn("conntrack entries of an earlier build left as their receivers' own", "err", err)
+	} else if n > 0 {
+		d.log.Info("conntrack entries marked opened to their endpoint", "entries", n)
+	}
 	if err := d.ifaces().dropShadowed(); err != nil {
 		return fmt.Errorf("ebpf: %w", err)
 	}
