@@ -540,7 +540,7 @@ func TestModelScenarios(t *testing.T) {
 // quota"): entries count against the local sender's slot, or the receiver's; a new key is
 // refused at the quota (before the table's capacity), established flows and reopenings
 // of an owner's own keys are not; counts only grow until GC recounts; a service flow
-// counts twice; a slot past 65535 is not counted.
+// counts twice; a slot past 32767 is not counted; flows opened to an endpoint count apart.
 func TestModelQuota(t *testing.T) {
 	dropQuota := ModelResult{Reason: DropCTQuota, Tracked: true}
 	m := NewModel(6)
@@ -562,6 +562,12 @@ func TestModelQuota(t *testing.T) {
 		t.Helper()
 		if got := m.CTCount(slot); got != want {
 			t.Fatalf("after step %d: slot %d counts %d, want %d", step, slot, got, want)
+		}
+	}
+	countIn := func(slot, want uint32) {
+		t.Helper()
+		if got := m.CTCountIn(slot); got != want {
+			t.Fatalf("after step %d: slot %d counts %d flows opened to it, want %d", step, slot, got, want)
 		}
 	}
 	owner := func(k FlowKey, want uint16) {
@@ -587,9 +593,16 @@ func TestModelQuota(t *testing.T) {
 	m.BumpEpoch()
 	send(local(udpPkt(1, mA, 2, mC, 53)), passT)
 	count(5, 2)
-	// From outside, the local receiver's slot counts: B (slot 6) has its own quota.
+	// From outside, the local receiver's slot counts, apart: the flows opened to B (slot 6)
+	// have a quota of their own, and filling it leaves B's own flows alone.
 	send(udpPkt(1, mC, 7, mB, 53), passT)
-	owner(fk(1, mC, 7, mB, 53, 17), 6)
+	owner(fk(1, mC, 7, mB, 53, 17), 6|ownerIn)
+	countIn(6, 1)
+	count(6, 0)
+	send(udpPkt(1, mC, 8, mB, 53), passT)
+	send(udpPkt(1, mC, 10, mB, 53), dropQuota)
+	countIn(6, 2)
+	send(local(udpPkt(1, mB, 11, mC, 53)), passT)
 	count(6, 1)
 	// Expired entries still count until GC; reopening one's own key neither checks nor
 	// counts (also at the quota).
@@ -597,11 +610,12 @@ func TestModelQuota(t *testing.T) {
 	send(local(udpPkt(1, mA, 1, mC, 53)), passT)
 	send(local(udpPkt(1, mA, 9, mC, 53)), dropQuota)
 	count(5, 2)
-	if n := m.GC(); n != 2 {
-		t.Fatalf("GC deleted %d, want 2 (A's flow 2, B's)", n)
+	if n := m.GC(); n != 4 {
+		t.Fatalf("GC deleted %d, want 4 (A's flow 2, B's three)", n)
 	}
 	count(5, 1)
 	count(6, 0)
+	countIn(6, 0)
 	send(local(udpPkt(1, mA, 9, mC, 53)), passT)
 	count(5, 2)
 
@@ -642,12 +656,12 @@ func TestModelQuota(t *testing.T) {
 	wantNone(fk(1, mA, 1002, mVIP, 80, 6))(t, m)
 	count(5, 4)
 
-	// A slot past 65535 is not counted (owner 0): never refused. A slot handed out starts
-	// at 0.
-	m.SetSlot(1, mA, 0x10005)
+	// A slot past 32767 is not counted (owner 0: the top bit marks flows opened to an
+	// endpoint): never refused. A slot handed out starts at 0.
+	m.SetSlot(1, mA, 0x8005)
 	send(local(tcpPkt(1, mA, 1003, mVIP, 80, "S")), ModelResult{Pass: true, Tracked: true, DNAT: ap(mBE1, 8080)})
 	owner(fk(1, mA, 1003, mVIP, 80, 6), 0)
-	count(0x10005, 0)
+	count(0x8005, 0)
 	m.SetSlot(1, mA, 5)
 	count(5, 0)
 }
