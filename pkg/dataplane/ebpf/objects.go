@@ -305,8 +305,10 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) (retErr error) {
 	if err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
 		return fmt.Errorf("remote endpoint %s: ip %v is a local endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 	}
-	if err == nil && cur.Epg != ep.EPGID {
-		// Its flows are judged again with its new group (stamps.go): as for a local one.
+	if err != nil || cur.Epg != ep.EPGID {
+		// Its flows are judged again with its new group (stamps.go): as for a local one. A
+		// new holder of the address too: an earlier holder's entries (deleted, not swept
+		// yet) must not carry on under its verdicts.
 		if err := d.announce(moveStamps(nr.vrf, ep.EPGID)); err != nil {
 			return d.published(fmt.Errorf("remote endpoint %s: %w", ep.ID, err))
 		}
@@ -437,7 +439,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	// Every check comes before an existing endpoint is replaced: a refused update leaves
 	// the old endpoint (veth, map entries, link) forwarding.
 	var cur contivbpfCbEndpoint
-	epgChanged := false
+	// A new holder of the address stamps its group too: the flows of an earlier holder
+	// (deleted, their entries not swept yet) must not carry on under its verdicts.
+	epgChanged := true
 	if err := d.objs.CbEndpoints.Lookup(&key, &cur); err == nil {
 		epgChanged = cur.Epg != ep.EPGID
 		if cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_REMOTE) != 0 {

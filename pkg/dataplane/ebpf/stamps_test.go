@@ -3,6 +3,7 @@ package ebpf
 import (
 	"io"
 	"log/slog"
+	"net/netip"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -233,5 +234,61 @@ func TestPolicyEpochResume(t *testing.T) {
 	ack().expect(t, tcActRedirect, FwdLocal)
 	if ep, _ := epochOf(t, objs); ep != c {
 		t.Fatalf("judged twice after the upgrade: the entry records %d, want %d", ep, c)
+	}
+}
+
+// TestReusedAddressJudgedAgain (found by review): a remote endpoint at an address that had
+// none (the previous holder deleted, its conntrack flush still queued: the collector sweeps
+// asynchronously, after a kick) stamped nothing, so an entry judged for the previous
+// holder's group was trusted for the new one. A new holder stamps its group now. Here the previous pod
+// (group 31) had an allowed flow to src (group 10); a new pod in group 30 gets the same
+// address (IPAM reuse) on another host; group 10's rule "no-30-in" should cut the flow on
+// its next packet, and it does not: the stale entry's epoch is not older than the stamps
+// of groups 10 and 30 (neither changed). With the global epoch the same was true; the
+// per-group stamps make the fix cheap: stamp the new endpoint's group (moveStamps) when
+// the address had no entry, too, not only when its group differs from the entry's.
+func TestReusedAddressJudgedAgain(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	d := &Driver{objs: *objs, log: slog.New(slog.NewTextHandler(io.Discard, nil)), gen: 1,
+		networks: map[string]netRec{"n": {net: dataplane.Network{ID: "n", Encap: dataplane.EncapVXLAN, Tag: testNet,
+			Subnet: netip.MustParsePrefix("10.1.0.0/24")}, key: testNet, vrf: testZone}},
+		remotes: map[string]remoteRec{}, endpoints: map[string]epRec{}, peers: map[string]netip.Addr{},
+		mapFull: map[string]uint64{}, addrNets: map[uint32]map[uint32]int{}}
+	// The fixture's remote entry is replaced by the driver's record of the old pod (31).
+	if err := mapDel(objs.CbEndpoints, &contivbpfCbEpKey{Net: testNet, Ip: ip4(remoteIP)}); err != nil {
+		t.Fatal(err)
+	}
+	rep := func(id string, epg uint16) dataplane.RemoteEndpoint {
+		return dataplane.RemoteEndpoint{ID: id, NetworkID: "n", IP: remoteIP, MAC: dataplane.ContivMAC(remoteIP),
+			VTEP: netip.MustParseAddr(testVTEP), EPGID: epg}
+	}
+	// (The bare driver knows no policy: what it publishes would turn the feature off.)
+	upsert := func(ep dataplane.RemoteEndpoint) {
+		t.Helper()
+		if err := d.upsertRemote(ep); err != nil {
+			t.Fatal(err)
+		}
+		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	}
+	upsert(rep("old-pod", 31))
+	setEpoch(t, objs, 5)
+	d.epoch = 5
+	ov := objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40000, 8080, tcpSYN, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40000, 8080, tcpACK, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+
+	// The old pod goes (its flush queued: d.ctgc nil stands for a collector that has not
+	// swept yet) and a new pod of group 30 takes its address.
+	if err := d.deleteRemote("old-pod"); err != nil {
+		t.Fatal(err)
+	}
+	upsert(rep("new-pod", 30))
+	// A fresh SYN from group 30 is refused (control) ...
+	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40001, 8080, tcpSYN, 0), ovl).expect(t, tcActShot, DropPolicy)
+	// ... but the old pod's flow, now the new pod's, passes on the old verdict.
+	r := run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40000, 8080, tcpACK, 0), ovl)
+	if r.ret != tcActShot {
+		t.Errorf("group 30's packet on a flow judged for group 31 passed (ret %d, %v): no stamp for a new endpoint at a reused address", r.ret, r.diff)
 	}
 }
