@@ -493,6 +493,8 @@ func (d *Driver) writeConfig() error {
 		c.NetnsCookie = d.netnsCookie
 	}
 	copy(c.GwMac[:], dataplane.RouterMAC)
+	var was contivbpfCbConfig
+	_ = d.objs.CbCfg.Lookup(uint32(0), &was)
 	if err := d.objs.CbCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("ebpf: write config map: %w", err)
 	}
@@ -500,6 +502,15 @@ func (d *Driver) writeConfig() error {
 	if d.objs.CbFeatures != nil {
 		if err := d.objs.CbFeatures.Set(c.Features); err != nil {
 			return fmt.Errorf("ebpf: set feature bits: %w", err)
+		}
+	}
+	// NetworkPolicy off: the flows' stamps no longer count their zones', so the service
+	// memo's stamp (revision + stamps + generation) could come back to an earlier value
+	// while the revision moved: no memo taken before stays current (memoGenJump).
+	netpol := uint32(contivbpfCbFeaturesCB_FEAT_NETPOL)
+	if was.Features&netpol != 0 && c.Features&netpol == 0 && d.objs.CbCtGens != nil {
+		if err := memoGenJump(d.objs.CbCtGens); err != nil {
+			return fmt.Errorf("ebpf: %w", err)
 		}
 	}
 	if d.objs.CbPolicyEpoch != nil {

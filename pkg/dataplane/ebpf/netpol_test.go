@@ -327,3 +327,37 @@ func TestPodPolicyDriver(t *testing.T) {
 		t.Fatalf("after Sync and restart: %d pods, %d sets; want 1, 1", n, countKSets(t, &h.d.objs))
 	}
 }
+
+// TestNetpolOffMovesMemoGeneration (found by review): with NetworkPolicy off, flows' stamps
+// stop counting their zones', so a service memo's stamp could come back to an earlier value
+// while the service's revision moved; the driver moves the memo generation on when the
+// feature goes off, and only then.
+func TestNetpolOffMovesMemoGeneration(t *testing.T) {
+	ctx := context.Background()
+	h, a, _, _, _ := opsHost(t)
+	gen := func() uint32 {
+		t.Helper()
+		var g contivbpfCbCtGen
+		if err := h.d.objs.CbCtGens.Lookup(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		return uint32(g.Gen)
+	}
+	p := dataplane.PodPolicy{ID: a.ID, NetworkID: a.NetworkID, IP: a.IP, IngressIsolated: true}
+	if err := h.d.UpsertPodPolicy(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	before := gen()
+	if err := h.d.UpsertPodPolicy(ctx, p); err != nil { // still on: no jump
+		t.Fatal(err)
+	}
+	if g := gen(); g != before {
+		t.Errorf("memo generation moved from %d to %d while NetworkPolicy stayed on", before, g)
+	}
+	if err := h.d.DeletePodPolicy(ctx, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(); g-before < 1<<20 {
+		t.Errorf("memo generation %d after NetworkPolicy went off, was %d: no jump", g, before)
+	}
+}
