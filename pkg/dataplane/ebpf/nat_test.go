@@ -367,7 +367,9 @@ func TestEgressReuseClosingPort(t *testing.T) {
 	objs := natFixture(t, 1)
 	fc := objs.CbFromContainer
 	p := egressOut(t, objs, 6, 40000, 443, 0x02)
-	run(t, objs, objs.CbFromUplink, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil).expect(t, tcActRedirect, FwdEgressReply)
+	// (The SYN-ACKs acknowledge the SYN: l4Frame's sequence numbers are 0.)
+	synAck := func() []byte { return withSeq(l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), 9000, 1) }
+	run(t, objs, objs.CbFromUplink, synAck(), nil).expect(t, tcActRedirect, FwdEgressReply)
 	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40001, 443, 0x02, 0), nil).expect(t, tcActShot, DropEgressNoPort) // established: kept
 	egressOut(t, objs, 6, 40000, 443, 0x11)                                                                       // FIN: closing
 	run(t, objs, fc, l4Frame(17, srcIP, worldIP, 40001, 443, 0, 0), nil)                                          // other protocol: own key space
@@ -375,7 +377,7 @@ func TestEgressReuseClosingPort(t *testing.T) {
 		t.Fatalf("new flow got port %d, want the closing flow's %d", q, p)
 	}
 	run(t, objs, fc, l4Frame(6, srcIP, worldIP, 40000, 443, 0x10, 0), nil).expect(t, tcActShot, DropEgressNoFlow)
-	r := run(t, objs, objs.CbFromUplink, l4Frame(6, worldIP, hostIP, 443, p, 0x12, 0), nil)
+	r := run(t, objs, objs.CbFromUplink, synAck(), nil)
 	r.expect(t, tcActRedirect, FwdEgressReply)
 	if _, _, _, dport := checkSums(t, r.out); dport != 40001 {
 		t.Errorf("reply to the reused port went to port %d, want the new flow's 40001", dport)
@@ -888,7 +890,7 @@ func TestOverlayInSkipsEgress(t *testing.T) {
 	t.Run("only-udp-and-only-with-a-port", func(t *testing.T) {
 		q := egressOut(t, objs, 6, 40000, 443, tcpSYN)
 		setPort(q, hostIP)
-		run(t, objs, up, l4Frame(6, worldIP, hostIP, 443, q, 0x12, 0), nil).expect(t, tcActRedirect, FwdEgressReply)
+		run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, q, 0x12, 0), 9000, 1), nil).expect(t, tcActRedirect, FwdEgressReply)
 		setPort(0, hostIP) // no overlay port configured: nothing is the overlay's
 		run(t, objs, up, reply(), nil).expect(t, tcActRedirect, FwdEgressReply)
 	})

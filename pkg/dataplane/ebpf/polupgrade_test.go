@@ -156,6 +156,11 @@ func TestPolicyResizeKeepsOldProgramsDenying(t *testing.T) {
 	if old.CbIfaceDirect, err = h.d.objs.CbIfaceDirect.Clone(); err != nil {
 		t.Fatal(err)
 	}
+	// Its stages: the links run them until they take the new programs (the pin that keeps
+	// them goes after that; this handle keeps them for the test's run).
+	if old.CbCalls, err = h.d.objs.CbCalls.Clone(); err != nil {
+		t.Fatal(err)
+	}
 	defer old.Close()
 	// BPF_PROG_TEST_RUN runs on lo: give lo a's interface entry (in the old maps only).
 	aIf, err := old.ifaceTable().lookup(uint32(h.d.endpoints[indexKey(a.ID)].ifindex))
