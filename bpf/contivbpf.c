@@ -1532,8 +1532,8 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 			return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
 	}
 	t.dst_epg = ep->epg;
-	if (ep->flags & CB_EP_LOCAL)
-		t.owner = cb_ct_owner_in(ep->slot); /* opened to a local backend */
+	/* Opened to a local backend; to one on another host: the host's total alone. */
+	t.owner = cb_ct_owner_in(ep->flags & CB_EP_LOCAL ? ep->slot : 0);
 	r = cb_stateful(&f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, &p, &f, &t);

@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "parse.h"
+#include "maps.h"
 
 #define CB_NS 1000000000ULL
 #define CB_CT_TIMEOUT_TCP_NEW (60ULL * CB_NS)
@@ -131,10 +132,13 @@ CB_INLINE __u16 cb_ct_owner(__u32 s)
 	return s < CB_OWNER_IN ? (__u16)s : 0;
 }
 
-/* cb_ct_owner_in is the owner of the flows others open to the endpoint with slot s. */
+/* cb_ct_owner_in is the owner of the flows others open to the endpoint with slot s; an
+ * endpoint without a counted slot, or none (a node port flow to a backend on another
+ * host), gives CB_OWNER_IN alone: the flow counts in the host's total of flows opened from
+ * outside (cb_ct_owned_in[0], limited by cb_config.ct_in_limit) and nowhere else. */
 CB_INLINE __u16 cb_ct_owner_in(__u32 s)
 {
-	return s && s < CB_OWNER_IN ? (__u16)(s | CB_OWNER_IN) : 0;
+	return s && s < CB_OWNER_IN ? (__u16)(s | CB_OWNER_IN) : CB_OWNER_IN;
 }
 
 /* The conntrack clock's calibration (pkg/dataplane/ebpf/clock.go), set by the agent:
@@ -254,34 +258,74 @@ CB_INLINE struct cb_ct_entry *cb_ct_live(const struct cb_ct_key *k, __u64 now)
 	return e;
 }
 
+/* cb_ct_in_limit is cb_config.ct_in_limit, or no limit (0 there, or no config). */
+CB_INLINE __u32 cb_ct_in_limit(void)
+{
+	struct cb_config *cfg = cb_get_config();
+
+	return cfg && cfg->ct_in_limit ? cfg->ct_in_limit : 0xffffffff;
+}
+
+/* cb_ct_charge checks (add 0) or takes (add 1) one entry of owner's counts: its slot's
+ * (cb_ct_owned, or cb_ct_owned_in for CB_OWNER_IN) and, for a flow opened from outside,
+ * the host's total of those (cb_ct_owned_in[0]). Checking returns CB_DROP_CT_QUOTA when a
+ * quota (0: none) or the total's limit is reached. A global function: verified once, and
+ * its frame sits at the end of the chains, off the callers' (which have none to spare). */
+__noinline int cb_ct_charge(__u32 owner, __u32 quota, __u32 add)
+{
+	struct cb_ct_count *o = 0, *in = 0;
+	__u32 slot = owner;
+
+	if (owner & CB_OWNER_IN) {
+		slot = 0;
+		in = bpf_map_lookup_elem(&cb_ct_owned_in, &slot);
+		slot = owner & ~CB_OWNER_IN;
+		if (slot)
+			o = bpf_map_lookup_elem(&cb_ct_owned_in, &slot);
+	} else if (owner) {
+		o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
+	}
+	if (add) {
+		if (o)
+			__sync_fetch_and_add(&o->count, 1);
+		if (in)
+			__sync_fetch_and_add(&in->count, 1);
+		return 0;
+	}
+	if (o && quota && o->count >= quota)
+		return CB_DROP_CT_QUOTA;
+	if (in && quota && in->count >= cb_ct_in_limit())
+		return CB_DROP_CT_QUOTA;
+	return 0;
+}
+
 /* cb_ct_insert writes e under k; returns 0, CB_DROP_CT_FULL or (quota set) CB_DROP_CT_QUOTA.
  * Overwriting an existing key never fails (hash maps keep spare elements for in-place
  * replacement). An entry that takes a key not already held by an entry of the same owner
  * adds one to its owner's count; with quota (0: none) that count must be below it first.
  * Overwriting an entry of the same owner neither checks nor counts: a repeated opening
- * of one flow takes its quota once. */
+ * of one flow takes its quota once. A flow opened from outside (CB_OWNER_IN) also counts
+ * in the host's total of those (cb_ct_owned_in[0]), refused (with a quota) once that is at
+ * cb_config.ct_in_limit: peers and wire clients together never fill the table the local
+ * endpoints' own flows need, however many endpoints they reach. */
 CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *e, __u32 quota)
 {
 	struct cb_ct_entry *old;
-	struct cb_ct_count *o = 0;
-	__u32 slot = e->owner;
+	__u32 owner = e->owner;
+	int charge = 0, r;
 
-	if (slot) {
+	if (owner) {
 		old = bpf_map_lookup_elem(&cb_ct, k);
-		if (!old || old->owner != e->owner) {
-			if (slot & CB_OWNER_IN) {
-				slot &= ~CB_OWNER_IN;
-				o = bpf_map_lookup_elem(&cb_ct_owned_in, &slot);
-			} else {
-				o = bpf_map_lookup_elem(&cb_ct_owned, &slot);
-			}
-		}
+		charge = !old || old->owner != owner;
 	}
-	if (o && quota && o->count >= quota)
-		return CB_DROP_CT_QUOTA;
+	if (charge) {
+		r = cb_ct_charge(owner, quota, 0);
+		if (r)
+			return r;
+	}
 	if (bpf_map_update_elem(&cb_ct, k, e, BPF_ANY) < 0)
 		return CB_DROP_CT_FULL;
-	if (o)
-		__sync_fetch_and_add(&o->count, 1);
+	if (charge)
+		cb_ct_charge(owner, 0, 1);
 	return 0;
 }

@@ -98,7 +98,7 @@ struct cb_config {
 	__u8 pad3;
 	__u64 netns_cookie;   /* the host namespace (socket LB acts only there; 0 = off) */
 	__u32 ct_quota;       /* conntrack entries one local endpoint may hold (0 = no quota) */
-	__u32 pad4;
+	__u32 ct_in_limit;    /* conntrack entries of flows opened from outside, all together (0 = none) */
 };
 
 /* Egress to link-local addresses (169.254.0.0/16) is never forwarded (RFC 3927: they are

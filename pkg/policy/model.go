@@ -240,6 +240,8 @@ type Model struct {
 
 	capacity int
 	quota    uint32            // per-endpoint conntrack quota (0: none)
+	inLimit  uint32            // entries of flows opened from outside, together (0: none)
+	inTotal  uint32            // entries of flows opened from outside, counted (cb_ct_owned_in[0])
 	slots    map[epKey]uint32  // counter slots of local endpoints
 	owned    map[uint16]uint32 // entries counted per owner slot (cb_ct_owned)
 	now      time.Duration
@@ -319,6 +321,14 @@ func (m *Model) CTCount(slot uint32) uint32 {
 	return m.owned[o]
 }
 
+// SetCTInLimit sets how many entries flows opened from outside may hold together
+// (cb_config.ct_in_limit, checked with a quota; 0: none).
+func (m *Model) SetCTInLimit(n uint32) { m.inLimit = n }
+
+// CTCountInTotal is the count of every entry of a flow opened from outside
+// (cb_ct_owned_in[0]).
+func (m *Model) CTCountInTotal() uint32 { return m.inTotal }
+
 // CTCountIn is the conntrack count of the flows others opened to the endpoint with counter
 // slot slot (cb_ct_owned_in).
 func (m *Model) CTCountIn(slot uint32) uint32 {
@@ -349,10 +359,7 @@ func (m *Model) ownerOf(p ModelPacket) uint16 {
 	if p.FromLocal {
 		return ctOwner(m.slots[epKey{p.Zone, p.Src}])
 	}
-	if o := ctOwner(m.slots[epKey{p.Zone, p.Dst}]); o != 0 {
-		return o | ownerIn
-	}
-	return 0
+	return ctOwner(m.slots[epKey{p.Zone, p.Dst}]) | ownerIn // ownerIn alone: the host's total only
 }
 
 // DeleteEndpoint forgets the address (its group and slot) and deletes every table entry with
@@ -488,9 +495,13 @@ func (m *Model) GC() int {
 		}
 	}
 	m.owned = map[uint16]uint32{}
+	m.inTotal = 0
 	for _, e := range m.ct {
-		if e.Owner != 0 {
+		if e.Owner != 0 && e.Owner != ownerIn {
 			m.owned[e.Owner]++
+		}
+		if e.Owner&ownerIn != 0 {
+			m.inTotal++
 		}
 	}
 	for k, r := range m.frags {
@@ -529,15 +540,23 @@ func (m *Model) groupTracked(epg uint16) bool { return m.rules[epg] || m.denyAll
 func (m *Model) insert(k FlowKey, e ModelEntry, quota uint32) string {
 	old, exists := m.ct[k]
 	counts := e.Owner != 0 && (!exists || old.Owner != e.Owner)
-	if counts && quota != 0 && m.owned[e.Owner] >= quota {
+	slotCounts := counts && e.Owner != ownerIn // ownerIn alone: the host's total only
+	in := counts && e.Owner&ownerIn != 0
+	if slotCounts && quota != 0 && m.owned[e.Owner] >= quota {
+		return DropCTQuota
+	}
+	if in && quota != 0 && m.inLimit != 0 && m.inTotal >= m.inLimit {
 		return DropCTQuota
 	}
 	if !exists && len(m.ct) >= m.capacity {
 		return DropCTFull
 	}
 	m.ct[k] = e
-	if counts {
+	if slotCounts {
 		m.owned[e.Owner]++
+	}
+	if in {
+		m.inTotal++
 	}
 	return ""
 }

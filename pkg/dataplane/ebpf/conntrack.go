@@ -216,11 +216,18 @@ func (g *ctGC) scan(flushes []ctFlush) (ctPlan, error) {
 	return p, err
 }
 
-// count adds a live entry to its owner's count.
+// count adds a live entry to its owner's count; one opened from outside also to the
+// host's total of those (cb_ct_owned_in[0]).
 func (p *ctPlan) count(v contivbpfCbCtEntry) {
 	counts, s := p.owned, int(v.Owner)
 	if v.Owner&ownerIn != 0 {
 		counts, s = p.ownedIn, int(v.Owner&^ownerIn)
+		if len(counts) > 0 {
+			counts[0]++
+		}
+		if s == 0 {
+			return
+		}
 	}
 	if s < len(counts) {
 		counts[s]++

@@ -60,7 +60,7 @@ type contivbpfCbConfig struct {
 	_             [4]byte
 	NetnsCookie   uint64
 	CtQuota       uint32
-	Pad4          uint32
+	CtInLimit     uint32
 }
 
 type contivbpfCbCounter struct {

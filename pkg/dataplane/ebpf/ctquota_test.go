@@ -333,3 +333,40 @@ func TestMarkInbound(t *testing.T) {
 		t.Errorf("counts after the recount: %d own, %d opened to it; want 2 and 3", got, gotIn)
 	}
 }
+
+// TestConntrackInLimit (found by review): the quotas of flows opened to each endpoint
+// added up to the whole table, so a peer reaching enough endpoints filled it and every
+// endpoint lost its own flows. Flows opened from outside now also count together
+// (cb_ct_owned_in[0]) against cb_config.ct_in_limit (the driver: half the table): past it
+// the next one is refused whatever its receiver holds, and the endpoints' own flows
+// still open. A node port flow to a backend on another host, which has no local owner,
+// counts there too.
+func TestConntrackInLimit(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	setCTQuota(t, objs, 10)
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.CtInLimit = 3 })
+	setEPG(t, objs, srcIP, 40)
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 40, Rules: []dataplane.PolicyRule{
+		{ID: "udp-in", Priority: 1, Ingress: true, Proto: 17, Action: dataplane.ActionAllow}}})
+	run(t, objs, ov, l4Frame(17, remoteIP, srcIP, 6000, 7000, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, ov, l4Frame(17, remoteIP, srcIP, 6001, 7000, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, ov, l4Frame(17, remoteIP, localIP, 6002, 7000, 0, 0), ovl).expect(t, tcActRedirect, FwdLocal)
+	// At the limit: another receiver, far under its own quota, is refused all the same.
+	run(t, objs, ov, l4Frame(17, remoteIP, localIP, 6003, 7000, 0, 0), ovl).expect(t, tcActShot, DropCTQuota)
+	if total, b := ctCount(t, objs.CbCtOwnedIn, 0), ctCount(t, objs.CbCtOwnedIn, testSlot(localIP)); total != 3 || b != 1 {
+		t.Errorf("counts of flows opened from outside: %d together, %d to localIP; want 3 and 1", total, b)
+	}
+	// The endpoints' own flows open.
+	run(t, objs, fc, l4Frame(17, srcIP, remoteIP, 5300, 53, 0, 0), nil).expect(t, tcActRedirect, FwdTunnel)
+	// The collector's recount keeps the total.
+	g := newCTGC(objs.CbCt, time.Hour)
+	g.owned, g.ownedIn = objs.CbCtOwned, objs.CbCtOwnedIn
+	if _, err := g.pass(); err != nil {
+		t.Fatal(err)
+	}
+	if total := ctCount(t, objs.CbCtOwnedIn, 0); total != 3 {
+		t.Errorf("recount: %d flows opened from outside, want 3", total)
+	}
+}

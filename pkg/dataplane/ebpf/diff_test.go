@@ -708,10 +708,13 @@ func (w *diffWorld) slot(i int) uint32 {
 	return 10 + uint32(i)
 }
 
-// setQuota sets the per-endpoint conntrack quota on both sides.
+// setQuota sets the per-endpoint conntrack quota on both sides, and the limit of flows
+// opened from outside together at twice it (so sequences reach it).
 func (w *diffWorld) setQuota(q uint32) {
 	setCTQuota(w.t, w.objs, q)
+	editConfig(w.t, w.objs, func(c *contivbpfCbConfig) { c.CtInLimit = 2 * q })
 	w.model.SetCTQuota(q)
+	w.model.SetCTInLimit(2 * q)
 	w.quota = q
 }
 
@@ -722,7 +725,8 @@ func (w *diffWorld) atQuota(s diffStep) bool {
 	if !w.eps[i].local {
 		i, count = s.to, w.model.CTCountIn
 	}
-	return w.quota != 0 && i >= 0 && w.eps[i].local && count(w.slot(i)) >= w.quota
+	return w.quota != 0 && i >= 0 && w.eps[i].local &&
+		(count(w.slot(i)) >= w.quota || !w.eps[s.from].local && w.model.CTCountInTotal() >= 2*w.quota)
 }
 
 // compareCT compares the conntrack table (keys and owners) and the local endpoints'
@@ -753,6 +757,9 @@ func (w *diffWorld) compareCT() string {
 		if _, ok := got[fk]; !ok {
 			diffs = append(diffs, fmt.Sprintf("model entry %+v not in the datapath", fk))
 		}
+	}
+	if n, m := ctCount(w.t, w.objs.CbCtOwnedIn, 0), w.model.CTCountInTotal(); n != m {
+		diffs = append(diffs, fmt.Sprintf("%d entries of flows opened from outside counted, model %d", n, m))
 	}
 	for i, e := range w.eps {
 		if !e.local || w.slot(i) >= w.objs.CbCtOwned.MaxEntries() {

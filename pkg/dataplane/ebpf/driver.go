@@ -44,6 +44,11 @@ const (
 // (HostConfig.CTQuota 0 is no quota.)
 const DefaultCTQuota = DefaultMapEntries / 4
 
+// ctInLimit is how many conntrack entries flows opened from outside (other hosts, the
+// wire, node ports) may hold together, with a quota on: half the table (4 × MapEntries),
+// so peers and wire clients never fill what the local endpoints' own flows need.
+func ctInLimit(mapEntries int) int { return 2 * mapEntries }
+
 // ErrMapFull is wrapped by every error caused by a full BPF map.
 var ErrMapFull = errors.New("bpf map full")
 
@@ -489,6 +494,9 @@ func (d *Driver) writeConfig() error {
 		c.EgressFlags |= uint8(contivbpfCbEgressFlagsCB_EGRESS_METADATA)
 	}
 	c.CtQuota = uint32(d.cfg.CTQuota)
+	if c.CtQuota != 0 {
+		c.CtInLimit = uint32(ctInLimit(d.cfg.MapEntries))
+	}
 	if d.sockLB != "" {
 		c.NetnsCookie = d.netnsCookie
 	}

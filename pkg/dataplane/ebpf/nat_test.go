@@ -451,6 +451,10 @@ func TestNodePort(t *testing.T) {
 	if src != hostIP || dst != remoteIP || dport != 8080 || natPort < 61000 {
 		t.Fatalf("to the remote backend %v:%d -> %v:%d, want %v:<nat port> -> %v:8080", src, natPort, dst, dport, hostIP, remoteIP)
 	}
+	// No local owner: the flow counts in the host's total of flows opened from outside.
+	if e, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, worldIP, remoteIP, 5556, 8080); !ok || e.Owner != ownerIn {
+		t.Errorf("the remote backend's flow entry %+v (found %v), want owner %#x (the total alone)", e, ok, ownerIn)
+	}
 	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
 	r = run(t, objs, objs.CbTestOverlay, l4Frame(6, remoteIP, hostIP, 8080, natPort, 0x12, 0), fromPeer)
 	r.expect(t, tcActRedirect, FwdNodePortReply)
