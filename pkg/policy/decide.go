@@ -106,3 +106,30 @@ func Matches(epg uint16, r dataplane.PolicyRule, p Packet) bool {
 	}
 	return true
 }
+
+// NetpolAllows is the NetworkPolicy layer's verdict on a flow opening from src to dst
+// (docs/kubernetes.md "NetworkPolicy"): the sender's egress rules, when it is isolated
+// for egress, must match dst, and the receiver's ingress rules, when it is isolated for
+// ingress, must match src. nil = no entry (isolated in neither direction). dport is 0
+// for packets without ports (a rule with ports never matches them).
+func NetpolAllows(from, to *dataplane.PodPolicy, src, dst netip.Addr, proto uint8, dport uint16) bool {
+	match := func(rs []dataplane.PodRule, remote netip.Addr) bool {
+		for _, r := range rs {
+			if !r.Remote.Contains(remote) || (r.Proto != 0 && r.Proto != proto) {
+				continue
+			}
+			if r.PortMin != 0 && (dport == 0 || dport < r.PortMin || dport > r.PortMax) {
+				continue
+			}
+			return true
+		}
+		return false
+	}
+	if from != nil && from.EgressIsolated && !match(from.Egress, dst) {
+		return false
+	}
+	if to != nil && to.IngressIsolated && !match(to.Ingress, src) {
+		return false
+	}
+	return true
+}

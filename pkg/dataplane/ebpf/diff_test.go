@@ -19,13 +19,13 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
-	"github.com/contivbpf/contivbpf/pkg/policy"
+	"github.com/contivbpf/contivbpf/pkg/policy/refmodel"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // The differential test: random sequences of packets and control-plane changes go through
 // the real programs (BPF_PROG_TEST_RUN) and through the Go reference model
-// (policy.Model, docs/conntrack.md), and the first verdict, drop reason, rewrite or
+// (refmodel.Model, docs/conntrack.md), and the first verdict, drop reason, rewrite or
 // conntrack entry (key, owner) or per-endpoint count that differs fails the test with the
 // shortest sequence that still reproduces it. CONTIVBPF_DIFF_SEQS and CONTIVBPF_DIFF_LEN
 // make the runs longer (make test runs the defaults: TestDifferential 40 sequences of 150
@@ -54,7 +54,7 @@ type diffStep struct {
 	sport    uint16
 	dport    uint16
 	flags    uint8 // TCP flags, or ICMP type
-	frag     policy.FragKind
+	frag     refmodel.FragKind
 	ipid     uint16
 	quote    *diffStep // ICMP error (type in flags): the packet it quotes (from/to -1: the VIP)
 	// control plane
@@ -184,9 +184,9 @@ func (g *diffGen) reply() (diffStep, bool) {
 	}
 	r := g.recent[g.r.IntN(len(g.recent))]
 	s := r
-	s.frag, s.ipid = policy.FragNone, uint16(1+g.r.IntN(3))
+	s.frag, s.ipid = refmodel.FragNone, uint16(1+g.r.IntN(3))
 	if (s.proto == 6 || s.proto == 17) && g.r.IntN(5) == 0 {
-		s.frag = []policy.FragKind{policy.FragFirst, policy.FragLater}[g.r.IntN(2)]
+		s.frag = []refmodel.FragKind{refmodel.FragFirst, refmodel.FragLater}[g.r.IntN(2)]
 	}
 	s.from, s.to, s.sport, s.dport = r.to, r.from, r.dport, r.sport
 	if r.to == -1 {
@@ -219,7 +219,7 @@ func (g *diffGen) again() (diffStep, bool) {
 		return diffStep{}, false
 	}
 	s := g.recent[g.r.IntN(len(g.recent))]
-	s.frag, s.ipid = policy.FragNone, uint16(1+g.r.IntN(3))
+	s.frag, s.ipid = refmodel.FragNone, uint16(1+g.r.IntN(3))
 	if s.proto == 6 {
 		s.flags = []uint8{0x10, 0x18}[g.r.IntN(2)]
 	}
@@ -231,7 +231,7 @@ func (g *diffGen) again() (diffStep, bool) {
 func (g *diffGen) icmpError() (diffStep, bool) {
 	var cands []diffStep
 	for _, r := range g.recent {
-		if (r.proto == 6 || r.proto == 17) && r.frag != policy.FragLater {
+		if (r.proto == 6 || r.proto == 17) && r.frag != refmodel.FragLater {
 			cands = append(cands, r)
 		}
 	}
@@ -354,8 +354,8 @@ func (g *diffGen) step() diffStep {
 	if g.r.IntN(6) == 0 {
 		// The rest of a recent first fragment.
 		for _, r := range g.recent {
-			if r.frag == policy.FragFirst {
-				r.frag = policy.FragLater
+			if r.frag == refmodel.FragFirst {
+				r.frag = refmodel.FragLater
 				return r
 			}
 		}
@@ -395,7 +395,7 @@ func (g *diffGen) reuse() (diffStep, bool) {
 			continue
 		}
 		s := r
-		s.to, s.dport, s.frag = g.backends[g.r.IntN(len(g.backends))], 8080, policy.FragNone
+		s.to, s.dport, s.frag = g.backends[g.r.IntN(len(g.backends))], 8080, refmodel.FragNone
 		s.flags = []uint8{0x02, 0x02, 0x02, 0x10, 0x04}[g.r.IntN(5)]
 		if s.to == s.from || (!g.eps[s.from].local && !g.eps[s.to].local) {
 			return diffStep{}, false
@@ -490,10 +490,10 @@ func (g *diffGen) pkt() diffStep {
 		s.proto, s.flags, s.sport, s.dport = 17, 0, g.port(), 80 // a VIP is only a TCP/UDP service
 	}
 	if s.proto != 1 && s.proto != 47 && g.r.IntN(8) == 0 {
-		s.frag = []policy.FragKind{policy.FragFirst, policy.FragLater}[g.r.IntN(2)]
+		s.frag = []refmodel.FragKind{refmodel.FragFirst, refmodel.FragLater}[g.r.IntN(2)]
 	}
 	if s.proto == 47 && g.r.IntN(8) == 0 {
-		s.frag = policy.FragLater
+		s.frag = refmodel.FragLater
 	}
 	return s
 }
@@ -504,7 +504,7 @@ type diffWorld struct {
 	rig   *diffRig
 	objs  *contivbpfObjects
 	pol   *polTables // the compiled rule lists (written beside cb_policies)
-	model *policy.Model
+	model *refmodel.Model
 	eps   []diffEP
 	gc    *ctGC
 	epoch uint32                // the policy clock as the world's changes moved it
@@ -656,7 +656,7 @@ func (r *diffRig) restore() {
 func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	rig.restore()
 	objs := rig.objs
-	w := &diffWorld{t: t, rig: rig, objs: objs, model: policy.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), lbSeed: rig.lbSeed}
+	w := &diffWorld{t: t, rig: rig, objs: objs, model: refmodel.NewModel(int(objs.CbCt.MaxEntries())), eps: diffEndpoints(), lbSeed: rig.lbSeed}
 	var err error
 	if w.pol, err = objsPolTables(objs); err != nil {
 		t.Fatal(err)
@@ -732,12 +732,12 @@ func (w *diffWorld) atQuota(s diffStep) bool {
 // compareCT compares the conntrack table (keys and owners) and the local endpoints'
 // counts with the model's; "" when they agree.
 func (w *diffWorld) compareCT() string {
-	got := map[policy.FlowKey]uint16{}
+	got := map[refmodel.FlowKey]uint16{}
 	var k contivbpfCbCtKey
 	var v contivbpfCbCtEntry
 	it := w.objs.CbCt.Iterate()
 	for it.Next(&k, &v) {
-		got[policy.FlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v.Owner
+		got[refmodel.FlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v.Owner
 	}
 	if err := it.Err(); err != nil {
 		w.t.Fatal(err)
@@ -904,7 +904,7 @@ func (w *diffWorld) setService(backends []int, draining ...int) {
 	}
 	w.svc, w.svcMembers = backends, append(slices.Clone(backends), draining...)
 	for _, proto := range []uint8{6, 17} {
-		w.model.SetService(policy.ModelService{ID: uint32(diffSvcID)*100 + uint32(proto), Zone: diffZoneA, VIP: diffVIP, Port: 80, Proto: proto, TargetPort: 8080, Backends: ips, Draining: dips})
+		w.model.SetService(refmodel.ModelService{ID: uint32(diffSvcID)*100 + uint32(proto), Zone: diffZoneA, VIP: diffVIP, Port: 80, Proto: proto, TargetPort: 8080, Backends: ips, Draining: dips})
 	}
 }
 
@@ -923,7 +923,7 @@ func (w *diffWorld) change(groups []uint16, zones []uint32, write func()) {
 
 // setPolicy installs sets (the groups whose rules changed stamped).
 func (w *diffWorld) setPolicy(sets []dataplane.PolicySet) {
-	w.change(policy.ChangedGroups(w.sets, sets), nil, func() { w.writePolicy(sets) })
+	w.change(refmodel.ChangedGroups(w.sets, sets), nil, func() { w.writePolicy(sets) })
 	w.sets = sets
 	w.model.SetPolicy(sets)
 }
@@ -1058,9 +1058,9 @@ func (w *diffWorld) frame(s diffStep) []byte {
 	ip := f[14:]
 	binary.BigEndian.PutUint16(ip[4:], s.ipid)
 	switch s.frag {
-	case policy.FragFirst:
+	case refmodel.FragFirst:
 		binary.BigEndian.PutUint16(ip[6:], 0x2000)
-	case policy.FragLater:
+	case refmodel.FragLater:
 		binary.BigEndian.PutUint16(ip[6:], 0x2000|185)
 	}
 	binary.BigEndian.PutUint16(ip[10:], 0)
@@ -1150,13 +1150,13 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 		if csum(ip[:20], 0) != 0 {
 			t.Fatalf("step %v: the packet left with a bad IPv4 checksum", s)
 		}
-		if n := int(binary.BigEndian.Uint16(ip[2:])); (s.proto == 6 || s.proto == 17) && s.frag == policy.FragNone &&
+		if n := int(binary.BigEndian.Uint16(ip[2:])); (s.proto == 6 || s.proto == 17) && s.frag == refmodel.FragNone &&
 			csum(ip[20:n], pseudo(netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), s.proto, n-20)) != 0 {
 			t.Fatalf("step %v: the packet left with a bad L4 checksum", s)
 		}
 		o.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), 0)
 		o.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), 0)
-		if (s.proto == 6 || s.proto == 17) && s.frag != policy.FragLater {
+		if (s.proto == 6 || s.proto == 17) && s.frag != refmodel.FragLater {
 			o.src = netip.AddrPortFrom(o.src.Addr(), binary.BigEndian.Uint16(ip[20:]))
 			o.dst = netip.AddrPortFrom(o.dst.Addr(), binary.BigEndian.Uint16(ip[22:]))
 		}
@@ -1186,7 +1186,7 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		}
 		return netip.Addr{} // not a valid choice: the outcomes will differ
 	}
-	p := policy.ModelPacket{Zone: from.zone, Src: from.ip, Dst: dst, Proto: s.proto, Sport: s.sport, Dport: s.dport,
+	p := refmodel.ModelPacket{Zone: from.zone, Src: from.ip, Dst: dst, Proto: s.proto, Sport: s.sport, Dport: s.dport,
 		Frag: s.frag, IPID: s.ipid, FromLocal: from.local}
 	switch s.proto {
 	case 6:
@@ -1198,12 +1198,12 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		}
 		if q := s.quote; q != nil {
 			p.HasQuote = true
-			p.Quoted = policy.FlowKey{Src: w.addr(q.from), Dst: w.addr(q.to), Sport: q.sport, Dport: q.dport, Proto: q.proto}
+			p.Quoted = refmodel.FlowKey{Src: w.addr(q.from), Dst: w.addr(q.to), Sport: q.sport, Dport: q.dport, Proto: q.proto}
 		}
 	case 47:
 		p.Sport, p.Dport = 0, 0
 	}
-	if s.frag == policy.FragLater {
+	if s.frag == refmodel.FragLater {
 		p.Sport, p.Dport = 0, 0
 	}
 	r := w.model.Packet(p)
@@ -1211,7 +1211,7 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 	if !r.Pass {
 		return o
 	}
-	ports := (s.proto == 6 || s.proto == 17) && s.frag != policy.FragLater
+	ports := (s.proto == 6 || s.proto == 17) && s.frag != refmodel.FragLater
 	sp, dp := s.sport, s.dport
 	if !ports {
 		sp, dp = 0, 0
@@ -1314,9 +1314,9 @@ func (w *diffWorld) apply(s diffStep) string {
 		}
 		if w.tally != nil {
 			switch {
-			case s.frag == policy.FragLater && dp.pass && dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
+			case s.frag == refmodel.FragLater && dp.pass && dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
 				w.tally["frag_later_hairpin"]++
-			case s.frag == policy.FragLater && dp.pass && (dp.dst.Addr() != dstOf(w, s) || dp.src.Addr() != w.eps[s.from].ip):
+			case s.frag == refmodel.FragLater && dp.pass && (dp.dst.Addr() != dstOf(w, s) || dp.src.Addr() != w.eps[s.from].ip):
 				w.tally["frag_later_nat"]++
 			case s.quote != nil && !dp.pass:
 				w.tally["icmp_error_"+dp.reason]++
@@ -1336,12 +1336,12 @@ func (w *diffWorld) apply(s diffStep) string {
 				w.tally["icmp_vip_reply"]++
 			case dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
 				w.tally["pass_hairpin"]++
-			case (md.dst.Addr() == diffVIP || s.to == -1) && s.frag == policy.FragNone &&
+			case (md.dst.Addr() == diffVIP || s.to == -1) && s.frag == refmodel.FragNone &&
 				(s.proto == 17 || s.proto == 6 && s.flags&(tcpSYN|tcpFIN|tcpRST) == 0):
 				w.tally["pass_dnat_est"]++ // what the service fast path (cb_svc_fast) may take
 			case md.dst.Addr() == diffVIP || s.to == -1:
 				w.tally["pass_dnat"]++
-			case dp.src.Addr() == diffVIP && s.frag == policy.FragNone &&
+			case dp.src.Addr() == diffVIP && s.frag == refmodel.FragNone &&
 				(s.proto == 17 || s.proto == 6 && s.flags&(tcpSYN|tcpFIN|tcpRST) == 0):
 				w.tally["pass_snat_est"]++ // a service's reply the fast path may take
 			case dp.src.Addr() == diffVIP:

@@ -11,14 +11,14 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/contivbpf/contivbpf/pkg/policy"
+	"github.com/contivbpf/contivbpf/pkg/policy/refmodel"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // The egress NAT differential test: random sequences of endpoint packets to the outside
 // (two tenants with the same endpoint address), packets from the outside to the NAT
 // address (replies, strangers, wrong ports), time passing and collector passes go through
-// the real programs and through policy.NATModel; the first verdict, port, delivery or
+// the real programs and through refmodel.NATModel; the first verdict, port, delivery or
 // table entry that differs fails with the shortest sequence that reproduces it.
 
 const (
@@ -63,7 +63,7 @@ func (g *natGen) flags() uint8 {
 // seqAck picks sequence and acknowledgment numbers that land on both sides of the close
 // window's edges (the endpoint's SYN at 1000 or 0, its ACKs of 0 or 5000).
 func (g *natGen) seqAck() (uint32, uint32) {
-	v := []uint32{0, 1, 1000, 1001, 5000, 5000 + policy.TCPCloseWindow - 1, 5000 + policy.TCPCloseWindow, 4999, 0x80000000}
+	v := []uint32{0, 1, 1000, 1001, 5000, 5000 + refmodel.TCPCloseWindow - 1, 5000 + refmodel.TCPCloseWindow, 4999, 0x80000000}
 	return v[g.r.IntN(len(v))], v[g.r.IntN(len(v))]
 }
 
@@ -112,7 +112,7 @@ func (g *natGen) step() natStep {
 type natWorld struct {
 	t         *testing.T
 	objs      *contivbpfObjects
-	model     *policy.NATModel
+	model     *refmodel.NATModel
 	lastClock uint64
 	zone      int
 	tally     map[string]int
@@ -127,7 +127,7 @@ func newNATWorld(t *testing.T, objs *contivbpfObjects) *natWorld {
 		}
 	}
 	setZone(t, objs, natZone(0))
-	w := &natWorld{t: t, objs: objs, model: policy.NewNATModel(natPortMin, natPortMin+natDiffPorts-1)}
+	w := &natWorld{t: t, objs: objs, model: refmodel.NewNATModel(natPortMin, natPortMin+natDiffPorts-1)}
 	w.lastClock = w.clock()
 	return w
 }
@@ -178,11 +178,11 @@ func (w *natWorld) frame(s natStep) []byte {
 	return f
 }
 
-func (w *natWorld) packet(s natStep) policy.ModelPacket {
-	p := policy.ModelPacket{Zone: natZone(s.zone), Src: srcIP, Dst: natRemotes[s.remote], Proto: s.proto, Sport: s.sport, Dport: s.dport,
+func (w *natWorld) packet(s natStep) refmodel.ModelPacket {
+	p := refmodel.ModelPacket{Zone: natZone(s.zone), Src: srcIP, Dst: natRemotes[s.remote], Proto: s.proto, Sport: s.sport, Dport: s.dport,
 		SYN: s.flags&0x02 != 0, ACK: s.flags&0x10 != 0, FIN: s.flags&0x01 != 0, RST: s.flags&0x04 != 0, SeqNum: s.seq, AckNum: s.ack}
 	if s.frag {
-		p.Frag = policy.FragFirst
+		p.Frag = refmodel.FragFirst
 	}
 	if s.kind == "in" {
 		p.Src, p.Dst = natRemotes[s.remote], hostIP
@@ -287,18 +287,18 @@ func (w *natWorld) apply(s natStep) string {
 // the TCP close reference.
 func (w *natWorld) compareTables() string {
 	now := w.clock()
-	got := map[policy.NATFlowKey]string{}
+	got := map[refmodel.NATFlowKey]string{}
 	var k contivbpfCbSnatKey
 	var v contivbpfCbSnatEntry
 	it := w.objs.CbSnat.Iterate()
 	for it.Next(&k, &v) {
-		fk := policy.NATFlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}
+		fk := refmodel.NATFlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}
 		got[fk] = fmt.Sprintf("port %d state %d live %v tcp ref %d:%d", hport(v.NatPort), v.State, v.Expires >= now, v.TcpRefKind, v.TcpRef)
 	}
 	if err := it.Err(); err != nil {
 		w.t.Fatal(err)
 	}
-	want := map[policy.NATFlowKey]string{}
+	want := map[refmodel.NATFlowKey]string{}
 	for fk, f := range w.model.Flows {
 		want[fk] = fmt.Sprintf("port %d state %d live %v tcp ref %d:%d", f.Port, f.State, f.Deadline >= w.model.Now, f.RefKind, f.Ref)
 	}

@@ -1,4 +1,9 @@
-package policy
+// Package refmodel is the Go reference model of the datapaths' stateful behaviour (policy
+// verdicts, conntrack, service balancing and NAT, fragments, quotas, egress NAT): the
+// differential tests run random packet sequences through the real eBPF programs and
+// through it and fail on the first difference. Only tests import it; no production binary
+// links it (docs/security.md, "Datapath").
+package refmodel
 
 import (
 	"net/netip"
@@ -6,6 +11,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/policy"
 )
 
 // FragKind says whether a packet is an IPv4 fragment.
@@ -713,14 +719,14 @@ func (m *Model) judge(k FlowKey) string {
 	if m.denyAll[sg] || m.denyAll[dg] {
 		return DropPolicy
 	}
-	p := Packet{SrcEPG: sg, DstEPG: dg, SrcIP: k.Src, DstIP: k.Dst, Proto: k.Proto, SYN: k.Proto == protoTCP}
+	p := policy.Packet{SrcEPG: sg, DstEPG: dg, SrcIP: k.Src, DstIP: k.Dst, Proto: k.Proto, SYN: k.Proto == protoTCP}
 	if k.Proto == protoTCP || k.Proto == protoUDP {
 		p.DstPort = k.Dport
 	}
-	if !Decide(m.sets, p).Allowed() {
+	if !policy.Decide(m.sets, p).Allowed() {
 		return DropPolicy
 	}
-	if !NetpolAllows(m.pods[epKey{k.Zone, k.Src}], m.pods[epKey{k.Zone, k.Dst}], k.Src, k.Dst, k.Proto, p.DstPort) {
+	if !policy.NetpolAllows(m.pods[epKey{k.Zone, k.Src}], m.pods[epKey{k.Zone, k.Dst}], k.Src, k.Dst, k.Proto, p.DstPort) {
 		return DropNetpol
 	}
 	return ""
@@ -1014,31 +1020,4 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		return false, why, k, false
 	}
 	return true, "", k, true
-}
-
-// NetpolAllows is the NetworkPolicy layer's verdict on a flow opening from src to dst
-// (docs/kubernetes.md "NetworkPolicy"): the sender's egress rules, when it is isolated
-// for egress, must match dst, and the receiver's ingress rules, when it is isolated for
-// ingress, must match src. nil = no entry (isolated in neither direction). dport is 0
-// for packets without ports (a rule with ports never matches them).
-func NetpolAllows(from, to *dataplane.PodPolicy, src, dst netip.Addr, proto uint8, dport uint16) bool {
-	match := func(rs []dataplane.PodRule, remote netip.Addr) bool {
-		for _, r := range rs {
-			if !r.Remote.Contains(remote) || (r.Proto != 0 && r.Proto != proto) {
-				continue
-			}
-			if r.PortMin != 0 && (dport == 0 || dport < r.PortMin || dport > r.PortMax) {
-				continue
-			}
-			return true
-		}
-		return false
-	}
-	if from != nil && from.EgressIsolated && !match(from.Egress, dst) {
-		return false
-	}
-	if to != nil && to.IngressIsolated && !match(to.Ingress, src) {
-		return false
-	}
-	return true
 }
