@@ -426,12 +426,50 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
 }
 
-/* cb_ipv4_from_container returns a tc verdict, or CB_OUTSIDE for cb_outside, or CB_TTL_OUT
- * for cb_ttl_exceeded (called by the entry program after this returns: the stack frames
- * never nest). */
-#define CB_TTL_OUT (-7)
+/* The full IPv4 stage runs in two programs (a tail call between them: each is verified on
+ * its own budget, and the flow's judgement is verified from one state instead of once per
+ * way the service stage left it). cb_stage_ipv4 identifies the source, balances services
+ * and finds the destination (cb_ipv4_front); cb_stage_ipv4_judge runs policy and conntrack,
+ * commits the service's choice, routes and sends (cb_ipv4_judge). What the first found
+ * goes to the second in cb_ipv4_scratch (per CPU: nothing else runs on the CPU between a
+ * program and its tail call), without its pointers: the packet's headers are read again
+ * where needed, the quoted packet of an ICMP error is the scratch's own copy, and the
+ * client→VIP entry the service stage found is looked up again. */
+struct cb_ipv4_state {
+	struct cb_pkt p;        /* p.eth, p.ip: not read past parsing; zeroed */
+	struct cb_flow f;
+	struct cb_track t;      /* t.inner, t.entry, t.rev_nat: set again by the second */
+	struct cb_lb_choice lc; /* lc.svc_ct: looked up again when svc_ct is set */
+	struct cb_ep_key dkey;  /* the destination endpoint, looked up again */
+	__u32 features;         /* cb_features as the first program read it */
+	__u32 svc_ct;           /* the service stage found a live client→VIP entry */
+};
 
-static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct cb_iface *ifc)
+/* (Its value is raw bytes to the map: the Go bindings have no type for pointer fields.) */
+struct cb_ipv4_raw {
+	__u64 b[(sizeof(struct cb_ipv4_state) + 7) / 8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_ipv4_raw);
+} cb_ipv4_scratch SEC(".maps");
+
+/* cb_ipv4_state_get is this CPU's hand-over state. */
+CB_INLINE struct cb_ipv4_state *cb_ipv4_state_get(void)
+{
+	__u32 zero = 0;
+
+	return (struct cb_ipv4_state *)bpf_map_lookup_elem(&cb_ipv4_scratch, &zero);
+}
+
+/* cb_ipv4_front returns CB_JUDGE with the packet's state in cb_ipv4_scratch (the second
+ * program's), a tc verdict, or CB_OUTSIDE for cb_stage_outside. */
+#define CB_JUDGE (-8)
+
+static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
@@ -440,9 +478,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	struct cb_endpoint *ep;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key dkey = {};
-	struct cb_config *cfg;
-	struct ethhdr *eth;
-	void *data_end;
+	struct cb_ipv4_state *s;
 	__u32 features = 0, dnet = ifc->net;
 	int r;
 
@@ -516,33 +552,94 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 			return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 		return CB_OUTSIDE;
 	}
+	/* A client talking to itself through its service is not policy's business. */
+	if (!t.hairpin) {
+		t.src_epg = ifc->epg;
+		t.dst_epg = ep->epg;
+	}
+	s = cb_ipv4_state_get();
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	p.eth = 0;
+	p.ip = 0;
+	s->p = p;
+	s->f = f;
+	s->t = t;
+	s->svc_ct = lc.svc_ct != 0;
+	lc.svc_ct = 0;
+	s->lc = lc;
+	s->dkey = dkey;
+	s->features = features;
+	return CB_JUDGE;
+}
+
+/* cb_ipv4_judge takes the packet cb_ipv4_front handed over (its state in s) on: policy
+ * and conntrack, the service's choice committed and its replies un-NATed, routed, sent.
+ * It returns a tc verdict, or CB_TTL_OUT for cb_ttl_exceeded (the packet as it came: in a
+ * frame beside this one). */
+#define CB_TTL_OUT (-7)
+
+static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_ipv4_state *s)
+{
+	struct cb_pkt *p;
+	struct cb_flow *f;
+	struct cb_track t;
+	struct cb_lb_choice lc;
+	struct cb_ep_key dkey;
+	struct cb_endpoint *ep;
+	struct cb_ct_key key = {};
+	struct cb_ct_entry *cur;
+	struct cb_config *cfg;
+	struct ethhdr *eth;
+	void *data_end;
+	__u32 features, dnet;
+	int r;
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	p = &s->p; /* (read and rewritten in place: the frame is short) */
+	f = &s->f;
+	t = s->t;
+	lc = s->lc;
+	dkey = s->dkey;
+	features = s->features;
+	dnet = dkey.net;
+	t.inner = 0;
+	t.entry = 0;
+	t.rev_nat = 0;
+	lc.svc_ct = 0;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
+	if (!ep)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
-		/* A client talking to itself through its service is not policy's business. */
-		if (!t.hairpin) {
-			t.src_epg = ifc->epg;
-			t.dst_epg = ep->epg;
+		if (s->svc_ct && t.svc) {
+			/* The client→VIP entry the service stage found (a service flow's, live). */
+			cb_lb_key(&key, f, &t);
+			cur = cb_ct_live(&key, cb_now());
+			if (cur && (cur->flags & CB_CT_SVC))
+				lc.svc_ct = cur;
 		}
-		if (p.inner.proto)
-			t.inner = &p.inner;
-		r = cb_stateful(&f, &t);
+		if (p->inner.proto)
+			t.inner = &p->inner;
+		r = cb_stateful(f, &t);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.svc) {
-			r = cb_lb_commit(&lc, &p, &f, &t);
+			r = cb_lb_commit(&lc, p, f, &t);
 			if (r)
 				return cb_drop(skb, r);
 		}
-		r = cb_lb_finish(skb, &p, &f, &t, &lc);
+		r = cb_lb_finish(skb, p, f, &t, &lc);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.rev_nat) {
 			if (t.inner)
-				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
+				r = cb_nat_icmp_error(skb, p, f, t.rev_nat);
 			else if (t.rev_nat->flags & CB_CT_HAIRPIN)
-				r = cb_nat_hairpin_reply(skb, &p, &f, t.rev_nat);
+				r = cb_nat_hairpin_reply(skb, p, f, t.rev_nat);
 			else
-				r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+				r = cb_nat(skb, p, f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
 			if (r)
 				return cb_drop(skb, r);
 		}
@@ -551,16 +648,17 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (features & CB_FEAT_ROUTING) {
 		cfg = cb_get_config();
 		r = cb_route_rewrite(skb, cfg);
-		/* Its TTL ran out: the entry program answers it from the router it addressed
-		 * (cb_ttl_exceeded, in a frame beside this one), unless the packet was translated
-		 * (a service flow's: the error would quote what the client never sent). The
-		 * packet is as it came: cb_route_rewrite changes nothing when it refuses. */
+		/* Its TTL ran out: the program answers it from the router it addressed, unless
+		 * the packet was translated (a service flow's: the error would quote what the
+		 * client never sent). The packet is as it came: cb_route_rewrite changes nothing
+		 * when it refuses. */
 		if (r == CB_DROP_TTL_EXCEEDED && !t.svc && !t.svc_reply && !t.svc_icmp)
 			return CB_TTL_OUT;
 		if (r)
 			return cb_drop(skb, r);
 	}
 
+	cb_barrier_var(skb); /* (else the compiler reads the context through a moved pointer) */
 	data_end = (void *)(long)skb->data_end;
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > data_end)
@@ -568,7 +666,7 @@ static __noinline int cb_ipv4_from_container(struct __sk_buff *skb, const struct
 	if (!(features & CB_FEAT_ROUTING))
 		cb_mac_copy(eth->h_source, ifc->mac);
 
-	return cb_send_to(skb, ifc, ep, dnet, f.daddr);
+	return cb_send_to(skb, ifc, ep, dnet, f->daddr);
 }
 
 #define CB_SLOW (-6)
@@ -898,6 +996,7 @@ CB_INLINE int cb_from_own_ip(void *data, void *data_end, const struct cb_iface *
 enum cb_call {
 	CB_CALL_IPV4 = 0,    /* cb_stage_ipv4: a container's IPv4 packet, the full stage */
 	CB_CALL_OUTSIDE = 1, /* cb_stage_outside: one a fast path found bound outside its network */
+	CB_CALL_IPV4_JUDGE = 2, /* cb_stage_ipv4_judge: the full stage's policy, conntrack, forwarding */
 	CB_CALL_MAX = 8,
 };
 
@@ -924,9 +1023,11 @@ CB_INLINE struct cb_iface *cb_iface_copied(void)
 	return ifc && ifc->ip ? ifc : 0;
 }
 
-/* cb_stage_ipv4 is cb_from_container's full IPv4 stage (CB_CALL_IPV4): source, service,
- * policy, conntrack, forwarding (cb_ipv4_from_container), then an expired TTL's answer or
- * the way outside. */
+CB_INLINE int cb_stage(struct __sk_buff *skb, __u32 call);
+
+/* cb_stage_ipv4 is the first program of cb_from_container's full IPv4 stage (CB_CALL_IPV4):
+ * source, service, destination (cb_ipv4_front); then the second program
+ * (cb_stage_ipv4_judge) or the way outside. */
 SEC("tc")
 int cb_stage_ipv4(struct __sk_buff *skb)
 {
@@ -935,12 +1036,29 @@ int cb_stage_ipv4(struct __sk_buff *skb)
 
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
-	r = cb_ipv4_from_container(skb, ifc);
+	r = cb_ipv4_front(skb, ifc);
+	if (r == CB_JUDGE)
+		return cb_stage(skb, CB_CALL_IPV4_JUDGE);
+	if (r == CB_OUTSIDE)
+		return cb_stage(skb, CB_CALL_OUTSIDE);
+	return r;
+}
+
+/* cb_stage_ipv4_judge is the second program of the full IPv4 stage (CB_CALL_IPV4_JUDGE):
+ * policy, conntrack, forwarding (cb_ipv4_judge) of what cb_stage_ipv4 handed over, then an
+ * expired TTL's answer. */
+SEC("tc")
+int cb_stage_ipv4_judge(struct __sk_buff *skb)
+{
+	struct cb_iface *ifc = cb_iface_copied();
+	int r;
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	r = cb_ipv4_judge(skb, ifc, cb_ipv4_state_get());
 	if (r == CB_TTL_OUT)
 		return cb_ttl_exceeded(skb, cb_gateway_of(ifc->net));
-	if (r != CB_OUTSIDE)
-		return r;
-	return cb_ipv4_outside(skb, ifc);
+	return r;
 }
 
 /* cb_stage_outside takes (CB_CALL_OUTSIDE) a packet cb_ipv4_direct or cb_ipv4_plain found
@@ -964,6 +1082,7 @@ struct {
 	.values = {
 		[CB_CALL_IPV4] = (void *)&cb_stage_ipv4,
 		[CB_CALL_OUTSIDE] = (void *)&cb_stage_outside,
+		[CB_CALL_IPV4_JUDGE] = (void *)&cb_stage_ipv4_judge,
 	},
 };
 

@@ -23,7 +23,6 @@ const (
 // each entry goes once its program is split into stages. Lower a ceiling whenever a
 // change lowers its program; never raise one to make a change fit.
 var legacyBudgets = map[string]struct{ insns, stack int }{
-	contivbpfProgCbStageIpv4:    {640_000, 512}, // cb_from_container's full stage
 	contivbpfProgCbStageOutside: {budgetInsns, 512},
 	contivbpfProgCbFromWire:     {290_000, budgetStack},
 	contivbpfProgCbFromUplink:   {budgetInsns, 512},

@@ -289,6 +289,11 @@ type contivbpfCbIface struct {
 	Vrf        uint32
 }
 
+type contivbpfCbIpv4Raw struct {
+	_ structs.HostLayout
+	B [20]uint64
+}
+
 type contivbpfCbKpod struct {
 	_          structs.HostLayout
 	Flags      uint32
@@ -715,6 +720,7 @@ const (
 	contivbpfMapCbIfaceDirect       = "cb_iface_direct"
 	contivbpfMapCbIfaceScratch      = "cb_iface_scratch"
 	contivbpfMapCbIfaces            = "cb_ifaces"
+	contivbpfMapCbIpv4Scratch       = "cb_ipv4_scratch"
 	contivbpfMapCbKpods             = "cb_kpods"
 	contivbpfMapCbKsets             = "cb_ksets"
 	contivbpfMapCbMembers           = "cb_members"
@@ -745,6 +751,7 @@ const (
 	contivbpfProgCbFromWire         = "cb_from_wire"
 	contivbpfProgCbSockConnect4     = "cb_sock_connect4"
 	contivbpfProgCbStageIpv4        = "cb_stage_ipv4"
+	contivbpfProgCbStageIpv4Judge   = "cb_stage_ipv4_judge"
 	contivbpfProgCbStageOutside     = "cb_stage_outside"
 	contivbpfProgCbTestOverlay      = "cb_test_overlay"
 	contivbpfVarCbClockBase         = "cb_clock_base"
@@ -811,15 +818,16 @@ type contivbpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfProgramSpecs struct {
-	CbClockProbe    *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
-	CbFromContainer *ebpf.ProgramSpec `ebpf:"cb_from_container"`
-	CbFromOverlay   *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
-	CbFromUplink    *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
-	CbFromWire      *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
-	CbSockConnect4  *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
-	CbStageIpv4     *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
-	CbStageOutside  *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
-	CbTestOverlay   *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
+	CbClockProbe     *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
+	CbFromContainer  *ebpf.ProgramSpec `ebpf:"cb_from_container"`
+	CbFromOverlay    *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUplink     *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
+	CbFromWire       *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
+	CbSockConnect4   *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
+	CbStageIpv4      *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
+	CbStageOutside   *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
+	CbTestOverlay    *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
 // contivbpfMapSpecs contains maps before they are loaded into the kernel.
@@ -848,6 +856,7 @@ type contivbpfMapSpecs struct {
 	CbIfaceDirect    *ebpf.MapSpec `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbIpv4Scratch    *ebpf.MapSpec `ebpf:"cb_ipv4_scratch"`
 	CbKpods          *ebpf.MapSpec `ebpf:"cb_kpods"`
 	CbKsets          *ebpf.MapSpec `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.MapSpec `ebpf:"cb_members"`
@@ -941,6 +950,7 @@ type contivbpfMaps struct {
 	CbIfaceDirect    *ebpf.Map `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.Map `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.Map `ebpf:"cb_ifaces"`
+	CbIpv4Scratch    *ebpf.Map `ebpf:"cb_ipv4_scratch"`
 	CbKpods          *ebpf.Map `ebpf:"cb_kpods"`
 	CbKsets          *ebpf.Map `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.Map `ebpf:"cb_members"`
@@ -990,6 +1000,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbIfaceDirect,
 		m.CbIfaceScratch,
 		m.CbIfaces,
+		m.CbIpv4Scratch,
 		m.CbKpods,
 		m.CbKsets,
 		m.CbMembers,
@@ -1046,15 +1057,16 @@ type contivbpfVariables struct {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfPrograms struct {
-	CbClockProbe    *ebpf.Program `ebpf:"cb_clock_probe"`
-	CbFromContainer *ebpf.Program `ebpf:"cb_from_container"`
-	CbFromOverlay   *ebpf.Program `ebpf:"cb_from_overlay"`
-	CbFromUplink    *ebpf.Program `ebpf:"cb_from_uplink"`
-	CbFromWire      *ebpf.Program `ebpf:"cb_from_wire"`
-	CbSockConnect4  *ebpf.Program `ebpf:"cb_sock_connect4"`
-	CbStageIpv4     *ebpf.Program `ebpf:"cb_stage_ipv4"`
-	CbStageOutside  *ebpf.Program `ebpf:"cb_stage_outside"`
-	CbTestOverlay   *ebpf.Program `ebpf:"cb_test_overlay"`
+	CbClockProbe     *ebpf.Program `ebpf:"cb_clock_probe"`
+	CbFromContainer  *ebpf.Program `ebpf:"cb_from_container"`
+	CbFromOverlay    *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUplink     *ebpf.Program `ebpf:"cb_from_uplink"`
+	CbFromWire       *ebpf.Program `ebpf:"cb_from_wire"`
+	CbSockConnect4   *ebpf.Program `ebpf:"cb_sock_connect4"`
+	CbStageIpv4      *ebpf.Program `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
+	CbStageOutside   *ebpf.Program `ebpf:"cb_stage_outside"`
+	CbTestOverlay    *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
 func (p *contivbpfPrograms) Close() error {
@@ -1066,6 +1078,7 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbFromWire,
 		p.CbSockConnect4,
 		p.CbStageIpv4,
+		p.CbStageIpv4Judge,
 		p.CbStageOutside,
 		p.CbTestOverlay,
 	)
