@@ -426,16 +426,20 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
 }
 
-/* The full IPv4 stage runs in two programs (a tail call between them: each is verified on
- * its own budget, and the flow's judgement is verified from one state instead of once per
- * way the service stage left it). cb_stage_ipv4 identifies the source, balances services
- * and finds the destination (cb_ipv4_front); cb_stage_ipv4_judge runs policy and conntrack,
- * commits the service's choice, routes and sends (cb_ipv4_judge). What the first found
- * goes to the second in cb_ipv4_scratch (per CPU: nothing else runs on the CPU between a
- * program and its tail call), without its pointers: the packet's headers are read again
- * where needed, the quoted packet of an ICMP error is the scratch's own copy, and the
- * client→VIP entry the service stage found is looked up again. */
-struct cb_ipv4_state {
+/* Hand-over between programs. The full stages run in two programs each (a tail call
+ * between them: each is verified on its own budget, and the flow's judgement is verified
+ * from one state instead of once per way the stages before it left it): the first
+ * identifies the source, balances services and finds the destination; the second runs
+ * policy and conntrack, commits the service's choice, and routes and delivers. For a
+ * container's packet they are cb_stage_ipv4 (cb_ipv4_front) and cb_stage_ipv4_judge
+ * (cb_ipv4_judge); for one from another host (overlay, VLAN, routed) the entry program
+ * (cb_remote_rx) and cb_stage_remote_judge, or cb_stage_peer_host and
+ * cb_stage_nodeport_back. What the first found goes to the second in cb_handoff_scratch
+ * (per CPU: nothing else runs on the CPU between a program and its tail call), without
+ * its pointers: the packet's headers are read again where needed, the quoted packet of an
+ * ICMP error is the scratch's own copy, and the client→VIP entry the service stage found
+ * is looked up again. */
+struct cb_handoff {
 	struct cb_pkt p;        /* p.eth, p.ip: not read past parsing; zeroed */
 	struct cb_flow f;
 	struct cb_track t;      /* t.inner, t.entry, t.rev_nat: set again by the second */
@@ -443,29 +447,32 @@ struct cb_ipv4_state {
 	struct cb_ep_key dkey;  /* the destination endpoint, looked up again */
 	__u32 features;         /* cb_features as the first program read it */
 	__u32 svc_ct;           /* the service stage found a live client→VIP entry */
+	__u32 net_key;          /* from another host: the network it arrived in */
+	__u32 zone;             /* and its tenant's routing domain */
+	__be32 vtep;            /* and the VTEP it came from (0: the VLAN uplink) */
 };
 
 /* (Its value is raw bytes to the map: the Go bindings have no type for pointer fields.) */
-struct cb_ipv4_raw {
-	__u64 b[(sizeof(struct cb_ipv4_state) + 7) / 8];
+struct cb_handoff_raw {
+	__u64 b[(sizeof(struct cb_handoff) + 7) / 8];
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct cb_ipv4_raw);
-} cb_ipv4_scratch SEC(".maps");
+	__type(value, struct cb_handoff_raw);
+} cb_handoff_scratch SEC(".maps");
 
-/* cb_ipv4_state_get is this CPU's hand-over state. */
-CB_INLINE struct cb_ipv4_state *cb_ipv4_state_get(void)
+/* cb_handoff_get is this CPU's hand-over state. */
+CB_INLINE struct cb_handoff *cb_handoff_get(void)
 {
 	__u32 zero = 0;
 
-	return (struct cb_ipv4_state *)bpf_map_lookup_elem(&cb_ipv4_scratch, &zero);
+	return (struct cb_handoff *)bpf_map_lookup_elem(&cb_handoff_scratch, &zero);
 }
 
-/* cb_ipv4_front returns CB_JUDGE with the packet's state in cb_ipv4_scratch (the second
+/* cb_ipv4_front returns CB_JUDGE with the packet's state in cb_handoff_scratch (the second
  * program's), a tc verdict, or CB_OUTSIDE for cb_stage_outside. */
 #define CB_JUDGE (-8)
 
@@ -478,7 +485,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 	struct cb_endpoint *ep;
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key dkey = {};
-	struct cb_ipv4_state *s;
+	struct cb_handoff *s;
 	__u32 features = 0, dnet = ifc->net;
 	int r;
 
@@ -557,7 +564,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 		t.src_epg = ifc->epg;
 		t.dst_epg = ep->epg;
 	}
-	s = cb_ipv4_state_get();
+	s = cb_handoff_get();
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
 	p.eth = 0;
@@ -579,7 +586,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
  * frame beside this one). */
 #define CB_TTL_OUT (-7)
 
-static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_ipv4_state *s)
+static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_handoff *s)
 {
 	struct cb_pkt *p;
 	struct cb_flow *f;
@@ -997,6 +1004,9 @@ enum cb_call {
 	CB_CALL_IPV4 = 0,    /* cb_stage_ipv4: a container's IPv4 packet, the full stage */
 	CB_CALL_OUTSIDE = 1, /* cb_stage_outside: one a fast path found bound outside its network */
 	CB_CALL_IPV4_JUDGE = 2, /* cb_stage_ipv4_judge: the full stage's policy, conntrack, forwarding */
+	CB_CALL_REMOTE_JUDGE = 3, /* cb_stage_remote_judge: from another host, policy to delivery */
+	CB_CALL_PEER_HOST = 4,  /* cb_stage_peer_host: from a peer host's own address */
+	CB_CALL_NODEPORT_BACK = 5, /* cb_stage_nodeport_back: a remote backend's node port reply */
 	CB_CALL_MAX = 8,
 };
 
@@ -1055,7 +1065,7 @@ int cb_stage_ipv4_judge(struct __sk_buff *skb)
 
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
-	r = cb_ipv4_judge(skb, ifc, cb_ipv4_state_get());
+	r = cb_ipv4_judge(skb, ifc, cb_handoff_get());
 	if (r == CB_TTL_OUT)
 		return cb_ttl_exceeded(skb, cb_gateway_of(ifc->net));
 	return r;
@@ -1073,6 +1083,11 @@ int cb_stage_outside(struct __sk_buff *skb)
 	return cb_ipv4_outside(skb, ifc);
 }
 
+/* (The stages of packets from other hosts, defined below.) */
+int cb_stage_remote_judge(struct __sk_buff *skb);
+int cb_stage_peer_host(struct __sk_buff *skb);
+int cb_stage_nodeport_back(struct __sk_buff *skb);
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, CB_CALL_MAX);
@@ -1083,6 +1098,9 @@ struct {
 		[CB_CALL_IPV4] = (void *)&cb_stage_ipv4,
 		[CB_CALL_OUTSIDE] = (void *)&cb_stage_outside,
 		[CB_CALL_IPV4_JUDGE] = (void *)&cb_stage_ipv4_judge,
+		[CB_CALL_REMOTE_JUDGE] = (void *)&cb_stage_remote_judge,
+		[CB_CALL_PEER_HOST] = (void *)&cb_stage_peer_host,
+		[CB_CALL_NODEPORT_BACK] = (void *)&cb_stage_nodeport_back,
 	},
 };
 
@@ -1147,12 +1165,28 @@ int cb_from_container(struct __sk_buff *skb)
 	}
 }
 
-/* cb_remote_rx delivers a frame that arrived from another host in network net_key (already
+/* cb_remote_rx takes a frame that arrived from another host in network net_key (already
  * validated; zone is its tenant's routing domain) to the local endpoint it is addressed
- * to. vtep is the outer source of an overlay packet (0 on the VLAN uplink): the inner
- * source must be a remote endpoint behind that VTEP. */
-#define CB_PEER_HOST (-4)       /* from the peer host's own address: cb_peer_host_rx */
-#define CB_NODEPORT_BACK (-5)   /* to this host's address: cb_nodeport_back */
+ * to, as far as the hand-over: it returns CB_JUDGE (cb_stage_remote_judge), CB_PEER_HOST
+ * or CB_NODEPORT_BACK with the packet's state noted (cb_handoff), or a tc verdict. vtep is
+ * the outer source of an overlay packet (0 on the VLAN uplink): the inner source must be a
+ * remote endpoint behind that VTEP. */
+#define CB_PEER_HOST (-4)       /* from the peer host's own address: cb_stage_peer_host */
+#define CB_NODEPORT_BACK (-5)   /* to this host's address: cb_stage_nodeport_back */
+
+/* cb_remote_hand notes where a packet from another host arrived (network net_key of zone,
+ * from VTEP vtep) for the stage cb_remote_rx returns (code; cb_remote_staged calls it). */
+CB_INLINE int cb_remote_hand(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep, int code)
+{
+	struct cb_handoff *s = cb_handoff_get();
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	s->net_key = net_key;
+	s->zone = zone;
+	s->vtep = vtep;
+	return code;
+}
 
 static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 zone, __be32 vtep)
 {
@@ -1164,6 +1198,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	struct cb_ct_entry *rev = 0;
 	struct cb_ep_key skey = {}, dkey = {};
 	struct cb_config *cfg;
+	struct cb_handoff *s;
 	__u32 features = 0, src_net = 0;
 	int r;
 
@@ -1192,7 +1227,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	if (src && (src->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_REMOTE_SRC);
 	if (vtep && !src && f.saddr == vtep)
-		return CB_PEER_HOST; /* the peer host itself: a node port flow it balanced here */
+		return cb_remote_hand(skb, net_key, zone, vtep, CB_PEER_HOST); /* the peer host itself */
 	/* The overlay proves nothing but the outer source: the inner source must be an
 	 * endpoint that host owns. */
 	if (vtep && (!src || src->vtep != vtep))
@@ -1223,28 +1258,68 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	if (!ep || !(ep->flags & CB_EP_LOCAL)) {
 		cfg = cb_get_config();
 		if (vtep && cfg && cfg->vtep && f.daddr == cfg->vtep)
-			return CB_NODEPORT_BACK; /* a backend's reply to a node port flow */
+			return cb_remote_hand(skb, net_key, zone, vtep, CB_NODEPORT_BACK); /* a backend's reply to a node port flow */
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	}
-
 	/* Policy is enforced on every host a packet enters (both hold the same rules). */
-	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
-		t.src_epg = src ? src->epg : 0;
-		t.dst_epg = ep->epg;
-		t.owner = cb_ct_owner_in(ep->slot); /* opened to the local receiver */
-		if (p.inner.proto)
-			t.inner = &p.inner;
-		r = cb_stateful(&f, &t);
+	t.src_epg = src ? src->epg : 0;
+	t.dst_epg = ep->epg;
+	t.owner = cb_ct_owner_in(ep->slot); /* opened to the local receiver */
+	s = cb_handoff_get();
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	p.eth = 0;
+	p.ip = 0;
+	s->p = p;
+	s->f = f;
+	s->t = t;
+	s->svc_ct = 0;
+	lc.svc_ct = 0;
+	s->lc = lc;
+	s->dkey = dkey;
+	s->features = features;
+	return cb_remote_hand(skb, net_key, zone, vtep, CB_JUDGE);
+}
+
+/* cb_remote_judge takes a packet from another host that cb_remote_rx handed over (its
+ * state in s) on: policy and conntrack, a service reply un-NATed, delivered to its local
+ * endpoint. */
+static __noinline int cb_remote_judge(struct __sk_buff *skb, struct cb_handoff *s)
+{
+	struct cb_pkt *p;
+	struct cb_flow *f;
+	struct cb_track t;
+	struct cb_lb_choice lc;
+	struct cb_endpoint *ep;
+	int r;
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	p = &s->p; /* (read and rewritten in place: the frame is short) */
+	f = &s->f;
+	t = s->t;
+	lc = s->lc;
+	t.inner = 0;
+	t.entry = 0;
+	t.rev_nat = 0;
+	lc.svc_ct = 0;
+	ep = bpf_map_lookup_elem(&cb_endpoints, &s->dkey);
+	if (!ep || !(ep->flags & CB_EP_LOCAL))
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	if (s->features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
+		if (p->inner.proto)
+			t.inner = &p->inner;
+		r = cb_stateful(f, &t);
 		if (r)
 			return cb_drop(skb, r);
-		r = cb_lb_finish(skb, &p, &f, &t, &lc);
+		r = cb_lb_finish(skb, p, f, &t, &lc);
 		if (r)
 			return cb_drop(skb, r);
 		if (t.rev_nat) {
 			if (t.inner)
-				r = cb_nat_icmp_error(skb, &p, &f, t.rev_nat);
+				r = cb_nat_icmp_error(skb, p, f, t.rev_nat);
 			else
-				r = cb_nat(skb, &p, &f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+				r = cb_nat(skb, p, f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
 			if (r)
 				return cb_drop(skb, r);
 		}
@@ -1361,13 +1436,55 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
 
+/* The stages of a packet from another host (reached from the entry programs' own frames:
+ * a tail call from a called function would limit every frame above it to 256 bytes). */
+SEC("tc")
+int cb_stage_remote_judge(struct __sk_buff *skb)
+{
+	return cb_remote_judge(skb, cb_handoff_get());
+}
+
+SEC("tc")
+int cb_stage_peer_host(struct __sk_buff *skb)
+{
+	struct cb_handoff *s = cb_handoff_get();
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	return cb_peer_host_rx(skb, s->net_key, s->zone, s->vtep);
+}
+
+SEC("tc")
+int cb_stage_nodeport_back(struct __sk_buff *skb)
+{
+	struct cb_handoff *s = cb_handoff_get();
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	return cb_nodeport_back(skb, s->net_key, s->zone);
+}
+
+/* cb_remote_staged hands a packet cb_remote_rx took as far as code to its stage. */
+CB_INLINE int cb_remote_staged(struct __sk_buff *skb, int code)
+{
+	switch (code) {
+	case CB_JUDGE:
+		return cb_stage(skb, CB_CALL_REMOTE_JUDGE);
+	case CB_PEER_HOST:
+		return cb_stage(skb, CB_CALL_PEER_HOST);
+	case CB_NODEPORT_BACK:
+		return cb_stage(skb, CB_CALL_NODEPORT_BACK);
+	default:
+		return code;
+	}
+}
+
 /* cb_overlay_rx handles a decapsulated frame from peer VTEP remote (network order) in VNI
  * vni. */
 CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 {
 	struct cb_network *net;
 	__u32 zone;
-	int r;
 
 	cb_clock_start();
 	if (!remote || !bpf_map_lookup_elem(&cb_peers, &remote))
@@ -1378,12 +1495,7 @@ CB_INLINE int cb_overlay_rx(struct __sk_buff *skb, __be32 remote, __u32 vni)
 	if (!net || net->encap != CB_ENCAP_VXLAN)
 		return cb_drop(skb, CB_DROP_UNKNOWN_NETWORK);
 	zone = net->vrf;
-	r = cb_remote_rx(skb, vni, zone, remote);
-	if (r == CB_PEER_HOST)
-		return cb_peer_host_rx(skb, vni, zone, remote);
-	if (r == CB_NODEPORT_BACK)
-		return cb_nodeport_back(skb, vni, zone);
-	return r;
+	return cb_remote_staged(skb, cb_remote_rx(skb, vni, zone, remote));
 }
 
 SEC("tc")
@@ -1457,7 +1569,7 @@ int cb_from_wire(struct __sk_buff *skb)
 	vid = cb_vlan_id(skb);
 	if (vid < 0 && (cb_features & CB_FEAT_BGP)) {
 		cb_clock_start();
-		return cb_native_rx(skb);
+		return cb_remote_staged(skb, cb_native_rx(skb));
 	}
 	if (vid <= 0)
 		return CB_TCX_NEXT;
@@ -1468,7 +1580,7 @@ int cb_from_wire(struct __sk_buff *skb)
 	if (bpf_skb_vlan_pop(skb) < 0)
 		return cb_drop(skb, CB_DROP_VLAN_ERR);
 	cb_clock_start();
-	return cb_remote_rx(skb, key, net->vrf, 0);
+	return cb_remote_staged(skb, cb_remote_rx(skb, key, net->vrf, 0));
 }
 
 /* cb_uplink_deliver delivers a packet from outside, already translated to local endpoint

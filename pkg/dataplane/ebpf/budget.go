@@ -60,7 +60,11 @@ func MeasureBudgets() ([]ProgramBudget, error) {
 	defer coll.Close()
 	var out []ProgramBudget
 	for name, p := range coll.Programs {
-		b, err := parseBudget(name, p.VerifierLog, spec.Programs[name].Instructions)
+		live, err := liveFuncs(p)
+		if err != nil {
+			return nil, fmt.Errorf("budget: %s: %w", name, err)
+		}
+		b, err := parseBudget(name, p.VerifierLog, spec.Programs[name].Instructions, live)
 		if err != nil {
 			return nil, err
 		}
@@ -70,9 +74,29 @@ func MeasureBudgets() ([]ProgramBudget, error) {
 	return out, nil
 }
 
+// liveFuncs are the names of the functions the kernel kept of program p: it removes a
+// function every call of which it found dead (a stage that reaches it on no path), and
+// its log prints no frame for it.
+func liveFuncs(p *ebpf.Program) (map[string]bool, error) {
+	info, err := p.Info()
+	if err != nil {
+		return nil, fmt.Errorf("program info: %w", err)
+	}
+	fis, err := info.FuncInfos()
+	if err != nil {
+		return nil, fmt.Errorf("function infos: %w", err)
+	}
+	live := map[string]bool{}
+	for _, fi := range fis {
+		live[fi.Func.Name] = true
+	}
+	return live, nil
+}
+
 // parseBudget reads a LogLevelStats verifier log of program name, whose instructions
-// (with its subprograms, in the order the kernel numbers them) are insns.
-func parseBudget(name, log string, insns asm.Instructions) (ProgramBudget, error) {
+// (with its subprograms, in the order the kernel numbers them) are insns, of which the
+// kernel kept the functions named in live (nil: all).
+func parseBudget(name, log string, insns asm.Instructions, live map[string]bool) (ProgramBudget, error) {
 	b := ProgramBudget{Program: name}
 	m := reProcessed.FindStringSubmatch(log)
 	if m == nil {
@@ -93,7 +117,7 @@ func parseBudget(name, log string, insns asm.Instructions) (ProgramBudget, error
 		}
 		depths = append(depths, d)
 	}
-	stack, chain, err := deepestChain(insns, depths)
+	stack, chain, err := deepestChain(insns, depths, live)
 	if err != nil {
 		return b, fmt.Errorf("budget: %s: %w", name, err)
 	}
@@ -107,8 +131,9 @@ func parseBudget(name, log string, insns asm.Instructions) (ProgramBudget, error
 // i-th function in instruction order, as the log prints it) rounded up to 16 bytes per
 // frame (a JITed program). The log prints frames after bpf_loop calls were inlined, which
 // gives their caller bpfLoopInlineFrame bytes more than the check saw: taken off only
-// where the call is inlined (loopInlined).
-func deepestChain(insns asm.Instructions, depths []int) (int, []string, error) {
+// where the call is inlined (loopInlined). Functions not in live (nil: all live) are the
+// ones the kernel removed as dead: they have no frame, and calls to them are dead code.
+func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (int, []string, error) {
 	var fns []string
 	index := map[string]int{}
 	calls := map[int][]string{}
@@ -116,7 +141,9 @@ func deepestChain(insns asm.Instructions, depths []int) (int, []string, error) {
 	targets := jumpTargets(insns)
 	cur := -1
 	for i, ins := range insns {
-		if sym := ins.Symbol(); sym != "" {
+		if sym := ins.Symbol(); sym != "" && live != nil && !live[sym] {
+			cur = -1 // removed: its calls are dead too
+		} else if sym != "" {
 			cur = len(fns)
 			index[sym] = cur
 			fns = append(fns, sym)
@@ -150,6 +177,9 @@ func deepestChain(insns asm.Instructions, depths []int) (int, []string, error) {
 		var deepest best
 		for _, callee := range calls[i] {
 			j, ok := index[callee]
+			if !ok && live != nil && !live[callee] {
+				continue // a dead call of a removed function
+			}
 			if !ok {
 				return best{}, fmt.Errorf("%s calls unknown function %s", fns[i], callee)
 			}

@@ -24,9 +24,7 @@ const (
 // change lowers its program; never raise one to make a change fit.
 var legacyBudgets = map[string]struct{ insns, stack int }{
 	contivbpfProgCbStageOutside: {budgetInsns, 512},
-	contivbpfProgCbFromWire:     {290_000, budgetStack},
 	contivbpfProgCbFromUplink:   {budgetInsns, 512},
-	contivbpfProgCbFromOverlay:  {budgetInsns, 512},
 }
 
 // TestVerifierBudget loads every program with the verifier's statistics and fails when
@@ -82,7 +80,7 @@ func TestDeepestChain(t *testing.T) {
 	}
 	// b hands cb to bpf_loop (a function pointer load referencing it).
 	insns[5] = asm.Instruction{OpCode: asm.LoadImmOp(asm.DWord), Dst: asm.R2, Src: asm.PseudoFunc}.WithSymbol("b").WithReference("cb")
-	stack, chain, err := deepestChain(insns, []int{8, 100, 24 + 40, 8})
+	stack, chain, err := deepestChain(insns, []int{8, 100, 24 + 40, 8}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,8 +88,17 @@ func TestDeepestChain(t *testing.T) {
 	if stack != 128 || len(chain) != 2 || chain[1] != "a" {
 		t.Errorf("got %d %v, want 128 [main a]", stack, chain)
 	}
-	if _, _, err := deepestChain(insns, []int{8}); err == nil {
+	if _, _, err := deepestChain(insns, []int{8}, nil); err == nil {
 		t.Error("a depth list that does not match the functions was accepted")
+	}
+	// The kernel removed a (every call of it dead): no frame printed, its call skipped.
+	live := map[string]bool{"main": true, "b": true, "cb": true}
+	stack, chain, err = deepestChain(insns, []int{8, 24 + 40, 8}, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stack != 96 || len(chain) != 3 || chain[1] != "b" {
+		t.Errorf("a removed: got %d %v, want 96 [main b cb]", stack, chain)
 	}
 }
 
@@ -159,7 +166,7 @@ func loopProgramStack(t *testing.T, pre, atCall asm.Instructions) int {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	b, err := parseBudget("budget_loop", p.VerifierLog, insns)
+	b, err := parseBudget("budget_loop", p.VerifierLog, insns, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

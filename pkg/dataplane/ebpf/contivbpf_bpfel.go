@@ -246,6 +246,11 @@ type contivbpfCbFragSrcKey struct {
 	Saddr uint32
 }
 
+type contivbpfCbHandoffRaw struct {
+	_ structs.HostLayout
+	B [22]uint64
+}
+
 type contivbpfCbHostIp struct {
 	_          structs.HostLayout
 	Generation uint32
@@ -287,11 +292,6 @@ type contivbpfCbIface struct {
 	Generation uint32
 	Slot       uint32
 	Vrf        uint32
-}
-
-type contivbpfCbIpv4Raw struct {
-	_ structs.HostLayout
-	B [20]uint64
 }
 
 type contivbpfCbKpod struct {
@@ -698,82 +698,85 @@ type contivbpfCbZoneStamp struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	contivbpfMapCbBackends          = "cb_backends"
-	contivbpfMapCbBgpRoutes         = "cb_bgp_routes"
-	contivbpfMapCbCalls             = "cb_calls"
-	contivbpfMapCbCfg               = "cb_cfg"
-	contivbpfMapCbCt                = "cb_ct"
-	contivbpfMapCbCtGens            = "cb_ct_gens"
-	contivbpfMapCbCtOwned           = "cb_ct_owned"
-	contivbpfMapCbCtOwnedIn         = "cb_ct_owned_in"
-	contivbpfMapCbEndpoints         = "cb_endpoints"
-	contivbpfMapCbEpCounters        = "cb_ep_counters"
-	contivbpfMapCbEpgs              = "cb_epgs"
-	contivbpfMapCbEvents            = "cb_events"
-	contivbpfMapCbFragBudgets       = "cb_frag_budgets"
-	contivbpfMapCbFragSrcBudgets    = "cb_frag_src_budgets"
-	contivbpfMapCbFrags             = "cb_frags"
-	contivbpfMapCbHostIps           = "cb_host_ips"
-	contivbpfMapCbHostRoutes        = "cb_host_routes"
-	contivbpfMapCbHostSvcs          = "cb_host_svcs"
-	contivbpfMapCbIcmpBudget        = "cb_icmp_budget"
-	contivbpfMapCbIfaceDirect       = "cb_iface_direct"
-	contivbpfMapCbIfaceScratch      = "cb_iface_scratch"
-	contivbpfMapCbIfaces            = "cb_ifaces"
-	contivbpfMapCbIpv4Scratch       = "cb_ipv4_scratch"
-	contivbpfMapCbKpods             = "cb_kpods"
-	contivbpfMapCbKsets             = "cb_ksets"
-	contivbpfMapCbMembers           = "cb_members"
-	contivbpfMapCbNatFrags          = "cb_nat_frags"
-	contivbpfMapCbNetworks          = "cb_networks"
-	contivbpfMapCbNodeports         = "cb_nodeports"
-	contivbpfMapCbPeerFlows         = "cb_peer_flows"
-	contivbpfMapCbPeers             = "cb_peers"
-	contivbpfMapCbPolCidrs          = "cb_pol_cidrs"
-	contivbpfMapCbPolHeads          = "cb_pol_heads"
-	contivbpfMapCbPolRules          = "cb_pol_rules"
-	contivbpfMapCbPolScratch        = "cb_pol_scratch"
-	contivbpfMapCbPolicies          = "cb_policies"
-	contivbpfMapCbReasons           = "cb_reasons"
-	contivbpfMapCbRoutes            = "cb_routes"
-	contivbpfMapCbServices          = "cb_services"
-	contivbpfMapCbSnat              = "cb_snat"
-	contivbpfMapCbSnatRev           = "cb_snat_rev"
-	contivbpfMapCbSvcRevs           = "cb_svc_revs"
-	contivbpfMapCbTenantNets        = "cb_tenant_nets"
-	contivbpfMapCbVerdicts          = "cb_verdicts"
-	contivbpfMapCbVips              = "cb_vips"
-	contivbpfMapCbZoneStamps        = "cb_zone_stamps"
-	contivbpfProgCbClockProbe       = "cb_clock_probe"
-	contivbpfProgCbFromContainer    = "cb_from_container"
-	contivbpfProgCbFromOverlay      = "cb_from_overlay"
-	contivbpfProgCbFromUplink       = "cb_from_uplink"
-	contivbpfProgCbFromWire         = "cb_from_wire"
-	contivbpfProgCbSockConnect4     = "cb_sock_connect4"
-	contivbpfProgCbStageIpv4        = "cb_stage_ipv4"
-	contivbpfProgCbStageIpv4Judge   = "cb_stage_ipv4_judge"
-	contivbpfProgCbStageOutside     = "cb_stage_outside"
-	contivbpfProgCbTestOverlay      = "cb_test_overlay"
-	contivbpfVarCbClockBase         = "cb_clock_base"
-	contivbpfVarCbCtFlagsUnused     = "cb_ct_flags_unused"
-	contivbpfVarCbCtStateUnused     = "cb_ct_state_unused"
-	contivbpfVarCbEgressFlagsUnused = "cb_egress_flags_unused"
-	contivbpfVarCbEncapUnused       = "cb_encap_unused"
-	contivbpfVarCbEpFlagsUnused     = "cb_ep_flags_unused"
-	contivbpfVarCbEpgFlagsUnused    = "cb_epg_flags_unused"
-	contivbpfVarCbEventUnused       = "cb_event_unused"
-	contivbpfVarCbFeatures          = "cb_features"
-	contivbpfVarCbFeaturesUnused    = "cb_features_unused"
-	contivbpfVarCbFragRate          = "cb_frag_rate"
-	contivbpfVarCbFragSrcRate       = "cb_frag_src_rate"
-	contivbpfVarCbLbSeed            = "cb_lb_seed"
-	contivbpfVarCbNetFlagsUnused    = "cb_net_flags_unused"
-	contivbpfVarCbPolDirUnused      = "cb_pol_dir_unused"
-	contivbpfVarCbPolicyEpoch       = "cb_policy_epoch"
-	contivbpfVarCbReasonUnused      = "cb_reason_unused"
-	contivbpfVarCbRuleActionUnused  = "cb_rule_action_unused"
-	contivbpfVarCbSvcMemoOff        = "cb_svc_memo_off"
-	contivbpfVarCbTickNs            = "cb_tick_ns"
+	contivbpfMapCbBackends           = "cb_backends"
+	contivbpfMapCbBgpRoutes          = "cb_bgp_routes"
+	contivbpfMapCbCalls              = "cb_calls"
+	contivbpfMapCbCfg                = "cb_cfg"
+	contivbpfMapCbCt                 = "cb_ct"
+	contivbpfMapCbCtGens             = "cb_ct_gens"
+	contivbpfMapCbCtOwned            = "cb_ct_owned"
+	contivbpfMapCbCtOwnedIn          = "cb_ct_owned_in"
+	contivbpfMapCbEndpoints          = "cb_endpoints"
+	contivbpfMapCbEpCounters         = "cb_ep_counters"
+	contivbpfMapCbEpgs               = "cb_epgs"
+	contivbpfMapCbEvents             = "cb_events"
+	contivbpfMapCbFragBudgets        = "cb_frag_budgets"
+	contivbpfMapCbFragSrcBudgets     = "cb_frag_src_budgets"
+	contivbpfMapCbFrags              = "cb_frags"
+	contivbpfMapCbHandoffScratch     = "cb_handoff_scratch"
+	contivbpfMapCbHostIps            = "cb_host_ips"
+	contivbpfMapCbHostRoutes         = "cb_host_routes"
+	contivbpfMapCbHostSvcs           = "cb_host_svcs"
+	contivbpfMapCbIcmpBudget         = "cb_icmp_budget"
+	contivbpfMapCbIfaceDirect        = "cb_iface_direct"
+	contivbpfMapCbIfaceScratch       = "cb_iface_scratch"
+	contivbpfMapCbIfaces             = "cb_ifaces"
+	contivbpfMapCbKpods              = "cb_kpods"
+	contivbpfMapCbKsets              = "cb_ksets"
+	contivbpfMapCbMembers            = "cb_members"
+	contivbpfMapCbNatFrags           = "cb_nat_frags"
+	contivbpfMapCbNetworks           = "cb_networks"
+	contivbpfMapCbNodeports          = "cb_nodeports"
+	contivbpfMapCbPeerFlows          = "cb_peer_flows"
+	contivbpfMapCbPeers              = "cb_peers"
+	contivbpfMapCbPolCidrs           = "cb_pol_cidrs"
+	contivbpfMapCbPolHeads           = "cb_pol_heads"
+	contivbpfMapCbPolRules           = "cb_pol_rules"
+	contivbpfMapCbPolScratch         = "cb_pol_scratch"
+	contivbpfMapCbPolicies           = "cb_policies"
+	contivbpfMapCbReasons            = "cb_reasons"
+	contivbpfMapCbRoutes             = "cb_routes"
+	contivbpfMapCbServices           = "cb_services"
+	contivbpfMapCbSnat               = "cb_snat"
+	contivbpfMapCbSnatRev            = "cb_snat_rev"
+	contivbpfMapCbSvcRevs            = "cb_svc_revs"
+	contivbpfMapCbTenantNets         = "cb_tenant_nets"
+	contivbpfMapCbVerdicts           = "cb_verdicts"
+	contivbpfMapCbVips               = "cb_vips"
+	contivbpfMapCbZoneStamps         = "cb_zone_stamps"
+	contivbpfProgCbClockProbe        = "cb_clock_probe"
+	contivbpfProgCbFromContainer     = "cb_from_container"
+	contivbpfProgCbFromOverlay       = "cb_from_overlay"
+	contivbpfProgCbFromUplink        = "cb_from_uplink"
+	contivbpfProgCbFromWire          = "cb_from_wire"
+	contivbpfProgCbSockConnect4      = "cb_sock_connect4"
+	contivbpfProgCbStageIpv4         = "cb_stage_ipv4"
+	contivbpfProgCbStageIpv4Judge    = "cb_stage_ipv4_judge"
+	contivbpfProgCbStageNodeportBack = "cb_stage_nodeport_back"
+	contivbpfProgCbStageOutside      = "cb_stage_outside"
+	contivbpfProgCbStagePeerHost     = "cb_stage_peer_host"
+	contivbpfProgCbStageRemoteJudge  = "cb_stage_remote_judge"
+	contivbpfProgCbTestOverlay       = "cb_test_overlay"
+	contivbpfVarCbClockBase          = "cb_clock_base"
+	contivbpfVarCbCtFlagsUnused      = "cb_ct_flags_unused"
+	contivbpfVarCbCtStateUnused      = "cb_ct_state_unused"
+	contivbpfVarCbEgressFlagsUnused  = "cb_egress_flags_unused"
+	contivbpfVarCbEncapUnused        = "cb_encap_unused"
+	contivbpfVarCbEpFlagsUnused      = "cb_ep_flags_unused"
+	contivbpfVarCbEpgFlagsUnused     = "cb_epg_flags_unused"
+	contivbpfVarCbEventUnused        = "cb_event_unused"
+	contivbpfVarCbFeatures           = "cb_features"
+	contivbpfVarCbFeaturesUnused     = "cb_features_unused"
+	contivbpfVarCbFragRate           = "cb_frag_rate"
+	contivbpfVarCbFragSrcRate        = "cb_frag_src_rate"
+	contivbpfVarCbLbSeed             = "cb_lb_seed"
+	contivbpfVarCbNetFlagsUnused     = "cb_net_flags_unused"
+	contivbpfVarCbPolDirUnused       = "cb_pol_dir_unused"
+	contivbpfVarCbPolicyEpoch        = "cb_policy_epoch"
+	contivbpfVarCbReasonUnused       = "cb_reason_unused"
+	contivbpfVarCbRuleActionUnused   = "cb_rule_action_unused"
+	contivbpfVarCbSvcMemoOff         = "cb_svc_memo_off"
+	contivbpfVarCbTickNs             = "cb_tick_ns"
 )
 
 // loadContivbpf returns the embedded CollectionSpec for contivbpf.
@@ -818,16 +821,19 @@ type contivbpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfProgramSpecs struct {
-	CbClockProbe     *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
-	CbFromContainer  *ebpf.ProgramSpec `ebpf:"cb_from_container"`
-	CbFromOverlay    *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
-	CbFromUplink     *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
-	CbFromWire       *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
-	CbSockConnect4   *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
-	CbStageIpv4      *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
-	CbStageIpv4Judge *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
-	CbStageOutside   *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
-	CbTestOverlay    *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
+	CbClockProbe        *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
+	CbFromContainer     *ebpf.ProgramSpec `ebpf:"cb_from_container"`
+	CbFromOverlay       *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUplink        *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
+	CbFromWire          *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
+	CbSockConnect4      *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
+	CbStageIpv4         *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge    *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
+	CbStageNodeportBack *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_back"`
+	CbStageOutside      *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
+	CbStagePeerHost     *ebpf.ProgramSpec `ebpf:"cb_stage_peer_host"`
+	CbStageRemoteJudge  *ebpf.ProgramSpec `ebpf:"cb_stage_remote_judge"`
+	CbTestOverlay       *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
 // contivbpfMapSpecs contains maps before they are loaded into the kernel.
@@ -849,6 +855,7 @@ type contivbpfMapSpecs struct {
 	CbFragBudgets    *ebpf.MapSpec `ebpf:"cb_frag_budgets"`
 	CbFragSrcBudgets *ebpf.MapSpec `ebpf:"cb_frag_src_budgets"`
 	CbFrags          *ebpf.MapSpec `ebpf:"cb_frags"`
+	CbHandoffScratch *ebpf.MapSpec `ebpf:"cb_handoff_scratch"`
 	CbHostIps        *ebpf.MapSpec `ebpf:"cb_host_ips"`
 	CbHostRoutes     *ebpf.MapSpec `ebpf:"cb_host_routes"`
 	CbHostSvcs       *ebpf.MapSpec `ebpf:"cb_host_svcs"`
@@ -856,7 +863,6 @@ type contivbpfMapSpecs struct {
 	CbIfaceDirect    *ebpf.MapSpec `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.MapSpec `ebpf:"cb_ifaces"`
-	CbIpv4Scratch    *ebpf.MapSpec `ebpf:"cb_ipv4_scratch"`
 	CbKpods          *ebpf.MapSpec `ebpf:"cb_kpods"`
 	CbKsets          *ebpf.MapSpec `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.MapSpec `ebpf:"cb_members"`
@@ -943,6 +949,7 @@ type contivbpfMaps struct {
 	CbFragBudgets    *ebpf.Map `ebpf:"cb_frag_budgets"`
 	CbFragSrcBudgets *ebpf.Map `ebpf:"cb_frag_src_budgets"`
 	CbFrags          *ebpf.Map `ebpf:"cb_frags"`
+	CbHandoffScratch *ebpf.Map `ebpf:"cb_handoff_scratch"`
 	CbHostIps        *ebpf.Map `ebpf:"cb_host_ips"`
 	CbHostRoutes     *ebpf.Map `ebpf:"cb_host_routes"`
 	CbHostSvcs       *ebpf.Map `ebpf:"cb_host_svcs"`
@@ -950,7 +957,6 @@ type contivbpfMaps struct {
 	CbIfaceDirect    *ebpf.Map `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.Map `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.Map `ebpf:"cb_ifaces"`
-	CbIpv4Scratch    *ebpf.Map `ebpf:"cb_ipv4_scratch"`
 	CbKpods          *ebpf.Map `ebpf:"cb_kpods"`
 	CbKsets          *ebpf.Map `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.Map `ebpf:"cb_members"`
@@ -993,6 +999,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbFragBudgets,
 		m.CbFragSrcBudgets,
 		m.CbFrags,
+		m.CbHandoffScratch,
 		m.CbHostIps,
 		m.CbHostRoutes,
 		m.CbHostSvcs,
@@ -1000,7 +1007,6 @@ func (m *contivbpfMaps) Close() error {
 		m.CbIfaceDirect,
 		m.CbIfaceScratch,
 		m.CbIfaces,
-		m.CbIpv4Scratch,
 		m.CbKpods,
 		m.CbKsets,
 		m.CbMembers,
@@ -1057,16 +1063,19 @@ type contivbpfVariables struct {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfPrograms struct {
-	CbClockProbe     *ebpf.Program `ebpf:"cb_clock_probe"`
-	CbFromContainer  *ebpf.Program `ebpf:"cb_from_container"`
-	CbFromOverlay    *ebpf.Program `ebpf:"cb_from_overlay"`
-	CbFromUplink     *ebpf.Program `ebpf:"cb_from_uplink"`
-	CbFromWire       *ebpf.Program `ebpf:"cb_from_wire"`
-	CbSockConnect4   *ebpf.Program `ebpf:"cb_sock_connect4"`
-	CbStageIpv4      *ebpf.Program `ebpf:"cb_stage_ipv4"`
-	CbStageIpv4Judge *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
-	CbStageOutside   *ebpf.Program `ebpf:"cb_stage_outside"`
-	CbTestOverlay    *ebpf.Program `ebpf:"cb_test_overlay"`
+	CbClockProbe        *ebpf.Program `ebpf:"cb_clock_probe"`
+	CbFromContainer     *ebpf.Program `ebpf:"cb_from_container"`
+	CbFromOverlay       *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUplink        *ebpf.Program `ebpf:"cb_from_uplink"`
+	CbFromWire          *ebpf.Program `ebpf:"cb_from_wire"`
+	CbSockConnect4      *ebpf.Program `ebpf:"cb_sock_connect4"`
+	CbStageIpv4         *ebpf.Program `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge    *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
+	CbStageNodeportBack *ebpf.Program `ebpf:"cb_stage_nodeport_back"`
+	CbStageOutside      *ebpf.Program `ebpf:"cb_stage_outside"`
+	CbStagePeerHost     *ebpf.Program `ebpf:"cb_stage_peer_host"`
+	CbStageRemoteJudge  *ebpf.Program `ebpf:"cb_stage_remote_judge"`
+	CbTestOverlay       *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
 func (p *contivbpfPrograms) Close() error {
@@ -1079,7 +1088,10 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbSockConnect4,
 		p.CbStageIpv4,
 		p.CbStageIpv4Judge,
+		p.CbStageNodeportBack,
 		p.CbStageOutside,
+		p.CbStagePeerHost,
+		p.CbStageRemoteJudge,
 		p.CbTestOverlay,
 	)
 }

@@ -22,7 +22,8 @@ const callsDir = "calls"
 // stagePrograms are the programs reached by tail call: a loader that keeps an entry
 // program must keep them too (the array's contents name them).
 func stagePrograms() []string {
-	return []string{contivbpfProgCbStageIpv4, contivbpfProgCbStageIpv4Judge, contivbpfProgCbStageOutside}
+	return []string{contivbpfProgCbStageIpv4, contivbpfProgCbStageIpv4Judge, contivbpfProgCbStageOutside,
+		contivbpfProgCbStageRemoteJudge, contivbpfProgCbStagePeerHost, contivbpfProgCbStageNodeportBack}
 }
 
 // pinCalls pins this load's program array under callsDir and returns the pin's name.
