@@ -29,6 +29,7 @@
 #include "lib/nodeport.h"
 #include "lib/native.h"
 #include "lib/icmp.h"
+#include "lib/handoff.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -105,6 +106,12 @@ CB_INLINE int cb_route_rewrite(struct __sk_buff *skb, const struct cb_config *cf
 	return 0;
 }
 
+/* A packet of a local endpoint to no endpoint it reaches directly: cb_nodeport_out, then
+ * cb_outside (the entry program calls them one after the other). */
+#define CB_OUTSIDE (-2)
+/* cb_outside handed an egress flow's packet over to cb_stage_egress (cb_egress). */
+#define CB_EGRESS (-10)
+
 /* cb_outside handles a packet of a local endpoint whose destination is no endpoint it can
  * reach directly (nat.h): the gateway, this host, or the outside through egress NAT. */
 static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *ifc)
@@ -112,6 +119,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
 	struct cb_track t = {};
+	struct cb_ep_key dkey = {};
 	struct cb_peer_flow_key pk = {};
 	struct cb_endpoint peer = {};
 	struct cb_peer_flow *pf;
@@ -249,23 +257,36 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	 * of this host on the peer it reaches (any VNI, any inner source): never. */
 	if (f.proto == CB_PROTO_UDP && cfg->vxlan_port && f.dport == cfg->vxlan_port)
 		return cb_drop(skb, CB_DROP_EGRESS_OVERLAY);
-	r = cb_stateful(&f, &t);
-	if (r)
-		return cb_drop(skb, r);
-	r = cb_snat_egress(skb, &p, &f, &t, nk);
-	if (r)
-		return cb_drop(skb, r);
-	r = cb_route_rewrite(skb, cfg);
+	dkey.net = nk;
+	if (!cb_hand(&p, &f, &t, 0, &dkey))
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	return CB_EGRESS;
+}
+
+/* cb_egress takes an egress flow's packet cb_outside handed over (s) on: policy and
+ * conntrack, source NAT to this host's address, out of the egress device. */
+static __noinline int cb_egress(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_handoff *s)
+{
+	struct cb_config *cfg = cb_get_config();
+	struct cb_track t;
+	int r;
+
+	if (!s || !ifc)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	if (!cfg || !cfg->egress_ifindex)
+		return cb_drop(skb, CB_DROP_TO_GATEWAY);
+	cb_taken(s, &t, 0);
+	r = cb_stateful(&s->f, &t);
+	if (!r)
+		r = cb_snat_egress(skb, &s->p, &s->f, &t, s->dkey.net);
+	if (!r)
+		r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
 	cb_ep_tx(skb, ifc->slot);
 	cb_count(skb, CB_FWD_EGRESS);
 	return bpf_redirect_neigh(cfg->egress_ifindex, 0, 0, 0);
 }
-
-/* A packet of a local endpoint to no endpoint it reaches directly: cb_nodeport_out, then
- * cb_outside (the entry program calls them one after the other). */
-#define CB_OUTSIDE (-2)
 
 /* cb_nodeport_out sends a local backend's reply to a node port client (its flow's DNAT
  * entry in the node port zone): the reply is judged as its flow's, its source becomes
@@ -426,50 +447,19 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
 }
 
-/* Hand-over between programs. The full stages run in two programs each (a tail call
- * between them: each is verified on its own budget, and the flow's judgement is verified
- * from one state instead of once per way the stages before it left it): the first
- * identifies the source, balances services and finds the destination; the second runs
- * policy and conntrack, commits the service's choice, and routes and delivers. For a
- * container's packet they are cb_stage_ipv4 (cb_ipv4_front) and cb_stage_ipv4_judge
- * (cb_ipv4_judge); for one from another host (overlay, VLAN, routed) the entry program
- * (cb_remote_rx) and cb_stage_remote_judge, or cb_stage_peer_host and
- * cb_stage_nodeport_back. What the first found goes to the second in cb_handoff_scratch
- * (per CPU: nothing else runs on the CPU between a program and its tail call), without
- * its pointers: the packet's headers are read again where needed, the quoted packet of an
- * ICMP error is the scratch's own copy, and the client→VIP entry the service stage found
- * is looked up again. */
-struct cb_handoff {
-	struct cb_pkt p;        /* p.eth, p.ip: not read past parsing; zeroed */
-	struct cb_flow f;
-	struct cb_track t;      /* t.inner, t.entry, t.rev_nat: set again by the second */
-	struct cb_lb_choice lc; /* lc.svc_ct: looked up again when svc_ct is set */
-	struct cb_ep_key dkey;  /* the destination endpoint, looked up again */
-	__u32 features;         /* cb_features as the first program read it */
-	__u32 svc_ct;           /* the service stage found a live client→VIP entry */
-	__u32 net_key;          /* from another host: the network it arrived in */
-	__u32 zone;             /* and its tenant's routing domain */
-	__be32 vtep;            /* and the VTEP it came from (0: the VLAN uplink) */
-};
-
-/* (Its value is raw bytes to the map: the Go bindings have no type for pointer fields.) */
-struct cb_handoff_raw {
-	__u64 b[(sizeof(struct cb_handoff) + 7) / 8];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct cb_handoff_raw);
-} cb_handoff_scratch SEC(".maps");
-
-/* cb_handoff_get is this CPU's hand-over state. */
-CB_INLINE struct cb_handoff *cb_handoff_get(void)
+/* cb_svc_ct_again is the client→VIP entry of service flow f (t) again, for the judging
+ * program when the service stage found one: live and a service flow's, else 0. (A call
+ * of its own: its key stays off the judging frames.) */
+static __noinline struct cb_ct_entry *cb_svc_ct_again(const struct cb_flow *f, const struct cb_track *t)
 {
-	__u32 zero = 0;
+	struct cb_ct_key key = {};
+	struct cb_ct_entry *cur;
 
-	return (struct cb_handoff *)bpf_map_lookup_elem(&cb_handoff_scratch, &zero);
+	if (!f || !t)
+		return 0;
+	cb_lb_key(&key, f, t);
+	cur = cb_ct_live(&key, cb_now());
+	return cur && (cur->flags & CB_CT_SVC) ? cur : 0;
 }
 
 /* cb_ipv4_front returns CB_JUDGE with the packet's state in cb_handoff_scratch (the second
@@ -564,18 +554,9 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 		t.src_epg = ifc->epg;
 		t.dst_epg = ep->epg;
 	}
-	s = cb_handoff_get();
+	s = cb_hand(&p, &f, &t, &lc, &dkey);
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
-	p.eth = 0;
-	p.ip = 0;
-	s->p = p;
-	s->f = f;
-	s->t = t;
-	s->svc_ct = lc.svc_ct != 0;
-	lc.svc_ct = 0;
-	s->lc = lc;
-	s->dkey = dkey;
 	s->features = features;
 	return CB_JUDGE;
 }
@@ -594,8 +575,6 @@ static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface
 	struct cb_lb_choice lc;
 	struct cb_ep_key dkey;
 	struct cb_endpoint *ep;
-	struct cb_ct_key key = {};
-	struct cb_ct_entry *cur;
 	struct cb_config *cfg;
 	struct ethhdr *eth;
 	void *data_end;
@@ -606,29 +585,17 @@ static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface
 		return cb_drop(skb, CB_DROP_NO_STAGE);
 	p = &s->p; /* (read and rewritten in place: the frame is short) */
 	f = &s->f;
-	t = s->t;
-	lc = s->lc;
+	cb_taken(s, &t, &lc);
 	dkey = s->dkey;
 	features = s->features;
 	dnet = dkey.net;
-	t.inner = 0;
-	t.entry = 0;
-	t.rev_nat = 0;
-	lc.svc_ct = 0;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
-		if (s->svc_ct && t.svc) {
-			/* The client→VIP entry the service stage found (a service flow's, live). */
-			cb_lb_key(&key, f, &t);
-			cur = cb_ct_live(&key, cb_now());
-			if (cur && (cur->flags & CB_CT_SVC))
-				lc.svc_ct = cur;
-		}
-		if (p->inner.proto)
-			t.inner = &p->inner;
+		if (s->svc_ct && t.svc)
+			lc.svc_ct = cb_svc_ct_again(f, &t);
 		r = cb_stateful(f, &t);
 		if (r)
 			return cb_drop(skb, r);
@@ -812,9 +779,9 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
  * and its IPv4 header against ifc (cb_ipv4_simple): a TCP or UDP packet, neither
  * opening nor closing, to an endpoint of its network, that cb_fast_pass lets
  * through (established flows, flows between groups without rules, no service flow), goes
- * to that endpoint (cb_send_to) exactly as cb_ipv4_from_container would take it (same
+ * to that endpoint (cb_send_to) exactly as the full stage would take it (same
  * checks, state changes, rewrites and counters). Anything else returns CB_SLOW having
- * changed nothing. A call of its own: its frame sits beside cb_ipv4_from_container's, not
+ * changed nothing. A call of its own: its frame sits beside the entry program's, not
  * under it. */
 static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
@@ -927,8 +894,8 @@ CB_INLINE int cb_ipv4_on(struct __sk_buff *skb, const struct cb_iface *ifc, __be
  * the copy (not in routing mode): an unfragmented IPv4 packet without options, from the
  * interface's own address, goes with a stage with state on to cb_ipv4_fast; otherwise to
  * its endpoint (cb_send_to) or, when its network has none, to cb_outside (CB_OUTSIDE),
- * exactly as cb_ipv4_from_container would take it (same checks, rewrites and counters).
- * Anything else returns CB_SLOW before any lookup: cb_ipv4_from_container parses and
+ * exactly as the full stage would take it (same checks, rewrites and counters).
+ * Anything else returns CB_SLOW before any lookup: the full stage parses and
  * judges it, drop reasons included. (cb_ipv4_fast is verified once per caller, for the
  * two kinds of entry pointer.) */
 CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
@@ -1007,7 +974,10 @@ enum cb_call {
 	CB_CALL_REMOTE_JUDGE = 3, /* cb_stage_remote_judge: from another host, policy to delivery */
 	CB_CALL_PEER_HOST = 4,  /* cb_stage_peer_host: from a peer host's own address */
 	CB_CALL_NODEPORT_BACK = 5, /* cb_stage_nodeport_back: a remote backend's node port reply */
-	CB_CALL_MAX = 8,
+	CB_CALL_UPLINK_DELIVER = 6, /* cb_stage_uplink_deliver: from outside to a local endpoint */
+	CB_CALL_NODEPORT_JUDGE = 7, /* cb_stage_nodeport_judge: a node port flow, policy to delivery */
+	CB_CALL_EGRESS = 8,     /* cb_stage_egress: an egress flow, policy to source NAT */
+	CB_CALL_MAX = 16,
 };
 
 /* cb_ipv4_outside takes a local endpoint's packet to no endpoint it reaches directly: a node
@@ -1078,15 +1048,34 @@ int cb_stage_outside(struct __sk_buff *skb)
 {
 	struct cb_iface *ifc = cb_iface_copied();
 
+	int r;
+
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
-	return cb_ipv4_outside(skb, ifc);
+	r = cb_ipv4_outside(skb, ifc);
+	if (r == CB_EGRESS)
+		return cb_stage(skb, CB_CALL_EGRESS);
+	return r;
+}
+
+/* cb_stage_egress takes (CB_CALL_EGRESS) an egress flow's packet cb_outside handed over:
+ * policy, conntrack, source NAT, out (cb_egress). */
+SEC("tc")
+int cb_stage_egress(struct __sk_buff *skb)
+{
+	struct cb_iface *ifc = cb_iface_copied();
+
+	if (!ifc)
+		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	return cb_egress(skb, ifc, cb_handoff_get());
 }
 
 /* (The stages of packets from other hosts, defined below.) */
 int cb_stage_remote_judge(struct __sk_buff *skb);
 int cb_stage_peer_host(struct __sk_buff *skb);
 int cb_stage_nodeport_back(struct __sk_buff *skb);
+int cb_stage_uplink_deliver(struct __sk_buff *skb);
+int cb_stage_nodeport_judge(struct __sk_buff *skb);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -1101,6 +1090,9 @@ struct {
 		[CB_CALL_REMOTE_JUDGE] = (void *)&cb_stage_remote_judge,
 		[CB_CALL_PEER_HOST] = (void *)&cb_stage_peer_host,
 		[CB_CALL_NODEPORT_BACK] = (void *)&cb_stage_nodeport_back,
+		[CB_CALL_UPLINK_DELIVER] = (void *)&cb_stage_uplink_deliver,
+		[CB_CALL_NODEPORT_JUDGE] = (void *)&cb_stage_nodeport_judge,
+		[CB_CALL_EGRESS] = (void *)&cb_stage_egress,
 	},
 };
 
@@ -1265,18 +1257,9 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	t.src_epg = src ? src->epg : 0;
 	t.dst_epg = ep->epg;
 	t.owner = cb_ct_owner_in(ep->slot); /* opened to the local receiver */
-	s = cb_handoff_get();
+	s = cb_hand(&p, &f, &t, &lc, &dkey);
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
-	p.eth = 0;
-	p.ip = 0;
-	s->p = p;
-	s->f = f;
-	s->t = t;
-	s->svc_ct = 0;
-	lc.svc_ct = 0;
-	s->lc = lc;
-	s->dkey = dkey;
 	s->features = features;
 	return cb_remote_hand(skb, net_key, zone, vtep, CB_JUDGE);
 }
@@ -1297,18 +1280,11 @@ static __noinline int cb_remote_judge(struct __sk_buff *skb, struct cb_handoff *
 		return cb_drop(skb, CB_DROP_NO_STAGE);
 	p = &s->p; /* (read and rewritten in place: the frame is short) */
 	f = &s->f;
-	t = s->t;
-	lc = s->lc;
-	t.inner = 0;
-	t.entry = 0;
-	t.rev_nat = 0;
-	lc.svc_ct = 0;
+	cb_taken(s, &t, &lc);
 	ep = bpf_map_lookup_elem(&cb_endpoints, &s->dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	if (s->features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
-		if (p->inner.proto)
-			t.inner = &p->inner;
 		r = cb_stateful(f, &t);
 		if (r)
 			return cb_drop(skb, r);
@@ -1612,6 +1588,32 @@ static __noinline int cb_uplink_deliver(struct __sk_buff *skb, const struct cb_f
 	return cb_deliver_as(skb, ep, t->nodeport ? CB_FWD_NODEPORT : CB_FWD_EGRESS_REPLY);
 }
 
+/* cb_uplink_hand hands a packet from outside that cb_uplink_deliver takes (p, f, t; to
+ * network net) over to its stage: CB_DELIVER, or a drop. */
+#define CB_DELIVER (-9)
+
+static __noinline int cb_uplink_hand(struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+				     const struct cb_track *t, __u32 net)
+{
+	struct cb_ep_key dkey = {.net = net};
+
+	if (!cb_hand(p, f, t, 0, &dkey))
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	return CB_DELIVER;
+}
+
+/* cb_uplink_delivered is the stage of what cb_uplink_hand handed over (s): ICMP errors
+ * quote the scratch's copy of their packet. */
+static __noinline int cb_uplink_delivered(struct __sk_buff *skb, struct cb_handoff *s)
+{
+	struct cb_track t;
+
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	cb_taken(s, &t, 0);
+	return cb_uplink_deliver(skb, &s->f, &t, s->dkey.net);
+}
+
 /* cb_uplink_snat takes the replies of egress flows (and drops the wire's packets for
  * endpoint addresses); CB_TCX_NEXT for everything else. */
 static __noinline int cb_uplink_snat(struct __sk_buff *skb)
@@ -1645,9 +1647,7 @@ static __noinline int cb_uplink_snat(struct __sk_buff *skb)
 	if (r)
 		return cb_drop(skb, r);
 	t.zone = d.zone;
-	if (p.inner.proto)
-		t.inner = &p.inner;
-	return cb_uplink_deliver(skb, &f, &t, d.net);
+	return cb_uplink_hand(skb, &p, &f, &t, d.net);
 }
 
 /* cb_nodeport_frag_in delivers a later fragment of a datagram a client sent to a node port
@@ -1689,13 +1689,11 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	struct cb_flow f = {};
 	struct cb_track t = {};
 	struct cb_lb_choice lc = {};
-	struct cb_frag_key fk = {};
 	struct cb_ep_key dkey = {};
 	__be32 client;
 	struct cb_endpoint *ep;
-	struct cb_network *net;
+	struct cb_handoff *s;
 	struct cb_config *cfg;
-	struct ethhdr *eth;
 	struct cb_np *np;
 	int r;
 
@@ -1717,8 +1715,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 		if (r)
 			return cb_drop(skb, r);
 		t.nodeport = p.inner.sport;
-		t.inner = &p.inner;
-		return cb_uplink_deliver(skb, &f, &t, lc.net);
+		return cb_uplink_hand(skb, &p, &f, &t, lc.net);
 	}
 	np = cb_nodeport_lookup(&f);
 	if (!np)
@@ -1753,34 +1750,77 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-	net = 0;
+	t.dst_epg = ep->epg;
+	/* Opened to a local backend; to one on another host: the host's total alone. */
+	t.owner = cb_ct_owner_in(ep->flags & CB_EP_LOCAL ? ep->slot : 0);
+	s = cb_hand(&p, &f, &t, &lc, &dkey);
+	if (!s)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	s->client = client;
+	return CB_JUDGE;
+}
+
+/* cb_np_frag_in_note records where the later fragments of the node port datagram whose
+ * first fragment s holds go: to the local backend it went to (cb_nodeport_frag_in). */
+static __noinline void cb_np_frag_in_note(const struct cb_handoff *s, __be32 snat_ip)
+{
+	struct cb_frag_key fk = {};
+
+	if (!s)
+		return;
+	cb_np_frag_key(&fk, CB_NATFRAG_NODEPORT_IN, s->client, snat_ip, &s->p, s->f.proto);
+	cb_natfrag_record(&fk, CB_NATFRAG_DST, s->f.daddr, s->dkey.net);
+}
+
+/* cb_nodeport_judge takes a node port flow's packet cb_uplink_nodeport balanced (its state
+ * in s) on: policy and conntrack, the choice committed, to the local backend or through
+ * the overlay to a remote one. */
+static __noinline int cb_nodeport_judge(struct __sk_buff *skb, struct cb_handoff *s)
+{
+	struct cb_pkt *p;
+	struct cb_flow *f;
+	struct cb_track t;
+	struct cb_lb_choice lc;
+	struct cb_endpoint *ep;
+	struct cb_network *net = 0;
+	struct cb_config *cfg = cb_get_config();
+	struct ethhdr *eth;
+	int r;
+
+	if (!s || !cfg)
+		return cb_drop(skb, CB_DROP_NO_STAGE);
+	p = &s->p; /* (read and rewritten in place: the frame is short) */
+	f = &s->f;
+	cb_taken(s, &t, &lc);
+	t.inner = 0; /* (the node port stage judges no ICMP error as related) */
+	ep = bpf_map_lookup_elem(&cb_endpoints, &s->dkey);
+	if (!ep)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	if (!(ep->flags & CB_EP_LOCAL)) {
 		/* A backend on another host: through the overlay, from this host's address. Not
 		 * for a fragmented datagram (its later fragments would need both addresses and
 		 * the NAT port): only local backends take those. */
-		net = bpf_map_lookup_elem(&cb_networks, &dkey.net);
-		if (!net || net->encap != CB_ENCAP_VXLAN || p.frag != CB_FRAG_NONE)
+		net = bpf_map_lookup_elem(&cb_networks, &s->dkey.net);
+		if (!net || net->encap != CB_ENCAP_VXLAN || p->frag != CB_FRAG_NONE)
 			return cb_drop(skb, CB_DROP_NODEPORT_NO_LOCAL);
 	}
-	t.dst_epg = ep->epg;
-	/* Opened to a local backend; to one on another host: the host's total alone. */
-	t.owner = cb_ct_owner_in(ep->flags & CB_EP_LOCAL ? ep->slot : 0);
-	r = cb_stateful(&f, &t);
+	if (s->svc_ct)
+		lc.svc_ct = cb_svc_ct_again(f, &t);
+	r = cb_stateful(f, &t);
 	if (!r)
-		r = cb_lb_commit(&lc, &p, &f, &t);
+		r = cb_lb_commit(&lc, p, f, &t);
 	if (!r && net)
-		r = cb_snat_egress(skb, &p, &f, &t, dkey.net);
+		r = cb_snat_egress(skb, p, f, &t, s->dkey.net);
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
 		return cb_drop(skb, r);
 	if (!net) {
-		if (p.frag == CB_FRAG_FIRST) {
-			cb_np_frag_key(&fk, CB_NATFRAG_NODEPORT_IN, client, cfg->snat_ip, &p, f.proto);
-			cb_natfrag_record(&fk, CB_NATFRAG_DST, f.daddr, dkey.net);
-		}
+		if (p->frag == CB_FRAG_FIRST)
+			cb_np_frag_in_note(s, cfg->snat_ip);
 		return cb_deliver_as(skb, ep, CB_FWD_NODEPORT);
 	}
+	cb_barrier_var(skb); /* (else the compiler reads the context through a moved pointer) */
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
@@ -1832,9 +1872,26 @@ int cb_from_uplink(struct __sk_buff *skb)
 		return CB_TCX_NEXT;
 	cb_clock_start();
 	r = cb_uplink_snat(skb);
-	if (r != CB_TCX_NEXT || !(cb_features & CB_FEAT_NODEPORT))
-		return r;
-	return cb_uplink_nodeport(skb);
+	if (r == CB_TCX_NEXT && (cb_features & CB_FEAT_NODEPORT))
+		r = cb_uplink_nodeport(skb);
+	if (r == CB_DELIVER)
+		return cb_stage(skb, CB_CALL_UPLINK_DELIVER);
+	if (r == CB_JUDGE)
+		return cb_stage(skb, CB_CALL_NODEPORT_JUDGE);
+	return r;
+}
+
+/* The stages of a packet from outside (CB_CALL_UPLINK_DELIVER, CB_CALL_NODEPORT_JUDGE). */
+SEC("tc")
+int cb_stage_uplink_deliver(struct __sk_buff *skb)
+{
+	return cb_uplink_delivered(skb, cb_handoff_get());
+}
+
+SEC("tc")
+int cb_stage_nodeport_judge(struct __sk_buff *skb)
+{
+	return cb_nodeport_judge(skb, cb_handoff_get());
 }
 
 /* cb_sock_connect4 (cgroup/connect4, attached at the cgroup root and acting only for

@@ -853,7 +853,7 @@ struct cb_fast_keys {
 /* cb_fast_pass decides, for cb_ipv4_fast, whether an unfragmented TCP or UDP packet (not
  * SYN, FIN or RST) from a local endpoint to an endpoint of its network, keys in k (its
  * tuple may be left reversed; e: the entry under it, never a client→VIP one with services
- * on), may skip cb_ipv4_from_container. With services on (lb), it must not be addressed to
+ * on), may skip the full stage. With services on (lb), it must not be addressed to
  * a service (cb_lb_forward's test) nor be a service flow's reply (cb_lb_reply's). An entry
  * under its own tuple answers both without a lookup when it is live, of the current
  * policy epoch and nobody's service flow (flags exactly CB_CT_ALLOWED): a service flow's

@@ -18,15 +18,6 @@ const (
 	budgetStack = 448
 )
 
-// legacyBudgets are the programs that predate the staged pipeline and are over the
-// budget: each may not grow past its ceiling (today's figure plus a few percent), and
-// each entry goes once its program is split into stages. Lower a ceiling whenever a
-// change lowers its program; never raise one to make a change fit.
-var legacyBudgets = map[string]struct{ insns, stack int }{
-	contivbpfProgCbStageOutside: {budgetInsns, 512},
-	contivbpfProgCbFromUplink:   {budgetInsns, 512},
-}
-
 // TestVerifierBudget loads every program with the verifier's statistics and fails when
 // one takes more than its budget of processed instructions or of stack.
 func TestVerifierBudget(t *testing.T) {
@@ -45,9 +36,6 @@ func TestVerifierBudget(t *testing.T) {
 	}
 	for _, b := range budgets {
 		insns, stack := budgetInsns, budgetStack
-		if l, ok := legacyBudgets[b.Program]; ok {
-			insns, stack = l.insns, l.stack
-		}
 		t.Logf("%s: %d instructions verified (%.1f %% of the limit), %d states, stack %d bytes (%v)",
 			b.Program, b.Insns, 100*float64(b.Insns)/VerifierLimit, b.States, b.Stack, b.Chain)
 		if b.Insns > insns {

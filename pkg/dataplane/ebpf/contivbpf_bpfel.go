@@ -698,85 +698,88 @@ type contivbpfCbZoneStamp struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	contivbpfMapCbBackends           = "cb_backends"
-	contivbpfMapCbBgpRoutes          = "cb_bgp_routes"
-	contivbpfMapCbCalls              = "cb_calls"
-	contivbpfMapCbCfg                = "cb_cfg"
-	contivbpfMapCbCt                 = "cb_ct"
-	contivbpfMapCbCtGens             = "cb_ct_gens"
-	contivbpfMapCbCtOwned            = "cb_ct_owned"
-	contivbpfMapCbCtOwnedIn          = "cb_ct_owned_in"
-	contivbpfMapCbEndpoints          = "cb_endpoints"
-	contivbpfMapCbEpCounters         = "cb_ep_counters"
-	contivbpfMapCbEpgs               = "cb_epgs"
-	contivbpfMapCbEvents             = "cb_events"
-	contivbpfMapCbFragBudgets        = "cb_frag_budgets"
-	contivbpfMapCbFragSrcBudgets     = "cb_frag_src_budgets"
-	contivbpfMapCbFrags              = "cb_frags"
-	contivbpfMapCbHandoffScratch     = "cb_handoff_scratch"
-	contivbpfMapCbHostIps            = "cb_host_ips"
-	contivbpfMapCbHostRoutes         = "cb_host_routes"
-	contivbpfMapCbHostSvcs           = "cb_host_svcs"
-	contivbpfMapCbIcmpBudget         = "cb_icmp_budget"
-	contivbpfMapCbIfaceDirect        = "cb_iface_direct"
-	contivbpfMapCbIfaceScratch       = "cb_iface_scratch"
-	contivbpfMapCbIfaces             = "cb_ifaces"
-	contivbpfMapCbKpods              = "cb_kpods"
-	contivbpfMapCbKsets              = "cb_ksets"
-	contivbpfMapCbMembers            = "cb_members"
-	contivbpfMapCbNatFrags           = "cb_nat_frags"
-	contivbpfMapCbNetworks           = "cb_networks"
-	contivbpfMapCbNodeports          = "cb_nodeports"
-	contivbpfMapCbPeerFlows          = "cb_peer_flows"
-	contivbpfMapCbPeers              = "cb_peers"
-	contivbpfMapCbPolCidrs           = "cb_pol_cidrs"
-	contivbpfMapCbPolHeads           = "cb_pol_heads"
-	contivbpfMapCbPolRules           = "cb_pol_rules"
-	contivbpfMapCbPolScratch         = "cb_pol_scratch"
-	contivbpfMapCbPolicies           = "cb_policies"
-	contivbpfMapCbReasons            = "cb_reasons"
-	contivbpfMapCbRoutes             = "cb_routes"
-	contivbpfMapCbServices           = "cb_services"
-	contivbpfMapCbSnat               = "cb_snat"
-	contivbpfMapCbSnatRev            = "cb_snat_rev"
-	contivbpfMapCbSvcRevs            = "cb_svc_revs"
-	contivbpfMapCbTenantNets         = "cb_tenant_nets"
-	contivbpfMapCbVerdicts           = "cb_verdicts"
-	contivbpfMapCbVips               = "cb_vips"
-	contivbpfMapCbZoneStamps         = "cb_zone_stamps"
-	contivbpfProgCbClockProbe        = "cb_clock_probe"
-	contivbpfProgCbFromContainer     = "cb_from_container"
-	contivbpfProgCbFromOverlay       = "cb_from_overlay"
-	contivbpfProgCbFromUplink        = "cb_from_uplink"
-	contivbpfProgCbFromWire          = "cb_from_wire"
-	contivbpfProgCbSockConnect4      = "cb_sock_connect4"
-	contivbpfProgCbStageIpv4         = "cb_stage_ipv4"
-	contivbpfProgCbStageIpv4Judge    = "cb_stage_ipv4_judge"
-	contivbpfProgCbStageNodeportBack = "cb_stage_nodeport_back"
-	contivbpfProgCbStageOutside      = "cb_stage_outside"
-	contivbpfProgCbStagePeerHost     = "cb_stage_peer_host"
-	contivbpfProgCbStageRemoteJudge  = "cb_stage_remote_judge"
-	contivbpfProgCbTestOverlay       = "cb_test_overlay"
-	contivbpfVarCbClockBase          = "cb_clock_base"
-	contivbpfVarCbCtFlagsUnused      = "cb_ct_flags_unused"
-	contivbpfVarCbCtStateUnused      = "cb_ct_state_unused"
-	contivbpfVarCbEgressFlagsUnused  = "cb_egress_flags_unused"
-	contivbpfVarCbEncapUnused        = "cb_encap_unused"
-	contivbpfVarCbEpFlagsUnused      = "cb_ep_flags_unused"
-	contivbpfVarCbEpgFlagsUnused     = "cb_epg_flags_unused"
-	contivbpfVarCbEventUnused        = "cb_event_unused"
-	contivbpfVarCbFeatures           = "cb_features"
-	contivbpfVarCbFeaturesUnused     = "cb_features_unused"
-	contivbpfVarCbFragRate           = "cb_frag_rate"
-	contivbpfVarCbFragSrcRate        = "cb_frag_src_rate"
-	contivbpfVarCbLbSeed             = "cb_lb_seed"
-	contivbpfVarCbNetFlagsUnused     = "cb_net_flags_unused"
-	contivbpfVarCbPolDirUnused       = "cb_pol_dir_unused"
-	contivbpfVarCbPolicyEpoch        = "cb_policy_epoch"
-	contivbpfVarCbReasonUnused       = "cb_reason_unused"
-	contivbpfVarCbRuleActionUnused   = "cb_rule_action_unused"
-	contivbpfVarCbSvcMemoOff         = "cb_svc_memo_off"
-	contivbpfVarCbTickNs             = "cb_tick_ns"
+	contivbpfMapCbBackends            = "cb_backends"
+	contivbpfMapCbBgpRoutes           = "cb_bgp_routes"
+	contivbpfMapCbCalls               = "cb_calls"
+	contivbpfMapCbCfg                 = "cb_cfg"
+	contivbpfMapCbCt                  = "cb_ct"
+	contivbpfMapCbCtGens              = "cb_ct_gens"
+	contivbpfMapCbCtOwned             = "cb_ct_owned"
+	contivbpfMapCbCtOwnedIn           = "cb_ct_owned_in"
+	contivbpfMapCbEndpoints           = "cb_endpoints"
+	contivbpfMapCbEpCounters          = "cb_ep_counters"
+	contivbpfMapCbEpgs                = "cb_epgs"
+	contivbpfMapCbEvents              = "cb_events"
+	contivbpfMapCbFragBudgets         = "cb_frag_budgets"
+	contivbpfMapCbFragSrcBudgets      = "cb_frag_src_budgets"
+	contivbpfMapCbFrags               = "cb_frags"
+	contivbpfMapCbHandoffScratch      = "cb_handoff_scratch"
+	contivbpfMapCbHostIps             = "cb_host_ips"
+	contivbpfMapCbHostRoutes          = "cb_host_routes"
+	contivbpfMapCbHostSvcs            = "cb_host_svcs"
+	contivbpfMapCbIcmpBudget          = "cb_icmp_budget"
+	contivbpfMapCbIfaceDirect         = "cb_iface_direct"
+	contivbpfMapCbIfaceScratch        = "cb_iface_scratch"
+	contivbpfMapCbIfaces              = "cb_ifaces"
+	contivbpfMapCbKpods               = "cb_kpods"
+	contivbpfMapCbKsets               = "cb_ksets"
+	contivbpfMapCbMembers             = "cb_members"
+	contivbpfMapCbNatFrags            = "cb_nat_frags"
+	contivbpfMapCbNetworks            = "cb_networks"
+	contivbpfMapCbNodeports           = "cb_nodeports"
+	contivbpfMapCbPeerFlows           = "cb_peer_flows"
+	contivbpfMapCbPeers               = "cb_peers"
+	contivbpfMapCbPolCidrs            = "cb_pol_cidrs"
+	contivbpfMapCbPolHeads            = "cb_pol_heads"
+	contivbpfMapCbPolRules            = "cb_pol_rules"
+	contivbpfMapCbPolScratch          = "cb_pol_scratch"
+	contivbpfMapCbPolicies            = "cb_policies"
+	contivbpfMapCbReasons             = "cb_reasons"
+	contivbpfMapCbRoutes              = "cb_routes"
+	contivbpfMapCbServices            = "cb_services"
+	contivbpfMapCbSnat                = "cb_snat"
+	contivbpfMapCbSnatRev             = "cb_snat_rev"
+	contivbpfMapCbSvcRevs             = "cb_svc_revs"
+	contivbpfMapCbTenantNets          = "cb_tenant_nets"
+	contivbpfMapCbVerdicts            = "cb_verdicts"
+	contivbpfMapCbVips                = "cb_vips"
+	contivbpfMapCbZoneStamps          = "cb_zone_stamps"
+	contivbpfProgCbClockProbe         = "cb_clock_probe"
+	contivbpfProgCbFromContainer      = "cb_from_container"
+	contivbpfProgCbFromOverlay        = "cb_from_overlay"
+	contivbpfProgCbFromUplink         = "cb_from_uplink"
+	contivbpfProgCbFromWire           = "cb_from_wire"
+	contivbpfProgCbSockConnect4       = "cb_sock_connect4"
+	contivbpfProgCbStageEgress        = "cb_stage_egress"
+	contivbpfProgCbStageIpv4          = "cb_stage_ipv4"
+	contivbpfProgCbStageIpv4Judge     = "cb_stage_ipv4_judge"
+	contivbpfProgCbStageNodeportBack  = "cb_stage_nodeport_back"
+	contivbpfProgCbStageNodeportJudge = "cb_stage_nodeport_judge"
+	contivbpfProgCbStageOutside       = "cb_stage_outside"
+	contivbpfProgCbStagePeerHost      = "cb_stage_peer_host"
+	contivbpfProgCbStageRemoteJudge   = "cb_stage_remote_judge"
+	contivbpfProgCbStageUplinkDeliver = "cb_stage_uplink_deliver"
+	contivbpfProgCbTestOverlay        = "cb_test_overlay"
+	contivbpfVarCbClockBase           = "cb_clock_base"
+	contivbpfVarCbCtFlagsUnused       = "cb_ct_flags_unused"
+	contivbpfVarCbCtStateUnused       = "cb_ct_state_unused"
+	contivbpfVarCbEgressFlagsUnused   = "cb_egress_flags_unused"
+	contivbpfVarCbEncapUnused         = "cb_encap_unused"
+	contivbpfVarCbEpFlagsUnused       = "cb_ep_flags_unused"
+	contivbpfVarCbEpgFlagsUnused      = "cb_epg_flags_unused"
+	contivbpfVarCbEventUnused         = "cb_event_unused"
+	contivbpfVarCbFeatures            = "cb_features"
+	contivbpfVarCbFeaturesUnused      = "cb_features_unused"
+	contivbpfVarCbFragRate            = "cb_frag_rate"
+	contivbpfVarCbFragSrcRate         = "cb_frag_src_rate"
+	contivbpfVarCbLbSeed              = "cb_lb_seed"
+	contivbpfVarCbNetFlagsUnused      = "cb_net_flags_unused"
+	contivbpfVarCbPolDirUnused        = "cb_pol_dir_unused"
+	contivbpfVarCbPolicyEpoch         = "cb_policy_epoch"
+	contivbpfVarCbReasonUnused        = "cb_reason_unused"
+	contivbpfVarCbRuleActionUnused    = "cb_rule_action_unused"
+	contivbpfVarCbSvcMemoOff          = "cb_svc_memo_off"
+	contivbpfVarCbTickNs              = "cb_tick_ns"
 )
 
 // loadContivbpf returns the embedded CollectionSpec for contivbpf.
@@ -821,19 +824,22 @@ type contivbpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type contivbpfProgramSpecs struct {
-	CbClockProbe        *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
-	CbFromContainer     *ebpf.ProgramSpec `ebpf:"cb_from_container"`
-	CbFromOverlay       *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
-	CbFromUplink        *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
-	CbFromWire          *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
-	CbSockConnect4      *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
-	CbStageIpv4         *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
-	CbStageIpv4Judge    *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
-	CbStageNodeportBack *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_back"`
-	CbStageOutside      *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
-	CbStagePeerHost     *ebpf.ProgramSpec `ebpf:"cb_stage_peer_host"`
-	CbStageRemoteJudge  *ebpf.ProgramSpec `ebpf:"cb_stage_remote_judge"`
-	CbTestOverlay       *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
+	CbClockProbe         *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
+	CbFromContainer      *ebpf.ProgramSpec `ebpf:"cb_from_container"`
+	CbFromOverlay        *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUplink         *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
+	CbFromWire           *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
+	CbSockConnect4       *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
+	CbStageEgress        *ebpf.ProgramSpec `ebpf:"cb_stage_egress"`
+	CbStageIpv4          *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge     *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
+	CbStageNodeportBack  *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_back"`
+	CbStageNodeportJudge *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_judge"`
+	CbStageOutside       *ebpf.ProgramSpec `ebpf:"cb_stage_outside"`
+	CbStagePeerHost      *ebpf.ProgramSpec `ebpf:"cb_stage_peer_host"`
+	CbStageRemoteJudge   *ebpf.ProgramSpec `ebpf:"cb_stage_remote_judge"`
+	CbStageUplinkDeliver *ebpf.ProgramSpec `ebpf:"cb_stage_uplink_deliver"`
+	CbTestOverlay        *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
 }
 
 // contivbpfMapSpecs contains maps before they are loaded into the kernel.
@@ -1063,19 +1069,22 @@ type contivbpfVariables struct {
 //
 // It can be passed to loadContivbpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type contivbpfPrograms struct {
-	CbClockProbe        *ebpf.Program `ebpf:"cb_clock_probe"`
-	CbFromContainer     *ebpf.Program `ebpf:"cb_from_container"`
-	CbFromOverlay       *ebpf.Program `ebpf:"cb_from_overlay"`
-	CbFromUplink        *ebpf.Program `ebpf:"cb_from_uplink"`
-	CbFromWire          *ebpf.Program `ebpf:"cb_from_wire"`
-	CbSockConnect4      *ebpf.Program `ebpf:"cb_sock_connect4"`
-	CbStageIpv4         *ebpf.Program `ebpf:"cb_stage_ipv4"`
-	CbStageIpv4Judge    *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
-	CbStageNodeportBack *ebpf.Program `ebpf:"cb_stage_nodeport_back"`
-	CbStageOutside      *ebpf.Program `ebpf:"cb_stage_outside"`
-	CbStagePeerHost     *ebpf.Program `ebpf:"cb_stage_peer_host"`
-	CbStageRemoteJudge  *ebpf.Program `ebpf:"cb_stage_remote_judge"`
-	CbTestOverlay       *ebpf.Program `ebpf:"cb_test_overlay"`
+	CbClockProbe         *ebpf.Program `ebpf:"cb_clock_probe"`
+	CbFromContainer      *ebpf.Program `ebpf:"cb_from_container"`
+	CbFromOverlay        *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUplink         *ebpf.Program `ebpf:"cb_from_uplink"`
+	CbFromWire           *ebpf.Program `ebpf:"cb_from_wire"`
+	CbSockConnect4       *ebpf.Program `ebpf:"cb_sock_connect4"`
+	CbStageEgress        *ebpf.Program `ebpf:"cb_stage_egress"`
+	CbStageIpv4          *ebpf.Program `ebpf:"cb_stage_ipv4"`
+	CbStageIpv4Judge     *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
+	CbStageNodeportBack  *ebpf.Program `ebpf:"cb_stage_nodeport_back"`
+	CbStageNodeportJudge *ebpf.Program `ebpf:"cb_stage_nodeport_judge"`
+	CbStageOutside       *ebpf.Program `ebpf:"cb_stage_outside"`
+	CbStagePeerHost      *ebpf.Program `ebpf:"cb_stage_peer_host"`
+	CbStageRemoteJudge   *ebpf.Program `ebpf:"cb_stage_remote_judge"`
+	CbStageUplinkDeliver *ebpf.Program `ebpf:"cb_stage_uplink_deliver"`
+	CbTestOverlay        *ebpf.Program `ebpf:"cb_test_overlay"`
 }
 
 func (p *contivbpfPrograms) Close() error {
@@ -1086,12 +1095,15 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbSockConnect4,
+		p.CbStageEgress,
 		p.CbStageIpv4,
 		p.CbStageIpv4Judge,
 		p.CbStageNodeportBack,
+		p.CbStageNodeportJudge,
 		p.CbStageOutside,
 		p.CbStagePeerHost,
 		p.CbStageRemoteJudge,
+		p.CbStageUplinkDeliver,
 		p.CbTestOverlay,
 	)
 }

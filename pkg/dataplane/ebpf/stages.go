@@ -23,7 +23,8 @@ const callsDir = "calls"
 // program must keep them too (the array's contents name them).
 func stagePrograms() []string {
 	return []string{contivbpfProgCbStageIpv4, contivbpfProgCbStageIpv4Judge, contivbpfProgCbStageOutside,
-		contivbpfProgCbStageRemoteJudge, contivbpfProgCbStagePeerHost, contivbpfProgCbStageNodeportBack}
+		contivbpfProgCbStageRemoteJudge, contivbpfProgCbStagePeerHost, contivbpfProgCbStageNodeportBack,
+		contivbpfProgCbStageUplinkDeliver, contivbpfProgCbStageNodeportJudge, contivbpfProgCbStageEgress}
 }
 
 // pinCalls pins this load's program array under callsDir and returns the pin's name.
