@@ -557,6 +557,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 	s = cb_hand(&p, &f, &t, &lc, &dkey);
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
+	s->ep = *ep;
 	s->features = features;
 	return CB_JUDGE;
 }
@@ -573,7 +574,6 @@ static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface
 	struct cb_flow *f;
 	struct cb_track t;
 	struct cb_lb_choice lc;
-	struct cb_ep_key dkey;
 	struct cb_endpoint *ep;
 	struct cb_config *cfg;
 	struct ethhdr *eth;
@@ -586,12 +586,9 @@ static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface
 	p = &s->p; /* (read and rewritten in place: the frame is short) */
 	f = &s->f;
 	cb_taken(s, &t, &lc);
-	dkey = s->dkey;
 	features = s->features;
-	dnet = dkey.net;
-	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-	if (!ep)
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	dnet = s->dkey.net;
+	ep = &s->ep; /* the destination as it was judged */
 
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		if (s->svc_ct && t.svc)
@@ -1260,6 +1257,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 	s = cb_hand(&p, &f, &t, &lc, &dkey);
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
+	s->ep = *ep;
 	s->features = features;
 	return cb_remote_hand(skb, net_key, zone, vtep, CB_JUDGE);
 }
@@ -1281,9 +1279,7 @@ static __noinline int cb_remote_judge(struct __sk_buff *skb, struct cb_handoff *
 	p = &s->p; /* (read and rewritten in place: the frame is short) */
 	f = &s->f;
 	cb_taken(s, &t, &lc);
-	ep = bpf_map_lookup_elem(&cb_endpoints, &s->dkey);
-	if (!ep || !(ep->flags & CB_EP_LOCAL))
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	ep = &s->ep; /* the destination as it was judged (local: cb_remote_rx checked) */
 	if (s->features & (CB_FEAT_POLICY | CB_FEAT_LB)) {
 		r = cb_stateful(f, &t);
 		if (r)
@@ -1756,6 +1752,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	s = cb_hand(&p, &f, &t, &lc, &dkey);
 	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
+	s->ep = *ep;
 	s->client = client;
 	return CB_JUDGE;
 }
@@ -1787,15 +1784,15 @@ static __noinline int cb_nodeport_judge(struct __sk_buff *skb, struct cb_handoff
 	struct ethhdr *eth;
 	int r;
 
-	if (!s || !cfg)
+	if (!s)
 		return cb_drop(skb, CB_DROP_NO_STAGE);
+	if (!cfg)
+		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	p = &s->p; /* (read and rewritten in place: the frame is short) */
 	f = &s->f;
 	cb_taken(s, &t, &lc);
 	t.inner = 0; /* (the node port stage judges no ICMP error as related) */
-	ep = bpf_map_lookup_elem(&cb_endpoints, &s->dkey);
-	if (!ep)
-		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
+	ep = &s->ep; /* the backend as it was judged */
 	if (!(ep->flags & CB_EP_LOCAL)) {
 		/* A backend on another host: through the overlay, from this host's address. Not
 		 * for a fragmented datagram (its later fragments would need both addresses and

@@ -24,15 +24,18 @@
  * What the first found goes to the second in cb_handoff_scratch (per CPU: nothing else
  * runs on the CPU between a program and its tail call) without its pointers: the packet's
  * headers are read again where needed, the quoted packet of an ICMP error is the
- * scratch's own copy, and the destination and the client→VIP entry the service stage
- * found are looked up again. Never pinned: each load has its own, as the layout is its
- * own. */
+ * scratch's own copy, the destination endpoint is the copy the first program judged, and
+ * the client→VIP entry the service stage found is looked up again. Never pinned: each
+ * load has its own, as the layout is its own (netctl trace's load too). */
 struct cb_handoff {
 	struct cb_pkt p;        /* p.eth, p.ip: not read past parsing; zeroed */
 	struct cb_flow f;
 	struct cb_track t;      /* t.inner, t.entry, t.rev_nat: set again by the second */
 	struct cb_lb_choice lc; /* lc.svc_ct: looked up again when svc_ct is set */
-	struct cb_ep_key dkey;  /* the destination endpoint, looked up again */
+	struct cb_ep_key dkey;  /* the destination's key (its network: dkey.net) */
+	struct cb_endpoint ep;  /* the destination the first program judged, as it found it:
+				 * the second delivers to this one, never to what a lookup
+				 * finds after an update (judged as one, sent to another) */
 	__u32 features;         /* cb_features as the first program read it */
 	__u32 svc_ct;           /* the service stage found a live client→VIP entry */
 	__u32 net_key;          /* from another host: the network it arrived in */

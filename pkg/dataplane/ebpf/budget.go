@@ -75,8 +75,8 @@ func MeasureBudgets() ([]ProgramBudget, error) {
 }
 
 // liveFuncs are the names of the functions the kernel kept of program p: it removes a
-// function every call of which it found dead (a stage that reaches it on no path), and
-// its log prints no frame for it.
+// function every call of which it found dead (a stage that reaches it on no path), after
+// its stack check, and its log prints no depth for it.
 func liveFuncs(p *ebpf.Program) (map[string]bool, error) {
 	info, err := p.Info()
 	if err != nil {
@@ -132,7 +132,9 @@ func parseBudget(name, log string, insns asm.Instructions, live map[string]bool)
 // frame (a JITed program). The log prints frames after bpf_loop calls were inlined, which
 // gives their caller bpfLoopInlineFrame bytes more than the check saw: taken off only
 // where the call is inlined (loopInlined). Functions not in live (nil: all live) are the
-// ones the kernel removed as dead: they have no frame, and calls to them are dead code.
+// ones the kernel removed as dead: the log prints no depth for them, yet the kernel's
+// check walked them (before it removed them) as frames of 0 bytes, calls included, and
+// so does the chain.
 func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (int, []string, error) {
 	var fns []string
 	index := map[string]int{}
@@ -141,9 +143,7 @@ func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (i
 	targets := jumpTargets(insns)
 	cur := -1
 	for i, ins := range insns {
-		if sym := ins.Symbol(); sym != "" && live != nil && !live[sym] {
-			cur = -1 // removed: its calls are dead too
-		} else if sym != "" {
+		if sym := ins.Symbol(); sym != "" {
 			cur = len(fns)
 			index[sym] = cur
 			fns = append(fns, sym)
@@ -155,8 +155,20 @@ func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (i
 			calls[cur] = append(calls[cur], ins.Reference())
 		}
 	}
-	if len(fns) != len(depths) {
-		return 0, nil, fmt.Errorf("%d functions but %d stack depths", len(fns), len(depths))
+	// The log's depths are the kept functions', in order; a removed one's frame is 0.
+	frames := make([]int, len(fns))
+	kept := 0
+	for i, fn := range fns {
+		if live != nil && !live[fn] {
+			continue
+		}
+		if kept < len(depths) {
+			frames[i] = depths[kept]
+		}
+		kept++
+	}
+	if kept != len(depths) {
+		return 0, nil, fmt.Errorf("%d functions kept but %d stack depths", kept, len(depths))
 	}
 	type best struct {
 		stack int
@@ -177,9 +189,6 @@ func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (i
 		var deepest best
 		for _, callee := range calls[i] {
 			j, ok := index[callee]
-			if !ok && live != nil && !live[callee] {
-				continue // a dead call of a removed function
-			}
 			if !ok {
 				return best{}, fmt.Errorf("%s calls unknown function %s", fns[i], callee)
 			}
@@ -191,7 +200,7 @@ func deepestChain(insns asm.Instructions, depths []int, live map[string]bool) (i
 				deepest = b
 			}
 		}
-		d := depths[i]
+		d := frames[i]
 		if loops[i] {
 			d = max(d-bpfLoopInlineFrame, 0)
 		}

@@ -79,7 +79,9 @@ func TestDeepestChain(t *testing.T) {
 	if _, _, err := deepestChain(insns, []int{8}, nil); err == nil {
 		t.Error("a depth list that does not match the functions was accepted")
 	}
-	// The kernel removed a (every call of it dead): no frame printed, its call skipped.
+	// The kernel removed a (every call of it dead): no depth printed, yet its check walked
+	// it as a frame of 0 bytes, its calls included (found by review: a removed function's
+	// calls were skipped, and a chain through it went uncounted).
 	live := map[string]bool{"main": true, "b": true, "cb": true}
 	stack, chain, err = deepestChain(insns, []int{8, 24 + 40, 8}, live)
 	if err != nil {
@@ -87,6 +89,25 @@ func TestDeepestChain(t *testing.T) {
 	}
 	if stack != 96 || len(chain) != 3 || chain[1] != "b" {
 		t.Errorf("a removed: got %d %v, want 96 [main b cb]", stack, chain)
+	}
+	through := asm.Instructions{
+		asm.Call.Label("x").WithSymbol("main"),
+		asm.Call.Label("f"),
+		asm.Return(),
+		asm.Call.Label("d").WithSymbol("x"), // dead: d is removed
+		asm.Return(),
+		asm.Call.Label("f").WithSymbol("d"),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("f"),
+		asm.Return(),
+	}
+	live = map[string]bool{"main": true, "x": true, "f": true}
+	stack, chain, err = deepestChain(through, []int{16, 240, 240}, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stack != 496 || len(chain) != 4 || chain[2] != "d" {
+		t.Errorf("through a removed function: got %d %v, want 496 [main x d f]", stack, chain)
 	}
 }
 

@@ -248,7 +248,7 @@ type contivbpfCbFragSrcKey struct {
 
 type contivbpfCbHandoffRaw struct {
 	_ structs.HostLayout
-	B [22]uint64
+	B [26]uint64
 }
 
 type contivbpfCbHostIp struct {

@@ -1,10 +1,15 @@
 package ebpf
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -74,4 +79,58 @@ func TestStagesOutliveTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	conformance.PingFails(t, a.NetNS, b.IP.String())
+}
+
+// TestHandoffDeliversWhatItJudged (found by review): the judging program delivers to the
+// destination endpoint as the first program found and judged it, never to what a lookup
+// finds after the agent replaced the entry between the two (a new pod on a stale
+// address, of a deny-all group): judged as one endpoint, sent to another. The interleaving
+// is forced on one CPU: the judging stage is taken out of cb_calls, the first program
+// runs (and hands over), the entry is replaced, then the judging program runs.
+func TestHandoffDeliversWhatItJudged(t *testing.T) {
+	objs := loadTestObjects(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
+	setEPG(t, objs, srcIP, 10)
+	setEPG(t, objs, localIP, 20) // no rules: allowed
+	putPolicy(t, objs, dataplane.PolicySet{EPGID: 40, Rules: []dataplane.PolicyRule{
+		{ID: "deny-all-in", Priority: 1, Ingress: true, Action: dataplane.ActionDeny}}})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cpus unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.SchedSetaffinity(0, &cpus)
+	var one unix.CPUSet
+	one.Set(0)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	k := contivbpfCbEpKey{Net: testNet, Ip: ip4(localIP)}
+	var old, repl contivbpfCbEndpoint
+	if err := objs.CbEndpoints.Lookup(&k, &old); err != nil {
+		t.Fatal(err)
+	}
+	repl = old
+	newMAC := net.HardwareAddr{2, 0, 0, 0, 0x99, 0x99}
+	repl.Epg, repl.Ifindex, repl.Slot = 40, old.Ifindex+1, 99
+	copy(repl.Mac[:], newMAC)
+	judge := uint32(2) // CB_CALL_IPV4_JUDGE
+	if err := objs.CbCalls.Delete(judge); err != nil {
+		t.Fatal(err)
+	}
+	pkt := l4Frame(6, srcIP, localIP, 40200, 80, tcpSYN, 0)
+	run(t, objs, objs.CbFromContainer, pkt, nil).expect(t, tcActShot, DropNoStage) // handed over
+	if err := objs.CbEndpoints.Put(&k, &repl); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, objs, objs.CbStageIpv4Judge, pkt, nil)
+	if r.ret == tcActRedirect && bytes.Equal(r.out[:6], newMAC) {
+		t.Errorf("judged as the group-20 endpoint, delivered to the group-40 (deny-all) one")
+	}
+	if err := objs.CbCalls.Put(judge, objs.CbStageIpv4Judge); err != nil {
+		t.Fatal(err)
+	}
+	// The replaced entry is what the next packet is judged by.
+	run(t, objs, objs.CbFromContainer, l4Frame(6, srcIP, localIP, 40201, 80, tcpSYN, 0), nil).expect(t, tcActShot, DropPolicy)
 }

@@ -45,7 +45,10 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: true, contivbpfMapCbNatFrags: true,
 	contivbpfMapCbReasons: true, contivbpfMapCbEpCounters: true, contivbpfMapCbVerdicts: true, contivbpfMapCbEvents: true,
 	contivbpfMapCbIfaces: true, contivbpfMapCbIfaceDirect: true,
-	contivbpfMapCbCalls: true} // its own stages, which run on the trace's maps
+	contivbpfMapCbCalls: true, // its own stages, which run on the trace's maps
+	// and its own per-CPU hand-over between them (a softirq between a trace's two
+	// programs must not spoil the trace's state, nor the trace the live packet's)
+	contivbpfMapCbIfaceScratch: true, contivbpfMapCbHandoffScratch: true}
 
 // liveMaps names the driver's maps by their ELF names.
 func (d *Driver) liveMaps() map[string]*ebpf.Map {
