@@ -340,6 +340,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);
+	cb_np_tcp_note(skb, &p, &f, t.entry); /* (where the client's FIN or RST must lie) */
 	if (p.inner.proto) {
 		/* It quotes client:cport → backend:target: the client sent it to the node port. */
 		r = cb_icmp_quote_nat(skb, &p, 0, cfg->snat_ip, np);
@@ -1398,8 +1399,10 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	t.src_epg = src ? src->epg : 0;
 	t.svc_reply = 1;
 	r = cb_stateful(&f, &t);
-	if (!r)
+	if (!r) {
+		cb_np_tcp_note(skb, &p, &f, t.entry); /* (where the client's FIN or RST must lie) */
 		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, d.nodeport);
+	}
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)
@@ -1803,6 +1806,7 @@ static __noinline int cb_nodeport_judge(struct __sk_buff *skb, struct cb_handoff
 	}
 	if (s->svc_ct)
 		lc.svc_ct = cb_svc_ct_again(f, &t);
+	cb_np_close_check(skb, p, f, &t); /* a blind FIN or RST closes nothing */
 	r = cb_stateful(f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, p, f, &t);

@@ -28,6 +28,8 @@ enum cb_ct_flags {
 	CB_CT_NODEPORT = 16, /* with DNAT: the client came to the host's node port (nodeport) from outside */
 	CB_CT_SHADOW = 32, /* a service flow's entry (DNAT) was made under the reverse tuple, so a packet
 			    * of this flow may be that one's reply: the full stage decides (cb_ct_shadow) */
+	CB_CT_TCP_REF = 64, /* with NODEPORT (TCP): svc_id holds the backend's last acknowledgment
+			     * number, where the client's FIN or RST must lie (nodeport.h) */
 };
 
 enum cb_ct_state {
@@ -68,7 +70,8 @@ struct cb_ct_entry {
 			  * CB_CT_SVC: the service's
 			  * revision when its backend was last found a member (cb_lb_forward), or
 			  * with CB_CT_MEMO a memo's stamp (cb_svc_memo_stamp) */
-	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
+	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation); CB_CT_TCP_REF: the
+			  * backend's last acknowledgment number (host order) */
 	union {
 		__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
 		/* Otherwise: the fast path's note of the host veth (ifindex below CB_IFACE_DIRECT)

@@ -26,6 +26,7 @@
 #include "conntrack.h"
 #include "policy.h"
 #include "lb.h"
+#include "nat.h"
 
 struct cb_np_key {
 	__be16 port;  /* the node port, network order */
@@ -245,4 +246,51 @@ CB_INLINE struct cb_natfrag *cb_np_frag_find(const struct cb_frag_key *k, __u32 
 	if (!n || n->dir != dir || n->expires < cb_now())
 		return 0;
 	return n;
+}
+
+/* Blind FINs and RSTs (node port flows; egress flows: nat.h). The backend's own segments
+ * set the reference, its last acknowledgment number (the next sequence number it expects
+ * from the client), kept in the flow's entry (CB_CT_TCP_REF, svc_id). A FIN or RST from the
+ * client side then closes the flow only with a sequence number in [ref, ref +
+ * CB_TCP_CLOSE_WINDOW); otherwise it is passed as a plain segment (the backend's stack
+ * judges it, RFC 5961) and neither conntrack nor a remote backend's NAT entry moves.
+ * Before the backend's first segment the client's RST is believed: the flow is new, and a
+ * new flow expires in a minute anyway. Entries of an earlier build have no reference
+ * until the backend's next segment. */
+
+/* cb_np_tcp_note records in e, a node port flow's entry, what the backend's segment f (at
+ * p) says the client's FIN or RST must carry. */
+static __noinline void cb_np_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+				      struct cb_ct_entry *e)
+{
+	__u32 seq, ack;
+
+	if (!p || !f || !e || f->proto != CB_PROTO_TCP || !(f->tcp_flags & CB_TCP_ACK) ||
+	    !(e->flags & CB_CT_NODEPORT) || !cb_tcp_seq_ack(skb, p, &seq, &ack))
+		return;
+	if (e->svc_id != ack || !(e->flags & CB_CT_TCP_REF)) {
+		e->svc_id = ack;
+		e->flags |= CB_CT_TCP_REF;
+	}
+}
+
+/* cb_np_close_check takes the FIN and RST off the client's segment f (at p) of node port
+ * flow t when its live entry has a reference and the sequence number lies outside its
+ * window: the segment goes on as a plain one. */
+static __noinline void cb_np_close_check(const struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+					 const struct cb_track *t)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+	__u32 seq, ack;
+
+	if (!p || !f || !t || f->proto != CB_PROTO_TCP || !(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
+		return;
+	cb_ct_key_of(&k, t->zone, f, 0);
+	e = cb_ct_live(&k, cb_now());
+	if (!e || (e->flags & (CB_CT_NODEPORT | CB_CT_TCP_REF)) != (CB_CT_NODEPORT | CB_CT_TCP_REF))
+		return;
+	if (cb_tcp_seq_ack(skb, p, &seq, &ack) && seq - e->svc_id < CB_TCP_CLOSE_WINDOW)
+		return;
+	f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);
 }

@@ -98,6 +98,7 @@ const (
 	contivbpfCbCtFlagsCB_CT_HAIRPIN  contivbpfCbCtFlags = 8
 	contivbpfCbCtFlagsCB_CT_NODEPORT contivbpfCbCtFlags = 16
 	contivbpfCbCtFlagsCB_CT_SHADOW   contivbpfCbCtFlags = 32
+	contivbpfCbCtFlagsCB_CT_TCP_REF  contivbpfCbCtFlags = 64
 )
 
 type contivbpfCbCtGen struct {

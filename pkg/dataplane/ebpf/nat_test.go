@@ -1056,6 +1056,96 @@ func TestEgressBlindClose(t *testing.T) {
 	}
 }
 
+// TestNodePortBlindClose (Datapath v3 issue, hole 5): a FIN or RST from the client side of
+// a node port flow closes it only with a sequence number in the window the backend's last
+// acknowledgment set; a blind one is passed as a plain segment and moves nothing, for a
+// local backend (conntrack) and a remote one (conntrack and the NAT entry). Before the
+// backend's first segment the client's RST is believed; the backend's own FIN closes.
+func TestNodePortBlindClose(t *testing.T) {
+	objs, vip := nodePortFixture(t, 6, 80, 8080, 30080)
+	up, fc := objs.CbFromUplink, objs.CbFromContainer
+	const syn, ack, fin, rst = 0x02, 0x10, 0x01, 0x04
+	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
+	in := func(cport uint16, flags uint8, seq, an uint32, want Reason) []byte {
+		t.Helper()
+		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, flags, 0), seq, an), nil)
+		r.expect(t, tcActRedirect, want)
+		// Passed on as it came: the backend's stack judges a blind one (RFC 5961).
+		if r.out[14+20+13] != flags {
+			t.Errorf("flags %#x delivered as %#x", flags, r.out[14+20+13])
+		}
+		return r.out
+	}
+	state := func(backend netip.Addr, cport uint16) uint8 {
+		t.Helper()
+		e, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, worldIP, backend, cport, 8080)
+		if !ok {
+			t.Fatalf("no conntrack entry of the client's port %d", cport)
+		}
+		return e.State
+	}
+	// A local backend. SYN (seq 1000), the backend's SYN-ACK (acknowledging 1001), then
+	// blind FINs and RSTs: behind the reference, past 8 MiB, far away.
+	local := func(cport uint16, flags uint8, seq, an uint32) {
+		t.Helper()
+		in(cport, flags, seq, an, FwdNodePort)
+	}
+	local(5555, syn, 1000, 0)
+	run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, 8080, 5555, syn|ack, 0), 9000, 1001), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	local(5555, ack, 1001, 9001)
+	for _, seq := range []uint32{1000, 1001 + 1<<23, 0xfff003e9 /* 1 MiB before */, 0x80000000} {
+		local(5555, rst, seq, 0)
+		local(5555, fin|ack, seq, 9001)
+	}
+	if st := state(srcIP, 5555); st == closing {
+		t.Errorf("blind FIN/RST closed a local backend's node port flow")
+	}
+	local(5555, rst, 1001+100000, 0) // data in flight past the last ACK: in the window
+	if st := state(srcIP, 5555); st != closing {
+		t.Errorf("an in-window RST left the flow in state %d, want closing", st)
+	}
+	// No backend segment yet: the client's RST is believed.
+	local(5557, syn, 4000, 0)
+	local(5557, rst, 77, 0)
+	if st := state(srcIP, 5557); st != closing {
+		t.Errorf("the client's RST before any answer left state %d, want closing", st)
+	}
+	// The backend's own FIN closes whatever it carries.
+	local(5558, syn, 6000, 0)
+	run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, 8080, 5558, syn|ack, 0), 3000, 6001), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, 8080, 5558, fin|ack, 0), 3001, 6001), nil).expect(t, tcActRedirect, FwdNodePortReply)
+	if st := state(srcIP, 5558); st != closing {
+		t.Errorf("the backend's FIN left state %d, want closing", st)
+	}
+
+	// A backend on another host: its SYN-ACK comes back through the overlay.
+	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
+	out := in(5556, syn, 2000, 0, FwdTunnel)
+	_, _, natPort, _ := checkSums(t, out)
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	run(t, objs, objs.CbTestOverlay, withSeq(l4Frame(6, remoteIP, hostIP, 8080, natPort, syn|ack, 0), 5000, 2001), fromPeer).expect(t, tcActRedirect, FwdNodePortReply)
+	snat := func() uint8 {
+		t.Helper()
+		var e contivbpfCbSnatEntry
+		k := contivbpfCbSnatKey{Zone: testZone ^ zoneNodePort, Saddr: ip4(worldIP), Daddr: ip4(remoteIP), Sport: nport(5556), Dport: nport(8080), Proto: 6}
+		if err := objs.CbSnat.Lookup(&k, &e); err != nil {
+			t.Fatalf("the remote flow's NAT entry: %v", err)
+		}
+		return e.State
+	}
+	for _, seq := range []uint32{2000, 2001 + 1<<23, 0x80000000} {
+		in(5556, rst, seq, 0, FwdTunnel)
+		in(5556, fin|ack, seq, 5001, FwdTunnel)
+	}
+	if st, n := state(remoteIP, 5556), snat(); st == closing || n == closing {
+		t.Errorf("blind FIN/RST closed a remote backend's node port flow (conntrack %d, NAT %d)", st, n)
+	}
+	in(5556, rst, 2001+5000, 0, FwdTunnel)
+	if st, n := state(remoteIP, 5556), snat(); st != closing || n != closing {
+		t.Errorf("an in-window RST left conntrack %d, NAT %d, want closing", st, n)
+	}
+}
+
 // TestTenantNets: the driver keeps cb_tenant_nets (the node port stage's view of each
 // tenant's subnets) with its networks: written by the network, kept while another network
 // of the tenant has the subnet, removed with the last, swept by a Sync that no longer has
