@@ -5,7 +5,8 @@
  * port range). A new flow passes only if the sender, when isolated for egress, has an
  * egress rule matching the receiver, and the receiver, when isolated for ingress, has an
  * ingress rule matching the sender; this is ANDed with the endpoint-group verdict. Rule
- * sets are shared by pods whose compiled rules are equal (cb_ksets, by id; 0 = none). */
+ * sets are shared by pods whose compiled rules are equal (cb_ksets, by id; 0 = none), and
+ * looked up in their compiled form (below), never scanned. */
 #pragma once
 
 #include "common.h"
@@ -70,55 +71,90 @@ CB_INLINE struct cb_kpod *cb_kpod_of(__u32 zone, __be32 addr)
 	return bpf_map_lookup_elem(&cb_kpods, &k);
 }
 
-struct cb_kmatch_ctx {
-	const struct cb_kset *set;
-	__be32 remote;
-	__u16 dport;    /* host order; 0 = the packet has no ports */
-	__u8 proto;
-	__u8 found;
+/* Compiled rule sets. The programs never scan a set: the agent compiles each set of
+ * cb_ksets (which stays the record: listings, verify, a start's recompile) into
+ * cb_kset_heads and cb_kcidrs. A rule's destination port range is cut into aligned blocks
+ * (2^k ports from a multiple of 2^k, k = 0..16; "any port" is the one block of k = 16),
+ * and every (set, protocol or 0 for any, k, block) holds the rule's remote prefix in the
+ * LPM trie. A port p lies in block p >> k of each size k: a flow is allowed when, for a
+ * size the set uses, the longest-prefix lookup of (set, protocol, k, p >> k, remote)
+ * finds a prefix, with its own protocol or with 0. At most 2 x 17 lookups whatever the
+ * number of rules (a set of single ports and "any": one or two). A set's entries are all
+ * written before its head, and its head goes before its entries: a half-written or
+ * half-deleted set admits no more than the whole one, and a pod points at a set only once
+ * it is written (netpol.go). */
+struct cb_kset_head {
+	__u32 sizes;      /* bit k: blocks of 2^k ports under a protocol */
+	__u32 sizes_any;  /* bit k: blocks of 2^k ports for any protocol */
+	__u32 generation;
+	__u32 pad;
 };
 
-static long cb_krule_step(__u32 i, void *data)
-{
-	struct cb_kmatch_ctx *c = data;
-	const struct cb_krule *r;
+struct cb_kcidr_key {
+	__u32 prefixlen;  /* 64 + the remote prefix's length */
+	__u32 set;
+	__u16 block;      /* port >> k */
+	__u8 proto;       /* 0: any */
+	__u8 k;
+	__be32 remote;
+};
 
-	if (i >= CB_MAX_KRULES)
-		return 1;
-	r = &c->set->rules[i];
-	if ((c->remote & r->remote_mask) != r->remote_ip)
-		return 0;
-	if (r->proto && r->proto != c->proto)
-		return 0;
-	if (r->port_min && (c->dport < r->port_min || c->dport > r->port_max))
-		return 0;
-	c->found = 1;
-	return 1;
-}
+struct cb_kcidr {
+	__u32 generation;
+};
+
+#define CB_KCIDR_FIXED_BITS 64
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct cb_kset_head);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_kset_heads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cb_kcidr_key);
+	__type(value, struct cb_kcidr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cb_kcidrs SEC(".maps");
 
 /* cb_kset_allows says whether rule set id (0: none) has a rule for a flow of protocol
  * proto to destination port dport (host order, 0: none) whose other end is remote. A
  * global function: verified once. */
 __noinline int cb_kset_allows(__u32 id, __u32 remote, __u32 proto, __u32 dport)
 {
-	struct cb_kmatch_ctx c = {};
-	struct cb_kset *set;
-	__u32 n;
+	struct cb_kcidr_key k = {};
+	struct cb_kset_head *h;
+	__u32 sizes, any, i;
 
 	if (!id)
 		return 0;
-	set = bpf_map_lookup_elem(&cb_ksets, &id);
-	if (!set)
+	h = bpf_map_lookup_elem(&cb_kset_heads, &id);
+	if (!h)
 		return 0;
-	n = set->count;
-	if (n > CB_MAX_KRULES)
-		n = CB_MAX_KRULES;
-	c.set = set;
-	c.remote = remote;
-	c.proto = proto;
-	c.dport = dport;
-	bpf_loop(n, cb_krule_step, &c, 0);
-	return c.found;
+	k.prefixlen = CB_KCIDR_FIXED_BITS + 32;
+	k.set = id;
+	k.remote = remote;
+	for (any = 0; any < 2; any++) {
+		sizes = any ? h->sizes_any : h->sizes;
+		k.proto = any ? 0 : (__u8)proto;
+		if (!any && !k.proto)
+			continue;
+		for (i = 0; i <= 16; i++) {
+			if (!(sizes & (1u << i)))
+				continue;
+			k.k = i;
+			k.block = (__u16)((dport & 0xffff) >> i);
+			if (bpf_map_lookup_elem(&cb_kcidrs, &k))
+				return 1;
+		}
+	}
+	return 0;
 }
 
 /* cb_netpol_judge decides the NetworkPolicy layer for the flow of packet f as an opening,

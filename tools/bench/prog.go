@@ -27,8 +27,9 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	}
 	paths := map[string]*perPath{}
 	var order []string
-	// prog.policy_deny_1024_vs_1: a denied SYN against 1,024 rules / against 1, per round.
-	var denyRatio []float64
+	// prog.policy_deny_1024_vs_1: a denied SYN against 1,024 rules / against 1, per round;
+	// prog.netpol_deny_1024_vs_1 likewise against a pod's NetworkPolicy set.
+	var denyRatio, netpolRatio []float64
 	// prog.rejudge_other_tenant: an established flow's packet right after another
 	// tenant's policy change / without one, per round.
 	var rejudge, rejudgeAfter, rejudgeBefore []float64
@@ -57,6 +58,9 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		}
 		if many, one := byName["policy-deny-1024"].NsPerPk, byName["policy-deny-1"].NsPerPk; many > 0 && one > 0 {
 			denyRatio = append(denyRatio, many/one)
+		}
+		if many, one := byName["netpol-deny-1024"].NsPerPk, byName["netpol-deny-1"].NsPerPk; many > 0 && one > 0 {
+			netpolRatio = append(netpolRatio, many/one)
 		}
 		if c := byName["rejudge-other-tenant"]; c.Before > 0 {
 			rejudge = append(rejudge, c.NsPerPk/c.Before)
@@ -98,6 +102,7 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 		"vlan-pop": "prog.vlan_pop", "stage-unknown-iface": "prog.stage_unknown_iface", "stage-not-ipv4": "prog.stage_not_ipv4",
 		"ct-established": "prog.ct_established", "service": "prog.service", "policy-1024-rules": "prog.policy_1024_rules",
 		"policy-2-rules": "prog.policy_2_rules", "policy-deny-1024": "prog.policy_deny_1024", "policy-deny-1": "prog.policy_deny_1",
+		"netpol-deny-1024": "prog.netpol_deny_1024", "netpol-deny-1": "prog.netpol_deny_1", "netpol-deny-ranges": "prog.netpol_deny_ranges",
 	}
 	for _, n := range order {
 		pp := paths[n]
@@ -126,6 +131,10 @@ func progStage(ctx context.Context, w io.Writer, r *report) error {
 	if len(denyRatio) > 0 {
 		r.add("prog.policy_deny_1024_vs_1", round2(median(denyRatio)), "ratio")
 		fmt.Fprintf(w, "policy: a denied SYN against 1,024 rules / against 1 rule: %.2f (median of %d rounds; goal <= 1.5)\n", median(denyRatio), len(denyRatio))
+	}
+	if len(netpolRatio) > 0 {
+		r.add("prog.netpol_deny_1024_vs_1", round2(median(netpolRatio)), "ratio")
+		fmt.Fprintf(w, "NetworkPolicy: a denied SYN against a 1,024-rule set / against 1 rule: %.2f (median of %d rounds; goal <= 1.5)\n", median(netpolRatio), len(netpolRatio))
 	}
 	if len(rejudge) > 0 {
 		r.add("prog.rejudge_other_tenant", round2(median(rejudge)), "ratio")

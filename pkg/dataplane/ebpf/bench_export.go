@@ -255,7 +255,47 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("bench: fill stateful maps: %w", err)
 	}
-	plain := func() error { return setGroups(0, 0, 0) }
+	// NetworkPolicy: local isolated for ingress with set 1 (1,024 rules of the usual
+	// shapes, none admitting src's SYN to port 80: TCP and UDP single ports from mixed
+	// prefixes, any port from prefixes that do not hold src), set 2 (one rule that does
+	// not either: prog.netpol_deny_1024_vs_1) or set 3 (1,024 port ranges of every
+	// alignment, UDP and TCP: the most lookups a set can take, 2 x 17).
+	var kusual, kranges []dataplane.PodRule
+	for i := 0; i < dataplane.MaxPodRules; i++ {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(2 + i%4), byte(i), 0}), 8+i%17).Masked()
+		r := dataplane.PodRule{Remote: p, Proto: 6, PortMin: uint16(2000 + i), PortMax: uint16(2000 + i)}
+		switch i % 3 {
+		case 1:
+			r.Proto = 17
+		case 2:
+			r.Remote = netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i), 0}), 24)
+			r.PortMin, r.PortMax = 0, 0
+		}
+		kusual = append(kusual, r)
+		lo := uint16(1 + i*61)
+		kranges = append(kranges, dataplane.PodRule{Remote: p, Proto: []uint8{6, 17}[i%2], PortMin: lo, PortMax: lo + uint16(i%1000)})
+	}
+	kusual[0].Remote = netip.MustParsePrefix("10.9.0.0/16")
+	kone, _ := compileKRules(kusual[:1])
+	kall, _ := compileKRules(kusual)
+	kwide, _ := compileKRules(kranges)
+	errs = append(errs, writeKSet(plainPut, &objs.contivbpfObjects, 1, kall, 0), writeKSet(plainPut, &objs.contivbpfObjects, 2, kone, 0),
+		writeKSet(plainPut, &objs.contivbpfObjects, 3, kwide, 0))
+	isolate := func(set uint32) func() error {
+		return func() error {
+			k := contivbpfCbKpodKey{Addr: ip4(local)}
+			if err := objs.CbKpods.Put(&k, &contivbpfCbKpod{Flags: kpodInIsolated, InSet: set}); err != nil {
+				return err
+			}
+			return setGroups(0, 0, contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_NETPOL)
+		}
+	}
+	plain := func() error {
+		if err := objs.CbKpods.Delete(&contivbpfCbKpodKey{Addr: ip4(local)}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return setGroups(0, 0, 0)
+	}
 	policyFeat := contivbpfCbFeaturesCB_FEAT_POLICY
 	cases := []benchCase{
 		{name: "local", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchIPFrame(src, local), reason: FwdLocal},
@@ -305,6 +345,14 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			setup: func() error { return setGroups(10, 40, policyFeat) }},
 		{name: "policy-deny-1", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40004, 80, 0x02), reason: DropPolicy,
 			setup: func() error { return setGroups(10, 50, policyFeat) }},
+		// A SYN denied by a pod's NetworkPolicy set of 1,024 rules and of 1 (denied: no
+		// state, every run judged): prog.netpol_deny_1024_vs_1.
+		{name: "netpol-deny-1024", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40005, 80, 0x02), reason: DropNetpol,
+			setup: isolate(1)},
+		{name: "netpol-deny-1", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40005, 80, 0x02), reason: DropNetpol,
+			setup: isolate(2)},
+		{name: "netpol-deny-ranges", prog: objs.CbFromContainer, pname: "cb_from_container", pkt: benchTCPFrame(src, local, 40005, 80, 0x02), reason: DropNetpol,
+			setup: isolate(3)},
 	}
 	var out []PathCost
 	floor := func(name string, single bool) error {

@@ -295,6 +295,21 @@ type contivbpfCbIface struct {
 	Vrf        uint32
 }
 
+type contivbpfCbKcidr struct {
+	_          structs.HostLayout
+	Generation uint32
+}
+
+type contivbpfCbKcidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Set       uint32
+	Block     uint16
+	Proto     uint8
+	K         uint8
+	Remote    uint32
+}
+
 type contivbpfCbKpod struct {
 	_          structs.HostLayout
 	Flags      uint32
@@ -324,6 +339,14 @@ type contivbpfCbKset struct {
 	Count      uint32
 	Generation uint32
 	Rules      [1024]contivbpfCbKrule
+}
+
+type contivbpfCbKsetHead struct {
+	_          structs.HostLayout
+	Sizes      uint32
+	SizesAny   uint32
+	Generation uint32
+	Pad        uint32
 }
 
 type contivbpfCbMember struct {
@@ -722,7 +745,9 @@ const (
 	contivbpfMapCbIfaceDirect         = "cb_iface_direct"
 	contivbpfMapCbIfaceScratch        = "cb_iface_scratch"
 	contivbpfMapCbIfaces              = "cb_ifaces"
+	contivbpfMapCbKcidrs              = "cb_kcidrs"
 	contivbpfMapCbKpods               = "cb_kpods"
+	contivbpfMapCbKsetHeads           = "cb_kset_heads"
 	contivbpfMapCbKsets               = "cb_ksets"
 	contivbpfMapCbMembers             = "cb_members"
 	contivbpfMapCbNatFrags            = "cb_nat_frags"
@@ -870,7 +895,9 @@ type contivbpfMapSpecs struct {
 	CbIfaceDirect    *ebpf.MapSpec `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.MapSpec `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.MapSpec `ebpf:"cb_ifaces"`
+	CbKcidrs         *ebpf.MapSpec `ebpf:"cb_kcidrs"`
 	CbKpods          *ebpf.MapSpec `ebpf:"cb_kpods"`
+	CbKsetHeads      *ebpf.MapSpec `ebpf:"cb_kset_heads"`
 	CbKsets          *ebpf.MapSpec `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.MapSpec `ebpf:"cb_members"`
 	CbNatFrags       *ebpf.MapSpec `ebpf:"cb_nat_frags"`
@@ -964,7 +991,9 @@ type contivbpfMaps struct {
 	CbIfaceDirect    *ebpf.Map `ebpf:"cb_iface_direct"`
 	CbIfaceScratch   *ebpf.Map `ebpf:"cb_iface_scratch"`
 	CbIfaces         *ebpf.Map `ebpf:"cb_ifaces"`
+	CbKcidrs         *ebpf.Map `ebpf:"cb_kcidrs"`
 	CbKpods          *ebpf.Map `ebpf:"cb_kpods"`
+	CbKsetHeads      *ebpf.Map `ebpf:"cb_kset_heads"`
 	CbKsets          *ebpf.Map `ebpf:"cb_ksets"`
 	CbMembers        *ebpf.Map `ebpf:"cb_members"`
 	CbNatFrags       *ebpf.Map `ebpf:"cb_nat_frags"`
@@ -1014,7 +1043,9 @@ func (m *contivbpfMaps) Close() error {
 		m.CbIfaceDirect,
 		m.CbIfaceScratch,
 		m.CbIfaces,
+		m.CbKcidrs,
 		m.CbKpods,
+		m.CbKsetHeads,
 		m.CbKsets,
 		m.CbMembers,
 		m.CbNatFrags,

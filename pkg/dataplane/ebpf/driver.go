@@ -258,8 +258,10 @@ func (d *Driver) open(ctx context.Context) error {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}
 	}
-	if ms, ok := spec.Maps[contivbpfMapCbCt]; ok {
-		ms.MaxEntries = uint32(4 * d.cfg.MapEntries)
+	for _, m := range []string{contivbpfMapCbCt, contivbpfMapCbKcidrs} {
+		if ms, ok := spec.Maps[m]; ok {
+			ms.MaxEntries = uint32(4 * d.cfg.MapEntries)
+		}
 	}
 	// Pinned maps of another layout (an upgrade, or a MapEntries change) are copied into
 	// new maps first; they replace the pins once every link runs the new programs.
@@ -311,20 +313,13 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("ebpf: read services map: %w", err)
 	}
-	// Rule set ids continue above the pinned ones: a set written before the first Sync
-	// never takes an id an old pod entry still points at.
-	var kid uint32
-	var kv contivbpfCbKset
-	kit := d.objs.CbKsets.Iterate()
-	for kit.Next(&kid, &kv) {
-		d.nextKSetID = max(d.nextKSetID, kid)
-	}
-	if err := kit.Err(); err != nil {
-		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbKsets, err)
-	}
 	// The programs look policy up in its compiled form: compiled from cb_policies before
 	// any link takes them (an earlier build scanned cb_policies itself).
 	if err := d.compilePinnedPolicies(); err != nil {
+		return err
+	}
+	// Likewise NetworkPolicy rule sets; set ids continue above every pinned one.
+	if err := d.compilePinnedKSets(); err != nil {
 		return err
 	}
 	if err := d.ensureVXLAN(); err != nil {

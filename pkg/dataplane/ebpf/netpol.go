@@ -13,7 +13,9 @@ import (
 
 // The Kubernetes NetworkPolicy layer (bpf/lib/netpol.h): one cb_kpods entry per pod
 // address with a PodPolicy, pointing at rule sets in cb_ksets that pods with equal rules
-// share (reference-counted here, by content).
+// share (reference-counted here, by content), each compiled for the programs' lookups
+// (kcompile.go). A set's content never changes under its id: a pod whose rules change
+// points at another set, written whole before the pod's entry names it.
 
 // PodPolicyError says a pod's NetworkPolicy layer could not be installed: the pod is
 // isolated in both directions with no rules (every new flow from or to it is denied, and
@@ -46,14 +48,26 @@ const (
 
 // kset is one shared rule set.
 type kset struct {
-	id    uint32
-	refs  int
-	gen   uint32 // generation it was last written with
-	rules []contivbpfCbKrule
+	id       uint32
+	refs     int
+	gen      uint32 // generation it was last written with
+	compiled bool   // its prefixes are written (kcompile.go)
+	rules    []contivbpfCbKrule
 }
 
-// writeSet writes s with the current generation.
+// writeSet writes s with the current generation: its compiled form (what the programs
+// look up; a set already written gets its head rewritten alone), then its record.
 func (d *Driver) writeSet(s *kset) error {
+	if s.compiled {
+		if err := d.writeKSetHead(s.id, s.rules, d.gen); err != nil {
+			return err
+		}
+	} else {
+		if err := writeKSet(d.mapPut, &d.objs, s.id, s.rules, d.gen); err != nil {
+			return err
+		}
+		s.compiled = true
+	}
 	v := contivbpfCbKset{Count: uint32(len(s.rules)), Generation: d.gen}
 	copy(v.Rules[:], s.rules)
 	if err := d.mapPut(contivbpfMapCbKsets, d.objs.CbKsets, &s.id, &v); err != nil {
@@ -143,6 +157,9 @@ func (d *Driver) releaseSet(key string) error {
 	}
 	delete(d.ksets, key)
 	delete(d.ksetIDs, s.id)
+	if err := d.deleteKSetCompiled(s.id, s.rules); err != nil {
+		return err
+	}
 	if err := mapDel(d.objs.CbKsets, &s.id); err != nil {
 		return fmt.Errorf("delete %s %d: %w", contivbpfMapCbKsets, s.id, err)
 	}

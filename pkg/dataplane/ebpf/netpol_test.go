@@ -36,14 +36,39 @@ func putKPod(t *testing.T, objs *contivbpfObjects, zone uint32, ip netip.Addr, p
 		}
 		rules, _ := compileKRules(dir.rules)
 		id := base + uint32(i) + 1
-		s := contivbpfCbKset{Count: uint32(len(rules))}
-		copy(s.Rules[:], rules)
-		if err := objs.CbKsets.Put(&id, &s); err != nil {
-			t.Fatal(err)
-		}
+		putKSet(t, objs, id, rules)
 		*dir.set = id
 	}
 	if err := objs.CbKpods.Put(&key, &v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// putKSet writes rule set id as the driver does: its compiled form (what the programs
+// look up), then its record.
+func putKSet(t *testing.T, objs *contivbpfObjects, id uint32, rules []contivbpfCbKrule) {
+	t.Helper()
+	// (The tests reuse a pod's set ids: what an earlier content left goes first.)
+	var k contivbpfCbKcidrKey
+	var v contivbpfCbKcidr
+	var old []contivbpfCbKcidrKey
+	it := objs.CbKcidrs.Iterate()
+	for it.Next(&k, &v) {
+		if k.Set == id {
+			old = append(old, k)
+		}
+	}
+	for i := range old {
+		if err := objs.CbKcidrs.Delete(&old[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeKSet(plainPut, objs, id, rules, 0); err != nil {
+		t.Fatal(err)
+	}
+	s := contivbpfCbKset{Count: uint32(len(rules))}
+	copy(s.Rules[:], rules)
+	if err := objs.CbKsets.Put(&id, &s); err != nil {
 		t.Fatal(err)
 	}
 }

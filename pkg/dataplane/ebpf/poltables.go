@@ -313,10 +313,14 @@ func (t *polTables) compileAll(pol *ebpf.Map) (map[uint16]error, error) {
 // objsPolTables is a polTables over objs' maps that writes without a driver (tests and
 // the bench fixtures, which fill maps directly).
 func objsPolTables(objs *contivbpfObjects) (*polTables, error) {
-	return newPolTables(objs.CbPolHeads, objs.CbPolRules, objs.CbPolCidrs, func(name string, m *ebpf.Map, k, v any) error {
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("update %s: %w", name, err)
-		}
-		return nil
-	})
+	return newPolTables(objs.CbPolHeads, objs.CbPolRules, objs.CbPolCidrs, plainPut)
+}
+
+// plainPut writes one map element without a driver's accounting (tests and the bench
+// fixtures); the driver's is Driver.mapPut.
+func plainPut(name string, m *ebpf.Map, k, v any) error {
+	if err := m.Put(k, v); err != nil {
+		return fmt.Errorf("update %s: %w", name, err)
+	}
+	return nil
 }

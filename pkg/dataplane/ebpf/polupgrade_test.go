@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
@@ -21,7 +23,6 @@ import (
 // the new agent's first Sync.
 func TestPolicyCompiledAtUpgrade(t *testing.T) {
 	h := newOneHost(t)
-	ctx := context.Background()
 	a := h.endpoint(t, "a", "10.50.0.2", true)
 	b := h.endpoint(t, "b", "10.50.0.3", true)
 	a.EPGID, b.EPGID = 11, 12
@@ -29,6 +30,36 @@ func TestPolicyCompiledAtUpgrade(t *testing.T) {
 		Policies: []dataplane.PolicySet{{EPGID: 12, Rules: []dataplane.PolicyRule{
 			{ID: "deny-9997", Priority: 5, Ingress: true, Proto: 17, Port: 9997, Action: dataplane.ActionDeny},
 			{ID: "deny-a-tcp", Priority: 3, Ingress: true, Remote: netip.PrefixFrom(a.IP, 32), Proto: 6, Action: dataplane.ActionDeny}}}}}
+	compiledAtUpgrade(t, h, a, b, state, []string{contivbpfMapCbPolHeads, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs},
+		func(d *Driver) *ebpf.Map { return d.objs.CbPolHeads }, 1) // group 12 ingress
+	if failed := h.d.FailedPolicies(); len(failed) != 0 {
+		t.Errorf("failed closed: %v", failed)
+	}
+}
+
+// TestNetpolCompiledAtUpgrade: likewise for NetworkPolicy rule sets, whose earlier build
+// scanned cb_ksets: compiled at start (compilePinnedKSets) before the links move, so the
+// pod's allow-list holds across the start.
+func TestNetpolCompiledAtUpgrade(t *testing.T) {
+	h := newOneHost(t)
+	a := h.endpoint(t, "a", "10.50.0.2", true)
+	b := h.endpoint(t, "b", "10.50.0.3", true)
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a, b},
+		PodPolicies: []dataplane.PodPolicy{{ID: b.ID, NetworkID: b.NetworkID, IP: b.IP, IngressIsolated: true,
+			Ingress: []dataplane.PodRule{{Remote: netip.PrefixFrom(a.IP, 32), Proto: 17, PortMin: 9998, PortMax: 9998},
+				{Remote: netip.MustParsePrefix("10.9.0.0/16")}}}}}
+	compiledAtUpgrade(t, h, a, b, state, []string{contivbpfMapCbKsetHeads, contivbpfMapCbKcidrs},
+		func(d *Driver) *ebpf.Map { return d.objs.CbKsetHeads }, 1) // b's ingress set
+}
+
+// compiledAtUpgrade syncs state (a → b: UDP 9998 allowed, 9997 denied), streams 9998 and
+// probes 9997 while the agent restarts on a layout without the pinned maps pins (an
+// earlier build's), and checks that nothing allowed is lost, nothing denied arrives, and
+// heads(d) holds wantHeads entries before and after the new agent's first Sync.
+func compiledAtUpgrade(t *testing.T, h *oneHost, a, b dataplane.Endpoint, state dataplane.State, pins []string,
+	heads func(*Driver) *ebpf.Map, wantHeads int) {
+	t.Helper()
+	ctx := context.Background()
 	if err := h.d.Sync(ctx, state); err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +104,13 @@ func TestPolicyCompiledAtUpgrade(t *testing.T) {
 	probe(50)
 	// The earlier build had no compiled maps: their pins go (the running programs keep
 	// theirs), and the agent stops without touching the datapath.
-	for _, m := range []string{contivbpfMapCbPolHeads, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
+	for _, m := range pins {
 		if err := os.Remove(filepath.Join(h.cfg.PinRoot, m)); err != nil {
 			stop()
 			t.Fatal(err)
 		}
 	}
-	oldHeads := mapIDOf(t, h.d.objs.CbPolHeads)
+	oldHeads := mapIDOf(t, heads(h.d))
 	if err := h.d.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,14 +123,11 @@ func TestPolicyCompiledAtUpgrade(t *testing.T) {
 	}
 	h.d = d
 	<-done
-	if mapIDOf(t, d.objs.CbPolHeads) == oldHeads {
+	if mapIDOf(t, heads(d)) == oldHeads {
 		t.Error("the new agent uses the old compiled maps")
 	}
-	if n := countEntries(t, d.objs.CbPolHeads); n != 1 {
-		t.Errorf("compiled heads before Sync: %d, want 1 (group 12 ingress)", n)
-	}
-	if failed := d.FailedPolicies(); len(failed) != 0 {
-		t.Errorf("failed closed: %v", failed)
+	if n := countEntries(t, heads(d)); n != wantHeads {
+		t.Errorf("compiled heads before Sync: %d, want %d", n, wantHeads)
 	}
 	probe(50)
 	if err := d.Sync(ctx, state); err != nil {
@@ -115,8 +143,8 @@ func TestPolicyCompiledAtUpgrade(t *testing.T) {
 	if n := denied.Load(); n != 0 {
 		t.Errorf("%d denied datagrams arrived", n)
 	}
-	if n := countEntries(t, d.objs.CbPolHeads); n != 1 {
-		t.Errorf("compiled heads after Sync: %d, want 1", n)
+	if n := countEntries(t, heads(d)); n != wantHeads {
+		t.Errorf("compiled heads after Sync: %d, want %d", n, wantHeads)
 	}
 }
 

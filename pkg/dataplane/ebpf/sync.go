@@ -288,6 +288,9 @@ func (d *Driver) sweepMaps() []error {
 	errs = append(errs, d.pol.sweep(d.gen)...)
 	errs = append(errs, sweepGen(d.objs.CbKpods, contivbpfMapCbKpods, d.gen,
 		func(k *contivbpfCbKpodKey, v *contivbpfCbKpod) uint32 { return v.Generation })...)
+	// A stale set's head, then its prefixes (it never admits more than it did), then its
+	// record.
+	errs = append(errs, d.sweepKSetOrphans(func(id uint32) bool { _, ok := d.ksetIDs[id]; return ok })...)
 	errs = append(errs, sweepGen(d.objs.CbKsets, contivbpfMapCbKsets, d.gen,
 		func(k *uint32, v *contivbpfCbKset) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbServices, contivbpfMapCbServices, d.gen,
