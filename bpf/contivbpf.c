@@ -1806,8 +1806,9 @@ static __noinline int cb_nodeport_judge(struct __sk_buff *skb, struct cb_handoff
 	}
 	if (s->svc_ct)
 		lc.svc_ct = cb_svc_ct_again(f, &t);
-	cb_np_close_check(skb, p, f, &t); /* a blind FIN or RST closes nothing */
-	r = cb_stateful(f, &t);
+	r = cb_np_blind_check(skb, p, f, &t); /* a blind FIN or RST closes nothing */
+	if (!r)
+		r = cb_stateful(f, &t);
 	if (!r)
 		r = cb_lb_commit(&lc, p, f, &t);
 	if (!r && net)

@@ -74,6 +74,7 @@ enum cb_reason {
 	CB_REJECT_TTL_EXCEEDED = 77, /* routing mode: TTL ran out, answered with ICMP time exceeded (icmp.h) */
 	CB_DROP_NO_STAGE = 78,      /* the stage an entry program hands the packet to is missing (cb_calls) */
 	CB_DROP_EGRESS_UNANSWERED = 79, /* egress NAT: a TCP segment from outside that does not answer the endpoint's SYN */
+	CB_DROP_NODEPORT_BLIND = 80, /* node port: a client's FIN or RST outside the window the backend's last ACK sets */
 	CB_REASON_MAX = 96,
 };
 

@@ -251,12 +251,15 @@ CB_INLINE struct cb_natfrag *cb_np_frag_find(const struct cb_frag_key *k, __u32 
 /* Blind FINs and RSTs (node port flows; egress flows: nat.h). The backend's own segments
  * set the reference, its last acknowledgment number (the next sequence number it expects
  * from the client), kept in the flow's entry (CB_CT_TCP_REF, svc_id). A FIN or RST from the
- * client side then closes the flow only with a sequence number in [ref, ref +
- * CB_TCP_CLOSE_WINDOW); otherwise it is passed as a plain segment (the backend's stack
- * judges it, RFC 5961) and neither conntrack nor a remote backend's NAT entry moves.
- * Before the backend's first segment the client's RST is believed: the flow is new, and a
- * new flow expires in a minute anyway. Entries of an earlier build have no reference
- * until the backend's next segment. */
+ * client side closes the flow only with a sequence number in [ref, ref +
+ * CB_TCP_CLOSE_WINDOW); any other is dropped (drop_nodeport_blind), as the backend's stack
+ * would discard it (RFC 5961): passed on, it would move a remote backend's host's state.
+ * A client SYN on an established flow with a reference does not replace the flow's entry
+ * (a spoofed SYN would clear the reference for the RST after it): it goes on as a plain
+ * segment, and the backend's stack answers it with a challenge ACK, whose acknowledgment
+ * a real client's RST then carries. Before the backend's first segment the client's RST
+ * is believed: the flow is new, and a new flow expires in a minute anyway. Entries of an
+ * earlier build have no reference until the backend's next segment. */
 
 /* cb_np_tcp_note records in e, a node port flow's entry, what the backend's segment f (at
  * p) says the client's FIN or RST must carry. */
@@ -274,23 +277,31 @@ static __noinline void cb_np_tcp_note(const struct __sk_buff *skb, const struct 
 	}
 }
 
-/* cb_np_close_check takes the FIN and RST off the client's segment f (at p) of node port
- * flow t when its live entry has a reference and the sequence number lies outside its
- * window: the segment goes on as a plain one. */
-static __noinline void cb_np_close_check(const struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
-					 const struct cb_track *t)
+/* cb_np_blind_check judges the client's segment f (at p) of node port flow t against its
+ * live entry's reference: drop_nodeport_blind for a FIN or RST outside the window; a SYN
+ * on an established flow loses its SYN for conntrack (a plain segment); 0 otherwise. */
+static __noinline int cb_np_blind_check(const struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
+					const struct cb_track *t)
 {
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
 	__u32 seq, ack;
 
-	if (!p || !f || !t || f->proto != CB_PROTO_TCP || !(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
-		return;
+	if (!p || !f || !t || f->proto != CB_PROTO_TCP ||
+	    !(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST | CB_TCP_SYN)))
+		return 0;
 	cb_ct_key_of(&k, t->zone, f, 0);
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_NODEPORT | CB_CT_TCP_REF)) != (CB_CT_NODEPORT | CB_CT_TCP_REF))
-		return;
+		return 0;
+	if ((f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN) {
+		if (e->state == CB_CTS_ESTABLISHED)
+			f->tcp_flags &= ~(CB_TCP_SYN | CB_TCP_FIN | CB_TCP_RST);
+		return 0;
+	}
+	if (!(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
+		return 0;
 	if (cb_tcp_seq_ack(skb, p, &seq, &ack) && seq - e->svc_id < CB_TCP_CLOSE_WINDOW)
-		return;
-	f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);
+		return 0;
+	return CB_DROP_NODEPORT_BLIND;
 }

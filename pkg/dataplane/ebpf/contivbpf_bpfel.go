@@ -580,6 +580,7 @@ const (
 	contivbpfCbReasonCB_REJECT_TTL_EXCEEDED        contivbpfCbReason = 77
 	contivbpfCbReasonCB_DROP_NO_STAGE              contivbpfCbReason = 78
 	contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED     contivbpfCbReason = 79
+	contivbpfCbReasonCB_DROP_NODEPORT_BLIND        contivbpfCbReason = 80
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 

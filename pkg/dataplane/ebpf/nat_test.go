@@ -1058,23 +1058,23 @@ func TestEgressBlindClose(t *testing.T) {
 
 // TestNodePortBlindClose (Datapath v3 issue, hole 5): a FIN or RST from the client side of
 // a node port flow closes it only with a sequence number in the window the backend's last
-// acknowledgment set; a blind one is passed as a plain segment and moves nothing, for a
-// local backend (conntrack) and a remote one (conntrack and the NAT entry). Before the
-// backend's first segment the client's RST is believed; the backend's own FIN closes.
+// acknowledgment set; a blind one is dropped (drop_nodeport_blind) and moves nothing, for
+// a local backend (conntrack) and a remote one (conntrack and the NAT entry here, and
+// nothing reaches the backend's host). A spoofed SYN on the established flow does not
+// reset the reference for the RST after it (found by review). Before the backend's first
+// segment the client's RST is believed; the backend's own FIN closes.
 func TestNodePortBlindClose(t *testing.T) {
 	objs, vip := nodePortFixture(t, 6, 80, 8080, 30080)
 	up, fc := objs.CbFromUplink, objs.CbFromContainer
 	const syn, ack, fin, rst = 0x02, 0x10, 0x01, 0x04
 	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
-	in := func(cport uint16, flags uint8, seq, an uint32, want Reason) []byte {
+	send := func(cport uint16, flags uint8, seq, an uint32) runResult {
 		t.Helper()
-		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, flags, 0), seq, an), nil)
-		r.expect(t, tcActRedirect, want)
-		// Passed on as it came: the backend's stack judges a blind one (RFC 5961).
-		if r.out[14+20+13] != flags {
-			t.Errorf("flags %#x delivered as %#x", flags, r.out[14+20+13])
-		}
-		return r.out
+		return run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, flags, 0), seq, an), nil)
+	}
+	blind := func(cport uint16, flags uint8, seq, an uint32) {
+		t.Helper()
+		send(cport, flags, seq, an).expect(t, tcActShot, DropNodePortBlind)
 	}
 	state := func(backend netip.Addr, cport uint16) uint8 {
 		t.Helper()
@@ -1088,21 +1088,34 @@ func TestNodePortBlindClose(t *testing.T) {
 	// blind FINs and RSTs: behind the reference, past 8 MiB, far away.
 	local := func(cport uint16, flags uint8, seq, an uint32) {
 		t.Helper()
-		in(cport, flags, seq, an, FwdNodePort)
+		r := send(cport, flags, seq, an)
+		r.expect(t, tcActRedirect, FwdNodePort)
+		if r.out[14+20+13] != flags {
+			t.Errorf("flags %#x delivered as %#x", flags, r.out[14+20+13])
+		}
 	}
 	local(5555, syn, 1000, 0)
 	run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, 8080, 5555, syn|ack, 0), 9000, 1001), nil).expect(t, tcActRedirect, FwdNodePortReply)
 	local(5555, ack, 1001, 9001)
 	for _, seq := range []uint32{1000, 1001 + 1<<23, 0xfff003e9 /* 1 MiB before */, 0x80000000} {
-		local(5555, rst, seq, 0)
-		local(5555, fin|ack, seq, 9001)
+		blind(5555, rst, seq, 0)
+		blind(5555, fin|ack, seq, 9001)
 	}
-	if st := state(srcIP, 5555); st == closing {
-		t.Errorf("blind FIN/RST closed a local backend's node port flow")
+	// A spoofed SYN first: it goes on as a plain segment (the backend answers it with a
+	// challenge ACK) and leaves the reference in place.
+	local(5555, syn, 0x12345678, 0)
+	blind(5555, rst, 0x80000000, 0)
+	if st := state(srcIP, 5555); st != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) {
+		t.Errorf("blind segments moved a local backend's node port flow to state %d", st)
 	}
 	local(5555, rst, 1001+100000, 0) // data in flight past the last ACK: in the window
 	if st := state(srcIP, 5555); st != closing {
 		t.Errorf("an in-window RST left the flow in state %d, want closing", st)
+	}
+	// After the close, a SYN on the tuple opens a new flow.
+	local(5555, syn, 50000, 0)
+	if st := state(srcIP, 5555); st != uint8(contivbpfCbCtStateCB_CTS_NEW) {
+		t.Errorf("a SYN after the close left state %d, want new", st)
 	}
 	// No backend segment yet: the client's RST is believed.
 	local(5557, syn, 4000, 0)
@@ -1118,10 +1131,12 @@ func TestNodePortBlindClose(t *testing.T) {
 		t.Errorf("the backend's FIN left state %d, want closing", st)
 	}
 
-	// A backend on another host: its SYN-ACK comes back through the overlay.
+	// A backend on another host: its SYN-ACK comes back through the overlay. A blind one
+	// never leaves for the backend's host, whose own state would take it.
 	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
-	out := in(5556, syn, 2000, 0, FwdTunnel)
-	_, _, natPort, _ := checkSums(t, out)
+	r := send(5556, syn, 2000, 0)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	_, _, natPort, _ := checkSums(t, r.out)
 	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
 	run(t, objs, objs.CbTestOverlay, withSeq(l4Frame(6, remoteIP, hostIP, 8080, natPort, syn|ack, 0), 5000, 2001), fromPeer).expect(t, tcActRedirect, FwdNodePortReply)
 	snat := func() uint8 {
@@ -1134,13 +1149,15 @@ func TestNodePortBlindClose(t *testing.T) {
 		return e.State
 	}
 	for _, seq := range []uint32{2000, 2001 + 1<<23, 0x80000000} {
-		in(5556, rst, seq, 0, FwdTunnel)
-		in(5556, fin|ack, seq, 5001, FwdTunnel)
+		blind(5556, rst, seq, 0)
+		blind(5556, fin|ack, seq, 5001)
 	}
+	send(5556, syn, 0x5555, 0).expect(t, tcActRedirect, FwdTunnel)
+	blind(5556, rst, 0x80000000, 0)
 	if st, n := state(remoteIP, 5556), snat(); st == closing || n == closing {
-		t.Errorf("blind FIN/RST closed a remote backend's node port flow (conntrack %d, NAT %d)", st, n)
+		t.Errorf("blind segments closed a remote backend's node port flow (conntrack %d, NAT %d)", st, n)
 	}
-	in(5556, rst, 2001+5000, 0, FwdTunnel)
+	send(5556, rst, 2001+5000, 0).expect(t, tcActRedirect, FwdTunnel)
 	if st, n := state(remoteIP, 5556), snat(); st != closing || n != closing {
 		t.Errorf("an in-window RST left conntrack %d, NAT %d, want closing", st, n)
 	}

@@ -71,6 +71,7 @@ const (
 	RejectTTLExceeded       = Reason(contivbpfCbReasonCB_REJECT_TTL_EXCEEDED) // dropped and answered with ICMP time exceeded
 	DropNoStage             = Reason(contivbpfCbReasonCB_DROP_NO_STAGE)
 	DropEgressUnanswered    = Reason(contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED)
+	DropNodePortBlind       = Reason(contivbpfCbReasonCB_DROP_NODEPORT_BLIND)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -139,6 +140,7 @@ var reasonNames = map[Reason]string{
 	RejectTTLExceeded:       "reject_ttl_exceeded",
 	DropNoStage:             "drop_no_stage",
 	DropEgressUnanswered:    "drop_egress_unanswered",
+	DropNodePortBlind:       "drop_nodeport_blind",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
