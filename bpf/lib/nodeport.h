@@ -294,14 +294,13 @@ static __noinline int cb_np_blind_check(const struct __sk_buff *skb, const struc
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_NODEPORT | CB_CT_TCP_REF)) != (CB_CT_NODEPORT | CB_CT_TCP_REF))
 		return 0;
-	if ((f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN) {
-		if (e->state == CB_CTS_ESTABLISHED)
-			f->tcp_flags &= ~(CB_TCP_SYN | CB_TCP_FIN | CB_TCP_RST);
-		return 0;
+	if (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) {
+		/* (Whatever else it carries: a SYN|RST is a RST to the backend's host.) */
+		if (cb_tcp_seq_ack(skb, p, &seq, &ack) && seq - e->svc_id < CB_TCP_CLOSE_WINDOW)
+			return 0;
+		return CB_DROP_NODEPORT_BLIND;
 	}
-	if (!(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
-		return 0;
-	if (cb_tcp_seq_ack(skb, p, &seq, &ack) && seq - e->svc_id < CB_TCP_CLOSE_WINDOW)
-		return 0;
-	return CB_DROP_NODEPORT_BLIND;
+	if ((f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN && e->state == CB_CTS_ESTABLISHED)
+		f->tcp_flags &= ~CB_TCP_SYN;
+	return 0;
 }

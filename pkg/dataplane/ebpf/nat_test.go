@@ -1105,6 +1105,7 @@ func TestNodePortBlindClose(t *testing.T) {
 	// challenge ACK) and leaves the reference in place.
 	local(5555, syn, 0x12345678, 0)
 	blind(5555, rst, 0x80000000, 0)
+	blind(5555, syn|rst, 0x80000000, 0) // a RST all the same, to a remote backend's host too
 	if st := state(srcIP, 5555); st != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) {
 		t.Errorf("blind segments moved a local backend's node port flow to state %d", st)
 	}
