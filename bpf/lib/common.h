@@ -53,3 +53,8 @@ CB_INLINE __u32 cb_csum_add(__u32 a, __u32 b)
 	a += b;
 	return a + (a < b);
 }
+
+/* Flows from outside through a node port live in their own zone (the service's zone with
+ * this bit flipped): a client's spoofed source can never meet an entry of the tenant's own
+ * endpoints. The driver refuses tenants whose zones differ by this bit only. */
+#define CB_ZONE_NODEPORT 0x80000000u

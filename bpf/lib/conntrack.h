@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* conntrack.h: the connection table (docs/conntrack.md is the contract; pkg/policy/model.go
+/* conntrack.h: the connection table (docs/conntrack.md is the contract; pkg/policy/refmodel
  * is its Go reference model). Keys carry the zone (the tenant's routing domain), so two
  * tenants with overlapping subnets never share an entry. Entries are created only after
  * policy allowed the packet that opens the flow; TCP has NEW / ESTABLISHED / CLOSING states
@@ -13,8 +13,11 @@
 #include "common.h"
 #include "parse.h"
 #include "maps.h"
+#include "clock.h"
+#include "policy.h"
+#include "frag.h"
+#include "stamps.h"
 
-#define CB_NS 1000000000ULL
 #define CB_CT_TIMEOUT_TCP_NEW (60ULL * CB_NS)
 #define CB_CT_TIMEOUT_TCP_EST (21600ULL * CB_NS)
 #define CB_CT_TIMEOUT_TCP_CLOSE (10ULL * CB_NS)
@@ -42,11 +45,6 @@ enum cb_ct_state {
  * (client→backend), whose state is in the low bits (cb_svc_fast). */
 #define CB_CT_MEMO 0x80
 #define CB_CT_MEMO_STATE 0x03
-
-/* Flows from outside through a node port live in their own zone (the service's zone with
- * this bit flipped): a client's spoofed source can never meet an entry of the tenant's own
- * endpoints. The driver refuses tenants whose zones differ by this bit only. */
-#define CB_ZONE_NODEPORT 0x80000000u
 
 struct cb_ct_key {
 	__u32 zone;  /* tenant routing domain */
@@ -142,27 +140,6 @@ CB_INLINE __u16 cb_ct_owner(__u32 s)
 CB_INLINE __u16 cb_ct_owner_in(__u32 s)
 {
 	return s && s < CB_OWNER_IN ? (__u16)(s | CB_OWNER_IN) : CB_OWNER_IN;
-}
-
-/* The conntrack clock's calibration (pkg/dataplane/ebpf/clock.go), set by the agent:
- * cb_now() = jiffies × cb_tick_ns + cb_clock_base, which equals CLOCK_MONOTONIC_COARSE
- * within a tick (the kernel advances jiffies from the monotonic clock, by the tick's
- * length). bpf_jiffies64 is a load (the JIT inlines it); bpf_ktime_get_coarse_ns is a call,
- * and a call with its return costs as much as a hash lookup on machines with
- * speculative-return mitigations. */
-volatile __u64 cb_clock_base;
-volatile __u32 cb_tick_ns;
-
-/* cb_now is the conntrack clock: CLOCK_MONOTONIC at tick resolution, plenty for timeouts of
- * seconds (the agent's collector reads CLOCK_MONOTONIC_COARSE). Until the agent calibrated
- * it (cb_tick_ns 0), the coarse clock itself. */
-CB_INLINE __u64 cb_now(void)
-{
-	__u32 tick = cb_tick_ns;
-
-	if (tick)
-		return bpf_jiffies64() * tick + cb_clock_base;
-	return bpf_ktime_get_coarse_ns();
 }
 
 /* Service flows' memo generation (docs/conntrack.md "The service fast path's memo"): one
@@ -331,4 +308,319 @@ CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *
 	if (charge)
 		cb_ct_charge(owner, 0, 1);
 	return 0;
+}
+
+/* ---- The state machine (docs/conntrack.md "Algorithm"): a packet's flow entry found,
+ * judged (policy.h) when it opens or when a change it depends on came after its
+ * verdict, and moved through its states. ---- */
+
+/* cb_ct_flow returns the live flow entry (policy-allowed) under k. */
+CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
+{
+	struct cb_ct_entry *e = cb_ct_live(k, now);
+
+	if (e && !(e->flags & CB_CT_ALLOWED))
+		return 0;
+	return e;
+}
+
+/* cb_ct_shadow marks, once an entry was just written under k (or became a service flow's),
+ * whichever of it and the entry under the reverse tuple may carry the other's replies: the
+ * entry under k when the reverse one is a service flow's (DNAT), the reverse one when the
+ * entry under k is. Such a flow's packets may be the other flow's replies, which the full
+ * stage asks about first (cb_lb_reply) and the fast path (cb_svc_fast; cb_fast_pass for an
+ * entry under the packet's own tuple) does not. Either entry looks when it is written, so
+ * whichever of the two is written second sees the other, also on two CPUs at once. The
+ * mark stays: it only sends packets to the full stage. Only with services on. */
+static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
+{
+	struct cb_ct_key r = {};
+	struct cb_ct_entry *rev, *e;
+
+	if (!k || !(cb_features & CB_FEAT_LB))
+		return;
+	cb_ct_key_reverse(&r, k);
+	rev = bpf_map_lookup_elem(&cb_ct, &r);
+	if (!rev)
+		return;
+	e = bpf_map_lookup_elem(&cb_ct, k);
+	if (!e)
+		return;
+	if ((rev->flags & CB_CT_DNAT) && !(e->flags & CB_CT_SHADOW)) {
+		e->flags |= CB_CT_SHADOW;
+		cb_ct_changed(e->flags);
+	}
+	if ((e->flags & CB_CT_DNAT) && !(rev->flags & CB_CT_SHADOW)) {
+		rev->flags |= CB_CT_SHADOW;
+		cb_ct_changed(rev->flags);
+	}
+}
+
+/* cb_ct_mark_dnat records in a flow's forward entry (under k) that it is a service flow
+ * (the VIP to restore on replies): also when a direct flow on the same tuple made the
+ * entry first. */
+CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k, const struct cb_track *t)
+{
+	__u8 flags;
+
+	if (!t->svc)
+		return;
+	if (!(e->flags & CB_CT_DNAT)) {
+		e->flags |= CB_CT_DNAT;
+		cb_ct_shadow(k);
+	}
+	flags = e->flags;
+	if (t->hairpin)
+		flags |= CB_CT_HAIRPIN;
+	if (t->nodeport)
+		flags |= CB_CT_NODEPORT;
+	/* Written only when something moves (a memo of the entry then is no longer current). */
+	if (flags == e->flags && e->nat_ip == t->vip && e->nat_port == t->vport && e->nat_net == t->client_net &&
+	    (!t->nodeport || e->nodeport == t->nodeport))
+		return;
+	e->flags = flags;
+	if (t->nodeport)
+		e->nodeport = t->nodeport;
+	e->nat_ip = t->vip;
+	e->nat_port = t->vport;
+	e->nat_net = t->client_net;
+	cb_ct_changed(flags);
+}
+
+/* cb_ct_reuse: a client's kernel sees VIP:port and backend:port as different peers, so a
+ * direct TCP connection to a backend may reuse the source port of a service connection
+ * to it that just closed. That flow's entry (client→backend, DNAT, CLOSING) would make the
+ * new connection's replies look like the service's and get the VIP restored on them: the
+ * SYN of a connection that is not a service flow removes it. (Tracked flows replace it
+ * in cb_ct_check.) One lookup per untracked SYN, only with services configured. */
+static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+
+	if (!f || !(cb_features & CB_FEAT_LB) || f->proto != CB_PROTO_TCP ||
+	    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) != CB_TCP_SYN)
+		return;
+	cb_ct_key_of(&k, zone, f, 0);
+	e = bpf_map_lookup_elem(&cb_ct, &k);
+	if (e && (e->flags & CB_CT_DNAT) && e->state == CB_CTS_CLOSING) {
+		bpf_map_delete_elem(&cb_ct, &k);
+		cb_ct_changed(CB_CT_DNAT);
+	}
+}
+
+/* cb_ct_quota is the per-endpoint conntrack quota of cb_config (0: none). */
+CB_INLINE __u32 cb_ct_quota(void)
+{
+	struct cb_config *cfg = cb_get_config();
+
+	return cfg ? cfg->ct_quota : 0;
+}
+
+/* cb_ct_open writes a fresh NEW entry for the packet's own direction; it counts against
+ * t->owner's quota (cb_ct_insert). Returns 0, CB_DROP_CT_FULL or CB_DROP_CT_QUOTA. */
+static __noinline int cb_ct_open(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+{
+	struct cb_ct_entry e = {};
+	int r;
+
+	e.state = CB_CTS_NEW;
+	e.flags = CB_CT_ALLOWED;
+	e.epoch = cb_clock_at_start();
+	e.expires = now + cb_ct_timeout(f->proto, CB_CTS_NEW);
+	if (t->svc) {
+		e.flags |= CB_CT_DNAT;
+		if (t->hairpin)
+			e.flags |= CB_CT_HAIRPIN;
+		if (t->nodeport) {
+			e.flags |= CB_CT_NODEPORT;
+			e.nodeport = t->nodeport;
+		}
+		e.nat_ip = t->vip;
+		e.nat_port = t->vport;
+		e.nat_net = t->client_net;
+	}
+	e.owner = t->owner;
+	r = cb_ct_insert(k, &e, cb_ct_quota());
+	if (r)
+		return r;
+	t->entry = bpf_map_lookup_elem(&cb_ct, k);
+	return 0;
+}
+
+/* cb_ct_open_svc is cb_ct_open, then the new entry and the one under its reverse tuple
+ * shadow each other as they may (cb_ct_shadow): the two calls side by side, not one under
+ * the other (the stack is short). */
+CB_INLINE int cb_ct_open_svc(const struct cb_ct_key *k, const struct cb_flow *f, struct cb_track *t, __u64 now)
+{
+	int r = cb_ct_open(k, f, t, now);
+
+	if (!r)
+		cb_ct_shadow(k);
+	return r;
+}
+
+/* cb_ct_related says whether ICMP error f (quoting t->inner) belongs to a live flow: an
+ * error from the quoted packet's destination back to its sender passes (and is un-NATed:
+ * t->rev_nat) as part of that flow, without touching its state. A third party quoting
+ * someone else's flow is judged like any other packet. */
+static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+	__u64 now = cb_now();
+
+	if (!f || !t || !t->inner || f->saddr != t->inner->daddr || f->daddr != t->inner->saddr)
+		return 0;
+	cb_ct_key_of(&k, t->zone, t->inner, 0);
+	e = cb_ct_flow(&k, now);
+	if (e) {
+		/* (An error the service stage translated already is not un-NATed again.) */
+		if ((e->flags & CB_CT_DNAT) && !t->svc_icmp)
+			t->rev_nat = e;
+		return 1;
+	}
+	cb_ct_key_of(&k, t->zone, t->inner, 1);
+	return cb_ct_flow(&k, now) != 0;
+}
+
+/* cb_ct_check is the stateful stage for a tracked packet whose first fragment (or only
+ * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
+static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
+{
+	struct cb_ct_key k = {};
+	struct cb_ct_entry *e;
+	__u64 now;
+	__u32 epoch;
+	__u8 was;
+	int syn, closing, opener, reply = 0, r;
+
+	if (!f || !t)
+		return CB_DROP_POLICY;
+	now = cb_now();
+	epoch = cb_clock_at_start(); /* the clock as the packet arrived: recorded in what it judges */
+	if (t->inner && cb_ct_related(f, t))
+		return 0;
+	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
+	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
+	cb_ct_key_of(&k, t->zone, f, 0);
+	e = cb_ct_flow(&k, now);
+	if (syn) {
+		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
+		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
+		if (e && e->state == CB_CTS_NEW && (t->svc || !(e->flags & CB_CT_DNAT)) &&
+		    cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
+			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
+			cb_ct_mark_dnat(e, &k, t);
+			t->entry = e;
+			return 0;
+		}
+		r = cb_judge(f, t, 0);
+		if (r) {
+			was = e ? e->flags : 0;
+			bpf_map_delete_elem(&cb_ct, &k);
+			cb_ct_changed(was);
+			return r;
+		}
+		/* A direct SYN on the tuple of a live service flow (cb_ct_reuse) passes but does
+		 * not take the flow's entry over: the clash stays the client's own. */
+		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
+			return 0;
+		was = e ? e->flags : 0;
+		r = cb_ct_open_svc(&k, f, t, now);
+		cb_ct_changed(was); /* (replaced) */
+		return r;
+	}
+	if (!e) {
+		cb_ct_key_of(&k, t->zone, f, 1);
+		e = cb_ct_flow(&k, now);
+		reply = 1;
+	}
+	if (e) {
+		/* Judged again when a change its verdict depends on came after it (stamps.h). */
+		if (!cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
+			r = cb_judge(f, t, reply);
+			if (r) {
+				was = e->flags;
+				bpf_map_delete_elem(&cb_ct, &k);
+				cb_ct_changed(was);
+				return r;
+			}
+			e->epoch = epoch;
+		}
+		if (closing && e->state != CB_CTS_CLOSING) {
+			e->state = CB_CTS_CLOSING;
+			cb_ct_changed(e->flags);
+		} else if (!closing && reply && e->state == CB_CTS_NEW) {
+			e->state = CB_CTS_ESTABLISHED;
+			cb_ct_changed(e->flags);
+		}
+		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
+		t->entry = e;
+		if (!reply)
+			cb_ct_mark_dnat(e, &k, t);
+		else if (e->flags & CB_CT_DNAT)
+			t->rev_nat = e;
+		return 0;
+	}
+	/* No entry: judged as an opening. Only packets that may open a flow create one. */
+	r = cb_judge(f, t, 0);
+	if (r)
+		return r;
+	if (f->proto == CB_PROTO_TCP)
+		opener = !closing;
+	else
+		opener = f->proto != CB_PROTO_ICMP || f->icmp_type == CB_ICMP_ECHO;
+	if (!opener)
+		return 0;
+	cb_ct_key_of(&k, t->zone, f, 0);
+	return cb_ct_open_svc(&k, f, t, now);
+}
+
+/* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs
+ * more than its two array lookups (every return goes through the return thunk on
+ * machines with speculative-return mitigations), and the NetworkPolicy lookups' keys fit
+ * under the callers' frames. */
+CB_INLINE void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
+{
+	if (!f || !t)
+		return;
+	t->src_flags = cb_epg_flags_of(t->src_epg);
+	t->dst_flags = cb_epg_flags_of(t->dst_epg);
+	/* A client talking to itself through its service is not policy's business; nor, for
+	 * NetworkPolicy, is a pod talking with its own node (Kubernetes always allows it). */
+	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin && t->kind != CB_FLOW_HOST) {
+		if (cb_kpod_of(cb_netpol_zone(t), f->saddr))
+			t->src_flags |= CB_EPG_NETPOL;
+		if (cb_kpod_of(cb_netpol_zone(t), f->daddr))
+			t->dst_flags |= CB_EPG_NETPOL;
+	}
+}
+
+/* cb_stateful runs policy and conntrack for a packet whose L4 identity is in f (t filled
+ * by the caller). Flows between groups without rules that are not service flows never
+ * touch conntrack or the fragment table. Returns 0 to continue or a drop reason. */
+CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
+{
+	int r;
+
+	cb_track_flags(f, t);
+	if (!(t->src_flags | t->dst_flags) && !t->svc && !t->svc_reply && !t->svc_icmp) {
+		/* (cb_ct_reuse's own test, here too: most packets need no call.) */
+		if ((cb_features & CB_FEAT_LB) && f->proto == CB_PROTO_TCP &&
+		    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
+			cb_ct_reuse(f, t->zone);
+		return 0;
+	}
+	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
+	if (t->frag == CB_FRAG_LATER)
+		return cb_frag_verdict(f, t);
+	/* A first fragment records (here, and a service flow's in cb_nat_frags): within its
+	 * zone's budget only. */
+	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone, f->saddr))
+		return CB_DROP_FRAG_LIMIT;
+	r = cb_ct_check(f, t);
+	if (t->frag == CB_FRAG_FIRST)
+		cb_frag_record(f, t, r == 0);
+	return r;
 }

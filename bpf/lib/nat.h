@@ -224,27 +224,6 @@ CB_INLINE int cb_dst_invalid(__be32 a)
 	return h == 0xffffffff || (h >> 28) == 0xe || (h >> 24) == 127 || (h >> 24) == 0;
 }
 
-/* cb_nat_echo_id rewrites the id of the ICMP echo at p->l4_off (the ICMP checksum covers
- * no pseudo header). Returns 0 or a reason. */
-CB_INLINE int cb_nat_echo_id(struct __sk_buff *skb, const struct cb_pkt *p, __be16 old, __be16 id)
-{
-	__u32 off = p->l4_off;
-	void *data, *data_end;
-
-	if (old == id)
-		return 0;
-	if (off < ETH_HLEN + 20 || off > ETH_HLEN + 60)
-		return CB_DROP_NAT_ERR;
-	if (bpf_l4_csum_replace(skb, off + 2, old, id, 2) < 0)
-		return CB_DROP_NAT_ERR;
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	if (data + off + 8 > data_end)
-		return CB_DROP_NAT_ERR;
-	*(__be16 *)(data + off + 4) = id;
-	return 0;
-}
-
 /* cb_snat_rev_free says whether the reply mapping under rk may be taken by a new flow of
  * endpoint saddr in zone: it belongs to no live flow any more (its flow expired, was
  * deleted, or moved to another port), or (closing) its flow is a closing TCP flow (FIN or
