@@ -233,7 +233,7 @@ func TestConntrackQuotaService(t *testing.T) {
 func TestConntrackQuotaDriver(t *testing.T) {
 	testroot.Need(t)
 	objs := loadTestObjects(t)
-	d := &Driver{objs: *objs, slots: map[uint32]string{}, mapFull: map[string]uint64{}}
+	d := &Driver{objs: *objs, eps: endpointIndex{slots: map[uint32]string{}}, mapFull: map[string]uint64{}}
 	if err := objs.CbCtOwned.Put(uint32(1), &contivbpfCbCtCount{Count: 42}); err != nil {
 		t.Fatal(err)
 	}

@@ -58,15 +58,13 @@ type Driver struct {
 	log    *slog.Logger
 	hostNS netns.NsHandle // -1: the caller's namespace
 
-	mu      sync.Mutex
-	objs    contivbpfObjects
-	nl      *netlink.Handle
-	vxIndex int
-	upIndex int    // VLAN uplink, 0 = none
-	egress  egress // egress NAT (hostpath.go), zero = off
-	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
-	hostRoutes map[netip.Addr]string
-	addrStop   chan struct{} // stops the host address watch
+	mu       sync.Mutex
+	objs     contivbpfObjects
+	nl       *netlink.Handle
+	vxIndex  int
+	upIndex  int           // VLAN uplink, 0 = none
+	egress   egress        // egress NAT (hostpath.go), zero = off
+	addrStop chan struct{} // stops the host address watch
 	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
 	// none) and the host namespace cookie it acts for.
 	sockLB      string
@@ -76,41 +74,18 @@ type Driver struct {
 	closed      bool
 	pinLock     *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
-	networks  map[string]netRec
-	endpoints map[string]epRec     // by indexKey(endpoint id); written by setEndpoint/dropEndpoint
-	remotes   map[string]remoteRec // written by setRemote/dropRemote
-	// addrNets indexes the endpoint addresses (local and remote) to the network keys
-	// holding them (a count each), so a service backend resolves without a scan.
-	addrNets  map[uint32]map[uint32]int
-	peers     map[string]netip.Addr // host → VTEP
-	policies  map[uint16]dataplane.PolicySet
-	ruleIDs   map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
-	traceColl *ebpf.Collection   // trace programs and scratch maps (trace.go), loaded on first use
-	failed    map[uint16]error   // groups whose rule set could not be installed: deny-all
-	pol       *polTables         // the compiled rule lists the programs look up (poltables.go)
-	epoch     uint32             // policy clock: the last change's stamp (stamps.go)
-	lbSeed    uint32             // cb_lb_seed (lb.h): keys the service flow hash; random per run
-	clock     ctClock            // cb_now's calibration (clock.go); zero: the helper clock
+	// The driver's indexes, by concern: what it wrote for endpoints and networks, group
+	// policy, services and node ports, and the NetworkPolicy layer. All under mu.
+	eps  endpointIndex
+	pols policyIndex
+	svc  serviceIndex
+	np   netpolIndex
+
+	traceColl *ebpf.Collection // trace programs and scratch maps (trace.go), loaded on first use
+	lbSeed    uint32           // cb_lb_seed (lb.h): keys the service flow hash; random per run
+	clock     ctClock          // cb_now's calibration (clock.go); zero: the helper clock
 	ctgc      *ctGC
 	ctgcEvery time.Duration
-	services  map[string]svcRec // written by setService/dropService
-	nextSvcID uint32
-	// hostSvcIdx counts, per VIP:port/proto, the service ports of each zone holding it
-	// (the host path serves the ones one zone holds); svcKeyOwner and npOwner name the
-	// service using each port and node port entry. Kept by setService/dropService.
-	hostSvcIdx  map[contivbpfCbHostSvcKey]map[uint32]int
-	svcKeyOwner map[contivbpfCbSvcKey]string
-	npOwner     map[contivbpfCbNpKey]string
-	// hostSvcsStale: a service change could not settle its cb_host_svcs entries; the
-	// next one rewrites the whole table (settleHostSvcs).
-	hostSvcsStale bool
-	// podPols are the NetworkPolicy layer's pods (netpol.go) by PodPolicy id; ksets its
-	// shared rule sets by content; nextKSetID the last set id handed out.
-	podPols    map[string]*podPolRec
-	ksets      map[string]*kset
-	ksetIDs    map[uint32]string             // set id → content key (ids in use)
-	kpodOwner  map[contivbpfCbKpodKey]string // cb_kpods key → the pod policy that wrote it
-	nextKSetID uint32
 	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
 	// on for live traffic until the first Sync rebuilds the indexes they derive from.
 	carried  uint32
@@ -122,7 +97,6 @@ type Driver struct {
 	// allowEvents: the stream also wants new flows a rule allowed (policy_allow events).
 	allowEvents bool
 	mapFull     map[string]uint64 // map name → failed inserts
-	slots       map[uint32]string // cb_ep_counters slot → endpoint indexKey
 	// legacyMetrics is the per-endpoint counter map of builds before counter slots
 	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
 	legacyMetrics *ebpf.Map
@@ -130,6 +104,58 @@ type Driver struct {
 	// converters convert entries of pinned maps whose layout changed when field-by-name
 	// conversion is not enough (by map name).
 	converters map[string]entryConverter
+}
+
+// endpointIndex is what the driver wrote for networks, endpoints (local and remote) and
+// peers.
+type endpointIndex struct {
+	networks  map[string]netRec
+	endpoints map[string]epRec     // by indexKey(endpoint id); written by setEndpoint/dropEndpoint
+	remotes   map[string]remoteRec // written by setRemote/dropRemote
+	// addrNets indexes the endpoint addresses (local and remote) to the network keys
+	// holding them (a count each), so a service backend resolves without a scan.
+	addrNets map[uint32]map[uint32]int
+	peers    map[string]netip.Addr // host → VTEP
+	slots    map[uint32]string     // cb_ep_counters slot → endpoint indexKey
+	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
+	hostRoutes map[netip.Addr]string
+}
+
+// policyIndex is what the driver wrote for group policy (policy.go, poltables.go,
+// stamps.go).
+type policyIndex struct {
+	policies map[uint16]dataplane.PolicySet
+	ruleIDs  map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
+	failed   map[uint16]error   // groups whose rule set could not be installed: deny-all
+	pol      *polTables         // the compiled rule lists the programs look up (poltables.go)
+	epoch    uint32             // policy clock: the last change's stamp (stamps.go)
+}
+
+// serviceIndex is what the driver wrote for services and node ports (service.go,
+// hostpath.go).
+type serviceIndex struct {
+	services  map[string]svcRec // written by setService/dropService
+	nextSvcID uint32
+	// hostSvcIdx counts, per VIP:port/proto, the service ports of each zone holding it
+	// (the host path serves the ones one zone holds); svcKeyOwner and npOwner name the
+	// service using each port and node port entry. Kept by setService/dropService.
+	hostSvcIdx  map[contivbpfCbHostSvcKey]map[uint32]int
+	svcKeyOwner map[contivbpfCbSvcKey]string
+	npOwner     map[contivbpfCbNpKey]string
+	// hostSvcsStale: a service change could not settle its cb_host_svcs entries; the
+	// next one rewrites the whole table (settleHostSvcs).
+	hostSvcsStale bool
+}
+
+// netpolIndex is what the driver wrote for the NetworkPolicy layer (netpol.go,
+// kcompile.go): its pods by PodPolicy id, its shared rule sets by content, and the last
+// set id handed out.
+type netpolIndex struct {
+	podPols    map[string]*podPolRec
+	ksets      map[string]*kset
+	ksetIDs    map[uint32]string             // set id → content key (ids in use)
+	kpodOwner  map[contivbpfCbKpodKey]string // cb_kpods key → the pod policy that wrote it
+	nextKSetID uint32
 }
 
 type attachment struct {
@@ -197,30 +223,38 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
 	d := &Driver{
-		cfg:         cfg,
-		log:         slog.Default(),
-		hostNS:      -1,
-		links:       map[string]*attachment{},
-		networks:    map[string]netRec{},
-		endpoints:   map[string]epRec{},
-		hostRoutes:  map[netip.Addr]string{},
-		remotes:     map[string]remoteRec{},
-		addrNets:    map[uint32]map[uint32]int{},
-		peers:       map[string]netip.Addr{},
-		policies:    map[uint16]dataplane.PolicySet{},
-		ruleIDs:     map[uint16]ruleIDs{},
-		failed:      map[uint16]error{},
-		services:    map[string]svcRec{},
-		hostSvcIdx:  map[contivbpfCbHostSvcKey]map[uint32]int{},
-		svcKeyOwner: map[contivbpfCbSvcKey]string{},
-		npOwner:     map[contivbpfCbNpKey]string{},
-		podPols:     map[string]*podPolRec{},
-		ksets:       map[string]*kset{},
-		ksetIDs:     map[uint32]string{},
-		kpodOwner:   map[contivbpfCbKpodKey]string{},
-		mapFull:     map[string]uint64{},
-		slots:       map[uint32]string{},
-		lbSeed:      newLBSeed(),
+		cfg:    cfg,
+		log:    slog.Default(),
+		hostNS: -1,
+		links:  map[string]*attachment{},
+		eps: endpointIndex{
+			networks:   map[string]netRec{},
+			endpoints:  map[string]epRec{},
+			hostRoutes: map[netip.Addr]string{},
+			remotes:    map[string]remoteRec{},
+			addrNets:   map[uint32]map[uint32]int{},
+			peers:      map[string]netip.Addr{},
+			slots:      map[uint32]string{},
+		},
+		pols: policyIndex{
+			policies: map[uint16]dataplane.PolicySet{},
+			ruleIDs:  map[uint16]ruleIDs{},
+			failed:   map[uint16]error{},
+		},
+		svc: serviceIndex{
+			services:    map[string]svcRec{},
+			hostSvcIdx:  map[contivbpfCbHostSvcKey]map[uint32]int{},
+			svcKeyOwner: map[contivbpfCbSvcKey]string{},
+			npOwner:     map[contivbpfCbNpKey]string{},
+		},
+		np: netpolIndex{
+			podPols:   map[string]*podPolRec{},
+			ksets:     map[string]*kset{},
+			ksetIDs:   map[uint32]string{},
+			kpodOwner: map[contivbpfCbKpodKey]string{},
+		},
+		mapFull: map[string]uint64{},
+		lbSeed:  newLBSeed(),
 	}
 	d.log = d.log.With("dataplane", "ebpf", "host", cfg.Host)
 	if err := d.open(ctx); err != nil {
@@ -308,7 +342,7 @@ func (d *Driver) open(ctx context.Context) error {
 	var sv contivbpfCbSvc
 	it := d.objs.CbServices.Iterate()
 	for it.Next(&sk, &sv) {
-		d.nextSvcID = max(d.nextSvcID, sv.Id)
+		d.svc.nextSvcID = max(d.svc.nextSvcID, sv.Id)
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("ebpf: read services map: %w", err)
@@ -397,7 +431,7 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	// (A migrated map was reopened from its pin: the compiled policy's writer follows.)
-	d.pol.heads, d.pol.rules, d.pol.cidrs = d.objs.CbPolHeads, d.objs.CbPolRules, d.objs.CbPolCidrs
+	d.pols.pol.heads, d.pols.pol.rules, d.pols.pol.cidrs = d.objs.CbPolHeads, d.objs.CbPolRules, d.objs.CbPolCidrs
 	// The agent changed entries itself (marks, the migration's catch-up copy): no service
 	// flow's memo taken before stays current.
 	if err := memoGenJump(d.objs.CbCtGens); err != nil {
@@ -448,17 +482,17 @@ func (d *Driver) release() {
 }
 
 func (d *Driver) writeConfig() error {
-	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.epoch}
-	if len(d.policies) > 0 || len(d.failed) > 0 {
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.pols.epoch}
+	if len(d.pols.policies) > 0 || len(d.pols.failed) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
 	}
-	if len(d.podPols) > 0 {
+	if len(d.np.podPols) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY | contivbpfCbFeaturesCB_FEAT_NETPOL)
 	}
-	if len(d.services) > 0 {
+	if len(d.svc.services) > 0 {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
 	}
-	if len(d.npOwner) > 0 { // some service has a node port
+	if len(d.svc.npOwner) > 0 { // some service has a node port
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_NODEPORT)
 	}
 	if d.routing() {

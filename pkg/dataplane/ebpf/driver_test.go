@@ -219,8 +219,8 @@ func TestDriverMapsAndLifecycle(t *testing.T) {
 	conformance.PingOK(t, a.NetNS, "10.50.0.3", 3)
 
 	// Delete removes every map entry, the pinned link and the veth.
-	bIfindex := h.d.endpoints[b.ID].ifindex
-	bSlot := h.d.endpoints[b.ID].slot
+	bIfindex := h.d.eps.endpoints[b.ID].ifindex
+	bSlot := h.d.eps.endpoints[b.ID].slot
 	if bSlot == 0 {
 		t.Error("local endpoint b has no counter slot")
 	}
@@ -238,7 +238,7 @@ func TestDriverMapsAndLifecycle(t *testing.T) {
 			t.Errorf("iface entry left: %+v", i)
 		}
 	}
-	if owner, ok := h.d.slots[bSlot]; ok {
+	if owner, ok := h.d.eps.slots[bSlot]; ok {
 		t.Errorf("counter slot %d of the deleted endpoint still allocated (to %s)", bSlot, owner)
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.PinRoot, linksDir, b.HostIfName)); !errors.Is(err, os.ErrNotExist) {
@@ -451,7 +451,7 @@ func TestDriverPolicyAndService(t *testing.T) {
 	if err := h.d.Sync(ctx, state); err != nil {
 		t.Fatal(err)
 	}
-	if r := h.d.services[svc.ID]; r.id != slot {
+	if r := h.d.svc.services[svc.ID]; r.id != slot {
 		t.Errorf("service slot %d after resync, want reused %d", r.id, slot)
 	}
 	check("after sync")
@@ -708,7 +708,7 @@ func TestLocalAddressInUse(t *testing.T) {
 	if err := h.d.UpsertEndpoint(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	key := h.d.endpoints[indexKey(old.ID)].key
+	key := h.d.eps.endpoints[indexKey(old.ID)].key
 	nr, ok := h.d.networkByKey(key.Net)
 	if !ok {
 		t.Fatal("no network record for the endpoint's key")
@@ -740,7 +740,7 @@ func TestLocalAddressInUse(t *testing.T) {
 		t.Fatalf("the new container once the old record is gone: %v", err)
 	}
 	var e contivbpfCbEndpoint
-	if err := h.d.objs.CbEndpoints.Lookup(&key, &e); err != nil || int(e.Ifindex) != h.d.endpoints[indexKey(repl.ID)].ifindex {
+	if err := h.d.objs.CbEndpoints.Lookup(&key, &e); err != nil || int(e.Ifindex) != h.d.eps.endpoints[indexKey(repl.ID)].ifindex {
 		t.Fatalf("the address's entry %+v (%v), want the new container's veth", e, err)
 	}
 }
@@ -763,7 +763,7 @@ func TestAddressHandover(t *testing.T) {
 	if err := h.d.Sync(ctx, state); err != nil {
 		t.Fatal(err)
 	}
-	key := h.d.remotes[r1.ID].key
+	key := h.d.eps.remotes[r1.ID].key
 	nr, ok := h.d.networkByKey(key.Net)
 	if !ok {
 		t.Fatal("no network record for the remote endpoint's key")

@@ -48,7 +48,7 @@ func TestEndpointUpsertLatency(t *testing.T) {
 	}
 	h.d.cfg.StepObserver = nil
 	for _, ep := range eps {
-		checkContainerEnd(t, ep, h.d.networks[ep.NetworkID].net)
+		checkContainerEnd(t, ep, h.d.eps.networks[ep.NetworkID].net)
 		l, err := h.d.nl.LinkByName(ep.HostIfName)
 		if err != nil || l.Attrs().Alias != h.d.endpointAlias(indexKey(ep.ID)) || l.Attrs().Flags&net.FlagUp == 0 {
 			t.Errorf("%s: host end %v (%v), want alias %q and up", ep.ID, l, err, h.d.endpointAlias(indexKey(ep.ID)))

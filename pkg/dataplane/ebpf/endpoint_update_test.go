@@ -43,7 +43,7 @@ func TestEndpointUpdateRefusedKeepsOld(t *testing.T) {
 		t.Errorf("veth of %s recreated: ifindex %d, was %d", a.ID, l.Attrs().Index, hostA.Attrs().Index)
 	}
 	var v contivbpfCbEndpoint
-	key := contivbpfCbEpKey{Net: h.d.networks[h.net.ID].key, Ip: ip4(a.IP)}
+	key := contivbpfCbEpKey{Net: h.d.eps.networks[h.net.ID].key, Ip: ip4(a.IP)}
 	if err := h.d.objs.CbEndpoints.Lookup(&key, &v); err != nil {
 		t.Fatalf("cb_endpoints entry of %s gone: %v", a.IP, err)
 	}

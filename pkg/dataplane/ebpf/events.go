@@ -163,9 +163,9 @@ func (d *Driver) ruleID(epg uint16, dir string, index uint32) string {
 
 // ruleIDLocked is ruleID for callers holding d.mu.
 func (d *Driver) ruleIDLocked(epg uint16, dir string, index uint32) string {
-	c, ok := d.ruleIDs[epg]
-	if !ok || c.epoch != d.epoch {
-		p, has := d.policies[epg]
+	c, ok := d.pols.ruleIDs[epg]
+	if !ok || c.epoch != d.pols.epoch {
+		p, has := d.pols.policies[epg]
 		if !has {
 			return ""
 		}
@@ -173,14 +173,14 @@ func (d *Driver) ruleIDLocked(epg uint16, dir string, index uint32) string {
 		if err != nil {
 			return ""
 		}
-		c = ruleIDs{epoch: d.epoch}
+		c = ruleIDs{epoch: d.pols.epoch}
 		for _, r := range eg {
 			c.egress = append(c.egress, r.id)
 		}
 		for _, r := range in {
 			c.ingress = append(c.ingress, r.id)
 		}
-		d.ruleIDs[epg] = c
+		d.pols.ruleIDs[epg] = c
 	}
 	ids := c.egress
 	if dir == "ingress" {
@@ -236,9 +236,9 @@ func monotonicRaw() (uint64, error) {
 func (d *Driver) ifaceNetwork(ifindex uint32) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, r := range d.endpoints {
+	for _, r := range d.eps.endpoints {
 		if uint32(r.ifindex) == ifindex {
-			for id, n := range d.networks {
+			for id, n := range d.eps.networks {
 				if n.key == r.key.Net {
 					return id
 				}

@@ -233,8 +233,8 @@ func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr,
 	if err := d.nl.NeighSet(n); err != nil {
 		return fmt.Errorf("host neighbour %v on %s: %w", ip, ifname, err)
 	}
-	if owner, ok := d.hostRoutes[ip]; ok && owner != ik {
-		if _, live := d.endpoints[owner]; live {
+	if owner, ok := d.eps.hostRoutes[ip]; ok && owner != ik {
+		if _, live := d.eps.endpoints[owner]; live {
 			d.log.Warn("host route: address already routed to another local endpoint", "ip", ip, "endpoint", ik, "owner", owner)
 			return nil
 		}
@@ -251,7 +251,7 @@ func (d *Driver) ensureHostRoute(ik string, ip netip.Addr, mac net.HardwareAddr,
 	if err := d.mapPut(contivbpfMapCbHostRoutes, d.objs.CbHostRoutes, ip4(ip), &contivbpfCbHostRoute{Ifindex: uint32(ifindex), Generation: d.gen}); err != nil {
 		return fmt.Errorf("host route to %v: %w", ip, err)
 	}
-	d.hostRoutes[ip] = ik
+	d.eps.hostRoutes[ip] = ik
 	return nil
 }
 
@@ -264,7 +264,7 @@ func (d *Driver) hostRouteForbidden(ip netip.Addr, ifindex int) string {
 	if d.objs.CbHostIps != nil && d.objs.CbHostIps.Lookup(ip4(ip), &v) == nil {
 		return "an address of this host"
 	}
-	for host, vtep := range d.peers {
+	for host, vtep := range d.eps.peers {
 		if vtep == ip {
 			return "the VTEP of host " + host
 		}
@@ -289,10 +289,10 @@ func (d *Driver) hostRouteForbidden(ip netip.Addr, ifindex int) string {
 // dropHostRoute forgets ip's host route if endpoint ik holds it (the kernel removes the
 // route itself with the veth).
 func (d *Driver) dropHostRoute(ik string, ip netip.Addr) error {
-	if d.hostRoutes[ip] != ik {
+	if d.eps.hostRoutes[ip] != ik {
 		return nil
 	}
-	delete(d.hostRoutes, ip)
+	delete(d.eps.hostRoutes, ip)
 	if err := mapDel(d.objs.CbHostRoutes, ip4(ip)); err != nil {
 		return fmt.Errorf("delete host route entry %v: %w", ip, err)
 	}
@@ -369,7 +369,7 @@ func (d *Driver) syncHostSvcs() error {
 		return nil
 	}
 	want := map[contivbpfCbHostSvcKey]bool{}
-	for hk, zs := range d.hostSvcIdx {
+	for hk, zs := range d.svc.hostSvcIdx {
 		if len(zs) != 1 {
 			continue
 		}
@@ -393,7 +393,7 @@ func (d *Driver) updateHostSvcs(keys ...[]contivbpfCbSvcKey) error {
 	for _, ks := range keys {
 		for _, k := range ks {
 			hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
-			if len(d.hostSvcIdx[hk]) == 1 {
+			if len(d.svc.hostSvcIdx[hk]) == 1 {
 				if err := d.putHostSvc(hk); err != nil {
 					return err
 				}
@@ -408,7 +408,7 @@ func (d *Driver) updateHostSvcs(keys ...[]contivbpfCbSvcKey) error {
 }
 
 func (d *Driver) putHostSvc(hk contivbpfCbHostSvcKey) error {
-	for z := range d.hostSvcIdx[hk] {
+	for z := range d.svc.hostSvcIdx[hk] {
 		if err := d.mapPut(contivbpfMapCbHostSvcs, d.objs.CbHostSvcs, &hk, &contivbpfCbHostSvc{Zone: z, Generation: d.gen}); err != nil {
 			return fmt.Errorf("ebpf: host service %v:%d: %w", addrFrom(hk.Vip), hport(hk.Port), err)
 		}
@@ -420,15 +420,15 @@ func (d *Driver) putHostSvc(hk contivbpfCbHostSvcKey) error {
 func (d *Driver) indexSvcKeys(keys []contivbpfCbSvcKey, delta int) {
 	for _, k := range keys {
 		hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
-		zs := d.hostSvcIdx[hk]
+		zs := d.svc.hostSvcIdx[hk]
 		if zs == nil {
 			zs = map[uint32]int{}
-			d.hostSvcIdx[hk] = zs
+			d.svc.hostSvcIdx[hk] = zs
 		}
 		if zs[k.Zone] += delta; zs[k.Zone] <= 0 {
 			delete(zs, k.Zone)
 			if len(zs) == 0 {
-				delete(d.hostSvcIdx, hk)
+				delete(d.svc.hostSvcIdx, hk)
 			}
 		}
 	}

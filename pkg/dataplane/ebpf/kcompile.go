@@ -182,18 +182,18 @@ func (d *Driver) compilePinnedKSets() error {
 		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbKsets, err)
 	}
 	for id := range sets {
-		d.nextKSetID = max(d.nextKSetID, id)
+		d.np.nextKSetID = max(d.np.nextKSetID, id)
 	}
 	var h contivbpfCbKsetHead
 	hit := d.objs.CbKsetHeads.Iterate()
 	for hit.Next(&id, &h) {
-		d.nextKSetID = max(d.nextKSetID, id)
+		d.np.nextKSetID = max(d.np.nextKSetID, id)
 	}
 	var k contivbpfCbKcidrKey
 	var c contivbpfCbKcidr
 	cit := d.objs.CbKcidrs.Iterate()
 	for cit.Next(&k, &c) {
-		d.nextKSetID = max(d.nextKSetID, k.Set)
+		d.np.nextKSetID = max(d.np.nextKSetID, k.Set)
 	}
 	if err := errors.Join(hit.Err(), cit.Err()); err != nil {
 		return fmt.Errorf("ebpf: read the compiled rule sets: %w", err)

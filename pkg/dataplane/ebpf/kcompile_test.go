@@ -184,8 +184,8 @@ func TestKSetLookupProgram(t *testing.T) {
 // bareKDriver is a driver over objs with what the NetworkPolicy layer's writes use.
 func bareKDriver(objs *contivbpfObjects, gen uint32) *Driver {
 	return &Driver{objs: *objs, log: slog.New(slog.NewTextHandler(io.Discard, nil)), gen: gen,
-		ksets: map[string]*kset{}, ksetIDs: map[uint32]string{}, podPols: map[string]*podPolRec{},
-		kpodOwner: map[contivbpfCbKpodKey]string{}, mapFull: map[string]uint64{}}
+		np: netpolIndex{ksets: map[string]*kset{}, ksetIDs: map[uint32]string{}, podPols: map[string]*podPolRec{},
+			kpodOwner: map[contivbpfCbKpodKey]string{}}, mapFull: map[string]uint64{}}
 }
 
 // TestKSetIDAfterRestartFindsNoLeftovers (found by review): a set whose prefixes could

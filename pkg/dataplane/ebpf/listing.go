@@ -40,29 +40,29 @@ func (d *Driver) names() (listNames, error) {
 	}
 	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
 		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
-		vrfOf: map[uint32]uint32{}, netpol: len(d.podPols) > 0, mapFull: map[string]uint64{},
+		vrfOf: map[uint32]uint32{}, netpol: len(d.np.podPols) > 0, mapFull: map[string]uint64{},
 		podPol: map[contivbpfCbKpodKey]podPolName{}}
-	for id, r := range d.networks {
+	for id, r := range d.eps.networks {
 		n.netByKey[r.key] = id
 		n.vrfOf[r.key] = r.vrf
 		if _, tenant, ok := strings.Cut(id, "."); ok {
 			n.zoneOf[r.vrf] = tenant
 		}
 	}
-	for _, r := range d.endpoints {
+	for _, r := range d.eps.endpoints {
 		n.epByKey[r.key] = r.id
 		n.ifName[uint32(r.ifindex)] = r.hostIf
 	}
-	for _, r := range d.remotes {
+	for _, r := range d.eps.remotes {
 		n.epByKey[r.key] = r.ep.ID
 	}
-	for host, vtep := range d.peers {
+	for host, vtep := range d.eps.peers {
 		n.hostOf[vtep] = host
 	}
-	for id, r := range d.services {
+	for id, r := range d.svc.services {
 		n.svcByID[r.id] = id
 	}
-	for id, r := range d.podPols {
+	for id, r := range d.np.podPols {
 		pn := podPolName{id: id}
 		if r.failed != nil {
 			pn.failed = r.failed.Error()
@@ -353,12 +353,12 @@ func (d *Driver) listPolicy(l *dataplane.Listing, epg uint16) error {
 	}
 	sets := map[uint16]dataplane.PolicySet{}
 	failed := map[uint16]string{}
-	for g, p := range d.policies {
+	for g, p := range d.pols.policies {
 		if epg == 0 || g == epg {
 			sets[g] = p
 		}
 	}
-	for g, err := range d.failed {
+	for g, err := range d.pols.failed {
 		if epg == 0 || g == epg {
 			failed[g] = err.Error()
 		}

@@ -134,7 +134,7 @@ func TestVerify(t *testing.T) {
 	}
 	objs := &h.d.objs
 	// Endpoint a's group changed behind the agent's back.
-	ak := contivbpfCbEpKey{Net: h.d.networks[h.net.ID].key, Ip: ip4(a.IP)}
+	ak := contivbpfCbEpKey{Net: h.d.eps.networks[h.net.ID].key, Ip: ip4(a.IP)}
 	var av contivbpfCbEndpoint
 	if err := objs.CbEndpoints.Lookup(&ak, &av); err != nil {
 		t.Fatal(err)

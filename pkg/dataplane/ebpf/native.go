@@ -147,7 +147,7 @@ func (d *Driver) routerIPConflict(p netip.Prefix, uplink int) string {
 			}
 		}
 	}
-	for _, n := range d.networks {
+	for _, n := range d.eps.networks {
 		if n.net.Subnet.Overlaps(p) {
 			return fmt.Sprintf("overlaps network %s's subnet %v", n.net.ID, n.net.Subnet)
 		}

@@ -117,7 +117,7 @@ func compileKRules(rs []dataplane.PodRule) ([]contivbpfCbKrule, string) {
 
 // acquireSet returns the id of the set with these rules, writing it when it is new.
 func (d *Driver) acquireSet(rules []contivbpfCbKrule, key string) (uint32, error) {
-	if s, ok := d.ksets[key]; ok {
+	if s, ok := d.np.ksets[key]; ok {
 		if s.gen != d.gen {
 			if err := d.writeSet(s); err != nil {
 				return 0, err
@@ -128,35 +128,35 @@ func (d *Driver) acquireSet(rules []contivbpfCbKrule, key string) (uint32, error
 	}
 	// The next id no set holds (ids wrap after 2^32 sets; a live one is never reused).
 	for tries := 0; ; tries++ {
-		d.nextKSetID++
-		if _, used := d.ksetIDs[d.nextKSetID]; d.nextKSetID != 0 && !used {
+		d.np.nextKSetID++
+		if _, used := d.np.ksetIDs[d.np.nextKSetID]; d.np.nextKSetID != 0 && !used {
 			break
 		}
-		if tries > len(d.ksetIDs)+1 {
+		if tries > len(d.np.ksetIDs)+1 {
 			return 0, fmt.Errorf("%s: no free set id", contivbpfMapCbKsets)
 		}
 	}
-	s := &kset{id: d.nextKSetID, rules: rules}
+	s := &kset{id: d.np.nextKSetID, rules: rules}
 	if err := d.writeSet(s); err != nil {
 		return 0, err
 	}
 	s.refs = 1
-	d.ksets[key] = s
-	d.ksetIDs[s.id] = key
+	d.np.ksets[key] = s
+	d.np.ksetIDs[s.id] = key
 	return s.id, nil
 }
 
 // releaseSet drops one reference, deleting the set with its last.
 func (d *Driver) releaseSet(key string) error {
-	s, ok := d.ksets[key]
+	s, ok := d.np.ksets[key]
 	if !ok {
 		return nil
 	}
 	if s.refs--; s.refs > 0 {
 		return nil
 	}
-	delete(d.ksets, key)
-	delete(d.ksetIDs, s.id)
+	delete(d.np.ksets, key)
+	delete(d.np.ksetIDs, s.id)
 	if err := d.deleteKSetCompiled(s.id, s.rules); err != nil {
 		return err
 	}
@@ -170,7 +170,7 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) (retErr error) {
 	if p.ID == "" {
 		return errors.New("pod policy: id is empty")
 	}
-	old, had := d.podPols[p.ID]
+	old, had := d.np.podPols[p.ID]
 	if had && old.failed == nil && old.written && reflect.DeepEqual(old.p, p) {
 		// Unchanged: rewritten only for the generation (a Sync's sweep keeps it).
 		return d.writeKPod(old)
@@ -220,7 +220,7 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) (retErr error) {
 		_ = d.releaseSet(rec.sets[1])
 		return d.failPodClosed(p, err)
 	}
-	d.podPols[p.ID] = rec
+	d.np.podPols[p.ID] = rec
 	if had {
 		errs := []error{d.releaseSet(old.sets[0]), d.releaseSet(old.sets[1])}
 		if err := errors.Join(errs...); err != nil {
@@ -243,20 +243,20 @@ func (d *Driver) writeKPodSets(rec *podPolRec, ids [2]uint32) error {
 		return err
 	}
 	rec.written = true
-	d.kpodOwner[rec.key] = rec.p.ID
+	d.np.kpodOwner[rec.key] = rec.p.ID
 	return nil
 }
 
 // deleteKPod removes rec's entry unless another pod policy wrote the same key since (an
 // address reused in the zone).
 func (d *Driver) deleteKPod(rec *podPolRec) error {
-	if !rec.written || d.kpodOwner[rec.key] != rec.p.ID {
+	if !rec.written || d.np.kpodOwner[rec.key] != rec.p.ID {
 		return nil
 	}
 	if err := mapDel(d.objs.CbKpods, &rec.key); err != nil {
 		return err
 	}
-	delete(d.kpodOwner, rec.key)
+	delete(d.np.kpodOwner, rec.key)
 	return nil
 }
 
@@ -264,7 +264,7 @@ func (d *Driver) deleteKPod(rec *podPolRec) error {
 func (d *Driver) writeKPod(rec *podPolRec) error {
 	var ids [2]uint32
 	for i, k := range rec.sets {
-		if s, ok := d.ksets[k]; ok && k != "" {
+		if s, ok := d.np.ksets[k]; ok && k != "" {
 			ids[i] = s.id
 			if s.gen != d.gen {
 				if err := d.writeSet(s); err != nil {
@@ -281,7 +281,7 @@ func (d *Driver) writeKPod(rec *podPolRec) error {
 // close: the error alone is returned.
 func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 	perr := &PodPolicyError{ID: p.ID, Err: cause}
-	old, had := d.podPols[p.ID]
+	old, had := d.np.podPols[p.ID]
 	if had {
 		_ = d.releaseSet(old.sets[0])
 		_ = d.releaseSet(old.sets[1])
@@ -290,7 +290,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 		if had {
 			_ = d.deleteKPod(old)
 		}
-		delete(d.podPols, p.ID)
+		delete(d.np.podPols, p.ID)
 		return perr
 	}
 	rec := &podPolRec{p: p, key: contivbpfCbKpodKey{Zone: vrfOf(p.NetworkID), Addr: ip4(p.IP)}, failed: cause}
@@ -301,7 +301,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 	if !again {
 		d.log.Error("pod policy failed closed", "pod", p.ID, "err", cause)
 	}
-	d.podPols[p.ID] = rec
+	d.np.podPols[p.ID] = rec
 	if err := d.writeKPodSets(rec, [2]uint32{}); err != nil {
 		return errors.Join(perr, fmt.Errorf("pod policy %s: write deny-all entry: %w", p.ID, err))
 	}
@@ -309,7 +309,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 }
 
 func (d *Driver) deletePodPolicy(id string) (retErr error) {
-	rec, ok := d.podPols[id]
+	rec, ok := d.np.podPols[id]
 	if !ok {
 		return nil
 	}
@@ -321,7 +321,7 @@ func (d *Driver) deletePodPolicy(id string) (retErr error) {
 	if err := d.deleteKPod(rec); err != nil {
 		return fmt.Errorf("pod policy %s: delete: %w", id, err)
 	}
-	delete(d.podPols, id)
+	delete(d.np.podPols, id)
 	errs := []error{d.releaseSet(rec.sets[0]), d.releaseSet(rec.sets[1])}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("pod policy %s: %w", id, err)

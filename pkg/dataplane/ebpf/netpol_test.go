@@ -303,7 +303,7 @@ func TestPodPolicyDriver(t *testing.T) {
 	}
 	// Set ids are never handed out while in use, also when the counter wraps.
 	h.d.mu.Lock()
-	h.d.nextKSetID = ^uint32(0) - 1
+	h.d.np.nextKSetID = ^uint32(0) - 1
 	h.d.mu.Unlock()
 	for i, r := range []dataplane.PodRule{{Remote: pfx("10.1.0.0/16")}, {Remote: pfx("10.2.0.0/16")}, {Remote: pfx("10.3.0.0/16")}} {
 		p := dataplane.PodPolicy{ID: fmt.Sprintf("w%d", i), NetworkID: a.NetworkID, IP: netip.AddrFrom4([4]byte{10, 50, 0, byte(50 + i)}), IngressIsolated: true, Ingress: []dataplane.PodRule{r}}
@@ -312,9 +312,9 @@ func TestPodPolicyDriver(t *testing.T) {
 		}
 	}
 	ids := map[uint32]bool{}
-	for id := range h.d.ksetIDs {
+	for id := range h.d.np.ksetIDs {
 		if id == 0 || ids[id] {
-			t.Fatalf("set id %d handed out twice or zero: %v", id, h.d.ksetIDs)
+			t.Fatalf("set id %d handed out twice or zero: %v", id, h.d.np.ksetIDs)
 		}
 		ids[id] = true
 	}

@@ -62,7 +62,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 	n.MTU = containerend.MTU(n)
 	key := netKey(n)
 	vrf := vrfOf(n.ID)
-	for id, r := range d.networks {
+	for id, r := range d.eps.networks {
 		if id != n.ID && r.key == key {
 			return fmt.Errorf("network %s: %s tag %d already used by network %s", n.ID, n.Encap, n.Tag, id)
 		}
@@ -70,7 +70,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 			return fmt.Errorf("network %s: tenant %q hashes to the routing domain of tenant %q", n.ID, tenantOf(n.ID), tenantOf(id))
 		}
 	}
-	old, had := d.networks[n.ID]
+	old, had := d.eps.networks[n.ID]
 	if had && old.key != key && d.networkInUse(n.ID) {
 		return fmt.Errorf("network %s: cannot change encap/tag while endpoints use it", n.ID)
 	}
@@ -84,7 +84,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 			return fmt.Errorf("network %s: delete old entry: %w", n.ID, err)
 		}
 	}
-	d.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
+	d.eps.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
 	if err := d.syncTenantNet(vrf, n.Subnet); err != nil {
 		return fmt.Errorf("network %s: %w", n.ID, err)
 	}
@@ -102,7 +102,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 func (d *Driver) syncTenantNet(vrf uint32, subnet netip.Prefix) error {
 	m := subnet.Masked()
 	k := contivbpfCbTnetKey{Prefixlen: 32 + uint32(m.Bits()), Zone: vrf, Addr: ip4(m.Addr())}
-	for _, nr := range d.networks {
+	for _, nr := range d.eps.networks {
 		if nr.vrf == vrf && nr.net.Subnet.Masked() == m {
 			return d.mapPut(contivbpfMapCbTenantNets, d.objs.CbTenantNets, &k, &contivbpfCbTnet{Net: nr.key, Generation: d.gen})
 		}
@@ -154,7 +154,7 @@ func (d *Driver) dropRoute(net uint32, ip uint32) error {
 	if !d.routing() {
 		return nil
 	}
-	for _, nr := range d.networks {
+	for _, nr := range d.eps.networks {
 		if nr.key != net {
 			continue
 		}
@@ -174,12 +174,12 @@ func binaryNative(mask net.IPMask) uint32 {
 }
 
 func (d *Driver) networkInUse(id string) bool {
-	for _, r := range d.endpoints {
-		if nr, ok := d.networks[id]; ok && r.key.Net == nr.key {
+	for _, r := range d.eps.endpoints {
+		if nr, ok := d.eps.networks[id]; ok && r.key.Net == nr.key {
 			return true
 		}
 	}
-	for _, r := range d.remotes {
+	for _, r := range d.eps.remotes {
 		if r.ep.NetworkID == id {
 			return true
 		}
@@ -198,7 +198,7 @@ func (d *Driver) DeleteNetwork(ctx context.Context, id string) error {
 }
 
 func (d *Driver) deleteNetwork(id string) error {
-	r, ok := d.networks[id]
+	r, ok := d.eps.networks[id]
 	if !ok {
 		return nil
 	}
@@ -208,7 +208,7 @@ func (d *Driver) deleteNetwork(id string) error {
 	if err := mapDel(d.objs.CbNetworks, r.key); err != nil {
 		return fmt.Errorf("network %s: delete map entry: %w", id, err)
 	}
-	delete(d.networks, id)
+	delete(d.eps.networks, id)
 	if err := d.syncTenantNet(r.vrf, r.net.Subnet); err != nil {
 		return fmt.Errorf("network %s: %w", id, err)
 	}
@@ -237,20 +237,20 @@ func (d *Driver) upsertPeer(p dataplane.Peer) error {
 	if err := d.mapPut(contivbpfMapCbPeers, d.objs.CbPeers, ip4(p.VTEP), &contivbpfCbPeer{Generation: d.gen}); err != nil {
 		return fmt.Errorf("peer %s: %w", p.Host, err)
 	}
-	if old, ok := d.peers[p.Host]; ok && old != p.VTEP {
+	if old, ok := d.eps.peers[p.Host]; ok && old != p.VTEP {
 		if err := d.dropPeerKey(p.Host); err != nil {
-			d.peers[p.Host] = old
+			d.eps.peers[p.Host] = old
 			return err
 		}
 	}
-	d.peers[p.Host] = p.VTEP
+	d.eps.peers[p.Host] = p.VTEP
 	return nil
 }
 
 // dropPeerKey deletes a VTEP entry unless another host still uses that address.
 func (d *Driver) dropPeerKey(host string) error {
-	a := d.peers[host]
-	for h, v := range d.peers {
+	a := d.eps.peers[host]
+	for h, v := range d.eps.peers {
 		if h != host && v == a {
 			return nil
 		}
@@ -272,13 +272,13 @@ func (d *Driver) DeletePeer(ctx context.Context, host string) error {
 }
 
 func (d *Driver) deletePeer(host string) error {
-	if _, ok := d.peers[host]; !ok {
+	if _, ok := d.eps.peers[host]; !ok {
 		return nil
 	}
 	if err := d.dropPeerKey(host); err != nil {
 		return err
 	}
-	delete(d.peers, host)
+	delete(d.eps.peers, host)
 	return nil
 }
 
@@ -325,7 +325,7 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) (retErr error) {
 	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
 		return fmt.Errorf("remote endpoint %s: %w", ep.ID, err)
 	}
-	if old, ok := d.remotes[ep.ID]; ok && old.key != key {
+	if old, ok := d.eps.remotes[ep.ID]; ok && old.key != key {
 		if err := mapDel(d.objs.CbEndpoints, &old.key); err != nil {
 			return fmt.Errorf("remote endpoint %s: delete old entry: %w", ep.ID, err)
 		}
@@ -337,7 +337,7 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) (retErr error) {
 // checkRemote validates a remote endpoint against its network's encapsulation
 // (dataplane.RemoteEndpoint.Validate): a VXLAN remote needs a VTEP, a VLAN remote does not.
 func (d *Driver) checkRemote(ep dataplane.RemoteEndpoint) (netRec, error) {
-	nr, ok := d.networks[ep.NetworkID]
+	nr, ok := d.eps.networks[ep.NetworkID]
 	if !ok {
 		if err := ep.Validate(""); err != nil {
 			return netRec{}, err
@@ -361,7 +361,7 @@ func (d *Driver) DeleteRemoteEndpoint(ctx context.Context, id string) error {
 }
 
 func (d *Driver) deleteRemote(id string) error {
-	r, ok := d.remotes[id]
+	r, ok := d.eps.remotes[id]
 	if !ok {
 		return nil
 	}
@@ -422,7 +422,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		return err
 	}
 	clock := d.stepClock()
-	nr, ok := d.networks[ep.NetworkID]
+	nr, ok := d.eps.networks[ep.NetworkID]
 	if !ok {
 		return fmt.Errorf("endpoint %s: network %q is not known", ep.ID, ep.NetworkID)
 	}
@@ -448,7 +448,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 			return fmt.Errorf("endpoint %s: ip %v is a remote endpoint of network %s", ep.ID, ep.IP, ep.NetworkID)
 		}
 		if owner, ok := d.endpointByIfindex(int(cur.Ifindex)); ok && owner != ik {
-			return fmt.Errorf("endpoint %s: ip %v already used by local endpoint %s", ep.ID, ep.IP, d.endpoints[owner].id)
+			return fmt.Errorf("endpoint %s: ip %v already used by local endpoint %s", ep.ID, ep.IP, d.eps.endpoints[owner].id)
 		}
 		// Otherwise the entry is ours or stale (its veth vanished with its container).
 	}
@@ -456,7 +456,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err == nil && !ours(host) {
 		return fmt.Errorf("endpoint %s: interface %s exists and is not this endpoint's veth", ep.ID, ep.HostIfName)
 	}
-	if old, ok := d.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
+	if old, ok := d.eps.endpoints[ik]; ok && (old.hostIf != ep.HostIfName || old.key != key) {
 		if err := d.deleteEndpoint(ik); err != nil {
 			return fmt.Errorf("endpoint %s: replace: %w", ep.ID, err)
 		}
@@ -516,7 +516,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	// Counters first (a kept slot keeps its counts; a new one starts at zero), then the
 	// lookups the datapath uses.
 	slot := uint32(0)
-	if r, ok := d.endpoints[ik]; ok {
+	if r, ok := d.eps.endpoints[ik]; ok {
 		slot = r.slot
 	}
 	if slot == 0 {
@@ -566,7 +566,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 }
 
 func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
-	for ik, r := range d.endpoints {
+	for ik, r := range d.eps.endpoints {
 		if r.ifindex == ifindex {
 			return ik, true
 		}
@@ -621,7 +621,7 @@ func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
 }
 
 func (d *Driver) deleteEndpoint(ik string) error {
-	r, ok := d.endpoints[ik]
+	r, ok := d.eps.endpoints[ik]
 	if !ok {
 		return nil
 	}

@@ -73,7 +73,7 @@ func (d *Driver) ownedEndpointLink(l netlink.Link) (string, bool) {
 	// Legacy, or another agent's scoped alias: the whole rest is a legacy key (a legacy
 	// key may itself look like "<8 hex>:..."), and only this agent's state can claim it.
 	legacy := strings.TrimPrefix(a.Alias, aliasPrefix)
-	if r, known := d.endpoints[legacy]; known && r.ifindex == a.Index {
+	if r, known := d.eps.endpoints[legacy]; known && r.ifindex == a.Index {
 		return legacy, true
 	}
 	if d.objs.CbIfaces != nil {

@@ -82,7 +82,7 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 	if b, err = New(ctx, cfgB.HostConfig, cfgB.Options); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := b.endpoints[indexKey(epA.ID)]; ok {
+	if _, ok := b.eps.endpoints[indexKey(epA.ID)]; ok {
 		t.Errorf("b adopted a's endpoint veth")
 	}
 	if err := b.Sync(ctx, dataplane.State{}); err != nil {
@@ -109,8 +109,8 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.d = a.start(t)
-	if r, ok := a.d.endpoints[indexKey(epA.ID)]; !ok || r.hostIf != epA.HostIfName {
-		t.Fatalf("a did not adopt its endpoint after restart: %+v", a.d.endpoints)
+	if r, ok := a.d.eps.endpoints[indexKey(epA.ID)]; !ok || r.hostIf != epA.HostIfName {
+		t.Fatalf("a did not adopt its endpoint after restart: %+v", a.d.eps.endpoints)
 	}
 	if err := a.d.Sync(ctx, dataplane.State{Networks: []dataplane.Network{a.net}}); err != nil {
 		t.Fatal(err)

@@ -124,8 +124,8 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 	if p.EPGID == 0 {
 		return fmt.Errorf("policy: epgID is 0")
 	}
-	old, had := d.policies[p.EPGID]
-	_, wasFailed := d.failed[p.EPGID]
+	old, had := d.pols.policies[p.EPGID]
+	_, wasFailed := d.pols.failed[p.EPGID]
 	if had && !wasFailed && reflect.DeepEqual(old.Rules, p.Rules) {
 		return d.installPolicy(p) // (for the generation) no verdict changes
 	}
@@ -143,7 +143,7 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 	for dir, rules := range [][]contivbpfCbRule{eg, in} {
 		key := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
 		if len(rules) == 0 {
-			if err := d.pol.remove(key); err != nil {
+			if err := d.pols.pol.remove(key); err != nil {
 				return fmt.Errorf("policy %d: delete empty direction: %w", p.EPGID, err)
 			}
 			if err := mapDel(d.objs.CbPolicies, &key); err != nil {
@@ -157,7 +157,7 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 		if err := d.mapPut(contivbpfMapCbPolicies, d.objs.CbPolicies, &key, &v); err != nil {
 			return d.failClosed(p.EPGID, err)
 		}
-		if err := d.pol.install(key, rules, d.gen); err != nil {
+		if err := d.pols.pol.install(key, rules, d.gen); err != nil {
 			return d.failClosed(p.EPGID, fmt.Errorf("compile the %s rules: %w", [2]string{"egress", "ingress"}[dir], err))
 		}
 	}
@@ -168,8 +168,8 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 	if err := d.putEPGState(p.EPGID, flags, d.gen); err != nil {
 		return d.failClosed(p.EPGID, fmt.Errorf("write group state: %w", err))
 	}
-	d.policies[p.EPGID] = p
-	delete(d.failed, p.EPGID)
+	d.pols.policies[p.EPGID] = p
+	delete(d.pols.failed, p.EPGID)
 	return nil
 }
 
@@ -177,13 +177,13 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 // the *PolicyError that says so (joined with any error of doing it).
 func (d *Driver) failClosed(epg uint16, cause error) error {
 	perr := &PolicyError{EPGID: epg, Err: cause}
-	prev, again := d.failed[epg]
+	prev, again := d.pols.failed[epg]
 	again = again && prev.Error() == cause.Error() // a retry of the same refusal
 	if !again {
 		d.log.Error("policy failed closed", "epg", epg, "err", cause)
 	}
-	delete(d.policies, epg)
-	d.failed[epg] = cause
+	delete(d.pols.policies, epg)
+	d.pols.failed[epg] = cause
 	// Written every time (with this generation), so a Sync's sweep never reopens it.
 	write := func() error {
 		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
@@ -210,8 +210,8 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 func (d *Driver) FailedPolicies() map[uint16]string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make(map[uint16]string, len(d.failed))
-	for g, err := range d.failed {
+	out := make(map[uint16]string, len(d.pols.failed))
+	for g, err := range d.pols.failed {
 		out[g] = err.Error()
 	}
 	return out
@@ -229,8 +229,8 @@ func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
 }
 
 func (d *Driver) deletePolicy(epgID uint16) error {
-	_, had := d.policies[epgID]
-	_, failed := d.failed[epgID]
+	_, had := d.pols.policies[epgID]
+	_, failed := d.pols.failed[epgID]
 	if had || failed { // its flows are judged again without its rules
 		return d.change([]uint16{epgID}, nil, func() error { return d.removePolicy(epgID) })
 	}
@@ -241,7 +241,7 @@ func (d *Driver) deletePolicy(epgID uint16) error {
 func (d *Driver) removePolicy(epgID uint16) error {
 	for dir := uint8(0); dir < 2; dir++ {
 		key := contivbpfCbPolKey{Epg: epgID, Dir: dir}
-		if err := d.pol.remove(key); err != nil {
+		if err := d.pols.pol.remove(key); err != nil {
 			return fmt.Errorf("policy %d: delete: %w", epgID, err)
 		}
 		if err := mapDel(d.objs.CbPolicies, &key); err != nil {
@@ -251,8 +251,8 @@ func (d *Driver) removePolicy(epgID uint16) error {
 	if err := d.putEPGState(epgID, 0, 0); err != nil {
 		return fmt.Errorf("policy %d: clear group state: %w", epgID, err)
 	}
-	delete(d.policies, epgID)
-	delete(d.failed, epgID)
+	delete(d.pols.policies, epgID)
+	delete(d.pols.failed, epgID)
 	return nil
 }
 
@@ -265,7 +265,7 @@ func (d *Driver) compilePinnedPolicies() error {
 	if err != nil {
 		return fmt.Errorf("ebpf: %w", err)
 	}
-	d.pol = t
+	d.pols.pol = t
 	failed, err := t.compileAll(d.objs.CbPolicies)
 	if err != nil {
 		d.log.Warn("compiled policy maps: stale entries left", "err", err)
@@ -281,7 +281,7 @@ func (d *Driver) compilePinnedPolicies() error {
 	}
 	for epg, cause := range failed {
 		d.log.Error("policy failed closed", "epg", epg, "err", cause)
-		d.failed[epg] = cause
+		d.pols.failed[epg] = cause
 		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
 			return fmt.Errorf("ebpf: policy %d: write deny-all state: %w", epg, err)
 		}

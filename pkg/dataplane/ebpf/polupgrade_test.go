@@ -191,7 +191,7 @@ func TestPolicyResizeKeepsOldProgramsDenying(t *testing.T) {
 	}
 	defer old.Close()
 	// BPF_PROG_TEST_RUN runs on lo: give lo a's interface entry (in the old maps only).
-	aIf, err := old.ifaceTable().lookup(uint32(h.d.endpoints[indexKey(a.ID)].ifindex))
+	aIf, err := old.ifaceTable().lookup(uint32(h.d.eps.endpoints[indexKey(a.ID)].ifindex))
 	if err != nil {
 		t.Fatal(err)
 	}

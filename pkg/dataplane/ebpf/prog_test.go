@@ -752,8 +752,8 @@ func TestMapFull(t *testing.T) {
 		m.Pinning = ebpf.PinNone
 	}
 	spec.Maps[contivbpfMapCbEndpoints].MaxEntries = 2
-	d := &Driver{log: slog.Default(), gen: 1, networks: map[string]netRec{}, remotes: map[string]remoteRec{},
-		endpoints: map[string]epRec{}, peers: map[string]netip.Addr{}, mapFull: map[string]uint64{}, addrNets: map[uint32]map[uint32]int{}}
+	d := &Driver{log: slog.Default(), gen: 1, eps: endpointIndex{networks: map[string]netRec{}, remotes: map[string]remoteRec{},
+		endpoints: map[string]epRec{}, peers: map[string]netip.Addr{}, addrNets: map[uint32]map[uint32]int{}}, mapFull: map[string]uint64{}}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -778,7 +778,7 @@ func TestMapFull(t *testing.T) {
 	if d.mapFull[contivbpfMapCbEndpoints] != 1 {
 		t.Errorf("mapFull counter %v", d.mapFull)
 	}
-	if _, ok := d.remotes["10.9.0.12"]; ok {
+	if _, ok := d.eps.remotes["10.9.0.12"]; ok {
 		t.Error("failed insert recorded in the index")
 	}
 	// Updating an existing entry still works on a full map.

@@ -90,7 +90,7 @@ func tenantOf(networkID string) string {
 func (d *Driver) resolveBackend(tenant string, ip netip.Addr) (uint32, bool) {
 	var best uint32
 	found, bestTenant := false, false
-	for key := range d.addrNets[ip4(ip)] {
+	for key := range d.eps.addrNets[ip4(ip)] {
 		nr, _ := d.networkByKey(key)
 		same := tenantOf(nr.net.ID) == tenant
 		if !found || (same && !bestTenant) || (same == bestTenant && key < best) {
@@ -102,10 +102,10 @@ func (d *Driver) resolveBackend(tenant string, ip netip.Addr) (uint32, bool) {
 
 // setEndpoint / dropEndpoint write d.endpoints (by index key), setRemote / dropRemote
 // d.remotes (by id), keeping the address index (addrNets) in step.
-func (d *Driver) setEndpoint(ik string, r epRec)   { putIndexed(d, d.endpoints, ik, r) }
-func (d *Driver) dropEndpoint(ik string)           { dropIndexed(d, d.endpoints, ik) }
-func (d *Driver) setRemote(id string, r remoteRec) { putIndexed(d, d.remotes, id, r) }
-func (d *Driver) dropRemote(id string)             { dropIndexed(d, d.remotes, id) }
+func (d *Driver) setEndpoint(ik string, r epRec)   { putIndexed(d, d.eps.endpoints, ik, r) }
+func (d *Driver) dropEndpoint(ik string)           { dropIndexed(d, d.eps.endpoints, ik) }
+func (d *Driver) setRemote(id string, r remoteRec) { putIndexed(d, d.eps.remotes, id, r) }
+func (d *Driver) dropRemote(id string)             { dropIndexed(d, d.eps.remotes, id) }
 
 // addressed is an endpoint record with its datapath key.
 type addressed interface{ epKey() contivbpfCbEpKey }
@@ -127,21 +127,21 @@ func dropIndexed[R addressed](d *Driver, m map[string]R, id string) {
 }
 
 // addrHolders is how many endpoint records (local and remote) hold address k.
-func (d *Driver) addrHolders(k contivbpfCbEpKey) int { return d.addrNets[k.Ip][k.Net] }
+func (d *Driver) addrHolders(k contivbpfCbEpKey) int { return d.eps.addrNets[k.Ip][k.Net] }
 
 func (d *Driver) indexAddr(k contivbpfCbEpKey, delta int) {
 	if k.Ip == 0 {
 		return // a record without its datapath entry (adopted veth not yet synced)
 	}
-	m := d.addrNets[k.Ip]
+	m := d.eps.addrNets[k.Ip]
 	if m == nil {
 		m = map[uint32]int{}
-		d.addrNets[k.Ip] = m
+		d.eps.addrNets[k.Ip] = m
 	}
 	if m[k.Net] += delta; m[k.Net] <= 0 {
 		delete(m, k.Net)
 		if len(m) == 0 {
-			delete(d.addrNets, k.Ip)
+			delete(d.eps.addrNets, k.Ip)
 		}
 	}
 }
@@ -177,12 +177,12 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 		npKeys = append(npKeys, k)
 	}
 	for _, k := range keys {
-		if id, ok := d.svcKeyOwner[k]; ok && id != s.ID {
+		if id, ok := d.svc.svcKeyOwner[k]; ok && id != s.ID {
 			return fmt.Errorf("service %s: %v port %d/%d already used by service %s", s.ID, s.VIP, hport(k.Port), k.Proto, id)
 		}
 	}
 	for _, k := range npKeys {
-		if id, ok := d.npOwner[k]; ok && id != s.ID {
+		if id, ok := d.svc.npOwner[k]; ok && id != s.ID {
 			return fmt.Errorf("service %s: node port %d/%d already used by service %s", s.ID, hport(k.Port), k.Proto, id)
 		}
 	}
@@ -218,7 +218,7 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 		flags |= svcAffinity
 	}
 
-	old, had := d.services[s.ID]
+	old, had := d.svc.services[s.ID]
 	id := old.id
 	if !had {
 		// After a restart the pinned entries keep their id: reuse it so live flows see
@@ -227,8 +227,8 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 		if err := d.objs.CbServices.Lookup(&keys[0], &cur); err == nil && !d.svcIDUsed(cur.Id) {
 			id = cur.Id
 		} else {
-			d.nextSvcID++
-			id = d.nextSvcID
+			d.svc.nextSvcID++
+			id = d.svc.nextSvcID
 		}
 	}
 	// Members and backends first (grown list), then the service entries (new count), then
@@ -300,45 +300,45 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 // is already recorded (or already gone) still repairs the entries it left behind.
 func (d *Driver) settleHostSvcs(err error, keys ...[]contivbpfCbSvcKey) error {
 	var serr error
-	if d.hostSvcsStale {
+	if d.svc.hostSvcsStale {
 		serr = d.syncHostSvcs()
 	} else {
 		serr = d.updateHostSvcs(keys...)
 	}
-	d.hostSvcsStale = err != nil || serr != nil
+	d.svc.hostSvcsStale = err != nil || serr != nil
 	return errors.Join(err, serr)
 }
 
 // setService records service id, keeping the port indexes.
 func (d *Driver) setService(id string, r svcRec) {
 	d.dropService(id)
-	d.services[id] = r
+	d.svc.services[id] = r
 	d.indexSvcKeys(r.keys, 1)
 	for _, k := range r.keys {
-		d.svcKeyOwner[k] = id
+		d.svc.svcKeyOwner[k] = id
 	}
 	for _, k := range r.nodePorts {
-		d.npOwner[k] = id
+		d.svc.npOwner[k] = id
 	}
 }
 
 func (d *Driver) dropService(id string) {
-	old, ok := d.services[id]
+	old, ok := d.svc.services[id]
 	if !ok {
 		return
 	}
 	d.indexSvcKeys(old.keys, -1)
 	for _, k := range old.keys {
-		if d.svcKeyOwner[k] == id {
-			delete(d.svcKeyOwner, k)
+		if d.svc.svcKeyOwner[k] == id {
+			delete(d.svc.svcKeyOwner, k)
 		}
 	}
 	for _, k := range old.nodePorts {
-		if d.npOwner[k] == id {
-			delete(d.npOwner, k)
+		if d.svc.npOwner[k] == id {
+			delete(d.svc.npOwner, k)
 		}
 	}
-	delete(d.services, id)
+	delete(d.svc.services, id)
 }
 
 // dropServiceRest removes what old had and cur does not (keys, backend slots, VIP).
@@ -432,7 +432,7 @@ func svcRevBump(m *ebpf.Map, id uint32) error {
 
 // networkByKey finds the network of a datapath network key.
 func (d *Driver) networkByKey(key uint32) (netRec, bool) {
-	for _, r := range d.networks {
+	for _, r := range d.eps.networks {
 		if r.key == key {
 			return r, true
 		}
@@ -441,7 +441,7 @@ func (d *Driver) networkByKey(key uint32) (netRec, bool) {
 }
 
 func (d *Driver) svcIDUsed(id uint32) bool {
-	for _, r := range d.services {
+	for _, r := range d.svc.services {
 		if r.id == id {
 			return true
 		}
@@ -450,7 +450,7 @@ func (d *Driver) svcIDUsed(id uint32) bool {
 }
 
 func (d *Driver) vipInUse(zone uint32, vip netip.Addr) bool {
-	for _, r := range d.services {
+	for _, r := range d.svc.services {
 		if r.zone == zone && r.svc.VIP == vip {
 			return true
 		}
@@ -470,7 +470,7 @@ func (d *Driver) DeleteService(ctx context.Context, id string) error {
 }
 
 func (d *Driver) deleteService(id string) error {
-	old, ok := d.services[id]
+	old, ok := d.svc.services[id]
 	if !ok {
 		return nil
 	}
@@ -492,7 +492,7 @@ func (d *Driver) groupsAt(zone uint32, ip netip.Addr, added bool) (groups []uint
 	if !added {
 		return nil, nil
 	}
-	for _, nr := range d.networks {
+	for _, nr := range d.eps.networks {
 		if nr.vrf == zone && d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: nr.key, Ip: ip4(ip)}, &ep) == nil {
 			if ep.Epg == 0 {
 				zones = append(zones, zone)

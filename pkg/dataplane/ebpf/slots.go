@@ -22,7 +22,7 @@ const legacyMetricsMap = "cb_ep_metrics"
 func (d *Driver) allocSlot(ik string) (uint32, error) {
 	limit := d.objs.CbEpCounters.MaxEntries()
 	for s := uint32(1); s < limit; s++ {
-		if _, used := d.slots[s]; used {
+		if _, used := d.eps.slots[s]; used {
 			continue
 		}
 		if err := d.objs.CbEpCounters.Put(s, make([]contivbpfCbEpStats, ebpf.MustPossibleCPU())); err != nil {
@@ -33,7 +33,7 @@ func (d *Driver) allocSlot(ik string) (uint32, error) {
 				return 0, fmt.Errorf("zero conntrack count of slot %d: %w", s, err)
 			}
 		}
-		d.slots[s] = ik
+		d.eps.slots[s] = ik
 		return s, nil
 	}
 	d.mapFull[contivbpfMapCbEpCounters]++
@@ -42,7 +42,7 @@ func (d *Driver) allocSlot(ik string) (uint32, error) {
 
 func (d *Driver) freeSlot(s uint32) {
 	if s != 0 {
-		delete(d.slots, s)
+		delete(d.eps.slots, s)
 	}
 }
 
@@ -51,8 +51,8 @@ func (d *Driver) freeSlot(s uint32) {
 // from the legacy counters when they exist, and both map entries are rewritten with it.
 func (d *Driver) adoptSlot(r *epRec, ifindex uint32, ifc contivbpfCbIface) error {
 	if s := ifc.Slot; s != 0 && s < d.objs.CbEpCounters.MaxEntries() {
-		if _, used := d.slots[s]; !used {
-			d.slots[s] = r.id
+		if _, used := d.eps.slots[s]; !used {
+			d.eps.slots[s] = r.id
 			r.slot = s
 			return nil
 		}

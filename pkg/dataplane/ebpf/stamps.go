@@ -78,8 +78,8 @@ func stampGroups(epgs, zones *ebpf.Map, c uint32, groups []uint16, zoneIDs []uin
 // announce is step 1 of a change to groups and zones: the clock's next value, written as
 // their stamp (not yet published: publish).
 func (d *Driver) announce(groups []uint16, zones []uint32) error {
-	d.epoch++
-	if err := stampGroups(d.objs.CbEpgs, d.objs.CbZoneStamps, d.epoch, groups, zones); err != nil {
+	d.pols.epoch++
+	if err := stampGroups(d.objs.CbEpgs, d.objs.CbZoneStamps, d.pols.epoch, groups, zones); err != nil {
 		return fmt.Errorf("ebpf: announce a policy change: %w", err)
 	}
 	return nil
@@ -130,7 +130,7 @@ func (d *Driver) putEPGState(epg uint16, flags, gen uint32) error {
 // stamps), every group and zone is stamped with the next value instead, so each entry that
 // build wrote is judged once more and none is trusted on the old epoch alone.
 func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
-	d.epoch = pinned
+	d.pols.epoch = pinned
 	keys, states, err := readArray[contivbpfCbEpgState](d.objs.CbEpgs)
 	if err != nil {
 		return err
@@ -140,12 +140,12 @@ func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
 		return err
 	}
 	if upgraded {
-		d.epoch++
+		d.pols.epoch++
 		for i := range states {
-			states[i].Changed = d.epoch
+			states[i].Changed = d.pols.epoch
 		}
 		for i := range zones {
-			zones[i].Changed = d.epoch
+			zones[i].Changed = d.pols.epoch
 		}
 		if _, err := d.objs.CbEpgs.BatchUpdate(keys, states, nil); err != nil {
 			return fmt.Errorf("ebpf: stamp every group after the upgrade: %w", err)
@@ -153,14 +153,14 @@ func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
 		if _, err := d.objs.CbZoneStamps.BatchUpdate(zkeys, zones, nil); err != nil {
 			return fmt.Errorf("ebpf: stamp every zone after the upgrade: %w", err)
 		}
-		d.log.Info("policy epochs per group: every group and zone stamped once (upgrade)", "clock", d.epoch)
+		d.log.Info("policy epochs per group: every group and zone stamped once (upgrade)", "clock", d.pols.epoch)
 		return nil
 	}
 	for _, s := range states {
-		d.epoch = stampLater(d.epoch, s.Changed)
+		d.pols.epoch = stampLater(d.pols.epoch, s.Changed)
 	}
 	for _, z := range zones {
-		d.epoch = stampLater(d.epoch, z.Changed)
+		d.pols.epoch = stampLater(d.pols.epoch, z.Changed)
 	}
 	return nil
 }

@@ -179,8 +179,8 @@ func TestPolicyEpochResume(t *testing.T) {
 		if err := d.resumeClock(pinned, upgraded); err != nil {
 			t.Fatal(err)
 		}
-		setClock(t, objs, d.epoch) // writeConfig publishes it
-		return d.epoch
+		setClock(t, objs, d.pols.epoch) // writeConfig publishes it
+		return d.pols.epoch
 	}
 	// A restart: the stamps are pinned, the clock resumes where it was.
 	if c := start(5, false); c != 5 {
@@ -250,10 +250,11 @@ func TestPolicyEpochResume(t *testing.T) {
 func TestReusedAddressJudgedAgain(t *testing.T) {
 	objs := ctPolicyFixture(t)
 	d := &Driver{objs: *objs, log: slog.New(slog.NewTextHandler(io.Discard, nil)), gen: 1,
-		networks: map[string]netRec{"n": {net: dataplane.Network{ID: "n", Encap: dataplane.EncapVXLAN, Tag: testNet,
+		eps: endpointIndex{networks: map[string]netRec{"n": {net: dataplane.Network{ID: "n", Encap: dataplane.EncapVXLAN, Tag: testNet,
 			Subnet: netip.MustParsePrefix("10.1.0.0/24")}, key: testNet, vrf: testZone}},
-		remotes: map[string]remoteRec{}, endpoints: map[string]epRec{}, peers: map[string]netip.Addr{},
-		mapFull: map[string]uint64{}, addrNets: map[uint32]map[uint32]int{}}
+			remotes: map[string]remoteRec{}, endpoints: map[string]epRec{}, peers: map[string]netip.Addr{},
+			addrNets: map[uint32]map[uint32]int{}},
+		mapFull: map[string]uint64{}}
 	// The fixture's remote entry is replaced by the driver's record of the old pod (31).
 	if err := mapDel(objs.CbEndpoints, &contivbpfCbEpKey{Net: testNet, Ip: ip4(remoteIP)}); err != nil {
 		t.Fatal(err)
@@ -272,7 +273,7 @@ func TestReusedAddressJudgedAgain(t *testing.T) {
 	}
 	upsert(rep("old-pod", 31))
 	setEpoch(t, objs, 5)
-	d.epoch = 5
+	d.pols.epoch = 5
 	ov := objs.CbTestOverlay
 	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
 	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40000, 8080, tcpSYN, 0), ovl).expect(t, tcActRedirect, FwdLocal)

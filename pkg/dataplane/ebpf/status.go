@@ -95,7 +95,7 @@ func (d *Driver) EndpointCounters(id string) (EndpointCounters, error) {
 	if err := d.check(); err != nil {
 		return EndpointCounters{}, err
 	}
-	r, ok := d.endpoints[indexKey(id)]
+	r, ok := d.eps.endpoints[indexKey(id)]
 	if !ok {
 		return EndpointCounters{}, fmt.Errorf("ebpf: endpoint %s is not known", id)
 	}
@@ -273,12 +273,12 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Tables["networks"] = t.Networks
 	st.Tables["peers"] = t.Peers
 	pols := map[string]int{}
-	for epg, p := range d.policies {
+	for epg, p := range d.pols.policies {
 		pols[fmt.Sprint(epg)] = len(p.Rules)
 	}
 	st.Tables["policies"] = pols // rules per endpoint group
 	svcs := map[string]any{}
-	for id, r := range d.services {
+	for id, r := range d.svc.services {
 		svcs[id] = map[string]any{"vip": r.svc.VIP.String(), "ports": r.svc.Ports, "backends": r.svc.Backends, "slot": r.id}
 	}
 	st.Tables["services"] = svcs

@@ -34,7 +34,7 @@ func TestServiceIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	netKey := map[string]uint32{}
-	for id, r := range h.d.networks {
+	for id, r := range h.d.eps.networks {
 		netKey[tenantOf(id)] = r.key
 	}
 	rng := rand.New(rand.NewPCG(3, 9))
@@ -61,7 +61,7 @@ func TestServiceIndexes(t *testing.T) {
 		// exactly one tenant's services hold it; every port and node port owned once.
 		zones := map[contivbpfCbHostSvcKey]map[uint32]bool{}
 		owners := map[contivbpfCbSvcKey]string{}
-		for sid, r := range h.d.services {
+		for sid, r := range h.d.svc.services {
 			for _, k := range r.keys {
 				hk := contivbpfCbHostSvcKey{Vip: k.Vip, Port: k.Port, Proto: k.Proto}
 				if zones[hk] == nil {
@@ -102,8 +102,8 @@ func TestServiceIndexes(t *testing.T) {
 		if !maps.Equal(got, want) {
 			t.Fatalf("step %d: cb_host_svcs %v, want %v", step, got, want)
 		}
-		if !maps.Equal(owners, h.d.svcKeyOwner) {
-			t.Fatalf("step %d: port owners %v, want %v", step, h.d.svcKeyOwner, owners)
+		if !maps.Equal(owners, h.d.svc.svcKeyOwner) {
+			t.Fatalf("step %d: port owners %v, want %v", step, h.d.svc.svcKeyOwner, owners)
 		}
 	}
 	// An entry no service owns (a previous run's) is swept by the next Sync.
@@ -111,7 +111,7 @@ func TestServiceIndexes(t *testing.T) {
 	if err := h.d.objs.CbHostSvcs.Put(&stale, &contivbpfCbHostSvc{Zone: 1}); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range h.d.services {
+	for _, r := range h.d.svc.services {
 		st.Services = append(st.Services, r.svc)
 	}
 	if err := h.d.Sync(ctx, st); err != nil {
@@ -126,13 +126,13 @@ func TestServiceIndexes(t *testing.T) {
 	if err := h.d.objs.CbHostSvcs.Put(&stale, &contivbpfCbHostSvc{Zone: 1}); err != nil {
 		t.Fatal(err)
 	}
-	h.d.hostSvcsStale = true
+	h.d.svc.hostSvcsStale = true
 	if err := h.d.UpsertService(ctx, dataplane.Service{ID: "late:t", VIP: netip.MustParseAddr("10.50.0.120"),
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: []netip.Addr{netip.MustParseAddr("10.50.0.10")}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.d.objs.CbHostSvcs.Lookup(&stale, &v); err == nil || h.d.hostSvcsStale {
-		t.Fatalf("after a stale table the next change did not rewrite it (stale flag %v)", h.d.hostSvcsStale)
+	if err := h.d.objs.CbHostSvcs.Lookup(&stale, &v); err == nil || h.d.svc.hostSvcsStale {
+		t.Fatalf("after a stale table the next change did not rewrite it (stale flag %v)", h.d.svc.hostSvcsStale)
 	}
 }
 
@@ -148,7 +148,7 @@ func TestServiceRevisions(t *testing.T) {
 		Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}}, Backends: backends[:2]}
 	rev := func() (uint32, uint32) {
 		t.Helper()
-		id := h.d.services[svc.ID].id
+		id := h.d.svc.services[svc.ID].id
 		var r contivbpfCbSvcRev
 		if err := h.d.objs.CbSvcRevs.Lookup(id, &r); err != nil {
 			t.Fatal(err)
@@ -208,12 +208,12 @@ func TestServiceOnEndpointAddress(t *testing.T) {
 		{"another port there", dataplane.Service{ID: "on-ep:" + tenant, VIP: eps[1],
 			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}, {Proto: 17, Port: 53}}, Backends: eps[:1]}, true},
 	} {
-		before := h.d.epoch
+		before := h.d.pols.epoch
 		if err := h.d.UpsertService(ctx, c.svc); err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}
-		if moved := h.d.epoch != before; moved != c.moves {
-			t.Errorf("%s: policy epoch %d → %d, want moved %v", c.what, before, h.d.epoch, c.moves)
+		if moved := h.d.pols.epoch != before; moved != c.moves {
+			t.Errorf("%s: policy epoch %d → %d, want moved %v", c.what, before, h.d.pols.epoch, c.moves)
 		}
 	}
 }

@@ -87,7 +87,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			continue
 		}
 		if _, err := d.checkRemote(ep); err != nil {
-			if _, known := d.networks[ep.NetworkID]; known {
+			if _, known := d.eps.networks[ep.NetworkID]; known {
 				bad = append(bad, err)
 				continue
 			}
@@ -105,7 +105,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			// A rule set that cannot be installed is failed closed (deny-all) and
 			// reported; like an invalid remote it does not hold back the sweep.
 			var perr *PolicyError
-			if errors.As(err, &perr) && d.failed[p.EPGID] != nil {
+			if errors.As(err, &perr) && d.pols.failed[p.EPGID] != nil {
 				bad = append(bad, err)
 				continue
 			}
@@ -119,7 +119,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			// Failed closed and reported, like a group's rule set, when its deny-all
 			// entry is in place; otherwise (map full) nothing may be swept.
 			var perr *PodPolicyError
-			if rec := d.podPols[p.ID]; errors.As(err, &perr) && rec != nil && rec.failed != nil && rec.written && d.kpodOwner[rec.key] == p.ID {
+			if rec := d.np.podPols[p.ID]; errors.As(err, &perr) && rec != nil && rec.failed != nil && rec.written && d.np.kpodOwner[rec.key] == p.ID {
 				bad = append(bad, err)
 				continue
 			}
@@ -138,7 +138,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 
 	// Sweep: objects the index knows, then anything left in the maps from older generations.
-	for _, id := range sortedKeys(d.services) {
+	for _, id := range sortedKeys(d.svc.services) {
 		if !wantSvcs[id] {
 			if err := d.deleteService(id); err != nil {
 				errs = append(errs, err)
@@ -149,53 +149,53 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	// are swept here, once.
 	if err := d.syncHostSvcs(); err != nil {
 		errs = append(errs, err)
-		d.hostSvcsStale = true
+		d.svc.hostSvcsStale = true
 	} else {
-		d.hostSvcsStale = false
+		d.svc.hostSvcsStale = false
 	}
-	for _, id := range sortedKeys(d.podPols) {
+	for _, id := range sortedKeys(d.np.podPols) {
 		if !wantPodPols[id] {
 			if err := d.deletePodPolicy(id); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for epg := range d.failed {
+	for epg := range d.pols.failed {
 		if !wantPols[epg] {
 			if err := d.deletePolicy(epg); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for epg := range d.policies {
+	for epg := range d.pols.policies {
 		if !wantPols[epg] {
 			if err := d.deletePolicy(epg); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for _, ik := range sortedKeys(d.endpoints) {
+	for _, ik := range sortedKeys(d.eps.endpoints) {
 		if !wantEPs[ik] {
 			if err := d.deleteEndpoint(ik); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for _, id := range sortedKeys(d.remotes) {
+	for _, id := range sortedKeys(d.eps.remotes) {
 		if !wantRemotes[id] {
 			if err := d.deleteRemote(id); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for _, h := range sortedKeys(d.peers) {
+	for _, h := range sortedKeys(d.eps.peers) {
 		if !wantPeers[h] {
 			if err := d.deletePeer(h); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	for _, id := range sortedKeys(d.networks) {
+	for _, id := range sortedKeys(d.eps.networks) {
 		if !wantNets[id] {
 			if err := d.deleteNetwork(id); err != nil {
 				errs = append(errs, err)
@@ -285,12 +285,12 @@ func (d *Driver) sweepMaps() []error {
 
 	errs = append(errs, sweepGen(d.objs.CbPolicies, contivbpfMapCbPolicies, d.gen,
 		func(k *contivbpfCbPolKey, v *contivbpfCbPolicy) uint32 { return v.Generation })...)
-	errs = append(errs, d.pol.sweep(d.gen)...)
+	errs = append(errs, d.pols.pol.sweep(d.gen)...)
 	errs = append(errs, sweepGen(d.objs.CbKpods, contivbpfMapCbKpods, d.gen,
 		func(k *contivbpfCbKpodKey, v *contivbpfCbKpod) uint32 { return v.Generation })...)
 	// A stale set's head, then its prefixes (it never admits more than it did), then its
 	// record.
-	errs = append(errs, d.sweepKSetOrphans(func(id uint32) bool { _, ok := d.ksetIDs[id]; return ok })...)
+	errs = append(errs, d.sweepKSetOrphans(func(id uint32) bool { _, ok := d.np.ksetIDs[id]; return ok })...)
 	errs = append(errs, sweepGen(d.objs.CbKsets, contivbpfMapCbKsets, d.gen,
 		func(k *uint32, v *contivbpfCbKset) uint32 { return v.Generation })...)
 	errs = append(errs, sweepGen(d.objs.CbServices, contivbpfMapCbServices, d.gen,

@@ -64,12 +64,12 @@ func (d *Driver) liveMaps() map[string]*ebpf.Map {
 
 func (d *Driver) trace(req dataplane.TraceRequest) (dataplane.TraceResult, error) {
 	res := dataplane.TraceResult{Host: d.cfg.Host}
-	src, ok := d.endpoints[indexKey(req.From)]
+	src, ok := d.eps.endpoints[indexKey(req.From)]
 	if !ok {
 		return res, fmt.Errorf("trace: %q is not a local endpoint of this host", req.From)
 	}
 	var srcNet netRec
-	for _, n := range d.networks {
+	for _, n := range d.eps.networks {
 		if n.key == src.key.Net {
 			srcNet = n
 		}
@@ -202,7 +202,7 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 		}
 	}
 	if v := coll.Variables["cb_policy_epoch"]; v != nil {
-		if err := v.Set(d.epoch); err != nil {
+		if err := v.Set(d.pols.epoch); err != nil {
 			return r, fmt.Errorf("trace: set epoch: %w", err)
 		}
 	}
@@ -409,16 +409,16 @@ func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte)
 		var vtep netip.Addr
 		var vni uint32
 		target := ""
-		for _, r := range d.remotes {
+		for _, r := range d.eps.remotes {
 			if r.ep.IP == ipDst {
 				vtep, target = r.ep.VTEP, r.ep.ID
-				if n, ok := d.networks[r.ep.NetworkID]; ok {
+				if n, ok := d.eps.networks[r.ep.NetworkID]; ok {
 					vni = n.net.Tag
 				}
 			}
 		}
 		host := ""
-		for h, v := range d.peers {
+		for h, v := range d.eps.peers {
 			if v == vtep {
 				host = " (" + h + ")"
 			}
@@ -428,7 +428,7 @@ func (d *Driver) traceOutput(res *dataplane.TraceResult, ret uint32, out []byte)
 		res.Stages = append(res.Stages, dataplane.TraceStage{Name: "forward", Detail: fmt.Sprintf("encapsulated in VXLAN to %v%s, VNI %d (remote endpoint %s)", vtep, host, vni, target)})
 	} else {
 		target := ""
-		for _, r := range d.endpoints {
+		for _, r := range d.eps.endpoints {
 			if addrFrom(r.key.Ip) == ipDst {
 				target = " " + r.id + " (" + r.hostIf + ")"
 			}

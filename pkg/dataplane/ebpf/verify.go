@@ -58,7 +58,7 @@ func (v *verifier) networks(nets []dataplane.Network) {
 	want := map[uint32]contivbpfCbNetwork{}
 	name := map[uint32]string{}
 	for _, n := range nets {
-		r, ok := d.networks[n.ID]
+		r, ok := d.eps.networks[n.ID]
 		if !ok {
 			v.add(contivbpfMapCbNetworks, n.ID, "missing", "the driver has no record of this network")
 			continue
@@ -99,8 +99,8 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 	ifWant := map[uint32]contivbpfCbIface{}
 	ifName := map[uint32]string{}
 	for _, ep := range local {
-		r, ok := d.endpoints[indexKey(ep.ID)]
-		nr, nok := d.networks[ep.NetworkID]
+		r, ok := d.eps.endpoints[indexKey(ep.ID)]
+		nr, nok := d.eps.networks[ep.NetworkID]
 		if !ok || !nok {
 			v.add(contivbpfMapCbEndpoints, ep.ID, "missing", "the driver has no record of this endpoint")
 			continue
@@ -113,7 +113,7 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 		ifWant[uint32(r.ifindex)], ifName[uint32(r.ifindex)] = ifc, ep.ID
 	}
 	for _, ep := range remote {
-		r, ok := d.remotes[ep.ID]
+		r, ok := d.eps.remotes[ep.ID]
 		if !ok {
 			v.add(contivbpfMapCbEndpoints, ep.ID, "missing", "the driver has no record of this remote endpoint")
 			continue
@@ -199,7 +199,7 @@ func (v *verifier) policies(sets []dataplane.PolicySet) {
 	d := v.d
 	want := map[contivbpfCbPolKey][]rankedRule{}
 	for _, p := range sets {
-		if _, failed := d.failed[p.EPGID]; failed {
+		if _, failed := d.pols.failed[p.EPGID]; failed {
 			continue // deny-all: no rule entries by design
 		}
 		eg, in, err := compileRuleSet(p)
@@ -258,7 +258,7 @@ func (v *verifier) services(svcs []dataplane.Service) {
 	backends := map[contivbpfCbBackendKey]netip.Addr{}
 	bname := map[contivbpfCbBackendKey]string{}
 	for _, s := range svcs {
-		r, ok := d.services[s.ID]
+		r, ok := d.svc.services[s.ID]
 		if !ok {
 			v.add(contivbpfMapCbServices, s.ID, "missing", "the driver has no record of this service")
 			continue
@@ -348,7 +348,7 @@ func (v *verifier) nodePorts(svcs []dataplane.Service) {
 	want := map[contivbpfCbNpKey]contivbpfCbNp{}
 	name := map[contivbpfCbNpKey]string{}
 	for _, s := range svcs {
-		r, ok := d.services[s.ID]
+		r, ok := d.svc.services[s.ID]
 		if !ok {
 			continue // reported by services
 		}
@@ -400,11 +400,11 @@ func (v *verifier) hostRoutes(local []dataplane.Endpoint) {
 	it := d.objs.CbHostRoutes.Iterate()
 	for it.Next(&k, &got) {
 		ip := addrFrom(k)
-		ik, owned := d.hostRoutes[ip]
+		ik, owned := d.eps.hostRoutes[ip]
 		switch {
 		case !addrs[k]:
 			v.add(contivbpfMapCbHostRoutes, ip.String(), "extra", fmt.Sprintf("routed to ifindex %d, no local endpoint has it", got.Ifindex))
-		case !owned || d.endpoints[ik].ifindex != int(got.Ifindex):
+		case !owned || d.eps.endpoints[ik].ifindex != int(got.Ifindex):
 			v.add(contivbpfMapCbHostRoutes, ip.String(), "different", fmt.Sprintf("map: ifindex %d; the driver routes it to %q", got.Ifindex, ik))
 		}
 	}
