@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -201,6 +203,30 @@ func TestAPIAuth(t *testing.T) {
 	_, out := client(t, tlsconf.Files{CA: caPath}, tT1).call(t, "GET", leader.url+"/api/v1/networks/", "")
 	if strings.Contains(out, `"t2"`) || !strings.Contains(out, `"t1"`) {
 		t.Errorf("tenant-admin list shows other tenants or not its own: %s", out)
+	}
+	// A body is read only once its caller is known (control plane issue, memory before
+	// authentication): without credentials a request announcing a megabyte and sending a
+	// hundred bytes is answered 401 at once, and nothing of it is held.
+	tc, err := tlsconf.Client(tlsconf.Files{CA: caPath}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*proc{leader, follower} {
+		c, err := tls.Dial("tcp", p.addr, tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /api/v1/tenants/x/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n%s", strings.Repeat("{", 100))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if !strings.Contains(line, " 401 ") {
+			t.Errorf("%s: unauthenticated request with a pending megabyte answered %q, want 401 at once", p.addr, line)
+		}
+	}
+	if _, m := admin.call(t, "GET", leader.url+"/metrics", ""); !strings.Contains(m, "contiv_netmaster_api_body_bytes_held") ||
+		!strings.Contains(m, "contiv_netmaster_api_body_refused_total") {
+		t.Errorf("/metrics does not report the body budgets")
 	}
 }
 

@@ -154,7 +154,8 @@ func run(parent context.Context, cfg config) error {
 		mux.Handle("/", handler)
 		handler = mux
 	}
-	srv := httpserve.New(handler, httpserve.Limits{MaxConns: 256, Logger: log})
+	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log},
+		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return bodyFirst(handler) })
 	ln, err := net.Listen("tcp", cfg.inspectListen)
 	if err != nil {
 		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)

@@ -19,6 +19,33 @@ import (
 type apiMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	// bodies reports the request body bytes held in memory and the requests refused for
+	// their budgets (httpserve.Server.BodyBytesHeld); set once the server exists.
+	bodies func() (int64, uint64)
+}
+
+// bodyCollector exports apiMetrics.bodies.
+type bodyCollector struct{ m *apiMetrics }
+
+var (
+	bodyHeldDesc = prometheus.NewDesc("contiv_netmaster_api_body_bytes_held",
+		"Request body bytes read and held in memory now (authenticated callers only).", nil, nil)
+	bodyRefusedDesc = prometheus.NewDesc("contiv_netmaster_api_body_refused_total",
+		"Requests refused (429) because their caller's or the server's budget of body bytes in memory was spent.", nil, nil)
+)
+
+func (c bodyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- bodyHeldDesc
+	ch <- bodyRefusedDesc
+}
+
+func (c bodyCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.m.bodies == nil {
+		return
+	}
+	held, refused := c.m.bodies()
+	ch <- prometheus.MustNewConstMetric(bodyHeldDesc, prometheus.GaugeValue, float64(held))
+	ch <- prometheus.MustNewConstMetric(bodyRefusedDesc, prometheus.CounterValue, float64(refused))
 }
 
 func newAPIMetrics() *apiMetrics {

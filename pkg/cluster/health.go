@@ -91,7 +91,8 @@ func (c *etcdCollector) Collect(ch chan<- prometheus.Metric) {
 // metricsHandler serves GET /metrics from a registry of this node's own.
 func metricsHandler(store *state.Store, quota int64, isLeader func() bool, api *apiMetrics, extra []prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newEtcdCollector(store, quota, isLeader), newStateCollector(store), api.requests, api.duration)
+	reg.MustRegister(newEtcdCollector(store, quota, isLeader), newStateCollector(store), api.requests, api.duration,
+		bodyCollector{api})
 	reg.MustRegister(extra...)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

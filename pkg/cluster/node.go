@@ -230,19 +230,26 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		front.forward = forwardIdentity(cfg.Auth.Tokens.PeerToken())
 	}
 	mux.Handle("/", front)
-	var top http.Handler = mux
-	if cfg.Auth != nil {
-		top = auth.Middleware(*cfg.Auth, log, mux)
-	}
-	// /healthz answers every prober without credentials (it reveals only etcd's health).
-	outer := http.NewServeMux()
-	outer.HandleFunc("GET /healthz", healthHandler(cfg.Store, cfg.EtcdQuota))
-	outer.Handle("/", top)
-	top = api.wrap(outer)
 	if cfg.TLS != nil {
 		ln = tls.NewListener(ln, cfg.TLS)
 	}
-	srv := httpserve.New(top, httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log})
+	// A request's body is read only once its caller is known (after authentication), and
+	// within that caller's budget of bytes in memory: an unauthenticated flood of large
+	// bodies costs nothing, one caller cannot take every other's (httpserve.Limits).
+	srv := httpserve.New(httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log, CallerOf: callerOf},
+		func(bodyFirst func(http.Handler) http.Handler) http.Handler {
+			var top http.Handler = bodyFirst(mux)
+			if cfg.Auth != nil {
+				top = auth.Middleware(*cfg.Auth, log, top)
+			}
+			// /healthz answers every prober without credentials (it reveals only etcd's
+			// health).
+			outer := http.NewServeMux()
+			outer.HandleFunc("GET /healthz", healthHandler(cfg.Store, cfg.EtcdQuota))
+			outer.Handle("/", top)
+			return api.wrap(outer)
+		})
+	api.bodies = srv.BodyBytesHeld
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 	log.Info("netmaster node serving", "listen", ln.Addr().String(), "control", cfg.ControlAddr)
@@ -369,4 +376,14 @@ func forwardIdentity(peerToken string) func(in, out *http.Request) {
 		out.Header.Del(auth.ContivTokenHeader)
 		out.Header.Set("Authorization", "Bearer "+peerToken)
 	}
+}
+
+// callerOf names a request's caller for the body budgets: its authenticated identity ("":
+// none, as with --insecure without tokens, where every caller is one).
+func callerOf(r *http.Request) string {
+	id, ok := auth.FromContext(r.Context())
+	if !ok {
+		return ""
+	}
+	return id.Via + ":" + id.Name
 }

@@ -1,9 +1,11 @@
 // Package httpserve owns how our HTTP APIs face careless and hostile clients: server
-// timeouts, header limits, and a connection cap that sheds the connections doing nothing
+// timeouts, header limits, a connection cap that sheds the connections doing nothing
 // useful (no complete request yet, idle keep-alive, or a request body still trickling in
 // after a grace period) instead of letting a flood of slow clients hold every file
-// descriptor. netmaster's REST API and netplugin's local API
-// both serve through it.
+// descriptor, and budgets on the request body bytes held in memory, per caller and in
+// all, with bodies read only where the server's owner places BodyFirst (after
+// authentication: nobody's body is buffered before it is known whose it is).
+// netmaster's REST API and netplugin's local API both serve through it.
 package httpserve
 
 import (
@@ -44,6 +46,15 @@ type Limits struct {
 	// SlowBodyGrace is how long a request body may take to arrive before, at the cap, its
 	// connection may be shed like an idle one (default 1 s).
 	SlowBodyGrace time.Duration
+	// CallerBytes bounds the request body bytes one caller (CallerOf) may have in memory:
+	// read before its handler runs and held while it runs (default 8 MiB); TotalBytes
+	// bounds all callers together (default 256 MiB). A request beyond either is refused
+	// with 429 and Retry-After before any of its body is read. Each request is charged
+	// BodyBytes (what may be read of it), or its Content-Length when smaller.
+	CallerBytes, TotalBytes int64
+	// CallerOf names a request's caller for CallerBytes, from what the handlers in front of
+	// BodyFirst set (an authenticated identity); nil or "": one caller for all.
+	CallerOf func(*http.Request) string
 	// Logger receives shedding reports (rate-limited); default slog.Default().
 	Logger *slog.Logger
 }
@@ -80,9 +91,11 @@ func RaiseFDLimit() (uint64, error) {
 	return rl.Cur, nil
 }
 
-// New returns an http.Server for h with the limits applied. Serve it with Serve (not
-// srv.Serve) so the connection cap is enforced.
-func New(h http.Handler, l Limits) *Server {
+// New returns a server with the limits applied for the handler build returns; build gets
+// the middleware that reads a request's body before the handler it wraps runs, within the
+// budgets (BodyFirst), and places it where bodies are to be read: after authentication.
+// Serve it with Serve (not srv.HTTP.Serve) so the connection cap is enforced.
+func New(l Limits, build func(bodyFirst func(http.Handler) http.Handler) http.Handler) *Server {
 	if l.MaxConns <= 0 {
 		l.MaxConns = DefaultMaxConns()
 	}
@@ -110,10 +123,16 @@ func New(h http.Handler, l Limits) *Server {
 	if l.SlowBodyGrace <= 0 {
 		l.SlowBodyGrace = time.Second
 	}
+	if l.CallerBytes <= 0 {
+		l.CallerBytes = 8 << 20
+	}
+	if l.TotalBytes <= 0 {
+		l.TotalBytes = 256 << 20
+	}
 	s := &Server{limits: l, conns: map[net.Conn]*list.Element{}, idle: list.New(),
-		reading: map[net.Conn]*list.Element{}, readingList: list.New()}
+		reading: map[net.Conn]*list.Element{}, readingList: list.New(), held: map[string]int64{}}
 	s.HTTP = &http.Server{
-		Handler:           CleanPaths(s.bodyFirst(h)),
+		Handler:           CleanPaths(build(s.bodyFirst)),
 		ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
@@ -180,6 +199,11 @@ type Server struct {
 	readingList *list.List
 	shed        uint64
 	lastLog     time.Time
+	// held is the body bytes each caller has charged (CallerBytes), heldAll their sum
+	// (TotalBytes); refused counts the requests refused for either.
+	held    map[string]int64
+	heldAll int64
+	refused uint64
 }
 
 // connKey is the context key of a request's connection.
@@ -193,7 +217,8 @@ type bodyRead struct {
 // bodyFirst reads up to BodyBytes of the request body before calling h, with the
 // connection marked as reading: a client trickling its body can then be shed at the cap
 // (after SlowBodyGrace) and its handler never runs. h gets the bytes read followed by
-// whatever is left.
+// whatever is left. The bytes are charged to the caller's and the server's budgets until
+// h returns; a request beyond them is refused (429) unread.
 func (s *Server) bodyFirst(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := r.Context().Value(connKey{}).(net.Conn)
@@ -201,11 +226,29 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
+		caller := ""
+		if s.limits.CallerOf != nil {
+			caller = s.limits.CallerOf(r)
+		}
+		charge := s.limits.BodyBytes + 1
+		if r.ContentLength >= 0 && r.ContentLength < charge {
+			charge = r.ContentLength
+		}
 		s.mu.Lock()
 		if _, open := s.conns[c]; !open {
 			s.mu.Unlock()
 			return // already shed
 		}
+		if s.held[caller]+charge > s.limits.CallerBytes || s.heldAll+charge > s.limits.TotalBytes {
+			s.refused++
+			s.mu.Unlock()
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many request bytes in flight; retry later", http.StatusTooManyRequests)
+			return
+		}
+		s.held[caller] += charge
+		s.heldAll += charge
+		defer s.release(caller, charge)
 		s.reading[c] = s.readingList.PushBack(&bodyRead{c: c, since: time.Now()})
 		s.mu.Unlock()
 		var buf bytes.Buffer
@@ -236,6 +279,24 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 // Serve accepts on ln until Shutdown/Close.
 func (s *Server) Serve(ln net.Listener) error {
 	return s.HTTP.Serve(&capListener{Listener: ln, s: s})
+}
+
+// release gives charge bytes of caller's budget back.
+func (s *Server) release(caller string, charge int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.heldAll -= charge
+	if s.held[caller] -= charge; s.held[caller] <= 0 {
+		delete(s.held, caller)
+	}
+}
+
+// BodyBytesHeld reports the request body bytes charged to the budgets now, and how many
+// requests the budgets refused.
+func (s *Server) BodyBytesHeld() (held int64, refused uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heldAll, s.refused
 }
 
 // Shed reports how many connections were closed to stay under the cap.

@@ -1,6 +1,7 @@
 package httpserve
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -23,7 +25,7 @@ func TestSlowClientsAreShed(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	s := New(h, Limits{MaxConns: 50})
+	s := New(Limits{MaxConns: 50}, all(h))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,12 @@ func TestSlowClientsAreShed(t *testing.T) {
 		slowDone <- string(b)
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for s.Open() == 0 || s.idle.Len() != 0 {
+	idle := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.idle.Len()
+	}
+	for s.Open() == 0 || idle() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("slow request never became active")
 		}
@@ -93,7 +100,7 @@ func TestSlowClientsAreShed(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	s := New(http.NotFoundHandler(), Limits{})
+	s := New(Limits{}, all(http.NotFoundHandler()))
 	if s.HTTP.ReadHeaderTimeout == 0 || s.HTTP.ReadTimeout == 0 || s.HTTP.IdleTimeout == 0 || s.HTTP.MaxHeaderBytes != 64<<10 {
 		t.Fatalf("defaults not applied: %+v", s.HTTP)
 	}
@@ -104,7 +111,7 @@ func TestDefaults(t *testing.T) {
 
 func TestCleanPaths(t *testing.T) {
 	h := CleanPaths(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached") }))
-	s := New(h, Limits{})
+	s := New(Limits{}, all(h))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +157,7 @@ func TestSlowBodiesAreShed(t *testing.T) {
 		mu.Unlock()
 		io.WriteString(w, "ok")
 	})
-	s := New(h, Limits{MaxConns: 8, SlowBodyGrace: 200 * time.Millisecond, BodyBytes: 16})
+	s := New(Limits{MaxConns: 8, SlowBodyGrace: 200 * time.Millisecond, BodyBytes: 16}, all(h))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -200,5 +207,148 @@ func TestSlowBodiesAreShed(t *testing.T) {
 	defer mu.Unlock()
 	if len(bodies) != 1 || bodies[0] != long {
 		t.Fatalf("handler saw bodies %q, want only the real client's", bodies)
+	}
+}
+
+// all builds a handler that reads every request's body first (BodyFirst in front of h).
+func all(h http.Handler) func(func(http.Handler) http.Handler) http.Handler {
+	return func(bodyFirst func(http.Handler) http.Handler) http.Handler { return bodyFirst(h) }
+}
+
+// serveOn starts s on a loopback port and returns its address.
+func serveOn(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.HTTP.Close() })
+	return ln.Addr().String()
+}
+
+// TestBodyReadOnlyBehindTheGate (control plane issue, memory before authentication): a
+// gate placed in front of BodyFirst (authentication) answers a request it refuses at once,
+// without waiting for or buffering its body; one it lets in has its body read as before.
+func TestBodyReadOnlyBehindTheGate(t *testing.T) {
+	var reached atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		reached.Add(int64(len(b)))
+		io.WriteString(w, "ok")
+	})
+	gate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Ok") == "" {
+				http.Error(w, "who are you", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	s := New(Limits{}, func(bodyFirst func(http.Handler) http.Handler) http.Handler { return gate(bodyFirst(h)) })
+	addr := serveOn(t, s)
+	ask := func(hdr string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// A megabyte announced, a hundred bytes sent: the answer must not wait for the rest.
+		fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: x\r\n%sContent-Length: 1048576\r\n\r\n%s", hdr, strings.Repeat("z", 100))
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		return line
+	}
+	if line := ask(""); !strings.Contains(line, " 401 ") {
+		t.Fatalf("unauthenticated request with a pending body answered %q, want 401 at once", line)
+	}
+	if held, _ := s.BodyBytesHeld(); held != 0 {
+		t.Errorf("%d body bytes held after a refused request", held)
+	}
+	if line := ask("X-Ok: 1\r\n"); line != "" {
+		t.Fatalf("an admitted request was answered %q before its body arrived", line)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/x", strings.NewReader(strings.Repeat("y", 5000)))
+	req.Header.Set("X-Ok", "1")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || reached.Load() != 5000 {
+		t.Fatalf("admitted request: %d, handler read %d bytes, want 200 and 5000", resp.StatusCode, reached.Load())
+	}
+}
+
+// TestBodyBudgets: a caller's bodies in memory are bounded (CallerBytes), all callers'
+// together too (TotalBytes); a request beyond either is refused with 429 and Retry-After
+// before its body is read, and what a finished request held is given back.
+func TestBodyBudgets(t *testing.T) {
+	release := make(chan struct{})
+	var in sync.WaitGroup
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		in.Done()
+		<-release
+	})
+	s := New(Limits{BodyBytes: 1024, CallerBytes: 3 * 1024, TotalBytes: 5 * 1024,
+		CallerOf: func(r *http.Request) string { return r.Header.Get("X-Caller") }}, all(h))
+	addr := serveOn(t, s)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	post := func(caller string) (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/x", strings.NewReader(strings.Repeat("b", 1024)))
+		req.Header.Set("X-Caller", caller)
+		return hc.Do(req)
+	}
+	var held sync.WaitGroup
+	hold := func(caller string) {
+		in.Add(1)
+		held.Add(1)
+		go func() {
+			defer held.Done()
+			if resp, err := post(caller); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	for i := 0; i < 3; i++ {
+		hold("a")
+	}
+	in.Wait()
+	refused := func(caller, why string) {
+		t.Helper()
+		resp, err := post(caller)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("%s: %d (Retry-After %q), want 429 with Retry-After", why, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	refused("a", "a caller past its budget")
+	hold("b")
+	hold("b")
+	in.Wait()
+	refused("c", "a new caller past the server's budget")
+	if got, n := s.BodyBytesHeld(); got != 5*1024 || n != 2 {
+		t.Errorf("held %d bytes, %d refused; want 5120 and 2", got, n)
+	}
+	close(release)
+	held.Wait()
+	if got, _ := s.BodyBytesHeld(); got != 0 {
+		t.Errorf("%d bytes still held after every request finished", got)
+	}
+	in.Add(1) // (the handler counts it in)
+	resp, err := post("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("after the release: %d, want 200", resp.StatusCode)
 	}
 }
