@@ -131,8 +131,8 @@ func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
 			},
 			&cli.BoolFlag{
 				Name:    "insecure",
-				Usage:   "skip TLS certificate verification",
-				EnvVars: []string{"INSECURE"},
+				Usage:   "skip TLS certificate verification (a warning says so on stderr)",
+				EnvVars: []string{"CONTIV_INSECURE", "INSECURE"}, // (INSECURE: Contiv's netctl's)
 			},
 			&cli.StringFlag{Name: "cacert", EnvVars: []string{"CONTIV_CACERT"}, Usage: "CA `FILE` to verify an https:// netmaster with (default: system roots)"},
 			&cli.StringFlag{Name: "cert", EnvVars: []string{"CONTIV_CERT"}, Usage: "client certificate `FILE` (with --key)"},
@@ -179,6 +179,17 @@ func netmasterURL(c *cli.Context) string {
 	return DefaultNetmaster
 }
 
+// insecureSource names what turned --insecure on: an environment variable that is set,
+// else the flag.
+func insecureSource() string {
+	for _, env := range []string{"CONTIV_INSECURE", "INSECURE"} {
+		if os.Getenv(env) != "" {
+			return "$" + env + " is set"
+		}
+	}
+	return "--insecure"
+}
+
 // newClient builds the REST client from the global flags.
 func newClient(c *cli.Context) (*client.Client, error) {
 	if c.Duration("timeout") <= 0 {
@@ -190,6 +201,11 @@ func newClient(c *cli.Context) (*client.Client, error) {
 	}
 	if c.Bool("insecure") {
 		tc.InsecureSkipVerify = true //nolint:gosec // the operator asked for it
+		// Never silently: a generic environment variable left set in a shell would turn
+		// off certificate checks (and send tokens to whoever answers) unnoticed.
+		if strings.HasPrefix(netmasterURL(c), "https://") {
+			fmt.Fprintf(c.App.ErrWriter, "netctl: warning: TLS certificates are not verified (%s): whoever answers gets the request and its token\n", insecureSource())
+		}
 	}
 	opts := []client.Option{client.WithHTTPClient(&http.Client{Timeout: c.Duration("timeout"), Transport: &http.Transport{
 		Proxy: http.ProxyFromEnvironment, TLSClientConfig: tc}})}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,24 @@ func TestSecuredNetmaster(t *testing.T) {
 	}
 	if code, out := run("--cert", cc, "tenant", "inspect", "default"); code != ExitUsage || !strings.Contains(out, "together") {
 		t.Fatalf("--cert without --key: %d %s", code, out)
+	}
+	// Certificate checks turned off (control plane issue, item 7): never silently, and a
+	// generic $INSECURE left in a shell is named.
+	for _, c := range []struct{ env, flag, want string }{
+		{"INSECURE", "", "$INSECURE is set"}, {"CONTIV_INSECURE", "", "$CONTIV_INSECURE is set"}, {"", "--insecure", "(--insecure)"}} {
+		args := []string{"tenant", "inspect", "default"}
+		if c.flag != "" {
+			args = append([]string{c.flag}, args...)
+		}
+		if c.env != "" {
+			t.Setenv(c.env, "1")
+		}
+		code, out := run(args...)
+		if code != 0 || !strings.Contains(out, "warning: TLS certificates are not verified") || !strings.Contains(out, c.want) {
+			t.Errorf("%s%s: exit %d, output %q: want success with a warning naming %s", c.env, c.flag, code, out, c.want)
+		}
+		if c.env != "" {
+			os.Unsetenv(c.env)
+		}
 	}
 }
