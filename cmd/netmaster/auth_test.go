@@ -228,6 +228,23 @@ func TestAPIAuth(t *testing.T) {
 		!strings.Contains(m, "contiv_netmaster_api_body_refused_total") {
 		t.Errorf("/metrics does not report the body budgets")
 	}
+	// A token removed from the file stops working without a restart (control plane issue,
+	// item 7): both netmasters notice the changed file.
+	ro := client(t, tlsconf.Files{CA: caPath}, tRO)
+	ro.must(t, "GET", leader.url+"/api/v1/networks/", "", 200)
+	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("%s admin alice\n%s agent host1\n%s tenant-admin:t1 bob\n%s netmaster peers\n",
+		tAdmin, tAgent, tT1, tPeer)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		eventually(t, 15*time.Second, "the revoked token refused by "+p.addr, func() error {
+			if st, _ := ro.call(t, "GET", p.url+"/api/v1/networks/", ""); st != 401 {
+				return fmt.Errorf("status %d", st)
+			}
+			return nil
+		})
+	}
+	admin.must(t, "GET", follower.url+"/api/v1/networks/", "", 200) // (forwarded with the peer token as now read)
 }
 
 type apiClient struct {

@@ -318,6 +318,9 @@ func run(ctx context.Context, cfg config) (err error) {
 	if err := securityConfig(cfg, &nc); err != nil {
 		return err
 	}
+	if nc.Auth != nil && nc.Auth.Tokens != nil {
+		go reloadTokens(ctx, nc.Auth.Tokens)
+	}
 	if cfg.mode == "kubernetes" {
 		svcs, pols, err := k8sSyncers(cfg, m)
 		if err != nil {
@@ -356,6 +359,30 @@ func k8sSyncers(cfg config, m *master.Master) (*k8ssync.Services, *k8ssync.Polic
 	klog.SetSlogLogger(slog.Default().With("component", "client-go")) // client-go logs through klog
 	slog.Info("kubernetes mode: the leader syncs Services, EndpointSlices and NetworkPolicies into Contiv state", "api", kc.APIServer)
 	return k8ssync.NewServices(cs, m, slog.Default()), k8ssync.NewPolicies(cs, m, slog.Default()), nil
+}
+
+// tokenCheckEvery is how often netmaster looks at its token file for changes.
+const tokenCheckEvery = 2 * time.Second
+
+// reloadTokens reloads the token file when it changes and on SIGHUP, until ctx ends: a
+// revoked token stops working without a restart.
+func reloadTokens(ctx context.Context, t *auth.Tokens) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go t.Watch(ctx, tokenCheckEvery, slog.Default())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := t.Reload(); err != nil {
+				slog.Error("SIGHUP: token file not taken: the tokens read before stay", "err", err)
+				continue
+			}
+			slog.Info("SIGHUP: token file reloaded")
+		}
+	}
 }
 
 // securityConfig fills the API's TLS and authentication from the flags.

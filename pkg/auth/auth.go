@@ -22,9 +22,13 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 )
 
 // Role names.
@@ -60,27 +64,120 @@ func ValidRole(r string) bool {
 	return ok && t != "" && !strings.ContainsAny(t, " :/")
 }
 
-// Tokens maps token digests to identities.
+// Tokens maps token digests to identities: the token file as last read. Reload reads it
+// again (a revoked token stops working without a restart); until a reload succeeds the
+// set read before stays.
 type Tokens struct {
+	path string
+	mu   sync.RWMutex
+	set  tokenSet
+	// stamp is what the file looked like when set was read (Watch compares it).
+	stamp fileStamp
+}
+
+// tokenSet is one reading of the token file.
+type tokenSet struct {
 	byDigest map[[32]byte]Identity
 	peer     string // a token of role netmaster, used to forward callers to the leader
 }
 
+// fileStamp tells a file's versions apart.
+type fileStamp struct {
+	mod   time.Time
+	size  int64
+	inode uint64
+}
+
+func stampOf(st os.FileInfo) fileStamp {
+	fs := fileStamp{mod: st.ModTime(), size: st.Size()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		fs.inode = sys.Ino
+	}
+	return fs
+}
+
 // LoadTokens reads a token file.
 func LoadTokens(path string) (*Tokens, error) {
+	set, stamp, err := readTokens(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Tokens{path: path, set: set, stamp: stamp}, nil
+}
+
+// Reload reads the token file again and, if it is valid, takes it: tokens no longer in it
+// stop working at once. On error the tokens read before stay and the error says why.
+func (t *Tokens) Reload() error {
+	set, stamp, err := readTokens(t.path)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.set, t.stamp = set, stamp
+	t.mu.Unlock()
+	return nil
+}
+
+// Watch reloads the tokens whenever the file changes (checked every `every`) until ctx
+// ends, logging each reload and each file it refuses.
+func (t *Tokens) Watch(ctx context.Context, every time.Duration, log *slog.Logger) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		st, err := os.Stat(t.path)
+		t.mu.RLock()
+		same := err == nil && stampOf(st) == t.stamp
+		t.mu.RUnlock()
+		if same {
+			continue
+		}
+		if err := t.Reload(); err != nil {
+			log.Error("token file changed but was not taken: the tokens read before stay", "err", err)
+			// (Not retried until the file changes again.)
+			if st != nil {
+				t.mu.Lock()
+				t.stamp = stampOf(st)
+				t.mu.Unlock()
+			}
+			continue
+		}
+		log.Info("token file reloaded", "path", t.path)
+	}
+}
+
+// readTokens reads and checks the token file at path.
+func readTokens(path string) (tokenSet, fileStamp, error) {
+	set, err := parseTokens(path)
+	if err != nil {
+		return tokenSet{}, fileStamp{}, err
+	}
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-tokens: %w", err)
+		return tokenSet{}, fileStamp{}, fmt.Errorf("--auth-tokens: %w", err)
+	}
+	return set, stampOf(st), nil
+}
+
+// parseTokens reads a token file.
+func parseTokens(path string) (tokenSet, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return tokenSet{}, fmt.Errorf("--auth-tokens: %w", err)
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--auth-tokens %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
+		return tokenSet{}, fmt.Errorf("--auth-tokens %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-tokens: %w", err)
+		return tokenSet{}, fmt.Errorf("--auth-tokens: %w", err)
 	}
 	defer f.Close()
-	t := &Tokens{byDigest: map[[32]byte]Identity{}}
+	t := tokenSet{byDigest: map[[32]byte]Identity{}}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
@@ -89,13 +186,13 @@ func LoadTokens(path string) (*Tokens, error) {
 			continue
 		}
 		if len(fields) < 2 || len(fields) > 3 {
-			return nil, fmt.Errorf("--auth-tokens %s line %d: want \"<token> <role> [<name>]\"", path, n)
+			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: want \"<token> <role> [<name>]\"", path, n)
 		}
 		if len(fields[0]) < 16 {
-			return nil, fmt.Errorf("--auth-tokens %s line %d: token shorter than 16 characters", path, n)
+			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: token shorter than 16 characters", path, n)
 		}
 		if !ValidRole(fields[1]) {
-			return nil, fmt.Errorf("--auth-tokens %s line %d: unknown role %q (admin, read-only, agent, netmaster, tenant-admin:<tenant>)", path, n, fields[1])
+			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: unknown role %q (admin, read-only, agent, netmaster, tenant-admin:<tenant>)", path, n, fields[1])
 		}
 		id := Identity{Role: fields[1], Name: fields[1], Via: "token"}
 		if len(fields) == 3 {
@@ -103,7 +200,7 @@ func LoadTokens(path string) (*Tokens, error) {
 		}
 		d := sha256.Sum256([]byte(fields[0]))
 		if _, dup := t.byDigest[d]; dup {
-			return nil, fmt.Errorf("--auth-tokens %s line %d: token repeated", path, n)
+			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: token repeated", path, n)
 		}
 		t.byDigest[d] = id
 		if id.Role == RoleNetmaster && t.peer == "" {
@@ -111,10 +208,10 @@ func LoadTokens(path string) (*Tokens, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("--auth-tokens %s: %w", path, err)
+		return tokenSet{}, fmt.Errorf("--auth-tokens %s: %w", path, err)
 	}
 	if len(t.byDigest) == 0 {
-		return nil, fmt.Errorf("--auth-tokens %s: no tokens", path)
+		return tokenSet{}, fmt.Errorf("--auth-tokens %s: no tokens", path)
 	}
 	return t, nil
 }
@@ -123,7 +220,9 @@ func (t *Tokens) lookup(tok string) (Identity, bool) {
 	if t == nil || tok == "" {
 		return Identity{}, false
 	}
-	id, ok := t.byDigest[sha256.Sum256([]byte(tok))]
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	id, ok := t.set.byDigest[sha256.Sum256([]byte(tok))]
 	return id, ok
 }
 
@@ -132,7 +231,9 @@ func (t *Tokens) PeerToken() string {
 	if t == nil {
 		return ""
 	}
-	return t.peer
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.set.peer
 }
 
 // Header names.

@@ -1,11 +1,15 @@
 package auth
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestLoadTokens: the token file's format, roles and permissions are checked with errors
@@ -80,5 +84,58 @@ func TestAuthorize(t *testing.T) {
 		if err := Authorize(c.id, c.method, c.path); (err == nil) != c.ok {
 			t.Errorf("%s %s %s: %v, want ok=%v", c.id.Role, c.method, c.path, err, c.ok)
 		}
+	}
+}
+
+// TestTokensReload (control plane issue, item 7): a token removed from the file stops
+// working on Reload, and on Watch's next look at a changed file; a file that does not
+// parse is refused and the tokens read before stay.
+func TestTokensReload(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tokens")
+	write := func(body string) {
+		t.Helper()
+		tmp := p + ".new"
+		if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("0123456789abcdef admin alice\nfedcba9876543210 read-only ro\n")
+	tk, err := LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	works := func(tok string) bool {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("Authorization", "Bearer "+tok)
+		_, err := Config{Tokens: tk}.Authenticate(r)
+		return err == nil
+	}
+	if !works("fedcba9876543210") {
+		t.Fatal("setup: read-only token refused")
+	}
+	write("0123456789abcdef admin alice\n")
+	if err := tk.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if works("fedcba9876543210") || !works("0123456789abcdef") {
+		t.Error("after Reload: the revoked token works or the kept one does not")
+	}
+	write("garbage\n")
+	if err := tk.Reload(); err == nil || !works("0123456789abcdef") {
+		t.Errorf("a broken file: %v; the tokens read before must stay", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tk.Watch(ctx, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	write("aaaaaaaaaaaaaaaa admin carol\n")
+	deadline := time.Now().Add(5 * time.Second)
+	for works("0123456789abcdef") || !works("aaaaaaaaaaaaaaaa") {
+		if time.Now().After(deadline) {
+			t.Fatal("Watch did not take the changed file")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

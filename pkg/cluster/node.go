@@ -227,7 +227,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		front.UseTLS(cfg.PeerTLS)
 	}
 	if cfg.Auth != nil {
-		front.forward = forwardIdentity(cfg.Auth.Tokens.PeerToken())
+		front.forward = forwardIdentity(cfg.Auth.Tokens)
 	}
 	mux.Handle("/", front)
 	if cfg.TLS != nil {
@@ -358,9 +358,10 @@ func nodeInfo(ctx context.Context, store *state.Store, localIP string, el *Elect
 // (role netmaster) the leader is called with that token and told who the caller is (so
 // certificate-authenticated callers work through followers too); without one, the
 // caller's own token travels unchanged and the leader checks it again.
-func forwardIdentity(peerToken string) func(in, out *http.Request) {
+func forwardIdentity(tokens *auth.Tokens) func(in, out *http.Request) {
 	return func(in, out *http.Request) {
 		out.Header.Del(auth.ForwardedIdentityHeader)
+		peerToken := tokens.PeerToken() // (as the token file reads now)
 		if peerToken == "" {
 			return
 		}
