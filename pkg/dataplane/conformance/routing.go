@@ -11,7 +11,8 @@ import (
 
 // RunRouting checks Contiv's routing mode on hosts of its own: containers of two networks
 // of one tenant reach each other on one host and across hosts, routed (the router MAC
-// answers ARP, TTL is decremented), and a network of another tenant stays apart. Each
+// answers ARP, TTL is decremented, an expired TTL is answered from the gateway), and a
+// network of another tenant stays apart. Each
 // check is a scenario that builds its own containers (runScenarios).
 func RunRouting(t *testing.T, factory Factory) {
 	newEnv := func(t *testing.T) *Env {
@@ -42,6 +43,19 @@ func RunRouting(t *testing.T, factory Factory) {
 			}
 			if mac != dataplane.RouterMAC.String() {
 				t.Errorf("gateway resolved to %s, want %v", mac, dataplane.RouterMAC)
+			}
+		}},
+		{name: "ttl-expired", run: func(t *testing.T, e *Env) {
+			// A router answers a packet whose TTL runs out (RFC 1812), so traceroute
+			// works: the first hop, to a container of another network of the tenant on
+			// this host and on the other, is the sender's gateway.
+			w := newRoutedWorld(t, e)
+			PingOK(t, w.r1.NS, w.g1.ip(), 3) // (resolves the gateway)
+			for _, to := range []string{w.g1.ip(), w.g2.ip()} {
+				out, err := exec.Command("nsenter", "--net="+w.r1.NS, "busybox", "traceroute", "-n", "-m", "1", "-q", "2", "-w", "2", to).CombinedOutput()
+				if err != nil || !strings.Contains(string(out), " "+w.red.Gateway.String()+" ") {
+					t.Errorf("traceroute to %s from r1: first hop not the gateway %v (%v): %s", to, w.red.Gateway, err, out)
+				}
 			}
 		}},
 		{name: "other-tenant-isolated", run: func(t *testing.T, e *Env) {

@@ -52,7 +52,7 @@ func pipelineFields() (plain, masked []string) {
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",
 		"NXM_NX_ARP_SHA", "NXM_NX_ARP_THA", "NXM_OF_ARP_SPA", "NXM_OF_ARP_TPA", "NXM_NX_CT_MARK",
-		"NXM_OF_IP_SRC", "NXM_OF_IP_DST", "NXM_OF_ICMP_TYPE", "NXM_OF_ETH_TYPE", "NXM_OF_IP_PROTO")
+		"NXM_OF_IP_SRC", "NXM_OF_IP_DST", "NXM_OF_ICMP_TYPE", "NXM_OF_ETH_TYPE", "NXM_OF_IP_PROTO", "NXM_NX_IP_TTL")
 	return plain, []string{"NXM_NX_TCP_FLAGS", "NXM_NX_CT_MARK", "NXM_NX_IP_FRAG"}
 }
 
@@ -283,13 +283,19 @@ func (f *flow) nwFrag(which string) *flow {
 }
 
 // icmpType matches the ICMP type (the flow must match ICMP).
-func (f *flow) icmpType(typ uint8) *flow {
-	h := f.hdr("NXM_OF_ICMP_TYPE")
+func (f *flow) icmpType(typ uint8) *flow { return f.byteField("NXM_OF_ICMP_TYPE", "icmp_type", typ) }
+
+// ipTTL matches the IPv4 TTL (the flow must match IP).
+func (f *flow) ipTTL(ttl uint8) *flow { return f.byteField("NXM_NX_IP_TTL", "nw_ttl", ttl) }
+
+// byteField matches the one-byte field name (shown as text) exactly.
+func (f *flow) byteField(name, text string, v uint8) *flow {
+	h := f.hdr(name)
 	if h == nil {
 		return f
 	}
-	h.Value = &of.ByteArrayField{Data: []byte{typ}, Length: 1}
-	return f.m(h, fmt.Sprintf("icmp_type=%d", typ))
+	h.Value = &of.ByteArrayField{Data: []byte{v}, Length: 1}
+	return f.m(h, fmt.Sprintf("%s=%d", text, v))
 }
 
 // ctMark matches the conntrack mark's bits in mask.

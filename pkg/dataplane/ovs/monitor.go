@@ -258,6 +258,8 @@ func (d *Driver) reinstallMonitored(ctx context.Context) error {
 func (d *Driver) packetIn(body []byte) {
 	if table, regs, inPort, data, ok := packetInFields(body); ok && isReject(table, regs) {
 		d.reject(inPort, data)
+	} else if ok && isTTLExpired(table, regs) {
+		d.ttlExceeded(inPort, regs[regSvcIP], data)
 	}
 	d.monMu.Lock()
 	defer d.monMu.Unlock()
@@ -318,6 +320,9 @@ func (d *Driver) packetInEvent(body []byte) (dataplane.MonitorEvent, bool) {
 	ev.Reason = dropReason(table, ev.EtherType)
 	if isReject(table, regs) {
 		ev.Reason = "reject_no_backend"
+	}
+	if isTTLExpired(table, regs) {
+		ev.Reason = "reject_ttl_exceeded"
 	}
 	_, _, src, dst, proto, _, sport, dport, isIP := dataplane.TraceFrameFields(data)
 	if isIP {

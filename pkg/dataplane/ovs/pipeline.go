@@ -108,6 +108,7 @@ const (
 	flagHairpinSNAT   = 3 // regFlags bit: the hairpin-zone SNAT of l3_rewrite is done
 	flagReject        = 4 // regFlags bit: sent to the agent to be refused with ICMP (reject.go)
 	flagEchoReply     = 5 // regFlags bit: turned into a VIP's echo reply (echoResponderVRF)
+	flagTTLExpired    = 6 // regFlags bit: sent to the agent to be answered time exceeded (reject.go)
 )
 
 // hairpinZone is the conntrack zone of vrf's hairpin SNAT entries; false when vrf is an
@@ -467,6 +468,23 @@ func (pl *pipeline) networkFlows(env *unitEnv, n dataplane.Network) []*flow {
 	}
 	if n.Gateway.IsValid() {
 		flows = append(flows, pl.arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
+	}
+	if env.host.FwdMode == dataplane.FwdRouting && n.Gateway.IsValid() {
+		flows = append(flows, pl.ttlExpiredFlows(n)...)
+	}
+	return flows
+}
+
+// ttlExpiredFlows send a packet of a local endpoint of network n that l3_rewrite would
+// route with a TTL of 1 or 0 (not one from another host, not a translated one) to the
+// agent to be answered time exceeded from n's gateway (reject.go), instead of letting
+// dec_ttl drop it silently.
+func (pl *pipeline) ttlExpiredFlows(n dataplane.Network) []*flow {
+	var flows []*flow
+	for _, ttl := range []uint8{0, 1} {
+		flows = append(flows, pl.newFlow(tL3, 150).ip().reg(regNet, netKey(n)).regBits(regFlags, 0, 1, 0).
+			ethDst(dataplane.RouterMAC).ipTTL(ttl).load(regSvcIP, ipU32(n.Gateway)).
+			loadBits(regFlags, flagTTLExpired, flagTTLExpired, 1).toAgentTTL())
 	}
 	return flows
 }

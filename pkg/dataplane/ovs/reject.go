@@ -3,6 +3,7 @@ package ovs
 import (
 	"context"
 	"encoding/binary"
+	"net/netip"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -42,6 +43,39 @@ func (f *flow) toAgentReject() *flow {
 // isReject says whether a packet-in is one toAgentReject sent.
 func isReject(table tableID, regs [8]uint32) bool {
 	return table == tAnswer && regs[regFlags]&(1<<flagReject) != 0
+}
+
+// Expired TTLs in routing mode (RFC 1812: a router answers them, so traceroute works; the
+// eBPF datapath does it in bpf/lib/icmp.h cb_ttl_exceeded): a local endpoint's packet
+// that l3_rewrite would route with a TTL of 1 or 0 is sent, through the reject meter, to
+// the agent with its network's gateway in regSvcIP (ttlExpiredFlows), and the agent sends
+// the sender an ICMP time exceeded from that gateway (dataplane.ICMPTimeExceeded) out of
+// the port it came in on. Not for translated (service) packets: the error would quote
+// what the client never sent.
+
+// toAgentTTL sends the packet to the agent to be answered time exceeded.
+func (f *flow) toAgentTTL() *flow {
+	return f.a(&controller2{maxLen: rejectMaxLen, meter: rejectMeter}, "controller(reject_ttl_exceeded)")
+}
+
+// isTTLExpired says whether a packet-in is one toAgentTTL sent.
+func isTTLExpired(table tableID, regs [8]uint32) bool {
+	return table == tL3 && regs[regFlags]&(1<<flagTTLExpired) != 0
+}
+
+// ttlExceeded answers a packet toAgentTTL sent from OpenFlow port inPort, from gateway gw
+// (network order, as regSvcIP holds it). It runs in the OpenFlow read loop: it only writes.
+func (d *Driver) ttlExceeded(inPort, gw uint32, frame []byte) {
+	var a [4]byte
+	binary.BigEndian.PutUint32(a[:], gw)
+	reply, ok := dataplane.ICMPTimeExceeded(frame, netip.AddrFrom4(a))
+	c := d.rejectConn.Load()
+	if !ok || c == nil {
+		return
+	}
+	if err := c.write(c.newMsg(ofptPacketOut, packetOut(inPort, reply))); err != nil {
+		d.log.Debug("ttl exceeded: packet-out failed", "err", err)
+	}
 }
 
 // setRejectMeter (re)installs the reject meter and the responders' meter; the rejecting
