@@ -341,6 +341,18 @@ func ctSet(s *of.CTStates, bit int, on bool) {
 		} else {
 			s.UnsetTrk()
 		}
+	case of.NX_CT_STATE_SNAT_OFS:
+		if on {
+			s.SetSNAT()
+		} else {
+			s.UnsetSNAT()
+		}
+	case of.NX_CT_STATE_DNAT_OFS:
+		if on {
+			s.SetDNAT()
+		} else {
+			s.UnsetDNAT()
+		}
 	}
 }
 

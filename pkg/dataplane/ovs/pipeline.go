@@ -476,15 +476,18 @@ func (pl *pipeline) networkFlows(env *unitEnv, n dataplane.Network) []*flow {
 }
 
 // ttlExpiredFlows send a packet of a local endpoint of network n that l3_rewrite would
-// route with a TTL of 1 or 0 (not one from another host, not a translated one) to the
-// agent to be answered time exceeded from n's gateway (reject.go), instead of letting
-// dec_ttl drop it silently.
+// route with a TTL of 1 or 0 (not one from another host, not a translated one: neither a
+// new service connection's, reg4[1], nor an established one's, ct_state +dnat or +snat) to
+// the answer table (a resubmit: it lies before this one) with n's gateway in regSvcIP, to be answered time exceeded by the agent
+// through the sending port's answer meter and the reject meter (answers, reject.go),
+// instead of letting dec_ttl drop it silently.
 func (pl *pipeline) ttlExpiredFlows(n dataplane.Network) []*flow {
 	var flows []*flow
 	for _, ttl := range []uint8{0, 1} {
 		flows = append(flows, pl.newFlow(tL3, 150).ip().reg(regNet, netKey(n)).regBits(regFlags, 0, 1, 0).
+			ctState("-snat-dnat", nil, []int{of.NX_CT_STATE_SNAT_OFS, of.NX_CT_STATE_DNAT_OFS}).
 			ethDst(dataplane.RouterMAC).ipTTL(ttl).load(regSvcIP, ipU32(n.Gateway)).
-			loadBits(regFlags, flagTTLExpired, flagTTLExpired, 1).toAgentTTL())
+			loadBits(regFlags, flagTTLExpired, flagTTLExpired, 1).resubmit(tAnswer))
 	}
 	return flows
 }
@@ -948,6 +951,8 @@ func (pl *pipeline) answers(port uint32) []*flow {
 			metered(answerMeterID(port)).toAgentReject(),
 		pl.newFlow(tAnswer, 90).inPort(port).regBits(regFlags, flagEchoReply, flagEchoReply, 1).
 			metered(answerMeterID(port)).goTo(tAnswerShared),
+		pl.newFlow(tAnswer, 80).inPort(port).regBits(regFlags, flagTTLExpired, flagTTLExpired, 1).
+			metered(answerMeterID(port)).toAgentTTL(),
 	}
 }
 

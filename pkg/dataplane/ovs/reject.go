@@ -48,7 +48,8 @@ func isReject(table tableID, regs [8]uint32) bool {
 // Expired TTLs in routing mode (RFC 1812: a router answers them, so traceroute works; the
 // eBPF datapath does it in bpf/lib/icmp.h cb_ttl_exceeded): a local endpoint's packet
 // that l3_rewrite would route with a TTL of 1 or 0 is sent, through the reject meter, to
-// the agent with its network's gateway in regSvcIP (ttlExpiredFlows), and the agent sends
+// the agent with its network's gateway in regSvcIP (ttlExpiredFlows), through the sending
+// port's answer meter and the reject meter like a refusal (answers), and the agent sends
 // the sender an ICMP time exceeded from that gateway (dataplane.ICMPTimeExceeded) out of
 // the port it came in on. Not for translated (service) packets: the error would quote
 // what the client never sent.
@@ -60,11 +61,11 @@ func (f *flow) toAgentTTL() *flow {
 
 // isTTLExpired says whether a packet-in is one toAgentTTL sent.
 func isTTLExpired(table tableID, regs [8]uint32) bool {
-	return table == tL3 && regs[regFlags]&(1<<flagTTLExpired) != 0
+	return table == tAnswer && regs[regFlags]&(1<<flagTTLExpired) != 0
 }
 
 // ttlExceeded answers a packet toAgentTTL sent from OpenFlow port inPort, from gateway gw
-// (network order, as regSvcIP holds it). It runs in the OpenFlow read loop: it only writes.
+// (as ipU32 puts it in regSvcIP). It runs in the OpenFlow read loop: it only writes.
 func (d *Driver) ttlExceeded(inPort, gw uint32, frame []byte) {
 	var a [4]byte
 	binary.BigEndian.PutUint32(a[:], gw)
