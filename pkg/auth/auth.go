@@ -81,17 +81,20 @@ type tokenSet struct {
 	peer     string // a token of role netmaster, used to forward callers to the leader
 }
 
-// fileStamp tells a file's versions apart.
+// fileStamp tells a file's versions apart: its contents (mtime, size, inode) and its
+// mode and status change time (a refused 0644 file fixed with chmod 600 is a new one).
 type fileStamp struct {
-	mod   time.Time
-	size  int64
-	inode uint64
+	mod, ctime time.Time
+	size       int64
+	inode      uint64
+	mode       os.FileMode
 }
 
 func stampOf(st os.FileInfo) fileStamp {
-	fs := fileStamp{mod: st.ModTime(), size: st.Size()}
+	fs := fileStamp{mod: st.ModTime(), size: st.Size(), mode: st.Mode()}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		fs.inode = sys.Ino
+		fs.ctime = time.Unix(sys.Ctim.Sec, sys.Ctim.Nsec)
 	}
 	return fs
 }
@@ -150,33 +153,30 @@ func (t *Tokens) Watch(ctx context.Context, every time.Duration, log *slog.Logge
 	}
 }
 
-// readTokens reads and checks the token file at path.
+// readTokens reads and checks the token file at path, and stamps it as it was opened (a
+// file replaced meanwhile is a new version, read on the next look).
 func readTokens(path string) (tokenSet, fileStamp, error) {
-	set, err := parseTokens(path)
-	if err != nil {
-		return tokenSet{}, fileStamp{}, err
-	}
-	st, err := os.Stat(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return tokenSet{}, fileStamp{}, fmt.Errorf("--auth-tokens: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return tokenSet{}, fileStamp{}, fmt.Errorf("--auth-tokens: %w", err)
+	}
+	set, err := parseTokens(path, f, st)
+	if err != nil {
+		return tokenSet{}, fileStamp{}, err
 	}
 	return set, stampOf(st), nil
 }
 
-// parseTokens reads a token file.
-func parseTokens(path string) (tokenSet, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return tokenSet{}, fmt.Errorf("--auth-tokens: %w", err)
-	}
+// parseTokens reads the token file at path, open as f with status st.
+func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 	if st.Mode().Perm()&0o077 != 0 {
 		return tokenSet{}, fmt.Errorf("--auth-tokens %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return tokenSet{}, fmt.Errorf("--auth-tokens: %w", err)
-	}
-	defer f.Close()
 	t := tokenSet{byDigest: map[[32]byte]Identity{}}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {

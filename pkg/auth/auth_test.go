@@ -139,3 +139,48 @@ func TestTokensReload(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestWatchTakesAChmodFix (found by review): a file refused for its mode and then fixed
+// with chmod 600 (same contents, size and inode) is reloaded: the revoked token stops.
+func TestWatchTakesAChmodFix(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(p, []byte("0123456789abcdef admin alice\nleakedleakedleaked admin bob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	works := func(tok string) bool {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("Authorization", "Bearer "+tok)
+		_, err := Config{Tokens: tk}.Authenticate(r)
+		return err == nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tk.Watch(ctx, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tmp := filepath.Join(dir, "tokens.new")
+	if err := os.WriteFile(tmp, []byte("0123456789abcdef admin alice\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(tmp, 0o644)
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if !works("leakedleakedleaked") {
+		t.Fatal("setup: a 0644 file was taken")
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for works("leakedleakedleaked") {
+		if time.Now().After(deadline) {
+			t.Fatal("the file was fixed with chmod 600 but Watch never took it: the revoked token still works")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
