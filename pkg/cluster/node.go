@@ -379,12 +379,18 @@ func forwardIdentity(tokens *auth.Tokens) func(in, out *http.Request) {
 	}
 }
 
-// callerOf names a request's caller for the body budgets: its authenticated identity ("":
-// none, as with --insecure without tokens, where every caller is one).
+// callerOf names a request's caller for the body budgets: its authenticated identity and
+// the host it calls from. Identities are shared (every agent holding the same unnamed
+// token, every caller of an --insecure netmaster), and one host announcing bodies it
+// never sends must not take the others' budget.
 func callerOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
 	id, ok := auth.FromContext(r.Context())
 	if !ok {
-		return ""
+		return "@" + host
 	}
-	return id.Via + ":" + id.Name
+	return id.Via + ":" + id.Name + "@" + host
 }

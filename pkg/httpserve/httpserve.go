@@ -252,6 +252,7 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 		s.reading[c] = s.readingList.PushBack(&bodyRead{c: c, since: time.Now()})
 		s.mu.Unlock()
 		var buf bytes.Buffer
+		buf.Grow(int(charge)) // (what is charged is what is held: no doubling on the way)
 		_, err := io.Copy(&buf, io.LimitReader(r.Body, s.limits.BodyBytes+1))
 		s.mu.Lock()
 		el, stillReading := s.reading[c]
