@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,7 +184,7 @@ func netmasterURL(c *cli.Context) string {
 // else the flag.
 func insecureSource() string {
 	for _, env := range []string{"CONTIV_INSECURE", "INSECURE"} {
-		if os.Getenv(env) != "" {
+		if on, err := strconv.ParseBool(os.Getenv(env)); err == nil && on {
 			return "$" + env + " is set"
 		}
 	}
