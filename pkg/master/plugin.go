@@ -399,6 +399,11 @@ func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	labels, note := usableLabels(req.Labels)
+	if note != "" {
+		m.log.Warn("updateEndpoint: labels left out", "ip", ip, "tenant", req.Tenant, "why", note)
+	}
+	req.Labels = labels
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		switch req.Event {
 		case "start":

@@ -415,7 +415,20 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 		return err
 	}
 	for _, st := range svcs {
-		if st.Tenant != req.Tenant || !labelsMatch(st.Selectors, req.Labels) {
+		if st.Tenant != req.Tenant {
+			continue
+		}
+		if len(st.Selectors) == 0 {
+			continue // (Kubernetes Services: their backends come from EndpointSlices)
+		}
+		if !labelsMatch(st.Selectors, req.Labels) {
+			// Relabelled away from the service's selector: no longer its backend.
+			if _, was := st.Providers[ip+":"+req.Tenant]; was {
+				delete(st.Providers, ip+":"+req.Tenant)
+				if err := putServiceState(tx, st); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		pc := *p

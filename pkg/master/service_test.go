@@ -1,7 +1,9 @@
 package master
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -55,6 +57,21 @@ func TestServiceProviders(t *testing.T) {
 	if si2.Oper.ServiceVip != "10.10.0.100" {
 		t.Fatalf("VIP not kept across the update: %+v", si2.Oper)
 	}
+	// Relabelled away from the selector, it is no backend any more (control plane issue,
+	// item 7); relabelled back, it is one again.
+	relabel := func(labels map[string]string) {
+		t.Helper()
+		e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, ContainerID: "p1", Tenant: "default",
+			Network: "app", Event: "start", Labels: labels}, nil)
+	}
+	relabel(map[string]string{"app": "db"})
+	if got := e.rawGet("/contiv.io/state/provider/web:default"); !strings.Contains(got, `"Providers":[]`) {
+		t.Fatalf("provider after relabelling away from the selector %s", got)
+	}
+	relabel(map[string]string{"app": "web"})
+	if got := e.rawGet("/contiv.io/state/provider/web:default"); !strings.Contains(got, `"Providers":["10.20.0.2"]`) {
+		t.Fatalf("provider after relabelling back %s", got)
+	}
 	// Provider that dies is removed; deleting the endpoint removes its provider too.
 	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, Tenant: "default", Event: "die"}, nil)
 	if got := e.rawGet("/contiv.io/state/provider/web:default"); !strings.Contains(got, `"Providers":[]`) {
@@ -101,5 +118,76 @@ func TestUpdateEndpointName(t *testing.T) {
 	}
 	if st.EPCommonName != "web" {
 		t.Errorf("epCommonName %q", st.EPCommonName)
+	}
+}
+
+// TestEndpointLabelsBounded (control plane issue, item 7; found by review): labels a
+// selector could not name, or beyond the bounds, are left out of what is stored and
+// copied into service records, and the update goes on: the endpoint keeps its name and
+// the services its other labels select (a buildpacks image's 6 KB JSON label included).
+// Past the count or total bounds every label is left out.
+func TestEndpointLabelsBounded(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "app", "vxlan", "10.20.0.0/24", "10.20.0.1", 0)
+	e.ok("POST", "/api/v1/serviceLBs/default:web/", `{"networkName":"app","ipAddress":"10.20.0.100","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"default"}`, nil)
+	ep := e.createEP("default", "app", "", "p1", "")
+	post := func(labels map[string]string) {
+		t.Helper()
+		e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: ep.IPAddress, ContainerID: "p1",
+			Tenant: "default", Network: "app", Event: "start", EndpointID: "p1", EPCommonName: "web-1", Labels: labels}, nil)
+	}
+	stored := func() map[string]string {
+		t.Helper()
+		var st model.CfgServiceLBState
+		if err := json.Unmarshal([]byte(e.rawGet(model.SvcLBStateKey("web:default"))), &st); err != nil {
+			t.Fatal(err)
+		}
+		if p := st.Providers[ep.IPAddress+":default"]; p != nil {
+			return p.Labels
+		}
+		return nil
+	}
+	post(map[string]string{"app": "web", "desc": "two\nlines", "app.kubernetes.io/name": "web",
+		"io.buildpacks.lifecycle.metadata": `{"buildpacks":[` + strings.Repeat(`{"key":"paketo-buildpacks/x","version":"1.2.3"},`, 120) + `{}]}`,
+		"a\x00b":                           "v", "a=b": "v", "c": "v\x00"})
+	got := stored()
+	if got == nil || got["app"] != "web" || got["desc"] != "two\nlines" || got["app.kubernetes.io/name"] != "web" {
+		t.Fatalf("usable labels not kept (or not a backend): %q", got)
+	}
+	for _, k := range []string{"io.buildpacks.lifecycle.metadata", "a\x00b", "a=b", "c"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("label %q kept", k)
+		}
+	}
+	many := map[string]string{"app": "web"}
+	for i := 0; i < 300; i++ {
+		many[fmt.Sprintf("k%d", i)] = "v"
+	}
+	post(many)
+	if got := stored(); got != nil {
+		t.Errorf("past the count bound it is still a backend by its labels: %d labels", len(got))
+	}
+}
+
+// TestStartKeepsKubernetesBackends (found by review): an updateEndpoint "start" never
+// removes a pod from a Kubernetes Service, whose backends come from EndpointSlices (its
+// record has no selector).
+func TestStartKeepsKubernetesBackends(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.net("default", "app", "vxlan", "10.20.0.0/24", "10.20.0.1", 0)
+	web := e.podEP("default", "app", "c1", "prod/web-1")
+	rec := model.CfgServiceLBState{ID: "k8s_prod_web:default", ServiceName: "k8s_prod_web", Tenant: "default", IPAddress: "10.96.0.10",
+		Ports: []string{"80:8080:TCP"}, Providers: map[string]*model.Provider{web.IPAddress: {IPAddress: web.IPAddress, Container: "prod/web-1"}}}
+	if res := e.m.PutK8sService(context.Background(), "k8s_", rec); res.Err != nil || !res.Written {
+		t.Fatalf("put: %+v", res)
+	}
+	e.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: web.IPAddress, ContainerID: "c1",
+		Tenant: "default", Network: "app", Event: "start", Labels: map[string]string{"app": "web"}}, nil)
+	var st model.CfgServiceLBState
+	if err := json.Unmarshal([]byte(e.rawGet(model.SvcLBStateKey(rec.ID))), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Providers) == 0 {
+		t.Errorf("the EndpointSlice backend was removed: %+v", st.Providers)
 	}
 }

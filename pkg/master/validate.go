@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 const (
@@ -127,4 +128,74 @@ func checkPluginFields(fields map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// Bounds of the labels kept of an endpoint (updateEndpoint): they are copied into every
+// service record whose selector they match, so their size multiplies. Kubernetes' label keys fit
+// (a 253-byte prefix, '/', a 63-byte name), and so do Docker's labels of any reasonable
+// size.
+const (
+	maxLabels        = 256
+	maxLabelKeyBytes = 317
+	maxLabelValBytes = 4096
+	maxLabelsBytes   = 64 << 10
+)
+
+// usableLabels returns the labels a selector can name within the bounds, and a note
+// naming what it left out (empty: nothing). What it leaves out: every label once there
+// are too many or too many bytes in all (none is kept over another), an empty or too long
+// key, a too long value, '=' or ',' in a key (selectors are "key=value" lists), control
+// characters in a key, a NUL, invalid UTF-8 or a control character other than tab,
+// newline and carriage return in a value (Docker's labels may span lines). Labels come
+// with a container, image labels of any size included (buildpacks' JSON metadata): the
+// endpoint's other updates (its DNS name, the services its other labels select) never
+// fail for them.
+func usableLabels(labels map[string]string) (map[string]string, string) {
+	total := 0
+	for k, v := range labels {
+		total += len(k) + len(v)
+	}
+	if len(labels) > maxLabels || total > maxLabelsBytes {
+		return nil, fmt.Sprintf("all %d labels left out: at most %d labels and %d bytes in all (%d)", len(labels), maxLabels, maxLabelsBytes, total)
+	}
+	out := make(map[string]string, len(labels))
+	var dropped []string
+	for k, v := range labels {
+		if labelProblem(k, v) != "" {
+			dropped = append(dropped, k)
+			continue
+		}
+		out[k] = v
+	}
+	if len(dropped) == 0 {
+		return out, ""
+	}
+	sortStrings(dropped)
+	return out, fmt.Sprintf("labels left out (a key of 1-%d bytes without '=', ',' or control characters, a value of at most %d bytes): %q",
+		maxLabelKeyBytes, maxLabelValBytes, dropped)
+}
+
+// labelProblem says what keeps label k=v from being used ("": nothing).
+func labelProblem(k, v string) string {
+	switch {
+	case k == "" || len(k) > maxLabelKeyBytes:
+		return "key length"
+	case strings.ContainsAny(k, "=,"):
+		return "key character"
+	case len(v) > maxLabelValBytes:
+		return "value length"
+	case !utf8.ValidString(k) || !utf8.ValidString(v):
+		return "utf-8"
+	}
+	for _, r := range k {
+		if r < 0x20 || r == 0x7f {
+			return "key control character"
+		}
+	}
+	for _, r := range v {
+		if (r < 0x20 && r != '\t' && r != '\n' && r != '\r') || r == 0x7f {
+			return "value control character"
+		}
+	}
+	return ""
 }
