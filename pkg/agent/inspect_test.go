@@ -1,7 +1,12 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -155,5 +160,70 @@ func TestMonitorFilter(t *testing.T) {
 	a.serveMonitor(rec, httptest.NewRequest(http.MethodGet, "/monitor", nil))
 	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), "no drop event stream") {
 		t.Errorf("monitor on OVS: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// streamDriver is a driver with a drop event stream that stays open until its context
+// ends.
+type streamDriver struct{ dataplane.Driver }
+
+func (streamDriver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error) {
+	ch := make(chan dataplane.MonitorEvent)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch, nil
+}
+
+func (streamDriver) SetAllowEvents(bool) error { return nil }
+
+// TestMonitorStreamLimits (control plane issue, item 6): /monitor streams take at most a
+// quarter of the inspect API's connections, and one host at most a quarter of those: a
+// local process holding streams cannot keep /healthz and /metrics out. Beyond either
+// limit a stream is refused with 429 and Retry-After; a closed stream frees its place.
+func TestMonitorStreamLimits(t *testing.T) {
+	a := &Agent{cfg: Config{Driver: streamDriver{}}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h, err := a.monitor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subs []*monitorSub
+	defer func() {
+		for _, s := range subs {
+			h.unsubscribe(s)
+		}
+	}()
+	take := func(host string) error {
+		s, err := h.subscribe(monitorFilter{}, host)
+		if err == nil {
+			subs = append(subs, s)
+		}
+		return err
+	}
+	for i := 0; i < maxMonitorStreamsPerHost; i++ {
+		if err := take("127.0.0.1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := take("127.0.0.1"); !errors.Is(err, errTooManyStreams) {
+		t.Fatalf("a host past its streams: %v", err)
+	}
+	for i := 0; len(subs) < maxMonitorStreams; i++ {
+		if err := take(fmt.Sprintf("10.0.0.%d", i/maxMonitorStreamsPerHost+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := take("10.9.9.9"); !errors.Is(err, errTooManyStreams) {
+		t.Fatalf("past the streams in all: %v", err)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/monitor", nil)
+	req.RemoteAddr = "10.9.9.9:4000"
+	a.serveMonitor(rec, req)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("the stream past the limit got %d (Retry-After %q), want 429", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	h.unsubscribe(subs[len(subs)-1])
+	subs = subs[:len(subs)-1]
+	if err := take("10.9.9.9"); err != nil {
+		t.Errorf("a closed stream did not free its place: %v", err)
 	}
 }

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -78,14 +80,38 @@ type nameEntry struct{ id, network string }
 
 type monitorSub struct {
 	f    monitorFilter
+	host string // where the client calls from
 	ch   chan MonitorLine
 	lost uint64
 }
 
-func (h *monitorHub) subscribe(f monitorFilter) (*monitorSub, error) {
+// Stream limits: the inspect API's connection cap (256, cmd/netplugin) is shared with
+// /healthz, /metrics and every other request, and a stream holds its connection for as
+// long as the client likes: streams take at most a quarter of it, and one host at most
+// a quarter of that, so no local process (or host) holding streams can keep probes and
+// scrapes out.
+const (
+	maxMonitorStreams        = 64
+	maxMonitorStreamsPerHost = 16
+)
+
+// errTooManyStreams refuses a stream beyond the limits (429).
+var errTooManyStreams = errors.New("too many /monitor streams open")
+
+func (h *monitorHub) subscribe(f monitorFilter, host string) (*monitorSub, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := &monitorSub{f: f, ch: make(chan MonitorLine, 1024)}
+	mine := 0
+	for o := range h.subs {
+		if o.host == host {
+			mine++
+		}
+	}
+	if len(h.subs) >= maxMonitorStreams || mine >= maxMonitorStreamsPerHost {
+		return nil, fmt.Errorf("%w: %d in all (at most %d), %d from %s (at most %d)", errTooManyStreams,
+			len(h.subs), maxMonitorStreams, mine, host, maxMonitorStreamsPerHost)
+	}
+	s := &monitorSub{f: f, host: host, ch: make(chan MonitorLine, 1024)}
 	if len(h.subs) == 0 {
 		// The last client's stream may still be closing (the driver allows one): wait for
 		// it without the lock, which its goroutine needs to finish.
@@ -233,7 +259,16 @@ func (a *Agent) serveMonitor(w http.ResponseWriter, req *http.Request) {
 	}
 	// A monitor outlives the server's write timeout.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	s, err := h.subscribe(f)
+	host, _, err := net.SplitHostPort(req.RemoteAddr)
+	if err != nil {
+		host = req.RemoteAddr
+	}
+	s, err := h.subscribe(f, host)
+	if errors.Is(err, errTooManyStreams) {
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, err.Error(), http.StatusTooManyRequests)
+		return
+	}
 	if err != nil {
 		http.Error(w, "open drop events: "+err.Error(), http.StatusServiceUnavailable)
 		return
