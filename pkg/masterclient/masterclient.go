@@ -138,9 +138,10 @@ const unprocessedWait = 10 * time.Second
 // and decodes a 2xx reply into resp (unless resp is nil). A netmaster that answers with
 // an error status is not retried elsewhere (followers proxy to the leader, so the answer
 // is authoritative): the error is an *HTTPError. A 503 netmaster marks unprocessed (no
-// leader for the moment: an etcd leader change, a netmaster failover) is sent again, to
-// the leader of the moment, for up to unprocessedWait within ctx: a container started
-// meanwhile is attached late instead of failing.
+// leader for the moment: an etcd leader change, a netmaster failover), or a 429 (its
+// budget of request bytes in memory spent: nothing read), is sent again, to the leader of
+// the moment, for up to unprocessedWait within ctx: a container started meanwhile is
+// attached late instead of failing.
 func (c *Client) Do(ctx context.Context, method, path string, req, resp any) error {
 	var body []byte
 	if req != nil {
@@ -216,8 +217,12 @@ func (c *Client) do(ctx context.Context, addr, method, path string, body []byte,
 		if r.Header.Get("Content-Type") == problemJSON && json.Unmarshal(b, &p) == nil && p.Detail != "" {
 			msg = p.Detail
 		}
-		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: msg,
-			Unprocessed: r.StatusCode == http.StatusServiceUnavailable && r.Header.Get(cluster.UnprocessedHeader) != ""}
+		// Unprocessed: netmaster did nothing with the request (no leader for the moment, or
+		// its budget of request bytes in memory was spent: 429, refused before the body
+		// was read).
+		unprocessed := (r.StatusCode == http.StatusServiceUnavailable && r.Header.Get(cluster.UnprocessedHeader) != "") ||
+			r.StatusCode == http.StatusTooManyRequests
+		return &HTTPError{Addr: addr, Path: path, Status: r.StatusCode, Message: msg, Unprocessed: unprocessed}
 	}
 	if resp == nil {
 		return nil

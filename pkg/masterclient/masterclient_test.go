@@ -141,14 +141,14 @@ func TestDoMethodsAndBrokenRegistration(t *testing.T) {
 	}
 }
 
-// TestUnprocessedSentAgain: a 503 netmaster marks unprocessed (no leader for the moment)
-// is sent again until it is answered; a plain 503 (the leader may have done it) is not;
+// TestUnprocessedSentAgain: a 503 netmaster marks unprocessed (no leader for the moment),
+// or a 429 (its body budget spent), is sent again until it is answered; a plain 503 (the leader may have done it) is not;
 // an election that outlasts the caller's context ends with the caller.
 func TestUnprocessedSentAgain(t *testing.T) {
 	store, _ := statetest.Store(t)
 	ctx := context.Background()
 	var mu sync.Mutex
-	hits, refusals, marked := 0, 2, true
+	hits, refusals, marked, busy := 0, 2, true, false
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -156,6 +156,10 @@ func TestUnprocessedSentAgain(t *testing.T) {
 		if refusals != 0 {
 			refusals--
 			w.Header().Set("Retry-After", "1")
+			if busy {
+				http.Error(w, "too many request bytes in flight; retry later", http.StatusTooManyRequests)
+				return
+			}
 			if marked {
 				w.Header().Set(cluster.UnprocessedHeader, "1")
 			}
@@ -174,6 +178,18 @@ func TestUnprocessedSentAgain(t *testing.T) {
 	if err != nil || ep.ID != "n1.default-c1" || hits != 3 {
 		t.Fatalf("after two unprocessed 503s: %+v, %v, %d requests (want 3)", ep, err, hits)
 	}
+
+	// A 429 (netmaster's budget of request bytes in memory spent: nothing read) is sent
+	// again too (control plane issue, item 1).
+	mu.Lock()
+	hits, refusals, busy = 0, 2, true
+	mu.Unlock()
+	if ep, err := c.CreateEndpoint(ctx, req); err != nil || ep.ID != "n1.default-c1" || hits != 3 {
+		t.Fatalf("after two 429s: %+v, %v, %d requests (want 3)", ep, err, hits)
+	}
+	mu.Lock()
+	busy = false
+	mu.Unlock()
 
 	mu.Lock()
 	hits, refusals, marked = 0, 1, false
