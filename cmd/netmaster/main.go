@@ -319,7 +319,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	if nc.Auth != nil && nc.Auth.Tokens != nil {
-		go reloadTokens(ctx, nc.Auth.Tokens)
+		go nc.Auth.Tokens.Follow(ctx, slog.Default())
 	}
 	if cfg.mode == "kubernetes" {
 		svcs, pols, err := k8sSyncers(cfg, m)
@@ -361,37 +361,13 @@ func k8sSyncers(cfg config, m *master.Master) (*k8ssync.Services, *k8ssync.Polic
 	return k8ssync.NewServices(cs, m, slog.Default()), k8ssync.NewPolicies(cs, m, slog.Default()), nil
 }
 
-// tokenCheckEvery is how often netmaster looks at its token file for changes.
-const tokenCheckEvery = 2 * time.Second
-
-// reloadTokens reloads the token file when it changes and on SIGHUP, until ctx ends: a
-// revoked token stops working without a restart.
-func reloadTokens(ctx context.Context, t *auth.Tokens) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go t.Watch(ctx, tokenCheckEvery, slog.Default())
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			if err := t.Reload(); err != nil {
-				slog.Error("SIGHUP: token file not taken: the tokens read before stay", "err", err)
-				continue
-			}
-			slog.Info("SIGHUP: token file reloaded")
-		}
-	}
-}
-
 // securityConfig fills the API's TLS and authentication from the flags.
 func securityConfig(cfg config, nc *cluster.NodeConfig) error {
 	ac := &auth.Config{}
 	if cfg.tokensFile != "" {
 		t, err := auth.LoadTokens(cfg.tokensFile)
 		if err != nil {
-			return err
+			return fmt.Errorf("--auth-tokens: %w", err)
 		}
 		ac.Tokens = t
 	}

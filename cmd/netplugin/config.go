@@ -14,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
@@ -56,7 +57,9 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "docker-plugin-dir", EnvVars: env("DOCKER_PLUGIN_DIR"), Value: "/run/docker/plugins", Usage: "where the Docker plugin socket goes (docker mode)"},
 		&cli.StringFlag{Name: "plugin-name", Aliases: []string{"name"}, EnvVars: env("PLUGIN_NAME"), Value: "netplugin", Usage: "Docker network/IPAM driver name (docker mode)"},
 		&cli.StringFlag{Name: "docker-host", EnvVars: env("DOCKER_HOST"), Usage: "Docker API address (docker mode; default DOCKER_HOST or the standard socket)"},
-		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: "127.0.0.1:9090", Usage: "address of the inspect API and /metrics (loopback by default; the API has no authentication)"},
+		&cli.StringFlag{Name: "inspect-listen", EnvVars: env("INSPECT_LISTEN"), Value: "127.0.0.1:9090", Usage: "address of the inspect API and /metrics (loopback by default; everything but /healthz and /metrics needs --inspect-token-file's tokens)"},
+		&cli.StringFlag{Name: "inspect-token-file", EnvVars: env("INSPECT_TOKEN_FILE"), Usage: "`FILE` of tokens (netmaster's token file format, mode 0600, reloaded on change and SIGHUP) for the inspect API: role admin or read-only reads it, admin also runs traces and the profiler"},
+		&cli.BoolFlag{Name: "inspect-insecure", EnvVars: env("INSPECT_INSECURE"), Usage: "serve the inspect API without authentication: whoever reaches --inspect-listen (any local process on loopback) reads every tenant's endpoints, flows and rules"},
 		&cli.BoolFlag{Name: "pprof", EnvVars: env("PPROF"), Usage: "also serve Go's profiler under /debug/pprof/ on the inspect address (for diagnosing CPU or memory use)"},
 		&cli.StringFlag{Name: "etcd-cacert", EnvVars: env("ETCD_CACERT"), Usage: "CA `FILE` etcd's certificate is checked against (etcd over TLS)"},
 		&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key)"},
@@ -80,36 +83,39 @@ func flags() []cli.Flag {
 
 // config is the validated command line.
 type config struct {
-	pprof         bool // /debug/pprof/ on the inspect listener
-	mode          string
-	netMode       string
-	fwdMode       dataplane.FwdMode
-	etcd          []string
-	host          string
-	vtep          netip.Addr
-	ctrl          netip.Addr
-	vlanIf        string
-	snatIP        netip.Addr
-	egressIf      string
-	egressPorts   [2]uint16
-	allowMetadata bool
-	dnsListen     netip.AddrPort // invalid: no DNS responder
-	dnsUpstreams  []string
-	dnsRate       float64
-	vxlanPort     int
-	ctQuota       int // conntrack entries per local endpoint, 0 = no quota
-	dataplane     string
-	bpffsRoot     string
-	cniSocket     string
-	inspectListen string
-	uplinkMTU     int
-	serviceTTL    time.Duration
-	bgpHold       time.Duration
-	bgpRestart    time.Duration
-	bgpPrefixes   []netip.Prefix
-	k8sConfig     string
-	k8sConfigSet  bool
-	k8sPodWait    time.Duration
+	pprof bool // /debug/pprof/ on the inspect listener
+	// inspectTokens is the inspect API's token file; inspectInsecure serves it to anyone.
+	inspectTokens   string
+	inspectInsecure bool
+	mode            string
+	netMode         string
+	fwdMode         dataplane.FwdMode
+	etcd            []string
+	host            string
+	vtep            netip.Addr
+	ctrl            netip.Addr
+	vlanIf          string
+	snatIP          netip.Addr
+	egressIf        string
+	egressPorts     [2]uint16
+	allowMetadata   bool
+	dnsListen       netip.AddrPort // invalid: no DNS responder
+	dnsUpstreams    []string
+	dnsRate         float64
+	vxlanPort       int
+	ctQuota         int // conntrack entries per local endpoint, 0 = no quota
+	dataplane       string
+	bpffsRoot       string
+	cniSocket       string
+	inspectListen   string
+	uplinkMTU       int
+	serviceTTL      time.Duration
+	bgpHold         time.Duration
+	bgpRestart      time.Duration
+	bgpPrefixes     []netip.Prefix
+	k8sConfig       string
+	k8sConfigSet    bool
+	k8sPodWait      time.Duration
 
 	ovsDir          string
 	ovsDB           string
@@ -141,7 +147,8 @@ func configFrom(c *cli.Context) (config, error) {
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
 		dnsRate: c.Float64("dns-rate"), allowMetadata: c.Bool("egress-allow-metadata"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
-		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"), uplinkMTU: c.Int("uplink-mtu"),
+		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"),
+		inspectTokens: c.String("inspect-token-file"), inspectInsecure: c.Bool("inspect-insecure"), uplinkMTU: c.Int("uplink-mtu"),
 		serviceTTL: c.Duration("service-ttl"),
 		bgpHold:    c.Duration("bgp-hold-time"),
 		bgpRestart: c.Duration("bgp-restart-time"),
@@ -157,6 +164,11 @@ func configFrom(c *cli.Context) (config, error) {
 	if cfg.debugToken, err = readSecret(c.String("debug-token-file"), "--debug-token-file"); err != nil {
 		return cfg, err
 	}
+	if cfg.inspectTokens != "" {
+		if _, err := auth.LoadTokens(cfg.inspectTokens); err != nil {
+			return cfg, fmt.Errorf("--inspect-token-file: %w", err)
+		}
+	}
 	if cfg.netmasterToken, err = readSecret(c.String("netmaster-token-file"), "--netmaster-token-file"); err != nil {
 		return cfg, err
 	}
@@ -166,6 +178,8 @@ func configFrom(c *cli.Context) (config, error) {
 		}
 	}
 	switch {
+	case cfg.inspectTokens != "" && cfg.inspectInsecure:
+		return cfg, fmt.Errorf("--inspect-token-file and --inspect-insecure exclude each other")
 	case cfg.mode != "docker" && cfg.mode != "kubernetes":
 		return cfg, fmt.Errorf("--mode %q must be docker or kubernetes", cfg.mode)
 	case cfg.netMode != "vlan" && cfg.netMode != "vxlan":

@@ -47,6 +47,18 @@ func TestConfig(t *testing.T) {
 	if cfg, err := parse(t, "--host-label", "h1", "--pprof"); err != nil || !cfg.pprof {
 		t.Fatalf("--pprof: %v, pprof %v", err, cfg.pprof)
 	}
+	// A token file group or others may read is refused (auth.LoadTokens), also by --check-config.
+	loose := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(loose, []byte("reader-token-0123456789 read-only r\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(good, []byte("reader-token-0123456789 read-only r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := parse(t, "--host-label", "h1", "--inspect-token-file", good); err != nil || cfg.inspectTokens != good || cfg.inspectInsecure {
+		t.Fatalf("--inspect-token-file: %v, %+v", err, cfg)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -73,6 +85,9 @@ func TestConfig(t *testing.T) {
 		{[]string{"--dns-rate", "0"}, "--dns-rate"},
 		{[]string{"--dns-listen", "[::1]:53"}, "--dns-listen"},
 		{[]string{"--dns-upstream", "8.8.8.8,bogus"}, "--dns-upstream"},
+		{[]string{"--inspect-token-file", "/nonexistent/tokens"}, "--inspect-token-file"},
+		{[]string{"--inspect-token-file", good, "--inspect-insecure"}, "exclude each other"},
+		{[]string{"--inspect-token-file", loose}, "chmod 600"},
 	} {
 		_, err := parse(t, append([]string{"--host", "h", "--vtep-ip", "10.0.0.1"}, tc.args...)...)
 		if tc.args[0] == "--vtep-ip" {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -23,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/agent"
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -107,7 +107,17 @@ func run(parent context.Context, cfg config) error {
 	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
-		DebugToken: cfg.debugToken, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
+		DebugToken: cfg.debugToken, InspectOpen: cfg.inspectInsecure, Pprof: cfg.pprof, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
+	}
+	if cfg.inspectTokens != "" {
+		toks, err := auth.LoadTokens(cfg.inspectTokens)
+		if err != nil {
+			return fmt.Errorf("--inspect-token-file: %w", err)
+		}
+		go toks.Follow(ctx, log)
+		acfg.InspectAuth = auth.Config{Tokens: toks}
+	} else if !cfg.inspectInsecure {
+		log.Warn("the inspect API answers 401 but for /healthz and /metrics: start netplugin with --inspect-token-file to use netctl bpf, monitor, trace and verify")
 	}
 	if cfg.mode == "kubernetes" {
 		pods, err := podLabeler(cfg, log)
@@ -144,16 +154,7 @@ func run(parent context.Context, cfg config) error {
 	if c, ok := drv.(dataplane.MetricsCollector); ok {
 		reg.MustRegister(c.Collector())
 	}
-	var handler http.Handler = ag.Handler(reg)
-	if cfg.pprof {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		mux.Handle("/", handler)
-		handler = mux
-	}
+	handler := ag.Handler(reg)
 	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log},
 		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return bodyFirst(handler) })
 	ln, err := net.Listen("tcp", cfg.inspectListen)

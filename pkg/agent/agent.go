@@ -53,6 +53,15 @@ type Config struct {
 	// GlobalPoll is how often the agent re-reads the global config while waiting for it
 	// (default 1s, as Contiv).
 	GlobalPoll time.Duration
+	// InspectAuth names the callers of the inspect API (everything but /healthz and
+	// /metrics): admin and read-only identities may read it. nil, without InspectOpen:
+	// those routes answer 401.
+	InspectAuth InspectAuthenticator
+	// InspectOpen serves the inspect API to anyone who reaches its address (netplugin
+	// --inspect-insecure).
+	InspectOpen bool
+	// Pprof also serves Go's profiler under /debug/pprof/, behind the same gate (admin).
+	Pprof bool
 	// DebugToken enables the mutating /debug routes of the local API for callers that
 	// send it as a bearer token; empty keeps them off.
 	DebugToken string

@@ -321,6 +321,7 @@ func TestAgentsEndToEnd(t *testing.T) {
 		RuleId: badRule, Priority: 0, DstEndpointGroup: 4, Action: "deny"}}); err != nil {
 		t.Fatal(err)
 	}
+	hosts[0].agent.cfg.InspectOpen = true
 	hsrv := httptest.NewServer(hosts[0].agent.Handler(prometheus.NewRegistry()))
 	defer hsrv.Close()
 	get := func(path string) (int, string) {

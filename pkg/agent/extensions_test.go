@@ -94,7 +94,7 @@ func (d *extDriver) NativeRoutes() ([]dataplane.Route, error) {
 // the backends' (the backends assert pkg/dataplane's at compile time).
 func TestExtensionsReached(t *testing.T) {
 	d := &extDriver{}
-	a := &Agent{cfg: Config{Driver: d, Host: "h"}, driver: d, metrics: newMetrics(), rec: newRecords(),
+	a := &Agent{cfg: Config{Driver: d, Host: "h", InspectOpen: true}, driver: d, metrics: newMetrics(), rec: newRecords(),
 		errs: map[string]error{}, applied: dataplane.NewIndex(), bad: map[string]error{}}
 	h := a.Handler(prometheus.NewRegistry())
 	for _, c := range []struct {

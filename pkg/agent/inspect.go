@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -102,11 +103,22 @@ func (a *Agent) groupID(key string) (uint16, bool) {
 //	GET /metrics            Prometheus
 //	GET    /inspect/bgp                 the BGP session, routes learned and advertised
 //	DELETE /debug/reclaimEndpoint/{id}  detach a local endpoint by Contiv endpoint id
+//	GET /debug/pprof/...    Go's profiler (Config.Pprof)
+//
+// Everything but /healthz, /metrics and the debug route (its own token) is for callers
+// Config.InspectAuth names admin or read-only (POST and the profiler: admin), or for
+// anyone with Config.InspectOpen; with neither it answers 401 (gate.go).
 //
 // reg receives the agent's collector; pass a fresh registry per agent.
 func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 	reg.MustRegister(a.Collector())
 	r := mux.NewRouter()
+	a.routes(r, reg)
+	return a.gate(r)
+}
+
+// routes registers the inspect API's routes on r (/metrics serving reg).
+func (a *Agent) routes(r *mux.Router, reg *prometheus.Registry) {
 	r.HandleFunc("/inspect/networks", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, a.Inspect().Networks)
 	}).Methods(http.MethodGet)
@@ -171,7 +183,12 @@ func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	return r
+	if a.cfg.Pprof {
+		r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		r.PathPrefix("/debug/pprof/").HandlerFunc(pprof.Index)
+	}
 }
 
 // reclaimEndpoint (DELETE /debug/reclaimEndpoint/{id}) detaches a local endpoint; it

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,17 +154,41 @@ func (t *Tokens) Watch(ctx context.Context, every time.Duration, log *slog.Logge
 	}
 }
 
+// FollowEvery is how often Follow looks at the token file for changes.
+const FollowEvery = 2 * time.Second
+
+// Follow reloads the tokens when the file changes (looked at every FollowEvery) and on
+// SIGHUP, until ctx ends: a revoked token stops working without a restart.
+func (t *Tokens) Follow(ctx context.Context, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go t.Watch(ctx, FollowEvery, log)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := t.Reload(); err != nil {
+				log.Error("SIGHUP: token file not taken: the tokens read before stay", "path", t.path, "err", err)
+				continue
+			}
+			log.Info("SIGHUP: token file reloaded", "path", t.path)
+		}
+	}
+}
+
 // readTokens reads and checks the token file at path, and stamps it as it was opened (a
 // file replaced meanwhile is a new version, read on the next look).
 func readTokens(path string) (tokenSet, fileStamp, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return tokenSet{}, fileStamp{}, fmt.Errorf("--auth-tokens: %w", err)
+		return tokenSet{}, fileStamp{}, fmt.Errorf("token file: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return tokenSet{}, fileStamp{}, fmt.Errorf("--auth-tokens: %w", err)
+		return tokenSet{}, fileStamp{}, fmt.Errorf("token file: %w", err)
 	}
 	set, err := parseTokens(path, f, st)
 	if err != nil {
@@ -175,7 +200,7 @@ func readTokens(path string) (tokenSet, fileStamp, error) {
 // parseTokens reads the token file at path, open as f with status st.
 func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 	if st.Mode().Perm()&0o077 != 0 {
-		return tokenSet{}, fmt.Errorf("--auth-tokens %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
+		return tokenSet{}, fmt.Errorf("token file %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
 	}
 	t := tokenSet{byDigest: map[[32]byte]Identity{}}
 	sc := bufio.NewScanner(f)
@@ -186,13 +211,13 @@ func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 			continue
 		}
 		if len(fields) < 2 || len(fields) > 3 {
-			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: want \"<token> <role> [<name>]\"", path, n)
+			return tokenSet{}, fmt.Errorf("token file %s line %d: want \"<token> <role> [<name>]\"", path, n)
 		}
 		if len(fields[0]) < 16 {
-			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: token shorter than 16 characters", path, n)
+			return tokenSet{}, fmt.Errorf("token file %s line %d: token shorter than 16 characters", path, n)
 		}
 		if !ValidRole(fields[1]) {
-			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: unknown role %q (admin, read-only, agent, netmaster, tenant-admin:<tenant>)", path, n, fields[1])
+			return tokenSet{}, fmt.Errorf("token file %s line %d: unknown role %q (admin, read-only, agent, netmaster, tenant-admin:<tenant>)", path, n, fields[1])
 		}
 		id := Identity{Role: fields[1], Name: fields[1], Via: "token"}
 		if len(fields) == 3 {
@@ -200,7 +225,7 @@ func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 		}
 		d := sha256.Sum256([]byte(fields[0]))
 		if _, dup := t.byDigest[d]; dup {
-			return tokenSet{}, fmt.Errorf("--auth-tokens %s line %d: token repeated", path, n)
+			return tokenSet{}, fmt.Errorf("token file %s line %d: token repeated", path, n)
 		}
 		t.byDigest[d] = id
 		if id.Role == RoleNetmaster && t.peer == "" {
@@ -208,10 +233,10 @@ func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return tokenSet{}, fmt.Errorf("--auth-tokens %s: %w", path, err)
+		return tokenSet{}, fmt.Errorf("token file %s: %w", path, err)
 	}
 	if len(t.byDigest) == 0 {
-		return tokenSet{}, fmt.Errorf("--auth-tokens %s: no tokens", path)
+		return tokenSet{}, fmt.Errorf("token file %s: no tokens", path)
 	}
 	return t, nil
 }
@@ -322,3 +347,20 @@ func (c Config) Authenticate(r *http.Request) (Identity, error) {
 }
 
 var errNoCredentials = fmt.Errorf("authentication required: send \"Authorization: Bearer <token>\" or a client certificate")
+
+// Bearer returns a RoundTripper that sends token as "Authorization: Bearer" with every
+// request next carries (the client side of Config.Authenticate).
+func Bearer(token string, next http.RoundTripper) http.RoundTripper {
+	return bearer{token: token, next: next}
+}
+
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}

@@ -139,6 +139,7 @@ func NewApp(stdout, stderr io.Writer, build BuildInfo) *cli.App {
 			&cli.StringFlag{Name: "cert", EnvVars: []string{"CONTIV_CERT"}, Usage: "client certificate `FILE` (with --key)"},
 			&cli.StringFlag{Name: "key", EnvVars: []string{"CONTIV_KEY"}, Usage: "private key `FILE` of --cert"},
 			&cli.StringFlag{Name: "token", EnvVars: []string{"CONTIV_TOKEN"}, Usage: "bearer `TOKEN` for netmaster's --auth-tokens"},
+			&cli.StringFlag{Name: "agent-token", EnvVars: []string{"CONTIV_AGENT_TOKEN"}, Usage: "bearer `TOKEN` for netplugins' inspect API (their --inspect-token-file; it travels unencrypted: give it role read-only)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, EnvVars: []string{"CONTIV_TIMEOUT"}, Usage: "give up on a request after this long"},
 		},
 		Commands:       append(commands(build), bpfCommand(), monitorCommand(), traceCommand(), verifyCommand(), completionCommand(), completeCommand()),

@@ -9,9 +9,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -118,7 +120,7 @@ func bpfList(kind string) cli.ActionFunc {
 		if kind == "policy" && c.String("group") != "" {
 			u += "?group=" + url.QueryEscape(c.String("group")+":"+c.String("tenant"))
 		}
-		l, err := fetchListing(c.Context, &http.Client{Timeout: c.Duration("timeout")}, u)
+		l, err := fetchListing(c.Context, agentHTTP(c, c.Duration("timeout")), u)
 		if err != nil {
 			return err
 		}
@@ -174,4 +176,16 @@ func writeListing(w io.Writer, l listing) error {
 		}
 	}
 	return nil
+}
+
+// agentHTTP is the client of netplugins' inspect API: it sends --agent-token (when set)
+// with every request and follows no redirect; timeout 0 is none (streams).
+func agentHTTP(c *cli.Context, timeout time.Duration) *http.Client {
+	var rt http.RoundTripper = http.DefaultTransport
+	if tok := strings.TrimSpace(c.String("agent-token")); tok != "" {
+		rt = auth.Bearer(tok, rt)
+	}
+	// Redirects are not followed: the token would go wherever one points.
+	return &http.Client{Timeout: timeout, Transport: rt,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }

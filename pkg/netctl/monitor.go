@@ -153,7 +153,7 @@ func runMonitor(c *cli.Context) error {
 			defer open.Done()
 			octx, cancel := context.WithTimeout(ctx, openWait)
 			defer cancel()
-			streams[i], errs[i] = openMonitor(octx, ctx, base+"/monitor?"+q.Encode())
+			streams[i], errs[i] = openMonitor(octx, ctx, agentHTTP(c, 0), base+"/monitor?"+q.Encode())
 		}()
 	}
 	open.Wait()
@@ -206,7 +206,7 @@ func runMonitor(c *cli.Context) error {
 
 // openMonitor connects to one agent's stream: octx bounds the connection and the answer's
 // headers, ctx (the whole monitor's) the stream after them.
-func openMonitor(octx, ctx context.Context, u string) (*http.Response, error) {
+func openMonitor(octx, ctx context.Context, hc *http.Client, u string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
@@ -218,7 +218,7 @@ func openMonitor(octx, ctx context.Context, u string) (*http.Response, error) {
 	got := make(chan answer, 1)
 	// No client timeout: the stream is open-ended; ctx ends it.
 	go func() {
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := hc.Do(req)
 		got <- answer{resp, err}
 	}()
 	select {

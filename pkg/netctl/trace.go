@@ -120,7 +120,7 @@ func postTrace(c *cli.Context, url string, body []byte, out *traceResult) error 
 		return &exitError{code: ExitUsage, msg: err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Timeout: c.Duration("timeout")}).Do(req)
+	resp, err := agentHTTP(c, c.Duration("timeout")).Do(req)
 	if err != nil {
 		return &exitError{code: ExitAPI, msg: fmt.Sprintf("cannot reach netplugin at %s: %v", url, err)}
 	}

@@ -47,7 +47,7 @@ func verifyCommand() *cli.Command {
 				return err
 			}
 			reports := make([]verifyReport, len(agents))
-			hc := &http.Client{Timeout: c.Duration("timeout")}
+			hc := agentHTTP(c, c.Duration("timeout"))
 			var wg sync.WaitGroup
 			for i, base := range agents {
 				wg.Add(1)

@@ -18,23 +18,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cpbench"
 	"github.com/contivbpf/contivbpf/pkg/pki"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
-
-// bearer adds a bearer token to every request.
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(r)
-}
 
 // cpTLSStage compares the REST API over HTTPS with token authentication against plain
 // HTTP in the same run: two netmasters, each leading its own embedded etcd in netns ns,
@@ -75,7 +64,7 @@ func cpTLSStage(ctx context.Context, cfg config, ns, dir string, w io.Writer, r 
 	}
 	tlsTr := plainClient.Transport.(*http.Transport).Clone()
 	tlsTr.TLSClientConfig = tc
-	tlsClient := &http.Client{Timeout: 30 * time.Second, Transport: bearer{token: token, next: tlsTr}}
+	tlsClient := &http.Client{Timeout: 30 * time.Second, Transport: auth.Bearer(token, tlsTr)}
 	nodes := []*node{
 		{name: "plain", url: "http://127.0.0.1:9995", client: plainClient},
 		{name: "tls", url: "https://127.0.0.1:9996", client: tlsClient},

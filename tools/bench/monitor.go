@@ -74,6 +74,7 @@ func (d *dpRun) sameHostMonitor(ctx context.Context) error {
 func attachMonitor(ctx context.Context, h *sim.Host, events *atomic.Int64) (func(), error) {
 	mctx, cancel := context.WithCancel(ctx)
 	req, _ := http.NewRequestWithContext(mctx, http.MethodGet, "http://"+h.Inspect+"/monitor", nil)
+	h.Authorize(req)
 	client := &http.Client{Transport: nsHTTPClient(h.Name).Transport} // no timeout: a stream
 	resp, err := client.Do(req)
 	if err != nil {

@@ -33,7 +33,12 @@ func (d *dpRun) operate(ctx context.Context) error {
 		return out, nil
 	}
 	get := func(path string) error {
-		resp, err := client.Get("http://" + h.Inspect + path)
+		req, err := http.NewRequest(http.MethodGet, "http://"+h.Inspect+path, nil)
+		if err != nil {
+			return err
+		}
+		h.Authorize(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			return err
 		}
@@ -61,7 +66,13 @@ func (d *dpRun) operate(ctx context.Context) error {
 	{ // both dataplanes trace (eBPF: the programs run once; OVS: ofproto/trace)
 		body, _ := json.Marshal(map[string]any{"from": d.a.EndpointID, "to": d.b.IP.Addr().String(), "proto": "tcp", "port": echoPort})
 		traces, err := timed(20, func() error {
-			resp, err := client.Post("http://"+h.Inspect+"/inspect/trace", "application/json", bytes.NewReader(body))
+			req, err := http.NewRequest(http.MethodPost, "http://"+h.Inspect+"/inspect/trace", bytes.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			h.Authorize(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				return err
 			}

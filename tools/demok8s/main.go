@@ -168,7 +168,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 
 	step("node 2's datapath: netctl bpf services (the Service's VIP in tenant blue's zone and its backends)")
 	h2 := c.Hosts[1]
-	out, err := sim.Exec(ctx, h2.Name, bin+"/netctl", "bpf", "services", "--agent", "http://"+h2.Inspect)
+	out, err := sim.Exec(ctx, h2.Name, bin+"/netctl", "--agent-token", c.InspectToken, "bpf", "services", "--agent", "http://"+h2.Inspect)
 	if err != nil {
 		return fmt.Errorf("netctl bpf services: %v: %s", err, out)
 	}
@@ -225,7 +225,7 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	}
 	_, err = sim.AskName(ctx, pods[2].ct, vip)
 	fmt.Printf("    client -> %s: %v\n", vip, err)
-	out, err = sim.Exec(ctx, h2.Name, bin+"/netctl", "bpf", "netpol", "--agent", "http://"+h2.Inspect)
+	out, err = sim.Exec(ctx, h2.Name, bin+"/netctl", "--agent-token", c.InspectToken, "bpf", "netpol", "--agent", "http://"+h2.Inspect)
 	if err != nil {
 		return fmt.Errorf("netctl bpf netpol: %v: %s", err, out)
 	}

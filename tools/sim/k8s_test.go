@@ -213,7 +213,7 @@ func kubernetesServices(t *testing.T, dp string) {
 
 	hostsInSync(ctx, t, c, bin)
 	// netctl trace through the VIP on the client's host names the service's choice.
-	out, err := Exec(ctx, client.Host.Name, filepath.Join(bin, "netctl"), "trace", "--agent", "http://"+client.Host.Inspect,
+	out, err := Exec(ctx, client.Host.Name, filepath.Join(bin, "netctl"), "--agent-token", c.InspectToken, "trace", "--agent", "http://"+client.Host.Inspect,
 		"--from", client.EndpointID, "--to", vip, "--port", "80")
 	if err != nil || !strings.Contains(out, vip+":80 is a service VIP: backend ") || strings.Contains(out, "verdict: dropped") {
 		t.Errorf("netctl trace through the VIP (%s): %v\n%s", dp, err, out)

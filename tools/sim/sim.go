@@ -155,6 +155,9 @@ type Cluster struct {
 	// CACert and AdminToken are set with Config.Secure: what a client needs to talk to
 	// netmaster (CACert verifies its certificate).
 	CACert, AdminToken string
+	// InspectToken is an admin token of every netplugin's inspect API.
+	InspectToken       string
+	inspectTokensFile  string
 	agentTokenFile     string
 	tokensFile         string
 	serverCert         [2]string
@@ -252,6 +255,20 @@ func (c *Cluster) setupPKI() error {
 	return nil
 }
 
+// writeInspectTokens writes the token file every netplugin's inspect API takes
+// (--inspect-token-file): one admin token, InspectToken, which InspectGet, Netctl and
+// NetctlIn send.
+func (c *Cluster) writeInspectTokens() error {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	c.InspectToken = hex.EncodeToString(b)
+	c.inspectTokensFile = filepath.Join(c.WorkDir, "inspect.tokens")
+	if err := os.WriteFile(c.inspectTokensFile, []byte(c.InspectToken+" admin sim-inspect\n"), 0o600); err != nil {
+		return fmt.Errorf("sim: inspect tokens: %w", err)
+	}
+	return nil
+}
+
 // Start builds the cluster. On error everything created so far is removed.
 func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if os.Geteuid() != 0 {
@@ -308,6 +325,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
 			return nil, fmt.Errorf("sim: work dir: %w", err)
 		}
+	}
+	if err := c.writeInspectTokens(); err != nil {
+		return nil, err
 	}
 	if err := c.buildUnderlay(ctx); err != nil {
 		return nil, err
@@ -580,7 +600,7 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		"--dataplane", c.cfg.Dataplane,
 		"--bpffs-root", c.PinRoot,
 		"--cni-socket", h.CNISocket,
-		"--inspect-listen", h.Inspect,
+		"--inspect-listen", h.Inspect, "--inspect-token-file", c.inspectTokensFile,
 	}
 	if c.cfg.VLANUplink {
 		args = append(args, "--vlan-if", "uplink")
@@ -706,9 +726,7 @@ func (c *Cluster) do(ctx context.Context, ns, method, url string, body, out any)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if c.AdminToken != "" && strings.HasPrefix(url, c.MasterURL()) {
-		req.Header.Set("Authorization", "Bearer "+c.AdminToken)
-	}
+	c.authorize(req)
 	resp, err := c.httpClient(ns).Do(req)
 	if err != nil {
 		return err
@@ -768,6 +786,10 @@ func (c *Cluster) CreateEndpointGroup(ctx context.Context, tenant, network, grou
 	return c.MasterDo(ctx, http.MethodPost, fmt.Sprintf("/api/v1/endpointGroups/%s:%s/", tenant, group), body, nil)
 }
 
+// Authorize adds to req the token of the address it goes to (h's inspect API, or
+// netmaster), for requests built outside the helpers here.
+func (h *Host) Authorize(req *http.Request) { h.c.authorize(req) }
+
 // InspectGet reads h's netplugin inspect API.
 func (h *Host) InspectGet(ctx context.Context, path string, out any) error {
 	return h.c.do(ctx, h.Name, http.MethodGet, "http://"+h.Inspect+path, nil, out)
@@ -800,6 +822,7 @@ func (c *Cluster) getText(ctx context.Context, ns, url string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.authorize(req)
 	resp, err := c.httpClient(ns).Do(req)
 	if err != nil {
 		return "", err
@@ -815,14 +838,34 @@ func (c *Cluster) getText(ctx context.Context, ns, url string) (string, error) {
 	return string(b), nil
 }
 
+// authorize adds to req the token its address takes: netmaster's admin token, or the
+// inspect APIs' (InspectToken).
+func (c *Cluster) authorize(req *http.Request) {
+	if c.AdminToken != "" && strings.HasPrefix(req.URL.String(), c.MasterURL()) {
+		req.Header.Set("Authorization", "Bearer "+c.AdminToken)
+		return
+	}
+	for _, h := range c.Hosts {
+		if req.URL.Host == h.Inspect {
+			req.Header.Set("Authorization", "Bearer "+c.InspectToken)
+			return
+		}
+	}
+}
+
 // Netctl runs bin/netctl inside the first host against netmaster.
 func (c *Cluster) Netctl(ctx context.Context, args ...string) (string, error) {
-	argv := []string{filepath.Join(c.cfg.BinDir, "netctl"), "--netmaster", c.MasterURL()}
+	return c.NetctlIn(ctx, c.Hosts[0], args...)
+}
+
+// NetctlIn runs bin/netctl inside h against netmaster, with the inspect APIs' token.
+func (c *Cluster) NetctlIn(ctx context.Context, h *Host, args ...string) (string, error) {
+	argv := []string{filepath.Join(c.cfg.BinDir, "netctl"), "--netmaster", c.MasterURL(), "--agent-token", c.InspectToken}
 	if c.cfg.Secure {
 		argv = append(argv, "--cacert", c.CACert, "--token", c.AdminToken)
 	}
 	argv = append(argv, args...)
-	return Exec(ctx, c.Hosts[0].Name, argv...)
+	return Exec(ctx, h.Name, argv...)
 }
 
 // AddContainer creates a namespace "<host>-<name>" and attaches it to tenant/network

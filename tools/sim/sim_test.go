@@ -187,7 +187,7 @@ func TestTwoHosts(t *testing.T) {
 	}
 	// The operator's view of the same tables: netctl bpf through h1's netplugin.
 	netctl := filepath.Join(bin, "netctl")
-	out, err := Exec(ctx, h1.Name, netctl, "bpf", "endpoints", "--agent", "http://"+h1.Inspect)
+	out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "bpf", "endpoints", "--agent", "http://"+h1.Inspect)
 	if err != nil {
 		t.Fatalf("netctl bpf endpoints: %v\n%s", err, out)
 	}
@@ -196,11 +196,18 @@ func TestTwoHosts(t *testing.T) {
 			t.Errorf("netctl bpf endpoints lacks %q:\n%s", want, out)
 		}
 	}
-	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "counters", "-j", "--agent", "http://"+h1.Inspect); err != nil || !strings.Contains(out, `"fwd_tunnel"`) {
+	if out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "bpf", "counters", "-j", "--agent", "http://"+h1.Inspect); err != nil || !strings.Contains(out, `"fwd_tunnel"`) {
 		t.Errorf("netctl bpf counters -j: %v\n%s", err, out)
 	}
-	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "peers", "--agent", "http://127.0.0.1:1"); err == nil || !strings.Contains(out, "cannot reach netplugin") {
+	if out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "bpf", "peers", "--agent", "http://127.0.0.1:1"); err == nil || !strings.Contains(out, "cannot reach netplugin") {
 		t.Errorf("netctl bpf against no agent: %v\n%s", err, out)
+	}
+	// The real netplugin's inspect API (--inspect-token-file): nothing without the token.
+	if out, err := Exec(ctx, h1.Name, netctl, "bpf", "endpoints", "--agent", "http://"+h1.Inspect); err == nil || !strings.Contains(out, "401") {
+		t.Errorf("netctl bpf endpoints without --agent-token: %v\n%s", err, out)
+	}
+	if out, err := Exec(ctx, h1.Name, netctl, "--agent-token", "not-the-token-0123456789", "bpf", "endpoints", "--agent", "http://"+h1.Inspect); err == nil || !strings.Contains(out, "unknown token") {
+		t.Errorf("netctl bpf endpoints with a wrong token: %v\n%s", err, out)
 	}
 	monitorDeniedFlow(ctx, t, c, netctl, a, b)
 	verifyDrift(ctx, t, c, netctl, h1, h2)
@@ -376,13 +383,13 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 	}()
 	// One group's rules, as the operator asks for them (the agent reads that group alone).
 	eventually(t, "netctl bpf policy --group mon-web", 30*time.Second, func() error {
-		out, err := Exec(ctx, h.Name, netctl, "bpf", "policy", "--group", "mon-web", "--agent", "http://"+h.Inspect)
+		out, err := Exec(ctx, h.Name, netctl, "--agent-token", c.InspectToken, "bpf", "policy", "--group", "mon-web", "--agent", "http://"+h.Inspect)
 		if err != nil || !strings.Contains(out, "5999") || !strings.Contains(out, ":mon:2:inRx") {
 			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
 	})
-	if out, err := Exec(ctx, h.Name, netctl, "bpf", "policy", "--group", "nosuch", "--agent", "http://"+h.Inspect); err == nil ||
+	if out, err := Exec(ctx, h.Name, netctl, "--agent-token", c.InspectToken, "bpf", "policy", "--group", "nosuch", "--agent", "http://"+h.Inspect); err == nil ||
 		!strings.Contains(out, `no endpoint group "nosuch:default"`) {
 		t.Errorf("netctl bpf policy of an unknown group: %v\n%s", err, out)
 	}
@@ -394,6 +401,7 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 	for i := 0; i < 20; i++ {
 		rctx, rcancel := context.WithCancel(ctx)
 		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+h.Inspect+"/monitor", nil)
+		req.Header.Set("Authorization", "Bearer "+c.InspectToken)
 		resp, err := hc.Do(req)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			rcancel()
@@ -410,7 +418,7 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, err := Exec(mctx, h.Name, netctl, "monitor", "--policy", "--count", "1",
+		out, err := Exec(mctx, h.Name, netctl, "--agent-token", c.InspectToken, "monitor", "--policy", "--count", "1",
 			"--agent", "http://"+h.Inspect, "--agent", "http://127.0.0.1:1")
 		done <- result{out, err}
 	}()
@@ -453,7 +461,7 @@ func monitorDeniedFlow(ctx context.Context, t *testing.T, c *Cluster, netctl str
 func hostsInSync(ctx context.Context, t *testing.T, c *Cluster, bin string) {
 	t.Helper()
 	for _, h := range c.Hosts {
-		out, err := Exec(ctx, h.Name, filepath.Join(bin, "netctl"), "verify", "--agent", "http://"+h.Inspect)
+		out, err := Exec(ctx, h.Name, filepath.Join(bin, "netctl"), "--agent-token", c.InspectToken, "verify", "--agent", "http://"+h.Inspect)
 		if err != nil || !strings.Contains(out, "in sync") {
 			t.Errorf("netctl verify on %s (%s): %v\n%s", h.Name, c.cfg.Dataplane, err, out)
 		}
@@ -465,7 +473,7 @@ func hostsInSync(ctx context.Context, t *testing.T, c *Cluster, bin string) {
 func monitorSees(ctx context.Context, t *testing.T, c *Cluster, bin, reason, want string, poke func()) {
 	t.Helper()
 	out := monitorWhile(ctx, t, c.Hosts[0].Name, filepath.Join(bin, "netctl"),
-		[]string{"--netmaster", c.MasterURL(), "monitor", "--all", "--reason", reason, "--count", "1"}, poke)
+		[]string{"--netmaster", c.MasterURL(), "--agent-token", c.InspectToken, "monitor", "--all", "--reason", reason, "--count", "1"}, poke)
 	if !strings.Contains(out, want) {
 		t.Errorf("netctl monitor --all --reason %s (%s): no %q in\n%s", reason, c.cfg.Dataplane, want, out)
 	}
@@ -503,11 +511,11 @@ func monitorWhile(ctx context.Context, t *testing.T, host, netctl string, args [
 func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h1, h2 *Host) {
 	t.Helper()
 	agent := "http://" + h1.Inspect
-	if out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent); err != nil || !strings.Contains(out, "in sync") {
+	if out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "verify", "--agent", agent); err != nil || !strings.Contains(out, "in sync") {
 		t.Fatalf("netctl verify on a clean host: %v\n%s", err, out)
 	}
 	// --all: every host netmaster lists (their netplugins registered their inspect APIs).
-	if out, err := Exec(ctx, h2.Name, netctl, "--netmaster", c.MasterURL(), "verify", "--all"); err != nil ||
+	if out, err := Exec(ctx, h2.Name, netctl, "--agent-token", c.InspectToken, "--netmaster", c.MasterURL(), "verify", "--all"); err != nil ||
 		strings.Count(out, "in sync") != len(c.Hosts) || !strings.Contains(out, h1.Name) || !strings.Contains(out, h2.Name) {
 		t.Errorf("netctl verify --all: %v\n%s", err, out)
 	}
@@ -517,7 +525,7 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 		fmt.Sprint(vtep[0]), fmt.Sprint(vtep[1]), fmt.Sprint(vtep[2]), fmt.Sprint(vtep[3])); err != nil {
 		t.Fatalf("bpftool map delete: %v %s", err, out)
 	}
-	out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent)
+	out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "verify", "--agent", agent)
 	if code := exitCode(err); code != 5 || !strings.Contains(out, "cb_peers") || !strings.Contains(out, "missing") || !strings.Contains(out, h2.IP.String()) {
 		t.Fatalf("netctl verify after deleting the peer entry: exit %d\n%s", code, out)
 	}
@@ -526,7 +534,7 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 		!strings.Contains(m, `contiv_netplugin_driver_counter{dataplane="ebpf",name="fwd_tunnel_packets"}`) {
 		t.Errorf("drift and driver metrics after verify: %v\n%s", err, grepLines(m, "contiv_netplugin_d"))
 	}
-	out, err = Exec(ctx, h1.Name, netctl, "--timeout", "2s", "verify", "--agent", agent, "--agent", "http://127.0.0.1:1")
+	out, err = Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "--timeout", "2s", "verify", "--agent", agent, "--agent", "http://127.0.0.1:1")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "down") {
 		t.Errorf("netctl verify with an unreachable agent: exit %d\n%s", code, out)
 	}
@@ -534,7 +542,7 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 	c.KillPlugin(h1)
 	// While h1's agent is down (its registration not expired yet), --all reports it down
 	// and still checks the others.
-	out, err = Exec(ctx, h2.Name, netctl, "--netmaster", c.MasterURL(), "--timeout", "2s", "verify", "--all")
+	out, err = Exec(ctx, h2.Name, netctl, "--agent-token", c.InspectToken, "--netmaster", c.MasterURL(), "--timeout", "2s", "verify", "--all")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "down") || !strings.Contains(out, "in sync") {
 		t.Errorf("netctl verify --all with h1's agent down: exit %d\n%s", code, out)
 	}
@@ -544,7 +552,7 @@ func verifyDrift(ctx context.Context, t *testing.T, c *Cluster, netctl string, h
 	if err := h1.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := Exec(ctx, h1.Name, netctl, "verify", "--agent", agent); err != nil {
+	if out, err := Exec(ctx, h1.Name, netctl, "--agent-token", c.InspectToken, "verify", "--agent", agent); err != nil {
 		t.Errorf("netctl verify after the repairing restart: %v\n%s", err, out)
 	}
 }
@@ -577,18 +585,18 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 	t.Helper()
 	h := from.Host
 	agent := "http://" + h.Inspect
-	out, err := Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", from.EndpointID, "--to", denied.IP.Addr().String(), "--port", "5999")
+	out, err := Exec(ctx, h.Name, netctl, "--agent-token", h.c.InspectToken, "trace", "--agent", agent, "--from", from.EndpointID, "--to", denied.IP.Addr().String(), "--port", "5999")
 	if err != nil || !strings.Contains(out, "verdict: dropped: drop_policy") ||
 		!strings.Contains(out, "denied by rule default:mon-web:default:mon:default:mon:1:inRx") {
 		t.Errorf("netctl trace of the denied flow: %v\n%s", err, out)
 	}
 	t.Logf("netctl trace: %s", strings.TrimSpace(out))
-	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
+	out, err = Exec(ctx, h.Name, netctl, "--agent-token", h.c.InspectToken, "trace", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
 	if err != nil || !strings.Contains(out, "tunneled to VTEP "+far.Host.IP.String()+" ("+far.Host.Name+")") {
 		t.Errorf("netctl trace to a remote endpoint: %v\n%s", err, out)
 	}
 	// The destination host's receive path, with the tunnel the source trace produced.
-	out, err = Exec(ctx, h.Name, netctl, "trace", "-j", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
+	out, err = Exec(ctx, h.Name, netctl, "--agent-token", h.c.InspectToken, "trace", "-j", "--agent", agent, "--from", from.EndpointID, "--to", far.EndpointID, "--port", "5001")
 	var src struct {
 		Tunnel json.RawMessage `json:"tunnel"`
 	}
@@ -602,7 +610,7 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 		rx.Reason != "fwd_local" || !strings.Contains(rx.Verdict, far.EndpointID) {
 		t.Errorf("trace-receive on %s: %v %+v", far.Host.Name, err, rx)
 	}
-	out, err = Exec(ctx, h.Name, netctl, "trace", "--agent", agent, "--from", "no-such-endpoint", "--to", "10.1.2.3", "--port", "80")
+	out, err = Exec(ctx, h.Name, netctl, "--agent-token", h.c.InspectToken, "trace", "--agent", agent, "--from", "no-such-endpoint", "--to", "10.1.2.3", "--port", "80")
 	if code := exitCode(err); code != 3 || !strings.Contains(out, "no local endpoint") {
 		t.Errorf("netctl trace from an unknown endpoint: exit %d\n%s", code, out)
 	}
@@ -613,7 +621,7 @@ func traceFlows(ctx context.Context, t *testing.T, netctl string, from, denied, 
 func monitorAllowed(ctx context.Context, t *testing.T, netctl string, from, to *Container) {
 	t.Helper()
 	h := from.Host
-	out := monitorWhile(ctx, t, h.Name, netctl, []string{"monitor", "--policy", "--allowed", "--count", "1", "--agent", "http://" + h.Inspect}, func() {
+	out := monitorWhile(ctx, t, h.Name, netctl, []string{"--agent-token", h.c.InspectToken, "monitor", "--policy", "--allowed", "--count", "1", "--agent", "http://" + h.Inspect}, func() {
 		dctx, dcancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer dcancel()
 		if conn, err := DialContext(dctx, from.Name, "tcp", fmt.Sprintf("%s:6000", to.IP.Addr())); err == nil {

@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// gateTokens writes a token file with one token per role and returns its authenticator.
+func gateTokens(t *testing.T) auth.Config {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tokens")
+	lines := "admin-token-0123456789 admin ops\n" +
+		"reader-token-0123456789 read-only dash\n" +
+		"tenant-token-0123456789 tenant-admin:t1 alice\n" +
+		"agent-token-0123456789 agent h2\n"
+	if err := os.WriteFile(p, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	toks, err := auth.LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth.Config{Tokens: toks}
+}
+
+// gatedRoutes lists every route the inspect API serves (method, path with variables filled
+// in), read from the router so that a route added later is covered too.
+func gatedRoutes(t *testing.T, a *Agent) [][2]string {
+	t.Helper()
+	r := mux.NewRouter()
+	a.routes(r, prometheus.NewRegistry())
+	var out [][2]string
+	err := r.Walk(func(rt *mux.Route, _ *mux.Router, _ []*mux.Route) error {
+		tpl, err := rt.GetPathTemplate()
+		if err != nil {
+			return nil // a prefix without a template
+		}
+		path := strings.NewReplacer("{kind}", "ct", "{id}", "x").Replace(tpl)
+		methods, err := rt.GetMethods()
+		if err != nil {
+			methods = []string{http.MethodGet}
+		}
+		for _, m := range methods {
+			out = append(out, [2]string{m, path})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 15 {
+		t.Fatalf("walked %d routes: %v", len(out), out)
+	}
+	return out
+}
+
+// TestInspectGate: every route of the inspect API but /healthz, /metrics and the debug
+// route (its own token) answers 401 without credentials, also without a token file (the
+// default), 403 to tenant-admins and agents, reads to read-only callers and everything to
+// admins; --inspect-insecure serves all. Other spellings of the open paths are gated.
+func TestInspectGate(t *testing.T) {
+	newAgent := func(c Config) *Agent {
+		d := &extDriver{}
+		c.Driver, c.Host, c.Pprof = d, "h", true
+		return &Agent{cfg: c, driver: d, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(), rec: newRecords(),
+			errs: map[string]error{}, applied: dataplane.NewIndex(), bad: map[string]error{}}
+	}
+	toks := gateTokens(t)
+	closed := newAgent(Config{})
+	gated := newAgent(Config{InspectAuth: toks})
+	open := newAgent(Config{InspectOpen: true})
+	send := func(_ *Agent, h http.Handler, method, path, token string) int {
+		req := httptest.NewRequest(method, path, strings.NewReader("{}"))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	// The gate in front of a stand-in for the routes: what passes it answers 200.
+	served := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	hc, hg, ho := closed.gate(served), gated.gate(served), open.gate(served)
+	if code := send(closed, closed.Handler(prometheus.NewRegistry()), http.MethodGet, "/inspect/agent", ""); code != http.StatusUnauthorized {
+		t.Errorf("Handler: GET /inspect/agent without credentials: %d, want 401 (the gate in front)", code)
+	}
+	for _, rt := range gatedRoutes(t, gated) {
+		method, path := rt[0], rt[1]
+		if path == "/healthz" || path == "/metrics" {
+			for _, h := range []http.Handler{hc, hg} {
+				if code := send(gated, h, method, path, ""); code != http.StatusOK {
+					t.Errorf("%s %s without credentials: %d, want it served", method, path, code)
+				}
+			}
+			continue
+		}
+		if strings.HasPrefix(path, "/debug/reclaimEndpoint/") {
+			// Checks its own token (TestDebugRoutesNeedToken).
+			if code := send(gated, hc, method, path, ""); code != http.StatusOK {
+				t.Errorf("%s %s: %d, want it passed to the route", method, path, code)
+			}
+			continue
+		}
+		read := method == http.MethodGet && !strings.HasPrefix(path, "/debug/")
+		for _, c := range []struct {
+			h     http.Handler
+			token string
+			ok    bool
+			code  int
+		}{
+			{hc, "", false, http.StatusUnauthorized},
+			{hc, "admin-token-0123456789", false, http.StatusUnauthorized},
+			{hg, "", false, http.StatusUnauthorized},
+			{hg, "wrong-token-0123456789", false, http.StatusUnauthorized},
+			{hg, "tenant-token-0123456789", false, http.StatusForbidden},
+			{hg, "agent-token-0123456789", false, http.StatusForbidden},
+			{hg, "reader-token-0123456789", read, http.StatusForbidden},
+			{hg, "admin-token-0123456789", true, 0},
+			{ho, "", true, 0},
+		} {
+			code := send(gated, c.h, method, path, c.token)
+			if c.ok && code != http.StatusOK {
+				t.Errorf("%s %s token %q: %d, want it served", method, path, c.token, code)
+			}
+			if !c.ok && code != c.code {
+				t.Errorf("%s %s token %q: %d, want %d", method, path, c.token, code, c.code)
+			}
+		}
+	}
+	for _, p := range []string{"/healthz/", "//metrics", "/healthz/../inspect/agent", "/metrics/../inspect/endpoints",
+		"/debug/reclaimEndpoint/../../inspect/agent", "/inspect/agent?x=/healthz", "/debug/pprof/goroutine"} {
+		if code := send(gated, hg, http.MethodGet, p, ""); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without credentials: %d, want 401", p, code)
+		}
+	}
+}
