@@ -198,7 +198,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 			/* Judged as the node port flow it is (cb_peer_host_rx): the reply of one
 			 * the endpoint's in-rules allowed passes, anything else meets its
 			 * out-rules. */
-			t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+			t.zone = ifc->vrf;
 			t.kind = CB_FLOW_NODEPORT;
 			r = cb_stateful(&f, &t);
 			if (r)
@@ -312,11 +312,11 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		return CB_OUTSIDE;
 	if (cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f))
 		return CB_OUTSIDE; /* cb_outside judges it */
-	t.zone = ifc->vrf ^ CB_ZONE_NODEPORT;
+	t.zone = ifc->vrf;
 	t.kind = CB_FLOW_NODEPORT;
 	if (p.frag == CB_FRAG_LATER) {
 		/* A later fragment of a reply whose first fragment left as the node port's. */
-		cb_np_frag_key(&fk, t.zone, f.saddr, f.daddr, &p, f.proto);
+		cb_np_frag_key(&fk, t.zone, CB_CT_KIND_NODEPORT, f.saddr, f.daddr, &p, f.proto);
 		n = cb_np_frag_find(&fk, CB_NATFRAG_SRC);
 		if (!n)
 			return CB_OUTSIDE;
@@ -326,7 +326,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	if (p.inner.proto && p.frag != CB_FRAG_NONE)
 		return CB_OUTSIDE;
 	/* A reply, or the backend's ICMP error about the client's packet (cb_lb_reply). */
-	rev = cb_lb_reply(&p, &f, t.zone);
+	rev = cb_lb_reply(&p, &f, t.zone, cb_ct_kind_of(&t));
 	if (!rev || !(rev->flags & CB_CT_NODEPORT))
 		return CB_OUTSIDE;
 	np = rev->nodeport;
@@ -352,7 +352,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 		if (!r)
 			r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, np);
 		if (!r && p.frag == CB_FRAG_FIRST) {
-			cb_np_frag_key(&fk, t.zone, backend, f.daddr, &p, f.proto);
+			cb_np_frag_key(&fk, t.zone, CB_CT_KIND_NODEPORT, backend, f.daddr, &p, f.proto);
 			cb_natfrag_record(&fk, CB_NATFRAG_SRC, cfg->snat_ip, 0);
 		}
 	}
@@ -507,7 +507,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 			dnet = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a local backend: the VIP is restored after policy. */
-		rev = cb_lb_reply(&p, &f, t.zone);
+		rev = cb_lb_reply(&p, &f, t.zone, cb_ct_kind_of(&t));
 		if (rev) {
 			dnet = rev->nat_net;
 			t.svc_reply = 1;
@@ -1237,7 +1237,7 @@ static __noinline int cb_remote_rx(struct __sk_buff *skb, __u32 net_key, __u32 z
 			dkey.net = lc.net;
 	} else if (features & CB_FEAT_LB) {
 		/* A reply from a remote backend to a local client. */
-		rev = cb_lb_reply(&p, &f, zone);
+		rev = cb_lb_reply(&p, &f, zone, CB_CT_KIND_TENANT);
 		if (rev) {
 			dkey.net = rev->nat_net;
 			t.svc_reply = 1;
@@ -1333,7 +1333,7 @@ static __noinline int cb_peer_host_rx(struct __sk_buff *skb, __u32 net_key, __u3
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep || !(ep->flags & CB_EP_LOCAL))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
-	t.zone = zone ^ CB_ZONE_NODEPORT;
+	t.zone = zone;
 	t.kind = CB_FLOW_NODEPORT;
 	t.dst_epg = ep->epg;
 	t.owner = cb_ct_owner_in(ep->slot);
@@ -1388,7 +1388,8 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	skey.net = net_key;
 	skey.ip = f.saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
-	d.zone = zone ^ CB_ZONE_NODEPORT;
+	d.zone = zone;
+	d.kind = CB_CT_KIND_NODEPORT;
 	r = cb_snat_reply(skb, &p, &f, &d, 1);
 	if (r < 0)
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
@@ -1663,7 +1664,7 @@ static __noinline int cb_nodeport_frag_in(struct __sk_buff *skb, const struct cb
 
 	if (!p || !f || !cfg)
 		return CB_TCX_NEXT;
-	cb_np_frag_key(&k, CB_NATFRAG_NODEPORT_IN, f->saddr, f->daddr, p, f->proto);
+	cb_np_frag_key(&k, CB_NATFRAG_NODEPORT_IN, CB_CT_KIND_TENANT, f->saddr, f->daddr, p, f->proto);
 	n = cb_np_frag_find(&k, CB_NATFRAG_DST);
 	if (!n)
 		return CB_TCX_NEXT;
@@ -1725,7 +1726,7 @@ static __noinline int cb_uplink_nodeport(struct __sk_buff *skb)
 	if (cb_tenant_src(np->zone, f.saddr))
 		return cb_drop(skb, CB_DROP_NODEPORT_INTERNAL_SRC);
 	client = f.saddr;
-	t.zone = np->zone ^ CB_ZONE_NODEPORT;
+	t.zone = np->zone;
 	t.kind = CB_FLOW_NODEPORT;
 	t.nodeport = f.dport;
 	t.frag = p.frag;
@@ -1768,7 +1769,7 @@ static __noinline void cb_np_frag_in_note(const struct cb_handoff *s, __be32 sna
 
 	if (!s)
 		return;
-	cb_np_frag_key(&fk, CB_NATFRAG_NODEPORT_IN, s->client, snat_ip, &s->p, s->f.proto);
+	cb_np_frag_key(&fk, CB_NATFRAG_NODEPORT_IN, CB_CT_KIND_TENANT, s->client, snat_ip, &s->p, s->f.proto);
 	cb_natfrag_record(&fk, CB_NATFRAG_DST, s->f.daddr, s->dkey.net);
 }
 

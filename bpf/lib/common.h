@@ -54,7 +54,12 @@ CB_INLINE __u32 cb_csum_add(__u32 a, __u32 b)
 	return a + (a < b);
 }
 
-/* Flows from outside through a node port live in their own zone (the service's zone with
- * this bit flipped): a client's spoofed source can never meet an entry of the tenant's own
- * endpoints. The driver refuses tenants whose zones differ by this bit only. */
-#define CB_ZONE_NODEPORT 0x80000000u
+/* The space a flow's state lives in, beside its tenant's zone (the kind of conntrack, NAT
+ * and fragment keys): flows from outside through a node port live apart from the tenant's
+ * own flows, so a client's spoofed source can never meet an entry of the tenant's
+ * endpoints. Entries of builds before the field (which flipped the zone's top bit
+ * instead) are converted when the maps migrate. */
+enum cb_ct_kind {
+	CB_CT_KIND_TENANT = 0,   /* an endpoint's own flow */
+	CB_CT_KIND_NODEPORT = 1, /* a node port flow (from the wire, or balanced here by a peer host) */
+};

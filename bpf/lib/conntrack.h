@@ -53,7 +53,8 @@ struct cb_ct_key {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 kind;   /* enum cb_ct_kind */
+	__u8 pad[2];
 };
 
 struct cb_ct_entry {
@@ -189,9 +190,11 @@ CB_INLINE void cb_ct_refresh(struct cb_ct_entry *e, __u64 deadline)
 		e->expires = deadline;
 }
 
-CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, const struct cb_flow *f, int reverse)
+/* cb_ct_key_of sets k to f's tuple (reverse: the other way) in zone's space kind. */
+CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, __u8 kind, const struct cb_flow *f, int reverse)
 {
 	k->zone = zone;
+	k->kind = kind;
 	k->proto = f->proto;
 	if (reverse) {
 		k->saddr = f->daddr;
@@ -206,10 +209,11 @@ CB_INLINE void cb_ct_key_of(struct cb_ct_key *k, __u32 zone, const struct cb_flo
 	}
 }
 
-/* cb_ct_key_reverse sets r to the reverse of key k (same zone and protocol). */
+/* cb_ct_key_reverse sets r to the reverse of key k (same zone, space and protocol). */
 CB_INLINE void cb_ct_key_reverse(struct cb_ct_key *r, const struct cb_ct_key *k)
 {
 	r->zone = k->zone;
+	r->kind = k->kind;
 	r->saddr = k->daddr;
 	r->daddr = k->saddr;
 	r->sport = k->dport;
@@ -393,7 +397,7 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k,
  * new connection's replies look like the service's and get the VIP restored on them: the
  * SYN of a connection that is not a service flow removes it. (Tracked flows replace it
  * in cb_ct_check.) One lookup per untracked SYN, only with services configured. */
-static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
+static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone, __u8 kind)
 {
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
@@ -401,7 +405,7 @@ static __noinline void cb_ct_reuse(const struct cb_flow *f, __u32 zone)
 	if (!f || !(cb_features & CB_FEAT_LB) || f->proto != CB_PROTO_TCP ||
 	    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) != CB_TCP_SYN)
 		return;
-	cb_ct_key_of(&k, zone, f, 0);
+	cb_ct_key_of(&k, zone, kind, f, 0);
 	e = bpf_map_lookup_elem(&cb_ct, &k);
 	if (e && (e->flags & CB_CT_DNAT) && e->state == CB_CTS_CLOSING) {
 		bpf_map_delete_elem(&cb_ct, &k);
@@ -472,7 +476,7 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 
 	if (!f || !t || !t->inner || f->saddr != t->inner->daddr || f->daddr != t->inner->saddr)
 		return 0;
-	cb_ct_key_of(&k, t->zone, t->inner, 0);
+	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), t->inner, 0);
 	e = cb_ct_flow(&k, now);
 	if (e) {
 		/* (An error the service stage translated already is not un-NATed again.) */
@@ -480,7 +484,7 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 			t->rev_nat = e;
 		return 1;
 	}
-	cb_ct_key_of(&k, t->zone, t->inner, 1);
+	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), t->inner, 1);
 	return cb_ct_flow(&k, now) != 0;
 }
 
@@ -503,13 +507,13 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return 0;
 	syn = f->proto == CB_PROTO_TCP && (f->tcp_flags & CB_TCP_SYN) && !(f->tcp_flags & CB_TCP_ACK);
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
-	cb_ct_key_of(&k, t->zone, f, 0);
+	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	e = cb_ct_flow(&k, now);
 	if (syn) {
 		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
 		if (e && e->state == CB_CTS_NEW && (t->svc || !(e->flags & CB_CT_DNAT)) &&
-		    cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
+		    cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, t->zone))) {
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, CB_CTS_NEW));
 			cb_ct_mark_dnat(e, &k, t);
 			t->entry = e;
@@ -532,13 +536,13 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		return r;
 	}
 	if (!e) {
-		cb_ct_key_of(&k, t->zone, f, 1);
+		cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 1);
 		e = cb_ct_flow(&k, now);
 		reply = 1;
 	}
 	if (e) {
 		/* Judged again when a change its verdict depends on came after it (stamps.h). */
-		if (!cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, cb_netpol_zone(t)))) {
+		if (!cb_stamp_ok(e->epoch, cb_ct_need(t->src_epg, t->dst_epg, t->zone))) {
 			r = cb_judge(f, t, reply);
 			if (r) {
 				was = e->flags;
@@ -573,7 +577,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 		opener = f->proto != CB_PROTO_ICMP || f->icmp_type == CB_ICMP_ECHO;
 	if (!opener)
 		return 0;
-	cb_ct_key_of(&k, t->zone, f, 0);
+	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	return cb_ct_open_svc(&k, f, t, now);
 }
 
@@ -590,9 +594,9 @@ CB_INLINE void cb_track_flags(const struct cb_flow *f, struct cb_track *t)
 	/* A client talking to itself through its service is not policy's business; nor, for
 	 * NetworkPolicy, is a pod talking with its own node (Kubernetes always allows it). */
 	if ((cb_features & CB_FEAT_NETPOL) && !t->hairpin && t->kind != CB_FLOW_HOST) {
-		if (cb_kpod_of(cb_netpol_zone(t), f->saddr))
+		if (cb_kpod_of(t->zone, f->saddr))
 			t->src_flags |= CB_EPG_NETPOL;
-		if (cb_kpod_of(cb_netpol_zone(t), f->daddr))
+		if (cb_kpod_of(t->zone, f->daddr))
 			t->dst_flags |= CB_EPG_NETPOL;
 	}
 }
@@ -609,7 +613,7 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 		/* (cb_ct_reuse's own test, here too: most packets need no call.) */
 		if ((cb_features & CB_FEAT_LB) && f->proto == CB_PROTO_TCP &&
 		    (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
-			cb_ct_reuse(f, t->zone);
+			cb_ct_reuse(f, t->zone, cb_ct_kind_of(t));
 		return 0;
 	}
 	/* Non-first fragments carry no L4 header: their first fragment's verdict decides. */
@@ -617,7 +621,7 @@ CB_INLINE int cb_stateful(const struct cb_flow *f, struct cb_track *t)
 		return cb_frag_verdict(f, t);
 	/* A first fragment records (here, and a service flow's in cb_nat_frags): within its
 	 * zone's budget only. */
-	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone, f->saddr))
+	if (t->frag == CB_FRAG_FIRST && !cb_frag_admit(t->zone, cb_ct_kind_of(t), f->saddr))
 		return CB_DROP_FRAG_LIMIT;
 	r = cb_ct_check(f, t);
 	if (t->frag == CB_FRAG_FIRST)

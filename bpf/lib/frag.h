@@ -22,7 +22,7 @@ struct cb_frag_key {
 	__be32 daddr;
 	__be16 id;
 	__u8 proto;
-	__u8 pad;
+	__u8 kind; /* enum cb_ct_kind (cb_nat_frags: CB_NATFRAG_NODEPORT_IN's zone has none) */
 };
 
 struct cb_frag_entry {
@@ -65,16 +65,24 @@ struct cb_frag_budget {
  * fragmenting of 4,096 zones, 16,384 sources) starts again with a full burst, which it
  * would have had anyway after a second of quiet. Zones are the agent's, never a packet's
  * choice; a source is the packet's, within its zone's budget. */
+struct cb_frag_zone_key {
+	__u32 zone;
+	__u8 kind; /* enum cb_ct_kind: a tenant's node port clients spend a budget of their own */
+	__u8 pad[3];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
-	__type(key, __u32); /* zone */
+	__type(key, struct cb_frag_zone_key);
 	__type(value, struct cb_frag_budget);
 } cb_frag_budgets SEC(".maps");
 
 struct cb_frag_src_key {
 	__u32 zone;
 	__be32 saddr;
+	__u8 kind;
+	__u8 pad[3];
 };
 
 struct {
@@ -106,12 +114,13 @@ CB_INLINE int cb_budget_take(struct cb_frag_budget *b, __u64 now, __u32 rate, __
 	return 1;
 }
 
-/* cb_frag_admit takes a token of the fragment budget of source saddr in zone, then one of
- * zone's: 1 if both had one (a budget seen for the first time starts full). A call of its
- * own: its locals stay off the full stages' frames. */
-static __noinline int cb_frag_admit(__u32 zone, __be32 saddr)
+/* cb_frag_admit takes a token of the fragment budget of source saddr in zone's space kind,
+ * then one of that space's: 1 if both had one (a budget seen for the first time starts
+ * full). A call of its own: its locals stay off the full stages' frames. */
+static __noinline int cb_frag_admit(__u32 zone, __u8 kind, __be32 saddr)
 {
-	struct cb_frag_src_key sk = { .zone = zone, .saddr = saddr };
+	struct cb_frag_src_key sk = { .zone = zone, .saddr = saddr, .kind = kind };
+	struct cb_frag_zone_key zk = { .zone = zone, .kind = kind };
 	struct cb_frag_budget *b, nb = {};
 	__u64 now = cb_now();
 	long r;
@@ -126,10 +135,10 @@ static __noinline int cb_frag_admit(__u32 zone, __be32 saddr)
 	} else if (!cb_budget_take(b, now, cb_frag_src_rate, CB_FRAG_SRC_BURST)) {
 		return 0;
 	}
-	b = bpf_map_lookup_elem(&cb_frag_budgets, &zone);
+	b = bpf_map_lookup_elem(&cb_frag_budgets, &zk);
 	if (!b) {
 		nb.tokens = CB_FRAG_BURST - 1;
-		r = bpf_map_update_elem(&cb_frag_budgets, &zone, &nb, BPF_NOEXIST);
+		r = bpf_map_update_elem(&cb_frag_budgets, &zk, &nb, BPF_NOEXIST);
 		return r == 0 || r == -17;
 	}
 	return cb_budget_take(b, now, cb_frag_rate, CB_FRAG_BURST);
@@ -141,6 +150,7 @@ static __noinline int cb_frag_admit(__u32 zone, __be32 saddr)
 CB_INLINE void cb_frag_key_of(struct cb_frag_key *k, const struct cb_flow *f, const struct cb_track *t)
 {
 	k->zone = t->zone;
+	k->kind = cb_ct_kind_of(t);
 	k->saddr = t->hairpin && t->svc ? f->daddr : f->saddr;
 	k->daddr = t->svc ? t->vip : f->daddr;
 	k->id = t->ip_id;

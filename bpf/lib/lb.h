@@ -268,6 +268,7 @@ CB_INLINE int cb_lb_finish(struct __sk_buff *skb, const struct cb_pkt *p, struct
 CB_INLINE void cb_lb_key(struct cb_ct_key *k, const struct cb_flow *f, const struct cb_track *t)
 {
 	k->zone = t->zone;
+	k->kind = cb_ct_kind_of(t);
 	k->saddr = t->hairpin ? f->daddr : f->saddr; /* hairpin: the client is the backend */
 	k->daddr = t->vip;
 	k->sport = f->sport;
@@ -364,12 +365,11 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		return 0;
 	if (!f->has_ports)
 		return 0; /* later fragments: cb_lb_frag */
-	/* Node port flows keep their state in the node port zone; the service is the tenant's. */
-	sk.zone = t->nodeport ? t->zone ^ CB_ZONE_NODEPORT : t->zone;
+	sk.zone = t->zone;
 	sk.vip = f->daddr;
 	sk.port = f->dport;
 	sk.proto = f->proto;
-	cb_ct_key_of(&key, t->zone, f, 0);
+	cb_ct_key_of(&key, t->zone, cb_ct_kind_of(t), f, 0);
 	ct = cb_ct_live(&key, cb_now());
 	if (ct && !(ct->flags & CB_CT_SVC))
 		ct = 0;
@@ -482,7 +482,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
  * lookup, which needs the client's network); the VIP is restored after policy. An ICMP
  * error about a packet the client sent to a backend (inner = client→backend) belongs to
  * that flow too. */
-CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct cb_flow *f, __u32 zone)
+CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct cb_flow *f, __u32 zone, __u8 kind)
 {
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
@@ -490,9 +490,9 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 	if (f->proto == CB_PROTO_ICMP && p->inner.proto) {
 		if (f->saddr != p->inner.daddr || f->daddr != p->inner.saddr)
 			return 0; /* not from the quoted packet's destination to its sender */
-		cb_ct_key_of(&k, zone, &p->inner, 0);
+		cb_ct_key_of(&k, zone, kind, &p->inner, 0);
 	} else if (f->has_ports) {
-		cb_ct_key_of(&k, zone, f, 1);
+		cb_ct_key_of(&k, zone, kind, f, 1);
 	} else {
 		return 0;
 	}
@@ -521,6 +521,7 @@ static __noinline int cb_lb_icmp_client(const struct cb_pkt *p, const struct cb_
 	    f->saddr != p->inner.daddr || f->daddr != p->inner.saddr)
 		return 0;
 	k.zone = t->zone;
+	k.kind = cb_ct_kind_of(t);
 	k.saddr = f->saddr;
 	k.daddr = f->daddr;
 	k.sport = p->inner.dport;

@@ -60,7 +60,8 @@ struct cb_snat_key {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 kind;   /* enum cb_ct_kind: CB_CT_KIND_NODEPORT for a node port flow sent on */
+	__u8 pad[2];
 };
 
 struct cb_snat_entry {
@@ -165,7 +166,8 @@ struct cb_snat_rval {
 	__u32 zone;
 	__be32 saddr;  /* the endpoint */
 	__be16 sport;  /* its port (ICMP: its echo id) */
-	__u16 pad;
+	__u8 kind;     /* the flow key's (enum cb_ct_kind) */
+	__u8 pad;
 	__u32 net;     /* its network key */
 };
 
@@ -230,7 +232,8 @@ CB_INLINE int cb_dst_invalid(__be32 a)
  * RST seen) of the same endpoint, which its own new SYN may take over like the kernel
  * reuses TIME_WAIT tuples: that flow's entry is deleted (its stragglers find no flow).
  * Another endpoint never takes a port whose flow may still carry data. */
-CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int closing, __u32 zone, __be32 saddr)
+CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int closing, __u32 zone, __u8 kind,
+				__be32 saddr)
 {
 	struct cb_snat_key k = {};
 	struct cb_snat_entry *e;
@@ -239,6 +242,7 @@ CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int clo
 	if (!rv)
 		return 1;
 	k.zone = rv->zone;
+	k.kind = rv->kind;
 	k.saddr = rv->saddr;
 	k.daddr = rk->raddr;
 	k.sport = rv->sport;
@@ -247,7 +251,7 @@ CB_INLINE int cb_snat_rev_free(const struct cb_snat_rkey *rk, __u64 now, int clo
 	e = bpf_map_lookup_elem(&cb_snat, &k);
 	if (!e || e->expires < now || e->nat_port != rk->nat_port)
 		return 1;
-	if (closing && e->state == CB_CTS_CLOSING && rv->zone == zone && rv->saddr == saddr) {
+	if (closing && e->state == CB_CTS_CLOSING && rv->zone == zone && rv->kind == kind && rv->saddr == saddr) {
 		bpf_map_delete_elem(&cb_snat, &k);
 		return 1;
 	}
@@ -278,6 +282,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		return CB_DROP_EGRESS_UNSUPPORTED;
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	k.zone = t->zone;
+	k.kind = cb_ct_kind_of(t);
 	k.saddr = f->saddr;
 	k.daddr = f->daddr;
 	k.sport = f->sport;
@@ -304,6 +309,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		rk.rport = echo ? 0 : f->dport;
 		rk.proto = f->proto;
 		rv.zone = t->zone;
+		rv.kind = k.kind;
 		rv.saddr = f->saddr;
 		rv.sport = f->sport;
 		rv.net = net;
@@ -317,7 +323,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 				port = rk.nat_port;
 				break;
 			}
-			if (cb_snat_rev_free(&rk, now, i >= CB_SNAT_TRIES, t->zone, f->saddr) &&
+			if (cb_snat_rev_free(&rk, now, i >= CB_SNAT_TRIES, t->zone, k.kind, f->saddr) &&
 			    bpf_map_update_elem(&cb_snat_rev, &rk, &rv, BPF_ANY) == 0) {
 				port = rk.nat_port;
 				break;
@@ -360,7 +366,8 @@ struct cb_snat_dst {
 	__u32 net;
 	__be32 ip;
 	__be16 nodeport; /* the flow's node port (node port flows only) */
-	__u16 pad;
+	__u8 kind;       /* enum cb_ct_kind of the flow's keys */
+	__u8 pad;
 };
 
 /* cb_snat_icmp_error rewrites an ICMP error about an egress flow (quoting snat_ip:nat_port
@@ -423,6 +430,7 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	if (!rv)
 		return -1;
 	k.zone = rv->zone;
+	k.kind = rv->kind;
 	k.saddr = rv->saddr;
 	k.daddr = rk.raddr;
 	k.sport = rv->sport;
@@ -433,9 +441,10 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 		return -1;
 	/* A node port flow's reply comes back through the overlay in its backend's network:
 	 * in any other tenant's network it is no reply of it. */
-	if (nodeport && rv->zone != d->zone)
+	if (nodeport && (rv->zone != d->zone || rv->kind != d->kind))
 		return -1;
 	d->zone = rv->zone;
+	d->kind = rv->kind;
 	d->net = rv->net;
 	d->ip = rv->saddr;
 	d->nodeport = e->nodeport;

@@ -188,7 +188,8 @@ static __noinline int cb_nodeport_icmp_in(struct __sk_buff *skb, struct cb_pkt *
 	np = bpf_map_lookup_elem(&cb_nodeports, &nk);
 	if (!np)
 		return -1;
-	k.zone = np->zone ^ CB_ZONE_NODEPORT;
+	k.zone = np->zone;
+	k.kind = CB_CT_KIND_NODEPORT;
 	k.saddr = p->inner.daddr;
 	k.daddr = np->vip;
 	k.sport = p->inner.dport;
@@ -228,10 +229,11 @@ static __noinline int cb_nodeport_icmp_in(struct __sk_buff *skb, struct cb_pkt *
  * destination sets these apart from every other record. */
 #define CB_NATFRAG_NODEPORT_IN 0xffffffffu
 
-CB_INLINE void cb_np_frag_key(struct cb_frag_key *k, __u32 zone, __be32 saddr, __be32 daddr, const struct cb_pkt *p,
-			      __u8 proto)
+CB_INLINE void cb_np_frag_key(struct cb_frag_key *k, __u32 zone, __u8 kind, __be32 saddr, __be32 daddr,
+			      const struct cb_pkt *p, __u8 proto)
 {
 	k->zone = zone;
+	k->kind = kind;
 	k->saddr = saddr;
 	k->daddr = daddr;
 	k->id = p->ip_id;
@@ -290,7 +292,7 @@ static __noinline int cb_np_blind_check(const struct __sk_buff *skb, const struc
 	if (!p || !f || !t || f->proto != CB_PROTO_TCP ||
 	    !(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST | CB_TCP_SYN)))
 		return 0;
-	cb_ct_key_of(&k, t->zone, f, 0);
+	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	e = cb_ct_live(&k, cb_now());
 	if (!e || (e->flags & (CB_CT_NODEPORT | CB_CT_TCP_REF)) != (CB_CT_NODEPORT | CB_CT_TCP_REF))
 		return 0;

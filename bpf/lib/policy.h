@@ -397,15 +397,14 @@ CB_INLINE __u32 cb_epg_flags_of(__u16 epg)
 }
 
 /* What a flow is, named where its packet enters (design §6: never read off another
- * field). Its conntrack state is keyed as before (a node port flow's in the node port twin
- * of its tenant's zone, zone ^ CB_ZONE_NODEPORT); everything else about the flow (whose
- * NetworkPolicy applies, whether a pod's own node is talking) comes from the kind. */
+ * field): its conntrack space (cb_ct_kind_of), whose NetworkPolicy applies, whether a
+ * pod's own node is talking. */
 enum cb_flow_kind {
 	CB_FLOW_ENDPOINT = 0, /* an endpoint's flow: to an endpoint, the outside or an egress reply */
 	CB_FLOW_HOST = 1,     /* a local endpoint's packet to this host's stack (fwd_host, fwd_dns) */
 	CB_FLOW_NODEPORT = 2, /* a node port flow: a client from the wire balanced here, or one a
 			       * peer host balanced to a local endpoint (the peer's address as
-			       * its source); t->zone is the tenant's node port twin */
+			       * its source); its state lives in CB_CT_KIND_NODEPORT */
 };
 
 /* cb_track describes the packet being checked to the stateful stage. */
@@ -435,11 +434,15 @@ struct cb_track {
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */
 };
 
-/* cb_netpol_zone is the zone t's pods are looked up in for NetworkPolicy: the tenant's,
- * also for a node port flow (whose state lives in the tenant's node port twin). */
-CB_INLINE __u32 cb_netpol_zone(const struct cb_track *t)
+/* cb_ct_kind_of is the conntrack space of t's flow (enum cb_ct_kind): CB_CT_KIND_NODEPORT
+ * for CB_FLOW_NODEPORT, else CB_CT_KIND_TENANT. Branchless: a branch here splits the
+ * verifier's paths at every key built from it (it took the node port judge from 86,000 to
+ * 149,000 instructions). */
+_Static_assert(CB_FLOW_NODEPORT == 2 && CB_FLOW_HOST == 1 && CB_FLOW_ENDPOINT == 0 && CB_CT_KIND_NODEPORT == 1,
+	       "cb_ct_kind_of maps flow kinds to conntrack kinds by bit 1");
+CB_INLINE __u8 cb_ct_kind_of(const struct cb_track *t)
 {
-	return t->kind == CB_FLOW_NODEPORT ? t->zone ^ CB_ZONE_NODEPORT : t->zone;
+	return (t->kind & CB_FLOW_NODEPORT) >> 1;
 }
 
 /* cb_judge_groups decides the flow of packet f by the endpoint groups' rules as a
@@ -479,7 +482,7 @@ CB_INLINE int cb_judge(const struct cb_flow *f, const struct cb_track *t, int re
 {
 	if (!cb_judge_groups(f, t, reverse))
 		return CB_DROP_POLICY;
-	if (((t->src_flags | t->dst_flags) & CB_EPG_NETPOL) && !cb_netpol_judge(f, cb_netpol_zone(t), reverse))
+	if (((t->src_flags | t->dst_flags) & CB_EPG_NETPOL) && !cb_netpol_judge(f, t->zone, reverse))
 		return CB_DROP_NETPOL;
 	return 0;
 }

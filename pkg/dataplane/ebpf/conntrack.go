@@ -406,7 +406,7 @@ type ownerAddr struct{ zone, ip uint32 }
 // endpoint the ownerIn mark this build writes: those carry the receiver's slot alone, and
 // the collector would count them against the endpoint's own quota (cb_ct_owned) instead of
 // its quota of flows opened to it. Such an entry's key has the owner's address as its
-// destination and another as its source, in the owner's zone or its node port twin (owners:
+// destination and another as its source, in the owner's zone (either kind; owners:
 // each slot's endpoint, from the interface entries). Run at start, once this build's
 // programs are attached; an update may lose a refresh the datapath wrote meanwhile (as
 // markShadowed). It returns how many entries it marked.
@@ -415,7 +415,7 @@ func markInbound(m *ebpf.Map, owners map[uint16]ownerAddr) (int, error) {
 	var vals []contivbpfCbCtEntry
 	err := ctEach(m, func(k contivbpfCbCtKey, v contivbpfCbCtEntry) {
 		o, ok := owners[v.Owner]
-		if v.Owner == 0 || v.Owner&ownerIn != 0 || !ok || (k.Zone != o.zone && k.Zone != o.zone^zoneNodePort) ||
+		if v.Owner == 0 || v.Owner&ownerIn != 0 || !ok || k.Zone != o.zone ||
 			k.Daddr != o.ip || k.Saddr == o.ip {
 			return
 		}

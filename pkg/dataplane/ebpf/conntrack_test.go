@@ -23,7 +23,13 @@ const (
 // ctEntry reads the conntrack entry of a flow (zone testZone unless given).
 func ctEntry(t *testing.T, objs *contivbpfObjects, zone uint32, proto uint8, src, dst netip.Addr, sport, dport uint16) (contivbpfCbCtEntry, bool) {
 	t.Helper()
-	k := contivbpfCbCtKey{Zone: zone, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(sport), Dport: nport(dport), Proto: proto}
+	return ctEntryKind(t, objs, zone, 0, proto, src, dst, sport, dport)
+}
+
+// ctEntryKind is ctEntry in zone's space kind (ctKindNodePort: a node port flow's).
+func ctEntryKind(t *testing.T, objs *contivbpfObjects, zone uint32, kind, proto uint8, src, dst netip.Addr, sport, dport uint16) (contivbpfCbCtEntry, bool) {
+	t.Helper()
+	k := contivbpfCbCtKey{Zone: zone, Kind: kind, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(sport), Dport: nport(dport), Proto: proto}
 	var v contivbpfCbCtEntry
 	if err := objs.CbCt.Lookup(&k, &v); err != nil {
 		return v, false

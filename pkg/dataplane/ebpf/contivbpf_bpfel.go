@@ -114,7 +114,8 @@ type contivbpfCbCtKey struct {
 	Sport uint16
 	Dport uint16
 	Proto uint8
-	Pad   [3]uint8
+	Kind  uint8
+	Pad   [2]uint8
 }
 
 type contivbpfCbCtState uint32
@@ -238,13 +239,22 @@ type contivbpfCbFragKey struct {
 	Daddr uint32
 	Id    uint16
 	Proto uint8
-	Pad   uint8
+	Kind  uint8
 }
 
 type contivbpfCbFragSrcKey struct {
 	_     structs.HostLayout
 	Zone  uint32
 	Saddr uint32
+	Kind  uint8
+	Pad   [3]uint8
+}
+
+type contivbpfCbFragZoneKey struct {
+	_    structs.HostLayout
+	Zone uint32
+	Kind uint8
+	Pad  [3]uint8
 }
 
 type contivbpfCbHandoffRaw struct {
@@ -638,7 +648,8 @@ type contivbpfCbSnatKey struct {
 	Sport uint16
 	Dport uint16
 	Proto uint8
-	Pad   [3]uint8
+	Kind  uint8
+	Pad   [2]uint8
 }
 
 type contivbpfCbSnatRkey struct {
@@ -655,7 +666,8 @@ type contivbpfCbSnatRval struct {
 	Zone  uint32
 	Saddr uint32
 	Sport uint16
-	Pad   uint16
+	Kind  uint8
+	Pad   uint8
 	Net   uint32
 }
 

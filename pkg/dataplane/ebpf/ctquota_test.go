@@ -294,20 +294,20 @@ func TestConntrackQuotaConfig(t *testing.T) {
 func TestMarkInbound(t *testing.T) {
 	objs := loadTestObjects(t)
 	a := uint16(testSlot(srcIP))
-	put := func(zone uint32, src, dst netip.Addr, owner uint16) contivbpfCbCtKey {
+	put := func(zone uint32, kind uint8, src, dst netip.Addr, owner uint16) contivbpfCbCtKey {
 		t.Helper()
-		k := contivbpfCbCtKey{Zone: zone, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(5000), Dport: nport(53), Proto: 17}
+		k := contivbpfCbCtKey{Zone: zone, Kind: kind, Saddr: ip4(src), Daddr: ip4(dst), Sport: nport(5000), Dport: nport(53), Proto: 17}
 		v := contivbpfCbCtEntry{Expires: 1 << 62, Flags: uint8(contivbpfCbCtFlagsCB_CT_ALLOWED), State: 1, Owner: owner}
 		if err := objs.CbCt.Put(&k, &v); err != nil {
 			t.Fatal(err)
 		}
 		return k
 	}
-	in := put(testZone, remoteIP, srcIP, a)             // opened to srcIP by a remote peer
-	np := put(testZone^zoneNodePort, worldIP, srcIP, a) // a node port client's, to srcIP
-	own := put(testZone, srcIP, remoteIP, a)            // srcIP's own
-	other := put(testZone+1, remoteIP, srcIP, a)        // another zone's address
-	done := put(testZone, localIP, srcIP, a|ownerIn)    // already marked
+	in := put(testZone, 0, remoteIP, srcIP, a)             // opened to srcIP by a remote peer
+	np := put(testZone, ctKindNodePort, worldIP, srcIP, a) // a node port client's, to srcIP
+	own := put(testZone, 0, srcIP, remoteIP, a)            // srcIP's own
+	other := put(testZone+1, 0, remoteIP, srcIP, a)        // another zone's address
+	done := put(testZone, 0, localIP, srcIP, a|ownerIn)    // already marked
 	n, err := markInbound(objs.CbCt, map[uint16]ownerAddr{a: {zone: testZone, ip: ip4(srcIP)}})
 	if err != nil {
 		t.Fatal(err)

@@ -855,10 +855,11 @@ func vrfOf(networkID string) uint32 {
 const natFragNodePortIn = 0xffffffff
 
 // zoneOfHash is the zone of a tenant whose name hashes to h: h, except that no tenant's
-// zone, nor its node port zone (zone ^ zoneNodePort), is natFragNodePortIn (FNV-1a is
-// easy to steer: a chosen tenant name could otherwise meet node port fragment records).
+// zone is natFragNodePortIn (FNV-1a is easy to steer: a chosen tenant name could
+// otherwise meet node port fragment records), nor was its node port twin in the builds
+// that flipped a bit for it (legacyZoneNodePort: kept so that no tenant's zone changes).
 func zoneOfHash(h uint32) uint32 {
-	if h|zoneNodePort == natFragNodePortIn {
+	if h|legacyZoneNodePort == natFragNodePortIn {
 		h ^= 1
 	}
 	return h

@@ -169,7 +169,7 @@ func TestFragBudget(t *testing.T) {
 	}
 	// A zone whose budget is spent refuses every source, one with a token left too.
 	zb := contivbpfCbFragBudget{Stamp: 0, Tokens: 0}
-	if err := objs.CbFragBudgets.Put(self.Vrf, &zb); err != nil {
+	if err := objs.CbFragBudgets.Put(contivbpfCbFragZoneKey{Zone: self.Vrf}, &zb); err != nil {
 		t.Fatal(err)
 	}
 	run(t, objs, fc, firstFrag(17, localIP, srcIP, 40000, 53, 0, 2000), nil).expect(t, tcActShot, DropFragLimit)

@@ -75,7 +75,7 @@ func TestFlowHashIsMurmur3(t *testing.T) {
 // (CB_NATFRAG_NODEPORT_IN), whatever its name hashes to; other hashes are the zone.
 func TestZoneOfHashReservesNodePortFragments(t *testing.T) {
 	for _, h := range []uint32{0x7fffffff, 0xffffffff} {
-		if z := zoneOfHash(h); z == natFragNodePortIn || z^zoneNodePort == natFragNodePortIn {
+		if z := zoneOfHash(h); z == natFragNodePortIn || z^legacyZoneNodePort == natFragNodePortIn {
 			t.Errorf("hash %#x: zone %#x meets the node port fragment records", h, z)
 		}
 	}

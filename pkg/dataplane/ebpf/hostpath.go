@@ -35,9 +35,6 @@ const (
 	rtProtoContivBPF = 203
 	egressLinkPrefix = "egress_"
 	sockLBLink       = "cgroup_connect4"
-	// zoneNodePort is CB_ZONE_NODEPORT (bpf/lib/conntrack.h): node port flows live in their
-	// service's zone with this bit flipped.
-	zoneNodePort = 0x80000000
 )
 
 // egress is the resolved egress NAT configuration (zero: egress off).

@@ -103,6 +103,14 @@ func (n listNames) zone(z uint32) string {
 	return strconv.Itoa(int(z))
 }
 
+// space names a conntrack or NAT key's zone and kind: a node port flow's says so.
+func (n listNames) space(z uint32, kind uint8) string {
+	if kind == ctKindNodePort {
+		return n.zone(z) + " nodeport"
+	}
+	return n.zone(z)
+}
+
 // Listing decodes one of ListingKinds from the live maps. limit caps the rows of the
 // conntrack listing (0: 1,000); other tables are bounded by the state they mirror.
 func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
@@ -293,7 +301,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 				svc = fmt.Sprintf("#%d", v.SvcId)
 			}
 		}
-		l.Rows = append(l.Rows, []string{n.zone(k.Zone), protoName(k.Proto), ep(k.Saddr, k.Sport), ep(k.Daddr, k.Dport),
+		l.Rows = append(l.Rows, []string{n.space(k.Zone, k.Kind), protoName(k.Proto), ep(k.Saddr, k.Sport), ep(k.Daddr, k.Dport),
 			state, strings.Join(flags, ","), nat, svc, expiresIn(v.Expires, now)})
 	}
 	sortRows(l.Rows)
@@ -529,7 +537,7 @@ func (d *Driver) listNAT(n listNames, l *dataplane.Listing, limit int) error {
 			}
 			return ":" + strconv.Itoa(int(hport(p)))
 		}
-		l.Rows = append(l.Rows, []string{n.zone(k.Zone), protoName(k.Proto), addrFrom(k.Saddr).String() + port(k.Sport),
+		l.Rows = append(l.Rows, []string{n.space(k.Zone, k.Kind), protoName(k.Proto), addrFrom(k.Saddr).String() + port(k.Sport),
 			addrFrom(k.Daddr).String() + port(k.Dport), natIP + port(v.NatPort), ctStateName(v.State), n.network(v.Net),
 			expiresIn(v.Expires, now)})
 	}

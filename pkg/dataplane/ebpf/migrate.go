@@ -55,6 +55,8 @@ type migration struct {
 	// old programs changed meanwhile without undoing what the new programs wrote since.
 	snap    map[string][][]byte
 	snapNew map[string][][]byte
+	// fix, when set, finishes each converted entry (legacyKindFix).
+	fix func(key []byte, vals [][]byte) ([]byte, [][]byte)
 }
 
 // migrationTempPrefix names the temporary pin of a migrated map before its rename (bpffs
@@ -118,6 +120,7 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 	}
 	sort.Strings(names)
 	together := d.groupMigrations(spec)
+	var zones map[uint32]bool // the tenants' zones, read once if a legacy kind fix needs them
 	for _, name := range names {
 		ms := spec.Maps[name]
 		path := filepath.Join(d.cfg.PinRoot, name)
@@ -139,6 +142,14 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 		}
 		mg := &migration{name: name, path: path, why: why, spec: ms, old: old}
 		out = append(out, mg)
+		if site, ok := legacyKindSites()[name]; ok && site.legacy(ms, old) {
+			if zones == nil {
+				if zones, err = pinnedZones(filepath.Join(d.cfg.PinRoot, contivbpfMapCbNetworks)); err != nil {
+					return out, fmt.Errorf("ebpf: migrate map %s: %w", name, err)
+				}
+			}
+			mg.fix = site.fix(zones)
+		}
 		ns := ms.Copy()
 		ns.Pinning = ebpf.PinNone
 		if mg.new, err = ebpf.NewMap(ns); err != nil {
@@ -464,6 +475,9 @@ func copyEntries(mg *migration, conv entryConverter, catchUp bool) error {
 		}
 		if !keep {
 			continue
+		}
+		if mg.fix != nil {
+			nk, nvs = mg.fix(nk, nvs)
 		}
 		if !catchUp {
 			if mg.snap == nil {

@@ -452,7 +452,7 @@ func TestNodePort(t *testing.T) {
 		t.Fatalf("to the remote backend %v:%d -> %v:%d, want %v:<nat port> -> %v:8080", src, natPort, dst, dport, hostIP, remoteIP)
 	}
 	// No local owner: the flow counts in the host's total of flows opened from outside.
-	if e, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, worldIP, remoteIP, 5556, 8080); !ok || e.Owner != ownerIn {
+	if e, ok := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, worldIP, remoteIP, 5556, 8080); !ok || e.Owner != ownerIn {
 		t.Errorf("the remote backend's flow entry %+v (found %v), want owner %#x (the total alone)", e, ok, ownerIn)
 	}
 	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
@@ -664,7 +664,7 @@ func TestPeerHostJudged(t *testing.T) {
 	// What the in-rules allow is delivered, tracked in the node port zone, and its replies
 	// go back through the tunnel.
 	run(t, objs, ov, l4Frame(6, peer, srcIP, 61003, 8080, 0x02, 0), fromPeer).expect(t, tcActRedirect, FwdLocal)
-	if _, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, peer, srcIP, 61003, 8080); !ok {
+	if _, ok := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, peer, srcIP, 61003, 8080); !ok {
 		t.Error("the allowed flow has no entry in the node port zone")
 	}
 	if _, ok := ctEntry(t, objs, testZone, 6, peer, srcIP, 61003, 8080); ok {
@@ -1078,7 +1078,7 @@ func TestNodePortBlindClose(t *testing.T) {
 	}
 	state := func(backend netip.Addr, cport uint16) uint8 {
 		t.Helper()
-		e, ok := ctEntry(t, objs, testZone^zoneNodePort, 6, worldIP, backend, cport, 8080)
+		e, ok := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, worldIP, backend, cport, 8080)
 		if !ok {
 			t.Fatalf("no conntrack entry of the client's port %d", cport)
 		}
@@ -1143,7 +1143,7 @@ func TestNodePortBlindClose(t *testing.T) {
 	snat := func() uint8 {
 		t.Helper()
 		var e contivbpfCbSnatEntry
-		k := contivbpfCbSnatKey{Zone: testZone ^ zoneNodePort, Saddr: ip4(worldIP), Daddr: ip4(remoteIP), Sport: nport(5556), Dport: nport(8080), Proto: 6}
+		k := contivbpfCbSnatKey{Zone: testZone, Kind: ctKindNodePort, Saddr: ip4(worldIP), Daddr: ip4(remoteIP), Sport: nport(5556), Dport: nport(8080), Proto: 6}
 		if err := objs.CbSnat.Lookup(&k, &e); err != nil {
 			t.Fatalf("the remote flow's NAT entry: %v", err)
 		}
@@ -1152,6 +1152,14 @@ func TestNodePortBlindClose(t *testing.T) {
 	for _, seq := range []uint32{2000, 2001 + 1<<23, 0x80000000} {
 		blind(5556, rst, seq, 0)
 		blind(5556, fin|ack, seq, 5001)
+	}
+	// The NAT collector keeps the flow's reverse entry (its key has the node port kind).
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, live, err := (natGC{flows: objs.CbSnat, replies: objs.CbSnatRev}).sweep(now, nil); err != nil || live != 1 {
+		t.Fatalf("NAT sweep with the remote node port flow open: %d live, %v; want 1", live, err)
 	}
 	send(5556, syn, 0x5555, 0).expect(t, tcActRedirect, FwdTunnel)
 	blind(5556, rst, 0x80000000, 0)

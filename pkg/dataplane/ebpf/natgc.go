@@ -35,7 +35,7 @@ func (n natGC) sweep(now uint64, flushes map[ctFlush]bool) (deleted, live int, e
 	var stale []contivbpfCbSnatRkey
 	rit := n.replies.Iterate()
 	for rit.Next(&rk, &rv) {
-		fk := contivbpfCbSnatKey{Zone: rv.Zone, Saddr: rv.Saddr, Daddr: rk.Raddr, Sport: rv.Sport, Dport: rk.Rport, Proto: rk.Proto}
+		fk := contivbpfCbSnatKey{Zone: rv.Zone, Kind: rv.Kind, Saddr: rv.Saddr, Daddr: rk.Raddr, Sport: rv.Sport, Dport: rk.Rport, Proto: rk.Proto}
 		if rk.Rport == 0 { // ICMP echo: both ports hold the endpoint's id
 			fk.Dport = rv.Sport
 		}

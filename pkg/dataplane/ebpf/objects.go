@@ -66,7 +66,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 		if id != n.ID && r.key == key {
 			return fmt.Errorf("network %s: %s tag %d already used by network %s", n.ID, n.Encap, n.Tag, id)
 		}
-		if (r.vrf == vrf || r.vrf == vrf^zoneNodePort) && tenantOf(id) != tenantOf(n.ID) {
+		if r.vrf == vrf && tenantOf(id) != tenantOf(n.ID) {
 			return fmt.Errorf("network %s: tenant %q hashes to the routing domain of tenant %q", n.ID, tenantOf(n.ID), tenantOf(id))
 		}
 	}
