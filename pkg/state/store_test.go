@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,6 +263,21 @@ func TestTxnTooLarge(t *testing.T) {
 	})
 	if !errors.Is(err, state.ErrTxnTooLarge) {
 		t.Fatalf("40 writes with --max-txn-ops 16: %v", err)
+	}
+	// Beyond what the client sends in one message (gRPC's 2 MiB), and beyond etcd's request
+	// size (1.5 MiB by default): the same error.
+	for _, n := range []int{2, 4} {
+		err = s.Update(context.Background(), func(tx *state.Tx) error {
+			for i := 0; i < n; i++ {
+				if err := tx.Put(fmt.Sprintf("/big/large-%d", i), strings.Repeat("x", 800<<10)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if !errors.Is(err, state.ErrTxnTooLarge) {
+			t.Fatalf("%d × 800 KiB in one change: %v", n, err)
+		}
 	}
 	kvs, _, err := s.List(context.Background(), "/big/")
 	if err != nil || len(kvs) != 0 {

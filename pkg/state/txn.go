@@ -220,7 +220,10 @@ func (t *Tx) commit() (bool, error) {
 	}
 	resp, err := t.cli.Txn(t.ctx).If(t.cmps...).Then(ops...).Commit()
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "too many operations in txn") || strings.Contains(msg, "request is too large") {
+		// etcd's limits (--max-txn-ops, --max-request-bytes) and the client's own on what it
+		// sends (gRPC's 2 MiB): sizes, never a failure of the store.
+		if msg := err.Error(); strings.Contains(msg, "too many operations in txn") || strings.Contains(msg, "request is too large") ||
+			strings.Contains(msg, "trying to send message larger than max") {
 			return false, fmt.Errorf("%w: %d writes and %d checks (%v)", ErrTxnTooLarge, len(ops), len(t.cmps), err)
 		}
 		return false, fmt.Errorf("commit transaction: %w", err)
