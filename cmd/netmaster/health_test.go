@@ -132,22 +132,7 @@ func TestHealthzAndMetrics(t *testing.T) {
 // against the quota) until defragmentation; netmaster defragments its embedded etcd when
 // enough is wasted.
 func TestEmbeddedEtcdDefrag(t *testing.T) {
-	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
-	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
-	p := startNetmaster(t, "nm-defrag", "", "--etcd-data-dir", t.TempDir(), "--etcd-listen-client-url", cu,
-		"--etcd-listen-peer-url", pu, "--etcd-defrag-interval", "300ms", "--etcd-defrag-min-bytes", fmt.Sprint(2<<20))
-	eventually(t, 30*time.Second, "netmaster up", func() error {
-		st, body, err := call("GET", p.url+"/healthz", "")
-		if err != nil || st != 200 {
-			return fmt.Errorf("%d %q %v", st, body, err)
-		}
-		return nil
-	})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	_, cli, cu := embeddedNetmaster(t, "nm-defrag", "--etcd-defrag-min-bytes", fmt.Sprint(2<<20))
 	ctx := context.Background()
 	big := strings.Repeat("y", 1<<20)
 	for i := 0; i < 8; i++ {
@@ -185,4 +170,81 @@ func TestEmbeddedEtcdDefrag(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestEmbeddedEtcdRecoversFromNoSpace: a caller fills the embedded etcd's quota (NOSPACE:
+// etcd takes only reads and deletes, every API write fails); once what it wrote is
+// deleted, netmaster compacts the history, defragments and lifts the alarm by itself, and
+// the API takes writes again, without an operator. Data that still fills the quota keeps
+// the alarm (nothing is lifted that would trip again at once).
+func TestEmbeddedEtcdRecoversFromNoSpace(t *testing.T) {
+	p, cli, _ := embeddedNetmaster(t, "nm-nospace", "--etcd-quota-bytes", fmt.Sprint(16<<20), "--etcd-defrag-min-bytes", fmt.Sprint(64<<20))
+	ctx := context.Background()
+	// Fill it: 1 MiB values, rewritten (history counts too), until etcd refuses.
+	big := strings.Repeat("z", 1<<20)
+	full := false
+	for i := 0; i < 200 && !full; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("/fill/%d", i%4), big)
+		full = err != nil && strings.Contains(err.Error(), "database space exceeded")
+		if err != nil && !full {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if !full {
+		t.Fatal("200 MiB written into a 16 MiB quota without NOSPACE")
+	}
+	tenant := func(name string) (int, string) {
+		st, body, err := call("POST", p.url+"/api/v1/tenants/"+name+"/", `{"tenantName":"`+name+`"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, body
+	}
+	// Writes fail until the caller deletes what filled it.
+	if st, body := tenant("t-full"); st == 200 {
+		t.Fatalf("tenant create while etcd is full: 200 %s", body)
+	}
+	if _, err := cli.Delete(ctx, "/fill/", clientv3.WithPrefix()); err != nil {
+		t.Fatalf("delete under NOSPACE: %v", err)
+	}
+	eventually(t, 30*time.Second, "API writes again after the delete", func() error {
+		if st, body := tenant("t-back"); st != 200 {
+			return fmt.Errorf("tenant create: %d %s", st, body)
+		}
+		return nil
+	})
+	alarms, err := cli.AlarmList(ctx)
+	if err != nil || len(alarms.Alarms) != 0 {
+		t.Errorf("alarms after recovery: %v, %v", alarms.Alarms, err)
+	}
+	eventually(t, 10*time.Second, "healthz 200", func() error {
+		if st, body, err := call("GET", p.url+"/healthz", ""); err != nil || st != 200 {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+}
+
+// embeddedNetmaster starts netmaster name on an embedded etcd of its own, looking after its
+// space every 300 ms (extra: more flags), waits for /healthz 200 and returns it with a
+// client of that etcd and the etcd's client URL.
+func embeddedNetmaster(t *testing.T, name string, extra ...string) (*proc, *clientv3.Client, string) {
+	t.Helper()
+	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	p := startNetmaster(t, name, "", append([]string{"--etcd-data-dir", t.TempDir(), "--etcd-listen-client-url", cu,
+		"--etcd-listen-peer-url", pu, "--etcd-defrag-interval", "300ms"}, extra...)...)
+	eventually(t, 30*time.Second, "netmaster up", func() error {
+		st, body, err := call("GET", p.url+"/healthz", "")
+		if err != nil || st != 200 {
+			return fmt.Errorf("%d %q %v", st, body, err)
+		}
+		return nil
+	})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return p, cli, cu
 }

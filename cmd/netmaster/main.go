@@ -78,7 +78,7 @@ func main() {
 			&cli.StringFlag{Name: "auth-tokens", EnvVars: env("AUTH_TOKENS"), Usage: "bearer tokens `FILE`: lines \"<token> <role> [<name>]\" (roles admin, read-only, agent, netmaster, tenant-admin:<tenant>); mode 0600"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: env("INSECURE"), Usage: "serve plain HTTP (without --auth-tokens: no authentication at all); only for a trusted network"},
 			&cli.Int64Flag{Name: "etcd-quota-bytes", Value: 2 << 30, EnvVars: env("ETCD_QUOTA_BYTES"), Usage: "etcd backend quota: the embedded etcd's, and what /healthz and /metrics measure an external cluster against"},
-			&cli.DurationFlag{Name: "etcd-defrag-interval", Value: 10 * time.Minute, EnvVars: env("ETCD_DEFRAG_INTERVAL"), Usage: "how often the embedded etcd is checked for wasted space (0: never)"},
+			&cli.DurationFlag{Name: "etcd-defrag-interval", Value: 10 * time.Minute, EnvVars: env("ETCD_DEFRAG_INTERVAL"), Usage: "how often the embedded etcd is checked for wasted space and, after a NOSPACE alarm, for room to lift it (0: never)"},
 			&cli.Int64Flag{Name: "etcd-defrag-min-bytes", Value: 64 << 20, EnvVars: env("ETCD_DEFRAG_MIN_BYTES"), Usage: "defragment the embedded etcd when at least this many bytes of its file are unused"},
 			&cli.IntFlag{Name: "max-conns", EnvVars: env("MAX_CONNS"), Usage: "cap on open API connections; at the cap the oldest connection that sent no request is closed (0: RLIMIT_NOFILE - 1024)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
@@ -302,7 +302,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	defer store.Close()
 	if len(cfg.etcdEndpoints) == 0 && cfg.defragEvery > 0 {
-		go defragLoop(ctx, store, cfg.defragEvery, cfg.defragMin)
+		go reclaimLoop(ctx, store, cfg.defragEvery, cfg.etcdQuota, cfg.defragMin)
 	}
 
 	m, err := newMaster(ctx, store, cfg)
@@ -430,25 +430,34 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 	}
 }
 
-// defragLoop returns the embedded etcd's freed space to the file system: auto-compaction
-// (by revision) frees pages inside the database file, defragmentation shrinks the file, so
-// the quota measures live data. An external cluster is its operators' to defragment.
-func defragLoop(ctx context.Context, store *state.Store, every time.Duration, minWaste int64) {
+// reclaimLoop keeps the embedded etcd's space: auto-compaction (by revision) frees pages
+// inside the database file, defragmentation shrinks the file so the quota measures live
+// data, and after a NOSPACE alarm (a caller filled the quota) the history is compacted and
+// the alarm lifted once deletes made room (state.Reclaim): the API takes writes again
+// without an operator. An external cluster is its operators' to look after.
+func reclaimLoop(ctx context.Context, store *state.Store, every time.Duration, quota, minWaste int64) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	full := false // NOSPACE stayed at the last look (logged once)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		dctx, cancel := context.WithTimeout(ctx, time.Minute)
-		done, err := store.DefragIfWasteful(dctx, minWaste)
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		r, err := store.Reclaim(rctx, quota, minWaste)
 		cancel()
-		if err != nil {
-			slog.Warn("embedded etcd defragmentation", "err", err)
-		} else if len(done) > 0 {
-			slog.Info("embedded etcd defragmented", "endpoints", done)
+		switch {
+		case err != nil:
+			slog.Warn("embedded etcd space", "err", err)
+		case r.Disarmed:
+			slog.Info("embedded etcd had room again: NOSPACE alarm lifted", "compacted-to", r.Compacted, "defragmented", r.Defragmented)
+		case r.StillFull && !full:
+			slog.Error("embedded etcd is full of live data (NOSPACE): writes fail until objects are deleted or --etcd-quota-bytes is raised", "quota", quota)
+		case len(r.Defragmented) > 0:
+			slog.Info("embedded etcd defragmented", "endpoints", r.Defragmented)
 		}
+		full = err == nil && r.StillFull
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
@@ -242,24 +244,82 @@ func (s *Store) Health(ctx context.Context) Health {
 	return h
 }
 
-// DefragIfWasteful defragments every endpoint whose backend holds more than minWaste
-// bytes that are no longer in use (space freed by compaction stays in the file until a
-// defragmentation). It returns the endpoints it defragmented. Defragmenting blocks that
-// member's reads and writes for its duration; callers run it rarely and on one node.
-func (s *Store) DefragIfWasteful(ctx context.Context, minWaste int64) ([]string, error) {
-	var done []string
+// Reclaimed is what Reclaim did.
+type Reclaimed struct {
+	// Compacted is the revision history was compacted to (0: none; only with NOSPACE).
+	Compacted int64
+	// Defragmented are the endpoints whose backend file was defragmented.
+	Defragmented []string
+	// Disarmed says the NOSPACE alarm was lifted.
+	Disarmed bool
+	// StillFull is set when NOSPACE stays: after compaction and defragmentation a member's
+	// backend still holds more than roomFraction of the quota (live data, not history).
+	StillFull bool
+}
+
+// roomFraction is the share of the quota a member's backend must be below before Reclaim
+// lifts NOSPACE: with less room the alarm would come straight back.
+const roomFraction = 0.75
+
+// Reclaim returns space to etcd (netmaster's embedded one; an external cluster is its
+// operators'): every endpoint whose backend file holds at least minWaste bytes no longer
+// in use (freed by compaction, kept in the file until a defragmentation) is defragmented.
+// Under the NOSPACE alarm, where etcd takes only reads and deletes, the history is first
+// compacted to the current revision (what deleted objects still hold goes; watchers
+// re-list, ErrCompacted), every endpoint is defragmented, and once each member's backend
+// is below roomFraction of quota the alarm is lifted: a cluster filled by a caller and
+// cleaned up by deletes comes back without an operator. Defragmenting blocks that member's
+// reads and writes for its duration; callers run it rarely and on one node.
+func (s *Store) Reclaim(ctx context.Context, quota, minWaste int64) (Reclaimed, error) {
+	var r Reclaimed
+	alarms, err := s.cli.AlarmList(ctx)
+	if err != nil {
+		return r, fmt.Errorf("etcd alarms: %w", err)
+	}
+	var nospace []*etcdserverpb.AlarmMember
+	for _, a := range alarms.Alarms {
+		if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
+			nospace = append(nospace, a)
+		}
+	}
+	if len(nospace) > 0 {
+		rev := alarms.Header.Revision
+		if _, err := s.cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+			return r, fmt.Errorf("compact etcd to revision %d: %w", rev, err)
+		}
+		r.Compacted = rev
+	}
 	for _, ep := range s.cli.Endpoints() {
 		st, err := s.cli.Status(ctx, ep)
 		if err != nil {
-			return done, fmt.Errorf("etcd %s status: %w", ep, err)
+			return r, fmt.Errorf("etcd %s status: %w", ep, err)
 		}
-		if st.DbSize-st.DbSizeInUse < minWaste {
+		if len(nospace) == 0 && st.DbSize-st.DbSizeInUse < minWaste {
 			continue
 		}
 		if _, err := s.cli.Defragment(ctx, ep); err != nil {
-			return done, fmt.Errorf("defragment etcd %s: %w", ep, err)
+			return r, fmt.Errorf("defragment etcd %s: %w", ep, err)
 		}
-		done = append(done, ep)
+		r.Defragmented = append(r.Defragmented, ep)
 	}
-	return done, nil
+	if len(nospace) == 0 {
+		return r, nil
+	}
+	for _, ep := range s.cli.Endpoints() {
+		st, err := s.cli.Status(ctx, ep)
+		if err != nil {
+			return r, fmt.Errorf("etcd %s status: %w", ep, err)
+		}
+		if quota <= 0 || float64(st.DbSize) > roomFraction*float64(quota) {
+			r.StillFull = true
+			return r, nil
+		}
+	}
+	for _, a := range nospace {
+		if _, err := s.cli.AlarmDisarm(ctx, (*clientv3.AlarmMember)(a)); err != nil {
+			return r, fmt.Errorf("lift etcd's NOSPACE alarm of member %x: %w", a.MemberID, err)
+		}
+	}
+	r.Disarmed = true
+	return r, nil
 }
