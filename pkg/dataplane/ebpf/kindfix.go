@@ -2,7 +2,9 @@ package ebpf
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -111,8 +113,12 @@ func (s kindSite) fix(zones map[uint32]bool) func([]byte, [][]byte) ([]byte, [][
 func pinnedZones(path string) (map[uint32]bool, error) {
 	zones := map[uint32]bool{}
 	m, err := ebpf.LoadPinnedMap(path, nil)
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
 		return zones, nil // no networks pinned: no zone to move entries to
+	}
+	if err != nil {
+		// (Not "no zones": node port state would stay in zones no tenant has.)
+		return nil, fmt.Errorf("read the tenants' zones: load %s: %w", path, err)
 	}
 	defer m.Close()
 	ob := mapBTF(m)
