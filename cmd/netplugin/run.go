@@ -116,8 +116,14 @@ func run(parent context.Context, cfg config) error {
 		}
 		go toks.Follow(ctx, log)
 		acfg.InspectAuth = auth.Config{Tokens: toks}
-	} else if !cfg.inspectInsecure {
-		log.Warn("the inspect API answers 401 but for /healthz and /metrics: start netplugin with --inspect-token-file to use netctl bpf, monitor, trace and verify")
+	} else {
+		// Nothing to reload: a SIGHUP (sent to reload a token file) must not stop the agent.
+		signal.Ignore(syscall.SIGHUP)
+		if cfg.inspectInsecure {
+			log.Warn("--inspect-insecure: whoever reaches the inspect API reads every tenant's endpoints, flows and rules", "addr", cfg.inspectListen)
+		} else {
+			log.Warn("the inspect API answers 401 but for /healthz and /metrics: start netplugin with --inspect-token-file to use netctl bpf, monitor, trace and verify")
+		}
 	}
 	if cfg.mode == "kubernetes" {
 		pods, err := podLabeler(cfg, log)
@@ -154,9 +160,8 @@ func run(parent context.Context, cfg config) error {
 	if c, ok := drv.(dataplane.MetricsCollector); ok {
 		reg.MustRegister(c.Collector())
 	}
-	handler := ag.Handler(reg)
-	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log},
-		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return bodyFirst(handler) })
+	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log, CallerOf: auth.CallerOf},
+		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return ag.Handler(reg, bodyFirst) })
 	ln, err := net.Listen("tcp", cfg.inspectListen)
 	if err != nil {
 		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)

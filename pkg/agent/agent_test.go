@@ -322,7 +322,7 @@ func TestAgentsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	hosts[0].agent.cfg.InspectOpen = true
-	hsrv := httptest.NewServer(hosts[0].agent.Handler(prometheus.NewRegistry()))
+	hsrv := httptest.NewServer(hosts[0].agent.Handler(prometheus.NewRegistry(), nil))
 	defer hsrv.Close()
 	get := func(path string) (int, string) {
 		t.Helper()

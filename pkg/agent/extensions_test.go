@@ -96,7 +96,7 @@ func TestExtensionsReached(t *testing.T) {
 	d := &extDriver{}
 	a := &Agent{cfg: Config{Driver: d, Host: "h", InspectOpen: true}, driver: d, metrics: newMetrics(), rec: newRecords(),
 		errs: map[string]error{}, applied: dataplane.NewIndex(), bad: map[string]error{}}
-	h := a.Handler(prometheus.NewRegistry())
+	h := a.Handler(prometheus.NewRegistry(), nil)
 	for _, c := range []struct {
 		method, path, body string
 		want               string // the driver method the route must reach

@@ -1,20 +1,26 @@
 package agent
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/httpserve"
 )
 
 // gateTokens writes a token file with one token per role and returns its authenticator.
@@ -24,7 +30,8 @@ func gateTokens(t *testing.T) auth.Config {
 	lines := "admin-token-0123456789 admin ops\n" +
 		"reader-token-0123456789 read-only dash\n" +
 		"tenant-token-0123456789 tenant-admin:t1 alice\n" +
-		"agent-token-0123456789 agent h2\n"
+		"agent-token-0123456789 agent h2\n" +
+		"peer-token-0123456789 netmaster nm1\n"
 	if err := os.WriteFile(p, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +100,7 @@ func TestInspectGate(t *testing.T) {
 	// The gate in front of a stand-in for the routes: what passes it answers 200.
 	served := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	hc, hg, ho := closed.gate(served), gated.gate(served), open.gate(served)
-	if code := send(closed, closed.Handler(prometheus.NewRegistry()), http.MethodGet, "/inspect/agent", ""); code != http.StatusUnauthorized {
+	if code := send(closed, closed.Handler(prometheus.NewRegistry(), nil), http.MethodGet, "/inspect/agent", ""); code != http.StatusUnauthorized {
 		t.Errorf("Handler: GET /inspect/agent without credentials: %d, want 401 (the gate in front)", code)
 	}
 	for _, rt := range gatedRoutes(t, gated) {
@@ -126,6 +133,7 @@ func TestInspectGate(t *testing.T) {
 			{hg, "wrong-token-0123456789", false, http.StatusUnauthorized},
 			{hg, "tenant-token-0123456789", false, http.StatusForbidden},
 			{hg, "agent-token-0123456789", false, http.StatusForbidden},
+			{hg, "peer-token-0123456789", false, http.StatusForbidden},
 			{hg, "reader-token-0123456789", read, http.StatusForbidden},
 			{hg, "admin-token-0123456789", true, 0},
 			{ho, "", true, 0},
@@ -144,5 +152,96 @@ func TestInspectGate(t *testing.T) {
 		if code := send(gated, hg, http.MethodGet, p, ""); code != http.StatusUnauthorized {
 			t.Errorf("GET %s without credentials: %d, want 401", p, code)
 		}
+	}
+}
+
+// TestInspectGateRefusesForwarded (found by review): a netmaster token with a forwarded
+// identity header is not an admin of the inspect API (netmaster forwards to netmasters).
+func TestInspectGateRefusesForwarded(t *testing.T) {
+	a := &Agent{cfg: Config{InspectAuth: gateTokens(t)}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := a.gate(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	req := httptest.NewRequest(http.MethodGet, "/inspect/agent", nil)
+	req.Header.Set("Authorization", "Bearer peer-token-0123456789")
+	req.Header.Set(auth.ForwardedIdentityHeader, `{"name":"x","role":"admin","via":"token"}`)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusForbidden {
+		t.Errorf("forwarded admin through a netmaster token: %d %s, want 403", rec.Code, rec.Body)
+	}
+}
+
+// TestInspectBodyAfterGate (found by review): no request body is read before the gate:
+// a caller without credentials announcing a large body and trickling it is answered 401
+// at once, and many such callers do not take the body budget an admin's trace needs.
+func TestInspectBodyAfterGate(t *testing.T) {
+	d := &extDriver{}
+	a := &Agent{cfg: Config{Driver: d, Host: "h", InspectAuth: gateTokens(t)}, driver: d, metrics: newMetrics(), rec: newRecords(),
+		errs: map[string]error{}, applied: dataplane.NewIndex(), bad: map[string]error{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	srv := httpserve.New(httpserve.Limits{MaxConns: 64, CallerOf: auth.CallerOf, Logger: a.log},
+		func(bodyFirst func(http.Handler) http.Handler) http.Handler {
+			return a.Handler(prometheus.NewRegistry(), bodyFirst)
+		})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.HTTP.Close()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 12; i++ {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		fmt.Fprintf(c, "POST /inspect/trace HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat(" ", 4096))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		status, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.Contains(status, " 401 ") {
+			t.Fatalf("stalled body without credentials %d: %q, %v; want 401 before the body", i, status, err)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/inspect/trace", strings.NewReader(`{"from":"x","to":"10.0.0.1"}`))
+	req.Header.Set("Authorization", "Bearer admin-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusUnauthorized {
+		t.Errorf("admin trace while unauthenticated callers stall bodies: %s", resp.Status)
+	}
+}
+
+// TestHealthzNamesOnlyToCallers (found by review): an unhealthy agent's /healthz names the
+// failing objects (tenants, networks, addresses) only to a caller the gate accepts;
+// anyone else gets their count by kind.
+func TestHealthzNamesOnlyToCallers(t *testing.T) {
+	d := &extDriver{}
+	a := &Agent{cfg: Config{Driver: d, Host: "h", InspectAuth: gateTokens(t)}, driver: d, metrics: newMetrics(), rec: newRecords(),
+		errs:    map[string]error{"network/prod-db.acme-bank": errors.New("vlan network (tag 42) needs a VLAN uplink")},
+		applied: dataplane.NewIndex(), bad: map[string]error{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := a.Handler(prometheus.NewRegistry(), nil)
+	get := func(token string) (int, string) {
+		req := httptest.NewRequest(http.MethodGet, "/healthz", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	for _, tok := range []string{"", "wrong-token-0123456789", "tenant-token-0123456789"} {
+		if code, body := get(tok); code != http.StatusServiceUnavailable || strings.Contains(body, "acme") || !strings.Contains(body, `"network": 1`) {
+			t.Errorf("/healthz with token %q: %d %s; want 503 with counts only", tok, code, body)
+		}
+	}
+	if code, body := get("reader-token-0123456789"); code != http.StatusServiceUnavailable || !strings.Contains(body, "prod-db.acme-bank") {
+		t.Errorf("/healthz for a reader: %d %s; want the failing objects", code, body)
 	}
 }

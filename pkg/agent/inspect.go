@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
@@ -98,7 +99,8 @@ func (a *Agent) groupID(key string) (uint16, bool) {
 //	GET /monitor            dropped packets as JSON lines while connected (?endpoint=,
 //	                        tenant=, reason=, policy=1), with endpoint names and the rule
 //	GET /svcstats           services and the driver's counters
-//	GET /healthz            200 "ok" once synced without errors, 503 with the errors otherwise;
+//	GET /healthz            200 "ok" once synced without errors, 503 otherwise: with the errors for a
+//	                        caller the gate accepts, else their count by kind;
 //	                        200 "degraded: ..." while etcd is unreachable (datapath still forwarding)
 //	GET /metrics            Prometheus
 //	GET    /inspect/bgp                 the BGP session, routes learned and advertised
@@ -110,11 +112,17 @@ func (a *Agent) groupID(key string) (uint16, bool) {
 // anyone with Config.InspectOpen; with neither it answers 401 (gate.go).
 //
 // reg receives the agent's collector; pass a fresh registry per agent.
-func (a *Agent) Handler(reg *prometheus.Registry) http.Handler {
+//
+// bodyFirst (httpserve's, nil: none) reads request bodies within their caller's budget: it
+// runs after the gate, so nobody's body is read before it is known whose it is.
+func (a *Agent) Handler(reg *prometheus.Registry, bodyFirst func(http.Handler) http.Handler) http.Handler {
 	reg.MustRegister(a.Collector())
 	r := mux.NewRouter()
 	a.routes(r, reg)
-	return a.gate(r)
+	if bodyFirst == nil {
+		return a.gate(r)
+	}
+	return a.gate(bodyFirst(r))
 }
 
 // routes registers the inspect API's routes on r (/metrics serving reg).
@@ -158,7 +166,18 @@ func (a *Agent) routes(r *mux.Router, reg *prometheus.Registry) {
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, req *http.Request) {
 		s := a.Inspect()
 		if !s.Synced || len(s.Errors) > 0 {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"synced": s.Synced, "errors": s.Errors})
+			// The failing objects' names (tenants, networks, addresses) only for a caller
+			// the gate accepted; anyone else learns how many of each kind.
+			if _, ok := auth.FromContext(req.Context()); ok {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]any{"synced": s.Synced, "errors": s.Errors})
+				return
+			}
+			kinds := map[string]int{}
+			for k := range s.Errors {
+				kind, _, _ := strings.Cut(k, "/")
+				kinds[kind]++
+			}
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"synced": s.Synced, "failing": kinds})
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain")

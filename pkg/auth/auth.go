@@ -66,8 +66,9 @@ func ValidRole(r string) bool {
 }
 
 // Tokens maps token digests to identities: the token file as last read. Reload reads it
-// again (a revoked token stops working without a restart); until a reload succeeds the
-// set read before stays.
+// again (a revoked token stops working without a restart). A file that cannot be taken
+// (missing, unreadable, readable by others, a bad line, no token) leaves no token working
+// until it is fixed: deleting or emptying the file revokes, it never keeps the old set.
 type Tokens struct {
 	path string
 	mu   sync.RWMutex
@@ -109,17 +110,20 @@ func LoadTokens(path string) (*Tokens, error) {
 	return &Tokens{path: path, set: set, stamp: stamp}, nil
 }
 
-// Reload reads the token file again and, if it is valid, takes it: tokens no longer in it
-// stop working at once. On error the tokens read before stay and the error says why.
+// Reload reads the token file again and takes it: tokens no longer in it stop working at
+// once. On error no token works (the error says why) until a reload takes a valid file.
 func (t *Tokens) Reload() error {
 	set, stamp, err := readTokens(t.path)
 	if err != nil {
-		return err
+		set = tokenSet{}
+		if st, serr := os.Stat(t.path); serr == nil {
+			stamp = stampOf(st)
+		}
 	}
 	t.mu.Lock()
 	t.set, t.stamp = set, stamp
 	t.mu.Unlock()
-	return nil
+	return err
 }
 
 // Watch reloads the tokens whenever the file changes (checked every `every`) until ctx
@@ -133,21 +137,18 @@ func (t *Tokens) Watch(ctx context.Context, every time.Duration, log *slog.Logge
 			return
 		case <-tick.C:
 		}
-		st, err := os.Stat(t.path)
+		var now fileStamp // (zero: no file)
+		if st, err := os.Stat(t.path); err == nil {
+			now = stampOf(st)
+		}
 		t.mu.RLock()
-		same := err == nil && stampOf(st) == t.stamp
+		same := now == t.stamp
 		t.mu.RUnlock()
 		if same {
-			continue
+			continue // (a file refused once is not read again until it changes)
 		}
 		if err := t.Reload(); err != nil {
-			log.Error("token file changed but was not taken: the tokens read before stay", "err", err)
-			// (Not retried until the file changes again.)
-			if st != nil {
-				t.mu.Lock()
-				t.stamp = stampOf(st)
-				t.mu.Unlock()
-			}
+			log.Error("token file changed and cannot be taken: no token works until it is fixed", "path", t.path, "err", err)
 			continue
 		}
 		log.Info("token file reloaded", "path", t.path)
@@ -170,7 +171,7 @@ func (t *Tokens) Follow(ctx context.Context, log *slog.Logger) {
 			return
 		case <-hup:
 			if err := t.Reload(); err != nil {
-				log.Error("SIGHUP: token file not taken: the tokens read before stay", "path", t.path, "err", err)
+				log.Error("SIGHUP: token file cannot be taken: no token works until it is fixed", "path", t.path, "err", err)
 				continue
 			}
 			log.Info("SIGHUP: token file reloaded", "path", t.path)

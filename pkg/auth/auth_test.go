@@ -123,9 +123,34 @@ func TestTokensReload(t *testing.T) {
 	if works("fedcba9876543210") || !works("0123456789abcdef") {
 		t.Error("after Reload: the revoked token works or the kept one does not")
 	}
+	// A file that cannot be taken revokes everything (found by review: deleting or
+	// emptying the file to revoke a leaked token kept it working).
 	write("garbage\n")
-	if err := tk.Reload(); err == nil || !works("0123456789abcdef") {
-		t.Errorf("a broken file: %v; the tokens read before must stay", err)
+	if err := tk.Reload(); err == nil || works("0123456789abcdef") {
+		t.Errorf("a broken file: %v; no token may work", err)
+	}
+	write("0123456789abcdef admin alice\n")
+	if err := tk.Reload(); err != nil || !works("0123456789abcdef") {
+		t.Fatalf("fixed file: %v", err)
+	}
+	for _, broken := range []func(){
+		func() { write("") },
+		func() { write("# nothing\n") },
+		func() { write("short admin x\n0123456789abcdef admin alice\n") },
+		func() {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		broken()
+		if err := tk.Reload(); err == nil || works("0123456789abcdef") {
+			t.Errorf("file emptied, commented out, broken or deleted: %v; no token may work", err)
+		}
+		write("0123456789abcdef admin alice\n")
+		if err := tk.Reload(); err != nil || !works("0123456789abcdef") {
+			t.Fatalf("fixed file: %v", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -140,8 +165,9 @@ func TestTokensReload(t *testing.T) {
 	}
 }
 
-// TestWatchTakesAChmodFix (found by review): a file refused for its mode and then fixed
-// with chmod 600 (same contents, size and inode) is reloaded: the revoked token stops.
+// TestWatchTakesAChmodFix (found by review): a file refused for its mode (no token works
+// meanwhile) and then fixed with chmod 600 (same contents, size and inode) is reloaded:
+// the kept token works again, the revoked one does not.
 func TestWatchTakesAChmodFix(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "tokens")
@@ -170,14 +196,14 @@ func TestWatchTakesAChmodFix(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if !works("leakedleakedleaked") {
-		t.Fatal("setup: a 0644 file was taken")
+	if works("leakedleakedleaked") || works("0123456789abcdef") {
+		t.Fatal("a 0644 file: a token works (a file that cannot be taken revokes every token)")
 	}
 	if err := os.Chmod(p, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for works("leakedleakedleaked") {
+	for works("leakedleakedleaked") || !works("0123456789abcdef") {
 		if time.Now().After(deadline) {
 			t.Fatal("the file was fixed with chmod 600 but Watch never took it: the revoked token still works")
 		}

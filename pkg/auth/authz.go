@@ -3,6 +3,7 @@ package auth
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 )
@@ -143,4 +144,20 @@ func (s *statusWriter) Flush() {
 	if f, ok := s.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
+}
+
+// CallerOf names a request's caller for the body budgets: its authenticated identity and
+// the host it calls from. Identities are shared (every agent holding the same unnamed
+// token, every caller of an --insecure netmaster), and one host announcing bodies it
+// never sends must not take the others' budget.
+func CallerOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	id, ok := FromContext(r.Context())
+	if !ok {
+		return "@" + host
+	}
+	return id.Via + ":" + id.Name + "@" + host
 }

@@ -236,7 +236,7 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 	// A request's body is read only once its caller is known (after authentication), and
 	// within that caller's budget of bytes in memory: an unauthenticated flood of large
 	// bodies costs nothing, one caller cannot take every other's (httpserve.Limits).
-	srv := httpserve.New(httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log, CallerOf: callerOf},
+	srv := httpserve.New(httpserve.Limits{MaxConns: cfg.MaxConns, Logger: log, CallerOf: auth.CallerOf},
 		func(bodyFirst func(http.Handler) http.Handler) http.Handler {
 			var top http.Handler = bodyFirst(mux)
 			if cfg.Auth != nil {
@@ -377,20 +377,4 @@ func forwardIdentity(tokens *auth.Tokens) func(in, out *http.Request) {
 		out.Header.Del(auth.ContivTokenHeader)
 		out.Header.Set("Authorization", "Bearer "+peerToken)
 	}
-}
-
-// callerOf names a request's caller for the body budgets: its authenticated identity and
-// the host it calls from. Identities are shared (every agent holding the same unnamed
-// token, every caller of an --insecure netmaster), and one host announcing bodies it
-// never sends must not take the others' budget.
-func callerOf(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	id, ok := auth.FromContext(r.Context())
-	if !ok {
-		return "@" + host
-	}
-	return id.Via + ":" + id.Name + "@" + host
 }

@@ -1,10 +1,8 @@
-package cluster
+package auth
 
 import (
 	"net/http/httptest"
 	"testing"
-
-	"github.com/contivbpf/contivbpf/pkg/auth"
 )
 
 // TestCallerOfSeparatesHosts (found by review): the body budgets' caller is the identity
@@ -12,15 +10,15 @@ import (
 // netmaster, do not share one budget, so one host announcing bodies it never sends
 // cannot starve the others.
 func TestCallerOfSeparatesHosts(t *testing.T) {
-	req := func(remote string, id *auth.Identity) string {
+	req := func(remote string, id *Identity) string {
 		r := httptest.NewRequest("POST", "/plugin/createEndpoint", nil)
 		r.RemoteAddr = remote
 		if id != nil {
-			r = r.WithContext(auth.WithIdentity(r.Context(), *id))
+			r = r.WithContext(WithIdentity(r.Context(), *id))
 		}
-		return callerOf(r)
+		return CallerOf(r)
 	}
-	agent := &auth.Identity{Name: "agent", Role: "agent", Via: "token"}
+	agent := &Identity{Name: "agent", Role: "agent", Via: "token"}
 	if req("10.0.0.1:4000", agent) == req("10.0.0.2:4000", agent) {
 		t.Error("one identity on two hosts shares a budget")
 	}
