@@ -80,18 +80,7 @@ func TestAPIAuth(t *testing.T) {
 	}
 	admin.must(t, "POST", leader.url+"/api/v1/networks/t2:n2/", netBody("t2", "n2", "10.9.2.0/24"), 200)
 
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	rev := func() int64 {
-		r, err := raw.Get(context.Background(), "/contiv.io/obj/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Header.Revision
-	}
+	rev := etcdRevision(t, etcdURL)
 
 	type caller struct {
 		name string
@@ -291,5 +280,23 @@ func (c *apiClient) must(t *testing.T, method, url, body string, want int) {
 	t.Helper()
 	if st, out := c.call(t, method, url, body); st != want {
 		t.Fatalf("%s %s: %d %s", method, url, st, out)
+	}
+}
+
+// etcdRevision returns a function reading the current revision of the etcd at url: a
+// refused request must leave it where it was.
+func etcdRevision(t *testing.T, url string) func() int64 {
+	t.Helper()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{url}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return func() int64 {
+		r, err := raw.Get(context.Background(), "/contiv.io/obj/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
 	}
 }

@@ -70,7 +70,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "netmaster-cacert", EnvVars: env("NETMASTER_CACERT"), Usage: "CA `FILE` netmaster's certificate is checked against"},
 		&cli.StringFlag{Name: "netmaster-cert", EnvVars: env("NETMASTER_CERT"), Usage: "client certificate `FILE` for netmaster (O=agent)"},
 		&cli.StringFlag{Name: "netmaster-key", EnvVars: env("NETMASTER_KEY"), Usage: "private key `FILE` of --netmaster-cert"},
-		&cli.StringFlag{Name: "netmaster-token-file", EnvVars: env("NETMASTER_TOKEN_FILE"), Usage: "`FILE` holding this agent's bearer token (role agent) for netmaster"},
+		&cli.StringFlag{Name: "netmaster-token-file", EnvVars: env("NETMASTER_TOKEN_FILE"), Usage: "`FILE` holding this agent's bearer token (role agent) for netmaster; named host:<this host> in netmaster's token file it may touch only this host's endpoints"},
 		&cli.IntFlag{Name: "uplink-mtu", EnvVars: env("UPLINK_MTU"), Usage: "underlay MTU (default: lowest MTU of the host's physical links, else 1500)"},
 		&cli.DurationFlag{Name: "service-ttl", EnvVars: env("SERVICE_TTL"), Value: 10 * time.Second, Usage: "lease of this host's netplugin and netplugin.vtep registrations (at least 2s)"},
 		&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config (K8S_API_SERVER, K8S_CA, K8S_KEY, K8S_CERT, K8S_TOKEN); kubernetes mode reads pod labels through it when it names an API server (else, in a pod, the service account)"},

@@ -55,6 +55,24 @@ func (id Identity) Tenant() (string, bool) {
 	return t, ok
 }
 
+// HostPrefix names an agent identity bound to one host: a token line "<token> agent
+// host:<host>", or a client certificate with O=agent and CN=host:<host>. Such an agent may
+// create, change and delete only endpoints of that host (netmaster's /plugin routes); an
+// agent identity named otherwise (one token shared by every host) is not confined.
+const HostPrefix = "host:"
+
+// BoundHost returns the host an agent identity is bound to (HostPrefix).
+func (id Identity) BoundHost() (string, bool) {
+	if id.Role != RoleAgent {
+		return "", false
+	}
+	h, ok := strings.CutPrefix(id.Name, HostPrefix)
+	if !ok || h == "" {
+		return "", false
+	}
+	return h, true
+}
+
 // ValidRole reports whether r is a known role.
 func ValidRole(r string) bool {
 	switch r {

@@ -210,3 +210,23 @@ func TestWatchTakesAChmodFix(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestBoundHost: an agent identity named host:<host> is bound to that host; any other name,
+// an empty host or another role is not.
+func TestBoundHost(t *testing.T) {
+	for _, c := range []struct {
+		id   Identity
+		host string
+		ok   bool
+	}{
+		{Identity{Name: "host:h1", Role: RoleAgent}, "h1", true},
+		{Identity{Name: "agents", Role: RoleAgent}, "", false},
+		{Identity{Name: "host:", Role: RoleAgent}, "", false},
+		{Identity{Name: "host:h1", Role: RoleAdmin}, "", false},
+		{Identity{Name: "h1", Role: RoleAgent}, "", false},
+	} {
+		if h, ok := c.id.BoundHost(); h != c.host || ok != c.ok {
+			t.Errorf("%+v: BoundHost() = %q, %v; want %q, %v", c.id, h, ok, c.host, c.ok)
+		}
+	}
+}

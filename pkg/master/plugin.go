@@ -6,6 +6,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -183,6 +184,11 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, badReq("K8sPod: %q is not <namespace>/<pod name>", req.K8sPod))
 		return
 	}
+	host := boundHost(r)
+	if host != "" && req.ConfigEP.Host != host {
+		writeErr(w, errf(http.StatusForbidden, "ConfigEP.Host: the agent of host %q may not create endpoints of host %q", host, req.ConfigEP.Host))
+		return
+	}
 	group := req.ServiceName
 	if group == "" {
 		group = req.ConfigEP.ServiceName
@@ -194,6 +200,9 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		if old, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id)); err != nil {
 			return err
 		} else if found {
+			if err := onHost(host, old); err != nil {
+				return err
+			}
 			// The same request again is answered with the same endpoint; another
 			// network's (or host's) endpoint whose id spells the same is never reused.
 			if old.NetID != netID || old.ContainerID != req.ConfigEP.Container ||
@@ -294,6 +303,7 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	netID := model.NetworkID(req.NetworkName, req.TenantName)
 	id := endpointStateID(netID, req.EndpointID, "")
+	host := boundHost(r)
 	var resp model.DeleteEndpointResponse
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		ep, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id))
@@ -303,6 +313,9 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 		if !found || ep.NetID != netID || ep.ContainerID != req.EndpointID {
 			// An id that spells the same in another network is not this endpoint.
 			return notFound("endpoint %s not found", id)
+		}
+		if err := onHost(host, ep); err != nil {
+			return err
 		}
 		if ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID)); err != nil {
 			return err
@@ -367,7 +380,7 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 		tenant = ns.Tenant
 	}
 	if ep.IPAddress != "" && tenant != "" {
-		if err := removeProvider(tx, ep.IPAddress, tenant); err != nil {
+		if err := removeProvider(tx, ep.IPAddress, tenant, ""); err != nil {
 			return err
 		}
 	}
@@ -407,9 +420,9 @@ func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		switch req.Event {
 		case "start":
-			return addProvider(tx, ip, &req)
+			return addProvider(tx, ip, &req, boundHost(r))
 		case "die":
-			return removeProvider(tx, ip, req.Tenant)
+			return removeProvider(tx, ip, req.Tenant, boundHost(r))
 		default:
 			return badReq("Event: %q must be \"start\" or \"die\"", req.Event)
 		}
@@ -443,4 +456,20 @@ func (m *Master) inspectEndpoint(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeErr(w, notFound("endpoint %q not found", key))
+}
+
+// boundHost is the host the caller of r is confined to (an agent identity bound to a host,
+// auth.HostPrefix), "" for callers that are not.
+func boundHost(r *http.Request) string {
+	id, _ := auth.FromContext(r.Context())
+	h, _ := id.BoundHost()
+	return h
+}
+
+// onHost refuses a caller bound to host (boundHost; "" : anyone) an endpoint of another host.
+func onHost(host string, ep *model.CfgEndpointState) error {
+	if host != "" && ep.HomingHost != host {
+		return errf(http.StatusForbidden, "endpoint %s is on host %q: the agent of host %q may not change it", ep.ID, ep.HomingHost, host)
+	}
+	return nil
 }

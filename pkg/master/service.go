@@ -366,7 +366,9 @@ func putServiceState(tx *state.Tx, st *model.CfgServiceLBState) error {
 	return tx.Put(model.ProviderKey(st.ID), model.SvcProvider{ID: st.ID, ServiceName: st.ID, Providers: ips})
 }
 
-func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) error {
+// addProvider makes the endpoint holding ip a provider of the tenant's services its
+// labels select; a caller bound to host (boundHost) may name only an endpoint of it.
+func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest, host string) error {
 	// Only a real endpoint of the tenant (and of the named network or group, when given)
 	// can become a service backend: any other string would reach every agent's datapath.
 	eps, err := tenantEndpoints(tx, req.Tenant)
@@ -393,6 +395,9 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 	}
 	if ep == nil {
 		return unproc("IPAddress: %s is not an endpoint of tenant %q (network or group %q)", ip, req.Tenant, req.Network)
+	}
+	if err := onHost(host, ep); err != nil {
+		return err
 	}
 	p := &model.Provider{IPAddress: ip, ContainerID: req.ContainerID, Labels: req.Labels, Tenant: req.Tenant,
 		Network: req.Network, Container: req.EndpointID}
@@ -444,7 +449,22 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest) erro
 	return nil
 }
 
-func removeProvider(tx *state.Tx, ip, tenant string) error {
+// removeProvider takes ip out of the tenant's services; a caller bound to host
+// (boundHost) may not while an endpoint of another host holds ip.
+func removeProvider(tx *state.Tx, ip, tenant, host string) error {
+	if host != "" {
+		eps, err := tenantEndpoints(tx, tenant)
+		if err != nil {
+			return err
+		}
+		for _, e := range eps {
+			if e.IPAddress == ip {
+				if err := onHost(host, e); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	svcs, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
 	if err != nil {
 		return err

@@ -52,7 +52,7 @@ func TestSecureCluster(t *testing.T) {
 	if err != nil || !strings.Contains(out, "secnet.default") {
 		t.Fatalf("etcd with the agent's certificate: %v\n%s", err, out)
 	}
-	tb, err := os.ReadFile(c.agentTokenFile)
+	tb, err := os.ReadFile(h.agentTokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}

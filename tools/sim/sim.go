@@ -30,6 +30,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
 	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
@@ -122,6 +123,8 @@ type Host struct {
 	Inspect   string // inspect API address inside the host namespace
 	Plugin    *Process
 	c         *Cluster
+	// agentTokenFile holds its netplugin's netmaster token (Config.Secure), bound to it.
+	agentTokenFile string
 }
 
 // Container is a network namespace attached to a host through its CNI socket.
@@ -156,11 +159,10 @@ type Cluster struct {
 	// netmaster (CACert verifies its certificate).
 	CACert, AdminToken string
 	// InspectToken is an admin token of every netplugin's inspect API.
-	InspectToken       string
-	inspectTokensFile  string
-	agentTokenFile     string
-	tokensFile         string
-	serverCert         [2]string
+	InspectToken      string
+	inspectTokensFile string
+	tokensFile        string
+	serverCert        [2]string
 	// etcd over TLS with client certificates (Secure): the embedded etcd's certificate,
 	// netmaster's and the agents' client certificates.
 	etcdServer, etcdMaster, etcdAgent [2]string
@@ -242,15 +244,20 @@ func (c *Cluster) setupPKI() error {
 		return hex.EncodeToString(b)
 	}
 	c.AdminToken = tok()
-	agent := tok()
 	c.tokensFile = filepath.Join(dir, "tokens")
-	c.agentTokenFile = filepath.Join(dir, "agent.token")
-	lines := fmt.Sprintf("%s admin sim-admin\n%s agent sim-agents\n%s netmaster sim-peers\n", c.AdminToken, agent, tok())
+	lines := fmt.Sprintf("%s admin sim-admin\n%s netmaster sim-peers\n", c.AdminToken, tok())
+	// Each netplugin's token is bound to its host (auth.HostPrefix): it may touch that
+	// host's endpoints only.
+	for _, h := range c.Hosts {
+		agent := tok()
+		lines += fmt.Sprintf("%s agent %s%s\n", agent, auth.HostPrefix, h.Name)
+		h.agentTokenFile = filepath.Join(dir, h.Name+".agent.token")
+		if err := os.WriteFile(h.agentTokenFile, []byte(agent+"\n"), 0o600); err != nil {
+			return fmt.Errorf("sim: agent token of %s: %w", h.Name, err)
+		}
+	}
 	if err := os.WriteFile(c.tokensFile, []byte(lines), 0o600); err != nil {
 		return fmt.Errorf("sim: tokens: %w", err)
-	}
-	if err := os.WriteFile(c.agentTokenFile, []byte(agent+"\n"), 0o600); err != nil {
-		return fmt.Errorf("sim: agent token: %w", err)
 	}
 	return nil
 }
@@ -616,7 +623,7 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 		args = append(args, "--dns-upstream", "none")
 	}
 	if c.cfg.Secure {
-		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", c.agentTokenFile,
+		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", h.agentTokenFile,
 			"--etcd-cacert", c.CACert, "--etcd-cert", c.etcdAgent[0], "--etcd-key", c.etcdAgent[1])
 	}
 	if c.cfg.Dataplane == "ovs" {

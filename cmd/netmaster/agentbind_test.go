@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
+)
+
+// TestAgentBoundToHost: an agent identity bound to its host (token name "host:<host>")
+// creates, relabels and deletes its own host's endpoints and none of another's: it cannot
+// delete another host's endpoint, take its id, create one homed elsewhere, or add or
+// remove another host's endpoint as a service provider (403, nothing changed). An agent
+// token not bound to a host (one token shared by every host) keeps every right, as before.
+func TestAgentBoundToHost(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	const (
+		tAdmin  = "admin-token-0123456789"
+		tH1     = "agent-h1-token-0123456789"
+		tH2     = "agent-h2-token-0123456789"
+		tShared = "agent-shared-token-0123456789"
+	)
+	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("%s admin ops\n%s agent host:h1\n%s agent host:h2\n%s agent agents\n",
+		tAdmin, tH1, tH2, tShared)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	etcdURL := statetest.Etcd(t)
+	rev := etcdRevision(t, etcdURL)
+	p := startNetmaster(t, "nm-bind", etcdURL, "--auth-tokens", tokens)
+	c := func(tok string) *apiClient { return client(t, tlsconf.Files{}, tok) }
+	admin, h1, h2, shared := c(tAdmin), c(tH1), c(tH2), c(tShared)
+	eventually(t, 30*time.Second, "netmaster up", func() error {
+		if st, body := admin.call(t, "GET", p.url+"/info", ""); st != 200 || !strings.Contains(body, `"current-state":"leader"`) {
+			return fmt.Errorf("%d %s", st, body)
+		}
+		return nil
+	})
+	admin.must(t, "POST", p.url+"/api/v1/globals/global/", `{"name":"global","networkInfraType":"default","vlans":"1-4094","vxlans":"1-10000","fwdMode":"routing","arpMode":"proxy","pvtSubnet":"172.19.0.0/16"}`, 200)
+	admin.must(t, "POST", p.url+"/api/v1/tenants/t1/", `{"tenantName":"t1"}`, 200)
+	admin.must(t, "POST", p.url+"/api/v1/networks/t1:n1/", `{"tenantName":"t1","networkName":"n1","encap":"vxlan","subnet":"10.9.1.0/24"}`, 200)
+	admin.must(t, "POST", p.url+"/api/v1/serviceLBs/t1:web/", `{"tenantName":"t1","serviceName":"web","networkName":"n1","selectors":["app=web"],"ports":["80:8080:TCP"]}`, 200)
+	create := func(tok *apiClient, container, host string) (int, string) {
+		return tok.call(t, "POST", p.url+"/plugin/createEndpoint", fmt.Sprintf(
+			`{"TenantName":"t1","NetworkName":"n1","EndpointID":"%s","ConfigEP":{"Container":"%s","Host":"%s"}}`, container, container, host))
+	}
+	if st, body := create(h1, "c1", "h1"); st != 200 {
+		t.Fatalf("h1 creates its endpoint: %d %s", st, body)
+	}
+	_, ep := admin.call(t, "GET", p.url+"/api/v1/inspect/endpoints/c1/", "")
+	ip := between(ep, `"ipAddress":["`, `"`)
+	if ip == "" {
+		t.Fatalf("endpoint c1 has no address: %s", ep)
+	}
+	update := func(tok *apiClient, event string) (int, string) {
+		return tok.call(t, "POST", p.url+"/plugin/updateEndpoint", fmt.Sprintf(
+			`{"IPAddress":"%s","Tenant":"t1","Event":"%s","Labels":{"app":"web"}}`, ip, event))
+	}
+	for _, c := range []struct {
+		what string
+		do   func() (int, string)
+	}{
+		{"h2 creates an endpoint homed on h1", func() (int, string) { return create(h2, "c2", "h1") }},
+		{"h2 takes h1's endpoint id", func() (int, string) { return create(h2, "c1", "h2") }},
+		{"h2 deletes h1's endpoint", func() (int, string) {
+			return h2.call(t, "POST", p.url+"/plugin/deleteEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c1"}`)
+		}},
+		{"h2 makes h1's endpoint a service provider", func() (int, string) { return update(h2, "start") }},
+		{"h2 removes h1's endpoint from the services", func() (int, string) { return update(h2, "die") }},
+	} {
+		before := rev()
+		if st, body := c.do(); st != 403 {
+			t.Errorf("%s: %d %s, want 403", c.what, st, body)
+		}
+		if after := rev(); after != before {
+			t.Errorf("%s: refused, but etcd changed (revision %d → %d)", c.what, before, after)
+		}
+	}
+	if st, body := update(h1, "start"); st != 200 {
+		t.Errorf("h1 relabels its endpoint: %d %s", st, body)
+	}
+	if st, body := update(shared, "die"); st != 200 {
+		t.Errorf("the shared agent token (not bound) relabels: %d %s", st, body)
+	}
+	if st, body := h1.call(t, "POST", p.url+"/plugin/deleteEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c1"}`); st != 200 {
+		t.Errorf("h1 deletes its endpoint: %d %s", st, body)
+	}
+	if st, body := create(shared, "c3", "h2"); st != 200 {
+		t.Errorf("the shared agent token creates an endpoint of any host: %d %s", st, body)
+	}
+}
+
+// between returns the text of s after the first from, up to the next to ("" if none).
+func between(s, from, to string) string {
+	_, rest, ok := strings.Cut(s, from)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, to)
+	return v
+}
