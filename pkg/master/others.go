@@ -224,6 +224,9 @@ func extContractsOps() objOps[model.ExtContractsGroup] {
 			if err := checkName("contractsGroupName", c.ContractsGroupName, 64); err != nil {
 				return err
 			}
+			if err := checkContracts("contracts", c.Contracts); err != nil {
+				return err
+			}
 			return checkOneOf("contractsType", c.ContractsType, "provided", "consumed")
 		},
 		save: func(m *Master, tx *state.Tx, c, old *model.ExtContractsGroup) error {

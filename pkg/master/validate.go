@@ -59,6 +59,36 @@ func checkRegex(field, v string, re *regexp.Regexp, what string, max int) error 
 	return nil
 }
 
+// reContract is an external contract's name or ACI distinguished name (tn-common/brc-web,
+// uni/tn-t1/brc-db): printable, no spaces.
+var reContract = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/\-]*$`)
+
+// Bounds of an external contracts group's list (each entry at most maxContractLen).
+const (
+	maxContracts   = 256
+	maxContractLen = 255
+)
+
+// checkContracts bounds and checks an external contracts group's contracts: a free-form
+// list stored whole with the group (a 1 MB list rewritten in a loop filled etcd's quota
+// in seconds).
+func checkContracts(field string, cs []string) error {
+	if len(cs) > maxContracts {
+		return badReq("%s: %d contracts, at most %d", field, len(cs), maxContracts)
+	}
+	seen := map[string]bool{}
+	for i, c := range cs {
+		if err := checkRegex(fmt.Sprintf("%s[%d]", field, i), c, reContract, "a contract name (letters, digits, '_', '.', ':', '/', '-')", maxContractLen); err != nil {
+			return err
+		}
+		if seen[c] {
+			return badReq("%s[%d]: %q is listed twice", field, i, c)
+		}
+		seen[c] = true
+	}
+	return nil
+}
+
 func checkOneOf(field, v string, allowed ...string) error {
 	for _, a := range allowed {
 		if v == a {
