@@ -36,6 +36,8 @@ type PolicyPod struct {
 	// Tenant owns the endpoint's network: pod peers count only within the selected
 	// pod's tenant (another tenant's address may be one of this tenant's too).
 	Tenant string
+	// Node is the pod's spec.nodeName: only an endpoint of that host is the pod's.
+	Node string
 }
 
 // Key is "namespace/name".
@@ -478,7 +480,8 @@ func trimPolicyPod(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels, ResourceVersion: p.ResourceVersion}}
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels, ResourceVersion: p.ResourceVersion},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}} // (only its node's endpoints are the pod's)
 	for _, c := range p.Spec.Containers {
 		if len(c.Ports) > 0 {
 			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
@@ -508,7 +511,7 @@ func (w *PolicyWatcher) Inputs() ([]*networkingv1.NetworkPolicy, []PolicyPod, ma
 	}
 	out := make([]PolicyPod, 0, len(pods))
 	for _, p := range pods {
-		pp := PolicyPod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels}
+		pp := PolicyPod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Node: p.Spec.NodeName}
 		for _, c := range p.Spec.Containers {
 			pp.Ports = append(pp.Ports, c.Ports...)
 		}

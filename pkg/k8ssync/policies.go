@@ -123,15 +123,7 @@ func (p *Policies) sync(ctx context.Context, w *k8s.PolicyWatcher, full bool) {
 		p.log.Warn("kubernetes networkpolicies: read endpoints", "err", err)
 		return
 	}
-	// One entry per endpoint: every endpoint a pod has is isolated (and a peer) alike.
-	var withEPs []k8s.PolicyPod
-	for _, pod := range pods {
-		for _, ep := range eps[pod.Key()] {
-			pod.EndpointID, pod.IP, pod.Tenant = ep.ID, ep.IP, ep.Tenant
-			withEPs = append(withEPs, pod)
-		}
-	}
-	want, warns := k8s.CompilePolicies(pols, withEPs, nsLabels)
+	want, warns := k8s.CompilePolicies(pols, podEndpoints(pods, eps), nsLabels)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -209,4 +201,23 @@ func policyWarnKind(w string) string {
 		return "too_many_rules"
 	}
 	return "other"
+}
+
+// podEndpoints gives each pod its Contiv endpoints, one entry per endpoint: every endpoint a
+// pod has is isolated (and a peer) alike. An endpoint is a pod's only on the pod's node
+// (agents' host labels are node names): an agent of another host that records a pod's
+// name for an endpoint of its own does not make it that pod, a peer other pods' rules
+// admit.
+func podEndpoints(pods []k8s.PolicyPod, eps map[string][]master.K8sPodEndpoint) []k8s.PolicyPod {
+	var out []k8s.PolicyPod
+	for _, pod := range pods {
+		for _, ep := range eps[pod.Key()] {
+			if ep.Host != pod.Node {
+				continue
+			}
+			pod.EndpointID, pod.IP, pod.Tenant = ep.ID, ep.IP, ep.Tenant
+			out = append(out, pod)
+		}
+	}
+	return out
 }

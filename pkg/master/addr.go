@@ -327,7 +327,8 @@ func allocIPv6(ns *model.CfgNetworkState) (string, error) {
 	return "", conflict("ipv6 auto allocation failed - address exhaustion in subnet %s/%d", ns.IPv6Subnet, ns.IPv6SubnetLen)
 }
 
-// reserveIPv6 marks a given address as used; it must be inside the network's v6 subnet.
+// reserveIPv6 marks a given address as used; it must be inside the network's v6 subnet and
+// not in use (the gateway's is marked when the network is made).
 func reserveIPv6(ns *model.CfgNetworkState, addr string) error {
 	sn, err := parseSubnet6("ipv6Subnet", ns.IPv6Subnet+"/"+fmt.Sprint(ns.IPv6SubnetLen))
 	if err != nil {
@@ -336,6 +337,11 @@ func reserveIPv6(ns *model.CfgNetworkState, addr string) error {
 	a, err := netip.ParseAddr(addr)
 	if err != nil || !a.Is6() || !sn.prefix.Contains(a) {
 		return unproc("IPv6Address: %q is not inside %s", addr, sn.prefix)
+	}
+	if ns.IPv6AllocMap[sn.hostID(a)] {
+		// Held by an endpoint or the gateway: a second holder would share its traffic,
+		// and releasing either would free the other's address.
+		return conflict("IPv6Address: %s is already in use", addr)
 	}
 	if ns.IPv6AllocMap == nil {
 		ns.IPv6AllocMap = map[string]bool{}

@@ -196,6 +196,18 @@ func TestIPv6(t *testing.T) {
 	if c := e.createEP("default", "v6", "", "c", ""); c.IPv6Address != "2001:db8::4" {
 		t.Fatalf("v6 next %s", c.IPv6Address)
 	}
+	// A requested address another endpoint or the gateway holds is refused (found by
+	// review: a second holder shared the first's traffic, and its release freed it).
+	for _, held := range []string{b.IPv6Address, "2001:db8::1"} {
+		code, out := e.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "default", NetworkName: "v6",
+			ConfigEP: model.ConfigEP{Container: "thief", Host: "h", IPv6Address: held}})
+		if code != http.StatusConflict || !strings.Contains(out, "IPv6Address") {
+			t.Errorf("endpoint asking for %s (held): %d %s, want 409", held, code, out)
+		}
+	}
+	if ns := netState(t, e, "v6.default"); !ns.IPv6AllocMap["::3"] || !ns.IPv6AllocMap["::1"] {
+		t.Errorf("refused requests freed a held address: %+v", ns.IPv6AllocMap)
+	}
 	// Overlapping v6 subnet in the same tenant is refused.
 	code, out := e.do("POST", "/api/v1/networks/default:v6b/", model.Network{TenantName: "default", NetworkName: "v6b", Encap: "vxlan",
 		Subnet: "10.9.1.0/24", Ipv6Subnet: "2001:db8::/64"})

@@ -16,6 +16,8 @@ type K8sPodEndpoint struct {
 	ID     string
 	IP     netip.Addr
 	Tenant string
+	// Host is the endpoint's host (homingHost): the node the pod runs on, for a true one.
+	Host string
 }
 
 // K8sPodEndpoints returns the endpoints that belong to Kubernetes pods, by
@@ -41,7 +43,7 @@ func (m *Master) K8sPodEndpoints(ctx context.Context) (map[string][]K8sPodEndpoi
 			if err != nil {
 				return err
 			}
-			out[ep.K8sPod] = append(out[ep.K8sPod], K8sPodEndpoint{ID: ep.ID, IP: ip, Tenant: t})
+			out[ep.K8sPod] = append(out[ep.K8sPod], K8sPodEndpoint{ID: ep.ID, IP: ip, Tenant: t, Host: ep.HomingHost})
 		}
 		return nil
 	})
