@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -430,6 +431,9 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 	}
 }
 
+// alarmCheckEvery is how often reclaimLoop looks for a NOSPACE alarm (at most).
+const alarmCheckEvery = 5 * time.Second
+
 // reclaimLoop keeps the embedded etcd's space: auto-compaction (by revision) frees pages
 // inside the database file, defragmentation shrinks the file so the quota measures live
 // data, and after a NOSPACE alarm (a caller filled the quota) the history is compacted and
@@ -438,15 +442,22 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 func reclaimLoop(ctx context.Context, store *state.Store, every time.Duration, quota, minWaste int64) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// An alarm (or history past its share of the quota) is looked at more often than the
+	// file's waste: writes fail while it lasts.
+	alarm := time.NewTicker(min(every, alarmCheckEvery))
+	defer alarm.Stop()
 	full := false // NOSPACE stayed at the last look (logged once)
 	for {
+		waste := minWaste
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-alarm.C:
+			waste = math.MaxInt64 // (defragment only under NOSPACE)
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		r, err := store.Reclaim(rctx, quota, minWaste)
+		r, err := store.Reclaim(rctx, quota, waste)
 		cancel()
 		switch {
 		case err != nil:

@@ -258,8 +258,13 @@ type Reclaimed struct {
 }
 
 // roomFraction is the share of the quota a member's backend must be below before Reclaim
-// lifts NOSPACE: with less room the alarm would come straight back.
-const roomFraction = 0.75
+// lifts NOSPACE: with less room the alarm would come straight back. Past historyFraction
+// of the quota in use, Reclaim compacts the history ahead of the alarm: auto-compaction
+// keeps 10,000 revisions, far more than the room left under churn.
+const (
+	roomFraction    = 0.75
+	historyFraction = 0.6
+)
 
 // Reclaim returns space to etcd (netmaster's embedded one; an external cluster is its
 // operators'): every endpoint whose backend file holds at least minWaste bytes no longer
@@ -282,19 +287,38 @@ func (s *Store) Reclaim(ctx context.Context, quota, minWaste int64) (Reclaimed, 
 			nospace = append(nospace, a)
 		}
 	}
-	if len(nospace) > 0 {
+	compact := len(nospace) > 0
+	if !compact && quota > 0 {
+		for _, ep := range s.cli.Endpoints() {
+			if st, err := s.cli.Status(ctx, ep); err == nil && float64(st.DbSizeInUse) > historyFraction*float64(quota) {
+				compact = true
+			}
+		}
+		if compact {
+			// What the compaction frees stays in the file, which the quota measures:
+			// defragmented once it is an eighth of the quota.
+			minWaste = min(minWaste, quota/8)
+		}
+	}
+	if compact {
 		rev := alarms.Header.Revision
 		if _, err := s.cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
 			return r, fmt.Errorf("compact etcd to revision %d: %w", rev, err)
 		}
 		r.Compacted = rev
 	}
+	// Under NOSPACE a defragmentation is worth its pause (it blocks the reads etcd still
+	// serves) only when it gives back a sixteenth of the quota: not again and again over
+	// live data that fills it.
+	if len(nospace) > 0 && quota > 0 {
+		minWaste = min(minWaste, quota/16)
+	}
 	for _, ep := range s.cli.Endpoints() {
 		st, err := s.cli.Status(ctx, ep)
 		if err != nil {
 			return r, fmt.Errorf("etcd %s status: %w", ep, err)
 		}
-		if len(nospace) == 0 && st.DbSize-st.DbSizeInUse < minWaste {
+		if st.DbSize-st.DbSizeInUse < minWaste {
 			continue
 		}
 		if _, err := s.cli.Defragment(ctx, ep); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -239,6 +240,9 @@ func (s *Store) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		tx := &Tx{ctx: ctx, cli: s.cli, seen: map[string]bool{}, writes: map[string]*string{}}
 		if err := fn(tx); err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				continue // its snapshot was compacted away (state.Reclaim): a fresh one
+			}
 			return err
 		}
 		ok, err := tx.commit()
