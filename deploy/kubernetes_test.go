@@ -10,7 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 )
 
 // TestKubernetesManifests sends deploy/kubernetes/contiv.yaml to a real kube-apiserver with

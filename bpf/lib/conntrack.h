@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* conntrack.h: the connection table (docs/conntrack.md is the contract; pkg/policy/refmodel
+/* conntrack.h: the connection table (docs/conntrack.md is the contract; internal/testkit/refmodel
  * is its Go reference model). Keys carry the zone (the tenant's routing domain), so two
  * tenants with overlapping subnets never share an entry. Entries are created only after
  * policy allowed the packet that opens the flow; TCP has NEW / ESTABLISHED / CLOSING states

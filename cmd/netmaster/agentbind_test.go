@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/pki"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 

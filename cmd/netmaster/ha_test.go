@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // TestHACluster runs three netmaster processes on one etcd: one leader, followers proxy,

@@ -9,8 +9,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // TestHealthzAndMetrics: /healthz says ok, warns once etcd's database passes 80% of the

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 )
 
 // binPath is the netmaster binary built once by TestMain.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 )
 
 // TestSlowClientFlood: thousands of connections that never send a request, stop inside

@@ -22,13 +22,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )

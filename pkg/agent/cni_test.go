@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 )
 
 // TestPodTarget resolves tenant/network/group through netplugin's pod cache against a real

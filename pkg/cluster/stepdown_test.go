@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // cutProxy forwards loopback TCP connections to an etcd client URL until Cut, which

@@ -19,8 +19,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/dockertest"
 	"github.com/contivbpf/contivbpf/pkg/cniplugin"
-	"github.com/contivbpf/contivbpf/pkg/dockertest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 	"github.com/contivbpf/contivbpf/tools/sim"

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
 	"github.com/contivbpf/contivbpf/pkg/model"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // TestHandlerRefusals drives the plugin's HTTP routes with requests Docker could send for

@@ -14,8 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 )
 
 // TestPodCache runs against a real kube-apiserver with the RBAC of deploy/kubernetes: the

@@ -14,9 +14,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 type env struct {

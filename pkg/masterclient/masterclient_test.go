@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // TestLeaderThenFallback: the leader lock points at a closed port, so the client must fall

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 // startMaster runs a real netmaster API on a private embedded etcd behind httptest.

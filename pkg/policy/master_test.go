@@ -11,12 +11,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/master"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/policy"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 func values[T any](m map[string]T) []T {

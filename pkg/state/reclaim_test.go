@@ -11,9 +11,9 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/state"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 const reclaimQuota = 16 << 20

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/agent"
-	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

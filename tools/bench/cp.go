@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/cpbench"
+	"github.com/contivbpf/contivbpf/internal/testkit/cpbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 
@@ -76,7 +76,7 @@ func (d *daemon) tail() string {
 
 // cpStage runs an external etcd (Debian etcd-server) and two netmasters on it inside a
 // namespace of its own, measures REST create/list and allocAddress throughput through one
-// and through both netmasters (pkg/cpbench; the follower proxies to the leader), then
+// and through both netmasters (internal/testkit/cpbench; the follower proxies to the leader), then
 // SIGKILLs the leader and times until a write through the survivor succeeds.
 func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	ns := cfg.prefix + "m"

@@ -18,8 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/cpbench"
 	"github.com/contivbpf/contivbpf/pkg/auth"
-	"github.com/contivbpf/contivbpf/pkg/cpbench"
 	"github.com/contivbpf/contivbpf/pkg/pki"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/tools/sim"

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/cniplugin"
-	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/dockertest"
+	"github.com/contivbpf/contivbpf/internal/testkit/dockertest"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

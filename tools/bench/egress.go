@@ -12,8 +12,8 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/model"
-	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

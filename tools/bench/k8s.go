@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

@@ -1,11 +1,11 @@
 // Command bench is `make bench`: it measures contivbpf on the simulator (tools/sim) against
-// kernel baselines built in the same run (pkg/netbench), and prints human tables plus one
+// kernel baselines built in the same run (internal/testkit/netbench), and prints human tables plus one
 // machine-readable line per figure, `BENCH <name> <value> <unit>` (names in docs/bench.md).
 //
 // Stages: eBPF program paths (Program.Benchmark), same-host and cross-host TCP
 // throughput/connection rate/latency per dataplane (also with policy on both endpoint
 // groups), a netplugin SIGKILL restart under load, CNI ADD latency, and the control
-// plane (REST, allocations, failover) through pkg/cpbench. Every stage is independent:
+// plane (REST, allocations, failover) through internal/testkit/cpbench. Every stage is independent:
 // a failure prints `BENCH_ERROR <name> <reason>` and the next stage runs; the exit status
 // is non-zero only if no figure was measured.
 // Everything started is removed at the end, also on Ctrl-C.

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/netbench"
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

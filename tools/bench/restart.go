@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/netbench"
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/model"
-	"github.com/contivbpf/contivbpf/pkg/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/dockertest"
+	"github.com/contivbpf/contivbpf/internal/testkit/dockertest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )

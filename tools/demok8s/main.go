@@ -30,9 +30,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/critest"
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/critest"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 

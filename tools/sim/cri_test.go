@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/critest"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
-	"github.com/contivbpf/contivbpf/pkg/k8s/critest"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 

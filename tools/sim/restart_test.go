@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/contivbpf/contivbpf/pkg/netbench"
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 )
 
 // rrLoad keeps request/response round trips going on long-lived TCP connections and

@@ -30,10 +30,10 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ovs"
-	"github.com/contivbpf/contivbpf/pkg/k8s/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/pki"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
@@ -85,7 +85,7 @@ type Config struct {
 	// link to every host ("bgp", passed as --vlan-if): VLAN networks in routing mode are
 	// then routed natively through it once bgp objects name the hosts and StartFRR ran.
 	BGPRouter bool
-	// KubeAPI runs a real kube-apiserver (pkg/k8s/k8stest, with Debian's etcd) inside the
+	// KubeAPI runs a real kube-apiserver (internal/testkit/k8stest, with Debian's etcd) inside the
 	// first host's namespace before netmaster starts: netmaster gets --mode kubernetes
 	// --k8s-config (its leader syncs Services), every netplugin for which KubeAPIPlugin
 	// says so (nil: all) gets --k8s-config (pod labels). Cluster.KubeAPI is the server.

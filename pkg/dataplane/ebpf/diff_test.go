@@ -18,8 +18,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/refmodel"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
-	"github.com/contivbpf/contivbpf/pkg/policy/refmodel"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 

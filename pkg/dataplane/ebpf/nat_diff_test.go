@@ -11,7 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/contivbpf/contivbpf/pkg/policy/refmodel"
+	"github.com/contivbpf/contivbpf/internal/testkit/refmodel"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 

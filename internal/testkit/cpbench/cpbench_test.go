@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/master"
-	"github.com/contivbpf/contivbpf/pkg/state/statetest"
 )
 
 func TestRunOneAndTwoNetmasters(t *testing.T) {

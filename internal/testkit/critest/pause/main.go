@@ -1,5 +1,5 @@
 // Command pause is the sandbox ("pause") image's only binary for the private containerd
-// of the tests (pkg/k8s/critest): it holds the pod's namespaces until told to stop.
+// of the tests (internal/testkit/critest): it holds the pod's namespaces until told to stop.
 package main
 
 import (

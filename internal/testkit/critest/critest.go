@@ -56,7 +56,7 @@ type Runtime struct {
 // portmap), and returns them as Options fields.
 func Build(ctx context.Context, root, dir string) (pause string, plugins map[string]string, err error) {
 	pkgs := map[string]string{
-		"pause":     "./pkg/k8s/critest/pause",
+		"pause":     "./internal/testkit/critest/pause",
 		"contivk8s": "./cmd/contivk8s",
 		"loopback":  "github.com/containernetworking/plugins/plugins/main/loopback",
 		"portmap":   "github.com/containernetworking/plugins/plugins/meta/portmap",
