@@ -25,52 +25,17 @@ import (
 // follower (which forwards the caller's identity): no credentials → 401, wrong role →
 // 403, both with a message, and a refused request never changes etcd.
 func TestAPIAuth(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := pki.NewCA("test-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
+	const tT1 = "t1-admin-token-0123456789"
+	sec := newSecureEnv(t, fmt.Sprintf("# test tokens\n%s admin alice\n%s read-only ro\n%s agent host1\n%s tenant-admin:t1 bob\n%s netmaster peers\n",
+		tAdmin, tRO, tAgent, tT1, tPeer))
+	ca, caPath, tokens := sec.ca, sec.caPath, sec.tokens
 	other, _ := pki.NewCA("other-ca")
-	caPath, _ := ca.WriteCA(dir, "ca.crt")
-	srvPair, _ := ca.Issue(pki.Options{CommonName: "netmaster", Hosts: []string{"127.0.0.1"}, Server: true})
-	sc, sk, _ := srvPair.Write(dir, "server")
-	issue := func(name, role string, from *pki.CA, validity time.Duration) tlsconf.Files {
-		p, err := from.Issue(pki.Options{CommonName: name, Organization: []string{role}, Client: true, Validity: validity})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, k, _ := p.Write(dir, name)
-		return tlsconf.Files{CA: caPath, Cert: c, Key: k}
-	}
-	tokens := filepath.Join(dir, "tokens")
-	const (
-		tAdmin = "admin-token-0123456789"
-		tRO    = "readonly-token-0123456789"
-		tAgent = "agent-token-0123456789"
-		tT1    = "t1-admin-token-0123456789"
-		tPeer  = "peer-token-0123456789abc"
-	)
-	os.WriteFile(tokens, []byte(fmt.Sprintf("# test tokens\n%s admin alice\n%s read-only ro\n%s agent host1\n%s tenant-admin:t1 bob\n%s netmaster peers\n",
-		tAdmin, tRO, tAgent, tT1, tPeer)), 0o600)
+	issue := sec.issue
 
 	etcdURL := statetest.Etcd(t)
-	flags := []string{"--tls-cert", sc, "--tls-key", sk, "--tls-client-ca", caPath, "--tls-peer-ca", caPath, "--auth-tokens", tokens}
-	ps := []*proc{startNetmaster(t, "nm-a", etcdURL, flags...), startNetmaster(t, "nm-b", etcdURL, flags...)}
-	for _, p := range ps {
-		p.url = "https://" + p.addr
-	}
-	admin := client(t, tlsconf.Files{CA: caPath}, tAdmin)
-	var leader, follower *proc
-	eventually(t, 30*time.Second, "a leader", func() error {
-		for i, p := range ps {
-			st, body := admin.call(t, "GET", p.url+"/info", "")
-			if st == 200 && strings.Contains(body, `"current-state":"leader"`) {
-				leader, follower = p, ps[1-i]
-				return nil
-			}
-		}
-		return fmt.Errorf("no leader yet")
-	})
+	ps := sec.start(t, etcdURL, "nm-a", "nm-b")
+	admin := sec.client(t, tAdmin)
+	leader, follower := secureLeader(t, admin, ps)
 	admin.must(t, "POST", leader.url+"/api/v1/globals/global/", `{"name":"global","networkInfraType":"default","vlans":"1-4094","vxlans":"1-10000","fwdMode":"routing","arpMode":"proxy","pvtSubnet":"172.19.0.0/16"}`, 200)
 	for _, tn := range []string{"t1", "t2"} {
 		admin.must(t, "POST", leader.url+"/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, 200)
@@ -87,12 +52,12 @@ func TestAPIAuth(t *testing.T) {
 		c    *apiClient
 	}
 	callers := []caller{
-		{"none", client(t, tlsconf.Files{CA: caPath}, "")},
-		{"bad-token", client(t, tlsconf.Files{CA: caPath}, "not-a-real-token-at-all")},
+		{"none", sec.client(t, "")},
+		{"bad-token", sec.client(t, "not-a-real-token-at-all")},
 		{"admin-token", admin},
-		{"read-only-token", client(t, tlsconf.Files{CA: caPath}, tRO)},
-		{"agent-token", client(t, tlsconf.Files{CA: caPath}, tAgent)},
-		{"t1-token", client(t, tlsconf.Files{CA: caPath}, tT1)},
+		{"read-only-token", sec.client(t, tRO)},
+		{"agent-token", sec.client(t, tAgent)},
+		{"t1-token", sec.client(t, tT1)},
 		{"admin-cert", client(t, issue("carol", "admin", ca, 0), "")},
 		{"t1-cert", client(t, issue("dave", "tenant-admin:t1", ca, 0), "")},
 	}
@@ -174,7 +139,7 @@ func TestAPIAuth(t *testing.T) {
 		}
 	}
 	// A client may not claim an identity itself: only a peer netmaster's token may.
-	forged := client(t, tlsconf.Files{CA: caPath}, tRO)
+	forged := sec.client(t, tRO)
 	forged.header = map[string]string{"X-Contivbpf-Identity": `{"name":"x","role":"admin","via":"token"}`}
 	if st, _ := forged.call(t, "POST", leader.url+"/api/v1/tenants/forged/", `{"tenantName":"forged"}`); st != 401 {
 		t.Errorf("forged identity header: %d, want 401", st)
@@ -189,7 +154,7 @@ func TestAPIAuth(t *testing.T) {
 		}
 	}
 	// Tenant-admins see only their tenant in lists.
-	_, out := client(t, tlsconf.Files{CA: caPath}, tT1).call(t, "GET", leader.url+"/api/v1/networks/", "")
+	_, out := sec.client(t, tT1).call(t, "GET", leader.url+"/api/v1/networks/", "")
 	if strings.Contains(out, `"t2"`) || !strings.Contains(out, `"t1"`) {
 		t.Errorf("tenant-admin list shows other tenants or not its own: %s", out)
 	}
@@ -219,7 +184,7 @@ func TestAPIAuth(t *testing.T) {
 	}
 	// A token removed from the file stops working without a restart (control plane issue,
 	// item 7): both netmasters notice the changed file.
-	ro := client(t, tlsconf.Files{CA: caPath}, tRO)
+	ro := sec.client(t, tRO)
 	ro.must(t, "GET", leader.url+"/api/v1/networks/", "", 200)
 	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("%s admin alice\n%s agent host1\n%s tenant-admin:t1 bob\n%s netmaster peers\n",
 		tAdmin, tAgent, tT1, tPeer)), 0o600); err != nil {
@@ -234,6 +199,123 @@ func TestAPIAuth(t *testing.T) {
 		})
 	}
 	admin.must(t, "GET", follower.url+"/api/v1/networks/", "", 200) // (forwarded with the peer token as now read)
+}
+
+// Tokens of the tests' token files (secureEnv), by role.
+const (
+	tAdmin = "admin-token-0123456789"
+	tRO    = "readonly-token-0123456789"
+	tAgent = "agent-token-0123456789"
+	tPeer  = "peer-token-0123456789abc"
+)
+
+// secureEnv runs netmasters with HTTPS, client certificates and bearer tokens.
+type secureEnv struct {
+	t      *testing.T
+	dir    string
+	ca     *pki.CA
+	caPath string
+	tokens string   // the token file
+	flags  []string // netmaster's flags for all of it
+}
+
+// newSecureEnv issues a CA and netmaster's server certificate (for 127.0.0.1) and writes
+// the token file (lines "<token> <role> [<name>]").
+func newSecureEnv(t *testing.T, tokenLines string) *secureEnv {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPath, err := ca.WriteCA(dir, "ca.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvPair, err := ca.Issue(pki.Options{CommonName: "netmaster", Hosts: []string{"127.0.0.1"}, Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, sk, err := srvPair.Write(dir, "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(tokenLines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &secureEnv{t: t, dir: dir, ca: ca, caPath: caPath, tokens: tokens,
+		flags: []string{"--tls-cert", sc, "--tls-key", sk, "--tls-client-ca", caPath, "--tls-peer-ca", caPath, "--auth-tokens", tokens}}
+}
+
+// issue writes a client certificate of from (role in its Organization) and returns the
+// files a client presents it with.
+func (s *secureEnv) issue(name, role string, from *pki.CA, validity time.Duration) tlsconf.Files {
+	s.t.Helper()
+	p, err := from.Issue(pki.Options{CommonName: name, Organization: []string{role}, Client: true, Validity: validity})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c, k, err := p.Write(s.dir, name)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return tlsconf.Files{CA: s.caPath, Cert: c, Key: k}
+}
+
+// start runs one netmaster per name on etcdURL, serving HTTPS.
+func (s *secureEnv) start(t *testing.T, etcdURL string, names ...string) []*proc {
+	t.Helper()
+	ps := make([]*proc, 0, len(names))
+	for _, n := range names {
+		p := startNetmaster(t, n, etcdURL, s.flags...)
+		p.url = "https://" + p.addr
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// client returns an API client that trusts the CA and sends token (none if "").
+func (s *secureEnv) client(t *testing.T, token string) *apiClient {
+	return client(t, tlsconf.Files{CA: s.caPath}, token)
+}
+
+// secureLeader waits for one of two netmasters to lead (asking as admin) and returns it
+// and the other.
+func secureLeader(t *testing.T, admin *apiClient, ps []*proc) (leader, follower *proc) {
+	t.Helper()
+	eventually(t, 30*time.Second, "a leader", func() error {
+		for i, p := range ps {
+			st, body := admin.call(t, "GET", p.url+"/info", "")
+			if st == 200 && strings.Contains(body, `"current-state":"leader"`) {
+				leader, follower = p, ps[1-i]
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader yet")
+	})
+	return leader, follower
+}
+
+// rawEtcd is a client of etcdURL, closed when the test ends.
+func rawEtcd(t *testing.T, etcdURL string) *clientv3.Client {
+	t.Helper()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
+}
+
+// revision is etcd's store revision: it moves with every write.
+func revision(t *testing.T, raw *clientv3.Client) int64 {
+	t.Helper()
+	r, err := raw.Get(context.Background(), "/contiv.io/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Header.Revision
 }
 
 type apiClient struct {
@@ -287,16 +369,6 @@ func (c *apiClient) must(t *testing.T, method, url, body string, want int) {
 // refused request must leave it where it was.
 func etcdRevision(t *testing.T, url string) func() int64 {
 	t.Helper()
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{url}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	return func() int64 {
-		r, err := raw.Get(context.Background(), "/contiv.io/obj/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Header.Revision
-	}
+	raw := rawEtcd(t, url)
+	return func() int64 { return revision(t, raw) }
 }

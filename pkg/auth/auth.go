@@ -297,6 +297,17 @@ func FromContext(ctx context.Context) (Identity, bool) {
 	return id, ok
 }
 
+// TenantScope returns the tenant a request's caller is confined to (scoped true for a
+// tenant-admin): what netmaster shows it is filtered to that tenant. A request without an
+// identity (a handler called without the middleware) is not scoped.
+func TenantScope(ctx context.Context) (tenant string, scoped bool) {
+	id, ok := FromContext(ctx)
+	if !ok {
+		return "", false
+	}
+	return id.Tenant()
+}
+
 // WithIdentity returns ctx carrying id.
 func WithIdentity(ctx context.Context, id Identity) context.Context {
 	return context.WithValue(ctx, ctxKey{}, id)

@@ -230,3 +230,99 @@ func TestBoundHost(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthorizeReadIsolation (issue 34, item 4): outside /api/v1 a tenant-admin reads
+// /version, /services and its own /service/<name>:<tenant> only; /info and /agents (host
+// addresses), /metrics (every tenant's networks), another tenant's service, a malformed
+// service id and any other path are refused by the path alone (403 whether the object
+// exists or not). The host collection (Bgps: router addresses, every tenant's routes) is
+// neither readable nor listed for it. The other roles read all of it.
+func TestAuthorizeReadIsolation(t *testing.T) {
+	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
+	for _, c := range []struct {
+		path string
+		ok   bool
+	}{
+		{"/version", true},
+		{"/services", true},
+		{"/service/web:t1", true},
+		{"/service/a:b:t1", true},
+		{"/service/web:t2", false},
+		{"/service/web:t10", false},
+		{"/service/web", false},
+		{"/service/", false},
+		{"/services/", false},
+		{"/info", false},
+		{"/agents", false},
+		{"/metrics", false},
+		{"/debug/pprof/", false},
+		{"/", false},
+		{"/api/v1/Bgps/h1/", false},
+		{"/api/v1/Bgps/t1:h1/", false},
+		{"/api/v1/inspect/Bgps/h1/", false},
+		{"/api/v1/Bgps/", true}, // (listed empty: Visible)
+		{"/api/v1/aciGws/aciGw/", true},
+		{"/api/v1/inspect/globals/global/", true},
+		{"/api/v1/endpoints/", false},
+	} {
+		for _, method := range []string{"GET", "HEAD"} {
+			if err := Authorize(t1, method, c.path); (err == nil) != c.ok {
+				t.Errorf("tenant-admin %s %s: %v, want ok=%v", method, c.path, err, c.ok)
+			} else if err != nil && !strings.Contains(err.Error(), c.path) {
+				t.Errorf("tenant-admin %s %s: refusal without the path: %v", method, c.path, err)
+			}
+		}
+	}
+	for _, role := range []string{RoleAdmin, RoleReadOnly, RoleAgent, RoleNetmaster} {
+		for _, path := range []string{"/info", "/agents", "/metrics", "/services", "/service/web:t2", "/api/v1/inspect/Bgps/h1/"} {
+			if err := Authorize(Identity{Name: "x", Role: role}, "GET", path); err != nil {
+				t.Errorf("%s GET %s: %v", role, path, err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		coll, key string
+		ok        bool
+	}{
+		{"networks", "t1:n", true},
+		{"networks", "t2:n", false},
+		{"tenants", "t1", true},
+		{"tenants", "t2", false},
+		{"globals", "global", true},
+		{"aciGws", "aciGw", true},
+		{"Bgps", "h1", false},
+		{"Bgps", "t1:h1", false},
+	} {
+		if got := Visible(c.coll, c.key, "t1"); got != c.ok {
+			t.Errorf("Visible(%s, %s, t1) = %v, want %v", c.coll, c.key, got, c.ok)
+		}
+	}
+}
+
+// TestTenantScope: a request's scope comes from its identity; none means not scoped.
+func TestTenantScope(t *testing.T) {
+	ctx := context.Background()
+	if tn, scoped := TenantScope(ctx); scoped || tn != "" {
+		t.Errorf("no identity: %q %v", tn, scoped)
+	}
+	if _, scoped := TenantScope(WithIdentity(ctx, Identity{Role: RoleReadOnly})); scoped {
+		t.Error("read-only is scoped")
+	}
+	if tn, scoped := TenantScope(WithIdentity(ctx, Identity{Role: "tenant-admin:t1"})); !scoped || tn != "t1" {
+		t.Errorf("tenant-admin: %q %v", tn, scoped)
+	}
+}
+
+// TestInsecureSeesEverything: an --insecure netmaster without tokens lets every caller in
+// as admin, so every route stays readable as before read isolation (docs/security.md).
+func TestInsecureSeesEverything(t *testing.T) {
+	id, err := Config{Open: true}.Authenticate(httptest.NewRequest("GET", "/info", nil))
+	if err != nil || id.Role != RoleAdmin {
+		t.Fatalf("insecure caller: %+v %v", id, err)
+	}
+	for _, path := range []string{"/info", "/agents", "/metrics", "/services", "/service/web:t2", "/api/v1/inspect/Bgps/h1/", "/api/v1/networks/t2:n/"} {
+		if err := Authorize(id, "GET", path); err != nil {
+			t.Errorf("insecure GET %s: %v", path, err)
+		}
+	}
+}

@@ -8,8 +8,14 @@ import (
 	"strings"
 )
 
-// globalCollections hold objects of no tenant: tenant-admins may read, not write them.
+// globalCollections hold objects of no tenant: tenant-admins may read, not write them
+// (but for the host collection, which they may not read either).
 var globalCollections = map[string]bool{"globals": true, "Bgps": true, "aciGws": true}
+
+// hostCollection reports whether coll holds per-host objects (a host's name, its router
+// address and the routes it learns and advertises: every tenant's endpoint /32s), which
+// are for admins, operators and agents only, like /info and /agents.
+func hostCollection(coll string) bool { return coll == "Bgps" }
 
 // Authorize decides whether id may send method to path (netmaster's routes).
 func Authorize(id Identity, method, path string) error {
@@ -29,10 +35,8 @@ func Authorize(id Identity, method, path string) error {
 	case strings.HasPrefix(path, "/api/v1/"):
 		coll, key := splitObject(path)
 		if read {
-			if tenant, ok := id.Tenant(); ok && key != "" && !globalCollections[coll] {
-				if coll == "endpoints" || tenantOf(coll, key) != tenant {
-					return deny("the object is not in tenant " + tenant)
-				}
+			if tenant, ok := id.Tenant(); ok && (coll == "endpoints" || key != "" && !Visible(coll, key, tenant)) {
+				return deny("the object is not in tenant " + tenant)
 			}
 			return nil
 		}
@@ -58,11 +62,45 @@ func Authorize(id Identity, method, path string) error {
 		}
 		return deny("unknown role")
 	default:
-		if read {
-			return nil // /version, /info, /services, /service/<id>
+		if !read {
+			return deny("admin only")
 		}
-		return deny("admin only")
+		if tenant, ok := id.Tenant(); ok {
+			if why := tenantReadable(path, tenant); why != "" {
+				return deny(why)
+			}
+		}
+		return nil
 	}
+}
+
+// tenantReadable says why a tenant-admin of tenant may not read path outside /api/v1
+// ("" if it may). Only /version, /services (filtered by netmaster) and the tenant's own
+// /service/<name>:<tenant> are; everything else (/info and /agents name hosts and their
+// addresses, /metrics every tenant's networks, a route added later) is for the other
+// roles. The answer depends on the path alone, so it never tells whether an object exists.
+func tenantReadable(path, tenant string) string {
+	switch {
+	case path == "/version" || path == "/services":
+		return ""
+	case strings.HasPrefix(path, "/service/"):
+		if serviceTenant(strings.TrimPrefix(path, "/service/")) != tenant {
+			return "the service is not in tenant " + tenant
+		}
+		return ""
+	case path == "/metrics":
+		return "metrics name every tenant's objects: scrape with a read-only token"
+	}
+	return "host and cluster routes are for admins, operators and agents"
+}
+
+// serviceTenant is the tenant of a service id "<service>:<tenant>" ("" without one).
+func serviceTenant(id string) string {
+	i := strings.LastIndexByte(id, ':')
+	if i < 0 {
+		return ""
+	}
+	return id[i+1:]
 }
 
 func viaWord(id Identity) string {
@@ -82,8 +120,11 @@ func splitObject(path string) (coll, key string) {
 }
 
 // Visible reports whether object key of collection coll may be shown to a tenant-admin
-// of tenant (list filtering).
+// of tenant (list filtering): its own objects and the global ones but the hosts'.
 func Visible(coll, key, tenant string) bool {
+	if hostCollection(coll) {
+		return false
+	}
 	return globalCollections[coll] || tenantOf(coll, key) == tenant
 }
 

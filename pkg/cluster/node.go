@@ -201,27 +201,16 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		register(rpc)
 	}
 
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /info", func(w http.ResponseWriter, r *http.Request) {
-		info, err := nodeInfo(r.Context(), cfg.Store, host, el)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(info)
-	})
-	mux.HandleFunc("GET /agents", func(w http.ResponseWriter, r *http.Request) {
-		agents, err := Agents(r.Context(), cfg.Store)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(agents)
-	})
 	api := newAPIMetrics()
-	mux.Handle("GET /metrics", metricsHandler(cfg.Store, cfg.EtcdQuota, el.IsLeader, api, cfg.Collectors))
+	mux, outer := http.NewServeMux(), http.NewServeMux()
+	deps := nodeDeps{cfg: cfg, host: host, el: el, api: api}
+	for _, rt := range nodeRoutes() {
+		if rt.open {
+			outer.Handle(rt.pattern, rt.handler(deps))
+		} else {
+			mux.Handle(rt.pattern, rt.handler(deps))
+		}
+	}
 	front := NewFront(el, cfg.API, nil)
 	if cfg.TLS != nil {
 		front.UseTLS(cfg.PeerTLS)
@@ -242,10 +231,6 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 			if cfg.Auth != nil {
 				top = auth.Middleware(*cfg.Auth, log, top)
 			}
-			// /healthz answers every prober without credentials (it reveals only etcd's
-			// health).
-			outer := http.NewServeMux()
-			outer.HandleFunc("GET /healthz", healthHandler(cfg.Store, cfg.EtcdQuota))
 			outer.Handle("/", top)
 			return api.wrap(outer)
 		})
@@ -284,6 +269,73 @@ func Serve(ctx context.Context, cfg NodeConfig) error {
 		log.Warn("http shutdown", "err", err)
 	}
 	return result
+}
+
+// nodeRoute is a route every node serves itself, not through the leader.
+type nodeRoute struct {
+	pattern string // an http.ServeMux pattern
+	// open routes are served without credentials; the others pass auth.Middleware, whose
+	// auth.Authorize decides who may read them.
+	open    bool
+	handler func(nodeDeps) http.Handler
+}
+
+// nodeDeps is what the node's own routes read.
+type nodeDeps struct {
+	cfg  NodeConfig
+	host string
+	el   *Election
+	api  *apiMetrics
+}
+
+func nodeRoutes() []nodeRoute {
+	return []nodeRoute{
+		// /healthz answers every prober without credentials (it reveals only etcd's health).
+		{pattern: "GET /healthz", open: true, handler: func(d nodeDeps) http.Handler {
+			return healthHandler(d.cfg.Store, d.cfg.EtcdQuota)
+		}},
+		{pattern: "GET /info", handler: infoHandler},
+		{pattern: "GET /agents", handler: agentsHandler},
+		{pattern: "GET /metrics", handler: func(d nodeDeps) http.Handler {
+			return metricsHandler(d.cfg.Store, d.cfg.EtcdQuota, d.el.IsLeader, d.api, d.cfg.Collectors)
+		}},
+	}
+}
+
+// NodeRoutes lists the patterns ("GET /info") of the routes every node serves itself;
+// everything else is the API (master.Routes), served by the leader. For tests that walk
+// every route, so that a route added later is covered too.
+func NodeRoutes() []string {
+	rts := nodeRoutes()
+	out := make([]string, len(rts))
+	for i, rt := range rts {
+		out[i] = rt.pattern
+	}
+	return out
+}
+
+func infoHandler(d nodeDeps) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, err := nodeInfo(r.Context(), d.cfg.Store, d.host, d.el)
+		if err != nil {
+			http.Error(w, "info: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(info)
+	})
+}
+
+func agentsHandler(d nodeDeps) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		agents, err := Agents(r.Context(), d.cfg.Store)
+		if err != nil {
+			http.Error(w, "agents: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(agents)
+	})
 }
 
 // runWhileLeader runs fn for each leadership term reported on changes, cancelling it when

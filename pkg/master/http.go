@@ -22,6 +22,36 @@ const maxBody = 1 << 20
 // Handler returns the HTTP API: /api/v1/..., /version, /services, /service/<id>, /plugin/*.
 // Trailing slashes are mandatory on /api/v1 paths, as in Contiv.
 func (m *Master) Handler() http.Handler {
+	return recoverer(m, contivErrors(m.router()))
+}
+
+// Route is one route of the API: its path template ("/service/{id}") and methods (none:
+// any method).
+type Route struct {
+	Path    string
+	Methods []string
+}
+
+// Routes lists every route Handler serves, read from its router: for tests that walk
+// them all, so that a route added later is covered too.
+func Routes() ([]Route, error) {
+	var out []Route
+	err := (&Master{}).router().Walk(func(rt *mux.Route, _ *mux.Router, _ []*mux.Route) error {
+		tpl, err := rt.GetPathTemplate()
+		if err != nil {
+			return fmt.Errorf("route without a path template: %w", err)
+		}
+		methods, _ := rt.GetMethods() // (an error means: any method)
+		out = append(out, Route{Path: tpl, Methods: methods})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk the API's routes: %w", err)
+	}
+	return out, nil
+}
+
+func (m *Master) router() *mux.Router {
 	r := mux.NewRouter()
 	registerObject(r, m, tenantOps())
 	registerObject(r, m, networkOps())
@@ -57,7 +87,7 @@ func (m *Master) Handler() http.Handler {
 			writeErr(w, errf(http.StatusUnsupportedMediaType, "%s needs POST with Content-Type: application/json", p.path))
 		})
 	}
-	return recoverer(m, contivErrors(r))
+	return r
 }
 
 // hdrAPIError marks an error answer written by writeErr (and not, e.g., the router's 404
@@ -237,10 +267,7 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 			return
 		}
 		// A tenant-admin lists only its tenant's objects (and global ones).
-		tenant, scoped := "", false
-		if id, ok := auth.FromContext(req.Context()); ok {
-			tenant, scoped = id.Tenant()
-		}
+		tenant, scoped := auth.TenantScope(req.Context())
 		out := make([]json.RawMessage, 0, len(kvs))
 		for _, kv := range kvs {
 			if scoped && !auth.Visible(ops.coll, strings.TrimPrefix(kv.Key, prefix), tenant) {

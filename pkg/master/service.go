@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -482,15 +483,20 @@ func removeProvider(tx *state.Tx, ip, tenant, host string) error {
 	return nil
 }
 
+// listServices is GET /services: every service state, sorted by id; a tenant-admin's
+// only its tenant's.
 func (m *Master) listServices(w http.ResponseWriter, r *http.Request) {
 	svcs, err := state.ListJSON[model.CfgServiceLBState](r.Context(), m.store, model.SvcLBStatePrefix)
 	if err != nil {
-		writeErr(w, err)
+		writeErr(w, fmt.Errorf("list services: %w", err))
 		return
 	}
+	tenant, scoped := auth.TenantScope(r.Context())
 	keys := make([]string, 0, len(svcs))
-	for k := range svcs {
-		keys = append(keys, k)
+	for k, st := range svcs {
+		if !scoped || st.Tenant == tenant {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	out := make([]model.CfgServiceLBState, 0, len(keys))
@@ -508,7 +514,13 @@ func (m *Master) getService(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, notFound("service %q not found", id))
 			return
 		}
-		writeErr(w, err)
+		writeErr(w, fmt.Errorf("read service %q: %w", id, err))
+		return
+	}
+	// The middleware refused another tenant's id; a record whose tenant differs from its
+	// id is not shown either (as if absent).
+	if tenant, scoped := auth.TenantScope(r.Context()); scoped && st.Tenant != tenant {
+		writeErr(w, notFound("service %q not found", id))
 		return
 	}
 	writeJSON(w, st)
