@@ -61,6 +61,18 @@ func (id Identity) Tenant() (string, bool) {
 // agent identity named otherwise (one token shared by every host) is not confined.
 const HostPrefix = "host:"
 
+// checkBinding refuses an agent name that looks like a host binding but is not one
+// ("Host:h1", "HOST:h1", "host:"): it would silently leave the agent unconfined.
+func checkBinding(id Identity) error {
+	if id.Role != RoleAgent || !strings.HasPrefix(strings.ToLower(id.Name), HostPrefix) {
+		return nil
+	}
+	if _, ok := id.BoundHost(); !ok {
+		return fmt.Errorf("agent name %q: a host binding is written %s<host>", id.Name, HostPrefix)
+	}
+	return nil
+}
+
 // BoundHost returns the host an agent identity is bound to (HostPrefix).
 func (id Identity) BoundHost() (string, bool) {
 	if id.Role != RoleAgent {
@@ -242,6 +254,9 @@ func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 		if len(fields) == 3 {
 			id.Name = fields[2]
 		}
+		if err := checkBinding(id); err != nil {
+			return tokenSet{}, fmt.Errorf("token file %s line %d: %w", path, n, err)
+		}
 		d := sha256.Sum256([]byte(fields[0]))
 		if _, dup := t.byDigest[d]; dup {
 			return tokenSet{}, fmt.Errorf("token file %s line %d: token repeated", path, n)
@@ -356,6 +371,9 @@ func (c Config) Authenticate(r *http.Request) (Identity, error) {
 			return Identity{}, fmt.Errorf("client certificate %q: organization %q is not a role", cert.Subject.CommonName, role)
 		}
 		id, found = Identity{Name: cert.Subject.CommonName, Role: role, Via: "certificate"}, true
+		if err := checkBinding(id); err != nil {
+			return Identity{}, fmt.Errorf("client certificate: %w", err)
+		}
 	case c.Open:
 		return Identity{Name: "anonymous", Role: RoleAdmin, Via: "insecure"}, nil
 	}

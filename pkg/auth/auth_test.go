@@ -229,6 +229,17 @@ func TestBoundHost(t *testing.T) {
 			t.Errorf("%+v: BoundHost() = %q, %v; want %q, %v", c.id, h, ok, c.host, c.ok)
 		}
 	}
+	// A name that looks like a binding but is none is refused, not left unconfined
+	// (found by review: "Host:h3" kept every right).
+	for _, name := range []string{"Host:h3", "HOST:h3", "host:"} {
+		p := filepath.Join(t.TempDir(), "tokens")
+		if err := os.WriteFile(p, []byte("agent-token-0123456789 agent "+name+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTokens(p); err == nil || !strings.Contains(err.Error(), "host binding") {
+			t.Errorf("agent named %q: %v, want refused", name, err)
+		}
+	}
 }
 
 // TestAuthorizeReadIsolation (issue 34, item 4): outside /api/v1 a tenant-admin reads
