@@ -172,7 +172,7 @@ func resolveNetworkID(tx *state.Tx, id string) (*model.CfgNetworkState, *model.E
 				continue
 			}
 			group, tenant := rest[:i], rest[i+1:]
-			ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(netName, tenant)))
+			ns, found, err := tenantNetwork(tx, netName, tenant)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -112,7 +112,7 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 		{"create ep unknown group", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ServiceName":"gg","ConfigEP":{"Container":"c","Host":"h"}}`, 422, "ServiceName"},
 		{"create ep bad ip", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"c","Host":"h","IPAddress":"300.1.1.1"}}`, 400, "ConfigEP.IPAddress"},
 		{"create ep bad k8s pod", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","K8sPod":"../x","ConfigEP":{"Container":"c","Host":"h"}}`, 400, "K8sPod"},
-		{"colliding network state key", "POST", "/api/v1/networks/c1:a1.b1/", `{"tenantName":"c1","networkName":"a1.b1","encap":"vxlan","subnet":"10.5.5.0/24"}`, 409, `belongs to network "a1" of tenant "b1.c1"`},
+		{"colliding network state key", "POST", "/api/v1/networks/c1:a1.b1/", `{"tenantName":"c1","networkName":"a1.b1","encap":"vxlan","subnet":"10.5.5.0/24"}`, 409, "which another network holds"},
 		{"colliding endpoint id", "POST", "/plugin/createEndpoint", `{"TenantName":"y-c","NetworkName":"x","ConfigEP":{"Container":"d","Host":"h"}}`, 409, "belongs to endpoint"},
 		{"delete colliding endpoint id", "POST", "/plugin/deleteEndpoint", `{"TenantName":"y-c","NetworkName":"x","EndpointID":"d"}`, 404, "not found"},
 		{"alloc preferred held by endpoint", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","PreferredIPv4Address":"10.1.1.2"}`, 409, "endpoint"},

@@ -258,7 +258,7 @@ func TestServiceNodePorts(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{svc("blue", "n2", "api", "30080:80:TCP"), 409, "node port 30080/TCP is already used by service web:default"},
+		{svc("blue", "n2", "api", "30080:80:TCP"), 409, "node port 30080/TCP is already used by a service of another tenant"},
 		{svc("blue", "n2", "api", "29999:80:TCP"), 400, "outside 30000-32767"},
 		{svc("blue", "n2", "api", "30081:81:TCP"), 400, "the service has no port 81/TCP"},
 		{svc("blue", "n2", "api", "30081:80:SCTP"), 400, "protocol must be TCP or UDP"},

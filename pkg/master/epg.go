@@ -137,7 +137,7 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 			e.Links.NetProfile = model.Link{}
 		}
 	} else {
-		ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
+		ns, found, err := tenantNetwork(tx, e.NetworkName, e.TenantName)
 		if err != nil {
 			return err
 		}
@@ -295,7 +295,7 @@ func removeEPG(m *Master, tx *state.Tx, e *model.EndpointGroup) error {
 		}
 		if st.IPPool != "" {
 			netID := model.NetworkID(e.NetworkName, e.TenantName)
-			ns, nfound, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
+			ns, nfound, err := tenantNetwork(tx, e.NetworkName, e.TenantName)
 			if err != nil {
 				return err
 			}
@@ -354,7 +354,7 @@ func inspectEPG(m *Master, tx *state.Tx, e *model.EndpointGroup) (any, error) {
 	out.Oper = model.EndpointGroupOper{ExternalPktTag: st.ExtPktTag, GroupTag: st.GroupTag, NumEndpoints: st.EpCount, PktTag: st.PktTag}
 	netID := model.NetworkID(e.NetworkName, e.TenantName)
 	if st.IPPool != "" {
-		if ns, ok, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID)); err == nil && ok {
+		if ns, ok, err := tenantNetwork(tx, e.NetworkName, e.TenantName); err == nil && ok {
 			if sn, err := subnetOfState(ns); err == nil {
 				first, last, _ := parsePool(st.IPPool)
 				outside := func(off uint) bool {

@@ -390,6 +390,19 @@ func getT[T any](tx *state.Tx, key string) (*T, bool, error) {
 	return &v, true, nil
 }
 
+// tenantNetwork returns network name of tenant's state. Network ids are "<net>.<tenant>"
+// and both may contain dots, so another tenant's network can spell the same id (network
+// "x.a" of tenant "b" and network "x" of tenant "a.b"): a record that is not name's of
+// tenant is not found, so no object of one tenant resolves to another tenant's network
+// (found by review: a service or group bound to it took its addresses and its tag).
+func tenantNetwork(tx *state.Tx, name, tenant string) (*model.CfgNetworkState, bool, error) {
+	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(name, tenant)))
+	if err != nil || !found || !ns.Owns(name, tenant) {
+		return nil, false, err
+	}
+	return ns, true, nil
+}
+
 // tenantEndpoints lists the endpoint records of tenant's networks, reading one key range
 // per network of the tenant ("<net>.<tenant>-<container>") instead of every endpoint of
 // the cluster. Endpoints created without a container are keyed "<host>-native-intf",

@@ -79,7 +79,7 @@ func networkOps() objOps[model.Network] {
 		save:     saveNetwork,
 		remove:   removeNetwork,
 		inspect: func(m *Master, tx *state.Tx, n *model.Network) (any, error) {
-			ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(n.NetworkName, n.TenantName)))
+			ns, found, err := tenantNetwork(tx, n.NetworkName, n.TenantName)
 			if err != nil {
 				return nil, err
 			}
@@ -139,7 +139,8 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 		}
 		if osn.contains(sn.base) || sn.contains(osn.base) {
 			if o.Tenant != n.TenantName {
-				return conflict("subnet: %s overlaps network %s (%s/%d) of another tenant; VLAN networks are routed natively in routing mode and may not overlap", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
+				// (The other tenant's network is not named: found by review.)
+				return conflict("subnet: %s overlaps a network of another tenant; VLAN networks are routed natively in routing mode and may not overlap", n.Subnet)
 			}
 			return conflict("subnet: %s overlaps network %s (%s/%d)", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
 		}
@@ -156,8 +157,9 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if other, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(id)); err != nil {
 		return err
 	} else if found && !other.Owns(n.NetworkName, n.TenantName) {
-		return conflict("network %q of tenant %q would use state key %s, which belongs to network %q of tenant %q: choose another name",
-			n.NetworkName, n.TenantName, model.NetStateKey(id), other.NetworkName, other.Tenant)
+		// (Not naming the holder: it is another tenant's.)
+		return conflict("network %q of tenant %q would use state key %s, which another network holds: choose another name",
+			n.NetworkName, n.TenantName, model.NetStateKey(id))
 	}
 	ns := model.CfgNetworkState{ID: id, Tenant: n.TenantName, NetworkName: n.NetworkName, NwType: n.NwType,
 		PktTagType: n.Encap, SubnetIP: addr4(sn.base).String(), SubnetLen: uint(sn.plen), Gateway: n.Gateway,

@@ -393,7 +393,7 @@ func addRuleToEpgPolicy(tx *state.Tx, ep *model.EpgPolicy, r *model.Rule) error 
 		if name == "" {
 			return "", nil
 		}
-		ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(name, r.TenantName)))
+		ns, found, err := tenantNetwork(tx, name, r.TenantName)
 		if err != nil {
 			return "", err
 		}

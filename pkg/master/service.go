@@ -137,6 +137,10 @@ func claimNodePorts(tx *state.Tx, id string, ports, old []string) error {
 			return err
 		}
 		if found && owner != id {
+			if tenantOfID(owner) != tenantOfID(id) {
+				// (Another tenant's service is not named: found by review.)
+				return conflict("nodePorts: node port %d/%s is already used by a service of another tenant", port, strings.ToUpper(proto))
+			}
 			return conflict("nodePorts: node port %d/%s is already used by service %s", port, strings.ToUpper(proto), owner)
 		}
 		if err := tx.Put(k, id); err != nil {
@@ -236,7 +240,7 @@ func releaseVIP(tx *state.Tx, s *model.ServiceLB) error {
 	if err != nil || !found || st.IPAddress == "" {
 		return err
 	}
-	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(model.NetworkID(st.Network, st.Tenant)))
+	ns, found, err := tenantNetwork(tx, st.Network, st.Tenant)
 	if err != nil || !found {
 		return err
 	}
@@ -261,7 +265,7 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 		return err
 	}
 	netID := model.NetworkID(s.NetworkName, s.TenantName)
-	if ok, err := tx.Get(model.NetStateKey(netID), &model.CfgNetworkState{}); err != nil {
+	if _, ok, err := tenantNetwork(tx, s.NetworkName, s.TenantName); err != nil {
 		return err
 	} else if !ok {
 		return unproc("networkName: network %q does not exist in tenant %q", s.NetworkName, s.TenantName)
@@ -293,7 +297,7 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	if err := claimNodePorts(tx, id, s.NodePorts, oldNodePorts); err != nil {
 		return err
 	}
-	ns, _, err := getT[model.CfgNetworkState](tx, model.NetStateKey(netID))
+	ns, _, err := tenantNetwork(tx, s.NetworkName, s.TenantName)
 	if err != nil {
 		return err
 	}
@@ -524,4 +528,12 @@ func (m *Master) getService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, st)
+}
+
+// tenantOfID is the tenant of a service id "<name>:<tenant>" (model.ServiceID).
+func tenantOfID(id string) string {
+	if i := strings.LastIndexByte(id, ':'); i >= 0 {
+		return id[i+1:]
+	}
+	return ""
 }
