@@ -2,14 +2,18 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
@@ -215,6 +219,43 @@ func TestHostPathAndEgress(t *testing.T) {
 		}
 		if tcp != 3 {
 			t.Errorf("nat listing shows %d TCP flows to %s:443, want 3:\n%v", tcp, ewWorld, l.Rows)
+		}
+	})
+	t.Run("trace-changes-nothing", func(t *testing.T) {
+		// A traced new egress flow (and ping) takes no NAT port, no quota count and no
+		// budget of the live host (found by review: the trace programs shared the live
+		// egress NAT maps and counters).
+		live := func() map[string]string {
+			out := map[string]string{}
+			for _, m := range []*ebpf.Map{d.objs.CbSnat, d.objs.CbSnatRev, d.objs.CbPeerFlows, d.objs.CbCtOwned, d.objs.CbCtOwnedIn, d.objs.CbCtGens} {
+				k := make([]byte, m.KeySize())
+				v := make([]byte, m.ValueSize())
+				it := m.Iterate()
+				for it.Next(&k, &v) {
+					out[fmt.Sprintf("%v/%x", m, k)] = fmt.Sprintf("%x", v)
+				}
+				if err := it.Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return out
+		}
+		before := live()
+		for _, req := range []dataplane.TraceRequest{
+			{From: a.ID, Dst: netip.MustParseAddr(ewWorld), Proto: 6, DstPort: 8443},
+			{From: b.ID, Dst: netip.MustParseAddr(ewWorld), Proto: 17, DstPort: 5354},
+			{From: a.ID, Dst: netip.MustParseAddr(ewWorld), Proto: 1},
+		} {
+			r, err := d.Trace(req)
+			if err != nil {
+				t.Fatalf("trace %+v: %v", req, err)
+			}
+			if r.Reason != "fwd_egress" {
+				t.Errorf("trace %+v: %s %s, want fwd_egress", req, r.Reason, r.Verdict)
+			}
+		}
+		if after := live(); !reflect.DeepEqual(after, before) {
+			t.Errorf("traces changed the live NAT, quota or memo maps: %d entries before, %d after", len(before), len(after))
 		}
 	})
 	t.Run("nodeport", func(t *testing.T) {

@@ -41,14 +41,26 @@ func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error
 	return res, err
 }
 
-// traceScratch are the maps a packet writes: a trace gets private copies.
+// traceScratch are the maps a packet writes: a trace gets private copies (emptied before
+// each run: traceReset), so nothing it does reaches the live state (TestTrace,
+// TestHostPathAndEgress/trace-changes-nothing).
 var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: true, contivbpfMapCbNatFrags: true,
 	contivbpfMapCbReasons: true, contivbpfMapCbEpCounters: true, contivbpfMapCbVerdicts: true, contivbpfMapCbEvents: true,
 	contivbpfMapCbIfaces: true, contivbpfMapCbIfaceDirect: true,
+	// Egress NAT (a traced flow would take a NAT port), node port flows peers balanced
+	// here, fragment and ICMP budgets, conntrack quota counts and the service memo clock.
+	contivbpfMapCbSnat: true, contivbpfMapCbSnatRev: true, contivbpfMapCbPeerFlows: true,
+	contivbpfMapCbFragBudgets: true, contivbpfMapCbFragSrcBudgets: true, contivbpfMapCbIcmpBudget: true,
+	contivbpfMapCbCtOwned: true, contivbpfMapCbCtOwnedIn: true, contivbpfMapCbCtGens: true,
 	contivbpfMapCbCalls: true, // its own stages, which run on the trace's maps
-	// and its own per-CPU hand-over between them (a softirq between a trace's two
-	// programs must not spoil the trace's state, nor the trace the live packet's)
-	contivbpfMapCbIfaceScratch: true, contivbpfMapCbHandoffScratch: true}
+	// and its own per-CPU scratch (a softirq during a trace must not spoil the trace's
+	// state, nor the trace the live packet's)
+	contivbpfMapCbIfaceScratch: true, contivbpfMapCbHandoffScratch: true, contivbpfMapCbPolScratch: true}
+
+// traceSmall are scratch maps a trace needs only a few entries of.
+var traceSmall = map[string]uint32{contivbpfMapCbCt: 4096, contivbpfMapCbSnat: 4096, contivbpfMapCbSnatRev: 4096,
+	contivbpfMapCbPeerFlows: 4096, contivbpfMapCbIfaces: 64, contivbpfMapCbIfaceDirect: 64, contivbpfMapCbEpCounters: 64,
+	contivbpfMapCbCtOwned: 64, contivbpfMapCbCtOwnedIn: 64}
 
 // liveMaps names the driver's maps by their ELF names.
 func (d *Driver) liveMaps() map[string]*ebpf.Map {
@@ -131,10 +143,8 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 			ms.Pinning = ebpf.PinNone
 			m, ok := live[name]
 			if !ok || traceScratch[name] {
-				if name == contivbpfMapCbCt {
-					ms.MaxEntries = 4096
-				} else if (name == contivbpfMapCbIfaces || name == contivbpfMapCbIfaceDirect || name == contivbpfMapCbEpCounters) && ms.MaxEntries > 64 {
-					ms.MaxEntries = 64
+				if n, small := traceSmall[name]; small && ms.MaxEntries > n {
+					ms.MaxEntries = n
 				}
 				continue
 			}
@@ -151,23 +161,42 @@ func (d *Driver) traceCollection() (*ebpf.Collection, error) {
 		d.traceColl = coll
 		return coll, nil
 	}
-	// Empty the scratch maps a previous run wrote.
-	for _, name := range []string{contivbpfMapCbCt, contivbpfMapCbFrags, contivbpfMapCbNatFrags, contivbpfMapCbIfaces} {
-		_ = emptyMap(d.traceColl.Maps[name])
+	if err := traceReset(d.traceColl); err != nil {
+		return nil, err
 	}
-	for _, name := range []string{contivbpfMapCbReasons, contivbpfMapCbEpCounters, contivbpfMapCbVerdicts} {
-		m := d.traceColl.Maps[name]
-		zero := make([][]byte, ebpf.MustPossibleCPU())
-		for i := range zero {
-			zero[i] = make([]byte, m.ValueSize())
+	return d.traceColl, nil
+}
+
+// traceReset empties the scratch maps a previous run wrote: hash maps lose their entries,
+// arrays are zeroed (the trace's interface entries are written again by each run).
+func traceReset(coll *ebpf.Collection) error {
+	for name := range traceScratch {
+		m := coll.Maps[name]
+		if m == nil || name == contivbpfMapCbCalls || name == contivbpfMapCbIfaceDirect {
+			continue
 		}
-		for k := uint32(0); k < m.MaxEntries(); k++ {
-			if err := m.Put(k, zero); err != nil {
-				return nil, fmt.Errorf("trace: reset %s: %w", name, err)
+		switch m.Type() {
+		case ebpf.Hash, ebpf.LRUHash, ebpf.LRUCPUHash, ebpf.PerCPUHash:
+			if err := emptyMap(m); err != nil {
+				return fmt.Errorf("trace: reset %s: %w", name, err)
+			}
+		case ebpf.Array, ebpf.PerCPUArray:
+			var zero any = make([]byte, m.ValueSize())
+			if m.Type() == ebpf.PerCPUArray {
+				vs := make([][]byte, ebpf.MustPossibleCPU())
+				for i := range vs {
+					vs[i] = make([]byte, m.ValueSize())
+				}
+				zero = vs
+			}
+			for k := uint32(0); k < m.MaxEntries(); k++ {
+				if err := m.Put(k, zero); err != nil {
+					return fmt.Errorf("trace: reset %s: %w", name, err)
+				}
 			}
 		}
 	}
-	return d.traceColl, nil
+	return nil
 }
 
 // traceRunResult is what one run left: the tc verdict, the packet, the scratch conntrack
