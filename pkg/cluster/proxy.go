@@ -83,7 +83,9 @@ func NewFront(view LeaderView, local http.Handler, transport http.RoundTripper) 
 			f.log.Warn("proxy to leader failed", "leader", leader, "path", r.URL.Path, "err", err)
 			// Only a connection never made is known to have done nothing at the leader.
 			var oe *net.OpError
-			unavailable(w, fmt.Sprintf("netmaster leader %s unreachable: %v", leader, err), errors.As(err, &oe) && oe.Op == "dial")
+			// (The leader's address and the dial error stay in the log: callers that may
+			// not see hosts' addresses get this answer too.)
+			unavailable(w, "netmaster leader unreachable: try again", errors.As(err, &oe) && oe.Op == "dial")
 		},
 	}
 	return f
