@@ -369,7 +369,12 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 				out = struct{ Config *T }{&obj}
 				return nil
 			}
-			out, err = ops.inspect(m, tx, &obj)
+			if out, err = ops.inspect(m, tx, &obj); err != nil {
+				return err
+			}
+			if tenant, scoped := auth.TenantScope(req.Context()); scoped {
+				out, err = scopedInspect(tx, out, tenant)
+			}
 			return err
 		})
 		if err != nil {
@@ -489,4 +494,33 @@ func delLink(m *map[string]model.Link, key string) {
 	if len(*m) == 0 {
 		*m = nil
 	}
+}
+
+// scopedInspect is a tenant-admin's view of a global object's inspect: the counts cover
+// its own tenant, and other tenants' tags in use are left out (found by review: they told
+// every tenant how many networks and which tags the others had).
+func scopedInspect(tx *state.Tx, out any, tenant string) (any, error) {
+	switch v := out.(type) {
+	case model.GlobalInspect:
+		nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for _, ns := range nets {
+			if ns.Tenant == tenant {
+				n++
+			}
+		}
+		v.Oper.NumNetworks, v.Oper.VlansInUse, v.Oper.VxlansInUse = n, "", ""
+		return v, nil
+	case model.AciGwInspect:
+		kvs, err := tx.List(model.ModelKey(model.TypeAppProfile, model.ScopedKey(tenant, "")))
+		if err != nil {
+			return nil, err
+		}
+		v.Oper.NumAppProfiles = len(kvs)
+		return v, nil
+	}
+	return out, nil
 }

@@ -91,6 +91,17 @@ func TestServicesReadIsolation(t *testing.T) {
 	if admin.ok("GET", "/api/v1/Bgps/", nil, &bgps); len(bgps) != 1 {
 		t.Errorf("admin lists %d bgp objects, want 1", len(bgps))
 	}
+	// The global objects' inspects count the caller's tenant only (found by review: they
+	// told every tenant how many networks and which tags the others had).
+	var gi model.GlobalInspect
+	t1.ok("GET", "/api/v1/inspect/globals/global/", nil, &gi)
+	if gi.Oper.NumNetworks != 1 || gi.Oper.VlansInUse != "" || gi.Oper.VxlansInUse != "" {
+		t.Errorf("tenant-admin's global inspect: %+v, want its 1 network and no tags in use", gi.Oper)
+	}
+	admin.ok("GET", "/api/v1/inspect/globals/global/", nil, &gi)
+	if gi.Oper.NumNetworks != 2 || gi.Oper.VxlansInUse == "" {
+		t.Errorf("admin's global inspect: %+v, want 2 networks and their tags", gi.Oper)
+	}
 }
 
 // TestRoutes: Routes reads every route of the router (the walk of TestReadIsolation in
