@@ -103,6 +103,7 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 		{"extcontracts long", "POST", "/api/v1/extContractsGroups/default:x/", `{"contractsGroupName":"x","contractsType":"provided","tenantName":"default","contracts":["` + strings.Repeat("a", 256) + `"]}`, 400, "contracts[0]"},
 		{"extcontracts bad chars", "POST", "/api/v1/extContractsGroups/default:x/", `{"contractsGroupName":"x","contractsType":"provided","tenantName":"default","contracts":["uni/tn-a b"]}`, 400, "contracts[0]"},
 		{"extcontracts repeated", "POST", "/api/v1/extContractsGroups/default:x/", `{"contractsGroupName":"x","contractsType":"provided","tenantName":"default","contracts":["uni/tn-common/brc-web","uni/tn-common/brc-web"]}`, 400, "listed twice"},
+		{"container named like a host endpoint", "POST", "/plugin/createEndpoint", `{"TenantName":"default","NetworkName":"n1","ConfigEP":{"Container":"x-native-intf","Host":"h"}}`, 400, "ConfigEP.Container"},
 		{"alloc unknown network", "POST", "/plugin/allocAddress", `{"NetworkID":"zz.default"}`, 422, "NetworkID"},
 		{"alloc unknown field", "POST", "/plugin/allocAddress", `{"NetworkID":"n1.default","Pool":"x"}`, 400, "unknown field"},
 		{"alloc nothing", "POST", "/plugin/allocAddress", `{}`, 400, "NetworkID"},

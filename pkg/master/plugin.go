@@ -147,11 +147,14 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, "success")
 }
 
+// hostEndpointSuffix ends a host endpoint's id (endpointStateID); no container id may.
+const hostEndpointSuffix = "native-intf"
+
 // endpointStateID is Contiv's endpoint id rule: "<net>.<tenant>-<container>", or
 // "<host>-native-intf" when no container is given.
 func endpointStateID(netID, container, host string) string {
 	if container == "" {
-		return host + "-native-intf"
+		return host + "-" + hostEndpointSuffix
 	}
 	return netID + "-" + container
 }
@@ -171,6 +174,12 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.ConfigEP.Container == "" && req.ConfigEP.Host == "" {
 		writeErr(w, badReq("ConfigEP.Container or ConfigEP.Host: one is required"))
+		return
+	}
+	if strings.HasSuffix(req.ConfigEP.Container, hostEndpointSuffix) {
+		// "<net>.<tenant>-<container>" would spell "<host>-native-intf", a host endpoint's
+		// id, for a host named "<net>.<tenant>[-prefix]" (found by review).
+		writeErr(w, badReq("ConfigEP.Container: %q ends in %q, which names host endpoints", req.ConfigEP.Container, hostEndpointSuffix))
 		return
 	}
 	if err := checkPluginFields(map[string]string{"TenantName": req.TenantName, "NetworkName": req.NetworkName,
