@@ -93,6 +93,32 @@ func TestAgentBoundToHost(t *testing.T) {
 	if st, body := create(shared, "c3", "h2"); st != 200 {
 		t.Errorf("the shared agent token creates an endpoint of any host: %d %s", st, body)
 	}
+	// Networks (Docker's network create and delete): a bound agent changes and deletes only
+	// the networks it created (found by review: h2 deleted a tenant's empty network).
+	admin.must(t, "POST", p.url+"/api/v1/networks/t1:adminnet/", `{"tenantName":"t1","networkName":"adminnet","encap":"vxlan","subnet":"10.9.7.0/24"}`, 200)
+	h2net := `{"tenantName":"t1","networkName":"h2net","encap":"vxlan","subnet":"10.9.8.0/24"}`
+	h2.must(t, "POST", p.url+"/api/v1/networks/t1:h2net/", h2net, 200)
+	h1.must(t, "POST", p.url+"/api/v1/networks/t1:h2net/", h2net, 409) // the same again (every host's Docker creates it): answered as for anyone
+	for _, c := range []struct {
+		what         string
+		tok          *apiClient
+		method, path string
+		body         string
+	}{
+		{"h2 deletes the admin's network", h2, "DELETE", "/api/v1/networks/t1:adminnet/", ""},
+		{"h2 rewrites the admin's network", h2, "POST", "/api/v1/networks/t1:adminnet/", `{"tenantName":"t1","networkName":"adminnet","encap":"vxlan","subnet":"10.9.7.0/24","gateway":"10.9.7.77"}`},
+		{"h1 deletes h2's network", h1, "DELETE", "/api/v1/networks/t1:h2net/", ""},
+	} {
+		before := rev()
+		if st, body := c.tok.call(t, c.method, p.url+c.path, c.body); st != 403 {
+			t.Errorf("%s: %d %s, want 403", c.what, st, body)
+		}
+		if after := rev(); after != before {
+			t.Errorf("%s: refused, but etcd changed", c.what)
+		}
+	}
+	h2.must(t, "DELETE", p.url+"/api/v1/networks/t1:h2net/", "", 200)
+	admin.must(t, "DELETE", p.url+"/api/v1/networks/t1:adminnet/", "", 200)
 }
 
 // between returns the text of s after the first from, up to the next to ("" if none).

@@ -2,6 +2,7 @@ package master
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,6 +256,9 @@ type objOps[T any] struct {
 	remove func(m *Master, tx *state.Tx, old *T) error
 	// inspect returns the inspect body; nil means {"Config": obj}.
 	inspect func(m *Master, tx *state.Tx, obj *T) (any, error)
+	// claim, when set, decides before a write whether the caller (ctx) may write obj (nil:
+	// a delete) under key over old (nil: a create) and records what it needs.
+	claim func(ctx context.Context, tx *state.Tx, key string, obj, old *T) error
 }
 
 func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
@@ -320,6 +324,11 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 			if found {
 				oldp = &old
 			}
+			if ops.claim != nil {
+				if err := ops.claim(req.Context(), tx, key, &cur, oldp); err != nil {
+					return err
+				}
+			}
 			if err := ops.save(m, tx, &cur, oldp); err != nil {
 				return err
 			}
@@ -343,6 +352,11 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 			}
 			if !found {
 				return notFound("%s %q not found", ops.objType, key)
+			}
+			if ops.claim != nil {
+				if err := ops.claim(req.Context(), tx, key, nil, &old); err != nil {
+					return err
+				}
 			}
 			return ops.remove(m, tx, &old)
 		})

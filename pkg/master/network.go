@@ -1,10 +1,14 @@
 package master
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
+	"reflect"
 	"strings"
 
+	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -76,6 +80,7 @@ func networkOps() objOps[model.Network] {
 		key:      func(n *model.Network) string { return model.ScopedKey(n.TenantName, n.NetworkName) },
 		setKey:   func(n *model.Network, k string) { n.Key = k },
 		validate: validateNetwork,
+		claim:    claimNetwork,
 		save:     saveNetwork,
 		remove:   removeNetwork,
 		inspect: func(m *Master, tx *state.Tx, n *model.Network) (any, error) {
@@ -312,4 +317,41 @@ func networkOper(tx *state.Tx, ns *model.CfgNetworkState, eps []*model.CfgEndpoi
 		}
 	}
 	return o, nil
+}
+
+// claimNetwork confines agents bound to a host (auth.HostPrefix) to the networks they
+// created (Docker's network create on that host): such an agent may create a network, and
+// change or delete only one whose creator record (model.NetCreatorKey) names it; found by
+// review, a bound agent deleted another tenant's empty network. Posting a network again
+// as it is is answered as for anyone (409: every host's Docker creates it). Other callers
+// are not confined; a deleted network's record goes with it.
+func claimNetwork(ctx context.Context, tx *state.Tx, key string, obj, old *model.Network) error {
+	id, _ := auth.FromContext(ctx)
+	_, bound := id.BoundHost()
+	remove := obj == nil
+	var creator string
+	had, err := tx.Get(model.NetCreatorKey(key), &creator)
+	if err != nil {
+		return err
+	}
+	switch {
+	case bound && old != nil && !remove && sameNetwork(obj, old):
+	case bound && old != nil && (!had || creator != id.Name):
+		return errf(http.StatusForbidden, "network %s: the agent %q may change only networks it created", key, id.Name)
+	case remove && had:
+		tx.Delete(model.NetCreatorKey(key))
+	case bound && old == nil:
+		return tx.Put(model.NetCreatorKey(key), id.Name)
+	case old == nil && had:
+		tx.Delete(model.NetCreatorKey(key)) // (a stale record: the new network is not its)
+	}
+	return nil
+}
+
+// sameNetwork says whether a and b hold the same network (server-owned links aside).
+func sameNetwork(a, b *model.Network) bool {
+	x, y := *a, *b
+	x.LinkSets, y.LinkSets = model.NetworkLinkSets{}, model.NetworkLinkSets{}
+	x.Links, y.Links = model.NetworkLinks{}, model.NetworkLinks{}
+	return reflect.DeepEqual(x, y)
 }

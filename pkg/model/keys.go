@@ -53,6 +53,14 @@ func NodePortKey(port int, proto string) string {
 	return fmt.Sprintf("%s%s/%d", NodePortPrefix, proto, port)
 }
 
+// NetCreatorPrefix holds, for a network an agent bound to a host created (Docker's network
+// create, this project's extension), that agent's identity name ("host:<host>"): only it
+// may change or delete the network among bound agents. The key is the network's model key.
+const NetCreatorPrefix = "/contiv.io/state/netcreators/"
+
+// NetCreatorKey is the creator record of network model key key ("<tenant>:<net>").
+func NetCreatorKey(key string) string { return NetCreatorPrefix + key }
+
 // MACFromIPv4 is Contiv's endpoint MAC: 02:02 followed by the four address bytes.
 func MACFromIPv4(ip string) (string, error) {
 	a, err := netip.ParseAddr(ip)
