@@ -117,6 +117,44 @@ func TestAgentBoundToHost(t *testing.T) {
 			t.Errorf("%s: refused, but etcd changed", c.what)
 		}
 	}
+	// Docker's IPAM step: an address one agent allocated is adopted or released only by it,
+	// and a bound agent sets a gateway only on a network it created (found by review).
+	alloc := func(tok *apiClient, body string) (int, string) {
+		return tok.call(t, "POST", p.url+"/plugin/allocAddress", body)
+	}
+	st, out := alloc(h1, `{"NetworkID":"n1.t1"}`)
+	if st != 200 {
+		t.Fatalf("h1 allocates: %d %s", st, out)
+	}
+	pending := between(out, `"IPv4Address":"`, `/`)
+	for _, c := range []struct {
+		what string
+		do   func() (int, string)
+	}{
+		{"h2 adopts h1's pending address", func() (int, string) {
+			return h2.call(t, "POST", p.url+"/plugin/createEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c7","ConfigEP":{"Container":"c7","Host":"h2","IPAddress":"`+pending+`"}}`)
+		}},
+		{"h2 releases h1's pending address", func() (int, string) {
+			return h2.call(t, "POST", p.url+"/plugin/releaseAddress", `{"NetworkID":"n1.t1","IPv4Address":"`+pending+`"}`)
+		}},
+		{"h1 sets the gateway of h2's network", func() (int, string) {
+			return alloc(h1, `{"NetworkID":"h2net.t1","Gateway":true}`)
+		}},
+	} {
+		before := rev()
+		if st, body := c.do(); st != 403 {
+			t.Errorf("%s: %d %s, want 403", c.what, st, body)
+		}
+		if after := rev(); after != before {
+			t.Errorf("%s: refused, but etcd changed", c.what)
+		}
+	}
+	if st, body := h1.call(t, "POST", p.url+"/plugin/createEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c7","ConfigEP":{"Container":"c7","Host":"h1","IPAddress":"`+pending+`"}}`); st != 200 {
+		t.Errorf("h1 adopts the address it allocated: %d %s", st, body)
+	}
+	if st, body := alloc(h2, `{"NetworkID":"h2net.t1","Gateway":true}`); st != 200 {
+		t.Errorf("h2 sets the gateway of its network: %d %s", st, body)
+	}
 	h2.must(t, "DELETE", p.url+"/api/v1/networks/t1:h2net/", "", 200)
 	admin.must(t, "DELETE", p.url+"/api/v1/networks/t1:adminnet/", "", 200)
 }

@@ -25,6 +25,7 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	caller := boundName(r)
 	var resp model.AllocAddressResponse
 	err := m.update(r.Context(), func(tx *state.Tx) error {
 		var ns *model.CfgNetworkState
@@ -41,6 +42,17 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		if req.Gateway && ns.Gateway != "" {
 			resp = model.AllocAddressResponse{NetworkID: req.NetworkID, IPv4Address: ns.Gateway + "/" + itoa(int(ns.SubnetLen))}
 			return nil
+		}
+		if req.Gateway && caller != "" {
+			// A network's gateway is answered on every host: a bound agent sets it only on
+			// a network it created (found by review: it set another tenant's).
+			var creator string
+			if _, err := tx.Get(model.NetCreatorKey(model.ScopedKey(ns.Tenant, ns.NetworkName)), &creator); err != nil {
+				return err
+			}
+			if creator != caller {
+				return errf(http.StatusForbidden, "Gateway: the agent %q may set the gateway only of a network it created", caller)
+			}
 		}
 		pref := req.PreferredIPv4Address
 		if req.Gateway && pref == "" {
@@ -66,6 +78,10 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 			// Docker asked for the gateway of a network created without one: the address is
 			// reserved and becomes the gateway the datapath answers (ARP, egress, DNS).
 			ns.Gateway = ip
+		} else if caller != "" {
+			if err := tx.Put(model.PendingKey(ns.ID, ip), caller); err != nil {
+				return err
+			}
 		}
 		if err := tx.Put(model.NetStateKey(ns.ID), ns); err != nil {
 			return err
@@ -124,6 +140,9 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 			return err
 		} else if holder != "" {
 			return conflict("IPv4Address: %s is still used by %s", ip, holder)
+		}
+		if err := takePending(tx, ns, "IPv4Address", ip, boundName(r)); err != nil {
+			return err
 		}
 		epgs, err := networkEPGs(tx, ns)
 		if err != nil {
@@ -252,6 +271,9 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 		}
 		if req.ConfigEP.IPAddress != "" {
 			if err := checkPreferred(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, true); err != nil {
+				return err
+			}
+			if err := takePending(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, boundName(r)); err != nil {
 				return err
 			}
 		}
@@ -479,6 +501,59 @@ func boundHost(r *http.Request) string {
 func onHost(host string, ep *model.CfgEndpointState) error {
 	if host != "" && ep.HomingHost != host {
 		return errf(http.StatusForbidden, "endpoint %s is on host %q: the agent of host %q may not change it", ep.ID, ep.HomingHost, host)
+	}
+	return nil
+}
+
+// boundName is the identity name of a caller bound to a host ("host:<host>"), "" for
+// callers that are not.
+func boundName(r *http.Request) string {
+	id, _ := auth.FromContext(r.Context())
+	if _, ok := id.BoundHost(); ok {
+		return id.Name
+	}
+	return ""
+}
+
+// takePending lets caller (boundName; "" : anyone) adopt or release address ip of ns, which
+// no endpoint holds: a bound agent only an address it allocated itself, or one nobody
+// allocated (found by review: an agent of h2 adopted, or released, the address h1's IPAM
+// step had just allocated). The pending record goes.
+func takePending(tx *state.Tx, ns *model.CfgNetworkState, field, ip, caller string) error {
+	ip = strings.SplitN(ip, "/", 2)[0]
+	key := model.PendingKey(ns.ID, ip)
+	var owner string
+	had, err := tx.Get(key, &owner)
+	if err != nil {
+		return err
+	}
+	if caller != "" && owner != caller {
+		allocated := had
+		if !allocated {
+			sn, err := subnetOfState(ns)
+			if err != nil {
+				return err
+			}
+			a, err := parseIP4(field, ip)
+			if err != nil {
+				return err
+			}
+			nm, err := netAllocMap(tx, ns)
+			if err != nil {
+				return err
+			}
+			if sn.contains(a) {
+				if allocated, err = nm.Test(uint(a - sn.base)); err != nil {
+					return err
+				}
+			}
+		}
+		if allocated {
+			return errf(http.StatusForbidden, "%s: %s was allocated by another caller; the agent %q may take only addresses it allocated", field, ip, caller)
+		}
+	}
+	if had {
+		tx.Delete(key)
 	}
 	return nil
 }

@@ -61,6 +61,14 @@ const NetCreatorPrefix = "/contiv.io/state/netcreators/"
 // NetCreatorKey is the creator record of network model key key ("<tenant>:<net>").
 func NetCreatorKey(key string) string { return NetCreatorPrefix + key }
 
+// PendingPrefix holds, for an address an agent bound to a host allocated through
+// /plugin/allocAddress (Docker's IPAM step, this project's extension) and no endpoint holds
+// yet, that agent's identity name: among bound agents only it may adopt or release it.
+const PendingPrefix = "/contiv.io/state/pending/"
+
+// PendingKey is the record of pending address ip of network netID.
+func PendingKey(netID, ip string) string { return PendingPrefix + netID + "/" + ip }
+
 // MACFromIPv4 is Contiv's endpoint MAC: 02:02 followed by the four address bytes.
 func MACFromIPv4(ip string) (string, error) {
 	a, err := netip.ParseAddr(ip)
