@@ -155,6 +155,29 @@ func TestAgentBoundToHost(t *testing.T) {
 	if st, body := alloc(h2, `{"NetworkID":"h2net.t1","Gateway":true}`); st != 200 {
 		t.Errorf("h2 sets the gateway of its network: %d %s", st, body)
 	}
+	// An admin's network made without a gateway: a bound agent (Docker's IPAM) may give it
+	// the subnet's first address only (found by review: the 403 left Docker's gateway
+	// unreserved).
+	admin.must(t, "POST", p.url+"/api/v1/networks/t1:nogw/", `{"tenantName":"t1","networkName":"nogw","encap":"vxlan","subnet":"10.9.3.0/24"}`, 200)
+	if st, body := alloc(h1, `{"NetworkID":"nogw.t1","Gateway":true,"PreferredIPv4Address":"10.9.3.77"}`); st != 403 {
+		t.Errorf("h1 sets the admin network's gateway to another address: %d %s, want 403", st, body)
+	}
+	if st, body := alloc(h1, `{"NetworkID":"nogw.t1","Gateway":true}`); st != 200 || !strings.Contains(body, "10.9.3.1/") {
+		t.Errorf("h1 asks for the admin network's gateway: %d %s, want its first address", st, body)
+	}
+	// A pending record outlives nothing: a deleted network's records go with it (found by
+	// review: h1's stale record let it release what another caller allocated later).
+	admin.must(t, "POST", p.url+"/api/v1/networks/t1:tmp/", `{"tenantName":"t1","networkName":"tmp","encap":"vxlan","subnet":"10.9.4.0/24","gateway":"10.9.4.1"}`, 200)
+	_, out = alloc(h1, `{"NetworkID":"tmp.t1"}`)
+	stale := between(out, `"IPv4Address":"`, `/`)
+	admin.must(t, "DELETE", p.url+"/api/v1/networks/t1:tmp/", "", 200)
+	admin.must(t, "POST", p.url+"/api/v1/networks/t1:tmp/", `{"tenantName":"t1","networkName":"tmp","encap":"vxlan","subnet":"10.9.4.0/24","gateway":"10.9.4.1"}`, 200)
+	if _, out = alloc(shared, `{"NetworkID":"tmp.t1"}`); !strings.Contains(out, stale+"/") {
+		t.Fatalf("the shared agent's allocation %s, want %s again", out, stale)
+	}
+	if st, body := h1.call(t, "POST", p.url+"/plugin/releaseAddress", `{"NetworkID":"tmp.t1","IPv4Address":"`+stale+`"}`); st != 403 {
+		t.Errorf("h1 releases an address the shared agent allocated after the network was made again: %d %s, want 403", st, body)
+	}
 	h2.must(t, "DELETE", p.url+"/api/v1/networks/t1:h2net/", "", 200)
 	admin.must(t, "DELETE", p.url+"/api/v1/networks/t1:adminnet/", "", 200)
 }

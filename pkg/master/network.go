@@ -266,6 +266,7 @@ func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
 			return err
 		}
 		tx.Delete(model.NetStateKey(id))
+		tx.DeletePrefix(model.PendingPrefix + id + "/") // (its addresses' pending records)
 		tx.DeletePrefix(netAllocRoot(id))
 	}
 	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {

@@ -44,14 +44,22 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 			return nil
 		}
 		if req.Gateway && caller != "" {
-			// A network's gateway is answered on every host: a bound agent sets it only on
-			// a network it created (found by review: it set another tenant's).
+			// A network's gateway is answered on every host: a bound agent sets it on a
+			// network another agent created never, and on one an admin made without a
+			// gateway only to the subnet's first address, what Docker asks for (found by
+			// review: it set another tenant's to any address).
 			var creator string
-			if _, err := tx.Get(model.NetCreatorKey(model.ScopedKey(ns.Tenant, ns.NetworkName)), &creator); err != nil {
+			had, err := tx.Get(model.NetCreatorKey(model.ScopedKey(ns.Tenant, ns.NetworkName)), &creator)
+			if err != nil {
 				return err
 			}
-			if creator != caller {
-				return errf(http.StatusForbidden, "Gateway: the agent %q may set the gateway only of a network it created", caller)
+			base, err := parseIP4("subnetIP", ns.SubnetIP)
+			if err != nil {
+				return err
+			}
+			first := addr4(base + 1).String()
+			if creator != caller && (had || (req.PreferredIPv4Address != "" && strings.SplitN(req.PreferredIPv4Address, "/", 2)[0] != first)) {
+				return errf(http.StatusForbidden, "Gateway: the agent %q may set only the first address as the gateway, and only of a network it created or an admin's", caller)
 			}
 		}
 		pref := req.PreferredIPv4Address
@@ -82,6 +90,8 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 			if err := tx.Put(model.PendingKey(ns.ID, ip), caller); err != nil {
 				return err
 			}
+		} else {
+			tx.Delete(model.PendingKey(ns.ID, ip)) // (a stale record is not this allocation's)
 		}
 		if err := tx.Put(model.NetStateKey(ns.ID), ns); err != nil {
 			return err
@@ -527,30 +537,28 @@ func takePending(tx *state.Tx, ns *model.CfgNetworkState, field, ip, caller stri
 	if err != nil {
 		return err
 	}
-	if caller != "" && owner != caller {
-		allocated := had
-		if !allocated {
-			sn, err := subnetOfState(ns)
-			if err != nil {
-				return err
-			}
-			a, err := parseIP4(field, ip)
-			if err != nil {
-				return err
-			}
-			nm, err := netAllocMap(tx, ns)
-			if err != nil {
-				return err
-			}
-			if sn.contains(a) {
-				if allocated, err = nm.Test(uint(a - sn.base)); err != nil {
-					return err
-				}
-			}
+	// A record of an address the network's map shows free is stale (a deleted pool or
+	// network): it neither blocks nor authorizes anyone.
+	allocated := false
+	sn, err := subnetOfState(ns)
+	if err != nil {
+		return err
+	}
+	a, err := parseIP4(field, ip)
+	if err != nil {
+		return err
+	}
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return err
+	}
+	if sn.contains(a) {
+		if allocated, err = nm.Test(uint(a - sn.base)); err != nil {
+			return err
 		}
-		if allocated {
-			return errf(http.StatusForbidden, "%s: %s was allocated by another caller; the agent %q may take only addresses it allocated", field, ip, caller)
-		}
+	}
+	if caller != "" && allocated && owner != caller {
+		return errf(http.StatusForbidden, "%s: %s was allocated by another caller; the agent %q may take only addresses it allocated", field, ip, caller)
 	}
 	if had {
 		tx.Delete(key)
