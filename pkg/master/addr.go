@@ -234,11 +234,7 @@ func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, a
 	if ns.Gateway == addr4(a).String() {
 		return conflict("%s: %s is the gateway of network %s", field, ip, ns.ID)
 	}
-	nm, err := netAllocMap(tx, ns)
-	if err != nil {
-		return err
-	}
-	used, err := nm.Test(uint(a - sn.base))
+	used, err := allocatedIn(tx, ns, field, ip)
 	if err != nil {
 		return err
 	}
@@ -257,6 +253,27 @@ func checkPreferred(tx *state.Tx, ns *model.CfgNetworkState, field, ip string, a
 		return conflict("%s: %s is already allocated in network %s", field, ip, ns.ID)
 	}
 	return nil
+}
+
+// allocatedIn says whether IPv4 address ip (field names it) is allocated in network ns's
+// map; an address outside its subnet is not.
+func allocatedIn(tx *state.Tx, ns *model.CfgNetworkState, field, ip string) (bool, error) {
+	sn, err := subnetOfState(ns)
+	if err != nil {
+		return false, err
+	}
+	a, err := parseIP4(field, strings.SplitN(ip, "/", 2)[0])
+	if err != nil {
+		return false, err
+	}
+	if !sn.contains(a) {
+		return false, nil
+	}
+	nm, err := netAllocMap(tx, ns)
+	if err != nil {
+		return false, err
+	}
+	return nm.Test(uint(a - sn.base))
 }
 
 // addressHolder names the endpoint or service of network ns that holds ip, or "";

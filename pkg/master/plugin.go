@@ -518,9 +518,8 @@ func onHost(host string, ep *model.CfgEndpointState) error {
 // boundName is the identity name of a caller bound to a host ("host:<host>"), "" for
 // callers that are not.
 func boundName(r *http.Request) string {
-	id, _ := auth.FromContext(r.Context())
-	if _, ok := id.BoundHost(); ok {
-		return id.Name
+	if h := boundHost(r); h != "" {
+		return auth.HostPrefix + h
 	}
 	return ""
 }
@@ -539,23 +538,9 @@ func takePending(tx *state.Tx, ns *model.CfgNetworkState, field, ip, caller stri
 	}
 	// A record of an address the network's map shows free is stale (a deleted pool or
 	// network): it neither blocks nor authorizes anyone.
-	allocated := false
-	sn, err := subnetOfState(ns)
+	allocated, err := allocatedIn(tx, ns, field, ip)
 	if err != nil {
 		return err
-	}
-	a, err := parseIP4(field, ip)
-	if err != nil {
-		return err
-	}
-	nm, err := netAllocMap(tx, ns)
-	if err != nil {
-		return err
-	}
-	if sn.contains(a) {
-		if allocated, err = nm.Test(uint(a - sn.base)); err != nil {
-			return err
-		}
 	}
 	if caller != "" && allocated && owner != caller {
 		return errf(http.StatusForbidden, "%s: %s was allocated by another caller; the agent %q may take only addresses it allocated", field, ip, caller)
