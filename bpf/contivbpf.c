@@ -678,7 +678,7 @@ volatile __u32 cb_svc_memo_off;
  * stamp is current and the tick the same, nothing of that entry changed and a refresh
  * would write what it holds, so the entry is not looked up. */
 CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, struct cb_fast_keys *k,
-			  struct cb_ct_entry *svc)
+			  struct cb_ct_entry *svc, __u32 ack)
 {
 	__u64 now = cb_now();
 	struct cb_ct_entry *e = 0;
@@ -724,8 +724,9 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 				return CB_SLOW;
 		}
 		memo = 0;
-	} else if (svc->expires != now + cb_ct_timeout(k->ct.proto, memo & CB_CT_MEMO_STATE)) {
-		memo = 0; /* current, but a refresh would move the deadline */
+	} else if (svc->expires != now + cb_ct_timeout(k->ct.proto, memo & CB_CT_MEMO_STATE) ||
+		   cb_tcp_note_due(ack, svc->tcp_ack[0])) {
+		memo = 0; /* current, but a refresh would move the deadline, or a note is due */
 	}
 	if (!memo) {
 		/* The flow's own entry: client:cport → backend:bport. (With a current memo in
@@ -743,6 +744,8 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		return cb_drop(skb, r);
 	if (e) {
 		cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
+		if (cb_tcp_note_due(ack, e->tcp_ack[0]))
+			e->tcp_ack[0] = ack;
 		if (svc->expires != e->expires)
 			svc->expires = e->expires;
 		/* The memo: what was just found, under the stamp read before (memo off: the
@@ -752,10 +755,11 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		memo = stamp ? CB_CT_MEMO | (e->state & CB_CT_MEMO_STATE) : CB_CTS_NEW;
 		if (!stamp)
 			stamp = rev;
-		if ((svc->epoch != stamp || svc->state != memo) && svc->nat_ip == backend && svc->nat_port == bport &&
-		    svc->nat_net == bnet && (svc->flags & CB_CT_SVC)) {
+		if ((svc->epoch != stamp || svc->state != memo || svc->tcp_ack[0] != e->tcp_ack[0]) &&
+		    svc->nat_ip == backend && svc->nat_port == bport && svc->nat_net == bnet && (svc->flags & CB_CT_SVC)) {
 			svc->epoch = stamp;
 			svc->state = memo;
+			svc->tcp_ack[0] = e->tcp_ack[0];
 		}
 	}
 	data = (void *)(long)skb->data;
@@ -791,7 +795,7 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	struct cb_endpoint *ep = 0;
 	const struct cb_iface *d = 0;
 	struct cb_ct_entry *e, *rev = 0;
-	__u32 features = cb_features, tracked, dif = 0, need = 0;
+	__u32 features = cb_features, tracked, dif = 0, need = 0, ack = 0;
 	__u16 depg;
 	__be16 sport;
 	int r;
@@ -809,6 +813,8 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	if (ip->protocol == CB_PROTO_TCP) {
 		if ((void *)l4 + 20 > data_end || (((__u8 *)l4)[13] & (CB_TCP_SYN | CB_TCP_FIN | CB_TCP_RST)))
 			return CB_SLOW;
+		if (((__u8 *)l4)[13] & CB_TCP_ACK)
+			ack = bpf_ntohl(*(__u32 *)((__u8 *)l4 + 8)); /* (conntrack's window) */
 	} else if (ip->protocol != CB_PROTO_UDP || (void *)l4 + 8 > data_end) {
 		return CB_SLOW;
 	}
@@ -825,7 +831,7 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	k.svc.proto = ip->protocol;
 	e = bpf_map_lookup_elem(&cb_ct, &k.ct);
 	if ((features & CB_FEAT_LB) && e && (e->flags & CB_CT_SVC))
-		return cb_svc_fast(skb, ifc, &k, e);
+		return cb_svc_fast(skb, ifc, &k, e, ack);
 	dkey.net = ifc->net;
 	dkey.ip = ip->daddr;
 	/* The destination: noted in the flow's entry, else looked up. */
@@ -845,7 +851,7 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	tracked = cb_epg_track(ifc->epg, depg, ifc->vrf, &need);
 	if (!tracked && (features & CB_FEAT_NETPOL))
 		tracked = cb_kpod_of(ifc->vrf, k.ct.saddr) || cb_kpod_of(ifc->vrf, k.ct.daddr);
-	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, need, &rev))
+	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, need, ack, &rev))
 		return CB_SLOW;
 	if (rev) {
 		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */

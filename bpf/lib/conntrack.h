@@ -80,7 +80,40 @@ struct cb_ct_entry {
 		__u16 dst_ifindex;
 	};
 	__u16 owner;     /* counter slot of the local endpoint the entry counts against (0: none) */
+	/* TCP (the window, below): the acknowledgment number last noted from a segment of the
+	 * entry's own direction [0] and of the reply direction [1], host order, 0: none. A
+	 * client→VIP entry (CB_CT_SVC) keeps in [0] its flow entry's as its memo found it. */
+	__u32 tcp_ack[2];
 };
+
+/* Blind FINs and RSTs (docs/conntrack.md "The window"). A FIN or RST closes a flow only
+ * with a sequence number a peer that sees the flow would use: in [ack, ack +
+ * CB_TCP_CLOSE_WINDOW), where ack is what the other direction last acknowledged
+ * (tcp_ack). Any other is a plain segment for conntrack: nothing moves, and it goes on to
+ * its endpoint, whose stack judges it (RFC 5961). A SYN on an established flow whose
+ * other side has acknowledged something is a plain segment too (a spoofed SYN would
+ * otherwise replace the entry, its window with it); the endpoint's stack answers it with
+ * a challenge ACK, whose acknowledgment a real peer's RST then carries. Before the other
+ * side has acknowledged anything (a new flow, or an entry of an earlier build), a FIN or
+ * RST is believed. Notes are lazy, so the fast path writes an entry about once per
+ * CB_TCP_NOTE_STEP bytes received, not per segment: a noted ack lags the real one by less
+ * than the step, and the window (8 MiB) holds the step plus Linux's largest default
+ * receive buffer (6 MiB). Node port flows (CB_CT_NODEPORT) keep their own reference
+ * (nodeport.h) and egress NAT flows theirs (nat.h). */
+#define CB_TCP_CLOSE_WINDOW (1u << 23)
+#define CB_TCP_NOTE_STEP (1u << 20)
+
+/* cb_tcp_note_due says whether ack (0: none) is to be noted over ref (0: none). */
+CB_INLINE int cb_tcp_note_due(__u32 ack, __u32 ref)
+{
+	return ack && (!ref || ack - ref >= CB_TCP_NOTE_STEP);
+}
+
+/* cb_ct_windowed says whether e's TCP segments are judged by the window here. */
+CB_INLINE int cb_ct_windowed(const struct cb_ct_entry *e)
+{
+	return !(e->flags & (CB_CT_SVC | CB_CT_NODEPORT));
+}
 
 #ifndef CB_CT_ENTRIES
 #define CB_CT_ENTRIES (4 * CB_DEFAULT_ENTRIES)
@@ -325,6 +358,7 @@ CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 
 	if (e && !(e->flags & CB_CT_ALLOWED))
 		return 0;
+	cb_barrier_var(e); /* (else the test may become a mask on the pointer) */
 	return e;
 }
 
@@ -488,6 +522,39 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 	return cb_ct_flow(&k, now) != 0;
 }
 
+/* cb_ct_window applies the window to TCP segment f on its flow's entry e (reply: in e's
+ * reply direction), with the sequence numbers cb_parse_l4 read (cb_tcp_scratch; a packet
+ * whose numbers are not there is believed and notes nothing): 1 when f is a blind FIN or
+ * RST (nothing of e is to move); otherwise it notes f's acknowledgment as due
+ * (cb_tcp_note_due) and returns 0. A note in a service flow's own direction makes its
+ * memos stale (cb_ct_changed): the fast path keeps a copy of it there (cb_svc_fast). */
+static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *f, int reply)
+{
+	struct cb_tcp_seqs *s;
+	__u32 zero = 0, ref;
+
+	if (!e || !f || f->proto != CB_PROTO_TCP || !cb_ct_windowed(e))
+		return 0;
+	s = bpf_map_lookup_elem(&cb_tcp_scratch, &zero);
+	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
+		return 0;
+	if (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) {
+		ref = reply ? e->tcp_ack[0] : e->tcp_ack[1];
+		if (ref && s->seq - ref >= CB_TCP_CLOSE_WINDOW)
+			return 1;
+	}
+	if (!(f->tcp_flags & CB_TCP_ACK))
+		return 0;
+	if (reply) {
+		if (cb_tcp_note_due(s->ack, e->tcp_ack[1]))
+			e->tcp_ack[1] = s->ack;
+	} else if (cb_tcp_note_due(s->ack, e->tcp_ack[0])) {
+		e->tcp_ack[0] = s->ack;
+		cb_ct_changed(e->flags);
+	}
+	return 0;
+}
+
 /* cb_ct_check is the stateful stage for a tracked packet whose first fragment (or only
  * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
@@ -509,6 +576,9 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	closing = f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST));
 	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	e = cb_ct_flow(&k, now);
+	/* A SYN on an established flow with a window is a plain segment (the window, above). */
+	if (syn && e && e->state == CB_CTS_ESTABLISHED && e->tcp_ack[1] && cb_ct_windowed(e))
+		syn = 0;
 	if (syn) {
 		/* A retransmitted SYN keeps its entry; a SYN that is not a service flow does not
 		 * inherit a service flow's entry on the same tuple (cb_ct_reuse). */
@@ -552,14 +622,19 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			}
 			e->epoch = epoch;
 		}
-		if (closing && e->state != CB_CTS_CLOSING) {
+		/* A blind FIN or RST moves nothing (the window, above). */
+		if (cb_ct_window(e, f, reply)) {
+		} else if (closing && e->state != CB_CTS_CLOSING) {
 			e->state = CB_CTS_CLOSING;
 			cb_ct_changed(e->flags);
-		} else if (!closing && reply && e->state == CB_CTS_NEW) {
-			e->state = CB_CTS_ESTABLISHED;
-			cb_ct_changed(e->flags);
+			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
+		} else {
+			if (!closing && reply && e->state == CB_CTS_NEW) {
+				e->state = CB_CTS_ESTABLISHED;
+				cb_ct_changed(e->flags);
+			}
+			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		}
-		cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		t->entry = e;
 		if (!reply)
 			cb_ct_mark_dnat(e, &k, t);
@@ -578,7 +653,10 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	if (!opener)
 		return 0;
 	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
-	return cb_ct_open_svc(&k, f, t, now);
+	r = cb_ct_open_svc(&k, f, t, now);
+	if (!r)
+		cb_ct_window(t->entry, f, 0); /* (a segment opening mid-flow: its ACK noted) */
+	return r;
 }
 
 /* cb_track_flags fills t's group states and NetworkPolicy bits. Inlined: a call costs

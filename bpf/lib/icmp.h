@@ -248,7 +248,7 @@ static __noinline int cb_ttl_exceeded(struct __sk_buff *skb, __be32 gw)
 	struct cb_pkt p = {};
 	struct cb_flow f = {};
 
-	if (!gw || cb_parse_ipv4(skb, &p) || cb_parse_l4(skb, &p, &f) || !cb_icmp_may_expire(skb, &p, &f) ||
+	if (!gw || cb_parse_ipv4(skb, &p) || cb_parse_l4_bare(skb, &p, &f) || !cb_icmp_may_expire(skb, &p, &f) ||
 	    !cb_icmp_token(CB_ICMP_BUDGET_TTL))
 		return cb_drop(skb, CB_DROP_TTL_EXCEEDED);
 	cb_drop(skb, CB_REJECT_TTL_EXCEEDED);

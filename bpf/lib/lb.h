@@ -585,7 +585,7 @@ struct cb_fast_keys {
  * either end), a live entry of the current policy epoch that policy allowed and that is
  * nobody's service flow (flags exactly CB_CT_ALLOWED) must hold its tuple, either way; it
  * then does to that entry what cb_ct_check would (refresh; a first reply makes it
- * ESTABLISHED). The reply of a service flow (not a hairpin's; no entry under its own
+ * ESTABLISHED; ack, a TCP segment's acknowledgment or 0, noted as due: cb_ct_window). The reply of a service flow (not a hairpin's; no entry under its own
  * tuple) to a client of net, whose flow entry is of the current policy epoch, is that
  * entry's reply as cb_ct_check takes it: *rev is then the entry, whose VIP:port the
  * caller restores as the packet's source. "Of the current policy epoch": not older than
@@ -593,7 +593,7 @@ struct cb_fast_keys {
  * endpoint's address stamps the endpoint's group). Returns 1 to pass, or 0 having written
  * nothing: the full stage decides. */
 CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tracked, int lb, __u32 net,
-			   __u32 need, struct cb_ct_entry **rev)
+			   __u32 need, __u32 ack, struct cb_ct_entry **rev)
 {
 	struct cb_ct_entry *r = 0;
 	__u64 now = cb_now();
@@ -625,6 +625,8 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 				cb_ct_changed(r->flags);
 			}
 			cb_ct_refresh(r, now + cb_ct_timeout(k->ct.proto, r->state));
+			if (cb_tcp_note_due(ack, r->tcp_ack[1]))
+				r->tcp_ack[1] = ack;
 			*rev = r;
 			return 1;
 		}
@@ -636,11 +638,15 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 	if (e) {
 		if (!plain)
 			return 0;
+		if (cb_tcp_note_due(ack, e->tcp_ack[0]))
+			e->tcp_ack[0] = ack;
 	} else {
 		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || !cb_stamp_ok(r->epoch, need))
 			return 0;
 		if (r->state == CB_CTS_NEW)
 			r->state = CB_CTS_ESTABLISHED;
+		if (cb_tcp_note_due(ack, r->tcp_ack[1]))
+			r->tcp_ack[1] = ack;
 		e = r;
 	}
 	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));

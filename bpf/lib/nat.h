@@ -92,8 +92,6 @@ enum cb_tcp_ref {
 	CB_TCP_REF_ACK = 2,  /* tcp_ref: the endpoint's last acknowledgment number */
 };
 
-#define CB_TCP_CLOSE_WINDOW (1u << 23)
-
 /* cb_tcp_seq_ack reads the sequence and acknowledgment numbers (host order) of the TCP
  * segment at p->l4_off: 0 when it cannot. */
 CB_INLINE int cb_tcp_seq_ack(const struct __sk_buff *skb, const struct cb_pkt *p, __u32 *seq, __u32 *ack)

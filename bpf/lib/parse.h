@@ -41,6 +41,46 @@ struct cb_flow {
 	__u8 icmp_type; /* ICMP only */
 };
 
+/* cb_tcp_seqs is the sequence and acknowledgment numbers (host order) of the TCP segment
+ * cb_parse_l4 read last on this CPU, with its source address and port to tell it from any
+ * other: per-packet state for conntrack's window (conntrack.h, cb_ct_seqs_of), which the
+ * callers' stacks have no room to carry. A stage reached by tail call finds its packet's
+ * there: nothing else runs on the CPU in between. */
+struct cb_tcp_seqs {
+	__be32 saddr;
+	__be16 sport;
+	__u16 valid; /* 1: seq and ack were read */
+	__u32 seq;
+	__u32 ack;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cb_tcp_seqs);
+} cb_tcp_scratch SEC(".maps");
+
+/* cb_tcp_seqs_note records the sequence numbers of f's TCP segment, whose header is at
+ * off. A call of its own, reading through the helper: its frame and registers stay off
+ * its callers' packet pointers. */
+static __noinline void cb_tcp_seqs_note(struct __sk_buff *skb, __u32 off, const struct cb_flow *f)
+{
+	__u32 zero = 0, sa[2];
+	struct cb_tcp_seqs *s = bpf_map_lookup_elem(&cb_tcp_scratch, &zero);
+
+	if (!s || !skb || !f)
+		return;
+	s->valid = 0;
+	if (bpf_skb_load_bytes(skb, off + 4, sa, sizeof(sa)) < 0)
+		return;
+	s->saddr = f->saddr;
+	s->sport = f->sport;
+	s->seq = bpf_ntohl(sa[0]);
+	s->ack = bpf_ntohl(sa[1]);
+	s->valid = 1;
+}
+
 struct cb_pkt {
 	struct ethhdr *eth;
 	struct iphdr *ip;
@@ -194,10 +234,10 @@ CB_INLINE int cb_parse_icmp_inner(struct __sk_buff *skb, struct cb_pkt *p, __u32
 	return 0;
 }
 
-/* cb_parse_l4 fills f from the IPv4 header p->ip and, unless the packet is a non-first
- * fragment, the L4 header. Returns 0 or CB_DROP_MALFORMED_L4. Must run right after
- * cb_parse_ipv4 (packet pointers unchanged). */
-CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f)
+/* cb_parse_l4_bare fills f from the IPv4 header p->ip and, unless the packet is a
+ * non-first fragment, the L4 header. Returns 0 or CB_DROP_MALFORMED_L4. Must run right
+ * after cb_parse_ipv4 (packet pointers unchanged). */
+CB_INLINE int cb_parse_l4_bare(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -256,4 +296,17 @@ CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flo
 		break;
 	}
 	return 0;
+}
+
+/* cb_parse_l4 is cb_parse_l4_bare for a packet conntrack may see: a TCP segment's
+ * sequence numbers are noted too (cb_tcp_scratch). (Only an ICMP error's own parse of the
+ * packet it answers does without: the call, in the middle of its packet pointers, makes
+ * the compiler shift them.) */
+CB_INLINE int cb_parse_l4(struct __sk_buff *skb, struct cb_pkt *p, struct cb_flow *f)
+{
+	int r = cb_parse_l4_bare(skb, p, f);
+
+	if (!r && f->has_ports && f->proto == CB_PROTO_TCP)
+		cb_tcp_seqs_note(skb, p->l4_off, f);
+	return r;
 }

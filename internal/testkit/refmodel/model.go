@@ -135,6 +135,41 @@ type ModelEntry struct {
 	SvcID   uint32        // SVC entries: the service id
 	Hairpin bool          // DNAT entries: the client is its own backend (key VIP:cport → client)
 	Owner   uint16        // counter slot of the local endpoint the entry counts against (0: none)
+	// TCPAck is the acknowledgment number last noted from a segment of the entry's own
+	// direction [0] and of the reply direction [1] (0: none): the window a FIN or RST
+	// of the other direction must fall in (window).
+	TCPAck [2]uint32
+}
+
+// TCPNoteStep is how far an acknowledgment number must move from the noted one to be
+// noted again (conntrack.h CB_TCP_NOTE_STEP).
+const TCPNoteStep = 1 << 20
+
+// noteDue says whether ack (0: none) is to be noted over ref (0: none).
+func noteDue(ack, ref uint32) bool { return ack != 0 && (ref == 0 || ack-ref >= TCPNoteStep) }
+
+// window applies conntrack's TCP window to segment p on e (reply: in e's reply
+// direction; a hairpin flow's forward segments, whose source was rewritten to the VIP,
+// are not judged): true when p is a FIN or RST whose sequence number lies outside
+// [ack, ack+TCPCloseWindow) of the other direction's noted ack, which then moves nothing;
+// otherwise p's acknowledgment is noted as due.
+func (e *ModelEntry) window(p ModelPacket, proto uint8, reply bool) bool {
+	if proto != protoTCP || e.SVC || (e.Hairpin && !reply) {
+		return false
+	}
+	d := 0
+	if reply {
+		d = 1
+	}
+	if p.FIN || p.RST {
+		if ref := e.TCPAck[1-d]; ref != 0 && p.SeqNum-ref >= TCPCloseWindow {
+			return true
+		}
+	}
+	if p.ACK && noteDue(p.AckNum, e.TCPAck[d]) {
+		e.TCPAck[d] = p.AckNum
+	}
+	return false
 }
 
 type epKey struct {
@@ -954,6 +989,10 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		}
 	}
 	fwd, haveFwd := m.flow(k)
+	// A SYN on an established flow with a window is a plain segment.
+	if syn && haveFwd && fwd.State == CTEstablished && fwd.TCPAck[1] != 0 {
+		syn = false
+	}
 
 	if syn {
 		if haveFwd && fwd.State == CTNew && m.current(k, fwd.Epoch) && (dnat || !fwd.DNAT) {
@@ -994,13 +1033,15 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 			}
 			e.Epoch = m.epoch
 		}
-		switch {
-		case closing:
-			e.State = CTClosing
-		case reply && e.State == CTNew:
-			e.State = CTEstablished
+		if !e.window(p, k.Proto, reply) {
+			switch {
+			case closing:
+				e.State = CTClosing
+			case reply && e.State == CTNew:
+				e.State = CTEstablished
+			}
+			e.Expires = m.now + timeout(k.Proto, e.State)
 		}
-		e.Expires = m.now + timeout(k.Proto, e.State)
 		if !reply {
 			mark(&e)
 		}
@@ -1016,6 +1057,7 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 	}
 	e = ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew), Owner: owner}
 	mark(&e)
+	e.window(p, k.Proto, false) // (a segment opening mid-flow: its ACK noted)
 	if why := m.insert(k, e, m.quota); why != "" {
 		return false, why, k, false
 	}

@@ -711,3 +711,99 @@ func TestConntrackGCKeepsReopened(t *testing.T) {
 		t.Errorf("owner 7 counts %d entries after the next pass, want 1 (the reopened flow)", c)
 	}
 }
+
+// TestConntrackBlindClose (Datapath v3 issue, hole 5 for flows without NAT): a FIN or RST
+// closes a flow only with a sequence number in the window the other side's last noted
+// acknowledgment sets, whichever way the flow goes; a blind one (here from a peer host
+// forging a remote endpoint over the overlay) is delivered but moves nothing, and a SYN
+// on the established tuple neither replaces its entry nor clears its window. The local
+// endpoint's acknowledgments are noted by the fast path too, once per note step.
+func TestConntrackBlindClose(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	const window, step = 1 << 23, 1 << 20
+	entry := func(sport uint16) contivbpfCbCtEntry {
+		t.Helper()
+		e, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, sport, 443)
+		if !ok {
+			t.Fatalf("entry of port %d missing", sport)
+		}
+		return e
+	}
+	out := func(sport uint16, flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, fc, withSeq(l4Frame(6, srcIP, remoteIP, sport, 443, flags, 0), seq, ack), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	in := func(sport uint16, flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, ov, withSeq(l4Frame(6, remoteIP, srcIP, 443, sport, flags, 0), seq, ack), ovl).expect(t, tcActRedirect, FwdLocal)
+	}
+	established := uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED)
+	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
+	open := func(sport uint16) {
+		t.Helper()
+		out(sport, tcpSYN, 1000, 0)
+		in(sport, tcpSYN|tcpACK, 50000, 1001)
+		out(sport, tcpACK, 1001, 50001)
+		if e := entry(sport); e.State != established || e.TcpAck != [2]uint32{50001, 1001} {
+			t.Fatalf("after the handshake: state %d, noted acks %v, want established, [50001 1001]", e.State, e.TcpAck)
+		}
+	}
+
+	open(42000)
+	for _, seq := range []uint32{50000, 50001 + window, 50001 - step + 1<<32, 0x80000000} {
+		in(42000, tcpRST, seq, 0)
+		in(42000, tcpFIN|tcpACK, seq, 1001)
+	}
+	if e := entry(42000); e.State != established {
+		t.Fatalf("blind FINs and RSTs moved the flow to state %d", e.State)
+	}
+	// A spoofed SYN on the tuple: a plain segment, the entry and its window stay.
+	out(42000, tcpSYN, 777, 0)
+	if e := entry(42000); e.State != established || e.TcpAck != [2]uint32{50001, 1001} {
+		t.Fatalf("a SYN on the established flow: state %d, acks %v", e.State, e.TcpAck)
+	}
+	in(42000, tcpRST, 0x80000000, 0)
+	if e := entry(42000); e.State != established {
+		t.Fatalf("a blind RST after a SYN moved the flow to state %d", e.State)
+	}
+	// In the window (data in flight past the last acknowledgment): closed.
+	in(42000, tcpRST, 50001+100000, 0)
+	if e := entry(42000); e.State != closing {
+		t.Fatalf("an in-window RST left state %d", e.State)
+	}
+
+	// The fast path notes the local endpoint's acknowledgments once they moved a step:
+	// a FIN in the window of the newest is believed, one behind the old reference not.
+	open(42001)
+	out(42001, tcpACK, 1001, 50001+step-1) // (less than a step: not noted)
+	if e := entry(42001); e.TcpAck[0] != 50001 {
+		t.Fatalf("an acknowledgment less than a step on was noted: %v", e.TcpAck)
+	}
+	out(42001, tcpACK, 1001, 50001+3*step)
+	if e := entry(42001); e.TcpAck[0] != 50001+3*step {
+		t.Fatalf("the fast path did not note an acknowledgment three steps on: %v", e.TcpAck)
+	}
+	in(42001, tcpFIN|tcpACK, 50001+step, 1001) // behind the new reference
+	if e := entry(42001); e.State != established {
+		t.Fatalf("a FIN behind the noted acknowledgment moved the flow to state %d", e.State)
+	}
+	in(42001, tcpFIN|tcpACK, 50001+3*step+10, 1001)
+	if e := entry(42001); e.State != closing {
+		t.Fatalf("a FIN in the window left state %d", e.State)
+	}
+
+	// The local endpoint's own FIN closes in its window; before the other side has
+	// acknowledged anything, a RST is believed (a new flow).
+	open(42002)
+	out(42002, tcpFIN|tcpACK, 1001, 50001)
+	if e := entry(42002); e.State != closing {
+		t.Fatalf("the endpoint's own FIN left state %d", e.State)
+	}
+	out(42003, tcpSYN, 9000, 0)
+	in(42003, tcpRST|tcpACK, 0x80000000, 9001)
+	if e := entry(42003); e.State != closing {
+		t.Fatalf("the refusal of a SYN left state %d", e.State)
+	}
+}

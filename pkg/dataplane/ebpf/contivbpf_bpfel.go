@@ -87,6 +87,7 @@ type contivbpfCbCtEntry struct {
 	SvcId    uint32
 	Nodeport uint16
 	Owner    uint16
+	TcpAck   [2]uint32
 }
 
 type contivbpfCbCtFlags uint32
@@ -694,6 +695,15 @@ type contivbpfCbSvcRev struct {
 	Rev uint32
 }
 
+type contivbpfCbTcpSeqs struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Sport uint16
+	Valid uint16
+	Seq   uint32
+	Ack   uint32
+}
+
 type contivbpfCbTnet struct {
 	_          structs.HostLayout
 	Net        uint32
@@ -779,6 +789,7 @@ const (
 	contivbpfMapCbSnat                = "cb_snat"
 	contivbpfMapCbSnatRev             = "cb_snat_rev"
 	contivbpfMapCbSvcRevs             = "cb_svc_revs"
+	contivbpfMapCbTcpScratch          = "cb_tcp_scratch"
 	contivbpfMapCbTenantNets          = "cb_tenant_nets"
 	contivbpfMapCbVerdicts            = "cb_verdicts"
 	contivbpfMapCbVips                = "cb_vips"
@@ -929,6 +940,7 @@ type contivbpfMapSpecs struct {
 	CbSnat           *ebpf.MapSpec `ebpf:"cb_snat"`
 	CbSnatRev        *ebpf.MapSpec `ebpf:"cb_snat_rev"`
 	CbSvcRevs        *ebpf.MapSpec `ebpf:"cb_svc_revs"`
+	CbTcpScratch     *ebpf.MapSpec `ebpf:"cb_tcp_scratch"`
 	CbTenantNets     *ebpf.MapSpec `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.MapSpec `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.MapSpec `ebpf:"cb_vips"`
@@ -1025,6 +1037,7 @@ type contivbpfMaps struct {
 	CbSnat           *ebpf.Map `ebpf:"cb_snat"`
 	CbSnatRev        *ebpf.Map `ebpf:"cb_snat_rev"`
 	CbSvcRevs        *ebpf.Map `ebpf:"cb_svc_revs"`
+	CbTcpScratch     *ebpf.Map `ebpf:"cb_tcp_scratch"`
 	CbTenantNets     *ebpf.Map `ebpf:"cb_tenant_nets"`
 	CbVerdicts       *ebpf.Map `ebpf:"cb_verdicts"`
 	CbVips           *ebpf.Map `ebpf:"cb_vips"`
@@ -1077,6 +1090,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbSnat,
 		m.CbSnatRev,
 		m.CbSvcRevs,
+		m.CbTcpScratch,
 		m.CbTenantNets,
 		m.CbVerdicts,
 		m.CbVips,

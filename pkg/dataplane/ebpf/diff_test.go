@@ -53,7 +53,8 @@ type diffStep struct {
 	proto    uint8 // 1, 6, 17, 47
 	sport    uint16
 	dport    uint16
-	flags    uint8 // TCP flags, or ICMP type
+	flags    uint8  // TCP flags, or ICMP type
+	seq, ack uint32 // TCP: sequence and acknowledgment numbers (conntrack's window)
 	frag     refmodel.FragKind
 	ipid     uint16
 	quote    *diffStep // ICMP error (type in flags): the packet it quotes (from/to -1: the VIP)
@@ -75,7 +76,7 @@ func (s diffStep) String() string {
 		if s.quote != nil {
 			q = fmt.Sprintf(" quoting [%d→%d proto %d %d→%d]", s.quote.from, s.quote.to, s.quote.proto, s.quote.sport, s.quote.dport)
 		}
-		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x frag %d id %d%s", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.frag, s.ipid, q)
+		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x seq %#x ack %#x frag %d id %d%s", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.seq, s.ack, s.frag, s.ipid, q)
 	case "policy":
 		var b strings.Builder
 		for _, p := range s.rules {
@@ -280,7 +281,27 @@ func (g *diffGen) clientICMPError(r diffStep) diffStep {
 	return diffStep{kind: "pkt", from: r.from, to: -1, proto: 1, flags: []uint8{3, 11, 12}[g.r.IntN(3)], ipid: 1, quote: &q}
 }
 
+// step is the next event; a TCP packet's sequence numbers are drawn around conntrack's
+// window and note step (seqNum), so that FINs and RSTs land inside and outside the window
+// and acknowledgments are noted or not.
 func (g *diffGen) step() diffStep {
+	s := g.event()
+	if s.kind == "pkt" && s.proto == 6 {
+		s.seq, s.ack = g.seqNum(), g.seqNum()
+	}
+	return s
+}
+
+// seqNum is a sequence or acknowledgment number near a few bases, at the edges of the
+// window and of the note step.
+func (g *diffGen) seqNum() uint32 {
+	base := []uint32{0, 0x10000000, 0xfff00000}[g.r.IntN(3)]
+	return base + []uint32{0, 1, refmodel.TCPNoteStep - 1, refmodel.TCPNoteStep, refmodel.TCPCloseWindow - 1,
+		refmodel.TCPCloseWindow, refmodel.TCPCloseWindow + refmodel.TCPNoteStep, 0xffffffff}[g.r.IntN(8)]
+}
+
+// event is the next event, before step draws its sequence numbers.
+func (g *diffGen) event() diffStep {
 	switch n := g.r.IntN(100); {
 	case n < 6:
 		// Half of them change one group only: the others' flows are not judged again
@@ -732,12 +753,12 @@ func (w *diffWorld) atQuota(s diffStep) bool {
 // compareCT compares the conntrack table (keys and owners) and the local endpoints'
 // counts with the model's; "" when they agree.
 func (w *diffWorld) compareCT() string {
-	got := map[refmodel.FlowKey]uint16{}
+	got := map[refmodel.FlowKey]contivbpfCbCtEntry{}
 	var k contivbpfCbCtKey
 	var v contivbpfCbCtEntry
 	it := w.objs.CbCt.Iterate()
 	for it.Next(&k, &v) {
-		got[refmodel.FlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v.Owner
+		got[refmodel.FlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v
 	}
 	if err := it.Err(); err != nil {
 		w.t.Fatal(err)
@@ -746,11 +767,17 @@ func (w *diffWorld) compareCT() string {
 	if n, m := len(got), w.model.Entries(); n != m {
 		diffs = append(diffs, fmt.Sprintf("%d conntrack entries, model %d", n, m))
 	}
-	for fk, o := range got {
-		if e, ok := w.model.Lookup(fk); !ok {
-			diffs = append(diffs, fmt.Sprintf("entry %+v (owner %d) not in the model", fk, o))
-		} else if e.Owner != o {
-			diffs = append(diffs, fmt.Sprintf("entry %+v: owner %d, model %d", fk, o, e.Owner))
+	for fk, v := range got {
+		e, ok := w.model.Lookup(fk)
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("entry %+v (owner %d) not in the model", fk, v.Owner))
+		case e.Owner != v.Owner:
+			diffs = append(diffs, fmt.Sprintf("entry %+v: owner %d, model %d", fk, v.Owner, e.Owner))
+		case !e.SVC && e.State != v.State:
+			diffs = append(diffs, fmt.Sprintf("entry %+v: state %d, model %d", fk, v.State, e.State))
+		case !e.SVC && e.TCPAck != v.TcpAck:
+			diffs = append(diffs, fmt.Sprintf("entry %+v: noted acks %#x, model %#x", fk, v.TcpAck, e.TCPAck))
 		}
 	}
 	for _, fk := range w.model.Keys() {
@@ -1045,6 +1072,13 @@ func (w *diffWorld) frame(s diffStep) []byte {
 	switch s.proto {
 	case 6, 17:
 		f = l4Frame(s.proto, src, dst, s.sport, s.dport, s.flags, 0)
+		if s.proto == 6 {
+			tcp := f[14+20:]
+			binary.BigEndian.PutUint32(tcp[4:], s.seq)
+			binary.BigEndian.PutUint32(tcp[8:], s.ack)
+			binary.BigEndian.PutUint16(tcp[16:], 0)
+			binary.BigEndian.PutUint16(tcp[16:], csum(tcp, pseudo(src, dst, 6, len(tcp))))
+		}
 	case 1:
 		if q := s.quote; q != nil {
 			f = icmpErrorOf(src, dst, s.flags, q.proto, w.addr(q.from), w.addr(q.to), q.sport, q.dport)
@@ -1191,6 +1225,7 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 	switch s.proto {
 	case 6:
 		p.SYN, p.ACK, p.FIN, p.RST = s.flags&0x02 != 0, s.flags&0x10 != 0, s.flags&0x01 != 0, s.flags&0x04 != 0
+		p.SeqNum, p.AckNum = s.seq, s.ack
 	case 1:
 		p.ICMPType = s.flags
 		if s.flags != 0 && s.flags != 8 {

@@ -55,7 +55,8 @@ var traceScratch = map[string]bool{contivbpfMapCbCt: true, contivbpfMapCbFrags: 
 	contivbpfMapCbCalls: true, // its own stages, which run on the trace's maps
 	// and its own per-CPU scratch (a softirq during a trace must not spoil the trace's
 	// state, nor the trace the live packet's)
-	contivbpfMapCbIfaceScratch: true, contivbpfMapCbHandoffScratch: true, contivbpfMapCbPolScratch: true}
+	contivbpfMapCbIfaceScratch: true, contivbpfMapCbHandoffScratch: true, contivbpfMapCbPolScratch: true,
+	contivbpfMapCbTcpScratch: true}
 
 // traceSmall are scratch maps a trace needs only a few entries of.
 var traceSmall = map[string]uint32{contivbpfMapCbCt: 4096, contivbpfMapCbSnat: 4096, contivbpfMapCbSnatRev: 4096,
