@@ -35,6 +35,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "vlan-tagged-from-container", run: vlanFromContainer},
 		{name: "overlay-injection", run: overlayInjection},
 		{name: "overlay-peer-host-source", run: overlayPeerHostSource},
+		{name: "blind-rst-overlay", run: blindRSTOverlay},
 		{name: "udp-spread", run: udpSpread},
 		{name: "backend-removal-live-udp", run: backendRemovalLiveUDP},
 		{name: "cross-tenant-vip", run: crossTenantVIP},
