@@ -295,6 +295,52 @@ func TestTagAllocation(t *testing.T) {
 	}
 }
 
+// TestLocalVLANsExhausted: once every host-local VLAN (1-4094) is taken, a VXLAN network
+// is still created, with no local VLAN (pktTag 0), and its deletion frees nothing it did
+// not take. Before, the 4,095th VXLAN network of the cluster was refused 409.
+func TestLocalVLANsExhausted(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "x1", "vxlan", "10.1.1.0/24", "", 0)
+	setFree := func(edit func(*model.VxlanResourceOper)) {
+		t.Helper()
+		err := e.store.Update(context.Background(), func(tx *state.Tx) error {
+			var oper model.VxlanResourceOper
+			if _, err := tx.Get(model.VxlanResOperKey, &oper); err != nil {
+				return err
+			}
+			edit(&oper)
+			return tx.Put(model.VxlanResOperKey, oper)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every local VLAN taken (as 4,094 networks would).
+	setFree(func(o *model.VxlanResourceOper) { o.FreeLocalVLANs = model.NewBitset(numVLANs) })
+	e.net("default", "x2", "vxlan", "10.1.2.0/24", "", 0)
+	ns := netState(t, e, "x2.default")
+	if ns.PktTag != 0 || ns.ExtPktTag != 2 {
+		t.Fatalf("x2 tags %d/%d, want no local VLAN and VNI 2", ns.PktTag, ns.ExtPktTag)
+	}
+	e.ok("DELETE", "/api/v1/networks/default:x2/", nil, nil)
+	var oper model.VxlanResourceOper
+	if err := e.store.Update(context.Background(), func(tx *state.Tx) error {
+		_, err := tx.Get(model.VxlanResOperKey, &oper)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if oper.FreeLocalVLANs.Test(0) {
+		t.Fatal("deleting a network without a local VLAN freed local VLAN 0")
+	}
+	// x1's VLAN freed on delete is taken again by the next network.
+	e.ok("DELETE", "/api/v1/networks/default:x1/", nil, nil)
+	e.net("default", "x3", "vxlan", "10.1.3.0/24", "", 0)
+	if ns := netState(t, e, "x3.default"); ns.PktTag != 1 {
+		t.Fatalf("x3 local VLAN %d, want 1 (freed by x1)", ns.PktTag)
+	}
+}
+
 // TestConcurrentAllocTwoMasters hammers two Masters sharing one etcd: no address may be
 // handed out twice.
 func TestConcurrentAllocTwoMasters(t *testing.T) {

@@ -145,12 +145,17 @@ func allocVXLAN(tx *state.Tx, req int) (vni, local int, err error) {
 		}
 		vni = start + int(off)
 	}
+	// The host-local VLAN is Contiv's (its OVS bridge tags a VXLAN network's ports with
+	// it); neither of our dataplanes uses one, so a network created once all 4,094 are
+	// taken gets none (pktTag 0) instead of a refusal: 4,094 would cap a cluster's VXLAN
+	// networks.
 	l, ok := oper.FreeLocalVLANs.NextSet(1)
-	if !ok {
-		return 0, 0, conflict("no free host-local VLAN left for a vxlan network")
+	if ok {
+		oper.FreeLocalVLANs.Clear(l)
+	} else {
+		l = 0
 	}
 	oper.FreeVXLANs.Clear(uint(vni - start))
-	oper.FreeLocalVLANs.Clear(l)
 	return vni, int(l), tx.Put(model.VxlanResOperKey, oper)
 }
 
@@ -164,7 +169,7 @@ func releaseVXLAN(tx *state.Tx, vni, local int) error {
 	if vni > start && cfg.VXLANs.Test(uint(vni-start)) {
 		oper.FreeVXLANs.Set(uint(vni - start))
 	}
-	if cfg.LocalVLANs.Test(uint(local)) {
+	if local > 0 && cfg.LocalVLANs.Test(uint(local)) {
 		oper.FreeLocalVLANs.Set(uint(local))
 	}
 	return tx.Put(model.VxlanResOperKey, oper)
