@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"reflect"
@@ -127,18 +128,26 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if n.Ipv6Subnet != "" {
 		s6, _ = parseSubnet6("ipv6Subnet", n.Ipv6Subnet)
 	}
-	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
+	// The networks to check against (the subnet index, subnetidx.go): the tenant's own
+	// and, for a VLAN network in routing mode, every VLAN network. Routing mode routes VLAN
+	// networks natively when hosts speak BGP (docs/bgp.md): the fabric has one table, so
+	// their subnets may not overlap across tenants either.
+	native := g.FwdMode == "routing" && n.Encap == "vlan"
+	own, err := tenantSubnets(tx, n.TenantName)
 	if err != nil {
 		return err
 	}
-	// Routing mode routes VLAN networks natively when hosts speak BGP (docs/bgp.md): the
-	// fabric has one table, so their subnets may not overlap across tenants either.
-	native := func(encap string) bool { return g.FwdMode == "routing" && encap == "vlan" }
-	for _, o := range nets {
-		if o.Tenant != n.TenantName && !(native(n.Encap) && native(o.PktTagType)) {
-			continue
+	check := own.Nets
+	if native {
+		vlans, err := vlanSubnets(tx)
+		if err != nil {
+			return err
 		}
-		osn, err := subnetOfState(o)
+		check = maps.Clone(own.Nets)
+		maps.Copy(check, vlans.Nets)
+	}
+	for oid, o := range check {
+		osn, err := subnetOfState(&model.CfgNetworkState{ID: oid, SubnetIP: o.SubnetIP, SubnetLen: o.SubnetLen})
 		if err != nil {
 			return err
 		}
@@ -147,12 +156,15 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 				// (The other tenant's network is not named: found by review.)
 				return conflict("subnet: %s overlaps a network of another tenant; VLAN networks are routed natively in routing mode and may not overlap", n.Subnet)
 			}
-			return conflict("subnet: %s overlaps network %s (%s/%d)", n.Subnet, o.ID, o.SubnetIP, o.SubnetLen)
+			return conflict("subnet: %s overlaps network %s (%s/%d)", n.Subnet, oid, o.SubnetIP, o.SubnetLen)
 		}
 		if n.Ipv6Subnet != "" && o.IPv6Subnet != "" {
 			op, err := netip.ParsePrefix(fmt.Sprintf("%s/%d", o.IPv6Subnet, o.IPv6SubnetLen))
 			if err == nil && op.Overlaps(s6.prefix) {
-				return conflict("ipv6Subnet: %s overlaps network %s (%s)", n.Ipv6Subnet, o.ID, op)
+				if o.Tenant != n.TenantName {
+					return conflict("ipv6Subnet: %s overlaps a network of another tenant", n.Ipv6Subnet)
+				}
+				return conflict("ipv6Subnet: %s overlaps network %s (%s)", n.Ipv6Subnet, oid, op)
 			}
 		}
 	}
@@ -211,6 +223,9 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if err := tx.Put(model.NetStateKey(id), &ns); err != nil {
 		return err
 	}
+	if err := indexNetwork(tx, &ns, true); err != nil {
+		return err
+	}
 	n.LinkSets = model.NetworkLinkSets{}
 	n.Links = model.NetworkLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: n.TenantName}}
 	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
@@ -266,6 +281,9 @@ func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
 			return err
 		}
 		tx.Delete(model.NetStateKey(id))
+		if err := indexNetwork(tx, ns, false); err != nil {
+			return err
+		}
 		tx.DeletePrefix(model.PendingPrefix + id + "/") // (its addresses' pending records)
 		tx.DeletePrefix(netAllocRoot(id))
 	}

@@ -35,6 +35,7 @@ func tenantOps() objOps[model.Tenant] {
 				}
 			}
 			tx.Delete(model.ModelKey(model.TypeTenant, t.Key))
+			tx.Delete(model.SubnetIndexKey(t.TenantName)) // (its networks are gone)
 			return nil
 		},
 		inspect: inspectTenant,

@@ -78,3 +78,31 @@ func MACFromIPv4(ip string) (string, error) {
 	b := a.As4()
 	return fmt.Sprintf("02:02:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3]), nil
 }
+
+// SubnetIndexPrefix holds the subnet index netmaster checks a new network against (this
+// project's extension): one record per tenant (SubnetIndexKey) and one of every VLAN
+// network (VLANSubnetIndexKey: routing mode routes them natively, so their subnets may
+// not overlap across tenants). A network create reads its tenant's record instead of
+// every network of the cluster.
+const SubnetIndexPrefix = "/contiv.io/state/subnetidx/"
+
+// SubnetIndexKey is tenant's record of the subnet index.
+func SubnetIndexKey(tenant string) string { return SubnetIndexPrefix + "tenant/" + tenant }
+
+// VLANSubnetIndexKey is the subnet index's record of every VLAN network.
+const VLANSubnetIndexKey = SubnetIndexPrefix + "vlan"
+
+// SubnetIndex is a record of the subnet index: the networks it holds, by network id.
+type SubnetIndex struct {
+	Nets map[string]SubnetRecord `json:"nets"`
+}
+
+// SubnetRecord is what the subnet index keeps of a network.
+type SubnetRecord struct {
+	Tenant        string `json:"tenant"`
+	Encap         string `json:"encap"`
+	SubnetIP      string `json:"subnetIP"`
+	SubnetLen     uint   `json:"subnetLen"`
+	IPv6Subnet    string `json:"ipv6Subnet,omitempty"`
+	IPv6SubnetLen uint   `json:"ipv6SubnetLen,omitempty"`
+}
