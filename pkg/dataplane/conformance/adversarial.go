@@ -25,9 +25,10 @@ import (
 // sender, VLAN-tagged frames from a container, VXLAN injected from a peer's address with
 // inner sources that do not live behind it, a bare TCP ACK trying to open state a SYN
 // could not, a SYN reusing a reset flow's tuple after the policy changed, a VIP of
-// another tenant, UDP flows that must be spread over a service's backends, and a live UDP
-// flow whose backend is removed. Everything is observed from containers and the wire, so
-// every backend runs the same cases.
+// another tenant, UDP flows that must be spread over a service's backends, a live UDP
+// flow whose backend is removed, and a container asking a fake cloud metadata service
+// beyond the host's wire. Everything is observed from containers and the wire, so every
+// backend runs the same cases.
 func RunAdversarial(t *testing.T, factory Factory) {
 	runScenarios(t, func(t *testing.T) *Env { return NewEnv(t, factory) }, []scenario{
 		{name: "spoofed-source", run: spoofedSource},
@@ -51,6 +52,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "shared-vip-large-udp", run: sharedVIPLargeUDP},
 		{name: "fragment-hoard", run: fragmentHoard},
 		{name: "answer-flood", run: answerFlood},
+		{name: "metadata-unreachable", run: metadataUnreachable},
 	})
 }
 

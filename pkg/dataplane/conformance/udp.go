@@ -72,6 +72,17 @@ func (s *UDPServer) Flows() int {
 	return len(s.clients)
 }
 
+// Clients returns the client addresses seen ("ip:port"), in no order.
+func (s *UDPServer) Clients() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.clients))
+	for c := range s.clients {
+		out = append(out, c)
+	}
+	return out
+}
+
 // Close stops the server.
 func (s *UDPServer) Close() { s.conn.Close() }
 

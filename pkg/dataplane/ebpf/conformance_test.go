@@ -14,7 +14,11 @@ import (
 // pinnedFactory starts the suite's eBPF drivers: each simulated host pins its maps under
 // /sys/fs/bpf/<the name of its namespace> (removed when the test that first started a
 // driver for that host ends; a restart reuses them) and names its VXLAN device cbevx0.
-func pinnedFactory() conformance.Factory {
+func pinnedFactory() conformance.Factory { return pinnedFactoryWith(Options{}) }
+
+// pinnedFactoryWith is pinnedFactory whose drivers start with opts (their pins and VXLAN
+// device set as pinnedFactory's).
+func pinnedFactoryWith(opts Options) conformance.Factory {
 	var mu sync.Mutex
 	roots := map[string]string{} // host namespace → pin root
 	return func(t *testing.T, cfg dataplane.HostConfig) dataplane.Driver {
@@ -27,7 +31,9 @@ func pinnedFactory() conformance.Factory {
 			t.Cleanup(func() { _ = os.RemoveAll(root) })
 		}
 		mu.Unlock()
-		d, err := New(context.Background(), cfg, Options{PinRoot: root, VXLANIf: "cbevx0"})
+		o := opts
+		o.PinRoot, o.VXLANIf = root, "cbevx0"
+		d, err := New(context.Background(), cfg, o)
 		if err != nil {
 			t.Fatalf("new ebpf driver for %s: %v", cfg.Host, err)
 		}
@@ -45,4 +51,12 @@ func TestConformanceRouting(t *testing.T) {
 
 func TestConformanceAdversarial(t *testing.T) {
 	conformance.RunAdversarial(t, pinnedFactory())
+}
+
+// TestConformanceMetadataAllowed: with EgressAllowMetadata (netplugin
+// --egress-allow-metadata) a container reaches the metadata address beyond host 1, as the
+// node; other link-local addresses stay refused. The default is the adversarial suite's
+// metadata-unreachable.
+func TestConformanceMetadataAllowed(t *testing.T) {
+	conformance.RunEgressMetadataAllowed(t, pinnedFactoryWith(Options{EgressAllowMetadata: true}))
 }
