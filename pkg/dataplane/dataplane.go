@@ -278,9 +278,11 @@ type HostConfig struct {
 	VXLANPort int        // UDP port, default 4789
 	VLANIf    string     // uplink for VLAN networks ("" = none)
 	FwdMode   FwdMode
-	// CTQuota is how many conntrack entries one local endpoint may hold; past it the
-	// endpoint's new flows are refused (eBPF: drop_ct_quota; OVS: each tenant's conntrack
-	// zone is limited to CTQuota times its endpoints on the host). 0 = no quota.
+	// CTQuota is how many conntrack entries one local endpoint may hold, for the flows it
+	// opens and again for those opened toward it; past it such new flows are refused
+	// (eBPF: drop_ct_quota; OVS: each tenant's conntrack zone for what its local endpoints
+	// open, and its zone for what other hosts open toward them, are each limited to
+	// CTQuota times its endpoints on the host). 0 = no quota.
 	CTQuota int
 }
 

@@ -26,11 +26,14 @@ import (
 // inner sources that do not live behind it, a bare TCP ACK trying to open state a SYN
 // could not, a SYN reusing a reset flow's tuple after the policy changed, a VIP of
 // another tenant, UDP flows that must be spread over a service's backends, a live UDP
-// flow whose backend is removed, and a container asking a fake cloud metadata service
-// beyond the host's wire. Everything is observed from containers and the wire, so every
-// backend runs the same cases.
+// flow whose backend is removed, a container asking a fake cloud metadata service beyond
+// the host's wire, and a peer host opening flows toward a pod past the conntrack quota.
+// Everything is observed from containers and the wire, so every backend runs the same
+// cases.
 func RunAdversarial(t *testing.T, factory Factory) {
-	runScenarios(t, func(t *testing.T) *Env { return NewEnv(t, factory) }, []scenario{
+	runScenarios(t, func(t *testing.T, tweak func(*dataplane.HostConfig)) *Env {
+		return newEnvWith(t, factory, dataplane.FwdBridge, tweak)
+	}, []scenario{
 		{name: "spoofed-source", run: spoofedSource},
 		{name: "spoofed-arp", run: spoofedARP},
 		{name: "vlan-tagged-from-container", run: vlanFromContainer},
@@ -53,6 +56,7 @@ func RunAdversarial(t *testing.T, factory Factory) {
 		{name: "fragment-hoard", run: fragmentHoard},
 		{name: "answer-flood", run: answerFlood},
 		{name: "metadata-unreachable", run: metadataUnreachable},
+		{name: "ct-quota-opener", ownHosts: true, hostConfig: withOpenerQuota, run: ctQuotaOpener},
 	})
 }
 

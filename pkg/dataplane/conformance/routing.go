@@ -15,8 +15,8 @@ import (
 // network of another tenant stays apart. Each
 // check is a scenario that builds its own containers (runScenarios).
 func RunRouting(t *testing.T, factory Factory) {
-	newEnv := func(t *testing.T) *Env {
-		e := NewEnvMode(t, factory, dataplane.FwdRouting)
+	newEnv := func(t *testing.T, tweak func(*dataplane.HostConfig)) *Env {
+		e := newEnvWith(t, factory, dataplane.FwdRouting, tweak)
 		// The scenarios bring their own networks: the baseline is the peers alone.
 		e.H1.State.Networks, e.H2.State.Networks = nil, nil
 		return e

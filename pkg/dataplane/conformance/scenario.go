@@ -14,6 +14,9 @@ type scenario struct {
 	// ownHosts: run restarts or replaces a host's driver, so it gets a pair of hosts of
 	// its own instead of the pair the suite's other scenarios share.
 	ownHosts bool
+	// hostConfig, with ownHosts, changes the HostConfig of the hosts built for this
+	// scenario before their drivers start (a small CTQuota, say).
+	hostConfig func(*dataplane.HostConfig)
 	// run gets hosts that hold only their baseline (see runScenarios) and creates the
 	// containers and objects it checks; it may leave them behind.
 	run func(t *testing.T, e *Env)
@@ -30,17 +33,21 @@ type scenario struct {
 // peer); when it ends, passed or failed, both are synced back to that baseline, which
 // removes every endpoint, remote endpoint, peer, policy, pod policy, service and network
 // it added. If that Sync fails, the pair is left to t's cleanup and the next scenario
-// gets a new one. A scenario with ownHosts gets a new pair from newEnv instead.
-func runScenarios(t *testing.T, newEnv func(t *testing.T) *Env, scenarios []scenario) {
+// gets a new one. A scenario with ownHosts gets a new pair from newEnv instead, built
+// with its hostConfig.
+func runScenarios(t *testing.T, newEnv func(t *testing.T, tweak func(*dataplane.HostConfig)) *Env, scenarios []scenario) {
 	t.Helper()
 	var shared *sharedHosts
 	for i, s := range scenarios {
 		if s.ownHosts {
-			t.Run(s.name, func(t *testing.T) { s.run(t, newEnv(t)) })
+			t.Run(s.name, func(t *testing.T) { s.run(t, newEnv(t, s.hostConfig)) })
 			continue
 		}
+		if s.hostConfig != nil {
+			t.Fatalf("scenario %s: a host config of its own needs hosts of its own (ownHosts)", s.name)
+		}
 		if shared == nil {
-			shared = newSharedHosts(t, newEnv(t))
+			shared = newSharedHosts(t, newEnv(t, nil))
 		}
 		restored := true
 		t.Run(s.name, func(t *testing.T) {

@@ -17,7 +17,9 @@ import (
 // builds what it needs (runScenarios), so any one runs alone
 // (go test -run 'TestConformance/arp$') and a failure in one does not carry over.
 func Run(t *testing.T, factory Factory) {
-	runScenarios(t, func(t *testing.T) *Env { return NewEnv(t, factory) }, []scenario{
+	runScenarios(t, func(t *testing.T, tweak func(*dataplane.HostConfig)) *Env {
+		return newEnvWith(t, factory, dataplane.FwdBridge, tweak)
+	}, []scenario{
 		{name: "container-config", run: containerConfig},
 		{name: "same-host", run: sameHost},
 		{name: "cross-host", run: crossHost},

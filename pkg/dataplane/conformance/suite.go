@@ -63,6 +63,13 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 // NewEnvMode is NewEnv with a forwarding mode.
 func NewEnvMode(t *testing.T, factory Factory, mode dataplane.FwdMode) *Env {
 	t.Helper()
+	return newEnvWith(t, factory, mode, nil)
+}
+
+// newEnvWith is NewEnvMode whose hosts' configs tweak changes (nil: none) before their
+// drivers start.
+func newEnvWith(t *testing.T, factory Factory, mode dataplane.FwdMode, tweak func(*dataplane.HostConfig)) *Env {
+	t.Helper()
 	testroot.Need(t)
 	p := Prefix()
 	e := &Env{Prefix: p, factory: factory, Net: dataplane.Network{
@@ -79,6 +86,10 @@ func NewEnvMode(t *testing.T, factory Factory, mode dataplane.FwdMode) *Env {
 		}}
 	}
 	e.H1, e.H2 = mk("h1", "10.254.0.1"), mk("h2", "10.254.0.2")
+	if tweak != nil {
+		tweak(&e.H1.Cfg)
+		tweak(&e.H2.Cfg)
+	}
 	if err := wire(e.H1.NS, e.H2.NS); err != nil {
 		t.Fatal(err)
 	}

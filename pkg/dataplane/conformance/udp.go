@@ -19,20 +19,27 @@ type UDPServer struct {
 	mu      sync.Mutex
 	clients map[string]int
 	ident   []byte // when set, every reply is ident instead of the datagram
+	silent  bool   // count only, answer nothing
 }
 
 // StartUDPEcho listens on ip:port inside the namespace at path.
 func StartUDPEcho(path, ip string, port int) (*UDPServer, error) {
-	return startUDPServer(path, ip, port, nil)
+	return startUDPServer(path, ip, port, nil, false)
 }
 
 // StartUDPIdent listens on ip:port inside the namespace at path and answers every datagram
 // with ip (as text): the reply tells which backend a balanced flow reached.
 func StartUDPIdent(path, ip string, port int) (*UDPServer, error) {
-	return startUDPServer(path, ip, port, []byte(ip))
+	return startUDPServer(path, ip, port, []byte(ip), false)
 }
 
-func startUDPServer(path, ip string, port int, ident []byte) (*UDPServer, error) {
+// StartUDPCount listens on ip:port inside the namespace at path and counts the datagrams
+// per client without answering (Flows): a sink that sends nothing back.
+func StartUDPCount(path, ip string, port int) (*UDPServer, error) {
+	return startUDPServer(path, ip, port, nil, true)
+}
+
+func startUDPServer(path, ip string, port int, ident []byte, silent bool) (*UDPServer, error) {
 	var pc net.PacketConn
 	err := nsexec.Run(path, func() error {
 		var err error
@@ -42,7 +49,7 @@ func startUDPServer(path, ip string, port int, ident []byte) (*UDPServer, error)
 	if err != nil {
 		return nil, fmt.Errorf("udp listen on %s:%d: %w", ip, port, err)
 	}
-	s := &UDPServer{conn: pc, Addr: pc.LocalAddr().String(), clients: map[string]int{}, ident: ident}
+	s := &UDPServer{conn: pc, Addr: pc.LocalAddr().String(), clients: map[string]int{}, ident: ident, silent: silent}
 	go s.loop()
 	return s, nil
 }
@@ -57,6 +64,9 @@ func (s *UDPServer) loop() {
 		s.mu.Lock()
 		s.clients[from.String()]++
 		s.mu.Unlock()
+		if s.silent {
+			continue
+		}
 		reply := buf[:n]
 		if s.ident != nil {
 			reply = s.ident

@@ -37,9 +37,12 @@ type ctTuple struct {
 	sport, dport uint16
 }
 
-// ctMatch selects the conntrack entries of one zone and protocol by their tuples.
+// ctMatch selects the conntrack entries of one zone and protocol by their tuples; vrf is
+// the zone's tenant (its VRF: the guard flow of a removed backend matches it), not part of
+// the flush.
 type ctMatch struct {
 	zone        uint16
+	vrf         uint32
 	proto       uint8
 	orig, reply ctTuple
 }
@@ -144,8 +147,9 @@ func (c *ofConn) request(ctx context.Context, msg []byte) error {
 }
 
 // serviceNATs returns, per service port that st compiles to flows, a match for the
-// conntrack entries translating VIP:port to each backend in the service tenant's zone:
-// of the services ids (nil: all).
+// conntrack entries translating VIP:port to each backend in the service tenant's zones
+// (its own: its local clients'; its inbound one: what another host sent to the VIP): of
+// the services ids (nil: all).
 func serviceNATs(st *dataplane.Index, vrf map[string]uint32, ids []string) map[ctMatch]bool {
 	out := map[ctMatch]bool{}
 	services := st.Services
@@ -157,12 +161,13 @@ func serviceNATs(st *dataplane.Index, vrf map[string]uint32, ids []string) map[c
 			}
 		}
 	}
+	inbound := inboundZones(vrf)
 	for _, s := range services {
 		tenant, err := dataplane.ServiceTenant(s.ID)
 		if err != nil {
 			continue
 		}
-		zone, ok := vrf[tenant]
+		v, ok := vrf[tenant]
 		if !ok {
 			continue
 		}
@@ -172,8 +177,10 @@ func serviceNATs(st *dataplane.Index, vrf map[string]uint32, ids []string) map[c
 				target = sp.Port
 			}
 			for _, b := range append(slices.Clone(s.Backends), s.Draining...) { // draining ones keep theirs
-				out[ctMatch{zone: uint16(zone), proto: sp.Proto,
-					orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b, sport: target}}] = true
+				for _, zone := range []uint32{v, inbound[v]} {
+					out[ctMatch{zone: uint16(zone), vrf: v, proto: sp.Proto,
+						orig: ctTuple{dst: s.VIP, dport: sp.Port}, reply: ctTuple{src: b, sport: target}}] = true
+				}
 			}
 		}
 	}
@@ -215,13 +222,14 @@ const (
 )
 
 // removedBackendGuard drops, for guardSeconds, packets from the backend of translation m
-// (its address and target port) that conntrack does not know, in m's zone.
+// (its address and target port) that conntrack does not know, in m's tenant (found in
+// neither of its zones: the flow matches the last lookup's state).
 func (d *Driver) removedBackendGuard(ctx context.Context, m ctMatch) error {
 	if !m.reply.src.Is4() || m.reply.sport == 0 {
 		return nil
 	}
 	f := d.pl.newFlow(tServiceLB, 80).ip().ctState("+new+trk", []int{of.NX_CT_STATE_NEW_OFS, of.NX_CT_STATE_TRK_OFS}, nil).
-		reg(regVRF, uint32(m.zone)).ipSrc(netip.PrefixFrom(m.reply.src, 32)).proto(m.proto).tpSrc(m.proto, m.reply.sport)
+		reg(regVRF, m.vrf).ipSrc(netip.PrefixFrom(m.reply.src, 32)).proto(m.proto).tpSrc(m.proto, m.reply.sport)
 	fm := f.flowMod(of.FC_ADD, cookieGuard)
 	fm.HardTimeout = guardSeconds
 	msg, err := d.conn.marshal(fm)

@@ -3,6 +3,7 @@ package ovs
 import (
 	"encoding/hex"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -43,11 +44,15 @@ func TestServiceNATsRemoved(t *testing.T) {
 	}
 	// The reply side names the backend and its target port (what the removed backend's
 	// guard flow matches, and a narrower flush).
-	want := ctMatch{zone: 3, proto: 6, orig: ctTuple{dst: s.VIP, dport: 80}, reply: ctTuple{src: netip.MustParseAddr("10.1.0.9"), sport: 8080}}
-	if len(removed) != 1 || removed[0] != want {
-		t.Errorf("removed = %v, want [%v]", removed, want)
+	// In both zones of the tenant: its own (local clients) and its inbound one.
+	want := ctMatch{zone: 3, vrf: 3, proto: 6, orig: ctTuple{dst: s.VIP, dport: 80}, reply: ctTuple{src: netip.MustParseAddr("10.1.0.9"), sport: 8080}}
+	wantIn := want
+	wantIn.zone = 3 | inboundZoneBit
+	slices.SortFunc(removed, func(x, y ctMatch) int { return int(x.zone) - int(y.zone) })
+	if len(removed) != 2 || removed[0] != want || removed[1] != wantIn {
+		t.Errorf("removed = %v, want [%v %v]", removed, want, wantIn)
 	}
-	if len(a) != 1 {
-		t.Errorf("after = %v, want one translation (s:nobody has no VRF here)", a)
+	if len(a) != 2 {
+		t.Errorf("after = %v, want one translation in each zone (s:nobody has no VRF here)", a)
 	}
 }

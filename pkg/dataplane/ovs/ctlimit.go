@@ -13,17 +13,21 @@ import (
 )
 
 // Conntrack limits (docs/ovs.md "Conntrack limits"). The eBPF datapath counts its entries
-// per local endpoint (HostConfig.CTQuota, drop_ct_quota); the userspace datapath of OVS
-// counts connections per conntrack zone only (dpctl/ct-set-limits), and a zone here is a
-// tenant (its VRF id). So each tenant's zone is limited to the sum of its local endpoints'
-// quotas: CTQuota × the tenant's endpoints on this host (at least one). A commit past the
-// limit is refused, and ct_check drops the packet (pipeline.go ctCheckFlows): a tenant at
-// its limit gets no new connection, its established ones keep working, the other tenants
-// are not affected. The hairpin zones are not limited (a hairpin connection holds an entry
-// of the tenant's zone too).
+// per local endpoint (HostConfig.CTQuota, drop_ct_quota), apart for the flows an endpoint
+// opens and those opened toward it; the userspace datapath of OVS counts connections per
+// conntrack zone only (dpctl/ct-set-limits). A tenant (its VRF id) has two zones here: its
+// own, for the connections its local endpoints open, and its inbound zone, for those
+// opened from other hosts toward them (vrf.go, pipeline.go "Opener zones"). Each is
+// limited to the sum of the tenant's local endpoints' quotas: CTQuota × the tenant's
+// endpoints on this host (at least one). A commit past a limit is refused, and ct_check
+// drops the packet (pipeline.go ctCheckFlows): a tenant at its own zone's limit opens no
+// new connection, one at its inbound zone's limit is opened none from other hosts; its
+// established ones keep working, and what other hosts open does not take what its
+// endpoints open. The other tenants are not affected. The hairpin zones are not limited (a
+// hairpin connection holds an entry of the tenant's zone too).
 
-// ctZoneLimits is the limit of every tenant zone of vrf: quota for each endpoint of the
-// tenant in st (at least one); none without a quota.
+// ctZoneLimits is the limit of every tenant zone of vrf, own and inbound: quota for each
+// endpoint of the tenant in st (at least one); none without a quota.
 func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int) map[uint16]uint32 {
 	out := map[uint16]uint32{}
 	if quota <= 0 {
@@ -33,8 +37,32 @@ func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int) map[uin
 	for _, ep := range st.Endpoints {
 		eps[tenantOf(ep.NetworkID)]++
 	}
+	inbound := inboundZones(vrf)
 	for t, v := range vrf {
-		out[uint16(v)] = uint32(min(uint64(quota)*max(eps[t], 1), math.MaxUint32))
+		limit := uint32(min(uint64(quota)*max(eps[t], 1), math.MaxUint32))
+		out[uint16(v)], out[uint16(inbound[v])] = limit, limit
+	}
+	return out
+}
+
+// zoneOwner is a limited zone's tenant and whose openings it holds: "local" (its local
+// endpoints'), "remote" (other hosts', the inbound zone) or "any" (a tenant with one zone
+// for both, vrf.go inboundZone).
+type zoneOwner struct {
+	tenant, opener string
+}
+
+// zoneOwners names the tenant zones of vrf.
+func zoneOwners(vrf map[string]uint32) map[uint16]zoneOwner {
+	out := map[uint16]zoneOwner{}
+	inbound := inboundZones(vrf)
+	for t, v := range vrf {
+		in := inbound[v]
+		if in == v {
+			out[uint16(v)] = zoneOwner{t, "any"}
+			continue
+		}
+		out[uint16(v)], out[uint16(in)] = zoneOwner{t, "local"}, zoneOwner{t, "remote"}
 	}
 	return out
 }
@@ -78,8 +106,8 @@ func parseCTLimits(out string) map[uint16]ctZoneLimit {
 
 // applyCTLimits sets vswitchd's zone limits to what d.state asks for. The first call (and
 // the first after vswitchd restarted: d.ctLimits nil) reads what it holds, so the limits
-// a previous agent set on tenant zones (1..maxVRF) that are no longer wanted go too. Call
-// with d.mu held.
+// a previous agent set on tenant zones (own and inbound: 1..0x7fff) that are no longer
+// wanted go too. Call with d.mu held.
 func (d *Driver) applyCTLimits(ctx context.Context) error {
 	want := ctZoneLimits(d.state, d.vrfIDs, d.host.CTQuota)
 	if d.ctLimits == nil {
@@ -95,7 +123,7 @@ func (d *Driver) applyCTLimits(ctx context.Context) error {
 		}
 		have := map[uint16]uint32{}
 		for z, l := range parseCTLimits(out) {
-			if z != 0 && z <= maxVRF {
+			if z != 0 && z&hairpinZoneBit == 0 {
 				have[z] = l.limit
 			}
 		}
@@ -130,10 +158,10 @@ func (d *Driver) applyCTLimits(ctx context.Context) error {
 		d.log.Debug("conntrack zone limits", "set", set, "deleted", del)
 	}
 	d.ctLimits = want
-	tenants := map[uint16]string{}
-	for t, v := range d.vrfIDs {
-		if _, ok := want[uint16(v)]; ok {
-			tenants[uint16(v)] = t
+	tenants := map[uint16]zoneOwner{}
+	for z, o := range zoneOwners(d.vrfIDs) {
+		if _, ok := want[z]; ok {
+			tenants[z] = o
 		}
 	}
 	d.limMu.Lock()
@@ -158,8 +186,8 @@ func (d *Driver) removeCTLimits(ctx context.Context) error {
 	return nil
 }
 
-// limitedZones returns the limited zones and their tenants (metrics; no driver lock).
-func (d *Driver) limitedZones() map[uint16]string {
+// limitedZones returns the limited zones and their owners (metrics; no driver lock).
+func (d *Driver) limitedZones() map[uint16]zoneOwner {
 	d.limMu.Lock()
 	defer d.limMu.Unlock()
 	return d.limTenants

@@ -24,9 +24,23 @@ func TestCTZoneLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	vrf := map[string]uint32{"default": 1, "t2": 2}
-	// Each tenant zone: the quota per local endpoint, at least one endpoint's worth.
-	if got := ctZoneLimits(st, vrf, 100); len(got) != 2 || got[1] != 300 || got[2] != 100 {
-		t.Fatalf("limits %v, want zone 1: 300, zone 2: 100", got)
+	// Each tenant zone, its own and its inbound one: the quota per local endpoint, at
+	// least one endpoint's worth.
+	in1, in2 := uint16(1|inboundZoneBit), uint16(2|inboundZoneBit)
+	if got := ctZoneLimits(st, vrf, 100); len(got) != 4 || got[1] != 300 || got[in1] != 300 || got[2] != 100 || got[in2] != 100 {
+		t.Fatalf("limits %v, want zones 1 and %d: 300, zones 2 and %d: 100", got, in1, in2)
+	}
+	if got := zoneOwners(vrf); len(got) != 4 || got[1] != (zoneOwner{"default", "local"}) || got[in1] != (zoneOwner{"default", "remote"}) {
+		t.Fatalf("zone owners %v", got)
+	}
+	// A VRF persisted above maxVRF, and the tenant whose inbound zone it would be: one
+	// zone each, for both openers.
+	legacy := map[string]uint32{"default": 1, "t2": 1 | inboundZoneBit}
+	if got := ctZoneLimits(st, legacy, 100); len(got) != 2 || got[1] != 300 || got[in1] != 100 {
+		t.Fatalf("limits with a VRF above maxVRF %v, want zone 1: 300, zone %d: 100", got, in1)
+	}
+	if got := zoneOwners(legacy); len(got) != 2 || got[1] != (zoneOwner{"default", "any"}) || got[in1] != (zoneOwner{"t2", "any"}) {
+		t.Fatalf("zone owners with a VRF above maxVRF %v", got)
 	}
 	if got := ctZoneLimits(st, vrf, 0); len(got) != 0 {
 		t.Fatalf("no quota: limits %v", got)
@@ -160,17 +174,23 @@ func TestCTLimitOVS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	zone := map[string]float64{}
+	zone := map[string]float64{} // name/tenant/opener
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
 			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "tenant" {
-					zone[mf.GetName()+"/"+lp.GetValue()] = m.GetGauge().GetValue()
-				}
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if t, ok := labels["tenant"]; ok {
+				zone[mf.GetName()+"/"+t+"/"+labels["opener"]] = m.GetGauge().GetValue()
 			}
 		}
 	}
-	if zone["contiv_datapath_ct_zone_entries/default"] != 4 || zone["contiv_datapath_ct_zone_limit/default"] != 4 || zone["contiv_datapath_ct_zone_limit/t2"] != 4 {
+	// The four connections c1 opened fill the tenant's own zone; its inbound zone holds
+	// none of them and has a limit of its own.
+	if zone["contiv_datapath_ct_zone_entries/default/local"] != 4 || zone["contiv_datapath_ct_zone_limit/default/local"] != 4 ||
+		zone["contiv_datapath_ct_zone_entries/default/remote"] != 0 || zone["contiv_datapath_ct_zone_limit/default/remote"] != 4 ||
+		zone["contiv_datapath_ct_zone_limit/t2/local"] != 4 || len(zone) != 8 {
 		t.Fatalf("zone metrics %v", zone)
 	}
 

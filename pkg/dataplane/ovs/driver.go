@@ -112,7 +112,7 @@ type Driver struct {
 	monLost atomic.Uint64
 
 	limMu      sync.Mutex
-	limTenants map[uint16]string // limited zone → tenant (metrics.go)
+	limTenants map[uint16]zoneOwner // limited zone → tenant and opener (metrics.go)
 }
 
 // New starts (or connects to) OVS, creates the bridges and ports the host needs, and

@@ -47,7 +47,7 @@ type nxFields struct {
 
 // pipelineFields are the NXM fields flows refer to by name.
 func pipelineFields() (plain, masked []string) {
-	for i := range 8 {
+	for i := range 10 {
 		plain = append(plain, fmt.Sprintf("NXM_NX_REG%d", i))
 	}
 	plain = append(plain, "NXM_OF_ETH_SRC", "NXM_OF_ETH_DST", "NXM_OF_ARP_OP",

@@ -104,13 +104,16 @@ func (d *Driver) listCT(ctx context.Context, l *dataplane.Listing, limit int) er
 	if err != nil {
 		return err
 	}
+	tenants := tenantZones(d.vrfIDs)
 	for _, c := range parseConntrack(out) {
 		if len(l.Rows) == limit {
 			l.Truncated++
 			continue
 		}
 		zone := d.zoneName(uint32(c.zone))
-		if c.zone&hairpinZoneBit != 0 {
+		if v, ok := tenants[c.zone]; ok && uint32(c.zone) != v {
+			zone = d.zoneName(v) + " inbound"
+		} else if c.zone&hairpinZoneBit != 0 {
 			zone = d.zoneName(uint32(c.zone&^hairpinZoneBit)) + " hairpin"
 		}
 		nat := ""

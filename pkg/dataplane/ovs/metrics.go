@@ -24,9 +24,9 @@ var (
 	descRejudgeErrors = prometheus.NewDesc("contiv_datapath_ct_rejudge_errors_total",
 		"Re-judge passes that failed (conntrack not readable, or a flush refused).", nil, nil)
 	descCTZoneEntries = prometheus.NewDesc("contiv_datapath_ct_zone_entries",
-		"Connections a tenant's conntrack zone holds against its limit (dpctl/ct-get-limits; counted from when the limit was set).", []string{"tenant"}, nil)
+		"Connections a tenant's conntrack zone holds against its limit (dpctl/ct-get-limits; counted from when the limit was set); opener: local for the connections its endpoints on this host open, remote for those other hosts open toward them.", []string{"tenant", "opener"}, nil)
 	descCTZoneLimit = prometheus.NewDesc("contiv_datapath_ct_zone_limit",
-		"Conntrack limit of a tenant's zone: --ct-quota-per-endpoint times its endpoints on this host; new connections past it are dropped (drop_ct_quota).", []string{"tenant"}, nil)
+		"Conntrack limit of a tenant's zone: --ct-quota-per-endpoint times its endpoints on this host; new connections past it are dropped (drop_ct_quota).", []string{"tenant", "opener"}, nil)
 	descScrapeErr = prometheus.NewDesc("contiv_datapath_scrape_errors",
 		"1 when the datapath counters could not be read on this scrape.", nil, nil)
 )
@@ -74,9 +74,9 @@ func (c ovsCollector) Collect(ch chan<- prometheus.Metric) {
 			failed = 1
 		}
 		for z, l := range parseCTLimits(out) {
-			if t, ok := zones[z]; ok {
-				ch <- prometheus.MustNewConstMetric(descCTZoneEntries, prometheus.GaugeValue, float64(l.count), t)
-				ch <- prometheus.MustNewConstMetric(descCTZoneLimit, prometheus.GaugeValue, float64(l.limit), t)
+			if o, ok := zones[z]; ok {
+				ch <- prometheus.MustNewConstMetric(descCTZoneEntries, prometheus.GaugeValue, float64(l.count), o.tenant, o.opener)
+				ch <- prometheus.MustNewConstMetric(descCTZoneLimit, prometheus.GaugeValue, float64(l.limit), o.tenant, o.opener)
 			}
 		}
 	}

@@ -23,7 +23,8 @@ const (
 	tClassifier     tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
 	tOverlaySrc     tableID = 5  // overlay packets: inner source must live behind the outer source (tun_src)
 	tARP            tableID = 10 // proxy ARP: every request answered here or dropped
-	tConntrack      tableID = 20 // ct(nat) lookup in the VRF's zone
+	tConntrack      tableID = 20 // ct(nat) lookup in the zone where the packet would be a reply
+	tCTOpener       tableID = 21 // not found there: ct(nat) lookup in the zone of its own side's openings
 	tServiceLB      tableID = 30 // new connections to a tenant's VIP:port → 5-tuple hash picks a backend
 	tServiceDNAT    tableID = 31 // commit DNAT to the chosen backend
 	tServiceBackend tableID = 32 // (service, hash choice) → backend address and port
@@ -41,7 +42,7 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tAnswer, tAnswerShared, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tCTOpener, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tAnswer, tAnswerShared, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
@@ -53,6 +54,8 @@ func (t tableID) String() string {
 		return "arp"
 	case tConntrack:
 		return "conntrack"
+	case tCTOpener:
+		return "ct_opener"
 	case tServiceLB:
 		return "service_lb"
 	case tServiceDNAT:
@@ -92,12 +95,28 @@ const (
 	regNet     = 0 // network key: tag, plus 1<<24 for VLAN networks
 	regSrcEPG  = 1
 	regDstEPG  = 2
-	regVRF     = 3 // VRF (tenant) id, also the conntrack zone
+	regVRF     = 3 // VRF (tenant) id, also its own conntrack zone (regOpenZone below)
 	regFlags   = 4 // bit 0: arrived from another host; bit 1: DNAT committed; bits 2-5: below (hairpin, answers)
 	regSvcIP   = 5 // chosen backend IP
 	regSvcPort = 6 // chosen backend port
 	regSvcSel  = 7 // service LB choice: service id in bits 16..31, backend index in bits 0..15
+	// The tenant's conntrack zones as the packet's side sees them (vrf.go, "Opener
+	// zones" below): the zone of the connections this side opens (where a new one is
+	// committed) and the zone of those the other side opens (where this packet would be
+	// a reply).
+	regOpenZone  = 8
+	regReplyZone = 9
 )
+
+// Opener zones: a conntrack zone limit (ctlimit.go) counts every connection of the zone,
+// so connections opened from other hosts toward the tenant's local endpoints are committed
+// in the tenant's inbound zone, apart from those its local endpoints open (its own zone):
+// peers opening many flows toward an endpoint fill the inbound zone's limit only, and the
+// endpoints still open their own. A packet is looked up first in the zone where it would
+// be a reply (conntrack: a local endpoint's packet in the inbound zone, a packet from
+// another host in the own zone); a connection found there (established or related) goes
+// on with it, anything else is looked up again in its own side's zone (ct_opener), where
+// a new connection is committed. The classifier loads both zones with the VRF.
 
 // Hairpin (a client balanced to itself): the packet is DNATed in the tenant's zone as any
 // service packet, then SNATed to the VIP in the tenant's hairpin zone (vrf|hairpinZoneBit)
@@ -112,9 +131,9 @@ const (
 )
 
 // hairpinZone is the conntrack zone of vrf's hairpin SNAT entries; false when vrf is an
-// id persisted before ids were capped at maxVRF (no hairpin for that tenant then).
+// id persisted before ids were capped at 0x7fff (no hairpin for that tenant then).
 func hairpinZone(vrf uint32) (uint16, bool) {
-	if vrf == 0 || vrf > maxVRF {
+	if vrf == 0 || vrf >= hairpinZoneBit {
 		return 0, false
 	}
 	return uint16(vrf | hairpinZoneBit), true
@@ -172,18 +191,20 @@ func newIDs() idTables { return idTables{svc: map[string]uint32{}, vrf: map[stri
 // unitEnv is what compiling a unit needs beyond its own object: the state, the ports,
 // the tenants' VRFs and the service ids.
 type unitEnv struct {
-	d      *dataplane.Index
-	host   dataplane.HostConfig
-	p      ports
-	vrf    map[string]uint32 // tenant → VRF of the tenants that have a network here
-	svcIDs map[string]uint32
-	peer   map[string]bool     // hosts with a peer
-	vtep   map[netip.Addr]bool // peers' VTEPs
-	local  map[uint32]map[netip.Addr]bool
+	d       *dataplane.Index
+	host    dataplane.HostConfig
+	p       ports
+	vrf     map[string]uint32 // tenant → VRF of the tenants that have a network here
+	inbound map[uint32]uint32 // VRF → its inbound zone (vrf.go)
+	svcIDs  map[string]uint32
+	peer    map[string]bool     // hosts with a peer
+	vtep    map[netip.Addr]bool // peers' VTEPs
+	local   map[uint32]map[netip.Addr]bool
 }
 
 func newUnitEnv(d *dataplane.Index, host dataplane.HostConfig, p ports, vrf, svcIDs map[string]uint32) *unitEnv {
-	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, svcIDs: svcIDs, peer: map[string]bool{}, vtep: map[netip.Addr]bool{}}
+	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, inbound: inboundZones(vrf), svcIDs: svcIDs,
+		peer: map[string]bool{}, vtep: map[netip.Addr]bool{}}
 	for _, p := range d.Peers {
 		env.peer[p.Host] = true
 		env.vtep[p.VTEP] = true
@@ -192,6 +213,17 @@ func newUnitEnv(d *dataplane.Index, host dataplane.HostConfig, p ports, vrf, svc
 }
 
 func (env *unitEnv) netVRF(n dataplane.Network) uint32 { return env.vrf[tenantOf(n.ID)] }
+
+// netInbound is the inbound zone of n's tenant (vrf.go).
+func (env *unitEnv) netInbound(n dataplane.Network) uint32 { return env.inbound[env.netVRF(n)] }
+
+// fromOtherHosts loads what a packet of network n from another host carries: the network,
+// the VRF, regFlags bit 0, and as its zones the tenant's inbound zone (what it opens) and
+// the tenant's own (where it would be a reply).
+func (env *unitEnv) fromOtherHosts(f *flow, n dataplane.Network) *flow {
+	return f.load(regNet, netKey(n)).load(regVRF, env.netVRF(n)).loadBits(regFlags, 0, 0, 1).
+		load(regOpenZone, env.netInbound(n)).load(regReplyZone, env.netVRF(n))
+}
 
 // localIPs returns the addresses of local endpoints in VRF v (hairpin candidates).
 func (env *unitEnv) localIPs(v uint32) map[netip.Addr]bool {
@@ -307,7 +339,7 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 		if !ok {
 			return nil, nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
-		flows = append(pl.endpointClassifier(port, ep, n, env.netVRF(n)), pl.answers(port)...)
+		flows = append(pl.endpointClassifier(port, ep, n, env.netVRF(n), env.netInbound(n)), pl.answers(port)...)
 		fw, err := pl.forwarding(env, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
 		if err != nil {
 			return nil, nil, err
@@ -397,7 +429,10 @@ func (pl *pipeline) baseFlows() []*flow {
 		pl.newFlow(tARP, 10).ethType(0x0806),                             // unknown ARP target: drop
 		pl.newFlow(tARP, 200).ethType(0x0806).regBits(regFlags, 0, 0, 1), // never answer other hosts
 		pl.newFlow(tConntrack, 0),
-		pl.newFlow(tConntrack, 10).ip().ctZoneFromVRF(int(tServiceLB), false, nil, ""),
+		pl.newFlow(tConntrack, 10).ip().ctZoneFromReg(regReplyZone, int(tCTOpener), false, nil, ""),
+		pl.newFlow(tCTOpener, 0).ip().ctZoneFromReg(regOpenZone, int(tServiceLB), false, nil, ""),
+		pl.newFlow(tCTOpener, 100).ip().ctState("+est+trk", []int{of.NX_CT_STATE_EST_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tServiceLB),
+		pl.newFlow(tCTOpener, 100).ip().ctState("+rel+trk", []int{of.NX_CT_STATE_REL_OFS, of.NX_CT_STATE_TRK_OFS}, nil).goTo(tServiceLB),
 		pl.newFlow(tServiceLB, 0).goTo(tSrcEPG),
 		pl.newFlow(tServiceDNAT, 0).goTo(tSrcEPG),
 		pl.newFlow(tServiceBackend, 0),
@@ -459,12 +494,10 @@ func (pl *pipeline) ctCheckFlows() []*flow {
 func (pl *pipeline) networkFlows(env *unitEnv, n dataplane.Network) []*flow {
 	var flows []*flow
 	if n.Encap == dataplane.EncapVXLAN && env.p.tunnel != 0 {
-		flows = append(flows, pl.newFlow(tClassifier, 100).inPort(env.p.tunnel).tunID(n.Tag).
-			load(regNet, netKey(n)).load(regVRF, env.netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tOverlaySrc))
+		flows = append(flows, env.fromOtherHosts(pl.newFlow(tClassifier, 100).inPort(env.p.tunnel).tunID(n.Tag), n).goTo(tOverlaySrc))
 	}
 	if n.Encap == dataplane.EncapVLAN && env.p.uplink != 0 {
-		flows = append(flows, pl.newFlow(tClassifier, 100).inPort(env.p.uplink).vlanVID(uint16(n.Tag)).popVLAN().
-			load(regNet, netKey(n)).load(regVRF, env.netVRF(n)).loadBits(regFlags, 0, 0, 1).goTo(tARP))
+		flows = append(flows, env.fromOtherHosts(pl.newFlow(tClassifier, 100).inPort(env.p.uplink).vlanVID(uint16(n.Tag)).popVLAN(), n).goTo(tARP))
 	}
 	if n.Gateway.IsValid() {
 		flows = append(flows, pl.arpResponder(netKey(n), n.Gateway, dataplane.RouterMAC))
@@ -634,19 +667,21 @@ func (pl *pipeline) commitFlows() []*flow {
 	return []*flow{
 		pl.newFlow(tCommit, 0).goTo(tL3),
 		pl.newFlow(tCommit, 120).regBits(regFlags, 1, 1, 1),
-		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromVRF(int(tCTCheck), true, nil, ""),
+		newConn(110).proto(6).tcpFlags(0x002, 0x012, "+syn-ack").ctZoneFromReg(regOpenZone, int(tCTCheck), true, nil, ""),
 		newConn(105).proto(6).goTo(tL3),
-		newConn(100).ctZoneFromVRF(int(tCTCheck), true, nil, ""),
+		newConn(100).ctZoneFromReg(regOpenZone, int(tCTCheck), true, nil, ""),
 	}
 }
 
 // endpointClassifier admits from a container's port only untagged IPv4 with the
 // endpoint's source IP and MAC, and ARP whose Ethernet and ARP sender are the endpoint.
 // Everything else from the port (forged addresses, 802.1Q/802.1ad tags, other
-// ethertypes) is dropped here, where it enters.
-func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dataplane.Network, vrf uint32) []*flow {
+// ethertypes) is dropped here, where it enters. What it admits opens connections in the
+// tenant's own zone vrf and is a reply in its inbound zone (inbound).
+func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dataplane.Network, vrf, inbound uint32) []*flow {
 	admit := func(f *flow) *flow {
-		return f.load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, vrf).goTo(tARP)
+		return f.load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, vrf).
+			load(regOpenZone, vrf).load(regReplyZone, inbound).goTo(tARP)
 	}
 	return []*flow{
 		pl.newFlow(tClassifier, 110).inPort(port).anyVLAN(),
@@ -849,12 +884,12 @@ func (pl *pipeline) servicePort(s dataplane.Service, sp dataplane.ServicePort, v
 		natText := fmt.Sprintf("nat(dst=%s:%d)", b, target)
 		flows = append(flows, pl.newFlow(tServiceDNAT, 100).ip().proto(sp.Proto).reg(regSvcIP, ipU32(b)).reg(regSvcPort, uint32(target)).
 			loadBits(regFlags, 1, 1, 1).setDst(sp.Proto, b, target).goTo(tSrcEPG),
-			commit(130).setDst(sp.Proto, s.VIP, sp.Port).ctZoneFromVRF(int(tCTCheck), true, nat, natText))
+			commit(130).setDst(sp.Proto, s.VIP, sp.Port).ctZoneFromReg(regOpenZone, int(tCTCheck), true, nat, natText))
 		if sp.Proto == 17 {
 			// A new flow's first fragment, policy passed: its later fragments are to
 			// take this choice (serviceLaterFragments).
 			flows = append(flows, commit(131).nwFrag(fragFirst).setDst(sp.Proto, s.VIP, sp.Port).
-				learnFragChoice(fragLearnSeconds).ctZoneFromVRF(int(tCTCheck), true, nat, natText))
+				learnFragChoice(fragLearnSeconds).ctZoneFromReg(regOpenZone, int(tCTCheck), true, nat, natText))
 		}
 		if hz, ok := hairpinZone(v); ok && local[b] {
 			// The client was balanced to itself: commit the SNAT to the VIP.
@@ -967,20 +1002,21 @@ func arpReply(f *flow, ip netip.Addr, mac net.HardwareAddr) *flow {
 		output(of.P_IN_PORT)
 }
 
-// ctZoneFromVRF adds ct() with the zone taken from the VRF register. A commit (of a
-// tenant's connection) also sets ctMarkCommitted, for ct_check.
-func (f *flow) ctZoneFromVRF(table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
-	zone := f.hdr(fmt.Sprintf("NXM_NX_REG%d", regVRF))
+// ctZoneFromReg adds ct() with the zone taken from register reg (regOpenZone or
+// regReplyZone). A commit (of a tenant's connection) also sets ctMarkCommitted, for
+// ct_check.
+func (f *flow) ctZoneFromReg(reg, table int, commit bool, nat *of.NXActionCTNAT, natText string) *flow {
+	zone := f.hdr(fmt.Sprintf("NXM_NX_REG%d", reg))
 	if zone == nil {
 		return f
 	}
-	if nat == nil && table == int(tServiceLB) {
+	if nat == nil && !commit {
 		// Lookup with "nat": established connections get their translation applied.
 		nat = of.NewNXActionCTNAT()
 		natText = "nat"
 	}
 	a := of.NewNXActionConnTrack().ZoneRange(zone, of.NewNXRange(0, 15))
-	f.ct(a, fmt.Sprintf("zone=reg%d[0..15]", regVRF), table, commit, nat, natText)
+	f.ct(a, fmt.Sprintf("zone=reg%d[0..15]", reg), table, commit, nat, natText)
 	if commit {
 		if mark := f.hdr("NXM_NX_CT_MARK"); mark != nil {
 			a.AddAction(of.NewNXActionRegLoad(of.NewNXRange(0, 0).ToOfsBits(), mark, ctMarkCommitted))

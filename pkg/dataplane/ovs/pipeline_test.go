@@ -44,14 +44,35 @@ func texts(c *compiled) string {
 	return strings.Join(s, "\n")
 }
 
+// compileTexts compiles st for host with the ports and ids given and returns the flows'
+// text (texts).
+func compileTexts(t *testing.T, st *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) string {
+	t.Helper()
+	c, err := testPipeline(t).compile(st, host, p, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return texts(c)
+}
+
+// wantFlows fails t for every flow of want (a flow's text or part of it) that all lacks.
+func wantFlows(t *testing.T, all string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("missing flow\n  %s\nin\n%s", w, all)
+		}
+	}
+}
+
 func TestCompile(t *testing.T) {
 	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
 	all := texts(c)
-	for _, want := range []string{
-		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],goto_table:overlay_src",
+	wantFlows(t, all,
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],load:16385->reg8,load:1->reg9,goto_table:overlay_src",
 		"table=overlay_src,priority=0, actions=drop",
 		"table=overlay_src,priority=100,reg3=1,tun_src=192.168.1.2,dl_type=0x0800,nw_src=10.1.0.9 actions=goto_table:arp",
 		"table=overlay_src,priority=100,reg3=1,tun_src=192.168.1.2,dl_type=0x0806,arp_spa=10.1.0.9 actions=goto_table:arp",
@@ -72,11 +93,7 @@ func TestCompile(t *testing.T) {
 		// The backend as policy sees it; the DNAT committed only after policy (commit).
 		"table=service_dnat,priority=100,dl_type=0x0800,nw_proto=6,reg5=167837705,reg6=8080 actions=load:1->reg4[1..1],set_field:10.1.0.9->ip_dst,set_field:8080->tcp_dst,goto_table:src_epg",
 		"table=src_epg,priority=100,reg4[0..0]=1,reg3=1,dl_type=0x0800,nw_src=10.1.0.9 actions=load:8->reg1,goto_table:dst_epg",
-	} {
-		if !strings.Contains(all, want) {
-			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
-		}
-	}
+	)
 	if keys := c.serviceKeys(); len(keys) != 1 {
 		t.Errorf("service keys = %v, want one", keys)
 	}
@@ -85,6 +102,49 @@ func TestCompile(t *testing.T) {
 	if !strings.Contains(texts(c), "arp_tpa=10.1.0.9 actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:00:00:11:11:11:11") {
 		t.Error("routing mode: remote endpoint not answered with the router MAC")
 	}
+}
+
+// TestCompileOpenerZones: a tenant's connections are committed in the zone of their
+// opener's side (pipeline.go "Opener zones"): a container's packets open connections in
+// the tenant's own zone (reg8) and would be replies in its inbound zone (reg9), packets
+// from other hosts (overlay, VLAN uplink) the other way round; conntrack looks a packet up
+// where it would be a reply first and, found nothing there, where it opens. A tenant
+// whose inbound zone is another tenant's VRF (an id persisted above maxVRF) keeps one
+// zone for both.
+func TestCompileOpenerZones(t *testing.T) {
+	st := testState()
+	vlan := dataplane.Network{ID: "green.default", Encap: dataplane.EncapVLAN, Tag: 100,
+		Subnet: netip.MustParsePrefix("10.2.0.0/24"), Gateway: netip.MustParseAddr("10.2.0.254")}
+	st.Networks[vlan.ID] = vlan
+	p := testPorts
+	p.uplink = 2
+	bridge := dataplane.HostConfig{FwdMode: dataplane.FwdBridge}
+	all := compileTexts(t, st, bridge, p, newIDs())
+	wantFlows(t, all,
+		"table=classifier,priority=100,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0800,dl_src=02:02:0a:01:00:01,nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:16385->reg9,goto_table:arp",
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],load:16385->reg8,load:1->reg9,goto_table:overlay_src",
+		"table=classifier,priority=100,in_port=2,dl_vlan=100 actions=pop_vlan,load:16777316->reg0,load:1->reg3,load:1->reg4[0..0],load:16385->reg8,load:1->reg9,goto_table:arp",
+		"table=conntrack,priority=10,dl_type=0x0800 actions=ct(table=ct_opener,zone=reg9[0..15],nat)",
+		"table=ct_opener,priority=100,dl_type=0x0800,ct_state=+est+trk actions=goto_table:service_lb",
+		"table=ct_opener,priority=100,dl_type=0x0800,ct_state=+rel+trk actions=goto_table:service_lb",
+		"table=ct_opener,priority=0,dl_type=0x0800 actions=ct(table=service_lb,zone=reg8[0..15],nat)",
+		"table=commit,priority=100,dl_type=0x0800,ct_state=+new+trk,reg4[1..1]=0 actions=ct(commit,table=ct_check,zone=reg8[0..15],exec(load:1->NXM_NX_CT_MARK[0]))",
+	)
+	if strings.Contains(all, "zone=reg3") {
+		t.Error("a ct action takes its zone from the VRF register")
+	}
+
+	// Tenant "old" holds VRF 0x4001 (persisted before ids were capped at maxVRF): tenant
+	// default's inbound zone would be it, so default keeps one zone, and so does old.
+	old := dataplane.Network{ID: "red.old", Encap: dataplane.EncapVXLAN, Tag: 5001, Subnet: netip.MustParsePrefix("10.3.0.0/24")}
+	st.Networks[old.ID] = old
+	ids := newIDs()
+	ids.vrf["default"], ids.vrf["old"] = 1, 0x4001
+	wantFlows(t, compileTexts(t, st, bridge, p, ids),
+		"nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:1->reg9,goto_table:arp",
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],load:1->reg8,load:1->reg9,goto_table:overlay_src",
+		"table=classifier,priority=100,in_port=1,tun_id=5001 actions=load:5001->reg0,load:16385->reg3,load:1->reg4[0..0],load:16385->reg8,load:16385->reg9,goto_table:overlay_src",
+	)
 }
 
 func TestCompileRemoteWithoutPeerForwardsNothing(t *testing.T) {
@@ -242,21 +302,13 @@ func TestCompileLaterFragmentsLearn(t *testing.T) {
 	one := dataplane.Service{ID: "one:default", VIP: netip.MustParseAddr("10.9.0.2"), Backends: s.Backends,
 		Ports: []dataplane.ServicePort{{Proto: 17, Port: 53, TargetPort: 5353}}}
 	st.Services[one.ID] = one
-	c, err := testPipeline(t).compile(st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := texts(c)
-	for _, want := range []string{
+	all := compileTexts(t, st, dataplane.HostConfig{FwdMode: dataplane.FwdBridge}, testPorts, newIDs())
+	wantFlows(t, all,
 		"table=service_frag,priority=0, actions=drop",
 		"table=service_lb,priority=110,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.1,nw_proto=17,nw_frag=later actions=resubmit(,service_frag),resubmit(,service_backend)",
 		"nw_frag=first actions=set_field:10.9.0.1->ip_dst,set_field:53->udp_dst,learn(table=service_frag,hard_timeout=15,priority=100,cookie=0xcb0d000000000000,dl_type=0x0800,nw_proto=17,NXM_NX_REG3[],NXM_OF_IP_SRC[],NXM_OF_IP_DST[],load:NXM_NX_REG7[]->NXM_NX_REG7[]),ct(commit",
 		"table=service_lb,priority=110,dl_type=0x0800,ct_state=+new+trk,reg3=1,nw_dst=10.9.0.2,nw_proto=17,nw_frag=later actions=load:",
-	} {
-		if !strings.Contains(all, want) {
-			t.Errorf("missing flow\n  %s\nin\n%s", want, all)
-		}
-	}
+	)
 	// The learned flows' cookie is not the pipeline's: a resync neither counts nor sweeps them.
 	if cookieLearn&cookieOwnerMask == cookieOwner {
 		t.Error("learned flows carry the pipeline's cookie")

@@ -148,11 +148,10 @@ func verdictChanged(a, b verdictInputs) bool {
 	return !reflect.DeepEqual(a.sets, b.sets) || !reflect.DeepEqual(a.group, b.group) || !reflect.DeepEqual(a.pods, b.pods)
 }
 
-// allows judges connection c (in its VRF's zone) as its opening under in: the group rules
-// (a flow's TCP packets judged as its SYN) and the NetworkPolicy layer, against the
-// backend for a DNATed connection.
-func (in verdictInputs) allows(c ctConn) bool {
-	v := uint32(c.zone)
+// allows judges connection c, of the tenant with VRF v (in one of its zones), as its
+// opening under in: the group rules (a flow's TCP packets judged as its SYN) and the
+// NetworkPolicy layer, against the backend for a DNATed connection.
+func (in verdictInputs) allows(c ctConn, v uint32) bool {
 	dst, dport := c.dst, c.dport
 	if c.replySrc != c.dst { // DNAT: judged against the backend
 		dst, dport = c.replySrc, c.replySport
@@ -209,15 +208,12 @@ func (d *Driver) rejudge(ctx context.Context, st *dataplane.Index, vrf map[strin
 		d.ct.errors.Add(1)
 		return fmt.Errorf("re-judge established connections: %w", err)
 	}
-	zones := map[uint16]bool{}
-	for _, v := range vrf {
-		zones[uint16(v)] = true
-	}
+	zones := tenantZones(vrf) // own and inbound zones, not the hairpin ones
 	in := inputsOf(st, vrf)
 	var errs []error
 	cut := 0
 	for _, c := range parseConntrack(out) {
-		if !zones[c.zone] || in.allows(c) {
+		if v, ok := zones[c.zone]; !ok || in.allows(c, v) {
 			continue
 		}
 		m := ctMatch{zone: c.zone, proto: c.proto, orig: ctTuple{src: c.src, dst: c.dst, sport: c.sport, dport: c.dport}}

@@ -31,16 +31,16 @@ garbage`
 	// The backend of a DNATed flow is judged, not the VIP.
 	st.PodPolicies["b"] = dataplane.PodPolicy{ID: "b", NetworkID: vxNet.ID, IP: netip.MustParseAddr("10.1.0.4"), IngressIsolated: true}
 	in := inputsOf(st, vrf)
-	if !in.allows(cs[0]) {
+	if !in.allows(cs[0], 1) {
 		t.Error("tcp to an allowed port judged denied")
 	}
-	if in.allows(cs[1]) {
+	if in.allows(cs[1], 1) {
 		t.Error("a DNATed flow to an isolated backend judged allowed")
 	}
 	c := cs[0]
 	c.dport = 81
 	c.replySport = 81
-	if in.allows(c) {
+	if in.allows(c, 1) {
 		t.Error("tcp to another port judged allowed")
 	}
 	if verdictChanged(in, inputsOf(st, vrf)) {

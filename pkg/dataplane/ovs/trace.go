@@ -221,7 +221,7 @@ func (d *Driver) runTrace(ctx context.Context, res dataplane.TraceResult, flow s
 			}
 			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "policy", Detail: fmt.Sprintf("%s (%s)", what, st.table)})
 		case st.table == tCommit && anyAction(st.actions, "ct(commit"):
-			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: "a new connection: committed in the tenant's zone"})
+			res.Stages = append(res.Stages, dataplane.TraceStage{Name: "conntrack", Detail: "a new connection: committed in the tenant's zone of its opener's side (its own for this host's endpoints, its inbound zone for other hosts)"})
 		}
 		if i == len(steps)-1 {
 			d.traceEnd(&res, st, final)
@@ -358,7 +358,7 @@ func dropReason(t tableID, etherType uint16) string {
 	case t == tServiceLB || t == tServiceBackend:
 		return "drop_no_backend"
 	case t == tCTCheck:
-		return "drop_ct_quota" // conntrack refused the commit: the tenant's zone limit, or a full table
+		return "drop_ct_quota" // conntrack refused the commit: the zone's limit, or a full table
 	case t == tPolicy:
 		return "drop_policy"
 	case t == tNetpolEgress || t == tNetpolIngress:

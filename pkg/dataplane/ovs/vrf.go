@@ -44,12 +44,47 @@ func formatVRFs(m map[string]uint32) string {
 	return string(b)
 }
 
-// maxVRF is the largest VRF id handed out: zone vrf|hairpinZoneBit is the tenant's
-// hairpin SNAT zone.
+// Zones of a tenant with VRF id v: v itself holds the connections its local endpoints
+// open, v|inboundZoneBit those opened from other hosts (the overlay, the VLAN uplink) toward
+// them, each with a limit of its own (ctlimit.go), and v|hairpinZoneBit the SNAT entries of
+// its hairpin connections. maxVRF is the largest id handed out. Ids up to 0x7fff were
+// handed out before the inbound zones came: such a tenant's connections from other hosts
+// stay in its own zone (inboundZones), and it keeps its hairpin zone (hairpinZone).
 const (
-	maxVRF         = 0x7fff
+	maxVRF         = 0x3fff
+	inboundZoneBit = 0x4000
 	hairpinZoneBit = 0x8000
 )
+
+// inboundZones maps the VRF of every tenant of vrf to its inbound zone, the zone of the
+// connections opened from other hosts toward its local endpoints: v|inboundZoneBit, or v
+// itself (one zone for both, as before the split) when v is an id persisted above maxVRF
+// or another tenant holds v|inboundZoneBit as its VRF.
+func inboundZones(vrf map[string]uint32) map[uint32]uint32 {
+	held := make(map[uint32]bool, len(vrf))
+	for _, v := range vrf {
+		held[v] = true
+	}
+	out := make(map[uint32]uint32, len(vrf))
+	for _, v := range vrf {
+		in := v | inboundZoneBit
+		if v == 0 || v > maxVRF || held[in] {
+			in = v
+		}
+		out[v] = in
+	}
+	return out
+}
+
+// tenantZones returns every conntrack zone that holds the connections of a tenant of vrf
+// (its own and its inbound zone; not the hairpin zones), each with its tenant's VRF.
+func tenantZones(vrf map[string]uint32) map[uint16]uint32 {
+	out := map[uint16]uint32{}
+	for v, in := range inboundZones(vrf) {
+		out[uint16(v)], out[uint16(in)] = v, v
+	}
+	return out
+}
 
 // assignVRF returns the id of tenant, allocating the smallest one no tenant in ids holds.
 func assignVRF(ids map[string]uint32, tenant string) (uint32, error) {
@@ -130,7 +165,8 @@ func (d *Driver) saveVRFs(ctx context.Context, ids map[string]uint32) error {
 }
 
 // releaseVRFs flushes the zones of tenants that no longer have a network (no flow uses
-// them any more) and frees their ids. A failed flush keeps the id reserved.
+// them any more: their own, inbound and hairpin zones) and frees their ids. A failed flush
+// keeps the id reserved.
 func (d *Driver) releaseVRFs(ctx context.Context, st *dataplane.Index) error {
 	live := map[string]bool{}
 	for id := range st.Networks {
@@ -142,12 +178,27 @@ func (d *Driver) releaseVRFs(ctx context.Context, st *dataplane.Index) error {
 	}
 	ids := maps.Clone(d.vrfIDs)
 	var errs []error
+	inbound := inboundZones(d.vrfIDs)
 	for _, t := range stale {
-		if err := d.conn.ctFlushZone(ctx, uint16(ids[t])); err != nil {
-			errs = append(errs, fmt.Errorf("tenant %s: %w", t, err))
+		v := ids[t]
+		zones := []uint16{uint16(v)}
+		if in := inbound[v]; in != v {
+			zones = append(zones, uint16(in))
+		}
+		if hz, ok := hairpinZone(v); ok {
+			zones = append(zones, hz)
+		}
+		var failed error
+		for _, z := range zones {
+			if err := d.conn.ctFlushZone(ctx, z); err != nil {
+				failed = err
+			}
+		}
+		if failed != nil {
+			errs = append(errs, fmt.Errorf("tenant %s: %w", t, failed))
 			continue
 		}
-		d.log.Debug("conntrack zone flushed", "tenant", t, "zone", ids[t])
+		d.log.Debug("conntrack zones flushed", "tenant", t, "zones", zones)
 		delete(ids, t)
 	}
 	if err := d.saveVRFs(ctx, ids); err != nil {
