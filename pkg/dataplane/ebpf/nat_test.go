@@ -1341,3 +1341,71 @@ func TestMetadataOnTheHostPath(t *testing.T) {
 		t.Errorf("an endpoint reached the metadata address held by the host: verdict %#x reasons %v, want drop_egress_link_local", r.ret, r.diff)
 	}
 }
+
+// TestPeerFlowBlindClose (Datapath v3 issue, hole 5, the peer host's node port flows): a
+// node port flow a peer host balanced here arrives from the peer's own address, which any
+// process on that host can send from (VXLAN is plain UDP). The flow's record that sends
+// the backend's replies back through the tunnel (cb_peer_flows) moves to CLOSING only on
+// a FIN or RST in the window of the backend's last acknowledgment, as conntrack's entry
+// does: a blind one left it CLOSING, and the backend's first reply after 10 s idle went
+// out by egress NAT instead (DropEgressNoFlow), the connection dead.
+func TestPeerFlowBlindClose(t *testing.T) {
+	objs := natFixture(t, 64)
+	peer := netip.MustParseAddr(testVTEP)
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(peer), testNet}}
+	ov, fc := objs.CbTestOverlay, objs.CbFromContainer
+	const window = 1 << 23
+	record := func(sport uint16) contivbpfCbPeerFlow {
+		t.Helper()
+		var v contivbpfCbPeerFlow
+		k := contivbpfCbPeerFlowKey{Zone: testZone, Saddr: ip4(peer), Daddr: ip4(srcIP), Sport: nport(sport), Dport: nport(8080), Proto: 6}
+		if err := objs.CbPeerFlows.Lookup(&k, &v); err != nil {
+			t.Fatalf("peer flow of port %d: %v", sport, err)
+		}
+		return v
+	}
+	in := func(sport uint16, flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, ov, withSeq(l4Frame(6, peer, srcIP, sport, 8080, flags, 0), seq, ack), fromPeer).expect(t, tcActRedirect, FwdLocal)
+	}
+	out := func(sport uint16, flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, fc, withSeq(l4Frame(6, srcIP, peer, 8080, sport, flags, 0), seq, ack), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	established := uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED)
+	for _, features := range []uint32{0, uint32(contivbpfCbFeaturesCB_FEAT_POLICY)} {
+		setFeatures(t, objs, features)
+		if features != 0 {
+			setEPG(t, objs, srcIP, 7) // tracked: conntrack's own window applies too
+			putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
+				{ID: "web", Priority: 10, Ingress: true, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
+		}
+		sport := uint16(61100 + features)
+		in(sport, tcpSYN, 1000, 0)
+		out(sport, tcpSYN|tcpACK, 50000, 1001)
+		in(sport, tcpACK, 1001, 50001)
+		for _, seq := range []uint32{1000, 1001 + window, 0x80000000} {
+			in(sport, tcpRST, seq, 0)
+			in(sport, tcpFIN|tcpACK, seq, 50001)
+		}
+		if v := record(sport); v.State != established {
+			t.Errorf("features %#x: blind FINs and RSTs from the peer's address moved its flow record to state %d", features, v.State)
+		}
+		// The backend's reply after the record's CLOSING timeout (10 s) would have gone
+		// by egress NAT: pushed past it here.
+		k := contivbpfCbPeerFlowKey{Zone: testZone, Saddr: ip4(peer), Daddr: ip4(srcIP), Sport: nport(sport), Dport: nport(8080), Proto: 6}
+		v := record(sport)
+		v.Expires -= uint64(11 * time.Second)
+		if err := objs.CbPeerFlows.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if r := run(t, objs, fc, withSeq(l4Frame(6, srcIP, peer, 8080, sport, tcpACK, 0), 50001, 1001), nil); r.diff[FwdTunnel] != 1 {
+			t.Errorf("features %#x: the backend's reply 10 s after blind RSTs: %v, want it through the tunnel", features, r.diff)
+		}
+		// In the window: closes.
+		in(sport, tcpRST, 1001+1000, 0)
+		if v := record(sport); v.State != uint8(contivbpfCbCtStateCB_CTS_CLOSING) {
+			t.Errorf("features %#x: an in-window RST left the flow record in state %d", features, v.State)
+		}
+	}
+}
