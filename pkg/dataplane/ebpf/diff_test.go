@@ -1230,6 +1230,8 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		p.ICMPType = s.flags
 		if s.flags != 0 && s.flags != 8 {
 			p.Sport, p.Dport = 0, 0
+		} else {
+			p.Dport = p.Sport // an echo's key is its id, both ways (the frame's: s.sport)
 		}
 		if q := s.quote; q != nil {
 			p.HasQuote = true
