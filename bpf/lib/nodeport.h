@@ -112,7 +112,9 @@ struct cb_peer_flow {
 	__be32 vtep;
 	__u32 net;     /* the network key the flow arrived in */
 	__u8 state;    /* enum cb_ct_state: NEW until the endpoint answered */
-	__u8 pad[7];
+	__u8 pad[3];
+	__u32 tcp_ack; /* TCP: the endpoint's acknowledgment last noted (host order, 0: none),
+			* where the peer's FIN or RST must lie (conntrack.h, the window) */
 };
 
 struct {
@@ -123,10 +125,36 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_peer_flows SEC(".maps");
 
+/* cb_peer_flow_window applies conntrack's window (conntrack.h) to TCP segment f of peer
+ * flow v, with the sequence numbers cb_parse_l4 read (cb_tcp_scratch): 1 when f is a FIN
+ * or RST from the peer outside the window of the endpoint's last noted acknowledgment
+ * (anyone on the peer host can send from its address: a blind one moves nothing);
+ * otherwise an acknowledgment of the endpoint's (reply) is noted as due, and 0. */
+static __noinline int cb_peer_flow_window(struct cb_peer_flow *v, const struct cb_flow *f, int reply)
+{
+	struct cb_tcp_seqs *s;
+	__u32 zero = 0;
+
+	if (!v || !f || f->proto != CB_PROTO_TCP)
+		return 0;
+	s = bpf_map_lookup_elem(&cb_tcp_scratch, &zero);
+	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
+		return 0;
+	if (!reply)
+		return (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && v->tcp_ack &&
+		       s->seq - v->tcp_ack >= CB_TCP_CLOSE_WINDOW;
+	if ((f->tcp_flags & CB_TCP_ACK) && cb_tcp_note_due(s->ack, v->tcp_ack))
+		v->tcp_ack = s->ack;
+	return 0;
+}
+
 /* cb_peer_flow_step moves a peer flow's state with packet f (reply: from the endpoint) and
- * returns its new deadline: conntrack's timeouts, NEW until the endpoint answered. */
+ * returns its new deadline: conntrack's timeouts, NEW until the endpoint answered. A blind
+ * FIN or RST from the peer (cb_peer_flow_window) moves nothing, not even the deadline. */
 CB_INLINE __u64 cb_peer_flow_step(struct cb_peer_flow *v, const struct cb_flow *f, int reply)
 {
+	if (cb_peer_flow_window(v, f, reply))
+		return v->expires;
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
 		v->state = CB_CTS_CLOSING;
 	else if (reply && v->state == CB_CTS_NEW)

@@ -428,7 +428,8 @@ type contivbpfCbPeerFlow struct {
 	Vtep    uint32
 	Net     uint32
 	State   uint8
-	Pad     [7]uint8
+	Pad     [3]uint8
+	TcpAck  uint32
 }
 
 type contivbpfCbPeerFlowKey struct {
