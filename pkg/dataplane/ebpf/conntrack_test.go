@@ -807,3 +807,60 @@ func TestConntrackBlindClose(t *testing.T) {
 		t.Fatalf("the refusal of a SYN left state %d", e.State)
 	}
 }
+
+// TestConntrackBlindCloseService: a service flow to a backend on a peer host keeps the
+// window in its flow entry (client→backend, DNAT): the client's acknowledgments are noted
+// by the service fast path, memo or not (and copied into the client→VIP entry), and a
+// blind FIN or RST from the peer, forging the backend, moves nothing.
+func TestConntrackBlindCloseService(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
+	vip := netip.MustParseAddr("10.1.0.103")
+	putTestService(t, objs, 13, vip, 80, 6, 8080, remoteIP)
+	fc, ov := objs.CbFromContainer, objs.CbTestOverlay
+	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	const window, step = 1 << 23, 1 << 20
+	const cport = 42100
+	out := func(flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, fc, withSeq(l4Frame(6, srcIP, vip, cport, 80, flags, 0), seq, ack), nil).expect(t, tcActRedirect, FwdTunnel)
+	}
+	in := func(flags uint8, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, ov, withSeq(l4Frame(6, remoteIP, srcIP, 8080, cport, flags, 0), seq, ack), ovl).expect(t, tcActRedirect, FwdLocal)
+	}
+	flow := func() contivbpfCbCtEntry {
+		t.Helper()
+		e, ok := ctEntry(t, objs, testZone, 6, srcIP, remoteIP, cport, 8080)
+		if !ok {
+			t.Fatal("the flow's entry is missing")
+		}
+		return e
+	}
+	out(tcpSYN, 1000, 0)
+	in(tcpSYN|tcpACK, 50000, 1001)
+	for i := uint32(0); i < 4; i++ { // (the fast path: its memo taken, then kept)
+		out(tcpACK, 1001, 50001+i)
+	}
+	if e := flow(); e.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) || e.TcpAck != [2]uint32{50001, 1001} {
+		t.Fatalf("after the handshake: state %d, acks %v", e.State, e.TcpAck)
+	}
+	out(tcpACK, 1001, 50001+3*step) // due: noted through the memo too
+	if e := flow(); e.TcpAck[0] != 50001+3*step {
+		t.Fatalf("the service fast path did not note the client's acknowledgment: %v", e.TcpAck)
+	}
+	if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.TcpAck[0] != 50001+3*step {
+		t.Errorf("client→VIP entry's copy %v (found %v), want the flow entry's note", svc.TcpAck, ok)
+	}
+	for _, seq := range []uint32{50001 + 3*step - 1, 50001 + 3*step + window, 0x80000000} {
+		in(tcpRST, seq, 0)
+		in(tcpFIN|tcpACK, seq, 1001)
+	}
+	if e := flow(); e.State != uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED) {
+		t.Fatalf("blind FINs and RSTs from the backend's host moved the service flow to state %d", e.State)
+	}
+	in(tcpRST, 50001+3*step+5000, 0)
+	if e := flow(); e.State != uint8(contivbpfCbCtStateCB_CTS_CLOSING) {
+		t.Fatalf("an in-window RST left state %d", e.State)
+	}
+}
