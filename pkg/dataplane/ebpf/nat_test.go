@@ -1409,3 +1409,58 @@ func TestPeerFlowBlindClose(t *testing.T) {
 		}
 	}
 }
+
+// TestNodePortBlindCloseBackendHost (Datapath v3 issue, hole 5, the other side of a node
+// port flow to a backend on another host): the backend's segments come back through the
+// overlay, and any process on the backend's host can send them (it owns the backend's
+// address there). A FIN or RST from that side closes the flow here, its NAT entry and its
+// conntrack entry, only in the window of the client's last acknowledgment; a blind one
+// goes on to the client as a plain segment. Before, one such RST moved both to CLOSING
+// and the idle connection died 10 s later.
+func TestNodePortBlindCloseBackendHost(t *testing.T) {
+	objs, vip := nodePortFixture(t, 6, 80, 8080, 30080)
+	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
+	up, ov := objs.CbFromUplink, objs.CbTestOverlay
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	const window = 1 << 23
+	const cport = 5600
+	client := func(flags uint8, seq, ack uint32) runResult {
+		t.Helper()
+		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, flags, 0), seq, ack), nil)
+		r.expect(t, tcActRedirect, FwdTunnel)
+		return r
+	}
+	_, _, natPort, _ := checkSums(t, client(tcpSYN, 2000, 0).out)
+	backend := func(flags uint8, seq, ack uint32) {
+		t.Helper()
+		r := run(t, objs, ov, withSeq(l4Frame(6, remoteIP, hostIP, 8080, natPort, flags, 0), seq, ack), fromPeer)
+		r.expect(t, tcActRedirect, FwdNodePortReply)
+	}
+	states := func() (uint8, uint8) {
+		t.Helper()
+		var n contivbpfCbSnatEntry
+		k := contivbpfCbSnatKey{Zone: testZone, Kind: ctKindNodePort, Saddr: ip4(worldIP), Daddr: ip4(remoteIP), Sport: nport(cport), Dport: nport(8080), Proto: 6}
+		if err := objs.CbSnat.Lookup(&k, &n); err != nil {
+			t.Fatalf("the flow's NAT entry: %v", err)
+		}
+		e, ok := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, worldIP, remoteIP, cport, 8080)
+		if !ok {
+			t.Fatal("the flow's conntrack entry is missing")
+		}
+		return n.State, e.State
+	}
+	backend(tcpSYN|tcpACK, 5000, 2001)
+	client(tcpACK, 2001, 5001)
+	established := uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED)
+	for _, seq := range []uint32{5000, 5001 + window, 0x80000000} {
+		backend(tcpRST, seq, 0)
+		backend(tcpFIN|tcpACK, seq, 2001)
+	}
+	if n, e := states(); n != established || e != established {
+		t.Errorf("blind FINs and RSTs from the backend's host: NAT entry state %d, conntrack %d, want both established", n, e)
+	}
+	backend(tcpRST, 5001+1000, 0) // in the window
+	if n, e := states(); n != uint8(contivbpfCbCtStateCB_CTS_CLOSING) || e != uint8(contivbpfCbCtStateCB_CTS_CLOSING) {
+		t.Errorf("an in-window RST: NAT entry state %d, conntrack %d, want both closing", n, e)
+	}
+}
