@@ -68,7 +68,7 @@ struct cb_snat_entry {
 	__u64 expires;   /* cb_now() deadline */
 	__be16 nat_port; /* port (ICMP: echo id) on snat_ip */
 	__u8 state;      /* enum cb_ct_state */
-	__u8 tcp_ref_kind; /* enum cb_tcp_ref: what tcp_ref holds (egress TCP flows) */
+	__u8 tcp_ref_kind; /* enum cb_tcp_ref: what tcp_ref holds (TCP flows) */
 	__u32 net;       /* the endpoint's network key */
 	__be16 nodeport; /* a node port flow sent to a backend on another host (nodeport.h):
 			  * the client's side is the key's source; 0 for egress flows */
@@ -76,8 +76,11 @@ struct cb_snat_entry {
 	__u32 tcp_ref;   /* host order: see enum cb_tcp_ref */
 };
 
-/* Blind FINs and RSTs (egress TCP flows): the outside may close a flow only with a
- * sequence number a peer that sees the flow would use. The endpoint's own segments set
+/* Blind FINs and RSTs (TCP flows): the outside may close a flow only with a sequence
+ * number a peer that sees the flow would use. (A node port flow sent to a backend on
+ * another host too: its "endpoint" is then the client, whose segments set the reference,
+ * and its "outside" the backend's host, where any process can send the backend's
+ * segments through the overlay.) The endpoint's own segments set
  * the reference: its SYN the ACK a refusal must carry (its sequence number + 1), any
  * segment with ACK the next sequence number it expects from outside. A FIN or RST from
  * outside then moves the flow to CLOSING only when it carries that ACK (after a SYN) or
@@ -106,7 +109,7 @@ CB_INLINE int cb_tcp_seq_ack(const struct __sk_buff *skb, const struct cb_pkt *p
 }
 
 /* cb_tcp_note records in e what the endpoint's segment f (at p) says a closing segment
- * from outside must carry. */
+ * from outside must carry (a node port flow's: what its client's acknowledgments say). */
 CB_INLINE void cb_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
 			   struct cb_snat_entry *e)
 {
@@ -119,7 +122,8 @@ CB_INLINE void cb_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, 
 			e->tcp_ref = ack;
 			e->tcp_ref_kind = CB_TCP_REF_ACK;
 		}
-	} else if (f->tcp_flags & CB_TCP_SYN) {
+	} else if ((f->tcp_flags & CB_TCP_SYN) && !e->nodeport) {
+		/* (Not a node port client's: its flow is not held to an answer of its SYN.) */
 		e->tcp_ref = seq + 1;
 		e->tcp_ref_kind = CB_TCP_REF_SYN;
 	}
@@ -291,8 +295,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		port = e->nat_port;
 		if (closing)
 			e->state = CB_CTS_CLOSING;
-		if (!t->nodeport)
-			cb_tcp_note(skb, p, f, e);
+		cb_tcp_note(skb, p, f, e);
 		cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 	} else {
 		if (f->proto == CB_PROTO_TCP &&
@@ -334,8 +337,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		ne.state = CB_CTS_NEW;
 		ne.net = net;
 		ne.nodeport = t->nodeport;
-		if (!t->nodeport)
-			cb_tcp_note(skb, p, f, &ne);
+		cb_tcp_note(skb, p, f, &ne);
 		if (bpf_map_update_elem(&cb_snat, &k, &ne, BPF_ANY) < 0) {
 			bpf_map_delete_elem(&cb_snat_rev, &rk);
 			return CB_DROP_EGRESS_NO_PORT;
@@ -458,7 +460,7 @@ static __noinline int cb_snat_reply(struct __sk_buff *skb, struct cb_pkt *p, str
 	 * flow), and conntrack would take it as the flow's reply. Dropped. */
 	if (e->state == CB_CTS_NEW && !cb_tcp_answers(f, e, have, ack))
 		return CB_DROP_EGRESS_UNANSWERED;
-	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !nodeport &&
+	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) &&
 	    !cb_tcp_close_believed(f, e, have, seq, ack))
 		f->tcp_flags &= ~(CB_TCP_FIN | CB_TCP_RST);
 	if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)))
