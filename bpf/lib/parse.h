@@ -43,7 +43,7 @@ struct cb_flow {
 
 /* cb_tcp_seqs is the sequence and acknowledgment numbers (host order) of the TCP segment
  * cb_parse_l4 read last on this CPU, with its source address and port to tell it from any
- * other: per-packet state for conntrack's window (conntrack.h, cb_ct_seqs_of), which the
+ * other: per-packet state for conntrack's window (conntrack.h, cb_ct_window), which the
  * callers' stacks have no room to carry. A stage reached by tail call finds its packet's
  * there: nothing else runs on the CPU in between. */
 struct cb_tcp_seqs {
