@@ -324,3 +324,54 @@ func TestDeletePrefix(t *testing.T) {
 		t.Fatalf("after commit: %v, %v", kvs, err)
 	}
 }
+
+// TestTxChangesAndBefore: Changes lists a transaction's buffered writes (puts and deletes,
+// sorted) and deleted prefixes; Before reads keys as they were in its snapshot whatever it
+// wrote since, in batches past the batch size, and leaves absent keys out.
+func TestTxChangesAndBefore(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	var keys []string
+	for i := 0; i < 105; i++ {
+		k := fmt.Sprintf("/t/k%03d", i)
+		keys = append(keys, k)
+		if err := s.Put(ctx, k, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		if _, err := tx.Get("/t/k000", new(int)); err != nil {
+			return err
+		}
+		if err := tx.Put("/t/k001", 99); err != nil {
+			return err
+		}
+		tx.Delete("/t/k002")
+		if err := tx.Put("/t/new", 1); err != nil {
+			return err
+		}
+		tx.DeletePrefix("/u/")
+		changes, dels := tx.Changes()
+		want := []state.Change{{Key: "/t/k001", Value: []byte("99")}, {Key: "/t/k002", Deleted: true}, {Key: "/t/new", Value: []byte("1")}}
+		if len(changes) != len(want) || len(dels) != 1 || dels[0] != "/u/" {
+			t.Fatalf("changes %+v, deleted prefixes %v", changes, dels)
+		}
+		for i := range want {
+			if changes[i].Key != want[i].Key || string(changes[i].Value) != string(want[i].Value) || changes[i].Deleted != want[i].Deleted {
+				t.Errorf("change %d: %+v, want %+v", i, changes[i], want[i])
+			}
+		}
+		before, err := tx.Before(append(keys, "/t/new"))
+		if err != nil {
+			return err
+		}
+		if len(before) != len(keys) || string(before["/t/k001"]) != "1" || string(before["/t/k002"]) != "2" ||
+			string(before[keys[len(keys)-1]]) != fmt.Sprint(len(keys)-1) {
+			t.Errorf("before: %d keys, k001=%s k002=%s", len(before), before["/t/k001"], before["/t/k002"])
+		}
+		return errors.New("abort")
+	})
+	if err == nil || err.Error() != "abort" {
+		t.Fatal(err)
+	}
+}
