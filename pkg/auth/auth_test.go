@@ -59,13 +59,25 @@ func TestLoadTokens(t *testing.T) {
 	}
 }
 
+// authCase is one Authorize decision: ok when id may send method to path.
+type authCase struct {
+	id           Identity
+	method, path string
+	ok           bool
+}
+
+func checkAuthorize(t *testing.T, cases []authCase) {
+	t.Helper()
+	for _, c := range cases {
+		if err := Authorize(c.id, c.method, c.path); (err == nil) != c.ok {
+			t.Errorf("%s %s %s: %v, want ok=%v", c.id.Role, c.method, c.path, err, c.ok)
+		}
+	}
+}
+
 func TestAuthorize(t *testing.T) {
 	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
-	for _, c := range []struct {
-		id           Identity
-		method, path string
-		ok           bool
-	}{
+	checkAuthorize(t, []authCase{
 		{t1, "POST", "/api/v1/networks/t1:n/", true},
 		{t1, "POST", "/api/v1/networks/t10:n/", false},
 		{t1, "POST", "/api/v1/rules/t1:p:r1/", true},
@@ -80,11 +92,7 @@ func TestAuthorize(t *testing.T) {
 		{Identity{Role: RoleAgent}, "POST", "/api/v1/policys/t1:p/", false},
 		{Identity{Role: RoleReadOnly}, "DELETE", "/api/v1/networks/t1:n/", false},
 		{Identity{Role: RoleNetmaster}, "POST", "/api/v1/networks/t1:n/", false},
-	} {
-		if err := Authorize(c.id, c.method, c.path); (err == nil) != c.ok {
-			t.Errorf("%s %s %s: %v, want ok=%v", c.id.Role, c.method, c.path, err, c.ok)
-		}
-	}
+	})
 }
 
 // TestTokensReload (control plane issue, item 7): a token removed from the file stops
@@ -336,4 +344,27 @@ func TestInsecureSeesEverything(t *testing.T) {
 			t.Errorf("insecure GET %s: %v", path, err)
 		}
 	}
+}
+
+// TestAuthorizeQuotas (issue 34, item 2): only admins set a tenant's quota; a tenant-admin
+// reads its own tenant's (and the list, which netmaster filters), never another's;
+// read-only, agents and peers read; nobody else writes.
+func TestAuthorizeQuotas(t *testing.T) {
+	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
+	checkAuthorize(t, []authCase{
+		{Identity{Role: RoleAdmin}, "PUT", "/api/v1/quotas/t1/", true},
+		{Identity{Role: RoleAdmin}, "DELETE", "/api/v1/quotas/t1/", true},
+		{t1, "GET", "/api/v1/quotas/t1/", true},
+		{t1, "GET", "/api/v1/quotas/", true},
+		{t1, "GET", "/api/v1/quotas/t2/", false},
+		{t1, "GET", "/api/v1/quotas/t10/", false},
+		{t1, "PUT", "/api/v1/quotas/t1/", false},
+		{t1, "POST", "/api/v1/quotas/t1/", false},
+		{t1, "DELETE", "/api/v1/quotas/t1/", false},
+		{Identity{Role: RoleReadOnly}, "GET", "/api/v1/quotas/t2/", true},
+		{Identity{Role: RoleReadOnly}, "PUT", "/api/v1/quotas/t2/", false},
+		{Identity{Role: RoleAgent}, "GET", "/api/v1/quotas/t2/", true},
+		{Identity{Role: RoleAgent}, "PUT", "/api/v1/quotas/t2/", false},
+		{Identity{Role: RoleNetmaster}, "PUT", "/api/v1/quotas/t2/", false},
+	})
 }

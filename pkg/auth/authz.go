@@ -55,6 +55,8 @@ func Authorize(id Identity, method, path string) error {
 				return deny("no object named")
 			case coll == "tenants" || globalCollections[coll]:
 				return deny("tenants and global objects are for admins")
+			case coll == quotaCollection:
+				return deny("quotas are set by admins")
 			case tenantOf(coll, key) != tenant:
 				return deny("the object is not in tenant " + tenant)
 			}
@@ -128,10 +130,14 @@ func Visible(coll, key, tenant string) bool {
 	return globalCollections[coll] || tenantOf(coll, key) == tenant
 }
 
-// tenantOf is the tenant an object key belongs to: the key itself for tenants, else the
-// part before the first ':' ("<tenant>:<name>", "<tenant>:<policy>:<rule>").
+// quotaCollection holds the tenants' quotas (/api/v1/quotas/<tenant>/): a tenant-admin
+// reads its own tenant's, only admins set them.
+const quotaCollection = "quotas"
+
+// tenantOf is the tenant an object key belongs to: the key itself for tenants and their
+// quotas, else the part before the first ':' ("<tenant>:<name>", "<tenant>:<policy>:<rule>").
 func tenantOf(coll, key string) string {
-	if coll == "tenants" {
+	if coll == "tenants" || coll == quotaCollection {
 		return key
 	}
 	t, _, ok := strings.Cut(key, ":")

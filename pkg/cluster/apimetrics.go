@@ -62,7 +62,7 @@ var (
 	apiCollections = map[string]bool{model.CollTenants: true, model.CollNetworks: true, model.CollEndpointGroups: true,
 		model.CollPolicies: true, model.CollRules: true, model.CollAppProfiles: true, model.CollServiceLBs: true,
 		model.CollGlobals: true, model.CollNetprofiles: true, model.CollBgps: true, model.CollExtContractsGroups: true,
-		model.CollAciGws: true, model.CollEndpoints: true}
+		model.CollAciGws: true, model.CollEndpoints: true, model.CollQuotas: true}
 	pluginOps = map[string]bool{"allocAddress": true, "releaseAddress": true, "createEndpoint": true,
 		"deleteEndpoint": true, "updateEndpoint": true}
 	knownMethods = map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodPost: true,

@@ -67,6 +67,7 @@ func (m *Master) router() *mux.Router {
 	registerObject(r, m, extContractsOps())
 	registerObject(r, m, aciGwOps())
 	r.HandleFunc("/api/v1/inspect/endpoints/{key}/", m.inspectEndpoint).Methods(http.MethodGet)
+	registerQuotas(r, m)
 
 	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
 	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)
@@ -344,7 +345,7 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 
 	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
 		key := mux.Vars(req)["key"]
-		err := m.update(req.Context(), func(tx *state.Tx) error {
+		err := m.update(withoutQuota(req.Context()), func(tx *state.Tx) error { // (a delete is never refused for quota)
 			var old T
 			found, err := tx.Get(model.ModelKey(ops.objType, key), &old)
 			if err != nil {

@@ -64,7 +64,7 @@ func (m *Master) PruneK8sServices(ctx context.Context, prefix string, keep map[s
 		return nil, fmt.Errorf("prune kubernetes services: empty prefix")
 	}
 	var gone []string
-	err := m.update(ctx, func(tx *state.Tx) error {
+	err := m.update(withoutQuota(ctx), func(tx *state.Tx) error {
 		gone = nil
 		all, err := listT[model.CfgServiceLBState](tx, model.SvcLBStatePrefix)
 		if err != nil {

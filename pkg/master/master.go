@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -39,6 +41,10 @@ type Config struct {
 	Version model.VersionInfo
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Quota holds the default per-tenant limits by kind (model.QuotaKinds; DefaultQuota is
+	// netmaster's); a kind it lacks is not limited unless an admin sets a tenant's limit.
+	// Usage is kept in any case.
+	Quota map[string]int64
 }
 
 // Master serves netmaster's API on top of the store.
@@ -50,6 +56,8 @@ type Master struct {
 	// each other for etcd compare-and-swap retries; other netmasters are still excluded by
 	// the transaction itself.
 	mu sync.Mutex
+	// refused counts the changes refused for quota, by tenant and kind.
+	refused *prometheus.CounterVec
 }
 
 // New validates cfg and makes sure the default tenant, the global object and the records
@@ -74,9 +82,15 @@ func New(ctx context.Context, cfg Config) (*Master, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Master{cfg: cfg, store: cfg.Store, log: cfg.Logger}
-	if err := m.bootstrap(ctx); err != nil {
+	if err := checkLimits(cfg.Quota); err != nil {
+		return nil, fmt.Errorf("master: default quota: %w", err)
+	}
+	m := &Master{cfg: cfg, store: cfg.Store, log: cfg.Logger, refused: newRefusedCounter()}
+	if err := m.bootstrap(withoutQuota(ctx)); err != nil {
 		return nil, err
+	}
+	if err := m.reconcileUsage(ctx); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
 	}
 	return m, nil
 }
@@ -84,10 +98,17 @@ func New(ctx context.Context, cfg Config) (*Master, error) {
 // Config returns the configuration the master runs with (defaults filled in).
 func (m *Master) Config() Config { return m.cfg }
 
+// update runs fn in one transaction whose changes are booked into the usage of the
+// tenants they touch (account), within their quotas.
 func (m *Master) update(ctx context.Context, fn func(tx *state.Tx) error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.store.Update(ctx, fn)
+	return m.store.Update(ctx, func(tx *state.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return m.account(ctx, tx)
+	})
 }
 
 // read runs fn against one consistent snapshot without writing.

@@ -34,10 +34,15 @@ func newEnv(t *testing.T, fwd string) *env {
 	return newEnvOn(t, store, url, fwd)
 }
 
-func newEnvOn(t *testing.T, store *state.Store, url, fwd string) *env {
+// newEnvOn runs a Master on store (etcd at url); opts change its Config.
+func newEnvOn(t *testing.T, store *state.Store, url, fwd string, opts ...func(*Config)) *env {
 	t.Helper()
-	m, err := New(context.Background(), Config{Store: store, FwdMode: fwd, ClusterMode: "docker",
-		Version: model.VersionInfo{Version: "test", GitCommit: "abc", BuildTime: "now"}})
+	cfg := Config{Store: store, FwdMode: fwd, ClusterMode: "docker",
+		Version: model.VersionInfo{Version: "test", GitCommit: "abc", BuildTime: "now"}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -125,7 +125,7 @@ func (m *Master) releaseAddress(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	err := m.update(r.Context(), func(tx *state.Tx) error {
+	err := m.update(withoutQuota(r.Context()), func(tx *state.Tx) error { // (a release is never refused for quota)
 		var ns *model.CfgNetworkState
 		var err error
 		if req.NetworkID != "" {
@@ -346,7 +346,7 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	id := endpointStateID(netID, req.EndpointID, "")
 	host := boundHost(r)
 	var resp model.DeleteEndpointResponse
-	err := m.update(r.Context(), func(tx *state.Tx) error {
+	err := m.update(withoutQuota(r.Context()), func(tx *state.Tx) error { // (never refused for quota)
 		ep, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id))
 		if err != nil {
 			return err
@@ -458,7 +458,11 @@ func (m *Master) updateEndpoint(w http.ResponseWriter, r *http.Request) {
 		m.log.Warn("updateEndpoint: labels left out", "ip", ip, "tenant", req.Tenant, "why", note)
 	}
 	req.Labels = labels
-	err := m.update(r.Context(), func(tx *state.Tx) error {
+	ctx := r.Context()
+	if req.Event == "die" {
+		ctx = withoutQuota(ctx) // (a provider going is never refused for quota)
+	}
+	err := m.update(ctx, func(tx *state.Tx) error {
 		switch req.Event {
 		case "start":
 			return addProvider(tx, ip, &req, boundHost(r))
