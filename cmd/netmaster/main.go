@@ -50,7 +50,7 @@ func main() {
 		Name:    "netmaster",
 		Usage:   "Contiv-compatible network control plane (REST API, IPAM, leader election)",
 		Version: buildinfo.Get().String(),
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen-url", Aliases: []string{"external-address"}, Value: "0.0.0.0:9999", EnvVars: env("LISTEN_URL", "EXTERNAL_ADDRESS"), Usage: "`ADDR` to serve the REST API on"},
 			&cli.StringFlag{Name: "control-url", Aliases: []string{"internal-address"}, EnvVars: env("CONTROL_URL", "INTERNAL_ADDRESS"), Usage: "`IP:PORT` other nodes reach this netmaster at (leader lock value, registration); default <host IP>:<listen port>"},
 			&cli.StringFlag{Name: "etcd-endpoints", Aliases: []string{"etcd"}, EnvVars: env("ETCD_ENDPOINTS"), Usage: "comma-separated etcd client URLs; empty runs an embedded etcd"},
@@ -85,7 +85,7 @@ func main() {
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug | info | warn | error"},
 			&cli.BoolFlag{Name: "use-json-log", Aliases: []string{"json-log"}, EnvVars: env("USE_JSON_LOG"), Usage: "log JSON lines"},
 			&cli.BoolFlag{Name: "check-config", Usage: "validate the flags and environment, print \"configuration ok\" and exit (0, or 22 naming the problem)"},
-		},
+		}, quotaCLIFlags()...),
 		Action: func(c *cli.Context) error {
 			cfg, err := configFrom(c)
 			if err != nil {
@@ -139,6 +139,7 @@ type config struct {
 	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
 	k8sConfig              string
 	k8sConfigSet           bool
+	quota                  map[string]int64 // default per-tenant limits by kind
 }
 
 func configFrom(c *cli.Context) (config, error) {
@@ -210,6 +211,9 @@ func configFrom(c *cli.Context) (config, error) {
 	}
 	if cfg.etcdQuota < 16<<20 {
 		return cfg, fmt.Errorf("--etcd-quota-bytes %d: at least 16 MiB", cfg.etcdQuota)
+	}
+	if cfg.quota, err = quotaFrom(c, cfg.etcdQuota); err != nil {
+		return cfg, err
 	}
 	if cfg.leaderTTL < 2*time.Second {
 		return cfg, fmt.Errorf("--leader-ttl %s: at least 2s", cfg.leaderTTL)
@@ -315,6 +319,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
 		Version: buildinfo.Get().Version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
+		Collectors: m.Collectors(),
 	}
 	if err := securityConfig(cfg, &nc); err != nil {
 		return err
@@ -410,7 +415,7 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 	mc := master.Config{
 		Store: store, FwdMode: cfg.fwdMode, Infra: cfg.infra, NetMode: cfg.netMode,
 		ClusterMode: cfg.mode, PluginName: cfg.pluginName,
-		Version: versionInfo(),
+		Version: versionInfo(), Quota: cfg.quota,
 	}
 	deadline := time.Now().Add(time.Minute)
 	wait := retry.New(250*time.Millisecond, 5*time.Second)

@@ -35,7 +35,8 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	fmt.Fprintf(w, "\n#### k8s (ebpf): kube-apiserver, netmaster --mode kubernetes, two hosts\n")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := sim.Start(ctx, sim.Config{Prefix: cfg.prefix + "k", Hosts: 2, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet,
-		KubeAPI: true, KubeAPIPlugin: func(c *sim.Cluster, h *sim.Host) bool { return h == c.Hosts[0] }}) // host 2: no API, CNI args
+		KubeAPI: true, KubeAPIPlugin: func(c *sim.Cluster, h *sim.Host) bool { return h == c.Hosts[0] }, // host 2: no API, CNI args
+		NetmasterArgs: noQuotas}) // (1,001 Services in tenant default)
 	if err != nil {
 		return err
 	}

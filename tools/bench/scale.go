@@ -53,7 +53,8 @@ func scaleEBPF(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	fmt.Fprintf(w, "\n#### scale (ebpf): %d hosts, endpoints %v, services %v, %s\n", nh, cfg.scaleSteps, cfg.scaleSvcs, etcd)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	t0 := time.Now()
-	sc := sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet, EtcdMembers: cfg.scaleEtcd}
+	sc := sim.Config{Prefix: cfg.prefix + "s", Hosts: nh, BinDir: cfg.bin, Dataplane: "ebpf", Logger: quiet, EtcdMembers: cfg.scaleEtcd,
+		NetmasterArgs: noQuotas} // (5,500 rules in one tenant)
 	if cfg.scaleProf != "" {
 		sc.PluginArgs = func(*sim.Cluster, *sim.Host) []string { return []string{"--pprof"} }
 	}
