@@ -125,6 +125,7 @@ func commands(build BuildInfo) []*cli.Command {
 					Action: action(deleteTenant)},
 				{Name: "create", Usage: "Create a tenant", ArgsUsage: "[tenant]", Action: action(createTenant)},
 				{Name: "inspect", Usage: "Inspect a tenant", ArgsUsage: "[tenant]", Action: action(inspectTenant)},
+				quotaCommand(),
 			},
 		},
 		{

@@ -15,17 +15,22 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
-// startMaster runs a real netmaster API on a private embedded etcd behind httptest.
-func startMaster(t *testing.T) string {
+// startMaster runs a real netmaster API on a private embedded etcd behind httptest; opts
+// change its Config.
+func startMaster(t *testing.T, opts ...func(*master.Config)) string {
 	t.Helper()
 	store, _ := statetest.Store(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	m, err := master.New(ctx, master.Config{
+	cfg := master.Config{
 		Store:   store,
 		FwdMode: "bridge",
 		Version: model.VersionInfo{Version: "test", GitCommit: "g", BuildTime: "b"},
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := master.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("master.New: %v", err)
 	}

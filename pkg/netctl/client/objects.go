@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
@@ -252,4 +253,27 @@ func (c *Client) AciGwPost(ctx context.Context, o *model.AciGw) error {
 // AciGwInspect returns the aciGw inspect view.
 func (c *Client) AciGwInspect(ctx context.Context) (*model.AciGwInspect, error) {
 	return Inspect[model.AciGwInspect](ctx, c, model.CollAciGws, "aciGw")
+}
+
+// QuotaGet returns a tenant's limits and usage (this project's /api/v1/quotas/).
+func (c *Client) QuotaGet(ctx context.Context, tenant string) (*model.TenantQuota, error) {
+	return Get[model.TenantQuota](ctx, c, model.CollQuotas, tenant)
+}
+
+// QuotaSet merges limits into a tenant's (admins only); a nil limit goes back to the default.
+func (c *Client) QuotaSet(ctx context.Context, tenant string, upd model.QuotaUpdate) (*model.TenantQuota, error) {
+	var out model.TenantQuota
+	if err := c.Do(ctx, http.MethodPut, ObjectPath(model.CollQuotas, tenant), upd, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// QuotaReset drops every limit set for a tenant (admins only): the defaults apply again.
+func (c *Client) QuotaReset(ctx context.Context, tenant string) (*model.TenantQuota, error) {
+	var out model.TenantQuota
+	if err := c.Do(ctx, http.MethodDelete, ObjectPath(model.CollQuotas, tenant), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
