@@ -1,0 +1,220 @@
+package ovs
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+)
+
+// openerWorld is two hosts on a VXLAN network of tenant default: e1 (group 1) on h1, e3
+// (group 2) on h2, each the other's remote endpoint. Each host has a TCP echo server on
+// 8080 and a UDP echo server on 7000 in its container.
+type openerWorld struct {
+	h1, h2 testHost
+	d1, d2 *Driver
+	c1, c3 string
+	s1, s2 dataplane.State
+}
+
+func newOpenerWorld(t *testing.T, ctx context.Context) *openerWorld {
+	t.Helper()
+	needOVS(t)
+	id := testID()
+	w := &openerWorld{}
+	w.h1, w.h2 = twoHosts(t, id)
+	w.c1, w.c3 = newNS(t, id, "c1"), newNS(t, id, "c3")
+	w.d1, w.d2 = newDriver(t, w.h1), newDriver(t, w.h2)
+	e1, e3 := ep("e1", "10.1.0.1", w.c1, "cbz1"+id), ep("e3", "10.1.0.3", w.c3, "cbz3"+id)
+	e1.EPGID, e3.EPGID = 1, 2
+	w.s1 = dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, w.h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: w.h2.cfg.VTEP}}}
+	w.s2 = dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, w.h1)}, Peers: []dataplane.Peer{{Host: "h1", VTEP: w.h1.cfg.VTEP}}}
+	if err := w.d1.Sync(ctx, w.s1); err != nil {
+		t.Fatalf("sync h1: %v", err)
+	}
+	if err := w.d2.Sync(ctx, w.s2); err != nil {
+		t.Fatalf("sync h2: %v", err)
+	}
+	for _, c := range []struct{ ns, ip string }{{w.c1, "10.1.0.1"}, {w.c3, "10.1.0.3"}} {
+		listen(t, c.ns, c.ip+":8080")
+		u, err := conformance.StartUDPEcho(nsPath(c.ns), c.ip, 7000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(u.Close)
+	}
+	eventually(t, 3*time.Second, func() error { return ping(w.c3, "10.1.0.1") })
+	return w
+}
+
+// holdUDP opens a connected UDP socket from ns to addr (one source port for its whole
+// life) and checks one echo; it is closed when the test ends.
+func holdUDP(t *testing.T, ns, addr string) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := nsexec.Run(nsPath(ns), func() (err error) { c, err = net.Dial("udp4", addr); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := udpEcho(c); err != nil {
+		t.Fatalf("udp from %s to %s: %v", ns, addr, err)
+	}
+	return c
+}
+
+// udpEcho sends a datagram on c and waits for its echo.
+func udpEcho(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	buf := make([]byte, 16)
+	if _, err := c.Read(buf); err != nil {
+		return fmt.Errorf("udp echo from %v: %w", c.RemoteAddr(), err)
+	}
+	return nil
+}
+
+// zonesOf returns the conntrack zones of d that hold a connection of proto from src to
+// dst:dport (original direction).
+func zonesOf(t *testing.T, ctx context.Context, d *Driver, proto uint8, src, dst string, dport uint16) []uint16 {
+	t.Helper()
+	out, err := d.appctl(ctx, "dpctl/dump-conntrack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zones []uint16
+	for _, c := range parseConntrack(out) {
+		if c.proto == proto && c.src == netip.MustParseAddr(src) && c.dst == netip.MustParseAddr(dst) && c.dport == dport {
+			zones = append(zones, c.zone)
+		}
+	}
+	return zones
+}
+
+// ofctl runs ovs-ofctl (OpenFlow 1.3) against host h's integration bridge.
+func ofctl(t *testing.T, h testHost, args ...string) {
+	t.Helper()
+	mgmt := "unix:" + filepath.Join(h.dir, "contivbr.mgmt")
+	full := append([]string{"-O", "OpenFlow13"}, args[0], mgmt)
+	full = append(full, args[1:]...)
+	if out, err := exec.Command("ovs-ofctl", full...).CombinedOutput(); err != nil {
+		t.Fatalf("ovs-ofctl %s: %v: %s", strings.Join(full, " "), err, out)
+	}
+}
+
+// TestOpenerZonesUpgradeKeepsConnections: connections another host opened before the
+// opener zones (committed in the tenant's own zone, as the single-zone pipeline did) keep
+// working when the agent comes back with the new pipeline: the packets of their opener
+// find them where they would be replies, their replies on the second lookup. Emulated
+// with a flow that commits what arrives from other hosts in the tenant's own zone,
+// removed once the connections exist.
+func TestOpenerZonesUpgradeKeepsConnections(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	w := newOpenerWorld(t, ctx)
+	v := w.d1.vrfIDs["default"]
+	old := fmt.Sprintf("table=%d,priority=200,ip,ct_state=+new+trk,reg4=0x1/0x3", tCommit)
+	ofctl(t, w.h1, "add-flow", old+fmt.Sprintf(",actions=ct(commit,zone=%d,table=%d,exec(load:1->NXM_NX_CT_MARK[0]))", v, tCTCheck))
+
+	tcp, err := holdConn(t, w.c3, "10.1.0.1:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp := holdUDP(t, w.c3, "10.1.0.1:7000")
+	if z := zonesOf(t, ctx, w.d1, 6, "10.1.0.3", "10.1.0.1", 8080); len(z) != 1 || uint32(z[0]) != v {
+		t.Fatalf("h1: the tcp connection from h2 is in zones %v, want the old pipeline's %d", z, v)
+	}
+	if z := zonesOf(t, ctx, w.d1, 17, "10.1.0.3", "10.1.0.1", 7000); len(z) != 1 || uint32(z[0]) != v {
+		t.Fatalf("h1: the udp flow from h2 is in zones %v, want the old pipeline's %d", z, v)
+	}
+
+	ofctl(t, w.h1, "del-flows", "--strict", old)
+	for i := 0; i < 3; i++ {
+		if err := echo(tcp); err != nil {
+			t.Fatalf("tcp connection opened before the upgrade: %v", err)
+		}
+		if err := udpEcho(udp); err != nil {
+			t.Fatalf("udp flow opened before the upgrade: %v", err)
+		}
+	}
+	// Found where they were, not opened again in the inbound zone.
+	if z := zonesOf(t, ctx, w.d1, 6, "10.1.0.3", "10.1.0.1", 8080); len(z) != 1 || uint32(z[0]) != v {
+		t.Errorf("h1: after the upgrade the tcp connection is in zones %v, want %d alone", z, v)
+	}
+	if z := zonesOf(t, ctx, w.d1, 17, "10.1.0.3", "10.1.0.1", 7000); len(z) != 1 || uint32(z[0]) != v {
+		t.Errorf("h1: after the upgrade the udp flow is in zones %v, want %d alone", z, v)
+	}
+	// What h2 opens now goes to the inbound zone.
+	if _, err := holdConn(t, w.c3, "10.1.0.1:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if z := zonesOf(t, ctx, w.d1, 6, "10.1.0.3", "10.1.0.1", 8080); len(z) != 2 {
+		t.Errorf("h1: zones of tcp connections from h2 %v, want %d and %d", z, v, v|inboundZoneBit)
+	}
+}
+
+// TestOpenerZonesRejudgeInbound: a connection another host opened lives in the tenant's
+// inbound zone on the receiving host; a policy change there (and only there: the
+// opener's host still allows it, so its own re-judging cuts nothing) cuts it. The ct
+// listing names the zone inbound.
+func TestOpenerZonesRejudgeInbound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	w := newOpenerWorld(t, ctx)
+	v := w.d1.vrfIDs["default"]
+	tcp, err := holdConn(t, w.c3, "10.1.0.1:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp := holdUDP(t, w.c3, "10.1.0.1:7000")
+	for _, p := range []struct {
+		proto uint8
+		port  uint16
+	}{{6, 8080}, {17, 7000}} {
+		if z := zonesOf(t, ctx, w.d1, p.proto, "10.1.0.3", "10.1.0.1", p.port); len(z) != 1 || uint32(z[0]) != v|inboundZoneBit {
+			t.Fatalf("h1: proto %d from h2 in zones %v, want the inbound zone %d", p.proto, z, v|inboundZoneBit)
+		}
+	}
+	var l dataplane.Listing
+	if err := w.d1.listCT(ctx, &l, 100); err != nil {
+		t.Fatal(err)
+	}
+	rows := fmt.Sprint(l.Rows)
+	if !strings.Contains(rows, "inbound") {
+		t.Errorf("ct listing names no inbound zone: %v", l.Rows)
+	}
+
+	// h1 alone now denies group 2 → group 1 on both ports.
+	deny := dataplane.PolicySet{EPGID: 1, Rules: []dataplane.PolicyRule{
+		{ID: "no-tcp", Priority: 1, Ingress: true, RemoteEPG: 2, Proto: 6, Port: 8080, Action: dataplane.ActionDeny},
+		{ID: "no-udp", Priority: 1, Ingress: true, RemoteEPG: 2, Proto: 17, Port: 7000, Action: dataplane.ActionDeny}}}
+	if err := w.d1.UpsertPolicy(ctx, deny); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		proto uint8
+		port  uint16
+	}{{6, 8080}, {17, 7000}} {
+		if z := zonesOf(t, ctx, w.d1, p.proto, "10.1.0.3", "10.1.0.1", p.port); len(z) != 0 {
+			t.Errorf("h1: proto %d from h2 still in zones %v after the policy denied it", p.proto, z)
+		}
+	}
+	if err := echo(tcp); err == nil {
+		t.Error("the tcp connection h2 opened survived h1's deny")
+	}
+	if err := udpEcho(udp); err == nil {
+		t.Error("the udp flow h2 opened survived h1's deny")
+	}
+}
