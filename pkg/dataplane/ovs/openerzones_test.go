@@ -218,3 +218,41 @@ func TestOpenerZonesRejudgeInbound(t *testing.T) {
 		t.Error("the udp flow h2 opened survived h1's deny")
 	}
 }
+
+// TestCompileInboundZoneHeldByStaleTenant: a tenant whose networks are gone keeps its VRF
+// id, and its conntrack entries in that zone, until releaseVRFs flushes it (after the
+// pipeline is installed; a failed flush keeps it). While it does, no other tenant may
+// take that zone as its inbound zone: tenant default (VRF 1) must not commit what other
+// hosts open, nor look its endpoints' packets up, in zone 0x4001 while tenant old
+// (persisted id 0x4001, before the ids were capped) may still have entries there. The
+// zone limits (ctZoneLimits, from all held ids) and the pipeline must agree.
+func TestCompileInboundZoneHeldByStaleTenant(t *testing.T) {
+	st := testState()
+	ids := newIDs()
+	ids.vrf["default"], ids.vrf["old"] = 1, 0x4001 // "old" has no network in st
+	bridge := dataplane.HostConfig{FwdMode: dataplane.FwdBridge}
+	all := compileTexts(t, st, bridge, testPorts, ids)
+	wantFlows(t, all,
+		"nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:1->reg9,goto_table:arp",
+		"table=classifier,priority=100,in_port=1,tun_id=5000 actions=load:5000->reg0,load:1->reg3,load:1->reg4[0..0],load:1->reg8,load:1->reg9,goto_table:overlay_src",
+	)
+	if strings.Contains(all, "load:16385->reg") {
+		t.Error("tenant default uses zone 16385, which tenant old still holds, as its inbound zone")
+	}
+	if got := ctZoneLimits(st, ids.vrf, 100); got[1] != 100 || got[0x4001] != 100 || len(got) != 2 {
+		t.Errorf("limits %v, want one zone each for default (1) and old (16385)", got)
+	}
+
+	// A scoped recompile (an endpoint changed) keeps the zones of the full compile.
+	pl := testPipeline(t)
+	c, err := pl.compile(st, bridge, testPorts, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pl.recompile(c, st, bridge, testPorts, ids.svc, []string{unitEp("e1")}); err != nil {
+		t.Fatal(err)
+	}
+	if all := texts(c); strings.Contains(all, "load:16385->reg") {
+		t.Error("after a scoped recompile tenant default uses zone 16385 as its inbound zone")
+	}
+}
