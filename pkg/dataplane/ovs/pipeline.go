@@ -195,15 +195,20 @@ type unitEnv struct {
 	host    dataplane.HostConfig
 	p       ports
 	vrf     map[string]uint32 // tenant → VRF of the tenants that have a network here
-	inbound map[uint32]uint32 // VRF → its inbound zone (vrf.go)
+	inbound map[uint32]uint32 // VRF → its inbound zone, among every held id (vrf.go)
 	svcIDs  map[string]uint32
 	peer    map[string]bool     // hosts with a peer
 	vtep    map[netip.Addr]bool // peers' VTEPs
 	local   map[uint32]map[netip.Addr]bool
 }
 
-func newUnitEnv(d *dataplane.Index, host dataplane.HostConfig, p ports, vrf, svcIDs map[string]uint32) *unitEnv {
-	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, inbound: inboundZones(vrf), svcIDs: svcIDs,
+// newUnitEnv: inbound is inboundZones of every VRF id held (startCompile); nil computes it
+// from vrf alone.
+func newUnitEnv(d *dataplane.Index, host dataplane.HostConfig, p ports, vrf map[string]uint32, inbound map[uint32]uint32, svcIDs map[string]uint32) *unitEnv {
+	if inbound == nil {
+		inbound = inboundZones(vrf)
+	}
+	env := &unitEnv{d: d, host: host, p: p, vrf: vrf, inbound: inbound, svcIDs: svcIDs,
 		peer: map[string]bool{}, vtep: map[netip.Addr]bool{}}
 	for _, p := range d.Peers {
 		env.peer[p.Host] = true
@@ -262,14 +267,25 @@ func tenantVRFs(d *dataplane.Index, ids map[string]uint32) (map[string]uint32, e
 	return vrf, nil
 }
 
+// startCompile allocates the VRFs of d's tenants (tenantVRFs) and returns the environment
+// and the empty result of a full compile of d. Inbound zones are chosen among every id ids
+// holds, those of tenants without a network here too (inboundZones).
+func startCompile(d *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) (*unitEnv, *compiled, error) {
+	vrf, err := tenantVRFs(d, ids.vrf)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := newCompiled(vrf)
+	c.inbound = inboundZones(ids.vrf)
+	return newUnitEnv(d, host, p, vrf, c.inbound, ids.svc), c, nil
+}
+
 // compile turns the desired state into the pipeline's flows, unit by unit (units.go).
 func (pl *pipeline) compile(d *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) (*compiled, error) {
-	vrf, err := tenantVRFs(d, ids.vrf)
+	env, c, err := startCompile(d, host, p, ids)
 	if err != nil {
 		return nil, err
 	}
-	env := newUnitEnv(d, host, p, vrf, ids.svc)
-	c := newCompiled(vrf)
 	names := unitNames(d)
 	units := make(map[string][]*flow, len(names))
 	for _, u := range names {

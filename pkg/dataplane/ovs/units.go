@@ -51,6 +51,7 @@ type compiled struct {
 	svcVKs  map[string][]string // service unit → its VIP:ports ("vrf/vip/proto/port")
 	svcVIPs map[string]string   // "vrf/vip/proto/port" → service id
 	vrf     map[string]uint32   // tenant → VRF the units were compiled with
+	inbound map[uint32]uint32   // VRF → inbound zone the units were compiled with (vrf.go)
 }
 
 func newCompiled(vrf map[string]uint32) *compiled {
@@ -245,7 +246,7 @@ type flowChange struct {
 // installed flows that changed and a function that takes the change back (when the
 // switch refuses it). On a compile error c is unchanged.
 func (pl *pipeline) recompile(c *compiled, d *dataplane.Index, host dataplane.HostConfig, p ports, svcIDs map[string]uint32, dirty []string) ([]flowChange, func(), error) {
-	env := newUnitEnv(d, host, p, c.vrf, svcIDs)
+	env := newUnitEnv(d, host, p, c.vrf, c.inbound, svcIDs)
 	dirty = slices.Clone(dirty)
 	slices.Sort(dirty)
 	dirty = slices.Compact(dirty)

@@ -91,12 +91,10 @@ func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
 // compileEach compiles every unit of d on its own, as compile does, but a unit that
 // fails is left out and returned instead of failing the whole pipeline.
 func (pl *pipeline) compileEach(d *dataplane.Index, host dataplane.HostConfig, p ports, ids idTables) (*compiled, map[string]error, error) {
-	vrf, err := tenantVRFs(d, ids.vrf)
+	env, c, err := startCompile(d, host, p, ids)
 	if err != nil {
 		return nil, nil, err
 	}
-	env := newUnitEnv(d, host, p, vrf, ids.svc)
-	c := newCompiled(vrf)
 	failed := map[string]error{}
 	log, changes := newUndoLog(), map[string]*flowChange{}
 	for _, u := range unitNames(d) {

@@ -59,7 +59,9 @@ const (
 // inboundZones maps the VRF of every tenant of vrf to its inbound zone, the zone of the
 // connections opened from other hosts toward its local endpoints: v|inboundZoneBit, or v
 // itself (one zone for both, as before the split) when v is an id persisted above maxVRF
-// or another tenant holds v|inboundZoneBit as its VRF.
+// or another tenant holds v|inboundZoneBit as its VRF. vrf must be every id held (d.vrfIDs,
+// ids.vrf), not only the tenants with a network here: a tenant whose networks are gone
+// keeps its zone, and its connections in it, until releaseVRFs flushes it.
 func inboundZones(vrf map[string]uint32) map[uint32]uint32 {
 	held := make(map[uint32]bool, len(vrf))
 	for _, v := range vrf {
