@@ -110,7 +110,8 @@ func metadataUnreachable(t *testing.T, e *Env) {
 	o := newOutsideHost(t, e)
 	c := egressContainer(t, e)
 	var reached [3]bool
-	got := probe(t, []probeSite{{"wire", e.H1.NS, wireIf}}, []func([]byte) bool{toLinkLocal, toInternet}, func() error {
+	sites := []probeSite{{"wire", e.H1.NS, wireIf}, {"container", c.NS, c.EP.IfName}}
+	got := probe(t, sites, []func([]byte) bool{toLinkLocal, toInternet}, func() error {
 		reached[0], reached[1], reached[2] = reach(c, internetIP)
 		for _, a := range []string{metadataIP, linkLocalIP} {
 			ping, tcp, udp := reach(c, a)
@@ -127,6 +128,11 @@ func metadataUnreachable(t *testing.T, e *Env) {
 	}
 	if n := got["wire"][0]; n > 0 {
 		t.Errorf("%d frames to 169.254.0.0/16 left host 1 on its wire", n)
+	}
+	// The container did send them: they reached the datapath, which kept them (on a
+	// backend without an egress path nothing else would show the probes were sent).
+	if n := got["container"][0]; n == 0 {
+		t.Errorf("the container sent no frame to 169.254.0.0/16 (the probe does not work)")
 	}
 	egress := reached[0] && reached[1] && reached[2]
 	switch {
