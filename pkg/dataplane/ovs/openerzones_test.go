@@ -74,8 +74,11 @@ func holdUDP(t *testing.T, ns, addr string) net.Conn {
 }
 
 // udpEcho sends a datagram on c and waits for its echo.
-func udpEcho(c net.Conn) error {
-	_ = c.SetDeadline(time.Now().Add(time.Second))
+func udpEcho(c net.Conn) error { return udpEchoWithin(c, time.Second) }
+
+// udpEchoWithin is udpEcho waiting at most wait.
+func udpEchoWithin(c net.Conn, wait time.Duration) error {
+	_ = c.SetDeadline(time.Now().Add(wait))
 	if _, err := c.Write([]byte("ping")); err != nil {
 		return err
 	}
@@ -255,4 +258,79 @@ func TestCompileInboundZoneHeldByStaleTenant(t *testing.T) {
 	if all := texts(c); strings.Contains(all, "load:16385->reg") {
 		t.Error("after a scoped recompile tenant default uses zone 16385 as its inbound zone")
 	}
+}
+
+// TestOpenerZonesRemoteCannotFillTable: what other hosts open toward a tenant's endpoints
+// may not take the whole conntrack table of the host, or its endpoints (and every other
+// tenant's) open nothing again, as before the opener zones, only through the table
+// instead of the zone (the eBPF datapath keeps half its table for what the host's
+// endpoints open: cb_config.ct_in_limit). Scaled down: vswitchd's table holds 20
+// connections, the quota is 8 and the tenant has three endpoints on h1 (zone limits of
+// 24); h2's container opens 40 UDP flows toward e1, then e2 opens its own toward e4.
+func TestOpenerZonesRemoteCannotFillTable(t *testing.T) {
+	needOVS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	id := testID()
+	h1, h2 := twoHosts(t, id)
+	h1.cfg.CTQuota = 8
+	c1, c2, c3, c4 := newNS(t, id, "c1"), newNS(t, id, "c2"), newNS(t, id, "c3"), newNS(t, id, "c4")
+	d1, d2 := newDriver(t, h1), newDriver(t, h2)
+	const maxconns = 20
+	if _, err := d1.appctl(ctx, "dpctl/ct-set-maxconns", fmt.Sprint(maxconns)); err != nil {
+		t.Fatal(err)
+	}
+	e1, e2, e3, e4 := ep("e1", "10.1.0.1", c1, "cbf1"+id), ep("e2", "10.1.0.2", c2, "cbf2"+id),
+		ep("e3", "10.1.0.3", c3, "cbf3"+id), ep("e4", "10.1.0.4", c4, "cbf4"+id)
+	if err := d1.Sync(ctx, dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2, e4},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Sync(ctx, dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1), remote(e4, h1)},
+		Peers:           []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ ns, ip string }{{c1, "10.1.0.1"}, {c4, "10.1.0.4"}} {
+		u, err := conformance.StartUDPEcho(nsPath(c.ns), c.ip, 7000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(u.Close)
+	}
+	listen(t, c4, "10.1.0.4:8080")
+
+	// h2's container opens flows toward e1 until h1 refuses them.
+	delivered := 0
+	for i := 0; i < 2*maxconns; i++ {
+		if udpFlow(c3, "10.1.0.1:7000", 200*time.Millisecond) == nil {
+			delivered++
+		}
+	}
+	nconns, _ := d1.appctl(ctx, "dpctl/ct-get-nconns")
+	t.Logf("h1: %d of %d flows from h2 delivered; %s connections in a table of %d", delivered, 2*maxconns, strings.TrimSpace(nconns), maxconns)
+	if delivered == 2*maxconns {
+		t.Fatal("every flow from h2 was delivered: no limit in force (the probe does not work)")
+	}
+	if delivered > maxconns/2 {
+		t.Errorf("flows other hosts opened toward e1 took %d of h1's %d conntrack entries, more than half", delivered, maxconns)
+	}
+	// e2's own flows, UDP and TCP, to e4 on its host.
+	if err := udpFlow(c2, "10.1.0.4:7000", time.Second); err != nil {
+		t.Errorf("e2's own new udp flow after h2 opened %d toward e1: %v", delivered, err)
+	}
+	if err := dial(t, c2, "10.1.0.4:8080"); err != nil {
+		t.Errorf("e2's own new tcp connection after h2 opened %d flows toward e1: %v", delivered, err)
+	}
+}
+
+// udpFlow opens a new UDP flow from ns to addr (a socket of its own) and says whether one
+// datagram was echoed within wait.
+func udpFlow(ns, addr string, wait time.Duration) error {
+	var c net.Conn
+	if err := nsexec.Run(nsPath(ns), func() (err error) { c, err = net.Dial("udp4", addr); return }); err != nil {
+		return err
+	}
+	defer c.Close()
+	return udpEchoWithin(c, wait)
 }
