@@ -27,8 +27,9 @@ import (
 // hairpin connection holds an entry of the tenant's zone too).
 
 // ctZoneLimits is the limit of every tenant zone of vrf, own and inbound: quota for each
-// endpoint of the tenant in st (at least one); none without a quota.
-func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int) map[uint16]uint32 {
+// endpoint of the tenant in st (at least one), an inbound zone's at most inboundMax (0:
+// no cap); none without a quota.
+func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int, inboundMax uint32) map[uint16]uint32 {
 	out := map[uint16]uint32{}
 	if quota <= 0 {
 		return out
@@ -40,9 +41,23 @@ func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int) map[uin
 	inbound := inboundZones(vrf)
 	for t, v := range vrf {
 		limit := uint32(min(uint64(quota)*max(eps[t], 1), math.MaxUint32))
-		out[uint16(v)], out[uint16(inbound[v])] = limit, limit
+		out[uint16(v)] = limit
+		if in := inbound[v]; in != v {
+			if inboundMax > 0 {
+				limit = min(limit, inboundMax)
+			}
+			out[uint16(in)] = limit
+		}
 	}
 	return out
+}
+
+// inboundLimit is the most connections one tenant's inbound zone may hold on a table of
+// maxconns: half of it, as the eBPF datapath keeps half its table for what its endpoints
+// open (cb_config.ct_in_limit). Other hosts' openings toward one tenant's endpoints so
+// never take the whole table, whatever the quota and the endpoints.
+func inboundLimit(maxconns uint64) uint32 {
+	return uint32(min(max(maxconns/2, 1), math.MaxUint32))
 }
 
 // zoneOwner is a limited zone's tenant and whose openings it holds: "local" (its local
@@ -109,7 +124,19 @@ func parseCTLimits(out string) map[uint16]ctZoneLimit {
 // a previous agent set on tenant zones (own and inbound: 1..0x7fff) that are no longer
 // wanted go too. Call with d.mu held.
 func (d *Driver) applyCTLimits(ctx context.Context) error {
-	want := ctZoneLimits(d.state, d.vrfIDs, d.host.CTQuota)
+	var inboundMax uint32
+	if d.host.CTQuota > 0 {
+		out, err := d.appctl(ctx, "dpctl/ct-get-maxconns")
+		if err != nil {
+			return fmt.Errorf("ovs: read the conntrack table size: %w", err)
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
+		if err != nil {
+			return fmt.Errorf("ovs: conntrack table size %q: %w", out, err)
+		}
+		inboundMax = inboundLimit(n)
+	}
+	want := ctZoneLimits(d.state, d.vrfIDs, d.host.CTQuota, inboundMax)
 	if d.ctLimits == nil {
 		out, err := d.appctl(ctx, "dpctl/ct-get-limits")
 		if err != nil && len(want) == 0 {

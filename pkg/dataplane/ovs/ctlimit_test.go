@@ -27,8 +27,19 @@ func TestCTZoneLimits(t *testing.T) {
 	// Each tenant zone, its own and its inbound one: the quota per local endpoint, at
 	// least one endpoint's worth.
 	in1, in2 := uint16(1|inboundZoneBit), uint16(2|inboundZoneBit)
-	if got := ctZoneLimits(st, vrf, 100); len(got) != 4 || got[1] != 300 || got[in1] != 300 || got[2] != 100 || got[in2] != 100 {
+	if got := ctZoneLimits(st, vrf, 100, 0); len(got) != 4 || got[1] != 300 || got[in1] != 300 || got[2] != 100 || got[in2] != 100 {
 		t.Fatalf("limits %v, want zones 1 and %d: 300, zones 2 and %d: 100", got, in1, in2)
+	}
+	// An inbound zone holds at most half the table (inboundLimit); the own zones and a
+	// legacy tenant's one zone are not capped.
+	if got := ctZoneLimits(st, vrf, 100, inboundLimit(400)); got[1] != 300 || got[in1] != 200 || got[2] != 100 || got[in2] != 100 {
+		t.Fatalf("limits with an inbound cap of 200: %v", got)
+	}
+	if got := ctZoneLimits(st, map[string]uint32{"default": 1, "t2": 1 | inboundZoneBit}, 100, 50); got[1] != 300 || got[in1] != 100 {
+		t.Fatalf("limits of one-zone tenants with an inbound cap: %v", got)
+	}
+	if inboundLimit(1) != 1 || inboundLimit(3_000_000) != 1_500_000 || inboundLimit(1<<40) != 1<<32-1 {
+		t.Fatalf("inboundLimit: %d %d %d", inboundLimit(1), inboundLimit(3_000_000), inboundLimit(1<<40))
 	}
 	if got := zoneOwners(vrf); len(got) != 4 || got[1] != (zoneOwner{"default", "local"}) || got[in1] != (zoneOwner{"default", "remote"}) {
 		t.Fatalf("zone owners %v", got)
@@ -36,16 +47,16 @@ func TestCTZoneLimits(t *testing.T) {
 	// A VRF persisted above maxVRF, and the tenant whose inbound zone it would be: one
 	// zone each, for both openers.
 	legacy := map[string]uint32{"default": 1, "t2": 1 | inboundZoneBit}
-	if got := ctZoneLimits(st, legacy, 100); len(got) != 2 || got[1] != 300 || got[in1] != 100 {
+	if got := ctZoneLimits(st, legacy, 100, 0); len(got) != 2 || got[1] != 300 || got[in1] != 100 {
 		t.Fatalf("limits with a VRF above maxVRF %v, want zone 1: 300, zone %d: 100", got, in1)
 	}
 	if got := zoneOwners(legacy); len(got) != 2 || got[1] != (zoneOwner{"default", "any"}) || got[in1] != (zoneOwner{"t2", "any"}) {
 		t.Fatalf("zone owners with a VRF above maxVRF %v", got)
 	}
-	if got := ctZoneLimits(st, vrf, 0); len(got) != 0 {
+	if got := ctZoneLimits(st, vrf, 0, 0); len(got) != 0 {
 		t.Fatalf("no quota: limits %v", got)
 	}
-	if got := ctZoneLimits(st, vrf, 1<<31); got[1] != 1<<32-1 {
+	if got := ctZoneLimits(st, vrf, 1<<31, 0); got[1] != 1<<32-1 {
 		t.Fatalf("limit %d, want it capped at 2^32-1", got[1])
 	}
 	got := parseCTLimits("default limit=0\nzone=5,limit=2,count=1\nzone=70,limit=0,count=0\nbogus\nzone=x,limit=1,count=1\n")

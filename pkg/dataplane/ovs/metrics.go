@@ -26,7 +26,7 @@ var (
 	descCTZoneEntries = prometheus.NewDesc("contiv_datapath_ct_zone_entries",
 		"Connections a tenant's conntrack zone holds against its limit (dpctl/ct-get-limits; counted from when the limit was set); opener: local for the connections its endpoints on this host open, remote for those other hosts open toward them.", []string{"tenant", "opener"}, nil)
 	descCTZoneLimit = prometheus.NewDesc("contiv_datapath_ct_zone_limit",
-		"Conntrack limit of a tenant's zone: --ct-quota-per-endpoint times its endpoints on this host; new connections past it are dropped (drop_ct_quota).", []string{"tenant", "opener"}, nil)
+		"Conntrack limit of a tenant's zone: --ct-quota-per-endpoint times its endpoints on this host (an inbound zone, opener remote, at most half the table); new connections past it are dropped (drop_ct_quota).", []string{"tenant", "opener"}, nil)
 	descScrapeErr = prometheus.NewDesc("contiv_datapath_scrape_errors",
 		"1 when the datapath counters could not be read on this scrape.", nil, nil)
 )

@@ -242,7 +242,7 @@ func TestCompileInboundZoneHeldByStaleTenant(t *testing.T) {
 	if strings.Contains(all, "load:16385->reg") {
 		t.Error("tenant default uses zone 16385, which tenant old still holds, as its inbound zone")
 	}
-	if got := ctZoneLimits(st, ids.vrf, 100); got[1] != 100 || got[0x4001] != 100 || len(got) != 2 {
+	if got := ctZoneLimits(st, ids.vrf, 100, 0); got[1] != 100 || got[0x4001] != 100 || len(got) != 2 {
 		t.Errorf("limits %v, want one zone each for default (1) and old (16385)", got)
 	}
 
