@@ -24,6 +24,7 @@ func quotaFlagList() []quotaFlag {
 		{"quota-rules", model.QuotaRules, "policy rules (all its policies' together)"},
 		{"quota-services", model.QuotaServices, "services (serviceLBs, Kubernetes Services included)"},
 		{"quota-app-profiles", model.QuotaAppProfiles, "app profiles"},
+		{"quota-netprofiles", model.QuotaNetprofiles, "netprofiles"},
 		{"quota-endpoints", model.QuotaEndpoints, "endpoints"},
 		{"quota-bytes", model.QuotaBytes, "bytes of stored records, keys and values (unless given, at most a 32nd of --etcd-quota-bytes)"},
 	}

@@ -34,6 +34,7 @@ func DefaultQuota() map[string]int64 {
 		model.QuotaRules:          1000,
 		model.QuotaServices:       500,
 		model.QuotaAppProfiles:    100,
+		model.QuotaNetprofiles:    100,
 		model.QuotaEndpoints:      20000,
 		model.QuotaBytes:          64 << 20,
 	}
@@ -53,6 +54,9 @@ type netTenantFunc func(netID string) (string, error)
 var modelKinds = map[string]string{
 	model.TypeNetwork: model.QuotaNetworks, model.TypeEndpointGroup: model.QuotaEndpointGroups,
 	model.TypePolicy: model.QuotaPolicies, model.TypeRule: model.QuotaRules, model.TypeAppProfile: model.QuotaAppProfiles,
+	// Netprofiles link into the tenant object like the kinds above: each create rewrites
+	// a link-set that grows with them, so bytes alone left their history unbounded.
+	model.TypeNetprofile: model.QuotaNetprofiles,
 }
 
 // globalModelTypes are model objects of no tenant.

@@ -13,6 +13,7 @@ const (
 	QuotaRules          = "rules"
 	QuotaServices       = "serviceLBs"
 	QuotaAppProfiles    = "appProfiles"
+	QuotaNetprofiles    = "netprofiles"
 	QuotaEndpoints      = "endpoints"
 	QuotaBytes          = "bytes"
 )
@@ -20,7 +21,7 @@ const (
 // QuotaKinds returns every quota kind, in display order.
 func QuotaKinds() []string {
 	return []string{QuotaNetworks, QuotaEndpointGroups, QuotaPolicies, QuotaRules, QuotaServices,
-		QuotaAppProfiles, QuotaEndpoints, QuotaBytes}
+		QuotaAppProfiles, QuotaNetprofiles, QuotaEndpoints, QuotaBytes}
 }
 
 // IsQuotaKind reports whether kind is one of QuotaKinds.

@@ -16,7 +16,8 @@ func quotaFlagKinds() [][2]string {
 	return [][2]string{
 		{"networks", model.QuotaNetworks}, {"endpoint-groups", model.QuotaEndpointGroups},
 		{"policies", model.QuotaPolicies}, {"rules", model.QuotaRules}, {"services", model.QuotaServices},
-		{"app-profiles", model.QuotaAppProfiles}, {"endpoints", model.QuotaEndpoints}, {"bytes", model.QuotaBytes},
+		{"app-profiles", model.QuotaAppProfiles}, {"netprofiles", model.QuotaNetprofiles}, {"endpoints", model.QuotaEndpoints},
+		{"bytes", model.QuotaBytes},
 	}
 }
 

@@ -7,7 +7,7 @@ import "github.com/contivbpf/contivbpf/tools/sim"
 // allow. Usage is still booked, so what the books cost is measured.
 func noQuotas(c *sim.Cluster) []string {
 	args := c.DefaultMasterArgs()
-	for _, kind := range []string{"networks", "endpoint-groups", "policies", "rules", "services", "app-profiles", "endpoints", "bytes"} {
+	for _, kind := range []string{"networks", "endpoint-groups", "policies", "rules", "services", "app-profiles", "netprofiles", "endpoints", "bytes"} {
 		args = append(args, "--quota-"+kind, "-1")
 	}
 	return args
