@@ -1,12 +1,15 @@
 package master
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // TestQuotaNetprofilesCounted (review of the quota series): netprofiles link into the
@@ -50,4 +53,70 @@ func TestQuotaNetprofilesCounted(t *testing.T) {
 	if u := e.checkBooks("t1"); u["netprofiles"] != limit {
 		t.Errorf("netprofiles booked %d after delete and create, want %d", u["netprofiles"], limit)
 	}
+}
+
+// TestQuotaRecountUnderChurn (review of the quota series): a usage recount (a tenant's
+// create, an admin's PUT of its quota, a netmaster starting with a record missing) listed
+// every network, group, service and provider state with commit guards on their prefixes,
+// so any write to any of them (an endpoint attached anywhere through another netmaster)
+// made it start over: with four agents attaching and detaching endpoints through the
+// follower, creating a tenant through the leader failed with 500 "transaction conflict"
+// after 6 s, every time; setting a quota too, and a netmaster upgraded to quotas would not
+// start. Every writer of a tenant's records rewrites its usage record, so the recount
+// needs no guards but that record's.
+func TestQuotaRecountUnderChurn(t *testing.T) {
+	e1 := newEnv(t, "routing")
+	e2 := newEnvOn(t, e1.store, e1.url, "routing")
+	e1.ok("POST", "/api/v1/tenants/t0/", `{"tenantName":"t0"}`, nil)
+	e1.ok("POST", "/api/v1/tenants/t9/", `{"tenantName":"t9"}`, nil)
+	for j := 0; j < 4; j++ {
+		e1.net("t0", fmt.Sprintf("n%d", j), "vxlan", fmt.Sprintf("10.90.%d.0/24", j), "", 0)
+	}
+	for j := 0; j < 300; j++ {
+		e1.net("t9", fmt.Sprintf("n%d", j), "vxlan", fmt.Sprintf("10.%d.%d.0/24", 100+j/200, j%200), "", 0)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { // four agents attaching and detaching through the second netmaster
+		defer close(done)
+		var wg sync.WaitGroup
+		for w := 0; w < 4; w++ {
+			wg.Go(func() {
+				for k := 0; ctx.Err() == nil; k++ {
+					c, n := fmt.Sprintf("c%d-%d", w, k), fmt.Sprintf("n%d", w)
+					code, msg := e2.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t0", NetworkName: n,
+						EndpointID: c, ConfigEP: model.ConfigEP{Container: c, Host: "host1"}})
+					if code != http.StatusOK {
+						t.Errorf("churn: create endpoint: %d %s", code, msg)
+						return
+					}
+					if code, msg := e2.do("POST", "/plugin/deleteEndpoint", model.DeleteEndpointRequest{TenantName: "t0", NetworkName: n, EndpointID: c}); code != http.StatusOK {
+						t.Errorf("churn: delete endpoint: %d %s", code, msg)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}()
+	defer func() { cancel(); <-done }()
+	for i := 0; i < 3; i++ {
+		tn := fmt.Sprintf("x%d", i)
+		if code, msg := e1.do("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`); code != http.StatusOK {
+			t.Fatalf("tenant create while endpoints churn elsewhere: %d %s", code, msg)
+		}
+	}
+	if code, msg := e1.do("PUT", "/api/v1/quotas/t9/", `{"networks":400}`); code != http.StatusOK {
+		t.Fatalf("setting a quota while endpoints churn elsewhere: %d %s", code, msg)
+	}
+	if _, err := e1.raw.Delete(context.Background(), model.QuotaUsageKey("t9")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(context.Background(), e1.m.Config()); err != nil {
+		t.Fatalf("a netmaster starting with a usage record to recount while endpoints churn: %v", err)
+	}
+	cancel()
+	<-done
+	e1.checkBooks("t0")
+	e1.checkBooks("t9")
 }
