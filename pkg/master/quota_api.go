@@ -152,6 +152,10 @@ func (m *Master) writeQuota(w http.ResponseWriter, r *http.Request, change func(
 		if err := putLimits(tx, tenant, change); err != nil {
 			return err
 		}
+		// The record the recount replaces, read for its guard (recountTenant).
+		if _, _, err := tx.GetRaw(model.QuotaUsageKey(tenant)); err != nil {
+			return err
+		}
 		u, err := recountTenant(tx, tenant)
 		if err != nil {
 			return err

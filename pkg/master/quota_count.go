@@ -13,7 +13,11 @@ var scopedModelTypes = []string{model.TypeNetwork, model.TypeEndpointGroup, mode
 	model.TypeAppProfile, model.TypeServiceLB, model.TypeNetprofile, model.TypeExtContractsGroup}
 
 // recountTenant counts tenant's records as tx sees them (its own writes included): what
-// its usage record holds when every change was booked.
+// its usage record holds when every change was booked. Its listings span every tenant's
+// records and put no commit guards (Tx.ListUnguarded): any write anywhere under them would
+// make the transaction start over, and under endpoint churn through another netmaster it
+// never committed. A caller that writes the result must have read the tenant's usage record
+// in tx (a guard): every change of the tenant's records rewrites that record.
 func recountTenant(tx *state.Tx, tenant string) (*model.TenantUsage, error) {
 	kvs, nets, err := tenantRecordKVs(tx, tenant)
 	if err != nil {
@@ -42,7 +46,7 @@ func recountTenant(tx *state.Tx, tenant string) (*model.TenantUsage, error) {
 func tenantRecordKVs(tx *state.Tx, tenant string) ([]state.KV, map[string]string, error) {
 	var out []state.KV
 	add := func(prefix string) error {
-		kvs, err := tx.List(prefix)
+		kvs, err := tx.ListUnguarded(prefix)
 		out = append(out, kvs...)
 		return err
 	}
@@ -63,7 +67,7 @@ func tenantRecordKVs(tx *state.Tx, tenant string) ([]state.KV, map[string]string
 			return nil, nil, err
 		}
 	}
-	netKVs, err := tx.List(model.NetStatePrefix)
+	netKVs, err := tx.ListUnguarded(model.NetStatePrefix)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -90,7 +94,7 @@ func tenantRecordKVs(tx *state.Tx, tenant string) ([]state.KV, map[string]string
 func endpointKVs(tx *state.Tx, nets []*model.CfgNetworkState) ([]state.KV, error) {
 	var out []state.KV
 	for _, ns := range nets {
-		kvs, err := tx.List(model.EpStatePrefix + ns.ID + "-")
+		kvs, err := tx.ListUnguarded(model.EpStatePrefix + ns.ID + "-")
 		if err != nil {
 			return nil, err
 		}
@@ -101,7 +105,7 @@ func endpointKVs(tx *state.Tx, nets []*model.CfgNetworkState) ([]state.KV, error
 			}
 		}
 		if in < ns.EpCount {
-			return tx.List(model.EpStatePrefix)
+			return tx.ListUnguarded(model.EpStatePrefix)
 		}
 		out = append(out, kvs...)
 	}

@@ -106,13 +106,21 @@ func (t *Tx) Get(key string, v any) (bool, error) {
 
 // List returns the records under prefix as seen by this transaction (own writes included),
 // sorted by key. Any later change under prefix makes the commit retry.
-func (t *Tx) List(prefix string) ([]KV, error) {
+func (t *Tx) List(prefix string) ([]KV, error) { return t.list(prefix, true) }
+
+// ListUnguarded is List without commit guards: later changes under prefix do not make the
+// commit retry. A caller whose result depends on the records must read, with a guard, a
+// record that every concurrent writer of them also rewrites (netmaster's usage recount: the
+// tenant's usage record), else use List.
+func (t *Tx) ListUnguarded(prefix string) ([]KV, error) { return t.list(prefix, false) }
+
+func (t *Tx) list(prefix string, guard bool) ([]KV, error) {
 	resp, err := t.cli.Get(t.ctx, prefix, append(t.snapshotOpts(), clientv3.WithPrefix())...)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", prefix, err)
 	}
 	t.noteRev(resp.Header.Revision)
-	if !t.seen["prefix:"+prefix] {
+	if guard && !t.seen["prefix:"+prefix] {
 		t.seen["prefix:"+prefix] = true
 		// Created or modified keys under prefix show up as a newer ModRevision.
 		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(prefix), "<", t.rev+1).WithPrefix())
