@@ -1,6 +1,8 @@
 package master
 
 import (
+	"strings"
+
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -21,11 +23,40 @@ func subnetIndex(tx *state.Tx, key string, keep func(*model.CfgNetworkState) boo
 		}
 		return idx, err
 	}
+	return buildSubnetIndex(tx, keep)
+}
+
+// checkedSubnetIndex is subnetIndex for an overlap check: a record that disagrees with
+// what current says is in use (networks created or deleted by a build without the index,
+// running beside this one or before it again) is rebuilt, and written in tx so that
+// indexNetwork adds to the rebuilt one.
+func checkedSubnetIndex(tx *state.Tx, key string, keep func(*model.CfgNetworkState) bool,
+	current func(*model.SubnetIndex) (bool, error)) (*model.SubnetIndex, error) {
+	idx, found, err := getT[model.SubnetIndex](tx, key)
+	if err != nil {
+		return nil, err
+	}
+	if found {
+		if idx.Nets == nil {
+			idx.Nets = map[string]model.SubnetRecord{}
+		}
+		if ok, err := current(idx); err != nil || ok {
+			return idx, err
+		}
+	}
+	if idx, err = buildSubnetIndex(tx, keep); err != nil {
+		return nil, err
+	}
+	return idx, tx.Put(key, idx)
+}
+
+// buildSubnetIndex builds an index record from the network states keep selects.
+func buildSubnetIndex(tx *state.Tx, keep func(*model.CfgNetworkState) bool) (*model.SubnetIndex, error) {
 	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
 	if err != nil {
 		return nil, err
 	}
-	idx = &model.SubnetIndex{Nets: map[string]model.SubnetRecord{}}
+	idx := &model.SubnetIndex{Nets: map[string]model.SubnetRecord{}}
 	for _, ns := range nets {
 		if keep(ns) {
 			idx.Nets[ns.ID] = subnetRecord(ns)
@@ -35,18 +66,69 @@ func subnetIndex(tx *state.Tx, key string, keep func(*model.CfgNetworkState) boo
 }
 
 func subnetRecord(ns *model.CfgNetworkState) model.SubnetRecord {
-	return model.SubnetRecord{Tenant: ns.Tenant, Encap: ns.PktTagType, SubnetIP: ns.SubnetIP, SubnetLen: ns.SubnetLen,
+	r := model.SubnetRecord{Tenant: ns.Tenant, Encap: ns.PktTagType, SubnetIP: ns.SubnetIP, SubnetLen: ns.SubnetLen,
 		IPv6Subnet: ns.IPv6Subnet, IPv6SubnetLen: ns.IPv6SubnetLen}
+	if ns.PktTagType == "vlan" {
+		r.PktTag = ns.PktTag
+	}
+	return r
 }
 
-// tenantSubnets is tenant's record of the subnet index.
+func ofTenant(tenant string) func(*model.CfgNetworkState) bool {
+	return func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant }
+}
+
+func vlanNet(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" }
+
+// tenantSubnets is tenant's record of the subnet index, for an overlap check: it must
+// name exactly the networks the tenant object links (every build keeps those link-sets).
 func tenantSubnets(tx *state.Tx, tenant string) (*model.SubnetIndex, error) {
-	return subnetIndex(tx, model.SubnetIndexKey(tenant), func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant })
+	return checkedSubnetIndex(tx, model.SubnetIndexKey(tenant), ofTenant(tenant), func(idx *model.SubnetIndex) (bool, error) {
+		var t model.Tenant
+		if _, err := tx.Get(model.ModelKey(model.TypeTenant, tenant), &t); err != nil {
+			return false, err
+		}
+		if len(t.LinkSets.Networks) != len(idx.Nets) {
+			return false, nil
+		}
+		for k := range t.LinkSets.Networks {
+			lt, net, ok := strings.Cut(k, ":")
+			if _, in := idx.Nets[model.NetworkID(net, lt)]; !ok || lt != tenant || !in {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
-// vlanSubnets is the subnet index's record of every VLAN network.
+// vlanSubnets is the subnet index's record of every VLAN network, for an overlap check:
+// its networks' VLANs must be exactly the VLANs in use (the auto-vlan records, which every
+// build keeps; only VLAN networks take VLANs).
 func vlanSubnets(tx *state.Tx) (*model.SubnetIndex, error) {
-	return subnetIndex(tx, model.VLANSubnetIndexKey, func(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" })
+	return checkedSubnetIndex(tx, model.VLANSubnetIndexKey, vlanNet, func(idx *model.SubnetIndex) (bool, error) {
+		cfg, found, err := getT[model.VlanResourceCfg](tx, model.VlanResCfgKey)
+		if err != nil || !found {
+			return false, err
+		}
+		oper, found, err := getT[model.VlanResourceOper](tx, model.VlanResOperKey)
+		if err != nil || !found {
+			return false, err
+		}
+		tags := map[int]bool{}
+		for _, r := range idx.Nets {
+			if r.PktTag <= 0 || tags[r.PktTag] || !cfg.VLANs.Test(uint(r.PktTag)) || oper.FreeVLANs.Test(uint(r.PktTag)) {
+				return false, nil // (a record of a build that kept no tags, a stale or doubled one)
+			}
+			tags[r.PktTag] = true
+		}
+		inUse := 0
+		for v := uint(1); v < cfg.VLANs.Len(); v++ {
+			if cfg.VLANs.Test(v) && !oper.FreeVLANs.Test(v) {
+				inUse++
+			}
+		}
+		return inUse == len(tags), nil
+	})
 }
 
 // indexNetwork adds network state ns to the subnet index (add=false: removes it). A
@@ -57,9 +139,13 @@ func indexNetwork(tx *state.Tx, ns *model.CfgNetworkState, add bool) error {
 		key string
 		get func() (*model.SubnetIndex, error)
 	}
-	recs := []rec{{model.SubnetIndexKey(ns.Tenant), func() (*model.SubnetIndex, error) { return tenantSubnets(tx, ns.Tenant) }}}
+	recs := []rec{{model.SubnetIndexKey(ns.Tenant), func() (*model.SubnetIndex, error) {
+		return subnetIndex(tx, model.SubnetIndexKey(ns.Tenant), ofTenant(ns.Tenant))
+	}}}
 	if ns.PktTagType == "vlan" {
-		recs = append(recs, rec{model.VLANSubnetIndexKey, func() (*model.SubnetIndex, error) { return vlanSubnets(tx) }})
+		recs = append(recs, rec{model.VLANSubnetIndexKey, func() (*model.SubnetIndex, error) {
+			return subnetIndex(tx, model.VLANSubnetIndexKey, vlanNet)
+		}})
 	}
 	for _, r := range recs {
 		if !add {

@@ -105,4 +105,6 @@ type SubnetRecord struct {
 	SubnetLen     uint   `json:"subnetLen"`
 	IPv6Subnet    string `json:"ipv6Subnet,omitempty"`
 	IPv6SubnetLen uint   `json:"ipv6SubnetLen,omitempty"`
+	// PktTag is a VLAN network's VLAN: the VLAN record is checked against the VLANs in use.
+	PktTag int `json:"pktTag,omitempty"`
 }
