@@ -120,3 +120,48 @@ func TestQuotaRecountUnderChurn(t *testing.T) {
 	e1.checkBooks("t0")
 	e1.checkBooks("t9")
 }
+
+// TestQuotaUnreadableRecords (review of the quota series): a usage or limits record that
+// does not decode (written by anything holding an etcd certificate: agents' reach every
+// key) fails the tenant's creates closed, with 500; an admin must be able to repair both
+// through the API. A PUT recounts the usage record; a limits record that does not decode
+// made PUT and DELETE of the quota fail with 500 too, so nothing but etcdctl brought the
+// tenant back. Setting limits replaces it, DELETE drops it.
+func TestQuotaUnreadableRecords(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
+	policy := func(name string) (int, string) {
+		return e.do("POST", "/api/v1/policys/t1:"+name+"/", `{"policyName":"`+name+`","tenantName":"t1"}`)
+	}
+	put := func(key, val string) {
+		t.Helper()
+		if _, err := e.raw.Put(context.Background(), key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(model.QuotaUsageKey("t1"), `{"tenant":"t1","usage":{"policies":"many"}}`)
+	if code, _ := policy("p1"); code != http.StatusInternalServerError {
+		t.Errorf("create with an unreadable usage record: %d, want 500 (closed)", code)
+	}
+	e.ok("PUT", "/api/v1/quotas/t1/", `{"policies":5}`, nil)
+	if code, msg := policy("p1"); code != http.StatusOK {
+		t.Fatalf("create after the PUT recounted: %d %s", code, msg)
+	}
+	for _, method := range []string{"PUT", "DELETE"} {
+		put(model.QuotaLimitsKey("t1"), `{"tenant":"t1","limits":{"policies":-`)
+		if code, _ := policy("p2"); code != http.StatusInternalServerError {
+			t.Errorf("create with an unreadable limits record: %d, want 500 (closed)", code)
+		}
+		body := ""
+		if method == "PUT" {
+			body = `{"policies":1}`
+		}
+		if code, msg := e.do(method, "/api/v1/quotas/t1/", body); code != http.StatusOK {
+			t.Fatalf("%s of the quota over an unreadable limits record: %d %s, want 200", method, code, msg)
+		}
+	}
+	if code, msg := policy("p2"); code != http.StatusOK {
+		t.Fatalf("create after the limits were dropped: %d %s", code, msg)
+	}
+	e.checkBooks("t1")
+}
