@@ -1,6 +1,7 @@
 package master
 
 import (
+	"encoding/json"
 	"net/http"
 
 	"github.com/gorilla/mux"
@@ -190,11 +191,14 @@ func putLimits(tx *state.Tx, tenant string, change func(map[string]int64) map[st
 		return notFound("tenant %q not found", tenant)
 	}
 	cur := map[string]int64{}
-	o, found, err := getT[model.TenantQuotaLimits](tx, model.QuotaLimitsKey(tenant))
+	raw, found, err := tx.GetRaw(model.QuotaLimitsKey(tenant))
 	if err != nil {
 		return err
 	}
-	if found {
+	// A record that does not decode keeps the tenant's creates failing (limitsOf): the
+	// admin's write replaces it, or nothing but etcdctl would bring the tenant back.
+	var o model.TenantQuotaLimits
+	if found && json.Unmarshal(raw, &o) == nil {
 		for k, v := range o.Limits {
 			cur[k] = v
 		}
