@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
@@ -146,7 +147,8 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 		check = maps.Clone(own.Nets)
 		maps.Copy(check, vlans.Nets)
 	}
-	for oid, o := range check {
+	for _, oid := range slices.Sorted(maps.Keys(check)) { // (one answer for one state)
+		o := check[oid]
 		osn, err := subnetOfState(&model.CfgNetworkState{ID: oid, SubnetIP: o.SubnetIP, SubnetLen: o.SubnetLen})
 		if err != nil {
 			return err
