@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -113,11 +114,17 @@ func (s *Store) Client() *clientv3.Client { return s.cli }
 // Close closes the underlying client.
 func (s *Store) Close() error { return s.cli.Close() }
 
-// KV is one stored record.
+// KV is one stored record: its key, value and the revisions etcd created and last
+// modified it at (zero for a value a transaction holds unwritten).
 type KV struct {
-	Key    string
-	Value  []byte
-	ModRev int64
+	Key       string
+	Value     []byte
+	ModRev    int64
+	CreateRev int64
+}
+
+func kvOf(kv *mvccpb.KeyValue) KV {
+	return KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision, CreateRev: kv.CreateRevision}
 }
 
 // Decode unmarshals the record's JSON value into v.
@@ -184,7 +191,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]KV, int64, error) {
 	}
 	out := make([]KV, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		out = append(out, KV{Key: string(kv.Key), Value: kv.Value, ModRev: kv.ModRevision})
+		out = append(out, kvOf(kv))
 	}
 	return out, resp.Header.Revision, nil
 }

@@ -105,6 +105,65 @@ func TestUpdatePrefixConflict(t *testing.T) {
 	}
 }
 
+// TestTxKeysAndRevisions: Keys lists what List does without the values (own writes
+// included, deletes left out) and guards the commit alike; records carry their create and
+// modify revisions.
+func TestTxKeysAndRevisions(t *testing.T) {
+	s, _ := statetest.Store(t)
+	ctx := context.Background()
+	for _, k := range []string{"/t/set/a", "/t/set/b", "/t/setx"} {
+		if err := s.Put(ctx, k, counter{N: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Put(ctx, "/t/set/a", counter{N: 2}); err != nil { // (modified after b was created)
+		t.Fatal(err)
+	}
+	attempts := 0
+	err := s.Update(ctx, func(tx *state.Tx) error {
+		attempts++
+		tx.Delete("/t/set/b")
+		if err := tx.Put("/t/set/c", counter{}); err != nil {
+			return err
+		}
+		keys, err := tx.Keys("/t/set/")
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, kv := range keys {
+			if kv.Value != nil {
+				t.Errorf("Keys gave a value for %s", kv.Key)
+			}
+			got = append(got, kv.Key)
+		}
+		want := "/t/set/a,/t/set/c"
+		if attempts > 1 {
+			want = "/t/set/a,/t/set/c,/t/set/d"
+		}
+		if strings.Join(got, ",") != want {
+			t.Errorf("attempt %d: Keys = %v, want %s", attempts, got, want)
+		}
+		a, found, err := tx.GetKV("/t/set/a")
+		if err != nil || !found {
+			return fmt.Errorf("GetKV: %v %v", found, err)
+		}
+		if keys[0].CreateRev != a.CreateRev || a.CreateRev == 0 || a.ModRev <= a.CreateRev || string(a.Value) != `{"n":2}` {
+			t.Errorf("revisions: Keys %+v, GetKV %+v", keys[0], a)
+		}
+		if attempts == 1 { // a key created under the listed prefix: the commit retries
+			return s.Put(ctx, "/t/set/d", counter{})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 {
+		t.Fatalf("%d attempts, want 2", attempts)
+	}
+}
+
 func TestUpdateErrorWritesNothing(t *testing.T) {
 	s, _ := statetest.Store(t)
 	ctx := context.Background()
