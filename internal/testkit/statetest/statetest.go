@@ -62,27 +62,50 @@ func Store(t testing.TB) (*state.Store, string) {
 // PutBytes sums the key and value sizes of every put under prefix in revisions (from, to],
 // read back from etcd's watch history: what a change cost in etcd bytes.
 func PutBytes(ctx context.Context, cli *clientv3.Client, prefix string, from, to int64) (int, error) {
+	puts, err := Puts(ctx, cli, prefix, from, to)
+	total := 0
+	for _, p := range puts {
+		total += p.Bytes
+	}
+	return total, err
+}
+
+// Put is one put read back from etcd's history: its key, its size (key and value) and
+// the revision it was made at.
+type Put struct {
+	Key   string
+	Bytes int
+	Rev   int64
+}
+
+// Puts lists the puts under prefix in revisions (from, to], in revision order. Every put
+// of revision to is included (one transaction writes all its keys at one revision, and etcd
+// never splits a revision across watch responses).
+func Puts(ctx context.Context, cli *clientv3.Client, prefix string, from, to int64) ([]Put, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	total := 0
 	if to <= from {
-		return 0, nil
+		return nil, nil
 	}
+	var out []Put
 	for wr := range cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from+1)) {
 		if err := wr.Err(); err != nil {
-			return 0, err
+			return nil, err
 		}
+		done := false
 		for _, ev := range wr.Events {
 			if ev.Kv.ModRevision > to {
-				return total, nil
+				done = true
+				break
 			}
 			if ev.Type == clientv3.EventTypePut {
-				total += len(ev.Kv.Key) + len(ev.Kv.Value)
+				out = append(out, Put{Key: string(ev.Kv.Key), Bytes: len(ev.Kv.Key) + len(ev.Kv.Value), Rev: ev.Kv.ModRevision})
 			}
-			if ev.Kv.ModRevision == to {
-				return total, nil
-			}
+			done = done || ev.Kv.ModRevision == to
+		}
+		if done {
+			return out, nil
 		}
 	}
-	return 0, fmt.Errorf("watch of revisions %d..%d ended early: %w", from, to, wctx.Err())
+	return nil, fmt.Errorf("watch of revisions %d..%d ended early: %w", from, to, wctx.Err())
 }
