@@ -48,6 +48,7 @@ func epgOps() objOps[model.EndpointGroup] {
 		save:     saveEPG,
 		remove:   removeEPG,
 		inspect:  inspectEPG,
+		links:    deriveEPGLinks,
 	}
 }
 
@@ -121,6 +122,7 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 			return conflict("cfgdTag: can't change the tag of endpoint group %s", e.Key)
 		}
 		e.LinkSets, e.Links = old.LinkSets, old.Links
+		clearEPGLinks(e) // (derived when read: links.go)
 		oldPolicies = old.Policies
 		var found bool
 		if st, found, err = getT[model.EndpointGroupState](tx, model.EPGStateKey(epgID)); err != nil {
@@ -129,11 +131,6 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 			return conflict("endpoint group %s has no state record", e.Key)
 		}
 		if old.NetProfile != e.NetProfile {
-			if old.NetProfile != "" {
-				if err := linkNetprofile(tx, e.TenantName, old.NetProfile, e.Key, false); err != nil {
-					return err
-				}
-			}
 			e.Links.NetProfile = model.Link{}
 		}
 	} else {
@@ -206,21 +203,10 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 			Network: model.Link{ObjType: model.TypeNetwork, ObjKey: model.ScopedKey(e.TenantName, e.NetworkName)},
 			Tenant:  model.Link{ObjType: model.TypeTenant, ObjKey: e.TenantName},
 		}
-		if err := linkTenant(tx, e.TenantName, model.TypeEndpointGroup, e.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.EndpointGroups }); err != nil {
-			return err
-		}
-		if err := mutate(tx, model.ModelKey(model.TypeNetwork, model.ScopedKey(e.TenantName, e.NetworkName)), func(n *model.Network) {
-			addLink(&n.LinkSets.EndpointGroups, model.TypeEndpointGroup, e.Key)
-		}); err != nil {
-			return err
-		}
 	}
 	st.DSCP, st.Bandwidth, st.Burst = np.DSCP, np.Bandwidth, np.Burst
 	if e.NetProfile != "" {
 		e.Links.NetProfile = model.Link{ObjType: model.TypeNetprofile, ObjKey: model.ScopedKey(e.TenantName, e.NetProfile)}
-		if err := linkNetprofile(tx, e.TenantName, e.NetProfile, e.Key, true); err != nil {
-			return err
-		}
 	}
 	e.LinkSets.ExtContractsGrps = nil
 	for _, c := range e.ExtContractsGrps {
@@ -245,16 +231,6 @@ func saveEPG(m *Master, tx *state.Tx, e, old *model.EndpointGroup) error {
 		}
 	}
 	return tx.Put(model.ModelKey(model.TypeEndpointGroup, e.Key), e)
-}
-
-func linkNetprofile(tx *state.Tx, tenant, np, epgKey string, add bool) error {
-	return mutate(tx, model.ModelKey(model.TypeNetprofile, model.ScopedKey(tenant, np)), func(p *model.Netprofile) {
-		if add {
-			addLink(&p.LinkSets.EndpointGroups, model.TypeEndpointGroup, epgKey)
-		} else {
-			delLink(&p.LinkSets.EndpointGroups, epgKey)
-		}
-	})
 }
 
 func freeEPGID(tx *state.Tx) (int, error) {
@@ -327,19 +303,6 @@ func removeEPG(m *Master, tx *state.Tx, e *model.EndpointGroup) error {
 		if err := detachPolicy(tx, e, p); err != nil {
 			return err
 		}
-	}
-	if e.NetProfile != "" {
-		if err := linkNetprofile(tx, e.TenantName, e.NetProfile, e.Key, false); err != nil {
-			return err
-		}
-	}
-	if err := mutate(tx, model.ModelKey(model.TypeNetwork, model.ScopedKey(e.TenantName, e.NetworkName)), func(n *model.Network) {
-		delLink(&n.LinkSets.EndpointGroups, e.Key)
-	}); err != nil {
-		return err
-	}
-	if err := linkTenant(tx, e.TenantName, model.TypeEndpointGroup, e.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.EndpointGroups }); err != nil {
-		return err
 	}
 	tx.Delete(model.ModelKey(model.TypeEndpointGroup, e.Key))
 	return nil

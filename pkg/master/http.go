@@ -260,41 +260,128 @@ type objOps[T any] struct {
 	// claim, when set, decides before a write whether the caller (ctx) may write obj (nil:
 	// a delete) under key over old (nil: a create) and records what it needs.
 	claim func(ctx context.Context, tx *state.Tx, key string, obj, old *T) error
+	// links, when set, fills the derived link-sets (links.go) of objects read; created
+	// holds each one's create revision. Records are stored with them empty.
+	links func(src *linkSource, objs []*T, created []int64) error
+}
+
+// tenantOfKey is the tenant of the model object of objType at key ("" none).
+func tenantOfKey(objType, key string) string {
+	if objType == model.TypeTenant {
+		return key
+	}
+	return scopedTenant(key)
+}
+
+// readOne reads the object of ops at key in tx, its derived link-sets filled.
+func readOne[T any](tx *state.Tx, ops objOps[T], key string) (*T, bool, error) {
+	kv, found, err := tx.GetKV(model.ModelKey(ops.objType, key))
+	if err != nil || !found {
+		return nil, found, err
+	}
+	var obj T
+	if err := kv.Decode(&obj); err != nil {
+		return nil, true, err
+	}
+	if ops.links != nil {
+		if err := ops.links(newLinkSource(tx, []string{tenantOfKey(ops.objType, key)}), []*T{&obj}, []int64{kv.CreateRev}); err != nil {
+			return nil, true, err
+		}
+	}
+	return &obj, true, nil
+}
+
+// listLinked is the collection of ops the caller may see, as its records read (raw), or
+// decoded with their derived link-sets filled when ops has any: one listing per
+// collection a link-set is made of, whatever the number of objects.
+func listLinked[T any](ctx context.Context, m *Master, ops objOps[T]) ([]json.RawMessage, error) {
+	prefix := model.ModelKey(ops.objType, "")
+	tenant, scoped := auth.TenantScope(ctx)
+	visible := func(kv state.KV) bool {
+		return !scoped || auth.Visible(ops.coll, strings.TrimPrefix(kv.Key, prefix), tenant)
+	}
+	if ops.links == nil {
+		kvs, _, err := m.store.List(ctx, prefix)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]json.RawMessage, 0, len(kvs))
+		for _, kv := range kvs {
+			if visible(kv) {
+				out = append(out, kv.Value)
+			}
+		}
+		return out, nil
+	}
+	var out []json.RawMessage
+	err := m.read(ctx, func(tx *state.Tx) error {
+		kvs, err := tx.List(prefix)
+		if err != nil {
+			return err
+		}
+		out = make([]json.RawMessage, 0, len(kvs))
+		var objs []*T
+		var created []int64
+		var tenants []string
+		var at []int // objs[i] answers out[at[i]]
+		for _, kv := range kvs {
+			if !visible(kv) {
+				continue
+			}
+			out = append(out, kv.Value)
+			var obj T
+			if kv.Decode(&obj) != nil {
+				continue // (served as stored, as before)
+			}
+			objs, created, at = append(objs, &obj), append(created, kv.CreateRev), append(at, len(out)-1)
+			tenants = append(tenants, tenantOfKey(ops.objType, strings.TrimPrefix(kv.Key, prefix)))
+		}
+		if len(objs) == 0 {
+			return nil
+		}
+		if err := ops.links(newLinkSource(tx, tenants), objs, created); err != nil {
+			return err
+		}
+		for i, obj := range objs {
+			b, err := json.Marshal(obj)
+			if err != nil {
+				return err
+			}
+			out[at[i]] = b
+		}
+		return nil
+	})
+	return out, err
 }
 
 func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 	base := "/api/v1/" + ops.coll + "/"
 	r.HandleFunc(base, func(w http.ResponseWriter, req *http.Request) {
-		prefix := model.ModelKey(ops.objType, "")
-		kvs, _, err := m.store.List(req.Context(), prefix)
+		// A tenant-admin lists only its tenant's objects (and global ones).
+		out, err := listLinked(req.Context(), m, ops)
 		if err != nil {
 			writeErr(w, err)
 			return
-		}
-		// A tenant-admin lists only its tenant's objects (and global ones).
-		tenant, scoped := auth.TenantScope(req.Context())
-		out := make([]json.RawMessage, 0, len(kvs))
-		for _, kv := range kvs {
-			if scoped && !auth.Visible(ops.coll, strings.TrimPrefix(kv.Key, prefix), tenant) {
-				continue
-			}
-			out = append(out, kv.Value)
 		}
 		writeJSON(w, out)
 	}).Methods(http.MethodGet)
 
 	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
 		key := mux.Vars(req)["key"]
-		var obj T
-		if err := m.store.Get(req.Context(), model.ModelKey(ops.objType, key), &obj); err != nil {
-			if errors.Is(err, state.ErrNotFound) {
-				writeErr(w, notFound("%s %q not found", ops.objType, key))
-				return
+		var obj *T
+		err := m.read(req.Context(), func(tx *state.Tx) error {
+			var found bool
+			var err error
+			if obj, found, err = readOne(tx, ops, key); err == nil && !found {
+				err = notFound("%s %q not found", ops.objType, key)
 			}
+			return err
+		})
+		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, &obj)
+		writeJSON(w, obj)
 	}).Methods(http.MethodGet)
 
 	r.HandleFunc(base+"{key}/", func(w http.ResponseWriter, req *http.Request) {
@@ -340,6 +427,21 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 			writeErr(w, err)
 			return
 		}
+		if ops.links != nil {
+			// The answer shows the derived link-sets as a GET would, read after the commit
+			// (deriving them in the write's transaction would make it retry on every
+			// concurrent create in the tenant).
+			err := m.read(req.Context(), func(tx *state.Tx) error {
+				kv, found, err := tx.GetKV(model.ModelKey(ops.objType, key))
+				if err != nil || !found {
+					return err
+				}
+				return ops.links(newLinkSource(tx, []string{tenantOfKey(ops.objType, key)}), []*T{&saved}, []int64{kv.CreateRev})
+			})
+			if err != nil {
+				m.log.Warn("derive the link-sets of a saved object", "type", ops.objType, "key", key, "err", err)
+			}
+		}
 		writeJSON(w, &saved)
 	}).Methods(http.MethodPost, http.MethodPut)
 
@@ -372,8 +474,7 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 		key := mux.Vars(req)["key"]
 		var out any
 		err := m.read(req.Context(), func(tx *state.Tx) error {
-			var obj T
-			found, err := tx.Get(model.ModelKey(ops.objType, key), &obj)
+			obj, found, err := readOne(tx, ops, key)
 			if err != nil {
 				return err
 			}
@@ -381,10 +482,10 @@ func registerObject[T any](r *mux.Router, m *Master, ops objOps[T]) {
 				return notFound("%s %q not found", ops.objType, key)
 			}
 			if ops.inspect == nil {
-				out = struct{ Config *T }{&obj}
+				out = struct{ Config *T }{obj}
 				return nil
 			}
-			if out, err = ops.inspect(m, tx, &obj); err != nil {
+			if out, err = ops.inspect(m, tx, obj); err != nil {
 				return err
 			}
 			if tenant, scoped := auth.TenantScope(req.Context()); scoped {

@@ -89,6 +89,9 @@ func New(ctx context.Context, cfg Config) (*Master, error) {
 	if err := m.bootstrap(withoutQuota(ctx)); err != nil {
 		return nil, err
 	}
+	if err := m.stripStoredLinks(ctx); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	if err := m.reconcileUsage(ctx); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}

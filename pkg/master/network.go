@@ -85,6 +85,7 @@ func networkOps() objOps[model.Network] {
 		claim:    claimNetwork,
 		save:     saveNetwork,
 		remove:   removeNetwork,
+		links:    deriveNetworkLinks,
 		inspect: func(m *Master, tx *state.Tx, n *model.Network) (any, error) {
 			ns, found, err := tenantNetwork(tx, n.NetworkName, n.TenantName)
 			if err != nil {
@@ -228,11 +229,8 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	if err := indexNetwork(tx, &ns, true); err != nil {
 		return err
 	}
-	n.LinkSets = model.NetworkLinkSets{}
+	n.LinkSets = model.NetworkLinkSets{} // (derived when read: links.go)
 	n.Links = model.NetworkLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: n.TenantName}}
-	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
-		return err
-	}
 	return tx.Put(model.ModelKey(model.TypeNetwork, n.Key), n)
 }
 
@@ -288,9 +286,6 @@ func removeNetwork(m *Master, tx *state.Tx, n *model.Network) error {
 		}
 		tx.DeletePrefix(model.PendingPrefix + id + "/") // (its addresses' pending records)
 		tx.DeletePrefix(netAllocRoot(id))
-	}
-	if err := linkTenant(tx, n.TenantName, model.TypeNetwork, n.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Networks }); err != nil {
-		return err
 	}
 	tx.Delete(model.ModelKey(model.TypeNetwork, n.Key))
 	return nil

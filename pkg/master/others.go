@@ -36,8 +36,6 @@ func appProfileOps() objOps[model.AppProfile] {
 				if err := setAppProfileLinks(tx, old, false); err != nil {
 					return err
 				}
-			} else if err := linkTenant(tx, a.TenantName, model.TypeAppProfile, a.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.AppProfiles }); err != nil {
-				return err
 			}
 			a.LinkSets = model.AppProfileLinkSets{}
 			a.Links = model.AppProfileLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: a.TenantName}}
@@ -59,9 +57,6 @@ func appProfileOps() objOps[model.AppProfile] {
 			if err := setAppProfileLinks(tx, a, false); err != nil {
 				return err
 			}
-			if err := linkTenant(tx, a.TenantName, model.TypeAppProfile, a.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.AppProfiles }); err != nil {
-				return err
-			}
 			tx.Delete(model.ModelKey(model.TypeAppProfile, a.Key))
 			return nil
 		},
@@ -71,6 +66,7 @@ func appProfileOps() objOps[model.AppProfile] {
 func setAppProfileLinks(tx *state.Tx, a *model.AppProfile, add bool) error {
 	for _, g := range a.EndpointGroups {
 		if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, model.ScopedKey(a.TenantName, g)), func(e *model.EndpointGroup) {
+			clearEPGLinks(e) // (a record of an earlier build's: derived when read)
 			if add {
 				e.Links.AppProfile = model.Link{ObjType: model.TypeAppProfile, ObjKey: a.Key}
 			} else if e.Links.AppProfile.ObjKey == a.Key {
@@ -117,10 +113,14 @@ func netprofileOps() objOps[model.Netprofile] {
 			}
 			if old != nil {
 				p.LinkSets, p.Links = old.LinkSets, old.Links
+				clearNetprofileLinks(p) // (derived when read: links.go)
 				// Push the new limits into every EPG using the profile.
-				for k := range p.LinkSets.EndpointGroups {
-					t, g, _ := strings.Cut(k, ":")
-					if err := mutate(tx, model.EPGStateKey(model.EPGStateID(g, t)), func(s *model.EndpointGroupState) {
+				epgs, err := netprofileGroups(tx, p.TenantName, p.ProfileName)
+				if err != nil {
+					return err
+				}
+				for _, e := range epgs {
+					if err := mutate(tx, model.EPGStateKey(model.EPGStateID(e.GroupName, e.TenantName)), func(s *model.EndpointGroupState) {
 						s.DSCP, s.Bandwidth, s.Burst = p.DSCP, p.Bandwidth, p.Burst
 					}); err != nil {
 						return err
@@ -129,28 +129,21 @@ func netprofileOps() objOps[model.Netprofile] {
 			} else {
 				p.LinkSets = model.NetprofileLinkSets{}
 				p.Links = model.NetprofileLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: p.TenantName}}
-				if err := linkTenant(tx, p.TenantName, model.TypeNetprofile, p.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.NetProfiles }); err != nil {
-					return err
-				}
 			}
 			return tx.Put(model.ModelKey(model.TypeNetprofile, p.Key), p)
 		},
 		remove: func(m *Master, tx *state.Tx, p *model.Netprofile) error {
-			epgs, err := listT[model.EndpointGroup](tx, model.ModelKey(model.TypeEndpointGroup, p.TenantName+":"))
+			epgs, err := netprofileGroups(tx, p.TenantName, p.ProfileName)
 			if err != nil {
 				return err
 			}
-			for _, e := range epgs {
-				if e.NetProfile == p.ProfileName {
-					return conflict("netprofile %s is used by endpoint group %s", p.Key, e.Key)
-				}
-			}
-			if err := linkTenant(tx, p.TenantName, model.TypeNetprofile, p.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.NetProfiles }); err != nil {
-				return err
+			if len(epgs) > 0 {
+				return conflict("netprofile %s is used by endpoint group %s", p.Key, epgs[0].Key)
 			}
 			tx.Delete(model.ModelKey(model.TypeNetprofile, p.Key))
 			return nil
 		},
+		links: deriveNetprofileLinks,
 	}
 }
 

@@ -26,12 +26,10 @@ func policyOps() objOps[model.Policy] {
 			}
 			if old != nil {
 				p.LinkSets, p.Links = old.LinkSets, old.Links
+				clearPolicyLinks(p) // (derived when read: links.go)
 			} else {
 				p.LinkSets = model.PolicyLinkSets{}
 				p.Links = model.PolicyLinks{Tenant: model.Link{ObjType: model.TypeTenant, ObjKey: p.TenantName}}
-				if err := linkTenant(tx, p.TenantName, model.TypePolicy, p.Key, true, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Policies }); err != nil {
-					return err
-				}
 			}
 			return tx.Put(model.ModelKey(model.TypePolicy, p.Key), p)
 		},
@@ -53,9 +51,6 @@ func policyOps() objOps[model.Policy] {
 			}
 			for _, kv := range kvs {
 				tx.Delete(kv.Key)
-			}
-			if err := linkTenant(tx, p.TenantName, model.TypePolicy, p.Key, false, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Policies }); err != nil {
-				return err
 			}
 			tx.Delete(model.ModelKey(model.TypePolicy, p.Key))
 			return nil
@@ -86,6 +81,7 @@ func policyOps() objOps[model.Policy] {
 			out.Oper.NumEndpoints = len(out.Oper.Endpoints)
 			return out, nil
 		},
+		links: derivePolicyLinks,
 	}
 }
 
@@ -220,18 +216,9 @@ func saveRule(m *Master, tx *state.Tx, r, old *model.Rule) error {
 	r.Links = model.RuleLinks{}
 	if g := r.FromEndpointGroup + r.ToEndpointGroup; g != "" {
 		epgKey := model.ScopedKey(r.TenantName, g)
+		// (The group lists the rules that name it, Contiv's link-sets.MatchRules, and the
+		// policy its rules: both derived when read, links.go.)
 		r.Links.MatchEndpointGroup = model.Link{ObjType: model.TypeEndpointGroup, ObjKey: epgKey}
-		// The group lists the rules that name it (Contiv's link-sets.MatchRules).
-		if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, epgKey), func(e *model.EndpointGroup) {
-			addLink(&e.LinkSets.MatchRules, model.TypeRule, r.Key)
-		}); err != nil {
-			return err
-		}
-	}
-	if err := mutate(tx, model.ModelKey(model.TypePolicy, policyKey), func(p *model.Policy) {
-		addLink(&p.LinkSets.Rules, model.TypeRule, r.Key)
-	}); err != nil {
-		return err
 	}
 	if err := tx.Put(model.ModelKey(model.TypeRule, r.Key), r); err != nil {
 		return err
@@ -269,22 +256,6 @@ func removeRule(m *Master, tx *state.Tx, r *model.Rule) error {
 			}
 		}
 	}
-	if err := mutate(tx, model.ModelKey(model.TypePolicy, policyKey), func(p *model.Policy) {
-		delLink(&p.LinkSets.Rules, r.Key)
-	}); err != nil {
-		return err
-	}
-	if k := r.Links.MatchEndpointGroup.ObjKey; k != "" {
-		if ok, err := tx.Get(model.ModelKey(model.TypeEndpointGroup, k), &model.EndpointGroup{}); err != nil {
-			return err
-		} else if ok {
-			if err := mutate(tx, model.ModelKey(model.TypeEndpointGroup, k), func(e *model.EndpointGroup) {
-				delLink(&e.LinkSets.MatchRules, r.Key)
-			}); err != nil {
-				return err
-			}
-		}
-	}
 	tx.Delete(model.ModelKey(model.TypeRule, r.Key))
 	return nil
 }
@@ -318,11 +289,6 @@ func attachPolicy(tx *state.Tx, e *model.EndpointGroup, groupID int, policy stri
 			return err
 		}
 	}
-	if err := mutate(tx, model.ModelKey(model.TypePolicy, policyKey), func(p *model.Policy) {
-		addLink(&p.LinkSets.EndpointGroups, model.TypeEndpointGroup, e.Key)
-	}); err != nil {
-		return err
-	}
 	addLink(&e.LinkSets.Policies, model.TypePolicy, policyKey)
 	return tx.Put(model.PolicyStateKey(id), ep)
 }
@@ -344,11 +310,6 @@ func detachPolicy(tx *state.Tx, e *model.EndpointGroup, policy string) error {
 			}
 		}
 		tx.Delete(model.PolicyStateKey(id))
-	}
-	if err := mutate(tx, model.ModelKey(model.TypePolicy, policyKey), func(p *model.Policy) {
-		delLink(&p.LinkSets.EndpointGroups, e.Key)
-	}); err != nil {
-		return err
 	}
 	delLink(&e.LinkSets.Policies, policyKey)
 	return nil

@@ -21,11 +21,9 @@ import (
 
 // DefaultQuota returns the per-tenant limits netmaster applies unless told otherwise: room
 // for a 10,000-network cluster of 100 tenants (500 networks each), while one tenant's
-// records stay far below etcd's 2 GiB default quota (64 MiB each). The counts also bound
-// what a tenant's creates cost in etcd's history while each create still rewrites the
-// tenant's (and a policy's) link-sets: 2,000 rules of one policy leave 97 MB of revisions,
-// 5,000 would leave about 600 MB; a tenant filling every count below (endpoints aside)
-// holds 1.5 MB of records and leaves etcd's file at 135 MB (docs/api.md, "Quotas").
+// records stay far below etcd's 2 GiB default quota (64 MiB each). A create writes the same
+// bytes whatever its tenant holds (link-sets are derived when read: links.go), so the counts
+// bound what a tenant's creates cost in etcd's history linearly (docs/api.md, "Quotas").
 func DefaultQuota() map[string]int64 {
 	return map[string]int64{
 		model.QuotaNetworks:       500,

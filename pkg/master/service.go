@@ -188,9 +188,6 @@ func serviceLBOps() objOps[model.ServiceLB] {
 			}
 			tx.Delete(model.SvcLBStateKey(id))
 			tx.Delete(model.ProviderKey(id))
-			if err := linkServiceLB(tx, s, false); err != nil {
-				return err
-			}
 			tx.Delete(model.ModelKey(model.TypeServiceLB, s.Key))
 			return nil
 		},
@@ -220,19 +217,6 @@ func serviceLBOps() objOps[model.ServiceLB] {
 			return out, nil
 		},
 	}
-}
-
-func linkServiceLB(tx *state.Tx, s *model.ServiceLB, add bool) error {
-	if err := linkTenant(tx, s.TenantName, model.TypeServiceLB, s.Key, add, func(l *model.TenantLinkSets) *map[string]model.Link { return &l.Servicelbs }); err != nil {
-		return err
-	}
-	return mutate(tx, model.ModelKey(model.TypeNetwork, model.ScopedKey(s.TenantName, s.NetworkName)), func(n *model.Network) {
-		if add {
-			addLink(&n.LinkSets.Servicelbs, model.TypeServiceLB, s.Key)
-		} else {
-			delLink(&n.LinkSets.Servicelbs, s.Key)
-		}
-	})
 }
 
 func releaseVIP(tx *state.Tx, s *model.ServiceLB) error {
@@ -286,9 +270,6 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 		} else if err := releaseVIP(tx, old); err != nil {
 			return err
 		}
-		if err := linkServiceLB(tx, old, false); err != nil {
-			return err
-		}
 	}
 	var oldNodePorts []string
 	if old != nil {
@@ -339,9 +320,6 @@ func saveServiceLB(m *Master, tx *state.Tx, s, old *model.ServiceLB) error {
 	s.Links = model.ServiceLBLinks{
 		Network: model.Link{ObjType: model.TypeNetwork, ObjKey: model.ScopedKey(s.TenantName, s.NetworkName)},
 		Tenant:  model.Link{ObjType: model.TypeTenant, ObjKey: s.TenantName},
-	}
-	if err := linkServiceLB(tx, s, true); err != nil {
-		return err
 	}
 	return tx.Put(model.ModelKey(model.TypeServiceLB, s.Key), s)
 }

@@ -20,13 +20,13 @@ func tenantOps() objOps[model.Tenant] {
 			if old != nil {
 				return conflict("tenant %q already exists: tenants can't be updated", t.TenantName)
 			}
-			t.LinkSets = model.TenantLinkSets{}
+			t.LinkSets = model.TenantLinkSets{} // (derived when read: links.go)
 			return tx.Put(model.ModelKey(model.TypeTenant, t.Key), t)
 		},
 		remove: func(m *Master, tx *state.Tx, t *model.Tenant) error {
 			for _, typ := range []string{model.TypeNetwork, model.TypeEndpointGroup, model.TypePolicy,
 				model.TypeAppProfile, model.TypeNetprofile, model.TypeServiceLB, model.TypeExtContractsGroup} {
-				kvs, err := tx.List(model.ModelKey(typ, t.TenantName+":"))
+				kvs, err := tx.Keys(model.ModelKey(typ, t.TenantName+":"))
 				if err != nil {
 					return err
 				}
@@ -40,6 +40,7 @@ func tenantOps() objOps[model.Tenant] {
 			return nil
 		},
 		inspect: inspectTenant,
+		links:   deriveTenantLinks,
 	}
 }
 
@@ -54,21 +55,10 @@ func requireTenant(tx *state.Tx, tenant string) error {
 	return nil
 }
 
-// linkTenant adds or removes obj in the tenant's link set chosen by pick.
-func linkTenant(tx *state.Tx, tenant, objType, key string, add bool, pick func(*model.TenantLinkSets) *map[string]model.Link) error {
-	return mutate(tx, model.ModelKey(model.TypeTenant, tenant), func(t *model.Tenant) {
-		if add {
-			addLink(pick(&t.LinkSets), objType, key)
-		} else {
-			delLink(pick(&t.LinkSets), key)
-		}
-	})
-}
-
 func inspectTenant(m *Master, tx *state.Tx, t *model.Tenant) (any, error) {
 	oper := model.TenantOper{}
 	count := func(typ string) (int, error) {
-		kvs, err := tx.List(model.ModelKey(typ, t.TenantName+":"))
+		kvs, err := tx.Keys(model.ModelKey(typ, t.TenantName+":"))
 		return len(kvs), err
 	}
 	var err error

@@ -45,7 +45,8 @@ type Tenant struct {
 	LinkSets       TenantLinkSets `json:"link-sets,omitempty"`
 }
 
-// TenantLinkSets lists the objects a tenant owns, keyed by their model keys.
+// TenantLinkSets lists the objects a tenant owns, keyed by their model keys. netmaster
+// stores it empty and fills it when the tenant is read (pkg/master/links.go).
 type TenantLinkSets struct {
 	AppProfiles    map[string]Link `json:"AppProfiles,omitempty"`
 	EndpointGroups map[string]Link `json:"EndpointGroups,omitempty"`
@@ -77,7 +78,8 @@ type Network struct {
 	Links       NetworkLinks    `json:"links,omitempty"`
 }
 
-// NetworkLinkSets lists the objects attached to a network.
+// NetworkLinkSets lists the objects attached to a network. EndpointGroups and Servicelbs
+// are stored empty and filled when the network is read (pkg/master/links.go).
 type NetworkLinkSets struct {
 	EndpointGroups map[string]Link `json:"EndpointGroups,omitempty"`
 	Servicelbs     map[string]Link `json:"Servicelbs,omitempty"`
@@ -104,7 +106,8 @@ type EndpointGroup struct {
 	Links            EndpointGroupLinks    `json:"links,omitempty"`
 }
 
-// EndpointGroupLinkSets lists the objects attached to an EPG.
+// EndpointGroupLinkSets lists the objects attached to an EPG. MatchRules is stored empty and
+// filled when the group is read (pkg/master/links.go).
 type EndpointGroupLinkSets struct {
 	ExtContractsGrps map[string]Link `json:"ExtContractsGrps,omitempty"`
 	MatchRules       map[string]Link `json:"MatchRules,omitempty"`
@@ -129,7 +132,8 @@ type Policy struct {
 	Links      PolicyLinks    `json:"links,omitempty"`
 }
 
-// PolicyLinkSets lists the EPGs using a policy and its rules.
+// PolicyLinkSets lists the EPGs using a policy and its rules, stored empty and filled when
+// the policy is read (pkg/master/links.go).
 type PolicyLinkSets struct {
 	EndpointGroups map[string]Link `json:"EndpointGroups,omitempty"`
 	Rules          map[string]Link `json:"Rules,omitempty"`
@@ -244,7 +248,8 @@ type Netprofile struct {
 	Links       NetprofileLinks    `json:"links,omitempty"`
 }
 
-// NetprofileLinkSets lists the EPGs using a netprofile.
+// NetprofileLinkSets lists the EPGs using a netprofile, stored empty and filled when the
+// netprofile is read (pkg/master/links.go).
 type NetprofileLinkSets struct {
 	EndpointGroups map[string]Link `json:"EndpointGroups,omitempty"`
 }
