@@ -25,28 +25,11 @@ import (
 // Goal: equal (before chunks a /10 allocation wrote ~700 KB). netmaster runs in this
 // process on a private embedded etcd on loopback.
 func cpAllocBytesStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
-	dir, err := os.MkdirTemp("", cfg.prefix+"ab-")
+	hs, store, stop, err := inProcessMaster(ctx, cfg.prefix+"ab-", 0, master.Config{FwdMode: "routing", ClusterMode: "docker"})
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	cu, pu := "http://"+freeLoopback(), "http://"+freeLoopback()
-	srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: dir, ClientURL: cu, PeerURL: pu})
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	store, err := state.Open(ctx, []string{cu})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	m, err := master.New(ctx, master.Config{Store: store, FwdMode: "routing", ClusterMode: "docker"})
-	if err != nil {
-		return err
-	}
-	hs := httptest.NewServer(m.Handler())
-	defer hs.Close()
+	defer stop()
 	raw := store.Client()
 	post := func(path string, body any) error {
 		b, _ := json.Marshal(body)
@@ -107,6 +90,45 @@ func cpAllocBytesStage(ctx context.Context, cfg config, w io.Writer, r *report) 
 }
 
 // freeLoopback returns a loopback host:port that was free a moment ago.
+// inProcessMaster runs a netmaster configured by mc in this process, on a private embedded
+// etcd (backend quota etcdQuota, 0: etcd's default) in a temp dir named after prefix, and
+// serves it on loopback; stop ends all and removes the dir.
+func inProcessMaster(ctx context.Context, prefix string, etcdQuota int64, mc master.Config) (*httptest.Server, *state.Store, func(), error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var stops []func()
+	stop := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	stops = append(stops, func() { os.RemoveAll(dir) })
+	cu, pu := "http://"+freeLoopback(), "http://"+freeLoopback()
+	srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: dir, ClientURL: cu, PeerURL: pu, QuotaBytes: etcdQuota})
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	stops = append(stops, func() { srv.Close() })
+	store, err := state.Open(ctx, []string{cu})
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	stops = append(stops, func() { store.Close() })
+	mc.Store = store
+	m, err := master.New(ctx, mc)
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	hs := httptest.NewServer(m.Handler())
+	stops = append(stops, hs.Close)
+	return hs, store, stop, nil
+}
+
 func freeLoopback() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

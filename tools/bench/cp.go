@@ -191,6 +191,9 @@ func cpStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 	if err := cpAllocBytesStage(ctx, cfg, w, r); err != nil {
 		r.fail("cp.alloc_bytes", err)
 	}
+	if err := cpTenantFillStage(ctx, cfg, w, r); err != nil {
+		r.fail("cp.tenant_fill", err)
+	}
 	// (The survivor of the failover leads now.)
 	if err := cpNetworksStage(ctx, client, urls[1], w, r); err != nil {
 		r.fail("cp.create_10k_networks", err)
