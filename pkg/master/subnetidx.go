@@ -81,19 +81,20 @@ func ofTenant(tenant string) func(*model.CfgNetworkState) bool {
 func vlanNet(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" }
 
 // tenantSubnets is tenant's record of the subnet index, for an overlap check: it must
-// name exactly the networks the tenant object links (every build keeps those link-sets).
+// name exactly the tenant's networks, as their model records say (every build writes
+// those; a key-only listing of the tenant's range).
 func tenantSubnets(tx *state.Tx, tenant string) (*model.SubnetIndex, error) {
 	return checkedSubnetIndex(tx, model.SubnetIndexKey(tenant), ofTenant(tenant), func(idx *model.SubnetIndex) (bool, error) {
-		var t model.Tenant
-		if _, err := tx.Get(model.ModelKey(model.TypeTenant, tenant), &t); err != nil {
+		prefix := model.ModelKey(model.TypeNetwork, tenant+":")
+		kvs, err := tx.Keys(prefix)
+		if err != nil {
 			return false, err
 		}
-		if len(t.LinkSets.Networks) != len(idx.Nets) {
+		if len(kvs) != len(idx.Nets) {
 			return false, nil
 		}
-		for k := range t.LinkSets.Networks {
-			lt, net, ok := strings.Cut(k, ":")
-			if _, in := idx.Nets[model.NetworkID(net, lt)]; !ok || lt != tenant || !in {
+		for _, kv := range kvs {
+			if _, in := idx.Nets[model.NetworkID(strings.TrimPrefix(kv.Key, prefix), tenant)]; !in {
 				return false, nil
 			}
 		}
