@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
@@ -447,5 +448,45 @@ func TestQuotaRecountAtStart(t *testing.T) {
 	var q model.TenantQuota
 	if e2.ok("GET", "/api/v1/quotas/t1/", nil, &q); q.Limits[model.QuotaNetworks] != 9 {
 		t.Errorf("limits after the restart: %+v", q)
+	}
+}
+
+// TestQuotaMetricsSkipUnreadable: one usage record that does not decode leaves out that
+// tenant's figures only, and is counted (contiv_netmaster_quota_records_unreadable); before,
+// it hid every tenant's usage and limits from /metrics.
+func TestQuotaMetricsSkipUnreadable(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t2", "n1", "vxlan", "10.1.1.0/24", "", 0)
+	if _, err := e.raw.Put(context.Background(), model.QuotaUsageKey("t1"), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.m.Collectors()...)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var t2Networks, unreadable float64 = -1, -1
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case f.GetName() == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t2" && labels["kind"] == "networks":
+				t2Networks = mt.GetGauge().GetValue()
+			case f.GetName() == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t1":
+				t.Errorf("t1's unreadable usage reported: %v", mt)
+			case f.GetName() == "contiv_netmaster_quota_records_unreadable":
+				unreadable = mt.GetGauge().GetValue()
+			}
+		}
+	}
+	if t2Networks != 1 || unreadable != 1 {
+		t.Fatalf("t2's networks %v (want 1), unreadable records %v (want 1)", t2Networks, unreadable)
 	}
 }
