@@ -345,8 +345,9 @@ func (c Config) Authenticate(r *http.Request) (Identity, error) {
 	var found bool
 	tok := ""
 	if h := r.Header.Get("Authorization"); h != "" {
-		v, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok {
+		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is Bearer.
+		scheme, v, ok := strings.Cut(strings.TrimSpace(h), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(v) == "" {
 			return Identity{}, fmt.Errorf("authorization header: only Bearer tokens are accepted")
 		}
 		tok = strings.TrimSpace(v)

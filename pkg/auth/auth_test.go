@@ -57,6 +57,14 @@ func TestLoadTokens(t *testing.T) {
 	if _, err := c.Authenticate(r); err == nil {
 		t.Error("no credentials accepted")
 	}
+	// The scheme is case-insensitive (RFC 9110); an empty token is no credential.
+	for h, ok := range map[string]bool{"Bearer 0123456789abcdef": true, "bearer 0123456789abcdef": true,
+		"BEARER  0123456789abcdef ": true, "Bearer ": false, "Bearer": false, "Bearerx 0123456789abcdef": false} {
+		r.Header.Set("Authorization", h)
+		if id, err := (Config{Tokens: tk, Open: true}).Authenticate(r); (err == nil && id.Name == "alice") != ok {
+			t.Errorf("Authorization %q: %+v %v, want accepted %v", h, id, err, ok)
+		}
+	}
 }
 
 // authCase is one Authorize decision: ok when id may send method to path.
