@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -375,4 +376,26 @@ func TestAuthorizeQuotas(t *testing.T) {
 		{Identity{Role: RoleAgent}, "PUT", "/api/v1/quotas/t2/", false},
 		{Identity{Role: RoleNetmaster}, "PUT", "/api/v1/quotas/t2/", false},
 	})
+}
+
+// TestRefusalsLoggedWithinBudget: unauthenticated requests (reads too) are logged, at most
+// ten lines a second; the next line let through says how many were not logged.
+func TestRefusalsLoggedWithinBudget(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	h := Middleware(Config{}, log, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 50 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/api/v1/networks/", nil))
+	}
+	if n := strings.Count(buf.String(), "status=401"); n != 10 {
+		t.Fatalf("%d of 50 refusals logged in one burst, want 10:\n%s", n, buf.String())
+	}
+	b := &logBudget{every: time.Second, burst: 2}
+	now := time.Now()
+	for range 5 {
+		b.take(now)
+	}
+	if ok, dropped := b.take(now.Add(time.Second)); !ok || dropped != 3 {
+		t.Fatalf("next period: ok %v, %d unlogged reported, want true, 3", ok, dropped)
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 )
 
 // globalCollections hold objects of no tenant: tenant-admins may read, not write them
@@ -151,13 +153,17 @@ func tenantOf(coll, key string) string {
 // 403 for the wrong role, both with a message), puts the identity in the request context
 // and writes an audit line for every write.
 func Middleware(c Config, log *slog.Logger, next http.Handler) http.Handler {
+	refusals := &logBudget{every: time.Second, burst: 10}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := c.Authenticate(r)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="netmaster"`)
 			http.Error(w, "unauthorized: "+err.Error(), http.StatusUnauthorized)
-			if r.Method != http.MethodGet {
-				log.Warn("audit", "who", "?", "method", r.Method, "path", r.URL.Path, "status", http.StatusUnauthorized, "err", err.Error())
+			// Every refusal is logged, reads too, but a flood of them is not a flood of
+			// lines: 10 a second, the rest counted into the next line.
+			if ok, dropped := refusals.take(time.Now()); ok {
+				log.Warn("audit", "who", "?", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
+					"status", http.StatusUnauthorized, "err", err.Error(), "unlogged_before", dropped)
 			}
 			return
 		}
@@ -207,4 +213,32 @@ func CallerOf(r *http.Request) string {
 		return "@" + host
 	}
 	return id.Via + ":" + id.Name + "@" + host
+}
+
+// logBudget lets burst log lines through per period every and counts the rest, which the
+// next line let through reports.
+type logBudget struct {
+	every   time.Duration
+	burst   int
+	mu      sync.Mutex
+	start   time.Time
+	used    int
+	dropped int
+}
+
+// take says whether a line may be logged at now, and how many were not since the last one.
+func (b *logBudget) take(now time.Time) (bool, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.Sub(b.start) >= b.every {
+		b.start, b.used = now, 0
+	}
+	if b.used >= b.burst {
+		b.dropped++
+		return false, 0
+	}
+	b.used++
+	d := b.dropped
+	b.dropped = 0
+	return true, d
 }
