@@ -230,6 +230,11 @@ func readTokens(path string) (tokenSet, fileStamp, error) {
 
 // parseTokens reads the token file at path, open as f with status st.
 func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
+	// Its owner can rewrite it: only this process's user or root may own it.
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid != 0 && int(sys.Uid) != os.Geteuid() {
+		return tokenSet{}, fmt.Errorf("token file %s: owned by uid %d, whom a rewrite of it would make admin; chown it to uid %d or root",
+			path, sys.Uid, os.Geteuid())
+	}
 	if st.Mode().Perm()&0o077 != 0 {
 		return tokenSet{}, fmt.Errorf("token file %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
 	}

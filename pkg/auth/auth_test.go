@@ -40,6 +40,16 @@ func TestLoadTokens(t *testing.T) {
 	if _, err := LoadTokens(write("0123456789abcdef admin\n", 0o644)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("world-readable file: %v", err)
 	}
+	// Owned by another user (who could rewrite it): refused.
+	if os.Geteuid() == 0 {
+		p := write("0123456789abcdef admin\n", 0o600)
+		if err := os.Chown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTokens(p); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Errorf("file owned by another user: %v", err)
+		}
+	}
 	tk, err := LoadTokens(write("0123456789abcdef admin alice # ops\nfedcba9876543210 tenant-admin:t1 bob\n", 0o600))
 	if err != nil {
 		t.Fatal(err)
