@@ -135,18 +135,17 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 	// networks natively when hosts speak BGP (docs/bgp.md): the fabric has one table, so
 	// their subnets may not overlap across tenants either.
 	native := g.FwdMode == "routing" && n.Encap == "vlan"
-	own, err := tenantSubnets(tx, n.TenantName)
+	check, err := tenantSubnets(tx, n.TenantName)
 	if err != nil {
 		return err
 	}
-	check := own.Nets
 	if native {
 		vlans, err := vlanSubnets(tx)
 		if err != nil {
 			return err
 		}
-		check = maps.Clone(own.Nets)
-		maps.Copy(check, vlans.Nets)
+		check = maps.Clone(check)
+		maps.Copy(check, vlans)
 	}
 	for _, oid := range slices.Sorted(maps.Keys(check)) { // (one answer for one state)
 		o := check[oid]

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -27,20 +29,17 @@ func TestSubnetIndexStale(t *testing.T) {
 	// they were.
 	oldBuild := func(fn func()) {
 		t.Helper()
-		keys := []string{model.SubnetIndexKey("t1"), model.SubnetIndexKey("t2"), model.SubnetIndexKey("t3"), model.VLANSubnetIndexKey}
-		was := map[string]string{}
-		for _, k := range keys {
-			was[k] = e.rawGet(k)
+		ctx := context.Background()
+		was, err := e.raw.Get(ctx, model.SubnetIndexPrefix, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
 		}
 		fn()
-		for _, k := range keys {
-			var err error
-			if was[k] == "" {
-				_, err = e.raw.Delete(context.Background(), k)
-			} else {
-				_, err = e.raw.Put(context.Background(), k, was[k])
-			}
-			if err != nil {
+		if _, err := e.raw.Delete(ctx, model.SubnetIndexPrefix, clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range was.Kvs {
+			if _, err := e.raw.Put(ctx, string(kv.Key), string(kv.Value)); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,14 +3,17 @@ package master
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
-// TestSubnetIndex: a network's subnets are checked against its tenant's record of the
+// TestSubnetIndex: a network's subnets are checked against its tenant's records of the
 // subnet index (and in routing mode a VLAN network's against every VLAN network), kept
 // with creates and deletes; a missing record (networks of an earlier build) is rebuilt
 // from the network states; a tenant's record goes with the tenant.
@@ -20,22 +23,27 @@ func TestSubnetIndex(t *testing.T) {
 	e.net("default", "n1", "vxlan", "10.1.1.0/24", "", 0)
 	e.net("default", "n2", "vlan", "10.1.2.0/24", "", 0)
 	e.net("t2", "m1", "vxlan", "10.1.1.0/24", "", 0) // (another tenant: may overlap)
-	index := func(key string) model.SubnetIndex {
+	// index reads the records under prefix, by network id.
+	index := func(prefix string) map[string]model.SubnetRecord {
 		t.Helper()
-		var idx model.SubnetIndex
-		raw := e.rawGet(key)
-		if raw == "" {
-			return idx // (not built yet)
+		resp, err := e.raw.Get(context.Background(), prefix, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
 		}
-		if err := json.Unmarshal([]byte(raw), &idx); err != nil {
-			t.Fatalf("index %s: %v", key, err)
+		out := map[string]model.SubnetRecord{}
+		for _, kv := range resp.Kvs {
+			var r model.SubnetRecord
+			if err := json.Unmarshal(kv.Value, &r); err != nil {
+				t.Fatalf("index record %s: %v", kv.Key, err)
+			}
+			out[strings.TrimPrefix(string(kv.Key), prefix)] = r
 		}
-		return idx
+		return out
 	}
-	if idx := index(model.SubnetIndexKey("default")); len(idx.Nets) != 2 || idx.Nets["n1.default"].SubnetIP != "10.1.1.0" {
+	if idx := index(model.SubnetIndexTenantPrefix("default")); len(idx) != 2 || idx["n1.default"].SubnetIP != "10.1.1.0" {
 		t.Fatalf("default's index %+v", idx)
 	}
-	if idx := index(model.VLANSubnetIndexKey); len(idx.Nets) != 1 || idx.Nets["n2.default"].SubnetLen != 24 {
+	if idx := index(model.SubnetIndexVLANPrefix); len(idx) != 1 || idx["n2.default"].SubnetLen != 24 {
 		t.Fatalf("VLAN index %+v", idx)
 	}
 	refused := func(tenant, name, encap, subnet, want string) {
@@ -53,25 +61,25 @@ func TestSubnetIndex(t *testing.T) {
 	e.net("t2", "m2", "vxlan", "10.1.2.0/25", "", 0) // (a VXLAN one may)
 
 	// An earlier build's networks: no record; it is rebuilt on the next create.
-	for _, k := range []string{model.SubnetIndexKey("default"), model.VLANSubnetIndexKey} {
-		if _, err := e.raw.Delete(context.Background(), k); err != nil {
+	for _, p := range []string{model.SubnetIndexTenantPrefix("default"), model.SubnetIndexVLANPrefix} {
+		if _, err := e.raw.Delete(context.Background(), p, clientv3.WithPrefix()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	refused("default", "n3", "vxlan", "10.1.1.0/23", "overlaps network n1.default")
 	refused("t2", "m3", "vlan", "10.1.2.128/25", "overlaps a network of another tenant")
 	e.net("default", "n3", "vxlan", "10.1.3.0/24", "", 0)
-	if idx := index(model.SubnetIndexKey("default")); len(idx.Nets) != 3 {
+	if idx := index(model.SubnetIndexTenantPrefix("default")); len(idx) != 3 {
 		t.Fatalf("rebuilt index %+v", idx)
 	}
 	// Deletes leave the index; the subnet is free again.
 	e.ok("DELETE", "/api/v1/networks/default:n1/", nil, nil)
-	if idx := index(model.SubnetIndexKey("default")); len(idx.Nets) != 2 {
+	if idx := index(model.SubnetIndexTenantPrefix("default")); len(idx) != 2 {
 		t.Fatalf("index after delete %+v", idx)
 	}
 	e.net("default", "n4", "vxlan", "10.1.1.0/25", "", 0)
 	e.ok("DELETE", "/api/v1/networks/default:n2/", nil, nil)
-	if idx := index(model.VLANSubnetIndexKey); len(idx.Nets) != 0 {
+	if idx := index(model.SubnetIndexVLANPrefix); len(idx) != 0 {
 		t.Fatalf("VLAN index after delete %+v", idx)
 	}
 	e.net("t2", "m3", "vlan", "10.1.2.128/25", "", 0)
@@ -80,7 +88,50 @@ func TestSubnetIndex(t *testing.T) {
 		e.ok("DELETE", "/api/v1/networks/t2:"+n+"/", nil, nil)
 	}
 	e.ok("DELETE", "/api/v1/tenants/t2/", nil, nil)
-	if got := e.rawGet(model.SubnetIndexKey("t2")); got != "" {
-		t.Fatalf("tenant t2's index left: %s", got)
+	if idx := index(model.SubnetIndexTenantPrefix("t2")); len(idx) != 0 {
+		t.Fatalf("tenant t2's index left: %+v", idx)
+	}
+}
+
+// TestNetworkCreateBytesDoNotGrow: a network create writes what the first one did, however
+// many networks its tenant (its subnet index record) or the cluster (the VLAN index record,
+// every tenant's VLAN networks) has: issue 34's "creating an object writes O(1) bytes
+// regardless of how many the tenant has". (With the index's first layout, one record
+// rewritten whole, the 120th create wrote 10.8 KB of it, a VLAN network's 13 KB.)
+func TestNetworkCreateBytesDoNotGrow(t *testing.T) {
+	const n, window = 120, 10
+	e := newEnv(t, "bridge")
+	for _, encap := range []string{"vxlan", "vlan"} {
+		t.Run(encap, func(t *testing.T) {
+			// VLAN networks spread over tenants: each tenant's own index stays small, the
+			// VLAN index (every tenant's VLAN networks) grows.
+			tenants := 1
+			if encap == "vlan" {
+				tenants = 12
+			}
+			for j := 0; j < tenants; j++ {
+				tn := fmt.Sprintf("t-%s-%d", encap, j)
+				e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+			}
+			revs := []int64{e.rev()}
+			for i := 0; i < n; i++ {
+				e.net(fmt.Sprintf("t-%s-%d", encap, i%tenants), fmt.Sprintf("n%d", i), encap, fmt.Sprintf("10.%d.%d.0/24", 1+i/250, i%250), "", 0)
+				revs = append(revs, e.rev())
+			}
+			per := putBytesPer(t, e.raw, revs)
+			first, last := 0, 0
+			for i, b := range per {
+				if i < window {
+					first += b["state/subnetidx"]
+				} else if i >= n-window {
+					last += b["state/subnetidx"]
+				}
+			}
+			first, last = first/window, last/window
+			t.Logf("%s: subnet index bytes per network create: first %d: %d, last %d: %d", encap, window, first, window, last)
+			if last > first+64 {
+				t.Errorf("%s: the %dth network create writes %d bytes of subnet index, the first %d", encap, n, last, first)
+			}
+		})
 	}
 }

@@ -80,21 +80,26 @@ func MACFromIPv4(ip string) (string, error) {
 }
 
 // SubnetIndexPrefix holds the subnet index netmaster checks a new network against (this
-// project's extension): one record per tenant (SubnetIndexKey) and one of every VLAN
-// network (VLANSubnetIndexKey: routing mode routes them natively, so their subnets may
-// not overlap across tenants). A network create reads its tenant's record instead of
-// every network of the cluster.
+// project's extension): a record of each network under its tenant's prefix
+// (SubnetIndexTenantPrefix) and, for a VLAN network, one more under SubnetIndexVLANPrefix
+// (routing mode routes them natively, so their subnets may not overlap across tenants). A
+// network create reads its tenant's records instead of every network of the cluster, and
+// writes one record (two for a VLAN network), whatever the tenant or the cluster holds.
 const SubnetIndexPrefix = "/contiv.io/state/subnetidx/"
 
-// SubnetIndexKey is tenant's record of the subnet index.
-func SubnetIndexKey(tenant string) string { return SubnetIndexPrefix + "tenant/" + tenant }
+// SubnetIndexTenantPrefix holds tenant's records of the subnet index, by network id.
+func SubnetIndexTenantPrefix(tenant string) string {
+	return SubnetIndexPrefix + "tenant/" + tenant + "/"
+}
 
-// VLANSubnetIndexKey is the subnet index's record of every VLAN network.
-const VLANSubnetIndexKey = SubnetIndexPrefix + "vlan"
+// SubnetIndexVLANPrefix holds the subnet index's records of every VLAN network, by id.
+const SubnetIndexVLANPrefix = SubnetIndexPrefix + "vlan/"
 
-// SubnetIndex is a record of the subnet index: the networks it holds, by network id.
-type SubnetIndex struct {
-	Nets map[string]SubnetRecord `json:"nets"`
+// LegacySubnetIndexKeys are the whole-tenant and whole-VLAN records of the index's first
+// layout (one record rewritten on each create), which nothing reads any more: removed
+// with their tenant, and when a check rebuilds its records.
+func LegacySubnetIndexKeys(tenant string) []string {
+	return []string{SubnetIndexPrefix + "tenant/" + tenant, SubnetIndexPrefix + "vlan"}
 }
 
 // SubnetRecord is what the subnet index keeps of a network.
