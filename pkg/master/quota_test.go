@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
@@ -470,23 +471,79 @@ func TestQuotaMetricsSkipUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var t2Networks, unreadable float64 = -1, -1
+	eachGauge(fams, func(name string, labels map[string]string, v float64) {
+		switch {
+		case name == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t2" && labels["kind"] == "networks":
+			t2Networks = v
+		case name == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t1":
+			t.Errorf("t1's unreadable usage reported: %v %v", labels, v)
+		case name == "contiv_netmaster_quota_records_unreadable":
+			unreadable = v
+		}
+	})
+	if t2Networks != 1 || unreadable != 1 {
+		t.Fatalf("t2's networks %v (want 1), unreadable records %v (want 1)", t2Networks, unreadable)
+	}
+}
+
+// TestQuotaMetricsHostileRecords (review of d128c5e): what anything holding an etcd
+// certificate can write under the quota prefixes hides at most its own tenant's figures.
+// A limits record that does not decode must leave its tenant out (not report the defaults
+// as its limits), and a usage record whose key is not valid UTF-8 must not fail the
+// scrape (MustNewConstMetric panics on such a label value; the registry recovers, and
+// promhttp then answers every /metrics scrape 500).
+func TestQuotaMetricsHostileRecords(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t1", "n1", "vxlan", "10.1.1.0/24", "", 0)
+	e.net("t2", "n1", "vxlan", "10.1.1.0/24", "", 0)
+	ctx := context.Background()
+	if _, err := e.raw.Put(ctx, model.QuotaLimitsKey("t1"), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.raw.Put(ctx, model.QuotaUsagePrefix+"bad\xff", `{"usage":{"networks":1}}`); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.m.Collectors()...)
+	// (promhttp's default answers a scrape whose Gather failed with 500: all of /metrics.)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Errorf("a usage key that is not UTF-8 fails the whole scrape: %v", firstLine(err))
+	}
+	var t2Networks, unreadable float64 = -1, -1
+	eachGauge(fams, func(name string, labels map[string]string, v float64) {
+		switch {
+		case name == "contiv_netmaster_tenant_quota" && labels["tenant"] == "t1":
+			t.Errorf("t1's limits record is unreadable, yet limits are reported for it: %v %v", labels, v)
+		case name == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t2" && labels["kind"] == "networks":
+			t2Networks = v
+		case name == "contiv_netmaster_quota_records_unreadable":
+			unreadable = v
+		}
+	})
+	if t2Networks != 1 || unreadable != 2 {
+		t.Errorf("t2's networks %v (want 1), unreadable records %v (want 2)", t2Networks, unreadable)
+	}
+}
+
+// firstLine is err without the stack trace a recovered panic's error carries.
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "stack trace=")
+	return s
+}
+
+// eachGauge calls fn with every gauge of fams: its family's name, labels and value.
+func eachGauge(fams []*dto.MetricFamily, fn func(name string, labels map[string]string, v float64)) {
 	for _, f := range fams {
 		for _, mt := range f.GetMetric() {
 			labels := map[string]string{}
 			for _, l := range mt.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			switch {
-			case f.GetName() == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t2" && labels["kind"] == "networks":
-				t2Networks = mt.GetGauge().GetValue()
-			case f.GetName() == "contiv_netmaster_tenant_usage" && labels["tenant"] == "t1":
-				t.Errorf("t1's unreadable usage reported: %v", mt)
-			case f.GetName() == "contiv_netmaster_quota_records_unreadable":
-				unreadable = mt.GetGauge().GetValue()
-			}
+			fn(f.GetName(), labels, mt.GetGauge().GetValue())
 		}
-	}
-	if t2Networks != 1 || unreadable != 1 {
-		t.Fatalf("t2's networks %v (want 1), unreadable records %v (want 1)", t2Networks, unreadable)
 	}
 }
