@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -41,20 +42,23 @@ func (c *quotaCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.unreadable
 }
 
-// decodeEach reads every record under prefix, by key, and counts those that do not decode.
-func decodeEach[T any](ctx context.Context, s *state.Store, prefix string) (map[string]T, int, error) {
+// decodeEach reads every record under prefix, by tenant (the rest of its key), and names
+// the tenants of those that do not decode or whose key is no label value (not UTF-8: a
+// const metric with it panics, and the failed Gather turns every scrape into a 500).
+func decodeEach[T any](ctx context.Context, s *state.Store, prefix string) (map[string]T, map[string]bool, error) {
 	kvs, _, err := s.List(ctx, prefix)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	out, bad := make(map[string]T, len(kvs)), 0
+	out, bad := make(map[string]T, len(kvs)), map[string]bool{}
 	for _, kv := range kvs {
+		tenant := strings.TrimPrefix(kv.Key, prefix)
 		var v T
-		if err := kv.Decode(&v); err != nil {
-			bad++
+		if !utf8.ValidString(tenant) || kv.Decode(&v) != nil {
+			bad[tenant] = true
 			continue
 		}
-		out[kv.Key] = v
+		out[tenant] = v
 	}
 	return out, bad, nil
 }
@@ -64,21 +68,20 @@ func (c *quotaCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	// One unreadable record (anything holding an etcd certificate can write one) hides
 	// that tenant's figures, never the others' (review finding): it is counted instead.
-	unreadable := 0
-	usage, bad, err := decodeEach[model.TenantUsage](ctx, c.store, model.QuotaUsagePrefix)
+	usage, badUsage, err := decodeEach[model.TenantUsage](ctx, c.store, model.QuotaUsagePrefix)
 	if err != nil {
 		return
 	}
-	unreadable += bad
-	overrides, bad, err := decodeEach[model.TenantQuotaLimits](ctx, c.store, model.QuotaLimitsPrefix)
+	overrides, badLimits, err := decodeEach[model.TenantQuotaLimits](ctx, c.store, model.QuotaLimitsPrefix)
 	if err != nil {
 		return
 	}
-	unreadable += bad
-	ch <- prometheus.MustNewConstMetric(c.unreadable, prometheus.GaugeValue, float64(unreadable))
-	for key, u := range usage {
-		tenant := strings.TrimPrefix(key, model.QuotaUsagePrefix)
-		o := overrides[model.QuotaLimitsKey(tenant)].Limits
+	ch <- prometheus.MustNewConstMetric(c.unreadable, prometheus.GaugeValue, float64(len(badUsage)+len(badLimits)))
+	for tenant, u := range usage {
+		if badLimits[tenant] {
+			continue // (its limits are not known: not the defaults)
+		}
+		o := overrides[tenant].Limits
 		for _, k := range model.QuotaKinds() {
 			ch <- prometheus.MustNewConstMetric(c.usage, prometheus.GaugeValue, float64(u.Usage[k]), tenant, k)
 			limit, ok := o[k]
