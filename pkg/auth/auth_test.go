@@ -196,15 +196,7 @@ func TestTokensReload(t *testing.T) {
 // meanwhile) and then fixed with chmod 600 (same contents, size and inode) is reloaded:
 // the kept token works again, the revoked one does not.
 func TestWatchTakesAChmodFix(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(p, []byte("0123456789abcdef admin alice\nleakedleakedleaked admin bob\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tk, err := LoadTokens(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk, p := loadTokenFile(t, "0123456789abcdef admin alice\nleakedleakedleaked admin bob\n")
 	works := func(tok string) bool {
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("Authorization", "Bearer "+tok)
@@ -214,7 +206,7 @@ func TestWatchTakesAChmodFix(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go tk.Watch(ctx, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	tmp := filepath.Join(dir, "tokens.new")
+	tmp := p + ".new"
 	if err := os.WriteFile(tmp, []byte("0123456789abcdef admin alice\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -408,4 +400,49 @@ func TestRefusalsLoggedWithinBudget(t *testing.T) {
 	if ok, dropped := b.take(now.Add(time.Second)); !ok || dropped != 3 {
 		t.Fatalf("next period: ok %v, %d unlogged reported, want true, 3", ok, dropped)
 	}
+}
+
+// TestRefusalLogsBounded (review of d94841a): the budget counts lines, but a line carries
+// the caller's path, up to the server's 64 KiB of headers: ten lines a second of 64 KiB
+// paths were 640 KiB of log a second from anyone who can connect. And a 403 (any token
+// holder: a tenant-admin reading another tenant) was a line per request, no budget at all.
+func TestRefusalLogsBounded(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	tk, _ := loadTokenFile(t, "0123456789abcdef tenant-admin:t1 bob\n")
+	h := Middleware(Config{Tokens: tk}, log, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	long := "/api/v1/networks/" + strings.Repeat("x", 60<<10) + "/"
+	for range 50 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", long, nil))
+	}
+	if n := buf.Len(); n > 10*2048 {
+		t.Errorf("50 refused requests with a 60 KiB path logged %d bytes, want at most 10 lines of 2 KiB", n)
+	}
+	buf.Reset()
+	for range 50 {
+		r := httptest.NewRequest("GET", "/api/v1/tenants/t2/", nil)
+		r.Header.Set("Authorization", "Bearer 0123456789abcdef")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusForbidden {
+			t.Fatalf("tenant-admin of t1 reading t2: %d, want 403", w.Code)
+		}
+	}
+	if n := strings.Count(buf.String(), "status=403"); n > 10 {
+		t.Errorf("%d of 50 forbidden requests in one burst logged, want at most 10", n)
+	}
+}
+
+// loadTokenFile writes body to a token file (mode 0600) and loads it.
+func loadTokenFile(t *testing.T, body string) (*Tokens, string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk, p
 }
