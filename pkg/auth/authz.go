@@ -153,7 +153,9 @@ func tenantOf(coll, key string) string {
 // 403 for the wrong role, both with a message), puts the identity in the request context
 // and writes an audit line for every write.
 func Middleware(c Config, log *slog.Logger, next http.Handler) http.Handler {
+	// (A budget each: a flood of 401s hides no token holder's 403s.)
 	refusals := &logBudget{every: time.Second, burst: 10}
+	forbidden := &logBudget{every: time.Second, burst: 10}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := c.Authenticate(r)
 		if err != nil {
@@ -162,14 +164,17 @@ func Middleware(c Config, log *slog.Logger, next http.Handler) http.Handler {
 			// Every refusal is logged, reads too, but a flood of them is not a flood of
 			// lines: 10 a second, the rest counted into the next line.
 			if ok, dropped := refusals.take(time.Now()); ok {
-				log.Warn("audit", "who", "?", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
+				log.Warn("audit", "who", "?", "from", r.RemoteAddr, "method", r.Method, "path", logPath(r.URL.Path),
 					"status", http.StatusUnauthorized, "err", err.Error(), "unlogged_before", dropped)
 			}
 			return
 		}
 		if err := Authorize(id, r.Method, r.URL.Path); err != nil {
 			http.Error(w, "forbidden: "+err.Error(), http.StatusForbidden)
-			log.Warn("audit", "who", id.Name, "role", id.Role, "via", id.Via, "method", r.Method, "path", r.URL.Path, "status", http.StatusForbidden)
+			if ok, dropped := forbidden.take(time.Now()); ok {
+				log.Warn("audit", "who", id.Name, "role", id.Role, "via", id.Via, "method", r.Method, "path", logPath(r.URL.Path),
+					"status", http.StatusForbidden, "unlogged_before", dropped)
+			}
 			return
 		}
 		r = r.WithContext(WithIdentity(r.Context(), id))
@@ -213,6 +218,17 @@ func CallerOf(r *http.Request) string {
 		return "@" + host
 	}
 	return id.Via + ":" + id.Name + "@" + host
+}
+
+// maxLogPath is how much of a refused request's path its log line keeps: the budget counts
+// lines, and a path may fill the server's 64 KiB of headers.
+const maxLogPath = 256
+
+func logPath(p string) string {
+	if len(p) <= maxLogPath {
+		return p
+	}
+	return fmt.Sprintf("%s…(%d bytes)", strings.ToValidUTF8(p[:maxLogPath], ""), len(p))
 }
 
 // logBudget lets burst log lines through per period every and counts the rest, which the
