@@ -200,3 +200,26 @@ func TestInspectService(t *testing.T) {
 		}
 	}
 }
+
+// TestReadSecretOwner (review of 8124869): the token files netplugin reads with readSecret
+// (--debug-token-file: its token detaches endpoints; --netmaster-token-file: this agent's
+// token) are refused when another user owns them, as --inspect-token-file's are: their
+// owner can read or rewrite them.
+func TestReadSecretOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	p := filepath.Join(t.TempDir(), "debug.token")
+	if err := os.WriteFile(p, []byte("0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := readSecret(p, "--debug-token-file"); err != nil || tok != "0123456789abcdef" {
+		t.Fatalf("own file: %q %v", tok, err)
+	}
+	if err := os.Chown(p, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSecret(p, "--debug-token-file"); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("a file owned by uid 65534: %v, want refused", err)
+	}
+}
