@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -280,19 +281,26 @@ func firstHostIPv4() (netip.Addr, error) {
 }
 
 // readSecret returns the trimmed content of a token file ("" for no file); the file must
-// not be readable by group or others.
+// be owned by this process's user or root and not be readable by group or others
+// (auth.CheckSecretFile, as the token files are).
 func readSecret(path, flag string) (string, error) {
 	if path == "" {
 		return "", nil
 	}
-	st, err := os.Stat(path)
+	// (Checked as opened: no other file swapped in between the check and the read.)
+	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", flag, err)
 	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("%s %s: mode %o lets group or others read it; chmod 600 it", flag, path, st.Mode().Perm())
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
 	}
-	b, err := os.ReadFile(path)
+	if err := auth.CheckSecretFile(flag+" "+path, st); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", flag, err)
 	}

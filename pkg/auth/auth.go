@@ -228,15 +228,23 @@ func readTokens(path string) (tokenSet, fileStamp, error) {
 	return set, stampOf(st), nil
 }
 
-// parseTokens reads the token file at path, open as f with status st.
-func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
-	// Its owner can rewrite it: only this process's user or root may own it.
+// CheckSecretFile refuses a file of secrets (named what, with status st) that another user
+// owns (its owner can read it and rewrite it: only this process's user or root may own it)
+// or that group or others may read or write.
+func CheckSecretFile(what string, st os.FileInfo) error {
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid != 0 && int(sys.Uid) != os.Geteuid() {
-		return tokenSet{}, fmt.Errorf("token file %s: owned by uid %d, whom a rewrite of it would make admin; chown it to uid %d or root",
-			path, sys.Uid, os.Geteuid())
+		return fmt.Errorf("%s: owned by uid %d, who can read and rewrite it; chown it to uid %d or root", what, sys.Uid, os.Geteuid())
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return tokenSet{}, fmt.Errorf("token file %s: mode %o lets group or others read the tokens; chmod 600 it", path, st.Mode().Perm())
+		return fmt.Errorf("%s: mode %o lets group or others read it; chmod 600 it", what, st.Mode().Perm())
+	}
+	return nil
+}
+
+// parseTokens reads the token file at path, open as f with status st.
+func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
+	if err := CheckSecretFile("token file "+path, st); err != nil {
+		return tokenSet{}, err
 	}
 	t := tokenSet{byDigest: map[[32]byte]Identity{}}
 	sc := bufio.NewScanner(f)
