@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"container/list"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -217,8 +218,10 @@ type bodyRead struct {
 // bodyFirst reads up to BodyBytes of the request body before calling h, with the
 // connection marked as reading: a client trickling its body can then be shed at the cap
 // (after SlowBodyGrace) and its handler never runs. h gets the bytes read followed by
-// whatever is left. The bytes are charged to the caller's and the server's budgets until
-// h returns; a request beyond them is refused (429) unread.
+// whatever is left. The bytes are charged to the caller's and the server's budgets as they
+// arrive (what a client announces but does not send holds nothing), until h returns; a
+// request arriving while either budget is spent is refused (429) unread, and one whose
+// bytes would take a budget past it is refused when they arrive.
 func (s *Server) bodyFirst(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := r.Context().Value(connKey{}).(net.Conn)
@@ -230,30 +233,27 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 		if s.limits.CallerOf != nil {
 			caller = s.limits.CallerOf(r)
 		}
-		charge := s.limits.BodyBytes + 1
-		if r.ContentLength >= 0 && r.ContentLength < charge {
-			charge = r.ContentLength
-		}
 		s.mu.Lock()
 		if _, open := s.conns[c]; !open {
 			s.mu.Unlock()
 			return // already shed
 		}
-		if s.held[caller]+charge > s.limits.CallerBytes || s.heldAll+charge > s.limits.TotalBytes {
+		if s.held[caller] >= s.limits.CallerBytes || s.heldAll >= s.limits.TotalBytes {
 			s.refused++
 			s.mu.Unlock()
-			w.Header().Set("Retry-After", "1")
-			http.Error(w, "too many request bytes in flight; retry later", http.StatusTooManyRequests)
+			tooMany(w)
 			return
 		}
-		s.held[caller] += charge
-		s.heldAll += charge
-		defer s.release(caller, charge)
 		s.reading[c] = s.readingList.PushBack(&bodyRead{c: c, since: time.Now()})
 		s.mu.Unlock()
-		var buf bytes.Buffer
-		buf.Grow(int(charge)) // (what is charged is what is held: no doubling on the way)
-		_, err := io.Copy(&buf, io.LimitReader(r.Body, s.limits.BodyBytes+1))
+		// (Never more than what may be read, nor than the announced length.)
+		limit := s.limits.BodyBytes + 1
+		if r.ContentLength >= 0 && r.ContentLength < limit {
+			limit = r.ContentLength
+		}
+		body := &chargedBody{s: s, caller: caller, max: int(limit)}
+		defer func() { s.release(caller, body.charged) }()
+		_, err := io.Copy(body, io.LimitReader(r.Body, s.limits.BodyBytes+1))
 		s.mu.Lock()
 		el, stillReading := s.reading[c]
 		if stillReading {
@@ -261,7 +261,11 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 			delete(s.reading, c)
 		}
 		s.mu.Unlock()
-		if err != nil || !stillReading {
+		switch {
+		case errors.Is(err, errOverBudget):
+			tooMany(w)
+			return
+		case err != nil || !stillReading:
 			// Shed, timed out or gone: nobody is listening for an answer.
 			if err == nil {
 				err = net.ErrClosed
@@ -272,9 +276,48 @@ func (s *Server) bodyFirst(h http.Handler) http.Handler {
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{io.MultiReader(&buf, r.Body), r.Body}
+		}{io.MultiReader(bytes.NewReader(body.data), r.Body), r.Body}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// errOverBudget stops a body whose bytes would take a budget past its limit.
+var errOverBudget = errors.New("request body bytes over budget")
+
+func tooMany(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, "too many request bytes in flight; retry later", http.StatusTooManyRequests)
+}
+
+// chargedBody holds a request body as it arrives, in a buffer whose every growth is
+// charged to the caller's and the server's budgets first (charged: its capacity, what it
+// holds in memory; bodyFirst gives it back). It grows by doubling, up to max.
+type chargedBody struct {
+	s       *Server
+	caller  string
+	max     int
+	charged int64
+	data    []byte
+}
+
+func (b *chargedBody) Write(p []byte) (int, error) {
+	if free := cap(b.data) - len(b.data); free < len(p) {
+		grown := min(max(2*cap(b.data), len(b.data)+len(p), 512), max(b.max, len(b.data)+len(p)))
+		n := int64(grown - cap(b.data))
+		b.s.mu.Lock()
+		if b.s.held[b.caller]+n > b.s.limits.CallerBytes || b.s.heldAll+n > b.s.limits.TotalBytes {
+			b.s.refused++
+			b.s.mu.Unlock()
+			return 0, errOverBudget
+		}
+		b.s.held[b.caller] += n
+		b.s.heldAll += n
+		b.charged += n
+		b.s.mu.Unlock()
+		b.data = append(make([]byte, 0, grown), b.data...)
+	}
+	b.data = append(b.data, p...)
+	return len(p), nil
 }
 
 // Serve accepts on ln until Shutdown/Close.

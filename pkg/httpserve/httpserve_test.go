@@ -352,3 +352,51 @@ func TestBodyBudgets(t *testing.T) {
 		t.Errorf("after the release: %d, want 200", resp.StatusCode)
 	}
 }
+
+// TestBodyChargedAsItArrives: a body is charged as its bytes arrive, not by the length it
+// announces. Two requests of one caller announcing 1,024 bytes each and stalling after 10
+// hold 512 bytes each of the caller's 2,048, so the caller's next request gets in; before,
+// each held its announced 1,024 and the next was refused 429.
+func TestBodyChargedAsItArrives(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, string(b))
+		mu.Unlock()
+	})
+	s := New(Limits{BodyBytes: 1024, CallerBytes: 2048, TotalBytes: 1 << 20, SlowBodyGrace: time.Minute}, all(h))
+	addr := serveOn(t, s)
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1024\r\n\r\n0123456789")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if held, _ := s.BodyBytesHeld(); held == 2*512 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d bytes held by two stalled 10-byte bodies, want 1024", held)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	body := strings.Repeat("z", 1000)
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Post("http://"+addr+"/x", "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the caller's request beside two stalled ones: %d, want 200", resp.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0] != body {
+		t.Fatalf("handler saw %d bodies, want the real one", len(got))
+	}
+}
