@@ -1,6 +1,8 @@
 package master
 
 import (
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -19,8 +21,8 @@ import (
 // subnetRecords reads the index's records under prefix, by network id, for an overlap
 // check. When they disagree with what current says is in use (no records yet, or networks
 // created or deleted by a build without the index, running beside this one or before it
-// again), they are rebuilt in tx from the network states keep selects, and the first
-// layout's record legacy goes.
+// again), what the network states keep selects is returned instead, and up to
+// subnetRepairBatch records are repaired in tx (the first layout's record legacy goes).
 func subnetRecords(tx *state.Tx, prefix, legacy string, keep func(*model.CfgNetworkState) bool,
 	current func(map[string]model.SubnetRecord) (bool, error)) (map[string]model.SubnetRecord, error) {
 	kvs, err := tx.List(prefix)
@@ -46,19 +48,32 @@ func subnetRecords(tx *state.Tx, prefix, legacy string, keep func(*model.CfgNetw
 	for _, ns := range nets {
 		if keep(ns) {
 			built[ns.ID] = subnetRecord(ns)
-			if err := tx.Put(prefix+ns.ID, built[ns.ID]); err != nil {
+		}
+	}
+	// The check uses what was just built; the records are repaired a batch per
+	// transaction (an external etcd takes 128 operations per transaction by default), so
+	// a tenant of many networks converges over its next creates, each checked right.
+	repairs := 0
+	tx.Delete(legacy)
+	for _, id := range slices.Sorted(maps.Keys(recs)) {
+		if _, ok := built[id]; !ok && repairs < subnetRepairBatch {
+			tx.Delete(prefix + id)
+			repairs++
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(built)) {
+		if r, ok := recs[id]; (!ok || r != built[id]) && repairs < subnetRepairBatch {
+			if err := tx.Put(prefix+id, built[id]); err != nil {
 				return nil, err
 			}
+			repairs++
 		}
 	}
-	for id := range recs {
-		if _, ok := built[id]; !ok {
-			tx.Delete(prefix + id)
-		}
-	}
-	tx.Delete(legacy)
 	return built, nil
 }
+
+// subnetRepairBatch is how many index records one transaction repairs at most.
+const subnetRepairBatch = 50
 
 func subnetRecord(ns *model.CfgNetworkState) model.SubnetRecord {
 	r := model.SubnetRecord{Tenant: ns.Tenant, Encap: ns.PktTagType, SubnetIP: ns.SubnetIP, SubnetLen: ns.SubnetLen,
