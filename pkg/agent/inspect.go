@@ -217,8 +217,8 @@ func (a *Agent) reclaimEndpoint(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "forbidden: mutating debug routes are off; start netplugin with --debug-token-file to enable them", http.StatusForbidden)
 		return
 	}
-	tok, _ := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.DebugToken)) != 1 {
+	tok, ok := auth.BearerToken(req.Header.Get("Authorization"))
+	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.DebugToken)) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="netplugin-debug"`)
 		http.Error(w, "unauthorized: send the --debug-token-file token as \"Authorization: Bearer <token>\"", http.StatusUnauthorized)
 		return

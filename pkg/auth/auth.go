@@ -351,6 +351,15 @@ type Config struct {
 	Open bool
 }
 
+// BearerToken is the token of an Authorization header value h with the Bearer scheme,
+// matched without regard to case (RFC 9110 §11.1: "bearer" is Bearer); ok false for any
+// other scheme or an empty token.
+func BearerToken(h string) (string, bool) {
+	scheme, v, ok := strings.Cut(strings.TrimSpace(h), " ")
+	v = strings.TrimSpace(v)
+	return v, ok && strings.EqualFold(scheme, "Bearer") && v != ""
+}
+
 // Authenticate returns the caller of r; ok false means no valid credential was given.
 // A bad credential is an error (401), never a fallback to another method.
 func (c Config) Authenticate(r *http.Request) (Identity, error) {
@@ -358,12 +367,10 @@ func (c Config) Authenticate(r *http.Request) (Identity, error) {
 	var found bool
 	tok := ""
 	if h := r.Header.Get("Authorization"); h != "" {
-		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is Bearer.
-		scheme, v, ok := strings.Cut(strings.TrimSpace(h), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(v) == "" {
+		var ok bool
+		if tok, ok = BearerToken(h); !ok {
 			return Identity{}, fmt.Errorf("authorization header: only Bearer tokens are accepted")
 		}
-		tok = strings.TrimSpace(v)
 	} else if h := r.Header.Get(ContivTokenHeader); h != "" {
 		tok = strings.TrimSpace(h)
 	}

@@ -446,3 +446,14 @@ func loadTokenFile(t *testing.T, body string) (*Tokens, string) {
 	}
 	return tk, p
 }
+
+// TestBearerToken: the scheme in any case, spaces around, never an empty token or another
+// scheme (netplugin's debug routes parse it the same way as netmaster).
+func TestBearerToken(t *testing.T) {
+	for h, want := range map[string]string{"Bearer abc": "abc", "bearer abc": "abc", " BEARER  abc ": "abc",
+		"Bearer ": "", "Bearer": "", "Basic abc": "", "Bearerabc": ""} {
+		if tok, ok := BearerToken(h); tok != want && ok || ok != (want != "") {
+			t.Errorf("%q: %q %v, want %q", h, tok, ok, want)
+		}
+	}
+}
