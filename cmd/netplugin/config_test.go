@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 
 	"github.com/urfave/cli/v2"
 )
@@ -206,9 +207,7 @@ func TestInspectService(t *testing.T) {
 // token) are refused when another user owns them, as --inspect-token-file's are: their
 // owner can read or rewrite them.
 func TestReadSecretOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
+	testroot.Need(t)
 	p := filepath.Join(t.TempDir(), "debug.token")
 	if err := os.WriteFile(p, []byte("0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
