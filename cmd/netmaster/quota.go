@@ -23,6 +23,7 @@ func quotaFlagList() []quotaFlag {
 		{"quota-policies", model.QuotaPolicies, "policies"},
 		{"quota-rules", model.QuotaRules, "policy rules (all its policies' together)"},
 		{"quota-services", model.QuotaServices, "services (serviceLBs, Kubernetes Services included)"},
+		{"quota-node-ports", model.QuotaNodePorts, "node ports its services hold (of the 30000-32767 range each protocol has; Kubernetes Services past it lose the ports beyond)"},
 		{"quota-app-profiles", model.QuotaAppProfiles, "app profiles"},
 		{"quota-netprofiles", model.QuotaNetprofiles, "netprofiles"},
 		{"quota-endpoints", model.QuotaEndpoints, "endpoints"},

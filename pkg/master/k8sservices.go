@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -51,7 +52,7 @@ func (m *Master) PutK8sService(ctx context.Context, prefix string, rec model.Cfg
 	}
 	res.Err = m.update(ctx, func(tx *state.Tx) error {
 		res.Dropped, res.NodePortsDropped, res.Skipped, res.Written = nil, nil, false, false
-		return m.putK8sService(tx, prefix, rec, &res)
+		return m.putK8sService(ctx, tx, prefix, rec, &res)
 	})
 	return res
 }
@@ -96,7 +97,7 @@ func (m *Master) PruneK8sServices(ctx context.Context, prefix string, keep map[s
 	return gone, nil
 }
 
-func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgServiceLBState, res *K8sServiceResult) error {
+func (m *Master) putK8sService(ctx context.Context, tx *state.Tx, prefix string, rec model.CfgServiceLBState, res *K8sServiceResult) error {
 	if err := requireTenant(tx, rec.Tenant); err != nil {
 		return err
 	}
@@ -157,27 +158,6 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 		st.Providers[p.IPAddress+":"+rec.Tenant] = &model.Provider{IPAddress: p.IPAddress, ContainerID: ep.ContainerID,
 			Tenant: rec.Tenant, Network: ep.NetID, Services: []string{rec.ID}, Container: p.Container, EpIDKey: ep.ID, Draining: p.Draining}
 	}
-	// A node port outside the range or held by another service is left out (the rest of
-	// the Service still works).
-	st.NodePorts = nil
-	for _, np := range rec.NodePorts {
-		port, _, proto, err := parseNodePort(np)
-		if err != nil {
-			return badReq("nodePorts: %v", err)
-		}
-		if port < model.NodePortMin || port > model.NodePortMax {
-			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (outside %d-%d)", np, model.NodePortMin, model.NodePortMax))
-			continue
-		}
-		var owner string
-		if found, err := tx.Get(model.NodePortKey(port, proto), &owner); err != nil {
-			return err
-		} else if found && owner != rec.ID {
-			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (used by service %s)", np, owner))
-			continue
-		}
-		st.NodePorts = append(st.NodePorts, np)
-	}
 	old, found, err := getT[model.CfgServiceLBState](tx, model.SvcLBStateKey(rec.ID))
 	if err != nil {
 		return err
@@ -185,6 +165,9 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 	var oldNodePorts []string
 	if found {
 		oldNodePorts = old.NodePorts
+	}
+	if st.NodePorts, err = m.k8sNodePorts(ctx, tx, rec, oldNodePorts, res); err != nil {
+		return err
 	}
 	if len(rec.Providers) > 0 && len(st.Providers) == 0 {
 		// Every endpoint is outside Contiv (host network, external, another namespace): a
@@ -211,4 +194,104 @@ func (m *Master) putK8sService(tx *state.Tx, prefix string, rec model.CfgService
 	}
 	res.Written = true
 	return putServiceState(tx, &st)
+}
+
+// k8sNodePorts returns the node ports of rec the Service may take and adds the others to
+// res.NodePortsDropped with the reason: outside the range, held by another service (one of
+// another tenant is not named), or past the tenant's node port quota (those of old the
+// Service gives up make room). The ports the Service holds already come first, so a
+// lowered quota never moves its ports; the quota is checked again by account, in the same
+// transaction, and the sync loop never fails for it.
+func (m *Master) k8sNodePorts(ctx context.Context, tx *state.Tx, rec model.CfgServiceLBState, old []string, res *K8sServiceResult) ([]string, error) {
+	type candidate struct {
+		np, key string
+		held    bool
+	}
+	var cands []candidate
+	for _, np := range rec.NodePorts {
+		port, _, proto, err := parseNodePort(np)
+		if err != nil {
+			return nil, badReq("nodePorts: %v", err)
+		}
+		if port < model.NodePortMin || port > model.NodePortMax {
+			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (outside %d-%d)", np, model.NodePortMin, model.NodePortMax))
+			continue
+		}
+		var owner string
+		found, err := tx.Get(model.NodePortKey(port, proto), &owner)
+		switch {
+		case err != nil:
+			return nil, err
+		case found && owner != rec.ID && tenantOfID(owner) != rec.Tenant:
+			res.NodePortsDropped = append(res.NodePortsDropped, np+" (used by a service of another tenant)")
+			continue
+		case found && owner != rec.ID:
+			res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (used by service %s)", np, owner))
+			continue
+		}
+		cands = append(cands, candidate{np, model.NodePortKey(port, proto), found})
+	}
+	room, limit, err := m.nodePortRoom(ctx, tx, rec.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	for _, np := range old { // (what it holds and gives up)
+		port, _, proto, err := parseNodePort(np)
+		if err != nil {
+			continue
+		}
+		key := model.NodePortKey(port, proto)
+		if slices.ContainsFunc(cands, func(c candidate) bool { return c.held && c.key == key }) {
+			continue
+		}
+		var owner string
+		if found, err := tx.Get(key, &owner); err != nil {
+			return nil, err
+		} else if found && owner == rec.ID {
+			room++
+		}
+	}
+	var out []string
+	for _, held := range []bool{true, false} {
+		for _, c := range cands {
+			if c.held != held {
+				continue
+			}
+			if !held && room <= 0 {
+				res.NodePortsDropped = append(res.NodePortsDropped, fmt.Sprintf("%s (past tenant %q's %s quota of %d)", c.np, rec.Tenant, model.QuotaNodePorts, limit))
+				continue
+			}
+			if !held {
+				room--
+			}
+			out = append(out, c.np)
+		}
+	}
+	return out, nil
+}
+
+// nodePortRoom is how many more node ports tenant may take (a large number when ctx is
+// exempt or the kind has no limit), and the limit.
+func (m *Master) nodePortRoom(ctx context.Context, tx *state.Tx, tenant string) (room, limit int64, err error) {
+	if quotaExempt(ctx) {
+		return math.MaxInt64, 0, nil
+	}
+	limits, _, err := m.limitsOf(tx, tenant)
+	if err != nil {
+		return 0, 0, err
+	}
+	limit, ok := limits[model.QuotaNodePorts]
+	if !ok {
+		return math.MaxInt64, 0, nil
+	}
+	u, found, err := getT[model.TenantUsage](tx, model.QuotaUsageKey(tenant))
+	if err != nil {
+		return 0, 0, err
+	}
+	if !found || u.Version != model.UsageVersion {
+		if u, err = recountTenant(tx, tenant); err != nil {
+			return 0, 0, err
+		}
+	}
+	return limit - u.Usage[model.QuotaNodePorts], limit, nil
 }

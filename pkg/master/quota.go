@@ -31,10 +31,13 @@ func DefaultQuota() map[string]int64 {
 		model.QuotaPolicies:       500,
 		model.QuotaRules:          1000,
 		model.QuotaServices:       500,
-		model.QuotaAppProfiles:    100,
-		model.QuotaNetprofiles:    100,
-		model.QuotaEndpoints:      20000,
-		model.QuotaBytes:          64 << 20,
+		// The node port range (30000-32767, per protocol) is shared by every tenant: 27
+		// each leaves room for 100 tenants (2,700 of 2,768 ports), whichever protocol.
+		model.QuotaNodePorts:   27,
+		model.QuotaAppProfiles: 100,
+		model.QuotaNetprofiles: 100,
+		model.QuotaEndpoints:   20000,
+		model.QuotaBytes:       64 << 20,
 	}
 }
 
@@ -61,11 +64,11 @@ var modelKinds = map[string]string{
 var globalModelTypes = map[string]bool{model.TypeGlobal: true, model.TypeBgp: true, model.TypeAciGw: true}
 
 // countedPrefixes hold the records a tenant owns (tenantRecord). Allocation maps, pending
-// addresses, node port claims and Kubernetes NetworkPolicy records are not counted: the
-// first are bounded by the networks' subnets, the last must never be refused (a pod would
-// lose its isolation).
+// addresses and Kubernetes NetworkPolicy records are not counted: the first are bounded by
+// the networks' subnets, the last must never be refused (a pod would lose its isolation).
+// Node port claims are: the range is shared by every tenant.
 var countedPrefixes = []string{model.ModelDBPrefix, model.NetStatePrefix, model.EpStatePrefix, model.EPGStatePrefix,
-	model.PolicyStatePrefix, model.RuleStatePrefix, model.SvcLBStatePrefix, model.ProviderPrefix}
+	model.PolicyStatePrefix, model.RuleStatePrefix, model.SvcLBStatePrefix, model.ProviderPrefix, model.NodePortPrefix}
 
 func isCounted(key string) bool {
 	for _, p := range countedPrefixes {
@@ -93,6 +96,12 @@ func tenantRecord(key string, val []byte, netTenant netTenantFunc) (counted, err
 	case strings.HasPrefix(key, model.SvcLBStatePrefix):
 		c.kind = model.QuotaServices
 		c.tenant = jsonField(val, func(v *struct{ TenantName string }) string { return v.TenantName })
+	case strings.HasPrefix(key, model.NodePortPrefix): // its value: the service id "<name>:<tenant>"
+		c.kind = model.QuotaNodePorts
+		var id string
+		if json.Unmarshal(val, &id) == nil {
+			c.tenant = tenantOfID(id)
+		}
 	case strings.HasPrefix(key, model.ProviderPrefix):
 		c.tenant = tenantOfID(strings.TrimPrefix(key, model.ProviderPrefix))
 	case strings.HasPrefix(key, model.PolicyStatePrefix): // "<tenant>:<group>:<tenant>:<policy>"
@@ -284,7 +293,7 @@ func (m *Master) book(ctx context.Context, tx *state.Tx, tenant string, d map[st
 	if err != nil {
 		return err
 	}
-	if found {
+	if found && u.Version == model.UsageVersion {
 		u.Usage = addUsage(u.Usage, d)
 	} else if u, err = recountTenant(tx, tenant); err != nil {
 		return err
@@ -302,7 +311,7 @@ func putUsage(tx *state.Tx, u *model.TenantUsage) error {
 		tx.Delete(model.QuotaUsageKey(u.Tenant))
 		return nil
 	}
-	rec := model.TenantUsage{Tenant: u.Tenant, Usage: map[string]int64{}}
+	rec := model.TenantUsage{Tenant: u.Tenant, Usage: map[string]int64{}, Version: model.UsageVersion}
 	for k, v := range u.Usage {
 		if v != 0 {
 			rec.Usage[k] = v

@@ -60,7 +60,7 @@ func (m *Master) tenantQuota(tx *state.Tx, tenant string) (model.TenantQuota, er
 	if err != nil {
 		return q, err
 	}
-	if !found {
+	if !found || u.Version != model.UsageVersion {
 		if u, err = recountTenant(tx, tenant); err != nil {
 			return q, err
 		}

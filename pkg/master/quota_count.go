@@ -61,7 +61,7 @@ func tenantRecordKVs(tx *state.Tx, tenant string) ([]state.KV, map[string]string
 	} else if found {
 		out = append(out, state.KV{Key: tkey, Value: v})
 	}
-	for _, p := range []string{model.EPGStatePrefix, model.SvcLBStatePrefix, model.ProviderPrefix,
+	for _, p := range []string{model.EPGStatePrefix, model.SvcLBStatePrefix, model.ProviderPrefix, model.NodePortPrefix,
 		model.PolicyStatePrefix + tenant + ":", model.RuleStatePrefix + tenant + ":"} {
 		if err := add(p); err != nil {
 			return nil, nil, err
@@ -113,7 +113,8 @@ func endpointKVs(tx *state.Tx, nets []*model.CfgNetworkState) ([]state.KV, error
 }
 
 // reconcileUsage writes the usage record of every tenant that has none (a netmaster
-// upgraded to quotas, a record lost), one transaction per tenant.
+// upgraded to quotas, a record lost) or one of an older model.UsageVersion (counted before
+// a kind was), one transaction per tenant.
 func (m *Master) reconcileUsage(ctx context.Context) error {
 	tenants, _, err := m.store.List(ctx, model.ModelKey(model.TypeTenant, ""))
 	if err != nil {
@@ -122,14 +123,15 @@ func (m *Master) reconcileUsage(ctx context.Context) error {
 	for _, kv := range tenants {
 		tenant := kv.Key[len(model.ModelKey(model.TypeTenant, "")):]
 		err := m.update(withoutQuota(ctx), func(tx *state.Tx) error {
-			if _, found, err := tx.GetRaw(model.QuotaUsageKey(tenant)); err != nil || found {
+			old, found, err := getT[model.TenantUsage](tx, model.QuotaUsageKey(tenant))
+			if err != nil || (found && old.Version == model.UsageVersion) {
 				return err
 			}
 			u, err := recountTenant(tx, tenant)
 			if err != nil {
 				return err
 			}
-			m.log.Info("quota: recounted the usage of a tenant without a usage record", "tenant", tenant, "usage", u.Usage)
+			m.log.Info("quota: recounted the usage of a tenant without a current usage record", "tenant", tenant, "usage", u.Usage)
 			return putUsage(tx, u)
 		})
 		if err != nil {

@@ -93,6 +93,8 @@ func (e *env) ownedBytes(tenant string) int64 {
 			return strings.HasSuffix(k, ":"+tenant)
 		case strings.HasPrefix(k, model.PolicyStatePrefix), strings.HasPrefix(k, model.RuleStatePrefix):
 			return strings.Contains(k, "/"+tenant+":")
+		case strings.HasPrefix(k, model.NodePortPrefix): // (its value: the service's id)
+			return strings.HasSuffix(string(v), ":"+tenant+`"`)
 		}
 		return false
 	}

@@ -12,6 +12,7 @@ const (
 	QuotaPolicies       = "policies"
 	QuotaRules          = "rules"
 	QuotaServices       = "serviceLBs"
+	QuotaNodePorts      = "nodePorts" // node ports its serviceLBs and Kubernetes Services hold
 	QuotaAppProfiles    = "appProfiles"
 	QuotaNetprofiles    = "netprofiles"
 	QuotaEndpoints      = "endpoints"
@@ -20,7 +21,7 @@ const (
 
 // QuotaKinds returns every quota kind, in display order.
 func QuotaKinds() []string {
-	return []string{QuotaNetworks, QuotaEndpointGroups, QuotaPolicies, QuotaRules, QuotaServices,
+	return []string{QuotaNetworks, QuotaEndpointGroups, QuotaPolicies, QuotaRules, QuotaServices, QuotaNodePorts,
 		QuotaAppProfiles, QuotaNetprofiles, QuotaEndpoints, QuotaBytes}
 }
 
@@ -50,11 +51,16 @@ func QuotaUsageKey(tenant string) string { return QuotaUsagePrefix + tenant }
 func QuotaLimitsKey(tenant string) string { return QuotaLimitsPrefix + tenant }
 
 // TenantUsage is /contiv.io/state/quota/usage/<tenant>: what the tenant holds, by kind (a
-// kind it does not name: none).
+// kind it does not name: none). Version is the UsageVersion the record was counted with.
 type TenantUsage struct {
-	Tenant string           `json:"tenant"`
-	Usage  map[string]int64 `json:"usage"`
+	Tenant  string           `json:"tenant"`
+	Usage   map[string]int64 `json:"usage"`
+	Version int              `json:"version,omitempty"`
 }
+
+// UsageVersion numbers what a usage record counts; a record of an older version is
+// recounted before it is used (1: node ports counted).
+const UsageVersion = 1
 
 // TenantQuotaLimits is /contiv.io/state/quota/limits/<tenant>: the limits an admin set for
 // the tenant; a kind it does not name takes netmaster's default.

@@ -21,7 +21,7 @@ func TestTenantQuota(t *testing.T) {
 		t.Helper()
 		return runNetctl(t, url, args...)
 	}
-	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7")
+	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7", "--node-ports", "4")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("set: %+v", r)
 	}

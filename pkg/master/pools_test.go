@@ -1,0 +1,97 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// svcBody is a Contiv serviceLB of tenant tn on network "app" with the node ports given.
+func svcBody(tn, name, vip string, nodePorts ...string) string {
+	ports, nps := []string{}, []string{}
+	for i, np := range nodePorts {
+		ports = append(ports, fmt.Sprintf(`"%d:8080:TCP"`, 80+i))
+		nps = append(nps, fmt.Sprintf(`"%s:%d:TCP"`, np, 80+i))
+	}
+	if len(ports) == 0 {
+		ports = []string{`"80:8080:TCP"`}
+	}
+	return fmt.Sprintf(`{"networkName":"app","ipAddress":%q,"ports":[%s],"nodePorts":[%s],"selectors":["app=x"],"serviceName":%q,"tenantName":%q}`,
+		vip, strings.Join(ports, ","), strings.Join(nps, ","), name, tn)
+}
+
+// TestQuotaNodePorts (issue 34, item 3): node ports count against a per-tenant quota.
+// A Contiv serviceLB past it is 403 naming the kind and the limit, nothing written, while
+// another tenant still takes ports; a Kubernetes Service past it keeps its other ports and
+// the ports it holds, the rest dropped with the reason (never a failed record); a port
+// another tenant's service holds is dropped without naming that service; a usage record
+// counted before node ports were (no version) is recounted at start.
+func TestQuotaNodePorts(t *testing.T) {
+	e := newEnv(t, "routing")
+	e = newEnvOn(t, e.store, e.url, "routing", withQuota(map[string]int64{model.QuotaNodePorts: 2}))
+	for i, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+		e.net(tn, "app", "vxlan", fmt.Sprintf("10.%d.0.0/24", 91+i), "", 0)
+	}
+	e.ok("POST", "/api/v1/serviceLBs/t1:a/", svcBody("t1", "a", "10.91.0.200", "30001", "30002"), nil)
+	before, rev := e.snapshot()
+	code, msg := e.do("POST", "/api/v1/serviceLBs/t1:b/", svcBody("t1", "b", "10.91.0.201", "30003"))
+	if code != http.StatusForbidden || !strings.Contains(msg, `tenant "t1": nodePorts quota exceeded: limit 2, 2 in use`) {
+		t.Fatalf("t1's third node port: %d %s", code, msg)
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Fatal("a refused node port changed etcd")
+	}
+	e.ok("POST", "/api/v1/serviceLBs/t1:b/", svcBody("t1", "b", "10.91.0.201"), nil) // (without node ports: fine)
+	e.ok("POST", "/api/v1/serviceLBs/t2:a/", svcBody("t2", "a", "10.92.0.200", "30004"), nil)
+	if u := e.checkBooks("t1"); u[model.QuotaNodePorts] != 2 {
+		t.Fatalf("t1's usage: %v", u)
+	}
+
+	// Kubernetes: t2 holds one of two; a Service asking for three (one t1's) keeps one.
+	ctx := context.Background()
+	rec := model.CfgServiceLBState{ID: "k8s_prod_web:t2", ServiceName: "k8s_prod_web", Tenant: "t2", IPAddress: "10.96.0.10",
+		Ports: []string{"80:8080:TCP", "81:8081:TCP", "82:8082:TCP", "83:8083:TCP"}, Providers: map[string]*model.Provider{},
+		NodePorts: []string{"30001:80:TCP", "30010:81:TCP", "30011:82:TCP", "30012:83:TCP"}}
+	res := e.m.PutK8sService(ctx, "k8s_", rec)
+	dropped := strings.Join(res.NodePortsDropped, "; ")
+	if res.Err != nil || !res.Written || len(res.NodePortsDropped) != 3 ||
+		!strings.Contains(dropped, "30001:80:TCP (used by a service of another tenant)") ||
+		!strings.Contains(dropped, `30011:82:TCP (past tenant "t2"'s nodePorts quota of 2)`) || strings.Contains(dropped, "t1") {
+		t.Fatalf("kubernetes service past the quota: %+v", res)
+	}
+	if got := e.rawGet(model.NodePortKey(30010, "tcp")); got != `"k8s_prod_web:t2"` {
+		t.Fatalf("node port within the quota: %s", got)
+	}
+	// Its held port stays first when a lowered quota leaves no room; one it gives up
+	// makes room for another.
+	e.ok("PUT", "/api/v1/quotas/t2/", `{"nodePorts":1}`, nil)
+	rec.NodePorts = []string{"30013:80:TCP", "30010:81:TCP"}
+	if res := e.m.PutK8sService(ctx, "k8s_", rec); res.Err != nil || len(res.NodePortsDropped) != 1 || !strings.HasPrefix(res.NodePortsDropped[0], "30013:80:TCP (past") {
+		t.Fatalf("lowered quota: %+v", res)
+	}
+	e.ok("DELETE", "/api/v1/serviceLBs/t2:a/", nil, nil)
+	rec.NodePorts = []string{"30014:80:TCP"}
+	if res := e.m.PutK8sService(ctx, "k8s_", rec); res.Err != nil || len(res.NodePortsDropped) != 0 {
+		t.Fatalf("swapping its one port: %+v", res)
+	}
+	if e.rawGet(model.NodePortKey(30010, "tcp")) != "" || e.checkBooks("t2")[model.QuotaNodePorts] != 1 {
+		t.Fatal("the port given up is still held")
+	}
+
+	// A usage record of an older netmaster (no version, no node ports) is recounted.
+	if _, err := e.raw.Put(ctx, model.QuotaUsageKey("t1"), `{"tenant":"t1","usage":{"networks":1}}`); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.usage("t1")[model.QuotaNodePorts]; got != 2 {
+		t.Errorf("GET with an old record: %d node ports, want 2", got)
+	}
+	newEnvOn(t, e.store, e.url, "routing")
+	if u := e.checkBooks("t1"); u[model.QuotaNodePorts] != 2 || u[model.QuotaNetworks] != 1 {
+		t.Errorf("recounted at start: %v", u)
+	}
+}
