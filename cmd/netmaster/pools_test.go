@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -78,4 +79,125 @@ func TestNodePortQuota(t *testing.T) {
 	admin.must(t, "DELETE", leader.url+"/api/v1/serviceLBs/t1:c/", "", 200)
 	t1.must(t, "DELETE", leader.url+"/api/v1/serviceLBs/t1:a/", "", 200)
 	t1.must(t, "POST", follower.url+"/api/v1/serviceLBs/t1:b/", svcLB("t1", "b", "10.84.0.201", 30101, 30105), 200)
+}
+
+// netTagBody is a network of tenant tn with encap and pktTag tag (0: allocated).
+func netTagBody(tn, name, encap string, tag, a, b int) string {
+	return fmt.Sprintf(`{"tenantName":%q,"networkName":%q,"encap":%q,"pktTag":%d,"subnet":"10.%d.%d.0/24"}`, tn, name, encap, tag, a, b)
+}
+
+// tagsOf reads a network's oper tags (VLAN: pktTag; VXLAN: the VNI) as c.
+func tagsOf(t *testing.T, c *apiClient, url string) (vlan, vni int) {
+	t.Helper()
+	st, out := c.call(t, "GET", url, "")
+	var in model.NetworkInspect
+	if st != 200 || json.Unmarshal([]byte(out), &in) != nil {
+		t.Fatalf("GET %s: %d %s", url, st, out)
+	}
+	return in.Oper.PktTag, in.Oper.ExternalPktTag
+}
+
+// TestTagRanges (issue 34, item 4) runs two netmasters with TLS and tokens. Before: a
+// tenant-admin's explicit pkt-tag another tenant held answered 409 "in use" (a probe of
+// which tags exist) and automatic tags counted every tenant's networks. Now: without a
+// range a tenant-admin may not choose a tag (403, taken or not); an admin gives tenants
+// tag ranges that may not overlap, leave the global range or hold another tenant's tag
+// (409); a tenant-admin's explicit tag outside its range is 403 whether another tenant
+// holds it or not (the answer never names that tenant), inside it collides only with its
+// own; automatic tags come from the tenant's range, and tenants without one get tags
+// outside every range; an admin's explicit tag in another tenant's range is 409; only
+// admins set ranges; a tenant-admin reads its own; DELETE drops them.
+func TestTagRanges(t *testing.T) {
+	sec, ps, rev := poolEnv(t)
+	admin, t1 := sec.client(t, tAdmin), sec.client(t, tPoolT1)
+	leader, follower := secureLeader(t, admin, ps)
+	for _, tn := range []string{"t1", "t2", "t3"} {
+		admin.must(t, "POST", leader.url+"/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, 200)
+	}
+	admin.must(t, "POST", leader.url+"/api/v1/networks/t2:held/", netTagBody("t2", "held", "vlan", 150, 85, 0), 200)
+	admin.must(t, "POST", leader.url+"/api/v1/networks/t2:heldx/", netTagBody("t2", "heldx", "vxlan", 5050, 85, 1), 200)
+	refused := func(c *apiClient, via *proc, path, body string, code int, want string) {
+		t.Helper()
+		before := rev()
+		st, out := c.call(t, "POST", via.url+path, body)
+		if st != code || !strings.Contains(out, want) || strings.Contains(out, "t2") || strings.Contains(out, "held") {
+			t.Errorf("POST %s via %s: %d %s, want %d with %q and no word of t2", path, via.name, st, out, code, want)
+		}
+		if rev() != before {
+			t.Errorf("POST %s refused but etcd changed", path)
+		}
+	}
+	// No range: no explicit tag for a tenant-admin, free or taken alike.
+	for _, via := range []*proc{leader, follower} {
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vlan", 150, 86, 0), 403, `choosing a VLAN needs a vlans range for tenant \"t1\"`)
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vlan", 151, 86, 0), 403, `choosing a VLAN needs a vlans range for tenant \"t1\"`)
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vxlan", 5050, 86, 0), 403, `choosing a VXLAN needs a vxlans range`)
+	}
+
+	// Ranges: only admins set them; no overlap, no other tenant's tag, inside the global.
+	for _, bad := range []struct{ body, want string }{
+		{`{"vlans":"140-160"}`, `range 140-160 holds VLAN 150 of network held.t2 of tenant \"t2\"`},
+		{`{"vxlans":"5000-5099"}`, `range 5000-5099 holds VXLAN 5050`},
+		{`{"vxlans":"9990-10099"}`, `not inside the global vxlans range 1-10000`},
+	} {
+		before := rev()
+		if st, out := admin.call(t, "PUT", follower.url+"/api/v1/quotas/t1/", bad.body); st != 409 || !strings.Contains(out, bad.want) {
+			t.Errorf("range %s: %d %s, want 409 with %q", bad.body, st, out, bad.want)
+		}
+		if rev() != before {
+			t.Errorf("range %s refused but etcd changed", bad.body)
+		}
+	}
+	for _, bad := range []string{`{"vlans":"100-5000"}`, `{"vlans":"1-2-3"}`, `{"vlans":7}`, `{"networks":"7"}`} {
+		if st, out := admin.call(t, "PUT", leader.url+"/api/v1/quotas/t1/", bad); st != 400 {
+			t.Errorf("range %s: %d %s, want 400", bad, st, out)
+		}
+	}
+	t1.must(t, "PUT", leader.url+"/api/v1/quotas/t1/", `{"vlans":"100-149"}`, 403)
+	admin.must(t, "PUT", leader.url+"/api/v1/quotas/t1/", `{"vlans":"100-149","vxlans":"6000-6099"}`, 200)
+	admin.must(t, "PUT", follower.url+"/api/v1/quotas/t2/", `{"vlans":"150-160"}`, 200)
+	if st, out := admin.call(t, "PUT", leader.url+"/api/v1/quotas/t3/", `{"vlans":"149-149"}`); st != 409 || !strings.Contains(out, `overlaps tenant \"t1\"'s vlans range 100-149`) {
+		t.Errorf("overlapping range: %d %s", st, out)
+	}
+	if q := t1.quota(t, follower.url+"/api/v1/quotas/t1/"); q.VLANs != "100-149" || q.VXLANs != "6000-6099" {
+		t.Errorf("t1 reads its ranges: %+v", q)
+	}
+
+	// With a range: outside it 403 whether taken (150: t2's) or free; inside, its own.
+	for _, via := range []*proc{leader, follower} {
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vlan", 150, 86, 0), 403, `VLAN 150 is outside tenant \"t1\"'s vlans range 100-149`)
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vlan", 99, 86, 0), 403, `VLAN 99 is outside tenant \"t1\"'s vlans range 100-149`)
+		refused(t1, via, "/api/v1/networks/t1:a/", netTagBody("t1", "a", "vxlan", 5050, 86, 0), 403, `VXLAN 5050 is outside tenant \"t1\"'s vxlans range 6000-6099`)
+	}
+	t1.must(t, "POST", leader.url+"/api/v1/networks/t1:a/", netTagBody("t1", "a", "vlan", 120, 86, 0), 200)
+	refused(t1, follower, "/api/v1/networks/t1:b/", netTagBody("t1", "b", "vlan", 120, 86, 1), 409, "VLAN 120 is already in use")
+	t1.must(t, "POST", follower.url+"/api/v1/networks/t1:b/", netTagBody("t1", "b", "vlan", 0, 86, 1), 200)
+	t1.must(t, "POST", follower.url+"/api/v1/networks/t1:c/", netTagBody("t1", "c", "vxlan", 0, 86, 2), 200)
+	if v, _ := tagsOf(t, t1, leader.url+"/api/v1/inspect/networks/t1:b/"); v != 100 {
+		t.Errorf("t1's automatic VLAN: %d, want 100 (its range's first)", v)
+	}
+	if _, x := tagsOf(t, t1, leader.url+"/api/v1/inspect/networks/t1:c/"); x != 6000 {
+		t.Errorf("t1's automatic VXLAN: %d, want 6000 (its range's first)", x)
+	}
+
+	// Without a range: automatic tags outside every range; an admin's explicit tag in
+	// another tenant's range is 409 (admins read every quota).
+	for i := 0; i < 2; i++ {
+		admin.must(t, "POST", leader.url+fmt.Sprintf("/api/v1/networks/t3:v%d/", i), netTagBody("t3", fmt.Sprintf("v%d", i), "vlan", 0, 87, i), 200)
+	}
+	admin.must(t, "PUT", leader.url+"/api/v1/quotas/t3/", `{"vlans":"1-2"}`, 200) // (its own tags: fine)
+	admin.must(t, "POST", leader.url+"/api/v1/networks/t2:v/", netTagBody("t2", "v", "vlan", 0, 85, 9), 200)
+	admin.must(t, "DELETE", leader.url+"/api/v1/quotas/t2/", "", 200)
+	admin.must(t, "POST", leader.url+"/api/v1/networks/t2:w/", netTagBody("t2", "w", "vlan", 0, 85, 10), 200)
+	if v, _ := tagsOf(t, admin, leader.url+"/api/v1/inspect/networks/t2:w/"); v != 3 {
+		t.Errorf("automatic VLAN of a tenant without a range: %d, want 3 (the first outside t1's and t3's)", v)
+	}
+	if st, out := admin.call(t, "POST", follower.url+"/api/v1/networks/t2:x/", netTagBody("t2", "x", "vlan", 130, 85, 11)); st != 409 || !strings.Contains(out, `VLAN 130 lies in tenant \"t1\"'s vlans range 100-149`) {
+		t.Errorf("admin's tag in t1's range: %d %s", st, out)
+	}
+	admin.must(t, "POST", follower.url+"/api/v1/networks/t2:y/", netTagBody("t2", "y", "vlan", 170, 85, 12), 200)
+	admin.must(t, "DELETE", leader.url+"/api/v1/quotas/t1/", "", 200)
+	if q := admin.quota(t, follower.url+"/api/v1/quotas/t1/"); q.VLANs != "" || q.VXLANs != "" {
+		t.Errorf("after DELETE: %+v", q)
+	}
 }

@@ -82,10 +82,15 @@ func networkOps() objOps[model.Network] {
 		key:      func(n *model.Network) string { return model.ScopedKey(n.TenantName, n.NetworkName) },
 		setKey:   func(n *model.Network, k string) { n.Key = k },
 		validate: validateNetwork,
-		claim:    claimNetwork,
-		save:     saveNetwork,
-		remove:   removeNetwork,
-		links:    deriveNetworkLinks,
+		claim: func(ctx context.Context, tx *state.Tx, key string, obj, old *model.Network) error {
+			if err := checkTagChoice(ctx, tx, obj, old); err != nil {
+				return err
+			}
+			return claimNetwork(ctx, tx, key, obj, old)
+		},
+		save:   saveNetwork,
+		remove: removeNetwork,
+		links:  deriveNetworkLinks,
 		inspect: func(m *Master, tx *state.Tx, n *model.Network) (any, error) {
 			ns, found, err := tenantNetwork(tx, n.NetworkName, n.TenantName)
 			if err != nil {
@@ -208,15 +213,19 @@ func saveNetwork(m *Master, tx *state.Tx, n, old *model.Network) error {
 			}
 		}
 	}
+	sc, err := scopeOf(tx, n.TenantName, n.Encap)
+	if err != nil {
+		return err
+	}
 	switch n.Encap {
 	case "vlan":
-		v, err := allocVLAN(tx, n.PktTag)
+		v, err := allocVLAN(tx, n.PktTag, sc)
 		if err != nil {
 			return err
 		}
 		ns.PktTag = v
 	case "vxlan":
-		vni, local, err := allocVXLAN(tx, n.PktTag)
+		vni, local, err := allocVXLAN(tx, n.PktTag, sc)
 		if err != nil {
 			return err
 		}

@@ -56,6 +56,11 @@ func (m *Master) tenantQuota(tx *state.Tx, tenant string) (model.TenantQuota, er
 	if q.Limits, q.Overrides, err = m.limitsOf(tx, tenant); err != nil {
 		return q, err
 	}
+	if l, found, err := getT[model.TenantQuotaLimits](tx, model.QuotaLimitsKey(tenant)); err != nil {
+		return q, err
+	} else if found {
+		q.TagRanges = l.TagRanges
+	}
 	u, found, err := getT[model.TenantUsage](tx, model.QuotaUsageKey(tenant))
 	if err != nil {
 		return q, err
@@ -109,40 +114,81 @@ func (m *Master) getQuota(w http.ResponseWriter, r *http.Request) {
 	answer(w, q, err)
 }
 
-// setQuota merges an admin's limits into tenant's (model.QuotaUpdate) and recounts its
-// usage: setting a quota also repairs a usage record that went wrong.
+// setQuota merges an admin's limits into tenant's (model.QuotaUpdate; the tag ranges,
+// strings, in the same body) and recounts its usage: setting a quota also repairs a usage
+// record that went wrong.
 func (m *Master) setQuota(w http.ResponseWriter, r *http.Request) {
-	var upd model.QuotaUpdate
-	if err := decodeStrict(r, &upd); err != nil {
+	var body map[string]json.RawMessage
+	if err := decodeStrict(r, &body); err != nil {
 		writeErr(w, err)
 		return
 	}
-	for k, v := range upd {
-		if err := checkLimit(k, v); err != nil {
-			writeErr(w, err)
-			return
-		}
+	upd, ranges, err := parseQuotaUpdate(body)
+	if err != nil {
+		writeErr(w, err)
+		return
 	}
-	m.writeQuota(w, r, func(cur map[string]int64) map[string]int64 {
+	m.writeQuota(w, r, func(cur *model.TenantQuotaLimits) {
 		for k, v := range upd {
 			if v == nil {
-				delete(cur, k)
+				delete(cur.Limits, k)
 			} else {
-				cur[k] = *v
+				cur.Limits[k] = *v
 			}
 		}
-		return cur
+		for k, v := range ranges {
+			*tagRangeField(&cur.TagRanges, k) = v
+		}
 	})
 }
 
-// resetQuota drops every limit an admin set for the tenant.
-func (m *Master) resetQuota(w http.ResponseWriter, r *http.Request) {
-	m.writeQuota(w, r, func(map[string]int64) map[string]int64 { return nil })
+// parseQuotaUpdate reads a quota body: limits by kind, and tag ranges (field → range, ""
+// to drop it).
+func parseQuotaUpdate(body map[string]json.RawMessage) (model.QuotaUpdate, map[string]string, error) {
+	upd, ranges := model.QuotaUpdate{}, map[string]string{}
+	for k, raw := range body {
+		if k == model.QuotaVLANs || k == model.QuotaVXLANs {
+			var s *string
+			if json.Unmarshal(raw, &s) != nil {
+				return nil, nil, badReq("quota %q: want a range like \"100-199\", or null for none", k)
+			}
+			ranges[k] = ""
+			if s != nil {
+				if err := checkTagRange(k, *s); err != nil {
+					return nil, nil, err
+				}
+				ranges[k] = *s
+			}
+			continue
+		}
+		var v *int64
+		if model.IsQuotaKind(k) && json.Unmarshal(raw, &v) != nil {
+			return nil, nil, badReq("quota %q: want a whole number, or null for the default", k)
+		}
+		if err := checkLimit(k, v); err != nil {
+			return nil, nil, err
+		}
+		upd[k] = v
+	}
+	return upd, ranges, nil
 }
 
-// writeQuota replaces the admin's limits of the URL's tenant by change(current ones),
-// recounts its usage and answers the quota view.
-func (m *Master) writeQuota(w http.ResponseWriter, r *http.Request, change func(map[string]int64) map[string]int64) {
+// tagRangeField is the field of r that holds range field k.
+func tagRangeField(r *model.TagRanges, k string) *string {
+	if k == model.QuotaVLANs {
+		return &r.VLANs
+	}
+	return &r.VXLANs
+}
+
+// resetQuota drops every limit and tag range an admin set for the tenant.
+func (m *Master) resetQuota(w http.ResponseWriter, r *http.Request) {
+	m.writeQuota(w, r, func(cur *model.TenantQuotaLimits) { *cur = model.TenantQuotaLimits{} })
+}
+
+// writeQuota applies change to the admin's limits record of the URL's tenant, checks its
+// tag ranges, recounts its usage and answers the quota view.
+func (m *Master) writeQuota(w http.ResponseWriter, r *http.Request, change func(*model.TenantQuotaLimits)) {
 	tenant := mux.Vars(r)["tenant"]
 	if id, ok := auth.FromContext(r.Context()); ok && id.Role != auth.RoleAdmin {
 		writeErr(w, errf(http.StatusForbidden, "quotas are set by admins, not by %s %q", id.Role, id.Name))
@@ -182,31 +228,39 @@ func answer(w http.ResponseWriter, v any, err error) {
 	writeJSON(w, v)
 }
 
-// putLimits writes change(tenant's current limits) as its limits record (none left: the
-// record goes). The tenant must exist.
-func putLimits(tx *state.Tx, tenant string, change func(map[string]int64) map[string]int64) error {
+// putLimits writes tenant's limits record as change leaves it (no limits and no ranges
+// left: the record goes), refusing tag ranges that clash (checkTenantRanges). The tenant
+// must exist.
+func putLimits(tx *state.Tx, tenant string, change func(*model.TenantQuotaLimits)) error {
 	if ok, err := tx.Get(model.ModelKey(model.TypeTenant, tenant), &model.Tenant{}); err != nil {
 		return err
 	} else if !ok {
 		return notFound("tenant %q not found", tenant)
 	}
-	cur := map[string]int64{}
 	raw, found, err := tx.GetRaw(model.QuotaLimitsKey(tenant))
 	if err != nil {
 		return err
 	}
 	// A record that does not decode keeps the tenant's creates failing (limitsOf): the
 	// admin's write replaces it, or nothing but etcdctl would bring the tenant back.
-	var o model.TenantQuotaLimits
-	if found && json.Unmarshal(raw, &o) == nil {
-		for k, v := range o.Limits {
-			cur[k] = v
-		}
+	var cur model.TenantQuotaLimits
+	if !found || json.Unmarshal(raw, &cur) != nil {
+		cur = model.TenantQuotaLimits{}
 	}
-	next := change(cur)
-	if len(next) == 0 {
+	if cur.Limits == nil {
+		cur.Limits = map[string]int64{}
+	}
+	change(&cur)
+	if cur.Limits == nil {
+		cur.Limits = map[string]int64{}
+	}
+	if len(cur.Limits) == 0 && cur.TagRanges == (model.TagRanges{}) {
 		tx.Delete(model.QuotaLimitsKey(tenant))
 		return nil
 	}
-	return tx.Put(model.QuotaLimitsKey(tenant), model.TenantQuotaLimits{Tenant: tenant, Limits: next})
+	if err := checkTenantRanges(tx, tenant, cur.TagRanges); err != nil {
+		return err
+	}
+	cur.Tenant = tenant
+	return tx.Put(model.QuotaLimitsKey(tenant), cur)
 }

@@ -16,16 +16,18 @@ const (
 )
 
 type usedTags struct {
-	vlans, vnis, local map[int]string // tag → network id
+	vlans, vnis, local map[int]string    // tag → network id
+	tenants            map[string]string // network id → tenant
 }
 
 func collectUsedTags(tx *state.Tx) (usedTags, error) {
-	u := usedTags{vlans: map[int]string{}, vnis: map[int]string{}, local: map[int]string{}}
+	u := usedTags{vlans: map[int]string{}, vnis: map[int]string{}, local: map[int]string{}, tenants: map[string]string{}}
 	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
 	if err != nil {
 		return u, err
 	}
 	for _, n := range nets {
+		u.tenants[n.ID] = n.Tenant
 		switch n.PktTagType {
 		case "vlan":
 			u.vlans[n.PktTag] = n.ID
@@ -85,8 +87,8 @@ func writeTagResources(tx *state.Tx, vlanLo, vlanHi, vxLo, vxHi int) error {
 	return tx.Put(model.VxlanResOperKey, model.VxlanResourceOper{ID: "global", FreeVXLANs: xfree, FreeLocalVLANs: lfree})
 }
 
-// allocVLAN takes the requested VLAN (0 = lowest free) out of the free list.
-func allocVLAN(tx *state.Tx, req int) (int, error) {
+// allocVLAN takes the requested VLAN (0 = lowest free sc allows) out of the free list.
+func allocVLAN(tx *state.Tx, req int, sc tagScope) (int, error) {
 	var cfg model.VlanResourceCfg
 	var oper model.VlanResourceOper
 	if err := getBoth(tx, model.VlanResCfgKey, &cfg, model.VlanResOperKey, &oper); err != nil {
@@ -102,12 +104,12 @@ func allocVLAN(tx *state.Tx, req int) (int, error) {
 		oper.FreeVLANs.Clear(uint(req))
 		return req, tx.Put(model.VlanResOperKey, oper)
 	}
-	v, ok := oper.FreeVLANs.NextSet(1)
+	v, ok := sc.next(oper.FreeVLANs, 0, 1)
 	if !ok {
-		return 0, conflict("pktTag: no free VLAN left in the global vlan range")
+		return 0, sc.exhausted("VLAN")
 	}
-	oper.FreeVLANs.Clear(v)
-	return int(v), tx.Put(model.VlanResOperKey, oper)
+	oper.FreeVLANs.Clear(uint(v))
+	return v, tx.Put(model.VlanResOperKey, oper)
 }
 
 func releaseVLAN(tx *state.Tx, v int) error {
@@ -122,8 +124,8 @@ func releaseVLAN(tx *state.Tx, v int) error {
 	return tx.Put(model.VlanResOperKey, oper)
 }
 
-// allocVXLAN takes a VNI (requested or lowest free) and a host-local VLAN.
-func allocVXLAN(tx *state.Tx, req int) (vni, local int, err error) {
+// allocVXLAN takes a VNI (requested or lowest free sc allows) and a host-local VLAN.
+func allocVXLAN(tx *state.Tx, req int, sc tagScope) (vni, local int, err error) {
 	var cfg model.VxlanResourceCfg
 	var oper model.VxlanResourceOper
 	if err := getBoth(tx, model.VxlanResCfgKey, &cfg, model.VxlanResOperKey, &oper); err != nil {
@@ -139,11 +141,11 @@ func allocVXLAN(tx *state.Tx, req int) (vni, local int, err error) {
 		}
 		vni = req
 	} else {
-		off, ok := oper.FreeVXLANs.NextSet(0)
+		v, ok := sc.next(oper.FreeVXLANs, start, start)
 		if !ok {
-			return 0, 0, conflict("pktTag: no free VXLAN left in the global vxlan range")
+			return 0, 0, sc.exhausted("VXLAN")
 		}
-		vni = start + int(off)
+		vni = v
 	}
 	// The host-local VLAN is Contiv's (its OVS bridge tags a VXLAN network's ports with
 	// it); neither of our dataplanes uses one, so a network created once all 4,094 are

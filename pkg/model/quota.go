@@ -67,6 +67,20 @@ const UsageVersion = 1
 type TenantQuotaLimits struct {
 	Tenant string           `json:"tenant"`
 	Limits map[string]int64 `json:"limits"`
+	TagRanges
+}
+
+// Tag range fields of a quota (this project's extension): the VLAN and VXLAN ids a
+// tenant's networks draw from, "lo-hi" ("" none). Ranges of two tenants never overlap.
+const (
+	QuotaVLANs  = "vlans"
+	QuotaVXLANs = "vxlans"
+)
+
+// TagRanges are a tenant's tag ranges (QuotaVLANs, QuotaVXLANs).
+type TagRanges struct {
+	VLANs  string `json:"vlans,omitempty"`
+	VXLANs string `json:"vxlans,omitempty"`
 }
 
 // TenantQuota is GET /api/v1/quotas/<tenant>/: the limits in force (an admin's, else the
@@ -76,8 +90,10 @@ type TenantQuota struct {
 	Limits    map[string]int64 `json:"limits"`
 	Overrides map[string]int64 `json:"overrides,omitempty"`
 	Usage     map[string]int64 `json:"usage"`
+	TagRanges
 }
 
 // QuotaUpdate is the body of POST/PUT /api/v1/quotas/<tenant>/: kind → limit (>= 0) to set
-// it, kind → null to go back to the default; kinds not named keep what they have.
+// it, kind → null to go back to the default; kinds not named keep what they have. The tag
+// ranges are set in the same body as strings ({"vlans": "100-199"}, null: none).
 type QuotaUpdate map[string]*int64
