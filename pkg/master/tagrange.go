@@ -162,8 +162,8 @@ func checkTagChoice(ctx context.Context, tx *state.Tx, n, old *model.Network) er
 	own, ok := rangeOf(all[n.TenantName], field)
 	if _, scoped := auth.TenantScope(ctx); scoped {
 		if !ok {
-			return errf(http.StatusForbidden, "pktTag: choosing a %s needs a %s range for tenant %q (set by an admin: netctl tenant quota) or an admin; leave pktTag 0 for one to be allocated",
-				tag, field, n.TenantName)
+			return errf(http.StatusForbidden, "pktTag: choosing a %s needs a %s range for tenant %q (set by an admin: netctl tenant quota --%s) or an admin; leave pktTag 0 for one to be allocated",
+				tag, field, n.TenantName, field)
 		}
 		if !own.has(n.PktTag) {
 			return errf(http.StatusForbidden, "pktTag: %s %d is outside tenant %q's %s range %s", tag, n.PktTag, n.TenantName, field, own)

@@ -95,5 +95,10 @@ type TenantQuota struct {
 
 // QuotaUpdate is the body of POST/PUT /api/v1/quotas/<tenant>/: kind → limit (>= 0) to set
 // it, kind → null to go back to the default; kinds not named keep what they have. The tag
-// ranges are set in the same body as strings ({"vlans": "100-199"}, null: none).
+// ranges are set in the same body as strings ({"vlans": "100-199"}, null: none):
+// TagRangeUpdate.
 type QuotaUpdate map[string]*int64
+
+// TagRangeUpdate is the tag range part of a quota body: QuotaVLANs or QuotaVXLANs → "lo-hi"
+// to set it, → nil to drop it; fields not named keep what they have.
+type TagRangeUpdate map[string]*string

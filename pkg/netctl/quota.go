@@ -3,6 +3,7 @@ package netctl
 import (
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -33,9 +34,17 @@ func quotaCommand() *cli.Command {
 		}
 		flags = append(flags, str(f[0], "", "", usage))
 	}
-	flags = append(flags, boolean("reset", "", "Drop every limit set for the tenant: netmaster's defaults apply (admins only)"), jsonFlag())
+	flags = append(flags,
+		str("vlans", "", "", "VLAN ids the tenant's networks use, lo-hi (e.g. 100-199), or \"none\" (admins only)"),
+		str("vxlans", "", "", "VXLAN ids (VNIs) the tenant's networks use, lo-hi (e.g. 6000-6999), or \"none\" (admins only)"),
+		boolean("reset", "", "Drop every limit set for the tenant: netmaster's defaults apply (admins only)"), jsonFlag())
 	return &cli.Command{Name: "quota", Usage: "Show a tenant's quota and usage; set its limits (admins)", ArgsUsage: "[tenant]",
 		Flags: flags, Action: action(tenantQuota)}
+}
+
+// rangeFlags maps `tenant quota`'s tag range flags to the quota's range fields.
+func rangeFlags() [][2]string {
+	return [][2]string{{"vlans", model.QuotaVLANs}, {"vxlans", model.QuotaVXLANs}}
 }
 
 func tenantQuota(e *env) error {
@@ -47,12 +56,16 @@ func tenantQuota(e *env) error {
 	if err != nil {
 		return err
 	}
+	ranges, err := rangeUpdate(e)
+	if err != nil {
+		return err
+	}
 	q, err := e.cl.QuotaGet(e.ctx, t)
 	if e.c.Bool("reset") && err == nil {
 		q, err = e.cl.QuotaReset(e.ctx, t)
 	}
-	if len(upd) > 0 && err == nil {
-		q, err = e.cl.QuotaSet(e.ctx, t, upd)
+	if len(upd)+len(ranges) > 0 && err == nil {
+		q, err = e.cl.QuotaSet(e.ctx, t, upd, ranges)
 	}
 	if err != nil {
 		return apiErr(err)
@@ -82,6 +95,29 @@ func quotaUpdate(e *env) (model.QuotaUpdate, error) {
 		upd[f[1]] = &n
 	}
 	return upd, nil
+}
+
+// reTagRange is what a tag range flag takes besides "none" (netmaster checks the bounds).
+var reTagRange = regexp.MustCompile(`^[0-9]{1,8}-[0-9]{1,8}$`)
+
+// rangeUpdate reads the tag range flags given ("none": drop the range).
+func rangeUpdate(e *env) (model.TagRangeUpdate, error) {
+	out := model.TagRangeUpdate{}
+	for _, f := range rangeFlags() {
+		if !e.c.IsSet(f[0]) {
+			continue
+		}
+		v := e.c.String(f[0])
+		switch {
+		case v == "none":
+			out[f[1]] = nil
+		case reTagRange.MatchString(v):
+			out[f[1]] = &v
+		default:
+			return nil, usageErr(e.c, "--%s %q: want a range like 100-199, or \"none\"", f[0], v)
+		}
+	}
+	return out, nil
 }
 
 // parseLimit reads a limit: a whole number, with an optional K, M, G (powers of 1000) or
@@ -120,6 +156,13 @@ func writeQuotaTable(w io.Writer, q *model.TenantQuota) error {
 			source = "tenant"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", k, q.Usage[k], limit, source)
+	}
+	for _, r := range []struct{ field, val string }{{model.QuotaVLANs, q.VLANs}, {model.QuotaVXLANs, q.VXLANs}} {
+		limit, source := "-", "none"
+		if r.val != "" {
+			limit, source = r.val, "tenant"
+		}
+		fmt.Fprintf(tw, "%s\t-\t%s\t%s\n", r.field, limit, source)
 	}
 	return tw.Flush()
 }

@@ -9,10 +9,11 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
-// TestTenantQuota (issue 34, item 2): `netctl tenant quota` shows a tenant's usage and
-// limits (golden table, -j), sets limits (numbers with unit suffixes, "default"), resets
-// them, refuses bad values before asking netmaster, and a create past the limit fails with
-// netmaster's message naming the tenant, the kind and the limit.
+// TestTenantQuota (issue 34, items 2 and 4): `netctl tenant quota` shows a tenant's usage
+// and limits (golden table, -j), sets limits (numbers with unit suffixes, "default") and
+// tag ranges (--vlans, --vxlans, "none"), resets them, refuses bad values before asking
+// netmaster, and a create past the limit fails with netmaster's message naming the tenant,
+// the kind and the limit.
 func TestTenantQuota(t *testing.T) {
 	url := startMaster(t, func(c *master.Config) {
 		c.Quota = map[string]int64{model.QuotaNetworks: 5, model.QuotaBytes: 1 << 20}
@@ -21,7 +22,7 @@ func TestTenantQuota(t *testing.T) {
 		t.Helper()
 		return runNetctl(t, url, args...)
 	}
-	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7", "--node-ports", "4")
+	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7", "--node-ports", "4", "--vlans", "100-199")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("set: %+v", r)
 	}
@@ -39,12 +40,25 @@ func TestTenantQuota(t *testing.T) {
 		q.Overrides[model.QuotaBytes] != 2<<20 || q.Usage[model.QuotaNetworks] != 1 {
 		t.Fatalf("back to the default: %+v %+v", r, q)
 	}
+	r = run("tenant", "quota", "default", "--vxlans", "6000-6099", "--vlans", "none", "-j")
+	q = model.TenantQuota{}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &q) != nil || q.VLANs != "" || q.VXLANs != "6000-6099" {
+		t.Fatalf("tag ranges: %+v %+v", r, q)
+	}
+	if r := run("tenant", "quota", "default", "--vxlans", "6099-6000"); r.code != ExitAPI || !strings.Contains(r.stderr, "has its start after its end") {
+		t.Errorf("reversed range: %+v", r)
+	}
 	if r := run("tenant", "quota", "default", "--reset"); r.code != 0 || !strings.Contains(r.stdout, "bytes           ") || strings.Contains(r.stdout, "tenant\n") {
 		t.Fatalf("reset: %+v", r)
 	}
 	for _, bad := range []string{"x", "-1", "5Q"} {
 		if r := run("tenant", "quota", "default", "--networks", bad); r.code != ExitUsage {
 			t.Errorf("--networks %s: %+v, want a usage error", bad, r)
+		}
+	}
+	for _, bad := range []string{"1-2-3", "-5", "default", "100"} {
+		if r := run("tenant", "quota", "default", "--vlans", bad); r.code != ExitUsage {
+			t.Errorf("--vlans %s: %+v, want a usage error", bad, r)
 		}
 	}
 	if r := run("tenant", "quota", "nosuch"); r.code != ExitAPI || !strings.Contains(r.stderr, "not found") {

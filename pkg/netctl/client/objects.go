@@ -260,10 +260,18 @@ func (c *Client) QuotaGet(ctx context.Context, tenant string) (*model.TenantQuot
 	return Get[model.TenantQuota](ctx, c, model.CollQuotas, tenant)
 }
 
-// QuotaSet merges limits into a tenant's (admins only); a nil limit goes back to the default.
-func (c *Client) QuotaSet(ctx context.Context, tenant string, upd model.QuotaUpdate) (*model.TenantQuota, error) {
+// QuotaSet merges limits and tag ranges into a tenant's (admins only); a nil limit goes back
+// to the default, a nil range is dropped.
+func (c *Client) QuotaSet(ctx context.Context, tenant string, upd model.QuotaUpdate, ranges model.TagRangeUpdate) (*model.TenantQuota, error) {
+	body := make(map[string]any, len(upd)+len(ranges))
+	for k, v := range upd {
+		body[k] = v
+	}
+	for k, v := range ranges {
+		body[k] = v
+	}
 	var out model.TenantQuota
-	if err := c.Do(ctx, http.MethodPut, ObjectPath(model.CollQuotas, tenant), upd, &out); err != nil {
+	if err := c.Do(ctx, http.MethodPut, ObjectPath(model.CollQuotas, tenant), body, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
