@@ -95,3 +95,40 @@ func TestQuotaNodePorts(t *testing.T) {
 		t.Errorf("recounted at start: %v", u)
 	}
 }
+
+// TestTagRangeBodies (review of issue 34, item 4): a quota body's tag ranges outside the
+// ids of their kind (0, 4095, 16777216), reversed, negative, spaced or not strings are 400
+// naming the field, nothing written; one with leading zeros is written as netmaster reads
+// it ("0100-0149": "100-149"; before: kept as sent, so GET and netctl showed "0100-0149"
+// while every check and message used 100-149).
+func TestTagRangeBodies(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
+	before, rev := e.snapshot()
+	for body, want := range map[string]string{
+		`{"vlans":"0-10"}`:                   `vlans: "0-10" must lie within 1-4094`,
+		`{"vlans":"4000-4095"}`:              `vlans: "4000-4095" must lie within 1-4094`,
+		`{"vxlans":"16777200-16777216"}`:     `vxlans: "16777200-16777216" must lie within 1-16777215`,
+		`{"vlans":"199-100"}`:                `vlans: "199-100" has its start after its end`,
+		`{"vlans":"-5-10"}`:                  `vlans: "-5-10" is not a range like 100-199`,
+		`{"vlans":"100 - 199"}`:              `vlans: "100 - 199" is not a range like 100-199`,
+		`{"vxlans":""}`:                      `vxlans: "" is not a range like 100-199`,
+		`{"vxlans":6000}`:                    `quota "vxlans": want a range like "100-199"`,
+		`{"vlans":"100-199","networks":"x"}`: `quota "networks": want a whole number`,
+	} {
+		if code, msg := e.do("PUT", "/api/v1/quotas/t1/", body); code != http.StatusBadRequest || !strings.Contains(msg, want) {
+			t.Errorf("%s: %d %s, want 400 with %s", body, code, msg, want)
+		}
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Fatal("a refused range changed etcd")
+	}
+	var q model.TenantQuota
+	e.ok("PUT", "/api/v1/quotas/t1/", `{"vlans":"0100-0149","vxlans":"00006000-6099"}`, &q)
+	if q.VLANs != "100-149" || q.VXLANs != "6000-6099" {
+		t.Errorf("ranges with leading zeros written as %q, %q; want 100-149, 6000-6099", q.VLANs, q.VXLANs)
+	}
+	if got := e.rawGet(model.QuotaLimitsKey("t1")); !strings.Contains(got, `"vlans":"100-149"`) {
+		t.Errorf("limits record: %s", got)
+	}
+}

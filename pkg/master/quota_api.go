@@ -154,10 +154,11 @@ func parseQuotaUpdate(body map[string]json.RawMessage) (model.QuotaUpdate, map[s
 			}
 			ranges[k] = ""
 			if s != nil {
-				if err := checkTagRange(k, *s); err != nil {
+				r, err := checkTagRange(k, *s)
+				if err != nil {
 					return nil, nil, err
 				}
-				ranges[k] = *s
+				ranges[k] = r
 			}
 			continue
 		}

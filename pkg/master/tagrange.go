@@ -51,23 +51,24 @@ func rangeOf(r model.TagRanges, field string) (span, bool) {
 	return span{lo, hi}, err == nil
 }
 
-// checkTagRange refuses (400) a range field that is not "lo-hi" within the ids of its kind.
-func checkTagRange(field, s string) error {
+// checkTagRange refuses (400) a range field that is not "lo-hi" within the ids of its kind,
+// and returns it as netmaster writes it ("0100-0199": "100-199").
+func checkTagRange(field, s string) (string, error) {
 	re, max := reVlanRange, 4094
 	if field == model.QuotaVXLANs {
 		re, max = reVxlanRng, maxVNI
 	}
 	if err := checkRegex(field, s, re, "a range like 100-199", 0); err != nil {
-		return err
+		return "", err
 	}
 	lo, hi, err := parseRange(field, s)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if lo < 1 || hi > max {
-		return badReq("%s: %q must lie within 1-%d", field, s, max)
+		return "", badReq("%s: %q must lie within 1-%d", field, s, max)
 	}
-	return nil
+	return fmtRange(lo, hi), nil
 }
 
 // tenantTagRanges reads every tenant's tag ranges (records that do not decode are left
