@@ -132,3 +132,23 @@ func TestTagRangeBodies(t *testing.T) {
 		t.Errorf("limits record: %s", got)
 	}
 }
+
+// TestTagRangeConflictNamesLowest (review of issue 34, item 4): a range that holds several
+// of another tenant's tags is refused naming the lowest, the same answer every time
+// (before: whichever tag a map handed out first, so two tries of one request told
+// different networks apart).
+func TestTagRangeConflictNamesLowest(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+	}
+	for i := 0; i < 8; i++ {
+		e.net("t2", fmt.Sprintf("n%d", i), "vlan", fmt.Sprintf("10.95.%d.0/24", i), "", 150+i)
+	}
+	for try := 0; try < 10; try++ {
+		code, msg := e.do("PUT", "/api/v1/quotas/t1/", `{"vlans":"140-160"}`)
+		if code != http.StatusConflict || !strings.Contains(msg, `range 140-160 holds VLAN 150 of network n0.t2`) {
+			t.Fatalf("try %d: %d %s, want 409 naming VLAN 150", try, code, msg)
+		}
+	}
+}

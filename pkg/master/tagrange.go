@@ -213,8 +213,8 @@ func checkTenantRanges(tx *state.Tx, tenant string, r model.TagRanges) error {
 				return conflict("%s: range %s overlaps tenant %q's %s range %s", k.field, s, t, k.field, o)
 			}
 		}
-		for v, id := range k.inUse {
-			if s.has(v) && used.tenants[id] != tenant {
+		for _, v := range slices.Sorted(maps.Keys(k.inUse)) { // (one answer for one state)
+			if id := k.inUse[v]; s.has(v) && used.tenants[id] != tenant {
 				return conflict("%s: range %s holds %s %d of network %s of tenant %q", k.field, s, k.tag, v, id, used.tenants[id])
 			}
 		}
