@@ -81,6 +81,9 @@ func saveGlobal(tx *state.Tx, g, old *model.Global) error {
 	}
 	vlo, vhi, _ := parseRange("vlans", g.Vlans)
 	xlo, xhi, _ := parseRange("vxlans", g.Vxlans)
+	if err := checkGlobalHoldsRanges(tx, span{vlo, vhi}, span{xlo, xhi}); err != nil {
+		return err
+	}
 	if err := writeTagResources(tx, vlo, vhi, xlo, xhi); err != nil {
 		return err
 	}

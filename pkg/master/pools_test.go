@@ -152,3 +152,31 @@ func TestTagRangeConflictNamesLowest(t *testing.T) {
 		}
 	}
 }
+
+// TestGlobalRangeHoldsTenantRanges (review of issue 34, item 4): the global vlans/vxlans
+// ranges may not shrink past a tenant's tag range (409 naming it, nothing written); before,
+// they could, and the tenant's automatic tags stopped short while every later change of its
+// quota was 409 "not inside the global range" until the range was moved.
+func TestGlobalRangeHoldsTenantRanges(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
+	e.ok("PUT", "/api/v1/quotas/t1/", `{"vlans":"100-149","vxlans":"6000-6099"}`, nil)
+	global := func(vlans, vxlans string) string {
+		return fmt.Sprintf(`{"name":"global","vlans":%q,"vxlans":%q,"pvtSubnet":"172.19.0.0/16","fwdMode":"bridge"}`, vlans, vxlans)
+	}
+	before, rev := e.snapshot()
+	for _, bad := range []struct{ vlans, vxlans, want string }{
+		{"1-120", "1-10000", `vlans: range 1-120 leaves out tenant "t1"'s vlans range 100-149`},
+		{"120-4094", "1-10000", `vlans: range 120-4094 leaves out tenant "t1"'s vlans range 100-149`},
+		{"1-4094", "1-6050", `vxlans: range 1-6050 leaves out tenant "t1"'s vxlans range 6000-6099`},
+	} {
+		if code, msg := e.do("POST", "/api/v1/globals/global/", global(bad.vlans, bad.vxlans)); code != http.StatusConflict || !strings.Contains(msg, bad.want) {
+			t.Errorf("global %s %s: %d %s, want 409 with %s", bad.vlans, bad.vxlans, code, msg, bad.want)
+		}
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Fatal("a refused global change wrote to etcd")
+	}
+	e.ok("POST", "/api/v1/globals/global/", global("100-200", "6000-7000"), nil)
+	e.ok("PUT", "/api/v1/quotas/t1/", `{"networks":3}`, nil)
+}

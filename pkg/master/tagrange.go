@@ -221,3 +221,25 @@ func checkTenantRanges(tx *state.Tx, tenant string, r model.TagRanges) error {
 	}
 	return nil
 }
+
+// checkGlobalHoldsRanges refuses (409) global tag ranges that would leave part of a
+// tenant's range outside them: its automatic tags would stop short and every later change
+// of its quota would be refused (checkTenantRanges) until an admin moved the range.
+func checkGlobalHoldsRanges(tx *state.Tx, vlans, vxlans span) error {
+	all, err := tenantTagRanges(tx)
+	if err != nil {
+		return err
+	}
+	for _, t := range slices.Sorted(maps.Keys(all)) {
+		for _, k := range []struct {
+			field  string
+			global span
+		}{{model.QuotaVLANs, vlans}, {model.QuotaVXLANs, vxlans}} {
+			if s, ok := rangeOf(all[t], k.field); ok && (s.lo < k.global.lo || s.hi > k.global.hi) {
+				return conflict("%s: range %s leaves out tenant %q's %s range %s (change it first: netctl tenant quota %s --%s)",
+					k.field, k.global, t, k.field, s, t, k.field)
+			}
+		}
+	}
+	return nil
+}
