@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -179,4 +180,67 @@ func TestGlobalRangeHoldsTenantRanges(t *testing.T) {
 	}
 	e.ok("POST", "/api/v1/globals/global/", global("100-200", "6000-7000"), nil)
 	e.ok("PUT", "/api/v1/quotas/t1/", `{"networks":3}`, nil)
+}
+
+// TestTagRangeRace (review of issue 34, item 4): two Masters on one etcd. Tenants' ranges
+// set at once, each overlapping the next, never both land; a range set while another
+// tenant's networks take automatic tags never ends up holding one of them (each side reads
+// the other's records with a commit guard: a tag or range written meanwhile makes it run
+// again).
+func TestTagRangeRace(t *testing.T) {
+	e1 := newEnv(t, "bridge")
+	e2 := newEnvOn(t, e1.store, e1.url, "bridge")
+	const n = 6
+	for i := 0; i < n; i++ {
+		e1.ok("POST", fmt.Sprintf("/api/v1/tenants/t%d/", i), fmt.Sprintf(`{"tenantName":"t%d"}`, i), nil)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ { // t<i>: 100+10i .. 114+10i, overlapping t<i+1>'s
+		wg.Go(func() {
+			[]*env{e1, e2}[i%2].do("PUT", fmt.Sprintf("/api/v1/quotas/t%d/", i), fmt.Sprintf(`{"vlans":"%d-%d"}`, 100+10*i, 114+10*i))
+		})
+	}
+	wg.Wait()
+	var spans []span
+	for i := 0; i < n; i++ {
+		var q model.TenantQuota
+		e1.ok("GET", fmt.Sprintf("/api/v1/quotas/t%d/", i), nil, &q)
+		if q.VLANs == "" {
+			continue
+		}
+		lo, hi, _ := parseRange("vlans", q.VLANs)
+		for _, o := range spans {
+			if o.overlaps(span{lo, hi}) {
+				t.Errorf("ranges %s and t%d's %s overlap", o, i, q.VLANs)
+			}
+		}
+		spans = append(spans, span{lo, hi})
+	}
+
+	// t9 (no range) takes automatic VLANs (1, 2, ...) while an admin gives t8 1-20.
+	for _, tn := range []string{"t8", "t9"} {
+		e1.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+	}
+	for i := 0; i < 8; i++ {
+		wg.Go(func() {
+			e1.do("POST", fmt.Sprintf("/api/v1/networks/t9:n%d/", i), fmt.Sprintf(`{"tenantName":"t9","networkName":"n%d","encap":"vlan","subnet":"10.97.%d.0/24"}`, i, i))
+		})
+	}
+	wg.Go(func() { e2.do("PUT", "/api/v1/quotas/t8/", `{"vlans":"1-20"}`) })
+	wg.Wait()
+	var q model.TenantQuota
+	e1.ok("GET", "/api/v1/quotas/t8/", nil, &q)
+	if q.VLANs == "" {
+		return // (the networks came first: the range was refused, rightly)
+	}
+	for i := 0; i < 8; i++ {
+		var in model.NetworkInspect
+		if code, _ := e1.do("GET", fmt.Sprintf("/api/v1/inspect/networks/t9:n%d/", i), nil); code != http.StatusOK {
+			continue
+		}
+		e1.ok("GET", fmt.Sprintf("/api/v1/inspect/networks/t9:n%d/", i), nil, &in)
+		if in.Oper.PktTag >= 1 && in.Oper.PktTag <= 20 {
+			t.Errorf("t9's network n%d took VLAN %d inside t8's range 1-20", i, in.Oper.PktTag)
+		}
+	}
 }
