@@ -2,14 +2,8 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
-	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 )
 
 // TestAgentBoundToHost: an agent identity bound to its host (token name "host:<host>")
@@ -18,31 +12,9 @@ import (
 // remove another host's endpoint as a service provider (403, nothing changed). An agent
 // token not bound to a host (one token shared by every host) keeps every right, as before.
 func TestAgentBoundToHost(t *testing.T) {
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	const (
-		tAdmin  = "admin-token-0123456789"
-		tH1     = "agent-h1-token-0123456789"
-		tH2     = "agent-h2-token-0123456789"
-		tShared = "agent-shared-token-0123456789"
-	)
-	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("%s admin ops\n%s agent host:h1\n%s agent host:h2\n%s agent agents\n",
-		tAdmin, tH1, tH2, tShared)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	etcdURL := statetest.Etcd(t)
-	rev := etcdRevision(t, etcdURL)
-	p := startNetmaster(t, "nm-bind", etcdURL, "--auth-tokens", tokens)
-	c := func(tok string) *apiClient { return client(t, tlsconf.Files{}, tok) }
-	admin, h1, h2, shared := c(tAdmin), c(tH1), c(tH2), c(tShared)
-	eventually(t, 30*time.Second, "netmaster up", func() error {
-		if st, body := admin.call(t, "GET", p.url+"/info", ""); st != 200 || !strings.Contains(body, `"current-state":"leader"`) {
-			return fmt.Errorf("%d %s", st, body)
-		}
-		return nil
-	})
-	admin.must(t, "POST", p.url+"/api/v1/globals/global/", `{"name":"global","networkInfraType":"default","vlans":"1-4094","vxlans":"1-10000","fwdMode":"routing","arpMode":"proxy","pvtSubnet":"172.19.0.0/16"}`, 200)
-	admin.must(t, "POST", p.url+"/api/v1/tenants/t1/", `{"tenantName":"t1"}`, 200)
+	ac := startAgentCluster(t, "nm-bind")
+	p, rev := ac, ac.rev
+	admin, h1, h2, shared := ac.admin, ac.h1, ac.h2, ac.shared
 	admin.must(t, "POST", p.url+"/api/v1/networks/t1:n1/", `{"tenantName":"t1","networkName":"n1","encap":"vxlan","subnet":"10.9.1.0/24"}`, 200)
 	admin.must(t, "POST", p.url+"/api/v1/serviceLBs/t1:web/", `{"tenantName":"t1","serviceName":"web","networkName":"n1","selectors":["app=web"],"ports":["80:8080:TCP"]}`, 200)
 	create := func(tok *apiClient, container, host string) (int, string) {

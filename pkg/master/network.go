@@ -365,9 +365,41 @@ func claimNetwork(ctx context.Context, tx *state.Tx, key string, obj, old *model
 	case remove && had:
 		tx.Delete(model.NetCreatorKey(key))
 	case bound && old == nil:
+		if err := agentNetworkFields(obj); err != nil {
+			return err
+		}
 		return tx.Put(model.NetCreatorKey(key), id.Name)
 	case old == nil && had:
 		tx.Delete(model.NetCreatorKey(key)) // (a stale record: the new network is not its)
+	}
+	return nil
+}
+
+// agentNetworkFields refuses (403, naming the field) what a network created by a bound
+// agent may not choose: it may set what Docker's driver sends (pkg/dockerplugin, sync.go
+// adopt: names, subnet, gateway, VXLAN encapsulation of a data network), nothing else. A
+// pkt-tag picks a VLAN or VNI, a VLAN network reaches the physical fabric (and in routing
+// mode its subnet blocks every tenant's VLAN networks), an infra network is the hosts' own,
+// a cfgdTag names the network to the fabric (ACI), IPv6 and NAT settings are the admin's:
+// an admin or tenant-admin creates such networks (issue 34: a bound agent created a VLAN
+// network on any tag it named). Quota is charged as for any create.
+func agentNetworkFields(n *model.Network) error {
+	refuse := func(field, why string) error {
+		return errf(http.StatusForbidden, "%s: a network created by a host's agent %s; an admin or the tenant's admin creates such networks", field, why)
+	}
+	switch {
+	case n.PktTag != 0:
+		return refuse("pktTag", "takes its tag from the pool")
+	case n.Encap != "vxlan":
+		return refuse("encap", "is a VXLAN network")
+	case n.NwType != "data":
+		return refuse("nwType", "is a data network")
+	case n.CfgdTag != "":
+		return refuse("cfgdTag", "has no configured tag")
+	case n.Ipv6Subnet != "" || n.Ipv6Gateway != "":
+		return refuse("ipv6Subnet", "has no IPv6 subnet")
+	case n.NatDisabled:
+		return refuse("natDisabled", "keeps egress NAT")
 	}
 	return nil
 }
