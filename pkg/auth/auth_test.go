@@ -372,6 +372,27 @@ func TestAuthorizeQuotas(t *testing.T) {
 	})
 }
 
+// TestAuthorizeHostScopes: only admins set hosts' scopes; agents, operators and peers read
+// them; a tenant-admin neither reads nor writes one (host names are not its), whatever the
+// host is called.
+func TestAuthorizeHostScopes(t *testing.T) {
+	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
+	checkAuthorize(t, []authCase{
+		{Identity{Role: RoleAdmin}, "PUT", "/api/v1/hostScopes/h1/", true},
+		{Identity{Role: RoleAdmin}, "DELETE", "/api/v1/hostScopes/h1/", true},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "GET", "/api/v1/hostScopes/h1/", true},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "PUT", "/api/v1/hostScopes/h1/", false},
+		{Identity{Role: RoleReadOnly}, "GET", "/api/v1/hostScopes/", true},
+		{Identity{Role: RoleReadOnly}, "PUT", "/api/v1/hostScopes/h1/", false},
+		{Identity{Role: RoleNetmaster}, "PUT", "/api/v1/hostScopes/h1/", false},
+		{t1, "GET", "/api/v1/hostScopes/t1/", false},
+		{t1, "GET", "/api/v1/hostScopes/t1:x/", false},
+		{t1, "PUT", "/api/v1/hostScopes/t1:x/", false},
+		{t1, "PUT", "/api/v1/hostScopes/t1/", false},
+		{t1, "DELETE", "/api/v1/hostScopes/t1:h1/", false},
+	})
+}
+
 // TestRefusalsLoggedWithinBudget: unauthenticated requests (reads too) are logged, at most
 // ten lines a second; the next line let through says how many were not logged.
 func TestRefusalsLoggedWithinBudget(t *testing.T) {

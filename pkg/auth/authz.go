@@ -17,7 +17,11 @@ var globalCollections = map[string]bool{"globals": true, "Bgps": true, "aciGws":
 // hostCollection reports whether coll holds per-host objects (a host's name, its router
 // address and the routes it learns and advertises: every tenant's endpoint /32s), which
 // are for admins, operators and agents only, like /info and /agents.
-func hostCollection(coll string) bool { return coll == "Bgps" }
+func hostCollection(coll string) bool { return coll == "Bgps" || coll == hostScopeCollection }
+
+// hostScopeCollection holds the hosts' scopes (/api/v1/hostScopes/<host>/: which tenants
+// a host's agent serves): admins set them; agents, operators and peers read them.
+const hostScopeCollection = "hostScopes"
 
 // Authorize decides whether id may send method to path (netmaster's routes).
 func Authorize(id Identity, method, path string) error {
@@ -59,6 +63,8 @@ func Authorize(id Identity, method, path string) error {
 				return deny("tenants and global objects are for admins")
 			case coll == quotaCollection:
 				return deny("quotas are set by admins")
+			case hostCollection(coll):
+				return deny("host objects are for admins")
 			case tenantOf(coll, key) != tenant:
 				return deny("the object is not in tenant " + tenant)
 			}

@@ -68,6 +68,7 @@ func (m *Master) router() *mux.Router {
 	registerObject(r, m, aciGwOps())
 	r.HandleFunc("/api/v1/inspect/endpoints/{key}/", m.inspectEndpoint).Methods(http.MethodGet)
 	registerQuotas(r, m)
+	registerHostScopes(r, m)
 
 	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
 	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)

@@ -368,6 +368,10 @@ func claimNetwork(ctx context.Context, tx *state.Tx, key string, obj, old *model
 		if err := agentNetworkFields(obj); err != nil {
 			return err
 		}
+		h, _ := id.BoundHost()
+		if err := inScope(tx, h, "tenantName", obj.TenantName, obj.NetworkName); err != nil {
+			return err
+		}
 		return tx.Put(model.NetCreatorKey(key), id.Name)
 	case old == nil && had:
 		tx.Delete(model.NetCreatorKey(key)) // (a stale record: the new network is not its)

@@ -39,6 +39,9 @@ func (m *Master) allocAddress(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		if err := inScope(tx, boundHost(r), "NetworkID", ns.Tenant, ns.NetworkName); err != nil {
+			return err
+		}
 		if req.Gateway && ns.Gateway != "" {
 			resp = model.AllocAddressResponse{NetworkID: req.NetworkID, IPv4Address: ns.Gateway + "/" + itoa(int(ns.SubnetLen))}
 			return nil
@@ -235,6 +238,9 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 	id := endpointStateID(netID, req.ConfigEP.Container, req.ConfigEP.Host)
 	var resp model.CreateEndpointResponse
 	err := m.update(r.Context(), func(tx *state.Tx) error {
+		if err := inScope(tx, host, "TenantName", req.TenantName, req.NetworkName); err != nil {
+			return err
+		}
 		if old, found, err := getT[model.CfgEndpointState](tx, model.EpStateKey(id)); err != nil {
 			return err
 		} else if found {

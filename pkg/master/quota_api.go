@@ -191,8 +191,8 @@ func (m *Master) resetQuota(w http.ResponseWriter, r *http.Request) {
 // tag ranges, recounts its usage and answers the quota view.
 func (m *Master) writeQuota(w http.ResponseWriter, r *http.Request, change func(*model.TenantQuotaLimits)) {
 	tenant := mux.Vars(r)["tenant"]
-	if id, ok := auth.FromContext(r.Context()); ok && id.Role != auth.RoleAdmin {
-		writeErr(w, errf(http.StatusForbidden, "quotas are set by admins, not by %s %q", id.Role, id.Name))
+	if err := adminOnly(r, "quotas"); err != nil {
+		writeErr(w, err)
 		return
 	}
 	var q model.TenantQuota

@@ -128,6 +128,7 @@ func commands(build BuildInfo) []*cli.Command {
 				quotaCommand(),
 			},
 		},
+		hostCommand(),
 		{
 			Name: "policy", Usage: "Policy manipulation tools",
 			Subcommands: []*cli.Command{

@@ -285,3 +285,27 @@ func (c *Client) QuotaReset(ctx context.Context, tenant string) (*model.TenantQu
 	}
 	return &out, nil
 }
+
+// HostScopeList returns every host's scope (this project's /api/v1/hostScopes/).
+func (c *Client) HostScopeList(ctx context.Context) ([]model.HostScope, error) {
+	return List[model.HostScope](ctx, c, model.CollHostScopes)
+}
+
+// HostScopeGet returns a host's scope (404: it has none and serves every tenant).
+func (c *Client) HostScopeGet(ctx context.Context, host string) (*model.HostScope, error) {
+	return Get[model.HostScope](ctx, c, model.CollHostScopes, host)
+}
+
+// HostScopeSet replaces a host's scope (admins only).
+func (c *Client) HostScopeSet(ctx context.Context, s *model.HostScope) (*model.HostScope, error) {
+	var out model.HostScope
+	if err := c.Do(ctx, http.MethodPut, ObjectPath(model.CollHostScopes, s.Host), s, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// HostScopeReset drops a host's scope (admins only): it serves every tenant again.
+func (c *Client) HostScopeReset(ctx context.Context, host string) error {
+	return c.Do(ctx, http.MethodDelete, ObjectPath(model.CollHostScopes, host), nil, nil)
+}

@@ -1,0 +1,175 @@
+package master
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/gorilla/mux"
+
+	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// The host scope routes (model.HostScope): GET /api/v1/hostScopes/ (every host's scope)
+// and /api/v1/hostScopes/<host>/, PUT or POST (an admin sets a host's scope: the whole
+// record) and DELETE (an admin drops it: the host serves every tenant again). Hosts'
+// names are for admins, operators and agents: a tenant-admin reads none (auth.Authorize).
+// Contiv has no such collection; its clients never call it.
+func registerHostScopes(r *mux.Router, m *Master) {
+	const base = "/api/v1/" + model.CollHostScopes + "/"
+	r.HandleFunc(base, m.listHostScopes).Methods(http.MethodGet)
+	r.HandleFunc(base+"{host}/", m.getHostScope).Methods(http.MethodGet)
+	r.HandleFunc(base+"{host}/", m.setHostScope).Methods(http.MethodPost, http.MethodPut)
+	r.HandleFunc(base+"{host}/", m.deleteHostScope).Methods(http.MethodDelete)
+}
+
+// maxScopeEntries bounds a scope's tenants and networks together.
+const maxScopeEntries = 4096
+
+// checkHostScope validates an admin's scope for host (the URL's, which the body may repeat).
+func checkHostScope(host string, s *model.HostScope) error {
+	if err := checkName("host", host, 253); err != nil {
+		return err
+	}
+	if s.Host != "" && s.Host != host {
+		return badReq("host: %q differs from the URL's host %q", s.Host, host)
+	}
+	s.Host = host
+	if n := len(s.Tenants) + len(s.Networks); n > maxScopeEntries {
+		return badReq("tenants, networks: %d entries, at most %d", n, maxScopeEntries)
+	}
+	for _, t := range s.Tenants {
+		if err := checkName("tenants", t, 64); err != nil {
+			return err
+		}
+	}
+	for _, n := range s.Networks {
+		t, net, ok := strings.Cut(n, ":")
+		if !ok {
+			return badReq("networks: %q is not <tenant>:<network>", n)
+		}
+		if err := checkName("networks", t, 64); err != nil {
+			return err
+		}
+		if err := checkName("networks", net, 64); err != nil {
+			return err
+		}
+	}
+	slices.Sort(s.Tenants)
+	s.Tenants = slices.Compact(s.Tenants)
+	slices.Sort(s.Networks)
+	s.Networks = slices.Compact(s.Networks)
+	if s.Tenants == nil {
+		s.Tenants = []string{}
+	}
+	if s.Networks == nil {
+		s.Networks = []string{}
+	}
+	return nil
+}
+
+// adminOnly refuses a caller that is not an admin (403; a request without an identity,
+// of an --insecure netmaster, is let through as every other write of it).
+func adminOnly(r *http.Request, what string) error {
+	if id, ok := auth.FromContext(r.Context()); ok && id.Role != auth.RoleAdmin {
+		return errf(http.StatusForbidden, "%s are set by admins, not by %s %q", what, id.Role, id.Name)
+	}
+	return nil
+}
+
+func (m *Master) listHostScopes(w http.ResponseWriter, r *http.Request) {
+	out := []model.HostScope{}
+	if _, scoped := auth.TenantScope(r.Context()); scoped {
+		answer(w, out, nil) // (auth.Authorize refuses them this route; never another's hosts)
+		return
+	}
+	err := m.read(r.Context(), func(tx *state.Tx) error {
+		recs, err := listT[model.HostScope](tx, model.HostScopePrefix)
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for _, s := range recs {
+			out = append(out, *s)
+		}
+		slices.SortFunc(out, func(a, b model.HostScope) int { return strings.Compare(a.Host, b.Host) })
+		return nil
+	})
+	answer(w, out, err)
+}
+
+func (m *Master) getHostScope(w http.ResponseWriter, r *http.Request) {
+	host := mux.Vars(r)["host"]
+	var s *model.HostScope
+	err := m.read(r.Context(), func(tx *state.Tx) error {
+		var found bool
+		var err error
+		if s, found, err = getT[model.HostScope](tx, model.HostScopeKey(host)); err == nil && !found {
+			err = notFound("host %q has no scope: it serves every tenant", host)
+		}
+		return err
+	})
+	answer(w, s, err)
+}
+
+func (m *Master) setHostScope(w http.ResponseWriter, r *http.Request) {
+	if err := adminOnly(r, "host scopes"); err != nil {
+		writeErr(w, err)
+		return
+	}
+	host := mux.Vars(r)["host"]
+	var s model.HostScope
+	if err := decodeStrict(r, &s); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := checkHostScope(host, &s); err != nil {
+		writeErr(w, err)
+		return
+	}
+	err := m.update(r.Context(), func(tx *state.Tx) error { return tx.Put(model.HostScopeKey(host), &s) })
+	if err == nil {
+		m.log.Info("host scope set", "host", host, "tenants", s.Tenants, "networks", s.Networks)
+	}
+	answer(w, s, err)
+}
+
+func (m *Master) deleteHostScope(w http.ResponseWriter, r *http.Request) {
+	if err := adminOnly(r, "host scopes"); err != nil {
+		writeErr(w, err)
+		return
+	}
+	host := mux.Vars(r)["host"]
+	err := m.update(r.Context(), func(tx *state.Tx) error {
+		if ok, err := tx.Get(model.HostScopeKey(host), &model.HostScope{}); err != nil {
+			return err
+		} else if !ok {
+			return notFound("host %q has no scope", host)
+		}
+		tx.Delete(model.HostScopeKey(host))
+		return nil
+	})
+	if err == nil {
+		m.log.Info("host scope dropped: the host serves every tenant", "host", host)
+	}
+	answer(w, "success", err)
+}
+
+// inScope refuses (403 naming field) a caller bound to host (boundHost; "": anyone) network
+// of tenant when the host's scope does not hold it. No scope record: every tenant.
+func inScope(tx *state.Tx, host, field, tenant, network string) error {
+	if host == "" {
+		return nil
+	}
+	s, found, err := getT[model.HostScope](tx, model.HostScopeKey(host))
+	if err != nil || !found {
+		return err
+	}
+	if !s.Serves(tenant, network) {
+		return errf(http.StatusForbidden, "%s: host %q does not serve network %q of tenant %q (its scope, /api/v1/%s/%s/, set by admins)",
+			field, host, network, tenant, model.CollHostScopes, host)
+	}
+	return nil
+}
