@@ -172,3 +172,63 @@ func TestAgentHostScope(t *testing.T) {
 	must("h1 serves every tenant once its scope is dropped", ep(ac.h1, "h1", "t2", "n2", "c6"))
 	ac.admin.must(t, "GET", ac.url+scope, "", 404)
 }
+
+// TestEndpointNameNotTakenOver: an endpoint's DNS name (EPCommonName, EndpointID: what
+// the DNS responders answer, case-insensitively) is held by it in its tenant: another
+// host's endpoint asking for it at create, under any case, as its EndpointID, or later by
+// updateEndpoint is refused 409 naming the field, nothing written. The same endpoint
+// re-created, another tenant's endpoint and, once the holder is deleted, anyone may use
+// it; a Kubernetes pod whose name another endpoint holds is created without it.
+func TestEndpointNameNotTakenOver(t *testing.T) {
+	ac := startAgentCluster(t, "nm-names")
+	ac.admin.must(t, "POST", ac.url+"/api/v1/networks/t1:n1/", `{"tenantName":"t1","networkName":"n1","encap":"vxlan","subnet":"10.6.1.0/24"}`, 200)
+	ac.admin.must(t, "POST", ac.url+"/api/v1/networks/t2:n2/", `{"tenantName":"t2","networkName":"n2","encap":"vxlan","subnet":"10.6.2.0/24"}`, 200)
+	ep := func(c *apiClient, host, tenant, net, container, id, name, pod string) func() (int, string) {
+		return func() (int, string) {
+			return c.call(t, "POST", ac.url+"/plugin/createEndpoint", fmt.Sprintf(
+				`{"TenantName":"%s","NetworkName":"%s","EndpointID":"%s","EPCommonName":"%s","K8sPod":"%s","ConfigEP":{"Container":"%s","Host":"%s"}}`,
+				tenant, net, id, name, pod, container, host))
+		}
+	}
+	must := func(what string, do func() (int, string)) string {
+		t.Helper()
+		st, body := do()
+		if st != 200 {
+			t.Errorf("%s: %d %s, want 200", what, st, body)
+		}
+		return body
+	}
+	must("h1 creates web", ep(ac.h1, "h1", "t1", "n1", "c1", "c1", "web", ""))
+	must("h1 creates web again (the same endpoint)", ep(ac.h1, "h1", "t1", "n1", "c1", "c1", "web", ""))
+	out := must("h2 creates c4, unnamed", ep(ac.h2, "h2", "t1", "n1", "c4", "c4", "", ""))
+	ip4 := between(out, `"ipAddress":"`, `"`)
+	for _, c := range []struct {
+		what, field string
+		do          func() (int, string)
+	}{
+		{"h2 creates an endpoint named web", "EPCommonName", ep(ac.h2, "h2", "t1", "n1", "c2", "c2", "web", "")},
+		{"h2 creates an endpoint named WEB", "EPCommonName", ep(ac.h2, "h2", "t1", "n1", "c2", "c2", "WEB", "")},
+		{"h2 creates an endpoint whose id is web", "EndpointID", ep(ac.h2, "h2", "t1", "n1", "c3", "web", "", "")},
+		{"h2 renames its endpoint web", "EPCommonName", func() (int, string) {
+			return ac.h2.call(t, "POST", ac.url+"/plugin/updateEndpoint", `{"IPAddress":"`+ip4+`","Tenant":"t1","Event":"start","EndpointID":"c4","EPCommonName":"web"}`)
+		}},
+	} {
+		ac.refused(t, c.what, 409, c.do)
+		if _, body := c.do(); !strings.Contains(body, c.field+": name") {
+			t.Errorf("%s: the refusal does not name %s: %s", c.what, c.field, body)
+		}
+	}
+	must("h2 names its endpoint api", func() (int, string) {
+		return ac.h2.call(t, "POST", ac.url+"/plugin/updateEndpoint", `{"IPAddress":"`+ip4+`","Tenant":"t1","Event":"start","EndpointID":"c4","EPCommonName":"api"}`)
+	})
+	must("tenant t2's endpoint named web", ep(ac.h2, "h2", "t2", "n2", "c5", "c5", "web", ""))
+	must("a pod named web", ep(ac.h2, "h2", "t1", "n1", "c6", "c6", "web", "ns2/web"))
+	if _, body := ac.admin.call(t, "GET", ac.url+"/api/v1/inspect/endpoints/c6/", ""); strings.Contains(body, `"containerName":"web"`) {
+		t.Errorf("the pod took the name web: %s", body)
+	}
+	must("h1 deletes web", func() (int, string) {
+		return ac.h1.call(t, "POST", ac.url+"/plugin/deleteEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c1"}`)
+	})
+	must("h2 creates web once its holder is gone", ep(ac.h2, "h2", "t1", "n1", "c2", "c2", "web", ""))
+	ac.refused(t, "h1 takes the name api back from the renamed c4", 409, ep(ac.h1, "h1", "t1", "n1", "c7", "c7", "api", ""))
+}

@@ -3,11 +3,11 @@ package agent
 import (
 	"net"
 	"net/netip"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dnsresp"
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // The agent is the DNS responder's directory (pkg/dnsresp): which endpoint sits behind a
@@ -18,12 +18,9 @@ import (
 // nameIndex holds the names of every tenant: tenant → name → addresses.
 type nameIndex map[string]map[string][]netip.Addr
 
-// dnsLabel is what a name must look like to be served (one DNS label, lower case).
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
-
 func (n nameIndex) add(tenant, name string, a netip.Addr) {
-	name = strings.ToLower(name)
-	if !a.Is4() || tenant == "" || !dnsLabel.MatchString(name) {
+	name, ok := model.DNSName(name)
+	if !a.Is4() || tenant == "" || !ok {
 		return
 	}
 	m := n[tenant]

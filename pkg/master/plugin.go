@@ -285,6 +285,12 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			ep.EndpointGroupID = g.EndpointGroupID
 			ep.EndpointGroupKey = g.ID
 		}
+		if dropped, err := claimNames(tx, &ep, ns.Tenant); err != nil {
+			return err
+		} else if dropped {
+			m.log.Warn("createEndpoint: pod name held by another endpoint of the tenant: not answered for this pod",
+				"name", req.EPCommonName, "tenant", ns.Tenant, "pod", req.K8sPod)
+		}
 		if req.ConfigEP.IPAddress != "" {
 			if err := checkPreferred(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, true); err != nil {
 				return err
@@ -428,6 +434,11 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 	}
 	if ep.IPAddress != "" && tenant != "" {
 		if err := removeProvider(tx, ep.IPAddress, tenant, ""); err != nil {
+			return err
+		}
+	}
+	if tenant != "" {
+		if err := releaseNames(tx, ep, tenant); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
+	"strings"
 )
 
 // NetworkID is the state id of a network: "<net>.<tenant>".
@@ -112,4 +114,27 @@ type SubnetRecord struct {
 	IPv6SubnetLen uint   `json:"ipv6SubnetLen,omitempty"`
 	// PktTag is a VLAN network's VLAN: the VLAN record is checked against the VLANs in use.
 	PktTag int `json:"pktTag,omitempty"`
+}
+
+// EpNamePrefix indexes the DNS names endpoints answer to (this project's extension): one
+// record per tenant and name, holding the endpoint state id of the one live endpoint that
+// answers it, so no other endpoint takes its name over (pkg/master epnames.go).
+const EpNamePrefix = "/contiv.io/state/epnames/"
+
+// EpNameKey is the record of DNS name (DNSName's form) in tenant.
+func EpNameKey(tenant, name string) string { return EpNamePrefix + tenant + "/" + name }
+
+// EpNameIndexBuiltKey says the endpoint name index holds every endpoint's names (written
+// once the endpoints of a build without the index are indexed).
+const EpNameIndexBuiltKey = "/contiv.io/state/epnames-built"
+
+// dnsLabel is what a name must look like to be served by the DNS responders (one DNS
+// label, lower case).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
+
+// DNSName is name as the DNS responders serve it (lower case) and whether they do: an
+// endpoint's, group's or service's name that is not one DNS label is not answered.
+func DNSName(name string) (string, bool) {
+	name = strings.ToLower(name)
+	return name, dnsLabel.MatchString(name)
 }
