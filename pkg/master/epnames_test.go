@@ -2,13 +2,17 @@ package master
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
 // TestEndpointNameIndexBuilt: endpoints a build without the name index created (no records,
@@ -47,5 +51,46 @@ func TestEndpointNameIndexBuilt(t *testing.T) {
 		EndpointID: "b3", EPCommonName: "ghost", ConfigEP: model.ConfigEP{Container: "b3", Host: "host2"}})
 	if st != http.StatusOK {
 		t.Errorf("a name held by a stale record: %d %s, want 200", st, body)
+	}
+}
+
+// TestEndpointNameIndexBuiltWithinTxnLimit (review): building the index for many endpoints
+// of a build without it stays within an external etcd's default --max-txn-ops (128): the
+// build read every name record with its own commit guard, so once an old build's endpoints
+// held more than about 120 names every createEndpoint failed, and the index was never built.
+func TestEndpointNameIndexBuiltWithinTxnLimit(t *testing.T) {
+	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	pu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	srv, err := etcdembed.Start(context.Background(), etcdembed.Config{DataDir: t.TempDir(), ClientURL: cu, PeerURL: pu, MaxTxnOps: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	store, err := state.Open(context.Background(), []string{cu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	e := newEnvOn(t, store, cu, "bridge")
+	e.net("default", "n1", "vxlan", "10.5.0.0/22", "", 0)
+	const n = 80 // (two names each: EndpointID and EPCommonName)
+	for i := range n {
+		e.createEP("default", "n1", "", fmt.Sprintf("a%d", i), "")
+	}
+	ctx := context.Background()
+	if _, err := e.raw.Delete(ctx, model.EpNamePrefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.raw.Delete(ctx, model.EpNameIndexBuiltKey); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		e.createEP("default", "n1", "", fmt.Sprintf("b%d", i), "")
+	}
+	if e.rawGet(model.EpNameIndexBuiltKey) == "" {
+		t.Errorf("the index is not marked built after five creates")
+	}
+	if got := e.rawGet(model.EpNameKey("default", "c-a79")); !strings.Contains(got, "n1.default-a79") {
+		t.Errorf("the record of c-a79: %q, want endpoint n1.default-a79", got)
 	}
 }
