@@ -359,6 +359,7 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest, host
 		return err
 	}
 	var ep *model.CfgEndpointState
+	var network string
 	for _, e := range eps {
 		if e.IPAddress != ip {
 			continue
@@ -373,13 +374,18 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest, host
 		if req.Network != "" && req.Network != ns.NetworkName && req.Network != e.ServiceName {
 			continue
 		}
-		ep = e
+		ep, network = e, ns.NetworkName
 		break
 	}
 	if ep == nil {
 		return unproc("IPAddress: %s is not an endpoint of tenant %q (network or group %q)", ip, req.Tenant, req.Network)
 	}
 	if err := onHost(host, ep); err != nil {
+		return err
+	}
+	// A host's scope confines what its agent serves: an endpoint it still holds in a
+	// tenant the scope left out joins no service and takes no name (found by review).
+	if err := inScope(tx, host, "Tenant", req.Tenant, network); err != nil {
 		return err
 	}
 	p := &model.Provider{IPAddress: ip, ContainerID: req.ContainerID, Labels: req.Labels, Tenant: req.Tenant,

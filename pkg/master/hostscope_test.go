@@ -1,0 +1,48 @@
+package master
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// TestHostScopeConfinesUpdateEndpoint (review): once an admin's scope leaves a tenant out,
+// the host's bound agent cannot make its leftover endpoint of that tenant a provider of
+// the tenant's services, nor rename it (updateEndpoint "start": 403 naming the field,
+// nothing written); it may still take it out of them ("die"). Before, the scope confined
+// creates only, and a drained host's agent could relabel its endpoint into any service.
+func TestHostScopeConfinesUpdateEndpoint(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e.ok("POST", "/api/v1/serviceLBs/t2:web/", `{"networkName":"app","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"t2"}`, nil)
+	agent := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	var r model.CreateEndpointResponse
+	agent.ok("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t2", NetworkName: "app", EndpointID: "c1",
+		ConfigEP: model.ConfigEP{Container: "c1", Host: "host1"}}, &r)
+	e.ok("PUT", "/api/v1/hostScopes/host1/", model.HostScope{Tenants: []string{"t1"}}, nil)
+
+	before := e.rawGet(model.SvcLBStateKey("web:t2"))
+	for _, req := range []model.UpdateEndpointRequest{
+		{IPAddress: r.EndpointConfig.IPAddress, Tenant: "t2", Network: "app", Event: "start", Labels: map[string]string{"app": "web"}},
+		{IPAddress: r.EndpointConfig.IPAddress, Tenant: "t2", Network: "app", Event: "start", EndpointID: "c1", EPCommonName: "db"},
+	} {
+		st, body := agent.do("POST", "/plugin/updateEndpoint", req)
+		if st != http.StatusForbidden || !strings.Contains(body, "Tenant: host") {
+			t.Errorf("updateEndpoint %+v outside the host's scope: %d %s, want 403 naming Tenant", req, st, body)
+		}
+	}
+	if got := e.rawGet(model.SvcLBStateKey("web:t2")); got != before {
+		t.Errorf("service web:t2 changed: %s, was %s", got, before)
+	}
+	if got := e.rawGet(model.EpNameKey("t2", "db")); got != "" {
+		t.Errorf("name db recorded: %s", got)
+	}
+	agent.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: r.EndpointConfig.IPAddress, Tenant: "t2",
+		Network: "app", Event: "die"}, nil)
+}
