@@ -33,10 +33,10 @@ func checkHostScope(host string, s *model.HostScope) error {
 	if err := checkName("host", host, 253); err != nil {
 		return err
 	}
-	if s.Host != "" && s.Host != host {
+	if s.Host != "" && !strings.EqualFold(s.Host, host) {
 		return badReq("host: %q differs from the URL's host %q", s.Host, host)
 	}
-	s.Host = host
+	s.Host = strings.ToLower(host) // (as model.HostScopeKey spells it)
 	if n := len(s.Tenants) + len(s.Networks); n > maxScopeEntries {
 		return badReq("tenants, networks: %d entries, at most %d", n, maxScopeEntries)
 	}

@@ -46,3 +46,27 @@ func TestHostScopeConfinesUpdateEndpoint(t *testing.T) {
 	agent.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: r.EndpointConfig.IPAddress, Tenant: "t2",
 		Network: "app", Event: "die"}, nil)
 }
+
+// TestHostScopeHostCase (review): a host's scope holds whatever case the admin spelled the
+// host in (host names are case-insensitive): a scope set for "HOST1" confines the agent
+// bound to "host1". Before, it was another record and the agent served every tenant.
+func TestHostScopeHostCase(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e.ok("PUT", "/api/v1/hostScopes/HOST1/", model.HostScope{Host: "Host1", Tenants: []string{"t1"}}, nil)
+	agent := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	st, body := agent.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t2", NetworkName: "app",
+		EndpointID: "c1", ConfigEP: model.ConfigEP{Container: "c1", Host: "host1"}})
+	if st != http.StatusForbidden || !strings.Contains(body, "TenantName: host") {
+		t.Errorf("an endpoint outside the scope set as HOST1: %d %s, want 403", st, body)
+	}
+	var s model.HostScope
+	e.ok("GET", "/api/v1/hostScopes/host1/", nil, &s)
+	if s.Host != "host1" {
+		t.Errorf("scope read as host1: host %q", s.Host)
+	}
+	e.ok("DELETE", "/api/v1/hostScopes/Host1/", nil, nil)
+}

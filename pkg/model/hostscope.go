@@ -1,6 +1,9 @@
 package model
 
-import "slices"
+import (
+	"slices"
+	"strings"
+)
 
 // Host scopes (this project's extension, issue 34): which tenants, or single networks of a
 // tenant, the agent of a host serves. An admin sets a host's scope; netmaster then refuses
@@ -13,8 +16,10 @@ const CollHostScopes = "hostScopes"
 // HostScopePrefix holds one record per host with a scope.
 const HostScopePrefix = "/contiv.io/state/hostscopes/"
 
-// HostScopeKey is the scope record of host.
-func HostScopeKey(host string) string { return HostScopePrefix + host }
+// HostScopeKey is the scope record of host. Host names are case-insensitive: a scope an
+// admin set for "Node1" confines the agent bound to "node1" too (never a second record
+// that leaves the agent serving every tenant).
+func HostScopeKey(host string) string { return HostScopePrefix + strings.ToLower(host) }
 
 // HostScope is what host serves: every network of the tenants listed, and the networks
 // listed ("<tenant>:<network>"). Both empty: nothing (a drained host).
