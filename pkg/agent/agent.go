@@ -483,6 +483,7 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		return
 	case model.EPGStatePrefix:
 		delete(a.rec.epgs, id)
+		a.rec.namesStale = true // (group names are reserved in the name index: dns.go)
 		return
 	case model.BgpStatePrefix:
 		delete(a.rec.bgp, id)

@@ -36,9 +36,29 @@ func (n nameIndex) add(tenant, name string, a netip.Addr) {
 	m[name] = append(m[name], a)
 }
 
-// buildNames indexes the names of r (caller holds the agent's lock).
+// buildNames indexes the names of r (caller holds the agent's lock). A tenant's endpoint
+// group and service names are answered only with the group's members and the service's
+// VIP: an endpoint named like one (its EPCommonName or EndpointID, any case) is not
+// answered under it, so no agent draws a group's or service's clients to its container by
+// naming it so (netmaster's name index holds endpoint names only).
 func buildNames(r *records) *nameIndex {
+	reserved := map[string]bool{} // by model.ScopedKey(tenant, DNS name)
+	for _, g := range r.epgs {
+		if name, ok := model.DNSName(g.GroupName); ok {
+			reserved[model.ScopedKey(g.TenantName, name)] = true
+		}
+	}
+	for _, s := range r.svcs {
+		if name, ok := model.DNSName(s.ServiceName); ok {
+			reserved[model.ScopedKey(s.Tenant, name)] = true
+		}
+	}
 	n := nameIndex{}
+	own := func(tenant, name string, a netip.Addr) {
+		if folded, _ := model.DNSName(name); !reserved[model.ScopedKey(tenant, folded)] {
+			n.add(tenant, name, a)
+		}
+	}
 	for _, ep := range r.eps {
 		a, err := netip.ParseAddr(strings.Split(ep.IPAddress, "/")[0])
 		if err != nil {
@@ -51,8 +71,8 @@ func buildNames(r *records) *nameIndex {
 			continue
 		}
 		tenant := nr.Tenant
-		n.add(tenant, ep.EPCommonName, a)
-		n.add(tenant, ep.EndpointID, a)
+		own(tenant, ep.EPCommonName, a)
+		own(tenant, ep.EndpointID, a)
 		if g, t, ok := strings.Cut(ep.EndpointGroupKey, ":"); ok && t == tenant {
 			n.add(tenant, g, a)
 		}
