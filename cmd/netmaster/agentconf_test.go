@@ -223,8 +223,9 @@ func TestEndpointNameNotTakenOver(t *testing.T) {
 	})
 	must("tenant t2's endpoint named web", ep(ac.h2, "h2", "t2", "n2", "c5", "c5", "web", ""))
 	must("a pod named web", ep(ac.h2, "h2", "t1", "n1", "c6", "c6", "web", "ns2/web"))
-	if _, body := ac.admin.call(t, "GET", ac.url+"/api/v1/inspect/endpoints/c6/", ""); strings.Contains(body, `"containerName":"web"`) {
-		t.Errorf("the pod took the name web: %s", body)
+	if st, body := ac.admin.call(t, "GET", ac.url+"/api/v1/inspect/endpoints/c6/", ""); st != 200 || !strings.Contains(body, `"containerID":"c6"`) ||
+		strings.Contains(body, `"containerName":"web"`) {
+		t.Errorf("the pod c6 (want it without the name web): %d %s", st, body)
 	}
 	must("h1 deletes web", func() (int, string) {
 		return ac.h1.call(t, "POST", ac.url+"/plugin/deleteEndpoint", `{"TenantName":"t1","NetworkName":"n1","EndpointID":"c1"}`)
