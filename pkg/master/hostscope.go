@@ -30,7 +30,13 @@ const maxScopeEntries = 4096
 
 // checkHostScope validates an admin's scope for host (the URL's, which the body may repeat).
 func checkHostScope(host string, s *model.HostScope) error {
-	if err := checkName("host", host, 253); err != nil {
+	// Any host an agent creates endpoints on (ConfigEP.Host: checkPluginFields) can be
+	// given a scope, "node_1" too: a host whose name a scope could not hold could never be
+	// confined (found by review).
+	if host == "" {
+		return badReq("host: required")
+	}
+	if err := checkPluginFields(map[string]string{"host": host}); err != nil {
 		return err
 	}
 	if s.Host != "" && !strings.EqualFold(s.Host, host) {

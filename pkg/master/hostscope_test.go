@@ -70,3 +70,27 @@ func TestHostScopeHostCase(t *testing.T) {
 	}
 	e.ok("DELETE", "/api/v1/hostScopes/Host1/", nil, nil)
 }
+
+// TestHostScopeAnyHostName (review): every host name an agent can be bound to and create
+// endpoints on can be given a scope: a scope for "node_1" (underscores are common in
+// hosts' names, though not DNS's) confines the agent bound to it. Before, it was refused
+// 400 and that host's agent could not be confined at all.
+func TestHostScopeAnyHostName(t *testing.T) {
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e.ok("PUT", "/api/v1/hostScopes/node_1/", model.HostScope{Tenants: []string{"t1"}}, nil)
+	agent := e.as(auth.Identity{Name: auth.HostPrefix + "node_1", Role: auth.RoleAgent})
+	st, body := agent.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t2", NetworkName: "app",
+		EndpointID: "c1", ConfigEP: model.ConfigEP{Container: "c1", Host: "node_1"}})
+	if st != http.StatusForbidden {
+		t.Errorf("an endpoint outside node_1's scope: %d %s, want 403", st, body)
+	}
+	for _, bad := range []string{"a..b", "h%5Cx"} {
+		if st, body := e.do("PUT", "/api/v1/hostScopes/"+bad+"/", model.HostScope{}); st != http.StatusBadRequest {
+			t.Errorf("a scope for host %q: %d %s, want 400", bad, st, body)
+		}
+	}
+}
