@@ -9,17 +9,24 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
+// newScopeEnv is a netmaster with tenants t1 and t2 and network app of t2.
+func newScopeEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t, "bridge")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
+	}
+	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	return e
+}
+
 // TestHostScopeConfinesUpdateEndpoint (review): once an admin's scope leaves a tenant out,
 // the host's bound agent cannot make its leftover endpoint of that tenant a provider of
 // the tenant's services, nor rename it (updateEndpoint "start": 403 naming the field,
 // nothing written); it may still take it out of them ("die"). Before, the scope confined
 // creates only, and a drained host's agent could relabel its endpoint into any service.
 func TestHostScopeConfinesUpdateEndpoint(t *testing.T) {
-	e := newEnv(t, "bridge")
-	for _, tn := range []string{"t1", "t2"} {
-		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
-	}
-	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e := newScopeEnv(t)
 	e.ok("POST", "/api/v1/serviceLBs/t2:web/", `{"networkName":"app","ports":["80:8080:TCP"],"selectors":["app=web"],"serviceName":"web","tenantName":"t2"}`, nil)
 	agent := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
 	var r model.CreateEndpointResponse
@@ -51,11 +58,7 @@ func TestHostScopeConfinesUpdateEndpoint(t *testing.T) {
 // host in (host names are case-insensitive): a scope set for "HOST1" confines the agent
 // bound to "host1". Before, it was another record and the agent served every tenant.
 func TestHostScopeHostCase(t *testing.T) {
-	e := newEnv(t, "bridge")
-	for _, tn := range []string{"t1", "t2"} {
-		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
-	}
-	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e := newScopeEnv(t)
 	e.ok("PUT", "/api/v1/hostScopes/HOST1/", model.HostScope{Host: "Host1", Tenants: []string{"t1"}}, nil)
 	agent := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
 	st, body := agent.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t2", NetworkName: "app",
@@ -76,11 +79,7 @@ func TestHostScopeHostCase(t *testing.T) {
 // hosts' names, though not DNS's) confines the agent bound to it. Before, it was refused
 // 400 and that host's agent could not be confined at all.
 func TestHostScopeAnyHostName(t *testing.T) {
-	e := newEnv(t, "bridge")
-	for _, tn := range []string{"t1", "t2"} {
-		e.ok("POST", "/api/v1/tenants/"+tn+"/", model.Tenant{TenantName: tn}, nil)
-	}
-	e.net("t2", "app", "vxlan", "10.31.0.0/24", "10.31.0.1", 0)
+	e := newScopeEnv(t)
 	e.ok("PUT", "/api/v1/hostScopes/node_1/", model.HostScope{Tenants: []string{"t1"}}, nil)
 	agent := e.as(auth.Identity{Name: auth.HostPrefix + "node_1", Role: auth.RoleAgent})
 	st, body := agent.do("POST", "/plugin/createEndpoint", model.CreateEndpointRequest{TenantName: "t2", NetworkName: "app",
