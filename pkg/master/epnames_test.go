@@ -94,3 +94,25 @@ func TestEndpointNameIndexBuiltWithinTxnLimit(t *testing.T) {
 		t.Errorf("the record of c-a79: %q, want endpoint n1.default-a79", got)
 	}
 }
+
+// TestTenantDeleteDropsNameRecords (review): a tenant's deletion drops the name records
+// left under it (stale ones: an endpoint an older build deleted, or one whose network
+// record was gone), as it does its subnet index records; before, they stayed for good.
+func TestTenantDeleteDropsNameRecords(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.ok("POST", "/api/v1/tenants/t1/", model.Tenant{TenantName: "t1"}, nil)
+	e.ok("POST", "/api/v1/tenants/t11/", model.Tenant{TenantName: "t11"}, nil)
+	ctx := context.Background()
+	for _, k := range []string{model.EpNameKey("t1", "ghost"), model.EpNameKey("t11", "ghost")} {
+		if _, err := e.raw.Put(ctx, k, `"n1.x-gone"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.ok("DELETE", "/api/v1/tenants/t1/", nil, nil)
+	if got := e.rawGet(model.EpNameKey("t1", "ghost")); got != "" {
+		t.Errorf("t1's name record after its deletion: %s", got)
+	}
+	if got := e.rawGet(model.EpNameKey("t11", "ghost")); got == "" {
+		t.Errorf("t11's name record went with t1")
+	}
+}

@@ -122,7 +122,10 @@ type SubnetRecord struct {
 const EpNamePrefix = "/contiv.io/state/epnames/"
 
 // EpNameKey is the record of DNS name (DNSName's form) in tenant.
-func EpNameKey(tenant, name string) string { return EpNamePrefix + tenant + "/" + name }
+func EpNameKey(tenant, name string) string { return EpNameTenantPrefix(tenant) + name }
+
+// EpNameTenantPrefix holds the name records of tenant (dropped with the tenant).
+func EpNameTenantPrefix(tenant string) string { return EpNamePrefix + tenant + "/" }
 
 // EpNameIndexBuiltKey says the endpoint name index holds every endpoint's names (written
 // once the endpoints of a build without the index are indexed).
