@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAgentBoundToHost: an agent identity bound to its host (token name "host:<host>")
@@ -152,6 +153,85 @@ func TestAgentBoundToHost(t *testing.T) {
 	}
 	h2.must(t, "DELETE", p.url+"/api/v1/networks/t1:h2net/", "", 200)
 	admin.must(t, "DELETE", p.url+"/api/v1/networks/t1:adminnet/", "", 200)
+}
+
+// TestEndpointRecordBoundToHost: the agents' endpoint records (/contiv.io/oper/eps/<id>)
+// are written through netmaster (POST /plugin/recordEndpoint, /plugin/forgetEndpoint), so
+// an agent's etcd credentials need no write access to that shared prefix. A bound agent
+// records and forgets its own host's endpoints; another host's (homed there, recorded
+// there, or claimed for the other host) is refused 403 with nothing written; an endpoint
+// that does not exist is 422.
+func TestEndpointRecordBoundToHost(t *testing.T) {
+	b := startBound(t, "nm-oper")
+	p, h1, h2, rev := b, b.h1, b.h2, b.rev
+	raw := rawEtcd(t, b.etcdURL)
+	for _, x := range []struct {
+		tok  *apiClient
+		c, h string
+	}{{h1, "c1", "h1"}, {h2, "c2", "h2"}} {
+		x.tok.must(t, "POST", p.url+"/plugin/createEndpoint", fmt.Sprintf(
+			`{"TenantName":"t1","NetworkName":"n1","EndpointID":"%s","ConfigEP":{"Container":"%s","Host":"%s"}}`, x.c, x.c, x.h), 200)
+	}
+	record := func(tok *apiClient, id, host string) (int, string) {
+		return tok.call(t, "POST", p.url+"/plugin/recordEndpoint", fmt.Sprintf(
+			`{"id":"%s","netID":"n1.t1","homingHost":"%s","intfName":"eth0","tenant":"t1","network":"n1"}`, id, host))
+	}
+	operOf := func(id string) string {
+		resp, err := raw.Get(ctxT(t, 5*time.Second), "/contiv.io/oper/eps/"+id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	if st, body := record(h2, "n1.t1-c2", "h2"); st != 200 {
+		t.Fatalf("h2 records its endpoint: %d %s", st, body)
+	}
+	if v := operOf("n1.t1-c2"); !strings.Contains(v, `"homingHost":"h2"`) || !strings.Contains(v, `"tenant":"t1"`) {
+		t.Fatalf("h2's record: %q", v)
+	}
+	for _, x := range []struct {
+		what string
+		do   func() (int, string)
+		want int
+	}{
+		{"h1 records h2's endpoint as h2's", func() (int, string) { return record(h1, "n1.t1-c2", "h2") }, 403},
+		{"h1 records h2's endpoint as its own", func() (int, string) { return record(h1, "n1.t1-c2", "h1") }, 403},
+		{"h1 forgets h2's record", func() (int, string) {
+			return h1.call(t, "POST", p.url+"/plugin/forgetEndpoint", `{"ID":"n1.t1-c2"}`)
+		}, 403},
+		{"h1 records an endpoint that does not exist", func() (int, string) { return record(h1, "n1.t1-c9", "h1") }, 422},
+		{"h1 records a key outside the prefix", func() (int, string) { return record(h1, "../../obj/x", "h1") }, 400},
+	} {
+		before := rev()
+		if st, body := x.do(); st != x.want {
+			t.Errorf("%s: %d %s, want %d", x.what, st, body, x.want)
+		}
+		if after := rev(); after != before {
+			t.Errorf("%s: refused, but etcd changed (revision %d → %d)", x.what, before, after)
+		}
+	}
+	if v := operOf("n1.t1-c2"); !strings.Contains(v, `"homingHost":"h2"`) {
+		t.Fatalf("h2's record after the refusals: %q", v)
+	}
+	if st, body := record(h1, "n1.t1-c1", "h1"); st != 200 {
+		t.Fatalf("h1 records its endpoint: %d %s", st, body)
+	}
+	h1.must(t, "POST", p.url+"/plugin/forgetEndpoint", `{"ID":"n1.t1-c1"}`, 200)
+	h1.must(t, "POST", p.url+"/plugin/forgetEndpoint", `{"ID":"n1.t1-c1"}`, 200) // again: nothing to do
+	if v := operOf("n1.t1-c1"); v != "" {
+		t.Fatalf("h1's record after forgetting it: %q", v)
+	}
+}
+
+// startBound is startAgentCluster with tenant t1's network n1.
+func startBound(t *testing.T, name string) *agentCluster {
+	t.Helper()
+	ac := startAgentCluster(t, name)
+	ac.admin.must(t, "POST", ac.url+"/api/v1/networks/t1:n1/", `{"tenantName":"t1","networkName":"n1","encap":"vxlan","subnet":"10.9.1.0/24"}`, 200)
+	return ac
 }
 
 // between returns the text of s after the first from, up to the next to ("" if none).

@@ -18,6 +18,7 @@ type agentCluster struct {
 	url                   string
 	admin, h1, h2, shared *apiClient
 	rev                   func() int64
+	etcdURL               string
 }
 
 func startAgentCluster(t *testing.T, name string) *agentCluster {
@@ -37,7 +38,7 @@ func startAgentCluster(t *testing.T, name string) *agentCluster {
 	etcdURL := statetest.Etcd(t)
 	p := startNetmaster(t, name, etcdURL, "--auth-tokens", tokens)
 	c := func(tok string) *apiClient { return client(t, tlsconf.Files{}, tok) }
-	ac := &agentCluster{url: p.url, admin: c(tAdmin), h1: c(tH1), h2: c(tH2), shared: c(tShared), rev: etcdRevision(t, etcdURL)}
+	ac := &agentCluster{url: p.url, admin: c(tAdmin), h1: c(tH1), h2: c(tH2), shared: c(tShared), rev: etcdRevision(t, etcdURL), etcdURL: etcdURL}
 	eventually(t, 30*time.Second, "netmaster up", func() error {
 		if st, body := ac.admin.call(t, "GET", p.url+"/info", ""); st != 200 || !strings.Contains(body, `"current-state":"leader"`) {
 			return fmt.Errorf("%d %s", st, body)

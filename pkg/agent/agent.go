@@ -30,6 +30,11 @@ import (
 type MasterClient interface {
 	CreateEndpoint(ctx context.Context, req model.CreateEndpointRequest) (model.CfgEndpointState, error)
 	DeleteEndpoint(ctx context.Context, req model.DeleteEndpointRequest) error
+	// RecordEndpoint and ForgetEndpoint write and remove this host's record of an endpoint
+	// (/contiv.io/oper/eps/<id>): agents do not write keys other hosts' records share a
+	// prefix with (etcd RBAC confines their credentials to their own host's keys).
+	RecordEndpoint(ctx context.Context, rec model.LocalEndpointRecord) error
+	ForgetEndpoint(ctx context.Context, id string) error
 }
 
 // Config is what an agent needs.

@@ -18,17 +18,9 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
-// LocalEndpoint is this agent's record of an endpoint it attached, stored at
-// /contiv.io/oper/eps/<id>. Contiv's OperEndpointState fields keep their meaning
-// (intfName = container interface, portName = host-side veth); the rest is this
-// project's extension so a restarted agent can find the container again.
-type LocalEndpoint struct {
-	model.OperEndpointState
-	NetNS   string `json:"netNS,omitempty"`
-	Tenant  string `json:"tenant,omitempty"`
-	Network string `json:"network,omitempty"`
-	Group   string `json:"group,omitempty"`
-}
+// LocalEndpoint is this agent's record of an endpoint it attached (model.LocalEndpointRecord,
+// at /contiv.io/oper/eps/<id>, written through netmaster's /plugin/recordEndpoint).
+type LocalEndpoint = model.LocalEndpointRecord
 
 // records is everything the agent watches, decoded, keyed by record id.
 type records struct {

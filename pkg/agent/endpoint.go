@@ -183,7 +183,7 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 	recorded := make(chan putResult, 1)
 	t := time.Now()
 	go func() {
-		err := a.store.Put(ctx, model.EpOperKey(l.ID), l)
+		err := a.cfg.Master.RecordEndpoint(ctx, l)
 		recorded <- putResult{err, time.Since(t)}
 	}()
 	a.mu.Lock()
@@ -253,7 +253,7 @@ func (a *Agent) rollback(id string, req AttachRequest, cfg model.CfgEndpointStat
 	a.log.Warn("rolling back failed attach", "id", id, "existedBefore", prev != nil, "netmasterRecordBefore", hadMaster)
 	var errs []error
 	if prev != nil {
-		if err := a.store.Put(ctx, model.EpOperKey(id), *prev); err != nil {
+		if err := a.cfg.Master.RecordEndpoint(ctx, *prev); err != nil {
 			errs = append(errs, fmt.Errorf("restore local endpoint record: %w", err))
 		}
 		a.mu.Lock()
@@ -289,7 +289,7 @@ func (a *Agent) forget(ctx context.Context, id string) error {
 		delete(a.applied.Endpoints, id)
 	}
 	a.applyMu.Unlock()
-	if _, err := a.store.Delete(ctx, model.EpOperKey(id)); err != nil {
+	if err := a.cfg.Master.ForgetEndpoint(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("delete local endpoint record: %w", err))
 	}
 	a.trigger()

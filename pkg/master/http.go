@@ -83,6 +83,8 @@ func (m *Master) router() *mux.Router {
 		{"/plugin/createEndpoint", m.createEndpoint},
 		{"/plugin/deleteEndpoint", m.deleteEndpoint},
 		{"/plugin/updateEndpoint", m.updateEndpoint},
+		{"/plugin/recordEndpoint", m.recordEndpoint},
+		{"/plugin/forgetEndpoint", m.forgetEndpoint},
 	}
 	for _, p := range plugin {
 		r.HandleFunc(p.path, p.h).Methods(http.MethodPost).HeadersRegexp("Content-Type", "^application/json")

@@ -267,3 +267,17 @@ func (c *Client) ReleaseAddress(ctx context.Context, req model.ReleaseAddressReq
 	var resp string
 	return c.Post(ctx, "/plugin/releaseAddress", req, &resp)
 }
+
+// RecordEndpoint writes the agent's record of an endpoint it attached
+// (/contiv.io/oper/eps/<id>) through netmaster.
+func (c *Client) RecordEndpoint(ctx context.Context, rec model.LocalEndpointRecord) error {
+	var resp struct{}
+	return c.Post(ctx, "/plugin/recordEndpoint", rec, &resp)
+}
+
+// ForgetEndpoint removes the agent's record of endpoint id through netmaster.
+func (c *Client) ForgetEndpoint(ctx context.Context, id string) error {
+	var resp struct{}
+	return c.Post(ctx, "/plugin/forgetEndpoint", model.ForgetEndpointRequest{ID: id}, &resp)
+}
+

@@ -64,6 +64,24 @@ type DeleteEndpointRequest struct {
 	IPv4Address string
 }
 
+// LocalEndpointRecord is an agent's record of an endpoint it attached, stored at
+// /contiv.io/oper/eps/<id> (POST /plugin/recordEndpoint). Contiv's OperEndpointState fields
+// keep their meaning (intfName = container interface, portName = host-side veth); the rest
+// is this project's extension so a restarted agent can find the container again.
+type LocalEndpointRecord struct {
+	OperEndpointState
+	NetNS   string `json:"netNS,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Network string `json:"network,omitempty"`
+	Group   string `json:"group,omitempty"`
+}
+
+// ForgetEndpointRequest is POST /plugin/forgetEndpoint: remove the record of endpoint ID
+// (/contiv.io/oper/eps/<ID>).
+type ForgetEndpointRequest struct {
+	ID string
+}
+
 // DeleteEndpointResponse answers deleteEndpoint with the removed endpoint.
 type DeleteEndpointResponse struct {
 	EndpointConfig CfgEndpointState
