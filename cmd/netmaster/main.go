@@ -27,6 +27,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/buildinfo"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
+	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/k8ssync"
@@ -62,6 +63,7 @@ func main() {
 			&cli.StringFlag{Name: "etcd-server-cert", EnvVars: env("ETCD_SERVER_CERT"), Usage: "embedded etcd serves TLS with this certificate `FILE` (https:// client URL; with --etcd-server-key)"},
 			&cli.StringFlag{Name: "etcd-server-key", EnvVars: env("ETCD_SERVER_KEY"), Usage: "private key `FILE` of --etcd-server-cert"},
 			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
+			&cli.BoolFlag{Name: "etcd-rbac", Value: true, EnvVars: env("ETCD_RBAC"), Usage: "with the embedded etcd's --etcd-client-ca: turn etcd's auth on (--etcd-cert's CN and root are root) and give each agent bound to its host a user host:<host> that writes only that host's keys (agents' etcd certificates need CN host:<host>); false: every client certificate reads and writes every key"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
 			&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config `FILE` (K8S_API_SERVER, K8S_CA, K8S_CERT/K8S_KEY, K8S_TOKEN); in kubernetes mode the leader syncs Services/EndpointSlices through it (else, in a pod, the service account)"},
@@ -137,6 +139,7 @@ type config struct {
 	defragMin              int64
 	etcdTLS                tlsconf.Files // netmaster's own etcd client
 	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
+	etcdRBAC               bool          // manage the embedded etcd's users (--etcd-rbac with a client CA)
 	k8sConfig              string
 	k8sConfigSet           bool
 	quota                  map[string]int64 // default per-tenant limits by kind
@@ -245,6 +248,9 @@ func configFrom(c *cli.Context) (config, error) {
 		case cfg.etcdServer.Cert != "" && cfg.etcdTLS.Empty():
 			return cfg, errors.New("embedded etcd serves TLS: give netmaster's own client --etcd-cacert (and --etcd-cert/--etcd-key when --etcd-client-ca is set)")
 		}
+		if cfg.etcdRBAC = c.Bool("etcd-rbac") && cfg.etcdServer.CA != ""; cfg.etcdRBAC && cfg.etcdTLS.Cert == "" {
+			return cfg, errors.New("--etcd-rbac with --etcd-client-ca: give netmaster's own --etcd-cert/--etcd-key (its CN becomes etcd's root user), or --etcd-rbac=false")
+		}
 	} else if !cfg.etcdServer.Empty() {
 		return cfg, errors.New("--etcd-server-cert/--etcd-server-key/--etcd-client-ca configure the embedded etcd: not with --etcd-endpoints")
 	}
@@ -310,7 +316,13 @@ func run(ctx context.Context, cfg config) (err error) {
 		go reclaimLoop(ctx, store, cfg.defragEvery, cfg.etcdQuota, cfg.defragMin)
 	}
 
-	m, err := newMaster(ctx, store, cfg)
+	var rbac *etcdrbac.Manager
+	if cfg.etcdRBAC {
+		if rbac, err = enableRBAC(ctx, store, cfg.etcdTLS.Cert); err != nil {
+			return err
+		}
+	}
+	m, err := newMaster(ctx, store, cfg, rbac)
 	if err != nil {
 		return err
 	}
@@ -326,6 +338,10 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	if nc.Auth != nil && nc.Auth.Tokens != nil {
 		go nc.Auth.Tokens.Follow(ctx, slog.Default())
+		if rbac != nil {
+			// Agents find netmaster through etcd: their users exist before their first read.
+			go rbac.Follow(ctx, auth.FollowEvery, nc.Auth.Tokens.BoundHosts)
+		}
 	}
 	if cfg.mode == "kubernetes" {
 		svcs, pols, err := k8sSyncers(cfg, m)
@@ -411,11 +427,14 @@ func versionInfo() model.VersionInfo {
 
 // newMaster bootstraps the API, retrying for a minute while etcd is unreachable (e.g. a
 // cluster still forming).
-func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Master, error) {
+func newMaster(ctx context.Context, store *state.Store, cfg config, rbac *etcdrbac.Manager) (*master.Master, error) {
 	mc := master.Config{
 		Store: store, FwdMode: cfg.fwdMode, Infra: cfg.infra, NetMode: cfg.netMode,
 		ClusterMode: cfg.mode, PluginName: cfg.pluginName,
 		Version: versionInfo(), Quota: cfg.quota,
+	}
+	if rbac != nil {
+		mc.EtcdAccess = rbac
 	}
 	deadline := time.Now().Add(time.Minute)
 	wait := retry.New(250*time.Millisecond, 5*time.Second)
@@ -434,6 +453,22 @@ func newMaster(ctx context.Context, store *state.Store, cfg config) (*master.Mas
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// enableRBAC turns the embedded etcd's auth on with netmaster's own etcd certificate
+// (certFile) as root (docs/security.md, "etcd RBAC").
+func enableRBAC(ctx context.Context, store *state.Store, certFile string) (*etcdrbac.Manager, error) {
+	cn, err := tlsconf.CommonName(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("--etcd-rbac: %w", err)
+	}
+	rbac := etcdrbac.New(store.Client(), slog.Default())
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rbac.Enable(tctx, cn); err != nil {
+		return nil, fmt.Errorf("--etcd-rbac: %w", err)
+	}
+	return rbac, nil
 }
 
 // alarmCheckEvery is how often reclaimLoop looks for a NOSPACE alarm (at most).

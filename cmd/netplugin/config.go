@@ -63,7 +63,7 @@ func flags() []cli.Flag {
 		&cli.BoolFlag{Name: "inspect-insecure", EnvVars: env("INSPECT_INSECURE"), Usage: "serve the inspect API without authentication: whoever reaches --inspect-listen (any local process on loopback) reads every tenant's endpoints, flows and rules"},
 		&cli.BoolFlag{Name: "pprof", EnvVars: env("PPROF"), Usage: "also serve Go's profiler under /debug/pprof/ on the inspect address (for diagnosing CPU or memory use)"},
 		&cli.StringFlag{Name: "etcd-cacert", EnvVars: env("ETCD_CACERT"), Usage: "CA `FILE` etcd's certificate is checked against (etcd over TLS)"},
-		&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key)"},
+		&cli.StringFlag{Name: "etcd-cert", EnvVars: env("ETCD_CERT"), Usage: "client certificate `FILE` for etcd (with --etcd-key); with netmaster's etcd RBAC its CN must be host:<--host>"},
 		&cli.StringFlag{Name: "etcd-key", EnvVars: env("ETCD_KEY"), Usage: "private key `FILE` of --etcd-cert"},
 		&cli.StringFlag{Name: "debug-token-file", EnvVars: env("DEBUG_TOKEN_FILE"), Usage: "enables the mutating /debug routes of the inspect API for callers sending this `FILE`'s token (mode 0600)"},
 		&cli.StringFlag{Name: "socket-group", EnvVars: env("SOCKET_GROUP"), Usage: "`GROUP` that may also use the CNI and Docker plugin sockets (mode 0660; default 0600, root only)"},

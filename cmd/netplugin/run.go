@@ -33,6 +33,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
@@ -185,6 +187,9 @@ func run(parent context.Context, cfg config) error {
 	}
 	if si, ok := inspectService(ln.Addr(), cfg.ctrl, cfg.host); ok {
 		regs = append(regs, si)
+	}
+	if err := enrollEtcd(ctx, mc, regs, log); err != nil {
+		return err
 	}
 	for _, si := range regs {
 		// The registration outlives a signal (its context does not end with ctx), but
@@ -405,4 +410,42 @@ func inspectService(addr net.Addr, ctrl netip.Addr, host string) (cluster.Servic
 		ip = ctrl.String()
 	}
 	return cluster.ServiceInfo{ServiceName: cluster.ServiceInspect, HostAddr: ip, Port: ta.Port, Hostname: host}, true
+}
+
+// etcdAccess is the netmaster call enrollEtcd makes.
+type etcdAccess interface {
+	EtcdAccess(ctx context.Context, req model.EtcdAccessRequest) (model.EtcdAccessResponse, error)
+}
+
+// enrollEtcd asks netmaster for write access to this host's registration keys (etcd RBAC,
+// docs/security.md): retried for up to 30 s while netmaster cannot be reached, then the
+// registrations are tried anyway (they fail if RBAC is on). A refusal (an identity not
+// bound to this host, a key another host holds) stops netplugin with netmaster's reason.
+func enrollEtcd(ctx context.Context, mc etcdAccess, regs []cluster.ServiceInfo, log *slog.Logger) error {
+	req := model.EtcdAccessRequest{}
+	for _, si := range regs {
+		req.Registrations = append(req.Registrations, model.EtcdRegistration{ServiceName: si.ServiceName, HostAddr: si.HostAddr, Port: si.Port})
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	wait := retry.New(250*time.Millisecond, 3*time.Second)
+	for {
+		resp, err := mc.EtcdAccess(ctx, req)
+		var he *masterclient.HTTPError
+		switch {
+		case err == nil:
+			if resp.Managed {
+				log.Info("etcd registrations enrolled with netmaster (etcd RBAC)", "user", resp.User)
+			}
+			return nil
+		case errors.As(err, &he) && he.Status == http.StatusNotFound:
+			return nil // a netmaster without the route manages no etcd users
+		case errors.As(err, &he) && he.Status >= 400 && he.Status < 500:
+			return fmt.Errorf("netmaster refused this host's etcd registrations (etcd RBAC): %w", err)
+		}
+		if !wait.Wait(ctx) {
+			log.Warn("etcd registrations not enrolled with netmaster (unreachable): registering anyway", "err", err)
+			return nil
+		}
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -296,6 +297,22 @@ func (t *Tokens) lookup(tok string) (Identity, bool) {
 	defer t.mu.RUnlock()
 	id, ok := t.set.byDigest[sha256.Sum256([]byte(tok))]
 	return id, ok
+}
+
+// BoundHosts are the hosts the file's agent tokens are bound to (HostPrefix), sorted.
+func (t *Tokens) BoundHosts() []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, id := range t.set.byDigest {
+		if h, ok := id.BoundHost(); ok && !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // PeerToken is a token of role netmaster ("" if the file has none).

@@ -64,7 +64,7 @@ var (
 		model.CollGlobals: true, model.CollNetprofiles: true, model.CollBgps: true, model.CollExtContractsGroups: true,
 		model.CollAciGws: true, model.CollEndpoints: true, model.CollQuotas: true}
 	pluginOps = map[string]bool{"allocAddress": true, "releaseAddress": true, "createEndpoint": true,
-		"deleteEndpoint": true, "updateEndpoint": true, "recordEndpoint": true, "forgetEndpoint": true}
+		"deleteEndpoint": true, "updateEndpoint": true, "recordEndpoint": true, "forgetEndpoint": true, "etcdAccess": true}
 	knownMethods = map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodPost: true,
 		http.MethodPut: true, http.MethodDelete: true, http.MethodPatch: true, http.MethodOptions: true}
 )

@@ -85,6 +85,7 @@ func (m *Master) router() *mux.Router {
 		{"/plugin/updateEndpoint", m.updateEndpoint},
 		{"/plugin/recordEndpoint", m.recordEndpoint},
 		{"/plugin/forgetEndpoint", m.forgetEndpoint},
+		{"/plugin/etcdAccess", m.etcdAccess},
 	}
 	for _, p := range plugin {
 		r.HandleFunc(p.path, p.h).Methods(http.MethodPost).HeadersRegexp("Content-Type", "^application/json")

@@ -45,6 +45,15 @@ type Config struct {
 	// netmaster's); a kind it lacks is not limited unless an admin sets a tenant's limit.
 	// Usage is kept in any case.
 	Quota map[string]int64
+	// EtcdAccess manages agents' etcd users (pkg/etcdrbac): POST /plugin/etcdAccess
+	// enrolls a bound agent's registration keys. nil: netmaster does not manage etcd's
+	// users (RBAC off, or an external etcd).
+	EtcdAccess EtcdAccess
+}
+
+// EtcdAccess grants a host's agent write access to its service registration keys.
+type EtcdAccess interface {
+	Enroll(ctx context.Context, host string, regs []model.EtcdRegistration) error
 }
 
 // Master serves netmaster's API on top of the store.

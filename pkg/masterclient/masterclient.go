@@ -281,3 +281,9 @@ func (c *Client) ForgetEndpoint(ctx context.Context, id string) error {
 	return c.Post(ctx, "/plugin/forgetEndpoint", model.ForgetEndpointRequest{ID: id}, &resp)
 }
 
+// EtcdAccess asks netmaster for write access to this agent's registration keys (etcd RBAC).
+func (c *Client) EtcdAccess(ctx context.Context, req model.EtcdAccessRequest) (model.EtcdAccessResponse, error) {
+	var resp model.EtcdAccessResponse
+	err := c.Post(ctx, "/plugin/etcdAccess", req, &resp)
+	return resp, err
+}

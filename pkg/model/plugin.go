@@ -82,6 +82,27 @@ type ForgetEndpointRequest struct {
 	ID string
 }
 
+// EtcdRegistration names a service registration key an agent writes
+// (/contiv.io/service/<ServiceName>/<HostAddr>:<Port>).
+type EtcdRegistration struct {
+	ServiceName string
+	HostAddr    string
+	Port        int
+}
+
+// EtcdAccessRequest is POST /plugin/etcdAccess: an agent bound to its host asks for
+// write access to its registration keys (with etcd RBAC on).
+type EtcdAccessRequest struct {
+	Registrations []EtcdRegistration
+}
+
+// EtcdAccessResponse answers etcdAccess: Managed is false when netmaster does not manage
+// etcd's users (RBAC off or an external etcd); User is the agent's etcd user otherwise.
+type EtcdAccessResponse struct {
+	Managed bool
+	User    string `json:",omitempty"`
+}
+
 // DeleteEndpointResponse answers deleteEndpoint with the removed endpoint.
 type DeleteEndpointResponse struct {
 	EndpointConfig CfgEndpointState

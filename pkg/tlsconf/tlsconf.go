@@ -7,6 +7,7 @@ package tlsconf
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -88,4 +89,25 @@ func loadPool(path string) (*x509.CertPool, error) {
 		return nil, errors.New(path + ": no PEM certificate in it")
 	}
 	return pool, nil
+}
+
+// CommonName is the subject CN of the first certificate in the PEM file certFile (etcd
+// takes a client's user name from it).
+func CommonName(certFile string) (string, error) {
+	b, err := os.ReadFile(certFile)
+	if err != nil {
+		return "", fmt.Errorf("read certificate: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return "", fmt.Errorf("%s: no PEM certificate", certFile)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", certFile, err)
+	}
+	if c.Subject.CommonName == "" {
+		return "", fmt.Errorf("%s: the certificate has no common name", certFile)
+	}
+	return c.Subject.CommonName, nil
 }

@@ -125,6 +125,9 @@ type Host struct {
 	c         *Cluster
 	// agentTokenFile holds its netplugin's netmaster token (Config.Secure), bound to it.
 	agentTokenFile string
+	// etcdCert is its netplugin's etcd client certificate and key (Config.Secure), CN
+	// host:<Name>: netmaster's etcd RBAC user of this host.
+	etcdCert [2]string
 }
 
 // Container is a network namespace attached to a host through its CNI socket.
@@ -163,10 +166,10 @@ type Cluster struct {
 	inspectTokensFile string
 	tokensFile        string
 	serverCert        [2]string
-	// etcd over TLS with client certificates (Secure): the embedded etcd's certificate,
-	// netmaster's and the agents' client certificates.
-	etcdServer, etcdMaster, etcdAgent [2]string
-	etcd                              []*Process // Config.EtcdMembers' members
+	// etcd over TLS with client certificates (Secure): the embedded etcd's certificate and
+	// netmaster's client certificate (each host's is Host.etcdCert).
+	etcdServer, etcdMaster [2]string
+	etcd                   []*Process // Config.EtcdMembers' members
 
 	mu         sync.Mutex
 	namespaces []string // created, in creation order
@@ -228,7 +231,6 @@ func (c *Cluster) setupPKI() error {
 	}{
 		{&c.etcdServer, pki.Options{CommonName: "etcd", Hosts: []string{c.MasterIP.String(), "127.0.0.1"}, Server: true, Client: true}, "etcd-server"},
 		{&c.etcdMaster, pki.Options{CommonName: "netmaster", Client: true}, "etcd-netmaster"},
-		{&c.etcdAgent, pki.Options{CommonName: "netplugin", Client: true}, "etcd-netplugin"},
 	} {
 		p, err := ca.Issue(x.o)
 		if err != nil {
@@ -251,6 +253,14 @@ func (c *Cluster) setupPKI() error {
 	for _, h := range c.Hosts {
 		agent := tok()
 		lines += fmt.Sprintf("%s agent %s%s\n", agent, auth.HostPrefix, h.Name)
+		// Its etcd certificate names its host: netmaster's etcd RBAC user host:<host>.
+		p, err := ca.Issue(pki.Options{CommonName: auth.HostPrefix + h.Name, Client: true})
+		if err != nil {
+			return err
+		}
+		if h.etcdCert[0], h.etcdCert[1], err = p.Write(dir, "etcd-"+h.Name); err != nil {
+			return err
+		}
 		h.agentTokenFile = filepath.Join(dir, h.Name+".agent.token")
 		if err := os.WriteFile(h.agentTokenFile, []byte(agent+"\n"), 0o600); err != nil {
 			return fmt.Errorf("sim: agent token of %s: %w", h.Name, err)
@@ -624,7 +634,7 @@ func (c *Cluster) PluginArgs(h *Host) []string {
 	}
 	if c.cfg.Secure {
 		args = append(args, "--netmaster-cacert", c.CACert, "--netmaster-token-file", h.agentTokenFile,
-			"--etcd-cacert", c.CACert, "--etcd-cert", c.etcdAgent[0], "--etcd-key", c.etcdAgent[1])
+			"--etcd-cacert", c.CACert, "--etcd-cert", h.etcdCert[0], "--etcd-key", h.etcdCert[1])
 	}
 	if c.cfg.Dataplane == "ovs" {
 		// A private ovsdb-server/ovs-vswitchd per host, files under the work dir.

@@ -1,0 +1,251 @@
+// Package etcdrbac confines agents' etcd credentials with etcd's own users and roles.
+// With client-certificate authentication etcd takes a client's user name from its
+// certificate's common name; netmaster (user root, and its own certificate's CN, both of
+// role root) enables auth on its embedded etcd and gives each host's agent a user and a
+// role named "host:<host>" (the identity its netmaster credential is bound to): read on
+// /contiv.io/, and read-write only on that host's own keys, its VTEP record, its BGP
+// session record and the exact service registration keys it enrolled. Everything else an
+// agent changes goes through netmaster's /plugin routes.
+package etcdrbac
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/authpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/cluster"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+// RootUser is the user etcd requires before auth can be enabled.
+const RootUser = "root"
+
+// ReadPrefix is what every agent reads (networks, endpoints, policies of all hosts).
+const ReadPrefix = "/contiv.io/"
+
+// agentService: the registrations an agent may enroll are netplugin's own, its VTEP's and
+// its inspect API's.
+func agentService(name string) bool {
+	return name == "netplugin" || name == vxlan.VTEPService || name == cluster.ServiceInspect
+}
+
+// ErrClaimed is returned when a registration key is already granted to another host.
+var ErrClaimed = errors.New("registration key granted to another host")
+
+// ErrBadRegistration is returned for a registration an agent may not enroll.
+var ErrBadRegistration = errors.New("invalid registration")
+
+// Manager creates and updates the agents' etcd users and roles. Its client must be
+// etcd's root (netmaster's).
+type Manager struct {
+	cli *clientv3.Client
+	log *slog.Logger
+	mu  sync.Mutex // one enrollment at a time: a key is granted to one host only
+	// ensured are the hosts whose user and base role exist (Follow's cache).
+	ensured map[string]bool
+}
+
+// New returns a Manager acting through cli.
+func New(cli *clientv3.Client, log *slog.Logger) *Manager {
+	return &Manager{cli: cli, log: log, ensured: map[string]bool{}}
+}
+
+// UserOf is the etcd user (and role) name of host's agent: its etcd certificate's CN.
+func UserOf(host string) string { return auth.HostPrefix + host }
+
+// Enable makes RootUser and rootUser (netmaster's certificate CN) users of role root and
+// turns etcd's auth on; with auth already on it only checks that it still is.
+func (m *Manager) Enable(ctx context.Context, rootUser string) error {
+	st, err := m.cli.AuthStatus(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd auth status: %w", err)
+	}
+	if st.Enabled {
+		return nil
+	}
+	for _, u := range uniq(RootUser, rootUser) {
+		if err := m.addUser(ctx, u); err != nil {
+			return err
+		}
+		if _, err := m.cli.UserGrantRole(ctx, u, "root"); err != nil {
+			return fmt.Errorf("etcd: grant role root to %q: %w", u, err)
+		}
+	}
+	if _, err := m.cli.AuthEnable(ctx); err != nil {
+		return fmt.Errorf("etcd: enable auth: %w", err)
+	}
+	m.log.Info("etcd RBAC on: agents get users host:<host> confined to their own host's keys", "root", rootUser)
+	return nil
+}
+
+func uniq(a, b string) []string {
+	if a == b || b == "" {
+		return []string{a}
+	}
+	return []string{a, b}
+}
+
+func (m *Manager) addUser(ctx context.Context, name string) error {
+	_, err := m.cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
+	if err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
+		return fmt.Errorf("etcd: add user %q: %w", name, err)
+	}
+	return nil
+}
+
+// HostKeys are the keys host's agent writes besides its registrations.
+func HostKeys(host string) []string {
+	return []string{vxlan.HostVTEPKey(host), model.BgpOperKey(host)}
+}
+
+// EnsureHost creates host's user and role (read on ReadPrefix, read-write on HostKeys);
+// it is idempotent.
+func (m *Manager) EnsureHost(ctx context.Context, host string) error {
+	if host == "" || strings.ContainsAny(host, "/") {
+		return fmt.Errorf("etcd user of host %q: invalid host name", host)
+	}
+	name := UserOf(host)
+	if err := m.addUser(ctx, name); err != nil {
+		return err
+	}
+	if _, err := m.cli.RoleAdd(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
+		return fmt.Errorf("etcd: add role %q: %w", name, err)
+	}
+	if _, err := m.cli.RoleGrantPermission(ctx, name, ReadPrefix, clientv3.GetPrefixRangeEnd(ReadPrefix), clientv3.PermissionType(clientv3.PermRead)); err != nil {
+		return fmt.Errorf("etcd: grant role %q read on %s: %w", name, ReadPrefix, err)
+	}
+	for _, k := range HostKeys(host) {
+		if _, err := m.cli.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+			return fmt.Errorf("etcd: grant role %q write on %s: %w", name, k, err)
+		}
+	}
+	if _, err := m.cli.UserGrantRole(ctx, name, name); err != nil {
+		return fmt.Errorf("etcd: grant role %q to its user: %w", name, err)
+	}
+	return nil
+}
+
+// Enroll makes regs host's registration keys: its role may write exactly those under
+// /contiv.io/service/ (earlier ones no longer asked for are revoked). A key granted to
+// another host's role is refused (ErrClaimed), as is a service an agent does not register
+// or an address that is not one (ErrBadRegistration); on refusal nothing changes.
+func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegistration) error {
+	want := map[string]bool{}
+	for _, r := range regs {
+		a, err := netip.ParseAddr(r.HostAddr)
+		switch {
+		case !agentService(r.ServiceName):
+			return fmt.Errorf("%w: ServiceName %q is not an agent's", ErrBadRegistration, r.ServiceName)
+		case err != nil || a.Zone() != "":
+			return fmt.Errorf("%w: HostAddr %q is not an IP address", ErrBadRegistration, r.HostAddr)
+		case r.Port <= 0 || r.Port > 65535:
+			return fmt.Errorf("%w: Port %d out of range 1-65535", ErrBadRegistration, r.Port)
+		}
+		want[cluster.ServiceKey(r.ServiceName, a.String(), r.Port)] = true
+	}
+	if len(want) > 16 {
+		return fmt.Errorf("%w: %d registrations, at most 16", ErrBadRegistration, len(want))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.EnsureHost(ctx, host); err != nil {
+		return err
+	}
+	name := UserOf(host)
+	roles, err := m.cli.RoleList(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd: list roles: %w", err)
+	}
+	var have []string
+	for _, r := range roles.Roles {
+		if !strings.HasPrefix(r, auth.HostPrefix) {
+			continue
+		}
+		keys, err := m.serviceKeys(ctx, r)
+		if err != nil {
+			return err
+		}
+		if r == name {
+			have = keys
+			continue
+		}
+		for _, k := range keys {
+			if want[k] {
+				return fmt.Errorf("%w: %s is %s's", ErrClaimed, k, strings.TrimPrefix(r, auth.HostPrefix))
+			}
+		}
+	}
+	for _, k := range have {
+		if !want[k] {
+			if _, err := m.cli.RoleRevokePermission(ctx, name, k, ""); err != nil {
+				return fmt.Errorf("etcd: revoke %s from role %q: %w", k, name, err)
+			}
+		}
+	}
+	keys := make([]string, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, err := m.cli.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+			return fmt.Errorf("etcd: grant role %q write on %s: %w", name, k, err)
+		}
+	}
+	m.log.Info("etcd registrations enrolled", "user", name, "keys", keys)
+	return nil
+}
+
+// serviceKeys are the registration keys role may write.
+func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error) {
+	r, err := m.cli.RoleGet(ctx, role)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: get role %q: %w", role, err)
+	}
+	var out []string
+	for _, p := range r.Perm {
+		if p.PermType != authpb.READ && strings.HasPrefix(string(p.Key), state.ServicePrefix) {
+			out = append(out, string(p.Key))
+		}
+	}
+	return out, nil
+}
+
+// Follow gives every host that hosts() names a user and role (EnsureHost) now and every
+// `every` until ctx ends: agents whose netmaster token is bound to their host (token name
+// host:<host>) find their etcd user ready before their first read.
+func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() []string) {
+	for {
+		for _, h := range hosts() {
+			if m.ensured[h] {
+				continue
+			}
+			if err := m.EnsureHost(ctx, h); err != nil {
+				if ctx.Err() == nil {
+					m.log.Error("etcd RBAC: agent user not created", "host", h, "err", err)
+				}
+				continue
+			}
+			m.ensured[h] = true
+			m.log.Info("etcd RBAC: agent user ready", "user", UserOf(h))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}

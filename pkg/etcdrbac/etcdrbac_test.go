@@ -1,0 +1,152 @@
+package etcdrbac
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
+	"github.com/contivbpf/contivbpf/pkg/cluster"
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
+)
+
+// tlsEtcd starts an embedded etcd with client-certificate auth and returns a function
+// that opens a store with a certificate of common name cn.
+func tlsEtcd(t *testing.T) func(cn string) *state.Store {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("cbrbac-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, err := ca.WriteCA(dir, "ca.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.Issue(pki.Options{CommonName: "etcd", Hosts: []string{"127.0.0.1"}, Server: true, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := srv.Write(dir, "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("https://127.0.0.1:%d", statetest.FreePort(t))
+	e, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: t.TempDir(), ClientURL: url,
+		PeerURL: fmt.Sprintf("https://127.0.0.1:%d", statetest.FreePort(t)), CertFile: cert, KeyFile: key, ClientCAFile: caFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return func(cn string) *state.Store {
+		p, err := ca.Issue(pki.Options{CommonName: cn, Client: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, k, err := p.Write(dir, strings.ReplaceAll(cn, ":", "_"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts, err := state.TLSOptions(tlsconf.Files{CA: caFile, Cert: c, Key: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := state.Open(context.Background(), []string{url}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+}
+
+// TestAgentUsersConfined: with auth on, a host's etcd user reads /contiv.io/ and writes its
+// VTEP and BGP records and the registrations it enrolled, nothing of another host and no
+// other key; a registration key another host holds is refused (nothing changes), one no
+// longer asked for is revoked, a service an agent does not register is refused; a
+// certificate without a user is refused everything.
+func TestAgentUsersConfined(t *testing.T) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := open("netmaster")
+	m := New(root.Client(), slog.Default())
+	for range 2 { // idempotent: the second start finds auth on
+		if err := m.Enable(ctx, "netmaster"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, h := range []string{"h1", "h2"} {
+		if err := m.EnsureHost(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := root.Put(ctx, "/contiv.io/state/nets/n1.t1", map[string]string{"id": "n1.t1"}); err != nil {
+		t.Fatalf("root writes: %v", err)
+	}
+	reg := func(addr string) model.EtcdRegistration {
+		return model.EtcdRegistration{ServiceName: "netplugin", HostAddr: addr, Port: 9002}
+	}
+	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{reg("10.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	h1, stranger := open(UserOf("h1")), open("netplugin")
+	var v map[string]string
+	if err := h1.Get(ctx, "/contiv.io/state/nets/n1.t1", &v); err != nil {
+		t.Fatalf("h1 reads: %v", err)
+	}
+	if err := stranger.Get(ctx, "/contiv.io/state/nets/n1.t1", &v); err == nil {
+		t.Error("a certificate without a user reads")
+	}
+	own := []string{vxlan.HostVTEPKey("h1"), model.BgpOperKey("h1"), cluster.ServiceKey("netplugin", "10.0.0.1", 9002)}
+	for _, k := range own {
+		if err := h1.Put(ctx, k, map[string]string{"host": "h1"}); err != nil {
+			t.Errorf("h1 writes its own %s: %v", k, err)
+		}
+	}
+	denied := func(who string, s *state.Store, keys ...string) {
+		t.Helper()
+		for _, k := range keys {
+			if err := s.Put(ctx, k, map[string]string{"evil": "1"}); err == nil {
+				t.Errorf("%s writes %s", who, k)
+			}
+		}
+	}
+	denied("h1", h1, "/contiv.io/obj/modeldb/tenant/evil", vxlan.HostVTEPKey("h2"), model.BgpOperKey("h2"),
+		vxlan.HostVTEPKey("h10"), model.EpOperKey("n1.t1-c1"), cluster.ServiceKey("netplugin", "10.0.0.2", 9002),
+		"/contiv.io/state/nets/n1.t1")
+	if err := m.Enroll(ctx, "h2", []model.EtcdRegistration{reg("10.0.0.1")}); !errors.Is(err, ErrClaimed) {
+		t.Errorf("h2 enrolls h1's registration: %v, want ErrClaimed", err)
+	}
+	denied("h2", open(UserOf("h2")), cluster.ServiceKey("netplugin", "10.0.0.1", 9002))
+	for _, bad := range []model.EtcdRegistration{
+		{ServiceName: "netmaster", HostAddr: "10.0.0.9", Port: 9999},
+		{ServiceName: "netplugin", HostAddr: "10.0.0.9/../x", Port: 9002},
+		{ServiceName: "netplugin", HostAddr: "10.0.0.9", Port: 0},
+	} {
+		if err := m.Enroll(ctx, "h2", []model.EtcdRegistration{bad}); !errors.Is(err, ErrBadRegistration) {
+			t.Errorf("h2 enrolls %+v: %v, want ErrBadRegistration", bad, err)
+		}
+	}
+	// h1 moves to another address: the old registration key is no longer its.
+	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{reg("10.0.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	denied("h1", h1, cluster.ServiceKey("netplugin", "10.0.0.1", 9002))
+	if err := h1.Put(ctx, cluster.ServiceKey("netplugin", "10.0.0.2", 9002), map[string]string{"host": "h1"}); err != nil {
+		t.Errorf("h1 writes its new registration: %v", err)
+	}
+	if err := m.Enroll(ctx, "h2", []model.EtcdRegistration{reg("10.0.0.1")}); err != nil {
+		t.Errorf("h2 enrolls the address h1 gave up: %v", err)
+	}
+}
