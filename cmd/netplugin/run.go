@@ -188,8 +188,12 @@ func run(parent context.Context, cfg config) error {
 	if si, ok := inspectService(ln.Addr(), cfg.ctrl, cfg.host); ok {
 		regs = append(regs, si)
 	}
-	if err := enrollEtcd(ctx, mc, regs, log); err != nil {
-		return err
+	// Only an etcd with auth on needs the registrations enrolled: without, netplugin still
+	// starts while netmaster is away.
+	if st, err := store.Client().AuthStatus(ctx); err != nil || st.Enabled {
+		if err := enrollEtcd(ctx, mc, regs, log); err != nil {
+			return err
+		}
 	}
 	for _, si := range regs {
 		// The registration outlives a signal (its context does not end with ctx), but
