@@ -135,6 +135,10 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 		{"delete ep missing", "POST", "/plugin/deleteEndpoint", `{"TenantName":"default","NetworkName":"n1","EndpointID":"nope"}`, 404, "not found"},
 		{"update ep bad event", "POST", "/plugin/updateEndpoint", `{"IPAddress":"10.1.1.2","Event":"boom"}`, 400, "Event"},
 		{"release in use", "POST", "/plugin/releaseAddress", `{"NetworkID":"n1.default","IPv4Address":"10.1.1.2"}`, 409, "still used"},
+		{"record huge netNS", "POST", "/plugin/recordEndpoint", `{"id":"n1.default-ep1","homingHost":"host1","netNS":"/proc/` + strings.Repeat("n", 900000) + `"}`, 400, "netNS"},
+		{"record long portName", "POST", "/plugin/recordEndpoint", `{"id":"n1.default-ep1","homingHost":"host1","portName":"` + strings.Repeat("p", 300) + `"}`, 400, "portName"},
+		{"record control character", "POST", "/plugin/recordEndpoint", `{"id":"n1.default-ep1","homingHost":"host1","tenant":"de\u0000fault"}`, 400, "tenant"},
+		{"record of another host", "POST", "/plugin/recordEndpoint", `{"id":"n1.default-ep1","homingHost":"host2"}`, 403, "host1"},
 		{"inspect endpoint missing", "GET", "/api/v1/inspect/endpoints/nothing-like-this/", ``, 404, "not found"},
 	}
 	for _, c := range cases {

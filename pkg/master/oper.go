@@ -28,6 +28,10 @@ func (m *Master) recordEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if err := checkRecord(&rec); err != nil {
+		writeErr(w, err)
+		return
+	}
 	host := boundHost(r)
 	if host != "" && rec.HomingHost != host {
 		writeErr(w, errf(http.StatusForbidden, "homingHost: the agent of host %q may not record endpoints of host %q", host, rec.HomingHost))
@@ -102,4 +106,22 @@ func operOnHost(tx *state.Tx, id, host string) error {
 		return errf(http.StatusForbidden, "endpoint %s is recorded on host %q: the agent of host %q may not change its record", id, old.HomingHost, host)
 	}
 	return nil
+}
+
+// maxNetNSField bounds a record's netNS (a path: PATH_MAX).
+const maxNetNSField = 4096
+
+// checkRecord bounds the free-text fields of an agent's endpoint record: netmaster writes
+// it outside the API's quota, so without bounds each record of an agent could take a
+// request body's worth (1 MiB) of etcd.
+func checkRecord(rec *model.LocalEndpointRecord) error {
+	if err := checkTextFields(map[string]string{"netNS": rec.NetNS}, maxNetNSField); err != nil {
+		return err
+	}
+	return checkTextFields(map[string]string{
+		"netID": rec.NetID, "endpointID": rec.EndpointID, "serviceName": rec.ServiceName,
+		"contUUID": rec.ContUUID, "ipAddress": rec.IPAddress, "ipv6Address": rec.IPv6Address,
+		"macAddress": rec.MacAddress, "intfName": rec.IntfName, "portName": rec.PortName,
+		"vtepIP": rec.VtepIP, "tenant": rec.Tenant, "network": rec.Network, "group": rec.Group,
+	}, maxPluginField)
 }

@@ -138,18 +138,23 @@ const maxPluginField = 256
 // key they name: control characters (NUL included), '/', "..", and backslashes. Empty
 // values are left to the route's own required-field checks.
 func checkPluginFields(fields map[string]string) error {
-	names := make([]string, 0, len(fields))
-	for k := range fields {
-		names = append(names, k)
+	if err := checkTextFields(fields, maxPluginField); err != nil {
+		return err
 	}
-	sortStrings(names)
-	for _, k := range names {
-		v := fields[k]
-		switch {
-		case len(v) > maxPluginField:
-			return badReq("%s: %d bytes, at most %d", k, len(v), maxPluginField)
-		case strings.Contains(v, ".."), strings.ContainsAny(v, "/\\"):
+	for _, k := range sortedKeys(fields) {
+		if v := fields[k]; strings.Contains(v, "..") || strings.ContainsAny(v, "/\\") {
 			return badReq("%s: %q must not contain '/', '\\' or '..'", k, v)
+		}
+	}
+	return nil
+}
+
+// checkTextFields refuses a field longer than max bytes or holding a control character.
+func checkTextFields(fields map[string]string, max int) error {
+	for _, k := range sortedKeys(fields) {
+		v := fields[k]
+		if len(v) > max {
+			return badReq("%s: %d bytes, at most %d", k, len(v), max)
 		}
 		for _, r := range v {
 			if r < 0x20 || r == 0x7f {
@@ -158,6 +163,15 @@ func checkPluginFields(fields map[string]string) error {
 		}
 	}
 	return nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sortStrings(names)
+	return names
 }
 
 // Bounds of the labels kept of an endpoint (updateEndpoint): they are copied into every
