@@ -226,10 +226,23 @@ func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error
 
 // Follow gives every host that hosts() names a user and role (EnsureHost) now and every
 // `every` until ctx ends: agents whose netmaster token is bound to their host (token name
-// host:<host>) find their etcd user ready before their first read.
+// host:<host>) find their etcd user ready before their first read. A host that leaves the
+// list and comes back is made again. Follow runs once per Manager.
 func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() []string) {
 	for {
-		for _, h := range hosts() {
+		cur := hosts()
+		// A host whose token went is forgotten: if it comes back (its user deleted
+		// meanwhile, as docs/security.md's revocation does), its user is made again.
+		keep := make(map[string]bool, len(cur))
+		for _, h := range cur {
+			keep[h] = true
+		}
+		for h := range m.ensured {
+			if !keep[h] {
+				delete(m.ensured, h)
+			}
+		}
+		for _, h := range cur {
 			if m.ensured[h] {
 				continue
 			}

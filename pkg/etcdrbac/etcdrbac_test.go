@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,4 +150,52 @@ func TestAgentUsersConfined(t *testing.T) {
 	if err := m.Enroll(ctx, "h2", []model.EtcdRegistration{reg("10.0.0.1")}); err != nil {
 		t.Errorf("h2 enrolls the address h1 gave up: %v", err)
 	}
+}
+
+// TestFollowRecreatesReaddedHost: the revocation docs/security.md describes (remove the
+// token, delete the user) followed by the host's token coming back makes the user again
+// within Follow's period, without a netmaster restart: the agent needs it before it can
+// find netmaster.
+func TestFollowRecreatesReaddedHost(t *testing.T) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := open("netmaster")
+	m := New(root.Client(), slog.Default())
+	if err := m.Enable(ctx, "netmaster"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	hosts := []string{"h1"}
+	set := func(h ...string) { mu.Lock(); hosts = h; mu.Unlock() }
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Follow(fctx, 20*time.Millisecond, func() []string { mu.Lock(); defer mu.Unlock(); return hosts })
+	}()
+	defer func() { stop(); <-done }()
+	userIs := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := root.Client().UserGet(ctx, UserOf("h1"))
+			if (err == nil) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("user %s exists: %v, want %v", UserOf("h1"), err == nil, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	userIs(true)
+	set() // the token is removed, then the operator deletes the user
+	time.Sleep(100 * time.Millisecond)
+	if _, err := root.Client().UserDelete(ctx, UserOf("h1")); err != nil {
+		t.Fatal(err)
+	}
+	userIs(false)
+	set("h1") // the host's token is back
+	userIs(true)
 }
