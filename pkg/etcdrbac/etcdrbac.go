@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -67,13 +68,22 @@ func New(cli *clientv3.Client, log *slog.Logger) *Manager {
 func UserOf(host string) string { return auth.HostPrefix + host }
 
 // Enable makes RootUser and rootUser (netmaster's certificate CN) users of role root and
-// turns etcd's auth on; with auth already on it only checks that it still is.
+// turns etcd's auth on; with auth already on it only checks that rootUser is still root.
 func (m *Manager) Enable(ctx context.Context, rootUser string) error {
 	st, err := m.cli.AuthStatus(ctx)
 	if err != nil {
 		return fmt.Errorf("etcd auth status: %w", err)
 	}
 	if st.Enabled {
+		// Restarted on an etcd whose auth is on: this certificate must still be root, or
+		// every agent's user would fail later, one by one.
+		u, err := m.cli.UserGet(ctx, rootUser)
+		if err != nil {
+			return fmt.Errorf("etcd auth is on and certificate CN %q is not etcd's root user: %w", rootUser, err)
+		}
+		if !slices.Contains(u.Roles, "root") {
+			return fmt.Errorf("etcd auth is on and certificate CN %q has not etcd's root role (roles %v)", rootUser, u.Roles)
+		}
 		return nil
 	}
 	for _, u := range uniq(RootUser, rootUser) {

@@ -199,3 +199,27 @@ func TestFollowRecreatesReaddedHost(t *testing.T) {
 	set("h1") // the host's token is back
 	userIs(true)
 }
+
+// TestEnableWithAuthOnNeedsRoot: a netmaster restarted on an etcd whose auth is already on
+// starts only if its certificate is still etcd's root (a certificate with another CN fails
+// at start, naming the reason, instead of every agent's user failing later).
+func TestEnableWithAuthOnNeedsRoot(t *testing.T) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := New(open("netmaster").Client(), slog.Default()).Enable(ctx, "netmaster"); err != nil {
+		t.Fatal(err)
+	}
+	root := New(open("netmaster").Client(), slog.Default())
+	if err := root.EnsureHost(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Enable(ctx, "netmaster"); err != nil {
+		t.Fatalf("restart with the same certificate: %v", err)
+	}
+	for _, cn := range []string{"netmaster2", UserOf("h1")} {
+		if err := New(open(cn).Client(), slog.Default()).Enable(ctx, cn); err == nil || !strings.Contains(err.Error(), "root") {
+			t.Errorf("restart with certificate CN %q: %v, want an error naming root", cn, err)
+		}
+	}
+}
