@@ -1,10 +1,7 @@
 package etcdrbac
 
 import (
-	"context"
-	"log/slog"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -18,13 +15,7 @@ import (
 // etcd's administrative operations (compaction, defragmentation, alarm disarm, snapshot,
 // member add, leader move, auth disable, user and role changes).
 func TestAgentUserRefusedAdminOps(t *testing.T) {
-	open := tlsEtcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := New(open("netmaster").Client(), slog.Default())
-	if err := m.Enable(ctx, "netmaster"); err != nil {
-		t.Fatal(err)
-	}
+	ctx, open, _, m := rbacOn(t)
 	for _, h := range []string{"h1", "h2"} {
 		if err := m.EnsureHost(ctx, h); err != nil {
 			t.Fatal(err)

@@ -157,14 +157,7 @@ func TestAgentUsersConfined(t *testing.T) {
 // within Follow's period, without a netmaster restart: the agent needs it before it can
 // find netmaster.
 func TestFollowRecreatesReaddedHost(t *testing.T) {
-	open := tlsEtcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	root := open("netmaster")
-	m := New(root.Client(), slog.Default())
-	if err := m.Enable(ctx, "netmaster"); err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, root, m := rbacOn(t)
 	var mu sync.Mutex
 	hosts := []string{"h1"}
 	set := func(h ...string) { mu.Lock(); hosts = h; mu.Unlock() }
@@ -222,4 +215,18 @@ func TestEnableWithAuthOnNeedsRoot(t *testing.T) {
 			t.Errorf("restart with certificate CN %q: %v, want an error naming root", cn, err)
 		}
 	}
+}
+
+// rbacOn is a TLS etcd (tlsEtcd) whose auth a Manager of root certificate CN "netmaster"
+// turned on; the context ends with the test.
+func rbacOn(t *testing.T) (context.Context, func(cn string) *state.Store, *state.Store, *Manager) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	root := open("netmaster")
+	m := New(root.Client(), slog.Default())
+	if err := m.Enable(ctx, "netmaster"); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, open, root, m
 }
