@@ -269,16 +269,34 @@ func (c *Client) ReleaseAddress(ctx context.Context, req model.ReleaseAddressReq
 }
 
 // RecordEndpoint writes the agent's record of an endpoint it attached
-// (/contiv.io/oper/eps/<id>) through netmaster.
+// (/contiv.io/oper/eps/<id>) through netmaster (into etcd itself when netmaster lacks the
+// route: withoutRoute).
 func (c *Client) RecordEndpoint(ctx context.Context, rec model.LocalEndpointRecord) error {
 	var resp struct{}
-	return c.Post(ctx, "/plugin/recordEndpoint", rec, &resp)
+	err := c.Post(ctx, "/plugin/recordEndpoint", rec, &resp)
+	if withoutRoute(err) {
+		return c.store.Put(ctx, model.EpOperKey(rec.ID), rec)
+	}
+	return err
 }
 
 // ForgetEndpoint removes the agent's record of endpoint id through netmaster.
 func (c *Client) ForgetEndpoint(ctx context.Context, id string) error {
 	var resp struct{}
-	return c.Post(ctx, "/plugin/forgetEndpoint", model.ForgetEndpointRequest{ID: id}, &resp)
+	err := c.Post(ctx, "/plugin/forgetEndpoint", model.ForgetEndpointRequest{ID: id}, &resp)
+	if withoutRoute(err) {
+		_, err = c.store.Delete(ctx, model.EpOperKey(id))
+	}
+	return err
+}
+
+// withoutRoute: netmaster answered 404, a build before /plugin/recordEndpoint (a rolling
+// upgrade whose netplugins go first). Its agents wrote their records into etcd themselves,
+// and so does this one then: such a netmaster manages no etcd users, so the agent's etcd
+// credentials are not confined to its host (with etcd RBAC on, etcd refuses the write).
+func withoutRoute(err error) bool {
+	var he *HTTPError
+	return errors.As(err, &he) && he.Status == http.StatusNotFound
 }
 
 // EtcdAccess asks netmaster for write access to this agent's registration keys (etcd RBAC).

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,5 +210,42 @@ func TestUnprocessedSentAgain(t *testing.T) {
 	_, err = c.CreateEndpoint(short, req)
 	if !asHTTP(err, &he) || !he.Unprocessed || time.Since(start) > 2*time.Second || hits < 2 {
 		t.Fatalf("an election outlasting the context: %v after %v, %d requests", err, time.Since(start), hits)
+	}
+}
+
+// TestRecordWithoutRoute: a netmaster of a build before /plugin/recordEndpoint (404, a
+// rolling upgrade whose netplugins go first) does not fail attaches: the record is written
+// into etcd, and forgotten there, as that build's agents did. Other refusals stay errors.
+func TestRecordWithoutRoute(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx := context.Background()
+	var status atomic.Int32
+	status.Store(http.StatusNotFound)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "refused", int(status.Load()))
+	}))
+	defer srv.Close()
+	if _, err := store.Client().Put(ctx, state.LeaderLockKey, strings.TrimPrefix(srv.URL, "http://")); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store)
+	rec := model.LocalEndpointRecord{OperEndpointState: model.OperEndpointState{ID: "n1.t1-c1", HomingHost: "h1"}, Tenant: "t1"}
+	if err := c.RecordEndpoint(ctx, rec); err != nil {
+		t.Fatalf("record with a netmaster without the route: %v", err)
+	}
+	var got model.LocalEndpointRecord
+	if err := store.Get(ctx, model.EpOperKey(rec.ID), &got); err != nil || got != rec {
+		t.Fatalf("record in etcd: %+v %v", got, err)
+	}
+	status.Store(http.StatusForbidden)
+	if err := c.ForgetEndpoint(ctx, rec.ID); err == nil {
+		t.Fatal("a 403 from netmaster: forgotten anyway")
+	}
+	status.Store(http.StatusNotFound)
+	if err := c.ForgetEndpoint(ctx, rec.ID); err != nil {
+		t.Fatalf("forget with a netmaster without the route: %v", err)
+	}
+	if err := store.Get(ctx, model.EpOperKey(rec.ID), &got); err == nil {
+		t.Fatalf("record still in etcd: %+v", got)
 	}
 }
