@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/masterclient"
@@ -49,5 +51,29 @@ func TestEnrollEtcd(t *testing.T) {
 	f = &fakeAccess{errs: []error{&masterclient.HTTPError{Status: 404}}}
 	if err := enrollEtcd(context.Background(), f, regs, slog.Default()); err != nil || f.calls != 1 {
 		t.Fatalf("a netmaster without the route: %v (%d calls)", err, f.calls)
+	}
+}
+
+// TestEnrollWhenAuthTurnsOn: a netplugin started on an etcd without auth enrolls its
+// registrations once auth comes on (netmaster upgraded to, or restarted with, etcd RBAC),
+// not before and only once: otherwise their keepalive is refused and they lapse.
+func TestEnrollWhenAuthTurnsOn(t *testing.T) {
+	regs := []cluster.ServiceInfo{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}
+	var polls atomic.Int32
+	authOn := func(context.Context) (bool, error) {
+		switch polls.Add(1) {
+		case 1:
+			return false, errors.New("etcd unreachable")
+		case 2, 3:
+			return false, nil
+		}
+		return true, nil
+	}
+	f := &fakeAccess{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	enrollWhenAuthOn(ctx, authOn, f, regs, time.Millisecond, slog.Default())
+	if f.calls != 1 || polls.Load() != 4 || len(f.got.Registrations) != 1 {
+		t.Fatalf("%d enrollments after %d polls (%+v), want 1 after 4", f.calls, polls.Load(), f.got)
 	}
 }

@@ -189,11 +189,22 @@ func run(parent context.Context, cfg config) error {
 		regs = append(regs, si)
 	}
 	// Only an etcd with auth on needs the registrations enrolled: without, netplugin still
-	// starts while netmaster is away.
-	if st, err := store.Client().AuthStatus(ctx); err != nil || st.Enabled {
+	// starts while netmaster is away. Auth turned on later (netmaster upgraded or restarted
+	// with --etcd-rbac after this netplugin started) enrolls them then: else their keepalive
+	// and re-registration are refused until netplugin restarts.
+	authOn := func(ctx context.Context) (bool, error) {
+		st, err := store.Client().AuthStatus(ctx)
+		if err != nil {
+			return false, fmt.Errorf("etcd auth status: %w", err)
+		}
+		return st.Enabled, nil
+	}
+	if on, err := authOn(ctx); err != nil || on {
 		if err := enrollEtcd(ctx, mc, regs, log); err != nil {
 			return err
 		}
+	} else {
+		go enrollWhenAuthOn(ctx, authOn, mc, regs, authPollEvery, log)
 	}
 	for _, si := range regs {
 		// The registration outlives a signal (its context does not end with ctx), but
@@ -451,5 +462,32 @@ func enrollEtcd(ctx context.Context, mc etcdAccess, regs []cluster.ServiceInfo, 
 			log.Warn("etcd registrations not enrolled with netmaster (unreachable): registering anyway", "err", err)
 			return nil
 		}
+	}
+}
+
+// authPollEvery is how often a netplugin started on an etcd without auth checks whether
+// auth came on.
+const authPollEvery = 5 * time.Second
+
+// enrollWhenAuthOn waits (checking every `every`) until authOn reports etcd's auth on, then
+// enrolls regs with netmaster (enrollEtcd) once; a refusal is logged, as netplugin runs.
+func enrollWhenAuthOn(ctx context.Context, authOn func(context.Context) (bool, error), mc etcdAccess,
+	regs []cluster.ServiceInfo, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if on, err := authOn(ctx); err != nil || !on {
+			continue
+		}
+		log.Info("etcd auth came on: enrolling this host's registrations with netmaster")
+		if err := enrollEtcd(ctx, mc, regs, log); err != nil {
+			log.Error("etcd registrations not enrolled: they stay refused until netplugin restarts", "err", err)
+		}
+		return
 	}
 }

@@ -230,3 +230,47 @@ func rbacOn(t *testing.T) (context.Context, func(cn string) *state.Store, *state
 	}
 	return ctx, open, root, m
 }
+
+// TestRegistrationAfterAuthOn: a registration made while etcd's auth was off lapses once
+// auth is on (its keepalive and re-registration are refused) until its key is enrolled,
+// and comes back by itself after the enrollment: why netplugin enrolls when auth comes on
+// (enrollWhenAuthOn).
+func TestRegistrationAfterAuthOn(t *testing.T) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h1 := open(UserOf("h1"))
+	si := cluster.ServiceInfo{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002, Hostname: "h1"}
+	reg, err := cluster.Register(ctx, h1, si, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(context.Background())
+	root := open("netmaster")
+	m := New(root.Client(), slog.Default())
+	if err := m.Enable(ctx, "netmaster"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureHost(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	registered := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			regs, err := cluster.ListServices(ctx, root, "netplugin")
+			if err == nil && (len(regs) == 1) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("registered: %v (%v), want %v", regs, err, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	registered(false)
+	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: si.ServiceName, HostAddr: si.HostAddr, Port: si.Port}}); err != nil {
+		t.Fatal(err)
+	}
+	registered(true)
+}
