@@ -522,9 +522,9 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 			return nil, nil, &keyedErr{"remote-endpoint/" + id, fmt.Errorf("endpoint %s: vtepIP %q: %w", id, e.VtepIP, err)}
 		}
 		re.VTEP = v
-	} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
+	} else if v, ok := r.hostVTEPs[e.HomingHost]; ok { // the host's own record first (peers)
 		re.VTEP = v
-	} else if v, ok := r.hostVTEPs[e.HomingHost]; ok {
+	} else if v, ok := r.vteps.VTEPOf(e.HomingHost); ok {
 		re.VTEP = v
 	} else if v, ok := r.lastVTEP[e.HomingHost]; ok {
 		re.VTEP = v
@@ -557,11 +557,22 @@ func podPolicyFor(r *records, id string) (dataplane.PodPolicy, bool, error) {
 
 // peers are the live netplugin.vtep registrations of other hosts plus, for hosts whose
 // registration is gone (agent down or restarting) but which still own endpoints, their
-// durable VTEP record: a peer goes away with its endpoints, not with its agent.
+// durable VTEP record: a peer goes away with its endpoints, not with its agent. A host's
+// address is its durable record's when it has one: a registration's value names its host
+// and address as its writer likes (etcd RBAC binds a host to its keys, not to what they
+// say), the record at HostVTEPKey(host) only that host's agent writes.
 func peers(h hostView, r *records) []dataplane.Peer {
-	out := r.vteps.Peers(h.host, h.vtep)
+	reg := r.vteps.Peers(h.host, h.vtep)
+	out := reg[:0]
 	have := map[string]bool{}
-	for _, p := range out {
+	for _, p := range reg {
+		if v, ok := r.hostVTEPs[p.Host]; ok {
+			if h.vtep.IsValid() && v == h.vtep {
+				continue
+			}
+			p.VTEP = v
+		}
+		out = append(out, p)
 		have[p.Host] = true
 	}
 	added := false

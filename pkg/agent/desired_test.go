@@ -180,12 +180,21 @@ func TestComputeDurableVTEPs(t *testing.T) {
 	if len(s.RemoteEndpoints) != 1 || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.2" {
 		t.Fatalf("remote endpoints = %+v", s.RemoteEndpoints)
 	}
-	// A live registration wins over the durable record.
-	r.vteps["k2"] = vxlan.Registration{HostAddr: "192.168.1.22", Hostname: "h2"}
+	// A live registration naming h2 at another address does not move h2: any host's agent
+	// may write a registration's value (etcd RBAC binds keys, not values: a compromised h3
+	// would draw h2's traffic to itself), while only h2's writes its durable record.
+	r.vteps["k2"] = vxlan.Registration{HostAddr: "192.168.1.0", Hostname: "h2"}
 	s, _ = compute(h, r)
-	if len(s.Peers) != 1 || s.Peers[0].VTEP.String() != "192.168.1.22" || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.22" {
-		t.Fatalf("with registration: peers %+v remotes %+v", s.Peers, s.RemoteEndpoints)
+	if len(s.Peers) != 1 || s.Peers[0].VTEP.String() != "192.168.1.2" || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.2" {
+		t.Fatalf("with a registration naming h2 elsewhere: peers %+v remotes %+v", s.Peers, s.RemoteEndpoints)
 	}
+	// A host without a durable record (an earlier build) is found by its registration.
+	delete(r.hostVTEPs, "h2")
+	s, _ = compute(h, r)
+	if len(s.Peers) != 1 || s.Peers[0].VTEP.String() != "192.168.1.0" || s.RemoteEndpoints[0].VTEP.String() != "192.168.1.0" {
+		t.Fatalf("registration only: peers %+v remotes %+v", s.Peers, s.RemoteEndpoints)
+	}
+	r.hostVTEPs["h2"] = netip.MustParseAddr("192.168.1.2")
 	// The host's last endpoint goes: so does the peer.
 	delete(r.vteps, "k2")
 	delete(r.eps, "n1.default-b")
