@@ -371,6 +371,11 @@ func TestAgentsListsOnlyAddresses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A host's own registration key (the address it enrolled) with another address in it.
+	if err := s.Put(ctx, ServiceKey(ServiceInspect, "10.0.0.4", 9090), ServiceInfo{ServiceName: ServiceInspect,
+		HostAddr: "192.0.2.66", Port: 9090, Hostname: "h2"}); err != nil {
+		t.Fatal(err)
+	}
 	agents, err := Agents(ctx, s)
 	if err != nil {
 		t.Fatal(err)

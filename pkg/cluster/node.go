@@ -79,9 +79,11 @@ type NodeConfig struct {
 }
 
 // Agents is GET /agents: the inspect APIs of the netplugins registered (those listening
-// beyond loopback), by host name, sorted.
+// beyond loopback), by host name, sorted. A registration whose address is not its key's is
+// left out: netctl --all sends a token to each URL, and a host may write only the keys of
+// addresses it enrolled (etcd RBAC).
 func Agents(ctx context.Context, store *state.Store) ([]model.AgentInfo, error) {
-	regs, err := ListServices(ctx, store, ServiceInspect)
+	regs, err := listServices(ctx, store, ServiceInspect, true)
 	if err != nil {
 		return nil, err
 	}

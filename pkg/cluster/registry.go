@@ -227,6 +227,13 @@ func (r *Registration) keep(ctx context.Context, leaseLost <-chan struct{}) {
 
 // ListServices returns every registration of service name, sorted by key.
 func ListServices(ctx context.Context, store *state.Store, name string) ([]ServiceInfo, error) {
+	return listServices(ctx, store, name, false)
+}
+
+// listServices is ListServices; keyed leaves out registrations whose value names another
+// service, address or port than their key (etcd RBAC confines an agent to the keys it
+// enrolled, not to what it writes in them).
+func listServices(ctx context.Context, store *state.Store, name string, keyed bool) ([]ServiceInfo, error) {
 	kvs, _, err := store.List(ctx, servicePrefix(name))
 	if err != nil {
 		return nil, fmt.Errorf("list service %s: %w", name, err)
@@ -236,6 +243,9 @@ func ListServices(ctx context.Context, store *state.Store, name string) ([]Servi
 		var si ServiceInfo
 		if err := kv.Decode(&si); err != nil {
 			return nil, err
+		}
+		if keyed && si.Key() != kv.Key {
+			continue
 		}
 		out = append(out, si)
 	}
