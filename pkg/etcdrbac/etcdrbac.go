@@ -70,6 +70,10 @@ func UserOf(host string) string { return auth.HostPrefix + host }
 // Enable makes RootUser and rootUser (netmaster's certificate CN) users of role root and
 // turns etcd's auth on; with auth already on it only checks that rootUser is still root.
 func (m *Manager) Enable(ctx context.Context, rootUser string) error {
+	if strings.HasPrefix(rootUser, auth.HostPrefix) {
+		// The agent of that host would be etcd's root: its user has that name.
+		return fmt.Errorf("netmaster's etcd certificate CN %q: %s<host> names an agent's etcd user, not root", rootUser, auth.HostPrefix)
+	}
 	st, err := m.cli.AuthStatus(ctx)
 	if err != nil {
 		return fmt.Errorf("etcd auth status: %w", err)

@@ -193,13 +193,18 @@ func TestFollowRecreatesReaddedHost(t *testing.T) {
 	userIs(true)
 }
 
-// TestEnableWithAuthOnNeedsRoot: a netmaster restarted on an etcd whose auth is already on
-// starts only if its certificate is still etcd's root (a certificate with another CN fails
+// TestEnableWithAuthOnNeedsRoot: a certificate whose CN names an agent's user is never made
+// root; a netmaster restarted on an etcd whose auth is already on starts only if its
+// certificate is still etcd's root (a certificate with another CN fails
 // at start, naming the reason, instead of every agent's user failing later).
 func TestEnableWithAuthOnNeedsRoot(t *testing.T) {
 	open := tlsEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// A root CN that names an agent's user (host:<host>) would make that agent root.
+	if err := New(open(UserOf("h9")).Client(), slog.Default()).Enable(ctx, UserOf("h9")); err == nil {
+		t.Fatal("auth turned on with root CN host:h9")
+	}
 	if err := New(open("netmaster").Client(), slog.Default()).Enable(ctx, "netmaster"); err != nil {
 		t.Fatal(err)
 	}
