@@ -181,11 +181,10 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 		took time.Duration
 	}
 	recorded := make(chan putResult, 1)
-	t := time.Now()
-	go func() {
+	go func(start time.Time) {
 		err := a.cfg.Master.RecordEndpoint(ctx, l)
-		recorded <- putResult{err, time.Since(t)}
-	}()
+		recorded <- putResult{err, time.Since(start)}
+	}(time.Now())
 	a.mu.Lock()
 	a.rec.setEp(l.ID, &cfg)
 	if _, ok := a.rec.nets[cfg.NetID]; !ok {
@@ -194,7 +193,7 @@ func (a *Agent) attach(ctx context.Context, cfg model.CfgEndpointState, l LocalE
 	}
 	a.rec.setLocal(l.ID, &l)
 	a.mu.Unlock()
-	t = time.Now()
+	t := time.Now()
 	errs := a.reconcile(ctx)
 	steps.program = time.Since(t)
 	rec := <-recorded
