@@ -54,10 +54,12 @@ func nameHolder(tx *state.Tx, built map[string]string, tenant, n string) (string
 }
 
 // claimNames records ep's names in tenant, refusing (409 naming the field) a name another
-// endpoint holds. A Kubernetes pod (K8sPod) is created without its EPCommonName instead:
-// pod names repeat across the namespaces one tenant serves, and the name stays answered by
-// the endpoint that held it first; dropped says so.
-func claimNames(tx *state.Tx, ep *model.CfgEndpointState, tenant string) (dropped bool, err error) {
+// endpoint holds. A new endpoint (create) whose EPCommonName another endpoint holds is
+// created without it instead: container names repeat across hosts (Docker's are unique
+// per host only) and pod names across the namespaces one tenant serves; the name stays
+// answered by the endpoint that held it first, never taken over. dropped says so. A
+// rename (updateEndpoint) to a held name is refused.
+func claimNames(tx *state.Tx, ep *model.CfgEndpointState, tenant string, create bool) (dropped bool, err error) {
 	built, err := nameIndex(tx)
 	if err != nil {
 		return false, err
@@ -71,7 +73,7 @@ func claimNames(tx *state.Tx, ep *model.CfgEndpointState, tenant string) (droppe
 		if holder == "" || holder == ep.ID {
 			continue
 		}
-		if field == "EPCommonName" && ep.K8sPod != "" {
+		if field == "EPCommonName" && create {
 			ep.EPCommonName, dropped = "", true
 			delete(names, field)
 			continue

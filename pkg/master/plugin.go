@@ -285,11 +285,11 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			ep.EndpointGroupID = g.EndpointGroupID
 			ep.EndpointGroupKey = g.ID
 		}
-		if dropped, err := claimNames(tx, &ep, ns.Tenant); err != nil {
+		if dropped, err := claimNames(tx, &ep, ns.Tenant, true); err != nil {
 			return err
 		} else if dropped {
-			m.log.Warn("createEndpoint: pod name held by another endpoint of the tenant: not answered for this pod",
-				"name", req.EPCommonName, "tenant", ns.Tenant, "pod", req.K8sPod)
+			m.log.Warn("createEndpoint: name held by another endpoint of the tenant: not answered for this endpoint",
+				"name", req.EPCommonName, "tenant", ns.Tenant, "endpoint", req.EndpointID, "host", req.ConfigEP.Host)
 		}
 		if req.ConfigEP.IPAddress != "" {
 			if err := checkPreferred(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, true); err != nil {

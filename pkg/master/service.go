@@ -404,7 +404,7 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest, host
 			return err
 		}
 		ep.EPCommonName = req.EPCommonName
-		if _, err := claimNames(tx, ep, req.Tenant); err != nil {
+		if _, err := claimNames(tx, ep, req.Tenant, false); err != nil {
 			return err
 		}
 	}
