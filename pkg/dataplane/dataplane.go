@@ -74,6 +74,41 @@ type Endpoint struct {
 	// its MAC and MTU only.
 	NetNS  string `json:"netNS,omitempty"`
 	IfName string `json:"ifName"`
+	// QoS is what the endpoint's traffic is held to (its group's netprofile, or a pod's
+	// bandwidth annotations, the stricter of the two); zero: nothing.
+	QoS QoS `json:"qos,omitzero"`
+}
+
+// QoS limits an endpoint's traffic and marks its packets. A rate is in bits per second
+// (0: unlimited) and its burst in bytes (what may pass at once beyond the rate; 0 with a
+// rate: the driver's minimum, one full-sized packet at least). Egress is what the
+// endpoint sends, Ingress what it receives. DSCP is the code point (0-63) the endpoint's
+// IPv4 packets leave with when SetDSCP, as Contiv's netprofile marks them.
+type QoS struct {
+	EgressRate   uint64 `json:"egressRate,omitempty"`
+	EgressBurst  uint64 `json:"egressBurst,omitempty"`
+	IngressRate  uint64 `json:"ingressRate,omitempty"`
+	IngressBurst uint64 `json:"ingressBurst,omitempty"`
+	DSCP         uint8  `json:"dscp,omitempty"`
+	SetDSCP      bool   `json:"setDSCP,omitempty"`
+}
+
+// IsZero says whether q limits and marks nothing.
+func (q QoS) IsZero() bool { return q == QoS{} }
+
+// Validate checks q's ranges.
+func (q QoS) Validate() error {
+	switch {
+	case q.DSCP > 63:
+		return fmt.Errorf("qos: dscp %d outside 0-63", q.DSCP)
+	case !q.SetDSCP && q.DSCP != 0:
+		return fmt.Errorf("qos: dscp %d without setDSCP", q.DSCP)
+	case q.EgressBurst != 0 && q.EgressRate == 0:
+		return fmt.Errorf("qos: egressBurst without egressRate")
+	case q.IngressBurst != 0 && q.IngressRate == 0:
+		return fmt.Errorf("qos: ingressBurst without ingressRate")
+	}
+	return nil
 }
 
 // RemoteEndpoint is a container on another host.
@@ -445,6 +480,9 @@ func (ep Endpoint) Validate() error {
 		return fmt.Errorf("endpoint %s: hostIfName %q must be 1-15 bytes", ep.ID, ep.HostIfName)
 	case ep.IfName == "" || len(ep.IfName) > 15:
 		return fmt.Errorf("endpoint %s: ifName %q must be 1-15 bytes", ep.ID, ep.IfName)
+	}
+	if err := ep.QoS.Validate(); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	return nil
 }
