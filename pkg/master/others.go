@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
@@ -91,19 +92,12 @@ func netprofileOps() objOps[model.Netprofile] {
 			if err := checkName("profileName", p.ProfileName, 64); err != nil {
 				return err
 			}
-			if p.Bandwidth != "" {
-				if err := checkRegex("bandwidth", p.Bandwidth, reBandwidth, "a bandwidth like 10mbps, 1g or 500kb", 64); err != nil {
-					return err
-				}
+			if len(p.Bandwidth) > 64 {
+				return badReq("bandwidth: %q is longer than 64 characters", p.Bandwidth)
 			}
-			if err := checkIntRange("DSCP", p.DSCP, 0, 63); err != nil {
-				return err
-			}
-			if err := checkIntRange("burst", p.Burst, 0, 10486); err != nil {
-				return err
-			}
-			if p.Burst == 1 {
-				return badReq("burst: 1 is too small (use 0 for none or at least 2)")
+			// One parser for netmaster and agents (units: docs/netprofiles.md).
+			if err := netprofile.CheckProfile(p.Bandwidth, p.DSCP, p.Burst); err != nil {
+				return badReq("%v", err)
 			}
 			return nil
 		},

@@ -25,7 +25,6 @@ var (
 	reVxlanRng  = regexp.MustCompile(`^([0-9]{1,8}?-[0-9]{1,8}?)$`)
 	rePvtSubnet = regexp.MustCompile(`^` + ip4 + `/16$`)
 	reRouterIP  = regexp.MustCompile(`^` + ip4 + `/([0-9]|[12][0-9]|3[0-2])$`)
-	reBandwidth = regexp.MustCompile(`^([1-9][0-9]*)\s*([kKmMgG])([bB]([pP][sS])?|[pP][sS]|[bB][iI][tT][sS]?)?$`)
 	rePath      = regexp.MustCompile(`^topology/pod-[0-9]{1,4}/paths-[0-9]{1,4}/pathep-\[eth[0-9]{1,2}/[0-9]{1,2}\]$`)
 	reNode      = regexp.MustCompile(`^topology/pod-[0-9]{1,4}/node-[0-9]{1,4}$`)
 )
