@@ -487,7 +487,7 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		a.rec.setRule(id, nil)
 		return
 	case model.EPGStatePrefix:
-		delete(a.rec.epgs, id)
+		a.rec.setEPG(id, nil)
 		a.rec.namesStale = true // (group names are reserved in the name index: dns.go)
 		return
 	case model.BgpStatePrefix:
@@ -520,7 +520,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		// more than its address bookkeeping
 	case model.RuleStatePrefix:
 		// scoped to the groups the rule compiles into (setRule)
-	case model.EPGStatePrefix, model.BgpStatePrefix, "/contiv.io/master/config/":
+	case model.EPGStatePrefix:
+		// scoped to this host's endpoints of the group when its netprofile changed (setEPG)
+	case model.BgpStatePrefix, "/contiv.io/master/config/":
 		// nothing the datapath state is computed from (the BGP loop reads its records
 		// after every pass)
 	default:
@@ -551,9 +553,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 	case model.EPGStatePrefix:
 		var v model.EndpointGroupState
 		if err = kv.Decode(&v); err == nil {
-			a.rec.epgs[id] = v
+			a.rec.setEPG(id, &v)
 		} else {
-			delete(a.rec.epgs, id)
+			a.rec.setEPG(id, nil)
 		}
 	case model.RuleStatePrefix:
 		var v model.CfgPolicyRule

@@ -14,6 +14,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
 	"github.com/contivbpf/contivbpf/pkg/policy"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
@@ -506,9 +507,13 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 		if !ok {
 			return nil, nil, nil // attached elsewhere or not yet recorded by AttachEndpoint
 		}
+		qos, err := endpointQoS(r, e, l)
+		if err != nil {
+			return nil, nil, &keyedErr{"endpoint/" + id, err}
+		}
 		de := dataplane.Endpoint{
 			ID: id, NetworkID: e.NetID, IP: ip, IPv6: ip6, MAC: mac, EPGID: epgID(e),
-			HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName,
+			HostIfName: l.PortName, NetNS: l.NetNS, IfName: l.IntfName, QoS: qos,
 		}
 		if err := de.Validate(); err != nil {
 			return nil, nil, &keyedErr{"endpoint/" + id, err}
@@ -537,6 +542,51 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 		return nil, nil, &keyedErr{"remote-endpoint/" + id, err}
 	}
 	return nil, &re, nil
+}
+
+// endpointQoS is what local endpoint e's traffic is held to: its group's netprofile
+// (copied into the group's state record), the pod's bandwidth annotations, per
+// direction the stricter. A group record whose netprofile values cannot be read fails
+// the endpoint (reported, left out: a limit fails closed).
+func endpointQoS(r *records, e model.CfgEndpointState, l LocalEndpoint) (dataplane.QoS, error) {
+	var q dataplane.QoS
+	if g, ok := r.epgs[e.EndpointGroupKey]; ok && e.EndpointGroupKey != "" {
+		var err error
+		if q, err = netprofile.OfGroup(g); err != nil {
+			return dataplane.QoS{}, fmt.Errorf("endpoint %s: %w", e.ID, err)
+		}
+	}
+	return netprofile.Stricter(q, l.PodQoS), nil
+}
+
+// qosOf is the part of a group record that endpointQoS reads.
+type qosOf struct {
+	bandwidth   string
+	dscp, burst int
+}
+
+// setEPG records endpoint group state id (nil: removes it). netmaster rewrites the
+// record for every endpoint it adds (epCount, address bitmap): only a change of its
+// netprofile values makes the next pass recompute this host's endpoints of the group.
+func (r *records) setEPG(id string, v *model.EndpointGroupState) {
+	old, had := r.epgs[id]
+	if v == nil {
+		delete(r.epgs, id)
+	} else {
+		r.epgs[id] = *v
+	}
+	changed := had != (v != nil)
+	if had && v != nil {
+		changed = qosOf{old.Bandwidth, old.DSCP, old.Burst} != qosOf{v.Bandwidth, v.DSCP, v.Burst}
+	}
+	if !changed {
+		return
+	}
+	for lid := range r.local {
+		if r.eps[lid].EndpointGroupKey == id {
+			r.dirty.touchEp(lid)
+		}
+	}
 }
 
 // podPolicyFor converts the NetworkPolicy record of endpoint id; ok is false when the

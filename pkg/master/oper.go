@@ -118,6 +118,9 @@ func checkRecord(rec *model.LocalEndpointRecord) error {
 	if err := checkTextFields(map[string]string{"netNS": rec.NetNS}, maxNetNSField); err != nil {
 		return err
 	}
+	if err := rec.PodQoS.Validate(); err != nil {
+		return badReq("podQoS: %v", err)
+	}
 	return checkTextFields(map[string]string{
 		"netID": rec.NetID, "endpointID": rec.EndpointID, "serviceName": rec.ServiceName,
 		"contUUID": rec.ContUUID, "ipAddress": rec.IPAddress, "ipv6Address": rec.IPv6Address,

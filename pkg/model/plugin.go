@@ -3,6 +3,8 @@ package model
 // Bodies of netmaster's /plugin/* endpoints and /version. Like Contiv they carry no json
 // tags: the JSON keys are the Go field names.
 
+import "github.com/contivbpf/contivbpf/pkg/dataplane"
+
 // AllocAddressRequest is POST /plugin/allocAddress.
 type AllocAddressRequest struct {
 	AddressPool          string
@@ -74,6 +76,10 @@ type LocalEndpointRecord struct {
 	Tenant  string `json:"tenant,omitempty"`
 	Network string `json:"network,omitempty"`
 	Group   string `json:"group,omitempty"`
+	// PodQoS is what the pod's kubernetes.io/{ingress,egress}-bandwidth annotations
+	// asked for when it was attached; the endpoint gets the stricter of it and its
+	// group's netprofile (the agent's endpointQoS).
+	PodQoS dataplane.QoS `json:"podQoS,omitzero"`
 }
 
 // ForgetEndpointRequest is POST /plugin/forgetEndpoint: remove the record of endpoint ID

@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
+)
+
+// qosDriver refuses an endpoint whose egress rate is above maxRate (0: accepts all).
+type qosDriver struct {
+	failingDriver
+	maxRate uint64
+}
+
+func (d *qosDriver) UpsertEndpoint(_ context.Context, ep dataplane.Endpoint) error {
+	if d.maxRate != 0 && ep.QoS.EgressRate > d.maxRate {
+		return fmt.Errorf("endpoint %s: rate %d beyond this switch's %d", ep.ID, ep.QoS.EgressRate, d.maxRate)
+	}
+	return nil
+}
+
+// TestGroupNetprofileReachesEndpoints: a group's netprofile (its state record) becomes the
+// QoS of this host's endpoints of the group, follows a change of the profile in a scoped
+// pass (a rewrite of the record's bookkeeping alone touches nothing), is combined with a
+// pod's annotations (the stricter per direction), goes when detached, and a QoS the driver
+// refuses makes /healthz fail naming the endpoint.
+func TestGroupNetprofileReachesEndpoints(t *testing.T) {
+	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+	a, err := New(Config{Store: &state.Store{}, Driver: d, Master: afterCreate{}, Host: "h0", FwdMode: dataplane.FwdBridge,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := a.rec
+	r.nets["n.t"] = model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
+	for i, id := range []string{"n.t-a", "n.t-b"} {
+		r.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: fmt.Sprintf("10.5.0.%d", i+2), HomingHost: "h0",
+			EndpointGroupID: 3, EndpointGroupKey: "web:t"})
+		r.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, IntfName: "eth0", PortName: HostIfName(id)}, NetNS: "/run/netns/x"})
+	}
+	group := model.EndpointGroupState{ID: "web:t", GroupName: "web", TenantName: "t", EndpointGroupID: 3, Bandwidth: "10mbps", Burst: 800, DSCP: 46}
+	putGroup := func(g model.EndpointGroupState) {
+		b, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.put(model.EPGStatePrefix, model.EPGStateKey(g.ID), b)
+	}
+	putGroup(group)
+	if errs := a.reconcile(ctx); len(errs) != 0 {
+		t.Fatalf("first pass: %v", errs)
+	}
+	want := dataplane.QoS{EgressRate: 10e6, EgressBurst: 100_000, IngressRate: 10e6, IngressBurst: 100_000, DSCP: 46, SetDSCP: true}
+	for _, id := range []string{"n.t-a", "n.t-b"} {
+		if got := a.applied.Endpoints[id].QoS; got != want {
+			t.Fatalf("%s: QoS %+v, want %+v", id, got, want)
+		}
+	}
+
+	// netmaster rewrites the record for every endpoint it adds: nothing to do.
+	group.EpCount = 2
+	putGroup(group)
+	if !a.rec.dirty.empty() {
+		t.Fatalf("a bookkeeping rewrite of the group made the pass %+v", a.rec.dirty)
+	}
+	// The profile changes: a scoped pass over the group's endpoints applies it.
+	group.Bandwidth, group.Burst, group.DSCP = "20mbps", 0, 0
+	putGroup(group)
+	if d := a.rec.dirty; d.all || len(d.eps) != 2 {
+		t.Fatalf("a netprofile change made the pass %+v, want the group's two endpoints", d)
+	}
+	a.reconcile(ctx)
+	want = dataplane.QoS{EgressRate: 20e6, EgressBurst: 250_000, IngressRate: 20e6, IngressBurst: 250_000}
+	if got := a.applied.Endpoints["n.t-a"].QoS; got != want {
+		t.Fatalf("after the change: QoS %+v, want %+v", got, want)
+	}
+
+	// A pod's annotations: the stricter per direction.
+	l := r.local["n.t-b"]
+	l.PodQoS = dataplane.QoS{EgressRate: 5e6, EgressBurst: 70_000}
+	r.setLocal("n.t-b", &l)
+	a.reconcile(ctx)
+	want.EgressRate, want.EgressBurst = 5e6, 70_000
+	if got := a.applied.Endpoints["n.t-b"].QoS; got != want {
+		t.Fatalf("with the pod's 5M egress: QoS %+v, want %+v", got, want)
+	}
+
+	// A QoS the driver refuses: the endpoint fails /healthz by name.
+	d.maxRate = 30e6
+	group.Bandwidth = "40mbps"
+	putGroup(group)
+	errs := a.reconcile(ctx)
+	if errs["endpoint/n.t-a"] == nil || !strings.Contains(errs["endpoint/n.t-a"].Error(), "beyond") {
+		t.Fatalf("refused QoS not reported: %v", errs)
+	}
+	h := a.Handler(prometheus.NewRegistry(), nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"endpoint"`) {
+		t.Fatalf("/healthz with a refused QoS: %d %s", rec.Code, rec.Body.String())
+	}
+	if got := a.Errors()["endpoint/n.t-a"]; !strings.Contains(got, "beyond") {
+		t.Fatalf("Errors: %q", got)
+	}
+
+	// Detached: no limit (the pod's own stays); /healthz recovers.
+	group.Bandwidth, group.DSCP, group.Burst = "", 0, 0
+	putGroup(group)
+	if errs := a.reconcile(ctx); len(errs) != 0 {
+		t.Fatalf("after detaching: %v", errs)
+	}
+	if got := a.applied.Endpoints["n.t-a"].QoS; !got.IsZero() {
+		t.Fatalf("detached: QoS %+v", got)
+	}
+	if got := a.applied.Endpoints["n.t-b"].QoS; got != l.PodQoS {
+		t.Fatalf("detached: pod's QoS %+v, want %+v", got, l.PodQoS)
+	}
+	// A group record whose values cannot be read fails its endpoints (closed, reported).
+	group.Bandwidth = "fast"
+	putGroup(group)
+	a.reconcile(ctx)
+	if got := a.Errors()["endpoint/n.t-a"]; !strings.Contains(got, "bandwidth") {
+		t.Fatalf("bad netprofile values: %q", got)
+	}
+	if _, ok := a.applied.Endpoints["n.t-a"]; ok {
+		t.Fatal("an endpoint whose netprofile cannot be read is still applied (without its limit)")
+	}
+}
