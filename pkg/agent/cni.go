@@ -7,12 +7,38 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
 )
 
 // PodLabeler reads a pod's labels from the Kubernetes API (pkg/k8s.Client implements it).
 type PodLabeler interface {
 	PodLabels(ctx context.Context, namespace, name string) (map[string]string, error)
+}
+
+// PodAnnotator reads the bandwidth annotations of a pod (pkg/k8s.PodCache implements
+// it); a PodLabeler without it leaves pods unlimited by annotations.
+type PodAnnotator interface {
+	PodAnnotations(ctx context.Context, namespace, name string) (map[string]string, error)
+}
+
+// podQoS is what the pod's kubernetes.io/{ingress,egress}-bandwidth annotations ask for
+// (netprofile.OfPod); a malformed one fails the request, naming the annotation.
+func podQoS(ctx context.Context, pods PodLabeler, req cniapi.PodRequest) (dataplane.QoS, error) {
+	pa, ok := pods.(PodAnnotator)
+	if !ok {
+		return dataplane.QoS{}, nil
+	}
+	ann, err := pa.PodAnnotations(ctx, req.Namespace, req.Name)
+	if err != nil {
+		return dataplane.QoS{}, fmt.Errorf("read annotations of pod %s/%s: %w", req.Namespace, req.Name, err)
+	}
+	q, err := netprofile.OfPod(ann)
+	if err != nil {
+		return dataplane.QoS{}, fmt.Errorf("pod %s/%s: %w", req.Namespace, req.Name, err)
+	}
+	return q, nil
 }
 
 // CNIBackend adapts the agent to the CNI socket protocol (cniapi.Backend): AddPod attaches
@@ -64,6 +90,9 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 			ns = "default"
 		}
 		ar.K8sPod = ns + "/" + req.Name
+		if ar.PodQoS, err = podQoS(ctx, b.a.cfg.Pods, req); err != nil {
+			return cniapi.PodResponse{}, err
+		}
 	}
 	res, err := b.a.AttachEndpoint(ctx, ar)
 	if err != nil {

@@ -34,6 +34,8 @@ type AttachRequest struct {
 	// got it from /plugin/allocAddress); netmaster records it instead of allocating one.
 	// Empty: netmaster allocates.
 	IPAddress string
+	// PodQoS: the pod's bandwidth annotations (combined with the group's netprofile).
+	PodQoS dataplane.QoS
 }
 
 // AttachResult describes the attached interface.
@@ -131,7 +133,7 @@ func (a *Agent) AttachEndpoint(ctx context.Context, req AttachRequest) (AttachRe
 			MacAddress: cfg.MacAddress, HomingHost: a.cfg.Host, IntfName: req.IfName,
 			PortName: HostIfName(id),
 		},
-		NetNS: req.NetNS, Tenant: req.Tenant, Network: req.Network, Group: req.Group,
+		NetNS: req.NetNS, Tenant: req.Tenant, Network: req.Network, Group: req.Group, PodQoS: req.PodQoS,
 	}
 	res, err := a.attach(ctx, cfg, l, &steps)
 	if err != nil {

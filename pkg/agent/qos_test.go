@@ -10,9 +10,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -138,4 +140,57 @@ func TestGroupNetprofileReachesEndpoints(t *testing.T) {
 	if _, ok := a.applied.Endpoints["n.t-a"]; ok {
 		t.Fatal("an endpoint whose netprofile cannot be read is still applied (without its limit)")
 	}
+}
+
+// fakePods answers labels and annotations from maps (the PodCache's interface).
+type fakePods struct{ ann map[string]map[string]string }
+
+func (f fakePods) PodLabels(context.Context, string, string) (map[string]string, error) {
+	return map[string]string{}, nil
+}
+func (f fakePods) PodAnnotations(_ context.Context, ns, name string) (map[string]string, error) {
+	a, ok := f.ann[ns+"/"+name]
+	if !ok {
+		return nil, fmt.Errorf("pod %s/%s not found", ns, name)
+	}
+	return a, nil
+}
+
+// TestPodQoSFromAnnotations: a pod's bandwidth annotations become its QoS (ingress: what it
+// receives); a malformed one fails the CNI ADD naming the annotation, before anything is
+// attached; a labeler without annotations leaves the pod unlimited.
+func TestPodQoSFromAnnotations(t *testing.T) {
+	pods := fakePods{ann: map[string]map[string]string{
+		"prod/web":   {"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "1G"},
+		"prod/bad":   {"kubernetes.io/egress-bandwidth": "lots"},
+		"prod/plain": nil,
+	}}
+	ctx := context.Background()
+	q, err := podQoS(ctx, pods, cniapi.PodRequest{Namespace: "prod", Name: "web"})
+	if err != nil || q.IngressRate != 10e6 || q.EgressRate != 1e9 || q.IngressBurst == 0 || q.SetDSCP {
+		t.Fatalf("web: %+v, %v", q, err)
+	}
+	if q, err := podQoS(ctx, pods, cniapi.PodRequest{Namespace: "prod", Name: "plain"}); err != nil || !q.IsZero() {
+		t.Fatalf("plain: %+v, %v", q, err)
+	}
+	if _, err := podQoS(ctx, pods, cniapi.PodRequest{Namespace: "prod", Name: "bad"}); err == nil ||
+		!strings.Contains(err.Error(), "kubernetes.io/egress-bandwidth") {
+		t.Fatalf("bad annotation: %v", err)
+	}
+	b := cniBackend{&Agent{cfg: Config{Pods: pods}, ready: make(chan struct{})}}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := b.AddPod(actx, cniapi.PodRequest{Name: "bad", Namespace: "prod", InfraContainerID: "x"}); err == nil ||
+		!strings.Contains(err.Error(), "egress-bandwidth") {
+		t.Fatalf("AddPod with a bad annotation: %v", err)
+	}
+	if q, err := podQoS(ctx, labelsOnly{}, cniapi.PodRequest{Namespace: "prod", Name: "web"}); err != nil || !q.IsZero() {
+		t.Fatalf("labeler without annotations: %+v, %v", q, err)
+	}
+}
+
+type labelsOnly struct{}
+
+func (labelsOnly) PodLabels(context.Context, string, string) (map[string]string, error) {
+	return map[string]string{}, nil
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
 )
 
 // ErrPodNotFound is wrapped by PodLabels when the pod is not (yet) in the node's cache
@@ -92,16 +94,27 @@ func NewPodCache(cs kubernetes.Interface, node string, wait time.Duration, log *
 	return c, nil
 }
 
-// trimPod keeps what the agent reads (name, namespace, uid, labels, node): the cache
-// holds one small object per local pod instead of full specs and managed fields.
+// trimPod keeps what the agent reads (name, namespace, uid, labels, node, the bandwidth
+// annotations): the cache holds one small object per local pod instead of full specs and
+// managed fields.
 func trimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
+	var ann map[string]string
+	for _, k := range []string{netprofile.AnnotationIngress, netprofile.AnnotationEgress} {
+		if v, ok := p.Annotations[k]; ok {
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann[k] = v
+		}
+	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels, ResourceVersion: p.ResourceVersion},
-		Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels, Annotations: ann,
+			ResourceVersion: p.ResourceVersion},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName},
 	}, nil
 }
 
@@ -149,8 +162,39 @@ func (c *PodCache) Synced() bool { return c.informer.HasSynced() && c.nsInformer
 // ErrPodNotFound and says whether the API server is answering. A pod already seen is
 // answered from the cache also while the API server is down (its labels as last watched).
 func (c *PodCache) PodLabels(ctx context.Context, namespace, name string) (map[string]string, error) {
+	p, ns, err := c.lookup(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	l := maps.Clone(p.Labels)
+	if l == nil {
+		l = map[string]string{}
+	}
+	t, err := TenantOf(p.Namespace, ns.Labels, l)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: pod %s/%s: %w", p.Namespace, name, err)
+	}
+	if t != "" {
+		l[LabelTenant] = t
+	}
+	return l, nil
+}
+
+// PodAnnotations returns the pod's annotations the cache keeps (the bandwidth ones,
+// kubernetes.io/{ingress,egress}-bandwidth), waiting for the pod like PodLabels.
+func (c *PodCache) PodAnnotations(ctx context.Context, namespace, name string) (map[string]string, error) {
+	p, _, err := c.lookup(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return maps.Clone(p.Annotations), nil
+}
+
+// lookup finds pod namespace/name (namespace "" = "default") and its namespace in the
+// cache, waiting up to the cache's wait for one not seen yet (PodLabels).
+func (c *PodCache) lookup(ctx context.Context, namespace, name string) (*corev1.Pod, *corev1.Namespace, error) {
 	if name == "" {
-		return nil, errors.New("kubernetes: pod name is empty")
+		return nil, nil, errors.New("kubernetes: pod name is empty")
 	}
 	if namespace == "" {
 		namespace = "default"
@@ -168,27 +212,16 @@ func (c *PodCache) PodLabels(ctx context.Context, namespace, name string) (map[s
 		}
 		switch {
 		case err == nil:
-			l := maps.Clone(p.Labels)
-			if l == nil {
-				l = map[string]string{}
-			}
-			t, err := TenantOf(namespace, ns.Labels, l)
-			if err != nil {
-				return nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, err)
-			}
-			if t != "" {
-				l[LabelTenant] = t
-			}
-			return l, nil
+			return p, ns, nil
 		case !apierrors.IsNotFound(err):
-			return nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, err)
+			return nil, nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, err)
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return nil, c.notFound(ctx, namespace, name)
+			return nil, nil, c.notFound(ctx, namespace, name)
 		case <-ctx.Done():
-			return nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, ctx.Err())
+			return nil, nil, fmt.Errorf("kubernetes: pod %s/%s: %w", namespace, name, ctx.Err())
 		}
 	}
 }

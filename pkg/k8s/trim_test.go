@@ -23,3 +23,18 @@ func TestTrimPolicyPodKeepsNode(t *testing.T) {
 		t.Errorf("trimmed pod %+v", tp)
 	}
 }
+
+// TestTrimPodKeepsBandwidth: the node's pod cache keeps the bandwidth annotations the
+// agent enforces (docs/netprofiles.md) and no other annotation.
+func TestTrimPodKeepsBandwidth(t *testing.T) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "prod", Annotations: map[string]string{
+		"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "1G", "big": "x"}}}
+	got, err := trimPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := got.(*corev1.Pod).Annotations
+	if len(a) != 2 || a["kubernetes.io/ingress-bandwidth"] != "10M" || a["kubernetes.io/egress-bandwidth"] != "1G" {
+		t.Errorf("trimmed annotations %v", a)
+	}
+}
