@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,7 +15,6 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
-	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
 // qosDriver refuses an endpoint whose egress rate is above maxRate (0: accepts all).
@@ -40,14 +37,9 @@ func (d *qosDriver) UpsertEndpoint(_ context.Context, ep dataplane.Endpoint) err
 // refuses makes /healthz fail naming the endpoint.
 func TestGroupNetprofileReachesEndpoints(t *testing.T) {
 	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
-	a, err := New(Config{Store: &state.Store{}, Driver: d, Master: afterCreate{}, Host: "h0", FwdMode: dataplane.FwdBridge,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := testAgent(t, d, dataplane.FwdBridge)
 	ctx := context.Background()
 	r := a.rec
-	r.nets["n.t"] = model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
 	for i, id := range []string{"n.t-a", "n.t-b"} {
 		r.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: fmt.Sprintf("10.5.0.%d", i+2), HomingHost: "h0",
 			EndpointGroupID: 3, EndpointGroupKey: "web:t"})
@@ -85,7 +77,7 @@ func TestGroupNetprofileReachesEndpoints(t *testing.T) {
 		t.Fatalf("a netprofile change made the pass %+v, want the group's two endpoints", d)
 	}
 	a.reconcile(ctx)
-	want = dataplane.QoS{EgressRate: 20e6, EgressBurst: 250_000, IngressRate: 20e6, IngressBurst: 250_000}
+	want = dataplane.QoS{EgressRate: 20e6, EgressBurst: 1_250_000, IngressRate: 20e6, IngressBurst: 1_250_000}
 	if got := a.applied.Endpoints["n.t-a"].QoS; got != want {
 		t.Fatalf("after the change: QoS %+v, want %+v", got, want)
 	}

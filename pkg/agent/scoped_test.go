@@ -312,19 +312,27 @@ func (d *failingDriver) UpsertService(_ context.Context, s dataplane.Service) er
 	return nil
 }
 
+// testAgent is an agent of host h0 on driver d with one network n.t (VXLAN 5,
+// 10.5.0.0/16) recorded; its store and netmaster are never reached.
+func testAgent(t *testing.T, d dataplane.Driver, mode dataplane.FwdMode) *Agent {
+	t.Helper()
+	a, err := New(Config{Store: &state.Store{}, Driver: d, Master: afterCreate{}, Host: "h0", FwdMode: mode,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.rec.nets["n.t"] = model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
+	return a
+}
+
 // TestReconcileRetriesOnlyWhatFailed: a service the driver keeps refusing is retried by
 // its id alone, not by making every later pass recompute everything; a NetworkPolicy layer
 // of an endpoint whose record body names another id is applied under the record key.
 func TestReconcileRetriesOnlyWhatFailed(t *testing.T) {
 	fd := &failingDriver{fail: map[string]bool{}}
-	a, err := New(Config{Store: &state.Store{}, Driver: fd, Master: afterCreate{}, Host: "h0", FwdMode: dataplane.FwdRouting,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := testAgent(t, fd, dataplane.FwdRouting)
 	ctx := context.Background()
 	r := a.rec
-	r.nets["n.t"] = model.CfgNetworkState{ID: "n.t", Tenant: "t", PktTagType: "vxlan", ExtPktTag: 5, SubnetIP: "10.5.0.0", SubnetLen: 16}
 	r.hostVTEPs["h1"] = netip.MustParseAddr("192.168.1.2")
 	r.setEp("n.t-a", &model.CfgEndpointState{ID: "n.t-a", NetID: "n.t", IPAddress: "10.5.0.2", HomingHost: "h1"})
 	for _, id := range []string{"s1:t", "s2:t"} {
