@@ -103,6 +103,9 @@ type Driver struct {
 	meter                   bool // the monitor's meter is installed (monitor.go)
 	// portMeters are the endpoint ports whose meters are installed (portmeter.go).
 	portMeters map[uint32]bool
+	// qosMeters are the endpoints' QoS meters installed, by id (qos.go); nil: not read
+	// from vswitchd yet.
+	qosMeters map[uint32]qosBand
 
 	stop chan struct{}
 	done chan struct{}
@@ -391,7 +394,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	}
 	d.setRejectMeter(ctx)
 	d.setReassembly(ctx)
-	d.portMeters = nil // a new vswitchd has none
+	d.portMeters, d.qosMeters = nil, nil // a new vswitchd has none
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}
@@ -461,12 +464,18 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 	if err := d.ensurePortMeters(ctx); err != nil {
 		return err
 	}
+	if err := d.ensureQoSMeters(ctx, st); err != nil {
+		return err
+	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
 		return fmt.Errorf("ovs: install pipeline: %w", err)
 	}
 	d.gen = gen
 	d.comp = comp
 	d.dropStalePortMeters(ctx)
+	if err := d.dropQoSMeters(ctx, st); err != nil {
+		d.log.Warn("stale qos meters not removed", "err", err)
+	}
 	d.purge(ctx)
 	return nil
 }
@@ -525,11 +534,18 @@ func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables,
 		undo()
 		return err
 	}
+	if err := d.ensureQoSMeters(ctx, st); err != nil {
+		undo()
+		return err
+	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
 		undo()
 		return fmt.Errorf("ovs: program flows: %w", err)
 	}
 	d.comp = comp
+	if err := d.dropQoSMeters(ctx, st); err != nil {
+		d.log.Warn("qos meters not removed", "err", err)
+	}
 	if purge {
 		d.purge(ctx)
 	}
@@ -1205,10 +1221,16 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out["drop_frag_limit"] = 0 // fragments past their port's meter (portmeter.go), as the eBPF reason
+	out["drop_frag_limit"] = 0                               // fragments past their port's meter (portmeter.go), as the eBPF reason
+	out["drop_rate_egress"], out["drop_rate_ingress"] = 0, 0 // past an endpoint's QoS meter (qos.go)
 	for _, m := range meters {
 		if isFragMeter(m.ID) {
 			out["drop_frag_limit"] += float64(m.Dropped)
+		}
+		if egress, ok := isQoSMeter(m.ID); ok && egress {
+			out["drop_rate_egress"] += float64(m.Dropped)
+		} else if ok {
+			out["drop_rate_ingress"] += float64(m.Dropped)
 		}
 	}
 	return out, nil

@@ -21,6 +21,7 @@ type tableID uint8
 // Pipeline stages, in packet order.
 const (
 	tClassifier     tableID = 0  // in_port (+ tun_id / vlan) → network, EPG, VRF registers
+	tQoS            tableID = 2  // an endpoint with a QoS: its egress meter and DSCP marking (qos.go)
 	tOverlaySrc     tableID = 5  // overlay packets: inner source must live behind the outer source (tun_src)
 	tARP            tableID = 10 // proxy ARP: every request answered here or dropped
 	tConntrack      tableID = 20 // ct(nat) lookup in the zone where the packet would be a reply
@@ -42,12 +43,14 @@ const (
 	tOutput         tableID = 70 // local port, VXLAN tunnel, or VLAN uplink
 )
 
-var allTables = []tableID{tClassifier, tOverlaySrc, tARP, tConntrack, tCTOpener, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tAnswer, tAnswerShared, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
+var allTables = []tableID{tClassifier, tQoS, tOverlaySrc, tARP, tConntrack, tCTOpener, tServiceLB, tServiceDNAT, tServiceBackend, tCTCheck, tServiceFrag, tSrcEPG, tAnswer, tAnswerShared, tDstEPG, tPolicy, tNetpolEgress, tNetpolIngress, tCommit, tL3, tOutput}
 
 func (t tableID) String() string {
 	switch t {
 	case tClassifier:
 		return "classifier"
+	case tQoS:
+		return "qos"
 	case tOverlaySrc:
 		return "overlay_src"
 	case tARP:
@@ -355,8 +358,13 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 		if !ok {
 			return nil, nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
+		if _, err := qosMeters(port, ep.QoS); err != nil {
+			return nil, nil, fmt.Errorf("endpoint %s: %w", ep.ID, err)
+		}
 		flows = append(pl.endpointClassifier(port, ep, n, env.netVRF(n), env.netInbound(n)), pl.answers(port)...)
-		fw, err := pl.forwarding(env, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port})
+		flows = append(flows, pl.qosFlows(port, ep.QoS)...)
+		fw, err := pl.forwarding(env, endpoint{id: ep.ID, net: n, ip: ep.IP, mac: ep.MAC, epg: ep.EPGID, local: true, port: port,
+			ingressRate: ep.QoS.IngressRate})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -439,7 +447,8 @@ func checkFlows(flows []*flow) error {
 func (pl *pipeline) baseFlows() []*flow {
 	flows := []*flow{
 		pl.newFlow(tClassifier, 0),
-		pl.newFlow(tOverlaySrc, 0), // inner source not behind the sending VTEP: drop
+		pl.newFlow(tQoS, 0).goTo(tARP), // (only endpoints with a QoS are sent here)
+		pl.newFlow(tOverlaySrc, 0),     // inner source not behind the sending VTEP: drop
 		pl.newFlow(tARP, 0),
 		pl.newFlow(tARP, 5).ip().goTo(tConntrack),
 		pl.newFlow(tARP, 10).ethType(0x0806),                             // unknown ARP target: drop
@@ -551,6 +560,8 @@ type endpoint struct {
 	local bool
 	port  uint32
 	vtep  netip.Addr
+	// ingressRate: a local endpoint's QoS limits what it receives (its ingress meter).
+	ingressRate uint64
 }
 
 // forwarding compiles ARP, destination EPG, L3 and output flows of endpoint e.
@@ -589,6 +600,9 @@ func (pl *pipeline) forwarding(env *unitEnv, e endpoint) ([]*flow, error) {
 	out := pl.newFlow(tOutput, 100).reg(regNet, netKey(e.net)).ethDst(e.mac)
 	switch {
 	case e.local:
+		if e.ingressRate != 0 {
+			out.metered(qosIngressMeterID(e.port))
+		}
 		out.output(e.port)
 	case e.net.Encap == dataplane.EncapVXLAN:
 		if env.p.tunnel == 0 {
@@ -695,18 +709,22 @@ func (pl *pipeline) commitFlows() []*flow {
 // ethertypes) is dropped here, where it enters. What it admits opens connections in the
 // tenant's own zone vrf and is a reply in its inbound zone (inbound).
 func (pl *pipeline) endpointClassifier(port uint32, ep dataplane.Endpoint, n dataplane.Network, vrf, inbound uint32) []*flow {
+	next := tARP
+	if marksEgress(ep.QoS) {
+		next = tQoS // its IPv4 through its egress meter and DSCP marking (qos.go)
+	}
 	admit := func(f *flow) *flow {
 		return f.load(regNet, netKey(n)).load(regSrcEPG, uint32(ep.EPGID)).load(regVRF, vrf).
-			load(regOpenZone, vrf).load(regReplyZone, inbound).goTo(tARP)
+			load(regOpenZone, vrf).load(regReplyZone, inbound)
 	}
 	return []*flow{
 		pl.newFlow(tClassifier, 110).inPort(port).anyVLAN(),
 		// Fragments pass the port's fragment meter (portmeter.go) before anything can
 		// hold them for reassembly.
 		admit(pl.newFlow(tClassifier, 105).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32)).
-			nwFrag(fragAny).metered(fragMeterID(port))),
-		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32))),
-		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ethType(0x0806).ethSrc(ep.MAC).arpSPA(ep.IP).arpSHA(ep.MAC)),
+			nwFrag(fragAny).metered(fragMeterID(port))).goTo(next),
+		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ip().ethSrc(ep.MAC).ipSrc(netip.PrefixFrom(ep.IP, 32))).goTo(next),
+		admit(pl.newFlow(tClassifier, 100).inPort(port).noVLAN().ethType(0x0806).ethSrc(ep.MAC).arpSPA(ep.IP).arpSHA(ep.MAC)).goTo(tARP),
 		pl.newFlow(tClassifier, 10).inPort(port),
 	}
 }

@@ -1,0 +1,186 @@
+package ovs
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	of "github.com/contiv/libOpenflow/openflow13"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
+)
+
+// An endpoint's QoS (dataplane.QoS: its netprofile or pod bandwidth) is enforced with
+// OpenFlow meters of its own, rates in kbit/s with a burst in kbit and one drop band:
+//   - what it sends: its IPv4 leaves the classifier for table qos, where the egress meter
+//     (0xcb30<port>) polices it and its DSCP is set (set_field ip_dscp), then table arp;
+//     fragments have passed the port's fragment meter first. ARP is not metered.
+//   - what it receives: the output flow to its port passes the ingress meter (0xcb40<port>).
+//
+// Endpoints without a QoS go from the classifier to arp directly, through no extra table.
+// A rate change is a meter modify (its flows stay as they are); meters are installed before
+// the flows that use them and deleted after them. Packets a meter drops are counted as
+// drop_rate_egress / drop_rate_ingress (Counters), the eBPF datapath's reasons; a meter's
+// drops are not sent to the monitor (OVS drops them in the datapath without a flow).
+const (
+	qosEgressMeterBase  = 0xcb300000 // + the endpoint's OpenFlow port
+	qosIngressMeterBase = 0xcb400000
+	// minMeterBurst is the least burst given (bytes): one full-sized frame.
+	minMeterBurst = 1514
+)
+
+// qosBand is one meter's rate (kbit/s) and burst (kbit).
+type qosBand struct{ kbps, kbit uint32 }
+
+// qosBandOf converts a rate (bit/s) and burst (bytes; 0: netprofile.DefaultBurst) to a
+// meter band, refusing what OVS cannot express.
+func qosBandOf(rate, burst uint64) (qosBand, error) {
+	if burst == 0 {
+		burst = netprofile.DefaultBurst(rate)
+	}
+	burst = max(burst, minMeterBurst)
+	kbps, kbit := (rate+999)/1000, (burst*8+999)/1000
+	if kbps > math.MaxUint32 || kbit > math.MaxUint32 {
+		return qosBand{}, fmt.Errorf("qos: rate %d bit/s or burst %d bytes beyond an OpenFlow meter's 32-bit kbit fields", rate, burst)
+	}
+	return qosBand{uint32(kbps), uint32(kbit)}, nil
+}
+
+// qosMeters are the meters endpoint ep at port needs, by id.
+func qosMeters(port uint32, q dataplane.QoS) (map[uint32]qosBand, error) {
+	out := map[uint32]qosBand{}
+	for _, d := range []struct {
+		base        uint32
+		rate, burst uint64
+	}{{qosEgressMeterBase, q.EgressRate, q.EgressBurst}, {qosIngressMeterBase, q.IngressRate, q.IngressBurst}} {
+		if d.rate == 0 {
+			continue
+		}
+		b, err := qosBandOf(d.rate, d.burst)
+		if err != nil {
+			return nil, err
+		}
+		out[d.base+port&0xffff] = b
+	}
+	return out, nil
+}
+
+func qosEgressMeterID(port uint32) uint32  { return qosEgressMeterBase + port&0xffff }
+func qosIngressMeterID(port uint32) uint32 { return qosIngressMeterBase + port&0xffff }
+
+// isQoSMeter says whether id is an endpoint's QoS meter, and which direction.
+func isQoSMeter(id uint32) (egress, ok bool) {
+	switch id &^ 0xffff {
+	case qosEgressMeterBase:
+		return true, true
+	case qosIngressMeterBase:
+		return false, true
+	}
+	return false, false
+}
+
+// marksEgress says whether the endpoint's IPv4 goes through table qos.
+func marksEgress(q dataplane.QoS) bool { return q.EgressRate != 0 || q.SetDSCP }
+
+// qosFlows are table qos's flows of the endpoint at port: its IPv4 through its egress
+// meter and DSCP marking, then arp.
+func (pl *pipeline) qosFlows(port uint32, q dataplane.QoS) []*flow {
+	if !marksEgress(q) {
+		return nil
+	}
+	f := pl.newFlow(tQoS, 100).inPort(port).ip()
+	if q.EgressRate != 0 {
+		f.metered(qosEgressMeterID(port))
+	}
+	if q.SetDSCP {
+		f.a(of.NewActionSetField(*of.NewIpDscpField(q.DSCP)), fmt.Sprintf("set_field:%d->ip_dscp", q.DSCP))
+	}
+	return []*flow{f.goTo(tARP)}
+}
+
+// meterModKbps is an OFPT_METER_MOD body of a kbit/s meter with a burst and one drop band.
+func meterModKbps(command uint16, id uint32, b qosBand) []byte {
+	m := meterMod(command, id, b.kbps, b.kbit)
+	binary.BigEndian.PutUint16(m[2:], 0x1|0x4|0x8) // OFPMF_KBPS | OFPMF_BURST | OFPMF_STATS
+	return m
+}
+
+// wantQoSMeters are the QoS meters st's endpoints need at their ports.
+func (d *Driver) wantQoSMeters(st *dataplane.Index) (map[uint32]qosBand, error) {
+	want := map[uint32]qosBand{}
+	for id, ep := range st.Endpoints {
+		port := d.ports.endpoints[id]
+		if port == 0 || ep.QoS.IsZero() {
+			continue
+		}
+		m, err := qosMeters(port, ep.QoS)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %s: %w", id, err)
+		}
+		for k, v := range m {
+			want[k] = v
+		}
+	}
+	return want, nil
+}
+
+// ensureQoSMeters adds the QoS meters st needs and modifies those whose band changed,
+// before the flows that use them are installed. Meters an earlier agent left (read once
+// after connecting) are modified in place. Called with mu held.
+func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index) error {
+	want, err := d.wantQoSMeters(st)
+	if err != nil {
+		return err
+	}
+	if d.qosMeters == nil {
+		stats, err := d.conn.meterStats(ctx)
+		if err != nil {
+			return fmt.Errorf("ovs: qos meters: %w", err)
+		}
+		d.qosMeters = map[uint32]qosBand{}
+		for _, s := range stats {
+			if _, ok := isQoSMeter(s.ID); ok {
+				d.qosMeters[s.ID] = qosBand{} // unknown band: modified when wanted
+			}
+		}
+	}
+	for id, b := range want {
+		cur, had := d.qosMeters[id]
+		if had && cur == b {
+			continue
+		}
+		cmd := uint16(meterAdd)
+		if had {
+			cmd = meterModify
+		}
+		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterModKbps(cmd, id, b))); err != nil {
+			return fmt.Errorf("ovs: qos meter %#x: %w", id, err)
+		}
+		d.qosMeters[id] = b
+	}
+	return nil
+}
+
+// dropQoSMeters deletes the QoS meters st no longer needs, after the flows that used them
+// are gone. Called with mu held.
+func (d *Driver) dropQoSMeters(ctx context.Context, st *dataplane.Index) error {
+	want, err := d.wantQoSMeters(st)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for id := range d.qosMeters {
+		if _, ok := want[id]; ok {
+			continue
+		}
+		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterModKbps(meterDelete, id, qosBand{1, 1}))); err != nil {
+			errs = append(errs, fmt.Errorf("ovs: delete qos meter %#x: %w", id, err))
+			continue
+		}
+		delete(d.qosMeters, id)
+	}
+	return errors.Join(errs...)
+}

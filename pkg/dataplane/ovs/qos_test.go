@@ -1,0 +1,85 @@
+package ovs
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// TestCompileQoS: an endpoint with a QoS sends its IPv4 through table qos (its egress
+// meter, its DSCP set) and receives through its ingress meter; one without sends straight
+// to arp and no flow of it names a QoS meter.
+func TestCompileQoS(t *testing.T) {
+	host := dataplane.HostConfig{FwdMode: dataplane.FwdBridge}
+	st := testState()
+	ep := st.Endpoints["e1"]
+	ep.QoS = dataplane.QoS{EgressRate: 10e6, EgressBurst: 625_000, IngressRate: 20e6, DSCP: 46, SetDSCP: true}
+	st.Endpoints["e1"] = ep
+	all := compileTexts(t, st, host, testPorts, newIDs())
+	wantFlows(t, all,
+		"table=classifier,priority=100,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0800,dl_src=02:02:0a:01:00:01,nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:16385->reg9,goto_table:qos",
+		// 0xcb300064, 0xcb400064: port 100's egress and ingress meters
+		"table=qos,priority=100,in_port=100,dl_type=0x0800 actions=meter:3408920676,set_field:46->ip_dscp,goto_table:arp",
+		"table=qos,priority=0, actions=goto_table:arp",
+		"actions=meter:3409969252,output:100",
+	)
+	// ARP is not metered.
+	wantFlows(t, all, "arp_sha=02:02:0a:01:00:01 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:16385->reg9,goto_table:arp")
+
+	// DSCP alone: table qos without a meter; nothing received is metered.
+	ep.QoS = dataplane.QoS{DSCP: 10, SetDSCP: true}
+	st.Endpoints["e1"] = ep
+	all = compileTexts(t, st, host, testPorts, newIDs())
+	wantFlows(t, all, "table=qos,priority=100,in_port=100,dl_type=0x0800 actions=set_field:10->ip_dscp,goto_table:arp")
+	if hasQoSMeter(all) {
+		t.Errorf("a DSCP-only QoS compiled a QoS meter:\n%s", all)
+	}
+
+	ep.QoS = dataplane.QoS{}
+	st.Endpoints["e1"] = ep
+	all = compileTexts(t, st, host, testPorts, newIDs())
+	if strings.Contains(all, "goto_table:qos") || strings.Contains(all, "table=qos,priority=100") || hasQoSMeter(all) {
+		t.Errorf("an endpoint without QoS goes through table qos or a QoS meter:\n%s", all)
+	}
+
+	// What a meter cannot express is refused for that endpoint.
+	ep.QoS = dataplane.QoS{EgressRate: 1 << 62}
+	st.Endpoints["e1"] = ep
+	if _, err := testPipeline(t).compile(st, host, testPorts, newIDs()); err == nil || !strings.Contains(err.Error(), "e1") {
+		t.Errorf("a rate beyond a meter's fields: %v", err)
+	}
+}
+
+// TestQoSBands: rates round up to kbit/s, bursts to kbit; no burst is the default; a
+// burst below one frame is raised to one.
+func TestQoSBands(t *testing.T) {
+	for _, c := range []struct {
+		rate, burst uint64
+		want        qosBand
+	}{
+		{10e6, 625_000, qosBand{10_000, 5_000}},
+		{10e6, 0, qosBand{10_000, 5_000}},
+		{1500, 100, qosBand{2, 13}},
+	} {
+		got, err := qosBandOf(c.rate, c.burst)
+		if err != nil || got != c.want {
+			t.Errorf("qosBandOf(%d, %d) = %+v, %v; want %+v", c.rate, c.burst, got, err, c.want)
+		}
+	}
+	m, err := qosMeters(100, dataplane.QoS{EgressRate: 1e6, IngressRate: 2e6})
+	if err != nil || len(m) != 2 || m[qosEgressMeterID(100)].kbps != 1000 || m[qosIngressMeterID(100)].kbps != 2000 {
+		t.Errorf("qosMeters = %v, %v", m, err)
+	}
+	if e, ok := isQoSMeter(qosIngressMeterID(7)); !ok || e {
+		t.Error("ingress meter id not recognised")
+	}
+	if _, ok := isQoSMeter(fragMeterID(7)); ok {
+		t.Error("a fragment meter taken for a QoS meter")
+	}
+}
+
+// hasQoSMeter says whether a flow of all names port 100's egress or ingress meter.
+func hasQoSMeter(all string) bool {
+	return strings.Contains(all, "meter:3408920676") || strings.Contains(all, "meter:3409969252")
+}
