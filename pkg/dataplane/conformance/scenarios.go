@@ -37,6 +37,7 @@ func Run(t *testing.T, factory Factory) {
 		{name: "restart", ownHosts: true, run: restart},
 		{name: "sync-sweeps", run: syncSweeps},
 		{name: "sync-bad-remote", run: syncBadRemote},
+		{name: "netprofile", run: netprofile},
 	})
 }
 

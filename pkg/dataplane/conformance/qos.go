@@ -1,0 +1,210 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+)
+
+// netprofile: an endpoint's QoS (issue 39) holds on the wire. a1 gets 10 Mbit/s both ways
+// and DSCP 46: TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of
+// the rate (iperf3, the first second of slow start and burst omitted), and a datagram a1
+// sends arrives with DSCP 46. Changed live to 20 Mbit/s, the rate follows; removed, a1
+// is unlimited and its packets keep the DSCP they were sent with.
+func netprofile(t *testing.T, e *Env) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Skip("iperf3 is not installed")
+	}
+	a1, a2, _ := e.threeContainers(t, 1, 1, 2)
+	PingOK(t, a1.NS, a2.ip(), 3)
+	setQoS := func(q dataplane.QoS) {
+		t.Helper()
+		a1.EP.QoS = q
+		e.H1.State.Endpoints[0] = a1.EP
+		if err := e.H1.Driver.UpsertEndpoint(ctx(t), a1.EP); err != nil {
+			t.Fatalf("upsert a1 with QoS %+v: %v", q, err)
+		}
+	}
+	limit := func(rate uint64) dataplane.QoS {
+		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the driver's default
+	}
+	within := func(what string, rate uint64) {
+		t.Helper()
+		for _, reverse := range []bool{false, true} {
+			dir := "a1→a2 (egress)"
+			if reverse {
+				dir = "a2→a1 (ingress)"
+			}
+			got, err := iperf(a2.NS, a2.ip(), a1.NS, reverse)
+			if err != nil {
+				t.Errorf("%s %s: %v", what, dir, err)
+				continue
+			}
+			ratio := got / float64(rate)
+			t.Logf("%s %s: %.2f Mbit/s (%.3f of %d Mbit/s)", what, dir, got/1e6, ratio, rate/1e6)
+			if ratio < 0.9 || ratio > 1.05 {
+				t.Errorf("%s %s: %.2f Mbit/s, want 0.9-1.05 of %d Mbit/s", what, dir, got/1e6, rate/1e6)
+			}
+		}
+	}
+
+	setQoS(limit(10e6))
+	before := rateDrops(t, e.H1)
+	within("10 Mbit/s", 10e6)
+	// TCP probes past the rate: some of it was dropped, and counted by direction.
+	after := rateDrops(t, e.H1)
+	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
+		if after[i] <= before[i] {
+			t.Errorf("%s: %v before, %v after TCP at the rate; want it counted", reason, before[i], after[i])
+		}
+	}
+	if tos, err := receivedTOS(a1.NS, a1.ip(), a2.NS, a2.ip()); err != nil {
+		t.Error("dscp:", err)
+	} else if tos>>2 != 46 {
+		t.Errorf("a1's datagram arrived with DSCP %d (tos %#x), want 46", tos>>2, tos)
+	}
+
+	setQoS(limit(20e6))
+	within("changed to 20 Mbit/s", 20e6)
+
+	setQoS(dataplane.QoS{})
+	got, err := iperf(a2.NS, a2.ip(), a1.NS, false)
+	if err != nil {
+		t.Fatal("removed:", err)
+	}
+	t.Logf("removed: a1→a2 %.1f Mbit/s", got/1e6)
+	if got < 60e6 {
+		t.Errorf("QoS removed: a1→a2 %.1f Mbit/s, still limited", got/1e6)
+	}
+	if tos, err := receivedTOS(a1.NS, a1.ip(), a2.NS, a2.ip()); err != nil {
+		t.Error("dscp after removal:", err)
+	} else if tos>>2 != 0 {
+		t.Errorf("QoS removed: a1's datagram arrived with DSCP %d, want 0 (as sent)", tos>>2)
+	}
+}
+
+// rateDrops reads the host driver's packets dropped past an endpoint's egress and ingress
+// rates (drop_rate_egress, drop_rate_ingress; the eBPF driver names them with _packets).
+func rateDrops(t *testing.T, h *Host) [2]float64 {
+	t.Helper()
+	cr, ok := h.Driver.(dataplane.CounterReader)
+	if !ok {
+		t.Fatalf("%s: the driver has no counters", h.Name)
+	}
+	c, err := cr.Counters(ctx(t))
+	if err != nil {
+		t.Fatalf("%s: counters: %v", h.Name, err)
+	}
+	var out [2]float64
+	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
+		v, ok := c[reason]
+		if !ok {
+			v, ok = c[reason+"_packets"]
+		}
+		if !ok {
+			t.Errorf("%s: no %s counter", h.Name, reason)
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// iperfPort is the port the scenario's iperf3 server listens on.
+const iperfPort = 5201
+
+// iperf runs an iperf3 TCP test from clientNS to serverIP (served in serverNS; reverse:
+// the server sends) for 5 s, the first omitted, and returns what the receiver got, in
+// bit/s.
+func iperf(serverNS, serverIP, clientNS string, reverse bool) (float64, error) {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := exec.CommandContext(c, "nsenter", "--net="+serverNS, "iperf3", "-s", "-1", "-B", serverIP, "-p", strconv.Itoa(iperfPort))
+	if err := srv.Start(); err != nil {
+		return 0, fmt.Errorf("iperf3 server: %w", err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	args := []string{"--net=" + clientNS, "iperf3", "-c", serverIP, "-p", strconv.Itoa(iperfPort), "-t", "5", "-O", "1", "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+
+	var res struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	for try := 0; ; try++ { // until the server listens
+		out, err := exec.CommandContext(c, "nsenter", args...).Output()
+		res.Error = ""
+		if jerr := json.Unmarshal(out, &res); jerr != nil {
+			return 0, fmt.Errorf("iperf3 client: %v: output %q: %w", err, out, jerr)
+		}
+		if res.Error == "" && err == nil {
+			break
+		}
+		if !strings.Contains(res.Error, "unable to connect") || try == 20 {
+			return 0, fmt.Errorf("iperf3: %s (%v)", res.Error, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return res.End.SumReceived.BitsPerSecond, nil
+}
+
+// receivedTOS sends UDP datagrams from src (in srcNS) to dst (in dstNS) until one
+// arrives and returns the TOS byte it arrived with (IP_RECVTOS).
+func receivedTOS(srcNS, src, dstNS, dst string) (byte, error) {
+	var pc *net.UDPConn
+	err := nsexec.Run(dstNS, func() error {
+		var err error
+		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(dst)})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("udp socket: %w", err)
+	}
+	defer pc.Close()
+	raw, err := pc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1) }); err != nil || serr != nil {
+		return 0, fmt.Errorf("IP_RECVTOS: %v %v", err, serr)
+	}
+	buf, oob := make([]byte, 64), make([]byte, 64)
+	for try := 0; try < 5; try++ {
+		if err := SendUDP(srcNS, src, pc.LocalAddr().String(), []byte("dscp")); err != nil {
+			return 0, err
+		}
+		_ = pc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, oobn, _, _, err := pc.ReadMsgUDP(buf, oob)
+		if err != nil {
+			continue
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return 0, err
+		}
+		for _, m := range msgs {
+			if m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_TOS && len(m.Data) > 0 {
+				return m.Data[0], nil
+			}
+		}
+		return 0, fmt.Errorf("datagram without its TOS")
+	}
+	return 0, fmt.Errorf("no datagram from %s reached %s", src, dst)
+}
