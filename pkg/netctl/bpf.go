@@ -21,8 +21,8 @@ import (
 const DefaultAgent = "http://127.0.0.1:9090"
 
 // bpfKinds are the tables netplugin decodes (pkg/dataplane/ebpf and ovs ListingKinds;
-// flows only on OVS, nat, netpol and routes only on eBPF).
-var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters", "flows"}
+// flows only on OVS, nat, netpol and routes only on eBPF; qos: endpoints' rate limits).
+var bpfKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters", "flows", "qos"}
 
 // listing is netplugin's /inspect/bpf/<kind> answer.
 type listing struct {

@@ -14,7 +14,7 @@ import (
 
 // ListingKinds are the tables Listing decodes on OVS: those of the eBPF driver that have
 // an OVS counterpart, and the installed flows by the object they come from.
-var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters", "flows"}
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "services", "policy", "counters", "flows", "qos"}
 
 // Listing implements the agent's decoded tables (netctl bpf <kind>) for OVS: what the
 // driver installed, named (endpoints, networks, peers, services, policy rules, flows by
@@ -54,6 +54,11 @@ func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
 		for k, f := range d.comp.flows {
 			l.Rows = append(l.Rows, []string{f.table.String(), unitObject(d.comp.owners[k][0]),
 				fmt.Sprintf("priority=%d,%s", f.prio, strings.Join(f.matchText, ",")), f.actionsText()})
+		}
+	case "qos":
+		var stats []meterStat
+		if stats, err = d.conn.meterStats(ctx); err == nil {
+			qosRows(&l, d.state, d.ports, stats)
 		}
 	case "nat", "netpol", "routes":
 		return l, fmt.Errorf("unknown table %q on the OVS dataplane (eBPF only): want one of %s", kind, strings.Join(ListingKinds, ", "))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	of "github.com/contiv/libOpenflow/openflow13"
 
@@ -183,4 +184,47 @@ func (d *Driver) dropQoSMeters(ctx context.Context, st *dataplane.Index) error {
 		delete(d.qosMeters, id)
 	}
 	return errors.Join(errs...)
+}
+
+// qosRows lists the endpoints with a QoS (netctl bpf qos): per direction its meter, rate
+// and burst as installed, what passed the meter and what it dropped.
+func qosRows(l *dataplane.Listing, st *dataplane.Index, p ports, stats []meterStat) {
+	l.Columns = []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}
+	byID := map[uint32]meterStat{}
+	for _, s := range stats {
+		byID[s.ID] = s
+	}
+	for id, ep := range st.Endpoints {
+		port := p.endpoints[id]
+		if ep.QoS.IsZero() || port == 0 {
+			continue
+		}
+		dscp := "-"
+		if ep.QoS.SetDSCP {
+			dscp = strconv.Itoa(int(ep.QoS.DSCP))
+		}
+		for _, d := range []struct {
+			dir         string
+			meter       uint32
+			rate, burst uint64
+		}{{"egress", qosEgressMeterID(port), ep.QoS.EgressRate, ep.QoS.EgressBurst}, {"ingress", qosIngressMeterID(port), ep.QoS.IngressRate, ep.QoS.IngressBurst}} {
+			if d.rate == 0 {
+				if d.dir == "egress" && ep.QoS.SetDSCP {
+					l.Rows = append(l.Rows, []string{id, d.dir, "-", "-", "-", dscp, "-", "-"})
+				}
+				continue
+			}
+			b, err := qosBandOf(d.rate, d.burst)
+			if err != nil {
+				continue
+			}
+			s := byID[d.meter]
+			mark := "-"
+			if d.dir == "egress" {
+				mark = dscp
+			}
+			l.Rows = append(l.Rows, []string{id, d.dir, fmt.Sprintf("%#x", d.meter), fmt.Sprintf("%d kbit/s", b.kbps),
+				fmt.Sprintf("%d kbit", b.kbit), mark, strconv.FormatUint(s.Packets, 10), strconv.FormatUint(s.Dropped, 10)})
+		}
+	}
 }

@@ -83,3 +83,32 @@ func TestQoSBands(t *testing.T) {
 func hasQoSMeter(all string) bool {
 	return strings.Contains(all, "meter:3408920676") || strings.Contains(all, "meter:3409969252")
 }
+
+// TestQoSListing: netctl bpf qos shows each limited direction's meter as installed with
+// what passed and what it dropped, a DSCP-only endpoint its marking, others nothing.
+func TestQoSListing(t *testing.T) {
+	st := dataplane.NewIndex()
+	st.Endpoints["a"] = dataplane.Endpoint{ID: "a", QoS: dataplane.QoS{EgressRate: 10e6, IngressRate: 20e6, IngressBurst: 1e6, DSCP: 46, SetDSCP: true}}
+	st.Endpoints["b"] = dataplane.Endpoint{ID: "b", QoS: dataplane.QoS{DSCP: 8, SetDSCP: true}}
+	st.Endpoints["c"] = dataplane.Endpoint{ID: "c"}
+	p := ports{endpoints: map[string]uint32{"a": 100, "b": 101, "c": 102}}
+	var l dataplane.Listing
+	qosRows(&l, st, p, []meterStat{{ID: qosEgressMeterID(100), Packets: 50, Dropped: 7}})
+	got := map[string]string{}
+	for _, r := range l.Rows {
+		got[r[0]+"/"+r[1]] = strings.Join(r[2:], " ")
+	}
+	want := map[string]string{
+		"a/egress":  "0xcb300064 10000 kbit/s 5000 kbit 46 50 7",
+		"a/ingress": "0xcb400064 20000 kbit/s 8000 kbit - 0 0",
+		"b/egress":  "- - - 8 - -",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+}
