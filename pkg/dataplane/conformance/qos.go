@@ -19,7 +19,9 @@ import (
 
 // netprofile: an endpoint's QoS (issue 39) holds on the wire. a1 gets 10 Mbit/s both ways
 // and DSCP 46: TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of
-// the rate (iperf3, the first second of slow start and burst omitted), and a datagram a1
+// the rate in frames (iperf3's payload rate scaled to full frames; the first second of
+// slow start and burst omitted; a measurement off the mark is taken once more), a1's drift
+// check is clean, what it dropped is counted by direction, and a datagram a1
 // sends arrives with DSCP 46. Changed live to 20 Mbit/s, the rate follows; removed, a1
 // is unlimited and its packets keep the DSCP they were sent with.
 func netprofile(t *testing.T, e *Env) {
@@ -39,6 +41,9 @@ func netprofile(t *testing.T, e *Env) {
 	limit := func(rate uint64) dataplane.QoS {
 		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the driver's default
 	}
+	// The rate limits frames; iperf3 reports TCP payload. A full segment of the network's
+	// MTU carries mtu-52 bytes of payload (IPv4, TCP, timestamps) in mtu+14 on the wire.
+	wire := float64(e.Net.MTU+14) / float64(e.Net.MTU-52)
 	within := func(what string, rate uint64) {
 		t.Helper()
 		for _, reverse := range []bool{false, true} {
@@ -46,20 +51,32 @@ func netprofile(t *testing.T, e *Env) {
 			if reverse {
 				dir = "a2→a1 (ingress)"
 			}
-			got, err := iperf(a2.NS, a2.ip(), a1.NS, reverse)
-			if err != nil {
-				t.Errorf("%s %s: %v", what, dir, err)
-				continue
+			var ratio float64
+			for try := 0; try < 2; try++ { // once more if off: two cores, other tests running
+				got, err := iperf(a2.NS, a2.ip(), a1.NS, reverse)
+				if err != nil {
+					t.Errorf("%s %s: %v", what, dir, err)
+					break
+				}
+				ratio = got * wire / float64(rate)
+				t.Logf("%s %s: %.2f Mbit/s of payload, %.3f of %d Mbit/s on the wire", what, dir, got/1e6, ratio, rate/1e6)
+				if ratio >= 0.9 && ratio <= 1.05 {
+					break
+				}
 			}
-			ratio := got / float64(rate)
-			t.Logf("%s %s: %.2f Mbit/s (%.3f of %d Mbit/s)", what, dir, got/1e6, ratio, rate/1e6)
 			if ratio < 0.9 || ratio > 1.05 {
-				t.Errorf("%s %s: %.2f Mbit/s, want 0.9-1.05 of %d Mbit/s", what, dir, got/1e6, rate/1e6)
+				t.Errorf("%s %s: %.3f of %d Mbit/s, want 0.9-1.05", what, dir, ratio, rate/1e6)
 			}
 		}
 	}
 
 	setQoS(limit(10e6))
+	// The drift check knows the limit: the live tables match the state that holds it.
+	if v, ok := e.H1.Driver.(dataplane.Verifier); ok {
+		if drift, err := v.Verify(e.H1.State); err != nil || len(drift) != 0 {
+			t.Errorf("verify with a QoS: %v %+v", err, drift)
+		}
+	}
 	before := rateDrops(t, e.H1)
 	within("10 Mbit/s", 10e6)
 	// TCP probes past the rate: some of it was dropped, and counted by direction.
