@@ -77,7 +77,7 @@ func TestGroupNetprofileReachesEndpoints(t *testing.T) {
 		t.Fatalf("a netprofile change made the pass %+v, want the group's two endpoints", d)
 	}
 	a.reconcile(ctx)
-	want = dataplane.QoS{EgressRate: 20e6, EgressBurst: 1_250_000, IngressRate: 20e6, IngressBurst: 1_250_000}
+	want = dataplane.QoS{EgressRate: 20e6, EgressBurst: 625_000, IngressRate: 20e6, IngressBurst: 625_000}
 	if got := a.applied.Endpoints["n.t-a"].QoS; got != want {
 		t.Fatalf("after the change: QoS %+v, want %+v", got, want)
 	}

@@ -56,9 +56,9 @@ func TestOfGroup(t *testing.T) {
 	if err := q.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	// No burst: 500 ms of the rate, at least 64 KiB.
+	// No burst: 250 ms of the rate, at least 64 KiB.
 	q, _ = OfGroup(model.EndpointGroupState{Bandwidth: "1g"})
-	if q.EgressBurst != 62_500_000 || q.IngressBurst != 62_500_000 || q.SetDSCP {
+	if q.EgressBurst != 31_250_000 || q.IngressBurst != 31_250_000 || q.SetDSCP {
 		t.Fatalf("1g default burst: %+v", q)
 	}
 	q, _ = OfGroup(model.EndpointGroupState{Bandwidth: "1mbps"})

@@ -39,7 +39,7 @@ func netprofile(t *testing.T, e *Env) {
 		}
 	}
 	limit := func(rate uint64) dataplane.QoS {
-		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the driver's default
+		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the default
 	}
 	// The rate limits frames; iperf3 reports TCP payload. A full segment of the network's
 	// MTU carries mtu-52 bytes of payload (IPv4, TCP, timestamps) in mtu+14 on the wire.

@@ -59,7 +59,7 @@ func TestQoSBands(t *testing.T) {
 		want        qosBand
 	}{
 		{10e6, 625_000, qosBand{10_000, 5_000}},
-		{10e6, 0, qosBand{10_000, 5_000}},
+		{10e6, 0, qosBand{10_000, 2_500}},
 		{1500, 100, qosBand{2, 13}},
 	} {
 		got, err := qosBandOf(c.rate, c.burst)
@@ -99,7 +99,7 @@ func TestQoSListing(t *testing.T) {
 		got[r[0]+"/"+r[1]] = strings.Join(r[2:], " ")
 	}
 	want := map[string]string{
-		"a/egress":  "0xcb300064 10000 kbit/s 5000 kbit 46 50 7",
+		"a/egress":  "0xcb300064 10000 kbit/s 2500 kbit 46 50 7",
 		"a/ingress": "0xcb400064 20000 kbit/s 8000 kbit - 0 0",
 		"b/egress":  "- - - 8 - -",
 	}
