@@ -19,8 +19,9 @@ import (
 
 // netprofile: an endpoint's QoS (issue 39) holds on the wire. a1 gets 10 Mbit/s both ways
 // and DSCP 46: TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of
-// the rate in frames (iperf3's payload rate scaled to full frames; the first second of
-// slow start and burst omitted; a measurement off the mark is taken once more), a1's drift
+// the rate (iperf3; at least 0.9 counting frames, at most 1.05 counting payload; the
+// first second of slow start and burst omitted; a measurement off the mark is taken once
+// more), a1's drift
 // check is clean, what it dropped is counted by direction, and a datagram a1
 // sends arrives with DSCP 46. Changed live to 20 Mbit/s, the rate follows; removed, a1
 // is unlimited and its packets keep the DSCP they were sent with.
@@ -41,8 +42,10 @@ func netprofile(t *testing.T, e *Env) {
 	limit := func(rate uint64) dataplane.QoS {
 		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the default
 	}
-	// The rate limits frames; iperf3 reports TCP payload. A full segment of the network's
-	// MTU carries mtu-52 bytes of payload (IPv4, TCP, timestamps) in mtu+14 on the wire.
+	// iperf3 reports TCP payload; a backend may count the rate in frames (OVS meters) or
+	// in what its hook sees (a GSO packet's headers once). At least 0.9 of the rate must
+	// arrive counting full frames of the network's MTU (mtu-52 bytes of payload in mtu+14
+	// on the wire), at most 1.05 of it counting payload alone.
 	wire := float64(e.Net.MTU+14) / float64(e.Net.MTU-52)
 	within := func(what string, rate uint64) {
 		t.Helper()
@@ -51,21 +54,23 @@ func netprofile(t *testing.T, e *Env) {
 			if reverse {
 				dir = "a2→a1 (ingress)"
 			}
-			var ratio float64
+			var lo, hi float64
+			ok := func() bool { return lo >= 0.9 && hi <= 1.05 }
 			for try := 0; try < 2; try++ { // once more if off: two cores, other tests running
 				got, err := iperf(a2.NS, a2.ip(), a1.NS, reverse)
 				if err != nil {
 					t.Errorf("%s %s: %v", what, dir, err)
-					break
+					return
 				}
-				ratio = got * wire / float64(rate)
-				t.Logf("%s %s: %.2f Mbit/s of payload, %.3f of %d Mbit/s on the wire", what, dir, got/1e6, ratio, rate/1e6)
-				if ratio >= 0.9 && ratio <= 1.05 {
+				hi = got / float64(rate)
+				lo = hi * wire
+				t.Logf("%s %s: %.2f Mbit/s of payload: %.3f of %d Mbit/s (%.3f in frames)", what, dir, got/1e6, hi, rate/1e6, lo)
+				if ok() {
 					break
 				}
 			}
-			if ratio < 0.9 || ratio > 1.05 {
-				t.Errorf("%s %s: %.3f of %d Mbit/s, want 0.9-1.05", what, dir, ratio, rate/1e6)
+			if !ok() {
+				t.Errorf("%s %s: %.3f of %d Mbit/s in payload, %.3f in frames; want at most 1.05 and at least 0.9", what, dir, hi, rate/1e6, lo)
 			}
 		}
 	}
@@ -112,7 +117,8 @@ func netprofile(t *testing.T, e *Env) {
 }
 
 // rateDrops reads the host driver's packets dropped past an endpoint's egress and ingress
-// rates (drop_rate_egress, drop_rate_ingress; the eBPF driver names them with _packets).
+// rates (drop_rate_egress, drop_rate_ingress; the eBPF driver names them with _packets
+// and leaves out a reason that never counted: 0).
 func rateDrops(t *testing.T, h *Host) [2]float64 {
 	t.Helper()
 	cr, ok := h.Driver.(dataplane.CounterReader)
@@ -127,10 +133,7 @@ func rateDrops(t *testing.T, h *Host) [2]float64 {
 	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
 		v, ok := c[reason]
 		if !ok {
-			v, ok = c[reason+"_packets"]
-		}
-		if !ok {
-			t.Errorf("%s: no %s counter", h.Name, reason)
+			v = c[reason+"_packets"]
 		}
 		out[i] = v
 	}
