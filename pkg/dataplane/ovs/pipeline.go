@@ -447,8 +447,11 @@ func checkFlows(flows []*flow) error {
 func (pl *pipeline) baseFlows() []*flow {
 	flows := []*flow{
 		pl.newFlow(tClassifier, 0),
-		pl.newFlow(tQoS, 0).goTo(tARP), // (only endpoints with a QoS are sent here)
-		pl.newFlow(tOverlaySrc, 0),     // inner source not behind the sending VTEP: drop
+		// Only endpoints with a QoS are sent here, each with its flow in the same unit: a
+		// packet without one lost its flow (its meter deleted in vswitchd): drop, never
+		// pass it unlimited and unmarked.
+		pl.newFlow(tQoS, 0),
+		pl.newFlow(tOverlaySrc, 0), // inner source not behind the sending VTEP: drop
 		pl.newFlow(tARP, 0),
 		pl.newFlow(tARP, 5).ip().goTo(tConntrack),
 		pl.newFlow(tARP, 10).ethType(0x0806),                             // unknown ARP target: drop

@@ -57,6 +57,17 @@ func TestParseMeterStats(t *testing.T) {
 	}
 }
 
+// hostWithTwo starts the first host of a fresh pair (a private OVS) with a driver and two
+// container namespaces, c1 and c2.
+func hostWithTwo(t *testing.T) (d *Driver, h1 testHost, id, c1, c2 string) {
+	t.Helper()
+	needOVS(t)
+	id = testID()
+	h1, _ = twoHosts(t, id)
+	c1, c2 = newNS(t, id, "c1"), newNS(t, id, "c2")
+	return newDriver(t, h1), h1, id, c1, c2
+}
+
 // TestPortMeters: every container port has a meter on the fragments it sends, before
 // conntrack can hold them for reassembly, and one on what is answered to it; a container
 // sending lone fragments has those past the meter dropped and counted (drop_frag_limit)
@@ -64,11 +75,7 @@ func TestParseMeterStats(t *testing.T) {
 // went while no agent ran); vswitchd holds up to 5,000 fragments. (Conformance
 // answer-flood and fragment-hoard try them with traffic.)
 func TestPortMeters(t *testing.T) {
-	needOVS(t)
-	id := testID()
-	h1, _ := twoHosts(t, id)
-	c1, c2 := newNS(t, id, "c1"), newNS(t, id, "c2")
-	d := newDriver(t, h1)
+	d, h1, id, c1, c2 := hostWithTwo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	e1, e2 := ep("e1", "10.1.0.1", c1, "cbo1"+id), ep("e2", "10.1.0.2", c2, "cbo2"+id)

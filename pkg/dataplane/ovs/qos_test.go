@@ -1,10 +1,14 @@
 package ovs
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 )
 
 // TestCompileQoS: an endpoint with a QoS sends its IPv4 through table qos (its egress
@@ -21,7 +25,7 @@ func TestCompileQoS(t *testing.T) {
 		"table=classifier,priority=100,in_port=100,vlan_tci=0x0000/0x1fff,dl_type=0x0800,dl_src=02:02:0a:01:00:01,nw_src=10.1.0.1 actions=load:5000->reg0,load:7->reg1,load:1->reg3,load:1->reg8,load:16385->reg9,goto_table:qos",
 		// 0xcb300064, 0xcb400064: port 100's egress and ingress meters
 		"table=qos,priority=100,in_port=100,dl_type=0x0800 actions=meter:3408920676,set_field:46->ip_dscp,goto_table:arp",
-		"table=qos,priority=0, actions=goto_table:arp",
+		"table=qos,priority=0, actions=drop",
 		"actions=meter:3409969252,output:100",
 	)
 	// ARP is not metered.
@@ -110,5 +114,58 @@ func TestQoSListing(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s: %q, want %q", k, got[k], v)
 		}
+	}
+}
+
+// TestQoSMetersLive: an endpoint's QoS meters are installed with its band, modified in
+// place on a change, and gone with the endpoint. A QoS meter deleted behind the driver's
+// back (ovs-ofctl del-meter: vswitchd deletes the flows using it) leaves the endpoint's
+// IPv4 dropped in table qos, never passing unlimited and unmarked.
+func TestQoSMetersLive(t *testing.T) {
+	d, _, id, c1, c2 := hostWithTwo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e1, e2 := ep("e1", "10.1.0.1", c1, "cbq1"+id), ep("e2", "10.1.0.2", c2, "cbq2"+id)
+	e1.QoS = dataplane.QoS{EgressRate: 10e6, IngressRate: 20e6, DSCP: 46, SetDSCP: true}
+	st := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2}}
+	if err := d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	p1 := d.ports.endpoints["e1"]
+	d.mu.Unlock()
+	meters := func() string {
+		return sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-meters", "unix:"+d.mgmtSocket())
+	}
+	band := func(id uint32, kbps, kbit uint32) string {
+		return fmt.Sprintf("meter=%d kbps burst stats bands=\ntype=drop rate=%d burst_size=%d", id, kbps, kbit)
+	}
+	// Bursts: the default, 250 ms of the rate.
+	if m := meters(); !strings.Contains(m, band(qosEgressMeterID(p1), 10_000, 2500)) ||
+		!strings.Contains(m, band(qosIngressMeterID(p1), 20_000, 5000)) {
+		t.Fatalf("e1's QoS meters:\n%s", m)
+	}
+	conformance.PingOK(t, nsPath(c1), "10.1.0.2", 3)
+
+	// Changed: modified in place.
+	e1.QoS = dataplane.QoS{EgressRate: 5e6}
+	if err := d.UpsertEndpoint(ctx, e1); err != nil {
+		t.Fatal(err)
+	}
+	if m := meters(); !strings.Contains(m, band(qosEgressMeterID(p1), 5_000, 1250)) ||
+		strings.Contains(m, fmt.Sprintf("meter=%d ", qosIngressMeterID(p1))) {
+		t.Errorf("after the change to 5 Mbit/s egress only:\n%s", m)
+	}
+	conformance.PingOK(t, nsPath(c1), "10.1.0.2", 3)
+
+	// Deleted behind the driver's back: vswitchd deletes table qos's flow of e1 with it.
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-meter", "unix:"+d.mgmtSocket(), fmt.Sprintf("meter=%d", qosEgressMeterID(p1)))
+	conformance.PingFails(t, nsPath(c1), "10.1.0.2")
+
+	if err := d.DeleteEndpoint(ctx, "e1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := meters(); strings.Contains(m, fmt.Sprintf("meter=%d ", qosEgressMeterID(p1))) {
+		t.Errorf("e1's meter stayed after it went:\n%s", m)
 	}
 }
