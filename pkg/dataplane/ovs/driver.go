@@ -464,7 +464,7 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 	if err := d.ensurePortMeters(ctx); err != nil {
 		return err
 	}
-	if err := d.ensureQoSMeters(ctx, st); err != nil {
+	if err := d.ensureQoSMeters(ctx, st, true); err != nil {
 		return err
 	}
 	if err := d.conn.bundle(ctx, msgs); err != nil {
@@ -534,7 +534,7 @@ func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables,
 		undo()
 		return err
 	}
-	if err := d.ensureQoSMeters(ctx, st); err != nil {
+	if err := d.ensureQoSMeters(ctx, st, false); err != nil {
 		undo()
 		return err
 	}

@@ -130,23 +130,26 @@ func (d *Driver) wantQoSMeters(st *dataplane.Index) (map[uint32]qosBand, error) 
 
 // ensureQoSMeters adds the QoS meters st needs and modifies those whose band changed,
 // before the flows that use them are installed. Meters an earlier agent left (read once
-// after connecting) are modified in place. Called with mu held.
-func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index) error {
+// after connecting) are modified in place. reread (a full install) looks at what
+// vswitchd holds first: a meter deleted behind the driver's back is added again, or the
+// flows using it could not be installed. Called with mu held.
+func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index, reread bool) error {
 	want, err := d.wantQoSMeters(st)
 	if err != nil {
 		return err
 	}
-	if d.qosMeters == nil {
+	if d.qosMeters == nil || reread {
 		stats, err := d.conn.meterStats(ctx)
 		if err != nil {
 			return fmt.Errorf("ovs: qos meters: %w", err)
 		}
-		d.qosMeters = map[uint32]qosBand{}
+		live := map[uint32]qosBand{}
 		for _, s := range stats {
 			if _, ok := isQoSMeter(s.ID); ok {
-				d.qosMeters[s.ID] = qosBand{} // unknown band: modified when wanted
+				live[s.ID] = d.qosMeters[s.ID] // as installed, or zero (unknown): modified when wanted
 			}
 		}
+		d.qosMeters = live
 	}
 	for id, b := range want {
 		cur, had := d.qosMeters[id]

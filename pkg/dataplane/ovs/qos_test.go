@@ -120,7 +120,8 @@ func TestQoSListing(t *testing.T) {
 // TestQoSMetersLive: an endpoint's QoS meters are installed with its band, modified in
 // place on a change, and gone with the endpoint. A QoS meter deleted behind the driver's
 // back (ovs-ofctl del-meter: vswitchd deletes the flows using it) leaves the endpoint's
-// IPv4 dropped in table qos, never passing unlimited and unmarked.
+// IPv4 dropped in table qos, never passing unlimited and unmarked, until the next full
+// install puts the meter back.
 func TestQoSMetersLive(t *testing.T) {
 	d, _, id, c1, c2 := hostWithTwo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -161,6 +162,15 @@ func TestQoSMetersLive(t *testing.T) {
 	// Deleted behind the driver's back: vswitchd deletes table qos's flow of e1 with it.
 	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-meter", "unix:"+d.mgmtSocket(), fmt.Sprintf("meter=%d", qosEgressMeterID(p1)))
 	conformance.PingFails(t, nsPath(c1), "10.1.0.2")
+	// The next full install puts it back (it failed on the missing meter before).
+	st.Endpoints[0] = e1
+	if err := d.Sync(ctx, st); err != nil {
+		t.Fatalf("full install after the meter went: %v", err)
+	}
+	if m := meters(); !strings.Contains(m, band(qosEgressMeterID(p1), 5_000, 1250)) {
+		t.Fatalf("the full install did not put e1's egress meter back:\n%s", m)
+	}
+	conformance.PingOK(t, nsPath(c1), "10.1.0.2", 3)
 
 	if err := d.DeleteEndpoint(ctx, "e1"); err != nil {
 		t.Fatal(err)
