@@ -43,11 +43,22 @@ func qosBandOf(rate, burst uint64) (qosBand, error) {
 		burst = netprofile.DefaultBurst(rate)
 	}
 	burst = max(burst, minMeterBurst)
-	kbps, kbit := (rate+999)/1000, (burst*8+999)/1000
+	// Rounded up without the overflow of rate+999 or burst*8 near 2^64 (which wrapped
+	// to a zero band: accepted, then refused by vswitchd or metering nothing).
+	kbps, kbit := ceilDiv(rate, 1000), ceilDiv(burst, 125)
 	if kbps > math.MaxUint32 || kbit > math.MaxUint32 {
 		return qosBand{}, fmt.Errorf("qos: rate %d bit/s or burst %d bytes beyond an OpenFlow meter's 32-bit kbit fields", rate, burst)
 	}
 	return qosBand{uint32(kbps), uint32(kbit)}, nil
+}
+
+// ceilDiv is a/b rounded up.
+func ceilDiv(a, b uint64) uint64 {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
 }
 
 // qosMeters are the meters endpoint ep at port needs, by id.

@@ -3,6 +3,7 @@ package ovs
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,12 @@ func TestQoSBands(t *testing.T) {
 		got, err := qosBandOf(c.rate, c.burst)
 		if err != nil || got != c.want {
 			t.Errorf("qosBandOf(%d, %d) = %+v, %v; want %+v", c.rate, c.burst, got, err, c.want)
+		}
+	}
+	// Near 2^64 rate+999 and burst*8 wrapped to a zero band that was accepted.
+	for _, c := range [][2]uint64{{math.MaxUint64, 1 << 61}, {10e6, 1 << 61}, {math.MaxUint64 - 500, 2000}} {
+		if got, err := qosBandOf(c[0], c[1]); err == nil {
+			t.Errorf("qosBandOf(%d, %d) = %+v, want refused", c[0], c[1], got)
 		}
 	}
 	m, err := qosMeters(100, dataplane.QoS{EgressRate: 1e6, IngressRate: 2e6})
