@@ -17,14 +17,14 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
-// netprofile: an endpoint's QoS (issue 39) holds on the wire. a1 gets 10 Mbit/s both ways
-// and DSCP 46: TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of
-// the rate (iperf3; at least 0.9 counting frames, at most 1.05 counting payload; the
+// netprofile: an endpoint's QoS (issue 39) holds on the wire. a1 gets 10 Mbit/s out,
+// 20 Mbit/s in (told apart, so a direction given the other's limit fails) and DSCP 46:
+// TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of its rate (iperf3; at least 0.9 counting frames, at most 1.05 counting payload; the
 // first second of slow start and burst omitted; a measurement off the mark is taken once
 // more), a1's drift
 // check is clean, what it dropped is counted by direction, and a datagram a1
-// sends arrives with DSCP 46. Changed live to 20 Mbit/s, the rate follows; removed, a1
-// is unlimited and its packets keep the DSCP they were sent with.
+// sends arrives with DSCP 46. Changed live to 20 out and 10 in, the rates follow; removed,
+// a1 is unlimited both ways and its packets keep the DSCP they were sent with.
 func netprofile(t *testing.T, e *Env) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Skip("iperf3 is not installed")
@@ -39,20 +39,20 @@ func netprofile(t *testing.T, e *Env) {
 			t.Fatalf("upsert a1 with QoS %+v: %v", q, err)
 		}
 	}
-	limit := func(rate uint64) dataplane.QoS {
-		return dataplane.QoS{EgressRate: rate, IngressRate: rate, DSCP: 46, SetDSCP: true} // bursts: the default
+	limit := func(egress, ingress uint64) dataplane.QoS {
+		return dataplane.QoS{EgressRate: egress, IngressRate: ingress, DSCP: 46, SetDSCP: true} // bursts: the default
 	}
 	// iperf3 reports TCP payload; a backend may count the rate in frames (OVS meters) or
 	// in what its hook sees (a GSO packet's headers once). At least 0.9 of the rate must
 	// arrive counting full frames of the network's MTU (mtu-52 bytes of payload in mtu+14
 	// on the wire), at most 1.05 of it counting payload alone.
 	wire := float64(e.Net.MTU+14) / float64(e.Net.MTU-52)
-	within := func(what string, rate uint64) {
+	within := func(what string, q dataplane.QoS) {
 		t.Helper()
 		for _, reverse := range []bool{false, true} {
-			dir := "a1→a2 (egress)"
+			dir, rate := "a1→a2 (egress)", q.EgressRate
 			if reverse {
-				dir = "a2→a1 (ingress)"
+				dir, rate = "a2→a1 (ingress)", q.IngressRate
 			}
 			var lo, hi float64
 			ok := func() bool { return lo >= 0.9 && hi <= 1.05 }
@@ -75,7 +75,7 @@ func netprofile(t *testing.T, e *Env) {
 		}
 	}
 
-	setQoS(limit(10e6))
+	setQoS(limit(10e6, 20e6))
 	// The drift check knows the limit: the live tables match the state that holds it.
 	if v, ok := e.H1.Driver.(dataplane.Verifier); ok {
 		if drift, err := v.Verify(e.H1.State); err != nil || len(drift) != 0 {
@@ -83,7 +83,7 @@ func netprofile(t *testing.T, e *Env) {
 		}
 	}
 	before := rateDrops(t, e.H1)
-	within("10 Mbit/s", 10e6)
+	within("10 Mbit/s out, 20 in", limit(10e6, 20e6))
 	// TCP probes past the rate: some of it was dropped, and counted by direction.
 	after := rateDrops(t, e.H1)
 	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
@@ -97,17 +97,19 @@ func netprofile(t *testing.T, e *Env) {
 		t.Errorf("a1's datagram arrived with DSCP %d (tos %#x), want 46", tos>>2, tos)
 	}
 
-	setQoS(limit(20e6))
-	within("changed to 20 Mbit/s", 20e6)
+	setQoS(limit(20e6, 10e6))
+	within("changed to 20 Mbit/s out, 10 in", limit(20e6, 10e6))
 
 	setQoS(dataplane.QoS{})
-	got, err := iperf(a2.NS, a2.ip(), a1.NS, false)
-	if err != nil {
-		t.Fatal("removed:", err)
-	}
-	t.Logf("removed: a1→a2 %.1f Mbit/s", got/1e6)
-	if got < 60e6 {
-		t.Errorf("QoS removed: a1→a2 %.1f Mbit/s, still limited", got/1e6)
+	for _, reverse := range []bool{false, true} {
+		got, err := iperf(a2.NS, a2.ip(), a1.NS, reverse)
+		if err != nil {
+			t.Fatal("removed:", err)
+		}
+		t.Logf("removed (reverse %v): %.1f Mbit/s", reverse, got/1e6)
+		if got < 60e6 {
+			t.Errorf("QoS removed: %.1f Mbit/s (reverse %v), still limited", got/1e6, reverse)
+		}
 	}
 	if tos, err := receivedTOS(a1.NS, a1.ip(), a2.NS, a2.ip()); err != nil {
 		t.Error("dscp after removal:", err)
