@@ -546,9 +546,13 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 
 // endpointQoS is what local endpoint e's traffic is held to: its group's netprofile
 // (copied into the group's state record), the pod's bandwidth annotations, per
-// direction the stricter. A group record whose netprofile values cannot be read fails
-// the endpoint (reported, left out: a limit fails closed).
+// direction the stricter. A group record whose netprofile values cannot be read, or
+// that does not decode at all, fails the endpoint (reported, left out: a limit fails
+// closed, the endpoint is never taken for one of a group without a netprofile).
 func endpointQoS(r *records, e model.CfgEndpointState, l LocalEndpoint) (dataplane.QoS, error) {
+	if err, ok := r.undecodable["endpoint-group/"+e.EndpointGroupKey]; ok && e.EndpointGroupKey != "" {
+		return dataplane.QoS{}, fmt.Errorf("endpoint %s: netprofile of group %s unknown: %w", e.ID, e.EndpointGroupKey, err)
+	}
 	var q dataplane.QoS
 	if g, ok := r.epgs[e.EndpointGroupKey]; ok && e.EndpointGroupKey != "" {
 		var err error

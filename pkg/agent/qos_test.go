@@ -132,6 +132,21 @@ func TestGroupNetprofileReachesEndpoints(t *testing.T) {
 	if _, ok := a.applied.Endpoints["n.t-a"]; ok {
 		t.Fatal("an endpoint whose netprofile cannot be read is still applied (without its limit)")
 	}
+	// So does a group record that does not decode at all (its netprofile is unknown):
+	// never taken for a group without one.
+	group.Bandwidth = "10mbps"
+	putGroup(group)
+	if errs := a.reconcile(ctx); len(errs) != 0 {
+		t.Fatalf("limited again: %v", errs)
+	}
+	a.put(model.EPGStatePrefix, model.EPGStateKey(group.ID), []byte(`{"groupName":"web","Bandwidth":5}`))
+	a.reconcile(ctx)
+	if got := a.Errors()["endpoint/n.t-a"]; !strings.Contains(got, "does not decode") {
+		t.Fatalf("undecodable group record: endpoint error %q", got)
+	}
+	if ep, ok := a.applied.Endpoints["n.t-a"]; ok {
+		t.Fatalf("an endpoint whose group record does not decode is applied with QoS %+v", ep.QoS)
+	}
 }
 
 // fakePods answers labels and annotations from maps (the PodCache's interface).
