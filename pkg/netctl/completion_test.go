@@ -84,3 +84,14 @@ func TestAgentURLs(t *testing.T) {
 		}
 	}
 }
+
+// TestNetprofileBurstUnit: netctl's help names the unit the burst is enforced in
+// (kilobits, docs/netprofiles.md), not kilobytes, eight times what is applied.
+func TestNetprofileBurstUnit(t *testing.T) {
+	var out, errOut strings.Builder
+	Run(context.Background(), []string{"netctl", "netprofile", "create", "--help"}, &out, &errOut, BuildInfo{})
+	help := out.String() + errOut.String()
+	if !strings.Contains(help, "kilobits") || strings.Contains(help, "kilobytes") {
+		t.Errorf("netprofile create --help:\n%s", help)
+	}
+}
