@@ -488,7 +488,6 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 		return
 	case model.EPGStatePrefix:
 		a.rec.setEPG(id, nil)
-		a.rec.namesStale = true // (group names are reserved in the name index: dns.go)
 		return
 	case model.BgpStatePrefix:
 		delete(a.rec.bgp, id)

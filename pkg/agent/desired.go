@@ -580,6 +580,9 @@ func (r *records) setEPG(id string, v *model.EndpointGroupState) {
 		r.epgs[id] = *v
 	}
 	changed := had != (v != nil)
+	if changed {
+		r.namesStale = true // (group names are reserved in the name index: dns.go)
+	}
 	if had && v != nil {
 		changed = qosOf{old.Bandwidth, old.DSCP, old.Burst} != qosOf{v.Bandwidth, v.DSCP, v.Burst}
 	}

@@ -92,4 +92,11 @@ func TestGroupDeleteRebuildsNames(t *testing.T) {
 	if !a.rec.namesStale {
 		t.Fatalf("a group's deletion left the name index")
 	}
+	// A group's creation reserves its name too (group events are scoped: no touchAll).
+	a.rec.namesStale = false
+	a.applyEvent(model.EPGStatePrefix, state.Event{Type: state.EventPut, Key: model.EPGStatePrefix + "web:red",
+		Value: []byte(`{"id":"web:red","groupName":"web","tenantName":"red"}`)})
+	if !a.rec.namesStale {
+		t.Fatalf("a group's creation left the name index")
+	}
 }
