@@ -30,6 +30,7 @@
 #include "lib/native.h"
 #include "lib/icmp.h"
 #include "lib/handoff.h"
+#include "lib/qos.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -46,17 +47,27 @@ const enum cb_pol_dir cb_pol_dir_unused __attribute__((unused));
 const enum cb_rule_action cb_rule_action_unused __attribute__((unused));
 const struct cb_event cb_event_unused __attribute__((unused));
 const enum cb_net_flags cb_net_flags_unused __attribute__((unused));
+const enum cb_qos_flags cb_qos_flags_unused __attribute__((unused));
 
 /* cb_deliver_to rewrites the destination MAC to mac and hands the frame to the container
  * end of host veth ifindex directly (no host stack, ip_forward stays 0), counted as
- * verdict and in counter slot. */
+ * verdict and in counter slot. Every delivery to a local endpoint passes here: with
+ * limited set, its ingress bucket is charged first (qos.h). */
 CB_INLINE int cb_deliver_to(struct __sk_buff *skb, const __u8 *mac, __u32 slot, __u32 ifindex,
-			    enum cb_reason verdict)
+			    enum cb_reason verdict, int limited)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	void *data, *data_end;
+	struct ethhdr *eth;
+	int r;
 
+	if (limited) {
+		r = cb_qos_police(skb, slot, 1);
+		if (r)
+			return cb_drop(skb, r);
+	}
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
 	cb_mac_copy(eth->h_dest, mac);
@@ -70,7 +81,7 @@ CB_INLINE int cb_deliver_to(struct __sk_buff *skb, const __u8 *mac, __u32 slot, 
 CB_INLINE int cb_deliver_as(struct __sk_buff *skb, const struct cb_endpoint *ep,
 			    enum cb_reason verdict)
 {
-	return cb_deliver_to(skb, ep->mac, ep->slot, ep->ifindex, verdict);
+	return cb_deliver_to(skb, ep->mac, ep->slot, ep->ifindex, verdict, ep->flags & CB_EP_QOS_IN);
 }
 
 #define cb_deliver_local(skb, ep) cb_deliver_as(skb, ep, CB_FWD_LOCAL)
@@ -445,7 +456,7 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 			       __u32 ifindex)
 {
 	cb_ep_tx(skb, ifc->slot);
-	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL);
+	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL, d->qos & CB_QOS_INGRESS);
 }
 
 /* cb_svc_ct_again is the client→VIP entry of service flow f (t) again, for the judging
@@ -947,7 +958,8 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	if (!ifc)
 		return CB_SLOW;
 	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
-	if (!own || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
+	/* An endpoint with QoS takes the entry program's way (cb_qos_out). */
+	if (!own || ifc->qos || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
 		return CB_SLOW;
 	return cb_ipv4_on(skb, ifc, ip->daddr);
 }
@@ -1145,6 +1157,15 @@ int cb_from_container(struct __sk_buff *skb)
 	case bpf_htons(ETH_P_ARP):
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
+		/* Its rate and DSCP before anything else (cb_ipv4_direct left it to us). */
+		if (ifc->qos) {
+			r = cb_qos_out(skb, ifc->slot, ifc->qos);
+			if (r)
+				return cb_drop(skb, r);
+			r = CB_SLOW;
+			data = (void *)(long)skb->data;
+			data_end = (void *)(long)skb->data_end;
+		}
 		/* Outside (cb_ipv4_direct): from this copy's address too, else judged again. */
 		if (r == CB_OUTSIDE && !cb_from_own_ip(data, data_end, ifc))
 			r = CB_SLOW;

@@ -75,6 +75,8 @@ enum cb_reason {
 	CB_DROP_NO_STAGE = 78,      /* the stage an entry program hands the packet to is missing (cb_calls) */
 	CB_DROP_EGRESS_UNANSWERED = 79, /* egress NAT: a TCP segment from outside that does not answer the endpoint's SYN */
 	CB_DROP_NODEPORT_BLIND = 80, /* node port: a client's FIN or RST outside the window the backend's last ACK sets */
+	CB_DROP_RATE_EGRESS = 81,   /* the sending endpoint's egress rate and burst are spent (qos.h) */
+	CB_DROP_RATE_INGRESS = 82,  /* the receiving endpoint's ingress rate and burst are spent (qos.h) */
 	CB_REASON_MAX = 96,
 };
 

@@ -20,6 +20,7 @@ enum cb_encap {
 enum cb_ep_flags {
 	CB_EP_LOCAL = 1,
 	CB_EP_REMOTE = 2,
+	CB_EP_QOS_IN = 4, /* local: what it receives is policed (qos.h) */
 };
 
 struct cb_ep_key {
@@ -45,6 +46,7 @@ struct cb_iface {
 	__u32 generation;
 	__u32 slot;       /* index into cb_ep_counters (0 = none) */
 	__u32 vrf;        /* routing domain (tenant) of the network: the conntrack zone */
+	__u32 qos;        /* enum cb_qos_flags and the DSCP (qos.h); 0: no QoS */
 };
 
 struct cb_network {

@@ -156,6 +156,7 @@ type contivbpfCbEpFlags uint32
 const (
 	contivbpfCbEpFlagsCB_EP_LOCAL  contivbpfCbEpFlags = 1
 	contivbpfCbEpFlagsCB_EP_REMOTE contivbpfCbEpFlags = 2
+	contivbpfCbEpFlagsCB_EP_QOS_IN contivbpfCbEpFlags = 4
 )
 
 type contivbpfCbEpKey struct {
@@ -304,6 +305,7 @@ type contivbpfCbIface struct {
 	Generation uint32
 	Slot       uint32
 	Vrf        uint32
+	Qos        uint32
 }
 
 type contivbpfCbKcidr struct {
@@ -525,6 +527,32 @@ type contivbpfCbPolicy struct {
 	Rules      [1024]contivbpfCbRule
 }
 
+type contivbpfCbQosBucket struct {
+	_   structs.HostLayout
+	Tat uint64
+	Nsb uint64
+	Tau uint64
+}
+
+type contivbpfCbQosEntry struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Generation uint32
+	Out        contivbpfCbQosBucket
+	In         contivbpfCbQosBucket
+}
+
+type contivbpfCbQosFlags uint32
+
+const (
+	contivbpfCbQosFlagsCB_QOS_EGRESS  contivbpfCbQosFlags = 1
+	contivbpfCbQosFlagsCB_QOS_INGRESS contivbpfCbQosFlags = 2
+	contivbpfCbQosFlagsCB_QOS_DSCP    contivbpfCbQosFlags = 4
+)
+
 type contivbpfCbReason uint32
 
 const (
@@ -593,6 +621,8 @@ const (
 	contivbpfCbReasonCB_DROP_NO_STAGE              contivbpfCbReason = 78
 	contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED     contivbpfCbReason = 79
 	contivbpfCbReasonCB_DROP_NODEPORT_BLIND        contivbpfCbReason = 80
+	contivbpfCbReasonCB_DROP_RATE_EGRESS           contivbpfCbReason = 81
+	contivbpfCbReasonCB_DROP_RATE_INGRESS          contivbpfCbReason = 82
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 
@@ -784,6 +814,7 @@ const (
 	contivbpfMapCbPolRules            = "cb_pol_rules"
 	contivbpfMapCbPolScratch          = "cb_pol_scratch"
 	contivbpfMapCbPolicies            = "cb_policies"
+	contivbpfMapCbQos                 = "cb_qos"
 	contivbpfMapCbReasons             = "cb_reasons"
 	contivbpfMapCbRoutes              = "cb_routes"
 	contivbpfMapCbServices            = "cb_services"
@@ -827,6 +858,7 @@ const (
 	contivbpfVarCbNetFlagsUnused      = "cb_net_flags_unused"
 	contivbpfVarCbPolDirUnused        = "cb_pol_dir_unused"
 	contivbpfVarCbPolicyEpoch         = "cb_policy_epoch"
+	contivbpfVarCbQosFlagsUnused      = "cb_qos_flags_unused"
 	contivbpfVarCbReasonUnused        = "cb_reason_unused"
 	contivbpfVarCbRuleActionUnused    = "cb_rule_action_unused"
 	contivbpfVarCbSvcMemoOff          = "cb_svc_memo_off"
@@ -935,6 +967,7 @@ type contivbpfMapSpecs struct {
 	CbPolRules       *ebpf.MapSpec `ebpf:"cb_pol_rules"`
 	CbPolScratch     *ebpf.MapSpec `ebpf:"cb_pol_scratch"`
 	CbPolicies       *ebpf.MapSpec `ebpf:"cb_policies"`
+	CbQos            *ebpf.MapSpec `ebpf:"cb_qos"`
 	CbReasons        *ebpf.MapSpec `ebpf:"cb_reasons"`
 	CbRoutes         *ebpf.MapSpec `ebpf:"cb_routes"`
 	CbServices       *ebpf.MapSpec `ebpf:"cb_services"`
@@ -968,6 +1001,7 @@ type contivbpfVariableSpecs struct {
 	CbNetFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused      *ebpf.VariableSpec `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch       *ebpf.VariableSpec `ebpf:"cb_policy_epoch"`
+	CbQosFlagsUnused    *ebpf.VariableSpec `ebpf:"cb_qos_flags_unused"`
 	CbReasonUnused      *ebpf.VariableSpec `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused  *ebpf.VariableSpec `ebpf:"cb_rule_action_unused"`
 	CbSvcMemoOff        *ebpf.VariableSpec `ebpf:"cb_svc_memo_off"`
@@ -1032,6 +1066,7 @@ type contivbpfMaps struct {
 	CbPolRules       *ebpf.Map `ebpf:"cb_pol_rules"`
 	CbPolScratch     *ebpf.Map `ebpf:"cb_pol_scratch"`
 	CbPolicies       *ebpf.Map `ebpf:"cb_policies"`
+	CbQos            *ebpf.Map `ebpf:"cb_qos"`
 	CbReasons        *ebpf.Map `ebpf:"cb_reasons"`
 	CbRoutes         *ebpf.Map `ebpf:"cb_routes"`
 	CbServices       *ebpf.Map `ebpf:"cb_services"`
@@ -1085,6 +1120,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbPolRules,
 		m.CbPolScratch,
 		m.CbPolicies,
+		m.CbQos,
 		m.CbReasons,
 		m.CbRoutes,
 		m.CbServices,
@@ -1119,6 +1155,7 @@ type contivbpfVariables struct {
 	CbNetFlagsUnused    *ebpf.Variable `ebpf:"cb_net_flags_unused"`
 	CbPolDirUnused      *ebpf.Variable `ebpf:"cb_pol_dir_unused"`
 	CbPolicyEpoch       *ebpf.Variable `ebpf:"cb_policy_epoch"`
+	CbQosFlagsUnused    *ebpf.Variable `ebpf:"cb_qos_flags_unused"`
 	CbReasonUnused      *ebpf.Variable `ebpf:"cb_reason_unused"`
 	CbRuleActionUnused  *ebpf.Variable `ebpf:"cb_rule_action_unused"`
 	CbSvcMemoOff        *ebpf.Variable `ebpf:"cb_svc_memo_off"`

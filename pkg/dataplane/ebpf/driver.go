@@ -287,7 +287,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbCtOwned, contivbpfMapCbCtOwnedIn, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
+	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbQos, contivbpfMapCbCtOwned, contivbpfMapCbCtOwnedIn, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
 		if ms, ok := spec.Maps[m]; ok {
 			ms.MaxEntries = uint32(d.cfg.MapEntries)
 		}

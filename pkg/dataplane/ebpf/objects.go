@@ -539,9 +539,16 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		}
 		defer func() { retErr = d.published(retErr) }()
 	}
+	// Its buckets before the entries that turn them on (qos.go).
+	if err := d.putQoS(slot, ep.QoS); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
 	v := contivbpfCbEndpoint{Ifindex: uint32(ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Generation: d.gen, Slot: slot}
+	if ep.QoS.IngressRate != 0 {
+		v.Flags |= uint32(contivbpfCbEpFlagsCB_EP_QOS_IN)
+	}
 	copy(v.Mac[:], ep.MAC)
-	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot, Vrf: nr.vrf}
+	ifc := contivbpfCbIface{Net: nr.key, Ip: key.Ip, Epg: ep.EPGID, Generation: d.gen, Slot: slot, Vrf: nr.vrf, Qos: qosWord(ep.QoS)}
 	copy(ifc.Mac[:], ep.MAC)
 	if err := d.putRoute(nr, ep.IP); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)

@@ -156,6 +156,19 @@ func assignByTag(t testing.TB, dst any, get func(name string) any) {
 
 // ---- packet builders ----
 
+// malformedIPv4 are IPv4 headers the stages drop as drop_malformed_ip, by name.
+func malformedIPv4() map[string]ipOpts {
+	return map[string]ipOpts{
+		"ihl-4":             {ihl: 4},
+		"ihl-15-short":      {ihl: 15, truncate: 30},
+		"version-6":         {version: 6},
+		"totlen-too-big":    {totLen: 1000},
+		"totlen-below-ihl":  {totLen: 12},
+		"totlen-zero":       {totLen: 0xffff + 1}, // wraps to 0 in 16 bits; no GSO in test runs
+		"truncated-payload": {truncate: 10},
+	}
+}
+
 func ethHdr(dst, src net.HardwareAddr, typ uint16) []byte {
 	b := append(append([]byte{}, dst...), src...)
 	return binary.BigEndian.AppendUint16(b, typ)
@@ -387,15 +400,7 @@ func TestFromContainer(t *testing.T) {
 		copy(p[22:28], dataplane.ContivMAC(remoteIP)) // sender hardware address
 		run(t, objs, prog, p, nil).expect(t, tcActShot, DropSpoofedSrc)
 	})
-	for name, o := range map[string]ipOpts{
-		"ihl-4":             {ihl: 4},
-		"ihl-15-short":      {ihl: 15, truncate: 30},
-		"version-6":         {version: 6},
-		"totlen-too-big":    {totLen: 1000},
-		"totlen-below-ihl":  {totLen: 12},
-		"totlen-zero":       {totLen: 0xffff + 1}, // wraps to 0 in 16 bits; no GSO in test runs
-		"truncated-payload": {truncate: 10},
-	} {
+	for name, o := range malformedIPv4() {
 		t.Run("malformed/"+name, func(t *testing.T) {
 			run(t, objs, prog, ipFrame(srcIP, localIP, o), nil).expect(t, tcActShot, DropMalformedIP)
 		})

@@ -72,6 +72,8 @@ const (
 	DropNoStage             = Reason(contivbpfCbReasonCB_DROP_NO_STAGE)
 	DropEgressUnanswered    = Reason(contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED)
 	DropNodePortBlind       = Reason(contivbpfCbReasonCB_DROP_NODEPORT_BLIND)
+	DropRateEgress          = Reason(contivbpfCbReasonCB_DROP_RATE_EGRESS)  // an endpoint's QoS egress rate (qos.go)
+	DropRateIngress         = Reason(contivbpfCbReasonCB_DROP_RATE_INGRESS) // an endpoint's QoS ingress rate (qos.go)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -141,6 +143,8 @@ var reasonNames = map[Reason]string{
 	DropNoStage:             "drop_no_stage",
 	DropEgressUnanswered:    "drop_egress_unanswered",
 	DropNodePortBlind:       "drop_nodeport_blind",
+	DropRateEgress:          "drop_rate_egress",
+	DropRateIngress:         "drop_rate_ingress",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

@@ -106,9 +106,12 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 			continue
 		}
 		e := contivbpfCbEndpoint{Ifindex: uint32(r.ifindex), Epg: ep.EPGID, Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL), Slot: r.slot}
+		if ep.QoS.IngressRate != 0 {
+			e.Flags |= uint32(contivbpfCbEpFlagsCB_EP_QOS_IN)
+		}
 		copy(e.Mac[:], ep.MAC)
 		want[r.key], name[r.key] = e, ep.ID
-		ifc := contivbpfCbIface{Net: nr.key, Ip: r.key.Ip, Epg: ep.EPGID, Slot: r.slot, Vrf: nr.vrf}
+		ifc := contivbpfCbIface{Net: nr.key, Ip: r.key.Ip, Epg: ep.EPGID, Slot: r.slot, Vrf: nr.vrf, Qos: qosWord(ep.QoS)}
 		copy(ifc.Mac[:], ep.MAC)
 		ifWant[uint32(r.ifindex)], ifName[uint32(r.ifindex)] = ifc, ep.ID
 	}
@@ -139,8 +142,8 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 		}
 		got.Generation = 0
 		if got != e {
-			v.add(contivbpfMapCbEndpoints, name[k], "different", fmt.Sprintf("map: mac %s epg %d ifindex %d vtep %v; want mac %s epg %d ifindex %d vtep %v",
-				macOf(got.Mac), got.Epg, got.Ifindex, addrFrom(got.Vtep), macOf(e.Mac), e.Epg, e.Ifindex, addrFrom(e.Vtep)))
+			v.add(contivbpfMapCbEndpoints, name[k], "different", fmt.Sprintf("map: mac %s epg %d ifindex %d vtep %v flags %#x; want mac %s epg %d ifindex %d vtep %v flags %#x",
+				macOf(got.Mac), got.Epg, got.Ifindex, addrFrom(got.Vtep), got.Flags, macOf(e.Mac), e.Epg, e.Ifindex, addrFrom(e.Vtep), e.Flags))
 		}
 	}
 	v.iterErr(it.Err(), contivbpfMapCbEndpoints)
@@ -159,8 +162,8 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 		}
 		ig.Generation = 0
 		if ig != e {
-			v.add(contivbpfMapCbIfaces, ifName[ik], "different", fmt.Sprintf("map: ip %v mac %s epg %d; want ip %v mac %s epg %d",
-				addrFrom(ig.Ip), macOf(ig.Mac), ig.Epg, addrFrom(e.Ip), macOf(e.Mac), e.Epg))
+			v.add(contivbpfMapCbIfaces, ifName[ik], "different", fmt.Sprintf("map: ip %v mac %s epg %d qos %#x; want ip %v mac %s epg %d qos %#x",
+				addrFrom(ig.Ip), macOf(ig.Mac), ig.Epg, ig.Qos, addrFrom(e.Ip), macOf(e.Mac), e.Epg, e.Qos))
 		}
 	}), contivbpfMapCbIfaces)
 	for k := range ifWant {
