@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,7 +65,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "netprofile", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -259,6 +260,15 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		cancel()
 		fmt.Fprintf(w, "(docker on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
+	}
+	if cfg.want("netprofile") && slices.Contains(cfg.dataplanes, "ebpf") && ctx.Err() == nil {
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		if err := netprofileStage(sctx, cfg, w, r); err != nil {
+			r.fail("ebpf.netprofile", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(netprofile: %.1fs)\n", time.Since(t0).Seconds())
 	}
 	if cfg.want("cp") && ctx.Err() == nil {
 		t0 := time.Now()

@@ -78,6 +78,10 @@ func atMost(x float64) goal {
 	return goal{fmt.Sprintf("<= %s", formatValue(x)), func(v float64) bool { return v <= x }}
 }
 
+func within(lo, hi float64) goal {
+	return goal{fmt.Sprintf("%s-%s", formatValue(lo), formatValue(hi)), func(v float64) bool { return v >= lo && v <= hi }}
+}
+
 // goals by figure name without the dataplane prefix ("samehost.tput_ratio").
 var goals = map[string]goal{
 	"samehost.tput_ratio":  atLeast(0.98),
@@ -122,6 +126,9 @@ var goals = map[string]goal{
 	"svcscale.crr_10k_vs_iptables":             atLeast(2),
 	"scale.ovs_service_create_ms_1k":           atMost(2),
 	"scale.ovs_backend_add_ms_1k":              atMost(2),
+	"netprofile.accuracy_10m":                  within(0.9, 1.05),
+	"netprofile.accuracy_1g":                   within(0.9, 1.05),
+	"netprofile.unlimited_tput_ratio":          atLeast(0.98),
 }
 
 // summary prints every figure once, the dataplane-specific ones side by side, with goals.

@@ -259,7 +259,7 @@ func TestQoSDriver(t *testing.T) {
 	if err := h.d.UpsertEndpoint(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	const secs = 3
+	const secs = 4 // the first burst (200 ms of the rate) adds 5 % to a 4 s run
 	measure := func(from, to dataplane.Endpoint) float64 {
 		t.Helper()
 		g, err := netbench.Iperf3(ctx, filepath.Base(to.NetNS), filepath.Base(from.NetNS), to.IP.String(), 5201, secs)
@@ -299,5 +299,36 @@ func TestQoSDriver(t *testing.T) {
 	set(dataplane.QoS{})
 	if got := measure(a, b); got < 200e6 {
 		t.Errorf("after removal: %.1f Mbit/s, want unlimited", got/1e6)
+	}
+}
+
+// TestQoSIngressNoted: with a stage with state on, a flow's packets after the first reach
+// their endpoint through the conntrack entry's note of its veth (cb_deliver_noted, from
+// the interface entry): that delivery is charged too.
+func TestQoSIngressNoted(t *testing.T) {
+	objs := ctPolicyFixture(t)
+	if err := objs.CbQos.Update(testSlot(localIP), &contivbpfCbQosEntry{In: qosBucket(10_000, 1000)}, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	ifc := contivbpfCbIface{Net: testNet, Ip: ip4(localIP), Epg: 20, Slot: testSlot(localIP), Vrf: testZone,
+		Qos: uint32(contivbpfCbQosFlagsCB_QOS_INGRESS)}
+	copy(ifc.Mac[:], dataplane.ContivMAC(localIP))
+	ep := contivbpfCbEndpoint{Ifindex: peerIfindex, Epg: 20, Slot: testSlot(localIP),
+		Flags: uint32(contivbpfCbEpFlagsCB_EP_LOCAL | contivbpfCbEpFlagsCB_EP_QOS_IN)}
+	copy(ep.Mac[:], dataplane.ContivMAC(localIP))
+	if err := objs.ifaceTable().put(peerIfindex, &ifc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.CbEndpoints.Put(&contivbpfCbEpKey{Net: testNet, Ip: ip4(localIP)}, &ep); err != nil {
+		t.Fatal(err)
+	}
+	fc := objs.CbFromContainer
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 43000, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(6, srcIP, localIP, 43000, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	if e, ok := ctEntry(t, objs, testZone, 6, srcIP, localIP, 43000, 80); !ok || e.Nodeport != peerIfindex {
+		t.Fatalf("the flow's entry does not note the veth (%v, %d)", ok, e.Nodeport)
+	}
+	if n := drain(t, objs, fc, l4Frame(6, srcIP, localIP, 43000, 80, tcpACK, 0), nil, 100, DropRateIngress); n == 0 {
+		t.Error("no noted delivery passed before the bucket ran out")
 	}
 }
