@@ -116,3 +116,36 @@ func (d *Driver) putQoS(slot uint32, q dataplane.QoS) error {
 	}
 	return nil
 }
+
+// qosOf reads back the QoS the datapath applies to the endpoint of interface entry ifc
+// (nil: none): rates and bursts from its buckets (as enforced: clamped, defaults filled
+// in, rounded by the fixed point).
+func (d *Driver) qosOf(ifc contivbpfCbIface) *dataplane.QoS {
+	if ifc.Qos == 0 {
+		return nil
+	}
+	q := &dataplane.QoS{}
+	if ifc.Qos&uint32(contivbpfCbQosFlagsCB_QOS_DSCP) != 0 {
+		q.SetDSCP, q.DSCP = true, uint8(ifc.Qos>>8&0x3f)
+	}
+	var e contivbpfCbQosEntry
+	if err := d.objs.CbQos.Lookup(ifc.Slot, &e); err != nil {
+		return q
+	}
+	q.EgressRate, q.EgressBurst = e.Out.rate()
+	q.IngressRate, q.IngressBurst = e.In.rate()
+	return q
+}
+
+// rate is the rate (bit/s) and burst (bytes) bucket b enforces (0: unlimited).
+func (b contivbpfCbQosBucket) rate() (rate, burst uint64) {
+	if b.Nsb == 0 {
+		return 0, 0
+	}
+	rate = (uint64(8*time.Second) << qosNsbShift) / b.Nsb
+	hi, lo := bits.Mul64(b.Tau, rate)
+	if hi < uint64(8*time.Second) {
+		burst, _ = bits.Div64(hi, lo, uint64(8*time.Second))
+	}
+	return rate, burst
+}

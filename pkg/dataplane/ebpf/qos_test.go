@@ -228,6 +228,12 @@ func TestQoSBucket(t *testing.T) {
 			t.Errorf("rate %d burst %d: nsb %d tau %d, want %d %d", c.rate, c.burst, b.Nsb, b.Tau, c.nsb, c.tau)
 		}
 	}
+	// Read back (listings): what the bucket enforces.
+	for _, c := range [][2]uint64{{10e6, 250_000}, {1e9, 125_000}, {8e6, 1000}} {
+		if r, b := qosBucket(c[0], c[1]).rate(); r != c[0] || b != c[1] {
+			t.Errorf("rate %d burst %d read back as %d %d", c[0], c[1], r, b)
+		}
+	}
 	w := qosWord(dataplane.QoS{EgressRate: 1, IngressRate: 1, DSCP: 63, SetDSCP: true})
 	if w != 1|2|4|63<<8 {
 		t.Errorf("qos word %#x", w)
@@ -278,6 +284,18 @@ func TestQoSDriver(t *testing.T) {
 	before, err := h.d.ReasonCounters()
 	if err != nil {
 		t.Fatal(err)
+	}
+	tabs, err := h.d.DumpTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tabs.Ifaces {
+		if e.IP == a.IP.String() && (e.QoS == nil || *e.QoS != dataplane.QoS{EgressRate: 10e6, EgressBurst: 250_000, IngressRate: 10e6, IngressBurst: 250_000}) {
+			t.Errorf("listing of a: qos %+v, want 10 Mbit/s with the default burst both ways", e.QoS)
+		}
+		if e.IP == b.IP.String() && e.QoS != nil {
+			t.Errorf("listing of b: qos %+v, want none", e.QoS)
+		}
 	}
 	within("egress 10M", measure(a, b), 10e6)
 	within("ingress 10M", measure(b, a), 10e6)

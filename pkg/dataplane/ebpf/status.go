@@ -135,6 +135,9 @@ type IfaceEntry struct {
 	IP         string `json:"ip"`
 	MAC        string `json:"mac"`
 	Generation uint32 `json:"generation"`
+	// QoS is what the datapath holds the endpoint to (qos.go; nil: nothing), read back
+	// from its buckets.
+	QoS *dataplane.QoS `json:"qos,omitempty"`
 }
 
 // NetworkEntry is one cb_networks entry in readable form.
@@ -195,7 +198,8 @@ func (d *Driver) dumpTables() (Tables, error) {
 		return a.Network < b.Network || a.Network == b.Network && a.IP < b.IP
 	})
 	if err := d.ifaces().each(func(ik uint32, iv contivbpfCbIface) {
-		t.Ifaces = append(t.Ifaces, IfaceEntry{Ifindex: ik, Network: iv.Net, IP: addrFrom(iv.Ip).String(), MAC: macOf(iv.Mac), Generation: iv.Generation})
+		t.Ifaces = append(t.Ifaces, IfaceEntry{Ifindex: ik, Network: iv.Net, IP: addrFrom(iv.Ip).String(), MAC: macOf(iv.Mac), Generation: iv.Generation,
+			QoS: d.qosOf(iv)})
 	}); err != nil {
 		return t, fmt.Errorf("ebpf: %w", err)
 	}
