@@ -456,7 +456,9 @@ CB_INLINE int cb_deliver_noted(struct __sk_buff *skb, const struct cb_iface *ifc
 			       __u32 ifindex)
 {
 	cb_ep_tx(skb, ifc->slot);
-	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL, d->qos & CB_QOS_INGRESS);
+	/* d is an array entry: never an endpoint with QoS (ifaces.go), whose packets take
+	 * cb_deliver_as with its endpoint entry's flag. */
+	return cb_deliver_to(skb, d->mac, d->slot, ifindex, CB_FWD_LOCAL, 0);
 }
 
 /* cb_svc_ct_again is the client→VIP entry of service flow f (t) again, for the judging
@@ -958,8 +960,9 @@ static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
 	if (!ifc)
 		return CB_SLOW;
 	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
-	/* An endpoint with QoS takes the entry program's way (cb_qos_out). */
-	if (!own || ifc->qos || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
+	/* (An endpoint with QoS has its entry in cb_ifaces, never here: ifaces.go. Its packets
+	 * find no address here and take the entry program's way, cb_qos_out.) */
+	if (!own || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
 		return CB_SLOW;
 	return cb_ipv4_on(skb, ifc, ip->daddr);
 }
@@ -1157,7 +1160,7 @@ int cb_from_container(struct __sk_buff *skb)
 	case bpf_htons(ETH_P_ARP):
 		return cb_arp_respond(skb, ifc);
 	case bpf_htons(ETH_P_IP):
-		/* Its rate and DSCP before anything else (cb_ipv4_direct left it to us). */
+		/* Its rate and DSCP before anything else (cb_ipv4_direct never sees it). */
 		if (ifc->qos) {
 			r = cb_qos_out(skb, ifc->slot, ifc->qos);
 			if (r)

@@ -51,43 +51,67 @@ func (t ifaceTable) lookup(ifindex uint32) (contivbpfCbIface, error) {
 // put writes ifindex's entry (an entry without an IP is refused: the array could not
 // tell it from a free place). hashPut, if not nil, writes to the hash (the driver's
 // mapPut, which counts a full map).
+//
+// An entry with QoS (qos.go) goes to the hash whatever its ifindex, and its place in the
+// array is freed after: the in-place fast paths (cb_ipv4_direct, cb_dst_noted) read only
+// the array and so never meet a limited endpoint, which costs them no test (its packets
+// take the entry program's copy, which reads the hash). Without QoS it goes back to the
+// array, and the hash copy is deleted after.
 func (t ifaceTable) put(ifindex uint32, v *contivbpfCbIface, hashPut func(name string, m *ebpf.Map, k, v any) error) error {
 	if v.Ip == 0 {
 		return fmt.Errorf("interface entry of ifindex %d without an IPv4 address", ifindex)
 	}
-	if !t.isDirect(ifindex) {
+	if !t.isDirect(ifindex) || v.Qos != 0 {
 		if hashPut != nil {
-			return hashPut(contivbpfMapCbIfaces, t.hashed, ifindex, v)
-		}
-		if err := t.hashed.Put(ifindex, v); err != nil {
+			if err := hashPut(contivbpfMapCbIfaces, t.hashed, ifindex, v); err != nil {
+				return err
+			}
+		} else if err := t.hashed.Put(ifindex, v); err != nil {
 			return fmt.Errorf("update map %s: %w", contivbpfMapCbIfaces, err)
+		}
+		if t.isDirect(ifindex) {
+			return t.freeDirect(ifindex)
 		}
 		return nil
 	}
 	if err := t.direct.Put(ifindex, v); err != nil {
 		return fmt.Errorf("update map %s: %w", contivbpfMapCbIfaceDirect, err)
 	}
+	var cur contivbpfCbIface
+	if err := t.hashed.Lookup(ifindex, &cur); err == nil && cur.Qos != 0 {
+		if err := mapDel(t.hashed, ifindex); err != nil {
+			return fmt.Errorf("delete %s entry %d: %w", contivbpfMapCbIfaces, ifindex, err)
+		}
+	}
 	return nil
 }
 
-// del removes ifindex's entry from both maps (absent is fine). An array entry is written
-// in place, so it is freed in two writes: first its IP alone is cleared (a packet racing
-// it reads the old entry or a free one, cb_iface_get checks the IP of its copy), then the
-// rest.
+// freeDirect frees ifindex's place in the array in two writes: first its IP alone is
+// cleared (a packet racing it reads the old entry or a free one, cb_iface_get checks the
+// IP of its copy), then the rest.
+func (t ifaceTable) freeDirect(ifindex uint32) error {
+	var cur contivbpfCbIface
+	err := t.direct.Lookup(ifindex, &cur)
+	if err == nil && cur.Ip != 0 {
+		cur.Ip = 0
+		err = t.direct.Put(ifindex, &cur)
+	}
+	if err == nil && cur != (contivbpfCbIface{}) {
+		err = t.direct.Put(ifindex, &contivbpfCbIface{})
+	}
+	if err != nil {
+		return fmt.Errorf("clear %s entry %d: %w", contivbpfMapCbIfaceDirect, ifindex, err)
+	}
+	return nil
+}
+
+// del removes ifindex's entry from both maps (absent is fine); an array entry is freed
+// in two writes (freeDirect).
 func (t ifaceTable) del(ifindex uint32) error {
 	var errs []error
 	if t.isDirect(ifindex) {
-		var cur contivbpfCbIface
-		err := t.direct.Lookup(ifindex, &cur)
-		if err == nil && cur.Ip != 0 {
-			cur.Ip = 0
-			err = t.direct.Put(ifindex, &cur)
-		}
-		if err == nil {
-			err = t.direct.Put(ifindex, &contivbpfCbIface{})
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("clear %s entry %d: %w", contivbpfMapCbIfaceDirect, ifindex, err))
+		if err := t.freeDirect(ifindex); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := mapDel(t.hashed, ifindex); err != nil {
@@ -135,8 +159,8 @@ func (t ifaceTable) each(fn func(ifindex uint32, v contivbpfCbIface)) error {
 }
 
 // promote copies hash entries whose ifindex has a place in the array there (an earlier
-// build kept every interface in the hash). This build never writes such an entry to the
-// hash, so one found there is an earlier build's and the newer one (after a rollback and
+// build kept every interface in the hash). This build writes such an entry to the hash
+// only with QoS (put; those stay), so one without found there is an earlier build's and the newer one (after a rollback and
 // a new upgrade, the array may hold what this build wrote before the rollback). The hash
 // copies stay until dropShadowed: a program of that build, still attached somewhere
 // during an upgrade, reads only them.
@@ -147,7 +171,7 @@ func (t ifaceTable) promote() (int, error) {
 	it := t.hashed.Iterate()
 	var errs []error
 	for it.Next(&k, &v) {
-		if !t.isDirect(k) || v.Ip == 0 {
+		if !t.isDirect(k) || v.Ip == 0 || v.Qos != 0 {
 			continue
 		}
 		if err := t.direct.Put(k, &v); err != nil {

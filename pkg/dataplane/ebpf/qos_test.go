@@ -128,6 +128,33 @@ func TestQoSPolice(t *testing.T) {
 			t.Errorf("%d frames passed, want 14", n)
 		}
 	})
+	t.Run("placement", func(t *testing.T) {
+		// A limited endpoint's entry lives in the hash, its array place free (the in-place
+		// fast paths never meet it); without QoS back in the array, the hash copy gone.
+		tab := objs.ifaceTable()
+		var v contivbpfCbIface
+		qosFixture(t, objs, egress, false, slow, contivbpfCbQosBucket{})
+		if err := tab.direct.Lookup(uint32(loIfindex), &v); err != nil || v != (contivbpfCbIface{}) {
+			t.Errorf("array place of a limited endpoint: %+v (%v), want free", v, err)
+		}
+		if err := tab.hashed.Lookup(uint32(loIfindex), &v); err != nil || v.Qos != egress {
+			t.Errorf("hash entry of a limited endpoint: %+v (%v)", v, err)
+		}
+		qosFixture(t, objs, 0, false, slow, contivbpfCbQosBucket{})
+		if err := tab.direct.Lookup(uint32(loIfindex), &v); err != nil || v.Ip != ip4(srcIP) {
+			t.Errorf("array place without QoS: %+v (%v)", v, err)
+		}
+		if err := tab.hashed.Lookup(uint32(loIfindex), &v); err == nil {
+			t.Errorf("hash entry left without QoS: %+v", v)
+		}
+		if n, err := tab.promote(); err != nil || n != 0 {
+			t.Errorf("promote moved %d (%v)", n, err)
+		}
+		qosFixture(t, objs, egress, false, slow, contivbpfCbQosBucket{})
+		if n, err := tab.promote(); err != nil || n != 0 {
+			t.Errorf("promote moved a limited endpoint's entry into the array (%d, %v)", n, err)
+		}
+	})
 	t.Run("no-qos-untouched", func(t *testing.T) {
 		// Buckets that would drop at once, but no endpoint names them.
 		empty := qosBucket(10_000, 1)
@@ -321,8 +348,9 @@ func TestQoSDriver(t *testing.T) {
 }
 
 // TestQoSIngressNoted: with a stage with state on, a flow's packets after the first reach
-// their endpoint through the conntrack entry's note of its veth (cb_deliver_noted, from
-// the interface entry): that delivery is charged too.
+// their endpoint through the conntrack entry's note of its veth (cb_dst_noted, reading
+// the interface array in place, which checks no QoS): a limited endpoint's entry is never
+// there (ifaces.go), so its packets are delivered by its endpoint entry and charged.
 func TestQoSIngressNoted(t *testing.T) {
 	objs := ctPolicyFixture(t)
 	if err := objs.CbQos.Update(testSlot(localIP), &contivbpfCbQosEntry{In: qosBucket(10_000, 1000)}, ebpf.UpdateLock); err != nil {
