@@ -414,6 +414,11 @@ static __noinline int cb_send_remote(struct __sk_buff *skb, __u32 slot, const st
 CB_INLINE int cb_send_to(struct __sk_buff *skb, const struct cb_iface *ifc, const struct cb_endpoint *ep,
 			 __u32 dnet, __be32 daddr)
 {
+	/* An unlimited local endpoint with one test, as before rate limits (qos.h). */
+	if (ep->flags == CB_EP_LOCAL) {
+		cb_ep_tx(skb, ifc->slot);
+		return cb_deliver_to(skb, ep->mac, ep->slot, ep->ifindex, CB_FWD_LOCAL, 0);
+	}
 	if (ep->flags & CB_EP_LOCAL) {
 		cb_ep_tx(skb, ifc->slot);
 		return cb_deliver_local(skb, ep);
