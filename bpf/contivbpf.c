@@ -351,7 +351,6 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	r = cb_stateful(&f, &t);
 	if (r)
 		return cb_drop(skb, r);
-	cb_np_tcp_note(skb, &p, &f, t.entry); /* (where the client's FIN or RST must lie) */
 	if (p.inner.proto) {
 		/* It quotes client:cport → backend:target: the client sent it to the node port. */
 		r = cb_icmp_quote_nat(skb, &p, 0, cfg->snat_ip, np);
@@ -762,8 +761,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		return cb_drop(skb, r);
 	if (e) {
 		cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
-		if (cb_tcp_note_due(ack, e->tcp_ack[0]))
-			e->tcp_ack[0] = ack;
+		cb_tcp_note(&e->tcp_ack[0], ack);
 		if (svc->expires != e->expires)
 			svc->expires = e->expires;
 		/* The memo: what was just found, under the stamp read before (memo off: the
@@ -1435,10 +1433,8 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 	t.src_epg = src ? src->epg : 0;
 	t.svc_reply = 1;
 	r = cb_stateful(&f, &t);
-	if (!r) {
-		cb_np_tcp_note(skb, &p, &f, t.entry); /* (where the client's FIN or RST must lie) */
+	if (!r)
 		r = cb_nat(skb, &p, &f, 0, cfg->snat_ip, d.nodeport);
-	}
 	if (!r)
 		r = cb_route_rewrite(skb, cfg);
 	if (r)

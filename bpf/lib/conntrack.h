@@ -17,6 +17,7 @@
 #include "policy.h"
 #include "frag.h"
 #include "stamps.h"
+#include "tcpwin.h"
 
 #define CB_CT_TIMEOUT_TCP_NEW (60ULL * CB_NS)
 #define CB_CT_TIMEOUT_TCP_EST (21600ULL * CB_NS)
@@ -31,8 +32,9 @@ enum cb_ct_flags {
 	CB_CT_NODEPORT = 16, /* with DNAT: the client came to the host's node port (nodeport) from outside */
 	CB_CT_SHADOW = 32, /* a service flow's entry (DNAT) was made under the reverse tuple, so a packet
 			    * of this flow may be that one's reply: the full stage decides (cb_ct_shadow) */
-	CB_CT_TCP_REF = 64, /* with NODEPORT (TCP): svc_id holds the backend's last acknowledgment
-			     * number, where the client's FIN or RST must lie (nodeport.h) */
+	CB_CT_TCP_REF_OLD = 64, /* only in entries of the build before tcpwin.h, with NODEPORT: svc_id
+				 * holds the backend's last acknowledgment (now tcp_ack[1]). Read
+				 * (cb_np_ref), never set; free once no such entry can be left. */
 };
 
 enum cb_ct_state {
@@ -69,8 +71,7 @@ struct cb_ct_entry {
 			  * CB_CT_SVC: the service's
 			  * revision when its backend was last found a member (cb_lb_forward), or
 			  * with CB_CT_MEMO a memo's stamp (cb_svc_memo_stamp) */
-	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation); CB_CT_TCP_REF: the
-			  * backend's last acknowledgment number (host order) */
+	__u32 svc_id;    /* CB_CT_SVC: the service (backend re-validation) */
 	union {
 		__be16 nodeport; /* CB_CT_NODEPORT: the host port the client used (replies leave from it) */
 		/* Otherwise: the fast path's note of the host veth (ifindex below CB_IFACE_DIRECT)
@@ -86,33 +87,21 @@ struct cb_ct_entry {
 	__u32 tcp_ack[2];
 };
 
-/* Blind FINs and RSTs (docs/conntrack.md "The window"). A FIN or RST closes a flow only
- * with a sequence number a peer that sees the flow would use: in [ack, ack +
- * CB_TCP_CLOSE_WINDOW), where ack is what the other direction last acknowledged
- * (tcp_ack). Any other is a plain segment for conntrack: nothing moves, and it goes on to
- * its endpoint, whose stack judges it (RFC 5961). A SYN on an established flow whose
- * other side has acknowledged something is a plain segment too (a spoofed SYN would
- * otherwise replace the entry, its window with it); the endpoint's stack answers it with
- * a challenge ACK, whose acknowledgment a real peer's RST then carries. Before the other
- * side has acknowledged anything (a new flow, or an entry of an earlier build), a FIN or
- * RST is believed. Notes are lazy, so the fast path writes an entry about once per
- * CB_TCP_NOTE_STEP bytes received, not per segment: a noted ack lags the real one by less
- * than the step, and the window (8 MiB) holds the step plus Linux's largest default
- * receive buffer (6 MiB). Node port flows (CB_CT_NODEPORT) keep their own reference
- * (nodeport.h) and egress NAT flows theirs (nat.h). */
-#define CB_TCP_CLOSE_WINDOW (1u << 23)
-#define CB_TCP_NOTE_STEP (1u << 20)
+/* Blind FINs and RSTs (docs/conntrack.md "The window"): the rule is tcpwin.h's, over
+ * tcp_ack. A FIN or RST outside the window of what the other direction last acknowledged
+ * is a plain segment for conntrack: nothing moves, and it goes on to its endpoint, whose
+ * stack judges it (RFC 5961). A SYN on an established flow whose other side has
+ * acknowledged something is a plain segment too (a spoofed SYN would otherwise replace the
+ * entry, its window with it); the endpoint's stack answers it with a challenge ACK, whose
+ * acknowledgment a real peer's RST then carries. Node port flows (CB_CT_NODEPORT) keep
+ * their backend's acknowledgments here too; the node port stage drops the client's blind
+ * FIN or RST before conntrack (nodeport.h, cb_np_blind_check). */
 
-/* cb_tcp_note_due says whether ack (0: none) is to be noted over ref (0: none). */
-CB_INLINE int cb_tcp_note_due(__u32 ack, __u32 ref)
-{
-	return ack && (!ref || ack - ref >= CB_TCP_NOTE_STEP);
-}
-
-/* cb_ct_windowed says whether e's TCP segments are judged by the window here. */
+/* cb_ct_windowed says whether e's TCP segments are judged by the window here (a
+ * client→VIP entry is no flow's: its tcp_ack[0] is a memo's copy). */
 CB_INLINE int cb_ct_windowed(const struct cb_ct_entry *e)
 {
-	return !(e->flags & (CB_CT_SVC | CB_CT_NODEPORT));
+	return !(e->flags & CB_CT_SVC);
 }
 
 #ifndef CB_CT_ENTRIES
@@ -525,32 +514,32 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 /* cb_ct_window applies the window to TCP segment f on its flow's entry e (reply: in e's
  * reply direction), with the sequence numbers cb_parse_l4 read (cb_tcp_scratch; a packet
  * whose numbers are not there is believed and notes nothing): 1 when f is a blind FIN or
- * RST (nothing of e is to move); otherwise it notes f's acknowledgment as due
- * (cb_tcp_note_due) and returns 0. A note in a service flow's own direction makes its
+ * RST (nothing of e is to move: cb_tcp_in_window); otherwise it notes f's acknowledgment as
+ * due (cb_tcp_note) and returns 0. A note in a service flow's own direction makes its
  * memos stale (cb_ct_changed): the fast path keeps a copy of it there (cb_svc_fast). */
 static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *f, int reply)
 {
 	struct cb_tcp_seqs *s;
-	__u32 zero = 0, ref;
+	__u32 zero = 0;
 
 	if (!e || !f || f->proto != CB_PROTO_TCP || !cb_ct_windowed(e))
 		return 0;
 	s = bpf_map_lookup_elem(&cb_tcp_scratch, &zero);
 	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
 		return 0;
-	if (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) {
-		ref = reply ? e->tcp_ack[0] : e->tcp_ack[1];
-		if (ref && s->seq - ref >= CB_TCP_CLOSE_WINDOW)
-			return 1;
-	}
+	if ((f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !cb_tcp_in_window(s->seq, e->tcp_ack[!reply]))
+		return 1;
 	if (!(f->tcp_flags & CB_TCP_ACK))
 		return 0;
-	if (reply) {
-		if (cb_tcp_note_due(s->ack, e->tcp_ack[1]))
-			e->tcp_ack[1] = s->ack;
-	} else if (cb_tcp_note_due(s->ack, e->tcp_ack[0])) {
-		e->tcp_ack[0] = s->ack;
+	if (!cb_tcp_note(&e->tcp_ack[!!reply], s->ack))
+		return 0;
+	/* (No client→VIP entry holds a copy of a node port flow's: no memo to stale. An
+	 * entry of the build before moves to this one's form with its backend's first note.) */
+	if (!reply && !(e->flags & CB_CT_NODEPORT)) {
 		cb_ct_changed(e->flags);
+	} else if (reply && (e->flags & CB_CT_TCP_REF_OLD)) {
+		e->flags &= ~CB_CT_TCP_REF_OLD;
+		e->svc_id = 0;
 	}
 	return 0;
 }

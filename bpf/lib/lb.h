@@ -625,8 +625,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 				cb_ct_changed(r->flags);
 			}
 			cb_ct_refresh(r, now + cb_ct_timeout(k->ct.proto, r->state));
-			if (cb_tcp_note_due(ack, r->tcp_ack[1]))
-				r->tcp_ack[1] = ack;
+			cb_tcp_note(&r->tcp_ack[1], ack);
 			*rev = r;
 			return 1;
 		}
@@ -638,15 +637,13 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 	if (e) {
 		if (!plain)
 			return 0;
-		if (cb_tcp_note_due(ack, e->tcp_ack[0]))
-			e->tcp_ack[0] = ack;
+		cb_tcp_note(&e->tcp_ack[0], ack);
 	} else {
 		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || !cb_stamp_ok(r->epoch, need))
 			return 0;
 		if (r->state == CB_CTS_NEW)
 			r->state = CB_CTS_ESTABLISHED;
-		if (cb_tcp_note_due(ack, r->tcp_ack[1]))
-			r->tcp_ack[1] = ack;
+		cb_tcp_note(&r->tcp_ack[1], ack);
 		e = r;
 	}
 	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));

@@ -19,6 +19,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "conntrack.h"
+#include "tcpwin.h"
 #include "policy.h"
 #include "lb.h"
 
@@ -80,19 +81,17 @@ struct cb_snat_entry {
  * number a peer that sees the flow would use. (A node port flow sent to a backend on
  * another host too: its "endpoint" is then the client, whose segments set the reference,
  * and its "outside" the backend's host, where any process can send the backend's
- * segments through the overlay.) The endpoint's own segments set
- * the reference: its SYN the ACK a refusal must carry (its sequence number + 1), any
- * segment with ACK the next sequence number it expects from outside. A FIN or RST from
- * outside then moves the flow to CLOSING only when it carries that ACK (after a SYN) or
- * its sequence number lies in [ref, ref + CB_TCP_CLOSE_WINDOW); otherwise it is passed as
- * a plain segment (the endpoint's stack judges it, RFC 5961) and nothing changes. The
- * window is above Linux's default largest receive buffer (6 MiB), so a real peer's FIN
- * or RST with that much data in flight still closes; a blind one has to hit 2^23 of 2^32
- * sequence numbers on top of guessing the NAT port. */
+ * segments through the overlay.) The endpoint's own segments set the reference: its SYN
+ * the ACK a refusal must carry (its sequence number + 1); its acknowledgments are noted
+ * by tcpwin.h's rule, the one conntrack notes the same segments with, and a FIN or RST
+ * from outside then closes only inside their window (cb_tcp_in_window). So a FIN that
+ * conntrack takes for blind is blind here too, and the other way round. One that is not
+ * believed is passed as a plain segment (the endpoint's stack judges it, RFC 5961) and
+ * nothing changes. */
 enum cb_tcp_ref {
 	CB_TCP_REF_NONE = 0, /* nothing seen yet (or an entry of an earlier build): believed */
 	CB_TCP_REF_SYN = 1,  /* tcp_ref: the endpoint's SYN's sequence number + 1 */
-	CB_TCP_REF_ACK = 2,  /* tcp_ref: the endpoint's last acknowledgment number */
+	CB_TCP_REF_ACK = 2,  /* tcp_ref: the endpoint's acknowledgment noted last (cb_tcp_note) */
 };
 
 /* cb_tcp_seq_ack reads the sequence and acknowledgment numbers (host order) of the TCP
@@ -108,18 +107,21 @@ CB_INLINE int cb_tcp_seq_ack(const struct __sk_buff *skb, const struct cb_pkt *p
 	return 1;
 }
 
-/* cb_tcp_note records in e what the endpoint's segment f (at p) says a closing segment
- * from outside must carry (a node port flow's: what its client's acknowledgments say). */
-CB_INLINE void cb_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
-			   struct cb_snat_entry *e)
+/* cb_snat_tcp_note records in e what the endpoint's segment f (at p) says a closing
+ * segment from outside must carry (a node port flow's: what its client's acknowledgments
+ * say). */
+CB_INLINE void cb_snat_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
+				struct cb_snat_entry *e)
 {
-	__u32 seq, ack;
+	__u32 seq, ack, ref;
 
 	if (f->proto != CB_PROTO_TCP || !cb_tcp_seq_ack(skb, p, &seq, &ack))
 		return;
 	if (f->tcp_flags & CB_TCP_ACK) {
-		if (e->tcp_ref != ack || e->tcp_ref_kind != CB_TCP_REF_ACK) {
-			e->tcp_ref = ack;
+		/* (After a SYN's reference the first acknowledgment is noted whatever it is.) */
+		ref = e->tcp_ref_kind == CB_TCP_REF_ACK ? e->tcp_ref : 0;
+		if (cb_tcp_note(&ref, ack)) {
+			e->tcp_ref = ref;
 			e->tcp_ref_kind = CB_TCP_REF_ACK;
 		}
 	} else if ((f->tcp_flags & CB_TCP_SYN) && !e->nodeport) {
@@ -152,7 +154,7 @@ CB_INLINE int cb_tcp_close_believed(const struct cb_flow *f, const struct cb_sna
 		return 0;
 	if (e->tcp_ref_kind == CB_TCP_REF_SYN)
 		return (f->tcp_flags & CB_TCP_ACK) && ack == e->tcp_ref;
-	return seq - e->tcp_ref < CB_TCP_CLOSE_WINDOW;
+	return cb_tcp_in_window(seq, e->tcp_ref);
 }
 
 /* A reply as it arrives at snat_ip: from raddr:rport (ICMP: rport 0) to nat_port. */
@@ -295,7 +297,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		port = e->nat_port;
 		if (closing)
 			e->state = CB_CTS_CLOSING;
-		cb_tcp_note(skb, p, f, e);
+		cb_snat_tcp_note(skb, p, f, e);
 		cb_snat_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 	} else {
 		if (f->proto == CB_PROTO_TCP &&
@@ -337,7 +339,7 @@ static __noinline int cb_snat_egress(struct __sk_buff *skb, const struct cb_pkt 
 		ne.state = CB_CTS_NEW;
 		ne.net = net;
 		ne.nodeport = t->nodeport;
-		cb_tcp_note(skb, p, f, &ne);
+		cb_snat_tcp_note(skb, p, f, &ne);
 		if (bpf_map_update_elem(&cb_snat, &k, &ne, BPF_ANY) < 0) {
 			bpf_map_delete_elem(&cb_snat_rev, &rk);
 			return CB_DROP_EGRESS_NO_PORT;

@@ -24,6 +24,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "conntrack.h"
+#include "tcpwin.h"
 #include "policy.h"
 #include "lb.h"
 #include "nat.h"
@@ -114,7 +115,7 @@ struct cb_peer_flow {
 	__u8 state;    /* enum cb_ct_state: NEW until the endpoint answered */
 	__u8 pad[3];
 	__u32 tcp_ack; /* TCP: the endpoint's acknowledgment last noted (host order, 0: none),
-			* where the peer's FIN or RST must lie (conntrack.h, the window) */
+			* where the peer's FIN or RST must lie (tcpwin.h) */
 };
 
 struct {
@@ -125,7 +126,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_peer_flows SEC(".maps");
 
-/* cb_peer_flow_window applies conntrack's window (conntrack.h) to TCP segment f of peer
+/* cb_peer_flow_window applies the window (tcpwin.h) to TCP segment f of peer
  * flow v, with the sequence numbers cb_parse_l4 read (cb_tcp_scratch): 1 when f is a FIN
  * or RST from the peer outside the window of the endpoint's last noted acknowledgment
  * (anyone on the peer host can send from its address: a blind one moves nothing);
@@ -141,10 +142,9 @@ static __noinline int cb_peer_flow_window(struct cb_peer_flow *v, const struct c
 	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
 		return 0;
 	if (!reply)
-		return (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && v->tcp_ack &&
-		       s->seq - v->tcp_ack >= CB_TCP_CLOSE_WINDOW;
-	if ((f->tcp_flags & CB_TCP_ACK) && cb_tcp_note_due(s->ack, v->tcp_ack))
-		v->tcp_ack = s->ack;
+		return (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !cb_tcp_in_window(s->seq, v->tcp_ack);
+	if (f->tcp_flags & CB_TCP_ACK)
+		cb_tcp_note(&v->tcp_ack, s->ack);
 	return 0;
 }
 
@@ -278,55 +278,50 @@ CB_INLINE struct cb_natfrag *cb_np_frag_find(const struct cb_frag_key *k, __u32 
 	return n;
 }
 
-/* Blind FINs and RSTs (node port flows; egress flows: nat.h). The backend's own segments
- * set the reference, its last acknowledgment number (the next sequence number it expects
- * from the client), kept in the flow's entry (CB_CT_TCP_REF, svc_id). A FIN or RST from the
- * client side closes the flow only with a sequence number in [ref, ref +
- * CB_TCP_CLOSE_WINDOW); any other is dropped (drop_nodeport_blind), as the backend's stack
- * would discard it (RFC 5961): passed on, it would move a remote backend's host's state.
- * A client SYN on an established flow with a reference does not replace the flow's entry
- * (a spoofed SYN would clear the reference for the RST after it): it goes on as a plain
+/* Blind FINs and RSTs (node port flows; the rule: tcpwin.h). Conntrack notes the
+ * backend's acknowledgments in the flow's entry (tcp_ack[1], cb_ct_window) like any
+ * flow's; the client's FIN or RST closes the flow only inside their window. A blind one is
+ * dropped here (drop_nodeport_blind), before conntrack, as the backend's stack would
+ * discard it (RFC 5961): passed on, it would move a remote backend's host's state. A
+ * client SYN on an established flow with a noted acknowledgment does not replace the
+ * flow's entry (a spoofed SYN would clear it for the RST after it): it goes on as a plain
  * segment, and the backend's stack answers it with a challenge ACK, whose acknowledgment
- * a real client's RST then carries. Before the backend's first segment the client's RST
- * is believed: the flow is new, and a new flow expires in a minute anyway. Entries of an
- * earlier build have no reference until the backend's next segment. */
+ * a real client's RST then carries. Before the backend's first acknowledgment the
+ * client's RST is believed: the flow is new, and a new flow expires in a minute anyway. */
 
-/* cb_np_tcp_note records in e, a node port flow's entry, what the backend's segment f (at
- * p) says the client's FIN or RST must carry. */
-static __noinline void cb_np_tcp_note(const struct __sk_buff *skb, const struct cb_pkt *p, const struct cb_flow *f,
-				      struct cb_ct_entry *e)
+/* cb_np_ref is the backend's noted acknowledgment in node port flow entry e (0: none). An
+ * entry of the build before tcpwin.h kept it in svc_id (CB_CT_TCP_REF_OLD, until
+ * cb_ct_window's next note moves it): read for this build, so an upgrade loses no flow's
+ * window. */
+CB_INLINE __u32 cb_np_ref(const struct cb_ct_entry *e)
 {
-	__u32 seq, ack;
-
-	if (!p || !f || !e || f->proto != CB_PROTO_TCP || !(f->tcp_flags & CB_TCP_ACK) ||
-	    !(e->flags & CB_CT_NODEPORT) || !cb_tcp_seq_ack(skb, p, &seq, &ack))
-		return;
-	if (e->svc_id != ack || !(e->flags & CB_CT_TCP_REF)) {
-		e->svc_id = ack;
-		e->flags |= CB_CT_TCP_REF;
-	}
+	return (e->flags & CB_CT_TCP_REF_OLD) ? e->svc_id : e->tcp_ack[1];
 }
 
 /* cb_np_blind_check judges the client's segment f (at p) of node port flow t against its
- * live entry's reference: drop_nodeport_blind for a FIN or RST outside the window; a SYN
- * on an established flow loses its SYN for conntrack (a plain segment); 0 otherwise. */
+ * live entry's noted acknowledgment (cb_np_ref): drop_nodeport_blind for a FIN or RST
+ * outside the window; a SYN on an established flow loses its SYN for conntrack (a plain
+ * segment); 0 otherwise. */
 static __noinline int cb_np_blind_check(const struct __sk_buff *skb, const struct cb_pkt *p, struct cb_flow *f,
 					const struct cb_track *t)
 {
 	struct cb_ct_key k = {};
 	struct cb_ct_entry *e;
-	__u32 seq, ack;
+	__u32 seq, ack, ref;
 
 	if (!p || !f || !t || f->proto != CB_PROTO_TCP ||
 	    !(f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST | CB_TCP_SYN)))
 		return 0;
 	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	e = cb_ct_live(&k, cb_now());
-	if (!e || (e->flags & (CB_CT_NODEPORT | CB_CT_TCP_REF)) != (CB_CT_NODEPORT | CB_CT_TCP_REF))
+	if (!e || !(e->flags & CB_CT_NODEPORT))
+		return 0;
+	ref = cb_np_ref(e);
+	if (!ref)
 		return 0;
 	if (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) {
 		/* (Whatever else it carries: a SYN|RST is a RST to the backend's host.) */
-		if (cb_tcp_seq_ack(skb, p, &seq, &ack) && seq - e->svc_id < CB_TCP_CLOSE_WINDOW)
+		if (cb_tcp_seq_ack(skb, p, &seq, &ack) && cb_tcp_in_window(seq, ref))
 			return 0;
 		return CB_DROP_NODEPORT_BLIND;
 	}

@@ -141,14 +141,7 @@ type ModelEntry struct {
 	TCPAck [2]uint32
 }
 
-// TCPNoteStep is how far an acknowledgment number must move from the noted one to be
-// noted again (conntrack.h CB_TCP_NOTE_STEP).
-const TCPNoteStep = 1 << 20
-
-// noteDue says whether ack (0: none) is to be noted over ref (0: none).
-func noteDue(ack, ref uint32) bool { return ack != 0 && (ref == 0 || ack-ref >= TCPNoteStep) }
-
-// window applies conntrack's TCP window to segment p on e (reply: in e's reply
+// window applies the TCP window (tcpwin.go) to segment p on e (reply: in e's reply
 // direction; a hairpin flow's forward segments, whose source was rewritten to the VIP,
 // are not judged): true when p is a FIN or RST whose sequence number lies outside
 // [ack, ack+TCPCloseWindow) of the other direction's noted ack, which then moves nothing;
@@ -161,13 +154,11 @@ func (e *ModelEntry) window(p ModelPacket, proto uint8, reply bool) bool {
 	if reply {
 		d = 1
 	}
-	if p.FIN || p.RST {
-		if ref := e.TCPAck[1-d]; ref != 0 && p.SeqNum-ref >= TCPCloseWindow {
-			return true
-		}
+	if (p.FIN || p.RST) && !inWindow(p.SeqNum, e.TCPAck[1-d]) {
+		return true
 	}
-	if p.ACK && noteDue(p.AckNum, e.TCPAck[d]) {
-		e.TCPAck[d] = p.AckNum
+	if p.ACK {
+		noteAck(&e.TCPAck[d], p.AckNum)
 	}
 	return false
 }

@@ -27,7 +27,8 @@ type NATFlow struct {
 	Deadline time.Duration
 	// RefKind and Ref: what a FIN or RST from outside must carry to close a TCP flow
 	// (TCPRefNone: nothing seen, believed; TCPRefSYN: the ACK of the endpoint's SYN;
-	// TCPRefACK: a sequence number in [Ref, Ref+TCPCloseWindow)).
+	// TCPRefACK: Ref is the endpoint's noted acknowledgment, noted and judged by the
+	// window's rule, tcpwin.go, as conntrack's are).
 	RefKind uint8
 	Ref     uint32
 }
@@ -37,9 +38,6 @@ const (
 	TCPRefNone = 0
 	TCPRefSYN  = 1
 	TCPRefACK  = 2
-	// TCPCloseWindow is how far past the endpoint's last acknowledgment a FIN or RST from
-	// outside may lie and still close the flow.
-	TCPCloseWindow = 1 << 23
 )
 
 // note records what endpoint packet p says a closing segment from outside must carry.
@@ -47,7 +45,14 @@ func (f *NATFlow) note(p ModelPacket) {
 	switch {
 	case p.Proto != protoTCP:
 	case p.ACK:
-		f.RefKind, f.Ref = TCPRefACK, p.AckNum
+		// (After a SYN's reference the first acknowledgment is noted whatever it is.)
+		ref := f.Ref
+		if f.RefKind != TCPRefACK {
+			ref = 0
+		}
+		if noteAck(&ref, p.AckNum) {
+			f.RefKind, f.Ref = TCPRefACK, ref
+		}
 	case p.SYN:
 		f.RefKind, f.Ref = TCPRefSYN, p.SeqNum+1
 	}
@@ -65,7 +70,7 @@ func (f *NATFlow) closeBelieved(p ModelPacket) bool {
 	case TCPRefSYN:
 		return p.ACK && p.AckNum == f.Ref
 	case TCPRefACK:
-		return p.SeqNum-f.Ref < TCPCloseWindow
+		return inWindow(p.SeqNum, f.Ref)
 	}
 	return true
 }
@@ -92,8 +97,9 @@ type natReplyKey struct {
 //     and still holds that port;
 //   - TCP FIN/RST in either direction → CLOSING, a reply to a NEW flow → ESTABLISHED, every
 //     packet of the flow refreshes its deadline with conntrack's timeouts; a FIN or RST from
-//     outside counts only when closeBelieved (the endpoint's last SYN or ACK sets what it
-//     must carry), else it is a plain reply; while the endpoint's SYN is unanswered only a
+//     outside counts only when closeBelieved (the endpoint's last SYN, or its acknowledgment
+//     noted by the window's rule, tcpwin.go, sets what it must carry), else it is a plain
+//     reply; while the endpoint's SYN is unanswered only a
 //     segment acknowledging it makes the flow ESTABLISHED (answers);
 //   - a flow is live until its deadline (inclusive), like conntrack.
 type NATModel struct {

@@ -93,13 +93,13 @@ type contivbpfCbCtEntry struct {
 type contivbpfCbCtFlags uint32
 
 const (
-	contivbpfCbCtFlagsCB_CT_ALLOWED  contivbpfCbCtFlags = 1
-	contivbpfCbCtFlagsCB_CT_SVC      contivbpfCbCtFlags = 2
-	contivbpfCbCtFlagsCB_CT_DNAT     contivbpfCbCtFlags = 4
-	contivbpfCbCtFlagsCB_CT_HAIRPIN  contivbpfCbCtFlags = 8
-	contivbpfCbCtFlagsCB_CT_NODEPORT contivbpfCbCtFlags = 16
-	contivbpfCbCtFlagsCB_CT_SHADOW   contivbpfCbCtFlags = 32
-	contivbpfCbCtFlagsCB_CT_TCP_REF  contivbpfCbCtFlags = 64
+	contivbpfCbCtFlagsCB_CT_ALLOWED     contivbpfCbCtFlags = 1
+	contivbpfCbCtFlagsCB_CT_SVC         contivbpfCbCtFlags = 2
+	contivbpfCbCtFlagsCB_CT_DNAT        contivbpfCbCtFlags = 4
+	contivbpfCbCtFlagsCB_CT_HAIRPIN     contivbpfCbCtFlags = 8
+	contivbpfCbCtFlagsCB_CT_NODEPORT    contivbpfCbCtFlags = 16
+	contivbpfCbCtFlagsCB_CT_SHADOW      contivbpfCbCtFlags = 32
+	contivbpfCbCtFlagsCB_CT_TCP_REF_OLD contivbpfCbCtFlags = 64
 )
 
 type contivbpfCbCtGen struct {

@@ -276,7 +276,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 			name string
 		}{{contivbpfCbCtFlagsCB_CT_ALLOWED, "allowed"}, {contivbpfCbCtFlagsCB_CT_SVC, "service"}, {contivbpfCbCtFlagsCB_CT_DNAT, "dnat"},
 			{contivbpfCbCtFlagsCB_CT_HAIRPIN, "hairpin"}, {contivbpfCbCtFlagsCB_CT_NODEPORT, "nodeport"}, {contivbpfCbCtFlagsCB_CT_SHADOW, "shadowed"},
-			{contivbpfCbCtFlagsCB_CT_TCP_REF, "tcp-ref"}} {
+			{contivbpfCbCtFlagsCB_CT_TCP_REF_OLD, "tcp-ref-old"}} {
 			if v.Flags&uint8(f.bit) != 0 {
 				flags = append(flags, f.name)
 			}
@@ -295,7 +295,7 @@ func (d *Driver) listCT(n listNames, l *dataplane.Listing, limit int) error {
 			}
 		}
 		svc := ""
-		if v.SvcId != 0 && v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 { // (TCP_REF: a sequence number)
+		if v.SvcId != 0 && v.Flags&uint8(contivbpfCbCtFlagsCB_CT_SVC) != 0 { // (TCP_REF_OLD: a sequence number)
 			svc = n.svcByID[v.SvcId]
 			if svc == "" {
 				svc = fmt.Sprintf("#%d", v.SvcId)

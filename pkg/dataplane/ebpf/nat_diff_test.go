@@ -61,9 +61,11 @@ func (g *natGen) flags() uint8 {
 }
 
 // seqAck picks sequence and acknowledgment numbers that land on both sides of the close
-// window's edges (the endpoint's SYN at 1000 or 0, its ACKs of 0 or 5000).
+// window's and the note step's edges (the endpoint's SYN at 1000 or 0, its ACKs of 0,
+// 5000 or a step less or more than a step on, whose note then lags or moves).
 func (g *natGen) seqAck() (uint32, uint32) {
-	v := []uint32{0, 1, 1000, 1001, 5000, 5000 + refmodel.TCPCloseWindow - 1, 5000 + refmodel.TCPCloseWindow, 4999, 0x80000000}
+	v := []uint32{0, 1, 1000, 1001, 5000, 5000 + refmodel.TCPCloseWindow - 1, 5000 + refmodel.TCPCloseWindow, 4999, 0x80000000,
+		5000 + refmodel.TCPNoteStep - 1, 5000 + refmodel.TCPNoteStep, 5000 + refmodel.TCPNoteStep + refmodel.TCPCloseWindow - 1}
 	return v[g.r.IntN(len(v))], v[g.r.IntN(len(v))]
 }
 

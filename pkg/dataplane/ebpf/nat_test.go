@@ -979,40 +979,20 @@ func withSeq(f []byte, seq, ack uint32) []byte {
 // endpoint's last acknowledgment. A blind one is passed as a plain segment and changes
 // nothing, in the NAT table or in conntrack; an idle flow no longer dies 10 s after one.
 func TestEgressBlindClose(t *testing.T) {
-	objs := natFixture(t, 64)
-	up, fc := objs.CbFromUplink, objs.CbFromContainer
-	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY))
-	setEPG(t, objs, srcIP, 7)
-	putPolicy(t, objs, dataplane.PolicySet{EPGID: 7, Rules: []dataplane.PolicyRule{
-		{ID: "out", Priority: 1, Action: dataplane.ActionAllow}}})
+	objs, out, reply := trackedEgress(t)
+	up := objs.CbFromUplink
 	const syn, ack, fin, rst = 0x02, 0x10, 0x01, 0x04
-	out := func(sport uint16, flags uint8, seq, an uint32) uint16 {
-		t.Helper()
-		r := run(t, objs, fc, withSeq(l4Frame(6, srcIP, worldIP, sport, 443, flags, 0), seq, an), nil)
-		r.expect(t, tcActRedirect, FwdEgress)
-		_, _, p, _ := checkSums(t, r.out)
-		return p
-	}
 	in := func(port uint16, flags uint8, seq, an uint32) {
 		t.Helper()
-		r := run(t, objs, up, withSeq(l4Frame(6, worldIP, hostIP, 443, port, flags, 0), seq, an), nil)
-		r.expect(t, tcActRedirect, FwdEgressReply)
+		r := reply(port, flags, seq, an)
 		if _, _, _, dp := checkSums(t, r.out); flags&(fin|rst) != 0 && r.out[14+20+13] != flags {
 			t.Errorf("flags %#x delivered as %#x (port %d)", flags, r.out[14+20+13], dp)
 		}
 	}
 	states := func(sport uint16) (nat, ct uint8) {
 		t.Helper()
-		var e contivbpfCbSnatEntry
-		k := contivbpfCbSnatKey{Zone: testZone, Saddr: ip4(srcIP), Daddr: ip4(worldIP), Sport: nport(sport), Dport: nport(443), Proto: 6}
-		if err := objs.CbSnat.Lookup(&k, &e); err != nil {
-			t.Fatalf("NAT entry of port %d: %v", sport, err)
-		}
-		c, ok := ctEntry(t, objs, testZone, 6, srcIP, worldIP, sport, 443)
-		if !ok {
-			t.Fatalf("conntrack entry of port %d missing", sport)
-		}
-		return e.State, c.State
+		n, c := egressEntries(t, objs, sport)
+		return n.State, c.State
 	}
 	closing := uint8(contivbpfCbCtStateCB_CTS_CLOSING)
 	// After the SYN (seq 1000): a segment that does not acknowledge it is blind, dropped
