@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,17 +54,44 @@ func ctInLimit(mapEntries int) int { return 2 * mapEntries }
 var ErrMapFull = errors.New("bpf map full")
 
 // Driver is the eBPF dataplane of one host. Methods are safe for concurrent use.
+//
+// Locks (concerns.go), always taken in this order, never the other way round:
+//
+//  1. life (shared by every operation; Close and Teardown take it alone): closed, the
+//     map and program handles, hostNS.
+//  2. the concern locks, taken by d.lock in the order eps, pols, np, svc: an apply holds
+//     its own concern's lock for writing and reads another's under its read lock (a
+//     service reads the endpoints' addresses: svc written, eps read). nl and the
+//     host-side state (links' creation, host routes) belong to eps.
+//  3. clockMu, the policy clock (stamps.go): held from a change's announce to its publish,
+//     so no change publishes a clock newer than another's unwritten state.
+//  4. traceMu (trace.go): the trace programs and their scratch maps; pols.ruleMu, the
+//     rule id cache (events.go), which readers of pols fill.
+//  5. cfgMu: cb_config and its globals (writeConfig) and the settings only they read.
+//  6. linkMu: the links map (the attachments' records, not their creation).
+//  7. statMu: the map-full counters.
+//
+// gen is written holding every concern lock and cfgMu (Sync) and read holding any one.
+// Readers (listings, metrics, status, counters, the conntrack collector, which has its
+// own lock) take only what they read, each briefly, so no reader waits for an apply of
+// another concern; applies of different concerns run side by side, meeting only at the
+// short leaf locks 3-7.
 type Driver struct {
 	cfg    config
 	log    *slog.Logger
 	hostNS netns.NsHandle // -1: the caller's namespace
 
-	mu       sync.Mutex
+	life     sync.RWMutex
+	clockMu  sync.Mutex
+	traceMu  sync.Mutex
+	cfgMu    sync.Mutex
+	linkMu   sync.Mutex
+	statMu   sync.Mutex
 	objs     contivbpfObjects
 	nl       *netlink.Handle
 	vxIndex  int
 	upIndex  int           // VLAN uplink, 0 = none
-	egress   egress        // egress NAT (hostpath.go), zero = off
+	egress   egress        // egress NAT (hostpath.go), zero = off; set by New only
 	addrStop chan struct{} // stops the host address watch
 	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
 	// none) and the host namespace cookie it acts for.
@@ -75,28 +103,32 @@ type Driver struct {
 	pinLock     *os.File // flock on the pin root (lock.go), held until Close/Teardown
 
 	// The driver's indexes, by concern: what it wrote for endpoints and networks, group
-	// policy, services and node ports, and the NetworkPolicy layer. All under mu.
+	// policy, services and node ports, and the NetworkPolicy layer. Each under its own
+	// lock (the lock order above).
 	eps  endpointIndex
 	pols policyIndex
 	svc  serviceIndex
 	np   netpolIndex
 
-	traceColl *ebpf.Collection // trace programs and scratch maps (trace.go), loaded on first use
+	traceColl *ebpf.Collection // trace programs and scratch maps (trace.go), loaded on first use; traceMu
 	lbSeed    uint32           // cb_lb_seed (lb.h): keys the service flow hash; random per run
 	clock     ctClock          // cb_now's calibration (clock.go); zero: the helper clock
 	ctgc      *ctGC
 	ctgcEvery time.Duration
-	// carried holds feature bits found in the pinned config at start-up: policy and LB stay
-	// on for live traffic until the first Sync rebuilds the indexes they derive from.
+	// Under cfgMu. carried holds feature bits found in the pinned config at start-up:
+	// policy and LB stay on for live traffic until the first Sync rebuilds the indexes
+	// they derive from. pubEpoch is the policy clock as published (stamps.go).
 	carried  uint32
-	eventsOn bool // a DropEvents stream is open
+	pubEpoch uint32
+	epoch    uint32 // the policy clock's last announced stamp (stamps.go); clockMu
+	eventsOn bool   // a DropEvents stream is open
 	// bgpOn: the host speaks BGP (SetNativeRouting with a router-ip): VLAN networks are
 	// routed natively. Taken from the pinned config at start-up, so a restarted agent keeps
 	// routing natively until its speaker says otherwise.
 	bgpOn bool
 	// allowEvents: the stream also wants new flows a rule allowed (policy_allow events).
 	allowEvents bool
-	mapFull     map[string]uint64 // map name → failed inserts
+	mapFull     map[string]uint64 // map name → failed inserts; statMu
 	// legacyMetrics is the per-endpoint counter map of builds before counter slots
 	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
 	legacyMetrics *ebpf.Map
@@ -109,6 +141,7 @@ type Driver struct {
 // endpointIndex is what the driver wrote for networks, endpoints (local and remote) and
 // peers.
 type endpointIndex struct {
+	mu        sync.RWMutex
 	networks  map[string]netRec
 	endpoints map[string]epRec     // by indexKey(endpoint id); written by setEndpoint/dropEndpoint
 	remotes   map[string]remoteRec // written by setRemote/dropRemote
@@ -124,16 +157,22 @@ type endpointIndex struct {
 // policyIndex is what the driver wrote for group policy (policy.go, poltables.go,
 // stamps.go).
 type policyIndex struct {
+	mu       sync.RWMutex
 	policies map[uint16]dataplane.PolicySet
+	ruleMu   sync.Mutex         // ruleIDs, a cache filled by readers of pols too
 	ruleIDs  map[uint16]ruleIDs // rule ids by map position, for drop events (events.go)
 	failed   map[uint16]error   // groups whose rule set could not be installed: deny-all
 	pol      *polTables         // the compiled rule lists the programs look up (poltables.go)
-	epoch    uint32             // policy clock: the last change's stamp (stamps.go)
+	rev      uint32             // counts changes of policies, for the ruleIDs cache
+	inChange bool               // within upsertPolicy's change: its group stamped already
+	feat     atomic.Uint32      // the feature bits policies and failed ask of writeConfig
 }
 
 // serviceIndex is what the driver wrote for services and node ports (service.go,
 // hostpath.go).
 type serviceIndex struct {
+	mu        sync.RWMutex
+	feat      atomic.Uint32     // the feature bits services and node ports ask of writeConfig
 	services  map[string]svcRec // written by setService/dropService
 	nextSvcID uint32
 	// hostSvcIdx counts, per VIP:port/proto, the service ports of each zone holding it
@@ -151,6 +190,8 @@ type serviceIndex struct {
 // kcompile.go): its pods by PodPolicy id, its shared rule sets by content, and the last
 // set id handed out.
 type netpolIndex struct {
+	mu         sync.RWMutex
+	feat       atomic.Uint32 // the feature bits pod policies ask of writeConfig
 	podPols    map[string]*podPolRec
 	ksets      map[string]*kset
 	ksetIDs    map[uint32]string             // set id → content key (ids in use)
@@ -369,6 +410,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.egress, err = d.resolveEgress(); err != nil {
 		return err
 	}
+	d.pubEpoch = d.epoch // stamps of compilePinnedPolicies, published by the config
 	if err := d.writeConfig(); err != nil {
 		return err
 	}
@@ -481,20 +523,18 @@ func (d *Driver) release() {
 	}
 }
 
+// writeConfig writes cb_config and the programs' globals from the driver's settings and
+// the feature bits each concern published (noteFeatures). It takes cfgMu.
 func (d *Driver) writeConfig() error {
-	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.pols.epoch}
-	if len(d.pols.policies) > 0 || len(d.pols.failed) > 0 {
-		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY)
-	}
-	if len(d.np.podPols) > 0 {
-		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_POLICY | contivbpfCbFeaturesCB_FEAT_NETPOL)
-	}
-	if len(d.svc.services) > 0 {
-		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_LB)
-	}
-	if len(d.svc.npOwner) > 0 { // some service has a node port
-		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_NODEPORT)
-	}
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
+	return d.writeConfigLocked()
+}
+
+// writeConfigLocked is writeConfig for callers holding cfgMu.
+func (d *Driver) writeConfigLocked() error {
+	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.pubEpoch}
+	c.Features |= d.pols.feat.Load() | d.np.feat.Load() | d.svc.feat.Load()
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
 		if d.bgpOn {
@@ -619,7 +659,9 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 		if err := a.link.Update(prog); err != nil {
 			return fmt.Errorf("ebpf: update tcx program on %s: %w", ifname, err)
 		}
+		d.linkMu.Lock()
 		a.program = progName
+		d.linkMu.Unlock()
 		return nil
 	}
 	path := filepath.Join(d.cfg.PinRoot, linksDir, ifname)
@@ -630,7 +672,7 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 				l.Close()
 				return fmt.Errorf("ebpf: update pinned tcx link on %s: %w", ifname, err)
 			}
-			d.links[ifname] = &attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l}
+			d.setLink(&attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l})
 			return nil
 		}
 		// Pinned for a device that is gone or was recreated: drop it.
@@ -655,7 +697,7 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 		l.Close()
 		return fmt.Errorf("ebpf: pin tcx link of %s: %w", ifname, err)
 	}
-	d.links[ifname] = &attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l}
+	d.setLink(&attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l})
 	return nil
 }
 
@@ -664,7 +706,9 @@ func (d *Driver) detachTCX(ifname string) {
 	if a, ok := d.links[ifname]; ok {
 		_ = a.link.Unpin()
 		a.link.Close()
+		d.linkMu.Lock()
 		delete(d.links, ifname)
+		d.linkMu.Unlock()
 		return
 	}
 	path := filepath.Join(d.cfg.PinRoot, linksDir, ifname)
@@ -718,8 +762,7 @@ func (d *Driver) Name() string { return "ebpf" }
 
 // Close releases the driver's handles; programs, links and maps stay pinned and forwarding.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lockLife()()
 	if d.closed {
 		return nil
 	}
@@ -738,8 +781,7 @@ func (d *Driver) stopGC() {
 
 // Teardown removes every link, veth, device and pin the driver created on this host.
 func (d *Driver) Teardown(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lockLife()()
 	if d.closed {
 		return errors.New("ebpf: teardown: driver is closed")
 	}
@@ -817,13 +859,6 @@ func (d *Driver) allMaps() []namedMap {
 		}
 	}
 	return out
-}
-
-func (d *Driver) check() error {
-	if d.closed {
-		return errors.New("ebpf: driver is closed")
-	}
-	return nil
 }
 
 // ip4 returns an IPv4 address as the uint32 whose memory holds the address in network order.

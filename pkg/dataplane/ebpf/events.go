@@ -54,11 +54,12 @@ func (e DropEvent) String() string {
 // 256 KiB ring is full, events are lost (the per-reason counters still count every drop).
 // One stream at a time.
 func (d *Driver) DropEvents(ctx context.Context) (<-chan DropEvent, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return nil, err
 	}
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
 	if d.eventsOn {
 		return nil, errors.New("ebpf: a drop event stream is already open")
 	}
@@ -67,7 +68,7 @@ func (d *Driver) DropEvents(ctx context.Context) (<-chan DropEvent, error) {
 		return nil, fmt.Errorf("ebpf: open drop events: %w", err)
 	}
 	d.eventsOn = true
-	if err := d.writeConfig(); err != nil {
+	if err := d.writeConfigLocked(); err != nil {
 		d.eventsOn = false
 		rd.Close()
 		return nil, err
@@ -85,12 +86,13 @@ func (d *Driver) DropEvents(ctx context.Context) (<-chan DropEvent, error) {
 		defer close(ch)
 		defer func() {
 			close(stop)
-			d.mu.Lock()
+			defer d.lock(0, 0)()
+			d.cfgMu.Lock()
+			defer d.cfgMu.Unlock()
 			d.eventsOn, d.allowEvents = false, false
 			if !d.closed {
-				_ = d.writeConfig()
+				_ = d.writeConfigLocked()
 			}
-			d.mu.Unlock()
 		}()
 		for {
 			rec, err := rd.Read()
@@ -147,24 +149,27 @@ func decodeEvent(b []byte) (DropEvent, bool) {
 	return e, true
 }
 
-// ruleIDs are one group's rule ids in map order, per direction, as of a policy epoch.
+// ruleIDs are one group's rule ids in map order, per direction, as of a revision of the
+// policies (policyIndex.rev).
 type ruleIDs struct {
-	epoch           uint32
+	rev             uint32
 	egress, ingress []string
 }
 
 // ruleID names the rule at index of group epg's rules of direction dir, as the agent
 // installed them ("" when the group has no such rule now).
 func (d *Driver) ruleID(epg uint16, dir string, index uint32) string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cPols)()
 	return d.ruleIDLocked(epg, dir, index)
 }
 
-// ruleIDLocked is ruleID for callers holding d.mu.
+// ruleIDLocked is ruleID for callers holding pols' lock (either way: the cache has its
+// own).
 func (d *Driver) ruleIDLocked(epg uint16, dir string, index uint32) string {
+	d.pols.ruleMu.Lock()
+	defer d.pols.ruleMu.Unlock()
 	c, ok := d.pols.ruleIDs[epg]
-	if !ok || c.epoch != d.pols.epoch {
+	if !ok || c.rev != d.pols.rev {
 		p, has := d.pols.policies[epg]
 		if !has {
 			return ""
@@ -173,7 +178,7 @@ func (d *Driver) ruleIDLocked(epg uint16, dir string, index uint32) string {
 		if err != nil {
 			return ""
 		}
-		c = ruleIDs{epoch: d.pols.epoch}
+		c = ruleIDs{rev: d.pols.rev}
 		for _, r := range eg {
 			c.egress = append(c.egress, r.id)
 		}
@@ -234,8 +239,7 @@ func monotonicRaw() (uint64, error) {
 
 // ifaceNetwork is the network of the local endpoint on host interface ifindex, or "".
 func (d *Driver) ifaceNetwork(ifindex uint32) string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cEps)()
 	for _, r := range d.eps.endpoints {
 		if uint32(r.ifindex) == ifindex {
 			for id, n := range d.eps.networks {
@@ -251,14 +255,15 @@ func (d *Driver) ifaceNetwork(ifindex uint32) string {
 // SetAllowEvents turns the policy_allow events of an open stream on or off (one event per
 // new flow a rule allows: worth paying only while somebody asks for them).
 func (d *Driver) SetAllowEvents(on bool) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
 	if d.allowEvents == on {
 		return nil
 	}
 	d.allowEvents = on
-	return d.writeConfig()
+	return d.writeConfigLocked()
 }

@@ -178,8 +178,7 @@ func (d *Driver) watchHostIPs(stop chan struct{}) error {
 			select {
 			case <-stop:
 			case <-time.After(time.Second):
-				d.mu.Lock()
-				defer d.mu.Unlock()
+				defer d.lock(cEps, 0)()
 				if d.closed {
 					return
 				}
@@ -205,13 +204,13 @@ func (d *Driver) watchHostIPs(stop chan struct{}) error {
 			for len(ch) > 0 {
 				<-ch
 			}
-			d.mu.Lock()
+			unlock := d.lock(cEps, 0)
 			if !d.closed {
 				if err := d.syncHostIPs(); err != nil {
 					d.log.Warn("host addresses", "err", err)
 				}
 			}
-			d.mu.Unlock()
+			unlock()
 		}
 	}()
 	return nil
@@ -341,7 +340,7 @@ func (d *Driver) attachSockLB() error {
 			l.Close()
 			return fmt.Errorf("ebpf: update socket LB link: %w", err)
 		}
-		d.links[sockLBLink] = &attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"}
+		d.setLink(&attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"})
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
 	} else {
@@ -353,7 +352,7 @@ func (d *Driver) attachSockLB() error {
 			l.Close()
 			return fmt.Errorf("ebpf: pin socket LB link: %w", err)
 		}
-		d.links[sockLBLink] = &attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"}
+		d.setLink(&attachment{ifname: sockLBLink, program: contivbpfProgCbSockConnect4, link: l, hook: "cgroup-connect4"})
 	}
 	d.sockLB = root
 	return d.writeConfig()

@@ -329,9 +329,9 @@ func TestHostPathAndEgress(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			var v contivbpfCbHostIp
-			d.mu.Lock()
+			unlock := d.lock(cEps, 0)
 			err := d.objs.CbHostIps.Lookup(ip4(netip.MustParseAddr("192.168.78.1")), &v)
-			d.mu.Unlock()
+			unlock()
 			if err == nil {
 				break
 			}

@@ -32,16 +32,16 @@ type listNames struct {
 	mapFull  map[string]uint64
 }
 
+// It takes each concern's read lock in turn, never two at once: a listing waits only for
+// an apply of a concern it names, and only for as long as copying the names takes.
 func (d *Driver) names() (listNames, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err := d.check(); err != nil {
 		return listNames{}, err
 	}
 	n := listNames{netByKey: map[uint32]string{}, zoneOf: map[uint32]string{}, epByKey: map[contivbpfCbEpKey]string{},
 		ifName: map[uint32]string{}, hostOf: map[netip.Addr]string{}, svcByID: map[uint32]string{},
-		vrfOf: map[uint32]uint32{}, netpol: len(d.np.podPols) > 0, mapFull: map[string]uint64{},
-		podPol: map[contivbpfCbKpodKey]podPolName{}}
+		vrfOf: map[uint32]uint32{}, podPol: map[contivbpfCbKpodKey]podPolName{}}
+	d.eps.mu.RLock()
 	for id, r := range d.eps.networks {
 		n.netByKey[r.key] = id
 		n.vrfOf[r.key] = r.vrf
@@ -59,9 +59,15 @@ func (d *Driver) names() (listNames, error) {
 	for host, vtep := range d.eps.peers {
 		n.hostOf[vtep] = host
 	}
+	d.eps.mu.RUnlock()
+	d.svc.mu.RLock()
 	for id, r := range d.svc.services {
 		n.svcByID[r.id] = id
 	}
+	d.svc.mu.RUnlock()
+	d.np.mu.RLock()
+	defer d.np.mu.RUnlock()
+	n.netpol = len(d.np.podPols) > 0
 	for id, r := range d.np.podPols {
 		pn := podPolName{id: id}
 		if r.failed != nil {
@@ -69,9 +75,7 @@ func (d *Driver) names() (listNames, error) {
 		}
 		n.podPol[r.key] = pn
 	}
-	for k, v := range d.mapFull {
-		n.mapFull[k] = v
-	}
+	n.mapFull = d.mapFullCopy()
 	return n, nil
 }
 
@@ -114,6 +118,7 @@ func (n listNames) space(z uint32, kind uint8) string {
 // Listing decodes one of ListingKinds from the live maps. limit caps the rows of the
 // conntrack listing (0: 1,000); other tables are bounded by the state they mirror.
 func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
+	defer d.lock(0, 0)()
 	kind, limit := q.Kind, q.Limit
 	if kind == "policy" {
 		// Names only the rule sets (a listing of one group reads only its entries):
@@ -354,11 +359,10 @@ func (d *Driver) listServices(n listNames, l *dataplane.Listing) error {
 // entry named by the agent's rule it was compiled from, and the groups failed closed.
 func (d *Driver) listPolicy(l *dataplane.Listing, epg uint16) error {
 	l.Columns = []string{"EPG", "DIRECTION", "#", "RULE", "ACTION", "PROTO", "PORT", "REMOTE", "FLAGS"}
-	d.mu.Lock()
 	if err := d.check(); err != nil {
-		d.mu.Unlock()
 		return err
 	}
+	d.pols.mu.RLock()
 	sets := map[uint16]dataplane.PolicySet{}
 	failed := map[uint16]string{}
 	for g, p := range d.pols.policies {
@@ -371,7 +375,7 @@ func (d *Driver) listPolicy(l *dataplane.Listing, epg uint16) error {
 			failed[g] = err.Error()
 		}
 	}
-	d.mu.Unlock()
+	d.pols.mu.RUnlock()
 	type row struct {
 		epg uint16
 		dir uint8

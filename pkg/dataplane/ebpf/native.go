@@ -32,8 +32,7 @@ func (d *Driver) SetNativeRouting(ctx context.Context, nr dataplane.NativeRoutin
 	if err := nr.Validate(); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -72,8 +71,10 @@ func (d *Driver) SetNativeRouting(ctx context.Context, nr dataplane.NativeRoutin
 			return fmt.Errorf("ebpf: route %v: %w", r.Prefix, err)
 		}
 	}
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
 	d.bgpOn = nr.RouterIP.IsValid()
-	return d.writeConfig()
+	return d.writeConfigLocked()
 }
 
 // setRouterIP makes p the labelled router address on the uplink (removing an earlier one
@@ -157,8 +158,7 @@ func (d *Driver) routerIPConflict(p netip.Prefix, uplink int) string {
 
 // NativeRoutes lists cb_bgp_routes (netctl bpf routes, verify).
 func (d *Driver) NativeRoutes() ([]dataplane.Route, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return nil, err
 	}

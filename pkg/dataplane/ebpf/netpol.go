@@ -79,8 +79,7 @@ func (d *Driver) writeSet(s *kset) error {
 
 // UpsertPodPolicy implements dataplane.Driver.
 func (d *Driver) UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cNp, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -89,8 +88,7 @@ func (d *Driver) UpsertPodPolicy(ctx context.Context, p dataplane.PodPolicy) err
 
 // DeletePodPolicy implements dataplane.Driver.
 func (d *Driver) DeletePodPolicy(ctx context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cNp, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -221,6 +219,7 @@ func (d *Driver) upsertPodPolicy(p dataplane.PodPolicy) (retErr error) {
 		return d.failPodClosed(p, err)
 	}
 	d.np.podPols[p.ID] = rec
+	d.np.noteFeatures()
 	if had {
 		errs := []error{d.releaseSet(old.sets[0]), d.releaseSet(old.sets[1])}
 		if err := errors.Join(errs...); err != nil {
@@ -291,6 +290,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 			_ = d.deleteKPod(old)
 		}
 		delete(d.np.podPols, p.ID)
+		d.np.noteFeatures()
 		return perr
 	}
 	rec := &podPolRec{p: p, key: contivbpfCbKpodKey{Zone: vrfOf(p.NetworkID), Addr: ip4(p.IP)}, failed: cause}
@@ -302,6 +302,7 @@ func (d *Driver) failPodClosed(p dataplane.PodPolicy, cause error) error {
 		d.log.Error("pod policy failed closed", "pod", p.ID, "err", cause)
 	}
 	d.np.podPols[p.ID] = rec
+	d.np.noteFeatures()
 	if err := d.writeKPodSets(rec, [2]uint32{}); err != nil {
 		return errors.Join(perr, fmt.Errorf("pod policy %s: write deny-all entry: %w", p.ID, err))
 	}
@@ -322,6 +323,7 @@ func (d *Driver) deletePodPolicy(id string) (retErr error) {
 		return fmt.Errorf("pod policy %s: delete: %w", id, err)
 	}
 	delete(d.np.podPols, id)
+	d.np.noteFeatures()
 	errs := []error{d.releaseSet(rec.sets[0]), d.releaseSet(rec.sets[1])}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("pod policy %s: %w", id, err)

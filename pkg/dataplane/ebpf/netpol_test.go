@@ -302,9 +302,9 @@ func TestPodPolicyDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Set ids are never handed out while in use, also when the counter wraps.
-	h.d.mu.Lock()
+	h.d.np.mu.Lock()
 	h.d.np.nextKSetID = ^uint32(0) - 1
-	h.d.mu.Unlock()
+	h.d.np.mu.Unlock()
 	for i, r := range []dataplane.PodRule{{Remote: pfx("10.1.0.0/16")}, {Remote: pfx("10.2.0.0/16")}, {Remote: pfx("10.3.0.0/16")}} {
 		p := dataplane.PodPolicy{ID: fmt.Sprintf("w%d", i), NetworkID: a.NetworkID, IP: netip.AddrFrom4([4]byte{10, 50, 0, byte(50 + i)}), IngressIsolated: true, Ingress: []dataplane.PodRule{r}}
 		if err := h.d.UpsertPodPolicy(ctx, p); err != nil {

@@ -26,7 +26,7 @@ func (d *Driver) mapPut(name string, m *ebpf.Map, key, val any) error {
 		return nil
 	}
 	if errors.Is(err, syscall.E2BIG) || errors.Is(err, syscall.ENOSPC) {
-		d.mapFull[name]++
+		d.countFull(name)
 		d.log.Error("bpf map full", "map", name, "max_entries", m.MaxEntries())
 		return fmt.Errorf("ebpf: map %s is full (%d entries; raise MapEntries): %w", name, m.MaxEntries(), ErrMapFull)
 	}
@@ -44,8 +44,7 @@ func mapDel(m *ebpf.Map, key any) error {
 
 // UpsertNetwork implements dataplane.Driver.
 func (d *Driver) UpsertNetwork(ctx context.Context, n dataplane.Network) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -189,8 +188,7 @@ func (d *Driver) networkInUse(id string) bool {
 
 // DeleteNetwork implements dataplane.Driver. A network still used by endpoints is refused.
 func (d *Driver) DeleteNetwork(ctx context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -219,8 +217,7 @@ func (d *Driver) deleteNetwork(id string) error {
 
 // UpsertPeer implements dataplane.Driver.
 func (d *Driver) UpsertPeer(ctx context.Context, p dataplane.Peer) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -263,8 +260,7 @@ func (d *Driver) dropPeerKey(host string) error {
 
 // DeletePeer implements dataplane.Driver.
 func (d *Driver) DeletePeer(ctx context.Context, host string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -286,8 +282,7 @@ func (d *Driver) deletePeer(host string) error {
 
 // UpsertRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) UpsertRemoteEndpoint(ctx context.Context, ep dataplane.RemoteEndpoint) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -352,8 +347,7 @@ func (d *Driver) checkRemote(ep dataplane.RemoteEndpoint) (netRec, error) {
 
 // DeleteRemoteEndpoint implements dataplane.Driver.
 func (d *Driver) DeleteRemoteEndpoint(ctx context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -409,8 +403,7 @@ func indexKey(id string) string {
 // UpsertEndpoint implements dataplane.Driver: veth pair, container-side configuration,
 // map entries and the tcx attachment. On failure everything this call created is removed.
 func (d *Driver) UpsertEndpoint(ctx context.Context, ep dataplane.Endpoint) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -619,8 +612,7 @@ func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netli
 
 // DeleteEndpoint implements dataplane.Driver: map entries, tcx link and veth pair.
 func (d *Driver) DeleteEndpoint(ctx context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cEps, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}

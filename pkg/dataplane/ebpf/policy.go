@@ -33,8 +33,7 @@ func (e *PolicyError) Unwrap() error { return e.Err }
 // UpsertPolicy implements dataplane.Driver: the rule set of one endpoint group replaces the
 // previous one (both directions written before the old entries go).
 func (d *Driver) UpsertPolicy(ctx context.Context, p dataplane.PolicySet) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cPols, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -130,7 +129,11 @@ func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 		return d.installPolicy(p) // (for the generation) no verdict changes
 	}
 	// The group's flows are judged again: its stamp before the rules, the clock after.
-	return d.change([]uint16{p.EPGID}, nil, func() error { return d.installPolicy(p) })
+	return d.change([]uint16{p.EPGID}, nil, func() error {
+		d.pols.inChange = true
+		defer func() { d.pols.inChange = false }()
+		return d.installPolicy(p)
+	})
 }
 
 // installPolicy writes group p.EPGID's rule set and state (failing it closed when it
@@ -170,6 +173,7 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 	}
 	d.pols.policies[p.EPGID] = p
 	delete(d.pols.failed, p.EPGID)
+	d.pols.noteFeatures()
 	return nil
 }
 
@@ -184,6 +188,7 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 	}
 	delete(d.pols.policies, epg)
 	d.pols.failed[epg] = cause
+	d.pols.noteFeatures()
 	// Written every time (with this generation), so a Sync's sweep never reopens it.
 	write := func() error {
 		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
@@ -198,8 +203,15 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 		}
 		return perr
 	}
-	// Stamped before DENY_ALL is written (also within an upsert that stamped it already:
-	// one more stamp costs one judgement), so its flows are cut on their next packet.
+	// Stamped before DENY_ALL is written, so its flows are cut on their next packet;
+	// within an upsert's change the group is stamped already and the clock published
+	// after this write (announce holds the clock: a second one here would wait for it).
+	if d.pols.inChange {
+		if err := write(); err != nil {
+			return errors.Join(perr, err)
+		}
+		return perr
+	}
 	if err := d.change([]uint16{epg}, nil, write); err != nil {
 		return errors.Join(perr, err)
 	}
@@ -208,8 +220,7 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 
 // FailedPolicies reports the groups that are failed closed, with why.
 func (d *Driver) FailedPolicies() map[uint16]string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cPols)()
 	out := make(map[uint16]string, len(d.pols.failed))
 	for g, err := range d.pols.failed {
 		out[g] = err.Error()
@@ -220,8 +231,7 @@ func (d *Driver) FailedPolicies() map[uint16]string {
 // DeletePolicy implements dataplane.Driver. The group's stamp moves, so its established
 // flows are judged again (without its rules) on their next packet.
 func (d *Driver) DeletePolicy(ctx context.Context, epgID uint16) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cPols, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -253,6 +263,7 @@ func (d *Driver) removePolicy(epgID uint16) error {
 	}
 	delete(d.pols.policies, epgID)
 	delete(d.pols.failed, epgID)
+	d.pols.noteFeatures()
 	return nil
 }
 
@@ -275,13 +286,14 @@ func (d *Driver) compilePinnedPolicies() error {
 		groups = append(groups, epg)
 	}
 	if len(groups) > 0 {
-		if err := d.announce(groups, nil); err != nil {
+		if err := d.stampNext(groups, nil); err != nil {
 			return err
 		}
 	}
 	for epg, cause := range failed {
 		d.log.Error("policy failed closed", "epg", epg, "err", cause)
 		d.pols.failed[epg] = cause
+		d.pols.noteFeatures()
 		if err := d.putEPGState(epg, uint32(contivbpfCbEpgFlagsCB_EPG_DENY_ALL), d.gen); err != nil {
 			return fmt.Errorf("ebpf: policy %d: write deny-all state: %w", epg, err)
 		}

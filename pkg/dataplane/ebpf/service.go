@@ -70,8 +70,7 @@ func zoneOfTenant(tenant string) uint32 { return vrfOf("." + tenant) }
 // the VIP for the ARP responder. Every backend must be a known (local or remote) endpoint:
 // otherwise nothing changes and the error names it.
 func (d *Driver) UpsertService(ctx context.Context, s dataplane.Service) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cSvc, cEps)()
 	if err := d.check(); err != nil {
 		return err
 	}
@@ -320,6 +319,7 @@ func (d *Driver) setService(id string, r svcRec) {
 	for _, k := range r.nodePorts {
 		d.svc.npOwner[k] = id
 	}
+	d.svc.noteFeatures()
 }
 
 func (d *Driver) dropService(id string) {
@@ -339,6 +339,7 @@ func (d *Driver) dropService(id string) {
 		}
 	}
 	delete(d.svc.services, id)
+	d.svc.noteFeatures()
 }
 
 // dropServiceRest removes what old had and cur does not (keys, backend slots, VIP).
@@ -461,8 +462,7 @@ func (d *Driver) vipInUse(zone uint32, vip netip.Addr) bool {
 // DeleteService implements dataplane.Driver. Connections already balanced keep their
 // backend until their conntrack entries expire.
 func (d *Driver) DeleteService(ctx context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cSvc, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}

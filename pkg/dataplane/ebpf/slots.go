@@ -36,7 +36,7 @@ func (d *Driver) allocSlot(ik string) (uint32, error) {
 		d.eps.slots[s] = ik
 		return s, nil
 	}
-	d.mapFull[contivbpfMapCbEpCounters]++
+	d.countFull(contivbpfMapCbEpCounters)
 	return 0, fmt.Errorf("ebpf: map %s is full (%d slots; raise MapEntries): %w", contivbpfMapCbEpCounters, limit-1, ErrMapFull)
 }
 

@@ -76,10 +76,19 @@ func stampGroups(epgs, zones *ebpf.Map, c uint32, groups []uint16, zoneIDs []uin
 }
 
 // announce is step 1 of a change to groups and zones: the clock's next value, written as
-// their stamp (not yet published: publish).
+// their stamp (not yet published: publish). It takes clockMu, which published releases:
+// every announce is followed by exactly one published, and no change of another concern
+// announces or publishes in between (a clock published in the middle of this change would
+// be newer than this change's stamp, and a verdict taken on its old state could record it).
 func (d *Driver) announce(groups []uint16, zones []uint32) error {
-	d.pols.epoch++
-	if err := stampGroups(d.objs.CbEpgs, d.objs.CbZoneStamps, d.pols.epoch, groups, zones); err != nil {
+	d.clockMu.Lock()
+	return d.stampNext(groups, zones)
+}
+
+// stampNext is announce for callers holding clockMu or running alone (New).
+func (d *Driver) stampNext(groups []uint16, zones []uint32) error {
+	d.epoch++
+	if err := stampGroups(d.objs.CbEpgs, d.objs.CbZoneStamps, d.epoch, groups, zones); err != nil {
 		return fmt.Errorf("ebpf: announce a policy change: %w", err)
 	}
 	return nil
@@ -88,7 +97,11 @@ func (d *Driver) announce(groups []uint16, zones []uint32) error {
 // published is step 3: the clock (with the rest of the config) published after the
 // change's writes, whose error err is (joined with publishing's).
 func (d *Driver) published(err error) error {
-	if perr := d.writeConfig(); perr != nil {
+	defer d.clockMu.Unlock()
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
+	d.pubEpoch = d.epoch
+	if perr := d.writeConfigLocked(); perr != nil {
 		return errors.Join(err, perr)
 	}
 	return err
@@ -130,7 +143,7 @@ func (d *Driver) putEPGState(epg uint16, flags, gen uint32) error {
 // stamps), every group and zone is stamped with the next value instead, so each entry that
 // build wrote is judged once more and none is trusted on the old epoch alone.
 func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
-	d.pols.epoch = pinned
+	d.epoch = pinned
 	keys, states, err := readArray[contivbpfCbEpgState](d.objs.CbEpgs)
 	if err != nil {
 		return err
@@ -140,12 +153,12 @@ func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
 		return err
 	}
 	if upgraded {
-		d.pols.epoch++
+		d.epoch++
 		for i := range states {
-			states[i].Changed = d.pols.epoch
+			states[i].Changed = d.epoch
 		}
 		for i := range zones {
-			zones[i].Changed = d.pols.epoch
+			zones[i].Changed = d.epoch
 		}
 		if _, err := d.objs.CbEpgs.BatchUpdate(keys, states, nil); err != nil {
 			return fmt.Errorf("ebpf: stamp every group after the upgrade: %w", err)
@@ -153,14 +166,14 @@ func (d *Driver) resumeClock(pinned uint32, upgraded bool) error {
 		if _, err := d.objs.CbZoneStamps.BatchUpdate(zkeys, zones, nil); err != nil {
 			return fmt.Errorf("ebpf: stamp every zone after the upgrade: %w", err)
 		}
-		d.log.Info("policy epochs per group: every group and zone stamped once (upgrade)", "clock", d.pols.epoch)
+		d.log.Info("policy epochs per group: every group and zone stamped once (upgrade)", "clock", d.epoch)
 		return nil
 	}
 	for _, s := range states {
-		d.pols.epoch = stampLater(d.pols.epoch, s.Changed)
+		d.epoch = stampLater(d.epoch, s.Changed)
 	}
 	for _, z := range zones {
-		d.pols.epoch = stampLater(d.pols.epoch, z.Changed)
+		d.epoch = stampLater(d.epoch, z.Changed)
 	}
 	return nil
 }

@@ -179,8 +179,8 @@ func TestPolicyEpochResume(t *testing.T) {
 		if err := d.resumeClock(pinned, upgraded); err != nil {
 			t.Fatal(err)
 		}
-		setClock(t, objs, d.pols.epoch) // writeConfig publishes it
-		return d.pols.epoch
+		setClock(t, objs, d.epoch) // writeConfig publishes it
+		return d.epoch
 	}
 	// A restart: the stamps are pinned, the clock resumes where it was.
 	if c := start(5, false); c != 5 {
@@ -273,7 +273,7 @@ func TestReusedAddressJudgedAgain(t *testing.T) {
 	}
 	upsert(rep("old-pod", 31))
 	setEpoch(t, objs, 5)
-	d.pols.epoch = 5
+	d.epoch = 5
 	ov := objs.CbTestOverlay
 	ovl := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
 	run(t, objs, ov, l4Frame(6, remoteIP, srcIP, 40000, 8080, tcpSYN, 0), ovl).expect(t, tcActRedirect, FwdLocal)

@@ -27,8 +27,7 @@ type EndpointCounters struct {
 
 // ReasonCounters returns the non-zero verdict/drop counters by reason.
 func (d *Driver) ReasonCounters() (map[Reason]Counter, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return nil, err
 	}
@@ -36,15 +35,7 @@ func (d *Driver) ReasonCounters() (map[Reason]Counter, error) {
 }
 
 // MapFullCount returns how many inserts failed because a map was full, by map name.
-func (d *Driver) MapFullCount() map[string]uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := map[string]uint64{}
-	for k, v := range d.mapFull {
-		out[k] = v
-	}
-	return out
-}
+func (d *Driver) MapFullCount() map[string]uint64 { return d.mapFullCopy() }
 
 type perCPUMap interface {
 	Lookup(key, valueOut any) error
@@ -90,8 +81,7 @@ func readReasons(m perCPUMap) (map[Reason]Counter, error) {
 
 // EndpointCounters returns the counters of the local endpoint with the given id.
 func (d *Driver) EndpointCounters(id string) (EndpointCounters, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cEps)()
 	if err := d.check(); err != nil {
 		return EndpointCounters{}, err
 	}
@@ -167,8 +157,7 @@ type Tables struct {
 
 // DumpTables reads every state map.
 func (d *Driver) DumpTables() (Tables, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return Tables{}, err
 	}
@@ -251,12 +240,12 @@ func maskBits(m uint32) int {
 // Status implements dataplane.Driver: the driver's own tcx attachments (bpftool 7.1
 // cannot list them), the state maps and the counters.
 func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
 		return dataplane.Status{}, err
 	}
 	st := dataplane.Status{Dataplane: "ebpf", Tables: map[string]any{}, Counters: map[string]any{}}
+	d.linkMu.Lock()
 	for _, name := range sortedKeys(d.links) {
 		a := d.links[name]
 		att := dataplane.Attachment{Interface: name, Hook: "tcx-ingress", Program: a.program}
@@ -268,6 +257,7 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 		}
 		st.Attachments = append(st.Attachments, att)
 	}
+	d.linkMu.Unlock()
 	t, err := d.dumpTables()
 	if err != nil {
 		return st, err
@@ -277,17 +267,21 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 	st.Tables["networks"] = t.Networks
 	st.Tables["peers"] = t.Peers
 	pols := map[string]int{}
+	d.pols.mu.RLock()
 	for epg, p := range d.pols.policies {
 		pols[fmt.Sprint(epg)] = len(p.Rules)
 	}
+	d.pols.mu.RUnlock()
 	st.Tables["policies"] = pols // rules per endpoint group
 	svcs := map[string]any{}
+	d.svc.mu.RLock()
 	for id, r := range d.svc.services {
 		svcs[id] = map[string]any{"vip": r.svc.VIP.String(), "ports": r.svc.Ports, "backends": r.svc.Backends, "slot": r.id}
 	}
+	d.svc.mu.RUnlock()
 	st.Tables["services"] = svcs
 	st.Tables["pinRoot"] = d.cfg.PinRoot
-	st.Tables["generation"] = d.gen
+	st.Tables["generation"] = d.generation()
 	reasons, err := readReasons(d.objs.CbReasons)
 	if err != nil {
 		return st, err
@@ -297,30 +291,24 @@ func (d *Driver) Status(ctx context.Context) (dataplane.Status, error) {
 		rc[r.String()] = c
 	}
 	st.Counters["reasons"] = rc
-	mf := map[string]uint64{}
-	for k, v := range d.mapFull {
-		mf[k] = v
-	}
-	st.Counters["mapFull"] = mf
+	st.Counters["mapFull"] = d.mapFullCopy()
 	return st, nil
 }
 
 // Counters are the driver's numeric counters for the agent's /metrics: packets and bytes
 // by verdict/drop reason and failed inserts by map. O(1) in the size of the state: no
-// state map is read, and the driver lock is held only to copy the map-full counts.
+// state map is read, and no concern's lock is taken (statMu only to copy the map-full
+// counts).
 func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
-	d.mu.Lock()
+	defer d.lock(0, 0)()
 	if err := d.check(); err != nil {
-		d.mu.Unlock()
 		return nil, err
 	}
-	reasonsMap := d.objs.CbReasons
 	out := map[string]float64{}
-	for m, n := range d.mapFull {
+	for m, n := range d.mapFullCopy() {
 		out["map_full_"+m] = float64(n)
 	}
-	d.mu.Unlock()
-	reasons, err := readReasons(reasonsMap)
+	reasons, err := readReasons(d.objs.CbReasons)
 	if err != nil {
 		return nil, err
 	}

@@ -208,12 +208,12 @@ func TestServiceOnEndpointAddress(t *testing.T) {
 		{"another port there", dataplane.Service{ID: "on-ep:" + tenant, VIP: eps[1],
 			Ports: []dataplane.ServicePort{{Proto: 6, Port: 80}, {Proto: 17, Port: 53}}, Backends: eps[:1]}, true},
 	} {
-		before := h.d.pols.epoch
+		before := h.d.epoch
 		if err := h.d.UpsertService(ctx, c.svc); err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}
-		if moved := h.d.pols.epoch != before; moved != c.moves {
-			t.Errorf("%s: policy epoch %d → %d, want moved %v", c.what, before, h.d.pols.epoch, c.moves)
+		if moved := h.d.epoch != before; moved != c.moves {
+			t.Errorf("%s: policy epoch %d → %d, want moved %v", c.what, before, h.d.epoch, c.moves)
 		}
 	}
 }

@@ -21,16 +21,11 @@ import (
 // are the exception: they are left out (like the OVS backend), everything else is
 // applied and swept, and the error names each of them.
 func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(cAll, 0)()
 	if err := d.check(); err != nil {
 		return err
 	}
-	d.gen++
-	if d.gen == 0 {
-		d.gen = 1
-	}
-	if err := d.writeConfig(); err != nil {
+	if err := d.nextGeneration(); err != nil {
 		return err
 	}
 	var errs []error
@@ -204,8 +199,7 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	}
 	errs = append(errs, d.sweepMaps()...)
 	errs = append(errs, d.sweepLinks(wantIfs)...)
-	d.carried = 0 // the indexes are complete now
-	errs = appendErr(errs, d.writeConfig())
+	errs = appendErr(errs, d.dropCarried()) // the indexes are complete now
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ebpf: sync sweep: %w", errors.Join(append(errs, bad...)...))
 	}

@@ -27,8 +27,9 @@ import (
 // flow's current entries copied in, fragment records, counters, events), and run once
 // with BPF_PROG_TEST_RUN. The result says which stages decided what.
 func (d *Driver) Trace(req dataplane.TraceRequest) (dataplane.TraceResult, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cEps|cPols)()
+	d.traceMu.Lock()
+	defer d.traceMu.Unlock()
 	if err := d.check(); err != nil {
 		return dataplane.TraceResult{}, err
 	}
@@ -226,13 +227,16 @@ func (d *Driver) traceRun(prog string, pkt []byte, ctx any, ifc *contivbpfCbIfac
 	if err := d.objs.CbCfg.Lookup(uint32(0), &cfg); err != nil {
 		return r, fmt.Errorf("trace: read config: %w", err)
 	}
+	d.cfgMu.Lock()
+	carried, epoch := d.carried, d.pubEpoch
+	d.cfgMu.Unlock()
 	if v := coll.Variables["cb_features"]; v != nil {
-		if err := v.Set((cfg.Features | d.carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)); err != nil {
+		if err := v.Set((cfg.Features | carried) | uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS)); err != nil {
 			return r, fmt.Errorf("trace: set features: %w", err)
 		}
 	}
 	if v := coll.Variables["cb_policy_epoch"]; v != nil {
-		if err := v.Set(d.pols.epoch); err != nil {
+		if err := v.Set(epoch); err != nil {
 			return r, fmt.Errorf("trace: set epoch: %w", err)
 		}
 	}
@@ -321,8 +325,9 @@ func (d *Driver) traceVerdict(res *dataplane.TraceResult, run traceRunResult) {
 // maps, scratch copies of what a packet writes, nothing delivered or changed.
 func (d *Driver) TraceReceive(t dataplane.TraceTunnel) (dataplane.TraceResult, error) {
 	from := t.Source
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cEps|cPols)()
+	d.traceMu.Lock()
+	defer d.traceMu.Unlock()
 	res := dataplane.TraceResult{Host: d.cfg.Host}
 	if err := d.check(); err != nil {
 		return res, err

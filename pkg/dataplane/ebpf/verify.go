@@ -14,8 +14,7 @@ import (
 // may hold an entry s does not imply. Generations and padding are not compared. The
 // driver lock is held while the maps are read, so no change interleaves.
 func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.lock(0, cAll)()
 	if err := d.check(); err != nil {
 		return nil, err
 	}

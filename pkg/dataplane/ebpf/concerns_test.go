@@ -1,0 +1,95 @@
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// TestConcernLocksReadersDoNotWait holds an endpoint apply in its first step (the veth,
+// before its policy clock is announced: the StepObserver blocks) and checks that what
+// another concern or no concern at all needs completes meanwhile: a /metrics scrape, the
+// agent's counters, Status, a conntrack collector pass, a policy listing, and a group
+// policy apply and removal. Under one driver lock every one of them waited for the
+// endpoint.
+func TestConcernLocksReadersDoNotWait(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.endpoint(t, "held", "10.50.0.10", true)
+	held, release := make(chan struct{}), make(chan struct{})
+	h.d.cfg.StepObserver = func(step string, _ time.Duration) {
+		if step == StepVeth {
+			close(held)
+			<-release
+		}
+	}
+	applied := make(chan error, 1)
+	go func() { applied <- h.d.UpsertEndpoint(ctx, ep) }()
+	released := false
+	unblock := func() {
+		if !released {
+			released = true
+			close(release)
+		}
+	}
+	defer unblock()
+	select {
+	case <-held:
+	case err := <-applied:
+		t.Fatalf("endpoint apply ended before its veth step: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("endpoint apply never reached its veth step")
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(h.d.Collector())
+	pol := dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "r1", Priority: 10, Ingress: true, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}}
+	for _, c := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"metrics scrape", func() error { _, err := reg.Gather(); return err }},
+		{"counters", func() error { _, err := h.d.Counters(ctx); return err }},
+		{"status", func() error { _, err := h.d.Status(ctx); return err }},
+		{"conntrack collector pass", func() error { _, err := h.d.CTGC(ctx); return err }},
+		{"policy apply", func() error { return h.d.UpsertPolicy(ctx, pol) }},
+		{"policy listing", func() error {
+			l, err := h.d.Listing(dataplane.ListQuery{Kind: "policy"})
+			if err == nil && len(l.Rows) == 0 {
+				err = fmt.Errorf("no rows, want group %d's rule", pol.EPGID)
+			}
+			return err
+		}},
+		{"failed policies", func() error { h.d.FailedPolicies(); return nil }},
+		{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
+	} {
+		done := make(chan error, 1)
+		go func() { done <- c.fn() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s while an endpoint apply is held: %v", c.name, err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s waited for an endpoint apply (another concern's lock)", c.name)
+		}
+	}
+	unblock()
+	select {
+	case err := <-applied:
+		if err != nil {
+			t.Fatalf("held endpoint apply: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("held endpoint apply did not finish once released")
+	}
+	h.d.cfg.StepObserver = nil
+}
