@@ -63,10 +63,15 @@ func (d *Driver) check() error {
 }
 
 // noteFeatures publishes, for writeConfig, the feature bits policies and failed groups
-// ask for; holders of pols' write lock call it after changing either (and count the
-// change for the rule id cache).
+// ask for, and for FailedPolicies the failed groups; holders of pols' write lock call it
+// after changing either (and count the change for the rule id cache).
 func (p *policyIndex) noteFeatures() {
 	p.rev++
+	failed := make(map[uint16]string, len(p.failed))
+	for g, err := range p.failed {
+		failed[g] = err.Error()
+	}
+	p.failedNow.Store(&failed)
 	var f uint32
 	if len(p.policies) > 0 || len(p.failed) > 0 {
 		f = uint32(contivbpfCbFeaturesCB_FEAT_POLICY)

@@ -52,10 +52,7 @@ func TestConcernLocksReadersDoNotWait(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(h.d.Collector())
 	pol := dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "r1", Priority: 10, Ingress: true, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}}
-	for _, c := range []struct {
-		name string
-		fn   func() error
-	}{
+	completeWhileHeld(t, "an endpoint apply", []heldCase{
 		{"metrics scrape", func() error { _, err := reg.Gather(); return err }},
 		{"counters", func() error { _, err := h.d.Counters(ctx); return err }},
 		{"status", func() error { _, err := h.d.Status(ctx); return err }},
@@ -70,18 +67,7 @@ func TestConcernLocksReadersDoNotWait(t *testing.T) {
 		}},
 		{"failed policies", func() error { h.d.FailedPolicies(); return nil }},
 		{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
-	} {
-		done := make(chan error, 1)
-		go func() { done <- c.fn() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s while an endpoint apply is held: %v", c.name, err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s waited for an endpoint apply (another concern's lock)", c.name)
-		}
-	}
+	})
 	unblock()
 	select {
 	case err := <-applied:
@@ -92,4 +78,59 @@ func TestConcernLocksReadersDoNotWait(t *testing.T) {
 		t.Fatal("held endpoint apply did not finish once released")
 	}
 	h.d.cfg.StepObserver = nil
+}
+
+// TestConcernLocksPolicyApplyHeld holds the group policy's lock as a policy apply does
+// and checks that a /metrics scrape (which reports the groups failed closed), the
+// counters, a conntrack collector pass, listings of endpoints and conntrack, and an
+// endpoint apply complete meanwhile.
+func TestConcernLocksPolicyApplyHeld(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(h.d.Collector())
+	ep := h.endpoint(t, "during", "10.50.0.11", true)
+	h.d.pols.mu.Lock()
+	released := false
+	unblock := func() {
+		if !released {
+			released = true
+			h.d.pols.mu.Unlock()
+		}
+	}
+	defer unblock()
+	completeWhileHeld(t, "a policy apply", []heldCase{
+		{"metrics scrape", func() error { _, err := reg.Gather(); return err }},
+		{"counters", func() error { _, err := h.d.Counters(ctx); return err }},
+		{"conntrack collector pass", func() error { _, err := h.d.CTGC(ctx); return err }},
+		{"endpoint listing", func() error { _, err := h.d.Listing(dataplane.ListQuery{Kind: "endpoints"}); return err }},
+		{"conntrack listing", func() error { _, err := h.d.Listing(dataplane.ListQuery{Kind: "ct"}); return err }},
+		{"endpoint apply", func() error { return h.d.UpsertEndpoint(ctx, ep) }},
+	})
+}
+
+type heldCase struct {
+	name string
+	fn   func() error
+}
+
+// completeWhileHeld runs each case in turn and fails when one errs or takes longer than a
+// few seconds while what (another concern's apply) holds its lock.
+func completeWhileHeld(t *testing.T, what string, cases []heldCase) {
+	t.Helper()
+	for _, c := range cases {
+		done := make(chan error, 1)
+		go func() { done <- c.fn() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s while %s is held: %v", c.name, what, err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s waited for %s (another concern's lock)", c.name, what)
+		}
+	}
 }

@@ -166,6 +166,8 @@ type policyIndex struct {
 	rev      uint32             // counts changes of policies, for the ruleIDs cache
 	inChange bool               // within upsertPolicy's change: its group stamped already
 	feat     atomic.Uint32      // the feature bits policies and failed ask of writeConfig
+	// failedNow is failed as of the last change, for readers that take no lock (/metrics).
+	failedNow atomic.Pointer[map[uint16]string]
 }
 
 // serviceIndex is what the driver wrote for services and node ports (service.go,

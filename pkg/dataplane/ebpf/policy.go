@@ -218,12 +218,14 @@ func (d *Driver) failClosed(epg uint16, cause error) error {
 	return perr
 }
 
-// FailedPolicies reports the groups that are failed closed, with why.
+// FailedPolicies reports the groups that are failed closed, with why: as of the last
+// policy change, without waiting for one in progress (/metrics reads it).
 func (d *Driver) FailedPolicies() map[uint16]string {
-	defer d.lock(0, cPols)()
-	out := make(map[uint16]string, len(d.pols.failed))
-	for g, err := range d.pols.failed {
-		out[g] = err.Error()
+	out := map[uint16]string{}
+	if p := d.pols.failedNow.Load(); p != nil {
+		for g, why := range *p {
+			out[g] = why
+		}
 	}
 	return out
 }
