@@ -189,7 +189,7 @@ func MeasurePaths(repeat int) ([]PathCost, error) {
 			if len(rs) == 0 {
 				continue
 			}
-			k := contivbpfCbPolKey{Epg: epg, Dir: uint8(dir)}
+			k := policiesKey(epg, uint8(dir))
 			v := contivbpfCbPolicy{Count: uint32(len(rs))}
 			copy(v.Rules[:], rs)
 			if err := objs.CbPolicies.Put(&k, &v); err != nil {

@@ -431,7 +431,7 @@ func (d *Driver) listPolicy(l *dataplane.Listing, epg uint16) error {
 	var v contivbpfCbPolicy
 	if epg != 0 {
 		for _, dir := range []uint8{uint8(contivbpfCbPolDirCB_DIR_EGRESS), uint8(contivbpfCbPolDirCB_DIR_INGRESS)} {
-			k := contivbpfCbPolKey{Epg: epg, Dir: dir}
+			k := policiesKey(epg, dir)
 			switch err := d.objs.CbPolicies.Lookup(&k, &v); {
 			case err == nil:
 				add(k, &v)

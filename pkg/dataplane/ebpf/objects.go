@@ -40,6 +40,11 @@ func mapDel(m *ebpf.Map, key any) error {
 	return nil
 }
 
+// endpointKey is the cb_endpoints key of address ip on network nr (local or remote).
+func endpointKey(nr netRec, ip netip.Addr) contivbpfCbEpKey {
+	return contivbpfCbEpKey{Net: nr.key, Ip: ip4(ip)}
+}
+
 // ---- networks ----
 
 // UpsertNetwork implements dataplane.Driver.
@@ -294,7 +299,7 @@ func (d *Driver) upsertRemote(ep dataplane.RemoteEndpoint) (retErr error) {
 	if err != nil {
 		return err
 	}
-	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
+	key := endpointKey(nr, ep.IP)
 	var cur contivbpfCbEndpoint
 	err = d.objs.CbEndpoints.Lookup(&key, &cur)
 	if err == nil && cur.Flags&uint32(contivbpfCbEpFlagsCB_EP_LOCAL) != 0 {
@@ -423,7 +428,7 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		return fmt.Errorf("endpoint %s: ip %v outside subnet %v", ep.ID, ep.IP, nr.net.Subnet)
 	}
 	ik := indexKey(ep.ID)
-	key := contivbpfCbEpKey{Net: nr.key, Ip: ip4(ep.IP)}
+	key := endpointKey(nr, ep.IP)
 	alias := d.endpointAlias(ik)
 	legacy := aliasPrefix + ik // veths of builds before pin-scoped aliases
 	ours := func(l netlink.Link) bool {

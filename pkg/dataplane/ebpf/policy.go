@@ -119,6 +119,12 @@ func compileRuleSet(p dataplane.PolicySet) (egress, ingress []rankedRule, err er
 	return egress, ingress, nil
 }
 
+// policiesKey is the cb_policies key (and the compiled tables', poltables.go) of group epg's
+// rules of direction dir (contivbpfCbPolDir).
+func policiesKey(epg uint16, dir uint8) contivbpfCbPolKey {
+	return contivbpfCbPolKey{Epg: epg, Dir: dir}
+}
+
 func (d *Driver) upsertPolicy(p dataplane.PolicySet) error {
 	if p.EPGID == 0 {
 		return fmt.Errorf("policy: epgID is 0")
@@ -144,7 +150,7 @@ func (d *Driver) installPolicy(p dataplane.PolicySet) error {
 		return d.failClosed(p.EPGID, err)
 	}
 	for dir, rules := range [][]contivbpfCbRule{eg, in} {
-		key := contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}
+		key := policiesKey(p.EPGID, uint8(dir))
 		if len(rules) == 0 {
 			if err := d.pols.pol.remove(key); err != nil {
 				return fmt.Errorf("policy %d: delete empty direction: %w", p.EPGID, err)
@@ -252,7 +258,7 @@ func (d *Driver) deletePolicy(epgID uint16) error {
 // removePolicy deletes group epgID's rules and clears its state (keeping its stamp).
 func (d *Driver) removePolicy(epgID uint16) error {
 	for dir := uint8(0); dir < 2; dir++ {
-		key := contivbpfCbPolKey{Epg: epgID, Dir: dir}
+		key := policiesKey(epgID, dir)
 		if err := d.pols.pol.remove(key); err != nil {
 			return fmt.Errorf("policy %d: delete: %w", epgID, err)
 		}

@@ -63,6 +63,23 @@ func flowHash(seed uint32, src, dst netip.AddrPort, proto uint8) uint32 {
 	return h
 }
 
+// nodePortEntry is the cb_nodeports entry of service port p of the service at vip in
+// zone (generation 0): its one encoding, for the apply and Verify.
+func nodePortEntry(zone uint32, vip netip.Addr, p dataplane.ServicePort) (contivbpfCbNpKey, contivbpfCbNp) {
+	return contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto},
+		contivbpfCbNp{Zone: zone, Vip: ip4(vip), SvcPort: nport(p.Port)}
+}
+
+// vipKey is the cb_vips key of a service address in zone.
+func vipKey(zone uint32, vip netip.Addr) *contivbpfCbVipKey {
+	return &contivbpfCbVipKey{Zone: zone, Vip: ip4(vip)}
+}
+
+// backendKey is the cb_backends key of backend index i of service slot id.
+func backendKey(id, i uint32) *contivbpfCbBackendKey {
+	return &contivbpfCbBackendKey{SvcId: id, Index: i}
+}
+
 // zoneOfTenant is the routing domain of a tenant (the same hash networks use).
 func zoneOfTenant(tenant string) uint32 { return vrfOf("." + tenant) }
 
@@ -171,8 +188,9 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 		if p.NodePort == 0 {
 			continue
 		}
-		k := contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto}
-		nodePorts[k] = contivbpfCbNp{Zone: zone, Vip: ip4(s.VIP), SvcPort: nport(p.Port), Generation: d.gen}
+		k, v := nodePortEntry(zone, s.VIP, p)
+		v.Generation = d.gen
+		nodePorts[k] = v
 		npKeys = append(npKeys, k)
 	}
 	for _, k := range keys {
@@ -244,7 +262,7 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 		return fmt.Errorf("service %s: %w", s.ID, err)
 	}
 	for i := range backends {
-		if err := d.mapPut(contivbpfMapCbBackends, d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: id, Index: uint32(i)}, &backends[i]); err != nil {
+		if err := d.mapPut(contivbpfMapCbBackends, d.objs.CbBackends, backendKey(id, uint32(i)), &backends[i]); err != nil {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
@@ -269,7 +287,7 @@ func (d *Driver) upsertService(s dataplane.Service) (retErr error) {
 			return fmt.Errorf("service %s: %w", s.ID, err)
 		}
 	}
-	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, &contivbpfCbVipKey{Zone: zone, Vip: ip4(s.VIP)}, &contivbpfCbVip{Generation: d.gen}); err != nil {
+	if err := d.mapPut(contivbpfMapCbVips, d.objs.CbVips, vipKey(zone, s.VIP), &contivbpfCbVip{Generation: d.gen}); err != nil {
 		return fmt.Errorf("service %s: %w", s.ID, err)
 	}
 	for _, k := range npKeys {
@@ -356,7 +374,7 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 		}
 	}
 	for i := cur.nBackends; i < old.nBackends; i++ {
-		if err := mapDel(d.objs.CbBackends, &contivbpfCbBackendKey{SvcId: old.id, Index: uint32(i)}); err != nil {
+		if err := mapDel(d.objs.CbBackends, backendKey(old.id, uint32(i))); err != nil {
 			return fmt.Errorf("service %s: delete backend slot: %w", old.svc.ID, err)
 		}
 	}
@@ -397,7 +415,7 @@ func (d *Driver) dropServiceRest(old, cur svcRec) error {
 		return errors.Join(errs...)
 	}
 	if (old.svc.VIP != cur.svc.VIP || old.zone != cur.zone) && !d.vipInUse(old.zone, old.svc.VIP) {
-		if err := mapDel(d.objs.CbVips, &contivbpfCbVipKey{Zone: old.zone, Vip: ip4(old.svc.VIP)}); err != nil {
+		if err := mapDel(d.objs.CbVips, vipKey(old.zone, old.svc.VIP)); err != nil {
 			return fmt.Errorf("service %s: delete vip: %w", old.svc.ID, err)
 		}
 	}
@@ -493,7 +511,7 @@ func (d *Driver) groupsAt(zone uint32, ip netip.Addr, added bool) (groups []uint
 		return nil, nil
 	}
 	for _, nr := range d.eps.networks {
-		if nr.vrf == zone && d.objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: nr.key, Ip: ip4(ip)}, &ep) == nil {
+		if nr.vrf == zone && d.objs.CbEndpoints.Lookup(new(endpointKey(nr, ip)), &ep) == nil {
 			if ep.Epg == 0 {
 				zones = append(zones, zone)
 			} else {

@@ -210,7 +210,7 @@ func (v *verifier) policies(sets []dataplane.PolicySet) {
 		}
 		for dir, rs := range [][]rankedRule{eg, in} {
 			if len(rs) > 0 {
-				want[contivbpfCbPolKey{Epg: p.EPGID, Dir: uint8(dir)}] = rs
+				want[policiesKey(p.EPGID, uint8(dir))] = rs
 			}
 		}
 	}
@@ -284,7 +284,7 @@ func (v *verifier) services(svcs []dataplane.Service) {
 				continue
 			}
 			seenB[b] = true
-			bk := contivbpfCbBackendKey{SvcId: r.id, Index: i}
+			bk := *backendKey(r.id, i)
 			backends[bk], bname[bk] = b, s.ID
 			i++
 		}
@@ -358,8 +358,8 @@ func (v *verifier) nodePorts(svcs []dataplane.Service) {
 			if p.NodePort == 0 {
 				continue
 			}
-			k := contivbpfCbNpKey{Port: nport(p.NodePort), Proto: p.Proto}
-			want[k] = contivbpfCbNp{Zone: r.zone, Vip: ip4(r.svc.VIP), SvcPort: nport(p.Port)}
+			k, v := nodePortEntry(r.zone, r.svc.VIP, p)
+			want[k] = v
 			name[k] = s.ID
 		}
 	}
