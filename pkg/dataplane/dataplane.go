@@ -81,7 +81,7 @@ type Endpoint struct {
 
 // QoS limits an endpoint's traffic and marks its packets. A rate is in bits per second
 // (0: unlimited) and its burst in bytes (what may pass at once beyond the rate; 0 with a
-// rate: the driver's minimum, one full-sized packet at least). Egress is what the
+// rate: the backend's default, tuned to what its policer needs for TCP to reach the rate). Egress is what the
 // endpoint sends, Ingress what it receives. DSCP is the code point (0-63) the endpoint's
 // IPv4 packets leave with when SetDSCP, as Contiv's netprofile marks them.
 type QoS struct {

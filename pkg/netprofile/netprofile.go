@@ -7,8 +7,8 @@
 //     by "b", "bps", "ps" or "bit(s)": "10mbps", "10 Mbps", "1g", "500kb". Every form
 //     means bits per second, decimal (1k = 1,000 bit/s). At most 1000g.
 //   - burst: an integer in kilobits (1,000 bits), as Contiv wrote it to OVS's
-//     ingress_policing_burst; 0 = DefaultBurst of the rate (250 ms of it). Without a bandwidth it is
-//     ignored (Contiv accepted it).
+//     ingress_policing_burst; 0 = the backend's default for the rate (dataplane.QoS).
+//     Without a bandwidth it is ignored (Contiv accepted it).
 //   - DSCP: 0-63; 0 leaves the packets' DSCP as the endpoint sent them (as Contiv did).
 //   - Kubernetes kubernetes.io/{ingress,egress}-bandwidth: a resource quantity ("10M",
 //     "1G", "500k", "1Mi"), bits per second, 1k to 1000G.
@@ -31,8 +31,6 @@ const (
 	MinRate  = 1_000             // bit/s (1k)
 	MaxBurst = 10486             // kilobits, Contiv's limit
 	MaxDSCP  = 63
-	// minBurstBytes is the least DefaultBurst: a 64 KiB GSO/GRO segment must fit.
-	minBurstBytes = 64 << 10
 )
 
 // Kubernetes pod annotations of the CNI bandwidth capability.
@@ -60,14 +58,6 @@ func ParseBandwidth(s string) (uint64, error) {
 // BurstBytes converts a netprofile burst (kilobits) to bytes.
 func BurstBytes(kbit int) uint64 { return uint64(kbit) * 1000 / 8 }
 
-// DefaultBurst is the burst given to a rate without one: 250 ms of the rate, at least
-// 64 KiB (a GSO segment). A policer drops what exceeds its bucket, and TCP between
-// containers (sub-millisecond RTT) backs off into retransmission timeouts unless the
-// bucket absorbs its bursts. Through the OVS meters (conformance scenario netprofile,
-// frames on the wire): 100 ms gave 0.5 of the rate, 500 ms 0.95-1.03 (near the 1.05
-// ceiling: the bucket itself passes), 250 ms 0.95-1.03, centred.
-func DefaultBurst(rate uint64) uint64 { return max(rate/32, minBurstBytes) }
-
 // CheckProfile validates a netprofile's bandwidth, DSCP and burst; the error names the
 // field (Contiv's JSON names).
 func CheckProfile(bandwidth string, dscp, burst int) error {
@@ -89,7 +79,7 @@ func CheckProfile(bandwidth string, dscp, burst int) error {
 
 // OfGroup is the QoS of the endpoints of an endpoint group with its netprofile's values
 // (copied into the group's state record by netmaster): the bandwidth in both directions,
-// the burst (or DefaultBurst) in both, the DSCP when not 0.
+// the burst in both (0: the backend's default), the DSCP when not 0.
 func OfGroup(g model.EndpointGroupState) (dataplane.QoS, error) {
 	if err := CheckProfile(g.Bandwidth, g.DSCP, g.Burst); err != nil {
 		return dataplane.QoS{}, fmt.Errorf("endpoint group %s: netprofile %w", g.ID, err)
@@ -98,9 +88,6 @@ func OfGroup(g model.EndpointGroupState) (dataplane.QoS, error) {
 	if g.Bandwidth != "" {
 		rate, _ := ParseBandwidth(g.Bandwidth)
 		burst := BurstBytes(g.Burst)
-		if burst == 0 {
-			burst = DefaultBurst(rate)
-		}
 		q.EgressRate, q.EgressBurst, q.IngressRate, q.IngressBurst = rate, burst, rate, burst
 	}
 	if g.DSCP != 0 {
@@ -122,13 +109,13 @@ func ParseQuantity(s string) (uint64, error) {
 }
 
 // OfPod is the QoS of a pod's bandwidth annotations (ingress: what it receives, egress:
-// what it sends), each with DefaultBurst; the error names the annotation.
+// what it sends), each with the backend's default burst; the error names the annotation.
 func OfPod(annotations map[string]string) (dataplane.QoS, error) {
 	var q dataplane.QoS
 	for _, d := range []struct {
-		key         string
-		rate, burst *uint64
-	}{{AnnotationIngress, &q.IngressRate, &q.IngressBurst}, {AnnotationEgress, &q.EgressRate, &q.EgressBurst}} {
+		key  string
+		rate *uint64
+	}{{AnnotationIngress, &q.IngressRate}, {AnnotationEgress, &q.EgressRate}} {
 		v, ok := annotations[d.key]
 		if !ok {
 			continue
@@ -137,7 +124,7 @@ func OfPod(annotations map[string]string) (dataplane.QoS, error) {
 		if err != nil {
 			return dataplane.QoS{}, fmt.Errorf("annotation %s: %w", d.key, err)
 		}
-		*d.rate, *d.burst = r, DefaultBurst(r)
+		*d.rate = r
 	}
 	return q, nil
 }

@@ -56,14 +56,10 @@ func TestOfGroup(t *testing.T) {
 	if err := q.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	// No burst: 250 ms of the rate, at least 64 KiB.
+	// No burst: 0, the backend's own default (each measured its policer).
 	q, _ = OfGroup(model.EndpointGroupState{Bandwidth: "1g"})
-	if q.EgressBurst != 31_250_000 || q.IngressBurst != 31_250_000 || q.SetDSCP {
-		t.Fatalf("1g default burst: %+v", q)
-	}
-	q, _ = OfGroup(model.EndpointGroupState{Bandwidth: "1mbps"})
-	if q.EgressBurst != 64<<10 {
-		t.Fatalf("1mbps default burst %d, want 64 KiB", q.EgressBurst)
+	if q.EgressRate != 1e9 || q.EgressBurst != 0 || q.IngressBurst != 0 || q.SetDSCP {
+		t.Fatalf("1g without a burst: %+v", q)
 	}
 	if q, err := OfGroup(model.EndpointGroupState{}); err != nil || !q.IsZero() {
 		t.Fatalf("no netprofile: %+v, %v", q, err)
@@ -76,7 +72,7 @@ func TestOfGroup(t *testing.T) {
 
 func TestOfPodAndStricter(t *testing.T) {
 	q, err := OfPod(map[string]string{AnnotationIngress: "10M", AnnotationEgress: "1Gi", "other": "x"})
-	if err != nil || q.IngressRate != 10e6 || q.EgressRate != 1<<30 || q.IngressBurst != DefaultBurst(10e6) {
+	if err != nil || q.IngressRate != 10e6 || q.EgressRate != 1<<30 || q.IngressBurst != 0 {
 		t.Fatalf("OfPod = %+v, %v", q, err)
 	}
 	for _, v := range []string{"fast", "999", "2000G", "-10M"} {
