@@ -538,6 +538,9 @@ static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *
 	if (!reply && !(e->flags & CB_CT_NODEPORT)) {
 		cb_ct_changed(e->flags);
 	} else if (reply && (e->flags & CB_CT_TCP_REF_OLD)) {
+		/* (The note above stays written before the old reference is cleared: a node
+		 * port stage reading the entry meanwhile finds one or the other, cb_np_ref.) */
+		asm volatile("" ::: "memory");
 		e->flags &= ~CB_CT_TCP_REF_OLD;
 		e->svc_id = 0;
 	}

@@ -292,10 +292,13 @@ CB_INLINE struct cb_natfrag *cb_np_frag_find(const struct cb_frag_key *k, __u32 
 /* cb_np_ref is the backend's noted acknowledgment in node port flow entry e (0: none). An
  * entry of the build before tcpwin.h kept it in svc_id (CB_CT_TCP_REF_OLD, until
  * cb_ct_window's next note moves it): read for this build, so an upgrade loses no flow's
- * window. */
+ * window. A flag read with a svc_id another CPU's move already cleared falls to tcp_ack[1],
+ * which that move wrote first. */
 CB_INLINE __u32 cb_np_ref(const struct cb_ct_entry *e)
 {
-	return (e->flags & CB_CT_TCP_REF_OLD) ? e->svc_id : e->tcp_ack[1];
+	__u32 old = (e->flags & CB_CT_TCP_REF_OLD) ? e->svc_id : 0;
+
+	return old ? old : e->tcp_ack[1];
 }
 
 /* cb_np_blind_check judges the client's segment f (at p) of node port flow t against its

@@ -226,3 +226,29 @@ func TestWindowNodePortUpgrade(t *testing.T) {
 		t.Errorf("an in-window RST left state %d, want closing", e.State)
 	}
 }
+
+// TestWindowNodePortUpgradeTorn: an old-form entry's move to this build's form (the
+// backend's note in tcp_ack[1], then flag and svc_id cleared) may be read half done by a
+// client's segment on another CPU: the flag still set, svc_id already cleared. The node
+// port stage then takes tcp_ack[1], which the move wrote first, instead of believing a
+// blind RST for want of a reference (before: it reached the backend, a remote one's host
+// too, rather than being dropped as drop_nodeport_blind).
+func TestWindowNodePortUpgradeTorn(t *testing.T) {
+	objs, _ := nodePortFixture(t, 6, 80, 8080, 30080)
+	const cport = 5820
+	k := contivbpfCbCtKey{Zone: testZone, Kind: ctKindNodePort, Saddr: ip4(worldIP), Daddr: ip4(srcIP), Sport: nport(cport), Dport: nport(8080), Proto: 6}
+	client, _ := nodePortFlow(t, objs, cport)
+	var e contivbpfCbCtEntry
+	if err := objs.CbCt.Lookup(&k, &e); err != nil {
+		t.Fatalf("the flow's entry: %v", err)
+	}
+	e.Flags |= uint8(contivbpfCbCtFlagsCB_CT_TCP_REF_OLD)
+	e.SvcId = 0
+	e.TcpAck = [2]uint32{9001, 1001}
+	if err := objs.CbCt.Put(&k, &e); err != nil {
+		t.Fatal(err)
+	}
+	client(tcpRST, 1001+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
+	client(tcpFIN|tcpACK, 0x80000000, 9001).expect(t, tcActShot, DropNodePortBlind)
+	client(tcpRST, 1001+inFlight, 0).expect(t, tcActRedirect, FwdNodePort)
+}
