@@ -185,14 +185,12 @@ func TestWindowNodePort(t *testing.T) {
 	}
 }
 
-// TestWindowNodePortUpgrade: a node port flow's entry as the build before tcpwin.h wrote
-// it (the backend's last acknowledgment in svc_id, flag CB_CT_TCP_REF, tcp_ack zero) is
-// judged by that reference after the new programs load (a blind RST dropped, a spoofed SYN
-// a plain segment), and the backend's next acknowledgment moves it to this build's form:
-// no flow loses its window across the upgrade.
-func TestWindowNodePortUpgrade(t *testing.T) {
-	objs, _ := nodePortFixture(t, 6, 80, 8080, 30080)
-	const cport = 5800
+// oldFormNodePort rewrites node port flow cport's entry (to the fixture's local backend)
+// as the build before tcpwin.h left it, or as its move to this build's form may be read
+// half done: flag CB_CT_TCP_REF_OLD, svc_id ref, tcp_ack acks. It returns the entry's
+// reader.
+func oldFormNodePort(t *testing.T, objs *contivbpfObjects, cport uint16, ref uint32, acks [2]uint32) func() contivbpfCbCtEntry {
+	t.Helper()
 	k := contivbpfCbCtKey{Zone: testZone, Kind: ctKindNodePort, Saddr: ip4(worldIP), Daddr: ip4(srcIP), Sport: nport(cport), Dport: nport(8080), Proto: 6}
 	entry := func() contivbpfCbCtEntry {
 		t.Helper()
@@ -202,14 +200,26 @@ func TestWindowNodePortUpgrade(t *testing.T) {
 		}
 		return e
 	}
-	client, backend := nodePortFlow(t, objs, cport)
-	old := entry()
-	old.Flags |= uint8(contivbpfCbCtFlagsCB_CT_TCP_REF_OLD)
-	old.SvcId = 1001 // the backend's acknowledgment of the client's SYN
-	old.TcpAck = [2]uint32{}
-	if err := objs.CbCt.Put(&k, &old); err != nil {
+	e := entry()
+	e.Flags |= uint8(contivbpfCbCtFlagsCB_CT_TCP_REF_OLD)
+	e.SvcId = ref
+	e.TcpAck = acks
+	if err := objs.CbCt.Put(&k, &e); err != nil {
 		t.Fatal(err)
 	}
+	return entry
+}
+
+// TestWindowNodePortUpgrade: a node port flow's entry as the build before tcpwin.h wrote
+// it (the backend's last acknowledgment in svc_id, flag CB_CT_TCP_REF, tcp_ack zero) is
+// judged by that reference after the new programs load (a blind RST dropped, a spoofed SYN
+// a plain segment), and the backend's next acknowledgment moves it to this build's form:
+// no flow loses its window across the upgrade.
+func TestWindowNodePortUpgrade(t *testing.T) {
+	objs, _ := nodePortFixture(t, 6, 80, 8080, 30080)
+	const cport = 5800
+	client, backend := nodePortFlow(t, objs, cport)
+	entry := oldFormNodePort(t, objs, cport, 1001 /* the backend's acknowledgment of the client's SYN */, [2]uint32{})
 	client(tcpRST, 1001+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
 	client(tcpFIN|tcpACK, 0x80000000, 9001).expect(t, tcActShot, DropNodePortBlind)
 	client(tcpSYN, 0x12345678, 0).expect(t, tcActRedirect, FwdNodePort) // a plain segment: the entry stays
@@ -236,18 +246,8 @@ func TestWindowNodePortUpgrade(t *testing.T) {
 func TestWindowNodePortUpgradeTorn(t *testing.T) {
 	objs, _ := nodePortFixture(t, 6, 80, 8080, 30080)
 	const cport = 5820
-	k := contivbpfCbCtKey{Zone: testZone, Kind: ctKindNodePort, Saddr: ip4(worldIP), Daddr: ip4(srcIP), Sport: nport(cport), Dport: nport(8080), Proto: 6}
 	client, _ := nodePortFlow(t, objs, cport)
-	var e contivbpfCbCtEntry
-	if err := objs.CbCt.Lookup(&k, &e); err != nil {
-		t.Fatalf("the flow's entry: %v", err)
-	}
-	e.Flags |= uint8(contivbpfCbCtFlagsCB_CT_TCP_REF_OLD)
-	e.SvcId = 0
-	e.TcpAck = [2]uint32{9001, 1001}
-	if err := objs.CbCt.Put(&k, &e); err != nil {
-		t.Fatal(err)
-	}
+	oldFormNodePort(t, objs, cport, 0, [2]uint32{9001, 1001})
 	client(tcpRST, 1001+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
 	client(tcpFIN|tcpACK, 0x80000000, 9001).expect(t, tcActShot, DropNodePortBlind)
 	client(tcpRST, 1001+inFlight, 0).expect(t, tcActRedirect, FwdNodePort)
