@@ -236,6 +236,10 @@ func TestQoSBucket(t *testing.T) {
 		{rate: 1, burst: 1, nsb: 8_000_000 << 16, tau: 8_000_000}, // clamped to 1 kbit/s
 		{rate: ^uint64(0), burst: ^uint64(0), nsb: 1, tau: 8e9},
 		{rate: 1000, burst: ^uint64(0), nsb: 8_000_000 << 16, tau: qosMaxTau},
+		// 1000g (the agent's most) without a burst: 200 ms of it, not a burst of an
+		// hour (rate/8 × 0.2 s passes 64 bits above 737g).
+		{rate: 1_000_000_000_000, burst: 0, nsb: 524, tau: 200_000_000},
+		{rate: 800_000_000_000, burst: 0, nsb: 655, tau: 200_000_000},
 	} {
 		b := qosBucket(c.rate, c.burst)
 		if c.zero {
