@@ -12,6 +12,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // qosFixture gives the fixture's sender (lo, srcIP) the interface qos word w and its
@@ -380,5 +381,43 @@ func TestQoSIngressNoted(t *testing.T) {
 	}
 	if n := drain(t, objs, fc, l4Frame(6, srcIP, localIP, 43000, 80, tcpACK, 0), nil, 100, DropRateIngress); n == 0 {
 		t.Error("no noted delivery passed before the bucket ran out")
+	}
+}
+
+// A slot handed out again starts with full buckets: an endpoint that gets the slot of a
+// deleted one with the same rate and burst does not inherit what that one spent (putQoS
+// keeps the state of a bucket whose parameters did not change).
+func TestQoSSlotReuse(t *testing.T) {
+	testroot.Need(t)
+	objs := loadTestObjects(t)
+	d := &Driver{objs: *objs, eps: endpointIndex{slots: map[uint32]string{}}, mapFull: map[string]uint64{}}
+	q := dataplane.QoS{EgressRate: 10_000_000, EgressBurst: 100_000, IngressRate: 10_000_000, IngressBurst: 100_000}
+	s, err := d.allocSlot("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.putQoS(s, q); err != nil {
+		t.Fatal(err)
+	}
+	// The old endpoint spent its buckets (tat ahead of the clock), then went.
+	spent := contivbpfCbQosEntry{Out: qosBucket(q.EgressRate, q.EgressBurst), In: qosBucket(q.IngressRate, q.IngressBurst)}
+	spent.Out.Tat, spent.In.Tat = ^uint64(0)>>2, ^uint64(0)>>2
+	if err := objs.CbQos.Update(s, &spent, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	d.freeSlot(s)
+	s2, err := d.allocSlot("new")
+	if err != nil || s2 != s {
+		t.Fatalf("allocSlot = %d, %v; want %d again", s2, err, s)
+	}
+	if err := d.putQoS(s2, q); err != nil {
+		t.Fatal(err)
+	}
+	var e contivbpfCbQosEntry
+	if err := objs.CbQos.Lookup(s2, &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Out.Tat != 0 || e.In.Tat != 0 {
+		t.Errorf("new endpoint on slot %d inherits the old one's buckets: out tat %d in tat %d", s2, e.Out.Tat, e.In.Tat)
 	}
 }

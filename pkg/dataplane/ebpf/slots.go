@@ -11,8 +11,8 @@ import (
 // driver allocates per local endpoint and stores in both of its entries (cb_ifaces for
 // what it sends, cb_endpoints for what it receives), so the datapath pays two inlined
 // array lookups instead of two hash lookups. Slot 0 is never allocated ("no counters").
-// A slot is zeroed when it is handed out (its counters and its conntrack counts in
-// cb_ct_owned and cb_ct_owned_in), so a reused slot never shows the counts of the endpoint that had it before; after a restart the slots are read back from cb_ifaces.
+// A slot is zeroed when it is handed out (its counters, its conntrack counts in
+// cb_ct_owned and cb_ct_owned_in, and its rate-limit buckets in cb_qos), so a reused slot never shows the counts of the endpoint that had it before; after a restart the slots are read back from cb_ifaces.
 
 // legacyMetricsMap is the counter map of builds before slots (per-CPU hash by {net, ip});
 // New copies its counts into the adopted endpoints' slots, then removes its pin.
@@ -31,6 +31,13 @@ func (d *Driver) allocSlot(ik string) (uint32, error) {
 		for _, m := range []*ebpf.Map{d.objs.CbCtOwned, d.objs.CbCtOwnedIn} {
 			if err := m.Put(s, contivbpfCbCtCount{}); err != nil {
 				return 0, fmt.Errorf("zero conntrack count of slot %d: %w", s, err)
+			}
+		}
+		// Full buckets: putQoS keeps the state of a bucket whose rate and burst did not
+		// change, which must not be the previous holder's debt.
+		if d.objs.CbQos != nil {
+			if err := d.objs.CbQos.Update(s, &contivbpfCbQosEntry{}, ebpf.UpdateLock); err != nil {
+				return 0, fmt.Errorf("zero rate limits of slot %d: %w", s, err)
 			}
 		}
 		d.eps.slots[s] = ik
