@@ -421,3 +421,40 @@ func TestQoSSlotReuse(t *testing.T) {
 		t.Errorf("new endpoint on slot %d inherits the old one's buckets: out tat %d in tat %d", s2, e.Out.Tat, e.In.Tat)
 	}
 }
+
+// TestQoSVerify: Verify checks a limited endpoint's buckets, not only the word and flag
+// that name them: a bucket zeroed behind the driver's back (it would pass everything)
+// is drift.
+func TestQoSVerify(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	a := h.endpoint(t, "qva", "10.50.0.2", true)
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	a.QoS = dataplane.QoS{EgressRate: 10e6, IngressRate: 10e6}
+	if err := h.d.UpsertEndpoint(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	state := dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{a}}
+	if v, err := h.d.Verify(state); err != nil || len(v) != 0 {
+		t.Fatalf("verify right after upsert: %v %v", v, err)
+	}
+	slot := h.d.eps.endpoints[indexKey(a.ID)].slot
+	if err := h.d.objs.CbQos.Update(slot, &contivbpfCbQosEntry{}, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	v, err := h.d.Verify(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range v {
+		if d.Table == contivbpfMapCbQos && d.Object == a.ID {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("zeroed buckets of %s: drift %+v, want both directions named in %s", a.ID, v, contivbpfMapCbQos)
+	}
+}

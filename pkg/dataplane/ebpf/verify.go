@@ -113,6 +113,7 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 		ifc := contivbpfCbIface{Net: nr.key, Ip: r.key.Ip, Epg: ep.EPGID, Slot: r.slot, Vrf: nr.vrf, Qos: qosWord(ep.QoS)}
 		copy(ifc.Mac[:], ep.MAC)
 		ifWant[uint32(r.ifindex)], ifName[uint32(r.ifindex)] = ifc, ep.ID
+		v.qos(ep, r.slot)
 	}
 	for _, ep := range remote {
 		r, ok := d.eps.remotes[ep.ID]
@@ -168,6 +169,29 @@ func (v *verifier) endpoints(local []dataplane.Endpoint, remote []dataplane.Remo
 	for k := range ifWant {
 		if !iseen[k] {
 			v.add(contivbpfMapCbIfaces, ifName[k], "missing", "no map entry")
+		}
+	}
+}
+
+// qos checks the buckets at slot against ep's QoS (qos.go): the word and flag name them,
+// and a bucket without its rate passes everything.
+func (v *verifier) qos(ep dataplane.Endpoint, slot uint32) {
+	var got contivbpfCbQosEntry
+	if err := v.d.objs.CbQos.Lookup(slot, &got); err != nil {
+		v.add(contivbpfMapCbQos, ep.ID, "missing", fmt.Sprintf("slot %d: %v", slot, err))
+		return
+	}
+	for _, b := range []struct {
+		dir         string
+		got         contivbpfCbQosBucket
+		rate, burst uint64
+	}{{"egress", got.Out, ep.QoS.EgressRate, ep.QoS.EgressBurst}, {"ingress", got.In, ep.QoS.IngressRate, ep.QoS.IngressBurst}} {
+		want := qosBucket(b.rate, b.burst)
+		if b.got.Nsb != want.Nsb || b.got.Tau != want.Tau {
+			gr, gb := b.got.rate()
+			wr, wb := want.rate()
+			v.add(contivbpfMapCbQos, ep.ID, "different", fmt.Sprintf("slot %d %s: map rate %d bit/s burst %d bytes; want rate %d burst %d",
+				slot, b.dir, gr, gb, wr, wb))
 		}
 	}
 }
