@@ -64,7 +64,9 @@ var ErrMapFull = errors.New("bpf map full")
 //     service reads the endpoints' addresses: svc written, eps read). nl and the
 //     host-side state (links' creation, host routes) belong to eps.
 //  3. clockMu, the policy clock (stamps.go): held from a change's announce to its publish,
-//     so no change publishes a clock newer than another's unwritten state.
+//     so no change publishes a clock newer than another's unwritten state. epgMu, inside
+//     it: cb_epgs' read-modify-writes (a stamp keeps the flags, putEPGState keeps the
+//     stamp), which a policy apply changing no verdict makes outside the clock.
 //  4. traceMu (trace.go): the trace programs and their scratch maps; pols.ruleMu, the
 //     rule id cache (events.go), which readers of pols fill.
 //  5. cfgMu: cb_config and its globals (writeConfig) and the settings only they read.
@@ -83,6 +85,7 @@ type Driver struct {
 
 	life     sync.RWMutex
 	clockMu  sync.Mutex
+	epgMu    sync.Mutex
 	traceMu  sync.Mutex
 	cfgMu    sync.Mutex
 	linkMu   sync.Mutex

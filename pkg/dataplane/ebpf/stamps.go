@@ -88,6 +88,8 @@ func (d *Driver) announce(groups []uint16, zones []uint32) error {
 // stampNext is announce for callers holding clockMu or running alone (New).
 func (d *Driver) stampNext(groups []uint16, zones []uint32) error {
 	d.epoch++
+	d.epgMu.Lock()
+	defer d.epgMu.Unlock()
 	if err := stampGroups(d.objs.CbEpgs, d.objs.CbZoneStamps, d.epoch, groups, zones); err != nil {
 		return fmt.Errorf("ebpf: announce a policy change: %w", err)
 	}
@@ -126,8 +128,11 @@ func moveStamps(zone uint32, epg uint16) (groups []uint16, zones []uint32) {
 	return []uint16{epg}, nil
 }
 
-// putEPGState writes group epg's flags and generation, keeping its stamp.
+// putEPGState writes group epg's flags and generation, keeping its stamp (epgMu: a
+// change of another concern may stamp the group meanwhile).
 func (d *Driver) putEPGState(epg uint16, flags, gen uint32) error {
+	d.epgMu.Lock()
+	defer d.epgMu.Unlock()
 	var st contivbpfCbEpgState
 	if err := d.objs.CbEpgs.Lookup(uint32(epg), &st); err != nil {
 		return fmt.Errorf("read %s: %w", contivbpfMapCbEpgs, err)
