@@ -78,3 +78,35 @@ func TestConcernLocksStampNotLost(t *testing.T) {
 		want = c.PolicyEpoch
 	}
 }
+
+// TestConcernLocksCollectorReadersAndClose: the conntrack collector's figures (/metrics)
+// and a pass (the inspect API) run while Close stops the collector: they must hold the
+// lifecycle lock, or they read the collector Close is dropping (a data race under -race,
+// a nil dereference without).
+func TestConcernLocksCollectorReadersAndClose(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, fn := range []func(){func() { h.d.CTStats() }, func() { _, _ = h.d.CTGC(ctx) }} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fn()
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+}

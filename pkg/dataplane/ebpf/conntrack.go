@@ -492,6 +492,7 @@ const ctBatch = 4096
 
 // CTStats reports the conntrack table and collector figures.
 func (d *Driver) CTStats() CTStats {
+	defer d.lock(0, 0)() // Close drops the collector
 	if d.ctgc == nil {
 		return CTStats{}
 	}
@@ -503,6 +504,7 @@ func (d *Driver) CTStats() CTStats {
 // CTGC runs one collector pass now (tests, the inspect API) and returns how many entries
 // it deleted.
 func (d *Driver) CTGC(ctx context.Context) (int, error) {
+	defer d.lock(0, 0)() // Close drops the collector; no concern's apply is waited for
 	if d.ctgc == nil {
 		return 0, errors.New("ebpf: conntrack collector not running")
 	}
