@@ -495,6 +495,11 @@ func (d *Driver) deleteService(id string) error {
 	d.dropService(id)
 	if err := d.dropServiceRest(old, svcRec{svc: dataplane.Service{ID: id}}); err != nil {
 		d.setService(id, old)
+		// The config again, with the service's feature bits back: another concern may
+		// have written it while they were off (its writes no longer wait for this one).
+		if cerr := d.writeConfig(); cerr != nil {
+			return errors.Join(err, cerr)
+		}
 		return err
 	}
 	if err := d.settleHostSvcs(nil, old.keys); err != nil {
