@@ -47,8 +47,8 @@ func TestHostScopeConfinesUpdateEndpoint(t *testing.T) {
 	if got := e.rawGet(model.SvcLBStateKey("web:t2")); got != before {
 		t.Errorf("service web:t2 changed: %s, was %s", got, before)
 	}
-	if got := e.rawGet(model.EpNameKey("t2", "db")); got != "" {
-		t.Errorf("name db recorded: %s", got)
+	if got := e.rawGet(model.EpStateKey("app.t2-c1")); strings.Contains(got, `"db"`) {
+		t.Errorf("endpoint renamed db: %s", got)
 	}
 	agent.ok("POST", "/plugin/updateEndpoint", model.UpdateEndpointRequest{IPAddress: r.EndpointConfig.IPAddress, Tenant: "t2",
 		Network: "app", Event: "die"}, nil)

@@ -285,12 +285,6 @@ func (m *Master) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			ep.EndpointGroupID = g.EndpointGroupID
 			ep.EndpointGroupKey = g.ID
 		}
-		if dropped, err := claimNames(tx, &ep, ns.Tenant, true); err != nil {
-			return err
-		} else if dropped {
-			m.log.Warn("createEndpoint: name held by another endpoint of the tenant: not answered for this endpoint",
-				"name", req.EPCommonName, "tenant", ns.Tenant, "endpoint", req.EndpointID, "host", req.ConfigEP.Host)
-		}
 		if req.ConfigEP.IPAddress != "" {
 			if err := checkPreferred(tx, ns, "ConfigEP.IPAddress", req.ConfigEP.IPAddress, true); err != nil {
 				return err
@@ -434,11 +428,6 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 	}
 	if ep.IPAddress != "" && tenant != "" {
 		if err := removeProvider(tx, ep.IPAddress, tenant, ""); err != nil {
-			return err
-		}
-	}
-	if tenant != "" {
-		if err := releaseNames(tx, ep, tenant); err != nil {
 			return err
 		}
 	}

@@ -398,15 +398,7 @@ func addProvider(tx *state.Tx, ip string, req *model.UpdateEndpointRequest, host
 		if req.EndpointID == "" || (req.EndpointID != ep.EndpointID && req.EndpointID != ep.ContainerID) {
 			return unproc("EPCommonName: EndpointID %q is not the endpoint holding %s", req.EndpointID, ip)
 		}
-		// The name is the endpoint's only while no other endpoint of the tenant holds it
-		// (epnames.go): never a takeover of another container's name.
-		if err := releaseNames(tx, ep, req.Tenant); err != nil {
-			return err
-		}
 		ep.EPCommonName = req.EPCommonName
-		if _, err := claimNames(tx, ep, req.Tenant, false); err != nil {
-			return err
-		}
 	}
 	if err := tx.Put(model.EpStateKey(ep.ID), ep); err != nil {
 		return err

@@ -116,21 +116,6 @@ type SubnetRecord struct {
 	PktTag int `json:"pktTag,omitempty"`
 }
 
-// EpNamePrefix indexes the DNS names endpoints answer to (this project's extension): one
-// record per tenant and name, holding the endpoint state id of the one live endpoint that
-// answers it, so no other endpoint takes its name over (pkg/master epnames.go).
-const EpNamePrefix = "/contiv.io/state/epnames/"
-
-// EpNameKey is the record of DNS name (DNSName's form) in tenant.
-func EpNameKey(tenant, name string) string { return EpNameTenantPrefix(tenant) + name }
-
-// EpNameTenantPrefix holds the name records of tenant (dropped with the tenant).
-func EpNameTenantPrefix(tenant string) string { return EpNamePrefix + tenant + "/" }
-
-// EpNameIndexBuiltKey says the endpoint name index holds every endpoint's names (written
-// once the endpoints of a build without the index are indexed).
-const EpNameIndexBuiltKey = "/contiv.io/state/epnames-built"
-
 // dnsLabel is what a name must look like to be served by the DNS responders (one DNS
 // label, lower case).
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
