@@ -243,3 +243,29 @@ func between(s, from, to string) string {
 	v, _, _ := strings.Cut(rest, to)
 	return v
 }
+
+// TestEndpointRecordGoesWithEndpoint: deleting an endpoint (POST /plugin/deleteEndpoint)
+// removes its agent's record (/contiv.io/oper/eps/<id>) in the same transaction. Only
+// netmaster writes those records (etcd RBAC), outside the tenant's quota and bounded only
+// by needing a live endpoint: without this, a bound agent repeating create, record,
+// delete under fresh container ids left a record each time and grew etcd without bound.
+func TestEndpointRecordGoesWithEndpoint(t *testing.T) {
+	b := startBound(t, "nm-operdel")
+	raw := rawEtcd(t, b.etcdURL)
+	for i := range 3 {
+		c := fmt.Sprintf("c%d", i)
+		b.h1.must(t, "POST", b.url+"/plugin/createEndpoint", fmt.Sprintf(
+			`{"TenantName":"t1","NetworkName":"n1","EndpointID":"%s","ConfigEP":{"Container":"%s","Host":"h1"}}`, c, c), 200)
+		b.h1.must(t, "POST", b.url+"/plugin/recordEndpoint", fmt.Sprintf(
+			`{"id":"n1.t1-%s","netID":"n1.t1","homingHost":"h1","intfName":"eth0","tenant":"t1","network":"n1"}`, c), 200)
+		b.h1.must(t, "POST", b.url+"/plugin/deleteEndpoint", fmt.Sprintf(
+			`{"TenantName":"t1","NetworkName":"n1","EndpointID":"%s"}`, c), 200)
+		resp, err := raw.Get(ctxT(t, 5*time.Second), "/contiv.io/oper/eps/n1.t1-"+c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 0 {
+			t.Errorf("record of deleted endpoint n1.t1-%s left behind: %s", c, resp.Kvs[0].Value)
+		}
+	}
+}

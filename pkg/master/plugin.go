@@ -382,7 +382,8 @@ func (m *Master) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, resp)
 }
 
-// removeEndpoint releases an endpoint's addresses, counts and provider entries and deletes it.
+// removeEndpoint releases an endpoint's addresses, counts and provider entries and deletes it
+// with its NetworkPolicy layer and its agent's record (/contiv.io/oper/eps/<id>).
 func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error {
 	ns, found, err := getT[model.CfgNetworkState](tx, model.NetStateKey(ep.NetID))
 	if err != nil {
@@ -433,6 +434,9 @@ func (m *Master) removeEndpoint(tx *state.Tx, ep *model.CfgEndpointState) error 
 	}
 	tx.Delete(model.EpStateKey(ep.ID))
 	tx.Delete(model.K8sPodPolicyPrefix + ep.ID) // its NetworkPolicy layer goes with it
+	// and its agent's record: recordEndpoint writes one only for a live endpoint, so
+	// records stay bounded by the endpoints (the tenant's quota)
+	tx.Delete(model.EpOperKey(ep.ID))
 	return nil
 }
 
