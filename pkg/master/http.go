@@ -619,6 +619,16 @@ func delLink(m *map[string]model.Link, key string) {
 // scopedInspect is a tenant-admin's view of a global object's inspect: the counts cover
 // its own tenant, and other tenants' tags in use are left out (found by review: they told
 // every tenant how many networks and which tags the others had).
+// hideLocalTag drops a VXLAN network's host-local VLAN (pktTag; its VNI is
+// externalPktTag) from what a tenant-admin sees: it comes from one pool for every tenant,
+// so its value would count the other tenants' VXLAN networks, and neither datapath uses it.
+func hideLocalTag(o model.NetworkOper) model.NetworkOper {
+	if o.ExternalPktTag != 0 {
+		o.PktTag = 0
+	}
+	return o
+}
+
 func scopedInspect(tx *state.Tx, out any, tenant string) (any, error) {
 	switch v := out.(type) {
 	case model.GlobalInspect:
@@ -633,6 +643,16 @@ func scopedInspect(tx *state.Tx, out any, tenant string) (any, error) {
 			}
 		}
 		v.Oper.NumNetworks, v.Oper.VlansInUse, v.Oper.VxlansInUse = n, "", ""
+		return v, nil
+	case model.NetworkInspect:
+		v.Oper = hideLocalTag(v.Oper)
+		return v, nil
+	case model.TenantInspect:
+		nets := make([]model.NetworkOper, len(v.Oper.Networks))
+		for i, no := range v.Oper.Networks {
+			nets[i] = hideLocalTag(no)
+		}
+		v.Oper.Networks = nets
 		return v, nil
 	case model.AciGwInspect:
 		kvs, err := tx.List(model.ModelKey(model.TypeAppProfile, model.ScopedKey(tenant, "")))

@@ -102,6 +102,23 @@ func TestServicesReadIsolation(t *testing.T) {
 	if gi.Oper.NumNetworks != 2 || gi.Oper.VxlansInUse == "" {
 		t.Errorf("admin's global inspect: %+v, want 2 networks and their tags", gi.Oper)
 	}
+	// A VXLAN network's host-local VLAN (pktTag) comes from one pool for every tenant: a
+	// tenant-admin sees its VNI (externalPktTag), not that VLAN, in the network's and the
+	// tenant's inspect; admins see both.
+	var ni model.NetworkInspect
+	t1.ok("GET", "/api/v1/inspect/networks/t1:app/", nil, &ni)
+	if ni.Oper.PktTag != 0 || ni.Oper.ExternalPktTag == 0 {
+		t.Errorf("tenant-admin's network inspect: pktTag %d externalPktTag %d, want 0 and the VNI", ni.Oper.PktTag, ni.Oper.ExternalPktTag)
+	}
+	admin.ok("GET", "/api/v1/inspect/networks/t1:app/", nil, &ni)
+	if ni.Oper.PktTag == 0 {
+		t.Errorf("admin's network inspect: no pktTag")
+	}
+	var ti model.TenantInspect
+	t1.ok("GET", "/api/v1/inspect/tenants/t1/", nil, &ti)
+	if len(ti.Oper.Networks) != 1 || ti.Oper.Networks[0].PktTag != 0 {
+		t.Errorf("tenant-admin's tenant inspect: %+v, want its network without pktTag", ti.Oper.Networks)
+	}
 }
 
 // TestRoutes: Routes reads every route of the router (the walk of TestReadIsolation in
