@@ -461,7 +461,7 @@ func (d *Driver) resync(ctx context.Context, st *dataplane.Index, bumpGen bool, 
 		}
 		msgs = append(msgs, m)
 	}
-	if err := d.ensurePortMeters(ctx); err != nil {
+	if err := d.ensurePortMeters(ctx, true); err != nil {
 		return err
 	}
 	if err := d.ensureQoSMeters(ctx, st, true); err != nil {
@@ -530,7 +530,7 @@ func (d *Driver) program(ctx context.Context, st *dataplane.Index, ids idTables,
 		}
 		msgs = append(msgs, m)
 	}
-	if err := d.ensurePortMeters(ctx); err != nil {
+	if err := d.ensurePortMeters(ctx, false); err != nil {
 		undo()
 		return err
 	}

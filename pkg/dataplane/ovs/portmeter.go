@@ -77,12 +77,13 @@ func portMeterPort(id uint32) (uint32, bool) {
 
 // ensurePortMeters installs the meters of every endpoint port that does not have them
 // yet; the flows compiled for those ports refer to them, and OVS refuses a flow whose
-// meter does not exist. Meters an earlier agent left (read once, on the first call after
+// meter does not exist. Meters an earlier agent left (read on the first call after
 // connecting) are modified in place: deleting one would delete the flows using it.
-// Called with mu held, before the flows are installed.
-func (d *Driver) ensurePortMeters(ctx context.Context) error {
+// reread (a full install) looks at what vswitchd holds again, so a meter deleted behind
+// the driver's back is added again. Called with mu held, before the flows are installed.
+func (d *Driver) ensurePortMeters(ctx context.Context, reread bool) error {
 	existing := map[uint32]bool{}
-	if d.portMeters == nil {
+	if d.portMeters == nil || reread {
 		stats, err := d.conn.meterStats(ctx)
 		if err != nil {
 			return fmt.Errorf("ovs: port meters: %w", err)
@@ -90,7 +91,20 @@ func (d *Driver) ensurePortMeters(ctx context.Context) error {
 		for _, s := range stats {
 			existing[s.ID] = true
 		}
-		d.portMeters = map[uint32]bool{}
+		if d.portMeters == nil {
+			d.portMeters = map[uint32]bool{}
+		}
+		// A port whose meters vswitchd no longer holds (deleted behind the driver's
+		// back, with the flows using them) gets them again: its flows could not be
+		// installed without.
+		for port := range d.portMeters {
+			for _, k := range portMeterKinds() {
+				if !existing[k.id(port)] {
+					delete(d.portMeters, port)
+					break
+				}
+			}
+		}
 	}
 	for _, port := range d.ports.endpoints {
 		if port == 0 || d.portMeters[port] {

@@ -173,3 +173,30 @@ func TestPortMeters(t *testing.T) {
 		t.Errorf("after a restart, port %d's fragments pass no meter:\n%s", p2, flows)
 	}
 }
+
+// TestPortMetersRestored (review of the QoS meters, the same cache): a port meter deleted
+// behind the driver's back (vswitchd deletes the flows that use it) is added again by the
+// next full install, which failed on the missing meter before (the driver trusted its
+// cache), and the endpoint's traffic comes back.
+func TestPortMetersRestored(t *testing.T) {
+	d, _, id, c1, c2 := hostWithTwo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e1, e2 := ep("e1", "10.1.0.1", c1, "cbr1"+id), ep("e2", "10.1.0.2", c2, "cbr2"+id)
+	st := dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2}}
+	if err := d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	p1 := d.ports.endpoints["e1"]
+	d.mu.Unlock()
+	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-meter", "unix:"+d.mgmtSocket(), fmt.Sprintf("meter=%d", fragMeterID(p1)))
+	if err := d.Sync(ctx, st); err != nil {
+		t.Fatalf("full install after the port meter went: %v", err)
+	}
+	m := sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-meters", "unix:"+d.mgmtSocket())
+	if !strings.Contains(m, fmt.Sprintf("meter=%d ", fragMeterID(p1))) {
+		t.Fatalf("the full install did not put port %d's fragment meter back:\n%s", p1, m)
+	}
+	conformance.PingOK(t, nsPath(c1), "10.1.0.2", 3)
+}
