@@ -15,7 +15,7 @@ import (
 )
 
 // ListingKinds are the tables Listing decodes.
-var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters"}
+var ListingKinds = []string{"endpoints", "networks", "peers", "ct", "nat", "services", "policy", "netpol", "routes", "counters", "qos"}
 
 // listNames is what the driver knows about the names behind map keys, copied under the
 // driver lock so that reading the maps (which can be large) does not hold it.
@@ -153,6 +153,8 @@ func (d *Driver) Listing(q dataplane.ListQuery) (dataplane.Listing, error) {
 		err = d.listRoutes(n, &l)
 	case "counters":
 		err = d.listCounters(n, &l)
+	case "qos":
+		err = d.listQoS(n, &l)
 	default:
 		return l, fmt.Errorf("unknown table %q: want one of %s", kind, strings.Join(ListingKinds, ", "))
 	}

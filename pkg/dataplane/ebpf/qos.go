@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"strconv"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -97,9 +98,9 @@ func (d *Driver) putQoS(slot uint32, q dataplane.QoS) error {
 		return errors.New("qos: map cb_qos missing")
 	}
 	want := contivbpfCbQosEntry{Generation: d.gen, Out: qosBucket(q.EgressRate, q.EgressBurst), In: qosBucket(q.IngressRate, q.IngressBurst)}
-	var cur contivbpfCbQosEntry
-	if err := d.objs.CbQos.LookupWithFlags(slot, &cur, ebpf.LookupLock); err != nil {
-		return fmt.Errorf("qos: read slot %d: %w", slot, err)
+	cur, err := d.qosEntry(slot)
+	if err != nil {
+		return err
 	}
 	keep := func(w *contivbpfCbQosBucket, c contivbpfCbQosBucket) {
 		if w.Nsb != 0 && w.Nsb == c.Nsb && w.Tau == c.Tau {
@@ -128,13 +129,80 @@ func (d *Driver) qosOf(ifc contivbpfCbIface) *dataplane.QoS {
 	if ifc.Qos&uint32(contivbpfCbQosFlagsCB_QOS_DSCP) != 0 {
 		q.SetDSCP, q.DSCP = true, uint8(ifc.Qos>>8&0x3f)
 	}
-	var e contivbpfCbQosEntry
-	if err := d.objs.CbQos.Lookup(ifc.Slot, &e); err != nil {
+	e, err := d.qosEntry(ifc.Slot)
+	if err != nil {
 		return q
 	}
 	q.EgressRate, q.EgressBurst = e.Out.rate()
 	q.IngressRate, q.IngressBurst = e.In.rate()
 	return q
+}
+
+// qosEntry reads slot's buckets under the entry's lock (BPF_F_LOCK), so that a packet's
+// update in flight never shows half written.
+func (d *Driver) qosEntry(slot uint32) (contivbpfCbQosEntry, error) {
+	var e contivbpfCbQosEntry
+	if d.objs.CbQos == nil {
+		return e, errors.New("qos: map cb_qos missing")
+	}
+	if err := d.objs.CbQos.LookupWithFlags(slot, &e, ebpf.LookupLock); err != nil {
+		return e, fmt.Errorf("qos: read slot %d: %w", slot, err)
+	}
+	return e, nil
+}
+
+// listQoS decodes the limited endpoints (netctl bpf qos): one row per endpoint and
+// limited direction (an endpoint only marked: one egress row), in the columns of the
+// OVS driver's listing. A limited endpoint's interface entry lives in the cb_ifaces hash
+// (ifaces.go), never in cb_iface_direct; its buckets are cb_qos at its counter slot (the
+// METER column), read locked. Rates and bursts are as enforced (qosOf). PACKETS and
+// DROPPED stay empty: the per-endpoint counters (cb_ep_counters) hold what the endpoint
+// sent and received, not drops by reason; policing drops are counted per host only, as
+// drop_rate_egress / drop_rate_ingress (netctl bpf counters).
+func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
+	l.Columns = []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}
+	var k uint32
+	var v contivbpfCbIface
+	it := d.objs.CbIfaces.Iterate()
+	for it.Next(&k, &v) {
+		if v.Qos == 0 {
+			continue
+		}
+		id := n.epByKey[contivbpfCbEpKey{Net: v.Net, Ip: v.Ip}]
+		if id == "" {
+			id = fmt.Sprintf("(ifindex %d, not in the agent's state)", k)
+		}
+		e, err := d.qosEntry(v.Slot)
+		if err != nil {
+			return fmt.Errorf("endpoint %s: %w", id, err)
+		}
+		dscp := "-"
+		if v.Qos&uint32(contivbpfCbQosFlagsCB_QOS_DSCP) != 0 {
+			dscp = strconv.Itoa(int(v.Qos >> 8 & 0x3f))
+		}
+		meter := "slot " + strconv.Itoa(int(v.Slot))
+		for _, dir := range []struct {
+			name string
+			flag contivbpfCbQosFlags
+			b    contivbpfCbQosBucket
+		}{{"egress", contivbpfCbQosFlagsCB_QOS_EGRESS, e.Out}, {"ingress", contivbpfCbQosFlagsCB_QOS_INGRESS, e.In}} {
+			if v.Qos&uint32(dir.flag) == 0 {
+				if dir.name == "egress" && dscp != "-" {
+					l.Rows = append(l.Rows, []string{id, dir.name, "-", "-", "-", dscp, "", ""})
+				}
+				continue
+			}
+			mark := "-"
+			if dir.name == "egress" {
+				mark = dscp
+			}
+			rate, burst := dir.b.rate()
+			l.Rows = append(l.Rows, []string{id, dir.name, meter, fmt.Sprintf("%d kbit/s", (rate+500)/1000),
+				fmt.Sprintf("%d kbit", (burst*8+500)/1000), mark, "", ""})
+		}
+	}
+	sortRows(l.Rows)
+	return iterErr(it.Err(), contivbpfMapCbIfaces)
 }
 
 // rate is the rate (bit/s) and burst (bytes) bucket b enforces (0: unlimited).

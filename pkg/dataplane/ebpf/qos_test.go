@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -456,5 +458,53 @@ func TestQoSVerify(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("zeroed buckets of %s: drift %+v, want both directions named in %s", a.ID, v, contivbpfMapCbQos)
+	}
+}
+
+// TestQoSListing: `netctl bpf qos` on eBPF: a row per limited endpoint and direction, in
+// the OVS listing's columns, with the rates and bursts the buckets enforce and the DSCP;
+// an endpoint only marked has its egress row, one without QoS none.
+func TestQoSListing(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	a := h.endpoint(t, "la", "10.50.0.2", false)
+	a.QoS = dataplane.QoS{EgressRate: 10e6, IngressRate: 2e6, IngressBurst: 50_000, SetDSCP: true, DSCP: 46}
+	b := h.endpoint(t, "lb", "10.50.0.3", false)
+	b.QoS = dataplane.QoS{SetDSCP: true, DSCP: 10}
+	c := h.endpoint(t, "lc", "10.50.0.4", false)
+	for _, ep := range []dataplane.Endpoint{a, b, c} {
+		if err := h.d.UpsertEndpoint(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := h.d.Listing(dataplane.ListQuery{Kind: "qos"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}; !slices.Equal(l.Columns, want) {
+		t.Errorf("columns %v, want the OVS listing's %v", l.Columns, want)
+	}
+	slot := func(ep dataplane.Endpoint) string {
+		t.Helper()
+		h.d.eps.mu.RLock()
+		defer h.d.eps.mu.RUnlock()
+		for _, r := range h.d.eps.endpoints {
+			if r.id == ep.ID && r.slot != 0 {
+				return "slot " + strconv.Itoa(int(r.slot))
+			}
+		}
+		t.Fatalf("no slot for %s", ep.ID)
+		return ""
+	}
+	want := [][]string{
+		{a.ID, "egress", slot(a), "10000 kbit/s", "2000 kbit", "46", "", ""}, // default burst: 200 ms of the rate
+		{a.ID, "ingress", slot(a), "2000 kbit/s", "400 kbit", "-", "", ""},
+		{b.ID, "egress", "-", "-", "-", "10", "", ""},
+	}
+	if !slices.EqualFunc(l.Rows, want, slices.Equal) {
+		t.Errorf("qos rows\n%v\nwant\n%v", l.Rows, want)
 	}
 }
