@@ -25,11 +25,32 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// Prefix returns a short unique prefix starting with "cbe" for names a test creates.
+// Prefix returns a short unique prefix starting with "cbe" for names a test creates: 16
+// random bits (names stay within the 15 bytes of an interface name), drawn again while a
+// namespace or a root-namespace link already starts with it. Test packages run in
+// parallel (make test's -p 2), and a prefix another test held made its namespaces clash
+// ("File exists": seen in make test).
 func Prefix() string {
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	return "cbe" + hex.EncodeToString(b)
+	return freePrefix(func() string {
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		return "cbe" + hex.EncodeToString(b)
+	})
+}
+
+// freePrefix returns the first prefix draw gives that no namespace or root-namespace link
+// starts with (after 1,000 draws, whatever the last one was).
+func freePrefix(draw func() string) string {
+	var p string
+	for range 1000 {
+		p = draw()
+		ns, _ := filepath.Glob(filepath.Join("/run/netns", p+"*"))
+		links, _ := filepath.Glob(filepath.Join("/sys/class/net", p+"*"))
+		if len(ns) == 0 && len(links) == 0 {
+			return p
+		}
+	}
+	return p
 }
 
 // NewNetNS creates the named network namespace (under /run/netns) and removes it when the
