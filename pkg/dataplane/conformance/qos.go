@@ -27,7 +27,7 @@ import (
 // a1 is unlimited both ways and its packets keep the DSCP they were sent with.
 func netprofile(t *testing.T, e *Env) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Skip("iperf3 is not installed")
+		t.Fatalf("iperf3 is not installed (make test installs it: scripts/deps.sh): %v", err)
 	}
 	a1, a2, _ := e.threeContainers(t, 1, 1, 2)
 	PingOK(t, a1.NS, a2.ip(), 3)
