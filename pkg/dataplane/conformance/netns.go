@@ -98,6 +98,20 @@ func PingOK(t testing.TB, path, ip string, tries int) {
 	t.Errorf("no reply after %d tries: %v", tries, err)
 }
 
+// PingStops asserts that echoes stop being answered within tries pings of one second each:
+// for a change a datapath applies a moment later (a kernel work item, a switch's flow cache
+// revalidated in the background). It returns the number of replies before they stopped.
+func PingStops(t testing.TB, path, ip string, tries int) int {
+	t.Helper()
+	for n := 0; n < tries; n++ {
+		if Ping(path, ip, time.Second) != nil {
+			return n
+		}
+	}
+	t.Errorf("ping %s from %s: still answered after %d tries, want no reply", ip, filepath.Base(path), tries)
+	return tries
+}
+
 // PingFails asserts that one echo (one second) gets no reply.
 func PingFails(t testing.TB, path, ip string) {
 	t.Helper()

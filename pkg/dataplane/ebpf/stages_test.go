@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -78,7 +79,12 @@ func TestStagesOutliveTheAgent(t *testing.T) {
 	if err := h.d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	conformance.PingFails(t, a.NetNS, b.IP.String())
+	// The kernel empties a stage array whose last user reference is gone from a work
+	// item, a moment later (under load, more than one ping's second: seen in CI).
+	if conformance.PingStops(t, a.NetNS, b.IP.String(), 20) == 20 {
+		out, _ := exec.Command("bpftool", "map", "show", "name", contivbpfMapCbCalls).CombinedOutput()
+		t.Logf("stage arrays still held (pids hold a file of them):\n%s", out)
+	}
 }
 
 // TestHandoffDeliversWhatItJudged (found by review): the judging program delivers to the
