@@ -168,7 +168,9 @@ func TestQoSMetersLive(t *testing.T) {
 
 	// Deleted behind the driver's back: vswitchd deletes table qos's flow of e1 with it.
 	sh(t, "ovs-ofctl", "-O", "OpenFlow13", "del-meter", "unix:"+d.mgmtSocket(), fmt.Sprintf("meter=%d", qosEgressMeterID(p1)))
-	conformance.PingFails(t, nsPath(c1), "10.1.0.2")
+	// The datapath's cached flows are revalidated in the background: a ping sent at once
+	// can still pass (seen in CI).
+	conformance.PingStops(t, nsPath(c1), "10.1.0.2", 10)
 	// The next full install puts it back (it failed on the missing meter before).
 	st.Endpoints[0] = e1
 	if err := d.Sync(ctx, st); err != nil {
