@@ -81,6 +81,59 @@ func TestNodePortQuota(t *testing.T) {
 	t1.must(t, "POST", follower.url+"/api/v1/serviceLBs/t1:b/", svcLB("t1", "b", "10.84.0.201", 30101, 30105), 200)
 }
 
+// TestEPGIDQuota (issue 34) runs two netmasters with TLS and tokens, a default of 2
+// endpoint group ids per tenant and room for 10 groups: endpoint group ids are one pool
+// every tenant shares, and before only the groups' count (an etcd-size bound) held a
+// tenant back. t1's tenant-admin takes two; a third is 403 naming the tenant, the kind and
+// the limit, through leader and follower, etcd untouched; t2 still takes its own; the admin
+// is not held to it; the quota API and /metrics show the ids.
+func TestEPGIDQuota(t *testing.T) {
+	sec, ps, rev := poolEnv(t, "--quota-endpoint-group-ids", "2", "--quota-endpoint-groups", "10")
+	admin, ro, t1, t2 := sec.client(t, tAdmin), sec.client(t, tRO), sec.client(t, tPoolT1), sec.client(t, tPoolT2)
+	leader, follower := secureLeader(t, admin, ps)
+	for i, tn := range []string{"t1", "t2"} {
+		admin.must(t, "POST", leader.url+"/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, 200)
+		admin.must(t, "POST", leader.url+"/api/v1/networks/"+tn+":app/", netBodyIn(tn, "app", 87, i), 200)
+	}
+	group := func(tn, name string) (string, string) {
+		return "/api/v1/endpointGroups/" + tn + ":" + name + "/", fmt.Sprintf(`{"groupName":%q,"networkName":"app","tenantName":%q}`, name, tn)
+	}
+	for _, g := range []string{"g1", "g2"} {
+		path, body := group("t1", g)
+		t1.must(t, "POST", follower.url+path, body, 200)
+	}
+	for _, via := range []*proc{leader, follower} {
+		path, body := group("t1", "g3")
+		before := rev()
+		st, out := t1.call(t, "POST", via.url+path, body)
+		if st != 403 || !strings.Contains(out, `tenant \"t1\": endpointGroupIds quota exceeded: limit 2, 2 in use`) {
+			t.Errorf("POST %s via %s: %d %s, want 403 naming the endpoint group id quota", path, via.name, st, out)
+		}
+		if rev() != before {
+			t.Errorf("POST %s refused but etcd changed", path)
+		}
+	}
+	path, body := group("t2", "g1")
+	t2.must(t, "POST", leader.url+path, body, 200)
+	path, body = group("t1", "g3")
+	admin.must(t, "POST", follower.url+path, body, 200)
+	if q := t1.quota(t, follower.url+"/api/v1/quotas/t1/"); q.Usage[model.QuotaEPGIDs] != 3 || q.Limits[model.QuotaEPGIDs] != 2 {
+		t.Errorf("t1's quota: %+v", q)
+	}
+	_, m := ro.call(t, "GET", leader.url+"/metrics", "")
+	for _, want := range []string{`contiv_netmaster_tenant_usage{kind="endpointGroupIds",tenant="t1"} 3`,
+		`contiv_netmaster_tenant_quota{kind="endpointGroupIds",tenant="t2"} 2`, `contiv_netmaster_tenant_usage{kind="endpointGroupIds",tenant="t2"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// Deleting frees one for the tenant-admin again.
+	t1.must(t, "DELETE", leader.url+"/api/v1/endpointGroups/t1:g3/", "", 200)
+	t1.must(t, "DELETE", leader.url+"/api/v1/endpointGroups/t1:g2/", "", 200)
+	path, body = group("t1", "g4")
+	t1.must(t, "POST", follower.url+path, body, 200)
+}
+
 // netTagBody is a network of tenant tn with encap and pktTag tag (0: allocated).
 func netTagBody(tn, name, encap string, tag, a, b int) string {
 	return fmt.Sprintf(`{"tenantName":%q,"networkName":%q,"encap":%q,"pktTag":%d,"subnet":"10.%d.%d.0/24"}`, tn, name, encap, tag, a, b)

@@ -20,6 +20,7 @@ func quotaFlagList() []quotaFlag {
 	return []quotaFlag{
 		{"quota-networks", model.QuotaNetworks, "networks"},
 		{"quota-endpoint-groups", model.QuotaEndpointGroups, "endpoint groups"},
+		{"quota-endpoint-group-ids", model.QuotaEPGIDs, "endpoint group ids its groups hold (of the 65,535 every tenant shares; bounds a tenant whose endpoint group limit an admin raised)"},
 		{"quota-policies", model.QuotaPolicies, "policies"},
 		{"quota-rules", model.QuotaRules, "policy rules (all its policies' together)"},
 		{"quota-services", model.QuotaServices, "services (serviceLBs, Kubernetes Services included)"},

@@ -85,15 +85,22 @@ func TestQuotaNodePorts(t *testing.T) {
 	}
 
 	// A usage record of an older netmaster (no version, no node ports) is recounted.
-	if _, err := e.raw.Put(ctx, model.QuotaUsageKey("t1"), `{"tenant":"t1","usage":{"networks":1}}`); err != nil {
-		t.Fatal(err)
+	e.checkOldUsageRecounted(`{"tenant":"t1","usage":{"networks":1}}`, "t1", model.QuotaNodePorts, 2)
+}
+
+// checkOldUsageRecounted writes old as tenant's usage record (one an older netmaster
+// counted, without kind) and checks that GET and a restart recount kind to want.
+func (e *env) checkOldUsageRecounted(old, tenant, kind string, want int64) {
+	e.t.Helper()
+	if _, err := e.raw.Put(context.Background(), model.QuotaUsageKey(tenant), old); err != nil {
+		e.t.Fatal(err)
 	}
-	if got := e.usage("t1")[model.QuotaNodePorts]; got != 2 {
-		t.Errorf("GET with an old record: %d node ports, want 2", got)
+	if got := e.usage(tenant)[kind]; got != want {
+		e.t.Errorf("GET with an old record: %d %s, want %d", got, kind, want)
 	}
-	newEnvOn(t, e.store, e.url, "routing")
-	if u := e.checkBooks("t1"); u[model.QuotaNodePorts] != 2 || u[model.QuotaNetworks] != 1 {
-		t.Errorf("recounted at start: %v", u)
+	newEnvOn(e.t, e.store, e.url, "routing")
+	if u := e.checkBooks(tenant); u[kind] != want || u[model.QuotaNetworks] != 1 {
+		e.t.Errorf("recounted at start: %v", u)
 	}
 }
 
@@ -243,4 +250,41 @@ func TestTagRangeRace(t *testing.T) {
 			t.Errorf("t9's network n%d took VLAN %d inside t8's range 1-20", i, in.Oper.PktTag)
 		}
 	}
+}
+
+// epgBody is endpoint group name of tenant tn on its network "app".
+func epgBody(tn, name string) string {
+	return fmt.Sprintf(`{"groupName":%q,"networkName":"app","tenantName":%q}`, name, tn)
+}
+
+// TestQuotaEPGIDs (issue 34): endpoint group ids are one pool of 65,535 every tenant
+// shares; before, only the endpointGroups limit (an etcd-size bound an admin may raise)
+// stood between one tenant and all of them. Each group's state record now counts as an id
+// held (endpointGroupIds): past the limit a create is 403 naming the kind, nothing written,
+// while another tenant still takes ids; a delete frees one; a usage record counted before
+// ids were (version 1) is recounted on GET and at start.
+func TestQuotaEPGIDs(t *testing.T) {
+	e := newEnv(t, "routing")
+	e = newEnvOn(t, e.store, e.url, "routing", withQuota(map[string]int64{model.QuotaEndpointGroups: 10, model.QuotaEPGIDs: 2}))
+	for i, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+		e.net(tn, "app", "vxlan", fmt.Sprintf("10.%d.0.0/24", 93+i), "", 0)
+	}
+	e.ok("POST", "/api/v1/endpointGroups/t1:g1/", epgBody("t1", "g1"), nil)
+	e.ok("POST", "/api/v1/endpointGroups/t1:g2/", epgBody("t1", "g2"), nil)
+	before, rev := e.snapshot()
+	code, msg := e.do("POST", "/api/v1/endpointGroups/t1:g3/", epgBody("t1", "g3"))
+	if code != http.StatusForbidden || !strings.Contains(msg, `tenant "t1": endpointGroupIds quota exceeded: limit 2, 2 in use`) {
+		t.Fatalf("t1's third group id: %d %s", code, msg)
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Fatal("a refused group changed etcd")
+	}
+	e.ok("POST", "/api/v1/endpointGroups/t2:g1/", epgBody("t2", "g1"), nil)
+	if u := e.checkBooks("t1"); u[model.QuotaEPGIDs] != 2 || u[model.QuotaEndpointGroups] != 2 {
+		t.Fatalf("t1's usage: %v", u)
+	}
+	e.ok("DELETE", "/api/v1/endpointGroups/t1:g2/", nil, nil)
+	e.ok("POST", "/api/v1/endpointGroups/t1:g3/", epgBody("t1", "g3"), nil)
+	e.checkOldUsageRecounted(`{"tenant":"t1","usage":{"networks":1},"version":1}`, "t1", model.QuotaEPGIDs, 2)
 }

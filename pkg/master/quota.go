@@ -28,9 +28,12 @@ func DefaultQuota() map[string]int64 {
 	return map[string]int64{
 		model.QuotaNetworks:       500,
 		model.QuotaEndpointGroups: 500,
-		model.QuotaPolicies:       500,
-		model.QuotaRules:          1000,
-		model.QuotaServices:       500,
+		// Endpoint group ids (1-65535) are one pool every tenant shares: 655 each leaves
+		// room for 100 tenants (65,500), also when an admin raises a tenant's groups.
+		model.QuotaEPGIDs:   655,
+		model.QuotaPolicies: 500,
+		model.QuotaRules:    1000,
+		model.QuotaServices: 500,
 		// The node port range (30000-32767, per protocol) is shared by every tenant: 27
 		// each leaves room for 100 tenants (2,700 of 2,768 ports), whichever protocol.
 		model.QuotaNodePorts:   27,
@@ -66,7 +69,8 @@ var globalModelTypes = map[string]bool{model.TypeGlobal: true, model.TypeBgp: tr
 // countedPrefixes hold the records a tenant owns (tenantRecord). Allocation maps, pending
 // addresses and Kubernetes NetworkPolicy records are not counted: the first are bounded by
 // the networks' subnets, the last must never be refused (a pod would lose its isolation).
-// Node port claims are: the range is shared by every tenant.
+// Node port claims are, and endpoint group state records count as the ids they hold: both
+// pools are shared by every tenant.
 var countedPrefixes = []string{model.ModelDBPrefix, model.NetStatePrefix, model.EpStatePrefix, model.EPGStatePrefix,
 	model.PolicyStatePrefix, model.RuleStatePrefix, model.SvcLBStatePrefix, model.ProviderPrefix, model.NodePortPrefix}
 
@@ -91,7 +95,8 @@ func tenantRecord(key string, val []byte, netTenant netTenantFunc) (counted, err
 	case strings.HasPrefix(key, model.EpStatePrefix):
 		c.kind = model.QuotaEndpoints
 		c.tenant, err = netTenant(jsonField(val, func(v *struct{ NetID string }) string { return v.NetID }))
-	case strings.HasPrefix(key, model.EPGStatePrefix):
+	case strings.HasPrefix(key, model.EPGStatePrefix): // each holds one endpoint group id
+		c.kind = model.QuotaEPGIDs
 		c.tenant = jsonField(val, func(v *struct{ TenantName string }) string { return v.TenantName })
 	case strings.HasPrefix(key, model.SvcLBStatePrefix):
 		c.kind = model.QuotaServices

@@ -9,6 +9,7 @@ package model
 const (
 	QuotaNetworks       = "networks"
 	QuotaEndpointGroups = "endpointGroups"
+	QuotaEPGIDs         = "endpointGroupIds" // endpoint group ids (of the 65,535 every tenant shares) its groups hold
 	QuotaPolicies       = "policies"
 	QuotaRules          = "rules"
 	QuotaServices       = "serviceLBs"
@@ -21,7 +22,7 @@ const (
 
 // QuotaKinds returns every quota kind, in display order.
 func QuotaKinds() []string {
-	return []string{QuotaNetworks, QuotaEndpointGroups, QuotaPolicies, QuotaRules, QuotaServices, QuotaNodePorts,
+	return []string{QuotaNetworks, QuotaEndpointGroups, QuotaEPGIDs, QuotaPolicies, QuotaRules, QuotaServices, QuotaNodePorts,
 		QuotaAppProfiles, QuotaNetprofiles, QuotaEndpoints, QuotaBytes}
 }
 
@@ -59,8 +60,8 @@ type TenantUsage struct {
 }
 
 // UsageVersion numbers what a usage record counts; a record of an older version is
-// recounted before it is used (1: node ports counted).
-const UsageVersion = 1
+// recounted before it is used (1: node ports counted; 2: endpoint group ids counted).
+const UsageVersion = 2
 
 // TenantQuotaLimits is /contiv.io/state/quota/limits/<tenant>: the limits an admin set for
 // the tenant; a kind it does not name takes netmaster's default.

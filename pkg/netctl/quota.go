@@ -16,6 +16,7 @@ import (
 func quotaFlagKinds() [][2]string {
 	return [][2]string{
 		{"networks", model.QuotaNetworks}, {"endpoint-groups", model.QuotaEndpointGroups},
+		{"endpoint-group-ids", model.QuotaEPGIDs},
 		{"policies", model.QuotaPolicies}, {"rules", model.QuotaRules}, {"services", model.QuotaServices},
 		{"node-ports", model.QuotaNodePorts},
 		{"app-profiles", model.QuotaAppProfiles}, {"netprofiles", model.QuotaNetprofiles}, {"endpoints", model.QuotaEndpoints},

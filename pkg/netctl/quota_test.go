@@ -22,7 +22,7 @@ func TestTenantQuota(t *testing.T) {
 		t.Helper()
 		return runNetctl(t, url, args...)
 	}
-	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7", "--node-ports", "4", "--vlans", "100-199")
+	r := run("tenant", "quota", "default", "--networks", "1", "--bytes", "2Mi", "--rules", "7", "--endpoint-group-ids", "9", "--node-ports", "4", "--vlans", "100-199")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("set: %+v", r)
 	}
