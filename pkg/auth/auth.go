@@ -299,10 +299,13 @@ func (t *Tokens) lookup(tok string) (Identity, bool) {
 	return id, ok
 }
 
-// BoundHosts are the hosts the file's agent tokens are bound to (HostPrefix), sorted.
-func (t *Tokens) BoundHosts() []string {
+// BoundHosts are the hosts the file's agent tokens are bound to (HostPrefix), sorted, and
+// whether the file was taken at its last reading: a refused file (no token works) binds no
+// host either, but says nothing of which hosts were removed (a typo is not a revocation).
+func (t *Tokens) BoundHosts() ([]string, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	taken := t.set.byDigest != nil
 	seen := map[string]bool{}
 	var out []string
 	for _, id := range t.set.byDigest {
@@ -312,7 +315,7 @@ func (t *Tokens) BoundHosts() []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	return out, taken
 }
 
 // PeerToken is a token of role netmaster ("" if the file has none).

@@ -49,19 +49,38 @@ var ErrClaimed = errors.New("registration key granted to another host")
 // ErrBadRegistration is returned for a registration an agent may not enroll.
 var ErrBadRegistration = errors.New("invalid registration")
 
+// Records netmaster keeps of the users it manages (etcd's root writes them, agents read
+// them like all of /contiv.io/):
+//
+//	ClaimsPrefix<registration key without /contiv.io/>  the host whose role holds it
+//	TokenHostsPrefix<host>                              a user made for a token's host
+//
+// A claim is taken in a transaction, so two netmasters enrolling at once never grant one
+// key to two hosts, and an enrollment reads only its own keys' claims, never every host's
+// role.
+const (
+	ClaimsPrefix     = "/contiv.io/state/etcdrbac/claims/"
+	TokenHostsPrefix = "/contiv.io/state/etcdrbac/tokenhosts/"
+)
+
+func claimKey(regKey string) string { return ClaimsPrefix + strings.TrimPrefix(regKey, ReadPrefix) }
+
 // Manager creates and updates the agents' etcd users and roles. Its client must be
 // etcd's root (netmaster's).
 type Manager struct {
-	cli *clientv3.Client
-	log *slog.Logger
-	mu  sync.Mutex // one enrollment at a time: a key is granted to one host only
+	cli  *clientv3.Client
+	auth clientv3.Auth // (cli's: a test counts its calls)
+	log  *slog.Logger
+	mu   sync.Mutex // one enrollment at a time in this process (claims order them across)
 	// ensured are the hosts whose user and base role exist (Follow's cache).
 	ensured map[string]bool
+	// migrated: the claims of roles granted before claims were recorded are recorded.
+	migrated bool
 }
 
 // New returns a Manager acting through cli.
 func New(cli *clientv3.Client, log *slog.Logger) *Manager {
-	return &Manager{cli: cli, log: log, ensured: map[string]bool{}}
+	return &Manager{cli: cli, auth: cli.Auth, log: log, ensured: map[string]bool{}}
 }
 
 // UserOf is the etcd user (and role) name of host's agent: its etcd certificate's CN.
@@ -113,7 +132,7 @@ func uniq(a, b string) []string {
 }
 
 func (m *Manager) addUser(ctx context.Context, name string) error {
-	_, err := m.cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
+	_, err := m.auth.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
 	if err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
 		return fmt.Errorf("etcd: add user %q: %w", name, err)
 	}
@@ -135,18 +154,18 @@ func (m *Manager) EnsureHost(ctx context.Context, host string) error {
 	if err := m.addUser(ctx, name); err != nil {
 		return err
 	}
-	if _, err := m.cli.RoleAdd(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
+	if _, err := m.auth.RoleAdd(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
 		return fmt.Errorf("etcd: add role %q: %w", name, err)
 	}
-	if _, err := m.cli.RoleGrantPermission(ctx, name, ReadPrefix, clientv3.GetPrefixRangeEnd(ReadPrefix), clientv3.PermissionType(clientv3.PermRead)); err != nil {
+	if _, err := m.auth.RoleGrantPermission(ctx, name, ReadPrefix, clientv3.GetPrefixRangeEnd(ReadPrefix), clientv3.PermissionType(clientv3.PermRead)); err != nil {
 		return fmt.Errorf("etcd: grant role %q read on %s: %w", name, ReadPrefix, err)
 	}
 	for _, k := range HostKeys(host) {
-		if _, err := m.cli.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+		if _, err := m.auth.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 			return fmt.Errorf("etcd: grant role %q write on %s: %w", name, k, err)
 		}
 	}
-	if _, err := m.cli.UserGrantRole(ctx, name, name); err != nil {
+	if _, err := m.auth.UserGrantRole(ctx, name, name); err != nil {
 		return fmt.Errorf("etcd: grant role %q to its user: %w", name, err)
 	}
 	return nil
@@ -178,44 +197,35 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 	if err := m.EnsureHost(ctx, host); err != nil {
 		return err
 	}
+	if err := m.migrate(ctx); err != nil {
+		return err
+	}
 	name := UserOf(host)
-	roles, err := m.cli.RoleList(ctx)
+	have, err := m.serviceKeys(ctx, name)
 	if err != nil {
-		return fmt.Errorf("etcd: list roles: %w", err)
-	}
-	var have []string
-	for _, r := range roles.Roles {
-		if !strings.HasPrefix(r, auth.HostPrefix) {
-			continue
-		}
-		keys, err := m.serviceKeys(ctx, r)
-		if err != nil {
-			return err
-		}
-		if r == name {
-			have = keys
-			continue
-		}
-		for _, k := range keys {
-			if want[k] {
-				return fmt.Errorf("%w: %s is %s's", ErrClaimed, k, strings.TrimPrefix(r, auth.HostPrefix))
-			}
-		}
-	}
-	for _, k := range have {
-		if !want[k] {
-			if _, err := m.cli.RoleRevokePermission(ctx, name, k, ""); err != nil {
-				return fmt.Errorf("etcd: revoke %s from role %q: %w", k, name, err)
-			}
-		}
+		return err
 	}
 	keys := make([]string, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	if err := m.claim(ctx, host, keys); err != nil {
+		return err
+	}
+	for _, k := range have {
+		if want[k] {
+			continue
+		}
+		if _, err := m.auth.RoleRevokePermission(ctx, name, k, ""); err != nil {
+			return fmt.Errorf("etcd: revoke %s from role %q: %w", k, name, err)
+		}
+		if err := m.release(ctx, host, k); err != nil {
+			return err
+		}
+	}
 	for _, k := range keys {
-		if _, err := m.cli.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+		if _, err := m.auth.RoleGrantPermission(ctx, name, k, "", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 			return fmt.Errorf("etcd: grant role %q write on %s: %w", name, k, err)
 		}
 	}
@@ -223,9 +233,108 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 	return nil
 }
 
+// claim records keys as host's in one transaction, which fails (ErrClaimed, nothing
+// written) when another host holds one, and runs again when a claim changed meanwhile.
+func (m *Manager) claim(ctx context.Context, host string, keys []string) error {
+	for {
+		var cmps []clientv3.Cmp
+		var puts []clientv3.Op
+		for _, k := range keys {
+			ck := claimKey(k)
+			r, err := m.cli.Get(ctx, ck)
+			if err != nil {
+				return fmt.Errorf("etcd: read claim %s: %w", ck, err)
+			}
+			if len(r.Kvs) > 0 && string(r.Kvs[0].Value) != host {
+				return fmt.Errorf("%w: %s is %s's", ErrClaimed, k, r.Kvs[0].Value)
+			}
+			var rev int64
+			if len(r.Kvs) > 0 {
+				rev = r.Kvs[0].ModRevision
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(ck), "=", rev))
+			puts = append(puts, clientv3.OpPut(ck, host))
+		}
+		if len(puts) == 0 {
+			return nil
+		}
+		r, err := m.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return fmt.Errorf("etcd: claim registrations of %s: %w", host, err)
+		}
+		if r.Succeeded {
+			return nil
+		}
+	}
+}
+
+// release drops host's claim of key (another host's is left alone).
+func (m *Manager) release(ctx context.Context, host, key string) error {
+	ck := claimKey(key)
+	_, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(ck), "=", host)).Then(clientv3.OpDelete(ck)).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd: release claim %s: %w", ck, err)
+	}
+	return nil
+}
+
+// migrate records the claims of registration keys granted before claims were recorded (a
+// netmaster of an earlier build enrolled them): once per Manager, reading every host's
+// role once, so a key granted then is still refused to another host.
+func (m *Manager) migrate(ctx context.Context) error {
+	if m.migrated {
+		return nil
+	}
+	roles, err := m.auth.RoleList(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd: list roles: %w", err)
+	}
+	for _, r := range roles.Roles {
+		host, ok := strings.CutPrefix(r, auth.HostPrefix)
+		if !ok {
+			continue
+		}
+		keys, err := m.serviceKeys(ctx, r)
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			ck := claimKey(k)
+			if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).Then(clientv3.OpPut(ck, host)).Commit(); err != nil {
+				return fmt.Errorf("etcd: record claim %s: %w", ck, err)
+			}
+		}
+	}
+	m.migrated = true
+	return nil
+}
+
+// RemoveHost deletes host's etcd user and role and its claims: its agent's certificate
+// reads and writes nothing any more, and its registration keys are free for other hosts.
+// A user or role already gone is no error.
+func (m *Manager) RemoveHost(ctx context.Context, host string) error {
+	name := UserOf(host)
+	keys, err := m.serviceKeys(ctx, name)
+	if err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {
+		return err
+	}
+	if _, err := m.auth.UserDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrUserNotFound) {
+		return fmt.Errorf("etcd: delete user %q: %w", name, err)
+	}
+	if _, err := m.auth.RoleDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {
+		return fmt.Errorf("etcd: delete role %q: %w", name, err)
+	}
+	for _, k := range keys {
+		if err := m.release(ctx, host, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // serviceKeys are the registration keys role may write.
 func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error) {
-	r, err := m.cli.RoleGet(ctx, role)
+	r, err := m.auth.RoleGet(ctx, role)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: get role %q: %w", role, err)
 	}
@@ -240,13 +349,15 @@ func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error
 
 // Follow gives every host that hosts() names a user and role (EnsureHost) now and every
 // `every` until ctx ends: agents whose netmaster token is bound to their host (token name
-// host:<host>) find their etcd user ready before their first read. A host that leaves the
-// list and comes back is made again. Follow runs once per Manager.
-func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() []string) {
+// host:<host>) find their etcd user ready before their first read. Each such host is
+// recorded (TokenHostsPrefix); a recorded host whose token went, also while no netmaster
+// ran, loses its user, role and claims (RemoveHost), unless hosts() reports its file
+// refused (a typo revokes no etcd user). A host that comes back is made again. Hosts
+// enrolled otherwise (an agent identified by certificate) are never recorded, so never
+// removed here. Follow runs once per Manager.
+func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() ([]string, bool)) {
 	for {
-		cur := hosts()
-		// A host whose token went is forgotten: if it comes back (its user deleted
-		// meanwhile, as docs/security.md's revocation does), its user is made again.
+		cur, taken := hosts()
 		keep := make(map[string]bool, len(cur))
 		for _, h := range cur {
 			keep[h] = true
@@ -260,7 +371,7 @@ func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() 
 			if m.ensured[h] {
 				continue
 			}
-			if err := m.EnsureHost(ctx, h); err != nil {
+			if err := m.ensureTokenHost(ctx, h); err != nil {
 				if ctx.Err() == nil {
 					m.log.Error("etcd RBAC: agent user not created", "host", h, "err", err)
 				}
@@ -269,10 +380,49 @@ func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() 
 			m.ensured[h] = true
 			m.log.Info("etcd RBAC: agent user ready", "user", UserOf(h))
 		}
+		if taken {
+			if err := m.removeGone(ctx, keep); err != nil && ctx.Err() == nil {
+				m.log.Error("etcd RBAC: removed token's user not deleted", "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
 		}
 	}
+}
+
+// ensureTokenHost records h as a token's host, then makes its user (EnsureHost).
+func (m *Manager) ensureTokenHost(ctx context.Context, h string) error {
+	if _, err := m.cli.Put(ctx, TokenHostsPrefix+h, ""); err != nil {
+		return fmt.Errorf("etcd: record token host %s: %w", h, err)
+	}
+	return m.EnsureHost(ctx, h)
+}
+
+// removeGone removes every recorded token host that keep does not hold (RemoveHost), then
+// its record.
+func (m *Manager) removeGone(ctx context.Context, keep map[string]bool) error {
+	r, err := m.cli.Get(ctx, TokenHostsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("etcd: list token hosts: %w", err)
+	}
+	for _, kv := range r.Kvs {
+		h := strings.TrimPrefix(string(kv.Key), TokenHostsPrefix)
+		if keep[h] {
+			continue
+		}
+		m.mu.Lock() // (not while the host enrolls)
+		err := m.RemoveHost(ctx, h)
+		m.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if _, err := m.cli.Delete(ctx, string(kv.Key)); err != nil {
+			return fmt.Errorf("etcd: forget token host %s: %w", h, err)
+		}
+		m.log.Info("etcd RBAC: agent user deleted: its token left the token file", "user", UserOf(h))
+	}
+	return nil
 }

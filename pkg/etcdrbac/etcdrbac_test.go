@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
@@ -152,45 +154,132 @@ func TestAgentUsersConfined(t *testing.T) {
 	}
 }
 
-// TestFollowRecreatesReaddedHost: the revocation docs/security.md describes (remove the
-// token, delete the user) followed by the host's token coming back makes the user again
-// within Follow's period, without a netmaster restart: the agent needs it before it can
-// find netmaster.
-func TestFollowRecreatesReaddedHost(t *testing.T) {
+// TestFollowRemovesAndRecreatesHost: a host whose token leaves the token file loses its
+// etcd user, role and registration claims within Follow's period (before, the user stayed
+// until an operator deleted it by hand), also when the token went while no netmaster ran;
+// a refused token file (no token works, but it names no removal) deletes nothing; a host
+// enrolled without a token (an agent identified by certificate) is left alone; a token
+// that comes back makes the user again without a restart.
+func TestFollowRemovesAndRecreatesHost(t *testing.T) {
 	ctx, _, root, m := rbacOn(t)
 	var mu sync.Mutex
-	hosts := []string{"h1"}
-	set := func(h ...string) { mu.Lock(); hosts = h; mu.Unlock() }
-	fctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.Follow(fctx, 20*time.Millisecond, func() []string { mu.Lock(); defer mu.Unlock(); return hosts })
-	}()
-	defer func() { stop(); <-done }()
-	userIs := func(want bool) {
+	hosts, taken := []string{"h1"}, true
+	set := func(ok bool, h ...string) { mu.Lock(); hosts, taken = h, ok; mu.Unlock() }
+	follow := func(m *Manager) func() {
+		fctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			m.Follow(fctx, 20*time.Millisecond, func() ([]string, bool) { mu.Lock(); defer mu.Unlock(); return hosts, taken })
+		}()
+		return func() { stop(); <-done }
+	}
+	stop := follow(m)
+	defer func() { stop() }()
+	userIs := func(host string, want bool) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			_, err := root.Client().UserGet(ctx, UserOf("h1"))
+			_, err := root.Client().UserGet(ctx, UserOf(host))
 			if (err == nil) == want {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("user %s exists: %v, want %v", UserOf("h1"), err == nil, want)
+				t.Fatalf("user %s exists: %v, want %v", UserOf(host), err == nil, want)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	userIs(true)
-	set() // the token is removed, then the operator deletes the user
-	time.Sleep(100 * time.Millisecond)
-	if _, err := root.Client().UserDelete(ctx, UserOf("h1")); err != nil {
+	reg := []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}
+	userIs("h1", true)
+	if err := m.Enroll(ctx, "h1", reg); err != nil {
 		t.Fatal(err)
 	}
-	userIs(false)
-	set("h1") // the host's token is back
-	userIs(true)
+	if err := m.Enroll(ctx, "hc", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.3", Port: 9002}}); err != nil {
+		t.Fatal(err) // (a certificate's host: no token)
+	}
+	set(false) // a refused file: no token works, nothing is revoked in etcd
+	time.Sleep(200 * time.Millisecond)
+	userIs("h1", true)
+	set(true) // the token is removed
+	userIs("h1", false)
+	if _, err := root.Client().RoleGet(ctx, UserOf("h1")); err == nil {
+		t.Error("the removed host's role is still there")
+	}
+	if err := m.Enroll(ctx, "h2", reg); err != nil {
+		t.Errorf("another host enrolls the removed host's registration: %v", err)
+	}
+	userIs("hc", true)
+	set(true, "h1") // the host's token is back
+	userIs("h1", true)
+
+	// Removed while no netmaster ran: the next one's Follow deletes the user.
+	stop()
+	set(true)
+	stop = follow(New(root.Client(), slog.Default()))
+	userIs("h1", false)
+	userIs("hc", true)
+}
+
+// countingAuth counts the role reads an enrollment makes.
+type countingAuth struct {
+	clientv3.Auth
+	mu    sync.Mutex
+	reads int
+}
+
+func (c *countingAuth) RoleGet(ctx context.Context, role string) (*clientv3.AuthRoleGetResponse, error) {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.Auth.RoleGet(ctx, role)
+}
+
+func (c *countingAuth) RoleList(ctx context.Context) (*clientv3.AuthRoleListResponse, error) {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.Auth.RoleList(ctx)
+}
+
+// TestEnrollReadsOwnRoleOnly: an enrollment reads its own host's role and its keys'
+// claims, not every host's role (before: one role read per host, ~1 ms each, every
+// call); registrations an earlier build granted (no claims recorded) are still refused
+// to another host, after one read of every role per Manager.
+func TestEnrollReadsOwnRoleOnly(t *testing.T) {
+	ctx, _, root, old := rbacOn(t)
+	reg := func(i int) []model.EtcdRegistration {
+		return []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: fmt.Sprintf("10.0.1.%d", i), Port: 9002}}
+	}
+	for i := range 20 {
+		if err := old.Enroll(ctx, fmt.Sprintf("h%d", i), reg(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An earlier build recorded no claims: h0's key is known from its role alone.
+	if _, err := root.Client().Delete(ctx, ClaimsPrefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	m := New(root.Client(), slog.Default())
+	ca := &countingAuth{Auth: m.auth}
+	m.auth = ca
+	if err := m.Enroll(ctx, "hx", reg(0)); !errors.Is(err, ErrClaimed) {
+		t.Fatalf("hx enrolls h0's registration granted before claims: %v, want ErrClaimed", err)
+	}
+	for i := range 3 {
+		ca.mu.Lock()
+		ca.reads = 0
+		ca.mu.Unlock()
+		if err := m.Enroll(ctx, fmt.Sprintf("h%d", i), reg(i)); err != nil {
+			t.Fatal(err)
+		}
+		if ca.reads != 1 {
+			t.Errorf("enrollment %d read %d roles among 21 hosts, want its own alone", i, ca.reads)
+		}
+	}
+	if err := m.Enroll(ctx, "hx", reg(5)); !errors.Is(err, ErrClaimed) {
+		t.Errorf("hx enrolls h5's registration: %v, want ErrClaimed", err)
+	}
 }
 
 // TestEnableWithAuthOnNeedsRoot: a certificate whose CN names an agent's user is never made
