@@ -63,7 +63,7 @@ func main() {
 			&cli.StringFlag{Name: "etcd-server-cert", EnvVars: env("ETCD_SERVER_CERT"), Usage: "embedded etcd serves TLS with this certificate `FILE` (https:// client URL; with --etcd-server-key)"},
 			&cli.StringFlag{Name: "etcd-server-key", EnvVars: env("ETCD_SERVER_KEY"), Usage: "private key `FILE` of --etcd-server-cert"},
 			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
-			&cli.BoolFlag{Name: "etcd-rbac", Value: true, EnvVars: env("ETCD_RBAC"), Usage: "with the embedded etcd's --etcd-client-ca: turn etcd's auth on (--etcd-cert's CN and root are root) and give each agent bound to its host a user host:<host> that writes only that host's keys (agents' etcd certificates need CN host:<host>); false: netmaster manages no etcd users and leaves etcd's auth as it is (off unless an earlier start turned it on: then every client certificate reads and writes every key)"},
+			&cli.BoolFlag{Name: "etcd-rbac", Value: true, EnvVars: env("ETCD_RBAC"), Usage: "with the embedded etcd's --etcd-client-ca: turn etcd's auth on (--etcd-cert's CN and root are root) and give each agent bound to its host a user host:<host> that writes only that host's keys (agents' etcd certificates need CN host:<host>); with --etcd-endpoints and --etcd-cert: never turns auth on, but once it is on (and --etcd-cert's CN is root) manages the agents' users too; false: netmaster manages no etcd users and leaves etcd's auth as it is (off unless an earlier start turned it on: then every client certificate reads and writes every key)"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
 			&cli.StringFlag{Name: "k8s-config", EnvVars: env("K8S_CONFIG"), Value: k8s.DefaultConfigPath, Usage: "Contiv's Kubernetes client config `FILE` (K8S_API_SERVER, K8S_CA, K8S_CERT/K8S_KEY, K8S_TOKEN); in kubernetes mode the leader syncs Services/EndpointSlices through it (else, in a pod, the service account)"},
@@ -140,6 +140,7 @@ type config struct {
 	etcdTLS                tlsconf.Files // netmaster's own etcd client
 	etcdServer             tlsconf.Files // the embedded etcd's listener (CA = client CA)
 	etcdRBAC               bool          // manage the embedded etcd's users (--etcd-rbac with a client CA)
+	joinRBAC               bool          // --etcd-endpoints: manage users too if auth is on and our CN is root
 	k8sConfig              string
 	k8sConfigSet           bool
 	quota                  map[string]int64 // default per-tenant limits by kind
@@ -253,6 +254,8 @@ func configFrom(c *cli.Context) (config, error) {
 		}
 	} else if !cfg.etcdServer.Empty() {
 		return cfg, errors.New("--etcd-server-cert/--etcd-server-key/--etcd-client-ca configure the embedded etcd: not with --etcd-endpoints")
+	} else {
+		cfg.joinRBAC = c.Bool("etcd-rbac") && cfg.etcdTLS.Cert != ""
 	}
 	return cfg, nil
 }
@@ -317,8 +320,13 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 
 	var rbac *etcdrbac.Manager
-	if cfg.etcdRBAC {
-		if rbac, err = enableRBAC(ctx, store, cfg.etcdTLS.Cert); err != nil {
+	switch {
+	case cfg.etcdRBAC:
+		if rbac, err = enableRBAC(ctx, store, cfg.etcdTLS.Cert, false); err != nil {
+			return err
+		}
+	case cfg.joinRBAC:
+		if rbac, err = enableRBAC(ctx, store, cfg.etcdTLS.Cert, true); err != nil {
 			return err
 		}
 	}
@@ -456,8 +464,9 @@ func newMaster(ctx context.Context, store *state.Store, cfg config, rbac *etcdrb
 }
 
 // enableRBAC turns the embedded etcd's auth on with netmaster's own etcd certificate
-// (certFile) as root (docs/security.md, "etcd RBAC").
-func enableRBAC(ctx context.Context, store *state.Store, certFile string) (*etcdrbac.Manager, error) {
+// (certFile) as root (docs/security.md, "etcd RBAC"). join (an etcd this netmaster does
+// not run): manage users only if auth is already on (etcdrbac.Manager.Join), else nil.
+func enableRBAC(ctx context.Context, store *state.Store, certFile string, join bool) (*etcdrbac.Manager, error) {
 	cn, err := tlsconf.CommonName(certFile)
 	if err != nil {
 		return nil, fmt.Errorf("--etcd-rbac: %w", err)
@@ -465,6 +474,18 @@ func enableRBAC(ctx context.Context, store *state.Store, certFile string) (*etcd
 	rbac := etcdrbac.New(store.Client(), slog.Default())
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if join {
+		on, err := rbac.Join(tctx, cn)
+		if err != nil {
+			return nil, fmt.Errorf("--etcd-rbac: %w", err)
+		}
+		if !on {
+			slog.Warn("--etcd-rbac: etcd's auth is off: netmaster manages no agent users (/plugin/etcdAccess answers Managed false); every client certificate reads and writes every key")
+			return nil, nil
+		}
+		slog.Info("etcd RBAC: etcd's auth is on and this netmaster's certificate is root: it manages agents' users too", "root", cn)
+		return rbac, nil
+	}
 	if err := rbac.Enable(tctx, cn); err != nil {
 		return nil, fmt.Errorf("--etcd-rbac: %w", err)
 	}

@@ -124,6 +124,22 @@ func (m *Manager) Enable(ctx context.Context, rootUser string) error {
 	return nil
 }
 
+// Join decides whether a netmaster that does not run the etcd (--etcd-endpoints) manages
+// the agents' users too: yes when etcd's auth is on and rootUser (its certificate's CN) is
+// etcd's root, as the netmaster that turned auth on is; no (false, nothing changed) when
+// auth is off, which Join never turns on: an etcd netmaster does not run is its operators'
+// to secure. Auth on with rootUser not root is an error naming it.
+func (m *Manager) Join(ctx context.Context, rootUser string) (bool, error) {
+	st, err := m.cli.AuthStatus(ctx)
+	if err != nil {
+		return false, fmt.Errorf("etcd auth status: %w", err)
+	}
+	if !st.Enabled {
+		return false, nil
+	}
+	return true, m.Enable(ctx, rootUser) // (with auth on: checks rootUser is root)
+}
+
 func uniq(a, b string) []string {
 	if a == b || b == "" {
 		return []string{a}

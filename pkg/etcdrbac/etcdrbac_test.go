@@ -368,3 +368,36 @@ func TestRegistrationAfterAuthOn(t *testing.T) {
 	}
 	registered(true)
 }
+
+// TestJoinManagesWhenAuthOn: a netmaster joining an etcd it does not run (--etcd-endpoints)
+// never turns auth on (off: it manages nothing); once the netmaster running the etcd turned
+// it on, the joining one (certificate CN root too) manages users as well (before: it
+// answered Managed false when it led, and agents' registration writes were refused); a
+// joining certificate that is not root is an error naming root.
+func TestJoinManagesWhenAuthOn(t *testing.T) {
+	open := tlsEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	joiner := New(open("netmaster").Client(), slog.Default())
+	if on, err := joiner.Join(ctx, "netmaster"); err != nil || on {
+		t.Fatalf("join with auth off: %v %v, want false", on, err)
+	}
+	if st, err := open("netmaster").Client().AuthStatus(ctx); err != nil || st.Enabled {
+		t.Fatalf("join turned auth on: %+v %v", st, err)
+	}
+	if err := New(open("netmaster").Client(), slog.Default()).Enable(ctx, "netmaster"); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := joiner.Join(ctx, "netmaster"); err != nil || !on {
+		t.Fatalf("join with auth on: %v %v, want true", on, err)
+	}
+	if err := joiner.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}); err != nil {
+		t.Fatalf("the joined netmaster enrolls: %v", err)
+	}
+	if err := open(UserOf("h1")).Put(ctx, cluster.ServiceKey("netplugin", "10.0.0.1", 9002), map[string]string{"host": "h1"}); err != nil {
+		t.Errorf("h1 writes the registration the joined netmaster enrolled: %v", err)
+	}
+	if _, err := New(open("netmaster2").Client(), slog.Default()).Join(ctx, "netmaster2"); err == nil || !strings.Contains(err.Error(), "root") {
+		t.Errorf("join with a certificate that is not root: %v", err)
+	}
+}
