@@ -49,11 +49,16 @@ var ErrClaimed = errors.New("registration key granted to another host")
 // ErrBadRegistration is returned for a registration an agent may not enroll.
 var ErrBadRegistration = errors.New("invalid registration")
 
+// ErrRevoked is returned for a host whose token left the token file (Follow deleted its
+// user): an enrollment still under way must not make the user again.
+var ErrRevoked = errors.New("host's token was removed: its etcd user is revoked")
+
 // Records netmaster keeps of the users it manages (etcd's root writes them, agents read
 // them like all of /contiv.io/):
 //
 //	ClaimsPrefix<registration key without /contiv.io/>  the host whose role holds it
-//	TokenHostsPrefix<host>                              a user made for a token's host
+//	TokenHostsPrefix<host>                              a user made for a token's host ("")
+//	                                                    or one whose token went (tokenRemoved)
 //
 // A claim is taken in a transaction, so two netmasters enrolling at once never grant one
 // key to two hosts, and an enrollment reads only its own keys' claims, never every host's
@@ -64,6 +69,10 @@ const (
 )
 
 func claimKey(regKey string) string { return ClaimsPrefix + strings.TrimPrefix(regKey, ReadPrefix) }
+
+// tokenRemoved marks a token host record whose token left the file: its user is deleted
+// and Enroll refuses the host (ErrRevoked) until its token is back.
+const tokenRemoved = "removed"
 
 // Manager creates and updates the agents' etcd users and roles. Its client must be
 // etcd's root (netmaster's).
@@ -76,11 +85,14 @@ type Manager struct {
 	ensured map[string]bool
 	// migrated: the claims of roles granted before claims were recorded are recorded.
 	migrated bool
+	// removed are the token hosts whose user this Manager deleted (Follow's cache: a
+	// record marked tokenRemoved by a run that failed halfway is tried again).
+	removed map[string]bool
 }
 
 // New returns a Manager acting through cli.
 func New(cli *clientv3.Client, log *slog.Logger) *Manager {
-	return &Manager{cli: cli, auth: cli.Auth, log: log, ensured: map[string]bool{}}
+	return &Manager{cli: cli, auth: cli.Auth, log: log, ensured: map[string]bool{}, removed: map[string]bool{}}
 }
 
 // UserOf is the etcd user (and role) name of host's agent: its etcd certificate's CN.
@@ -210,6 +222,9 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.checkRevoked(ctx, host); err != nil {
+		return err
+	}
 	if err := m.EnsureHost(ctx, host); err != nil {
 		return err
 	}
@@ -246,6 +261,20 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 		}
 	}
 	m.log.Info("etcd registrations enrolled", "user", name, "keys", keys)
+	return nil
+}
+
+// checkRevoked refuses (ErrRevoked) a host whose token left the token file: a call
+// authenticated before, or forwarded by a netmaster that has not reloaded its file yet,
+// would make its user again, and no token removal would delete it any more.
+func (m *Manager) checkRevoked(ctx context.Context, host string) error {
+	r, err := m.cli.Get(ctx, TokenHostsPrefix+host)
+	if err != nil {
+		return fmt.Errorf("etcd: read token host %s: %w", host, err)
+	}
+	if len(r.Kvs) > 0 && string(r.Kvs[0].Value) == tokenRemoved {
+		return fmt.Errorf("%w: %s", ErrRevoked, UserOf(host))
+	}
 	return nil
 }
 
@@ -368,7 +397,8 @@ func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error
 // host:<host>) find their etcd user ready before their first read. Each such host is
 // recorded (TokenHostsPrefix); a recorded host whose token went, also while no netmaster
 // ran, loses its user, role and claims (RemoveHost), unless hosts() reports its file
-// refused (a typo revokes no etcd user). A host that comes back is made again. Hosts
+// refused (a typo revokes no etcd user), and Enroll refuses it (ErrRevoked) until its
+// token comes back, when it is made again. Hosts
 // enrolled otherwise (an agent identified by certificate) are never recorded, so never
 // removed here. Follow runs once per Manager.
 func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() ([]string, bool)) {
@@ -382,6 +412,9 @@ func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() 
 			if !keep[h] {
 				delete(m.ensured, h)
 			}
+		}
+		for h := range keep {
+			delete(m.removed, h) // (its token is back: ensureTokenHost clears the mark)
 		}
 		for _, h := range cur {
 			if m.ensured[h] {
@@ -417,28 +450,35 @@ func (m *Manager) ensureTokenHost(ctx context.Context, h string) error {
 	return m.EnsureHost(ctx, h)
 }
 
-// removeGone removes every recorded token host that keep does not hold (RemoveHost), then
-// its record.
+// removeGone removes every recorded token host that keep does not hold: it marks the
+// record tokenRemoved first (an enrollment after it is refused), then deletes the host's
+// user, role and claims (RemoveHost; tried again every period until it succeeds).
 func (m *Manager) removeGone(ctx context.Context, keep map[string]bool) error {
-	r, err := m.cli.Get(ctx, TokenHostsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	r, err := m.cli.Get(ctx, TokenHostsPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("etcd: list token hosts: %w", err)
 	}
 	for _, kv := range r.Kvs {
 		h := strings.TrimPrefix(string(kv.Key), TokenHostsPrefix)
-		if keep[h] {
+		if keep[h] || string(kv.Value) == tokenRemoved && m.removed[h] {
 			continue
 		}
-		m.mu.Lock() // (not while the host enrolls)
-		err := m.RemoveHost(ctx, h)
-		m.mu.Unlock()
-		if err != nil {
+		if err := m.removeTokenHost(ctx, h, string(kv.Key)); err != nil {
 			return err
 		}
-		if _, err := m.cli.Delete(ctx, string(kv.Key)); err != nil {
-			return fmt.Errorf("etcd: forget token host %s: %w", h, err)
-		}
+		m.removed[h] = true
 		m.log.Info("etcd RBAC: agent user deleted: its token left the token file", "user", UserOf(h))
 	}
 	return nil
+}
+
+// removeTokenHost marks h's record (key) tokenRemoved and deletes its user, role and
+// claims, holding m.mu (not while the host enrolls).
+func (m *Manager) removeTokenHost(ctx context.Context, h, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, err := m.cli.Put(ctx, key, tokenRemoved); err != nil {
+		return fmt.Errorf("etcd: mark token host %s removed: %w", h, err)
+	}
+	return m.RemoveHost(ctx, h)
 }

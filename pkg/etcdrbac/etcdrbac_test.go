@@ -206,12 +206,22 @@ func TestFollowRemovesAndRecreatesHost(t *testing.T) {
 	if _, err := root.Client().RoleGet(ctx, UserOf("h1")); err == nil {
 		t.Error("the removed host's role is still there")
 	}
+	// An enrollment of h1 still under way (authenticated before its token went, or
+	// forwarded by a netmaster that has not reloaded its file yet) makes no user again.
+	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.4", Port: 9002}}); !errors.Is(err, ErrRevoked) {
+		t.Errorf("the removed host enrolls: %v, want ErrRevoked", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	userIs("h1", false)
 	if err := m.Enroll(ctx, "h2", reg); err != nil {
 		t.Errorf("another host enrolls the removed host's registration: %v", err)
 	}
 	userIs("hc", true)
 	set(true, "h1") // the host's token is back
 	userIs("h1", true)
+	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.4", Port: 9002}}); err != nil {
+		t.Errorf("the host whose token is back enrolls: %v", err)
+	}
 
 	// Removed while no netmaster ran: the next one's Follow deletes the user.
 	stop()

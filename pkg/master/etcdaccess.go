@@ -33,6 +33,8 @@ func (m *Master) etcdAccess(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.Is(err, etcdrbac.ErrBadRegistration):
 			writeErr(w, badReq("Registrations: %v", err))
+		case errors.Is(err, etcdrbac.ErrRevoked):
+			writeErr(w, errf(http.StatusForbidden, "etcd users: %v", err))
 		case errors.Is(err, etcdrbac.ErrClaimed):
 			writeErr(w, conflict("Registrations: %v", err))
 		default:
