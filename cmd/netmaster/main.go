@@ -465,7 +465,7 @@ func newMaster(ctx context.Context, store *state.Store, cfg config, rbac *etcdrb
 
 // enableRBAC turns the embedded etcd's auth on with netmaster's own etcd certificate
 // (certFile) as root (docs/security.md, "etcd RBAC"). join (an etcd this netmaster does
-// not run): manage users only if auth is already on (etcdrbac.Manager.Join), else nil.
+// not run): never turn auth on, manage users while it is on (etcdrbac.Manager.Join).
 func enableRBAC(ctx context.Context, store *state.Store, certFile string, join bool) (*etcdrbac.Manager, error) {
 	cn, err := tlsconf.CommonName(certFile)
 	if err != nil {
@@ -480,10 +480,10 @@ func enableRBAC(ctx context.Context, store *state.Store, certFile string, join b
 			return nil, fmt.Errorf("--etcd-rbac: %w", err)
 		}
 		if !on {
-			slog.Warn("--etcd-rbac: etcd's auth is off: netmaster manages no agent users (/plugin/etcdAccess answers Managed false); every client certificate reads and writes every key")
-			return nil, nil
+			slog.Warn("--etcd-rbac: etcd's auth is off: netmaster manages no agent users until it is on (/plugin/etcdAccess answers Managed false); every client certificate reads and writes every key")
+		} else {
+			slog.Info("etcd RBAC: etcd's auth is on and this netmaster's certificate is root: it manages agents' users too", "root", cn)
 		}
-		slog.Info("etcd RBAC: etcd's auth is on and this netmaster's certificate is root: it manages agents' users too", "root", cn)
 		return rbac, nil
 	}
 	if err := rbac.Enable(tctx, cn); err != nil {

@@ -49,6 +49,10 @@ var ErrClaimed = errors.New("registration key granted to another host")
 // ErrBadRegistration is returned for a registration an agent may not enroll.
 var ErrBadRegistration = errors.New("invalid registration")
 
+// ErrNotManaged is returned by a joined Manager (Join) while etcd's auth is off: it
+// manages no users then.
+var ErrNotManaged = errors.New("etcd's auth is off: netmaster manages no etcd users")
+
 // ErrRevoked is returned for a host whose token left the token file (Follow deleted its
 // user): an enrollment still under way must not make the user again.
 var ErrRevoked = errors.New("host's token was removed: its etcd user is revoked")
@@ -85,6 +89,10 @@ type Manager struct {
 	ensured map[string]bool
 	// migrated: the claims of roles granted before claims were recorded are recorded.
 	migrated bool
+	// joinRoot is the root user of a joined Manager (Join; "" otherwise), joinOn whether
+	// it found auth on and joinRoot root (it manages users from then on).
+	joinRoot string
+	joinOn   bool
 	// removed are the token hosts whose user this Manager deleted (Follow's cache: a
 	// record marked tokenRemoved by a run that failed halfway is tried again).
 	removed map[string]bool
@@ -101,9 +109,8 @@ func UserOf(host string) string { return auth.HostPrefix + host }
 // Enable makes RootUser and rootUser (netmaster's certificate CN) users of role root and
 // turns etcd's auth on; with auth already on it only checks that rootUser is still root.
 func (m *Manager) Enable(ctx context.Context, rootUser string) error {
-	if strings.HasPrefix(rootUser, auth.HostPrefix) {
-		// The agent of that host would be etcd's root: its user has that name.
-		return fmt.Errorf("netmaster's etcd certificate CN %q: %s<host> names an agent's etcd user, not root", rootUser, auth.HostPrefix)
+	if err := notAgentUser(rootUser); err != nil {
+		return err
 	}
 	st, err := m.cli.AuthStatus(ctx)
 	if err != nil {
@@ -112,14 +119,7 @@ func (m *Manager) Enable(ctx context.Context, rootUser string) error {
 	if st.Enabled {
 		// Restarted on an etcd whose auth is on: this certificate must still be root, or
 		// every agent's user would fail later, one by one.
-		u, err := m.cli.UserGet(ctx, rootUser)
-		if err != nil {
-			return fmt.Errorf("etcd auth is on and certificate CN %q is not etcd's root user: %w", rootUser, err)
-		}
-		if !slices.Contains(u.Roles, "root") {
-			return fmt.Errorf("etcd auth is on and certificate CN %q has not etcd's root role (roles %v)", rootUser, u.Roles)
-		}
-		return nil
+		return m.checkRoot(ctx, rootUser)
 	}
 	for _, u := range uniq(RootUser, rootUser) {
 		if err := m.addUser(ctx, u); err != nil {
@@ -136,20 +136,78 @@ func (m *Manager) Enable(ctx context.Context, rootUser string) error {
 	return nil
 }
 
-// Join decides whether a netmaster that does not run the etcd (--etcd-endpoints) manages
-// the agents' users too: yes when etcd's auth is on and rootUser (its certificate's CN) is
-// etcd's root, as the netmaster that turned auth on is; no (false, nothing changed) when
-// auth is off, which Join never turns on: an etcd netmaster does not run is its operators'
-// to secure. Auth on with rootUser not root is an error naming it.
+// notAgentUser refuses netmaster's certificate CN rootUser when it names an agent's user.
+func notAgentUser(rootUser string) error {
+	if strings.HasPrefix(rootUser, auth.HostPrefix) {
+		// The agent of that host would be etcd's root: its user has that name.
+		return fmt.Errorf("netmaster's etcd certificate CN %q: %s<host> names an agent's etcd user, not root", rootUser, auth.HostPrefix)
+	}
+	return nil
+}
+
+// checkRoot checks that rootUser is a user of etcd's role root.
+func (m *Manager) checkRoot(ctx context.Context, rootUser string) error {
+	u, err := m.cli.UserGet(ctx, rootUser)
+	if err != nil {
+		return fmt.Errorf("etcd auth is on and certificate CN %q is not etcd's root user: %w", rootUser, err)
+	}
+	if !slices.Contains(u.Roles, "root") {
+		return fmt.Errorf("etcd auth is on and certificate CN %q has not etcd's root role (roles %v)", rootUser, u.Roles)
+	}
+	return nil
+}
+
+// Join makes m the Manager of a netmaster that does not run the etcd (--etcd-endpoints):
+// it manages the agents' users only while etcd's auth is on and rootUser (its
+// certificate's CN) is etcd's root, as the netmaster that turned auth on is. It never
+// turns auth on (an etcd netmaster does not run is its operators' to secure): while auth
+// is off Enroll answers ErrNotManaged and Follow makes no user, and auth coming on later
+// is seen by the next call (before: a netmaster that joined while auth was off managed
+// nothing until restarted). Join reports whether auth is on now; auth on with rootUser not
+// root is an error naming it (then, and at each later call).
 func (m *Manager) Join(ctx context.Context, rootUser string) (bool, error) {
+	if err := notAgentUser(rootUser); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.joinRoot = rootUser
+	switch err := m.managing(ctx); {
+	case errors.Is(err, ErrNotManaged):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
+// Managing is nil when m manages users now: always unless it joined (Join); a joined one
+// once etcd's auth is on and its root checked (ErrNotManaged while auth is off).
+func (m *Manager) Managing(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.managing(ctx)
+}
+
+// managing is nil when m manages users now: always unless it joined (Join); a joined one
+// once etcd's auth is on and its root checked (ErrNotManaged while auth is off). It holds
+// m.mu.
+func (m *Manager) managing(ctx context.Context) error {
+	if m.joinRoot == "" || m.joinOn {
+		return nil
+	}
 	st, err := m.cli.AuthStatus(ctx)
 	if err != nil {
-		return false, fmt.Errorf("etcd auth status: %w", err)
+		return fmt.Errorf("etcd auth status: %w", err)
 	}
 	if !st.Enabled {
-		return false, nil
+		return ErrNotManaged
 	}
-	return true, m.Enable(ctx, rootUser) // (with auth on: checks rootUser is root)
+	if err := m.checkRoot(ctx, m.joinRoot); err != nil {
+		return err
+	}
+	m.joinOn = true
+	return nil
 }
 
 func uniq(a, b string) []string {
@@ -222,6 +280,9 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.managing(ctx); err != nil {
+		return err
+	}
 	if err := m.checkRevoked(ctx, host); err != nil {
 		return err
 	}
@@ -403,41 +464,52 @@ func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error
 // removed here. Follow runs once per Manager.
 func (m *Manager) Follow(ctx context.Context, every time.Duration, hosts func() ([]string, bool)) {
 	for {
-		cur, taken := hosts()
-		keep := make(map[string]bool, len(cur))
-		for _, h := range cur {
-			keep[h] = true
-		}
-		for h := range m.ensured {
-			if !keep[h] {
-				delete(m.ensured, h)
-			}
-		}
-		for h := range keep {
-			delete(m.removed, h) // (its token is back: ensureTokenHost clears the mark)
-		}
-		for _, h := range cur {
-			if m.ensured[h] {
-				continue
-			}
-			if err := m.ensureTokenHost(ctx, h); err != nil {
-				if ctx.Err() == nil {
-					m.log.Error("etcd RBAC: agent user not created", "host", h, "err", err)
-				}
-				continue
-			}
-			m.ensured[h] = true
-			m.log.Info("etcd RBAC: agent user ready", "user", UserOf(h))
-		}
-		if taken {
-			if err := m.removeGone(ctx, keep); err != nil && ctx.Err() == nil {
-				m.log.Error("etcd RBAC: removed token's user not deleted", "err", err)
-			}
-		}
+		m.followOnce(ctx, hosts)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
+		}
+	}
+}
+
+// followOnce is one look of Follow.
+func (m *Manager) followOnce(ctx context.Context, hosts func() ([]string, bool)) {
+	if err := m.Managing(ctx); err != nil {
+		if !errors.Is(err, ErrNotManaged) && ctx.Err() == nil {
+			m.log.Error("etcd RBAC: agents' users not managed", "err", err)
+		}
+		return
+	}
+	cur, taken := hosts()
+	keep := make(map[string]bool, len(cur))
+	for _, h := range cur {
+		keep[h] = true
+	}
+	for h := range m.ensured {
+		if !keep[h] {
+			delete(m.ensured, h)
+		}
+	}
+	for h := range keep {
+		delete(m.removed, h) // (its token is back: ensureTokenHost clears the mark)
+	}
+	for _, h := range cur {
+		if m.ensured[h] {
+			continue
+		}
+		if err := m.ensureTokenHost(ctx, h); err != nil {
+			if ctx.Err() == nil {
+				m.log.Error("etcd RBAC: agent user not created", "host", h, "err", err)
+			}
+			continue
+		}
+		m.ensured[h] = true
+		m.log.Info("etcd RBAC: agent user ready", "user", UserOf(h))
+	}
+	if taken {
+		if err := m.removeGone(ctx, keep); err != nil && ctx.Err() == nil {
+			m.log.Error("etcd RBAC: removed token's user not deleted", "err", err)
 		}
 	}
 }

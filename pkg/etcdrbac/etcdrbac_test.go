@@ -395,14 +395,24 @@ func TestJoinManagesWhenAuthOn(t *testing.T) {
 	if st, err := open("netmaster").Client().AuthStatus(ctx); err != nil || st.Enabled {
 		t.Fatalf("join turned auth on: %+v %v", st, err)
 	}
+	reg := []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}
+	if err := joiner.Enroll(ctx, "h1", reg); !errors.Is(err, ErrNotManaged) {
+		t.Fatalf("the joined netmaster enrolls with auth off: %v, want ErrNotManaged", err)
+	}
+	if _, err := open("netmaster").Client().UserGet(ctx, UserOf("h1")); err == nil {
+		t.Fatal("the joined netmaster made a user with auth off")
+	}
+	// Auth comes on after the joined netmaster started (its etcd's netmaster started with
+	// --etcd-rbac=false first, as docs/security.md's upgrade says, or later than it): the
+	// joined one manages users from then on, without a restart.
 	if err := New(open("netmaster").Client(), slog.Default()).Enable(ctx, "netmaster"); err != nil {
 		t.Fatal(err)
 	}
-	if on, err := joiner.Join(ctx, "netmaster"); err != nil || !on {
-		t.Fatalf("join with auth on: %v %v, want true", on, err)
+	if err := joiner.Enroll(ctx, "h1", reg); err != nil {
+		t.Fatalf("the joined netmaster enrolls once auth is on: %v", err)
 	}
-	if err := joiner.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}); err != nil {
-		t.Fatalf("the joined netmaster enrolls: %v", err)
+	if on, err := New(open("netmaster").Client(), slog.Default()).Join(ctx, "netmaster"); err != nil || !on {
+		t.Fatalf("join with auth on: %v %v, want true", on, err)
 	}
 	if err := open(UserOf("h1")).Put(ctx, cluster.ServiceKey("netplugin", "10.0.0.1", 9002), map[string]string{"host": "h1"}); err != nil {
 		t.Errorf("h1 writes the registration the joined netmaster enrolled: %v", err)

@@ -24,6 +24,14 @@ func (m *Master) etcdAccess(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, model.EtcdAccessResponse{})
 		return
 	}
+	switch err := m.cfg.EtcdAccess.Managing(r.Context()); {
+	case errors.Is(err, etcdrbac.ErrNotManaged): // (a joined netmaster, etcd's auth off)
+		writeJSON(w, model.EtcdAccessResponse{})
+		return
+	case err != nil:
+		writeErr(w, errf(http.StatusServiceUnavailable, "etcd users: %v", err))
+		return
+	}
 	host := boundHost(r)
 	if host == "" {
 		writeErr(w, errf(http.StatusForbidden, "etcd RBAC is on: only an agent identity bound to its host (%s<host>) gets an etcd user; bind this agent's credential or run netmaster with --etcd-rbac=false", auth.HostPrefix))
@@ -31,6 +39,8 @@ func (m *Master) etcdAccess(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := m.cfg.EtcdAccess.Enroll(r.Context(), host, req.Registrations); err != nil {
 		switch {
+		case errors.Is(err, etcdrbac.ErrNotManaged): // (auth went off meanwhile)
+			writeJSON(w, model.EtcdAccessResponse{})
 		case errors.Is(err, etcdrbac.ErrBadRegistration):
 			writeErr(w, badReq("Registrations: %v", err))
 		case errors.Is(err, etcdrbac.ErrRevoked):

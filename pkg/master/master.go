@@ -52,7 +52,10 @@ type Config struct {
 }
 
 // EtcdAccess grants a host's agent write access to its service registration keys.
+// Managing is nil when it manages users now (etcdrbac.ErrNotManaged while the etcd
+// another netmaster runs has its auth off).
 type EtcdAccess interface {
+	Managing(ctx context.Context) error
 	Enroll(ctx context.Context, host string, regs []model.EtcdRegistration) error
 }
 
