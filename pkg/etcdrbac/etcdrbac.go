@@ -321,6 +321,18 @@ func (m *Manager) Enroll(ctx context.Context, host string, regs []model.EtcdRegi
 			return fmt.Errorf("etcd: grant role %q write on %s: %w", name, k, err)
 		}
 	}
+	// Another netmaster may have removed the host meanwhile (its token file lost the
+	// token): marked after the first check, it deleted the user before this one made it
+	// again, so this enrollment undoes itself. (Marked after this check, its removal
+	// comes after these writes and deletes them.)
+	if err := m.checkRevoked(ctx, host); err != nil {
+		if errors.Is(err, ErrRevoked) {
+			if rerr := m.RemoveHost(ctx, host); rerr != nil {
+				return fmt.Errorf("%w (and undoing this enrollment: %w)", err, rerr)
+			}
+		}
+		return err
+	}
 	m.log.Info("etcd registrations enrolled", "user", name, "keys", keys)
 	return nil
 }

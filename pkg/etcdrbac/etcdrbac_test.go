@@ -421,3 +421,39 @@ func TestJoinManagesWhenAuthOn(t *testing.T) {
 		t.Errorf("join with a certificate that is not root: %v", err)
 	}
 }
+
+// hookAuth runs hook once, at the first user an enrollment adds.
+type hookAuth struct {
+	clientv3.Auth
+	once sync.Once
+	hook func()
+}
+
+func (h *hookAuth) UserAddWithOptions(ctx context.Context, name, password string, opt *clientv3.UserAddOptions) (*clientv3.AuthUserAddResponse, error) {
+	h.once.Do(h.hook)
+	return h.Auth.UserAddWithOptions(ctx, name, password, opt)
+}
+
+// TestEnrollRacingRemoval: netmaster B enrolls h1 (its token file still has h1's token)
+// while netmaster A removes h1 (its file lost it) between B's check of the mark and B's
+// grants: B's enrollment must not leave the revoked host a user (before: it made the user
+// again after A deleted it, and nothing deleted it afterwards).
+func TestEnrollRacingRemoval(t *testing.T) {
+	ctx, _, root, a := rbacOn(t)
+	if err := a.ensureTokenHost(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	b := New(root.Client(), slog.Default())
+	b.auth = &hookAuth{Auth: b.auth, hook: func() {
+		if err := a.removeGone(ctx, map[string]bool{}); err != nil {
+			t.Error(err)
+		}
+	}}
+	err := b.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}})
+	if !errors.Is(err, ErrRevoked) {
+		t.Errorf("enrollment racing the removal: %v, want ErrRevoked", err)
+	}
+	if _, err := root.Client().UserGet(ctx, UserOf("h1")); err == nil {
+		t.Error("the removed host has a user")
+	}
+}
