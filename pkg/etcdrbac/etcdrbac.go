@@ -230,11 +230,19 @@ func HostKeys(host string) []string {
 	return []string{vxlan.HostVTEPKey(host), model.BgpOperKey(host)}
 }
 
+// checkHost refuses a host name no etcd user is made for.
+func checkHost(host string) error {
+	if host == "" || strings.ContainsAny(host, "/") {
+		return fmt.Errorf("etcd user of host %q: invalid host name", host)
+	}
+	return nil
+}
+
 // EnsureHost creates host's user and role (read on ReadPrefix, read-write on HostKeys);
 // it is idempotent.
 func (m *Manager) EnsureHost(ctx context.Context, host string) error {
-	if host == "" || strings.ContainsAny(host, "/") {
-		return fmt.Errorf("etcd user of host %q: invalid host name", host)
+	if err := checkHost(host); err != nil {
+		return err
 	}
 	name := UserOf(host)
 	if err := m.addUser(ctx, name); err != nil {
@@ -528,6 +536,9 @@ func (m *Manager) followOnce(ctx context.Context, hosts func() ([]string, bool))
 
 // ensureTokenHost records h as a token's host, then makes its user (EnsureHost).
 func (m *Manager) ensureTokenHost(ctx context.Context, h string) error {
+	if err := checkHost(h); err != nil {
+		return err
+	}
 	if _, err := m.cli.Put(ctx, TokenHostsPrefix+h, ""); err != nil {
 		return fmt.Errorf("etcd: record token host %s: %w", h, err)
 	}

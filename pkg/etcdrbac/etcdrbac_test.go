@@ -457,3 +457,18 @@ func TestEnrollRacingRemoval(t *testing.T) {
 		t.Error("the removed host has a user")
 	}
 }
+
+// TestFollowSkipsBadHostName: a token bound to a host name no etcd user can have ("/")
+// is refused before anything is written (before: its token host record was written again
+// at every look, 2 s, and the user refused each time).
+func TestFollowSkipsBadHostName(t *testing.T) {
+	ctx, _, root, m := rbacOn(t)
+	m.followOnce(ctx, func() ([]string, bool) { return []string{"a/b"}, true })
+	r, err := root.Client().Get(ctx, TokenHostsPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Count != 0 {
+		t.Errorf("%d token host records for a bad host name, want none", r.Count)
+	}
+}
