@@ -372,7 +372,9 @@ func (m *Manager) claim(ctx context.Context, host string, keys []string) error {
 				return fmt.Errorf("etcd: read claim %s: %w", ck, err)
 			}
 			if len(r.Kvs) > 0 && string(r.Kvs[0].Value) != host {
-				return fmt.Errorf("%w: %s is %s's", ErrClaimed, k, r.Kvs[0].Value)
+				if err := m.heldBy(ctx, string(r.Kvs[0].Value), k); err != nil {
+					return err
+				}
 			}
 			var rev int64
 			if len(r.Kvs) > 0 {
@@ -392,6 +394,23 @@ func (m *Manager) claim(ctx context.Context, host string, keys []string) error {
 			return nil
 		}
 	}
+}
+
+// heldBy is ErrClaimed when holder, whose claim of key another host asks for, still has
+// its role; nil when the role is gone (deleted by hand, or a removal stopped between
+// deleting it and releasing its claims): the claim is stale and may be taken. A holder
+// enrolling has its role before it claims (EnsureHost), and the claim is taken in a
+// transaction on the claim's revision, so a holder claiming meanwhile wins or loses whole.
+func (m *Manager) heldBy(ctx context.Context, holder, key string) error {
+	_, err := m.auth.RoleGet(ctx, UserOf(holder))
+	switch {
+	case errors.Is(err, rpctypes.ErrRoleNotFound):
+		m.log.Warn("etcd RBAC: stale registration claim taken over: its host has no role", "key", key, "holder", UserOf(holder))
+		return nil
+	case err != nil:
+		return fmt.Errorf("etcd: get role %q holding %s: %w", UserOf(holder), key, err)
+	}
+	return fmt.Errorf("%w: %s is %s's", ErrClaimed, key, holder)
 }
 
 // release drops host's claim of key (another host's is left alone).

@@ -472,3 +472,27 @@ func TestFollowSkipsBadHostName(t *testing.T) {
 		t.Errorf("%d token host records for a bad host name, want none", r.Count)
 	}
 }
+
+// TestStaleClaimTaken: a claim whose host has no role any more (deleted by hand, or a
+// removal that stopped after deleting the role and before releasing its claims, which a
+// retry cannot find again) does not keep the key from another host for ever (before:
+// 409, and that host's netplugin stopped).
+func TestStaleClaimTaken(t *testing.T) {
+	ctx, open, root, m := rbacOn(t)
+	reg := []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.1", Port: 9002}}
+	if err := m.Enroll(ctx, "h1", reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Enroll(ctx, "h2", reg); !errors.Is(err, ErrClaimed) {
+		t.Fatalf("h2 enrolls h1's key: %v, want ErrClaimed", err)
+	}
+	if _, err := root.Client().RoleDelete(ctx, UserOf("h1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Enroll(ctx, "h2", reg); err != nil {
+		t.Fatalf("h2 enrolls the key of h1, whose role is gone: %v", err)
+	}
+	if err := open(UserOf("h2")).Put(ctx, cluster.ServiceKey("netplugin", "10.0.0.1", 9002), map[string]string{"host": "h2"}); err != nil {
+		t.Errorf("h2 writes the key it took: %v", err)
+	}
+}
