@@ -1,0 +1,199 @@
+package wgtunnel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/contivbpf/contivbpf/internal/testkit/dockertest"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
+)
+
+// TestKeyFile: the key is generated once into a 0600 file in a 0700 directory and read
+// back unchanged; a file others may read, or that is not a key, is refused.
+func TestKeyFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	k1, err := LoadOrCreateKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, KeyFile)
+	for p, want := range map[string]os.FileMode{dir: 0o700, path: 0o600} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != want {
+			t.Fatalf("%s: mode %v (%v), want %#o", p, fi.Mode().Perm(), err, want)
+		}
+	}
+	k2, err := LoadOrCreateKey(dir)
+	if err != nil || k2 != k1 {
+		t.Fatalf("second load: %v %v, want the first key", k2.PublicKey(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("state dir holds %d entries, want only the key", len(ents))
+	}
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "0600") {
+		t.Fatalf("group-readable key file: %v, want refused", err)
+	}
+	if err := os.WriteFile(path, []byte("not a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil {
+		t.Fatal("a file that is no key: accepted")
+	}
+}
+
+// testNS makes a namespace with a unique prefix, removed at test end; it returns its path.
+func testNS(t *testing.T, name string) string {
+	t.Helper()
+	dockertest.NetNS(t, name)
+	return "/run/netns/" + name
+}
+
+func key(t *testing.T) wgtypes.Key {
+	t.Helper()
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey()
+}
+
+// TestDeviceInNamespace: without the kernel module the device is wireguard-go's, its link
+// and its UDP socket are inside the namespace (none in the caller's), the key is the
+// state directory's, peers are added, updated and removed to match a desired list, a bad
+// list changes nothing, and Close removes the link and the control socket.
+func TestDeviceInNamespace(t *testing.T) {
+	testroot.Need(t)
+	ctx := context.Background()
+	id := dockertest.RandHex(3)
+	ns := testNS(t, "cbwg1-"+id)
+	dir := t.TempDir()
+	name := "cbwg1" + id
+	tun, err := Open(ctx, Config{NetNS: ns, Name: name, StateDir: dir, Address: netip.MustParsePrefix("10.99.0.1/24")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	if tun.Kind() != Userspace {
+		if _, err := os.Stat("/sys/module/wireguard"); err != nil {
+			t.Fatalf("kind %s without a kernel module", tun.Kind())
+		}
+	}
+	k, err := LoadOrCreateKey(dir)
+	if err != nil || k.PublicKey() != tun.PublicKey() {
+		t.Fatalf("device key %s is not the state directory's (%v)", tun.PublicKey(), err)
+	}
+	if _, err := netlink.LinkByName(name); err == nil {
+		t.Fatalf("link %s in the caller's namespace", name)
+	}
+	port := tun.ListenPort()
+	if port == 0 {
+		t.Fatal("no listen port")
+	}
+	// The UDP port is taken inside the namespace and free outside it.
+	err = nsexec.Run(ns, func() error {
+		if _, err := netlink.LinkByName(name); err != nil {
+			return err
+		}
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: port})
+		if err == nil {
+			c.Close()
+			return errors.New("the listen port is free inside the namespace")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: port}); err != nil {
+		t.Logf("port %d busy in the caller's namespace too (%v): cannot tell", port, err)
+	} else {
+		c.Close()
+	}
+
+	a, b, c := key(t), key(t), key(t)
+	ep := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	pfx := func(s ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, x := range s {
+			out = append(out, netip.MustParsePrefix(x))
+		}
+		return out
+	}
+	steps := []struct {
+		peers []Peer
+		want  Changes
+	}{
+		{[]Peer{{a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32")}, {b, ep("192.0.2.2:51820"), pfx("10.99.0.3/32", "10.50.0.0/24")}}, Changes{Added: 2}},
+		{[]Peer{{b, ep("192.0.2.2:51820"), pfx("10.50.0.0/24", "10.99.0.3/32")}, {a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32")}}, Changes{}},
+		{[]Peer{{a, ep("192.0.2.9:51821"), pfx("10.99.0.2/32")}, {c, ep("192.0.2.3:51820"), pfx("10.99.0.4/32")}}, Changes{Added: 1, Updated: 1, Removed: 1}},
+	}
+	for i, s := range steps {
+		got, err := tun.SyncPeers(ctx, s.peers)
+		if err != nil || got != s.want {
+			t.Fatalf("step %d: %+v %v, want %+v", i, got, err, s.want)
+		}
+		have, err := tun.Peers(ctx)
+		if err != nil || len(have) != len(s.peers) {
+			t.Fatalf("step %d: device peers %+v %v", i, have, err)
+		}
+		for _, p := range s.peers {
+			var found bool
+			for _, h := range have {
+				found = found || h.PublicKey == p.PublicKey && samePeer(h, p)
+			}
+			if !found {
+				t.Fatalf("step %d: peer %s %v %v not on the device: %+v", i, p.PublicKey, p.Endpoint, p.AllowedIPs, have)
+			}
+		}
+	}
+	before, _ := tun.Peers(ctx)
+	for name, bad := range map[string][]Peer{
+		"own key":       {{tun.PublicKey(), ep("192.0.2.1:1"), nil}},
+		"repeated key":  {{a, ep("192.0.2.1:1"), nil}, {a, ep("192.0.2.2:1"), nil}},
+		"shared prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16")}, {b, ep("192.0.2.2:1"), pfx("10.7.1.0/24")}},
+		"no port":       {{a, ep("192.0.2.1:0"), nil}},
+		"host bits":     {{a, ep("192.0.2.1:1"), []netip.Prefix{netip.MustParsePrefix("10.7.0.1/16")}}},
+	} {
+		if _, err := tun.SyncPeers(ctx, bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if after, _ := tun.Peers(ctx); len(after) != len(before) {
+		t.Fatalf("a refused list changed the peers: %+v, was %+v", after, before)
+	}
+
+	if _, err := Open(ctx, Config{NetNS: ns, Name: name, StateDir: t.TempDir()}); err == nil {
+		t.Fatal("a second device of the same name: opened")
+	}
+	if err := tun.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = nsexec.Run(ns, func() error {
+		if _, err := netlink.LinkByName(name); err == nil {
+			return errors.New("link still there after Close")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/var/run/wireguard/" + name + ".sock"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("control socket after Close: %v", err)
+	}
+}
