@@ -127,7 +127,9 @@ func TestAgentUsersConfined(t *testing.T) {
 	}
 	denied("h1", h1, "/contiv.io/obj/modeldb/tenant/evil", vxlan.HostVTEPKey("h2"), model.BgpOperKey("h2"),
 		vxlan.HostVTEPKey("h10"), model.EpOperKey("n1.t1-c1"), cluster.ServiceKey("netplugin", "10.0.0.2", 9002),
-		"/contiv.io/state/nets/n1.t1")
+		"/contiv.io/state/nets/n1.t1",
+		// WireGuard keys go through netmaster (POST /plugin/publishWireGuard), its own too.
+		model.WireGuardKey("h1"), model.WireGuardKey("h2"))
 	if err := m.Enroll(ctx, "h2", []model.EtcdRegistration{reg("10.0.0.1")}); !errors.Is(err, ErrClaimed) {
 		t.Errorf("h2 enrolls h1's registration: %v, want ErrClaimed", err)
 	}

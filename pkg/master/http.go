@@ -86,6 +86,7 @@ func (m *Master) router() *mux.Router {
 		{"/plugin/recordEndpoint", m.recordEndpoint},
 		{"/plugin/forgetEndpoint", m.forgetEndpoint},
 		{"/plugin/etcdAccess", m.etcdAccess},
+		{"/plugin/publishWireGuard", m.publishWireGuard},
 	}
 	for _, p := range plugin {
 		r.HandleFunc(p.path, p.h).Methods(http.MethodPost).HeadersRegexp("Content-Type", "^application/json")

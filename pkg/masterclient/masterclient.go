@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -304,4 +305,31 @@ func (c *Client) EtcdAccess(ctx context.Context, req model.EtcdAccessRequest) (m
 	var resp model.EtcdAccessResponse
 	err := c.Post(ctx, "/plugin/etcdAccess", req, &resp)
 	return resp, err
+}
+
+// PublishWireGuard publishes this host's WireGuard public key and endpoint through
+// netmaster (never into etcd itself: agents' etcd credentials may not write it).
+func (c *Client) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error {
+	var resp struct{}
+	return c.Post(ctx, "/plugin/publishWireGuard", rec, &resp)
+}
+
+// WireGuardHosts reads every host's published WireGuard record from etcd, sorted by host.
+// A record that does not check (model.WireGuardHost.Check) or sits under another host's
+// key is left out and counted in skipped.
+func (c *Client) WireGuardHosts(ctx context.Context) (hosts []model.WireGuardHost, skipped int, err error) {
+	kvs, _, err := c.store.List(ctx, model.WireGuardPrefix)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list wireguard hosts: %w", err)
+	}
+	for _, kv := range kvs {
+		var h model.WireGuardHost
+		if kv.Decode(&h) != nil || h.Check() != nil || kv.Key != model.WireGuardKey(h.Host) {
+			skipped++
+			continue
+		}
+		hosts = append(hosts, h)
+	}
+	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Host < hosts[j].Host })
+	return hosts, skipped, nil
 }

@@ -1,0 +1,69 @@
+package master
+
+import (
+	"encoding/base64"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/model"
+)
+
+// wgKey is a well-formed public key (any 32 bytes but zero are one to netmaster).
+func wgKey(b byte) string {
+	k := make([]byte, 32)
+	k[0] = b
+	return base64.StdEncoding.EncodeToString(k)
+}
+
+// TestPublishWireGuardOwnHostOnly (issue 38): an agent bound to host1 publishes host1's
+// WireGuard key and endpoint (one record, whatever case it spells the host in); publishing
+// host2's is 403 naming the field, as is taking a key host2 already published (409), and
+// a malformed record is 400 naming its field: each refusal leaves etcd as it was.
+func TestPublishWireGuardOwnHostOnly(t *testing.T) {
+	e := newEnv(t, "bridge")
+	h1 := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	h2 := e.as(auth.Identity{Name: auth.HostPrefix + "host2", Role: auth.RoleAgent})
+	h2.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host2", PublicKey: wgKey(2), Endpoint: "192.0.2.2:51820"}, nil)
+	h1.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host1", PublicKey: wgKey(1), Endpoint: "192.0.2.1:51820"}, nil)
+	h1.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "HOST1", PublicKey: wgKey(3), Endpoint: "192.0.2.1:51821"}, nil)
+	if got := e.rawGet(model.WireGuardKey("host1")); !strings.Contains(got, wgKey(3)) || !strings.Contains(got, `"host":"host1"`) {
+		t.Fatalf("host1's record: %s", got)
+	}
+
+	cases := []struct {
+		name string
+		as   *env
+		rec  string
+		code int
+		msg  string
+	}{
+		{"another host's key", h1, `{"host":"host2","publicKey":"` + wgKey(9) + `","endpoint":"192.0.2.1:51820"}`, 403, "host"},
+		{"another host's key, other case", h1, `{"host":"Host2","publicKey":"` + wgKey(9) + `","endpoint":"192.0.2.1:51820"}`, 403, "host"},
+		{"a key host2 holds", h1, `{"host":"host1","publicKey":"` + wgKey(2) + `","endpoint":"192.0.2.1:51820"}`, 409, "publicKey"},
+		{"no host", h1, `{"publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820"}`, 400, "host"},
+		{"host with a slash", e, `{"host":"a/b","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820"}`, 400, "host"},
+		{"short key", h1, `{"host":"host1","publicKey":"AAAA","endpoint":"192.0.2.1:51820"}`, 400, "publicKey"},
+		{"zero key", h1, `{"host":"host1","publicKey":"` + base64.StdEncoding.EncodeToString(make([]byte, 32)) + `","endpoint":"192.0.2.1:51820"}`, 400, "publicKey"},
+		{"no port", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1"}`, 400, "endpoint"},
+		{"port 0", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:0"}`, 400, "endpoint"},
+		{"multicast", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"224.0.0.1:51820"}`, 400, "endpoint"},
+		{"unknown field", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820","privateKey":"x"}`, 400, "privateKey"},
+	}
+	for _, c := range cases {
+		before, rev := e.snapshot()
+		code, out := c.as.do("POST", "/plugin/publishWireGuard", c.rec)
+		if code != c.code || !strings.Contains(out, c.msg) {
+			t.Errorf("%s: %d %q, want %d naming %q", c.name, code, out, c.code, c.msg)
+		}
+		if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+			t.Errorf("%s: etcd changed (revision %d → %d)", c.name, rev, rev2)
+		}
+	}
+	// An admin (no host binding) may publish for any host.
+	e.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host3", PublicKey: wgKey(4), Endpoint: "192.0.2.3:51820"}, nil)
+	if code, _ := h1.do("POST", "/plugin/publishWireGuard", `{"host":"host3","publicKey":"`+wgKey(5)+`","endpoint":"192.0.2.3:1"}`); code != http.StatusForbidden {
+		t.Fatalf("host1 replacing host3's record: %d, want 403", code)
+	}
+}

@@ -1,0 +1,49 @@
+package model
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// WireGuard host records (this project's extension, issue 38): each host's WireGuard
+// public key and the underlay address:port its device listens on, one record per host.
+// Netmaster writes a record for the host's agent (POST /plugin/publishWireGuard); an agent
+// bound to a host publishes only that host's (docs/encryption.md). The private key never
+// leaves the host.
+
+// WireGuardPrefix holds one WireGuardHost per host.
+const WireGuardPrefix = "/contiv.io/oper/wireguard/"
+
+// WireGuardKey is the record of host. Host names are case-insensitive: one host, one
+// record, however its agent spells it.
+func WireGuardKey(host string) string { return WireGuardPrefix + strings.ToLower(host) }
+
+// WireGuardHost is the record at WireGuardKey(Host).
+type WireGuardHost struct {
+	Host string `json:"host"`
+	// PublicKey is the device's public key, base64 as wg(8) prints it.
+	PublicKey string `json:"publicKey"`
+	// Endpoint is the host's underlay address and the device's listen port ("ip:port").
+	Endpoint string `json:"endpoint"`
+}
+
+// Check validates the record; its error names the field.
+func (h WireGuardHost) Check() error {
+	if h.Host == "" {
+		return fmt.Errorf("host: required")
+	}
+	k, err := base64.StdEncoding.DecodeString(h.PublicKey)
+	switch {
+	case err != nil || len(k) != 32:
+		return fmt.Errorf("publicKey: %q is not a base64 WireGuard key (32 bytes)", h.PublicKey)
+	case string(k) == string(make([]byte, 32)):
+		return fmt.Errorf("publicKey: the all-zero key is not a key")
+	}
+	ap, err := netip.ParseAddrPort(h.Endpoint)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" || !ap.Addr().IsGlobalUnicast() {
+		return fmt.Errorf("endpoint: %q is not a unicast address:port (port 1-65535)", h.Endpoint)
+	}
+	return nil
+}
