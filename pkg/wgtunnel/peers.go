@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
 // Peer is one remote host as the device should know it.
@@ -175,4 +177,21 @@ func samePeer(have, want Peer) bool {
 	slices.SortFunc(a, cmp)
 	slices.SortFunc(b, cmp)
 	return slices.Equal(a, b)
+}
+
+// PeerOf makes the peer of a host's published record (model.WireGuardHost) with the
+// inner addresses it is given.
+func PeerOf(rec model.WireGuardHost, allowed []netip.Prefix) (Peer, error) {
+	if err := rec.Check(); err != nil {
+		return Peer{}, fmt.Errorf("wireguard record of host %q: %w", rec.Host, err)
+	}
+	k, err := wgtypes.ParseKey(rec.PublicKey)
+	if err != nil {
+		return Peer{}, fmt.Errorf("wireguard record of host %q: publicKey: %w", rec.Host, err)
+	}
+	ep, err := netip.ParseAddrPort(rec.Endpoint)
+	if err != nil {
+		return Peer{}, fmt.Errorf("wireguard record of host %q: endpoint: %w", rec.Host, err)
+	}
+	return Peer{PublicKey: k, Endpoint: ep, AllowedIPs: allowed}, nil
 }
