@@ -2,6 +2,7 @@ package masterclient
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -247,5 +248,34 @@ func TestRecordWithoutRoute(t *testing.T) {
 	}
 	if err := store.Get(ctx, model.EpOperKey(rec.ID), &got); err == nil {
 		t.Fatalf("record still in etcd: %+v", got)
+	}
+}
+
+// TestWireGuardHostsLeavesOutForgeries: WireGuardHosts returns every well-formed record
+// under its own host's key, sorted, and leaves out (counting) one written under another
+// host's key (an etcd writer without RBAC posing as host1), one that does not decode and
+// one whose key is malformed: none of them becomes a peer.
+func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx := context.Background()
+	key := func(b byte) string {
+		k := make([]byte, 32)
+		k[0] = b
+		return base64.StdEncoding.EncodeToString(k)
+	}
+	for k, v := range map[string]string{
+		model.WireGuardKey("host2"): `{"host":"host2","publicKey":"` + key(2) + `","endpoint":"192.0.2.2:51820"}`,
+		model.WireGuardKey("host1"): `{"host":"host1","publicKey":"` + key(1) + `","endpoint":"192.0.2.1:51820"}`,
+		model.WireGuardKey("evil"):  `{"host":"host1","publicKey":"` + key(9) + `","endpoint":"192.0.2.9:51820"}`,
+		model.WireGuardKey("junk"):  `{"host":`,
+		model.WireGuardKey("short"): `{"host":"short","publicKey":"AAAA","endpoint":"192.0.2.3:51820"}`,
+	} {
+		if _, err := store.Client().Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hosts, skipped, err := New(store).WireGuardHosts(ctx)
+	if err != nil || skipped != 3 || len(hosts) != 2 || hosts[0].Host != "host1" || hosts[0].PublicKey != key(1) || hosts[1].Host != "host2" {
+		t.Fatalf("WireGuardHosts: %+v, %d skipped, %v; want host1 and host2 (own keys), 3 skipped", hosts, skipped, err)
 	}
 }
