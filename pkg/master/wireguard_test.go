@@ -42,6 +42,10 @@ func TestPublishWireGuardOwnHostOnly(t *testing.T) {
 		{"another host's key", h1, `{"host":"host2","publicKey":"` + wgKey(9) + `","endpoint":"192.0.2.1:51820"}`, 403, "host"},
 		{"another host's key, other case", h1, `{"host":"Host2","publicKey":"` + wgKey(9) + `","endpoint":"192.0.2.1:51820"}`, 403, "host"},
 		{"a key host2 holds", h1, `{"host":"host1","publicKey":"` + wgKey(2) + `","endpoint":"192.0.2.1:51820"}`, 409, "publicKey"},
+		// The same 32 bytes spelled otherwise (base64 decoding ignores the last character's
+		// two spare bits and line breaks) would pass a comparison of strings.
+		{"a key host2 holds, spare bits set", h1, `{"host":"host1","publicKey":"` + strings.TrimSuffix(wgKey(2), "A=") + `B=","endpoint":"192.0.2.1:51820"}`, 400, "publicKey"},
+		{"a key host2 holds, with a line break", h1, `{"host":"host1","publicKey":"` + wgKey(2)[:8] + `\n` + wgKey(2)[8:] + `","endpoint":"192.0.2.1:51820"}`, 400, "publicKey"},
 		{"no host", h1, `{"publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820"}`, 400, "host"},
 		{"host with a slash", e, `{"host":"a/b","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820"}`, 400, "host"},
 		{"short key", h1, `{"host":"host1","publicKey":"AAAA","endpoint":"192.0.2.1:51820"}`, 400, "publicKey"},

@@ -253,8 +253,8 @@ func TestRecordWithoutRoute(t *testing.T) {
 
 // TestWireGuardHostsLeavesOutForgeries: WireGuardHosts returns every well-formed record
 // under its own host's key, sorted, and leaves out (counting) one written under another
-// host's key (an etcd writer without RBAC posing as host1), one that does not decode and
-// one whose key is malformed: none of them becomes a peer.
+// host's key (an etcd writer without RBAC posing as host1), one that does not decode, one
+// whose key is malformed and one that spells host2's key otherwise: none becomes a peer.
 func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
 	store, _ := statetest.Store(t)
 	ctx := context.Background()
@@ -269,13 +269,15 @@ func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
 		model.WireGuardKey("evil"):  `{"host":"host1","publicKey":"` + key(9) + `","endpoint":"192.0.2.9:51820"}`,
 		model.WireGuardKey("junk"):  `{"host":`,
 		model.WireGuardKey("short"): `{"host":"short","publicKey":"AAAA","endpoint":"192.0.2.3:51820"}`,
+		// host2's key with the last character's spare bits set: the same 32 bytes.
+		model.WireGuardKey("twin"): `{"host":"twin","publicKey":"` + strings.TrimSuffix(key(2), "A=") + `B=","endpoint":"192.0.2.4:51820"}`,
 	} {
 		if _, err := store.Client().Put(ctx, k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
 	hosts, skipped, err := New(store).WireGuardHosts(ctx)
-	if err != nil || skipped != 3 || len(hosts) != 2 || hosts[0].Host != "host1" || hosts[0].PublicKey != key(1) || hosts[1].Host != "host2" {
-		t.Fatalf("WireGuardHosts: %+v, %d skipped, %v; want host1 and host2 (own keys), 3 skipped", hosts, skipped, err)
+	if err != nil || skipped != 4 || len(hosts) != 2 || hosts[0].Host != "host1" || hosts[0].PublicKey != key(1) || hosts[1].Host != "host2" {
+		t.Fatalf("WireGuardHosts: %+v, %d skipped, %v; want host1 and host2 (own keys), 4 skipped", hosts, skipped, err)
 	}
 }

@@ -38,6 +38,10 @@ func (h WireGuardHost) Check() error {
 	switch {
 	case err != nil || len(k) != 32:
 		return fmt.Errorf("publicKey: %q is not a base64 WireGuard key (32 bytes)", h.PublicKey)
+	case base64.StdEncoding.EncodeToString(k) != h.PublicKey:
+		// Decoding ignores line breaks and the last character's spare bits: one key would
+		// have many spellings, and two hosts could hold one key under different strings.
+		return fmt.Errorf("publicKey: %q is not spelled as wg(8) prints the key", h.PublicKey)
 	case string(k) == string(make([]byte, 32)):
 		return fmt.Errorf("publicKey: the all-zero key is not a key")
 	}
