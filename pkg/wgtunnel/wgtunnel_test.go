@@ -43,7 +43,7 @@ func TestKeyFile(t *testing.T) {
 	if err := os.Chmod(path, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "0600") {
+	if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Fatalf("group-readable key file: %v, want refused", err)
 	}
 	if err := os.WriteFile(path, []byte("not a key\n"), 0o600); err != nil {
@@ -54,6 +54,51 @@ func TestKeyFile(t *testing.T) {
 	}
 	if _, err := LoadOrCreateKey(dir); err == nil {
 		t.Fatal("a file that is no key: accepted")
+	}
+}
+
+// TestKeyFileNotOurs: a key someone else could have written or can swap is refused rather
+// than used (that someone would know the host's private key): a key file owned by another
+// user, a symbolic link in its place, a state directory others may write to.
+func TestKeyFileNotOurs(t *testing.T) {
+	testroot.Need(t)
+	mine := filepath.Join(t.TempDir(), "state")
+	if _, err := LoadOrCreateKey(mine); err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(mine, KeyFile)
+
+	dir := filepath.Join(t.TempDir(), "other")
+	if _, err := LoadOrCreateKey(dir); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, KeyFile)
+	if err := os.Chown(path, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "owned by") {
+		t.Errorf("key file of uid 65534: %v, want refused", err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(own, path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil {
+		t.Error("key file that is a symbolic link: accepted")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Errorf("state directory others may write to: %v, want refused", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a key was written into the refused directory (%v)", err)
 	}
 }
 
