@@ -43,9 +43,13 @@ func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
 	return k, nil
 }
 
-// checkKeyDir refuses a state directory another user owns or may write to: whoever can
+// checkKeyDir refuses a state directory that is not an absolute path (the key would land
+// wherever the process happens to run), or that another user owns or may write to: whoever can
 // put a file there can give the host a private key they know.
 func checkKeyDir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("wireguard key directory %q: want an absolute path (the agent's state directory)", dir)
+	}
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // (made 0700 by writeKey)

@@ -102,6 +102,21 @@ func TestKeyFileNotOurs(t *testing.T) {
 	}
 }
 
+// TestKeyDirRequired: a state directory that is not given or is relative is refused
+// (naming it), not taken in the working directory, which nobody chose to hold the key.
+func TestKeyDirRequired(t *testing.T) {
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+	for _, dir := range []string{"", "state"} {
+		if _, err := LoadOrCreateKey(dir); err == nil || !strings.Contains(err.Error(), "absolute") {
+			t.Errorf("state directory %q: %v, want refused", dir, err)
+		}
+	}
+	if ents, _ := os.ReadDir(cwd); len(ents) != 0 {
+		t.Errorf("working directory holds %d entries (%s...), want none", len(ents), ents[0].Name())
+	}
+}
+
 // testNS makes a namespace with a unique prefix, removed at test end; it returns its path.
 func testNS(t *testing.T, name string) string {
 	t.Helper()
