@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -315,21 +316,32 @@ func (c *Client) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) 
 }
 
 // WireGuardHosts reads every host's published WireGuard record from etcd, sorted by host.
-// A record that does not check (model.WireGuardHost.Check) or sits under another host's
-// key is left out and counted in skipped.
+// A record that does not check (model.WireGuardHost.Check), sits under another host's
+// key or shares its public key with another record (netmaster refuses that, so it was
+// written around netmaster: neither host can be trusted to hold the key, and a device
+// refuses a peer list with one key twice) is left out and counted in skipped.
 func (c *Client) WireGuardHosts(ctx context.Context) (hosts []model.WireGuardHost, skipped int, err error) {
 	kvs, _, err := c.store.List(ctx, model.WireGuardPrefix)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list wireguard hosts: %w", err)
 	}
+	holders := map[string]int{} // public key → records holding it
 	for _, kv := range kvs {
 		var h model.WireGuardHost
 		if kv.Decode(&h) != nil || h.Check() != nil || kv.Key != model.WireGuardKey(h.Host) {
 			skipped++
 			continue
 		}
+		holders[h.PublicKey]++
 		hosts = append(hosts, h)
 	}
+	hosts = slices.DeleteFunc(hosts, func(h model.WireGuardHost) bool {
+		if holders[h.PublicKey] > 1 {
+			skipped++
+			return true
+		}
+		return false
+	})
 	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Host < hosts[j].Host })
 	return hosts, skipped, nil
 }

@@ -254,7 +254,8 @@ func TestRecordWithoutRoute(t *testing.T) {
 // TestWireGuardHostsLeavesOutForgeries: WireGuardHosts returns every well-formed record
 // under its own host's key, sorted, and leaves out (counting) one written under another
 // host's key (an etcd writer without RBAC posing as host1), one that does not decode, one
-// whose key is malformed and one that spells host2's key otherwise: none becomes a peer.
+// whose key is malformed, one that spells host2's key otherwise and two that share a key:
+// none becomes a peer.
 func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
 	store, _ := statetest.Store(t)
 	ctx := context.Background()
@@ -270,6 +271,10 @@ func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
 		model.WireGuardKey("junk"):  `{"host":`,
 		model.WireGuardKey("short"): `{"host":"short","publicKey":"AAAA","endpoint":"192.0.2.3:51820"}`,
 		// host2's key with the last character's spare bits set: the same 32 bytes.
+		// One key under two hosts (netmaster refuses it: an etcd administrator's writes):
+		// neither can be trusted to hold it, and a peer list with both is refused whole.
+		model.WireGuardKey("dup1"): `{"host":"dup1","publicKey":"` + key(7) + `","endpoint":"192.0.2.7:51820"}`,
+		model.WireGuardKey("dup2"): `{"host":"dup2","publicKey":"` + key(7) + `","endpoint":"192.0.2.8:51820"}`,
 		model.WireGuardKey("twin"): `{"host":"twin","publicKey":"` + strings.TrimSuffix(key(2), "A=") + `B=","endpoint":"192.0.2.4:51820"}`,
 	} {
 		if _, err := store.Client().Put(ctx, k, v); err != nil {
@@ -277,7 +282,7 @@ func TestWireGuardHostsLeavesOutForgeries(t *testing.T) {
 		}
 	}
 	hosts, skipped, err := New(store).WireGuardHosts(ctx)
-	if err != nil || skipped != 4 || len(hosts) != 2 || hosts[0].Host != "host1" || hosts[0].PublicKey != key(1) || hosts[1].Host != "host2" {
-		t.Fatalf("WireGuardHosts: %+v, %d skipped, %v; want host1 and host2 (own keys), 4 skipped", hosts, skipped, err)
+	if err != nil || skipped != 6 || len(hosts) != 2 || hosts[0].Host != "host1" || hosts[0].PublicKey != key(1) || hosts[1].Host != "host2" {
+		t.Fatalf("WireGuardHosts: %+v, %d skipped, %v; want host1 and host2 (own keys), 6 skipped", hosts, skipped, err)
 	}
 }
