@@ -48,6 +48,10 @@ func checkPeers(own wgtypes.Key, peers []Peer) error {
 			if !a.IsValid() || a.Masked() != a {
 				return fmt.Errorf("peers[%d] (%s): allowed IP %q is not a network prefix", i, p.PublicKey, a)
 			}
+			if j, ok := owner[a]; ok && j == i {
+				// (the device keeps it once: the list would never match the device)
+				return fmt.Errorf("peers[%d] (%s): allowed IP %s listed twice", i, p.PublicKey, a)
+			}
 			for q, j := range owner {
 				if j != i && q.Overlaps(a) {
 					return fmt.Errorf("peers[%d] (%s): allowed IP %s overlaps %s of peers[%d]", i, p.PublicKey, a, q, j)
@@ -62,7 +66,8 @@ func checkPeers(own wgtypes.Key, peers []Peer) error {
 // SyncPeers makes the device's peers exactly peers, in one wgctrl call: a peer not
 // listed is removed, a new one added, one whose endpoint or allowed IPs differ updated
 // (its session kept), an unchanged one left alone. A list with a repeated or the device's
-// own key, a bad endpoint or an allowed IP on two peers is refused and changes nothing.
+// own key, a bad endpoint, an allowed IP listed twice or on two peers is refused and
+// changes nothing.
 func (t *Tunnel) SyncPeers(ctx context.Context, peers []Peer) (Changes, error) {
 	var ch Changes
 	if err := checkPeers(t.pub, peers); err != nil {

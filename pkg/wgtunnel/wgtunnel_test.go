@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -229,12 +230,15 @@ func TestDeviceInNamespace(t *testing.T) {
 		"shared prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16")}, {b, ep("192.0.2.2:1"), pfx("10.7.1.0/24")}},
 		"no port":       {{a, ep("192.0.2.1:0"), nil}},
 		"host bits":     {{a, ep("192.0.2.1:1"), []netip.Prefix{netip.MustParsePrefix("10.7.0.1/16")}}},
+		// The device keeps it once: the list would never match it, and every sync would
+		// rewrite the peer's allowed IPs (dropping its traffic while it does).
+		"repeated prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16", "10.7.0.0/16")}},
 	} {
 		if _, err := tun.SyncPeers(ctx, bad); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if after, _ := tun.Peers(ctx); len(after) != len(before) {
+	if after, _ := tun.Peers(ctx); !reflect.DeepEqual(after, before) {
 		t.Fatalf("a refused list changed the peers: %+v, was %+v", after, before)
 	}
 
