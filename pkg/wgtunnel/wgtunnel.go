@@ -233,6 +233,11 @@ func (t *Tunnel) PublicKey() wgtypes.Key { return t.pub }
 
 // ListenPort is the UDP port the device listens on (0 if it cannot be read).
 func (t *Tunnel) ListenPort() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0
+	}
 	d, err := t.wg.Device(t.cfg.Name)
 	if err != nil {
 		return 0
@@ -250,13 +255,15 @@ func (t *Tunnel) Close() error {
 	}
 	t.closed = true
 	var errs []error
-	if t.uapi != nil {
-		errs = append(errs, t.uapi.Close())
-	}
+	// The socket's path goes before its listener closes: once closed, another Open of
+	// the same name may create a socket there, which a later remove would delete.
 	if t.sock != "" {
 		if err := os.Remove(t.sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove control socket: %w", err))
 		}
+	}
+	if t.uapi != nil {
+		errs = append(errs, t.uapi.Close())
 	}
 	if t.dev != nil {
 		t.dev.Close() // closes the TUN, which removes its link
