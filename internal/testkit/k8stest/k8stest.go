@@ -135,6 +135,8 @@ type Options struct {
 	IP string
 	// Dial, with NetNS, opens connections from inside the namespace (e.g. sim.DialContext).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// freePort, if set, replaces the loopback port chooser (tests of the retry).
+	freePort func() (int, error)
 }
 
 // NeedAPIServer skips the test when it cannot have a kube-apiserver: CI runs as root,
@@ -185,23 +187,18 @@ func Launch(ctx context.Context, o Options) (s *APIServer, err error) {
 	}
 	var etcdURL string
 	port := 16443
+	pick := o.freePort
+	if pick == nil {
+		pick = freePort
+	}
 	if o.NetNS == "" {
-		port, err = freePort()
+		port, err = pick()
 		if err != nil {
 			return s, err
 		}
-		cp, err := freePort()
+		e, cu, err := startLoopbackEtcd(ctx, filepath.Join(dir, "etcd"), pick)
 		if err != nil {
 			return s, err
-		}
-		pp, err := freePort()
-		if err != nil {
-			return s, err
-		}
-		cu, pu := fmt.Sprintf("http://127.0.0.1:%d", cp), fmt.Sprintf("http://127.0.0.1:%d", pp)
-		e, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: filepath.Join(dir, "etcd"), ClientURL: cu, PeerURL: pu, Name: "k8stest"})
-		if err != nil {
-			return s, fmt.Errorf("start etcd: %w", err)
 		}
 		s.closers = append(s.closers, e.Close)
 		etcdURL = cu
@@ -252,41 +249,42 @@ func Launch(ctx context.Context, o Options) (s *APIServer, err error) {
 	if err := os.WriteFile(tokenFile, csv.Bytes(), 0o600); err != nil {
 		return s, err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
-	if err != nil {
-		return s, err
-	}
-	cmd := inNetNS(o.NetNS, bin,
-		"--etcd-servers="+etcdURL,
+	args := []string{
+		"--etcd-servers=" + etcdURL,
 		"--etcd-prefix=/k8stest",
-		fmt.Sprintf("--secure-port=%d", port),
-		"--bind-address="+ip, "--advertise-address="+ip,
-		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey,
-		"--client-ca-file="+caFile,
-		"--token-auth-file="+tokenFile,
+		"--bind-address=" + ip, "--advertise-address=" + ip,
+		"--tls-cert-file=" + srvCert, "--tls-private-key-file=" + srvKey,
+		"--client-ca-file=" + caFile,
+		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		// No controller manager runs: pods are created without a default service account.
 		"--disable-admission-plugins=ServiceAccount",
 		"--enable-priority-and-fairness=false",
 		"--allow-privileged=true", // as kubeadm clusters run: CNI agents are privileged pods
 		"--profiling=false",
-		"--cert-dir="+filepath.Join(dir, "certs"),
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return s, fmt.Errorf("start kube-apiserver: %w", err)
+		"--cert-dir=" + filepath.Join(dir, "certs"),
 	}
-	s.cmd = cmd
-	s.URL, s.CAFile = "https://"+net.JoinHostPort(ip, strconv.Itoa(port)), caFile
-	go func() { _ = cmd.Wait(); logFile.Close(); close(s.done) }()
-	if s.Admin, err = kubernetes.NewForConfig(s.RESTConfig(UserAdmin)); err != nil {
-		return s, err
-	}
-	if err := s.waitReady(ctx, 90*time.Second); err != nil {
+	s.CAFile = caFile
+	for attempt := 1; ; attempt++ {
+		if err := s.run(o.NetNS, bin, ip, port, args); err != nil {
+			return s, err
+		}
+		err := s.waitReady(ctx, 90*time.Second)
+		if err == nil {
+			break
+		}
+		// A loopback port found free can be taken by another process before the API server
+		// binds it (seen in CI): choose another and start again.
+		if o.NetNS == "" && attempt < bindAttempts && strings.Contains(s.LogTail(), "address already in use") {
+			s.Stop()
+			if port, err = pick(); err != nil {
+				return s, err
+			}
+			continue
+		}
 		return s, fmt.Errorf("kube-apiserver not ready: %w\n%s", err, s.LogTail())
 	}
 	if _, err := s.applyFile(ctx, RBACManifest(), false); err != nil {
@@ -332,6 +330,57 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// bindAttempts is how many loopback ports a server is given before Launch gives up.
+const bindAttempts = 5
+
+// startLoopbackEtcd runs an embedded etcd on loopback ports found free, choosing again when
+// one is taken before etcd binds it.
+func startLoopbackEtcd(ctx context.Context, dataDir string, pick func() (int, error)) (*etcdembed.Server, string, error) {
+	for attempt := 1; ; attempt++ {
+		cp, err := pick()
+		if err != nil {
+			return nil, "", err
+		}
+		pp, err := pick()
+		if err != nil {
+			return nil, "", err
+		}
+		cu, pu := fmt.Sprintf("http://127.0.0.1:%d", cp), fmt.Sprintf("http://127.0.0.1:%d", pp)
+		e, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: dataDir, ClientURL: cu, PeerURL: pu, Name: "k8stest"})
+		if err == nil {
+			return e, cu, nil
+		}
+		if attempt >= bindAttempts || !strings.Contains(err.Error(), "address already in use") {
+			return nil, "", fmt.Errorf("start etcd: %w", err)
+		}
+		if err := os.RemoveAll(dataDir); err != nil {
+			return nil, "", fmt.Errorf("start etcd: clear %s: %w", dataDir, err)
+		}
+	}
+}
+
+// run starts the API server on ip:port with args, logging to kube-apiserver.log.
+func (s *APIServer) run(netns, bin, ip string, port int, args []string) error {
+	logFile, err := os.Create(filepath.Join(s.Dir, "kube-apiserver.log"))
+	if err != nil {
+		return err
+	}
+	cmd := inNetNS(netns, bin, append([]string{fmt.Sprintf("--secure-port=%d", port)}, args...)...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("start kube-apiserver: %w", err)
+	}
+	done := make(chan struct{})
+	s.cmd, s.done = cmd, done
+	s.URL = "https://" + net.JoinHostPort(ip, strconv.Itoa(port))
+	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
+	if s.Admin, err = kubernetes.NewForConfig(s.RESTConfig(UserAdmin)); err != nil {
+		return err
+	}
+	return nil
 }
 
 // Stop kills the API server (idempotent); its etcd keeps running until Close.
