@@ -135,10 +135,6 @@ type Driver struct {
 	// legacyMetrics is the per-endpoint counter map of builds before counter slots
 	// (cb_ep_metrics, keyed by {net, ip}), open only while New adopts endpoints.
 	legacyMetrics *ebpf.Map
-
-	// converters convert entries of pinned maps whose layout changed when field-by-name
-	// conversion is not enough (by map name).
-	converters map[string]entryConverter
 }
 
 // endpointIndex is what the driver wrote for networks, endpoints (local and remote) and
@@ -333,16 +329,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: load spec: %w", err)
 	}
-	for _, m := range []string{contivbpfMapCbEndpoints, contivbpfMapCbIfaces, contivbpfMapCbEpCounters, contivbpfMapCbQos, contivbpfMapCbCtOwned, contivbpfMapCbCtOwnedIn, contivbpfMapCbBackends, contivbpfMapCbRoutes, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs} {
-		if ms, ok := spec.Maps[m]; ok {
-			ms.MaxEntries = uint32(d.cfg.MapEntries)
-		}
-	}
-	for _, m := range []string{contivbpfMapCbCt, contivbpfMapCbKcidrs} {
-		if ms, ok := spec.Maps[m]; ok {
-			ms.MaxEntries = uint32(4 * d.cfg.MapEntries)
-		}
-	}
+	sizeMaps(spec, d.cfg.MapEntries)
 	// Pinned maps of another layout (an upgrade, or a MapEntries change) are copied into
 	// new maps first; they replace the pins once every link runs the new programs.
 	migrations, err := d.planMigrations(spec)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -29,25 +28,11 @@ const legacyZoneNodePort = 0x80000000
 const ctKindNodePort = 1
 
 // kindSite is where a map's entries hold a zone and its kind: in the key or (cb_snat_rev)
-// in the value, at these offsets of this build's layout.
+// in the value, at these offsets of this build's layout. The map's owner declares it
+// (ownedMap.kind, mapowners.go).
 type kindSite struct {
 	inValue          bool
 	zoneOff, kindOff uintptr
-}
-
-// legacyKindSites are the pinned maps whose entries name a node port flow's zone.
-func legacyKindSites() map[string]kindSite {
-	var ct contivbpfCbCtKey
-	var sn contivbpfCbSnatKey
-	var rv contivbpfCbSnatRval
-	var fr contivbpfCbFragKey
-	return map[string]kindSite{
-		contivbpfMapCbCt:       {zoneOff: unsafe.Offsetof(ct.Zone), kindOff: unsafe.Offsetof(ct.Kind)},
-		contivbpfMapCbSnat:     {zoneOff: unsafe.Offsetof(sn.Zone), kindOff: unsafe.Offsetof(sn.Kind)},
-		contivbpfMapCbSnatRev:  {inValue: true, zoneOff: unsafe.Offsetof(rv.Zone), kindOff: unsafe.Offsetof(rv.Kind)},
-		contivbpfMapCbFrags:    {zoneOff: unsafe.Offsetof(fr.Zone), kindOff: unsafe.Offsetof(fr.Kind)},
-		contivbpfMapCbNatFrags: {zoneOff: unsafe.Offsetof(fr.Zone), kindOff: unsafe.Offsetof(fr.Kind)},
-	}
 }
 
 // legacy says whether pinned map old (being migrated to ms) is of a build before the kind

@@ -63,14 +63,26 @@ type migration struct {
 // refuses names with a dot).
 const migrationTempPrefix = "migrating_"
 
-// migrationGroups are maps the programs read as one structure: when one of a group
-// migrates, all of it does, so the programs still on the links keep reading the old set
-// and the new programs get the new one. Migrating one alone splits it between the two:
-// the compiled policy's heads name versions whose keys the agent writes into its new rules
-// and prefix maps only, and a running program that read a new head from a shared heads
-// map missed every key and admitted every flow until its link moved.
+// migrationGroups are maps the programs read as one structure (their owner says so:
+// mapOwner.together): when one of a group migrates, all of it does, so the programs still
+// on the links keep reading the old set and the new programs get the new one. Migrating
+// one alone splits it between the two: the compiled policy's heads name versions whose
+// keys the agent writes into its new rules and prefix maps only, and a running program
+// that read a new head from a shared heads map missed every key and admitted every flow
+// until its link moved.
 func migrationGroups() [][]string {
-	return [][]string{{contivbpfMapCbPolHeads, contivbpfMapCbPolRules, contivbpfMapCbPolCidrs}}
+	var out [][]string
+	for _, o := range mapOwners() {
+		if !o.together {
+			continue
+		}
+		g := make([]string, len(o.maps))
+		for i, m := range o.maps {
+			g[i] = m.name
+		}
+		out = append(out, g)
+	}
+	return out
 }
 
 // groupMigrations returns, for each pinned map that matches spec but belongs to a group
@@ -120,6 +132,7 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 	}
 	sort.Strings(names)
 	together := d.groupMigrations(spec)
+	owned := ownedMaps()
 	var zones map[uint32]bool // the tenants' zones, read once if a legacy kind fix needs them
 	for _, name := range names {
 		ms := spec.Maps[name]
@@ -142,7 +155,7 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 		}
 		mg := &migration{name: name, path: path, why: why, spec: ms, old: old}
 		out = append(out, mg)
-		if site, ok := legacyKindSites()[name]; ok && site.legacy(ms, old) {
+		if site := owned[name].kind; site != nil && site.legacy(ms, old) {
 			if zones == nil {
 				if zones, err = pinnedZones(filepath.Join(d.cfg.PinRoot, contivbpfMapCbNetworks)); err != nil {
 					return out, fmt.Errorf("ebpf: migrate map %s: %w", name, err)
@@ -155,7 +168,7 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 		if mg.new, err = ebpf.NewMap(ns); err != nil {
 			return out, fmt.Errorf("ebpf: migrate map %s (%s): create new map: %w", name, why, err)
 		}
-		if err := copyEntries(mg, d.converters[name], false); err != nil {
+		if err := copyEntries(mg, owned[name].convert, false); err != nil {
 			return out, fmt.Errorf("ebpf: migrate map %s (%s): %w", name, why, err)
 		}
 		d.log.Info("bpf map layout changed; migrating", "map", name, "change", why, "entries", countMap(mg.new))
@@ -166,8 +179,9 @@ func (d *Driver) planMigrations(spec *ebpf.CollectionSpec) (out []*migration, er
 // finishMigrations runs after every link uses the new programs: it copies entries the old
 // programs added meanwhile and re-pins the new maps in place of the old ones.
 func (d *Driver) finishMigrations(ms []*migration) error {
+	owned := ownedMaps()
 	for _, mg := range ms {
-		if err := copyEntries(mg, d.converters[mg.name], true); err != nil {
+		if err := copyEntries(mg, owned[mg.name].convert, true); err != nil {
 			d.log.Warn("bpf map migration: catch-up copy failed", "map", mg.name, "err", err)
 		}
 		p := d.mapField(mg.name)

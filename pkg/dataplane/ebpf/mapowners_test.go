@@ -1,0 +1,65 @@
+package ebpf
+
+import (
+	"strings"
+	"testing"
+)
+
+// Every map of the loaded collection has exactly one owner, which declares the Go types
+// its entries are encoded with (of the map's key and value sizes) and either a generation
+// sweep or how else its entries are collected: a map added to bpf/ without an owner fails
+// here, so neither Sync's sweep nor an upgrade's migration can forget it. No root needed.
+func TestMapOwnersCoverBuild(t *testing.T) {
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := map[string]int{}
+	for i, o := range mapOwners() {
+		if o.sweep == nil && o.gc == "" {
+			t.Errorf("owner %d (%s): neither a sweep nor how its maps are collected", i, o.concern)
+		}
+		if o.together && len(o.maps) < 2 {
+			t.Errorf("owner %d (%s): a migration group of %d map", i, o.concern, len(o.maps))
+		}
+		for _, m := range o.maps {
+			if prev, dup := owner[m.name]; dup {
+				t.Errorf("map %s: owned by owners %d and %d", m.name, prev, i)
+			}
+			owner[m.name] = i
+			ms, ok := spec.Maps[m.name]
+			if !ok {
+				t.Errorf("map %s: owned but not in the build", m.name)
+				continue
+			}
+			if (m.key == nil) != (ms.KeySize == 0) || (m.value == nil) != (ms.ValueSize == 0) {
+				t.Errorf("map %s: declared types %v → %v for key/value sizes %d/%d", m.name, m.key, m.value, ms.KeySize, ms.ValueSize)
+				continue
+			}
+			if m.key != nil && (m.key.Size() != uintptr(ms.KeySize) || m.value.Size() != uintptr(ms.ValueSize)) {
+				t.Errorf("map %s: %v (%d bytes) → %v (%d bytes), the map has %d → %d", m.name,
+					m.key, m.key.Size(), m.value, m.value.Size(), ms.KeySize, ms.ValueSize)
+			}
+		}
+	}
+	for name := range spec.Maps {
+		if strings.HasPrefix(name, ".") {
+			continue // global variables' sections
+		}
+		if _, ok := owner[name]; !ok {
+			t.Errorf("map %s: no owner in mapOwners (its garbage collection and migration)", name)
+		}
+	}
+	// The documented order: a stale set's head, then its prefixes, then its record; the
+	// memberships after the services they name.
+	if owner[contivbpfMapCbKsetHeads] != owner[contivbpfMapCbKcidrs] || owner[contivbpfMapCbKcidrs] >= owner[contivbpfMapCbKsets] {
+		t.Errorf("NetworkPolicy sets: heads (owner %d) and prefixes (%d) must be swept before the records (%d)",
+			owner[contivbpfMapCbKsetHeads], owner[contivbpfMapCbKcidrs], owner[contivbpfMapCbKsets])
+	}
+	if owner[contivbpfMapCbMembers] < owner[contivbpfMapCbServices] {
+		t.Errorf("memberships (owner %d) swept before services (%d)", owner[contivbpfMapCbMembers], owner[contivbpfMapCbServices])
+	}
+	if g := migrationGroups(); len(g) != 1 || strings.Join(g[0], ",") != "cb_pol_heads,cb_pol_rules,cb_pol_cidrs" {
+		t.Errorf("migration groups %v, want the compiled policy's three maps", g)
+	}
+}
