@@ -24,30 +24,7 @@ func TestConcernLocksReadersDoNotWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := h.endpoint(t, "held", "10.50.0.10", true)
-	held, release := make(chan struct{}), make(chan struct{})
-	h.d.cfg.StepObserver = func(step string, _ time.Duration) {
-		if step == StepVeth {
-			close(held)
-			<-release
-		}
-	}
-	applied := make(chan error, 1)
-	go func() { applied <- h.d.UpsertEndpoint(ctx, ep) }()
-	released := false
-	unblock := func() {
-		if !released {
-			released = true
-			close(release)
-		}
-	}
-	defer unblock()
-	select {
-	case <-held:
-	case err := <-applied:
-		t.Fatalf("endpoint apply ended before its veth step: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("endpoint apply never reached its veth step")
-	}
+	finish := holdEndpointApply(t, h, ep, StepVeth)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(h.d.Collector())
@@ -68,16 +45,7 @@ func TestConcernLocksReadersDoNotWait(t *testing.T) {
 		{"failed policies", func() error { h.d.FailedPolicies(); return nil }},
 		{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
 	})
-	unblock()
-	select {
-	case err := <-applied:
-		if err != nil {
-			t.Fatalf("held endpoint apply: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("held endpoint apply did not finish once released")
-	}
-	h.d.cfg.StepObserver = nil
+	finish()
 }
 
 // TestConcernLocksPolicyApplyHeld holds the group policy's lock as a policy apply does
@@ -112,6 +80,50 @@ func TestConcernLocksPolicyApplyHeld(t *testing.T) {
 	})
 }
 
+// holdEndpointApply starts UpsertEndpoint(ep) and returns once it reached step, where the
+// StepObserver holds it; finish releases it and fails the test unless it then succeeds
+// (a test that ends earlier releases it when it is cleaned up).
+func holdEndpointApply(t *testing.T, h *oneHost, ep dataplane.Endpoint, step string) (finish func()) {
+	t.Helper()
+	held, release := make(chan struct{}), make(chan struct{})
+	h.d.cfg.StepObserver = func(s string, _ time.Duration) {
+		if s == step {
+			close(held)
+			<-release
+		}
+	}
+	applied := make(chan error, 1)
+	go func() { applied <- h.d.UpsertEndpoint(context.Background(), ep) }()
+	released := false
+	unblock := func() {
+		if !released {
+			released = true
+			close(release)
+		}
+	}
+	t.Cleanup(unblock)
+	select {
+	case <-held:
+	case err := <-applied:
+		t.Fatalf("endpoint apply ended before its %s step: %v", step, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("endpoint apply never reached its %s step", step)
+	}
+	return func() {
+		t.Helper()
+		unblock()
+		select {
+		case err := <-applied:
+			if err != nil {
+				t.Fatalf("held endpoint apply: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("held endpoint apply did not finish once released")
+		}
+		h.d.cfg.StepObserver = nil
+	}
+}
+
 type heldCase struct {
 	name string
 	fn   func() error
@@ -132,5 +144,30 @@ func completeWhileHeld(t *testing.T, what string, cases []heldCase) {
 		case <-time.After(3 * time.Second):
 			t.Fatalf("%s waited for %s (another concern's lock)", c.name, what)
 		}
+	}
+}
+
+// TestConcernLocksEndpointNetlinkOutsideClock holds a new endpoint's apply after its map
+// entries, in its tcx attach (netlink work, as its host route after it), and checks that
+// a group policy apply and removal, which take the policy clock, complete meanwhile: the
+// endpoint's change publishes the clock before that work. Publishing when the apply
+// returned held clockMu across every netlink call of the attach and the host route.
+func TestConcernLocksEndpointNetlinkOutsideClock(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.endpoint(t, "clock", "10.50.0.12", true)
+	finish := holdEndpointApply(t, h, ep, StepTCX)
+	pol := dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "r1", Priority: 10, Ingress: true, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}}
+	completeWhileHeld(t, "an endpoint apply's netlink work", []heldCase{
+		{"policy apply", func() error { return h.d.UpsertPolicy(ctx, pol) }},
+		{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
+	})
+	finish()
+	drift, err := h.d.Verify(dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{ep}})
+	if err != nil || len(drift) != 0 {
+		t.Fatalf("after the apply: drift %v, err %v", drift, err)
 	}
 }

@@ -531,13 +531,34 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	}
 	if epgChanged {
 		// Its flows are judged again with its new group: that group (or the zone, for no
-		// group) stamped before its entries move, the clock published after (stamps.go).
+		// group) stamped before its entries move, the clock published after (stamps.go)
+		// and before the netlink work below, which holds no other concern's change.
 		if err := d.announce(moveStamps(nr.vrf, ep.EPGID)); err != nil {
 			return d.published(fmt.Errorf("endpoint %s: %w", ep.ID, err))
 		}
-		defer func() { retErr = d.published(retErr) }()
+		err = d.published(d.putEndpointEntries(ep, nr, key, ifindex, slot))
+	} else {
+		err = d.putEndpointEntries(ep, nr, key, ifindex, slot)
 	}
-	// Its buckets before the entries that turn them on (qos.go).
+	if err != nil {
+		return err
+	}
+	clock.mark(StepMaps)
+	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	clock.mark(StepTCX)
+	d.setEndpoint(ik, epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot})
+	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
+		d.dropEndpoint(ik)
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
+	return nil
+}
+
+// putEndpointEntries writes local endpoint ep's map entries: its QoS buckets before the
+// entries that turn them on (qos.go), its route, its interface entry and cb_endpoints.
+func (d *Driver) putEndpointEntries(ep dataplane.Endpoint, nr netRec, key contivbpfCbEpKey, ifindex int, slot uint32) error {
 	if err := d.putQoS(slot, ep.QoS); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
@@ -555,16 +576,6 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	if err := d.mapPut(contivbpfMapCbEndpoints, d.objs.CbEndpoints, &key, &v); err != nil {
-		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
-	}
-	clock.mark(StepMaps)
-	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
-		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
-	}
-	clock.mark(StepTCX)
-	d.setEndpoint(ik, epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot})
-	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
-		d.dropEndpoint(ik)
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	return nil
