@@ -171,3 +171,37 @@ func TestConcernLocksEndpointNetlinkOutsideClock(t *testing.T) {
 		t.Fatalf("after the apply: drift %v, err %v", drift, err)
 	}
 }
+
+// TestConcernLocksVerifyNetpolApplyHeld holds the NetworkPolicy lock as a pod policy apply
+// does and checks that Verify, which reads no NetworkPolicy state, completes meanwhile and
+// still finds what it reads (an endpoint left out of the state is reported). Verify took
+// every concern's read lock and waited.
+func TestConcernLocksVerifyNetpolApplyHeld(t *testing.T) {
+	h := newOneHost(t)
+	ctx := context.Background()
+	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.endpoint(t, "verify", "10.50.0.13", true)
+	if err := h.d.UpsertEndpoint(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	h.d.np.mu.Lock()
+	released := false
+	unblock := func() {
+		if !released {
+			released = true
+			h.d.np.mu.Unlock()
+		}
+	}
+	defer unblock()
+	completeWhileHeld(t, "a pod policy apply", []heldCase{
+		{"verify", func() error {
+			drift, err := h.d.Verify(dataplane.State{Networks: []dataplane.Network{h.net}})
+			if err == nil && len(drift) == 0 {
+				err = fmt.Errorf("no drift, want endpoint %s's entries reported extra", ep.ID)
+			}
+			return err
+		}},
+	})
+}

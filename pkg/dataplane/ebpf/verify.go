@@ -11,21 +11,38 @@ import (
 
 // Verify compares the live maps with state s (what the agent applied from netmaster's
 // records): every entry s implies must be in its map with the same content, and no map
-// may hold an entry s does not imply. Generations and padding are not compared. The
-// driver lock is held while the maps are read, so no change interleaves.
+// may hold an entry s does not imply. Generations and padding are not compared. Each
+// concern's maps are read under that concern's read lock, one concern at a time, so no
+// change of it interleaves and no apply of a concern Verify does not read (NetworkPolicy)
+// is waited for.
 func (d *Driver) Verify(s dataplane.State) ([]dataplane.Drift, error) {
-	defer d.lock(0, cAll)()
-	if err := d.check(); err != nil {
-		return nil, err
-	}
 	v := verifier{d: d}
-	v.networks(s.Networks)
-	v.endpoints(s.Endpoints, s.RemoteEndpoints)
-	v.peers(s.Peers)
-	v.policies(s.Policies)
-	v.services(s.Services)
-	v.nodePorts(s.Services)
-	v.hostRoutes(s.Endpoints)
+	for _, part := range []struct {
+		c    concerns
+		read func()
+	}{
+		{cEps, func() {
+			v.networks(s.Networks)
+			v.endpoints(s.Endpoints, s.RemoteEndpoints)
+			v.peers(s.Peers)
+			v.hostRoutes(s.Endpoints)
+		}},
+		{cPols, func() { v.policies(s.Policies) }},
+		{cSvc, func() {
+			v.services(s.Services)
+			v.nodePorts(s.Services)
+		}},
+	} {
+		unlock := d.lock(0, part.c)
+		err := d.check()
+		if err == nil {
+			part.read()
+		}
+		unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
 	sort.Slice(v.out, func(i, j int) bool {
 		a, b := v.out[i], v.out[j]
 		if a.Table != b.Table {
