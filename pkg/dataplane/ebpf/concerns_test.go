@@ -147,28 +147,34 @@ func completeWhileHeld(t *testing.T, what string, cases []heldCase) {
 	}
 }
 
-// TestConcernLocksEndpointNetlinkOutsideClock holds a new endpoint's apply after its map
-// entries, in its tcx attach (netlink work, as its host route after it), and checks that
-// a group policy apply and removal, which take the policy clock, complete meanwhile: the
-// endpoint's change publishes the clock before that work. Publishing when the apply
-// returned held clockMu across every netlink call of the attach and the host route.
+// TestConcernLocksEndpointNetlinkOutsideClock holds a new endpoint's apply right after its
+// map entries (StepMaps: before its tcx attach) and again after its tcx attach (StepTCX:
+// before its host route), and checks each time that a group policy apply and removal,
+// which take the policy clock, complete meanwhile: the endpoint's change publishes the
+// clock before that netlink work. Publishing when the apply returned held clockMu across
+// every netlink call of the attach and the host route; held only at StepTCX, a publish
+// moved after the attach went unnoticed.
 func TestConcernLocksEndpointNetlinkOutsideClock(t *testing.T) {
 	h := newOneHost(t)
 	ctx := context.Background()
 	if err := h.d.UpsertNetwork(ctx, h.net); err != nil {
 		t.Fatal(err)
 	}
-	ep := h.endpoint(t, "clock", "10.50.0.12", true)
-	finish := holdEndpointApply(t, h, ep, StepTCX)
 	pol := dataplane.PolicySet{EPGID: 9, Rules: []dataplane.PolicyRule{{ID: "r1", Priority: 10, Ingress: true, Proto: 6, Port: 80, Action: dataplane.ActionAllow}}}
-	completeWhileHeld(t, "an endpoint apply's netlink work", []heldCase{
-		{"policy apply", func() error { return h.d.UpsertPolicy(ctx, pol) }},
-		{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
-	})
-	finish()
-	drift, err := h.d.Verify(dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: []dataplane.Endpoint{ep}})
+	var eps []dataplane.Endpoint
+	for i, step := range []string{StepMaps, StepTCX} {
+		ep := h.endpoint(t, "clock"+step[:1], fmt.Sprintf("10.50.0.%d", 12+i), true)
+		eps = append(eps, ep)
+		finish := holdEndpointApply(t, h, ep, step)
+		completeWhileHeld(t, "an endpoint apply's netlink work (held at "+step+")", []heldCase{
+			{"policy apply", func() error { return h.d.UpsertPolicy(ctx, pol) }},
+			{"policy removal", func() error { return h.d.DeletePolicy(ctx, pol.EPGID) }},
+		})
+		finish()
+	}
+	drift, err := h.d.Verify(dataplane.State{Networks: []dataplane.Network{h.net}, Endpoints: eps})
 	if err != nil || len(drift) != 0 {
-		t.Fatalf("after the apply: drift %v, err %v", drift, err)
+		t.Fatalf("after the applies: drift %v, err %v", drift, err)
 	}
 }
 
