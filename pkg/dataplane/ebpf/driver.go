@@ -251,6 +251,9 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	switch {
 	case cfg.MapEntries < 0:
 		return nil, fmt.Errorf("ebpf: mapEntries %d must be positive", cfg.MapEntries)
+	case uint64(cfg.MapEntries)*uint64(maxMapScale()) > math.MaxUint32:
+		return nil, fmt.Errorf("ebpf: mapEntries %d out of range: the largest map holds %d × it, at most %d entries",
+			cfg.MapEntries, maxMapScale(), uint32(math.MaxUint32))
 	case cfg.CTQuota < 0 || cfg.CTQuota > math.MaxUint32:
 		return nil, fmt.Errorf("ebpf: ctQuota %d out of range (0 = no quota)", cfg.CTQuota)
 	case cfg.VXLANPort < 0 || cfg.VXLANPort > 65535:

@@ -249,7 +249,20 @@ func ownedMaps() map[string]ownedMap {
 	return out
 }
 
-// sizeMaps sizes the maps of spec that follow MapEntries.
+// maxMapScale is the largest multiple of MapEntries a map is sized to (New refuses a
+// MapEntries whose multiple does not fit a map's uint32 size).
+func maxMapScale() uint32 {
+	var most uint32
+	for _, o := range mapOwners() {
+		for _, m := range o.maps {
+			most = max(most, m.scale)
+		}
+	}
+	return most
+}
+
+// sizeMaps sizes the maps of spec that follow MapEntries (New checked that each size
+// fits).
 func sizeMaps(spec *ebpf.CollectionSpec, mapEntries int) {
 	for name, m := range ownedMaps() {
 		if ms, ok := spec.Maps[name]; ok && m.scale != 0 {

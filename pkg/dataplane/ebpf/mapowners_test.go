@@ -1,8 +1,13 @@
 package ebpf
 
 import (
+	"context"
+	"math"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // Every map of the loaded collection has exactly one owner, which declares the Go types
@@ -61,5 +66,20 @@ func TestMapOwnersCoverBuild(t *testing.T) {
 	}
 	if g := migrationGroups(); len(g) != 1 || strings.Join(g[0], ",") != "cb_pol_heads,cb_pol_rules,cb_pol_cidrs" {
 		t.Errorf("migration groups %v, want the compiled policy's three maps", g)
+	}
+}
+
+// A MapEntries whose multiple does not fit a map's uint32 size is refused by New, naming
+// the field, before anything is opened: sized as before, cb_ct (4 × MapEntries) of
+// 1<<30+1 wrapped to 4 entries and one of 1<<30 to 0. The host namespace named does not
+// exist, so a New that let the size through fails there instead, touching nothing (no
+// root needed).
+func TestMapOwnersSizeOverflowRefused(t *testing.T) {
+	host := dataplane.HostConfig{Host: "sizecheck", NetNS: filepath.Join(t.TempDir(), "no-such-netns")}
+	for _, n := range []int{1<<30 + 1, 1 << 30, math.MaxUint32} {
+		_, err := New(context.Background(), host, Options{PinRoot: t.TempDir(), MapEntries: n})
+		if err == nil || !strings.Contains(err.Error(), "mapEntries") {
+			t.Errorf("MapEntries %d: err %v, want mapEntries out of range", n, err)
+		}
 	}
 }

@@ -13,7 +13,8 @@ type Options struct {
 	// PinRoot is the bpffs directory of this host's pins ("" = DefaultPinBase/<host>).
 	PinRoot string
 	// MapEntries is the capacity of the endpoint and neighbour maps (0 = DefaultMapEntries;
-	// the conntrack table holds four times as many).
+	// the conntrack table holds four times as many, which must fit a map's uint32 size:
+	// New refuses more than 1<<30 - 1).
 	MapEntries int
 	// VXLANIf names the host's collect_md VXLAN device ("" = DefaultVXLANIf).
 	VXLANIf string
