@@ -83,3 +83,28 @@ func TestMapOwnersSizeOverflowRefused(t *testing.T) {
 		}
 	}
 }
+
+// The arrays indexed by an endpoint's counter slot (allocSlot hands out slots below
+// cb_ep_counters' size) are all as large as cb_ep_counters, and the conntrack table is the
+// 4 × MapEntries that DefaultCTQuota and ctInLimit assume, as the hand-kept size lists
+// before the owners had them: an owner whose scale drifts fails here. No root needed.
+func TestMapOwnersSlotArraysSized(t *testing.T) {
+	spec, err := loadContivbpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	sizeMaps(spec, n)
+	slots := spec.Maps[contivbpfMapCbEpCounters].MaxEntries
+	if slots != n {
+		t.Errorf("%s: %d entries, want MapEntries (%d)", contivbpfMapCbEpCounters, slots, n)
+	}
+	for _, name := range []string{contivbpfMapCbQos, contivbpfMapCbCtOwned, contivbpfMapCbCtOwnedIn} {
+		if got := spec.Maps[name].MaxEntries; got != slots {
+			t.Errorf("%s: %d entries, want %s's %d (one per counter slot)", name, got, contivbpfMapCbEpCounters, slots)
+		}
+	}
+	if got := spec.Maps[contivbpfMapCbCt].MaxEntries; got != 4*n {
+		t.Errorf("%s: %d entries, want 4 × MapEntries (%d)", contivbpfMapCbCt, got, 4*n)
+	}
+}
