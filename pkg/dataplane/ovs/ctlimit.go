@@ -1,6 +1,7 @@
 package ovs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -19,7 +20,8 @@ import (
 // own, for the connections its local endpoints open, and its inbound zone, for those
 // opened from other hosts toward them (vrf.go, pipeline.go "Opener zones"). Each is
 // limited to the sum of the tenant's local endpoints' quotas: CTQuota × the tenant's
-// endpoints on this host (at least one). A commit past a limit is refused, and ct_check
+// endpoints on this host (at least one), the inbound zones of all tenants together at most
+// half the table (inboundShares). A commit past a limit is refused, and ct_check
 // drops the packet (pipeline.go ctCheckFlows): a tenant at its own zone's limit opens no
 // new connection, one at its inbound zone's limit is opened none from other hosts; its
 // established ones keep working, and what other hosts open does not take what its
@@ -27,8 +29,8 @@ import (
 // hairpin connection holds an entry of the tenant's zone too).
 
 // ctZoneLimits is the limit of every tenant zone of vrf, own and inbound: quota for each
-// endpoint of the tenant in st (at least one), an inbound zone's at most inboundMax (0:
-// no cap); none without a quota.
+// endpoint of the tenant in st (at least one); the inbound zones share inboundMax (0: no
+// cap; inboundShares). None without a quota.
 func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int, inboundMax uint32) map[uint16]uint32 {
 	out := map[uint16]uint32{}
 	if quota <= 0 {
@@ -39,23 +41,53 @@ func ctZoneLimits(st *dataplane.Index, vrf map[string]uint32, quota int, inbound
 		eps[tenantOf(ep.NetworkID)]++
 	}
 	inbound := inboundZones(vrf)
+	want := map[uint16]uint32{}
 	for t, v := range vrf {
 		limit := uint32(min(uint64(quota)*max(eps[t], 1), math.MaxUint32))
 		out[uint16(v)] = limit
 		if in := inbound[v]; in != v {
-			if inboundMax > 0 {
-				limit = min(limit, inboundMax)
-			}
-			out[uint16(in)] = limit
+			want[uint16(in)] = limit
 		}
+	}
+	maps.Copy(out, inboundShares(want, inboundMax))
+	return out
+}
+
+// inboundShares divides total among the inbound zones of want (zone: the limit its
+// endpoints' quotas ask for) so that their limits add up to no more than total, as the
+// eBPF datapath counts every flow opened from outside together (cb_config.ct_in_limit):
+// OVS limits zones one by one, so without this every tenant's inbound zone could take its
+// share of the table and together take all of it. Max-min fair: a zone asking less than
+// an equal share of what is left gets what it asks, the rest is shared equally by the
+// others (in zone order, so the result does not depend on map order). Every zone gets at
+// least 1 (a limit of 0 would be no limit), so with more zones than total the sum is the
+// number of zones. total 0: every zone gets what it asks.
+func inboundShares(want map[uint16]uint32, total uint32) map[uint16]uint32 {
+	out := make(map[uint16]uint32, len(want))
+	zones := slices.SortedFunc(maps.Keys(want), func(a, b uint16) int {
+		if c := cmp.Compare(want[a], want[b]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	left := uint64(total)
+	for i, z := range zones {
+		if total == 0 {
+			out[z] = want[z]
+			continue
+		}
+		share := max(min(uint64(want[z]), left/uint64(len(zones)-i)), 1)
+		out[z] = uint32(share)
+		left -= min(share, left)
 	}
 	return out
 }
 
-// inboundLimit is the most connections one tenant's inbound zone may hold on a table of
-// maxconns: half of it, as the eBPF datapath keeps half its table for what its endpoints
-// open (cb_config.ct_in_limit). Other hosts' openings toward one tenant's endpoints so
-// never take the whole table, whatever the quota and the endpoints.
+// inboundLimit is the most connections all tenants' inbound zones together may hold on a
+// table of maxconns: half of it, as the eBPF datapath keeps half its table for what its
+// endpoints open (cb_config.ct_in_limit). Other hosts' openings toward the endpoints of
+// one tenant, or of all, so never take the whole table, whatever the quota and the
+// endpoints.
 func inboundLimit(maxconns uint64) uint32 {
 	return uint32(min(max(maxconns/2, 1), math.MaxUint32))
 }

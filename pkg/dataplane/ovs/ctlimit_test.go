@@ -30,10 +30,27 @@ func TestCTZoneLimits(t *testing.T) {
 	if got := ctZoneLimits(st, vrf, 100, 0); len(got) != 4 || got[1] != 300 || got[in1] != 300 || got[2] != 100 || got[in2] != 100 {
 		t.Fatalf("limits %v, want zones 1 and %d: 300, zones 2 and %d: 100", got, in1, in2)
 	}
-	// An inbound zone holds at most half the table (inboundLimit); the own zones and a
-	// legacy tenant's one zone are not capped.
-	if got := ctZoneLimits(st, vrf, 100, inboundLimit(400)); got[1] != 300 || got[in1] != 200 || got[2] != 100 || got[in2] != 100 {
+	// The inbound zones together hold at most half the table (inboundLimit); the own
+	// zones and a legacy tenant's one zone are not capped.
+	if got := ctZoneLimits(st, vrf, 100, inboundLimit(800)); got[1] != 300 || got[in1] != 300 || got[2] != 100 || got[in2] != 100 {
+		t.Fatalf("limits with an inbound cap of 400: %v", got)
+	}
+	// Past the cap: t2 asks less than an equal share and gets it, default the rest.
+	if got := ctZoneLimits(st, vrf, 100, inboundLimit(400)); got[1] != 300 || got[in1] != 100 || got[2] != 100 || got[in2] != 100 {
 		t.Fatalf("limits with an inbound cap of 200: %v", got)
+	}
+	// Both ask more than an equal share: halves, never more than the cap together.
+	if got := ctZoneLimits(st, vrf, 100, inboundLimit(300)); got[in1]+got[in2] != 150 || got[in1] != 75 {
+		t.Fatalf("limits with an inbound cap of 150: %v", got)
+	}
+	if got := inboundShares(map[uint16]uint32{7: 10, 3: 10, 5: 10}, 20); got[3]+got[5]+got[7] != 20 || got[3] != 6 || got[7] != 7 {
+		t.Fatalf("three zones sharing 20: %v", got)
+	}
+	if got := inboundShares(map[uint16]uint32{3: 10, 5: 10}, 1); got[3] != 1 || got[5] != 1 {
+		t.Fatalf("two zones sharing 1 (each at least 1): %v", got)
+	}
+	if got := inboundShares(map[uint16]uint32{3: 10, 5: 2}, 0); got[3] != 10 || got[5] != 2 {
+		t.Fatalf("no cap: %v", got)
 	}
 	if got := ctZoneLimits(st, map[string]uint32{"default": 1, "t2": 1 | inboundZoneBit}, 100, 50); got[1] != 300 || got[in1] != 100 {
 		t.Fatalf("limits of one-zone tenants with an inbound cap: %v", got)

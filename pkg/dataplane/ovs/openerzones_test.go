@@ -260,38 +260,46 @@ func TestCompileInboundZoneHeldByStaleTenant(t *testing.T) {
 	}
 }
 
-// TestOpenerZonesRemoteCannotFillTable: what other hosts open toward a tenant's endpoints
-// may not take the whole conntrack table of the host, or its endpoints (and every other
-// tenant's) open nothing again, as before the opener zones, only through the table
-// instead of the zone (the eBPF datapath keeps half its table for what the host's
-// endpoints open: cb_config.ct_in_limit). Scaled down: vswitchd's table holds 20
-// connections, the quota is 8 and the tenant has three endpoints on h1 (zone limits of
-// 24); h2's container opens 40 UDP flows toward e1, then e2 opens its own toward e4.
+// TestOpenerZonesRemoteCannotFillTable: what other hosts open toward the endpoints of one
+// tenant, or of all tenants together, may not take the whole conntrack table of the host,
+// or its endpoints (and every other tenant's) open nothing again, as before the opener
+// zones, only through the table instead of the zone (the eBPF datapath keeps half its
+// table for what the host's endpoints open: cb_config.ct_in_limit). Scaled down:
+// vswitchd's table holds 20 connections, the quota is 12; tenant default has three
+// endpoints on h1 (zone limits of 36), tenant t2 one (f1, 12) on a network of the same
+// subnet. h2's containers open 40 UDP flows toward e1 and 40 toward f1, then e2 opens its
+// own toward e4. Before the inbound zones shared half the table, each took up to half of
+// it, together all of it.
 func TestOpenerZonesRemoteCannotFillTable(t *testing.T) {
 	needOVS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	id := testID()
 	h1, h2 := twoHosts(t, id)
-	h1.cfg.CTQuota = 8
+	h1.cfg.CTQuota = 12
 	c1, c2, c3, c4 := newNS(t, id, "c1"), newNS(t, id, "c2"), newNS(t, id, "c3"), newNS(t, id, "c4")
+	cf1, cg3 := newNS(t, id, "f1"), newNS(t, id, "g3")
 	d1, d2 := newDriver(t, h1), newDriver(t, h2)
 	const maxconns = 20
 	if _, err := d1.appctl(ctx, "dpctl/ct-set-maxconns", fmt.Sprint(maxconns)); err != nil {
 		t.Fatal(err)
 	}
+	t2 := dataplane.Network{ID: "n2.t2", Encap: dataplane.EncapVXLAN, Tag: 5002, Subnet: vxNet.Subnet, MTU: 1450}
 	e1, e2, e3, e4 := ep("e1", "10.1.0.1", c1, "cbf1"+id), ep("e2", "10.1.0.2", c2, "cbf2"+id),
 		ep("e3", "10.1.0.3", c3, "cbf3"+id), ep("e4", "10.1.0.4", c4, "cbf4"+id)
-	if err := d1.Sync(ctx, dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2, e4},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}}}); err != nil {
+	f1, g3 := ep("f1", "10.1.0.1", cf1, "cbg1"+id), ep("g3", "10.1.0.3", cg3, "cbg3"+id)
+	f1.NetworkID, g3.NetworkID = t2.ID, t2.ID
+	nets := []dataplane.Network{vxNet, t2}
+	if err := d1.Sync(ctx, dataplane.State{Networks: nets, Endpoints: []dataplane.Endpoint{e1, e2, e4, f1},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e3, h2), remote(g3, h2)}, Peers: []dataplane.Peer{{Host: "h2", VTEP: h2.cfg.VTEP}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := d2.Sync(ctx, dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e3},
-		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1), remote(e4, h1)},
+	if err := d2.Sync(ctx, dataplane.State{Networks: nets, Endpoints: []dataplane.Endpoint{e3, g3},
+		RemoteEndpoints: []dataplane.RemoteEndpoint{remote(e1, h1), remote(e2, h1), remote(e4, h1), remote(f1, h1)},
 		Peers:           []dataplane.Peer{{Host: "h1", VTEP: h1.cfg.VTEP}}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ ns, ip string }{{c1, "10.1.0.1"}, {c4, "10.1.0.4"}} {
+	for _, c := range []struct{ ns, ip string }{{c1, "10.1.0.1"}, {c4, "10.1.0.4"}, {cf1, "10.1.0.1"}} {
 		u, err := conformance.StartUDPEcho(nsPath(c.ns), c.ip, 7000)
 		if err != nil {
 			t.Fatal(err)
@@ -300,27 +308,33 @@ func TestOpenerZonesRemoteCannotFillTable(t *testing.T) {
 	}
 	listen(t, c4, "10.1.0.4:8080")
 
-	// h2's container opens flows toward e1 until h1 refuses them.
-	delivered := 0
-	for i := 0; i < 2*maxconns; i++ {
-		if udpFlow(c3, "10.1.0.1:7000", 200*time.Millisecond) == nil {
-			delivered++
+	// h2's containers open flows toward e1 and f1 until h1 refuses them.
+	delivered := map[string]int{}
+	for _, from := range []string{c3, cg3} {
+		for i := 0; i < 2*maxconns; i++ {
+			if udpFlow(from, "10.1.0.1:7000", 200*time.Millisecond) == nil {
+				delivered[from]++
+			}
 		}
 	}
 	nconns, _ := d1.appctl(ctx, "dpctl/ct-get-nconns")
-	t.Logf("h1: %d of %d flows from h2 delivered; %s connections in a table of %d", delivered, 2*maxconns, strings.TrimSpace(nconns), maxconns)
-	if delivered == 2*maxconns {
-		t.Fatal("every flow from h2 was delivered: no limit in force (the probe does not work)")
+	t.Logf("h1: %d (default) and %d (t2) of %d flows each from h2 delivered; %s connections in a table of %d",
+		delivered[c3], delivered[cg3], 2*maxconns, strings.TrimSpace(nconns), maxconns)
+	if delivered[c3] == 2*maxconns || delivered[cg3] == 2*maxconns {
+		t.Fatal("every flow from h2 to a tenant was delivered: no limit in force (the probe does not work)")
 	}
-	if delivered > maxconns/2 {
-		t.Errorf("flows other hosts opened toward e1 took %d of h1's %d conntrack entries, more than half", delivered, maxconns)
+	if delivered[c3] == 0 || delivered[cg3] == 0 {
+		t.Fatalf("a tenant was opened no flow from h2: %v", delivered)
+	}
+	if sum := delivered[c3] + delivered[cg3]; sum > maxconns/2 {
+		t.Errorf("flows other hosts opened toward e1 and f1 took %d of h1's %d conntrack entries, more than half", sum, maxconns)
 	}
 	// e2's own flows, UDP and TCP, to e4 on its host.
 	if err := udpFlow(c2, "10.1.0.4:7000", time.Second); err != nil {
-		t.Errorf("e2's own new udp flow after h2 opened %d toward e1: %v", delivered, err)
+		t.Errorf("e2's own new udp flow after h2 opened %v toward e1 and f1: %v", delivered, err)
 	}
 	if err := dial(t, c2, "10.1.0.4:8080"); err != nil {
-		t.Errorf("e2's own new tcp connection after h2 opened %d flows toward e1: %v", delivered, err)
+		t.Errorf("e2's own new tcp connection after h2 opened %v flows toward e1 and f1: %v", delivered, err)
 	}
 }
 
