@@ -547,6 +547,21 @@ static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *
 	return 0;
 }
 
+/* cb_ct_rev_service says whether a live service flow (DNAT), not closing, holds the
+ * reverse of k: a SYN on k is then no reply of it (cb_lb_reply) and writes no entry. Only
+ * with services on; one lookup per SYN that opens an entry. */
+static __noinline int cb_ct_rev_service(const struct cb_ct_key *k, __u64 now)
+{
+	struct cb_ct_key r = {};
+	struct cb_ct_entry *e;
+
+	if (!k || !(cb_features & CB_FEAT_LB))
+		return 0;
+	cb_ct_key_reverse(&r, k);
+	e = cb_ct_flow(&r, now);
+	return e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING;
+}
+
 /* cb_ct_check is the stateful stage for a tracked packet whose first fragment (or only
  * fragment) is in f: the algorithm of docs/conntrack.md. Returns 0 to pass or a reason. */
 static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
@@ -588,9 +603,12 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			cb_ct_changed(was);
 			return r;
 		}
-		/* A direct SYN on the tuple of a live service flow (cb_ct_reuse) passes but does
-		 * not take the flow's entry over: the clash stays the client's own. */
+		/* A direct SYN on the tuple of a live service flow (cb_ct_reuse), or on its
+		 * reverse (a backend's), passes but does not take the flow's entry over, nor
+		 * hide its replies under an entry of its own: the clash stays the sender's. */
 		if (!t->svc && e && (e->flags & CB_CT_DNAT) && e->state != CB_CTS_CLOSING)
+			return 0;
+		if (!t->svc && cb_ct_rev_service(&k, now))
 			return 0;
 		was = e ? e->flags : 0;
 		r = cb_ct_open_svc(&k, f, t, now);

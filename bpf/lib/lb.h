@@ -481,7 +481,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 /* cb_lb_reply finds the service flow a packet is the reply of (before the destination
  * lookup, which needs the client's network); the VIP is restored after policy. An ICMP
  * error about a packet the client sent to a backend (inner = client→backend) belongs to
- * that flow too. */
+ * that flow too; a TCP SYN without ACK never does. */
 CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct cb_flow *f, __u32 zone, __u8 kind)
 {
 	struct cb_ct_key k = {};
@@ -492,6 +492,11 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 			return 0; /* not from the quoted packet's destination to its sender */
 		cb_ct_key_of(&k, zone, kind, &p->inner, 0);
 	} else if (f->has_ports) {
+		/* A SYN without ACK opens a flow of its own: taken for a service flow's reply
+		 * (a hairpin's: to the VIP), it would pass unjudged and unbalanced, and its entry
+		 * would hide the flow's replies from it. */
+		if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
+			return 0;
 		cb_ct_key_of(&k, zone, kind, f, 1);
 	} else {
 		return 0;

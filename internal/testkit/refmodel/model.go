@@ -222,7 +222,9 @@ type fragRec struct {
 //     decide which of its equivalent paths checks the membership and the flow entry),
 //     Allowed false, NAT = backend:TargetPort, SvcID = the service id.
 //   - Reply SNAT: decided by a live DNAT flow entry at the reversed (post-DNAT) key looked up
-//     before the algorithm runs; applied if the packet passes (SNAT = that entry's VIP:port).
+//     before the algorithm runs (never for a TCP SYN without ACK, which opens a flow: a SYN on
+//     the reverse of a live service flow passes, if allowed, without an entry); applied if
+//     the packet passes (SNAT = that entry's VIP:port).
 //   - Result.DNAT and Result.SNAT are set only on packets that pass.
 //   - Result.Tracked is true when the packet reached the conntrack algorithm or the fragment
 //     table; drop_frag_to_service, drop_no_backend and reject_no_backend are decided before
@@ -821,9 +823,11 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		hairpin bool
 	)
 	// A reply of a service flow is never balanced (the datapath matches replies first; a
-	// hairpin reply is addressed to the VIP).
+	// hairpin reply is addressed to the VIP). A TCP SYN without ACK opens a flow: it is
+	// nobody's reply.
+	opening := p.Proto == protoTCP && p.SYN && !p.ACK
 	revFirst, isReplyFirst := m.flow(k.Reverse())
-	isReplyFirst = isReplyFirst && revFirst.DNAT
+	isReplyFirst = isReplyFirst && revFirst.DNAT && !opening
 	if p.FromLocal && (p.Proto == protoTCP || p.Proto == protoUDP) && !isReplyFirst {
 		s, haveSvc := m.service(p.Zone, p.Dst, p.Dport, p.Proto)
 		e, haveEntry := m.svcEntry(svcKey)
@@ -860,7 +864,7 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		return ModelResult{Reason: DropUnknownDst}
 	}
 	rev, replyDNAT := m.flow(k.Reverse())
-	replyDNAT = replyDNAT && rev.DNAT
+	replyDNAT = replyDNAT && rev.DNAT && !opening
 	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) && p.Proto == protoTCP && p.SYN && !p.ACK {
 		// A direct connection reusing the tuple of a closed service flow to the same
 		// backend does not inherit its entry (cb_ct_reuse): live or expired, it goes.
@@ -1000,6 +1004,10 @@ func (m *Model) track(k FlowKey, p ModelPacket, dnat bool, vip netip.AddrPort, h
 		}
 		if !dnat && haveFwd && fwd.DNAT && fwd.State != CTClosing {
 			// A direct SYN on a live service flow's tuple does not take its entry over.
+			return true, "", k, false
+		}
+		if rev, ok := m.flow(k.Reverse()); !dnat && ok && rev.DNAT && rev.State != CTClosing {
+			// Nor one on its reverse (a backend's): its replies stay the flow's.
 			return true, "", k, false
 		}
 		e := ModelEntry{State: CTNew, Allowed: true, Epoch: m.epoch, Expires: m.now + timeout(k.Proto, CTNew), Owner: owner}

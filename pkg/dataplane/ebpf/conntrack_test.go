@@ -864,3 +864,68 @@ func TestConntrackBlindCloseService(t *testing.T) {
 		t.Fatalf("an in-window RST left state %d", e.State)
 	}
 }
+
+// TestServiceHairpinSYNOnReplyTuple: a TCP SYN without ACK opens a flow; it is never a
+// service flow's reply, even when its tuple is the reverse of a live service flow's entry.
+// A client that is its own backend (hairpin: client:43000 → VIP:80 → client:8080, entry
+// VIP:43000 → client:8080) sending a SYN client:8080 → VIP:43000 opens a new flow to
+// VIP:43000: no service there, so drop_unknown_dst (it was taken for the hairpin flow's
+// reply and delivered to the client still addressed to the VIP, writing an entry), and
+// once VIP:43000 is a service, balanced to its backend. A local backend's SYN on the
+// reverse tuple of its live service flow is judged as a direct flow and passes without
+// taking the service flow's replies (they still come from the VIP).
+func TestServiceHairpinSYNOnReplyTuple(t *testing.T) {
+	objs, vip := hairpinFixture(t)
+	putTestService(t, objs, 4, vip, 80, 6, 8080, srcIP)
+	fc := objs.CbFromContainer
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 43000, tcpSYN|tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 43000, 80, tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	before, _ := ctEntry(t, objs, testZone, 6, vip, srcIP, 43000, 8080)
+
+	r := run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 43000, tcpSYN, 0), nil)
+	if r.ret != tcActShot || r.diff[DropUnknownDst] != 1 {
+		s, d, sp, dp := checkSums(t, r.out)
+		t.Errorf("a SYN on the hairpin flow's reply tuple got %d (%v), left as %v:%d → %v:%d; want drop_unknown_dst", r.ret, r.diff, s, sp, d, dp)
+	}
+	if e, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, 8080, 43000); ok {
+		t.Errorf("the SYN wrote an entry: %+v", e)
+	}
+	if after, _ := ctEntry(t, objs, testZone, 6, vip, srcIP, 43000, 8080); after.State != before.State || after.Flags != before.Flags {
+		t.Errorf("the hairpin entry went from %+v to %+v", before, after)
+	}
+	// The hairpin flow's replies still go back from VIP:80.
+	r = run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 43000, tcpACK, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, d, sp, dp := checkSums(t, r.out); s != vip || sp != 80 || d != srcIP || dp != 43000 {
+		t.Errorf("hairpin reply after the SYN %v:%d → %v:%d, want %v:80 → %v:43000", s, sp, d, dp, vip, srcIP)
+	}
+	// VIP:43000 a service of another host's: the SYN is balanced there.
+	putTestService(t, objs, 2, vip, 43000, 6, 9000, remoteIP)
+	r = run(t, objs, fc, l4Frame(6, srcIP, vip, 8080, 43000, tcpSYN, 0), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	if s, d, sp, dp := checkSums(t, r.out); s != srcIP || sp != 8080 || d != remoteIP || dp != 9000 {
+		t.Errorf("the SYN to service VIP:43000 left as %v:%d → %v:%d, want %v:8080 → %v:9000", s, sp, d, dp, srcIP, remoteIP)
+	}
+
+	// A local backend (localIP, group 20 without rules) of VIP:81.
+	putTestService(t, objs, 3, vip, 81, 6, 8080, localIP)
+	client, backend, as := backendIfaces(t, objs)
+	run(t, objs, fc, l4Frame(6, srcIP, vip, 41000, 81, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	as(backend)
+	run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, 41000, tcpSYN|tcpACK, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	r = run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, 41000, tcpSYN, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, _, sp, _ := checkSums(t, r.out); s != localIP || sp != 8080 {
+		t.Errorf("the backend's SYN on its flow's reply tuple left from %v:%d, want %v:8080 (a direct flow's)", s, sp, localIP)
+	}
+	if e, ok := ctEntry(t, objs, testZone, 6, localIP, srcIP, 8080, 41000); ok {
+		t.Errorf("the backend's SYN wrote an entry under its service flow's reply tuple: %+v", e)
+	}
+	r = run(t, objs, fc, l4Frame(6, localIP, srcIP, 8080, 41000, tcpACK, 0), nil)
+	r.expect(t, tcActRedirect, FwdLocal)
+	if s, _, sp, _ := checkSums(t, r.out); s != vip || sp != 81 {
+		t.Errorf("the service flow's reply after the backend's SYN left from %v:%d, want the VIP:81", s, sp)
+	}
+	as(client)
+}
