@@ -169,6 +169,7 @@ static __noinline int cb_outside(struct __sk_buff *skb, const struct cb_iface *i
 	t.ip_id = p.ip_id;
 	t.src_epg = ifc->epg;
 	t.owner = cb_ct_owner(ifc->slot);
+	t.local = 1;
 	if (p.inner.proto)
 		t.inner = &p.inner;
 	if (net->gateway && f.daddr == net->gateway) {
@@ -343,6 +344,7 @@ static __noinline int cb_nodeport_out(struct __sk_buff *skb, const struct cb_ifa
 	np = rev->nodeport;
 	t.src_epg = ifc->epg;
 	t.owner = cb_ct_owner(ifc->slot);
+	t.local = 1;
 	t.svc_reply = 1;
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
@@ -508,6 +510,7 @@ static __noinline int cb_ipv4_front(struct __sk_buff *skb, const struct cb_iface
 	t.frag = p.frag;
 	t.ip_id = p.ip_id;
 	t.owner = cb_ct_owner(ifc->slot); /* the sender's flows count against it */
+	t.local = 1;
 
 	features = cb_features;
 	if (features & (CB_FEAT_POLICY | CB_FEAT_LB)) {

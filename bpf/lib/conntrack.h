@@ -515,9 +515,12 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
  * reply direction), with the sequence numbers cb_parse_l4 read (cb_tcp_scratch; a packet
  * whose numbers are not there is believed and notes nothing): 1 when f is a blind FIN or
  * RST (nothing of e is to move: cb_tcp_in_window); otherwise it notes f's acknowledgment as
- * due (cb_tcp_note) and returns 0. A note in a service flow's own direction makes its
+ * due (cb_tcp_note) and returns 0. A local endpoint's segment (local: it came from its
+ * veth, its source checked) is never blind: it can close only its own flows, and judging
+ * it against a peer that stopped acknowledging would keep a closed flow's entry for the
+ * established timeout. A note in a service flow's own direction makes its
  * memos stale (cb_ct_changed): the fast path keeps a copy of it there (cb_svc_fast). */
-static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *f, int reply)
+static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *f, int reply, int local)
 {
 	struct cb_tcp_seqs *s;
 	__u32 zero = 0;
@@ -527,7 +530,8 @@ static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *
 	s = bpf_map_lookup_elem(&cb_tcp_scratch, &zero);
 	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
 		return 0;
-	if ((f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !cb_tcp_in_window(s->seq, e->tcp_ack[!reply]))
+	if ((f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !local &&
+	    !cb_tcp_in_window(s->seq, e->tcp_ack[!reply], f->tcp_flags))
 		return 1;
 	if (!(f->tcp_flags & CB_TCP_ACK))
 		return 0;
@@ -633,7 +637,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			e->epoch = epoch;
 		}
 		/* A blind FIN or RST moves nothing (the window, above). */
-		if (cb_ct_window(e, f, reply)) {
+		if (cb_ct_window(e, f, reply, t->local)) {
 		} else if (closing && e->state != CB_CTS_CLOSING) {
 			e->state = CB_CTS_CLOSING;
 			cb_ct_changed(e->flags);
@@ -665,7 +669,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 	cb_ct_key_of(&k, t->zone, cb_ct_kind_of(t), f, 0);
 	r = cb_ct_open_svc(&k, f, t, now);
 	if (!r)
-		cb_ct_window(t->entry, f, 0); /* (a segment opening mid-flow: its ACK noted) */
+		cb_ct_window(t->entry, f, 0, t->local); /* (a segment opening mid-flow: its ACK noted) */
 	return r;
 }
 

@@ -154,7 +154,7 @@ CB_INLINE int cb_tcp_close_believed(const struct cb_flow *f, const struct cb_sna
 		return 0;
 	if (e->tcp_ref_kind == CB_TCP_REF_SYN)
 		return (f->tcp_flags & CB_TCP_ACK) && ack == e->tcp_ref;
-	return cb_tcp_in_window(seq, e->tcp_ref);
+	return cb_tcp_in_window(seq, e->tcp_ref, f->tcp_flags);
 }
 
 /* A reply as it arrives at snat_ip: from raddr:rport (ICMP: rport 0) to nat_port. */

@@ -142,7 +142,7 @@ static __noinline int cb_peer_flow_window(struct cb_peer_flow *v, const struct c
 	if (!s || !s->valid || s->saddr != f->saddr || s->sport != f->sport)
 		return 0;
 	if (!reply)
-		return (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !cb_tcp_in_window(s->seq, v->tcp_ack);
+		return (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !cb_tcp_in_window(s->seq, v->tcp_ack, f->tcp_flags);
 	if (f->tcp_flags & CB_TCP_ACK)
 		cb_tcp_note(&v->tcp_ack, s->ack);
 	return 0;
@@ -324,7 +324,7 @@ static __noinline int cb_np_blind_check(const struct __sk_buff *skb, const struc
 		return 0;
 	if (f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) {
 		/* (Whatever else it carries: a SYN|RST is a RST to the backend's host.) */
-		if (cb_tcp_seq_ack(skb, p, &seq, &ack) && cb_tcp_in_window(seq, ref))
+		if (cb_tcp_seq_ack(skb, p, &seq, &ack) && cb_tcp_in_window(seq, ref, f->tcp_flags))
 			return 0;
 		return CB_DROP_NODEPORT_BLIND;
 	}

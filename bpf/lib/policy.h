@@ -429,6 +429,8 @@ struct cb_track {
 	__u8 kind;        /* enum cb_flow_kind */
 	__u8 svc_icmp;    /* a client's ICMP error about a service's reply, already translated to
 			   * its backend (cb_lb_icmp_client, which found the flow): tracked */
+	__u8 local;       /* sent by a local endpoint (from its veth, its source checked): its
+			   * FINs and RSTs are never blind (cb_ct_window) */
 	const struct cb_flow *inner; /* ICMP error: the quoted packet (0: none) */
 	struct cb_ct_entry *entry;   /* out: the flow's entry after the check (0: none) */
 	struct cb_ct_entry *rev_nat; /* out: a DNAT entry this packet is the reply of */

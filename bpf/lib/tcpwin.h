@@ -11,13 +11,25 @@
  * noted one (sequence arithmetic: one behind it is noted too), so the fast path writes an
  * entry about once per step a flow receives, not per segment. A noted acknowledgment lags
  * the real one by less than a step; the window holds that step plus Linux's largest
- * default receive buffer (6 MiB). */
+ * default receive buffer (6 MiB).
+ *
+ * A RST is held to a window of one step (CB_TCP_RST_WINDOW): the RST that ends a flow at
+ * an endpoint that checks (RFC 5961: Linux accepts only the exact next sequence number
+ * and answers any other with a challenge ACK) carries that endpoint's latest
+ * acknowledgment, which lies less than a step past the noted one; a blind one must hit
+ * 2^20 of 2^32 sequence numbers (4,096 tries), not 2^23 (512). A RST further out (an
+ * abort with data in flight) still goes on to the endpoint, whose challenge ACK brings the
+ * exact one. A FIN follows the data in flight and keeps the whole window. A segment a
+ * local endpoint sends is not judged here at all (conntrack.h, cb_ct_window): it can
+ * close only its own flows. */
 #pragma once
 
 #include "common.h"
+#include "parse.h"
 
 #define CB_TCP_CLOSE_WINDOW (1u << 23)
 #define CB_TCP_NOTE_STEP (1u << 20)
+#define CB_TCP_RST_WINDOW CB_TCP_NOTE_STEP
 
 /* cb_tcp_note_due says whether ack (0: none) is to be noted over ref (0: none). */
 CB_INLINE int cb_tcp_note_due(__u32 ack, __u32 ref)
@@ -35,9 +47,10 @@ CB_INLINE int cb_tcp_note(__u32 *ref, __u32 ack)
 	return 1;
 }
 
-/* cb_tcp_in_window says whether a FIN or RST with sequence number seq may close a flow
- * whose other side's noted acknowledgment is ref (0: none, believed). */
-CB_INLINE int cb_tcp_in_window(__u32 seq, __u32 ref)
+/* cb_tcp_in_window says whether a FIN or RST (tcp_flags: a segment with RST set is a RST,
+ * whatever else it carries) with sequence number seq may close a flow whose other side's
+ * noted acknowledgment is ref (0: none, believed). */
+CB_INLINE int cb_tcp_in_window(__u32 seq, __u32 ref, __u8 tcp_flags)
 {
-	return !ref || seq - ref < CB_TCP_CLOSE_WINDOW;
+	return !ref || seq - ref < ((tcp_flags & CB_TCP_RST) ? CB_TCP_RST_WINDOW : CB_TCP_CLOSE_WINDOW);
 }

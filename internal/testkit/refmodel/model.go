@@ -143,9 +143,10 @@ type ModelEntry struct {
 
 // window applies the TCP window (tcpwin.go) to segment p on e (reply: in e's reply
 // direction; a hairpin flow's forward segments, whose source was rewritten to the VIP,
-// are not judged): true when p is a FIN or RST whose sequence number lies outside
-// [ack, ack+TCPCloseWindow) of the other direction's noted ack, which then moves nothing;
-// otherwise p's acknowledgment is noted as due.
+// are not judged, nor are a local endpoint's): true when p is a FIN or RST whose sequence
+// number lies outside [ack, ack+TCPCloseWindow) (a RST: TCPRSTWindow) of the other
+// direction's noted ack, which then moves nothing; otherwise p's acknowledgment is noted
+// as due.
 func (e *ModelEntry) window(p ModelPacket, proto uint8, reply bool) bool {
 	if proto != protoTCP || e.SVC || (e.Hairpin && !reply) {
 		return false
@@ -154,7 +155,8 @@ func (e *ModelEntry) window(p ModelPacket, proto uint8, reply bool) bool {
 	if reply {
 		d = 1
 	}
-	if (p.FIN || p.RST) && !inWindow(p.SeqNum, e.TCPAck[1-d]) {
+	// (A local endpoint's FIN or RST is never blind: it closes only its own flows.)
+	if (p.FIN || p.RST) && !p.FromLocal && !inWindow(p.SeqNum, e.TCPAck[1-d], p.RST) {
 		return true
 	}
 	if p.ACK {

@@ -70,7 +70,7 @@ func (f *NATFlow) closeBelieved(p ModelPacket) bool {
 	case TCPRefSYN:
 		return p.ACK && p.AckNum == f.Ref
 	case TCPRefACK:
-		return inWindow(p.SeqNum, f.Ref)
+		return inWindow(p.SeqNum, f.Ref, p.RST)
 	}
 	return true
 }

@@ -9,6 +9,9 @@ const (
 	// TCPNoteStep is how far an acknowledgment number must move from the noted one to be
 	// noted again (CB_TCP_NOTE_STEP).
 	TCPNoteStep = 1 << 20
+	// TCPRSTWindow is how far past it a RST may lie (CB_TCP_RST_WINDOW): one step, where
+	// the RST an endpoint that checks (RFC 5961) takes lies.
+	TCPRSTWindow = TCPNoteStep
 )
 
 // noteDue says whether ack (0: none) is to be noted over ref (0: none).
@@ -23,6 +26,12 @@ func noteAck(ref *uint32, ack uint32) bool {
 	return true
 }
 
-// inWindow says whether a FIN or RST with sequence number seq may close a flow whose
-// other side's noted acknowledgment is ref (0: none, believed): cb_tcp_in_window.
-func inWindow(seq, ref uint32) bool { return ref == 0 || seq-ref < TCPCloseWindow }
+// inWindow says whether a FIN or RST (rst: RST set, whatever else) with sequence number
+// seq may close a flow whose other side's noted acknowledgment is ref (0: none,
+// believed): cb_tcp_in_window.
+func inWindow(seq, ref uint32, rst bool) bool {
+	if rst {
+		return ref == 0 || seq-ref < TCPRSTWindow
+	}
+	return ref == 0 || seq-ref < TCPCloseWindow
+}

@@ -261,7 +261,7 @@ type contivbpfCbFragZoneKey struct {
 
 type contivbpfCbHandoffRaw struct {
 	_ structs.HostLayout
-	B [26]uint64
+	B [27]uint64
 }
 
 type contivbpfCbHostIp struct {

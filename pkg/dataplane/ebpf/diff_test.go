@@ -1491,6 +1491,30 @@ func TestDifferentialSYNOnReplyTuple(t *testing.T) {
 	}
 }
 
+// TestDifferentialWindowRST: the window's RST and FIN edges and a local endpoint's FIN,
+// replayed on the datapath and the model, on a tracked flow between a (local) and c
+// (remote, group 20 with a rule): c's RST one step past a's noted acknowledgment is blind,
+// one a byte inside closes; a's FIN far past c's window closes its flow.
+func TestDifferentialWindowRST(t *testing.T) {
+	testroot.Need(t)
+	tcp := func(from, to int, sport, dport uint16, flags uint8, seq, ack uint32) diffStep {
+		return diffStep{kind: "pkt", from: from, to: to, proto: 6, sport: sport, dport: dport, flags: flags, seq: seq, ack: ack, ipid: 1}
+	}
+	const step, win = refmodel.TCPNoteStep, refmodel.TCPCloseWindow
+	open := func(sport uint16) []diffStep {
+		return []diffStep{tcp(0, 2, sport, 443, 0x02, 1000, 0), tcp(2, 0, 443, sport, 0x12, 9000, 1001), tcp(0, 2, sport, 443, 0x10, 1001, 9001)}
+	}
+	steps := []diffStep{{kind: "policy", rules: []dataplane.PolicySet{{EPGID: 20, Rules: []dataplane.PolicyRule{{ID: "all", Priority: 1, Action: dataplane.ActionAllow}}}}}}
+	steps = append(steps, open(41000)...)
+	steps = append(steps, tcp(2, 0, 443, 41000, 0x04, 9001+step, 0), tcp(2, 0, 443, 41000, 0x11, 9001+win, 1001),
+		tcp(2, 0, 443, 41000, 0x04, 9001+step-1, 0), tcp(0, 2, 41000, 443, 0x10, 1001, 9001))
+	steps = append(steps, open(41001)...)
+	steps = append(steps, tcp(0, 2, 41001, 443, 0x11, 1001+win+step, 9001), tcp(2, 0, 443, 41001, 0x10, 9001, 1001))
+	if at, diff := replay(t, newDiffRig(t, diffBase), steps); at >= 0 {
+		t.Fatalf("step %d (%v): %s", at, steps[at], diff)
+	}
+}
+
 func runDifferential(t *testing.T, cfg diffConfig, seqs, length int) {
 	base := uint64(envInt("CONTIVBPF_DIFF_SEED", 1))
 	rig := newDiffRig(t, cfg)

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
@@ -55,6 +56,7 @@ func egressEntries(t *testing.T, objs *contivbpfObjects, sport uint16) (contivbp
 const (
 	winSize = 1 << 23 // CB_TCP_CLOSE_WINDOW
 	winStep = 1 << 20 // CB_TCP_NOTE_STEP
+	rstWin  = winStep // CB_TCP_RST_WINDOW
 	// inFlight is data in flight past the last acknowledgment: more than Linux's largest
 	// default receive buffer, less than the window.
 	inFlight = 7<<20 + 1<<19 // 7.5 MiB
@@ -103,17 +105,27 @@ func TestWindowEgressNATAgrees(t *testing.T) {
 			t.Errorf("port %d: NAT %d, conntrack %d after a FIN %d past the note, want %d", c.sport, ns, cs, last+inFlight-noted, want)
 		}
 	}
-	// Outside the window by a byte, inside by a byte: the same edge for both.
+	// Outside the window by a byte, inside by a byte: the same edges for both, a FIN's
+	// (the whole window) and a RST's (one step).
 	p := out(40012, tcpSYN, 5000, 0)
 	in(p, tcpSYN|tcpACK, 9000, 5001)
 	out(40012, tcpACK, 5001, 9001)
-	in(p, tcpRST, 9001+winSize, 0)
+	in(p, tcpFIN|tcpACK, 9001+winSize, 5001)
+	in(p, tcpRST, 9001+rstWin, 0)
+	in(p, tcpRST|tcpACK, 9001+rstWin, 5001)
 	if ns, cs, _, _ := entries(40012); ns != established || cs != established {
-		t.Errorf("a RST a window past the note: NAT %d, conntrack %d, want both established", ns, cs)
+		t.Errorf("a FIN a window and RSTs a step past the note: NAT %d, conntrack %d, want both established", ns, cs)
 	}
-	in(p, tcpRST, 9001+winSize-1, 0)
+	in(p, tcpRST, 9001+rstWin-1, 0)
 	if ns, cs, _, _ := entries(40012); ns != closing || cs != closing {
-		t.Errorf("a RST a byte inside the window: NAT %d, conntrack %d, want both closing", ns, cs)
+		t.Errorf("a RST a byte inside its window: NAT %d, conntrack %d, want both closing", ns, cs)
+	}
+	p = out(40013, tcpSYN, 5000, 0)
+	in(p, tcpSYN|tcpACK, 9000, 5001)
+	out(40013, tcpACK, 5001, 9001)
+	in(p, tcpFIN|tcpACK, 9001+winSize-1, 5001)
+	if ns, cs, _, _ := entries(40013); ns != closing || cs != closing {
+		t.Errorf("a FIN a byte inside the window: NAT %d, conntrack %d, want both closing", ns, cs)
 	}
 }
 
@@ -162,26 +174,34 @@ func TestWindowNodePort(t *testing.T) {
 		t.Fatalf("an acknowledgment under a step on was noted: %v", e.TcpAck)
 	}
 	client(tcpRST, 1001+lag+inFlight, 0).expect(t, tcActShot, DropNodePortBlind)
-	client(tcpRST, 1001+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
+	client(tcpRST, 1001+rstWin, 0).expect(t, tcActShot, DropNodePortBlind)
+	client(tcpFIN|tcpACK, 1001+winSize, 9001).expect(t, tcActShot, DropNodePortBlind)
 	if e := entry(5700); e.State != established {
 		t.Fatalf("blind RSTs moved the flow to state %d", e.State)
 	}
-	client(tcpRST, 1001+winSize-1, 0).expect(t, tcActRedirect, FwdNodePort)
+	client(tcpRST, 1001+rstWin-1, 0).expect(t, tcActRedirect, FwdNodePort)
 	if e := entry(5700); e.State != closing {
 		t.Errorf("an in-window RST left state %d, want closing", e.State)
 	}
-
-	// The backend's side: its FIN outside the client's window closes nothing (it goes on
-	// as a plain segment), inside it closes.
-	_, backend = nodePortFlow(t, objs, 5701)
-	backend(tcpFIN|tcpACK, 9001+winSize, 1001).expect(t, tcActRedirect, FwdNodePortReply)
-	backend(tcpRST, 0x80000000, 0).expect(t, tcActRedirect, FwdNodePortReply)
-	if e := entry(5701); e.State != established {
-		t.Errorf("the backend side's blind FIN and RST moved the flow to state %d", e.State)
+	client, _ = nodePortFlow(t, objs, 5702)
+	client(tcpFIN|tcpACK, 1001+winSize-1, 9001).expect(t, tcActRedirect, FwdNodePort)
+	if e := entry(5702); e.State != closing {
+		t.Errorf("an in-window FIN left state %d, want closing", e.State)
 	}
-	backend(tcpFIN|tcpACK, 9001+inFlight, 1001).expect(t, tcActRedirect, FwdNodePortReply)
-	if e := entry(5701); e.State != closing {
-		t.Errorf("the backend's FIN in the window left state %d, want closing", e.State)
+
+	// The backend's side (a local endpoint) is never blind: a client that stops
+	// acknowledging with more than the window in flight does not keep the entry for the
+	// established timeout (6 h) after the backend's FIN (before, it did: judged against the
+	// client's acknowledgments, the FIN moved nothing), nor does a client's forged note.
+	_, backend = nodePortFlow(t, objs, 5701)
+	backend(tcpFIN|tcpACK, 9001+winSize+inFlight, 1001).expect(t, tcActRedirect, FwdNodePortReply)
+	if e := entry(5701); e.State != closing || remaining(t, e) > 11*time.Second {
+		t.Errorf("the backend's FIN past the client's window left state %d for %v, want closing for 10 s", e.State, remaining(t, e))
+	}
+	_, backend = nodePortFlow(t, objs, 5703)
+	backend(tcpRST, 0x80000000, 0).expect(t, tcActRedirect, FwdNodePortReply)
+	if e := entry(5703); e.State != closing {
+		t.Errorf("the backend's RST far from the client's window left state %d, want closing", e.State)
 	}
 }
 
@@ -230,8 +250,8 @@ func TestWindowNodePortUpgrade(t *testing.T) {
 	if e := entry(); e.Flags&uint8(contivbpfCbCtFlagsCB_CT_TCP_REF_OLD) != 0 || e.SvcId != 0 || e.TcpAck[1] != 1001+lag {
 		t.Fatalf("the backend's next acknowledgment left flags %#x, svc_id %d, acks %v; want this build's form", e.Flags, e.SvcId, e.TcpAck)
 	}
-	client(tcpRST, 1001+lag+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
-	client(tcpRST, 1001+lag+inFlight, 0).expect(t, tcActRedirect, FwdNodePort)
+	client(tcpRST, 1001+lag+rstWin, 0).expect(t, tcActShot, DropNodePortBlind)
+	client(tcpRST, 1001+lag+rstWin-1, 0).expect(t, tcActRedirect, FwdNodePort)
 	if e := entry(); e.State != uint8(contivbpfCbCtStateCB_CTS_CLOSING) {
 		t.Errorf("an in-window RST left state %d, want closing", e.State)
 	}
@@ -250,5 +270,48 @@ func TestWindowNodePortUpgradeTorn(t *testing.T) {
 	oldFormNodePort(t, objs, cport, 0, [2]uint32{9001, 1001})
 	client(tcpRST, 1001+winSize, 0).expect(t, tcActShot, DropNodePortBlind)
 	client(tcpFIN|tcpACK, 0x80000000, 9001).expect(t, tcActShot, DropNodePortBlind)
-	client(tcpRST, 1001+inFlight, 0).expect(t, tcActRedirect, FwdNodePort)
+	client(tcpRST, 1001+rstWin-1, 0).expect(t, tcActRedirect, FwdNodePort)
+}
+
+// TestWindowRSTStepLocalSender: a RST from outside is held to one step past the
+// endpoint's noted acknowledgment (CB_TCP_RST_WINDOW; a FIN keeps the whole window): an
+// abort with 7.5 MiB in flight closes neither table, and the exchange RFC 5961 then brings
+// (the endpoint's challenge ACK, whose acknowledgment lags the note by under a step, and
+// the peer's RST carrying exactly it) closes both. The endpoint's own FIN is never blind:
+// a peer that stopped acknowledging with more than the window in flight does not keep
+// the entry for the established timeout (before, conntrack judged it against the peer's
+// acknowledgments and it moved nothing, while NAT closed).
+func TestWindowRSTStepLocalSender(t *testing.T) {
+	objs, out, in := trackedEgress(t)
+	established, closing := uint8(contivbpfCbCtStateCB_CTS_ESTABLISHED), uint8(contivbpfCbCtStateCB_CTS_CLOSING)
+	states := func(sport uint16) (uint8, uint8) {
+		t.Helper()
+		n, c := egressEntries(t, objs, sport)
+		return n.State, c.State
+	}
+	open := func(sport uint16) uint16 {
+		t.Helper()
+		p := out(sport, tcpSYN, 5000, 0)
+		in(p, tcpSYN|tcpACK, 9000, 5001)
+		out(sport, tcpACK, 5001, 9001)
+		return p
+	}
+	p := open(40020)
+	out(40020, tcpACK, 5001, 9001+lag) // (under a step: not noted)
+	in(p, tcpRST|tcpACK, 9001+lag+inFlight, 5001)
+	if ns, cs := states(40020); ns != established || cs != established {
+		t.Fatalf("an abort 7.5 MiB past the endpoint's acknowledgment: NAT %d, conntrack %d, want both established", ns, cs)
+	}
+	out(40020, tcpACK, 5001, 9001+lag) // the challenge ACK
+	in(p, tcpRST, 9001+lag, 0)
+	if ns, cs := states(40020); ns != closing || cs != closing {
+		t.Errorf("the RST carrying the challenge ACK's acknowledgment: NAT %d, conntrack %d, want both closing", ns, cs)
+	}
+
+	open(40021)
+	out(40021, tcpFIN|tcpACK, 5001+winSize+inFlight, 9001)
+	ns, cs := states(40021)
+	if _, c := egressEntries(t, objs, 40021); ns != closing || cs != closing || remaining(t, c) > 11*time.Second {
+		t.Errorf("the endpoint's FIN past the peer's window: NAT %d, conntrack %d (for %v), want both closing for 10 s", ns, cs, remaining(t, c))
+	}
 }
