@@ -1419,7 +1419,9 @@ static __noinline int cb_nodeport_back(struct __sk_buff *skb, __u32 net_key, __u
 		r = cb_parse_l4(skb, &p, &f);
 	if (r)
 		return cb_drop(skb, r);
-	if (p.frag != CB_FRAG_NONE || p.inner.proto)
+	/* A SYN without ACK opens a flow of its own (to this host: none), never a node port
+	 * flow's reply, as a local backend's is none (cb_lb_reply). */
+	if (p.frag != CB_FRAG_NONE || p.inner.proto || cb_tcp_opens(&f))
 		return cb_drop(skb, CB_DROP_UNKNOWN_DST);
 	skey.net = net_key;
 	skey.ip = f.saddr;

@@ -495,7 +495,7 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 		/* A SYN without ACK opens a flow of its own: taken for a service flow's reply
 		 * (a hairpin's: to the VIP), it would pass unjudged and unbalanced, and its entry
 		 * would hide the flow's replies from it. */
-		if (f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN)
+		if (cb_tcp_opens(f))
 			return 0;
 		cb_ct_key_of(&k, zone, kind, f, 1);
 	} else {

@@ -41,6 +41,13 @@ struct cb_flow {
 	__u8 icmp_type; /* ICMP only */
 };
 
+/* cb_tcp_opens says whether f is a TCP SYN without ACK: a segment that opens a flow of
+ * its own, never the reply of another (whatever else it carries). */
+CB_INLINE int cb_tcp_opens(const struct cb_flow *f)
+{
+	return f->proto == CB_PROTO_TCP && (f->tcp_flags & (CB_TCP_SYN | CB_TCP_ACK)) == CB_TCP_SYN;
+}
+
 /* cb_tcp_seqs is the sequence and acknowledgment numbers (host order) of the TCP segment
  * cb_parse_l4 read last on this CPU, with its source address and port to tell it from any
  * other: per-packet state for conntrack's window (conntrack.h, cb_ct_window), which the

@@ -929,3 +929,36 @@ func TestServiceHairpinSYNOnReplyTuple(t *testing.T) {
 	}
 	as(client)
 }
+
+// TestNodePortRemoteBackendSYNOnReplyTuple: a remote backend's TCP SYN without ACK on the
+// reverse tuple of its node port flow (backend:8080 → this host:NAT port, from the
+// overlay) opens a flow of its own to this host, which has none there: it is no reply of
+// the node port flow, never sent to the client from the node port (before, it was, and a
+// local backend's was not: cb_nodeport_out finds no reply for a SYN, cb_lb_reply). The
+// flow's own replies still go back.
+func TestNodePortRemoteBackendSYNOnReplyTuple(t *testing.T) {
+	objs, vip := nodePortFixture(t, 6, 80, 8080, 30080)
+	putTestService(t, objs, 1, vip, 80, 6, 8080, remoteIP)
+	fromPeer := &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), testNet}}
+	const cport = 5970
+	r := run(t, objs, objs.CbFromUplink, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, tcpSYN, 0), 2000, 0), nil)
+	r.expect(t, tcActRedirect, FwdTunnel)
+	_, _, natPort, _ := checkSums(t, r.out)
+	peer := func(flags uint8, seq, ack uint32) runResult {
+		t.Helper()
+		return run(t, objs, objs.CbTestOverlay, withSeq(l4Frame(6, remoteIP, hostIP, 8080, natPort, flags, 0), seq, ack), fromPeer)
+	}
+	peer(tcpSYN|tcpACK, 5000, 2001).expect(t, tcActRedirect, FwdNodePortReply)
+	run(t, objs, objs.CbFromUplink, withSeq(l4Frame(6, worldIP, hostIP, cport, 30080, tcpACK, 0), 2001, 5001), nil).expect(t, tcActRedirect, FwdTunnel)
+	before, _ := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, worldIP, remoteIP, cport, 8080)
+
+	r = peer(tcpSYN, 7000, 0)
+	if r.ret != tcActShot || r.diff[DropUnknownDst] != 1 {
+		s, d, sp, dp := checkSums(t, r.out)
+		t.Errorf("the remote backend's SYN on its node port flow's reply tuple got %d (%v), left as %v:%d → %v:%d; want drop_unknown_dst", r.ret, r.diff, s, sp, d, dp)
+	}
+	if after, _ := ctEntryKind(t, objs, testZone, ctKindNodePort, 6, worldIP, remoteIP, cport, 8080); after.State != before.State || after.Flags != before.Flags {
+		t.Errorf("the node port entry went from %+v to %+v", before, after)
+	}
+	peer(tcpACK, 5001, 2001).expect(t, tcActRedirect, FwdNodePortReply)
+}
