@@ -23,6 +23,8 @@ import (
 	"go.etcd.io/etcd/api/v3/authpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
@@ -93,6 +95,8 @@ type Manager struct {
 	// it found auth on and joinRoot root (it manages users from then on).
 	joinRoot string
 	joinOn   bool
+	// oldEtcdLogged: the warning that etcd cannot report its auth status was logged.
+	oldEtcdLogged bool
 	// removed are the token hosts whose user this Manager deleted (Follow's cache: a
 	// record marked tokenRemoved by a run that failed halfway is tried again).
 	removed map[string]bool
@@ -197,6 +201,15 @@ func (m *Manager) managing(ctx context.Context) error {
 		return nil
 	}
 	st, err := m.cli.AuthStatus(ctx)
+	if status.Code(err) == codes.Unimplemented {
+		// etcd before 3.5 (Debian 12's 3.4) cannot say whether its auth is on: a joined
+		// netmaster leaves users to the one that enabled auth, as before it could join.
+		if !m.oldEtcdLogged {
+			m.oldEtcdLogged = true
+			m.log.Warn("etcd too old to report its auth status (needs 3.5): agents' etcd users are not managed by this netmaster")
+		}
+		return ErrNotManaged
+	}
 	if err != nil {
 		return fmt.Errorf("etcd auth status: %w", err)
 	}
