@@ -703,7 +703,6 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	__u64 now = cb_now();
 	struct cb_ct_entry *e = 0;
 	struct cb_ep_key dkey;
-	struct cb_member_key mk;
 	struct cb_endpoint *ep = 0;
 	const struct cb_iface *d;
 	void *data, *data_end;
@@ -732,17 +731,10 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	rev = cb_svc_rev_of(svc->svc_id); /* before the membership: a removal bumps it after */
 	stamp = cb_svc_memo_off ? 0 : cb_svc_memo_stamp(rev, need); /* before the flow's entry is looked at */
 	if (!(memo & CB_CT_MEMO) || svc->epoch != stamp || !stamp) {
-		/* No current memo. The backend is still a member while the service's revision
-		 * is the one the entry recorded when it last found it one (cb_lb_forward);
-		 * after a memo, while its membership holds. */
-		if (!rev)
+		/* No current memo: the backend must still be a member (cb_lb_member, as the
+		 * full stage asks). */
+		if (!rev || !cb_lb_member(svc, backend, rev))
 			return CB_SLOW;
-		if ((memo & CB_CT_MEMO) || svc->epoch != rev) {
-			mk.svc_id = svc->svc_id;
-			mk.ip = backend;
-			if (!bpf_map_lookup_elem(&cb_members, &mk))
-				return CB_SLOW;
-		}
 		memo = 0;
 	} else if (svc->expires != now + cb_ct_timeout(k->ct.proto, memo & CB_CT_MEMO_STATE) ||
 		   cb_tcp_note_due(ack, svc->tcp_ack[0])) {
@@ -755,16 +747,15 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		k->ct.daddr = backend;
 		k->ct.dport = bport;
 		e = bpf_map_lookup_elem(&cb_ct, &k->ct);
-		if (!e || e->expires < now || e->flags != (CB_CT_ALLOWED | CB_CT_DNAT) ||
-		    !cb_stamp_ok(e->epoch, need) || e->nat_ip != vip || e->nat_port != vport || e->nat_net != ifc->net)
+		if (!cb_ct_trusted(e, now, CB_CT_ALLOWED | CB_CT_DNAT, need) || e->nat_ip != vip ||
+		    e->nat_port != vport || e->nat_net != ifc->net)
 			return CB_SLOW;
 	}
 	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
 	if (r)
 		return cb_drop(skb, r);
 	if (e) {
-		cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
-		cb_tcp_note(&e->tcp_ack[0], ack);
+		cb_ct_pass(e, k->ct.proto, 0, ack, now);
 		if (svc->expires != e->expires)
 			svc->expires = e->expires;
 		/* The memo: what was just found, under the stamp read before (memo off: the

@@ -340,6 +340,22 @@ CB_INLINE int cb_ct_insert(const struct cb_ct_key *k, const struct cb_ct_entry *
  * judged (policy.h) when it opens or when a change it depends on came after its
  * verdict, and moved through its states. ---- */
 
+/* cb_ct_dnat_flow says whether e is a service flow's entry that policy allowed
+ * (client→backend): the packets of its reverse tuple are that flow's replies (cb_lb_reply;
+ * the fast path's cb_fast_pass). */
+CB_INLINE int cb_ct_dnat_flow(const struct cb_ct_entry *e)
+{
+	return (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT);
+}
+
+/* cb_ct_trusted says whether entry e (0: none) is live, carries exactly flags and is not
+ * older than need (cb_stamp_ok): what the fast path asks of an entry it passes a packet
+ * on without judging it (cb_fast_pass, cb_svc_fast). */
+CB_INLINE int cb_ct_trusted(const struct cb_ct_entry *e, __u64 now, __u8 flags, __u32 need)
+{
+	return e && e->expires >= now && e->flags == flags && cb_stamp_ok(e->epoch, need);
+}
+
 /* cb_ct_flow returns the live flow entry (policy-allowed) under k. */
 CB_INLINE struct cb_ct_entry *cb_ct_flow(const struct cb_ct_key *k, __u64 now)
 {
@@ -511,15 +527,51 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
 	return cb_ct_flow(&k, now) != 0;
 }
 
+/* cb_ct_note notes acknowledgment ack (host order, 0: none) of a TCP segment of e's flow
+ * (reply: in e's reply direction) as due (cb_tcp_note): the one note of the full stage
+ * (cb_ct_window) and the fast path (cb_ct_pass). A note in a service flow's own direction
+ * makes its memos stale (cb_ct_changed): the fast path keeps a copy of it there
+ * (cb_svc_fast). */
+CB_INLINE void cb_ct_note(struct cb_ct_entry *e, int reply, __u32 ack)
+{
+	if (!cb_tcp_note(&e->tcp_ack[!!reply], ack))
+		return;
+	/* (No client→VIP entry holds a copy of a node port flow's: no memo to stale. An
+	 * entry of the build before moves to this one's form with its backend's first note.) */
+	if (!reply && !(e->flags & CB_CT_NODEPORT)) {
+		cb_ct_changed(e->flags);
+	} else if (reply && (e->flags & CB_CT_TCP_REF_OLD)) {
+		/* (The note above stays written before the old reference is cleared: a node
+		 * port stage reading the entry meanwhile finds one or the other, cb_np_ref.) */
+		asm volatile("" ::: "memory");
+		e->flags &= ~CB_CT_TCP_REF_OLD;
+		e->svc_id = 0;
+	}
+}
+
+/* cb_ct_pass is the one state move of a packet that passes on its flow's live entry e
+ * without opening or closing the flow (reply: in e's reply direction), in the full stage
+ * (cb_ct_check) and the fast path (cb_fast_pass, cb_svc_fast) alike: its acknowledgment
+ * ack noted (cb_ct_note; 0: none, or noted already), a first reply makes the flow
+ * ESTABLISHED, and the deadline follows the state. */
+CB_INLINE void cb_ct_pass(struct cb_ct_entry *e, __u8 proto, int reply, __u32 ack, __u64 now)
+{
+	cb_ct_note(e, reply, ack);
+	if (reply && e->state == CB_CTS_NEW) {
+		e->state = CB_CTS_ESTABLISHED;
+		cb_ct_changed(e->flags);
+	}
+	cb_ct_refresh(e, now + cb_ct_timeout(proto, e->state));
+}
+
 /* cb_ct_window applies the window to TCP segment f on its flow's entry e (reply: in e's
  * reply direction), with the sequence numbers cb_parse_l4 read (cb_tcp_scratch; a packet
  * whose numbers are not there is believed and notes nothing): 1 when f is a blind FIN or
- * RST (nothing of e is to move: cb_tcp_in_window); otherwise it notes f's acknowledgment as
- * due (cb_tcp_note) and returns 0. A local endpoint's segment (local: it came from its
- * veth, its source checked) is never blind: it can close only its own flows, and judging
- * it against a peer that stopped acknowledging would keep a closed flow's entry for the
- * established timeout. A note in a service flow's own direction makes its
- * memos stale (cb_ct_changed): the fast path keeps a copy of it there (cb_svc_fast). */
+ * RST (nothing of e is to move: cb_tcp_in_window); otherwise it notes f's acknowledgment
+ * (cb_ct_note) and returns 0. A local endpoint's segment (local: it came from its veth, its
+ * source checked) is never blind: it can close only its own flows, and judging it against
+ * a peer that stopped acknowledging would keep a closed flow's entry for the established
+ * timeout. */
 static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *f, int reply, int local)
 {
 	struct cb_tcp_seqs *s;
@@ -533,21 +585,8 @@ static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *
 	if ((f->tcp_flags & (CB_TCP_FIN | CB_TCP_RST)) && !local &&
 	    !cb_tcp_in_window(s->seq, e->tcp_ack[!reply], f->tcp_flags))
 		return 1;
-	if (!(f->tcp_flags & CB_TCP_ACK))
-		return 0;
-	if (!cb_tcp_note(&e->tcp_ack[!!reply], s->ack))
-		return 0;
-	/* (No client→VIP entry holds a copy of a node port flow's: no memo to stale. An
-	 * entry of the build before moves to this one's form with its backend's first note.) */
-	if (!reply && !(e->flags & CB_CT_NODEPORT)) {
-		cb_ct_changed(e->flags);
-	} else if (reply && (e->flags & CB_CT_TCP_REF_OLD)) {
-		/* (The note above stays written before the old reference is cleared: a node
-		 * port stage reading the entry meanwhile finds one or the other, cb_np_ref.) */
-		asm volatile("" ::: "memory");
-		e->flags &= ~CB_CT_TCP_REF_OLD;
-		e->svc_id = 0;
-	}
+	if (f->tcp_flags & CB_TCP_ACK)
+		cb_ct_note(e, reply, s->ack);
 	return 0;
 }
 
@@ -643,11 +682,8 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			cb_ct_changed(e->flags);
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		} else {
-			if (!closing && reply && e->state == CB_CTS_NEW) {
-				e->state = CB_CTS_ESTABLISHED;
-				cb_ct_changed(e->flags);
-			}
-			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
+			/* (Noted by cb_ct_window. A closing packet here finds its flow CLOSING.) */
+			cb_ct_pass(e, f->proto, reply, 0, now);
 		}
 		t->entry = e;
 		if (!reply)

@@ -127,6 +127,23 @@ CB_INLINE __u32 cb_svc_rev_of(__u32 id)
 	return r ? r->rev : 0;
 }
 
+/* cb_lb_member says whether backend ip, which the client→VIP entry svc names, is still a
+ * member of svc's service, whose revision (read before this: a removal bumps it after)
+ * is rev: without a lookup while rev is the one the entry recorded when it last found it
+ * a member (cb_lb_forward; its epoch, no memo's stamp in its place); otherwise by its
+ * membership (cb_members). The one membership rule of the full stage (cb_lb_forward)
+ * and the fast path (cb_svc_fast). */
+CB_INLINE int cb_lb_member(const struct cb_ct_entry *svc, __be32 ip, __u32 rev)
+{
+	struct cb_member_key mk = {};
+
+	if (rev && svc->epoch == rev && !(svc->state & CB_CT_MEMO))
+		return 1;
+	mk.svc_id = svc->svc_id;
+	mk.ip = ip;
+	return bpf_map_lookup_elem(&cb_members, &mk) != 0;
+}
+
 /* cb_svc_memo_stamp is the stamp of a memo (CB_CT_MEMO) taken now, for a client→VIP entry
  * whose backend is a member at revision rev, of its flow's own entry, which must have
  * reached policy stamp need (cb_epg_track of the client's and the backend's groups): the
@@ -353,11 +370,10 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 				    struct cb_track *t, struct cb_lb_choice *c)
 {
 	struct cb_svc_key sk = {};
-	struct cb_member_key mk = {};
 	struct cb_ct_key key = {};
 	struct cb_ct_entry *ct;
 	struct cb_svc *svc;
-	__be32 client;
+	__be32 client, ip;
 	__u32 rev;
 	int r;
 
@@ -378,13 +394,12 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		/* An established service flow: its entry names the backend, re-validated by
 		 * membership on every packet; the service itself is looked up only when the
 		 * backend is gone (to re-balance, or to notice the service is gone too). */
-		mk.svc_id = ct->svc_id;
-		mk.ip = ct->nat_ip;
+		ip = ct->nat_ip;
 		rev = cb_svc_rev_of(ct->svc_id); /* before the membership: a removal bumps it after */
-		if (bpf_map_lookup_elem(&cb_members, &mk)) {
+		if (cb_lb_member(ct, ip, rev)) {
 			/* Checked at this revision (an entry whose flow policy then denies keeps
 			 * it: the check holds all the same). */
-			if ((ct->epoch != rev || ct->state != CB_CTS_NEW) && ct->nat_ip == mk.ip) {
+			if ((ct->epoch != rev || ct->state != CB_CTS_NEW) && ct->nat_ip == ip) {
 				ct->epoch = rev;
 				ct->state = CB_CTS_NEW; /* (a memo's stamp no more) */
 			}
@@ -502,7 +517,7 @@ CB_INLINE struct cb_ct_entry *cb_lb_reply(const struct cb_pkt *p, const struct c
 		return 0;
 	}
 	e = cb_ct_live(&k, cb_now());
-	if (!e || (e->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) != (CB_CT_ALLOWED | CB_CT_DNAT))
+	if (!e || !cb_ct_dnat_flow(e))
 		return 0;
 	return e;
 }
@@ -589,8 +604,8 @@ struct cb_fast_keys {
  * When the flow is tracked (a group with rules, or a pod with a NetworkPolicy entry, at
  * either end), a live entry of the current policy epoch that policy allowed and that is
  * nobody's service flow (flags exactly CB_CT_ALLOWED) must hold its tuple, either way; it
- * then does to that entry what cb_ct_check would (refresh; a first reply makes it
- * ESTABLISHED; ack, a TCP segment's acknowledgment or 0, noted as due: cb_ct_window). The reply of a service flow (not a hairpin's; no entry under its own
+ * then moves that entry by cb_ct_pass, as cb_ct_check does (ack, a TCP segment's
+ * acknowledgment or 0, noted; a first reply makes it ESTABLISHED; refreshed). The reply of a service flow (not a hairpin's; no entry under its own
  * tuple) to a client of net, whose flow entry is of the current policy epoch, is that
  * entry's reply as cb_ct_check takes it: *rev is then the entry, whose VIP:port the
  * caller restores as the packet's source. "Of the current policy epoch": not older than
@@ -602,7 +617,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 {
 	struct cb_ct_entry *r = 0;
 	__u64 now = cb_now();
-	int plain = e && e->expires >= now && e->flags == CB_CT_ALLOWED && cb_stamp_ok(e->epoch, need);
+	int plain = cb_ct_trusted(e, now, CB_CT_ALLOWED, need);
 	__be32 a;
 	__be16 port;
 
@@ -619,18 +634,13 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 		/* Marked: its packets may be a service flow's replies. */
 		if (e && (e->flags & CB_CT_SHADOW))
 			return 0;
-		if (r && r->expires >= now && (r->flags & (CB_CT_ALLOWED | CB_CT_DNAT)) == (CB_CT_ALLOWED | CB_CT_DNAT)) {
-			/* A service flow's reply: only from a backend that is no hairpin, with no
-			 * entry of its own direction, to a client of net (where its destination was
-			 * looked up), and of the current policy epoch. */
-			if (r->flags != (CB_CT_ALLOWED | CB_CT_DNAT) || !cb_stamp_ok(r->epoch, need) || r->nat_net != net)
+		if (r && r->expires >= now && cb_ct_dnat_flow(r)) {
+			/* A service flow's reply (cb_lb_reply's test): only from a backend that is
+			 * no hairpin, with no entry of its own direction, to a client of net (where
+			 * its destination was looked up), and of the current policy epoch. */
+			if (!cb_ct_trusted(r, now, CB_CT_ALLOWED | CB_CT_DNAT, need) || r->nat_net != net)
 				return 0;
-			if (r->state == CB_CTS_NEW) {
-				r->state = CB_CTS_ESTABLISHED;
-				cb_ct_changed(r->flags);
-			}
-			cb_ct_refresh(r, now + cb_ct_timeout(k->ct.proto, r->state));
-			cb_tcp_note(&r->tcp_ack[1], ack);
+			cb_ct_pass(r, k->ct.proto, 1, ack, now);
 			*rev = r;
 			return 1;
 		}
@@ -642,15 +652,11 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 	if (e) {
 		if (!plain)
 			return 0;
-		cb_tcp_note(&e->tcp_ack[0], ack);
+		cb_ct_pass(e, k->ct.proto, 0, ack, now);
 	} else {
-		if (!r || r->expires < now || r->flags != CB_CT_ALLOWED || !cb_stamp_ok(r->epoch, need))
+		if (!cb_ct_trusted(r, now, CB_CT_ALLOWED, need))
 			return 0;
-		if (r->state == CB_CTS_NEW)
-			r->state = CB_CTS_ESTABLISHED;
-		cb_tcp_note(&r->tcp_ack[1], ack);
-		e = r;
+		cb_ct_pass(r, k->ct.proto, 1, ack, now);
 	}
-	cb_ct_refresh(e, now + cb_ct_timeout(k->ct.proto, e->state));
 	return 1;
 }
