@@ -631,7 +631,7 @@ static __noinline int cb_ipv4_judge(struct __sk_buff *skb, const struct cb_iface
 			else if (t.rev_nat->flags & CB_CT_HAIRPIN)
 				r = cb_nat_hairpin_reply(skb, p, f, t.rev_nat);
 			else
-				r = cb_nat(skb, p, f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+				r = cb_lb_unnat(skb, p->l4_off, f->proto, f->has_ports, f->saddr, f->sport, t.rev_nat);
 			if (r)
 				return cb_drop(skb, r);
 		}
@@ -747,8 +747,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		k->ct.daddr = backend;
 		k->ct.dport = bport;
 		e = bpf_map_lookup_elem(&cb_ct, &k->ct);
-		if (!cb_ct_trusted(e, now, CB_CT_ALLOWED | CB_CT_DNAT, need) || e->nat_ip != vip ||
-		    e->nat_port != vport || e->nat_net != ifc->net)
+		if (!cb_ct_trusted(e, now, CB_CT_ALLOWED | CB_CT_DNAT, need) || !cb_ct_restores(e, vip, vport, ifc->net))
 			return CB_SLOW;
 	}
 	r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k->ct.proto, 1, 1, vip, backend, vport, bport);
@@ -756,8 +755,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 		return cb_drop(skb, r);
 	if (e) {
 		cb_ct_pass(e, k->ct.proto, 0, ack, now);
-		if (svc->expires != e->expires)
-			svc->expires = e->expires;
+		cb_lb_follow(svc, e->expires);
 		/* The memo: what was just found, under the stamp read before (memo off: the
 		 * revision the membership was found at, as cb_lb_forward records it); not when
 		 * the entry names another backend meanwhile (a re-pick on another CPU) or is no
@@ -865,8 +863,7 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 		return CB_SLOW;
 	if (rev) {
 		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */
-		r = cb_nat_rewrite(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, 0, ifc->ip, rev->nat_ip, sport,
-				   rev->nat_port);
+		r = cb_lb_unnat(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, ifc->ip, sport, rev);
 		if (r)
 			return cb_drop(skb, r);
 	}
@@ -1319,7 +1316,7 @@ static __noinline int cb_remote_judge(struct __sk_buff *skb, struct cb_handoff *
 			if (t.inner)
 				r = cb_nat_icmp_error(skb, p, f, t.rev_nat);
 			else
-				r = cb_nat(skb, p, f, 0, t.rev_nat->nat_ip, t.rev_nat->nat_port);
+				r = cb_lb_unnat(skb, p->l4_off, f->proto, f->has_ports, f->saddr, f->sport, t.rev_nat);
 			if (r)
 				return cb_drop(skb, r);
 		}

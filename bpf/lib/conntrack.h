@@ -399,6 +399,14 @@ static __noinline void cb_ct_shadow(const struct cb_ct_key *k)
 	}
 }
 
+/* cb_ct_restores says whether service flow entry e (DNAT) restores vip:vport on its
+ * replies to a client of network net: the full stage's test whether a marked entry moves
+ * (cb_ct_mark_dnat), and the fast path's that the entry is this flow's (cb_svc_fast). */
+CB_INLINE int cb_ct_restores(const struct cb_ct_entry *e, __be32 vip, __be16 vport, __u32 net)
+{
+	return e->nat_ip == vip && e->nat_port == vport && e->nat_net == net;
+}
+
 /* cb_ct_mark_dnat records in a flow's forward entry (under k) that it is a service flow
  * (the VIP to restore on replies): also when a direct flow on the same tuple made the
  * entry first. */
@@ -418,7 +426,7 @@ CB_INLINE void cb_ct_mark_dnat(struct cb_ct_entry *e, const struct cb_ct_key *k,
 	if (t->nodeport)
 		flags |= CB_CT_NODEPORT;
 	/* Written only when something moves (a memo of the entry then is no longer current). */
-	if (flags == e->flags && e->nat_ip == t->vip && e->nat_port == t->vport && e->nat_net == t->client_net &&
+	if (flags == e->flags && cb_ct_restores(e, t->vip, t->vport, t->client_net) &&
 	    (!t->nodeport || e->nodeport == t->nodeport))
 		return;
 	e->flags = flags;

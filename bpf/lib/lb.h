@@ -436,6 +436,24 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 	return cb_nat(skb, p, f, 0, t->vip, f->sport);
 }
 
+/* cb_lb_follow gives client→VIP entry svc the deadline of its flow's entry (expires),
+ * written only when it moves (the entry's line stays clean between ticks): cb_lb_commit's
+ * and the fast path's (cb_svc_fast). */
+CB_INLINE void cb_lb_follow(struct cb_ct_entry *svc, __u64 expires)
+{
+	if (svc->expires != expires)
+		svc->expires = expires;
+}
+
+/* cb_lb_unnat makes a service flow's reply (from saddr:sport; ports: whether the packet
+ * has them) leave from the VIP:port its client sent to, which the flow's entry rev holds
+ * (cb_ct_dnat_flow): the one reply rewrite of the full stage and the fast path. */
+CB_INLINE int cb_lb_unnat(struct __sk_buff *skb, __u32 l4_off, __u8 proto, int ports, __be32 saddr, __be16 sport,
+			  const struct cb_ct_entry *rev)
+{
+	return cb_nat_rewrite(skb, l4_off, proto, ports, 0, saddr, rev->nat_ip, sport, rev->nat_port);
+}
+
 /* cb_lb_commit records (or refreshes) the client→VIP entry after policy passed the flow;
  * it lives as long as the flow's entry. Returns 0 or CB_DROP_CT_FULL. */
 static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb_pkt *p, const struct cb_flow *f,
@@ -450,9 +468,7 @@ static __noinline int cb_lb_commit(const struct cb_lb_choice *c, const struct cb
 	if (!t->entry) {
 		/* passed without a flow entry (e.g. a RST): nothing to remember */
 	} else if (cur && !c->commit) {
-		/* (Written only when it moves: the entry's line stays clean between ticks.) */
-		if (cur->expires != t->entry->expires)
-			cur->expires = t->entry->expires;
+		cb_lb_follow(cur, t->entry->expires);
 	} else if (cur) {
 		cur->nat_ip = c->ip;
 		cur->nat_port = c->port;
