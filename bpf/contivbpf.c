@@ -754,7 +754,7 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	if (r)
 		return cb_drop(skb, r);
 	if (e) {
-		cb_ct_pass(e, k->ct.proto, 0, ack, now);
+		cb_ct_pass(e, k->ct.proto, 0, ack, now, 1); /* its note: into the memo below */
 		cb_lb_follow(svc, e->expires);
 		/* The memo: what was just found, under the stamp read before (memo off: the
 		 * revision the membership was found at, as cb_lb_forward records it); not when

@@ -539,15 +539,18 @@ static __noinline int cb_ct_related(const struct cb_flow *f, struct cb_track *t)
  * (reply: in e's reply direction) as due (cb_tcp_note): the one note of the full stage
  * (cb_ct_window) and the fast path (cb_ct_pass). A note in a service flow's own direction
  * makes its memos stale (cb_ct_changed): the fast path keeps a copy of it there
- * (cb_svc_fast). */
-CB_INLINE void cb_ct_note(struct cb_ct_entry *e, int reply, __u32 ack)
+ * (cb_svc_fast), unless memo says the caller writes the note into that copy itself
+ * (cb_svc_fast: the flow's one memo then holds it, and moving the generation would only
+ * cost every other service flow of the host its memo). */
+CB_INLINE void cb_ct_note(struct cb_ct_entry *e, int reply, __u32 ack, int memo)
 {
 	if (!cb_tcp_note(&e->tcp_ack[!!reply], ack))
 		return;
 	/* (No client→VIP entry holds a copy of a node port flow's: no memo to stale. An
 	 * entry of the build before moves to this one's form with its backend's first note.) */
 	if (!reply && !(e->flags & CB_CT_NODEPORT)) {
-		cb_ct_changed(e->flags);
+		if (!memo)
+			cb_ct_changed(e->flags);
 	} else if (reply && (e->flags & CB_CT_TCP_REF_OLD)) {
 		/* (The note above stays written before the old reference is cleared: a node
 		 * port stage reading the entry meanwhile finds one or the other, cb_np_ref.) */
@@ -560,11 +563,11 @@ CB_INLINE void cb_ct_note(struct cb_ct_entry *e, int reply, __u32 ack)
 /* cb_ct_pass is the one state move of a packet that passes on its flow's live entry e
  * without opening or closing the flow (reply: in e's reply direction), in the full stage
  * (cb_ct_check) and the fast path (cb_fast_pass, cb_svc_fast) alike: its acknowledgment
- * ack noted (cb_ct_note; 0: none, or noted already), a first reply makes the flow
- * ESTABLISHED, and the deadline follows the state. */
-CB_INLINE void cb_ct_pass(struct cb_ct_entry *e, __u8 proto, int reply, __u32 ack, __u64 now)
+ * ack noted (cb_ct_note, memo as there; 0: none, or noted already), a first reply makes
+ * the flow ESTABLISHED, and the deadline follows the state. */
+CB_INLINE void cb_ct_pass(struct cb_ct_entry *e, __u8 proto, int reply, __u32 ack, __u64 now, int memo)
 {
-	cb_ct_note(e, reply, ack);
+	cb_ct_note(e, reply, ack, memo);
 	if (reply && e->state == CB_CTS_NEW) {
 		e->state = CB_CTS_ESTABLISHED;
 		cb_ct_changed(e->flags);
@@ -594,7 +597,7 @@ static __noinline int cb_ct_window(struct cb_ct_entry *e, const struct cb_flow *
 	    !cb_tcp_in_window(s->seq, e->tcp_ack[!reply], f->tcp_flags))
 		return 1;
 	if (f->tcp_flags & CB_TCP_ACK)
-		cb_ct_note(e, reply, s->ack);
+		cb_ct_note(e, reply, s->ack, 0);
 	return 0;
 }
 
@@ -691,7 +694,7 @@ static __noinline int cb_ct_check(const struct cb_flow *f, struct cb_track *t)
 			cb_ct_refresh(e, now + cb_ct_timeout(f->proto, e->state));
 		} else {
 			/* (Noted by cb_ct_window. A closing packet here finds its flow CLOSING.) */
-			cb_ct_pass(e, f->proto, reply, 0, now);
+			cb_ct_pass(e, f->proto, reply, 0, now, 0);
 		}
 		t->entry = e;
 		if (!reply)

@@ -656,7 +656,7 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 			 * its destination was looked up), and of the current policy epoch. */
 			if (!cb_ct_trusted(r, now, CB_CT_ALLOWED | CB_CT_DNAT, need) || r->nat_net != net)
 				return 0;
-			cb_ct_pass(r, k->ct.proto, 1, ack, now);
+			cb_ct_pass(r, k->ct.proto, 1, ack, now, 0);
 			*rev = r;
 			return 1;
 		}
@@ -668,11 +668,11 @@ CB_INLINE int cb_fast_pass(struct cb_fast_keys *k, struct cb_ct_entry *e, int tr
 	if (e) {
 		if (!plain)
 			return 0;
-		cb_ct_pass(e, k->ct.proto, 0, ack, now);
+		cb_ct_pass(e, k->ct.proto, 0, ack, now, 0);
 	} else {
 		if (!cb_ct_trusted(r, now, CB_CT_ALLOWED, need))
 			return 0;
-		cb_ct_pass(r, k->ct.proto, 1, ack, now);
+		cb_ct_pass(r, k->ct.proto, 1, ack, now, 0);
 	}
 	return 1;
 }

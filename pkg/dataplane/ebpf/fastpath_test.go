@@ -391,13 +391,21 @@ func oneTick(t *testing.T, try func(i int) string) {
 // would: a reply that establishes the flow or a FIN that closes it (the client→VIP entry
 // follows the flow's new deadline), a policy change that now refuses it, its backend
 // leaving the service.
-func TestServiceFastPathMemo(t *testing.T) {
+// memoFixture is the fixture of the memo tests: policy and services on, group 20 admits
+// group 10 on TCP 8080, and service id (vip:80/TCP) balances to localIP:8080.
+func memoFixture(t *testing.T, id uint32, vip netip.Addr) *contivbpfObjects {
+	t.Helper()
 	objs := ctPolicyFixture(t)
 	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_POLICY|contivbpfCbFeaturesCB_FEAT_LB))
 	putPolicy(t, objs, dataplane.PolicySet{EPGID: 20, Rules: []dataplane.PolicyRule{
 		{ID: "allow-8080", Priority: 10, Ingress: true, RemoteEPG: 10, Proto: 6, Port: 8080, Action: dataplane.ActionAllow}}})
+	putTestService(t, objs, id, vip, 80, 6, 8080, localIP)
+	return objs
+}
+
+func TestServiceFastPathMemo(t *testing.T) {
 	vip := netip.MustParseAddr("10.1.0.103")
-	putTestService(t, objs, 12, vip, 80, 6, 8080, localIP)
+	objs := memoFixture(t, 12, vip)
 	fc := objs.CbFromContainer
 	client, backend, as := backendIfaces(t, objs)
 	// open starts flow number i (its own client port) and takes its memo: the SYN through
@@ -504,6 +512,57 @@ func TestServiceFastPathMemo(t *testing.T) {
 			return ""
 		})
 	})
+}
+
+// A service flow's own acknowledgment noted by the fast path is carried into its memo
+// (the copy of tcp_ack[0] in the client→VIP entry), so it stales no memo: neither its own
+// nor the host's other service flows'. Were the note to move the memo generation, every
+// MiB a service flow acknowledged would cost every other service flow of the host its
+// memo (one membership and one conntrack lookup more on its next packet), a cost growing
+// with the number of flows times their throughput.
+func TestServiceFastPathNoteKeepsMemos(t *testing.T) {
+	vip := netip.MustParseAddr("10.1.0.104")
+	objs := memoFixture(t, 13, vip)
+	fc := objs.CbFromContainer
+	ack := func(cport uint16, seq, ack uint32) {
+		t.Helper()
+		run(t, objs, fc, withSeq(l4Frame(6, srcIP, vip, cport, 80, tcpACK, 0), seq, ack), nil).expect(t, tcActRedirect, FwdLocal)
+	}
+	memo := func(cport uint16) (contivbpfCbCtEntry, contivbpfCbCtEntry) {
+		t.Helper()
+		svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80)
+		flow, ok2 := ctEntry(t, objs, testZone, 6, srcIP, localIP, cport, 8080)
+		if !ok || !ok2 {
+			t.Fatalf("flow from port %d: an entry is gone", cport)
+		}
+		return svc, flow
+	}
+	for _, cport := range []uint16{46000, 46001} {
+		run(t, objs, fc, withSeq(l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), 1000, 0), nil).expect(t, tcActRedirect, FwdLocal)
+		ack(cport, 1001, 5000) // the fast path: membership looked up, the first note
+	}
+	for _, cport := range []uint16{46000, 46001} {
+		ack(cport, 1001, 5000) // nothing due: both memos taken at the current stamp
+	}
+	var g0 contivbpfCbCtGen
+	if err := objs.CbCtGens.Lookup(uint32(0), &g0); err != nil {
+		t.Fatal(err)
+	}
+	ack(46000, 1001, 5000+3<<20) // a note due, on the fast path
+	var g1 contivbpfCbCtGen
+	if err := objs.CbCtGens.Lookup(uint32(0), &g1); err != nil {
+		t.Fatal(err)
+	}
+	if g1.Gen != g0.Gen {
+		t.Errorf("the fast path's note moved the memo generation %d -> %d", g0.Gen, g1.Gen)
+	}
+	svc, flow := memo(46000)
+	if flow.TcpAck[0] != 5000+3<<20 || svc.TcpAck[0] != flow.TcpAck[0] || svc.Epoch != memoStamp(t, objs, 13) {
+		t.Errorf("noting flow: entry's note %d, memo's copy %d, stamp %d (current %d)", flow.TcpAck[0], svc.TcpAck[0], svc.Epoch, memoStamp(t, objs, 13))
+	}
+	if other, _ := memo(46001); other.State&ctMemo == 0 || other.Epoch != memoStamp(t, objs, 13) {
+		t.Errorf("another service flow's memo is stale after the note: state %#x stamp %d, current %d", other.State, other.Epoch, memoStamp(t, objs, 13))
+	}
 }
 
 // A client that is its own backend can make one tuple both a service flow's packet and
