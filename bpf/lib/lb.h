@@ -391,9 +391,9 @@ static __noinline int cb_lb_forward(struct __sk_buff *skb, const struct cb_pkt *
 		ct = 0;
 	c->svc_ct = ct;
 	if (ct) {
-		/* An established service flow: its entry names the backend, re-validated by
-		 * membership on every packet; the service itself is looked up only when the
-		 * backend is gone (to re-balance, or to notice the service is gone too). */
+		/* An established service flow: its entry names the backend, re-validated on
+		 * every packet (cb_lb_member: by revision or membership); the service itself is
+		 * looked up only when the backend is gone (to re-balance, or to notice it gone). */
 		ip = ct->nat_ip;
 		rev = cb_svc_rev_of(ct->svc_id); /* before the membership: a removal bumps it after */
 		if (cb_lb_member(ct, ip, rev)) {

@@ -514,6 +514,57 @@ func TestServiceFastPathMemo(t *testing.T) {
 	})
 }
 
+// A client→VIP entry that recorded its service's revision without a memo (the full
+// stage's check, cb_lb_forward; the fast path's with the memo off) holds its backend
+// without a membership lookup only while that revision is current: after the backend
+// left (its membership deleted, the revision bumped) the flow's next packet is
+// re-balanced, through the full stage (an IPv4 option: the fast path never sees it) as
+// through the fast path with the memo off. (With a memo the membership is looked up
+// anyway: TestServiceFastPathMemo "backend leaves" cannot see the revision rule.)
+func TestServiceRevisionHoldsNoLeftBackend(t *testing.T) {
+	vip := netip.MustParseAddr("10.1.0.105")
+	objs := memoFixture(t, 14, vip)
+	fc := objs.CbFromContainer
+	for i, c := range []struct {
+		name    string
+		opts    []byte
+		memoOff uint32
+	}{
+		{"full stage", []byte{1, 1, 1, 0}, 0},
+		{"fast path, memo off", nil, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := objs.CbSvcMemoOff.Set(c.memoOff); err != nil {
+				t.Fatal(err)
+			}
+			defer objs.CbSvcMemoOff.Set(uint32(0))
+			cport := uint16(47000 + i)
+			ack := func() runResult {
+				t.Helper()
+				return run(t, objs, fc, l4FrameOpts(6, srcIP, vip, cport, 80, tcpACK, ipOpts{options: c.opts}), nil)
+			}
+			run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+			ack().expect(t, tcActRedirect, FwdLocal)
+			var rev contivbpfCbSvcRev
+			if err := objs.CbSvcRevs.Lookup(uint32(14), &rev); err != nil {
+				t.Fatal(err)
+			}
+			if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.Epoch != rev.Rev || svc.State&ctMemo != 0 {
+				t.Fatalf("client→VIP entry epoch %d state %#x (found %v), want revision %d without a memo", svc.Epoch, svc.State, ok, rev.Rev)
+			}
+			removeMember(t, objs, 14, localIP)
+			putTestService(t, objs, 14, vip, 80, 6, 8080, remoteIP)
+			defer func() {
+				putTestService(t, objs, 14, vip, 80, 6, 8080, localIP)
+				removeMember(t, objs, 14, remoteIP)
+			}()
+			if r := ack(); r.ret != tcActRedirect || r.diff[FwdTunnel] != 1 {
+				t.Errorf("after its backend left the flow's packet got %d (%v), want it sent to the new backend", r.ret, r.diff)
+			}
+		})
+	}
+}
+
 // A service flow's own acknowledgment noted by the fast path is carried into its memo
 // (the copy of tcp_ack[0] in the client→VIP entry), so it stales no memo: neither its own
 // nor the host's other service flows'. Were the note to move the memo generation, every
