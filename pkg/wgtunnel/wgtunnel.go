@@ -63,6 +63,9 @@ type Config struct {
 	Address netip.Prefix
 	// MTU of the device (0: DefaultMTU).
 	MTU int
+	// FirewallMark marks the device's own UDP packets (0: none), so that policy routing
+	// can keep them out of the table that steers traffic into the device.
+	FirewallMark int
 	// Userspace skips the kernel module even where it exists.
 	Userspace bool
 	Log       *slog.Logger
@@ -135,8 +138,8 @@ func Open(ctx context.Context, cfg Config) (_ *Tunnel, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("wireguard device %s in netns %q: %w", cfg.Name, cfg.NetNS, err)
 	}
-	port := cfg.ListenPort
-	if err := t.wg.ConfigureDevice(cfg.Name, wgtypes.Config{PrivateKey: &key, ListenPort: &port, ReplacePeers: true}); err != nil {
+	port, mark := cfg.ListenPort, cfg.FirewallMark
+	if err := t.wg.ConfigureDevice(cfg.Name, wgtypes.Config{PrivateKey: &key, ListenPort: &port, FirewallMark: &mark, ReplacePeers: true}); err != nil {
 		return nil, fmt.Errorf("configure wireguard device %s: %w", cfg.Name, err)
 	}
 	if err := t.linkUp(); err != nil {

@@ -145,7 +145,7 @@ func TestDeviceInNamespace(t *testing.T) {
 	ns := testNS(t, "cbwg1-"+id)
 	dir := t.TempDir()
 	name := "cbwg1" + id
-	tun, err := Open(ctx, Config{NetNS: ns, Name: name, StateDir: dir, Address: netip.MustParsePrefix("10.99.0.1/24")})
+	tun, err := Open(ctx, Config{NetNS: ns, Name: name, StateDir: dir, Address: netip.MustParsePrefix("10.99.0.1/24"), FirewallMark: 0xc0b1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +165,9 @@ func TestDeviceInNamespace(t *testing.T) {
 	port := tun.ListenPort()
 	if port == 0 {
 		t.Fatal("no listen port")
+	}
+	if d, err := tun.wg.Device(name); err != nil || d.FirewallMark != 0xc0b1 {
+		t.Fatalf("device's firewall mark: %+v, %v; want 0xc0b1 (its own packets skip the steering table)", d, err)
 	}
 	// The UDP port is taken inside the namespace and free outside it.
 	err = nsexec.Run(ns, func() error {
