@@ -1,0 +1,242 @@
+package wgsteer
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/internal/testkit/dockertest"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
+	"github.com/contivbpf/contivbpf/pkg/wgtunnel"
+)
+
+// directory is an in-memory Directory; hidden hosts' records are withheld.
+type directory struct {
+	mu     sync.Mutex
+	recs   map[string]model.WireGuardHost
+	hidden map[string]bool
+}
+
+func (d *directory) PublishWireGuard(_ context.Context, rec model.WireGuardHost) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.recs[rec.Host] = rec
+	return nil
+}
+
+func (d *directory) WireGuardHosts(context.Context) ([]model.WireGuardHost, int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []model.WireGuardHost
+	for h, r := range d.recs {
+		if !d.hidden[h] {
+			out = append(out, r)
+		}
+	}
+	return out, 0, nil
+}
+
+func (d *directory) hide(host string, on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.hidden[host] = on
+}
+
+// udpPorts counts the IPv4 UDP frames of frames by destination port.
+func udpPorts(frames [][]byte) map[uint16]int {
+	out := map[uint16]int{}
+	for _, f := range frames {
+		if len(f) < 14+20+8 || binary.BigEndian.Uint16(f[12:14]) != 0x0800 || f[14+9] != 17 {
+			continue
+		}
+		ihl := int(f[14]&0xf) * 4
+		if len(f) < 14+ihl+4 {
+			continue
+		}
+		out[binary.BigEndian.Uint16(f[14+ihl+2:])]++
+	}
+	return out
+}
+
+// TestSteerFailsClosed: two hosts joined by a veth underlay, each with a WireGuard device
+// and its steering. While B's key is withheld, A's packets to B's VTEP on the VXLAN port
+// go nowhere (the steering table's blackhole): the underlay capture sees none of them in
+// clear, though a packet to another port does cross in clear (the capture works), and A
+// reports B waiting. Once B's key is published, the same packets reach B's socket from
+// A's VTEP and the underlay holds only WireGuard's UDP port, no VXLAN port. Withheld
+// again, B's route goes and nothing crosses in clear.
+func TestSteerFailsClosed(t *testing.T) {
+	testroot.Need(t)
+	ctx := context.Background()
+	id := dockertest.RandHex(3)
+	nsA, nsB := "cbst-"+id+"a", "cbst-"+id+"b"
+	dockertest.NetNS(t, nsA)
+	dockertest.NetNS(t, nsB)
+	pa, pb := "/run/netns/"+nsA, "/run/netns/"+nsB
+	va, vb := "cbsta"+id, "cbstb"+id
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	run("link", "add", va, "netns", nsA, "type", "veth", "peer", "name", vb, "netns", nsB)
+	run("-n", nsA, "addr", "add", "192.168.77.1/24", "dev", va)
+	run("-n", nsB, "addr", "add", "192.168.77.2/24", "dev", vb)
+	run("-n", nsA, "link", "set", va, "up")
+	run("-n", nsB, "link", "set", vb, "up")
+	vtepA, vtepB := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.2")
+	// Strict reverse-path filtering, as many hosts have: decrypted packets must pass it.
+	for _, ns := range []string{nsA, nsB} {
+		if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1").CombinedOutput(); err != nil {
+			t.Fatalf("rp_filter in %s: %v: %s", ns, err, out)
+		}
+	}
+
+	dir := &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{"b": true}}
+	open := func(ns, name string, host string, vtep netip.Addr, peer dataplane.Peer) *Steer {
+		t.Helper()
+		tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: ns, Name: name, StateDir: t.TempDir(), ListenPort: 51820, FirewallMark: DefaultMark,
+			Address: netip.MustParsePrefix(DeviceAddress)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tun.Close() })
+		s, err := Install(Config{NetNS: ns, Device: tun, Directory: dir, Host: host, VTEP: vtep,
+			Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return []dataplane.Peer{peer} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		if err := s.publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	sa := open(pa, "cbstw"+id+"a", "a", vtepA, dataplane.Peer{Host: "b", VTEP: vtepB})
+	sb := open(pb, "cbstw"+id+"b", "b", vtepB, dataplane.Peer{Host: "a", VTEP: vtepA})
+	syncBoth := func() {
+		t.Helper()
+		for _, s := range []*Steer{sa, sb} {
+			if err := s.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	syncBoth()
+	if st := sa.Status(); !slices.Equal(st.Waiting, []string{"b"}) || len(st.Keyed) != 0 || !strings.Contains(sa.Degraded(), "1 peer host") {
+		t.Fatalf("a with b's key withheld: %+v, %q; want b waiting", st, sa.Degraded())
+	}
+
+	// B listens on the VXLAN port and on a port that is not steered.
+	var rx4789, rx5000 *net.UDPConn
+	err := nsexec.Run(pb, func() error {
+		var err error
+		if rx4789, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 4789}); err != nil {
+			return err
+		}
+		rx5000, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 5000})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx4789.Close()
+	defer rx5000.Close()
+	recv := func(c *net.UDPConn, wait time.Duration) (netip.Addr, bool) {
+		buf := make([]byte, 2048)
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		_, from, err := c.ReadFromUDPAddrPort(buf)
+		return from.Addr(), err == nil
+	}
+	send := func(port int) {
+		t.Helper()
+		err := nsexec.Run(pa, func() error {
+			c, err := net.ListenUDP("udp4", nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			// (a blackholed send fails: that is the point)
+			_, _ = c.WriteToUDPAddrPort([]byte("tenant payload"), netip.AddrPortFrom(vtepB, uint16(port)))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	capture := func(fn func()) map[uint16]int {
+		t.Helper()
+		c, err := conformance.StartCapture(pb, vb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn()
+		time.Sleep(100 * time.Millisecond)
+		return udpPorts(c.Frames())
+	}
+
+	ports := capture(func() {
+		for range 3 {
+			send(4789)
+			send(5000)
+		}
+		if _, ok := recv(rx5000, time.Second); !ok {
+			t.Error("the unsteered port 5000 did not cross in clear: the capture proves nothing")
+		}
+		if from, ok := recv(rx4789, 300*time.Millisecond); ok {
+			t.Errorf("b received a VXLAN-port packet from %s while its key was withheld", from)
+		}
+	})
+	if ports[4789] != 0 || ports[5000] == 0 {
+		t.Fatalf("underlay with b's key withheld: UDP ports %v; want 5000 (clear control) and no 4789", ports)
+	}
+
+	dir.hide("b", false)
+	syncBoth()
+	if st := sa.Status(); !slices.Equal(st.Keyed, []string{"b"}) || len(st.Waiting) != 0 || sa.Degraded() != "" {
+		t.Fatalf("a with b keyed: %+v, %q", st, sa.Degraded())
+	}
+	ports = capture(func() {
+		var from netip.Addr
+		ok := false
+		for deadline := time.Now().Add(5 * time.Second); !ok && time.Now().Before(deadline); {
+			send(4789)
+			from, ok = recv(rx4789, 200*time.Millisecond)
+		}
+		if !ok || from != vtepA {
+			t.Fatalf("b on the VXLAN port through WireGuard: received %v from %s; want from %s", ok, from, vtepA)
+		}
+	})
+	if ports[4789] != 0 || ports[51820] == 0 {
+		t.Fatalf("underlay with b keyed: UDP ports %v; want WireGuard's 51820 only, no 4789", ports)
+	}
+
+	dir.hide("b", true)
+	syncBoth()
+	ports = capture(func() {
+		for range 3 {
+			send(4789)
+		}
+		if from, ok := recv(rx4789, 300*time.Millisecond); ok {
+			t.Errorf("b received a VXLAN-port packet from %s after its key was withdrawn", from)
+		}
+	})
+	if ports[4789] != 0 {
+		t.Fatalf("underlay after b's key was withdrawn: UDP ports %v; want no 4789", ports)
+	}
+	if st := sa.Status(); !slices.Equal(st.Waiting, []string{"b"}) {
+		t.Fatalf("a after b's key was withdrawn: %+v", st)
+	}
+}
