@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -48,6 +51,10 @@ func flags() []cli.Flag {
 		&cli.DurationFlag{Name: "bgp-hold-time", EnvVars: env("BGP_HOLD_TIME"), Value: 9 * time.Second, Usage: "hold time of the host's BGP session (when a bgp object names this host; keepalives every third of it); its neighbour withdraws the host's routes after that long without word"},
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
+		&cli.StringFlag{Name: "encryption", EnvVars: env("ENCRYPTION"), Value: "none", Usage: "none | wireguard: wireguard sends this host's VXLAN overlay traffic to other hosts through a WireGuard device (ebpf dataplane only), its public key published through netmaster; a peer host without a published key gets no overlay traffic (docs/encryption.md)"},
+		&cli.IntFlag{Name: "wireguard-port", EnvVars: env("WIREGUARD_PORT"), Value: 51820, Usage: "UDP port of the WireGuard device (--encryption wireguard); not --vxlan-port"},
+		&cli.StringFlag{Name: "wireguard-dir", EnvVars: env("WIREGUARD_DIR"), Usage: "absolute `DIR` (root's, mode 0700) holding the host's WireGuard private key, made once (default /var/lib/contivbpf/<host>)"},
+		&cli.StringFlag{Name: "wireguard-device", EnvVars: env("WIREGUARD_DEVICE"), Usage: "name of the WireGuard device (default cvwg + 8 hex digits of the host label: a userspace device's control socket is named after it machine-wide)"},
 		&cli.IntFlag{Name: "vxlan-port", EnvVars: env("VXLAN_PORT"), Value: 4789, Usage: "VXLAN UDP port"},
 		&cli.IntFlag{Name: "ct-quota-per-endpoint", EnvVars: env("CT_QUOTA_PER_ENDPOINT"), Value: ebpf.DefaultCTQuota, Usage: "conntrack entries of the flows one local endpoint opens, and again of the flows others open to it (ebpf; default: a sixteenth of the table each); past it such new flows are dropped (drop_ct_quota); ovs: each tenant's two conntrack zones, for the flows its endpoints on the host open and for those other hosts open toward them, are limited to this times those endpoints; 0 = no quota"},
 		&cli.StringFlag{Name: "dataplane", EnvVars: env("DATAPLANE"), Value: "ebpf", Usage: "ebpf | ovs"},
@@ -104,19 +111,24 @@ type config struct {
 	dnsUpstreams    []string
 	dnsRate         float64
 	vxlanPort       int
-	ctQuota         int // conntrack entries per local endpoint, 0 = no quota
-	dataplane       string
-	bpffsRoot       string
-	cniSocket       string
-	inspectListen   string
-	uplinkMTU       int
-	serviceTTL      time.Duration
-	bgpHold         time.Duration
-	bgpRestart      time.Duration
-	bgpPrefixes     []netip.Prefix
-	k8sConfig       string
-	k8sConfigSet    bool
-	k8sPodWait      time.Duration
+	// encryption is "" (none) or "wireguard"; wg* configure the device.
+	encryption    string
+	wgPort        int
+	wgDir         string
+	wgDevice      string
+	ctQuota       int // conntrack entries per local endpoint, 0 = no quota
+	dataplane     string
+	bpffsRoot     string
+	cniSocket     string
+	inspectListen string
+	uplinkMTU     int
+	serviceTTL    time.Duration
+	bgpHold       time.Duration
+	bgpRestart    time.Duration
+	bgpPrefixes   []netip.Prefix
+	k8sConfig     string
+	k8sConfigSet  bool
+	k8sPodWait    time.Duration
 
 	ovsDir          string
 	ovsDB           string
@@ -147,6 +159,7 @@ func configFrom(c *cli.Context) (config, error) {
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
 		dnsRate: c.Float64("dns-rate"), allowMetadata: c.Bool("egress-allow-metadata"),
+		encryption: c.String("encryption"), wgPort: c.Int("wireguard-port"), wgDir: c.String("wireguard-dir"), wgDevice: c.String("wireguard-device"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"),
 		inspectTokens: c.String("inspect-token-file"), inspectInsecure: c.Bool("inspect-insecure"), uplinkMTU: c.Int("uplink-mtu"),
@@ -197,6 +210,15 @@ func configFrom(c *cli.Context) (config, error) {
 		// The overlay's socket holds the port on every host: a node port on it would never
 		// be reached.
 		return cfg, fmt.Errorf("--vxlan-port %d is in the node port range %d-%d", cfg.vxlanPort, model.NodePortMin, model.NodePortMax)
+	case cfg.encryption != "none" && cfg.encryption != "wireguard":
+		return cfg, fmt.Errorf("--encryption %q must be none or wireguard", cfg.encryption)
+	case cfg.encryption == "wireguard" && cfg.dataplane != "ebpf":
+		// OVS's userspace VXLAN routes by its own table: nothing would steer it.
+		return cfg, fmt.Errorf("--encryption wireguard needs --dataplane ebpf (the ovs dataplane's VXLAN is not steered into WireGuard yet)")
+	case cfg.wgPort <= 0 || cfg.wgPort > 65535:
+		return cfg, fmt.Errorf("--wireguard-port %d out of 1-65535", cfg.wgPort)
+	case cfg.encryption == "wireguard" && cfg.wgPort == cfg.vxlanPort:
+		return cfg, fmt.Errorf("--wireguard-port %d is --vxlan-port: WireGuard's own packets would be steered into it", cfg.wgPort)
 	case cfg.ctQuota < 0 || cfg.ctQuota > math.MaxUint32:
 		return cfg, fmt.Errorf("--ct-quota-per-endpoint %d out of range (0 = no quota)", cfg.ctQuota)
 	case cfg.dataplane != "ebpf" && cfg.dataplane != "ovs":
@@ -220,6 +242,19 @@ func configFrom(c *cli.Context) (config, error) {
 			return cfg, fmt.Errorf("--host not given and hostname unknown: %w", err)
 		}
 		cfg.host = h
+	}
+	if cfg.wgDir == "" {
+		cfg.wgDir = filepath.Join("/var/lib/contivbpf", cfg.host)
+	}
+	if !filepath.IsAbs(cfg.wgDir) {
+		return cfg, fmt.Errorf("--wireguard-dir %q: want an absolute path", cfg.wgDir)
+	}
+	if cfg.wgDevice == "" {
+		sum := sha256.Sum256([]byte(cfg.host))
+		cfg.wgDevice = "cvwg" + hex.EncodeToString(sum[:4])
+	}
+	if len(cfg.wgDevice) > 15 || strings.ContainsAny(cfg.wgDevice, "/ ") {
+		return cfg, fmt.Errorf("--wireguard-device %q: want 1-15 bytes, no '/' or space", cfg.wgDevice)
 	}
 	if s := c.String("vtep-ip"); s != "" {
 		if cfg.vtep, err = netip.ParseAddr(s); err != nil || !cfg.vtep.Is4() {

@@ -45,6 +45,14 @@ func TestConfig(t *testing.T) {
 		cfg.egressPorts != [2]uint16{61000, 65535} || cfg.snatIP.IsValid() || cfg.pprof {
 		t.Fatalf("config = %+v", cfg)
 	}
+	// Encryption is off by default; on, the device is named after the host (a userspace
+	// device's control socket is machine-wide: two simulated hosts must not share it).
+	if cfg.encryption != "none" || cfg.wgPort != 51820 || cfg.wgDir != "/var/lib/contivbpf/h1" || !strings.HasPrefix(cfg.wgDevice, "cvwg") || len(cfg.wgDevice) != 12 {
+		t.Fatalf("encryption defaults: %q port %d dir %q device %q", cfg.encryption, cfg.wgPort, cfg.wgDir, cfg.wgDevice)
+	}
+	if c2, err := parse(t, "--host-label", "h2", "--vtep-ip", "192.168.1.2", "--encryption", "wireguard"); err != nil || c2.encryption != "wireguard" || c2.wgDevice == cfg.wgDevice {
+		t.Fatalf("--encryption wireguard on host h2: %v, device %q (h1's %q)", err, c2.wgDevice, cfg.wgDevice)
+	}
 	if cfg, err := parse(t, "--host-label", "h1", "--pprof"); err != nil || !cfg.pprof {
 		t.Fatalf("--pprof: %v, pprof %v", err, cfg.pprof)
 	}
@@ -89,6 +97,12 @@ func TestConfig(t *testing.T) {
 		{[]string{"--inspect-token-file", "/nonexistent/tokens"}, "--inspect-token-file"},
 		{[]string{"--inspect-token-file", good, "--inspect-insecure"}, "exclude each other"},
 		{[]string{"--inspect-token-file", loose}, "chmod 600"},
+		{[]string{"--encryption", "ipsec"}, "--encryption"},
+		{[]string{"--encryption", "wireguard", "--dataplane", "ovs"}, "needs --dataplane ebpf"},
+		{[]string{"--encryption", "wireguard", "--wireguard-port", "4789"}, "is --vxlan-port"},
+		{[]string{"--wireguard-port", "0"}, "--wireguard-port"},
+		{[]string{"--wireguard-dir", "wg"}, "--wireguard-dir"},
+		{[]string{"--wireguard-device", "a-name-far-too-long"}, "--wireguard-device"},
 	} {
 		_, err := parse(t, append([]string{"--host", "h", "--vtep-ip", "10.0.0.1"}, tc.args...)...)
 		if tc.args[0] == "--vtep-ip" {

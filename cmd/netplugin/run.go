@@ -38,6 +38,8 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/tlsconf"
 	"github.com/contivbpf/contivbpf/pkg/vxlan"
+	"github.com/contivbpf/contivbpf/pkg/wgsteer"
+	"github.com/contivbpf/contivbpf/pkg/wgtunnel"
 	"k8s.io/klog/v2"
 )
 
@@ -106,10 +108,22 @@ func run(parent context.Context, cfg config) error {
 		mopts = append(mopts, masterclient.WithToken(cfg.netmasterToken))
 	}
 	mc := masterclient.New(store, mopts...)
+	steer, closeSteer, err := encryption(ctx, cfg, mc, dir, log)
+	if err != nil {
+		return err
+	}
+	if steer != nil {
+		defer closeSteer()
+		// Containers' MTU leaves room for WireGuard's overhead as well as VXLAN's.
+		cfg.uplinkMTU -= wgOverhead
+	}
 	acfg := agent.Config{
 		Store: store, Master: mc, Driver: drv, Host: cfg.host,
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
 		DebugToken: cfg.debugToken, InspectOpen: cfg.inspectInsecure, Pprof: cfg.pprof, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
+	}
+	if steer != nil {
+		acfg.Encryption = steer
 	}
 	if cfg.inspectTokens != "" {
 		toks, err := auth.LoadTokens(cfg.inspectTokens)
@@ -161,6 +175,9 @@ func run(parent context.Context, cfg config) error {
 	// full-map inserts) is scraped on the same /metrics.
 	if c, ok := drv.(dataplane.MetricsCollector); ok {
 		reg.MustRegister(c.Collector())
+	}
+	if steer != nil {
+		reg.MustRegister(steer.Collector())
 	}
 	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log, CallerOf: auth.CallerOf},
 		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return ag.Handler(reg, bodyFirst) })
@@ -227,6 +244,9 @@ func run(parent context.Context, cfg config) error {
 
 	errc := make(chan error, 2)
 	go func() { errc <- ag.Run(ctx) }()
+	if steer != nil {
+		go func() { _ = steer.Run(ctx) }()
+	}
 	go func() {
 		select {
 		case <-ag.Ready():
@@ -490,4 +510,45 @@ func enrollWhenAuthOn(ctx context.Context, authOn func(context.Context) (bool, e
 		}
 		return
 	}
+}
+
+// wgOverhead is what WireGuard adds to a packet (IPv6 outer header: the larger).
+const wgOverhead = 80
+
+// encryption opens the WireGuard device and installs the steering of VXLAN traffic into
+// it (--encryption wireguard), or, without, removes steering a previous run left (else
+// the overlay would stay blackholed). The device dies with the process; the steering
+// rules stay, so traffic to peers is dropped rather than sent in clear while netplugin is
+// down.
+func encryption(ctx context.Context, cfg config, mc *masterclient.Client, dir *lateDirectory, log *slog.Logger) (*wgsteer.Steer, func(), error) {
+	routing := wgsteer.Routing{VXLANPort: cfg.vxlanPort}
+	if cfg.encryption != "wireguard" {
+		if err := wgsteer.Uninstall("", routing); err != nil {
+			log.Warn("remove WireGuard steering of a previous run", "err", err)
+		}
+		return nil, nil, nil
+	}
+	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{Name: cfg.wgDevice, StateDir: cfg.wgDir, ListenPort: cfg.wgPort,
+		Address: netip.MustParsePrefix(wgsteer.DeviceAddress), MTU: cfg.uplinkMTU - wgOverhead,
+		FirewallMark: wgsteer.DefaultMark, Log: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--encryption wireguard: %w", err)
+	}
+	steer, err := wgsteer.Install(wgsteer.Config{Device: tun, Directory: mc, Host: cfg.host, VTEP: cfg.vtep, Routing: routing,
+		Peers: func() []dataplane.Peer {
+			if a := dir.a.Load(); a != nil {
+				return a.Peers()
+			}
+			return nil
+		}, Log: log})
+	if err != nil {
+		tun.Close()
+		return nil, nil, fmt.Errorf("--encryption wireguard: %w", err)
+	}
+	return steer, func() {
+		steer.Close()
+		if err := tun.Close(); err != nil {
+			log.Warn("close WireGuard device", "err", err)
+		}
+	}, nil
 }

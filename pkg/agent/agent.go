@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,7 +87,16 @@ type Config struct {
 	// them (a tenant chooses its subnets; without a limit its /32s are announced to the
 	// fabric whatever they are).
 	BGPPrefixes []netip.Prefix
-	Logger      *slog.Logger
+	// Encryption, if set, is the host's WireGuard steering (netplugin --encryption): what
+	// it reports degraded, /healthz says.
+	Encryption EncryptionHealth
+	Logger     *slog.Logger
+}
+
+// EncryptionHealth reports the encryption between hosts (pkg/wgsteer): "" while every
+// peer host is keyed, else what is degraded (no tenant's names in it).
+type EncryptionHealth interface {
+	Degraded() string
 }
 
 // watched prefixes and what they feed.
@@ -674,6 +684,18 @@ func (a *Agent) Inspect() Snapshot {
 	a.mu.Unlock()
 	s.Errors = a.Errors()
 	return s
+}
+
+// Peers are the VXLAN peers applied to the driver right now, sorted by host.
+func (a *Agent) Peers() []dataplane.Peer {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	out := make([]dataplane.Peer, 0, len(a.applied.Peers))
+	for _, p := range a.applied.Peers {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(x, y dataplane.Peer) int { return strings.Compare(x.Host, y.Host) })
+	return out
 }
 
 // DriverStatus asks the driver what it has programmed.

@@ -245,3 +245,29 @@ func TestHealthzNamesOnlyToCallers(t *testing.T) {
 		t.Errorf("/healthz for a reader: %d %s; want the failing objects", code, body)
 	}
 }
+
+// degradedEncryption is an EncryptionHealth reporting msg.
+type degradedEncryption string
+
+func (d degradedEncryption) Degraded() string { return string(d) }
+
+// TestHealthzEncryptionDegraded: a peer host waiting for its WireGuard key (its overlay
+// traffic dropped, fail closed) is said in /healthz; with none waiting it reads "ok".
+func TestHealthzEncryptionDegraded(t *testing.T) {
+	d := &extDriver{}
+	a := &Agent{cfg: Config{Driver: d, Host: "h"}, driver: d, metrics: newMetrics(), rec: newRecords(), synced: true,
+		errs: map[string]error{}, applied: dataplane.NewIndex(), bad: map[string]error{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		a.Handler(prometheus.NewRegistry(), nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	a.cfg.Encryption = degradedEncryption("wireguard: 1 peer host(s) without a published key")
+	if code, body := get(); code != http.StatusOK || !strings.HasPrefix(body, "degraded: wireguard: 1 peer host") {
+		t.Errorf("/healthz with a peer waiting for its key: %d %q", code, body)
+	}
+	a.cfg.Encryption = degradedEncryption("")
+	if code, body := get(); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz with every peer keyed: %d %q", code, body)
+	}
+}

@@ -198,6 +198,14 @@ func (a *Agent) routes(r *mux.Router, reg *prometheus.Registry) {
 			_, _ = fmt.Fprintf(w, "degraded: BGP session %s (netctl bgp inspect shows it); natively routed traffic to other hosts has no routes until it is established\n", b.NeighborStatus)
 			return
 		}
+		if e := a.cfg.Encryption; e != nil {
+			if d := e.Degraded(); d != "" {
+				// 200 too: the host forwards; only traffic to the peers named waiting is
+				// dropped (fail closed) until their keys are known.
+				_, _ = fmt.Fprintf(w, "degraded: %s\n", d)
+				return
+			}
+		}
 		_, _ = w.Write([]byte("ok\n"))
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)
