@@ -265,15 +265,13 @@ func uninstall(r Routing) error {
 	return nil
 }
 
-// Run publishes this host's record, then syncs peers and routes every cfg.Every until ctx
-// ends, backing off while a step fails.
+// Run syncs peers and routes every cfg.Every until ctx ends, backing off while a pass
+// fails; each pass also (re)publishes this host's record when the directory does not hold
+// it as it should be.
 func (s *Steer) Run(ctx context.Context) error {
 	wait := retry.New(s.cfg.Every, 30*time.Second)
 	for {
-		err := s.publish(ctx)
-		if err == nil {
-			err = s.Sync(ctx)
-		}
+		err := s.Sync(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -293,20 +291,37 @@ func (s *Steer) Run(ctx context.Context) error {
 	}
 }
 
-// publish sends this host's record until netmaster accepted it once.
-func (s *Steer) publish(ctx context.Context) error {
-	s.mu.Lock()
-	done := s.status.Published
-	s.mu.Unlock()
-	if done {
-		return nil
-	}
-	rec := model.WireGuardHost{Host: s.cfg.Host, PublicKey: s.cfg.Device.PublicKey().String(),
+// own is this host's record as it must be published.
+func (s *Steer) own() model.WireGuardHost {
+	return model.WireGuardHost{Host: s.cfg.Host, PublicKey: s.cfg.Device.PublicKey().String(),
 		Endpoint: netip.AddrPortFrom(s.cfg.VTEP, uint16(s.cfg.Device.ListenPort())).String()}
+}
+
+// ensurePublished checks this host's record among recs (what every peer reads) and
+// publishes it if it is missing or not this device's key and endpoint: a record an admin
+// deleted, or one left out as a duplicate, comes back, and a record a previous run
+// published counts without netmaster having to answer.
+func (s *Steer) ensurePublished(ctx context.Context, recs []model.WireGuardHost) error {
+	want := s.own()
+	for _, r := range recs {
+		if strings.EqualFold(r.Host, want.Host) && r.PublicKey == want.PublicKey && r.Endpoint == want.Endpoint {
+			s.mu.Lock()
+			s.status.Published = true
+			s.mu.Unlock()
+			return nil
+		}
+	}
+	s.mu.Lock()
+	s.status.Published = false
+	s.mu.Unlock()
+	return s.publish(ctx)
+}
+
+// publish sends this host's record to netmaster.
+func (s *Steer) publish(ctx context.Context) error {
+	rec := s.own()
 	if err := s.cfg.Directory.PublishWireGuard(ctx, rec); err != nil {
-		err = fmt.Errorf("publish this host's wireguard key: %w", err)
-		s.setErr(err)
-		return err
+		return fmt.Errorf("publish this host's wireguard key: %w", err)
 	}
 	s.mu.Lock()
 	s.status.Published = true
@@ -369,6 +384,9 @@ func (s *Steer) sync(ctx context.Context) error {
 	if skipped > 0 {
 		s.cfg.Log.Warn("wireguard records left out (malformed, misplaced or sharing a key)", "skipped", skipped)
 	}
+	// A publication that fails does not hold up the peers: they are synced all the same
+	// and the failure returned after.
+	pubErr := s.ensurePublished(ctx, recs)
 	keyed, keyedHosts, waiting := plan(s.cfg.Peers(), recs, s.cfg.Log)
 	// Routes of hosts no longer keyed go first (their traffic falls to the blackhole), the
 	// device's peers next, the new hosts' routes last.
@@ -408,7 +426,7 @@ func (s *Steer) sync(ctx context.Context) error {
 	if changed {
 		s.cfg.Log.Info("wireguard peers", "keyed", keyedHosts, "waiting", waiting)
 	}
-	return nil
+	return pubErr
 }
 
 // routes are the steering table's routes into the device, by destination.

@@ -3,6 +3,8 @@ package wgsteer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -238,5 +240,107 @@ func TestSteerFailsClosed(t *testing.T) {
 	}
 	if st := sa.Status(); !slices.Equal(st.Waiting, []string{"b"}) {
 		t.Fatalf("a after b's key was withdrawn: %+v", st)
+	}
+}
+
+// refusingDirectory is a directory whose netmaster is unreachable while down is set.
+type refusingDirectory struct {
+	*directory
+	mu   sync.Mutex
+	down bool
+}
+
+func (d *refusingDirectory) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error {
+	d.mu.Lock()
+	down := d.down
+	d.mu.Unlock()
+	if down {
+		return errors.New("netmaster unreachable")
+	}
+	return d.directory.PublishWireGuard(ctx, rec)
+}
+
+// TestOwnRecordFollowsTheDirectory: this host's record is checked in what every peer reads
+// on each pass, not remembered. A netplugin restarted while netmaster is unreachable,
+// whose record from its previous run (same key) is still there, syncs its peers at once;
+// a record an admin deleted is published again (before: published once per process, so
+// peers blackholed this host for good while its /healthz said ok, and an unreachable
+// netmaster at start kept every peer from syncing).
+func TestOwnRecordFollowsTheDirectory(t *testing.T) {
+	testroot.Need(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	id := dockertest.RandHex(3)
+	ns := "cbsp-" + id
+	dockertest.NetNS(t, ns)
+	if out, err := exec.Command("ip", "-n", ns, "link", "add", "cbspd"+id, "type", "veth", "peer", "name", "cbspe"+id).CombinedOutput(); err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	for _, args := range [][]string{{"addr", "add", "192.168.78.1/24", "dev", "cbspd" + id}, {"link", "set", "cbspd" + id, "up"}, {"link", "set", "cbspe" + id, "up"}} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: "/run/netns/" + ns, Name: "cbspw" + id, StateDir: t.TempDir(), ListenPort: 51820,
+		FirewallMark: DefaultMark, Address: netip.MustParsePrefix(DeviceAddress)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	peerKey, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vtep := netip.MustParseAddr("192.168.78.1")
+	own := model.WireGuardHost{Host: "a", PublicKey: tun.PublicKey().String(), Endpoint: "192.168.78.1:51820"}
+	dir := &refusingDirectory{directory: &directory{recs: map[string]model.WireGuardHost{
+		"a": own, // published by the previous run
+		"b": {Host: "b", PublicKey: peerKey.PublicKey().String(), Endpoint: "192.168.78.2:51820"},
+	}, hidden: map[string]bool{}}, down: true}
+	s, err := Install(Config{NetNS: "/run/netns/" + ns, Device: tun, Directory: dir, Host: "a", VTEP: vtep, Every: 20 * time.Millisecond,
+		Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer {
+			return []dataplane.Peer{{Host: "b", VTEP: netip.MustParseAddr("192.168.78.2")}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, ok func(Status) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if ok(s.Status()) {
+				return
+			}
+		}
+		t.Fatalf("%s: status %+v, healthz %q", what, s.Status(), s.Degraded())
+	}
+	waitFor("restart with netmaster down, own record in place", func(st Status) bool {
+		return st.Published && slices.Equal(st.Keyed, []string{"b"})
+	})
+	if d := s.Degraded(); d != "" {
+		t.Errorf("healthz with every peer keyed and the own record in place: %q", d)
+	}
+
+	// An admin deletes this host's record while netmaster is still down: /healthz says so.
+	dir.directory.mu.Lock()
+	delete(dir.directory.recs, "a")
+	dir.directory.mu.Unlock()
+	waitFor("own record deleted, netmaster down", func(st Status) bool { return !st.Published })
+	if d := s.Degraded(); !strings.Contains(d, "not published") {
+		t.Errorf("healthz with the own record gone: %q", d)
+	}
+	// netmaster back: the record is published again.
+	dir.mu.Lock()
+	dir.down = false
+	dir.mu.Unlock()
+	waitFor("own record republished", func(st Status) bool { return st.Published })
+	dir.directory.mu.Lock()
+	got := dir.directory.recs["a"]
+	dir.directory.mu.Unlock()
+	if got != own {
+		t.Fatalf("republished record %+v; want %+v", got, own)
 	}
 }
