@@ -245,7 +245,19 @@ func Uninstall(ns string, r Routing) error {
 
 func uninstall(r Routing) error {
 	var errs []error
-	for _, rule := range rules(r) {
+	// Rules are found by priority and table, not by r's VXLAN port: the run that
+	// installed them may have had another --vxlan-port.
+	all, err := netlink.RuleList(unix.AF_INET)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list policy rules: %w", err))
+	}
+	for i := range all {
+		rule := &all[i]
+		mark := rule.Priority == r.Priority && rule.Table == unix.RT_TABLE_MAIN && rule.Mark == uint32(r.Mark)
+		steer := rule.Priority == r.Priority+1 && rule.Table == r.Table
+		if !mark && !steer {
+			continue
+		}
 		if err := netlink.RuleDel(rule); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("delete policy rule priority %d: %w", rule.Priority, err))
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"net"
 	"net/netip"
@@ -342,5 +344,62 @@ func TestOwnRecordFollowsTheDirectory(t *testing.T) {
 	dir.directory.mu.Unlock()
 	if got != own {
 		t.Fatalf("republished record %+v; want %+v", got, own)
+	}
+}
+
+// TestUninstallLeavesNothing: netplugin started without --encryption after a run with it
+// removes the steering rules and table, also when --vxlan-port changed between the two
+// runs (else the old rule kept blackholing UDP to the old port).
+func TestUninstallLeavesNothing(t *testing.T) {
+	testroot.Need(t)
+	ctx := context.Background()
+	id := dockertest.RandHex(3)
+	ns := "cbsu-" + id
+	dockertest.NetNS(t, ns)
+	path := "/run/netns/" + ns
+	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: path, Name: "cbsuw" + id, StateDir: t.TempDir(), ListenPort: 51820,
+		FirewallMark: DefaultMark, Address: netip.MustParsePrefix(DeviceAddress)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	ours := func() (rules []string, routes int) {
+		t.Helper()
+		err := nsexec.Run(path, func() error {
+			rs, err := netlink.RuleList(unix.AF_INET)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				if r.Table == DefaultTable || r.Priority == DefaultPriority || r.Priority == DefaultPriority+1 {
+					rules = append(rules, r.String())
+				}
+			}
+			rts, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: DefaultTable}, netlink.RT_FILTER_TABLE)
+			routes = len(rts)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rules, routes
+	}
+	for _, tc := range []struct{ before, after int }{{4789, 4789}, {4789, 8472}} {
+		s, err := Install(Config{NetNS: path, Device: tun, Directory: &directory{recs: map[string]model.WireGuardHost{}}, Host: "a",
+			VTEP: netip.MustParseAddr("192.168.79.1"), Routing: Routing{VXLANPort: tc.before}, Peers: func() []dataplane.Peer { return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if rules, routes := ours(); len(rules) != 2 || routes != 1 {
+			t.Fatalf("installed (port %d): rules %v, %d routes in the table; want 2 rules and the blackhole", tc.before, rules, routes)
+		}
+		if err := Uninstall(path, Routing{VXLANPort: tc.after}); err != nil {
+			t.Fatalf("uninstall (port %d, installed with %d): %v", tc.after, tc.before, err)
+		}
+		if rules, routes := ours(); len(rules) != 0 || routes != 0 {
+			t.Errorf("after uninstall (port %d, installed with %d): rules %v, %d routes left", tc.after, tc.before, rules, routes)
+		}
+		_ = Uninstall(path, Routing{VXLANPort: tc.before}) // the next case starts clean
 	}
 }
