@@ -18,7 +18,8 @@
  * cost (its length at the rate). Long-run throughput is the rate exactly; at once at most
  * burst bytes plus one packet pass beyond it (a GSO packet larger than the burst still
  * passes from a bucket that is not behind). A packet that does not conform is dropped
- * (policing) and counted as drop_rate_egress / drop_rate_ingress. The clock is
+ * (policing) and counted as drop_rate_egress / drop_rate_ingress, and in its bucket
+ * (dropped, dropped_bytes: per endpoint and direction). The clock is
  * bpf_ktime_get_ns, not the tick clock of cb_now: at 1 Gbit/s a 4 ms tick is 500 KB, more
  * than a small burst. Only limited endpoints pay it. */
 #pragma once
@@ -42,6 +43,10 @@ struct cb_qos_bucket {
 	__u64 tat; /* ns (bpf_ktime_get_ns): when the bucket is empty again */
 	__u64 nsb; /* cost of a byte: ns << CB_QOS_NSB_SHIFT (0: unlimited) */
 	__u64 tau; /* ns: how far tat may run ahead of now (the burst at the rate) */
+	/* What the bucket dropped, counted under the lock it is judged under: the endpoint's
+	 * own share of drop_rate_* (netctl bpf qos). Zeroed with the slot. */
+	__u64 dropped;
+	__u64 dropped_bytes;
 };
 
 struct cb_qos_entry {
@@ -88,6 +93,8 @@ __attribute__((noinline)) int cb_qos_police(struct __sk_buff *skb, __u32 slot, _
 	if (tat < now)
 		tat = now;
 	if (tat - now > b->tau) {
+		b->dropped++;
+		b->dropped_bytes += skb->len;
 		bpf_spin_unlock(&q->lock);
 		return reason;
 	}

@@ -373,6 +373,14 @@ type Listing struct {
 	Truncated int        `json:"truncated,omitempty"`
 }
 
+// QoSColumns are the columns of both backends' "qos" listing (`netctl bpf qos`): per
+// limited endpoint and direction its meter (OVS) or bucket slot (eBPF), rate, burst and
+// DSCP as enforced, what passed (OVS only) and what was dropped beyond the rate, in
+// packets and bytes.
+func QoSColumns() []string {
+	return []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED", "DROPPED BYTES"}
+}
+
 // ListQuery selects what a Listing decodes.
 type ListQuery struct {
 	Kind  string // the table: one of the backend's listing kinds

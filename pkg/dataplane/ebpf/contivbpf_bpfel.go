@@ -528,10 +528,12 @@ type contivbpfCbPolicy struct {
 }
 
 type contivbpfCbQosBucket struct {
-	_   structs.HostLayout
-	Tat uint64
-	Nsb uint64
-	Tau uint64
+	_            structs.HostLayout
+	Tat          uint64
+	Nsb          uint64
+	Tau          uint64
+	Dropped      uint64
+	DroppedBytes uint64
 }
 
 type contivbpfCbQosEntry struct {

@@ -91,7 +91,7 @@ func qosWord(q dataplane.QoS) uint32 {
 
 // putQoS writes slot's buckets for q before the entries that turn them on name them. A
 // bucket whose rate and burst did not change keeps its state (a resync or an unrelated
-// update grants no new burst); a changed one starts full. The write takes the entry's
+// update grants no new burst); a changed one starts full. Drop counts are kept either way. The write takes the entry's
 // lock (BPF_F_LOCK) so that it never tears a packet's update.
 func (d *Driver) putQoS(slot uint32, q dataplane.QoS) error {
 	if d.objs.CbQos == nil {
@@ -106,6 +106,9 @@ func (d *Driver) putQoS(slot uint32, q dataplane.QoS) error {
 		if w.Nsb != 0 && w.Nsb == c.Nsb && w.Tau == c.Tau {
 			w.Tat = c.Tat
 		}
+		// The endpoint's drop counts go on through a change of its rate (a drop between
+		// the read and the write is lost: microseconds, only when the rate changes).
+		w.Dropped, w.DroppedBytes = c.Dropped, c.DroppedBytes
 	}
 	keep(&want.Out, cur.Out)
 	keep(&want.In, cur.In)
@@ -155,12 +158,13 @@ func (d *Driver) qosEntry(slot uint32) (contivbpfCbQosEntry, error) {
 // limited direction (an endpoint only marked: one egress row), in the columns of the
 // OVS driver's listing. A limited endpoint's interface entry lives in the cb_ifaces hash
 // (ifaces.go), never in cb_iface_direct; its buckets are cb_qos at its counter slot (the
-// METER column), read locked. Rates and bursts are as enforced (qosOf). PACKETS and
-// DROPPED stay empty: the per-endpoint counters (cb_ep_counters) hold what the endpoint
-// sent and received, not drops by reason; policing drops are counted per host only, as
-// drop_rate_egress / drop_rate_ingress (netctl bpf counters).
+// METER column), read locked. Rates and bursts are as enforced (qosOf); DROPPED and
+// DROPPED BYTES are what the direction's bucket dropped since the endpoint got its slot
+// (its share of drop_rate_egress / drop_rate_ingress). PACKETS stays empty: a bucket
+// counts what it drops, not what passes (cb_ep_counters has what the endpoint sent and
+// received).
 func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
-	l.Columns = []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}
+	l.Columns = dataplane.QoSColumns()
 	var k uint32
 	var v contivbpfCbIface
 	it := d.objs.CbIfaces.Iterate()
@@ -188,7 +192,7 @@ func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
 		}{{"egress", contivbpfCbQosFlagsCB_QOS_EGRESS, e.Out}, {"ingress", contivbpfCbQosFlagsCB_QOS_INGRESS, e.In}} {
 			if v.Qos&uint32(dir.flag) == 0 {
 				if dir.name == "egress" && dscp != "-" {
-					l.Rows = append(l.Rows, []string{id, dir.name, "-", "-", "-", dscp, "", ""})
+					l.Rows = append(l.Rows, []string{id, dir.name, "-", "-", "-", dscp, "", "", ""})
 				}
 				continue
 			}
@@ -198,7 +202,7 @@ func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
 			}
 			rate, burst := dir.b.rate()
 			l.Rows = append(l.Rows, []string{id, dir.name, meter, fmt.Sprintf("%d kbit/s", (rate+500)/1000),
-				fmt.Sprintf("%d kbit", (burst*8+500)/1000), mark, "", ""})
+				fmt.Sprintf("%d kbit", (burst*8+500)/1000), mark, "", strconv.FormatUint(dir.b.Dropped, 10), strconv.FormatUint(dir.b.DroppedBytes, 10)})
 		}
 	}
 	sortRows(l.Rows)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,6 +82,12 @@ func TestQoSPolice(t *testing.T) {
 			t.Errorf("%d frames passed, want 14", n)
 		}
 		run(t, objs, prog, pkt, nil).expect(t, tcActShot, DropRateEgress)
+		// The endpoint's own bucket counts its two drops (netctl bpf qos), the other
+		// direction's nothing.
+		var e contivbpfCbQosEntry
+		if err := objs.CbQos.Lookup(testSlot(srcIP), &e); err != nil || e.Out.Dropped != 2 || e.Out.DroppedBytes != 2*uint64(len(pkt)) || e.In.Dropped != 0 {
+			t.Errorf("bucket counts %+v (%v), want out 2 drops of %d bytes", e, err, 2*len(pkt))
+		}
 	})
 	t.Run("egress/under-rate-passes", func(t *testing.T) {
 		// 1 Gbit/s: a frame costs 592 ns; 200 in a row never exceed a 64 KiB burst.
@@ -120,6 +127,10 @@ func TestQoSPolice(t *testing.T) {
 		qosFixture(t, objs, 0, true, contivbpfCbQosBucket{}, slow)
 		if n := drain(t, objs, prog, pkt, nil, 100, DropRateIngress); n != 14 {
 			t.Errorf("%d frames passed, want 14", n)
+		}
+		var e contivbpfCbQosEntry
+		if err := objs.CbQos.Lookup(testSlot(localIP), &e); err != nil || e.In.Dropped != 1 || e.In.DroppedBytes != uint64(len(pkt)) {
+			t.Errorf("receiver's bucket counts %+v (%v), want in 1 drop of %d bytes", e.In, err, len(pkt))
 		}
 	})
 	t.Run("ingress/from-overlay", func(t *testing.T) {
@@ -493,7 +504,7 @@ func TestQoSListing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}; !slices.Equal(l.Columns, want) {
+	if want := []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED", "DROPPED BYTES"}; !slices.Equal(l.Columns, want) {
 		t.Errorf("columns %v, want the OVS listing's %v", l.Columns, want)
 	}
 	slot := func(ep dataplane.Endpoint) string {
@@ -509,11 +520,35 @@ func TestQoSListing(t *testing.T) {
 		return ""
 	}
 	want := [][]string{
-		{a.ID, "egress", slot(a), "10000 kbit/s", "2000 kbit", "46", "", ""}, // default burst: 200 ms of the rate
-		{a.ID, "ingress", slot(a), "2000 kbit/s", "400 kbit", "-", "", ""},
-		{b.ID, "egress", "-", "-", "-", "10", "", ""},
+		{a.ID, "egress", slot(a), "10000 kbit/s", "2000 kbit", "46", "", "0", "0"}, // default burst: 200 ms of the rate
+		{a.ID, "ingress", slot(a), "2000 kbit/s", "400 kbit", "-", "", "0", "0"},
+		{b.ID, "egress", "-", "-", "-", "10", "", "", ""},
 	}
 	if !slices.EqualFunc(l.Rows, want, slices.Equal) {
 		t.Errorf("qos rows\n%v\nwant\n%v", l.Rows, want)
+	}
+
+	// What a's buckets dropped (as the datapath counts it: TestQoSPolice) is listed per
+	// direction, and survives a change of its rate.
+	n, _ := strconv.Atoi(strings.TrimPrefix(slot(a), "slot "))
+	e, err := h.d.qosEntry(uint32(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Out.Dropped, e.Out.DroppedBytes, e.In.Dropped, e.In.DroppedBytes = 3, 4500, 1, 60
+	if err := h.d.objs.CbQos.Update(uint32(n), &e, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	a.QoS.EgressRate = 20e6
+	if err := h.d.UpsertEndpoint(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = h.d.Listing(dataplane.ListQuery{Kind: "qos"}); err != nil {
+		t.Fatal(err)
+	}
+	want[0] = []string{a.ID, "egress", slot(a), "20000 kbit/s", "4000 kbit", "46", "", "3", "4500"}
+	want[1] = []string{a.ID, "ingress", slot(a), "2000 kbit/s", "400 kbit", "-", "", "1", "60"}
+	if !slices.EqualFunc(l.Rows, want, slices.Equal) {
+		t.Errorf("qos rows after a rate change\n%v\nwant\n%v", l.Rows, want)
 	}
 }

@@ -171,6 +171,7 @@ func (d *Driver) dropStalePortMeters(ctx context.Context) {
 type meterStat struct {
 	ID               uint32
 	Packets, Dropped uint64
+	DroppedBytes     uint64 // the bands' byte counts
 }
 
 // meterStats reads every meter's statistics (OFPMP_METER, all meters).
@@ -211,6 +212,7 @@ func parseMeterStats(r []byte) ([]meterStat, error) {
 		s := meterStat{ID: binary.BigEndian.Uint32(r), Packets: binary.BigEndian.Uint64(r[16:])}
 		for b := r[40:n]; len(b) >= 16; b = b[16:] {
 			s.Dropped += binary.BigEndian.Uint64(b)
+			s.DroppedBytes += binary.BigEndian.Uint64(b[8:])
 		}
 		out = append(out, s)
 		r = r[n:]

@@ -28,7 +28,7 @@ func TestParseMeterStats(t *testing.T) {
 	}
 	two := append(entry(fragMeterID(7), 56, 900, 600), entry(rejectMeter, 40, 5)...)
 	got, err := parseMeterStats(two)
-	if err != nil || len(got) != 2 || got[0] != (meterStat{ID: fragMeterID(7), Packets: 900, Dropped: 600}) ||
+	if err != nil || len(got) != 2 || got[0] != (meterStat{ID: fragMeterID(7), Packets: 900, Dropped: 600, DroppedBytes: 60000}) ||
 		got[1] != (meterStat{ID: rejectMeter, Packets: 5}) {
 		t.Fatalf("two entries: %+v, %v", got, err)
 	}

@@ -212,9 +212,9 @@ func (d *Driver) dropQoSMeters(ctx context.Context, st *dataplane.Index) error {
 }
 
 // qosRows lists the endpoints with a QoS (netctl bpf qos): per direction its meter, rate
-// and burst as installed, what passed the meter and what it dropped.
+// and burst as installed, what passed the meter and what it dropped (packets, bytes).
 func qosRows(l *dataplane.Listing, st *dataplane.Index, p ports, stats []meterStat) {
-	l.Columns = []string{"ENDPOINT", "DIRECTION", "METER", "RATE", "BURST", "DSCP", "PACKETS", "DROPPED"}
+	l.Columns = dataplane.QoSColumns()
 	byID := map[uint32]meterStat{}
 	for _, s := range stats {
 		byID[s.ID] = s
@@ -235,7 +235,7 @@ func qosRows(l *dataplane.Listing, st *dataplane.Index, p ports, stats []meterSt
 		}{{"egress", qosEgressMeterID(port), ep.QoS.EgressRate, ep.QoS.EgressBurst}, {"ingress", qosIngressMeterID(port), ep.QoS.IngressRate, ep.QoS.IngressBurst}} {
 			if d.rate == 0 {
 				if d.dir == "egress" && ep.QoS.SetDSCP {
-					l.Rows = append(l.Rows, []string{id, d.dir, "-", "-", "-", dscp, "-", "-"})
+					l.Rows = append(l.Rows, []string{id, d.dir, "-", "-", "-", dscp, "-", "-", "-"})
 				}
 				continue
 			}
@@ -249,7 +249,8 @@ func qosRows(l *dataplane.Listing, st *dataplane.Index, p ports, stats []meterSt
 				mark = dscp
 			}
 			l.Rows = append(l.Rows, []string{id, d.dir, fmt.Sprintf("%#x", d.meter), fmt.Sprintf("%d kbit/s", b.kbps),
-				fmt.Sprintf("%d kbit", b.kbit), mark, strconv.FormatUint(s.Packets, 10), strconv.FormatUint(s.Dropped, 10)})
+				fmt.Sprintf("%d kbit", b.kbit), mark, strconv.FormatUint(s.Packets, 10), strconv.FormatUint(s.Dropped, 10),
+				strconv.FormatUint(s.DroppedBytes, 10)})
 		}
 	}
 }

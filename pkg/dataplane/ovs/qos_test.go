@@ -96,7 +96,8 @@ func hasQoSMeter(all string) bool {
 }
 
 // TestQoSListing: netctl bpf qos shows each limited direction's meter as installed with
-// what passed and what it dropped, a DSCP-only endpoint its marking, others nothing.
+// what passed and what it dropped (packets and bytes), a DSCP-only endpoint its
+// marking, others nothing.
 func TestQoSListing(t *testing.T) {
 	st := dataplane.NewIndex()
 	st.Endpoints["a"] = dataplane.Endpoint{ID: "a", QoS: dataplane.QoS{EgressRate: 10e6, IngressRate: 20e6, IngressBurst: 1e6, DSCP: 46, SetDSCP: true}}
@@ -104,15 +105,15 @@ func TestQoSListing(t *testing.T) {
 	st.Endpoints["c"] = dataplane.Endpoint{ID: "c"}
 	p := ports{endpoints: map[string]uint32{"a": 100, "b": 101, "c": 102}}
 	var l dataplane.Listing
-	qosRows(&l, st, p, []meterStat{{ID: qosEgressMeterID(100), Packets: 50, Dropped: 7}})
+	qosRows(&l, st, p, []meterStat{{ID: qosEgressMeterID(100), Packets: 50, Dropped: 7, DroppedBytes: 9800}})
 	got := map[string]string{}
 	for _, r := range l.Rows {
 		got[r[0]+"/"+r[1]] = strings.Join(r[2:], " ")
 	}
 	want := map[string]string{
-		"a/egress":  "0xcb300064 10000 kbit/s 2500 kbit 46 50 7",
-		"a/ingress": "0xcb400064 20000 kbit/s 8000 kbit - 0 0",
-		"b/egress":  "- - - 8 - -",
+		"a/egress":  "0xcb300064 10000 kbit/s 2500 kbit 46 50 7 9800",
+		"a/ingress": "0xcb400064 20000 kbit/s 8000 kbit - 0 0 0",
+		"b/egress":  "- - - 8 - - -",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("rows %v, want %v", got, want)
