@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
@@ -225,5 +226,25 @@ func TestMonitorStreamLimits(t *testing.T) {
 	subs = subs[:len(subs)-1]
 	if err := take("10.9.9.9"); err != nil {
 		t.Errorf("a closed stream did not free its place: %v", err)
+	}
+}
+
+// TestMonitorNamesCountedDrops: a counted drop at a receiver (MonitorEvent.Count, an OVS
+// ingress meter's: no source known) is named by its destination endpoint, as one at a
+// sender is by its source; a copied packet without a source stays unnamed as before.
+func TestMonitorNamesCountedDrops(t *testing.T) {
+	ip := netip.MustParseAddr("10.1.1.2")
+	h := &monitorHub{a: &Agent{cfg: Config{Host: "h1"}}, namesTime: time.Now(), // names as read from what is applied
+		names: map[netip.Addr][]nameEntry{ip: {{"blue.t-a", "blue.t"}}}}
+	in := h.describe(dataplane.MonitorEvent{Reason: "drop_rate_ingress", Dst: ip, Network: "blue.t", Count: 3, Bytes: 4500})
+	if in.DstEndpoint != "blue.t-a" || in.SrcEndpoint != "" || in.Network != "blue.t" {
+		t.Errorf("counted ingress drop: %+v, want a named as the destination", in)
+	}
+	out := h.describe(dataplane.MonitorEvent{Reason: "drop_rate_egress", Src: ip, Network: "blue.t", Count: 2})
+	if out.SrcEndpoint != "blue.t-a" || out.DstEndpoint != "" {
+		t.Errorf("counted egress drop: %+v, want a named as the source", out)
+	}
+	if !(monitorFilter{tenant: "t", endpoint: "blue.t-a"}).match(in) {
+		t.Error("the tenant's endpoint filter does not select its counted drop")
 	}
 }

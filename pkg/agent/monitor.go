@@ -228,6 +228,10 @@ func (h *monitorHub) describe(ev dataplane.MonitorEvent) MonitorLine {
 		if l.Network == "" {
 			l.Network = src.network
 		}
+	}
+	if ev.Src.IsValid() || ev.Count > 0 {
+		// Also without a source: a counted drop at the receiver (MonitorEvent.Count), whose
+		// network the driver gives.
 		l.DstEndpoint = pick(ev.Dst).id
 	}
 	return l

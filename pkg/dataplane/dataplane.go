@@ -457,6 +457,12 @@ type MonitorEvent struct {
 	// Network is the network of the local endpoint whose interface the packet came in
 	// on ("" for the tunnel or an uplink).
 	Network string `json:"network,omitempty"`
+	// Count, when set, says the event stands for Count packets of Bytes bytes in all,
+	// dropped since the previous such event, known from a counter rather than a copy of
+	// a packet (OVS meters: drop_rate_egress / drop_rate_ingress, the endpoint's address
+	// as Src or Dst, nothing else of the packets known). 0: one packet of Len bytes.
+	Count uint64 `json:"count,omitempty"`
+	Bytes uint64 `json:"bytes,omitempty"`
 }
 
 // Attachment is one program or port the driver owns.

@@ -34,6 +34,8 @@ type monitorLine struct {
 	RuleEPG     uint16    `json:"ruleEPG"`
 	RuleDir     string    `json:"ruleDir"`
 	Lost        uint64    `json:"lost"`
+	Count       uint64    `json:"count"`
+	Bytes       uint64    `json:"bytes"`
 }
 
 // text is the human form: time, host, reason, both ends with names, protocol, rule.
@@ -56,9 +58,12 @@ func (l monitorLine) text() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s %s", l.Time.Local().Format("15:04:05.000"), l.Host, l.Reason)
-	if l.Src != "" {
+	switch {
+	case l.Count > 0: // counted, not copied (OVS meters): the endpoint and how much
+		fmt.Fprintf(&b, " %s > %s: %d packets, %d bytes", end(l.Src, 0, l.SrcEndpoint), end(l.Dst, 0, l.DstEndpoint), l.Count, l.Bytes)
+	case l.Src != "":
 		fmt.Fprintf(&b, " %s > %s %s", end(l.Src, l.SrcPort, l.SrcEndpoint), end(l.Dst, l.DstPort, l.DstEndpoint), protoName(l.Proto))
-	} else {
+	default:
 		fmt.Fprintf(&b, " ethertype %#04x", l.EtherType)
 	}
 	if l.RuleEPG != 0 {

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +24,8 @@ import (
 // TCP a1→a2 (its egress) and a2→a1 (its ingress) each reach 0.9-1.05 of its rate (iperf3; at least 0.9 counting frames, at most 1.05 counting payload; the
 // first second of slow start and burst omitted; a measurement off the mark is taken once
 // more), a1's drift
-// check is clean, what it dropped is counted by direction, and a datagram a1
+// check is clean, what it dropped is counted by direction (for the host, for a1 in the
+// qos listing, and as monitor events naming a1), and a datagram a1
 // sends arrives with DSCP 46. Changed live to 20 out and 10 in, the rates follow; removed,
 // a1 is unlimited both ways and its packets keep the DSCP they were sent with.
 func netprofile(t *testing.T, e *Env) {
@@ -82,13 +85,22 @@ func netprofile(t *testing.T, e *Env) {
 			t.Errorf("verify with a QoS: %v %+v", err, drift)
 		}
 	}
-	before := rateDrops(t, e.H1)
+	before, epBefore := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID)
+	seen := watchRateDrops(t, e.H1, a1.EP.IP)
 	within("10 Mbit/s out, 20 in", limit(10e6, 20e6))
-	// TCP probes past the rate: some of it was dropped, and counted by direction.
-	after := rateDrops(t, e.H1)
+	// TCP probes past the rate: some of it was dropped, and counted by direction, for the
+	// host, for a1 (netctl bpf qos) and in the monitor naming a1.
+	after, epAfter := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID)
+	monitored := seen()
 	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
 		if after[i] <= before[i] {
 			t.Errorf("%s: %v before, %v after TCP at the rate; want it counted", reason, before[i], after[i])
+		}
+		if epAfter[i] <= epBefore[i] {
+			t.Errorf("%s of %s in the qos listing: %v before, %v after; want it counted per endpoint", reason, a1.EP.ID, epBefore[i], epAfter[i])
+		}
+		if !monitored[i] {
+			t.Errorf("%s: no monitor event naming %s", reason, a1.EP.IP)
 		}
 	}
 	if tos, err := receivedTOS(a1.NS, a1.ip(), a2.NS, a2.ip()); err != nil {
@@ -140,6 +152,73 @@ func rateDrops(t *testing.T, h *Host) [2]float64 {
 		out[i] = v
 	}
 	return out
+}
+
+// endpointRateDrops reads what the host driver's qos listing (netctl bpf qos) says
+// endpoint id dropped past its egress and ingress rates (DROPPED; 0 for a direction
+// without a row).
+func endpointRateDrops(t *testing.T, h *Host, id string) [2]uint64 {
+	t.Helper()
+	ls, ok := h.Driver.(dataplane.Lister)
+	if !ok {
+		t.Fatalf("%s: the driver has no listings", h.Name)
+	}
+	l, err := ls.Listing(dataplane.ListQuery{Kind: "qos"})
+	if err != nil {
+		t.Fatalf("%s: qos listing: %v", h.Name, err)
+	}
+	col := slices.Index(l.Columns, "DROPPED")
+	if col < 0 {
+		t.Fatalf("%s: qos listing without DROPPED: %v", h.Name, l.Columns)
+	}
+	var out [2]uint64
+	for _, r := range l.Rows {
+		if r[0] != id || r[col] == "" || r[col] == "-" {
+			continue
+		}
+		n, err := strconv.ParseUint(r[col], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: qos row %v: %v", h.Name, r, err)
+		}
+		switch r[1] {
+		case "egress":
+			out[0] = n
+		case "ingress":
+			out[1] = n
+		}
+	}
+	return out
+}
+
+// watchRateDrops opens the host driver's monitor stream and records whether an event
+// drop_rate_egress with ip as its source, and one drop_rate_ingress with ip as its
+// destination, arrived; seen closes the stream and says which did.
+func watchRateDrops(t *testing.T, h *Host, ip netip.Addr) (seen func() [2]bool) {
+	t.Helper()
+	src, ok := h.Driver.(dataplane.EventSource)
+	if !ok {
+		t.Fatalf("%s: the driver has no monitor", h.Name)
+	}
+	c, cancel := context.WithCancel(context.Background())
+	evs, err := src.MonitorEvents(c)
+	if err != nil {
+		cancel()
+		t.Fatalf("%s: monitor: %v", h.Name, err)
+	}
+	done := make(chan [2]bool, 1)
+	go func() {
+		var got [2]bool
+		for ev := range evs {
+			got[0] = got[0] || ev.Reason == "drop_rate_egress" && ev.Src == ip
+			got[1] = got[1] || ev.Reason == "drop_rate_ingress" && ev.Dst == ip
+		}
+		done <- got
+	}()
+	return func() [2]bool {
+		time.Sleep(1500 * time.Millisecond) // counted drops (OVS meters) arrive at the next poll
+		cancel()
+		return <-done
+	}
 }
 
 // iperfPort is the port the scenario's iperf3 server listens on.

@@ -155,8 +155,8 @@ func addController(fm *of.FlowMod, metered bool) {
 	fm.Instructions = append([]of.Instruction{apply}, fm.Instructions...)
 }
 
-// MonitorEvents implements the agent's event source: drop events until ctx ends. One
-// stream at a time. Packet-ins are read by the OpenFlow read loop, which must not wait
+// MonitorEvents implements the agent's event source: drop events until ctx ends, with the
+// QoS meters' drops as counted events (qosDropEvents). One stream at a time. Packet-ins are read by the OpenFlow read loop, which must not wait
 // for the driver lock (a bundle holding it waits for that loop): it hands them to a
 // goroutine that names them.
 func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEvent, error) {
@@ -180,12 +180,28 @@ func (d *Driver) MonitorEvents(ctx context.Context) (<-chan dataplane.MonitorEve
 	d.monMu.Lock()
 	d.monRaw = raw
 	d.monMu.Unlock()
-	go func() { // names the packets
+	qos := make(chan dataplane.MonitorEvent, 64)
+	go d.qosDropEvents(ctx, qos)
+	go func() { // names the packets, passes the meters' drops on
 		defer close(out)
-		for body := range raw {
-			ev, ok := d.packetInEvent(body)
-			if !ok {
-				continue
+		in, qos := raw, qos
+		for in != nil || qos != nil {
+			var ev dataplane.MonitorEvent
+			select {
+			case body, ok := <-in:
+				if !ok {
+					in = nil
+					continue
+				}
+				if ev, ok = d.packetInEvent(body); !ok {
+					continue
+				}
+			case e, ok := <-qos:
+				if !ok {
+					qos = nil
+					continue
+				}
+				ev = e
 			}
 			select {
 			case out <- ev:

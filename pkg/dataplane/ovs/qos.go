@@ -23,8 +23,9 @@ import (
 // Endpoints without a QoS go from the classifier to arp directly, through no extra table.
 // A rate change is a meter modify (its flows stay as they are); meters are installed before
 // the flows that use them and deleted after them. Packets a meter drops are counted as
-// drop_rate_egress / drop_rate_ingress (Counters), the eBPF datapath's reasons; a meter's
-// drops are not sent to the monitor (OVS drops them in the datapath without a flow).
+// drop_rate_egress / drop_rate_ingress (Counters), the eBPF datapath's reasons; OVS drops
+// them in the datapath without a flow that could copy them, so the monitor learns them
+// from the meters' counters (qosmonitor.go).
 const (
 	qosEgressMeterBase  = 0xcb300000 // + the endpoint's OpenFlow port
 	qosIngressMeterBase = 0xcb400000
