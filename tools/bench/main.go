@@ -26,7 +26,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -261,14 +260,17 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		cancel()
 		fmt.Fprintf(w, "(docker on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
 	}
-	if cfg.want("netprofile") && slices.Contains(cfg.dataplanes, "ebpf") && ctx.Err() == nil {
+	for _, dp := range cfg.dataplanes {
+		if !cfg.want("netprofile") || ctx.Err() != nil {
+			break
+		}
 		t0 := time.Now()
-		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		if err := netprofileStage(sctx, cfg, w, r); err != nil {
-			r.fail("ebpf.netprofile", err)
+		sctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+		if err := netprofileStage(sctx, cfg, dp, w, r); err != nil {
+			r.fail(dp+".netprofile", err)
 		}
 		cancel()
-		fmt.Fprintf(w, "(netprofile: %.1fs)\n", time.Since(t0).Seconds())
+		fmt.Fprintf(w, "(netprofile on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
 	}
 	if cfg.want("cp") && ctx.Err() == nil {
 		t0 := time.Now()

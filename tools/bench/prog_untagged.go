@@ -14,8 +14,3 @@ import (
 func progStage(context.Context, io.Writer, *report) error {
 	return errors.New("built without -tags cbbench: run `go run -tags cbbench ./tools/bench` (as `make bench` does) for the eBPF program paths")
 }
-
-// netprofileStage without the bench fixtures (MeasureNetprofile needs -tags cbbench).
-func netprofileStage(context.Context, config, io.Writer, *report) error {
-	return errors.New("built without -tags cbbench: run `go run -tags cbbench ./tools/bench` (as `make bench` does) for the eBPF rate limiter")
-}
