@@ -306,6 +306,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("initial watch snapshots: %w", ctx.Err())
 		}
 	}
+	a.watchPodBandwidth(wctx)
 	wg.Add(1)
 	go func() { defer wg.Done(); a.bgpLoop(wctx) }()
 	if every := a.cfg.VerifyEvery; every >= 0 {

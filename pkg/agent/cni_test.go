@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +20,9 @@ func TestPodTarget(t *testing.T) {
 	api.Pod(t, "prod", "web", "n1", map[string]string{k8s.LabelTenant: "blue", k8s.LabelNetwork: "net1", k8s.LabelGroup: "web"})
 	api.Pod(t, "prod", "partial", "n1", map[string]string{k8s.LabelNetwork: "net2"})
 	api.Pod(t, "prod", "none", "n1", nil)
-	_, kc := api.ContivConfig(t, k8stest.UserNetplugin)
-	cs, _, err := k8s.Clientset(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := k8s.NewPodCache(cs, "n1", 2*time.Second, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
-	c.Run(ctx)
+	c := runPodCache(ctx, t, api, "n1")
 	req := cniapi.PodRequest{Name: "web", Namespace: "prod", InfraContainerID: "abc", Tenant: "cni-t", Network: "cni-n"}
 	got, err := podTarget(ctx, c, req)
 	if err != nil || got.Tenant != "blue" || got.Network != "net1" || got.Group != "web" || got.IfName != "eth0" {

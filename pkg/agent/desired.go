@@ -51,6 +51,10 @@ type records struct {
 	// undecodable are watched records that do not decode, keyed like the error map
 	// ("endpoint-group/<id>"); they are reported until fixed or deleted.
 	undecodable map[string]error
+	// podQoSErr are this host's endpoints whose pod's bandwidth annotations changed to
+	// values that do not parse (podqos.go), by endpoint id: failed like a group record
+	// whose netprofile cannot be read, until the annotations are fixed.
+	podQoSErr map[string]error
 
 	// dirty is what changed since the last reconcile pass took its view: most events
 	// touch one endpoint or service, and a pass recomputes and re-plans only those.
@@ -231,6 +235,7 @@ func (r *records) setSvc(id string, v *model.CfgServiceLBState) {
 func (r *records) setLocal(id string, l *LocalEndpoint) {
 	if l == nil {
 		delete(r.local, id)
+		delete(r.podQoSErr, id)
 	} else {
 		r.local[id] = *l
 	}
@@ -254,6 +259,7 @@ func newRecords() *records {
 		hostVTEPs:   map[string]netip.Addr{},
 		local:       map[string]LocalEndpoint{},
 		undecodable: map[string]error{},
+		podQoSErr:   map[string]error{},
 		dirty:       scope{all: true},
 		owners:      map[string]int{},
 		netsOK:      map[string]dataplane.Network{},
@@ -547,9 +553,13 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 // endpointQoS is what local endpoint e's traffic is held to: its group's netprofile
 // (copied into the group's state record), the pod's bandwidth annotations, per
 // direction the stricter. A group record whose netprofile values cannot be read, or
-// that does not decode at all, fails the endpoint (reported, left out: a limit fails
+// that does not decode at all, or pod annotations changed to values that do not parse,
+// fail the endpoint (reported, left out: a limit fails
 // closed, the endpoint is never taken for one of a group without a netprofile).
 func endpointQoS(r *records, e model.CfgEndpointState, l LocalEndpoint) (dataplane.QoS, error) {
+	if err, ok := r.podQoSErr[e.ID]; ok {
+		return dataplane.QoS{}, fmt.Errorf("endpoint %s: %w", e.ID, err)
+	}
 	if err, ok := r.undecodable["endpoint-group/"+e.EndpointGroupKey]; ok && e.EndpointGroupKey != "" {
 		return dataplane.QoS{}, fmt.Errorf("endpoint %s: netprofile of group %s unknown: %w", e.ID, e.EndpointGroupKey, err)
 	}

@@ -190,6 +190,34 @@ func (c *PodCache) PodAnnotations(ctx context.Context, namespace, name string) (
 	return maps.Clone(p.Annotations), nil
 }
 
+// WatchBandwidth calls fn with a pod's namespace, name and bandwidth annotations
+// (kubernetes.io/{ingress,egress}-bandwidth, nil when it has none) for every pod of the
+// node the cache lists (also after a watch is re-established) and whenever a watched
+// pod's annotations change. fn runs on the informer's goroutine for this handler: it
+// should not block for long.
+func (c *PodCache) WatchBandwidth(fn func(namespace, name string, ann map[string]string)) error {
+	call := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			fn(p.Namespace, p.Name, maps.Clone(p.Annotations))
+		}
+	}
+	_, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { call(obj) },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Pod)
+			n, ok2 := newObj.(*corev1.Pod)
+			if ok1 && ok2 && maps.Equal(o.Annotations, n.Annotations) {
+				return // (the cache keeps only the bandwidth annotations: trimPod)
+			}
+			call(newObj)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("pod cache: bandwidth handler: %w", err)
+	}
+	return nil
+}
+
 // lookup finds pod namespace/name (namespace "" = "default") and its namespace in the
 // cache, waiting up to the cache's wait for one not seen yet (PodLabels).
 func (c *PodCache) lookup(ctx context.Context, namespace, name string) (*corev1.Pod, *corev1.Namespace, error) {

@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/netprofile"
+)
+
+// recordingMaster keeps the local endpoint records the agent writes.
+type recordingMaster struct {
+	MasterClient
+	mu   sync.Mutex
+	recs map[string]model.LocalEndpointRecord
+}
+
+func (m *recordingMaster) RecordEndpoint(_ context.Context, rec model.LocalEndpointRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs[rec.ID] = rec
+	return nil
+}
+
+func (m *recordingMaster) record(id string) model.LocalEndpointRecord {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.recs[id]
+}
+
+// runPodCache runs netplugin's pod cache for node against api, with the netplugin
+// identity of deploy/kubernetes/rbac.yaml, until ctx ends.
+func runPodCache(ctx context.Context, t *testing.T, api *k8stest.APIServer, node string) *k8s.PodCache {
+	t.Helper()
+	_, kc := api.ContivConfig(t, k8stest.UserNetplugin)
+	cs, _, err := k8s.Clientset(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewPodCache(cs, node, 2*time.Second, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Run(ctx)
+	return c
+}
+
+// TestPodBandwidthLive: a running pod's kubernetes.io/{ingress,egress}-bandwidth
+// annotations, changed through a real kube-apiserver, reach its endpoint's QoS without a
+// new attach (the stricter of them and the group's netprofile, as at attach) and its
+// local record; annotations changed to values that do not parse fail the endpoint by
+// name (left out, not unlimited) until fixed; removed, the pod is unlimited again. A pod
+// of another node, or one this host has no endpoint of, changes nothing.
+func TestPodBandwidthLive(t *testing.T) {
+	k8stest.NeedAPIServer(t)
+	api := k8stest.Start(t)
+	api.Pod(t, "prod", "web", "n1", nil)
+	admin := api.Clientset(t, k8stest.UserAdmin)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pods := runPodCache(ctx, t, api, "n1")
+
+	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+	a := testAgent(t, d, dataplane.FwdBridge)
+	m := &recordingMaster{recs: map[string]model.LocalEndpointRecord{}}
+	a.cfg.Master, a.cfg.Pods = m, pods
+	const id = "n.t-web"
+	a.rec.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: "10.5.0.2", HomingHost: "h0", K8sPod: "prod/web"})
+	a.rec.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, IntfName: "eth0", PortName: HostIfName(id)}, NetNS: "/run/netns/x"})
+	if errs := a.reconcile(ctx); len(errs) != 0 {
+		t.Fatalf("first pass: %v", errs)
+	}
+	a.watchPodBandwidth(ctx)
+
+	annotate := func(ann map[string]string) {
+		t.Helper()
+		p, err := admin.CoreV1().Pods("prod").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = ann
+		if _, err := admin.CoreV1().Pods("prod").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// until passes reconciles until ok says the pass applied what is expected.
+	until := func(what string, ok func(errs map[string]error) bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			errs := a.reconcile(ctx)
+			if ok(errs) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not applied; endpoint %+v, errors %v", what, a.applied.Endpoints[id], errs)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	qos := func() dataplane.QoS { return a.applied.Endpoints[id].QoS }
+
+	annotate(map[string]string{netprofile.AnnotationEgress: "5M", netprofile.AnnotationIngress: "20M"})
+	want := dataplane.QoS{EgressRate: 5e6, IngressRate: 20e6}
+	until("annotations added", func(map[string]error) bool { return qos() == want })
+	if got := m.record(id).PodQoS; got != want {
+		t.Errorf("local record: PodQoS %+v, want %+v", got, want)
+	}
+
+	annotate(map[string]string{netprofile.AnnotationEgress: "lots", netprofile.AnnotationIngress: "20M"})
+	until("malformed annotation", func(map[string]error) bool {
+		err := a.Errors()["endpoint/"+id] // (/healthz's list)
+		return strings.Contains(err, netprofile.AnnotationEgress) && strings.Contains(err, "prod/web")
+	})
+	if ep, ok := a.applied.Endpoints[id]; ok {
+		t.Fatalf("an endpoint whose annotations do not parse is applied with QoS %+v", ep.QoS)
+	}
+
+	annotate(map[string]string{netprofile.AnnotationEgress: "2M"})
+	want = dataplane.QoS{EgressRate: 2e6}
+	until("annotation fixed", func(errs map[string]error) bool { return len(errs) == 0 && len(a.Errors()) == 0 && qos() == want })
+
+	// Another node's pod of the same name elsewhere, and a pod without an endpoint here:
+	// nothing to do.
+	api.Pod(t, "prod", "other", "n2", nil)
+	api.Pod(t, "prod", "idle", "n1", nil)
+	if p, err := admin.CoreV1().Pods("prod").Get(ctx, "idle", metav1.GetOptions{}); err == nil {
+		p.Annotations = map[string]string{netprofile.AnnotationEgress: "1M"}
+		if _, err := admin.CoreV1().Pods("prod").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if errs := a.reconcile(ctx); len(errs) != 0 || qos() != want {
+		t.Fatalf("another pod's annotations: errors %v, QoS %+v", errs, qos())
+	}
+
+	annotate(nil)
+	until("annotations removed", func(errs map[string]error) bool {
+		_, ok := a.applied.Endpoints[id]
+		return len(errs) == 0 && len(a.Errors()) == 0 && ok && qos().IsZero()
+	})
+	if got := m.record(id).PodQoS; !got.IsZero() {
+		t.Errorf("local record after removal: PodQoS %+v", got)
+	}
+}
