@@ -201,3 +201,63 @@ type labelsOnly struct{}
 func (labelsOnly) PodLabels(context.Context, string, string) (map[string]string, error) {
 	return map[string]string{}, nil
 }
+
+// allOrNothingDriver refuses a whole Sync when one endpoint's QoS is beyond maxRate, as
+// the OVS driver's full install does when vswitchd refuses one meter (the bundle of
+// flows using it cannot be installed).
+type allOrNothingDriver struct{ qosDriver }
+
+func (d *allOrNothingDriver) Sync(ctx context.Context, s dataplane.State) error {
+	for _, ep := range s.Endpoints {
+		if err := d.UpsertEndpoint(ctx, ep); err != nil {
+			return fmt.Errorf("install: %w", err)
+		}
+	}
+	return nil
+}
+
+// TestRefusedQoSFailsOnlyItsEndpoint: a QoS the backend refuses in the first full Sync
+// (which it refuses whole) fails that endpoint alone: the others are applied with
+// theirs, /healthz names only the refused endpoint, and it is applied once its QoS is one
+// the backend takes.
+func TestRefusedQoSFailsOnlyItsEndpoint(t *testing.T) {
+	d := &allOrNothingDriver{qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}, maxRate: 30e6}}
+	a := testAgent(t, d, dataplane.FwdBridge)
+	ctx := context.Background()
+	qos := map[string]dataplane.QoS{"n.t-a": {EgressRate: 10e6}, "n.t-b": {EgressRate: 40e6}, "n.t-c": {}}
+	for i, id := range []string{"n.t-a", "n.t-b", "n.t-c"} {
+		a.rec.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: fmt.Sprintf("10.5.0.%d", i+2), HomingHost: "h0"})
+		a.rec.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, IntfName: "eth0", PortName: HostIfName(id)},
+			NetNS: "/run/netns/x", PodQoS: qos[id]})
+	}
+	errs := a.reconcile(ctx)
+	if len(errs) != 1 || errs["endpoint/n.t-b"] == nil || !strings.Contains(errs["endpoint/n.t-b"].Error(), "beyond") {
+		t.Fatalf("errors %v, want endpoint/n.t-b alone", errs)
+	}
+	for _, id := range []string{"n.t-a", "n.t-c"} {
+		if got, ok := a.applied.Endpoints[id]; !ok || got.QoS != qos[id] {
+			t.Errorf("%s: applied %v with QoS %+v, want %+v", id, ok, got.QoS, qos[id])
+		}
+	}
+	if _, ok := a.applied.Endpoints["n.t-b"]; ok {
+		t.Error("the refused endpoint is applied")
+	}
+	rec := httptest.NewRecorder()
+	a.Handler(prometheus.NewRegistry(), nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	// (/healthz counts failures by kind for anyone; the names are for the inspect API.)
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(strings.Join(strings.Fields(rec.Body.String()), ""), `"failing":{"endpoint":1}`) {
+		t.Fatalf("/healthz: %d %s, want 503 with one failing endpoint", rec.Code, rec.Body.String())
+	}
+	if got := a.Errors(); len(got) != 1 || !strings.Contains(got["endpoint/n.t-b"], "beyond") {
+		t.Fatalf("errors %v, want endpoint/n.t-b alone", got)
+	}
+	l := a.rec.local["n.t-b"]
+	l.PodQoS = dataplane.QoS{EgressRate: 20e6}
+	a.rec.setLocal("n.t-b", &l)
+	if errs := a.reconcile(ctx); len(errs) != 0 || a.applied.Endpoints["n.t-b"].QoS != l.PodQoS {
+		t.Fatalf("after the fix: errors %v, QoS %+v", errs, a.applied.Endpoints["n.t-b"].QoS)
+	}
+	if got := a.Errors(); len(got) != 0 {
+		t.Fatalf("/healthz errors after the fix: %v", got)
+	}
+}
