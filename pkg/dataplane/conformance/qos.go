@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -85,12 +86,12 @@ func netprofile(t *testing.T, e *Env) {
 			t.Errorf("verify with a QoS: %v %+v", err, drift)
 		}
 	}
-	before, epBefore := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID)
+	before, epBefore, netBefore := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID), networkRateDrops(t, e.H1, e.Net.ID)
 	seen := watchRateDrops(t, e.H1, a1.EP.IP)
 	within("10 Mbit/s out, 20 in", limit(10e6, 20e6))
 	// TCP probes past the rate: some of it was dropped, and counted by direction, for the
-	// host, for a1 (netctl bpf qos) and in the monitor naming a1.
-	after, epAfter := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID)
+	// host, for a1 (netctl bpf qos), for its network (metrics) and in the monitor naming a1.
+	after, epAfter, netAfter := rateDrops(t, e.H1), endpointRateDrops(t, e.H1, a1.EP.ID), networkRateDrops(t, e.H1, e.Net.ID)
 	monitored := seen()
 	for i, reason := range []string{"drop_rate_egress", "drop_rate_ingress"} {
 		if after[i] <= before[i] {
@@ -98,6 +99,9 @@ func netprofile(t *testing.T, e *Env) {
 		}
 		if epAfter[i] <= epBefore[i] {
 			t.Errorf("%s of %s in the qos listing: %v before, %v after; want it counted per endpoint", reason, a1.EP.ID, epBefore[i], epAfter[i])
+		}
+		if netAfter[i] <= netBefore[i] {
+			t.Errorf("%s of network %s in the metrics: %v before, %v after; want it counted per network", reason, e.Net.ID, netBefore[i], netAfter[i])
 		}
 		if !monitored[i] {
 			t.Errorf("%s: no monitor event naming %s", reason, a1.EP.IP)
@@ -154,16 +158,22 @@ func rateDrops(t *testing.T, h *Host) [2]float64 {
 	return out
 }
 
+// driverAs is h's driver as the extension T (what names it), failing the test without.
+func driverAs[T any](t *testing.T, h *Host, what string) T {
+	t.Helper()
+	v, ok := h.Driver.(T)
+	if !ok {
+		t.Fatalf("%s: the driver has no %s", h.Name, what)
+	}
+	return v
+}
+
 // endpointRateDrops reads what the host driver's qos listing (netctl bpf qos) says
 // endpoint id dropped past its egress and ingress rates (DROPPED; 0 for a direction
 // without a row).
 func endpointRateDrops(t *testing.T, h *Host, id string) [2]uint64 {
 	t.Helper()
-	ls, ok := h.Driver.(dataplane.Lister)
-	if !ok {
-		t.Fatalf("%s: the driver has no listings", h.Name)
-	}
-	l, err := ls.Listing(dataplane.ListQuery{Kind: "qos"})
+	l, err := driverAs[dataplane.Lister](t, h, "listings").Listing(dataplane.ListQuery{Kind: "qos"})
 	if err != nil {
 		t.Fatalf("%s: qos listing: %v", h.Name, err)
 	}
@@ -190,17 +200,49 @@ func endpointRateDrops(t *testing.T, h *Host, id string) [2]uint64 {
 	return out
 }
 
+// networkRateDrops reads the host driver's contiv_datapath_qos_dropped_packets of
+// network, egress and ingress (0 for a series it does not export).
+func networkRateDrops(t *testing.T, h *Host, network string) [2]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(driverAs[dataplane.MetricsCollector](t, h, "metrics").Collector()); err != nil {
+		t.Fatalf("%s: register the driver's metrics: %v", h.Name, err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("%s: gather metrics: %v", h.Name, err)
+	}
+	var out [2]float64
+	for _, mf := range mfs {
+		if mf.GetName() != "contiv_datapath_qos_dropped_packets" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["network"] != network {
+				continue
+			}
+			switch l["direction"] {
+			case "egress":
+				out[0] = m.GetGauge().GetValue()
+			case "ingress":
+				out[1] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
+}
+
 // watchRateDrops opens the host driver's monitor stream and records whether an event
 // drop_rate_egress with ip as its source, and one drop_rate_ingress with ip as its
 // destination, arrived; seen closes the stream and says which did.
 func watchRateDrops(t *testing.T, h *Host, ip netip.Addr) (seen func() [2]bool) {
 	t.Helper()
-	src, ok := h.Driver.(dataplane.EventSource)
-	if !ok {
-		t.Fatalf("%s: the driver has no monitor", h.Name)
-	}
 	c, cancel := context.WithCancel(context.Background())
-	evs, err := src.MonitorEvents(c)
+	evs, err := driverAs[dataplane.EventSource](t, h, "monitor").MonitorEvents(c)
 	if err != nil {
 		cancel()
 		t.Fatalf("%s: monitor: %v", h.Name, err)

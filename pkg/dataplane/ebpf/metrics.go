@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 var (
@@ -43,8 +45,9 @@ var (
 
 // Collector exports the datapath's own counters to Prometheus: every verdict and drop
 // reason (all reasons are always present, zero or not, so alerts can rate() them), and
-// failed inserts into full maps. It reads the per-CPU counter map directly on each scrape
-// and does not dump any table.
+// failed inserts into full maps, and what the rate limits dropped per network and
+// direction. It reads the per-CPU counter map directly on each scrape, and the limited
+// endpoints' interface entries and buckets; it dumps no other table.
 func (d *Driver) Collector() prometheus.Collector { return collector{d: d} }
 
 type collector struct{ d *Driver }
@@ -64,6 +67,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descNATCapacity
 	ch <- descNATDeleted
 	ch <- descPolicyFailed
+	dataplane.DescribeQoSDrops(ch)
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -71,6 +75,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	failed := 0.0
 	if err != nil {
 		failed = 1
+	}
+	if drops, err := c.d.qosDrops(); err != nil {
+		failed = 1
+	} else {
+		dataplane.CollectQoSDrops(ch, drops)
 	}
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, failed)
 	if err == nil {

@@ -209,6 +209,45 @@ func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
 	return iterErr(it.Err(), contivbpfMapCbIfaces)
 }
 
+// qosDrops sums what the limited endpoints' buckets dropped, per network and direction
+// (the rate-limit drop metrics): the limited endpoints' interface entries (cb_ifaces, as
+// listQoS reads them) and their buckets, no other table.
+func (d *Driver) qosDrops() (map[dataplane.QoSDropKey]dataplane.QoSDropCount, error) {
+	nets := map[uint32]string{}
+	d.eps.mu.RLock()
+	for _, n := range d.eps.networks {
+		nets[n.key] = n.net.ID
+	}
+	d.eps.mu.RUnlock()
+	out := map[dataplane.QoSDropKey]dataplane.QoSDropCount{}
+	add := func(k dataplane.QoSDropKey, b contivbpfCbQosBucket) {
+		c := out[k]
+		c.Packets += b.Dropped
+		c.Bytes += b.DroppedBytes
+		out[k] = c
+	}
+	var k uint32
+	var v contivbpfCbIface
+	it := d.objs.CbIfaces.Iterate()
+	for it.Next(&k, &v) {
+		if v.Qos&uint32(contivbpfCbQosFlagsCB_QOS_EGRESS|contivbpfCbQosFlagsCB_QOS_INGRESS) == 0 {
+			continue
+		}
+		e, err := d.qosEntry(v.Slot)
+		if err != nil {
+			return nil, err
+		}
+		network := nets[v.Net]
+		if v.Qos&uint32(contivbpfCbQosFlagsCB_QOS_EGRESS) != 0 {
+			add(dataplane.QoSDropKey{Network: network, Direction: "egress"}, e.Out)
+		}
+		if v.Qos&uint32(contivbpfCbQosFlagsCB_QOS_INGRESS) != 0 {
+			add(dataplane.QoSDropKey{Network: network, Direction: "ingress"}, e.In)
+		}
+	}
+	return out, iterErr(it.Err(), contivbpfMapCbIfaces)
+}
+
 // rate is the rate (bit/s) and burst (bytes) bucket b enforces (0: unlimited).
 func (b contivbpfCbQosBucket) rate() (rate, burst uint64) {
 	if b.Nsb == 0 {

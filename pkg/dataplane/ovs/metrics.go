@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
 // Conntrack metrics of the OVS backend, under the eBPF backend's names where they mean the
@@ -46,6 +48,7 @@ func (c ovsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCTEntries, descCTCapacity, descCTZoneEntries, descCTZoneLimit, descRejudgeRuns, descRejudgeCut, descRejudgeErrors, descScrapeErr} {
 		ch <- d
 	}
+	dataplane.DescribeQoSDrops(ch)
 }
 
 func (c ovsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -79,6 +82,11 @@ func (c ovsCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descCTZoneLimit, prometheus.GaugeValue, float64(l.limit), o.tenant, o.opener)
 			}
 		}
+	}
+	if drops, err := c.d.qosDrops(ctx); err != nil {
+		failed = 1
+	} else {
+		dataplane.CollectQoSDrops(ch, drops)
 	}
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, failed)
 	ch <- prometheus.MustNewConstMetric(descRejudgeRuns, prometheus.CounterValue, float64(c.d.ct.runs.Load()))

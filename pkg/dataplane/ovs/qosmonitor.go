@@ -2,7 +2,9 @@ package ovs
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -78,6 +80,29 @@ func (d *Driver) qosDropEvents(ctx context.Context, out chan<- dataplane.Monitor
 		case <-t.C:
 		}
 	}
+}
+
+// qosDrops sums what the QoS meters of the endpoints in the driver's state dropped, per
+// network and direction (the rate-limit drop metrics).
+func (d *Driver) qosDrops(ctx context.Context) (map[dataplane.QoSDropKey]dataplane.QoSDropCount, error) {
+	stats, err := d.conn.meterStats(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("ovs: qos meters: %w", err)
+	}
+	meters := d.qosDropMeters()
+	out := map[dataplane.QoSDropKey]dataplane.QoSDropCount{}
+	for _, s := range stats {
+		m, ok := meters[s.ID]
+		if !ok {
+			continue
+		}
+		k := dataplane.QoSDropKey{Network: m.network, Direction: strings.TrimPrefix(m.reason, "drop_rate_")}
+		c := out[k]
+		c.Packets += s.Dropped
+		c.Bytes += s.DroppedBytes
+		out[k] = c
+	}
+	return out, nil
 }
 
 // qosDropMeters maps the QoS meters of the endpoints in the driver's state to what their
