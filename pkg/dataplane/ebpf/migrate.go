@@ -24,7 +24,8 @@ import (
 //
 //  1. a new, unpinned map is created from the spec and every entry of the pinned map is
 //     copied into it, converted field by field by BTF member name (members present in both
-//     layouts with the same size are copied, new members are zero) or by a converter;
+//     layouts with the same size are copied, nested structs that grew by their own
+//     members, new members are zero) or by a converter;
 //  2. the programs are loaded against the new maps (and the pinned ones that still match);
 //  3. every pinned tcx link is switched to the new programs with link.Update (atomic);
 //  4. a catch-up copy carries what the old programs wrote meanwhile: new entries
@@ -331,7 +332,8 @@ func sizeOf(t btf.Type) int {
 }
 
 // fieldConverter converts bytes of struct from into struct to by member name: members of
-// to that from has with the same size are copied, the others stay zero. Without struct
+// to that from has with the same size are copied, nested structs of another size by their
+// members (fieldMoves), the others stay zero. Without struct
 // information on either side, equal sizes are copied verbatim.
 func fieldConverter(from *btf.Spec, fromSize uint32, to btf.Type, toSize uint32) (func([]byte) ([]byte, error), error) {
 	ns, ok := asStruct(to)
@@ -345,18 +347,7 @@ func fieldConverter(from *btf.Spec, fromSize uint32, to btf.Type, toSize uint32)
 		}
 		return func(b []byte) ([]byte, error) { return bytes.Clone(b), nil }, nil
 	}
-	type move struct{ from, to, n int }
-	var moves []move
-	for _, m := range ns.Members {
-		if m.BitfieldSize != 0 || m.Name == "" {
-			continue
-		}
-		for _, o := range ost.Members {
-			if o.Name == m.Name && o.BitfieldSize == 0 && sizeOf(o.Type) == sizeOf(m.Type) && sizeOf(m.Type) > 0 {
-				moves = append(moves, move{int(o.Offset.Bytes()), int(m.Offset.Bytes()), sizeOf(m.Type)})
-			}
-		}
-	}
+	moves := fieldMoves(ost, ns, 0, 0)
 	return func(b []byte) ([]byte, error) {
 		if len(b) < int(fromSize) {
 			return nil, fmt.Errorf("value of %d bytes, want %d", len(b), fromSize)
@@ -367,6 +358,38 @@ func fieldConverter(from *btf.Spec, fromSize uint32, to btf.Type, toSize uint32)
 		}
 		return out, nil
 	}, nil
+}
+
+// fieldMove copies n bytes at from (the old layout) to to (the new one).
+type fieldMove struct{ from, to, n int }
+
+// fieldMoves lists what fieldConverter copies from struct from (at byte offset fromOff of
+// the value) into struct to (at toOff): members of the same name and size, and members of
+// the same name that are structs of another layout (a bucket that grew a counter) by their
+// own members, recursively, so the fields both layouts have keep their values.
+func fieldMoves(from, to *btf.Struct, fromOff, toOff int) []fieldMove {
+	var moves []fieldMove
+	for _, m := range to.Members {
+		if m.BitfieldSize != 0 || m.Name == "" {
+			continue
+		}
+		for _, o := range from.Members {
+			if o.Name != m.Name || o.BitfieldSize != 0 {
+				continue
+			}
+			fo, no := fromOff+int(o.Offset.Bytes()), toOff+int(m.Offset.Bytes())
+			if n := sizeOf(m.Type); sizeOf(o.Type) == n && n > 0 {
+				moves = append(moves, fieldMove{fo, no, n})
+				continue
+			}
+			oldSt, ok1 := asStruct(o.Type)
+			newSt, ok2 := asStruct(m.Type)
+			if ok1 && ok2 && oldSt.Name == newSt.Name {
+				moves = append(moves, fieldMoves(oldSt, newSt, fo, no)...)
+			}
+		}
+	}
+	return moves
 }
 
 func isPerCPU(t ebpf.MapType) bool {
