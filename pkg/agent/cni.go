@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 
@@ -97,6 +98,9 @@ func (b cniBackend) AddPod(ctx context.Context, req cniapi.PodRequest) (cniapi.P
 	res, err := b.a.AttachEndpoint(ctx, ar)
 	if err != nil {
 		return cniapi.PodResponse{}, err
+	}
+	if ns, name, ok := strings.Cut(ar.K8sPod, "/"); ok {
+		b.a.recheckPodBandwidth(ctx, ns, name)
 	}
 	resp := cniapi.PodResponse{EndpointID: res.ID, IPAddress: res.IP.String(), MAC: res.MAC, MTU: res.MTU, HostIfName: res.HostIfName}
 	if l, err := netlink.LinkByName(res.HostIfName); err == nil {

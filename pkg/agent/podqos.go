@@ -88,3 +88,25 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 		a.log.Info("pod bandwidth changed", "pod", pod, "endpoint", l.ID, "egress", q.EgressRate, "ingress", q.IngressRate)
 	}
 }
+
+// recheckPodBandwidth reads pod ns/name's bandwidth annotations again once an attach has
+// recorded its endpoint, and applies them if they changed since the CNI ADD read them
+// (podBandwidth): the watch reported such a change before the endpoint was recorded,
+// found no endpoint of the pod and changed nothing. The watch's handler runs after its
+// cache holds the change, so this read sees every change the watch missed. Without a watch
+// the annotations apply at attach only.
+func (a *Agent) recheckPodBandwidth(ctx context.Context, ns, name string) {
+	if _, ok := a.cfg.Pods.(PodBandwidthWatcher); !ok {
+		return
+	}
+	pa, ok := a.cfg.Pods.(PodAnnotator)
+	if !ok {
+		return
+	}
+	ann, err := pa.PodAnnotations(ctx, ns, name)
+	if err != nil {
+		a.log.Warn("pod bandwidth annotations not read again after attach", "pod", ns+"/"+name, "err", err)
+		return
+	}
+	a.podBandwidth(ctx, ns, name, ann)
+}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
+	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -151,5 +153,83 @@ func TestPodBandwidthLive(t *testing.T) {
 	})
 	if got := m.record(id).PodQoS; !got.IsZero() {
 		t.Errorf("local record after removal: PodQoS %+v", got)
+	}
+}
+
+// changingPods is a pod cache whose bandwidth annotations of one pod change while an
+// attach is under way: the watch is told of the change (fire) before the endpoint is
+// recorded, and the cache answers the new annotations from then on.
+type changingPods struct {
+	mu  sync.Mutex
+	ann map[string]string
+	fn  func(namespace, name string, ann map[string]string)
+}
+
+func (p *changingPods) PodLabels(context.Context, string, string) (map[string]string, error) {
+	return map[string]string{}, nil
+}
+
+func (p *changingPods) PodAnnotations(context.Context, string, string) (map[string]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.ann), nil
+}
+
+func (p *changingPods) WatchBandwidth(fn func(namespace, name string, ann map[string]string)) error {
+	p.fn = fn
+	return nil
+}
+
+func (p *changingPods) change(ns, name string, ann map[string]string) {
+	p.mu.Lock()
+	p.ann = ann
+	p.mu.Unlock()
+	p.fn(ns, name, maps.Clone(ann)) // (the informer's handler runs after its cache has it)
+}
+
+// attachMaster creates endpoints of network n.t and keeps the records; then runs after
+// the create (an annotation changing in the window of the attach).
+type attachMaster struct {
+	recordingMaster
+	then func()
+}
+
+func (m *attachMaster) CreateEndpoint(_ context.Context, req model.CreateEndpointRequest) (model.CfgEndpointState, error) {
+	m.then()
+	return model.CfgEndpointState{ID: model.EndpointStateID(req.NetworkName, req.TenantName, req.EndpointID), NetID: "n.t",
+		IPAddress: "10.5.0.9", MacAddress: "02:02:0a:05:00:09", K8sPod: req.K8sPod}, nil
+}
+
+// TestPodBandwidthChangedDuringAttach: annotations that change after the CNI ADD read
+// them but before its endpoint is recorded (the watch's event finds no endpoint of the
+// pod yet) still reach the endpoint: the attach reads them again once the endpoint is
+// recorded. Before, the endpoint kept the annotations of the ADD until the informer
+// listed the pod again (a reconnect or a restart): a limit changed right after a pod
+// started was not applied.
+func TestPodBandwidthChangedDuringAttach(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+	a := testAgent(t, d, dataplane.FwdBridge)
+	close(a.ready)
+	pods := &changingPods{ann: map[string]string{netprofile.AnnotationEgress: "50M"}}
+	m := &attachMaster{recordingMaster: recordingMaster{recs: map[string]model.LocalEndpointRecord{}}}
+	m.then = func() { pods.change("prod", "web", map[string]string{netprofile.AnnotationEgress: "5M"}) }
+	a.cfg.Master, a.cfg.Pods = m, pods
+	a.watchPodBandwidth(ctx)
+	res, err := a.CNIBackend().AddPod(ctx, cniapi.PodRequest{Name: "web", Namespace: "prod", InfraContainerID: "web1",
+		Tenant: "t", Network: "n", NetNS: "/run/netns/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := a.reconcile(ctx); len(errs) != 0 {
+		t.Fatalf("pass after attach: %v", errs)
+	}
+	want := dataplane.QoS{EgressRate: 5e6}
+	if got := a.applied.Endpoints[res.EndpointID].QoS; got != want {
+		t.Errorf("endpoint %s after the annotation changed during its attach: QoS %+v, want %+v", res.EndpointID, got, want)
+	}
+	if got := m.record(res.EndpointID).PodQoS; got != want {
+		t.Errorf("local record: PodQoS %+v, want %+v", got, want)
 	}
 }
