@@ -75,7 +75,19 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 	if qerr != nil {
 		a.log.Warn("pod bandwidth annotations do not parse: its endpoints fail until fixed", "pod", pod, "err", qerr)
 	}
+	// The records are written under the attach lock, each only while its endpoint is still
+	// local with this QoS: a detach (which forgets the record under that lock) in between
+	// would otherwise be followed by this write, leaving a record of an endpoint the host
+	// no longer has.
+	a.attachMu.Lock()
+	defer a.attachMu.Unlock()
 	for _, l := range save {
+		a.mu.Lock()
+		cur, ok := a.rec.local[l.ID]
+		a.mu.Unlock()
+		if !ok || cur.PodQoS != l.PodQoS {
+			continue // detached, or changed again (that change writes its record)
+		}
 		rctx, cancel := context.WithTimeout(ctx, masterTimeout)
 		err := a.cfg.Master.RecordEndpoint(rctx, l)
 		cancel()

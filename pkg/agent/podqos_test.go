@@ -233,3 +233,77 @@ func TestPodBandwidthChangedDuringAttach(t *testing.T) {
 		t.Errorf("local record: PodQoS %+v, want %+v", got, want)
 	}
 }
+
+func (m *recordingMaster) ForgetEndpoint(_ context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.recs, id)
+	return nil
+}
+
+// gatedMaster holds each RecordEndpoint until released, telling entered when one waits.
+type gatedMaster struct {
+	recordingMaster
+	entered, release chan struct{}
+}
+
+func (m *gatedMaster) RecordEndpoint(ctx context.Context, rec model.LocalEndpointRecord) error {
+	m.entered <- struct{}{}
+	<-m.release
+	return m.recordingMaster.RecordEndpoint(ctx, rec)
+}
+
+// TestPodBandwidthRacingDetach: a pod's annotations changing while its endpoint is
+// detached (a CNI DEL) never write the endpoint's local record back after the detach
+// removed it. Before, the watch wrote the record outside the attach lock: a detach in
+// between forgot the endpoint, then the late write left a record of an endpoint that no
+// longer exists on the host in the store.
+func TestPodBandwidthRacingDetach(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+	a := testAgent(t, d, dataplane.FwdBridge)
+	m := &gatedMaster{recordingMaster: recordingMaster{recs: map[string]model.LocalEndpointRecord{}},
+		entered: make(chan struct{}), release: make(chan struct{})}
+	a.cfg.Master = m
+	const id = "n.t-web"
+	a.rec.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: "10.5.0.2", HomingHost: "h0", K8sPod: "prod/web"})
+	a.rec.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, EndpointID: "web", IntfName: "eth0",
+		PortName: HostIfName(id)}, NetNS: "/run/netns/x", Tenant: "t", Network: "n"})
+	m.recs[id] = model.LocalEndpointRecord{}
+
+	changed := make(chan struct{})
+	go func() {
+		defer close(changed)
+		a.podBandwidth(ctx, "prod", "web", map[string]string{netprofile.AnnotationEgress: "5M"})
+	}()
+	<-m.entered // the change's record write is under way
+	detached := make(chan error, 1)
+	go func() { // DetachEndpoint's part for the local endpoint (the rest needs a store)
+		a.attachMu.Lock()
+		defer a.attachMu.Unlock()
+		detached <- a.forget(ctx, id)
+	}()
+	select {
+	case err := <-detached: // (without the fix the detach does not wait for the write)
+		detached <- err
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(m.release)
+	<-changed
+	if err := <-detached; err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	rec, left := m.recs[id]
+	m.mu.Unlock()
+	if left {
+		t.Errorf("local record of the detached endpoint written back by the annotation change: %+v", rec)
+	}
+	a.mu.Lock()
+	_, local := a.rec.local[id]
+	a.mu.Unlock()
+	if local {
+		t.Error("detached endpoint still local")
+	}
+}
