@@ -91,4 +91,36 @@ func TestQoSMigrateFromUndroppedLayout(t *testing.T) {
 		got.Out.Dropped != 0 || got.In.DroppedBytes != 0 {
 		t.Errorf("migrated cb_qos[5] = %+v, want buckets %+v (drop counts zero)", got, want)
 	}
+
+	// Under traffic: the old programs move slot 5's buckets on before the links switch
+	// (the catch-up copy carries that), and the new programs slot 6's (theirs is kept).
+	other := qosEntry56{Generation: 4, Out: qosBucket24{Tat: 1, Nsb: 2, Tau: 3}}
+	if err := old.Update(uint32(6), &other, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	mg = &migration{name: contivbpfMapCbQos, old: old, new: nm, spec: ms}
+	if err := copyEntries(mg, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	want.Out.Tat, want.In.Tat = 1111, 4444
+	other.Out.Tat = 10
+	for slot, v := range map[uint32]qosEntry56{5: want, 6: other} {
+		if err := old.Update(slot, &v, ebpf.UpdateLock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer := contivbpfCbQosEntry{Generation: 4}
+	newer.Out.Tat, newer.Out.Nsb, newer.Out.Tau, newer.Out.Dropped = 20, 2, 3, 1
+	if err := nm.Update(uint32(6), &newer, ebpf.UpdateLock); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEntries(mg, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := nm.Lookup(uint32(5), &got); err != nil || got.Out.Tat != 1111 || got.In.Tat != 4444 || got.Out.Nsb != 222 || got.In.Tau != 666 {
+		t.Errorf("slot 5 after catch-up %+v (%v), want the old programs' tat 1111/4444 with rates kept", got, err)
+	}
+	if err := nm.Lookup(uint32(6), &got); err != nil || got.Out != newer.Out {
+		t.Errorf("slot 6 after catch-up %+v (%v), want the new programs' bucket %+v", got, err, newer.Out)
+	}
 }
