@@ -479,7 +479,9 @@ func (s *Steer) Degraded() string {
 	case !st.Published:
 		return fmt.Sprintf("wireguard: this host's key is not published yet (%s): peers send it no overlay traffic", st.Err)
 	case len(st.Waiting) > 0:
-		return fmt.Sprintf("wireguard: %d peer host(s) without a published key: their overlay traffic is dropped until it is known (fail closed)", len(st.Waiting))
+		// Named: the operator has to find the host that withholds its key.
+		return fmt.Sprintf("wireguard: %d peer host(s) without a published key (%s): their overlay traffic is dropped until it is known (fail closed)",
+			len(st.Waiting), strings.Join(st.Waiting, ", "))
 	case st.Err != "":
 		return "wireguard: last sync failed: " + st.Err
 	}

@@ -139,7 +139,7 @@ func TestSteerFailsClosed(t *testing.T) {
 		}
 	}
 	syncBoth()
-	if st := sa.Status(); !slices.Equal(st.Waiting, []string{"b"}) || len(st.Keyed) != 0 || !strings.Contains(sa.Degraded(), "1 peer host") {
+	if st := sa.Status(); !slices.Equal(st.Waiting, []string{"b"}) || len(st.Keyed) != 0 || !strings.Contains(sa.Degraded(), "1 peer host(s) without a published key (b)") {
 		t.Fatalf("a with b's key withheld: %+v, %q; want b waiting", st, sa.Degraded())
 	}
 
