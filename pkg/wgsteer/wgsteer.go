@@ -50,6 +50,10 @@ const (
 	DefaultPriority = 10000
 	// DefaultEvery is how often the published keys and the datapath's peers are re-read.
 	DefaultEvery = time.Second
+	// Keepalive is every peer's persistent keepalive (wgtunnel.Peer.Keepalive): a
+	// restarted agent's new device, which has no sessions, handshakes with each peer as
+	// soon as it adds it, so the peers' traffic to it is not dropped until they notice.
+	Keepalive = 25 * time.Second
 )
 
 // Device is the host's WireGuard device (wgtunnel.Tunnel).
@@ -374,6 +378,7 @@ func plan(peers []dataplane.Peer, recs []model.WireGuardHost, log *slog.Logger) 
 			waiting = append(waiting, p.Host)
 			continue
 		}
+		wp.Keepalive = Keepalive
 		keyed = append(keyed, wp)
 		keyedHosts = append(keyedHosts, p.Host)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -19,6 +20,11 @@ type Peer struct {
 	Endpoint netip.AddrPort
 	// AllowedIPs are the inner addresses the peer may send from and is sent to.
 	AllowedIPs []netip.Prefix
+	// Keepalive, if not 0, is WireGuard's persistent keepalive interval (whole seconds).
+	// The device also sends one keepalive as soon as the peer is added, which starts a
+	// handshake at once: a device that restarted without its sessions is then known to
+	// its peers again without waiting for them to notice (15 s of their traffic lost).
+	Keepalive time.Duration
 }
 
 // Changes counts what SyncPeers did.
@@ -42,6 +48,8 @@ func checkPeers(own wgtypes.Key, peers []Peer) error {
 			return fmt.Errorf("peers[%d]: public key %s listed twice", i, p.PublicKey)
 		case !p.Endpoint.IsValid() || p.Endpoint.Port() == 0 || p.Endpoint.Addr().IsUnspecified():
 			return fmt.Errorf("peers[%d] (%s): endpoint %q is not an address:port", i, p.PublicKey, p.Endpoint)
+		case p.Keepalive < 0 || p.Keepalive > 65535*time.Second || p.Keepalive%time.Second != 0:
+			return fmt.Errorf("peers[%d] (%s): keepalive %s is not 0 to 65535 whole seconds", i, p.PublicKey, p.Keepalive)
 		}
 		keys[p.PublicKey] = true
 		for _, a := range p.AllowedIPs {
@@ -102,11 +110,13 @@ func (t *Tunnel) SyncPeers(ctx context.Context, peers []Peer) (Changes, error) {
 		for _, a := range p.AllowedIPs {
 			ips = append(ips, *prefixNet(a))
 		}
+		keepalive := p.Keepalive
 		cfg = append(cfg, wgtypes.PeerConfig{
-			PublicKey:         p.PublicKey,
-			Endpoint:          net.UDPAddrFromAddrPort(p.Endpoint),
-			ReplaceAllowedIPs: true,
-			AllowedIPs:        ips,
+			PublicKey:                   p.PublicKey,
+			Endpoint:                    net.UDPAddrFromAddrPort(p.Endpoint),
+			PersistentKeepaliveInterval: &keepalive,
+			ReplaceAllowedIPs:           true,
+			AllowedIPs:                  ips,
 		})
 	}
 	for k := range have {
@@ -152,7 +162,7 @@ func (t *Tunnel) peers() (map[wgtypes.Key]Peer, error) {
 	}
 	out := make(map[wgtypes.Key]Peer, len(d.Peers))
 	for _, p := range d.Peers {
-		q := Peer{PublicKey: p.PublicKey}
+		q := Peer{PublicKey: p.PublicKey, Keepalive: p.PersistentKeepaliveInterval}
 		if p.Endpoint != nil {
 			q.Endpoint = p.Endpoint.AddrPort()
 		}
@@ -168,7 +178,7 @@ func (t *Tunnel) peers() (map[wgtypes.Key]Peer, error) {
 
 // samePeer reports whether the device's peer have already is want.
 func samePeer(have, want Peer) bool {
-	if have.Endpoint.Addr().Unmap() != want.Endpoint.Addr().Unmap() || have.Endpoint.Port() != want.Endpoint.Port() {
+	if have.Endpoint.Addr().Unmap() != want.Endpoint.Addr().Unmap() || have.Endpoint.Port() != want.Endpoint.Port() || have.Keepalive != want.Keepalive {
 		return false
 	}
 	a := slices.Clone(have.AllowedIPs)

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -203,9 +204,11 @@ func TestDeviceInNamespace(t *testing.T) {
 		peers []Peer
 		want  Changes
 	}{
-		{[]Peer{{a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32")}, {b, ep("192.0.2.2:51820"), pfx("10.99.0.3/32", "10.50.0.0/24")}}, Changes{Added: 2}},
-		{[]Peer{{b, ep("192.0.2.2:51820"), pfx("10.50.0.0/24", "10.99.0.3/32")}, {a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32")}}, Changes{}},
-		{[]Peer{{a, ep("192.0.2.9:51821"), pfx("10.99.0.2/32")}, {c, ep("192.0.2.3:51820"), pfx("10.99.0.4/32")}}, Changes{Added: 1, Updated: 1, Removed: 1}},
+		{[]Peer{{a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32"), 0}, {b, ep("192.0.2.2:51820"), pfx("10.99.0.3/32", "10.50.0.0/24"), 0}}, Changes{Added: 2}},
+		{[]Peer{{b, ep("192.0.2.2:51820"), pfx("10.50.0.0/24", "10.99.0.3/32"), 0}, {a, ep("192.0.2.1:51820"), pfx("10.99.0.2/32"), 0}}, Changes{}},
+		{[]Peer{{a, ep("192.0.2.9:51821"), pfx("10.99.0.2/32"), 25 * time.Second}, {c, ep("192.0.2.3:51820"), pfx("10.99.0.4/32"), 0}}, Changes{Added: 1, Updated: 1, Removed: 1}},
+		// The keepalive alone changes: updated in place.
+		{[]Peer{{a, ep("192.0.2.9:51821"), pfx("10.99.0.2/32"), 0}, {c, ep("192.0.2.3:51820"), pfx("10.99.0.4/32"), 0}}, Changes{Updated: 1}},
 	}
 	for i, s := range steps {
 		got, err := tun.SyncPeers(ctx, s.peers)
@@ -228,14 +231,15 @@ func TestDeviceInNamespace(t *testing.T) {
 	}
 	before, _ := tun.Peers(ctx)
 	for name, bad := range map[string][]Peer{
-		"own key":       {{tun.PublicKey(), ep("192.0.2.1:1"), nil}},
-		"repeated key":  {{a, ep("192.0.2.1:1"), nil}, {a, ep("192.0.2.2:1"), nil}},
-		"shared prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16")}, {b, ep("192.0.2.2:1"), pfx("10.7.1.0/24")}},
-		"no port":       {{a, ep("192.0.2.1:0"), nil}},
-		"host bits":     {{a, ep("192.0.2.1:1"), []netip.Prefix{netip.MustParsePrefix("10.7.0.1/16")}}},
+		"own key":       {{tun.PublicKey(), ep("192.0.2.1:1"), nil, 0}},
+		"repeated key":  {{a, ep("192.0.2.1:1"), nil, 0}, {a, ep("192.0.2.2:1"), nil, 0}},
+		"shared prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16"), 0}, {b, ep("192.0.2.2:1"), pfx("10.7.1.0/24"), 0}},
+		"no port":       {{a, ep("192.0.2.1:0"), nil, 0}},
+		"keepalive":     {{a, ep("192.0.2.1:1"), nil, 1500 * time.Millisecond}},
+		"host bits":     {{a, ep("192.0.2.1:1"), []netip.Prefix{netip.MustParsePrefix("10.7.0.1/16")}, 0}},
 		// The device keeps it once: the list would never match it, and every sync would
 		// rewrite the peer's allowed IPs (dropping its traffic while it does).
-		"repeated prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16", "10.7.0.0/16")}},
+		"repeated prefix": {{a, ep("192.0.2.1:1"), pfx("10.7.0.0/16", "10.7.0.0/16"), 0}},
 	} {
 		if _, err := tun.SyncPeers(ctx, bad); err == nil {
 			t.Errorf("%s: accepted", name)
