@@ -169,11 +169,17 @@ type capture struct {
 }
 
 // startCapture runs tcpdump on ifname inside host namespace ns (via nsenter) and returns
-// once it is capturing.
+// once it is capturing (the first 128 bytes of each frame).
 func startCapture(ctx context.Context, t *testing.T, ns, ifname string) *capture {
 	t.Helper()
+	return startCaptureSnap(ctx, t, ns, ifname, 128)
+}
+
+// startCaptureSnap is startCapture keeping snap bytes of each frame (0: all of it).
+func startCaptureSnap(ctx context.Context, t *testing.T, ns, ifname string, snap int) *capture {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), ifname+".pcap")
-	cmd := exec.Command("nsenter", "--net="+NetNSPath(ns), "--", "tcpdump", "--immediate-mode", "-Z", "root", "-i", ifname, "-nn", "-s", "128", "-U", "-w", file)
+	cmd := exec.Command("nsenter", "--net="+NetNSPath(ns), "--", "tcpdump", "--immediate-mode", "-Z", "root", "-i", ifname, "-nn", "-s", fmt.Sprint(snap), "-U", "-w", file)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
