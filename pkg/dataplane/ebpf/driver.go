@@ -698,6 +698,9 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 
 // detachTCX unpins and closes ifname's link (detaching the program).
 func (d *Driver) detachTCX(ifname string) {
+	if d.cfg.detached != nil {
+		defer d.cfg.detached(ifname)
+	}
 	if a, ok := d.links[ifname]; ok {
 		_ = a.link.Unpin()
 		a.link.Close()
@@ -782,15 +785,8 @@ func (d *Driver) Teardown(ctx context.Context) error {
 	}
 	var errs []error
 	// Which veths are this agent's is decided before the pinned links go (owner.go).
+	// The veths go before the programs (unplug): no container sends through an open hook.
 	links, lerr := d.nl.LinkList()
-	for name := range d.links {
-		d.detachTCX(name)
-	}
-	if ents, err := os.ReadDir(filepath.Join(d.cfg.PinRoot, linksDir)); err == nil {
-		for _, e := range ents {
-			d.detachTCX(e.Name())
-		}
-	}
 	if err := lerr; err == nil {
 		for _, l := range links {
 			if _, own := d.ownedEndpointLink(l); own || (l.Attrs().Name == d.cfg.VXLANIf && l.Type() == "vxlan") {
@@ -802,6 +798,14 @@ func (d *Driver) Teardown(ctx context.Context) error {
 		}
 	} else {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
+	}
+	for name := range d.links {
+		d.detachTCX(name)
+	}
+	if ents, err := os.ReadDir(filepath.Join(d.cfg.PinRoot, linksDir)); err == nil {
+		for _, e := range ents {
+			d.detachTCX(e.Name())
+		}
 	}
 	if err := d.setRouterIP(netip.Prefix{}); err != nil {
 		errs = append(errs, err)

@@ -482,14 +482,21 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 		created = true
 	}
 	ifindex := host.Attrs().Index
+	// The host end is up only while its program is attached (the container's packets
+	// would otherwise enter the host's stack unjudged): a new one is created down, and
+	// one kept without a known attachment (adopted without its pin) goes down first.
+	if a, ok := d.links[ep.HostIfName]; !created && (!ok || a.ifindex != ifindex) {
+		if err := d.nl.LinkSetDown(host); err != nil {
+			return fmt.Errorf("endpoint %s: set %s down until its program is attached: %w", ep.ID, ep.HostIfName, err)
+		}
+	}
 	clock.mark(StepVeth)
 	defer func() {
 		if retErr == nil {
 			return
 		}
 		if created {
-			d.detachTCX(ep.HostIfName)
-			_ = d.nl.LinkDel(host)
+			_ = d.unplug(ep.HostIfName, host)
 			_ = d.ifaces().del(uint32(ifindex))
 			_ = mapDel(d.objs.CbEndpoints, &key)
 			_ = d.dropRoute(key.Net, key.Ip)
@@ -502,11 +509,6 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if host.Attrs().MTU != nr.net.MTU {
 		if err := d.nl.LinkSetMTU(host, nr.net.MTU); err != nil {
 			return fmt.Errorf("endpoint %s: set mtu of %s: %w", ep.ID, ep.HostIfName, err)
-		}
-	}
-	if !created { // a new host end is created up
-		if err := d.nl.LinkSetUp(host); err != nil {
-			return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
 		}
 	}
 	clock.mark(StepHostLink)
@@ -547,6 +549,9 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	if err := d.ensureTCX(ep.HostIfName, ifindex, d.objs.CbFromContainer, contivbpfProgCbFromContainer); err != nil {
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
+	if err := d.nl.LinkSetUp(host); err != nil {
+		return fmt.Errorf("endpoint %s: set %s up: %w", ep.ID, ep.HostIfName, err)
+	}
 	clock.mark(StepTCX)
 	d.setEndpoint(ik, epRec{id: ep.ID, hostIf: ep.HostIfName, ifindex: ifindex, key: key, slot: slot})
 	if err := d.ensureHostRoute(ik, ep.IP, ep.MAC, ep.HostIfName, ifindex); err != nil {
@@ -581,6 +586,19 @@ func (d *Driver) putEndpointEntries(ep dataplane.Endpoint, nr netRec, key contiv
 	return nil
 }
 
+// unplug deletes an endpoint's host veth l (nil: none of ours is left) and only then
+// detaches ifname's program: the container never sends through an open hook. A veth that
+// cannot be deleted keeps its program.
+func (d *Driver) unplug(ifname string, l netlink.Link) error {
+	if l != nil {
+		if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
+			return fmt.Errorf("delete veth %s: %w", ifname, err)
+		}
+	}
+	d.detachTCX(ifname)
+	return nil
+}
+
 func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
 	for ik, r := range d.eps.endpoints {
 		if r.ifindex == ifindex {
@@ -593,10 +611,11 @@ func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
 // createVeth creates the pair with the container end already in the endpoint's namespace
 // (or in the host namespace when ep.NetNS is empty).
 func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netlink.Link, error) {
-	// One RTM_NEWLINK: both ends named, sized, placed, the peer's MAC set and the host end
-	// up. The kernel ignores IFLA_IFALIAS on create, so the alias is a second request.
+	// One RTM_NEWLINK: both ends named, sized, placed and the peer's MAC set; the host end
+	// stays down until its program is attached. The kernel ignores IFLA_IFALIAS on create,
+	// so the alias is a second request.
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu, Flags: net.FlagUp},
+		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu},
 		PeerName:         ep.IfName,
 		PeerHardwareAddr: ep.MAC,
 		PeerMTU:          uint32(mtu),
@@ -656,11 +675,12 @@ func (d *Driver) deleteEndpoint(ik string) error {
 	if err := d.dropHostRoute(ik, addrFrom(r.key.Ip)); err != nil {
 		errs = append(errs, err)
 	}
-	d.detachTCX(r.hostIf)
+	var own netlink.Link
 	if l, err := d.nl.LinkByName(r.hostIf); err == nil && (l.Attrs().Alias == d.endpointAlias(ik) || l.Attrs().Alias == aliasPrefix+ik) {
-		if err := d.nl.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("delete veth %s: %w", r.hostIf, err))
-		}
+		own = l
+	}
+	if err := d.unplug(r.hostIf, own); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("endpoint %s: %w", r.id, err)

@@ -46,4 +46,8 @@ type Options struct {
 type config struct {
 	dataplane.HostConfig
 	Options
+	// detached, when set (tests), is called with the lock held each time an endpoint's
+	// tcx link has been detached: where a delete, rollback, sweep or teardown opens the
+	// hook.
+	detached func(ifname string)
 }

@@ -4,11 +4,11 @@ import "time"
 
 // Step names reported to a StepObserver by UpsertEndpoint, in the order they run.
 const (
-	StepVeth      = "veth"      // look-ups plus creating the pair (container end in its netns)
+	StepVeth      = "veth"      // look-ups plus creating the pair, host end down (container end in its netns)
 	StepContainer = "container" // container end: MAC, MTU, address, up, default route
-	StepHostLink  = "host-link" // host end: MTU, up
+	StepHostLink  = "host-link" // host end: MTU
 	StepMaps      = "maps"      // counter slot, route, cb_ifaces, cb_endpoints
-	StepTCX       = "tcx"       // tcx attach and pin
+	StepTCX       = "tcx"       // tcx attach and pin, then the host end up
 )
 
 // StepObserver receives the duration of each step of one UpsertEndpoint call

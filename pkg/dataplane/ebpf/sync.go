@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -262,17 +261,20 @@ func (d *Driver) sweepLinks(want map[string]bool) []error {
 			stale = append(stale, l)
 		}
 	}
-	for _, e := range ents {
-		if !want[e.Name()] {
-			d.detachTCX(e.Name())
-		}
-	}
 	if lerr != nil {
 		return append(errs, fmt.Errorf("list links: %w", lerr))
 	}
+	// Each veth goes before its program (unplug); a veth that stays keeps it.
+	kept := map[string]bool{}
 	for _, l := range stale {
-		if err := d.nl.LinkDel(l); err != nil && !errors.Is(err, syscall.ENODEV) {
-			errs = append(errs, fmt.Errorf("delete stale veth %s: %w", l.Attrs().Name, err))
+		if err := d.unplug(l.Attrs().Name, l); err != nil {
+			errs = append(errs, fmt.Errorf("stale: %w", err))
+			kept[l.Attrs().Name] = true
+		}
+	}
+	for _, e := range ents {
+		if !want[e.Name()] && !kept[e.Name()] {
+			d.detachTCX(e.Name())
 		}
 	}
 	return errs
