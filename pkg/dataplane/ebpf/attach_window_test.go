@@ -2,15 +2,12 @@ package ebpf
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
-	"github.com/contivbpf/contivbpf/pkg/nsexec"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
 )
 
 // attachWorld is an egressWorld with a driver, one network, a group (9) whose rules deny
@@ -20,7 +17,7 @@ type attachWorld struct {
 	*egressWorld
 	d    *Driver
 	red  dataplane.Network
-	host net.PacketConn
+	host *conformance.HostSocket
 }
 
 const attachPort = "18091"
@@ -44,14 +41,7 @@ func newAttachWorld(t *testing.T) *attachWorld {
 	if err := w.d.UpsertPolicy(ctx, denyOut); err != nil {
 		t.Fatal(err)
 	}
-	if err := nsexec.Run(w.egressWorld.host, func() error {
-		var err error
-		w.host, err = net.ListenPacket("udp4", ewHostIP+":"+attachPort)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.host.Close() })
+	w.host = conformance.ListenHost(t, w.egressWorld.host, ewHostIP+":"+attachPort)
 	return w
 }
 
@@ -61,50 +51,12 @@ func (w *attachWorld) endpoint(t *testing.T, name, ip string) dataplane.Endpoint
 	return ep
 }
 
-// reachesHost sends datagrams from ep's container to the host's socket the way a root
-// in the container can without the datapath's help: the gateway's neighbour entry is set
-// by hand to the host veth's MAC (nobody answers ARP for it while no program is attached).
-// It reports whether one arrived. A container end that is gone reaches nothing.
+// reachesHost reports whether ep's container, setting its gateway's neighbour entry to
+// the host veth's MAC by hand (nobody answers ARP for it while no program is attached),
+// gets a datagram to the host's socket.
 func (w *attachWorld) reachesHost(t *testing.T, ep dataplane.Endpoint) bool {
 	t.Helper()
-	nl := netlinkIn(t, w.egressWorld.host)
-	defer nl.Close()
-	hl, err := nl.LinkByName(ep.HostIfName)
-	if err != nil {
-		return false // no host end, no way out
-	}
-	cl := netlinkIn(t, ep.NetNS)
-	defer cl.Close()
-	c, err := cl.LinkByName(ep.IfName)
-	if err != nil {
-		return false
-	}
-	_ = cl.NeighSet(&netlink.Neigh{LinkIndex: c.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
-		IP: w.red.Gateway.AsSlice(), HardwareAddr: hl.Attrs().HardwareAddr})
-	_ = nsexec.Run(ep.NetNS, func() error {
-		s, err := net.Dial("udp4", ewHostIP+":"+attachPort)
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		for range 3 {
-			_, _ = s.Write([]byte("unjudged"))
-			time.Sleep(20 * time.Millisecond)
-		}
-		return nil
-	})
-	buf := make([]byte, 64)
-	_ = w.host.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	got := false
-	for {
-		n, from, err := w.host.ReadFrom(buf)
-		if err != nil {
-			return got
-		}
-		if string(buf[:n]) == "unjudged" && from.(*net.UDPAddr).IP.Equal(ep.IP.AsSlice()) {
-			got = true
-		}
-	}
+	return w.host.ReachedBy(t, ep, w.red.Gateway)
 }
 
 // pause returns a hook that stops at its first call until release is called; held is
