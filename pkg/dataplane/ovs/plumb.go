@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -183,6 +186,13 @@ func plumbEndpoint(ctx context.Context, hostNS string, ep dataplane.Endpoint, n 
 	if err := h.LinkSetMTU(hostLink, mtu); err != nil {
 		return fmt.Errorf("endpoint %s: mtu on %s: %w", ep.ID, ep.HostIfName, err)
 	}
+	// Before the host end is up (a kept one of an older build gets it too).
+	if err := dropHostIngress(h, hostLink); err != nil {
+		if created {
+			_ = h.LinkDel(hostLink)
+		}
+		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
+	}
 	if err := h.LinkSetUp(hostLink); err != nil {
 		return fmt.Errorf("endpoint %s: up %s: %w", ep.ID, ep.HostIfName, err)
 	}
@@ -194,6 +204,45 @@ func plumbEndpoint(ctx context.Context, hostNS string, ep dataplane.Endpoint, n 
 	}
 	return nil
 }
+
+// dropHostIngress makes the host's own stack drop everything that arrives on the host end
+// l of an endpoint's veth: a clsact qdisc with a direct-action cls_bpf filter whose
+// program drops every packet (the filter holds the program; nothing is pinned). The bridge
+// still gets every frame: it reads the veth through a packet socket, which sees a frame
+// before tc ingress runs; the kernel's IPv4 receive path, which comes after, would
+// otherwise hand a container that addresses its frames to the host veth's MAC to the
+// host's sockets (and, on a forwarding host, past it) unjudged, for as long as the veth
+// exists (issue 33). Idempotent: the filter has a fixed priority and handle.
+func dropHostIngress(h *netlink.Handle, l netlink.Link) error {
+	name := l.Attrs().Name
+	qs, err := h.QdiscList(l)
+	if err != nil {
+		return fmt.Errorf("list qdiscs of %s: %w", name, err)
+	}
+	if !slices.ContainsFunc(qs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" }) {
+		q := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+		if err := h.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add clsact qdisc to %s: %w", name, err)
+		}
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: hostIngressName, Type: ebpf.SchedCLS, License: "Apache-2.0",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, int32(netlink.TC_ACT_SHOT)), asm.Return()}})
+	if err != nil {
+		return fmt.Errorf("load the drop program for %s: %w", name, err)
+	}
+	defer prog.Close()
+	f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+		Priority: hostIngressPrio, Handle: 1, Protocol: unix.ETH_P_ALL}, Fd: prog.FD(), Name: hostIngressName, DirectAction: true}
+	if err := h.FilterReplace(f); err != nil {
+		return fmt.Errorf("add ingress drop filter to %s: %w", name, err)
+	}
+	return nil
+}
+
+const (
+	hostIngressPrio = 1              // tc priority of dropHostIngress's filter
+	hostIngressName = "cb_host_drop" // its program's name
+)
 
 // unplumbEndpoint deletes the host end of the veth (the pair goes with it).
 func unplumbEndpoint(hostNS string, ep dataplane.Endpoint) error {
