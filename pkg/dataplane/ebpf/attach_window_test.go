@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -179,32 +180,47 @@ func TestAttachNoUnpolicedWindow(t *testing.T) {
 		}
 	})
 
-	t.Run("restart", func(t *testing.T) {
-		// Between two agents (Close keeps the pinned link) and after the next one adopts
-		// the veth (link.Update swaps the program in place), it stays policed.
-		ep := w.endpoint(t, "e", "10.50.0.13")
-		if err := w.d.UpsertEndpoint(ctx, ep); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.d.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if w.reachesHost(t, ep) {
-			t.Error("between two agents, the container reached the host")
-		}
-		w.d = w.driver(top)
-		if w.reachesHost(t, ep) {
-			t.Error("adopted, the container reached the host")
-		}
-		st := dataplane.State{Networks: []dataplane.Network{w.red}, Endpoints: []dataplane.Endpoint{ep},
-			Policies: []dataplane.PolicySet{denyOut}}
-		if err := w.d.Sync(ctx, st); err != nil {
-			t.Fatal(err)
-		}
-		if w.reachesHost(t, ep) {
-			t.Error("adopted and synced, the container reached the host")
-		}
-	})
+	// Restarts: between two agents (Close keeps the pinned link) and after the next one
+	// adopts the veth (link.Update swaps the program in place), it stays policed. With the
+	// pins gone with bpffs while no agent ran, the veth's link (only its pin held it) went
+	// with its program: the next agent adopts a veth it knows nothing of (no interface
+	// entry), which must not be up until its Sync recreates it.
+	for _, c := range []struct {
+		name, short, ip string
+		pinsLost        bool
+	}{{"restart", "e", "10.50.0.13", false}, {"restart-pins-lost", "l", "10.50.0.15", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := w.endpoint(t, c.short, c.ip)
+			if err := w.d.UpsertEndpoint(ctx, ep); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if c.pinsLost {
+				if err := os.RemoveAll(w.d.cfg.PinRoot); err != nil {
+					t.Fatal(err)
+				}
+			} else if w.reachesHost(t, ep) {
+				t.Error("between two agents, the container reached the host")
+			}
+			w.d = w.driver(top)
+			if w.reachesHost(t, ep) {
+				t.Error("adopted, the container reached the host")
+			}
+			st := dataplane.State{Networks: []dataplane.Network{w.red}, Endpoints: []dataplane.Endpoint{ep},
+				Policies: []dataplane.PolicySet{denyOut}}
+			if err := w.d.Sync(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			if w.reachesHost(t, ep) {
+				t.Error("adopted and synced, the container reached the host")
+			}
+			if err := conformance.Ping(ep.NetNS, w.red.Gateway.String(), time.Second); err != nil {
+				t.Errorf("synced, the endpoint is not forwarding: %v", err)
+			}
+		})
+	}
 
 	// Teardown last: it ends the driver.
 	for _, c := range []struct {

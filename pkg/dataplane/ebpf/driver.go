@@ -733,7 +733,13 @@ func (d *Driver) adoptEndpoints(ctx context.Context) error {
 		}
 		ifc, err := d.readIface(uint32(l.Attrs().Index))
 		if err != nil {
-			d.log.Warn("endpoint veth without iface entry; left for Sync to sweep", "ifname", l.Attrs().Name, "err", err)
+			// Sync deletes it (or recreates it: its record has no key). No program of this
+			// build judges it meanwhile, and with its pins lost none at all: it goes down
+			// so the container sends nothing into the host's stack (upsertEndpoint).
+			d.log.Warn("endpoint veth without iface entry; down until Sync sweeps it", "ifname", l.Attrs().Name, "err", err)
+			if err := d.nl.LinkSetDown(l); err != nil && !errors.Is(err, syscall.ENODEV) {
+				return fmt.Errorf("ebpf: set %s down: %w", l.Attrs().Name, err)
+			}
 			d.setEndpoint(id, epRec{id: id, hostIf: l.Attrs().Name, ifindex: l.Attrs().Index})
 			continue
 		}
