@@ -14,7 +14,7 @@ import (
 // a group denied everything that sets its gateway's neighbour entry to the host veth's MAC
 // must still not reach a socket on the host's address (rp_filter 0): not once its veth
 // exists and before its port does, not once it is applied, not after an older build
-// (no drop filter on its veth) is followed by this one. Before, the datagram arrived in
+// (no drop filter on its veth) is followed by this one, not after vswitchd restarts. Before, the datagram arrived in
 // each case, for as long as the veth existed.
 func TestHostVethNeverReachesHost(t *testing.T) {
 	needOVS(t)
@@ -55,5 +55,20 @@ func TestHostVethNeverReachesHost(t *testing.T) {
 	}
 	if host.ReachedBy(t, e, vxNet.Gateway) {
 		t.Error("adopted from an older build, the container reached the host")
+	}
+
+	// A restarted vswitchd configures every port again: the filter stays.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Private{Dir: h1.dir}).StopVswitchd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d = newDriver(t, h1)
+	if err := d.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if host.ReachedBy(t, e, vxNet.Gateway) {
+		t.Error("after a vswitchd restart, the container reached the host")
 	}
 }
