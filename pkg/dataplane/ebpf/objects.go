@@ -12,11 +12,13 @@ import (
 	"syscall"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/containerend"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // mapPut writes one entry; a full map becomes an ErrMapFull error and is counted.
@@ -431,8 +433,22 @@ func (d *Driver) upsertEndpoint(ep dataplane.Endpoint) (retErr error) {
 	key := endpointKey(nr, ep.IP)
 	alias := d.endpointAlias(ik)
 	legacy := aliasPrefix + ik // veths of builds before pin-scoped aliases
+	// A legacy alias names no agent: the veth is this one's with evidence in its own state
+	// (owner.go), or when no program judges it (an orphan: its pins lost); one another
+	// agent on this host judges would be lost to it (set down, a second program attached,
+	// then swept or torn down by the wrong agent).
 	ours := func(l netlink.Link) bool {
-		return l.Type() == "veth" && (l.Attrs().Alias == alias || l.Attrs().Alias == legacy)
+		if l.Type() != "veth" {
+			return false
+		}
+		if l.Attrs().Alias == alias {
+			return true
+		}
+		if l.Attrs().Alias != legacy {
+			return false
+		}
+		_, own := d.ownedEndpointLink(l)
+		return own || d.unjudged(l.Attrs().Index)
 	}
 	// Every check comes before an existing endpoint is replaced: a refused update leaves
 	// the old endpoint (veth, map entries, link) forwarding.
@@ -584,6 +600,20 @@ func (d *Driver) putEndpointEntries(ep dataplane.Endpoint, nr netRec, key contiv
 		return fmt.Errorf("endpoint %s: %w", ep.ID, err)
 	}
 	return nil
+}
+
+// unjudged reports whether device ifindex has no tcx ingress program at all (a failed
+// query: it might have one).
+func (d *Driver) unjudged(ifindex int) bool {
+	var n int
+	err := nsexec.Run(d.cfg.NetNS, func() error {
+		r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
+		if err == nil {
+			n = len(r.Programs)
+		}
+		return err
+	})
+	return err == nil && n == 0
 }
 
 // unplug deletes an endpoint's host veth l (nil: none of ours is left) and only then

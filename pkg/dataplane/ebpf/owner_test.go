@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"testing"
 
@@ -71,6 +72,42 @@ func TestTwoAgentsOneNetNS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// a's veth with a legacy alias (an older build's): b, asked for the same endpoint
+	// (same id, same host name), refuses it and leaves it alone (up, its program alone).
+	if hl, err := nl.LinkByName(epA.HostIfName); err != nil {
+		t.Fatal(err)
+	} else if err := nl.LinkSetAlias(hl, aliasPrefix+indexKey(epA.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UpsertNetwork(ctx, a.net); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UpsertEndpoint(ctx, epA); err == nil {
+		t.Error("b took a's legacy-alias veth for its own endpoint")
+	}
+	if hl, err := nl.LinkByName(epA.HostIfName); err != nil || hl.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("b's refused apply left a's veth gone or down (%v)", err)
+	}
+	if _, ok := b.links[epA.HostIfName]; ok {
+		t.Error("b attached its program to a's veth")
+	}
+	// A legacy-alias veth no program judges (its agent's pins lost) is an orphan: b,
+	// asked for that endpoint, takes it and attaches its program.
+	epZ := a.endpoint(t, "z", "10.50.0.9", false)
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: epZ.HostIfName, Flags: net.FlagUp}, PeerName: epZ.IfName}); err != nil {
+		t.Fatal(err)
+	}
+	if hl, err := nl.LinkByName(epZ.HostIfName); err != nil {
+		t.Fatal(err)
+	} else if err := nl.LinkSetAlias(hl, aliasPrefix+indexKey(epZ.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UpsertEndpoint(ctx, epZ); err != nil {
+		t.Errorf("b refused an orphan legacy-alias veth: %v", err)
+	} else if _, ok := b.links[epZ.HostIfName]; !ok {
+		t.Error("b took the orphan without attaching its program")
+	}
+
 	other := pinTag("/sys/fs/bpf/" + a.prefix + "/elsewhere")
 	veth(a.prefix+"o", aliasPrefix+other+":red.t-o")
 	veth(a.prefix+"s", b.endpointAlias("red.t-s"))
