@@ -55,3 +55,44 @@ func TestPairedRatio(t *testing.T) {
 		t.Errorf("empty pairedRatio = %v", got)
 	}
 }
+
+// TestIssueGoalsJudged: the Datapath v3 issue's figures carry their goals in the summary
+// (before, prog.policy_deny_1024_vs_1, prog.rejudge_other_tenant and the per-program
+// verifier figures were printed with no goal, so a regression read as met).
+func TestIssueGoalsJudged(t *testing.T) {
+	var buf bytes.Buffer
+	r := newReport(&buf)
+	for _, f := range []struct {
+		name  string
+		value float64
+	}{
+		{"prog.policy_deny_1024_vs_1", 1.6}, {"prog.netpol_deny_1024_vs_1", 1.4},
+		{"prog.rejudge_other_tenant", 1.03},
+		{"prog.verified_insns.cb_stage_ipv4", 250_001}, {"prog.verified_insns.cb_from_wire", 17_150},
+		{"prog.stack_bytes.cb_stage_outside", 464}, {"prog.stack_bytes.cb_from_wire", 448},
+	} {
+		r.add(f.name, f.value, "x")
+	}
+	buf.Reset()
+	r.summary(&buf, []string{"ebpf"})
+	want := map[string]string{
+		"prog.policy_deny_1024_vs_1": "NO", "prog.netpol_deny_1024_vs_1": "yes", "prog.rejudge_other_tenant": "yes",
+		"prog.verified_insns.cb_stage_ipv4": "NO", "prog.verified_insns.cb_from_wire": "yes",
+		"prog.stack_bytes.cb_stage_outside": "NO", "prog.stack_bytes.cb_from_wire": "yes",
+	}
+	for _, l := range strings.Split(buf.String(), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		if w, ok := want[f[0]]; ok {
+			if f[len(f)-1] != w {
+				t.Errorf("%s: met %q, want %q (row %q)", f[0], f[len(f)-1], w, l)
+			}
+			delete(want, f[0])
+		}
+	}
+	for k := range want {
+		t.Errorf("summary lacks %s:\n%s", k, buf.String())
+	}
+}
