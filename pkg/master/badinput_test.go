@@ -3,6 +3,7 @@ package master
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -231,4 +232,47 @@ func TestContivErrorCompat(t *testing.T) {
 	if resp, _ := get("POST", "/plugin/deleteEndpoint", "", `{"TenantName":"default","NetworkName":"n","EndpointID":"x"}`); resp.StatusCode != 404 {
 		t.Errorf("plugin route error: %d, want its real status", resp.StatusCode)
 	}
+}
+
+// TestListFieldsBounded: every list an object stores whole is bounded (control plane
+// issue, "every free-form field bounded"): before, 20,000 copies of a group name in an app
+// profile, 20,000 external contracts groups on a group or 10,000 selectors on a service
+// were accepted and stored, bounded only by the 1 MiB body. Past the bound a create is 400
+// naming the field and writes nothing; at it, it is accepted.
+func TestListFieldsBounded(t *testing.T) {
+	e := newEnv(t, "bridge")
+	e.net("default", "n1", "vxlan", "10.1.1.0/24", "10.1.1.1", 0)
+	e.ok("POST", "/api/v1/policys/default:p/", `{"policyName":"p","tenantName":"default"}`, nil)
+	e.ok("POST", "/api/v1/endpointGroups/default:web/", `{"groupName":"web","networkName":"n1","policies":["p"],"tenantName":"default"}`, nil)
+	list := func(n int, f func(i int) string) string {
+		p := make([]string, n)
+		for i := range p {
+			p[i] = `"` + f(i) + `"`
+		}
+		return "[" + strings.Join(p, ",") + "]"
+	}
+	same := func(s string) func(int) string { return func(int) string { return s } }
+	sel := func(i int) string { return fmt.Sprintf("k%d=v", i) }
+	port := func(i int) string { return fmt.Sprintf("%d:80:TCP", 1+i) }
+	cases := []struct{ name, path, body, field string }{
+		{"group policies", "/api/v1/endpointGroups/default:g1/", `{"groupName":"g1","networkName":"n1","tenantName":"default","policies":` + list(maxListEntries+1, same("p")) + `}`, "policies"},
+		{"group contracts groups", "/api/v1/endpointGroups/default:g1/", `{"groupName":"g1","networkName":"n1","tenantName":"default","extContractsGrps":` + list(maxListEntries+1, same("c")) + `}`, "extContractsGrps"},
+		{"app profile groups", "/api/v1/appProfiles/default:a1/", `{"appProfileName":"a1","tenantName":"default","endpointGroups":` + list(maxListEntries+1, same("web")) + `}`, "endpointGroups"},
+		{"service selectors", "/api/v1/serviceLBs/default:s1/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":` + list(maxLabels+1, sel) + `,"serviceName":"s1","tenantName":"default"}`, "selectors"},
+		{"service selector key", "/api/v1/serviceLBs/default:s1/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":["` + strings.Repeat("k", maxLabelKeyBytes+1) + `=v"],"serviceName":"s1","tenantName":"default"}`, "selectors"},
+		{"service selector value", "/api/v1/serviceLBs/default:s1/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":["k=` + strings.Repeat("v", maxLabelValBytes+1) + `"],"serviceName":"s1","tenantName":"default"}`, "selectors"},
+		{"service ports", "/api/v1/serviceLBs/default:s1/", `{"networkName":"n1","ports":` + list(maxListEntries+1, port) + `,"selectors":["a=b"],"serviceName":"s1","tenantName":"default"}`, "ports"},
+	}
+	for _, c := range cases {
+		before, rev := e.snapshot()
+		code, out := e.do("POST", c.path, c.body)
+		if code != 400 || !strings.Contains(out, c.field) {
+			t.Errorf("%s: %d %.200s, want 400 naming %s", c.name, code, out, c.field)
+		}
+		if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+			t.Errorf("%s: etcd changed", c.name)
+		}
+	}
+	e.ok("POST", "/api/v1/appProfiles/default:a1/", `{"appProfileName":"a1","tenantName":"default","endpointGroups":`+list(maxListEntries, same("web"))+`}`, nil)
+	e.ok("POST", "/api/v1/serviceLBs/default:s1/", `{"networkName":"n1","ports":["80:8080:TCP"],"selectors":`+list(maxLabels, sel)+`,"serviceName":"s1","tenantName":"default"}`, nil)
 }

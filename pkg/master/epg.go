@@ -21,15 +21,11 @@ func validateEPG(e *model.EndpointGroup) error {
 			return err
 		}
 	}
-	for _, p := range e.Policies {
-		if err := checkName("policies", p, 64); err != nil {
-			return err
-		}
+	if err := checkNames("policies", e.Policies, 64); err != nil {
+		return err
 	}
-	for _, c := range e.ExtContractsGrps {
-		if err := checkName("extContractsGrps", c, 64); err != nil {
-			return err
-		}
+	if err := checkNames("extContractsGrps", e.ExtContractsGrps, 64); err != nil {
+		return err
 	}
 	if e.NetProfile != "" {
 		if err := checkName("netProfile", e.NetProfile, 64); err != nil {

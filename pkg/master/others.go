@@ -22,12 +22,7 @@ func appProfileOps() objOps[model.AppProfile] {
 			if err := checkName("appProfileName", a.AppProfileName, 64); err != nil {
 				return err
 			}
-			for _, g := range a.EndpointGroups {
-				if err := checkName("endpointGroups", g, 64); err != nil {
-					return err
-				}
-			}
-			return nil
+			return checkNames("endpointGroups", a.EndpointGroups, 64)
 		},
 		save: func(m *Master, tx *state.Tx, a, old *model.AppProfile) error {
 			if err := requireTenant(tx, a.TenantName); err != nil {

@@ -37,9 +37,18 @@ func validateServiceLB(s *model.ServiceLB) error {
 	if len(s.Selectors) == 0 {
 		return badReq("selectors: at least one key=value selector is required")
 	}
+	// An endpoint keeps at most maxLabels labels within the label bounds
+	// (usableLabels): a selector beyond them could never match.
+	if err := checkListLen("selectors", len(s.Selectors), maxLabels); err != nil {
+		return err
+	}
 	for _, sel := range s.Selectors {
 		if strings.Count(sel, "=") != 1 || strings.HasPrefix(sel, "=") {
 			return badReq("selectors: %q must be key=value", sel)
+		}
+		k, v, _ := strings.Cut(sel, "=")
+		if p := labelProblem(k, v); p != "" {
+			return badReq("selectors: %.64q: %s (a key of 1-%d bytes without ',' or control characters, a value of at most %d bytes)", sel, p, maxLabelKeyBytes, maxLabelValBytes)
 		}
 	}
 	if err := validatePorts(s.Ports); err != nil {
@@ -83,6 +92,9 @@ func validateServiceLB(s *model.ServiceLB) error {
 func validatePorts(ports []string) error {
 	if len(ports) == 0 {
 		return badReq("ports: at least one svcPort:provPort:protocol entry is required")
+	}
+	if err := checkListLen("ports", len(ports), maxListEntries); err != nil {
+		return err
 	}
 	for _, p := range ports {
 		parts := strings.Split(p, ":")

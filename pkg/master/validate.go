@@ -29,6 +29,33 @@ var (
 	reNode      = regexp.MustCompile(`^topology/pod-[0-9]{1,4}/node-[0-9]{1,4}$`)
 )
 
+// maxListEntries bounds a list of names or ports stored whole with its object (a group's
+// policies and external contracts groups, an app profile's groups, a service's ports):
+// without it only the 1 MiB body limit bounded them (20,000 copies of one group name in
+// an app profile were accepted and stored).
+const maxListEntries = 1024
+
+// checkListLen refuses a list of more than max entries, naming the field.
+func checkListLen(field string, n, max int) error {
+	if n > max {
+		return badReq("%s: %d entries, at most %d", field, n, max)
+	}
+	return nil
+}
+
+// checkNames bounds a list of object names and checks each (at most max bytes).
+func checkNames(field string, names []string, max int) error {
+	if err := checkListLen(field, len(names), maxListEntries); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := checkName(field, n, max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // field checks: each returns a 400 naming the field.
 
 func checkName(field, v string, max int) error {
