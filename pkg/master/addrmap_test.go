@@ -255,19 +255,7 @@ func TestTenThousandAllocationsInSlash10(t *testing.T) {
 		t.Skip("short mode")
 	}
 	ctx := context.Background()
-	cu := fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
-	srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: t.TempDir(), ClientURL: cu,
-		PeerURL: fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t)), QuotaBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	store, err := state.Open(ctx, []string{cu})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	e := newEnvOn(t, store, cu, "routing")
+	e := newEnvEtcd(t, etcdembed.Config{QuotaBytes: 64 << 20}, "routing")
 	e.net("default", "wide", "vxlan", "10.64.0.0/10", "10.64.0.1", 0)
 	const total, workers = 10000, 4
 	var mu sync.Mutex
@@ -306,7 +294,7 @@ func TestTenThousandAllocationsInSlash10(t *testing.T) {
 	if ns := netState(t, e, "wide.default"); ns.EpAddrCount != total || ns.IPAllocMap.Len() != 0 {
 		t.Fatalf("state: epAddrCount %d, inline map %d bits", ns.EpAddrCount, ns.IPAllocMap.Len())
 	}
-	st := store.Health(ctx)
+	st := e.store.Health(ctx)
 	t.Logf("etcd after %d allocations: %+v", total, st)
 	// Release one in a full chunk and get it back as the lowest free address.
 	e.ok("POST", "/plugin/releaseAddress", model.ReleaseAddressRequest{NetworkID: "wide.default", IPv4Address: "10.64.0.77/10"}, nil)

@@ -3,10 +3,12 @@ package master
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -98,5 +100,29 @@ func TestContivRuleMapsHonoured(t *testing.T) {
 	resp, err := e.raw.Get(ctx, model.RuleStatePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || resp.Count != 0 {
 		t.Fatalf("records left after detach: %v %v", resp, err)
+	}
+}
+
+// TestPolicyAttachTooLarge: an attach whose datapath records do not fit one etcd
+// transaction answers 413 with the counts, never 500, and writes nothing (control plane
+// issue, item 7: a 4,100-rule policy attach answered 500 "trying to send message larger
+// than max"). etcd here allows 128 operations (an external etcd's default --max-txn-ops), so
+// 70 rules (2 records each) pass it.
+func TestPolicyAttachTooLarge(t *testing.T) {
+	e := newEnvEtcd(t, etcdembed.Config{MaxTxnOps: 128}, "bridge")
+	e.net("default", "n1", "vxlan", "10.1.1.0/24", "", 0)
+	e.ok("POST", "/api/v1/policys/default:p/", `{"policyName":"p","tenantName":"default"}`, nil)
+	for i := 0; i < 70; i++ {
+		e.ok("POST", fmt.Sprintf("/api/v1/rules/default:p:r%d/", i),
+			fmt.Sprintf(`{"action":"allow","direction":"in","port":%d,"protocol":"tcp","policyName":"p","ruleId":"r%d","tenantName":"default"}`, 1000+i, i), nil)
+	}
+	e.ok("POST", "/api/v1/endpointGroups/default:g/", `{"groupName":"g","networkName":"n1","tenantName":"default"}`, nil)
+	before, rev := e.snapshot()
+	code, out := e.do("POST", "/api/v1/endpointGroups/default:g/", `{"groupName":"g","networkName":"n1","policies":["p"],"tenantName":"default"}`)
+	if code != 413 || !strings.Contains(out, "too large") {
+		t.Errorf("attach of 70 rules past 128 operations: %d %.300s, want 413 naming the size", code, out)
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Errorf("the refused attach changed etcd")
 	}
 }

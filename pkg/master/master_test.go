@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
+	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -32,6 +33,27 @@ func newEnv(t *testing.T, fwd string) *env {
 	t.Helper()
 	store, url := statetest.Store(t)
 	return newEnvOn(t, store, url, fwd)
+}
+
+// newEnvEtcd runs a Master on an embedded etcd of its own started with cfg (its data
+// directory, client and peer URLs filled in): for tests that need etcd's limits changed.
+func newEnvEtcd(t *testing.T, cfg etcdembed.Config, fwd string) *env {
+	t.Helper()
+	ctx := context.Background()
+	cfg.DataDir = t.TempDir()
+	cfg.ClientURL = fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	cfg.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", statetest.FreePort(t))
+	srv, err := etcdembed.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	store, err := state.Open(ctx, []string{cfg.ClientURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return newEnvOn(t, store, cfg.ClientURL, fwd)
 }
 
 // newEnvOn runs a Master on store (etcd at url); opts change its Config.
