@@ -83,7 +83,7 @@ func commands(build BuildInfo) []*cli.Command {
 					Flags: []cli.Flag{tenantFlag(),
 						str("bandwidth", "b", "", "Bandwidth (e.g., 10 kbps, 100 mbps, 1gbps)"),
 						integer("dscp", "d", 0, "DSCP"),
-						integer("burst", "s", 0, "burst size in kilobits (0: 250 ms of the bandwidth)"),
+						integer("burst", "s", 0, "burst size in kilobits (0: the dataplane's default, docs/netprofiles.md)"),
 					}, Action: action(createNetprofile)},
 				{Name: "rm", Aliases: []string{"delete"}, Usage: "Delete a network profile", ArgsUsage: "[netprofile]",
 					Flags: []cli.Flag{tenantFlag()}, Action: action(deleteNetprofile)},

@@ -86,12 +86,17 @@ func TestAgentURLs(t *testing.T) {
 }
 
 // TestNetprofileBurstUnit: netctl's help names the unit the burst is enforced in
-// (kilobits, docs/netprofiles.md), not kilobytes, eight times what is applied.
+// (kilobits, docs/netprofiles.md), not kilobytes, eight times what is applied, and says a
+// burst of 0 gets the dataplane's own default (OVS 250 ms, eBPF 200 ms), not one
+// backend's figure.
 func TestNetprofileBurstUnit(t *testing.T) {
 	var out, errOut strings.Builder
 	Run(context.Background(), []string{"netctl", "netprofile", "create", "--help"}, &out, &errOut, BuildInfo{})
 	help := out.String() + errOut.String()
 	if !strings.Contains(help, "kilobits") || strings.Contains(help, "kilobytes") {
 		t.Errorf("netprofile create --help:\n%s", help)
+	}
+	if strings.Contains(help, " ms ") || !strings.Contains(help, "dataplane's default") {
+		t.Errorf("netprofile create --help gives one backend's default burst:\n%s", help)
 	}
 }
