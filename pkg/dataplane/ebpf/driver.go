@@ -151,6 +151,26 @@ type endpointIndex struct {
 	slots    map[uint32]string     // cb_ep_counters slot → endpoint indexKey
 	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
 	hostRoutes map[netip.Addr]string
+	// netNames is a copy of the networks' map keys → ids, replaced whole whenever networks
+	// change, for readers that must not wait for an endpoint apply (the metrics scrape).
+	netNames atomic.Pointer[map[uint32]string]
+}
+
+// publishNetNames replaces netNames from networks; the caller holds mu for writing.
+func (x *endpointIndex) publishNetNames() {
+	m := make(map[uint32]string, len(x.networks))
+	for _, n := range x.networks {
+		m[n.key] = n.net.ID
+	}
+	x.netNames.Store(&m)
+}
+
+// netName is network key k's id ("" when unknown), without the lock.
+func (x *endpointIndex) netName(k uint32) string {
+	if m := x.netNames.Load(); m != nil {
+		return (*m)[k]
+	}
+	return ""
 }
 
 // policyIndex is what the driver wrote for group policy (policy.go, poltables.go,

@@ -91,6 +91,7 @@ func (d *Driver) upsertNetwork(n dataplane.Network) error {
 		}
 	}
 	d.eps.networks[n.ID] = netRec{net: n, key: key, vrf: vrf}
+	d.eps.publishNetNames()
 	if err := d.syncTenantNet(vrf, n.Subnet); err != nil {
 		return fmt.Errorf("network %s: %w", n.ID, err)
 	}
@@ -214,6 +215,7 @@ func (d *Driver) deleteNetwork(id string) error {
 		return fmt.Errorf("network %s: delete map entry: %w", id, err)
 	}
 	delete(d.eps.networks, id)
+	d.eps.publishNetNames()
 	if err := d.syncTenantNet(r.vrf, r.net.Subnet); err != nil {
 		return fmt.Errorf("network %s: %w", id, err)
 	}

@@ -211,14 +211,9 @@ func (d *Driver) listQoS(n listNames, l *dataplane.Listing) error {
 
 // qosDrops sums what the limited endpoints' buckets dropped, per network and direction
 // (the rate-limit drop metrics): the limited endpoints' interface entries (cb_ifaces, as
-// listQoS reads them) and their buckets, no other table.
+// listQoS reads them) and their buckets, no other table, and no lock (a scrape never waits
+// for an endpoint apply: network names from netNames).
 func (d *Driver) qosDrops() (map[dataplane.QoSDropKey]dataplane.QoSDropCount, error) {
-	nets := map[uint32]string{}
-	d.eps.mu.RLock()
-	for _, n := range d.eps.networks {
-		nets[n.key] = n.net.ID
-	}
-	d.eps.mu.RUnlock()
 	out := map[dataplane.QoSDropKey]dataplane.QoSDropCount{}
 	add := func(k dataplane.QoSDropKey, b contivbpfCbQosBucket) {
 		c := out[k]
@@ -237,7 +232,7 @@ func (d *Driver) qosDrops() (map[dataplane.QoSDropKey]dataplane.QoSDropCount, er
 		if err != nil {
 			return nil, err
 		}
-		network := nets[v.Net]
+		network := d.eps.netName(v.Net)
 		if v.Qos&uint32(contivbpfCbQosFlagsCB_QOS_EGRESS) != 0 {
 			add(dataplane.QoSDropKey{Network: network, Direction: "egress"}, e.Out)
 		}
