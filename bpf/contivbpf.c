@@ -1879,16 +1879,61 @@ CB_INLINE int cb_overlay_in(struct __sk_buff *skb, const struct cb_config *cfg)
 	return udp->dport == cfg->vxlan_port;
 }
 
+/* cb_clear_overlay says whether a frame from the underlay is UDP to the overlay's port,
+ * whatever its destination address (the vxlan device's socket listens on every address of
+ * the host, broadcast included), IP options, VLAN tag or IP version (a collect_md device
+ * opens an IPv6 socket too): with encryption on (CB_FEAT_ENCRYPT) such packets reach the
+ * host only out of the WireGuard device, never from the wire. A later fragment carries no
+ * port: it is left alone (its first fragment, which always holds the whole UDP header, is
+ * dropped, so the datagram never reassembles). Read with bpf_skb_load_bytes: headers
+ * outside the linear part are found too. */
+static __noinline int cb_clear_overlay(struct __sk_buff *skb, __be16 port)
+{
+	__u8 vh, nh;
+	__u16 frag;
+	__be16 dport;
+	__u32 l4;
+
+	if (!port)
+		return 0;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &vh, 1) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 9, &nh, 1) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 6, &frag, 2) < 0)
+			return 0;
+		if ((vh >> 4) != 4 || nh != CB_PROTO_UDP || (frag & bpf_htons(0x1fff)))
+			return 0;
+		l4 = ETH_HLEN + (__u32)(vh & 0xf) * 4;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		/* Only UDP right after the fixed header: the kernel's vxlan socket takes an
+		 * extension header chain too, so any other next header of an IPv6 packet to the
+		 * overlay's port would pass; IPv6 underlays are not supported (VTEPs are IPv4). */
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 6, &nh, 1) < 0 || nh != CB_PROTO_UDP)
+			return 0;
+		l4 = ETH_HLEN + 40;
+	} else {
+		return 0;
+	}
+	if (bpf_skb_load_bytes(skb, l4 + 2, &dport, 2) < 0)
+		return 0;
+	return dport == port;
+}
+
 /* cb_from_uplink takes the replies of egress flows and the packets to node ports off the
  * egress device (delivered to their endpoints); everything else is the host's and
- * continues. */
+ * continues. With encryption on it also sits on the device holding the VTEP, and drops
+ * the underlay's clear overlay packets there (cb_clear_overlay). */
 SEC("tc")
 int cb_from_uplink(struct __sk_buff *skb)
 {
 	struct cb_config *cfg = cb_get_config();
 	int r;
 
-	if (!cfg || !cfg->snat_ip)
+	if (!cfg)
+		return CB_TCX_NEXT;
+	if ((cb_features & CB_FEAT_ENCRYPT) && cb_clear_overlay(skb, cfg->vxlan_port))
+		return cb_drop(skb, CB_DROP_CLEAR_OVERLAY);
+	if (!cfg->snat_ip)
 		return CB_TCX_NEXT;
 	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */
 	if (skb->vlan_present)

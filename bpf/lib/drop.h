@@ -77,6 +77,7 @@ enum cb_reason {
 	CB_DROP_NODEPORT_BLIND = 80, /* node port: a client's FIN or RST outside the window the backend's last ACK sets */
 	CB_DROP_RATE_EGRESS = 81,   /* the sending endpoint's egress rate and burst are spent (qos.h) */
 	CB_DROP_RATE_INGRESS = 82,  /* the receiving endpoint's ingress rate and burst are spent (qos.h) */
+	CB_DROP_CLEAR_OVERLAY = 83, /* encryption on: UDP to the overlay's port from the underlay, not out of WireGuard */
 	CB_REASON_MAX = 96,
 };
 

@@ -370,6 +370,7 @@ func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (datapl
 			EgressPortMin:       cfg.egressPorts[0],
 			EgressPortMax:       cfg.egressPorts[1],
 			EgressAllowMetadata: cfg.allowMetadata,
+			Encrypted:           cfg.encryption == "wireguard",
 			DNSIP:               cfg.dnsListen.Addr(),
 			StepObserver:        steps,
 		})

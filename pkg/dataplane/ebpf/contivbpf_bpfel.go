@@ -218,6 +218,7 @@ const (
 	contivbpfCbFeaturesCB_FEAT_NODEPORT     contivbpfCbFeatures = 32
 	contivbpfCbFeaturesCB_FEAT_BGP          contivbpfCbFeatures = 64
 	contivbpfCbFeaturesCB_FEAT_NETPOL       contivbpfCbFeatures = 128
+	contivbpfCbFeaturesCB_FEAT_ENCRYPT      contivbpfCbFeatures = 256
 )
 
 type contivbpfCbFragBudget struct {
@@ -625,6 +626,7 @@ const (
 	contivbpfCbReasonCB_DROP_NODEPORT_BLIND        contivbpfCbReason = 80
 	contivbpfCbReasonCB_DROP_RATE_EGRESS           contivbpfCbReason = 81
 	contivbpfCbReasonCB_DROP_RATE_INGRESS          contivbpfCbReason = 82
+	contivbpfCbReasonCB_DROP_CLEAR_OVERLAY         contivbpfCbReason = 83
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 

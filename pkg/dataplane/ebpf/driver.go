@@ -95,6 +95,7 @@ type Driver struct {
 	vxIndex  int
 	upIndex  int           // VLAN uplink, 0 = none
 	egress   egress        // egress NAT (hostpath.go), zero = off; set by New only
+	underlay underlay      // the VTEP's device (Options.Encrypted), zero = none; set by New only
 	addrStop chan struct{} // stops the host address watch
 	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
 	// none) and the host namespace cookie it acts for.
@@ -425,6 +426,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.egress, err = d.resolveEgress(); err != nil {
 		return err
 	}
+	if d.underlay, err = d.resolveUnderlay(); err != nil {
+		return err
+	}
 	d.pubEpoch = d.epoch // stamps of compilePinnedPolicies, published by the config
 	if err := d.writeConfig(); err != nil {
 		return err
@@ -564,6 +568,9 @@ func (d *Driver) writeConfigLocked() error {
 	}
 	if d.cfg.VTEP.IsValid() {
 		c.Vtep = ip4(d.cfg.VTEP)
+	}
+	if d.cfg.Encrypted {
+		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ENCRYPT)
 	}
 	if d.egress.ifindex != 0 {
 		c.SnatIp = ip4(d.egress.ip)

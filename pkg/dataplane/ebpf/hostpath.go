@@ -34,7 +34,10 @@ const (
 	// rtProtoContivBPF marks the host routes the driver installs (`ip route show proto 203`).
 	rtProtoContivBPF = 203
 	egressLinkPrefix = "egress_"
-	sockLBLink       = "cgroup_connect4"
+	// underlayLinkPrefix names cb_from_uplink's link on the VTEP's device when that is not
+	// the egress device (Options.Encrypted).
+	underlayLinkPrefix = "underlay_"
+	sockLBLink         = "cgroup_connect4"
 )
 
 // egress is the resolved egress NAT configuration (zero: egress off).
@@ -126,12 +129,55 @@ func (d *Driver) warnPortOverlap(e egress) {
 	}
 }
 
-// attachEgress puts cb_from_uplink on the egress device.
+// underlay is the device holding the VTEP, where the overlay's packets arrive from other
+// hosts, when cb_from_uplink must sit on it and the egress device is another (zero: none).
+type underlay struct {
+	ifname  string
+	ifindex int
+}
+
+// resolveUnderlay finds the device holding the VTEP when the overlay is encrypted
+// (Options.Encrypted): cb_from_uplink drops the wire's clear overlay packets there. Zero
+// when encryption is off or the egress device is that device already.
+func (d *Driver) resolveUnderlay() (underlay, error) {
+	if !d.cfg.Encrypted {
+		return underlay{}, nil
+	}
+	if !d.cfg.VTEP.Is4() {
+		return underlay{}, fmt.Errorf("ebpf: encrypted overlay: vtep %v is not IPv4", d.cfg.VTEP)
+	}
+	addrs, err := d.nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return underlay{}, fmt.Errorf("ebpf: list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); !ok || ip != d.cfg.VTEP {
+			continue
+		}
+		if a.LinkIndex == d.egress.ifindex {
+			return underlay{}, nil
+		}
+		l, err := d.nl.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return underlay{}, fmt.Errorf("ebpf: vtep device %d: %w", a.LinkIndex, err)
+		}
+		return underlay{ifname: l.Attrs().Name, ifindex: a.LinkIndex}, nil
+	}
+	return underlay{}, fmt.Errorf("ebpf: encrypted overlay: no device of this host holds the vtep %v, so clear overlay packets could not be refused", d.cfg.VTEP)
+}
+
+// attachEgress puts cb_from_uplink on the egress device, and on the VTEP's device when
+// that is another one (resolveUnderlay).
 func (d *Driver) attachEgress() error {
-	if d.egress.ifindex == 0 {
+	if d.egress.ifindex != 0 {
+		if err := d.ensureTCX(egressLinkPrefix+d.egress.ifname, d.egress.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink); err != nil {
+			return err
+		}
+	}
+	if d.underlay.ifindex == 0 {
 		return nil
 	}
-	return d.ensureTCX(egressLinkPrefix+d.egress.ifname, d.egress.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink)
+	return d.ensureTCX(underlayLinkPrefix+d.underlay.ifname, d.underlay.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink)
 }
 
 // syncHostIPs makes cb_host_ips the host's IPv4 addresses (loopback excluded).

@@ -29,6 +29,12 @@ type Options struct {
 	// 169.254.169.254 through egress NAT (as the node); every other link-local address,
 	// and that one by default, is refused (drop_egress_link_local).
 	EgressAllowMetadata bool
+	// Encrypted says the host's overlay traffic travels inside WireGuard (netplugin
+	// --encryption wireguard): decrypted overlay packets come out of the WireGuard device,
+	// so every UDP packet to VXLANPort arriving from the wire is dropped
+	// (drop_clear_overlay). cb_from_uplink is put on the device holding the VTEP for it:
+	// New fails when no device of the host holds the VTEP.
+	Encrypted bool
 	// DNSIP is the host address the agent's DNS responder listens on (port 53):
 	// endpoints' UDP queries to their gateway's port 53 are steered to it. Invalid: none.
 	DNSIP netip.Addr

@@ -72,8 +72,9 @@ const (
 	DropNoStage             = Reason(contivbpfCbReasonCB_DROP_NO_STAGE)
 	DropEgressUnanswered    = Reason(contivbpfCbReasonCB_DROP_EGRESS_UNANSWERED)
 	DropNodePortBlind       = Reason(contivbpfCbReasonCB_DROP_NODEPORT_BLIND)
-	DropRateEgress          = Reason(contivbpfCbReasonCB_DROP_RATE_EGRESS)  // an endpoint's QoS egress rate (qos.go)
-	DropRateIngress         = Reason(contivbpfCbReasonCB_DROP_RATE_INGRESS) // an endpoint's QoS ingress rate (qos.go)
+	DropRateEgress          = Reason(contivbpfCbReasonCB_DROP_RATE_EGRESS)   // an endpoint's QoS egress rate (qos.go)
+	DropRateIngress         = Reason(contivbpfCbReasonCB_DROP_RATE_INGRESS)  // an endpoint's QoS ingress rate (qos.go)
+	DropClearOverlay        = Reason(contivbpfCbReasonCB_DROP_CLEAR_OVERLAY) // encryption on: an overlay packet from the underlay in clear
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -145,6 +146,7 @@ var reasonNames = map[Reason]string{
 	DropNodePortBlind:       "drop_nodeport_blind",
 	DropRateEgress:          "drop_rate_egress",
 	DropRateIngress:         "drop_rate_ingress",
+	DropClearOverlay:        "drop_clear_overlay",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".

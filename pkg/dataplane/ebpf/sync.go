@@ -50,6 +50,9 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	if d.egress.ifindex != 0 {
 		wantIfs[egressLinkPrefix+d.egress.ifname] = true
 	}
+	if d.underlay.ifindex != 0 {
+		wantIfs[underlayLinkPrefix+d.underlay.ifname] = true
+	}
 	if d.sockLB != "" {
 		wantIfs[sockLBLink] = true
 	}

@@ -1,0 +1,91 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/contivbpf/contivbpf/pkg/dataplane"
+)
+
+// udp6Frame builds an Ethernet/IPv6/UDP frame (no extension headers) from src to dst port
+// dport.
+func udp6Frame(src, dst netip.Addr, dport uint16) []byte {
+	udp := make([]byte, 8, 8+4)
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], dport)
+	udp = append(udp, "vxln"...)
+	binary.BigEndian.PutUint16(udp[4:], uint16(len(udp)))
+	ip := make([]byte, 40)
+	ip[0] = 6 << 4
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(udp)))
+	ip[6] = 17
+	ip[7] = 64
+	s, d := src.As16(), dst.As16()
+	copy(ip[8:], s[:])
+	copy(ip[24:], d[:])
+	f := ethHdr(dataplane.ContivMAC(remoteIP), dataplane.ContivMAC(srcIP), 0x86dd)
+	return append(append(f, ip...), udp...)
+}
+
+// With encryption on, cb_from_uplink drops every UDP packet to the overlay's port that the
+// wire brings (only WireGuard's decrypted packets may carry the overlay, and those come
+// out of the WireGuard device), whatever address, IP options, fragment or IP version it
+// tries; WireGuard's own port and other traffic pass as before, and with encryption off
+// the clear overlay packet passes as it always did.
+func TestClearOverlayDropped(t *testing.T) {
+	objs := loadTestObjects(t, contivbpfProgCbFromUplink)
+	up := objs.CbFromUplink
+	vtep, peer := hostIP, netip.MustParseAddr("192.168.0.2")
+	const vxlan, wg = 4789, 51820
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.VxlanPort = nport(vxlan); c.Vtep = ip4(vtep) })
+	clear := func() []byte { return l4Frame(17, peer, vtep, 40000, vxlan, 0, 0) }
+	passes := func(t *testing.T, f []byte) {
+		t.Helper()
+		if r := run(t, objs, up, f, nil); r.ret != tcxNext || len(r.diff) != 0 {
+			t.Errorf("verdict %#x reasons %v, want tcx next, uncounted", r.ret, r.diff)
+		}
+	}
+	dropped := func(t *testing.T, f []byte) {
+		t.Helper()
+		run(t, objs, up, f, nil).expect(t, tcActShot, DropClearOverlay)
+	}
+
+	t.Run("off-passes", func(t *testing.T) {
+		setFeatures(t, objs, 0)
+		passes(t, clear())
+	})
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_ENCRYPT))
+	t.Run("on-without-egress-drops", func(t *testing.T) { dropped(t, clear()) })
+	t.Run("wireguard-passes", func(t *testing.T) { passes(t, l4Frame(17, peer, vtep, wg, wg, 0, 0)) })
+	t.Run("other-udp-passes", func(t *testing.T) { passes(t, l4Frame(17, peer, vtep, 40000, 53, 0, 0)) })
+	t.Run("tcp-to-the-port-passes", func(t *testing.T) { passes(t, l4Frame(6, peer, vtep, 40000, vxlan, 0x02, 0)) })
+	t.Run("from-the-port-passes", func(t *testing.T) { passes(t, l4Frame(17, peer, vtep, vxlan, 40000, 0, 0)) })
+	t.Run("ip-options-drop", func(t *testing.T) {
+		dropped(t, l4FrameOpts(17, peer, vtep, 40000, vxlan, 0, ipOpts{options: []byte{1, 1, 1, 0}}))
+	})
+	t.Run("other-address-drops", func(t *testing.T) {
+		// The vxlan device's socket listens on every address, broadcast included.
+		dropped(t, l4Frame(17, peer, netip.MustParseAddr("192.168.0.255"), 40000, vxlan, 0, 0))
+		dropped(t, l4Frame(17, peer, netip.MustParseAddr("255.255.255.255"), 40000, vxlan, 0, 0))
+	})
+	t.Run("first-fragment-drops", func(t *testing.T) { dropped(t, asFirstFragment(clear())) })
+	t.Run("later-fragment-passes", func(t *testing.T) {
+		// No ports to read: its first fragment is dropped, so it never reassembles.
+		passes(t, l4Frame(17, peer, vtep, 40000, vxlan, 0, 185))
+	})
+	t.Run("ipv6-drops", func(t *testing.T) {
+		// A collect_md vxlan device opens an IPv6 socket too.
+		dropped(t, udp6Frame(netip.MustParseAddr("fd00::2"), netip.MustParseAddr("fd00::1"), vxlan))
+		passes(t, udp6Frame(netip.MustParseAddr("fd00::2"), netip.MustParseAddr("fd00::1"), wg))
+	})
+	t.Run("on-with-egress-drops", func(t *testing.T) {
+		editConfig(t, objs, func(c *contivbpfCbConfig) { c.SnatIp = ip4(vtep); c.EgressIfindex = loIfindex })
+		dropped(t, clear())
+		passes(t, l4Frame(17, peer, vtep, wg, wg, 0, 0))
+	})
+	t.Run("on-without-port-passes", func(t *testing.T) {
+		editConfig(t, objs, func(c *contivbpfCbConfig) { c.VxlanPort = 0 })
+		passes(t, clear())
+	})
+}
