@@ -80,53 +80,73 @@ func udpPorts(frames [][]byte) map[uint16]int {
 // reports B waiting. Once B's key is published, the same packets reach B's socket from
 // A's VTEP and the underlay holds only WireGuard's UDP port, no VXLAN port. Withheld
 // again, B's route goes and nothing crosses in clear.
-func TestSteerFailsClosed(t *testing.T) {
+// twoHosts is two network namespaces joined by a veth underlay, 192.168.77.1 (A) and .2
+// (B), strict reverse-path filtering in both (decrypted packets must pass it).
+type twoHosts struct {
+	id, nsA, nsB, pa, pb, va, vb string
+	vtepA, vtepB                 netip.Addr
+}
+
+func newTwoHosts(t *testing.T, prefix string) twoHosts {
+	t.Helper()
 	testroot.Need(t)
-	ctx := context.Background()
 	id := dockertest.RandHex(3)
-	nsA, nsB := "cbst-"+id+"a", "cbst-"+id+"b"
-	dockertest.NetNS(t, nsA)
-	dockertest.NetNS(t, nsB)
-	pa, pb := "/run/netns/"+nsA, "/run/netns/"+nsB
-	va, vb := "cbsta"+id, "cbstb"+id
+	h := twoHosts{id: id, nsA: prefix + "-" + id + "a", nsB: prefix + "-" + id + "b", va: prefix + "a" + id, vb: prefix + "b" + id,
+		vtepA: netip.MustParseAddr("192.168.77.1"), vtepB: netip.MustParseAddr("192.168.77.2")}
+	dockertest.NetNS(t, h.nsA)
+	dockertest.NetNS(t, h.nsB)
+	h.pa, h.pb = "/run/netns/"+h.nsA, "/run/netns/"+h.nsB
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	run("link", "add", va, "netns", nsA, "type", "veth", "peer", "name", vb, "netns", nsB)
-	run("-n", nsA, "addr", "add", "192.168.77.1/24", "dev", va)
-	run("-n", nsB, "addr", "add", "192.168.77.2/24", "dev", vb)
-	run("-n", nsA, "link", "set", va, "up")
-	run("-n", nsB, "link", "set", vb, "up")
-	vtepA, vtepB := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.2")
-	// Strict reverse-path filtering, as many hosts have: decrypted packets must pass it.
-	for _, ns := range []string{nsA, nsB} {
+	run("link", "add", h.va, "netns", h.nsA, "type", "veth", "peer", "name", h.vb, "netns", h.nsB)
+	run("-n", h.nsA, "addr", "add", "192.168.77.1/24", "dev", h.va)
+	run("-n", h.nsB, "addr", "add", "192.168.77.2/24", "dev", h.vb)
+	run("-n", h.nsA, "link", "set", h.va, "up")
+	run("-n", h.nsB, "link", "set", h.vb, "up")
+	for _, ns := range []string{h.nsA, h.nsB} {
 		if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1").CombinedOutput(); err != nil {
 			t.Fatalf("rp_filter in %s: %v: %s", ns, err, out)
 		}
 	}
+	return h
+}
+
+// openSteer opens a WireGuard device named name in namespace ns and installs host's
+// steering towards peer through it, its record published in dir.
+func openSteer(t *testing.T, ctx context.Context, dir Directory, ns, name, host string, vtep netip.Addr, peer dataplane.Peer) *Steer {
+	t.Helper()
+	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: ns, Name: name, StateDir: t.TempDir(), ListenPort: 51820, FirewallMark: DefaultMark,
+		Address: netip.MustParsePrefix(DeviceAddress)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tun.Close() })
+	s, err := Install(Config{NetNS: ns, Device: tun, Directory: dir, Host: host, VTEP: vtep,
+		Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return []dataplane.Peer{peer} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestSteerFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	h := newTwoHosts(t, "cbst")
+	id, pa, pb, vb := h.id, h.pa, h.pb, h.vb
+	vtepA, vtepB := h.vtepA, h.vtepB
 
 	dir := &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{"b": true}}
 	open := func(ns, name string, host string, vtep netip.Addr, peer dataplane.Peer) *Steer {
 		t.Helper()
-		tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: ns, Name: name, StateDir: t.TempDir(), ListenPort: 51820, FirewallMark: DefaultMark,
-			Address: netip.MustParsePrefix(DeviceAddress)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tun.Close() })
-		s, err := Install(Config{NetNS: ns, Device: tun, Directory: dir, Host: host, VTEP: vtep,
-			Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return []dataplane.Peer{peer} }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
-		if err := s.publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return openSteer(t, ctx, dir, ns, name, host, vtep, peer)
 	}
 	sa := open(pa, "cbstw"+id+"a", "a", vtepA, dataplane.Peer{Host: "b", VTEP: vtepB})
 	sb := open(pb, "cbstw"+id+"b", "b", vtepB, dataplane.Peer{Host: "a", VTEP: vtepA})
