@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,12 +180,15 @@ func TestWireGuardEncryption(t *testing.T) {
 			t.Error(err)
 		}
 		// Nothing from h1 or h2 reaches h3's container, in either direction: h3's clear
-		// VXLAN still arrives (not refused yet, docs/encryption.md) but the answers are
-		// dropped.
+		// VXLAN arrives and is dropped where it enters (drop_clear_overlay), and nothing
+		// goes back.
 		for _, p := range [][2]*Container{{cts[0], cts[2]}, {cts[1], cts[2]}, {cts[2], cts[0]}} {
 			if out, err := p[0].Exec(ctx, "ping", "-c", "3", "-i", "0.2", "-W", "1", p[1].IP.Addr().String()); err == nil || !strings.Contains(out, " 100% packet loss") {
 				t.Errorf("ping %s -> %s with %s's key withheld answered: %v\n%s", p[0].Name, p[1].Name, h3.Name, err, out)
 			}
+		}
+		if m, err := h1.Metrics(ctx); err != nil || clearDrops(m) == 0 {
+			t.Errorf("%s: no drop_clear_overlay after %s's clear VXLAN: %v\n%s", h1.Name, h3.Name, err, grepLines(m, "drop_clear_overlay"))
 		}
 		if _, err := AskName(ctx, cts[0], net.JoinHostPort(cts[2].IP.Addr().String(), "5031")); err == nil || !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {
 			t.Errorf("TCP %s -> %s with %s's key withheld: %v, want a timeout", cts[0].Name, cts[2].Name, h3.Name, err)
@@ -392,4 +396,17 @@ func readPcap(t *testing.T, cp *capture) []ipFrame {
 		out = append(out, f)
 	}
 	return out
+}
+
+// clearDrops is the drop_clear_overlay packet count in an agent's metrics text (0 when
+// absent).
+func clearDrops(metrics string) float64 {
+	const series = `contiv_datapath_packets_total{drop="true",reason="drop_clear_overlay"} `
+	for _, l := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(l, series); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return n
+		}
+	}
+	return 0
 }
