@@ -25,12 +25,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/filewatch"
 )
 
 // Role names.
@@ -104,8 +105,6 @@ type Tokens struct {
 	path string
 	mu   sync.RWMutex
 	set  tokenSet
-	// stamp is what the file looked like when set was read (Watch compares it).
-	stamp fileStamp
 }
 
 // tokenSet is one reading of the token file.
@@ -114,76 +113,38 @@ type tokenSet struct {
 	peer     string // a token of role netmaster, used to forward callers to the leader
 }
 
-// fileStamp tells a file's versions apart: its contents (mtime, size, inode) and its
-// mode and status change time (a refused 0644 file fixed with chmod 600 is a new one).
-type fileStamp struct {
-	mod, ctime time.Time
-	size       int64
-	inode      uint64
-	mode       os.FileMode
-}
-
-func stampOf(st os.FileInfo) fileStamp {
-	fs := fileStamp{mod: st.ModTime(), size: st.Size(), mode: st.Mode()}
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-		fs.inode = sys.Ino
-		fs.ctime = time.Unix(sys.Ctim.Sec, sys.Ctim.Nsec)
-	}
-	return fs
-}
-
 // LoadTokens reads a token file.
 func LoadTokens(path string) (*Tokens, error) {
-	set, stamp, err := readTokens(path)
+	set, err := readTokens(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Tokens{path: path, set: set, stamp: stamp}, nil
+	return &Tokens{path: path, set: set}, nil
 }
 
 // Reload reads the token file again and takes it: tokens no longer in it stop working at
 // once. On error no token works (the error says why) until a reload takes a valid file.
 func (t *Tokens) Reload() error {
-	set, stamp, err := readTokens(t.path)
+	set, err := readTokens(t.path)
 	if err != nil {
 		set = tokenSet{}
-		if st, serr := os.Stat(t.path); serr == nil {
-			stamp = stampOf(st)
-		}
 	}
 	t.mu.Lock()
-	t.set, t.stamp = set, stamp
+	t.set = set
 	t.mu.Unlock()
 	return err
+}
+
+// reloader reloads the token file through pkg/filewatch.
+func (t *Tokens) reloader(log *slog.Logger) filewatch.Reloader {
+	return filewatch.Reloader{What: "token file", Paths: []string{t.path}, Reload: t.Reload,
+		Failed: "no token works until it is fixed", Log: log}
 }
 
 // Watch reloads the tokens whenever the file changes (checked every `every`) until ctx
 // ends, logging each reload and each file it refuses.
 func (t *Tokens) Watch(ctx context.Context, every time.Duration, log *slog.Logger) {
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		var now fileStamp // (zero: no file)
-		if st, err := os.Stat(t.path); err == nil {
-			now = stampOf(st)
-		}
-		t.mu.RLock()
-		same := now == t.stamp
-		t.mu.RUnlock()
-		if same {
-			continue // (a file refused once is not read again until it changes)
-		}
-		if err := t.Reload(); err != nil {
-			log.Error("token file changed and cannot be taken: no token works until it is fixed", "path", t.path, "err", err)
-			continue
-		}
-		log.Info("token file reloaded", "path", t.path)
-	}
+	t.reloader(log).Poll(ctx, every)
 }
 
 // FollowEvery is how often Follow looks at the token file for changes.
@@ -192,41 +153,25 @@ const FollowEvery = 2 * time.Second
 // Follow reloads the tokens when the file changes (looked at every FollowEvery) and on
 // SIGHUP, until ctx ends: a revoked token stops working without a restart.
 func (t *Tokens) Follow(ctx context.Context, log *slog.Logger) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go t.Watch(ctx, FollowEvery, log)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			if err := t.Reload(); err != nil {
-				log.Error("SIGHUP: token file cannot be taken: no token works until it is fixed", "path", t.path, "err", err)
-				continue
-			}
-			log.Info("SIGHUP: token file reloaded", "path", t.path)
-		}
-	}
+	t.reloader(log).Follow(ctx, FollowEvery)
 }
 
-// readTokens reads and checks the token file at path, and stamps it as it was opened (a
-// file replaced meanwhile is a new version, read on the next look).
-func readTokens(path string) (tokenSet, fileStamp, error) {
+// readTokens reads and checks the token file at path.
+func readTokens(path string) (tokenSet, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return tokenSet{}, fileStamp{}, fmt.Errorf("token file: %w", err)
+		return tokenSet{}, fmt.Errorf("token file: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return tokenSet{}, fileStamp{}, fmt.Errorf("token file: %w", err)
+		return tokenSet{}, fmt.Errorf("token file: %w", err)
 	}
 	set, err := parseTokens(path, f, st)
 	if err != nil {
-		return tokenSet{}, fileStamp{}, err
+		return tokenSet{}, err
 	}
-	return set, stampOf(st), nil
+	return set, nil
 }
 
 // CheckSecretFile refuses a file of secrets (named what, with status st) that another user
