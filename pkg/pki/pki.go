@@ -149,3 +149,39 @@ func serial() *big.Int {
 	}
 	return n
 }
+
+// Serial is the serial number of the issued certificate.
+func (p Pair) Serial() (*big.Int, error) {
+	blk, _ := pem.Decode(p.CertPEM)
+	if blk == nil {
+		return nil, fmt.Errorf("no PEM certificate in the pair")
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parse certificate: %w", err)
+	}
+	return c.SerialNumber, nil
+}
+
+// CRL is a PEM certificate revocation list signed by the CA that revokes the certificates
+// of revoked, valid until nextUpdate (in the past for an expired list). number is the CRL
+// number (each new list of a CA takes a larger one).
+func (ca *CA) CRL(number int64, nextUpdate time.Time, revoked ...Pair) ([]byte, error) {
+	tmpl := &x509.RevocationList{Number: big.NewInt(number), ThisUpdate: time.Now().Add(-time.Hour), NextUpdate: nextUpdate}
+	if !nextUpdate.After(tmpl.ThisUpdate) {
+		tmpl.ThisUpdate = nextUpdate.Add(-time.Hour)
+	}
+	for _, p := range revoked {
+		sn, err := p.Serial()
+		if err != nil {
+			return nil, err
+		}
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries,
+			x509.RevocationListEntry{SerialNumber: sn, RevocationTime: time.Now()})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.Cert, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign revocation list: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der}), nil
+}

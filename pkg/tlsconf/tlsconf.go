@@ -20,10 +20,13 @@ type Files struct {
 	CA string
 	// Cert and Key are this side's own certificate and key (both or neither).
 	Cert, Key string
+	// CRL (server side only) is a certificate revocation list, PEM or DER, signed by a
+	// CA of the client CA bundle: client certificates it lists are refused.
+	CRL string
 }
 
 // Empty reports whether no file is set.
-func (f Files) Empty() bool { return f.CA == "" && f.Cert == "" && f.Key == "" }
+func (f Files) Empty() bool { return f.CA == "" && f.Cert == "" && f.Key == "" && f.CRL == "" }
 
 // Client returns a client config: RootCAs from f.CA (system roots when empty), and the
 // client certificate when f.Cert/f.Key are set. what names the flags in errors
@@ -44,24 +47,14 @@ func Client(f Files, what string) (*tls.Config, error) {
 }
 
 // Server returns a server config with f.Cert/f.Key (required). When f.CA is set, clients
-// must present a certificate signed by it.
+// must present a certificate signed by it and not revoked by f.CRL. The client CA and the
+// CRL stay as read at start; NewServer's Reload reads them again.
 func Server(f Files, what string) (*tls.Config, error) {
-	if f.Cert == "" || f.Key == "" {
-		return nil, fmt.Errorf("%s: a certificate and a key are both required", what)
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if err := loadPair(f, tc, what); err != nil {
+	s, err := NewServer(f, what)
+	if err != nil {
 		return nil, err
 	}
-	if f.CA != "" {
-		pool, err := loadPool(f.CA)
-		if err != nil {
-			return nil, fmt.Errorf("%s client CA: %w", what, err)
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
+	return s.Config, nil
 }
 
 func loadPair(f Files, tc *tls.Config, what string) error {
@@ -80,15 +73,34 @@ func loadPair(f Files, tc *tls.Config, what string) error {
 }
 
 func loadPool(path string) (*x509.CertPool, error) {
+	pool, _, err := loadCAs(path)
+	return pool, err
+}
+
+// loadCAs reads a PEM bundle of CA certificates: as a pool, and parsed (to check the
+// signature of a revocation list).
+func loadCAs(path string) (*x509.CertPool, []*x509.Certificate, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read %w", err)
+		return nil, nil, fmt.Errorf("read %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, errors.New(path + ": no PEM certificate in it")
+	var certs []*x509.Certificate
+	for blk, rest := pem.Decode(b); blk != nil; blk, rest = pem.Decode(rest) {
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		pool.AddCert(c)
+		certs = append(certs, c)
 	}
-	return pool, nil
+	if len(certs) == 0 {
+		return nil, nil, errors.New(path + ": no PEM certificate in it")
+	}
+	return pool, certs, nil
 }
 
 // CommonName is the subject CN of the first certificate in the PEM file certFile (etcd

@@ -1,0 +1,253 @@
+package tlsconf
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/filewatch"
+)
+
+// ServerTLS is a server config whose client CA bundle and revocation list are read again
+// by Reload (and by Follow, on change and SIGHUP) without a restart and without dropping
+// connections. A reload that fails keeps the last good CA and CRL in force (a revocation is
+// never forgotten because a file broke) and Warning says so until a reload succeeds.
+type ServerTLS struct {
+	// Config is the config to serve with. Its fields may be changed before serving
+	// (ClientAuth, NextProtos): every handshake starts from a copy of it.
+	Config *tls.Config
+	files  Files
+	what   string
+
+	mu       sync.RWMutex
+	trust    *clientTrust // last good reading of files.CA and files.CRL (nil: no client CA)
+	failed   error        // why the last reload failed (nil: it did not)
+	failedAt time.Time
+}
+
+// clientTrust is one reading of the client CA bundle and its revocation lists.
+type clientTrust struct {
+	pool    *x509.CertPool
+	crls    []*x509.RevocationList
+	revoked map[string]bool // revokedKey of each listed certificate
+	read    time.Time
+}
+
+// revokedKey names a certificate by issuer and serial (serials are unique per issuer).
+func revokedKey(rawIssuer []byte, serial *big.Int) string {
+	return string(rawIssuer) + "\x00" + string(serial.Bytes())
+}
+
+// NewServer reads f as Server does and returns a config that Reload can refresh. what names
+// the flags in errors.
+func NewServer(f Files, what string) (*ServerTLS, error) {
+	if f.Cert == "" || f.Key == "" {
+		return nil, fmt.Errorf("%s: a certificate and a key are both required", what)
+	}
+	if f.CRL != "" && f.CA == "" {
+		return nil, fmt.Errorf("%s: a revocation list needs the client CA that signed it", what)
+	}
+	s := &ServerTLS{Config: &tls.Config{MinVersion: tls.VersionTLS12}, files: f, what: what}
+	if err := loadPair(f, s.Config, what); err != nil {
+		return nil, err
+	}
+	if f.CA == "" {
+		return s, nil
+	}
+	t, err := readTrust(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	s.trust = t
+	s.Config.ClientCAs = t.pool
+	s.Config.ClientAuth = tls.RequireAndVerifyClientCert
+	s.Config.VerifyConnection = s.verifyConnection
+	s.Config.GetConfigForClient = s.configForClient
+	return s, nil
+}
+
+// readTrust reads the client CA bundle and the CRL file of f. Every CRL in the file must be
+// signed by a CA of the bundle.
+func readTrust(f Files) (*clientTrust, error) {
+	pool, cas, err := loadCAs(f.CA)
+	if err != nil {
+		return nil, fmt.Errorf("client CA: %w", err)
+	}
+	t := &clientTrust{pool: pool, revoked: map[string]bool{}, read: time.Now()}
+	if f.CRL == "" {
+		return t, nil
+	}
+	if t.crls, err = readCRLs(f.CRL); err != nil {
+		return nil, err
+	}
+	for _, crl := range t.crls {
+		if err := signedByOneOf(crl, cas); err != nil {
+			return nil, fmt.Errorf("revocation list %s: %w", f.CRL, err)
+		}
+		for _, e := range crl.RevokedCertificateEntries {
+			t.revoked[revokedKey(crl.RawIssuer, e.SerialNumber)] = true
+		}
+	}
+	return t, nil
+}
+
+// readCRLs parses the CRLs of a PEM file ("X509 CRL" blocks) or one DER CRL.
+func readCRLs(path string) ([]*x509.RevocationList, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("revocation list: read %w", err)
+	}
+	var ders [][]byte
+	for blk, rest := pem.Decode(b); blk != nil; blk, rest = pem.Decode(rest) {
+		if blk.Type == "X509 CRL" {
+			ders = append(ders, blk.Bytes)
+		}
+	}
+	if len(ders) == 0 {
+		ders = [][]byte{b} // (DER)
+	}
+	out := make([]*x509.RevocationList, 0, len(ders))
+	for _, der := range ders {
+		crl, err := x509.ParseRevocationList(der)
+		if err != nil {
+			return nil, fmt.Errorf("revocation list %s: not a PEM or DER X.509 CRL: %w", path, err)
+		}
+		out = append(out, crl)
+	}
+	return out, nil
+}
+
+// signedByOneOf checks crl's signature against the CA of cas that issued it.
+func signedByOneOf(crl *x509.RevocationList, cas []*x509.Certificate) error {
+	var errs []error
+	for _, ca := range cas {
+		if !bytes.Equal(ca.RawSubject, crl.RawIssuer) {
+			continue
+		}
+		err := crl.CheckSignatureFrom(ca)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return fmt.Errorf("issued by %q, which is not a CA of the client CA bundle", crl.Issuer.String())
+	}
+	return fmt.Errorf("signature does not verify against the client CA %q: %w", crl.Issuer.String(), errors.Join(errs...))
+}
+
+// Reload reads the client CA bundle and the CRL again and takes them for every later
+// handshake. On error the last good ones stay in force and Warning reports the error.
+func (s *ServerTLS) Reload() error {
+	if s.files.CA == "" {
+		return nil
+	}
+	t, err := readTrust(s.files)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.failed, s.failedAt = err, time.Now()
+		return err
+	}
+	s.trust, s.failed = t, nil
+	return nil
+}
+
+// FollowEvery is how often Follow looks at the client CA and CRL files.
+const FollowEvery = 2 * time.Second
+
+// Follow reloads the client CA and CRL when a file changes and on SIGHUP until ctx ends.
+func (s *ServerTLS) Follow(ctx context.Context, log *slog.Logger) {
+	if s.files.CA == "" {
+		return
+	}
+	paths := []string{s.files.CA}
+	if s.files.CRL != "" {
+		paths = append(paths, s.files.CRL)
+	}
+	filewatch.Reloader{What: s.what + " client CA and revocation list", Paths: paths, Reload: s.Reload,
+		Failed: "the last good ones stay in force", Log: log}.Follow(ctx, FollowEvery)
+}
+
+// Warning is "" while the CA and CRL in force are the files' current contents and no CRL
+// is past its NextUpdate; otherwise what is wrong (for /healthz). An expired CRL stays in
+// force: forgetting its revocations would be worse than enforcing a stale list.
+func (s *ServerTLS) Warning() string {
+	s.mu.RLock()
+	t, failed, at := s.trust, s.failed, s.failedAt
+	s.mu.RUnlock()
+	var w []string
+	if failed != nil {
+		w = append(w, fmt.Sprintf("%s: reload at %s failed, the client CA and revocation list read at %s stay in force: %v",
+			s.what, at.UTC().Format(time.RFC3339), t.read.UTC().Format(time.RFC3339), failed))
+	}
+	if t != nil {
+		now := time.Now()
+		for _, crl := range t.crls {
+			if !crl.NextUpdate.IsZero() && now.After(crl.NextUpdate) {
+				w = append(w, fmt.Sprintf("%s: the revocation list of %q expired at %s (its next update is overdue; it stays in force)",
+					s.what, crl.Issuer.String(), crl.NextUpdate.UTC().Format(time.RFC3339)))
+			}
+		}
+	}
+	return strings.Join(w, "; ")
+}
+
+// current is the trust in force.
+func (s *ServerTLS) current() *clientTrust {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.trust
+}
+
+// configForClient gives each handshake the client CA in force (tls.Config.GetConfigForClient).
+func (s *ServerTLS) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	c := s.Config.Clone()
+	c.GetConfigForClient = nil
+	c.ClientCAs = s.current().pool
+	return c, nil
+}
+
+// verifyConnection runs after the standard verification of every handshake, resumptions
+// included: the chain must still verify against the client CA in force (a resumed session
+// was verified against the CA of its first handshake) and no certificate of it be revoked.
+func (s *ServerTLS) verifyConnection(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return nil // (ClientAuth decides whether that is allowed)
+	}
+	return s.CheckChain(cs.PeerCertificates)
+}
+
+// CheckChain checks a client's certificate chain (leaf first) against the client CA and
+// CRL in force now: netmaster calls it on every request too, so that a certificate revoked
+// after its connection was opened stops working on that connection as well.
+func (s *ServerTLS) CheckChain(chain []*x509.Certificate) error {
+	t := s.current()
+	if t == nil || len(chain) == 0 {
+		return nil
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("client certificate %q: %w", chain[0].Subject.CommonName, err)
+	}
+	for _, c := range chain {
+		if t.revoked[revokedKey(c.RawIssuer, c.SerialNumber)] {
+			return fmt.Errorf("client certificate %q (serial %x) is revoked by %s", c.Subject.CommonName, c.SerialNumber, s.files.CRL)
+		}
+	}
+	return nil
+}

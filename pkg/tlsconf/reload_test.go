@@ -1,0 +1,283 @@
+package tlsconf_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
+)
+
+// crlSetup is a CA, a server and two clients (alice, bob) of it, written under dir.
+type crlSetup struct {
+	dir, caPath, crlPath string
+	ca                   *pki.CA
+	alice, bob           pki.Pair
+	server               tlsconf.Files
+	clients              map[string]tlsconf.Files
+}
+
+func newCRLSetup(t *testing.T) *crlSetup {
+	t.Helper()
+	s := &crlSetup{dir: t.TempDir(), clients: map[string]tlsconf.Files{}}
+	var err error
+	if s.ca, err = pki.NewCA("crl-test-ca"); err != nil {
+		t.Fatal(err)
+	}
+	s.caPath, _ = s.ca.WriteCA(s.dir, "ca.crt")
+	trust, _ := s.ca.WriteCA(s.dir, "trust.crt") // (the clients' own copy: TestClientCAReload rewrites ca.crt)
+	s.crlPath = filepath.Join(s.dir, "ca.crl")
+	srv, _ := s.ca.Issue(pki.Options{CommonName: "server", Hosts: []string{"127.0.0.1"}, Server: true})
+	sc, sk, _ := srv.Write(s.dir, "server")
+	s.server = tlsconf.Files{CA: s.caPath, Cert: sc, Key: sk, CRL: s.crlPath}
+	s.alice, _ = s.ca.Issue(pki.Options{CommonName: "alice", Client: true})
+	s.bob, _ = s.ca.Issue(pki.Options{CommonName: "bob", Client: true})
+	for name, p := range map[string]pki.Pair{"alice": s.alice, "bob": s.bob} {
+		c, k, err := p.Write(s.dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.clients[name] = tlsconf.Files{CA: trust, Cert: c, Key: k}
+	}
+	return s
+}
+
+// writeCRL replaces the CRL file atomically with body.
+func (s *crlSetup) writeCRL(t *testing.T, body []byte) {
+	t.Helper()
+	tmp := s.crlPath + ".new"
+	if err := os.WriteFile(tmp, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.crlPath); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *crlSetup) crl(t *testing.T, number int64, next time.Time, revoked ...pki.Pair) []byte {
+	t.Helper()
+	b, err := s.ca.CRL(number, next, revoked...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// serve starts an HTTPS server with st answering the client's CN.
+func serve(t *testing.T, st *tlsconf.ServerTLS) *httptest.Server {
+	t.Helper()
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.TLS.PeerCertificates[0].Subject.CommonName)
+	}))
+	ts.TLS = st.Config
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// client is a keep-alive HTTPS client with the files of one client certificate.
+func client(t *testing.T, f tlsconf.Files) *http.Client {
+	t.Helper()
+	tc, err := tlsconf.Client(f, "--cert")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 5 * time.Second}
+}
+
+// fresh asks with a new connection (a new handshake) and reports whether it was served.
+func fresh(t *testing.T, ts *httptest.Server, f tlsconf.Files) bool {
+	t.Helper()
+	hc := client(t, f)
+	defer hc.CloseIdleConnections()
+	return get(hc, ts.URL)
+}
+
+func get(hc *http.Client, url string) bool {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode == http.StatusOK
+}
+
+// TestCRLRefusesRevoked (issue 34, item 7): a client certificate listed in --tls-crl is
+// refused in the handshake, another of the same CA is served; the list is taken in PEM and
+// in DER.
+func TestCRLRefusesRevoked(t *testing.T) {
+	s := newCRLSetup(t)
+	pemCRL := s.crl(t, 1, time.Now().Add(time.Hour), s.bob)
+	for _, form := range []string{"PEM", "DER"} {
+		body := pemCRL
+		if form == "DER" {
+			blk, _ := pem.Decode(pemCRL)
+			body = blk.Bytes
+		}
+		s.writeCRL(t, body)
+		st, err := tlsconf.NewServer(s.server, "--tls-crl")
+		if err != nil {
+			t.Fatalf("%s: %v", form, err)
+		}
+		ts := serve(t, st)
+		if !fresh(t, ts, s.clients["alice"]) {
+			t.Errorf("%s: alice (not revoked) refused", form)
+		}
+		if fresh(t, ts, s.clients["bob"]) {
+			t.Errorf("%s: bob (revoked) served", form)
+		}
+		if w := st.Warning(); w != "" {
+			t.Errorf("%s: warning %q with a good, current list", form, w)
+		}
+	}
+}
+
+// TestCRLRefusedAtStart: a list signed by another CA, a list naming this CA but not signed
+// by its key, and a file that is no CRL stop the start with an error naming the flag.
+func TestCRLRefusedAtStart(t *testing.T) {
+	s := newCRLSetup(t)
+	other, _ := pki.NewCA("other-ca")
+	forged, _ := pki.NewCA("crl-test-ca") // same name, another key
+	for name, body := range map[string]func() ([]byte, error){
+		"foreign": func() ([]byte, error) { return other.CRL(1, time.Now().Add(time.Hour)) },
+		"forged":  func() ([]byte, error) { return forged.CRL(1, time.Now().Add(time.Hour), s.bob) },
+		"garbage": func() ([]byte, error) { return []byte("not a crl\n"), nil },
+	} {
+		b, err := body()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.writeCRL(t, b)
+		if _, err := tlsconf.NewServer(s.server, "--tls-crl"); err == nil || !strings.Contains(err.Error(), "--tls-crl") {
+			t.Errorf("%s list: %v; want a refusal naming --tls-crl", name, err)
+		}
+	}
+	os.Remove(s.crlPath)
+	if _, err := tlsconf.NewServer(s.server, "--tls-crl"); err == nil {
+		t.Error("a missing list accepted")
+	}
+	f := s.server
+	f.CA = ""
+	if _, err := tlsconf.NewServer(f, "--tls-crl"); err == nil {
+		t.Error("a list without a client CA accepted")
+	}
+}
+
+// TestCRLReload: a certificate revoked in a rewritten list is refused on Follow's next look
+// (and on Reload) without a restart, while a kept-alive connection of another client goes
+// on; a list that turns invalid, foreign or missing keeps the last good one in force and
+// Warning says so; an expired list is enforced with a warning.
+func TestCRLReload(t *testing.T) {
+	s := newCRLSetup(t)
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	st, err := tlsconf.NewServer(s.server, "--tls-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := serve(t, st)
+	alice := client(t, s.clients["alice"])
+	defer alice.CloseIdleConnections()
+	if !get(alice, ts.URL) || !fresh(t, ts, s.clients["bob"]) {
+		t.Fatal("setup: a client refused with an empty list")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go st.Follow(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	s.writeCRL(t, s.crl(t, 2, time.Now().Add(time.Hour), s.bob))
+	deadline := time.Now().Add(3 * tlsconf.FollowEvery)
+	for fresh(t, ts, s.clients["bob"]) {
+		if time.Now().After(deadline) {
+			t.Fatal("bob revoked in the rewritten list but still served: the file change was not taken")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !get(alice, ts.URL) || !fresh(t, ts, s.clients["alice"]) {
+		t.Error("alice refused after the reload")
+	}
+
+	other, _ := pki.NewCA("other-ca")
+	foreign, _ := other.CRL(3, time.Now().Add(time.Hour))
+	for name, body := range map[string][]byte{"garbage": []byte("junk\n"), "foreign": foreign, "missing": nil} {
+		if body == nil {
+			os.Remove(s.crlPath)
+		} else {
+			s.writeCRL(t, body)
+		}
+		if err := st.Reload(); err == nil {
+			t.Errorf("%s list taken", name)
+		}
+		if fresh(t, ts, s.clients["bob"]) {
+			t.Errorf("%s list: bob's revocation forgotten", name)
+		}
+		if !fresh(t, ts, s.clients["alice"]) {
+			t.Errorf("%s list: alice refused", name)
+		}
+		if w := st.Warning(); !strings.Contains(w, "stay in force") {
+			t.Errorf("%s list: warning %q", name, w)
+		}
+	}
+
+	s.writeCRL(t, s.crl(t, 4, time.Now().Add(-time.Minute), s.bob))
+	if err := st.Reload(); err != nil {
+		t.Fatalf("an expired list: %v", err)
+	}
+	if w := st.Warning(); !strings.Contains(w, "expired") || strings.Contains(w, "reload at") {
+		t.Errorf("expired list: warning %q", w)
+	}
+	if fresh(t, ts, s.clients["bob"]) || !fresh(t, ts, s.clients["alice"]) {
+		t.Error("expired list: not enforced as it stands")
+	}
+
+	s.writeCRL(t, s.crl(t, 5, time.Now().Add(time.Hour)))
+	if err := st.Reload(); err != nil || st.Warning() != "" {
+		t.Fatalf("a good list again: %v, warning %q", err, st.Warning())
+	}
+	if !fresh(t, ts, s.clients["bob"]) {
+		t.Error("bob unrevoked but refused")
+	}
+}
+
+// TestClientCAReload: a client CA bundle rewritten without a CA refuses that CA's clients
+// on the next handshake, resumed sessions included (CheckChain in VerifyConnection).
+func TestClientCAReload(t *testing.T) {
+	s := newCRLSetup(t)
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	st, err := tlsconf.NewServer(s.server, "--tls-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := serve(t, st)
+	tc, _ := tlsconf.Client(s.clients["alice"], "--cert")
+	tc.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	if !get(hc, ts.URL) {
+		t.Fatal("setup: alice refused")
+	}
+	newCA, _ := pki.NewCA("next-ca")
+	if err := os.WriteFile(s.caPath, newCA.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crl, _ := newCA.CRL(1, time.Now().Add(time.Hour))
+	s.writeCRL(t, crl)
+	if err := st.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if get(hc, ts.URL) {
+		t.Error("alice's CA left the bundle but her resumed session was served")
+	}
+	if fresh(t, ts, s.clients["alice"]) {
+		t.Error("alice's CA left the bundle but a new handshake was served")
+	}
+}
