@@ -85,6 +85,18 @@ func serve(t *testing.T, st *tlsconf.ServerTLS) *httptest.Server {
 	return ts
 }
 
+// serveEmptyCRL serves a new setup's server with a current list that revokes nothing.
+func serveEmptyCRL(t *testing.T) (*crlSetup, *tlsconf.ServerTLS, *httptest.Server) {
+	t.Helper()
+	s := newCRLSetup(t)
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	st, err := tlsconf.NewServer(s.server, "--tls-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, st, serve(t, st)
+}
+
 // client is a keep-alive HTTPS client with the files of one client certificate.
 func client(t *testing.T, f tlsconf.Files) *http.Client {
 	t.Helper()
@@ -179,13 +191,7 @@ func TestCRLRefusedAtStart(t *testing.T) {
 // on; a list that turns invalid, foreign or missing keeps the last good one in force and
 // Warning says so; an expired list is enforced with a warning.
 func TestCRLReload(t *testing.T) {
-	s := newCRLSetup(t)
-	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
-	st, err := tlsconf.NewServer(s.server, "--tls-crl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := serve(t, st)
+	s, st, ts := serveEmptyCRL(t)
 	alice := client(t, s.clients["alice"])
 	defer alice.CloseIdleConnections()
 	if !get(alice, ts.URL) || !fresh(t, ts, s.clients["bob"]) {
@@ -252,13 +258,7 @@ func TestCRLReload(t *testing.T) {
 // TestClientCAReload: a client CA bundle rewritten without a CA refuses that CA's clients
 // on the next handshake, resumed sessions included (CheckChain in VerifyConnection).
 func TestClientCAReload(t *testing.T) {
-	s := newCRLSetup(t)
-	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
-	st, err := tlsconf.NewServer(s.server, "--tls-crl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := serve(t, st)
+	s, st, ts := serveEmptyCRL(t)
 	tc, _ := tlsconf.Client(s.clients["alice"], "--cert")
 	tc.ClientSessionCache = tls.NewLRUClientSessionCache(4)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}, Timeout: 5 * time.Second}
