@@ -63,6 +63,7 @@ func main() {
 			&cli.StringFlag{Name: "etcd-server-cert", EnvVars: env("ETCD_SERVER_CERT"), Usage: "embedded etcd serves TLS with this certificate `FILE` (https:// client URL; with --etcd-server-key)"},
 			&cli.StringFlag{Name: "etcd-server-key", EnvVars: env("ETCD_SERVER_KEY"), Usage: "private key `FILE` of --etcd-server-cert"},
 			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
+			&cli.StringFlag{Name: "etcd-client-crl", EnvVars: env("ETCD_CLIENT_CRL"), Usage: "embedded etcd refuses the client certificates this revocation list `FILE` names (signed by --etcd-client-ca; etcd reads it at every connection: a broken file refuses every new connection)"},
 			&cli.BoolFlag{Name: "etcd-rbac", Value: true, EnvVars: env("ETCD_RBAC"), Usage: "with the embedded etcd's --etcd-client-ca: turn etcd's auth on (--etcd-cert's CN and root are root) and give each agent bound to its host a user host:<host> that writes only that host's keys (agents' etcd certificates need CN host:<host>); with --etcd-endpoints and --etcd-cert: never turns auth on, but once it is on (and --etcd-cert's CN is root) manages the agents' users too; false: netmaster manages no etcd users and leaves etcd's auth as it is (off unless an earlier start turned it on: then every client certificate reads and writes every key)"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
@@ -76,7 +77,8 @@ func main() {
 			&cli.IntFlag{Name: "rpc-port", Value: 9001, EnvVars: env("RPC_PORT"), Usage: "port registered as netmaster.rpc (0: do not register)"},
 			&cli.StringFlag{Name: "tls-cert", EnvVars: env("TLS_CERT"), Usage: "serve HTTPS with this certificate `FILE` (with --tls-key)"},
 			&cli.StringFlag{Name: "tls-key", EnvVars: env("TLS_KEY"), Usage: "private key `FILE` of --tls-cert"},
-			&cli.StringFlag{Name: "tls-client-ca", EnvVars: env("TLS_CLIENT_CA"), Usage: "accept client certificates signed by this CA `FILE` (role = certificate O, name = CN)"},
+			&cli.StringFlag{Name: "tls-client-ca", EnvVars: env("TLS_CLIENT_CA"), Usage: "accept client certificates signed by this CA `FILE` (role = certificate O, name = CN; reloaded on change and SIGHUP)"},
+			&cli.StringFlag{Name: "tls-crl", EnvVars: env("TLS_CRL"), Usage: "refuse the client certificates this revocation list `FILE` names (PEM or DER X.509 CRL signed by --tls-client-ca; reloaded on change and SIGHUP, the last good list stays in force if it breaks)"},
 			&cli.StringFlag{Name: "tls-peer-ca", EnvVars: env("TLS_PEER_CA"), Usage: "CA `FILE` followers trust when proxying to the leader over HTTPS (default: system roots)"},
 			&cli.StringFlag{Name: "auth-tokens", EnvVars: env("AUTH_TOKENS"), Usage: "bearer tokens `FILE`: lines \"<token> <role> [<name>]\" (roles admin, read-only, agent, netmaster, tenant-admin:<tenant>); mode 0600"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: env("INSECURE"), Usage: "serve plain HTTP (without --auth-tokens: no authentication at all); only for a trusted network"},
@@ -155,12 +157,12 @@ func configFrom(c *cli.Context) (config, error) {
 		infra: c.String("infra"), pluginName: c.String("plugin-name"),
 		leaderTTL: c.Duration("leader-ttl"), serviceTTL: c.Duration("service-ttl"), rpcPort: c.Int("rpc-port"),
 		maxConns: c.Int("max-conns"),
-		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca")},
+		tlsFiles: tlsconf.Files{Cert: c.String("tls-cert"), Key: c.String("tls-key"), CA: c.String("tls-client-ca"), CRL: c.String("tls-crl")},
 		peerCA:   c.String("tls-peer-ca"), tokensFile: c.String("auth-tokens"), insecure: c.Bool("insecure"),
 		etcdQuota:   c.Int64("etcd-quota-bytes"),
 		defragEvery: c.Duration("etcd-defrag-interval"), defragMin: c.Int64("etcd-defrag-min-bytes"),
 		etcdTLS:    tlsconf.Files{CA: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")},
-		etcdServer: tlsconf.Files{Cert: c.String("etcd-server-cert"), Key: c.String("etcd-server-key"), CA: c.String("etcd-client-ca")},
+		etcdServer: tlsconf.Files{Cert: c.String("etcd-server-cert"), Key: c.String("etcd-server-key"), CA: c.String("etcd-client-ca"), CRL: c.String("etcd-client-crl")},
 	}
 	level := new(slog.LevelVar)
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
@@ -283,8 +285,13 @@ func hostIP() string {
 func run(ctx context.Context, cfg config) (err error) {
 	endpoints := cfg.etcdEndpoints
 	if len(endpoints) == 0 {
+		if cfg.etcdServer.CRL != "" {
+			if err := tlsconf.CheckCRL(cfg.etcdServer.CA, cfg.etcdServer.CRL); err != nil {
+				return fmt.Errorf("--etcd-client-crl: %w", err)
+			}
+		}
 		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer,
-			QuotaBytes: cfg.etcdQuota, CertFile: cfg.etcdServer.Cert, KeyFile: cfg.etcdServer.Key, ClientCAFile: cfg.etcdServer.CA})
+			QuotaBytes: cfg.etcdQuota, CertFile: cfg.etcdServer.Cert, KeyFile: cfg.etcdServer.Key, ClientCAFile: cfg.etcdServer.CA, ClientCRLFile: cfg.etcdServer.CRL})
 		if err != nil {
 			return err
 		}
@@ -341,8 +348,12 @@ func run(ctx context.Context, cfg config) (err error) {
 		Version: buildinfo.Get().Version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
 		Collectors: m.Collectors(),
 	}
-	if err := securityConfig(cfg, &nc); err != nil {
+	stls, err := securityConfig(cfg, &nc)
+	if err != nil {
 		return err
+	}
+	if stls != nil {
+		go stls.Follow(ctx, slog.Default())
 	}
 	if nc.Auth != nil && nc.Auth.Tokens != nil {
 		go nc.Auth.Tokens.Follow(ctx, slog.Default())
@@ -391,32 +402,43 @@ func k8sSyncers(cfg config, m *master.Master) (*k8ssync.Services, *k8ssync.Polic
 	return k8ssync.NewServices(cs, m, slog.Default()), k8ssync.NewPolicies(cs, m, slog.Default()), nil
 }
 
-// securityConfig fills the API's TLS and authentication from the flags.
-func securityConfig(cfg config, nc *cluster.NodeConfig) error {
+// securityConfig fills the API's TLS and authentication from the flags. It returns the
+// server TLS (nil: plain HTTP), whose client CA and CRL the caller keeps following.
+func securityConfig(cfg config, nc *cluster.NodeConfig) (*tlsconf.ServerTLS, error) {
 	ac := &auth.Config{}
 	if cfg.tokensFile != "" {
 		t, err := auth.LoadTokens(cfg.tokensFile)
 		if err != nil {
-			return fmt.Errorf("--auth-tokens: %w", err)
+			return nil, fmt.Errorf("--auth-tokens: %w", err)
 		}
 		ac.Tokens = t
 	}
+	var stls *tlsconf.ServerTLS
 	if cfg.tlsFiles.Cert != "" || cfg.tlsFiles.Key != "" {
-		tc, err := tlsconf.Server(cfg.tlsFiles, "--tls-cert/--tls-key/--tls-client-ca")
-		if err != nil {
-			return err
+		var err error
+		if stls, err = tlsconf.NewServer(cfg.tlsFiles, "--tls-cert/--tls-key/--tls-client-ca/--tls-crl"); err != nil {
+			return nil, err
 		}
+		tc := stls.Config
 		if cfg.tlsFiles.CA != "" {
 			ac.Certificates = true
+			// A certificate revoked after its connection was opened stops working on it too.
+			ac.CheckCertificate = stls.CheckChain
 			if ac.Tokens != nil {
 				tc.ClientAuth = tls.VerifyClientCertIfGiven // token callers need no certificate
 			}
 		}
 		nc.TLS = tc
-		if nc.PeerTLS, err = tlsconf.Client(tlsconf.Files{CA: cfg.peerCA}, "--tls-peer-ca"); err != nil {
-			return err
+		nc.HealthWarnings = append(nc.HealthWarnings, stls.Warning)
+		if w := stls.Warning(); w != "" {
+			slog.Warn("client certificates", "warning", w)
 		}
-		slog.Info("API serves HTTPS", "client-certificates", ac.Certificates, "tokens", ac.Tokens != nil)
+		if nc.PeerTLS, err = tlsconf.Client(tlsconf.Files{CA: cfg.peerCA}, "--tls-peer-ca"); err != nil {
+			return nil, err
+		}
+		slog.Info("API serves HTTPS", "client-certificates", ac.Certificates, "crl", cfg.tlsFiles.CRL, "tokens", ac.Tokens != nil)
+	} else if cfg.tlsFiles.CA != "" || cfg.tlsFiles.CRL != "" {
+		return nil, fmt.Errorf("--tls-client-ca/--tls-crl need --tls-cert and --tls-key")
 	} else if ac.Tokens != nil {
 		slog.Warn("--insecure: API serves plain HTTP; bearer tokens cross the network in clear text")
 	} else {
@@ -424,7 +446,7 @@ func securityConfig(cfg config, nc *cluster.NodeConfig) error {
 		slog.Warn("--insecure without --auth-tokens: API serves plain HTTP with NO authentication; anyone who reaches it may change everything")
 	}
 	nc.Auth = ac
-	return nil
+	return stls, nil
 }
 
 // versionInfo is this build in /version's form.

@@ -20,6 +20,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -312,6 +313,9 @@ type Config struct {
 	Tokens *Tokens
 	// Certificates accepts verified client certificates (the TLS server verifies them).
 	Certificates bool
+	// CheckCertificate, when set, checks a verified chain (leaf first) again on every
+	// request: a certificate revoked after its connection was opened is refused.
+	CheckCertificate func(chain []*x509.Certificate) error
 	// Open lets every request in as admin ("insecure" mode without tokens).
 	Open bool
 }
@@ -349,6 +353,11 @@ func (c Config) Authenticate(r *http.Request) (Identity, error) {
 		}
 	case c.Certificates && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
 		cert := r.TLS.VerifiedChains[0][0]
+		if c.CheckCertificate != nil {
+			if err := c.CheckCertificate(r.TLS.VerifiedChains[0]); err != nil {
+				return Identity{}, err
+			}
+		}
 		role := ""
 		if len(cert.Subject.Organization) > 0 {
 			role = cert.Subject.Organization[0]

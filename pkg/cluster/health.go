@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -18,8 +19,9 @@ const warnFraction = 0.8
 
 // healthHandler serves GET /healthz: 200 "ok"; 200 "warning: ..." when etcd's database
 // passed 80% of quota; 503 with the reason when etcd is unreachable or raised an alarm
-// (NOSPACE: every write fails until an operator compacts and defragments).
-func healthHandler(store *state.Store, quota int64) http.HandlerFunc {
+// (NOSPACE: every write fails until an operator compacts and defragments). Each non-empty
+// answer of warnings is a "warning: ..." line too.
+func healthHandler(store *state.Store, quota int64, warnings []func() string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
@@ -36,8 +38,12 @@ func healthHandler(store *state.Store, quota int64) http.HandlerFunc {
 			fmt.Fprintf(w, "warning: etcd database %d bytes is %.0f%% of its %d-byte quota (compact and defragment)\n",
 				h.DBSize, 100*float64(h.DBSize)/float64(quota), quota)
 		default:
-			fmt.Fprintln(w, "ok")
+			if !printWarnings(w, warnings) {
+				fmt.Fprintln(w, "ok")
+			}
+			return
 		}
+		printWarnings(w, warnings)
 	}
 }
 
@@ -95,4 +101,17 @@ func metricsHandler(store *state.Store, quota int64, isLeader func() bool, api *
 		bodyCollector{api})
 	reg.MustRegister(extra...)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// printWarnings writes each non-empty warning as a "warning: " line and reports whether
+// there was one.
+func printWarnings(w io.Writer, warnings []func() string) bool {
+	any := false
+	for _, f := range warnings {
+		if msg := f(); msg != "" {
+			fmt.Fprintf(w, "warning: %s\n", msg)
+			any = true
+		}
+	}
+	return any
 }

@@ -75,7 +75,10 @@ type NodeConfig struct {
 	// EtcdQuota is the etcd backend quota /healthz and /metrics measure against (0: no
 	// space check).
 	EtcdQuota int64
-	Logger    *slog.Logger
+	// HealthWarnings are asked on every /healthz; a non-empty answer is a warning
+	// (e.g. a revocation list that could not be reloaded).
+	HealthWarnings []func() string
+	Logger         *slog.Logger
 }
 
 // Agents is GET /agents: the inspect APIs of the netplugins registered (those listening
@@ -294,7 +297,7 @@ func nodeRoutes() []nodeRoute {
 	return []nodeRoute{
 		// /healthz answers every prober without credentials (it reveals only etcd's health).
 		{pattern: "GET /healthz", open: true, handler: func(d nodeDeps) http.Handler {
-			return healthHandler(d.cfg.Store, d.cfg.EtcdQuota)
+			return healthHandler(d.cfg.Store, d.cfg.EtcdQuota, d.cfg.HealthWarnings)
 		}},
 		{pattern: "GET /info", handler: infoHandler},
 		{pattern: "GET /agents", handler: agentsHandler},

@@ -101,6 +101,16 @@ func readTrust(f Files) (*clientTrust, error) {
 	return t, nil
 }
 
+// CheckCRL checks that the CRL file crlFile parses and that each list in it is signed by a
+// CA of the bundle caFile (for a server that reads the list itself, the embedded etcd).
+func CheckCRL(caFile, crlFile string) error {
+	if caFile == "" {
+		return errors.New("a revocation list needs the client CA that signed it")
+	}
+	_, err := readTrust(Files{CA: caFile, CRL: crlFile})
+	return err
+}
+
 // readCRLs parses the CRLs of a PEM file ("X509 CRL" blocks) or one DER CRL.
 func readCRLs(path string) ([]*x509.RevocationList, error) {
 	b, err := os.ReadFile(path)
