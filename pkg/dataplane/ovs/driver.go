@@ -20,10 +20,12 @@ import (
 	"maps"
 	"math"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +118,8 @@ type Driver struct {
 
 	limMu      sync.Mutex
 	limTenants map[uint16]zoneOwner // limited zone → tenant and opener (metrics.go)
+
+	rxBufs packetSockets // vswitchd's packet sockets already given larger buffers (rxbuf.go)
 }
 
 // New starts (or connects to) OVS, creates the bridges and ports the host needs, and
@@ -194,8 +198,37 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 		}
 	}
 	d.gen++
+	d.growRxBufs()
 	go d.watch()
 	return d, nil
+}
+
+// vswitchdPid is the pid of the instance's ovs-vswitchd (0: unknown or not running).
+func (d *Driver) vswitchdPid() int {
+	if d.priv != nil {
+		return d.priv.pid("ovs-vswitchd")
+	}
+	b, err := os.ReadFile(filepath.Join(d.opts.RunDir, "ovs-vswitchd.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// growRxBufs gives the packet sockets vswitchd opened since the last call (one per new
+// port) larger receive buffers (rxbuf.go). A failure costs throughput, not function: it
+// is logged, a lasting one once.
+func (d *Driver) growRxBufs() {
+	n, err := d.rxBufs.grow(d.vswitchdPid())
+	if msg := fmt.Sprint(err); err != nil && d.rxBufs.logOnce(msg) {
+		d.log.Warn("vswitchd packet socket receive buffers not raised: ports drop bursts", "err", err)
+	} else if err == nil {
+		d.rxBufs.logOnce("")
+	}
+	if n > 0 {
+		d.log.Debug("vswitchd packet socket receive buffers raised", "sockets", n, "bytes", rxBufBytes)
+	}
 }
 
 // Name implements dataplane.Driver.
@@ -336,9 +369,12 @@ func (d *Driver) setupUnderlay(ctx context.Context) error {
 }
 
 // watch reconnects after a lost OpenFlow connection (vswitchd restart) and reinstalls
-// bridges, ports, groups and flows.
+// bridges, ports, groups and flows. Every rxBufScan it raises the buffers of packet
+// sockets vswitchd opened on its own (rxbuf.go).
 func (d *Driver) watch() {
 	defer close(d.done)
+	scan := time.NewTicker(rxBufScan)
+	defer scan.Stop()
 	for {
 		d.mu.Lock()
 		c := d.conn
@@ -346,6 +382,9 @@ func (d *Driver) watch() {
 		select {
 		case <-d.stop:
 			return
+		case <-scan.C:
+			d.growRxBufs()
+			continue
 		case <-c.Done():
 		}
 		d.log.Warn("openflow connection lost; reinstalling when vswitchd is back")
@@ -398,6 +437,7 @@ func (d *Driver) repair(ctx context.Context) error {
 	if err := d.resync(ctx, d.state, false, idTables{svc: d.svcIDs, vrf: d.vrfIDs}); err != nil {
 		return err
 	}
+	d.growRxBufs()
 	d.ctLimits = nil // a new vswitchd has none either
 	// Not a reason to reconnect (a vswitchd that cannot limit conntrack would loop): the
 	// next Sync reports it.
@@ -702,6 +742,9 @@ func (d *Driver) apply(ctx context.Context, old, st *dataplane.Index, full bool,
 			return false, err
 		}
 		newPorts[id] = port
+	}
+	if len(created) > 0 {
+		d.growRxBufs()
 	}
 	oldPorts := d.ports.endpoints
 	d.ports.endpoints = newPorts

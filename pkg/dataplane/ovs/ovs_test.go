@@ -150,6 +150,26 @@ func twoHosts(t *testing.T, id string) (h1, h2 testHost) {
 	return mk(n1, "h1", "192.168.77.1"), mk(n2, "h2", "192.168.77.2")
 }
 
+// oneHost is host namespace cbo-<id>-h1 ("h1", no VTEP) with a private OVS directory; the
+// instance is stopped and the directory removed at cleanup.
+func oneHost(t *testing.T, id string) testHost {
+	t.Helper()
+	h := testHost{ns: newNS(t, id, "h1")}
+	h.cfg = dataplane.HostConfig{Host: "h1", NetNS: nsPath(h.ns)}
+	dir, err := os.MkdirTemp("", "cbo-ovs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dir = dir
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_ = Private{Dir: dir}.Stop(ctx)
+		os.RemoveAll(dir)
+	})
+	return h
+}
+
 func newDriver(t *testing.T, h testHost) *Driver {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

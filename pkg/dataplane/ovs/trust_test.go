@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -87,19 +86,7 @@ func TestCompileTrust(t *testing.T) {
 func TestVRFIDsStable(t *testing.T) {
 	needOVS(t)
 	id := testID()
-	h := testHost{ns: newNS(t, id, "h1")}
-	h.cfg = dataplane.HostConfig{Host: "h1", NetNS: nsPath(h.ns)}
-	dir, err := os.MkdirTemp("", "cbo-ovs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.dir = dir
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		_ = Private{Dir: dir}.Stop(ctx)
-		os.RemoveAll(dir)
-	})
+	h := oneHost(t, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nets := func(tenants ...string) dataplane.State {

@@ -1,0 +1,128 @@
+package ovs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// rxBufBytes is the receive buffer given to each AF_PACKET socket vswitchd reads a port
+// with (the kernel doubles it: rb 8 MiB). The userspace datapath reads every endpoint's
+// veth through one packet socket polled by vswitchd's main thread; with the default
+// (net.core.rmem_default, 208 KiB: about 90 full-size frames) a TCP sender's burst
+// overflows it while the thread is busy elsewhere, the socket drops (ss -0 -m: d…),
+// and TCP retransmits tens of thousands of segments and backs off: iperf3 between two
+// endpoints carried 0.39-0.52 Gbit/s with 31k-46k retransmits in 3 s. With 8 MiB: 1.0-1.9
+// Gbit/s and no drops; 2 MiB (rb) still dropped (4k-8k retransmits). It is a limit, not an
+// allocation: memory is charged only while frames wait. vswitchd has no setting for it
+// and the sysctl is host-wide, so the agent sets it on vswitchd's own sockets.
+const rxBufBytes = 4 << 20
+
+// rxBufScan is how often the driver looks for sockets vswitchd opened on its own: after
+// a restart it reopens every port's socket, some only after the agent's repair ran.
+const rxBufScan = 2 * time.Second
+
+// packetSockets raises SO_RCVBUF of vswitchd's packet sockets to rxBufBytes.
+type packetSockets struct {
+	mu      sync.Mutex
+	pid     int
+	seen    map[string]bool // socket inodes already handled for pid
+	lastErr string          // the last failure logged (a lasting one is logged once)
+}
+
+// grow handles every socket of process pid not handled before: an AF_PACKET socket whose
+// receive buffer is below rxBufBytes gets it through a duplicate of its descriptor
+// (pidfd_getfd, needs CAP_SYS_PTRACE over pid) and SO_RCVBUFFORCE (CAP_NET_ADMIN). A new
+// pid (vswitchd restarted) starts over. It returns how many sockets it raised.
+func (p *packetSockets) grow(pid int) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pid <= 0 {
+		return 0, fmt.Errorf("packet socket buffers: no vswitchd pid")
+	}
+	if p.pid != pid || p.seen == nil {
+		p.pid, p.seen = pid, map[string]bool{}
+	}
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("packet socket buffers: list %s: %w", dir, err)
+	}
+	var pidfd = -1
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	raised := 0
+	var errs []error
+	for _, e := range ents {
+		link, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil || !strings.HasPrefix(link, "socket:") || p.seen[link] {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pidfd < 0 {
+			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+				return 0, fmt.Errorf("packet socket buffers: pidfd_open %d: %w", pid, err)
+			}
+		}
+		ok, err := growOne(pidfd, fd)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("packet socket buffers: fd %d of %d: %w", fd, pid, err))
+			continue
+		}
+		p.seen[link] = true
+		if ok {
+			raised++
+		}
+	}
+	return raised, errors.Join(errs...)
+}
+
+// growOne raises the receive buffer of descriptor fd of the process behind pidfd if it is
+// a packet socket with less than rxBufBytes; it reports whether it did.
+func growOne(pidfd, fd int) (bool, error) {
+	dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		if errors.Is(err, unix.EBADF) {
+			return false, nil // closed meanwhile
+		}
+		return false, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(dup)
+	dom, err := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil || dom != unix.AF_PACKET {
+		return false, nil
+	}
+	cur, err := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err != nil {
+		return false, fmt.Errorf("read SO_RCVBUF: %w", err)
+	}
+	if cur >= rxBufBytes {
+		return false, nil
+	}
+	if err := unix.SetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rxBufBytes); err != nil {
+		return false, fmt.Errorf("set SO_RCVBUFFORCE: %w", err)
+	}
+	return true, nil
+}
+
+// logOnce records msg as the current failure ("" = none) and reports whether it differs
+// from the one before.
+func (p *packetSockets) logOnce(msg string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := p.lastErr != msg
+	p.lastErr = msg
+	return changed
+}
