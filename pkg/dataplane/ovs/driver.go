@@ -213,6 +213,10 @@ func (d *Driver) vswitchdPid() int {
 		return 0
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	// A stale pid file may name another process now.
+	if comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err != nil || strings.TrimSpace(string(comm)) != "ovs-vswitchd" {
+		return 0
+	}
 	return pid
 }
 

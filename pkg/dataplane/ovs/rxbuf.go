@@ -3,6 +3,7 @@ package ovs
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -62,9 +63,16 @@ func (p *packetSockets) grow(pid int) (int, error) {
 	}()
 	raised := 0
 	var errs []error
+	// Only sockets still open stay in seen: ports come and go with endpoints.
+	seen := map[string]bool{}
+	defer func() { p.seen = seen }()
 	for _, e := range ents {
 		link, err := os.Readlink(dir + "/" + e.Name())
-		if err != nil || !strings.HasPrefix(link, "socket:") || p.seen[link] {
+		if err != nil || !strings.HasPrefix(link, "socket:") {
+			continue
+		}
+		if p.seen[link] {
+			seen[link] = true
 			continue
 		}
 		fd, err := strconv.Atoi(e.Name())
@@ -73,6 +81,7 @@ func (p *packetSockets) grow(pid int) (int, error) {
 		}
 		if pidfd < 0 {
 			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+				maps.Copy(seen, p.seen) // nothing learnt: keep what was known
 				return 0, fmt.Errorf("packet socket buffers: pidfd_open %d: %w", pid, err)
 			}
 		}
@@ -81,7 +90,7 @@ func (p *packetSockets) grow(pid int) (int, error) {
 			errs = append(errs, fmt.Errorf("packet socket buffers: fd %d of %d: %w", fd, pid, err))
 			continue
 		}
-		p.seen[link] = true
+		seen[link] = true
 		if ok {
 			raised++
 		}

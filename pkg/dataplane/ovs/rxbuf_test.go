@@ -3,13 +3,17 @@ package ovs
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 // packetRcvbuf reads, with ss in namespace ns, the receive buffer of the packet socket
@@ -80,4 +84,57 @@ func TestPacketSocketRcvbuf(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPacketSocketsGrow: on a process of its own (this test's), grow raises a packet
+// socket's receive buffer once, leaves other sockets alone, and forgets closed sockets.
+func TestPacketSocketsGrow(t *testing.T) {
+	testroot.Need(t)
+	pkt, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0) // protocol 0: receives nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pkt)
+	udp, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(udp)
+	udpBefore, _ := unix.GetsockoptInt(udp, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	link := func(fd int) string {
+		l, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	pktLink := link(pkt)
+
+	var p packetSockets
+	n, err := p.grow(os.Getpid())
+	if err != nil || n < 1 {
+		t.Fatalf("grow = %d, %v; want at least the packet socket", n, err)
+	}
+	if rb, _ := unix.GetsockoptInt(pkt, unix.SOL_SOCKET, unix.SO_RCVBUF); rb != 2*rxBufBytes {
+		t.Errorf("packet socket rcvbuf %d, want %d", rb, 2*rxBufBytes)
+	}
+	if rb, _ := unix.GetsockoptInt(udp, unix.SOL_SOCKET, unix.SO_RCVBUF); rb != udpBefore {
+		t.Errorf("udp socket rcvbuf %d, want it untouched (%d)", rb, udpBefore)
+	}
+	if n, err := p.grow(os.Getpid()); err != nil || n != 0 {
+		t.Errorf("second grow = %d, %v; want 0 (each socket once)", n, err)
+	}
+	if !p.seen[pktLink] {
+		t.Fatalf("%s not remembered", pktLink)
+	}
+	unix.Close(pkt)
+	if _, err := p.grow(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	if p.seen[pktLink] {
+		t.Errorf("closed socket %s still remembered (%d entries)", pktLink, len(p.seen))
+	}
+	if _, err := p.grow(0); err == nil {
+		t.Error("grow of pid 0 succeeded")
+	}
 }
