@@ -11,8 +11,9 @@ import (
 )
 
 // Iperf3 runs an iperf3 server in serverNS (bound to serverIP) and a client in clientNS
-// for the given seconds, and returns the receiver's throughput in Gbit/s.
-func Iperf3(ctx context.Context, serverNS, clientNS, serverIP string, port, seconds int) (float64, error) {
+// for the given seconds, and returns the receiver's throughput in Gbit/s. extra is appended
+// to the client's arguments (e.g. "-O", "1": the first second left out of the result).
+func Iperf3(ctx context.Context, serverNS, clientNS, serverIP string, port, seconds int, extra ...string) (float64, error) {
 	srv := exec.CommandContext(ctx, "nsenter", "--net="+NSPath(serverNS), "--",
 		"iperf3", "-s", "-1", "-B", serverIP, "-p", strconv.Itoa(port))
 	if err := srv.Start(); err != nil {
@@ -30,8 +31,9 @@ func Iperf3(ctx context.Context, serverNS, clientNS, serverIP string, port, seco
 	var res result
 	var lastErr error
 	for i := 0; i < 50; i++ { // the server needs a moment to listen
-		cli := exec.CommandContext(ctx, "nsenter", "--net="+NSPath(clientNS), "--",
-			"iperf3", "-c", serverIP, "-p", strconv.Itoa(port), "-t", strconv.Itoa(seconds), "-J")
+		args := append([]string{"--net=" + NSPath(clientNS), "--",
+			"iperf3", "-c", serverIP, "-p", strconv.Itoa(port), "-t", strconv.Itoa(seconds), "-J"}, extra...)
+		cli := exec.CommandContext(ctx, "nsenter", args...)
 		out, err := cli.Output()
 		res = result{}
 		if jerr := json.Unmarshal(out, &res); jerr != nil && err == nil {
