@@ -5,7 +5,10 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // udp6Frame builds an Ethernet/IPv6/UDP frame (no extension headers) from src to dst port
@@ -88,4 +91,45 @@ func TestClearOverlayDropped(t *testing.T) {
 		editConfig(t, objs, func(c *contivbpfCbConfig) { c.VxlanPort = 0 })
 		passes(t, clear())
 	})
+}
+
+// The encryption bit follows Options.Encrypted from the first config a driver writes: a
+// netplugin restarted without --encryption takes clear overlay packets at once, not only
+// after its first Sync (the bit is configuration, not an index the Sync rebuilds; carried
+// over, it stayed on while netmaster was unreachable, dropping the now clear overlay).
+func TestEncryptionBitNotCarried(t *testing.T) {
+	h := newOneHost(t)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nsexec.Run(h.cfg.NetNS, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(h.cfg.VTEP.AsSlice())})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	enc := uint32(contivbpfCbFeaturesCB_FEAT_ENCRYPT)
+	bits := func() (cfg, global uint32) {
+		t.Helper()
+		if err := h.d.objs.CbFeatures.Get(&global); err != nil {
+			t.Fatal(err)
+		}
+		return h.features(t), global
+	}
+	h.cfg.Encrypted = true
+	h.d = h.start(t)
+	if c, g := bits(); c&enc == 0 || g&enc == 0 {
+		t.Fatalf("encrypted: features %#x, global %#x, want the encryption bit", c, g)
+	}
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.Encrypted = false
+	h.d = h.start(t)
+	if c, g := bits(); c&enc != 0 || g&enc != 0 {
+		t.Errorf("restarted without encryption, before Sync: features %#x, global %#x, want no encryption bit", c, g)
+	}
 }

@@ -393,7 +393,10 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.resumeClock(c.PolicyEpoch, upgraded); err != nil {
 		return err
 	}
-	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS|contivbpfCbFeaturesCB_FEAT_BGP)
+	// Only the bits an index stands for are carried; encryption is configuration
+	// (Options.Encrypted), written from it by the first writeConfig.
+	d.carried = c.Features &^ uint32(contivbpfCbFeaturesCB_FEAT_EVENTS|contivbpfCbFeaturesCB_FEAT_ALLOW_EVENTS|
+		contivbpfCbFeaturesCB_FEAT_BGP|contivbpfCbFeaturesCB_FEAT_ENCRYPT)
 	d.bgpOn = c.Features&uint32(contivbpfCbFeaturesCB_FEAT_BGP) != 0
 	var sk contivbpfCbSvcKey
 	var sv contivbpfCbSvc
