@@ -1,8 +1,11 @@
 package ebpf
 
 import (
+	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -102,15 +105,8 @@ func TestEncryptionBitNotCarried(t *testing.T) {
 	if err := h.d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := nsexec.Run(h.cfg.NetNS, func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(h.cfg.VTEP.AsSlice())})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	h.cfg.Encrypted = true
+	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.prefix + "u0"}, PeerName: h.prefix + "u1"})
 	enc := uint32(contivbpfCbFeaturesCB_FEAT_ENCRYPT)
 	bits := func() (cfg, global uint32) {
 		t.Helper()
@@ -119,7 +115,6 @@ func TestEncryptionBitNotCarried(t *testing.T) {
 		}
 		return h.features(t), global
 	}
-	h.cfg.Encrypted = true
 	h.d = h.start(t)
 	if c, g := bits(); c&enc == 0 || g&enc == 0 {
 		t.Fatalf("encrypted: features %#x, global %#x, want the encryption bit", c, g)
@@ -131,5 +126,61 @@ func TestEncryptionBitNotCarried(t *testing.T) {
 	h.d = h.start(t)
 	if c, g := bits(); c&enc != 0 || g&enc != 0 {
 		t.Errorf("restarted without encryption, before Sync: features %#x, global %#x, want no encryption bit", c, g)
+	}
+}
+
+// With encryption on, a VTEP on a device no packet from the underlay enters (loopback, a
+// dummy: a routed VTEP) is refused at start: the check would sit where no peer's packet
+// arrives and every clear one would pass (before, the driver attached there and started).
+func TestEncryptedVTEPOnLoopbackRefused(t *testing.T) {
+	h := newOneHost(t)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	vtepOn(t, h, "lo")
+	h.cfg.Encrypted = true
+	if d, err := New(context.Background(), h.cfg.HostConfig, h.cfg.Options); err == nil || !strings.Contains(err.Error(), "which no packet from the underlay enters") {
+		if d != nil {
+			_ = d.Teardown(context.Background())
+		}
+		t.Fatalf("encrypted with the VTEP on lo: %v, want refused", err)
+	}
+	// (A dummy device is refused the same way; this kernel has no dummy module to show it.)
+}
+
+// vtepOn moves h's VTEP address onto the device named dev in h's namespace, or onto add,
+// created there first (and removed at the end).
+func vtepOn(t *testing.T, h *oneHost, dev string, add ...netlink.Link) {
+	t.Helper()
+	a := &netlink.Addr{IPNet: netlink.NewIPNet(h.cfg.VTEP.AsSlice())}
+	if err := nsexec.Run(h.cfg.NetNS, func() error {
+		if addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4); err == nil {
+			for _, old := range addrs {
+				if old.IP.Equal(a.IP) {
+					if l, err := netlink.LinkByIndex(old.LinkIndex); err == nil {
+						_ = netlink.AddrDel(l, &old)
+					}
+				}
+			}
+		}
+		for _, l := range add {
+			if err := netlink.LinkAdd(l); err != nil {
+				return fmt.Errorf("add %s: %w", l.Attrs().Name, err)
+			}
+			dev = l.Attrs().Name
+		}
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l, a)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range add {
+		t.Cleanup(func() { _ = nsexec.Run(h.cfg.NetNS, func() error { return netlink.LinkDel(l) }) })
 	}
 }

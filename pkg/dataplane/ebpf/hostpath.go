@@ -154,12 +154,17 @@ func (d *Driver) resolveUnderlay() (underlay, error) {
 		if ip, ok := netip.AddrFromSlice(a.IP.To4()); !ok || ip != d.cfg.VTEP {
 			continue
 		}
-		if a.LinkIndex == d.egress.ifindex {
-			return underlay{}, nil
-		}
 		l, err := d.nl.LinkByIndex(a.LinkIndex)
 		if err != nil {
 			return underlay{}, fmt.Errorf("ebpf: vtep device %d: %w", a.LinkIndex, err)
+		}
+		// A VTEP on a device no wire reaches (loopback, dummy: a routed VTEP) would put
+		// the check where no peer's packet arrives, and every clear one would pass.
+		if l.Attrs().Flags&net.FlagLoopback != 0 || l.Type() == "dummy" {
+			return underlay{}, fmt.Errorf("ebpf: encrypted overlay: the vtep %v is on %s (%s), which no packet from the underlay enters, so clear overlay packets could not be refused", d.cfg.VTEP, l.Attrs().Name, l.Type())
+		}
+		if a.LinkIndex == d.egress.ifindex {
+			return underlay{}, nil
 		}
 		return underlay{ifname: l.Attrs().Name, ifindex: a.LinkIndex}, nil
 	}

@@ -33,7 +33,8 @@ type Options struct {
 	// --encryption wireguard): decrypted overlay packets come out of the WireGuard device,
 	// so every UDP packet to VXLANPort arriving from the wire is dropped
 	// (drop_clear_overlay). cb_from_uplink is put on the device holding the VTEP for it:
-	// New fails when no device of the host holds the VTEP.
+	// New fails when no device of the host holds the VTEP, or when loopback or a dummy
+	// device does (no packet from the underlay enters there).
 	Encrypted bool
 	// DNSIP is the host address the agent's DNS responder listens on (port 53):
 	// endpoints' UDP queries to their gateway's port 53 are steered to it. Invalid: none.
