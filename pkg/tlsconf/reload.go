@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,7 @@ type ServerTLS struct {
 // clientTrust is one reading of the client CA bundle and its revocation lists.
 type clientTrust struct {
 	pool    *x509.CertPool
+	cas     []*x509.Certificate // the certificates of pool
 	crls    []*x509.RevocationList
 	revoked map[string]bool // revokedKey of each listed certificate
 	read    time.Time
@@ -83,7 +85,7 @@ func readTrust(f Files) (*clientTrust, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client CA: %w", err)
 	}
-	t := &clientTrust{pool: pool, revoked: map[string]bool{}, read: time.Now()}
+	t := &clientTrust{pool: pool, cas: cas, revoked: map[string]bool{}, read: time.Now()}
 	if f.CRL == "" {
 		return t, nil
 	}
@@ -157,7 +159,10 @@ func signedByOneOf(crl *x509.RevocationList, cas []*x509.Certificate) error {
 }
 
 // Reload reads the client CA bundle and the CRL again and takes them for every later
-// handshake. On error the last good ones stay in force and Warning reports the error.
+// handshake. On error the last good revocations stay in force and Warning reports the
+// error; a CA taken out of a bundle that still reads is distrusted at once all the same
+// (a bundle rotated before its CRL must not keep the old CA trusted), while a CA added
+// waits for a reload that succeeds (its list was not read).
 func (s *ServerTLS) Reload() error {
 	if s.files.CA == "" {
 		return nil
@@ -167,10 +172,26 @@ func (s *ServerTLS) Reload() error {
 	defer s.mu.Unlock()
 	if err != nil {
 		s.failed, s.failedAt = err, time.Now()
+		if _, cas, cerr := loadCAs(s.files.CA); cerr == nil && s.trust != nil {
+			s.trust = s.trust.keepOnly(cas)
+		}
 		return err
 	}
 	s.trust, s.failed = t, nil
 	return nil
+}
+
+// keepOnly is t without the CAs that are not in cas (same revocations and lists).
+func (t *clientTrust) keepOnly(cas []*x509.Certificate) *clientTrust {
+	k := *t
+	k.pool, k.cas = x509.NewCertPool(), nil
+	for _, c := range t.cas {
+		if slices.ContainsFunc(cas, c.Equal) {
+			k.pool.AddCert(c)
+			k.cas = append(k.cas, c)
+		}
+	}
+	return &k
 }
 
 // FollowEvery is how often Follow looks at the client CA and CRL files.
@@ -198,7 +219,7 @@ func (s *ServerTLS) Warning() string {
 	s.mu.RUnlock()
 	var w []string
 	if failed != nil {
-		w = append(w, fmt.Sprintf("%s: reload at %s failed, the client CA and revocation list read at %s stay in force: %v",
+		w = append(w, fmt.Sprintf("%s: reload at %s failed, the revocation list and the client CAs (less any removed since) read at %s stay in force: %v",
 			s.what, at.UTC().Format(time.RFC3339), t.read.UTC().Format(time.RFC3339), failed))
 	}
 	if t != nil {

@@ -281,3 +281,26 @@ func TestClientCAReload(t *testing.T) {
 		t.Error("alice's CA left the bundle but a new handshake was served")
 	}
 }
+
+// TestCARemovedBeforeCRL: a CA taken out of the bundle stops being trusted even while the
+// CRL file still holds that CA's list (the reload is refused for the list, not for the
+// bundle); the old list's revocations stay in force and Warning names the failure.
+func TestCARemovedBeforeCRL(t *testing.T) {
+	s, st, ts := serveEmptyCRL(t)
+	if !fresh(t, ts, s.clients["alice"]) {
+		t.Fatal("setup: alice refused")
+	}
+	newCA, _ := pki.NewCA("next-ca")
+	if err := os.WriteFile(s.caPath, newCA.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Reload(); err == nil {
+		t.Fatal("reload took a CRL of a CA no longer in the bundle")
+	}
+	if st.Warning() == "" {
+		t.Error("no warning after a failed reload")
+	}
+	if fresh(t, ts, s.clients["alice"]) {
+		t.Error("alice's CA left the bundle but she was served (the old bundle stayed in force)")
+	}
+}
