@@ -271,13 +271,27 @@ func (s *ServerTLS) CheckChain(chain []*x509.Certificate) error {
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+	chains, err := chain[0].Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil {
 		return fmt.Errorf("client certificate %q: %w", chain[0].Subject.CommonName, err)
 	}
+	// The verified chains, not the presented one: a client may leave out an intermediate
+	// that the bundle holds (and a root's list may revoke it).
+	var revoked error
+	for _, vc := range chains {
+		if revoked = t.revokedIn(vc, s.files.CRL); revoked == nil {
+			return nil
+		}
+	}
+	return revoked
+}
+
+// revokedIn names the first certificate of chain that a list of t revokes (nil: none).
+func (t *clientTrust) revokedIn(chain []*x509.Certificate, crlFile string) error {
 	for _, c := range chain {
 		if t.revoked[revokedKey(c.RawIssuer, c.SerialNumber)] {
-			return fmt.Errorf("client certificate %q (serial %x) is revoked by %s", c.Subject.CommonName, c.SerialNumber, s.files.CRL)
+			return fmt.Errorf("client certificate %q (serial %x) is revoked by %s", c.Subject.CommonName, c.SerialNumber, crlFile)
 		}
 	}
 	return nil

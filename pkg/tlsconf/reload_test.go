@@ -2,10 +2,16 @@ package tlsconf_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -302,5 +308,47 @@ func TestCARemovedBeforeCRL(t *testing.T) {
 	}
 	if fresh(t, ts, s.clients["alice"]) {
 		t.Error("alice's CA left the bundle but she was served (the old bundle stayed in force)")
+	}
+}
+
+// TestCRLRevokedIntermediateInBundle: with a bundle holding a root and its intermediate, a
+// root's CRL that revokes the intermediate refuses a leaf of it even when the client
+// presents the leaf alone (the chain is completed from the bundle, not from the client).
+func TestCRLRevokedIntermediateInBundle(t *testing.T) {
+	dir := t.TempDir()
+	root, _ := pki.NewCA("crl-test-root")
+	ikey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	itmpl := &x509.Certificate{SerialNumber: big.NewInt(4242), Subject: pkix.Name{CommonName: "crl-test-inter"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign}
+	ider, err := x509.CreateCertificate(rand.Reader, itmpl, root.Cert, &ikey.PublicKey, root.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	icert, _ := x509.ParseCertificate(ider)
+	inter := &pki.CA{Cert: icert, Key: ikey, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ider})}
+	leaf, _ := inter.Issue(pki.Options{CommonName: "carol", Client: true})
+	srv, _ := root.Issue(pki.Options{CommonName: "server", Hosts: []string{"127.0.0.1"}, Server: true})
+	sc, sk, _ := srv.Write(dir, "server")
+	caPath := filepath.Join(dir, "bundle.crt")
+	os.WriteFile(caPath, append(append([]byte{}, root.CertPEM...), inter.CertPEM...), 0o644)
+	revokeInter, err := root.CRL(1, time.Now().Add(time.Hour), pki.Pair{CertPEM: inter.CertPEM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	interCRL, _ := inter.CRL(1, time.Now().Add(time.Hour))
+	crlPath := filepath.Join(dir, "bundle.crl")
+	os.WriteFile(crlPath, append(revokeInter, interCRL...), 0o644)
+	st, err := tlsconf.NewServer(tlsconf.Files{CA: caPath, Cert: sc, Key: sk, CRL: crlPath}, "--tls-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(leaf.CertPEM)
+	lc, _ := x509.ParseCertificate(blk.Bytes)
+	if err := st.CheckChain([]*x509.Certificate{lc}); err == nil {
+		t.Error("a leaf of a revoked intermediate (presented alone) passed CheckChain")
+	}
+	if err := st.CheckChain([]*x509.Certificate{lc, icert}); err == nil {
+		t.Error("a leaf of a revoked intermediate (presented with it) passed CheckChain")
 	}
 }
