@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -203,21 +204,51 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	return d, nil
 }
 
-// vswitchdPid is the pid of the instance's ovs-vswitchd (0: unknown or not running).
+// vswitchdPid is the pid of the instance's ovs-vswitchd (0: unknown or not running). A
+// stale pid file may name a reused pid: the process must be called ovs-vswitchd and run
+// as the user who wrote the pid file (any user can name a process ovs-vswitchd).
 func (d *Driver) vswitchdPid() int {
+	pidFile := filepath.Join(d.opts.RunDir, "ovs-vswitchd.pid")
+	pid := 0
 	if d.priv != nil {
-		return d.priv.pid("ovs-vswitchd")
+		pidFile, pid = d.priv.pidFile("ovs-vswitchd"), d.priv.pid("ovs-vswitchd")
+	} else if b, err := os.ReadFile(pidFile); err == nil {
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
-	b, err := os.ReadFile(filepath.Join(d.opts.RunDir, "ovs-vswitchd.pid"))
-	if err != nil {
+	if pid <= 0 {
 		return 0
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	// A stale pid file may name another process now.
 	if comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err != nil || strings.TrimSpace(string(comm)) != "ovs-vswitchd" {
 		return 0
 	}
+	st, err := os.Stat(pidFile)
+	if err != nil {
+		return 0
+	}
+	owner, ok := st.Sys().(*syscall.Stat_t)
+	if uid, err := processUID(pid); err != nil || !ok || uid != owner.Uid {
+		return 0
+	}
 	return pid
+}
+
+// processUID is the effective uid of process pid (/proc/<pid>/status; the owner of
+// /proc/<pid> is root for any process that made itself non-dumpable).
+func processUID(pid int) (uint32, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("process uid: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "Uid:" {
+			uid, err := strconv.ParseUint(f[2], 10, 32)
+			if err != nil {
+				return 0, fmt.Errorf("process uid of %d: %w", pid, err)
+			}
+			return uint32(uid), nil
+		}
+	}
+	return 0, fmt.Errorf("process uid of %d: no Uid line", pid)
 }
 
 // growRxBufs gives the packet sockets vswitchd opened since the last call (one per new

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,5 +137,45 @@ func TestPacketSocketsGrow(t *testing.T) {
 	}
 	if _, err := p.grow(0); err == nil {
 		t.Error("grow of pid 0 succeeded")
+	}
+}
+
+// TestVswitchdPidRefusesImpostor: a pid file left by a vswitchd that died may name a pid
+// reused by another user's process that calls itself ovs-vswitchd; the agent must not
+// take that process's sockets (pidfd_getfd) and force their buffers past rmem_max.
+func TestVswitchdPidRefusesImpostor(t *testing.T) {
+	testroot.Need(t)
+	dir, err := os.MkdirTemp("", "cbo-rxpid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary") // (a tool of the base system; never missing in practice)
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := dir + "/ovs-vswitchd"
+	if err := os.WriteFile(fake, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(fake, "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if err := os.WriteFile(dir+"/ovs-vswitchd.pid", []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{opts: Options{RunDir: dir}}
+	if pid := d.vswitchdPid(); pid != 0 {
+		t.Errorf("vswitchdPid took %d, a process of uid 65534 named ovs-vswitchd, for root's pid file", pid)
 	}
 }
