@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -134,9 +135,36 @@ func readCRLs(path string) ([]*x509.RevocationList, error) {
 		if err != nil {
 			return nil, fmt.Errorf("revocation list %s: not a PEM or DER X.509 CRL: %w", path, err)
 		}
+		if err := handledCritical(crl); err != nil {
+			return nil, fmt.Errorf("revocation list %s of %q: %w", path, crl.Issuer.String(), err)
+		}
 		out = append(out, crl)
 	}
 	return out, nil
+}
+
+// handledCritical refuses a list with a critical extension this package does not act on
+// (RFC 5280 §5.2: such a list must not be used): a delta CRL (2.5.29.27) holds only the
+// revocations since its base, an issuing distribution point (2.5.29.28) may cover only
+// some certificates or reasons, an entry's certificate issuer (2.5.29.29) names another
+// issuer than the list's. Taken as a complete list, any of them would forget revocations.
+func handledCritical(crl *x509.RevocationList) error {
+	handled := func(id asn1.ObjectIdentifier) bool {
+		return id.Equal(asn1.ObjectIdentifier{2, 5, 29, 20}) || id.Equal(asn1.ObjectIdentifier{2, 5, 29, 35}) // CRL number, authority key id
+	}
+	for _, e := range crl.Extensions {
+		if e.Critical && !handled(e.Id) {
+			return fmt.Errorf("critical extension %s is not supported (a delta or partial list cannot stand for the whole list)", e.Id)
+		}
+	}
+	for _, rc := range crl.RevokedCertificateEntries {
+		for _, e := range rc.Extensions {
+			if e.Critical {
+				return fmt.Errorf("entry %x: critical extension %s is not supported", rc.SerialNumber, e.Id)
+			}
+		}
+	}
+	return nil
 }
 
 // signedByOneOf checks crl's signature against the CA of cas that issued it.

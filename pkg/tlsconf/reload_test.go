@@ -352,3 +352,21 @@ func TestCRLRevokedIntermediateInBundle(t *testing.T) {
 		t.Error("a leaf of a revoked intermediate (presented with it) passed CheckChain")
 	}
 }
+
+// TestCRLRefusesCriticalExtension: a list with a critical extension netmaster does not
+// handle (a delta CRL: only the revocations since its base) is refused, not taken as a
+// complete list (RFC 5280 §5.2: such a list must not be used).
+func TestCRLRefusesCriticalExtension(t *testing.T) {
+	s := newCRLSetup(t)
+	deltaIndicator := []int{2, 5, 29, 27}
+	tmpl := &x509.RevocationList{Number: big.NewInt(2), ThisUpdate: time.Now().Add(-time.Hour), NextUpdate: time.Now().Add(time.Hour),
+		ExtraExtensions: []pkix.Extension{{Id: deltaIndicator, Critical: true, Value: []byte{2, 1, 1}}}}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, s.ca.Cert, s.ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.writeCRL(t, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der}))
+	if _, err := tlsconf.NewServer(s.server, "--tls-crl"); err == nil || !strings.Contains(err.Error(), "2.5.29.27") {
+		t.Errorf("a delta CRL was taken as a complete list: %v", err)
+	}
+}
