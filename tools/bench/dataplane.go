@@ -292,11 +292,13 @@ func (d *dpRun) sameHostOf(ctx context.Context, stage string, cli, srv *sim.Cont
 	return nil
 }
 
-// reportPair reports a compare() with CRR of base against test as stage: a table titled
-// title (base's column baseCol) and the figures <dp>.<stage>.{tput,crr,rr_*} with the
-// baseline's as <baseName>_*, and the paired ratios.
+// reportPair reports a compare() of base against test as stage: a table titled title
+// (base's column baseCol) and the figures <dp>.<stage>.{tput,crr,rr_*} with the
+// baseline's as <baseName>_*, and the paired ratios. The connection-rate row and figures
+// are left out when compare ran without CRR.
 func (d *dpRun) reportPair(stage, baseName, baseCol, title string, base, test *path, extra func(tput, crr float64) [][]string) {
 	p := d.dp + "." + stage + "."
+	withCRR := len(base.crr) > 0
 	bt, tt := median(base.tput), median(test.tput)
 	bc, tc := median(base.crr), median(test.crr)
 	tr, cr := pairedRatio(base.tput, test.tput), pairedRatio(base.crr, test.crr)
@@ -304,11 +306,18 @@ func (d *dpRun) reportPair(stage, baseName, baseCol, title string, base, test *p
 	b99, t99 := netbench.Percentile(base.rr, 99), netbench.Percentile(test.rr, 99)
 	rows := [][]string{
 		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), baseName + " " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
-		{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), baseName + " " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)},
-		{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), fmt.Sprintf("%d samples each", len(test.rr))},
-		{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
 	}
-	d.ratios[stage+".tput_ratio"], d.ratios[stage+".crr_ratio"] = tr, cr
+	if withCRR {
+		rows = append(rows, []string{"new connections/s (CRR, median)", fmt.Sprintf("%.0f", bc), fmt.Sprintf("%.0f", tc), fmt.Sprintf("%.3f", cr), baseName + " " + fmtList(base.crr) + " | " + d.dp + " " + fmtList(test.crr)})
+	}
+	rows = append(rows,
+		[]string{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), fmt.Sprintf("%d samples each", len(test.rr))},
+		[]string{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
+	)
+	d.ratios[stage+".tput_ratio"] = tr
+	if withCRR {
+		d.ratios[stage+".crr_ratio"] = cr
+	}
 	if extra != nil {
 		rows = append(rows, extra(tr, cr)...)
 	}
@@ -316,9 +325,11 @@ func (d *dpRun) reportPair(stage, baseName, baseCol, title string, base, test *p
 	d.r.add(p+baseName+"_tput", round2(bt), "Gbit/s")
 	d.r.add(p+"tput", round2(tt), "Gbit/s")
 	d.r.add(p+"tput_ratio", tr, "ratio")
-	d.r.add(p+baseName+"_crr", float64(int64(bc)), "conn/s")
-	d.r.add(p+"crr", float64(int64(tc)), "conn/s")
-	d.r.add(p+"crr_ratio", cr, "ratio")
+	if withCRR {
+		d.r.add(p+baseName+"_crr", float64(int64(bc)), "conn/s")
+		d.r.add(p+"crr", float64(int64(tc)), "conn/s")
+		d.r.add(p+"crr_ratio", cr, "ratio")
+	}
 	d.r.add(p+baseName+"_rr_p50", us(b50), "us")
 	d.r.add(p+"rr_p50", us(t50), "us")
 	d.r.add(p+"rr_p50_ratio", ratio(us(t50), us(b50)), "ratio")
@@ -354,30 +365,12 @@ func (d *dpRun) crossHostOf(ctx context.Context, stage string, cli, srv *sim.Con
 	if err := d.compare(ctx, base, test, false); err != nil {
 		return err
 	}
-	p := d.dp + "." + stage + "."
-	bt, tt := median(base.tput), median(test.tput)
-	tr := pairedRatio(base.tput, test.tput)
-	b50, t50 := netbench.Percentile(base.rr, 50), netbench.Percentile(test.rr, 50)
-	b99, t99 := netbench.Percentile(base.rr, 99), netbench.Percentile(test.rr, 99)
-	rows := [][]string{
-		{"TCP throughput Gbit/s (iperf3, median)", fmt.Sprintf("%.2f", bt), fmt.Sprintf("%.2f", tt), fmt.Sprintf("%.3f", tr), "bridge " + fmtList(base.tput) + " | " + d.dp + " " + fmtList(test.tput)},
-		{"RR latency p50 us", fmt.Sprintf("%.1f", us(b50)), fmt.Sprintf("%.1f", us(t50)), fmt.Sprintf("%.3f", ratio(us(t50), us(b50))), ""},
-		{"RR latency p99 us", fmt.Sprintf("%.1f", us(b99)), fmt.Sprintf("%.1f", us(t99)), fmt.Sprintf("%.3f", ratio(us(t99), us(b99))), ""},
-	}
-	d.ratios[stage+".tput_ratio"] = tr
+	var extra2 func(tput, crr float64) [][]string
 	if extra != nil {
-		rows = append(rows, extra(tr)...)
+		extra2 = func(tput, _ float64) [][]string { return extra(tput) }
 	}
-	table(d.w, fmt.Sprintf("%s cross host (VXLAN)%s: container %s -> %s vs Linux bridge + kernel vxlan, %d/%d alternating rounds",
-		d.dp, what, shortName(cli), shortName(srv), d.cfg.tputRounds, d.cfg.rrRounds),
-		[]string{"figure", "bridge+vxlan", d.dp, "ratio", "rounds"}, rows)
-	d.r.add(p+"bridge_tput", round2(bt), "Gbit/s")
-	d.r.add(p+"tput", round2(tt), "Gbit/s")
-	d.r.add(p+"tput_ratio", tr, "ratio")
-	d.r.add(p+"bridge_rr_p50", us(b50), "us")
-	d.r.add(p+"rr_p50", us(t50), "us")
-	d.r.add(p+"bridge_rr_p99", us(b99), "us")
-	d.r.add(p+"rr_p99", us(t99), "us")
+	d.reportPair(stage, "bridge", "bridge+vxlan", fmt.Sprintf("%s cross host (VXLAN)%s: container %s -> %s vs Linux bridge + kernel vxlan, %d/%d alternating rounds",
+		d.dp, what, shortName(cli), shortName(srv), d.cfg.tputRounds, d.cfg.rrRounds), base, test, extra2)
 	return nil
 }
 

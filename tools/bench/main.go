@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,7 +65,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "netprofile", "cp"}
+var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "crosshost_wg", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "netprofile", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -211,6 +212,15 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		cancel()
 		fmt.Fprintf(w, "(egress on %s: %.1fs)\n", dp, time.Since(t0).Seconds())
+	}
+	if cfg.want("crosshost_wg") && ctx.Err() == nil && slices.Contains(cfg.dataplanes, "ebpf") {
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		if err := crossHostWGStage(sctx, cfg, w, r); err != nil {
+			r.fail("ebpf.crosshost_wg", err)
+		}
+		cancel()
+		fmt.Fprintf(w, "(crosshost_wg: %.1fs)\n", time.Since(t0).Seconds())
 	}
 	if cfg.want("bgp") && ctx.Err() == nil {
 		t0 := time.Now()

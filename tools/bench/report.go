@@ -93,6 +93,10 @@ var goals = map[string]goal{
 	"samehost_monitor.tput_ratio": atLeast(0.97),
 	"operate.trace_p50_ms":        atMost(100),
 	"crosshost_policy.tput_ratio": atLeast(1.02),
+	// Issue 38: encrypted cross host against bare WireGuard, same run. Throughput:
+	// higher is better; RR latency (Contiv / bare, p50): lower is better.
+	"crosshost_wg.tput_ratio": atLeast(0.9),
+	"crosshost_wg.rr_ratio":   atMost(1.11),
 	// The issue's per-packet goals, as ratios to the reference forwarder timed around
 	// each path (nanoseconds differ 2x between machines of this kind).
 	"prog.local_ratio":          atMost(1.3),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,5 +129,39 @@ func TestKubeProxyBaseline(t *testing.T) {
 	if c, err := d.Dial(KubeProxyVIP(150) + ":80"); err == nil {
 		c.Close()
 		t.Fatalf("service 150 answered after the rule set shrank to 100")
+	}
+}
+
+// TestWireGuardBaseline: the tunnel addresses reach each other through the WireGuard
+// devices (their tx counters carry the pings), and nothing is left behind.
+func TestWireGuardBaseline(t *testing.T) {
+	testroot.Need(t)
+	wg, err := WireGuardPair(context.Background(), prefix()+"g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+	ns1, dev1 := wg.Namespaces[0], wg.Tunnels[0].Name()
+	before, err := TxBytes(ns1, dev1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first ping waits for the handshake.
+	if out, err := Run(ns1, "ping", "-c", "3", "-i", "0.2", "-W", "5", WGTunnel2); err != nil {
+		t.Fatalf("ping across the WireGuard pair: %v\n%s", err, out)
+	}
+	after, err := TxBytes(ns1, dev1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 3*84 {
+		t.Fatalf("%s sent %d bytes for 3 pings: the pings did not go through WireGuard", dev1, after-before)
+	}
+	wg.Close()
+	if _, err := os.Stat("/var/run/wireguard/" + dev1 + ".sock"); !os.IsNotExist(err) {
+		t.Errorf("control socket of %s left behind: %v", dev1, err)
+	}
+	if out, err := exec.Command("ip", "netns", "list").CombinedOutput(); err != nil || strings.Contains(string(out), ns1) {
+		t.Errorf("namespace %s left behind: %v\n%s", ns1, err, out)
 	}
 }
