@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
@@ -46,7 +47,11 @@ func crossHostWGStage(ctx context.Context, cfg config, w io.Writer, r *report) e
 	if err := d.setup(ctx); err != nil {
 		return err
 	}
-	wg, err := netbench.WireGuardPair(ctx, prefix+"b")
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	wg, err := netbench.WireGuardPair(ctx, prefix+"b", self)
 	if err != nil {
 		return err
 	}
@@ -82,7 +87,7 @@ func crossHostWGStage(ctx context.Context, cfg config, w io.Writer, r *report) e
 	}
 	d.reportPair("crosshost_wg", "wg", "bare wireguard", fmt.Sprintf(
 		"ebpf cross host encrypted: container a -> c (MTU %d) vs two namespaces joined by %s WireGuard devices (MTU %d), %d/%d alternating rounds",
-		mtu, wg.Tunnels[0].Kind(), 1500-80, cfg.tputRounds, cfg.rrRounds), base, test, func(float64, float64) [][]string {
+		mtu, wg.Kind, 1500-80, cfg.tputRounds, cfg.rrRounds), base, test, func(float64, float64) [][]string {
 		return [][]string{{"host 1 WireGuard device tx / iperf3 payload", "", fmt.Sprintf("%.3f", float64(after-before)/carried), "", "the measured traffic went through WireGuard"}}
 	})
 	// The latency figure: Contiv encrypted / bare WireGuard, p50 (lower is better).

@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/tools/sim"
 )
 
@@ -70,6 +71,9 @@ var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monito
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
 		os.Exit(slowDialer(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == netbench.WireGuardChildArg {
+		os.Exit(netbench.WireGuardChild(os.Args[2:]))
 	}
 	var cfg config
 	dp := flag.String("dataplane", "ebpf", "ebpf | ovs | all (ebpf and ovs side by side)")

@@ -12,6 +12,13 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == WireGuardChildArg {
+		os.Exit(WireGuardChild(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
 func prefix() string { return fmt.Sprintf("cbb%d", os.Getpid()%100000) }
 
 // The probes must measure a real path: echo round trips, connections and bulk data.
@@ -136,12 +143,16 @@ func TestKubeProxyBaseline(t *testing.T) {
 // devices (their tx counters carry the pings), and nothing is left behind.
 func TestWireGuardBaseline(t *testing.T) {
 	testroot.Need(t)
-	wg, err := WireGuardPair(context.Background(), prefix()+"g")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg, err := WireGuardPair(context.Background(), prefix()+"g", self)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer wg.Close()
-	ns1, dev1 := wg.Namespaces[0], wg.Tunnels[0].Name()
+	ns1, dev1 := wg.Namespaces[0], wg.Devices[0]
 	before, err := TxBytes(ns1, dev1)
 	if err != nil {
 		t.Fatal(err)

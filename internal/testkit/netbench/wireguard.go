@@ -1,13 +1,20 @@
 package netbench
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
 	"github.com/contivbpf/contivbpf/pkg/wgtunnel"
@@ -24,20 +31,38 @@ const (
 // WireGuard is the encrypted cross-host baseline built by WireGuardPair.
 type WireGuard struct {
 	*Topology
-	// Tunnels are the two devices, in namespace order.
-	Tunnels []*wgtunnel.Tunnel
-	keyDir  string
+	// Devices are the two devices' names, in namespace order.
+	Devices []string
+	// Kind is the devices' implementation.
+	Kind   wgtunnel.Kind
+	keyDir string
+	procs  []*wgProc
 }
+
+// wgProc is a child process holding one device (WireGuardChild).
+type wgProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+}
+
+// WireGuardChildArg is argv[1] of a child holding one baseline device: a program that
+// builds the baseline dispatches it to WireGuardChild first thing in main (TestMain).
+const WireGuardChildArg = "__netbench-wireguard"
+
+// wgListenPort is each device's UDP port (each in its own namespace).
+const wgListenPort = 51820
 
 // WireGuardPair builds the encrypted cross-host baseline: two namespaces <prefix>1 and
 // <prefix>2 joined by a veth wire (WGUnderlay1/2, MTU 1500), each with a WireGuard device
 // opened by pkg/wgtunnel as netplugin --encryption wireguard opens its own (the kernel
-// module's where the kernel has one, else wireguard-go in this process), named
-// <prefix>w1/<prefix>w2 (unique per machine: a userspace device's control socket is
-// named after it), MTU 1500 minus 80 as netplugin sets it, addresses WGTunnel1/2 in one
-// /24 (the route between them). Each device's only peer is the other: allowed IP its
-// tunnel /32, endpoint its wire address. Nothing else is in the path.
-func WireGuardPair(ctx context.Context, prefix string) (_ *WireGuard, err error) {
+// module's where the kernel has one, else wireguard-go), named <prefix>w1/<prefix>w2
+// (unique per machine: a userspace device's control socket is named after it), MTU 1500
+// minus 80 as netplugin sets it, addresses WGTunnel1/2 in one /24 (the route between
+// them). Each device's only peer is the other: allowed IP its tunnel /32, endpoint its
+// wire address. Nothing else is in the path. Each device is held by its own child
+// process (self WireGuardChildArg ...), as each host's device is by its own netplugin:
+// wireguard-go in the caller's process would share its scheduler with the probes.
+func WireGuardPair(ctx context.Context, prefix, self string) (_ *WireGuard, err error) {
 	w := &WireGuard{Topology: &Topology{}}
 	defer func() {
 		if err != nil {
@@ -51,10 +76,21 @@ func WireGuardPair(ctx context.Context, prefix string) (_ *WireGuard, err error)
 	ns := []string{prefix + "1", prefix + "2"}
 	wire := []string{WGUnderlay1, WGUnderlay2}
 	inner := []string{WGTunnel1, WGTunnel2}
-	for _, n := range ns {
+	var dirs, pubs []string
+	for i, n := range ns {
 		if err := w.addNS(n); err != nil {
 			return nil, err
 		}
+		dir := fmt.Sprintf("%s/%d", w.keyDir, i+1)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return nil, err
+		}
+		k, err := wgtunnel.LoadOrCreateKey(dir)
+		if err != nil {
+			return nil, err
+		}
+		dirs, pubs = append(dirs, dir), append(pubs, k.PublicKey().String())
+		w.Devices = append(w.Devices, fmt.Sprintf("%sw%d", prefix, i+1))
 	}
 	if err := nsip(ns[0], "link", "add", "wire", "type", "veth", "peer", "name", "wire", "netns", ns[1]); err != nil {
 		return nil, err
@@ -66,35 +102,96 @@ func WireGuardPair(ctx context.Context, prefix string) (_ *WireGuard, err error)
 		if err := nsip(n, "link", "set", "wire", "up"); err != nil {
 			return nil, err
 		}
-		dir := fmt.Sprintf("%s/%d", w.keyDir, i+1)
-		if err := os.Mkdir(dir, 0o700); err != nil {
+		cmd := exec.CommandContext(ctx, self, WireGuardChildArg, NSPath(n), w.Devices[i], dirs[i], inner[i]+"/24",
+			pubs[1-i], fmt.Sprintf("%s:%d", wire[1-i], wgListenPort), inner[1-i]+"/32")
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		p := &wgProc{cmd: cmd}
+		if p.stdin, err = cmd.StdinPipe(); err != nil {
 			return nil, err
 		}
-		t, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: NSPath(n), Name: fmt.Sprintf("%sw%d", prefix, i+1), StateDir: dir,
-			Address: netip.MustParsePrefix(inner[i] + "/24"), MTU: 1500 - 80})
+		out, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
 		}
-		w.Tunnels = append(w.Tunnels, t)
-	}
-	for i, t := range w.Tunnels {
-		o := w.Tunnels[1-i]
-		peer := wgtunnel.Peer{PublicKey: o.PublicKey(),
-			Endpoint:   netip.AddrPortFrom(netip.MustParseAddr(wire[1-i]), uint16(o.ListenPort())),
-			AllowedIPs: []netip.Prefix{netip.MustParsePrefix(inner[1-i] + "/32")}}
-		if _, err := t.SyncPeers(ctx, []wgtunnel.Peer{peer}); err != nil {
-			return nil, err
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start device %s: %w", w.Devices[i], err)
 		}
+		w.procs = append(w.procs, p)
+		line, err := bufio.NewReader(out).ReadString('\n')
+		kind, ok := strings.CutPrefix(strings.TrimSpace(line), "ready ")
+		if err != nil || !ok {
+			return nil, fmt.Errorf("device %s: child said %q: %v", w.Devices[i], line, err)
+		}
+		w.Kind = wgtunnel.Kind(kind)
 	}
 	return w, nil
 }
 
-// Close removes the devices, the namespaces and the keys.
-func (w *WireGuard) Close() {
-	for _, t := range w.Tunnels {
-		_ = t.Close()
+// WireGuardChild is the child side of WireGuardPair: args are the namespace path, device
+// name, key directory, device address, the peer's public key, endpoint and allowed IP.
+// It opens the device, takes the peer, prints "ready <kind>" and holds the device until
+// its standard input closes.
+func WireGuardChild(args []string) int {
+	if err := wireGuardChild(args); err != nil {
+		fmt.Fprintf(os.Stderr, "netbench wireguard child: %v\n", err)
+		return 1
 	}
-	w.Tunnels = nil
+	return 0
+}
+
+func wireGuardChild(args []string) error {
+	if len(args) != 7 {
+		return fmt.Errorf("want 7 arguments, have %d", len(args))
+	}
+	addr, err := netip.ParsePrefix(args[3])
+	if err != nil {
+		return fmt.Errorf("address: %w", err)
+	}
+	pub, err := wgtypes.ParseKey(args[4])
+	if err != nil {
+		return fmt.Errorf("peer key: %w", err)
+	}
+	ep, err := netip.ParseAddrPort(args[5])
+	if err != nil {
+		return fmt.Errorf("peer endpoint: %w", err)
+	}
+	allowed, err := netip.ParsePrefix(args[6])
+	if err != nil {
+		return fmt.Errorf("peer allowed IP: %w", err)
+	}
+	ctx := context.Background()
+	t, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: args[0], Name: args[1], StateDir: args[2], Address: addr,
+		ListenPort: wgListenPort, MTU: 1500 - 80})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if _, err := t.SyncPeers(ctx, []wgtunnel.Peer{{PublicKey: pub, Endpoint: ep, AllowedIPs: []netip.Prefix{allowed}}}); err != nil {
+		return err
+	}
+	fmt.Printf("ready %s\n", t.Kind())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// Close stops the devices' processes and removes the namespaces and the keys.
+func (w *WireGuard) Close() {
+	for _, p := range w.procs {
+		_ = p.stdin.Close()
+		done := make(chan struct{})
+		go func() {
+			_ = p.cmd.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+	}
+	w.procs = nil
 	w.Topology.Close()
 	if w.keyDir != "" {
 		_ = os.RemoveAll(w.keyDir)
