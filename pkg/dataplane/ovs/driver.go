@@ -255,7 +255,7 @@ func processUID(pid int) (uint32, error) {
 // port) larger receive buffers (rxbuf.go). A failure costs throughput, not function: it
 // is logged, a lasting one once.
 func (d *Driver) growRxBufs() {
-	n, err := d.rxBufs.grow(d.vswitchdPid())
+	n, err := d.rxBufs.grow(d.vswitchdPid(), func(pid int) bool { return d.vswitchdPid() == pid })
 	if msg := fmt.Sprint(err); err != nil && d.rxBufs.logOnce(msg) {
 		d.log.Warn("vswitchd packet socket receive buffers not raised: ports drop bursts", "err", err)
 	} else if err == nil {

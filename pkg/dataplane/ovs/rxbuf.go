@@ -3,7 +3,6 @@ package ovs
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -41,11 +40,27 @@ type packetSockets struct {
 // receive buffer is below rxBufBytes gets it through a duplicate of its descriptor
 // (pidfd_getfd, needs CAP_SYS_PTRACE over pid) and SO_RCVBUFFORCE (CAP_NET_ADMIN). A new
 // pid (vswitchd restarted) starts over. It returns how many sockets it raised.
-func (p *packetSockets) grow(pid int) (int, error) {
+//
+// is says whether pid is still vswitchd. It is asked once the pidfd is held, and the
+// process is then checked to be alive through that pidfd: a pid reused between the
+// caller's check and pidfd_open (vswitchd died, another process took its number) is
+// never reached into.
+func (p *packetSockets) grow(pid int, is func(pid int) bool) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pid <= 0 {
 		return 0, fmt.Errorf("packet socket buffers: no vswitchd pid")
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0, fmt.Errorf("packet socket buffers: pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	if !is(pid) {
+		return 0, fmt.Errorf("packet socket buffers: process %d is no longer vswitchd", pid)
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		return 0, fmt.Errorf("packet socket buffers: process %d: %w", pid, err)
 	}
 	if p.pid != pid || p.seen == nil {
 		p.pid, p.seen = pid, map[string]bool{}
@@ -55,12 +70,6 @@ func (p *packetSockets) grow(pid int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("packet socket buffers: list %s: %w", dir, err)
 	}
-	var pidfd = -1
-	defer func() {
-		if pidfd >= 0 {
-			unix.Close(pidfd)
-		}
-	}()
 	raised := 0
 	var errs []error
 	// Only sockets still open stay in seen: ports come and go with endpoints.
@@ -78,12 +87,6 @@ func (p *packetSockets) grow(pid int) (int, error) {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
-		}
-		if pidfd < 0 {
-			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
-				maps.Copy(seen, p.seen) // nothing learnt: keep what was known
-				return 0, fmt.Errorf("packet socket buffers: pidfd_open %d: %w", pid, err)
-			}
 		}
 		ok, err := growOne(pidfd, fd)
 		if err != nil {

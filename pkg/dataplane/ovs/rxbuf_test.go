@@ -111,8 +111,17 @@ func TestPacketSocketsGrow(t *testing.T) {
 	}
 	pktLink := link(pkt)
 
+	self := func(pid int) bool { return pid == os.Getpid() }
 	var p packetSockets
-	n, err := p.grow(os.Getpid())
+	// A process found not to be vswitchd once its pidfd is held is left alone (a pid
+	// reused after the caller's check).
+	if n, err := p.grow(os.Getpid(), func(int) bool { return false }); err == nil || n != 0 {
+		t.Fatalf("grow of a pid no longer vswitchd = %d, %v; want an error and nothing raised", n, err)
+	}
+	if rb, _ := unix.GetsockoptInt(pkt, unix.SOL_SOCKET, unix.SO_RCVBUF); rb == 2*rxBufBytes {
+		t.Fatal("packet socket raised although its process was no longer vswitchd")
+	}
+	n, err := p.grow(os.Getpid(), self)
 	if err != nil || n < 1 {
 		t.Fatalf("grow = %d, %v; want at least the packet socket", n, err)
 	}
@@ -122,20 +131,20 @@ func TestPacketSocketsGrow(t *testing.T) {
 	if rb, _ := unix.GetsockoptInt(udp, unix.SOL_SOCKET, unix.SO_RCVBUF); rb != udpBefore {
 		t.Errorf("udp socket rcvbuf %d, want it untouched (%d)", rb, udpBefore)
 	}
-	if n, err := p.grow(os.Getpid()); err != nil || n != 0 {
+	if n, err := p.grow(os.Getpid(), self); err != nil || n != 0 {
 		t.Errorf("second grow = %d, %v; want 0 (each socket once)", n, err)
 	}
 	if !p.seen[pktLink] {
 		t.Fatalf("%s not remembered", pktLink)
 	}
 	unix.Close(pkt)
-	if _, err := p.grow(os.Getpid()); err != nil {
+	if _, err := p.grow(os.Getpid(), self); err != nil {
 		t.Fatal(err)
 	}
 	if p.seen[pktLink] {
 		t.Errorf("closed socket %s still remembered (%d entries)", pktLink, len(p.seen))
 	}
-	if _, err := p.grow(0); err == nil {
+	if _, err := p.grow(0, self); err == nil {
 		t.Error("grow of pid 0 succeeded")
 	}
 }
