@@ -198,6 +198,9 @@ func (s *ServerTLS) Reload() error {
 	t, err := readTrust(s.files)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err == nil && s.trust != nil {
+		err = noRollback(s.trust.crls, t.crls, s.files.CRL)
+	}
 	if err != nil {
 		s.failed, s.failedAt = err, time.Now()
 		if _, cas, cerr := loadCAs(s.files.CA); cerr == nil && s.trust != nil {
@@ -206,6 +209,23 @@ func (s *ServerTLS) Reload() error {
 		return err
 	}
 	s.trust, s.failed = t, nil
+	return nil
+}
+
+// noRollback refuses lists that go back: a list whose CRL number is below the number of
+// the list in force from the same issuer. Restoring an older list (a backup, a stale
+// copy) would otherwise un-revoke every certificate revoked since.
+func noRollback(cur, next []*x509.RevocationList, path string) error {
+	for _, n := range next {
+		for _, c := range cur {
+			if !bytes.Equal(c.RawIssuer, n.RawIssuer) || c.Number == nil || n.Number == nil {
+				continue
+			}
+			if n.Number.Cmp(c.Number) < 0 {
+				return fmt.Errorf("revocation list %s: number %v of %q is below %v, the list in force (an older list would un-revoke)", path, n.Number, n.Issuer.String(), c.Number)
+			}
+		}
+	}
 	return nil
 }
 

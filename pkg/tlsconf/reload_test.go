@@ -252,6 +252,16 @@ func TestCRLReload(t *testing.T) {
 		t.Error("expired list: not enforced as it stands")
 	}
 
+	// An older list (a lower number: a backup restored) would un-revoke bob: refused,
+	// the list in force kept.
+	s.writeCRL(t, s.crl(t, 3, time.Now().Add(time.Hour)))
+	if err := st.Reload(); err == nil || !strings.Contains(err.Error(), "below 4") {
+		t.Errorf("a list numbered below the one in force: %v", err)
+	}
+	if fresh(t, ts, s.clients["bob"]) {
+		t.Error("an older list un-revoked bob")
+	}
+
 	s.writeCRL(t, s.crl(t, 5, time.Now().Add(time.Hour)))
 	if err := st.Reload(); err != nil || st.Warning() != "" {
 		t.Fatalf("a good list again: %v, warning %q", err, st.Warning())
