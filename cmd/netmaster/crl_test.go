@@ -58,6 +58,15 @@ func TestCertRevocation(t *testing.T) {
 	ps := sec.start(t, statetest.Etcd(t), "nm-crl-a", "nm-crl-b")
 	admin := sec.client(t, tAdmin)
 	secureLeader(t, admin, ps)
+	// The follower may still be starting (seen in a full run: connection refused).
+	for _, p := range ps {
+		eventually(t, 30*time.Second, p.name+" serving", func() error {
+			if st, out := admin.call(t, "GET", p.url+"/info", ""); st != 200 {
+				return fmt.Errorf("%s: %d %s", p.name, st, out)
+			}
+			return nil
+		})
+	}
 
 	// Kept-alive clients, each with one connection per netmaster from before the revocation.
 	open := map[string]*apiClient{"agent": client(t, agentFiles, ""), "user": client(t, userFiles, ""), "kept": client(t, keptFiles, "")}
