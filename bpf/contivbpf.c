@@ -677,10 +677,6 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
 	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
 }
 
-/* cb_svc_memo_off, set by the agent, turns the memo below off: its soundness rests on
- * loads not passing loads (x86), and on other machines the agent sets it. */
-volatile __u32 cb_svc_memo_off;
-
 /* cb_svc_fast takes, for cb_ipv4_fast, a packet of an established service flow (svc: the
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is

@@ -127,17 +127,24 @@ CB_INLINE __u32 cb_svc_rev_of(__u32 id)
 	return r ? r->rev : 0;
 }
 
+/* cb_svc_memo_off, set by the agent, turns off both shortcuts that trust an earlier read
+ * instead of a membership lookup: the service fast path's memo (cb_svc_fast) and the
+ * revision rule of cb_lb_member. Their soundness rests on loads not passing loads (x86);
+ * on other machines the agent sets it and every service packet looks its backend's
+ * membership up. */
+volatile __u32 cb_svc_memo_off;
+
 /* cb_lb_member says whether backend ip, which the client→VIP entry svc names, is still a
  * member of svc's service, whose revision (read before this: a removal bumps it after)
  * is rev: without a lookup while rev is the one the entry recorded when it last found it
- * a member (cb_lb_forward; its epoch, no memo's stamp in its place); otherwise by its
- * membership (cb_members). The one membership rule of the full stage (cb_lb_forward)
- * and the fast path (cb_svc_fast). */
+ * a member (cb_lb_forward; its epoch, no memo's stamp in its place) and the shortcuts
+ * are on (cb_svc_memo_off); otherwise by its membership (cb_members). The one
+ * membership rule of the full stage (cb_lb_forward) and the fast path (cb_svc_fast). */
 CB_INLINE int cb_lb_member(const struct cb_ct_entry *svc, __be32 ip, __u32 rev)
 {
 	struct cb_member_key mk = {};
 
-	if (rev && svc->epoch == rev && !(svc->state & CB_CT_MEMO))
+	if (rev && !cb_svc_memo_off && svc->epoch == rev && !(svc->state & CB_CT_MEMO))
 		return 1;
 	mk.svc_id = svc->svc_id;
 	mk.ip = ip;

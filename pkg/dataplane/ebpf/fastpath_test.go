@@ -945,3 +945,73 @@ func TestGCMovesMemoGeneration(t *testing.T) {
 		t.Fatalf("a pass deleting a service flow's entry: %d deleted (%v), generation moved by %d, want %d", n, err, gen()-before, 1<<20)
 	}
 }
+
+// With the shortcuts switched off (cb_svc_memo_off: the agent's setting where loads may
+// pass loads), the revision rule is off too: a client→VIP entry at the current revision
+// does not vouch for its backend, whose membership is looked up on every packet. The
+// membership is deleted here without the revision's bump, as a weakly ordered reader can
+// see it: with the switch on (x86) the recorded revision still holds the backend, with it
+// off the flow's next packet is re-balanced, through the full stage (an IPv4 option) as
+// through the fast path.
+func TestMemoOffLooksMembershipUp(t *testing.T) {
+	svcEpoch := func(t *testing.T, objs *contivbpfObjects, cport uint16, vip netip.Addr) uint32 {
+		t.Helper()
+		svc, _ := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80)
+		return svc.Epoch
+	}
+	vip := netip.MustParseAddr("10.1.0.106")
+	objs := memoFixture(t, 15, vip)
+	fc := objs.CbFromContainer
+	for i, c := range []struct {
+		name    string
+		opts    []byte
+		memoOff uint32
+		want    Reason // counter the ACK after the unbumped removal moves
+	}{
+		{"full stage, shortcuts on", []byte{1, 1, 1, 0}, 0, FwdLocal},
+		{"full stage, shortcuts off", []byte{1, 1, 1, 0}, 1, FwdTunnel},
+		{"fast path, shortcuts off", nil, 1, FwdTunnel},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := objs.CbSvcMemoOff.Set(c.memoOff); err != nil {
+				t.Fatal(err)
+			}
+			defer objs.CbSvcMemoOff.Set(uint32(0))
+			cport := uint16(48000 + i)
+			ack := func() runResult {
+				t.Helper()
+				return run(t, objs, fc, l4FrameOpts(6, srcIP, vip, cport, 80, tcpACK, ipOpts{options: c.opts}), nil)
+			}
+			run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+			ack().expect(t, tcActRedirect, FwdLocal)
+			var rev contivbpfCbSvcRev
+			if err := objs.CbSvcRevs.Lookup(uint32(15), &rev); err != nil {
+				t.Fatal(err)
+			}
+			if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.Epoch != rev.Rev || svc.State&ctMemo != 0 {
+				t.Fatalf("client→VIP entry epoch %d state %#x (found %v), want revision %d without a memo", svc.Epoch, svc.State, ok, rev.Rev)
+			}
+			// The membership gone and another backend in its place, the revision not
+			// (yet) bumped.
+			for _, err := range []error{
+				objs.CbMembers.Delete(&contivbpfCbMemberKey{SvcId: 15, Ip: ip4(localIP)}),
+				objs.CbBackends.Put(&contivbpfCbBackendKey{SvcId: 15, Index: 0}, &contivbpfCbBackend{Ip: ip4(remoteIP), Net: testNet}),
+				objs.CbMembers.Put(&contivbpfCbMemberKey{SvcId: 15, Ip: ip4(remoteIP)}, &contivbpfCbMember{Net: testNet}),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := objs.CbSvcRevs.Lookup(uint32(15), &rev); err != nil || rev.Rev != svcEpoch(t, objs, cport, vip) {
+				t.Fatalf("the revision moved (%v): the case needs it unchanged", err)
+			}
+			defer func() {
+				putTestService(t, objs, 15, vip, 80, 6, 8080, localIP)
+				removeMember(t, objs, 15, remoteIP)
+			}()
+			if r := ack(); r.ret != tcActRedirect || r.diff[c.want] != 1 {
+				t.Errorf("after its backend's membership went (revision unchanged) the flow's packet got %d (%v), want %v", r.ret, r.diff, c.want)
+			}
+		})
+	}
+}
