@@ -74,6 +74,9 @@ type ModelPacket struct {
 	Frag               FragKind
 	IPID               uint16
 	FromLocal          bool // sent by a local container (service LB applies only then)
+	// Path is the way the packet entered (nodeport.go); PathDirect (0): between endpoints,
+	// from a local container (FromLocal) or from another host over the overlay.
+	Path Path
 	// Quoted is the packet an ICMP error (types 3, 11, 12) quotes, as its sender sent it
 	// (HasQuote false: not an error, or nothing quoted).
 	Quoted   FlowKey
@@ -96,6 +99,9 @@ type ModelResult struct {
 	// EchoReply: an ICMP echo request to a VIP, answered in place (from the VIP to its
 	// sender), before policy and conntrack.
 	EchoReply bool
+	// Host: a packet from the wire that is no node port's, left to the host's stack
+	// untouched (Pass false, Reason "").
+	Host bool
 }
 
 // ModelService is one VIP:port/proto of a service in a zone.
@@ -110,9 +116,17 @@ type ModelService struct {
 	Draining   []netip.Addr // members that take no new flows
 }
 
+// Flow key kinds (docs/conntrack.md "Zones", enum cb_ct_kind): a tenant's node port
+// flows (clients from the wire, a peer host's own address) live apart from its own.
+const (
+	KindTenant   uint8 = 0
+	KindNodePort uint8 = 1
+)
+
 // FlowKey is a conntrack key.
 type FlowKey struct {
 	Zone         uint32
+	Kind         uint8 // KindTenant or KindNodePort
 	Src, Dst     netip.Addr
 	Sport, Dport uint16
 	Proto        uint8
@@ -120,7 +134,7 @@ type FlowKey struct {
 
 // Reverse is the key of the opposite direction.
 func (k FlowKey) Reverse() FlowKey {
-	return FlowKey{Zone: k.Zone, Src: k.Dst, Dst: k.Src, Sport: k.Dport, Dport: k.Sport, Proto: k.Proto}
+	return FlowKey{Zone: k.Zone, Kind: k.Kind, Src: k.Dst, Dst: k.Src, Sport: k.Dport, Dport: k.Sport, Proto: k.Proto}
 }
 
 // ModelEntry is one conntrack table entry.
@@ -139,6 +153,9 @@ type ModelEntry struct {
 	// direction [0] and of the reply direction [1] (0: none): the window a FIN or RST
 	// of the other direction must fall in (window).
 	TCPAck [2]uint32
+	// NodePort: a node port flow's DNAT entry (KindNodePort): the host port its client
+	// used, from which the backend's replies leave.
+	NodePort uint16
 }
 
 // window applies the TCP window (tcpwin.go) to segment p on e (reply: in e's reply
@@ -294,24 +311,33 @@ type Model struct {
 	ct       map[FlowKey]ModelEntry
 	frags    map[fragKey]fragRec
 	natfrags map[fragKey]natFrag
+	// Node ports and peer hosts (nodeport.go).
+	host       netip.Addr // this host's address (cb_config.snat_ip): node ports' replies leave from it
+	nodePorts  map[npKey]ModelNodePort
+	tenantNets []tenantNet
+	peers      map[netip.Addr]bool
+	peerFlows  map[FlowKey]PeerFlow
 }
 
 // NewModel returns an empty model whose conntrack table holds capacity entries (all kinds).
 func NewModel(capacity int) *Model {
 	return &Model{
-		capacity: capacity,
-		slots:    map[epKey]uint32{},
-		owned:    map[uint16]uint32{},
-		rules:    map[uint16]bool{},
-		denyAll:  map[uint16]bool{},
-		gstamp:   map[uint16]uint32{},
-		zstamp:   map[uint32]uint32{},
-		eps:      map[epKey]uint16{},
-		pods:     map[epKey]*dataplane.PodPolicy{},
-		svcs:     map[uint32]ModelService{},
-		ct:       map[FlowKey]ModelEntry{},
-		frags:    map[fragKey]fragRec{},
-		natfrags: map[fragKey]natFrag{},
+		capacity:  capacity,
+		slots:     map[epKey]uint32{},
+		owned:     map[uint16]uint32{},
+		rules:     map[uint16]bool{},
+		denyAll:   map[uint16]bool{},
+		gstamp:    map[uint16]uint32{},
+		zstamp:    map[uint32]uint32{},
+		eps:       map[epKey]uint16{},
+		pods:      map[epKey]*dataplane.PodPolicy{},
+		svcs:      map[uint32]ModelService{},
+		ct:        map[FlowKey]ModelEntry{},
+		frags:     map[fragKey]fragRec{},
+		natfrags:  map[fragKey]natFrag{},
+		nodePorts: map[npKey]ModelNodePort{},
+		peers:     map[netip.Addr]bool{},
+		peerFlows: map[FlowKey]PeerFlow{},
 	}
 }
 
@@ -801,14 +827,26 @@ func (p ModelPacket) rejectable() bool {
 // Packet runs one packet through the model and updates its state.
 func (m *Model) Packet(p ModelPacket) ModelResult {
 	p.Src, p.Dst = p.Src.Unmap(), p.Dst.Unmap()
+	var np *ModelNodePort
+	switch p.Path {
+	case PathPeerHost:
+		return m.peerHost(p)
+	case PathToOutside:
+		return m.toOutside(p)
+	case PathNodePort:
+		n, res, ok := m.nodePortIn(p)
+		if !ok {
+			return res
+		}
+		np = &n
+		p.Zone, p.Dst, p.Dport = n.Zone, n.VIP, n.SvcPort
+	}
 	if p.Frag == FragLater {
 		return m.laterFragment(p)
 	}
-	k := FlowKey{Zone: p.Zone, Src: p.Src, Dst: p.Dst, Proto: p.Proto}
-	switch {
-	case p.Proto == protoTCP || p.Proto == protoUDP,
-		p.Proto == protoICMP && (p.ICMPType == icmpEchoReply || p.ICMPType == icmpEchoRequest):
-		k.Sport, k.Dport = p.Sport, p.Dport
+	k := flowKeyOf(p)
+	if np != nil {
+		k.Kind = KindNodePort
 	}
 
 	if p.Proto == protoICMP && p.HasQuote {
@@ -830,7 +868,7 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	opening := p.Proto == protoTCP && p.SYN && !p.ACK
 	revFirst, isReplyFirst := m.flow(k.Reverse())
 	isReplyFirst = isReplyFirst && revFirst.DNAT && !opening
-	if p.FromLocal && (p.Proto == protoTCP || p.Proto == protoUDP) && !isReplyFirst {
+	if (p.FromLocal || np != nil) && (p.Proto == protoTCP || p.Proto == protoUDP) && !isReplyFirst {
 		s, haveSvc := m.service(p.Zone, p.Dst, p.Dport, p.Proto)
 		e, haveEntry := m.svcEntry(svcKey)
 		switch {
@@ -857,6 +895,11 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 		}
 	}
 
+	if np != nil {
+		if why := m.nodePortJudge(p, k, isSvc); why != "" {
+			return ModelResult{Reason: why}
+		}
+	}
 	// A VIP is no endpoint: what is neither balanced nor a reply has nowhere to go, but a
 	// whole echo request from a local endpoint is answered, as the gateway answers it.
 	if !isSvc && !isReplyFirst && m.isVIP(k.Zone, k.Dst) {
@@ -867,14 +910,8 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	}
 	rev, replyDNAT := m.flow(k.Reverse())
 	replyDNAT = replyDNAT && rev.DNAT && !opening
-	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) && p.Proto == protoTCP && p.SYN && !p.ACK {
-		// A direct connection reusing the tuple of a closed service flow to the same
-		// backend does not inherit its entry (cb_ct_reuse): live or expired, it goes.
-		if e, ok := m.ct[k]; ok && !e.SVC && e.DNAT && e.State == CTClosing {
-			delete(m.ct, k)
-		}
-	}
 	if !isSvc && !replyDNAT && !m.tracked(k.Zone, k.Src) && !m.tracked(k.Zone, k.Dst) {
+		m.reuseTuple(k, p)
 		return ModelResult{Pass: true}
 	}
 
@@ -882,11 +919,19 @@ func (m *Model) Packet(p ModelPacket) ModelResult {
 	var used FlowKey
 	var haveUsed bool
 	owner := m.ownerOf(p)
+	if np != nil {
+		owner = ctOwner(m.slots[epKey{p.Zone, backend}]) | ownerIn // opened to its backend
+	}
 	// A client talking to itself through its service is not judged: its balanced packets
 	// and the replies of such a flow (whatever entry they then use).
 	self := hairpin || (p.FromLocal && isReplyFirst && revFirst.Hairpin)
 	res.Pass, res.Reason, used, haveUsed = m.track(k, p, isSvc, vip, hairpin, self, owner)
 	trackPass := res.Pass
+	if np != nil && res.Pass && haveUsed && used == k {
+		e := m.ct[k]
+		e.NodePort = np.Port // its replies leave from this host's address and node port
+		m.ct[k] = e
+	}
 	if res.Pass && isSvc && haveUsed {
 		e := ModelEntry{SVC: true, NAT: netip.AddrPortFrom(backend, svc.TargetPort), Expires: m.ct[used].Expires, SvcID: svc.ID, Owner: owner}
 		if cur, ok := m.svcEntry(svcKey); ok {

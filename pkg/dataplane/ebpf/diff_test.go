@@ -58,6 +58,12 @@ type diffStep struct {
 	frag     refmodel.FragKind
 	ipid     uint16
 	quote    *diffStep // ICMP error (type in flags): the packet it quotes (from/to -1: the VIP)
+	// path: "" between endpoints (from, to), or a way in or out of the host
+	// (nodeport_diff_test.go): "peer" (the peer host's own address → to), "topeer" (from →
+	// the peer host's address), "np" (outside client → this host's node port), "npreply"
+	// (from → outside client); client indexes diffClients.
+	path   string
+	client int
 	// control plane
 	rules   []dataplane.PolicySet
 	epg     uint16
@@ -76,7 +82,7 @@ func (s diffStep) String() string {
 		if s.quote != nil {
 			q = fmt.Sprintf(" quoting [%d→%d proto %d %d→%d]", s.quote.from, s.quote.to, s.quote.proto, s.quote.sport, s.quote.dport)
 		}
-		return fmt.Sprintf("pkt %d→%d proto %d %d→%d flags %#x seq %#x ack %#x frag %d id %d%s", s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.seq, s.ack, s.frag, s.ipid, q)
+		return fmt.Sprintf("pkt %s%d→%d proto %d %d→%d flags %#x seq %#x ack %#x frag %d id %d%s", s.pathString(), s.from, s.to, s.proto, s.sport, s.dport, s.flags, s.seq, s.ack, s.frag, s.ipid, q)
 	case "policy":
 		var b strings.Builder
 		for _, p := range s.rules {
@@ -141,6 +147,11 @@ type diffGen struct {
 	policyOnly bool                  // no service and no NetworkPolicy steps, no packet to the VIP
 	noNetpol   bool                  // no NetworkPolicy steps
 	sets       []dataplane.PolicySet // the last "policy" step's rule sets
+	// nodePort: also packets of the node port, the peer host and outside clients
+	// (pathPkt), rules and NetworkPolicy naming their addresses, services with local
+	// backends only.
+	nodePort   bool
+	recentPath []diffStep // the last such packets (their replies)
 }
 
 func (g *diffGen) port() uint16 { return []uint16{53, 80, 443, 8080, 40000, 40001}[g.r.IntN(6)] }
@@ -156,8 +167,12 @@ func (g *diffGen) rule(id int) dataplane.PolicyRule {
 	// Overlapping prefixes around the fixture's addresses (10.1.0.2-5, the VIP .100), of
 	// random priorities: the compiled lookup's longest-prefix answers against the model.
 	if g.r.IntN(3) == 0 {
-		r.Remote = netip.MustParsePrefix([]string{"10.1.0.0/16", "10.1.0.0/24", "10.1.0.0/29", "10.1.0.0/30",
-			"10.1.0.4/30", "10.1.0.2/31", "10.1.0.3/32", "10.1.0.4/32", "10.1.0.96/27", "10.2.0.0/16", "0.0.0.0/1", "0.0.0.0/0"}[g.r.IntN(12)])
+		prefixes := []string{"10.1.0.0/16", "10.1.0.0/24", "10.1.0.0/29", "10.1.0.0/30",
+			"10.1.0.4/30", "10.1.0.2/31", "10.1.0.3/32", "10.1.0.4/32", "10.1.0.96/27", "10.2.0.0/16", "0.0.0.0/1", "0.0.0.0/0"}
+		if g.nodePort {
+			prefixes = append(prefixes, diffOutsidePrefixes...)
+		}
+		r.Remote = netip.MustParsePrefix(prefixes[g.r.IntN(len(prefixes))])
 	}
 	switch g.r.IntN(4) {
 	case 0:
@@ -347,7 +362,7 @@ func (g *diffGen) event() diffStep {
 		var be, dr []int
 		for i, e := range g.eps {
 			switch {
-			case e.zone != diffZoneA:
+			case e.zone != diffZoneA, g.nodePort && !e.local:
 			case g.r.IntN(2) == 0:
 				be = append(be, i)
 			case g.r.IntN(3) == 0:
@@ -372,6 +387,9 @@ func (g *diffGen) event() diffStep {
 		// A local endpoint's slot changes under its entries (the driver's adoptSlot after a
 		// restart, when the recorded slot clashes): they keep counting against the old one.
 		return diffStep{kind: "reslot", from: []int{0, 1}[g.r.IntN(2)]}
+	}
+	if g.nodePort && g.r.IntN(3) == 0 {
+		return g.pathPkt()
 	}
 	if g.r.IntN(6) == 0 {
 		// The rest of a recent first fragment.
@@ -439,11 +457,18 @@ func (g *diffGen) podPolicy() diffStep {
 		var rs []dataplane.PodRule
 		for range g.r.IntN(4) {
 			r := dataplane.PodRule{Remote: netip.MustParsePrefix("0.0.0.0/0")}
-			switch g.r.IntN(3) {
+			n := 3
+			if g.nodePort {
+				n += len(diffOutsidePrefixes)
+			}
+			switch c := g.r.IntN(n); c {
 			case 0:
 				r.Remote = netip.PrefixFrom(g.eps[g.r.IntN(len(g.eps))].ip, 32)
 			case 1:
 				r.Remote = netip.MustParsePrefix("10.1.0.0/30")
+			case 2:
+			default:
+				r.Remote = netip.MustParsePrefix(diffOutsidePrefixes[c-3])
 			}
 			switch g.r.IntN(4) {
 			case 0:
@@ -561,7 +586,10 @@ type diffConfig struct {
 	// which NetworkPolicy turns off.
 	policyOnly bool
 	noNetpol   bool
-	stream     uint64 // of the sequences' random source
+	// nodePort: node ports (services with local backends only), the peer host's own
+	// address and outside clients too (nodeport_diff_test.go).
+	nodePort bool
+	stream   uint64 // of the sequences' random source
 }
 
 // diffBase is TestDifferential's fixture: no quota (the counts are still compared).
@@ -608,7 +636,7 @@ func newDiffRig(t *testing.T, cfg diffConfig) *diffRig {
 		spec.Maps[contivbpfMapCbEpgs].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbEpCounters].MaxEntries = diffArrayEntries
 		spec.Maps[contivbpfMapCbIfaceDirect].MaxEntries = diffArrayEntries
-	})
+	}, diffPrograms(cfg)...)
 	r := &diffRig{t: t, cfg: cfg, objs: objs, lbSeed: uint32(cfg.stream) ^ 0x9e3779b9}
 	if err := objs.CbLbSeed.Set(r.lbSeed); err != nil {
 		t.Fatal(err)
@@ -714,6 +742,12 @@ func newDiffWorld(t *testing.T, rig *diffRig) *diffWorld {
 	}
 	setFeatures(t, objs, features)
 	must(objs.CbVips.Put(&contivbpfCbVipKey{Zone: diffZoneA, Vip: ip4(diffVIP)}, &contivbpfCbVip{}))
+	if rig.cfg.nodePort {
+		w.setupNodePorts(features)
+		w.setService(diffNodePortBackends)
+		w.lastClock = w.clock()
+		return w
+	}
 	w.setService([]int{1, 2})
 	w.lastClock = w.clock()
 	return w
@@ -744,6 +778,9 @@ func (w *diffWorld) setQuota(q uint32) {
 // holds its quota of entries (or more) as the model counts them.
 func (w *diffWorld) atQuota(s diffStep) bool {
 	i, count := s.from, w.model.CTCount
+	if s.path != "" {
+		return false // (tallied by path)
+	}
 	if !w.eps[i].local {
 		i, count = s.to, w.model.CTCountIn
 	}
@@ -759,7 +796,7 @@ func (w *diffWorld) compareCT() string {
 	var v contivbpfCbCtEntry
 	it := w.objs.CbCt.Iterate()
 	for it.Next(&k, &v) {
-		got[refmodel.FlowKey{Zone: k.Zone, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v
+		got[refmodel.FlowKey{Zone: k.Zone, Kind: k.Kind, Src: addrFrom(k.Saddr), Dst: addrFrom(k.Daddr), Sport: hport(k.Sport), Dport: hport(k.Dport), Proto: k.Proto}] = v
 	}
 	if err := it.Err(); err != nil {
 		w.t.Fatal(err)
@@ -800,6 +837,9 @@ func (w *diffWorld) compareCT() string {
 			diffs = append(diffs, fmt.Sprintf("endpoint %d (slot %d) counts %d entries opened to it, model %d", i, w.slot(i), n, m))
 		}
 	}
+	if w.rig.cfg.nodePort {
+		diffs = append(diffs, w.comparePeerFlows()...)
+	}
 	slices.Sort(diffs)
 	return strings.Join(diffs, "; ")
 }
@@ -809,7 +849,12 @@ func (w *diffWorld) lbChoice(s diffStep) netip.Addr {
 	if len(w.svc) == 0 {
 		return netip.Addr{}
 	}
-	h := flowHash(w.lbSeed, netip.AddrPortFrom(w.eps[s.from].ip, s.sport), netip.AddrPortFrom(diffVIP, s.dport), s.proto)
+	src, _ := w.ends(s)
+	dport := s.dport
+	if s.path == "np" {
+		dport = 80 // to the service's VIP:port first
+	}
+	h := flowHash(w.lbSeed, netip.AddrPortFrom(src, s.sport), netip.AddrPortFrom(diffVIP, dport), s.proto)
 	return w.eps[w.svc[h%uint32(len(w.svc))]].ip
 }
 
@@ -1016,6 +1061,7 @@ func (w *diffWorld) age(d time.Duration) {
 	ageMap(w.t, w.objs.CbCt, func(v *contivbpfCbCtEntry) *uint64 { return &v.Expires }, d)
 	ageMap(w.t, w.objs.CbFrags, func(v *contivbpfCbFragEntry) *uint64 { return &v.Expires }, d)
 	ageMap(w.t, w.objs.CbNatFrags, func(v *contivbpfCbNatfrag) *uint64 { return &v.Expires }, d)
+	ageMap(w.t, w.objs.CbPeerFlows, func(v *contivbpfCbPeerFlow) *uint64 { return &v.Expires }, d)
 	w.syncClock()
 	w.model.Advance(d)
 }
@@ -1064,11 +1110,7 @@ func agedBy(deadline uint64, d time.Duration) uint64 {
 
 // frame builds the packet of a step as its sender puts it on the wire.
 func (w *diffWorld) frame(s diffStep) []byte {
-	src := w.eps[s.from].ip
-	dst := diffVIP
-	if s.to >= 0 {
-		dst = w.eps[s.to].ip
-	}
+	src, dst := w.ends(s)
 	var f []byte
 	switch s.proto {
 	case 6, 17:
@@ -1143,18 +1185,24 @@ func (o outcome) String() string {
 // sendDatapath runs a packet step through the programs.
 func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	t := w.t
-	from := w.eps[s.from]
 	pkt := w.frame(s)
+	zone := w.zoneOf(s)
 	var res runResult
-	if from.local {
+	switch {
+	case s.path == "np":
+		res = run(t, w.objs, w.objs.CbFromUplink, pkt, nil)
+	case s.path == "peer":
+		res = run(t, w.objs, w.objs.CbTestOverlay, pkt, &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), w.eps[s.to].net}})
+	case w.eps[s.from].local:
+		from := w.eps[s.from]
 		ifc := contivbpfCbIface{Net: from.net, Ip: ip4(from.ip), Epg: from.epg, Vrf: from.zone, Slot: w.slot(s.from)}
 		copy(ifc.Mac[:], dataplane.ContivMAC(from.ip))
 		if err := w.objs.ifaceTable().put(uint32(loIfindex), &ifc, nil); err != nil {
 			t.Fatal(err)
 		}
 		res = run(t, w.objs, w.objs.CbFromContainer, pkt, nil)
-	} else {
-		res = run(t, w.objs, w.objs.CbTestOverlay, pkt, &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), from.net}})
+	default:
+		res = run(t, w.objs, w.objs.CbTestOverlay, pkt, &skbCtx{CB: [5]uint32{ip4(netip.MustParseAddr(testVTEP)), w.eps[s.from].net}})
 	}
 	var o outcome
 	for r := range res.diff {
@@ -1170,7 +1218,7 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 	if res.diff[FwdLocal] == 1 {
 		// Delivered to the local endpoint it is addressed to, by its current entries.
 		to := netip.AddrFrom4([4]byte(res.out[14+16 : 14+20]))
-		j := slices.IndexFunc(w.eps, func(e diffEP) bool { return e.zone == from.zone && e.ip == to })
+		j := slices.IndexFunc(w.eps, func(e diffEP) bool { return e.zone == zone && e.ip == to })
 		if j < 0 || !w.eps[j].local {
 			t.Fatalf("step %v: delivered locally to %v, no local endpoint of its tenant", s, to)
 		}
@@ -1208,11 +1256,7 @@ func (w *diffWorld) sendDatapath(s diffStep) outcome {
 // sendModel runs the same packet through the model; chosen is the backend the datapath
 // picks for it if it balances it anew (the model accepts it only if it is a valid choice).
 func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
-	from := w.eps[s.from]
-	dst := diffVIP
-	if s.to >= 0 {
-		dst = w.eps[s.to].ip
-	}
+	src, dst := w.ends(s)
 	w.model.Choose = func(cands []netip.Addr) netip.Addr {
 		for _, c := range cands {
 			if c == chosen {
@@ -1221,8 +1265,8 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 		}
 		return netip.Addr{} // not a valid choice: the outcomes will differ
 	}
-	p := refmodel.ModelPacket{Zone: from.zone, Src: from.ip, Dst: dst, Proto: s.proto, Sport: s.sport, Dport: s.dport,
-		Frag: s.frag, IPID: s.ipid, FromLocal: from.local}
+	p := refmodel.ModelPacket{Zone: w.zoneOf(s), Src: src, Dst: dst, Proto: s.proto, Sport: s.sport, Dport: s.dport,
+		Frag: s.frag, IPID: s.ipid, FromLocal: w.fromLocal(s), Path: pathOf(s)}
 	switch s.proto {
 	case 6:
 		p.SYN, p.ACK, p.FIN, p.RST = s.flags&0x02 != 0, s.flags&0x10 != 0, s.flags&0x01 != 0, s.flags&0x04 != 0
@@ -1254,7 +1298,7 @@ func (w *diffWorld) sendModel(s diffStep, chosen netip.Addr) outcome {
 	if !ports {
 		sp, dp = 0, 0
 	}
-	o.src, o.dst = netip.AddrPortFrom(from.ip, sp), netip.AddrPortFrom(dst, dp)
+	o.src, o.dst = netip.AddrPortFrom(src, sp), netip.AddrPortFrom(dst, dp)
 	if r.EchoReply {
 		o.src, o.dst = o.dst, o.src
 	}
@@ -1350,7 +1394,9 @@ func (w *diffWorld) apply(s diffStep) string {
 		if dp != md {
 			return fmt.Sprintf("%v: datapath %v, model %v", s, dp, md)
 		}
-		if w.tally != nil {
+		if w.tally != nil && s.path != "" {
+			w.tallyPath(s, dp)
+		} else if w.tally != nil {
 			switch {
 			case s.frag == refmodel.FragLater && dp.pass && dp.src.Addr() == diffVIP && dp.dst.Addr() == w.eps[s.from].ip:
 				w.tally["frag_later_hairpin"]++
@@ -1522,9 +1568,12 @@ func runDifferential(t *testing.T, cfg diffConfig, seqs, length int) {
 	tally := map[string]int{}
 	for n := 0; n < seqs; n++ {
 		seed := base + uint64(n)
-		g := &diffGen{r: rand.New(rand.NewPCG(seed, cfg.stream)), eps: diffEndpoints(), backends: []int{1, 2}, quotas: cfg.quotas, policyOnly: cfg.policyOnly, noNetpol: cfg.noNetpol}
+		g := &diffGen{r: rand.New(rand.NewPCG(seed, cfg.stream)), eps: diffEndpoints(), backends: []int{1, 2}, quotas: cfg.quotas, policyOnly: cfg.policyOnly, noNetpol: cfg.noNetpol, nodePort: cfg.nodePort}
 		if cfg.policyOnly {
 			g.backends = nil
+		}
+		if cfg.nodePort {
+			g.backends = diffNodePortBackends
 		}
 		steps := make([]diffStep, length)
 		for i := range steps {
