@@ -12,7 +12,11 @@ import (
 // Need skips t unless the process runs as root.
 func Need(t testing.TB) {
 	t.Helper()
-	if euid := os.Geteuid(); euid != 0 {
-		t.Skipf("this test needs root: skipped because not running as root (euid %d)", euid)
+	if !Have() {
+		t.Skipf("this test needs root: skipped because not running as root (euid %d)", os.Geteuid())
 	}
 }
+
+// Have says whether the process runs as root: for a TestMain deciding whether to prepare
+// what its root tests need (it has no t to skip).
+func Have() bool { return os.Geteuid() == 0 }

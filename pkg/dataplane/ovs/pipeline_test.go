@@ -3,7 +3,6 @@ package ovs
 import (
 	"encoding/hex"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	of "github.com/contiv/libOpenflow/openflow13"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/testroot"
 )
 
 func testState() *dataplane.Index {
@@ -207,9 +207,7 @@ func TestCompileRejects(t *testing.T) {
 // decoder (ovs-ofctl ofp-print) accepts.
 func TestEncodingDecodes(t *testing.T) {
 	if _, err := exec.LookPath("ovs-ofctl"); err != nil {
-		if os.Geteuid() != 0 {
-			t.Skip("ovs-ofctl not installed and not root (cannot install it); skipping")
-		}
+		testroot.Need(t) // (not root: cannot install it)
 		t.Fatal("ovs-ofctl not installed (make test installs openvswitch-switch)")
 	}
 	c, err := testPipeline(t).compile(testState(), dataplane.HostConfig{}, testPorts, newIDs())
