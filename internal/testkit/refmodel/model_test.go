@@ -506,7 +506,12 @@ func TestModelScenarios(t *testing.T) {
 			},
 		},
 	}
+	runScenarios(t, scenarios)
+}
 
+// runScenarios runs each scenario on a model of its own.
+func runScenarios(t *testing.T, scenarios []mscenario) {
+	t.Helper()
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			capacity := sc.capacity
