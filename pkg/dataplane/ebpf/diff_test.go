@@ -29,7 +29,8 @@ import (
 // conntrack entry (key, owner) or per-endpoint count that differs fails the test with the
 // shortest sequence that still reproduces it. CONTIVBPF_DIFF_SEQS and CONTIVBPF_DIFF_LEN
 // make the runs longer (make test runs the defaults: TestDifferential 40 sequences of 150
-// steps, TestDifferentialQuota 40 of 150); CONTIVBPF_DIFF_SEED moves the seeds. The
+// steps, TestDifferentialQuota 40 of 150, TestDifferentialNodePortPeerHost 30 of 150);
+// CONTIVBPF_DIFF_SEED moves the seeds. The
 // sequences of one test share one load of the programs: each starts from the same maps
 // (restored from a snapshot, see diffRig).
 
@@ -448,6 +449,9 @@ func (g *diffGen) reuse() (diffStep, bool) {
 // podPolicy gives a random endpoint a random NetworkPolicy layer (or takes it away).
 func (g *diffGen) podPolicy() diffStep {
 	from := g.r.IntN(len(g.eps))
+	if g.nodePort && g.r.IntN(2) == 0 {
+		from = diffNodePortBackends[g.r.IntN(len(diffNodePortBackends))] // (node port flows' backends)
+	}
 	if g.r.IntN(4) == 0 {
 		return diffStep{kind: "podpol", from: from}
 	}
