@@ -18,7 +18,8 @@ import (
 // netprofileStage measures dp's rate limiter (docs/netprofiles.md) with one driver in
 // private namespaces (netbench.MeasureNetprofile, the same harness for both backends):
 // <dp>.netprofile.accuracy_10m and accuracy_1g (iperf3 of an endpoint with an egress QoS,
-// achieved / configured) and unlimited_tput_ratio (an endpoint without QoS while another
+// achieved / configured), accuracy_in_10m and accuracy_in_1g (the same into an endpoint
+// with an ingress QoS) and unlimited_tput_ratio (an endpoint without QoS while another
 // has one / while none has: the median of the ratios of rounds measured back to back,
 // in ABBA order).
 func netprofileStage(ctx context.Context, cfg config, dp string, w io.Writer, r *report) error {
@@ -62,10 +63,14 @@ func netprofileStage(ctx context.Context, cfg config, dp string, w io.Writer, r 
 		[]string{"figure", "value", "detail"}, [][]string{
 			{"accuracy at 10 Mbit/s", fmt.Sprintf("%.3f", f.Accuracy10M), "achieved / configured"},
 			{"accuracy at 1 Gbit/s", fmt.Sprintf("%.3f", f.Accuracy1G), fmt.Sprintf("achieved / configured; the path without QoS carries %.2f Gbit/s (median off)", median(f.UnlimitedOff))},
+			{"ingress accuracy at 10 Mbit/s", fmt.Sprintf("%.3f", f.AccuracyIn10M), "what the limited endpoint receives, achieved / configured"},
+			{"ingress accuracy at 1 Gbit/s", fmt.Sprintf("%.3f", f.AccuracyIn1G), "what the limited endpoint receives, achieved / configured"},
 			{"unlimited endpoint, QoS elsewhere on / off", fmt.Sprintf("%.3f", ratio), "median of round ratios; on " + fmtList(f.UnlimitedOn) + " | off " + fmtList(f.UnlimitedOff) + " Gbit/s"},
 		})
 	r.add(dp+".netprofile.accuracy_10m", round3(f.Accuracy10M), "ratio")
 	r.add(dp+".netprofile.accuracy_1g", round3(f.Accuracy1G), "ratio")
+	r.add(dp+".netprofile.accuracy_in_10m", round3(f.AccuracyIn10M), "ratio")
+	r.add(dp+".netprofile.accuracy_in_1g", round3(f.AccuracyIn1G), "ratio")
 	r.add(dp+".netprofile.unlimited_tput_ratio", round3(ratio), "ratio")
 	return nil
 }

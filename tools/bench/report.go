@@ -137,6 +137,8 @@ var goals = map[string]goal{
 	"scale.ovs_backend_add_ms_1k":              atMost(2),
 	"netprofile.accuracy_10m":                  within(0.9, 1.05),
 	"netprofile.accuracy_1g":                   within(0.9, 1.05),
+	"netprofile.accuracy_in_10m":               within(0.9, 1.05), // what the limited endpoint receives
+	"netprofile.accuracy_in_1g":                within(0.9, 1.05),
 	"netprofile.unlimited_tput_ratio":          atLeast(0.98),
 }
 

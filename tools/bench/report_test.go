@@ -58,7 +58,8 @@ func TestPairedRatio(t *testing.T) {
 
 // TestIssueGoalsJudged: the Datapath v3 issue's figures carry their goals in the summary
 // (before, prog.policy_deny_1024_vs_1, prog.rejudge_other_tenant and the per-program
-// verifier figures were printed with no goal, so a regression read as met).
+// verifier figures were printed with no goal, so a regression read as met), and so do
+// the netprofile's ingress accuracy figures (issue 39).
 func TestIssueGoalsJudged(t *testing.T) {
 	var buf bytes.Buffer
 	r := newReport(&buf)
@@ -70,6 +71,7 @@ func TestIssueGoalsJudged(t *testing.T) {
 		{"prog.rejudge_other_tenant", 1.03},
 		{"prog.verified_insns.cb_stage_ipv4", 250_001}, {"prog.verified_insns.cb_from_wire", 17_150},
 		{"prog.stack_bytes.cb_stage_outside", 464}, {"prog.stack_bytes.cb_from_wire", 448},
+		{"ebpf.netprofile.accuracy_in_10m", 0.98}, {"ebpf.netprofile.accuracy_in_1g", 0.85},
 	} {
 		r.add(f.name, f.value, "x")
 	}
@@ -79,6 +81,7 @@ func TestIssueGoalsJudged(t *testing.T) {
 		"prog.policy_deny_1024_vs_1": "NO", "prog.netpol_deny_1024_vs_1": "yes", "prog.rejudge_other_tenant": "yes",
 		"prog.verified_insns.cb_stage_ipv4": "NO", "prog.verified_insns.cb_from_wire": "yes",
 		"prog.stack_bytes.cb_stage_outside": "NO", "prog.stack_bytes.cb_from_wire": "yes",
+		"netprofile.accuracy_in_10m": "yes", "netprofile.accuracy_in_1g": "NO",
 	}
 	for _, l := range strings.Split(buf.String(), "\n") {
 		f := strings.Fields(l)

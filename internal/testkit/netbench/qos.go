@@ -12,11 +12,14 @@ import (
 )
 
 // NetprofileFigures are a backend's rate-limiter figures for `make bench`
-// (<dp>.netprofile.*): TCP throughput (iperf3) of an endpoint with an egress QoS over its
-// rate, and of an endpoint without QoS while another endpoint of the host is limited and
-// while none is.
+// (<dp>.netprofile.*): TCP throughput (iperf3) of an endpoint with a QoS over its rate,
+// in each direction, and of an endpoint without QoS while another endpoint of the host
+// is limited and while none is.
 type NetprofileFigures struct {
-	Accuracy10M, Accuracy1G float64 // achieved / configured
+	// What the limited endpoint sends (its EgressRate), achieved / configured.
+	Accuracy10M, Accuracy1G float64
+	// What the limited endpoint receives (its IngressRate), achieved / configured.
+	AccuracyIn10M, AccuracyIn1G float64
 	// An unlimited endpoint's throughput (Gbit/s) per round while another endpoint of the
 	// host has a QoS (On) and while none has (Off); round i measured both, in the order
 	// on, off for even i and off, on for odd i (ABBA: a drift of the machine's load
@@ -51,8 +54,9 @@ type NewDriver func(ctx context.Context, host dataplane.HostConfig) (dataplane.D
 // MeasureNetprofile runs one driver (newDriver, the backend a parameter) with namespaces
 // named prefix+"h" (host), prefix+"a", prefix+"b", prefix+"c" (endpoints), all removed at
 // the end with the driver's datapath (Teardown), and measures NetprofileFigures with
-// iperf3: a→b for accSeconds with a limited to 10 Mbit/s and to 1 Gbit/s (long enough
-// that the first burst weighs little), then rounds of a→b (unlimited) for seconds each
+// iperf3: a→b for accSeconds with a's egress limited to 10 Mbit/s and to 1 Gbit/s (long
+// enough that the first burst weighs little), b→a with a's ingress limited the same, then
+// rounds of a→b (unlimited) for seconds each
 // with c limited and not.
 func MeasureNetprofile(ctx context.Context, prefix string, accSeconds, seconds, rounds int, newDriver NewDriver) (f NetprofileFigures, err error) {
 	var made []string
@@ -120,17 +124,23 @@ func MeasureNetprofile(ctx context.Context, prefix string, accSeconds, seconds, 
 		return g * 1e9, err
 	}
 	for _, c := range []struct {
-		rate uint64
-		out  *float64
-	}{{10e6, &f.Accuracy10M}, {1e9, &f.Accuracy1G}} {
-		if err := set("a", dataplane.QoS{EgressRate: c.rate}); err != nil {
+		q        dataplane.QoS
+		from, to string
+		out      *float64
+	}{
+		{dataplane.QoS{EgressRate: 10e6}, "a", "b", &f.Accuracy10M},
+		{dataplane.QoS{EgressRate: 1e9}, "a", "b", &f.Accuracy1G},
+		{dataplane.QoS{IngressRate: 10e6}, "b", "a", &f.AccuracyIn10M},
+		{dataplane.QoS{IngressRate: 1e9}, "b", "a", &f.AccuracyIn1G},
+	} {
+		if err := set("a", c.q); err != nil {
 			return f, err
 		}
-		got, err := tput("a", "b", accSeconds)
+		got, err := tput(c.from, c.to, accSeconds)
 		if err != nil {
 			return f, err
 		}
-		*c.out = got / float64(c.rate)
+		*c.out = got / float64(c.q.EgressRate+c.q.IngressRate) // one of them is set
 	}
 	if err := set("a", dataplane.QoS{}); err != nil {
 		return f, err
