@@ -358,9 +358,11 @@ func compute(h hostView, r *records) (dataplane.State, map[string]error) {
 	clear(r.owners)
 	for id, e := range r.eps {
 		r.owners[e.HomingHost]++
-		switch de, re, err := endpointOf(h, r, id); {
-		case err != nil:
+		de, re, err := endpointOf(h, r, id)
+		if err != nil {
 			bad[err.key] = err.err
+		}
+		switch {
 		case de != nil:
 			s.Endpoints = append(s.Endpoints, *de)
 		case re != nil:
@@ -403,9 +405,11 @@ func computeScoped(h hostView, r *records, sc scope) (*dataplane.Index, map[stri
 			}
 		}
 		if _, ok := r.eps[id]; ok {
-			switch de, re, err := endpointOf(h, r, id); {
-			case err != nil:
+			de, re, err := endpointOf(h, r, id)
+			if err != nil {
 				bad[err.key] = err.err
+			}
+			switch {
 			case de != nil:
 				want.Endpoints[id] = *de
 			case re != nil:
@@ -497,7 +501,9 @@ type keyedErr struct {
 
 // endpointOf converts endpoint record id for this host: a local endpoint (attached
 // here), a remote one, neither (network or owner's VTEP not known yet, attached here
-// but not recorded), or an error.
+// but not recorded), or an error. A local endpoint whose pod's bandwidth annotations
+// changed to values that do not parse comes with its error: it is reported and applied
+// with the pod's last annotations that did parse (LocalEndpoint.PodQoS).
 func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *dataplane.RemoteEndpoint, *keyedErr) {
 	e := r.eps[id]
 	n, ok := r.netsOK[e.NetID]
@@ -523,6 +529,12 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 		}
 		if err := de.Validate(); err != nil {
 			return nil, nil, &keyedErr{"endpoint/" + id, err}
+		}
+		if err, ok := r.podQoSErr[id]; ok {
+			// Kept running with the last valid annotations, never looser than before the
+			// change: leaving it out would delete its veth, and a pod owner flipping the
+			// value would make the host delete and create it again each time.
+			return &de, nil, &keyedErr{"endpoint/" + id, fmt.Errorf("endpoint %s: %w (its last valid bandwidth stays applied)", id, err)}
 		}
 		return &de, nil, nil
 	}
@@ -551,15 +563,11 @@ func endpointOf(h hostView, r *records, id string) (*dataplane.Endpoint, *datapl
 }
 
 // endpointQoS is what local endpoint e's traffic is held to: its group's netprofile
-// (copied into the group's state record), the pod's bandwidth annotations, per
-// direction the stricter. A group record whose netprofile values cannot be read, or
-// that does not decode at all, or pod annotations changed to values that do not parse,
-// fail the endpoint (reported, left out: a limit fails
-// closed, the endpoint is never taken for one of a group without a netprofile).
+// (copied into the group's state record), the pod's last valid bandwidth annotations
+// (l.PodQoS), per direction the stricter. A group record whose netprofile values cannot
+// be read, or that does not decode at all, fail the endpoint (reported, left out: a limit
+// fails closed, the endpoint is never taken for one of a group without a netprofile).
 func endpointQoS(r *records, e model.CfgEndpointState, l LocalEndpoint) (dataplane.QoS, error) {
-	if err, ok := r.podQoSErr[e.ID]; ok {
-		return dataplane.QoS{}, fmt.Errorf("endpoint %s: %w", e.ID, err)
-	}
 	if err, ok := r.undecodable["endpoint-group/"+e.EndpointGroupKey]; ok && e.EndpointGroupKey != "" {
 		return dataplane.QoS{}, fmt.Errorf("endpoint %s: netprofile of group %s unknown: %w", e.ID, e.EndpointGroupKey, err)
 	}

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/netprofile"
 )
@@ -16,13 +18,15 @@ type PodBandwidthWatcher interface {
 
 // watchPodBandwidth makes changes of the pods' kubernetes.io/{ingress,egress}-bandwidth
 // annotations reach this host's endpoints of the pods live (podBandwidth), as a change of
-// their group's netprofile does. Called once the records are read.
+// their group's netprofile does, at most once per podQoSInterval per pod (podQoSGate).
+// Called once the records are read.
 func (a *Agent) watchPodBandwidth(ctx context.Context) {
 	w, ok := a.cfg.Pods.(PodBandwidthWatcher)
 	if !ok {
 		return
 	}
-	if err := w.WatchBandwidth(func(ns, name string, ann map[string]string) { a.podBandwidth(ctx, ns, name, ann) }); err != nil {
+	gate := newPodQoSGate(podQoSInterval, func(ns, name string, ann map[string]string) { a.podBandwidth(ctx, ns, name, ann) })
+	if err := w.WatchBandwidth(gate.change); err != nil {
 		a.log.Warn("pod bandwidth annotations apply at attach only", "err", err)
 	}
 }
@@ -32,8 +36,9 @@ func (a *Agent) watchPodBandwidth(ctx context.Context) {
 // endpoint's local record (LocalEndpoint.PodQoS, persisted through netmaster) and
 // applied by a pass scoped to the endpoint, combined with the group's netprofile as at
 // attach (endpointQoS). Annotations that do not parse fail the endpoint (reported in
-// /healthz naming the annotation, left out of the datapath: a limit fails closed, the
-// endpoint never runs unlimited for it) until they are fixed. Unchanged annotations (the
+// /healthz naming the annotation) until they are fixed; it keeps the last annotations
+// that parsed, applied in place (endpointOf): never looser than before the change, and
+// no veth deleted and made again. Unchanged annotations (the
 // informer lists every pod again after a reconnect) touch nothing.
 func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[string]string) {
 	if ctx.Err() != nil {
@@ -121,4 +126,65 @@ func (a *Agent) recheckPodBandwidth(ctx context.Context, ns, name string) {
 		return
 	}
 	a.podBandwidth(ctx, ns, name, ann)
+}
+
+// podQoSInterval is the least time between two applies of one pod's bandwidth
+// annotations: a pod owner flipping them cannot make the host recompute and rewrite
+// the pod's endpoints, and their records through netmaster, faster than this.
+const podQoSInterval = time.Second
+
+// podQoSGate passes on each pod's annotation changes at most once per interval: a
+// change after a quiet interval is applied at once, changes within the interval after an
+// apply wait for its end, and only the last of them is applied (the last value wins).
+// A pod is forgotten an interval after its last apply.
+type podQoSGate struct {
+	interval time.Duration
+	apply    func(ns, name string, ann map[string]string)
+
+	mu   sync.Mutex
+	pods map[string]*podQoSHeld // by namespace/name: pods applied within the interval
+}
+
+// podQoSHeld is a pod applied within the interval: the annotations that came since
+// (pending), to apply when it ends.
+type podQoSHeld struct {
+	ns, name string
+	pending  bool
+	ann      map[string]string
+}
+
+func newPodQoSGate(interval time.Duration, apply func(ns, name string, ann map[string]string)) *podQoSGate {
+	return &podQoSGate{interval: interval, apply: apply, pods: map[string]*podQoSHeld{}}
+}
+
+// change is the watch's handler: pod ns/name's annotations are now ann.
+func (g *podQoSGate) change(ns, name string, ann map[string]string) {
+	key := ns + "/" + name
+	g.mu.Lock()
+	if h, ok := g.pods[key]; ok {
+		h.pending, h.ann = true, ann
+		g.mu.Unlock()
+		return
+	}
+	g.pods[key] = &podQoSHeld{ns: ns, name: name}
+	g.mu.Unlock()
+	g.apply(ns, name, ann)
+	time.AfterFunc(g.interval, func() { g.expire(key) })
+}
+
+// expire ends pod key's interval: what came within it is applied (and starts another),
+// or the pod is forgotten.
+func (g *podQoSGate) expire(key string) {
+	g.mu.Lock()
+	h := g.pods[key]
+	if !h.pending {
+		delete(g.pods, key)
+		g.mu.Unlock()
+		return
+	}
+	ann := h.ann
+	h.pending, h.ann = false, nil
+	g.mu.Unlock()
+	g.apply(h.ns, h.name, ann)
+	time.AfterFunc(g.interval, func() { g.expire(key) })
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/contivbpf/contivbpf/internal/testkit/k8stest"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
@@ -56,44 +58,61 @@ func runPodCache(ctx context.Context, t *testing.T, api *k8stest.APIServer, node
 	return c
 }
 
-// TestPodBandwidthLive: a running pod's kubernetes.io/{ingress,egress}-bandwidth
-// annotations, changed through a real kube-apiserver, reach its endpoint's QoS without a
-// new attach (the stricter of them and the group's netprofile, as at attach) and its
-// local record; annotations changed to values that do not parse fail the endpoint by
-// name (left out, not unlimited) until fixed; removed, the pod is unlimited again. A pod
-// of another node, or one this host has no endpoint of, changes nothing.
-func TestPodBandwidthLive(t *testing.T) {
+// podAPI starts a kube-apiserver with pod ns/name on node n1 and a pod cache of n1; ctx
+// ends with the test (at most a minute).
+func podAPI(t *testing.T, ns, name string) (context.Context, *k8stest.APIServer, kubernetes.Interface, *k8s.PodCache) {
+	t.Helper()
 	k8stest.NeedAPIServer(t)
 	api := k8stest.Start(t)
-	api.Pod(t, "prod", "web", "n1", nil)
-	admin := api.Clientset(t, k8stest.UserAdmin)
+	api.Pod(t, ns, name, "n1", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pods := runPodCache(ctx, t, api, "n1")
+	t.Cleanup(cancel)
+	return ctx, api, api.Clientset(t, k8stest.UserAdmin), runPodCache(ctx, t, api, "n1")
+}
 
-	d := &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+// podAgent is a test agent on driver d with pod cache pods and one local endpoint id of
+// pod (namespace/name) at ip, applied, watching the pods' bandwidth annotations; its
+// records go to the master returned.
+func podAgent(ctx context.Context, t *testing.T, d dataplane.Driver, pods PodLabeler, id, ip, pod string) (*Agent, *recordingMaster) {
+	t.Helper()
 	a := testAgent(t, d, dataplane.FwdBridge)
 	m := &recordingMaster{recs: map[string]model.LocalEndpointRecord{}}
 	a.cfg.Master, a.cfg.Pods = m, pods
-	const id = "n.t-web"
-	a.rec.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: "10.5.0.2", HomingHost: "h0", K8sPod: "prod/web"})
+	a.rec.setEp(id, &model.CfgEndpointState{ID: id, NetID: "n.t", IPAddress: ip, HomingHost: "h0", K8sPod: pod})
 	a.rec.setLocal(id, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: id, IntfName: "eth0", PortName: HostIfName(id)}, NetNS: "/run/netns/x"})
 	if errs := a.reconcile(ctx); len(errs) != 0 {
 		t.Fatalf("first pass: %v", errs)
 	}
 	a.watchPodBandwidth(ctx)
+	return a, m
+}
 
-	annotate := func(ann map[string]string) {
-		t.Helper()
-		p, err := admin.CoreV1().Pods("prod").Get(ctx, "web", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Annotations = ann
-		if _, err := admin.CoreV1().Pods("prod").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+// annotatePod sets pod ns/name's annotations to ann through the kube-apiserver.
+func annotatePod(ctx context.Context, t *testing.T, admin kubernetes.Interface, ns, name string, ann map[string]string) {
+	t.Helper()
+	p, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	p.Annotations = ann
+	if _, err := admin.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPodBandwidthLive: a running pod's kubernetes.io/{ingress,egress}-bandwidth
+// annotations, changed through a real kube-apiserver, reach its endpoint's QoS without a
+// new attach (the stricter of them and the group's netprofile, as at attach) and its
+// local record; annotations changed to values that do not parse fail the endpoint by
+// name (kept with its last valid QoS, not unlimited) until fixed; removed, the pod is
+// unlimited again. A pod of another node, or one this host has no endpoint of, changes
+// nothing.
+func TestPodBandwidthLive(t *testing.T) {
+	ctx, api, admin, pods := podAPI(t, "prod", "web")
+
+	const id = "n.t-web"
+	a, m := podAgent(ctx, t, &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}, pods, id, "10.5.0.2", "prod/web")
+	annotate := func(ann map[string]string) { t.Helper(); annotatePod(ctx, t, admin, "prod", "web", ann) }
 	// until passes reconciles until ok says the pass applied what is expected.
 	until := func(what string, ok func(errs map[string]error) bool) {
 		t.Helper()
@@ -123,8 +142,8 @@ func TestPodBandwidthLive(t *testing.T) {
 		err := a.Errors()["endpoint/"+id] // (/healthz's list)
 		return strings.Contains(err, netprofile.AnnotationEgress) && strings.Contains(err, "prod/web")
 	})
-	if ep, ok := a.applied.Endpoints[id]; ok {
-		t.Fatalf("an endpoint whose annotations do not parse is applied with QoS %+v", ep.QoS)
+	if got := qos(); got != want {
+		t.Fatalf("an endpoint whose annotations do not parse runs with QoS %+v, want its last valid %+v", got, want)
 	}
 
 	annotate(map[string]string{netprofile.AnnotationEgress: "2M"})
@@ -153,6 +172,98 @@ func TestPodBandwidthLive(t *testing.T) {
 	})
 	if got := m.record(id).PodQoS; !got.IsZero() {
 		t.Errorf("local record after removal: PodQoS %+v", got)
+	}
+}
+
+// countingDriver counts the endpoint calls the agent makes, by endpoint id.
+type countingDriver struct {
+	qosDriver
+	mu              sync.Mutex
+	upserts, delets map[string]int
+}
+
+func (d *countingDriver) UpsertEndpoint(ctx context.Context, ep dataplane.Endpoint) error {
+	d.mu.Lock()
+	d.upserts[ep.ID]++
+	d.mu.Unlock()
+	return d.qosDriver.UpsertEndpoint(ctx, ep)
+}
+
+func (d *countingDriver) DeleteEndpoint(_ context.Context, id string) error {
+	d.mu.Lock()
+	d.delets[id]++
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *countingDriver) counts(id string) (upserts, deletes int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.upserts[id], d.delets[id]
+}
+
+// TestPodBandwidthFlapping: a pod owner flipping the bandwidth annotations between
+// malformed and valid values (through a real kube-apiserver), while the agent reconciles
+// as it runs, neither deletes the pod's endpoint (its veth: each delete and create
+// again made it anew) nor updates it more than once per podQoSInterval; the last value
+// wins. Before, every malformed value deleted the endpoint and every valid one created it
+// again, as fast as the owner wrote them.
+func TestPodBandwidthFlapping(t *testing.T) {
+	ctx, _, admin, pods := podAPI(t, "prod", "flap")
+
+	d := &countingDriver{qosDriver: qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}, upserts: map[string]int{}, delets: map[string]int{}}
+	const id = "n.t-flap"
+	a, m := podAgent(ctx, t, d, pods, id, "10.5.0.7", "prod/flap")
+	up0, _ := d.counts(id)
+
+	// The agent's loop: a pass as soon as anything changed.
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	var loop sync.WaitGroup
+	loop.Add(1)
+	go func() {
+		defer loop.Done()
+		for loopCtx.Err() == nil {
+			a.reconcile(loopCtx)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	const flips = 8
+	for i := range flips {
+		for _, v := range []string{fmt.Sprintf("%dM", i+1), "lots"} {
+			annotatePod(ctx, t, admin, "prod", "flap", map[string]string{netprofile.AnnotationEgress: v})
+			time.Sleep(40 * time.Millisecond) // long enough for a pass per change
+		}
+	}
+	annotatePod(ctx, t, admin, "prod", "flap", map[string]string{netprofile.AnnotationEgress: "9M"}) // the last value: valid
+	span := time.Since(start)
+	want := dataplane.QoS{EgressRate: 9e6}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		a.applyMu.Lock()
+		got := a.applied.Endpoints[id].QoS
+		a.applyMu.Unlock()
+		if got == want && len(a.Errors()) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("last value not applied: QoS %+v, errors %v", got, a.Errors())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopLoop()
+	loop.Wait()
+	up, del := d.counts(id)
+	if del != 0 {
+		t.Errorf("the endpoint was deleted %d times while its annotations flapped (its veth made anew each time)", del)
+	}
+	// One apply per interval: the first at once, one at the end of each interval the
+	// changes kept coming in, the last value's.
+	if most := int(span/podQoSInterval) + 2; up-up0 > most {
+		t.Errorf("%d endpoint updates for %d changes in %v, want at most %d (one per %v)", up-up0, 2*flips+1, span.Round(time.Millisecond), most, podQoSInterval)
+	}
+	if got := m.record(id).PodQoS; got != want {
+		t.Errorf("local record: PodQoS %+v, want %+v", got, want)
 	}
 }
 
