@@ -34,7 +34,20 @@ const (
 	// minDefaultBurst is the least qosDefaultBurst (bytes): a 64 KiB GSO/GRO segment
 	// must fit.
 	minDefaultBurst = 64 << 10
+	// meterRefillMs is the least burst given, in milliseconds of the rate. vswitchd's
+	// userspace meters (dpif-netdev) refill their buckets in whole milliseconds and take
+	// up to 32 frames at once, so a bucket smaller than a millisecond of its rate caps
+	// the rate at the bucket per millisecond, and TCP through it stalls: at 200 Mbit/s
+	// with a burst of 160 kbit (0.8 ms) iperf3 moved nothing in 117 s. Two milliseconds
+	// leave a refill room to land while a batch drains the bucket.
+	meterRefillMs = 2
 )
+
+// minBurst is the least burst (bytes) a meter of rate (bit/s) is given: one full-sized
+// frame, and meterRefillMs of the rate.
+func minBurst(rate uint64) uint64 {
+	return max(minMeterBurst, ceilDiv(rate, 8*1000/meterRefillMs))
+}
 
 // qosDefaultBurst is the burst (bytes) a rate (bit/s) without one gets: 250 ms of the
 // rate, at least minDefaultBurst. A meter drops what exceeds its bucket, and TCP between
@@ -48,13 +61,13 @@ func qosDefaultBurst(rate uint64) uint64 { return max(rate/32, minDefaultBurst) 
 // qosBand is one meter's rate (kbit/s) and burst (kbit).
 type qosBand struct{ kbps, kbit uint32 }
 
-// qosBandOf converts a rate (bit/s) and burst (bytes; 0: qosDefaultBurst) to a
-// meter band, refusing what OVS cannot express.
+// qosBandOf converts a rate (bit/s) and burst (bytes; 0: qosDefaultBurst; raised to
+// minBurst) to a meter band, refusing what OVS cannot express.
 func qosBandOf(rate, burst uint64) (qosBand, error) {
 	if burst == 0 {
 		burst = qosDefaultBurst(rate)
 	}
-	burst = max(burst, minMeterBurst)
+	burst = max(burst, minBurst(rate))
 	// Rounded up without the overflow of rate+999 or burst*8 near 2^64 (which wrapped
 	// to a zero band: accepted, then refused by vswitchd or metering nothing).
 	kbps, kbit := ceilDiv(rate, 1000), ceilDiv(burst, 125)
