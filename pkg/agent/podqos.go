@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/contivbpf/contivbpf/pkg/netprofile"
+	"github.com/contivbpf/contivbpf/pkg/retry"
 )
 
 // PodBandwidthWatcher tells of pods' bandwidth annotations as they are listed and as
@@ -80,29 +81,59 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 	if qerr != nil {
 		a.log.Warn("pod bandwidth annotations do not parse: its endpoints fail until fixed", "pod", pod, "err", qerr)
 	}
-	// The records are written under the attach lock, each only while its endpoint is still
-	// local with this QoS: a detach (which forgets the record under that lock) in between
-	// would otherwise be followed by this write, leaving a record of an endpoint the host
-	// no longer has.
-	a.attachMu.Lock()
-	defer a.attachMu.Unlock()
 	for _, l := range save {
-		a.mu.Lock()
-		cur, ok := a.rec.local[l.ID]
-		a.mu.Unlock()
-		if !ok || cur.PodQoS != l.PodQoS {
-			continue // detached, or changed again (that change writes its record)
-		}
-		rctx, cancel := context.WithTimeout(ctx, masterTimeout)
-		err := a.cfg.Master.RecordEndpoint(rctx, l)
-		cancel()
+		done, err := a.recordPodQoS(ctx, l)
 		if err != nil {
-			// Applied; the record catches up when the informer lists the pod again (at
-			// the latest when the agent restarts).
-			a.log.Warn("pod bandwidth applied, not recorded", "endpoint", l.ID, "err", err)
+			// Applied; the record is written again with backoff until it is, the
+			// endpoint goes or its QoS changes again (that change writes its own).
+			a.log.Warn("pod bandwidth applied, not recorded yet: retrying", "endpoint", l.ID, "err", err)
+			go a.retryPodQoSRecord(ctx, l)
 			continue
 		}
-		a.log.Info("pod bandwidth changed", "pod", pod, "endpoint", l.ID, "egress", q.EgressRate, "ingress", q.IngressRate)
+		if done {
+			a.log.Info("pod bandwidth changed", "pod", pod, "endpoint", l.ID, "egress", q.EgressRate, "ingress", q.IngressRate)
+		}
+	}
+}
+
+// recordPodQoS writes local endpoint l's record (its new PodQoS) through netmaster,
+// under the attach lock and only while the endpoint is still local with this QoS: a
+// detach (which forgets the record under that lock) in between would otherwise be
+// followed by this write, leaving a record of an endpoint the host no longer has. done
+// is false when there was nothing to write (detached, or changed again: that change
+// writes its record).
+func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, err error) {
+	a.attachMu.Lock()
+	defer a.attachMu.Unlock()
+	a.mu.Lock()
+	cur, ok := a.rec.local[l.ID]
+	a.mu.Unlock()
+	if !ok || cur.PodQoS != l.PodQoS {
+		return false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, masterTimeout)
+	defer cancel()
+	if err := a.cfg.Master.RecordEndpoint(rctx, l); err != nil {
+		return false, fmt.Errorf("record endpoint %s: %w", l.ID, err)
+	}
+	return true, nil
+}
+
+// retryPodQoSRecord writes l's record again with backoff (pkg/retry) until it is
+// written, has nothing to write, or ctx ends. Before, a failed write caught up only
+// when the informer listed the pod again (at the latest at an agent restart), and an
+// agent restart in between read the old QoS from the record.
+func (a *Agent) retryPodQoSRecord(ctx context.Context, l LocalEndpoint) {
+	b := retry.New(podQoSRecordRetry, 30*time.Second)
+	for b.Wait(ctx) {
+		done, err := a.recordPodQoS(ctx, l)
+		if err == nil {
+			if done {
+				a.log.Info("pod bandwidth recorded after a retry", "endpoint", l.ID)
+			}
+			return
+		}
+		a.log.Debug("pod bandwidth record: retrying", "endpoint", l.ID, "err", err)
 	}
 }
 
@@ -132,6 +163,10 @@ func (a *Agent) recheckPodBandwidth(ctx context.Context, ns, name string) {
 // annotations: a pod owner flipping them cannot make the host recompute and rewrite
 // the pod's endpoints, and their records through netmaster, faster than this.
 const podQoSInterval = time.Second
+
+// podQoSRecordRetry is the first wait before a failed record write of a pod's new
+// bandwidth is tried again (doubling to 30 s).
+const podQoSRecordRetry = 200 * time.Millisecond
 
 // podQoSGate passes on each pod's annotation changes at most once per interval: a
 // change after a quiet interval is applied at once, changes within the interval after an

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -21,16 +22,22 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/netprofile"
 )
 
-// recordingMaster keeps the local endpoint records the agent writes.
+// recordingMaster keeps the local endpoint records the agent writes; the first fail
+// writes fail.
 type recordingMaster struct {
 	MasterClient
 	mu   sync.Mutex
 	recs map[string]model.LocalEndpointRecord
+	fail int
 }
 
 func (m *recordingMaster) RecordEndpoint(_ context.Context, rec model.LocalEndpointRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.fail > 0 {
+		m.fail--
+		return errors.New("netmaster unavailable")
+	}
 	m.recs[rec.ID] = rec
 	return nil
 }
@@ -264,6 +271,35 @@ func TestPodBandwidthFlapping(t *testing.T) {
 	}
 	if got := m.record(id).PodQoS; got != want {
 		t.Errorf("local record: PodQoS %+v, want %+v", got, want)
+	}
+}
+
+// TestPodBandwidthRecordRetried: a pod's new bandwidth whose record write fails once
+// (netmaster unreachable for a moment) is recorded by a retry, not only when the
+// informer lists the pod again or the agent restarts (which read the old QoS from the
+// record meanwhile).
+func TestPodBandwidthRecordRetried(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods := &changingPods{}
+	const id = "n.t-rec"
+	a, m := podAgent(ctx, t, &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}, pods, id, "10.5.0.8", "prod/rec")
+	m.mu.Lock()
+	m.fail = 1
+	m.mu.Unlock()
+	pods.change("prod", "rec", map[string]string{netprofile.AnnotationEgress: "3M"})
+	want := dataplane.QoS{EgressRate: 3e6}
+	a.mu.Lock()
+	applied := a.rec.local[id].PodQoS
+	a.mu.Unlock()
+	if applied != want {
+		t.Fatalf("pod QoS %+v, want %+v", applied, want)
+	}
+	for m.record(id).PodQoS != want {
+		if ctx.Err() != nil {
+			t.Fatalf("the record was not written again after a failed write: %+v", m.record(id))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
