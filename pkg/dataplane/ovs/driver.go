@@ -1289,6 +1289,12 @@ func (d *Driver) Counters(ctx context.Context) (map[string]float64, error) {
 	}
 	out := map[string]float64{"generation": float64(gen), "service_ports": float64(svcPorts), "monitor_events_lost": float64(d.monLost.Load()),
 		"drop_ct_quota": 0}
+	// 1 while vswitchd refuses its packet sockets to the agent (rxbuf.go): its ports keep
+	// the default receive buffers and drop TCP bursts.
+	out["rxbuf_refused"] = 0
+	if d.rxBufs.refused() {
+		out["rxbuf_refused"] = 1
+	}
 	for _, s := range stats {
 		out["packets_"+tableID(s.Table).String()] += float64(s.Packets)
 		if tableID(s.Table) == tCTCheck && s.Priority == 0 {

@@ -34,6 +34,25 @@ type packetSockets struct {
 	pid     int
 	seen    map[string]bool // socket inodes already handled for pid
 	lastErr string          // the last failure logged (a lasting one is logged once)
+	// refusedPid is the vswitchd whose descriptors pidfd_getfd refused (EPERM: no
+	// CAP_SYS_PTRACE over it, a Yama ptrace scope, another user namespace). Asking again
+	// for each socket every rxBufScan cannot succeed: it is not asked again until
+	// vswitchd is another process.
+	refusedPid int
+	refusal    error
+	// getfd is pidfd_getfd (nil: unix.PidfdGetfd); tests stand in for a refusing kernel.
+	getfd func(pidfd, fd, flags int) (int, error)
+}
+
+// errGetfdRefused marks a pidfd_getfd refused by the kernel's permission checks.
+var errGetfdRefused = errors.New("pidfd_getfd refused")
+
+// refused says whether raising the buffers was refused for the current vswitchd (shown
+// in Status as the counter rxbuf_refused).
+func (p *packetSockets) refused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refusedPid != 0 && p.refusedPid == p.pid
 }
 
 // grow handles every socket of process pid not handled before: an AF_PACKET socket whose
@@ -65,6 +84,9 @@ func (p *packetSockets) grow(pid int, is func(pid int) bool) (int, error) {
 	if p.pid != pid || p.seen == nil {
 		p.pid, p.seen = pid, map[string]bool{}
 	}
+	if p.refusedPid == pid {
+		return 0, p.refusal // the same refusal: logged once by the caller
+	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -88,7 +110,14 @@ func (p *packetSockets) grow(pid int, is func(pid int) bool) (int, error) {
 		if err != nil {
 			continue
 		}
-		ok, err := growOne(pidfd, fd)
+		ok, err := p.growOne(pidfd, fd)
+		if errors.Is(err, errGetfdRefused) {
+			// Every other descriptor would be refused alike: stop here, and for this
+			// vswitchd.
+			p.refusedPid = pid
+			p.refusal = fmt.Errorf("packet socket buffers: vswitchd %d: %w (not tried again until vswitchd restarts)", pid, err)
+			return raised, p.refusal
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("packet socket buffers: fd %d of %d: %w", fd, pid, err))
 			continue
@@ -102,12 +131,20 @@ func (p *packetSockets) grow(pid int, is func(pid int) bool) (int, error) {
 }
 
 // growOne raises the receive buffer of descriptor fd of the process behind pidfd if it is
-// a packet socket with less than rxBufBytes; it reports whether it did.
-func growOne(pidfd, fd int) (bool, error) {
-	dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+// a packet socket with less than rxBufBytes; it reports whether it did. A refusal
+// (EPERM) is errGetfdRefused.
+func (p *packetSockets) growOne(pidfd, fd int) (bool, error) {
+	getfd := p.getfd
+	if getfd == nil {
+		getfd = unix.PidfdGetfd
+	}
+	dup, err := getfd(pidfd, fd, 0)
 	if err != nil {
 		if errors.Is(err, unix.EBADF) {
 			return false, nil // closed meanwhile
+		}
+		if errors.Is(err, unix.EPERM) {
+			return false, fmt.Errorf("%w: %w", errGetfdRefused, err)
 		}
 		return false, fmt.Errorf("pidfd_getfd: %w", err)
 	}

@@ -2,6 +2,7 @@ package ovs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -67,6 +68,25 @@ func TestPacketSocketRcvbuf(t *testing.T) {
 	check("after add")
 	if err := ping(c1, "10.1.0.2"); err != nil {
 		t.Fatal(err)
+	}
+	// The metric says whether vswitchd refused its sockets: not here.
+	refusedCounter := func() float64 {
+		t.Helper()
+		c, err := d.Counters(ctx)
+		v, ok := c["rxbuf_refused"]
+		if err != nil || !ok {
+			t.Fatalf("counters %v, %v: no rxbuf_refused", c, err)
+		}
+		return v
+	}
+	if v := refusedCounter(); v != 0 {
+		t.Errorf("rxbuf_refused = %v after the buffers were raised", v)
+	}
+	d.rxBufs.mu.Lock()
+	d.rxBufs.refusedPid = d.rxBufs.pid // as a refusal (TestPacketSocketsRefusedOnce) leaves it
+	d.rxBufs.mu.Unlock()
+	if v := refusedCounter(); v != 1 {
+		t.Errorf("rxbuf_refused = %v for a refusing vswitchd, want 1", v)
 	}
 
 	p := Private{Dir: h.dir, NetNS: h.cfg.NetNS}
@@ -146,6 +166,52 @@ func TestPacketSocketsGrow(t *testing.T) {
 	}
 	if _, err := p.grow(0, self); err == nil {
 		t.Error("grow of pid 0 succeeded")
+	}
+}
+
+// TestPacketSocketsRefusedOnce: when pidfd_getfd is refused (EPERM) grow stops at the
+// first socket and does not ask again for that vswitchd (before, every socket was
+// tried again every rxBufScan, each refused), says so (refused: the driver's counter
+// rxbuf_refused), and asks again once vswitchd is another process.
+func TestPacketSocketsRefusedOnce(t *testing.T) {
+	testroot.Need(t)
+	for range 2 { // two packet sockets: a refusal of the first must spare the second
+		pkt, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(pkt)
+	}
+	calls := 0
+	p := packetSockets{getfd: func(int, int, int) (int, error) { calls++; return -1, unix.EPERM }}
+	self := func(pid int) bool { return pid == os.Getpid() }
+	n, err := p.grow(os.Getpid(), self)
+	if n != 0 || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("grow refused = %d, %v; want 0 and EPERM", n, err)
+	}
+	if calls != 1 {
+		t.Errorf("%d pidfd_getfd calls after the first refusal, want 1", calls)
+	}
+	if !p.refused() {
+		t.Error("refusal not reported")
+	}
+	for range 3 {
+		if _, err := p.grow(os.Getpid(), self); !errors.Is(err, unix.EPERM) {
+			t.Errorf("later grow = %v, want the refusal again", err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("%d pidfd_getfd calls after 4 scans, want 1 (asked again for a vswitchd that refused)", calls)
+	}
+	// vswitchd restarted (another pid): asked again, and no longer refused once it works.
+	p.getfd = nil
+	p.pid = -1
+	p.refusedPid = 12345
+	if _, err := p.grow(os.Getpid(), self); err != nil {
+		t.Fatalf("grow for a new vswitchd: %v", err)
+	}
+	if p.refused() {
+		t.Error("still reported refused for a vswitchd that accepted")
 	}
 }
 
