@@ -992,11 +992,44 @@ func endpointUnits(id string) func(old, st *dataplane.Index) []string {
 }
 
 // Sync implements dataplane.Driver: full atomic resync with a new cookie generation.
+// Endpoints whose QoS meters cannot be made are left out and reported; the rest is
+// installed.
 func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	st, bad := desiredFrom(s)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, err := d.apply(ctx, d.state, st, true, nil)
+	// Endpoints whose QoS meters cannot be made fail alone: the rest is installed without
+	// them (left out, never unlimited), as the agent's one-by-one fallback would. Bands no
+	// meter can hold are found first; a meter vswitchd refuses makes the install start
+	// again without its endpoint (each round leaves out at least one more).
+	refused := qosRefused{}
+	for id, ep := range st.Endpoints {
+		if _, err := qosMeters(0, ep.QoS); err != nil {
+			refused[id] = fmt.Errorf("endpoint %s: %w", id, err)
+			delete(st.Endpoints, id)
+		}
+	}
+	var err error
+	for {
+		_, err = d.apply(ctx, d.state, st, true, nil)
+		var more qosRefused
+		if !errors.As(err, &more) {
+			break
+		}
+		n := len(refused)
+		for id, e := range more {
+			if _, ok := st.Endpoints[id]; ok {
+				refused[id] = e
+				delete(st.Endpoints, id)
+			}
+		}
+		if len(refused) == n {
+			break
+		}
+	}
+	if len(refused) > 0 {
+		err = errors.Join(refused, err)
+	}
 	return errors.Join(err, bad)
 }
 

@@ -359,7 +359,7 @@ func (pl *pipeline) compileUnit(env *unitEnv, u string) ([]*flow, []string, erro
 			return nil, nil, fmt.Errorf("endpoint %s: no OVS port", ep.ID)
 		}
 		if _, err := qosMeters(port, ep.QoS); err != nil {
-			return nil, nil, fmt.Errorf("endpoint %s: %w", ep.ID, err)
+			return nil, nil, qosRefused{ep.ID: fmt.Errorf("endpoint %s: %w", ep.ID, err)} // (Sync installs the rest)
 		}
 		flows = append(pl.endpointClassifier(port, ep, n, env.netVRF(n), env.netInbound(n)), pl.answers(port)...)
 		flows = append(flows, pl.qosFlows(port, ep.QoS)...)

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 
 	of "github.com/contiv/libOpenflow/openflow13"
@@ -145,9 +147,23 @@ func meterModKbps(command uint16, id uint32, b qosBand) []byte {
 	return m
 }
 
-// wantQoSMeters are the QoS meters st's endpoints need at their ports.
-func (d *Driver) wantQoSMeters(st *dataplane.Index) (map[uint32]qosBand, error) {
-	want := map[uint32]qosBand{}
+// qosRefused are the endpoints whose QoS cannot be installed, by id: a band beyond a
+// meter's fields, or a meter vswitchd refused. A full install leaves them out and
+// installs the rest (Sync).
+type qosRefused map[string]error
+
+func (r qosRefused) Error() string {
+	var errs []error
+	for _, id := range slices.Sorted(maps.Keys(r)) {
+		errs = append(errs, r[id])
+	}
+	return errors.Join(errs...).Error()
+}
+
+// wantQoSMeters are the QoS meters st's endpoints need at their ports, with the
+// endpoint each is for; endpoints whose QoS no meter can express are refused.
+func (d *Driver) wantQoSMeters(st *dataplane.Index) (want map[uint32]qosBand, owner map[uint32]string, refused qosRefused) {
+	want, owner, refused = map[uint32]qosBand{}, map[uint32]string{}, qosRefused{}
 	for id, ep := range st.Endpoints {
 		port := d.ports.endpoints[id]
 		if port == 0 || ep.QoS.IsZero() {
@@ -155,25 +171,26 @@ func (d *Driver) wantQoSMeters(st *dataplane.Index) (map[uint32]qosBand, error) 
 		}
 		m, err := qosMeters(port, ep.QoS)
 		if err != nil {
-			return nil, fmt.Errorf("endpoint %s: %w", id, err)
+			refused[id] = fmt.Errorf("endpoint %s: %w", id, err)
+			continue
 		}
 		for k, v := range m {
-			want[k] = v
+			want[k], owner[k] = v, id
 		}
 	}
-	return want, nil
+	return want, owner, refused
 }
 
 // ensureQoSMeters adds the QoS meters st needs and modifies those whose band changed,
 // before the flows that use them are installed. Meters an earlier agent left (read once
 // after connecting) are modified in place. reread (a full install) looks at what
 // vswitchd holds first: a meter deleted behind the driver's back is added again, or the
-// flows using it could not be installed. Called with mu held.
+// flows using it could not be installed. The endpoints whose meters cannot be made (the
+// band does not fit, vswitchd answers an error) are returned as qosRefused after every
+// other meter is in place; other failures (the connection) fail it all. Called with mu
+// held.
 func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index, reread bool) error {
-	want, err := d.wantQoSMeters(st)
-	if err != nil {
-		return err
-	}
+	want, owner, refused := d.wantQoSMeters(st)
 	if d.qosMeters == nil || reread {
 		stats, err := d.conn.meterStats(ctx)
 		if err != nil {
@@ -187,7 +204,8 @@ func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index, rerea
 		}
 		d.qosMeters = live
 	}
-	for id, b := range want {
+	for _, id := range slices.Sorted(maps.Keys(want)) {
+		b := want[id]
 		cur, had := d.qosMeters[id]
 		if had && cur == b {
 			continue
@@ -197,9 +215,17 @@ func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index, rerea
 			cmd = meterModify
 		}
 		if err := d.conn.request(ctx, d.conn.newMsg(ofptMeterMod, meterModKbps(cmd, id, b))); err != nil {
-			return fmt.Errorf("ovs: qos meter %#x: %w", id, err)
+			err = fmt.Errorf("ovs: qos meter %#x: %w", id, err)
+			if oe := (*ofError)(nil); errors.As(err, &oe) {
+				refused[owner[id]] = fmt.Errorf("endpoint %s: %w", owner[id], err)
+				continue
+			}
+			return err
 		}
 		d.qosMeters[id] = b
+	}
+	if len(refused) > 0 {
+		return refused
 	}
 	return nil
 }
@@ -207,10 +233,7 @@ func (d *Driver) ensureQoSMeters(ctx context.Context, st *dataplane.Index, rerea
 // dropQoSMeters deletes the QoS meters st no longer needs, after the flows that used them
 // are gone. Called with mu held.
 func (d *Driver) dropQoSMeters(ctx context.Context, st *dataplane.Index) error {
-	want, err := d.wantQoSMeters(st)
-	if err != nil {
-		return err
-	}
+	want, _, _ := d.wantQoSMeters(st)
 	var errs []error
 	for id := range d.qosMeters {
 		if _, ok := want[id]; ok {

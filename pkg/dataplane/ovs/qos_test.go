@@ -196,3 +196,39 @@ func TestQoSMetersLive(t *testing.T) {
 		t.Errorf("e1's meter stayed after it went:\n%s", m)
 	}
 }
+
+// TestRefusedMeterFailsOnlyItsEndpoint: in a full install (Sync), an endpoint whose QoS
+// no meter can hold fails alone, named in the error: the other endpoint is installed
+// with its meter and forwards. Before, the whole install failed, every endpoint created
+// by it was rolled back, and only the agent's one-by-one fallback installed the rest.
+func TestRefusedMeterFailsOnlyItsEndpoint(t *testing.T) {
+	d, _, id, c1, c2 := hostWithTwo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e1, e2 := ep("e1", "10.1.0.1", c1, "cbr1"+id), ep("e2", "10.1.0.2", c2, "cbr2"+id)
+	e1.QoS = dataplane.QoS{EgressRate: 5e12} // 5e9 kbit/s: beyond a meter's 32-bit field
+	e2.QoS = dataplane.QoS{EgressRate: 10e6}
+	err := d.Sync(ctx, dataplane.State{Networks: []dataplane.Network{vxNet}, Endpoints: []dataplane.Endpoint{e1, e2}})
+	if err == nil || !strings.Contains(err.Error(), "endpoint e1") || strings.Contains(err.Error(), "endpoint e2") {
+		t.Fatalf("Sync = %v, want an error naming e1 only", err)
+	}
+	d.mu.Lock()
+	_, has1 := d.state.Endpoints["e1"]
+	_, has2 := d.state.Endpoints["e2"]
+	p2 := d.ports.endpoints["e2"]
+	d.mu.Unlock()
+	if has1 || !has2 || p2 == 0 {
+		t.Logf("Sync: %v", err)
+		t.Fatalf("installed e1 %v, e2 %v (port %d); want e2 only", has1, has2, p2)
+	}
+	m := sh(t, "ovs-ofctl", "-O", "OpenFlow13", "dump-meters", "unix:"+d.mgmtSocket())
+	if !strings.Contains(m, fmt.Sprintf("meter=%d ", qosEgressMeterID(p2))) {
+		t.Errorf("e2's meter not installed:\n%s", m)
+	}
+	// e2 forwards: it reaches e1's address once e1 has a QoS a meter can hold.
+	e1.QoS = dataplane.QoS{EgressRate: 20e6}
+	if err := d.UpsertEndpoint(ctx, e1); err != nil {
+		t.Fatal(err)
+	}
+	conformance.PingOK(t, nsPath(c2), "10.1.0.1", 3)
+}
