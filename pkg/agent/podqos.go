@@ -96,11 +96,13 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 	}
 }
 
-// recordPodQoS writes local endpoint l's record (its new PodQoS) through netmaster,
-// under the attach lock and only while the endpoint is still local with this QoS: a
-// detach (which forgets the record under that lock) in between would otherwise be
-// followed by this write, leaving a record of an endpoint the host no longer has. done
-// is false when there was nothing to write (detached, or changed again: that change
+// recordPodQoS writes local endpoint l.ID's record (with its new PodQoS) through
+// netmaster, under the attach lock and only while the endpoint is still local with this
+// QoS: a detach (which forgets the record under that lock) in between would otherwise be
+// followed by this write, leaving a record of an endpoint the host no longer has. It
+// writes the record as it stands then, not l: an attach of the same id since l was
+// taken recorded its own (another network namespace, say), which l would overwrite.
+// done is false when there was nothing to write (detached, or changed again: that change
 // writes its record).
 func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, err error) {
 	a.attachMu.Lock()
@@ -113,7 +115,7 @@ func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, e
 	}
 	rctx, cancel := context.WithTimeout(ctx, masterTimeout)
 	defer cancel()
-	if err := a.cfg.Master.RecordEndpoint(rctx, l); err != nil {
+	if err := a.cfg.Master.RecordEndpoint(rctx, cur); err != nil {
 		return false, fmt.Errorf("record endpoint %s: %w", l.ID, err)
 	}
 	return true, nil

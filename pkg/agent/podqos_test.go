@@ -23,17 +23,19 @@ import (
 )
 
 // recordingMaster keeps the local endpoint records the agent writes; the first fail
-// writes fail.
+// writes fail. calls counts the writes asked for.
 type recordingMaster struct {
 	MasterClient
-	mu   sync.Mutex
-	recs map[string]model.LocalEndpointRecord
-	fail int
+	mu    sync.Mutex
+	recs  map[string]model.LocalEndpointRecord
+	fail  int
+	calls int
 }
 
 func (m *recordingMaster) RecordEndpoint(_ context.Context, rec model.LocalEndpointRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.calls++
 	if m.fail > 0 {
 		m.fail--
 		return errors.New("netmaster unavailable")
@@ -274,19 +276,28 @@ func TestPodBandwidthFlapping(t *testing.T) {
 	}
 }
 
+// retryAgent is podAgent with a pod cache of the test's making (pods: call its change
+// for a pod's new annotations) whose master fails the next fails record writes; ctx ends
+// with the test (at most 10 s).
+func retryAgent(t *testing.T, id, ip, pod string, fails int) (context.Context, *Agent, *recordingMaster, *changingPods) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	pods := &changingPods{}
+	a, m := podAgent(ctx, t, &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}, pods, id, ip, pod)
+	m.mu.Lock()
+	m.fail = fails
+	m.mu.Unlock()
+	return ctx, a, m, pods
+}
+
 // TestPodBandwidthRecordRetried: a pod's new bandwidth whose record write fails once
 // (netmaster unreachable for a moment) is recorded by a retry, not only when the
 // informer lists the pod again or the agent restarts (which read the old QoS from the
 // record meanwhile).
 func TestPodBandwidthRecordRetried(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pods := &changingPods{}
 	const id = "n.t-rec"
-	a, m := podAgent(ctx, t, &qosDriver{failingDriver: failingDriver{fail: map[string]bool{}}}, pods, id, "10.5.0.8", "prod/rec")
-	m.mu.Lock()
-	m.fail = 1
-	m.mu.Unlock()
+	ctx, a, m, pods := retryAgent(t, id, "10.5.0.8", "prod/rec", 1)
 	pods.change("prod", "rec", map[string]string{netprofile.AnnotationEgress: "3M"})
 	want := dataplane.QoS{EgressRate: 3e6}
 	a.mu.Lock()
@@ -300,6 +311,44 @@ func TestPodBandwidthRecordRetried(t *testing.T) {
 			t.Fatalf("the record was not written again after a failed write: %+v", m.record(id))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPodBandwidthRetryWritesCurrentRecord: a retried record write writes the
+// endpoint's record as it stands when the retry runs, not the copy taken when the
+// annotations changed. Before, the retry wrote that copy: an endpoint attached again
+// meanwhile (same id and bandwidth, another network namespace) had its new record,
+// written by the attach, overwritten with the old one by the late retry.
+func TestPodBandwidthRetryWritesCurrentRecord(t *testing.T) {
+	const id = "n.t-cur"
+	ctx, a, m, pods := retryAgent(t, id, "10.5.0.9", "prod/cur", 1)
+	pods.change("prod", "cur", map[string]string{netprofile.AnnotationEgress: "3M"}) // its write fails: retried
+	// Attached again before the retry: the attach records the endpoint as it is now.
+	a.attachMu.Lock()
+	a.mu.Lock()
+	l := a.rec.local[id]
+	l.NetNS = "/run/netns/again"
+	a.rec.setLocal(id, &l)
+	a.mu.Unlock()
+	m.mu.Lock()
+	m.recs[id] = l
+	calls := m.calls
+	m.mu.Unlock()
+	a.attachMu.Unlock()
+	for {
+		m.mu.Lock()
+		retried := m.calls > calls
+		m.mu.Unlock()
+		if retried {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the failed record write was not tried again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := m.record(id); got.NetNS != l.NetNS || got.PodQoS != l.PodQoS {
+		t.Errorf("record after the retry: netns %q, PodQoS %+v; want the endpoint's current %q, %+v", got.NetNS, got.PodQoS, l.NetNS, l.PodQoS)
 	}
 }
 
