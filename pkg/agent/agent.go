@@ -150,7 +150,10 @@ type Agent struct {
 	synced bool
 
 	attachMu sync.Mutex // one attach/detach at a time
-	kick     chan struct{}
+	// podQoSRetry are the endpoints whose local record a retryPodQoSRecord is writing
+	// again (guarded by attachMu): one per endpoint, however many writes failed.
+	podQoSRetry map[string]bool
+	kick        chan struct{}
 
 	monOnce sync.Once
 	mon     *monitorHub // drop event fan-out (monitor.go), made on first /monitor
@@ -207,6 +210,8 @@ func New(cfg Config) (*Agent, error) {
 		bad:     map[string]error{},
 		kick:    make(chan struct{}, 1),
 		bgpKick: make(chan struct{}, 1),
+
+		podQoSRetry: map[string]bool{},
 	}, nil
 }
 

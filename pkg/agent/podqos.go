@@ -84,10 +84,9 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 	for _, l := range save {
 		done, err := a.recordPodQoS(ctx, l)
 		if err != nil {
-			// Applied; the record is written again with backoff until it is, the
-			// endpoint goes or its QoS changes again (that change writes its own).
+			// Applied; the record is written again with backoff until it is or the
+			// endpoint goes (retryPodQoSRecord).
 			a.log.Warn("pod bandwidth applied, not recorded yet: retrying", "endpoint", l.ID, "err", err)
-			go a.retryPodQoSRecord(ctx, l)
 			continue
 		}
 		if done {
@@ -103,7 +102,8 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 // writes the record as it stands then, not l: an attach of the same id since l was
 // taken recorded its own (another network namespace, say), which l would overwrite.
 // done is false when there was nothing to write (detached, or changed again: that change
-// writes its record).
+// writes its record). A failed write is retried (retryPodQoSRecord), by one retry of the
+// endpoint however many writes failed.
 func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, err error) {
 	a.attachMu.Lock()
 	defer a.attachMu.Unlock()
@@ -113,30 +113,63 @@ func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, e
 	if !ok || cur.PodQoS != l.PodQoS {
 		return false, nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, masterTimeout)
-	defer cancel()
-	if err := a.cfg.Master.RecordEndpoint(rctx, cur); err != nil {
-		return false, fmt.Errorf("record endpoint %s: %w", l.ID, err)
+	if err := a.writeLocalRecord(ctx, cur); err != nil {
+		if !a.podQoSRetry[l.ID] {
+			a.podQoSRetry[l.ID] = true
+			go a.retryPodQoSRecord(ctx, l.ID)
+		}
+		return false, err
 	}
 	return true, nil
 }
 
-// retryPodQoSRecord writes l's record again with backoff (pkg/retry) until it is
-// written, has nothing to write, or ctx ends. Before, a failed write caught up only
-// when the informer listed the pod again (at the latest at an agent restart), and an
-// agent restart in between read the old QoS from the record.
-func (a *Agent) retryPodQoSRecord(ctx context.Context, l LocalEndpoint) {
+// writeLocalRecord writes local record l through netmaster within masterTimeout.
+func (a *Agent) writeLocalRecord(ctx context.Context, l LocalEndpoint) error {
+	rctx, cancel := context.WithTimeout(ctx, masterTimeout)
+	defer cancel()
+	if err := a.cfg.Master.RecordEndpoint(rctx, l); err != nil {
+		return fmt.Errorf("record endpoint %s: %w", l.ID, err)
+	}
+	return nil
+}
+
+// retryPodQoSRecord writes local endpoint id's record again with backoff (pkg/retry),
+// as it stands at each try (a later change of its QoS included), until it is written,
+// the endpoint is detached, or ctx ends. Before, a failed write caught up only when the
+// informer listed the pod again (at the latest at an agent restart), and an agent
+// restart in between read the old QoS from the record.
+func (a *Agent) retryPodQoSRecord(ctx context.Context, id string) {
 	b := retry.New(podQoSRecordRetry, 30*time.Second)
 	for b.Wait(ctx) {
-		done, err := a.recordPodQoS(ctx, l)
+		written, err := a.retryPodQoSOnce(ctx, id)
 		if err == nil {
-			if done {
-				a.log.Info("pod bandwidth recorded after a retry", "endpoint", l.ID)
+			if written {
+				a.log.Info("pod bandwidth recorded after a retry", "endpoint", id)
 			}
 			return
 		}
-		a.log.Debug("pod bandwidth record: retrying", "endpoint", l.ID, "err", err)
+		a.log.Debug("pod bandwidth record: retrying", "endpoint", id, "err", err)
 	}
+	a.attachMu.Lock()
+	delete(a.podQoSRetry, id)
+	a.attachMu.Unlock()
+}
+
+// retryPodQoSOnce is one try of retryPodQoSRecord, under the attach lock: the retry
+// ends (written, or the endpoint is gone: nothing to write) unless it returns an error.
+func (a *Agent) retryPodQoSOnce(ctx context.Context, id string) (written bool, err error) {
+	a.attachMu.Lock()
+	defer a.attachMu.Unlock()
+	a.mu.Lock()
+	cur, ok := a.rec.local[id]
+	a.mu.Unlock()
+	if ok {
+		if err := a.writeLocalRecord(ctx, cur); err != nil {
+			return false, err
+		}
+	}
+	delete(a.podQoSRetry, id)
+	return ok, nil
 }
 
 // recheckPodBandwidth reads pod ns/name's bandwidth annotations again once an attach has

@@ -352,6 +352,31 @@ func TestPodBandwidthRetryWritesCurrentRecord(t *testing.T) {
 	}
 }
 
+// TestPodBandwidthOneRetryPerEndpoint: while netmaster keeps failing, a pod's changes
+// (the gate lets one a second through) leave one retry of the endpoint's record, not
+// one per change. Before, each failed write started a retry of its own that lived while
+// the endpoint had its QoS: 6 changes to the same value (5 others between them) made 6
+// retries, each writing (and holding the attach lock for up to masterTimeout) at every
+// step of its backoff.
+func TestPodBandwidthOneRetryPerEndpoint(t *testing.T) {
+	const id = "n.t-one"
+	ctx, a, m, _ := retryAgent(t, id, "10.5.0.10", "prod/one", 1<<30)
+	for i := range 11 {
+		a.podBandwidth(ctx, "prod", "one", map[string]string{netprofile.AnnotationEgress: fmt.Sprintf("%dM", 1+i%2)})
+	}
+	m.mu.Lock()
+	calls := m.calls
+	m.mu.Unlock()
+	// One retry waits 0.2 s, then 0.4 s, then 0.8 s (±20 %): at most 2 writes in 1 s.
+	time.Sleep(time.Second)
+	m.mu.Lock()
+	retried := m.calls - calls
+	m.mu.Unlock()
+	if retried < 1 || retried > 3 {
+		t.Errorf("%d record writes in 1 s after 11 failed ones, want 1 to 3 (one retry of the endpoint)", retried)
+	}
+}
+
 // changingPods is a pod cache whose bandwidth annotations of one pod change while an
 // attach is under way: the watch is told of the change (fire) before the endpoint is
 // recorded, and the cache answers the new annotations from then on.
