@@ -130,12 +130,24 @@ func OfPod(annotations map[string]string) (dataplane.QoS, error) {
 }
 
 // Stricter combines a netprofile's QoS and a pod's: per direction the lower rate (0 is
-// unlimited) with its own burst; DSCP from the netprofile (a pod annotation sets none).
+// unlimited); the smaller burst when both set one, else the profile's when it sets one
+// (0 is the backend's default for the rate: a pod annotation, which sets none,
+// undercutting the profile's rate by a little must not trade the profile's burst for
+// 200-250 ms of the rate), else the burst of the lower rate's side; DSCP from the
+// netprofile (a pod annotation sets none).
 func Stricter(profile, pod dataplane.QoS) dataplane.QoS {
 	out := profile
 	pick := func(rate, burst *uint64, r, b uint64) {
-		if r != 0 && (*rate == 0 || r < *rate) {
+		switch {
+		case r == 0:
+		case *rate == 0:
 			*rate, *burst = r, b
+		case *burst != 0 && b != 0:
+			*rate, *burst = min(*rate, r), min(*burst, b)
+		case *burst == 0 && r < *rate:
+			*rate, *burst = r, b
+		default: // the profile's burst, or neither sets one and the profile's rate is lower
+			*rate = min(*rate, r)
 		}
 	}
 	pick(&out.EgressRate, &out.EgressBurst, pod.EgressRate, pod.EgressBurst)
