@@ -150,9 +150,10 @@ type Agent struct {
 	synced bool
 
 	attachMu sync.Mutex // one attach/detach at a time
-	// podQoSRetry are the endpoints whose local record a retryPodQoSRecord is writing
-	// again (guarded by attachMu): one per endpoint, however many writes failed.
+	// podQoSRetry are the endpoints whose local record retryPodQoSRecords writes again
+	// (guarded by attachMu); podQoSKick wakes it.
 	podQoSRetry map[string]bool
+	podQoSKick  chan struct{}
 	kick        chan struct{}
 
 	monOnce sync.Once
@@ -212,6 +213,7 @@ func New(cfg Config) (*Agent, error) {
 		bgpKick: make(chan struct{}, 1),
 
 		podQoSRetry: map[string]bool{},
+		podQoSKick:  make(chan struct{}, 1),
 	}, nil
 }
 

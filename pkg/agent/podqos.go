@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +28,7 @@ func (a *Agent) watchPodBandwidth(ctx context.Context) {
 	if !ok {
 		return
 	}
+	go a.retryPodQoSRecords(ctx)
 	gate := newPodQoSGate(podQoSInterval, func(ns, name string, ann map[string]string) { a.podBandwidth(ctx, ns, name, ann) })
 	if err := w.WatchBandwidth(gate.change); err != nil {
 		a.log.Warn("pod bandwidth annotations apply at attach only", "err", err)
@@ -85,7 +88,7 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 		done, err := a.recordPodQoS(ctx, l)
 		if err != nil {
 			// Applied; the record is written again with backoff until it is or the
-			// endpoint goes (retryPodQoSRecord).
+			// endpoint goes (retryPodQoSRecords).
 			a.log.Warn("pod bandwidth applied, not recorded yet: retrying", "endpoint", l.ID, "err", err)
 			continue
 		}
@@ -102,8 +105,7 @@ func (a *Agent) podBandwidth(ctx context.Context, ns, name string, ann map[strin
 // writes the record as it stands then, not l: an attach of the same id since l was
 // taken recorded its own (another network namespace, say), which l would overwrite.
 // done is false when there was nothing to write (detached, or changed again: that change
-// writes its record). A failed write is retried (retryPodQoSRecord), by one retry of the
-// endpoint however many writes failed.
+// writes its record). A failed write is left to retryPodQoSRecords.
 func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, err error) {
 	a.attachMu.Lock()
 	defer a.attachMu.Unlock()
@@ -114,9 +116,10 @@ func (a *Agent) recordPodQoS(ctx context.Context, l LocalEndpoint) (done bool, e
 		return false, nil
 	}
 	if err := a.writeLocalRecord(ctx, cur); err != nil {
-		if !a.podQoSRetry[l.ID] {
-			a.podQoSRetry[l.ID] = true
-			go a.retryPodQoSRecord(ctx, l.ID)
+		a.podQoSRetry[l.ID] = true
+		select {
+		case a.podQoSKick <- struct{}{}:
+		default: // a kick is pending
 		}
 		return false, err
 	}
@@ -133,43 +136,66 @@ func (a *Agent) writeLocalRecord(ctx context.Context, l LocalEndpoint) error {
 	return nil
 }
 
-// retryPodQoSRecord writes local endpoint id's record again with backoff (pkg/retry),
-// as it stands at each try (a later change of its QoS included), until it is written,
-// the endpoint is detached, or ctx ends. Before, a failed write caught up only when the
-// informer listed the pod again (at the latest at an agent restart), and an agent
-// restart in between read the old QoS from the record.
-func (a *Agent) retryPodQoSRecord(ctx context.Context, id string) {
+// retryPodQoSRecords writes the records of the endpoints whose pod bandwidth record
+// write failed (podQoSRetry) again, with backoff (pkg/retry), each as it stands at the
+// try (a later change of its QoS included), until written or the endpoint is detached;
+// it runs until ctx (the agent's, not the request's whose write failed: the CNI ADD's
+// recheckPodBandwidth ends before its retry) ends. One loop for the host, however many
+// writes failed. Before, a failed write caught up only when the informer listed the pod
+// again (at the latest at an agent restart), and an agent restart in between read the
+// old QoS from the record.
+func (a *Agent) retryPodQoSRecords(ctx context.Context) {
 	b := retry.New(podQoSRecordRetry, 30*time.Second)
-	for b.Wait(ctx) {
-		written, err := a.retryPodQoSOnce(ctx, id)
-		if err == nil {
-			if written {
-				a.log.Info("pod bandwidth recorded after a retry", "endpoint", id)
-			}
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-a.podQoSKick:
 		}
-		a.log.Debug("pod bandwidth record: retrying", "endpoint", id, "err", err)
+		b.Reset()
+		for b.Wait(ctx) {
+			if a.retryPodQoSOnce(ctx) {
+				break
+			}
+		}
 	}
-	a.attachMu.Lock()
-	delete(a.podQoSRetry, id)
-	a.attachMu.Unlock()
 }
 
-// retryPodQoSOnce is one try of retryPodQoSRecord, under the attach lock: the retry
-// ends (written, or the endpoint is gone: nothing to write) unless it returns an error.
-func (a *Agent) retryPodQoSOnce(ctx context.Context, id string) (written bool, err error) {
+// retryPodQoSOnce is one round of retryPodQoSRecords: each endpoint's write under the
+// attach lock, until one fails (netmaster is likely down for the others too). It says
+// whether none is left.
+func (a *Agent) retryPodQoSOnce(ctx context.Context) (none bool) {
+	a.attachMu.Lock()
+	ids := slices.Sorted(maps.Keys(a.podQoSRetry))
+	a.attachMu.Unlock()
+	for _, id := range ids {
+		if err := a.retryPodQoSRecord(ctx, id); err != nil {
+			a.log.Debug("pod bandwidth record: retrying", "endpoint", id, "err", err)
+			return false
+		}
+	}
+	return true
+}
+
+// retryPodQoSRecord writes local endpoint id's record as it stands, under the attach
+// lock, and forgets the retry unless the write failed (written, or detached).
+func (a *Agent) retryPodQoSRecord(ctx context.Context, id string) error {
 	a.attachMu.Lock()
 	defer a.attachMu.Unlock()
+	if !a.podQoSRetry[id] {
+		return nil // written meanwhile by another round
+	}
 	a.mu.Lock()
 	cur, ok := a.rec.local[id]
 	a.mu.Unlock()
 	if ok {
 		if err := a.writeLocalRecord(ctx, cur); err != nil {
-			return false, err
+			return err
 		}
+		a.log.Info("pod bandwidth recorded after a retry", "endpoint", id)
 	}
 	delete(a.podQoSRetry, id)
-	return ok, nil
+	return nil
 }
 
 // recheckPodBandwidth reads pod ns/name's bandwidth annotations again once an attach has

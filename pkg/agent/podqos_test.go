@@ -377,6 +377,30 @@ func TestPodBandwidthOneRetryPerEndpoint(t *testing.T) {
 	}
 }
 
+// TestPodBandwidthRetryOutlivesAttach: a record write that fails after the CNI ADD read
+// the annotations again (recheckPodBandwidth, under the ADD's context) is retried after
+// the ADD returned. Before, the retry ran under the ADD's context and ended with it: the
+// record kept the old QoS until the informer listed the pod again or the agent
+// restarted.
+func TestPodBandwidthRetryOutlivesAttach(t *testing.T) {
+	const id = "n.t-add"
+	_, a, m, pods := retryAgent(t, id, "10.5.0.11", "prod/add", 1)
+	pods.mu.Lock()
+	pods.ann = map[string]string{netprofile.AnnotationEgress: "4M"}
+	pods.mu.Unlock()
+	addCtx, addDone := context.WithCancel(context.Background())
+	a.recheckPodBandwidth(addCtx, "prod", "add") // its write fails
+	addDone()                                    // the ADD returned
+	want := dataplane.QoS{EgressRate: 4e6}
+	deadline := time.Now().Add(3 * time.Second)
+	for m.record(id).PodQoS != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("record after the ADD returned: PodQoS %+v, want %+v (not retried)", m.record(id).PodQoS, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // changingPods is a pod cache whose bandwidth annotations of one pod change while an
 // attach is under way: the watch is told of the change (fire) before the endpoint is
 // recorded, and the cache answers the new annotations from then on.
