@@ -161,20 +161,22 @@ func (a *Agent) retryPodQoSRecords(ctx context.Context) {
 	}
 }
 
-// retryPodQoSOnce is one round of retryPodQoSRecords: each endpoint's write under the
-// attach lock, until one fails (netmaster is likely down for the others too). It says
-// whether none is left.
+// retryPodQoSOnce is one round of retryPodQoSRecords: each endpoint's write, each under
+// the attach lock on its own (an attach or detach waits for one write at most), every
+// endpoint tried (one whose write netmaster keeps refusing does not hold up the others).
+// It says whether none is left.
 func (a *Agent) retryPodQoSOnce(ctx context.Context) (none bool) {
 	a.attachMu.Lock()
 	ids := slices.Sorted(maps.Keys(a.podQoSRetry))
 	a.attachMu.Unlock()
+	none = true
 	for _, id := range ids {
 		if err := a.retryPodQoSRecord(ctx, id); err != nil {
 			a.log.Debug("pod bandwidth record: retrying", "endpoint", id, "err", err)
-			return false
+			none = false
 		}
 	}
-	return true
+	return none
 }
 
 // retryPodQoSRecord writes local endpoint id's record as it stands, under the attach

@@ -23,19 +23,23 @@ import (
 )
 
 // recordingMaster keeps the local endpoint records the agent writes; the first fail
-// writes fail. calls counts the writes asked for.
+// writes fail, and every write of endpoint refuse. calls counts the writes asked for.
 type recordingMaster struct {
 	MasterClient
-	mu    sync.Mutex
-	recs  map[string]model.LocalEndpointRecord
-	fail  int
-	calls int
+	mu     sync.Mutex
+	recs   map[string]model.LocalEndpointRecord
+	fail   int
+	refuse string
+	calls  int
 }
 
 func (m *recordingMaster) RecordEndpoint(_ context.Context, rec model.LocalEndpointRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls++
+	if rec.ID == m.refuse {
+		return errors.New("netmaster refuses the record")
+	}
 	if m.fail > 0 {
 		m.fail--
 		return errors.New("netmaster unavailable")
@@ -396,6 +400,32 @@ func TestPodBandwidthRetryOutlivesAttach(t *testing.T) {
 	for m.record(id).PodQoS != want {
 		if time.Now().After(deadline) {
 			t.Fatalf("record after the ADD returned: PodQoS %+v, want %+v (not retried)", m.record(id).PodQoS, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPodBandwidthRetryNotHeldUpByOne: an endpoint whose record netmaster keeps
+// refusing does not hold up the retry of another's. Before, a round of retries stopped
+// at the first failure, and the refused endpoint (first in order) was tried first in
+// every round: the other record was never written.
+func TestPodBandwidthRetryNotHeldUpByOne(t *testing.T) {
+	const id, refused = "n.t-b", "n.t-a"
+	ctx, a, m, _ := retryAgent(t, id, "10.5.0.12", "prod/b", 0)
+	a.mu.Lock()
+	a.rec.setEp(refused, &model.CfgEndpointState{ID: refused, NetID: "n.t", IPAddress: "10.5.0.13", HomingHost: "h0", K8sPod: "prod/a"})
+	a.rec.setLocal(refused, &LocalEndpoint{OperEndpointState: model.OperEndpointState{ID: refused, IntfName: "eth0", PortName: HostIfName(refused)}, NetNS: "/run/netns/a"})
+	a.mu.Unlock()
+	m.mu.Lock()
+	m.refuse, m.fail = refused, 1
+	m.mu.Unlock()
+	a.podBandwidth(ctx, "prod", "a", map[string]string{netprofile.AnnotationEgress: "1M"}) // refused, for good
+	a.podBandwidth(ctx, "prod", "b", map[string]string{netprofile.AnnotationEgress: "2M"}) // fails once
+	want := dataplane.QoS{EgressRate: 2e6}
+	deadline := time.Now().Add(3 * time.Second)
+	for m.record(id).PodQoS != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("record of %s: PodQoS %+v, want %+v (its retry held up by %s's)", id, m.record(id).PodQoS, want, refused)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
