@@ -16,11 +16,11 @@ type InspectAuthenticator interface {
 	Authenticate(r *http.Request) (auth.Identity, error)
 }
 
-// openPaths are the inspect API's routes served to anyone: health for probes, counters for
-// Prometheus (no tenant's names or addresses in either: /healthz names the failing objects
-// only to a caller the gate accepts). Exact paths only: any other spelling of them goes
-// through the gate.
-var openPaths = map[string]bool{"/healthz": true, "/metrics": true}
+// openPaths are the inspect API's routes served to anyone: health and liveness for probes,
+// counters for Prometheus (no tenant's names or addresses in any: /healthz names the
+// failing objects only to a caller the gate accepts). Exact paths only: any other spelling
+// of them goes through the gate.
+var openPaths = map[string]bool{"/healthz": true, "/livez": true, "/metrics": true}
 
 // errInspectOff is the answer of the gated routes when netplugin was started with neither
 // a token file nor --inspect-insecure.

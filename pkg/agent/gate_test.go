@@ -105,7 +105,7 @@ func TestInspectGate(t *testing.T) {
 	}
 	for _, rt := range gatedRoutes(t, gated) {
 		method, path := rt[0], rt[1]
-		if path == "/healthz" || path == "/metrics" {
+		if path == "/healthz" || path == "/livez" || path == "/metrics" {
 			for _, h := range []http.Handler{hc, hg} {
 				if code := send(gated, h, method, path, ""); code != http.StatusOK {
 					t.Errorf("%s %s without credentials: %d, want it served", method, path, code)
@@ -269,5 +269,30 @@ func TestHealthzEncryptionDegraded(t *testing.T) {
 	a.cfg.Encryption = degradedEncryption("")
 	if code, body := get(); code != http.StatusOK || body != "ok\n" {
 		t.Errorf("/healthz with every peer keyed: %d %q", code, body)
+	}
+}
+
+// TestLivezIgnoresFailingObjects: /livez (netplugin's liveness probe) answers 200 to
+// anyone while objects fail, /healthz still 503. Before, the probe was /healthz: a pod
+// owner setting kubernetes.io/egress-bandwidth to "lots" on their own pod failed its
+// endpoint, the kubelet restarted netplugin after three probes, and the restarted agent
+// read the same annotation again: the node's agent in a restart loop, no pod attached
+// meanwhile. A restart fixes none of the objects /healthz reports.
+func TestLivezIgnoresFailingObjects(t *testing.T) {
+	d := &extDriver{}
+	a := &Agent{cfg: Config{Driver: d, Host: "h", InspectAuth: gateTokens(t)}, driver: d, metrics: newMetrics(), rec: newRecords(), synced: true,
+		errs:    map[string]error{"endpoint/n.t-web": errors.New(`pod prod/web: annotation kubernetes.io/egress-bandwidth: "lots" is not a quantity`)},
+		applied: dataplane.NewIndex(), bad: map[string]error{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := a.Handler(prometheus.NewRegistry(), nil)
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/healthz with a failing endpoint: %d %s; want 503", code, body)
+	}
+	if code, body := get("/livez"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/livez with a failing endpoint: %d %q; want 200 ok (no token needed)", code, body)
 	}
 }

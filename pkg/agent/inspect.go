@@ -102,6 +102,9 @@ func (a *Agent) groupID(key string) (uint16, bool) {
 //	GET /healthz            200 "ok" once synced without errors, 503 otherwise: with the errors for a
 //	                        caller the gate accepts, else their count by kind;
 //	                        200 "degraded: ..." while etcd is unreachable (datapath still forwarding)
+//	GET /livez              200 "ok" while the agent serves: the liveness probe's (a restart
+//	                        fixes none of the objects /healthz reports, and a pod owner
+//	                        fails one with a malformed bandwidth annotation)
 //	GET /metrics            Prometheus
 //	GET    /inspect/bgp                 the BGP session, routes learned and advertised
 //	DELETE /debug/reclaimEndpoint/{id}  detach a local endpoint by Contiv endpoint id
@@ -206,6 +209,10 @@ func (a *Agent) routes(r *mux.Router, reg *prometheus.Registry) {
 				return
 			}
 		}
+		_, _ = w.Write([]byte("ok\n"))
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/debug/reclaimEndpoint/{id}", a.reclaimEndpoint).Methods(http.MethodDelete)
