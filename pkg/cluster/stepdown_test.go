@@ -2,10 +2,6 @@ package cluster
 
 import (
 	"context"
-	"io"
-	"net"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,73 +9,12 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
-// cutProxy forwards loopback TCP connections to an etcd client URL until Cut, which
-// closes every connection and the listener: etcd becomes unreachable for the clients
-// dialled through the proxy only.
-type cutProxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	cut    bool
-}
-
-func newCutProxy(t *testing.T, etcdURL string) *cutProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{l: l, target: strings.TrimPrefix(etcdURL, "http://")}
-	t.Cleanup(p.Cut)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.cut {
-				p.mu.Unlock()
-				c.Close()
-				up.Close()
-				return
-			}
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *cutProxy) URL() string { return "http://" + p.l.Addr().String() }
-
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cut {
-		return
-	}
-	p.cut = true
-	p.l.Close()
-	for _, c := range p.conns {
-		c.Close()
-	}
-}
-
 // TestElectionStepsDownBeforeLeaseExpiry: when the leader cannot reach etcd it must stop
 // acting as leader within about TTL/2, before etcd expires its lease and another
 // candidate takes the lock: there is never a moment with two leaders.
 func TestElectionStepsDownBeforeLeaseExpiry(t *testing.T) {
 	direct, url := statetest.Store(t)
-	proxy := newCutProxy(t, url)
+	proxy := statetest.NewProxy(t, url)
 	viaProxy, err := state.Open(context.Background(), []string{proxy.URL()})
 	if err != nil {
 		t.Fatal(err)

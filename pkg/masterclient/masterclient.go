@@ -315,16 +315,56 @@ func (c *Client) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) 
 	return c.Post(ctx, "/plugin/publishWireGuard", rec, &resp)
 }
 
-// WireGuardHosts reads every host's published WireGuard record from etcd, sorted by host.
-// A record that does not check (model.WireGuardHost.Check), sits under another host's
-// key or shares its public key with another record (netmaster refuses that, so it was
-// written around netmaster: neither host can be trusted to hold the key, and a device
-// refuses a peer list with one key twice) is left out and counted in skipped.
+// WireGuardHosts reads every host's published WireGuard record from etcd, sorted by host
+// (wireGuardHostsOf says which records are left out and counted in skipped).
 func (c *Client) WireGuardHosts(ctx context.Context) (hosts []model.WireGuardHost, skipped int, err error) {
 	kvs, _, err := c.store.List(ctx, model.WireGuardPrefix)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list wireguard hosts: %w", err)
 	}
+	hosts, skipped = wireGuardHostsOf(kvs)
+	return hosts, skipped, nil
+}
+
+// WatchWireGuardHosts calls fn with every host's published WireGuard record (as
+// WireGuardHosts reads them) at once and again after each change under the records'
+// prefix, until ctx ends: one etcd watch, no polling. A broken watch resumes from the
+// last revision seen; one whose revision was compacted meanwhile lists again
+// (state.Store.ListWatch), so no change is missed. fn is called from one goroutine.
+func (c *Client) WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int)) error {
+	cur := map[string]state.KV{}
+	report := func() {
+		kvs := make([]state.KV, 0, len(cur))
+		for _, kv := range cur {
+			kvs = append(kvs, kv)
+		}
+		fn(wireGuardHostsOf(kvs))
+	}
+	return c.store.ListWatch(ctx, model.WireGuardPrefix, state.WatchHandler{
+		Snapshot: func(kvs []state.KV, _ int64) {
+			clear(cur)
+			for _, kv := range kvs {
+				cur[kv.Key] = kv
+			}
+			report()
+		},
+		Event: func(ev state.Event) {
+			if ev.Type == state.EventDelete {
+				delete(cur, ev.Key)
+			} else {
+				cur[ev.Key] = state.KV{Key: ev.Key, Value: ev.Value, ModRev: ev.Rev}
+			}
+			report()
+		},
+	})
+}
+
+// wireGuardHostsOf are the usable records of kvs, sorted by host. A record that does not
+// check (model.WireGuardHost.Check), sits under another host's key or shares its public
+// key with another record (netmaster refuses that, so it was written around netmaster:
+// neither host can be trusted to hold the key, and a device refuses a peer list with one
+// key twice) is left out and counted in skipped.
+func wireGuardHostsOf(kvs []state.KV) (hosts []model.WireGuardHost, skipped int) {
 	holders := map[string]int{} // public key → records holding it
 	for _, kv := range kvs {
 		var h model.WireGuardHost
@@ -343,5 +383,5 @@ func (c *Client) WireGuardHosts(ctx context.Context) (hosts []model.WireGuardHos
 		return false
 	})
 	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Host < hosts[j].Host })
-	return hosts, skipped, nil
+	return hosts, skipped
 }

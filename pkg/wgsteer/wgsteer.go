@@ -48,7 +48,9 @@ const (
 	// DefaultPriority is the marked packets' rule (to the main table); the steering rule
 	// is the next priority. Both come before the main table's (32766).
 	DefaultPriority = 10000
-	// DefaultEvery is how often the published keys and the datapath's peers are re-read.
+	// DefaultEvery is how often the datapath's peers (in memory) are compared with the
+	// last pass's, and the first retry of a failed pass. The published keys are not
+	// polled: they come by an etcd watch (Directory.WatchWireGuardHosts).
 	DefaultEvery = time.Second
 	// Keepalive is every peer's persistent keepalive (wgtunnel.Peer.Keepalive): a
 	// restarted agent's new device, which has no sessions, handshakes with each peer as
@@ -68,6 +70,9 @@ type Device interface {
 type Directory interface {
 	PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error
 	WireGuardHosts(ctx context.Context) ([]model.WireGuardHost, int, error)
+	// WatchWireGuardHosts calls fn with every host's records now and after each change
+	// until ctx ends, resuming (or listing again) after a broken watch.
+	WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int)) error
 }
 
 // Routing names the policy routing of one host; the zero values take the defaults.
@@ -106,7 +111,8 @@ type Config struct {
 	Routing Routing
 	// Peers returns the VXLAN peers the datapath sends to (the agent's applied peers).
 	Peers func() []dataplane.Peer
-	// Every is how often keys and peers are re-read (0: DefaultEvery).
+	// Every is how often Peers is compared with the last pass's, and the first retry of
+	// a failed pass (0: DefaultEvery). Published keys come by the directory's watch.
 	Every time.Duration
 	Log   *slog.Logger
 }
@@ -281,29 +287,77 @@ func uninstall(r Routing) error {
 	return nil
 }
 
-// Run syncs peers and routes every cfg.Every until ctx ends, backing off while a pass
-// fails; each pass also (re)publishes this host's record when the directory does not hold
-// it as it should be.
+// Run follows the published records by the directory's watch and syncs peers and routes
+// on every change of them, and whenever the datapath's peers (read every cfg.Every, in
+// memory) differ from the last pass's, until ctx ends; an idle host reads nothing from
+// etcd. A failed pass is tried again, backing off up to 30 s, or at the next change.
+// Each pass also (re)publishes this host's record when the directory does not hold it as
+// it should be. Nothing is synced before the watch's first snapshot: peers stay
+// blackholed, as they are at Install.
 func (s *Steer) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		mu      sync.Mutex
+		recs    []model.WireGuardHost
+		skipped int
+		have    bool
+	)
+	kick := make(chan struct{}, 1)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		err := s.cfg.Directory.WatchWireGuardHosts(ctx, func(h []model.WireGuardHost, n int) {
+			mu.Lock()
+			recs, skipped, have = h, n, true
+			mu.Unlock()
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		})
+		if ctx.Err() == nil {
+			s.cfg.Log.Error("wireguard steering: watch of published keys ended", "err", err)
+		}
+	}()
+	defer func() { cancel(); <-watched }()
+
+	tick := time.NewTicker(s.cfg.Every)
+	defer tick.Stop()
 	wait := retry.New(s.cfg.Every, 30*time.Second)
+	var (
+		retryC  <-chan time.Time
+		applied []dataplane.Peer
+	)
 	for {
-		err := s.Sync(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		case <-retryC:
+		case <-tick.C:
+			if retryC != nil || slices.Equal(s.cfg.Peers(), applied) {
+				continue
+			}
+		}
+		mu.Lock()
+		r, n, ok := recs, skipped, have
+		mu.Unlock()
+		if !ok {
+			continue
+		}
+		peers := s.cfg.Peers()
+		err := s.apply(ctx, r, n, peers)
+		s.setErr(err)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			s.cfg.Log.Warn("wireguard steering", "err", err)
-			if !wait.Wait(ctx) {
-				return nil
-			}
+			retryC = time.After(wait.Next())
 			continue
 		}
 		wait.Reset()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(s.cfg.Every):
-		}
+		retryC, applied = nil, peers
 	}
 }
 
@@ -398,13 +452,19 @@ func (s *Steer) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return s.apply(ctx, recs, skipped, s.cfg.Peers())
+}
+
+// apply brings the device's peers and the steering table to recs (the published records,
+// skipped of them left out) and peers (the datapath's).
+func (s *Steer) apply(ctx context.Context, recs []model.WireGuardHost, skipped int, peers []dataplane.Peer) error {
 	if skipped > 0 {
 		s.cfg.Log.Warn("wireguard records left out (malformed, misplaced or sharing a key)", "skipped", skipped)
 	}
 	// A publication that fails does not hold up the peers: they are synced all the same
 	// and the failure returned after.
 	pubErr := s.ensurePublished(ctx, recs)
-	keyed, keyedHosts, waiting := plan(s.cfg.Peers(), recs, s.cfg.Log)
+	keyed, keyedHosts, waiting := plan(peers, recs, s.cfg.Log)
 	// Routes of hosts no longer keyed go first (their traffic falls to the blackhole), the
 	// device's peers next, the new hosts' routes last.
 	want := map[netip.Addr]bool{}

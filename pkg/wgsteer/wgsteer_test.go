@@ -25,18 +25,55 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/wgtunnel"
 )
 
-// directory is an in-memory Directory; hidden hosts' records are withheld.
+// directory is an in-memory Directory; hidden hosts' records are withheld. Its watchers
+// hear of every change.
 type directory struct {
-	mu     sync.Mutex
-	recs   map[string]model.WireGuardHost
-	hidden map[string]bool
+	mu       sync.Mutex
+	recs     map[string]model.WireGuardHost
+	hidden   map[string]bool
+	watchers []chan struct{}
 }
 
 func (d *directory) PublishWireGuard(_ context.Context, rec model.WireGuardHost) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.recs[rec.Host] = rec
+	d.changed()
 	return nil
+}
+
+// forget deletes host's record.
+func (d *directory) forget(host string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.recs, host)
+	d.changed()
+}
+
+// changed tells every watcher (d.mu held).
+func (d *directory) changed() {
+	for _, ch := range d.watchers {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (d *directory) WatchWireGuardHosts(ctx context.Context, fn func([]model.WireGuardHost, int)) error {
+	ch := make(chan struct{}, 1)
+	d.mu.Lock()
+	d.watchers = append(d.watchers, ch)
+	d.mu.Unlock()
+	for {
+		hosts, skipped, _ := d.WireGuardHosts(ctx)
+		fn(hosts, skipped)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
 }
 
 func (d *directory) WireGuardHosts(context.Context) ([]model.WireGuardHost, int, error) {
@@ -55,6 +92,7 @@ func (d *directory) hide(host string, on bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.hidden[host] = on
+	d.changed()
 }
 
 // udpPorts counts the IPv4 UDP frames of frames by destination port.
@@ -265,6 +303,45 @@ func TestSteerFailsClosed(t *testing.T) {
 	}
 }
 
+// oneHost is a network namespace named prefix-<random> whose veth (both ends inside,
+// up) holds addr, and a WireGuard device in it listening on 51820; both go at test end.
+// It returns the namespace's path and the device.
+func oneHost(t *testing.T, ctx context.Context, prefix, addr string) (string, *wgtunnel.Tunnel) {
+	t.Helper()
+	id := dockertest.RandHex(3)
+	ns := prefix + "-" + id
+	dockertest.NetNS(t, ns)
+	if out, err := exec.Command("ip", "-n", ns, "link", "add", prefix+"d"+id, "type", "veth", "peer", "name", prefix+"e"+id).CombinedOutput(); err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	for _, args := range [][]string{{"addr", "add", addr, "dev", prefix + "d" + id}, {"link", "set", prefix + "d" + id, "up"}, {"link", "set", prefix + "e" + id, "up"}} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: "/run/netns/" + ns, Name: prefix + "w" + id, StateDir: t.TempDir(), ListenPort: 51820,
+		FirewallMark: DefaultMark, Address: netip.MustParsePrefix(DeviceAddress)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tun.Close() })
+	return "/run/netns/" + ns, tun
+}
+
+// runSteer installs cfg's steering and runs it until the test ends.
+func runSteer(t *testing.T, cfg Config) *Steer {
+	t.Helper()
+	s, err := Install(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; s.Close() })
+	return s
+}
+
 // refusingDirectory is a directory whose netmaster is unreachable while down is set.
 type refusingDirectory struct {
 	*directory
@@ -292,23 +369,7 @@ func TestOwnRecordFollowsTheDirectory(t *testing.T) {
 	testroot.Need(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	id := dockertest.RandHex(3)
-	ns := "cbsp-" + id
-	dockertest.NetNS(t, ns)
-	if out, err := exec.Command("ip", "-n", ns, "link", "add", "cbspd"+id, "type", "veth", "peer", "name", "cbspe"+id).CombinedOutput(); err != nil {
-		t.Fatalf("veth: %v: %s", err, out)
-	}
-	for _, args := range [][]string{{"addr", "add", "192.168.78.1/24", "dev", "cbspd" + id}, {"link", "set", "cbspd" + id, "up"}, {"link", "set", "cbspe" + id, "up"}} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	tun, err := wgtunnel.Open(ctx, wgtunnel.Config{NetNS: "/run/netns/" + ns, Name: "cbspw" + id, StateDir: t.TempDir(), ListenPort: 51820,
-		FirewallMark: DefaultMark, Address: netip.MustParsePrefix(DeviceAddress)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tun.Close()
+	ns, tun := oneHost(t, ctx, "cbsp", "192.168.78.1/24")
 	peerKey, err := wgtypes.GeneratePrivateKey()
 	if err != nil {
 		t.Fatal(err)
@@ -319,17 +380,10 @@ func TestOwnRecordFollowsTheDirectory(t *testing.T) {
 		"a": own, // published by the previous run
 		"b": {Host: "b", PublicKey: peerKey.PublicKey().String(), Endpoint: "192.168.78.2:51820"},
 	}, hidden: map[string]bool{}}, down: true}
-	s, err := Install(Config{NetNS: "/run/netns/" + ns, Device: tun, Directory: dir, Host: "a", VTEP: vtep, Every: 20 * time.Millisecond,
+	s := runSteer(t, Config{NetNS: ns, Device: tun, Directory: dir, Host: "a", VTEP: vtep, Every: 20 * time.Millisecond,
 		Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer {
 			return []dataplane.Peer{{Host: "b", VTEP: netip.MustParseAddr("192.168.78.2")}}
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 	waitFor := func(what string, ok func(Status) bool) {
 		t.Helper()
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -347,9 +401,7 @@ func TestOwnRecordFollowsTheDirectory(t *testing.T) {
 	}
 
 	// An admin deletes this host's record while netmaster is still down: /healthz says so.
-	dir.directory.mu.Lock()
-	delete(dir.directory.recs, "a")
-	dir.directory.mu.Unlock()
+	dir.forget("a")
 	waitFor("own record deleted, netmaster down", func(st Status) bool { return !st.Published })
 	if d := s.Degraded(); !strings.Contains(d, "not published") {
 		t.Errorf("healthz with the own record gone: %q", d)
