@@ -469,8 +469,15 @@ func (m *Manager) migrate(ctx context.Context) error {
 
 // RemoveHost deletes host's etcd user and role and its claims: its agent's certificate
 // reads and writes nothing any more, and its registration keys are free for other hosts.
-// A user or role already gone is no error.
+// Its published WireGuard record goes too (model.WireGuardKey): every other host removes
+// that peer and its route, and its VTEP falls to their blackhole (docs/encryption.md).
+// A user, role or record already gone is no error.
 func (m *Manager) RemoveHost(ctx context.Context, host string) error {
+	// The record first: once the user is gone (what Follow's callers wait for), the
+	// host is keyed nowhere.
+	if _, err := m.cli.Delete(ctx, model.WireGuardKey(host)); err != nil {
+		return fmt.Errorf("etcd: delete the wireguard record of host %s: %w", host, err)
+	}
 	name := UserOf(host)
 	keys, err := m.serviceKeys(ctx, name)
 	if err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {

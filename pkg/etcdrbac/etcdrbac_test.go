@@ -161,7 +161,8 @@ func TestAgentUsersConfined(t *testing.T) {
 // until an operator deleted it by hand), also when the token went while no netmaster ran;
 // a refused token file (no token works, but it names no removal) deletes nothing; a host
 // enrolled without a token (an agent identified by certificate) is left alone; a token
-// that comes back makes the user again without a restart.
+// that comes back makes the user again without a restart. The removed host's published
+// WireGuard record goes with its user.
 func TestFollowRemovesAndRecreatesHost(t *testing.T) {
 	ctx, _, root, m := rbacOn(t)
 	var mu sync.Mutex
@@ -203,11 +204,33 @@ func TestFollowRemovesAndRecreatesHost(t *testing.T) {
 	if err := m.Enroll(ctx, "hc", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.3", Port: 9002}}); err != nil {
 		t.Fatal(err) // (a certificate's host: no token)
 	}
+	// Both hosts published WireGuard keys (issue 38).
+	for _, h := range []string{"h1", "hc"} {
+		if err := root.Put(ctx, model.WireGuardKey(h), model.WireGuardHost{Host: h}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wgRecord := func(host string) bool {
+		t.Helper()
+		err := root.Get(ctx, model.WireGuardKey(host), &model.WireGuardHost{})
+		if err != nil && !errors.Is(err, state.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
 	set(false) // a refused file: no token works, nothing is revoked in etcd
 	time.Sleep(200 * time.Millisecond)
 	userIs("h1", true)
+	if !wgRecord("h1") {
+		t.Error("a refused token file deleted h1's WireGuard record")
+	}
 	set(true) // the token is removed
 	userIs("h1", false)
+	// Its WireGuard record went with it (before: kept for good, so its peers kept it
+	// keyed); the certificate host's stays.
+	if wgRecord("h1") || !wgRecord("hc") {
+		t.Errorf("after h1's token went: WireGuard record of h1 %v (want gone), of hc %v (want kept)", wgRecord("h1"), wgRecord("hc"))
+	}
 	// An enrollment of h1 still under way (authenticated before its token went, or
 	// forwarded by a netmaster that has not reloaded its file yet) makes no user again.
 	if err := m.Enroll(ctx, "h1", []model.EtcdRegistration{{ServiceName: "netplugin", HostAddr: "10.0.0.4", Port: 9002}}); !errors.Is(err, ErrRevoked) {

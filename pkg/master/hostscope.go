@@ -149,18 +149,24 @@ func (m *Master) deleteHostScope(w http.ResponseWriter, r *http.Request) {
 	}
 	host := mux.Vars(r)["host"]
 	err := m.update(r.Context(), func(tx *state.Tx) error {
-		if ok, err := tx.Get(model.HostScopeKey(host), &model.HostScope{}); err != nil {
-			return err
-		} else if !ok {
-			return notFound("host %q has no scope", host)
-		}
-		tx.Delete(model.HostScopeKey(host))
-		return nil
+		return deleteExisting(tx, model.HostScopeKey(host), notFound("host %q has no scope", host))
 	})
 	if err == nil {
 		m.log.Info("host scope dropped: the host serves every tenant", "host", host)
 	}
 	answer(w, "success", err)
+}
+
+// deleteExisting deletes key in tx, or returns missing when there is none (whatever the
+// record holds: one that does not decode goes too).
+func deleteExisting(tx *state.Tx, key string, missing error) error {
+	if _, ok, err := tx.GetRaw(key); err != nil {
+		return err
+	} else if !ok {
+		return missing
+	}
+	tx.Delete(key)
+	return nil
 }
 
 // inScope refuses (403 naming field) a caller bound to host (boundHost; "": anyone) network

@@ -73,6 +73,7 @@ func (m *Master) router() *mux.Router {
 	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
 	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)
 	r.HandleFunc("/service/{id}", m.getService).Methods(http.MethodGet)
+	r.HandleFunc("/wireguard/hosts/{host}", m.deleteWireGuard).Methods(http.MethodDelete)
 
 	plugin := []struct {
 		path string

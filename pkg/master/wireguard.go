@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/gorilla/mux"
+
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -54,4 +56,28 @@ func (m *Master) publishWireGuard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, struct{}{})
+}
+
+// deleteWireGuard removes a host's WireGuard record (DELETE /wireguard/hosts/<host>,
+// admins only: 403 otherwise, 404 when the host has none). Every other host then removes
+// that peer and its route, and its VTEP falls to their blackhole. A record that does not
+// decode goes too. Revoking a host's token removes its record by itself
+// (etcdrbac.Manager.RemoveHost); an agent that still runs publishes its record again.
+func (m *Master) deleteWireGuard(w http.ResponseWriter, r *http.Request) {
+	if err := adminOnly(r, "WireGuard records"); err != nil {
+		writeErr(w, err)
+		return
+	}
+	host := mux.Vars(r)["host"]
+	if err := checkPluginFields(map[string]string{"host": host}); err != nil {
+		writeErr(w, err)
+		return
+	}
+	err := m.store.Update(r.Context(), func(tx *state.Tx) error {
+		return deleteExisting(tx, model.WireGuardKey(host), notFound("host: %q has no WireGuard record", host))
+	})
+	if err == nil {
+		m.log.Info("wireguard record deleted: peers drop this host", "host", host)
+	}
+	answer(w, "success", err)
 }

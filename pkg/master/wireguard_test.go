@@ -71,3 +71,50 @@ func TestPublishWireGuardOwnHostOnly(t *testing.T) {
 		t.Fatalf("host1 replacing host3's record: %d, want 403", code)
 	}
 }
+
+// TestDeleteWireGuardAdminOnly (issue 38): an admin deletes a departed host's WireGuard
+// record (DELETE /wireguard/hosts/<host>, any case of the name; before, only a write
+// around netmaster into etcd could); an agent, also the host's own, and a read-only
+// caller get 403 naming who sets them, a host without a record 404 naming the field, and
+// a refusal leaves etcd as it was. Another host's record stays.
+func TestDeleteWireGuardAdminOnly(t *testing.T) {
+	e := newEnv(t, "bridge")
+	h1 := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	h2 := e.as(auth.Identity{Name: auth.HostPrefix + "host2", Role: auth.RoleAgent})
+	ro := e.as(auth.Identity{Name: "viewer", Role: auth.RoleReadOnly})
+	admin := e.as(auth.Identity{Name: "root", Role: auth.RoleAdmin})
+	h1.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host1", PublicKey: wgKey(1), Endpoint: "192.0.2.1:51820"}, nil)
+	h2.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host2", PublicKey: wgKey(2), Endpoint: "192.0.2.2:51820"}, nil)
+
+	for _, c := range []struct {
+		name string
+		as   *env
+		path string
+		code int
+		msg  string
+	}{
+		{"another host's agent", h1, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
+		{"the host's own agent", h2, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
+		{"read-only", ro, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
+		{"no record", admin, "/wireguard/hosts/host9", 404, "host"},
+		{"bad name", admin, "/wireguard/hosts/" + strings.Repeat("x", 300), 400, "host"},
+	} {
+		before, rev := e.snapshot()
+		code, out := c.as.do("DELETE", c.path, nil)
+		if code != c.code || !strings.Contains(out, c.msg) {
+			t.Errorf("%s: %d %q, want %d naming %q", c.name, code, out, c.code, c.msg)
+		}
+		if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+			t.Errorf("%s: etcd changed (revision %d → %d)", c.name, rev, rev2)
+		}
+	}
+	if code, out := admin.do("DELETE", "/wireguard/hosts/HOST2", nil); code != http.StatusOK {
+		t.Fatalf("admin deletes host2's record: %d %q", code, out)
+	}
+	if got := e.rawGet(model.WireGuardKey("host2")); got != "" {
+		t.Errorf("host2's record after its deletion: %q", got)
+	}
+	if got := e.rawGet(model.WireGuardKey("host1")); !strings.Contains(got, wgKey(1)) {
+		t.Errorf("host1's record after host2's deletion: %q", got)
+	}
+}
