@@ -520,7 +520,8 @@ const wgOverhead = 80
 // it (--encryption wireguard), or, without, removes steering a previous run left (else
 // the overlay would stay blackholed). The device dies with the process; the steering
 // rules stay, so traffic to peers is dropped rather than sent in clear while netplugin is
-// down.
+// down. While the steering runs, the key file is followed (changed, or SIGHUP): a new
+// key is taken and published at once (key rotation, docs/encryption.md).
 func encryption(ctx context.Context, cfg config, mc *masterclient.Client, dir *lateDirectory, log *slog.Logger) (*wgsteer.Steer, func(), error) {
 	routing := wgsteer.Routing{VXLANPort: cfg.vxlanPort}
 	if cfg.encryption != "wireguard" {
@@ -535,7 +536,7 @@ func encryption(ctx context.Context, cfg config, mc *masterclient.Client, dir *l
 	if err != nil {
 		return nil, nil, fmt.Errorf("--encryption wireguard: %w", err)
 	}
-	steer, err := wgsteer.Install(wgsteer.Config{Device: tun, Directory: mc, Host: cfg.host, VTEP: cfg.vtep, Routing: routing,
+	steer, err := wgsteer.Install(wgsteer.Config{Device: tun, Key: tun, Directory: mc, Host: cfg.host, VTEP: cfg.vtep, Routing: routing,
 		Peers: func() []dataplane.Peer {
 			if a := dir.a.Load(); a != nil {
 				return a.Peers()

@@ -33,6 +33,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/filewatch"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/nsexec"
 	"github.com/contivbpf/contivbpf/pkg/retry"
@@ -52,6 +53,8 @@ const (
 	// last pass's, and the first retry of a failed pass. The published keys are not
 	// polled: they come by an etcd watch (Directory.WatchWireGuardHosts).
 	DefaultEvery = time.Second
+	// DefaultKeyEvery is how often the key file is looked at for a change (Config.Key).
+	DefaultKeyEvery = 2 * time.Second
 	// Keepalive is every peer's persistent keepalive (wgtunnel.Peer.Keepalive): a
 	// restarted agent's new device, which has no sessions, handshakes with each peer as
 	// soon as it adds it, so the peers' traffic to it is not dropped until they notice.
@@ -64,6 +67,13 @@ type Device interface {
 	PublicKey() wgtypes.Key
 	ListenPort() int
 	SyncPeers(ctx context.Context, peers []wgtunnel.Peer) (wgtunnel.Changes, error)
+}
+
+// KeyFollower is the device's key file (wgtunnel.Tunnel): ReloadKey reads it again and
+// reports whether the device took another key.
+type KeyFollower interface {
+	KeyFile() string
+	ReloadKey() (changed bool, err error)
 }
 
 // Directory publishes this host's key and reads every host's (masterclient.Client).
@@ -114,7 +124,11 @@ type Config struct {
 	// Every is how often Peers is compared with the last pass's, and the first retry of
 	// a failed pass (0: DefaultEvery). Published keys come by the directory's watch.
 	Every time.Duration
-	Log   *slog.Logger
+	// Key, if set, is reloaded while Run runs when its file changes (looked at every
+	// KeyEvery; 0: DefaultKeyEvery) and on SIGHUP; a new key is published at once.
+	Key      KeyFollower
+	KeyEvery time.Duration
+	Log      *slog.Logger
 }
 
 // Status is the state of the last sync.
@@ -134,6 +148,8 @@ type Steer struct {
 	cfg  Config
 	nl   *netlink.Handle // in cfg.NetNS
 	link int             // the device's ifindex
+
+	kick chan struct{} // (Kick)
 
 	mu     sync.Mutex
 	status Status
@@ -157,10 +173,13 @@ func Install(cfg Config) (*Steer, error) {
 	if cfg.Every <= 0 {
 		cfg.Every = DefaultEvery
 	}
+	if cfg.KeyEvery <= 0 {
+		cfg.KeyEvery = DefaultKeyEvery
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Steer{cfg: cfg}
+	s := &Steer{cfg: cfg, kick: make(chan struct{}, 1)}
 	err := nsexec.Run(cfg.NetNS, func() error {
 		var err error
 		if s.nl, err = netlink.NewHandle(); err != nil {
@@ -293,7 +312,8 @@ func uninstall(r Routing) error {
 // etcd. A failed pass is tried again, backing off up to 30 s, or at the next change.
 // Each pass also (re)publishes this host's record when the directory does not hold it as
 // it should be. Nothing is synced before the watch's first snapshot: peers stay
-// blackholed, as they are at Install.
+// blackholed, as they are at Install. With cfg.Key, the key file is followed too
+// (followKey).
 func (s *Steer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var (
@@ -301,25 +321,23 @@ func (s *Steer) Run(ctx context.Context) error {
 		recs    []model.WireGuardHost
 		skipped int
 		have    bool
+		wg      sync.WaitGroup
 	)
-	kick := make(chan struct{}, 1)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
+	wg.Go(func() {
 		err := s.cfg.Directory.WatchWireGuardHosts(ctx, func(h []model.WireGuardHost, n int) {
 			mu.Lock()
 			recs, skipped, have = h, n, true
 			mu.Unlock()
-			select {
-			case kick <- struct{}{}:
-			default:
-			}
+			s.Kick()
 		})
 		if ctx.Err() == nil {
 			s.cfg.Log.Error("wireguard steering: watch of published keys ended", "err", err)
 		}
-	}()
-	defer func() { cancel(); <-watched }()
+	})
+	if s.cfg.Key != nil {
+		wg.Go(func() { s.followKey(ctx) })
+	}
+	defer func() { cancel(); wg.Wait() }()
 
 	tick := time.NewTicker(s.cfg.Every)
 	defer tick.Stop()
@@ -332,7 +350,7 @@ func (s *Steer) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-kick:
+		case <-s.kick:
 		case <-retryC:
 		case <-tick.C:
 			if retryC != nil || slices.Equal(s.cfg.Peers(), applied) {
@@ -359,6 +377,30 @@ func (s *Steer) Run(ctx context.Context) error {
 		wait.Reset()
 		retryC, applied = nil, peers
 	}
+}
+
+// Kick starts a pass of Run now.
+func (s *Steer) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// followKey reloads cfg.Key when its file changes and on SIGHUP (pkg/filewatch) until
+// ctx ends; a new key starts a pass at once, which publishes the new public key (the
+// record no longer matches the device). Peers answer the device's handshakes again once
+// their watch brings them the new key (docs/encryption.md, "Key rotation").
+func (s *Steer) followKey(ctx context.Context) {
+	filewatch.Reloader{What: "wireguard key file", Paths: []string{s.cfg.Key.KeyFile()},
+		Failed: "the device keeps its current key", Log: s.cfg.Log,
+		Reload: func() error {
+			changed, err := s.cfg.Key.ReloadKey()
+			if changed {
+				s.Kick()
+			}
+			return err
+		}}.Follow(ctx, s.cfg.KeyEvery)
 }
 
 // own is this host's record as it must be published.

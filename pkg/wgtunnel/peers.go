@@ -78,9 +78,6 @@ func checkPeers(own wgtypes.Key, peers []Peer) error {
 // changes nothing.
 func (t *Tunnel) SyncPeers(ctx context.Context, peers []Peer) (Changes, error) {
 	var ch Changes
-	if err := checkPeers(t.pub, peers); err != nil {
-		return ch, fmt.Errorf("wireguard device %s: %w", t.cfg.Name, err)
-	}
 	if err := ctx.Err(); err != nil {
 		return ch, err
 	}
@@ -88,6 +85,9 @@ func (t *Tunnel) SyncPeers(ctx context.Context, peers []Peer) (Changes, error) {
 	defer t.mu.Unlock()
 	if t.closed {
 		return ch, fmt.Errorf("wireguard device %s: closed", t.cfg.Name)
+	}
+	if err := checkPeers(t.pub, peers); err != nil {
+		return ch, fmt.Errorf("wireguard device %s: %w", t.cfg.Name, err)
 	}
 	have, err := t.peers()
 	if err != nil {

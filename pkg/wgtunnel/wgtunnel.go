@@ -231,8 +231,42 @@ func (t *Tunnel) Kind() Kind { return t.kind }
 // Name is the device's name.
 func (t *Tunnel) Name() string { return t.cfg.Name }
 
-// PublicKey is the host's public key, the one to publish.
-func (t *Tunnel) PublicKey() wgtypes.Key { return t.pub }
+// PublicKey is the host's public key, the one to publish (it changes with ReloadKey).
+func (t *Tunnel) PublicKey() wgtypes.Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pub
+}
+
+// KeyFile is the path of the host's private key file.
+func (t *Tunnel) KeyFile() string { return filepath.Join(t.cfg.StateDir, KeyFile) }
+
+// ReloadKey reads the key file again (LoadOrCreateKey, with its checks: a removed file
+// means a new key) and, when it holds another key than the device's, gives the device
+// that key and reports changed. The peers stay configured; their sessions expire, so the
+// next packet to a peer starts a handshake with the new key, which that peer answers
+// once it holds the new public key (publishing it is the caller's business). A refused
+// file leaves the device's key in place.
+func (t *Tunnel) ReloadKey() (changed bool, err error) {
+	k, err := LoadOrCreateKey(t.cfg.StateDir)
+	if err != nil {
+		return false, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false, fmt.Errorf("wireguard device %s: closed", t.cfg.Name)
+	}
+	if k.PublicKey() == t.pub {
+		return false, nil
+	}
+	if err := t.wg.ConfigureDevice(t.cfg.Name, wgtypes.Config{PrivateKey: &k}); err != nil {
+		return false, fmt.Errorf("new private key on wireguard device %s: %w", t.cfg.Name, err)
+	}
+	t.cfg.Log.Info("wireguard key rotated", "device", t.cfg.Name, "old", t.pub.String(), "new", k.PublicKey().String())
+	t.pub = k.PublicKey()
+	return true, nil
+}
 
 // ListenPort is the UDP port the device listens on (0 if it cannot be read).
 func (t *Tunnel) ListenPort() int {

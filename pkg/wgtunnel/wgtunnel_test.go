@@ -268,3 +268,64 @@ func TestDeviceInNamespace(t *testing.T) {
 		t.Fatalf("control socket after Close: %v", err)
 	}
 }
+
+// TestReloadWireGuardKey (issue 38, key rotation): ReloadKey with the file unchanged changes
+// nothing; a key file others may read is refused and the device keeps its key; the same
+// file made 0600 is taken: the device (read back through wgctrl) holds the new key,
+// PublicKey reports it, and its peers stay configured. A removed file means a new key.
+func TestReloadWireGuardKey(t *testing.T) {
+	testroot.Need(t)
+	ctx := context.Background()
+	id := dockertest.RandHex(3)
+	dir := t.TempDir()
+	tun, err := Open(ctx, Config{NetNS: testNS(t, "cbwgr-"+id), Name: "cbwgr" + id, StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	peer := Peer{PublicKey: key(t), Endpoint: netip.MustParseAddrPort("192.0.2.9:51820"), AllowedIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.9/32")}}
+	if _, err := tun.SyncPeers(ctx, []Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	// onDevice is the public key the device holds.
+	onDevice := func() wgtypes.Key {
+		t.Helper()
+		d, err := tun.wg.Device(tun.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.PublicKey
+	}
+	first := tun.PublicKey()
+	if changed, err := tun.ReloadKey(); changed || err != nil {
+		t.Fatalf("reload of the unchanged file: changed %v, %v", changed, err)
+	}
+	next, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tun.KeyFile(), []byte(next.String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tun.KeyFile(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := tun.ReloadKey(); changed || err == nil || tun.PublicKey() != first || onDevice() != first {
+		t.Fatalf("reload of a key file others may read: changed %v, %v; key %s on the device %s, want %s kept", changed, err, tun.PublicKey(), onDevice(), first)
+	}
+	if err := os.Chmod(tun.KeyFile(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := tun.ReloadKey(); !changed || err != nil || tun.PublicKey() != next.PublicKey() || onDevice() != next.PublicKey() {
+		t.Fatalf("reload of a new key: changed %v, %v; key %s on the device %s, want %s", changed, err, tun.PublicKey(), onDevice(), next.PublicKey())
+	}
+	if ps, err := tun.Peers(ctx); err != nil || len(ps) != 1 || ps[0].PublicKey != peer.PublicKey {
+		t.Fatalf("peers after the new key: %+v, %v", ps, err)
+	}
+	if err := os.Remove(tun.KeyFile()); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := tun.ReloadKey(); !changed || err != nil || tun.PublicKey() == next.PublicKey() || onDevice() != tun.PublicKey() {
+		t.Fatalf("reload after the file was removed: changed %v, %v; key %s on the device %s", changed, err, tun.PublicKey(), onDevice())
+	}
+}
