@@ -80,6 +80,10 @@ func claimKey(regKey string) string { return ClaimsPrefix + strings.TrimPrefix(r
 // and Enroll refuses the host (ErrRevoked) until its token is back.
 const tokenRemoved = "removed"
 
+// TokenRemoved reports whether v, the value of a host's TokenHostsPrefix record, says its
+// token left the token file (netmaster refuses that host's late writes with it).
+func TokenRemoved(v []byte) bool { return string(v) == tokenRemoved }
+
 // Manager creates and updates the agents' etcd users and roles. Its client must be
 // etcd's root (netmaster's).
 type Manager struct {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
 )
@@ -35,7 +36,19 @@ func (m *Master) publishWireGuard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Host = strings.ToLower(rec.Host) // (as model.WireGuardKey spells it)
+	bound := boundHost(r)
 	err := m.store.Update(r.Context(), func(tx *state.Tx) error {
+		// A host whose token was removed has its record deleted (etcdrbac RemoveHost);
+		// a publication authenticated before (or by a netmaster that has not reloaded
+		// its token file) must not write it back. Read in the transaction: a removal
+		// marked meanwhile makes it run again.
+		if bound != "" {
+			if v, ok, err := tx.GetRaw(etcdrbac.TokenHostsPrefix + bound); err != nil {
+				return err
+			} else if ok && etcdrbac.TokenRemoved(v) {
+				return errf(http.StatusForbidden, "host: the token of host %q was removed", bound)
+			}
+		}
 		kvs, err := tx.List(model.WireGuardPrefix)
 		if err != nil {
 			return err

@@ -1,12 +1,14 @@
 package master
 
 import (
+	"context"
 	"encoding/base64"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
+	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -117,4 +119,29 @@ func TestDeleteWireGuardAdminOnly(t *testing.T) {
 	if got := e.rawGet(model.WireGuardKey("host1")); !strings.Contains(got, wgKey(1)) {
 		t.Errorf("host1's record after host2's deletion: %q", got)
 	}
+}
+
+// TestPublishWireGuardAfterTokenRemoved (issue 38): a host whose token was removed (its
+// etcdrbac token-host record marked removed, its WireGuard record deleted) cannot write
+// its record back with a publication authenticated before (403 naming host, nothing
+// written); a host whose token stands publishes.
+func TestPublishWireGuardAfterTokenRemoved(t *testing.T) {
+	e := newEnv(t, "bridge")
+	ctx := context.Background()
+	for h, v := range map[string]string{"host1": "removed", "host2": ""} {
+		if _, err := e.raw.Put(ctx, etcdrbac.TokenHostsPrefix+h, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h1 := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	h2 := e.as(auth.Identity{Name: auth.HostPrefix + "host2", Role: auth.RoleAgent})
+	before, rev := e.snapshot()
+	code, out := h1.do("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host1", PublicKey: wgKey(1), Endpoint: "192.0.2.1:51820"})
+	if code != http.StatusForbidden || !strings.Contains(out, "host") {
+		t.Errorf("the removed host publishes: %d %q, want 403 naming host", code, out)
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Errorf("the removed host's publication changed etcd (revision %d → %d)", rev, rev2)
+	}
+	h2.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host2", PublicKey: wgKey(2), Endpoint: "192.0.2.2:51820"}, nil)
 }
