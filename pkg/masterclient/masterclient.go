@@ -330,8 +330,10 @@ func (c *Client) WireGuardHosts(ctx context.Context) (hosts []model.WireGuardHos
 // WireGuardHosts reads them) at once and again after each change under the records'
 // prefix, until ctx ends: one etcd watch, no polling. A broken watch resumes from the
 // last revision seen; one whose revision was compacted meanwhile lists again
-// (state.Store.ListWatch), so no change is missed. fn is called from one goroutine.
-func (c *Client) WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int)) error {
+// (state.Store.ListWatch), so no change is missed. health hears whether the watch
+// delivers (state.WatchHandler.Health: an error while etcd is out of reach or does not
+// answer, nil once it does again). fn and health are called from one goroutine.
+func (c *Client) WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int), health func(err error)) error {
 	cur := map[string]state.KV{}
 	report := func() {
 		kvs := make([]state.KV, 0, len(cur))
@@ -356,6 +358,7 @@ func (c *Client) WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.
 			}
 			report()
 		},
+		Health: health,
 	})
 }
 

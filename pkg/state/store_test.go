@@ -492,3 +492,84 @@ func TestListUnguarded(t *testing.T) {
 		t.Fatalf("with a guarded read changed: %v after %d runs, want two", err, runs)
 	}
 }
+
+// TestListWatchHealth: a watch whose connection to etcd is lost is resumed by the client
+// by itself and is silent meanwhile, as an idle watch is: only WatchHandler.Health tells
+// them apart. Idle and connected, the watch stays healthy (etcd answers its progress
+// requests), also beside another watch of the same client that etcd would not answer
+// progress for (it starts past etcd's revision); etcd cut off (a proxy closing every connection), Health hears an error
+// within two periods; etcd back, nil again, and a change made meanwhile arrives.
+func TestListWatchHealth(t *testing.T) {
+	direct, url := statetest.Store(t)
+	proxy := statetest.NewProxy(t, url)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := state.Open(ctx, []string{proxy.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Another watch of this client, started past etcd's revision (nothing written
+	// since): etcd answers no progress request on a stream holding such a watch.
+	other := make(chan struct{})
+	go func() {
+		defer close(other)
+		_ = s.ListWatch(ctx, "/o/", state.WatchHandler{})
+	}()
+	defer func() { cancel(); <-other }()
+	time.Sleep(100 * time.Millisecond)
+	health := make(chan error, 64)
+	evs := make(chan state.Event, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.ListWatch(ctx, "/h/", state.WatchHandler{
+			Event:       func(ev state.Event) { evs <- ev },
+			Health:      func(err error) { health <- err },
+			HealthEvery: 100 * time.Millisecond,
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	next := func(what string) error {
+		t.Helper()
+		select {
+		case err := <-health:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: Health not called", what)
+			return nil
+		}
+	}
+	if err := next("start"); err != nil {
+		t.Fatalf("healthy watch reported %v", err)
+	}
+	select {
+	case err := <-health:
+		t.Fatalf("an idle, connected watch reported %v", err)
+	case <-time.After(600 * time.Millisecond):
+	}
+	proxy.Cut()
+	start := time.Now()
+	if err := next("etcd cut off"); err == nil {
+		t.Fatal("watch cut off from etcd reported healthy")
+	} else {
+		t.Logf("cut off: %v after %s", err, time.Since(start).Round(time.Millisecond))
+	}
+	if err := direct.Put(ctx, "/h/x", counter{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Mend()
+	for {
+		if err := next("etcd back"); err == nil {
+			break
+		}
+	}
+	select {
+	case ev := <-evs:
+		if ev.Key != "/h/x" {
+			t.Fatalf("event %s, want /h/x", ev.Key)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("change made while cut off not delivered")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,8 +30,8 @@ import (
 // second by polling, so this waited for the next poll), and its deletion (a departed
 // host) removes its WireGuard peer and its route at once: its VTEP falls to the
 // blackhole. A watch broken while records change and the history is compacted (etcd cut
-// off through a proxy, records written and compacted, etcd back) lists again and applies
-// what changed.
+// off through a proxy, records written and compacted, etcd back) is said in /healthz
+// (Status.Watch) within seconds, lists again and applies what changed.
 func TestSteerFollowsTheWatch(t *testing.T) {
 	testroot.Need(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -115,9 +116,19 @@ func TestSteerFollowsTheWatch(t *testing.T) {
 	}
 
 	// The watch breaks; meanwhile c publishes and the history is compacted past the
-	// watch's revision: the resumed watch is refused (compacted) and lists again.
+	// watch's revision: the resumed watch is refused (compacted) and lists again. While
+	// it is broken, /healthz says the keys are not followed (before: nothing did; the
+	// client resumes a lost watch by itself and it is silent meanwhile, as when idle).
+	if st := s.Status(); st.Watch != "" {
+		t.Fatalf("watch reported broken while connected and idle: %q", st.Watch)
+	}
 	proxy.Cut()
-	time.Sleep(100 * time.Millisecond)
+	start = time.Now()
+	within("watch reported broken", 5*time.Second, func(st Status) bool { return st.Watch != "" })
+	t.Logf("a watch cut off from etcd was reported in %s", time.Since(start))
+	if d := s.Degraded(); !strings.Contains(d, "not followed") {
+		t.Errorf("healthz with the watch cut off: %q", d)
+	}
 	kc, _ := wgtypes.GeneratePrivateKey()
 	put("c", kc.PublicKey(), "192.168.80.3:51820")
 	put("b", kb.PublicKey(), "192.168.80.2:51820")
@@ -133,7 +144,7 @@ func TestSteerFollowsTheWatch(t *testing.T) {
 	}
 	start = time.Now()
 	proxy.Mend()
-	within("c's record after the compacted watch", 15*time.Second, keyed("c"))
+	within("c's record after the compacted watch", 15*time.Second, func(st Status) bool { return keyed("c")(st) && st.Watch == "" })
 	t.Logf("after etcd came back, the compacted watch recovered in %s", time.Since(start))
 	if keys, routes := device(); !slices.Equal(keys, []wgtypes.Key{kc.PublicKey()}) || !slices.Equal(routes, []netip.Addr{netip.MustParseAddr("192.168.80.3")}) {
 		t.Fatalf("c keyed: device peers %v, routes %v", keys, routes)

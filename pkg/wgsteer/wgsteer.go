@@ -81,8 +81,9 @@ type Directory interface {
 	PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error
 	WireGuardHosts(ctx context.Context) ([]model.WireGuardHost, int, error)
 	// WatchWireGuardHosts calls fn with every host's records now and after each change
-	// until ctx ends, resuming (or listing again) after a broken watch.
-	WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int)) error
+	// until ctx ends, resuming (or listing again) after a broken watch; health hears an
+	// error while the watch does not deliver (etcd out of reach) and nil once it does.
+	WatchWireGuardHosts(ctx context.Context, fn func(hosts []model.WireGuardHost, skipped int), health func(err error)) error
 }
 
 // Routing names the policy routing of one host; the zero values take the defaults.
@@ -141,6 +142,9 @@ type Status struct {
 	Published bool `json:"published"`
 	// Err is the last sync's or publication's error ("" if none).
 	Err string `json:"error,omitempty"`
+	// Watch is why the published keys are not followed now ("" while the watch
+	// delivers): a record deleted or changed meanwhile is not applied.
+	Watch string `json:"watch,omitempty"`
 }
 
 // Steer is one host's steering. Install it, then Run it.
@@ -312,8 +316,9 @@ func uninstall(r Routing) error {
 // etcd. A failed pass is tried again, backing off up to 30 s, or at the next change.
 // Each pass also (re)publishes this host's record when the directory does not hold it as
 // it should be. Nothing is synced before the watch's first snapshot: peers stay
-// blackholed, as they are at Install. With cfg.Key, the key file is followed too
-// (followKey).
+// blackholed, as they are at Install. While the watch does not deliver (etcd out of
+// reach: the client resumes it silently), Status.Watch and Degraded say so. With
+// cfg.Key, the key file is followed too (followKey).
 func (s *Steer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var (
@@ -329,9 +334,9 @@ func (s *Steer) Run(ctx context.Context) error {
 			recs, skipped, have = h, n, true
 			mu.Unlock()
 			s.Kick()
-		})
+		}, s.setWatch)
 		if ctx.Err() == nil {
-			s.cfg.Log.Error("wireguard steering: watch of published keys ended", "err", err)
+			s.setWatch(fmt.Errorf("watch ended: %w", err))
 		}
 	})
 	if s.cfg.Key != nil {
@@ -440,6 +445,25 @@ func (s *Steer) publish(ctx context.Context) error {
 	s.mu.Unlock()
 	s.cfg.Log.Info("wireguard key published", "publicKey", rec.PublicKey, "endpoint", rec.Endpoint)
 	return nil
+}
+
+// setWatch records whether the watch of published keys delivers (err nil) or not, and
+// logs each change of that.
+func (s *Steer) setWatch(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	s.mu.Lock()
+	was := s.status.Watch
+	s.status.Watch = msg
+	s.mu.Unlock()
+	switch {
+	case err != nil && was == "":
+		s.cfg.Log.Error("wireguard steering: published keys not followed: a host removed meanwhile stays keyed", "err", err)
+	case err == nil && was != "":
+		s.cfg.Log.Info("wireguard steering: published keys followed again")
+	}
 }
 
 func (s *Steer) setErr(err error) {
@@ -585,6 +609,8 @@ func (s *Steer) Degraded() string {
 	switch {
 	case !st.Published:
 		return fmt.Sprintf("wireguard: this host's key is not published yet (%s): peers send it no overlay traffic", st.Err)
+	case st.Watch != "":
+		return fmt.Sprintf("wireguard: published keys not followed (%s): a host removed or rekeyed meanwhile is not applied", st.Watch)
 	case len(st.Waiting) > 0:
 		// Named: the operator has to find the host that withholds its key.
 		return fmt.Sprintf("wireguard: %d peer host(s) without a published key (%s): their overlay traffic is dropped until it is known (fail closed)",

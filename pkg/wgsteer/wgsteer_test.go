@@ -60,7 +60,8 @@ func (d *directory) changed() {
 	}
 }
 
-func (d *directory) WatchWireGuardHosts(ctx context.Context, fn func([]model.WireGuardHost, int)) error {
+func (d *directory) WatchWireGuardHosts(ctx context.Context, fn func([]model.WireGuardHost, int), health func(error)) error {
+	health(nil)
 	ch := make(chan struct{}, 1)
 	d.mu.Lock()
 	d.watchers = append(d.watchers, ch)
