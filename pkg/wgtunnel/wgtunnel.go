@@ -246,16 +246,18 @@ func (t *Tunnel) KeyFile() string { return filepath.Join(t.cfg.StateDir, KeyFile
 // that key and reports changed. The peers stay configured; their sessions expire, so the
 // next packet to a peer starts a handshake with the new key, which that peer answers
 // once it holds the new public key (publishing it is the caller's business). A refused
-// file leaves the device's key in place.
+// file leaves the device's key in place. Reloads are serialized, the file read (or
+// made) and the device configured together: two racing after the file was removed would
+// each make a key, and the device could keep one while the file holds the other.
 func (t *Tunnel) ReloadKey() (changed bool, err error) {
-	k, err := LoadOrCreateKey(t.cfg.StateDir)
-	if err != nil {
-		return false, err
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return false, fmt.Errorf("wireguard device %s: closed", t.cfg.Name)
+	}
+	k, err := LoadOrCreateKey(t.cfg.StateDir)
+	if err != nil {
+		return false, err
 	}
 	if k.PublicKey() == t.pub {
 		return false, nil

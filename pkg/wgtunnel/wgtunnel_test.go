@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -327,5 +328,49 @@ func TestReloadWireGuardKey(t *testing.T) {
 	}
 	if changed, err := tun.ReloadKey(); !changed || err != nil || tun.PublicKey() == next.PublicKey() || onDevice() != tun.PublicKey() {
 		t.Fatalf("reload after the file was removed: changed %v, %v; key %s on the device %s", changed, err, tun.PublicKey(), onDevice())
+	}
+}
+
+// TestReloadKeyRacing (issue 38, key rotation): netplugin reloads the key from two
+// goroutines (the file's 2 s look and SIGHUP). Racing after the file was removed, both
+// made a key and wrote it, and the device could end with one while the file held the
+// other: a rotation nobody asked for at the next look or restart. After any number of
+// racing reloads the file, the device and PublicKey hold one key.
+func TestReloadKeyRacing(t *testing.T) {
+	testroot.Need(t)
+	ctx := context.Background()
+	id := dockertest.RandHex(3)
+	tun, err := Open(ctx, Config{NetNS: testNS(t, "cbwgq-"+id), Name: "cbwgq" + id, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	for round := range 100 {
+		if err := os.Remove(tun.KeyFile()); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				if _, err := tun.ReloadKey(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		file, err := LoadOrCreateKey(filepath.Dir(tun.KeyFile()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := tun.wg.Device(tun.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if file.PublicKey() != tun.PublicKey() || d.PublicKey != tun.PublicKey() {
+			t.Fatalf("round %d: key file %s, device %s, PublicKey %s: want one key", round, file.PublicKey(), d.PublicKey, tun.PublicKey())
+		}
 	}
 }
