@@ -145,6 +145,10 @@ type Status struct {
 	// Watch is why the published keys are not followed now ("" while the watch
 	// delivers): a record deleted or changed meanwhile is not applied.
 	Watch string `json:"watch,omitempty"`
+	// Key is why the key file was refused at its last change ("" if taken): the
+	// device keeps its current key, which may be known to others (a file they could
+	// read) or was meant to be rotated.
+	Key string `json:"key,omitempty"`
 }
 
 // Steer is one host's steering. Install it, then Run it.
@@ -395,7 +399,8 @@ func (s *Steer) Kick() {
 // followKey reloads cfg.Key when its file changes and on SIGHUP (pkg/filewatch) until
 // ctx ends; a new key starts a pass at once, which publishes the new public key (the
 // record no longer matches the device). Peers answer the device's handshakes again once
-// their watch brings them the new key (docs/encryption.md, "Key rotation").
+// their watch brings them the new key (docs/encryption.md, "Key rotation"). A refused
+// file is said in Status.Key and Degraded until the file is taken.
 func (s *Steer) followKey(ctx context.Context) {
 	filewatch.Reloader{What: "wireguard key file", Paths: []string{s.cfg.Key.KeyFile()},
 		Failed: "the device keeps its current key", Log: s.cfg.Log,
@@ -404,6 +409,12 @@ func (s *Steer) followKey(ctx context.Context) {
 			if changed {
 				s.Kick()
 			}
+			s.mu.Lock()
+			s.status.Key = ""
+			if err != nil {
+				s.status.Key = err.Error()
+			}
+			s.mu.Unlock()
 			return err
 		}}.Follow(ctx, s.cfg.KeyEvery)
 }
@@ -609,6 +620,8 @@ func (s *Steer) Degraded() string {
 	switch {
 	case !st.Published:
 		return fmt.Sprintf("wireguard: this host's key is not published yet (%s): peers send it no overlay traffic", st.Err)
+	case st.Key != "":
+		return fmt.Sprintf("wireguard: key file refused (%s): the device keeps its current key", st.Key)
 	case st.Watch != "":
 		return fmt.Sprintf("wireguard: published keys not followed (%s): a host removed or rekeyed meanwhile is not applied", st.Watch)
 	case len(st.Waiting) > 0:
