@@ -318,29 +318,24 @@ func TestSteerKeyRotationUnderTraffic(t *testing.T) {
 // file is taken (removed here: a new key). Before: one log line, /healthz clean.
 func TestRefusedKeyFileSaid(t *testing.T) {
 	testroot.Need(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ns, tun := oneHost(t, ctx, "cbsk", "192.168.81.1/24")
-	vtep := netip.MustParseAddr("192.168.81.1")
-	dir := &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{}}
-	s := runSteer(t, Config{NetNS: ns, Device: tun, Key: tun, KeyEvery: 10 * time.Millisecond, Directory: dir, Host: "a", VTEP: vtep,
-		Every: time.Hour, Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return nil }})
-	waitFor := func(what string, ok func(string) bool) {
-		t.Helper()
-		for start := time.Now(); !ok(s.Degraded()); time.Sleep(5 * time.Millisecond) {
-			if time.Since(start) > 3*time.Second {
-				t.Fatalf("%s: healthz %q, status %+v", what, s.Degraded(), s.Status())
-			}
-		}
-	}
-	waitFor("published", func(d string) bool { return d == "" })
+	ns, tun := oneHost(t, t.Context(), "cbsk", "192.168.81.1/24")
+	s := runSteer(t, Config{NetNS: ns, Device: tun, Key: tun, KeyEvery: 10 * time.Millisecond, Host: "a", VTEP: netip.MustParseAddr("192.168.81.1"),
+		Directory: &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{}},
+		Every:     time.Hour, Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return nil }})
+	waitStatus(t, s, "published", 3*time.Second, func(st Status) bool { return st.Published && st.Key == "" })
 	old := tun.PublicKey()
 	if err := os.Chmod(tun.KeyFile(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("key file others may read", func(d string) bool { return strings.Contains(d, "key file refused") })
+	waitStatus(t, s, "key file others may read", 3*time.Second, func(st Status) bool { return st.Key != "" })
+	if d := s.Degraded(); !strings.Contains(d, "key file refused") || tun.PublicKey() != old {
+		t.Fatalf("key file others may read: healthz %q; device key changed %v", d, tun.PublicKey() != old)
+	}
 	if err := os.Remove(tun.KeyFile()); err != nil { // (the way out: a new key)
 		t.Fatal(err)
 	}
-	waitFor("key file removed", func(d string) bool { return d == "" && tun.PublicKey() != old })
+	waitStatus(t, s, "key file removed", 3*time.Second, func(st Status) bool { return st.Key == "" && st.Published && tun.PublicKey() != old })
+	if d := s.Degraded(); d != "" {
+		t.Errorf("healthz after a new key was taken: %q", d)
+	}
 }

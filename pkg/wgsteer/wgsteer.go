@@ -140,8 +140,10 @@ type Status struct {
 	Waiting []string `json:"waiting"`
 	// Published says this host's own record was accepted by netmaster.
 	Published bool `json:"published"`
-	// Err is the last sync's or publication's error ("" if none).
+	// Err is the last sync's error ("" if none).
 	Err string `json:"error,omitempty"`
+	// Publish is the last publication's error ("" if none).
+	Publish string `json:"publishError,omitempty"`
 	// Watch is why the published keys are not followed now ("" while the watch
 	// delivers): a record deleted or changed meanwhile is not applied.
 	Watch string `json:"watch,omitempty"`
@@ -158,6 +160,7 @@ type Steer struct {
 	link int             // the device's ifindex
 
 	kick chan struct{} // (Kick)
+	pub  chan struct{} // (publisher)
 
 	mu     sync.Mutex
 	status Status
@@ -187,7 +190,7 @@ func Install(cfg Config) (*Steer, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Steer{cfg: cfg, kick: make(chan struct{}, 1)}
+	s := &Steer{cfg: cfg, kick: make(chan struct{}, 1), pub: make(chan struct{}, 1)}
 	err := nsexec.Run(cfg.NetNS, func() error {
 		var err error
 		if s.nl, err = netlink.NewHandle(); err != nil {
@@ -318,8 +321,9 @@ func uninstall(r Routing) error {
 // on every change of them, and whenever the datapath's peers (read every cfg.Every, in
 // memory) differ from the last pass's, until ctx ends; an idle host reads nothing from
 // etcd. A failed pass is tried again, backing off up to 30 s, or at the next change.
-// Each pass also (re)publishes this host's record when the directory does not hold it as
-// it should be. Nothing is synced before the watch's first snapshot: peers stay
+// Each pass also has this host's record (re)published when the directory does not hold
+// it as it should be, apart from the pass (publisher: a netmaster slow to answer holds
+// up no peer change). Nothing is synced before the watch's first snapshot: peers stay
 // blackholed, as they are at Install. While the watch does not deliver (etcd out of
 // reach: the client resumes it silently), Status.Watch and Degraded say so. With
 // cfg.Key, the key file is followed too (followKey).
@@ -343,6 +347,7 @@ func (s *Steer) Run(ctx context.Context) error {
 			s.setWatch(fmt.Errorf("watch ended: %w", err))
 		}
 	})
+	wg.Go(func() { s.publisher(ctx) })
 	if s.cfg.Key != nil {
 		wg.Go(func() { s.followKey(ctx) })
 	}
@@ -373,6 +378,12 @@ func (s *Steer) Run(ctx context.Context) error {
 			continue
 		}
 		peers := s.cfg.Peers()
+		if !s.listed(r) {
+			select { // (publisher)
+			case s.pub <- struct{}{}:
+			default:
+			}
+		}
 		err := s.apply(ctx, r, n, peers)
 		s.setErr(err)
 		if ctx.Err() != nil {
@@ -425,37 +436,71 @@ func (s *Steer) own() model.WireGuardHost {
 		Endpoint: netip.AddrPortFrom(s.cfg.VTEP, uint16(s.cfg.Device.ListenPort())).String()}
 }
 
-// ensurePublished checks this host's record among recs (what every peer reads) and
-// publishes it if it is missing or not this device's key and endpoint: a record an admin
-// deleted, or one left out as a duplicate, comes back, and a record a previous run
-// published counts without netmaster having to answer.
-func (s *Steer) ensurePublished(ctx context.Context, recs []model.WireGuardHost) error {
+// listed reports (and records in Status.Published) whether this host's record is among
+// recs (what every peer reads) as this device's key and endpoint. When it is not (a
+// record an admin deleted, one left out as a duplicate, a rotated key), the caller
+// publishes it; a record a previous run published counts without netmaster having to
+// answer.
+func (s *Steer) listed(recs []model.WireGuardHost) bool {
 	want := s.own()
-	for _, r := range recs {
-		if strings.EqualFold(r.Host, want.Host) && r.PublicKey == want.PublicKey && r.Endpoint == want.Endpoint {
-			s.mu.Lock()
-			s.status.Published = true
-			s.mu.Unlock()
-			return nil
-		}
-	}
+	ok := slices.ContainsFunc(recs, func(r model.WireGuardHost) bool {
+		return strings.EqualFold(r.Host, want.Host) && r.PublicKey == want.PublicKey && r.Endpoint == want.Endpoint
+	})
 	s.mu.Lock()
-	s.status.Published = false
+	s.status.Published = ok
 	s.mu.Unlock()
-	return s.publish(ctx)
+	return ok
 }
 
-// publish sends this host's record to netmaster.
+// publish sends this host's record to netmaster; Status.Publish holds its error.
 func (s *Steer) publish(ctx context.Context) error {
 	rec := s.own()
-	if err := s.cfg.Directory.PublishWireGuard(ctx, rec); err != nil {
-		return fmt.Errorf("publish this host's wireguard key: %w", err)
+	err := s.cfg.Directory.PublishWireGuard(ctx, rec)
+	if err != nil {
+		err = fmt.Errorf("publish this host's wireguard key: %w", err)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.status.Publish = ""
+	if err != nil {
+		s.status.Publish = err.Error()
+		return err
+	}
 	s.status.Published = true
-	s.mu.Unlock()
 	s.cfg.Log.Info("wireguard key published", "publicKey", rec.PublicKey, "endpoint", rec.Endpoint)
 	return nil
+}
+
+// publisher publishes this host's record whenever a pass of Run found it missing
+// (s.pub), apart from the passes: a netmaster that does not answer (the client waits up
+// to 30 s, again on every try) holds up no change of the peers. A failed publication is
+// tried again, backing off up to 30 s, until it succeeds or a pass finds the record.
+func (s *Steer) publisher(ctx context.Context) {
+	wait := retry.New(s.cfg.Every, 30*time.Second)
+	var retryC <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.pub:
+		case <-retryC:
+			if s.Status().Published {
+				retryC = nil
+				wait.Reset()
+				continue
+			}
+		}
+		if err := s.publish(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.cfg.Log.Warn("wireguard steering", "err", err)
+			retryC = time.After(wait.Next())
+			continue
+		}
+		retryC = nil
+		wait.Reset()
+	}
 }
 
 // setWatch records whether the watch of published keys delivers (err nil) or not, and
@@ -529,7 +574,14 @@ func (s *Steer) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.apply(ctx, recs, skipped, s.cfg.Peers())
+	// A publication that fails does not hold up the peers: they are synced first and
+	// its failure returned with theirs.
+	listed := s.listed(recs)
+	err = s.apply(ctx, recs, skipped, s.cfg.Peers())
+	if !listed {
+		err = errors.Join(err, s.publish(ctx))
+	}
+	return err
 }
 
 // apply brings the device's peers and the steering table to recs (the published records,
@@ -538,9 +590,6 @@ func (s *Steer) apply(ctx context.Context, recs []model.WireGuardHost, skipped i
 	if skipped > 0 {
 		s.cfg.Log.Warn("wireguard records left out (malformed, misplaced or sharing a key)", "skipped", skipped)
 	}
-	// A publication that fails does not hold up the peers: they are synced all the same
-	// and the failure returned after.
-	pubErr := s.ensurePublished(ctx, recs)
 	keyed, keyedHosts, waiting := plan(peers, recs, s.cfg.Log)
 	// Routes of hosts no longer keyed go first (their traffic falls to the blackhole), the
 	// device's peers next, the new hosts' routes last.
@@ -580,7 +629,7 @@ func (s *Steer) apply(ctx context.Context, recs []model.WireGuardHost, skipped i
 	if changed {
 		s.cfg.Log.Info("wireguard peers", "keyed", keyedHosts, "waiting", waiting)
 	}
-	return pubErr
+	return nil
 }
 
 // routes are the steering table's routes into the device, by destination.
@@ -619,7 +668,7 @@ func (s *Steer) Degraded() string {
 	st := s.Status()
 	switch {
 	case !st.Published:
-		return fmt.Sprintf("wireguard: this host's key is not published yet (%s): peers send it no overlay traffic", st.Err)
+		return fmt.Sprintf("wireguard: this host's key is not published yet (%s): peers send it no overlay traffic", st.Publish)
 	case st.Key != "":
 		return fmt.Sprintf("wireguard: key file refused (%s): the device keeps its current key", st.Key)
 	case st.Watch != "":

@@ -343,21 +343,74 @@ func runSteer(t *testing.T, cfg Config) *Steer {
 	return s
 }
 
-// refusingDirectory is a directory whose netmaster is unreachable while down is set.
+// waitStatus waits until ok holds for s's status, at most limit.
+func waitStatus(t *testing.T, s *Steer, what string, limit time.Duration, ok func(Status) bool) {
+	t.Helper()
+	for start := time.Now(); !ok(s.Status()); time.Sleep(5 * time.Millisecond) {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %s: status %+v, healthz %q", what, limit, s.Status(), s.Degraded())
+		}
+	}
+}
+
+// refusingDirectory is a directory whose netmaster is unreachable while down is set,
+// and does not answer (a publication waits until its context ends) while hang is set.
 type refusingDirectory struct {
 	*directory
 	mu   sync.Mutex
 	down bool
+	hang bool
 }
 
 func (d *refusingDirectory) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error {
 	d.mu.Lock()
-	down := d.down
+	down, hang := d.down, d.hang
 	d.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if down {
 		return errors.New("netmaster unreachable")
 	}
 	return d.directory.PublishWireGuard(ctx, rec)
+}
+
+// TestPublicationDoesNotHoldPeers: this host's record is missing (deleted by an admin,
+// or a rotated key not published yet) while netmaster accepts connections but does not
+// answer; a peer host's record is then deleted (a departed host): its WireGuard peer and
+// route go at once. Before, each pass published first and synced peers after, so the
+// pass waited on netmaster (up to the client's 30 s timeout, again on every pass) and the
+// departed host stayed keyed meanwhile.
+func TestPublicationDoesNotHoldPeers(t *testing.T) {
+	testroot.Need(t)
+	ns, tun := oneHost(t, t.Context(), "cbsh", "192.168.82.1/24")
+	kb, _ := wgtypes.GeneratePrivateKey()
+	kc, _ := wgtypes.GeneratePrivateKey()
+	dir := &refusingDirectory{directory: &directory{recs: map[string]model.WireGuardHost{
+		"a": {Host: "a", PublicKey: tun.PublicKey().String(), Endpoint: "192.168.82.1:51820"},
+		"b": {Host: "b", PublicKey: kb.PublicKey().String(), Endpoint: "192.168.82.2:51820"},
+		"c": {Host: "c", PublicKey: kc.PublicKey().String(), Endpoint: "192.168.82.3:51820"},
+	}, hidden: map[string]bool{}}}
+	s := runSteer(t, Config{NetNS: ns, Device: tun, Directory: dir, Host: "a", VTEP: netip.MustParseAddr("192.168.82.1"), Every: 20 * time.Millisecond,
+		Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer {
+			return []dataplane.Peer{{Host: "b", VTEP: netip.MustParseAddr("192.168.82.2")}, {Host: "c", VTEP: netip.MustParseAddr("192.168.82.3")}}
+		}})
+	waitStatus(t, s, "b and c keyed", 3*time.Second, func(st Status) bool { return st.Published && slices.Equal(st.Keyed, []string{"b", "c"}) })
+	dir.mu.Lock()
+	dir.hang = true
+	dir.mu.Unlock()
+	dir.forget("a")
+	waitStatus(t, s, "own record gone", time.Second, func(st Status) bool { return !st.Published })
+	dir.forget("b")
+	waitStatus(t, s, "b's record deleted while the publication hangs", time.Second, func(st Status) bool { return slices.Equal(st.Keyed, []string{"c"}) })
+	ps, err := tun.Peers(t.Context())
+	if err != nil || len(ps) != 1 || ps[0].PublicKey != kc.PublicKey() {
+		t.Fatalf("device peers after b left: %+v, %v; want c's only", ps, err)
+	}
+	if d := s.Degraded(); !strings.Contains(d, "not published") {
+		t.Errorf("healthz with the own record gone: %q", d)
+	}
 }
 
 // TestOwnRecordFollowsTheDirectory: this host's record is checked in what every peer reads
