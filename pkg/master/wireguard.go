@@ -41,12 +41,19 @@ func (m *Master) publishWireGuard(w http.ResponseWriter, r *http.Request) {
 		// A host whose token was removed has its record deleted (etcdrbac RemoveHost);
 		// a publication authenticated before (or by a netmaster that has not reloaded
 		// its token file) must not write it back. Read in the transaction: a removal
-		// marked meanwhile makes it run again.
+		// marked meanwhile makes it run again. Records are keyed by the lowercased
+		// name, token hosts by their own spelling: a removed "H1" is also refused to
+		// a certificate of "h1", whose record would be the same.
 		if bound != "" {
-			if v, ok, err := tx.GetRaw(etcdrbac.TokenHostsPrefix + bound); err != nil {
+			hosts, err := tx.List(etcdrbac.TokenHostsPrefix)
+			if err != nil {
 				return err
-			} else if ok && etcdrbac.TokenRemoved(v) {
-				return errf(http.StatusForbidden, "host: the token of host %q was removed", bound)
+			}
+			for _, kv := range hosts {
+				name := strings.TrimPrefix(kv.Key, etcdrbac.TokenHostsPrefix)
+				if strings.EqualFold(name, rec.Host) && etcdrbac.TokenRemoved(kv.Value) {
+					return errf(http.StatusForbidden, "host: the token of host %q was removed", name)
+				}
 			}
 		}
 		kvs, err := tx.List(model.WireGuardPrefix)

@@ -144,4 +144,15 @@ func TestPublishWireGuardAfterTokenRemoved(t *testing.T) {
 		t.Errorf("the removed host's publication changed etcd (revision %d → %d)", rev, rev2)
 	}
 	h2.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host2", PublicKey: wgKey(2), Endpoint: "192.0.2.2:51820"}, nil)
+	// Another spelling of the removed host (a certificate of "HOST1"): its record would
+	// be host1's, and is refused alike.
+	h1c := e.as(auth.Identity{Name: auth.HostPrefix + "HOST1", Role: auth.RoleAgent})
+	before, rev = e.snapshot()
+	code, out = h1c.do("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "HOST1", PublicKey: wgKey(3), Endpoint: "192.0.2.3:51820"})
+	if code != http.StatusForbidden || !strings.Contains(out, "host") {
+		t.Errorf("the removed host publishes under another spelling: %d %q, want 403 naming host", code, out)
+	}
+	if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+		t.Errorf("the other spelling's publication changed etcd (revision %d → %d)", rev, rev2)
+	}
 }
