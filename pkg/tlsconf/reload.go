@@ -44,6 +44,56 @@ type clientTrust struct {
 	crls    []*x509.RevocationList
 	revoked map[string]bool // revokedKey of each listed certificate
 	read    time.Time
+	// verified holds the chains pool verified (a reading of another bundle starts afresh).
+	verified *verifiedCache
+}
+
+// verifiedCacheMax bounds verifiedCache: past it the cache starts again empty (a client CA
+// issues far fewer live certificates than that to one netmaster's callers).
+const verifiedCacheMax = 4096
+
+// verifiedCache maps a chain a client presented (its certificates' DER, concatenated: DER
+// is self-delimiting) to the chains x509.Verify built from it against one client CA pool.
+// Verification costs about 100 us, a look-up well under one: CheckChain runs on every
+// request, and only the revocation check and the validity dates depend on the moment.
+type verifiedCache struct {
+	mu     sync.Mutex
+	chains map[string][][]*x509.Certificate
+}
+
+func newVerifiedCache() *verifiedCache {
+	return &verifiedCache{chains: map[string][][]*x509.Certificate{}}
+}
+
+// chainKey names a presented chain in verifiedCache.
+func chainKey(chain []*x509.Certificate) string {
+	if len(chain) == 1 {
+		return string(chain[0].Raw)
+	}
+	n := 0
+	for _, c := range chain {
+		n += len(c.Raw)
+	}
+	b := make([]byte, 0, n)
+	for _, c := range chain {
+		b = append(b, c.Raw...)
+	}
+	return string(b)
+}
+
+func (v *verifiedCache) get(key string) [][]*x509.Certificate {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.chains[key]
+}
+
+func (v *verifiedCache) put(key string, chains [][]*x509.Certificate) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.chains) >= verifiedCacheMax {
+		clear(v.chains)
+	}
+	v.chains[key] = chains
 }
 
 // revokedKey names a certificate by issuer and serial (serials are unique per issuer).
@@ -86,7 +136,7 @@ func readTrust(f Files) (*clientTrust, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client CA: %w", err)
 	}
-	t := &clientTrust{pool: pool, cas: cas, revoked: map[string]bool{}, read: time.Now()}
+	t := &clientTrust{pool: pool, cas: cas, revoked: map[string]bool{}, read: time.Now(), verified: newVerifiedCache()}
 	if f.CRL == "" {
 		return t, nil
 	}
@@ -232,7 +282,7 @@ func noRollback(cur, next []*x509.RevocationList, path string) error {
 // keepOnly is t without the CAs that are not in cas (same revocations and lists).
 func (t *clientTrust) keepOnly(cas []*x509.Certificate) *clientTrust {
 	k := *t
-	k.pool, k.cas = x509.NewCertPool(), nil
+	k.pool, k.cas, k.verified = x509.NewCertPool(), nil, newVerifiedCache()
 	for _, c := range t.cas {
 		if slices.ContainsFunc(cas, c.Equal) {
 			k.pool.AddCert(c)
@@ -309,37 +359,51 @@ func (s *ServerTLS) verifyConnection(cs tls.ConnectionState) error {
 
 // CheckChain checks a client's certificate chain (leaf first) against the client CA and
 // CRL in force now: netmaster calls it on every request too, so that a certificate revoked
-// after its connection was opened stops working on that connection as well.
+// after its connection was opened stops working on that connection as well. The chains
+// verified against the CA bundle in force are kept (verifiedCache), so a request costs
+// the revocation and validity-date checks, not another verification.
 func (s *ServerTLS) CheckChain(chain []*x509.Certificate) error {
 	t := s.current()
 	if t == nil || len(chain) == 0 {
 		return nil
 	}
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	chains, err := chain[0].Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	if err != nil {
-		return fmt.Errorf("client certificate %q: %w", chain[0].Subject.CommonName, err)
+	key := chainKey(chain)
+	chains := t.verified.get(key)
+	if chains == nil {
+		inter := x509.NewCertPool()
+		for _, c := range chain[1:] {
+			inter.AddCert(c)
+		}
+		var err error
+		chains, err = chain[0].Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		if err != nil {
+			return fmt.Errorf("client certificate %q: %w", chain[0].Subject.CommonName, err)
+		}
+		t.verified.put(key, chains)
 	}
 	// The verified chains, not the presented one: a client may leave out an intermediate
 	// that the bundle holds (and a root's list may revoke it).
-	var revoked error
+	now := time.Now()
+	var refused error
 	for _, vc := range chains {
-		if revoked = t.revokedIn(vc, s.files.CRL); revoked == nil {
+		if refused = t.refusedIn(vc, now, s.files.CRL); refused == nil {
 			return nil
 		}
 	}
-	return revoked
+	return refused
 }
 
-// revokedIn names the first certificate of chain that a list of t revokes (nil: none).
-func (t *clientTrust) revokedIn(chain []*x509.Certificate, crlFile string) error {
+// refusedIn names the first certificate of a verified chain that a list of t revokes or
+// that is not valid at now (nil: none; Verify checked the dates when the chain was cached).
+func (t *clientTrust) refusedIn(chain []*x509.Certificate, now time.Time, crlFile string) error {
 	for _, c := range chain {
 		if t.revoked[revokedKey(c.RawIssuer, c.SerialNumber)] {
 			return fmt.Errorf("client certificate %q (serial %x) is revoked by %s", c.Subject.CommonName, c.SerialNumber, crlFile)
+		}
+		if now.Before(c.NotBefore) || now.After(c.NotAfter) {
+			return fmt.Errorf("client certificate %q: %q is not valid at %s (valid %s to %s)", chain[0].Subject.CommonName,
+				c.Subject.CommonName, now.UTC().Format(time.RFC3339), c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
 	return nil

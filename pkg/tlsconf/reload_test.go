@@ -33,7 +33,7 @@ type crlSetup struct {
 	clients              map[string]tlsconf.Files
 }
 
-func newCRLSetup(t *testing.T) *crlSetup {
+func newCRLSetup(t testing.TB) *crlSetup {
 	t.Helper()
 	s := &crlSetup{dir: t.TempDir(), clients: map[string]tlsconf.Files{}}
 	var err error
@@ -59,7 +59,7 @@ func newCRLSetup(t *testing.T) *crlSetup {
 }
 
 // writeCRL replaces the CRL file atomically with body.
-func (s *crlSetup) writeCRL(t *testing.T, body []byte) {
+func (s *crlSetup) writeCRL(t testing.TB, body []byte) {
 	t.Helper()
 	tmp := s.crlPath + ".new"
 	if err := os.WriteFile(tmp, body, 0o644); err != nil {
@@ -70,7 +70,7 @@ func (s *crlSetup) writeCRL(t *testing.T, body []byte) {
 	}
 }
 
-func (s *crlSetup) crl(t *testing.T, number int64, next time.Time, revoked ...pki.Pair) []byte {
+func (s *crlSetup) crl(t testing.TB, number int64, next time.Time, revoked ...pki.Pair) []byte {
 	t.Helper()
 	b, err := s.ca.CRL(number, next, revoked...)
 	if err != nil {
@@ -80,7 +80,7 @@ func (s *crlSetup) crl(t *testing.T, number int64, next time.Time, revoked ...pk
 }
 
 // serve starts an HTTPS server with st answering the client's CN.
-func serve(t *testing.T, st *tlsconf.ServerTLS) *httptest.Server {
+func serve(t testing.TB, st *tlsconf.ServerTLS) *httptest.Server {
 	t.Helper()
 	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.TLS.PeerCertificates[0].Subject.CommonName)
@@ -92,7 +92,7 @@ func serve(t *testing.T, st *tlsconf.ServerTLS) *httptest.Server {
 }
 
 // serveEmptyCRL serves a new setup's server with a current list that revokes nothing.
-func serveEmptyCRL(t *testing.T) (*crlSetup, *tlsconf.ServerTLS, *httptest.Server) {
+func serveEmptyCRL(t testing.TB) (*crlSetup, *tlsconf.ServerTLS, *httptest.Server) {
 	t.Helper()
 	s := newCRLSetup(t)
 	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
