@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"os"
 	"testing"
 	"time"
 
@@ -107,15 +106,7 @@ func TestRevocationAfterCacheFilled(t *testing.T) {
 		t.Error("CheckChain passed bob's revoked chain")
 	}
 
-	newCA, _ := pki.NewCA("next-ca")
-	if err := os.WriteFile(s.caPath, newCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	crl, _ := newCA.CRL(1, time.Now().Add(time.Hour))
-	s.writeCRL(t, crl)
-	if err := st.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	s.replaceCA(t, st)
 	if ok, reused := getReused(t, alice, ts.URL); ok || !reused {
 		t.Errorf("alice's CA left the bundle: served %v on her open connection (reused %v), want 401 on it", ok, reused)
 	}

@@ -164,17 +164,25 @@ func CheckCRL(caFile, crlFile string) error {
 	return err
 }
 
-// readCRLs parses the CRLs of a PEM file ("X509 CRL" blocks) or one DER CRL.
+// readCRLs parses the CRLs of a PEM file ("X509 CRL" blocks) or one DER CRL. A file that
+// ends inside a PEM block, or holds one that does not decode, is refused: it is being
+// written in place (or was cut), and taking the blocks that do decode would forget the
+// lists of the others.
 func readCRLs(path string) ([]*x509.RevocationList, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("revocation list: read %w", err)
 	}
 	var ders [][]byte
+	blocks := 0
 	for blk, rest := pem.Decode(b); blk != nil; blk, rest = pem.Decode(rest) {
+		blocks++
 		if blk.Type == "X509 CRL" {
 			ders = append(ders, blk.Bytes)
 		}
+	}
+	if begins := pemBegins(b); begins != blocks {
+		return nil, fmt.Errorf("revocation list %s: %d of its %d PEM blocks do not decode (the file ends inside a block: written in place and read half-written?)", path, begins-blocks, begins)
 	}
 	if len(ders) == 0 {
 		ders = [][]byte{b} // (DER)
@@ -191,6 +199,17 @@ func readCRLs(path string) ([]*x509.RevocationList, error) {
 		out = append(out, crl)
 	}
 	return out, nil
+}
+
+// pemBegins counts the lines of b that open a PEM block, as pem.Decode finds them.
+func pemBegins(b []byte) int {
+	n := 0
+	for line := range bytes.Lines(b) {
+		if bytes.HasPrefix(line, []byte("-----BEGIN ")) {
+			n++
+		}
+	}
+	return n
 }
 
 // handledCritical refuses a list with a critical extension this package does not act on
@@ -250,6 +269,9 @@ func (s *ServerTLS) Reload() error {
 	defer s.mu.Unlock()
 	if err == nil && s.trust != nil {
 		err = noRollback(s.trust.crls, t.crls, s.files.CRL)
+		if err == nil {
+			err = noListDropped(s.trust.crls, t, s.files.CRL)
+		}
 	}
 	if err != nil {
 		s.failed, s.failedAt = err, time.Now()
@@ -274,6 +296,21 @@ func noRollback(cur, next []*x509.RevocationList, path string) error {
 			if n.Number.Cmp(c.Number) < 0 {
 				return fmt.Errorf("revocation list %s: number %v of %q is below %v, the list in force (an older list would un-revoke)", path, n.Number, n.Issuer.String(), c.Number)
 			}
+		}
+	}
+	return nil
+}
+
+// noListDropped refuses a reading that lost the list of a CA it still trusts: a file cut
+// (or half written) at a block boundary parses, but taking it would un-revoke every
+// certificate of that CA. A CA's list goes with the CA (out of the bundle) or with a
+// restart without --tls-crl.
+func noListDropped(cur []*x509.RevocationList, next *clientTrust, path string) error {
+	for _, c := range cur {
+		trusted := slices.ContainsFunc(next.cas, func(ca *x509.Certificate) bool { return bytes.Equal(ca.RawSubject, c.RawIssuer) })
+		kept := slices.ContainsFunc(next.crls, func(n *x509.RevocationList) bool { return bytes.Equal(n.RawIssuer, c.RawIssuer) })
+		if trusted && !kept {
+			return fmt.Errorf("revocation list %s: the list of %q is gone while its CA stays in the client CA bundle (a file cut or half written? forgetting it would un-revoke)", path, c.Issuer.String())
 		}
 	}
 	return nil

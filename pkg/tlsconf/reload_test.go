@@ -271,6 +271,21 @@ func TestCRLReload(t *testing.T) {
 	}
 }
 
+// replaceCA rewrites the client CA bundle with another CA (and its list) and reloads st:
+// the clients of s.ca are no longer trusted.
+func (s *crlSetup) replaceCA(t *testing.T, st *tlsconf.ServerTLS) {
+	t.Helper()
+	newCA, _ := pki.NewCA("next-ca")
+	if err := os.WriteFile(s.caPath, newCA.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crl, _ := newCA.CRL(1, time.Now().Add(time.Hour))
+	s.writeCRL(t, crl)
+	if err := st.Reload(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestClientCAReload: a client CA bundle rewritten without a CA refuses that CA's clients
 // on the next handshake, resumed sessions included (CheckChain in VerifyConnection).
 func TestClientCAReload(t *testing.T) {
@@ -281,15 +296,7 @@ func TestClientCAReload(t *testing.T) {
 	if !get(hc, ts.URL) {
 		t.Fatal("setup: alice refused")
 	}
-	newCA, _ := pki.NewCA("next-ca")
-	if err := os.WriteFile(s.caPath, newCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	crl, _ := newCA.CRL(1, time.Now().Add(time.Hour))
-	s.writeCRL(t, crl)
-	if err := st.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	s.replaceCA(t, st)
 	if get(hc, ts.URL) {
 		t.Error("alice's CA left the bundle but her resumed session was served")
 	}
@@ -378,5 +385,82 @@ func TestCRLRefusesCriticalExtension(t *testing.T) {
 	s.writeCRL(t, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der}))
 	if _, err := tlsconf.NewServer(s.server, "--tls-crl"); err == nil || !strings.Contains(err.Error(), "2.5.29.27") {
 		t.Errorf("a delta CRL was taken as a complete list: %v", err)
+	}
+}
+
+// TestCRLHalfWritten: a CRL file holding two CAs' lists, rewritten in place in two steps,
+// is never taken half written: cut inside the second list, inside the first, or exactly
+// between them, the reload is refused and both CAs' revocations stay in force; the whole
+// file is then taken.
+func TestCRLHalfWritten(t *testing.T) {
+	s := newCRLSetup(t)
+	ca2, err := pki.NewCA("crl-test-ca-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.caPath, append(append([]byte{}, s.ca.CertPEM...), ca2.CertPEM...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dave, _ := ca2.Issue(pki.Options{CommonName: "dave", Client: true})
+	erin, _ := ca2.Issue(pki.Options{CommonName: "erin", Client: true})
+	chain2 := func(p pki.Pair) []*x509.Certificate {
+		c := s.verifiedChain(t, p)
+		c[1] = ca2.Cert
+		return c
+	}
+	lists := func(n int64, revoked1, revoked2 pki.Pair) (first, second []byte) {
+		first = s.crl(t, n, time.Now().Add(time.Hour), revoked1)
+		second, err := ca2.CRL(n, time.Now().Add(time.Hour), revoked2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return first, second
+	}
+	a, b := lists(1, s.bob, dave)
+	s.writeCRL(t, append(append([]byte{}, a...), b...))
+	st, err := tlsconf.NewServer(s.server, "--tls-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inForce := func(what string) {
+		t.Helper()
+		for name, c := range map[string][]*x509.Certificate{"bob": s.verifiedChain(t, s.bob), "dave": chain2(dave)} {
+			if st.CheckChain(c) == nil {
+				t.Errorf("%s: %s's revocation forgotten", what, name)
+			}
+		}
+		if err := st.CheckChain(s.verifiedChain(t, s.alice)); err != nil {
+			t.Errorf("%s: alice refused: %v", what, err)
+		}
+	}
+	inForce("setup")
+
+	// The next file revokes erin too; written in place, step one leaves it cut.
+	a, b = lists(2, s.bob, erin)
+	whole := append(append([]byte{}, a...), b...)
+	for name, cut := range map[string]int{"inside the second list": len(a) + len(b)/2, "inside the first list": len(a) / 2,
+		"between the lists": len(a), "inside the second list's last line": len(whole) - 3} {
+		if err := os.WriteFile(s.crlPath, whole[:cut], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Reload(); err == nil {
+			t.Errorf("cut %s: the reload took it", name)
+		}
+		inForce("cut " + name)
+		if w := st.Warning(); !strings.Contains(w, "stay in force") {
+			t.Errorf("cut %s: warning %q", name, w)
+		}
+	}
+	if err := os.WriteFile(s.crlPath, whole, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Reload(); err != nil || st.Warning() != "" {
+		t.Fatalf("the whole file: %v, warning %q", err, st.Warning())
+	}
+	if st.CheckChain(chain2(erin)) == nil || st.CheckChain(s.verifiedChain(t, s.bob)) == nil {
+		t.Error("the whole file: erin or bob not revoked")
+	}
+	if err := st.CheckChain(chain2(dave)); err != nil {
+		t.Errorf("the whole file: dave (no longer listed) refused: %v", err)
 	}
 }
