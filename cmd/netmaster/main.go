@@ -47,6 +47,11 @@ func env(names ...string) []string {
 }
 
 func main() {
+	// SIGHUP asks for a reload of the token, client CA and CRL files (filewatch.Reloader);
+	// until a reloader listens (after etcd and the API are up, or never without such files)
+	// its default action would kill netmaster. Taken here, before anything slow, it is
+	// dropped until then: the reloaders read every file when they start anyway.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 	app := &cli.App{
 		Name:    "netmaster",
 		Usage:   "Contiv-compatible network control plane (REST API, IPAM, leader election)",
