@@ -252,15 +252,45 @@ func newSecureEnv(t *testing.T, tokenLines string) *secureEnv {
 // files a client presents it with.
 func (s *secureEnv) issue(name, role string, from *pki.CA, validity time.Duration) tlsconf.Files {
 	s.t.Helper()
-	p, err := from.Issue(pki.Options{CommonName: name, Organization: []string{role}, Client: true, Validity: validity})
+	_, f := s.issuePair(from, pki.Options{CommonName: name, Organization: []string{role}, Client: true, Validity: validity})
+	return f
+}
+
+// issuePair writes a certificate of from as o says (file names from its CN) and returns it
+// with the files a client presents it with.
+func (s *secureEnv) issuePair(from *pki.CA, o pki.Options) (pki.Pair, tlsconf.Files) {
+	s.t.Helper()
+	p, err := from.Issue(o)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	c, k, err := p.Write(s.dir, name)
+	c, k, err := p.Write(s.dir, strings.ReplaceAll(o.CommonName, ":", "_"))
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return tlsconf.Files{CA: s.caPath, Cert: c, Key: k}
+	return p, tlsconf.Files{CA: s.caPath, Cert: c, Key: k}
+}
+
+// writeCRL replaces the list at path (written beside it and renamed over) with the CA's
+// list number n revoking revoked.
+func (s *secureEnv) writeCRL(path string, n int64, revoked ...pki.Pair) {
+	s.t.Helper()
+	b, err := s.ca.CRL(n, time.Now().Add(time.Hour), revoked...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.replace(path, b)
+}
+
+// replace writes body beside path and renames it over.
+func (s *secureEnv) replace(path string, body []byte) {
+	s.t.Helper()
+	if err := os.WriteFile(path+".new", body, 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // start runs one netmaster per name on etcdURL, serving HTTPS.

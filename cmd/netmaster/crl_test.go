@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,39 +20,13 @@ import (
 func TestCertRevocation(t *testing.T) {
 	sec := newSecureEnv(t, fmt.Sprintf("%s admin alice\n%s netmaster peers\n", tAdmin, tPeer))
 	crlPath := filepath.Join(sec.dir, "ca.crl")
-	writeCRL := func(body []byte) {
-		t.Helper()
-		if err := os.WriteFile(crlPath+".new", body, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(crlPath+".new", crlPath); err != nil {
-			t.Fatal(err)
-		}
-	}
-	crl := func(n int64, revoked ...pki.Pair) []byte {
-		t.Helper()
-		b, err := sec.ca.CRL(n, time.Now().Add(time.Hour), revoked...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	issue := func(name, role string) (pki.Pair, tlsconf.Files) {
-		t.Helper()
-		p, err := sec.ca.Issue(pki.Options{CommonName: name, Organization: []string{role}, Client: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, k, err := p.Write(sec.dir, strings.ReplaceAll(name, ":", "_"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p, tlsconf.Files{CA: sec.caPath, Cert: c, Key: k}
+		return sec.issuePair(sec.ca, pki.Options{CommonName: name, Organization: []string{role}, Client: true})
 	}
 	agentPair, agentFiles := issue("host:crl-h1", "agent")
 	userPair, userFiles := issue("mallory", "admin")
 	_, keptFiles := issue("carol", "read-only")
-	writeCRL(crl(1))
+	sec.writeCRL(crlPath, 1)
 	sec.flags = append(sec.flags, "--tls-crl", crlPath)
 	ps := sec.start(t, statetest.Etcd(t), "nm-crl-a", "nm-crl-b")
 	admin := sec.client(t, tAdmin)
@@ -85,7 +58,7 @@ func TestCertRevocation(t *testing.T) {
 		}
 	}
 
-	writeCRL(crl(2, agentPair, userPair))
+	sec.writeCRL(crlPath, 2, agentPair, userPair)
 	for _, p := range ps {
 		for _, who := range []string{"agent", "user"} {
 			eventually(t, 10*time.Second, who+" refused by "+p.name, func() error {
@@ -106,7 +79,7 @@ func TestCertRevocation(t *testing.T) {
 		}
 	}
 
-	writeCRL([]byte("not a revocation list\n"))
+	sec.replace(crlPath, []byte("not a revocation list\n"))
 	for _, p := range ps {
 		eventually(t, 10*time.Second, p.name+" /healthz warns of the broken list", func() error {
 			if st, out := admin.call(t, "GET", p.url+"/healthz", ""); st != 200 || !strings.Contains(out, "stay in force") {

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,7 +69,7 @@ func main() {
 			&cli.StringFlag{Name: "etcd-server-cert", EnvVars: env("ETCD_SERVER_CERT"), Usage: "embedded etcd serves TLS with this certificate `FILE` (https:// client URL; with --etcd-server-key)"},
 			&cli.StringFlag{Name: "etcd-server-key", EnvVars: env("ETCD_SERVER_KEY"), Usage: "private key `FILE` of --etcd-server-cert"},
 			&cli.StringFlag{Name: "etcd-client-ca", EnvVars: env("ETCD_CLIENT_CA"), Usage: "embedded etcd accepts only client certificates signed by this CA `FILE`"},
-			&cli.StringFlag{Name: "etcd-client-crl", EnvVars: env("ETCD_CLIENT_CRL"), Usage: "embedded etcd refuses the client certificates this revocation list `FILE` names (signed by --etcd-client-ca; etcd reads it at every connection: a broken file refuses every new connection)"},
+			&cli.StringFlag{Name: "etcd-client-crl", EnvVars: env("ETCD_CLIENT_CRL"), Usage: "embedded etcd refuses the client certificates this revocation list `FILE` names (one PEM or DER X.509 CRL signed by --etcd-client-ca; reloaded on change and SIGHUP, the last good list stays in force if it breaks)"},
 			&cli.BoolFlag{Name: "etcd-rbac", Value: true, EnvVars: env("ETCD_RBAC"), Usage: "with the embedded etcd's --etcd-client-ca: turn etcd's auth on (--etcd-cert's CN and root are root) and give each agent bound to its host a user host:<host> that writes only that host's keys (agents' etcd certificates need CN host:<host>); with --etcd-endpoints and --etcd-cert: never turns auth on, but once it is on (and --etcd-cert's CN is root) manages the agents' users too; false: netmaster manages no etcd users and leaves etcd's auth as it is (off unless an earlier start turned it on: then every client certificate reads and writes every key)"},
 			&cli.StringFlag{Name: "etcd-listen-peer-url", EnvVars: env("ETCD_LISTEN_PEER_URL"), Usage: "embedded etcd peer `URL` (default: client port + 1)"},
 			&cli.StringFlag{Name: "mode", Aliases: []string{"plugin-mode", "cluster-mode"}, Value: "docker", EnvVars: env("MODE"), Usage: "docker | kubernetes | swarm-mode"},
@@ -259,12 +260,25 @@ func configFrom(c *cli.Context) (config, error) {
 		if cfg.etcdRBAC = c.Bool("etcd-rbac") && cfg.etcdServer.CA != ""; cfg.etcdRBAC && cfg.etcdTLS.Cert == "" {
 			return cfg, errors.New("--etcd-rbac with --etcd-client-ca: give netmaster's own --etcd-cert/--etcd-key (its CN becomes etcd's root user), or --etcd-rbac=false")
 		}
-	} else if !cfg.etcdServer.Empty() {
-		return cfg, errors.New("--etcd-server-cert/--etcd-server-key/--etcd-client-ca configure the embedded etcd: not with --etcd-endpoints")
+	} else if given := embeddedEtcdFlags(cfg.etcdServer); given != "" {
+		return cfg, fmt.Errorf("%s: only for the embedded etcd, ignored with --etcd-endpoints: configure that cluster itself (etcd --client-crl-file for a revocation list)", given)
 	} else {
 		cfg.joinRBAC = c.Bool("etcd-rbac") && cfg.etcdTLS.Cert != ""
 	}
 	return cfg, nil
+}
+
+// embeddedEtcdFlags names the flags of f (the embedded etcd's listener) that are set, ""
+// when none is.
+func embeddedEtcdFlags(f tlsconf.Files) string {
+	var given []string
+	for _, fl := range []struct{ name, value string }{{"--etcd-server-cert", f.Cert}, {"--etcd-server-key", f.Key},
+		{"--etcd-client-ca", f.CA}, {"--etcd-client-crl", f.CRL}} {
+		if fl.value != "" {
+			given = append(given, fl.name)
+		}
+	}
+	return strings.Join(given, ", ")
 }
 
 // hostIP is the first global-unicast IPv4 address of an up interface, else 127.0.0.1.
@@ -289,14 +303,20 @@ func hostIP() string {
 
 func run(ctx context.Context, cfg config) (err error) {
 	endpoints := cfg.etcdEndpoints
+	var health []func() string // more /healthz warnings
 	if len(endpoints) == 0 {
-		if cfg.etcdServer.CRL != "" {
-			if err := tlsconf.CheckCRL(cfg.etcdServer.CA, cfg.etcdServer.CRL); err != nil {
-				return fmt.Errorf("--etcd-client-crl: %w", err)
-			}
+		etcdCRL, err := etcdCRLCopy(cfg)
+		if err != nil {
+			return err
 		}
-		srv, err := etcdembed.Start(ctx, etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer,
-			QuotaBytes: cfg.etcdQuota, CertFile: cfg.etcdServer.Cert, KeyFile: cfg.etcdServer.Key, ClientCAFile: cfg.etcdServer.CA, ClientCRLFile: cfg.etcdServer.CRL})
+		ecfg := etcdembed.Config{DataDir: cfg.etcdDir, ClientURL: cfg.etcdClient, PeerURL: cfg.etcdPeer,
+			QuotaBytes: cfg.etcdQuota, CertFile: cfg.etcdServer.Cert, KeyFile: cfg.etcdServer.Key, ClientCAFile: cfg.etcdServer.CA}
+		if etcdCRL != nil {
+			ecfg.ClientCRLFile = etcdCRL.Path()
+			go etcdCRL.Follow(ctx, slog.Default())
+			health = append(health, etcdCRL.Warning)
+		}
+		srv, err := etcdembed.Start(ctx, ecfg)
 		if err != nil {
 			return err
 		}
@@ -351,7 +371,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		Store: store, ListenAddr: cfg.listen, ControlAddr: cfg.control, RPCPort: cfg.rpcPort,
 		API: m.Handler(), LeaderTTL: cfg.leaderTTL, ServiceTTL: cfg.serviceTTL,
 		Version: buildinfo.Get().Version, Hostname: hostname, MaxConns: cfg.maxConns, EtcdQuota: cfg.etcdQuota,
-		Collectors: m.Collectors(),
+		Collectors: m.Collectors(), HealthWarnings: health,
 	}
 	stls, err := securityConfig(cfg, &nc)
 	if err != nil {
@@ -384,6 +404,19 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 	}
 	return cluster.Serve(ctx, nc)
+}
+
+// etcdCRLCopy is the embedded etcd's copy of --etcd-client-crl (nil without one): etcd
+// reads one DER list at every connection and checks nothing, so it reads netmaster's copy
+// in its data directory, which holds the last list that passed (tlsconf.CRLCopy).
+func etcdCRLCopy(cfg config) (*tlsconf.CRLCopy, error) {
+	if cfg.etcdServer.CRL == "" {
+		return nil, nil
+	}
+	if err := os.MkdirAll(cfg.etcdDir, 0o700); err != nil {
+		return nil, fmt.Errorf("--etcd-data-dir: %w", err)
+	}
+	return tlsconf.NewCRLCopy(cfg.etcdServer.CA, cfg.etcdServer.CRL, filepath.Join(cfg.etcdDir, "client-crl.der"), "--etcd-client-crl")
 }
 
 // k8sSyncers are the Kubernetes Services and NetworkPolicy syncers of --k8s-config (or of

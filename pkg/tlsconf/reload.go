@@ -28,8 +28,16 @@ type ServerTLS struct {
 	// Config is the config to serve with. Its fields may be changed before serving
 	// (ClientAuth, NextProtos): every handshake starts from a copy of it.
 	Config *tls.Config
-	files  Files
-	what   string
+	trustState
+}
+
+// trustState is what a follower of a client CA bundle and its revocation lists holds: the
+// last good reading and why the last reload failed.
+type trustState struct {
+	files Files
+	what  string
+	// kept says what stays in force after a failed reload (in Warning).
+	kept string
 
 	mu       sync.RWMutex
 	trust    *clientTrust // last good reading of files.CA and files.CRL (nil: no client CA)
@@ -110,7 +118,8 @@ func NewServer(f Files, what string) (*ServerTLS, error) {
 	if f.CRL != "" && f.CA == "" {
 		return nil, fmt.Errorf("%s: a revocation list needs the client CA that signed it", what)
 	}
-	s := &ServerTLS{Config: &tls.Config{MinVersion: tls.VersionTLS12}, files: f, what: what}
+	s := &ServerTLS{Config: &tls.Config{MinVersion: tls.VersionTLS12},
+		trustState: trustState{files: f, what: what, kept: "the revocation list and the client CAs (less any removed since)"}}
 	if err := loadPair(f, s.Config, what); err != nil {
 		return nil, err
 	}
@@ -152,16 +161,6 @@ func readTrust(f Files) (*clientTrust, error) {
 		}
 	}
 	return t, nil
-}
-
-// CheckCRL checks that the CRL file crlFile parses and that each list in it is signed by a
-// CA of the bundle caFile (for a server that reads the list itself, the embedded etcd).
-func CheckCRL(caFile, crlFile string) error {
-	if caFile == "" {
-		return errors.New("a revocation list needs the client CA that signed it")
-	}
-	_, err := readTrust(Files{CA: caFile, CRL: crlFile})
-	return err
 }
 
 // readCRLs parses the CRLs of a PEM file ("X509 CRL" blocks) or one DER CRL. A file that
@@ -264,15 +263,9 @@ func (s *ServerTLS) Reload() error {
 	if s.files.CA == "" {
 		return nil
 	}
-	t, err := readTrust(s.files)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err == nil && s.trust != nil {
-		err = noRollback(s.trust.crls, t.crls, s.files.CRL)
-		if err == nil {
-			err = noListDropped(s.trust.crls, t, s.files.CRL)
-		}
-	}
+	t, err := readNext(s.trust, s.files)
 	if err != nil {
 		s.failed, s.failedAt = err, time.Now()
 		if _, cas, cerr := loadCAs(s.files.CA); cerr == nil && s.trust != nil {
@@ -282,6 +275,22 @@ func (s *ServerTLS) Reload() error {
 	}
 	s.trust, s.failed = t, nil
 	return nil
+}
+
+// readNext reads f again while cur is in force: the new reading, or why it cannot be
+// taken (a broken file, or lists that would un-revoke).
+func readNext(cur *clientTrust, f Files) (*clientTrust, error) {
+	t, err := readTrust(f)
+	if err != nil || cur == nil {
+		return t, err
+	}
+	if err := noRollback(cur.crls, t.crls, f.CRL); err != nil {
+		return nil, err
+	}
+	if err := noListDropped(cur.crls, t, f.CRL); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // noRollback refuses lists that go back: a list whose CRL number is below the number of
@@ -334,6 +343,11 @@ const FollowEvery = 2 * time.Second
 
 // Follow reloads the client CA and CRL when a file changes and on SIGHUP until ctx ends.
 func (s *ServerTLS) Follow(ctx context.Context, log *slog.Logger) {
+	s.follow(ctx, log, s.Reload)
+}
+
+// follow calls reload when the files of s change and on SIGHUP until ctx ends.
+func (s *trustState) follow(ctx context.Context, log *slog.Logger, reload func() error) {
 	if s.files.CA == "" {
 		return
 	}
@@ -341,21 +355,21 @@ func (s *ServerTLS) Follow(ctx context.Context, log *slog.Logger) {
 	if s.files.CRL != "" {
 		paths = append(paths, s.files.CRL)
 	}
-	filewatch.Reloader{What: s.what + " client CA and revocation list", Paths: paths, Reload: s.Reload,
+	filewatch.Reloader{What: s.what + " client CA and revocation list", Paths: paths, Reload: reload,
 		Failed: "the last good ones stay in force", Log: log}.Follow(ctx, FollowEvery)
 }
 
 // Warning is "" while the CA and CRL in force are the files' current contents and no CRL
 // is past its NextUpdate; otherwise what is wrong (for /healthz). An expired CRL stays in
 // force: forgetting its revocations would be worse than enforcing a stale list.
-func (s *ServerTLS) Warning() string {
+func (s *trustState) Warning() string {
 	s.mu.RLock()
 	t, failed, at := s.trust, s.failed, s.failedAt
 	s.mu.RUnlock()
 	var w []string
 	if failed != nil {
-		w = append(w, fmt.Sprintf("%s: reload at %s failed, the revocation list and the client CAs (less any removed since) read at %s stay in force: %v",
-			s.what, at.UTC().Format(time.RFC3339), t.read.UTC().Format(time.RFC3339), failed))
+		w = append(w, fmt.Sprintf("%s: reload at %s failed, %s read at %s stay in force: %v",
+			s.what, at.UTC().Format(time.RFC3339), s.kept, t.read.UTC().Format(time.RFC3339), failed))
 	}
 	if t != nil {
 		now := time.Now()
@@ -370,7 +384,7 @@ func (s *ServerTLS) Warning() string {
 }
 
 // current is the trust in force.
-func (s *ServerTLS) current() *clientTrust {
+func (s *trustState) current() *clientTrust {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.trust

@@ -1,0 +1,81 @@
+package tlsconf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// CRLCopy feeds a server that reads one DER revocation list from a file by itself, at
+// every new connection and without checking it (the embedded etcd: a PEM list, a list
+// half written or one of another CA would refuse every connection or un-revoke), from the
+// list file an operator writes (PEM or DER, signed by a CA of the bundle). The copy holds
+// the last list taken as ServerTLS takes one: it parsed whole, is signed by a CA of the
+// bundle, and neither goes back nor drops a CA's list; a list refused leaves the copy as
+// it was and Warning says so.
+type CRLCopy struct {
+	trustState
+	dst string
+}
+
+// NewCRLCopy checks the list crlFile against the CA bundle caFile and writes it to dst, in
+// DER. what names the flag in errors. The server reads the bundle only at start, so the
+// file may hold one list only (of the CA that issued the clients' certificates).
+func NewCRLCopy(caFile, crlFile, dst, what string) (*CRLCopy, error) {
+	if caFile == "" {
+		return nil, fmt.Errorf("%s: a revocation list needs the client CA that signed it", what)
+	}
+	c := &CRLCopy{trustState: trustState{files: Files{CA: caFile, CRL: crlFile}, what: what, kept: "the revocation list"}, dst: dst}
+	t, err := readTrust(c.files)
+	if err == nil {
+		err = c.write(t)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	c.trust = t
+	return c, nil
+}
+
+// Path is the file the copy is written to (the server's list).
+func (c *CRLCopy) Path() string { return c.dst }
+
+// write replaces the copy with t's list (written beside it and renamed over: the server
+// never reads half of it).
+func (c *CRLCopy) write(t *clientTrust) error {
+	if len(t.crls) != 1 {
+		return fmt.Errorf("revocation list %s: holds %d lists; the embedded etcd reads one (of --etcd-client-ca's CA)", c.files.CRL, len(t.crls))
+	}
+	tmp := c.dst + ".new"
+	if err := os.WriteFile(tmp, t.crls[0].Raw, 0o644); err != nil {
+		return fmt.Errorf("revocation list: write the server's copy: %w", err)
+	}
+	if err := os.Rename(tmp, c.dst); err != nil {
+		return errors.Join(fmt.Errorf("revocation list: replace the server's copy: %w", err), os.Remove(tmp))
+	}
+	return nil
+}
+
+// Reload reads the list again and, when it can be taken, replaces the copy with it.
+func (c *CRLCopy) Reload() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, err := readNext(c.trust, c.files)
+	if err == nil {
+		err = c.write(t)
+	}
+	if err != nil {
+		c.failed, c.failedAt = err, time.Now()
+		return err
+	}
+	c.trust, c.failed = t, nil
+	return nil
+}
+
+// Follow reloads the list when it or the bundle changes and on SIGHUP until ctx ends.
+func (c *CRLCopy) Follow(ctx context.Context, log *slog.Logger) {
+	c.follow(ctx, log, c.Reload)
+}

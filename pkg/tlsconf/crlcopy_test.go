@@ -1,0 +1,83 @@
+package tlsconf_test
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/pki"
+	"github.com/contivbpf/contivbpf/pkg/tlsconf"
+)
+
+// TestCRLCopy: the copy a server reads (the embedded etcd: one DER list, unchecked) is the
+// operator's PEM list in DER; a rewritten list replaces it, a list that is broken, half
+// written, foreign, older or holds two lists leaves it as it was and Warning says so.
+func TestCRLCopy(t *testing.T) {
+	s := newCRLSetup(t)
+	dst := filepath.Join(s.dir, "copy.der")
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	c, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokes := func(p pki.Pair) bool {
+		t.Helper()
+		der, err := os.ReadFile(c.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		crl, err := x509.ParseRevocationList(der) // (what etcd does with it)
+		if err != nil {
+			t.Fatalf("the copy is not one DER list: %v", err)
+		}
+		serial, _ := p.Serial()
+		for _, e := range crl.RevokedCertificateEntries {
+			if e.SerialNumber.Cmp(serial) == 0 {
+				return true
+			}
+		}
+		return false
+	}
+	if revokes(s.bob) {
+		t.Fatal("setup: bob revoked by an empty list")
+	}
+	s.writeCRL(t, s.crl(t, 2, time.Now().Add(time.Hour), s.bob))
+	if err := c.Reload(); err != nil || !revokes(s.bob) || c.Warning() != "" {
+		t.Fatalf("a list revoking bob: %v, in the copy %v, warning %q", err, revokes(s.bob), c.Warning())
+	}
+	good := s.crl(t, 3, time.Now().Add(time.Hour), s.bob)
+	other, _ := pki.NewCA("other-ca")
+	foreign, _ := other.CRL(4, time.Now().Add(time.Hour))
+	blk, _ := pem.Decode(good)
+	for name, body := range map[string][]byte{"garbage": []byte("junk\n"), "half written": good[:len(good)/2],
+		"DER half written": blk.Bytes[:len(blk.Bytes)/2], "foreign": foreign, "older": s.crl(t, 1, time.Now().Add(time.Hour)),
+		"two lists": append(append([]byte{}, good...), good...)} {
+		s.writeCRL(t, body)
+		if err := c.Reload(); err == nil {
+			t.Errorf("%s list taken", name)
+		}
+		if !revokes(s.bob) {
+			t.Errorf("%s list: bob's revocation left the copy", name)
+		}
+		if w := c.Warning(); !strings.Contains(w, "stay in force") {
+			t.Errorf("%s list: warning %q", name, w)
+		}
+	}
+	s.writeCRL(t, good)
+	if err := c.Reload(); err != nil || c.Warning() != "" {
+		t.Errorf("a good list again: %v, warning %q", err, c.Warning())
+	}
+	if b, _ := os.ReadFile(c.Path()); !bytes.Equal(b, blk.Bytes) {
+		t.Error("the copy is not the list's DER")
+	}
+
+	s.writeCRL(t, append(append([]byte{}, good...), good...))
+	if _, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl"); err == nil || !strings.Contains(err.Error(), "--etcd-client-crl") {
+		t.Errorf("two lists at start: %v; want a refusal naming the flag", err)
+	}
+}
