@@ -56,10 +56,10 @@ func getReused(t *testing.T, hc *http.Client, url string) (ok, reused bool) {
 	return resp.StatusCode == http.StatusOK, reused
 }
 
-// TestCheckChainCached (issue 34, review of item 7): CheckChain runs on every request, so
+// TestRevocationCheckCached (issue 34, review of item 7): CheckChain runs on every request, so
 // after the first call for a chain it does not verify it again (x509.Verify: ~100 us and
 // hundreds of allocations); it costs a look-up and the revocation check.
-func TestCheckChainCached(t *testing.T) {
+func TestRevocationCheckCached(t *testing.T) {
 	s, st, _ := serveEmptyCRL(t)
 	chain := s.verifiedChain(t, s.alice)
 	if err := st.CheckChain(chain); err != nil {
@@ -112,9 +112,9 @@ func TestRevocationAfterCacheFilled(t *testing.T) {
 	}
 }
 
-// TestCachedChainExpires: a chain verified and cached while valid is refused once a
+// TestRevocationCacheExpiry: a chain verified and cached while valid is refused once a
 // certificate of it expires (Verify checked the dates only when it was cached).
-func TestCachedChainExpires(t *testing.T) {
+func TestRevocationCacheExpiry(t *testing.T) {
 	s, st, _ := serveEmptyCRL(t)
 	short, err := s.ca.Issue(pki.Options{CommonName: "short", Client: true, Validity: time.Second})
 	if err != nil {
