@@ -28,10 +28,11 @@ type Config struct {
 	// client URL must then be https://. ClientCAFile turns on client-certificate
 	// authentication: only certificates signed by it may connect.
 	CertFile, KeyFile, ClientCAFile string
-	// ClientCRLFile is a revocation list of client (and peer) certificates. etcd reads it
-	// at every new connection without checking its signature (the caller does, at start):
-	// a rewritten list takes effect at once, and a file that cannot be read or parsed
-	// refuses every new connection until it is fixed. The client CA is read once.
+	// ClientCRLFile is a revocation list of client (and peer) certificates: one list, in
+	// DER. etcd reads it at every new connection without checking its signature (the
+	// caller hands it a checked copy, tlsconf.CRLCopy): a rewritten list takes effect at
+	// once, and a file that cannot be read or parsed (PEM included) refuses every new
+	// connection until it is fixed. The client CA is read once.
 	ClientCRLFile string
 	// MaxTxnOps is the most operations one transaction may hold (0: 8192; etcd's own
 	// default of 128 is too small for a policy of more than ~60 rules attached at once).

@@ -405,6 +405,11 @@ func (s *ServerTLS) verifyConnection(cs tls.ConnectionState) error {
 	if len(cs.PeerCertificates) == 0 {
 		return nil // (ClientAuth decides whether that is allowed)
 	}
+	if len(cs.VerifiedChains) > 0 {
+		// The chain the auth layer checks on every request: the verification this
+		// handshake caches serves those requests too.
+		return s.CheckChain(cs.VerifiedChains[0])
+	}
 	return s.CheckChain(cs.PeerCertificates)
 }
 
