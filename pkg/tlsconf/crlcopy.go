@@ -59,11 +59,18 @@ func (c *CRLCopy) write(t *clientTrust) error {
 	return nil
 }
 
-// Reload reads the list again and, when it can be taken, replaces the copy with it.
+// Reload reads the list again and, when it can be taken, replaces the copy with it. The
+// list is checked against the CA bundle as NewCRLCopy read it, which the server goes on
+// trusting: a list of a CA added to the file since (a bundle rotated before the restart)
+// would stand in for the list of a CA the server still trusts and un-revoke its
+// certificates (etcd matches serials alone).
 func (c *CRLCopy) Reload() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t, err := readNext(c.trust, c.files)
+	t, err := withCRLs(c.trust.pool, c.trust.cas, c.files.CRL)
+	if err == nil {
+		err = takesOver(c.trust, t, c.files.CRL)
+	}
 	if err == nil {
 		err = c.write(t)
 	}
@@ -75,7 +82,8 @@ func (c *CRLCopy) Reload() error {
 	return nil
 }
 
-// Follow reloads the list when it or the bundle changes and on SIGHUP until ctx ends.
+// Follow reloads the list when it changes and on SIGHUP until ctx ends (not the bundle:
+// the server reads it only at start).
 func (c *CRLCopy) Follow(ctx context.Context, log *slog.Logger) {
-	c.follow(ctx, log, c.Reload)
+	c.follow(ctx, log, " revocation list", []string{c.files.CRL}, c.Reload)
 }

@@ -81,3 +81,46 @@ func TestCRLCopy(t *testing.T) {
 		t.Errorf("two lists at start: %v; want a refusal naming the flag", err)
 	}
 }
+
+// TestCRLCopyBundleReadOnce: the server reads the client CA bundle only at start, so the
+// copy is checked against the bundle as it was then. A bundle rewritten to another CA
+// (rotated, the restart still to come) with that CA's list beside it must not replace the
+// copy: the server still trusts the first CA, and a list of another CA (etcd matches serials
+// alone) would un-revoke that CA's certificates.
+func TestCRLCopyBundleReadOnce(t *testing.T) {
+	s := newCRLSetup(t)
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour), s.bob))
+	c, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, filepath.Join(s.dir, "copy.der"), "--etcd-client-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := pki.NewCA("next-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.caPath, next.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crl, err := next.CRL(1, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.writeCRL(t, crl)
+	if err := c.Reload(); err == nil {
+		t.Error("the list of a CA the server does not trust replaced the copy")
+	}
+	der, err := os.ReadFile(c.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := x509.ParseRevocationList(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(list.RawIssuer, s.ca.Cert.RawSubject) || len(list.RevokedCertificateEntries) != 1 {
+		t.Errorf("the copy is the list of %q revoking %d certificates; want the first CA's, revoking bob", list.Issuer, len(list.RevokedCertificateEntries))
+	}
+	if w := c.Warning(); !strings.Contains(w, "stay in force") {
+		t.Errorf("warning %q", w)
+	}
+}

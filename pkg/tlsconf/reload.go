@@ -145,16 +145,23 @@ func readTrust(f Files) (*clientTrust, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client CA: %w", err)
 	}
+	return withCRLs(pool, cas, f.CRL)
+}
+
+// withCRLs reads the CRL file crlFile ("": none) for the client CAs cas (the certificates
+// of pool). Every CRL in the file must be signed by one of them.
+func withCRLs(pool *x509.CertPool, cas []*x509.Certificate, crlFile string) (*clientTrust, error) {
 	t := &clientTrust{pool: pool, cas: cas, revoked: map[string]bool{}, read: time.Now(), verified: newVerifiedCache()}
-	if f.CRL == "" {
+	if crlFile == "" {
 		return t, nil
 	}
-	if t.crls, err = readCRLs(f.CRL); err != nil {
+	var err error
+	if t.crls, err = readCRLs(crlFile); err != nil {
 		return nil, err
 	}
 	for _, crl := range t.crls {
 		if err := signedByOneOf(crl, cas); err != nil {
-			return nil, fmt.Errorf("revocation list %s: %w", f.CRL, err)
+			return nil, fmt.Errorf("revocation list %s: %w", crlFile, err)
 		}
 		for _, e := range crl.RevokedCertificateEntries {
 			t.revoked[revokedKey(crl.RawIssuer, e.SerialNumber)] = true
@@ -284,13 +291,19 @@ func readNext(cur *clientTrust, f Files) (*clientTrust, error) {
 	if err != nil || cur == nil {
 		return t, err
 	}
-	if err := noRollback(cur.crls, t.crls, f.CRL); err != nil {
-		return nil, err
-	}
-	if err := noListDropped(cur.crls, t, f.CRL); err != nil {
+	if err := takesOver(cur, t, f.CRL); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// takesOver refuses next, a reading of the list file crlFile, in place of cur when it
+// would un-revoke: a list that goes back or a CA's list that is gone.
+func takesOver(cur, next *clientTrust, crlFile string) error {
+	if err := noRollback(cur.crls, next.crls, crlFile); err != nil {
+		return err
+	}
+	return noListDropped(cur.crls, next, crlFile)
 }
 
 // noRollback refuses lists that go back: a list whose CRL number is below the number of
@@ -343,11 +356,6 @@ const FollowEvery = 2 * time.Second
 
 // Follow reloads the client CA and CRL when a file changes and on SIGHUP until ctx ends.
 func (s *ServerTLS) Follow(ctx context.Context, log *slog.Logger) {
-	s.follow(ctx, log, s.Reload)
-}
-
-// follow calls reload when the files of s change and on SIGHUP until ctx ends.
-func (s *trustState) follow(ctx context.Context, log *slog.Logger, reload func() error) {
 	if s.files.CA == "" {
 		return
 	}
@@ -355,7 +363,13 @@ func (s *trustState) follow(ctx context.Context, log *slog.Logger, reload func()
 	if s.files.CRL != "" {
 		paths = append(paths, s.files.CRL)
 	}
-	filewatch.Reloader{What: s.what + " client CA and revocation list", Paths: paths, Reload: reload,
+	s.follow(ctx, log, " client CA and revocation list", paths, s.Reload)
+}
+
+// follow calls reload when a file of paths (what names them after s.what) changes and on
+// SIGHUP until ctx ends.
+func (s *trustState) follow(ctx context.Context, log *slog.Logger, what string, paths []string, reload func() error) {
+	filewatch.Reloader{What: s.what + what, Paths: paths, Reload: reload,
 		Failed: "the last good ones stay in force", Log: log}.Follow(ctx, FollowEvery)
 }
 
