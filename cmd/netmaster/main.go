@@ -29,6 +29,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
+	"github.com/contivbpf/contivbpf/pkg/filewatch"
 	"github.com/contivbpf/contivbpf/pkg/httpserve"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
 	"github.com/contivbpf/contivbpf/pkg/k8ssync"
@@ -48,11 +49,9 @@ func env(names ...string) []string {
 }
 
 func main() {
-	// SIGHUP asks for a reload of the token, client CA and CRL files (filewatch.Reloader);
-	// until a reloader listens (after etcd and the API are up, or never without such files)
-	// its default action would kill netmaster. Taken here, before anything slow, it is
-	// dropped until then: the reloaders read every file when they start anyway.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	// SIGHUP reloads the token, client CA and CRL files, once their reloaders run (after
+	// etcd and the API are up); until then it must not kill netmaster.
+	filewatch.HoldSIGHUP()
 	app := &cli.App{
 		Name:    "netmaster",
 		Usage:   "Contiv-compatible network control plane (REST API, IPAM, leader election)",

@@ -4,16 +4,21 @@
 package main
 
 import (
-	"github.com/contivbpf/contivbpf/pkg/buildinfo"
-
 	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/contivbpf/contivbpf/pkg/buildinfo"
+	"github.com/contivbpf/contivbpf/pkg/filewatch"
 )
 
 func main() {
+	// SIGHUP reloads the inspect token file once its reloader runs (after etcd, the
+	// datapath and netmaster are reached); until then, or without a token file, it must
+	// not kill netplugin.
+	filewatch.HoldSIGHUP()
 	app := &cli.App{
 		Name:    "netplugin",
 		Usage:   "Contiv-compatible host agent with an eBPF dataplane",

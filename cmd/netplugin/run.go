@@ -133,8 +133,6 @@ func run(parent context.Context, cfg config) error {
 		go toks.Follow(ctx, log)
 		acfg.InspectAuth = auth.Config{Tokens: toks}
 	} else {
-		// Nothing to reload: a SIGHUP (sent to reload a token file) must not stop the agent.
-		signal.Ignore(syscall.SIGHUP)
 		if cfg.inspectInsecure {
 			log.Warn("--inspect-insecure: whoever reaches the inspect API reads every tenant's endpoints, flows and rules", "addr", cfg.inspectListen)
 		} else {

@@ -82,6 +82,15 @@ func (r Reloader) Poll(ctx context.Context, every time.Duration) {
 	}
 }
 
+// HoldSIGHUP takes SIGHUP for good, so that it never kills the process: call it first
+// thing in main. SIGHUP asks Follow's reloaders to read their files again, but until one
+// listens (after a slow start, or never when no such file is given) its default action
+// would end the process. One arriving then is dropped: a reloader reads its files when it
+// starts anyway.
+func HoldSIGHUP() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+}
+
 // Follow is Poll plus a reload on every SIGHUP, until ctx ends.
 func (r Reloader) Follow(ctx context.Context, every time.Duration) {
 	hup := make(chan os.Signal, 1)

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mainEnv, set in the environment, makes the test binary run netplugin's main with its
+// arguments (TestMain): the tests start netplugin as a process without building it.
+const mainEnv = "CBH_NETPLUGIN_TEST_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestSighupDuringStartup (issue 34): SIGHUP asks netplugin to reload its inspect token
+// file; one that arrives while netplugin starts (here: waiting for its OVSDB, a socket
+// that accepts and never answers), before a reloader listens, must not kill it (SIGHUP's
+// default action), with or without a token file.
+func TestSighupDuringStartup(t *testing.T) {
+	for _, withTokens := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tokens=%v", withTokens), func(t *testing.T) {
+			dir := t.TempDir()
+			sock := filepath.Join(dir, "db.sock")
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					accepted <- c
+				}
+			}()
+			etcd, err := net.Listen("tcp", "127.0.0.1:0") // (an etcd that never answers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer etcd.Close()
+			args := []string{"--host", "cbh-sighup", "--vtep-ip", "127.0.0.1", "--dataplane", "ovs", "--ovs-db", "unix:" + sock,
+				"--dns-listen", "off", "--etcd-endpoints", "http://" + etcd.Addr().String(), "--inspect-listen", "127.0.0.1:0"}
+			if withTokens {
+				tokens := filepath.Join(dir, "tokens")
+				if err := os.WriteFile(tokens, []byte("cbh-sighup-token-0123456789 admin\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--inspect-token-file", tokens)
+			}
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			out, err := os.Create(filepath.Join(dir, "netplugin.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			cmd.Stdout, cmd.Stderr = out, out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var waitErr error
+			exited := make(chan struct{})
+			go func() { waitErr = cmd.Wait(); close(exited) }()
+			defer func() {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-exited:
+				case <-time.After(5 * time.Second):
+					_ = cmd.Process.Kill()
+					<-exited
+				}
+			}()
+			select {
+			case c := <-accepted:
+				defer c.Close()
+			case <-exited:
+				log, _ := os.ReadFile(out.Name())
+				t.Fatalf("netplugin exited before it reached its OVSDB: %v\n%s", waitErr, log)
+			case <-time.After(20 * time.Second):
+				t.Fatal("netplugin did not reach its OVSDB in 20 s")
+			}
+			for range 3 {
+				if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+					break // (dead: reported below)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			select {
+			case <-exited:
+				t.Errorf("a SIGHUP while netplugin starts killed it: %v", waitErr)
+			case <-time.After(300 * time.Millisecond):
+			}
+		})
+	}
+}
