@@ -104,8 +104,63 @@ func ValidRole(r string) bool {
 // until it is fixed: deleting or emptying the file revokes, it never keeps the old set.
 type Tokens struct {
 	path string
-	mu   sync.RWMutex
-	set  tokenSet
+	// every is how far apart two readings must be to confirm that a host left the file
+	// (FollowEvery, one poll).
+	every time.Duration
+
+	reloading sync.Mutex // held across a reading and its taking: readings are taken in order
+	mu        sync.RWMutex
+	set       tokenSet
+	bound     boundHosts
+}
+
+// boundHosts follows the hosts the readings of the token file bind (BoundHosts). A file
+// rewritten in place is read cut at a line boundary now and then, and a host gone from one
+// reading loses its etcd user, role and WireGuard record: a host leaves only when a second
+// reading, at least one poll after the first that lacked it, lacks it too. A host added
+// counts at once.
+type boundHosts struct {
+	hosts   map[string]bool      // the hosts of the last reading taken
+	first   time.Time            // when the first reading was taken
+	settled bool                 // a reading one poll after the first was taken
+	lacking map[string]time.Time // a host the reading before bound: when the first reading lacked it
+}
+
+// take records a reading taken at now binding hosts.
+func (b *boundHosts) take(hosts map[string]bool, now time.Time, every time.Duration) {
+	if b.first.IsZero() {
+		b.first = now
+	} else if now.Sub(b.first) >= every {
+		b.settled = true
+	}
+	if b.lacking == nil {
+		b.lacking = map[string]time.Time{}
+	}
+	for h, since := range b.lacking {
+		if hosts[h] || now.Sub(since) >= every {
+			delete(b.lacking, h) // (back, or gone in two readings a poll apart)
+		}
+	}
+	for h := range b.hosts {
+		if !hosts[h] {
+			b.lacking[h] = now
+		}
+	}
+	b.hosts = hosts
+}
+
+// due says whether a reading at now would confirm something (a host's removal, or the
+// first reading).
+func (b *boundHosts) due(now time.Time, every time.Duration) bool {
+	if !b.settled && !b.first.IsZero() && now.Sub(b.first) >= every {
+		return true
+	}
+	for _, since := range b.lacking {
+		if now.Sub(since) >= every {
+			return true
+		}
+	}
+	return false
 }
 
 // tokenSet is one reading of the token file.
@@ -116,23 +171,28 @@ type tokenSet struct {
 
 // LoadTokens reads a token file.
 func LoadTokens(path string) (*Tokens, error) {
-	set, err := readTokens(path)
-	if err != nil {
+	t := &Tokens{path: path, every: FollowEvery}
+	if err := t.Reload(); err != nil {
 		return nil, err
 	}
-	return &Tokens{path: path, set: set}, nil
+	return t, nil
 }
 
 // Reload reads the token file again and takes it: tokens no longer in it stop working at
 // once. On error no token works (the error says why) until a reload takes a valid file.
 func (t *Tokens) Reload() error {
+	t.reloading.Lock()
+	defer t.reloading.Unlock()
 	set, err := readTokens(t.path)
 	if err != nil {
 		set = tokenSet{}
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.set = set
-	t.mu.Unlock()
+	if err == nil {
+		t.bound.take(set.hosts(), time.Now(), t.every)
+	}
 	return err
 }
 
@@ -245,23 +305,43 @@ func (t *Tokens) lookup(tok string) (Identity, bool) {
 	return id, ok
 }
 
-// BoundHosts are the hosts the file's agent tokens are bound to (HostPrefix), sorted, and
-// whether the file was taken at its last reading: a refused file (no token works) binds no
-// host either, but says nothing of which hosts were removed (a typo is not a revocation).
-func (t *Tokens) BoundHosts() ([]string, bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	taken := t.set.byDigest != nil
-	seen := map[string]bool{}
-	var out []string
-	for _, id := range t.set.byDigest {
-		if h, ok := id.BoundHost(); ok && !seen[h] {
-			seen[h] = true
-			out = append(out, h)
+// hosts are the hosts the agent tokens of s are bound to (HostPrefix).
+func (s tokenSet) hosts() map[string]bool {
+	out := map[string]bool{}
+	for _, id := range s.byDigest {
+		if h, ok := id.BoundHost(); ok {
+			out[h] = true
 		}
 	}
+	return out
+}
+
+// BoundHosts are the hosts the file's agent tokens are bound to (HostPrefix), sorted, and
+// whether a host missing from them was removed (what etcd RBAC deletes a host's user,
+// role and WireGuard record on). A host is removed only when two readings at least one
+// poll apart lack it (boundHosts: a file read while it is written in place may be cut at
+// a line boundary), so it is listed until then, and no host is removed before a reading
+// one poll after the first (netmaster may start while the file is written). BoundHosts
+// reads the file again when that would confirm a removal. A refused file (no token
+// works) says nothing of which hosts were removed either (a typo is not a revocation).
+func (t *Tokens) BoundHosts() ([]string, bool) {
+	t.mu.RLock()
+	due := t.bound.due(time.Now(), t.every)
+	t.mu.RUnlock()
+	if due {
+		_ = t.Reload() // (a refused file is reported by the reloader that follows it)
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]string, 0, len(t.bound.hosts)+len(t.bound.lacking))
+	for h := range t.bound.hosts {
+		out = append(out, h)
+	}
+	for h := range t.bound.lacking {
+		out = append(out, h)
+	}
 	sort.Strings(out)
-	return out, taken
+	return out, t.set.byDigest != nil && t.bound.settled
 }
 
 // PeerToken is a token of role netmaster ("" if the file has none).

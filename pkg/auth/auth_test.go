@@ -489,3 +489,60 @@ func TestTokenFileOwner(t *testing.T) {
 		t.Errorf("file owned by another user: %v", err)
 	}
 }
+
+// TestBoundHostsRemovalConfirmed: etcd RBAC deletes the etcd user, role and WireGuard
+// record of a host whose token leaves the file (BoundHosts). A file rewritten in place is
+// read cut at a line boundary now and then: a host then missing must not count as removed
+// until a reading at least one poll later still lacks it; a host added counts at once.
+func TestBoundHostsRemovalConfirmed(t *testing.T) {
+	const every = 150 * time.Millisecond
+	p := filepath.Join(t.TempDir(), "tokens")
+	lines := "0123456789abcdef admin alice\n1111111111111111 agent host:h1\n2222222222222222 agent host:h2\n"
+	if err := os.WriteFile(p, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.every = every
+	bound := func(want string, wantTaken bool, what string) {
+		t.Helper()
+		hosts, taken := tk.BoundHosts()
+		if got := strings.Join(hosts, ","); got != want || taken != wantTaken {
+			t.Errorf("%s: BoundHosts %q, removals %v; want %q, %v", what, got, taken, want, wantTaken)
+		}
+	}
+	bound("h1,h2", false, "first reading (a file cut while netmaster starts removes nothing)")
+	time.Sleep(every)
+	bound("h1,h2", true, "a reading one poll later agrees")
+
+	// Rewritten in place in two steps: the first leaves it cut after h1's line.
+	cut := strings.Index(lines, "2222")
+	if err := os.WriteFile(p, []byte(lines[:cut]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	bound("h1,h2", true, "file cut after h1's line")
+	if err := os.WriteFile(p, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(every)
+	bound("h1,h2", true, "file whole again one poll later")
+
+	// A real removal (the file stays without h2) counts one poll later; an addition at once.
+	if err := os.WriteFile(p, []byte(lines[:cut]+"3333333333333333 agent host:h3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	bound("h1,h2,h3", true, "h2 removed, h3 added")
+	time.Sleep(every)
+	bound("h1,h3", true, "h2 still gone one poll later")
+	if _, ok := tk.lookup("2222222222222222"); ok {
+		t.Error("h2's token works after it left the file")
+	}
+}

@@ -520,8 +520,9 @@ func (m *Manager) serviceKeys(ctx context.Context, role string) ([]string, error
 // `every` until ctx ends: agents whose netmaster token is bound to their host (token name
 // host:<host>) find their etcd user ready before their first read. Each such host is
 // recorded (TokenHostsPrefix); a recorded host whose token went, also while no netmaster
-// ran, loses its user, role and claims (RemoveHost), unless hosts() reports its file
-// refused (a typo revokes no etcd user), and Enroll refuses it (ErrRevoked) until its
+// ran, loses its user, role and claims (RemoveHost), unless hosts() says removals are not
+// to be trusted yet (a refused file: a typo revokes no etcd user; a removal not yet
+// confirmed by a second reading, auth.Tokens.BoundHosts), and Enroll refuses it (ErrRevoked) until its
 // token comes back, when it is made again. Hosts
 // enrolled otherwise (an agent identified by certificate) are never recorded, so never
 // removed here. Follow runs once per Manager.
