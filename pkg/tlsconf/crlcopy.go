@@ -2,6 +2,7 @@ package tlsconf
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,13 +24,22 @@ type CRLCopy struct {
 
 // NewCRLCopy checks the list crlFile against the CA bundle caFile and writes it to dst, in
 // DER. what names the flag in errors. The server reads the bundle only at start, so the
-// file may hold one list only (of the CA that issued the clients' certificates).
+// file may hold one list only (of the CA that issued the clients' certificates). A copy
+// already at dst (written before a restart) is the list in force: crlFile must take over
+// from it as on a reload (not older, not of another CA while its CA stays trusted).
 func NewCRLCopy(caFile, crlFile, dst, what string) (*CRLCopy, error) {
 	if caFile == "" {
 		return nil, fmt.Errorf("%s: a revocation list needs the client CA that signed it", what)
 	}
 	c := &CRLCopy{trustState: trustState{files: Files{CA: caFile, CRL: crlFile}, what: what, kept: "the revocation list"}, dst: dst}
 	t, err := readTrust(c.files)
+	if err == nil {
+		if prev := c.previous(t.cas); prev != nil {
+			if err = takesOver(prev, t, crlFile); err != nil {
+				err = fmt.Errorf("%w (against %s, the copy the server read before this start)", err, dst)
+			}
+		}
+	}
 	if err == nil {
 		err = c.write(t)
 	}
@@ -38,6 +48,20 @@ func NewCRLCopy(caFile, crlFile, dst, what string) (*CRLCopy, error) {
 	}
 	c.trust = t
 	return c, nil
+}
+
+// previous is the copy a run before this one left (nil: none, or one that does not parse
+// or that no CA of cas signed: nothing to compare with).
+func (c *CRLCopy) previous(cas []*x509.Certificate) *clientTrust {
+	der, err := os.ReadFile(c.dst)
+	if err != nil {
+		return nil
+	}
+	crl, err := x509.ParseRevocationList(der)
+	if err != nil || signedByOneOf(crl, cas) != nil {
+		return nil
+	}
+	return &clientTrust{crls: []*x509.RevocationList{crl}}
 }
 
 // Path is the file the copy is written to (the server's list).

@@ -124,3 +124,31 @@ func TestCRLCopyBundleReadOnce(t *testing.T) {
 		t.Errorf("warning %q", w)
 	}
 }
+
+// TestCRLCopyNoRollbackAtRestart: the copy outlives netmaster (in etcd's data directory), so
+// a restart compares the list with it as a reload does: an older list put back while
+// netmaster was down (a restored backup) is refused at start, naming the flag, and the
+// copy keeps its revocations.
+func TestCRLCopyNoRollbackAtRestart(t *testing.T) {
+	s := newCRLSetup(t)
+	dst := filepath.Join(s.dir, "copy.der")
+	s.writeCRL(t, s.crl(t, 2, time.Now().Add(time.Hour), s.bob))
+	if _, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl"); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	if _, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl"); err == nil || !strings.Contains(err.Error(), "--etcd-client-crl") {
+		t.Errorf("an older list at restart: %v; want a refusal naming the flag", err)
+	}
+	if b, _ := os.ReadFile(dst); !bytes.Equal(b, kept) {
+		t.Error("an older list at restart replaced the copy")
+	}
+	s.writeCRL(t, s.crl(t, 3, time.Now().Add(time.Hour)))
+	if _, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl"); err != nil {
+		t.Errorf("a newer list at restart: %v", err)
+	}
+}
