@@ -3,11 +3,12 @@ package tlsconf
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/contivbpf/contivbpf/pkg/atomicfile"
 )
 
 // CRLCopy feeds a server that reads one DER revocation list from a file by itself, at
@@ -67,18 +68,13 @@ func (c *CRLCopy) previous(cas []*x509.Certificate) *clientTrust {
 // Path is the file the copy is written to (the server's list).
 func (c *CRLCopy) Path() string { return c.dst }
 
-// write replaces the copy with t's list (written beside it and renamed over: the server
-// never reads half of it).
+// write replaces the copy with t's list (atomicfile: the server never reads half of it).
 func (c *CRLCopy) write(t *clientTrust) error {
 	if len(t.crls) != 1 {
 		return fmt.Errorf("revocation list %s: holds %d lists; the embedded etcd reads one (of --etcd-client-ca's CA)", c.files.CRL, len(t.crls))
 	}
-	tmp := c.dst + ".new"
-	if err := os.WriteFile(tmp, t.crls[0].Raw, 0o644); err != nil {
-		return fmt.Errorf("revocation list: write the server's copy: %w", err)
-	}
-	if err := os.Rename(tmp, c.dst); err != nil {
-		return errors.Join(fmt.Errorf("revocation list: replace the server's copy: %w", err), os.Remove(tmp))
+	if err := atomicfile.Write(c.dst, t.crls[0].Raw, 0o644); err != nil {
+		return fmt.Errorf("revocation list: the server's copy: %w", err)
 	}
 	return nil
 }

@@ -152,3 +152,35 @@ func TestCRLCopyNoRollbackAtRestart(t *testing.T) {
 		t.Errorf("a newer list at restart: %v", err)
 	}
 }
+
+// TestCRLCopyTempNotFollowed: the copy is written beside its final name and renamed over;
+// a link planted under the name it would be written to first (by whoever can write to the
+// directory) must not make netmaster write through it to another file.
+func TestCRLCopyTempNotFollowed(t *testing.T) {
+	s := newCRLSetup(t)
+	s.writeCRL(t, s.crl(t, 1, time.Now().Add(time.Hour)))
+	victim := filepath.Join(s.dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep me\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(s.dir, "copy.der")
+	for _, name := range []string{dst + ".new", dst + ".tmp"} {
+		if err := os.Symlink(victim, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := tlsconf.NewCRLCopy(s.caPath, s.crlPath, dst, "--etcd-client-crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.writeCRL(t, s.crl(t, 2, time.Now().Add(time.Hour), s.bob))
+	if err := c.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep me\n" {
+		t.Errorf("the copy was written through a planted link: the victim holds %d bytes", len(b))
+	}
+	if st, err := os.Lstat(dst); err != nil || !st.Mode().IsRegular() {
+		t.Errorf("the copy: %v, %v; want a regular file", st, err)
+	}
+}

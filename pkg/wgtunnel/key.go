@@ -12,6 +12,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/contivbpf/contivbpf/pkg/atomicfile"
 	"github.com/contivbpf/contivbpf/pkg/auth"
 )
 
@@ -106,30 +107,8 @@ func writeKey(dir string, k wgtypes.Key) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("wireguard key directory: %w", err)
 	}
-	f, err := os.CreateTemp(dir, KeyFile+".tmp-*")
-	if err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, KeyFile), []byte(k.String()+"\n"), 0o600); err != nil {
 		return fmt.Errorf("wireguard key file: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // (gone after the rename)
-	// CreateTemp makes the file 0600; Chmod states it against a umask or an odd filesystem.
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return fmt.Errorf("wireguard key file mode: %w", err)
-	}
-	if _, err := f.WriteString(k.String() + "\n"); err != nil {
-		f.Close()
-		return fmt.Errorf("write wireguard key file: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync wireguard key file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close wireguard key file: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, KeyFile)); err != nil {
-		return fmt.Errorf("install wireguard key file: %w", err)
 	}
 	return nil
 }
