@@ -18,11 +18,14 @@ package auth
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -109,9 +112,37 @@ type Tokens struct {
 	every time.Duration
 
 	reloading sync.Mutex // held across a reading and its taking: readings are taken in order
+	held      heldLine   // (under reloading)
 	mu        sync.RWMutex
 	set       tokenSet
 	bound     boundHosts
+}
+
+// heldLine is a reading of the token file whose last line had no newline: that line counts
+// only once the file reads the same at least one poll later. A file read while it is
+// written in place can end inside a line that still parses as another identity:
+// "tenant-admin:t10 bob" cut to "tenant-admin:t1" (another tenant), "agent host:node10" to
+// "agent host:node1" (another host) or "agent" (an agent bound to no host).
+type heldLine struct {
+	body []byte    // the whole file as read
+	at   time.Time // when it was first read so
+}
+
+// hold returns the part of body that counts now (body without a last line that has no
+// newline, until the file reads the same one poll later) and, when a line is held back,
+// why (wrapping filewatch.ErrAgain: read it again).
+func (t *Tokens) hold(body []byte, now time.Time) ([]byte, error) {
+	if len(body) == 0 || body[len(body)-1] == '\n' {
+		t.held = heldLine{}
+		return body, nil
+	}
+	if !bytes.Equal(t.held.body, body) {
+		t.held = heldLine{body: body, at: now}
+	} else if now.Sub(t.held.at) >= t.every {
+		return body, nil
+	}
+	return body[:bytes.LastIndexByte(body, '\n')+1], fmt.Errorf("token file %s: its last line has no newline (cut while written?): it counts once the file reads the same %s later: %w",
+		t.path, t.every, filewatch.ErrAgain)
 }
 
 // boundHosts follows the hosts the readings of the token file bind (BoundHosts). A file
@@ -172,28 +203,40 @@ type tokenSet struct {
 // LoadTokens reads a token file.
 func LoadTokens(path string) (*Tokens, error) {
 	t := &Tokens{path: path, every: FollowEvery}
-	if err := t.Reload(); err != nil {
+	if err := t.Reload(); err != nil && !errors.Is(err, filewatch.ErrAgain) {
 		return nil, err
 	}
 	return t, nil
 }
 
 // Reload reads the token file again and takes it: tokens no longer in it stop working at
-// once. On error no token works (the error says why) until a reload takes a valid file.
+// once. On error no token works (the error says why) until a reload takes a valid file. A
+// last line without its newline is held back until the file reads the same one poll
+// later (heldLine): the rest is taken and the error wraps filewatch.ErrAgain.
 func (t *Tokens) Reload() error {
 	t.reloading.Lock()
 	defer t.reloading.Unlock()
-	set, err := readTokens(t.path)
+	now := time.Now()
+	body, err := readTokenFile(t.path)
+	var held error
+	if err == nil {
+		body, held = t.hold(body, now)
+	}
+	var set tokenSet
+	if err == nil {
+		set, err = parseTokens(t.path, body, held != nil)
+	}
 	if err != nil {
 		set = tokenSet{}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.set = set
-	if err == nil {
-		t.bound.take(set.hosts(), time.Now(), t.every)
+	if err != nil {
+		return err
 	}
-	return err
+	t.bound.take(set.hosts(), now, t.every)
+	return held
 }
 
 // reloader reloads the token file through pkg/filewatch.
@@ -217,22 +260,26 @@ func (t *Tokens) Follow(ctx context.Context, log *slog.Logger) {
 	t.reloader(log).Follow(ctx, FollowEvery)
 }
 
-// readTokens reads and checks the token file at path.
-func readTokens(path string) (tokenSet, error) {
+// readTokenFile reads the token file at path, refused when others may read or rewrite it
+// (CheckSecretFile).
+func readTokenFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return tokenSet{}, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return tokenSet{}, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
-	set, err := parseTokens(path, f, st)
+	if err := CheckSecretFile("token file "+path, st); err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(f)
 	if err != nil {
-		return tokenSet{}, err
+		return nil, fmt.Errorf("token file %s: %w", path, err)
 	}
-	return set, nil
+	return b, nil
 }
 
 // CheckSecretFile refuses a file of secrets (named what, with status st) that another user
@@ -248,13 +295,11 @@ func CheckSecretFile(what string, st os.FileInfo) error {
 	return nil
 }
 
-// parseTokens reads the token file at path, open as f with status st.
-func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
-	if err := CheckSecretFile("token file "+path, st); err != nil {
-		return tokenSet{}, err
-	}
+// parseTokens parses body, the token file at path (with partial, a part of it: it may
+// hold no token yet).
+func parseTokens(path string, body []byte, partial bool) (tokenSet, error) {
 	t := tokenSet{byDigest: map[[32]byte]Identity{}}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(body))
 	for n := 1; sc.Scan(); n++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
 		fields := strings.Fields(line)
@@ -289,7 +334,7 @@ func parseTokens(path string, f *os.File, st os.FileInfo) (tokenSet, error) {
 	if err := sc.Err(); err != nil {
 		return tokenSet{}, fmt.Errorf("token file %s: %w", path, err)
 	}
-	if len(t.byDigest) == 0 {
+	if len(t.byDigest) == 0 && !partial {
 		return tokenSet{}, fmt.Errorf("token file %s: no tokens", path)
 	}
 	return t, nil

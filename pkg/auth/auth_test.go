@@ -546,3 +546,61 @@ func TestBoundHostsRemovalConfirmed(t *testing.T) {
 		t.Error("h2's token works after it left the file")
 	}
 }
+
+// TestTokenLineCutHeldBack: a token file read while it is written in place may end inside
+// a line that still parses: "tenant-admin:t10 bob" cut to "tenant-admin:t1" (another
+// tenant), "agent host:node10" to "agent host:node1" (another host) or to "agent" (an agent
+// bound to no host). A last line without its newline counts only once a reading at least
+// one poll later finds the file the same (a file written without a final newline then
+// works), and Watch reads it again for that.
+func TestTokenLineCutHeldBack(t *testing.T) {
+	const every = 100 * time.Millisecond
+	p := filepath.Join(t.TempDir(), "tokens")
+	admin := "0123456789abcdef admin alice\n"
+	for _, line := range []string{"1111111111111111 tenant-admin:t10 bob\n", "1111111111111111 agent host:node10\n"} {
+		if err := os.WriteFile(p, []byte(admin+line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tk, err := LoadTokens(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.every = every
+		want, _ := tk.lookup("1111111111111111")
+		for cut := len(line) - 1; cut > 17; cut-- {
+			if err := os.WriteFile(p, []byte(admin+line[:cut]), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_ = tk.Reload()
+			if id, ok := tk.lookup("1111111111111111"); ok && id != want {
+				t.Errorf("file cut to %q: the token is %+v (was %+v)", line[:cut], id, want)
+			}
+		}
+	}
+
+	// Written without a final newline on purpose: the last token works a poll later.
+	if err := os.WriteFile(p, []byte(admin+"2222222222222222 read-only carol"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := LoadTokens(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.every = every
+	if _, ok := tk.lookup("0123456789abcdef"); !ok {
+		t.Error("the lines before the unterminated one do not work")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tk.Watch(ctx, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if id, ok := tk.lookup("2222222222222222"); ok && id.Name == "carol" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a file without a final newline: its last token never works")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -5,6 +5,7 @@ package filewatch
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -42,6 +43,11 @@ func stampPath(path string) Stamp {
 	return StampOf(st)
 }
 
+// ErrAgain, wrapped in the error of a Reload, says that it took what it could and held the
+// rest back until a later reading agrees: Poll reads the files again at its next look
+// though they did not change, and the log says so without calling it a failure.
+var ErrAgain = errors.New("read again at the next look")
+
 // Reloader names files and what reads them again.
 type Reloader struct {
 	// What names the files in the log ("token file", "--tls-client-ca/--tls-crl").
@@ -78,7 +84,9 @@ func (r Reloader) Poll(ctx context.Context, every time.Duration) {
 		}
 		first := last == nil
 		last = now
-		r.reload(first, "changed")
+		if err := r.reload(first, "changed"); errors.Is(err, ErrAgain) {
+			last = []Stamp{} // (not nil: that is the first look)
+		}
 	}
 }
 
@@ -108,12 +116,15 @@ func (r Reloader) Follow(ctx context.Context, every time.Duration) {
 }
 
 // reload calls Reload and logs the outcome (a quiet success on the first look).
-func (r Reloader) reload(quiet bool, why string) {
-	if err := r.Reload(); err != nil {
+func (r Reloader) reload(quiet bool, why string) error {
+	err := r.Reload()
+	switch {
+	case errors.Is(err, ErrAgain):
+		r.Log.Info(r.What+" reloaded in part", "why", why, "paths", r.Paths, "held", err)
+	case err != nil:
 		r.Log.Error(r.What+" cannot be taken: "+r.Failed, "why", why, "paths", r.Paths, "err", err)
-		return
-	}
-	if !quiet {
+	case !quiet:
 		r.Log.Info(r.What+" reloaded", "why", why, "paths", r.Paths)
 	}
+	return err
 }
