@@ -779,17 +779,16 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
 	return cb_send_to(skb, ifc, ep, bnet, backend);
 }
 
-/* cb_ipv4_fast is the fast path with policy, services or NetworkPolicy on (not routing),
- * for cb_ipv4_direct (ifc: the interface entry where it lies in cb_iface_direct) and
- * cb_ipv4_plain (ifc: the copy of an entry in the cb_ifaces hash), which checked the frame
- * and its IPv4 header against ifc (cb_ipv4_simple): a TCP or UDP packet, neither
- * opening nor closing, to an endpoint of its network, that cb_fast_pass lets
- * through (established flows, flows between groups without rules, no service flow), goes
- * to that endpoint (cb_send_to) exactly as the full stage would take it (same
- * checks, state changes, rewrites and counters). Anything else returns CB_SLOW having
- * changed nothing. A call of its own: its frame sits beside the entry program's, not
- * under it. */
-static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
+/* cb_ipv4_fast is the fast stage's path with policy, services or NetworkPolicy on (not
+ * routing), for cb_fast_stage, which checked the frame and its IPv4 header against ifc
+ * (cb_ipv4_simple): a TCP or UDP packet, neither opening nor closing, to an endpoint of
+ * its network, that cb_fast_pass lets through (established flows, flows between groups
+ * without rules, no service flow), goes to that endpoint (cb_send_to) exactly as the
+ * container stage would take it (same checks, state changes, rewrites and counters).
+ * Anything else returns CB_SLOW having changed nothing. Inlined into the fast stage: a
+ * call of its own cost an established flow's packet a call and return (prog.ct_established
+ * 49-50 → 53 ns), and the fast stage's frame sits under nothing but the entry program's. */
+CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data, *data_end;
 	struct iphdr *ip;
@@ -845,9 +844,10 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 		depg = d->epg;
 	} else {
 		ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
-		/* (With services on, a miss may be a VIP or a service reply's destination.) */
+		/* (A VIP, a service reply's destination, or outside the network: the
+		 * container stage's.) */
 		if (!ep)
-			return (features & CB_FEAT_LB) ? CB_SLOW : CB_OUTSIDE;
+			return CB_SLOW;
 		depg = ep->epg;
 	}
 	/* Tracked: a group with rules, or (NetworkPolicy) a pod with an entry (cb_track_flags).
@@ -877,92 +877,50 @@ static __noinline int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface 
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
 }
 
-/* cb_ipv4_on takes a packet the fast paths' way in accepted (from ifc, whose MAC and
- * address it carries, with a header cb_ipv4_simple takes) on: with a stage with state on
- * to cb_ipv4_fast, otherwise to its endpoint (cb_send_to); CB_OUTSIDE when its network
- * has none at daddr. */
-CB_INLINE int cb_ipv4_on(struct __sk_buff *skb, const struct cb_iface *ifc, __be32 daddr)
+/* cb_fast_stage is cb_from_container's one stage of its own, the fast stage: ifc is the
+ * packet's interface entry read in place (cb_iface_of: where it lies in cb_iface_direct
+ * or, past that array or before an entry moved into it, in the cb_ifaces hash). A global
+ * function, so the verifier checks it once, for a pointer to any entry of either map,
+ * instead of once per map (no second copy of the fast path). Its address is read once,
+ * and must be set: an array entry being freed loses its address first (ifaces.go), so no
+ * packet from 0.0.0.0 matches a free place. The other fields are read as needed; the
+ * agent's second write of a free (zeroes) can land meanwhile, and then the lookups by them
+ * miss or the packet goes to the container stage, which takes a copy. It takes (not in
+ * routing mode) an untagged IPv4 frame, with the entry's MAC and a header cb_ipv4_simple
+ * takes, from an endpoint without QoS: with a stage with state on to cb_ipv4_fast,
+ * otherwise to its endpoint, local or remote (cb_send_to), exactly as the container stage
+ * would take it (same checks, state changes, rewrites and counters). Anything else
+ * returns CB_SLOW having changed nothing: the container stage takes it from the start,
+ * every identity check made again (an endpoint with QoS has all its packets judged
+ * there, after its rate and DSCP). */
+__attribute__((noinline)) int cb_fast_stage(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct iphdr *ip;
 	struct cb_ep_key dkey;
 	struct cb_endpoint *ep;
+	__be32 own;
 
+	if (!skb || !ifc)
+		return CB_SLOW;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present)
+		return CB_SLOW;
+	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
+	if (!own || ifc->qos || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
+		return CB_SLOW;
 	if (cb_features & CB_FEAT_STATEFUL)
 		return cb_ipv4_fast(skb, ifc);
 	dkey.net = ifc->net;
-	dkey.ip = daddr;
+	dkey.ip = ip->daddr;
 	ep = bpf_map_lookup_elem(&cb_endpoints, &dkey);
 	if (!ep)
-		return CB_OUTSIDE;
+		return CB_SLOW; /* outside its network: the container stage's */
 	return cb_send_to(skb, ifc, ep, dkey.net, dkey.ip);
-}
-
-/* cb_ipv4_plain is cb_ipv4_direct for what that does not take, an interface entry in the
- * cb_ifaces hash (ifindexes past CB_IFACE_DIRECT: a host that made that many veths), on
- * the copy (not in routing mode): an unfragmented IPv4 packet without options, from the
- * interface's own address, goes with a stage with state on to cb_ipv4_fast; otherwise to
- * its endpoint (cb_send_to) or, when its network has none, to cb_outside (CB_OUTSIDE),
- * exactly as the full stage would take it (same checks, rewrites and counters).
- * Anything else returns CB_SLOW before any lookup: the full stage parses and
- * judges it, drop reasons included. (cb_ipv4_fast is verified once per caller, for the
- * two kinds of entry pointer.) */
-CB_INLINE int cb_ipv4_plain(struct __sk_buff *skb, const struct cb_iface *ifc)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
-
-	/* (The entry program checked the frame's MAC against the copy.) */
-	if (cb_features & CB_FEAT_ROUTING)
-		return CB_SLOW;
-	if (!cb_ipv4_simple(skb, ip, data_end, ifc->ip))
-		return CB_SLOW;
-	return cb_ipv4_on(skb, ifc, ip->daddr);
-}
-
-/* cb_ipv4_direct is the fast paths' way in, which the entry program tries first (not in
- * routing mode), without cb_iface_get's copy: it reads the interface entry where it lies
- * in cb_iface_direct. Its address is read once, and must be set: an entry being freed
- * loses its address first (ifaces.go), so no packet from 0.0.0.0 matches a free place
- * (a copy checks the address it copied the same way). The other fields are read as the
- * stages need them; the agent's second write of a free (zeroes) can land meanwhile, and
- * then the lookups by them miss or the packet goes to the full stage, which takes the
- * copy. An untagged IPv4 frame from a host veth in the array, with that
- * interface's MAC and a header cb_ipv4_simple takes, goes on with a stage with state on to
- * cb_ipv4_fast; otherwise to its endpoint, local or remote, exactly as the entry program
- * and cb_ipv4_plain would take it. A destination outside the network returns CB_OUTSIDE
- * (the entry program checks the source against its copy before cb_outside takes it);
- * anything else CB_SLOW, having changed nothing: the entry program's checks and the full
- * stage take it from the start. */
-static __noinline int cb_ipv4_direct(struct __sk_buff *skb)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN;
-	const struct cb_iface *ifc;
-	__u32 ifindex = skb->ifindex;
-	__be32 own;
-
-	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present ||
-	    ifindex >= CB_IFACE_DIRECT)
-		return CB_SLOW;
-	ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
-	if (!ifc)
-		return CB_SLOW;
-	own = *(volatile const __be32 *)&ifc->ip; /* one read: the check and the match see the same */
-	/* (An endpoint with QoS has its entry in cb_ifaces, never here: ifaces.go. Its packets
-	 * find no address here and take the entry program's way, cb_qos_out.) */
-	if (!own || !cb_mac_eq(eth->h_source, ifc->mac) || !cb_ipv4_simple(skb, ip, data_end, own))
-		return CB_SLOW;
-	return cb_ipv4_on(skb, ifc, ip->daddr);
-}
-
-/* cb_from_own_ip says whether the IPv4 frame at data comes from ifc's address. */
-CB_INLINE int cb_from_own_ip(void *data, void *data_end, const struct cb_iface *ifc)
-{
-	struct iphdr *ip = data + ETH_HLEN;
-
-	return (void *)(ip + 1) <= data_end && ip->saddr == ifc->ip;
 }
 
 /* ---- Stages reached by tail call ----
@@ -973,12 +931,12 @@ CB_INLINE int cb_from_own_ip(void *data, void *data_end, const struct cb_iface *
  * under calls/ before any link takes the programs and unpins once no link runs the
  * programs of an earlier load: the kernel empties a program array its last pin or file
  * goes from, and a running entry program is never left without its stages (docs/ebpf.md
- * "Stages"). The interface entry the entry program copied (cb_iface_scratch, per CPU) is
- * the stage's: nothing else runs on the CPU between an entry program and its tail call. A
+ * "Stages"). The interface entry the container stage copied (cb_iface_scratch, per CPU) is
+ * the later stages': nothing else runs on the CPU between a program and its tail call. A
  * missing stage drops the packet, counted (drop_no_stage): never forwarded unjudged. */
 enum cb_call {
-	CB_CALL_IPV4 = 0,    /* cb_stage_ipv4: a container's IPv4 packet, the full stage */
-	CB_CALL_OUTSIDE = 1, /* cb_stage_outside: one a fast path found bound outside its network */
+	CB_CALL_CONTAINER = 0, /* cb_stage_container: what the fast stage left of a container's packet */
+	CB_CALL_OUTSIDE = 1, /* cb_stage_outside: a container's packet bound outside its network */
 	CB_CALL_IPV4_JUDGE = 2, /* cb_stage_ipv4_judge: the full stage's policy, conntrack, forwarding */
 	CB_CALL_REMOTE_JUDGE = 3, /* cb_stage_remote_judge: from another host, policy to delivery */
 	CB_CALL_PEER_HOST = 4,  /* cb_stage_peer_host: from a peer host's own address */
@@ -1003,7 +961,7 @@ CB_INLINE int cb_ipv4_outside(struct __sk_buff *skb, const struct cb_iface *ifc)
 	return cb_outside(skb, ifc);
 }
 
-/* cb_iface_copied is the interface entry the entry program copied for this packet. */
+/* cb_iface_copied is the interface entry the container stage copied for this packet. */
 CB_INLINE struct cb_iface *cb_iface_copied(void)
 {
 	__u32 zero = 0;
@@ -1014,17 +972,47 @@ CB_INLINE struct cb_iface *cb_iface_copied(void)
 
 CB_INLINE int cb_stage(struct __sk_buff *skb, __u32 call);
 
-/* cb_stage_ipv4 is the first program of cb_from_container's full IPv4 stage (CB_CALL_IPV4):
- * source, service, destination (cb_ipv4_front); then the second program
- * (cb_stage_ipv4_judge) or the way outside. */
+/* cb_stage_container is cb_from_container's one way on (CB_CALL_CONTAINER): every packet
+ * the fast stage (cb_fast_stage) did not finish, from the start. It copies the interface
+ * entry (cb_iface_get: the stages after it read the copy), checks the frame's identity
+ * (source MAC, no VLAN tag), answers ARP, applies an endpoint's QoS, then the first program
+ * of the full IPv4 stage: source, service, destination (cb_ipv4_front); then the second
+ * program (cb_stage_ipv4_judge) or the way outside (cb_stage_outside). */
 SEC("tc")
-int cb_stage_ipv4(struct __sk_buff *skb)
+int cb_stage_container(struct __sk_buff *skb)
 {
-	struct cb_iface *ifc = cb_iface_copied();
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct cb_iface *ifc;
 	int r;
 
+	cb_clock_start(); /* the full stage's verdicts record the clock as of now (stamps.h) */
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
+	ifc = cb_iface_get(skb->ifindex);
 	if (!ifc)
 		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
+	/* A container speaks only with its own MAC (its IPv4 source and ARP sender are checked
+	 * by their stages). */
+	if (!cb_mac_eq(eth->h_source, ifc->mac))
+		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
+	/* A container never sends VLAN tags (VLAN hopping): offloaded or in the frame. */
+	if (skb->vlan_present || eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
+	    eth->h_proto == bpf_htons(CB_ETH_P_8021AD))
+		return cb_drop(skb, CB_DROP_VLAN_TAGGED);
+	if (eth->h_proto == bpf_htons(ETH_P_ARP))
+		return cb_arp_respond(skb, ifc);
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return cb_drop(skb, CB_DROP_NOT_IPV4);
+	/* Its rate and DSCP before anything else (the fast stage never takes its packets). */
+	if (ifc->qos) {
+		r = cb_qos_out(skb, ifc->slot, ifc->qos);
+		if (r)
+			return cb_drop(skb, r);
+	}
 	r = cb_ipv4_front(skb, ifc);
 	if (r == CB_JUDGE)
 		return cb_stage(skb, CB_CALL_IPV4_JUDGE);
@@ -1034,7 +1022,7 @@ int cb_stage_ipv4(struct __sk_buff *skb)
 }
 
 /* cb_stage_ipv4_judge is the second program of the full IPv4 stage (CB_CALL_IPV4_JUDGE):
- * policy, conntrack, forwarding (cb_ipv4_judge) of what cb_stage_ipv4 handed over, then an
+ * policy, conntrack, forwarding (cb_ipv4_judge) of what cb_stage_container handed over, then an
  * expired TTL's answer. */
 SEC("tc")
 int cb_stage_ipv4_judge(struct __sk_buff *skb)
@@ -1050,8 +1038,8 @@ int cb_stage_ipv4_judge(struct __sk_buff *skb)
 	return r;
 }
 
-/* cb_stage_outside takes (CB_CALL_OUTSIDE) a packet cb_ipv4_direct or cb_ipv4_plain found
- * bound outside its network, from the address of the entry program's copy. */
+/* cb_stage_outside takes (CB_CALL_OUTSIDE) a packet cb_stage_container found bound outside
+ * its network, from the address of its copy. */
 SEC("tc")
 int cb_stage_outside(struct __sk_buff *skb)
 {
@@ -1093,7 +1081,7 @@ struct {
 	__array(values, int(struct __sk_buff *));
 } cb_calls SEC(".maps") = {
 	.values = {
-		[CB_CALL_IPV4] = (void *)&cb_stage_ipv4,
+		[CB_CALL_CONTAINER] = (void *)&cb_stage_container,
 		[CB_CALL_OUTSIDE] = (void *)&cb_stage_outside,
 		[CB_CALL_IPV4_JUDGE] = (void *)&cb_stage_ipv4_judge,
 		[CB_CALL_REMOTE_JUDGE] = (void *)&cb_stage_remote_judge,
@@ -1112,67 +1100,26 @@ CB_INLINE int cb_stage(struct __sk_buff *skb, __u32 call)
 	return cb_drop(skb, CB_DROP_NO_STAGE);
 }
 
+/* cb_from_container is the way in of a container's packets, one per packet: the fast
+ * stage on the interface entry read in place (not in routing mode), and whatever that does
+ * not finish by one tail call to the container stage, which checks and judges it from the
+ * start. Nothing else: the entry program holds no second copy of any check or path. */
 SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
-	void *data, *data_end;
-	struct ethhdr *eth;
-	struct cb_iface *ifc;
+	const struct cb_iface *ifc;
 	int r;
 
-	/* Few locals here: this frame sits under the fast paths' (512 bytes in all). */
 	cb_pull(skb, ETH_HLEN);
-	r = CB_SLOW;
 	if (!(cb_features & CB_FEAT_ROUTING)) {
-		r = cb_ipv4_direct(skb);
-		if (r != CB_SLOW && r != CB_OUTSIDE)
-			return r;
-	}
-	cb_clock_start(); /* the full stage's verdicts record the clock as of now (stamps.h) */
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > data_end)
-		return cb_drop(skb, CB_DROP_MALFORMED_ETH);
-	ifc = cb_iface_get(skb->ifindex);
-	if (!ifc)
-		return cb_drop(skb, CB_DROP_UNKNOWN_IFACE);
-	/* A container speaks only with its own MAC (its IPv4 source and ARP sender are checked
-	 * by their stages). */
-	if (!cb_mac_eq(eth->h_source, ifc->mac))
-		return cb_drop(skb, CB_DROP_SPOOFED_SRC);
-	/* A container never sends VLAN tags (VLAN hopping): offloaded or in the frame. */
-	if (skb->vlan_present || eth->h_proto == bpf_htons(CB_ETH_P_8021Q) ||
-	    eth->h_proto == bpf_htons(CB_ETH_P_8021AD))
-		return cb_drop(skb, CB_DROP_VLAN_TAGGED);
-
-	switch (eth->h_proto) {
-	case bpf_htons(ETH_P_ARP):
-		return cb_arp_respond(skb, ifc);
-	case bpf_htons(ETH_P_IP):
-		/* Its rate and DSCP before anything else (cb_ipv4_direct never sees it). */
-		if (ifc->qos) {
-			r = cb_qos_out(skb, ifc->slot, ifc->qos);
-			if (r)
-				return cb_drop(skb, r);
-			r = CB_SLOW;
-			data = (void *)(long)skb->data;
-			data_end = (void *)(long)skb->data_end;
+		ifc = cb_iface_of(skb->ifindex);
+		if (ifc) {
+			r = cb_fast_stage(skb, ifc);
+			if (r != CB_SLOW)
+				return r;
 		}
-		/* Outside (cb_ipv4_direct): from this copy's address too, else judged again. */
-		if (r == CB_OUTSIDE && !cb_from_own_ip(data, data_end, ifc))
-			r = CB_SLOW;
-		if (r == CB_SLOW)
-			r = cb_ipv4_plain(skb, ifc);
-		if (r == CB_SLOW)
-			return cb_stage(skb, CB_CALL_IPV4);
-		if (r != CB_OUTSIDE)
-			return r;
-		/* Outside the network: a node port flow's reply, else cb_outside. */
-		return cb_stage(skb, CB_CALL_OUTSIDE);
-	default:
-		return cb_drop(skb, CB_DROP_NOT_IPV4);
 	}
+	return cb_stage(skb, CB_CALL_CONTAINER);
 }
 
 /* cb_remote_rx takes a frame that arrived from another host in network net_key (already

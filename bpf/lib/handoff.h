@@ -15,7 +15,7 @@
  * the stages before it left it). The first identifies the source, balances services and
  * finds the destination; the second judges (policy, conntrack, the service's choice),
  * routes and delivers:
- *   a container's packet        cb_stage_ipv4 → cb_stage_ipv4_judge
+ *   a container's packet        cb_stage_container → cb_stage_ipv4_judge
  *   one bound outside           cb_stage_outside → cb_stage_egress (egress NAT)
  *   from another host           cb_from_overlay / cb_from_wire → cb_stage_remote_judge,
  *                               cb_stage_peer_host or cb_stage_nodeport_back

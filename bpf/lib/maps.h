@@ -124,7 +124,7 @@ enum cb_features {
 };
 
 /* The stages with state: while none is on, a packet from a container is forwarded by
- * its destination alone (cb_ipv4_direct, cb_ipv4_plain). */
+ * its destination alone (cb_fast_stage). */
 #define CB_FEAT_STATEFUL (CB_FEAT_POLICY | CB_FEAT_LB | CB_FEAT_ROUTING | CB_FEAT_NETPOL)
 
 struct cb_ep_stats {

@@ -8,9 +8,10 @@
  * place every local delivery passes). The interface entry (cb_iface.qos) and the endpoint
  * entry (cb_endpoint.flags CB_EP_QOS_IN) say which checks apply, so an endpoint without
  * QoS costs no lookup: the paths test a word they already read. A limited endpoint's
- * interface entry lives in the cb_ifaces hash, never in cb_iface_direct (ifaces.go), so
- * the in-place fast paths (cb_ipv4_direct, cb_dst_noted) never meet one and test
- * nothing.
+ * interface entry lives in the cb_ifaces hash, never in cb_iface_direct (ifaces.go):
+ * the fast stage (cb_fast_stage) hands every packet of an entry with a QoS word to the
+ * container stage, which polices it, and the destination note (cb_dst_noted) never meets
+ * one.
  *
  * The bucket is GCRA (the virtual scheduling form of a token bucket): tat is the time the
  * bucket would be empty again at the configured rate; a packet conforms while tat runs

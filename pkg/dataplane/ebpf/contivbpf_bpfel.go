@@ -836,8 +836,8 @@ const (
 	contivbpfProgCbFromUplink         = "cb_from_uplink"
 	contivbpfProgCbFromWire           = "cb_from_wire"
 	contivbpfProgCbSockConnect4       = "cb_sock_connect4"
+	contivbpfProgCbStageContainer     = "cb_stage_container"
 	contivbpfProgCbStageEgress        = "cb_stage_egress"
-	contivbpfProgCbStageIpv4          = "cb_stage_ipv4"
 	contivbpfProgCbStageIpv4Judge     = "cb_stage_ipv4_judge"
 	contivbpfProgCbStageNodeportBack  = "cb_stage_nodeport_back"
 	contivbpfProgCbStageNodeportJudge = "cb_stage_nodeport_judge"
@@ -917,8 +917,8 @@ type contivbpfProgramSpecs struct {
 	CbFromUplink         *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire           *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbSockConnect4       *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
+	CbStageContainer     *ebpf.ProgramSpec `ebpf:"cb_stage_container"`
 	CbStageEgress        *ebpf.ProgramSpec `ebpf:"cb_stage_egress"`
-	CbStageIpv4          *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4"`
 	CbStageIpv4Judge     *ebpf.ProgramSpec `ebpf:"cb_stage_ipv4_judge"`
 	CbStageNodeportBack  *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_back"`
 	CbStageNodeportJudge *ebpf.ProgramSpec `ebpf:"cb_stage_nodeport_judge"`
@@ -1176,8 +1176,8 @@ type contivbpfPrograms struct {
 	CbFromUplink         *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire           *ebpf.Program `ebpf:"cb_from_wire"`
 	CbSockConnect4       *ebpf.Program `ebpf:"cb_sock_connect4"`
+	CbStageContainer     *ebpf.Program `ebpf:"cb_stage_container"`
 	CbStageEgress        *ebpf.Program `ebpf:"cb_stage_egress"`
-	CbStageIpv4          *ebpf.Program `ebpf:"cb_stage_ipv4"`
 	CbStageIpv4Judge     *ebpf.Program `ebpf:"cb_stage_ipv4_judge"`
 	CbStageNodeportBack  *ebpf.Program `ebpf:"cb_stage_nodeport_back"`
 	CbStageNodeportJudge *ebpf.Program `ebpf:"cb_stage_nodeport_judge"`
@@ -1196,8 +1196,8 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbSockConnect4,
+		p.CbStageContainer,
 		p.CbStageEgress,
-		p.CbStageIpv4,
 		p.CbStageIpv4Judge,
 		p.CbStageNodeportBack,
 		p.CbStageNodeportJudge,

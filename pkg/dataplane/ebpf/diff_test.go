@@ -1513,7 +1513,7 @@ func TestDifferentialQuota(t *testing.T) {
 
 // TestDifferentialPolicyOnly is the differential test with only the policy stage on (no
 // service, no NetworkPolicy): the established flows' packets take the fast path
-// (cb_ipv4_direct, cb_ipv4_fast), which must keep every state change of the full one.
+// (cb_fast_stage, cb_ipv4_fast), which must keep every state change of the full one.
 func TestDifferentialPolicyOnly(t *testing.T) {
 	testroot.Need(t)
 	runDifferential(t, diffPolicyOnly, envInt("CONTIVBPF_DIFF_SEQS", 40), envInt("CONTIVBPF_DIFF_LEN", 150))

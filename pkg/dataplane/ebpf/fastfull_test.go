@@ -10,12 +10,13 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 )
 
-// The fast path is the full stage's early exit, not a second copy of its decisions
-// (issue 33): each packet an established flow sends is run twice from the same
-// conntrack table, once through the fast path alone (the full stage removed from
-// cb_calls, so a packet it declined would be dropped drop_no_stage) and once through the
-// full stage (the same packet with a 4-byte IPv4 option, which only the full stage
-// takes). Both must give the same verdict and reason, the same frame (addresses, ports,
+// The fast stage is the full stage's early exit, not a second copy of its decisions
+// (issue 33; that it is the one way in besides the tail call to the container stage is
+// TestOneWayIn's): each packet an established flow sends is run twice from the same
+// conntrack table, once through the fast stage alone (the container stage removed from
+// cb_calls, so a packet it declined would be dropped drop_no_stage) and once forced past
+// it, through the container stage and the full stage (the same packet with a 4-byte IPv4
+// option, which the fast stage declines). Both must give the same verdict and reason, the same frame (addresses, ports,
 // checksums, payload; MACs), the same conntrack entries (state, flags, NAT fields, TCP
 // notes, deadline within a second: the client→VIP entry's memo and the destination note
 // are the fast path's own caches, left out) and move the memo generation alike (but for
@@ -34,7 +35,7 @@ func TestFastPathIsTheFullStage(t *testing.T) {
 	putTestService(t, objs, 9, vip, 80, 6, 8080, localIP)
 	fc := objs.CbFromContainer
 	client, backend, setIfc := backendIfaces(t, objs)
-	const stageIPv4 = uint32(0) // CB_CALL_IPV4
+	const stageContainer = uint32(0) // CB_CALL_CONTAINER
 
 	type pkt struct {
 		from       contivbpfCbIface
@@ -136,17 +137,17 @@ func TestFastPathIsTheFullStage(t *testing.T) {
 			t.Errorf("%s: frames differ\nfast path  %x\nfull stage %x", what, fast[:14+n], full[:14+n+4])
 		}
 	}
-	// fastOnly runs p from its interface through the fast path alone: the full stage
-	// is out of cb_calls meanwhile.
+	// fastOnly runs p from its interface through the fast stage alone: the container
+	// stage is out of cb_calls meanwhile.
 	fastOnly := func(p pkt) runResult {
 		t.Helper()
 		setIfc(p.from)
 		defer setIfc(client)
-		if err := objs.CbCalls.Delete(stageIPv4); err != nil {
+		if err := objs.CbCalls.Delete(stageContainer); err != nil {
 			t.Fatal(err)
 		}
 		defer func() {
-			if err := objs.CbCalls.Put(stageIPv4, objs.CbStageIpv4); err != nil {
+			if err := objs.CbCalls.Put(stageContainer, objs.CbStageContainer); err != nil {
 				t.Fatal(err)
 			}
 		}()

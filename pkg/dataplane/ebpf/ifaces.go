@@ -53,10 +53,10 @@ func (t ifaceTable) lookup(ifindex uint32) (contivbpfCbIface, error) {
 // mapPut, which counts a full map).
 //
 // An entry with QoS (qos.go) goes to the hash whatever its ifindex, and its place in the
-// array is freed after: the in-place fast paths (cb_ipv4_direct, cb_dst_noted) read only
-// the array and so never meet a limited endpoint, which costs them no test (its packets
-// take the entry program's copy, which reads the hash). Without QoS it goes back to the
-// array, and the hash copy is deleted after.
+// array is freed after: the destination note (cb_dst_noted) reads only the array and so
+// never meets a limited endpoint, and the fast stage (cb_fast_stage), which reads the hash
+// past the array, hands its packets to the container stage, which polices them. Without
+// QoS it goes back to the array, and the hash copy is deleted after.
 func (t ifaceTable) put(ifindex uint32, v *contivbpfCbIface, hashPut func(name string, m *ebpf.Map, k, v any) error) error {
 	if v.Ip == 0 {
 		return fmt.Errorf("interface entry of ifindex %d without an IPv4 address", ifindex)

@@ -530,13 +530,13 @@ func TestFromContainer(t *testing.T) {
 			}
 		})
 	})
-	// The way in (cb_ipv4_direct, the interface entry read in place) with and without the
-	// stages with state (then cb_ipv4_fast; an outside destination goes on to cb_outside
-	// from the copy): a UDP packet meets the same verdict in every mode, and an interface
-	// entry in the hash takes the copy's paths to the same verdicts. The sender's group
-	// denies UDP to port 5353: judged whenever policy is on. Each flow sends twice: with
-	// policy on, the second packet of an allowed flow is the fast path's (its entry holds
-	// the tuple) when the entry is in the array.
+	// The way in (cb_fast_stage, the interface entry read in place from the array or the
+	// hash) with and without the stages with state (then cb_ipv4_fast; an outside
+	// destination goes on to the container stage, which checks it from the start): a UDP
+	// packet meets the same verdict in every mode and from either place of the interface
+	// entry. The sender's group denies UDP to port 5353: judged whenever policy is on. Each
+	// flow sends twice: with policy on, the second packet of an allowed flow is the fast
+	// stage's (its entry holds the tuple), the interface entry in the array or the hash.
 	t.Run("modes", func(t *testing.T) {
 		good := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 		copy(good.Mac[:], srcMAC)

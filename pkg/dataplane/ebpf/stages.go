@@ -22,7 +22,7 @@ const callsDir = "calls"
 // stagePrograms are the programs reached by tail call: a loader that keeps an entry
 // program must keep them too (the array's contents name them).
 func stagePrograms() []string {
-	return []string{contivbpfProgCbStageIpv4, contivbpfProgCbStageIpv4Judge, contivbpfProgCbStageOutside,
+	return []string{contivbpfProgCbStageContainer, contivbpfProgCbStageIpv4Judge, contivbpfProgCbStageOutside,
 		contivbpfProgCbStageRemoteJudge, contivbpfProgCbStagePeerHost, contivbpfProgCbStageNodeportBack,
 		contivbpfProgCbStageUplinkDeliver, contivbpfProgCbStageNodeportJudge, contivbpfProgCbStageEgress}
 }
