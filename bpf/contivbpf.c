@@ -785,9 +785,9 @@ CB_INLINE int cb_svc_fast(struct __sk_buff *skb, const struct cb_iface *ifc, str
  * its network, that cb_fast_pass lets through (established flows, flows between groups
  * without rules, no service flow), goes to that endpoint (cb_send_to) exactly as the
  * container stage would take it (same checks, state changes, rewrites and counters).
- * Anything else returns CB_SLOW having changed nothing. Inlined into the fast stage: a
- * call of its own cost an established flow's packet a call and return (prog.ct_established
- * 49-50 → 53 ns), and the fast stage's frame sits under nothing but the entry program's. */
+ * Anything else returns CB_SLOW having changed nothing. Inlined into the fast stage: one
+ * call and return less per packet and one frame less on the deepest chain (the fast
+ * stage's sits under nothing but the entry program's). */
 CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 {
 	void *data, *data_end;
