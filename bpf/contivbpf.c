@@ -878,14 +878,17 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 }
 
 /* cb_fast_stage is cb_from_container's one stage of its own, the fast stage: ifc is the
- * packet's interface entry read in place (cb_iface_of: where it lies in cb_iface_direct
- * or, past that array or before an entry moved into it, in the cb_ifaces hash). A global
- * function, so the verifier checks it once, for a pointer to any entry of either map,
- * instead of once per map (no second copy of the fast path). Its address is read once,
- * and must be set: an array entry being freed loses its address first (ifaces.go), so no
- * packet from 0.0.0.0 matches a free place. The other fields are read as needed; the
- * agent's second write of a free (zeroes) can land meanwhile, and then the lookups by them
- * miss or the packet goes to the container stage, which takes a copy. It takes (not in
+ * packet's interface entry, read in place where it lies in cb_iface_direct
+ * (cb_iface_in_array) or, past that array or before an entry moved into it, a copy
+ * of its cb_ifaces element (cb_iface_copy: the hash reuses an element's memory at once,
+ * so one read in place across the stage could take one interface's address with
+ * another's network or tenant). A global function, so the verifier checks it once, for a
+ * pointer to any entry, instead of once per map (no second copy of the fast path). Its
+ * address is read once, and must be set: an array entry being freed loses its address
+ * first (ifaces.go), so no packet from 0.0.0.0 matches a free place. The other fields are
+ * read as needed; the agent's second write of a free (zeroes), or an update of the
+ * interface's own array entry, can land meanwhile, and then the lookups by them miss or
+ * the packet goes to the container stage, which takes a copy. It takes (not in
  * routing mode) an untagged IPv4 frame, with the entry's MAC and a header cb_ipv4_simple
  * takes, from an endpoint without QoS: with a stage with state on to cb_ipv4_fast,
  * otherwise to its endpoint, local or remote (cb_send_to), exactly as the container stage
@@ -1108,11 +1111,17 @@ SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
 	const struct cb_iface *ifc;
+	__u32 ifindex;
 	int r;
 
 	cb_pull(skb, ETH_HLEN);
 	if (!(cb_features & CB_FEAT_ROUTING)) {
-		ifc = cb_iface_of(skb->ifindex);
+		/* The array's entry in place; the hash's only as a copy (its
+		 * elements are reused at once: cb_iface_copy). */
+		ifindex = skb->ifindex;
+		ifc = cb_iface_in_array(ifindex);
+		if (!ifc)
+			ifc = cb_iface_copy(bpf_map_lookup_elem(&cb_ifaces, &ifindex));
 		if (ifc) {
 			r = cb_fast_stage(skb, ifc);
 			if (r != CB_SLOW)

@@ -168,17 +168,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cb_ifaces SEC(".maps");
 
-/* cb_iface_of returns the interface table's entry of ifindex (0: none). */
-CB_INLINE struct cb_iface *cb_iface_of(__u32 ifindex)
+/* cb_iface_in_array returns ifindex's entry where it lies in cb_iface_direct, when in use
+ * (0: none there). Read in place: the agent writes an array place only for the interface
+ * that holds it (an entry updated meanwhile is a mix of its own old and new fields, never
+ * another interface's; one being freed loses its address first, ifaces.go). */
+CB_INLINE struct cb_iface *cb_iface_in_array(__u32 ifindex)
 {
 	struct cb_iface *ifc;
 
-	if (ifindex < CB_IFACE_DIRECT) {
-		ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
-		if (ifc && ifc->ip)
-			return ifc;
-	}
-	return bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	if (ifindex >= CB_IFACE_DIRECT)
+		return 0;
+	ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifindex);
+	return ifc && ifc->ip ? ifc : 0;
+}
+
+/* cb_iface_of returns the interface table's entry of ifindex (0: none), in place: in the
+ * array, else in the hash (an element a program may only copy, cb_iface_copy). */
+CB_INLINE struct cb_iface *cb_iface_of(__u32 ifindex)
+{
+	struct cb_iface *ifc = cb_iface_in_array(ifindex);
+
+	return ifc ? ifc : bpf_map_lookup_elem(&cb_ifaces, &ifindex);
 }
 
 /* The interface entry of the packet being handled, per CPU (a packet's programs run to
@@ -192,21 +202,32 @@ struct {
 	__type(value, struct cb_iface);
 } cb_iface_scratch SEC(".maps");
 
-/* cb_iface_get returns a copy of the interface table's entry of ifindex (0: none). */
-CB_INLINE struct cb_iface *cb_iface_get(__u32 ifindex)
+/* cb_iface_copy copies the entry at src (0: none) to cb_iface_scratch and returns the
+ * copy (0: none, or free). The stages read only such a copy of a cb_ifaces element: that
+ * hash is preallocated and reuses an element's memory at once, not after RCU (an update
+ * of an existing key parks the old element as the updating CPU's spare, and the next
+ * update of another key there writes that interface's entry into it), so fields read in
+ * place across a stage can be two interfaces' (TestIfaceHashReuseNoMix). */
+CB_INLINE struct cb_iface *cb_iface_copy(const struct cb_iface *src)
 {
-	struct cb_iface *ifc = cb_iface_of(ifindex), *out;
+	struct cb_iface *out;
 	__u32 zero = 0;
 
-	if (!ifc)
+	if (!src)
 		return 0;
 	out = bpf_map_lookup_elem(&cb_iface_scratch, &zero);
 	if (!out)
 		return 0;
-	__builtin_memcpy(out, ifc, sizeof(*out));
+	__builtin_memcpy(out, src, sizeof(*out));
 	/* An array entry being freed loses its IP first (ifaces.go): a copy taken meanwhile
 	 * is the old entry or a free one. */
 	return out->ip ? out : 0;
+}
+
+/* cb_iface_get returns a copy of the interface table's entry of ifindex (0: none). */
+CB_INLINE struct cb_iface *cb_iface_get(__u32 ifindex)
+{
+	return cb_iface_copy(cb_iface_of(ifindex));
 }
 
 struct {

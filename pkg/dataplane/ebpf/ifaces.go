@@ -14,7 +14,10 @@ import (
 // entries an earlier build wrote to the hash keep working until moved (promote).
 //
 // An array entry is written in place: a packet racing an update of its own interface's
-// entry may see a mix of that entry's old and new fields, never another interface's.
+// entry may see a mix of that entry's old and new fields, never another interface's. The
+// hash is preallocated and reuses an element's memory at once (an update parks the old
+// element as the CPU's spare for the next update of any key), so the programs read a hash
+// entry only through a copy (cb_iface_copy), never in place across a stage.
 type ifaceTable struct {
 	direct, hashed *ebpf.Map
 }
@@ -54,8 +57,8 @@ func (t ifaceTable) lookup(ifindex uint32) (contivbpfCbIface, error) {
 //
 // An entry with QoS (qos.go) goes to the hash whatever its ifindex, and its place in the
 // array is freed after: the destination note (cb_dst_noted) reads only the array and so
-// never meets a limited endpoint, and the fast stage (cb_fast_stage), which reads the hash
-// past the array, hands its packets to the container stage, which polices them. Without
+// never meets a limited endpoint, and the fast stage (cb_fast_stage), which reads a copy of
+// the hash's entry past the array, hands its packets to the container stage, which polices them. Without
 // QoS it goes back to the array, and the hash copy is deleted after.
 func (t ifaceTable) put(ifindex uint32, v *contivbpfCbIface, hashPut func(name string, m *ebpf.Map, k, v any) error) error {
 	if v.Ip == 0 {
