@@ -10,12 +10,14 @@ import (
 
 // progFuncs is one program's functions as the object holds them: each function's direct
 // callees (bpf-to-bpf calls), its tail calls' indexes (-1: not a constant the test can
-// read) and whether BTF declares it global (the verifier checks a global function once,
-// on its own, whatever its callers pass).
+// read), the maps its own body reads (globals too: .bss, .data, .rodata) and whether BTF
+// declares it global (the verifier checks a global function once, on its own, whatever
+// its callers pass).
 type progFuncs struct {
 	main   string
 	calls  map[string][]string
 	tails  map[string][]int64
+	maps   map[string]map[string]bool
 	global map[string]bool
 }
 
@@ -30,16 +32,21 @@ func funcsOf(t *testing.T, name string) progFuncs {
 	if p == nil {
 		t.Fatalf("no program %s in the object", name)
 	}
-	f := progFuncs{main: name, calls: map[string][]string{}, tails: map[string][]int64{}, global: map[string]bool{}}
+	f := progFuncs{main: name, calls: map[string][]string{}, tails: map[string][]int64{},
+		maps: map[string]map[string]bool{}, global: map[string]bool{}}
 	cur := ""
 	var r3 int64 = -1
 	for _, ins := range p.Instructions {
 		if sym := ins.Symbol(); sym != "" {
 			cur, r3 = sym, -1
 			f.calls[cur] = f.calls[cur] // (a function that calls nothing is one too)
+			f.maps[cur] = map[string]bool{}
 			if fn := btf.FuncMetadata(&ins); fn != nil && fn.Linkage == btf.GlobalFunc {
 				f.global[cur] = true
 			}
+		}
+		if ins.IsLoadFromMap() {
+			f.maps[cur][ins.Reference()] = true
 		}
 		switch {
 		case ins.IsFunctionCall() && ins.Reference() != "":
@@ -72,8 +79,12 @@ func (f progFuncs) all() map[string]bool {
 // program makes one tail call in all, to the container stage (CB_CALL_CONTAINER); and no
 // function the container stage or a stage after it calls from its own body (the identity
 // checks, ARP, QoS, the full stage's parse, judgement and ways outside) is in the entry
-// program. A second fast path beside the fast stage, a stage's logic copied into the
-// entry, or a second tail call (to the way outside, say) fails it. That the fast stage
+// program. Nor does the entry's own body read any map but the interface table (the array,
+// and the hash through the per-CPU copy), the program array, the drop counters and the
+// globals: a path or check inlined into it (a function the compiler inlines shows no
+// call) would look up endpoints, conntrack or policy there. A second fast path beside the
+// fast stage, a stage's logic copied into the entry, or a second tail call (to the way
+// outside, say) fails it. That the fast stage
 // takes a packet as the container stage would is TestFastPathIsTheFullStage's. (Every
 // program records its drops through cb_emit_drop, drop.h: the one function they share
 // that decides nothing.)
@@ -100,6 +111,19 @@ func TestOneWayIn(t *testing.T) {
 	}
 	if len(tails) != 1 || tails[0] != 0 || !where[entry.main] { // CB_CALL_CONTAINER
 		t.Errorf("%s makes tail calls %v (in %v), want one, to CB_CALL_CONTAINER (0), from its own body", entry.main, tails, where)
+	}
+	allowed := map[string]bool{contivbpfMapCbIfaceDirect: true, contivbpfMapCbIfaces: true,
+		contivbpfMapCbIfaceScratch: true, contivbpfMapCbCalls: true, contivbpfMapCbReasons: true,
+		".bss": true, ".data": true, ".rodata": true}
+	var extra []string
+	for m := range entry.maps[entry.main] {
+		if !allowed[m] {
+			extra = append(extra, m)
+		}
+	}
+	sort.Strings(extra)
+	if len(extra) > 0 {
+		t.Errorf("%s's own body reads %v: logic of a stage inlined into the entry", entry.main, extra)
 	}
 	in := entry.all()
 	for _, stage := range []string{contivbpfProgCbStageContainer, contivbpfProgCbStageIpv4Judge,
