@@ -152,6 +152,9 @@ type endpointIndex struct {
 	slots    map[uint32]string     // cb_ep_counters slot → endpoint indexKey
 	// hostRoutes: endpoint address → the local endpoint (indexKey) the host routes it to.
 	hostRoutes map[netip.Addr]string
+	// nextIfindex: 0 while the kernel gives new links ifindexes inside cb_iface_direct,
+	// else the next index addVeth asks for (vethindex.go).
+	nextIfindex uint32
 	// netNames is a copy of the networks' map keys → ids, replaced whole whenever networks
 	// change, for readers that must not wait for an endpoint apply (the metrics scrape).
 	netNames atomic.Pointer[map[uint32]string]

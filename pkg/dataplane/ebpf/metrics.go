@@ -16,7 +16,7 @@ var (
 		"Bytes by datapath verdict or drop reason, summed over CPUs.",
 		[]string{"reason", "drop"}, nil)
 	descMapFull = prometheus.NewDesc("contiv_datapath_map_full_total",
-		"Map inserts the driver could not make because the map was full, by map.",
+		"Map inserts the driver could not make because the map was full, by map (cb_iface_direct: a host veth that got no ifindex inside the interface array, whose packets take the full stage).",
 		[]string{"map"}, nil)
 	descScrapeErr = prometheus.NewDesc("contiv_datapath_scrape_errors",
 		"1 when the datapath counters could not be read on this scrape.", nil, nil)

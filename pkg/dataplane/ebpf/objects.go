@@ -641,7 +641,8 @@ func (d *Driver) endpointByIfindex(ifindex int) (string, bool) {
 }
 
 // createVeth creates the pair with the container end already in the endpoint's namespace
-// (or in the host namespace when ep.NetNS is empty).
+// (or in the host namespace when ep.NetNS is empty), the host end's ifindex below the
+// interface array's end where one is free (addVeth).
 func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netlink.Link, error) {
 	// One RTM_NEWLINK: both ends named, sized, placed and the peer's MAC set; the host end
 	// stays down until its program is attached. The kernel ignores IFLA_IFALIAS on create,
@@ -660,15 +661,9 @@ func (d *Driver) createVeth(ep dataplane.Endpoint, mtu int, alias string) (netli
 		defer cns.Close()
 		veth.PeerNamespace = netlink.NsFd(int(cns))
 	}
-	if err := d.nl.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("create veth %s/%s: %w", ep.HostIfName, ep.IfName, err)
-	}
-	var host netlink.Link = veth // LinkAdd looked the new link up by name for its index
-	if veth.Index == 0 {
-		var err error
-		if host, err = d.nl.LinkByName(ep.HostIfName); err != nil {
-			return nil, fmt.Errorf("look up new veth %s: %w", ep.HostIfName, err)
-		}
+	host, err := d.addVeth(veth) // its ifindex below cb_iface_direct's end where it can
+	if err != nil {
+		return nil, err
 	}
 	if err := d.nl.LinkSetAlias(host, alias); err != nil {
 		_ = d.nl.LinkDel(host)
