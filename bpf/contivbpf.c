@@ -677,6 +677,10 @@ CB_INLINE int cb_ipv4_simple(const struct __sk_buff *skb, const struct iphdr *ip
 	return tot >= sizeof(struct iphdr) && tot <= skb->len - ETH_HLEN;
 }
 
+/* cb_svc_memo_off, set by the agent, turns the memo below off: its soundness rests on
+ * loads not passing loads (x86), and on other machines the agent sets it. */
+volatile __u32 cb_svc_memo_off;
+
 /* cb_svc_fast takes, for cb_ipv4_fast, a packet of an established service flow (svc: the
  * live-or-not client→VIP entry under its tuple, k->ct) to its backend exactly as the full
  * stage would (cb_lb_reply, cb_lb_forward, cb_ct_check, cb_lb_commit): when the entry is
@@ -801,7 +805,6 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	__u32 features = cb_features, tracked, dif = 0, need = 0, ack = 0;
 	__u16 depg;
 	__be16 sport;
-	__be32 saddr;
 	int r;
 
 	if (!skb || !ifc)
@@ -825,7 +828,6 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	k.ct.zone = ifc->vrf;
 	k.ct.saddr = ip->saddr;
 	k.ct.daddr = ip->daddr;
-	saddr = ip->saddr;
 	sport = l4->sport;
 	k.ct.sport = sport;
 	k.ct.dport = l4->dport;
@@ -860,10 +862,8 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, need, ack, &rev))
 		return CB_SLOW;
 	if (rev) {
-		/* A service's reply leaves from its VIP:port (after policy, as in the full stage).
-		 * The source as the packet carries it (checked against the entry's address
-		 * once): the entry in place may be freed meanwhile, its address read as 0. */
-		r = cb_lb_unnat(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, saddr, sport, rev);
+		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */
+		r = cb_lb_unnat(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, ifc->ip, sport, rev);
 		if (r)
 			return cb_drop(skb, r);
 	}
@@ -882,17 +882,15 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 }
 
 /* cb_fast_stage is cb_from_container's one stage of its own, the fast stage: ifc is the
- * packet's interface entry, read in place where it lies in cb_iface_direct
- * (cb_iface_in_array) or, past that array or before an entry moved into it, a copy
- * of its cb_ifaces element (cb_iface_copy: the hash reuses an element's memory at once,
- * so one read in place across the stage could take one interface's address with
- * another's network or tenant). A global function, so the verifier checks it once, for a
- * pointer to any entry, instead of once per map (no second copy of the fast path). Its
- * address is read once, and must be set: an array entry being freed loses its address
- * first (ifaces.go), so no packet from 0.0.0.0 matches a free place. The other fields are
- * read as needed; the agent's second write of a free (zeroes), or an update of the
- * interface's own array entry, can land meanwhile, and then the lookups by them miss or
- * the packet goes to the container stage, which takes a copy. It takes (not in
+ * packet's interface entry read in place from cb_iface_direct (an entry in the cb_ifaces
+ * hash, past that array, of an endpoint with QoS, or an earlier build's not yet moved,
+ * goes to the container stage, which copies it: the agent gives every host veth an ifindex
+ * inside the array where one is free, ifaces.go and vethindex.go). A global function, so
+ * the verifier checks it once, apart from the entry program. Its address is read once,
+ * and must be set: an array entry being freed loses its address first (ifaces.go), so no
+ * packet from 0.0.0.0 matches a free place. The other fields are read as needed; the
+ * agent's second write of a free (zeroes) can land meanwhile, and then the lookups by them
+ * miss or the packet goes to the container stage, which takes a copy. It takes (not in
  * routing mode) an untagged IPv4 frame, with the entry's MAC and a header cb_ipv4_simple
  * takes, from an endpoint without QoS: with a stage with state on to cb_ipv4_fast,
  * otherwise to its endpoint, local or remote (cb_send_to), exactly as the container stage
@@ -1108,24 +1106,21 @@ CB_INLINE int cb_stage(struct __sk_buff *skb, __u32 call)
 }
 
 /* cb_from_container is the way in of a container's packets, one per packet: the fast
- * stage on the interface entry read in place (not in routing mode), and whatever that does
- * not finish by one tail call to the container stage, which checks and judges it from the
- * start. Nothing else: the entry program holds no second copy of any check or path. */
+ * stage on the interface entry read in place from the array (not in routing mode; the
+ * array alone: a hash lookup behind it cost the established flow's packet 2-4 ns), and
+ * whatever that does not finish, or whose entry is not in the array, by one tail call to
+ * the container stage, which checks and judges it from the start. Nothing else: the entry
+ * program holds no second copy of any check or path. */
 SEC("tc")
 int cb_from_container(struct __sk_buff *skb)
 {
 	const struct cb_iface *ifc;
-	__u32 ifindex;
+	__u32 ifx = skb->ifindex;
 	int r;
 
 	cb_pull(skb, ETH_HLEN);
-	if (!(cb_features & CB_FEAT_ROUTING)) {
-		/* The array's entry in place; the hash's only as a copy (its
-		 * elements are reused at once: cb_iface_copy). */
-		ifindex = skb->ifindex;
-		ifc = cb_iface_in_array(ifindex);
-		if (!ifc)
-			ifc = cb_iface_copy(bpf_map_lookup_elem(&cb_ifaces, &ifindex));
+	if (!(cb_features & CB_FEAT_ROUTING) && ifx < CB_IFACE_DIRECT) {
+		ifc = bpf_map_lookup_elem(&cb_iface_direct, &ifx);
 		if (ifc) {
 			r = cb_fast_stage(skb, ifc);
 			if (r != CB_SLOW)

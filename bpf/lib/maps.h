@@ -149,7 +149,9 @@ struct {
  * inlines (a hash lookup was a fifth of the local forward path); an array entry is in use
  * when its ip is set (an endpoint's address is never 0.0.0.0). Larger ifindexes, and
  * entries an earlier build wrote, live in cb_ifaces; the agent moves those below the
- * limit into the array at start (pkg/dataplane/ebpf/ifaces.go). */
+ * limit into the array at start (pkg/dataplane/ebpf/ifaces.go), and gives a new host veth
+ * an ifindex below it where one is free (vethindex.go): the fast stage reads only the
+ * array. */
 #define CB_IFACE_DIRECT 65536
 
 struct {

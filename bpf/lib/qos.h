@@ -9,9 +9,9 @@
  * entry (cb_endpoint.flags CB_EP_QOS_IN) say which checks apply, so an endpoint without
  * QoS costs no lookup: the paths test a word they already read. A limited endpoint's
  * interface entry lives in the cb_ifaces hash, never in cb_iface_direct (ifaces.go):
- * the fast stage (cb_fast_stage) hands every packet of an entry with a QoS word to the
- * container stage, which polices it, and the destination note (cb_dst_noted) never meets
- * one.
+ * the fast stage (cb_fast_stage), which reads only the array (and declines an entry with
+ * a QoS word all the same), leaves its packets to the container stage, which polices
+ * them, and the destination note (cb_dst_noted) never meets one.
  *
  * The bucket is GCRA (the virtual scheduling form of a token bucket): tat is the time the
  * bucket would be empty again at the configured rate; a packet conforms while tat runs

@@ -10,8 +10,10 @@ import (
 // ifaceTable is the datapath's interface table (bpf/lib/maps.h cb_iface_of): a host-side
 // veth's entry by its ifindex. Ifindexes below the array's size live in cb_iface_direct,
 // an array the verifier inlines, where an entry is in use when its IP is set; others in
-// cb_ifaces, a hash. The datapath reads the array first and falls back to the hash, so
-// entries an earlier build wrote to the hash keep working until moved (promote).
+// cb_ifaces, a hash. The container stage reads the array first and falls back to the
+// hash, so entries an earlier build wrote to the hash keep working until moved (promote);
+// the fast stage reads only the array (a packet whose entry is in the hash takes the
+// container stage), and the agent gives new host veths ifindexes inside it (addVeth).
 //
 // An array entry is written in place: a packet racing an update of its own interface's
 // entry may see a mix of that entry's old and new fields, never another interface's. The
@@ -57,8 +59,8 @@ func (t ifaceTable) lookup(ifindex uint32) (contivbpfCbIface, error) {
 //
 // An entry with QoS (qos.go) goes to the hash whatever its ifindex, and its place in the
 // array is freed after: the destination note (cb_dst_noted) reads only the array and so
-// never meets a limited endpoint, and the fast stage (cb_fast_stage), which reads a copy of
-// the hash's entry past the array, hands its packets to the container stage, which polices them. Without
+// never meets a limited endpoint, and the fast stage (cb_fast_stage), which reads only the
+// array, leaves its packets to the container stage, which polices them. Without
 // QoS it goes back to the array, and the hash copy is deleted after.
 func (t ifaceTable) put(ifindex uint32, v *contivbpfCbIface, hashPut func(name string, m *ebpf.Map, k, v any) error) error {
 	if v.Ip == 0 {

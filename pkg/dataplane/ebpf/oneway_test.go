@@ -74,8 +74,8 @@ func (f progFuncs) all() map[string]bool {
 
 // TestOneWayIn: a container's packet has one way in (issue 33: "one way in per direction;
 // the fast path is a stage, not a second copy of the logic"). The entry program's own
-// body calls one function, the fast stage, which is global (verified once, for an
-// interface entry from either map: no second copy for the other pointer); the entry
+// body calls one function, the fast stage, which is global (verified once, on its own,
+// for an interface entry of the array); the entry
 // program makes one tail call in all, to the container stage (CB_CALL_CONTAINER); and no
 // function the container stage or a stage after it calls from its own body (the identity
 // checks, ARP, QoS, the full stage's parse, judgement and ways outside) is in the entry

@@ -282,6 +282,21 @@ func (r runResult) expect(t *testing.T, ret uint32, reason Reason) {
 	}
 }
 
+// placeIface makes v loIfindex's interface entry, in the array or the hash alone (where).
+func placeIface(t *testing.T, objs *contivbpfObjects, where string, v *contivbpfCbIface) {
+	t.Helper()
+	err := objs.ifaceTable().del(uint32(loIfindex))
+	if err == nil && where == "array" {
+		err = objs.CbIfaceDirect.Put(uint32(loIfindex), v)
+	}
+	if err == nil && where == "hash" {
+		err = objs.CbIfaces.Put(uint32(loIfindex), v)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestFromContainer(t *testing.T) {
 	objs := loadTestObjects(t)
 	prog := objs.CbFromContainer
@@ -483,6 +498,37 @@ func TestFromContainer(t *testing.T) {
 				run(t, objs, prog, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, c.ret, c.reason)
 			})
 		}
+		// The fast stage reads only the array: a packet whose entry lies in the hash (past
+		// the array, or an earlier build's not yet moved) goes to the container stage,
+		// which copies the entry, and meets the same verdict and leaves as the same frame.
+		// With the container stage out of cb_calls, the array's packet is still the fast
+		// stage's and the hash's is dropped for want of its stage.
+		t.Run("hash entry takes the container stage", func(t *testing.T) {
+			const stageContainer = uint32(0) // CB_CALL_CONTAINER
+			p := ipFrame(srcIP, localIP, ipOpts{})
+			out := map[string][]byte{}
+			for _, where := range []string{"array", "hash"} {
+				placeIface(t, objs, where, &good)
+				r := run(t, objs, prog, append([]byte(nil), p...), nil)
+				r.expect(t, tcActRedirect, FwdLocal)
+				out[where] = r.out
+			}
+			if !bytes.Equal(out["array"], out["hash"]) {
+				t.Errorf("frames differ\narray %x\nhash  %x", out["array"], out["hash"])
+			}
+			if err := objs.CbCalls.Delete(stageContainer); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := objs.CbCalls.Put(stageContainer, objs.CbStageContainer); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			placeIface(t, objs, "array", &good)
+			run(t, objs, prog, append([]byte(nil), p...), nil).expect(t, tcActRedirect, FwdLocal)
+			placeIface(t, objs, "hash", &good)
+			run(t, objs, prog, append([]byte(nil), p...), nil).expect(t, tcActShot, DropNoStage)
+		})
 		// Between del's two writes a place keeps its MAC and network: a packet from 0.0.0.0
 		// matches its (zero) address, and must still find no interface.
 		t.Run("free array place, a packet from its zero address", func(t *testing.T) {
@@ -530,13 +576,14 @@ func TestFromContainer(t *testing.T) {
 			}
 		})
 	})
-	// The way in (cb_fast_stage, the interface entry read in place from the array or the
-	// hash) with and without the stages with state (then cb_ipv4_fast; an outside
-	// destination goes on to the container stage, which checks it from the start): a UDP
-	// packet meets the same verdict in every mode and from either place of the interface
-	// entry. The sender's group denies UDP to port 5353: judged whenever policy is on. Each
-	// flow sends twice: with policy on, the second packet of an allowed flow is the fast
-	// stage's (its entry holds the tuple), the interface entry in the array or the hash.
+	// The way in (cb_fast_stage, the interface entry read in place from the array; an
+	// entry in the hash goes to the container stage) with and without the stages with state
+	// (then cb_ipv4_fast; an outside destination goes on to the container stage, which
+	// checks it from the start): a UDP packet meets the same verdict in every mode and from
+	// either place of the interface entry. The sender's group denies UDP to port 5353:
+	// judged whenever policy is on. Each flow sends twice: with policy on, the second packet
+	// of an allowed flow is the fast stage's (its entry holds the tuple) when the interface
+	// entry is in the array, the container stage's when it is in the hash.
 	t.Run("modes", func(t *testing.T) {
 		good := contivbpfCbIface{Net: testNet, Ip: ip4(srcIP), Slot: testSlot(srcIP), Vrf: testZone}
 		copy(good.Mac[:], srcMAC)
@@ -578,16 +625,7 @@ func TestFromContainer(t *testing.T) {
 		} {
 			setFeatures(t, objs, mode.features)
 			for _, where := range []string{"array", "hash"} {
-				err := objs.ifaceTable().del(uint32(loIfindex))
-				if err == nil && where == "array" {
-					err = objs.CbIfaceDirect.Put(uint32(loIfindex), &grouped)
-				}
-				if err == nil && where == "hash" {
-					err = objs.CbIfaces.Put(uint32(loIfindex), &grouped)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				placeIface(t, objs, where, &grouped)
 				for _, c := range cases {
 					sport++
 					t.Run(mode.name+"/"+where+"/"+c.name, func(t *testing.T) {
@@ -606,15 +644,20 @@ func TestFromContainer(t *testing.T) {
 						if mode.features == 0 || reason != FwdLocal {
 							return
 						}
-						// The second packet was the fast path's: only it notes the destination's
-						// host veth in the flow's entry (cb_dst_note).
+						// From the array the second packet was the fast path's: only it notes
+						// the destination's host veth in the flow's entry (cb_dst_note). From
+						// the hash both were the container stage's: no note.
 						var dep contivbpfCbEndpoint
 						if err := objs.CbEndpoints.Lookup(&contivbpfCbEpKey{Net: testNet, Ip: ip4(c.dst)}, &dep); err != nil {
 							t.Fatal(err)
 						}
+						want := dep.Ifindex
+						if where == "hash" {
+							want = 0
+						}
 						e, ok := ctEntry(t, objs, testZone, 17, c.src, c.dst, sport, c.dport)
-						if !ok || uint32(e.Nodeport) != dep.Ifindex {
-							t.Fatalf("the flow's entry (found %v) notes ifindex %d, want %d: its second packet was not the fast path's", ok, e.Nodeport, dep.Ifindex)
+						if !ok || uint32(e.Nodeport) != want {
+							t.Fatalf("the flow's entry (found %v) notes ifindex %d, want %d", ok, e.Nodeport, want)
 						}
 					})
 				}
