@@ -226,10 +226,36 @@ CB_INLINE struct cb_iface *cb_iface_copy(const struct cb_iface *src)
 	return out->ip ? out : 0;
 }
 
-/* cb_iface_get returns a copy of the interface table's entry of ifindex (0: none). */
+/* cb_iface_same says whether the copy at a holds what b holds now, word by word. */
+CB_INLINE int cb_iface_same(const struct cb_iface *a, const struct cb_iface *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+	__u32 diff = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*a) / sizeof(__u32)); i++)
+		diff |= x[i] ^ y[i];
+	return !diff;
+}
+
+/* cb_iface_get returns a copy of the interface table's entry of ifindex (0: none). A copy
+ * of a cb_ifaces element is checked after it was taken: the key must still lead to that
+ * element and the element still hold what was copied. An element reused for another
+ * interface while it was copied (the kernel writes the new value into it before linking
+ * it under its key) fails one or the other, and the packet then finds no entry (dropped,
+ * drop_unknown_iface) rather than go on with two interfaces' fields
+ * (TestIfaceHashReuseNoMix). */
 CB_INLINE struct cb_iface *cb_iface_get(__u32 ifindex)
 {
-	return cb_iface_copy(cb_iface_of(ifindex));
+	struct cb_iface *src = cb_iface_in_array(ifindex), *out;
+
+	if (src)
+		return cb_iface_copy(src);
+	src = bpf_map_lookup_elem(&cb_ifaces, &ifindex);
+	out = cb_iface_copy(src);
+	if (!out || !src || bpf_map_lookup_elem(&cb_ifaces, &ifindex) != src || !cb_iface_same(out, src))
+		return 0;
+	return out;
 }
 
 struct {
