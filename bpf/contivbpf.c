@@ -805,6 +805,7 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	__u32 features = cb_features, tracked, dif = 0, need = 0, ack = 0;
 	__u16 depg;
 	__be16 sport;
+	__be32 saddr;
 	int r;
 
 	if (!skb || !ifc)
@@ -828,6 +829,7 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	k.ct.zone = ifc->vrf;
 	k.ct.saddr = ip->saddr;
 	k.ct.daddr = ip->daddr;
+	saddr = ip->saddr;
 	sport = l4->sport;
 	k.ct.sport = sport;
 	k.ct.dport = l4->dport;
@@ -862,8 +864,11 @@ CB_INLINE int cb_ipv4_fast(struct __sk_buff *skb, const struct cb_iface *ifc)
 	if (!cb_fast_pass(&k, e, tracked, features & CB_FEAT_LB, ifc->net, need, ack, &rev))
 		return CB_SLOW;
 	if (rev) {
-		/* A service's reply leaves from its VIP:port (after policy, as in the full stage). */
-		r = cb_lb_unnat(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, ifc->ip, sport, rev);
+		/* A service's reply leaves from its VIP:port (after policy, as in the full stage).
+		 * The source as the packet carries it (checked against the entry's address
+		 * once): the entry in place may be freed meanwhile, its address read as 0
+		 * (TestServiceFastReplyEntryFreed). */
+		r = cb_lb_unnat(skb, ETH_HLEN + sizeof(struct iphdr), k.ct.proto, 1, saddr, sport, rev);
 		if (r)
 			return cb_drop(skb, r);
 	}

@@ -68,19 +68,10 @@ func TestIfaceHashReuseNoMix(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		for ctx.Err() == nil {
-			if _, err := objs.CbIfaces.BatchUpdate(keys, vals, nil); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
+	stop := rewriteWhile(ctx, t, func() error {
+		_, err := objs.CbIfaces.BatchUpdate(keys, vals, nil)
+		return err
+	})
 
 	pkt := ipFrame(srcIP, victim, ipOpts{})
 	out := make([]byte, len(pkt)+256)
@@ -97,11 +88,31 @@ func TestIfaceHashReuseNoMix(t *testing.T) {
 			mixed++
 		}
 	}
-	cancel()
-	wg.Wait()
+	stop()
 	if mixed > 0 {
 		t.Errorf("a packet from lo (tenant A, %s) was delivered to %s of tenant B's network after %d runs (%v): "+
 			"it read A's address and B's network from one reused element", srcIP, victim, runs, time.Since(start))
 	}
 	t.Logf("%d runs in %v", runs, time.Since(start))
+}
+
+// rewriteWhile calls write over and over on a thread of its own until ctx ends or write
+// fails (a test error), racing the packets the test runs meanwhile; stop ends it and
+// waits.
+func rewriteWhile(ctx context.Context, t *testing.T, write func() error) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for ctx.Err() == nil {
+			if err := write(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	return func() { cancel(); wg.Wait() }
 }
