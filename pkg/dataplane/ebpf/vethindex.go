@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 )
 
@@ -41,7 +42,7 @@ func (d *Driver) addVeth(veth *netlink.Veth) (netlink.Link, error) {
 		d.eps.nextIfindex = 1
 	}
 	for range lowIfindexTries {
-		idx, err := d.freeIfindex(d.eps.nextIfindex, tbl.direct.MaxEntries())
+		idx, err := d.freeIfindex(tbl, d.eps.nextIfindex, tbl.direct.MaxEntries())
 		if err != nil {
 			return nil, err
 		}
@@ -98,8 +99,13 @@ func (d *Driver) ifindexTaken(err error, idx uint32) bool {
 }
 
 // freeIfindex returns the first ifindex in [1, limit), from "from" on and cyclic, that no
-// link of the driver's namespace holds (0: none).
-func (d *Driver) freeIfindex(from, limit uint32) (uint32, error) {
+// link of the driver's namespace holds and no entry of the interface table tbl names (0:
+// none). An entry without its link is an endpoint's whose veth went while the agent was
+// away (or whose delete failed half-way), not yet swept: its endpoint entry still sends
+// that address's packets to the ifindex, and a new veth there would receive them
+// (the kernel's own counter reuses an ifindex only after 2^31 links; eps.nextIfindex
+// starts again at 1 on every start).
+func (d *Driver) freeIfindex(tbl ifaceTable, from, limit uint32) (uint32, error) {
 	links, err := d.nl.LinkList()
 	if err != nil {
 		return 0, fmt.Errorf("list links for a free ifindex: %w", err)
@@ -115,9 +121,15 @@ func (d *Driver) freeIfindex(from, limit uint32) (uint32, error) {
 		if i >= limit {
 			i = 1
 		}
-		if !used[i] {
-			return i, nil
+		if used[i] {
+			continue
 		}
+		if _, err := tbl.lookup(i); err == nil {
+			continue // a stale entry's
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, fmt.Errorf("free ifindex: %w", err)
+		}
+		return i, nil
 	}
 	return 0, nil
 }

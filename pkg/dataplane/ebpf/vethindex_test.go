@@ -81,9 +81,28 @@ func TestVethIfindexInsideArray(t *testing.T) {
 	if a >= limit || !inArray(a) || d.eps.nextIfindex == 0 {
 		t.Fatalf("first veth past the kernel's counter: ifindex %d (limit %d), in the array %v, next %d", a, limit, inArray(a), d.eps.nextIfindex)
 	}
+	// The next free index holds a stale entry (an endpoint whose veth went while the agent
+	// was away, not yet swept: its endpoint entry still sends its address there): the
+	// second veth must not take it.
+	stale := uint32(0)
+	for i := d.eps.nextIfindex; i < limit && stale == 0; i++ {
+		if _, err := nl.LinkByIndex(int(i)); err != nil {
+			stale = i
+		}
+	}
+	dead := contivbpfCbIface{Net: 2, Ip: ip4(netip.MustParseAddr("10.60.0.9"))}
+	if stale == 0 {
+		t.Fatalf("no free index from %d below %d", d.eps.nextIfindex, limit)
+	}
+	if err := d.ifaces().put(stale, &dead, nil); err != nil {
+		t.Fatal(err)
+	}
 	b := mk("b")
-	if b >= limit || b == a || !inArray(b) {
-		t.Fatalf("second veth: ifindex %d (first %d, limit %d), in the array %v", b, a, limit, inArray(b))
+	if b >= limit || b == a || b == int(stale) || !inArray(b) {
+		t.Fatalf("second veth: ifindex %d (first %d, stale entry's %d, limit %d), in the array %v", b, a, stale, limit, inArray(b))
+	}
+	if err := d.ifaces().del(stale); err != nil {
+		t.Fatal(err)
 	}
 	// Fill every place below the limit (explicit indexes), then one more veth.
 	cfd, err := netns.GetFromPath(cns)
