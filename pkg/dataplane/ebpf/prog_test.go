@@ -839,7 +839,7 @@ func TestMapFull(t *testing.T) {
 	// Operators see both the full map and every drop reason on /metrics.
 	run(t, &d.objs, d.objs.CbFromContainer, ipFrame(srcIP, localIP, ipOpts{}), nil).expect(t, tcActShot, DropUnknownIface)
 	want := `
-# HELP contiv_datapath_map_full_total Map inserts the driver could not make because the map was full, by map.
+# HELP contiv_datapath_map_full_total Map inserts the driver could not make because the map was full, by map (cb_iface_direct: a host veth that got no ifindex inside the interface array, whose packets take the full stage).
 # TYPE contiv_datapath_map_full_total counter
 contiv_datapath_map_full_total{map="cb_endpoints"} 1
 `
