@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/etcdembed"
 	"github.com/contivbpf/contivbpf/pkg/state"
@@ -571,5 +573,46 @@ func TestListWatchHealth(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("change made while cut off not delivered")
+	}
+}
+
+// TestListWatchOneTransaction: the events of one transaction share one revision, and each
+// is delivered, with and without Health (a watch that skipped what it had seen by the last
+// event's revision delivered the first key of a transaction only: an agent missed a rule
+// written with its policy).
+func TestListWatchOneTransaction(t *testing.T) {
+	s, _ := statetest.Store(t)
+	for _, withHealth := range []bool{false, true} {
+		t.Run(fmt.Sprintf("health=%v", withHealth), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			prefix := fmt.Sprintf("/tx%v/", withHealth)
+			snap := make(chan struct{}, 1)
+			evs := make(chan state.Event, 16)
+			h := state.WatchHandler{
+				Snapshot: func([]state.KV, int64) { snap <- struct{}{} },
+				Event:    func(ev state.Event) { evs <- ev },
+			}
+			if withHealth {
+				h.Health = func(error) {}
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); _ = s.ListWatch(ctx, prefix, h) }()
+			defer func() { cancel(); <-done }()
+			<-snap
+			if _, err := s.Client().Txn(ctx).Then(
+				clientv3.OpPut(prefix+"a", "1"), clientv3.OpPut(prefix+"b", "2"), clientv3.OpPut(prefix+"c", "3")).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for len(got) < 3 {
+				select {
+				case ev := <-evs:
+					got = append(got, ev.Key)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("events of one transaction: got %v, want %sa, %sb and %sc", got, prefix, prefix, prefix)
+				}
+			}
+		})
 	}
 }

@@ -144,6 +144,10 @@ func (s *Store) watchOnce(wctx context.Context, ch clientv3.WatchChan, rev *int6
 		defer t.Stop()
 		tick = t.C
 	}
+	// Events up to the revision seen when this watch started were delivered already (a
+	// watch with Health starts at that revision). Not the last event's revision: the
+	// events of one transaction share one, and each must be delivered.
+	seen := *rev
 	unanswered := 0                  // (progress requests since the last response)
 	asking := make(chan struct{}, 1) // (a progress request under way)
 	for {
@@ -186,7 +190,7 @@ func (s *Store) watchOnce(wctx context.Context, ch clientv3.WatchChan, rev *int6
 		health.report(nil)
 		wait.Reset()
 		for _, e := range resp.Events {
-			if e.Kv.ModRevision <= *rev {
+			if e.Kv.ModRevision <= seen {
 				continue // (delivered already)
 			}
 			ev := Event{Key: string(e.Kv.Key), Value: e.Kv.Value, Rev: e.Kv.ModRevision}
