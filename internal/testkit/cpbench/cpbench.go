@@ -242,7 +242,12 @@ func (b *bench) cleanup(ctx context.Context, names []string) error {
 }
 
 func (b *bench) expect(ctx context.Context, base, method, path string, in, out any) error {
-	st, body, err := b.do(ctx, base, method, path, in)
+	return expect(ctx, b.o.Client, base, method, path, in, out)
+}
+
+// expect is do that wants 200 and decodes the answer into out (nil: not decoded).
+func expect(ctx context.Context, c *http.Client, base, method, path string, in, out any) error {
+	st, body, err := do(ctx, c, base, method, path, in)
 	if err != nil {
 		return err
 	}
@@ -258,6 +263,11 @@ func (b *bench) expect(ctx context.Context, base, method, path string, in, out a
 }
 
 func (b *bench) do(ctx context.Context, base, method, path string, in any) (int, []byte, error) {
+	return do(ctx, b.o.Client, base, method, path, in)
+}
+
+// do sends in (JSON; nil: no body) to base+path with c and returns the status and body.
+func do(ctx context.Context, c *http.Client, base, method, path string, in any) (int, []byte, error) {
 	var rd io.Reader
 	if in != nil {
 		buf, err := json.Marshal(in)
@@ -274,7 +284,7 @@ func (b *bench) do(ctx context.Context, base, method, path string, in any) (int,
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/problem+json") // real statuses (404 on cleanup)
-	resp, err := b.o.Client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s %s%s: %w", method, base, path, err)
 	}
