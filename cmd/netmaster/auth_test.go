@@ -209,7 +209,8 @@ const (
 	tPeer  = "peer-token-0123456789abc"
 )
 
-// secureEnv runs netmasters with HTTPS, client certificates and bearer tokens.
+// secureEnv runs netmasters with HTTPS, client certificates and bearer tokens (or, made
+// by newPlainEnv, with tokens over plain HTTP).
 type secureEnv struct {
 	t      *testing.T
 	dir    string
@@ -217,7 +218,23 @@ type secureEnv struct {
 	caPath string
 	tokens string   // the token file
 	flags  []string // netmaster's flags for all of it
+	plain  bool     // --insecure --auth-tokens: plain HTTP, roles kept
 }
+
+// newPlainEnv is newSecureEnv's token file served over plain HTTP: netmaster runs with
+// --insecure --auth-tokens, which keeps every role and check but TLS.
+func newPlainEnv(t *testing.T, tokenLines string) *secureEnv {
+	t.Helper()
+	s := newSecureEnv(t, tokenLines)
+	s.flags, s.plain = []string{"--auth-tokens", s.tokens}, true
+	return s
+}
+
+// envModes are the ways a test runs its netmasters with tokens: HTTPS and plain HTTP.
+var envModes = []struct {
+	name string
+	new  func(t *testing.T, tokenLines string) *secureEnv
+}{{"tls", newSecureEnv}, {"insecure", newPlainEnv}}
 
 // newSecureEnv issues a CA and netmaster's server certificate (for 127.0.0.1) and writes
 // the token file (lines "<token> <role> [<name>]").
@@ -293,19 +310,22 @@ func (s *secureEnv) replace(path string, body []byte) {
 	}
 }
 
-// start runs one netmaster per name on etcdURL, serving HTTPS.
+// start runs one netmaster per name on etcdURL, serving HTTPS (plain: HTTP).
 func (s *secureEnv) start(t *testing.T, etcdURL string, names ...string) []*proc {
 	t.Helper()
 	ps := make([]*proc, 0, len(names))
 	for _, n := range names {
 		p := startNetmaster(t, n, etcdURL, s.flags...)
-		p.url = "https://" + p.addr
+		if !s.plain {
+			p.url = "https://" + p.addr
+		}
 		ps = append(ps, p)
 	}
 	return ps
 }
 
-// client returns an API client that trusts the CA and sends token (none if "").
+// client returns an API client that trusts the CA and sends token (none if ""); it
+// speaks plain HTTP to an http:// URL.
 func (s *secureEnv) client(t *testing.T, token string) *apiClient {
 	return client(t, tlsconf.Files{CA: s.caPath}, token)
 }
@@ -325,6 +345,17 @@ func secureLeader(t *testing.T, admin *apiClient, ps []*proc) (leader, follower 
 		return fmt.Errorf("no leader yet")
 	})
 	return leader, follower
+}
+
+// waitLeader waits until p, alone on its etcd, says it leads (asking as admin).
+func waitLeader(t *testing.T, admin *apiClient, p *proc) {
+	t.Helper()
+	eventually(t, 30*time.Second, p.name+" leads", func() error {
+		if st, out := admin.call(t, "GET", p.url+"/info", ""); st != 200 || !strings.Contains(out, `"current-state":"leader"`) {
+			return fmt.Errorf("%d %s", st, out)
+		}
+		return nil
+	})
 }
 
 // rawEtcd is a client of etcdURL, closed when the test ends.
