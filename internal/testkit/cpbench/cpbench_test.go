@@ -4,38 +4,48 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
 	"github.com/contivbpf/contivbpf/pkg/master"
+	"github.com/contivbpf/contivbpf/pkg/state"
 )
+
+// startNode serves a Master on store at a free loopback port until ctx ends; it returns
+// the node's URL and a channel closed once it stopped.
+func startNode(ctx context.Context, t *testing.T, store *state.Store) (string, chan struct{}) {
+	t.Helper()
+	m, err := master.New(ctx, master.Config{Store: store, FwdMode: "routing", NetMode: "vxlan"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", statetest.FreePort(t))
+	ready, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		err := cluster.Serve(ctx, cluster.NodeConfig{Store: store, ListenAddr: addr, ControlAddr: addr, API: m.Handler(),
+			LeaderTTL: 2 * time.Second, ServiceTTL: 2 * time.Second, Ready: func(net.Addr) { close(ready) }})
+		if err != nil {
+			t.Errorf("node %s: %v", addr, err)
+			close(ready)
+		}
+	}()
+	<-ready
+	return "http://" + addr, done
+}
 
 func TestRunOneAndTwoNetmasters(t *testing.T) {
 	store, _ := statetest.Store(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var urls []string
 	var dones []chan struct{}
-	for i := 0; i < 2; i++ {
-		m, err := master.New(ctx, master.Config{Store: store, FwdMode: "routing", NetMode: "vxlan"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", statetest.FreePort(t))
-		ready := make(chan struct{})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			err := cluster.Serve(ctx, cluster.NodeConfig{Store: store, ListenAddr: addr, ControlAddr: addr, API: m.Handler(),
-				LeaderTTL: 2 * time.Second, ServiceTTL: 2 * time.Second, Ready: func(net.Addr) { close(ready) }})
-			if err != nil {
-				t.Errorf("node %d: %v", i, err)
-				close(ready)
-			}
-		}()
-		<-ready
-		urls = append(urls, "http://"+addr)
+	for range 2 {
+		url, done := startNode(ctx, t, store)
+		urls = append(urls, url)
 		dones = append(dones, done)
 	}
 	t.Cleanup(func() {
@@ -77,5 +87,40 @@ func TestRunOneAndTwoNetmasters(t *testing.T) {
 	}
 	if _, err := Run(ctx, Options{NetmasterURLs: []string{"http://127.0.0.1:1"}}); err == nil {
 		t.Fatal("Run against a closed port succeeded")
+	}
+}
+
+// TestNetworks: Networks creates tenants x perTenant networks in the tenants CreateTenants
+// made, names and addresses them by NetworkName and NetworkSubnet, and stops at the first
+// failed create with an error naming it (a tenant that does not exist).
+func TestNetworks(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	url, done := startNode(ctx, t, store)
+	t.Cleanup(func() { cancel(); <-done })
+	c := &http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(10 * time.Second)
+	for SetVXLANs(ctx, c, url, "1-16000") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("netmaster not leading")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := CreateTenants(ctx, c, url, "nt", 3); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Networks(ctx, NetworksOptions{URL: url, Tenants: 3, PerTenant: 4, TenantPrefix: "nt", Workers: 4, Window: 3})
+	if err != nil || res.Created != 12 || res.StartRate <= 0 || res.EndRate <= 0 {
+		t.Fatalf("Networks: %+v, %v; want 12 created and both rates", res, err)
+	}
+	var nw struct {
+		Subnet string `json:"subnet"`
+	}
+	if err := expect(ctx, c, url, http.MethodGet, "/api/v1/networks/nt2:"+NetworkName(3)+"/", nil, &nw); err != nil || nw.Subnet != NetworkSubnet(2, 3) {
+		t.Fatalf("network 3 of nt2: %+v %v, want subnet %s", nw, err, NetworkSubnet(2, 3))
+	}
+	res, err = Networks(ctx, NetworksOptions{URL: url, Tenants: 1, PerTenant: 5, TenantPrefix: "nx", Workers: 1})
+	if err == nil || !strings.Contains(err.Error(), "network 1 of 5") || !strings.Contains(err.Error(), "nx0:n0") || res.Created != 0 {
+		t.Fatalf("Networks in a missing tenant: %+v, %v; want an error naming nx0:n0, nothing created", res, err)
 	}
 }
