@@ -21,13 +21,18 @@ import (
 // widens the global VXLAN range to 1-16000 and gives each of 100 tenants a VXLAN range of
 // 100 ids; each tenant's tenant-admin token then creates its 100 networks through the REST
 // API, 12 creates in flight, tenants interleaved (cpbench.Networks, the bench stage
-// cp.create_10k_networks_s). Every create must succeed, the last 1,000 creates' rate be at
-// least half the first 1,000's, every tenant's VNIs lie in its range (no VNI or host-local
+// cp.create_10k_networks_s). Every create must succeed, netmaster's CPU time per create
+// (utime+stime from /proc, its embedded etcd's included) over the last 1,000 creates be at
+// most maxCPUGrowth times the first 1,000's (the rates, which other work on the machine
+// moves, are only logged: issue 34's goal, the end's rate at least half the start's, is
+// CPU per create at most doubled, and the margin below that catches a doubling on a
+// loaded machine), every tenant's VNIs lie in its range (no VNI or host-local
 // VLAN held twice) and its usage count 100 networks within its limit; a 101st tenant
 // without a range, created after them, still gets its networks, with VNIs outside every
 // range (the pools are not exhausted). Before the subnet index every create listed every
 // network, and before local VLANs could run out the 4,095th VXLAN network was refused.
 func TestTenThousandNetworks(t *testing.T) {
+	const maxCPUGrowth = 1.5
 	const tenants, perTenant, workers, late = 100, 100, 12, 10
 	tokenOf := func(i int) string { return fmt.Sprintf("tt%03d-tenant-admin-token-0123456789", i) }
 	var lines strings.Builder
@@ -64,14 +69,19 @@ func TestTenThousandNetworks(t *testing.T) {
 		clients[i] = clientOf(i)
 	}
 	res, err := cpbench.Networks(ctx, cpbench.NetworksOptions{URL: p.url, Tenants: tenants, PerTenant: perTenant,
-		TenantPrefix: "tt", Workers: workers, Window: 1000, ClientFor: func(i int) *http.Client { return clients[i] }})
-	t.Logf("%d networks in %s (%d creates in flight): %.0f creates/s over the first 1,000, %.0f over the last 1,000 (%.2f)",
-		res.Created, res.Elapsed.Round(100*time.Millisecond), workers, res.StartRate, res.EndRate, res.EndRate/max(res.StartRate, 1e-9))
+		TenantPrefix: "tt", Workers: workers, Window: 1000, ClientFor: func(i int) *http.Client { return clients[i] },
+		CPU: func() (time.Duration, error) { return cpbench.ProcessCPU(p.cmd.Process.Pid) }})
+	t.Logf("%d networks in %s (%d creates in flight): %.0f creates/s over the first 1,000, %.0f over the last 1,000 (%.2f); netmaster's CPU per create %s then %s (%.2f)",
+		res.Created, res.Elapsed.Round(100*time.Millisecond), workers, res.StartRate, res.EndRate, res.EndRate/max(res.StartRate, 1e-9),
+		res.StartCPU.Round(10*time.Microsecond), res.EndCPU.Round(10*time.Microsecond), float64(res.EndCPU)/float64(max(res.StartCPU, 1)))
 	if err != nil {
 		t.Fatalf("after %d of %d creates: %v", res.Created, tenants*perTenant, err)
 	}
-	if res.EndRate < res.StartRate/2 {
-		t.Errorf("the last 1,000 creates ran at %.0f/s, below half the first 1,000's %.0f/s", res.EndRate, res.StartRate)
+	// Judged by netmaster's own CPU per create (its embedded etcd's included), which other
+	// work on the machine does not move as it moves the rates (those are only logged).
+	if res.StartCPU <= 0 || float64(res.EndCPU) > maxCPUGrowth*float64(res.StartCPU) {
+		t.Errorf("netmaster's CPU per create grew from %s over the first 1,000 creates to %s over the last 1,000: more than %.1f times",
+			res.StartCPU, res.EndCPU, maxCPUGrowth)
 	}
 
 	// A tenant created after them, without a range, still gets networks: outside every range.

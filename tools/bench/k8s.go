@@ -6,9 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/cpbench"
 	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
@@ -125,7 +124,7 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 
 	// 4. 1,000 Services with 10 endpoints each.
 	const nsvc, per = 1000, 10
-	cpu0, err := processCPU(h2.Plugin.PID())
+	cpu0, err := cpbench.ProcessCPU(h2.Plugin.PID())
 	if err != nil {
 		return err
 	}
@@ -158,7 +157,7 @@ func k8sStage(ctx context.Context, cfg config, w io.Writer, r *report) error {
 		return fmt.Errorf("%d services: %w", nsvc, err)
 	}
 	all := time.Since(t0)
-	cpu1, err := processCPU(h2.Plugin.PID())
+	cpu1, err := cpbench.ProcessCPU(h2.Plugin.PID())
 	if err != nil {
 		return err
 	}
@@ -281,23 +280,4 @@ func waitServicesFor(ctx context.Context, h *sim.Host, d time.Duration, ok func(
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// processCPU is the user+system CPU time of pid so far.
-func processCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command (which may hold spaces) start after the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: short", pid)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime/stime", pid)
-	}
-	return time.Duration(ut+st) * time.Second / 100, nil // USER_HZ = 100
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/cpbench"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/tools/sim"
@@ -190,7 +191,7 @@ func propagate(ctx context.Context, c *sim.Cluster, sp spread, have, n int) (pro
 	for h, host := range c.Hosts {
 		want[h] = sp.count(n, h)
 		var err error
-		if cpu0[h], err = processCPU(host.Plugin.PID()); err != nil {
+		if cpu0[h], err = cpbench.ProcessCPU(host.Plugin.PID()); err != nil {
 			return out, err
 		}
 	}
@@ -227,7 +228,7 @@ func propagate(ctx context.Context, c *sim.Cluster, sp spread, have, n int) (pro
 	idle := make([]time.Duration, nh)
 	time.Sleep(3 * time.Second)
 	for h, host := range c.Hosts {
-		cpu, err := processCPU(host.Plugin.PID())
+		cpu, err := cpbench.ProcessCPU(host.Plugin.PID())
 		if err != nil {
 			return out, err
 		}
@@ -285,7 +286,7 @@ func propagate(ctx context.Context, c *sim.Cluster, sp spread, have, n int) (pro
 		}
 	}
 	for h, host := range c.Hosts {
-		cpu1, err := processCPU(host.Plugin.PID())
+		cpu1, err := cpbench.ProcessCPU(host.Plugin.PID())
 		if err != nil {
 			return out, err
 		}

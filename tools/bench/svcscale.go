@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/cpbench"
 	"github.com/contivbpf/contivbpf/internal/testkit/netbench"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/tools/sim"
@@ -96,7 +97,7 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 		label := stepLabel(n)
 		// For iptables the measured service sits in the middle of the chain: half the
 		// rules scanned, kube-proxy's average (for eBPF the position means nothing).
-		cpu0, err := processCPU(h1.Plugin.PID())
+		cpu0, err := cpbench.ProcessCPU(h1.Plugin.PID())
 		if err != nil {
 			return err
 		}
@@ -112,7 +113,7 @@ func svcscaleStage(ctx context.Context, cfg config, w io.Writer, r *report) erro
 			return fmt.Errorf("%d services: %w", n, err)
 		}
 		applied := time.Since(t0)
-		cpu1, err := processCPU(h1.Plugin.PID())
+		cpu1, err := cpbench.ProcessCPU(h1.Plugin.PID())
 		if err != nil {
 			return err
 		}

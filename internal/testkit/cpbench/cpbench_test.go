@@ -2,10 +2,12 @@ package cpbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,9 +111,29 @@ func TestNetworks(t *testing.T) {
 	if err := CreateTenants(ctx, c, url, "nt", 3); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Networks(ctx, NetworksOptions{URL: url, Tenants: 3, PerTenant: 4, TenantPrefix: "nt", Workers: 4, Window: 3})
+	// CPU is sampled four times: before the first create, when creates 3 and 9 are sent
+	// (in either order: two workers), and after the last. Call k answers k² seconds.
+	var mu sync.Mutex
+	calls := 0
+	cpu := func() (time.Duration, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		return time.Duration((calls-1)*(calls-1)) * time.Second, nil
+	}
+	res, err := Networks(ctx, NetworksOptions{URL: url, Tenants: 3, PerTenant: 4, TenantPrefix: "nt", Workers: 4, Window: 3, CPU: cpu})
 	if err != nil || res.Created != 12 || res.StartRate <= 0 || res.EndRate <= 0 {
 		t.Fatalf("Networks: %+v, %v; want 12 created and both rates", res, err)
+	}
+	inOrder := res.StartCPU == time.Second/3 && res.EndCPU == 5*time.Second/3
+	swapped := res.StartCPU == 4*time.Second/3 && res.EndCPU == 8*time.Second/3
+	if calls != 4 || !inOrder && !swapped {
+		t.Fatalf("CPU per create %s then %s from %d samples, want 333ms then 1.667s (or 1.333s then 2.667s) from 4", res.StartCPU, res.EndCPU, calls)
+	}
+	failing := func() (time.Duration, error) { return 0, errors.New("no such process") }
+	if _, err := Networks(ctx, NetworksOptions{URL: url, Tenants: 1, PerTenant: 2, TenantPrefix: "nt", Workers: 1, CPU: failing}); err == nil ||
+		!strings.Contains(err.Error(), "CPU time") {
+		t.Fatalf("Networks with CPU failing: %v, want its error", err)
 	}
 	var nw struct {
 		Subnet string `json:"subnet"`

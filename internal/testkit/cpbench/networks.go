@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +31,10 @@ type NetworksOptions struct {
 	// ClientFor returns the client that creates tenant i's networks (a tenant-admin's
 	// token, say); nil: one client with a 30 s timeout for all.
 	ClientFor func(tenant int) *http.Client
+	// CPU, if set, returns the CPU time netmaster has used so far (ProcessCPU of its pid,
+	// say): Networks then also measures the CPU per create of the first and the last
+	// Window creates, a figure machine load does not move as it moves the rates.
+	CPU func() (time.Duration, error)
 }
 
 // NetworksResult is what Networks measured.
@@ -38,6 +44,11 @@ type NetworksResult struct {
 	// StartRate and EndRate are the creates per second of the first and the last Window
 	// creates.
 	StartRate, EndRate float64
+	// StartCPU and EndCPU are netmaster's CPU time per create over the first and the last
+	// Window creates (with NetworksOptions.CPU set): from before the first is sent to
+	// when create Window is sent, and from when create total-Window is sent to after the
+	// last has finished.
+	StartCPU, EndCPU time.Duration
 }
 
 // SetVXLANs sets the global VXLAN range to rng ("1-16000": its widest) as c, keeping the
@@ -95,6 +106,24 @@ func Networks(ctx context.Context, o NetworksOptions) (NetworksResult, error) {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		next.Store(int64(total))
+	}
+	// cpu[0..3]: netmaster's CPU before the first create, when create Window and create
+	// total-Window are sent, and after the last.
+	var cpu [4]time.Duration
+	sample := func(at int) {
+		if o.CPU == nil {
+			return
+		}
+		c, err := o.CPU()
+		if err != nil {
+			fail(fmt.Errorf("cpbench: netmaster's CPU time: %w", err))
+		}
+		cpu[at] = c
+	}
+	sample(0)
 	start := time.Now()
 	for range o.Workers {
 		wg.Add(1)
@@ -105,13 +134,18 @@ func Networks(ctx context.Context, o NetworksOptions) (NetworksResult, error) {
 				if i >= total || ctx.Err() != nil {
 					return
 				}
+				switch i {
+				case o.Window:
+					sample(1)
+				case total - o.Window:
+					sample(2)
+				}
 				t, n := i%o.Tenants, i/o.Tenants
 				tn, name := fmt.Sprintf("%s%d", o.TenantPrefix, t), NetworkName(n)
 				err := expect(ctx, o.ClientFor(t), o.URL, http.MethodPost, "/api/v1/networks/"+tn+":"+name+"/",
 					map[string]any{"tenantName": tn, "networkName": name, "encap": "vxlan", "subnet": NetworkSubnet(t, n)}, nil)
 				if err != nil {
-					errOnce.Do(func() { firstErr = fmt.Errorf("network %d of %d: %w", i+1, total, err) })
-					next.Store(int64(total))
+					fail(fmt.Errorf("network %d of %d: %w", i+1, total, err))
 					return
 				}
 				done[i] = time.Now()
@@ -120,6 +154,9 @@ func Networks(ctx context.Context, o NetworksOptions) (NetworksResult, error) {
 	}
 	wg.Wait()
 	res := NetworksResult{Elapsed: time.Since(start)}
+	if firstErr == nil {
+		sample(3)
+	}
 	for _, d := range done {
 		if !d.IsZero() {
 			res.Created++
@@ -132,7 +169,8 @@ func Networks(ctx context.Context, o NetworksOptions) (NetworksResult, error) {
 		return res, fmt.Errorf("cpbench: %d of %d networks created: %w", res.Created, total, err)
 	}
 	res.StartRate, res.EndRate = windowRate(done[:o.Window]), windowRate(done[total-o.Window:])
-	return res, nil
+	res.StartCPU, res.EndCPU = (cpu[1]-cpu[0])/time.Duration(o.Window), (cpu[3]-cpu[2])/time.Duration(o.Window)
+	return res, firstErr
 }
 
 // windowRate is the creates per second of a window of creates, by index (creates finish
@@ -155,4 +193,24 @@ func orDefault(v, d int) int {
 		return d
 	}
 	return v
+}
+
+// ProcessCPU is the user+system CPU time process pid has used so far
+// (/proc/<pid>/stat's utime and stime).
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command (which may hold spaces) start after the last ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: short", pid)
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime/stime", pid)
+	}
+	return time.Duration(ut+st) * time.Second / 100, nil // USER_HZ = 100
 }
