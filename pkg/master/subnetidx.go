@@ -17,15 +17,28 @@ import (
 // cluster. Before, every create listed every network state of the cluster: its cost grew
 // with the cluster, and any write to any network state (another tenant's endpoint taking
 // an address) made it start over.
+//
+// A create reads its records without a commit guard on each (a guard per record listed
+// gave a tenant's 50th create 105 etcd compares, which etcd evaluates key by key: CPU per
+// create grew with the tenant, issue 34's cp.create_10k_networks_s) and guards instead
+// one record, model.SubnetIndexGuardKey, that every change to the records rewrites
+// (indexNetwork, and the repairs here): two creates that race in one tenant conflict on
+// it, and the later runs again on the records the earlier wrote. A network a build
+// without the index creates meanwhile is not seen by the racing create (it does not
+// rewrite the guard): it is by the next, whose check finds it missing from the records.
 
 // subnetRecords reads the index's records under prefix, by network id, for an overlap
-// check. When they disagree with what current says is in use (no records yet, or networks
-// created or deleted by a build without the index, running beside this one or before it
-// again), what the network states keep selects is returned instead, and up to
-// subnetRepairBatch records are repaired in tx (the first layout's record legacy goes).
-func subnetRecords(tx *state.Tx, prefix, legacy string, keep func(*model.CfgNetworkState) bool,
+// check, guarded by the record at guard (not each record). When they disagree with what
+// current says is in use (no records yet, or networks created or deleted by a build
+// without the index, running beside this one or before it again), what the network
+// states keep selects is returned instead, and up to subnetRepairBatch records are
+// repaired in tx (the first layout's record legacy goes; guard is rewritten).
+func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.CfgNetworkState) bool,
 	current func(map[string]model.SubnetRecord) (bool, error)) (map[string]model.SubnetRecord, error) {
-	kvs, err := tx.List(prefix)
+	if _, _, err := tx.GetKV(guard); err != nil {
+		return nil, err
+	}
+	kvs, err := tx.ListUnguarded(prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -55,6 +68,9 @@ func subnetRecords(tx *state.Tx, prefix, legacy string, keep func(*model.CfgNetw
 	// a tenant of many networks converges over its next creates, each checked right.
 	repairs := 0
 	tx.Delete(legacy)
+	if err := tx.Put(guard, model.SubnetIndexGuard{}); err != nil {
+		return nil, err
+	}
 	for _, id := range slices.Sorted(maps.Keys(recs)) {
 		if _, ok := built[id]; !ok && repairs < subnetRepairBatch {
 			tx.Delete(prefix + id)
@@ -86,12 +102,13 @@ func subnetRecord(ns *model.CfgNetworkState) model.SubnetRecord {
 
 // tenantSubnets is tenant's records of the subnet index, by network id, for an overlap
 // check: they must name exactly the tenant's networks, as their model records say (every
-// build writes those; a key-only listing of the tenant's range).
+// build writes those; a key-only listing of the tenant's range, guarded as the records are).
 func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, error) {
-	return subnetRecords(tx, model.SubnetIndexTenantPrefix(tenant), model.LegacySubnetIndexKeys(tenant)[0], func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant },
+	return subnetRecords(tx, model.SubnetIndexTenantPrefix(tenant), model.SubnetIndexGuardKey(tenant), model.LegacySubnetIndexKeys(tenant)[0],
+		func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant },
 		func(recs map[string]model.SubnetRecord) (bool, error) {
 			prefix := model.ModelKey(model.TypeNetwork, tenant+":")
-			kvs, err := tx.Keys(prefix)
+			kvs, err := tx.KeysUnguarded(prefix)
 			if err != nil || len(kvs) != len(recs) {
 				return false, err
 			}
@@ -108,7 +125,7 @@ func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, 
 // their VLANs must be exactly the VLANs in use (the auto-vlan records, which every build
 // keeps; only VLAN networks take VLANs).
 func vlanSubnets(tx *state.Tx) (map[string]model.SubnetRecord, error) {
-	return subnetRecords(tx, model.SubnetIndexVLANPrefix, model.LegacySubnetIndexKeys("")[1], func(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" },
+	return subnetRecords(tx, model.SubnetIndexVLANPrefix, model.SubnetIndexVLANGuardKey, model.LegacySubnetIndexKeys("")[1], func(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" },
 		func(recs map[string]model.SubnetRecord) (bool, error) {
 			cfg, found, err := getT[model.VlanResourceCfg](tx, model.VlanResCfgKey)
 			if err != nil || !found {
@@ -136,18 +153,22 @@ func vlanSubnets(tx *state.Tx) (map[string]model.SubnetRecord, error) {
 }
 
 // indexNetwork writes network state ns's records of the subnet index (add=false: deletes
-// them): one key each, whatever else the index holds.
+// them) and rewrites their guards: one key each, whatever else the index holds.
 func indexNetwork(tx *state.Tx, ns *model.CfgNetworkState, add bool) error {
-	keys := []string{model.SubnetIndexTenantPrefix(ns.Tenant) + ns.ID}
+	type rec struct{ key, guard string }
+	recs := []rec{{model.SubnetIndexTenantPrefix(ns.Tenant) + ns.ID, model.SubnetIndexGuardKey(ns.Tenant)}}
 	if ns.PktTagType == "vlan" {
-		keys = append(keys, model.SubnetIndexVLANPrefix+ns.ID)
+		recs = append(recs, rec{model.SubnetIndexVLANPrefix + ns.ID, model.SubnetIndexVLANGuardKey})
 	}
-	for _, k := range keys {
+	for _, r := range recs {
+		if err := tx.Put(r.guard, model.SubnetIndexGuard{Network: ns.ID}); err != nil {
+			return err
+		}
 		if !add {
-			tx.Delete(k)
+			tx.Delete(r.key)
 			continue
 		}
-		if err := tx.Put(k, subnetRecord(ns)); err != nil {
+		if err := tx.Put(r.key, subnetRecord(ns)); err != nil {
 			return err
 		}
 	}

@@ -37,7 +37,8 @@ func tenantOps() objOps[model.Tenant] {
 			tx.Delete(model.ModelKey(model.TypeTenant, t.Key))
 			tx.Delete(model.LegacySubnetIndexKeys(t.TenantName)[0])      // (the first layout's record)
 			tx.DeletePrefix(model.SubnetIndexTenantPrefix(t.TenantName)) // (records an older build left)
-			tx.Delete(model.QuotaLimitsKey(t.Key))                       // (its usage record goes when nothing of it is left)
+			tx.Delete(model.SubnetIndexGuardKey(t.TenantName))
+			tx.Delete(model.QuotaLimitsKey(t.Key)) // (its usage record goes when nothing of it is left)
 			return nil
 		},
 		inspect: inspectTenant,

@@ -97,6 +97,21 @@ func SubnetIndexTenantPrefix(tenant string) string {
 // SubnetIndexVLANPrefix holds the subnet index's records of every VLAN network, by id.
 const SubnetIndexVLANPrefix = SubnetIndexPrefix + "vlan/"
 
+// SubnetIndexGuardKey is rewritten with every change to tenant's records of the subnet
+// index (SubnetIndexVLANGuardKey with every change to the VLAN records): a create reads
+// it, with a commit guard, in place of a guard on each record it lists, so its checks
+// cost the same however many networks the tenant (or the cluster) holds.
+func SubnetIndexGuardKey(tenant string) string { return SubnetIndexPrefix + "guard/" + tenant }
+
+// SubnetIndexVLANGuardKey is SubnetIndexGuardKey for the VLAN records.
+const SubnetIndexVLANGuardKey = SubnetIndexPrefix + "guard-vlan"
+
+// SubnetIndexGuard is the record at a SubnetIndexGuardKey: the network whose change
+// rewrote it last.
+type SubnetIndexGuard struct {
+	Network string `json:"network"`
+}
+
 // LegacySubnetIndexKeys are the whole-tenant and whole-VLAN records of the index's first
 // layout (one record rewritten on each create), which nothing reads any more: removed
 // with their tenant, and when a check rebuilds its records.

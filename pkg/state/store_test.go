@@ -493,6 +493,26 @@ func TestListUnguarded(t *testing.T) {
 	if err != nil || runs != 2 {
 		t.Fatalf("with a guarded read changed: %v after %d runs, want two", err, runs)
 	}
+	// KeysUnguarded: the keys only, no guard (Guards counts them: List adds one per key
+	// and one for the prefix).
+	runs = 0
+	err = s.Update(ctx, func(tx *state.Tx) error {
+		runs++
+		kvs, err := tx.KeysUnguarded("/l/")
+		if err != nil {
+			return err
+		}
+		if len(kvs) != 3 || kvs[0].Key != "/l/a" || kvs[0].Value != nil || tx.Guards() != 0 {
+			t.Errorf("keys %+v with %d guards, want a, c and d without values or guards", kvs, tx.Guards())
+		}
+		if _, err := tx.List("/l/"); err != nil || tx.Guards() != 4 {
+			t.Errorf("a guarded listing of 3 keys: %d guards (%v), want 4", tx.Guards(), err)
+		}
+		return nil
+	})
+	if err != nil || runs != 1 {
+		t.Fatalf("unguarded keys: %v after %d runs, want one", err, runs)
+	}
 }
 
 // TestListWatchHealth: a watch whose connection to etcd is lost is resumed by the client

@@ -125,6 +125,10 @@ func (t *Tx) ListUnguarded(prefix string) ([]KV, error) { return t.list(prefix, 
 // records exist reads, at a fraction of the bytes. It guards the commit as List does.
 func (t *Tx) Keys(prefix string) ([]KV, error) { return t.list(prefix, true, true) }
 
+// KeysUnguarded is Keys without commit guards, for callers that guard otherwise as
+// ListUnguarded says.
+func (t *Tx) KeysUnguarded(prefix string) ([]KV, error) { return t.list(prefix, false, true) }
+
 func (t *Tx) list(prefix string, guard, keysOnly bool) ([]KV, error) {
 	opts := append(t.snapshotOpts(), clientv3.WithPrefix())
 	if keysOnly {
@@ -176,6 +180,11 @@ func (t *Tx) list(prefix string, guard, keysOnly bool) ([]KV, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }
+
+// Guards is how many commit guards (etcd compares) the transaction holds so far: etcd
+// evaluates each, so a reader that must cost the same however much the store holds
+// keeps their number bounded.
+func (t *Tx) Guards() int { return len(t.cmps) }
 
 // unchanged is the commit guard for a key read at the snapshot: same ModRevision if it
 // existed, never created if it did not. (A plain "ModRevision < snapshot+1" guard would let
