@@ -32,9 +32,11 @@ import (
 // current says is in use (no records yet, or networks created or deleted by a build
 // without the index, running beside this one or before it again), what the network
 // states keep selects is returned instead, and up to subnetRepairBatch records are
-// repaired in tx (the first layout's record legacy goes; guard is rewritten).
+// repaired in tx (the first layout's record legacy goes; guard is rewritten). current
+// gets each record's etcd ModRevision too (0: written by tx) and may drop from the records
+// those it finds stale, which the repair then writes again.
 func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.CfgNetworkState) bool,
-	current func(map[string]model.SubnetRecord) (bool, error)) (map[string]model.SubnetRecord, error) {
+	current func(recs map[string]model.SubnetRecord, modRevs map[string]int64) (bool, error)) (map[string]model.SubnetRecord, error) {
 	if _, _, err := tx.GetKV(guard); err != nil {
 		return nil, err
 	}
@@ -43,14 +45,16 @@ func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.
 		return nil, err
 	}
 	recs := make(map[string]model.SubnetRecord, len(kvs))
+	modRevs := make(map[string]int64, len(kvs))
 	for _, kv := range kvs {
 		var r model.SubnetRecord
 		if err := kv.Decode(&r); err != nil {
 			return nil, err
 		}
-		recs[strings.TrimPrefix(kv.Key, prefix)] = r
+		id := strings.TrimPrefix(kv.Key, prefix)
+		recs[id], modRevs[id] = r, kv.ModRev
 	}
-	if ok, err := current(recs); err != nil || ok {
+	if ok, err := current(recs, modRevs); err != nil || ok {
 		return recs, err
 	}
 	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
@@ -102,22 +106,32 @@ func subnetRecord(ns *model.CfgNetworkState) model.SubnetRecord {
 
 // tenantSubnets is tenant's records of the subnet index, by network id, for an overlap
 // check: they must name exactly the tenant's networks, as their model records say (every
-// build writes those; a key-only listing of the tenant's range, guarded as the records are).
+// build writes those; a key-only listing of the tenant's range, guarded as the records are),
+// and each be no older than its network's model record: a build without the index that
+// deleted a network and created it again (on another subnet, say) left the record of the
+// first (its ModRevision below the model record's CreateRevision; a build with the index
+// writes both in one transaction, and a repair after).
 func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, error) {
 	return subnetRecords(tx, model.SubnetIndexTenantPrefix(tenant), model.SubnetIndexGuardKey(tenant), model.LegacySubnetIndexKeys(tenant)[0],
 		func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant },
-		func(recs map[string]model.SubnetRecord) (bool, error) {
+		func(recs map[string]model.SubnetRecord, modRevs map[string]int64) (bool, error) {
 			prefix := model.ModelKey(model.TypeNetwork, tenant+":")
 			kvs, err := tx.KeysUnguarded(prefix)
 			if err != nil || len(kvs) != len(recs) {
 				return false, err
 			}
+			ok := true
 			for _, kv := range kvs {
-				if _, in := recs[model.NetworkID(strings.TrimPrefix(kv.Key, prefix), tenant)]; !in {
+				id := model.NetworkID(strings.TrimPrefix(kv.Key, prefix), tenant)
+				if _, in := recs[id]; !in {
 					return false, nil
 				}
+				if r := modRevs[id]; r != 0 && r < kv.CreateRev {
+					delete(recs, id) // (stale: written again by the repair)
+					ok = false
+				}
 			}
-			return true, nil
+			return ok, nil
 		})
 }
 
@@ -126,7 +140,7 @@ func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, 
 // keeps; only VLAN networks take VLANs).
 func vlanSubnets(tx *state.Tx) (map[string]model.SubnetRecord, error) {
 	return subnetRecords(tx, model.SubnetIndexVLANPrefix, model.SubnetIndexVLANGuardKey, model.LegacySubnetIndexKeys("")[1], func(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" },
-		func(recs map[string]model.SubnetRecord) (bool, error) {
+		func(recs map[string]model.SubnetRecord, _ map[string]int64) (bool, error) {
 			cfg, found, err := getT[model.VlanResourceCfg](tx, model.VlanResCfgKey)
 			if err != nil || !found {
 				return false, err

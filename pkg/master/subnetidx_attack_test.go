@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -65,5 +66,57 @@ func TestSubnetIndexStale(t *testing.T) {
 	oldBuild(func() { e.ok("DELETE", "/api/v1/networks/t1:v1/", nil, nil) })
 	if code, msg := create("t3", "v4", "vlan", "10.32.1.0/24"); code != http.StatusOK {
 		t.Errorf("the VLAN subnet of a network an older build deleted: %d %s, want 200", code, msg)
+	}
+}
+
+// TestSubnetIndexStaleRecreated (review of issue 34's subnet check): a build without the
+// index that deletes a network and creates one of the same name on another subnet leaves
+// the tenant's records naming exactly the tenant's networks, one of them with the old
+// subnet. The check trusted it by name, so a create on the new network's subnet passed:
+// two networks of one tenant on one subnet. A record older than its network's model
+// record (written before the network was created again) is stale.
+func TestSubnetIndexStaleRecreated(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
+	e.net("t1", "a", "vxlan", "10.33.1.0/24", "", 0)
+	e.net("t1", "b", "vxlan", "10.33.2.0/24", "", 0)
+	// The older build deletes b and creates it again on 10.33.3.0/24: its model and state
+	// records only (it releases and takes no tag the check reads).
+	ctx := context.Background()
+	var n model.Network
+	var ns model.CfgNetworkState
+	nKey, sKey := model.ModelKey(model.TypeNetwork, "t1:b"), model.NetStateKey("b.t1")
+	if err := json.Unmarshal([]byte(e.rawGet(nKey)), &n); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(e.rawGet(sKey)), &ns); err != nil {
+		t.Fatal(err)
+	}
+	n.Subnet, ns.SubnetIP, ns.IPAddrRange = "10.33.3.0/24", "10.33.3.0", "10.33.3.1-10.33.3.254"
+	for _, k := range []string{nKey, sKey} {
+		if _, err := e.raw.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range map[string]any{nKey: n, sKey: ns} {
+		b, _ := json.Marshal(v)
+		if _, err := e.raw.Put(ctx, k, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, msg := e.do("POST", "/api/v1/networks/t1:c/", model.Network{TenantName: "t1", NetworkName: "c", Encap: "vxlan", Subnet: "10.33.3.0/25"})
+	if code != http.StatusConflict || !strings.Contains(msg, "overlaps network b.t1") {
+		t.Fatalf("a subnet overlapping a network an older build created again on another subnet: %d %s, want 409", code, msg)
+	}
+	// A create that succeeds repairs the record (b's old subnet is free); the next still
+	// sees b.
+	e.net("t1", "e", "vxlan", "10.33.2.0/24", "", 0)
+	var r model.SubnetRecord
+	if err := json.Unmarshal([]byte(e.rawGet(model.SubnetIndexTenantPrefix("t1")+"b.t1")), &r); err != nil || r.SubnetIP != "10.33.3.0" {
+		t.Errorf("b's record after a create: %+v (%v), want 10.33.3.0", r, err)
+	}
+	code, msg = e.do("POST", "/api/v1/networks/t1:d/", model.Network{TenantName: "t1", NetworkName: "d", Encap: "vxlan", Subnet: "10.33.3.128/25"})
+	if code != http.StatusConflict || !strings.Contains(msg, "overlaps network b.t1") {
+		t.Errorf("after the repair: %d %s, want 409", code, msg)
 	}
 }
