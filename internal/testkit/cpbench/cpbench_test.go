@@ -135,6 +135,18 @@ func TestNetworks(t *testing.T) {
 		!strings.Contains(err.Error(), "CPU time") {
 		t.Fatalf("Networks with CPU failing: %v, want its error", err)
 	}
+	// Window half of all: the first window ends where the last begins, and both samples
+	// are taken there (one sequential worker: samples at 0, 2, 2 and 4 creates).
+	mu.Lock()
+	calls = 0
+	mu.Unlock()
+	if err := CreateTenants(ctx, c, url, "nh", 1); err != nil {
+		t.Fatal(err)
+	}
+	res, err = Networks(ctx, NetworksOptions{URL: url, Tenants: 1, PerTenant: 4, TenantPrefix: "nh", Workers: 1, Window: 2, CPU: cpu})
+	if err != nil || calls != 4 || res.StartCPU != time.Second/2 || res.EndCPU != 5*time.Second/2 {
+		t.Fatalf("Window half of all: CPU per create %s then %s from %d samples (%v), want 500ms then 2.5s from 4", res.StartCPU, res.EndCPU, calls, err)
+	}
 	var nw struct {
 		Subnet string `json:"subnet"`
 	}
