@@ -32,12 +32,14 @@ import (
 // current says is in use (no records yet, or networks created or deleted by a build
 // without the index, running beside this one or before it again), what the network
 // states keep selects is returned instead, and up to subnetRepairBatch records are
-// repaired in tx (the first layout's record legacy goes; guard is rewritten). current
-// gets each record's etcd ModRevision too (0: written by tx) and may drop from the records
+// repaired in tx (the first layout's record legacy goes; guard is rewritten, Partial
+// while records are left to repair). current gets each record's etcd ModRevision too (0:
+// written by tx) and the guard record (Value nil: none), and may drop from the records
 // those it finds stale, which the repair then writes again.
 func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.CfgNetworkState) bool,
-	current func(recs map[string]model.SubnetRecord, modRevs map[string]int64) (bool, error)) (map[string]model.SubnetRecord, error) {
-	if _, _, err := tx.GetKV(guard); err != nil {
+	current func(recs map[string]model.SubnetRecord, modRevs map[string]int64, guard state.KV) (bool, error)) (map[string]model.SubnetRecord, error) {
+	guardKV, _, err := tx.GetKV(guard)
+	if err != nil {
 		return nil, err
 	}
 	kvs, err := tx.ListUnguarded(prefix)
@@ -54,7 +56,7 @@ func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.
 		id := strings.TrimPrefix(kv.Key, prefix)
 		recs[id], modRevs[id] = r, kv.ModRev
 	}
-	if ok, err := current(recs, modRevs); err != nil || ok {
+	if ok, err := current(recs, modRevs, guardKV); err != nil || ok {
 		return recs, err
 	}
 	nets, err := listT[model.CfgNetworkState](tx, model.NetStatePrefix)
@@ -70,23 +72,29 @@ func subnetRecords(tx *state.Tx, prefix, guard, legacy string, keep func(*model.
 	// The check uses what was just built; the records are repaired a batch per
 	// transaction (an external etcd takes 128 operations per transaction by default), so
 	// a tenant of many networks converges over its next creates, each checked right.
-	repairs := 0
-	tx.Delete(legacy)
-	if err := tx.Put(guard, model.SubnetIndexGuard{}); err != nil {
-		return nil, err
-	}
+	var gone, stale []string
 	for _, id := range slices.Sorted(maps.Keys(recs)) {
-		if _, ok := built[id]; !ok && repairs < subnetRepairBatch {
-			tx.Delete(prefix + id)
-			repairs++
+		if _, ok := built[id]; !ok {
+			gone = append(gone, id)
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(built)) {
-		if r, ok := recs[id]; (!ok || r != built[id]) && repairs < subnetRepairBatch {
-			if err := tx.Put(prefix+id, built[id]); err != nil {
-				return nil, err
-			}
-			repairs++
+		if r, ok := recs[id]; !ok || r != built[id] {
+			stale = append(stale, id)
+		}
+	}
+	tx.Delete(legacy)
+	if err := tx.Put(guard, model.SubnetIndexGuard{Partial: len(gone)+len(stale) > subnetRepairBatch}); err != nil {
+		return nil, err
+	}
+	for i, id := range append(gone, stale...) {
+		if i == subnetRepairBatch {
+			break
+		}
+		if i < len(gone) {
+			tx.Delete(prefix + id)
+		} else if err := tx.Put(prefix+id, built[id]); err != nil {
+			return nil, err
 		}
 	}
 	return built, nil
@@ -114,7 +122,7 @@ func subnetRecord(ns *model.CfgNetworkState) model.SubnetRecord {
 func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, error) {
 	return subnetRecords(tx, model.SubnetIndexTenantPrefix(tenant), model.SubnetIndexGuardKey(tenant), model.LegacySubnetIndexKeys(tenant)[0],
 		func(ns *model.CfgNetworkState) bool { return ns.Tenant == tenant },
-		func(recs map[string]model.SubnetRecord, modRevs map[string]int64) (bool, error) {
+		func(recs map[string]model.SubnetRecord, modRevs map[string]int64, _ state.KV) (bool, error) {
 			prefix := model.ModelKey(model.TypeNetwork, tenant+":")
 			kvs, err := tx.KeysUnguarded(prefix)
 			if err != nil || len(kvs) != len(recs) {
@@ -137,16 +145,32 @@ func tenantSubnets(tx *state.Tx, tenant string) (map[string]model.SubnetRecord, 
 
 // vlanSubnets is the subnet index's records of every VLAN network, for an overlap check:
 // their VLANs must be exactly the VLANs in use (the auto-vlan records, which every build
-// keeps; only VLAN networks take VLANs).
+// keeps; only VLAN networks take VLANs), and no VLAN may have been taken or given back
+// since the records were last whole (their guard record at least as new as the VLANs'
+// oper record, which every build rewrites with each VLAN network it creates or deletes,
+// and a build with the index rewrites the guard with it): a build without the index that
+// deleted a VLAN network and created one on the same VLAN and another subnet leaves the
+// VLANs in use as they were, and the record of the first.
 func vlanSubnets(tx *state.Tx) (map[string]model.SubnetRecord, error) {
 	return subnetRecords(tx, model.SubnetIndexVLANPrefix, model.SubnetIndexVLANGuardKey, model.LegacySubnetIndexKeys("")[1], func(ns *model.CfgNetworkState) bool { return ns.PktTagType == "vlan" },
-		func(recs map[string]model.SubnetRecord, _ map[string]int64) (bool, error) {
+		func(recs map[string]model.SubnetRecord, _ map[string]int64, guard state.KV) (bool, error) {
+			var g model.SubnetIndexGuard
+			if guard.Value == nil || guard.Decode(&g) != nil || g.Partial {
+				return false, nil // (never whole, unreadable or a repair left to finish: rebuilt)
+			}
 			cfg, found, err := getT[model.VlanResourceCfg](tx, model.VlanResCfgKey)
 			if err != nil || !found {
 				return false, err
 			}
-			oper, found, err := getT[model.VlanResourceOper](tx, model.VlanResOperKey)
+			operKV, found, err := tx.GetKV(model.VlanResOperKey)
 			if err != nil || !found {
+				return false, err
+			}
+			if guard.ModRev != 0 && guard.ModRev < operKV.ModRev {
+				return false, nil
+			}
+			var oper model.VlanResourceOper
+			if err := operKV.Decode(&oper); err != nil {
 				return false, err
 			}
 			tags := map[int]bool{}
@@ -167,7 +191,8 @@ func vlanSubnets(tx *state.Tx) (map[string]model.SubnetRecord, error) {
 }
 
 // indexNetwork writes network state ns's records of the subnet index (add=false: deletes
-// them) and rewrites their guards: one key each, whatever else the index holds.
+// them) and rewrites their guards (a repair left to finish stays marked): one key each,
+// whatever else the index holds.
 func indexNetwork(tx *state.Tx, ns *model.CfgNetworkState, add bool) error {
 	type rec struct{ key, guard string }
 	recs := []rec{{model.SubnetIndexTenantPrefix(ns.Tenant) + ns.ID, model.SubnetIndexGuardKey(ns.Tenant)}}
@@ -175,7 +200,13 @@ func indexNetwork(tx *state.Tx, ns *model.CfgNetworkState, add bool) error {
 		recs = append(recs, rec{model.SubnetIndexVLANPrefix + ns.ID, model.SubnetIndexVLANGuardKey})
 	}
 	for _, r := range recs {
-		if err := tx.Put(r.guard, model.SubnetIndexGuard{Network: ns.ID}); err != nil {
+		var g model.SubnetIndexGuard
+		if kv, found, err := tx.GetKV(r.guard); err != nil {
+			return err
+		} else if found {
+			_ = kv.Decode(&g) // (unreadable: rewritten whole, Partial false as before)
+		}
+		if err := tx.Put(r.guard, model.SubnetIndexGuard{Network: ns.ID, Partial: g.Partial}); err != nil {
 			return err
 		}
 		if !add {

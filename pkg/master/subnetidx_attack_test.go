@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -69,6 +70,42 @@ func TestSubnetIndexStale(t *testing.T) {
 	}
 }
 
+// recreateAsOldBuild does what a build without the index does when it deletes network
+// name of tenant and creates it again on subnet (a /24 "a.b.c.0"): the network's model and
+// state records go and come back, and a VLAN network's VLAN is given back and taken again
+// (the VLANs' oper record rewritten, the same VLAN in use); the index is not touched.
+func recreateAsOldBuild(t *testing.T, e *env, tenant, name, subnet string) {
+	t.Helper()
+	ctx := context.Background()
+	var n model.Network
+	var ns model.CfgNetworkState
+	nKey, sKey := model.ModelKey(model.TypeNetwork, tenant+":"+name), model.NetStateKey(model.NetworkID(name, tenant))
+	if err := json.Unmarshal([]byte(e.rawGet(nKey)), &n); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(e.rawGet(sKey)), &ns); err != nil {
+		t.Fatal(err)
+	}
+	base := strings.TrimSuffix(subnet, "0/24")
+	n.Subnet, ns.SubnetIP, ns.IPAddrRange = subnet, base+"0", base+"1-"+base+"254"
+	for _, k := range []string{nKey, sKey} {
+		if _, err := e.raw.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ns.PktTagType == "vlan" {
+		if _, err := e.raw.Put(ctx, model.VlanResOperKey, e.rawGet(model.VlanResOperKey)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range map[string]any{nKey: n, sKey: ns} {
+		b, _ := json.Marshal(v)
+		if _, err := e.raw.Put(ctx, k, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSubnetIndexStaleRecreated (review of issue 34's subnet check): a build without the
 // index that deletes a network and creates one of the same name on another subnet leaves
 // the tenant's records naming exactly the tenant's networks, one of them with the old
@@ -80,30 +117,7 @@ func TestSubnetIndexStaleRecreated(t *testing.T) {
 	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
 	e.net("t1", "a", "vxlan", "10.33.1.0/24", "", 0)
 	e.net("t1", "b", "vxlan", "10.33.2.0/24", "", 0)
-	// The older build deletes b and creates it again on 10.33.3.0/24: its model and state
-	// records only (it releases and takes no tag the check reads).
-	ctx := context.Background()
-	var n model.Network
-	var ns model.CfgNetworkState
-	nKey, sKey := model.ModelKey(model.TypeNetwork, "t1:b"), model.NetStateKey("b.t1")
-	if err := json.Unmarshal([]byte(e.rawGet(nKey)), &n); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal([]byte(e.rawGet(sKey)), &ns); err != nil {
-		t.Fatal(err)
-	}
-	n.Subnet, ns.SubnetIP, ns.IPAddrRange = "10.33.3.0/24", "10.33.3.0", "10.33.3.1-10.33.3.254"
-	for _, k := range []string{nKey, sKey} {
-		if _, err := e.raw.Delete(ctx, k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for k, v := range map[string]any{nKey: n, sKey: ns} {
-		b, _ := json.Marshal(v)
-		if _, err := e.raw.Put(ctx, k, string(b)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	recreateAsOldBuild(t, e, "t1", "b", "10.33.3.0/24")
 	code, msg := e.do("POST", "/api/v1/networks/t1:c/", model.Network{TenantName: "t1", NetworkName: "c", Encap: "vxlan", Subnet: "10.33.3.0/25"})
 	if code != http.StatusConflict || !strings.Contains(msg, "overlaps network b.t1") {
 		t.Fatalf("a subnet overlapping a network an older build created again on another subnet: %d %s, want 409", code, msg)
@@ -118,5 +132,44 @@ func TestSubnetIndexStaleRecreated(t *testing.T) {
 	code, msg = e.do("POST", "/api/v1/networks/t1:d/", model.Network{TenantName: "t1", NetworkName: "d", Encap: "vxlan", Subnet: "10.33.3.128/25"})
 	if code != http.StatusConflict || !strings.Contains(msg, "overlaps network b.t1") {
 		t.Errorf("after the repair: %d %s, want 409", code, msg)
+	}
+}
+
+// TestSubnetIndexStaleRecreatedVLAN: the same in routing mode across tenants. An older
+// build that deletes a VLAN network and creates it again on the same VLAN and another
+// subnet leaves the VLANs in use as they were, and the VLAN record with the old subnet:
+// another tenant's VLAN network on the new subnet passed, both routed natively. The VLAN
+// records are trusted only while their guard record is as new as the VLANs' oper record,
+// and not while a repair of more than a batch of them is left to finish.
+func TestSubnetIndexStaleRecreatedVLAN(t *testing.T) {
+	e := newEnv(t, "routing")
+	for _, tn := range []string{"t1", "t2"} {
+		e.ok("POST", "/api/v1/tenants/"+tn+"/", `{"tenantName":"`+tn+`"}`, nil)
+	}
+	create := func(tenant, name, subnet string) (int, string) {
+		return e.do("POST", "/api/v1/networks/"+tenant+":"+name+"/", model.Network{TenantName: tenant, NetworkName: name, Encap: "vlan", Subnet: subnet})
+	}
+	e.net("t1", "v1", "vlan", "10.34.1.0/24", "", 0)
+	recreateAsOldBuild(t, e, "t1", "v1", "10.34.9.0/24")
+	if code, msg := create("t2", "w1", "10.34.9.0/24"); code != http.StatusConflict || !strings.Contains(msg, "another tenant") {
+		t.Fatalf("a VLAN subnet overlapping another tenant's VLAN network an older build created again: %d %s, want 409", code, msg)
+	}
+	// More stale records than one transaction repairs: the next check after a partial
+	// repair still rebuilds.
+	const n = subnetRepairBatch + 10
+	for i := range n {
+		e.net("t1", fmt.Sprintf("m%02d", i), "vlan", fmt.Sprintf("10.35.%d.0/24", i), "", 0)
+	}
+	for i := range n {
+		recreateAsOldBuild(t, e, "t1", fmt.Sprintf("m%02d", i), fmt.Sprintf("10.36.%d.0/24", i))
+	}
+	e.net("t2", "w2", "vlan", "10.37.1.0/24", "", 0) // (repairs a batch)
+	if code, msg := create("t2", "w3", fmt.Sprintf("10.36.%d.0/24", n-1)); code != http.StatusConflict || !strings.Contains(msg, "another tenant") {
+		t.Errorf("a VLAN subnet overlapping a network whose stale record a partial repair left: %d %s, want 409", code, msg)
+	}
+	e.net("t2", "w4", "vlan", "10.37.2.0/24", "", 0) // (repairs the rest)
+	var r model.SubnetRecord
+	if err := json.Unmarshal([]byte(e.rawGet(model.SubnetIndexVLANPrefix+fmt.Sprintf("m%02d.t1", n-1))), &r); err != nil || r.SubnetIP != fmt.Sprintf("10.36.%d.0", n-1) {
+		t.Errorf("the last stale record after two creates: %+v (%v), want repaired", r, err)
 	}
 }

@@ -107,9 +107,10 @@ func SubnetIndexGuardKey(tenant string) string { return SubnetIndexPrefix + "gua
 const SubnetIndexVLANGuardKey = SubnetIndexPrefix + "guard-vlan"
 
 // SubnetIndexGuard is the record at a SubnetIndexGuardKey: the network whose change
-// rewrote it last.
+// rewrote it last, and whether a repair of the records is left to finish.
 type SubnetIndexGuard struct {
 	Network string `json:"network"`
+	Partial bool   `json:"partial,omitempty"`
 }
 
 // LegacySubnetIndexKeys are the whole-tenant and whole-VLAN records of the index's first
