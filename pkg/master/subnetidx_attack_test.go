@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
 )
 
 // TestSubnetIndexStale (review of the subnet index): the index is rebuilt only when its
@@ -171,5 +174,52 @@ func TestSubnetIndexStaleRecreatedVLAN(t *testing.T) {
 	var r model.SubnetRecord
 	if err := json.Unmarshal([]byte(e.rawGet(model.SubnetIndexVLANPrefix+fmt.Sprintf("m%02d.t1", n-1))), &r); err != nil || r.SubnetIP != fmt.Sprintf("10.36.%d.0", n-1) {
 		t.Errorf("the last stale record after two creates: %+v (%v), want repaired", r, err)
+	}
+}
+
+// TestSubnetCheckOldBuildInFlight (review of issue 34's subnet check): the records are
+// read unguarded, and a build without the index does not rewrite their guard record, yet
+// a network it creates while a create of this build is between its reads and its commit
+// is seen: every such build rewrites the tenant's model record (its link-sets) with each
+// network it creates, which saveNetwork reads with a guard (requireTenant), and every
+// build since the quotas rewrites the tenant's usage record, which account reads with
+// one. The check below is saveNetwork's reads; the older build's create rewrites the
+// tenant record and writes the network's model and state records, not the index.
+func TestSubnetCheckOldBuildInFlight(t *testing.T) {
+	e := newEnv(t, "routing")
+	e.ok("POST", "/api/v1/tenants/t1/", `{"tenantName":"t1"}`, nil)
+	e.net("t1", "a", "vxlan", "10.38.1.0/24", "", 0)
+	ctx := context.Background()
+	oldCreate := func() error {
+		tKey := model.ModelKey(model.TypeTenant, "t1")
+		n, _ := json.Marshal(model.Network{Key: "t1:b", TenantName: "t1", NetworkName: "b", Encap: "vxlan", Subnet: "10.38.2.0/24"})
+		ns, _ := json.Marshal(model.CfgNetworkState{ID: "b.t1", Tenant: "t1", NetworkName: "b", PktTagType: "vxlan", SubnetIP: "10.38.2.0", SubnetLen: 24})
+		_, err := e.raw.Txn(ctx).Then(clientv3.OpPut(tKey, e.rawGet(tKey)),
+			clientv3.OpPut(model.ModelKey(model.TypeNetwork, "t1:b"), string(n)), clientv3.OpPut(model.NetStateKey("b.t1"), string(ns))).Commit()
+		return err
+	}
+	runs := 0
+	var seen map[string]model.SubnetRecord
+	err := e.store.Update(ctx, func(tx *state.Tx) error {
+		runs++
+		if err := requireTenant(tx, "t1"); err != nil {
+			return err
+		}
+		var err error
+		if seen, err = tenantSubnets(tx, "t1"); err != nil {
+			return err
+		}
+		if runs == 1 {
+			if err := oldCreate(); err != nil {
+				return err
+			}
+		}
+		return tx.Put(model.SubnetIndexPrefix+"test", model.SubnetIndexGuard{})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := seen["b.t1"]; runs != 2 || !ok {
+		t.Errorf("an older build's create in flight: the check ran %d times and saw %v, want 2 runs and b.t1", runs, slices.Collect(maps.Keys(seen)))
 	}
 }
