@@ -200,11 +200,15 @@ func indexNetwork(tx *state.Tx, ns *model.CfgNetworkState, add bool) error {
 		recs = append(recs, rec{model.SubnetIndexVLANPrefix + ns.ID, model.SubnetIndexVLANGuardKey})
 	}
 	for _, r := range recs {
-		var g model.SubnetIndexGuard
-		if kv, found, err := tx.GetKV(r.guard); err != nil {
-			return err
-		} else if found {
-			_ = kv.Decode(&g) // (unreadable: rewritten whole, Partial false as before)
+		g := model.SubnetIndexGuard{}
+		if r.guard == model.SubnetIndexVLANGuardKey { // (only vlanSubnets reads the mark)
+			kv, found, err := tx.GetKV(r.guard)
+			if err != nil {
+				return err
+			}
+			if found && kv.Decode(&g) != nil {
+				g.Partial = true // (unreadable: the next check rebuilds)
+			}
 		}
 		if err := tx.Put(r.guard, model.SubnetIndexGuard{Network: ns.ID, Partial: g.Partial}); err != nil {
 			return err

@@ -170,6 +170,16 @@ func TestSubnetIndexStaleRecreatedVLAN(t *testing.T) {
 	if code, msg := create("t2", "w3", fmt.Sprintf("10.36.%d.0/24", n-1)); code != http.StatusConflict || !strings.Contains(msg, "another tenant") {
 		t.Errorf("a VLAN subnet overlapping a network whose stale record a partial repair left: %d %s, want 409", code, msg)
 	}
+	// A guard record that does not decode, rewritten by a delete (which does not check),
+	// stays marked for a rebuild.
+	if _, err := e.raw.Put(context.Background(), model.SubnetIndexVLANGuardKey, "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	e.ok("DELETE", "/api/v1/networks/t2:w2/", nil, nil)
+	var g model.SubnetIndexGuard
+	if err := json.Unmarshal([]byte(e.rawGet(model.SubnetIndexVLANGuardKey)), &g); err != nil || !g.Partial {
+		t.Errorf("an unreadable VLAN guard after a delete: %+v (%v), want it marked Partial", g, err)
+	}
 	e.net("t2", "w4", "vlan", "10.37.2.0/24", "", 0) // (repairs the rest)
 	var r model.SubnetRecord
 	if err := json.Unmarshal([]byte(e.rawGet(model.SubnetIndexVLANPrefix+fmt.Sprintf("m%02d.t1", n-1))), &r); err != nil || r.SubnetIP != fmt.Sprintf("10.36.%d.0", n-1) {
