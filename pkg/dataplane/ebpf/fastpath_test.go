@@ -524,7 +524,6 @@ func TestServiceFastPathMemo(t *testing.T) {
 func TestServiceRevisionHoldsNoLeftBackend(t *testing.T) {
 	vip := netip.MustParseAddr("10.1.0.105")
 	objs := memoFixture(t, 14, vip)
-	fc := objs.CbFromContainer
 	for i, c := range []struct {
 		name    string
 		opts    []byte
@@ -534,24 +533,7 @@ func TestServiceRevisionHoldsNoLeftBackend(t *testing.T) {
 		{"fast path, memo off", nil, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if err := objs.CbSvcMemoOff.Set(c.memoOff); err != nil {
-				t.Fatal(err)
-			}
-			defer objs.CbSvcMemoOff.Set(uint32(0))
-			cport := uint16(47000 + i)
-			ack := func() runResult {
-				t.Helper()
-				return run(t, objs, fc, l4FrameOpts(6, srcIP, vip, cport, 80, tcpACK, ipOpts{options: c.opts}), nil)
-			}
-			run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
-			ack().expect(t, tcActRedirect, FwdLocal)
-			var rev contivbpfCbSvcRev
-			if err := objs.CbSvcRevs.Lookup(uint32(14), &rev); err != nil {
-				t.Fatal(err)
-			}
-			if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.Epoch != rev.Rev || svc.State&ctMemo != 0 {
-				t.Fatalf("client→VIP entry epoch %d state %#x (found %v), want revision %d without a memo", svc.Epoch, svc.State, ok, rev.Rev)
-			}
+			ack := openAtRevision(t, objs, 14, vip, uint16(47000+i), c.opts, c.memoOff)
 			removeMember(t, objs, 14, localIP)
 			putTestService(t, objs, 14, vip, 80, 6, 8080, remoteIP)
 			defer func() {
@@ -961,7 +943,6 @@ func TestMemoOffLooksMembershipUp(t *testing.T) {
 	}
 	vip := netip.MustParseAddr("10.1.0.106")
 	objs := memoFixture(t, 15, vip)
-	fc := objs.CbFromContainer
 	for i, c := range []struct {
 		name    string
 		opts    []byte
@@ -973,24 +954,9 @@ func TestMemoOffLooksMembershipUp(t *testing.T) {
 		{"fast path, shortcuts off", nil, 1, FwdTunnel},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if err := objs.CbSvcMemoOff.Set(c.memoOff); err != nil {
-				t.Fatal(err)
-			}
-			defer objs.CbSvcMemoOff.Set(uint32(0))
 			cport := uint16(48000 + i)
-			ack := func() runResult {
-				t.Helper()
-				return run(t, objs, fc, l4FrameOpts(6, srcIP, vip, cport, 80, tcpACK, ipOpts{options: c.opts}), nil)
-			}
-			run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
-			ack().expect(t, tcActRedirect, FwdLocal)
+			ack := openAtRevision(t, objs, 15, vip, cport, c.opts, c.memoOff)
 			var rev contivbpfCbSvcRev
-			if err := objs.CbSvcRevs.Lookup(uint32(15), &rev); err != nil {
-				t.Fatal(err)
-			}
-			if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.Epoch != rev.Rev || svc.State&ctMemo != 0 {
-				t.Fatalf("client→VIP entry epoch %d state %#x (found %v), want revision %d without a memo", svc.Epoch, svc.State, ok, rev.Rev)
-			}
 			// The membership gone and another backend in its place, the revision not
 			// (yet) bumped.
 			for _, err := range []error{
@@ -1014,4 +980,31 @@ func TestMemoOffLooksMembershipUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openAtRevision sets the memo switch (memoOff; set back to on at the end of t), opens a
+// service flow from srcIP:cport to vip:80 of service id (its SYN, then an ACK with IPv4
+// options opts: nil takes the fast path) and checks that its client→VIP entry recorded
+// the service's revision without a memo. It returns the flow's ACK, sent the same way.
+func openAtRevision(t *testing.T, objs *contivbpfObjects, id uint32, vip netip.Addr, cport uint16, opts []byte, memoOff uint32) func() runResult {
+	t.Helper()
+	if err := objs.CbSvcMemoOff.Set(memoOff); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = objs.CbSvcMemoOff.Set(uint32(0)) })
+	fc := objs.CbFromContainer
+	ack := func() runResult {
+		t.Helper()
+		return run(t, objs, fc, l4FrameOpts(6, srcIP, vip, cport, 80, tcpACK, ipOpts{options: opts}), nil)
+	}
+	run(t, objs, fc, l4Frame(6, srcIP, vip, cport, 80, tcpSYN, 0), nil).expect(t, tcActRedirect, FwdLocal)
+	ack().expect(t, tcActRedirect, FwdLocal)
+	var rev contivbpfCbSvcRev
+	if err := objs.CbSvcRevs.Lookup(id, &rev); err != nil {
+		t.Fatal(err)
+	}
+	if svc, ok := ctEntry(t, objs, testZone, 6, srcIP, vip, cport, 80); !ok || svc.Epoch != rev.Rev || svc.State&ctMemo != 0 {
+		t.Fatalf("client→VIP entry epoch %d state %#x (found %v), want revision %d without a memo", svc.Epoch, svc.State, ok, rev.Rev)
+	}
+	return ack
 }
