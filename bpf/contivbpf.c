@@ -31,6 +31,7 @@
 #include "lib/icmp.h"
 #include "lib/handoff.h"
 #include "lib/qos.h"
+#include "lib/xdp.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -1909,6 +1910,32 @@ int cb_from_uplink(struct __sk_buff *skb)
 	if (r == CB_JUDGE)
 		return cb_stage(skb, CB_CALL_NODEPORT_JUDGE);
 	return r;
+}
+
+/* cb_xdp_uplink is the uplink's XDP prefilter (netplugin --xdp, on the device holding the
+ * VTEP): before the kernel builds an skb it drops what the tc path would drop anyway,
+ * counted under the same reasons (xdp.h). With encryption on, every clear overlay packet
+ * (cb_clear_overlay's test); otherwise an overlay packet from a host that is not a peer,
+ * to an unknown VNI, or with an inner source that does not live behind its VTEP. It only
+ * drops or passes: everything else, and everything it is unsure of, goes on to the stack
+ * and cb_from_uplink / cb_from_overlay, which judge it as without it. */
+SEC("xdp")
+int cb_xdp_uplink(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!cfg)
+		return XDP_PASS;
+	if (cb_features & CB_FEAT_ENCRYPT) {
+		if (cb_xdp_clear_overlay(data, data_end, cfg->vxlan_port))
+			return cb_xdp_drop(ctx, CB_DROP_CLEAR_OVERLAY, 0);
+		return XDP_PASS;
+	}
+	r = cb_xdp_overlay(ctx, cfg);
+	return r < 0 ? XDP_PASS : r;
 }
 
 /* The stages of a packet from outside (CB_CALL_UPLINK_DELIVER, CB_CALL_NODEPORT_JUDGE). */

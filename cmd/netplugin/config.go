@@ -52,6 +52,7 @@ func flags() []cli.Flag {
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
 		&cli.StringFlag{Name: "encryption", EnvVars: env("ENCRYPTION"), Value: "none", Usage: "none | wireguard: wireguard sends this host's VXLAN overlay traffic to other hosts through a WireGuard device (ebpf dataplane only), its public key published through netmaster; a peer host without a published key gets no overlay traffic (docs/encryption.md)"},
+		&cli.StringFlag{Name: "xdp", EnvVars: env("XDP"), Value: "off", Usage: "off | native | generic: the uplink's XDP prefilter on the device holding the VTEP (ebpf dataplane only): drops before the kernel builds an skb what the tc programs drop anyway (overlay packets from a host that is not a peer, to an unknown VNI or with a spoofed inner source; with --encryption, clear overlay packets); native where the driver has XDP (veth does), generic on any device (docs/ebpf.md)"},
 		&cli.IntFlag{Name: "wireguard-port", EnvVars: env("WIREGUARD_PORT"), Value: 51820, Usage: "UDP port of the WireGuard device (--encryption wireguard); not --vxlan-port"},
 		&cli.StringFlag{Name: "wireguard-dir", EnvVars: env("WIREGUARD_DIR"), Usage: "absolute `DIR` (root's, mode 0700) holding the host's WireGuard private key, made once (default /var/lib/contivbpf/<host>)"},
 		&cli.StringFlag{Name: "wireguard-device", EnvVars: env("WIREGUARD_DEVICE"), Usage: "name of the WireGuard device (default cvwg + 8 hex digits of the host label: a userspace device's control socket is named after it machine-wide)"},
@@ -111,6 +112,8 @@ type config struct {
 	dnsUpstreams    []string
 	dnsRate         float64
 	vxlanPort       int
+	// xdp is the uplink prefilter's mode (ebpf.XDPOff, XDPNative, XDPGeneric).
+	xdp string
 	// encryption is "" (none) or "wireguard"; wg* configure the device.
 	encryption    string
 	wgPort        int
@@ -159,7 +162,7 @@ func configFrom(c *cli.Context) (config, error) {
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
 		dnsRate: c.Float64("dns-rate"), allowMetadata: c.Bool("egress-allow-metadata"),
-		encryption: c.String("encryption"), wgPort: c.Int("wireguard-port"), wgDir: c.String("wireguard-dir"), wgDevice: c.String("wireguard-device"),
+		xdp: c.String("xdp"), encryption: c.String("encryption"), wgPort: c.Int("wireguard-port"), wgDir: c.String("wireguard-dir"), wgDevice: c.String("wireguard-device"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"),
 		inspectTokens: c.String("inspect-token-file"), inspectInsecure: c.Bool("inspect-insecure"), uplinkMTU: c.Int("uplink-mtu"),
@@ -210,6 +213,10 @@ func configFrom(c *cli.Context) (config, error) {
 		// The overlay's socket holds the port on every host: a node port on it would never
 		// be reached.
 		return cfg, fmt.Errorf("--vxlan-port %d is in the node port range %d-%d", cfg.vxlanPort, model.NodePortMin, model.NodePortMax)
+	case cfg.xdp != "off" && cfg.xdp != "native" && cfg.xdp != "generic":
+		return cfg, fmt.Errorf("--xdp %q must be off, native or generic", cfg.xdp)
+	case cfg.xdp != "off" && cfg.dataplane != "ebpf":
+		return cfg, fmt.Errorf("--xdp %s needs --dataplane ebpf (the ovs dataplane has no XDP prefilter)", cfg.xdp)
 	case cfg.encryption != "none" && cfg.encryption != "wireguard":
 		return cfg, fmt.Errorf("--encryption %q must be none or wireguard", cfg.encryption)
 	case cfg.encryption == "wireguard" && cfg.dataplane != "ebpf":

@@ -53,6 +53,13 @@ func TestConfig(t *testing.T) {
 	if c2, err := parse(t, "--host-label", "h2", "--vtep-ip", "192.168.1.2", "--encryption", "wireguard"); err != nil || c2.encryption != "wireguard" || c2.wgDevice == cfg.wgDevice {
 		t.Fatalf("--encryption wireguard on host h2: %v, device %q (h1's %q)", err, c2.wgDevice, cfg.wgDevice)
 	}
+	// The XDP prefilter is off by default.
+	if cfg.xdp != "off" {
+		t.Fatalf("xdp default %q, want off", cfg.xdp)
+	}
+	if c, err := parse(t, "--host-label", "h1", "--xdp", "generic"); err != nil || c.xdp != "generic" {
+		t.Fatalf("--xdp generic: %v, %q", err, c.xdp)
+	}
 	if cfg, err := parse(t, "--host-label", "h1", "--pprof"); err != nil || !cfg.pprof {
 		t.Fatalf("--pprof: %v, pprof %v", err, cfg.pprof)
 	}
@@ -97,6 +104,8 @@ func TestConfig(t *testing.T) {
 		{[]string{"--inspect-token-file", "/nonexistent/tokens"}, "--inspect-token-file"},
 		{[]string{"--inspect-token-file", good, "--inspect-insecure"}, "exclude each other"},
 		{[]string{"--inspect-token-file", loose}, "chmod 600"},
+		{[]string{"--xdp", "offload"}, "--xdp"},
+		{[]string{"--xdp", "native", "--dataplane", "ovs"}, "needs --dataplane ebpf"},
 		{[]string{"--encryption", "ipsec"}, "--encryption"},
 		{[]string{"--encryption", "wireguard", "--dataplane", "ovs"}, "needs --dataplane ebpf"},
 		{[]string{"--encryption", "wireguard", "--wireguard-port", "4789"}, "is --vxlan-port"},

@@ -369,6 +369,7 @@ func newDriver(ctx context.Context, cfg config, steps ebpf.StepObserver) (datapl
 			EgressPortMax:       cfg.egressPorts[1],
 			EgressAllowMetadata: cfg.allowMetadata,
 			Encrypted:           cfg.encryption == "wireguard",
+			XDP:                 cfg.xdp,
 			DNSIP:               cfg.dnsListen.Addr(),
 			StepObserver:        steps,
 		})

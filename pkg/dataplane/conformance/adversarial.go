@@ -60,6 +60,19 @@ func RunAdversarial(t *testing.T, factory Factory) {
 	})
 }
 
+// RunOverlayAdversarial runs the adversarial scenarios that send hand-made overlay
+// packets (and the legitimate ones beside them), for a backend option that changes how
+// the overlay is received (the eBPF backend's XDP prefilter).
+func RunOverlayAdversarial(t *testing.T, factory Factory) {
+	runScenarios(t, func(t *testing.T, tweak func(*dataplane.HostConfig)) *Env {
+		return newEnvWith(t, factory, dataplane.FwdBridge, tweak)
+	}, []scenario{
+		{name: "overlay-injection", run: overlayInjection},
+		{name: "overlay-peer-host-source", run: overlayPeerHostSource},
+		{name: "blind-rst-overlay", run: blindRSTOverlay},
+	})
+}
+
 // adversaries attaches a1 (group 1) and a2 (group 2) on host 1 and b1 (group 2) on host
 // 2, and checks that a1 reaches both.
 func adversaries(t *testing.T, e *Env) (a1, a2, b1 *Container) {

@@ -60,3 +60,10 @@ func TestConformanceAdversarial(t *testing.T) {
 func TestConformanceMetadataAllowed(t *testing.T) {
 	conformance.RunEgressMetadataAllowed(t, pinnedFactoryWith(Options{EgressAllowMetadata: true}))
 }
+
+// TestConformanceOverlayXDP: the overlay's hand-made packets with the XDP prefilter on
+// each host's wire (native, on the veth that holds the VTEP): spoofed inner sources and
+// strangers' packets stay out, the legitimate ones beside them arrive.
+func TestConformanceOverlayXDP(t *testing.T) {
+	conformance.RunOverlayAdversarial(t, pinnedFactoryWith(Options{XDP: XDPNative}))
+}

@@ -846,6 +846,7 @@ const (
 	contivbpfProgCbStageRemoteJudge   = "cb_stage_remote_judge"
 	contivbpfProgCbStageUplinkDeliver = "cb_stage_uplink_deliver"
 	contivbpfProgCbTestOverlay        = "cb_test_overlay"
+	contivbpfProgCbXdpUplink          = "cb_xdp_uplink"
 	contivbpfVarCbClockBase           = "cb_clock_base"
 	contivbpfVarCbCtFlagsUnused       = "cb_ct_flags_unused"
 	contivbpfVarCbCtStateUnused       = "cb_ct_state_unused"
@@ -927,6 +928,7 @@ type contivbpfProgramSpecs struct {
 	CbStageRemoteJudge   *ebpf.ProgramSpec `ebpf:"cb_stage_remote_judge"`
 	CbStageUplinkDeliver *ebpf.ProgramSpec `ebpf:"cb_stage_uplink_deliver"`
 	CbTestOverlay        *ebpf.ProgramSpec `ebpf:"cb_test_overlay"`
+	CbXdpUplink          *ebpf.ProgramSpec `ebpf:"cb_xdp_uplink"`
 }
 
 // contivbpfMapSpecs contains maps before they are loaded into the kernel.
@@ -1186,6 +1188,7 @@ type contivbpfPrograms struct {
 	CbStageRemoteJudge   *ebpf.Program `ebpf:"cb_stage_remote_judge"`
 	CbStageUplinkDeliver *ebpf.Program `ebpf:"cb_stage_uplink_deliver"`
 	CbTestOverlay        *ebpf.Program `ebpf:"cb_test_overlay"`
+	CbXdpUplink          *ebpf.Program `ebpf:"cb_xdp_uplink"`
 }
 
 func (p *contivbpfPrograms) Close() error {
@@ -1206,6 +1209,7 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbStageRemoteJudge,
 		p.CbStageUplinkDeliver,
 		p.CbTestOverlay,
+		p.CbXdpUplink,
 	)
 }
 

@@ -96,6 +96,7 @@ type Driver struct {
 	upIndex  int           // VLAN uplink, 0 = none
 	egress   egress        // egress NAT (hostpath.go), zero = off; set by New only
 	underlay underlay      // the VTEP's device (Options.Encrypted), zero = none; set by New only
+	xdp      underlay      // the XDP prefilter's device (Options.XDP, xdp.go), zero = off; set by New only
 	addrStop chan struct{} // stops the host address watch
 	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
 	// none) and the host namespace cookie it acts for.
@@ -291,6 +292,9 @@ func New(ctx context.Context, host dataplane.HostConfig, opts Options) (*Driver,
 	case cfg.FwdMode != "" && cfg.FwdMode != dataplane.FwdBridge && cfg.FwdMode != dataplane.FwdRouting:
 		return nil, fmt.Errorf("ebpf: fwdMode %q must be bridge or routing", cfg.FwdMode)
 	}
+	if err := checkXDPMode(cfg.XDP); err != nil {
+		return nil, err
+	}
 	d := &Driver{
 		cfg:    cfg,
 		log:    slog.Default(),
@@ -435,6 +439,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.underlay, err = d.resolveUnderlay(); err != nil {
 		return err
 	}
+	if d.xdp, err = d.xdpDevice(); err != nil {
+		return err
+	}
 	d.pubEpoch = d.epoch // stamps of compilePinnedPolicies, published by the config
 	if err := d.writeConfig(); err != nil {
 		return err
@@ -456,6 +463,9 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	// After cb_from_wire: on a shared uplink VLAN frames are taken off first.
 	if err := d.attachEgress(); err != nil {
+		return err
+	}
+	if err := d.attachXDP(); err != nil {
 		return err
 	}
 	if err := d.attachSockLB(); err != nil {
@@ -693,27 +703,20 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 		return nil
 	}
 	path := filepath.Join(d.cfg.PinRoot, linksDir, ifname)
-	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		info, ierr := l.Info()
-		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			if err := l.Update(prog); err != nil {
-				l.Close()
-				return fmt.Errorf("ebpf: update pinned tcx link on %s: %w", ifname, err)
-			}
+	// Pinned for a device that is gone or was recreated: dropped.
+	l, err := updatePinnedLink(path, prog, func(info *link.Info) bool {
+		return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+	})
+	if err != nil || l != nil {
+		if l != nil {
 			d.setLink(&attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l})
-			return nil
 		}
-		// Pinned for a device that is gone or was recreated: drop it.
-		_ = l.Unpin()
-		l.Close()
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
+		return err
 	}
 	// The kernel attaches a device's first tcx program holding RTNL across an RCU grace
 	// period (milliseconds at HZ=250): most of a new endpoint's time, and other rtnetlink
 	// requests wait meanwhile, so nothing else can overlap it.
-	var l link.Link
-	err := nsexec.Run(d.cfg.NetNS, func() error {
+	err = nsexec.Run(d.cfg.NetNS, func() error {
 		var err error
 		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 		return err
@@ -727,6 +730,29 @@ func (d *Driver) ensureTCX(ifname string, ifindex int, prog *ebpf.Program, progN
 	}
 	d.setLink(&attachment{ifname: ifname, ifindex: ifindex, program: progName, link: l})
 	return nil
+}
+
+// updatePinnedLink takes the link pinned at path, when there is one that keep accepts,
+// and puts prog in it (an atomic swap: no packet sees an empty hook); a link keep refuses
+// is unpinned and closed (detached), and nil returned, as when there is none.
+func updatePinnedLink(path string, prog *ebpf.Program, keep func(*link.Info) bool) (link.Link, error) {
+	l, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: load pinned link %s: %w", path, err)
+	}
+	if info, err := l.Info(); err == nil && keep(info) {
+		if err := l.Update(prog); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("ebpf: update pinned link %s: %w", path, err)
+		}
+		return l, nil
+	}
+	_ = l.Unpin()
+	l.Close()
+	return nil, nil
 }
 
 // detachTCX unpins and closes ifname's link (detaching the program).

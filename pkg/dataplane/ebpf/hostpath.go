@@ -143,8 +143,22 @@ func (d *Driver) resolveUnderlay() (underlay, error) {
 	if !d.cfg.Encrypted {
 		return underlay{}, nil
 	}
+	dev, err := d.vtepDevice("encrypted overlay")
+	if err != nil {
+		return underlay{}, err
+	}
+	if dev.ifindex == d.egress.ifindex {
+		return underlay{}, nil
+	}
+	return dev, nil
+}
+
+// vtepDevice is the device holding the VTEP, where the overlay's packets from other hosts
+// arrive, for what (the feature that must sit there, named in the errors): never
+// loopback or a dummy device (a routed VTEP), which no packet from the underlay enters.
+func (d *Driver) vtepDevice(what string) (underlay, error) {
 	if !d.cfg.VTEP.Is4() {
-		return underlay{}, fmt.Errorf("ebpf: encrypted overlay: vtep %v is not IPv4", d.cfg.VTEP)
+		return underlay{}, fmt.Errorf("ebpf: %s: vtep %v is not IPv4", what, d.cfg.VTEP)
 	}
 	addrs, err := d.nl.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
@@ -159,16 +173,13 @@ func (d *Driver) resolveUnderlay() (underlay, error) {
 			return underlay{}, fmt.Errorf("ebpf: vtep device %d: %w", a.LinkIndex, err)
 		}
 		// A VTEP on a device no wire reaches (loopback, dummy: a routed VTEP) would put
-		// the check where no peer's packet arrives, and every clear one would pass.
+		// the check where no peer's packet arrives.
 		if l.Attrs().Flags&net.FlagLoopback != 0 || l.Type() == "dummy" {
-			return underlay{}, fmt.Errorf("ebpf: encrypted overlay: the vtep %v is on %s (%s), which no packet from the underlay enters, so clear overlay packets could not be refused", d.cfg.VTEP, l.Attrs().Name, l.Type())
-		}
-		if a.LinkIndex == d.egress.ifindex {
-			return underlay{}, nil
+			return underlay{}, fmt.Errorf("ebpf: %s: the vtep %v is on %s (%s), which no packet from the underlay enters, so packets from other hosts could not be checked there", what, d.cfg.VTEP, l.Attrs().Name, l.Type())
 		}
 		return underlay{ifname: l.Attrs().Name, ifindex: a.LinkIndex}, nil
 	}
-	return underlay{}, fmt.Errorf("ebpf: encrypted overlay: no device of this host holds the vtep %v, so clear overlay packets could not be refused", d.cfg.VTEP)
+	return underlay{}, fmt.Errorf("ebpf: %s: no device of this host holds the vtep %v, so packets from other hosts could not be checked there", what, d.cfg.VTEP)
 }
 
 // attachEgress puts cb_from_uplink on the egress device, and on the VTEP's device when

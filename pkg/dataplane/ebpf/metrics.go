@@ -38,6 +38,9 @@ var (
 		"Egress NAT table size; new flows are refused (drop_egress_no_port) when it is full.", nil, nil)
 	descNATDeleted = prometheus.NewDesc("contiv_datapath_nat_gc_deleted_total",
 		"Egress NAT flows deleted by the collector (expired, or of a deleted endpoint).", nil, nil)
+	descXDPMode = prometheus.NewDesc("contiv_datapath_xdp_mode",
+		"1 for the mode the uplink's XDP prefilter runs in (off, native, generic: netplugin --xdp) and the device it is on.",
+		[]string{"mode", "device"}, nil)
 	descPolicyFailed = prometheus.NewDesc("contiv_datapath_policy_failed_closed",
 		"1 for an endpoint group whose rule set could not be installed and that denies all traffic.",
 		[]string{"epg"}, nil)
@@ -67,6 +70,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descNATCapacity
 	ch <- descNATDeleted
 	ch <- descPolicyFailed
+	ch <- descXDPMode
 	dataplane.DescribeQoSDrops(ch)
 }
 
@@ -112,6 +116,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descNATFlows, prometheus.GaugeValue, float64(ct.NATFlows))
 	ch <- prometheus.MustNewConstMetric(descNATCapacity, prometheus.GaugeValue, float64(ct.NATCapacity))
 	ch <- prometheus.MustNewConstMetric(descNATDeleted, prometheus.CounterValue, float64(ct.NATDeleted))
+	mode, dev := c.d.XDPMode()
+	ch <- prometheus.MustNewConstMetric(descXDPMode, prometheus.GaugeValue, 1, mode, dev)
 	for g := range c.d.FailedPolicies() {
 		ch <- prometheus.MustNewConstMetric(descPolicyFailed, prometheus.GaugeValue, 1, fmt.Sprint(g))
 	}

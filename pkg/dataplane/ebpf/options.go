@@ -36,6 +36,13 @@ type Options struct {
 	// New fails when no device of the host holds the VTEP, or when loopback or a dummy
 	// device does (no packet from the underlay enters there).
 	Encrypted bool
+	// XDP is where the uplink's XDP prefilter runs (XDPOff, "" too; XDPNative; XDPGeneric:
+	// xdp.go): on the device holding the VTEP, it drops before the skb what the tc
+	// programs would drop anyway (overlay packets from a host that is not a peer, to an
+	// unknown VNI, with a spoofed inner source; with Encrypted, every clear overlay
+	// packet). New fails when no device of the host holds the VTEP, when loopback or a
+	// dummy device does, or (native) when the device's driver has no XDP.
+	XDP string
 	// DNSIP is the host address the agent's DNS responder listens on (port 53):
 	// endpoints' UDP queries to their gateway's port 53 are steered to it. Invalid: none.
 	DNSIP netip.Addr

@@ -53,6 +53,9 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 	if d.underlay.ifindex != 0 {
 		wantIfs[underlayLinkPrefix+d.underlay.ifname] = true
 	}
+	if d.xdp.ifindex != 0 {
+		wantIfs[xdpLinkPrefix+d.xdp.ifname] = true
+	}
 	if d.sockLB != "" {
 		wantIfs[sockLBLink] = true
 	}
