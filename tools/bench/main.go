@@ -66,7 +66,7 @@ type config struct {
 
 func (c config) want(stage string) bool { return len(c.stages) == 0 || c.stages[stage] }
 
-var allStages = []string{"prog", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "crosshost_wg", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "netprofile", "cp"}
+var allStages = []string{"prog", "xdp", "samehost", "samehost_policy", "samehost_monitor", "crosshost", "crosshost_policy", "crosshost_wg", "restart", "cni", "operate", "egress", "bgp", "k8s", "svcscale", "scale", "docker", "netprofile", "cp"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == slowDialerArg {
@@ -191,6 +191,11 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	if cfg.want("prog") {
 		if err := progStage(ctx, w, r); err != nil {
 			r.fail("prog", err)
+		}
+	}
+	if cfg.want("xdp") {
+		if err := xdpStage(ctx, w, r, cfg.prefix+"x"); err != nil {
+			r.fail("xdp", err)
 		}
 	}
 	wantCluster := false

@@ -14,3 +14,8 @@ import (
 func progStage(context.Context, io.Writer, *report) error {
 	return errors.New("built without -tags cbbench: run `go run -tags cbbench ./tools/bench` (as `make bench` does) for the eBPF program paths")
 }
+
+// xdpStage without the bench fixtures (MeasureXDPDrop builds only with -tags cbbench).
+func xdpStage(context.Context, io.Writer, *report, string) error {
+	return errors.New("built without -tags cbbench: run `go run -tags cbbench ./tools/bench` (as `make bench` does) for the XDP prefilter")
+}

@@ -100,6 +100,7 @@ var goals = map[string]goal{
 	// The issue's per-packet goals, as ratios to the reference forwarder timed around
 	// each path (nanoseconds differ 2x between machines of this kind).
 	"prog.local_ratio":          atMost(1.3),
+	"xdp.drop_ratio":            atLeast(3),
 	"prog.ct_established_ratio": atMost(2.0),
 	"prog.service_ratio":        atMost(2.5),
 	// Datapath v3 (issue 33): policy's cost does not grow with the rules, and another
