@@ -31,6 +31,7 @@
 #include "lib/icmp.h"
 #include "lib/handoff.h"
 #include "lib/qos.h"
+#include "lib/prefilter.h"
 #include "lib/xdp.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -1878,6 +1879,18 @@ static __noinline int cb_clear_overlay(struct __sk_buff *skb, __be16 port)
 	return dport == port;
 }
 
+/* cb_uplink_denied says whether an IPv4 frame from the underlay comes from a denied source
+ * (prefilter.h); read with bpf_skb_load_bytes: a header outside the linear part is found
+ * too. */
+static __noinline int cb_uplink_denied(struct __sk_buff *skb)
+{
+	__be32 saddr;
+
+	if (!skb || bpf_skb_load_bytes(skb, ETH_HLEN + 12, &saddr, 4) < 0)
+		return 0;
+	return cb_denied(saddr);
+}
+
 /* cb_from_uplink takes the replies of egress flows and the packets to node ports off the
  * egress device (delivered to their endpoints); everything else is the host's and
  * continues. With encryption on it also sits on the device holding the VTEP, and drops
@@ -1890,6 +1903,9 @@ int cb_from_uplink(struct __sk_buff *skb)
 
 	if (!cfg)
 		return CB_TCX_NEXT;
+	if ((cb_features & CB_FEAT_DENY) && skb->protocol == bpf_htons(ETH_P_IP) && !skb->vlan_present &&
+	    cb_uplink_denied(skb))
+		return cb_drop(skb, CB_DROP_DENIED_SOURCE);
 	if ((cb_features & CB_FEAT_ENCRYPT) && cb_clear_overlay(skb, cfg->vxlan_port))
 		return cb_drop(skb, CB_DROP_CLEAR_OVERLAY);
 	if (!cfg->snat_ip)
@@ -1914,7 +1930,8 @@ int cb_from_uplink(struct __sk_buff *skb)
 
 /* cb_xdp_uplink is the uplink's XDP prefilter (netplugin --xdp, on the device holding the
  * VTEP): before the kernel builds an skb it drops what the tc path would drop anyway,
- * counted under the same reasons (xdp.h). With encryption on, every clear overlay packet
+ * counted under the same reasons (xdp.h). A source on the operator's deny list
+ * (prefilter.h); with encryption on, every clear overlay packet
  * (cb_clear_overlay's test); otherwise an overlay packet from a host that is not a peer,
  * to an unknown VNI, or with an inner source that does not live behind its VTEP. It only
  * drops or passes: everything else, and everything it is unsure of, goes on to the stack
@@ -1929,6 +1946,8 @@ int cb_xdp_uplink(struct xdp_md *ctx)
 
 	if (!cfg)
 		return XDP_PASS;
+	if (cb_xdp_denied(data, data_end))
+		return cb_xdp_drop(ctx, CB_DROP_DENIED_SOURCE, 0);
 	if (cb_features & CB_FEAT_ENCRYPT) {
 		if (cb_xdp_clear_overlay(data, data_end, cfg->vxlan_port))
 			return cb_xdp_drop(ctx, CB_DROP_CLEAR_OVERLAY, 0);

@@ -78,6 +78,7 @@ enum cb_reason {
 	CB_DROP_RATE_EGRESS = 81,   /* the sending endpoint's egress rate and burst are spent (qos.h) */
 	CB_DROP_RATE_INGRESS = 82,  /* the receiving endpoint's ingress rate and burst are spent (qos.h) */
 	CB_DROP_CLEAR_OVERLAY = 83, /* encryption on: UDP to the overlay's port from the underlay, not out of WireGuard */
+	CB_DROP_DENIED_SOURCE = 84, /* from the underlay, from a source an operator denied (netctl prefilter) */
 	CB_REASON_MAX = 96,
 };
 

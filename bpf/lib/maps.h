@@ -121,6 +121,7 @@ enum cb_features {
 	CB_FEAT_BGP = 64,      /* the host speaks BGP: routing-mode VLAN networks are routed natively (native.h) */
 	CB_FEAT_NETPOL = 128,  /* some pod has a NetworkPolicy entry (netpol.h; set with CB_FEAT_POLICY) */
 	CB_FEAT_ENCRYPT = 256, /* overlay packets arrive only out of WireGuard: the underlay's are dropped (cb_from_uplink) */
+	CB_FEAT_DENY = 512,    /* cb_deny_src holds a prefix: the underlay's packets from it are dropped (prefilter.h) */
 };
 
 /* The stages with state: while none is on, a packet from a container is forwarded by

@@ -11,6 +11,7 @@
 #include "common.h"
 #include "drop.h"
 #include "maps.h"
+#include "prefilter.h"
 
 /* cb_vxlanhdr is the VXLAN header (RFC 7348): flags (0x08: VNI valid), 3 reserved bytes,
  * the VNI, 1 reserved byte. */
@@ -81,6 +82,18 @@ CB_INLINE int cb_xdp_drop(struct xdp_md *ctx, enum cb_reason r, __u32 off)
 	if (cb_features & CB_FEAT_EVENTS)
 		cb_xdp_emit_drop(ctx, r, off);
 	return XDP_DROP;
+}
+
+/* cb_xdp_denied is cb_uplink_denied on a frame before its skb: an untagged IPv4 frame from
+ * a denied source. */
+CB_INLINE int cb_xdp_denied(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+
+	if (!(cb_features & CB_FEAT_DENY) || (void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return 0;
+	return cb_denied(ip->saddr);
 }
 
 /* cb_xdp_clear_overlay is cb_clear_overlay on a frame before its skb: UDP to the overlay's

@@ -62,3 +62,9 @@ type NativeRouter interface {
 	SetNativeRouting(ctx context.Context, nr NativeRouting) error
 	NativeRoutes() ([]Route, error)
 }
+
+// SourceDenier is a driver that applies State.DenySources (the eBPF backend); the agent
+// reports a deny list a backend without it cannot apply.
+type SourceDenier interface {
+	DeniesSources() bool
+}

@@ -127,6 +127,12 @@ const (
 	contivbpfCbCtStateCB_CTS_CLOSING     contivbpfCbCtState = 3
 )
 
+type contivbpfCbDenyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
 type contivbpfCbEgressFlags uint32
 
 const (
@@ -219,6 +225,7 @@ const (
 	contivbpfCbFeaturesCB_FEAT_BGP          contivbpfCbFeatures = 64
 	contivbpfCbFeaturesCB_FEAT_NETPOL       contivbpfCbFeatures = 128
 	contivbpfCbFeaturesCB_FEAT_ENCRYPT      contivbpfCbFeatures = 256
+	contivbpfCbFeaturesCB_FEAT_DENY         contivbpfCbFeatures = 512
 )
 
 type contivbpfCbFragBudget struct {
@@ -627,6 +634,7 @@ const (
 	contivbpfCbReasonCB_DROP_RATE_EGRESS           contivbpfCbReason = 81
 	contivbpfCbReasonCB_DROP_RATE_INGRESS          contivbpfCbReason = 82
 	contivbpfCbReasonCB_DROP_CLEAR_OVERLAY         contivbpfCbReason = 83
+	contivbpfCbReasonCB_DROP_DENIED_SOURCE         contivbpfCbReason = 84
 	contivbpfCbReasonCB_REASON_MAX                 contivbpfCbReason = 96
 )
 
@@ -788,6 +796,7 @@ const (
 	contivbpfMapCbCtGens              = "cb_ct_gens"
 	contivbpfMapCbCtOwned             = "cb_ct_owned"
 	contivbpfMapCbCtOwnedIn           = "cb_ct_owned_in"
+	contivbpfMapCbDenySrc             = "cb_deny_src"
 	contivbpfMapCbEndpoints           = "cb_endpoints"
 	contivbpfMapCbEpCounters          = "cb_ep_counters"
 	contivbpfMapCbEpgs                = "cb_epgs"
@@ -943,6 +952,7 @@ type contivbpfMapSpecs struct {
 	CbCtGens         *ebpf.MapSpec `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.MapSpec `ebpf:"cb_ct_owned"`
 	CbCtOwnedIn      *ebpf.MapSpec `ebpf:"cb_ct_owned_in"`
+	CbDenySrc        *ebpf.MapSpec `ebpf:"cb_deny_src"`
 	CbEndpoints      *ebpf.MapSpec `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.MapSpec `ebpf:"cb_ep_counters"`
 	CbEpgs           *ebpf.MapSpec `ebpf:"cb_epgs"`
@@ -1042,6 +1052,7 @@ type contivbpfMaps struct {
 	CbCtGens         *ebpf.Map `ebpf:"cb_ct_gens"`
 	CbCtOwned        *ebpf.Map `ebpf:"cb_ct_owned"`
 	CbCtOwnedIn      *ebpf.Map `ebpf:"cb_ct_owned_in"`
+	CbDenySrc        *ebpf.Map `ebpf:"cb_deny_src"`
 	CbEndpoints      *ebpf.Map `ebpf:"cb_endpoints"`
 	CbEpCounters     *ebpf.Map `ebpf:"cb_ep_counters"`
 	CbEpgs           *ebpf.Map `ebpf:"cb_epgs"`
@@ -1096,6 +1107,7 @@ func (m *contivbpfMaps) Close() error {
 		m.CbCtGens,
 		m.CbCtOwned,
 		m.CbCtOwnedIn,
+		m.CbDenySrc,
 		m.CbEndpoints,
 		m.CbEpCounters,
 		m.CbEpgs,

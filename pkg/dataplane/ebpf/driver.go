@@ -97,6 +97,7 @@ type Driver struct {
 	egress   egress        // egress NAT (hostpath.go), zero = off; set by New only
 	underlay underlay      // the VTEP's device (Options.Encrypted), zero = none; set by New only
 	xdp      underlay      // the XDP prefilter's device (Options.XDP, xdp.go), zero = off; set by New only
+	denyFeat atomic.Uint32 // CB_FEAT_DENY while cb_deny_src holds a prefix (prefilter.go)
 	addrStop chan struct{} // stops the host address watch
 	// The socket LB (hostpath.go): the cgroup its connect4 program is attached to ("" =
 	// none) and the host namespace cookie it acts for.
@@ -569,7 +570,7 @@ func (d *Driver) writeConfig() error {
 // writeConfigLocked is writeConfig for callers holding cfgMu.
 func (d *Driver) writeConfigLocked() error {
 	c := contivbpfCbConfig{VxlanIfindex: uint32(d.vxIndex), UplinkIfindex: uint32(d.upIndex), Generation: d.gen, Features: d.carried, PolicyEpoch: d.pubEpoch}
-	c.Features |= d.pols.feat.Load() | d.np.feat.Load() | d.svc.feat.Load()
+	c.Features |= d.pols.feat.Load() | d.np.feat.Load() | d.svc.feat.Load() | d.denyFeat.Load()
 	if d.routing() {
 		c.Features |= uint32(contivbpfCbFeaturesCB_FEAT_ROUTING)
 		if d.bgpOn {

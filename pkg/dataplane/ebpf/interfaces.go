@@ -14,4 +14,5 @@ var (
 	_ dataplane.Verifier         = (*Driver)(nil)
 	_ dataplane.Tracer           = (*Driver)(nil)
 	_ dataplane.NativeRouter     = (*Driver)(nil)
+	_ dataplane.SourceDenier     = (*Driver)(nil)
 )

@@ -173,6 +173,11 @@ func mapOwners() []mapOwner {
 			gc:      "settled by each service change, rewritten whole by Sync (syncHostSvcs)",
 		},
 		{
+			concern: "host",
+			maps:    []ownedMap{entry[contivbpfCbDenyKey, uint32](contivbpfMapCbDenySrc)},
+			gc:      "rewritten whole from the deny list by Sync (syncDenySources)",
+		},
+		{
 			concern: "routes",
 			maps:    []ownedMap{entry[contivbpfCbBgpKey, contivbpfCbBgpRoute](contivbpfMapCbBgpRoutes)},
 			gc:      "rewritten whole from the BGP speaker's routes (SetNativeRouting)",

@@ -75,6 +75,7 @@ const (
 	DropRateEgress          = Reason(contivbpfCbReasonCB_DROP_RATE_EGRESS)   // an endpoint's QoS egress rate (qos.go)
 	DropRateIngress         = Reason(contivbpfCbReasonCB_DROP_RATE_INGRESS)  // an endpoint's QoS ingress rate (qos.go)
 	DropClearOverlay        = Reason(contivbpfCbReasonCB_DROP_CLEAR_OVERLAY) // encryption on: an overlay packet from the underlay in clear
+	DropDeniedSource        = Reason(contivbpfCbReasonCB_DROP_DENIED_SOURCE) // from the underlay, from a prefix on the deny list (prefilter)
 	reasonMax               = Reason(contivbpfCbReasonCB_REASON_MAX)
 	firstDrop               = Reason(contivbpfCbReasonCB_DROP_MIN)
 )
@@ -147,6 +148,7 @@ var reasonNames = map[Reason]string{
 	DropRateEgress:          "drop_rate_egress",
 	DropRateIngress:         "drop_rate_ingress",
 	DropClearOverlay:        "drop_clear_overlay",
+	DropDeniedSource:        "drop_denied_source",
 }
 
 // String is the reason's metric/CLI name, e.g. "drop_unknown_dst".
