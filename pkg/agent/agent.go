@@ -108,6 +108,7 @@ var watchPrefixes = []string{
 	model.SvcLBStatePrefix,
 	model.BgpStatePrefix,
 	model.K8sPodPolicyPrefix,
+	model.PrefilterPrefix,
 	"/contiv.io/master/config/",
 	state.ServicePrefix + vxlan.VTEPService + "/",
 	vxlan.HostVTEPPrefix,
@@ -124,6 +125,7 @@ var recordKind = map[string]string{
 	vxlan.HostVTEPPrefix:   "host-vtep",
 
 	model.K8sPodPolicyPrefix: "pod-policy",
+	model.PrefilterPrefix:    "prefilter",
 }
 
 // Agent is one host's netplugin core.
@@ -148,6 +150,9 @@ type Agent struct {
 	// retry is what the last pass's failed driver calls make the next one redo.
 	retry  scope
 	synced bool
+	// denyApplied is the deny list the driver holds (SetDenySources), nil before the
+	// first call.
+	denyApplied []netip.Prefix
 
 	attachMu sync.Mutex // one attach/detach at a time
 	// podQoSRetry are the endpoints whose local record retryPodQoSRecords writes again
@@ -367,6 +372,8 @@ type view struct {
 	full dataplane.State
 	want *dataplane.Index
 	bad  map[string]error
+	// deny is this host's deny list (full passes only; prefilter.go).
+	deny []netip.Prefix
 }
 
 // desired takes what changed since the last pass plus retry (everything when full) and
@@ -406,7 +413,7 @@ func (a *Agent) desired(full bool, retry scope) view {
 	h := hostView{host: a.cfg.Host, vtep: a.cfg.VTEP, uplinkMTU: a.cfg.UplinkMTU, vlanIf: a.cfg.VLANIf}
 	if sc.all {
 		s, bad := compute(h, r)
-		return view{sc: sc, full: s, want: dataplane.IndexOf(s), bad: bad}
+		return view{sc: sc, full: s, want: dataplane.IndexOf(s), bad: bad, deny: a.denyList(bad)}
 	}
 	want, bad := computeScoped(h, r, sc)
 	return view{sc: sc, want: want, bad: bad}
@@ -456,6 +463,8 @@ func (a *Agent) applySnapshot(prefix string, kvs []state.KV) {
 		clear(a.rec.svcs)
 	case model.BgpStatePrefix:
 		clear(a.rec.bgp)
+	case model.PrefilterPrefix:
+		clear(a.rec.prefilters)
 	case model.K8sPodPolicyPrefix:
 		clear(a.rec.podPols)
 	case vxlan.HostVTEPPrefix:
@@ -513,6 +522,8 @@ func (a *Agent) applyEvent(prefix string, ev state.Event) {
 	}
 	a.rec.touchAll()
 	switch prefix {
+	case model.PrefilterPrefix:
+		delete(a.rec.prefilters, id)
 	case vxlan.HostVTEPPrefix:
 		delete(a.rec.hostVTEPs, id)
 	case model.NetStatePrefix:
@@ -594,6 +605,16 @@ func (a *Agent) put(prefix, key string, val []byte) {
 			a.rec.bgp[id] = v
 		} else {
 			delete(a.rec.bgp, id)
+		}
+	case model.PrefilterPrefix:
+		var v model.Prefilter
+		if err = kv.Decode(&v); err == nil {
+			err = checkPrefilter(&v)
+		}
+		if err == nil {
+			a.rec.prefilters[id] = v
+		} else {
+			delete(a.rec.prefilters, id)
 		}
 	case model.K8sPodPolicyPrefix:
 		var v model.K8sPodPolicy

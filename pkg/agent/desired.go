@@ -39,7 +39,9 @@ type records struct {
 	bgp      map[string]model.CfgBgpState // by host
 	// podPols: the NetworkPolicy layer, by endpoint id.
 	podPols map[string]model.K8sPodPolicy
-	vteps   vxlan.Table
+	// prefilters: the deny list (every host's entries and this host's), by name.
+	prefilters map[string]model.Prefilter
+	vteps      vxlan.Table
 	// lastVTEP remembers each host's VTEP after its registration expired (a restarting
 	// netplugin), so traffic to its endpoints keeps flowing while they still exist.
 	lastVTEP map[string]netip.Addr
@@ -254,6 +256,7 @@ func newRecords() *records {
 		svcs:        map[string]model.CfgServiceLBState{},
 		bgp:         map[string]model.CfgBgpState{},
 		podPols:     map[string]model.K8sPodPolicy{},
+		prefilters:  map[string]model.Prefilter{},
 		vteps:       vxlan.Table{},
 		lastVTEP:    map[string]netip.Addr{},
 		hostVTEPs:   map[string]netip.Addr{},

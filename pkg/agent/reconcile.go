@@ -162,6 +162,12 @@ func (a *Agent) reconcile(ctx context.Context) map[string]error {
 		// an endpoint, service or pod policy by its id, anything else by a full pass.
 		a.retry = retryScope(errs)
 	}()
+	// (Registered after the errors' defer: it runs first, and its error is among them.)
+	defer func() {
+		if err := a.applyDenyList(ctx, v); err != nil {
+			errs[denyListKey] = err
+		}
+	}()
 	if v.sc.empty() && a.synced {
 		return errs // nothing changed
 	}

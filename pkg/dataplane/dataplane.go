@@ -299,12 +299,6 @@ type State struct {
 	Policies        []PolicySet
 	Services        []Service
 	PodPolicies     []PodPolicy
-	// DenySources are the operator's deny list for this host (netctl prefilter: the
-	// cluster-wide entries and this host's): IPv4 packets from them that arrive from the
-	// underlay are dropped where they enter (eBPF: drop_denied_source, by the XDP
-	// prefilter or cb_from_uplink). The OVS backend has no prefilter: it ignores them
-	// (dataplane.SourceDenier says which backends apply them).
-	DenySources []netip.Prefix
 }
 
 // HostConfig is what a driver needs to know about its host at start-up, the same for every

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -63,8 +64,11 @@ type NativeRouter interface {
 	NativeRoutes() ([]Route, error)
 }
 
-// SourceDenier is a driver that applies State.DenySources (the eBPF backend); the agent
-// reports a deny list a backend without it cannot apply.
+// SourceDenier applies the operator's deny list (netctl prefilter: the cluster-wide
+// entries and this host's): IPv4 packets from those prefixes that arrive from the underlay
+// are dropped where they enter (the eBPF backend: drop_denied_source, by the XDP prefilter
+// or cb_from_uplink). The list survives a restart in the datapath until the next call.
+// The OVS backend has none: the agent reports a list it cannot apply.
 type SourceDenier interface {
-	DeniesSources() bool
+	SetDenySources(ctx context.Context, prefixes []netip.Prefix) error
 }

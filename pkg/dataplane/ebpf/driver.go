@@ -444,6 +444,9 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.pubEpoch = d.epoch // stamps of compilePinnedPolicies, published by the config
+	if err := d.adoptDenySources(); err != nil {
+		return err
+	}
 	if err := d.writeConfig(); err != nil {
 		return err
 	}

@@ -175,7 +175,7 @@ func mapOwners() []mapOwner {
 		{
 			concern: "host",
 			maps:    []ownedMap{entry[contivbpfCbDenyKey, uint32](contivbpfMapCbDenySrc)},
-			gc:      "rewritten whole from the deny list by Sync (syncDenySources)",
+			gc:      "rewritten whole from the deny list by the agent (SetDenySources)",
 		},
 		{
 			concern: "routes",

@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -9,13 +10,27 @@ import (
 // denyMax is cb_deny_src's size (CB_DENY_MAX in bpf/lib/prefilter.h).
 const denyMax = 1024
 
-// syncDenySources makes cb_deny_src hold exactly prefixes (the operator's deny list for
-// this host, dataplane.State.DenySources) and asks writeConfig for CB_FEAT_DENY while it
-// holds one: the underlay's IPv4 packets from them are dropped (drop_denied_source) by
+// SetDenySources implements dataplane.SourceDenier: cb_deny_src holds exactly prefixes
+// (the operator's deny list for this host) and the config has CB_FEAT_DENY while it holds
+// one: the underlay's IPv4 packets from them are dropped (drop_denied_source) by
 // cb_xdp_uplink, or cb_from_uplink without it. New prefixes go in before stale ones go
 // out. A prefix that is not IPv4, or past the map's size, is left out and named in the
-// error; the rest is applied.
-func (d *Driver) syncDenySources(prefixes []netip.Prefix) error {
+// error; the rest is applied. The map is pinned: a restarted driver keeps enforcing the
+// list (adoptDenySources) until the agent sets it again.
+func (d *Driver) SetDenySources(ctx context.Context, prefixes []netip.Prefix) error {
+	defer d.lock(cAll, 0)()
+	if err := d.check(); err != nil {
+		return err
+	}
+	if err := d.setDenySources(prefixes); err != nil {
+		_ = d.writeConfig()
+		return err
+	}
+	return d.writeConfig()
+}
+
+// setDenySources is SetDenySources' map work, for a caller holding the lock.
+func (d *Driver) setDenySources(prefixes []netip.Prefix) error {
 	if d.objs.CbDenySrc == nil {
 		return nil
 	}
@@ -55,5 +70,22 @@ func (d *Driver) syncDenySources(prefixes []netip.Prefix) error {
 	return nil
 }
 
-// DeniesSources implements dataplane.SourceDenier: the deny list is applied.
-func (d *Driver) DeniesSources() bool { return true }
+// adoptDenySources takes the deny list an earlier run left in the pinned map as the one in
+// force (New): its feature bit stays set through the first Sync, until the agent sets
+// the list again.
+func (d *Driver) adoptDenySources() error {
+	if d.objs.CbDenySrc == nil {
+		return nil
+	}
+	var k contivbpfCbDenyKey
+	var v uint32
+	it := d.objs.CbDenySrc.Iterate()
+	held := it.Next(&k, &v)
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbDenySrc, err)
+	}
+	if held {
+		d.denyFeat.Store(uint32(contivbpfCbFeaturesCB_FEAT_DENY))
+	}
+	return nil
+}

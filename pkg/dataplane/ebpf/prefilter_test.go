@@ -85,11 +85,12 @@ func TestDenySources(t *testing.T) {
 	run(t, objs, objs.CbFromUplink, ov, nil).expect(t, tcActShot, DropDeniedSource)
 }
 
-// Sync makes cb_deny_src exactly the state's deny list and sets CB_FEAT_DENY while it holds
-// a prefix: prefixes added, duplicates and unmasked spellings folded, stale ones removed,
-// the bit cleared with the last; an IPv6 prefix is left out and named in the error while
-// the rest is applied.
-func TestSyncDenySources(t *testing.T) {
+// SetDenySources makes cb_deny_src exactly the deny list and sets CB_FEAT_DENY while it
+// holds a prefix: prefixes added, duplicates and unmasked spellings folded, stale ones
+// removed, the bit cleared with the last; an IPv6 prefix is left out and named in the
+// error while the rest is applied. A restarted driver keeps the list and its bit through
+// its first Sync, before the agent sets it again.
+func TestSetDenySources(t *testing.T) {
 	h := newOneHost(t)
 	keys := func() map[string]bool {
 		t.Helper()
@@ -106,26 +107,37 @@ func TestSyncDenySources(t *testing.T) {
 		return out
 	}
 	deny := uint32(contivbpfCbFeaturesCB_FEAT_DENY)
-	sync := func(p ...string) error {
-		st := dataplane.State{Networks: []dataplane.Network{h.net}}
+	set := func(p ...string) error {
+		var l []netip.Prefix
 		for _, s := range p {
-			st.DenySources = append(st.DenySources, netip.MustParsePrefix(s))
+			l = append(l, netip.MustParsePrefix(s))
 		}
-		return h.d.Sync(context.Background(), st)
+		return h.d.SetDenySources(context.Background(), l)
 	}
-	if err := sync("203.0.113.9/24", "203.0.113.0/24", "192.0.2.5/32"); err != nil {
+	if err := set("203.0.113.9/24", "203.0.113.0/24", "192.0.2.5/32"); err != nil {
 		t.Fatal(err)
 	}
 	if got := keys(); len(got) != 2 || !got["203.0.113.0/24"] || !got["192.0.2.5/32"] || h.features(t)&deny == 0 {
 		t.Fatalf("deny list %v, features %#x: want 203.0.113.0/24 and 192.0.2.5/32 with the deny bit", got, h.features(t))
 	}
-	if err := sync("192.0.2.5/32", "fd00::/8"); err == nil {
+	if err := set("192.0.2.5/32", "fd00::/8"); err == nil {
 		t.Error("an IPv6 prefix: no error")
 	}
 	if got := keys(); len(got) != 1 || !got["192.0.2.5/32"] || h.features(t)&deny == 0 {
 		t.Fatalf("deny list %v, features %#x: want 192.0.2.5/32 alone with the deny bit", got, h.features(t))
 	}
-	if err := sync(); err != nil {
+	// A restart: the list and its bit hold through the first Sync.
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.d = h.start(t)
+	if err := h.d.Sync(context.Background(), dataplane.State{Networks: []dataplane.Network{h.net}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(); len(got) != 1 || h.features(t)&deny == 0 {
+		t.Fatalf("restarted and synced: deny list %v, features %#x: want the list kept with its bit", got, h.features(t))
+	}
+	if err := set(); err != nil {
 		t.Fatal(err)
 	}
 	if got := keys(); len(got) != 0 || h.features(t)&deny != 0 {

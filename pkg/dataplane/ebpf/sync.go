@@ -202,7 +202,6 @@ func (d *Driver) Sync(ctx context.Context, s dataplane.State) error {
 			}
 		}
 	}
-	errs = appendErr(errs, d.syncDenySources(s.DenySources))
 	errs = append(errs, d.sweepMaps()...)
 	errs = append(errs, d.sweepLinks(wantIfs)...)
 	errs = appendErr(errs, d.dropCarried()) // the indexes are complete now
