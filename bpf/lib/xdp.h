@@ -160,10 +160,11 @@ CB_INLINE int cb_xdp_overlay(struct xdp_md *ctx, const struct cb_config *cfg)
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || *(__u8 *)ip != 0x45 || ip->protocol != CB_PROTO_UDP ||
 	    (ip->frag_off & bpf_htons(0x3fff)) || ip->daddr != cfg->vtep || udp->dest != cfg->vxlan_port)
 		return -1;
-	/* A datagram the frame and its IP header hold whole (else the stack drops it). */
+	/* A datagram the frame and its IP header hold whole (else the stack drops it). No
+	 * subtraction from tot: a total length below the header would wrap around. */
 	tot = bpf_ntohs(ip->tot_len);
 	ulen = bpf_ntohs(udp->len);
-	if (ulen < 8 + sizeof(*vx) + ETH_HLEN || ulen > tot - sizeof(struct iphdr) ||
+	if (ulen < 8 + sizeof(*vx) + ETH_HLEN || ulen + sizeof(struct iphdr) > tot ||
 	    tot > (__u32)(data_end - data) - ETH_HLEN)
 		return -1;
 	if (vx->flags != 0x08 || vx->rsvd1[0] || vx->rsvd1[1] || vx->rsvd1[2] || vx->rsvd2)

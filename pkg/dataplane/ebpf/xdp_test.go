@@ -160,6 +160,16 @@ func TestXDPPrefilterPasses(t *testing.T) {
 		binary.BigEndian.PutUint16(f[16:], binary.BigEndian.Uint16(f[16:])+1)
 		passes(t, f)
 	})
+	// An outer total length below its own header plus the UDP length: the stack drops
+	// the datagram (ip_rcv), and a prefilter that subtracted the header from it wrapped
+	// around and took the frame for a whole one.
+	for _, tot := range []uint16{0, 19, 20, 49} {
+		t.Run(fmt.Sprintf("ip-length-%d-below-udp", tot), func(t *testing.T) {
+			f := spoof()
+			binary.BigEndian.PutUint16(f[16:], tot)
+			passes(t, f)
+		})
+	}
 	t.Run("udp-length-without-inner", func(t *testing.T) {
 		f := spoof()
 		binary.BigEndian.PutUint16(f[38:], 8+8+13)
