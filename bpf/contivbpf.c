@@ -1947,10 +1947,10 @@ int cb_xdp_uplink(struct xdp_md *ctx)
 	if (!cfg)
 		return XDP_PASS;
 	if (cb_xdp_denied(data, data_end))
-		return cb_xdp_drop(ctx, CB_DROP_DENIED_SOURCE, 0);
+		return cb_xdp_drop(ctx, CB_DROP_DENIED_SOURCE, 0, (__u32)(data_end - data));
 	if (cb_features & CB_FEAT_ENCRYPT) {
 		if (cb_xdp_clear_overlay(data, data_end, cfg->vxlan_port))
-			return cb_xdp_drop(ctx, CB_DROP_CLEAR_OVERLAY, 0);
+			return cb_xdp_drop(ctx, CB_DROP_CLEAR_OVERLAY, 0, (__u32)(data_end - data));
 		return XDP_PASS;
 	}
 	r = cb_xdp_overlay(ctx, cfg);

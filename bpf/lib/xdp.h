@@ -26,9 +26,9 @@ struct cb_vxlanhdr {
 #define CB_XDP_INNER (ETH_HLEN + sizeof(struct iphdr) + 8 + sizeof(struct cb_vxlanhdr))
 
 /* cb_xdp_emit_drop records drop r of frame ctx as cb_emit_drop records a tc drop: the
- * addresses and ports are those of the IPv4 packet whose Ethernet header is at off (the
- * inner one of an overlay packet: what the tc path would have reported after decap). */
-static __noinline void cb_xdp_emit_drop(struct xdp_md *ctx, __u32 r, __u32 off)
+ * length (len), addresses and ports are those of the frame at off (the inner one of an
+ * overlay packet: what the tc path would have reported after decap). */
+static __noinline void cb_xdp_emit_drop(struct xdp_md *ctx, __u32 r, __u32 off, __u32 len)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -44,7 +44,7 @@ static __noinline void cb_xdp_emit_drop(struct xdp_md *ctx, __u32 r, __u32 off)
 	e->ts = bpf_ktime_get_ns();
 	e->reason = r;
 	e->ifindex = ctx->ingress_ifindex;
-	e->len = data_end - data;
+	e->len = len;
 	if (off > CB_XDP_INNER)
 		off = 0;
 	eth = data + off;
@@ -55,8 +55,8 @@ static __noinline void cb_xdp_emit_drop(struct xdp_md *ctx, __u32 r, __u32 off)
 			e->saddr = ip->saddr;
 			e->daddr = ip->daddr;
 			e->proto = ip->protocol;
-			ports = (void *)(ip + 1);
-			if (ip->ihl == 5 && (ip->protocol == 6 || ip->protocol == 17) &&
+			ports = (void *)ip + ip->ihl * 4; /* as cb_emit_drop: options skipped */
+			if ((ip->protocol == 6 || ip->protocol == 17) &&
 			    !(ip->frag_off & bpf_htons(0x1fff)) && (void *)(ports + 2) <= data_end) {
 				e->sport = ports[0];
 				e->dport = ports[1];
@@ -66,21 +66,21 @@ static __noinline void cb_xdp_emit_drop(struct xdp_md *ctx, __u32 r, __u32 off)
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* cb_xdp_drop counts drop r of frame ctx (cb_reasons, as cb_count: the bytes from off, the
- * frame the tc path would have counted) and records it while the agent listens. */
-CB_INLINE int cb_xdp_drop(struct xdp_md *ctx, enum cb_reason r, __u32 off)
+/* cb_xdp_drop counts drop r of frame ctx (cb_reasons, as cb_count) and records it while
+ * the agent listens: the frame the tc path would have counted, len bytes at off (an
+ * overlay packet's inner frame as the vxlan device hands it on: the UDP payload past the
+ * VXLAN header, without what the frame carries past its UDP datagram). */
+CB_INLINE int cb_xdp_drop(struct xdp_md *ctx, enum cb_reason r, __u32 off, __u32 len)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u32 key = r, len = data_end - data;
+	__u32 key = r;
 	struct cb_counter *c = bpf_map_lookup_elem(&cb_reasons, &key);
 
 	if (c) {
 		c->packets++;
-		c->bytes += len > off ? len - off : 0;
+		c->bytes += len;
 	}
 	if (cb_features & CB_FEAT_EVENTS)
-		cb_xdp_emit_drop(ctx, r, off);
+		cb_xdp_emit_drop(ctx, r, off, len);
 	return XDP_DROP;
 }
 
@@ -152,7 +152,7 @@ CB_INLINE int cb_xdp_overlay(struct xdp_md *ctx, const struct cb_config *cfg)
 	struct cb_network *net;
 	struct cb_endpoint *src;
 	struct cb_ep_key skey = {};
-	__u32 vni, tot, ulen;
+	__u32 vni, tot, ulen, ilen;
 	__be32 remote;
 
 	if ((void *)(vx + 1) > data_end || !cfg->vxlan_port || !cfg->vtep)
@@ -169,15 +169,16 @@ CB_INLINE int cb_xdp_overlay(struct xdp_md *ctx, const struct cb_config *cfg)
 		return -1;
 	if (vx->flags != 0x08 || vx->rsvd1[0] || vx->rsvd1[1] || vx->rsvd1[2] || vx->rsvd2)
 		return -1;
+	ilen = ulen - 8 - sizeof(*vx); /* the inner frame, as the tc path counts it */
 	remote = ip->saddr;
 	if (!remote || !bpf_map_lookup_elem(&cb_peers, &remote))
-		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_PEER, CB_XDP_INNER);
+		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_PEER, CB_XDP_INNER, ilen);
 	vni = ((__u32)vx->vni[0] << 16) | ((__u32)vx->vni[1] << 8) | vx->vni[2];
 	if (vni == 0 || vni >= CB_NET_VLAN_BIT)
-		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_NETWORK, CB_XDP_INNER);
+		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_NETWORK, CB_XDP_INNER, ilen);
 	net = bpf_map_lookup_elem(&cb_networks, &vni);
 	if (!net || net->encap != CB_ENCAP_VXLAN)
-		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_NETWORK, CB_XDP_INNER);
+		return cb_xdp_drop(ctx, CB_DROP_UNKNOWN_NETWORK, CB_XDP_INNER, ilen);
 	/* The inner frame, as the vxlan device would hand it on: the UDP payload past the
 	 * VXLAN header. */
 	if ((void *)(iip + 1) > data_end || ieth->h_proto != bpf_htons(ETH_P_IP) || *(__u8 *)iip != 0x45 ||
@@ -190,11 +191,11 @@ CB_INLINE int cb_xdp_overlay(struct xdp_md *ctx, const struct cb_config *cfg)
 	skey.ip = iip->saddr;
 	src = bpf_map_lookup_elem(&cb_endpoints, &skey);
 	if (src && (src->flags & CB_EP_LOCAL))
-		return cb_xdp_drop(ctx, CB_DROP_REMOTE_SRC, CB_XDP_INNER);
+		return cb_xdp_drop(ctx, CB_DROP_REMOTE_SRC, CB_XDP_INNER, ilen);
 	if (!src && ((cb_features & CB_FEAT_ROUTING) || iip->saddr == remote))
 		return -1;
 	if (!src || src->vtep != remote)
-		return cb_xdp_drop(ctx, CB_DROP_OVERLAY_SPOOF, CB_XDP_INNER);
+		return cb_xdp_drop(ctx, CB_DROP_OVERLAY_SPOOF, CB_XDP_INNER, ilen);
 	return -1;
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
@@ -364,4 +366,79 @@ func TestXDPModeRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `xdp mode "offload"`) {
 		t.Fatalf("New with XDP offload: %v, want refused naming the mode", err)
 	}
+}
+
+// A prefilter drop is counted and reported as the tc path's drop of the same packet:
+// the bytes counted and the event's length, addresses and ports are those of the frame
+// tc would have judged (after the vxlan device: the UDP payload past the VXLAN header,
+// nothing the frame carries past its IP or UDP datagram; a clear overlay packet: the
+// whole frame, ports past IP options too). Each frame goes through cb_xdp_uplink and the
+// same packet through the tc program that drops it, and their counters and events are
+// compared.
+func TestXDPDropReportsAsTC(t *testing.T) {
+	objs := loadTestObjects(t, contivbpfProgCbXdpUplink, contivbpfProgCbFromUplink)
+	rd, err := ringbuf.NewReader(objs.CbEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	editConfig(t, objs, func(c *contivbpfCbConfig) { c.VxlanPort = nport(testVXLAN); c.Vtep = ip4(hostIP) })
+	peer := netip.MustParseAddr(testVTEP)
+	in := conformance.UDPFrame(dataplane.ContivMAC(localIP), dataplane.ContivMAC(orphanIP), orphanIP, localIP, 5000, 53, []byte("spoofed"))
+	// got runs f through prog and returns the bytes counted under reason and its event.
+	got := func(t *testing.T, prog *ebpf.Program, f []byte, ctx any, reason Reason, ret uint32) (uint64, DropEvent) {
+		t.Helper()
+		before, err := readReasons(objs.CbReasons)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, objs, prog, f, ctx).expect(t, ret, reason)
+		after, err := readReasons(objs.CbReasons)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, ok := nextEvent(t, rd)
+		if !ok || ev.Reason != reason {
+			t.Fatalf("event %+v, want one of %v", ev, reason)
+		}
+		ev.Time, ev.Ifindex = 0, 0
+		return after[reason].Bytes - before[reason].Bytes, ev
+	}
+	same := func(t *testing.T, xf []byte, tc *ebpf.Program, tf []byte, ctx any, reason Reason) {
+		t.Helper()
+		xb, xe := got(t, objs.CbXdpUplink, xf, nil, reason, xdpDrop)
+		tb, te := got(t, tc, tf, ctx, reason, tcActShot)
+		if xb != tb || xe != te {
+			t.Errorf("prefilter counted %d bytes, event %+v; tc %d bytes, event %+v", xb, xe, tb, te)
+		}
+	}
+	setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_EVENTS))
+	overlay := objs.CbTestOverlay
+	tunnel := &skbCtx{CB: [5]uint32{ip4(peer), testNet}}
+	// trailer appends n bytes past the outer IP datagram (an Ethernet trailer: the stack
+	// trims it); extra grows the IP datagram by n bytes past the UDP one (udp_rcv trims).
+	trailer := func(f []byte, n int) []byte { return append(append([]byte{}, f...), make([]byte, n)...) }
+	extra := func(f []byte, n int) []byte {
+		f = trailer(f, n)
+		binary.BigEndian.PutUint16(f[16:], binary.BigEndian.Uint16(f[16:])+uint16(n))
+		return f
+	}
+	for name, f := range map[string][]byte{
+		"plain":         vxlanFrame(peer, hostIP, testNet, in),
+		"frame-trailer": trailer(vxlanFrame(peer, hostIP, testNet, in), 9),
+		"past-udp":      extra(vxlanFrame(peer, hostIP, testNet, in), 5),
+	} {
+		t.Run(name, func(t *testing.T) { same(t, f, overlay, in, tunnel, DropOverlaySpoof) })
+	}
+	t.Run("unknown-peer", func(t *testing.T) {
+		other := netip.MustParseAddr("192.168.0.3")
+		same(t, trailer(vxlanFrame(other, hostIP, testNet, in), 7), overlay, in,
+			&skbCtx{CB: [5]uint32{ip4(other), testNet}}, DropUnknownPeer)
+	})
+	t.Run("encrypted-options", func(t *testing.T) {
+		setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_ENCRYPT|contivbpfCbFeaturesCB_FEAT_EVENTS))
+		defer setFeatures(t, objs, uint32(contivbpfCbFeaturesCB_FEAT_EVENTS))
+		f := l4FrameOpts(17, peer, hostIP, 40000, testVXLAN, 0, ipOpts{options: []byte{1, 1, 1, 0}})
+		same(t, f, objs.CbFromUplink, f, nil, DropClearOverlay)
+	})
 }
