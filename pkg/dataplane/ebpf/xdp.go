@@ -3,7 +3,9 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -45,13 +47,15 @@ func (d *Driver) xdpDevice() (underlay, error) {
 
 // attachXDP puts cb_xdp_uplink on the VTEP's device in the configured mode (a link pinned
 // under PinRoot/links, updated in place on restart: no moment without it). A pinned link
-// of the other mode is replaced: the prefilter only drops what the tc programs drop too,
+// of the other mode is replaced, and one on another device (or any, when off) removed
+// first (dropStaleXDP): the prefilter only drops what the tc programs drop too,
 // so the moment between the two costs speed, never a packet or a check.
 func (d *Driver) attachXDP() error {
+	name := xdpLinkPrefix + d.xdp.ifname
+	d.dropStaleXDP(name)
 	if d.xdp.ifindex == 0 {
 		return nil
 	}
-	name := xdpLinkPrefix + d.xdp.ifname
 	prog := d.objs.CbXdpUplink
 	flags, want := link.XDPDriverMode, uint32(xdpAttachedDrv)
 	if d.cfg.XDP == XDPGeneric {
@@ -90,6 +94,25 @@ func (d *Driver) attachXDP() error {
 	d.setLink(&attachment{ifname: name, ifindex: d.xdp.ifindex, program: contivbpfProgCbXdpUplink, link: l, hook: "xdp-" + d.cfg.XDP})
 	d.log.Info("xdp prefilter attached", "device", d.xdp.ifname, "mode", d.cfg.XDP)
 	return nil
+}
+
+// dropStaleXDP detaches every prefilter an earlier run pinned but this one does not want
+// (keep is the one it wants, "" none): the mode is off now, or the VTEP moved to another
+// device. At the start, not at the first Sync: the earlier build's program would judge
+// with maps a layout migration froze (migrate.go) until then, or for good were Sync to
+// fail, dropping the overlay packets of peers and endpoints added since. Without a
+// prefilter the tc path judges everything: a moment without it costs speed only.
+func (d *Driver) dropStaleXDP(keep string) {
+	ents, err := os.ReadDir(filepath.Join(d.cfg.PinRoot, linksDir))
+	if err != nil {
+		return // (open made the directory; Sync's sweep reports what it cannot read)
+	}
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, xdpLinkPrefix) && (d.xdp.ifindex == 0 || n != keep) {
+			d.detachTCX(n)
+			d.log.Info("xdp prefilter detached", "link", n)
+		}
+	}
 }
 
 // The kernel's IFLA_XDP_ATTACHED values for a driver (native) and a generic program.

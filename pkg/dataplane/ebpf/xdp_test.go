@@ -215,7 +215,7 @@ func TestXDPPrefilterPasses(t *testing.T) {
 // skb: counted under the tc path's reasons, and the vxlan device never receives them. A
 // restart in the same mode updates the pinned link in place (same link, no moment
 // without it), one in generic mode replaces it (the drops the same); a restart with the
-// prefilter off removes it at the first Sync, and the
+// prefilter off removes it as it starts (before any Sync), and the
 // same packets then reach the vxlan device and are dropped there by cb_from_overlay,
 // under the same reasons.
 func TestXDPPrefilterOnTheWire(t *testing.T) {
@@ -346,6 +346,11 @@ func TestXDPPrefilterOnTheWire(t *testing.T) {
 	}
 	h.cfg.XDP = XDPOff
 	h.d = h.start(t)
+	// Gone at the start, not at the first Sync: until then (for good, were Sync to fail)
+	// the earlier build's program would judge with maps a layout migration froze.
+	if l, err := nl.LinkByName(up); err != nil || (l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached) {
+		t.Errorf("restarted with the prefilter off: %s still has an XDP program before Sync (err %v)", up, err)
+	}
 	h.remoteEndpoints(t, 1)
 	if _, ok := xdpLink(); ok {
 		t.Fatal("restarted with the prefilter off: its link is still attached after Sync")
