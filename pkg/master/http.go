@@ -73,7 +73,9 @@ func (m *Master) router() *mux.Router {
 	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
 	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)
 	r.HandleFunc("/service/{id}", m.getService).Methods(http.MethodGet)
+	r.HandleFunc("/wireguard/hosts", m.listWireGuard).Methods(http.MethodGet)
 	r.HandleFunc("/wireguard/hosts/{host}", m.deleteWireGuard).Methods(http.MethodDelete)
+	r.HandleFunc("/wireguard/hosts/{host}/rotate", m.rotateWireGuard).Methods(http.MethodPost)
 
 	plugin := []struct {
 		path string

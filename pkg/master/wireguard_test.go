@@ -56,6 +56,9 @@ func TestPublishWireGuardOwnHostOnly(t *testing.T) {
 		{"port 0", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:0"}`, 400, "endpoint"},
 		{"multicast", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"224.0.0.1:51820"}`, 400, "endpoint"},
 		{"unknown field", h1, `{"host":"host1","publicKey":"` + wgKey(1) + `","endpoint":"192.0.2.1:51820","privateKey":"x"}`, 400, "privateKey"},
+		// The rotation state is netmaster's: an agent marking its rotation done without a new key.
+		{"rotated", h1, `{"host":"host1","publicKey":"` + wgKey(3) + `","endpoint":"192.0.2.1:51821","rotated":7}`, 400, "rotated"},
+		{"rotate", h1, `{"host":"host1","publicKey":"` + wgKey(3) + `","endpoint":"192.0.2.1:51821","rotate":7}`, 400, "rotate"},
 	}
 	for _, c := range cases {
 		before, rev := e.snapshot()
@@ -76,9 +79,10 @@ func TestPublishWireGuardOwnHostOnly(t *testing.T) {
 
 // TestDeleteWireGuardAdminOnly (issue 38): an admin deletes a departed host's WireGuard
 // record (DELETE /wireguard/hosts/<host>, any case of the name; before, only a write
-// around netmaster into etcd could); an agent, also the host's own, and a read-only
-// caller get 403 naming who sets them, a host without a record 404 naming the field, and
-// a refusal leaves etcd as it was. Another host's record stays.
+// around netmaster into etcd could) and asks for a host's key rotation (POST
+// /wireguard/hosts/<host>/rotate); an agent, also the host's own, and a read-only caller
+// get 403 naming who sets them, a host without a record 404 naming the field, a bad name
+// 400 naming it, and a refusal leaves etcd as it was. Another host's record stays.
 func TestDeleteWireGuardAdminOnly(t *testing.T) {
 	e := newEnv(t, "bridge")
 	h1 := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
@@ -88,26 +92,31 @@ func TestDeleteWireGuardAdminOnly(t *testing.T) {
 	h1.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host1", PublicKey: wgKey(1), Endpoint: "192.0.2.1:51820"}, nil)
 	h2.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host2", PublicKey: wgKey(2), Endpoint: "192.0.2.2:51820"}, nil)
 
-	for _, c := range []struct {
-		name string
-		as   *env
-		path string
-		code int
-		msg  string
-	}{
-		{"another host's agent", h1, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
-		{"the host's own agent", h2, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
-		{"read-only", ro, "/wireguard/hosts/host2", 403, "WireGuard records are set by admins"},
-		{"no record", admin, "/wireguard/hosts/host9", 404, "host"},
-		{"bad name", admin, "/wireguard/hosts/" + strings.Repeat("x", 300), 400, "host"},
+	for _, route := range []struct{ method, suffix, what string }{
+		{"DELETE", "", "WireGuard records are set by admins"},
+		{"POST", "/rotate", "WireGuard key rotations are set by admins"},
 	} {
-		before, rev := e.snapshot()
-		code, out := c.as.do("DELETE", c.path, nil)
-		if code != c.code || !strings.Contains(out, c.msg) {
-			t.Errorf("%s: %d %q, want %d naming %q", c.name, code, out, c.code, c.msg)
-		}
-		if after, rev2 := e.snapshot(); after != before || rev2 != rev {
-			t.Errorf("%s: etcd changed (revision %d → %d)", c.name, rev, rev2)
+		for _, c := range []struct {
+			name string
+			as   *env
+			host string
+			code int
+			msg  string
+		}{
+			{"another host's agent", h1, "host2", 403, route.what},
+			{"the host's own agent", h2, "host2", 403, route.what},
+			{"read-only", ro, "host2", 403, route.what},
+			{"no record", admin, "host9", 404, "host"},
+			{"bad name", admin, strings.Repeat("x", 300), 400, "host"},
+		} {
+			before, rev := e.snapshot()
+			code, out := c.as.do(route.method, "/wireguard/hosts/"+c.host+route.suffix, nil)
+			if code != c.code || !strings.Contains(out, c.msg) {
+				t.Errorf("%s %s: %d %q, want %d naming %q", route.method, c.name, code, out, c.code, c.msg)
+			}
+			if after, rev2 := e.snapshot(); after != before || rev2 != rev {
+				t.Errorf("%s %s: etcd changed (revision %d → %d)", route.method, c.name, rev, rev2)
+			}
 		}
 	}
 	if code, out := admin.do("DELETE", "/wireguard/hosts/HOST2", nil); code != http.StatusOK {
@@ -118,6 +127,59 @@ func TestDeleteWireGuardAdminOnly(t *testing.T) {
 	}
 	if got := e.rawGet(model.WireGuardKey("host1")); !strings.Contains(got, wgKey(1)) {
 		t.Errorf("host1's record after host2's deletion: %q", got)
+	}
+}
+
+// TestRotateWireGuard (issue 38, rotation on request): an admin's request raises the
+// host's rotation generation in its record (any case of the name), pending while the host
+// publishes the key it had (a restart), done once it publishes another; a second request
+// counts on. A read-only caller lists the records with their state; an agent's own
+// publication never clears a request. A record of the former shape (no rotation fields)
+// is read as never rotated.
+func TestRotateWireGuard(t *testing.T) {
+	e := newEnv(t, "bridge")
+	h1 := e.as(auth.Identity{Name: auth.HostPrefix + "host1", Role: auth.RoleAgent})
+	ro := e.as(auth.Identity{Name: "viewer", Role: auth.RoleReadOnly})
+	admin := e.as(auth.Identity{Name: "root", Role: auth.RoleAdmin})
+	pub := func(key byte) {
+		t.Helper()
+		h1.ok("POST", "/plugin/publishWireGuard", model.WireGuardHost{Host: "host1", PublicKey: wgKey(key), Endpoint: "192.0.2.1:51820"}, nil)
+	}
+	state := func() string {
+		t.Helper()
+		var l []model.WireGuardHost
+		ro.ok("GET", "/wireguard/hosts", nil, &l)
+		var out []string
+		for _, h := range l {
+			out = append(out, h.Host+" "+h.PublicKey[:2]+" "+h.RotationState())
+		}
+		return strings.Join(out, "; ")
+	}
+	pub(1)
+	// host2's record as a build before rotations wrote it.
+	if _, err := e.raw.Put(context.Background(), model.WireGuardKey("host2"), `{"host":"host2","publicKey":"`+wgKey(2)+`","endpoint":"192.0.2.2:51820"}`); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(); got != "host1 AQ -; host2 Ag -" {
+		t.Fatalf("before any request: %q", got)
+	}
+	var rec model.WireGuardHost
+	admin.ok("POST", "/wireguard/hosts/HOST1/rotate", nil, &rec)
+	if rec.Host != "host1" || rec.Rotate != 1 || rec.Rotated != 0 || rec.PublicKey != wgKey(1) {
+		t.Fatalf("the request's answer: %+v", rec)
+	}
+	pub(1) // (the agent restarted with its key: the request stands)
+	if got := state(); got != "host1 AQ pending 1; host2 Ag -" {
+		t.Fatalf("requested, the old key published again: %q", got)
+	}
+	pub(3)
+	if got := state(); got != "host1 Aw done 1; host2 Ag -" {
+		t.Fatalf("a new key published: %q", got)
+	}
+	admin.ok("POST", "/wireguard/hosts/host1/rotate", nil, &rec)
+	admin.ok("POST", "/wireguard/hosts/host2/rotate", nil, &rec)
+	if got := state(); got != "host1 Aw pending 2; host2 Ag pending 1" {
+		t.Fatalf("requested again: %q", got)
 	}
 }
 

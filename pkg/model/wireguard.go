@@ -27,6 +27,44 @@ type WireGuardHost struct {
 	PublicKey string `json:"publicKey"`
 	// Endpoint is the host's underlay address and the device's listen port ("ip:port").
 	Endpoint string `json:"endpoint"`
+	// Rotate is the last rotation an admin requested of this host's key, counted from 1
+	// (POST /wireguard/hosts/<host>/rotate; 0: none). Only netmaster sets it; an agent's
+	// publication keeps it (Republished).
+	Rotate uint64 `json:"rotate,omitempty"`
+	// Rotated is the last requested rotation the published key answers: netmaster sets it
+	// to Rotate when a publication brings another key than the record held. Rotate >
+	// Rotated: the host's agent is to make a new key (wgsteer), pending until it publishes.
+	// (Both omitted when 0: a build before them reads the record as it always did.)
+	Rotated uint64 `json:"rotated,omitempty"`
+}
+
+// Republished is the record an agent's publication h makes over prev (nil: none): the
+// rotation an admin requested stays, and is answered when h brings another key.
+func (h WireGuardHost) Republished(prev *WireGuardHost) WireGuardHost {
+	h.Rotate, h.Rotated = 0, 0
+	if prev == nil {
+		return h
+	}
+	h.Rotate, h.Rotated = prev.Rotate, prev.Rotated
+	if h.PublicKey != prev.PublicKey {
+		h.Rotated = prev.Rotate
+	}
+	return h
+}
+
+// RotationPending reports whether an admin asked for a new key the record does not hold yet.
+func (h WireGuardHost) RotationPending() bool { return h.Rotate > h.Rotated }
+
+// RotationState is the record's rotation for people: "-" (never requested), "done N" or
+// "pending N" (N: the generation last requested).
+func (h WireGuardHost) RotationState() string {
+	switch {
+	case h.Rotate == 0:
+		return "-"
+	case h.RotationPending():
+		return fmt.Sprintf("pending %d", h.Rotate)
+	}
+	return fmt.Sprintf("done %d", h.Rotate)
 }
 
 // Check validates the record; its error names the field.

@@ -129,6 +129,7 @@ func commands(build BuildInfo) []*cli.Command {
 			},
 		},
 		hostCommand(),
+		wireguardCommand(),
 		{
 			Name: "policy", Usage: "Policy manipulation tools",
 			Subcommands: []*cli.Command{

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"net/url"
 
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
@@ -308,4 +309,24 @@ func (c *Client) HostScopeSet(ctx context.Context, s *model.HostScope) (*model.H
 // HostScopeReset drops a host's scope (admins only): it serves every tenant again.
 func (c *Client) HostScopeReset(ctx context.Context, host string) error {
 	return c.Do(ctx, http.MethodDelete, ObjectPath(model.CollHostScopes, host), nil, nil)
+}
+
+// WireGuardHosts returns every host's published WireGuard record with its rotation state
+// (this project's GET /wireguard/hosts).
+func (c *Client) WireGuardHosts(ctx context.Context) ([]model.WireGuardHost, error) {
+	var out []model.WireGuardHost
+	if err := c.Do(ctx, http.MethodGet, "/wireguard/hosts", nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// WireGuardRotate asks host's agent for a new WireGuard key (admins only) and returns the
+// record with the rotation requested.
+func (c *Client) WireGuardRotate(ctx context.Context, host string) (*model.WireGuardHost, error) {
+	var out model.WireGuardHost
+	if err := c.Do(ctx, http.MethodPost, "/wireguard/hosts/"+url.PathEscape(host)+"/rotate", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
