@@ -3,6 +3,7 @@ package wgsteer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -159,7 +160,26 @@ type etcdDirectory struct {
 }
 
 func (d etcdDirectory) PublishWireGuard(ctx context.Context, rec model.WireGuardHost) error {
-	return d.store.Put(ctx, model.WireGuardKey(rec.Host), rec)
+	var prev model.WireGuardHost
+	err := d.store.Get(ctx, model.WireGuardKey(rec.Host), &prev)
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		return d.store.Put(ctx, model.WireGuardKey(rec.Host), rec.Republished(nil))
+	case err != nil:
+		return err
+	}
+	return d.store.Put(ctx, model.WireGuardKey(rec.Host), rec.Republished(&prev))
+}
+
+// requestRotation raises host's rotation generation as netmaster does on an admin's
+// request (POST /wireguard/hosts/<host>/rotate).
+func (d etcdDirectory) requestRotation(ctx context.Context, host string) error {
+	var rec model.WireGuardHost
+	if err := d.store.Get(ctx, model.WireGuardKey(host), &rec); err != nil {
+		return err
+	}
+	rec.Rotate = max(rec.Rotate, rec.Rotated) + 1
+	return d.store.Put(ctx, model.WireGuardKey(host), rec)
 }
 
 // arrivals records when each datagram's sequence number arrived.
@@ -198,8 +218,10 @@ func (a *arrivals) gap(from, to time.Time) (longest time.Duration, after int) {
 // TestSteerKeyRotationUnderTraffic (issue 38): two hosts on a veth underlay, each with its
 // device, steering and Run following its key file (Config.Key), records in a private
 // etcd. Overlay-port UDP flows from A to B at 1000 packets/s. A's key file is removed
-// (a new key is made), then B's: each device takes its new key, publishes it, the other
-// host's watch brings it and its device answers the handshake; traffic between the two
+// (a new key is made), then B's, then A rotates on an admin's request in its record (the
+// same way, through the key file): each device takes its new key, publishes it (the
+// request answered), the other host's watch brings it and its device answers the
+// handshake; traffic between the two
 // stops for the longest gap logged here (documented in docs/encryption.md) and must be
 // back within 2 s, well before WireGuard's own 5 s handshake retry. Before, the key was
 // read once at start: the device never took a new key.
@@ -285,10 +307,19 @@ func TestSteerKeyRotationUnderTraffic(t *testing.T) {
 	})
 	t.Logf("traffic A→B flowing %s after both devices held their peer", time.Since(flowing).Round(time.Millisecond))
 
-	for _, c := range []struct{ rotated, other host }{{a, b}, {b, a}} {
+	for _, c := range []struct {
+		rotated, other host
+		byRequest      bool // an admin's request (netctl wireguard rotate), else the key file removed
+	}{{a, b, false}, {b, a, false}, {a, b, true}} {
 		old := c.rotated.tun.PublicKey()
 		start := time.Now()
-		if err := os.Remove(c.rotated.tun.KeyFile()); err != nil {
+		var err error
+		if c.byRequest {
+			err = dir.requestRotation(ctx, c.rotated.name)
+		} else {
+			err = os.Remove(c.rotated.tun.KeyFile())
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		waitUntil(c.rotated.name+" takes a new key", 2*time.Second, func() bool { return c.rotated.tun.PublicKey() != old })
@@ -299,6 +330,9 @@ func TestSteerKeyRotationUnderTraffic(t *testing.T) {
 		}
 		if k, err := wgtypes.ParseKey(rec.PublicKey); err != nil || k == old {
 			t.Fatalf("%s's record still holds its old key", c.rotated.name)
+		}
+		if c.byRequest && rec.RotationPending() {
+			t.Fatalf("%s's record after the requested rotation: %+v, still pending", c.rotated.name, rec)
 		}
 		time.Sleep(2 * time.Second)
 		longest, n := got.gap(start, time.Now())

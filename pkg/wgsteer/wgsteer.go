@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -326,7 +327,8 @@ func uninstall(r Routing) error {
 // up no peer change). Nothing is synced before the watch's first snapshot: peers stay
 // blackholed, as they are at Install. While the watch does not deliver (etcd out of
 // reach: the client resumes it silently), Status.Watch and Degraded say so. With
-// cfg.Key, the key file is followed too (followKey).
+// cfg.Key, the key file is followed too (followKey), and a rotation an admin requested
+// in this host's record makes a new key (rotateIfAsked).
 func (s *Steer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var (
@@ -359,6 +361,7 @@ func (s *Steer) Run(ctx context.Context) error {
 	var (
 		retryC  <-chan time.Time
 		applied []dataplane.Peer
+		rotated uint64 // (rotateIfAsked)
 	)
 	for {
 		select {
@@ -377,6 +380,7 @@ func (s *Steer) Run(ctx context.Context) error {
 		if !ok {
 			continue
 		}
+		rotated = s.rotateIfAsked(r, rotated)
 		peers := s.cfg.Peers()
 		if !s.listed(r) {
 			select { // (publisher)
@@ -415,19 +419,53 @@ func (s *Steer) Kick() {
 func (s *Steer) followKey(ctx context.Context) {
 	filewatch.Reloader{What: "wireguard key file", Paths: []string{s.cfg.Key.KeyFile()},
 		Failed: "the device keeps its current key", Log: s.cfg.Log,
-		Reload: func() error {
-			changed, err := s.cfg.Key.ReloadKey()
-			if changed {
-				s.Kick()
-			}
-			s.mu.Lock()
-			s.status.Key = ""
-			if err != nil {
-				s.status.Key = err.Error()
-			}
-			s.mu.Unlock()
-			return err
-		}}.Follow(ctx, s.cfg.KeyEvery)
+		Reload: s.reloadKey}.Follow(ctx, s.cfg.KeyEvery)
+}
+
+// reloadKey has the device read its key file again (cfg.Key); a new key starts a pass. A
+// refused file is said in Status.Key until a file is taken.
+func (s *Steer) reloadKey() error {
+	changed, err := s.cfg.Key.ReloadKey()
+	if changed {
+		s.Kick()
+	}
+	s.mu.Lock()
+	s.status.Key = ""
+	if err != nil {
+		s.status.Key = err.Error()
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// rotateIfAsked makes a new key when recs hold this host's record with a rotation an
+// admin requested (model.WireGuardHost.RotationPending) and the device still holds the
+// key that record has: the key file is removed and read again, exactly as an operator's
+// rotation (followKey), and the pass publishes the new key, which answers the request.
+// Once per generation and process (done): a generation already answered (an agent
+// restarted after its rotation), one older than the last done, or a record whose key the
+// device no longer holds (rotated, not yet published: a crash in between) rotates
+// nothing. It returns the generation now done.
+func (s *Steer) rotateIfAsked(recs []model.WireGuardHost, done uint64) uint64 {
+	i := slices.IndexFunc(recs, func(r model.WireGuardHost) bool { return strings.EqualFold(r.Host, s.cfg.Host) })
+	if i < 0 || !recs[i].RotationPending() || recs[i].Rotate <= done ||
+		recs[i].PublicKey != s.cfg.Device.PublicKey().String() {
+		return done
+	}
+	gen := recs[i].Rotate
+	if s.cfg.Key == nil {
+		s.cfg.Log.Warn("wireguard key rotation requested, but the key file is not followed: nothing rotated", "generation", gen)
+		return gen
+	}
+	s.cfg.Log.Info("wireguard key rotation requested: making a new key", "generation", gen)
+	if err := os.Remove(s.cfg.Key.KeyFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.cfg.Log.Error("wireguard key rotation: remove the key file", "generation", gen, "err", err)
+		return gen
+	}
+	if err := s.reloadKey(); err != nil {
+		s.cfg.Log.Error("wireguard key rotation: the device keeps its current key", "generation", gen, "err", err)
+	}
+	return gen
 }
 
 // own is this host's record as it must be published.

@@ -9,7 +9,9 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -37,9 +39,29 @@ type directory struct {
 func (d *directory) PublishWireGuard(_ context.Context, rec model.WireGuardHost) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.recs[rec.Host] = rec
+	var prev *model.WireGuardHost
+	if r, ok := d.recs[rec.Host]; ok {
+		prev = &r
+	}
+	d.recs[rec.Host] = rec.Republished(prev) // (as netmaster)
 	d.changed()
 	return nil
+}
+
+// set replaces host's record as written around the agent (netmaster on an admin's
+// request, a replayed or older record) and tells the watchers.
+func (d *directory) set(rec model.WireGuardHost) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.recs[rec.Host] = rec
+	d.changed()
+}
+
+// record is host's record now.
+func (d *directory) record(host string) model.WireGuardHost {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.recs[host]
 }
 
 // forget deletes host's record.
@@ -332,6 +354,14 @@ func oneHost(t *testing.T, ctx context.Context, prefix, addr string) (string, *w
 // runSteer installs cfg's steering and runs it until the test ends.
 func runSteer(t *testing.T, cfg Config) *Steer {
 	t.Helper()
+	s, _ := startSteer(t, cfg)
+	return s
+}
+
+// startSteer installs cfg's steering and runs it until stop (an agent ending) or the
+// test's end.
+func startSteer(t *testing.T, cfg Config) (s *Steer, stop func()) {
+	t.Helper()
 	s, err := Install(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -339,8 +369,10 @@ func runSteer(t *testing.T, cfg Config) *Steer {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	return s
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done; s.Close() }) }
+	t.Cleanup(stop)
+	return s, stop
 }
 
 // waitStatus waits until ok holds for s's status, at most limit.
@@ -527,5 +559,86 @@ func TestUninstallLeavesNothing(t *testing.T) {
 			t.Errorf("after uninstall (port %d, installed with %d): rules %v, %d routes left", tc.after, tc.before, rules, routes)
 		}
 		_ = Uninstall(path, Routing{VXLANPort: tc.before}) // the next case starts clean
+	}
+}
+
+// TestRotationOnRequest (issue 38, rotation on request): a rotation an admin requested in
+// this host's record makes the device a new key through the key file, as an operator's
+// removal does, and the new key is published, which answers it (Rotated). Exactly once:
+// the record delivered again, or an older record still pending replayed, rotates nothing;
+// an agent restarted after its rotation does not rotate again, nor one restarted after
+// rotating but before publishing (the record's key is not the device's: it publishes);
+// a request made while no agent ran is carried out at start.
+func TestRotationOnRequest(t *testing.T) {
+	testroot.Need(t)
+	ns, tun := oneHost(t, t.Context(), "cbsq", "192.168.82.1/24")
+	dir := &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{}}
+	cfg := Config{NetNS: ns, Device: tun, Key: tun, KeyEvery: time.Hour, Host: "a", VTEP: netip.MustParseAddr("192.168.82.1"),
+		Directory: dir, Every: time.Hour, Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return nil }}
+	s, stop := startSteer(t, cfg)
+	published := func(s *Steer, what string, rotated uint64) model.WireGuardHost {
+		t.Helper()
+		waitStatus(t, s, what, 3*time.Second, func(st Status) bool {
+			r := dir.record("a")
+			return st.Published && r.PublicKey == tun.PublicKey().String() && r.Rotated == rotated
+		})
+		return dir.record("a")
+	}
+	// quiet: after a change delivered, the key stays (passes run at once on delivery).
+	quiet := func(what string, key wgtypes.Key) {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond)
+		if tun.PublicKey() != key {
+			t.Fatalf("%s: the key was rotated", what)
+		}
+	}
+	k0 := tun.PublicKey()
+	rec := published(s, "first publication", 0)
+
+	rec.Rotate = 1 // (netmaster, POST /wireguard/hosts/a/rotate)
+	dir.set(rec)
+	rec = published(s, "rotation 1 answered", 1)
+	k1 := tun.PublicKey()
+	if k1 == k0 || rec.Rotate != 1 {
+		t.Fatalf("after rotation 1: key changed %v, record %+v", k1 != k0, rec)
+	}
+	// The key file holds the new key: a restart keeps it.
+	if k, err := wgtunnel.LoadOrCreateKey(filepath.Dir(tun.KeyFile())); err != nil || k.PublicKey() != k1 {
+		t.Fatalf("key file after rotation 1: %v", err)
+	}
+	dir.set(rec)
+	quiet("the answered record delivered again", k1)
+	dir.set(model.WireGuardHost{Host: "a", PublicKey: k1.String(), Endpoint: rec.Endpoint, Rotate: 1}) // (replayed, still pending)
+	quiet("generation 1 pending again", k1)
+	dir.set(rec)
+
+	stop()
+	s, stop = startSteer(t, cfg)
+	published(s, "restart after rotation 1", 1)
+	quiet("restart after rotation 1", k1)
+
+	// Rotation 2 made the key, then the agent ended before publishing it.
+	stop()
+	dir.set(model.WireGuardHost{Host: "a", PublicKey: k1.String(), Endpoint: rec.Endpoint, Rotate: 2, Rotated: 1})
+	if err := os.Remove(tun.KeyFile()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tun.ReloadKey(); err != nil {
+		t.Fatal(err)
+	}
+	k2 := tun.PublicKey()
+	s, stop = startSteer(t, cfg)
+	published(s, "restart between rotation 2 and its publication", 2)
+	quiet("restart between rotation 2 and its publication", k2)
+
+	// Requested while no agent ran.
+	stop()
+	rec = dir.record("a")
+	rec.Rotate = 3
+	dir.set(rec)
+	s, _ = startSteer(t, cfg)
+	published(s, "rotation 3 requested while down", 3)
+	if tun.PublicKey() == k2 {
+		t.Fatal("rotation 3 requested while down: the key stayed")
 	}
 }
