@@ -94,6 +94,7 @@ func TestBadInputLeavesEtcdUntouched(t *testing.T) {
 		{"netprofile burst too big", "POST", "/api/v1/netprofiles/default:np/", `{"bandwidth":"10mbps","burst":10487,"profileName":"np","tenantName":"default"}`, 400, "burst"},
 		{"global bad vlans", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"0-5000","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"bridge"}`, 400, "vlans"},
 		{"global bad pvt subnet", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/24","fwdMode":"bridge"}`, 400, "pvtSubnet"},
+		{"global bad encryption", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"bridge","encryption":"ipsec"}`, 400, "encryption"},
 		{"global fwd change", "POST", "/api/v1/globals/global/", `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"routing"}`, 409, "fwdMode"},
 		{"global wrong key", "POST", "/api/v1/globals/other/", `{"name":"other","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16"}`, 400, "name"},
 		{"global delete", "DELETE", "/api/v1/globals/global/", ``, 409, "global"},

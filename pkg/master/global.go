@@ -26,6 +26,11 @@ func validateGlobal(g *model.Global) error {
 	if err := checkOneOf("arpMode", g.ArpMode, "proxy", "flood"); err != nil {
 		return err
 	}
+	if g.Encryption != "" {
+		if err := checkOneOf("encryption", g.Encryption, model.EncryptionNone, model.EncryptionWireGuard); err != nil {
+			return err
+		}
+	}
 	if err := checkRegex("vlans", g.Vlans, reVlanRange, "a VLAN range like 1-4094", 0); err != nil {
 		return err
 	}
@@ -56,6 +61,12 @@ func validateGlobal(g *model.Global) error {
 func saveGlobal(tx *state.Tx, g, old *model.Global) error {
 	if err := validateGlobal(g); err != nil {
 		return err
+	}
+	if g.Encryption == "" && old != nil {
+		g.Encryption = old.Encryption // (a client that does not know the field)
+	}
+	if g.Encryption == "" {
+		g.Encryption = model.EncryptionNone
 	}
 	g.Key = "global"
 	if old != nil && (old.FwdMode != g.FwdMode || old.PvtSubnet != g.PvtSubnet) {
@@ -88,7 +99,7 @@ func saveGlobal(tx *state.Tx, g, old *model.Global) error {
 		return err
 	}
 	if err := tx.Put(model.GlobConfigKey, model.GlobConfig{ID: "global", NwInfraType: g.NetworkInfraType,
-		FwdMode: g.FwdMode, ArpMode: g.ArpMode, PvtSubnet: g.PvtSubnet}); err != nil {
+		FwdMode: g.FwdMode, ArpMode: g.ArpMode, PvtSubnet: g.PvtSubnet, Encryption: g.Encryption}); err != nil {
 		return err
 	}
 	if err := tx.Put(model.GStateCfgKey, model.GStateCfg{ID: "global", Auto: model.AutoRanges{VLANs: g.Vlans, VXLANs: g.Vxlans}}); err != nil {

@@ -218,3 +218,40 @@ func TestPublishWireGuardAfterTokenRemoved(t *testing.T) {
 		t.Errorf("the other spelling's publication changed etcd (revision %d → %d)", rev, rev2)
 	}
 }
+
+// TestGlobalEncryption (issue 38, the cluster-wide setting): the global object takes
+// "encryption" (none by default, wireguard) and passes it to the global config netplugins
+// read; another value is 400 naming the field; an update without the field (what Contiv's
+// netctl posts: its struct has none) keeps it, as does a netmaster restart.
+func TestGlobalEncryption(t *testing.T) {
+	e := newEnv(t, "bridge")
+	const body = `{"name":"global","vlans":"1-4094","vxlans":"1-10000","pvtSubnet":"172.19.0.0/16","fwdMode":"bridge"`
+	config := func() string {
+		t.Helper()
+		var gc model.GlobConfig
+		if err := e.m.store.Get(context.Background(), model.GlobConfigKey, &gc); err != nil {
+			t.Fatal(err)
+		}
+		var g model.Global
+		e.ok("GET", "/api/v1/globals/global/", nil, &g)
+		return g.Encryption + " " + gc.Encryption
+	}
+	if got := config(); got != "none none" {
+		t.Fatalf("at start: %q", got)
+	}
+	e.ok("POST", "/api/v1/globals/global/", body+`,"encryption":"wireguard"}`, nil)
+	if got := config(); got != "wireguard wireguard" {
+		t.Fatalf("set to wireguard: %q", got)
+	}
+	e.ok("POST", "/api/v1/globals/global/", strings.Replace(body, "1-4094", "1-3000", 1)+"}", nil) // (Contiv's netctl global set -v)
+	if got := config(); got != "wireguard wireguard" {
+		t.Fatalf("an update without the field: %q", got)
+	}
+	if code, out := e.do("POST", "/api/v1/globals/global/", body+`,"encryption":"WireGuard"}`); code == http.StatusOK || !strings.Contains(out, "encryption") {
+		t.Errorf("encryption WireGuard: %d %q, want refused naming encryption", code, out)
+	}
+	e.ok("POST", "/api/v1/globals/global/", body+`,"encryption":"none"}`, nil)
+	if got := config(); got != "none none" {
+		t.Fatalf("set to none: %q", got)
+	}
+}

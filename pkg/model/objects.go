@@ -234,7 +234,17 @@ type Global struct {
 	PvtSubnet        string `json:"pvtSubnet,omitempty"`
 	Vlans            string `json:"vlans,omitempty"`
 	Vxlans           string `json:"vxlans,omitempty"`
+	// Encryption is the cluster's encryption between hosts (this project's, issue 38):
+	// "none" or "wireguard" (docs/encryption.md). Absent in an update: unchanged (Contiv's
+	// netctl reads the object into its own struct, which drops it, and posts it back).
+	Encryption string `json:"encryption,omitempty"`
 }
+
+// Encryption modes of Global.Encryption and netplugin --encryption.
+const (
+	EncryptionNone      = "none"
+	EncryptionWireGuard = "wireguard"
+)
 
 // Netprofile is /api/v1/netprofiles/<tenant>:<profile>/.
 type Netprofile struct {

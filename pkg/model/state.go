@@ -34,6 +34,9 @@ type GlobConfig struct {
 	FwdMode     string `json:"fwd-mode"`
 	ArpMode     string `json:"arp-mode"`
 	PvtSubnet   string `json:"pvt-subnet"`
+	// Encryption is Global.Encryption, which netplugins started without --encryption
+	// follow ("": none, as a netmaster before it wrote the record).
+	Encryption string `json:"encryption,omitempty"`
 }
 
 // AutoRanges is the "auto" part of GStateCfg.

@@ -667,6 +667,7 @@ func setGlobal(e *env) error {
 	set(&g.FwdMode, "fwd-mode")
 	set(&g.ArpMode, "arp-mode")
 	set(&g.PvtSubnet, "private-subnet")
+	set(&g.Encryption, "encryption")
 	return apiErr(e.cl.GlobalPost(e.ctx, g))
 }
 

@@ -191,6 +191,7 @@ func commands(build BuildInfo) []*cli.Command {
 						str("fwd-mode", "b", "", "forwarding mode (bridge,routing)"),
 						str("arp-mode", "a", "", "arp mode (proxy,flood)"),
 						str("private-subnet", "s", "172.19.0.0/16", "Select a /16 private subnet for host access"),
+						str("encryption", "", "", "Encryption between hosts (none, wireguard) for netplugins started without --encryption (not in Contiv)"),
 					}, Action: action(setGlobal)},
 			},
 		},

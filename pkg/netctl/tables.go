@@ -165,6 +165,9 @@ func writeGlobalInfo(w io.Writer, globals []model.Global) error {
 		fmt.Fprintf(tw, "Vlan Range: %v\n", g.Vlans)
 		fmt.Fprintf(tw, "Vxlan range: %v\n", g.Vxlans)
 		fmt.Fprintf(tw, "Private subnet: %v\n", g.PvtSubnet)
+		if g.Encryption != "" { // (not in Contiv: a netmaster of Contiv has none)
+			fmt.Fprintf(tw, "Encryption: %v\n", g.Encryption)
+		}
 	}
 	return tw.Flush()
 }

@@ -47,3 +47,26 @@ func TestWireGuardCommand(t *testing.T) {
 		t.Errorf("rotate without a host: %+v", r)
 	}
 }
+
+// TestGlobalEncryptionCommand (issue 38): `netctl global set --encryption` sets the
+// cluster's encryption, `global info` shows it, another value is netmaster's refusal
+// naming the field, and a set without the flag keeps it.
+func TestGlobalEncryptionCommand(t *testing.T) {
+	url := startMaster(t)
+	run := func(args ...string) result {
+		t.Helper()
+		return runNetctl(t, url, args...)
+	}
+	if r := run("global", "set", "--encryption", "wireguard"); r.code != 0 {
+		t.Fatalf("set: %+v", r)
+	}
+	if r := run("global", "set", "-v", "1-3000"); r.code != 0 {
+		t.Fatalf("set -v: %+v", r)
+	}
+	if r := run("global", "info"); r.code != 0 || !strings.HasSuffix(r.stdout, "Vlan Range: 1-3000\nVxlan range: 1-10000\nPrivate subnet: 172.19.0.0/16\nEncryption: wireguard\n") {
+		t.Fatalf("info: %+v", r)
+	}
+	if r := run("global", "set", "--encryption", "ipsec"); r.code != ExitAPI || !strings.Contains(r.stderr, "encryption:") {
+		t.Errorf("set ipsec: %+v", r)
+	}
+}
