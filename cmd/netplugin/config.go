@@ -51,7 +51,7 @@ func flags() []cli.Flag {
 		&cli.DurationFlag{Name: "bgp-hold-time", EnvVars: env("BGP_HOLD_TIME"), Value: 9 * time.Second, Usage: "hold time of the host's BGP session (when a bgp object names this host; keepalives every third of it); its neighbour withdraws the host's routes after that long without word"},
 		&cli.DurationFlag{Name: "bgp-restart-time", EnvVars: env("BGP_RESTART_TIME"), Value: 120 * time.Second, Usage: "graceful-restart time of the BGP session: how long the neighbour keeps this host's routes while netplugin restarts (the datapath keeps forwarding); 0 turns graceful restart off"},
 		&cli.StringFlag{Name: "bgp-prefixes", EnvVars: env("BGP_PREFIXES"), Usage: "comma-separated `CIDR`s: the BGP speaker advertises only endpoint addresses inside them (default: every endpoint of a VLAN network; a tenant chooses its subnets, so set this or filter at the router)"},
-		&cli.StringFlag{Name: "encryption", EnvVars: env("ENCRYPTION"), Value: "none", Usage: "none | wireguard: wireguard sends this host's VXLAN overlay traffic to other hosts through a WireGuard device (ebpf dataplane only), its public key published through netmaster; a peer host without a published key gets no overlay traffic (docs/encryption.md)"},
+		&cli.StringFlag{Name: "encryption", EnvVars: env("ENCRYPTION"), Value: "none", Usage: "none | wireguard (not given: the cluster's setting, netctl global set --encryption, read at start): wireguard sends this host's VXLAN overlay traffic to other hosts through a WireGuard device (ebpf dataplane only), its public key published through netmaster; a peer host without a published key gets no overlay traffic (docs/encryption.md)"},
 		&cli.StringFlag{Name: "xdp", EnvVars: env("XDP"), Value: "off", Usage: "off | native | generic: the uplink's XDP prefilter on the device holding the VTEP (ebpf dataplane only): drops before the kernel builds an skb what the tc programs drop anyway (overlay packets from a host that is not a peer, to an unknown VNI or with a spoofed inner source; with --encryption, clear overlay packets); native where the driver has XDP (veth does), generic on any device (docs/ebpf.md)"},
 		&cli.IntFlag{Name: "wireguard-port", EnvVars: env("WIREGUARD_PORT"), Value: 51820, Usage: "UDP port of the WireGuard device (--encryption wireguard); not --vxlan-port"},
 		&cli.StringFlag{Name: "wireguard-dir", EnvVars: env("WIREGUARD_DIR"), Usage: "absolute `DIR` (root's, mode 0700) holding the host's WireGuard private key, made once (default /var/lib/contivbpf/<host>)"},
@@ -114,8 +114,10 @@ type config struct {
 	vxlanPort       int
 	// xdp is the uplink prefilter's mode (ebpf.XDPOff, XDPNative, XDPGeneric).
 	xdp string
-	// encryption is "" (none) or "wireguard"; wg* configure the device.
+	// encryption is "none" or "wireguard"; encryptionSet says it was given (else the
+	// cluster's setting decides at start: clusterenc.Decide); wg* configure the device.
 	encryption    string
+	encryptionSet bool
 	wgPort        int
 	wgDir         string
 	wgDevice      string
@@ -162,7 +164,7 @@ func configFrom(c *cli.Context) (config, error) {
 		mode: c.String("mode"), netMode: c.String("netmode"), fwdMode: dataplane.FwdMode(c.String("fwdmode")),
 		host: c.String("host"), vlanIf: c.String("vlan-if"), vxlanPort: c.Int("vxlan-port"), ctQuota: c.Int("ct-quota-per-endpoint"), egressIf: c.String("egress-if"),
 		dnsRate: c.Float64("dns-rate"), allowMetadata: c.Bool("egress-allow-metadata"),
-		xdp: c.String("xdp"), encryption: c.String("encryption"), wgPort: c.Int("wireguard-port"), wgDir: c.String("wireguard-dir"), wgDevice: c.String("wireguard-device"),
+		xdp: c.String("xdp"), encryption: c.String("encryption"), encryptionSet: c.IsSet("encryption"), wgPort: c.Int("wireguard-port"), wgDir: c.String("wireguard-dir"), wgDevice: c.String("wireguard-device"),
 		dataplane: c.String("dataplane"), bpffsRoot: c.String("bpffs-root"), cniSocket: c.String("cni-socket"),
 		inspectListen: c.String("inspect-listen"), pprof: c.Bool("pprof"),
 		inspectTokens: c.String("inspect-token-file"), inspectInsecure: c.Bool("inspect-insecure"), uplinkMTU: c.Int("uplink-mtu"),
@@ -219,13 +221,10 @@ func configFrom(c *cli.Context) (config, error) {
 		return cfg, fmt.Errorf("--xdp %s needs --dataplane ebpf (the ovs dataplane has no XDP prefilter)", cfg.xdp)
 	case cfg.encryption != "none" && cfg.encryption != "wireguard":
 		return cfg, fmt.Errorf("--encryption %q must be none or wireguard", cfg.encryption)
-	case cfg.encryption == "wireguard" && cfg.dataplane != "ebpf":
-		// OVS's userspace VXLAN routes by its own table: nothing would steer it.
-		return cfg, fmt.Errorf("--encryption wireguard needs --dataplane ebpf (the ovs dataplane's VXLAN is not steered into WireGuard yet)")
 	case cfg.wgPort <= 0 || cfg.wgPort > 65535:
 		return cfg, fmt.Errorf("--wireguard-port %d out of 1-65535", cfg.wgPort)
-	case cfg.encryption == "wireguard" && cfg.wgPort == cfg.vxlanPort:
-		return cfg, fmt.Errorf("--wireguard-port %d is --vxlan-port: WireGuard's own packets would be steered into it", cfg.wgPort)
+	case cfg.checkEncryption("--encryption wireguard") != nil:
+		return cfg, cfg.checkEncryption("--encryption wireguard")
 	case cfg.ctQuota < 0 || cfg.ctQuota > math.MaxUint32:
 		return cfg, fmt.Errorf("--ct-quota-per-endpoint %d out of range (0 = no quota)", cfg.ctQuota)
 	case cfg.dataplane != "ebpf" && cfg.dataplane != "ovs":
@@ -414,4 +413,19 @@ func resolvConfServers(path string) []string {
 		}
 	}
 	return out
+}
+
+// checkEncryption refuses wireguard where it cannot run; what names where it came from
+// (the flag, or the cluster's setting when the flag is not given).
+func (cfg config) checkEncryption(what string) error {
+	switch {
+	case cfg.encryption != "wireguard":
+		return nil
+	case cfg.dataplane != "ebpf":
+		// OVS's userspace VXLAN routes by its own table: nothing would steer it.
+		return fmt.Errorf("%s needs --dataplane ebpf (the ovs dataplane's VXLAN is not steered into WireGuard yet)", what)
+	case cfg.wgPort == cfg.vxlanPort:
+		return fmt.Errorf("%s: --wireguard-port %d is --vxlan-port: WireGuard's own packets would be steered into it", what, cfg.wgPort)
+	}
+	return nil
 }

@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contivbpf/contivbpf/internal/testkit/statetest"
 	"github.com/contivbpf/contivbpf/pkg/k8s"
+	"github.com/contivbpf/contivbpf/pkg/model"
+	"github.com/contivbpf/contivbpf/pkg/state"
 	"github.com/contivbpf/contivbpf/pkg/testroot"
 
 	"github.com/urfave/cli/v2"
@@ -243,5 +246,43 @@ func TestReadSecretOwner(t *testing.T) {
 	}
 	if _, err := readSecret(p, "--debug-token-file"); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
 		t.Errorf("a file owned by uid 65534: %v, want refused", err)
+	}
+}
+
+// TestEncryptionFromCluster (issue 38): without --encryption netplugin takes the cluster's
+// setting from the global config (waiting for it, as the agent does); given, the flag
+// keeps its meaning; the setting wireguard on the ovs dataplane is refused at start,
+// naming the cluster's setting (its traffic would go in clear).
+func TestEncryptionFromCluster(t *testing.T) {
+	store, _ := statetest.Store(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	if err := store.Put(ctx, state.GlobalConfigKey, model.GlobConfig{ID: "global", FwdMode: "bridge", PvtSubnet: "172.19.0.0/16", Encryption: "wireguard"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+		err  string
+	}{
+		{nil, "wireguard", ""},
+		{[]string{"--encryption", "none"}, "none", ""},
+		{[]string{"--dataplane", "ovs"}, "", "the cluster's encryption setting wireguard"},
+		{[]string{"--wireguard-port", "4789"}, "", "is --vxlan-port"},
+	} {
+		cfg, err := parse(t, append([]string{"--host-label", "h1", "--vtep-ip", "192.168.1.1"}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = followedEncryption(ctx, &cfg, store, log)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: %v, want an error naming %q", c.args, err, c.err)
+			}
+			continue
+		}
+		if err != nil || cfg.encryption != c.want {
+			t.Errorf("%v: encryption %q, %v; want %q", c.args, cfg.encryption, err, c.want)
+		}
 	}
 }

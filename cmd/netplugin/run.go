@@ -24,6 +24,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/agent"
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/cluster"
+	"github.com/contivbpf/contivbpf/pkg/clusterenc"
 	"github.com/contivbpf/contivbpf/pkg/cniapi"
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/ebpf"
@@ -60,6 +61,9 @@ func run(parent context.Context, cfg config) error {
 		return err
 	}
 	defer store.Close()
+	if err := followedEncryption(ctx, &cfg, store, log); err != nil {
+		return err
+	}
 
 	// The DNS responder's socket first: the datapath is told its address only if it is
 	// bound. Its directory (the agent) is set once the agent exists.
@@ -122,8 +126,17 @@ func run(parent context.Context, cfg config) error {
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
 		DebugToken: cfg.debugToken, InspectOpen: cfg.inspectInsecure, Pprof: cfg.pprof, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
 	}
+	follower := clusterenc.New(clusterenc.Config{Running: cfg.encryption, Follows: !cfg.encryptionSet, Log: log,
+		Block:   func() error { return wgsteer.Block("", wgsteer.Routing{VXLANPort: cfg.vxlanPort}) },
+		Unblock: func() error { return wgsteer.Uninstall("", wgsteer.Routing{VXLANPort: cfg.vxlanPort}) }})
+	go func() {
+		if err := follower.Run(ctx, store); err != nil && ctx.Err() == nil {
+			log.Error("cluster encryption setting not followed", "err", err)
+		}
+	}()
+	acfg.Encryption = healths{follower}
 	if steer != nil {
-		acfg.Encryption = steer
+		acfg.Encryption = healths{follower, steer}
 	}
 	if cfg.inspectTokens != "" {
 		toks, err := auth.LoadTokens(cfg.inspectTokens)
@@ -174,6 +187,7 @@ func run(parent context.Context, cfg config) error {
 	if c, ok := drv.(dataplane.MetricsCollector); ok {
 		reg.MustRegister(c.Collector())
 	}
+	reg.MustRegister(follower.Collector())
 	if steer != nil {
 		reg.MustRegister(steer.Collector())
 	}
@@ -514,6 +528,36 @@ func enrollWhenAuthOn(ctx context.Context, authOn func(context.Context) (bool, e
 
 // wgOverhead is what WireGuard adds to a packet (IPv6 outer header: the larger).
 const wgOverhead = 80
+
+// followedEncryption sets cfg.encryption to the cluster's setting (netctl global set
+// --encryption) when --encryption was not given, waiting for netmaster's global config
+// as the agent does, and refuses a setting this host cannot run (wireguard on the ovs
+// dataplane: its traffic would go in clear). A later change of the setting is followed
+// by clusterenc.
+func followedEncryption(ctx context.Context, cfg *config, store *state.Store, log *slog.Logger) error {
+	if cfg.encryptionSet {
+		return nil
+	}
+	g, err := agent.WaitGlobalConfig(ctx, store, time.Second, log)
+	if err != nil {
+		return err
+	}
+	cfg.encryption = clusterenc.Decide(cfg.encryption, false, g)
+	log.Info("encryption between hosts from the cluster's setting (no --encryption)", "encryption", cfg.encryption)
+	return cfg.checkEncryption("the cluster's encryption setting wireguard (netctl global set --encryption; start with --encryption none to run this host in clear)")
+}
+
+// healths is what /healthz says of encryption: the first of them degraded.
+type healths []agent.EncryptionHealth
+
+func (h healths) Degraded() string {
+	for _, e := range h {
+		if d := e.Degraded(); d != "" {
+			return d
+		}
+	}
+	return ""
+}
 
 // encryption opens the WireGuard device and installs the steering of VXLAN traffic into
 // it (--encryption wireguard), or, without, removes steering a previous run left (else

@@ -48,7 +48,9 @@ func TestSighupDuringStartup(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer etcd.Close()
-			args := []string{"--host", "cbh-sighup", "--vtep-ip", "127.0.0.1", "--dataplane", "ovs", "--ovs-db", "unix:" + sock,
+			// (--encryption given: without it netplugin reads the cluster's setting from
+			// etcd before it opens the datapath, and this etcd never answers.)
+			args := []string{"--host", "cbh-sighup", "--vtep-ip", "127.0.0.1", "--dataplane", "ovs", "--ovs-db", "unix:" + sock, "--encryption", "none",
 				"--dns-listen", "off", "--etcd-endpoints", "http://" + etcd.Addr().String(), "--inspect-listen", "127.0.0.1:0"}
 			if withTokens {
 				tokens := filepath.Join(dir, "tokens")

@@ -229,27 +229,34 @@ func (a *Agent) Ready() <-chan struct{} { return a.ready }
 // WaitGlobal blocks until netmaster published the global config with fwd-mode and
 // pvt-subnet (polling, as Contiv) and checks fwd-mode against the agent's.
 func (a *Agent) WaitGlobal(ctx context.Context) (model.GlobConfig, error) {
+	g, err := WaitGlobalConfig(ctx, a.store, a.cfg.GlobalPoll, a.log)
+	if err == nil && g.FwdMode != string(a.cfg.FwdMode) {
+		return g, fmt.Errorf("fwd-mode mismatch: netmaster's global config says %q, netplugin runs with --fwdmode %s", g.FwdMode, a.cfg.FwdMode)
+	}
+	return g, err
+}
+
+// WaitGlobalConfig blocks until netmaster published the global config with fwd-mode and
+// pvt-subnet, reading it every poll (as Contiv), and returns it.
+func WaitGlobalConfig(ctx context.Context, store *state.Store, poll time.Duration, log *slog.Logger) (model.GlobConfig, error) {
 	logged := false
 	for {
 		var g model.GlobConfig
-		err := a.store.Get(ctx, state.GlobalConfigKey, &g)
+		err := store.Get(ctx, state.GlobalConfigKey, &g)
 		switch {
 		case err == nil && g.FwdMode != "" && g.PvtSubnet != "":
-			if g.FwdMode != string(a.cfg.FwdMode) {
-				return g, fmt.Errorf("fwd-mode mismatch: netmaster's global config says %q, netplugin runs with --fwdmode %s", g.FwdMode, a.cfg.FwdMode)
-			}
 			return g, nil
 		case err != nil && !errors.Is(err, state.ErrNotFound):
-			a.log.Warn("read global config", "err", err)
+			log.Warn("read global config", "err", err)
 		}
 		if !logged {
-			a.log.Info("waiting for netmaster's global config (fwd-mode, pvt-subnet)", "key", state.GlobalConfigKey)
+			log.Info("waiting for netmaster's global config (fwd-mode, pvt-subnet)", "key", state.GlobalConfigKey)
 			logged = true
 		}
 		select {
 		case <-ctx.Done():
 			return g, fmt.Errorf("wait for global config: %w", ctx.Err())
-		case <-time.After(a.cfg.GlobalPoll):
+		case <-time.After(poll):
 		}
 	}
 }

@@ -277,6 +277,23 @@ func looseRPFilter(dev string) error {
 	return nil
 }
 
+// Block puts r's rules and the steering table's blackhole in place without a device, in
+// the namespace at ns ("": the caller's): every locally sent packet to the VXLAN port is
+// dropped, none leaves in clear. A netplugin running without encryption does it when the
+// cluster's setting turns to wireguard (pkg/clusterenc), until it restarts with
+// encryption (Install keeps them, idempotently) or the setting turns back (Uninstall).
+func Block(ns string, r Routing) error {
+	r = r.withDefaults()
+	return nsexec.Run(ns, func() error {
+		nl, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("wireguard steering: netlink handle: %w", err)
+		}
+		defer nl.Close()
+		return installRules(nl, r)
+	})
+}
+
 // Uninstall removes r's rules and table (netplugin without --encryption after a run with
 // it: else the overlay stays blackholed), in the namespace at ns ("": the caller's).
 // Missing pieces are not an error.

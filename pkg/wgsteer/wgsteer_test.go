@@ -642,3 +642,45 @@ func TestRotationOnRequest(t *testing.T) {
 		t.Fatal("rotation 3 requested while down: the key stayed")
 	}
 }
+
+// TestBlockDropsOverlay: Block (a host running without encryption while the cluster's
+// setting says wireguard: pkg/clusterenc) drops every locally sent UDP packet to the
+// VXLAN port, no device needed, while other ports pass; Uninstall lets them go again.
+func TestBlockDropsOverlay(t *testing.T) {
+	testroot.Need(t)
+	ns, _ := oneHost(t, t.Context(), "cbsb", "192.168.84.1/24")
+	r := Routing{VXLANPort: 4789}
+	send := func(port uint16) error {
+		return nsexec.Run(ns, func() error {
+			c, err := net.ListenUDP("udp4", nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.WriteToUDPAddrPort([]byte("x"), netip.AddrPortFrom(netip.MustParseAddr("192.168.84.2"), port))
+			return err
+		})
+	}
+	if err := send(4789); err != nil {
+		t.Fatalf("before Block: %v", err)
+	}
+	if err := Block(ns, r); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Uninstall(ns, r) })
+	if err := send(4789); err == nil {
+		t.Fatal("blocked: a packet to the VXLAN port was sent")
+	}
+	if err := send(4790); err != nil {
+		t.Fatalf("blocked: another port: %v", err)
+	}
+	if err := Block(ns, r); err != nil { // (again: idempotent)
+		t.Fatal(err)
+	}
+	if err := Uninstall(ns, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(4789); err != nil {
+		t.Fatalf("after Uninstall: %v", err)
+	}
+}
