@@ -61,6 +61,27 @@ func run(parent context.Context, cfg config) error {
 		return err
 	}
 	defer store.Close()
+	// The inspect API listens from here on: netplugin may wait long below (for netmaster's
+	// global config without --encryption, for etcd, for the datapath), and /livez answers
+	// meanwhile (a liveness probe's restart ends no wait); the rest answers 503 until the
+	// agent exists. Nothing of the datapath is decided by it.
+	inspect := &lateInspect{}
+	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log, CallerOf: auth.CallerOf},
+		func(bodyFirst func(http.Handler) http.Handler) http.Handler {
+			inspect.bodyFirst = bodyFirst
+			return inspect
+		})
+	ln, err := net.Listen("tcp", cfg.inspectListen)
+	if err != nil {
+		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("inspect API stopped", "err", err)
+		}
+	}()
+	defer srv.HTTP.Close()
+	log.Info("inspect API listening", "addr", ln.Addr().String())
 	if err := followedEncryption(ctx, &cfg, store, log); err != nil {
 		return err
 	}
@@ -191,19 +212,7 @@ func run(parent context.Context, cfg config) error {
 	if steer != nil {
 		reg.MustRegister(steer.Collector())
 	}
-	srv := httpserve.New(httpserve.Limits{MaxConns: 256, Logger: log, CallerOf: auth.CallerOf},
-		func(bodyFirst func(http.Handler) http.Handler) http.Handler { return ag.Handler(reg, bodyFirst) })
-	ln, err := net.Listen("tcp", cfg.inspectListen)
-	if err != nil {
-		return fmt.Errorf("listen for inspect API on %s: %w", cfg.inspectListen, err)
-	}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("inspect API stopped", "err", err)
-		}
-	}()
-	defer srv.HTTP.Close()
-	log.Info("inspect API listening", "addr", ln.Addr().String())
+	inspect.serve(ag.Handler(reg, inspect.bodyFirst))
 
 	// Registrations are not revoked on exit: peers keep this host's VTEP until the TTL
 	// runs out, and a restarted netplugin takes the keys over with a new lease.
@@ -343,6 +352,28 @@ func upstreamDevice(ups []string, log *slog.Logger) string {
 		return ""
 	}
 	return l.Attrs().Name
+}
+
+// lateInspect is the inspect API's handler: the agent's once it exists (serve), before
+// that /livez 200 and 503 for everything else.
+type lateInspect struct {
+	h         atomic.Pointer[http.Handler]
+	bodyFirst func(http.Handler) http.Handler // httpserve's, for the agent's handler
+}
+
+func (l *lateInspect) serve(h http.Handler) { l.h.Store(&h) }
+
+func (l *lateInspect) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h := l.h.Load(); h != nil {
+		(*h).ServeHTTP(w, r)
+		return
+	}
+	if r.URL.Path == "/livez" && r.Method == http.MethodGet {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+		return
+	}
+	http.Error(w, "netplugin is starting: waiting for etcd, netmaster's global config or the datapath (its log says which)", http.StatusServiceUnavailable)
 }
 
 // lateDirectory is the DNS responder's directory until (and after) the agent exists.

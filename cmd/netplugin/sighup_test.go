@@ -59,35 +59,13 @@ func TestSighupDuringStartup(t *testing.T) {
 				}
 				args = append(args, "--inspect-token-file", tokens)
 			}
-			cmd := exec.Command(os.Args[0], args...)
-			cmd.Env = append(os.Environ(), mainEnv+"=1")
-			out, err := os.Create(filepath.Join(dir, "netplugin.log"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer out.Close()
-			cmd.Stdout, cmd.Stderr = out, out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			var waitErr error
-			exited := make(chan struct{})
-			go func() { waitErr = cmd.Wait(); close(exited) }()
-			defer func() {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-exited:
-				case <-time.After(5 * time.Second):
-					_ = cmd.Process.Kill()
-					<-exited
-				}
-			}()
+			np := startNetplugin(t, dir, args...)
+			cmd, exited := np.cmd, np.exited
 			select {
 			case c := <-accepted:
 				defer c.Close()
 			case <-exited:
-				log, _ := os.ReadFile(out.Name())
-				t.Fatalf("netplugin exited before it reached its OVSDB: %v\n%s", waitErr, log)
+				t.Fatalf("netplugin exited before it reached its OVSDB: %v\n%s", np.err, np.log())
 			case <-time.After(20 * time.Second):
 				t.Fatal("netplugin did not reach its OVSDB in 20 s")
 			}
@@ -99,9 +77,47 @@ func TestSighupDuringStartup(t *testing.T) {
 			}
 			select {
 			case <-exited:
-				t.Errorf("a SIGHUP while netplugin starts killed it: %v", waitErr)
+				t.Errorf("a SIGHUP while netplugin starts killed it: %v", np.err)
 			case <-time.After(300 * time.Millisecond):
 			}
 		})
 	}
+}
+
+// netplugin is a netplugin process the test started (startNetplugin).
+type netplugin struct {
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when it exited, err then set
+	err     error
+	logPath string
+}
+
+func (n *netplugin) log() string { b, _ := os.ReadFile(n.logPath); return string(b) }
+
+// startNetplugin runs netplugin's main with args as a process logging to dir, stopped
+// (SIGTERM, then SIGKILL after 5 s) at the test's end.
+func startNetplugin(t *testing.T, dir string, args ...string) *netplugin {
+	t.Helper()
+	n := &netplugin{cmd: exec.Command(os.Args[0], args...), exited: make(chan struct{}), logPath: filepath.Join(dir, "netplugin.log")}
+	n.cmd.Env = append(os.Environ(), mainEnv+"=1")
+	out, err := os.Create(n.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	n.cmd.Stdout, n.cmd.Stderr = out, out
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { n.err = n.cmd.Wait(); close(n.exited) }()
+	t.Cleanup(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(5 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+		}
+	})
+	return n
 }
