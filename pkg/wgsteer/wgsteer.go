@@ -378,7 +378,7 @@ func (s *Steer) Run(ctx context.Context) error {
 	var (
 		retryC  <-chan time.Time
 		applied []dataplane.Peer
-		rotated uint64 // (rotateIfAsked)
+		rotated rotation // (rotateIfAsked)
 	)
 	for {
 		select {
@@ -459,30 +459,43 @@ func (s *Steer) reloadKey() error {
 // admin requested (model.WireGuardHost.RotationPending) and the device still holds the
 // key that record has: the key file is removed and read again, exactly as an operator's
 // rotation (followKey), and the pass publishes the new key, which answers the request.
-// Once per generation and process (done): a generation already answered (an agent
-// restarted after its rotation), one older than the last done, or a record whose key the
-// device no longer holds (rotated, not yet published: a crash in between) rotates
-// nothing. It returns the generation now done.
-func (s *Steer) rotateIfAsked(recs []model.WireGuardHost, done uint64) uint64 {
+// A request is acted on once per process (done: its generation and the key it was to
+// replace): one already answered (an agent restarted after its rotation) or a record
+// whose key the device no longer holds (rotated, not yet published: a crash in between,
+// or the record delivered again before the publication) rotates nothing, nor does a
+// request whose rotation failed, until the next. A generation is not compared with
+// done's by order: a record deleted (DELETE /wireguard/hosts/<host>, a revoked token)
+// and published again starts from 0, and its next request is generation 1 again. It
+// returns the request now done.
+func (s *Steer) rotateIfAsked(recs []model.WireGuardHost, done rotation) rotation {
 	i := slices.IndexFunc(recs, func(r model.WireGuardHost) bool { return strings.EqualFold(r.Host, s.cfg.Host) })
-	if i < 0 || !recs[i].RotationPending() || recs[i].Rotate <= done ||
-		recs[i].PublicKey != s.cfg.Device.PublicKey().String() {
+	if i < 0 || !recs[i].RotationPending() || recs[i].PublicKey != s.cfg.Device.PublicKey().String() {
 		return done
 	}
-	gen := recs[i].Rotate
+	req := rotation{gen: recs[i].Rotate, key: recs[i].PublicKey}
+	if req == done {
+		return done
+	}
+	gen := req.gen
 	if s.cfg.Key == nil {
 		s.cfg.Log.Warn("wireguard key rotation requested, but the key file is not followed: nothing rotated", "generation", gen)
-		return gen
+		return req
 	}
 	s.cfg.Log.Info("wireguard key rotation requested: making a new key", "generation", gen)
 	if err := os.Remove(s.cfg.Key.KeyFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.cfg.Log.Error("wireguard key rotation: remove the key file", "generation", gen, "err", err)
-		return gen
+		return req
 	}
 	if err := s.reloadKey(); err != nil {
 		s.cfg.Log.Error("wireguard key rotation: the device keeps its current key", "generation", gen, "err", err)
 	}
-	return gen
+	return req
+}
+
+// rotation is a rotation request acted on: its generation and the key it replaced.
+type rotation struct {
+	gen uint64
+	key string
 }
 
 // own is this host's record as it must be published.

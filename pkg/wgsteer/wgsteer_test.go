@@ -608,8 +608,8 @@ func TestRotationOnRequest(t *testing.T) {
 	}
 	dir.set(rec)
 	quiet("the answered record delivered again", k1)
-	dir.set(model.WireGuardHost{Host: "a", PublicKey: k1.String(), Endpoint: rec.Endpoint, Rotate: 1}) // (replayed, still pending)
-	quiet("generation 1 pending again", k1)
+	dir.set(model.WireGuardHost{Host: "a", PublicKey: k0.String(), Endpoint: rec.Endpoint, Rotate: 1}) // (the request replayed)
+	quiet("the request of generation 1 delivered again", k1)
 	dir.set(rec)
 
 	stop()
@@ -640,6 +640,45 @@ func TestRotationOnRequest(t *testing.T) {
 	published(s, "rotation 3 requested while down", 3)
 	if tun.PublicKey() == k2 {
 		t.Fatal("rotation 3 requested while down: the key stayed")
+	}
+}
+
+// TestRotationAfterRecordRecreated (issue 38 review): a host's record deleted (DELETE
+// /wireguard/hosts/<host>, its token removed and given back) and published again by the
+// running agent starts without a rotation generation, so netmaster's next request is
+// generation 1 again: the agent, which answered a generation 1 before, must rotate for
+// it, not take it for one already done (it stayed pending until the agent restarted).
+func TestRotationAfterRecordRecreated(t *testing.T) {
+	testroot.Need(t)
+	ns, tun := oneHost(t, t.Context(), "cbsr", "192.168.83.1/24")
+	dir := &directory{recs: map[string]model.WireGuardHost{}, hidden: map[string]bool{}}
+	cfg := Config{NetNS: ns, Device: tun, Key: tun, KeyEvery: time.Hour, Host: "a", VTEP: netip.MustParseAddr("192.168.83.1"),
+		Directory: dir, Every: 50 * time.Millisecond, Routing: Routing{VXLANPort: 4789}, Peers: func() []dataplane.Peer { return nil }}
+	s, _ := startSteer(t, cfg)
+	published := func(what string, rotate, rotated uint64) model.WireGuardHost {
+		t.Helper()
+		waitStatus(t, s, what, 3*time.Second, func(st Status) bool {
+			r := dir.record("a")
+			return st.Published && r.PublicKey == tun.PublicKey().String() && r.Rotate == rotate && r.Rotated == rotated
+		})
+		return dir.record("a")
+	}
+	rec := published("first publication", 0, 0)
+	rec.Rotate = 1
+	dir.set(rec)
+	published("rotation 1 answered", 1, 1)
+	k1 := tun.PublicKey()
+
+	dir.forget("a") // (the record deleted: the agent publishes it again)
+	rec = published("published again after the delete", 0, 0)
+	if tun.PublicKey() != k1 {
+		t.Fatal("the delete rotated the key")
+	}
+	rec.Rotate = 1 // (netmaster's next request: max(0, 0) + 1)
+	dir.set(rec)
+	published("rotation 1 of the new record answered", 1, 1)
+	if tun.PublicKey() == k1 {
+		t.Fatal("the new record's rotation 1 did not rotate the key")
 	}
 }
 
