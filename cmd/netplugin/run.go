@@ -147,9 +147,9 @@ func run(parent context.Context, cfg config) error {
 		VTEP: cfg.vtep, FwdMode: cfg.fwdMode, UplinkMTU: cfg.uplinkMTU, VLANIf: cfg.vlanIf,
 		DebugToken: cfg.debugToken, InspectOpen: cfg.inspectInsecure, Pprof: cfg.pprof, DNS: dnsSrv != nil, BGPHoldTime: cfg.bgpHold, BGPRestartTime: cfg.bgpRestart, BGPPrefixes: cfg.bgpPrefixes,
 	}
+	block, unblock := overlayBlock(cfg, "")
 	follower := clusterenc.New(clusterenc.Config{Running: cfg.encryption, Follows: !cfg.encryptionSet, Log: log,
-		Block:   func() error { return wgsteer.Block("", wgsteer.Routing{VXLANPort: cfg.vxlanPort}) },
-		Unblock: func() error { return wgsteer.Uninstall("", wgsteer.Routing{VXLANPort: cfg.vxlanPort}) }})
+		Block: block, Unblock: unblock})
 	go func() {
 		if err := follower.Run(ctx, store); err != nil && ctx.Err() == nil {
 			log.Error("cluster encryption setting not followed", "err", err)
@@ -576,6 +576,23 @@ func followedEncryption(ctx context.Context, cfg *config, store *state.Store, lo
 	cfg.encryption = clusterenc.Decide(cfg.encryption, false, g)
 	log.Info("encryption between hosts from the cluster's setting (no --encryption)", "encryption", cfg.encryption)
 	return cfg.checkEncryption("the cluster's encryption setting wireguard (netctl global set --encryption; start with --encryption none to run this host in clear)")
+}
+
+// overlayBlock is how this host stops and lets go its overlay traffic to other hosts in
+// the network namespace at ns ("": netplugin's) when the cluster's setting turns to
+// wireguard while it runs without (clusterenc.Config.Block, Unblock): wgsteer's policy
+// rules. The ovs dataplane's userspace VXLAN is routed by OVS's own table, which those
+// rules never see: there the block is refused, so /healthz says the traffic goes in
+// clear instead of claiming it dropped (and a restart refuses the setting on ovs).
+func overlayBlock(cfg config, ns string) (block, unblock func() error) {
+	r := wgsteer.Routing{VXLANPort: cfg.vxlanPort}
+	unblock = func() error { return wgsteer.Uninstall(ns, r) }
+	if cfg.dataplane != "ebpf" {
+		return func() error {
+			return fmt.Errorf("the %s dataplane's VXLAN is not routed by the kernel's rules: it cannot be blocked and goes in clear; stop this netplugin or move the host to --dataplane ebpf", cfg.dataplane)
+		}, unblock
+	}
+	return func() error { return wgsteer.Block(ns, r) }, unblock
 }
 
 // healths is what /healthz says of encryption: the first of them degraded.
