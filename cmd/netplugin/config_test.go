@@ -285,4 +285,23 @@ func TestEncryptionFromCluster(t *testing.T) {
 			t.Errorf("%v: encryption %q, %v; want %q", c.args, cfg.encryption, err, c.want)
 		}
 	}
+	// A setting this build does not know (a newer netmaster's): refused at start, not
+	// run as none (in clear); the flag still decides when given.
+	if err := store.Put(ctx, state.GlobalConfigKey, model.GlobConfig{ID: "global", FwdMode: "bridge", PvtSubnet: "172.19.0.0/16", Encryption: "ipsec"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parse(t, "--host-label", "h1", "--vtep-ip", "192.168.1.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := followedEncryption(ctx, &cfg, store, log); err == nil || !strings.Contains(err.Error(), `"ipsec"`) {
+		t.Errorf("the cluster's setting ipsec: encryption %q, %v; want an error naming it", cfg.encryption, err)
+	}
+	cfg, err = parse(t, "--host-label", "h1", "--vtep-ip", "192.168.1.1", "--encryption", "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := followedEncryption(ctx, &cfg, store, log); err != nil || cfg.encryption != "none" {
+		t.Errorf("the cluster's setting ipsec, --encryption none: %q, %v", cfg.encryption, err)
+	}
 }

@@ -574,6 +574,10 @@ func followedEncryption(ctx context.Context, cfg *config, store *state.Store, lo
 		return err
 	}
 	cfg.encryption = clusterenc.Decide(cfg.encryption, false, g)
+	if cfg.encryption != model.EncryptionNone && cfg.encryption != model.EncryptionWireGuard {
+		// (A newer netmaster's mode: running it as none would send in clear.)
+		return fmt.Errorf("the cluster's encryption setting %q is not one this netplugin runs (none, wireguard); start with --encryption none to run this host in clear", cfg.encryption)
+	}
 	log.Info("encryption between hosts from the cluster's setting (no --encryption)", "encryption", cfg.encryption)
 	return cfg.checkEncryption("the cluster's encryption setting wireguard (netctl global set --encryption; start with --encryption none to run this host in clear)")
 }

@@ -106,7 +106,7 @@ func (f *Follower) Run(ctx context.Context, w Watcher) error {
 
 // Apply takes the global config g: the setting is recorded, and a host that follows it
 // and runs without encryption blocks its overlay traffic while the setting says
-// wireguard (a failed block is retried at the next config and said in Degraded).
+// wireguard or a mode this build does not know (a failed block is retried at the next config and said in Degraded).
 func (f *Follower) Apply(g model.GlobConfig) {
 	cluster := Of(g)
 	f.mu.Lock()
@@ -115,7 +115,9 @@ func (f *Follower) Apply(g model.GlobConfig) {
 		f.cfg.Log.Info("cluster encryption setting", "cluster", cluster, "running", f.cfg.Running, "follows", f.cfg.Follows)
 	}
 	f.cluster = cluster
-	block := f.cfg.Follows && f.cfg.Running == model.EncryptionNone && cluster == model.EncryptionWireGuard
+	// (Any setting but none asks for encryption: one this build does not know, a newer
+	// netmaster's, is blocked for as wireguard is, never run in clear.)
+	block := f.cfg.Follows && f.cfg.Running == model.EncryptionNone && cluster != model.EncryptionNone
 	if block == f.blocked && f.err == nil {
 		return
 	}

@@ -132,6 +132,23 @@ func TestFollowerSwitch(t *testing.T) {
 	}
 }
 
+// TestFollowerUnknownSetting (issue 38 review): a setting this build does not know (a
+// newer netmaster's mode, or a record written around netmaster) is encryption it cannot
+// run: a host that follows the setting and runs none blocks its overlay traffic, as for
+// wireguard, rather than go on in clear.
+func TestFollowerUnknownSetting(t *testing.T) {
+	var r fakeRouting
+	f := r.follower("none", true)
+	f.Apply(model.GlobConfig{Encryption: "ipsec"})
+	if d, m, b := stateOf(t, f); r.blocks != 1 || m != 1 || b != 1 || !strings.Contains(d, "ipsec") {
+		t.Fatalf("cluster ipsec: %q %v %v, %+v", d, m, b, r)
+	}
+	f.Apply(model.GlobConfig{Encryption: "none"})
+	if d, _, b := stateOf(t, f); r.unblocks != 1 || d != "" || b != 0 {
+		t.Fatalf("cluster back to none: %q %v, %+v", d, b, r)
+	}
+}
+
 // TestFollowerWatch: Run takes the global config from etcd and every change of it.
 func TestFollowerWatch(t *testing.T) {
 	store, _ := statetest.Store(t)
