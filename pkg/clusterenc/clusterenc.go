@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -55,7 +56,10 @@ type Config struct {
 	// Block stops every locally sent overlay packet to other hosts (wgsteer.Block);
 	// Unblock lets them go again (wgsteer.Uninstall).
 	Block, Unblock func() error
-	Log            *slog.Logger
+	// RetryEvery is how often a Block or Unblock that failed is tried again while no new
+	// config comes (default 5 s): a failed block leaves the host sending in clear.
+	RetryEvery time.Duration
+	Log        *slog.Logger
 }
 
 // Follower applies each global config to this host's state (Apply); Run feeds it.
@@ -73,12 +77,17 @@ func New(cfg Config) *Follower {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.RetryEvery <= 0 {
+		cfg.RetryEvery = 5 * time.Second
+	}
 	return &Follower{cfg: cfg}
 }
 
-// Run follows the global config by one etcd watch until ctx ends. A deleted record
-// changes nothing (the last setting stands).
+// Run follows the global config by one etcd watch until ctx ends, and tries a failed
+// Block or Unblock again every RetryEvery. A deleted record changes nothing (the last
+// setting stands).
 func (f *Follower) Run(ctx context.Context, w Watcher) error {
+	go f.retry(ctx)
 	apply := func(key string, val []byte) {
 		if key != state.GlobalConfigKey {
 			return
@@ -104,6 +113,24 @@ func (f *Follower) Run(ctx context.Context, w Watcher) error {
 	})
 }
 
+// retry runs sync again every RetryEvery while the last one failed, until ctx ends.
+func (f *Follower) retry(ctx context.Context) {
+	t := time.NewTicker(f.cfg.RetryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		f.mu.Lock()
+		if f.err != nil {
+			f.sync()
+		}
+		f.mu.Unlock()
+	}
+}
+
 // Apply takes the global config g: the setting is recorded, and a host that follows it
 // and runs without encryption blocks its overlay traffic while the setting says
 // wireguard or a mode this build does not know (a failed block is retried at the next config and said in Degraded).
@@ -115,6 +142,12 @@ func (f *Follower) Apply(g model.GlobConfig) {
 		f.cfg.Log.Info("cluster encryption setting", "cluster", cluster, "running", f.cfg.Running, "follows", f.cfg.Follows)
 	}
 	f.cluster = cluster
+	f.sync()
+}
+
+// sync brings the block to what f.cluster asks for (f.mu held).
+func (f *Follower) sync() {
+	cluster := f.cluster
 	// (Any setting but none asks for encryption: one this build does not know, a newer
 	// netmaster's, is blocked for as wireguard is, never run in clear.)
 	block := f.cfg.Follows && f.cfg.Running == model.EncryptionNone && cluster != model.EncryptionNone
@@ -125,10 +158,13 @@ func (f *Follower) Apply(g model.GlobConfig) {
 	if block {
 		op, do = "block", f.cfg.Block
 	}
+	prev := f.err
 	f.err = nil
 	if err := do(); err != nil {
 		f.err = fmt.Errorf("%s overlay traffic to other hosts: %w", op, err)
-		f.cfg.Log.Error("cluster encryption setting not applied", "err", f.err)
+		if prev == nil || prev.Error() != f.err.Error() { // (not at every retry)
+			f.cfg.Log.Error("cluster encryption setting not applied", "err", f.err)
+		}
 		return
 	}
 	f.blocked = block

@@ -2,8 +2,10 @@ package clusterenc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,6 +148,54 @@ func TestFollowerUnknownSetting(t *testing.T) {
 	f.Apply(model.GlobConfig{Encryption: "none"})
 	if d, _, b := stateOf(t, f); r.unblocks != 1 || d != "" || b != 0 {
 		t.Fatalf("cluster back to none: %q %v, %+v", d, b, r)
+	}
+}
+
+// snapshotOnce is a Watcher that delivers one global config and then nothing.
+type snapshotOnce struct{ g model.GlobConfig }
+
+func (w snapshotOnce) ListWatch(ctx context.Context, _ string, h state.WatchHandler) error {
+	b, err := json.Marshal(w.g)
+	if err != nil {
+		return err
+	}
+	h.Snapshot([]state.KV{{Key: state.GlobalConfigKey, Value: b}}, 1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestFollowerRetriesFailedBlock (issue 38 review): a block that fails (netlink refusing)
+// leaves the host sending in clear while the cluster says wireguard; it is tried again
+// every RetryEvery until it holds, not only at the next change of the global config,
+// which may never come.
+func TestFollowerRetriesFailedBlock(t *testing.T) {
+	var blocks, failing atomic.Int32
+	failing.Store(2)
+	f := New(Config{Running: "none", Follows: true, RetryEvery: 10 * time.Millisecond,
+		Block: func() error {
+			blocks.Add(1)
+			if failing.Add(-1) >= 0 {
+				return errors.New("netlink says no")
+			}
+			return nil
+		},
+		Unblock: func() error { return nil }})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = f.Run(ctx, snapshotOnce{model.GlobConfig{Encryption: "wireguard"}}) }()
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		if d, _, b := stateOf(t, f); b == 1 && strings.Contains(d, "fail closed") {
+			break
+		}
+		if time.Since(start) > 3*time.Second {
+			d, _, b := stateOf(t, f)
+			t.Fatalf("a failed block not retried within 3 s: %d tries, %q blocked %v", blocks.Load(), d, b)
+		}
+	}
+	n := blocks.Load()
+	time.Sleep(50 * time.Millisecond)
+	if blocks.Load() != n || n != 3 {
+		t.Errorf("blocks tried %d, then %d: want 3, none once it holds", n, blocks.Load())
 	}
 }
 
