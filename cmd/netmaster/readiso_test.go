@@ -17,8 +17,9 @@ import (
 
 // Read isolation fixture: every name of tenant B starts with "bravo", its addresses with
 // "10.77.", and the host the test registers is "hostsecret" at 127.0.0.77 with a bgp
-// router address in 192.0.2.0/24. None of these may reach tenant A's tenant-admin.
-var bravoSecrets = []string{"bravo", "10.77.", "hostsecret", "127.0.0.77", "192.0.2."}
+// router address in 192.0.2.0/24 and a deny list entry of 198.51.100.0/24 for it. None of
+// these may reach tenant A's tenant-admin.
+var bravoSecrets = []string{"bravo", "10.77.", "hostsecret", "127.0.0.77", "192.0.2.", "198.51.100."}
 
 // tenantObjects creates tenant p+"tenant" with a network, a service network, a netprofile,
 // a policy and its rule, an external contracts group, a group, an app profile, a service
@@ -63,11 +64,13 @@ func tenantObjects(t *testing.T, admin, agent *apiClient, url, p, net string) []
 	return append(keys, model.ServiceID(p+"svc", tn), p+"ep1", p+"ctr1", p+"name", ep.EndpointConfig.ID)
 }
 
-// hostObjects registers a netplugin (with an inspect API) of host "hostsecret" and a bgp
-// object for it whose session reports tenant B's endpoint route, as an agent would.
+// hostObjects registers a netplugin (with an inspect API) of host "hostsecret", a bgp
+// object for it whose session reports tenant B's endpoint route, as an agent would, and a
+// deny list entry for it (also named "hostsecret": the walk's global names reach it).
 func hostObjects(t *testing.T, admin *apiClient, url, etcdURL string) {
 	t.Helper()
 	admin.must(t, "POST", url+"/api/v1/Bgps/hostsecret/", `{"hostname":"hostsecret","routerip":"192.0.2.5/24","as":"65001","neighbor-as":"65000","neighbor":"192.0.2.1"}`, 200)
+	admin.must(t, "PUT", url+"/api/v1/prefilters/hostsecret/", `{"cidr":"198.51.100.0/24","host":"hostsecret"}`, 200)
 	raw := rawEtcd(t, etcdURL)
 	put := func(key string, v any) {
 		b, _ := json.Marshal(v)
@@ -143,11 +146,11 @@ func leaked(rq walkedRequest, body string) string {
 
 // TestReadIsolation (issue 34, item 4) runs two netmasters with tokens, over TLS and with
 // --insecure (plain HTTP: the roles hold there too), creates two tenants with networks,
-// groups, policies, rules, services, endpoints and the rest, a host with a bgp session, and
-// walks every route netmaster serves (from its routers, so a route added later is walked
-// too) as tenant A's tenant-admin, through the leader and the follower, with the path
-// variables set to each of tenant B's object names and ids, the global objects' and A's
-// own (GET only). No answer may hold a name, address or id of tenant B or the host, none
+// groups, policies, rules, services, endpoints and the rest, a host with a bgp session and
+// a deny list entry, and walks every route netmaster serves (from its routers, so a route
+// added later is walked too) as tenant A's tenant-admin, through the leader and the
+// follower, with the path variables set to each of tenant B's object names and ids, the
+// global objects' and A's own (GET only). No answer may hold a name, address or id of tenant B or the host, none
 // is a 5xx, and etcd does not change. An admin's walk of the same GETs must show every one
 // of those secrets (so the check can see them), and A still reads its own service with its
 // backend.

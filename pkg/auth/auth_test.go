@@ -393,6 +393,36 @@ func TestAuthorizeHostScopes(t *testing.T) {
 	})
 }
 
+// TestAuthorizePrefilters (issue 36): only admins set or drop deny list entries; agents
+// (which apply them), operators and peers read them; a tenant-admin neither reads nor
+// writes one (they name hosts and the prefixes an operator distrusts), whatever the entry
+// is called. Its list of the collection is let through and answered empty by netmaster.
+func TestAuthorizePrefilters(t *testing.T) {
+	t1 := Identity{Name: "bob", Role: "tenant-admin:t1"}
+	checkAuthorize(t, []authCase{
+		{Identity{Role: RoleAdmin}, "PUT", "/api/v1/prefilters/p1/", true},
+		{Identity{Role: RoleAdmin}, "POST", "/api/v1/prefilters/p1/", true},
+		{Identity{Role: RoleAdmin}, "DELETE", "/api/v1/prefilters/p1/", true},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "GET", "/api/v1/prefilters/", true},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "GET", "/api/v1/prefilters/p1/", true},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "PUT", "/api/v1/prefilters/p1/", false},
+		{Identity{Role: RoleAgent, Name: "host:h1"}, "DELETE", "/api/v1/prefilters/p1/", false},
+		{Identity{Role: RoleReadOnly}, "GET", "/api/v1/prefilters/p1/", true},
+		{Identity{Role: RoleReadOnly}, "POST", "/api/v1/prefilters/p1/", false},
+		{Identity{Role: RoleNetmaster}, "GET", "/api/v1/prefilters/", true},
+		{Identity{Role: RoleNetmaster}, "PUT", "/api/v1/prefilters/p1/", false},
+		{t1, "GET", "/api/v1/prefilters/p1/", false},
+		{t1, "GET", "/api/v1/prefilters/t1/", false},
+		{t1, "GET", "/api/v1/prefilters/t1:p1/", false},
+		{t1, "PUT", "/api/v1/prefilters/t1/", false},
+		{t1, "POST", "/api/v1/prefilters/t1:p1/", false},
+		{t1, "DELETE", "/api/v1/prefilters/t1:p1/", false},
+	})
+	if Visible("prefilters", "t1:p1", "t1") || Visible("prefilters", "t1", "t1") {
+		t.Error("a deny list entry is visible to a tenant-admin")
+	}
+}
+
 // TestRefusalsLoggedWithinBudget: unauthenticated requests (reads too) are logged, at most
 // ten lines a second; the next line let through says how many were not logged.
 func TestRefusalsLoggedWithinBudget(t *testing.T) {

@@ -15,13 +15,21 @@ import (
 var globalCollections = map[string]bool{"globals": true, "Bgps": true, "aciGws": true}
 
 // hostCollection reports whether coll holds per-host objects (a host's name, its router
-// address and the routes it learns and advertises: every tenant's endpoint /32s), which
-// are for admins, operators and agents only, like /info and /agents.
-func hostCollection(coll string) bool { return coll == "Bgps" || coll == hostScopeCollection }
+// address and the routes it learns and advertises: every tenant's endpoint /32s; the
+// hosts' scopes and deny lists), which are for admins, operators and agents only, like
+// /info and /agents.
+func hostCollection(coll string) bool {
+	return coll == "Bgps" || coll == hostScopeCollection || coll == prefilterCollection
+}
 
 // hostScopeCollection holds the hosts' scopes (/api/v1/hostScopes/<host>/: which tenants
 // a host's agent serves): admins set them; agents, operators and peers read them.
 const hostScopeCollection = "hostScopes"
+
+// prefilterCollection holds the deny list (/api/v1/prefilters/<name>/: source prefixes the
+// hosts drop at their uplinks, per host or for all): admins set it; agents, operators and
+// peers read it.
+const prefilterCollection = "prefilters"
 
 // Authorize decides whether id may send method to path (netmaster's routes).
 func Authorize(id Identity, method, path string) error {

@@ -86,21 +86,27 @@ func adminOnly(r *http.Request, what string) error {
 }
 
 func (m *Master) listHostScopes(w http.ResponseWriter, r *http.Request) {
-	out := []model.HostScope{}
+	listRecords[model.HostScope](m, w, r, model.HostScopePrefix) // (by key: by host)
+}
+
+// listRecords answers every record under prefix, decoded as T, sorted by key: records of
+// the hosts, which a tenant-admin never lists (auth.Authorize refuses it every one but the
+// collection's list, which answers it none).
+func listRecords[T any](m *Master, w http.ResponseWriter, r *http.Request, prefix string) {
+	out := []T{}
 	if _, scoped := auth.TenantScope(r.Context()); scoped {
-		answer(w, out, nil) // (auth.Authorize refuses them this route; never another's hosts)
+		answer(w, out, nil)
 		return
 	}
 	err := m.read(r.Context(), func(tx *state.Tx) error {
-		recs, err := listT[model.HostScope](tx, model.HostScopePrefix)
+		recs, err := listT[T](tx, prefix)
 		if err != nil {
 			return err
 		}
 		out = out[:0]
-		for _, s := range recs {
-			out = append(out, *s)
+		for _, v := range recs {
+			out = append(out, *v)
 		}
-		slices.SortFunc(out, func(a, b model.HostScope) int { return strings.Compare(a.Host, b.Host) })
 		return nil
 	})
 	answer(w, out, err)
@@ -108,16 +114,21 @@ func (m *Master) listHostScopes(w http.ResponseWriter, r *http.Request) {
 
 func (m *Master) getHostScope(w http.ResponseWriter, r *http.Request) {
 	host := mux.Vars(r)["host"]
-	var s *model.HostScope
+	getRecord[model.HostScope](m, w, r, model.HostScopeKey(host), notFound("host %q has no scope: it serves every tenant", host))
+}
+
+// getRecord answers the record at key, decoded as T, or missing when there is none.
+func getRecord[T any](m *Master, w http.ResponseWriter, r *http.Request, key string, missing error) {
+	var v *T
 	err := m.read(r.Context(), func(tx *state.Tx) error {
 		var found bool
 		var err error
-		if s, found, err = getT[model.HostScope](tx, model.HostScopeKey(host)); err == nil && !found {
-			err = notFound("host %q has no scope: it serves every tenant", host)
+		if v, found, err = getT[T](tx, key); err == nil && !found {
+			err = missing
 		}
 		return err
 	})
-	answer(w, s, err)
+	answer(w, v, err)
 }
 
 func (m *Master) setHostScope(w http.ResponseWriter, r *http.Request) {
@@ -143,18 +154,22 @@ func (m *Master) setHostScope(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) deleteHostScope(w http.ResponseWriter, r *http.Request) {
-	if err := adminOnly(r, "host scopes"); err != nil {
-		writeErr(w, err)
-		return
-	}
 	host := mux.Vars(r)["host"]
-	err := m.update(r.Context(), func(tx *state.Tx) error {
-		return deleteExisting(tx, model.HostScopeKey(host), notFound("host %q has no scope", host))
-	})
-	if err == nil {
+	if dropRecord(m, w, r, "host scopes", model.HostScopeKey(host), notFound("host %q has no scope", host)) {
 		m.log.Info("host scope dropped: the host serves every tenant", "host", host)
 	}
+}
+
+// dropRecord deletes the record at key for an admin (what: the records' kind, for a
+// refusal) and answers; missing when there is none. It reports whether it went.
+func dropRecord(m *Master, w http.ResponseWriter, r *http.Request, what, key string, missing error) bool {
+	if err := adminOnly(r, what); err != nil {
+		writeErr(w, err)
+		return false
+	}
+	err := m.update(r.Context(), func(tx *state.Tx) error { return deleteExisting(tx, key, missing) })
 	answer(w, "success", err)
+	return err == nil
 }
 
 // deleteExisting deletes key in tx, or returns missing when there is none (whatever the

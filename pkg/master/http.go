@@ -69,6 +69,7 @@ func (m *Master) router() *mux.Router {
 	r.HandleFunc("/api/v1/inspect/endpoints/{key}/", m.inspectEndpoint).Methods(http.MethodGet)
 	registerQuotas(r, m)
 	registerHostScopes(r, m)
+	registerPrefilters(r, m)
 
 	r.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, m.cfg.Version) }).Methods(http.MethodGet)
 	r.HandleFunc("/services", m.listServices).Methods(http.MethodGet)
