@@ -130,6 +130,7 @@ func commands(build BuildInfo) []*cli.Command {
 		},
 		hostCommand(),
 		wireguardCommand(),
+		prefilterCommand(),
 		{
 			Name: "policy", Usage: "Policy manipulation tools",
 			Subcommands: []*cli.Command{

@@ -44,10 +44,10 @@ func (a *cannedAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, b+"\n")
-	case http.MethodPost, http.MethodDelete:
+	case http.MethodPost, http.MethodPut, http.MethodDelete:
 		a.writes = append(a.writes, strings.TrimSpace(r.Method+" "+r.URL.Path+" "+string(body)))
 		w.Header().Set("Content-Type", "application/json")
-		if r.Method == http.MethodPost {
+		if r.Method != http.MethodDelete {
 			w.Write(body)
 		} else {
 			io.WriteString(w, "\"ok\"\n")
@@ -118,6 +118,7 @@ var fixture = map[string]string{
 	"/api/v1/aciGws/":                              `[{"key":"aciGw","enforcePolicies":"yes","includeCommonTenant":"no","name":"aciGw","nodeBindings":"topology/pod-1/node-101","pathBindings":"topology/pod-1/paths-101/pathep-[eth1/14]","physicalDomain":"containerDom"}]`,
 	"/api/v1/inspect/networks/default:contiv-net/": `{"Config":{"key":"default:contiv-net","encap":"vxlan","gateway":"10.1.2.1","networkName":"contiv-net","nwType":"data","subnet":"10.1.2.0/24","tenantName":"default","link-sets":{},"links":{"Tenant":{"type":"tenant","key":"default"}}},"Oper":{"allocatedAddressesCount":1,"allocatedIPAddresses":"10.1.2.1-10.1.2.2","availableIPAddresses":"10.1.2.3-10.1.2.254","endpoints":[{"containerID":"c1","endpointID":"e1","homingHost":"h1","ipAddress":["10.1.2.2",""],"labels":"map[]","macAddress":"02:02:0a:01:02:02","network":"contiv-net.default"}],"externalPktTag":1,"networkTag":"contiv-net.default","numEndpoints":1,"pktTag":1}}`,
 	"/version":                                     `{"GitCommit":"deadbeef","Version":"2.0.0","BuildTime":"today"}`,
+	"/api/v1/prefilters/":                          `[{"name":"bogons","cidr":"198.18.0.0/15"},{"name":"scanner","cidr":"203.0.113.7/32","host":"node-2"}]`,
 }
 
 func checkGolden(t *testing.T, name, got string, fromContiv bool) {
@@ -167,6 +168,8 @@ func TestGoldenTables(t *testing.T) {
 		{"global_info_json", false, []string{"global", "info", "-j"}},
 		{"aci_gw_info", false, []string{"aci-gw", "info"}},
 		{"version", false, []string{"version"}},
+		{"prefilter_ls", false, []string{"prefilter", "ls"}},
+		{"prefilter_ls_json", false, []string{"prefilter", "list", "-j"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.golden, func(t *testing.T) {
@@ -276,6 +279,21 @@ func TestCreateRequests(t *testing.T) {
 			[]string{"external-contracts", "create", "-p", "-a", "c1", "-a", "c2", "ext1"},
 			"Creating ExternalContracts default:ext1\n",
 			[]string{`POST /api/v1/extContractsGroups/default:ext1/ {"contracts":["c1","c2"],"contractsGroupName":"ext1","contractsType":"provided","tenantName":"default","link-sets":{},"links":{"Tenant":{}}}`},
+		},
+		{ // the deny list (this project's extension)
+			[]string{"prefilter", "create", "scanner", "--cidr", "203.0.113.7/32", "--host", "node-2"},
+			"Creating prefilter scanner: 203.0.113.7/32 dropped at host node-2\n",
+			[]string{`PUT /api/v1/prefilters/scanner/ {"name":"scanner","cidr":"203.0.113.7/32","host":"node-2"}`},
+		},
+		{
+			[]string{"prefilter", "create", "-c", "198.18.0.0/15", "bogons"},
+			"Creating prefilter bogons: 198.18.0.0/15 dropped at every host\n",
+			[]string{`PUT /api/v1/prefilters/bogons/ {"name":"bogons","cidr":"198.18.0.0/15"}`},
+		},
+		{
+			[]string{"prefilter", "rm", "bogons"},
+			"Deleting prefilter bogons\n",
+			[]string{`DELETE /api/v1/prefilters/bogons/`},
 		},
 		{
 			[]string{"aci-gw", "set", "-d", "dom1"},

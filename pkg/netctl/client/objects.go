@@ -330,3 +330,28 @@ func (c *Client) WireGuardRotate(ctx context.Context, host string) (*model.WireG
 	}
 	return &out, nil
 }
+
+// PrefilterList returns the deny list (this project's /api/v1/prefilters/, issue 36).
+func (c *Client) PrefilterList(ctx context.Context) ([]model.Prefilter, error) {
+	return List[model.Prefilter](ctx, c, model.CollPrefilters)
+}
+
+// PrefilterGet returns one deny list entry (404: there is none of that name).
+func (c *Client) PrefilterGet(ctx context.Context, name string) (*model.Prefilter, error) {
+	return Get[model.Prefilter](ctx, c, model.CollPrefilters, name)
+}
+
+// PrefilterSet creates or replaces a deny list entry (admins only); it returns the entry
+// as netmaster stored it (the prefix masked, the host lowercase).
+func (c *Client) PrefilterSet(ctx context.Context, p *model.Prefilter) (*model.Prefilter, error) {
+	var out model.Prefilter
+	if err := c.Do(ctx, http.MethodPut, ObjectPath(model.CollPrefilters, p.Name), p, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PrefilterDelete drops a deny list entry (admins only; 404 when there is none).
+func (c *Client) PrefilterDelete(ctx context.Context, name string) error {
+	return c.Do(ctx, http.MethodDelete, ObjectPath(model.CollPrefilters, name), nil, nil)
+}
