@@ -98,8 +98,14 @@ func saveGlobal(tx *state.Tx, g, old *model.Global) error {
 	if err := writeTagResources(tx, vlo, vhi, xlo, xhi); err != nil {
 		return err
 	}
+	// The agents' record keeps Contiv's bytes while encryption is off (none: left out,
+	// which clusterenc.Of reads as none).
+	enc := g.Encryption
+	if enc == model.EncryptionNone {
+		enc = ""
+	}
 	if err := tx.Put(model.GlobConfigKey, model.GlobConfig{ID: "global", NwInfraType: g.NetworkInfraType,
-		FwdMode: g.FwdMode, ArpMode: g.ArpMode, PvtSubnet: g.PvtSubnet, Encryption: g.Encryption}); err != nil {
+		FwdMode: g.FwdMode, ArpMode: g.ArpMode, PvtSubnet: g.PvtSubnet, Encryption: enc}); err != nil {
 		return err
 	}
 	if err := tx.Put(model.GStateCfgKey, model.GStateCfg{ID: "global", Auto: model.AutoRanges{VLANs: g.Vlans, VXLANs: g.Vxlans}}); err != nil {

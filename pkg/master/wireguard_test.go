@@ -9,6 +9,7 @@ import (
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
 	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
+	"github.com/contivbpf/contivbpf/pkg/clusterenc"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
@@ -234,8 +235,9 @@ func TestGlobalEncryption(t *testing.T) {
 		}
 		var g model.Global
 		e.ok("GET", "/api/v1/globals/global/", nil, &g)
-		return g.Encryption + " " + gc.Encryption
+		return g.Encryption + " " + clusterenc.Of(gc)
 	}
+	// The agents' record keeps Contiv's bytes while encryption is off (TestBootstrapState).
 	if got := config(); got != "none none" {
 		t.Fatalf("at start: %q", got)
 	}
@@ -253,5 +255,8 @@ func TestGlobalEncryption(t *testing.T) {
 	e.ok("POST", "/api/v1/globals/global/", body+`,"encryption":"none"}`, nil)
 	if got := config(); got != "none none" {
 		t.Fatalf("set to none: %q", got)
+	}
+	if raw := e.rawGet(model.GlobConfigKey); strings.Contains(raw, "encryption") {
+		t.Errorf("set to none: the agents' record %s names encryption (Contiv's bytes while off)", raw)
 	}
 }
