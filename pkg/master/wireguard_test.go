@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/contivbpf/contivbpf/pkg/auth"
-	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
 	"github.com/contivbpf/contivbpf/pkg/clusterenc"
+	"github.com/contivbpf/contivbpf/pkg/etcdrbac"
 	"github.com/contivbpf/contivbpf/pkg/model"
 )
 
