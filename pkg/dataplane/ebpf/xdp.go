@@ -82,6 +82,9 @@ func (d *Driver) attachXDP() error {
 		return err
 	})
 	if err != nil {
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("ebpf: attach xdp (%s) to %s: %w (another XDP program holds the device: another agent on this host, or a tool; one device takes one XDP program, so detach it or start with --xdp off)", d.cfg.XDP, d.xdp.ifname, err)
+		}
 		if d.cfg.XDP == XDPNative && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)) {
 			return fmt.Errorf("ebpf: attach xdp (native) to %s: %w (the driver has no native XDP, or not at this MTU: --xdp generic works on any device)", d.xdp.ifname, err)
 		}

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 const (
@@ -446,4 +449,44 @@ func TestXDPDropReportsAsTC(t *testing.T) {
 		f := l4FrameOpts(17, peer, hostIP, 40000, testVXLAN, 0, ipOpts{options: []byte{1, 1, 1, 0}})
 		same(t, f, objs.CbFromUplink, f, nil, DropClearOverlay)
 	})
+}
+
+// A device another XDP program holds (another agent's, a tool's) is refused at start with
+// an error that says so (one device takes one XDP program), not a bare EBUSY.
+func TestXDPDeviceHeldRefused(t *testing.T) {
+	h := newOneHost(t)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	up := h.prefix + "u0"
+	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: up}, PeerName: h.prefix + "u1"})
+	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Close()
+	var other link.Link
+	if err := nsexec.Run(h.cfg.NetNS, func() error {
+		l, err := netlink.LinkByName(up)
+		if err != nil {
+			return err
+		}
+		other, err = link.AttachXDP(link.XDPOptions{Program: pass, Interface: l.Attrs().Index, Flags: link.XDPDriverMode})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	h.cfg.XDP = XDPNative
+	d, err := New(context.Background(), h.cfg.HostConfig, h.cfg.Options)
+	if err == nil {
+		h.d = d
+		t.Fatal("a device another XDP program holds: started")
+	}
+	if !strings.Contains(err.Error(), "another XDP program holds the device") {
+		t.Fatalf("error %v, want it to say another XDP program holds the device", err)
+	}
+	h.cfg.XDP = XDPOff
+	h.d = h.start(t)
 }
