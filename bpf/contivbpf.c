@@ -1891,10 +1891,37 @@ static __noinline int cb_uplink_denied(struct __sk_buff *skb)
 	return cb_denied(saddr);
 }
 
+/* cb_underlay_drop is what the wire may not bring in, wherever it arrives (the egress
+ * device and the VTEP's): a packet from a denied source (prefilter.h), and with
+ * encryption on a clear overlay packet (cb_clear_overlay). A drop reason, or 0. */
+CB_INLINE int cb_underlay_drop(struct __sk_buff *skb, const struct cb_config *cfg)
+{
+	if ((cb_features & CB_FEAT_DENY) && skb->protocol == bpf_htons(ETH_P_IP) && !skb->vlan_present &&
+	    cb_uplink_denied(skb))
+		return CB_DROP_DENIED_SOURCE;
+	if ((cb_features & CB_FEAT_ENCRYPT) && cb_clear_overlay(skb, cfg->vxlan_port))
+		return CB_DROP_CLEAR_OVERLAY;
+	return 0;
+}
+
+/* cb_from_underlay sits on the device holding the VTEP when that is not the egress device
+ * (whose cb_from_uplink makes the same checks first): the wire's packets cb_underlay_drop
+ * refuses are dropped; everything else continues, untouched. */
+SEC("tc")
+int cb_from_underlay(struct __sk_buff *skb)
+{
+	struct cb_config *cfg = cb_get_config();
+	int r;
+
+	if (!cfg)
+		return CB_TCX_NEXT;
+	r = cb_underlay_drop(skb, cfg);
+	return r ? cb_drop(skb, r) : CB_TCX_NEXT;
+}
+
 /* cb_from_uplink takes the replies of egress flows and the packets to node ports off the
- * egress device (delivered to their endpoints); everything else is the host's and
- * continues. With encryption on it also sits on the device holding the VTEP, and drops
- * the underlay's clear overlay packets there (cb_clear_overlay). */
+ * egress device (delivered to their endpoints), after cb_underlay_drop's checks;
+ * everything else is the host's and continues. */
 SEC("tc")
 int cb_from_uplink(struct __sk_buff *skb)
 {
@@ -1903,11 +1930,9 @@ int cb_from_uplink(struct __sk_buff *skb)
 
 	if (!cfg)
 		return CB_TCX_NEXT;
-	if ((cb_features & CB_FEAT_DENY) && skb->protocol == bpf_htons(ETH_P_IP) && !skb->vlan_present &&
-	    cb_uplink_denied(skb))
-		return cb_drop(skb, CB_DROP_DENIED_SOURCE);
-	if ((cb_features & CB_FEAT_ENCRYPT) && cb_clear_overlay(skb, cfg->vxlan_port))
-		return cb_drop(skb, CB_DROP_CLEAR_OVERLAY);
+	r = cb_underlay_drop(skb, cfg);
+	if (r)
+		return cb_drop(skb, r);
 	if (!cfg->snat_ip)
 		return CB_TCX_NEXT;
 	/* Tagged frames belong to VLAN networks (cb_from_wire), also on a shared uplink. */

@@ -842,6 +842,7 @@ const (
 	contivbpfProgCbClockProbe         = "cb_clock_probe"
 	contivbpfProgCbFromContainer      = "cb_from_container"
 	contivbpfProgCbFromOverlay        = "cb_from_overlay"
+	contivbpfProgCbFromUnderlay       = "cb_from_underlay"
 	contivbpfProgCbFromUplink         = "cb_from_uplink"
 	contivbpfProgCbFromWire           = "cb_from_wire"
 	contivbpfProgCbSockConnect4       = "cb_sock_connect4"
@@ -924,6 +925,7 @@ type contivbpfProgramSpecs struct {
 	CbClockProbe         *ebpf.ProgramSpec `ebpf:"cb_clock_probe"`
 	CbFromContainer      *ebpf.ProgramSpec `ebpf:"cb_from_container"`
 	CbFromOverlay        *ebpf.ProgramSpec `ebpf:"cb_from_overlay"`
+	CbFromUnderlay       *ebpf.ProgramSpec `ebpf:"cb_from_underlay"`
 	CbFromUplink         *ebpf.ProgramSpec `ebpf:"cb_from_uplink"`
 	CbFromWire           *ebpf.ProgramSpec `ebpf:"cb_from_wire"`
 	CbSockConnect4       *ebpf.ProgramSpec `ebpf:"cb_sock_connect4"`
@@ -1187,6 +1189,7 @@ type contivbpfPrograms struct {
 	CbClockProbe         *ebpf.Program `ebpf:"cb_clock_probe"`
 	CbFromContainer      *ebpf.Program `ebpf:"cb_from_container"`
 	CbFromOverlay        *ebpf.Program `ebpf:"cb_from_overlay"`
+	CbFromUnderlay       *ebpf.Program `ebpf:"cb_from_underlay"`
 	CbFromUplink         *ebpf.Program `ebpf:"cb_from_uplink"`
 	CbFromWire           *ebpf.Program `ebpf:"cb_from_wire"`
 	CbSockConnect4       *ebpf.Program `ebpf:"cb_sock_connect4"`
@@ -1208,6 +1211,7 @@ func (p *contivbpfPrograms) Close() error {
 		p.CbClockProbe,
 		p.CbFromContainer,
 		p.CbFromOverlay,
+		p.CbFromUnderlay,
 		p.CbFromUplink,
 		p.CbFromWire,
 		p.CbSockConnect4,

@@ -95,7 +95,7 @@ type Driver struct {
 	vxIndex  int
 	upIndex  int           // VLAN uplink, 0 = none
 	egress   egress        // egress NAT (hostpath.go), zero = off; set by New only
-	underlay underlay      // the VTEP's device (Options.Encrypted), zero = none; set by New only
+	underlay underlay      // the VTEP's device when not the egress device (resolveUnderlay), zero = none; set by New only
 	xdp      underlay      // the XDP prefilter's device (Options.XDP, xdp.go), zero = off; set by New only
 	denyFeat atomic.Uint32 // CB_FEAT_DENY while cb_deny_src holds a prefix (prefilter.go)
 	addrStop chan struct{} // stops the host address watch

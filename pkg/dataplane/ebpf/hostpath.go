@@ -34,8 +34,8 @@ const (
 	// rtProtoContivBPF marks the host routes the driver installs (`ip route show proto 203`).
 	rtProtoContivBPF = 203
 	egressLinkPrefix = "egress_"
-	// underlayLinkPrefix names cb_from_uplink's link on the VTEP's device when that is not
-	// the egress device (Options.Encrypted).
+	// underlayLinkPrefix names cb_from_underlay's link on the VTEP's device when that is
+	// not the egress device (resolveUnderlay).
 	underlayLinkPrefix = "underlay_"
 	sockLBLink         = "cgroup_connect4"
 )
@@ -136,16 +136,18 @@ type underlay struct {
 	ifindex int
 }
 
-// resolveUnderlay finds the device holding the VTEP when the overlay is encrypted
-// (Options.Encrypted): cb_from_uplink drops the wire's clear overlay packets there. Zero
-// when encryption is off or the egress device is that device already.
+// resolveUnderlay finds the device holding the VTEP when it is not the egress device:
+// cb_from_underlay drops there what the wire may not bring in (cb_underlay_drop: the deny
+// list's sources, and with Options.Encrypted the clear overlay). With encryption on a
+// VTEP no device of the wire holds is an error (the clear overlay could not be refused);
+// off, there is then nothing to put there (zero), as when the egress device holds it.
 func (d *Driver) resolveUnderlay() (underlay, error) {
-	if !d.cfg.Encrypted {
-		return underlay{}, nil
-	}
 	dev, err := d.vtepDevice("encrypted overlay")
 	if err != nil {
-		return underlay{}, err
+		if d.cfg.Encrypted {
+			return underlay{}, err
+		}
+		return underlay{}, nil
 	}
 	if dev.ifindex == d.egress.ifindex {
 		return underlay{}, nil
@@ -182,8 +184,8 @@ func (d *Driver) vtepDevice(what string) (underlay, error) {
 	return underlay{}, fmt.Errorf("ebpf: %s: no device of this host holds the vtep %v, so packets from other hosts could not be checked there", what, d.cfg.VTEP)
 }
 
-// attachEgress puts cb_from_uplink on the egress device, and on the VTEP's device when
-// that is another one (resolveUnderlay).
+// attachEgress puts cb_from_uplink on the egress device, and cb_from_underlay on the
+// VTEP's device when that is another one (resolveUnderlay).
 func (d *Driver) attachEgress() error {
 	if d.egress.ifindex != 0 {
 		if err := d.ensureTCX(egressLinkPrefix+d.egress.ifname, d.egress.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink); err != nil {
@@ -193,7 +195,7 @@ func (d *Driver) attachEgress() error {
 	if d.underlay.ifindex == 0 {
 		return nil
 	}
-	return d.ensureTCX(underlayLinkPrefix+d.underlay.ifname, d.underlay.ifindex, d.objs.CbFromUplink, contivbpfProgCbFromUplink)
+	return d.ensureTCX(underlayLinkPrefix+d.underlay.ifname, d.underlay.ifindex, d.objs.CbFromUnderlay, contivbpfProgCbFromUnderlay)
 }
 
 // syncHostIPs makes cb_host_ips the host's IPv4 addresses (loopback excluded).

@@ -4,8 +4,14 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
+	"github.com/contivbpf/contivbpf/pkg/dataplane/conformance"
+	"github.com/contivbpf/contivbpf/pkg/nsexec"
 )
 
 // putDeny puts prefixes into cb_deny_src and sets CB_FEAT_DENY (as syncDenySources and
@@ -32,7 +38,7 @@ func putDeny(t *testing.T, objs *contivbpfObjects, prefixes ...string) {
 // before, and so does everything while the list is empty (the feature bit off) or the
 // frame is tagged or not IPv4.
 func TestDenySources(t *testing.T) {
-	objs := loadTestObjects(t, contivbpfProgCbXdpUplink, contivbpfProgCbFromUplink)
+	objs := loadTestObjects(t, contivbpfProgCbXdpUplink, contivbpfProgCbFromUplink, contivbpfProgCbFromUnderlay)
 	editConfig(t, objs, func(c *contivbpfCbConfig) { c.VxlanPort = nport(testVXLAN); c.Vtep = ip4(hostIP) })
 	denied, near := netip.MustParseAddr("203.0.113.77"), netip.MustParseAddr("203.0.114.1")
 	peer := netip.MustParseAddr(testVTEP)
@@ -48,8 +54,10 @@ func TestDenySources(t *testing.T) {
 		if r := run(t, objs, objs.CbXdpUplink, f, nil); r.ret != xdpPass || len(r.diff) != 0 {
 			t.Errorf("%s at xdp: verdict %d reasons %v, want pass, uncounted", name, r.ret, r.diff)
 		}
-		if r := run(t, objs, objs.CbFromUplink, f, nil); r.ret != tcxNext || len(r.diff) != 0 {
-			t.Errorf("%s at tc: verdict %#x reasons %v, want tcx next, uncounted", name, r.ret, r.diff)
+		for _, p := range []*ebpf.Program{objs.CbFromUplink, objs.CbFromUnderlay} {
+			if r := run(t, objs, p, f, nil); r.ret != tcxNext || len(r.diff) != 0 {
+				t.Errorf("%s at tc (%v): verdict %#x reasons %v, want tcx next, uncounted", name, p, r.ret, r.diff)
+			}
 		}
 	}
 	// The list empty: everything passes (a stale entry without the bit too).
@@ -65,6 +73,7 @@ func TestDenySources(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			run(t, objs, objs.CbXdpUplink, f, nil).expect(t, xdpDrop, DropDeniedSource)
 			run(t, objs, objs.CbFromUplink, f, nil).expect(t, tcActShot, DropDeniedSource)
+			run(t, objs, objs.CbFromUnderlay, f, nil).expect(t, tcActShot, DropDeniedSource)
 		})
 	}
 	t.Run("host-prefix", func(t *testing.T) {
@@ -83,6 +92,7 @@ func TestDenySources(t *testing.T) {
 	ov := vxlanFrame(peer, hostIP, testNet, ipFrame(remoteIP, localIP, ipOpts{}))
 	run(t, objs, objs.CbXdpUplink, ov, nil).expect(t, xdpDrop, DropDeniedSource)
 	run(t, objs, objs.CbFromUplink, ov, nil).expect(t, tcActShot, DropDeniedSource)
+	run(t, objs, objs.CbFromUnderlay, ov, nil).expect(t, tcActShot, DropDeniedSource)
 }
 
 // SetDenySources makes cb_deny_src exactly the deny list and sets CB_FEAT_DENY while it
@@ -142,5 +152,88 @@ func TestSetDenySources(t *testing.T) {
 	}
 	if got := keys(); len(got) != 0 || h.features(t)&deny != 0 {
 		t.Fatalf("deny list %v, features %#x: want empty, no deny bit", got, h.features(t))
+	}
+}
+
+// Through a namespace, without XDP and without encryption: the VTEP on a device that is not
+// the egress device gets cb_from_underlay (underlay_<device>), and a denied source's
+// packet arriving there is dropped and counted; an allowed source's is not. (Before, no
+// program of ours sat on that device, and the deny list did not hold there.)
+func TestDenyListOnTheVTEPDevice(t *testing.T) {
+	h := newOneHost(t)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	up, wire := h.prefix+"u0", h.prefix+"u1"
+	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: up}, PeerName: wire})
+	// The egress device: another veth holding the NAT address.
+	eg := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.prefix + "e0"}, PeerName: h.prefix + "e1"}
+	snat := netip.MustParseAddr("10.253.0.1")
+	if err := nsexec.Run(h.cfg.NetNS, func() error {
+		if err := netlink.LinkAdd(eg); err != nil {
+			return err
+		}
+		for _, n := range []string{eg.Name, eg.PeerName, wire} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		l, err := netlink.LinkByName(eg.Name)
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l, &netlink.Addr{IPNet: netlink.NewIPNet(snat.AsSlice())})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.SNATIP = snat
+	h.d = h.start(t)
+	st, err := h.d.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, a := range st.Attachments {
+		found = found || a.Interface == underlayLinkPrefix+up && a.Program == contivbpfProgCbFromUnderlay
+	}
+	if !found {
+		t.Fatalf("no %s link with %s: %+v", underlayLinkPrefix+up, contivbpfProgCbFromUnderlay, st.Attachments)
+	}
+	if err := h.d.SetDenySources(context.Background(), []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	nl := netlinkIn(t, h.cfg.NetNS)
+	defer nl.Close()
+	dev, err := nl.LinkByName(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := func(src string) []byte {
+		s := netip.MustParseAddr(src)
+		return conformance.UDPFrame(dev.Attrs().HardwareAddr, dataplane.ContivMAC(s), s, h.cfg.VTEP, 40000, 9, []byte("deny"))
+	}
+	count := func() uint64 {
+		t.Helper()
+		c, err := h.d.ReasonCounters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c[DropDeniedSource].Packets
+	}
+	before := count()
+	if err := conformance.SendRawFrames(h.cfg.NetNS, wire, [][]byte{frame("203.0.113.7"), frame("198.51.100.7")}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for count() < before+1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // (the allowed one, were it counted, by now too)
+	if got := count() - before; got != 1 {
+		t.Fatalf("drop_denied_source +%d on the VTEP's device, want +1 (the denied source alone)", got)
 	}
 }
