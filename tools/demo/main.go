@@ -79,7 +79,11 @@ func run(ctx context.Context, dp, bin string) (err error) {
 	p.step("starting 2 simulated hosts (network namespaces on a veth underlay), netmaster (HTTPS, bearer tokens) with embedded etcd (TLS, client certificates), netplugin --dataplane=%s on each (agent token, etcd certificate)", dp)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := sim.Start(ctx, sim.Config{Hosts: 2, BinDir: bin, Dataplane: dp, Logger: quiet, Secure: true, External: dp == "ebpf",
-		BGPRouter: dp == "ebpf" && sim.FRRInstalled()})
+		BGPRouter: dp == "ebpf" && sim.FRRInstalled(),
+		// (Each host's WireGuard key under the demo's own directory, not /var/lib.)
+		PluginArgs: func(c *sim.Cluster, h *sim.Host) []string {
+			return []string{"--wireguard-dir", filepath.Join(c.WorkDir, h.Name, "wireguard")}
+		}})
 	if err != nil {
 		return err
 	}
@@ -168,6 +172,10 @@ func run(ctx context.Context, dp, bin string) (err error) {
 			}
 		}
 
+		if err := demoEncryption(ctx, p, c, c1, c2); err != nil {
+			return err
+		}
+
 		pin := filepath.Join(c.PinRoot, h1.Name, "cb_endpoints")
 		p.step("bpftool map dump pinned %s", pin)
 		b, err := exec.CommandContext(ctx, "bpftool", "map", "dump", "pinned", pin).CombinedOutput()
@@ -253,4 +261,78 @@ func demoBGP(ctx context.Context, p *progress, c *sim.Cluster) error {
 	out, err = c.Netctl(ctx, "bpf", "routes", "--agent", "http://"+h1.Inspect)
 	fmt.Print(indent(out))
 	return err
+}
+
+// demoEncryption turns on encryption between the hosts (docs/encryption.md) the way an
+// operator does: the cluster's setting, then a restart of each netplugin started without
+// --encryption; then a key rotation on request.
+func demoEncryption(ctx context.Context, p *progress, c *sim.Cluster, c1, c2 *sim.Container) error {
+	h1, h2 := c.Hosts[0], c.Hosts[1]
+	p.step("netctl global set --encryption wireguard: the cluster's setting; netplugins started without --encryption follow it at their next start")
+	out, err := c.Netctl(ctx, "global", "set", "--encryption", "wireguard")
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	p.step("restart netplugin on %s and %s: each opens a WireGuard device and publishes its public key through netmaster (the datapath keeps its state meanwhile)", h1.Name, h2.Name)
+	for _, h := range []*sim.Host{h1, h2} {
+		if err := c.StopPlugin(h); err != nil {
+			return err
+		}
+		if err := c.StartPlugin(ctx, h); err != nil {
+			return err
+		}
+	}
+	for _, h := range []*sim.Host{h1, h2} {
+		if err := h.WaitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	p.step("netctl wireguard ls")
+	out, err = c.Netctl(ctx, "wireguard", "ls")
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	ping := func(what string) error {
+		p.step("ping %s -> %s across hosts, %s", c1.Name, c2.IP.Addr(), what)
+		var pingOut string
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			pingOut, err = c1.Ping(ctx, c2.IP.Addr(), 3)
+			if err == nil && strings.Contains(pingOut, " 0% packet loss") {
+				break
+			}
+			if time.Now().After(deadline) {
+				fmt.Print(indent(pingOut))
+				return fmt.Errorf("cross-host ping %s failed: %v", what, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		fmt.Print(indent(summary.FindString(pingOut)))
+		return nil
+	}
+	if err := ping("VXLAN inside WireGuard"); err != nil {
+		return err
+	}
+	p.step("netctl wireguard rotate %s: its agent makes a new key and publishes it; the peers take it", h2.Name)
+	out, err = c.Netctl(ctx, "wireguard", "rotate", h2.Name)
+	fmt.Print(indent(out))
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err = c.Netctl(ctx, "wireguard", "ls")
+		if err == nil && strings.Contains(out, "done 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Print(indent(out))
+			return fmt.Errorf("rotation of %s not done: %v", h2.Name, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	fmt.Print(indent(out))
+	return ping("after the rotation")
 }
