@@ -15,7 +15,9 @@ const denyMax = 1024
 // one: the underlay's IPv4 packets from them are dropped (drop_denied_source) by
 // cb_xdp_uplink, or cb_from_uplink without it. New prefixes go in before stale ones go
 // out. A prefix that is not IPv4, or past the map's size, is left out and named in the
-// error; the rest is applied. The map is pinned: a restarted driver keeps enforcing the
+// error; the rest is applied. A host where neither program sits on a device (no device
+// holds the VTEP, no egress device, no XDP) checks no packet against the list: a list
+// that is not empty is written and refused with an error saying so. The map is pinned: a restarted driver keeps enforcing the
 // list (adoptDenySources) until the agent sets it again.
 func (d *Driver) SetDenySources(ctx context.Context, prefixes []netip.Prefix) error {
 	defer d.lock(cAll, 0)()
@@ -26,7 +28,13 @@ func (d *Driver) SetDenySources(ctx context.Context, prefixes []netip.Prefix) er
 		_ = d.writeConfig()
 		return err
 	}
-	return d.writeConfig()
+	if err := d.writeConfig(); err != nil {
+		return err
+	}
+	if len(prefixes) > 0 && d.egress.ifindex == 0 && d.underlay.ifindex == 0 && d.xdp.ifindex == 0 {
+		return fmt.Errorf("ebpf: deny list: %d prefixes held but checked on no device: no device of this host holds the VTEP %v and no egress device is set, so cb_from_uplink sits on none and no XDP prefilter runs", len(prefixes), d.cfg.VTEP)
+	}
+	return nil
 }
 
 // setDenySources is SetDenySources' map work, for a caller holding the lock.

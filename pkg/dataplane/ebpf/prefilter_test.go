@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,6 +103,13 @@ func TestDenySources(t *testing.T) {
 // its first Sync, before the agent sets it again.
 func TestSetDenySources(t *testing.T) {
 	h := newOneHost(t)
+	// The VTEP on a device: cb_from_uplink sits on it (the egress device) and checks the
+	// list (TestDenyListOnNoDevice: without one, the list is refused).
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.prefix + "u0"}, PeerName: h.prefix + "u1"})
+	h.d = h.start(t)
 	keys := func() map[string]bool {
 		t.Helper()
 		out := map[string]bool{}
@@ -235,5 +243,26 @@ func TestDenyListOnTheVTEPDevice(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // (the allowed one, were it counted, by now too)
 	if got := count() - before; got != 1 {
 		t.Fatalf("drop_denied_source +%d on the VTEP's device, want +1 (the denied source alone)", got)
+	}
+}
+
+// A host where no program of the list's sits on a wire (no device holds the VTEP, no
+// --egress-if, no XDP device) cannot drop a denied source: SetDenySources says so for a
+// list that is not empty (the agent reports it under "prefilter" and retries), never a
+// silent success while every denied source passes; the map still holds the list.
+// An empty list is no error.
+func TestDenyListOnNoDevice(t *testing.T) {
+	h := newOneHost(t) // (its VTEP is on no device: egress NAT off, no uplink program)
+	err := h.d.SetDenySources(context.Background(), []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")})
+	if err == nil || !strings.Contains(err.Error(), "no device") {
+		t.Fatalf("deny list on a host with no uplink program: %v, want an error saying no device checks it", err)
+	}
+	var k contivbpfCbDenyKey
+	var v uint32
+	if it := h.d.objs.CbDenySrc.Iterate(); !it.Next(&k, &v) {
+		t.Error("the list was not written to cb_deny_src")
+	}
+	if err := h.d.SetDenySources(context.Background(), nil); err != nil {
+		t.Errorf("empty list: %v", err)
 	}
 }
