@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
@@ -24,15 +26,22 @@ func checkPrefilter(p *model.Prefilter) error {
 }
 
 // denyList is this host's deny list from the records (a.mu held), sorted, one entry per
-// prefix. With a driver that has no prefilter, a list that is not empty is reported in bad.
+// prefix. With a driver that has no prefilter, a list that is not empty is reported in bad;
+// so is an entry holding a peer host's VTEP (peerVTEPIn), which stays in the list.
 func (a *Agent) denyList(bad map[string]error) []netip.Prefix {
 	var out []netip.Prefix
-	for _, p := range a.rec.prefilters {
+	hosts := slices.Sorted(maps.Keys(a.rec.hostVTEPs))
+	for id, p := range a.rec.prefilters {
 		if !p.AppliesTo(a.cfg.Host) {
 			continue
 		}
-		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
-			out = append(out, pfx.Masked())
+		pfx, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			continue
+		}
+		out = append(out, pfx.Masked())
+		if host, vtep, ok := a.peerVTEPIn(hosts, pfx); ok {
+			bad[denyListKey+"/"+id] = fmt.Errorf("cidr %s holds the VTEP %s of host %q: this host drops every overlay packet from it (the host's VTEP came after the entry; drop the entry or narrow it)", p.CIDR, vtep, host)
 		}
 	}
 	slices.SortFunc(out, func(x, y netip.Prefix) int {
@@ -61,4 +70,17 @@ func (a *Agent) applyDenyList(ctx context.Context, v view) error {
 	}
 	a.denyApplied = append([]netip.Prefix{}, v.deny...)
 	return nil
+}
+
+// peerVTEPIn is the first of hosts (the durable VTEP records' hosts, sorted) other than
+// this one whose VTEP lies in pfx (a.mu held). Netmaster refuses such an entry for the
+// hosts it knows when the entry is written; a host that joins later, or whose VTEP
+// changes, can still land inside one.
+func (a *Agent) peerVTEPIn(hosts []string, pfx netip.Prefix) (string, netip.Addr, bool) {
+	for _, h := range hosts {
+		if v := a.rec.hostVTEPs[h]; !strings.EqualFold(h, a.cfg.Host) && pfx.Contains(v) {
+			return h, v, true
+		}
+	}
+	return "", netip.Addr{}, false
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/contivbpf/contivbpf/pkg/dataplane"
 	"github.com/contivbpf/contivbpf/pkg/model"
 	"github.com/contivbpf/contivbpf/pkg/state"
+	"github.com/contivbpf/contivbpf/pkg/vxlan"
 )
 
 // denyDriver records the deny lists it is given (and refuses them while fail is set).
@@ -100,5 +101,48 @@ func TestDenyListReachesDriver(t *testing.T) {
 	b.reconcile(ctx)
 	if e := b.Errors()[denyListKey]; !strings.Contains(e, "not applied") {
 		t.Errorf("no prefilter: errors %v, want the list reported not applied", b.Errors())
+	}
+}
+
+// A deny list entry that holds a peer host's VTEP cuts the overlay from that host here
+// (every overlay packet it sends is drop_denied_source). Netmaster refuses such an entry
+// for the hosts it knows, but a host that joins later, or whose VTEP record changes, lands
+// inside an existing one: the agent keeps enforcing the entry (the operator's list wins)
+// and reports it under prefilter/<entry>, naming the host and its VTEP, for as long as it
+// holds; its own VTEP and entries for other hosts are no such cut.
+func TestDenyListHoldingAPeerVTEP(t *testing.T) {
+	d := &denyDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
+	a := testAgent(t, d, dataplane.FwdBridge)
+	ctx := context.Background()
+	put := func(prefix, key string, v any) {
+		t.Helper()
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.put(prefix, key, b)
+	}
+	put(model.PrefilterPrefix, model.PrefilterKey("wide"), model.Prefilter{Name: "wide", CIDR: "10.254.0.0/16"})
+	put(model.PrefilterPrefix, model.PrefilterKey("elsewhere"), model.Prefilter{Name: "elsewhere", CIDR: "10.9.0.0/16", Host: "h1"})
+	put(vxlan.HostVTEPPrefix, vxlan.HostVTEPKey(a.cfg.Host), vxlan.HostVTEP{Host: a.cfg.Host, VTEP: "10.254.0.1"})
+	put(vxlan.HostVTEPPrefix, vxlan.HostVTEPKey("h1"), vxlan.HostVTEP{Host: "h1", VTEP: "10.9.0.2"})
+	a.reconcile(ctx)
+	if e, ok := a.Errors()["prefilter/wide"]; ok {
+		t.Fatalf("only this host's own VTEP in the entry: reported %q", e)
+	}
+	// h3 joins with its VTEP inside "wide".
+	put(vxlan.HostVTEPPrefix, vxlan.HostVTEPKey("h3"), vxlan.HostVTEP{Host: "h3", VTEP: "10.254.0.3"})
+	a.reconcile(ctx)
+	if e := a.Errors()["prefilter/wide"]; !strings.Contains(e, "10.254.0.3") || !strings.Contains(e, "h3") {
+		t.Errorf("errors %v: want prefilter/wide naming h3 and 10.254.0.3", a.Errors())
+	}
+	if got := d.lists[len(d.lists)-1]; !slices.Contains(got, netip.MustParsePrefix("10.254.0.0/16")) {
+		t.Errorf("deny list %v: want the entry still enforced", got)
+	}
+	// Its VTEP moves out: the report goes.
+	put(vxlan.HostVTEPPrefix, vxlan.HostVTEPKey("h3"), vxlan.HostVTEP{Host: "h3", VTEP: "10.253.0.3"})
+	a.reconcile(ctx)
+	if e, ok := a.Errors()["prefilter/wide"]; ok {
+		t.Errorf("h3's VTEP moved out of the entry: still reported %q", e)
 	}
 }
