@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+
+	"github.com/cilium/ebpf"
 )
 
 // denyMax is cb_deny_src's size (CB_DENY_MAX in bpf/lib/prefilter.h).
@@ -37,13 +39,20 @@ func (d *Driver) SetDenySources(ctx context.Context, prefixes []netip.Prefix) er
 	return nil
 }
 
-// setDenySources is SetDenySources' map work, for a caller holding the lock.
+// setDenySources is SetDenySources' map work, for a caller holding the lock. New
+// prefixes go in before stale ones go out, but for a list that does not fit beside the
+// stale ones (a full list replaced): then the stale ones make room first.
 func (d *Driver) setDenySources(prefixes []netip.Prefix) error {
 	if d.objs.CbDenySrc == nil {
 		return nil
 	}
 	var bad []string
 	want := map[contivbpfCbDenyKey]bool{}
+	var fresh []contivbpfCbDenyKey // (in the list's order)
+	held, err := denyHeld(d.objs.CbDenySrc)
+	if err != nil {
+		return err
+	}
 	for _, p := range prefixes {
 		if !p.Addr().Is4() || !p.IsValid() {
 			bad = append(bad, p.String())
@@ -59,8 +68,18 @@ func (d *Driver) setDenySources(prefixes []netip.Prefix) error {
 			continue
 		}
 		want[k] = true
+		if !held[k] {
+			fresh = append(fresh, k)
+		}
+	}
+	if len(held)+len(fresh) > int(d.objs.CbDenySrc.MaxEntries()) {
+		if err := deleteUnwanted[contivbpfCbDenyKey, uint32](d.objs.CbDenySrc, want); err != nil {
+			return fmt.Errorf("ebpf: %s: %w", contivbpfMapCbDenySrc, err)
+		}
+	}
+	for _, k := range fresh {
 		if err := d.mapPut(contivbpfMapCbDenySrc, d.objs.CbDenySrc, &k, uint32(1)); err != nil {
-			return fmt.Errorf("ebpf: deny %v: %w", p, err)
+			return fmt.Errorf("ebpf: deny %v/%d: %w", addrFrom(k.Addr), k.Prefixlen, err)
 		}
 	}
 	if err := deleteUnwanted[contivbpfCbDenyKey, uint32](d.objs.CbDenySrc, want); err != nil {
@@ -78,6 +97,21 @@ func (d *Driver) setDenySources(prefixes []netip.Prefix) error {
 	return nil
 }
 
+// denyHeld is the set of prefixes cb_deny_src holds.
+func denyHeld(m *ebpf.Map) (map[contivbpfCbDenyKey]bool, error) {
+	held := map[contivbpfCbDenyKey]bool{}
+	var k contivbpfCbDenyKey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		held[k] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbDenySrc, err)
+	}
+	return held, nil
+}
+
 // adoptDenySources takes the deny list an earlier run left in the pinned map as the one in
 // force (New): its feature bit stays set through the first Sync, until the agent sets
 // the list again.
@@ -85,14 +119,11 @@ func (d *Driver) adoptDenySources() error {
 	if d.objs.CbDenySrc == nil {
 		return nil
 	}
-	var k contivbpfCbDenyKey
-	var v uint32
-	it := d.objs.CbDenySrc.Iterate()
-	held := it.Next(&k, &v)
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("ebpf: read %s: %w", contivbpfMapCbDenySrc, err)
+	held, err := denyHeld(d.objs.CbDenySrc)
+	if err != nil {
+		return err
 	}
-	if held {
+	if len(held) > 0 {
 		d.denyFeat.Store(uint32(contivbpfCbFeaturesCB_FEAT_DENY))
 	}
 	return nil

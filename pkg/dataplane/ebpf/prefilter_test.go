@@ -102,14 +102,7 @@ func TestDenySources(t *testing.T) {
 // error while the rest is applied. A restarted driver keeps the list and its bit through
 // its first Sync, before the agent sets it again.
 func TestSetDenySources(t *testing.T) {
-	h := newOneHost(t)
-	// The VTEP on a device: cb_from_uplink sits on it (the egress device) and checks the
-	// list (TestDenyListOnNoDevice: without one, the list is refused).
-	if err := h.d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.prefix + "u0"}, PeerName: h.prefix + "u1"})
-	h.d = h.start(t)
+	h := newDenyHost(t)
 	keys := func() map[string]bool {
 		t.Helper()
 		out := map[string]bool{}
@@ -265,4 +258,51 @@ func TestDenyListOnNoDevice(t *testing.T) {
 	if err := h.d.SetDenySources(context.Background(), nil); err != nil {
 		t.Errorf("empty list: %v", err)
 	}
+}
+
+// A full list replaced by another full list (an agent that was down while entries were
+// swapped, or changes coalesced into one pass) is taken whole: the new prefixes do not
+// fit beside the stale ones in cb_deny_src, so the stale ones make room first, never a
+// refusal that every retry repeats while the new prefixes pass.
+func TestSetDenySourcesFullListReplaced(t *testing.T) {
+	h := newDenyHost(t)
+	list := func(second byte) []netip.Prefix {
+		out := make([]netip.Prefix, 0, denyMax)
+		for i := range denyMax {
+			out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, second, byte(i >> 8), byte(i)}), 32))
+		}
+		return out
+	}
+	ctx := context.Background()
+	if err := h.d.SetDenySources(ctx, list(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.SetDenySources(ctx, list(2)); err != nil {
+		t.Fatalf("a full list replaced by another: %v", err)
+	}
+	n := 0
+	var k contivbpfCbDenyKey
+	var v uint32
+	for it := h.d.objs.CbDenySrc.Iterate(); it.Next(&k, &v); n++ {
+		if a := addrFrom(k.Addr); a.As4()[1] != 2 {
+			t.Fatalf("cb_deny_src holds %v of the old list", a)
+		}
+	}
+	if n != denyMax {
+		t.Errorf("cb_deny_src holds %d prefixes, want %d", n, denyMax)
+	}
+}
+
+// newDenyHost is newOneHost with its VTEP on a veth: cb_from_uplink sits on it (the
+// egress device) and checks the deny list (TestDenyListOnNoDevice: without one, the list
+// is refused).
+func newDenyHost(t *testing.T) *oneHost {
+	t.Helper()
+	h := newOneHost(t)
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	vtepOn(t, h, "", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.prefix + "u0"}, PeerName: h.prefix + "u1"})
+	h.d = h.start(t)
+	return h
 }
