@@ -620,9 +620,9 @@ func (a *Agent) put(prefix, key string, val []byte) {
 		}
 		if err == nil {
 			a.rec.prefilters[id] = v
-		} else {
-			delete(a.rec.prefilters, id)
 		}
+		// Unreadable: the entry it replaced stays in force (a denied source never passes
+		// because its record was garbled around netmaster), and the record is reported.
 	case model.K8sPodPolicyPrefix:
 		var v model.K8sPodPolicy
 		if err = kv.Decode(&v); err != nil {

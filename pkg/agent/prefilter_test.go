@@ -33,7 +33,8 @@ func (d *denyDriver) SetDenySources(_ context.Context, p []netip.Prefix) error {
 // The agent gives the driver this host's deny list (every host's entries and its own, any
 // spelling of its name; not another host's), once per change: a pass with nothing new
 // calls nothing; a record that does not check is reported and left out; a refused list is
-// reported and given again by the next pass; a driver without a prefilter gets nothing
+// reported and given again by the next pass; a record garbled around netmaster keeps the
+// entry it replaced (fail closed); a driver without a prefilter gets nothing
 // and the list is reported as not applied.
 func TestDenyListReachesDriver(t *testing.T) {
 	d := &denyDriver{failingDriver: failingDriver{fail: map[string]bool{}}}
@@ -86,6 +87,21 @@ func TestDenyListReachesDriver(t *testing.T) {
 	}
 	if _, bad := a.Errors()[denyListKey]; bad {
 		t.Errorf("errors %v after the list was taken", a.Errors())
+	}
+	// A record garbled around netmaster keeps the entry it replaced in force (fail
+	// closed), reported; fixed, it is taken again.
+	a.put(model.PrefilterPrefix, model.PrefilterKey("more"), []byte("{"))
+	a.reconcile(ctx)
+	if got := last(); !slices.Contains(got, "100.64.0.0/10") {
+		t.Errorf("after a garbled record: %v, want 100.64.0.0/10 still denied", got)
+	}
+	if e := a.Errors()["prefilter/more"]; !strings.Contains(e, "decode") {
+		t.Errorf("garbled record: errors %v, want prefilter/more reported", a.Errors())
+	}
+	put(model.Prefilter{Name: "more", CIDR: "100.64.0.0/10"})
+	a.reconcile(ctx)
+	if _, bad := a.Errors()["prefilter/more"]; bad {
+		t.Errorf("errors %v after the record was fixed", a.Errors())
 	}
 	a.applyEvent(model.PrefilterPrefix, state.Event{Type: state.EventDelete, Key: model.PrefilterKey("all")})
 	a.applyEvent(model.PrefilterPrefix, state.Event{Type: state.EventDelete, Key: model.PrefilterKey("again")})

@@ -45,6 +45,9 @@ func checkPrefilter(name string, p *model.Prefilter) error {
 		if err := checkPluginFields(map[string]string{"host": p.Host}); err != nil {
 			return err
 		}
+		if strings.TrimSpace(p.Host) != p.Host {
+			return badReq("host: %q begins or ends with a space: no agent's host label does, so the entry would apply nowhere", p.Host)
+		}
 		p.Host = strings.ToLower(p.Host) // (as agents compare it: model.Prefilter.AppliesTo)
 	}
 	return nil

@@ -95,6 +95,8 @@ func TestPrefilterValidation(t *testing.T) {
 		{"p1", `{"cidr":"10.0.0.0/0"}`, "control plane"},
 		{"p1", `{"cidr":"192.0.2.0/24","host":"a/b"}`, "host:"},
 		{"p1", `{"cidr":"192.0.2.0/24","host":"a..b"}`, "host:"},
+		{"p1", `{"cidr":"192.0.2.0/24","host":" h1"}`, "host:"},
+		{"p1", `{"cidr":"192.0.2.0/24","host":"h1 "}`, "host:"},
 		{"p1", `{"cidr":"192.0.2.0/24","host":"a\u0000b"}`, "host:"},
 		{"p1", `{"cidr":"192.0.2.0/24","host":"` + strings.Repeat("h", maxPluginField+1) + `"}`, "host:"},
 		{"p1", `{"cidr":"192.0.2.0/24","port":80}`, "port"},
